@@ -1,0 +1,51 @@
+# lily — the two commands a new user needs: `make run` and `make test`.
+#   make run  [MODEL=DIR] [PROMPT="..."]   build, then run the main job on a model directory
+#   make test                               build, then run the whole test suite (CTest)
+#   make test-asan                          the suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make deps                               install the build dependencies (Debian/Ubuntu, as root)
+
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+MODEL      ?= tests/data/tiny-a/mlx4
+PROMPT     ?= Once upon a time
+
+DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
+               libmicrohttpd-dev libcmocka-dev gnuplot-nox python3 python3-venv curl
+
+.PHONY: all build run test test-asan deps clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "lily: missing build dependencies. On macOS: brew install cmake pkg-config jansson pcre2 utf8proc libmicrohttpd cmocka gnuplot"; \
+	  exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  echo "lily: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+	  echo "lily: missing packages; run:  sudo apt-get install -y$$missing"; exit 1; fi
+
+$(BUILD)/Makefile: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: deps
+	@[ -f $(BUILD)/CMakeCache.txt ] || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/lily run -m $(MODEL) -p "$(PROMPT)"
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	@[ -f $(BUILD_ASAN)/CMakeCache.txt ] || cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DLILY_SANITIZE=ON -DLILY_CUDA=OFF
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

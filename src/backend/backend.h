@@ -1,0 +1,104 @@
+/* backend.h — THE contract between the runtime and hardware (DESIGN.md §3).
+ *
+ * The contract is model-shaped: a backend receives the bound weights and implements whole-model
+ * operations with an explicit token count, so one signature serves prefill (n > 1) and decode (n == 1).
+ * The runtime chunks long prompts; a backend never sees more than max_chunk tokens at once.
+ * Backends register through lily_backend_find(); a build without CUDA links a stub that finds nothing.
+ */
+#ifndef LILY_BACKEND_H
+#define LILY_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lily.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+/* Stage names for the debug hook (DESIGN.md §3). Layer -1 = before the first layer / after the last. */
+#define LILY_STAGE_EMBED "embed"             /* [n, hidden] token embeddings (layer -1) */
+#define LILY_STAGE_ATTN_NORM "attn_norm"     /* [n, hidden] input_layernorm output */
+#define LILY_STAGE_ATTENTION_OUT "attention_out" /* [n, hidden] gated attention block output (mixer_out) */
+#define LILY_STAGE_DELTANET_OUT "deltanet_out"   /* [n, hidden] Gated DeltaNet block output (mixer_out) */
+#define LILY_STAGE_MOE_NORM "moe_norm"       /* [n, hidden] post_attention_layernorm output */
+#define LILY_STAGE_MOE_OUT "moe_out"         /* [n, hidden] sparse MoE block output */
+#define LILY_STAGE_RESIDUAL "residual"       /* [n, hidden] residual stream after the layer */
+#define LILY_STAGE_FINAL_NORM "final_norm"   /* [n, hidden] (layer -1) */
+#define LILY_STAGE_LOGITS "logits"           /* [n_rows, vocab] (layer -1) */
+
+/* Called after a stage with its fp32 output on the host, [n_tokens, width] row-major. */
+typedef void (*lily_debug_hook)(void *user, int layer, const char *stage, const float *data, int n_tokens,
+                                int width);
+
+typedef struct {
+    int n_threads;        /* CPU worker threads; 0 = all cores */
+    int max_chunk;        /* the most tokens one forward() call receives; scratch is sized by it */
+    int device;           /* GPU ordinal for GPU backends */
+    lily_debug_hook debug_hook;
+    void *debug_user;
+} lily_backend_options;
+
+/* Which rows of logits forward() writes. */
+typedef enum {
+    LILY_LOGITS_NONE = 0, /* none (a prefill chunk that is not the last) */
+    LILY_LOGITS_LAST = 1, /* [1, vocab]: the last token's */
+    LILY_LOGITS_ALL = 2,  /* [n, vocab]: every token's */
+} lily_logits_mode;
+
+typedef struct lily_backend_ops lily_backend_ops;
+
+/* A loaded backend instance: the ops table plus its private context. */
+typedef struct {
+    const lily_backend_ops *ops;
+    void *ctx;
+    const lily_config *cfg;
+} lily_backend;
+
+struct lily_backend_ops {
+    const char *name; /* "cpu", "cuda" */
+
+    /* Repack / upload weights once (kept 4-bit) and allocate scratch for opts->max_chunk tokens.
+     * Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND, LILY_ERR_UNSUPPORTED. */
+    lily_status (*create)(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
+                          void **ctx, lily_error *err);
+    void (*destroy)(void *ctx);
+
+    /* Session state for up to max_ctx tokens: KV cache of the full-attention layers, conv + fp32
+     * recurrent state of the Gated DeltaNet layers, the position. Zeroed (position 0). */
+    lily_status (*state_new)(void *ctx, int max_ctx, void **state, lily_error *err);
+    void (*state_free)(void *ctx, void *state);
+    /* Reset to position 0 without freeing. */
+    void (*state_reset)(void *ctx, void *state);
+    /* Tokens processed so far (the next token's position). */
+    int (*state_position)(void *ctx, void *state);
+    /* dst := src (same max_ctx). Only KV rows [0, position) are copied. */
+    lily_status (*state_copy)(void *ctx, void *dst, const void *src, lily_error *err);
+    /* Serialize to host memory: state_save_size() bytes for the current position, then state_save()
+     * writes them; state_restore() reads such a buffer back (bit-exact). */
+    size_t (*state_save_size)(void *ctx, const void *state);
+    lily_status (*state_save)(void *ctx, const void *state, void *buf, size_t size, lily_error *err);
+    lily_status (*state_restore)(void *ctx, void *state, const void *buf, size_t size, lily_error *err);
+
+    /* Run n tokens (1 <= n <= max_chunk) at the state's position through all layers, advancing it by n.
+     * logits: fp32 [1 or n, vocab] per `mode` (may be NULL for LILY_LOGITS_NONE).
+     * Errors: LILY_ERR_CONTEXT_LENGTH when position + n > max_ctx (state unchanged);
+     * LILY_ERR_INVALID_ARGUMENT for a token id outside [0, vocab); LILY_ERR_BACKEND. */
+    lily_status (*forward)(void *ctx, void *state, const int32_t *tokens, int n, lily_logits_mode mode,
+                           float *logits, lily_error *err);
+};
+
+/* The backend registered under `name` ("cpu", "cuda"), or NULL. */
+const lily_backend_ops *lily_backend_find(const char *name);
+
+/* Create a backend by name: on success b->ops/ctx are set.
+ * Errors: LILY_ERR_UNSUPPORTED for an unknown or not-compiled-in backend; as ops->create. */
+lily_status lily_backend_create(const char *name, const lily_config *cfg, const lily_weights *w,
+                                const lily_backend_options *opts, lily_backend *b, lily_error *err);
+void lily_backend_destroy(lily_backend *b);
+
+/* Registered implementations (backend_registry.c links them). */
+extern const lily_backend_ops lily_cpu_backend_ops;
+const lily_backend_ops *lily_cuda_backend_ops_get(void); /* NULL in a build without CUDA */
+
+#endif

@@ -1,0 +1,52 @@
+/* main.c — `lily <command> [options]`: dispatch to the subcommands (commands.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "lily.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"run", cmd_run, "generate a reply to one prompt, streamed to stdout"},
+    {"chat", cmd_chat, "multi-turn chat in the terminal"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"bench", cmd_bench, "prefill and decode speed over prompt lengths and context depths"},
+    {"perplexity", cmd_perplexity, "teacher-forced perplexity of a text"},
+    {"eval", cmd_eval, "logits for given token ids, optionally compared with a reference"},
+    {"info", cmd_info, "config, layout, quantization and tensor summary of a model"},
+    {"debug", cmd_debug, "tokenize | render | parse: the text pipeline without weights"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "lily %s — local inference for Qwen3.5/3.6 hybrid MoE models\n\nusage: lily <command> [options]\n\n",
+            LILY_VERSION);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n`lily <command> --help` lists a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("lily %s\n", LILY_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "lily: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

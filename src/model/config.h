@@ -1,0 +1,74 @@
+/* config.h — the model's hyperparameters, read once from config.json (MODEL.md §1) and validated.
+ *
+ * Owns: lily_config and its parsing. Accepts the nested (`text_config`) and flat layouts,
+ * `rope_parameters` or `rope_scaling` + `rope_theta`, `layer_types` or `full_attention_interval`,
+ * and the MLX `quantization` block at the root. generation_config.json, when present, adds stop ids.
+ */
+#ifndef LILY_CONFIG_H
+#define LILY_CONFIG_H
+
+#include <stdbool.h>
+
+#include "lily.h"
+
+#define LILY_MAX_LAYERS 256
+#define LILY_MAX_STOP_IDS 8
+
+typedef enum { LILY_LAYER_LINEAR_ATTENTION = 0, LILY_LAYER_FULL_ATTENTION = 1 } lily_layer_type;
+
+typedef struct {
+    int vocab_size;                 /* 248320 */
+    int hidden;                     /* 2048 */
+    int n_layers;                   /* 40 */
+    lily_layer_type layer_types[LILY_MAX_LAYERS];
+    float rms_norm_eps;             /* 1e-6 */
+    int max_position_embeddings;    /* 262144 */
+
+    /* gated full attention */
+    int n_heads, n_kv_heads;        /* 16, 2: query head h reads KV head h / (n_heads / n_kv_heads) */
+    int head_dim;                   /* 256 */
+    int rotary_dim;                 /* int(head_dim * partial_rotary_factor) = 64 */
+    float partial_rotary_factor;    /* 0.25 */
+    float rope_theta;               /* 1e7 */
+
+    /* Gated DeltaNet */
+    int gdn_n_key_heads;            /* Hk = 16 */
+    int gdn_n_value_heads;          /* Hv = 32: value head j reads key head j / (Hv / Hk) */
+    int gdn_key_head_dim;           /* dk = 128 */
+    int gdn_value_head_dim;         /* dv = 128 */
+    int gdn_conv_kernel;            /* K = 4 */
+
+    /* sparse MoE */
+    int n_experts;                  /* 256 */
+    int n_experts_used;             /* top-k = 8 */
+    int moe_intermediate;           /* 512 */
+    int shared_intermediate;        /* 512 */
+    bool norm_topk_prob;            /* renormalise the top-k weights (true; HF does it unconditionally) */
+
+    /* tokens */
+    int bos_token_id;               /* -1 when absent */
+    int stop_ids[LILY_MAX_STOP_IDS];/* eos ids from config.json and generation_config.json */
+    int n_stop_ids;
+
+    /* MLX quantization defaults from the root `quantization` block (0 when the checkpoint is unquantized).
+     * Per-module overrides are not stored: bits and group size are inferred from tensor shapes. */
+    int quant_bits;
+    int quant_group_size;
+} lily_config;
+
+/* Derived sizes (MODEL.md §1.3). */
+static inline int lily_config_gdn_key_dim(const lily_config *c) { return c->gdn_n_key_heads * c->gdn_key_head_dim; }
+static inline int lily_config_gdn_value_dim(const lily_config *c) { return c->gdn_n_value_heads * c->gdn_value_head_dim; }
+static inline int lily_config_gdn_conv_dim(const lily_config *c) { return 2 * lily_config_gdn_key_dim(c) + lily_config_gdn_value_dim(c); }
+int lily_config_n_full_attention_layers(const lily_config *c);
+
+/* Parse config.json text (len bytes, not NUL-terminated) into cfg and validate it (positive sizes,
+ * heads divisible, rotary_dim even and <= head_dim, layer count <= LILY_MAX_LAYERS).
+ * Errors: LILY_ERR_FORMAT for invalid JSON or a missing/ill-typed field (the message names the field). */
+lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cfg, lily_error *err);
+
+/* Read DIR/config.json and, when present, DIR/generation_config.json (its eos_token_id, int or list, is
+ * merged into stop_ids). Errors: LILY_ERR_IO when config.json cannot be read; as lily_config_parse. */
+lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err);
+
+#endif

@@ -1,0 +1,81 @@
+/* engine.h — a loaded model (engine) and a conversation's state (session): what the CLI and server use.
+ *
+ * Engine: config + mapped checkpoint + bound weights + one backend. Session: the backend's state
+ * (KV cache, conv + recurrent state), the token ids it holds, and the logits of its last token.
+ * Long prompts are prefilled in chunks of at most `prefill_chunk` tokens; context is carried across chunks.
+ */
+#ifndef LILY_ENGINE_H
+#define LILY_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "lily.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+typedef struct {
+    const char *model_dir;
+    const char *backend;     /* "cpu" (default) or "cuda" */
+    int n_threads;           /* 0 = all cores */
+    int prefill_chunk;       /* tokens per forward() during prefill; default 512 */
+    int device;              /* GPU ordinal */
+    lily_debug_hook debug_hook;
+    void *debug_user;
+} lily_engine_options;
+
+typedef struct {
+    char *model_dir;
+    lily_config cfg;
+    lily_checkpoint ckpt;
+    lily_weights weights;
+    lily_backend backend;
+    int prefill_chunk;
+} lily_engine;
+
+/* Load config, map the checkpoint, bind the weights and create the backend.
+ * Errors: as lily_config_load, lily_checkpoint_open, lily_weights_bind, lily_backend_create. */
+lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out, lily_error *err);
+void lily_engine_close(lily_engine *e);
+
+typedef struct {
+    lily_engine *engine;
+    void *state;             /* backend state */
+    int max_ctx;             /* context size in tokens */
+    int32_t *tokens;         /* [max_ctx] the ids the state holds, [0, n_tokens) */
+    int n_tokens;
+    float *logits;           /* [vocab] logits after the last token (valid when n_tokens > 0) */
+} lily_session;
+
+/* A session with a context of max_ctx tokens (0 = the model's max_position_embeddings, capped at 32768).
+ * Errors: LILY_ERR_OUT_OF_MEMORY. */
+lily_status lily_session_new(lily_engine *e, int max_ctx, lily_session **out, lily_error *err);
+void lily_session_free(lily_session *s);
+void lily_session_reset(lily_session *s);
+
+/* Append n tokens (prefill in chunks of engine->prefill_chunk). The last token's logits go to s->logits.
+ * logits_all, when non-NULL, receives [n, vocab] fp32 logits of every appended token.
+ * Errors: LILY_ERR_CONTEXT_LENGTH when n_tokens + n > max_ctx (nothing is appended);
+ * LILY_ERR_INVALID_ARGUMENT for an id outside the vocab (nothing is appended); backend errors. */
+lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err);
+
+/* dst := src (both of the same engine and max_ctx). */
+lily_status lily_session_copy(lily_session *dst, const lily_session *src, lily_error *err);
+
+/* A host-memory snapshot of a session (state + token ids + last logits); restore is bit-exact. */
+typedef struct {
+    void *state_buf;
+    size_t state_size;
+    int32_t *tokens;
+    int n_tokens;
+    float *logits;           /* [vocab] */
+} lily_session_snapshot;
+
+lily_status lily_session_save(const lily_session *s, lily_session_snapshot *snap, lily_error *err);
+lily_status lily_session_restore(lily_session *s, const lily_session_snapshot *snap, lily_error *err);
+void lily_session_snapshot_free(lily_session_snapshot *snap);
+
+#endif
