@@ -14,5 +14,8 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_debug(int argc, char **argv); /* debug tokenize | render | parse */
+int debug_tokenize(int argc, char **argv); /* debug_tokenize.c */
+int debug_render(int argc, char **argv);   /* debug_render.c */
+int debug_parse(int argc, char **argv);    /* debug_parse.c */
 
 #endif
