@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Source this on the GPU machine (which reaches no package registry) before building lily there:
+# it unpacks the Debian packages carried in .deb/ (see tools/fetch_gpu_debs.sh) into /tmp/debroot,
+# never into /, and points pkg-config, the compiler and the loader at them.
+root=/tmp/debroot
+mkdir -p "$root"
+for f in .deb/*.deb; do dpkg -x "$f" "$root"; done
+export PATH="$root/usr/bin:$PATH"
+export PKG_CONFIG_SYSROOT_DIR="$root"
+export PKG_CONFIG_LIBDIR="$root/usr/lib/x86_64-linux-gnu/pkgconfig:$root/usr/share/pkgconfig"
+export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:${LIBRARY_PATH:-}"
