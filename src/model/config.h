@@ -54,6 +54,8 @@ typedef struct {
      * Per-module overrides are not stored: bits and group size are inferred from tensor shapes. */
     int quant_bits;
     int quant_group_size;
+
+    bool tie_word_embeddings;       /* lm_head shares embed_tokens (false for 35B-A3B) */
 } lily_config;
 
 /* Derived sizes (MODEL.md §1.3). */

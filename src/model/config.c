@@ -1,0 +1,493 @@
+/* config.c — config.json (+ generation_config.json) -> lily_config (MODEL.md §1).
+ *
+ * Owns: field lookup with the spellings the published checkpoints use (nested `text_config` or flat,
+ * `rope_parameters` or `rope_scaling` + `rope_theta`, `layer_types` or `full_attention_interval`, the MLX
+ * `quantization` block at the root), defaults where transformers' Qwen3_5MoeTextConfig has one (T-CFG),
+ * and validation of the result. Every error names the field that is missing or ill-typed.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int lily_config_n_full_attention_layers(const lily_config *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->n_layers; i++)
+        n += c->layer_types[i] == LILY_LAYER_FULL_ATTENTION;
+    return n;
+}
+
+/* Where the text fields live: `text` is text_config (or the root when flat), `root` the top level. */
+typedef struct {
+    json_t *root;
+    json_t *text;
+    const char *text_path; /* "text_config." or "" for messages */
+    lily_error *err;
+} fields;
+
+static const char *json_type_word(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER: return "integer";
+    case JSON_REAL: return "number";
+    case JSON_TRUE: case JSON_FALSE: return "boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+/* An integer field of `text`; *out keeps def when absent and !required. */
+static lily_status get_int(fields *f, const char *key, bool required, int def, int *out)
+{
+    json_t *v = json_object_get(f->text, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: missing required field '%s%s'",
+                                  f->text_path, key);
+        *out = def;
+        return LILY_OK;
+    }
+    if (!json_is_integer(v))
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: field '%s%s' must be an integer, found %s",
+                              f->text_path, key, json_type_word(v));
+    json_int_t x = json_integer_value(v);
+    if (x < -2147483647LL || x > 2147483647LL)
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: field '%s%s' = %lld is out of range",
+                              f->text_path, key, (long long)x);
+    *out = (int)x;
+    return LILY_OK;
+}
+
+/* A number in object obj (path for messages); *found says whether it was there. */
+static lily_status get_number_in(lily_error *err, json_t *obj, const char *path, const char *key, double *out,
+                                 bool *found)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    *found = false;
+    if (!v || json_is_null(v))
+        return LILY_OK;
+    if (!json_is_number(v))
+        return lily_error_set(err, LILY_ERR_FORMAT, "config.json: field '%s%s' must be a number, found %s", path,
+                              key, json_type_word(v));
+    *out = json_number_value(v);
+    *found = true;
+    return LILY_OK;
+}
+
+static lily_status get_bool(fields *f, const char *key, bool def, bool *out)
+{
+    json_t *v = json_object_get(f->text, key);
+    if (!v || json_is_null(v)) {
+        v = json_object_get(f->root, key);
+        if (!v || json_is_null(v)) {
+            *out = def;
+            return LILY_OK;
+        }
+    }
+    if (!json_is_boolean(v))
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: field '%s%s' must be a boolean, found %s",
+                              f->text_path, key, json_type_word(v));
+    *out = json_is_true(v);
+    return LILY_OK;
+}
+
+/* Add the ids of `v` (an integer or a list of integers; null is nothing) to cfg->stop_ids, skipping
+ * duplicates. `what` names the field for messages. */
+static lily_status add_stop_ids(lily_config *cfg, json_t *v, const char *what, lily_error *err)
+{
+    if (!v || json_is_null(v))
+        return LILY_OK;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (!json_is_array(v) && !json_is_integer(v))
+        return lily_error_set(err, LILY_ERR_FORMAT, "%s must be an integer or a list of integers, found %s", what,
+                              json_type_word(v));
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 2147483647LL)
+            return lily_error_set(err, LILY_ERR_FORMAT, "%s[%zu] must be a non-negative integer", what, i);
+        int id = (int)json_integer_value(e);
+        bool seen = false;
+        for (int k = 0; k < cfg->n_stop_ids; k++)
+            seen |= cfg->stop_ids[k] == id;
+        if (seen)
+            continue;
+        if (cfg->n_stop_ids >= LILY_MAX_STOP_IDS)
+            return lily_error_set(err, LILY_ERR_FORMAT, "%s: more than %d distinct stop ids", what,
+                                  LILY_MAX_STOP_IDS);
+        cfg->stop_ids[cfg->n_stop_ids++] = id;
+    }
+    return LILY_OK;
+}
+
+static lily_status parse_rope(fields *f, lily_config *cfg)
+{
+    /* transformers >= 5 writes rope_parameters (with rope_theta inside); 4.57-style configs write
+     * rope_scaling plus a sibling rope_theta. Either may sit in text_config or, for flat configs, the root. */
+    const char *rope_key = "rope_parameters";
+    json_t *rope = json_object_get(f->text, rope_key);
+    if (!rope || json_is_null(rope)) {
+        rope_key = "rope_scaling";
+        rope = json_object_get(f->text, rope_key);
+    }
+    if (rope && json_is_null(rope))
+        rope = NULL;
+    if (rope && !json_is_object(rope))
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: field '%s%s' must be an object, found %s",
+                              f->text_path, rope_key, json_type_word(rope));
+    char rope_path[64];
+    snprintf(rope_path, sizeof rope_path, "%s%s.", f->text_path, rope_key);
+
+    if (rope) {
+        json_t *type = json_object_get(rope, "rope_type");
+        if (!type)
+            type = json_object_get(rope, "type");
+        if (type && json_is_string(type) && strcmp(json_string_value(type), "default") != 0 &&
+            strcmp(json_string_value(type), "mrope") != 0)
+            return lily_error_set(f->err, LILY_ERR_UNSUPPORTED, "config.json: %srope_type '%s' is not supported",
+                                  rope_path, json_string_value(type));
+    }
+
+    double theta = 0;
+    bool found = false;
+    lily_status st = get_number_in(f->err, rope, rope_path, "rope_theta", &theta, &found);
+    if (st == LILY_OK && !found)
+        st = get_number_in(f->err, f->text, f->text_path, "rope_theta", &theta, &found);
+    if (st == LILY_OK && !found)
+        st = get_number_in(f->err, f->root, "", "rope_theta", &theta, &found);
+    if (st != LILY_OK)
+        return st;
+    if (!found)
+        return lily_error_set(f->err, LILY_ERR_FORMAT,
+                              "config.json: missing required field 'rope_theta' (looked in %srope_parameters, "
+                              "%srope_theta and rope_theta)",
+                              f->text_path, f->text_path);
+    cfg->rope_theta = (float)theta;
+
+    double prf = 0.25; /* T-CFG default for qwen3_5_moe */
+    st = get_number_in(f->err, rope, rope_path, "partial_rotary_factor", &prf, &found);
+    if (st == LILY_OK && !found)
+        st = get_number_in(f->err, f->text, f->text_path, "partial_rotary_factor", &prf, &found);
+    if (st == LILY_OK && !found)
+        st = get_number_in(f->err, f->root, "", "partial_rotary_factor", &prf, &found);
+    if (st != LILY_OK)
+        return st;
+    if (!(prf > 0.0 && prf <= 1.0))
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: partial_rotary_factor %g is not in (0, 1]", prf);
+    cfg->partial_rotary_factor = (float)prf;
+    cfg->rotary_dim = (int)(cfg->head_dim * prf); /* int() truncation, as transformers */
+    return LILY_OK;
+}
+
+static lily_status parse_layer_types(fields *f, lily_config *cfg)
+{
+    json_t *types = json_object_get(f->text, "layer_types");
+    if (types && !json_is_null(types)) {
+        if (!json_is_array(types))
+            return lily_error_set(f->err, LILY_ERR_FORMAT,
+                                  "config.json: field '%slayer_types' must be a list of strings, found %s",
+                                  f->text_path, json_type_word(types));
+        if ((int)json_array_size(types) != cfg->n_layers)
+            return lily_error_set(f->err, LILY_ERR_FORMAT,
+                                  "config.json: '%slayer_types' has %zu entries but num_hidden_layers is %d",
+                                  f->text_path, json_array_size(types), cfg->n_layers);
+        for (int i = 0; i < cfg->n_layers; i++) {
+            const char *s = json_string_value(json_array_get(types, (size_t)i));
+            if (s && !strcmp(s, "full_attention"))
+                cfg->layer_types[i] = LILY_LAYER_FULL_ATTENTION;
+            else if (s && !strcmp(s, "linear_attention"))
+                cfg->layer_types[i] = LILY_LAYER_LINEAR_ATTENTION;
+            else
+                return lily_error_set(f->err, LILY_ERR_FORMAT,
+                                      "config.json: '%slayer_types[%d]' must be \"full_attention\" or "
+                                      "\"linear_attention\"",
+                                      f->text_path, i);
+        }
+        return LILY_OK;
+    }
+    int interval = 4;
+    lily_status st = get_int(f, "full_attention_interval", false, 4, &interval);
+    if (st != LILY_OK)
+        return st;
+    if (interval <= 0)
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: '%sfull_attention_interval' must be positive",
+                              f->text_path);
+    for (int i = 0; i < cfg->n_layers; i++) /* T-CFG __post_init__, M-Q35 DecoderLayer */
+        cfg->layer_types[i] = (i + 1) % interval == 0 ? LILY_LAYER_FULL_ATTENTION : LILY_LAYER_LINEAR_ATTENTION;
+    return LILY_OK;
+}
+
+static lily_status parse_quantization(fields *f, lily_config *cfg)
+{
+    /* mlx-lm / mlx-vlm write `quantization` and an identical `quantization_config` at the root. HF
+     * quantized checkpoints use quantization_config with a quant_method; those are not MLX affine. */
+    json_t *q = json_object_get(f->root, "quantization");
+    const char *key = "quantization";
+    if (!q || json_is_null(q)) {
+        q = json_object_get(f->root, "quantization_config");
+        key = "quantization_config";
+        if (q && json_is_object(q) && json_object_get(q, "quant_method"))
+            return lily_error_set(f->err, LILY_ERR_UNSUPPORTED,
+                                  "config.json: quantization_config.quant_method '%s' is not supported (only MLX "
+                                  "affine 4/8-bit and unquantized checkpoints)",
+                                  json_is_string(json_object_get(q, "quant_method"))
+                                      ? json_string_value(json_object_get(q, "quant_method"))
+                                      : "?");
+    }
+    cfg->quant_bits = 0;
+    cfg->quant_group_size = 0;
+    if (!q || json_is_null(q))
+        return LILY_OK;
+    if (!json_is_object(q))
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: field '%s' must be an object, found %s", key,
+                              json_type_word(q));
+    json_t *mode = json_object_get(q, "mode");
+    if (mode && json_is_string(mode) && strcmp(json_string_value(mode), "affine") != 0)
+        return lily_error_set(f->err, LILY_ERR_UNSUPPORTED,
+                              "config.json: %s.mode '%s' is not supported (only affine)", key,
+                              json_string_value(mode));
+    fields qf = {f->root, q, key, f->err};
+    char path[40];
+    snprintf(path, sizeof path, "%s.", key);
+    qf.text_path = path;
+    lily_status st = get_int(&qf, "bits", false, 4, &cfg->quant_bits);
+    if (st == LILY_OK)
+        st = get_int(&qf, "group_size", false, 64, &cfg->quant_group_size);
+    return st;
+}
+
+static lily_status validate(const lily_config *c, lily_error *err)
+{
+    const struct { const char *name; int v; } pos[] = {
+        {"vocab_size", c->vocab_size},
+        {"hidden_size", c->hidden},
+        {"num_hidden_layers", c->n_layers},
+        {"num_attention_heads", c->n_heads},
+        {"num_key_value_heads", c->n_kv_heads},
+        {"head_dim", c->head_dim},
+        {"linear_num_key_heads", c->gdn_n_key_heads},
+        {"linear_num_value_heads", c->gdn_n_value_heads},
+        {"linear_key_head_dim", c->gdn_key_head_dim},
+        {"linear_value_head_dim", c->gdn_value_head_dim},
+        {"linear_conv_kernel_dim", c->gdn_conv_kernel},
+        {"num_experts", c->n_experts},
+        {"num_experts_per_tok", c->n_experts_used},
+        {"moe_intermediate_size", c->moe_intermediate},
+        {"shared_expert_intermediate_size", c->shared_intermediate},
+        {"max_position_embeddings", c->max_position_embeddings},
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0)
+            return lily_error_set(err, LILY_ERR_FORMAT, "config.json: %s must be positive, found %d", pos[i].name,
+                                  pos[i].v);
+    if (c->n_layers > LILY_MAX_LAYERS)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "config.json: num_hidden_layers %d exceeds lily's limit %d",
+                              c->n_layers, LILY_MAX_LAYERS);
+    if (c->n_heads % c->n_kv_heads != 0)
+        return lily_error_set(err, LILY_ERR_FORMAT,
+                              "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                              c->n_heads, c->n_kv_heads);
+    if (c->gdn_n_value_heads % c->gdn_n_key_heads != 0)
+        return lily_error_set(err, LILY_ERR_FORMAT,
+                              "config.json: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
+                              c->gdn_n_value_heads, c->gdn_n_key_heads);
+    if (c->rotary_dim <= 0 || c->rotary_dim % 2 != 0 || c->rotary_dim > c->head_dim)
+        return lily_error_set(err, LILY_ERR_FORMAT,
+                              "config.json: rotary dim int(head_dim %d * partial_rotary_factor %g) = %d must be even, "
+                              "positive and <= head_dim",
+                              c->head_dim, c->partial_rotary_factor, c->rotary_dim);
+    if (c->n_experts_used > c->n_experts)
+        return lily_error_set(err, LILY_ERR_FORMAT, "config.json: num_experts_per_tok %d > num_experts %d",
+                              c->n_experts_used, c->n_experts);
+    if (!(c->rms_norm_eps > 0.0f) || !isfinite(c->rope_theta) || !(c->rope_theta > 0.0f))
+        return lily_error_set(err, LILY_ERR_FORMAT, "config.json: rms_norm_eps and rope_theta must be positive");
+    if (c->vocab_size < 0 || (int64_t)c->vocab_size * c->hidden > ((int64_t)1 << 40))
+        return lily_error_set(err, LILY_ERR_FORMAT, "config.json: vocab_size * hidden_size is implausibly large");
+    if (c->quant_bits != 0 && c->quant_bits != 4 && c->quant_bits != 8)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "config.json: quantization.bits %d is not supported (4 or 8)",
+                              c->quant_bits);
+    if (c->quant_bits != 0 && c->quant_group_size <= 0)
+        return lily_error_set(err, LILY_ERR_FORMAT, "config.json: quantization.group_size must be positive");
+    return LILY_OK;
+}
+
+static lily_status parse_root(json_t *root, lily_config *cfg, lily_error *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    fields f = {root, root, "", err};
+    json_t *text = json_object_get(root, "text_config");
+    if (text && !json_is_null(text)) {
+        if (!json_is_object(text))
+            return lily_error_set(err, LILY_ERR_FORMAT, "config.json: field 'text_config' must be an object, found %s",
+                                  json_type_word(text));
+        f.text = text;
+        f.text_path = "text_config.";
+    }
+
+    const struct { const char *key; int *out; } required[] = {
+        {"vocab_size", &cfg->vocab_size},
+        {"hidden_size", &cfg->hidden},
+        {"num_hidden_layers", &cfg->n_layers},
+        {"num_attention_heads", &cfg->n_heads},
+        {"num_key_value_heads", &cfg->n_kv_heads},
+        {"head_dim", &cfg->head_dim},
+        {"linear_num_key_heads", &cfg->gdn_n_key_heads},
+        {"linear_num_value_heads", &cfg->gdn_n_value_heads},
+        {"linear_key_head_dim", &cfg->gdn_key_head_dim},
+        {"linear_value_head_dim", &cfg->gdn_value_head_dim},
+        {"linear_conv_kernel_dim", &cfg->gdn_conv_kernel},
+        {"num_experts", &cfg->n_experts},
+        {"num_experts_per_tok", &cfg->n_experts_used},
+        {"moe_intermediate_size", &cfg->moe_intermediate},
+        {"shared_expert_intermediate_size", &cfg->shared_intermediate},
+    };
+    lily_status st = LILY_OK;
+    for (size_t i = 0; i < sizeof required / sizeof required[0] && st == LILY_OK; i++)
+        st = get_int(&f, required[i].key, true, 0, required[i].out);
+    if (st == LILY_OK)
+        st = get_int(&f, "max_position_embeddings", false, 32768, &cfg->max_position_embeddings);
+    if (st != LILY_OK)
+        return st;
+    if (cfg->n_layers > LILY_MAX_LAYERS || cfg->n_layers <= 0 || cfg->head_dim <= 0)
+        return validate(cfg, err);
+
+    double eps = 1e-6;
+    bool found;
+    st = get_number_in(err, f.text, f.text_path, "rms_norm_eps", &eps, &found);
+    if (st != LILY_OK)
+        return st;
+    cfg->rms_norm_eps = (float)eps;
+
+    if ((st = parse_rope(&f, cfg)) != LILY_OK || (st = parse_layer_types(&f, cfg)) != LILY_OK ||
+        (st = get_bool(&f, "norm_topk_prob", true, &cfg->norm_topk_prob)) != LILY_OK ||
+        (st = get_bool(&f, "tie_word_embeddings", false, &cfg->tie_word_embeddings)) != LILY_OK ||
+        (st = parse_quantization(&f, cfg)) != LILY_OK)
+        return st;
+
+    /* bos: text_config then root; null or absent -> -1 */
+    cfg->bos_token_id = -1;
+    json_t *bos = json_object_get(f.text, "bos_token_id");
+    if (!bos || json_is_null(bos))
+        bos = json_object_get(root, "bos_token_id");
+    if (bos && !json_is_null(bos)) {
+        if (!json_is_integer(bos) || json_integer_value(bos) < 0 || json_integer_value(bos) > 2147483647LL)
+            return lily_error_set(err, LILY_ERR_FORMAT, "config.json: field 'bos_token_id' must be a non-negative integer");
+        cfg->bos_token_id = (int)json_integer_value(bos);
+    }
+
+    char what[64];
+    snprintf(what, sizeof what, "config.json: '%seos_token_id'", f.text_path);
+    if ((st = add_stop_ids(cfg, json_object_get(f.text, "eos_token_id"), what, err)) != LILY_OK)
+        return st;
+    if (f.text != root && (st = add_stop_ids(cfg, json_object_get(root, "eos_token_id"),
+                                             "config.json: 'eos_token_id'", err)) != LILY_OK)
+        return st;
+    return validate(cfg, err);
+}
+
+lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cfg, lily_error *err)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(json_text, len, 0, &jerr);
+    if (!root)
+        return lily_error_set(err, LILY_ERR_FORMAT, "config.json: invalid JSON at line %d column %d: %s", jerr.line,
+                              jerr.column, jerr.text);
+    lily_status st;
+    if (!json_is_object(root))
+        st = lily_error_set(err, LILY_ERR_FORMAT, "config.json: top level must be an object, found %s",
+                            json_type_word(root));
+    else
+        st = parse_root(root, cfg, err);
+    json_decref(root);
+    return st;
+}
+
+/* Read a whole small file into a malloc'd buffer. */
+static lily_status read_file(const char *path, char **out, size_t *len, lily_error *err)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return lily_error_set(err, LILY_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, fp);
+        if (n < cap)
+            break;
+        if (cap > ((size_t)64 << 20)) { /* a config is a few KB; refuse anything absurd */
+            free(buf);
+            fclose(fp);
+            return lily_error_set(err, LILY_ERR_FORMAT, "%s: larger than 64 MiB", path);
+        }
+        char *bigger = realloc(buf, cap * 2);
+        if (!bigger) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    bool bad = buf && ferror(fp);
+    fclose(fp);
+    if (!buf)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "reading %s: out of memory", path);
+    if (bad) {
+        free(buf);
+        return lily_error_set(err, LILY_ERR_IO, "cannot read %s", path);
+    }
+    *out = buf;
+    *len = n;
+    return LILY_OK;
+}
+
+lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    char *text;
+    size_t len;
+    lily_status st = read_file(path, &text, &len, err);
+    if (st != LILY_OK)
+        return st;
+    st = lily_config_parse(text, len, cfg, err);
+    free(text);
+    if (st != LILY_OK) {
+        lily_error_prefix(err, "%s", model_dir);
+        return st;
+    }
+
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    FILE *probe = fopen(path, "rb");
+    if (!probe)
+        return LILY_OK; /* optional */
+    fclose(probe);
+    if ((st = read_file(path, &text, &len, err)) != LILY_OK)
+        return st;
+    json_error_t jerr;
+    json_t *gen = json_loadb(text, len, 0, &jerr);
+    free(text);
+    if (!gen)
+        return lily_error_set(err, LILY_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, jerr.line,
+                              jerr.column, jerr.text);
+    if (!json_is_object(gen))
+        st = lily_error_set(err, LILY_ERR_FORMAT, "%s: top level must be an object", path);
+    else
+        st = add_stop_ids(cfg, json_object_get(gen, "eos_token_id"), "generation_config.json: 'eos_token_id'", err);
+    if (st == LILY_OK && cfg->bos_token_id < 0) {
+        json_t *bos = json_object_get(gen, "bos_token_id");
+        if (json_is_integer(bos) && json_integer_value(bos) >= 0 && json_integer_value(bos) <= 2147483647LL)
+            cfg->bos_token_id = (int)json_integer_value(bos);
+    }
+    json_decref(gen);
+    if (st != LILY_OK)
+        lily_error_prefix(err, "%s", model_dir);
+    return st;
+}
