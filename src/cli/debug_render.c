@@ -1,12 +1,91 @@
-/* debug_render.c — `lily debug render`. Not implemented yet. */
+/* debug_render.c — `lily debug render --model DIR --request FILE`: print the exact prompt for a request.
+ *
+ * The request is an OpenAI chat-completions JSON (messages, tools, chat_template_kwargs,
+ * add_generation_prompt); FILE "-" reads stdin. stdout gets the prompt and nothing else (no newline is
+ * added); warnings (a model template that is not the known Qwen3.6 one) go to stderr. Needs no weights.
+ */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "commands.h"
+#include "text/chat_template.h"
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: lily debug render --model DIR --request FILE\n"
+            "  Prints the prompt the Qwen3.6 chat template renders for an OpenAI chat request (FILE may be -\n"
+            "  for stdin): messages, tools, chat_template_kwargs {enable_thinking, preserve_thinking},\n"
+            "  add_generation_prompt (default true). Options:\n"
+            "  -m, --model DIR      model directory (only its chat template is read, to warn if it differs)\n"
+            "  -r, --request FILE   the request JSON\n"
+            "      --no-think       render with enable_thinking false\n"
+            "      --no-generation-prompt   render without the assistant turn opener\n");
+    return 2;
+}
 
 int debug_render(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lily debug render: not implemented yet\n");
-    return 1;
+    const char *model_dir = NULL, *request_path = NULL;
+    lily_chat_options opts;
+    lily_chat_options_init(&opts);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((!strcmp(a, "--model") || !strcmp(a, "-m")) && i + 1 < argc)
+            model_dir = argv[++i];
+        else if ((!strcmp(a, "--request") || !strcmp(a, "-r")) && i + 1 < argc)
+            request_path = argv[++i];
+        else if (!strcmp(a, "--no-think"))
+            opts.enable_thinking = 0;
+        else if (!strcmp(a, "--no-generation-prompt"))
+            opts.add_generation_prompt = 0;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            return 0;
+        } else {
+            fprintf(stderr, "lily debug render: unknown or incomplete option '%s'\n", a);
+            return usage();
+        }
+    }
+    if (!request_path) {
+        fprintf(stderr, "lily debug render: --request FILE is required\n");
+        return usage();
+    }
+
+    lily_error err = {0};
+    if (model_dir) {
+        lily_chat_template_match match;
+        char sha[65];
+        if (lily_chat_template_check(model_dir, &match, sha, &err) != LILY_OK) {
+            fprintf(stderr, "lily debug render: %s\n", err.message);
+            return 1;
+        }
+        if (match == LILY_CHAT_TEMPLATE_DIFFERENT)
+            fprintf(stderr,
+                    "lily: warning: %s has a chat template that differs from the known Qwen3.6 template "
+                    "(sha256 %.12s..., expected %.12s...); lily renders its built-in Qwen3.6 template anyway\n",
+                    model_dir, sha, LILY_CHAT_TEMPLATE_KNOWN_SHA256);
+        else if (match == LILY_CHAT_TEMPLATE_MISSING)
+            fprintf(stderr, "lily: warning: %s has no chat template; lily renders its built-in Qwen3.6 template\n",
+                    model_dir);
+    }
+
+    json_error_t jerr;
+    json_t *request = !strcmp(request_path, "-") ? json_loadf(stdin, 0, &jerr) : json_load_file(request_path, 0, &jerr);
+    if (!request) {
+        fprintf(stderr, "lily debug render: %s: line %d column %d: %s\n", request_path, jerr.line, jerr.column,
+                jerr.text);
+        return 1;
+    }
+    char *prompt = NULL;
+    lily_status status = lily_chat_render(request, &opts, &prompt, &err);
+    json_decref(request);
+    if (status != LILY_OK) {
+        fprintf(stderr, "lily debug render: %s: %s\n", request_path, err.message);
+        return 1;
+    }
+    fwrite(prompt, 1, strlen(prompt), stdout);
+    free(prompt);
+    return fflush(stdout) == 0 ? 0 : 1;
 }
