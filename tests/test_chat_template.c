@@ -18,6 +18,22 @@
 #include "text/chat_template.h"
 #include "text/py_json.h"
 
+/* Up to 60 bytes of s with newlines and tabs made visible, into buf. */
+static const char *visible(const char *s, char *buf, size_t size)
+{
+    size_t o = 0;
+    for (size_t i = 0; s[i] && i < 60 && o + 3 < size; i++) {
+        if (s[i] == '\n' || s[i] == '\t') {
+            buf[o++] = '\\';
+            buf[o++] = s[i] == '\n' ? 'n' : 't';
+        } else {
+            buf[o++] = s[i];
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
 /* Render request; on a mismatch print the case name and the first differing byte. Returns 1 if equal. */
 static int check_rendering(const char *name, const json_t *request, const char *expected)
 {
@@ -33,9 +49,10 @@ static int check_rendering(const char *name, const json_t *request, const char *
         size_t i = 0;
         while (got[i] && got[i] == expected[i])
             i++;
-        size_t from = i > 40 ? i - 40 : 0;
-        print_message("%s: differs at byte %zu\n  got:      ...%.80s\n  expected: ...%.80s\n", name, i, got + from,
-                      expected + from);
+        size_t from = i > 30 ? i - 30 : 0;
+        char a[256], b[256];
+        print_message("%s: differs at byte %zu\n  got:      ...%s\n  expected: ...%s\n", name, i,
+                      visible(got + from, a, sizeof a), visible(expected + from, b, sizeof b));
     }
     free(got);
     return same;
@@ -72,11 +89,13 @@ static void test_template_hf_examples_byte_exact(void **state)
     assert_int_equal(passed, 10);
 }
 
-static void test_template_generated_cases_byte_exact(void **state)
+/* Every case of a generated file: renderings byte-exact, refusals refused. */
+static void check_case_file(const char *relative, size_t min_rendered, size_t min_errors)
 {
-    (void)state;
     json_error_t jerr;
-    json_t *cases = json_load_file(test_data_path("chat_template_cases.json"), 0, &jerr);
+    json_t *cases = json_load_file(test_data_path(relative), 0, &jerr);
+    if (!cases)
+        print_message("%s: line %d: %s\n", relative, jerr.line, jerr.text);
     assert_non_null(cases);
     size_t i, n_rendered = 0, n_errors = 0, failed = 0;
     json_t *c;
@@ -101,10 +120,24 @@ static void test_template_generated_cases_byte_exact(void **state)
         }
     }
     json_decref(cases);
-    print_message("chat_template_cases.json: %zu renderings, %zu refusals\n", n_rendered, n_errors);
-    assert_true(n_rendered >= 40);
-    assert_true(n_errors >= 10);
+    print_message("%s: %zu renderings, %zu refusals\n", relative, n_rendered, n_errors);
+    assert_true(n_rendered >= min_rendered);
+    assert_true(n_errors >= min_errors);
     assert_int_equal(failed, 0);
+}
+
+/* Named cases: every feature of the template (tools/make_template_cases.py CASES). */
+static void test_template_generated_cases_byte_exact(void **state)
+{
+    (void)state;
+    check_case_file("chat_template_cases.json", 60, 13);
+}
+
+/* Random requests from a fixed seed (tools/make_template_cases.py random_cases). */
+static void test_template_random_cases_byte_exact(void **state)
+{
+    (void)state;
+    check_case_file("chat_template_random.json", 140, 1);
 }
 
 /* Render a request given as JSON text with the default options; returns the status, *out malloc'd. */
@@ -368,6 +401,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_template_hf_examples_byte_exact),
         cmocka_unit_test(test_template_generated_cases_byte_exact),
+        cmocka_unit_test(test_template_random_cases_byte_exact),
         cmocka_unit_test(test_template_rejects_bad_requests),
         cmocka_unit_test(test_template_options_override_request),
         cmocka_unit_test(test_py_float_repr_matches_python),

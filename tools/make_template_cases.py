@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Generate tests/data/chat_template_cases.json: OpenAI chat requests and their exact Qwen3.6 renderings.
 
-Usage: python3 tools/make_template_cases.py [TEMPLATE] [OUT]
-  TEMPLATE defaults to tests/data/tokenizers/qwen35/chat_template.jinja, OUT to tests/data/chat_template_cases.json.
+Usage: python3 tools/make_template_cases.py [TEMPLATE] [OUT] [RANDOM_OUT]
+  TEMPLATE defaults to tests/data/tokenizers/qwen35/chat_template.jinja, OUT to
+  tests/data/chat_template_cases.json (the named cases below), RANDOM_OUT to
+  tests/data/chat_template_random.json (random requests from a fixed seed: odd whitespace, stray think and
+  tool_response tags, list/image content, random JSON argument values, flag combinations).
+  `--random N SEED FILE` writes only N random cases (for a bigger differential run).
 Needs jinja2 (pip install jinja2).
 
 The template is rendered the way Hugging Face transformers does it (same setup as
@@ -19,7 +23,10 @@ request, {"name", "request", "error"}.
 """
 import copy
 import json
+import math
 import os
+import random
+import struct
 import sys
 
 from jinja2 import ext
@@ -231,27 +238,137 @@ CASES = [
 ]
 
 
-def main():
-    tpl_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests/data/tokenizers/qwen35/chat_template.jinja")
-    out_path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "tests/data/chat_template_cases.json")
-    tpl = make_env().from_string(open(tpl_path, encoding="utf-8").read())
+# ------------------------------------------------------------------------------------------- random
+WS = [" ", "\n", "\t", "\u3000", "\xa0", "\x1c", "\u2028", "\x85", "\u200b", "\r", "\x0b", ""]
+PIECES = ["hello", "<think>", "</think>", "<tool_response>", "</tool_response>", "\n", "\n\n", " ", "é", "日本", "🙂",
+          "\"", "\\", "{", "}", "x y", "<tool_call>", "a</think", "think>"]
+
+
+def random_cases(seed, n):
+    rng = random.Random(seed)
+
+    def text():
+        return "".join(rng.choice(PIECES + WS) for _ in range(rng.randint(0, 8)))
+
+    def value(depth=0):
+        r = rng.random()
+        if r < 0.15:
+            return text()
+        if r < 0.3:
+            return rng.randint(-10**12, 10**12)
+        if r < 0.45:
+            c = rng.random()
+            if c < 0.3:
+                v = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(63)))[0]
+                return v if math.isfinite(v) else 0.5
+            if c < 0.6:
+                return rng.uniform(-1e6, 1e6)
+            return float(rng.choice(["0.1", "1e16", "1e-5", "2.5", "100", "1e300", "3.14159"]))
+        if r < 0.55:
+            return rng.choice([True, False, None])
+        if r < 0.75 and depth < 3:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        if depth < 3:
+            return {text() or "k": value(depth + 1) for _ in range(rng.randint(0, 3))}
+        return 1
+
+    def content():
+        r = rng.random()
+        if r < 0.6:
+            return text()
+        if r < 0.7:
+            return None
+        parts = []
+        for _ in range(rng.randint(0, 3)):
+            c = rng.random()
+            if c < 0.7:
+                parts.append({"type": "text", "text": text()})
+            elif c < 0.85:
+                parts.append({"type": "image_url", "image_url": {"url": "u"}})
+            else:
+                parts.append({"type": "video"})
+        return parts
+
+    def tool_call():
+        args = {text() or "p": value() for _ in range(rng.randint(0, 3))}
+        if rng.random() < 0.4:
+            args = json.dumps(args, ensure_ascii=rng.random() < 0.5)
+        fn = {"name": rng.choice(["f", "get_weather", "é"]), "arguments": args}
+        return {"type": "function", "function": fn} if rng.random() < 0.8 else fn
+
+    def message(first):
+        roles = ["system", "developer", "user", "user", "tool"] if first else \
+            ["user", "user", "assistant", "assistant", "tool", "tool"] + (["system"] if rng.random() < 0.05 else [])
+        msg = {"role": rng.choice(roles), "content": content()}
+        if msg["role"] == "user" and rng.random() < 0.2:
+            msg["content"] = rng.choice(WS) + "<tool_response>" + text() + "</tool_response>" + rng.choice(WS)
+        if msg["role"] == "assistant":
+            if rng.random() < 0.5:
+                msg["reasoning_content"] = rng.choice([text(), None, ""])
+            if rng.random() < 0.5:
+                msg["tool_calls"] = [tool_call() for _ in range(rng.randint(1, 3))]
+        if msg["role"] in ("system", "developer") and isinstance(msg["content"], list):
+            msg["content"] = [p for p in msg["content"] if p.get("type") == "text"]
+        return msg
+
+    cases = []
+    for k in range(n):
+        messages = [message(i == 0) for i in range(rng.randint(1, 9))]
+        at = rng.randint(1, len(messages)) if messages[0]["role"] in ("system", "developer") else 0
+        messages.insert(at, {"role": "user", "content": text() or "q"})
+        request = {"messages": messages}
+        if rng.random() < 0.5:
+            request["tools"] = [{"type": "function", "function": {"name": text(), "description": text(),
+                                                                  "parameters": value()}} for _ in range(rng.randint(0, 2))]
+        kwargs = {}
+        for key in ("enable_thinking", "preserve_thinking"):
+            if rng.random() < 0.4:
+                kwargs[key] = rng.choice([True, False, None])
+        if rng.random() < 0.1:
+            kwargs["add_vision_id"] = True
+        if kwargs:
+            request["chat_template_kwargs"] = kwargs
+        if rng.random() < 0.3:
+            request["add_generation_prompt"] = rng.random() < 0.5
+        cases.append(("random_%d_%d" % (seed, k), request))
+    return cases
+
+
+def render_cases(tpl, cases, allow_errors):
     out = []
-    names = set()
-    for name, request in CASES:
-        assert name not in names, name
-        names.add(name)
+    for name, request in cases:
         case = {"name": name, "request": request}
         try:
             case["rendered"] = tpl.render(**template_kwargs(request))
-            assert not name.startswith("error_"), name + " rendered"
+            assert allow_errors or not name.startswith("error_"), name + " rendered"
         except Exception as e:  # noqa: BLE001 - any refusal is a case
-            assert name.startswith("error_"), name + ": " + repr(e)
+            assert allow_errors or name.startswith("error_"), name + ": " + repr(e)
             case["error"] = "%s: %s" % (type(e).__name__, e)
         out.append(case)
-    with open(out_path, "w", encoding="utf-8") as f:
+    return out
+
+
+def write_cases(out, path):
+    with open(path, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
-    print("wrote %d cases (%d errors) to %s" % (len(out), sum("error" in c for c in out), out_path))
+    print("wrote %d cases (%d errors) to %s" % (len(out), sum("error" in c for c in out), path))
+
+
+def main():
+    default_tpl = os.path.join(ROOT, "tests/data/tokenizers/qwen35/chat_template.jinja")
+    if len(sys.argv) > 1 and sys.argv[1] == "--random":
+        tpl = make_env().from_string(open(default_tpl, encoding="utf-8").read())
+        write_cases(render_cases(tpl, random_cases(int(sys.argv[3]), int(sys.argv[2])), True), sys.argv[4])
+        return
+    tpl_path = sys.argv[1] if len(sys.argv) > 1 else default_tpl
+    out_path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "tests/data/chat_template_cases.json")
+    random_path = sys.argv[3] if len(sys.argv) > 3 else os.path.join(ROOT, "tests/data/chat_template_random.json")
+    tpl = make_env().from_string(open(tpl_path, encoding="utf-8").read())
+    names = [name for name, _ in CASES]
+    assert len(set(names)) == len(names), "duplicate case names"
+    write_cases(render_cases(tpl, CASES, False), out_path)
+    write_cases(render_cases(tpl, random_cases(2026, 150), True), random_path)
 
 
 if __name__ == "__main__":
