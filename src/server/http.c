@@ -1,0 +1,600 @@
+/* http.c — the libmicrohttpd daemon of `lily serve` (http.h).
+ *
+ * Owns: routing, the bearer-token check, body accumulation with the --max-body cap, request validation
+ * (through openai.c) before a job is queued, blocking on the job's pipe in the connection's own thread,
+ * SSE responses from a content-reader callback, client-disconnect detection (the socket is polled while
+ * waiting, so a vanished client cancels its job within one decode step), and the per-request log line.
+ */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include "server/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "server/openai.h"
+
+struct lily_http_server {
+    struct MHD_Daemon *daemon;
+    lily_scheduler *sched;
+    lily_http_options opts;
+    char *host, *api_key, *model_name;
+    int port;
+    atomic_int in_flight;     /* requests between their first byte and their completion */
+    long long started;        /* unix seconds, for /v1/models */
+};
+
+/* One request's state across the access-handler calls (MHD's con_cls). */
+typedef struct {
+    lily_http_server *srv;
+    char method[8];
+    char path[128];
+    char *body;
+    size_t body_len, body_cap;
+    bool too_large;
+    bool responded;
+    int status;
+    lily_job *job;            /* a queued job, shared with the worker */
+    int fd;                   /* the connection's socket, polled for a vanished client */
+    struct timespec t0;
+} request;
+
+/* ---------------------------------------------------------------------------------------------------
+ * responses
+ */
+
+static enum MHD_Result send_body(struct MHD_Connection *c, request *r, int status, const char *content_type,
+                                 char *body, size_t len, const char *allow)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", content_type);
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+    if (allow)
+        MHD_add_response_header(resp, "Allow", allow);
+    if (status == 401)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    r->status = status;
+    r->responded = true;
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, request *r, int status, json_t *j)
+{
+    char *s = j ? lily_oai_dump(j) : NULL;
+    json_decref(j);
+    if (!s)
+        return MHD_NO;
+    return send_body(c, r, status, "application/json", s, strlen(s), NULL);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, request *r, const lily_oai_error *e, const char *allow)
+{
+    char *s = lily_oai_error_json(e);
+    if (!s)
+        return MHD_NO;
+    return send_body(c, r, e->http_status, "application/json", s, strlen(s), allow);
+}
+
+static enum MHD_Result send_simple_error(struct MHD_Connection *c, request *r, int status, const char *type,
+                                         const char *code, const char *allow, const char *message)
+{
+    lily_oai_error e;
+    lily_oai_error_set(&e, status, type, NULL, code, "%s", message);
+    return send_error(c, r, &e, allow);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * the client is gone?
+ */
+
+/* True when the peer closed its end (FIN or RST). A pipelined request (readable data) is not a close. */
+static bool client_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))
+        return true;
+    if (p.revents & POLLIN) {
+        char b;
+        ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    return false;
+}
+
+/* Wait until the worker decides the status; false when the client went away first (the job is cancelled). */
+static bool wait_begin(request *r)
+{
+    while (!lily_job_wait_begin(r->job, 50)) {
+        if (client_gone(r->fd)) {
+            lily_job_cancel(r->job);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The SSE body: whatever the worker wrote, as it comes. */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    request *r = cls;
+    for (;;) {
+        long n = lily_job_read(r->job, buf, max, 50);
+        if (n > 0)
+            return n;
+        if (n < 0)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (client_gone(r->fd)) {
+            lily_job_cancel(r->job);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
+{
+    if (!wait_begin(r))
+        return MHD_NO;
+    lily_job *job = r->job;
+    if (job->streaming) {
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, r, NULL);
+        if (!resp)
+            return MHD_NO;
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+        r->status = job->http_status;
+        r->responded = true;
+        enum MHD_Result ret = MHD_queue_response(c, (unsigned)job->http_status, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+    /* a whole body: wait for the end, watching the socket */
+    for (;;) {
+        pthread_mutex_lock(&job->mu);
+        bool finished = job->finished;
+        pthread_mutex_unlock(&job->mu);
+        if (finished)
+            break;
+        if (client_gone(r->fd)) {
+            lily_job_cancel(job);
+            return MHD_NO;
+        }
+        pthread_mutex_lock(&job->mu);
+        if (!job->finished) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&job->cv, &job->mu, &ts);
+        }
+        pthread_mutex_unlock(&job->mu);
+    }
+    size_t len;
+    char *out = lily_job_take_output(job, &len);
+    if (!out) {
+        out = strdup("");
+        if (!out)
+            return MHD_NO;
+    }
+    return send_body(c, r, job->http_status, "application/json", out, len, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * routes
+ */
+
+static bool path_is(const char *path, const char *want)
+{
+    if (!strcmp(path, want))
+        return true;
+    return !strncmp(want, "/v1/", 4) && !strcmp(path, want + 3); /* /chat/completions, /models, ... */
+}
+
+typedef enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_TOKENIZE, R_DETOKENIZE } route_id;
+
+static route_id route_of(const char *path, const char **allow)
+{
+    static const struct {
+        const char *path;
+        route_id id;
+        const char *method;
+    } routes[] = {
+        {"/v1/chat/completions", R_CHAT, "POST"}, {"/v1/completions", R_COMPLETIONS, "POST"},
+        {"/v1/models", R_MODELS, "GET"},         {"/health", R_HEALTH, "GET"},
+        {"/v1/health", R_HEALTH, "GET"},         {"/tokenize", R_TOKENIZE, "POST"},
+        {"/detokenize", R_DETOKENIZE, "POST"},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (path_is(path, routes[i].path)) {
+            *allow = routes[i].method;
+            return routes[i].id;
+        }
+    return R_NONE;
+}
+
+/* Constant-time comparison of the presented token with the key (time depends on the key's length only). */
+static bool token_matches(const char *given, const char *key)
+{
+    size_t glen = strlen(given), klen = strlen(key);
+    unsigned char diff = glen != klen;
+    for (size_t i = 0; i < klen; i++)
+        diff |= (unsigned char)(key[i] ^ (i < glen ? given[i] : 0));
+    return diff == 0;
+}
+
+static bool authorized(struct MHD_Connection *c, const char *api_key)
+{
+    if (!api_key || !*api_key)
+        return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7))
+        return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return token_matches(h, api_key);
+}
+
+static enum MHD_Result handle_health(struct MHD_Connection *c, request *r)
+{
+    int waiting = 0, running = 0;
+    lily_sched_state st = lily_scheduler_state(r->srv->sched, &waiting, &running);
+    if (st == LILY_SCHED_LOADING)
+        return send_simple_error(c, r, 503, "unavailable_error", NULL, NULL, "Loading model");
+    if (st == LILY_SCHED_FAILED)
+        return send_simple_error(c, r, 503, "unavailable_error", NULL, NULL, "The model failed to load");
+    if (st == LILY_SCHED_STOPPED)
+        return send_simple_error(c, r, 503, "unavailable_error", NULL, NULL, "The server is shutting down");
+    return send_json(c, r, 200, json_pack("{s:s, s:i, s:i}", "status", "ok", "requests_processing", running,
+                                          "requests_waiting", waiting));
+}
+
+static enum MHD_Result handle_models(struct MHD_Connection *c, request *r)
+{
+    return send_json(c, r, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
+                                          r->srv->model_name, "object", "model", "created",
+                                          (json_int_t)r->srv->started, "owned_by", "lily"));
+}
+
+/* /tokenize {"content": str, "add_special"?: bool, "with_pieces"?: bool};
+ * /detokenize {"tokens": [int]} — llama.cpp's server shapes. Validated here, run by the worker. */
+static bool check_tokenize_body(route_id id, json_t *body, lily_oai_error *e)
+{
+    if (!json_is_object(body)) {
+        lily_oai_error_set(e, 400, "invalid_request_error", NULL, NULL, "Invalid request body: expected a JSON object.");
+        return false;
+    }
+    if (id == R_TOKENIZE) {
+        if (!json_is_string(json_object_get(body, "content"))) {
+            lily_oai_error_set(e, 400, "invalid_request_error", "content", NULL,
+                               "Missing or invalid 'content': expected a string.");
+            return false;
+        }
+        return true;
+    }
+    json_t *tokens = json_object_get(body, "tokens");
+    if (!json_is_array(tokens)) {
+        lily_oai_error_set(e, 400, "invalid_request_error", "tokens", NULL,
+                           "Missing or invalid 'tokens': expected an array of token ids.");
+        return false;
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(tokens, i, t) {
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX) {
+            lily_oai_error_set(e, 400, "invalid_request_error", "tokens", NULL,
+                               "Invalid 'tokens[%zu]': expected a non-negative integer token id.", i);
+            return false;
+        }
+    }
+    return true;
+}
+
+static enum MHD_Result submit(struct MHD_Connection *c, request *r, lily_job *job)
+{
+    if (lily_scheduler_submit(r->srv->sched, job) != LILY_OK) {
+        lily_sched_state st = lily_scheduler_state(r->srv->sched, NULL, NULL);
+        lily_job_unref(job);
+        if (st == LILY_SCHED_LOADING)
+            return send_simple_error(c, r, 503, "unavailable_error", NULL, NULL, "Loading model");
+        if (st == LILY_SCHED_STOPPED)
+            return send_simple_error(c, r, 503, "unavailable_error", NULL, NULL, "The server is shutting down");
+        if (st == LILY_SCHED_FAILED)
+            return send_simple_error(c, r, 503, "unavailable_error", NULL, NULL, "The model failed to load");
+        return send_simple_error(c, r, 503, "unavailable_error", "queue_full", NULL,
+                                 "The server is busy: the request queue is full (--queue). Retry later.");
+    }
+    r->job = job;
+    return respond_job(c, r);
+}
+
+static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_id id)
+{
+    lily_oai_error e;
+    if (id == R_CHAT || id == R_COMPLETIONS) {
+        lily_job *job = lily_job_new(id == R_CHAT ? LILY_ROUTE_CHAT : LILY_ROUTE_COMPLETIONS);
+        if (!job)
+            return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
+        if (!lily_oai_parse_request(r->body ? r->body : "", r->body_len, id == R_CHAT, &job->req, &e)) {
+            lily_job_unref(job);
+            return send_error(c, r, &e, NULL);
+        }
+        return submit(c, r, job);
+    }
+    json_error_t jerr;
+    json_t *body = json_loadb(r->body ? r->body : "", r->body_len, 0, &jerr);
+    if (!body) {
+        lily_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
+                           "We could not parse the JSON body of your request: %s (line %d, column %d).", jerr.text,
+                           jerr.line, jerr.column);
+        return send_error(c, r, &e, NULL);
+    }
+    if (!check_tokenize_body(id, body, &e)) {
+        json_decref(body);
+        return send_error(c, r, &e, NULL);
+    }
+    lily_job *job = lily_job_new(id == R_TOKENIZE ? LILY_ROUTE_TOKENIZE : LILY_ROUTE_DETOKENIZE);
+    if (!job) {
+        json_decref(body);
+        return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
+    }
+    job->body = body;
+    return submit(c, r, job);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    (void)version;
+    lily_http_server *srv = cls;
+    request *r = *con_cls;
+    if (!r) { /* first call: headers only */
+        r = calloc(1, sizeof *r);
+        if (!r)
+            return MHD_NO;
+        r->srv = srv;
+        r->fd = -1;
+        snprintf(r->method, sizeof r->method, "%s", method);
+        snprintf(r->path, sizeof r->path, "%s", url);
+        clock_gettime(CLOCK_MONOTONIC, &r->t0);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci)
+            r->fd = ci->connect_fd;
+        *con_cls = r;
+        atomic_fetch_add(&srv->in_flight, 1);
+
+        const char *allow = NULL;
+        route_id id = route_of(url, &allow);
+        if (!strcmp(method, "OPTIONS")) { /* CORS preflight, for browser chat UIs */
+            struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+            if (!resp)
+                return MHD_NO;
+            MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+            MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            r->status = 204;
+            r->responded = true;
+            enum MHD_Result ret = MHD_queue_response(c, 204, resp);
+            MHD_destroy_response(resp);
+            return ret;
+        }
+        if (id == R_NONE) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "Unknown request URL: %s %.128s.", method, url);
+            return send_simple_error(c, r, 404, "invalid_request_error", "unknown_url", NULL, msg);
+        }
+        bool head_as_get = !strcmp(method, "HEAD") && !strcmp(allow, "GET");
+        if (strcmp(method, allow) && !head_as_get) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "Method %s is not allowed for %.128s; use %s.", method, url, allow);
+            return send_simple_error(c, r, 405, "invalid_request_error", "method_not_allowed", allow, msg);
+        }
+        if (id != R_HEALTH && !authorized(c, srv->api_key))
+            return send_simple_error(c, r, 401, "invalid_request_error", "invalid_api_key", NULL,
+                                     "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > srv->opts.max_body) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "Request body of %s bytes exceeds the limit of %zu bytes (--max-body).", cl,
+                     srv->opts.max_body);
+            return send_simple_error(c, r, 413, "invalid_request_error", "request_too_large", NULL, msg);
+        }
+        return MHD_YES;
+    }
+    if (r->responded) { /* an early error was queued; discard whatever body follows */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_data_size) { /* a piece of the body */
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (r->too_large || r->body_len + n > srv->opts.max_body) {
+            r->too_large = true;
+            return MHD_YES;
+        }
+        if (r->body_len + n + 1 > r->body_cap) {
+            size_t cap = r->body_cap ? r->body_cap : 4096;
+            while (cap < r->body_len + n + 1)
+                cap *= 2;
+            char *p = realloc(r->body, cap);
+            if (!p)
+                return MHD_NO;
+            r->body = p;
+            r->body_cap = cap;
+        }
+        memcpy(r->body + r->body_len, upload_data, n);
+        r->body_len += n;
+        r->body[r->body_len] = 0;
+        return MHD_YES;
+    }
+    /* the whole request is in */
+    if (r->too_large) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "Request body exceeds the limit of %zu bytes (--max-body).", srv->opts.max_body);
+        return send_simple_error(c, r, 413, "invalid_request_error", "request_too_large", NULL, msg);
+    }
+    const char *allow = NULL;
+    route_id id = route_of(url, &allow);
+    switch (id) {
+    case R_HEALTH: return handle_health(c, r);
+    case R_MODELS: return handle_models(c, r);
+    case R_NONE: return MHD_NO; /* answered on the first call */
+    default: return handle_post(c, r, id);
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)c;
+    lily_http_server *srv = cls;
+    request *r = *con_cls;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    if (r->job && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        lily_job_cancel(r->job); /* the stream's write failed or the client left */
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - r->t0.tv_sec) + (double)(t1.tv_nsec - r->t0.tv_nsec) * 1e-9;
+    char tail[256] = "";
+    if (r->job && (r->job->route == LILY_ROUTE_CHAT || r->job->route == LILY_ROUTE_COMPLETIONS)) {
+        const lily_job_stats *s = &r->job->stats;
+        snprintf(tail, sizeof tail, " prompt=%d completion=%d cached=%d prefill=%.1f tok/s decode=%.1f tok/s%s",
+                 s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
+                 lily_job_cancelled(r->job) ? " cancelled" : "");
+    }
+    char when[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&now, &tm));
+    fprintf(stderr, "%s %s %s %d%s %.3f s\n", when, r->method, r->path,
+            r->status ? r->status : (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : 499), tail, secs);
+    lily_job_unref(r->job);
+    free(r->body);
+    free(r);
+    atomic_fetch_sub(&srv->in_flight, 1);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    fprintf(stderr, "lily serve: microhttpd: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched, lily_http_server **out,
+                            lily_error *err)
+{
+    *out = NULL;
+    lily_http_server *srv = calloc(1, sizeof *srv);
+    if (!srv)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    srv->sched = sched;
+    srv->opts = *opts;
+    srv->host = strdup(opts->host ? opts->host : "127.0.0.1");
+    srv->api_key = opts->api_key ? strdup(opts->api_key) : NULL;
+    srv->model_name = strdup(opts->model_name ? opts->model_name : "lily");
+    srv->started = (long long)time(NULL);
+    atomic_init(&srv->in_flight, 0);
+    if (!srv->opts.max_body)
+        srv->opts.max_body = 16u << 20;
+    if (!srv->opts.max_connections)
+        srv->opts.max_connections = 256;
+    if (!srv->host || !srv->model_name || (opts->api_key && !srv->api_key)) {
+        lily_http_stop(srv);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", opts->port);
+    int gai = getaddrinfo(srv->host, port_text, &hints, &ai);
+    if (gai || !ai) {
+        lily_http_stop(srv);
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cannot resolve host '%s': %s", opts->host,
+                              gai_strerror(gai));
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG | MHD_USE_POLL;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    srv->daemon = MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
+                                   MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+                                   MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->opts.max_connections,
+                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
+                                   MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!srv->daemon) {
+        int e = errno;
+        lily_http_stop(srv);
+        return lily_error_set(err, LILY_ERR_IO, "cannot listen on %s:%d: %s", opts->host ? opts->host : "127.0.0.1",
+                              opts->port, e ? strerror(e) : "microhttpd failed to start");
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    srv->port = di ? di->port : opts->port;
+    *out = srv;
+    return LILY_OK;
+}
+
+int lily_http_port(const lily_http_server *srv)
+{
+    return srv->port;
+}
+
+void lily_http_quiesce(lily_http_server *srv)
+{
+    if (!srv || !srv->daemon)
+        return;
+    MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+}
+
+void lily_http_stop(lily_http_server *srv)
+{
+    if (!srv)
+        return;
+    if (srv->daemon) {
+        /* let responses still being written (the last tokens of a stream) drain for up to 10 s */
+        for (int i = 0; i < 1000 && atomic_load(&srv->in_flight) > 0; i++) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        MHD_stop_daemon(srv->daemon);
+    }
+    free(srv->host);
+    free(srv->api_key);
+    free(srv->model_name);
+    free(srv);
+}

@@ -1,0 +1,43 @@
+/* http.h — the HTTP front of `lily serve`: a libmicrohttpd daemon that routes, authenticates, reads
+ * bodies, validates requests and hands jobs to the scheduler.
+ *
+ * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST /tokenize,
+ * POST /detokenize (also without the /v1 prefix for the OpenAI ones). Errors are OpenAI JSON: 400 bad
+ * request, 401 bad bearer token, 404 unknown route, 405 wrong method, 413 body over max_body, 503 queue full
+ * or model loading. Each connection has its own thread (it may block waiting for its job); the engine
+ * worker is the scheduler's.
+ */
+#ifndef LILY_SERVER_HTTP_H
+#define LILY_SERVER_HTTP_H
+
+#include <stddef.h>
+
+#include "lily.h"
+#include "server/scheduler.h"
+
+typedef struct {
+    const char *host;         /* address to bind; default "127.0.0.1" */
+    int port;                 /* 0 = any free port (lily_http_port says which) */
+    const char *api_key;      /* NULL: no authentication */
+    size_t max_body;          /* bytes; default 16 MiB */
+    const char *model_name;   /* the id /v1/models lists and responses carry */
+    int max_connections;      /* default 256 */
+} lily_http_options;
+
+typedef struct lily_http_server lily_http_server;
+
+/* Bind and start serving; jobs go to sched (started by the caller, which outlives the server).
+ * Errors: LILY_ERR_INVALID_ARGUMENT (bad host), LILY_ERR_IO (cannot bind: the message names host:port). */
+lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched, lily_http_server **out,
+                            lily_error *err);
+
+/* The port actually bound. */
+int lily_http_port(const lily_http_server *srv);
+
+/* Stop accepting connections (already-running responses keep going). */
+void lily_http_quiesce(lily_http_server *srv);
+
+/* Close every connection and free the server. Call after lily_scheduler_stop so responses are complete. */
+void lily_http_stop(lily_http_server *srv);
+
+#endif

@@ -1,0 +1,821 @@
+/* openai.c — the OpenAI wire format (openai.h): request validation, response and SSE chunk JSON.
+ *
+ * Owns: field-by-field validation with the messages OpenAI's own API gives (param names the field), and
+ * the exact shapes of chat.completion, chat.completion.chunk and text_completion. Does not own: rendering
+ * the conversation (text/chat_template), nor what the model generates (server/service.c).
+ */
+#include "server/openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+
+void lily_oai_error_set(lily_oai_error *e, int http_status, const char *type, const char *param,
+                        const char *code, const char *fmt, ...)
+{
+    if (!e)
+        return;
+    e->http_status = http_status;
+    snprintf(e->type, sizeof e->type, "%s", type ? type : "invalid_request_error");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+/* A JSON string from bytes that may not be valid UTF-8: invalid bytes become U+FFFD. */
+static json_t *string_lossy(const char *s, size_t len)
+{
+    json_t *j = json_stringn(s, len);
+    if (j)
+        return j;
+    char *buf = malloc(len * 3 + 1);
+    if (!buf)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)s[i];
+        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = n > 0 && i + n <= len;
+        for (int k = 1; ok && k < n; k++)
+            ok = ((unsigned char)s[i + k] >> 6) == 2;
+        if (ok && n > 1 && !json_stringn(s + i, n)) /* overlong, surrogate, out of range */
+            ok = false;
+        if (ok && c == 0)
+            ok = false;
+        if (ok) {
+            memcpy(buf + o, s + i, n);
+            o += n;
+            i += n;
+        } else {
+            memcpy(buf + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    j = json_stringn(buf, o);
+    free(buf);
+    return j;
+}
+
+char *lily_oai_dump(const json_t *j)
+{
+    return json_dumps(j, JSON_COMPACT);
+}
+
+char *lily_oai_error_json(const lily_oai_error *e)
+{
+    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type", e->type, "param",
+                          e->param[0] ? json_string(e->param) : json_null(), "code",
+                          e->code[0] ? json_string(e->code) : json_null());
+    if (!o)
+        return NULL;
+    char *s = lily_oai_dump(o);
+    json_decref(o);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * request validation
+ */
+
+static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, "%s", msg);
+    return false;
+}
+
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "a value";
+}
+
+/* A number field in [lo, hi]; absent or null leaves *out unchanged. */
+static bool get_number(json_t *body, const char *key, double lo, double hi, double *out, lily_oai_error *e)
+{
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_number(v))
+        return bad(e, key, "Invalid type for '%s': expected a number, but got %s instead.", key, json_kind(v));
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi))
+        return bad(e, key, "Invalid value for '%s': %g is outside [%g, %g].", key, x, lo, hi);
+    *out = x;
+    return true;
+}
+
+static bool get_int(json_t *body, const char *key, long long lo, long long hi, long long *out, lily_oai_error *e)
+{
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v))
+        return true;
+    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 9e15)
+        v = NULL; /* 16.0 is accepted as 16 */
+    long long x;
+    if (v) {
+        if (!json_is_integer(v))
+            return bad(e, key, "Invalid type for '%s': expected an integer, but got %s instead.", key,
+                       json_kind(json_object_get(body, key)));
+        x = json_integer_value(v);
+    } else {
+        x = (long long)json_real_value(json_object_get(body, key));
+    }
+    if (x < lo || x > hi)
+        return bad(e, key, "Invalid value for '%s': %lld is outside [%lld, %lld].", key, x, lo, hi);
+    *out = x;
+    return true;
+}
+
+static bool get_bool(json_t *body, const char *key, bool *out, lily_oai_error *e)
+{
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_boolean(v))
+        return bad(e, key, "Invalid type for '%s': expected a boolean, but got %s instead.", key, json_kind(v));
+    *out = json_is_true(v);
+    return true;
+}
+
+static const char *const known_roles[] = {"system", "developer", "user", "assistant", "tool"};
+
+static bool check_messages(json_t *messages, lily_oai_error *e)
+{
+    if (!messages)
+        return bad(e, "messages", "Missing required parameter: 'messages'.");
+    if (!json_is_array(messages))
+        return bad(e, "messages", "Invalid type for 'messages': expected an array, but got %s instead.",
+                   json_kind(messages));
+    if (json_array_size(messages) == 0)
+        return bad(e, "messages", "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+                                  "but got an empty array instead.");
+    size_t i;
+    json_t *m;
+    char param[64];
+    json_array_foreach(messages, i, m) {
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m))
+            return bad(e, param, "Invalid type for '%s': expected an object, but got %s instead.", param,
+                       json_kind(m));
+        json_t *role = json_object_get(m, "role");
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        if (!role)
+            return bad(e, param, "Missing required parameter: '%s'.", param);
+        if (!json_is_string(role))
+            return bad(e, param, "Invalid type for '%s': expected a string, but got %s instead.", param,
+                       json_kind(role));
+        bool known = false;
+        for (size_t r = 0; r < sizeof known_roles / sizeof known_roles[0]; r++)
+            known |= !strcmp(json_string_value(role), known_roles[r]);
+        if (!known)
+            return bad(e, param, "Invalid value: '%.64s'. Supported values are: 'system', 'developer', 'user', "
+                                 "'assistant', and 'tool'.", json_string_value(role));
+        json_t *content = json_object_get(m, "content");
+        snprintf(param, sizeof param, "messages[%zu].content", i);
+        bool is_assistant = !strcmp(json_string_value(role), "assistant");
+        if (!content || json_is_null(content)) {
+            if (!is_assistant)
+                return bad(e, param, "Missing required parameter: '%s'.", param);
+        } else if (json_is_array(content)) {
+            size_t k;
+            json_t *part;
+            json_array_foreach(content, k, part) {
+                json_t *type = json_object_get(part, "type");
+                json_t *text = json_object_get(part, "text");
+                if (!json_is_object(part) || !json_is_string(type))
+                    return bad(e, param, "Invalid content part %zu in '%s': expected an object with a 'type'.", k,
+                               param);
+                if (strcmp(json_string_value(type), "text"))
+                    return bad(e, param, "Unsupported content part type '%.32s' in '%s': this model takes text only.",
+                               json_string_value(type), param);
+                if (!json_is_string(text))
+                    return bad(e, param, "Invalid content part %zu in '%s': 'text' must be a string.", k, param);
+            }
+        } else if (!json_is_string(content)) {
+            return bad(e, param, "Invalid type for '%s': expected a string or an array of content parts, but got "
+                                 "%s instead.", param, json_kind(content));
+        }
+        json_t *calls = json_object_get(m, "tool_calls");
+        if (calls && !json_is_null(calls)) {
+            snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
+            if (!json_is_array(calls))
+                return bad(e, param, "Invalid type for '%s': expected an array, but got %s instead.", param,
+                           json_kind(calls));
+            size_t k;
+            json_t *call;
+            json_array_foreach(calls, k, call) {
+                json_t *fn = json_object_get(call, "function");
+                json_t *args = json_object_get(fn, "arguments");
+                if (!json_is_object(call) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+                    return bad(e, param, "Invalid '%s[%zu]': expected {\"type\":\"function\",\"function\":"
+                                         "{\"name\":..., \"arguments\":...}}.", param, k);
+                if (args && !json_is_string(args) && !json_is_object(args))
+                    return bad(e, param, "Invalid '%s[%zu].function.arguments': expected a JSON string.", param, k);
+            }
+        }
+    }
+    return true;
+}
+
+static bool check_tools(lily_oai_request *req, lily_oai_error *e)
+{
+    json_t *tools = json_object_get(req->body, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return bad(e, "tools", "Invalid type for 'tools': expected an array, but got %s instead.",
+                       json_kind(tools));
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t) {
+            char param[48];
+            snprintf(param, sizeof param, "tools[%zu]", i);
+            json_t *type = json_object_get(t, "type");
+            json_t *fn = json_object_get(t, "function");
+            if (!json_is_object(t) || (type && !json_is_string(type)) || !json_is_object(fn))
+                return bad(e, param, "Invalid '%s': expected {\"type\":\"function\",\"function\":{...}}.", param);
+            if (type && strcmp(json_string_value(type), "function"))
+                return bad(e, param, "Invalid '%s.type': only 'function' tools are supported.", param);
+            json_t *name = json_object_get(fn, "name");
+            if (!json_is_string(name) || !json_string_length(name))
+                return bad(e, param, "Missing required parameter: '%s.function.name'.", param);
+            json_t *params = json_object_get(fn, "parameters");
+            if (params && !json_is_object(params) && !json_is_null(params))
+                return bad(e, param, "Invalid '%s.function.parameters': expected a JSON schema object.", param);
+        }
+        if (json_array_size(tools))
+            req->tools = tools;
+    }
+    json_t *tc = json_object_get(req->body, "tool_choice");
+    if (!tc || json_is_null(tc))
+        return true;
+    if (json_is_string(tc)) {
+        const char *s = json_string_value(tc);
+        if (!strcmp(s, "auto"))
+            req->tool_choice = LILY_TOOL_CHOICE_AUTO;
+        else if (!strcmp(s, "none"))
+            req->tool_choice = LILY_TOOL_CHOICE_NONE;
+        else if (!strcmp(s, "required"))
+            req->tool_choice = LILY_TOOL_CHOICE_REQUIRED;
+        else
+            return bad(e, "tool_choice", "Invalid value for 'tool_choice': '%.64s'. Supported values are: 'none', "
+                                         "'auto', 'required', or a named function.", s);
+    } else if (json_is_object(tc)) {
+        json_t *name = json_object_get(json_object_get(tc, "function"), "name");
+        if (!json_is_string(name))
+            return bad(e, "tool_choice", "Invalid 'tool_choice': expected {\"type\":\"function\",\"function\":"
+                                         "{\"name\":...}}.");
+        req->tool_choice = LILY_TOOL_CHOICE_NAMED;
+        snprintf(req->tool_name, sizeof req->tool_name, "%s", json_string_value(name));
+    } else {
+        return bad(e, "tool_choice", "Invalid type for 'tool_choice': expected a string or an object, but got %s "
+                                     "instead.", json_kind(tc));
+    }
+    if (req->tool_choice == LILY_TOOL_CHOICE_REQUIRED || req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
+        if (!req->tools)
+            return bad(e, "tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when "
+                                         "'tools' are specified.");
+    }
+    if (req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
+        size_t i;
+        json_t *t;
+        bool found = false;
+        json_array_foreach(req->tools, i, t) {
+            const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+            found |= n && !strcmp(n, req->tool_name);
+        }
+        if (!found)
+            return bad(e, "tool_choice", "Invalid value for 'tool_choice': no function named '%.200s' was specified "
+                                         "in the 'tools' parameter.", req->tool_name);
+    }
+    if (req->tool_choice == LILY_TOOL_CHOICE_NONE)
+        req->tools = NULL;
+    return true;
+}
+
+static bool check_stop(lily_oai_request *req, lily_oai_error *e)
+{
+    json_t *stop = json_object_get(req->body, "stop");
+    if (!stop || json_is_null(stop))
+        return true;
+    if (json_is_string(stop)) {
+        if (!json_string_length(stop))
+            return true;
+        req->stop = malloc(sizeof *req->stop);
+        if (!req->stop || !(req->stop[0] = strdup(json_string_value(stop))))
+            return bad(e, "stop", "Out of memory.");
+        req->n_stop = 1;
+        return true;
+    }
+    if (!json_is_array(stop))
+        return bad(e, "stop", "Invalid type for 'stop': expected a string or an array of strings, but got %s "
+                              "instead.", json_kind(stop));
+    if (json_array_size(stop) > 16)
+        return bad(e, "stop", "Invalid 'stop': at most 16 stop sequences are supported.");
+    req->stop = calloc(json_array_size(stop) + 1, sizeof *req->stop);
+    if (!req->stop)
+        return bad(e, "stop", "Out of memory.");
+    size_t i;
+    json_t *s;
+    json_array_foreach(stop, i, s) {
+        if (!json_is_string(s))
+            return bad(e, "stop", "Invalid type for 'stop[%zu]': expected a string, but got %s instead.", i,
+                       json_kind(s));
+        if (!json_string_length(s))
+            continue;
+        if (!(req->stop[req->n_stop] = strdup(json_string_value(s))))
+            return bad(e, "stop", "Out of memory.");
+        req->n_stop++;
+    }
+    return true;
+}
+
+static bool check_logit_bias(lily_oai_request *req, lily_oai_error *e)
+{
+    json_t *lb = json_object_get(req->body, "logit_bias");
+    if (!lb || json_is_null(lb))
+        return true;
+    if (!json_is_object(lb))
+        return bad(e, "logit_bias", "Invalid type for 'logit_bias': expected an object, but got %s instead.",
+                   json_kind(lb));
+    req->logit_bias = calloc(json_object_size(lb) + 1, sizeof *req->logit_bias);
+    if (!req->logit_bias)
+        return bad(e, "logit_bias", "Out of memory.");
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v) {
+        char *end;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || id < 0 || id > INT32_MAX)
+            return bad(e, "logit_bias", "Invalid key in 'logit_bias': '%.32s' is not a token id.", key);
+        if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
+            return bad(e, "logit_bias", "Invalid value in 'logit_bias' for token %ld: expected a number in "
+                                        "[-100, 100].", id);
+        req->logit_bias[req->n_logit_bias].token = (int32_t)id;
+        req->logit_bias[req->n_logit_bias].bias = (float)json_number_value(v);
+        req->n_logit_bias++;
+    }
+    return true;
+}
+
+static bool check_prompt(lily_oai_request *req, lily_oai_error *e)
+{
+    json_t *p = json_object_get(req->body, "prompt");
+    if (!p)
+        return bad(e, "prompt", "Missing required parameter: 'prompt'.");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0); /* ["text"]: a batch of one */
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_array(json_array_get(p, 0)))
+        p = json_array_get(p, 0); /* [[ids]] */
+    if (json_is_string(p)) {
+        req->prompt_text = json_string_value(p);
+        return true;
+    }
+    if (!json_is_array(p))
+        return bad(e, "prompt", "Invalid type for 'prompt': expected a string or an array of token ids, but got %s "
+                                "instead.", json_kind(p));
+    if (json_array_size(p) == 0)
+        return bad(e, "prompt", "Invalid 'prompt': empty array.");
+    req->prompt_ids = malloc(json_array_size(p) * sizeof *req->prompt_ids);
+    if (!req->prompt_ids)
+        return bad(e, "prompt", "Out of memory.");
+    size_t i;
+    json_t *v;
+    json_array_foreach(p, i, v) {
+        if (!json_is_integer(v))
+            return bad(e, "prompt", "Invalid 'prompt': a batch of several prompts is not supported; expected one "
+                                    "string or one array of token ids.");
+        if (json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return bad(e, "prompt", "Invalid 'prompt[%zu]': %lld is not a token id.", i,
+                       (long long)json_integer_value(v));
+        req->prompt_ids[i] = (int32_t)json_integer_value(v);
+    }
+    req->n_prompt_ids = (int)json_array_size(p);
+    return true;
+}
+
+static bool check_thinking(lily_oai_request *req, lily_oai_error *e)
+{
+    json_t *kw = json_object_get(req->body, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return bad(e, "chat_template_kwargs", "Invalid type for 'chat_template_kwargs': expected an object, but "
+                                                  "got %s instead.", json_kind(kw));
+        req->chat_template_kwargs = kw;
+        json_t *v = json_object_get(kw, "enable_thinking");
+        if (v && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                return bad(e, "chat_template_kwargs.enable_thinking", "Invalid type for "
+                           "'chat_template_kwargs.enable_thinking': expected a boolean.");
+            req->enable_thinking = json_is_true(v);
+        }
+        v = json_object_get(kw, "preserve_thinking");
+        if (v && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                return bad(e, "chat_template_kwargs.preserve_thinking", "Invalid type for "
+                           "'chat_template_kwargs.preserve_thinking': expected a boolean.");
+            req->preserve_thinking = json_is_true(v);
+        }
+    }
+    json_t *effort = json_object_get(req->body, "reasoning_effort");
+    if (effort && !json_is_null(effort)) {
+        static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+        bool known = false;
+        if (json_is_string(effort))
+            for (size_t i = 0; i < sizeof efforts / sizeof efforts[0]; i++)
+                known |= !strcmp(json_string_value(effort), efforts[i]);
+        if (!known)
+            return bad(e, "reasoning_effort", "Invalid value for 'reasoning_effort': supported values are 'none', "
+                                              "'minimal', 'low', 'medium' and 'high'.");
+        if (!strcmp(json_string_value(effort), "none"))
+            req->enable_thinking = 0;
+        else if (req->enable_thinking < 0)
+            req->enable_thinking = 1;
+    }
+    return true;
+}
+
+bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai_request *req, lily_oai_error *e)
+{
+    memset(req, 0, sizeof *req);
+    req->is_chat = is_chat;
+    req->max_tokens = req->top_k = -1;
+    req->enable_thinking = req->preserve_thinking = -1;
+    req->temperature = req->top_p = req->min_p = NAN;
+    req->presence_penalty = req->frequency_penalty = req->repetition_penalty = NAN;
+
+    json_error_t jerr;
+    req->body = json_loadb(body, len, 0, &jerr);
+    if (!req->body) {
+        lily_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
+                           "We could not parse the JSON body of your request: %s (line %d, column %d).", jerr.text,
+                           jerr.line, jerr.column);
+        return false;
+    }
+    if (!json_is_object(req->body)) {
+        bad(e, NULL, "Invalid request body: expected a JSON object, but got %s instead.", json_kind(req->body));
+        goto fail;
+    }
+    json_t *b = req->body;
+    json_t *model = json_object_get(b, "model");
+    if (model && !json_is_string(model) && !json_is_null(model)) {
+        bad(e, "model", "Invalid type for 'model': expected a string, but got %s instead.", json_kind(model));
+        goto fail;
+    }
+    if (is_chat) {
+        req->messages = json_object_get(b, "messages");
+        if (!check_messages(req->messages, e) || !check_tools(req, e) || !check_thinking(req, e))
+            goto fail;
+    } else {
+        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e))
+            goto fail;
+    }
+
+    long long n = 1;
+    if (!get_int(b, "n", 1, 1 << 20, &n, e))
+        goto fail;
+    if (n != 1) {
+        bad(e, "n", "Invalid value for 'n': only n=1 is supported (got %lld).", n);
+        goto fail;
+    }
+    if (!get_bool(b, "stream", &req->stream, e))
+        goto fail;
+    json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            bad(e, "stream_options", "Invalid type for 'stream_options': expected an object, but got %s instead.",
+                json_kind(so));
+            goto fail;
+        }
+        if (!get_bool(so, "include_usage", &req->include_usage, e))
+            goto fail;
+        if (!req->stream)
+            req->include_usage = false;
+    }
+    long long mt = -1;
+    if (!get_int(b, "max_tokens", 1, INT32_MAX, &mt, e) || !get_int(b, "max_completion_tokens", 1, INT32_MAX, &mt, e))
+        goto fail;
+    req->max_tokens = (int)mt;
+    long long top_k = -1;
+    if (!get_number(b, "temperature", 0, 2, &req->temperature, e) || !get_number(b, "top_p", 0, 1, &req->top_p, e) ||
+        !get_number(b, "min_p", 0, 1, &req->min_p, e) ||
+        !get_number(b, "presence_penalty", -2, 2, &req->presence_penalty, e) ||
+        !get_number(b, "frequency_penalty", -2, 2, &req->frequency_penalty, e) ||
+        !get_number(b, "repetition_penalty", 1e-6, 100, &req->repetition_penalty, e) ||
+        !get_int(b, "top_k", -1, INT32_MAX, &top_k, e))
+        goto fail;
+    req->top_k = top_k == 0 ? -1 : (int)top_k;
+    json_t *seed = json_object_get(b, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) {
+            bad(e, "seed", "Invalid type for 'seed': expected an integer, but got %s instead.", json_kind(seed));
+            goto fail;
+        }
+        req->has_seed = true;
+        req->seed = (uint64_t)json_integer_value(seed);
+    }
+    if (!check_stop(req, e) || !check_logit_bias(req, e))
+        goto fail;
+    if (is_chat) {
+        long long top = 0;
+        if (!get_bool(b, "logprobs", &req->logprobs, e) || !get_int(b, "top_logprobs", 0, 20, &top, e))
+            goto fail;
+        if (json_object_get(b, "top_logprobs") && !json_is_null(json_object_get(b, "top_logprobs")) && !req->logprobs) {
+            bad(e, "top_logprobs", "Invalid value for 'top_logprobs': 'logprobs' must be set to true when "
+                                   "'top_logprobs' is used.");
+            goto fail;
+        }
+        req->top_logprobs = (int)top;
+    } else {
+        long long lp = -1; /* completions: logprobs is an integer: how many alternatives */
+        if (!get_int(b, "logprobs", 0, 20, &lp, e))
+            goto fail;
+        req->logprobs = lp >= 0;
+        req->top_logprobs = lp > 0 ? (int)lp : 0;
+    }
+    return true;
+fail:
+    lily_oai_request_free(req);
+    return false;
+}
+
+void lily_oai_request_free(lily_oai_request *req)
+{
+    if (!req)
+        return;
+    for (int i = 0; i < req->n_stop; i++)
+        free(req->stop[i]);
+    free(req->stop);
+    free(req->prompt_ids);
+    free(req->logit_bias);
+    json_decref(req->body);
+    memset(req, 0, sizeof *req);
+}
+
+json_t *lily_oai_template_request(const lily_oai_request *req)
+{
+    json_t *kw = req->chat_template_kwargs ? json_deep_copy(req->chat_template_kwargs) : json_object();
+    if (!kw)
+        return NULL;
+    if (req->enable_thinking >= 0)
+        json_object_set_new(kw, "enable_thinking", json_boolean(req->enable_thinking));
+    json_t *t = json_pack("{s:O, s:o, s:b}", "messages", req->messages, "chat_template_kwargs", kw,
+                          "add_generation_prompt", 1);
+    if (t && req->tools)
+        json_object_set(t, "tools", req->tools);
+    return t;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * responses
+ */
+
+static void random_alnum(char *out, int n)
+{
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    unsigned char bytes[64];
+    LILY_ASSERT(n <= (int)sizeof bytes);
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t got = f ? fread(bytes, 1, (size_t)n, f) : 0;
+    if (f)
+        fclose(f);
+    if (got < (size_t)n) { /* no /dev/urandom: time-seeded xorshift, ids need only be unique-ish */
+        static unsigned long long s;
+        s ^= (unsigned long long)time(NULL) * 0x9E3779B97F4A7C15ull + (unsigned long long)clock();
+        for (int i = 0; i < n; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            bytes[i] = (unsigned char)s;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        out[i] = alphabet[bytes[i] % (sizeof alphabet - 1)];
+    out[n] = 0;
+}
+
+void lily_oai_ident_init(lily_oai_ident *ident, bool is_chat, const char *model)
+{
+    char r[32];
+    random_alnum(r, 24);
+    snprintf(ident->id, sizeof ident->id, "%s%s", is_chat ? "chatcmpl-" : "cmpl-", r);
+    ident->created = (long long)time(NULL);
+    ident->model = model ? model : "lily";
+}
+
+void lily_oai_tool_call_id(char out[40])
+{
+    char r[32];
+    random_alnum(r, 24);
+    snprintf(out, 40, "call_%s", r);
+}
+
+json_t *lily_oai_usage_json(const lily_oai_usage *u)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}}", "prompt_tokens", u->prompt_tokens, "completion_tokens",
+                     u->completion_tokens, "total_tokens", u->prompt_tokens + u->completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", u->cached_tokens, "completion_tokens_details",
+                     "reasoning_tokens", u->reasoning_tokens);
+}
+
+void lily_oai_logprob_clear(lily_oai_logprob *lp)
+{
+    free(lp->token);
+    for (int i = 0; i < lp->n_top; i++)
+        free(lp->top[i].token);
+    memset(lp, 0, sizeof *lp);
+}
+
+static json_t *bytes_json(const char *s, int len)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < len; i++)
+        json_array_append_new(a, json_integer((unsigned char)s[i]));
+    return a;
+}
+
+/* A logprob as JSON: -inf (a token masked by the sampler) becomes -9999.0, as OpenAI reports it. */
+static json_t *logprob_value(float lp)
+{
+    return json_real(isfinite(lp) ? lp : -9999.0);
+}
+
+json_t *lily_oai_chat_logprobs_json(const lily_oai_logprob *lps, int n)
+{
+    json_t *content = json_array();
+    for (int i = 0; content && i < n; i++) {
+        json_t *top = json_array();
+        for (int k = 0; top && k < lps[i].n_top; k++)
+            json_array_append_new(top, json_pack("{s:o, s:o, s:o}", "token",
+                                                 string_lossy(lps[i].top[k].token, lps[i].top[k].token_len), "logprob",
+                                                 logprob_value(lps[i].top[k].logprob), "bytes",
+                                                 bytes_json(lps[i].top[k].token, lps[i].top[k].token_len)));
+        json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token",
+                                                 string_lossy(lps[i].token, lps[i].token_len), "logprob",
+                                                 logprob_value(lps[i].logprob), "bytes",
+                                                 bytes_json(lps[i].token, lps[i].token_len), "top_logprobs", top));
+    }
+    return json_pack("{s:o, s:n}", "content", content, "refusal");
+}
+
+json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, int offset0)
+{
+    json_t *tokens = json_array(), *token_lps = json_array(), *tops = json_array(), *offsets = json_array();
+    int offset = offset0;
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(tokens, string_lossy(lps[i].token, lps[i].token_len));
+        json_array_append_new(token_lps, logprob_value(lps[i].logprob));
+        json_t *top = json_object();
+        for (int k = 0; top && k < lps[i].n_top; k++) {
+            json_t *key = string_lossy(lps[i].top[k].token, lps[i].top[k].token_len);
+            if (key)
+                json_object_set_new(top, json_string_value(key), logprob_value(lps[i].top[k].logprob));
+            json_decref(key);
+        }
+        json_array_append_new(tops, top);
+        json_array_append_new(offsets, json_integer(offset));
+        offset += lps[i].token_len;
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", token_lps, "top_logprobs", tops,
+                     "text_offset", offsets);
+}
+
+json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content, const char *reasoning,
+                               const lily_oai_tool_call *calls, int n_calls, const char *finish_reason,
+                               json_t *logprobs, const lily_oai_usage *usage)
+{
+    json_t *msg = json_pack("{s:s}", "role", "assistant");
+    if (!msg) {
+        json_decref(logprobs);
+        return NULL;
+    }
+    if (n_calls > 0 && (!content || !*content))
+        json_object_set_new(msg, "content", json_null());
+    else
+        json_object_set_new(msg, "content", string_lossy(content ? content : "", content ? strlen(content) : 0));
+    json_object_set_new(msg, "reasoning_content",
+                        reasoning && *reasoning ? string_lossy(reasoning, strlen(reasoning)) : json_null());
+    if (n_calls > 0) {
+        json_t *tc = json_array();
+        for (int i = 0; tc && i < n_calls; i++)
+            json_array_append_new(tc, json_pack("{s:s, s:s, s:{s:o, s:o}}", "id", calls[i].id, "type", "function",
+                                                "function", "name",
+                                                string_lossy(calls[i].name, strlen(calls[i].name)), "arguments",
+                                                string_lossy(calls[i].arguments, strlen(calls[i].arguments))));
+        json_object_set_new(msg, "tool_calls", tc);
+    }
+    json_t *choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs",
+                               logprobs ? logprobs : json_null(), "finish_reason", finish_reason);
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:n, s:o}", "id", ident->id, "object", "chat.completion",
+                     "created", (json_int_t)ident->created, "model", ident->model, "choices", choice,
+                     "system_fingerprint", "usage", lily_oai_usage_json(usage));
+}
+
+json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, const char *finish_reason,
+                                     json_t *logprobs, const lily_oai_usage *usage)
+{
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text", string_lossy(text, strlen(text)), "index", 0,
+                               "logprobs", logprobs ? logprobs : json_null(), "finish_reason", finish_reason);
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:n, s:o}", "id", ident->id, "object", "text_completion",
+                     "created", (json_int_t)ident->created, "model", ident->model, "choices", choice,
+                     "system_fingerprint", "usage", lily_oai_usage_json(usage));
+}
+
+json_t *lily_oai_chat_chunk(const lily_oai_ident *ident, json_t *delta, const char *finish_reason,
+                            json_t *logprobs, bool usage_null)
+{
+    json_t *choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta ? delta : json_object(),
+                               "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
+                               finish_reason ? json_string(finish_reason) : json_null());
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:n, s:[o]}", "id", ident->id, "object", "chat.completion.chunk",
+                          "created", (json_int_t)ident->created, "model", ident->model, "system_fingerprint",
+                          "choices", choice);
+    if (c && usage_null)
+        json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+json_t *lily_oai_usage_chunk(const lily_oai_ident *ident, bool is_chat, const lily_oai_usage *usage)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:n, s:[], s:o}", "id", ident->id, "object",
+                     is_chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)ident->created,
+                     "model", ident->model, "system_fingerprint", "choices", "usage", lily_oai_usage_json(usage));
+}
+
+json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, const char *finish_reason,
+                                  json_t *logprobs, bool usage_null)
+{
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", string_lossy(text, strlen(text)), "index", 0,
+                               "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
+                               finish_reason ? json_string(finish_reason) : json_null());
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:n, s:[o]}", "id", ident->id, "object", "text_completion",
+                          "created", (json_int_t)ident->created, "model", ident->model, "system_fingerprint",
+                          "choices", choice);
+    if (c && usage_null)
+        json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+json_t *lily_oai_delta_role(void)
+{
+    return json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+}
+
+json_t *lily_oai_delta_text(const char *field, const char *text, size_t len)
+{
+    json_t *d = json_object();
+    if (d)
+        json_object_set_new(d, field, string_lossy(text, len));
+    return d;
+}
+
+json_t *lily_oai_delta_tool_open(int index, const char *id, const char *name)
+{
+    return json_pack("{s:[{s:i, s:s, s:s, s:{s:o, s:s}}]}", "tool_calls", "index", index, "id", id, "type",
+                     "function", "function", "name", string_lossy(name, strlen(name)), "arguments", "");
+}
+
+json_t *lily_oai_delta_tool_args(int index, const char *fragment, size_t len)
+{
+    return json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", index, "function", "arguments",
+                     string_lossy(fragment, len));
+}
+
+char *lily_oai_sse(const json_t *json, size_t *len)
+{
+    char *s = lily_oai_dump(json);
+    if (!s)
+        return NULL;
+    size_t n = strlen(s);
+    char *out = malloc(n + 9);
+    if (out) {
+        memcpy(out, "data: ", 6);
+        memcpy(out + 6, s, n);
+        memcpy(out + 6 + n, "\n\n", 3);
+        if (len)
+            *len = n + 8;
+    }
+    free(s);
+    return out;
+}

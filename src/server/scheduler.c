@@ -1,0 +1,347 @@
+/* scheduler.c — jobs, the bounded FIFO queue and the engine worker thread (scheduler.h).
+ *
+ * Owns: the job pipe (worker writes, connection reads), job reference counting, the queue and the worker
+ * loop. The worker is the only thread that touches the model and the session, so generation needs no
+ * locks; the queue lock is held only to move a job pointer.
+ */
+#include "server/scheduler.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+
+/* A stream whose reader stalls may hold this many unread bytes before the worker waits for it. */
+#define LILY_JOB_MAX_PENDING (8u << 20)
+
+lily_job *lily_job_new(lily_route route)
+{
+    lily_job *job = calloc(1, sizeof *job);
+    if (!job)
+        return NULL;
+    if (pthread_mutex_init(&job->mu, NULL)) {
+        free(job);
+        return NULL;
+    }
+    if (pthread_cond_init(&job->cv, NULL)) {
+        pthread_mutex_destroy(&job->mu);
+        free(job);
+        return NULL;
+    }
+    job->route = route;
+    job->refs = 1;
+    atomic_init(&job->cancelled, false);
+    return job;
+}
+
+void lily_job_unref(lily_job *job)
+{
+    if (!job)
+        return;
+    pthread_mutex_lock(&job->mu);
+    int refs = --job->refs;
+    pthread_mutex_unlock(&job->mu);
+    if (refs > 0)
+        return;
+    lily_oai_request_free(&job->req);
+    json_decref(job->body);
+    free(job->out);
+    pthread_cond_destroy(&job->cv);
+    pthread_mutex_destroy(&job->mu);
+    free(job);
+}
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+void lily_job_begin(lily_job *job, int http_status, bool streaming)
+{
+    pthread_mutex_lock(&job->mu);
+    if (!job->http_status) {
+        job->http_status = http_status;
+        job->streaming = streaming;
+    }
+    pthread_cond_broadcast(&job->cv);
+    pthread_mutex_unlock(&job->mu);
+}
+
+lily_status lily_job_write(lily_job *job, const char *data, size_t len)
+{
+    if (atomic_load(&job->cancelled))
+        return LILY_ERR_CANCELLED;
+    pthread_mutex_lock(&job->mu);
+    /* back-pressure: a slow reader makes the worker wait (it still notices cancellation) */
+    while (job->streaming && job->out_len - job->out_off > LILY_JOB_MAX_PENDING && !atomic_load(&job->cancelled)) {
+        struct timespec ts;
+        deadline_after(&ts, 50);
+        pthread_cond_timedwait(&job->cv, &job->mu, &ts);
+    }
+    if (job->out_off > 0 && job->out_off == job->out_len)
+        job->out_off = job->out_len = 0;
+    lily_status st = LILY_OK;
+    if (job->out_len + len + 1 > job->out_cap) {
+        size_t cap = job->out_cap ? job->out_cap : 4096;
+        while (cap < job->out_len + len + 1)
+            cap *= 2;
+        char *p = realloc(job->out, cap);
+        if (!p) {
+            st = LILY_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        job->out = p;
+        job->out_cap = cap;
+    }
+    memcpy(job->out + job->out_len, data, len);
+    job->out_len += len;
+    job->out[job->out_len] = 0;
+    pthread_cond_broadcast(&job->cv);
+done:
+    pthread_mutex_unlock(&job->mu);
+    return st;
+}
+
+void lily_job_finish(lily_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    if (!job->http_status)
+        job->http_status = 500;
+    job->finished = true;
+    pthread_cond_broadcast(&job->cv);
+    pthread_mutex_unlock(&job->mu);
+}
+
+void lily_job_fail(lily_job *job, const lily_oai_error *e)
+{
+    pthread_mutex_lock(&job->mu);
+    bool begun = job->http_status != 0, streaming = job->streaming;
+    pthread_mutex_unlock(&job->mu);
+    char *body = lily_oai_error_json(e);
+    if (!begun) {
+        lily_job_begin(job, e->http_status, false);
+        if (body)
+            lily_job_write(job, body, strlen(body));
+    } else if (streaming && body) {
+        /* the status line is gone: an in-band error event, which the OpenAI SDKs raise as an APIError */
+        lily_job_write(job, "data: ", 6);
+        lily_job_write(job, body, strlen(body));
+        lily_job_write(job, "\n\n", 2);
+    }
+    free(body);
+    lily_job_finish(job);
+}
+
+bool lily_job_cancelled(lily_job *job)
+{
+    return atomic_load(&job->cancelled);
+}
+
+void lily_job_cancel(lily_job *job)
+{
+    atomic_store(&job->cancelled, true);
+    pthread_mutex_lock(&job->mu);
+    pthread_cond_broadcast(&job->cv);
+    pthread_mutex_unlock(&job->mu);
+}
+
+bool lily_job_wait_begin(lily_job *job, int timeout_ms)
+{
+    pthread_mutex_lock(&job->mu);
+    if (!job->http_status && timeout_ms > 0) {
+        struct timespec ts;
+        deadline_after(&ts, timeout_ms);
+        while (!job->http_status && pthread_cond_timedwait(&job->cv, &job->mu, &ts) != ETIMEDOUT) {
+        }
+    }
+    bool begun = job->http_status != 0;
+    pthread_mutex_unlock(&job->mu);
+    return begun;
+}
+
+long lily_job_read(lily_job *job, char *buf, size_t max, int timeout_ms)
+{
+    pthread_mutex_lock(&job->mu);
+    if (job->out_off == job->out_len && !job->finished && timeout_ms > 0) {
+        struct timespec ts;
+        deadline_after(&ts, timeout_ms);
+        while (job->out_off == job->out_len && !job->finished &&
+               pthread_cond_timedwait(&job->cv, &job->mu, &ts) != ETIMEDOUT) {
+        }
+    }
+    long n;
+    if (job->out_off < job->out_len) {
+        size_t k = LILY_MIN(max, job->out_len - job->out_off);
+        memcpy(buf, job->out + job->out_off, k);
+        job->out_off += k;
+        n = (long)k;
+        pthread_cond_broadcast(&job->cv); /* a writer may wait for room */
+    } else {
+        n = job->finished ? -1 : 0;
+    }
+    pthread_mutex_unlock(&job->mu);
+    return n;
+}
+
+char *lily_job_take_output(lily_job *job, size_t *len)
+{
+    pthread_mutex_lock(&job->mu);
+    char *out = NULL;
+    *len = 0;
+    if (job->out && job->out_off < job->out_len) {
+        if (job->out_off)
+            memmove(job->out, job->out + job->out_off, job->out_len - job->out_off);
+        *len = job->out_len - job->out_off;
+        out = job->out;
+        job->out = NULL;
+        job->out_len = job->out_off = job->out_cap = 0;
+    }
+    pthread_mutex_unlock(&job->mu);
+    return out;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * the queue and the worker
+ */
+
+static void fail_unavailable(lily_job *job, const char *why)
+{
+    lily_oai_error e;
+    lily_oai_error_set(&e, 503, "unavailable_error", NULL, NULL, "%s", why);
+    lily_job_fail(job, &e);
+}
+
+static void *worker_main(void *arg)
+{
+    lily_scheduler *s = arg;
+    lily_error err = {0};
+    lily_status st = s->load ? s->load(s->user, &err) : LILY_OK;
+    pthread_mutex_lock(&s->mu);
+    s->state = st == LILY_OK ? LILY_SCHED_READY : LILY_SCHED_FAILED;
+    if (st != LILY_OK)
+        s->load_error = err;
+    pthread_cond_broadcast(&s->cv);
+    for (;;) {
+        while (!s->queue_len && !s->stopping)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->queue_len)
+            break; /* stopping, nothing left */
+        lily_job *job = s->queue[s->queue_head];
+        s->queue_head = (s->queue_head + 1) % s->queue_cap;
+        s->queue_len--;
+        s->running = job;
+        bool failed = s->state != LILY_SCHED_READY;
+        pthread_mutex_unlock(&s->mu);
+
+        if (failed)
+            fail_unavailable(job, "The model failed to load.");
+        else if (lily_job_cancelled(job))
+            lily_job_finish(job); /* its client is gone: nothing to run */
+        else
+            s->run(s->user, job);
+        if (!job->finished) /* a runner that forgot: never leave a connection waiting */
+            lily_job_finish(job);
+        lily_job_unref(job);
+
+        pthread_mutex_lock(&s->mu);
+        s->running = NULL;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
+                                 void *user, lily_error *err)
+{
+    memset(s, 0, sizeof *s);
+    if (queue_cap < 1)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "queue size must be at least 1 (got %d)", queue_cap);
+    s->queue = calloc((size_t)queue_cap, sizeof *s->queue);
+    if (!s->queue)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory for a queue of %d", queue_cap);
+    s->queue_cap = queue_cap;
+    s->load = load;
+    s->run = run;
+    s->user = user;
+    s->state = LILY_SCHED_LOADING;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->worker, NULL, worker_main, s)) {
+        free(s->queue);
+        s->queue = NULL;
+        return lily_error_set(err, LILY_ERR_IO, "cannot start the engine worker thread");
+    }
+    return LILY_OK;
+}
+
+lily_status lily_scheduler_submit(lily_scheduler *s, lily_job *job)
+{
+    pthread_mutex_lock(&s->mu);
+    lily_status st = LILY_OK;
+    if (s->stopping || s->state != LILY_SCHED_READY || s->queue_len == s->queue_cap) {
+        st = LILY_ERR_UNSUPPORTED;
+    } else {
+        pthread_mutex_lock(&job->mu);
+        job->refs++;
+        pthread_mutex_unlock(&job->mu);
+        s->queue[(s->queue_head + s->queue_len) % s->queue_cap] = job;
+        s->queue_len++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+lily_sched_state lily_scheduler_state(lily_scheduler *s, int *n_waiting, int *n_running)
+{
+    pthread_mutex_lock(&s->mu);
+    lily_sched_state st = s->stopping ? LILY_SCHED_STOPPED : s->state;
+    if (n_waiting)
+        *n_waiting = s->queue_len;
+    if (n_running)
+        *n_running = s->running != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+lily_sched_state lily_scheduler_wait_loaded(lily_scheduler *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->state == LILY_SCHED_LOADING)
+        pthread_cond_wait(&s->cv, &s->mu);
+    lily_sched_state st = s->state;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void lily_scheduler_stop(lily_scheduler *s)
+{
+    if (!s->queue)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    /* waiting jobs get 503 now; the running one finishes its response */
+    while (s->queue_len) {
+        lily_job *job = s->queue[s->queue_head];
+        s->queue_head = (s->queue_head + 1) % s->queue_cap;
+        s->queue_len--;
+        fail_unavailable(job, "The server is shutting down.");
+        lily_job_unref(job);
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->worker, NULL);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s->queue);
+    s->queue = NULL;
+}

@@ -1,0 +1,115 @@
+/* scheduler.h — jobs, the bounded FIFO queue, and the one engine worker thread that runs them.
+ *
+ * Owns: a job's life between the HTTP connection that made it and the worker that runs it (a byte pipe
+ * with a condition variable, a cancel flag, a reference count), the queue (503 when full), the worker
+ * thread, and its model-loading phase (/health reports it). Does not own: what running a job means
+ * (a lily_job_runner: server/service.c for the model, a fake in the tests) nor HTTP (server/http.c).
+ *
+ * Threads: connection threads create, submit and read jobs; the worker writes them. A job's output is an
+ * HTTP status decided once (lily_job_begin), then bytes (lily_job_write), then the end (lily_job_finish).
+ */
+#ifndef LILY_SERVER_SCHEDULER_H
+#define LILY_SERVER_SCHEDULER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "lily.h"
+#include "server/openai.h"
+
+typedef enum {
+    LILY_ROUTE_CHAT = 0,      /* POST /v1/chat/completions */
+    LILY_ROUTE_COMPLETIONS,   /* POST /v1/completions */
+    LILY_ROUTE_TOKENIZE,      /* POST /tokenize */
+    LILY_ROUTE_DETOKENIZE,    /* POST /detokenize */
+} lily_route;
+
+/* What the request log line reports. Written by the worker, read after lily_job_finish. */
+typedef struct {
+    int prompt_tokens, completion_tokens, cached_tokens;
+    double prefill_tok_s, decode_tok_s;
+} lily_job_stats;
+
+typedef struct lily_job {
+    lily_route route;
+    lily_oai_request req;     /* validated (chat / completions) */
+    json_t *body;             /* the parsed body (tokenize / detokenize), owned */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int http_status;          /* 0 until lily_job_begin */
+    bool streaming;           /* the response is an SSE stream */
+    char *out;                /* bytes written by the worker, not yet read: out[out_off, out_len) */
+    size_t out_len, out_cap, out_off;
+    bool finished;
+    int refs;
+    atomic_bool cancelled;    /* the client went away or the server is stopping */
+    lily_job_stats stats;
+} lily_job;
+
+/* A job holding one reference for its creator. NULL on OOM. */
+lily_job *lily_job_new(lily_route route);
+void lily_job_unref(lily_job *job);
+
+/* Worker side. begin sets the HTTP status (once) and whether the body is an SSE stream; write appends
+ * bytes (LILY_ERR_OUT_OF_MEMORY or LILY_ERR_CANCELLED when nobody will read them); finish ends the body. */
+void lily_job_begin(lily_job *job, int http_status, bool streaming);
+lily_status lily_job_write(lily_job *job, const char *data, size_t len);
+void lily_job_finish(lily_job *job);
+/* begin + the JSON error body + finish (for a job that fails before streaming; after begin of a stream the
+ * error goes into the stream as an SSE error event instead). */
+void lily_job_fail(lily_job *job, const lily_oai_error *e);
+bool lily_job_cancelled(lily_job *job);
+void lily_job_cancel(lily_job *job);
+
+/* Connection side: wait up to timeout_ms for the status (true when decided). */
+bool lily_job_wait_begin(lily_job *job, int timeout_ms);
+/* Copy up to max available bytes into buf, waiting up to timeout_ms for some. Returns the count (0 on a
+ * timeout), or -1 when the job is finished and everything was read. */
+long lily_job_read(lily_job *job, char *buf, size_t max, int timeout_ms);
+/* Take the whole output once finished (caller frees); NULL with *len 0 when empty. */
+char *lily_job_take_output(lily_job *job, size_t *len);
+
+/* Runs one job on the worker thread: must call lily_job_begin ... lily_job_finish (or lily_job_fail), and
+ * poll lily_job_cancelled at least once per decode step. */
+typedef void (*lily_job_runner)(void *user, lily_job *job);
+/* Loads the model on the worker thread before the first job (NULL: nothing to load). */
+typedef lily_status (*lily_job_loader)(void *user, lily_error *err);
+
+typedef enum { LILY_SCHED_LOADING = 0, LILY_SCHED_READY, LILY_SCHED_FAILED, LILY_SCHED_STOPPED } lily_sched_state;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* signals the worker: a job, or stop */
+    lily_job **queue;         /* ring of queue_cap waiting jobs */
+    int queue_cap, queue_head, queue_len;
+    lily_job *running;
+    bool stopping;
+    lily_sched_state state;
+    lily_error load_error;
+    pthread_t worker;
+    lily_job_runner run;
+    lily_job_loader load;
+    void *user;
+} lily_scheduler;
+
+/* Start the worker: it calls load (if any), then runs jobs in FIFO order. queue_cap >= 1 waiting jobs.
+ * Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_IO (thread creation). */
+lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
+                                 void *user, lily_error *err);
+
+/* Queue a job (takes a reference). LILY_ERR_UNSUPPORTED when the queue is full or the server is stopping
+ * or not ready; the job is untouched then and the caller answers 503. */
+lily_status lily_scheduler_submit(lily_scheduler *s, lily_job *job);
+
+lily_sched_state lily_scheduler_state(lily_scheduler *s, int *n_waiting, int *n_running);
+
+/* Wait for the load to end (READY or FAILED). */
+lily_sched_state lily_scheduler_wait_loaded(lily_scheduler *s);
+
+/* Stop taking jobs, fail the waiting ones with 503, let the running one finish, join the worker. */
+void lily_scheduler_stop(lily_scheduler *s);
+
+#endif

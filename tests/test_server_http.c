@@ -1,0 +1,346 @@
+/* test_server_http.c — the HTTP front, the scheduler and the OpenAI wire format, with a fake model.
+ *
+ * A fake runner stands in for the engine (it writes fixed chunks, or waits to be released or cancelled), so
+ * these tests check routing, status codes, auth, body limits, SSE framing, queueing and cancellation on a
+ * real loopback socket without weights. The model path is covered by tests/test_server.sh.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "server/http.h"
+#include "server/openai.h"
+#include "server/scheduler.h"
+#include "test_support.h"
+
+/* ---- the fake model ---- */
+
+static atomic_int release_blocked; /* a "block" job waits for this */
+static atomic_int cancelled_jobs;  /* jobs that saw their cancel flag */
+static atomic_int running_block;   /* a "block" job is running */
+
+static void emit(lily_job *job, json_t *chunk)
+{
+    size_t len;
+    char *s = lily_oai_sse(chunk, &len);
+    json_decref(chunk);
+    lily_job_write(job, s, len);
+    free(s);
+}
+
+static void fake_run(void *user, lily_job *job)
+{
+    (void)user;
+    if (job->route == LILY_ROUTE_TOKENIZE || job->route == LILY_ROUTE_DETOKENIZE) {
+        lily_job_begin(job, 200, false);
+        const char *body = job->route == LILY_ROUTE_TOKENIZE ? "{\"tokens\":[1,2,3]}" : "{\"content\":\"abc\"}";
+        lily_job_write(job, body, strlen(body));
+        lily_job_finish(job);
+        return;
+    }
+    lily_oai_request *req = &job->req;
+    const char *mode = req->is_chat ? json_string_value(json_object_get(json_array_get(req->messages, 0), "content"))
+                                    : req->prompt_text;
+    if (mode && !strcmp(mode, "too long")) {
+        lily_oai_error e;
+        lily_oai_error_set(&e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                           "This model's maximum context length is 16 tokens.");
+        lily_job_fail(job, &e);
+        return;
+    }
+    lily_oai_ident id;
+    lily_oai_ident_init(&id, req->is_chat, "fake");
+    lily_oai_usage usage = {.prompt_tokens = 5, .completion_tokens = 2};
+    if (mode && !strcmp(mode, "block")) { /* stream until released or cancelled */
+        lily_job_begin(job, 200, true);
+        atomic_store(&running_block, 1);
+        emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_role(), NULL, NULL, false));
+        while (!atomic_load(&release_blocked) && !lily_job_cancelled(job)) {
+            emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_text("content", "x", 1), NULL, NULL, false));
+            usleep(2000);
+        }
+        if (lily_job_cancelled(job))
+            atomic_fetch_add(&cancelled_jobs, 1);
+        atomic_store(&running_block, 0);
+        lily_job_write(job, "data: [DONE]\n\n", 14);
+        lily_job_finish(job);
+        return;
+    }
+    if (!req->stream) {
+        json_t *r = req->is_chat ? lily_oai_chat_response(&id, "Hello world", NULL, NULL, 0, "stop", NULL, &usage)
+                                 : lily_oai_completion_response(&id, "Hello world", "length", NULL, &usage);
+        char *s = lily_oai_dump(r);
+        json_decref(r);
+        lily_job_begin(job, 200, false);
+        lily_job_write(job, s, strlen(s));
+        free(s);
+        lily_job_finish(job);
+        return;
+    }
+    lily_job_begin(job, 200, true);
+    emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_role(), NULL, NULL, req->include_usage));
+    emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_text("content", "Hello", 5), NULL, NULL, req->include_usage));
+    emit(job, lily_oai_chat_chunk(&id, json_object(), "stop", NULL, req->include_usage));
+    if (req->include_usage)
+        emit(job, lily_oai_usage_chunk(&id, true, &usage));
+    lily_job_write(job, "data: [DONE]\n\n", 14);
+    lily_job_finish(job);
+}
+
+/* ---- a minimal HTTP client ---- */
+
+static int port;
+
+static int connect_server(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
+                     method, path, headers ? headers : "", body ? strlen(body) : 0);
+    assert_int_equal(write(fd, head, (size_t)n), n);
+    if (body && *body)
+        assert_int_equal(write(fd, body, strlen(body)), (ssize_t)strlen(body));
+}
+
+/* The whole response (status line, headers, body) as a malloc'd string; *status the HTTP status. */
+static char *http(const char *method, const char *path, const char *headers, const char *body, int *status)
+{
+    int fd = connect_server();
+    send_request(fd, method, path, headers, body);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t n = read(fd, buf + len, cap - len - 1);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = 0;
+    close(fd);
+    *status = 0;
+    sscanf(buf, "HTTP/1.%*d %d", status);
+    return buf;
+}
+
+static int status_of(const char *method, const char *path, const char *headers, const char *body, const char *expect)
+{
+    int status;
+    char *r = http(method, path, headers, body, &status);
+    if (expect && !strstr(r, expect)) {
+        print_error("response lacks '%s':\n%s\n", expect, r);
+        fail();
+    }
+    free(r);
+    return status;
+}
+
+static lily_scheduler sched;
+static lily_http_server *srv;
+
+static int setup(void **state)
+{
+    (void)state;
+    lily_error err;
+    if (lily_scheduler_start(&sched, 1, NULL, fake_run, NULL, &err) != LILY_OK)
+        return -1;
+    lily_scheduler_wait_loaded(&sched);
+    lily_http_options o = {.host = "127.0.0.1", .port = 0, .api_key = NULL, .max_body = 1024, .model_name = "fake"};
+    if (lily_http_start(&o, &sched, &srv, &err) != LILY_OK)
+        return -1;
+    port = lily_http_port(srv);
+    return port > 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    lily_http_quiesce(srv);
+    lily_scheduler_stop(&sched);
+    lily_http_stop(srv);
+    return 0;
+}
+
+static void test_http_routes_and_methods(void **state)
+{
+    (void)state;
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+    assert_int_equal(status_of("GET", "/v1/models", NULL, NULL, "\"id\":\"fake\""), 200);
+    assert_int_equal(status_of("GET", "/nope", NULL, NULL, "\"error\""), 404);
+    assert_int_equal(status_of("GET", "/v1/chat/completions", NULL, NULL, "\"error\""), 405);
+    assert_int_equal(status_of("POST", "/v1/models", NULL, "{}", "Allow: GET"), 405);
+    assert_int_equal(status_of("POST", "/tokenize", NULL, "{\"content\":\"abc\"}", "{\"tokens\":[1,2,3]}"), 200);
+    assert_int_equal(status_of("POST", "/detokenize", NULL, "{\"tokens\":[1,2]}", "{\"content\":\"abc\"}"), 200);
+    assert_int_equal(status_of("POST", "/detokenize", NULL, "{\"tokens\":[\"a\"]}", "\"param\":\"tokens\""), 400);
+}
+
+static void test_http_bad_requests_are_openai_400s(void **state)
+{
+    (void)state;
+    const char *path = "/v1/chat/completions";
+    assert_int_equal(status_of("POST", path, NULL, "{not json", "\"type\":\"invalid_request_error\""), 400);
+    assert_int_equal(status_of("POST", path, NULL, "{\"messages\":[]}", "\"param\":\"messages\""), 400);
+    assert_int_equal(status_of("POST", path, NULL, "{\"messages\":\"hi\"}", "\"param\":\"messages\""), 400);
+    assert_int_equal(status_of("POST", path, NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2}", "\"param\":\"n\""),
+                     400);
+    assert_int_equal(status_of("POST", path, NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":\"hot\"}",
+                               "\"param\":\"temperature\""),
+                     400);
+    assert_int_equal(status_of("POST", path, NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"too long\"}]}",
+                               "\"code\":\"context_length_exceeded\""),
+                     400);
+    assert_int_equal(status_of("POST", path, NULL, "[1,2]", "\"error\""), 400);
+    assert_int_equal(status_of("POST", path, NULL, "", "\"error\""), 400);
+}
+
+static void test_http_body_over_limit_is_413(void **state)
+{
+    (void)state;
+    char body[2048];
+    memset(body, ' ', sizeof body - 1);
+    body[sizeof body - 1] = 0;
+    body[0] = '{';
+    body[sizeof body - 2] = '}';
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL, body, "\"code\":\"request_too_large\""), 413);
+    /* the server still works */
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, NULL), 200);
+}
+
+static void test_http_chat_non_stream_and_stream(void **state)
+{
+    (void)state;
+    const char *path = "/v1/chat/completions";
+    int status;
+    char *r = http("POST", path, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &status);
+    assert_int_equal(status, 200);
+    assert_non_null(strstr(r, "\"object\":\"chat.completion\""));
+    assert_non_null(strstr(r, "\"content\":\"Hello world\""));
+    free(r);
+    r = http("POST", path, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}", &status);
+    assert_int_equal(status, 200);
+    assert_non_null(strstr(r, "Content-Type: text/event-stream"));
+    assert_non_null(strstr(r, "data: {\"id\":\"chatcmpl-"));
+    assert_non_null(strstr(r, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
+    assert_non_null(strstr(r, "\"finish_reason\":\"stop\""));
+    assert_non_null(strstr(r, "data: [DONE]"));
+    assert_null(strstr(r, "\"usage\""));
+    free(r);
+    r = http("POST", path, NULL,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}",
+             &status);
+    assert_non_null(strstr(r, "\"choices\":[],\"usage\":{\"prompt_tokens\":5"));
+    free(r);
+}
+
+static void test_http_disconnect_cancels_then_next_request_completes(void **state)
+{
+    (void)state;
+    int before = atomic_load(&cancelled_jobs);
+    atomic_store(&release_blocked, 0);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"block\"}],\"stream\":true}");
+    char buf[512];
+    assert_true(read(fd, buf, sizeof buf) > 0); /* the stream started */
+    close(fd);
+    /* the job sees its cancel flag; the worker is then free for the next request */
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hello world"),
+                     200);
+    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
+}
+
+static void *blocked_client(void *arg)
+{
+    int *status = arg;
+    char *r = http("POST", "/v1/chat/completions", NULL,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"block\"}],\"stream\":true}", status);
+    free(r);
+    return NULL;
+}
+
+static void *queued_client(void *arg)
+{
+    int *status = arg;
+    char *r = http("POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                   status);
+    free(r);
+    return NULL;
+}
+
+static void test_http_queue_full_is_503(void **state)
+{
+    (void)state;
+    atomic_store(&release_blocked, 0);
+    int s1 = 0, s2 = 0, waiting = 0, running = 0;
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, blocked_client, &s1);
+    while (!atomic_load(&running_block))
+        usleep(1000);
+    pthread_create(&t2, NULL, queued_client, &s2);
+    do {
+        usleep(1000);
+        lily_scheduler_state(&sched, &waiting, &running);
+    } while (waiting < 1);
+    /* one running, one waiting, a queue of 1: the third is turned away */
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "\"code\":\"queue_full\""),
+                     503);
+    atomic_store(&release_blocked, 1);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    assert_int_equal(s1, 200);
+    assert_int_equal(s2, 200);
+}
+
+static void test_http_bearer_auth_is_401(void **state)
+{
+    (void)state;
+    lily_http_options o = {.host = "127.0.0.1", .port = 0, .api_key = "sekret", .max_body = 1024, .model_name = "fake"};
+    lily_http_server *authed;
+    lily_error err;
+    assert_int_equal(lily_http_start(&o, &sched, &authed, &err), LILY_OK);
+    int saved = port;
+    port = lily_http_port(authed);
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL, body, "\"code\":\"invalid_api_key\""), 401);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Authorization: Bearer sekreT\r\n", body, NULL), 401);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Authorization: Bearer sekret2\r\n", body, NULL), 401);
+    assert_int_equal(status_of("GET", "/v1/models", "Authorization: Basic sekret\r\n", NULL, NULL), 401);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Authorization: Bearer sekret\r\n", body, "Hello"), 200);
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, NULL), 200); /* health needs no key */
+    port = saved;
+    lily_http_stop(authed);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_http_routes_and_methods),
+        cmocka_unit_test(test_http_bad_requests_are_openai_400s),
+        cmocka_unit_test(test_http_body_over_limit_is_413),
+        cmocka_unit_test(test_http_chat_non_stream_and_stream),
+        cmocka_unit_test(test_http_disconnect_cancels_then_next_request_completes),
+        cmocka_unit_test(test_http_queue_full_is_503),
+        cmocka_unit_test(test_http_bearer_auth_is_401),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
