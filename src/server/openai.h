@@ -40,7 +40,7 @@ typedef enum {
 typedef struct {
     int32_t token;
     float bias;
-} lily_logit_bias;
+} lily_oai_logit_bias;
 
 /* A validated request. Sampling fields the client left out are NAN (floats) or -1 (ints), so the model's
  * generation_config.json defaults can fill them. JSON pointers borrow from `body` (kept alive by it). */
@@ -76,7 +76,7 @@ typedef struct {
     int n_stop;
     bool logprobs;
     int top_logprobs;         /* 0..20 */
-    lily_logit_bias *logit_bias; /* n_logit_bias entries (malloc'd) */
+    lily_oai_logit_bias *logit_bias; /* n_logit_bias entries (malloc'd) */
     int n_logit_bias;
 } lily_oai_request;
 
