@@ -30,8 +30,7 @@ void lily_oai_error_set(lily_oai_error *e, int http_status, const char *type, co
     va_end(ap);
 }
 
-/* A JSON string from bytes that may not be valid UTF-8: invalid bytes become U+FFFD. */
-static json_t *string_lossy(const char *s, size_t len)
+json_t *lily_oai_string(const char *s, size_t len)
 {
     json_t *j = json_stringn(s, len);
     if (j)
@@ -668,11 +667,11 @@ json_t *lily_oai_chat_logprobs_json(const lily_oai_logprob *lps, int n)
         json_t *top = json_array();
         for (int k = 0; top && k < lps[i].n_top; k++)
             json_array_append_new(top, json_pack("{s:o, s:o, s:o}", "token",
-                                                 string_lossy(lps[i].top[k].token, lps[i].top[k].token_len), "logprob",
+                                                 lily_oai_string(lps[i].top[k].token, lps[i].top[k].token_len), "logprob",
                                                  logprob_value(lps[i].top[k].logprob), "bytes",
                                                  bytes_json(lps[i].top[k].token, lps[i].top[k].token_len)));
         json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token",
-                                                 string_lossy(lps[i].token, lps[i].token_len), "logprob",
+                                                 lily_oai_string(lps[i].token, lps[i].token_len), "logprob",
                                                  logprob_value(lps[i].logprob), "bytes",
                                                  bytes_json(lps[i].token, lps[i].token_len), "top_logprobs", top));
     }
@@ -684,11 +683,11 @@ json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, in
     json_t *tokens = json_array(), *token_lps = json_array(), *tops = json_array(), *offsets = json_array();
     int offset = offset0;
     for (int i = 0; i < n; i++) {
-        json_array_append_new(tokens, string_lossy(lps[i].token, lps[i].token_len));
+        json_array_append_new(tokens, lily_oai_string(lps[i].token, lps[i].token_len));
         json_array_append_new(token_lps, logprob_value(lps[i].logprob));
         json_t *top = json_object();
         for (int k = 0; top && k < lps[i].n_top; k++) {
-            json_t *key = string_lossy(lps[i].top[k].token, lps[i].top[k].token_len);
+            json_t *key = lily_oai_string(lps[i].top[k].token, lps[i].top[k].token_len);
             if (key)
                 json_object_set_new(top, json_string_value(key), logprob_value(lps[i].top[k].logprob));
             json_decref(key);
@@ -713,16 +712,16 @@ json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content,
     if (n_calls > 0 && (!content || !*content))
         json_object_set_new(msg, "content", json_null());
     else
-        json_object_set_new(msg, "content", string_lossy(content ? content : "", content ? strlen(content) : 0));
+        json_object_set_new(msg, "content", lily_oai_string(content ? content : "", content ? strlen(content) : 0));
     json_object_set_new(msg, "reasoning_content",
-                        reasoning && *reasoning ? string_lossy(reasoning, strlen(reasoning)) : json_null());
+                        reasoning && *reasoning ? lily_oai_string(reasoning, strlen(reasoning)) : json_null());
     if (n_calls > 0) {
         json_t *tc = json_array();
         for (int i = 0; tc && i < n_calls; i++)
             json_array_append_new(tc, json_pack("{s:s, s:s, s:{s:o, s:o}}", "id", calls[i].id, "type", "function",
                                                 "function", "name",
-                                                string_lossy(calls[i].name, strlen(calls[i].name)), "arguments",
-                                                string_lossy(calls[i].arguments, strlen(calls[i].arguments))));
+                                                lily_oai_string(calls[i].name, strlen(calls[i].name)), "arguments",
+                                                lily_oai_string(calls[i].arguments, strlen(calls[i].arguments))));
         json_object_set_new(msg, "tool_calls", tc);
     }
     json_t *choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs",
@@ -735,7 +734,7 @@ json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content,
 json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, const char *finish_reason,
                                      json_t *logprobs, const lily_oai_usage *usage)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text", string_lossy(text, strlen(text)), "index", 0,
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text", lily_oai_string(text, strlen(text)), "index", 0,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason", finish_reason);
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:n, s:o}", "id", ident->id, "object", "text_completion",
                      "created", (json_int_t)ident->created, "model", ident->model, "choices", choice,
@@ -766,7 +765,7 @@ json_t *lily_oai_usage_chunk(const lily_oai_ident *ident, bool is_chat, const li
 json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, const char *finish_reason,
                                   json_t *logprobs, bool usage_null)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", string_lossy(text, strlen(text)), "index", 0,
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", lily_oai_string(text, strlen(text)), "index", 0,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                                finish_reason ? json_string(finish_reason) : json_null());
     json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:n, s:[o]}", "id", ident->id, "object", "text_completion",
@@ -786,20 +785,20 @@ json_t *lily_oai_delta_text(const char *field, const char *text, size_t len)
 {
     json_t *d = json_object();
     if (d)
-        json_object_set_new(d, field, string_lossy(text, len));
+        json_object_set_new(d, field, lily_oai_string(text, len));
     return d;
 }
 
 json_t *lily_oai_delta_tool_open(int index, const char *id, const char *name)
 {
     return json_pack("{s:[{s:i, s:s, s:s, s:{s:o, s:s}}]}", "tool_calls", "index", index, "id", id, "type",
-                     "function", "function", "name", string_lossy(name, strlen(name)), "arguments", "");
+                     "function", "function", "name", lily_oai_string(name, strlen(name)), "arguments", "");
 }
 
 json_t *lily_oai_delta_tool_args(int index, const char *fragment, size_t len)
 {
     return json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", index, "function", "arguments",
-                     string_lossy(fragment, len));
+                     lily_oai_string(fragment, len));
 }
 
 char *lily_oai_sse(const json_t *json, size_t *len)
