@@ -11,6 +11,12 @@
 #include "base/base.h"
 #include "weights.h"
 
+/* scale * q + bias rounded twice, as the fp32 references compute it; a fused multiply-add would differ
+ * by an ulp. (GCC contracts only with -ffp-contract=fast on FMA targets; clang honours the pragma.) */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 void lily_tensor_dequant_row(const lily_tensor *t, int64_t expert, int64_t row, int64_t col0, int64_t n_cols,
                              float *out)
 {
