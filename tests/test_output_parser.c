@@ -1,0 +1,513 @@
+/* test_output_parser.c — reasoning / content / Qwen XML tool calls, the issue's required cases verbatim,
+ * and incremental == whole: every case is also parsed one byte at a time, split in two at every point,
+ * and split at random, and must give the same result and the same concatenated deltas. */
+#include "test_support.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/sampler.h" /* lily_rng for random splits */
+#include "text/output_parser.h"
+
+/* ---- a case and how to check it -------------------------------------------------------------------- */
+
+typedef struct {
+    const char *text;
+    bool thinking;
+    const char *tools;     /* JSON tools array, or NULL */
+    bool cut_by_length;
+    const char *reasoning;
+    const char *content;
+    int n_calls;
+    const char *names[4];
+    const char *arguments[4];
+    const char *finish_reason;
+} parse_case;
+
+/* What one parse produced: the final result, copied, and the concatenation of its deltas. */
+typedef struct {
+    char *reasoning, *content, *delta_reasoning, *delta_content;
+    int n_calls, n_started, n_ended;
+    char *names[8], *arguments[8], *delta_names[8], *delta_arguments[8];
+    char *finish_reason;
+    char *choice_json;
+} outcome;
+
+static void append(char **dst, const char *s, size_t n)
+{
+    size_t old = *dst ? strlen(*dst) : 0;
+    char *d = realloc(*dst, old + n + 1);
+    assert_non_null(d);
+    memcpy(d + old, s, n);
+    d[old + n] = '\0';
+    *dst = d;
+}
+
+static void on_event(void *user, const lily_output_event *ev)
+{
+    outcome *o = user;
+    assert_int_equal(strlen(ev->text), ev->len);
+    switch (ev->kind) {
+    case LILY_OUTPUT_REASONING:
+        assert_true(ev->len > 0);
+        append(&o->delta_reasoning, ev->text, ev->len);
+        break;
+    case LILY_OUTPUT_CONTENT:
+        assert_true(ev->len > 0);
+        append(&o->delta_content, ev->text, ev->len);
+        break;
+    case LILY_OUTPUT_TOOL_CALL_START:
+        assert_int_equal(ev->tool_index, o->n_started);
+        assert_int_equal(o->n_ended, o->n_started);
+        append(&o->delta_names[o->n_started++], ev->text, ev->len);
+        append(&o->delta_arguments[ev->tool_index], "", 0);
+        break;
+    case LILY_OUTPUT_TOOL_ARGUMENTS:
+        assert_int_equal(ev->tool_index, o->n_started - 1);
+        assert_int_equal(o->n_ended, o->n_started - 1);
+        append(&o->delta_arguments[ev->tool_index], ev->text, ev->len);
+        break;
+    case LILY_OUTPUT_TOOL_CALL_END:
+        assert_int_equal(ev->tool_index, o->n_ended);
+        o->n_ended++;
+        break;
+    }
+}
+
+static char *dup_or_empty(const char *s) { return strdup(s ? s : ""); }
+
+/* Parse c->text fed in pieces[] (0-terminated list of lengths; NULL = all at once). */
+static outcome parse(const parse_case *c, const size_t *pieces)
+{
+    outcome o = {0};
+    json_t *tools = NULL;
+    if (c->tools) {
+        json_error_t jerr;
+        tools = json_loads(c->tools, 0, &jerr);
+        if (!tools)
+            fail_msg("bad tools JSON in test: %s", jerr.text);
+    }
+    lily_output_parser_options opts = {.thinking = c->thinking, .tools = tools, .on_event = on_event, .user = &o};
+    lily_output_parser *p = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_output_parser_new(&opts, &p, &err), LILY_OK);
+    json_decref(tools); /* the parser holds its own reference */
+    size_t n = strlen(c->text), at = 0;
+    for (int i = 0; at < n; i++) {
+        size_t k = pieces && pieces[i] ? pieces[i] : n - at;
+        if (k > n - at)
+            k = n - at;
+        assert_int_equal(lily_output_parser_feed(p, c->text + at, k, &err), LILY_OK);
+        at += k;
+    }
+    assert_int_equal(lily_output_parser_finish(p, c->cut_by_length, &err), LILY_OK);
+    assert_int_equal(lily_output_parser_feed(p, "x", 1, &err), LILY_ERR_INVALID_ARGUMENT);
+    const lily_parsed_output *r = lily_output_parser_result(p);
+    assert_true(r->finished);
+    o.reasoning = strdup(r->reasoning);
+    o.content = strdup(r->content);
+    o.n_calls = r->n_tool_calls;
+    for (int i = 0; i < r->n_tool_calls && i < 8; i++) {
+        o.names[i] = strdup(r->tool_calls[i].name);
+        o.arguments[i] = strdup(r->tool_calls[i].arguments);
+    }
+    o.finish_reason = strdup(lily_output_finish_reason(r));
+    json_t *choice = lily_output_choice_json(r, "call_");
+    assert_non_null(choice);
+    o.choice_json = json_dumps(choice, JSON_COMPACT);
+    json_decref(choice);
+    lily_output_parser_free(p);
+    o.delta_reasoning = dup_or_empty(o.delta_reasoning);
+    o.delta_content = dup_or_empty(o.delta_content);
+    return o;
+}
+
+static void free_outcome(outcome *o)
+{
+    free(o->reasoning);
+    free(o->content);
+    free(o->delta_reasoning);
+    free(o->delta_content);
+    for (int i = 0; i < 8; i++) {
+        free(o->names[i]);
+        free(o->arguments[i]);
+        free(o->delta_names[i]);
+        free(o->delta_arguments[i]);
+    }
+    free(o->finish_reason);
+    free(o->choice_json);
+}
+
+#define CHECK_STR(what, got, want, how)                                                                    \
+    do {                                                                                                    \
+        if (strcmp((got), (want)))                                                                          \
+            fail_msg("%s (%s):\n  got      '%s'\n  expected '%s'\n  text '%s'", what, how, got, want, c->text); \
+    } while (0)
+
+/* The outcome must match the case's expectations, and its deltas the final result. */
+static void check_outcome(const parse_case *c, const outcome *o, const char *how)
+{
+    CHECK_STR("reasoning", o->reasoning, c->reasoning, how);
+    CHECK_STR("content", o->content, c->content, how);
+    CHECK_STR("reasoning deltas", o->delta_reasoning, c->reasoning, how);
+    CHECK_STR("content deltas", o->delta_content, c->content, how);
+    if (o->n_calls != c->n_calls || o->n_started != c->n_calls || o->n_ended != c->n_calls)
+        fail_msg("%s: %d calls (%d started, %d ended), expected %d; text '%s'", how, o->n_calls, o->n_started,
+                 o->n_ended, c->n_calls, c->text);
+    for (int i = 0; i < c->n_calls; i++) {
+        CHECK_STR("tool name", o->names[i], c->names[i], how);
+        CHECK_STR("tool name delta", o->delta_names[i], c->names[i], how);
+        CHECK_STR("arguments", o->arguments[i], c->arguments[i], how);
+        CHECK_STR("argument deltas", o->delta_arguments[i], c->arguments[i], how);
+        json_error_t jerr;
+        json_t *args = json_loads(o->arguments[i], 0, &jerr);
+        if (!json_is_object(args))
+            fail_msg("arguments '%s' are not a JSON object: %s", o->arguments[i], jerr.text);
+        json_decref(args);
+    }
+    CHECK_STR("finish_reason", o->finish_reason, c->finish_reason, how);
+    for (const char *s = o->content; *s; s++) /* no think tag ever reaches content */
+        assert_false(!strncmp(s, "<think>", 7) || !strncmp(s, "</think>", 8));
+}
+
+/* Whole, one byte at a time, every split in two, and random splits: all must agree with the case. */
+static void check_case(const parse_case *c)
+{
+    const size_t n = strlen(c->text);
+    outcome whole = parse(c, NULL);
+    check_outcome(c, &whole, "whole");
+    size_t *pieces = calloc(n + 2, sizeof *pieces);
+    for (size_t i = 0; i < n; i++)
+        pieces[i] = 1;
+    outcome o = parse(c, pieces);
+    check_outcome(c, &o, "1 byte at a time");
+    assert_string_equal(o.choice_json, whole.choice_json);
+    free_outcome(&o);
+    for (size_t k = 1; k < n; k++) {
+        size_t two[3] = {k, n - k, 0};
+        o = parse(c, two);
+        char how[64];
+        snprintf(how, sizeof how, "split at %zu", k);
+        check_outcome(c, &o, how);
+        free_outcome(&o);
+    }
+    lily_rng r;
+    lily_rng_seed(&r, n);
+    for (int t = 0; t < 20; t++) {
+        size_t at = 0, i = 0;
+        while (at < n) {
+            pieces[i] = 1 + lily_rng_next(&r) % 9;
+            at += pieces[i++];
+        }
+        pieces[i] = 0;
+        o = parse(c, pieces);
+        check_outcome(c, &o, "random split");
+        free_outcome(&o);
+    }
+    free(pieces);
+    free_outcome(&whole);
+}
+
+/* ---- the five cases the issue requires ------------------------------------------------------------ */
+
+static void test_parameter_name_ending_at_newline(void **state)
+{
+    (void)state;
+    const parse_case c = {
+        .text = "<tool_call>\n<function=get_weather>\n<parameter=city\nParis\n</parameter>\n<parameter=unit>\n"
+                "celsius\n</parameter>\n</function>\n</tool_call>",
+        .reasoning = "",
+        .content = "",
+        .n_calls = 1,
+        .names = {"get_weather"},
+        .arguments = {"{\"city\":\"Paris\",\"unit\":\"celsius\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&c);
+}
+
+static void test_html_value_without_closing_parameter_kept_verbatim(void **state)
+{
+    (void)state;
+    const parse_case c = {
+        .text = "<tool_call>\n<function=write_file>\n<parameter=path>\nindex.html\n</parameter>\n"
+                "<parameter=content>\n<div class=\"a\">x < y && y > z</div>\n</function>\n</tool_call>",
+        .reasoning = "",
+        .content = "",
+        .n_calls = 1,
+        .names = {"write_file"},
+        .arguments = {"{\"path\":\"index.html\",\"content\":\"<div class=\\\"a\\\">x < y && y > z</div>\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&c);
+    /* the same with </function> directly after the value, no newline */
+    const parse_case d = {
+        .text = "<tool_call>\n<function=write_file>\n<parameter=content>\n<div class=\"a\">x < y && y > z</div>"
+                "</function>\n</tool_call>",
+        .reasoning = "",
+        .content = "",
+        .n_calls = 1,
+        .names = {"write_file"},
+        .arguments = {"{\"content\":\"<div class=\\\"a\\\">x < y && y > z</div>\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&d);
+}
+
+static void test_reasoning_then_tool_call_without_closing_think(void **state)
+{
+    (void)state;
+    const parse_case c = {
+        .text = "I should open the file first.\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/main.c\n"
+                "</parameter>\n</function>\n</tool_call>",
+        .thinking = true,
+        .reasoning = "I should open the file first.",
+        .content = "",
+        .n_calls = 1,
+        .names = {"read_file"},
+        .arguments = {"{\"path\":\"src/main.c\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&c);
+    outcome o = parse(&c, NULL);
+    assert_string_equal(o.choice_json,
+                        "{\"message\":{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"I should open "
+                        "the file first.\",\"tool_calls\":[{\"id\":\"call_0\",\"type\":\"function\",\"function\":{"
+                        "\"name\":\"read_file\",\"arguments\":\"{\\\"path\\\":\\\"src/main.c\\\"}\"}}]},"
+                        "\"finish_reason\":\"tool_calls\"}");
+    free_outcome(&o);
+}
+
+static void test_thinking_cut_by_length_is_all_reasoning(void **state)
+{
+    (void)state;
+    const parse_case c = {
+        .text = "The user wants a haiku about rain.\nFirst line: five syllables, maybe \"soft rain on the",
+        .thinking = true,
+        .cut_by_length = true,
+        .reasoning = "The user wants a haiku about rain.\nFirst line: five syllables, maybe \"soft rain on the",
+        .content = "",
+        .n_calls = 0,
+        .finish_reason = "length",
+    };
+    check_case(&c);
+    /* cut right inside a closing tag: the partial tag is reasoning text, content still empty */
+    const parse_case d = {
+        .text = "Almost done.\n</thi",
+        .thinking = true,
+        .cut_by_length = true,
+        .reasoning = "Almost done.\n</thi",
+        .content = "",
+        .finish_reason = "length",
+    };
+    check_case(&d);
+}
+
+static void test_thinking_off_no_think_tags_reach_content(void **state)
+{
+    (void)state;
+    const parse_case cases[] = {
+        {.text = "Hello! How can I help?", .content = "Hello! How can I help?", .reasoning = "", .finish_reason = "stop"},
+        /* the model opens a think block anyway: it becomes reasoning, the tags vanish */
+        {.text = "<think>\nLet me see.\n</think>\n\nParis is the capital.",
+         .reasoning = "Let me see.",
+         .content = "Paris is the capital.",
+         .finish_reason = "stop"},
+        {.text = "<think>\n\n</think>\n\nHi.", .reasoning = "", .content = "Hi.", .finish_reason = "stop"},
+        /* stray tags */
+        {.text = "A</think> B<think>C</think>D", .reasoning = "C", .content = "A BD", .finish_reason = "stop"},
+        {.text = "</think></think>ok", .reasoning = "", .content = "ok", .finish_reason = "stop"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(&cases[i]);
+}
+
+/* ---- more of what real output does ---------------------------------------------------------------- */
+
+static void test_reasoning_content_and_two_calls(void **state)
+{
+    (void)state;
+    const parse_case c = {
+        .text = "<think>\nTwo cities.\n</think>\n\nLet me check both.\n\n<tool_call>\n<function=get_weather>\n"
+                "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+                "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>",
+        .thinking = true,
+        .reasoning = "Two cities.",
+        .content = "Let me check both.",
+        .n_calls = 2,
+        .names = {"get_weather", "get_weather"},
+        .arguments = {"{\"city\":\"Paris\"}", "{\"city\":\"Oslo\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&c);
+}
+
+static void test_tolerates_missing_closing_tags_and_stray_whitespace(void **state)
+{
+    (void)state;
+    const parse_case cases[] = {
+        /* no </tool_call> at the end of the sequence */
+        {.text = "<tool_call>\n<function=ls>\n<parameter=dir>\n/tmp\n</parameter>\n</function>\n",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"ls"}, .arguments = {"{\"dir\":\"/tmp\"}"},
+         .finish_reason = "tool_calls"},
+        /* no </parameter>, </function>, </tool_call> */
+        {.text = "<tool_call>\n<function=ls>\n<parameter=dir>\n/tmp\n", .reasoning = "", .content = "",
+         .n_calls = 1, .names = {"ls"}, .arguments = {"{\"dir\":\"/tmp\"}"}, .finish_reason = "tool_calls"},
+        /* missing </parameter> before the next parameter */
+        {.text = "<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"1\",\"b\":\"2\"}"},
+         .finish_reason = "tool_calls"},
+        /* stray whitespace everywhere, names trimmed */
+        {.text = "  <tool_call>  \n <function= get_weather >\n  <parameter= city >\nParis\n</parameter>\n  </function>  \n</tool_call>  \n",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"get_weather"},
+         .arguments = {"{\"city\":\"Paris\"}"}, .finish_reason = "tool_calls"},
+        /* function name ending at a newline, no parameters */
+        {.text = "<tool_call>\n<function=list_files\n</function>\n</tool_call>", .reasoning = "", .content = "",
+         .n_calls = 1, .names = {"list_files"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        /* a bare <function= block without <tool_call> */
+        {.text = "Sure.\n<function=ls>\n<parameter=dir>\n.\n</parameter>\n</function>", .reasoning = "",
+         .content = "Sure.", .n_calls = 1, .names = {"ls"}, .arguments = {"{\"dir\":\".\"}"},
+         .finish_reason = "tool_calls"},
+        /* cut inside the function name by max tokens */
+        {.text = "<tool_call>\n<function=get_wea", .cut_by_length = true, .reasoning = "", .content = "",
+         .n_calls = 1, .names = {"get_wea"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        /* cut inside a parameter name */
+        {.text = "<tool_call>\n<function=f>\n<parameter=ci", .cut_by_length = true, .reasoning = "", .content = "",
+         .n_calls = 1, .names = {"f"}, .arguments = {"{\"ci\":\"\"}"}, .finish_reason = "tool_calls"},
+        /* an empty tool_call block is no call */
+        {.text = "<tool_call>\n</tool_call>\nDone.", .reasoning = "", .content = "Done.", .finish_reason = "stop"},
+        /* text after </function> without </tool_call> is content */
+        {.text = "<tool_call>\n<function=f>\n</function>\nAll set.", .reasoning = "", .content = "All set.",
+         .n_calls = 1, .names = {"f"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(&cases[i]);
+}
+
+static void test_values_keep_text_exactly(void **state)
+{
+    (void)state;
+    const parse_case cases[] = {
+        /* one leading and one trailing newline go; inner and extra newlines stay */
+        {.text = "<tool_call>\n<function=w>\n<parameter=body>\n\nline1\n\tline2 \"q\" \\ end\n\n</parameter>\n"
+                 "</function>\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"w"},
+         .arguments = {"{\"body\":\"\\nline1\\n\\tline2 \\\"q\\\" \\\\ end\\n\"}"}, .finish_reason = "tool_calls"},
+        /* UTF-8 and a value that looks like tags but is not one of ours */
+        {.text = "<tool_call>\n<function=say>\n<parameter=text>\nhéllo 世界 <b>bold</b> <tool_call> <parameter\n"
+                 "</parameter>\n</function>\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"say"},
+         .arguments = {"{\"text\":\"héllo 世界 <b>bold</b> <tool_call> <parameter\"}"}, .finish_reason = "tool_calls"},
+        /* a key that needs escaping */
+        {.text = "<tool_call>\n<function=f>\n<parameter=a\"b>\nx\n</parameter>\n</function>\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\\\"b\":\"x\"}"},
+         .finish_reason = "tool_calls"},
+        /* content with < and > that are not tags, and a partial tag at the end of text */
+        {.text = "if a < b && c > d: x <tool", .reasoning = "", .content = "if a < b && c > d: x <tool",
+         .finish_reason = "stop"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(&cases[i]);
+}
+
+static const char *const weather_tools =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"forecast\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"metric\":{\"type\":\"boolean\"},"
+    "\"where\":{\"type\":\"object\"},\"hours\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+    "\"ratio\":{\"type\":\"number\"},\"limit\":{\"type\":[\"integer\",\"null\"]},"
+    "\"zip\":{\"type\":[\"string\",\"integer\"]},\"level\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]}"
+    "}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"other\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"days\":{\"type\":\"string\"}}}}}]";
+
+static void test_values_converted_by_schema_type(void **state)
+{
+    (void)state;
+    const parse_case c = {
+        .text = "<tool_call>\n<function=forecast>\n"
+                "<parameter=city>\n42\n</parameter>\n"
+                "<parameter=days>\n3\n</parameter>\n"
+                "<parameter=metric>\nTrue\n</parameter>\n"
+                "<parameter=where>\n{\"lat\": 48.85, \"lon\": 2.35}\n</parameter>\n"
+                "<parameter=hours>\n[6, 12, 18]\n</parameter>\n"
+                "<parameter=ratio>\n0.1\n</parameter>\n"
+                "<parameter=limit>\nnull\n</parameter>\n"
+                "<parameter=zip>\n75001\n</parameter>\n"
+                "<parameter=level>\n2\n</parameter>\n"
+                "<parameter=unknown>\n7\n</parameter>\n"
+                "</function>\n</tool_call>",
+        .tools = weather_tools,
+        .reasoning = "",
+        .content = "",
+        .n_calls = 1,
+        .names = {"forecast"},
+        .arguments = {"{\"city\":\"42\",\"days\":3,\"metric\":true,\"where\":{\"lat\": 48.85, \"lon\": 2.35},"
+                      "\"hours\":[6, 12, 18],\"ratio\":0.1,\"limit\":null,\"zip\":\"75001\",\"level\":2,"
+                      "\"unknown\":\"7\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&c);
+    /* unparsable values stay strings; the schema is per tool */
+    const parse_case d = {
+        .text = "<tool_call>\n<function=forecast>\n"
+                "<parameter=days>\nthree\n</parameter>\n"
+                "<parameter=metric>\nyes\n</parameter>\n"
+                "<parameter=where>\n{'lat': 1}\n</parameter>\n"
+                "<parameter=hours>\n{\"a\":1}\n</parameter>\n"
+                "<parameter=ratio>\n</parameter>\n"
+                "</function>\n</tool_call>\n<tool_call>\n<function=other>\n<parameter=days>\n3\n</parameter>\n"
+                "</function>\n</tool_call>",
+        .tools = weather_tools,
+        .reasoning = "",
+        .content = "",
+        .n_calls = 2,
+        .names = {"forecast", "other"},
+        .arguments = {"{\"days\":\"three\",\"metric\":\"yes\",\"where\":\"{'lat': 1}\",\"hours\":\"{\\\"a\\\":1}\","
+                      "\"ratio\":\"\"}",
+                      "{\"days\":\"3\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&d);
+}
+
+static void test_finish_reason_stop_and_length(void **state)
+{
+    (void)state;
+    const parse_case stop = {.text = "<think>\nshort\n</think>\n\nDone.", .thinking = true, .reasoning = "short",
+                             .content = "Done.", .finish_reason = "stop"};
+    check_case(&stop);
+    const parse_case length = {.text = "</think>\n\nA long answer that got cu", .thinking = true,
+                               .cut_by_length = true, .reasoning = "", .content = "A long answer that got cu",
+                               .finish_reason = "length"};
+    check_case(&length);
+}
+
+static void test_rejects_tools_that_are_not_an_array(void **state)
+{
+    (void)state;
+    json_t *obj = json_object();
+    lily_output_parser_options opts = {.tools = obj};
+    lily_output_parser *p = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_output_parser_new(&opts, &p, &err), LILY_ERR_INVALID_ARGUMENT);
+    assert_null(p);
+    json_decref(obj);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parameter_name_ending_at_newline),
+        cmocka_unit_test(test_html_value_without_closing_parameter_kept_verbatim),
+        cmocka_unit_test(test_reasoning_then_tool_call_without_closing_think),
+        cmocka_unit_test(test_thinking_cut_by_length_is_all_reasoning),
+        cmocka_unit_test(test_thinking_off_no_think_tags_reach_content),
+        cmocka_unit_test(test_reasoning_content_and_two_calls),
+        cmocka_unit_test(test_tolerates_missing_closing_tags_and_stray_whitespace),
+        cmocka_unit_test(test_values_keep_text_exactly),
+        cmocka_unit_test(test_values_converted_by_schema_type),
+        cmocka_unit_test(test_finish_reason_stop_and_length),
+        cmocka_unit_test(test_rejects_tools_that_are_not_an_array),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
