@@ -74,7 +74,7 @@ static void on_event(void *user, const lily_output_event *ev)
     }
 }
 
-static char *dup_or_empty(const char *s) { return strdup(s ? s : ""); }
+static char *or_empty(char *s) { return s ? s : strdup(""); }
 
 /* Parse c->text fed in pieces[] (0-terminated list of lengths; NULL = all at once). */
 static outcome parse(const parse_case *c, const size_t *pieces)
@@ -117,8 +117,8 @@ static outcome parse(const parse_case *c, const size_t *pieces)
     o.choice_json = json_dumps(choice, JSON_COMPACT);
     json_decref(choice);
     lily_output_parser_free(p);
-    o.delta_reasoning = dup_or_empty(o.delta_reasoning);
-    o.delta_content = dup_or_empty(o.delta_content);
+    o.delta_reasoning = or_empty(o.delta_reasoning);
+    o.delta_content = or_empty(o.delta_content);
     return o;
 }
 
