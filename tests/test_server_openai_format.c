@@ -1,0 +1,320 @@
+/* test_server_openai_format.c — request validation and response JSON of server/openai.c against the shapes
+ * OpenAI's API reference gives (chat.completion, chat.completion.chunk, text_completion, error objects).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/openai.h"
+#include "test_support.h"
+
+static bool parse(const char *body, bool chat, lily_oai_request *req, lily_oai_error *e)
+{
+    return lily_oai_parse_request(body, strlen(body), chat, req, e);
+}
+
+/* A 400 naming `param`. */
+static void assert_rejected(const char *body, bool chat, const char *param)
+{
+    lily_oai_request req;
+    lily_oai_error e;
+    if (parse(body, chat, &req, &e)) {
+        print_error("accepted: %s\n", body);
+        lily_oai_request_free(&req);
+        fail();
+    }
+    assert_int_equal(e.http_status, 400);
+    assert_string_equal(e.type, "invalid_request_error");
+    if (param && strcmp(e.param, param)) {
+        print_error("param '%s' (want '%s') for %s: %s\n", e.param, param, body, e.message);
+        fail();
+    }
+}
+
+/* The compact JSON text of j (j is stolen); caller frees. */
+static char *dump(json_t *j)
+{
+    assert_non_null(j);
+    char *s = lily_oai_dump(j);
+    json_decref(j);
+    return s;
+}
+
+static void test_openai_request_defaults_are_unset(void **state)
+{
+    (void)state;
+    lily_oai_request req;
+    lily_oai_error e;
+    assert_true(parse("{\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", true, &req, &e));
+    assert_true(isnan(req.temperature) && isnan(req.top_p) && isnan(req.min_p) && isnan(req.repetition_penalty));
+    assert_int_equal(req.max_tokens, -1);
+    assert_int_equal(req.top_k, -1);
+    assert_int_equal(req.enable_thinking, -1);
+    assert_false(req.stream);
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_AUTO);
+    assert_null(req.tools);
+    lily_oai_request_free(&req);
+}
+
+static void test_openai_request_fields(void **state)
+{
+    (void)state;
+    lily_oai_request req;
+    lily_oai_error e;
+    const char *body =
+        "{\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":[{\"type\":"
+        "\"text\",\"text\":\"hi\"}]}],\"max_completion_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,"
+        "\"min_p\":0.05,\"presence_penalty\":1.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"seed\":42,"
+        "\"stop\":[\"a\",\"\",\"bc\"],\"logprobs\":true,\"top_logprobs\":3,\"logit_bias\":{\"5\":-100,\"7\":2.5},"
+        "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"reasoning_effort\":\"none\"}";
+    assert_true(parse(body, true, &req, &e));
+    assert_int_equal(req.max_tokens, 7);
+    assert_true(req.temperature == 0.5 && req.top_p == 0.9 && req.min_p == 0.05);
+    assert_int_equal(req.top_k, 20);
+    assert_true(req.presence_penalty == 1.5 && req.frequency_penalty == -0.5 && req.repetition_penalty == 1.1);
+    assert_true(req.has_seed);
+    assert_int_equal(req.seed, 42);
+    assert_int_equal(req.n_stop, 2); /* the empty stop string is dropped */
+    assert_string_equal(req.stop[0], "a");
+    assert_string_equal(req.stop[1], "bc");
+    assert_true(req.logprobs);
+    assert_int_equal(req.top_logprobs, 3);
+    assert_int_equal(req.n_logit_bias, 2);
+    assert_int_equal(req.logit_bias[1].token, 7);
+    assert_true(req.logit_bias[1].bias == 2.5f);
+    assert_true(req.stream && req.include_usage);
+    assert_int_equal(req.enable_thinking, 0);
+    /* the template sees enable_thinking false */
+    json_t *t = lily_oai_template_request(&req);
+    assert_true(json_is_false(json_object_get(json_object_get(t, "chat_template_kwargs"), "enable_thinking")));
+    assert_true(json_is_true(json_object_get(t, "add_generation_prompt")));
+    assert_null(json_object_get(t, "tools"));
+    json_decref(t);
+    lily_oai_request_free(&req);
+
+    /* include_usage without stream is ignored; a single stop string */
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream_options\":{\"include_usage\":"
+                      "true},\"stop\":\"END\",\"max_tokens\":3}", true, &req, &e));
+    assert_false(req.include_usage);
+    assert_int_equal(req.n_stop, 1);
+    assert_string_equal(req.stop[0], "END");
+    lily_oai_request_free(&req);
+}
+
+static const char *tools_json = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                                "{\"type\":\"object\"}}}]";
+
+static void test_openai_tool_choice(void **state)
+{
+    (void)state;
+    lily_oai_request req;
+    lily_oai_error e;
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":{\"type\":"
+             "\"function\",\"function\":{\"name\":\"get_weather\"}}}", tools_json);
+    assert_true(parse(body, true, &req, &e));
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_NAMED);
+    assert_string_equal(req.tool_name, "get_weather");
+    assert_non_null(req.tools);
+    lily_oai_request_free(&req);
+
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":\"none\"}",
+             tools_json);
+    assert_true(parse(body, true, &req, &e));
+    assert_null(req.tools); /* none: the tools are left out of the prompt */
+    json_t *t = lily_oai_template_request(&req);
+    assert_null(json_object_get(t, "tools"));
+    json_decref(t);
+    lily_oai_request_free(&req);
+
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":"
+             "\"required\"}", tools_json);
+    assert_true(parse(body, true, &req, &e));
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_REQUIRED);
+    lily_oai_request_free(&req);
+
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":{\"type\":"
+             "\"function\",\"function\":{\"name\":\"get_time\"}}}", tools_json);
+    assert_rejected(body, true, "tool_choice");
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tool_choice\":\"required\"}", true,
+                    "tool_choice");
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":\"maybe\"}",
+             tools_json);
+    assert_rejected(body, true, "tool_choice");
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\"}]}",
+                    true, "tools[0]");
+}
+
+static void test_openai_rejects_bad_requests(void **state)
+{
+    (void)state;
+    const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+    char body[512];
+    assert_rejected("{", true, NULL);
+    assert_rejected("[]", true, NULL);
+    assert_rejected("{}", true, "messages");
+    assert_rejected("{\"messages\":[]}", true, "messages");
+    assert_rejected("{\"messages\":{}}", true, "messages");
+    assert_rejected("{\"messages\":[1]}", true, "messages[0]");
+    assert_rejected("{\"messages\":[{\"content\":\"x\"}]}", true, "messages[0].role");
+    assert_rejected("{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", true, "messages[0].role");
+    assert_rejected("{\"messages\":[{\"role\":\"user\"}]}", true, "messages[0].content");
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":5}]}", true, "messages[0].content");
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", true,
+                    "messages[0].content");
+    assert_rejected("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\","
+                    "\"arguments\":5}}]}]}", true, "messages[0].tool_calls");
+    static const char *const bad_fields[][2] = {
+        {"\"n\":2", "n"},
+        {"\"n\":\"1\"", "n"},
+        {"\"temperature\":\"hot\"", "temperature"},
+        {"\"temperature\":3", "temperature"},
+        {"\"top_p\":1.5", "top_p"},
+        {"\"max_tokens\":0", "max_tokens"},
+        {"\"max_tokens\":1.5", "max_tokens"},
+        {"\"max_completion_tokens\":-1", "max_completion_tokens"},
+        {"\"stream\":\"yes\"", "stream"},
+        {"\"stream_options\":1", "stream_options"},
+        {"\"seed\":\"x\"", "seed"},
+        {"\"stop\":5", "stop"},
+        {"\"stop\":[\"a\",1]", "stop"},
+        {"\"logit_bias\":{\"x\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"3\":500}", "logit_bias"},
+        {"\"top_logprobs\":3", "top_logprobs"},
+        {"\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"},
+        {"\"chat_template_kwargs\":[]", "chat_template_kwargs"},
+        {"\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}", "chat_template_kwargs.enable_thinking"},
+        {"\"reasoning_effort\":\"extreme\"", "reasoning_effort"},
+        {"\"model\":7", "model"},
+    };
+    for (size_t i = 0; i < sizeof bad_fields / sizeof bad_fields[0]; i++) {
+        snprintf(body, sizeof body, "{%s,%s}", user, bad_fields[i][0]);
+        assert_rejected(body, true, bad_fields[i][1]);
+    }
+    /* completions */
+    assert_rejected("{}", false, "prompt");
+    assert_rejected("{\"prompt\":5}", false, "prompt");
+    assert_rejected("{\"prompt\":[]}", false, "prompt");
+    assert_rejected("{\"prompt\":[\"a\",\"b\"]}", false, "prompt");
+    assert_rejected("{\"prompt\":[1,-2]}", false, "prompt");
+    assert_rejected("{\"prompt\":\"x\",\"logprobs\":true}", false, "logprobs");
+}
+
+static void test_openai_completions_prompt_forms(void **state)
+{
+    (void)state;
+    lily_oai_request req;
+    lily_oai_error e;
+    assert_true(parse("{\"prompt\":\"Once\",\"logprobs\":2,\"echo\":true}", false, &req, &e));
+    assert_string_equal(req.prompt_text, "Once");
+    assert_true(req.logprobs && req.echo);
+    assert_int_equal(req.top_logprobs, 2);
+    lily_oai_request_free(&req);
+    assert_true(parse("{\"prompt\":[[1,2,3]]}", false, &req, &e));
+    assert_int_equal(req.n_prompt_ids, 3);
+    assert_int_equal(req.prompt_ids[2], 3);
+    lily_oai_request_free(&req);
+    assert_true(parse("{\"prompt\":[\"one\"]}", false, &req, &e));
+    assert_string_equal(req.prompt_text, "one");
+    lily_oai_request_free(&req);
+}
+
+static void test_openai_error_json(void **state)
+{
+    (void)state;
+    lily_oai_error e;
+    lily_oai_error_set(&e, 400, "invalid_request_error", "messages", "context_length_exceeded", "too long: %d", 9);
+    char *s = lily_oai_error_json(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"too long: 9\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"messages\",\"code\":\"context_length_exceeded\"}}");
+    free(s);
+    lily_oai_error_set(&e, 404, "invalid_request_error", NULL, NULL, "nope");
+    s = lily_oai_error_json(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"nope\",\"type\":\"invalid_request_error\",\"param\":null,"
+                           "\"code\":null}}");
+    free(s);
+}
+
+static const lily_oai_ident ident = {.id = "chatcmpl-abc", .created = 1700000000, .model = "m"};
+
+static void test_openai_chat_response_shape(void **state)
+{
+    (void)state;
+    lily_oai_usage u = {.prompt_tokens = 10, .completion_tokens = 4, .cached_tokens = 6, .reasoning_tokens = 2};
+    lily_oai_tool_call call = {.id = "call_1", .name = "get_weather", .arguments = "{\"city\":\"Paris\"}"};
+    char *s = dump(lily_oai_chat_response(&ident, "", "thought", &call, 1, "tool_calls", NULL, &u));
+    assert_string_equal(s, "{\"id\":\"chatcmpl-abc\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":"
+                           "\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,"
+                           "\"reasoning_content\":\"thought\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+                           "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+                           "\"logprobs\":null,\"finish_reason\":\"tool_calls\"}],\"system_fingerprint\":null,\"usage\":"
+                           "{\"prompt_tokens\":10,\"completion_tokens\":4,\"total_tokens\":14,\"prompt_tokens_details\":"
+                           "{\"cached_tokens\":6},\"completion_tokens_details\":{\"reasoning_tokens\":2}}}");
+    free(s);
+}
+
+static void test_openai_chunk_shapes(void **state)
+{
+    (void)state;
+    char *s = dump(lily_oai_chat_chunk(&ident, lily_oai_delta_role(), NULL, NULL, true));
+    assert_string_equal(s, "{\"id\":\"chatcmpl-abc\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,"
+                           "\"model\":\"m\",\"system_fingerprint\":null,\"choices\":[{\"index\":0,\"delta\":{\"role\":"
+                           "\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}");
+    free(s);
+    s = dump(lily_oai_delta_tool_open(0, "call_x", "f"));
+    assert_string_equal(s, "{\"tool_calls\":[{\"index\":0,\"id\":\"call_x\",\"type\":\"function\",\"function\":{\"name\":"
+                           "\"f\",\"arguments\":\"\"}}]}");
+    free(s);
+    s = dump(lily_oai_delta_tool_args(1, "{\"a\":", 5));
+    assert_string_equal(s, "{\"tool_calls\":[{\"index\":1,\"function\":{\"arguments\":\"{\\\"a\\\":\"}}]}");
+    free(s);
+    lily_oai_usage u = {.prompt_tokens = 3, .completion_tokens = 2};
+    s = dump(lily_oai_usage_chunk(&ident, true, &u));
+    assert_non_null(strstr(s, "\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5"));
+    free(s);
+    json_t *last = lily_oai_chat_chunk(&ident, json_object(), "length", NULL, false);
+    size_t len;
+    char *sse = lily_oai_sse(last, &len);
+    json_decref(last);
+    assert_int_equal(len, strlen(sse));
+    assert_true(!strncmp(sse, "data: {", 7) && !strcmp(sse + len - 2, "\n\n"));
+    assert_non_null(strstr(sse, "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\"}]}"));
+    free(sse);
+}
+
+static void test_openai_logprobs_and_invalid_utf8(void **state)
+{
+    (void)state;
+    json_t *j = lily_oai_string("a\xff" "b\xe2\x82", 5);
+    assert_string_equal(json_string_value(j), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD");
+    json_decref(j);
+    lily_oai_logprob lp = {.token = strdup("\xe2\x82"), .token_len = 2, .logprob = -0.5f, .n_top = 1};
+    lp.top[0].token = strdup("A");
+    lp.top[0].token_len = 1;
+    lp.top[0].logprob = -0.25f;
+    char *s = dump(lily_oai_chat_logprobs_json(&lp, 1));
+    assert_string_equal(s, "{\"content\":[{\"token\":\"\xEF\xBF\xBD\xEF\xBF\xBD\",\"logprob\":-0.5,\"bytes\":[226,130],"
+                           "\"top_logprobs\":[{\"token\":\"A\",\"logprob\":-0.25,\"bytes\":[65]}]}],\"refusal\":null}");
+    free(s);
+    s = dump(lily_oai_completion_logprobs_json(&lp, 1, 4));
+    assert_non_null(strstr(s, "\"token_logprobs\":[-0.5]"));
+    assert_non_null(strstr(s, "\"text_offset\":[4]"));
+    free(s);
+    lily_oai_logprob_clear(&lp);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_openai_request_defaults_are_unset),
+        cmocka_unit_test(test_openai_request_fields),
+        cmocka_unit_test(test_openai_tool_choice),
+        cmocka_unit_test(test_openai_rejects_bad_requests),
+        cmocka_unit_test(test_openai_completions_prompt_forms),
+        cmocka_unit_test(test_openai_error_json),
+        cmocka_unit_test(test_openai_chat_response_shape),
+        cmocka_unit_test(test_openai_chunk_shapes),
+        cmocka_unit_test(test_openai_logprobs_and_invalid_utf8),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
