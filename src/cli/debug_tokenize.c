@@ -1,12 +1,148 @@
-/* debug_tokenize.c — `lily debug tokenize`. Not implemented yet. */
+/* debug_tokenize.c — `lily debug tokenize --model DIR [--ids] [--no-special]`: stdin text -> token ids.
+ *
+ * Reads all of stdin verbatim (a trailing newline is part of the text) and encodes it as HF `tokenizers`
+ * does, recognizing special tokens written in the text. Needs only DIR/tokenizer.json (and
+ * tokenizer_config.json when present), not weights.
+ * Output: with --ids, the ids separated by spaces on one line; otherwise one line per token,
+ * "id<TAB>text", the text with \n, \t, \r, \\ and non-printable bytes escaped (\xNN), and a last line
+ * "# N tokens, B bytes" on stderr.
+ */
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "commands.h"
+#include "text/tokenizer.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: lily debug tokenize --model DIR [--ids] [--no-special]\n"
+               "  reads text on stdin and prints its token ids\n"
+               "  --ids         only the ids, space-separated\n"
+               "  --no-special  encode special tokens written in the text as plain text\n");
+}
+
+static char *read_all(FILE *f, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) {
+            if (ferror(f)) {
+                free(buf);
+                return NULL;
+            }
+            break;
+        }
+        char *p = realloc(buf, cap * 2);
+        if (!p)
+            free(buf);
+        buf = p;
+        cap *= 2;
+    }
+    *len = n;
+    return buf;
+}
+
+static void print_escaped(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c == '\t')
+            fputs("\\t", stdout);
+        else if (c == '\r')
+            fputs("\\r", stdout);
+        else if (c == '\\')
+            fputs("\\\\", stdout);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else if (c < 0x80)
+            putchar(c);
+        else {
+            /* print whole valid UTF-8 characters, escape stray bytes (a token may hold part of one) */
+            int need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
+            bool ok = need > 0 && i + (size_t)need <= n && c <= 0xF4;
+            for (int k = 1; ok && k < need; k++)
+                ok = ((unsigned char)s[i + (size_t)k] & 0xC0) == 0x80;
+            if (ok) {
+                fwrite(s + i, 1, (size_t)need, stdout);
+                i += (size_t)need - 1;
+            } else {
+                printf("\\x%02x", c);
+            }
+        }
+    }
+}
 
 int debug_tokenize(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lily debug tokenize: not implemented yet\n");
-    return 1;
+    const char *model = NULL;
+    bool ids_only = false, parse_special = true;
+    for (int i = 1; i < argc; i++) {
+        if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--ids"))
+            ids_only = true;
+        else if (!strcmp(argv[i], "--no-special"))
+            parse_special = false;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "lily debug tokenize: unknown argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!model) {
+        fprintf(stderr, "lily debug tokenize: --model DIR is required\n");
+        usage(stderr);
+        return 2;
+    }
+    lily_error err = {0};
+    lily_tokenizer *tok;
+    if (lily_tokenizer_load(model, &tok, &err) != LILY_OK) {
+        fprintf(stderr, "lily: %s\n", err.message);
+        return 1;
+    }
+    size_t len;
+    char *text = read_all(stdin, &len);
+    if (!text) {
+        fprintf(stderr, "lily: cannot read stdin\n");
+        lily_tokenizer_free(tok);
+        return 1;
+    }
+    int32_t *ids;
+    int n;
+    if (lily_tokenizer_encode(tok, text, len, parse_special, &ids, &n, &err) != LILY_OK) {
+        fprintf(stderr, "lily: %s\n", err.message);
+        free(text);
+        lily_tokenizer_free(tok);
+        return 1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ids_only) {
+            printf(i ? " %d" : "%d", (int)ids[i]);
+            continue;
+        }
+        size_t tlen = 0;
+        const char *t = lily_tokenizer_token_bytes(tok, ids[i], &tlen);
+        printf("%d\t", (int)ids[i]);
+        print_escaped(t ? t : "", tlen);
+        putchar('\n');
+    }
+    if (ids_only)
+        putchar('\n');
+    else
+        fprintf(stderr, "# %d tokens, %zu bytes\n", n, len);
+    free(ids);
+    free(text);
+    lily_tokenizer_free(tok);
+    return 0;
 }

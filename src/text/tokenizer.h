@@ -1,0 +1,114 @@
+/* tokenizer.h — byte-level BPE tokenizer loaded from a Hugging Face `tokenizer.json`, and the streaming
+ * detokenizer.
+ *
+ * What is implemented (the subset byte-level BPE models such as Qwen2/3/3.5, GPT-2 and Llama 3 use):
+ *   - added_tokens (special or not) split out of the raw text first, leftmost-longest; tokens marked
+ *     "normalized": true are matched again after normalization; lstrip / rstrip / single_word honoured;
+ *   - normalizer: none, NFC / NFD / NFKC / NFKD (utf8proc), or a Sequence of those;
+ *   - pre_tokenizer: Split (Regex or String pattern, every behavior, invert) and ByteLevel (use_regex with
+ *     the GPT-2 pattern, add_prefix_space), alone or in a Sequence. Regexes are compiled by PCRE2 with
+ *     PCRE2_UTF | PCRE2_UCP (JIT when available);
+ *   - model: BPE with merges in either JSON form (["a","b"] pairs or "a b" strings), ranked by position,
+ *     ignore_merges; no dropout, no continuing_subword_prefix / end_of_word_suffix;
+ *   - decoder: ByteLevel.
+ * Anything else in the file is rejected with LILY_ERR_TOKENIZER naming the unsupported part. The
+ * post_processor is ignored: lily never adds BOS/EOS around a text (the chat template writes them).
+ * Special-token ids are read from the files; nothing assumes a vocabulary size or an id.
+ *
+ * Thread safety: after loading (and after any lily_tokenizer_set_pretokenize_regex), every function
+ * taking a const lily_tokenizer * may be called from several threads at once.
+ */
+#ifndef LILY_TEXT_TOKENIZER_H
+#define LILY_TEXT_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lily.h"
+
+typedef struct lily_tokenizer lily_tokenizer;
+
+/* Load a tokenizer. path is a model directory (reads DIR/tokenizer.json, and DIR/tokenizer_config.json
+ * when present for the eos/bos/pad token names) or the path of a tokenizer.json file (its directory's
+ * tokenizer_config.json is read when present).
+ * Errors: LILY_ERR_TOKENIZER for a missing, unreadable, malformed or unsupported tokenizer.json (the
+ * message names the file and the part at fault); LILY_ERR_OUT_OF_MEMORY. On error *out is NULL.
+ * About 0.3 s for the 11 MB Qwen3 file (most of it JSON parsing). */
+lily_status lily_tokenizer_load(const char *path, lily_tokenizer **out, lily_error *err);
+
+void lily_tokenizer_free(lily_tokenizer *tok);
+
+/* Encode UTF-8 text (len bytes, need not be NUL-terminated) into token ids, as HF `tokenizers`
+ * Tokenizer.encode(text, add_special_tokens=False) does.
+ * parse_special: true -> added tokens marked "special" written in the text become their ids (what HF
+ *   does when a rendered chat prompt is encoded); false -> special tokens are encoded as plain text (HF's
+ *   split_special_tokens=True). Added tokens that are not special are always matched, as in HF.
+ * *ids: malloc'd array of *n_ids ids (the caller frees it; non-NULL even when *n_ids == 0).
+ * Errors: LILY_ERR_INVALID_ARGUMENT when text is not valid UTF-8 (message gives the byte offset);
+ * LILY_ERR_OUT_OF_MEMORY; LILY_ERR_TOKENIZER if the regex engine fails. */
+lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
+                                  int32_t **ids, int *n_ids, lily_error *err);
+
+/* Decode ids into the exact bytes they stand for (ByteLevel decoding; added tokens give their content
+ * verbatim). skip_special drops tokens marked special (HF decode(skip_special_tokens=True)). Ids that
+ * are not tokens (out of range, holes in the id space) decode to nothing, as in HF.
+ * *text: malloc'd, NUL-terminated, *len bytes (len may be NULL). The bytes are not sanitized: a sequence
+ * cut inside a UTF-8 character gives a partial character (HF would print U+FFFD); use the detokenizer
+ * for text that must be valid UTF-8. Errors: LILY_ERR_OUT_OF_MEMORY only. */
+lily_status lily_tokenizer_decode(const lily_tokenizer *tok, const int32_t *ids, int n_ids, bool skip_special,
+                                  char **text, size_t *len, lily_error *err);
+
+/* The id of a token: an added token by its content ("<|im_end|>"), else a vocabulary entry written as in
+ * tokenizer.json's vocab (byte-level form, e.g. "Ġthe"). -1 when there is none. */
+int32_t lily_tokenizer_token_id(const lily_tokenizer *tok, const char *token);
+
+/* The raw bytes of one token (not NUL-terminated; *len bytes), NULL for an id that is not a token. */
+const char *lily_tokenizer_token_bytes(const lily_tokenizer *tok, int32_t id, size_t *len);
+
+/* True when id is an added token marked "special" in tokenizer.json. */
+bool lily_tokenizer_is_special(const lily_tokenizer *tok, int32_t id);
+
+/* max token id + 1 over the vocabulary and the added tokens (151,669 for Qwen3). */
+int32_t lily_tokenizer_vocab_size(const lily_tokenizer *tok);
+
+/* Ids of tokenizer_config.json's eos_token / bos_token / pad_token, -1 when absent or unknown. */
+int32_t lily_tokenizer_eos_id(const lily_tokenizer *tok);
+int32_t lily_tokenizer_bos_id(const lily_tokenizer *tok);
+int32_t lily_tokenizer_pad_id(const lily_tokenizer *tok);
+
+/* Replace the pattern of the first Split pre-tokenizer step with a new regex (used to run the Qwen2/3
+ * vocabulary with the Qwen3.5 pattern). Not thread-safe: call before the tokenizer is shared.
+ * Errors: LILY_ERR_TOKENIZER when there is no Split step or PCRE2 rejects the pattern (the message
+ * gives PCRE2's reason and offset). */
+lily_status lily_tokenizer_set_pretokenize_regex(lily_tokenizer *tok, const char *pattern, lily_error *err);
+
+/* --- incremental detokenizer, for streaming -------------------------------------------------------------
+ * Feed ids one at a time; each call returns the text that became complete. The output is always valid
+ * UTF-8: bytes that end inside a character are held back until the character completes. Concatenating
+ * every piece plus the flush gives exactly lily_tokenizer_decode's bytes whenever those are valid UTF-8;
+ * bytes that can never form a valid character become U+FFFD (one per maximal invalid subpart, as
+ * Python's and Rust's lossy decoders do), and an incomplete character left at flush becomes one U+FFFD. */
+typedef struct {
+    const lily_tokenizer *tok;
+    bool skip_special;
+    unsigned char pending[4]; /* the start of a character still waiting for its continuation bytes */
+    int n_pending;
+    char *out; /* the last piece returned, NUL-terminated */
+    size_t out_cap;
+} lily_detokenizer;
+
+void lily_detokenizer_init(lily_detokenizer *d, const lily_tokenizer *tok, bool skip_special);
+
+/* Add one token; *text (NUL-terminated, *len bytes, valid until the next call) is the newly complete
+ * text, possibly empty. Errors: LILY_ERR_OUT_OF_MEMORY. */
+lily_status lily_detokenizer_feed(lily_detokenizer *d, int32_t id, const char **text, size_t *len,
+                                  lily_error *err);
+
+/* End of stream: returns what is held back (as U+FFFD, since it is an incomplete character) and resets
+ * the detokenizer for a new stream. */
+lily_status lily_detokenizer_flush(lily_detokenizer *d, const char **text, size_t *len, lily_error *err);
+
+void lily_detokenizer_free(lily_detokenizer *d);
+
+#endif
