@@ -242,7 +242,7 @@ def main():
     with open(args.out, "w", encoding="utf-8") as f:
         for i, text in enumerate(texts):
             modes = ["qwen3"]
-            if i % 8 == 0 or (i % 3 == 0 and any(unicodedata.category(c).startswith("M") for c in text)):
+            if any(unicodedata.category(c).startswith("M") for c in text):
                 modes.append("qwen35")
             if "<|" in text and rng.random() < 0.5:
                 modes.append("nospecial")
