@@ -497,7 +497,8 @@ static void expect_repeated(const char *unit, int count, const char *tail, int32
     int32_t *expected = malloc(((size_t)n_expected + (size_t)n_tail) * sizeof *expected);
     for (int i = 0; i < n_expected; i++)
         expected[i] = expected_id;
-    memcpy(expected + n_expected, tail_ids, (size_t)n_tail * sizeof *expected);
+    if (n_tail)
+        memcpy(expected + n_expected, tail_ids, (size_t)n_tail * sizeof *expected);
     assert_true(check_case(qwen3, "long", text, len, true, expected, n_expected + n_tail));
     free(expected);
     free(text);
