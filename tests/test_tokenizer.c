@@ -18,6 +18,7 @@
 
 static lily_tokenizer *qwen3;  /* tokenizer.json as it is */
 static lily_tokenizer *qwen35; /* the same with the Qwen3.5 Split regex */
+static lily_tokenizer *tiny;   /* tests/data/tiny-chat: 512-token BPE trained with HF tokenizers */
 
 static char *known_regex35(void)
 {
@@ -34,7 +35,8 @@ static int setup(void **state)
     (void)state;
     lily_error err = {0};
     if (lily_tokenizer_load(test_data_path("tokenizers/qwen3"), &qwen3, &err) != LILY_OK ||
-        lily_tokenizer_load(test_data_path("tokenizers/qwen3/tokenizer.json"), &qwen35, &err) != LILY_OK) {
+        lily_tokenizer_load(test_data_path("tokenizers/qwen3/tokenizer.json"), &qwen35, &err) != LILY_OK ||
+        lily_tokenizer_load(test_data_path("tiny-chat"), &tiny, &err) != LILY_OK) {
         fprintf(stderr, "load failed: %s\n", err.message);
         return -1;
     }
@@ -53,6 +55,7 @@ static int teardown(void **state)
     (void)state;
     lily_tokenizer_free(qwen3);
     lily_tokenizer_free(qwen35);
+    lily_tokenizer_free(tiny);
     return 0;
 }
 
@@ -263,7 +266,8 @@ static void test_parity_corpus_matches_hf(void **state)
     (void)state;
     char *all = test_read_file(test_data_path("tokenizers/qwen3-parity.jsonl"), NULL);
     assert_non_null(all);
-    int records = 0, failures = 0, by_mode[3] = {0};
+    static const char *const modes[] = {"qwen3", "qwen35", "nospecial", "tiny-chat"};
+    int records = 0, failures = 0, by_mode[4] = {0};
     for (char *line = all, *eol; *line; line = eol + 1) {
         eol = strchr(line, '\n');
         assert_non_null(eol);
@@ -274,19 +278,21 @@ static void test_parity_corpus_matches_hf(void **state)
         const json_t *text = json_object_get(r, "text");
         int n;
         int32_t *ids = json_ids(json_object_get(r, "ids"), &n);
-        int m = !strcmp(mode, "qwen3") ? 0 : !strcmp(mode, "qwen35") ? 1 : 2;
-        assert_true(m < 2 || !strcmp(mode, "nospecial"));
+        int m = 0;
+        while (m < 4 && strcmp(mode, modes[m]))
+            m++;
+        assert_true(m < 4);
         char name[64];
         snprintf(name, sizeof name, "parity line %d (%s)", records + 1, mode);
-        failures += !check_case(m == 1 ? qwen35 : qwen3, name, json_string_value(text), json_string_length(text), m != 2,
-                                ids, n);
+        const lily_tokenizer *tok = m == 1 ? qwen35 : m == 3 ? tiny : qwen3;
+        failures += !check_case(tok, name, json_string_value(text), json_string_length(text), m != 2, ids, n);
         by_mode[m]++;
         records++;
         free(ids);
         json_decref(r);
     }
-    printf("parity corpus: %d records (%d qwen3, %d qwen35 regex, %d special tokens as text), %d failures\n", records,
-           by_mode[0], by_mode[1], by_mode[2], failures);
+    printf("parity corpus: %d records (%d qwen3, %d qwen35 regex, %d special tokens as text, %d tiny-chat), "
+           "%d failures\n", records, by_mode[0], by_mode[1], by_mode[2], by_mode[3], failures);
     assert_true(by_mode[0] >= 2000);
     assert_int_equal(failures, 0);
     free(all);

@@ -6,6 +6,7 @@ Writes tests/data/tokenizers/qwen3-parity.jsonl, one JSON object per line:
   qwen3      tokenizer.json as it is, special tokens in the text parsed (HF encode, add_special_tokens=False)
   qwen35     the same vocabulary with the Qwen3.5 Split regex (tokenizers/qwen35/KNOWN.json) substituted
   nospecial  special tokens written in the text encoded as plain text (HF encode_special_tokens = True)
+  tiny-chat  tests/data/tiny-chat/tokenizer.json (512-token BPE with the Qwen3.5 regex), every 10th string
 The strings are deterministic (seeded): single fragments from many scripts and domains (code, CJK, Indic,
 Thai, Vietnamese, combining marks, emoji ZWJ sequences, whitespace runs, long digit runs, special tokens
 inside text), random concatenations of them, random code-point soup and random slices.
@@ -207,7 +208,7 @@ def strings():
     out += [s * 3 for s in SPECIAL]
     out += ["9" * n for n in (1, 2, 3, 4, 7, 20, 64)] + [" " * n for n in (1, 2, 3, 5, 17, 70)]
     out += ["\n" * n for n in (1, 2, 3, 9)] + [" \t" * 5, "\t \n" * 4]
-    for _ in range(1350):
+    for _ in range(1260):
         out.append(concat(rng))
     for _ in range(400):
         out.append(soup(rng))
@@ -236,6 +237,7 @@ def main():
         pre_tokenizers.Split(Regex(regex35), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
+    tiny = Tokenizer.from_file(os.path.join(ROOT, "tests", "data", "tiny-chat", "tokenizer.json"))
     texts = strings()
     rng = random.Random(7)
     n = 0
@@ -246,8 +248,10 @@ def main():
                 modes.append("qwen35")
             if "<|" in text and rng.random() < 0.5:
                 modes.append("nospecial")
+            if i % 10 == 0:
+                modes.append("tiny-chat")
             for mode in modes:
-                tok = {"qwen3": qwen3, "qwen35": qwen35, "nospecial": nospecial}[mode]
+                tok = {"qwen3": qwen3, "qwen35": qwen35, "nospecial": nospecial, "tiny-chat": tiny}[mode]
                 ids = tok.encode(text, add_special_tokens=False).ids
                 f.write(json.dumps({"mode": mode, "text": text, "ids": ids}, ensure_ascii=False,
                                    separators=(",", ":")) + "\n")

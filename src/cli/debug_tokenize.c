@@ -139,7 +139,8 @@ int debug_tokenize(int argc, char **argv)
     }
     if (ids_only)
         putchar('\n');
-    else
+    fflush(stdout);
+    if (!ids_only)
         fprintf(stderr, "# %d tokens, %zu bytes\n", n, len);
     free(ids);
     free(text);
