@@ -1,0 +1,90 @@
+/* generate.h — the generation loop: prefill a prompt, then sample, stream and append one token at a time.
+ *
+ * Owns: the loop over a lily_session (engine.h) with a sampler (sampler.h), stop ids, stop strings
+ * (stop_strings.h), max tokens, cancellation, streaming through a callback, and the prefill / decode
+ * timing. Does not own: tokenization (the caller passes ids and an incremental detokenizer) or splitting
+ * the text into reasoning / content / tool calls (text/output_parser.h, fed from the callback).
+ *
+ * Session contents afterwards: the prompt and every streamed token, except that the last token of a
+ * generation cut by max_tokens, a stop string or cancellation is not appended (appending it would cost
+ * a forward pass whose logits nobody reads); a stop token is never appended. result.last_token says
+ * which token that was, so a caller that keeps the session (chat) can append it.
+ */
+#ifndef LILY_GENERATE_H
+#define LILY_GENERATE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lily.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+/* An incremental detokenizer, as function pointers so the loop does not depend on the tokenizer's
+ * internals. feed: the text that token completes (valid UTF-8, possibly empty; valid until the next call).
+ * flush: what is still held at the end. (text/tokenizer.h's lily_detokenizer fits behind two adapters.) */
+typedef struct {
+    void *state;
+    lily_status (*feed)(void *state, int32_t token, const char **text, size_t *len, lily_error *err);
+    lily_status (*flush)(void *state, const char **text, size_t *len, lily_error *err); /* may be NULL */
+} lily_detok_interface;
+
+/* Called once per generated token (the stop token excluded) with the text released at this step: the
+ * token's text minus anything held back as a possible stop-string start, plus earlier held text now
+ * known to be safe; possibly empty. At the end, held text is released by one more call with token -1
+ * (only when non-empty). Return 0 to continue, nonzero to stop (finish = LILY_FINISH_CANCELLED). */
+typedef int (*lily_token_callback)(void *user, int32_t token, const char *text, size_t len);
+
+typedef enum {
+    LILY_FINISH_STOP = 0,  /* a stop token id or a stop string */
+    LILY_FINISH_LENGTH,    /* max_tokens generated, or the session's context is full */
+    LILY_FINISH_CANCELLED, /* the cancel flag was set or the callback returned nonzero */
+} lily_finish_reason;
+
+typedef struct {
+    lily_sampler_params sampling;
+    int max_tokens;                   /* at most this many generated tokens; <= 0: until the context is full */
+    const int32_t *stop_ids;          /* [n_stop_ids] e.g. lily_config.stop_ids (<|im_end|>, <|endoftext|>) */
+    int n_stop_ids;
+    const char *const *stop_strings;  /* [n_stop_strings]; matched across tokens, never streamed */
+    int n_stop_strings;
+    lily_detok_interface detok;       /* feed may be NULL when there are no stop strings: no text is streamed */
+    lily_token_callback on_token;     /* may be NULL */
+    void *user;
+    const atomic_int *cancel;         /* may be NULL; nonzero stops before the next token (set it from a
+                                         signal handler or another thread) */
+} lily_generate_params;
+
+/* Defaults: lily_sampler_defaults(), everything else zero / NULL. */
+lily_generate_params lily_generate_defaults(void);
+
+typedef struct {
+    lily_finish_reason finish;
+    int n_prompt;                     /* prompt tokens prefilled */
+    int n_generated;                  /* tokens sampled and streamed (the stop token excluded) */
+    int n_decode_steps;               /* single-token forward passes after the prefill */
+    int32_t stop_token;               /* the stop id that ended generation, or -1 */
+    int stop_string;                  /* index of the stop string that ended generation, or -1 */
+    int32_t last_token;               /* the last token streamed but not appended (see above), or -1 */
+    double prefill_seconds;           /* wall time of the prompt's lily_session_append */
+    double decode_seconds;            /* wall time from the end of the prefill to the end */
+    double prefill_tokens_per_second; /* n_prompt / prefill_seconds (0 when nothing was prefilled) */
+    double decode_tokens_per_second;  /* n_decode_steps / decode_seconds (0 when there were none) */
+} lily_generate_result;
+
+/* Append prompt[n_prompt] to the session (prefill), then generate until a stop token, a stop string,
+ * max_tokens, a full context, or cancellation. n_prompt may be 0 to continue from the session's last
+ * logits (the session must then hold at least one token). The repetition penalty sees every token in
+ * the session; presence / frequency penalties see the generated tokens.
+ * result is filled as far as generation got, also on error.
+ * Errors: LILY_ERR_INVALID_ARGUMENT (bad sampler params; stop strings without a detokenizer; nothing to
+ * continue from); LILY_ERR_CONTEXT_LENGTH (the prompt does not fit: nothing is appended); errors from
+ * lily_session_append and the detokenizer; LILY_ERR_OUT_OF_MEMORY. */
+lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, const lily_generate_params *params,
+                          lily_generate_result *result, lily_error *err);
+
+/* "stop", "length" or "cancelled". */
+const char *lily_finish_reason_name(lily_finish_reason f);
+
+#endif

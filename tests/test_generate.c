@@ -1,0 +1,317 @@
+/* test_generate.c — the generation loop on a scripted fake session: stop ids, stop strings across tokens,
+ * max tokens, a full context, cancellation, continuing a session, seeded sampling.
+ *
+ * The fake: this file defines lily_session_append itself, so the linker takes it instead of the real
+ * engine's (lily_generate is the only caller, and nothing here pulls the engine object in). After each
+ * append the logits make next_of[last token] the argmax, so greedy decoding follows a fixed script. */
+#include "test_support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/generate.h"
+
+enum { VOCAB = 8, EOS = 0, ENDOFTEXT = 6, PROMPT = 7 };
+static const char *const token_text[VOCAB] = {"<|im_end|>", "Hello", " wor", "ld", "!", " Bye", "<|endoftext|>", "<p>"};
+static const int32_t next_of[VOCAB] = {1, 2, 3, 4, 5, EOS, 1, 1};
+static bool uniform_logits; /* every token equally likely instead of the script */
+static int n_appends;
+
+lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err)
+{
+    (void)logits_all;
+    if (s->n_tokens + n > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "fake: %d + %d tokens exceed the context of %d",
+                              s->n_tokens, n, s->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= VOCAB)
+            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "fake: token %d", tokens[i]);
+    memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof *tokens);
+    s->n_tokens += n;
+    n_appends++;
+    int32_t last = s->tokens[s->n_tokens - 1];
+    for (int v = 0; v < VOCAB; v++)
+        s->logits[v] = uniform_logits ? 0.0f : v == next_of[last] ? 10.0f : (float)v * 0.1f;
+    return LILY_OK;
+}
+
+/* A fake detokenizer that, like a real one inside a UTF-8 character, holds back the text of "!" until
+ * the next token or the flush. */
+typedef struct {
+    char out[256];
+    bool holding_bang;
+} fake_detok;
+
+static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
+{
+    (void)err;
+    fake_detok *d = state;
+    snprintf(d->out, sizeof d->out, "%s%s", d->holding_bang ? "!" : "", token == 4 ? "" : token_text[token]);
+    d->holding_bang = token == 4;
+    *text = d->out;
+    *len = strlen(d->out);
+    return LILY_OK;
+}
+
+static lily_status detok_flush(void *state, const char **text, size_t *len, lily_error *err)
+{
+    (void)err;
+    fake_detok *d = state;
+    snprintf(d->out, sizeof d->out, "%s", d->holding_bang ? "!" : "");
+    d->holding_bang = false;
+    *text = d->out;
+    *len = strlen(d->out);
+    return LILY_OK;
+}
+
+typedef struct {
+    char text[1024];
+    int32_t tokens[64];
+    int n_tokens;
+    int stop_after; /* return nonzero from the callback after this many tokens (0 = never) */
+} streamed;
+
+static int on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    streamed *o = user;
+    strncat(o->text, text, len);
+    if (token >= 0)
+        o->tokens[o->n_tokens++] = token;
+    return o->stop_after && o->n_tokens >= o->stop_after;
+}
+
+typedef struct {
+    lily_engine engine;
+    lily_session session;
+    int32_t tokens[64];
+    float logits[VOCAB];
+    fake_detok detok;
+    streamed out;
+    lily_generate_params params;
+} fixture;
+
+static void setup(fixture *f, int max_ctx)
+{
+    memset(f, 0, sizeof *f);
+    f->engine.cfg.vocab_size = VOCAB;
+    f->session = (lily_session){.engine = &f->engine, .max_ctx = max_ctx, .tokens = f->tokens, .logits = f->logits};
+    f->params = lily_generate_defaults();
+    f->params.sampling.temperature = 0.0f;
+    f->params.detok = (lily_detok_interface){&f->detok, detok_feed, detok_flush};
+    f->params.on_token = on_token;
+    f->params.user = &f->out;
+    uniform_logits = false;
+    n_appends = 0;
+}
+
+static void assert_session(const fixture *f, const int32_t *expect, int n)
+{
+    assert_int_equal(f->session.n_tokens, n);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(f->session.tokens[i], expect[i]);
+}
+
+static const int32_t prompt[1] = {PROMPT};
+static const int32_t stop_ids[2] = {EOS, ENDOFTEXT};
+
+static void test_generate_stops_at_stop_id(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 64);
+    f.params.stop_ids = stop_ids;
+    f.params.n_stop_ids = 2;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "Hello world! Bye");
+    assert_int_equal(r.finish, LILY_FINISH_STOP);
+    assert_string_equal(lily_finish_reason_name(r.finish), "stop");
+    assert_int_equal(r.stop_token, EOS);
+    assert_int_equal(r.stop_string, -1);
+    assert_int_equal(r.last_token, -1);
+    assert_int_equal(r.n_prompt, 1);
+    assert_int_equal(r.n_generated, 5);
+    assert_int_equal(r.n_decode_steps, 5);
+    const int32_t expect[6] = {PROMPT, 1, 2, 3, 4, 5}; /* every streamed token, not the stop token */
+    assert_session(&f, expect, 6);
+    assert_int_equal(f.out.n_tokens, 5);
+    assert_true(r.prefill_seconds >= 0.0 && r.decode_seconds >= 0.0);
+}
+
+static void test_generate_max_tokens_flushes_held_text(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 64);
+    f.params.max_tokens = 4;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "Hello world!"); /* "!" came from the detokenizer's flush */
+    assert_int_equal(r.finish, LILY_FINISH_LENGTH);
+    assert_int_equal(r.n_generated, 4);
+    assert_int_equal(r.n_decode_steps, 3);
+    assert_int_equal(r.last_token, 4);
+    const int32_t expect[4] = {PROMPT, 1, 2, 3};
+    assert_session(&f, expect, 4);
+}
+
+static void test_generate_stop_string_across_tokens(void **state)
+{
+    (void)state;
+    const struct {
+        const char *stop;
+        const char *text;
+        int32_t last_token;
+    } cases[] = {
+        {"world", "Hello ", 3},       /* " wor" + "ld" */
+        {"ld! B", "Hello wor", 5},    /* "ld", then "!" held by the detokenizer, then " Bye" */
+        {"Bye", "Hello world! ", 5},
+        {"wox", "Hello world! Bye", -1}, /* a false start: everything is released */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fixture f;
+        setup(&f, 64);
+        f.params.stop_ids = stop_ids;
+        f.params.n_stop_ids = 2;
+        const char *stops[2] = {"never", cases[i].stop};
+        f.params.stop_strings = stops;
+        f.params.n_stop_strings = 2;
+        lily_generate_result r;
+        lily_error err = {0};
+        assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+        assert_string_equal(f.out.text, cases[i].text);
+        assert_int_equal(r.finish, LILY_FINISH_STOP);
+        assert_int_equal(r.stop_string, cases[i].last_token >= 0 ? 1 : -1);
+        assert_int_equal(r.last_token, cases[i].last_token);
+    }
+}
+
+static void test_generate_context_full_is_length(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 3);
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "Hello world");
+    assert_int_equal(r.finish, LILY_FINISH_LENGTH);
+    assert_int_equal(r.last_token, 3);
+    assert_int_equal(f.session.n_tokens, 3);
+
+    /* a prompt that does not fit: the error, and nothing streamed */
+    setup(&f, 3);
+    const int32_t long_prompt[4] = {PROMPT, PROMPT, PROMPT, PROMPT};
+    assert_int_equal(lily_generate(&f.session, long_prompt, 4, &f.params, &r, &err), LILY_ERR_CONTEXT_LENGTH);
+    assert_int_equal(f.session.n_tokens, 0);
+    assert_int_equal(f.out.n_tokens, 0);
+}
+
+static void test_generate_cancellation(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 64);
+    atomic_int cancel = 1;
+    f.params.cancel = &cancel;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_int_equal(r.finish, LILY_FINISH_CANCELLED);
+    assert_int_equal(r.n_generated, 0);
+    assert_int_equal(f.session.n_tokens, 1); /* the prompt was prefilled */
+
+    setup(&f, 64);
+    f.out.stop_after = 2; /* the callback asks to stop after " wor" */
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_int_equal(r.finish, LILY_FINISH_CANCELLED);
+    assert_string_equal(lily_finish_reason_name(r.finish), "cancelled");
+    assert_string_equal(f.out.text, "Hello wor");
+    assert_int_equal(r.n_generated, 2);
+    assert_int_equal(r.last_token, 2);
+    const int32_t expect[2] = {PROMPT, 1};
+    assert_session(&f, expect, 2);
+}
+
+static void test_generate_continues_a_session(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 64);
+    f.params.max_tokens = 2;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "Hello wor");
+    /* keep the session: append the token that was streamed but not appended, then continue */
+    assert_int_equal(lily_session_append(&f.session, &r.last_token, 1, NULL, &err), LILY_OK);
+    f.out = (streamed){0};
+    assert_int_equal(lily_generate(&f.session, NULL, 0, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "ld!");
+    assert_int_equal(r.n_prompt, 0);
+    const int32_t expect[4] = {PROMPT, 1, 2, 3};
+    assert_session(&f, expect, 4);
+
+    /* nothing to continue from */
+    setup(&f, 64);
+    assert_int_equal(lily_generate(&f.session, NULL, 0, &f.params, &r, &err), LILY_ERR_INVALID_ARGUMENT);
+}
+
+static void test_generate_seeded_sampling_repeats(void **state)
+{
+    (void)state;
+    int32_t runs[3][20];
+    const uint64_t seeds[3] = {42, 42, 43};
+    for (int k = 0; k < 3; k++) {
+        fixture f;
+        setup(&f, 64);
+        uniform_logits = true;
+        f.params.sampling.temperature = 1.0f;
+        f.params.sampling.seed = seeds[k];
+        f.params.max_tokens = 20;
+        lily_generate_result r;
+        lily_error err = {0};
+        assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+        assert_int_equal(f.out.n_tokens, 20);
+        memcpy(runs[k], f.out.tokens, sizeof runs[k]);
+        assert_int_equal(n_appends, 20); /* the prompt, then 19 decode steps */
+    }
+    assert_memory_equal(runs[0], runs[1], sizeof runs[0]);
+    assert_memory_not_equal(runs[0], runs[2], sizeof runs[0]);
+}
+
+static void test_generate_rejects_bad_arguments(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 64);
+    const char *stops[1] = {"x"};
+    f.params.stop_strings = stops;
+    f.params.n_stop_strings = 1;
+    f.params.detok.feed = NULL;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_ERR_INVALID_ARGUMENT);
+    setup(&f, 64);
+    f.params.sampling.top_p = 2.0f;
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_ERR_INVALID_ARGUMENT);
+    assert_int_equal(f.session.n_tokens, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generate_stops_at_stop_id),
+        cmocka_unit_test(test_generate_max_tokens_flushes_held_text),
+        cmocka_unit_test(test_generate_stop_string_across_tokens),
+        cmocka_unit_test(test_generate_context_full_is_length),
+        cmocka_unit_test(test_generate_cancellation),
+        cmocka_unit_test(test_generate_continues_a_session),
+        cmocka_unit_test(test_generate_seeded_sampling_repeats),
+        cmocka_unit_test(test_generate_rejects_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
