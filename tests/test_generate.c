@@ -17,6 +17,8 @@ static const char *const token_text[VOCAB] = {"<|im_end|>", "Hello", " wor", "ld
 static const int32_t next_of[VOCAB] = {1, 2, 3, 4, 5, EOS, 1, 1};
 static bool uniform_logits; /* every token equally likely instead of the script */
 static int n_appends;
+static const int32_t *script; /* when set: after k tokens, script[k - 1] is next (vocab = script_vocab) */
+static int script_len, script_vocab;
 
 lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err)
 {
@@ -24,12 +26,19 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
     if (s->n_tokens + n > s->max_ctx)
         return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "fake: %d + %d tokens exceed the context of %d",
                               s->n_tokens, n, s->max_ctx);
+    const int vocab = script ? script_vocab : VOCAB;
     for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= VOCAB)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
             return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "fake: token %d", tokens[i]);
     memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof *tokens);
     s->n_tokens += n;
     n_appends++;
+    if (script) {
+        int32_t next = s->n_tokens - 1 < script_len ? script[s->n_tokens - 1] : 0;
+        for (int v = 0; v < vocab; v++)
+            s->logits[v] = v == next ? 10.0f : 0.0f;
+        return LILY_OK;
+    }
     int32_t last = s->tokens[s->n_tokens - 1];
     for (int v = 0; v < VOCAB; v++)
         s->logits[v] = uniform_logits ? 0.0f : v == next_of[last] ? 10.0f : (float)v * 0.1f;
@@ -301,6 +310,67 @@ static void test_generate_rejects_bad_arguments(void **state)
     assert_int_equal(f.session.n_tokens, 0);
 }
 
+/* The real tokenizer's streaming detokenizer behind the loop: multi-byte characters split over byte-level
+ * tokens come out whole, and a stop string spread over several tokens is cut exactly. */
+static void test_generate_with_tokenizer_detokenizer(void **state)
+{
+    (void)state;
+    lily_tokenizer *tok = NULL;
+    lily_error err = {0};
+    if (lily_tokenizer_load(test_data_path("tiny-chat"), &tok, &err) != LILY_OK)
+        fail_msg("%s", err.message);
+    const char *text = "Café 世界 says: the answer is 42.</answer> and more";
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (lily_tokenizer_encode(tok, text, strlen(text), false, &ids, &n_ids, &err) != LILY_OK)
+        fail_msg("%s", err.message);
+    assert_true(n_ids > 10);
+    const int vocab = lily_tokenizer_vocab_size(tok);
+    float *logits = calloc((size_t)vocab, sizeof *logits);
+    int32_t tokens[256];
+    lily_engine engine = {0};
+    engine.cfg.vocab_size = vocab;
+    lily_session session = {.engine = &engine, .max_ctx = 256, .tokens = tokens, .logits = logits};
+    script = ids;
+    script_len = n_ids;
+    script_vocab = vocab;
+
+    lily_detokenizer detok;
+    lily_detokenizer_init(&detok, tok, false);
+    streamed out = {0};
+    lily_generate_params p = lily_generate_defaults();
+    p.sampling.temperature = 0.0f;
+    p.detok = lily_detok_for_tokenizer(&detok);
+    p.on_token = on_token;
+    p.user = &out;
+    const char *stops[1] = {"</answer>"};
+    p.stop_strings = stops;
+    p.n_stop_strings = 1;
+    const int32_t first[1] = {ids[0]};
+    script = ids + 1; /* the prompt is the first token; the rest is "generated" */
+    script_len = n_ids - 1;
+    lily_generate_result r;
+    assert_int_equal(lily_generate(&session, first, 1, &p, &r, &err), LILY_OK);
+    char expect[256];
+    const char *cut = strstr(text, "</answer>");
+    /* the first token's text was the prompt, not streamed */
+    const char *decoded_first = NULL;
+    size_t first_len = 0;
+    lily_detokenizer probe;
+    lily_detokenizer_init(&probe, tok, false);
+    assert_int_equal(lily_detokenizer_feed(&probe, ids[0], &decoded_first, &first_len, &err), LILY_OK);
+    snprintf(expect, sizeof expect, "%.*s", (int)(cut - text - (int)first_len), text + first_len);
+    assert_string_equal(out.text, expect);
+    assert_int_equal(r.finish, LILY_FINISH_STOP);
+    assert_int_equal(r.stop_string, 0);
+    lily_detokenizer_free(&probe);
+    lily_detokenizer_free(&detok);
+    script = NULL;
+    free(ids);
+    free(logits);
+    lily_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -312,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_generate_continues_a_session),
         cmocka_unit_test(test_generate_seeded_sampling_repeats),
         cmocka_unit_test(test_generate_rejects_bad_arguments),
+        cmocka_unit_test(test_generate_with_tokenizer_detokenizer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,6 +35,21 @@ const char *lily_finish_reason_name(lily_finish_reason f)
     return "?";
 }
 
+static lily_status tokenizer_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
+{
+    return lily_detokenizer_feed(state, token, text, len, err);
+}
+
+static lily_status tokenizer_flush(void *state, const char **text, size_t *len, lily_error *err)
+{
+    return lily_detokenizer_flush(state, text, len, err);
+}
+
+lily_detok_interface lily_detok_for_tokenizer(lily_detokenizer *d)
+{
+    return (lily_detok_interface){d, tokenizer_feed, tokenizer_flush};
+}
+
 static bool is_stop_id(const lily_generate_params *p, int32_t token)
 {
     for (int i = 0; i < p->n_stop_ids; i++)

@@ -20,15 +20,19 @@
 #include "lily.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
+#include "text/tokenizer.h"
 
 /* An incremental detokenizer, as function pointers so the loop does not depend on the tokenizer's
  * internals. feed: the text that token completes (valid UTF-8, possibly empty; valid until the next call).
- * flush: what is still held at the end. (text/tokenizer.h's lily_detokenizer fits behind two adapters.) */
+ * flush: what is still held at the end. lily_detok_for_tokenizer wraps text/tokenizer.h's detokenizer. */
 typedef struct {
     void *state;
     lily_status (*feed)(void *state, int32_t token, const char **text, size_t *len, lily_error *err);
     lily_status (*flush)(void *state, const char **text, size_t *len, lily_error *err); /* may be NULL */
 } lily_detok_interface;
+
+/* text/tokenizer.h's streaming detokenizer (initialized by the caller) behind the interface. */
+lily_detok_interface lily_detok_for_tokenizer(lily_detokenizer *d);
 
 /* Called once per generated token (the stop token excluded) with the text released at this step: the
  * token's text minus anything held back as a possible stop-string start, plus earlier held text now
