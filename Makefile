@@ -11,7 +11,7 @@ MODEL      ?= tests/data/tiny-a/mlx4
 PROMPT     ?= Once upon a time
 
 DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
-               libmicrohttpd-dev libcmocka-dev gnuplot-nox python3 python3-venv curl
+               libmicrohttpd-dev libcmocka-dev gnuplot-nox python3 python3-venv python3-numpy curl
 
 .PHONY: all build run test test-asan deps clean
 
