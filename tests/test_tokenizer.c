@@ -419,7 +419,7 @@ static void expect_ids(const lily_tokenizer *tok, const char *text, bool parse_s
 }
 
 /* Expected ids from HF tokenizers 0.23 on the same JSON. */
-static void test_merges_in_both_json_forms_and_added_token_strip(void **state)
+static void test_merges_in_both_json_forms_and_added_token_options(void **state)
 {
     (void)state;
     const char *forms[] = {TINY_HEAD "\"merges\":[\"a b\",\"ab c\"]}}",
@@ -437,6 +437,25 @@ static void test_merges_in_both_json_forms_and_added_token_strip(void **state)
         expect_ids(tok, "a <x> b", false, (const int32_t[]){0, 5, 5, 1}, 4); /* special as text */
         lily_tokenizer_free(tok);
     }
+
+    /* NFC normalizer; an added token matched after normalization ("normalized": true); single_word */
+    const char *normalized =
+        "{\"added_tokens\":[{\"id\":7,\"content\":\"<x>\",\"lstrip\":true,\"normalized\":false,\"special\":true},"
+        "{\"id\":9,\"content\":\"\u00e9\",\"normalized\":true,\"special\":false},"
+        "{\"id\":10,\"content\":\"ca\",\"single_word\":true,\"normalized\":false,\"special\":false}],"
+        "\"normalizer\":{\"type\":\"NFC\"},"
+        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+        "\"decoder\":{\"type\":\"ByteLevel\"},"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"abc\":4,\"\xC4\xA0\":5,\"bc\":6},"
+        "\"merges\":[\"a b\",\"ab c\"]}}";
+    lily_tokenizer *tok;
+    lily_error err;
+    assert_int_equal(lily_tokenizer_load(write_tokenizer("tokenizer.json", normalized), &tok, &err), LILY_OK);
+    expect_ids(tok, "ae\xCC\x81" "b", true, (const int32_t[]){0, 9, 1}, 3);
+    expect_ids(tok, "a \xC3\xA9 b", true, (const int32_t[]){0, 5, 9, 5, 1}, 5);
+    expect_ids(tok, "e\xCC\x81<x>e\xCC\x81", true, (const int32_t[]){9, 7, 9}, 3);
+    expect_ids(tok, "ca cab bca ca_ ca, ca", true, (const int32_t[]){10, 5, 2, 3, 5, 1, 2, 0, 5, 2, 0, 5, 10, 5, 10}, 15);
+    lily_tokenizer_free(tok);
     unlink(write_tokenizer("tokenizer.json", "{}"));
     rmdir(tmpdir);
     tmpdir[0] = 0;
@@ -531,7 +550,7 @@ int main(void)
         cmocka_unit_test(test_special_token_ids_come_from_the_files),
         cmocka_unit_test(test_decode_skip_special),
         cmocka_unit_test(test_detokenizer_holds_partial_utf8_and_replaces_invalid),
-        cmocka_unit_test(test_merges_in_both_json_forms_and_added_token_strip),
+        cmocka_unit_test(test_merges_in_both_json_forms_and_added_token_options),
         cmocka_unit_test(test_load_rejects_missing_malformed_and_unsupported_files),
         cmocka_unit_test(test_encode_rejects_invalid_utf8),
         cmocka_unit_test(test_long_pretokens_match_hf),
