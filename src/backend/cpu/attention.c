@@ -1,0 +1,95 @@
+/* attention.c — CPU gated full attention of one layer (MODEL.md §4.3), exact mode.
+ *
+ * Owns: the split of q_proj into per-head query and gate, q/k RMSNorm, RoPE, the append to the fp32
+ * KV cache, causal softmax attention with GQA (query head h reads KV head h / (n_heads / n_kv_heads)),
+ * the sigmoid output gate. The projections are matmul.c's; the cache memory is the state's.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+typedef struct {
+    const cpu_ctx *c;
+    const cpu_state *st;
+    const float *k_cache, *v_cache; /* [max_ctx, n_kv_heads * head_dim] */
+    int n, pos0;
+} attention_job;
+
+/* One task = one query head over all n tokens. */
+static void attention_head_task(void *arg, int head, int thread)
+{
+    const attention_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    const int hd = cfg->head_dim;
+    const int kv_dim = cfg->n_kv_heads * hd;
+    const int q_dim = cfg->n_heads * hd;
+    const int kv_head = head / (cfg->n_heads / cfg->n_kv_heads);
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = j->st->attn_scores + (int64_t)thread * j->st->max_ctx;
+    for (int t = 0; t < j->n; t++) {
+        const float *q = j->c->attn_q + (int64_t)t * q_dim + (int64_t)head * hd;
+        const int n_keys = j->pos0 + t + 1; /* causal: keys 0 .. pos0 + t */
+        float max_score = -INFINITY;
+        for (int s = 0; s < n_keys; s++) {
+            const float *k = j->k_cache + (int64_t)s * kv_dim + (int64_t)kv_head * hd;
+            float dotv = 0;
+            for (int i = 0; i < hd; i++)
+                dotv += q[i] * k[i];
+            scores[s] = dotv * scale;
+            if (scores[s] > max_score)
+                max_score = scores[s];
+        }
+        float sum = 0;
+        for (int s = 0; s < n_keys; s++) {
+            scores[s] = expf(scores[s] - max_score);
+            sum += scores[s];
+        }
+        const float inv_sum = 1.0f / sum;
+        float *o = j->c->attn_o + (int64_t)t * q_dim + (int64_t)head * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int s = 0; s < n_keys; s++) {
+            const float p = scores[s] * inv_sum;
+            const float *v = j->v_cache + (int64_t)s * kv_dim + (int64_t)kv_head * hd;
+            for (int i = 0; i < hd; i++)
+                o[i] += p * v[i];
+        }
+        /* output gate: the second half of this head's q_proj block */
+        const float *gate = j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)head * 2 * hd + hd;
+        for (int i = 0; i < hd; i++)
+            o[i] *= cpu_sigmoid(gate[i]);
+    }
+}
+
+void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out)
+{
+    const lily_config *cfg = c->cfg;
+    const lily_layer_weights *lw = &c->w->layers[layer];
+    const cpu_layer_params *lp = &c->layers[layer];
+    const int hd = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
+    const int q_dim = nh * hd, kv_dim = nkv * hd;
+    const int pos0 = st->position;
+
+    cpu_matmul(c->pool, &lw->q_proj, x, n, c->attn_qg);
+    cpu_matmul(c->pool, &lw->k_proj, x, n, c->attn_k);
+    cpu_matmul(c->pool, &lw->v_proj, x, n, c->attn_v);
+
+    /* per-head split [query(hd), gate(hd)]; q_norm / k_norm per head over head_dim */
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++)
+            memcpy(c->attn_q + (int64_t)t * q_dim + (int64_t)h * hd, c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)h * 2 * hd,
+                   (size_t)hd * sizeof(float));
+    cpu_rmsnorm(c->attn_q, lp->q_norm, n * nh, hd, cfg->rms_norm_eps, c->attn_q);
+    cpu_rmsnorm(c->attn_k, lp->k_norm, n * nkv, hd, cfg->rms_norm_eps, c->attn_k);
+    cpu_rope(c->attn_q, n, q_dim, nh, hd, cfg->rotary_dim, pos0, c->rope_inv_freq);
+    cpu_rope(c->attn_k, n, kv_dim, nkv, hd, cfg->rotary_dim, pos0, c->rope_inv_freq);
+
+    float *k_cache = st->k_cache[layer], *v_cache = st->v_cache[layer];
+    memcpy(k_cache + (int64_t)pos0 * kv_dim, c->attn_k, (size_t)n * kv_dim * sizeof(float));
+    memcpy(v_cache + (int64_t)pos0 * kv_dim, c->attn_v, (size_t)n * kv_dim * sizeof(float));
+
+    attention_job job = {c, st, k_cache, v_cache, n, pos0};
+    parallel_for(c->pool, nh, attention_head_task, &job);
+
+    cpu_matmul(c->pool, &lw->o_proj, c->attn_o, n, out);
+}

@@ -1,0 +1,152 @@
+/* cpu_internal.h — what the CPU backend's stage files share: the backend context, the session state,
+ * and the kernels of each stage (MODEL.md §4), exact mode: fp32 activations, weights dequantized exactly.
+ *
+ * Owns: the shapes of the scratch buffers (sized by max_chunk at create time) and of the state.
+ * The files: matmul.c (linear layers), norm_rope.c, attention.c, gated_deltanet.c, moe.c, and
+ * cpu_backend.c (create/destroy, state, the per-layer loop).
+ */
+#ifndef LILY_CPU_INTERNAL_H
+#define LILY_CPU_INTERNAL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "threadpool.h"
+
+/* ---- weights made fp32 once at create time (all small vectors) ---------------------------------- */
+typedef struct {
+    float *input_norm, *post_attention_norm; /* [hidden]: the effective weight (1 + w in fp32 for HF) */
+    float *q_norm, *k_norm;                  /* [head_dim] effective weight (full-attention layers) */
+    float *conv1d;                           /* [conv_dim, K] (Gated DeltaNet layers) */
+    float *neg_exp_A;                        /* [Hv]: -exp(A_log) */
+    float *dt_bias;                          /* [Hv] */
+    float *gdn_norm;                         /* [dv], plain weight */
+} cpu_layer_params;
+
+/* ---- the backend context --------------------------------------------------------------------- */
+typedef struct {
+    const lily_config *cfg;
+    const lily_weights *w;
+    lily_threadpool *pool;
+    int n_threads;
+    int max_chunk;
+    lily_debug_hook debug_hook;
+    void *debug_user;
+
+    cpu_layer_params *layers; /* [n_layers] */
+    float *final_norm;        /* [hidden] effective weight */
+    float *rope_inv_freq;     /* [rotary_dim / 2] */
+
+    /* residual stream and per-layer scratch, all [max_chunk, ...] */
+    float *hidden;            /* [mc, hidden] residual stream h */
+    float *normed;            /* [mc, hidden] norm output */
+    float *mixer_out;         /* [mc, hidden] attention / deltanet output */
+    float *moe_out;           /* [mc, hidden] */
+
+    /* gated attention */
+    float *attn_qg;           /* [mc, n_heads * head_dim * 2] q_proj output: per head [query, gate] */
+    float *attn_q;            /* [mc, n_heads * head_dim] */
+    float *attn_k, *attn_v;   /* [mc, n_kv_heads * head_dim] */
+    float *attn_o;            /* [mc, n_heads * head_dim] */
+
+    /* Gated DeltaNet */
+    float *gdn_mixed;         /* [mc, conv_dim] in_proj_qkv output (pre-conv) */
+    float *gdn_conv;          /* [mc, conv_dim] conv + SiLU output: q | k | v */
+    float *gdn_z;             /* [mc, value_dim] */
+    float *gdn_b, *gdn_a;     /* [mc, Hv] */
+    float *gdn_g, *gdn_beta;  /* [mc, Hv] log-decay and beta */
+    float *gdn_o;             /* [mc, value_dim] delta-rule output, then gated norm output */
+    float *gdn_chunk_scratch; /* [n_threads, gdn_chunk_scratch_floats] */
+    int64_t gdn_chunk_scratch_floats;
+
+    /* sparse MoE */
+    float *router_probs;      /* [mc, n_experts] */
+    int *topk_ids;            /* [mc, top_k] */
+    float *topk_weights;      /* [mc, top_k] */
+    int *expert_count;        /* [n_experts] */
+    int *expert_offset;       /* [n_experts + 1] */
+    int *expert_rows;         /* [mc * top_k] (token, slot) pairs grouped by expert: token * top_k + slot */
+    float *moe_x;             /* [mc, hidden] rows gathered for one expert */
+    float *moe_gate, *moe_up; /* [mc, max(moe_intermediate, shared_intermediate)] */
+    float *moe_y;             /* [mc, hidden] */
+    float *shared_gate_logit; /* [mc] */
+} cpu_ctx;
+
+/* ---- the session state ----------------------------------------------------------------------- */
+typedef struct {
+    int max_ctx;
+    int position;
+    float **k_cache, **v_cache; /* per layer: [max_ctx, n_kv_heads * head_dim] (full-attention layers) */
+    float **conv_state;         /* per layer: [K - 1, conv_dim] last pre-conv rows, oldest first (GDN) */
+    float **recurrent_state;    /* per layer: [Hv, dk, dv] fp32 (GDN) */
+    float *attn_scores;         /* [n_threads, max_ctx] scratch */
+} cpu_state;
+
+/* ---- matmul.c ---------------------------------------------------------------------------------- */
+/* Dequantize (or widen) rows [row0, row0 + n_rows) of expert `expert` (0 for 2-D) of w into
+ * out [n_rows, cols] fp32, exactly: float(scale) * q + float(bias) (MODEL.md §3). */
+void cpu_dequant_rows(const lily_tensor *w, int64_t expert, int64_t row0, int n_rows, float *out);
+
+/* y[n, rows] = x[n, cols] · W[expert]ᵀ with W any lily_tensor (F32/F16/BF16 or 4/8-bit affine), fp32
+ * accumulation. Work is split over output rows; each block of weight rows is dequantized once and
+ * reused for all n token rows. */
+void cpu_matmul_expert(lily_threadpool *pool, const lily_tensor *w, int64_t expert, const float *x, int n,
+                       float *y);
+/* The 2-D case: y[n, rows] = x[n, cols] · Wᵀ. */
+void cpu_matmul(lily_threadpool *pool, const lily_tensor *w, const float *x, int n, float *y);
+
+/* ---- norm_rope.c ------------------------------------------------------------------------------- */
+/* out[t] = x[t] * rsqrt(mean(x[t]²) + eps) * weight, per row of dim, in fp32 (in place allowed).
+ * weight is the effective weight (1 + w already formed for zero-centred norms). */
+void cpu_rmsnorm(const float *x, const float *weight, int n_rows, int dim, float eps, float *out);
+/* inv_freq[i] = theta^(-2i/rotary_dim), i < rotary_dim / 2, computed in fp32 as transformers does. */
+void cpu_rope_inv_freq(int rotary_dim, float theta, float *inv_freq);
+/* Rotate-half RoPE in place on the first rotary_dim dims of each head of x [n_tokens, n_heads,
+ * head_dim] (row stride `stride` floats between tokens); token t is at position pos0 + t. */
+void cpu_rope(float *x, int n_tokens, int stride, int n_heads, int head_dim, int rotary_dim, int pos0,
+              const float *inv_freq);
+static inline float cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- attention.c ------------------------------------------------------------------------------- */
+/* Gated full attention of one layer (MODEL.md §4.3) for n tokens at st->position:
+ * x [n, hidden] (normed) -> out [n, hidden]; appends k, v to the layer's KV cache. */
+void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out);
+
+/* ---- gated_deltanet.c -------------------------------------------------------------------------- */
+typedef struct {
+    int n_key_heads, n_value_heads; /* Hk, Hv: value head j reads key head j / (Hv / Hk) */
+    int key_head_dim, value_head_dim; /* dk, dv */
+} cpu_gdn_dims;
+
+/* Floats of per-thread scratch cpu_gdn_delta_rule_chunked() needs. */
+int64_t cpu_gdn_chunk_scratch_floats(const cpu_gdn_dims *d);
+
+/* The gated delta rule for n tokens of value head `head`, updating its state in place.
+ * q, k: [n] rows of dk at q + t * qk_stride (q L2-normed and scaled by dk^-1/2, k L2-normed)
+ * v: [n] rows of dv at v + t * v_stride;  g: log-decay, beta: [n] at g[t * gb_stride]
+ * state: [dk, dv] fp32;  out: [n] rows of dv at out + t * out_stride.
+ * Chunked: transformers torch_chunk_gated_delta_rule, chunk 64 (MODEL.md §4.4 step 8); scratch is
+ * cpu_gdn_chunk_scratch_floats() floats. Recurrent: torch_recurrent_gated_delta_rule (step 7). */
+void cpu_gdn_delta_rule_chunked(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                float *state, float *out, int out_stride, float *scratch);
+void cpu_gdn_delta_rule_recurrent(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                  const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                  float *state, float *out, int out_stride);
+
+/* Gated DeltaNet of one layer (MODEL.md §4.4) for n tokens: x [n, hidden] (normed) -> out [n, hidden];
+ * updates the layer's conv and recurrent state. */
+void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out);
+
+/* ---- moe.c ------------------------------------------------------------------------------------- */
+/* Router top-k for n rows of probabilities [n, n_experts]: ids [n, k] by descending probability (ties:
+ * lower expert id first) and weights [n, k] renormalised to sum 1 when `renormalize`. */
+void cpu_moe_top_k(const float *probs, int n, int n_experts, int k, bool renormalize, int *ids, float *weights);
+
+/* Sparse MoE block of one layer (MODEL.md §4.5): x [n, hidden] (normed) -> out [n, hidden]. */
+void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out);
+
+#endif

@@ -1,0 +1,278 @@
+/* gated_deltanet.c — CPU Gated DeltaNet layer (MODEL.md §4.4), exact mode, fp32 throughout.
+ *
+ * Owns: the causal depthwise conv (K taps, SiLU) with its K-1 row state, the q/k L2 norm, the gates
+ * g = -exp(A_log) · softplus(a + dt_bias) and beta = sigmoid(b), the gated delta rule (chunked, chunk
+ * 64, for n > 1 exactly as transformers' torch_chunk_gated_delta_rule; recurrent for n == 1) and the
+ * gated RMSNorm with SiLU(z). Does not own: the projections (matmul.c) or the state memory (the state).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "cpu_internal.h"
+
+#define GDN_CHUNK 64
+
+int64_t cpu_gdn_chunk_scratch_floats(const cpu_gdn_dims *d)
+{
+    const int64_t C = GDN_CHUNK, dk = d->key_head_dim, dv = d->value_head_dim;
+    /* T, attn [C, C]; gamma, row [C]; k_beta, w [C, dk]; v_beta, u, v_new [C, dv] */
+    return 2 * C * C + 2 * C + 2 * C * dk + 3 * C * dv;
+}
+
+void cpu_gdn_delta_rule_recurrent(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                  const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                  float *state, float *out, int out_stride)
+{
+    for (int t = 0; t < n; t++) {
+        const float *qt = q + (int64_t)t * qk_stride, *kt = k + (int64_t)t * qk_stride;
+        const float *vt = v + (int64_t)t * v_stride;
+        const float decay = expf(g[(int64_t)t * gb_stride]), bt = beta[(int64_t)t * gb_stride];
+        float *o = out + (int64_t)t * out_stride; /* holds kv_mem, then delta, then the output */
+        for (int64_t i = 0; i < (int64_t)dk * dv; i++)
+            state[i] *= decay;
+        memset(o, 0, (size_t)dv * sizeof(float));
+        for (int a = 0; a < dk; a++) {
+            const float *row = state + (int64_t)a * dv;
+            for (int b = 0; b < dv; b++)
+                o[b] += row[b] * kt[a];
+        }
+        for (int b = 0; b < dv; b++)
+            o[b] = (vt[b] - o[b]) * bt;
+        for (int a = 0; a < dk; a++) {
+            float *row = state + (int64_t)a * dv;
+            for (int b = 0; b < dv; b++)
+                row[b] += kt[a] * o[b];
+        }
+        memset(o, 0, (size_t)dv * sizeof(float));
+        for (int a = 0; a < dk; a++) {
+            const float *row = state + (int64_t)a * dv;
+            for (int b = 0; b < dv; b++)
+                o[b] += row[b] * qt[a];
+        }
+    }
+}
+
+static float dot_f32(const float *a, const float *b, int n)
+{
+    float s = 0;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+void cpu_gdn_delta_rule_chunked(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                float *state, float *out, int out_stride, float *scratch)
+{
+    const int C = GDN_CHUNK;
+    float *T = scratch;                   /* [C, C] (I + A)^-1, unit lower triangular */
+    float *attn = T + C * C;              /* [C, C] (Q Kᵀ) ⊙ D, lower triangular with the diagonal */
+    float *gamma = attn + C * C;          /* [C] cumulative log-decay within the chunk */
+    float *row = gamma + C;               /* [C] */
+    float *k_beta = row + C;              /* [C, dk] */
+    float *w = k_beta + (int64_t)C * dk;  /* [C, dk] W = T (β ⊙ exp(γ) ⊙ K) */
+    float *v_beta = w + (int64_t)C * dk;  /* [C, dv] */
+    float *u = v_beta + (int64_t)C * dv;  /* [C, dv] U = T (β ⊙ V) */
+    float *v_new = u + (int64_t)C * dv;   /* [C, dv] V' = U - W S */
+
+    /* Padded rows of the reference (zero q, k, v, β, g) change nothing for the real rows, so each chunk
+     * simply stops at its last real row; γ of the padded tail equals γ of the last real row. */
+    for (int t0 = 0; t0 < n; t0 += C) {
+        const int L = LILY_MIN(C, n - t0);
+#define Q(i) (q + (int64_t)(t0 + (i)) * qk_stride)
+#define K(i) (k + (int64_t)(t0 + (i)) * qk_stride)
+#define V(i) (v + (int64_t)(t0 + (i)) * v_stride)
+        for (int i = 0; i < L; i++) {
+            const float gi = g[(int64_t)(t0 + i) * gb_stride], bi = beta[(int64_t)(t0 + i) * gb_stride];
+            gamma[i] = (i ? gamma[i - 1] : 0.0f) + gi;
+            for (int a = 0; a < dk; a++)
+                k_beta[(int64_t)i * dk + a] = K(i)[a] * bi;
+            for (int b = 0; b < dv; b++)
+                v_beta[(int64_t)i * dv + b] = V(i)[b] * bi;
+        }
+        /* T starts as -A: -(β_i k_i·k_j) D_ij below the diagonal */
+        for (int i = 0; i < L; i++)
+            for (int j = 0; j < L; j++)
+                T[i * C + j] = j < i ? -(dot_f32(k_beta + (int64_t)i * dk, K(j), dk) * expf(gamma[i] - gamma[j])) : 0.0f;
+        /* forward substitution, row by row as the reference does: T[i,:i] += Σ_m T[i,m] T[m,:i] */
+        for (int i = 1; i < L; i++) {
+            for (int j = 0; j < i; j++)
+                row[j] = T[i * C + j];
+            for (int j = 0; j < i; j++) {
+                float s = 0;
+                for (int m = 0; m < i; m++)
+                    s += row[m] * T[m * C + j];
+                T[i * C + j] = row[j] + s;
+            }
+        }
+        for (int i = 0; i < L; i++)
+            T[i * C + i] = 1.0f;
+        /* U = T (β ⊙ V), W = T (β ⊙ exp(γ) ⊙ K) */
+        for (int i = 0; i < L; i++) {
+            float *ui = u + (int64_t)i * dv, *wi = w + (int64_t)i * dk;
+            memset(ui, 0, (size_t)dv * sizeof(float));
+            memset(wi, 0, (size_t)dk * sizeof(float));
+            for (int j = 0; j <= i; j++) {
+                const float tij = T[i * C + j], eg = expf(gamma[j]);
+                for (int b = 0; b < dv; b++)
+                    ui[b] += tij * v_beta[(int64_t)j * dv + b];
+                for (int a = 0; a < dk; a++)
+                    wi[a] += tij * (k_beta[(int64_t)j * dk + a] * eg);
+            }
+        }
+        /* intra-chunk attention (Q Kᵀ) ⊙ D, diagonal included */
+        for (int i = 0; i < L; i++)
+            for (int j = 0; j <= i; j++)
+                attn[i * C + j] = dot_f32(Q(i), K(j), dk) * expf(gamma[i] - gamma[j]);
+        /* V' = U - W S */
+        for (int i = 0; i < L; i++) {
+            float *vn = v_new + (int64_t)i * dv;
+            memcpy(vn, u + (int64_t)i * dv, (size_t)dv * sizeof(float));
+            const float *wi = w + (int64_t)i * dk;
+            for (int b = 0; b < dv; b++) {
+                float s = 0;
+                for (int a = 0; a < dk; a++)
+                    s += wi[a] * state[(int64_t)a * dv + b];
+                vn[b] -= s;
+            }
+        }
+        /* O = (exp(γ) ⊙ Q) S + attn V' */
+        for (int i = 0; i < L; i++) {
+            float *o = out + (int64_t)(t0 + i) * out_stride;
+            const float eg = expf(gamma[i]);
+            for (int b = 0; b < dv; b++) {
+                float s = 0;
+                for (int a = 0; a < dk; a++)
+                    s += (Q(i)[a] * eg) * state[(int64_t)a * dv + b];
+                o[b] = s;
+            }
+            for (int b = 0; b < dv; b++) {
+                float s = 0;
+                for (int j = 0; j <= i; j++)
+                    s += attn[i * C + j] * v_new[(int64_t)j * dv + b];
+                o[b] += s;
+            }
+        }
+        /* S = exp(γ_last) S + (exp(γ_last - γ) ⊙ K)ᵀ V' */
+        const float g_last = gamma[L - 1], e_last = expf(g_last);
+        for (int a = 0; a < dk; a++) {
+            float *srow = state + (int64_t)a * dv;
+            for (int b = 0; b < dv; b++) {
+                float s = 0;
+                for (int i = 0; i < L; i++)
+                    s += (K(i)[a] * expf(g_last - gamma[i])) * v_new[(int64_t)i * dv + b];
+                srow[b] = srow[b] * e_last + s;
+            }
+        }
+#undef Q
+#undef K
+#undef V
+    }
+}
+
+typedef struct {
+    cpu_ctx *c;
+    float *recurrent_state; /* [Hv, dk, dv] */
+    int n;
+} delta_rule_job;
+
+static void delta_rule_head_task(void *arg, int hv, int thread)
+{
+    const delta_rule_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    const int Hk = cfg->gdn_n_key_heads, Hv = cfg->gdn_n_value_heads;
+    const int dk = cfg->gdn_key_head_dim, dv = cfg->gdn_value_head_dim;
+    const int key_dim = Hk * dk, conv_dim = lily_config_gdn_conv_dim(cfg), value_dim = Hv * dv;
+    const int hk = hv / (Hv / Hk);
+    const float *conv = j->c->gdn_conv;
+    const float *q = conv + (int64_t)hk * dk, *k = conv + key_dim + (int64_t)hk * dk;
+    const float *v = conv + 2 * key_dim + (int64_t)hv * dv;
+    float *state = j->recurrent_state + (int64_t)hv * dk * dv;
+    float *out = j->c->gdn_o + (int64_t)hv * dv;
+    if (j->n == 1)
+        cpu_gdn_delta_rule_recurrent(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n,
+                                     dk, dv, state, out, value_dim);
+    else
+        cpu_gdn_delta_rule_chunked(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n, dk,
+                                   dv, state, out, value_dim,
+                                   j->c->gdn_chunk_scratch + (int64_t)thread * j->c->gdn_chunk_scratch_floats);
+}
+
+/* Causal depthwise conv over the pre-conv rows `mixed` [n, C] preceded by `conv_state` [K-1, C], then SiLU;
+ * the state becomes the last K-1 rows of concat(conv_state, mixed). weight: [C, K], tap K-1 = current token. */
+static void causal_conv_silu(const float *mixed, int n, int channels, int K, const float *weight, float *conv_state,
+                             float *y)
+{
+    const int hist = K - 1;
+    for (int t = 0; t < n; t++) {
+        for (int c = 0; c < channels; c++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++) {
+                const int r = t - hist + j; /* row of mixed; < 0 reads the state */
+                const float xv = r >= 0 ? mixed[(int64_t)r * channels + c] : conv_state[(int64_t)(hist + r) * channels + c];
+                acc += weight[(int64_t)c * K + j] * xv;
+            }
+            y[(int64_t)t * channels + c] = cpu_silu(acc);
+        }
+    }
+    if (n >= hist) {
+        memcpy(conv_state, mixed + (int64_t)(n - hist) * channels, (size_t)hist * channels * sizeof(float));
+    } else {
+        memmove(conv_state, conv_state + (int64_t)n * channels, (size_t)(hist - n) * channels * sizeof(float));
+        memcpy(conv_state + (int64_t)(hist - n) * channels, mixed, (size_t)n * channels * sizeof(float));
+    }
+}
+
+static void l2norm_inplace(float *x, int dim, float scale)
+{
+    float s = 0;
+    for (int i = 0; i < dim; i++)
+        s += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(s + 1e-6f);
+    for (int i = 0; i < dim; i++)
+        x[i] = (x[i] * inv) * scale;
+}
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out)
+{
+    const lily_config *cfg = c->cfg;
+    const lily_layer_weights *lw = &c->w->layers[layer];
+    const cpu_layer_params *lp = &c->layers[layer];
+    const int Hk = cfg->gdn_n_key_heads, Hv = cfg->gdn_n_value_heads;
+    const int dk = cfg->gdn_key_head_dim, dv = cfg->gdn_value_head_dim;
+    const int key_dim = Hk * dk, value_dim = Hv * dv, conv_dim = lily_config_gdn_conv_dim(cfg);
+
+    cpu_matmul(c->pool, &lw->in_proj_qkv, x, n, c->gdn_mixed);
+    cpu_matmul(c->pool, &lw->in_proj_z, x, n, c->gdn_z);
+    cpu_matmul(c->pool, &lw->in_proj_b, x, n, c->gdn_b);
+    cpu_matmul(c->pool, &lw->in_proj_a, x, n, c->gdn_a);
+
+    causal_conv_silu(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, lp->conv1d, st->conv_state[layer], c->gdn_conv);
+
+    const float q_scale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < n; t++) {
+        float *row = c->gdn_conv + (int64_t)t * conv_dim;
+        for (int h = 0; h < Hk; h++) {
+            l2norm_inplace(row + (int64_t)h * dk, dk, q_scale);
+            l2norm_inplace(row + key_dim + (int64_t)h * dk, dk, 1.0f);
+        }
+        for (int h = 0; h < Hv; h++) {
+            const int64_t i = (int64_t)t * Hv + h;
+            c->gdn_beta[i] = cpu_sigmoid(c->gdn_b[i]);
+            c->gdn_g[i] = lp->neg_exp_A[h] * softplus(c->gdn_a[i] + lp->dt_bias[h]);
+        }
+    }
+
+    delta_rule_job job = {c, st->recurrent_state[layer], n};
+    parallel_for(c->pool, Hv, delta_rule_head_task, &job);
+
+    /* gated RMSNorm per (token, value head): (w ⊙ RMS(o)) ⊙ silu(z) */
+    cpu_rmsnorm(c->gdn_o, lp->gdn_norm, n * Hv, dv, cfg->rms_norm_eps, c->gdn_o);
+    for (int64_t i = 0; i < (int64_t)n * value_dim; i++)
+        c->gdn_o[i] *= cpu_silu(c->gdn_z[i]);
+
+    cpu_matmul(c->pool, &lw->out_proj, c->gdn_o, n, out);
+}

@@ -1,0 +1,141 @@
+/* matmul.c — CPU linear layers in exact mode: y = x · Wᵀ for any lily_tensor (MODEL.md §3, §4).
+ *
+ * Owns: exact dequantization of weight rows (plain F32/F16/BF16 widened; MLX affine 4/8-bit as
+ * float(scale) * q + float(bias)) and the row-blocked matmul that reuses each dequantized block of
+ * weight rows for every token row of the call. Work is split over output rows across the thread pool.
+ */
+#include <string.h>
+
+#include "base/base.h"
+#include "cpu_internal.h"
+
+/* Floats of dequantized weights one task holds (on its stack): 64 KiB; bounds the input dim. */
+#define MATMUL_BLOCK_FLOATS 16384
+
+static const uint8_t *row_ptr(const void *base, int64_t stride_bytes, int64_t physical_row)
+{
+    return (const uint8_t *)base + physical_row * stride_bytes;
+}
+
+static void dequant_row_quantized(const lily_tensor *w, int64_t prow, int64_t cols, float *out)
+{
+    const uint8_t *words = row_ptr(w->data, w->row_bytes, prow);
+    const uint8_t *scales = row_ptr(w->scales, w->scale_row_bytes, prow);
+    const uint8_t *biases = row_ptr(w->biases, w->scale_row_bytes, prow);
+    const int bits = w->bits;
+    const int per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int group = w->group_size;
+    const int64_t n_groups = cols / group;
+    for (int64_t g = 0; g < n_groups; g++) {
+        const float s = lily_load_f32(scales, w->scale_dtype, g);
+        const float b = lily_load_f32(biases, w->scale_dtype, g);
+        float *o = out + g * group;
+        const uint8_t *gw = words + (size_t)(g * group / per_word) * 4;
+        for (int m = 0; m < group / per_word; m++) {
+            uint32_t word;
+            memcpy(&word, gw + 4 * m, 4); /* files are little-endian, as is every supported host */
+            for (int j = 0; j < per_word; j++)
+                o[m * per_word + j] = s * (float)((word >> (bits * j)) & mask) + b;
+        }
+    }
+}
+
+void cpu_dequant_rows(const lily_tensor *w, int64_t expert, int64_t row0, int n_rows, float *out)
+{
+    const int64_t cols = lily_tensor_cols(w);
+    const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
+    for (int r = 0; r < n_rows; r++) {
+        const int64_t prow = base + row0 + r;
+        float *o = out + (int64_t)r * cols;
+        if (w->bits) {
+            dequant_row_quantized(w, prow, cols, o);
+            continue;
+        }
+        const uint8_t *src = row_ptr(w->data, w->row_bytes, prow);
+        switch (w->dtype) {
+        case LILY_DTYPE_F32:
+            memcpy(o, src, (size_t)cols * sizeof(float));
+            break;
+        case LILY_DTYPE_BF16:
+            for (int64_t i = 0; i < cols; i++) {
+                uint16_t h;
+                memcpy(&h, src + 2 * i, 2);
+                o[i] = lily_bf16_to_f32(h);
+            }
+            break;
+        case LILY_DTYPE_F16:
+            for (int64_t i = 0; i < cols; i++) {
+                uint16_t h;
+                memcpy(&h, src + 2 * i, 2);
+                o[i] = lily_f16_to_f32(h);
+            }
+            break;
+        default:
+            LILY_ASSERT(!"matmul: unsupported weight dtype");
+        }
+    }
+}
+
+/* fp32 dot product with 8 independent partial sums (vectorizable, and closer to the pairwise sums
+ * of the reference BLAS than one running sum). */
+static float dot(const float *a, const float *b, int64_t n)
+{
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float tail = 0;
+    for (; i < n; i++)
+        tail += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+typedef struct {
+    const lily_tensor *w;
+    int64_t expert;
+    const float *x;
+    int n;
+    float *y;
+    int64_t rows, cols;
+    int block_rows;
+} matmul_job;
+
+static void matmul_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const matmul_job *j = arg;
+    float wbuf[MATMUL_BLOCK_FLOATS];
+    const int64_t row0 = (int64_t)task * j->block_rows;
+    const int nr = (int)LILY_MIN((int64_t)j->block_rows, j->rows - row0);
+    cpu_dequant_rows(j->w, j->expert, row0, nr, wbuf);
+    for (int t = 0; t < j->n; t++) {
+        const float *xt = j->x + (int64_t)t * j->cols;
+        float *yt = j->y + (int64_t)t * j->rows + row0;
+        for (int r = 0; r < nr; r++)
+            yt[r] = dot(xt, wbuf + (int64_t)r * j->cols, j->cols);
+    }
+}
+
+void cpu_matmul_expert(lily_threadpool *pool, const lily_tensor *w, int64_t expert, const float *x, int n,
+                       float *y)
+{
+    const int64_t rows = lily_tensor_rows(w), cols = lily_tensor_cols(w);
+    LILY_ASSERT(cols <= MATMUL_BLOCK_FLOATS);
+    LILY_ASSERT(w->ndim == 3 ? expert >= 0 && expert < w->shape[0] : expert == 0);
+    int block_rows = (int)(MATMUL_BLOCK_FLOATS / cols);
+    if (block_rows > 64)
+        block_rows = 64;
+    /* keep every thread busy on small matrices (decode): at least ~4 tasks per thread */
+    const int threads = lily_threadpool_size(pool);
+    while (block_rows > 1 && (rows + block_rows - 1) / block_rows < 4 * threads)
+        block_rows /= 2;
+    matmul_job job = {w, expert, x, n, y, rows, cols, block_rows};
+    parallel_for(pool, (int)((rows + block_rows - 1) / block_rows), matmul_task, &job);
+}
+
+void cpu_matmul(lily_threadpool *pool, const lily_tensor *w, const float *x, int n, float *y)
+{
+    cpu_matmul_expert(pool, w, 0, x, n, y);
+}

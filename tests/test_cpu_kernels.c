@@ -1,0 +1,331 @@
+/* test_cpu_kernels.c — the CPU backend's kernels on small random inputs: thread pool, exact dequant +
+ * matmul for every weight kind (4/8-bit affine with negative scales, bf16, f16, f32), the chunked gated
+ * delta rule against the recurrent rule, and router top-k tie breaking. */
+#include "test_support.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "base/dtype.h"
+
+static uint32_t rng_state = 12345;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return (float)((rng_state >> 8) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+/* ---- thread pool ---- */
+typedef struct {
+    int *hits;
+} pool_job;
+static void count_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    __atomic_fetch_add(&((pool_job *)arg)->hits[task], 1, __ATOMIC_RELAXED);
+}
+
+static void test_parallel_for_runs_every_task_once(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(3, &pool, &err), LILY_OK);
+    assert_int_equal(lily_threadpool_size(pool), 3);
+    for (int round = 0; round < 50; round++) {
+        int n = 1 + round * 7;
+        int *hits = calloc((size_t)n, sizeof(int));
+        pool_job job = {hits};
+        parallel_for(pool, n, count_task, &job);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(hits[i], 1);
+        free(hits);
+    }
+    lily_threadpool_destroy(pool);
+}
+
+/* ---- dequant + matmul ---- */
+
+/* A quantized [rows, cols] tensor from known q, scales and biases (bf16). */
+typedef struct {
+    lily_tensor t;
+    uint32_t *words;
+    uint16_t *scales, *biases;
+    float *dense; /* the exact dequantized values */
+} qtensor;
+
+static qtensor make_quantized(int rows, int cols, int bits, int n_experts)
+{
+    qtensor q;
+    memset(&q, 0, sizeof q);
+    const int group = 64, per_word = 32 / bits, words_per_row = cols / per_word, groups = cols / group;
+    const int prow = rows * (n_experts ? n_experts : 1);
+    q.words = calloc((size_t)prow * words_per_row, 4);
+    q.scales = calloc((size_t)prow * groups, 2);
+    q.biases = calloc((size_t)prow * groups, 2);
+    q.dense = calloc((size_t)prow * cols, sizeof(float));
+    for (int r = 0; r < prow; r++) {
+        for (int g = 0; g < groups; g++) {
+            /* alternate signs: negative scales are legal (MODEL.md §3) */
+            q.scales[r * groups + g] = lily_f32_to_bf16((g + r) % 2 ? -0.03125f * (1 + frand()) : 0.02f * (1.5f + frand()));
+            q.biases[r * groups + g] = lily_f32_to_bf16(0.5f * frand());
+        }
+        for (int col = 0; col < cols; col++) {
+            uint32_t v = (uint32_t)(rng_state = rng_state * 1664525u + 1013904223u) >> 24;
+            v &= (1u << bits) - 1u;
+            q.words[(size_t)r * words_per_row + col / per_word] |= v << (bits * (col % per_word));
+            const int g = col / group;
+            q.dense[(size_t)r * cols + col] =
+                lily_bf16_to_f32(q.scales[r * groups + g]) * (float)v + lily_bf16_to_f32(q.biases[r * groups + g]);
+        }
+    }
+    lily_tensor *t = &q.t;
+    t->name = "test.weight";
+    t->data = q.words;
+    t->dtype = LILY_DTYPE_U32;
+    t->ndim = n_experts ? 3 : 2;
+    if (n_experts) {
+        t->shape[0] = n_experts; t->shape[1] = rows; t->shape[2] = cols;
+    } else {
+        t->shape[0] = rows; t->shape[1] = cols;
+    }
+    t->bits = bits;
+    t->group_size = group;
+    t->scales = q.scales;
+    t->biases = q.biases;
+    t->scale_dtype = LILY_DTYPE_BF16;
+    t->expert_stride = rows;
+    t->row_bytes = (int64_t)words_per_row * 4;
+    t->scale_row_bytes = (int64_t)groups * 2;
+    return q;
+}
+
+static void free_quantized(qtensor *q)
+{
+    free(q->words); free(q->scales); free(q->biases); free(q->dense);
+}
+
+/* y = x · Wᵀ in double from dense [rows, cols] */
+static void naive_matmul(const float *x, int n, const float *w, int rows, int cols, float *y)
+{
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (int c = 0; c < cols; c++)
+                s += (double)x[t * cols + c] * w[(size_t)r * cols + c];
+            y[t * rows + r] = (float)s;
+        }
+}
+
+static void check_matmul(lily_threadpool *pool, const lily_tensor *t, int64_t expert, const float *dense_expert, int n)
+{
+    const int rows = (int)lily_tensor_rows(t), cols = (int)lily_tensor_cols(t);
+    float *x = malloc(sizeof(float) * n * cols), *y = malloc(sizeof(float) * n * rows), *ref = malloc(sizeof(float) * n * rows);
+    for (int i = 0; i < n * cols; i++)
+        x[i] = frand();
+    for (int i = 0; i < n * rows; i++)
+        y[i] = NAN; /* poison */
+    cpu_matmul_expert(pool, t, expert, x, n, y);
+    naive_matmul(x, n, dense_expert, rows, cols, ref);
+    float worst = test_max_abs_diff(y, ref, (size_t)n * rows);
+    if (worst > 1e-4f)
+        print_error("matmul %s bits=%d n=%d: max |Δ| %g\n", t->name, t->bits, n, worst);
+    assert_true(worst <= 1e-4f);
+    free(x); free(y); free(ref);
+}
+
+static void test_dequant_and_matmul_quantized(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
+    for (int bits = 4; bits <= 8; bits += 4) {
+        qtensor q = make_quantized(37, 192, bits, 0);
+        float *row = malloc(sizeof(float) * 3 * 192);
+        cpu_dequant_rows(&q.t, 0, 5, 3, row);
+        for (int i = 0; i < 3 * 192; i++)
+            assert_true(row[i] == q.dense[5 * 192 + i]); /* bit-exact */
+        free(row);
+        for (int n = 1; n <= 9; n += 4)
+            check_matmul(pool, &q.t, 0, q.dense, n);
+        free_quantized(&q);
+        /* 3-D experts: expert 2 of 3 */
+        qtensor e = make_quantized(20, 128, bits, 3);
+        check_matmul(pool, &e.t, 2, e.dense + 2 * 20 * 128, 3);
+        free_quantized(&e);
+    }
+    lily_threadpool_destroy(pool);
+}
+
+static void test_matmul_plain_dtypes(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
+    const int rows = 33, cols = 80;
+    float *dense = malloc(sizeof(float) * rows * cols);
+    uint16_t *half = malloc(2 * rows * cols);
+    float *f32 = malloc(sizeof(float) * rows * cols);
+    for (int i = 0; i < rows * cols; i++)
+        f32[i] = frand();
+    lily_tensor t = {.name = "plain", .ndim = 2, .shape = {rows, cols}};
+    /* bf16 */
+    for (int i = 0; i < rows * cols; i++) {
+        half[i] = lily_f32_to_bf16(f32[i]);
+        dense[i] = lily_bf16_to_f32(half[i]);
+    }
+    t.data = half; t.dtype = LILY_DTYPE_BF16; t.row_bytes = 2 * cols;
+    check_matmul(pool, &t, 0, dense, 4);
+    /* f16: values k/1024 are exact in half precision */
+    for (int i = 0; i < rows * cols; i++) {
+        int k = (int)(f32[i] * 1024);
+        dense[i] = (float)k / 1024.0f;
+        /* encode: sign, exponent, mantissa via float -> half for these exact values */
+        float v = fabsf(dense[i]);
+        uint16_t h = 0;
+        if (v != 0) {
+            int e;
+            float m = frexpf(v, &e); /* v = m * 2^e, m in [0.5, 1) */
+            int he = e - 1 + 15;
+            if (he <= 0) /* subnormal */
+                h = (uint16_t)lrintf(v * 16777216.0f);
+            else
+                h = (uint16_t)((he << 10) | ((int)lrintf((m * 2 - 1) * 1024) & 0x3ff));
+        }
+        half[i] = (uint16_t)(h | (dense[i] < 0 ? 0x8000 : 0));
+        assert_true(lily_f16_to_f32(half[i]) == dense[i]);
+    }
+    t.dtype = LILY_DTYPE_F16;
+    check_matmul(pool, &t, 0, dense, 2);
+    /* f32 */
+    t.data = f32; t.dtype = LILY_DTYPE_F32; t.row_bytes = 4 * cols;
+    check_matmul(pool, &t, 0, f32, 3);
+    free(dense); free(half); free(f32);
+    lily_threadpool_destroy(pool);
+}
+
+/* ---- gated delta rule ---- */
+
+typedef struct {
+    int n, dk, dv;
+    float *q, *k, *v, *g, *beta;
+} gdn_inputs;
+
+static void l2n(float *x, int d, float scale)
+{
+    float s = 0;
+    for (int i = 0; i < d; i++)
+        s += x[i] * x[i];
+    for (int i = 0; i < d; i++)
+        x[i] = x[i] / sqrtf(s + 1e-6f) * scale;
+}
+
+static gdn_inputs make_gdn_inputs(int n, int dk, int dv)
+{
+    gdn_inputs in = {n, dk, dv, malloc(sizeof(float) * n * dk), malloc(sizeof(float) * n * dk),
+                     malloc(sizeof(float) * n * dv), malloc(sizeof(float) * n), malloc(sizeof(float) * n)};
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < dk; i++) {
+            in.q[t * dk + i] = frand();
+            in.k[t * dk + i] = frand();
+        }
+        l2n(in.q + t * dk, dk, 1.0f / sqrtf((float)dk));
+        l2n(in.k + t * dk, dk, 1.0f);
+        for (int i = 0; i < dv; i++)
+            in.v[t * dv + i] = 2 * frand();
+        in.g[t] = -0.5f * (1.0f + frand()); /* log decay in (-1, 0] */
+        in.beta[t] = 0.5f + 0.5f * frand();
+    }
+    return in;
+}
+
+static void free_gdn_inputs(gdn_inputs *in)
+{
+    free(in->q); free(in->k); free(in->v); free(in->g); free(in->beta);
+}
+
+static void test_gdn_chunked_matches_recurrent(void **state)
+{
+    (void)state;
+    const int dk = 16, dv = 24;
+    const int lengths[] = {2, 5, 63, 64, 65, 130};
+    cpu_gdn_dims d = {1, 1, dk, dv};
+    float *scratch = malloc(sizeof(float) * (size_t)cpu_gdn_chunk_scratch_floats(&d));
+    for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+        const int n = lengths[li];
+        gdn_inputs in = make_gdn_inputs(n, dk, dv);
+        float *s_chunk = calloc((size_t)dk * dv, sizeof(float)), *s_rec = calloc((size_t)dk * dv, sizeof(float));
+        /* a non-zero initial state, as a continuation chunk has */
+        for (int i = 0; i < dk * dv; i++)
+            s_chunk[i] = s_rec[i] = 0.3f * frand();
+        float *o_chunk = malloc(sizeof(float) * n * dv), *o_rec = malloc(sizeof(float) * n * dv);
+        cpu_gdn_delta_rule_chunked(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_chunk, o_chunk, dv, scratch);
+        cpu_gdn_delta_rule_recurrent(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_rec, o_rec, dv);
+        float dout = test_max_abs_diff(o_chunk, o_rec, (size_t)n * dv);
+        float dstate = test_max_abs_diff(s_chunk, s_rec, (size_t)dk * dv);
+        if (dout > 2e-5f || dstate > 2e-5f)
+            print_error("n=%d: output max |Δ| %g, state max |Δ| %g\n", n, dout, dstate);
+        assert_true(dout <= 2e-5f && dstate <= 2e-5f);
+        free(s_chunk); free(s_rec); free(o_chunk); free(o_rec);
+        free_gdn_inputs(&in);
+    }
+    free(scratch);
+}
+
+/* ---- router ---- */
+
+static void test_top_k_ties_lower_id_first(void **state)
+{
+    (void)state;
+    const float probs[2 * 6] = {0.1f, 0.25f, 0.05f, 0.25f, 0.25f, 0.1f, /* three-way tie */
+                                0.3f, 0.1f, 0.2f, 0.1f, 0.2f, 0.1f};
+    int ids[2 * 3];
+    float w[2 * 3];
+    cpu_moe_top_k(probs, 2, 6, 3, true, ids, w);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 3);
+    assert_int_equal(ids[2], 4);
+    assert_int_equal(ids[3], 0);
+    assert_int_equal(ids[4], 2);
+    assert_int_equal(ids[5], 4);
+    assert_float_equal(w[0] + w[1] + w[2], 1.0f, 1e-6f);
+    assert_float_equal(w[3], 0.3f / 0.7f, 1e-6f);
+}
+
+/* ---- RoPE ---- */
+
+static void test_rope_rotates_pairs_i_and_i_plus_half(void **state)
+{
+    (void)state;
+    const int head_dim = 8, rot = 4;
+    float inv_freq[2];
+    cpu_rope_inv_freq(rot, 10000.0f, inv_freq);
+    assert_float_equal(inv_freq[0], 1.0f, 0);
+    assert_float_equal(inv_freq[1], 0.01f, 1e-8f);
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    cpu_rope(x, 1, head_dim, 1, head_dim, rot, 3, inv_freq);
+    /* pair (0, 2) at angle 3, pair (1, 3) at angle 0.03; dims 4.. untouched */
+    assert_float_equal(x[0], 1 * cosf(3) - 3 * sinf(3), 1e-6f);
+    assert_float_equal(x[2], 3 * cosf(3) + 1 * sinf(3), 1e-6f);
+    assert_float_equal(x[1], 2 * cosf(0.03f) - 4 * sinf(0.03f), 1e-6f);
+    assert_float_equal(x[3], 4 * cosf(0.03f) + 2 * sinf(0.03f), 1e-6f);
+    assert_float_equal(x[4], 5, 0);
+    assert_float_equal(x[7], 8, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parallel_for_runs_every_task_once),
+        cmocka_unit_test(test_dequant_and_matmul_quantized),
+        cmocka_unit_test(test_matmul_plain_dtypes),
+        cmocka_unit_test(test_gdn_chunked_matches_recurrent),
+        cmocka_unit_test(test_top_k_ties_lower_id_first),
+        cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
