@@ -1,0 +1,78 @@
+/* engine.c — a loaded model: config + mapped checkpoint + bound weights + one backend (engine.h).
+ *
+ * Owns: the order of loading and its undoing on error. Does not own the sessions (session.c).
+ */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define LILY_DEFAULT_PREFILL_CHUNK 512
+
+lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out, lily_error *err)
+{
+    *out = NULL;
+    if (!opts || !opts->model_dir)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "engine: no model directory given");
+    if (opts->prefill_chunk < 0)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "engine: prefill chunk must be positive (got %d)",
+                              opts->prefill_chunk);
+    lily_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    e->model_dir = strdup(opts->model_dir);
+    if (!e->model_dir) {
+        free(e);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    }
+    e->prefill_chunk = opts->prefill_chunk > 0 ? opts->prefill_chunk : LILY_DEFAULT_PREFILL_CHUNK;
+
+    lily_status st = lily_config_load(opts->model_dir, &e->cfg, err);
+    if (st == LILY_OK) {
+        st = lily_checkpoint_open(opts->model_dir, &e->ckpt, err);
+        if (st != LILY_OK) {
+            free(e->model_dir);
+            free(e);
+            return st;
+        }
+    } else {
+        free(e->model_dir);
+        free(e);
+        return st;
+    }
+    st = lily_weights_bind(&e->cfg, &e->ckpt, &e->weights, err);
+    if (st != LILY_OK) {
+        lily_checkpoint_close(&e->ckpt);
+        free(e->model_dir);
+        free(e);
+        return st;
+    }
+    lily_backend_options bo = {
+        .n_threads = opts->n_threads,
+        .max_chunk = e->prefill_chunk,
+        .device = opts->device,
+        .debug_hook = opts->debug_hook,
+        .debug_user = opts->debug_user,
+    };
+    st = lily_backend_create(opts->backend ? opts->backend : "cpu", &e->cfg, &e->weights, &bo, &e->backend, err);
+    if (st != LILY_OK) {
+        lily_weights_free(&e->weights);
+        lily_checkpoint_close(&e->ckpt);
+        free(e->model_dir);
+        free(e);
+        return st;
+    }
+    *out = e;
+    return LILY_OK;
+}
+
+void lily_engine_close(lily_engine *e)
+{
+    if (!e)
+        return;
+    lily_backend_destroy(&e->backend);
+    lily_weights_free(&e->weights);
+    lily_checkpoint_close(&e->ckpt);
+    free(e->model_dir);
+    free(e);
+}
