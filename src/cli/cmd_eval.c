@@ -1,12 +1,343 @@
-/* cmd_eval.c — `lily eval`. Not implemented yet. */
+/* cmd_eval.c — `lily eval`: logits for given token ids, optionally compared with a reference.
+ *
+ *   lily eval --model DIR (--tokens 1,2,3 | --tokens-file F) [--decode-from K] [--prefill-chunk N]
+ *             [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]
+ *
+ * The first K tokens (all when --decode-from is absent) go through one prefill (chunked by
+ * --prefill-chunk), the rest one at a time through the decode path. --logits-out writes every
+ * position's logits as raw little-endian float32 [n_tokens, vocab]; --reference reads the same format
+ * and prints max |Δ|, mean |Δ|, top-1 agreement and mean KL(reference‖lily). Checks outside the test
+ * suite use this interface: keep it exactly as written.
+ */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "commands.h"
+#include "runtime/engine.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: lily eval --model DIR (--tokens 1,2,3 | --tokens-file F) [--decode-from K]\n"
+            "                 [--prefill-chunk N] [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]\n\n"
+            "Runs token ids through the model: the first K through one prefill, the rest one by one (decode).\n"
+            "  -m, --model DIR       model directory (config.json + *.safetensors)\n"
+            "  --tokens LIST         token ids separated by commas or spaces\n"
+            "  --tokens-file F       token ids in a file, separated by whitespace or commas\n"
+            "  --decode-from K       prefill the first K tokens, decode the rest one at a time (default: all prefill)\n"
+            "  --prefill-chunk N     at most N tokens per forward pass during prefill (default 512)\n"
+            "  --logits-out F        write all logits as raw little-endian float32 [n_tokens, vocab]\n"
+            "  --reference F         compare with reference logits (same format): max |Δ|, mean |Δ|, top-1, KL\n"
+            "  --backend NAME        cpu (default) or cuda\n"
+            "  --threads N           CPU threads (default: all cores)\n");
+}
+
+/* Parse ids separated by whitespace and/or commas. Returns 0 or -1 with a message on stderr. */
+static int parse_tokens(const char *text, int32_t **out, int *n_out)
+{
+    int cap = 64, n = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!ids)
+        return fprintf(stderr, "lily eval: out of memory\n"), -1;
+    const char *p = text;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX ||
+            (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' && *end != '\r')) {
+            fprintf(stderr, "lily eval: bad token id near \"%.20s\" (ids are non-negative integers)\n", p);
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *grown = realloc(ids, sizeof(int32_t) * (size_t)cap);
+            if (!grown) {
+                free(ids);
+                return fprintf(stderr, "lily eval: out of memory\n"), -1;
+            }
+            ids = grown;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    if (n == 0) {
+        free(ids);
+        fprintf(stderr, "lily eval: no token ids given\n");
+        return -1;
+    }
+    *out = ids;
+    *n_out = n;
+    return 0;
+}
+
+static char *read_text_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (len + 1 == cap) {
+            char *grown = realloc(buf, cap *= 2);
+            if (!grown) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = grown;
+        }
+    }
+    if (buf)
+        buf[len] = 0;
+    fclose(f);
+    return buf;
+}
+
+static int parse_int(const char *opt, const char *s, int min, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < min || v > INT32_MAX) {
+        fprintf(stderr, "lily eval: %s expects an integer >= %d, got \"%s\"\n", opt, min, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* log-softmax of one row into out (double) */
+static void log_softmax(const float *x, int n, double *out)
+{
+    double m = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < n; i++)
+        s += exp((double)x[i] - m);
+    const double lse = m + log(s);
+    for (int i = 0; i < n; i++)
+        out[i] = (double)x[i] - lse;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Compare [n, vocab] logits with the reference file; print the four numbers. */
+static int compare_reference(const char *path, const float *logits, int n, int vocab)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fprintf(stderr, "lily eval: cannot open reference %s: %s\n", path, strerror(errno)), 1;
+    const size_t count = (size_t)n * vocab;
+    float *ref = malloc(count * sizeof(float));
+    double *lp_ref = malloc(sizeof(double) * (size_t)vocab), *lp = malloc(sizeof(double) * (size_t)vocab);
+    if (!ref || !lp_ref || !lp) {
+        fclose(f);
+        free(ref); free(lp_ref); free(lp);
+        return fprintf(stderr, "lily eval: out of memory\n"), 1;
+    }
+    size_t got = fread(ref, sizeof(float), count, f);
+    int extra = fgetc(f);
+    fclose(f);
+    if (got != count || extra != EOF) {
+        fprintf(stderr, "lily eval: reference %s is not float32 [%d, %d] (%zu bytes expected)\n", path, n, vocab,
+                count * sizeof(float));
+        free(ref); free(lp_ref); free(lp);
+        return 1;
+    }
+    double max_abs = 0, sum_abs = 0, sum_kl = 0;
+    int agree = 0;
+    for (int t = 0; t < n; t++) {
+        const float *a = ref + (size_t)t * vocab, *b = logits + (size_t)t * vocab;
+        for (int i = 0; i < vocab; i++) {
+            double d = fabs((double)a[i] - (double)b[i]);
+            if (d > max_abs || d != d)
+                max_abs = d != d ? INFINITY : d;
+            sum_abs += d;
+        }
+        agree += argmax(a, vocab) == argmax(b, vocab);
+        log_softmax(a, vocab, lp_ref);
+        log_softmax(b, vocab, lp);
+        double kl = 0;
+        for (int i = 0; i < vocab; i++)
+            kl += exp(lp_ref[i]) * (lp_ref[i] - lp[i]);
+        sum_kl += kl;
+    }
+    printf("max |Δ|: %.6g\n", max_abs);
+    printf("mean |Δ|: %.6g\n", sum_abs / (double)count);
+    printf("top-1 agreement: %.4f (%d/%d)\n", (double)agree / n, agree, n);
+    printf("mean KL(reference‖lily): %.6g\n", sum_kl / n);
+    free(ref); free(lp_ref); free(lp);
+    return 0;
+}
 
 int cmd_eval(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lily eval: not implemented yet\n");
-    return 1;
+    const char *model = NULL, *tokens_arg = NULL, *tokens_file = NULL, *logits_out = NULL, *reference = NULL;
+    const char *backend = "cpu";
+    int decode_from = -1, prefill_chunk = 0, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        const char *opts[] = {"--model", "-m", "--tokens", "--tokens-file", "--decode-from", "--prefill-chunk",
+                              "--logits-out", "--reference", "--backend", "--threads"};
+        const char *value = NULL, *name = NULL;
+        for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) {
+            size_t len = strlen(opts[o]);
+            if (!strcmp(a, opts[o])) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, "lily eval: %s needs a value\n", a);
+                    return 2;
+                }
+                name = opts[o];
+                value = argv[++i];
+                break;
+            }
+            if (!strncmp(a, opts[o], len) && a[len] == '=' && opts[o][1] == '-') {
+                name = opts[o];
+                value = a + len + 1;
+                break;
+            }
+        }
+        if (!name) {
+            fprintf(stderr, "lily eval: unknown option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!strcmp(name, "--model") || !strcmp(name, "-m"))
+            model = value;
+        else if (!strcmp(name, "--tokens"))
+            tokens_arg = value;
+        else if (!strcmp(name, "--tokens-file"))
+            tokens_file = value;
+        else if (!strcmp(name, "--logits-out"))
+            logits_out = value;
+        else if (!strcmp(name, "--reference"))
+            reference = value;
+        else if (!strcmp(name, "--backend"))
+            backend = value;
+        else if (!strcmp(name, "--decode-from")) {
+            if (parse_int(name, value, 0, &decode_from))
+                return 2;
+        } else if (!strcmp(name, "--prefill-chunk")) {
+            if (parse_int(name, value, 1, &prefill_chunk))
+                return 2;
+        } else if (!strcmp(name, "--threads")) {
+            if (parse_int(name, value, 1, &threads))
+                return 2;
+        }
+    }
+    if (!model || (!tokens_arg == !tokens_file)) {
+        fprintf(stderr, "lily eval: needs --model and exactly one of --tokens / --tokens-file\n\n");
+        usage(stderr);
+        return 2;
+    }
+
+    int32_t *tokens = NULL;
+    int n = 0;
+    if (tokens_file) {
+        char *text = read_text_file(tokens_file);
+        if (!text) {
+            fprintf(stderr, "lily eval: cannot read %s: %s\n", tokens_file, strerror(errno));
+            return 1;
+        }
+        int rc = parse_tokens(text, &tokens, &n);
+        free(text);
+        if (rc)
+            return 2;
+    } else if (parse_tokens(tokens_arg, &tokens, &n)) {
+        return 2;
+    }
+    if (decode_from < 0)
+        decode_from = n;
+    if (decode_from > n) {
+        fprintf(stderr, "lily eval: --decode-from %d is past the %d tokens given\n", decode_from, n);
+        free(tokens);
+        return 2;
+    }
+
+    lily_error err = {0};
+    lily_engine *e = NULL;
+    lily_session *s = NULL;
+    float *logits = NULL;
+    int rc = 1;
+    lily_engine_options eo = {.model_dir = model, .backend = backend, .n_threads = threads, .prefill_chunk = prefill_chunk};
+    if (lily_engine_open(&eo, &e, &err) != LILY_OK)
+        goto fail;
+    if (lily_session_new(e, n, &s, &err) != LILY_OK)
+        goto fail;
+    const int vocab = e->cfg.vocab_size;
+    logits = malloc(sizeof(float) * (size_t)n * (size_t)vocab);
+    if (!logits) {
+        lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "out of memory for [%d, %d] logits", n, vocab);
+        goto fail;
+    }
+    double t0 = now_seconds();
+    if (decode_from > 0 && lily_session_append(s, tokens, decode_from, logits, &err) != LILY_OK)
+        goto fail;
+    double t1 = now_seconds();
+    for (int i = decode_from; i < n; i++)
+        if (lily_session_append(s, tokens + i, 1, logits + (size_t)i * vocab, &err) != LILY_OK)
+            goto fail;
+    double t2 = now_seconds();
+    printf("eval: %d tokens (%d prefill in chunks of %d, %d decode), backend %s\n", n, decode_from, e->prefill_chunk,
+           n - decode_from, backend);
+    if (decode_from > 0)
+        printf("prefill: %.2f tok/s (%.3f s)\n", decode_from / (t1 - t0), t1 - t0);
+    if (n > decode_from)
+        printf("decode: %.2f tok/s (%.3f s)\n", (n - decode_from) / (t2 - t1), t2 - t1);
+    printf("last position top-1: %d\n", argmax(logits + (size_t)(n - 1) * vocab, vocab));
+
+    if (logits_out) {
+        FILE *f = fopen(logits_out, "wb");
+        if (!f || fwrite(logits, sizeof(float), (size_t)n * vocab, f) != (size_t)n * vocab) {
+            fprintf(stderr, "lily eval: cannot write %s: %s\n", logits_out, strerror(errno));
+            if (f)
+                fclose(f);
+            goto done;
+        }
+        if (fclose(f) != 0) {
+            fprintf(stderr, "lily eval: cannot write %s: %s\n", logits_out, strerror(errno));
+            goto done;
+        }
+    }
+    rc = reference ? compare_reference(reference, logits, n, vocab) : 0;
+    goto done;
+fail:
+    fprintf(stderr, "lily eval: %s\n", err.message[0] ? err.message : "failed");
+    rc = 1;
+done:
+    free(logits);
+    lily_session_free(s);
+    lily_engine_close(e);
+    free(tokens);
+    return rc;
 }

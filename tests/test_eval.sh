@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# test_eval.sh — `lily eval` end to end: for both tiny-a layouts, case5 (300 tokens) in three modes
+# (one prefill, prefill half then decode, prefill in chunks of 7) against the reference logits
+# (max |Δ| <= 1e-3, top-1 agreement 1), --logits-out round trip, and the errors (exit non-zero + message).
+# usage: bash test_eval.sh <path-to-lily> <tests/data dir>
+set -euo pipefail
+LILY=$1
+DATA=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+passes=0
+
+# case5 tokens and per-layout logits from reference.safetensors, as raw files (no numpy needed)
+python3 - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
+import json, struct, sys
+buf = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", buf[:8])[0]
+hdr = json.loads(buf[8:8 + n])
+def raw(name):
+    b, e = hdr[name]["data_offsets"]
+    return buf[8 + n + b: 8 + n + e]
+toks = struct.unpack("<%di" % (len(raw("case5.tokens")) // 4), raw("case5.tokens"))
+open(sys.argv[2] + "/tokens.txt", "w").write(" ".join(map(str, toks)) + "\n")
+for layout in ("hf", "mlx4"):
+    open(sys.argv[2] + "/ref_%s.f32" % layout, "wb").write(raw("case5.logits." + layout))
+PY
+
+check() { # name, command...: passes when the command exits 0 and max |Δ| <= 1e-3 with full top-1 agreement
+    local name=$1; shift
+    local out
+    if ! out=$("$@" 2>&1); then
+        echo "FAIL $name: exit non-zero: $out"; fails=$((fails + 1)); return
+    fi
+    local maxd top1
+    maxd=$(sed -n 's/^max |Δ|: //p' <<<"$out")
+    top1=$(sed -n 's/^top-1 agreement: \([0-9.]*\).*/\1/p' <<<"$out")
+    if python3 -c "import sys; sys.exit(0 if float('$maxd') <= 1e-3 and float('$top1') == 1.0 else 1)"; then
+        echo "ok   $name: max |Δ| $maxd"; passes=$((passes + 1))
+    else
+        echo "FAIL $name: $out"; fails=$((fails + 1))
+    fi
+}
+
+expect_error() { # name, command...: passes when the command exits non-zero and prints a message
+    local name=$1; shift
+    local out
+    if out=$("$@" 2>&1); then
+        echo "FAIL $name: exit 0"; fails=$((fails + 1))
+    elif [ -z "$out" ]; then
+        echo "FAIL $name: no message"; fails=$((fails + 1))
+    else
+        echo "ok   $name: $(head -1 <<<"$out")"; passes=$((passes + 1))
+    fi
+}
+
+for layout in hf mlx4; do
+    M="$DATA/tiny-a/$layout"
+    check "$layout prefill" "$LILY" eval --model "$M" --tokens-file "$TMP/tokens.txt" --reference "$TMP/ref_$layout.f32" --logits-out "$TMP/out_$layout.f32"
+    check "$layout decode-from 150" "$LILY" eval -m "$M" --tokens-file "$TMP/tokens.txt" --decode-from 150 --reference "$TMP/ref_$layout.f32"
+    check "$layout prefill-chunk 7" "$LILY" eval -m "$M" --tokens-file "$TMP/tokens.txt" --prefill-chunk 7 --threads 1 --reference "$TMP/ref_$layout.f32"
+    size=$(stat -c %s "$TMP/out_$layout.f32")
+    if [ "$size" = $((300 * 512 * 4)) ]; then
+        echo "ok   $layout logits-out size"; passes=$((passes + 1))
+    else
+        echo "FAIL $layout logits-out size $size"; fails=$((fails + 1))
+    fi
+done
+check "logits-out round trip" "$LILY" eval -m "$DATA/tiny-a/mlx4" --tokens-file "$TMP/tokens.txt" --reference "$TMP/out_mlx4.f32"
+
+M="$DATA/tiny-a/mlx4"
+expect_error "missing model" "$LILY" eval --model "$TMP/nope" --tokens 1,2
+expect_error "token out of vocab" "$LILY" eval --model "$M" --tokens 1,512
+expect_error "bad token text" "$LILY" eval --model "$M" --tokens 1,x
+expect_error "no tokens" "$LILY" eval --model "$M"
+expect_error "decode-from past end" "$LILY" eval --model "$M" --tokens 1,2 --decode-from 3
+expect_error "reference of wrong size" "$LILY" eval --model "$M" --tokens 1,2,3 --reference "$TMP/ref_hf.f32"
+expect_error "unknown backend" "$LILY" eval --model "$M" --tokens 1 --backend tpu
+
+echo "$passes passed, $fails failed"
+[ "$fails" = 0 ]
