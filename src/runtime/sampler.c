@@ -2,9 +2,9 @@
  *
  * Owns: the per-token history (generated counts, context flags) and the scratch rows a draw needs.
  * Cost per draw with a 248K vocab: one pass to copy and penalize, one to scale and find the max, then
- * top-k by a k-sized heap (O(vocab log k)), top-p by gathering tokens within a widening logit window
- * of the max until they hold enough mass (usually a few hundred tokens to sort, never the whole vocab
- * unless the distribution is nearly flat), and no sort at all when neither cut is on.
+ * top-k by a k-sized heap (one comparison per token after the first k), top-p by one exp-and-bin pass
+ * that finds the cut without sorting the vocab, and no sort at all for the draw itself: the candidate
+ * set is a rank cut plus a min-p threshold, and the draw walks it in id order.
  */
 #include "runtime/sampler.h"
 
@@ -50,6 +50,11 @@ double lily_rng_uniform(lily_rng *r) { return (double)(lily_rng_next(r) >> 11) *
 
 /* ---- sampler state --------------------------------------------------------------------------------- */
 
+/* Tokens this many nats below the max have probability ratio < 4e-18: below the float resolution of any
+ * total that includes the max, so they are treated as impossible. */
+#define NEGLIGIBLE 40.0f
+enum { EXP_TABLE_SIZE = 40 * 32 + 1 };
+
 typedef struct {
     float z;    /* logit after penalties and temperature */
     int32_t id;
@@ -64,7 +69,9 @@ struct lily_sampler {
     int32_t *touched;            /* ids with in_context set, each once: penalties visit only these */
     int n_touched, touched_cap;
     float *work;                 /* [vocab] penalized, then scaled logits */
+    float *weight;               /* [vocab] exp(z - max), for the top-p cut */
     candidate *cand;             /* [vocab] */
+    float exp_table[EXP_TABLE_SIZE]; /* exp(-j / 32), see neg_exp */
     lily_rng rng;
 };
 
@@ -115,6 +122,7 @@ lily_status lily_sampler_new(const lily_sampler_params *params, int vocab, lily_
     s->generated_count = calloc((size_t)vocab, sizeof *s->generated_count);
     s->in_context = calloc((size_t)vocab, 1);
     s->work = malloc((size_t)vocab * sizeof *s->work);
+    s->weight = malloc((size_t)vocab * sizeof *s->weight);
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
     if (p->n_logit_bias > 0) {
         s->logit_bias = malloc((size_t)p->n_logit_bias * sizeof *s->logit_bias);
@@ -122,10 +130,12 @@ lily_status lily_sampler_new(const lily_sampler_params *params, int vocab, lily_
             memcpy(s->logit_bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->logit_bias);
     }
     s->params.logit_bias = s->logit_bias;
-    if (!s->generated_count || !s->in_context || !s->work || !s->cand || (p->n_logit_bias > 0 && !s->logit_bias)) {
+    if (!s->generated_count || !s->in_context || !s->work || !s->weight || !s->cand || (p->n_logit_bias > 0 && !s->logit_bias)) {
         lily_sampler_free(s);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "sampler: out of memory for vocab %d", vocab);
     }
+    for (int j = 0; j < EXP_TABLE_SIZE; j++)
+        s->exp_table[j] = (float)exp(-j / 32.0);
     lily_rng_seed(&s->rng, p->seed);
     *out = s;
     return LILY_OK;
@@ -140,6 +150,7 @@ void lily_sampler_free(lily_sampler *s)
     free(s->in_context);
     free(s->touched);
     free(s->work);
+    free(s->weight);
     free(s->cand);
     free(s);
 }
@@ -217,6 +228,19 @@ void lily_sampler_apply_penalties(const lily_sampler *s, const float *logits, fl
 
 /* ---- candidate selection --------------------------------------------------------------------------- */
 
+/* exp(-d) for d >= 0, 0 beyond NEGLIGIBLE: a table at steps of 1/32 times a cubic for the remainder
+ * r < 1/32 (truncation error r^4/24 < 4e-8, under float resolution); cheaper than expf when every
+ * token of a 248K vocab needs a weight. */
+static inline float neg_exp(const float *table, float d)
+{
+    if (!(d < NEGLIGIBLE))
+        return 0.0f;
+    float x = d * 32.0f;
+    int j = (int)x;
+    float r = (x - (float)j) * (1.0f / 32.0f);
+    return table[j] * (1.0f - r * (1.0f - r * (0.5f - r * (1.0f / 6.0f))));
+}
+
 /* a ranks before b: higher logit, then lower id. */
 static inline bool ranks_before(candidate a, candidate b) { return a.z > b.z || (a.z == b.z && a.id < b.id); }
 
@@ -226,22 +250,29 @@ static int compare_candidates(const void *pa, const void *pb)
     return ranks_before(a, b) ? -1 : ranks_before(b, a) ? 1 : 0;
 }
 
+/* Lowest id among the largest values; NaN never wins. */
 static int32_t argmax(const float *x, int n)
 {
     int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i])))
+    float best_value = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > best_value) {
+            best_value = x[i];
             best = i;
+        }
     return best;
 }
 
-/* The k best of work[vocab] into cand[0, k), sorted. A min-heap of the k best so far, worst at the root. */
+/* The k best of work[vocab] into cand[0, k), sorted. A min-heap of the k best so far, worst at the root;
+ * after the first k tokens almost every token fails the one comparison with the root. */
 static int select_top_k(lily_sampler *s, int k)
 {
     candidate *h = s->cand;
     int n = 0;
     for (int i = 0; i < s->vocab; i++) {
         candidate c = {s->work[i], i};
+        if (c.z != c.z)
+            c.z = -INFINITY; /* NaN never wins */
         if (n < k) {
             int j = n++;
             while (j > 0 && ranks_before(h[(j - 1) / 2], c)) {
@@ -249,7 +280,7 @@ static int select_top_k(lily_sampler *s, int k)
                 j = (j - 1) / 2;
             }
             h[j] = c;
-        } else if (ranks_before(c, h[0])) {
+        } else if (c.z >= h[0].z && ranks_before(c, h[0])) {
             int j = 0;
             for (;;) {
                 int l = 2 * j + 1, r = l + 1, worst = l;
@@ -269,30 +300,59 @@ static int select_top_k(lily_sampler *s, int k)
     return n;
 }
 
-/* Tokens within `window` of the max m that hold at least `mass` of exp(z - m) into cand, sorted; the
- * window doubles until they do (or covers everything). Exact: every token of the top-p set lies in any
- * logit-ordered prefix whose mass reaches the target. */
-static int gather_mass(lily_sampler *s, float m, double mass)
+/* Top-p over the whole vocab without sorting it: the last token of the smallest rank-ordered prefix
+ * whose mass reaches `target`. weight[i] = exp(z_i - m) is filled for every token. Tokens are binned by
+ * their distance below the max (TOP_P_BINS bins of 1/32 nat; the last bin takes everything further);
+ * the bins' masses locate the bin holding the cut, and only that bin is sorted. Exact up to the order
+ * of float additions. */
+enum { TOP_P_BINS = 1024 };
+static candidate top_p_cut(lily_sampler *s, float m, double p)
 {
-    for (float window = 8.0f;; window *= 2.0f) {
-        const float lo = m - window;
-        double got = 0.0;
-        int n = 0;
-        for (int i = 0; i < s->vocab; i++)
-            if (s->work[i] >= lo) {
-                s->cand[n++] = (candidate){s->work[i], i};
-                got += expf(s->work[i] - m);
-            }
-        if (got >= mass || n == s->vocab || isinf(window)) {
-            qsort(s->cand, (size_t)n, sizeof *s->cand, compare_candidates);
-            return n;
+    double bin_mass[TOP_P_BINS] = {0};
+    double total = 0.0;
+    for (int i = 0; i < s->vocab; i++) {
+        if (s->work[i] < m - NEGLIGIBLE) {
+            s->weight[i] = 0.0f;
+            continue;
         }
+        float w = neg_exp(s->exp_table, m - s->work[i]);
+        s->weight[i] = w;
+        float d = (m - s->work[i]) * (TOP_P_BINS / 32.0f);
+        int b = d < (float)(TOP_P_BINS - 1) ? (int)d : TOP_P_BINS - 1;
+        bin_mass[b] += w;
+        total += w;
     }
+    const double target = p * total;
+    double cum = 0.0;
+    int cut_bin = TOP_P_BINS - 1;
+    for (int b = 0; b < TOP_P_BINS; b++) {
+        if (cum + bin_mass[b] >= target) {
+            cut_bin = b;
+            break;
+        }
+        cum += bin_mass[b];
+    }
+    int n = 0;
+    for (int i = 0; i < s->vocab; i++) {
+        if (s->work[i] < m - NEGLIGIBLE)
+            continue;
+        float d = (m - s->work[i]) * (TOP_P_BINS / 32.0f);
+        int b = d < (float)(TOP_P_BINS - 1) ? (int)d : TOP_P_BINS - 1;
+        if (b == cut_bin)
+            s->cand[n++] = (candidate){s->work[i], i};
+    }
+    qsort(s->cand, (size_t)n, sizeof *s->cand, compare_candidates);
+    for (int i = 0; i < n; i++) {
+        cum += s->weight[s->cand[i].id];
+        if (cum >= target)
+            return s->cand[i];
+    }
+    return s->cand[n - 1]; /* rounding: the whole bin */
 }
 
 /* Fill s->cand[0, n) with the final candidate set, each .z replaced by its unnormalized probability
- * exp(z - max). The set is in rank order unless neither top-k nor top-p is on and want_sorted is false
- * (the draw then walks in id order, which saves a sort of the whole vocab). Returns n >= 1. */
+ * exp(z - max). Rank order with top-k or when want_sorted, else id order (the draw does not need ranks,
+ * and skipping the sort keeps a 248K-token vocab cheap). Returns n >= 1. */
 static int compute_candidates(lily_sampler *s, const float *logits, bool want_sorted)
 {
     const lily_sampler_params *p = &s->params;
@@ -303,63 +363,72 @@ static int compute_candidates(lily_sampler *s, const float *logits, bool want_so
         return 1;
     }
     const float inv_t = 1.0f / p->temperature;
-    float m = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        float z = s->work[i] * inv_t;
-        if (isnan(z))
-            z = -INFINITY;
-        s->work[i] = z;
-        if (z > m)
-            m = z;
-    }
-    if (m == -INFINITY || isinf(m)) { /* every token banned, or a +inf logit: fall back to the argmax */
-        s->cand[0] = (candidate){1.0f, argmax(s->work, V)};
-        return 1;
-    }
-
-    int n;
-    bool top_p_on = p->top_p < 1.0f;
-    double set_mass = 0.0; /* the mass top-p is a fraction of */
+    int n = 0;
+    bool ranked = false;
+    float m;
     if (p->top_k > 0 && p->top_k < V) {
+        /* Rank on the unscaled logits (temperature > 0 keeps the order) and scale only the k kept. */
         n = select_top_k(s, p->top_k);
+        ranked = true;
         for (int i = 0; i < n; i++)
-            set_mass += expf(s->cand[i].z - m);
-    } else if (top_p_on) {
-        for (int i = 0; i < V; i++)
-            set_mass += expf(s->work[i] - m);
-        n = gather_mass(s, m, (double)p->top_p * set_mass);
+            s->cand[i].z *= inv_t;
+        m = s->cand[0].z;
     } else {
-        n = 0;
-        for (int i = 0; i < V; i++)
-            s->cand[n++] = (candidate){s->work[i], i};
-        if (want_sorted)
-            qsort(s->cand, (size_t)n, sizeof *s->cand, compare_candidates);
-    }
-
-    if (top_p_on) {
-        const double target = (double)p->top_p * set_mass;
-        double cum = 0.0;
-        for (int i = 0; i < n; i++) {
-            cum += expf(s->cand[i].z - m);
-            if (cum >= target) {
-                n = i + 1;
-                break;
-            }
+        m = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            float z = s->work[i] * inv_t;
+            z = z == z ? z : -INFINITY; /* NaN never wins */
+            s->work[i] = z;
+            m = z > m ? z : m;
         }
     }
-
-    /* min-p: p_i >= min_p * p_max  <=>  z_i >= m + log(min_p); also drops zero-probability tokens. */
-    const float lo = p->min_p > 0.0f ? m + logf(p->min_p) : -INFINITY;
-    int kept = 0;
-    for (int i = 0; i < n; i++)
-        if (s->cand[i].z >= lo && s->cand[i].z > -INFINITY)
-            s->cand[kept++] = s->cand[i];
-    if (kept == 0) /* cannot happen: the max itself always passes; keep the argmax to be safe */
-        s->cand[kept++] = (candidate){m, argmax(s->work, V)};
-    /* From here on cand[i].z holds the unnormalized probability exp(z - m). */
-    for (int i = 0; i < kept; i++)
-        s->cand[i].z = expf(s->cand[i].z - m);
-    return kept;
+    if (m == -INFINITY || isinf(m)) { /* every token banned, or a +inf logit: fall back to the argmax */
+        s->cand[0] = (candidate){1.0f, ranked ? s->cand[0].id : argmax(s->work, V)};
+        return 1;
+    }
+    /* min-p: p_i >= min_p * p_max  <=>  z_i >= m + log(min_p) */
+    float lo = p->min_p > 0.0f ? m + logf(p->min_p) : -INFINITY;
+    if (lo < m - NEGLIGIBLE)
+        lo = m - NEGLIGIBLE;
+    if (ranked) {
+        if (p->top_p < 1.0f) { /* over the top-k set, renormalized */
+            double mass = 0.0, cum = 0.0;
+            for (int i = 0; i < n; i++)
+                mass += neg_exp(s->exp_table, m - s->cand[i].z);
+            for (int i = 0; i < n; i++) {
+                cum += neg_exp(s->exp_table, m - s->cand[i].z);
+                if (cum >= (double)p->top_p * mass) {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+        while (n > 1 && !(s->cand[n - 1].z >= lo)) /* ranked: min-p cuts a suffix */
+            n--;
+    } else if (p->top_p < 1.0f) {
+        candidate cut = top_p_cut(s, m, (double)p->top_p);
+        for (int i = 0; i < V; i++) {
+            candidate c = {s->work[i], i};
+            if ((c.z > cut.z || (c.z == cut.z && i <= cut.id)) && c.z >= lo)
+                s->cand[n++] = c;
+        }
+    } else {
+        for (int i = 0; i < V; i++)
+            if (s->work[i] >= lo)
+                s->cand[n++] = (candidate){s->work[i], i};
+    }
+    if (n == 0) /* cannot happen: the max itself always passes; keep the argmax to be safe */
+        s->cand[n++] = (candidate){m, argmax(s->work, V)};
+    if (want_sorted && !ranked)
+        qsort(s->cand, (size_t)n, sizeof *s->cand, compare_candidates);
+    /* From here on cand[i].z holds the unnormalized probability exp(z - m) (top_p_cut computed it). */
+    if (!ranked && p->top_p < 1.0f)
+        for (int i = 0; i < n; i++)
+            s->cand[i].z = s->weight[s->cand[i].id];
+    else
+        for (int i = 0; i < n; i++)
+            s->cand[i].z = neg_exp(s->exp_table, m - s->cand[i].z);
+    return n;
 }
 
 int lily_sampler_candidates(lily_sampler *s, const float *logits, int32_t *ids, float *probs)
