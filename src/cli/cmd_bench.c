@@ -1,12 +1,732 @@
-/* cmd_bench.c — `lily bench`. Not implemented yet. */
+/* cmd_bench.c — `lily bench`: prefill and decode speed over prompt lengths and context depths, in the
+ * spirit of llama.cpp's llama-bench, with each row's fraction of the hardware limit (DESIGN.md §6).
+ *
+ *   lily bench (-m DIR | --synthetic NAME|CONFIG) [-p 256,512,...] [-n 128] [-d 0,4096,...] [-r 3]
+ *              [--backend cpu|cuda] [-o md|json|csv] [--plot FILE.png] [--threads N] [--ctx-size N]
+ *   lily bench --membw [--backend cpu|cuda] [--threads N]
+ *
+ * Prefill row "pp<P>": a fresh state each repetition, P random token ids appended (chunked as the engine
+ * does), timed to the last token's logits. Decode row "tg<N> @ d<D>": the state is first filled with D
+ * random tokens by prefill (untimed, once per row, then copied for each repetition), then N single-token
+ * steps are timed. One warm-up (a short prefill and a few decode steps) runs before the sweep.
+ * Limits: decode bytes per token (cost_model.h, at the mean depth of the row) over the bandwidth, prefill
+ * FLOPs per token over the matrix rate, both measured on the backend's device (hw_limits.h).
+ *
+ * Owns: option parsing, the timing loop, the table (md/json/csv) and the gnuplot chart.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "commands.h"
+#include "model/synthetic.h"
+#include "runtime/cost_model.h"
+#include "runtime/engine.h"
+#include "runtime/hw_limits.h"
+
+#ifndef LILY_GIT_DESCRIBE
+#define LILY_GIT_DESCRIBE "unknown"
+#endif
+
+#define MAX_POINTS 64
+
+typedef struct {
+    const char *model_dir;
+    const char *synthetic;
+    const char *backend;
+    const char *output;
+    const char *plot;
+    int prompt_lengths[MAX_POINTS], n_prompt_lengths;
+    int depths[MAX_POINTS], n_depths;
+    int n_decode;
+    int reps;
+    int n_threads;
+    int ctx_size;
+    int prefill_chunk;
+    int device;
+    uint64_t seed;
+    int warmup;
+    int membw_only;
+} bench_options;
+
+typedef struct {
+    char test[32];
+    int is_decode;
+    int length;       /* prompt length (prefill) or depth (decode) */
+    int n_tokens;     /* tokens timed per repetition */
+    double mean, stddev;   /* tok/s */
+    double cost;           /* FLOPs (prefill) or bytes (decode) per token */
+    double floor;          /* tok/s the hardware allows; 0 when unknown */
+} bench_row;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: lily bench (-m DIR | --synthetic NAME|CONFIG) [options]\n"
+            "       lily bench --membw [--backend cpu|cuda] [--threads N]\n\n"
+            "Prefill tok/s per prompt length (fresh state each time) and decode tok/s of -n tokens after a\n"
+            "context of each depth (filled by prefilling random tokens), mean +- stddev over -r repetitions,\n"
+            "each with its fraction of the hardware limit (bytes/token over measured bandwidth for decode,\n"
+            "FLOPs/token over measured matmul rate for prefill).\n\n"
+            "  -m, --model DIR        model directory\n"
+            "  --synthetic SPEC       random weights in memory instead: qwen3.6-35b-a3b, qwen3.6-35b-a3b-4l,\n"
+            "                         tiny-a, or a config.json (the shape; weights are MLX 4-bit)\n"
+            "  -p LIST                prompt lengths (default 256,512,...,131072; 'none' skips prefill)\n"
+            "  -n N                   decode tokens per repetition (default 128; 0 skips decode)\n"
+            "  -d LIST                context depths for decode (default 256,512,...,131072)\n"
+            "  -r N                   repetitions (default 3)\n"
+            "  --backend cpu|cuda     (default cpu)\n"
+            "  -o md|json|csv         output format (default md)\n"
+            "  --plot FILE.png        chart of tok/s against length (prefill and decode panels), via gnuplot\n"
+            "  --membw                only measure and print the device's bandwidth and matmul rate\n"
+            "  --threads N            CPU threads (default: all cores)\n"
+            "  --ctx-size N           session context size (default: the largest length the sweep needs)\n"
+            "  --prefill-chunk N      tokens per forward pass during prefill (default 512)\n"
+            "  --device N             GPU ordinal (default 0)\n"
+            "  --seed N               token ids and synthetic weights (default 1)\n"
+            "  --no-warmup            skip the warm-up run\n"
+            "Lists take commas and k suffixes: -p 512,4k,32k.\n");
+}
+
+static int parse_int(const char *s, long min, long max, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s)
+        return -1;
+    if (*end == 'k' || *end == 'K') {
+        v *= 1024;
+        end++;
+    }
+    if (*end || v < min || v > max)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_list(const char *s, int *out, int *n, long min)
+{
+    *n = 0;
+    if (!strcmp(s, "none") || !*s)
+        return 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n >= MAX_POINTS || parse_int(tok, min, 1L << 24, &out[*n]) != 0)
+            return -1;
+        (*n)++;
+    }
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void random_tokens(uint64_t *rng, int vocab, int32_t *out, int n)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = (int32_t)(rng_next(rng) % (uint64_t)vocab);
+}
+
+/* ---- the model: a checkpoint directory or synthetic weights ------------------------------------- */
+
+typedef struct {
+    lily_engine *engine;
+    lily_synthetic *synthetic; /* non-NULL: the engine was assembled here and is closed here */
+} bench_model;
+
+static lily_status model_open(const bench_options *o, bench_model *m, lily_error *err)
+{
+    memset(m, 0, sizeof *m);
+    if (o->model_dir) {
+        lily_engine_options eo = {.model_dir = o->model_dir, .backend = o->backend, .n_threads = o->n_threads,
+                                  .prefill_chunk = o->prefill_chunk, .device = o->device};
+        return lily_engine_open(&eo, &m->engine, err);
+    }
+    lily_status st = lily_synthetic_new(o->synthetic, o->seed, o->n_threads, &m->synthetic, err);
+    if (st != LILY_OK)
+        return st;
+    lily_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        lily_synthetic_free(m->synthetic);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    e->cfg = m->synthetic->cfg;
+    e->weights = m->synthetic->weights;
+    e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 512;
+    lily_backend_options bo = {.n_threads = o->n_threads, .max_chunk = e->prefill_chunk, .device = o->device};
+    st = lily_backend_create(o->backend, &e->cfg, &e->weights, &bo, &e->backend, err);
+    if (st != LILY_OK) {
+        free(e);
+        lily_synthetic_free(m->synthetic);
+        return st;
+    }
+    m->engine = e;
+    return LILY_OK;
+}
+
+static void model_close(bench_model *m)
+{
+    if (m->synthetic) {
+        if (m->engine)
+            lily_backend_destroy(&m->engine->backend);
+        free(m->engine);
+        lily_synthetic_free(m->synthetic);
+    } else {
+        lily_engine_close(m->engine);
+    }
+}
+
+/* ---- header --------------------------------------------------------------------------------------- */
+
+typedef struct {
+    char machine[600];
+    char model[512];
+    char shape[256];
+    char quantization[128];
+    char build[128];
+    char date[64];
+    char limits[256];
+    int threads;
+} bench_header;
+
+static void describe_quantization(const lily_weights *w, char *buf, size_t size)
+{
+    const lily_tensor *bulk = w->n_layers > 0 ? &w->layers[0].experts_gate : &w->embed;
+    const lily_tensor *router = w->n_layers > 0 ? &w->layers[0].router : NULL;
+    if (!bulk->bits) {
+        snprintf(buf, size, "%s (unquantized)", lily_dtype_name(bulk->dtype));
+        return;
+    }
+    snprintf(buf, size, "MLX affine %d-bit, group %d%s", bulk->bits, bulk->group_size,
+             router && router->bits && router->bits != bulk->bits ? ", router 8-bit" : "");
+}
+
+static void build_header(const bench_options *o, const bench_model *m, const lily_hw_limits *hw, int have_hw,
+                         bench_header *h)
+{
+    memset(h, 0, sizeof *h);
+    const lily_config *c = &m->engine->cfg;
+    char cpu[256];
+    lily_cpu_describe(cpu, sizeof cpu);
+    if (!strcmp(o->backend, "cpu") || !have_hw)
+        snprintf(h->machine, sizeof h->machine, "%s", cpu);
+    else
+        snprintf(h->machine, sizeof h->machine, "%s; host %s", hw->device, cpu);
+    if (m->synthetic)
+        snprintf(h->model, sizeof h->model, "synthetic %s (random weights, seed %llu)", o->synthetic,
+                 (unsigned long long)o->seed);
+    else
+        snprintf(h->model, sizeof h->model, "%s", o->model_dir);
+    snprintf(h->shape, sizeof h->shape,
+             "%d layers (%d full attention), hidden %d, %d experts top-%d, vocab %d", c->n_layers,
+             lily_config_n_full_attention_layers(c), c->hidden, c->n_experts, c->n_experts_used, c->vocab_size);
+    describe_quantization(&m->engine->weights, h->quantization, sizeof h->quantization);
+    snprintf(h->build, sizeof h->build, "lily %s (%s, built %s %s)", LILY_VERSION, LILY_GIT_DESCRIBE, __DATE__,
+             __TIME__);
+    time_t t = time(NULL);
+    strftime(h->date, sizeof h->date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+    if (have_hw)
+        snprintf(h->limits, sizeof h->limits, "bandwidth %.1f GB/s (read %.1f, copy %.1f), matmul %.1f GFLOP/s (%s)",
+                 hw->bandwidth / 1e9, hw->read_bytes_per_s / 1e9, hw->copy_bytes_per_s / 1e9,
+                 hw->matmul_flops_per_s / 1e9, hw->matmul_kind);
+    else
+        snprintf(h->limits, sizeof h->limits, "not measured on this backend");
+    h->threads = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/* ---- measuring ------------------------------------------------------------------------------------ */
+
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+    static int tty = -1;
+    if (tty < 0)
+        tty = isatty(STDERR_FILENO);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(tty ? "\r\033[K" : "", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(tty ? "" : "\n", stderr);
+    va_end(ap);
+    fflush(stderr);
+}
+
+static void stats(const double *v, int n, double *mean, double *stddev)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += v[i];
+    *mean = s / n;
+    double q = 0;
+    for (int i = 0; i < n; i++)
+        q += (v[i] - *mean) * (v[i] - *mean);
+    *stddev = n > 1 ? sqrt(q / (n - 1)) : 0.0;
+}
+
+static lily_status bench_prefill(lily_session *s, int length, int reps, uint64_t *rng, int32_t *tokens, double *tps,
+                                 lily_error *err)
+{
+    int vocab = s->engine->cfg.vocab_size;
+    for (int r = 0; r < reps; r++) {
+        progress("bench: pp%d  rep %d/%d", length, r + 1, reps);
+        lily_session_reset(s);
+        random_tokens(rng, vocab, tokens, length);
+        double t0 = now_s();
+        lily_status st = lily_session_append(s, tokens, length, NULL, err);
+        double t1 = now_s();
+        if (st != LILY_OK)
+            return st;
+        tps[r] = length / (t1 - t0);
+    }
+    return LILY_OK;
+}
+
+/* Fill `base` to `depth` tokens (prefill, untimed) and time n single-token steps from a copy of it. */
+static lily_status bench_decode(lily_session *base, lily_session *work, int depth, int n, int reps, uint64_t *rng,
+                                int32_t *tokens, double *tps, lily_error *err)
+{
+    int vocab = base->engine->cfg.vocab_size;
+    lily_session_reset(base);
+    if (depth > 0) {
+        progress("bench: tg%d @ d%d  filling the context", n, depth);
+        random_tokens(rng, vocab, tokens, depth);
+        lily_status st = lily_session_append(base, tokens, depth, NULL, err);
+        if (st != LILY_OK)
+            return st;
+    }
+    for (int r = 0; r < reps; r++) {
+        lily_status st = lily_session_copy(work, base, err);
+        if (st != LILY_OK)
+            return st;
+        random_tokens(rng, vocab, tokens, n);
+        double t0 = now_s();
+        for (int i = 0; i < n; i++) {
+            if (i % 16 == 0)
+                progress("bench: tg%d @ d%d  rep %d/%d  token %d", n, depth, r + 1, reps, i);
+            if ((st = lily_session_append(work, tokens + i, 1, NULL, err)) != LILY_OK)
+                return st;
+        }
+        tps[r] = n / (now_s() - t0);
+    }
+    return LILY_OK;
+}
+
+/* ---- output --------------------------------------------------------------------------------------- */
+
+/* 1.234 GB, 12.3 MFLOP, ... */
+static void format_si(char *buf, size_t size, double v, const char *unit)
+{
+    const char *prefix[] = {"", "k", "M", "G", "T", "P"};
+    int i = 0;
+    while (v >= 1000.0 && i < 5) {
+        v /= 1000.0;
+        i++;
+    }
+    snprintf(buf, size, "%.3g %s%s", v, prefix[i], unit);
+}
+
+static void print_md(const bench_header *h, const bench_options *o, int top_k, const bench_row *rows, int n_rows)
+{
+    printf("## lily bench — %s\n\n", h->date);
+    printf("- machine: %s\n- backend: %s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
+           "- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n\n",
+           h->machine, o->backend, h->threads, h->model, h->shape, h->quantization, h->build, h->limits, o->reps);
+    printf("| test | length | tok/s | ± | cost/token | floor tok/s | %% of floor |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n_rows; i++) {
+        const bench_row *r = &rows[i];
+        char cost[32], floor[32], frac[32];
+        format_si(cost, sizeof cost, r->cost, r->is_decode ? "B" : "FLOP");
+        if (r->floor > 0) {
+            snprintf(floor, sizeof floor, "%.2f", r->floor);
+            snprintf(frac, sizeof frac, "%.1f%%", 100.0 * r->mean / r->floor);
+        } else {
+            snprintf(floor, sizeof floor, "-");
+            snprintf(frac, sizeof frac, "-");
+        }
+        printf("| %s | %d | %.2f | %.2f | %s | %s | %s |\n", r->test, r->length, r->mean, r->stddev, cost, floor, frac);
+    }
+    printf("\ncost/token: prefill = FLOPs per prompt token (matmuls + causal attention + delta rule + one LM head "
+           "per prompt); decode = bytes per token (active weights with top-%d experts + KV cache at the mean depth + "
+           "recurrent state read and write). Decode contexts are filled by prefilling random tokens.\n",
+           top_k);
+}
+
+static void print_csv(const bench_header *h, const bench_options *o, const bench_row *rows, int n_rows)
+{
+    printf("test,kind,length,n_tokens,tok_s,stddev,cost_per_token,floor_tok_s,fraction_of_floor,backend,model,date\n");
+    for (int i = 0; i < n_rows; i++) {
+        const bench_row *r = &rows[i];
+        printf("%s,%s,%d,%d,%.4f,%.4f,%.6g,%.4f,%.5f,%s,\"%s\",%s\n", r->test, r->is_decode ? "decode" : "prefill",
+               r->length, r->n_tokens, r->mean, r->stddev, r->cost, r->floor, r->floor > 0 ? r->mean / r->floor : 0.0,
+               o->backend, h->model, h->date);
+    }
+}
+
+static void print_json(const bench_header *h, const bench_options *o, const lily_hw_limits *hw, int have_hw,
+                       const bench_row *rows, int n_rows)
+{
+    json_t *root = json_object();
+    json_object_set_new(root, "date", json_string(h->date));
+    json_object_set_new(root, "machine", json_string(h->machine));
+    json_object_set_new(root, "backend", json_string(o->backend));
+    json_object_set_new(root, "threads", json_integer(h->threads));
+    json_object_set_new(root, "model", json_string(h->model));
+    json_object_set_new(root, "shape", json_string(h->shape));
+    json_object_set_new(root, "quantization", json_string(h->quantization));
+    json_object_set_new(root, "build", json_string(h->build));
+    json_object_set_new(root, "repetitions", json_integer(o->reps));
+    if (have_hw) {
+        json_t *lim = json_object();
+        json_object_set_new(lim, "device", json_string(hw->device));
+        json_object_set_new(lim, "bandwidth_bytes_per_s", json_real(hw->bandwidth));
+        json_object_set_new(lim, "read_bytes_per_s", json_real(hw->read_bytes_per_s));
+        json_object_set_new(lim, "copy_bytes_per_s", json_real(hw->copy_bytes_per_s));
+        json_object_set_new(lim, "matmul_flops_per_s", json_real(hw->matmul_flops_per_s));
+        json_object_set_new(lim, "matmul_kind", json_string(hw->matmul_kind));
+        json_object_set_new(root, "limits", lim);
+    }
+    json_t *arr = json_array();
+    for (int i = 0; i < n_rows; i++) {
+        const bench_row *r = &rows[i];
+        json_t *row = json_object();
+        json_object_set_new(row, "test", json_string(r->test));
+        json_object_set_new(row, "kind", json_string(r->is_decode ? "decode" : "prefill"));
+        json_object_set_new(row, r->is_decode ? "depth" : "prompt_length", json_integer(r->length));
+        json_object_set_new(row, "n_tokens", json_integer(r->n_tokens));
+        json_object_set_new(row, "tok_s", json_real(r->mean));
+        json_object_set_new(row, "stddev", json_real(r->stddev));
+        json_object_set_new(row, r->is_decode ? "bytes_per_token" : "flops_per_token", json_real(r->cost));
+        if (r->floor > 0) {
+            json_object_set_new(row, "floor_tok_s", json_real(r->floor));
+            json_object_set_new(row, "fraction_of_floor", json_real(r->mean / r->floor));
+        }
+        json_array_append_new(arr, row);
+    }
+    json_object_set_new(root, "rows", arr);
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (text)
+        printf("%s\n", text);
+    free(text);
+    json_decref(root);
+}
+
+/* gnuplot: two panels (prefill, decode), tok/s against length on a log2 axis, with the floor dashed. */
+static int plot(const char *path, const bench_header *h, const bench_options *o, const bench_row *rows, int n_rows)
+{
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "lily bench: --plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)\n");
+        return 1;
+    }
+    const char *term = system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0 ? "pngcairo" : "png";
+    char data_path[] = "/tmp/lily-bench-XXXXXX";
+    int fd = mkstemp(data_path);
+    if (fd < 0) {
+        fprintf(stderr, "lily bench: cannot create a temporary file for gnuplot: %s\n", strerror(errno));
+        return 1;
+    }
+    FILE *d = fdopen(fd, "w");
+    for (int block = 0; block < 2; block++) {
+        fprintf(d, "# %s\n", block ? "decode" : "prefill");
+        int any = 0;
+        for (int i = 0; i < n_rows; i++)
+            if (rows[i].is_decode == block) {
+                fprintf(d, "%d %.6g %.6g %.6g\n", rows[i].length > 0 ? rows[i].length : 1, rows[i].mean,
+                        rows[i].stddev, rows[i].floor);
+                any = 1;
+            }
+        if (!any)
+            fprintf(d, "1 NaN NaN NaN\n");
+        fprintf(d, "\n\n");
+    }
+    fclose(d);
+
+    char script_path[] = "/tmp/lily-bench-gp-XXXXXX";
+    fd = mkstemp(script_path);
+    if (fd < 0) {
+        remove(data_path);
+        fprintf(stderr, "lily bench: cannot create a temporary file for gnuplot: %s\n", strerror(errno));
+        return 1;
+    }
+    FILE *g = fdopen(fd, "w");
+    fprintf(g, "set terminal %s size 1400,560\nset output '%s'\n", term, path);
+    fprintf(g, "set multiplot layout 1,2 title \"lily bench: %s, %s, %s\" noenhanced\n", h->model, o->backend,
+            h->machine);
+    fprintf(g, "set logscale x 2\nset grid\nset key top right noenhanced\nset xlabel 'prompt length (tokens)'\nset ylabel 'tok/s'\n"
+               "set logscale y 10\n");
+    fprintf(g, "set title 'prefill (prompt length)'\n"
+               "plot '%s' index 0 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
+               "'' index 0 using 1:4 with lines dt 2 title 'hardware floor'\n",
+            data_path);
+    fprintf(g, "set xlabel 'context depth (tokens; 0 drawn at 1)'\n");
+    fprintf(g, "set title 'decode (%d tokens at context depth)'\n"
+               "plot '%s' index 1 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
+               "'' index 1 using 1:4 with lines dt 2 title 'hardware floor'\n",
+            o->n_decode, data_path);
+    fprintf(g, "unset multiplot\n");
+    fclose(g);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "gnuplot '%s'", script_path);
+    int rc = system(cmd);
+    remove(data_path);
+    remove(script_path);
+    if (rc != 0) {
+        fprintf(stderr, "lily bench: gnuplot failed (exit %d) writing %s\n", rc, path);
+        return 1;
+    }
+    fprintf(stderr, "lily bench: wrote %s\n", path);
+    return 0;
+}
+
+/* ---- main ----------------------------------------------------------------------------------------- */
+
+static int parse_args(int argc, char **argv, bench_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->output = "md";
+    o->n_decode = 128;
+    o->reps = 3;
+    o->seed = 1;
+    o->warmup = 1;
+    for (int v = 256; v <= 131072; v *= 2) {
+        o->prompt_lengths[o->n_prompt_lengths++] = v;
+        o->depths[o->n_depths++] = v;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0, takes = 1;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return -1;
+        } else if (!strcmp(a, "--membw")) {
+            o->membw_only = 1;
+            takes = 0;
+        } else if (!strcmp(a, "--no-warmup")) {
+            o->warmup = 0;
+            takes = 0;
+        } else if (!val) {
+            fprintf(stderr, "lily bench: %s needs a value\n", a);
+            return 2;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            o->model_dir = val;
+        } else if (!strcmp(a, "--synthetic")) {
+            o->synthetic = val;
+        } else if (!strcmp(a, "-p")) {
+            bad = parse_list(val, o->prompt_lengths, &o->n_prompt_lengths, 1);
+        } else if (!strcmp(a, "-d")) {
+            bad = parse_list(val, o->depths, &o->n_depths, 0);
+        } else if (!strcmp(a, "-n")) {
+            bad = parse_int(val, 0, 1 << 20, &o->n_decode);
+        } else if (!strcmp(a, "-r")) {
+            bad = parse_int(val, 1, 1000, &o->reps);
+        } else if (!strcmp(a, "--backend")) {
+            o->backend = val;
+        } else if (!strcmp(a, "-o")) {
+            o->output = val;
+            bad = strcmp(val, "md") && strcmp(val, "json") && strcmp(val, "csv");
+        } else if (!strcmp(a, "--plot")) {
+            o->plot = val;
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+            bad = parse_int(val, 0, 1024, &o->n_threads);
+        } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
+            bad = parse_int(val, 1, 1 << 24, &o->ctx_size);
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            bad = parse_int(val, 1, 1 << 20, &o->prefill_chunk);
+        } else if (!strcmp(a, "--device")) {
+            bad = parse_int(val, 0, 64, &o->device);
+        } else if (!strcmp(a, "--seed")) {
+            int s;
+            bad = parse_int(val, 0, 0x7fffffff, &s);
+            o->seed = (uint64_t)s;
+        } else {
+            fprintf(stderr, "lily bench: unknown option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "lily bench: bad value '%s' for %s\n", val, a);
+            return 2;
+        }
+        i += takes;
+    }
+    if (!o->membw_only && !o->model_dir == !o->synthetic) {
+        fprintf(stderr, "lily bench: needs exactly one of -m DIR and --synthetic NAME|CONFIG\n\n");
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+static int run_membw(const bench_options *o)
+{
+    lily_hw_limits hw;
+    lily_error err = {0};
+    fprintf(stderr, "lily bench: measuring the %s device...\n", o->backend);
+    if (lily_measure_limits(o->backend, o->device, o->n_threads, &hw, &err) != LILY_OK) {
+        fprintf(stderr, "lily bench: %s\n", err.message);
+        return 1;
+    }
+    printf("device: %s\n", hw.device);
+    if (hw.read_bytes_per_s > 0)
+        printf("read bandwidth:   %8.2f GB/s\n", hw.read_bytes_per_s / 1e9);
+    if (hw.copy_bytes_per_s > 0)
+        printf("copy bandwidth:   %8.2f GB/s (bytes read + written)\n", hw.copy_bytes_per_s / 1e9);
+    printf("used for decode:  %8.2f GB/s\n", hw.bandwidth / 1e9);
+    printf("matmul rate:      %8.2f GFLOP/s (%s)\n", hw.matmul_flops_per_s / 1e9, hw.matmul_kind);
+    return 0;
+}
 
 int cmd_bench(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lily bench: not implemented yet\n");
-    return 1;
+    bench_options o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    if (o.membw_only)
+        return run_membw(&o);
+    if (o.plot && system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "lily bench: --plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)\n");
+        return 1;
+    }
+
+    lily_error err = {0};
+    int max_len = 1;
+    for (int i = 0; i < o.n_prompt_lengths; i++)
+        max_len = o.prompt_lengths[i] > max_len ? o.prompt_lengths[i] : max_len;
+    if (o.n_decode > 0)
+        for (int i = 0; i < o.n_depths; i++)
+            max_len = o.depths[i] + o.n_decode > max_len ? o.depths[i] + o.n_decode : max_len;
+    int ctx = o.ctx_size > 0 ? o.ctx_size : max_len;
+    if (ctx < max_len) {
+        fprintf(stderr, "lily bench: --ctx-size %d is smaller than the sweep needs (%d)\n", ctx, max_len);
+        return 2;
+    }
+
+    fprintf(stderr, "lily bench: loading %s%s...\n", o.synthetic ? "synthetic " : "",
+            o.synthetic ? o.synthetic : o.model_dir);
+    bench_model m;
+    if (model_open(&o, &m, &err) != LILY_OK) {
+        fprintf(stderr, "lily bench: %s\n", err.message);
+        return 1;
+    }
+    lily_hw_limits hw;
+    int have_hw = 0;
+    fprintf(stderr, "lily bench: measuring the %s device's bandwidth and matmul rate...\n", o.backend);
+    if (lily_measure_limits(o.backend, o.device, o.n_threads, &hw, &err) == LILY_OK)
+        have_hw = 1;
+    else
+        fprintf(stderr, "lily bench: no hardware limits: %s\n", err.message);
+
+    const lily_config *c = &m.engine->cfg;
+    const lily_weights *w = &m.engine->weights;
+    int bits = w->n_layers > 0 ? w->layers[0].experts_gate.bits : w->embed.bits;
+    int router_bits = w->n_layers > 0 ? w->layers[0].router.bits : bits;
+    int group = w->n_layers > 0 && w->layers[0].experts_gate.group_size ? w->layers[0].experts_gate.group_size : 64;
+    lily_cost_model cm;
+    lily_cost_model_init(c, bits, router_bits, group, &cm);
+
+    bench_header h;
+    build_header(&o, &m, &hw, have_hw, &h);
+
+    lily_session *s = NULL, *work = NULL;
+    int32_t *tokens = malloc((size_t)(max_len > 1024 ? max_len : 1024) * sizeof *tokens);
+    bench_row *rows = calloc((size_t)(o.n_prompt_lengths + o.n_depths), sizeof *rows);
+    double *tps = calloc((size_t)o.reps, sizeof *tps);
+    int n_rows = 0;
+    rc = 1;
+    if (!tokens || !rows || !tps) {
+        fprintf(stderr, "lily bench: out of memory\n");
+        goto done;
+    }
+    if (lily_session_new(m.engine, ctx, &s, &err) != LILY_OK ||
+        (o.n_decode > 0 && o.n_depths > 0 && lily_session_new(m.engine, ctx, &work, &err) != LILY_OK)) {
+        fprintf(stderr, "lily bench: session of %d tokens: %s\n", ctx, err.message);
+        goto done;
+    }
+    uint64_t rng = o.seed * 0x9e3779b97f4a7c15ull + 1;
+    if (o.warmup) {
+        int n = ctx < 1024 ? ctx / 2 : 512;
+        n = n > 0 ? n : 1;
+        progress("bench: warm-up");
+        random_tokens(&rng, c->vocab_size, tokens, n + 8);
+        lily_session_reset(s);
+        if (lily_session_append(s, tokens, n, NULL, &err) != LILY_OK)
+            goto fail;
+        for (int i = 0; i < 8 && n + i < ctx; i++)
+            if (lily_session_append(s, tokens + n + i, 1, NULL, &err) != LILY_OK)
+                goto fail;
+    }
+    for (int i = 0; i < o.n_prompt_lengths; i++) {
+        int p = o.prompt_lengths[i];
+        if (bench_prefill(s, p, o.reps, &rng, tokens, tps, &err) != LILY_OK)
+            goto fail;
+        bench_row *r = &rows[n_rows++];
+        snprintf(r->test, sizeof r->test, "pp%d", p);
+        r->length = p;
+        r->n_tokens = p;
+        stats(tps, o.reps, &r->mean, &r->stddev);
+        r->cost = lily_cost_prefill_flops_per_token(&cm, p);
+        r->floor = have_hw && hw.matmul_flops_per_s > 0 ? hw.matmul_flops_per_s / r->cost : 0;
+        progress("bench: pp%d  %.2f ± %.2f tok/s", p, r->mean, r->stddev);
+    }
+    for (int i = 0; o.n_decode > 0 && i < o.n_depths; i++) {
+        int d = o.depths[i];
+        if (bench_decode(s, work, d, o.n_decode, o.reps, &rng, tokens, tps, &err) != LILY_OK)
+            goto fail;
+        bench_row *r = &rows[n_rows++];
+        snprintf(r->test, sizeof r->test, "tg%d @ d%d", o.n_decode, d);
+        r->is_decode = 1;
+        r->length = d;
+        r->n_tokens = o.n_decode;
+        stats(tps, o.reps, &r->mean, &r->stddev);
+        r->cost = lily_cost_decode_bytes(&cm, d + o.n_decode / 2);
+        r->floor = have_hw && hw.bandwidth > 0 ? hw.bandwidth / r->cost : 0;
+        progress("bench: tg%d @ d%d  %.2f ± %.2f tok/s", o.n_decode, d, r->mean, r->stddev);
+    }
+    if (isatty(STDERR_FILENO))
+        fputs("\r\033[K", stderr);
+
+    if (!strcmp(o.output, "json"))
+        print_json(&h, &o, &hw, have_hw, rows, n_rows);
+    else if (!strcmp(o.output, "csv"))
+        print_csv(&h, &o, rows, n_rows);
+    else
+        print_md(&h, &o, c->n_experts_used, rows, n_rows);
+    fflush(stdout);
+    rc = o.plot ? plot(o.plot, &h, &o, rows, n_rows) : 0;
+    goto done;
+fail:
+    fprintf(stderr, "\nlily bench: %s\n", err.message);
+    rc = 1;
+done:
+    lily_session_free(work);
+    lily_session_free(s);
+    free(tokens);
+    free(rows);
+    free(tps);
+    model_close(&m);
+    return rc;
 }
