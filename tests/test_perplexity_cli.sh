@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# test_perplexity_cli.sh — `lily perplexity` end to end on tiny-a mlx4, case5 (300 tokens): the
+# perplexity equals the one computed here from the reference logits (reference.safetensors, computed by
+# transformers) within 1e-3 relative; with those logits as --reference-logits, top-1 agreement is 100%
+# and the reference perplexity printed equals ours-from-the-file to 1e-6; -f TEXT gives the same result
+# as --tokens-file with the ids `lily debug tokenize` prints; and bad input exits non-zero with a message.
+# usage: bash test_perplexity_cli.sh <path-to-lily> <tests/data dir>
+set -euo pipefail
+LILY=$1
+DATA=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+passes=0
+ok() { echo "ok   $1"; passes=$((passes + 1)); }
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# tokens, raw logits and the expected perplexity from reference.safetensors (plain python, no numpy)
+EXPECTED=$(python3 - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
+import json, math, struct, sys
+buf = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", buf[:8])[0]
+hdr = json.loads(buf[8:8 + n])
+def raw(name):
+    b, e = hdr[name]["data_offsets"]
+    return buf[8 + n + b: 8 + n + e]
+toks = struct.unpack("<%di" % (len(raw("case5.tokens")) // 4), raw("case5.tokens"))
+open(sys.argv[2] + "/tokens.txt", "w").write(" ".join(map(str, toks)) + "\n")
+logits = raw("case5.logits.mlx4")
+open(sys.argv[2] + "/ref.f32", "wb").write(logits)
+vocab = hdr["case5.logits.mlx4"]["shape"][1]
+vals = struct.unpack("<%df" % (len(logits) // 4), logits)
+nll = 0.0
+for i in range(len(toks) - 1):
+    row = vals[i * vocab:(i + 1) * vocab]
+    m = max(row)
+    nll += m + math.log(sum(math.exp(v - m) for v in row)) - row[toks[i + 1]]
+print("%.9f" % math.exp(nll / (len(toks) - 1)))
+PY
+)
+echo "expected perplexity from the reference logits: $EXPECTED"
+
+value() { sed -n "s/^$1: \([0-9.]*\).*/\1/p" <<<"$2" | head -1; }
+close() { python3 -c "import sys; a, b, tol = map(float, sys.argv[1:]); sys.exit(0 if abs(a / b - 1) <= tol else 1)" "$@"; }
+
+M="$DATA/tiny-a/mlx4"
+if out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 300 2>/dev/null); then
+    got=$(value perplexity "$out")
+    if [ -n "$got" ] && close "$got" "$EXPECTED" 1e-3; then ok "perplexity $got vs $EXPECTED"; else fail "perplexity: $out"; fi
+else
+    fail "lily perplexity exited non-zero: $out"
+fi
+
+if out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 300 --reference-logits "$TMP/ref.f32" 2>/dev/null); then
+    top1=$(value "top-1 agreement" "$out")
+    refp=$(value "reference perplexity" "$out")
+    if [ "$top1" = "100.0000%" ] || [ "$top1" = "100.0000" ]; then ok "top-1 agreement $top1"; else fail "top-1: $out"; fi
+    if [ -n "$refp" ] && close "$refp" "$EXPECTED" 1e-6; then ok "reference perplexity $refp"; else fail "reference perplexity: $out"; fi
+    grep -q "^KL(reference || lily): mean " <<<"$out" && ok "KL reported" || fail "no KL line: $out"
+else
+    fail "lily perplexity --reference-logits exited non-zero"
+fi
+
+# windows of 64: 5 windows, 295 predictions
+out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 64 2>/dev/null || true)
+grep -q "in 5 window(s) of 64; 295 predictions scored" <<<"$out" && ok "windows of 64" || fail "windows: $out"
+
+# -f TEXT tokenizes with the model's tokenizer: same as the ids from lily debug tokenize
+CHAT="$DATA/tiny-chat"
+if [ -d "$CHAT" ]; then
+    printf 'Once upon a time, a small model counted its tokens twice and got the same answer.\n' >"$TMP/text.txt"
+    if ids=$("$LILY" debug tokenize -m "$CHAT" --ids --no-special <"$TMP/text.txt" 2>/dev/null) && [ -n "$ids" ]; then
+        echo "$ids" >"$TMP/ids.txt"
+        a=$("$LILY" perplexity -m "$CHAT" -f "$TMP/text.txt" 2>/dev/null | sed -n 's/^perplexity: //p')
+        b=$("$LILY" perplexity -m "$CHAT" --tokens-file "$TMP/ids.txt" 2>/dev/null | sed -n 's/^perplexity: //p')
+        [ -n "$a" ] && [ "$a" = "$b" ] && ok "-f equals --tokens-file ($a)" || fail "-f '$a' vs --tokens-file '$b'"
+    else
+        fail "lily debug tokenize failed"
+    fi
+fi
+
+# errors: exit non-zero with a message
+expect_error() {
+    local name=$1; shift
+    local out
+    if out=$("$@" 2>&1); then fail "$name: exit 0"; elif [ -z "$out" ]; then fail "$name: no message"; else ok "$name: $(head -1 <<<"$out")"; fi
+}
+echo "1 2 3 999999" >"$TMP/bad.txt"
+expect_error "token outside the vocab" "$LILY" perplexity -m "$M" --tokens-file "$TMP/bad.txt"
+head -c 1000 "$TMP/ref.f32" >"$TMP/short.f32"
+expect_error "logits file not whole rows" "$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --reference-logits "$TMP/short.f32"
+expect_error "no input" "$LILY" perplexity -m "$M"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
