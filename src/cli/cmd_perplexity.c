@@ -120,7 +120,7 @@ static int parse_tokens(const char *text, int32_t **out, int64_t *n_out)
 
 static void show_progress(void *user, int64_t done, int64_t total)
 {
-    (void)user;
+    *(int *)user = 1;
     fprintf(stderr, "\rperplexity: %lld / %lld tokens", (long long)done, (long long)total);
     fflush(stderr);
 }
@@ -230,7 +230,8 @@ int cmd_perplexity(int argc, char **argv)
         fprintf(stderr, "lily perplexity: %s\n", err.message);
         goto done;
     }
-    lily_perplexity_options po = {.ctx = ctx, .progress = show_progress};
+    int progress_shown = 0;
+    lily_perplexity_options po = {.ctx = ctx, .progress = show_progress, .progress_user = &progress_shown};
     if (ref_file) {
         int fd = open(ref_file, O_RDONLY);
         struct stat sb;
@@ -267,7 +268,8 @@ int cmd_perplexity(int argc, char **argv)
 
     lily_perplexity_result r;
     lily_status st = lily_perplexity_run(s, tokens, n, &po, &r, &err);
-    fputs("\n", stderr);
+    if (progress_shown)
+        fputs("\n", stderr);
     if (st != LILY_OK) {
         fprintf(stderr, "lily perplexity: %s\n", err.message);
         goto done;
