@@ -77,7 +77,7 @@ static void usage(FILE *f)
             "FLOPs/token over measured matmul rate for prefill).\n\n"
             "  -m, --model DIR        model directory\n"
             "  --synthetic SPEC       random weights in memory instead: qwen3.6-35b-a3b, qwen3.6-35b-a3b-4l,\n"
-            "                         tiny-a, or a config.json (the shape; weights are MLX 4-bit)\n"
+            "                         small, tiny-a, or a config.json (the shape; weights are MLX 4-bit)\n"
             "  -p LIST                prompt lengths (default 256,512,...,131072; 'none' skips prefill)\n"
             "  -n N                   decode tokens per repetition (default 128; 0 skips decode)\n"
             "  -d LIST                context depths for decode (default 256,512,...,131072)\n"

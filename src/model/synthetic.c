@@ -66,6 +66,28 @@ lily_status lily_synthetic_preset(const char *name, lily_config *c, lily_error *
         c->stop_ids[0] = 248044;
         c->stop_ids[1] = 248046;
         c->n_stop_ids = 2;
+    } else if (!strcmp(name, "small")) {
+        /* a quarter-width 35B-A3B for CPU sweeps: same structure (3 GDN : 1 attention, GQA 4:1, 2 value
+         * heads per key head, top-8 of many experts), ~90 MB in 4-bit */
+        preset_common(c);
+        c->vocab_size = 32768;
+        c->hidden = 512;
+        c->n_layers = 8;
+        c->max_position_embeddings = 262144;
+        c->n_heads = 8;
+        c->n_kv_heads = 2;
+        c->head_dim = 64;
+        c->gdn_n_key_heads = 4;
+        c->gdn_n_value_heads = 8;
+        c->gdn_key_head_dim = 64;
+        c->gdn_value_head_dim = 64;
+        c->n_experts = 64;
+        c->n_experts_used = 8;
+        c->moe_intermediate = 128;
+        c->shared_intermediate = 128;
+        c->bos_token_id = -1;
+        c->stop_ids[0] = 0;
+        c->n_stop_ids = 1;
     } else if (!strcmp(name, "tiny-a")) {
         /* tests/data/tiny-a/manifest.json */
         preset_common(c);
@@ -89,7 +111,7 @@ lily_status lily_synthetic_preset(const char *name, lily_config *c, lily_error *
         c->n_stop_ids = 1;
     } else {
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
-                              "unknown synthetic model '%s' (presets: qwen3.6-35b-a3b, qwen3.6-35b-a3b-4l, tiny-a; "
+                              "unknown synthetic model '%s' (presets: qwen3.6-35b-a3b, qwen3.6-35b-a3b-4l, small, tiny-a; "
                               "or a config.json path)",
                               name);
     }

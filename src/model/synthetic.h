@@ -29,7 +29,8 @@ typedef struct {
 } lily_synthetic;
 
 /* The config of a built-in shape: "qwen3.6-35b-a3b" (alias "35b"), "qwen3.6-35b-a3b-4l" (the same with
- * 4 layers, for a quick run), or "tiny-a" (tests/data/tiny-a's shape). Quantization: 4 bits, group 64.
+ * 4 layers, for a quick run), "small" (quarter width: hidden 512, 8 layers, 64 experts top-8, vocab 32768;
+ * for CPU sweeps), or "tiny-a" (tests/data/tiny-a's shape). Quantization: 4 bits, group 64.
  * Errors: LILY_ERR_INVALID_ARGUMENT for an unknown name. */
 lily_status lily_synthetic_preset(const char *name, lily_config *cfg, lily_error *err);
 
