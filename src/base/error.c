@@ -27,7 +27,16 @@ void lily_error_prefix(lily_error *err, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->message, sizeof old);
-    snprintf(err->message, sizeof err->message, "%s: %s", prefix, old);
+    /* prefix + ": " + old, truncated to the buffer */
+    size_t n = strlen(prefix), cap = sizeof err->message - 1;
+    n = n < cap ? n : cap;
+    memcpy(err->message, prefix, n);
+    for (const char *p = ": "; *p && n < cap; p++)
+        err->message[n++] = *p;
+    size_t m = strlen(old);
+    m = m < cap - n ? m : cap - n;
+    memcpy(err->message + n, old, m);
+    err->message[n + m] = 0;
 }
 
 const char *lily_status_name(lily_status status)
