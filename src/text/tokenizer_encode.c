@@ -692,6 +692,8 @@ static bool is_inert(utf8proc_int32_t cp, int options)
 /* Append bytes to a growing buffer; false on OOM. */
 static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 {
+    if (n == 0)
+        return true;
     if (*len + n > *cap) {
         size_t c = LILY_MAX(2 * *cap, *len + n + 64);
         char *p = realloc(*buf, c);
