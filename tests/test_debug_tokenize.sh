@@ -19,15 +19,15 @@ got=$(printf '%s' "$TEXT" | "$LILY" debug tokenize --model "$DATA/tiny-chat" --i
 [ "$got" = "1 93 273 90 207 48 77 84 390 323 294 84 76 2 207" ] || fail "tiny-chat ids: $got"
 
 # one line per token: id, tab, the token's text with newlines escaped
-printf '%s' "$TEXT" | "$LILY" debug tokenize --model "$DATA/tokenizers/qwen3" >"$TMP/lines" 2>"$TMP/err" || fail "lines exited $?"
-[ "$(sed -n 1p "$TMP/lines")" = "$(printf '151644\t<|im_start|>')" ] || fail "line 1: $(sed -n 1p "$TMP/lines")"
-[ "$(sed -n 3p "$TMP/lines")" = "$(printf '198\t\\n')" ] || fail "line 3: $(sed -n 3p "$TMP/lines")"
-[ "$(sed -n 5p "$TMP/lines")" = "$(printf '1879\t world')" ] || fail "line 5: $(sed -n 5p "$TMP/lines")"
-grep -q "7 tokens" "$TMP/err" || fail "no token count on stderr"
+printf '%s' "$TEXT" | "$LILY" debug tokenize --model "$DATA/tiny-chat" >"$TMP/lines" 2>"$TMP/err" || fail "lines exited $?"
+[ "$(sed -n 1p "$TMP/lines")" = "$(printf '1\t<|im_start|>')" ] || fail "line 1: $(sed -n 1p "$TMP/lines")"
+[ "$(sed -n 5p "$TMP/lines")" = "$(printf '207\t\\n')" ] || fail "line 5: $(sed -n 5p "$TMP/lines")"
+[ "$(sed -n 10p "$TMP/lines")" = "$(printf '323\t w')" ] || fail "line 10: $(sed -n 10p "$TMP/lines")"
+grep -q "15 tokens" "$TMP/err" || fail "no token count on stderr"
 
 # --no-special: the special token written in the text is plain text
-got=$(printf '<|im_end|>' | "$LILY" debug tokenize --model "$DATA/tokenizers/qwen3" --ids --no-special) || fail "no-special exited $?"
-[ "$got" != "151645" ] || fail "--no-special still parsed <|im_end|>"
+got=$(printf '<|im_end|>' | "$LILY" debug tokenize --model "$DATA/tiny-chat" --ids --no-special) || fail "no-special exited $?"
+[ "$got" = "36 100 81 85 71 77 86 76 100 38" ] || fail "--no-special ids: $got"
 
 # clear errors: no such directory, no tokenizer.json, malformed tokenizer.json
 "$LILY" debug tokenize --model "$TMP/nope" </dev/null 2>"$TMP/err" && fail "missing dir accepted"
