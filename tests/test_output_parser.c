@@ -482,6 +482,74 @@ static void test_finish_reason_stop_and_length(void **state)
     check_case(&length);
 }
 
+/* Random tag soup: whatever the parser decides, it must decide the same for every split, and every
+ * arguments string must be a JSON object. */
+static void test_random_tag_soup_is_split_invariant(void **state)
+{
+    (void)state;
+    static const char *const pieces[] = {
+        "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<think>",
+        "</think>", ">", "\n", " ", "a", "<", "x y", "{\"k\": [1]}", "7", "true", "</", "<tool", "\"", "\\",
+        "é", "days", "forecast", "</para", "<par"};
+    const int n_pieces = (int)(sizeof pieces / sizeof pieces[0]);
+    lily_rng r;
+    lily_rng_seed(&r, 77);
+    char text[512];
+    size_t splits[512];
+    for (int trial = 0; trial < 400; trial++) {
+        text[0] = '\0';
+        int n = 1 + (int)(lily_rng_next(&r) % 30);
+        for (int i = 0; i < n; i++)
+            strcat(text, pieces[lily_rng_next(&r) % (uint64_t)n_pieces]);
+        parse_case c = {.text = text, .thinking = lily_rng_next(&r) & 1, .tools = (lily_rng_next(&r) & 1) ? weather_tools : NULL,
+                        .cut_by_length = lily_rng_next(&r) & 1};
+        outcome whole = parse(&c, NULL);
+        /* the whole-text outcome is the expectation for the splits */
+        c.reasoning = whole.reasoning;
+        c.content = whole.content;
+        c.n_calls = whole.n_calls;
+        if (whole.n_calls > 4) {
+            free_outcome(&whole);
+            continue;
+        }
+        for (int i = 0; i < c.n_calls; i++) {
+            c.names[i] = whole.names[i];
+            c.arguments[i] = whole.arguments[i];
+        }
+        c.finish_reason = whole.finish_reason;
+        check_outcome(&c, &whole, "whole");
+        size_t len = strlen(text);
+        for (size_t i = 0; i < len; i++)
+            splits[i] = 1;
+        splits[len] = 0;
+        outcome o = parse(&c, splits);
+        check_outcome(&c, &o, "1 byte at a time");
+        free_outcome(&o);
+        size_t at = 0, k = 0;
+        while (at < len) {
+            splits[k] = 1 + lily_rng_next(&r) % 13;
+            at += splits[k++];
+        }
+        splits[k] = 0;
+        o = parse(&c, splits);
+        check_outcome(&c, &o, "random split");
+        free_outcome(&o);
+        free_outcome(&whole);
+    }
+}
+
+static void test_prompt_opens_thinking(void **state)
+{
+    (void)state;
+    const char *on = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    const char *off = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    const char *none = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    assert_true(lily_prompt_opens_thinking(on, strlen(on)));
+    assert_false(lily_prompt_opens_thinking(off, strlen(off)));
+    assert_false(lily_prompt_opens_thinking(none, strlen(none)));
+    assert_false(lily_prompt_opens_thinking("", 0));
+}
+
 static void test_rejects_tools_that_are_not_an_array(void **state)
 {
     (void)state;
@@ -507,6 +575,8 @@ int main(void)
         cmocka_unit_test(test_values_keep_text_exactly),
         cmocka_unit_test(test_values_converted_by_schema_type),
         cmocka_unit_test(test_finish_reason_stop_and_length),
+        cmocka_unit_test(test_random_tag_soup_is_split_invariant),
+        cmocka_unit_test(test_prompt_opens_thinking),
         cmocka_unit_test(test_rejects_tools_that_are_not_an_array),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -795,6 +795,18 @@ lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length,
 
 const lily_parsed_output *lily_output_parser_result(const lily_output_parser *p) { return &p->result; }
 
+bool lily_prompt_opens_thinking(const char *prompt, size_t len)
+{
+    static const char open_tag[] = "<think>", close_tag[] = "</think>";
+    for (size_t i = len; i-- > 0;) { /* scan back for the last tag of either kind */
+        if (i + sizeof open_tag - 1 <= len && !memcmp(prompt + i, open_tag, sizeof open_tag - 1))
+            return true;
+        if (i + sizeof close_tag - 1 <= len && !memcmp(prompt + i, close_tag, sizeof close_tag - 1))
+            return false;
+    }
+    return false;
+}
+
 const char *lily_output_finish_reason(const lily_parsed_output *o)
 {
     if (o->n_tool_calls > 0)

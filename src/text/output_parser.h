@@ -95,6 +95,11 @@ lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length,
 /* The result so far (complete after finish); owned by the parser. */
 const lily_parsed_output *lily_output_parser_result(const lily_output_parser *p);
 
+/* Whether a rendered prompt leaves a think block open for the model (its last "<think>" comes after its
+ * last "</think>"): the value for options.thinking. True for the Qwen3.6 template with enable_thinking
+ * (the prompt ends "<think>\n"), false with it off (the prompt ends with an empty think block). */
+bool lily_prompt_opens_thinking(const char *prompt, size_t len);
+
 /* "tool_calls" when calls were made, else "length" when cut by length, else "stop". */
 const char *lily_output_finish_reason(const lily_parsed_output *o);
 
