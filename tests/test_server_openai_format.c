@@ -303,6 +303,50 @@ static void test_openai_logprobs_and_invalid_utf8(void **state)
     lily_oai_logprob_clear(&lp);
 }
 
+/* Every prefix of a full request, and every single-byte corruption of it, parses or fails cleanly. */
+static void test_openai_truncated_and_corrupted_bodies_never_crash(void **state)
+{
+    (void)state;
+    const char *full =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"hi\"}]},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+        "\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+        "\"tool_call_id\":\"c\",\"content\":\"r\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+        "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}},\"stop\":[\"x\"],\"logit_bias\":"
+        "{\"1\":2},\"seed\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true},\"logprobs\":true,"
+        "\"top_logprobs\":2,\"chat_template_kwargs\":{\"enable_thinking\":false}}";
+    size_t n = strlen(full);
+    lily_oai_request req;
+    lily_oai_error e;
+    assert_true(lily_oai_parse_request(full, n, true, &req, &e));
+    lily_oai_request_free(&req);
+    char *buf = malloc(n + 1);
+    static const char replacements[] = {'"', '{', '}', '[', ']', ',', ':', '0', 'x', '\\', '\0', '-'};
+    int accepted = 0;
+    for (size_t cut = 0; cut < n; cut++)
+        if (lily_oai_parse_request(full, cut, true, &req, &e)) {
+            accepted++;
+            lily_oai_request_free(&req);
+        } else {
+            assert_int_equal(e.http_status, 400);
+        }
+    assert_int_equal(accepted, 0); /* no proper prefix of an object is JSON */
+    for (size_t i = 0; i < n; i++)
+        for (size_t r = 0; r < sizeof replacements; r++) {
+            memcpy(buf, full, n);
+            buf[i] = replacements[r];
+            bool ok = lily_oai_parse_request(buf, n, true, &req, &e);
+            if (ok)
+                lily_oai_request_free(&req);
+            else
+                assert_int_equal(e.http_status, 400);
+            ok = lily_oai_parse_request(buf, n, false, &req, &e);
+            if (ok)
+                lily_oai_request_free(&req);
+        }
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -315,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_openai_chat_response_shape),
         cmocka_unit_test(test_openai_chunk_shapes),
         cmocka_unit_test(test_openai_logprobs_and_invalid_utf8),
+        cmocka_unit_test(test_openai_truncated_and_corrupted_bodies_never_crash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
