@@ -1,12 +1,197 @@
-/* cmd_serve.c — `lily serve`. Not implemented yet. */
+/* cmd_serve.c — `lily serve`: the OpenAI-compatible HTTP server (server/http.h, server/service.h).
+ *
+ * Owns: the options, the order of start-up (HTTP first, so /health answers 503 while the model loads on
+ * the engine worker) and of shutdown (SIGINT/SIGTERM: stop accepting, answer waiting requests 503, let the
+ * response in flight finish, then exit 0).
+ */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "commands.h"
+#include "lily.h"
+
+#ifdef LILY_HAVE_SERVER
+#include "server/http.h"
+#include "server/scheduler.h"
+#include "server/service.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: lily serve -m DIR [options]\n"
+            "\n"
+            "OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
+            "GET /health, POST /tokenize, POST /detokenize.\n"
+            "\n"
+            "  -m, --model DIR      model directory (config.json, safetensors, tokenizer.json)\n"
+            "  --host ADDR          address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --port N             port (default 8080; 0 = any free port)\n"
+            "  --api-key KEY        require 'Authorization: Bearer KEY' (default: none)\n"
+            "  --ctx-size N         context size in tokens (default: the model's, at most 32768)\n"
+            "  --queue N            requests that may wait while one runs; more get 503 (default 16)\n"
+            "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
+            "  --backend cpu|cuda   compute backend (default cpu)\n"
+            "  --threads N          CPU threads (default: all cores)\n"
+            "  --alias NAME         the model id clients see (default: the directory's name)\n");
+}
+
+static int parse_int(const char *opt, const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "lily serve: %s needs an integer in [%ld, %ld] (got '%s')\n", opt, lo, hi, v ? v : "");
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* The last path component of dir, without trailing slashes. */
+static void dir_name(const char *dir, char *out, size_t cap)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    snprintf(out, cap, "%.*s", (int)(n - b), dir + b);
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "cpu", *alias = NULL;
+    long port = 8080, ctx = 0, queue = 16, max_body_mib = 16, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int ok = 1;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            model_dir = v, i++;
+        } else if (!strcmp(a, "--host")) {
+            host = v, i++;
+        } else if (!strcmp(a, "--api-key")) {
+            api_key = v, i++;
+        } else if (!strcmp(a, "--backend")) {
+            backend = v, i++;
+        } else if (!strcmp(a, "--alias")) {
+            alias = v, i++;
+        } else if (!strcmp(a, "--port")) {
+            ok = parse_int(a, v, 0, 65535, &port), i++;
+        } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
+            ok = parse_int(a, v, 0, 1 << 24, &ctx), i++;
+        } else if (!strcmp(a, "--queue")) {
+            ok = parse_int(a, v, 1, 1 << 16, &queue), i++;
+        } else if (!strcmp(a, "--max-body")) {
+            ok = parse_int(a, v, 1, 4096, &max_body_mib), i++;
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+            ok = parse_int(a, v, 0, 1024, &threads), i++;
+        } else {
+            fprintf(stderr, "lily serve: unknown option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!ok)
+            return 2;
+        if (i >= argc) {
+            fprintf(stderr, "lily serve: %s needs a value\n", a);
+            return 2;
+        }
+    }
+    if (!model_dir || !host || !backend || (alias && !*alias)) {
+        fprintf(stderr, "lily serve: no model directory given (-m DIR)\n\n");
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
+        fprintf(stderr, "lily serve: --backend must be cpu or cuda (got '%s')\n", backend);
+        return 2;
+    }
+    char name[256];
+    if (alias)
+        snprintf(name, sizeof name, "%s", alias);
+    else
+        dir_name(model_dir, name, sizeof name);
+
+    /* signals are taken by sigtimedwait below, never by a handler in some worker thread */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    lily_error err = {0};
+    lily_service *svc = NULL;
+    lily_service_options so = {.model_dir = model_dir, .backend = backend, .n_threads = (int)threads,
+                               .ctx_size = (int)ctx, .model_name = name};
+    if (lily_service_new(&so, &svc, &err) != LILY_OK) {
+        fprintf(stderr, "lily serve: %s\n", err.message);
+        return 1;
+    }
+    lily_scheduler sched;
+    if (lily_scheduler_start(&sched, (int)queue, lily_service_load, lily_service_run, svc, &err) != LILY_OK) {
+        fprintf(stderr, "lily serve: %s\n", err.message);
+        lily_service_free(svc);
+        return 1;
+    }
+    lily_http_options ho = {.host = host, .port = (int)port, .api_key = api_key,
+                            .max_body = (size_t)max_body_mib << 20, .model_name = name};
+    lily_http_server *http = NULL;
+    if (lily_http_start(&ho, &sched, &http, &err) != LILY_OK) {
+        fprintf(stderr, "lily serve: %s\n", err.message);
+        lily_scheduler_stop(&sched);
+        lily_service_free(svc);
+        return 1;
+    }
+    fprintf(stderr, "lily serve: listening on http://%s%s%s:%d (model '%s' loading from %s)\n",
+            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http), name, model_dir);
+
+    int rc = 0;
+    bool announced = false;
+    for (;;) {
+        struct timespec tick = {0, 100 * 1000000L};
+        int sig = sigtimedwait(&stop_signals, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM) {
+            fprintf(stderr, "lily serve: %s: finishing the response in flight, then exiting\n",
+                    sig == SIGINT ? "SIGINT" : "SIGTERM");
+            break;
+        }
+        lily_sched_state st = lily_scheduler_state(&sched, NULL, NULL);
+        if (st == LILY_SCHED_FAILED) {
+            fprintf(stderr, "lily serve: cannot load the model: %s\n", sched.load_error.message);
+            rc = 1;
+            break;
+        }
+        if (st == LILY_SCHED_READY && !announced) {
+            fprintf(stderr, "lily serve: model loaded; ready\n");
+            announced = true;
+        }
+    }
+    lily_http_quiesce(http);
+    lily_scheduler_stop(&sched);
+    lily_http_stop(http);
+    lily_service_free(svc);
+    return rc;
+}
+
+#else /* built without libmicrohttpd */
 
 int cmd_serve(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    fprintf(stderr, "lily serve: not implemented yet\n");
+    fprintf(stderr, "lily serve: this lily was built without libmicrohttpd (install libmicrohttpd-dev and rebuild)\n");
     return 1;
 }
+
+#endif

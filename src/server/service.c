@@ -1,0 +1,888 @@
+/* service.c — the model side of `lily serve` (service.h), run by the engine worker thread.
+ *
+ * Owns: one request's trip through the pipeline — template (text/chat_template), tokenizer
+ * (text/tokenizer), prefill into the one session (runtime/engine: reused when the session already holds a
+ * prefix of the prompt), the generation loop (runtime/generate: sampler, stop ids, stop strings, max
+ * tokens), the output parser (text/output_parser) — and the OpenAI JSON it writes into the job
+ * (server/openai). Enforces tool_choice "required" / named by making the generation open a tool call:
+ * named appends the tokens of "<tool_call>\n<function=NAME>\n"; required appends "<tool_call>\n<function="
+ * and then masks the logits so the name spelled is one of the tools'.
+ */
+#include "server/service.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+#include "server/openai.h"
+#include "text/chat_template.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+#define MAX_STOP_IDS 16
+
+struct lily_service {
+    char *model_dir, *backend, *model_name;
+    int n_threads, ctx_size;
+    lily_engine *engine;
+    lily_session *session;
+    lily_tokenizer *tok;
+    int vocab;
+    int32_t stop_ids[MAX_STOP_IDS];
+    int n_stop_ids;
+    lily_sampler_params defaults; /* generation_config.json's sampling fields over the sampler defaults */
+    float *scratch;           /* [vocab] masked logits */
+    unsigned long long n_requests;
+};
+
+lily_status lily_service_new(const lily_service_options *opts, lily_service **out, lily_error *err)
+{
+    *out = NULL;
+    lily_service *svc = calloc(1, sizeof *svc);
+    if (!svc)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    svc->model_dir = strdup(opts->model_dir ? opts->model_dir : "");
+    svc->backend = strdup(opts->backend ? opts->backend : "cpu");
+    svc->model_name = strdup(opts->model_name ? opts->model_name : "lily");
+    svc->n_threads = opts->n_threads;
+    svc->ctx_size = opts->ctx_size;
+    if (!svc->model_dir || !svc->backend || !svc->model_name) {
+        lily_service_free(svc);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    *out = svc;
+    return LILY_OK;
+}
+
+void lily_service_free(lily_service *svc)
+{
+    if (!svc)
+        return;
+    lily_session_free(svc->session);
+    lily_engine_close(svc->engine);
+    lily_tokenizer_free(svc->tok);
+    free(svc->scratch);
+    free(svc->model_dir);
+    free(svc->backend);
+    free(svc->model_name);
+    free(svc);
+}
+
+static void add_stop_id(lily_service *svc, int32_t id)
+{
+    if (id < 0 || id >= svc->vocab)
+        return;
+    for (int i = 0; i < svc->n_stop_ids; i++)
+        if (svc->stop_ids[i] == id)
+            return;
+    if (svc->n_stop_ids < MAX_STOP_IDS)
+        svc->stop_ids[svc->n_stop_ids++] = id;
+}
+
+/* generation_config.json's temperature, top_p, top_k, min_p, repetition_penalty and presence_penalty are the
+ * defaults a request's missing fields take (as vLLM's --generation-config auto does). */
+static void load_generation_defaults(lily_service *svc)
+{
+    svc->defaults = lily_sampler_defaults();
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", svc->model_dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    if (!json_is_object(g)) {
+        json_decref(g);
+        return;
+    }
+    json_t *v;
+    if (json_is_number(v = json_object_get(g, "temperature")))
+        svc->defaults.temperature = (float)json_number_value(v);
+    if (json_is_number(v = json_object_get(g, "top_p")))
+        svc->defaults.top_p = (float)json_number_value(v);
+    if (json_is_integer(v = json_object_get(g, "top_k")))
+        svc->defaults.top_k = (int)json_integer_value(v);
+    if (json_is_number(v = json_object_get(g, "min_p")))
+        svc->defaults.min_p = (float)json_number_value(v);
+    if (json_is_number(v = json_object_get(g, "repetition_penalty")))
+        svc->defaults.repetition_penalty = (float)json_number_value(v);
+    if (json_is_number(v = json_object_get(g, "presence_penalty")))
+        svc->defaults.presence_penalty = (float)json_number_value(v);
+    json_decref(g);
+}
+
+lily_status lily_service_load(void *user, lily_error *err)
+{
+    lily_service *svc = user;
+    lily_status st = lily_tokenizer_load(svc->model_dir, &svc->tok, err);
+    if (st != LILY_OK)
+        return st;
+    lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads};
+    st = lily_engine_open(&eo, &svc->engine, err);
+    if (st != LILY_OK)
+        return st;
+    svc->vocab = svc->engine->cfg.vocab_size;
+    if (lily_tokenizer_vocab_size(svc->tok) > svc->vocab)
+        return lily_error_set(err, LILY_ERR_TOKENIZER,
+                              "%s/tokenizer.json has token ids up to %d but the model's vocabulary is %d",
+                              svc->model_dir, lily_tokenizer_vocab_size(svc->tok) - 1, svc->vocab);
+    st = lily_session_new(svc->engine, svc->ctx_size, &svc->session, err);
+    if (st != LILY_OK)
+        return st;
+    svc->scratch = malloc((size_t)svc->vocab * sizeof *svc->scratch);
+    if (!svc->scratch)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < svc->engine->cfg.n_stop_ids; i++)
+        add_stop_id(svc, svc->engine->cfg.stop_ids[i]);
+    add_stop_id(svc, lily_tokenizer_eos_id(svc->tok));
+    add_stop_id(svc, lily_tokenizer_token_id(svc->tok, "<|im_end|>"));
+    add_stop_id(svc, lily_tokenizer_token_id(svc->tok, "<|endoftext|>"));
+    load_generation_defaults(svc);
+
+    lily_chat_template_match match;
+    lily_error terr;
+    if (lily_chat_template_check(svc->model_dir, &match, NULL, &terr) == LILY_OK) {
+        if (match == LILY_CHAT_TEMPLATE_DIFFERENT)
+            fprintf(stderr, "lily serve: warning: %s has a chat template that differs from Qwen3.6's; lily renders "
+                            "prompts with its built-in Qwen3.6 template\n", svc->model_dir);
+        else if (match == LILY_CHAT_TEMPLATE_MISSING)
+            fprintf(stderr, "lily serve: note: %s has no chat template; using the built-in Qwen3.6 template\n",
+                    svc->model_dir);
+    }
+    return LILY_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * one generation
+ */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} buffer;
+
+static bool buffer_add(buffer *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p)
+            return false;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = 0;
+    return true;
+}
+
+typedef struct {
+    lily_service *svc;
+    lily_job *job;
+    lily_oai_request *req;
+    lily_oai_ident ident;
+    bool stream;
+    bool failed;              /* out of memory while writing: stop generating */
+    lily_output_parser *parser; /* chat only */
+    char (*call_ids)[40];     /* [n_calls] */
+    int n_calls;
+    bool thinking;            /* the prompt opened a think block */
+    bool reasoning_done;      /* the parser has left the think block */
+    int reasoning_tokens;
+    buffer text;              /* completions: the generated text */
+    lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
+    int n_lps, cap_lps;
+    int lp_text_offset;       /* completions stream: text_offset of the next logprob */
+} generation;
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void send_json_chunk(generation *g, json_t *chunk)
+{
+    if (!chunk) {
+        g->failed = true;
+        return;
+    }
+    size_t len;
+    char *s = lily_oai_sse(chunk, &len);
+    json_decref(chunk);
+    if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
+        g->failed = true;
+    free(s);
+}
+
+/* The logprobs JSON of the tokens waiting to be sent, and forget them. NULL when logprobs are off. */
+static json_t *take_logprobs(generation *g)
+{
+    if (!g->req->logprobs)
+        return NULL;
+    json_t *j;
+    if (g->req->is_chat) {
+        j = lily_oai_chat_logprobs_json(g->lps, g->n_lps);
+    } else {
+        j = lily_oai_completion_logprobs_json(g->lps, g->n_lps, g->lp_text_offset);
+        for (int i = 0; i < g->n_lps; i++)
+            g->lp_text_offset += g->lps[i].token_len;
+    }
+    for (int i = 0; i < g->n_lps; i++)
+        lily_oai_logprob_clear(&g->lps[i]);
+    g->n_lps = 0;
+    return j;
+}
+
+static void on_parser_event(void *user, const lily_output_event *ev)
+{
+    generation *g = user;
+    if (ev->kind != LILY_OUTPUT_REASONING)
+        g->reasoning_done = true;
+    if (ev->kind == LILY_OUTPUT_TOOL_CALL_START && ev->tool_index >= g->n_calls) {
+        char(*ids)[40] = realloc(g->call_ids, (size_t)(ev->tool_index + 1) * sizeof *ids);
+        if (!ids) {
+            g->failed = true;
+            return;
+        }
+        g->call_ids = ids;
+        while (g->n_calls <= ev->tool_index)
+            lily_oai_tool_call_id(g->call_ids[g->n_calls++]);
+    }
+    if (!g->stream)
+        return;
+    json_t *delta = NULL;
+    switch (ev->kind) {
+    case LILY_OUTPUT_REASONING: delta = lily_oai_delta_text("reasoning_content", ev->text, ev->len); break;
+    case LILY_OUTPUT_CONTENT: delta = lily_oai_delta_text("content", ev->text, ev->len); break;
+    case LILY_OUTPUT_TOOL_CALL_START:
+        if (ev->tool_index < g->n_calls)
+            delta = lily_oai_delta_tool_open(ev->tool_index, g->call_ids[ev->tool_index], ev->text);
+        break;
+    case LILY_OUTPUT_TOOL_ARGUMENTS: delta = lily_oai_delta_tool_args(ev->tool_index, ev->text, ev->len); break;
+    case LILY_OUTPUT_TOOL_CALL_END: break;
+    }
+    if (delta)
+        send_json_chunk(g, lily_oai_chat_chunk(&g->ident, delta, NULL, take_logprobs(g), g->req->include_usage));
+}
+
+/* Generated text that got past the stop strings. */
+static lily_status deliver_text(generation *g, const char *text, size_t len, lily_error *err)
+{
+    if (!len)
+        return LILY_OK;
+    if (g->parser)
+        return lily_output_parser_feed(g->parser, text, len, err);
+    if (g->stream) {
+        char *piece = strndup(text, len);
+        if (!piece)
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+        send_json_chunk(g, lily_oai_completion_chunk(&g->ident, piece, NULL, take_logprobs(g), g->req->include_usage));
+        free(piece);
+        return LILY_OK;
+    }
+    if (!buffer_add(&g->text, text, len))
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    return LILY_OK;
+}
+
+/* log-softmax of logits[vocab] for the chosen token and the n_top most likely ones. */
+static lily_status record_logprob(generation *g, const float *logits, int32_t token, lily_error *err)
+{
+    lily_service *svc = g->svc;
+    if (g->n_lps == g->cap_lps) {
+        int cap = g->cap_lps ? g->cap_lps * 2 : 16;
+        lily_oai_logprob *p = realloc(g->lps, (size_t)cap * sizeof *p);
+        if (!p)
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+        g->lps = p;
+        g->cap_lps = cap;
+    }
+    float max = -INFINITY;
+    for (int i = 0; i < svc->vocab; i++)
+        max = logits[i] > max ? logits[i] : max;
+    double sum = 0;
+    for (int i = 0; i < svc->vocab; i++)
+        sum += exp((double)(logits[i] - max));
+    float lse = max + (float)log(sum);
+    lily_oai_logprob *lp = &g->lps[g->n_lps];
+    memset(lp, 0, sizeof *lp);
+    size_t len = 0;
+    const char *bytes = lily_tokenizer_token_bytes(svc->tok, token, &len);
+    lp->token = strndup(bytes ? bytes : "", bytes ? len : 0);
+    lp->token_len = (int)(bytes ? len : 0);
+    lp->logprob = logits[token] - lse;
+    int n_top = LILY_MIN(g->req->top_logprobs, 20);
+    int32_t top[20];
+    int n = 0;
+    for (int i = 0; i < svc->vocab && n_top > 0; i++) { /* insertion into the top n_top (ties: lower id first) */
+        if (n == n_top && logits[i] <= logits[top[n - 1]])
+            continue;
+        int k = n < n_top ? n++ : n - 1;
+        while (k > 0 && logits[top[k - 1]] < logits[i]) {
+            top[k] = top[k - 1];
+            k--;
+        }
+        top[k] = i;
+    }
+    for (int k = 0; k < n; k++) {
+        bytes = lily_tokenizer_token_bytes(svc->tok, top[k], &len);
+        lp->top[k].token = strndup(bytes ? bytes : "", bytes ? len : 0);
+        lp->top[k].token_len = (int)(bytes ? len : 0);
+        lp->top[k].logprob = logits[top[k]] - lse;
+    }
+    lp->n_top = n;
+    g->n_lps++;
+    if (!lp->token)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    return LILY_OK;
+}
+
+/* tool_choice "required": the tool names (each followed by ">\n") the model may spell after "<function=". */
+typedef struct {
+    char **names;
+    int n;
+    buffer spelled;
+    bool active;
+} name_constraint;
+
+/* Mask logits to the tokens that keep `spelled` a prefix of some "NAME>\n". Returns how many are allowed. */
+static int constrain_name(const lily_service *svc, const name_constraint *nc, const float *logits, float *out)
+{
+    int allowed = 0;
+    for (int32_t id = 0; id < svc->vocab; id++) {
+        size_t len = 0;
+        const char *b = lily_tokenizer_token_bytes(svc->tok, id, &len);
+        bool ok = false;
+        for (int i = 0; b && len && !ok && i < nc->n; i++) {
+            size_t nl = strlen(nc->names[i]);
+            ok = nc->spelled.len + len <= nl && !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len) &&
+                 !memcmp(nc->names[i] + nc->spelled.len, b, len);
+        }
+        out[id] = ok ? logits[id] : -INFINITY;
+        allowed += ok;
+    }
+    return allowed;
+}
+
+static bool name_complete(const name_constraint *nc)
+{
+    for (int i = 0; i < nc->n; i++)
+        if (nc->spelled.len == strlen(nc->names[i]) && !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len))
+            return true;
+    return false;
+}
+
+static void name_constraint_free(name_constraint *nc)
+{
+    for (int i = 0; i < nc->n; i++)
+        free(nc->names[i]);
+    free(nc->names);
+    free(nc->spelled.data);
+}
+
+static lily_sampler_params sampler_params(const lily_service *svc, const lily_oai_request *req,
+                                          lily_logit_bias *bias)
+{
+    lily_sampler_params p = svc->defaults;
+    if (!isnan(req->temperature))
+        p.temperature = (float)req->temperature;
+    if (!isnan(req->top_p))
+        p.top_p = (float)req->top_p;
+    if (req->top_k >= 0)
+        p.top_k = req->top_k;
+    if (!isnan(req->min_p))
+        p.min_p = (float)req->min_p;
+    if (!isnan(req->presence_penalty))
+        p.presence_penalty = (float)req->presence_penalty;
+    if (!isnan(req->frequency_penalty))
+        p.frequency_penalty = (float)req->frequency_penalty;
+    if (!isnan(req->repetition_penalty))
+        p.repetition_penalty = (float)req->repetition_penalty;
+    int n = 0;
+    for (int i = 0; i < req->n_logit_bias; i++)
+        if (req->logit_bias[i].token < svc->vocab) {
+            bias[n].token = req->logit_bias[i].token;
+            bias[n].bias = req->logit_bias[i].bias;
+            n++;
+        }
+    p.logit_bias = bias;
+    p.n_logit_bias = n;
+    if (req->has_seed) {
+        p.seed = req->seed;
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        p.seed = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ svc->n_requests;
+    }
+    return p;
+}
+
+static void fail_with(lily_job *job, int http_status, const char *type, const char *param, const char *code,
+                      const char *message)
+{
+    lily_oai_error e;
+    lily_oai_error_set(&e, http_status, type, param, code, "%s", message);
+    lily_job_fail(job, &e);
+}
+
+/* Prefill the prompt into the session: keep what the session already holds when it is a prefix of the
+ * prompt (the state after a prefix is exact, so nothing needs rolling back), reset otherwise.
+ * Chunked so a vanished client stops a long prefill early. *reused: tokens not recomputed. */
+static lily_status prefill(lily_service *svc, lily_job *job, const int32_t *ids, int n, int *reused, lily_error *err)
+{
+    lily_session *s = svc->session;
+    int keep = 0;
+    if (s->n_tokens > 0 && s->n_tokens <= n && !memcmp(s->tokens, ids, (size_t)s->n_tokens * sizeof *ids))
+        keep = s->n_tokens;
+    if (keep == 0 && s->n_tokens > 0)
+        lily_session_reset(s);
+    *reused = keep;
+    int chunk = svc->engine->prefill_chunk > 0 ? svc->engine->prefill_chunk : 512;
+    for (int i = keep; i < n; i += chunk) {
+        if (lily_job_cancelled(job))
+            return lily_error_set(err, LILY_ERR_CANCELLED, "cancelled");
+        lily_status st = lily_session_append(s, ids + i, LILY_MIN(chunk, n - i), NULL, err);
+        if (st != LILY_OK) {
+            lily_session_reset(s);
+            return st;
+        }
+    }
+    return LILY_OK;
+}
+
+static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
+{
+    return lily_detokenizer_feed(state, token, text, len, err);
+}
+
+static lily_status detok_flush(void *state, const char **text, size_t *len, lily_error *err)
+{
+    return lily_detokenizer_flush(state, text, len, err);
+}
+
+/* lily_generate's per-token callback: logprobs (s->logits still holds the distribution the token was drawn
+ * from), the reasoning count, and the text on to the parser or the stream. */
+static int on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    generation *g = user;
+    lily_error err;
+    if (token >= 0) {
+        if (g->req->logprobs && record_logprob(g, g->svc->session->logits, token, &err) != LILY_OK)
+            g->failed = true;
+        if (g->thinking && !g->reasoning_done)
+            g->reasoning_tokens++;
+    }
+    if (deliver_text(g, text, len, &err) != LILY_OK)
+        g->failed = true;
+    return g->failed || lily_job_cancelled(g->job);
+}
+
+/* Append one token the server chose (a forced tool-call opening) as if generated: logprob, text, session. */
+static lily_status append_chosen(generation *g, int32_t token, lily_error *err)
+{
+    lily_session *s = g->svc->session;
+    if (s->n_tokens + 1 > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "context full");
+    if (g->req->logprobs) {
+        lily_status st = record_logprob(g, s->logits, token, err);
+        if (st != LILY_OK)
+            return st;
+    }
+    size_t len = 0;
+    const char *bytes = lily_tokenizer_token_bytes(g->svc->tok, token, &len);
+    lily_status st = deliver_text(g, bytes ? bytes : "", bytes ? len : 0, err);
+    if (st != LILY_OK)
+        return st;
+    return lily_session_append(s, &token, 1, NULL, err);
+}
+
+/* tool_choice required: after "<function=", draw the tool's name token by token from the logits masked to
+ * the listed names, so the call names a real tool whatever the model prefers. */
+static lily_status spell_tool_name(generation *g, name_constraint *nc, const lily_sampler_params *sp, int *n_tokens,
+                                   lily_error *err)
+{
+    lily_service *svc = g->svc;
+    lily_sampler *sampler = NULL;
+    lily_status st = lily_sampler_new(sp, svc->vocab, &sampler, err);
+    while (st == LILY_OK && !name_complete(nc)) {
+        int32_t token = -1;
+        if (constrain_name(svc, nc, svc->session->logits, svc->scratch) > 0) {
+            token = lily_sampler_sample(sampler, svc->scratch);
+        } else { /* no single token continues a name here: spell the rest of the first name that fits */
+            for (int i = 0; i < nc->n && token < 0; i++)
+                if (!memcmp(nc->names[i], nc->spelled.data ? nc->spelled.data : "", nc->spelled.len)) {
+                    int32_t *rest = NULL;
+                    int n_rest = 0;
+                    const char *tail = nc->names[i] + nc->spelled.len;
+                    if (lily_tokenizer_encode(svc->tok, tail, strlen(tail), false, &rest, &n_rest, err) == LILY_OK &&
+                        n_rest > 0)
+                        token = rest[0];
+                    free(rest);
+                }
+            if (token < 0)
+                break;
+        }
+        size_t blen = 0;
+        const char *b = lily_tokenizer_token_bytes(svc->tok, token, &blen);
+        if (!buffer_add(&nc->spelled, b ? b : "", b ? blen : 0))
+            st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+        else if ((st = lily_sampler_accept(sampler, token, err)) == LILY_OK &&
+                 (st = append_chosen(g, token, err)) == LILY_OK)
+            (*n_tokens)++;
+    }
+    lily_sampler_free(sampler);
+    return st;
+}
+
+/* The prompt's token ids, or an error already written to the job (returns false). */
+static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t **ids, int *n_ids)
+{
+    lily_oai_request *req = &job->req;
+    lily_error err = {0};
+    lily_status st;
+    *thinking = false;
+    if (req->is_chat) {
+        char *prompt = NULL;
+        json_t *treq = lily_oai_template_request(req);
+        st = treq ? lily_chat_render(treq, NULL, &prompt, &err)
+                  : lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "Out of memory.");
+        json_decref(treq);
+        if (st != LILY_OK) {
+            fail_with(job, st == LILY_ERR_TEMPLATE ? 400 : 500,
+                      st == LILY_ERR_TEMPLATE ? "invalid_request_error" : "server_error",
+                      st == LILY_ERR_TEMPLATE ? "messages" : NULL, NULL, err.message);
+            return false;
+        }
+        size_t plen = strlen(prompt);
+        *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
+        st = lily_tokenizer_encode(svc->tok, prompt, plen, true, ids, n_ids, &err);
+        free(prompt);
+    } else if (req->prompt_text) {
+        st = lily_tokenizer_encode(svc->tok, req->prompt_text, strlen(req->prompt_text), true, ids, n_ids, &err);
+    } else {
+        for (int i = 0; i < req->n_prompt_ids; i++)
+            if (req->prompt_ids[i] >= svc->vocab) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "Invalid 'prompt[%d]': token id %d is outside the vocabulary (%d).", i,
+                         req->prompt_ids[i], svc->vocab);
+                fail_with(job, 400, "invalid_request_error", "prompt", NULL, msg);
+                return false;
+            }
+        *ids = malloc((size_t)req->n_prompt_ids * sizeof **ids);
+        if (*ids)
+            memcpy(*ids, req->prompt_ids, (size_t)req->n_prompt_ids * sizeof **ids);
+        *n_ids = req->n_prompt_ids;
+        st = *ids ? LILY_OK : lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "Out of memory.");
+    }
+    if (st != LILY_OK) {
+        fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
+                  st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error", NULL, NULL, err.message);
+        return false;
+    }
+    int max_ctx = svc->session->max_ctx;
+    if (*n_ids == 0 || *n_ids >= max_ctx) {
+        const char *what = req->is_chat ? "messages" : "prompt";
+        char msg[256];
+        if (*n_ids == 0)
+            snprintf(msg, sizeof msg, "The prompt is empty.");
+        else
+            snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your %s resulted "
+                     "in %d tokens. Please reduce the length of the %s.", max_ctx, what, *n_ids, what);
+        fail_with(job, 400, "invalid_request_error", what, *n_ids ? "context_length_exceeded" : NULL, msg);
+        return false;
+    }
+    return true;
+}
+
+static void run_generation(lily_service *svc, lily_job *job)
+{
+    lily_oai_request *req = &job->req;
+    lily_session *s = svc->session;
+    lily_error err = {0};
+    lily_status st = LILY_OK;
+    int32_t *ids = NULL, *forced = NULL;
+    int n_ids = 0, n_forced = 0;
+    lily_detokenizer detok;
+    bool detok_ready = false;
+    name_constraint nc = {0};
+    lily_logit_bias *bias = NULL;
+    generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream};
+    lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
+    svc->n_requests++;
+
+    /* 1. the prompt's token ids (a bad conversation or a prompt over the context ends here with a 400) */
+    if (!prompt_ids(svc, job, &g.thinking, &ids, &n_ids))
+        goto done;
+
+    /* 2. tool_choice required / named: the text the reply must open with */
+    if (req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->tool_choice == LILY_TOOL_CHOICE_REQUIRED)) {
+        char head[512];
+        snprintf(head, sizeof head, req->tool_choice == LILY_TOOL_CHOICE_NAMED ? "<tool_call>\n<function=%s>\n"
+                                                                               : "<tool_call>\n<function=",
+                 req->tool_name);
+        if (lily_tokenizer_encode(svc->tok, head, strlen(head), true, &forced, &n_forced, &err) != LILY_OK) {
+            fail_with(job, 500, "server_error", NULL, NULL, err.message);
+            goto done;
+        }
+        if (req->tool_choice == LILY_TOOL_CHOICE_REQUIRED) {
+            nc.names = calloc(json_array_size(req->tools) + 1, sizeof *nc.names);
+            for (size_t i = 0; nc.names && i < json_array_size(req->tools); i++) {
+                const char *name =
+                    json_string_value(json_object_get(json_object_get(json_array_get(req->tools, i), "function"), "name"));
+                if (!(nc.names[nc.n] = malloc(strlen(name) + 3)))
+                    break;
+                sprintf(nc.names[nc.n++], "%s>\n", name);
+            }
+        }
+    }
+
+    /* 3. the parts of the pipeline */
+    lily_output_parser_options po = {.thinking = g.thinking, .tools = req->tools, .on_event = on_parser_event, .user = &g};
+    bias = calloc((size_t)req->n_logit_bias + 1, sizeof *bias);
+    if (!bias || (req->is_chat && (st = lily_output_parser_new(&po, &g.parser, &err)) != LILY_OK)) {
+        fail_with(job, 500, "server_error", NULL, NULL, bias ? err.message : "Out of memory.");
+        goto done;
+    }
+    lily_generate_params gp = lily_generate_defaults();
+    gp.sampling = sampler_params(svc, req, bias);
+    lily_sampler *probe = NULL; /* the sampler rejects bad parameters here, before the response starts */
+    if ((st = lily_sampler_new(&gp.sampling, svc->vocab, &probe, &err)) != LILY_OK) {
+        fail_with(job, 400, "invalid_request_error", NULL, NULL, err.message);
+        goto done;
+    }
+    lily_sampler_free(probe);
+    lily_detokenizer_init(&detok, svc->tok, false);
+    detok_ready = true;
+
+    /* 4. the status is decided: the response starts */
+    lily_job_begin(job, 200, g.stream);
+    if (g.stream && req->is_chat)
+        send_json_chunk(&g, lily_oai_chat_chunk(&g.ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
+    if (!req->is_chat && req->echo) {
+        const char *echo = req->prompt_text;
+        char *decoded = NULL;
+        size_t elen = 0;
+        if (!echo && lily_tokenizer_decode(svc->tok, ids, n_ids, false, &decoded, &elen, &err) == LILY_OK)
+            echo = decoded;
+        if (echo && g.stream)
+            send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, echo, NULL, NULL, req->include_usage));
+        else if (echo)
+            buffer_add(&g.text, echo, strlen(echo));
+        g.lp_text_offset = echo ? (int)strlen(echo) : 0;
+        free(decoded);
+    }
+
+    /* 5. prefill */
+    double t0 = now_seconds();
+    int reused = 0;
+    st = prefill(svc, job, ids, n_ids, &reused, &err);
+    double t1 = now_seconds();
+    job->stats.prompt_tokens = n_ids;
+    job->stats.cached_tokens = reused;
+    job->stats.prefill_tok_s = t1 > t0 ? (n_ids - reused) / (t1 - t0) : 0;
+    if (st != LILY_OK) {
+        if (st != LILY_ERR_CANCELLED)
+            fail_with(job, 500, "server_error", NULL, NULL, err.message);
+        goto done;
+    }
+
+    /* 6. decode: the forced opening, the constrained tool name, then the model on its own */
+    int n_chosen = 0;
+    const char *finish = "stop";
+    for (int i = 0; i < n_forced && st == LILY_OK; i++)
+        if ((st = append_chosen(&g, forced[i], &err)) == LILY_OK)
+            n_chosen++;
+    if (st == LILY_OK && nc.n > 0)
+        st = spell_tool_name(&g, &nc, &gp.sampling, &n_chosen, &err);
+    lily_generate_result res = {.finish = LILY_FINISH_LENGTH};
+    if (st == LILY_ERR_CONTEXT_LENGTH) {
+        st = LILY_OK;
+    } else if (st == LILY_OK && (req->max_tokens < 0 || n_chosen < req->max_tokens)) {
+        gp.max_tokens = req->max_tokens < 0 ? 0 : req->max_tokens - n_chosen;
+        gp.stop_ids = svc->stop_ids;
+        gp.n_stop_ids = svc->n_stop_ids;
+        gp.stop_strings = (const char *const *)req->stop;
+        gp.n_stop_strings = req->n_stop;
+        gp.detok = (lily_detok_interface){.state = &detok, .feed = detok_feed, .flush = detok_flush};
+        gp.on_token = on_token;
+        gp.user = &g;
+        st = lily_generate(s, NULL, 0, &gp, &res, &err);
+    }
+    int n_generated = n_chosen + res.n_generated;
+    job->stats.completion_tokens = n_generated;
+    job->stats.decode_tok_s = res.decode_tokens_per_second;
+    if (lily_job_cancelled(job))
+        goto done;
+    if (st != LILY_OK || g.failed || res.finish == LILY_FINISH_CANCELLED) {
+        lily_session_reset(s);
+        fail_with(job, 500, "server_error", NULL, NULL, st != LILY_OK ? err.message : "Out of memory.");
+        goto done;
+    }
+    finish = res.finish == LILY_FINISH_LENGTH ? "length" : "stop";
+
+    /* 7. the end: finish_reason, usage, [DONE] */
+    if (g.parser && lily_output_parser_finish(g.parser, !strcmp(finish, "length"), &err) != LILY_OK) {
+        fail_with(job, 500, "server_error", NULL, NULL, err.message);
+        goto done;
+    }
+    if (g.parser)
+        finish = lily_output_finish_reason(lily_output_parser_result(g.parser));
+    lily_oai_usage usage = {.prompt_tokens = n_ids, .completion_tokens = n_generated, .cached_tokens = reused,
+                            .reasoning_tokens = g.reasoning_tokens};
+    if (g.stream) {
+        if (req->is_chat)
+            send_json_chunk(&g, lily_oai_chat_chunk(&g.ident, json_object(), finish, take_logprobs(&g),
+                                                    req->include_usage));
+        else
+            send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, "", finish, take_logprobs(&g), req->include_usage));
+        if (req->include_usage)
+            send_json_chunk(&g, lily_oai_usage_chunk(&g.ident, req->is_chat, &usage));
+        lily_job_write(job, "data: [DONE]\n\n", 14);
+        lily_job_finish(job);
+        goto done;
+    }
+    json_t *resp;
+    if (req->is_chat) {
+        const lily_parsed_output *o = lily_output_parser_result(g.parser);
+        lily_oai_tool_call *calls = calloc((size_t)o->n_tool_calls + 1, sizeof *calls);
+        for (int i = 0; calls && i < o->n_tool_calls; i++) {
+            if (i < g.n_calls)
+                memcpy(calls[i].id, g.call_ids[i], sizeof calls[i].id);
+            else
+                lily_oai_tool_call_id(calls[i].id);
+            calls[i].name = o->tool_calls[i].name;
+            calls[i].arguments = o->tool_calls[i].arguments;
+        }
+        resp = calls ? lily_oai_chat_response(&g.ident, o->content, o->reasoning, calls, o->n_tool_calls, finish,
+                                              take_logprobs(&g), &usage)
+                     : NULL;
+        free(calls);
+    } else {
+        resp = lily_oai_completion_response(&g.ident, g.text.data ? g.text.data : "", finish, take_logprobs(&g),
+                                            &usage);
+    }
+    char *body = resp ? lily_oai_dump(resp) : NULL;
+    json_decref(resp);
+    if (!body) {
+        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
+        goto done;
+    }
+    lily_job_write(job, body, strlen(body));
+    free(body);
+    lily_job_finish(job);
+
+done:
+    if (!job->finished)
+        lily_job_finish(job);
+    if (detok_ready)
+        lily_detokenizer_free(&detok);
+    for (int i = 0; i < g.n_lps; i++)
+        lily_oai_logprob_clear(&g.lps[i]);
+    free(g.lps);
+    free(g.call_ids);
+    free(g.text.data);
+    lily_output_parser_free(g.parser);
+    name_constraint_free(&nc);
+    free(bias);
+    free(forced);
+    free(ids);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * /tokenize and /detokenize (llama.cpp's shapes)
+ */
+
+static void run_tokenize(lily_service *svc, lily_job *job)
+{
+    lily_error err;
+    json_t *b = job->body;
+    const char *content = json_string_value(json_object_get(b, "content"));
+    json_t *ps = json_object_get(b, "parse_special");
+    bool parse_special = !json_is_false(ps);
+    bool with_pieces = json_is_true(json_object_get(b, "with_pieces"));
+    int32_t *ids = NULL;
+    int n = 0;
+    lily_status st = lily_tokenizer_encode(svc->tok, content, json_string_length(json_object_get(b, "content")),
+                                           parse_special, &ids, &n, &err);
+    if (st != LILY_OK) {
+        fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
+                  st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error", "content", NULL,
+                  err.message);
+        return;
+    }
+    json_t *tokens = json_array();
+    for (int i = 0; tokens && i < n; i++) {
+        if (with_pieces) {
+            size_t len = 0;
+            const char *bytes = lily_tokenizer_token_bytes(svc->tok, ids[i], &len);
+            json_array_append_new(tokens, json_pack("{s:i, s:o}", "id", ids[i], "piece",
+                                                    lily_oai_string(bytes ? bytes : "", bytes ? len : 0)));
+        } else {
+            json_array_append_new(tokens, json_integer(ids[i]));
+        }
+    }
+    free(ids);
+    json_t *r = json_pack("{s:o}", "tokens", tokens);
+    char *s = r ? lily_oai_dump(r) : NULL;
+    json_decref(r);
+    if (!s) {
+        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
+        return;
+    }
+    lily_job_begin(job, 200, false);
+    lily_job_write(job, s, strlen(s));
+    free(s);
+    lily_job_finish(job);
+}
+
+static void run_detokenize(lily_service *svc, lily_job *job)
+{
+    lily_error err;
+    json_t *tokens = json_object_get(job->body, "tokens");
+    size_t n = json_array_size(tokens);
+    int32_t *ids = malloc((n + 1) * sizeof *ids);
+    if (!ids) {
+        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(tokens, i));
+    char *text = NULL;
+    size_t len = 0;
+    lily_status st = lily_tokenizer_decode(svc->tok, ids, (int)n, false, &text, &len, &err);
+    free(ids);
+    if (st != LILY_OK) {
+        fail_with(job, 500, "server_error", NULL, NULL, err.message);
+        return;
+    }
+    json_t *r = json_pack("{s:o}", "content", lily_oai_string(text, len));
+    free(text);
+    char *s = r ? lily_oai_dump(r) : NULL;
+    json_decref(r);
+    if (!s) {
+        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
+        return;
+    }
+    lily_job_begin(job, 200, false);
+    lily_job_write(job, s, strlen(s));
+    free(s);
+    lily_job_finish(job);
+}
+
+void lily_service_run(void *user, lily_job *job)
+{
+    lily_service *svc = user;
+    switch (job->route) {
+    case LILY_ROUTE_TOKENIZE: run_tokenize(svc, job); break;
+    case LILY_ROUTE_DETOKENIZE: run_detokenize(svc, job); break;
+    case LILY_ROUTE_CHAT:
+    case LILY_ROUTE_COMPLETIONS: run_generation(svc, job); break;
+    }
+}

@@ -1,0 +1,36 @@
+/* service.h — what the engine worker of `lily serve` does with a job: the model side of the server.
+ *
+ * Owns: the engine, the one session, the tokenizer, and the per-request pipeline: render the chat template,
+ * tokenize, check the context, prefill (reusing the session when it already holds a prefix of the prompt),
+ * sample token by token, cut at stop ids / stop strings / max tokens, parse reasoning, content and tool
+ * calls, and write the OpenAI response or SSE chunks into the job. Runs on the scheduler's worker thread
+ * only (lily_service_load and lily_service_run are a lily_job_loader and a lily_job_runner).
+ */
+#ifndef LILY_SERVER_SERVICE_H
+#define LILY_SERVER_SERVICE_H
+
+#include "lily.h"
+#include "server/scheduler.h"
+
+typedef struct {
+    const char *model_dir;
+    const char *backend;      /* "cpu" (default) or "cuda" */
+    int n_threads;            /* 0 = all cores */
+    int ctx_size;             /* tokens; 0 = the model's maximum (capped by the runtime) */
+    const char *model_name;   /* the id responses carry */
+} lily_service_options;
+
+typedef struct lily_service lily_service;
+
+/* Remember the options; loads nothing (lily_service_load does, on the worker). Errors: OOM. */
+lily_status lily_service_new(const lily_service_options *opts, lily_service **out, lily_error *err);
+void lily_service_free(lily_service *svc);
+
+/* lily_job_loader: open the engine, the session and the tokenizer; warn on stderr when the model's chat
+ * template is not the one lily renders. Errors: as lily_engine_open, lily_session_new, lily_tokenizer_load. */
+lily_status lily_service_load(void *svc, lily_error *err);
+
+/* lily_job_runner: run one chat, completions, tokenize or detokenize job to its end. */
+void lily_service_run(void *svc, lily_job *job);
+
+#endif

@@ -1,0 +1,342 @@
+"""test_server_openai.py — `lily serve` against the official openai SDK and raw HTTP (run by test_server.sh).
+
+usage: python test_server_openai.py <lily-binary> <model-dir>
+
+Starts `lily serve` on a free loopback port with an API key, --queue 1 and a small --max-body, waits for
+/health, runs every check, stops the server with SIGTERM while a stream is in flight (the stream must end
+with [DONE] and the server exit 0). The tiny model writes noise, so the checks force what they need: tool
+calls through tool_choice, long generations by banning the end tokens with logit_bias.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+LILY, MODEL = sys.argv[1], sys.argv[2]
+KEY = "test-key-123"
+CTX = 2048
+failures = []
+
+
+def check(cond, what):
+    if cond:
+        print("  ok   " + what)
+    else:
+        print("  FAIL " + what)
+        failures.append(what)
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
+server = subprocess.Popen([LILY, "serve", "-m", MODEL, "--port", "0", "--api-key", KEY, "--queue", "1",
+                           "--max-body", "1", "--ctx-size", str(CTX), "--threads", "1"],
+                          stdout=subprocess.DEVNULL, stderr=log)
+port = None
+deadline = time.time() + 60
+while port is None and time.time() < deadline:
+    time.sleep(0.05)
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log.name).read())
+    if m:
+        port = int(m.group(1))
+    if server.poll() is not None:
+        break
+if port is None:
+    print(open(log.name).read())
+    sys.exit("lily serve did not start")
+BASE = f"http://127.0.0.1:{port}"
+
+
+def request(method, path, body=None, key=KEY, raw=None, timeout=60):
+    """(status, parsed JSON or text) of one HTTP request."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(BASE + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+# /health is 503 while loading, then 200
+statuses = set()
+while time.time() < deadline:
+    s, _ = request("GET", "/health", key=None)
+    statuses.add(s)
+    if s == 200:
+        break
+    time.sleep(0.05)
+check(200 in statuses and statuses <= {200, 503}, f"/health answers 503 while loading, then 200 (saw {statuses})")
+
+s, tok = request("POST", "/tokenize", {"content": "<|im_end|><|endoftext|>"})
+END_IDS = tok["tokens"] if s == 200 else []
+check(s == 200 and len(END_IDS) == 2, f"/tokenize finds the end tokens {END_IDS}")
+BAN_END = {str(i): -100 for i in END_IDS}
+
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "get_time", "description": "Time in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+# ---------------------------------------------------------------------------------------------- raw HTTP
+
+print("routes")
+s, models = request("GET", "/v1/models")
+check(s == 200 and models["data"][0]["id"] == os.path.basename(MODEL.rstrip("/")), "/v1/models lists the model")
+s, r = request("POST", "/tokenize", {"content": "Hello world"})
+ids = r.get("tokens", []) if s == 200 else []
+s2, r2 = request("POST", "/detokenize", {"tokens": ids})
+check(s == 200 and s2 == 200 and r2.get("content") == "Hello world", "/tokenize then /detokenize round-trips")
+
+print("errors")
+chat = "/v1/chat/completions"
+
+
+def expect_error(status_want, method, path, body=None, raw=None, key=KEY, code=None, param=None, what=""):
+    s, r = request(method, path, body, key=key, raw=raw)
+    ok = s == status_want and isinstance(r, dict) and isinstance(r.get("error"), dict) and \
+        {"message", "type", "param", "code"} <= set(r["error"])
+    if ok and code is not None:
+        ok = r["error"]["code"] == code
+    if ok and param is not None:
+        ok = r["error"]["param"] == param
+    check(ok, f"{status_want} {what}: {json.dumps(r)[:160]}")
+
+
+expect_error(400, "POST", chat, raw=b"{\"messages\": [", what="malformed JSON")
+expect_error(400, "POST", chat, raw=b"\xff\xfe\x00", what="bytes that are not JSON")
+expect_error(400, "POST", chat, {"messages": "hi"}, param="messages", what="messages not an array")
+expect_error(400, "POST", chat, {"messages": []}, param="messages", what="empty messages")
+expect_error(400, "POST", chat, {"messages": USER, "temperature": "hot"}, param="temperature", what="wrong type")
+expect_error(400, "POST", chat, {"messages": USER, "max_tokens": -5}, param="max_tokens", what="negative max_tokens")
+expect_error(400, "POST", chat, {"messages": USER, "n": 2}, param="n", what="n > 1")
+expect_error(400, "POST", chat, {"messages": [{"role": "wizard", "content": "x"}]}, what="unknown role")
+expect_error(400, "POST", chat, {"messages": [{"role": "assistant", "content": "no user"}]}, what="unrenderable")
+expect_error(400, "POST", chat, {"messages": USER, "tools": TOOLS,
+                                 "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+             param="tool_choice", what="tool_choice naming an unknown function")
+expect_error(400, "POST", chat, {"messages": [{"role": "user", "content": "word " * (CTX + 100)}]},
+             code="context_length_exceeded", what="prompt longer than the context")
+expect_error(400, "POST", "/v1/completions", {"prompt": [1, 2, 99999]}, param="prompt", what="token id out of vocab")
+expect_error(400, "POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 4)},
+             code="context_length_exceeded", what="completions prompt longer than the context")
+expect_error(401, "POST", chat, {"messages": USER}, key=None, code="invalid_api_key", what="no bearer token")
+expect_error(401, "POST", chat, {"messages": USER}, key=KEY + "x", code="invalid_api_key", what="wrong bearer token")
+expect_error(404, "GET", "/v2/nothing", what="unknown route")
+expect_error(405, "GET", chat, what="GET on a POST route")
+expect_error(405, "DELETE", "/v1/models", what="DELETE on a GET route")
+expect_error(413, "POST", chat, raw=b"{\"messages\":\"" + b"x" * (2 << 20) + b"\"}", code="request_too_large",
+             what="body over --max-body 1 MiB")
+s, _ = request("GET", "/health", key=None)
+check(s == 200, "the server is still healthy after the bad requests")
+
+# ---------------------------------------------------------------------------------------------- the SDK
+
+try:
+    import openai
+except ImportError:
+    openai = None
+    print("SKIP: the openai package is not installed; SDK checks skipped")
+
+if openai:
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    NAME = os.path.basename(MODEL.rstrip("/"))
+
+    print("chat, non-streaming")
+    r = client.chat.completions.create(model=NAME, messages=USER, max_tokens=24, seed=7)
+    c = r.choices[0]
+    check(r.object == "chat.completion" and r.id.startswith("chatcmpl-") and c.message.role == "assistant",
+          "response object, id and role")
+    check(c.finish_reason in ("stop", "length"), f"finish_reason {c.finish_reason}")
+    u = r.usage
+    check(u.prompt_tokens > 0 and 0 < u.completion_tokens <= 24 and u.total_tokens == u.prompt_tokens +
+          u.completion_tokens, f"usage {u.prompt_tokens}+{u.completion_tokens}")
+    check(u.prompt_tokens_details is not None and u.prompt_tokens_details.cached_tokens >= 0, "cached_tokens present")
+
+    print("chat, streaming")
+    chunks = list(client.chat.completions.create(model=NAME, messages=USER, max_tokens=24, seed=7, stream=True))
+    check(chunks[0].choices[0].delta.role == "assistant", "first delta carries the role")
+    check(chunks[-1].choices[0].finish_reason in ("stop", "length") and
+          all(ch.choices[0].finish_reason is None for ch in chunks[:-1]), "only the last chunk has finish_reason")
+    check(all(ch.usage is None for ch in chunks), "no usage without include_usage")
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    streamed_reasoning = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks)
+    check(streamed == (c.message.content or "") and
+          streamed_reasoning == (getattr(c.message, "reasoning_content", None) or ""),
+          "stream and non-stream agree for the same seed")
+    chunks = list(client.chat.completions.create(model=NAME, messages=USER, max_tokens=8, stream=True,
+                                                 stream_options={"include_usage": True}))
+    last = chunks[-1]
+    check(last.choices == [] and last.usage is not None and last.usage.completion_tokens > 0 and
+          all(ch.usage is None for ch in chunks[:-1]), "include_usage: one final chunk with empty choices")
+
+    print("seed")
+    a = client.chat.completions.create(model=NAME, messages=USER, max_tokens=32, seed=1234, temperature=1.0,
+                                       logit_bias=BAN_END)
+    b = client.chat.completions.create(model=NAME, messages=USER, max_tokens=32, seed=1234, temperature=1.0,
+                                       logit_bias=BAN_END)
+    check(a.choices[0].message.model_dump() == b.choices[0].message.model_dump(), "same seed, same output")
+
+    print("thinking")
+    on = client.chat.completions.create(model=NAME, messages=USER, max_tokens=40, seed=3)
+    off = client.chat.completions.create(model=NAME, messages=USER, max_tokens=40, seed=3,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    none = client.chat.completions.create(model=NAME, messages=USER, max_tokens=40, seed=3, reasoning_effort="none")
+    for name, resp in (("on", on), ("off", off), ("reasoning_effort none", none)):
+        content = resp.choices[0].message.content or ""
+        check("<think>" not in content and "</think>" not in content, f"thinking {name}: no think tags in content")
+    check(off.usage.prompt_tokens > on.usage.prompt_tokens and none.usage.prompt_tokens == off.usage.prompt_tokens,
+          "thinking off renders the empty think block (longer prompt), reasoning_effort none likewise")
+    check(not getattr(off.choices[0].message, "reasoning_content", None), "thinking off: no reasoning_content")
+    check(on.usage.completion_tokens_details.reasoning_tokens >= 0, "reasoning_tokens reported")
+
+    print("developer role")
+    dev = client.chat.completions.create(model=NAME, max_tokens=4, seed=5,
+                                         messages=[{"role": "developer", "content": "Be brief."}] + USER)
+    sysm = client.chat.completions.create(model=NAME, max_tokens=4, seed=5,
+                                          messages=[{"role": "system", "content": "Be brief."}] + USER)
+    check(dev.usage.prompt_tokens == sysm.usage.prompt_tokens and
+          dev.choices[0].message.content == sysm.choices[0].message.content, "developer works like system")
+
+    print("tools")
+    r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=32, seed=11,
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    m = r.choices[0].message
+    calls = m.tool_calls or []
+    check(r.choices[0].finish_reason == "tool_calls" and len(calls) >= 1 and
+          calls[0].function.name == "get_weather" and calls[0].type == "function" and calls[0].id.startswith("call_"),
+          "named tool_choice gives a get_weather call")
+    args_ok = all(isinstance(cl.function.arguments, str) and isinstance(json.loads(cl.function.arguments), dict)
+                  for cl in calls)
+    check(args_ok, "arguments are a JSON string of an object")
+    follow = USER + [m.model_dump(exclude_none=True)] + \
+        [{"role": "tool", "tool_call_id": cl.id, "content": "22 C and sunny"} for cl in calls]
+    r2 = client.chat.completions.create(model=NAME, messages=follow, tools=TOOLS, max_tokens=8)
+    check(r2.choices[0].message.role == "assistant", "the assistant tool-call message sent back unchanged: 200")
+    r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=32, tool_choice="required")
+    names = [cl.function.name for cl in (r.choices[0].message.tool_calls or [])]
+    check(len(names) >= 1 and names[0] in ("get_weather", "get_time"), f"required tool_choice calls a tool {names}")
+    r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=8, tool_choice="none",
+                                       seed=2)
+    r0 = client.chat.completions.create(model=NAME, messages=USER, max_tokens=8, seed=2)
+    check(r.usage.prompt_tokens == r0.usage.prompt_tokens, "tool_choice none drops the tools from the prompt")
+    stream = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=32, stream=True,
+                                            tool_choice={"type": "function", "function": {"name": "get_time"}})
+    first, args, finish, indices = None, "", None, set()
+    for ch in stream:
+        if not ch.choices:
+            continue
+        for tc in ch.choices[0].delta.tool_calls or []:
+            indices.add(tc.index)
+            if tc.id:
+                first = tc
+            args += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    check(first is not None and first.type == "function" and first.function.name == "get_time" and
+          isinstance(json.loads(args), dict) and finish == "tool_calls" and indices == {0},
+          "streamed tool call: id, type, name, then argument fragments forming a JSON object")
+
+    print("stop strings")
+    base = client.completions.create(model=NAME, prompt="The quick brown fox", max_tokens=40, seed=9,
+                                     logit_bias=BAN_END)
+    text = base.choices[0].text
+    check(base.object == "text_completion" and base.choices[0].finish_reason == "length" and
+          base.usage.completion_tokens == 40, "/v1/completions with a string prompt")
+    stop = text[12:15] if len(text) >= 15 else text[-2:]
+    cut = client.completions.create(model=NAME, prompt="The quick brown fox", max_tokens=40, seed=9,
+                                    logit_bias=BAN_END, stop=[stop])
+    check(cut.choices[0].text == text[:text.find(stop)] and cut.choices[0].finish_reason == "stop",
+          f"stop string {stop!r} cuts the text before it and is not emitted")
+    cs = client.chat.completions.create(model=NAME, messages=USER, max_tokens=40, seed=9, stop=["e", "a"],
+                                        logit_bias=BAN_END, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    check("e" not in (cs.choices[0].message.content or "") and "a" not in (cs.choices[0].message.content or ""),
+          "chat stop strings never reach content")
+
+    print("completions")
+    ids = client.completions.create(model=NAME, prompt=[1, 20, 30, 40], max_tokens=5, logit_bias=BAN_END)
+    check(ids.usage.prompt_tokens == 4 and ids.usage.completion_tokens == 5, "/v1/completions with token ids")
+    sc = list(client.completions.create(model=NAME, prompt="The quick brown fox", max_tokens=40, seed=9,
+                                        logit_bias=BAN_END, stream=True))
+    check("".join(ch.choices[0].text for ch in sc if ch.choices) == text, "streamed completion equals non-streamed")
+
+    print("logprobs")
+    lp = client.chat.completions.create(model=NAME, messages=USER, max_tokens=6, logprobs=True, top_logprobs=3,
+                                        logit_bias=BAN_END)
+    content = lp.choices[0].logprobs.content
+    check(len(content) == 6 and all(len(t.top_logprobs) == 3 and t.logprob <= 0 and
+                                    t.top_logprobs[0].logprob >= t.top_logprobs[2].logprob for t in content),
+          "logprobs with 3 top_logprobs per token")
+
+    print("queue full: 503")
+    results, barrier = [], threading.Barrier(6)
+
+    def burst():
+        barrier.wait()
+        results.append(request("POST", chat, {"messages": USER, "max_tokens": 400, "logit_bias": BAN_END})[0])
+    threads = [threading.Thread(target=burst) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(503 in results and 200 in results and set(results) <= {200, 503},
+          f"--queue 1 with 6 concurrent requests: some 503, the rest 200 ({sorted(results)})")
+
+    print("a client that disconnects mid-stream")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", chat, json.dumps({"messages": USER, "max_tokens": CTX, "stream": True,
+                                           "logit_bias": BAN_END}),
+                 {"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+    resp = conn.getresponse()
+    resp.read1(200)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    r = client.chat.completions.create(model=NAME, messages=USER, max_tokens=4)
+    check(r.choices[0].finish_reason in ("stop", "length"), "the next request completes normally")
+    time.sleep(0.2)
+    lines = [ln for ln in open(log.name).read().splitlines() if "/v1/chat/completions" in ln and "cancelled" in ln]
+    m = re.search(r"completion=(\d+)", lines[-1]) if lines else None
+    check(m is not None and int(m.group(1)) < CTX - 200, f"the disconnected stream was cancelled early: {lines[-1:]}")
+
+# ---------------------------------------------------------------------------------------------- shutdown
+
+print("SIGTERM with a stream in flight")
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once", "max_tokens": 300, "stream": True,
+                                                   "logit_bias": BAN_END}),
+             {"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+resp = conn.getresponse()
+first = resp.read1(100)
+server.send_signal(signal.SIGTERM)
+rest = first + resp.read()
+check(rest.rstrip().endswith(b"data: [DONE]") and b"\"finish_reason\":\"length\"" in rest,
+      "the stream in flight finishes with [DONE] after SIGTERM")
+try:
+    rc = server.wait(timeout=30)
+except subprocess.TimeoutExpired:
+    server.kill()
+    rc = "hung"
+check(rc == 0, f"the server exits 0 after SIGTERM (rc {rc})")
+
+if failures:
+    print("\n--- server log (tail) ---\n" + "".join(open(log.name).readlines()[-40:]))
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("all server checks passed")
+os.unlink(log.name)
