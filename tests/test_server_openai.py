@@ -289,7 +289,7 @@ if openai:
 
     def burst():
         barrier.wait()
-        results.append(request("POST", chat, {"messages": USER, "max_tokens": 400, "logit_bias": BAN_END})[0])
+        results.append(request("POST", chat, {"messages": USER, "max_tokens": 60, "logit_bias": BAN_END})[0])
     threads = [threading.Thread(target=burst) for _ in range(6)]
     for t in threads:
         t.start()

@@ -480,6 +480,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
     if (r->job && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         lily_job_cancel(r->job); /* the stream's write failed or the client left */
+    if (r->job) { /* the worker notices a cancel within one decode step; log its final counts */
+        pthread_mutex_lock(&r->job->mu);
+        while (!r->job->finished)
+            pthread_cond_wait(&r->job->cv, &r->job->mu);
+        pthread_mutex_unlock(&r->job->mu);
+    }
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - r->t0.tv_sec) + (double)(t1.tv_nsec - r->t0.tv_nsec) * 1e-9;
