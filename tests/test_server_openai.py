@@ -27,6 +27,19 @@ CTX = 2048
 failures = []
 
 
+def show_log_on_crash(kind, value, tb):
+    """An exception (the server died, say): show the server's log before the traceback."""
+    try:
+        print("\n--- server log (tail) ---\n" + "".join(open(log.name).readlines()[-60:]))
+        server.kill()
+    except Exception:
+        pass
+    sys.__excepthook__(kind, value, tb)
+
+
+sys.excepthook = show_log_on_crash
+
+
 def check(cond, what):
     if cond:
         print("  ok   " + what)

@@ -362,7 +362,8 @@ static int constrain_name(const lily_service *svc, const name_constraint *nc, co
         bool ok = false;
         for (int i = 0; b && len && !ok && i < nc->n; i++) {
             size_t nl = strlen(nc->names[i]);
-            ok = nc->spelled.len + len <= nl && !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len) &&
+            ok = nc->spelled.len + len <= nl &&
+                 (!nc->spelled.len || !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len)) &&
                  !memcmp(nc->names[i] + nc->spelled.len, b, len);
         }
         out[id] = ok ? logits[id] : -INFINITY;
@@ -374,7 +375,8 @@ static int constrain_name(const lily_service *svc, const name_constraint *nc, co
 static bool name_complete(const name_constraint *nc)
 {
     for (int i = 0; i < nc->n; i++)
-        if (nc->spelled.len == strlen(nc->names[i]) && !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len))
+        if (nc->spelled.len && nc->spelled.len == strlen(nc->names[i]) &&
+            !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len))
             return true;
     return false;
 }
