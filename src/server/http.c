@@ -419,8 +419,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (id != R_HEALTH && !authorized(c, srv->api_key))
             return send_simple_error(c, r, 401, "invalid_request_error", "invalid_api_key", NULL,
                                      "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.");
+        /* A body over the limit: a client waiting for "100 Continue" is told at once (it sends nothing);
+         * any other is answered after its body is read and dropped, since most clients read no response
+         * before they have sent the whole request, and closing on them loses the 413 (up to 1 GiB of it). */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > srv->opts.max_body) {
+        const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Expect");
+        unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+        if (declared > srv->opts.max_body && !(expect && !strcasecmp(expect, "100-continue")) && declared <= (1ull << 30))
+            r->too_large = true;
+        else if (declared > srv->opts.max_body) {
             char msg[256];
             snprintf(msg, sizeof msg, "Request body of %s bytes exceeds the limit of %zu bytes (--max-body).", cl,
                      srv->opts.max_body);
