@@ -66,6 +66,11 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     if (opts->max_chunk < 1)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cpu backend: max_chunk must be >= 1 (got %d)",
                               opts->max_chunk);
+    const int widest = LILY_MAX(LILY_MAX(cfg->hidden, cfg->n_heads * cfg->head_dim),
+                                LILY_MAX(lily_config_gdn_value_dim(cfg), LILY_MAX(cfg->moe_intermediate, cfg->shared_intermediate)));
+    if (widest > CPU_MATMUL_MAX_COLS)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cpu backend: a linear layer with %d inputs (at most %d)", widest,
+                              CPU_MATMUL_MAX_COLS);
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
@@ -356,24 +361,21 @@ static lily_status cpu_state_restore(void *ctx, void *state, const void *buf, si
     return LILY_OK;
 }
 
-typedef struct {
-    float **dst_ptrs; /* the destination's buffers in visit order */
-    int i;
-} copy_collect;
-static void visit_collect(void *user, float *data, size_t bytes)
-{
-    (void)bytes;
-    copy_collect *cc = user;
-    cc->dst_ptrs[cc->i++] = data;
-}
+/* state_copy: first collect the destination's buffers in visit order, then copy the source's into them. */
 typedef struct {
     float **dst_ptrs;
     int i;
-} copy_apply;
+} copy_walk;
+static void visit_collect(void *user, float *data, size_t bytes)
+{
+    (void)bytes;
+    copy_walk *cw = user;
+    cw->dst_ptrs[cw->i++] = data;
+}
 static void visit_copy(void *user, float *data, size_t bytes)
 {
-    copy_apply *ca = user;
-    float *dst = ca->dst_ptrs[ca->i++];
+    copy_walk *cw = user;
+    float *dst = cw->dst_ptrs[cw->i++];
     if (bytes)
         memcpy(dst, data, bytes);
 }
@@ -389,10 +391,9 @@ static lily_status cpu_state_copy(void *ctx, void *dst_state, const void *src_st
         return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cpu state copy: source holds %d tokens, destination only %d",
                               src->position, dst->max_ctx);
     float *ptrs[2 * LILY_MAX_LAYERS];
-    copy_collect cc = {ptrs, 0};
-    visit_state(c, dst, 0, visit_collect, &cc);
-    copy_apply ca = {ptrs, 0};
-    visit_state(c, src, src->position, visit_copy, &ca);
+    copy_walk collect = {ptrs, 0}, apply = {ptrs, 0};
+    visit_state(c, dst, 0, visit_collect, &collect);
+    visit_state(c, src, src->position, visit_copy, &apply);
     dst->position = src->position;
     return LILY_OK;
 }

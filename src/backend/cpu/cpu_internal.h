@@ -85,6 +85,9 @@ typedef struct {
 } cpu_state;
 
 /* ---- matmul.c ---------------------------------------------------------------------------------- */
+/* The widest input dimension a linear layer may have (a task's dequantized block lives on its stack). */
+#define CPU_MATMUL_MAX_COLS 16384
+
 /* Dequantize (or widen) rows [row0, row0 + n_rows) of expert `expert` (0 for 2-D) of w into
  * out [n_rows, cols] fp32, exactly: float(scale) * q + float(bias) (MODEL.md §3). */
 void cpu_dequant_rows(const lily_tensor *w, int64_t expert, int64_t row0, int n_rows, float *out);

@@ -108,62 +108,82 @@ void cpu_gdn_delta_rule_chunked(const float *q, const float *k, int qk_stride, c
         }
         for (int i = 0; i < L; i++)
             T[i * C + i] = 1.0f;
-        /* U = T (β ⊙ V), W = T (β ⊙ exp(γ) ⊙ K) */
+        /* U = T (β ⊙ V), W = T (β ⊙ exp(γ) ⊙ K); the sums run over j ascending */
+        for (int j = 0; j < L; j++) {
+            const float eg = expf(gamma[j]);
+            for (int a = 0; a < dk; a++)
+                k_beta[(int64_t)j * dk + a] *= eg; /* k_beta is only needed as β ⊙ exp(γ) ⊙ K from here */
+        }
         for (int i = 0; i < L; i++) {
             float *ui = u + (int64_t)i * dv, *wi = w + (int64_t)i * dk;
             memset(ui, 0, (size_t)dv * sizeof(float));
             memset(wi, 0, (size_t)dk * sizeof(float));
             for (int j = 0; j <= i; j++) {
-                const float tij = T[i * C + j], eg = expf(gamma[j]);
+                const float tij = T[i * C + j];
+                const float *vb = v_beta + (int64_t)j * dv, *kb = k_beta + (int64_t)j * dk;
                 for (int b = 0; b < dv; b++)
-                    ui[b] += tij * v_beta[(int64_t)j * dv + b];
+                    ui[b] += tij * vb[b];
                 for (int a = 0; a < dk; a++)
-                    wi[a] += tij * (k_beta[(int64_t)j * dk + a] * eg);
+                    wi[a] += tij * kb[a];
             }
         }
         /* intra-chunk attention (Q Kᵀ) ⊙ D, diagonal included */
         for (int i = 0; i < L; i++)
             for (int j = 0; j <= i; j++)
                 attn[i * C + j] = dot_f32(Q(i), K(j), dk) * expf(gamma[i] - gamma[j]);
-        /* V' = U - W S */
+        /* V' = U - W S (row by row; each sum over a ascending) */
         for (int i = 0; i < L; i++) {
             float *vn = v_new + (int64_t)i * dv;
-            memcpy(vn, u + (int64_t)i * dv, (size_t)dv * sizeof(float));
             const float *wi = w + (int64_t)i * dk;
-            for (int b = 0; b < dv; b++) {
-                float s = 0;
-                for (int a = 0; a < dk; a++)
-                    s += wi[a] * state[(int64_t)a * dv + b];
-                vn[b] -= s;
+            memset(vn, 0, (size_t)dv * sizeof(float));
+            for (int a = 0; a < dk; a++) {
+                const float *srow = state + (int64_t)a * dv;
+                for (int b = 0; b < dv; b++)
+                    vn[b] += wi[a] * srow[b];
             }
+            const float *ui = u + (int64_t)i * dv;
+            for (int b = 0; b < dv; b++)
+                vn[b] = ui[b] - vn[b];
         }
         /* O = (exp(γ) ⊙ Q) S + attn V' */
         for (int i = 0; i < L; i++) {
             float *o = out + (int64_t)(t0 + i) * out_stride;
             const float eg = expf(gamma[i]);
-            for (int b = 0; b < dv; b++) {
-                float s = 0;
-                for (int a = 0; a < dk; a++)
-                    s += (Q(i)[a] * eg) * state[(int64_t)a * dv + b];
-                o[b] = s;
+            memset(o, 0, (size_t)dv * sizeof(float));
+            for (int a = 0; a < dk; a++) {
+                const float qa = Q(i)[a] * eg, *srow = state + (int64_t)a * dv;
+                for (int b = 0; b < dv; b++)
+                    o[b] += qa * srow[b];
             }
-            for (int b = 0; b < dv; b++) {
-                float s = 0;
-                for (int j = 0; j <= i; j++)
-                    s += attn[i * C + j] * v_new[(int64_t)j * dv + b];
-                o[b] += s;
+            float *acc = u + (int64_t)i * dv; /* U row i is consumed: reuse it for attn V' */
+            memset(acc, 0, (size_t)dv * sizeof(float));
+            for (int j = 0; j <= i; j++) {
+                const float aij = attn[i * C + j], *vn = v_new + (int64_t)j * dv;
+                for (int b = 0; b < dv; b++)
+                    acc[b] += aij * vn[b];
             }
+            for (int b = 0; b < dv; b++)
+                o[b] += acc[b];
         }
         /* S = exp(γ_last) S + (exp(γ_last - γ) ⊙ K)ᵀ V' */
         const float g_last = gamma[L - 1], e_last = expf(g_last);
+        float *k_decay = w; /* W is consumed: reuse it for exp(γ_last - γ_i) k_i */
+        for (int i = 0; i < L; i++) {
+            const float d = expf(g_last - gamma[i]);
+            for (int a = 0; a < dk; a++)
+                k_decay[(int64_t)i * dk + a] = K(i)[a] * d;
+        }
+        float *acc = v_beta; /* consumed too: [dv] accumulator */
         for (int a = 0; a < dk; a++) {
             float *srow = state + (int64_t)a * dv;
-            for (int b = 0; b < dv; b++) {
-                float s = 0;
-                for (int i = 0; i < L; i++)
-                    s += (K(i)[a] * expf(g_last - gamma[i])) * v_new[(int64_t)i * dv + b];
-                srow[b] = srow[b] * e_last + s;
+            memset(acc, 0, (size_t)dv * sizeof(float));
+            for (int i = 0; i < L; i++) {
+                const float kd = k_decay[(int64_t)i * dk + a], *vn = v_new + (int64_t)i * dv;
+                for (int b = 0; b < dv; b++)
+                    acc[b] += kd * vn[b];
             }
+            for (int b = 0; b < dv; b++)
+                srow[b] = srow[b] * e_last + acc[b];
         }
 #undef Q
 #undef K

@@ -9,8 +9,8 @@
 #include "base/base.h"
 #include "cpu_internal.h"
 
-/* Floats of dequantized weights one task holds (on its stack): 64 KiB; bounds the input dim. */
-#define MATMUL_BLOCK_FLOATS 16384
+/* Floats of dequantized weights one task holds (on its stack): 64 KiB. */
+#define MATMUL_BLOCK_FLOATS CPU_MATMUL_MAX_COLS
 
 static const uint8_t *row_ptr(const void *base, int64_t stride_bytes, int64_t physical_row)
 {
