@@ -17,27 +17,53 @@ static const uint8_t *row_ptr(const void *base, int64_t stride_bytes, int64_t ph
     return (const uint8_t *)base + physical_row * stride_bytes;
 }
 
+/* One group of `group` values from packed words: o[i] = s * q_i + b. BITS is a constant in each
+ * instantiation so the unpacking unrolls and vectorizes. */
+#define DEQUANT_GROUP(BITS)                                                                        \
+    do {                                                                                           \
+        for (int m = 0; m < group / (32 / (BITS)); m++) {                                          \
+            uint32_t word;                                                                         \
+            memcpy(&word, gw + 4 * m, 4); /* files are little-endian, as is every supported host */ \
+            for (int j = 0; j < 32 / (BITS); j++)                                                  \
+                o[m * (32 / (BITS)) + j] = s * (float)((word >> ((BITS) * j)) & ((1u << (BITS)) - 1u)) + b; \
+        }                                                                                          \
+    } while (0)
+
 static void dequant_row_quantized(const lily_tensor *w, int64_t prow, int64_t cols, float *out)
 {
     const uint8_t *words = row_ptr(w->data, w->row_bytes, prow);
     const uint8_t *scales = row_ptr(w->scales, w->scale_row_bytes, prow);
     const uint8_t *biases = row_ptr(w->biases, w->scale_row_bytes, prow);
     const int bits = w->bits;
-    const int per_word = 32 / bits;
-    const uint32_t mask = (1u << bits) - 1u;
     const int group = w->group_size;
     const int64_t n_groups = cols / group;
     for (int64_t g = 0; g < n_groups; g++) {
         const float s = lily_load_f32(scales, w->scale_dtype, g);
         const float b = lily_load_f32(biases, w->scale_dtype, g);
         float *o = out + g * group;
-        const uint8_t *gw = words + (size_t)(g * group / per_word) * 4;
-        for (int m = 0; m < group / per_word; m++) {
-            uint32_t word;
-            memcpy(&word, gw + 4 * m, 4); /* files are little-endian, as is every supported host */
-            for (int j = 0; j < per_word; j++)
-                o[m * per_word + j] = s * (float)((word >> (bits * j)) & mask) + b;
-        }
+        const uint8_t *gw = words + (size_t)(g * group * bits / 32) * 4;
+        if (bits == 4) {
+            /* the 16 possible values of this group, each exactly s * q + b, then a lookup per element */
+            float lut[16];
+            for (int q = 0; q < 16; q++)
+                lut[q] = s * (float)q + b;
+            for (int m = 0; m < group / 8; m++) {
+                uint32_t word;
+                memcpy(&word, gw + 4 * m, 4); /* files are little-endian, as is every supported host */
+                float *om = o + 8 * m;
+                om[0] = lut[word & 15];
+                om[1] = lut[(word >> 4) & 15];
+                om[2] = lut[(word >> 8) & 15];
+                om[3] = lut[(word >> 12) & 15];
+                om[4] = lut[(word >> 16) & 15];
+                om[5] = lut[(word >> 20) & 15];
+                om[6] = lut[(word >> 24) & 15];
+                om[7] = lut[word >> 28];
+            }
+        } else if (bits == 8)
+            DEQUANT_GROUP(8);
+        else
+            LILY_ASSERT(!"matmul: only 4- and 8-bit weights");
     }
 }
 
