@@ -180,6 +180,7 @@ static void test_http_routes_and_methods(void **state)
     (void)state;
     assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
     assert_int_equal(status_of("GET", "/v1/models", NULL, NULL, "\"id\":\"fake\""), 200);
+    assert_int_equal(status_of("GET", "/metrics", NULL, NULL, "lily_requests_total{status=\"2xx\"} 2\n"), 200);
     assert_int_equal(status_of("GET", "/nope", NULL, NULL, "\"error\""), 404);
     assert_int_equal(status_of("GET", "/v1/chat/completions", NULL, NULL, "\"error\""), 405);
     assert_int_equal(status_of("POST", "/v1/models", NULL, "{}", "Allow: GET"), 405);
@@ -266,6 +267,7 @@ static void test_http_disconnect_cancels_then_next_request_completes(void **stat
                                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hello world"),
                      200);
     assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
+    assert_int_equal(status_of("GET", "/metrics", NULL, NULL, "lily_requests_cancelled_total 1\n"), 200);
 }
 
 static void *blocked_client(void *arg)

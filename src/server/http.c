@@ -32,6 +32,9 @@ struct lily_http_server {
     char *host, *api_key, *model_name;
     int port;
     atomic_int in_flight;     /* requests between their first byte and their completion */
+    /* GET /metrics counters, added to when a request completes */
+    atomic_ullong n_by_status[6]; /* 2xx, 400, 401, 404/405, 413, 5xx (the index of status_class) */
+    atomic_ullong n_cancelled, prompt_tokens, completion_tokens, cached_tokens;
     long long started;        /* unix seconds, for /v1/models */
 };
 
@@ -216,7 +219,7 @@ static bool path_is(const char *path, const char *want)
     return !strncmp(want, "/v1/", 4) && !strcmp(path, want + 3); /* /chat/completions, /models, ... */
 }
 
-typedef enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_TOKENIZE, R_DETOKENIZE } route_id;
+typedef enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE } route_id;
 
 static route_id route_of(const char *path, const char **allow)
 {
@@ -228,7 +231,7 @@ static route_id route_of(const char *path, const char **allow)
         {"/v1/chat/completions", R_CHAT, "POST"}, {"/v1/completions", R_COMPLETIONS, "POST"},
         {"/v1/models", R_MODELS, "GET"},         {"/health", R_HEALTH, "GET"},
         {"/v1/health", R_HEALTH, "GET"},         {"/tokenize", R_TOKENIZE, "POST"},
-        {"/detokenize", R_DETOKENIZE, "POST"},
+        {"/detokenize", R_DETOKENIZE, "POST"},   {"/metrics", R_METRICS, "GET"},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (path_is(path, routes[i].path)) {
@@ -280,6 +283,48 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, request *r)
     return send_json(c, r, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
                                           r->srv->model_name, "object", "model", "created",
                                           (json_int_t)r->srv->started, "owned_by", "lily"));
+}
+
+static int status_class(int status)
+{
+    return status < 400 ? 0 : status == 400 ? 1 : status == 401 ? 2 : status == 404 || status == 405 ? 3 : status == 413 ? 4 : 5;
+}
+
+static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
+{
+    lily_http_server *srv = r->srv;
+    static const char *const classes[] = {"2xx", "400", "401", "404_405", "413", "5xx"};
+    int waiting = 0, running = 0;
+    lily_scheduler_state(srv->sched, &waiting, &running);
+    char *extra = srv->opts.metrics_extra ? srv->opts.metrics_extra(srv->opts.metrics_user) : NULL;
+    size_t cap = 2048 + (extra ? strlen(extra) : 0);
+    char *out = malloc(cap);
+    if (!out) {
+        free(extra);
+        return MHD_NO;
+    }
+    int n = snprintf(out, cap, "# HELP lily_requests_total Requests answered, by status.\n# TYPE lily_requests_total counter\n");
+    for (int i = 0; i < 6; i++)
+        n += snprintf(out + n, cap - (size_t)n, "lily_requests_total{status=\"%s\"} %llu\n", classes[i],
+                      (unsigned long long)atomic_load(&srv->n_by_status[i]));
+    n += snprintf(out + n, cap - (size_t)n,
+                  "# HELP lily_requests_cancelled_total Generations cancelled by a client that went away.\n"
+                  "# TYPE lily_requests_cancelled_total counter\nlily_requests_cancelled_total %llu\n"
+                  "# HELP lily_prompt_tokens_total Prompt tokens of finished requests.\n"
+                  "# TYPE lily_prompt_tokens_total counter\nlily_prompt_tokens_total %llu\n"
+                  "# HELP lily_completion_tokens_total Generated tokens.\n"
+                  "# TYPE lily_completion_tokens_total counter\nlily_completion_tokens_total %llu\n"
+                  "# HELP lily_cached_tokens_total Prompt tokens reused from the session instead of prefilled.\n"
+                  "# TYPE lily_cached_tokens_total counter\nlily_cached_tokens_total %llu\n"
+                  "# HELP lily_requests_processing Requests the engine is running.\n"
+                  "# TYPE lily_requests_processing gauge\nlily_requests_processing %d\n"
+                  "# HELP lily_requests_waiting Requests waiting in the queue.\n"
+                  "# TYPE lily_requests_waiting gauge\nlily_requests_waiting %d\n%s",
+                  (unsigned long long)atomic_load(&srv->n_cancelled), (unsigned long long)atomic_load(&srv->prompt_tokens),
+                  (unsigned long long)atomic_load(&srv->completion_tokens),
+                  (unsigned long long)atomic_load(&srv->cached_tokens), running, waiting, extra ? extra : "");
+    free(extra);
+    return send_body(c, r, 200, "text/plain; version=0.0.4", out, strlen(out), NULL);
 }
 
 /* /tokenize {"content": str, "add_special"?: bool, "with_pieces"?: bool};
@@ -472,6 +517,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     switch (id) {
     case R_HEALTH: return handle_health(c, r);
     case R_MODELS: return handle_models(c, r);
+    case R_METRICS: return handle_metrics(c, r);
     case R_NONE: return MHD_NO; /* answered on the first call */
     default: return handle_post(c, r, id);
     }
@@ -503,12 +549,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
                  lily_job_cancelled(r->job) ? " cancelled" : "");
     }
+    int status = r->status ? r->status : (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : 499);
+    atomic_fetch_add(&srv->n_by_status[status_class(status)], 1);
+    if (r->job) {
+        atomic_fetch_add(&srv->prompt_tokens, (unsigned long long)r->job->stats.prompt_tokens);
+        atomic_fetch_add(&srv->completion_tokens, (unsigned long long)r->job->stats.completion_tokens);
+        atomic_fetch_add(&srv->cached_tokens, (unsigned long long)r->job->stats.cached_tokens);
+        if (lily_job_cancelled(r->job))
+            atomic_fetch_add(&srv->n_cancelled, 1);
+    }
     char when[32];
     time_t now = time(NULL);
     struct tm tm;
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&now, &tm));
-    fprintf(stderr, "%s %s %s %d%s %.3f s\n", when, r->method, r->path,
-            r->status ? r->status : (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : 499), tail, secs);
+    fprintf(stderr, "%s %s %s %d%s %.3f s\n", when, r->method, r->path, status, tail, secs);
     lily_job_unref(r->job);
     free(r->body);
     free(r);

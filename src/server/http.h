@@ -1,8 +1,8 @@
 /* http.h — the HTTP front of `lily serve`: a libmicrohttpd daemon that routes, authenticates, reads
  * bodies, validates requests and hands jobs to the scheduler.
  *
- * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST /tokenize,
- * POST /detokenize (also without the /v1 prefix for the OpenAI ones). Errors are OpenAI JSON: 400 bad
+ * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics
+ * (Prometheus text), POST /tokenize, POST /detokenize (also without the /v1 prefix for the OpenAI ones). Errors are OpenAI JSON: 400 bad
  * request, 401 bad bearer token, 404 unknown route, 405 wrong method, 413 body over max_body, 503 queue full
  * or model loading. Each connection has its own thread (it may block waiting for its job); the engine
  * worker is the scheduler's.
@@ -22,6 +22,10 @@ typedef struct {
     size_t max_body;          /* bytes; default 16 MiB */
     const char *model_name;   /* the id /v1/models lists and responses carry */
     int max_connections;      /* default 256 */
+    /* More Prometheus text for GET /metrics (e.g. the prefix cache's counters): a malloc'd string the
+     * server frees, or NULL. Called on a connection thread: it must be thread-safe. May be NULL. */
+    char *(*metrics_extra)(void *user);
+    void *metrics_user;
 } lily_http_options;
 
 typedef struct lily_http_server lily_http_server;
