@@ -163,9 +163,13 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
                                   .prefill_chunk = o->prefill_chunk, .device = o->device};
         return lily_engine_open(&eo, &m->engine, err);
     }
+    double t0 = now_s();
     lily_status st = lily_synthetic_new(o->synthetic, o->seed, o->n_threads, &m->synthetic, err);
     if (st != LILY_OK)
         return st;
+    double dt = now_s() - t0;
+    fprintf(stderr, "lily bench: synthetic weights: %.2f GB in %.1f s (%.2f GB/s)\n",
+            (double)m->synthetic->buffer_size / 1e9, dt, (double)m->synthetic->buffer_size / 1e9 / dt);
     lily_engine *e = calloc(1, sizeof *e);
     if (!e) {
         lily_synthetic_free(m->synthetic);
