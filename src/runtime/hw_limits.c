@@ -1,7 +1,8 @@
 /* hw_limits.c — CPU memory bandwidth and fp32 matmul rate, measured (hw_limits.h).
  *
  * Owns: the streaming-read and memcpy passes, the register-tiled fp32 matmul kernel used only to measure
- * the matrix rate (4 x 16 tile, B panel resident in L1), and the weak default of the CUDA hook.
+ * the matrix rate (4 x 2W tile of W-wide vectors, B panel resident in L1; AVX-512, AVX2+FMA or generic,
+ * chosen at run time), and the weak default of the CUDA hook.
  */
 #include "hw_limits.h"
 
@@ -151,19 +152,20 @@ static double bw_pass(uint8_t *src, uint8_t *dst, size_t bytes, int n_threads, i
 typedef float f32x8 __attribute__((vector_size(32)));
 
 #define SPLAT8(v) {(v), (v), (v), (v), (v), (v), (v), (v)}
+#define SPLAT16(v) {(v), (v), (v), (v), (v), (v), (v), (v), (v), (v), (v), (v), (v), (v), (v), (v)}
 
-/* C[4 rows, 16 columns] += A[4 rows, :] B[:, 16 columns]: a 4 x 16 tile in eight named 8-wide
- * accumulators (named, so the compiler keeps them in registers), the 16 x MM_N B panel in L1. */
-#define MATMUL_BODY                                                                                     \
-    for (int j0 = 0; j0 < MM_N; j0 += 16)                                                               \
+/* C[4 rows, 2W columns] += A[4 rows, :] B[:, 2W columns] with W-wide vectors: a 4 x 2W tile in eight
+ * named accumulators (named, so the compiler keeps them in registers), the 2W x MM_N B panel in L1. */
+#define MATMUL_BODY(f32xW, W, SPLAT)                                                                    \
+    for (int j0 = 0; j0 < MM_N; j0 += 2 * W)                                                            \
         for (int i0 = 0; i0 < MM_N; i0 += 4) {                                                          \
-            f32x8 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}; \
+            f32xW c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}; \
             const float *a0 = &A[i0 * MM_N], *a1 = a0 + MM_N, *a2 = a1 + MM_N, *a3 = a2 + MM_N;         \
             for (int k = 0; k < MM_N; k++) {                                                            \
-                f32x8 b0, b1;                                                                           \
+                f32xW b0, b1;                                                                           \
                 memcpy(&b0, &B[k * MM_N + j0], sizeof b0);                                              \
-                memcpy(&b1, &B[k * MM_N + j0 + 8], sizeof b1);                                          \
-                f32x8 x0 = SPLAT8(a0[k]), x1 = SPLAT8(a1[k]), x2 = SPLAT8(a2[k]), x3 = SPLAT8(a3[k]);     \
+                memcpy(&b1, &B[k * MM_N + j0 + W], sizeof b1);                                          \
+                f32xW x0 = SPLAT(a0[k]), x1 = SPLAT(a1[k]), x2 = SPLAT(a2[k]), x3 = SPLAT(a3[k]);         \
                 c00 += x0 * b0;                                                                         \
                 c01 += x0 * b1;                                                                         \
                 c10 += x1 * b0;                                                                         \
@@ -173,27 +175,36 @@ typedef float f32x8 __attribute__((vector_size(32)));
                 c30 += x3 * b0;                                                                         \
                 c31 += x3 * b1;                                                                         \
             }                                                                                           \
-            f32x8 acc[8] = {c00, c01, c10, c11, c20, c21, c30, c31};                                    \
+            f32xW acc[8] = {c00, c01, c10, c11, c20, c21, c30, c31};                                    \
             for (int r = 0; r < 4; r++)                                                                 \
                 for (int h = 0; h < 2; h++) {                                                           \
-                    float *c = &C[(i0 + r) * MM_N + j0 + 8 * h];                                        \
-                    f32x8 v;                                                                            \
+                    float *c = &C[(i0 + r) * MM_N + j0 + W * h];                                        \
+                    f32xW v;                                                                            \
                     memcpy(&v, c, sizeof v);                                                            \
                     v += acc[2 * r + h];                                                                \
                     memcpy(c, &v, sizeof v);                                                            \
                 }                                                                                       \
         }
 
-static void matmul_generic(const float *A, const float *B, float *C) { MATMUL_BODY }
+typedef float f32x16 __attribute__((vector_size(64)));
+
+static void matmul_generic(const float *A, const float *B, float *C) { MATMUL_BODY(f32x8, 8, SPLAT8) }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) static void matmul_avx2(const float *A, const float *B, float *C) { MATMUL_BODY }
+__attribute__((target("avx2,fma"))) static void matmul_avx2(const float *A, const float *B, float *C)
+{
+    MATMUL_BODY(f32x8, 8, SPLAT8)
+}
+__attribute__((target("avx512f"))) static void matmul_avx512(const float *A, const float *B, float *C)
+{
+    MATMUL_BODY(f32x16, 16, SPLAT16)
+}
 #endif
 
 typedef struct {
     float *a, *b, *c;
     int reps;
-    int avx2;
+    int simd; /* 0 generic, 1 avx2+fma, 2 avx512f */
     pthread_barrier_t *barrier;
     double t0, t1;
 } mm_task;
@@ -205,7 +216,11 @@ static void *mm_worker(void *arg)
     t->t0 = now_s();
     for (int r = 0; r < t->reps; r++) {
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (t->avx2) {
+        if (t->simd == 2) {
+            matmul_avx512(t->a, t->b, t->c);
+            continue;
+        }
+        if (t->simd == 1) {
             matmul_avx2(t->a, t->b, t->c);
             continue;
         }
@@ -218,12 +233,15 @@ static void *mm_worker(void *arg)
 
 static lily_status matmul_rate(int n_threads, double *flops, char *kind, size_t kind_size, lily_error *err)
 {
-    int avx2 = 0;
+    int simd = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (__builtin_cpu_supports("avx512f"))
+        simd = 2;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        simd = 1;
 #endif
-    snprintf(kind, kind_size, "fp32 %s", avx2 ? "avx2+fma" : "generic");
+    snprintf(kind, kind_size, "fp32 %s", simd == 2 ? "avx512f" : simd == 1 ? "avx2+fma" : "generic");
     size_t per = (size_t)MM_N * MM_N;
     float *mem = NULL;
     if (posix_memalign((void **)&mem, 64, sizeof(float) * per * 3 * (size_t)n_threads) != 0)
@@ -239,7 +257,7 @@ static lily_status matmul_rate(int n_threads, double *flops, char *kind, size_t 
         pthread_barrier_init(&barrier, NULL, (unsigned)n_threads);
         for (int i = 0; i < n_threads; i++) {
             float *base = mem + per * 3 * (size_t)i;
-            tasks[i] = (mm_task){.a = base, .b = base + per, .c = base + 2 * per, .reps = reps, .avx2 = avx2,
+            tasks[i] = (mm_task){.a = base, .b = base + per, .c = base + 2 * per, .reps = reps, .simd = simd,
                                  .barrier = &barrier};
         }
         int started = 1;
