@@ -37,7 +37,8 @@ lily_detok_interface lily_detok_for_tokenizer(lily_detokenizer *d);
 /* Called once per generated token (the stop token excluded) with the text released at this step: the
  * token's text minus anything held back as a possible stop-string start, plus earlier held text now
  * known to be safe; possibly empty. At the end, held text is released by one more call with token -1
- * (only when non-empty). Return 0 to continue, nonzero to stop (finish = LILY_FINISH_CANCELLED). */
+ * (only when non-empty). During a per-token call s->logits still holds the logits the token was sampled
+ * from (for logprobs). Return 0 to continue, nonzero to stop (finish = LILY_FINISH_CANCELLED). */
 typedef int (*lily_token_callback)(void *user, int32_t token, const char *text, size_t len);
 
 typedef enum {

@@ -10,8 +10,9 @@
  * Rules:
  * - Reasoning: when the prompt opened a think block (options.thinking), text is reasoning until
  *   "</think>" or a "<tool_call>" (the model may call a tool without closing its thought). A "<think>" in
- *   content opens reasoning again; stray "<think>"/"</think>" tags are dropped, so no think tag ever
- *   reaches content or reasoning.
+ *   content opens reasoning again; stray "<think>"/"</think>" tags are dropped, so no think tag the model wrote
+ *   reaches content or reasoning (only a tag spliced from the text around a dropped one could, as in
+ *   "</thi</think>nk>").
  * - Reasoning and content are each trimmed of leading and trailing whitespace (held back while streaming,
  *   released when more text follows).
  * - Tool calls: "<tool_call>" (or a bare "<function=" in content) opens one. A function or parameter name
