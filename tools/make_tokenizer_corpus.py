@@ -126,6 +126,7 @@ FRAGMENTS = [
     "\u00a0nbsp\u00a0and\u3000ideographic space",
     "zero\u200bwidth\u200djoin\u200cnon\u2060joiner",
     "\u2028line sep\u2029para sep\u0085nel",
+    " \u180e1 x\u180e\u180ey \u180e \u0085\u0085z",
     "control\x01\x02\x1b[0m\x7f chars",
     "\ufeffBOM at start",
     "replacement \ufffd char",

@@ -15,6 +15,14 @@
  * post_processor is ignored: lily never adds BOS/EOS around a text (the chat template writes them).
  * Special-token ids are read from the files; nothing assumes a vocabulary size or an id.
  *
+ * Known differences from HF `tokenizers` 0.23 (found by differential fuzzing; none in the test corpora):
+ *   - characters assigned after Unicode 14 (PCRE2 10.42's tables; e.g. CJK Extension H/I, Egyptian
+ *     hieroglyphs extended, Kaktovik numerals) are unassigned to lily's \p{L}/\p{N}, so text next to them
+ *     can split differently;
+ *   - NFC follows utf8proc's tables, which are newer than HF's: a combining mark added in Unicode 10+ that
+ *     follows another mark is canonically reordered by lily and left in place by HF.
+ * \s in a Split regex means Unicode White_Space, as in HF's Oniguruma (PCRE2's own \s adds U+180E).
+ *
  * Thread safety: after loading (and after any lily_tokenizer_set_pretokenize_regex), every function
  * taking a const lily_tokenizer * may be called from several threads at once.
  */

@@ -1,9 +1,10 @@
 /* tokenizer_fast_split.c — a hand-written matcher for the Qwen2/3 and Qwen3.5 Split regexes.
  *
  * Owns: recognizing those two patterns (exact text) and finding, at a position, the end of the match
- * PCRE2 would find there. The result must equal PCRE2's on every input: the character classes (\s, \p{L},
- * \p{N}, \p{M}) are taken from PCRE2 itself, one code point at a time, and tests/test_tokenizer.c compares
- * both paths on the parity corpus and on random strings. Any other pattern runs in PCRE2.
+ * PCRE2 would find there. The result must equal PCRE2's on every input: \p{L}, \p{N} and \p{M} are taken
+ * from PCRE2 itself, one code point at a time, \s is the White_Space set tok_compile_regex writes into the
+ * pattern, and tests/test_tokenizer.c compares both paths on the parity corpus and on random strings. Any
+ * other pattern runs in PCRE2.
  *
  * The patterns, alternatives tried in order at each position (Qwen3.5 adds \p{M} where marked):
  *   A1 (?i:'s|'t|'re|'ve|'m|'ll|'d)
@@ -41,15 +42,15 @@ enum { CLASS_L = 1, CLASS_N = 2, CLASS_M = 4, CLASS_S = 8, CLASS_KNOWN = 128 };
 
 #define CLASS_TABLE_SIZE 0x110000
 static uint8_t class_table[CLASS_TABLE_SIZE]; /* 0 = not yet asked; racing writers store the same value */
-static pcre2_code *class_re[4];               /* \p{L}, \p{N}, \p{M}, \s, anchored */
+static pcre2_code *class_re[3];               /* \p{L}, \p{N}, \p{M}, anchored */
 static pcre2_match_data *class_match;
 static pthread_mutex_t class_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t class_once = PTHREAD_ONCE_INIT;
 
 static void class_init(void)
 {
-    static const char *const patterns[4] = {"\\p{L}", "\\p{N}", "\\p{M}", "\\s"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const patterns[3] = {"\\p{L}", "\\p{N}", "\\p{M}"};
+    for (int i = 0; i < 3; i++) {
         int code;
         PCRE2_SIZE offset;
         class_re[i] = pcre2_compile((PCRE2_SPTR)patterns[i], PCRE2_ZERO_TERMINATED,
@@ -84,10 +85,14 @@ static unsigned classify_slow(uint32_t cp)
     }
     unsigned c = CLASS_KNOWN;
     pthread_mutex_lock(&class_lock); /* one match-data block for all threads: first sightings only */
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 3; i++)
         if (class_re[i] && pcre2_match(class_re[i], buf, n, 0, PCRE2_NO_UTF_CHECK, class_match, NULL) >= 0)
             c |= 1u << i;
     pthread_mutex_unlock(&class_lock);
+    /* \s: Unicode White_Space, the set tok_compile_regex writes out for PCRE2 */
+    if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+        (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000)
+        c |= CLASS_S;
     return c;
 }
 

@@ -134,19 +134,89 @@ const tok_merge *tok_merge_find(const lily_tokenizer *tok, int32_t left, int32_t
     }
 }
 
+/* \s as Oniguruma (HF tokenizers' regex engine) and the Unicode White_Space property define it. PCRE2's
+ * \s also matches U+180E MONGOLIAN VOWEL SEPARATOR (a format character since Unicode 6.3), which would
+ * split text differently from HF, so \s is written out as this set before compiling. */
+static const char WHITE_SPACE_ITEMS[] =
+    "\\t\\n\\x0b\\f\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
+
+/* pattern with \s -> [WHITE_SPACE_ITEMS] (the items alone inside a class) and \S -> [^...] outside a
+ * class; malloc'd, NUL-terminated. Other escapes and classes are copied as they are. */
+static char *expand_white_space(const char *p, size_t n, size_t *out_len)
+{
+    size_t items = sizeof WHITE_SPACE_ITEMS - 1, cap = n + 1, len = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (p[i] == '\\')
+            cap += items + 3, i++;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    bool in_class = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c == '\\' && i + 1 < n) {
+            char d = p[++i];
+            if (d == 's' || (d == 'S' && !in_class)) {
+                if (!in_class)
+                    out[len++] = '[';
+                if (d == 'S')
+                    out[len++] = '^';
+                memcpy(out + len, WHITE_SPACE_ITEMS, items);
+                len += items;
+                if (!in_class)
+                    out[len++] = ']';
+            } else {
+                out[len++] = c;
+                out[len++] = d;
+            }
+            continue;
+        }
+        out[len++] = c;
+        if (!in_class && c == '[') {
+            in_class = true;
+            if (i + 1 < n && p[i + 1] == '^')
+                out[len++] = p[++i];
+            if (i + 1 < n && p[i + 1] == ']') /* a leading ] is literal */
+                out[len++] = p[++i];
+        } else if (in_class && c == '[' && i + 1 < n && p[i + 1] == ':') {
+            while (++i < n) { /* a POSIX class [:name:] inside the class */
+                out[len++] = p[i];
+                if (p[i] == ']')
+                    break;
+            }
+        } else if (in_class && c == ']') {
+            in_class = false;
+        }
+    }
+    out[len] = 0;
+    *out_len = len;
+    return out;
+}
+
 pcre2_code *tok_compile_regex(const char *pattern, size_t len, bool literal, lily_error *err)
 {
     int code;
     PCRE2_SIZE offset;
     uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    char *expanded = NULL;
+    if (!literal) {
+        expanded = expand_white_space(pattern, len, &len);
+        if (!expanded) {
+            lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+            return NULL;
+        }
+        pattern = expanded;
+    }
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, options, &code, &offset, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
-        lily_error_set(err, LILY_ERR_TOKENIZER, "pre-tokenizer regex rejected by PCRE2 at offset %zu: %s",
-                       (size_t)offset, (char *)msg);
+        lily_error_set(err, LILY_ERR_TOKENIZER, "pre-tokenizer regex rejected by PCRE2 at offset %zu%s: %s",
+                       (size_t)offset, expanded ? " (after writing out \\s)" : "", (char *)msg);
+        free(expanded);
         return NULL;
     }
+    free(expanded);
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional: matching falls back to the interpreter */
     return re;
 }
