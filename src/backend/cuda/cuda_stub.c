@@ -1,4 +1,57 @@
-/* cuda_stub.c — linked when nvcc is not found: the CUDA backend is absent. */
+/* cuda_stub.c — linked when nvcc is not found: the CUDA backend is absent and its fast paths
+ * (cuda_backend.h) report LILY_ERR_UNSUPPORTED. */
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 
 const lily_backend_ops *lily_cuda_backend_ops_get(void) { return NULL; }
+
+static lily_status no_cuda(lily_error *err)
+{
+    return lily_error_set(err, LILY_ERR_UNSUPPORTED, "this build has no CUDA backend");
+}
+
+lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
+                                      lily_error *err)
+{
+    (void)ctx, (void)state, (void)first_token, (void)n, (void)out_tokens;
+    return no_cuda(err);
+}
+
+lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n, float temperature,
+                                      int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_error *err)
+{
+    (void)ctx, (void)state, (void)first_token, (void)n, (void)temperature, (void)top_k, (void)top_p, (void)seed;
+    (void)out_tokens;
+    return no_cuda(err);
+}
+
+long long lily_cuda_host_syncs(void *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+lily_status lily_cuda_state_set_position(void *ctx, void *state, int pos, lily_error *err)
+{
+    (void)ctx, (void)state, (void)pos;
+    return no_cuda(err);
+}
+
+lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t first_token, int n_steps,
+                                     lily_cuda_profile *out, lily_error *err)
+{
+    (void)ctx, (void)state, (void)first_token, (void)n_steps, (void)out;
+    return no_cuda(err);
+}
+
+lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, lily_error *err)
+{
+    (void)device, (void)bytes, (void)reps, (void)gbps;
+    return no_cuda(err);
+}
+
+lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, int min_chunk, lily_error *err)
+{
+    (void)ctx, (void)state, (void)n_splits, (void)min_chunk;
+    return no_cuda(err);
+}

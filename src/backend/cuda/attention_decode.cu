@@ -1,0 +1,219 @@
+/* attention_decode.cu — causal softmax attention over the bf16 KV cache with the output gate
+ * (MODEL.md §4.3 steps 4-5), for decode (split-KV) and prefill (one split).
+ *
+ * Block (split s, KV head g, token t), 8 warps: the G = n_heads / n_kv query heads that share KV head g
+ * are handled together, so each K and V row is read once for all of them (coalesced: a warp reads a
+ * whole row, lane l its D/32 contiguous dims). Online softmax (fp32) per warp, merged in shared memory.
+ * Split-KV: a token's L = pos + t + 1 keys are cut into chunks of max(min_chunk, ceil(L / n_splits));
+ * each block writes (max, sum, unnormalised output); the last block of a KV head to finish (atomic
+ * counter) merges them. With n_splits == 1 the block normalises and writes directly.
+ * Output: out[t][h][d] = attn * sigmoid(gate[t][h][d]).
+ */
+#include "cuda_common.cuh"
+
+#define ATT_WARPS 8
+
+template <int G, int DPL>
+__device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float (&v)[DPL])
+{
+    if (DPL == 8) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(p);
+        const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    } else if (DPL == 4) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(p);
+        v[0] = __uint_as_float(u.x << 16);
+        v[1] = __uint_as_float(u.x & 0xffff0000u);
+        v[2] = __uint_as_float(u.y << 16);
+        v[3] = __uint_as_float(u.y & 0xffff0000u);
+    } else {
+#pragma unroll
+        for (int e = 0; e < DPL; e++)
+            v[e] = bf2f(p[e]);
+    }
+}
+
+template <int G, int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
+{
+    constexpr int D = DPL * 32;
+    __shared__ float s_acc[G * D];
+    __shared__ float s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
+    __shared__ float s_M[G], s_L[G];
+    __shared__ unsigned int s_last;
+    const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int L = *a.pos + t + 1;
+    int chunk = (L + a.n_splits - 1) / a.n_splits;
+    chunk = max(chunk, a.min_chunk);
+    const int start = s * chunk, end = min(L, start + chunk);
+    const float scale = rsqrtf((float)D);
+
+    float q[G][DPL], acc[G][DPL], m[G], l[G];
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        const float *qp = a.q + ((size_t)t * a.n_heads + g * G + h) * D + lane * DPL;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) {
+            q[h][e] = qp[e] * scale;
+            acc[h][e] = 0.0f;
+        }
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x)
+        s_acc[i] = 0.0f;
+
+    const __nv_bfloat16 *kc = a.k_cache + (size_t)g * a.max_ctx * D + lane * DPL;
+    const __nv_bfloat16 *vc = a.v_cache + (size_t)g * a.max_ctx * D + lane * DPL;
+    for (int k0 = start + warp; k0 < end; k0 += 2 * ATT_WARPS) {
+        const int k1 = k0 + ATT_WARPS;
+        const bool has1 = k1 < end;
+        float kr0[DPL], vr0[DPL], kr1[DPL], vr1[DPL];
+        load_row<G, DPL>(kc + (size_t)k0 * D, kr0);
+        load_row<G, DPL>(vc + (size_t)k0 * D, vr0);
+        if (has1) {
+            load_row<G, DPL>(kc + (size_t)k1 * D, kr1);
+            load_row<G, DPL>(vc + (size_t)k1 * D, vr1);
+        }
+        float sc0[G], sc1[G];
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) {
+                d0 = fmaf(q[h][e], kr0[e], d0);
+                d1 = fmaf(q[h][e], has1 ? kr1[e] : 0.0f, d1);
+            }
+            sc0[h] = d0;
+            sc1[h] = d1;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int h = 0; h < G; h++) {
+                sc0[h] += __shfl_xor_sync(0xffffffffu, sc0[h], o);
+                sc1[h] += __shfl_xor_sync(0xffffffffu, sc1[h], o);
+            }
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            const float mn = has1 ? fmaxf(m[h], fmaxf(sc0[h], sc1[h])) : fmaxf(m[h], sc0[h]);
+            const float corr = expf(m[h] - mn);
+            const float p0 = expf(sc0[h] - mn);
+            const float p1 = has1 ? expf(sc1[h] - mn) : 0.0f;
+            l[h] = l[h] * corr + p0 + p1;
+#pragma unroll
+            for (int e = 0; e < DPL; e++)
+                acc[h][e] = acc[h][e] * corr + p0 * vr0[e] + (has1 ? p1 * vr1[e] : 0.0f);
+            m[h] = mn;
+        }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            s_m[warp][h] = m[h];
+            s_l[warp][h] = l[h];
+        }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int h = threadIdx.x;
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++)
+            M = fmaxf(M, s_m[w][h]);
+        float Ls = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            Ls += s_m[w][h] == -INFINITY ? 0.0f : s_l[w][h] * expf(s_m[w][h] - M);
+        s_M[h] = M;
+        s_L[h] = Ls;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        if (m[h] == -INFINITY)
+            continue;
+        const float f = expf(m[h] - s_M[h]);
+#pragma unroll
+        for (int e = 0; e < DPL; e++)
+            atomicAdd(&s_acc[h * D + lane * DPL + e], acc[h][e] * f);
+    }
+    __syncthreads();
+
+    const float *gate_row = a.qkv + (size_t)t * a.qkv_stride;
+    if (a.n_splits == 1) {
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+            const int h = i / D, d = i % D, hg = g * G + h;
+            const float o = s_acc[i] / s_L[h];
+            a.out[((size_t)t * a.n_heads + hg) * D + d] = o * sigmoid_f(gate_row[(size_t)hg * 2 * D + D + d]);
+        }
+        return;
+    }
+    /* split-KV: publish this split, the last block of KV head g merges */
+    float *po = a.part_o + ((size_t)g * a.n_splits + s) * G * D;
+    float *pml = a.part_ml + ((size_t)g * a.n_splits + s) * G * 2;
+    if (start < L) {
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x)
+            po[i] = s_acc[i];
+        if (threadIdx.x < G) {
+            pml[2 * threadIdx.x] = s_M[threadIdx.x];
+            pml[2 * threadIdx.x + 1] = s_L[threadIdx.x];
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        s_last = atomicAdd(a.counter + g, 1u) == (unsigned int)(a.n_splits - 1);
+    __syncthreads();
+    if (!s_last)
+        return;
+    __threadfence();
+    const int n_used = (L + chunk - 1) / chunk;
+    const float *pmlg = a.part_ml + (size_t)g * a.n_splits * G * 2;
+    const float *pog = a.part_o + (size_t)g * a.n_splits * G * D;
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int h = i / D, d = i % D, hg = g * G + h;
+        float M = -INFINITY;
+        for (int sp = 0; sp < n_used; sp++)
+            M = fmaxf(M, __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h));
+        float O = 0.0f, Lt = 0.0f;
+        for (int sp = 0; sp < n_used; sp++) {
+            const float ms = __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h);
+            if (ms == -INFINITY)
+                continue;
+            const float f = expf(ms - M);
+            Lt = fmaf(__ldcg(pmlg + (size_t)sp * G * 2 + 2 * h + 1), f, Lt);
+            O = fmaf(__ldcg(pog + (size_t)sp * G * D + i), f, O);
+        }
+        a.out[((size_t)t * a.n_heads + hg) * D + d] = O / Lt * sigmoid_f(gate_row[(size_t)hg * 2 * D + D + d]);
+    }
+    if (threadIdx.x == 0)
+        a.counter[g] = 0;
+}
+
+template <int G>
+static cudaError_t att_g(const attn_args &a, dim3 grid, cudaStream_t s)
+{
+    switch (a.head_dim / 32) {
+    case 2: attention_kernel<G, 2><<<grid, ATT_WARPS * 32, 0, s>>>(a); break;
+    case 4: attention_kernel<G, 4><<<grid, ATT_WARPS * 32, 0, s>>>(a); break;
+    case 8: attention_kernel<G, 8><<<grid, ATT_WARPS * 32, 0, s>>>(a); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
+{
+    if (a.head_dim % 32 || a.n_heads % a.n_kv || (a.n_splits > 1 && n_tokens != 1))
+        return cudaErrorInvalidValue;
+    dim3 grid(a.n_splits, a.n_kv, n_tokens);
+    switch (a.n_heads / a.n_kv) {
+    case 2: return att_g<2>(a, grid, s);
+    case 4: return att_g<4>(a, grid, s);
+    case 8: return att_g<8>(a, grid, s);
+    default: return cudaErrorInvalidValue;
+    }
+}

@@ -1,0 +1,705 @@
+/* cuda_backend.cu — the CUDA backend's ops table (backend.h): device selection, weight upload (once,
+ * kept 4/8-bit as stored; plain weights as bf16; norm/gate vectors as fp32), scratch sized by
+ * max_chunk, and session state (bf16 KV cache, fp32 conv + recurrent state) preallocated for max_ctx.
+ * Every CUDA call is checked (CUDA_TRY) and reported as LILY_ERR_BACKEND / LILY_ERR_OUT_OF_MEMORY.
+ * The layer loop, graphs and fast paths live in cuda_forward.cu.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+extern "C" {
+#include "base/base.h"
+#include "base/dtype.h"
+}
+
+lily_status lily_cuda_error(lily_error *err, cudaError_t e, const char *call, const char *file, int line)
+{
+    const bool oom = e == cudaErrorMemoryAllocation;
+    if (oom) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY,
+                              "cuda: out of GPU memory in %s (%s:%d): %.2f GiB free of %.2f GiB; use a smaller "
+                              "--ctx-size or a smaller model",
+                              call, file, line, fr / 1073741824.0, tot / 1073741824.0);
+    }
+    return lily_error_set(err, LILY_ERR_BACKEND, "cuda: %s failed at %s:%d: %s (%s)", call, file, line,
+                          cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* ---- allocation ------------------------------------------------------------------------------------ */
+
+static lily_status ctx_alloc(cuda_ctx *c, void **p, size_t bytes, lily_error *err)
+{
+    if (c->n_allocs == c->cap_allocs) {
+        int nc = c->cap_allocs ? 2 * c->cap_allocs : 256;
+        void **na = (void **)realloc(c->allocs, nc * sizeof *na);
+        if (!na)
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host allocation failed");
+        c->allocs = na;
+        c->cap_allocs = nc;
+    }
+    *p = NULL;
+    CUDA_TRY(cudaMalloc(p, bytes ? bytes : 16));
+    c->allocs[c->n_allocs++] = *p;
+    c->weight_bytes += bytes;
+    return LILY_OK;
+}
+
+/* Upload a matrix (or expert stack): quantized kept as-is (compacted so expert e's rows follow e-1's),
+ * plain converted to bf16. */
+static lily_status upload_mat(cuda_ctx *c, const lily_tensor *t, dmat *out, lily_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!t->data)
+        return lily_error_set(err, LILY_ERR_MODEL, "cuda: tensor %s missing", t->name ? t->name : "(unnamed)");
+    const int64_t rows = lily_tensor_rows(t), cols = lily_tensor_cols(t);
+    const int64_t E = t->ndim == 3 ? t->shape[0] : 1;
+    const int64_t estride = t->ndim == 3 ? t->expert_stride : rows;
+    out->rows = (int)rows;
+    out->cols = (int)cols;
+    out->n_experts = (int)E;
+    lily_status st;
+    if (t->bits == 4 || t->bits == 8) {
+        if (t->group_size != 64 || cols % 64)
+            return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: %s: group size %d / cols %lld unsupported",
+                                  t->name, t->group_size, (long long)cols);
+        out->bits = t->bits;
+        out->row_bytes = cols * t->bits / 8;
+        const int64_t gpr = cols / 64;
+        const size_t nrow = (size_t)(E * rows);
+        uint8_t *hw = (uint8_t *)malloc(nrow * out->row_bytes);
+        uint16_t *hs = (uint16_t *)malloc(nrow * gpr * 2), *hb = (uint16_t *)malloc(nrow * gpr * 2);
+        if (!hw || !hs || !hb) {
+            free(hw), free(hs), free(hb);
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host staging for %s", t->name);
+        }
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t pr = e * estride + r, dr = e * rows + r;
+                memcpy(hw + dr * out->row_bytes, (const uint8_t *)t->data + pr * t->row_bytes, out->row_bytes);
+                for (int64_t g = 0; g < gpr; g++) {
+                    const uint8_t *sp = (const uint8_t *)t->scales + pr * t->scale_row_bytes;
+                    const uint8_t *bp = (const uint8_t *)t->biases + pr * t->scale_row_bytes;
+                    if (t->scale_dtype == LILY_DTYPE_BF16) {
+                        memcpy(hs + dr * gpr + g, sp + 2 * g, 2);
+                        memcpy(hb + dr * gpr + g, bp + 2 * g, 2);
+                    } else {
+                        hs[dr * gpr + g] = lily_f32_to_bf16(lily_load_f32(sp, t->scale_dtype, g));
+                        hb[dr * gpr + g] = lily_f32_to_bf16(lily_load_f32(bp, t->scale_dtype, g));
+                    }
+                }
+            }
+        void *dw, *ds, *db;
+        st = ctx_alloc(c, &dw, nrow * out->row_bytes, err);
+        if (st == LILY_OK) st = ctx_alloc(c, &ds, nrow * gpr * 2, err);
+        if (st == LILY_OK) st = ctx_alloc(c, &db, nrow * gpr * 2, err);
+        cudaError_t ce = cudaSuccess;
+        if (st == LILY_OK) ce = cudaMemcpy(dw, hw, nrow * out->row_bytes, cudaMemcpyHostToDevice);
+        if (st == LILY_OK && ce == cudaSuccess) ce = cudaMemcpy(ds, hs, nrow * gpr * 2, cudaMemcpyHostToDevice);
+        if (st == LILY_OK && ce == cudaSuccess) ce = cudaMemcpy(db, hb, nrow * gpr * 2, cudaMemcpyHostToDevice);
+        free(hw), free(hs), free(hb);
+        if (st != LILY_OK)
+            return st;
+        CUDA_TRY(ce);
+        out->data = (const uint8_t *)dw;
+        out->scales = (const __nv_bfloat16 *)ds;
+        out->biases = (const __nv_bfloat16 *)db;
+        return LILY_OK;
+    }
+    if (t->bits != 0)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: %s: %d-bit weights unsupported", t->name, t->bits);
+    if (cols % 8)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: %s: cols %lld not a multiple of 8", t->name,
+                              (long long)cols);
+    out->bits = 16;
+    out->row_bytes = cols * 2;
+    const size_t nrow = (size_t)(E * rows);
+    uint16_t *hw = (uint16_t *)malloc(nrow * cols * 2);
+    if (!hw)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host staging for %s", t->name);
+    const int esz = lily_dtype_size(t->dtype);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *src = (const uint8_t *)t->data + (e * estride + r) * t->row_bytes;
+            uint16_t *dst = hw + (e * rows + r) * cols;
+            if (t->dtype == LILY_DTYPE_BF16)
+                memcpy(dst, src, cols * 2);
+            else
+                for (int64_t k = 0; k < cols; k++)
+                    dst[k] = lily_f32_to_bf16(lily_load_f32(src, t->dtype, k));
+            (void)esz;
+        }
+    void *dw;
+    st = ctx_alloc(c, &dw, nrow * cols * 2, err);
+    cudaError_t ce = st == LILY_OK ? cudaMemcpy(dw, hw, nrow * cols * 2, cudaMemcpyHostToDevice) : cudaSuccess;
+    free(hw);
+    if (st != LILY_OK)
+        return st;
+    CUDA_TRY(ce);
+    out->data = (const uint8_t *)dw;
+    return LILY_OK;
+}
+
+/* Upload a vector (or [C, K] conv weight) as fp32, optionally as (1 + w). */
+static lily_status upload_vec(cuda_ctx *c, const lily_tensor *t, int64_t n, bool plus_one, float **out,
+                              lily_error *err)
+{
+    if (!t->data || t->bits)
+        return lily_error_set(err, LILY_ERR_MODEL, "cuda: vector %s missing or quantized", t->name ? t->name : "?");
+    float *h = (float *)malloc(n * sizeof(float));
+    if (!h)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host staging");
+    for (int64_t i = 0; i < n; i++)
+        h[i] = lily_load_f32(t->data, t->dtype, i) + (plus_one ? 1.0f : 0.0f);
+    void *d;
+    lily_status st = ctx_alloc(c, &d, n * sizeof(float), err);
+    cudaError_t ce = st == LILY_OK ? cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) : cudaSuccess;
+    free(h);
+    if (st != LILY_OK)
+        return st;
+    CUDA_TRY(ce);
+    *out = (float *)d;
+    return LILY_OK;
+}
+
+/* ---- create / destroy ---------------------------------------------------------------------------- */
+
+static void cuda_destroy(void *vctx)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    if (!c)
+        return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < c->n_allocs; i++)
+        cudaFree(c->allocs[i]);
+    free(c->allocs);
+    free(c->layers);
+    if (c->h_host)
+        cudaFreeHost(c->h_host);
+    free(c->h_prev);
+    if (c->prof_ev[0]) {
+        cudaEventDestroy(c->prof_ev[0]);
+        cudaEventDestroy(c->prof_ev[1]);
+    }
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static size_t tensor_device_bytes(const lily_tensor *t)
+{
+    if (!t->data)
+        return 0;
+    const size_t rows = (size_t)lily_tensor_rows(t) * (t->ndim == 3 ? (size_t)t->shape[0] : 1);
+    const size_t cols = (size_t)lily_tensor_cols(t);
+    if (t->bits)
+        return rows * (cols * t->bits / 8 + 2 * 2 * (cols / 64));
+    return rows * cols * 2;
+}
+
+/* Predicted device bytes of the weights (for a clear error before uploading anything). */
+static size_t weights_device_bytes(const lily_weights *w)
+{
+    size_t total = tensor_device_bytes(&w->embed) + tensor_device_bytes(&w->lm_head);
+    for (int l = 0; l < w->n_layers; l++) {
+        const lily_layer_weights *L = &w->layers[l];
+        const lily_tensor *ts[] = {&L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj, &L->in_proj_qkv, &L->in_proj_z,
+                                   &L->in_proj_b, &L->in_proj_a, &L->out_proj, &L->router, &L->shared_gate,
+                                   &L->shared_up, &L->shared_down, &L->shared_expert_gate};
+        for (size_t k = 0; k < sizeof ts / sizeof *ts; k++)
+            total += tensor_device_bytes(ts[k]);
+        total += tensor_device_bytes(&L->experts_gate) + tensor_device_bytes(&L->experts_up) +
+                 tensor_device_bytes(&L->experts_down);
+    }
+    return total;
+}
+
+static lily_status upload_layer(cuda_ctx *c, const lily_weights *w, int l, lily_error *err)
+{
+    const lily_config *cfg = &c->cfg;
+    const lily_layer_weights *L = &w->layers[l];
+    cuda_layer *d = &c->layers[l];
+    const bool zc = w->norms_zero_centred;
+    const int H = cfg->hidden;
+    lily_status st;
+#define UP(call)                                                                                   \
+    do {                                                                                           \
+        st = (call);                                                                               \
+        if (st != LILY_OK) {                                                                       \
+            lily_error_prefix(err, "layer %d", l);                                                 \
+            return st;                                                                             \
+        }                                                                                          \
+    } while (0)
+    d->full_attention = cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION;
+    UP(upload_vec(c, &L->input_norm, H, zc, &d->input_norm, err));
+    UP(upload_vec(c, &L->post_attention_norm, H, zc, &d->post_norm, err));
+    if (d->full_attention) {
+        UP(upload_mat(c, &L->q_proj, &d->q_proj, err));
+        UP(upload_mat(c, &L->k_proj, &d->k_proj, err));
+        UP(upload_mat(c, &L->v_proj, &d->v_proj, err));
+        UP(upload_mat(c, &L->o_proj, &d->o_proj, err));
+        UP(upload_vec(c, &L->q_norm, cfg->head_dim, zc, &d->q_norm, err));
+        UP(upload_vec(c, &L->k_norm, cfg->head_dim, zc, &d->k_norm, err));
+    } else {
+        UP(upload_mat(c, &L->in_proj_qkv, &d->in_qkv, err));
+        UP(upload_mat(c, &L->in_proj_z, &d->in_z, err));
+        UP(upload_mat(c, &L->in_proj_b, &d->in_b, err));
+        UP(upload_mat(c, &L->in_proj_a, &d->in_a, err));
+        UP(upload_mat(c, &L->out_proj, &d->out_proj, err));
+        UP(upload_vec(c, &L->conv1d, (int64_t)lily_config_gdn_conv_dim(cfg) * cfg->gdn_conv_kernel, false, &d->conv_w,
+                      err));
+        UP(upload_vec(c, &L->dt_bias, cfg->gdn_n_value_heads, false, &d->dt_bias, err));
+        UP(upload_vec(c, &L->A_log, cfg->gdn_n_value_heads, false, &d->A_log, err));
+        UP(upload_vec(c, &L->gdn_norm, cfg->gdn_value_head_dim, false, &d->gdn_norm, err));
+    }
+    UP(upload_mat(c, &L->router, &d->router, err));
+    UP(upload_mat(c, &L->shared_expert_gate, &d->shared_expert_gate, err));
+    UP(upload_mat(c, &L->experts_gate, &d->ex_gate, err));
+    UP(upload_mat(c, &L->experts_up, &d->ex_up, err));
+    UP(upload_mat(c, &L->experts_down, &d->ex_down, err));
+    UP(upload_mat(c, &L->shared_gate, &d->sh_gate, err));
+    UP(upload_mat(c, &L->shared_up, &d->sh_up, err));
+    UP(upload_mat(c, &L->shared_down, &d->sh_down, err));
+#undef UP
+    return LILY_OK;
+}
+
+static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
+{
+    const lily_config *cfg = &c->cfg;
+    const size_t C = c->max_chunk, H = cfg->hidden;
+    const size_t attn_proj = (size_t)cfg->n_heads * cfg->head_dim * 2 + 2 * (size_t)cfg->n_kv_heads * cfg->head_dim;
+    const size_t gdn_proj = (size_t)lily_config_gdn_conv_dim(cfg) + lily_config_gdn_value_dim(cfg) +
+                            2 * (size_t)cfg->gdn_n_value_heads;
+    c->proj_stride = (int)((LILY_MAX(attn_proj, gdn_proj) + 3) / 4 * 4);
+    const size_t mixw = LILY_MAX((size_t)lily_config_gdn_value_dim(cfg), (size_t)cfg->n_heads * cfg->head_dim);
+    const size_t inter = LILY_MAX(cfg->moe_intermediate, cfg->shared_intermediate);
+    const size_t G = cfg->n_heads / cfg->n_kv_heads;
+    c->att_splits = ATT_SPLITS_DEFAULT;
+    c->att_min_chunk = ATT_MIN_CHUNK_DEFAULT;
+    lily_status st;
+#define AL(ptr, bytes)                                                                             \
+    do {                                                                                           \
+        void *p_;                                                                                  \
+        if ((st = ctx_alloc(c, &p_, (bytes), err)) != LILY_OK)                                     \
+            return st;                                                                             \
+        *(void **)&(ptr) = p_;                                                                     \
+    } while (0)
+    AL(c->d_tokens, C * sizeof(int));
+    AL(c->h, C * H * 4);
+    AL(c->proj, C * c->proj_stride * 4);
+    AL(c->mix, C * mixw * 4);
+    AL(c->q, C * cfg->n_heads * cfg->head_dim * 4);
+    AL(c->router, C * (cfg->n_experts + 1) * 4);
+    AL(c->hid, C * (cfg->n_experts_used + 1) * inter * 4);
+    AL(c->topk_idx, C * cfg->n_experts_used * 4);
+    AL(c->topk_w, C * cfg->n_experts_used * 4);
+    AL(c->logits, C * (size_t)cfg->vocab_size * 4);
+    AL(c->argmax, C * 8);
+    AL(c->part_o, (size_t)cfg->n_kv_heads * c->att_splits * G * cfg->head_dim * 4);
+    AL(c->part_ml, (size_t)cfg->n_kv_heads * c->att_splits * G * 2 * 4);
+    AL(c->att_counter, (size_t)cfg->n_kv_heads * 4);
+#undef AL
+    CUDA_TRY(cudaMemset(c->att_counter, 0, (size_t)cfg->n_kv_heads * 4));
+    CUDA_TRY(cudaMemset(c->argmax, 0, C * 8));
+    return LILY_OK;
+}
+
+static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
+                               void **out, lily_error *err)
+{
+    *out = NULL;
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        cudaGetLastError();
+        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no CUDA device available (%s)",
+                              e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+    }
+    if (opts->device < 0 || opts->device >= n_dev)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: device %d out of range (%d devices)",
+                              opts->device, n_dev);
+    if (cfg->hidden % 64 || cfg->head_dim % 32 || cfg->gdn_value_head_dim % 32)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: model dims not supported by the CUDA kernels");
+    cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
+    if (!c)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: context");
+    c->cfg = *cfg;
+    c->opts = *opts;
+    c->device = opts->device;
+    c->max_chunk = opts->max_chunk > 0 ? opts->max_chunk : 512;
+    lily_status st = LILY_OK;
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            st = lily_cuda_error(err, e_, #call, __FILE__, __LINE__);                              \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+    CK(cudaSetDevice(c->device));
+    CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&c->prof_ev[0]));
+    CK(cudaEventCreate(&c->prof_ev[1]));
+    {
+        size_t fr = 0, tot = 0;
+        CK(cudaMemGetInfo(&fr, &tot));
+        const size_t need = weights_device_bytes(w);
+        if (need + ((size_t)256 << 20) > fr) {
+            st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY,
+                                "cuda: the model needs %.2f GiB of GPU memory for its weights but only %.2f GiB "
+                                "of %.2f GiB are free",
+                                need / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
+            goto fail;
+        }
+    }
+    c->layers = (cuda_layer *)calloc(cfg->n_layers, sizeof *c->layers);
+    if (!c->layers) {
+        st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: layers");
+        goto fail;
+    }
+    if ((st = upload_mat(c, &w->embed, &c->embed, err)) != LILY_OK)
+        goto fail;
+    if ((st = upload_mat(c, &w->lm_head, &c->lm_head, err)) != LILY_OK)
+        goto fail;
+    if ((st = upload_vec(c, &w->final_norm, cfg->hidden, w->norms_zero_centred, &c->final_norm, err)) != LILY_OK)
+        goto fail;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if ((st = upload_layer(c, w, l, err)) != LILY_OK)
+            goto fail;
+    if ((st = alloc_scratch(c, err)) != LILY_OK)
+        goto fail;
+    {
+        const size_t hb = (size_t)c->max_chunk * LILY_MAX(cfg->hidden, cfg->vocab_size) * sizeof(float);
+        CK(cudaMallocHost((void **)&c->h_host, hb));
+        c->h_prev = (float *)malloc((size_t)c->max_chunk * cfg->hidden * sizeof(float));
+        if (!c->h_prev) {
+            st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host staging");
+            goto fail;
+        }
+    }
+    *out = c;
+    return LILY_OK;
+fail:
+#undef CK
+    cuda_destroy(c);
+    return st;
+}
+
+/* ---- session state -------------------------------------------------------------------------------- */
+
+static void cuda_state_free(void *vctx, void *vst)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    if (!s)
+        return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    if (s->graph_greedy)
+        cudaGraphExecDestroy(s->graph_greedy);
+    if (s->graph_logits)
+        cudaGraphExecDestroy(s->graph_logits);
+    for (int l = 0; l < c->cfg.n_layers; l++) {
+        if (s->k_cache) cudaFree(s->k_cache[l]);
+        if (s->v_cache) cudaFree(s->v_cache[l]);
+        if (s->conv_state) cudaFree(s->conv_state[l]);
+        if (s->rec_state) cudaFree(s->rec_state[l]);
+    }
+    free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
+    cudaFree(s->ctr);
+    cudaFree(s->out_tokens);
+    free(s);
+}
+
+static size_t kv_bytes(const lily_config *cfg, int max_ctx)
+{
+    return (size_t)cfg->n_kv_heads * max_ctx * cfg->head_dim * sizeof(__nv_bfloat16);
+}
+static size_t conv_bytes(const lily_config *cfg)
+{
+    return 2 * (size_t)(cfg->gdn_conv_kernel - 1) * lily_config_gdn_conv_dim(cfg) * sizeof(float);
+}
+static size_t rec_bytes(const lily_config *cfg)
+{
+    return (size_t)cfg->gdn_n_value_heads * cfg->gdn_key_head_dim * cfg->gdn_value_head_dim * sizeof(float);
+}
+
+static void cuda_state_reset(void *vctx, void *vst)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    cudaSetDevice(c->device);
+    for (int l = 0; l < c->cfg.n_layers; l++) {
+        if (s->conv_state[l]) cudaMemsetAsync(s->conv_state[l], 0, conv_bytes(&c->cfg), c->stream);
+        if (s->rec_state[l]) cudaMemsetAsync(s->rec_state[l], 0, rec_bytes(&c->cfg), c->stream);
+    }
+    cudaMemsetAsync(s->ctr, 0, sizeof(cuda_counters), c->stream);
+    s->pos = 0;
+    s->step = 0;
+}
+
+static lily_status cuda_state_new(void *vctx, int max_ctx, void **out, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    const lily_config *cfg = &c->cfg;
+    *out = NULL;
+    if (max_ctx <= 0)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: max_ctx %d", max_ctx);
+    CUDA_TRY(cudaSetDevice(c->device));
+    {
+        size_t fr = 0, tot = 0;
+        CUDA_TRY(cudaMemGetInfo(&fr, &tot));
+        size_t n_attn = 0;
+        for (int l = 0; l < cfg->n_layers; l++)
+            n_attn += cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION;
+        const size_t need = n_attn * 2 * kv_bytes(cfg, max_ctx) +
+                            ((size_t)cfg->n_layers - n_attn) * (conv_bytes(cfg) + rec_bytes(cfg)) +
+                            (size_t)max_ctx * sizeof(int);
+        if (need + ((size_t)64 << 20) > fr)
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY,
+                                  "cuda: a session of %d tokens needs %.2f GiB of GPU memory (KV cache + states) "
+                                  "but only %.2f GiB are free; use a smaller --ctx-size",
+                                  max_ctx, need / 1073741824.0, fr / 1073741824.0);
+    }
+    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    if (!s)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: state");
+    s->max_ctx = max_ctx;
+    const int L = cfg->n_layers;
+    s->k_cache = (__nv_bfloat16 **)calloc(L, sizeof(void *));
+    s->v_cache = (__nv_bfloat16 **)calloc(L, sizeof(void *));
+    s->conv_state = (float **)calloc(L, sizeof(void *));
+    s->rec_state = (float **)calloc(L, sizeof(void *));
+    lily_status st = LILY_OK;
+    cudaError_t e = cudaSuccess;
+    if (!s->k_cache || !s->v_cache || !s->conv_state || !s->rec_state) {
+        st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: state");
+        goto fail;
+    }
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        if ((e = (call)) != cudaSuccess) {                                                         \
+            st = lily_cuda_error(err, e, #call, __FILE__, __LINE__);                               \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+    for (int l = 0; l < L; l++) {
+        if (cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION) {
+            CK(cudaMalloc((void **)&s->k_cache[l], kv_bytes(cfg, max_ctx)));
+            CK(cudaMalloc((void **)&s->v_cache[l], kv_bytes(cfg, max_ctx)));
+        } else {
+            CK(cudaMalloc((void **)&s->conv_state[l], conv_bytes(cfg)));
+            CK(cudaMalloc((void **)&s->rec_state[l], rec_bytes(cfg)));
+        }
+    }
+    CK(cudaMalloc((void **)&s->ctr, sizeof(cuda_counters)));
+    s->out_cap = max_ctx;
+    CK(cudaMalloc((void **)&s->out_tokens, (size_t)s->out_cap * sizeof(int)));
+#undef CK
+    cuda_state_reset(c, s);
+    if ((e = cudaGetLastError()) != cudaSuccess) {
+        st = lily_cuda_error(err, e, "state reset", __FILE__, __LINE__);
+        goto fail;
+    }
+    *out = s;
+    return LILY_OK;
+fail:
+    cuda_state_free(c, s);
+    return st;
+}
+
+static int cuda_state_position(void *vctx, void *vst)
+{
+    (void)vctx;
+    return ((cuda_state *)vst)->pos;
+}
+
+static lily_status cuda_state_copy(void *vctx, void *vdst, const void *vsrc, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *d = (cuda_state *)vdst;
+    const cuda_state *s = (const cuda_state *)vsrc;
+    if (d->max_ctx != s->max_ctx)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: state_copy between different max_ctx");
+    CUDA_TRY(cudaSetDevice(c->device));
+    const lily_config *cfg = &c->cfg;
+    const size_t row = (size_t)cfg->head_dim * sizeof(__nv_bfloat16);
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if (s->k_cache[l]) {
+            for (int h = 0; h < cfg->n_kv_heads; h++) {
+                const size_t off = (size_t)h * s->max_ctx * cfg->head_dim;
+                if (s->pos) {
+                    CUDA_TRY(cudaMemcpyAsync(d->k_cache[l] + off, s->k_cache[l] + off, s->pos * row,
+                                             cudaMemcpyDeviceToDevice, c->stream));
+                    CUDA_TRY(cudaMemcpyAsync(d->v_cache[l] + off, s->v_cache[l] + off, s->pos * row,
+                                             cudaMemcpyDeviceToDevice, c->stream));
+                }
+            }
+        } else {
+            CUDA_TRY(cudaMemcpyAsync(d->conv_state[l], s->conv_state[l], conv_bytes(cfg), cudaMemcpyDeviceToDevice,
+                                     c->stream));
+            CUDA_TRY(cudaMemcpyAsync(d->rec_state[l], s->rec_state[l], rec_bytes(cfg), cudaMemcpyDeviceToDevice,
+                                     c->stream));
+        }
+    }
+    CUDA_TRY(cudaMemcpyAsync(d->ctr, s->ctr, sizeof(cuda_counters), cudaMemcpyDeviceToDevice, c->stream));
+    d->pos = s->pos;
+    d->step = s->step;
+    return cuda_sync(c, err);
+}
+
+/* Serialized layout: header {pos, step}, then per attention layer K then V rows [0, pos) per KV head,
+ * per DeltaNet layer both conv-state buffers and the recurrent state. */
+static size_t cuda_state_save_size(void *vctx, const void *vst)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    const cuda_state *s = (const cuda_state *)vst;
+    const lily_config *cfg = &c->cfg;
+    size_t n = 2 * sizeof(int);
+    for (int l = 0; l < cfg->n_layers; l++)
+        n += s->k_cache[l] ? 2 * (size_t)cfg->n_kv_heads * s->pos * cfg->head_dim * sizeof(__nv_bfloat16)
+                           : conv_bytes(cfg) + rec_bytes(cfg);
+    return n;
+}
+
+static lily_status state_transfer(cuda_ctx *c, cuda_state *s, uint8_t *buf, size_t size, bool save, int pos,
+                                  lily_error *err)
+{
+    const lily_config *cfg = &c->cfg;
+    const size_t row = (size_t)cfg->head_dim * sizeof(__nv_bfloat16);
+    size_t off = 2 * sizeof(int);
+    const cudaMemcpyKind kind = save ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+#define XFER(dev, bytes)                                                                           \
+    do {                                                                                           \
+        if (off + (bytes) > size)                                                                  \
+            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: state buffer too small"); \
+        if (save)                                                                                  \
+            CUDA_TRY(cudaMemcpyAsync(buf + off, (dev), (bytes), kind, c->stream));                 \
+        else                                                                                       \
+            CUDA_TRY(cudaMemcpyAsync((dev), buf + off, (bytes), kind, c->stream));                 \
+        off += (bytes);                                                                            \
+    } while (0)
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if (s->k_cache[l]) {
+            for (int h = 0; h < cfg->n_kv_heads; h++)
+                if (pos) XFER(s->k_cache[l] + (size_t)h * s->max_ctx * cfg->head_dim, pos * row);
+            for (int h = 0; h < cfg->n_kv_heads; h++)
+                if (pos) XFER(s->v_cache[l] + (size_t)h * s->max_ctx * cfg->head_dim, pos * row);
+        } else {
+            XFER(s->conv_state[l], conv_bytes(cfg));
+            XFER(s->rec_state[l], rec_bytes(cfg));
+        }
+    }
+#undef XFER
+    return cuda_sync(c, err);
+}
+
+static lily_status cuda_state_save(void *vctx, const void *vst, void *buf, size_t size, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    if (size < cuda_state_save_size(c, s))
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: state buffer too small");
+    CUDA_TRY(cudaSetDevice(c->device));
+    int hdr[2] = {s->pos, s->step};
+    memcpy(buf, hdr, sizeof hdr);
+    return state_transfer(c, s, (uint8_t *)buf, size, true, s->pos, err);
+}
+
+static lily_status cuda_state_restore(void *vctx, void *vst, const void *buf, size_t size, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    if (size < 2 * sizeof(int))
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: state buffer too small");
+    int hdr[2];
+    memcpy(hdr, buf, sizeof hdr);
+    if (hdr[0] < 0 || hdr[0] > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: saved position %d exceeds max_ctx %d", hdr[0],
+                              s->max_ctx);
+    CUDA_TRY(cudaSetDevice(c->device));
+    lily_status st = state_transfer(c, s, (uint8_t *)buf, size, false, hdr[0], err);
+    if (st != LILY_OK)
+        return st;
+    s->pos = hdr[0];
+    s->step = hdr[1];
+    cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}};
+    CUDA_TRY(cudaMemcpy(s->ctr, &ctr, sizeof ctr, cudaMemcpyHostToDevice));
+    return LILY_OK;
+}
+
+static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
+                                float *logits, lily_error *err);
+
+static const lily_backend_ops cuda_ops = {
+    "cuda",
+    cuda_create,
+    cuda_destroy,
+    cuda_state_new,
+    cuda_state_free,
+    cuda_state_reset,
+    cuda_state_position,
+    cuda_state_copy,
+    cuda_state_save_size,
+    cuda_state_save,
+    cuda_state_restore,
+    cuda_forward,
+};
+
+extern "C" const lily_backend_ops *lily_cuda_backend_ops_get(void) { return &cuda_ops; }
+
+/* ---- forward (host tokens in, host logits out) ---------------------------------------------------- */
+
+lily_status cuda_sync(cuda_ctx *c, lily_error *err)
+{
+    c->host_syncs++;
+    CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return LILY_OK;
+}
+
+lily_status cuda_forward_logits_graph(cuda_ctx *c, cuda_state *st, lily_error *err); /* cuda_forward.cu */
+
+static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
+                                float *logits, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    if (n < 1 || n > c->max_chunk)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: forward of %d tokens (max_chunk %d)", n,
+                              c->max_chunk);
+    if (s->pos + n > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: %d + %d tokens exceed the context of %d", s->pos,
+                              n, s->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->cfg.vocab_size)
+            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: token id %d outside [0, %d)", tokens[i],
+                                  c->cfg.vocab_size);
+    if (mode != LILY_LOGITS_NONE && !logits)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: logits buffer is NULL");
+    CUDA_TRY(cudaSetDevice(c->device));
+    CUDA_TRY(cudaMemcpyAsync(c->d_tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
+    lily_status st;
+    if (n == 1 && !c->opts.debug_hook && mode != LILY_LOGITS_NONE)
+        st = cuda_forward_logits_graph(c, s, err);
+    else
+        st = cuda_enqueue_forward(c, s, n, mode, n == 1, err);
+    if (st != LILY_OK)
+        return st;
+    const size_t rows = mode == LILY_LOGITS_ALL ? (size_t)n : mode == LILY_LOGITS_LAST ? 1 : 0;
+    if (rows)
+        CUDA_TRY(cudaMemcpyAsync(logits, c->logits, rows * c->cfg.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
+                                 c->stream));
+    st = cuda_sync(c, err);
+    if (st != LILY_OK)
+        return st;
+    s->pos += n;
+    s->step += 1;
+    return LILY_OK;
+}

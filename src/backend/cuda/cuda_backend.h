@@ -1,0 +1,62 @@
+/* cuda_backend.h — CUDA-only entry points beyond backend.h: the decode fast path that keeps the next
+ * token on the device (CUDA graph replay, no host sync per token), a per-stage decode profile (CUDA
+ * events), device bandwidth measurement, and a bench helper that places a session at a given depth.
+ * In a build without CUDA (cuda_stub.c) every function returns LILY_ERR_UNSUPPORTED.
+ * `ctx` and `state` are the cuda backend's (lily_backend.ctx and a state from its state_new).
+ */
+#ifndef LILY_CUDA_BACKEND_H
+#define LILY_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lily.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Greedy decode of n tokens: first_token is processed at the state's position, each chosen token is
+ * written by the GPU into the next step's input slot, the captured step graph is replayed n times,
+ * and out_tokens[0..n) receives the chosen ids with one host synchronization for the whole call.
+ * Errors: LILY_ERR_CONTEXT_LENGTH (position + n > max_ctx), LILY_ERR_BACKEND. */
+lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
+                                      lily_error *err);
+
+/* As lily_cuda_generate_greedy with temperature / top-k (<= 64; the candidate lists keep 16 per scan
+ * thread) / top-p sampling on the device; seed makes the draw reproducible. */
+lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n, float temperature,
+                                      int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_error *err);
+
+/* Host waits on the device so far (stream synchronizations); decode adds none per token. */
+long long lily_cuda_host_syncs(void *ctx);
+
+/* Bench helper: put the session at position pos as if pos tokens had been processed (KV rows [0, pos)
+ * filled with pseudo-random bf16 values; DeltaNet states kept). Errors: LILY_ERR_CONTEXT_LENGTH. */
+lily_status lily_cuda_state_set_position(void *ctx, void *state, int pos, lily_error *err);
+
+/* Decode-step profile: runs n_steps single-token steps without a graph, timing each stage with CUDA
+ * events. names[i]/ms[i] (per step, summed over layers); total_ms per step (event sum). */
+#define LILY_CUDA_PROFILE_MAX 16
+typedef struct {
+    int n;
+    const char *names[LILY_CUDA_PROFILE_MAX];
+    double ms[LILY_CUDA_PROFILE_MAX];
+    double total_ms;
+} lily_cuda_profile;
+lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t first_token, int n_steps,
+                                     lily_cuda_profile *out, lily_error *err);
+
+/* Device-to-device copy bandwidth of GPU `device`: `bytes` copied `reps` times; *gbps = (read + write)
+ * bytes / second / 1e9. Errors: LILY_ERR_UNSUPPORTED without CUDA, LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND. */
+lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, lily_error *err);
+
+/* Set the split-KV shape for later captures (bench / tests): at most n_splits chunks per KV head,
+ * chunks of at least min_chunk keys. Drops captured graphs of `state`. */
+lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, int min_chunk, lily_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

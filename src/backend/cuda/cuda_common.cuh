@@ -1,0 +1,209 @@
+/* cuda_common.cuh — what every CUDA kernel file of the backend shares: the error-check macro, the
+ * device view of a weight matrix (dmat), warp reductions and the launch wrappers each .cu exports.
+ *
+ * Conventions: activations, residual stream, norms, softmax, DeltaNet state in fp32; weights as
+ * uploaded (MLX affine 4/8-bit words with bf16 scale/bias per group of 64, or bf16); KV cache bf16.
+ * Every launch wrapper returns cudaError_t (the launch error); the backend turns it into a lily_status.
+ */
+#ifndef LILY_CUDA_COMMON_CUH
+#define LILY_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "lily.h"
+}
+
+/* Record a CUDA failure as LILY_ERR_BACKEND / LILY_ERR_OUT_OF_MEMORY naming the call (cuda_backend.cu). */
+lily_status lily_cuda_error(lily_error *err, cudaError_t e, const char *call, const char *file, int line);
+
+/* A weight matrix (or a stack of expert matrices) on the device.
+ * bits 4/8: data = uint32 words, row r at data + r*row_bytes; scales/biases bf16, cols/64 per row.
+ * bits 16: data = bf16 [rows][cols]. Expert e's row r is physical row e*rows + r. */
+struct dmat {
+    const uint8_t *data;
+    const __nv_bfloat16 *scales;
+    const __nv_bfloat16 *biases;
+    int bits;      /* 4, 8 or 16 */
+    int rows;      /* per expert */
+    int cols;
+    int n_experts; /* 1 for a plain matrix */
+    int64_t row_bytes;
+};
+
+/* Launch-time constants of one GEMV input transform (see gemv_decode.cu). */
+enum gemv_input_mode {
+    GEMV_IN_PLAIN = 0,   /* x = act */
+    GEMV_IN_RMSNORM = 1, /* x = act * rsqrt(mean(act^2) + eps) * norm_w   (over all cols) */
+    GEMV_IN_GATED = 2,   /* x = (act * rsqrt(mean_head(act^2) + eps)) * norm_w[d] * silu(z)  per head of head_dim */
+};
+enum gemv_output_mode {
+    GEMV_OUT_STORE = 0,  /* y[row] = dot */
+    GEMV_OUT_ADD = 1,    /* y[row] += dot (residual add; each row owned by one lane group) */
+    GEMV_OUT_ARGMAX = 2, /* y[row] = dot, and atomicMax of (value, -row) into *argmax */
+};
+
+#define GEMV_MAX_MATS 4
+
+/* Up to 4 matrices with the same cols and bits that read the same input, outputs concatenated. */
+struct gemv_batch {
+    dmat m[GEMV_MAX_MATS];
+    float *y[GEMV_MAX_MATS]; /* [n_tokens][y_stride] */
+    int y_stride[GEMV_MAX_MATS];
+    int row_start[GEMV_MAX_MATS + 1]; /* prefix of rows */
+    int n_mats;
+};
+
+struct gemv_input {
+    const float *act;   /* [n_tokens][act_stride] */
+    int act_stride;
+    int mode;           /* gemv_input_mode */
+    const float *norm_w;/* RMSNORM: [cols]; GATED: [head_dim] */
+    const float *z;     /* GATED: [n_tokens][z_stride] */
+    int z_stride;
+    int head_dim;       /* GATED */
+    float eps;
+};
+
+/* ---- error checking ---------------------------------------------------------------------------- */
+
+/* Evaluate a CUDA runtime call; on failure record "call: error name (text)" in the backend's error
+ * and return LILY_ERR_BACKEND (or LILY_ERR_OUT_OF_MEMORY for cudaErrorMemoryAllocation). Used inside
+ * functions that have `lily_error *err` in scope. */
+#define CUDA_TRY(call)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return lily_cuda_error(err, e_, #call, __FILE__, __LINE__);                            \
+    } while (0)
+
+/* ---- device helpers ----------------------------------------------------------------------------- */
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float bf2f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/* Order-preserving key of (value, row) for atomicMax: larger value wins, then the lower row. */
+__device__ __forceinline__ unsigned long long argmax_key(float v, int row)
+{
+    unsigned int u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned int)row);
+}
+__device__ __forceinline__ int argmax_key_row(unsigned long long k)
+{
+    return (int)(0xffffffffu - (unsigned int)(k & 0xffffffffu));
+}
+
+/* ---- launch wrappers (one group per .cu file) ---------------------------------------------------- */
+
+/* gemv_decode.cu: y = W x for n_tokens rows of x, every matrix of the batch. argmax may be NULL
+ * unless out_mode == GEMV_OUT_ARGMAX. Returns cudaErrorInvalidValue for a shape it has no kernel for. */
+cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
+                        unsigned long long *argmax, cudaStream_t s);
+
+/* moe_route.cu */
+struct moe_args {
+    dmat gate, up, down;            /* routed experts */
+    dmat sgate, sup, sdown;         /* shared expert */
+    const float *router_logits;     /* [n_tokens][logit_stride]: n_experts logits, then the shared-gate logit */
+    int logit_stride;
+    int n_experts, top_k, inter, shared_inter, hidden;
+    const float *h;                 /* residual stream [n_tokens][hidden] (input of the post-attention norm) */
+    const float *norm_w;            /* post_attention_layernorm (1 + w form) [hidden] */
+    float eps;
+    float *hid;                     /* scratch [n_tokens][top_k + 1][max(inter, shared_inter)] */
+    int *topk_idx;                  /* scratch [n_tokens][top_k] */
+    float *topk_w;                  /* scratch [n_tokens][top_k] */
+    float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
+};
+cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
+cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);
+
+/* deltanet_scan.cu */
+struct gdn_args {
+    const float *mixed;   /* [n][mixed_stride] in_proj_qkv output (pre-conv), conv_dim channels */
+    int mixed_stride;
+    const float *ba;      /* [n][ba_stride]: b at [0,Hv), a at [Hv, 2Hv) */
+    int ba_stride;
+    const float *conv_w;  /* [conv_dim][K] */
+    const float *A_log, *dt_bias; /* [Hv] */
+    float *conv_state;    /* [2][K-1][conv_dim]: ping-pong by *step & 1 */
+    float *state;         /* [Hv][dk][dv] fp32 */
+    const int *step;      /* forward-call counter (device) */
+    float *out;           /* [n][Hv*dv] raw delta-rule output (gated norm applied by out_proj's GEMV) */
+    int Hk, Hv, dk, dv, K, conv_dim;
+};
+cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s);
+
+/* attention.cu (norm_rope.cu + attention_decode.cu) */
+struct attn_args {
+    float *qkv;            /* [n][qkv_stride]: q_proj (heads x [q, gate]) | k | v */
+    int qkv_stride;
+    const float *q_norm, *k_norm; /* [head_dim] */
+    float eps;
+    float *q;              /* [n][n_heads][head_dim] normed + rotated query */
+    __nv_bfloat16 *k_cache, *v_cache; /* [n_kv][max_ctx][head_dim] */
+    int max_ctx;
+    const int *pos;        /* position of token 0 (device) */
+    int n_heads, n_kv, head_dim, rot_dim;
+    float rope_theta;
+    float *out;            /* [n][n_heads*head_dim] gated attention output */
+    /* split-KV (decode only) */
+    int n_splits, min_chunk;
+    float *part_o;         /* [n_kv][n_splits][G][head_dim] */
+    float *part_ml;        /* [n_kv][n_splits][G][2] */
+    unsigned int *counter; /* [n_kv], zero between launches */
+};
+cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
+cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s);
+
+/* embed.cu */
+cudaError_t launch_embed(const dmat &e, const int *tokens, int n, float *h, int hidden, int *bad_token,
+                         cudaStream_t s);
+
+/* sample.cu */
+struct sample_args {
+    unsigned long long *argmax; /* greedy: packed (value,row) from the LM-head GEMV, reset here */
+    const float *logits;        /* [vocab] */
+    int vocab;
+    int *token_slots;           /* [2] next-step input slots */
+    int *out_tokens;            /* [cap] generated ids */
+    int out_cap;
+    int *step;                  /* forward-call counter, advanced here */
+    int *pos;                   /* position, advanced by n here */
+    int *n_generated;
+};
+/* Greedy: token = argmax; writes slot[(step+1)&1], out_tokens[n_generated++]; advances pos/step. */
+cudaError_t launch_finish_greedy(const sample_args &a, cudaStream_t s);
+/* Advance pos by n and step by 1 (used by forward()). */
+cudaError_t launch_advance(int *pos, int *step, int n, cudaStream_t s);
+/* Top-k / top-p / temperature sampling of logits into the same slots (k <= 64; top_k <= 0 means 64). */
+cudaError_t launch_sample_topk_topp(const sample_args &a, float temperature, int top_k, float top_p,
+                                    unsigned long long seed, float *scratch, cudaStream_t s);
+/* *p = v (a kernel, so the host never waits on a pageable copy). */
+cudaError_t launch_set_int(int *p, int v, cudaStream_t s);
+/* Fill n bf16 values with a deterministic pseudo-random pattern in [-1, 1] (bench: a KV cache at depth). */
+cudaError_t launch_fill_random_bf16(__nv_bfloat16 *p, size_t n, unsigned int seed, cudaStream_t s);
+/* Reads the current input token from slot[step & 1] into tokens[0] (decode graph's first node). */
+cudaError_t launch_fetch_token(const int *token_slots, const int *step, int *tokens, cudaStream_t s);
+
+#endif

@@ -1,0 +1,540 @@
+/* cuda_forward.cu — the per-layer loop of the CUDA backend (MODEL.md §4.2) and the one place that picks
+ * a kernel for a stage: per token chunk, kernels per layer are
+ *   DeltaNet layer:  gemv(norm -> qkv|z|b|a)  gdn_scan  gemv(gated norm -> out_proj, += h)
+ *   attention layer: gemv(norm -> q|k|v)  qk_norm_rope_append  attention(split-KV)  gemv(o_proj, += h)
+ *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h)
+ * then gemv(final norm -> LM head [+ argmax]) and the step bookkeeping (advance / finish_greedy).
+ * Decode steps are captured once per session as CUDA graphs and replayed (fast paths of cuda_backend.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#include "cuda_internal.cuh"
+
+#define LM_GREEDY 3
+
+enum prof_stage {
+    PS_EMBED, PS_GDN_PROJ, PS_GDN_SCAN, PS_GDN_OUT, PS_ATT_PROJ, PS_ATT_ROPE, PS_ATT, PS_ATT_OUT,
+    PS_ROUTER, PS_MOE_GATE_UP, PS_MOE_DOWN, PS_LM_HEAD, PS_SAMPLE, PS_COUNT
+};
+static const char *prof_names[PS_COUNT] = {"embed", "deltanet_in_proj", "deltanet_scan", "deltanet_out_proj",
+                                           "attn_qkv_proj", "attn_qk_norm_rope", "attention", "attn_o_proj",
+                                           "moe_router", "moe_gate_up", "moe_down", "lm_head", "sample"};
+
+#define PROF_MAX_EVENTS 1024
+static cudaEvent_t g_prof_ev[PROF_MAX_EVENTS];
+static int g_prof_stage[PROF_MAX_EVENTS];
+static int g_prof_n;
+
+static lily_status prof_mark(cuda_ctx *c, int stage, lily_error *err)
+{
+    if (!c->profiling)
+        return LILY_OK;
+    if (g_prof_n >= PROF_MAX_EVENTS)
+        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: profile event buffer full");
+    if (!g_prof_ev[g_prof_n])
+        CUDA_TRY(cudaEventCreate(&g_prof_ev[g_prof_n]));
+    g_prof_stage[g_prof_n] = stage;
+    CUDA_TRY(cudaEventRecord(g_prof_ev[g_prof_n], c->stream));
+    g_prof_n++;
+    return LILY_OK;
+}
+
+#define LAUNCH(call)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return lily_cuda_error(err, e_, #call, __FILE__, __LINE__);                            \
+    } while (0)
+#define MARK(stage)                                                                                \
+    do {                                                                                           \
+        lily_status s_ = prof_mark(c, (stage), err);                                               \
+        if (s_ != LILY_OK)                                                                         \
+            return s_;                                                                             \
+    } while (0)
+
+/* Debug hook: copy [n, width] fp32 from the device and hand it to the hook (sync; debug only). */
+static lily_status hook_dev(cuda_ctx *c, int layer, const char *stage, const float *dev, int n, int width,
+                            const float *minus, lily_error *err)
+{
+    CUDA_TRY(cudaMemcpyAsync(c->h_host, dev, (size_t)n * width * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    lily_status st = cuda_sync(c, err);
+    if (st != LILY_OK)
+        return st;
+    if (minus)
+        for (size_t i = 0; i < (size_t)n * width; i++)
+            c->h_host[i] -= minus[i];
+    c->opts.debug_hook(c->opts.debug_user, layer, stage, c->h_host, n, width);
+    return LILY_OK;
+}
+
+static lily_status hook_snapshot(cuda_ctx *c, int n, lily_error *err)
+{
+    const size_t bytes = (size_t)n * c->cfg.hidden * sizeof(float);
+    CUDA_TRY(cudaMemcpyAsync(c->h_prev, c->h, bytes, cudaMemcpyDeviceToHost, c->stream));
+    return cuda_sync(c, err);
+}
+
+static gemv_input in_rms(const float *act, int stride, const float *w, float eps)
+{
+    gemv_input in;
+    memset(&in, 0, sizeof in);
+    in.act = act;
+    in.act_stride = stride;
+    in.mode = GEMV_IN_RMSNORM;
+    in.norm_w = w;
+    in.eps = eps;
+    return in;
+}
+
+static void batch_add(gemv_batch *b, const dmat &m, float *y, int y_stride)
+{
+    const int k = b->n_mats++;
+    b->m[k] = m;
+    b->y[k] = y;
+    b->y_stride[k] = y_stride;
+    b->row_start[k + 1] = b->row_start[k] + m.rows;
+}
+
+lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
+                                 lily_error *err)
+{
+    const lily_config *cfg = &c->cfg;
+    const int H = cfg->hidden;
+    const float eps = cfg->rms_norm_eps;
+    const bool hook = c->opts.debug_hook != NULL;
+    cudaStream_t s = c->stream;
+    lily_status rs;
+
+    MARK(PS_EMBED);
+    LAUNCH(launch_embed(c->embed, c->d_tokens, n, c->h, H, NULL, s));
+    if (hook && (rs = hook_dev(c, -1, LILY_STAGE_EMBED, c->h, n, H, NULL, err)) != LILY_OK)
+        return rs;
+
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const cuda_layer *L = &c->layers[l];
+        if (hook && (rs = hook_snapshot(c, n, err)) != LILY_OK)
+            return rs;
+        if (L->full_attention) {
+            const int D = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
+            MARK(PS_ATT_PROJ);
+            gemv_batch b;
+            memset(&b, 0, sizeof b);
+            batch_add(&b, L->q_proj, c->proj, c->proj_stride);
+            batch_add(&b, L->k_proj, c->proj + (size_t)nh * 2 * D, c->proj_stride);
+            batch_add(&b, L->v_proj, c->proj + (size_t)nh * 2 * D + (size_t)nkv * D, c->proj_stride);
+            LAUNCH(launch_gemv(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n, NULL, s));
+            attn_args a;
+            memset(&a, 0, sizeof a);
+            a.qkv = c->proj;
+            a.qkv_stride = c->proj_stride;
+            a.q_norm = L->q_norm;
+            a.k_norm = L->k_norm;
+            a.eps = eps;
+            a.q = c->q;
+            a.k_cache = st->k_cache[l];
+            a.v_cache = st->v_cache[l];
+            a.max_ctx = st->max_ctx;
+            a.pos = &st->ctr->pos;
+            a.n_heads = nh;
+            a.n_kv = nkv;
+            a.head_dim = D;
+            a.rot_dim = cfg->rotary_dim;
+            a.rope_theta = cfg->rope_theta;
+            a.out = c->mix;
+            a.n_splits = decode_splits && n == 1 ? c->att_splits : 1;
+            a.min_chunk = c->att_min_chunk;
+            a.part_o = c->part_o;
+            a.part_ml = c->part_ml;
+            a.counter = c->att_counter;
+            MARK(PS_ATT_ROPE);
+            LAUNCH(launch_qk_norm_rope_append(a, n, s));
+            MARK(PS_ATT);
+            LAUNCH(launch_attention(a, n, s));
+            MARK(PS_ATT_OUT);
+            memset(&b, 0, sizeof b);
+            batch_add(&b, L->o_proj, c->h, H);
+            gemv_input in;
+            memset(&in, 0, sizeof in);
+            in.act = c->mix;
+            in.act_stride = nh * D;
+            in.mode = GEMV_IN_PLAIN;
+            LAUNCH(launch_gemv(b, in, GEMV_OUT_ADD, n, NULL, s));
+        } else {
+            const int conv_dim = lily_config_gdn_conv_dim(cfg), vd = lily_config_gdn_value_dim(cfg);
+            const int Hv = cfg->gdn_n_value_heads;
+            MARK(PS_GDN_PROJ);
+            gemv_batch b;
+            memset(&b, 0, sizeof b);
+            batch_add(&b, L->in_qkv, c->proj, c->proj_stride);
+            batch_add(&b, L->in_z, c->proj + conv_dim, c->proj_stride);
+            batch_add(&b, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
+            batch_add(&b, L->in_a, c->proj + conv_dim + vd + Hv, c->proj_stride);
+            LAUNCH(launch_gemv(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n, NULL, s));
+            gdn_args g;
+            memset(&g, 0, sizeof g);
+            g.mixed = c->proj;
+            g.mixed_stride = c->proj_stride;
+            g.ba = c->proj + conv_dim + vd;
+            g.ba_stride = c->proj_stride;
+            g.conv_w = L->conv_w;
+            g.A_log = L->A_log;
+            g.dt_bias = L->dt_bias;
+            g.conv_state = st->conv_state[l];
+            g.state = st->rec_state[l];
+            g.step = &st->ctr->step;
+            g.out = c->mix;
+            g.Hk = cfg->gdn_n_key_heads;
+            g.Hv = Hv;
+            g.dk = cfg->gdn_key_head_dim;
+            g.dv = cfg->gdn_value_head_dim;
+            g.K = cfg->gdn_conv_kernel;
+            g.conv_dim = conv_dim;
+            MARK(PS_GDN_SCAN);
+            LAUNCH(launch_gdn_scan(g, n, s));
+            MARK(PS_GDN_OUT);
+            memset(&b, 0, sizeof b);
+            batch_add(&b, L->out_proj, c->h, H);
+            gemv_input in;
+            memset(&in, 0, sizeof in);
+            in.act = c->mix;
+            in.act_stride = vd;
+            in.mode = GEMV_IN_GATED;
+            in.norm_w = L->gdn_norm;
+            in.z = c->proj + conv_dim;
+            in.z_stride = c->proj_stride;
+            in.head_dim = g.dv;
+            in.eps = eps;
+            LAUNCH(launch_gemv(b, in, GEMV_OUT_ADD, n, NULL, s));
+        }
+        if (hook && (rs = hook_dev(c, l, L->full_attention ? LILY_STAGE_ATTENTION_OUT : LILY_STAGE_DELTANET_OUT, c->h,
+                                   n, H, c->h_prev, err)) != LILY_OK)
+            return rs;
+        if (hook && (rs = hook_snapshot(c, n, err)) != LILY_OK)
+            return rs;
+
+        /* sparse MoE */
+        MARK(PS_ROUTER);
+        const int E = cfg->n_experts;
+        gemv_batch b;
+        memset(&b, 0, sizeof b);
+        batch_add(&b, L->router, c->router, E + 1);
+        batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
+        LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
+        moe_args m;
+        memset(&m, 0, sizeof m);
+        m.gate = L->ex_gate;
+        m.up = L->ex_up;
+        m.down = L->ex_down;
+        m.sgate = L->sh_gate;
+        m.sup = L->sh_up;
+        m.sdown = L->sh_down;
+        m.router_logits = c->router;
+        m.logit_stride = E + 1;
+        m.n_experts = E;
+        m.top_k = cfg->n_experts_used;
+        m.inter = cfg->moe_intermediate;
+        m.shared_inter = cfg->shared_intermediate;
+        m.hidden = H;
+        m.h = c->h;
+        m.norm_w = L->post_norm;
+        m.eps = eps;
+        m.hid = c->hid;
+        m.topk_idx = c->topk_idx;
+        m.topk_w = c->topk_w;
+        m.out = c->h;
+        MARK(PS_MOE_GATE_UP);
+        LAUNCH(launch_moe_gate_up(m, n, s));
+        MARK(PS_MOE_DOWN);
+        LAUNCH(launch_moe_down(m, n, s));
+        if (hook && (rs = hook_dev(c, l, LILY_STAGE_MOE_OUT, c->h, n, H, c->h_prev, err)) != LILY_OK)
+            return rs;
+        if (hook && (rs = hook_dev(c, l, LILY_STAGE_RESIDUAL, c->h, n, H, NULL, err)) != LILY_OK)
+            return rs;
+    }
+
+    MARK(PS_LM_HEAD);
+    if (lm_mode != LILY_LOGITS_NONE) {
+        const int rows = lm_mode == LILY_LOGITS_ALL ? n : 1;
+        const float *act = lm_mode == LILY_LOGITS_ALL ? c->h : c->h + (size_t)(n - 1) * H;
+        gemv_batch b;
+        memset(&b, 0, sizeof b);
+        batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
+        LAUNCH(launch_gemv(b, in_rms(act, H, c->final_norm, eps),
+                           lm_mode == LM_GREEDY ? GEMV_OUT_ARGMAX : GEMV_OUT_STORE, rows, c->argmax, s));
+        if (hook && lm_mode != LM_GREEDY &&
+            (rs = hook_dev(c, -1, LILY_STAGE_LOGITS, c->logits, rows, cfg->vocab_size, NULL, err)) != LILY_OK)
+            return rs;
+    }
+    MARK(PS_SAMPLE);
+    if (lm_mode == LM_GREEDY) {
+        sample_args sa;
+        memset(&sa, 0, sizeof sa);
+        sa.argmax = c->argmax;
+        sa.logits = c->logits;
+        sa.vocab = cfg->vocab_size;
+        sa.token_slots = st->ctr->slots;
+        sa.out_tokens = st->out_tokens;
+        sa.out_cap = st->out_cap;
+        sa.step = &st->ctr->step;
+        sa.pos = &st->ctr->pos;
+        sa.n_generated = &st->ctr->n_generated;
+        LAUNCH(launch_finish_greedy(sa, s));
+    } else {
+        LAUNCH(launch_advance(&st->ctr->pos, &st->ctr->step, n, s));
+    }
+    return LILY_OK;
+}
+
+/* ---- graphs ----------------------------------------------------------------------------------------- */
+
+static lily_status capture(cuda_ctx *c, cuda_state *st, int lm_mode, cudaGraphExec_t *exec, lily_error *err)
+{
+    cudaGraph_t g = NULL;
+    CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    lily_status rs = LILY_OK;
+    if (lm_mode == LM_GREEDY) {
+        cudaError_t e = launch_fetch_token(st->ctr->slots, &st->ctr->step, c->d_tokens, c->stream);
+        if (e != cudaSuccess)
+            rs = lily_cuda_error(err, e, "launch_fetch_token", __FILE__, __LINE__);
+    }
+    if (rs == LILY_OK)
+        rs = cuda_enqueue_forward(c, st, 1, lm_mode, true, err);
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (rs != LILY_OK) {
+        if (g)
+            cudaGraphDestroy(g);
+        return rs;
+    }
+    CUDA_TRY(e);
+    e = cudaGraphInstantiate(exec, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_TRY(e);
+    return LILY_OK;
+}
+
+lily_status cuda_forward_logits_graph(cuda_ctx *c, cuda_state *st, lily_error *err)
+{
+    if (!st->graph_logits) {
+        lily_status rs = capture(c, st, LILY_LOGITS_LAST, &st->graph_logits, err);
+        if (rs != LILY_OK)
+            return rs;
+    }
+    CUDA_TRY(cudaGraphLaunch(st->graph_logits, c->stream));
+    return LILY_OK;
+}
+
+static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, float temperature,
+                            int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_error *err)
+{
+    if (n <= 0)
+        return LILY_OK;
+    if (st->pos + n > st->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: %d + %d tokens exceed the context of %d", st->pos,
+                              n, st->max_ctx);
+    if (first_token < 0 || first_token >= c->cfg.vocab_size)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: token id %d outside [0, %d)", first_token,
+                              c->cfg.vocab_size);
+    CUDA_TRY(cudaSetDevice(c->device));
+    if (greedy && !st->graph_greedy) {
+        lily_status rs = capture(c, st, LM_GREEDY, &st->graph_greedy, err);
+        if (rs != LILY_OK)
+            return rs;
+    }
+    if (!greedy && !st->graph_logits) {
+        lily_status rs = capture(c, st, LILY_LOGITS_LAST, &st->graph_logits, err);
+        if (rs != LILY_OK)
+            return rs;
+    }
+    LAUNCH(launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream));
+    LAUNCH(launch_set_int(&st->ctr->n_generated, 0, c->stream));
+    for (int i = 0; i < n; i++) {
+        if (greedy) {
+            CUDA_TRY(cudaGraphLaunch(st->graph_greedy, c->stream));
+        } else {
+            /* logits graph reads d_tokens[0] and advances pos/step; the sampler writes the next slot */
+            LAUNCH(launch_fetch_token(st->ctr->slots, &st->ctr->step, c->d_tokens, c->stream));
+            CUDA_TRY(cudaGraphLaunch(st->graph_logits, c->stream));
+            sample_args sa;
+            memset(&sa, 0, sizeof sa);
+            sa.logits = c->logits;
+            sa.vocab = c->cfg.vocab_size;
+            sa.token_slots = st->ctr->slots;
+            sa.out_tokens = st->out_tokens;
+            sa.out_cap = st->out_cap;
+            sa.step = &st->ctr->step;
+            sa.pos = NULL;
+            sa.n_generated = &st->ctr->n_generated;
+            /* the logits graph already advanced pos/step: the sampler must not advance them again */
+            LAUNCH(launch_sample_topk_topp(sa, temperature, top_k, top_p, seed, NULL, c->stream));
+        }
+    }
+    CUDA_TRY(cudaMemcpyAsync(out_tokens, st->out_tokens, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    lily_status rs = cuda_sync(c, err);
+    if (rs != LILY_OK)
+        return rs;
+    st->pos += n;
+    st->step += n;
+    return LILY_OK;
+}
+
+extern "C" lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n,
+                                                 int32_t *out_tokens, lily_error *err)
+{
+    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, err);
+}
+
+extern "C" lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n,
+                                                 float temperature, int top_k, float top_p, uint64_t seed,
+                                                 int32_t *out_tokens, lily_error *err)
+{
+    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, false, temperature, top_k, top_p, seed,
+                    out_tokens, err);
+}
+
+extern "C" long long lily_cuda_host_syncs(void *ctx) { return ((cuda_ctx *)ctx)->host_syncs; }
+
+extern "C" lily_status lily_cuda_state_set_position(void *ctx, void *state, int pos, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    cuda_state *st = (cuda_state *)state;
+    if (pos < 0 || pos >= st->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: position %d outside the context of %d", pos,
+                              st->max_ctx);
+    CUDA_TRY(cudaSetDevice(c->device));
+    const lily_config *cfg = &c->cfg;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (st->k_cache[l])
+            for (int h = 0; h < cfg->n_kv_heads; h++) {
+                const size_t off = (size_t)h * st->max_ctx * cfg->head_dim;
+                LAUNCH(launch_fill_random_bf16(st->k_cache[l] + off, (size_t)pos * cfg->head_dim, 2 * l + 1, c->stream));
+                LAUNCH(launch_fill_random_bf16(st->v_cache[l] + off, (size_t)pos * cfg->head_dim, 2 * l + 2, c->stream));
+            }
+    LAUNCH(launch_set_int(&st->ctr->pos, pos, c->stream));
+    st->pos = pos;
+    return cuda_sync(c, err);
+}
+
+extern "C" lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, int min_chunk,
+                                                     lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    cuda_state *st = (cuda_state *)state;
+    if (n_splits < 1 || n_splits > ATT_SPLITS_DEFAULT * 4 || min_chunk < 1)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: split-KV %d x %d", n_splits, min_chunk);
+    if (n_splits > c->att_splits) {
+        /* grow the partial buffers */
+        const lily_config *cfg = &c->cfg;
+        const size_t G = cfg->n_heads / cfg->n_kv_heads;
+        float *po = NULL, *pml = NULL;
+        CUDA_TRY(cudaMalloc((void **)&po, (size_t)cfg->n_kv_heads * n_splits * G * cfg->head_dim * 4));
+        CUDA_TRY(cudaMalloc((void **)&pml, (size_t)cfg->n_kv_heads * n_splits * G * 2 * 4));
+        c->part_o = po; /* the old ones stay in the allocation list until destroy */
+        c->part_ml = pml;
+    }
+    c->att_splits = n_splits;
+    c->att_min_chunk = min_chunk;
+    CUDA_TRY(cudaStreamSynchronize(c->stream));
+    if (st && st->graph_greedy) {
+        cudaGraphExecDestroy(st->graph_greedy);
+        st->graph_greedy = NULL;
+    }
+    if (st && st->graph_logits) {
+        cudaGraphExecDestroy(st->graph_logits);
+        st->graph_logits = NULL;
+    }
+    return LILY_OK;
+}
+
+extern "C" lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t first_token, int n_steps,
+                                                lily_cuda_profile *out, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    cuda_state *st = (cuda_state *)state;
+    memset(out, 0, sizeof *out);
+    if (st->pos + n_steps > st->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: profile exceeds the context");
+    CUDA_TRY(cudaSetDevice(c->device));
+    double acc[PS_COUNT] = {0};
+    int32_t tok = first_token;
+    for (int i = 0; i < n_steps; i++) {
+        LAUNCH(launch_set_int(c->d_tokens, tok, c->stream));
+        c->profiling = true;
+        g_prof_n = 0;
+        lily_status rs = cuda_enqueue_forward(c, st, 1, LM_GREEDY, true, err);
+        if (rs == LILY_OK)
+            rs = prof_mark(c, PS_COUNT, err);
+        c->profiling = false;
+        if (rs != LILY_OK)
+            return rs;
+        if ((rs = cuda_sync(c, err)) != LILY_OK)
+            return rs;
+        st->pos++;
+        st->step++;
+        if (i == 0)
+            continue; /* warm-up */
+        for (int k = 0; k + 1 < g_prof_n; k++) {
+            float ms = 0;
+            CUDA_TRY(cudaEventElapsedTime(&ms, g_prof_ev[k], g_prof_ev[k + 1]));
+            acc[g_prof_stage[k]] += ms;
+        }
+        int next = 0;
+        CUDA_TRY(cudaMemcpy(&next, &st->ctr->slots[st->step & 1], sizeof next, cudaMemcpyDeviceToHost));
+        tok = next;
+    }
+    const int measured = n_steps > 1 ? n_steps - 1 : 1;
+    out->n = PS_COUNT;
+    for (int k = 0; k < PS_COUNT; k++) {
+        out->names[k] = prof_names[k];
+        out->ms[k] = acc[k] / measured;
+        out->total_ms += out->ms[k];
+    }
+    return LILY_OK;
+}
+
+extern "C" lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, lily_error *err)
+{
+    *gbps = 0;
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        cudaGetLastError();
+        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no CUDA device available");
+    }
+    CUDA_TRY(cudaSetDevice(device));
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    lily_status rs = LILY_OK;
+    cudaError_t e;
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        if ((e = (call)) != cudaSuccess) {                                                         \
+            rs = lily_cuda_error(err, e, #call, __FILE__, __LINE__);                               \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice)); /* warm-up */
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; i++)
+        CK(cudaMemcpyAsync((i & 1) ? a : b, (i & 1) ? b : a, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        *gbps = 2.0 * (double)bytes * reps / (ms * 1e-3) / 1e9;
+    }
+done:
+#undef CK
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return rs;
+}

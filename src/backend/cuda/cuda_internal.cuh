@@ -1,0 +1,98 @@
+/* cuda_internal.cuh — the CUDA backend's context and session state, shared by cuda_backend.cu
+ * (memory, upload, state, ops table) and cuda_forward.cu (the layer loop, graphs, fast paths).
+ */
+#ifndef LILY_CUDA_INTERNAL_CUH
+#define LILY_CUDA_INTERNAL_CUH
+
+extern "C" {
+#include "backend/backend.h"
+}
+#include "cuda_common.cuh"
+
+/* Split-KV for decode: each KV head's keys are cut into at most ATT_SPLITS chunks of at least
+ * ATT_MIN_CHUNK keys (measured on the H200: see docs/BENCHMARKS.md). */
+#define ATT_SPLITS_DEFAULT 64
+#define ATT_MIN_CHUNK_DEFAULT 128
+
+typedef struct {
+    bool full_attention;
+    float *input_norm, *post_norm; /* [hidden], (1 + w) form */
+    /* attention */
+    dmat q_proj, k_proj, v_proj, o_proj;
+    float *q_norm, *k_norm;
+    /* Gated DeltaNet */
+    dmat in_qkv, in_z, in_b, in_a, out_proj;
+    float *conv_w, *dt_bias, *A_log, *gdn_norm;
+    /* MoE */
+    dmat router, shared_expert_gate;
+    dmat ex_gate, ex_up, ex_down, sh_gate, sh_up, sh_down;
+} cuda_layer;
+
+typedef struct {
+    lily_config cfg;
+    lily_backend_options opts;
+    int device;
+    cudaStream_t stream;
+    size_t weight_bytes;
+    void **allocs; /* every weight allocation, freed at destroy */
+    int n_allocs, cap_allocs;
+
+    dmat embed, lm_head;
+    float *final_norm;
+    cuda_layer *layers;
+
+    /* scratch for max_chunk tokens */
+    int max_chunk;
+    int *d_tokens;
+    float *h;        /* [C][hidden] residual stream */
+    float *proj;     /* [C][proj_stride]: GDN mixed | z | b,a ; attention q(+gate) | k | v */
+    int proj_stride;
+    float *mix;      /* [C][max(value_dim, n_heads*head_dim)] */
+    float *q;        /* [C][n_heads*head_dim] */
+    float *router;   /* [C][n_experts + 1] */
+    float *hid;      /* [C][top_k + 1][inter] */
+    int *topk_idx;
+    float *topk_w;
+    float *logits;   /* [C][vocab] */
+    unsigned long long *argmax; /* [C] */
+    int att_splits, att_min_chunk;
+    float *part_o, *part_ml;
+    unsigned int *att_counter;
+    float *h_host;   /* debug hook staging [C][max(hidden, vocab)] */
+    float *h_prev;
+
+    long long host_syncs; /* host waits on the device (a test asserts decode adds none per token) */
+    /* profiling (lily_cuda_profile_decode) */
+    bool profiling;
+    cudaEvent_t prof_ev[2];
+    double prof_ms[16];
+} cuda_ctx;
+
+/* Device-side counters of a session: one allocation so graphs read them by pointer. */
+typedef struct {
+    int pos;         /* tokens processed */
+    int step;        /* forward calls (conv-state ping-pong parity, token slot parity) */
+    int n_generated; /* tokens written to out_tokens by the decode graph */
+    int slots[2];    /* next-step input token slots */
+} cuda_counters;
+
+typedef struct {
+    int max_ctx;
+    int pos;         /* host mirror of counters.pos */
+    int step;        /* host mirror of counters.step */
+    cuda_counters *ctr;      /* device */
+    __nv_bfloat16 **k_cache, **v_cache; /* [n_layers] (NULL for DeltaNet layers) */
+    float **conv_state, **rec_state;     /* [n_layers] (NULL for attention layers) */
+    int *out_tokens;         /* [out_cap] */
+    int out_cap;
+    cudaGraphExec_t graph_greedy;  /* decode step: token slot -> next token slot */
+    cudaGraphExec_t graph_logits;  /* decode step: d_tokens[0] -> logits[0] */
+} cuda_state;
+
+/* cuda_forward.cu: enqueue embed + all layers + (optionally) the LM head for n tokens at the state's
+ * device position; never synchronizes. lm_mode: LILY_LOGITS_* or 3 = greedy argmax (n == 1). */
+lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
+                                 lily_error *err);
+lily_status cuda_sync(cuda_ctx *c, lily_error *err);
+
+#endif

@@ -1,0 +1,150 @@
+/* gemv_common.cuh — the inner loop shared by every one-activation-row matrix kernel (dense GEMV,
+ * routed-expert GEMVs): a lane group of LPR lanes owns one weight row, each lane holds VPL 16-byte
+ * vectors of it (CPV columns each) and the matching x values in registers; dequantization happens in
+ * registers (MLX affine: w = s*q + b, so a vector's dot is s*sum(q*x) + b*sum(x)), fp32 accumulation.
+ *
+ * Loads: 16 bytes per lane, a lane group's vectors contiguous (coalesced); callers keep U rows of loads
+ * in flight before the first use.
+ */
+#ifndef LILY_GEMV_COMMON_CUH
+#define LILY_GEMV_COMMON_CUH
+
+#include "cuda_common.cuh"
+
+/* Columns per 16-byte vector for a storage width. */
+template <int BITS> struct gemv_traits { static constexpr int CPV = 128 / BITS; };
+
+/* One row's raw loads for a lane: VPL vectors plus their group scale/bias. */
+template <int BITS, int VPL> struct row_frag {
+    uint4 v[VPL];
+    float s[VPL], b[VPL];
+};
+
+/* Issue the loads of logical row `prow` (physical, experts folded in) for lane index li of its group. */
+template <int BITS, int LPR, int VPL>
+__device__ __forceinline__ void row_load(const dmat &m, int64_t prow, int li, row_frag<BITS, VPL> &f)
+{
+    constexpr int CPV = gemv_traits<BITS>::CPV;
+    const uint4 *p = reinterpret_cast<const uint4 *>(m.data + prow * m.row_bytes);
+#pragma unroll
+    for (int j = 0; j < VPL; j++)
+        f.v[j] = __ldg(p + j * LPR + li);
+    if (BITS < 16) {
+        const int gpr = m.cols / 64;
+#pragma unroll
+        for (int j = 0; j < VPL; j++) {
+            const int g = ((j * LPR + li) * CPV) / 64;
+            f.s[j] = bf2f(m.scales[prow * gpr + g]);
+            f.b[j] = bf2f(m.biases[prow * gpr + g]);
+        }
+    }
+}
+
+__device__ __forceinline__ float u4f(unsigned int q) { return __uint_as_float(0x4B000000u | q) - 8388608.0f; }
+
+/* sum over this lane's vectors of w*x (x[j][c] = column (j*LPR+li)*CPV + c), xs[j] = sum_c x[j][c]. */
+template <int BITS, int VPL>
+__device__ __forceinline__ float row_dot(const row_frag<BITS, VPL> &f, const float (&x)[VPL][128 / BITS],
+                                         const float (&xs)[VPL])
+{
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        const unsigned int w[4] = {f.v[j].x, f.v[j].y, f.v[j].z, f.v[j].w};
+        if (BITS == 4) {
+            float d = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    d = fmaf(x[j][k * 8 + e], u4f((w[k] >> (4 * e)) & 15u), d);
+            acc = fmaf(f.s[j], d, fmaf(f.b[j], xs[j], acc));
+        } else if (BITS == 8) {
+            float d = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    d = fmaf(x[j][k * 4 + e], __uint_as_float(__byte_perm(w[k], 0x4B000000u, e | 0x7650)) - 8388608.0f,
+                             d);
+            acc = fmaf(f.s[j], d, fmaf(f.b[j], xs[j], acc));
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                acc = fmaf(x[j][k * 2], __uint_as_float(w[k] << 16), acc);
+                acc = fmaf(x[j][k * 2 + 1], __uint_as_float(w[k] & 0xffff0000u), acc);
+            }
+        }
+    }
+    return acc;
+}
+
+/* Sum v over the LPR lanes of each aligned lane group. */
+template <int LPR> __device__ __forceinline__ float group_sum(float v)
+{
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Load this lane's x values (columns of its vectors) from act[0..cols) and their per-vector sums. */
+template <int BITS, int LPR, int VPL>
+__device__ __forceinline__ void x_load(const float *act, int li, float (&x)[VPL][128 / BITS])
+{
+    constexpr int CPV = 128 / BITS;
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        const float4 *p = reinterpret_cast<const float4 *>(act + (j * LPR + li) * CPV);
+#pragma unroll
+        for (int c = 0; c < CPV / 4; c++) {
+            float4 t = p[c];
+            x[j][4 * c] = t.x;
+            x[j][4 * c + 1] = t.y;
+            x[j][4 * c + 2] = t.z;
+            x[j][4 * c + 3] = t.w;
+        }
+    }
+}
+
+/* x *= rsqrt(mean(x^2) + eps) * w[col] over all `cols` columns (each lane group holds a full row). */
+template <int BITS, int LPR, int VPL>
+__device__ __forceinline__ void x_rmsnorm(float (&x)[VPL][128 / BITS], const float *w, int cols, float eps, int li)
+{
+    constexpr int CPV = 128 / BITS;
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; j++)
+#pragma unroll
+        for (int c = 0; c < CPV; c++)
+            ss = fmaf(x[j][c], x[j][c], ss);
+    ss = group_sum<LPR>(ss);
+    const float r = rsqrtf(ss / (float)cols + eps);
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        const float4 *wp = reinterpret_cast<const float4 *>(w + (j * LPR + li) * CPV);
+#pragma unroll
+        for (int c = 0; c < CPV / 4; c++) {
+            float4 t = wp[c];
+            x[j][4 * c] *= r * t.x;
+            x[j][4 * c + 1] *= r * t.y;
+            x[j][4 * c + 2] *= r * t.z;
+            x[j][4 * c + 3] *= r * t.w;
+        }
+    }
+}
+
+template <int BITS, int VPL>
+__device__ __forceinline__ void x_sums(const float (&x)[VPL][128 / BITS], float (&xs)[VPL])
+{
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 128 / BITS; c++)
+            s += x[j][c];
+        xs[j] = s;
+    }
+}
+
+#endif

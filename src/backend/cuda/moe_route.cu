@@ -1,0 +1,251 @@
+/* moe_route.cu — the sparse MoE block after the router GEMV, on the device with no host sync
+ * (MODEL.md §4.5):
+ *
+ *   moe_gate_up: every block redoes top-k over the router logits (softmax fp32, top-k with ties to the
+ *     lower expert id, renormalised), applies the post-attention RMSNorm to the residual stream in
+ *     registers, and computes hid = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ) for its rows of the selected experts
+ *     (slot top_k = the shared expert). Only selected experts' rows are read.
+ *     grid = (slots * ceil(inter / rows_per_block), n_tokens), 128 threads.
+ *   moe_down: out[r] += Σ_k w_k · (Wd[e_k] hid_k)[r] + sigmoid(shared_gate) · (Wd_shared hid_s)[r]
+ *     (routing weights, shared-expert gate and the residual add fused). One warp per slot,
+ *     16 output rows per block: grid = (ceil(hidden / 16), n_tokens), 32 * (top_k + 1) threads.
+ */
+#include "gemv_common.cuh"
+
+#define MOE_WARPS 4
+#define MOE_DOWN_ROWS 16
+#define MOE_MAX_K 16
+
+/* Top-k of the router logits of one token by warp 0; idx/w to shared memory. */
+__device__ void moe_topk_warp(const float *logits, int E, int K, int renorm, int *idx, float *w)
+{
+    const int lane = threadIdx.x & 31;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32)
+        mx = fmaxf(mx, logits[e]);
+    mx = warp_max(mx);
+    float den = 0.0f;
+    for (int e = lane; e < E; e += 32)
+        den += expf(logits[e] - mx);
+    den = warp_sum(den);
+    unsigned int taken = 0; /* bit i: expert lane + 32 i already chosen (E <= 1024) */
+    float sel = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            if ((taken >> (e >> 5)) & 1u)
+                continue;
+            const float v = logits[e];
+            if (v > bv || (v == bv && e < bi)) {
+                bv = v;
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == (bi & 31))
+            taken |= 1u << (bi >> 5);
+        const float p = expf(bv - mx) / den;
+        if (lane == 0) {
+            idx[k] = bi;
+            w[k] = p;
+        }
+        sel += p;
+    }
+    __syncwarp();
+    if (renorm && lane < K)
+        w[lane] /= sel;
+    __syncwarp();
+}
+
+template <int BITS, int LPR, int VPL>
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_gate_up_kernel(moe_args a, int rows_per_warp, int chunks)
+{
+    constexpr int CPV = 128 / BITS;
+    constexpr int RPW = 32 / LPR;
+    constexpr int U = 2;
+    __shared__ int s_idx[MOE_MAX_K];
+    __shared__ float s_w[MOE_MAX_K];
+    const int t = blockIdx.y;
+    const int slot = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int li = lane % LPR, sub = lane / LPR;
+    if (threadIdx.x < 32)
+        moe_topk_warp(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, 1, s_idx, s_w);
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
+        a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
+        a.topk_w[t * a.top_k + threadIdx.x] = s_w[threadIdx.x];
+    }
+    const bool shared = slot == a.top_k;
+    const dmat &G = shared ? a.sgate : a.gate;
+    const dmat &Up = shared ? a.sup : a.up;
+    const int n_rows = shared ? a.shared_inter : a.inter;
+    const int64_t ebase = shared ? 0 : (int64_t)s_idx[slot] * a.inter;
+    const int r0 = (chunk * MOE_WARPS + warp) * rows_per_warp;
+    if (r0 >= n_rows)
+        return;
+    const int r_end = min(r0 + rows_per_warp, n_rows);
+
+    float x[VPL][CPV];
+    x_load<BITS, LPR, VPL>(a.h + (int64_t)t * a.hidden, li, x);
+    x_rmsnorm<BITS, LPR, VPL>(x, a.norm_w, a.hidden, a.eps, li);
+    float xs[VPL];
+    x_sums<BITS, VPL>(x, xs);
+    const int hid_stride = max(a.inter, a.shared_inter);
+    float *hid = a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride;
+
+    for (int rb = r0; rb < r_end; rb += RPW * U) {
+        row_frag<BITS, VPL> fg[U], fu[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int row = rb + u * RPW + sub;
+            if (row < r_end) {
+                row_load<BITS, LPR, VPL>(G, ebase + row, li, fg[u]);
+                row_load<BITS, LPR, VPL>(Up, ebase + row, li, fu[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int row = rb + u * RPW + sub;
+            const float g = group_sum<LPR>(row_dot<BITS, VPL>(fg[u], x, xs));
+            const float v = group_sum<LPR>(row_dot<BITS, VPL>(fu[u], x, xs));
+            if (row < r_end && li == 0)
+                hid[row] = silu_f(g) * v;
+        }
+    }
+}
+
+template <int BITS, int LPR, int VPL>
+__global__ void moe_down_kernel(moe_args a)
+{
+    constexpr int CPV = 128 / BITS;
+    constexpr int RPW = 32 / LPR;
+    constexpr int U = 4;
+    __shared__ float s_part[MOE_MAX_K + 1][MOE_DOWN_ROWS];
+    const int t = blockIdx.y;
+    const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5;
+    const int li = lane % LPR, sub = lane / LPR;
+    const int r0 = blockIdx.x * MOE_DOWN_ROWS;
+    const bool shared = slot == a.top_k;
+    const dmat &D = shared ? a.sdown : a.down;
+    const int64_t ebase = shared ? 0 : (int64_t)a.topk_idx[t * a.top_k + slot] * a.hidden;
+    const int hid_stride = max(a.inter, a.shared_inter);
+
+    float x[VPL][CPV];
+    x_load<BITS, LPR, VPL>(a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride, li, x);
+    float xs[VPL];
+    x_sums<BITS, VPL>(x, xs);
+    for (int rb = 0; rb < MOE_DOWN_ROWS; rb += RPW * U) {
+        row_frag<BITS, VPL> f[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int r = rb + u * RPW + sub;
+            if (r < MOE_DOWN_ROWS && r0 + r < a.hidden)
+                row_load<BITS, LPR, VPL>(D, ebase + r0 + r, li, f[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int r = rb + u * RPW + sub;
+            const float d = group_sum<LPR>(row_dot<BITS, VPL>(f[u], x, xs));
+            if (r < MOE_DOWN_ROWS && li == 0)
+                s_part[slot][r] = d;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < MOE_DOWN_ROWS && r0 + (int)threadIdx.x < a.hidden) {
+        const int r = threadIdx.x;
+        float acc = 0.0f;
+        for (int k = 0; k < a.top_k; k++)
+            acc = fmaf(a.topk_w[t * a.top_k + k], s_part[k][r], acc);
+        const float sg = sigmoid_f(a.router_logits[(int64_t)t * a.logit_stride + a.n_experts]);
+        acc = fmaf(sg, s_part[a.top_k][r], acc);
+        a.out[(int64_t)t * a.hidden + r0 + r] += acc;
+    }
+}
+
+template <int BITS, int LPR, int VPL>
+static cudaError_t gate_up_go(const moe_args &a, int n_tokens, cudaStream_t s)
+{
+    constexpr int RPW = 32 / LPR;
+    const int rows = max(a.inter, a.shared_inter);
+    int rpw = RPW * 2;
+    /* aim for ~4 warps per slot-chunk and at least 8 rows per warp */
+    while (rpw < 8)
+        rpw *= 2;
+    const int rows_per_block = rpw * MOE_WARPS;
+    const int chunks = (rows + rows_per_block - 1) / rows_per_block;
+    dim3 grid(chunks * (a.top_k + 1), n_tokens);
+    moe_gate_up_kernel<BITS, LPR, VPL><<<grid, MOE_WARPS * 32, 0, s>>>(a, rpw, chunks);
+    return cudaGetLastError();
+}
+
+template <int BITS>
+static cudaError_t gate_up_bits(const moe_args &a, int n_tokens, cudaStream_t s)
+{
+    switch (a.hidden / (128 / BITS)) {
+    case 4: return gate_up_go<BITS, 4, 1>(a, n_tokens, s);
+    case 8: return gate_up_go<BITS, 8, 1>(a, n_tokens, s);
+    case 16: return gate_up_go<BITS, 16, 1>(a, n_tokens, s);
+    case 32: return gate_up_go<BITS, 32, 1>(a, n_tokens, s);
+    case 64: return gate_up_go<BITS, 32, 2>(a, n_tokens, s);
+    case 128: return gate_up_go<BITS, 32, 4>(a, n_tokens, s);
+    case 256: if constexpr (BITS == 16) return gate_up_go<BITS, 32, 8>(a, n_tokens, s); else return cudaErrorInvalidValue;
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s)
+{
+    if (a.top_k > MOE_MAX_K || a.n_experts > 512 || a.gate.bits != a.sgate.bits)
+        return cudaErrorInvalidValue;
+    switch (a.gate.bits) {
+    case 4: return gate_up_bits<4>(a, n_tokens, s);
+    case 8: return gate_up_bits<8>(a, n_tokens, s);
+    case 16: return gate_up_bits<16>(a, n_tokens, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+template <int BITS, int LPR, int VPL>
+static cudaError_t down_go(const moe_args &a, int n_tokens, cudaStream_t s)
+{
+    dim3 grid((a.hidden + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS, n_tokens);
+    moe_down_kernel<BITS, LPR, VPL><<<grid, 32 * (a.top_k + 1), 0, s>>>(a);
+    return cudaGetLastError();
+}
+
+template <int BITS>
+static cudaError_t down_bits(const moe_args &a, int n_tokens, cudaStream_t s)
+{
+    switch (a.inter / (128 / BITS)) {
+    case 2: if constexpr (BITS == 4) return down_go<BITS, 2, 1>(a, n_tokens, s); else return cudaErrorInvalidValue;
+    case 4: return down_go<BITS, 4, 1>(a, n_tokens, s);
+    case 8: return down_go<BITS, 8, 1>(a, n_tokens, s);
+    case 16: return down_go<BITS, 16, 1>(a, n_tokens, s);
+    case 32: return down_go<BITS, 32, 1>(a, n_tokens, s);
+    case 64: return down_go<BITS, 32, 2>(a, n_tokens, s);
+    case 128: return down_go<BITS, 32, 4>(a, n_tokens, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s)
+{
+    if (a.top_k + 1 > 32 || a.inter != a.shared_inter || a.down.bits != a.sdown.bits)
+        return cudaErrorInvalidValue;
+    switch (a.down.bits) {
+    case 4: return down_bits<4>(a, n_tokens, s);
+    case 8: return down_bits<8>(a, n_tokens, s);
+    case 16: return down_bits<16>(a, n_tokens, s);
+    default: return cudaErrorInvalidValue;
+    }
+}

@@ -1,0 +1,649 @@
+/* test_cuda_kernels.cu — every CUDA kernel of the backend against a CPU twin (double precision) on
+ * random inputs, for token counts n = 1, 2, 7, 64, 513 and odd shapes, outputs poisoned with NaN before
+ * each launch. Exits 77 (CTest: skipped) when no GPU is present.
+ *
+ * Error bound: fp32 accumulation of exactly dequantized weights, so |gpu - cpu| <= 1e-4 * sum|terms| + 1e-5
+ * (bf16 KV cache: attention inputs are rounded to bf16 on both sides).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "base/dtype.h"
+}
+
+static int g_fail = 0, g_checks = 0;
+static unsigned long long g_rng = 0x1234567ull;
+
+static unsigned int rnd_u32(void)
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned int)(g_rng >> 32);
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() / 4294967296.0f); }
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+template <typename T> static T *dev_copy(const std::vector<T> &h)
+{
+    T *d;
+    CK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T> static std::vector<T> host_copy(const T *d, size_t n)
+{
+    std::vector<T> h(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+static float *dev_nan(size_t n)
+{
+    std::vector<float> h(n, NAN);
+    return dev_copy(h);
+}
+
+static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
+                  const std::vector<double> &mag, double rel = 1e-4)
+{
+    double worst = 0;
+    size_t bad = 0, first = (size_t)-1;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double tol = rel * mag[i] + 1e-5;
+        const double d = fabs((double)got[i] - want[i]);
+        if (!(d <= tol)) {
+            bad++;
+            if (first == (size_t)-1)
+                first = i;
+        }
+        if (d / tol > worst || got[i] != got[i])
+            worst = got[i] != got[i] ? INFINITY : d / tol;
+    }
+    g_checks++;
+    if (bad) {
+        g_fail++;
+        printf("FAIL %s: %zu of %zu outside the bound (first %zu: got %g want %g)\n", what, bad, want.size(), first,
+               got[first], want[first]);
+    } else {
+        printf("ok   %s (worst error %.3f of the bound)\n", what, worst);
+    }
+}
+
+/* ---- a random quantized matrix with its exact dequantization ---------------------------------------- */
+
+struct hmat {
+    int bits, rows, cols, E;
+    std::vector<unsigned char> data;
+    std::vector<uint16_t> scales, biases;
+    std::vector<float> w; /* dequantized [E*rows][cols] */
+    dmat d;
+};
+
+static void make_mat(hmat &m, int bits, int E, int rows, int cols)
+{
+    m.bits = bits, m.rows = rows, m.cols = cols, m.E = E;
+    const size_t R = (size_t)E * rows;
+    m.w.assign(R * cols, 0.0f);
+    if (bits == 16) {
+        m.data.resize(R * cols * 2);
+        for (size_t i = 0; i < R * cols; i++) {
+            const uint16_t b = lily_f32_to_bf16(rnd_f(-0.1f, 0.1f));
+            memcpy(&m.data[2 * i], &b, 2);
+            m.w[i] = lily_bf16_to_f32(b);
+        }
+    } else {
+        const size_t rb = (size_t)cols * bits / 8, gpr = cols / 64;
+        m.data.resize(R * rb);
+        for (auto &b : m.data)
+            b = (unsigned char)rnd_u32();
+        m.scales.resize(R * gpr);
+        m.biases.resize(R * gpr);
+        for (size_t i = 0; i < R * gpr; i++) {
+            m.scales[i] = lily_f32_to_bf16(rnd_f(-0.02f, 0.02f));
+            m.biases[i] = lily_f32_to_bf16(rnd_f(-0.1f, 0.1f));
+        }
+        for (size_t r = 0; r < R; r++)
+            for (int c = 0; c < cols; c++) {
+                unsigned int q;
+                if (bits == 4) {
+                    const unsigned char byte = m.data[r * rb + c / 2];
+                    q = (c & 1) ? byte >> 4 : byte & 15;
+                } else {
+                    q = m.data[r * rb + c];
+                }
+                const size_t g = r * gpr + c / 64;
+                m.w[r * cols + c] = lily_bf16_to_f32(m.scales[g]) * (float)q + lily_bf16_to_f32(m.biases[g]);
+            }
+    }
+    memset(&m.d, 0, sizeof m.d);
+    m.d.bits = bits;
+    m.d.rows = rows;
+    m.d.cols = cols;
+    m.d.n_experts = E;
+    m.d.row_bytes = (int64_t)cols * bits / 8;
+    m.d.data = dev_copy(m.data);
+    if (bits != 16) {
+        m.d.scales = (const __nv_bfloat16 *)dev_copy(m.scales);
+        m.d.biases = (const __nv_bfloat16 *)dev_copy(m.biases);
+    }
+}
+
+static std::vector<float> rand_vec(size_t n, float lo, float hi)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = rnd_f(lo, hi);
+    return v;
+}
+
+static double silu_d(double x) { return x / (1.0 + exp(-x)); }
+
+/* ---- GEMV ------------------------------------------------------------------------------------------ */
+
+static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
+{
+    hmat m[3];
+    gemv_batch b;
+    memset(&b, 0, sizeof b);
+    int total = 0;
+    for (int k = 0; k < n_mats; k++) {
+        make_mat(m[k], bits, 1, rows + 3 * k, cols);
+        b.m[k] = m[k].d;
+        b.row_start[k + 1] = b.row_start[k] + m[k].rows;
+        total += m[k].rows;
+    }
+    b.n_mats = n_mats;
+    const int stride = total + 5;
+    std::vector<float> act = rand_vec((size_t)n * cols, -1, 1), nw = rand_vec(cols, 0.5f, 1.5f);
+    const int hd = 32;
+    std::vector<float> z = rand_vec((size_t)n * cols, -2, 2), gw = rand_vec(hd, 0.5f, 1.5f);
+    std::vector<float> y0 = rand_vec((size_t)n * stride, -1, 1);
+    float *dy = out_mode == GEMV_OUT_ADD ? dev_copy(y0) : dev_nan((size_t)n * stride);
+    int off = 0;
+    for (int k = 0; k < n_mats; k++) {
+        b.y[k] = dy + off;
+        b.y_stride[k] = stride;
+        off += m[k].rows;
+    }
+    gemv_input in;
+    memset(&in, 0, sizeof in);
+    in.act = dev_copy(act);
+    in.act_stride = cols;
+    in.mode = mode;
+    in.eps = 1e-6f;
+    in.norm_w = dev_copy(mode == GEMV_IN_GATED ? gw : nw);
+    in.z = dev_copy(z);
+    in.z_stride = cols;
+    in.head_dim = hd;
+    unsigned long long *dam;
+    CK(cudaMalloc(&dam, n * 8));
+    CK(cudaMemset(dam, 0, n * 8));
+    cudaError_t e = launch_gemv(b, in, out_mode, n, dam, 0);
+    if (e != cudaSuccess) {
+        printf("FAIL gemv bits %d cols %d: launch %s\n", bits, cols, cudaGetErrorString(e));
+        g_fail++;
+        return;
+    }
+    std::vector<float> got = host_copy(dy, (size_t)n * stride);
+    std::vector<unsigned long long> am = host_copy(dam, n);
+    std::vector<double> want((size_t)n * total), mag((size_t)n * total);
+    std::vector<float> gotc((size_t)n * total);
+    std::vector<double> x(cols);
+    for (int t = 0; t < n; t++) {
+        const float *a = &act[(size_t)t * cols];
+        if (mode == GEMV_IN_RMSNORM) {
+            double ss = 0;
+            for (int c = 0; c < cols; c++) ss += (double)a[c] * a[c];
+            const double r = 1.0 / sqrt(ss / cols + 1e-6);
+            for (int c = 0; c < cols; c++) x[c] = a[c] * r * nw[c];
+        } else if (mode == GEMV_IN_GATED) {
+            for (int h = 0; h < cols / hd; h++) {
+                double ss = 0;
+                for (int d = 0; d < hd; d++) ss += (double)a[h * hd + d] * a[h * hd + d];
+                const double r = 1.0 / sqrt(ss / hd + 1e-6);
+                for (int d = 0; d < hd; d++)
+                    x[h * hd + d] = a[h * hd + d] * r * gw[d] * silu_d(z[(size_t)t * cols + h * hd + d]);
+            }
+        } else {
+            for (int c = 0; c < cols; c++) x[c] = a[c];
+        }
+        int o = 0;
+        double best = -INFINITY;
+        int best_row = -1;
+        for (int k = 0; k < n_mats; k++)
+            for (int r = 0; r < m[k].rows; r++, o++) {
+                double acc = 0, mg = 0;
+                for (int c = 0; c < cols; c++) {
+                    acc += (double)m[k].w[(size_t)r * cols + c] * x[c];
+                    mg += fabs((double)m[k].w[(size_t)r * cols + c] * x[c]);
+                }
+                if (acc > best) best = acc, best_row = o;
+                if (out_mode == GEMV_OUT_ADD) acc += y0[(size_t)t * stride + o], mg += fabs(y0[(size_t)t * stride + o]);
+                want[(size_t)t * total + o] = acc;
+                mag[(size_t)t * total + o] = mg;
+                gotc[(size_t)t * total + o] = got[(size_t)t * stride + o];
+            }
+        if (out_mode == GEMV_OUT_ARGMAX) {
+            const int grow = (int)(0xffffffffu - (unsigned)(am[t] & 0xffffffffu));
+            /* accept a different row only on a near-tie */
+            const double gv = grow >= 0 && grow < total ? want[(size_t)t * total + grow] : -INFINITY;
+            g_checks++;
+            if (grow != best_row && !(fabs(gv - best) <= 1e-4 * mag[(size_t)t * total + best_row] + 1e-5)) {
+                g_fail++;
+                printf("FAIL argmax: got row %d want %d\n", grow, best_row);
+            }
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "gemv bits %2d cols %4d rows %4d n %3d in %d out %d mats %d", bits, cols, rows, n,
+             mode, out_mode, n_mats);
+    check(what, gotc, want, mag);
+}
+
+/* ---- MoE ----------------------------------------------------------------------------------------- */
+
+static void test_moe(int bits, int hidden, int E, int K, int inter, int n)
+{
+    hmat g, u, d, sg, su, sd;
+    make_mat(g, bits, E, inter, hidden);
+    make_mat(u, bits, E, inter, hidden);
+    make_mat(d, bits, E, hidden, inter);
+    make_mat(sg, bits, 1, inter, hidden);
+    make_mat(su, bits, 1, inter, hidden);
+    make_mat(sd, bits, 1, hidden, inter);
+    std::vector<float> logits = rand_vec((size_t)n * (E + 1), -3, 3);
+    if (n > 1) /* a tie: lower id must win */
+        logits[(size_t)1 * (E + 1) + 3] = logits[(size_t)1 * (E + 1) + 5] = 10.0f;
+    std::vector<float> h = rand_vec((size_t)n * hidden, -1, 1), nw = rand_vec(hidden, 0.5f, 1.5f);
+    moe_args a;
+    memset(&a, 0, sizeof a);
+    a.gate = g.d, a.up = u.d, a.down = d.d, a.sgate = sg.d, a.sup = su.d, a.sdown = sd.d;
+    a.router_logits = dev_copy(logits);
+    a.logit_stride = E + 1;
+    a.n_experts = E, a.top_k = K, a.inter = inter, a.shared_inter = inter, a.hidden = hidden;
+    float *dh = dev_copy(h);
+    a.h = dh;
+    a.norm_w = dev_copy(nw);
+    a.eps = 1e-6f;
+    a.hid = dev_nan((size_t)n * (K + 1) * inter);
+    int *di;
+    CK(cudaMalloc(&di, (size_t)n * K * 4));
+    a.topk_idx = di;
+    a.topk_w = dev_nan((size_t)n * K);
+    a.out = dh;
+    cudaError_t e1 = launch_moe_gate_up(a, n, 0);
+    cudaError_t e2 = launch_moe_down(a, n, 0);
+    if (e1 != cudaSuccess || e2 != cudaSuccess) {
+        printf("FAIL moe launch: %s %s\n", cudaGetErrorString(e1), cudaGetErrorString(e2));
+        g_fail++;
+        return;
+    }
+    std::vector<float> got = host_copy(dh, (size_t)n * hidden);
+    std::vector<double> want((size_t)n * hidden), mag((size_t)n * hidden);
+    for (int t = 0; t < n; t++) {
+        const float *lg = &logits[(size_t)t * (E + 1)];
+        std::vector<int> idx;
+        std::vector<bool> taken(E, false);
+        double mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = fmax(mx, lg[e]);
+        std::vector<double> w;
+        double sel = 0;
+        for (int k = 0; k < K; k++) {
+            int bi = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (bi < 0 || lg[e] > lg[bi])) bi = e;
+            taken[bi] = true;
+            idx.push_back(bi);
+            w.push_back(exp(lg[bi] - mx));
+            sel += w.back();
+        }
+        std::vector<double> x(hidden);
+        double ss = 0;
+        for (int c = 0; c < hidden; c++) ss += (double)h[(size_t)t * hidden + c] * h[(size_t)t * hidden + c];
+        const double r = 1.0 / sqrt(ss / hidden + 1e-6);
+        for (int c = 0; c < hidden; c++) x[c] = h[(size_t)t * hidden + c] * r * nw[c];
+        std::vector<double> out(hidden, 0.0), om(hidden, 0.0);
+        for (int k = 0; k <= K; k++) {
+            const bool sh = k == K;
+            const hmat &G = sh ? sg : g, &U = sh ? su : u, &Dm = sh ? sd : d;
+            const size_t eb = sh ? 0 : (size_t)idx[k];
+            const double wk = sh ? 1.0 / (1.0 + exp(-(double)lg[E])) : w[k] / sel;
+            std::vector<double> hid(inter);
+            for (int i = 0; i < inter; i++) {
+                double a1 = 0, a2 = 0;
+                for (int c = 0; c < hidden; c++) {
+                    a1 += (double)G.w[(eb * inter + i) * hidden + c] * x[c];
+                    a2 += (double)U.w[(eb * inter + i) * hidden + c] * x[c];
+                }
+                hid[i] = silu_d(a1) * a2;
+            }
+            for (int rr = 0; rr < hidden; rr++) {
+                double acc = 0, mg = 0;
+                for (int i = 0; i < inter; i++) {
+                    acc += (double)Dm.w[(eb * hidden + rr) * inter + i] * hid[i];
+                    mg += fabs((double)Dm.w[(eb * hidden + rr) * inter + i] * hid[i]);
+                }
+                out[rr] += wk * acc;
+                om[rr] += fabs(wk) * mg;
+            }
+        }
+        for (int rr = 0; rr < hidden; rr++) {
+            want[(size_t)t * hidden + rr] = h[(size_t)t * hidden + rr] + out[rr];
+            mag[(size_t)t * hidden + rr] = fabs(h[(size_t)t * hidden + rr]) + om[rr] + 1e-3;
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d n %3d", bits, hidden, E, K, inter, n);
+    check(what, got, want, mag, 3e-4);
+}
+
+/* ---- Gated DeltaNet scan ---------------------------------------------------------------------------- */
+
+static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
+{
+    const int dv = dk, K = 4, key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, stride = conv_dim + 7;
+    const int n = n1 + n2;
+    std::vector<float> mixed = rand_vec((size_t)n * stride, -1, 1), ba = rand_vec((size_t)n * 2 * Hv, -2, 2);
+    std::vector<float> cw = rand_vec((size_t)conv_dim * K, -0.5f, 0.5f), Al = rand_vec(Hv, -1, 1),
+                       dtb = rand_vec(Hv, -1, 1);
+    std::vector<float> S0 = rand_vec((size_t)Hv * dk * dv, -0.3f, 0.3f);
+    std::vector<float> cs0 = rand_vec((size_t)2 * (K - 1) * conv_dim, -1, 1);
+    gdn_args a;
+    memset(&a, 0, sizeof a);
+    float *dmixed = dev_copy(mixed), *dba = dev_copy(ba);
+    a.mixed_stride = stride;
+    a.ba_stride = 2 * Hv;
+    a.conv_w = dev_copy(cw);
+    a.A_log = dev_copy(Al);
+    a.dt_bias = dev_copy(dtb);
+    a.conv_state = dev_copy(cs0);
+    a.state = dev_copy(S0);
+    int *dstep;
+    CK(cudaMalloc(&dstep, 4));
+    CK(cudaMemset(dstep, 0, 4));
+    a.step = dstep;
+    float *dout = dev_nan((size_t)n * Hv * dv);
+    a.Hk = Hk, a.Hv = Hv, a.dk = dk, a.dv = dv, a.K = K, a.conv_dim = conv_dim;
+    /* two calls: n1 tokens then n2 (state and conv state carried; step advanced in between) */
+    a.mixed = dmixed, a.ba = dba, a.out = dout;
+    cudaError_t e = launch_gdn_scan(a, n1, 0);
+    CK(launch_set_int(dstep, 1, 0));
+    a.mixed = dmixed + (size_t)n1 * stride, a.ba = dba + (size_t)n1 * 2 * Hv, a.out = dout + (size_t)n1 * Hv * dv;
+    if (e == cudaSuccess && n2)
+        e = launch_gdn_scan(a, n2, 0);
+    if (e != cudaSuccess) {
+        printf("FAIL gdn launch %s\n", cudaGetErrorString(e));
+        g_fail++;
+        return;
+    }
+    std::vector<float> got = host_copy(dout, (size_t)n * Hv * dv);
+    std::vector<float> Sg = host_copy(a.state, (size_t)Hv * dk * dv);
+    std::vector<float> csg = host_copy(a.conv_state, (size_t)2 * (K - 1) * conv_dim);
+    /* CPU twin */
+    std::vector<double> S(S0.begin(), S0.end());
+    std::vector<double> X((size_t)(K - 1 + n) * conv_dim); /* conv history: state rows then mixed rows */
+    for (int s = 0; s < K - 1; s++)
+        for (int c = 0; c < conv_dim; c++) X[(size_t)s * conv_dim + c] = cs0[(size_t)s * conv_dim + c];
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < conv_dim; c++) X[(size_t)(K - 1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
+    std::vector<double> want((size_t)n * Hv * dv), mag((size_t)n * Hv * dv);
+    std::vector<double> y(conv_dim);
+    for (int t = 0; t < n; t++) {
+        for (int c = 0; c < conv_dim; c++) {
+            double acc = 0;
+            for (int j = 0; j < K; j++) acc += cw[(size_t)c * K + j] * X[(size_t)(t + j) * conv_dim + c];
+            y[c] = silu_d(acc);
+        }
+        for (int j = 0; j < Hv; j++) {
+            const int kh = j / (Hv / Hk);
+            std::vector<double> q(dk), k(dk), v(dv);
+            double qs = 0, ks = 0;
+            for (int i = 0; i < dk; i++) {
+                q[i] = y[kh * dk + i];
+                k[i] = y[key_dim + kh * dk + i];
+                qs += q[i] * q[i];
+                ks += k[i] * k[i];
+            }
+            for (int i = 0; i < dk; i++) {
+                q[i] = q[i] / sqrt(qs + 1e-6) / sqrt((double)dk);
+                k[i] = k[i] / sqrt(ks + 1e-6);
+            }
+            for (int i = 0; i < dv; i++) v[i] = y[2 * key_dim + j * dv + i];
+            const double beta = 1.0 / (1.0 + exp(-(double)ba[(size_t)t * 2 * Hv + j]));
+            const double aa = ba[(size_t)t * 2 * Hv + Hv + j] + dtb[j];
+            const double sp = aa > 20 ? aa : log1p(exp(aa));
+            const double decay = exp(-exp((double)Al[j]) * sp);
+            double *Sj = &S[(size_t)j * dk * dv];
+            for (size_t i = 0; i < (size_t)dk * dv; i++) Sj[i] *= decay;
+            for (int c = 0; c < dv; c++) {
+                double m = 0;
+                for (int i = 0; i < dk; i++) m += Sj[(size_t)i * dv + c] * k[i];
+                const double delta = beta * (v[c] - m);
+                double o = 0, om = 0;
+                for (int i = 0; i < dk; i++) {
+                    Sj[(size_t)i * dv + c] += k[i] * delta;
+                    o += Sj[(size_t)i * dv + c] * q[i];
+                    om += fabs(Sj[(size_t)i * dv + c] * q[i]);
+                }
+                want[((size_t)t * Hv + j) * dv + c] = o;
+                mag[((size_t)t * Hv + j) * dv + c] = om + 1e-2;
+            }
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d output", Hk, Hv, dk, n1, n2);
+    check(what, got, want, mag, 1e-3);
+    std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d state", Hk, Hv, dk, n1, n2);
+    check(what, Sg, Sw, Smag, 1e-4);
+    /* conv state after the second call lives in buffer (1 ^ 1) = 0: last K-1 rows of the history */
+    std::vector<float> cg(csg.begin(), csg.begin() + (size_t)(K - 1) * conv_dim);
+    std::vector<double> cw2((size_t)(K - 1) * conv_dim), cm((size_t)(K - 1) * conv_dim, 0.0);
+    for (int s = 0; s < K - 1; s++)
+        for (int c = 0; c < conv_dim; c++) cw2[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
+    if (n2) {
+        snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d conv state", Hk, Hv, dk, n1, n2);
+        check(what, cg, cw2, cm);
+    }
+}
+
+/* ---- attention --------------------------------------------------------------------------------------- */
+
+static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int splits)
+{
+    const int max_ctx = pos0 + n + 3, qkv_stride = nh * 2 * D + 2 * nkv * D, G = nh / nkv;
+    std::vector<float> qkv = rand_vec((size_t)n * qkv_stride, -1, 1);
+    std::vector<float> qn = rand_vec(D, 0.5f, 1.5f), kn = rand_vec(D, 0.5f, 1.5f);
+    /* prior cache rows */
+    std::vector<uint16_t> kc((size_t)nkv * max_ctx * D), vc((size_t)nkv * max_ctx * D);
+    for (auto &x : kc) x = lily_f32_to_bf16(rnd_f(-1, 1));
+    for (auto &x : vc) x = lily_f32_to_bf16(rnd_f(-1, 1));
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.qkv = dev_copy(qkv);
+    a.qkv_stride = qkv_stride;
+    a.q_norm = dev_copy(qn);
+    a.k_norm = dev_copy(kn);
+    a.eps = 1e-6f;
+    a.q = dev_nan((size_t)n * nh * D);
+    a.k_cache = (__nv_bfloat16 *)dev_copy(kc);
+    a.v_cache = (__nv_bfloat16 *)dev_copy(vc);
+    a.max_ctx = max_ctx;
+    std::vector<int> p0(1, pos0);
+    a.pos = dev_copy(p0);
+    a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = rot, a.rope_theta = 1e7f;
+    a.out = dev_nan((size_t)n * nh * D);
+    a.n_splits = splits;
+    a.min_chunk = 16;
+    a.part_o = dev_nan((size_t)nkv * splits * G * D);
+    a.part_ml = dev_nan((size_t)nkv * splits * G * 2);
+    unsigned int *cnt;
+    CK(cudaMalloc(&cnt, nkv * 4));
+    CK(cudaMemset(cnt, 0, nkv * 4));
+    a.counter = cnt;
+    cudaError_t e = launch_qk_norm_rope_append(a, n, 0);
+    if (e == cudaSuccess)
+        e = launch_attention(a, n, 0);
+    if (e == cudaSuccess && splits > 1) /* a second launch checks the counter was reset */
+        e = launch_attention(a, n, 0);
+    if (e != cudaSuccess) {
+        printf("FAIL attention launch %s\n", cudaGetErrorString(e));
+        g_fail++;
+        return;
+    }
+    std::vector<float> got = host_copy(a.out, (size_t)n * nh * D);
+    /* CPU twin: norms, rope, bf16 cache, softmax, gate */
+    std::vector<double> Q((size_t)n * nh * D);
+    auto normrope = [&](const float *src, const std::vector<float> &w, int p, double *dst) {
+        double ss = 0;
+        for (int d = 0; d < D; d++) ss += (double)src[d] * src[d];
+        const double r = 1.0 / sqrt(ss / D + 1e-6);
+        std::vector<double> x(D);
+        for (int d = 0; d < D; d++) x[d] = (float)(src[d] * r * w[d]);
+        const int half = rot / 2;
+        for (int d = 0; d < D; d++) {
+            if (d < rot) {
+                const int i = d < half ? d : d - half;
+                const float inv = 1.0f / powf(1e7f, (float)(2 * i) / (float)rot);
+                const float ang = (float)p * inv;
+                dst[d] = d < half ? x[d] * cos(ang) - x[d + half] * sin(ang) : x[d] * cos(ang) + x[d - half] * sin(ang);
+            } else {
+                dst[d] = x[d];
+            }
+        }
+    };
+    std::vector<double> Kc((size_t)nkv * max_ctx * D), Vc((size_t)nkv * max_ctx * D);
+    for (size_t i = 0; i < Kc.size(); i++) Kc[i] = lily_bf16_to_f32(kc[i]), Vc[i] = lily_bf16_to_f32(vc[i]);
+    for (int t = 0; t < n; t++) {
+        const float *row = &qkv[(size_t)t * qkv_stride];
+        for (int h = 0; h < nh; h++) normrope(row + (size_t)h * 2 * D, qn, pos0 + t, &Q[((size_t)t * nh + h) * D]);
+        for (int h = 0; h < nkv; h++) {
+            std::vector<double> kr(D);
+            normrope(row + (size_t)nh * 2 * D + (size_t)h * D, kn, pos0 + t, kr.data());
+            for (int d = 0; d < D; d++) {
+                Kc[((size_t)h * max_ctx + pos0 + t) * D + d] = lily_bf16_to_f32(lily_f32_to_bf16((float)kr[d]));
+                Vc[((size_t)h * max_ctx + pos0 + t) * D + d] =
+                    lily_bf16_to_f32(lily_f32_to_bf16(row[(size_t)nh * 2 * D + (size_t)nkv * D + (size_t)h * D + d]));
+            }
+        }
+    }
+    std::vector<double> want((size_t)n * nh * D), mag((size_t)n * nh * D);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            const int g = h / G, L = pos0 + t + 1;
+            std::vector<double> sc(L);
+            double mx = -INFINITY;
+            for (int k = 0; k < L; k++) {
+                double s = 0;
+                for (int d = 0; d < D; d++) s += Q[((size_t)t * nh + h) * D + d] * Kc[((size_t)g * max_ctx + k) * D + d];
+                sc[k] = s / sqrt((double)D);
+                mx = fmax(mx, sc[k]);
+            }
+            double den = 0;
+            for (int k = 0; k < L; k++) den += (sc[k] = exp(sc[k] - mx));
+            for (int d = 0; d < D; d++) {
+                double o = 0, om = 0;
+                for (int k = 0; k < L; k++) {
+                    o += sc[k] * Vc[((size_t)g * max_ctx + k) * D + d];
+                    om += fabs(sc[k] * Vc[((size_t)g * max_ctx + k) * D + d]);
+                }
+                const double gate = 1.0 / (1.0 + exp(-(double)qkv[(size_t)t * qkv_stride + (size_t)h * 2 * D + D + d]));
+                want[((size_t)t * nh + h) * D + d] = o / den * gate;
+                mag[((size_t)t * nh + h) * D + d] = om / den * gate + 1e-2;
+            }
+        }
+    char what[160];
+    snprintf(what, sizeof what, "attention heads %d/%d D %d pos %d n %d splits %d", nh, nkv, D, pos0, n, splits);
+    check(what, got, want, mag, 2e-3);
+}
+
+/* ---- embedding ---------------------------------------------------------------------------------------- */
+
+static void test_embed(int bits, int vocab, int hidden, int n)
+{
+    hmat e;
+    make_mat(e, bits, 1, vocab, hidden);
+    std::vector<int> tok(n);
+    for (auto &t : tok) t = rnd_u32() % vocab;
+    int *dt = dev_copy(tok);
+    float *dh = dev_nan((size_t)n * hidden);
+    CK(launch_embed(e.d, dt, n, dh, hidden, NULL, 0));
+    std::vector<float> got = host_copy(dh, (size_t)n * hidden);
+    std::vector<double> want((size_t)n * hidden), mag((size_t)n * hidden, 0.0);
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < hidden; c++) want[(size_t)t * hidden + c] = e.w[(size_t)tok[t] * hidden + c];
+    char what[96];
+    snprintf(what, sizeof what, "embed bits %d vocab %d hidden %d n %d", bits, vocab, hidden, n);
+    check(what, got, want, mag);
+}
+
+int main(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const int ns[] = {1, 2, 7, 64, 513};
+    /* GEMV: every storage width, lane shape and mode */
+    const int bitss[] = {4, 8, 16};
+    for (int bi = 0; bi < 3; bi++) {
+        const int bits = bitss[bi];
+        const int colss[] = {128, 512, 2048, 4096};
+        for (int ci = 0; ci < 4; ci++) {
+            const int cols = colss[ci];
+            if (bits == 16 && cols > 2048) continue;
+            test_gemv(bits, cols, 37, 1, GEMV_IN_PLAIN, GEMV_OUT_STORE, 1);
+            test_gemv(bits, cols, 64, 3, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
+            test_gemv(bits, cols, 513, 2, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+            test_gemv(bits, cols, 1001, 2, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1);
+        }
+    }
+    for (int i = 0; i < 5; i++)
+        test_gemv(4, 2048, 7 + 100 * i, ns[i] > 64 ? 9 : ns[i], GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+    /* MoE: tiny-a and full shapes */
+    for (int i = 0; i < 3; i++) {
+        test_moe(4, 128, 16, 4, 64, ns[i]);
+        test_moe(16, 128, 16, 4, 64, ns[i]);
+    }
+    test_moe(4, 2048, 32, 8, 512, 1);
+    test_moe(4, 2048, 32, 8, 512, 2);
+    test_moe(4, 128, 256, 8, 64, 7);
+    test_moe(8, 512, 64, 8, 128, 7);
+    /* Gated DeltaNet */
+    for (int i = 0; i < 4; i++) {
+        test_gdn(2, 4, 32, ns[i], 1);
+        test_gdn(2, 4, 32, 1, ns[i]);
+    }
+    test_gdn(16, 32, 128, 1, 1);
+    test_gdn(16, 32, 128, 7, 64);
+    test_gdn(4, 8, 64, 2, 5);
+    /* attention: prefill (one split) and decode (split-KV) */
+    for (int i = 0; i < 5; i++) {
+        test_attention(8, 2, 64, 16, 0, ns[i], 1);
+        test_attention(16, 2, 256, 64, 3, ns[i] > 64 ? 70 : ns[i], 1);
+    }
+    const int depths[] = {0, 1, 6, 63, 512, 5000};
+    for (int i = 0; i < 6; i++) {
+        test_attention(8, 2, 64, 16, depths[i], 1, 8);
+        test_attention(16, 2, 256, 64, depths[i], 1, 64);
+    }
+    test_embed(4, 1000, 2048, 7);
+    test_embed(16, 512, 128, 64);
+    test_embed(8, 300, 128, 2);
+    printf("%d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
