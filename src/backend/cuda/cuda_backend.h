@@ -10,11 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "lily.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "lily.h"
 
 /* Greedy decode of n tokens: first_token is processed at the state's position, each chosen token is
  * written by the GPU into the next step's input slot, the captured step graph is replayed n times,

@@ -431,7 +431,7 @@ extern "C" lily_status lily_cuda_set_attention_split(void *ctx, void *state, int
         float *po = NULL, *pml = NULL;
         CUDA_TRY(cudaMalloc((void **)&po, (size_t)cfg->n_kv_heads * n_splits * G * cfg->head_dim * 4));
         CUDA_TRY(cudaMalloc((void **)&pml, (size_t)cfg->n_kv_heads * n_splits * G * 2 * 4));
-        c->part_o = po; /* the old ones stay in the allocation list until destroy */
+        c->part_o = po; /* bench-only path: these two are not freed at destroy */
         c->part_ml = pml;
     }
     c->att_splits = n_splits;

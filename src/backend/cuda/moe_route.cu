@@ -1,8 +1,8 @@
 /* moe_route.cu — the sparse MoE block after the router GEMV, on the device with no host sync
  * (MODEL.md §4.5):
  *
- *   moe_gate_up: every block redoes top-k over the router logits (softmax fp32, top-k with ties to the
- *     lower expert id, renormalised), applies the post-attention RMSNorm to the residual stream in
+ *   moe_gate_up: every block redoes top-k over the router logits (ranking in shared memory, ties to
+ *     the lower expert id; softmax fp32 renormalised over the top k), applies the post-attention RMSNorm to the residual stream in
  *     registers, and computes hid = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ) for its rows of the selected experts
  *     (slot top_k = the shared expert). Only selected experts' rows are read.
  *     grid = (slots * ceil(inter / rows_per_block), n_tokens), 128 threads.
@@ -16,54 +16,38 @@
 #define MOE_DOWN_ROWS 16
 #define MOE_MAX_K 16
 
-/* Top-k of the router logits of one token by warp 0; idx/w to shared memory. */
-__device__ void moe_topk_warp(const float *logits, int E, int K, int renorm, int *idx, float *w)
+/* Top-k of the router logits of one token by the whole block (E <= MOE_MAX_E): each thread ranks its
+ * experts by counting those that beat them (larger logit, or equal logit and lower id), so slot k gets
+ * the expert of rank k; weights are softmax over all E renormalised over the top k (= softmax over the
+ * selected logits). idx/w in shared memory; ends with __syncthreads. */
+#define MOE_MAX_E 512
+__device__ void moe_topk_block(const float *logits, int E, int K, int *idx, float *w, float *s_l)
 {
-    const int lane = threadIdx.x & 31;
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32)
-        mx = fmaxf(mx, logits[e]);
-    mx = warp_max(mx);
-    float den = 0.0f;
-    for (int e = lane; e < E; e += 32)
-        den += expf(logits[e] - mx);
-    den = warp_sum(den);
-    unsigned int taken = 0; /* bit i: expert lane + 32 i already chosen (E <= 1024) */
-    float sel = 0.0f;
-    for (int k = 0; k < K; k++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < E; e += 32) {
-            if ((taken >> (e >> 5)) & 1u)
-                continue;
-            const float v = logits[e];
-            if (v > bv || (v == bv && e < bi)) {
-                bv = v;
-                bi = e;
-            }
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        s_l[e] = logits[e];
+    if (threadIdx.x < K)
+        idx[threadIdx.x] = 0; /* stays valid even if NaN logits break the ranking */
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = s_l[e];
+        int rank = 0;
+        for (int o = 0; o < E; o++) {
+            const float u = s_l[o];
+            rank += (u > v) || (u == v && o < e);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == (bi & 31))
-            taken |= 1u << (bi >> 5);
-        const float p = expf(bv - mx) / den;
-        if (lane == 0) {
-            idx[k] = bi;
-            w[k] = p;
-        }
-        sel += p;
+        if (rank < K)
+            idx[rank] = e;
     }
-    __syncwarp();
-    if (renorm && lane < K)
-        w[lane] /= sel;
-    __syncwarp();
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const float mx = s_l[idx[0]];
+        const float p = lane < K ? expf(s_l[idx[lane]] - mx) : 0.0f;
+        const float sum = warp_sum(p);
+        if (lane < K)
+            w[lane] = p / sum;
+    }
+    __syncthreads();
 }
 
 template <int BITS, int LPR, int VPL>
@@ -74,13 +58,12 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_gate_up_kernel(moe_args a,
     constexpr int U = 2;
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
+    __shared__ float s_l[MOE_MAX_E];
     const int t = blockIdx.y;
     const int slot = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;
-    if (threadIdx.x < 32)
-        moe_topk_warp(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, 1, s_idx, s_w);
-    __syncthreads();
+    moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_l);
     if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
         a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
         a.topk_w[t * a.top_k + threadIdx.x] = s_w[threadIdx.x];
@@ -205,7 +188,7 @@ static cudaError_t gate_up_bits(const moe_args &a, int n_tokens, cudaStream_t s)
 
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s)
 {
-    if (a.top_k > MOE_MAX_K || a.n_experts > 512 || a.gate.bits != a.sgate.bits)
+    if (a.top_k > MOE_MAX_K || a.top_k > 32 || a.n_experts > MOE_MAX_E || a.gate.bits != a.sgate.bits)
         return cudaErrorInvalidValue;
     switch (a.gate.bits) {
     case 4: return gate_up_bits<4>(a, n_tokens, s);

@@ -1,0 +1,257 @@
+/* bench_cuda_decode.c — decode speed of the CUDA backend on the full-size synthetic model (random MLX
+ * 4-bit weights, src/model/synthetic.h), through the device-side greedy fast path (graph replay, no
+ * host sync per token), at context depths placed with lily_cuda_state_set_position (KV rows filled with
+ * pseudo-random bf16). Prints a markdown table with the fraction of the bandwidth floor (bytes per token
+ * from cost_model.h over the measured device-to-device copy rate), a per-stage profile (CUDA events),
+ * an optional split-KV sweep, and optionally CUDA-vs-CPU logits agreement on one prompt.
+ *
+ * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072]
+ *                          [--sweep-split] [--compare-cpu N] [--prefill N]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "model/synthetic.h"
+#include "runtime/cost_model.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = atoi(s);
+        const char *c = strchr(s, ',');
+        if (!c)
+            break;
+        s = c + 1;
+    }
+    return n;
+}
+
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fprintf(stderr, "\n");                                                                     \
+        return 1;                                                                                  \
+    } while (0)
+
+static unsigned long long g_rng = 42;
+static int rnd_token(int vocab)
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int)((g_rng >> 33) % (unsigned long long)vocab);
+}
+
+/* KL(ref || got), top-1 agreement and max |Δlogit| over rows. */
+static void compare_logits(const float *ref, const float *got, int rows, int vocab)
+{
+    double kl_sum = 0, maxd = 0;
+    int top1 = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * vocab, *b = got + (size_t)r * vocab;
+        int ia = 0, ib = 0;
+        for (int v = 0; v < vocab; v++) {
+            if (a[v] > a[ia]) ia = v;
+            if (b[v] > b[ib]) ib = v;
+            const double d = fabs((double)a[v] - b[v]);
+            if (!(d <= maxd)) maxd = d;
+        }
+        double za = 0, zb = 0;
+        for (int v = 0; v < vocab; v++) {
+            za += exp(a[v] - a[ia]);
+            zb += exp(b[v] - b[ib]);
+        }
+        double kl = 0;
+        for (int v = 0; v < vocab; v++) {
+            const double la = a[v] - a[ia] - log(za), lb = b[v] - b[ib] - log(zb);
+            kl += exp(la) * (la - lb);
+        }
+        kl_sum += kl;
+        top1 += ia == ib;
+    }
+    printf("\n## CUDA vs CPU logits, one %d-token prompt (full-size synthetic model)\n\n", rows);
+    printf("| rows | top-1 agreement | mean KL(cpu‖cuda) | max abs dlogit | verdict (mean KL <= 1e-2) |\n|---|---|---|---|---|\n");
+    printf("| %d | %.4f | %.3e | %.3e | %s |\n", rows, (double)top1 / rows, kl_sum / rows, maxd,
+           kl_sum / rows <= 1e-2 ? "pass" : "FAIL");
+}
+
+int main(int argc, char **argv)
+{
+    const char *preset = "35b";
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-d") && i + 1 < argc) n_depths = parse_list(argv[++i], depths, 32);
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc) n_prof = parse_list(argv[++i], prof, 8);
+        else if (!strcmp(argv[i], "--sweep-split")) sweep = 1;
+        else if (!strcmp(argv[i], "--compare-cpu") && i + 1 < argc) compare = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N] [--prefill N]", argv[0]);
+    }
+    if (!n_depths) {
+        for (int d = 256; d <= 131072; d *= 2)
+            depths[n_depths++] = d;
+    }
+    lily_error err = {0};
+    double gbps = 0;
+    if (lily_cuda_membw(0, (size_t)2 << 30, 20, &gbps, &err) != LILY_OK)
+        DIE("membw: %s", err.message);
+    printf("device-to-device copy: %.1f GB/s (read + write)\n", gbps);
+
+    double t0 = now_s();
+    lily_synthetic *syn = NULL;
+    if (lily_synthetic_new(preset, 1, 0, &syn, &err) != LILY_OK)
+        DIE("synthetic: %s", err.message);
+    printf("synthetic %s: %.2f GB in %.1f s\n", preset, syn->buffer_size / 1e9, now_s() - t0);
+    const lily_config *cfg = &syn->cfg;
+    lily_backend_options opts;
+    memset(&opts, 0, sizeof opts);
+    opts.max_chunk = 512;
+    lily_backend be;
+    t0 = now_s();
+    if (lily_backend_create("cuda", cfg, &syn->weights, &opts, &be, &err) != LILY_OK)
+        DIE("cuda: %s", err.message);
+    printf("upload: %.1f s\n", now_s() - t0);
+    lily_cost_model cm;
+    lily_cost_model_init(cfg, 4, 8, 64, &cm);
+
+    int max_depth = 0;
+    for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
+    for (int i = 0; i < n_prof; i++) max_depth = prof[i] > max_depth ? prof[i] : max_depth;
+    if (sweep && max_depth < 131072) max_depth = 131072;
+    const int max_ctx = max_depth + n_gen + 64 > prefill + 64 ? max_depth + n_gen + 64 : prefill + 64;
+    void *st = NULL;
+    if (be.ops->state_new(be.ctx, max_ctx, &st, &err) != LILY_OK)
+        DIE("state: %s", err.message);
+
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(prefill > compare ? prefill : compare) + 64);
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
+    if (!toks || !out) DIE("oom");
+
+    /* prefill (simple kernels in this version) */
+    if (prefill > 0) {
+        for (int i = 0; i < prefill; i++) toks[i] = rnd_token(cfg->vocab_size);
+        float *lg = malloc(sizeof(float) * cfg->vocab_size);
+        be.ops->state_reset(be.ctx, st);
+        if (be.ops->forward(be.ctx, st, toks, prefill < 512 ? prefill : 512, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+            DIE("prefill: %s", err.message);
+        be.ops->state_reset(be.ctx, st);
+        t0 = now_s();
+        for (int p = 0; p < prefill; p += 512) {
+            const int m = prefill - p < 512 ? prefill - p : 512;
+            if (be.ops->forward(be.ctx, st, toks + p, m, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+                DIE("prefill: %s", err.message);
+        }
+        printf("prefill %d tokens: %.1f tok/s\n", prefill, prefill / (now_s() - t0));
+        free(lg);
+    }
+
+    printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
+    printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n_depths; i++) {
+        const int d = depths[i];
+        be.ops->state_reset(be.ctx, st);
+        if (lily_cuda_state_set_position(be.ctx, st, d, &err) != LILY_OK)
+            DIE("depth %d: %s", d, err.message);
+        if (lily_cuda_generate_greedy(be.ctx, st, 1, 8, out, &err) != LILY_OK) /* warm-up (+ graph capture) */
+            DIE("decode: %s", err.message);
+        const long long s0 = lily_cuda_host_syncs(be.ctx);
+        t0 = now_s();
+        if (lily_cuda_generate_greedy(be.ctx, st, out[7], n_gen, out, &err) != LILY_OK)
+            DIE("decode: %s", err.message);
+        const double dt = now_s() - t0;
+        const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
+        const double bytes = lily_cost_decode_bytes(&cm, d + 8 + n_gen / 2);
+        const double floor_tps = gbps * 1e9 / bytes;
+        printf("| %d | %.1f | %.3f | %.3g | %.0f | %.1f%% | %.4f |\n", d, n_gen / dt, dt * 1e3 / n_gen, bytes, floor_tps,
+               100.0 * (n_gen / dt) / floor_tps, (double)syncs / n_gen);
+        fflush(stdout);
+    }
+
+    for (int i = 0; i < n_prof; i++) {
+        const int d = prof[i];
+        be.ops->state_reset(be.ctx, st);
+        if (lily_cuda_state_set_position(be.ctx, st, d, &err) != LILY_OK)
+            DIE("depth %d: %s", d, err.message);
+        lily_cuda_profile p;
+        if (lily_cuda_profile_decode(be.ctx, st, 1, 17, &p, &err) != LILY_OK)
+            DIE("profile: %s", err.message);
+        printf("\n## Decode profile at depth %d (eager launches, CUDA events; ms per token)\n\n", d);
+        printf("| stage | ms | share |\n|---|---:|---:|\n");
+        for (int k = 0; k < p.n; k++)
+            printf("| %s | %.4f | %.1f%% |\n", p.names[k], p.ms[k], 100.0 * p.ms[k] / p.total_ms);
+        printf("| total (eager) | %.4f | |\n", p.total_ms);
+    }
+
+    if (sweep) {
+        const int sd[3] = {4096, 32768, 131072};
+        const int sp[][2] = {{1, 1}, {16, 256}, {32, 128}, {64, 64}, {64, 128}, {128, 64}, {128, 128}, {256, 64}};
+        printf("\n## Split-KV sweep (splits per KV head x min chunk), decode tok/s\n\n| splits x min_chunk |");
+        for (int j = 0; j < 3; j++) printf(" d%d |", sd[j]);
+        printf("\n|---|---:|---:|---:|\n");
+        for (size_t k = 0; k < sizeof sp / sizeof sp[0]; k++) {
+            printf("| %d x %d |", sp[k][0], sp[k][1]);
+            for (int j = 0; j < 3; j++) {
+                be.ops->state_reset(be.ctx, st);
+                if (lily_cuda_set_attention_split(be.ctx, st, sp[k][0], sp[k][1], &err) != LILY_OK ||
+                    lily_cuda_state_set_position(be.ctx, st, sd[j], &err) != LILY_OK ||
+                    lily_cuda_generate_greedy(be.ctx, st, 1, 4, out, &err) != LILY_OK)
+                    DIE("sweep: %s", err.message);
+                t0 = now_s();
+                if (lily_cuda_generate_greedy(be.ctx, st, out[3], 64, out, &err) != LILY_OK)
+                    DIE("sweep: %s", err.message);
+                printf(" %.1f |", 64 / (now_s() - t0));
+                fflush(stdout);
+            }
+            printf("\n");
+        }
+    }
+
+    if (compare > 0) {
+        const int n = compare < 512 ? compare : 512;
+        for (int i = 0; i < n; i++) toks[i] = rnd_token(cfg->vocab_size);
+        float *lc = malloc(sizeof(float) * (size_t)n * cfg->vocab_size);
+        float *lr = malloc(sizeof(float) * (size_t)n * cfg->vocab_size);
+        if (!lc || !lr) DIE("oom");
+        be.ops->state_reset(be.ctx, st);
+        if (be.ops->forward(be.ctx, st, toks, n, LILY_LOGITS_ALL, lc, &err) != LILY_OK)
+            DIE("cuda forward: %s", err.message);
+        lily_backend cpu;
+        lily_backend_options co;
+        memset(&co, 0, sizeof co);
+        co.max_chunk = 512;
+        t0 = now_s();
+        if (lily_backend_create("cpu", cfg, &syn->weights, &co, &cpu, &err) != LILY_OK)
+            DIE("cpu: %s", err.message);
+        void *cst = NULL;
+        if (cpu.ops->state_new(cpu.ctx, n + 8, &cst, &err) != LILY_OK)
+            DIE("cpu state: %s", err.message);
+        if (cpu.ops->forward(cpu.ctx, cst, toks, n, LILY_LOGITS_ALL, lr, &err) != LILY_OK)
+            DIE("cpu forward: %s", err.message);
+        printf("cpu forward of %d tokens: %.1f s\n", n, now_s() - t0);
+        compare_logits(lr, lc, n, cfg->vocab_size);
+        cpu.ops->state_free(cpu.ctx, cst);
+        lily_backend_destroy(&cpu);
+        free(lc);
+        free(lr);
+    }
+    be.ops->state_free(be.ctx, st);
+    lily_backend_destroy(&be);
+    lily_synthetic_free(syn);
+    free(toks);
+    free(out);
+    return 0;
+}
