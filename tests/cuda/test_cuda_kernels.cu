@@ -605,7 +605,7 @@ int main(void)
         const int colss[] = {128, 512, 2048, 4096};
         for (int ci = 0; ci < 4; ci++) {
             const int cols = colss[ci];
-            if (bits == 16 && cols > 2048) continue;
+            if (bits != 4 && cols > 2048) continue; /* 8-bit (router) and bf16 rows of 4096 have no kernel shape */
             test_gemv(bits, cols, 37, 1, GEMV_IN_PLAIN, GEMV_OUT_STORE, 1);
             test_gemv(bits, cols, 64, 3, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
             test_gemv(bits, cols, 513, 2, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
