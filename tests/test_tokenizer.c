@@ -556,6 +556,56 @@ static void test_merges_in_both_json_forms_and_added_token_options(void **state)
     tmpdir[0] = 0;
 }
 
+/* tests/data/tokenizers/pretokenizer-cases.json: one small BPE under 13 pre_tokenizer configurations (every
+ * Split behavior, inverted or not, a String pattern, ByteLevel with add_prefix_space), ids from HF. */
+static void test_pretokenizer_configurations_match_hf(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *root = json_load_file(test_data_path("tokenizers/pretokenizer-cases.json"), 0, &jerr);
+    assert_non_null(root);
+    json_t *spec = json_object_get(root, "tokenizer");
+    size_t i;
+    const json_t *c;
+    int failures = 0, checked = 0;
+    json_array_foreach(json_object_get(root, "cases"), i, c) {
+        json_object_set(spec, "pre_tokenizer", json_object_get(c, "pre_tokenizer"));
+        char *text = json_dumps(spec, 0);
+        lily_tokenizer *tok;
+        lily_error err;
+        assert_int_equal(lily_tokenizer_load(write_tokenizer("tokenizer.json", text), &tok, &err), LILY_OK);
+        free(text);
+        size_t t;
+        const json_t *input;
+        json_array_foreach(json_object_get(c, "texts"), t, input) {
+            int n_expected;
+            int32_t *expected = json_ids(json_array_get(json_object_get(c, "ids"), t), &n_expected);
+            int32_t *ids;
+            int n;
+            assert_int_equal(lily_tokenizer_encode(tok, json_string_value(input), json_string_length(input), true, &ids,
+                                                   &n, &err), LILY_OK);
+            if (n != n_expected || memcmp(ids, expected, (size_t)n * sizeof *ids)) {
+                char *cfg = json_dumps(json_object_get(c, "pre_tokenizer"), JSON_COMPACT);
+                printf("case %zu %s, \"%s\"\n", i, cfg, json_string_value(input));
+                print_ids("expected", expected, n_expected);
+                print_ids("got     ", ids, n);
+                free(cfg);
+                failures++;
+            }
+            checked++;
+            free(ids);
+            free(expected);
+        }
+        lily_tokenizer_free(tok);
+    }
+    unlink(write_tokenizer("tokenizer.json", ""));
+    rmdir(tmpdir);
+    tmpdir[0] = 0;
+    json_decref(root);
+    assert_true(checked >= 60);
+    assert_int_equal(failures, 0);
+}
+
 static void expect_load_error(const char *path, const char *needle)
 {
     lily_tokenizer *tok = (lily_tokenizer *)1;
@@ -648,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_decode_skip_special),
         cmocka_unit_test(test_detokenizer_holds_partial_utf8_and_replaces_invalid),
         cmocka_unit_test(test_merges_in_both_json_forms_and_added_token_options),
+        cmocka_unit_test(test_pretokenizer_configurations_match_hf),
         cmocka_unit_test(test_load_rejects_missing_malformed_and_unsupported_files),
         cmocka_unit_test(test_encode_rejects_invalid_utf8),
         cmocka_unit_test(test_long_pretokens_match_hf),

@@ -11,6 +11,10 @@ The strings are deterministic (seeded): single fragments from many scripts and d
 Thai, Vietnamese, combining marks, emoji ZWJ sequences, whitespace runs, long digit runs, special tokens
 inside text), random concatenations of them, random code-point soup and random slices.
 
+Also writes tests/data/tokenizers/pretokenizer-cases.json: a 7-token BPE with added tokens (lstrip,
+rstrip) and, for each pre_tokenizer configuration (ByteLevel with add_prefix_space; Split with every
+behavior, inverted or not; a String pattern), the ids HF gives for a few texts.
+
 usage: pip install tokenizers; python3 tools/make_tokenizer_corpus.py [--out FILE]
 """
 import argparse
@@ -223,6 +227,43 @@ def strings():
     return unique
 
 
+TINY_BPE = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [
+        {"id": 7, "content": "<x>", "single_word": False, "lstrip": True, "rstrip": False, "normalized": False, "special": True},
+        {"id": 8, "content": "<y>", "single_word": False, "lstrip": False, "rstrip": True, "normalized": False, "special": False}],
+    "normalizer": None, "pre_tokenizer": None, "post_processor": None,
+    "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+              "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4, "\u0120": 5, "bc": 6}, "merges": ["a b", "ab c"]},
+}
+
+
+def pretokenizer_cases(path):
+    def byte_level(prefix, regex):
+        return {"type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": True, "use_regex": regex}
+    configs = [byte_level(True, True), byte_level(False, True)]
+    for behavior in ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
+        for invert in [False, True]:
+            configs.append({"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": "b+|\\s"}, "behavior": behavior, "invert": invert},
+                byte_level(False, False)]})
+    configs.append({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": "b"}, "behavior": "MergedWithPrevious", "invert": False},
+        byte_level(True, False)]})
+    texts = ["abc abc", "bbcab  abbbc", "a<y>bc<x> cb", " b", ""]
+    cases = []
+    for config in configs:
+        spec = dict(TINY_BPE, pre_tokenizer=config)
+        tok = Tokenizer.from_str(json.dumps(spec))
+        cases.append({"pre_tokenizer": config, "texts": texts,
+                      "ids": [tok.encode(t, add_special_tokens=False).ids for t in texts]})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"tokenizer": TINY_BPE, "cases": cases}, f, ensure_ascii=False, indent=1)
+    print(f"{path}: {len(cases)} pre_tokenizer configurations")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(DATA, "qwen3-parity.jsonl"))
@@ -258,6 +299,7 @@ def main():
                                    separators=(",", ":")) + "\n")
                 n += 1
     print(f"{args.out}: {n} records from {len(texts)} strings")
+    pretokenizer_cases(os.path.join(DATA, "pretokenizer-cases.json"))
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ pcre2_code *tok_compile_regex(const char *pattern, size_t len, bool literal, lil
 {
     int code;
     PCRE2_SIZE offset;
-    uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* LITERAL refuses UCP */
     char *expanded = NULL;
     if (!literal) {
         expanded = expand_white_space(pattern, len, &len);
