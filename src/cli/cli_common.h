@@ -1,0 +1,103 @@
+/* cli_common.h — what the generating commands (run, chat, and later serve / perplexity) share:
+ * the default model directory, opening a model (engine + tokenizer + checks), the sampling / engine
+ * options every generating command accepts, and printing a streamed reply (reasoning, content, tool calls).
+ */
+#ifndef LILY_CLI_COMMON_H
+#define LILY_CLI_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/config.h"
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+/* The bundled default model's directory name under <source>/models/ (set by the lead). */
+#ifndef LILY_DEFAULT_MODEL_NAME
+#define LILY_DEFAULT_MODEL_NAME "lily-tiny"
+#endif
+
+/* The model directory to use when -m is not given: $LILY_MODEL if set, else
+ * <LILY_SOURCE_DIR>/models/LILY_DEFAULT_MODEL_NAME if it exists, else <LILY_SOURCE_DIR>/tests/data/tiny-chat.
+ * Prints one line on stderr naming the directory chosen and why. Returns a static string, never NULL. */
+const char *cli_default_model(const char *cmd);
+
+/* Options shared by the generating commands. */
+typedef struct {
+    const char *model_dir;     /* -m; NULL = cli_default_model */
+    const char *backend;       /* --backend cpu|cuda */
+    int n_threads;             /* --threads (0 = all cores) */
+    int prefill_chunk;         /* --prefill-chunk (0 = engine default) */
+    int ctx_size;              /* --ctx-size (0 = the model's, capped at 32768) */
+    int max_tokens;            /* -n (0 = until a stop token or a full context) */
+    lily_sampler_params sampling; /* --temp --top-p --top-k --min-p --seed; filled by cli_model_open from
+                                     generation_config.json unless given on the command line; without
+                                     --seed the seed comes from the clock */
+    bool set_temp, set_top_p, set_top_k, set_min_p, set_seed; /* given on the command line */
+    bool no_think;             /* --no-think */
+    bool hide_reasoning;       /* --hide-reasoning */
+    const char *system;        /* --system TEXT */
+} cli_gen_options;
+
+/* Defaults: backend "cpu", everything else zero / off; sampling = lily_sampler_defaults(). */
+void cli_gen_options_init(cli_gen_options *o);
+
+/* Try to parse argv[*i] (and its value) as one of the shared options. Returns 1 when consumed (*i is
+ * advanced past the value), 0 when argv[*i] is not a shared option, -1 on a bad value (message printed). */
+int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_options *o);
+
+/* The shared options' help lines. */
+void cli_gen_options_usage(FILE *f);
+
+/* An opened model: engine, tokenizer and the stop ids (config + generation_config + the tokenizer's
+ * <|im_end|>, <|endoftext|> and eos token). */
+typedef struct {
+    const char *model_dir;
+    lily_engine *engine;
+    lily_tokenizer *tok;
+    int32_t stop_ids[LILY_MAX_STOP_IDS + 3];
+    int n_stop_ids;
+} cli_model;
+
+/* Open o->model_dir (or the default model): check the directory, load the tokenizer (a missing or
+ * malformed tokenizer.json is an error), open the engine, check the tokenizer's ids fit the model's
+ * vocab_size, warn on stderr when the chat template differs from the known one (unless raw), and fill
+ * sampling defaults from generation_config.json (temperature, top_p, top_k, min_p) for options not given.
+ * Prints "lily CMD: message" on stderr and returns 1 on error; 0 on success. */
+int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m);
+void cli_model_close(cli_model *m);
+
+/* Encode text (special tokens written in it recognized). Prints the error; returns 0 or 1. */
+int cli_encode(const char *cmd, const cli_model *m, const char *text, int32_t **ids, int *n_ids);
+
+/* Prints a streamed reply to a FILE: raw text verbatim, or (parsed) reasoning — ANSI faint when the
+ * stream is a terminal, dropped when hide_reasoning — then content, and tool calls as
+ * "[tool call] name {arguments}". Also keeps the parser's result for the caller (chat history). */
+typedef struct {
+    FILE *out;
+    bool raw;                  /* no parsing: print the text as generated */
+    bool hide_reasoning;
+    bool tty;                  /* out is a terminal: use ANSI faint for reasoning */
+    lily_output_parser *parser;
+    int state;                 /* what was printed last: 0 nothing, 1 reasoning, 2 content, 3 tool call */
+    bool at_line_start;
+} cli_printer;
+
+/* thinking: the prompt opened a think block. Errors: out of memory (printed; returns 1). */
+int cli_printer_init(cli_printer *p, FILE *out, bool raw, bool thinking, bool hide_reasoning);
+
+/* A lily_token_callback: feeds the text to the parser (or prints it raw). user is a cli_printer *. */
+int cli_printer_on_token(void *user, int32_t token, const char *text, size_t len);
+
+/* End of the reply: flush the parser, close any open styling, end the line. Returns 0 or 1 (printed). */
+int cli_printer_finish(cli_printer *p, bool cut_by_length);
+void cli_printer_free(cli_printer *p);
+
+/* Print "prefill: N tokens, X tok/s | decode: N tokens, Y tok/s (finish)" to stderr. */
+void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_generated, int n_decode_steps,
+                     double decode_s, const char *finish);
+
+#endif

@@ -1,0 +1,36 @@
+/* default_model.c — which model directory a command uses when -m is not given (cli_common.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "cli_common.h"
+
+#ifndef LILY_SOURCE_DIR
+#define LILY_SOURCE_DIR "."
+#endif
+
+static bool is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+const char *cli_default_model(const char *cmd)
+{
+    static char path[4096];
+    const char *env = getenv("LILY_MODEL");
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s", env);
+        fprintf(stderr, "lily %s: no -m given; using $LILY_MODEL = %s\n", cmd, path);
+        return path;
+    }
+    snprintf(path, sizeof path, "%s/models/%s", LILY_SOURCE_DIR, LILY_DEFAULT_MODEL_NAME);
+    if (is_dir(path)) {
+        fprintf(stderr, "lily %s: no -m given; using the bundled default model %s\n", cmd, path);
+        return path;
+    }
+    snprintf(path, sizeof path, "%s/tests/data/tiny-chat", LILY_SOURCE_DIR);
+    fprintf(stderr, "lily %s: no -m given and no bundled model; using the test model %s (random weights: "
+                    "its output is noise)\n", cmd, path);
+    return path;
+}

@@ -1,0 +1,301 @@
+/* model_open.c — the shared part of the generating commands (cli_common.h): their options, opening a
+ * model directory with every check a new user needs a clear message for, and encoding a prompt.
+ *
+ * Checks, in order, each an error with exit status 1: the model directory exists; tokenizer.json is
+ * present and well-formed (loaded before the weights, so the error comes fast); config.json and the
+ * weights load; the tokenizer's largest id fits the model's vocab_size. A chat template other than the
+ * known Qwen3.6 one is a warning (lily renders the built-in template anyway).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli_common.h"
+#include "text/chat_template.h"
+
+void cli_gen_options_init(cli_gen_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->sampling = lily_sampler_defaults();
+}
+
+void cli_gen_options_usage(FILE *f)
+{
+    fprintf(f,
+            "  -m, --model DIR        model directory (default: $LILY_MODEL, else the bundled model)\n"
+            "  -n, --max-tokens N     generate at most N tokens per reply (default: until a stop token or a full context)\n"
+            "      --temp T           temperature, 0 = greedy (default: generation_config.json, else 0.6)\n"
+            "      --top-p P          nucleus cut (default: generation_config.json, else 0.95)\n"
+            "      --top-k K          top-k cut, 0 = off (default: generation_config.json, else 20)\n"
+            "      --min-p P          min-p cut, 0 = off (default: generation_config.json, else 0)\n"
+            "      --seed S           sampler seed (default: from the clock)\n"
+            "      --no-think         render the prompt with thinking off (an empty think block)\n"
+            "      --hide-reasoning   do not print the reasoning\n"
+            "      --system TEXT      a system message before the user's\n"
+            "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768)\n"
+            "      --backend NAME     cpu (default) or cuda\n"
+            "  -t, --threads N        CPU threads (default: all cores)\n"
+            "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512)\n");
+}
+
+static int parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < min || v > max) {
+        fprintf(stderr, "lily %s: %s expects an integer in [%ld, %ld], got \"%s\"\n", cmd, opt, min, max, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *cmd, const char *opt, const char *s, double min, double max, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !(v >= min && v <= max)) {
+        fprintf(stderr, "lily %s: %s expects a number in [%g, %g], got \"%s\"\n", cmd, opt, min, max, s);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_options *o)
+{
+    static const char *const flags[] = {"--no-think", "--hide-reasoning"};
+    static const char *const valued[][2] = {
+        {"--model", "-m"}, {"--max-tokens", "-n"}, {"--temp", "--temperature"}, {"--top-p", NULL},
+        {"--top-k", NULL}, {"--min-p", NULL}, {"--seed", NULL}, {"--system", NULL}, {"--ctx-size", "-c"},
+        {"--backend", NULL}, {"--threads", "-t"}, {"--prefill-chunk", NULL},
+    };
+    const char *a = argv[*i];
+    if (!strcmp(a, flags[0])) {
+        o->no_think = true;
+        return 1;
+    }
+    if (!strcmp(a, flags[1])) {
+        o->hide_reasoning = true;
+        return 1;
+    }
+    const char *name = NULL, *value = NULL;
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0] && !name; k++) {
+        for (int alt = 0; alt < 2 && !name; alt++) {
+            const char *opt = valued[k][alt];
+            if (!opt)
+                continue;
+            size_t len = strlen(opt);
+            if (!strcmp(a, opt)) {
+                if (*i + 1 >= argc) {
+                    fprintf(stderr, "lily %s: %s needs a value\n", cmd, a);
+                    return -1;
+                }
+                name = valued[k][0];
+                value = argv[++*i];
+            } else if (opt[1] == '-' && !strncmp(a, opt, len) && a[len] == '=') {
+                name = valued[k][0];
+                value = a + len + 1;
+            }
+        }
+    }
+    if (!name)
+        return 0;
+    long v;
+    if (!strcmp(name, "--model"))
+        o->model_dir = value;
+    else if (!strcmp(name, "--system"))
+        o->system = value;
+    else if (!strcmp(name, "--backend"))
+        o->backend = value;
+    else if (!strcmp(name, "--max-tokens")) {
+        if (parse_int(cmd, a, value, 0, INT32_MAX, &v))
+            return -1;
+        o->max_tokens = (int)v;
+    } else if (!strcmp(name, "--ctx-size")) {
+        if (parse_int(cmd, a, value, 1, INT32_MAX, &v))
+            return -1;
+        o->ctx_size = (int)v;
+    } else if (!strcmp(name, "--threads")) {
+        if (parse_int(cmd, a, value, 1, 4096, &v))
+            return -1;
+        o->n_threads = (int)v;
+    } else if (!strcmp(name, "--prefill-chunk")) {
+        if (parse_int(cmd, a, value, 1, INT32_MAX, &v))
+            return -1;
+        o->prefill_chunk = (int)v;
+    } else if (!strcmp(name, "--top-k")) {
+        if (parse_int(cmd, a, value, 0, INT32_MAX, &v))
+            return -1;
+        o->sampling.top_k = (int)v;
+        o->set_top_k = true;
+    } else if (!strcmp(name, "--seed")) {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(value, &end, 10);
+        if (!*value || *end || errno || value[0] == '-') {
+            fprintf(stderr, "lily %s: --seed expects a non-negative integer, got \"%s\"\n", cmd, value);
+            return -1;
+        }
+        o->sampling.seed = (uint64_t)s;
+        o->set_seed = true;
+    } else if (!strcmp(name, "--temp")) {
+        if (parse_float(cmd, a, value, 0, 100, &o->sampling.temperature))
+            return -1;
+        o->set_temp = true;
+    } else if (!strcmp(name, "--top-p")) {
+        if (parse_float(cmd, a, value, 0, 1, &o->sampling.top_p) || o->sampling.top_p <= 0) {
+            if (o->sampling.top_p <= 0)
+                fprintf(stderr, "lily %s: --top-p must be > 0\n", cmd);
+            return -1;
+        }
+        o->set_top_p = true;
+    } else if (!strcmp(name, "--min-p")) {
+        if (parse_float(cmd, a, value, 0, 1, &o->sampling.min_p))
+            return -1;
+        o->set_min_p = true;
+    }
+    return 1;
+}
+
+/* Sampling defaults for options not given: generation_config.json's temperature / top_p / top_k /
+ * min_p (do_sample false means greedy), else Qwen's recommended thinking-mode settings. */
+static void sampling_defaults(const char *dir, cli_gen_options *o)
+{
+    float temp = 0.6f, top_p = 0.95f, min_p = 0.0f;
+    int top_k = 20;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    if (json_is_object(g)) {
+        json_t *v;
+        if (json_is_number(v = json_object_get(g, "temperature")))
+            temp = (float)json_number_value(v);
+        if (json_is_number(v = json_object_get(g, "top_p")))
+            top_p = (float)json_number_value(v);
+        if (json_is_integer(v = json_object_get(g, "top_k")))
+            top_k = (int)json_integer_value(v);
+        if (json_is_number(v = json_object_get(g, "min_p")))
+            min_p = (float)json_number_value(v);
+        if (json_is_false(json_object_get(g, "do_sample")))
+            temp = 0;
+    }
+    json_decref(g);
+    if (!o->set_temp)
+        o->sampling.temperature = temp;
+    if (!o->set_top_p)
+        o->sampling.top_p = top_p > 0 && top_p <= 1 ? top_p : 1.0f;
+    if (!o->set_top_k)
+        o->sampling.top_k = top_k > 0 ? top_k : 0;
+    if (!o->set_min_p)
+        o->sampling.min_p = min_p >= 0 && min_p <= 1 ? min_p : 0.0f;
+    if (!o->set_seed) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        o->sampling.seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
+    }
+}
+
+static void add_stop_id(cli_model *m, int32_t id)
+{
+    if (id < 0 || m->n_stop_ids >= (int)(sizeof m->stop_ids / sizeof m->stop_ids[0]))
+        return;
+    for (int i = 0; i < m->n_stop_ids; i++)
+        if (m->stop_ids[i] == id)
+            return;
+    m->stop_ids[m->n_stop_ids++] = id;
+}
+
+int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
+{
+    memset(m, 0, sizeof *m);
+    const char *dir = o->model_dir ? o->model_dir : cli_default_model(cmd);
+    m->model_dir = dir;
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        fprintf(stderr, "lily %s: model directory %s: %s\n", cmd, dir, strerror(errno));
+        return 1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "lily %s: %s is not a model directory (expected a directory with config.json, "
+                        "*.safetensors and tokenizer.json)\n", cmd, dir);
+        return 1;
+    }
+    lily_error err = {0};
+    if (lily_tokenizer_load(dir, &m->tok, &err) != LILY_OK) {
+        fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+        return 1;
+    }
+    lily_engine_options eo = {.model_dir = dir, .backend = o->backend, .n_threads = o->n_threads,
+                              .prefill_chunk = o->prefill_chunk};
+    if (lily_engine_open(&eo, &m->engine, &err) != LILY_OK) {
+        fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+        cli_model_close(m);
+        return 1;
+    }
+    const int32_t tok_vocab = lily_tokenizer_vocab_size(m->tok);
+    if (tok_vocab > m->engine->cfg.vocab_size) {
+        fprintf(stderr,
+                "lily %s: %s/tokenizer.json does not fit the model: its ids go up to %d (vocab size %d), but "
+                "config.json's vocab_size is %d\n",
+                cmd, dir, (int)tok_vocab - 1, (int)tok_vocab, m->engine->cfg.vocab_size);
+        cli_model_close(m);
+        return 1;
+    }
+    if (!raw) {
+        lily_chat_template_match match;
+        char sha[65];
+        if (lily_chat_template_check(dir, &match, sha, &err) != LILY_OK) {
+            fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+            cli_model_close(m);
+            return 1;
+        }
+        if (match == LILY_CHAT_TEMPLATE_DIFFERENT)
+            fprintf(stderr,
+                    "lily: warning: %s has a chat template that differs from the known Qwen3.6 template "
+                    "(sha256 %.12s..., expected %.12s...); lily renders its built-in Qwen3.6 template anyway\n",
+                    dir, sha, LILY_CHAT_TEMPLATE_KNOWN_SHA256);
+        else if (match == LILY_CHAT_TEMPLATE_MISSING)
+            fprintf(stderr, "lily: warning: %s has no chat template; lily renders its built-in Qwen3.6 template\n",
+                    dir);
+    }
+    for (int i = 0; i < m->engine->cfg.n_stop_ids; i++)
+        add_stop_id(m, m->engine->cfg.stop_ids[i]);
+    add_stop_id(m, lily_tokenizer_token_id(m->tok, "<|im_end|>"));
+    add_stop_id(m, lily_tokenizer_token_id(m->tok, "<|endoftext|>"));
+    add_stop_id(m, lily_tokenizer_eos_id(m->tok));
+    sampling_defaults(dir, o);
+    return 0;
+}
+
+void cli_model_close(cli_model *m)
+{
+    lily_engine_close(m->engine);
+    lily_tokenizer_free(m->tok);
+    m->engine = NULL;
+    m->tok = NULL;
+}
+
+int cli_encode(const char *cmd, const cli_model *m, const char *text, int32_t **ids, int *n_ids)
+{
+    lily_error err = {0};
+    if (lily_tokenizer_encode(m->tok, text, strlen(text), true, ids, n_ids, &err) != LILY_OK) {
+        fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+        return 1;
+    }
+    return 0;
+}
+
+void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_generated, int n_decode_steps,
+                     double decode_s, const char *finish)
+{
+    fprintf(stderr, "%sprefill: %d tokens, %.1f tok/s (%.3f s) | decode: %d tokens, %.1f tok/s (%.3f s) | %s\n",
+            prefix, n_prefill, n_prefill > 0 && prefill_s > 0 ? n_prefill / prefill_s : 0.0, prefill_s, n_generated,
+            n_decode_steps > 0 && decode_s > 0 ? n_decode_steps / decode_s : 0.0, decode_s, finish);
+}
