@@ -1,5 +1,5 @@
 # lily — the two commands a new user needs: `make run` and `make test`.
-#   make run  [MODEL=DIR] [PROMPT="..."]   build, then run the main job on a model directory
+#   make run  [MODEL=DIR] [PROMPT="..."]   build, then `lily run` the prompt (default model without MODEL)
 #   make test                               build, then run the whole test suite (CTest)
 #   make test-asan                          the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make deps                               install the build dependencies (Debian/Ubuntu, as root)
@@ -7,7 +7,7 @@
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
-MODEL      ?= tests/data/tiny-a/mlx4
+MODEL      ?=
 PROMPT     ?= Once upon a time
 
 DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
@@ -37,7 +37,7 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/lily run -m $(MODEL) -p "$(PROMPT)"
+	./$(BUILD)/lily run $(if $(MODEL),-m "$(MODEL)") -p "$(PROMPT)"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

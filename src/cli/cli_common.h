@@ -22,8 +22,9 @@
 
 /* The model directory to use when -m is not given: $LILY_MODEL if set, else
  * <LILY_SOURCE_DIR>/models/LILY_DEFAULT_MODEL_NAME if it exists, else <LILY_SOURCE_DIR>/tests/data/tiny-chat.
- * Prints one line on stderr naming the directory chosen and why. Returns a static string, never NULL. */
-const char *cli_default_model(const char *cmd);
+ * Prints one line on stderr naming the directory chosen and why. Returns a static string, never NULL.
+ * *is_test_model: the last choice (random weights) was taken. */
+const char *cli_default_model(const char *cmd, bool *is_test_model);
 
 /* Options shared by the generating commands. */
 typedef struct {

@@ -1,12 +1,373 @@
-/* cmd_chat.c — `lily chat`. Not implemented yet. */
-#include <stdio.h>
+/* cmd_chat.c — `lily chat`: a multi-turn conversation in the terminal that reuses the session state.
+ *
+ *   lily chat [-m DIR] [sampling / engine options as `lily run`]
+ *
+ * The conversation is kept as OpenAI messages. Each turn renders the whole conversation with the chat
+ * template (preserve_thinking, so earlier reasoning stays in the history), encodes it, and compares the
+ * ids with the session's: when the session holds exactly a prefix of them, only the rest is prefilled.
+ * Otherwise (the reply's text re-encodes to other ids than the model generated, so the session and the
+ * rendering part ways inside the last reply) the snapshot taken after the last prompt's prefill is
+ * restored when it is a prefix, and as a last resort the session is reset and everything prefilled.
+ * stderr gets, per turn, the prompt's tokens reused / prefilled and the prefill and decode speed.
+ *
+ * Commands: /reset (forget the conversation), /think on|off, /quit (or end of input), /help.
+ * Ctrl-C during a reply stops the reply (what was generated stays in the history); Ctrl-C at the
+ * prompt exits. Lines are read with fgets: no line editing beyond the terminal's own.
+ */
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "cli_common.h"
 #include "commands.h"
+#include "text/chat_template.h"
+
+static atomic_int chat_cancel;
+static volatile sig_atomic_t chat_generating;
+
+/* Ctrl-C: during a reply (prefill included) it sets the cancel flag; anywhere else it exits at once
+ * (exiting from the handler has no window in which a signal could be lost before a blocking read). */
+static void on_sigint(int sig)
+{
+    (void)sig;
+    if (chat_generating) {
+        atomic_store(&chat_cancel, 1);
+        return;
+    }
+    if (write(STDOUT_FILENO, "\n", 1) < 0) {
+        /* nothing to do: exiting anyway */
+    }
+    _exit(0);
+}
+
+static void install_sigint(void)
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: lily chat [-m DIR] [options]\n\n"
+               "A multi-turn chat. Each turn prefills only the tokens the session does not hold yet.\n"
+               "Commands: /reset  /think on|off  /quit (or Ctrl-D)  /help\n"
+               "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n");
+    cli_gen_options_usage(f);
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One line of stdin without its line ending, malloc'd; NULL at end of input or out of memory. */
+static char *read_line(void)
+{
+    size_t cap = 1024, len = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    for (;;) {
+        if (!fgets(buf + len, (int)(cap - len), stdin)) {
+            if (len > 0 && feof(stdin))
+                break; /* a last line without a newline */
+            free(buf);
+            return NULL;
+        }
+        len += strlen(buf + len);
+        if (len > 0 && buf[len - 1] == '\n')
+            break;
+        if (len + 1 == cap) {
+            char *grown = realloc(buf, cap *= 2);
+            if (!grown) {
+                free(buf);
+                return NULL;
+            }
+            buf = grown;
+        }
+    }
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+        buf[--len] = 0;
+    return buf;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+typedef struct {
+    const char *cmd;
+    cli_gen_options *o;
+    cli_model *m;
+    lily_session *s;
+    lily_session_snapshot snap;  /* the session after the last prompt's prefill */
+    bool have_snap;
+    json_t *messages;
+    bool think;
+    int turn;
+} chat_state;
+
+static void forget_snapshot(chat_state *c)
+{
+    if (c->have_snap)
+        lily_session_snapshot_free(&c->snap);
+    c->have_snap = false;
+}
+
+static void reset_conversation(chat_state *c)
+{
+    json_array_clear(c->messages);
+    if (c->o->system)
+        json_array_append_new(c->messages, json_pack("{s:s, s:s}", "role", "system", "content", c->o->system));
+    lily_session_reset(c->s);
+    forget_snapshot(c);
+}
+
+/* The assistant message for the parsed reply (content, reasoning_content, tool_calls). */
+static json_t *assistant_message(const lily_parsed_output *r)
+{
+    json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", r->content, r->content_len);
+    if (!msg)
+        return NULL;
+    if (r->reasoning_len > 0)
+        json_object_set_new(msg, "reasoning_content", json_stringn(r->reasoning, r->reasoning_len));
+    if (r->n_tool_calls > 0) {
+        json_t *calls = json_array();
+        for (int i = 0; i < r->n_tool_calls; i++)
+            json_array_append_new(calls, json_pack("{s:s, s:{s:s, s:s}}", "type", "function", "function", "name",
+                                                   r->tool_calls[i].name, "arguments", r->tool_calls[i].arguments));
+        json_object_set_new(msg, "tool_calls", calls);
+    }
+    return msg;
+}
+
+/* One user turn. Returns 0 (including errors the REPL survives, which are printed) or 1 (fatal). */
+static int chat_turn(chat_state *c, const char *line)
+{
+    const char *cmd = c->cmd;
+    lily_session *s = c->s;
+    lily_error err = {0};
+    int rc = 0;
+    char *prompt = NULL;
+    int32_t *ids = NULL;
+    int n = 0;
+    lily_detokenizer detok;
+    lily_detokenizer_init(&detok, c->m->tok, false);
+    cli_printer printer = {0};
+
+    json_t *user = json_pack("{s:s, s:s}", "role", "user", "content", line);
+    if (!user || json_array_append_new(c->messages, user) != 0) {
+        fprintf(stderr, "lily %s: out of memory\n", cmd);
+        return 1;
+    }
+    lily_chat_options co;
+    lily_chat_options_init(&co);
+    co.enable_thinking = c->think ? 1 : 0;
+    co.preserve_thinking = 1;
+    co.add_generation_prompt = 1;
+    if (lily_chat_render(c->messages, &co, &prompt, &err) != LILY_OK) {
+        fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+        goto drop_user;
+    }
+    if (cli_encode(cmd, c->m, prompt, &ids, &n))
+        goto drop_user;
+    if (n > s->max_ctx) {
+        fprintf(stderr, "lily %s: prompt is %d tokens, context is %d (/reset to start over, or raise --ctx-size)\n",
+                cmd, n, s->max_ctx);
+        goto drop_user;
+    }
+
+    /* Reuse what the session (or the last snapshot) holds of this prompt. */
+    int reuse;
+    const char *how;
+    if (s->n_tokens > 0 && common_prefix(s->tokens, s->n_tokens, ids, n) == s->n_tokens) {
+        reuse = s->n_tokens;
+        how = "session";
+    } else if (c->have_snap && c->snap.n_tokens > 0 && c->snap.n_tokens <= n &&
+               common_prefix(c->snap.tokens, c->snap.n_tokens, ids, n) == c->snap.n_tokens) {
+        if (lily_session_restore(s, &c->snap, &err) != LILY_OK) {
+            fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+            rc = 1;
+            goto done;
+        }
+        reuse = s->n_tokens;
+        how = "snapshot";
+    } else {
+        lily_session_reset(s);
+        reuse = 0;
+        how = "none";
+    }
+    atomic_store(&chat_cancel, 0);
+    chat_generating = 1;
+    const double t0 = now_seconds();
+    if (n > reuse && lily_session_append(s, ids + reuse, n - reuse, NULL, &err) != LILY_OK) {
+        chat_generating = 0;
+        fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+        lily_session_reset(s);
+        forget_snapshot(c);
+        goto drop_user;
+    }
+    const double prefill_s = now_seconds() - t0;
+    forget_snapshot(c);
+    if (lily_session_save(s, &c->snap, &err) == LILY_OK)
+        c->have_snap = true;
+    else
+        fprintf(stderr, "lily %s: warning: no snapshot of the session (%s)\n", cmd, err.message);
+
+    const size_t pl = strlen(prompt);
+    const bool thinking = pl >= 8 && !strcmp(prompt + pl - 8, "<think>\n");
+    if (cli_printer_init(&printer, stdout, false, thinking, c->o->hide_reasoning)) {
+        rc = 1;
+        goto done;
+    }
+    lily_generate_params gp = lily_generate_defaults();
+    gp.sampling = c->o->sampling;
+    gp.sampling.seed = c->o->sampling.seed + (uint64_t)c->turn;
+    gp.max_tokens = c->o->max_tokens;
+    gp.stop_ids = c->m->stop_ids;
+    gp.n_stop_ids = c->m->n_stop_ids;
+    gp.detok = lily_detok_for_tokenizer(&detok);
+    gp.on_token = cli_printer_on_token;
+    gp.user = &printer;
+    gp.cancel = &chat_cancel;
+    lily_generate_result res;
+    lily_status st = lily_generate(s, NULL, 0, &gp, &res, &err);
+    chat_generating = 0;
+    cli_printer_finish(&printer, st == LILY_OK && res.finish == LILY_FINISH_LENGTH);
+    if (st != LILY_OK) {
+        fprintf(stderr, "lily %s: %s\n", cmd, err.message);
+        lily_session_reset(s);
+        forget_snapshot(c);
+        goto drop_user;
+    }
+    if (res.finish == LILY_FINISH_CANCELLED)
+        fprintf(stderr, "[reply stopped]\n");
+    json_t *reply = assistant_message(lily_output_parser_result(printer.parser));
+    if (!reply || json_array_append_new(c->messages, reply) != 0) {
+        fprintf(stderr, "lily %s: out of memory\n", cmd);
+        rc = 1;
+        goto done;
+    }
+    c->turn++;
+    fprintf(stderr, "[turn %d: prompt %d tokens: %d reused (%s), %d prefilled at %.1f tok/s | reply %d tokens at "
+                    "%.1f tok/s | %s]\n",
+            c->turn, n, reuse, how, n - reuse, n > reuse && prefill_s > 0 ? (n - reuse) / prefill_s : 0.0,
+            res.n_generated, res.decode_tokens_per_second, lily_finish_reason_name(res.finish));
+    goto done;
+drop_user:
+    json_array_remove(c->messages, json_array_size(c->messages) - 1);
+done:
+    chat_generating = 0;
+    cli_printer_free(&printer);
+    lily_detokenizer_free(&detok);
+    free(ids);
+    free(prompt);
+    return rc;
+}
 
 int cmd_chat(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lily chat: not implemented yet\n");
-    return 1;
+    cli_gen_options o;
+    cli_gen_options_init(&o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        int r = cli_gen_option("chat", argc, argv, &i, &o);
+        if (r < 0)
+            return 2;
+        if (r == 0) {
+            fprintf(stderr, "lily chat: unknown option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    cli_model m;
+    if (cli_model_open("chat", &o, false, &m))
+        return 1;
+    chat_state c = {.cmd = "chat", .o = &o, .m = &m, .think = !o.no_think};
+    lily_error err = {0};
+    int rc = 1;
+    c.messages = json_array();
+    if (!c.messages) {
+        fprintf(stderr, "lily chat: out of memory\n");
+        goto done;
+    }
+    if (lily_session_new(m.engine, o.ctx_size, &c.s, &err) != LILY_OK) {
+        fprintf(stderr, "lily chat: %s\n", err.message);
+        goto done;
+    }
+    reset_conversation(&c);
+    const bool interactive = isatty(fileno(stdin));
+    if (interactive)
+        fprintf(stderr, "lily chat: %s, context %d tokens, thinking %s. /help lists the commands.\n", m.model_dir,
+                c.s->max_ctx, c.think ? "on" : "off");
+    install_sigint();
+    rc = 0;
+    for (;;) {
+        if (interactive) {
+            fputs("> ", stdout);
+            fflush(stdout);
+        }
+        char *line = read_line();
+        if (!line) {
+            if (interactive)
+                fputc('\n', stdout);
+            break;
+        }
+        if (!line[0]) {
+            free(line);
+            continue;
+        }
+        if (line[0] == '/') {
+            bool quit = false;
+            if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
+                quit = true;
+            else if (!strcmp(line, "/reset")) {
+                reset_conversation(&c);
+                fprintf(stderr, "[conversation cleared]\n");
+            } else if (!strcmp(line, "/think on") || !strcmp(line, "/think off")) {
+                c.think = !strcmp(line, "/think on");
+                fprintf(stderr, "[thinking %s]\n", c.think ? "on" : "off");
+            } else if (!strcmp(line, "/think")) {
+                fprintf(stderr, "[thinking is %s; /think on|off]\n", c.think ? "on" : "off");
+            } else if (!strcmp(line, "/help")) {
+                fprintf(stderr, "/reset  forget the conversation\n/think on|off  thinking for the next replies\n"
+                                "/quit  leave (or Ctrl-D)\nCtrl-C stops a reply in progress; at the prompt it exits.\n");
+            } else {
+                fprintf(stderr, "unknown command %s (/help lists them)\n", line);
+            }
+            free(line);
+            if (quit)
+                break;
+            continue;
+        }
+        int fatal = chat_turn(&c, line);
+        free(line);
+        if (fatal) {
+            rc = 1;
+            break;
+        }
+    }
+done:
+    signal(SIGINT, SIG_DFL);
+    forget_snapshot(&c);
+    json_decref(c.messages);
+    lily_session_free(c.s);
+    cli_model_close(&m);
+    return rc;
 }

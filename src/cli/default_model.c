@@ -15,8 +15,9 @@ static bool is_dir(const char *path)
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-const char *cli_default_model(const char *cmd)
+const char *cli_default_model(const char *cmd, bool *is_test_model)
 {
+    *is_test_model = false;
     static char path[4096];
     const char *env = getenv("LILY_MODEL");
     if (env && *env) {
@@ -30,7 +31,8 @@ const char *cli_default_model(const char *cmd)
         return path;
     }
     snprintf(path, sizeof path, "%s/tests/data/tiny-chat", LILY_SOURCE_DIR);
+    *is_test_model = true;
     fprintf(stderr, "lily %s: no -m given and no bundled model; using the test model %s (random weights: "
-                    "its output is noise)\n", cmd, path);
+                    "its output is noise, so replies stop at 128 tokens unless -n is given)\n", cmd, path);
     return path;
 }

@@ -215,7 +215,10 @@ static void add_stop_id(cli_model *m, int32_t id)
 int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
 {
     memset(m, 0, sizeof *m);
-    const char *dir = o->model_dir ? o->model_dir : cli_default_model(cmd);
+    bool test_model = false;
+    const char *dir = o->model_dir ? o->model_dir : cli_default_model(cmd, &test_model);
+    if (test_model && o->max_tokens == 0)
+        o->max_tokens = 128; /* noise until the context is full otherwise */
     m->model_dir = dir;
     struct stat sb;
     if (stat(dir, &sb) != 0) {
