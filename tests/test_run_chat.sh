@@ -182,11 +182,20 @@ import os, signal, subprocess, sys, threading
 lily, model = sys.argv[1:]
 p = subprocess.Popen([lily, "chat", "-m", model, "--temp", "0", "--ctx-size", "4096"], stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-started = threading.Event()
-def drain():  # the reply runs until the context is full (seconds): Ctrl-C once it streams
-    while os.read(p.stdout.fileno(), 4096):
-        started.set()
+got = [0]
+cond = threading.Condition()
+def drain():  # count the reply bytes: Ctrl-C once a reply streams
+    while True:
+        b = os.read(p.stdout.fileno(), 4096)
+        if not b:
+            return
+        with cond:
+            got[0] += len(b)
+            cond.notify_all()
 threading.Thread(target=drain, daemon=True).start()
+def wait_output(after):  # a reply runs until the context is full (seconds): wait until it streams
+    with cond:
+        assert cond.wait_for(lambda: got[0] > after, timeout=60)
 err = []
 def wait_stderr(prefix):
     for line in p.stderr:
@@ -195,11 +204,14 @@ def wait_stderr(prefix):
             return
     raise AssertionError("no %r on stderr: %s" % (prefix, "".join(err)))
 p.stdin.write(b"Tell me a long story.\n"); p.stdin.flush()
-assert started.wait(30)
+wait_output(0)
 p.send_signal(signal.SIGINT)         # stops the reply
 wait_stderr("[turn 1:")
+threading.Event().wait(0.3)          # the drain thread reads the rest of reply 1
+with cond:
+    before = got[0]
 p.stdin.write(b"Shorter, please.\n"); p.stdin.flush()
-threading.Event().wait(0.3)
+wait_output(before)
 p.send_signal(signal.SIGINT)         # stops the second reply (or its prefill)
 wait_stderr("[turn 2:")
 p.send_signal(signal.SIGINT)         # at the prompt: exits
