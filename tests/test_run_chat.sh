@@ -38,6 +38,18 @@ expect "run same seed, same sampled output" cmp -s "$TMP/s1" "$TMP/s2"
 expect "run other seed, other sampled output" bash -c "! cmp -s '$TMP/s1' '$TMP/s3'"
 expect "run stdout carries no stats" bash -c "! grep -q 'tok/s' '$TMP/g1'"
 
+# --- run: reasoning plain when piped, dropped by --hide-reasoning, ANSI faint on a terminal -----------
+"$LILY" run -m "$M" -p "Write a haiku." -n 24 --temp 0 --hide-reasoning >"$TMP/hide" 2>/dev/null
+expect "run --hide-reasoning prints only the content (a proper suffix)" python3 -c "
+import sys; full = open('$TMP/g1', 'rb').read(); hid = open('$TMP/hide', 'rb').read()
+sys.exit(0 if 0 < len(hid) < len(full) and full.endswith(b'\\n\\n' + hid) and b'\\033' not in full else 1)"
+if script --version 2>/dev/null | grep -q util-linux; then # a pseudo-terminal for stdout
+    script -qc "'$LILY' run -m '$M' -p 'Write a haiku.' -n 24 --temp 0 2>/dev/null" /dev/null >"$TMP/tty" </dev/null
+    expect "run dims the reasoning on a terminal" python3 -c "
+import sys; t = open('$TMP/tty', 'rb').read()
+sys.exit(0 if t.startswith(b'\\033[2m') and b'\\033[0m' in t else 1)"
+fi
+
 # --- run: the prompt ids are the template's rendering, encoded ----------------------------------------
 prompt_ids() { sed -n 's/^prompt ids: //p' "$1"; }
 reply_ids() { sed -n 's/^generated ids: //p' "$1"; }
