@@ -6,6 +6,7 @@
  * tools/make_tokenizer_corpus.py from HF `tokenizers` 0.23.
  */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -393,6 +394,71 @@ static void test_fast_split_equals_pcre2_on_random_strings(void **state)
     assert_int_equal(mismatches, 0);
 }
 
+/* Several threads encoding at once (one holds the BPE cache, the others run without it) get the ids a
+ * single thread gets. */
+#define CONCURRENT_TEXTS 400
+typedef struct {
+    const char *texts[CONCURRENT_TEXTS];
+    size_t lens[CONCURRENT_TEXTS];
+    int32_t *expected[CONCURRENT_TEXTS];
+    int n_expected[CONCURRENT_TEXTS];
+    int n_texts;
+    int mismatches[4];
+} concurrent_job;
+
+static concurrent_job job;
+
+static void *encode_all(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    for (int rep = 0; rep < 3; rep++)
+        for (int i = 0; i < job.n_texts; i++) {
+            int32_t *ids;
+            int n;
+            lily_error err;
+            if (lily_tokenizer_encode(qwen3, job.texts[i], job.lens[i], true, &ids, &n, &err) != LILY_OK ||
+                n != job.n_expected[i] || memcmp(ids, job.expected[i], (size_t)n * sizeof *ids))
+                job.mismatches[t]++;
+            free(ids);
+        }
+    return NULL;
+}
+
+static void test_concurrent_encodes_agree(void **state)
+{
+    (void)state;
+    char *all = test_read_file(test_data_path("tokenizers/qwen3-parity.jsonl"), NULL);
+    assert_non_null(all);
+    json_t *records[CONCURRENT_TEXTS];
+    memset(&job, 0, sizeof job);
+    for (char *line = all, *eol; *line && job.n_texts < CONCURRENT_TEXTS; line = eol + 1) {
+        eol = strchr(line, '\n');
+        json_error_t jerr;
+        json_t *r = json_loadb(line, (size_t)(eol - line), JSON_ALLOW_NUL, &jerr);
+        if (strcmp(json_string_value(json_object_get(r, "mode")), "qwen3")) {
+            json_decref(r);
+            continue;
+        }
+        int i = job.n_texts++;
+        records[i] = r;
+        job.texts[i] = json_string_value(json_object_get(r, "text"));
+        job.lens[i] = json_string_length(json_object_get(r, "text"));
+        job.expected[i] = json_ids(json_object_get(r, "ids"), &job.n_expected[i]);
+    }
+    pthread_t threads[4];
+    for (int t = 0; t < 4; t++)
+        assert_int_equal(pthread_create(&threads[t], NULL, encode_all, (void *)(intptr_t)t), 0);
+    for (int t = 0; t < 4; t++)
+        pthread_join(threads[t], NULL);
+    for (int t = 0; t < 4; t++)
+        assert_int_equal(job.mismatches[t], 0);
+    for (int i = 0; i < job.n_texts; i++) {
+        free(job.expected[i]);
+        json_decref(records[i]);
+    }
+    free(all);
+}
+
 static void test_special_token_ids_come_from_the_files(void **state)
 {
     (void)state;
@@ -694,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_parity_corpus_matches_hf),
         cmocka_unit_test(test_parity_corpus_matches_hf_through_pcre2),
         cmocka_unit_test(test_fast_split_equals_pcre2_on_random_strings),
+        cmocka_unit_test(test_concurrent_encodes_agree),
         cmocka_unit_test(test_special_token_ids_come_from_the_files),
         cmocka_unit_test(test_decode_skip_special),
         cmocka_unit_test(test_detokenizer_holds_partial_utf8_and_replaces_invalid),
