@@ -410,6 +410,29 @@ static void test_values_keep_text_exactly(void **state)
         check_case(&cases[i]);
 }
 
+static void test_json_tool_call_form(void **state)
+{
+    (void)state;
+    const parse_case cases[] = {
+        {.text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n"
+                 "</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"get_weather"},
+         .arguments = {"{\"city\":\"Paris\",\"days\":3}"}, .finish_reason = "tool_calls"},
+        /* arguments as a JSON string, no closing tag at the end */
+        {.text = "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": [1, 2]}\"}",
+         .reasoning = "", .content = "Let me look.", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":[1,2]}"},
+         .finish_reason = "tool_calls"},
+        /* no arguments */
+        {.text = "<tool_call>{\"name\": \"now\"}</tool_call>", .reasoning = "", .content = "", .n_calls = 1,
+         .names = {"now"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        /* not a call: the text is content */
+        {.text = "<tool_call>\n{\"name\": oops}\n</tool_call>", .reasoning = "", .content = "{\"name\": oops}",
+         .finish_reason = "stop"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(&cases[i]);
+}
+
 static const char *const weather_tools =
     "[{\"type\":\"function\",\"function\":{\"name\":\"forecast\",\"parameters\":{\"type\":\"object\",\"properties\":{"
     "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"metric\":{\"type\":\"boolean\"},"
@@ -574,6 +597,7 @@ int main(void)
         cmocka_unit_test(test_tolerates_missing_closing_tags_and_stray_whitespace),
         cmocka_unit_test(test_values_keep_text_exactly),
         cmocka_unit_test(test_values_converted_by_schema_type),
+        cmocka_unit_test(test_json_tool_call_form),
         cmocka_unit_test(test_finish_reason_stop_and_length),
         cmocka_unit_test(test_random_tag_soup_is_split_invariant),
         cmocka_unit_test(test_prompt_opens_thinking),

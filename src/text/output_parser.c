@@ -103,6 +103,7 @@ typedef enum {
     S_PARAM_NAME,     /* after <parameter=, until > or newline */
     S_PARAM_VALUE,    /* the value, until a closing tag */
     S_AFTER_FUNCTION, /* after </function>, before </tool_call> */
+    S_JSON_CALL,      /* {"name": ..., "arguments": {...}} inside <tool_call> (the Qwen2.5/Qwen3 form) */
 } parse_state;
 
 typedef enum {
@@ -135,6 +136,7 @@ static const tag_id *state_tags(parse_state s, int *n)
     static const tag_id body[] = {T_PARAM_OPEN, T_FUNCTION_CLOSE, T_TOOL_CALL_CLOSE, T_FUNCTION_OPEN};
     static const tag_id value[] = {T_PARAM_CLOSE, T_PARAM_OPEN, T_FUNCTION_CLOSE, T_TOOL_CALL_CLOSE};
     static const tag_id after[] = {T_TOOL_CALL_CLOSE, T_FUNCTION_OPEN, T_TOOL_CALL_OPEN};
+    static const tag_id json_call[] = {T_TOOL_CALL_CLOSE};
 #define SET(a) (*n = (int)(sizeof a / sizeof a[0]), a)
     switch (s) {
     case S_REASONING: return SET(reasoning);
@@ -145,6 +147,7 @@ static const tag_id *state_tags(parse_state s, int *n)
     case S_FUNCTION_BODY: return SET(body);
     case S_PARAM_VALUE: return SET(value);
     case S_AFTER_FUNCTION: return SET(after);
+    case S_JSON_CALL: return SET(json_call);
     }
 #undef SET
     *n = 0;
@@ -177,6 +180,7 @@ struct lily_output_parser {
     parse_state state;
     text_buf pending;       /* input not yet processed (a possible tag start) */
     bool failed;            /* out of memory: unusable */
+    bool tool_open_text;    /* S_TOOL_OPEN has seen text other than whitespace */
     channel reasoning, content;
 
     tool_call_buf *calls;
@@ -499,6 +503,55 @@ static void end_param(lily_output_parser *p)
     arguments_fragment(p, p->fragment.data, p->fragment.len);
 }
 
+/* A complete JSON tool call in p->value: {"name": NAME, "arguments": OBJECT or JSON string} ("parameters"
+ * is accepted for "arguments"). It becomes a call like an XML one, its arguments emitted in one fragment
+ * (compact, keys in the order written). Text that is not such an object becomes content. */
+static void json_call(lily_output_parser *p)
+{
+    const char *text = p->value.data ? p->value.data : "";
+    json_t *obj = json_loadb(text, p->value.len, 0, NULL);
+    json_t *name = json_object_get(obj, "name");
+    json_t *args = json_object_get(obj, "arguments");
+    if (!args)
+        args = json_object_get(obj, "parameters");
+    json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
+    if (parsed)
+        args = parsed;
+    if (!json_is_string(name) || (args && !json_is_object(args))) {
+        /* content, without think tags (content never carries them) */
+        const char *at = text, *end = text + p->value.len;
+        while (at < end) {
+            const char *open = strstr(at, "<think>"), *close = strstr(at, "</think>");
+            const char *tag = open && (!close || open < close) ? open : close;
+            size_t tag_len = tag == open ? 7 : 8;
+            if (!tag || tag >= end)
+                tag = end, tag_len = 0;
+            channel_text(p, &p->content, LILY_OUTPUT_CONTENT, at, (size_t)(tag - at));
+            at = tag + tag_len;
+        }
+        json_decref(parsed);
+        json_decref(obj);
+        return;
+    }
+    buf_clear(&p->name);
+    if (!buf_append_str(&p->name, json_string_value(name))) {
+        fail(p);
+    } else {
+        start_call(p);
+        char *dumped = args ? json_dumps(args, JSON_COMPACT | JSON_REAL_PRECISION(16)) : NULL;
+        if (args && !dumped) {
+            fail(p);
+        } else if (dumped && strcmp(dumped, "{}")) { /* end_call writes "{}" for no parameters */
+            arguments_fragment(p, dumped, strlen(dumped) - 1); /* without the closing brace */
+            p->n_params = 1;
+        }
+        free(dumped);
+        end_call(p);
+    }
+    json_decref(parsed);
+    json_decref(obj);
+}
+
 /* ---- the state machine ---------------------------------------------------------------------------- */
 
 /* Text between tags in the current state. Returns how many bytes were consumed: fewer than n when the
@@ -520,7 +573,24 @@ static size_t handle_text(lily_output_parser *p, const char *s, size_t n)
     case S_PARAM_VALUE:
         value_text(p, s, n);
         return n;
-    case S_TOOL_OPEN:
+    case S_TOOL_OPEN: {
+        if (p->tool_open_text)
+            return n; /* stray text inside a call's structure */
+        size_t i = 0;
+        while (i < n && is_space(s[i]))
+            i++;
+        if (i < n && s[i] == '{') { /* the first text after <tool_call> opens a JSON tool call */
+            p->state = S_JSON_CALL;
+            buf_clear(&p->value);
+            return i;
+        }
+        p->tool_open_text = i < n;
+        return n;
+    }
+    case S_JSON_CALL:
+        if (!buf_append(&p->value, s, n))
+            fail(p);
+        return n;
     case S_FUNCTION_BODY:
         return n; /* stray text inside a call's structure */
     case S_AFTER_FUNCTION: {
@@ -598,6 +668,10 @@ static void handle_tag(lily_output_parser *p, tag_id tag)
             p->state = S_FUNCTION_NAME;
         }
         break;
+    case S_JSON_CALL: /* </tool_call> */
+        json_call(p);
+        p->state = S_CONTENT;
+        break;
     case S_AFTER_FUNCTION:
         if (tag == T_TOOL_CALL_CLOSE)
             p->state = S_CONTENT;
@@ -607,6 +681,8 @@ static void handle_tag(lily_output_parser *p, tag_id tag)
             p->state = S_TOOL_OPEN;
         break;
     }
+    if (p->state == S_TOOL_OPEN) /* every tag handled in S_TOOL_OPEN leaves it: this is a new block */
+        p->tool_open_text = false;
 }
 
 /* Process p->pending. Unless at_end, text from the first position where a tag is still a partial match
@@ -766,6 +842,9 @@ lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length,
         break;
     case S_PARAM_VALUE:
         end_param(p);
+        break;
+    case S_JSON_CALL:
+        json_call(p);
         break;
     default:
         break;

@@ -19,7 +19,9 @@
  *   ends at ">" or at a newline. A value loses one leading and one trailing newline and ends at
  *   "</parameter>", or, when that is missing, at the next "<parameter=", "</function>" or "</tool_call>".
  *   A missing "</function>" or "</tool_call>" is closed at the next tag that implies it or at the end.
- *   Stray text between the structural tags of a call is ignored.
+ *   Stray text between the structural tags of a call is ignored. The older JSON form inside the tags,
+ *   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, is accepted too (its arguments arrive in one
+ *   fragment when the block closes); a block that does not parse as such becomes content.
  * - Values are converted by the tool's JSON-schema type (options.tools, OpenAI `tools` array): "string"
  *   (or no schema, or a type list containing "string") stays raw text; integer, number, boolean, object,
  *   array and null are parsed as JSON and written verbatim when they parse to an allowed type (booleans
