@@ -297,6 +297,11 @@ if openai:
                                     t.top_logprobs[0].logprob >= t.top_logprobs[2].logprob for t in content),
           "logprobs with 3 top_logprobs per token")
 
+    clp = client.completions.create(model=NAME, prompt="Once", max_tokens=5, logprobs=2, logit_bias=BAN_END)
+    lp = clp.choices[0].logprobs
+    check(len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and all(len(t) <= 2 for t in lp.top_logprobs) and
+          lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), "completions logprobs (tokens, offsets)")
+
     print("queue full: 503")
     results, barrier = [], threading.Barrier(6)
 

@@ -542,7 +542,7 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
         long long top = 0;
         if (!get_bool(b, "logprobs", &req->logprobs, e) || !get_int(b, "top_logprobs", 0, 20, &top, e))
             goto fail;
-        if (json_object_get(b, "top_logprobs") && !json_is_null(json_object_get(b, "top_logprobs")) && !req->logprobs) {
+        if (top > 0 && !req->logprobs) {
             bad(e, "top_logprobs", "Invalid value for 'top_logprobs': 'logprobs' must be set to true when "
                                    "'top_logprobs' is used.");
             goto fail;
