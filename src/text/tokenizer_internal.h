@@ -121,6 +121,11 @@ tok_fast_split tok_fast_split_for(const char *pattern, size_t len);
  * every position, so consecutive calls tile the text exactly as PCRE2's successive matches do. */
 size_t tok_fast_split_match(tok_fast_split kind, const char *s, size_t n, size_t i);
 
+/* NFC of s (valid UTF-8, n bytes) with utf8proc options (UTF8PROC_STABLE | UTF8PROC_COMPOSE): *out is
+ * malloc'd (*out_len bytes), or stays NULL when s is already NFC (the common case: checked without
+ * normalizing). Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_TOKENIZER if utf8proc fails. */
+lily_status tok_nfc_quick(const char *s, size_t n, int options, char **out, size_t *out_len, lily_error *err);
+
 /* Tests: false makes every Split run in PCRE2 (to compare both paths). Not thread-safe. */
 void tok_use_fast_split(lily_tokenizer *tok, bool on);
 
