@@ -236,6 +236,7 @@ if openai:
     check(r.choices[0].finish_reason == "tool_calls" and len(calls) >= 1 and
           calls[0].function.name == "get_weather" and calls[0].type == "function" and calls[0].id.startswith("call_"),
           "named tool_choice gives a get_weather call")
+    check(len(calls) == 1, "named tool_choice: exactly one call")
     args_ok = all(isinstance(cl.function.arguments, str) and isinstance(json.loads(cl.function.arguments), dict)
                   for cl in calls)
     check(args_ok, "arguments are a JSON string of an object")

@@ -193,6 +193,8 @@ typedef struct {
     int n_calls;
     bool thinking;            /* the prompt opened a think block */
     bool reasoning_done;      /* the parser has left the think block */
+    bool one_call;            /* tool_choice names a function: stop once its call is closed */
+    bool call_closed;
     int reasoning_tokens;
     buffer text;              /* completions: the generated text */
     lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
@@ -245,6 +247,8 @@ static void on_parser_event(void *user, const lily_output_event *ev)
     generation *g = user;
     if (ev->kind != LILY_OUTPUT_REASONING)
         g->reasoning_done = true;
+    if (ev->kind == LILY_OUTPUT_TOOL_CALL_END)
+        g->call_closed = true;
     if (ev->kind == LILY_OUTPUT_TOOL_CALL_START && ev->tool_index >= g->n_calls) {
         char(*ids)[40] = realloc(g->call_ids, (size_t)(ev->tool_index + 1) * sizeof *ids);
         if (!ids) {
@@ -483,7 +487,7 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     }
     if (deliver_text(g, text, len, &err) != LILY_OK)
         g->failed = true;
-    return g->failed || lily_job_cancelled(g->job);
+    return g->failed || lily_job_cancelled(g->job) || (g->one_call && g->call_closed);
 }
 
 /* Append one token the server chose (a forced tool-call opening) as if generated: logprob, text, session. */
@@ -615,7 +619,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     bool detok_ready = false;
     name_constraint nc = {0};
     lily_logit_bias *bias = NULL;
-    generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream};
+    generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream,
+                    .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED};
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
     svc->n_requests++;
 
@@ -722,6 +727,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     job->stats.decode_tok_s = res.decode_tokens_per_second;
     if (lily_job_cancelled(job))
         goto done;
+    if (res.finish == LILY_FINISH_CANCELLED && g.one_call && g.call_closed && !g.failed)
+        res.finish = LILY_FINISH_STOP; /* the named call is complete: as OpenAI, one call */
     if (st != LILY_OK || g.failed || res.finish == LILY_FINISH_CANCELLED) {
         lily_session_reset(s);
         fail_with(job, 500, "server_error", NULL, NULL, st != LILY_OK ? err.message : "Out of memory.");
