@@ -16,11 +16,11 @@
 
 #include "test_support.h"
 #include "text/tokenizer.h"
-#include "text/tokenizer_internal.h" /* tok_fast_split_match vs PCRE2 */
+#include "text/tokenizer_internal.h"
 
 static lily_tokenizer *qwen3;  /* tokenizer.json as it is */
 static char *regex35;          /* the Qwen3.5 Split regex (KNOWN.json), swapped in for the qwen35 vectors */
-/* Qwen3's Split regex as tokenizer.json has it (the loader recognizes it for the hand-written matcher) */
+/* Qwen3's Split regex as tokenizer.json has it */
 static const char QWEN2_REGEX[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static lily_tokenizer *tiny;   /* tests/data/tiny-chat: 512-token BPE trained with HF tokenizers */
@@ -320,78 +320,6 @@ static void test_parity_corpus_matches_hf(void **state)
 {
     (void)state;
     check_parity_corpus();
-}
-
-/* The same corpus with the Qwen patterns run by PCRE2 instead of the hand-written matcher. */
-static void test_parity_corpus_matches_hf_through_pcre2(void **state)
-{
-    (void)state;
-    tok_use_fast_split(qwen3, false);
-    tok_use_fast_split(tiny, false);
-    check_parity_corpus();
-    tok_use_fast_split(qwen3, true);
-    tok_use_fast_split(tiny, true);
-}
-
-/* Random strings over characters at the edges of the pattern's classes: the hand-written matcher's
- * pieces equal PCRE2's successive matches, for both patterns. */
-static void test_fast_split_equals_pcre2_on_random_strings(void **state)
-{
-    (void)state;
-    static const char *const alphabet[] = {
-        "'", "s", "S", "t", "T", "r", "R", "e", "E", "v", "V", "m", "M", "l", "L", "d", "D", "x", "\xC5\xBF" /* ſ */,
-        " ", " ", "\t", "\n", "\r", "\v", "\f", "\xC2\xA0", "\xC2\x85", "\xE2\x80\xA8", "\xE3\x80\x80",
-        "\xE1\x9A\x80", "\xE2\x80\x8B", "\xEF\xBB\xBF", "0", "9", "\xD9\xA3", "\xE2\x85\xAB", "\xC2\xBD",
-        "\xCC\x81", "\xE0\xA4\x83", "\xE2\x83\x9D", "\xC3\xA9", "\xE0\xA4\xB9", "\xE0\xA4\xBF",
-        "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xE2\x80\x8D", ".", ",", "!", "-", "_", "\x01", "\x7f",
-        "\xEE\x80\x80", "\xF4\x8F\xBF\xBF", "\xCD\xB8", "\xE1\x85\xA1", "\xE0\xB8\x81", "\xE0\xB8\xB1",
-        "\xE1\xA0\x8E" /* U+180E, not \s */, "\xE2\x80\xAF", "\x1c"};
-    const int n_alphabet = (int)(sizeof alphabet / sizeof alphabet[0]);
-    const char *patterns[2];
-    assert_int_equal(qwen3->steps[0].kind, PRE_SPLIT);
-    assert_int_equal(qwen3->steps[0].fast, FAST_SPLIT_QWEN2); /* the file's pattern is QWEN2_REGEX */
-    patterns[0] = QWEN2_REGEX;
-    patterns[1] = regex35;
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    uint64_t rng = 0x9E3779B97F4A7C15ULL;
-    int mismatches = 0;
-    for (int p = 0; p < 2; p++) {
-        tok_fast_split kind = tok_fast_split_for(patterns[p], strlen(patterns[p]));
-        assert_int_equal(kind, p == 0 ? FAST_SPLIT_QWEN2 : FAST_SPLIT_QWEN35);
-        lily_error err;
-        pcre2_code *re = tok_compile_regex(patterns[p], strlen(patterns[p]), false, &err);
-        assert_non_null(re);
-        for (int t = 0; t < 30000 && mismatches < 5; t++) {
-            char text[128];
-            size_t n = 0;
-            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-            int len = 1 + (int)(rng % 14);
-            for (int c = 0; c < len; c++) {
-                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-                const char *ch = alphabet[rng % (uint64_t)n_alphabet];
-                memcpy(text + n, ch, strlen(ch));
-                n += strlen(ch);
-            }
-            size_t at = 0;
-            while (at < n) {
-                int rc = pcre2_match(re, (PCRE2_SPTR)text, n, at, 0, md, NULL);
-                PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-                size_t fast_end = tok_fast_split_match(kind, text, n, at);
-                if (rc < 0 || ov[0] != at || ov[1] != fast_end) {
-                    printf("pattern %d: \"", p);
-                    print_escaped(text, n);
-                    printf("\" at %zu: PCRE2 [%zu, %zu), fast [%zu, %zu)\n", at, rc < 0 ? (size_t)0 : (size_t)ov[0],
-                           rc < 0 ? (size_t)0 : (size_t)ov[1], at, fast_end);
-                    mismatches++;
-                    break;
-                }
-                at = fast_end;
-            }
-        }
-        pcre2_code_free(re);
-    }
-    pcre2_match_data_free(md);
-    assert_int_equal(mismatches, 0);
 }
 
 /* Several threads encoding at once (one holds the BPE cache, the others run without it) get the ids a
@@ -758,8 +686,6 @@ int main(void)
         cmocka_unit_test(test_ggml_qwen2_vectors_match),
         cmocka_unit_test(test_ggml_qwen35_vectors_match_with_qwen35_regex),
         cmocka_unit_test(test_parity_corpus_matches_hf),
-        cmocka_unit_test(test_parity_corpus_matches_hf_through_pcre2),
-        cmocka_unit_test(test_fast_split_equals_pcre2_on_random_strings),
         cmocka_unit_test(test_concurrent_encodes_agree),
         cmocka_unit_test(test_special_token_ids_come_from_the_files),
         cmocka_unit_test(test_decode_skip_special),

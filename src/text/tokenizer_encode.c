@@ -527,14 +527,6 @@ static void pre_tokenize(encoder *e, int level, const char *s, size_t n)
         emit(e, level, s, 0, n);
         return;
     }
-    if (step->fast != FAST_SPLIT_NONE && !tok->fast_split_off) {
-        for (size_t i = 0; i < n && e->st == LILY_OK;) {
-            size_t end = tok_fast_split_match(step->fast, s, n, i);
-            emit(e, level, s, i, end);
-            i = end;
-        }
-        return;
-    }
     if (step->behavior != SPLIT_ISOLATED) {
         split_general(e, level, step, s, n);
         return;

@@ -23,9 +23,6 @@ typedef struct {
 
 typedef enum { PRE_SPLIT, PRE_BYTE_LEVEL } tok_pre_kind;
 
-/* Split patterns with a hand-written matcher (tokenizer_fast_split.c). */
-typedef enum { FAST_SPLIT_NONE, FAST_SPLIT_QWEN2, FAST_SPLIT_QWEN35 } tok_fast_split;
-
 /* HF SplitDelimiterBehavior. */
 typedef enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_WITH_PREVIOUS, SPLIT_MERGED_WITH_NEXT, SPLIT_CONTIGUOUS } tok_split_behavior;
 
@@ -36,7 +33,6 @@ typedef struct {
     tok_split_behavior behavior; /* ByteLevel's regex split is Isolated */
     bool invert;
     bool add_prefix_space; /* ByteLevel only */
-    tok_fast_split fast;   /* the pattern is one tok_fast_split_match knows */
 } tok_pre_step;
 
 /* One merge in the open-addressing table: the pair (left id, right id) -> rank and merged id. */
@@ -87,7 +83,6 @@ struct lily_tokenizer {
     int n_steps;
 
     int32_t eos_id, bos_id, pad_id;
-    bool fast_split_off; /* tests: run known patterns through PCRE2 too */
 
     pthread_mutex_t cache_lock; /* encode uses the cache only when trylock succeeds */
     tok_cache cache;
@@ -114,20 +109,10 @@ int tok_codepoint_to_byte(uint32_t cp);
 
 void tok_cache_free(tok_cache *c);
 
-/* Which hand-written matcher, if any, equals this Split regex (exact pattern text). */
-tok_fast_split tok_fast_split_for(const char *pattern, size_t len);
-
-/* End of the match of a known pattern that starts at s[i] (i < n; s valid UTF-8). Such patterns match at
- * every position, so consecutive calls tile the text exactly as PCRE2's successive matches do. */
-size_t tok_fast_split_match(tok_fast_split kind, const char *s, size_t n, size_t i);
-
 /* NFC of s (valid UTF-8, n bytes) with utf8proc options (UTF8PROC_STABLE | UTF8PROC_COMPOSE): *out is
  * malloc'd (*out_len bytes), or stays NULL when s is already NFC (the common case: checked without
  * normalizing). Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_TOKENIZER if utf8proc fails. */
 lily_status tok_nfc_quick(const char *s, size_t n, int options, char **out, size_t *out_len, lily_error *err);
-
-/* Tests: false makes every Split run in PCRE2 (to compare both paths). Not thread-safe. */
-void tok_use_fast_split(lily_tokenizer *tok, bool on);
 
 /* Classify the UTF-8 sequence starting at s (n > 0 bytes available), per Unicode's well-formed table:
  * 1 -> a complete valid character of *len bytes; 0 -> a valid start that needs more bytes (*len = n);

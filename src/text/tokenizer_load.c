@@ -323,8 +323,6 @@ static lily_status add_pre_tokenizer(lily_tokenizer *tok, const json_t *p, lily_
         step.re = tok_compile_regex(json_string_value(pj), json_string_length(pj), !regex, err);
         if (!step.re)
             return LILY_ERR_TOKENIZER;
-        if (regex && step.behavior == SPLIT_ISOLATED && !step.invert)
-            step.fast = tok_fast_split_for(json_string_value(pj), json_string_length(pj));
     } else if (!strcmp(type, "ByteLevel")) {
         step.kind = PRE_BYTE_LEVEL;
         step.add_prefix_space = json_bool_or(p, "add_prefix_space", true);
@@ -734,16 +732,11 @@ lily_status lily_tokenizer_set_pretokenize_regex(lily_tokenizer *tok, const char
             return LILY_ERR_TOKENIZER;
         pcre2_code_free(tok->steps[i].re);
         tok->steps[i].re = re;
-        tok->steps[i].fast = tok->steps[i].behavior == SPLIT_ISOLATED && !tok->steps[i].invert
-                                 ? tok_fast_split_for(pattern, strlen(pattern))
-                                 : FAST_SPLIT_NONE;
         tok_cache_free(&tok->cache);
         return LILY_OK;
     }
     return lily_error_set(err, LILY_ERR_TOKENIZER, "the tokenizer has no Split pre-tokenizer whose regex could be replaced");
 }
-
-void tok_use_fast_split(lily_tokenizer *tok, bool on) { tok->fast_split_off = !on; }
 
 int32_t lily_tokenizer_token_id(const lily_tokenizer *tok, const char *token)
 {
