@@ -19,6 +19,14 @@
 #include "runtime/engine.h"
 
 #define LOGIT_TOL 1e-3f
+
+/* Under AddressSanitizer (a -O0 build, ~30x slower) the one-token-at-a-time modes skip the two longest
+ * cases; every code path (decode, chunk boundaries at 64/65) is still exercised. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SLOW_MODE_MAX_TOKENS 65
+#else
+#define SLOW_MODE_MAX_TOKENS 1000000
+#endif
 #define N_CASES 6
 #define MAX_CHUNK 512
 
@@ -164,6 +172,8 @@ static void test_logits_match_reference_every_mode(void **state)
             assert_int_equal(nref, n64 * vocab);
             float *out = malloc(sizeof(float) * n * vocab);
             for (int mode = 0; mode < 5; mode++) {
+                if ((mode == 1 || mode == 2) && n > SLOW_MODE_MAX_TOKENS)
+                    continue;
                 for (int64_t i = 0; i < n64 * vocab; i++)
                     out[i] = NAN; /* poison: an unwritten row fails */
                 switch (mode) {
