@@ -30,9 +30,11 @@ import argparse
 import json
 import math
 import os
+import queue
 import shutil
 import struct
 import sys
+import threading
 import time
 
 import numpy as np
@@ -303,24 +305,47 @@ def write_shard(path, tensors, seed, progress):
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
     chunk_words = 1 << 24  # 64 MiB of packed words per draw
+    # A writer thread overlaps the disk writes with drawing the next block (both release the GIL).
+    blocks = queue.Queue(maxsize=3)
+    failure = []
+
+    def writer(f):
+        while True:
+            b = blocks.get()
+            if b is None:
+                return
+            try:
+                if not failure:
+                    f.write(b)
+            except OSError as e:  # reported once the producer is done
+                failure.append(e)
+
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
-        for t in tensors:
-            rng = np.random.Generator(np.random.PCG64([seed, t.seed_index]))
-            if t.make == "random_words":
-                left = t.nbytes // 4
-                while left:
-                    n = min(left, chunk_words)
-                    words = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
-                    f.write(memoryview(words))
-                    left -= n
-                    progress(4 * n)
-            else:
-                arr = np.ascontiguousarray(t.make(rng))
-                assert arr.nbytes == t.nbytes, (t.name, arr.nbytes, t.nbytes)
-                f.write(arr.tobytes())
-                progress(arr.nbytes)
+        th = threading.Thread(target=writer, args=(f,), daemon=True)
+        th.start()
+        try:
+            for t in tensors:
+                rng = np.random.Generator(np.random.PCG64([seed, t.seed_index]))
+                if t.make == "random_words":
+                    left = t.nbytes // 4
+                    while left and not failure:
+                        n = min(left, chunk_words)
+                        words = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+                        blocks.put(memoryview(words))
+                        left -= n
+                        progress(4 * n)
+                else:
+                    arr = np.ascontiguousarray(t.make(rng))
+                    assert arr.nbytes == t.nbytes, (t.name, arr.nbytes, t.nbytes)
+                    blocks.put(arr.tobytes())
+                    progress(arr.nbytes)
+        finally:
+            blocks.put(None)
+            th.join()
+    if failure:
+        raise failure[0]
     return off + 8 + len(h)
 
 
