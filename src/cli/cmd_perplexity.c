@@ -1,7 +1,7 @@
 /* cmd_perplexity.c — `lily perplexity`: teacher-forced perplexity of a text or a token list, and how
  * closely lily's logits follow a reference run (top-1 agreement, mean KL).
  *
- *   lily perplexity -m DIR (-f TEXT | --tokens-file F) [--ctx N] [--reference-logits F]
+ *   lily perplexity -m DIR (-f TEXT [--special] | --tokens-file F) [--ctx N] [--reference-logits F]
  *                   [--backend cpu|cuda] [--threads N]
  *
  * Owns: options, reading the inputs (token ids as in `lily eval --tokens-file`; reference logits as raw
@@ -42,7 +42,9 @@ static void usage(FILE *f)
             "  --reference-logits F     raw little-endian fp32 [n_tokens, vocab] (lily eval --logits-out)\n"
             "  --backend cpu|cuda       (default cpu)\n"
             "  --threads N              CPU threads (default: all cores)\n"
-            "  --prefill-chunk N        tokens per forward pass (default 512)\n");
+            "  --prefill-chunk N        tokens per forward pass (default 512)\n"
+            "  --special                with -f: special tokens written in the text (<|im_start|>) become their\n"
+            "                           ids (default: encoded as plain text)\n");
 }
 
 static char *read_file(const char *path, size_t *len)
@@ -128,12 +130,16 @@ static void show_progress(void *user, int64_t done, int64_t total)
 int cmd_perplexity(int argc, char **argv)
 {
     const char *model = NULL, *text_file = NULL, *tokens_file = NULL, *ref_file = NULL, *backend = "cpu";
-    int ctx = 512, n_threads = 0, prefill_chunk = 0;
+    int ctx = 512, n_threads = 0, prefill_chunk = 0, parse_special = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--special")) {
+            parse_special = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "lily perplexity: %s needs a value (or is unknown)\n\n", a);
@@ -198,7 +204,7 @@ int cmd_perplexity(int argc, char **argv)
         int n_ids = 0;
         lily_status st = lily_tokenizer_load(model, &tok, &err);
         if (st == LILY_OK)
-            st = lily_tokenizer_encode(tok, text, len, false, &tokens, &n_ids, &err);
+            st = lily_tokenizer_encode(tok, text, len, parse_special, &tokens, &n_ids, &err);
         lily_tokenizer_free(tok);
         free(text);
         if (st != LILY_OK) {
