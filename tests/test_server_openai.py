@@ -51,8 +51,9 @@ def check(cond, what):
 # ---------------------------------------------------------------------------------------------- server
 
 log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
+BACKEND = os.environ.get("LILY_TEST_BACKEND", "cpu")  # cuda: the same checks on the GPU backend
 server = subprocess.Popen([LILY, "serve", "-m", MODEL, "--port", "0", "--api-key", KEY, "--queue", "1",
-                           "--max-body", "1", "--ctx-size", str(CTX), "--threads", "1"],
+                           "--max-body", "1", "--ctx-size", str(CTX), "--threads", "1", "--backend", BACKEND],
                           stdout=subprocess.DEVNULL, stderr=log)
 port = None
 deadline = time.time() + 60
@@ -159,6 +160,21 @@ expect_error(413, "POST", chat, raw=b"{\"messages\":\"" + b"x" * (2 << 20) + b"\
              what="body over --max-body 1 MiB")
 s, _ = request("GET", "/health", key=None)
 check(s == 200, "the server is still healthy after the bad requests")
+
+print("bad requests during a generation")
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once", "max_tokens": 80, "stream": True, "seed": 5,
+                                                   "logit_bias": BAN_END, "stream_options": {"include_usage": True}}),
+             {"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+resp = conn.getresponse()
+body = resp.read1(100)
+bad = [request("POST", chat, raw=b"{oops")[0], request("POST", chat, {"messages": []})[0],
+       request("GET", "/nope")[0], request("POST", chat, {"messages": USER}, key="wrong")[0]]
+body += resp.read()
+conn.close()
+usage = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswith("data: {") and '"usage":{' in ln]
+check(bad == [400, 400, 404, 401] and body.rstrip().endswith(b"data: [DONE]") and usage and
+      usage[-1]["usage"]["completion_tokens"] == 80, f"a stream in flight is undisturbed by bad requests ({bad})")
 
 # ---------------------------------------------------------------------------------------------- the SDK
 
