@@ -1,0 +1,113 @@
+/* prefix_cache.h — checkpoints of a session's full state at token positions, reused across requests.
+ *
+ * A hybrid model cannot roll its Gated DeltaNet state back to an earlier position the way a KV cache can
+ * be truncated, so a follow-up request (a conversation resent with one more turn) can only skip the
+ * tokens it shares with an earlier one when the state at a shared position was kept. A checkpoint is the
+ * session at position p: KV rows [0, p) of the attention layers, the conv state and the fp32 recurrent
+ * state of every Gated DeltaNet layer at p (bit-exact, as live), the logits after token p-1 and the token
+ * ids [0, p). Checkpoints are taken
+ *   - at the end of every prompt prefill (before the first generated token),
+ *   - at caller-given marks inside the prompt (lily_prefix_cache_chat_marks): the end of the system
+ *     block, shared by different conversations with the same system prompt and tools, and
+ *     where the generation prompt's thinking block opens. The
+ *     Qwen3.6 template renders an earlier assistant turn as "<|im_start|>assistant\n" + content, without
+ *     the "<think>\n" (thinking on) or "<think>\n\n</think>\n\n" (off) the generation prompt ended
+ *     with, so a follow-up request leaves turn 1's sequence at that <think>, a few tokens before the end
+ *     of turn 1's prefill; this checkpoint is the one it resumes from,
+ *   - at the end of every generation (lily_prefix_cache_checkpoint, called by the caller), and
+ *   - every checkpoint_every tokens during a prefill, at absolute positions k * checkpoint_every (the
+ *     prompt is prefilled in pieces ending there, so the state at those positions materializes).
+ * Matching: the deepest checkpoint whose ids are a prefix of the request's ids (that is, the deepest at
+ * or before the point where the request leaves the longest common prefix with the cached sequences) is
+ * restored, or the live session is kept when it already holds a deeper prefix; only the rest is
+ * prefilled. An exact repeat restores the end-of-prefill checkpoint with its logits and prefills nothing.
+ *
+ * Memory: this version keeps every checkpoint as a host snapshot (lily_session_save: the KV rows are
+ * copied, not shared), in a pool capped in bytes and evicted least-recently-used. device_bytes is the
+ * budget a backend that keeps checkpoints in device memory will use; no backend does yet, so it is only
+ * recorded. Snapshots are taken between forward() calls, never inside a captured graph.
+ *
+ * Exactness: a restored session is bit-identical to the session that was saved. A cached run equals a
+ * cold run bit for bit when the backend's results do not depend on how tokens were split into forward()
+ * calls — true of the CPU backend (its delta rule is recurrent for every n); a backend with a chunked
+ * prefill scan agrees only to rounding.
+ *
+ * Threads: one thread uses a cache with its sessions; lily_prefix_cache_stats and
+ * lily_prefix_cache_metrics may be called from any thread at any time.
+ */
+#ifndef LILY_PREFIX_CACHE_H
+#define LILY_PREFIX_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lily.h"
+#include "runtime/engine.h"
+
+#define LILY_PREFIX_CACHE_DEFAULT_RAM_MIB 4096
+#define LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY 4096
+
+typedef struct {
+    size_t ram_bytes;       /* host pool cap in bytes; 0 = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB MiB */
+    size_t device_bytes;    /* device pool cap for device-resident checkpoints; unused in this version */
+    int checkpoint_every;   /* tokens between checkpoints inside a prefill; 0 = 4096; < 0 = none */
+} lily_prefix_cache_options;
+
+typedef struct {
+    int n_checkpoints;          /* held now */
+    size_t bytes;               /* held now: state + token ids + logits of every checkpoint */
+    size_t ram_bytes;           /* the cap */
+    uint64_t hits;              /* prefills that reused at least one token */
+    uint64_t misses;            /* prefills that reused nothing */
+    uint64_t evictions;         /* checkpoints dropped to make room */
+    uint64_t reused_tokens;     /* prompt tokens not prefilled, summed */
+    uint64_t prefilled_tokens;  /* prompt tokens prefilled, summed */
+    uint64_t checkpoints_taken; /* checkpoints stored (duplicates of a held one are not counted) */
+} lily_prefix_cache_stats;
+
+typedef struct lily_prefix_cache lily_prefix_cache;
+
+/* Nonzero = stop the prefill (checked between forward passes). */
+typedef int (*lily_prefix_cancel_fn)(void *user);
+
+/* An empty cache. Errors: LILY_ERR_OUT_OF_MEMORY. */
+lily_status lily_prefix_cache_new(const lily_prefix_cache_options *opts, lily_prefix_cache **out, lily_error *err);
+void lily_prefix_cache_free(lily_prefix_cache *pc);
+
+/* Make s hold exactly ids[0, n) with the logits after ids[n-1] in s->logits, reusing the deepest cached
+ * (or live) prefix and prefilling the rest, with checkpoints as described above and at each of
+ * marks[n_marks] (positions; those outside (0, n) are ignored; marks may be NULL when n_marks is 0; see
+ * lily_prefix_cache_chat_marks). *reused (may be NULL)
+ * receives the tokens not prefilled. cancel (may be NULL) is polled between forward passes.
+ * On an error the session holds a prefix of ids (possibly empty); the cache stays valid.
+ * Errors: LILY_ERR_INVALID_ARGUMENT (n < 1), LILY_ERR_CONTEXT_LENGTH (n > s->max_ctx, nothing changed),
+ * LILY_ERR_CANCELLED, errors of lily_session_append / lily_session_restore. A checkpoint that cannot be
+ * stored (out of memory, larger than the pool) is skipped, not an error. */
+lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n,
+                                      const int *marks, int n_marks, lily_prefix_cancel_fn cancel, void *cancel_user,
+                                      int *reused, lily_error *err);
+
+/* The marks of a chat prompt rendered by the Qwen3.6 template (ids[n]): the end of the first turn
+ * ("<|im_start|>system\n...<|im_end|>\n", the system block with the tools when there is one), and the
+ * last <think> among the last 8 ids (the generation prompt's). im_start, im_end, think: the tokenizer's ids for
+ * <|im_start|>, <|im_end|>, <think> (-1 when missing). Writes at most 2 positions to marks; returns how
+ * many. */
+int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, int32_t im_end, int32_t think,
+                                 int marks[2]);
+
+/* Checkpoint s as it is now (e.g. at the end of a generation: prompt + reply). Skipped when s is empty,
+ * when the same sequence is already held (it becomes most recently used), or when it does not fit.
+ * Errors: none in practice (backend save errors are returned). */
+lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err);
+
+/* Drop every checkpoint (counters stay). */
+void lily_prefix_cache_clear(lily_prefix_cache *pc);
+
+/* A consistent copy of the counters. Thread-safe. */
+void lily_prefix_cache_stats_get(lily_prefix_cache *pc, lily_prefix_cache_stats *out);
+
+/* The counters as Prometheus text (lily_prefix_cache_* metrics), malloc'd; NULL when out of memory.
+ * Thread-safe. */
+char *lily_prefix_cache_metrics(lily_prefix_cache *pc);
+
+#endif

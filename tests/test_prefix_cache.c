@@ -1,0 +1,433 @@
+/* test_prefix_cache.c — the prefix cache (runtime/prefix_cache.h) is exact: on the CPU engine with
+ * tests/data/tiny-chat and greedy decoding, a request served from the cache gives bit-identical prompt
+ * logits, generated ids and final logits to a cold run (a fresh session that prefills the whole prompt in
+ * one lily_session_append), for: a two-turn chat with thinking off and on, an exact repeat, two
+ * conversations sharing a long system prompt, a prompt edited in its middle, and 30 requests alternating
+ * between 3 conversations (also with a pool so small that checkpoints are evicted). Each case also checks
+ * how many tokens were reused against the checkpoint positions that should serve it. */
+#include "test_support.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/prefix_cache.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+#define MAX_NEW 8
+#define CTX 4096
+
+typedef struct {
+    lily_engine *engine;
+    lily_tokenizer *tok;
+    int32_t im_start, im_end, think;
+    int vocab;
+} fixture;
+
+typedef struct {
+    float *prefill_logits; /* [vocab] after the prompt */
+    float *final_logits;   /* [vocab] after the generation */
+    int32_t tokens[MAX_NEW];
+    int n_tokens;
+    int reused;
+    char *reply;           /* the generated ids as text, special tokens skipped */
+} run_out;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    lily_error err = {0};
+    lily_engine_options opts = {.model_dir = test_data_path("tiny-chat"), .backend = "cpu", .n_threads = 1,
+                                .prefill_chunk = 128};
+    if (lily_engine_open(&opts, &f->engine, &err) != LILY_OK)
+        fail_msg("engine: %s", err.message);
+    if (lily_tokenizer_load(test_data_path("tiny-chat"), &f->tok, &err) != LILY_OK)
+        fail_msg("tokenizer: %s", err.message);
+    f->im_start = lily_tokenizer_token_id(f->tok, "<|im_start|>");
+    f->im_end = lily_tokenizer_token_id(f->tok, "<|im_end|>");
+    f->think = lily_tokenizer_token_id(f->tok, "<think>");
+    f->vocab = f->engine->cfg.vocab_size;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    lily_tokenizer_free(f->tok);
+    lily_engine_close(f->engine);
+    free(f);
+    return 0;
+}
+
+static void out_free(run_out *o)
+{
+    free(o->prefill_logits);
+    free(o->final_logits);
+    free(o->reply);
+    memset(o, 0, sizeof *o);
+}
+
+/* Greedy generation from what s holds (the prompt is already in), recording into o. */
+static void generate(fixture *f, lily_session *s, run_out *o)
+{
+    lily_error err = {0};
+    o->prefill_logits = malloc((size_t)f->vocab * sizeof(float));
+    o->final_logits = malloc((size_t)f->vocab * sizeof(float));
+    assert_non_null(o->prefill_logits);
+    assert_non_null(o->final_logits);
+    memcpy(o->prefill_logits, s->logits, (size_t)f->vocab * sizeof(float));
+    lily_generate_params p = lily_generate_defaults();
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = MAX_NEW;
+    const int32_t stop = f->im_end;
+    p.stop_ids = &stop;
+    p.n_stop_ids = 1;
+    const int before = s->n_tokens;
+    lily_generate_result r;
+    if (lily_generate(s, NULL, 0, &p, &r, &err) != LILY_OK)
+        fail_msg("generate: %s", err.message);
+    memcpy(o->final_logits, s->logits, (size_t)f->vocab * sizeof(float));
+    o->n_tokens = s->n_tokens - before;
+    memcpy(o->tokens, s->tokens + before, (size_t)o->n_tokens * sizeof(int32_t));
+    if (r.last_token >= 0 && o->n_tokens < MAX_NEW)
+        o->tokens[o->n_tokens++] = r.last_token;
+    size_t len = 0;
+    if (lily_tokenizer_decode(f->tok, o->tokens, o->n_tokens, true, &o->reply, &len, &err) != LILY_OK)
+        fail_msg("decode: %s", err.message);
+}
+
+/* A fresh session, the whole prompt in one append, greedy. */
+static void run_cold(fixture *f, const int32_t *ids, int n, run_out *o)
+{
+    lily_session *s = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    if (lily_session_append(s, ids, n, NULL, &err) != LILY_OK)
+        fail_msg("append: %s", err.message);
+    generate(f, s, o);
+    lily_session_free(s);
+}
+
+/* Through the cache on a session that persists across requests, as the server does. */
+static void run_cached(fixture *f, lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n, run_out *o)
+{
+    lily_error err = {0};
+    int marks[2];
+    const int n_marks = lily_prefix_cache_chat_marks(ids, n, f->im_start, f->im_end, f->think, marks);
+    if (lily_prefix_cache_prefill(pc, s, ids, n, marks, n_marks, NULL, NULL, &o->reused, &err) != LILY_OK)
+        fail_msg("prefix cache prefill: %s", err.message);
+    assert_int_equal(s->n_tokens, n);
+    assert_memory_equal(s->tokens, ids, (size_t)n * sizeof(int32_t));
+    generate(f, s, o);
+    if (lily_prefix_cache_checkpoint(pc, s, &err) != LILY_OK)
+        fail_msg("checkpoint: %s", err.message);
+}
+
+/* Cold and cached agree bit for bit. */
+static void assert_same(fixture *f, const run_out *cold, const run_out *cached)
+{
+    assert_memory_equal(cold->prefill_logits, cached->prefill_logits, (size_t)f->vocab * sizeof(float));
+    assert_int_equal(cold->n_tokens, cached->n_tokens);
+    assert_memory_equal(cold->tokens, cached->tokens, (size_t)cold->n_tokens * sizeof(int32_t));
+    assert_memory_equal(cold->final_logits, cached->final_logits, (size_t)f->vocab * sizeof(float));
+    assert_string_equal(cold->reply, cached->reply);
+}
+
+/* Both runs of one request; returns the tokens reused. */
+static int check_request(fixture *f, lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n, char **reply)
+{
+    run_out cold = {0}, cached = {0};
+    run_cold(f, ids, n, &cold);
+    run_cached(f, pc, s, ids, n, &cached);
+    assert_same(f, &cold, &cached);
+    const int reused = cached.reused;
+    if (reply)
+        *reply = strdup(cached.reply);
+    out_free(&cold);
+    out_free(&cached);
+    return reused;
+}
+
+/* Render messages with the chat template and encode; *n ids, malloc'd. */
+static int32_t *render(fixture *f, json_t *messages, bool thinking, int *n)
+{
+    lily_error err = {0};
+    lily_chat_options co;
+    lily_chat_options_init(&co);
+    co.enable_thinking = thinking ? 1 : 0;
+    co.add_generation_prompt = 1;
+    char *text = NULL;
+    if (lily_chat_render(messages, &co, &text, &err) != LILY_OK)
+        fail_msg("render: %s", err.message);
+    int32_t *ids = NULL;
+    if (lily_tokenizer_encode(f->tok, text, strlen(text), true, &ids, n, &err) != LILY_OK)
+        fail_msg("encode: %s", err.message);
+    free(text);
+    return ids;
+}
+
+/* Append {role, content}. The random model's replies can hold broken UTF-8: the content keeps their
+ * printable ASCII (what a client would send back is some text; the cache must not care which). */
+static void add_message(json_t *messages, const char *role, const char *content)
+{
+    char *clean = malloc(strlen(content) + 1);
+    assert_non_null(clean);
+    size_t k = 0;
+    for (const char *c = content; *c; c++)
+        if ((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f)
+            clean[k++] = *c;
+    clean[k] = 0;
+    json_t *m = json_pack("{s:s, s:s}", "role", role, "content", clean);
+    free(clean);
+    assert_non_null(m);
+    assert_int_equal(json_array_append_new(messages, m), 0);
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    return i;
+}
+
+static lily_prefix_cache *new_cache(size_t ram_bytes, int every)
+{
+    lily_prefix_cache *pc = NULL;
+    lily_error err = {0};
+    lily_prefix_cache_options o = {.ram_bytes = ram_bytes, .checkpoint_every = every};
+    assert_int_equal(lily_prefix_cache_new(&o, &pc, &err), LILY_OK);
+    return pc;
+}
+
+/* Turn 1, then turn 2 = turn 1's messages + the reply + a new user message. The template renders the
+ * earlier assistant turn as "<|im_start|>assistant\n" + content, without the <think> block the generation
+ * prompt had, so turn 2 leaves turn 1's ids at that <think>: the mark checkpoint serves it. */
+static void two_turn(fixture *f, bool thinking)
+{
+    lily_error err = {0};
+    lily_prefix_cache *pc = new_cache(0, 0);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    json_t *m = json_array();
+    add_message(m, "system", "You are a helpful assistant. Answer briefly.");
+    add_message(m, "user", "What does the zip function return?");
+    int n1, n2;
+    int32_t *ids1 = render(f, m, thinking, &n1);
+    char *reply = NULL;
+    assert_int_equal(check_request(f, pc, s, ids1, n1, &reply), 0);
+    add_message(m, "assistant", reply);
+    add_message(m, "user", "And what happens with unequal lengths?");
+    int32_t *ids2 = render(f, m, thinking, &n2);
+    const int lcp = common_prefix(ids1, n1, ids2, n2);
+    assert_int_equal(ids1[lcp], f->think); /* the divergence is at the generation prompt's <think> */
+    const int reused = check_request(f, pc, s, ids2, n2, NULL);
+    assert_int_equal(reused, lcp);         /* everything turn 2 shares with turn 1 */
+    lily_prefix_cache_stats st;
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.hits, 1);
+    assert_int_equal(st.misses, 1);
+    assert_int_equal(st.reused_tokens, (uint64_t)lcp);
+    assert_int_equal(st.prefilled_tokens, (uint64_t)(n1 + n2 - lcp));
+    free(reply);
+    free(ids1);
+    free(ids2);
+    json_decref(m);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static void test_two_turn_chat(void **state) { two_turn(*state, false); }
+static void test_two_turn_chat_thinking(void **state) { two_turn(*state, true); }
+
+/* The same prompt twice (the session holds prompt + reply in between): the end-of-prefill checkpoint is
+ * restored with its logits and nothing is prefilled. */
+static void test_exact_repeat(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    lily_prefix_cache *pc = new_cache(0, 0);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    json_t *m = json_array();
+    add_message(m, "user", "Explain what a context manager is.");
+    int n;
+    int32_t *ids = render(f, m, true, &n);
+    assert_int_equal(check_request(f, pc, s, ids, n, NULL), 0);
+    lily_prefix_cache_stats before, after;
+    lily_prefix_cache_stats_get(pc, &before);
+    assert_int_equal(check_request(f, pc, s, ids, n, NULL), n);
+    lily_prefix_cache_stats_get(pc, &after);
+    assert_int_equal(after.prefilled_tokens, before.prefilled_tokens); /* nothing prefilled */
+    assert_int_equal(after.checkpoints_taken, before.checkpoints_taken); /* same states: none new */
+    free(ids);
+    json_decref(m);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static char *long_system_prompt(void)
+{
+    const char *sentence = "Return a new list containing all items from the iterable in ascending order. ";
+    const size_t len = strlen(sentence);
+    char *text = malloc(len * 24 + 64);
+    strcpy(text, "You are a careful assistant for Python questions. ");
+    for (int i = 0; i < 24; i++)
+        strcat(text, sentence);
+    return text;
+}
+
+/* Two conversations with the same long system prompt and different questions: the second reuses the
+ * system block (the first-turn mark checkpoint), never more. */
+static void test_shared_system_prompt(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    lily_prefix_cache *pc = new_cache(0, 0);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    char *system = long_system_prompt();
+    json_t *a = json_array(), *b = json_array();
+    add_message(a, "system", system);
+    add_message(b, "system", system);
+    add_message(a, "user", "How do I sort a dictionary by value?");
+    add_message(b, "user", "What is a generator expression?");
+    int na, nb;
+    int32_t *ida = render(f, a, false, &na), *idb = render(f, b, false, &nb);
+    int marks[2];
+    assert_true(lily_prefix_cache_chat_marks(ida, na, f->im_start, f->im_end, f->think, marks) == 2);
+    const int system_end = marks[0];
+    assert_true(system_end > 300);
+    assert_int_equal(ida[system_end], f->im_start);
+    assert_int_equal(check_request(f, pc, s, ida, na, NULL), 0);
+    assert_true(common_prefix(ida, na, idb, nb) >= system_end);
+    assert_int_equal(check_request(f, pc, s, idb, nb, NULL), system_end);
+    assert_int_equal(check_request(f, pc, s, ida, na, NULL), na); /* back to a: an exact repeat */
+    free(ida);
+    free(idb);
+    free(system);
+    json_decref(a);
+    json_decref(b);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+/* A raw prompt (no template) edited in its middle: reuse up to the deepest checkpoint_every boundary at
+ * or before the edit, recompute the rest. */
+static void test_edit_in_the_middle(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    const int every = 64;
+    lily_prefix_cache *pc = new_cache(0, every);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    enum { N = 400, EDIT = 233 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), 0);
+    lily_prefix_cache_stats st;
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_true(st.n_checkpoints >= N / every + 1); /* 64..384, end of prefill (and of the generation) */
+    ids[EDIT] = ids[EDIT] == 30 ? 31 : 30;
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), EDIT / every * every);
+    ids[5] = ids[5] == 30 ? 31 : 30; /* before the first checkpoint: nothing to reuse */
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), 0);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+/* 30 requests, alternating between 3 conversations that each grow by a turn per visit: every request
+ * is exact, each resumes its own conversation (never another's), none is a miss after the first round. */
+static void alternate(fixture *f, size_t ram_bytes, int n_requests, bool expect_evictions)
+{
+    lily_error err = {0};
+    lily_prefix_cache *pc = new_cache(ram_bytes, 0);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    static const char *const topics[3] = {"lists", "file objects", "the logging module"};
+    json_t *conv[3];
+    int32_t *last_ids[3] = {0};
+    int last_n[3] = {0};
+    for (int c = 0; c < 3; c++) {
+        conv[c] = json_array();
+        char sys[128];
+        snprintf(sys, sizeof sys, "You answer questions about %s.", topics[c]);
+        add_message(conv[c], "system", sys);
+    }
+    for (int r = 0; r < n_requests; r++) {
+        const int c = r % 3;
+        char question[128];
+        snprintf(question, sizeof question, "Question %d about %s: what should I know?", r / 3 + 1, topics[c]);
+        add_message(conv[c], "user", question);
+        int n;
+        int32_t *ids = render(f, conv[c], r % 2 == 0, &n);
+        char *reply = NULL;
+        const int reused = check_request(f, pc, s, ids, n, &reply);
+        if (last_ids[c]) {
+            const int lcp = common_prefix(last_ids[c], last_n[c], ids, n);
+            if (!expect_evictions)
+                assert_int_equal(reused, lcp); /* its own previous turn's mark (or more) */
+            assert_true(reused <= lcp);
+        }
+        add_message(conv[c], "assistant", reply);
+        free(reply);
+        free(last_ids[c]);
+        last_ids[c] = ids;
+        last_n[c] = n;
+    }
+    lily_prefix_cache_stats st;
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.hits + st.misses, (uint64_t)n_requests);
+    if (expect_evictions)
+        assert_true(st.evictions > 0);
+    else
+        assert_int_equal(st.misses, 3);
+    assert_true(st.bytes <= (ram_bytes ? ram_bytes : (size_t)LILY_PREFIX_CACHE_DEFAULT_RAM_MIB << 20));
+    for (int c = 0; c < 3; c++) {
+        json_decref(conv[c]);
+        free(last_ids[c]);
+    }
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static void test_thirty_requests_three_conversations(void **state) { alternate(*state, 0, 30, false); }
+
+/* 12 such requests with a pool of about three checkpoints: evictions, still exact. */
+static void test_thirty_requests_small_pool(void **state)
+{
+    fixture *f = *state;
+    lily_session *s = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    const lily_backend *b = &f->engine->backend;
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = 20 + i;
+    assert_int_equal(lily_session_append(s, ids, 200, NULL, &err), LILY_OK);
+    const size_t one = b->ops->state_save_size(b->ctx, s->state) + 200 * sizeof(int32_t) +
+                       (size_t)f->vocab * sizeof(float);
+    lily_session_free(s);
+    alternate(f, 3 * one, 12, true);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_turn_chat),
+        cmocka_unit_test(test_two_turn_chat_thinking),
+        cmocka_unit_test(test_exact_repeat),
+        cmocka_unit_test(test_shared_system_prompt),
+        cmocka_unit_test(test_edit_in_the_middle),
+        cmocka_unit_test(test_thirty_requests_three_conversations),
+        cmocka_unit_test(test_thirty_requests_small_pool),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
