@@ -177,16 +177,17 @@ int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, in
     return k;
 }
 
-lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n, const int *marks,
-                                      int n_marks,                                      lily_prefix_cancel_fn cancel, void *cancel_user, int *reused, lily_error *err)
+lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n,
+                                      const int *marks, int n_marks, lily_prefix_cancel_fn cancel, void *cancel_user,
+                                      int *reused, lily_error *err)
 {
     if (reused)
         *reused = 0;
     if (n < 1 || !ids)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "prefix cache: empty prompt");
     if (n > s->max_ctx)
-        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "context length exceeded: %d prompt tokens > context size %d",
-                              n, s->max_ctx);
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
+                              "context length exceeded: %d prompt tokens > context size %d", n, s->max_ctx);
 
     /* The live session, when it holds a prefix of ids, needs no restore. */
     int live = 0;
