@@ -81,6 +81,24 @@ static void test_top_k_1_equals_greedy(void **state)
     free(logits);
 }
 
+static int candidates(const lily_sampler_params *p, const float *logits, int vocab, int32_t *ids, float *probs);
+
+static void test_tiny_temperature_is_greedy_and_negative_top_k_is_off(void **state)
+{
+    (void)state;
+    float logits[4];
+    four_logits(logits);
+    int32_t ids[4];
+    float probs[4];
+    lily_sampler_params p = lily_sampler_defaults();
+    p.temperature = 1e-7f;
+    assert_int_equal(candidates(&p, logits, 4, ids, probs), 1);
+    assert_int_equal(ids[0], 1);
+    p = lily_sampler_defaults();
+    p.top_k = -1;
+    assert_int_equal(candidates(&p, logits, 4, ids, probs), 4);
+}
+
 static int candidates(const lily_sampler_params *p, const float *logits, int vocab, int32_t *ids, float *probs)
 {
     lily_sampler *s = make(p, vocab);
@@ -414,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_rng_matches_xoshiro256starstar_reference),
         cmocka_unit_test(test_greedy_picks_argmax_lowest_id_on_ties),
         cmocka_unit_test(test_top_k_1_equals_greedy),
+        cmocka_unit_test(test_tiny_temperature_is_greedy_and_negative_top_k_is_off),
         cmocka_unit_test(test_top_p_keeps_smallest_set_reaching_p),
         cmocka_unit_test(test_top_p_is_over_the_top_k_set),
         cmocka_unit_test(test_min_p_keeps_tokens_above_fraction_of_max),

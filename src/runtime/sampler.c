@@ -54,6 +54,8 @@ double lily_rng_uniform(lily_rng *r) { return (double)(lily_rng_next(r) >> 11) *
  * total that includes the max, so they are treated as impossible. */
 #define NEGLIGIBLE 40.0f
 enum { EXP_TABLE_SIZE = 40 * 32 + 1 };
+/* Temperatures below this are greedy (as in vLLM): dividing by them would overflow the logits. */
+#define GREEDY_BELOW 1e-5f
 
 typedef struct {
     float z;    /* logit after penalties and temperature */
@@ -99,8 +101,6 @@ lily_status lily_sampler_new(const lily_sampler_params *params, int vocab, lily_
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "sampler: min_p %g must be in [0, 1]",
                               (double)p->min_p);
-    if (p->top_k < 0)
-        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "sampler: top_k %d must be >= 0", p->top_k);
     if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "sampler: repetition_penalty %g must be > 0",
                               (double)p->repetition_penalty);
@@ -358,7 +358,7 @@ static int compute_candidates(lily_sampler *s, const float *logits, bool want_so
     const lily_sampler_params *p = &s->params;
     const int V = s->vocab;
     lily_sampler_apply_penalties(s, logits, s->work);
-    if (p->temperature <= 0.0f || p->top_k == 1) {
+    if (p->temperature < GREEDY_BELOW || p->top_k == 1) {
         s->cand[0] = (candidate){1.0f, argmax(s->work, V)};
         return 1;
     }

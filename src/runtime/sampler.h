@@ -23,8 +23,8 @@ typedef struct {
 } lily_logit_bias;
 
 typedef struct {
-    float temperature;        /* 0 (or below) = greedy argmax; default 1 */
-    int top_k;                /* keep the k most likely tokens; 0 = off */
+    float temperature;        /* < 1e-5 (e.g. 0) = greedy argmax; default 1 */
+    int top_k;                /* keep the k most likely tokens; 0 or negative (vLLM's -1) = off */
     float top_p;              /* keep the smallest most-likely set with probability >= top_p; 1 = off */
     float min_p;              /* keep tokens with p >= min_p * p_max; 0 = off */
     float presence_penalty;   /* OpenAI: logit -= presence_penalty when the token was generated; 0 = off */
@@ -42,7 +42,8 @@ lily_sampler_params lily_sampler_defaults(void);
 typedef struct lily_sampler lily_sampler;
 
 /* A sampler for a vocabulary of `vocab` tokens.
- * Errors: LILY_ERR_INVALID_ARGUMENT (vocab < 1, temperature/top_p/min_p/repetition_penalty out of range,
+ * Errors: LILY_ERR_INVALID_ARGUMENT (vocab < 1, temperature < 0 or not finite, top_p outside (0, 1], min_p
+ * outside [0, 1], repetition_penalty <= 0, penalties not finite,
  * a logit-bias token outside [0, vocab)); LILY_ERR_OUT_OF_MEMORY. */
 lily_status lily_sampler_new(const lily_sampler_params *params, int vocab, lily_sampler **out, lily_error *err);
 void lily_sampler_free(lily_sampler *s);
