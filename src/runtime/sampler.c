@@ -412,6 +412,11 @@ static int compute_candidates(lily_sampler *s, const float *logits, bool want_so
             if ((c.z > cut.z || (c.z == cut.z && i <= cut.id)) && c.z >= lo)
                 s->cand[n++] = c;
         }
+    } else if (!want_sorted) { /* the draw's common case: weights in the same pass */
+        for (int i = 0; i < V; i++)
+            if (s->work[i] >= lo)
+                s->cand[n++] = (candidate){neg_exp(s->exp_table, m - s->work[i]), i};
+        return n;
     } else {
         for (int i = 0; i < V; i++)
             if (s->work[i] >= lo)
