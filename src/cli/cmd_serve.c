@@ -18,6 +18,7 @@
 #include "server/http.h"
 #include "server/scheduler.h"
 #include "server/service.h"
+#include "runtime/prefix_cache.h"
 
 static void usage(FILE *f)
 {
@@ -36,7 +37,10 @@ static void usage(FILE *f)
             "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
             "  --backend cpu|cuda   compute backend (default cpu)\n"
             "  --threads N          CPU threads (default: all cores)\n"
-            "  --alias NAME         the model id clients see (default: the directory's name)\n");
+            "  --alias NAME         the model id clients see (default: the directory's name)\n"
+            "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
+            "                       by requests that repeat a cached prefix (default 4096)\n"
+            "  --checkpoint-every N also checkpoint every N tokens of a long prefill (default 4096; 0 = never)\n");
 }
 
 static int parse_int(const char *opt, const char *v, long lo, long hi, long *out)
@@ -68,6 +72,7 @@ int cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "cpu", *alias = NULL;
     long port = 8080, ctx = 0, queue = 16, max_body_mib = 16, threads = 0;
+    long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -95,6 +100,10 @@ int cmd_serve(int argc, char **argv)
             ok = parse_int(a, v, 1, 4096, &max_body_mib), i++;
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             ok = parse_int(a, v, 0, 1024, &threads), i++;
+        } else if (!strcmp(a, "--cache-ram")) {
+            ok = parse_int(a, v, 1, 1L << 24, &cache_ram_mib), i++;
+        } else if (!strcmp(a, "--checkpoint-every")) {
+            ok = parse_int(a, v, 0, 1L << 24, &checkpoint_every), i++;
         } else {
             fprintf(stderr, "lily serve: unknown option '%s'\n\n", a);
             usage(stderr);
@@ -133,7 +142,9 @@ int cmd_serve(int argc, char **argv)
     lily_error err = {0};
     lily_service *svc = NULL;
     lily_service_options so = {.model_dir = model_dir, .backend = backend, .n_threads = (int)threads,
-                               .ctx_size = (int)ctx, .model_name = name};
+                               .ctx_size = (int)ctx, .model_name = name,
+                               .cache_ram_bytes = (size_t)cache_ram_mib << 20,
+                               .checkpoint_every = checkpoint_every > 0 ? (int)checkpoint_every : -1};
     if (lily_service_new(&so, &svc, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);
         return 1;
@@ -145,7 +156,8 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     lily_http_options ho = {.host = host, .port = (int)port, .api_key = api_key,
-                            .max_body = (size_t)max_body_mib << 20, .model_name = name};
+                            .max_body = (size_t)max_body_mib << 20, .model_name = name,
+                            .metrics_extra = lily_service_metrics, .metrics_user = svc};
     lily_http_server *http = NULL;
     if (lily_http_start(&ho, &sched, &http, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);

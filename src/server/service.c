@@ -19,6 +19,7 @@
 #include "base/base.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "server/openai.h"
 #include "text/chat_template.h"
@@ -32,6 +33,8 @@ struct lily_service {
     int n_threads, ctx_size;
     lily_engine *engine;
     lily_session *session;
+    lily_prefix_cache *cache; /* checkpoints of the session by token prefix; made in lily_service_new */
+    int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
     lily_tokenizer *tok;
     int vocab;
     int32_t stop_ids[MAX_STOP_IDS];
@@ -56,6 +59,12 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
         lily_service_free(svc);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
     }
+    lily_prefix_cache_options co = {.ram_bytes = opts->cache_ram_bytes, .checkpoint_every = opts->checkpoint_every};
+    lily_status st = lily_prefix_cache_new(&co, &svc->cache, err);
+    if (st != LILY_OK) {
+        lily_service_free(svc);
+        return st;
+    }
     *out = svc;
     return LILY_OK;
 }
@@ -64,6 +73,7 @@ void lily_service_free(lily_service *svc)
 {
     if (!svc)
         return;
+    lily_prefix_cache_free(svc->cache);
     lily_session_free(svc->session);
     lily_engine_close(svc->engine);
     lily_tokenizer_free(svc->tok);
@@ -139,6 +149,9 @@ lily_status lily_service_load(void *user, lily_error *err)
     add_stop_id(svc, lily_tokenizer_eos_id(svc->tok));
     add_stop_id(svc, lily_tokenizer_token_id(svc->tok, "<|im_end|>"));
     add_stop_id(svc, lily_tokenizer_token_id(svc->tok, "<|endoftext|>"));
+    svc->im_start = lily_tokenizer_token_id(svc->tok, "<|im_start|>");
+    svc->im_end = lily_tokenizer_token_id(svc->tok, "<|im_end|>");
+    svc->think = lily_tokenizer_token_id(svc->tok, "<think>");
     load_generation_defaults(svc);
 
     lily_chat_template_match match;
@@ -438,29 +451,26 @@ static void fail_with(lily_job *job, int http_status, const char *type, const ch
     lily_job_fail(job, &e);
 }
 
-/* Prefill the prompt into the session: keep what the session already holds when it is a prefix of the
- * prompt (the state after a prefix is exact, so nothing needs rolling back), reset otherwise.
- * Chunked so a vanished client stops a long prefill early. *reused: tokens not recomputed. */
+static int job_cancelled(void *job) { return lily_job_cancelled(job); }
+
+/* Prefill the prompt into the session through the prefix cache: resume from the deepest cached (or live)
+ * prefix, prefill the rest, checkpoint on the way (runtime/prefix_cache.h). A vanished client stops a
+ * long prefill between forward passes. *reused: tokens not recomputed. */
 static lily_status prefill(lily_service *svc, lily_job *job, const int32_t *ids, int n, int *reused, lily_error *err)
 {
-    lily_session *s = svc->session;
-    int keep = 0;
-    if (s->n_tokens > 0 && s->n_tokens <= n && !memcmp(s->tokens, ids, (size_t)s->n_tokens * sizeof *ids))
-        keep = s->n_tokens;
-    if (keep == 0 && s->n_tokens > 0)
-        lily_session_reset(s);
-    *reused = keep;
-    int chunk = svc->engine->prefill_chunk > 0 ? svc->engine->prefill_chunk : 512;
-    for (int i = keep; i < n; i += chunk) {
-        if (lily_job_cancelled(job))
-            return lily_error_set(err, LILY_ERR_CANCELLED, "cancelled");
-        lily_status st = lily_session_append(s, ids + i, LILY_MIN(chunk, n - i), NULL, err);
-        if (st != LILY_OK) {
-            lily_session_reset(s);
-            return st;
-        }
-    }
-    return LILY_OK;
+    int marks[2];
+    const int n_marks = lily_prefix_cache_chat_marks(ids, n, svc->im_start, svc->im_end, svc->think, marks);
+    lily_status st = lily_prefix_cache_prefill(svc->cache, svc->session, ids, n, marks, n_marks, job_cancelled, job,
+                                               reused, err);
+    if (st != LILY_OK)
+        lily_session_reset(svc->session);
+    return st;
+}
+
+char *lily_service_metrics(void *user)
+{
+    lily_service *svc = user;
+    return lily_prefix_cache_metrics(svc->cache);
 }
 
 static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
@@ -735,6 +745,10 @@ static void run_generation(lily_service *svc, lily_job *job)
         goto done;
     }
     finish = res.finish == LILY_FINISH_LENGTH ? "length" : "stop";
+    /* the end of the generation: what a follow-up request (this prompt + this reply) resumes from */
+    lily_error cerr = {0};
+    if (lily_prefix_cache_checkpoint(svc->cache, s, &cerr) != LILY_OK)
+        fprintf(stderr, "lily serve: warning: no checkpoint after the generation (%s)\n", cerr.message);
 
     /* 7. the end: finish_reason, usage, [DONE] */
     if (g.parser && lily_output_parser_finish(g.parser, !strcmp(finish, "length"), &err) != LILY_OK) {

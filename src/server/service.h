@@ -1,7 +1,7 @@
 /* service.h — what the engine worker of `lily serve` does with a job: the model side of the server.
  *
- * Owns: the engine, the one session, the tokenizer, and the per-request pipeline: render the chat template,
- * tokenize, check the context, prefill (reusing the session when it already holds a prefix of the prompt),
+ * Owns: the engine, the one session, the prefix cache, the tokenizer, and the per-request pipeline: render
+ * the chat template, tokenize, check the context, prefill (resuming from the deepest cached prefix),
  * sample token by token, cut at stop ids / stop strings / max tokens, parse reasoning, content and tool
  * calls, and write the OpenAI response or SSE chunks into the job. Runs on the scheduler's worker thread
  * only (lily_service_load and lily_service_run are a lily_job_loader and a lily_job_runner).
@@ -18,6 +18,8 @@ typedef struct {
     int n_threads;            /* 0 = all cores */
     int ctx_size;             /* tokens; 0 = the model's maximum (capped by the runtime) */
     const char *model_name;   /* the id responses carry */
+    size_t cache_ram_bytes;   /* prefix cache pool (runtime/prefix_cache.h); 0 = 4096 MiB */
+    int checkpoint_every;     /* prefix cache checkpoint interval in tokens; 0 = 4096, < 0 = none */
 } lily_service_options;
 
 typedef struct lily_service lily_service;
@@ -32,5 +34,8 @@ lily_status lily_service_load(void *svc, lily_error *err);
 
 /* lily_job_runner: run one chat, completions, tokenize or detokenize job to its end. */
 void lily_service_run(void *svc, lily_job *job);
+
+/* lily_http_options.metrics_extra: the prefix cache's counters as Prometheus text (malloc'd). Thread-safe. */
+char *lily_service_metrics(void *svc);
 
 #endif
