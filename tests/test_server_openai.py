@@ -233,7 +233,6 @@ if openai:
         check("<think>" not in content and "</think>" not in content, f"thinking {name}: no think tags in content")
     check(off.usage.prompt_tokens > on.usage.prompt_tokens and none.usage.prompt_tokens == off.usage.prompt_tokens,
           "thinking off renders the empty think block (longer prompt), reasoning_effort none likewise")
-    check(not getattr(off.choices[0].message, "reasoning_content", None), "thinking off: no reasoning_content")
     check(on.usage.completion_tokens_details.reasoning_tokens >= 0, "reasoning_tokens reported")
 
     print("developer role")
