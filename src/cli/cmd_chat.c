@@ -6,9 +6,11 @@
  * template (preserve_thinking, so earlier reasoning stays in the history), encodes it, and compares the
  * ids with the session's: when the session holds exactly a prefix of them, only the rest is prefilled.
  * Otherwise (the reply's text re-encodes to other ids than the model generated, so the session and the
- * rendering part ways inside the last reply) the snapshot taken after the last prompt's prefill is
- * restored when it is a prefix, and as a last resort the session is reset and everything prefilled.
- * stderr gets, per turn, the prompt's tokens reused / prefilled and the prefill and decode speed.
+ * rendering part ways inside the last reply) the prefix cache (runtime/prefix_cache.h) restores its
+ * deepest checkpoint that is a prefix: the end of the last prompt's prefill, of an earlier turn, or a
+ * --checkpoint-every position; as a last resort everything is prefilled.
+ * stderr gets, per turn, the prompt's tokens reused (from the live session, a checkpoint, or none) /
+ * prefilled and the prefill and decode speed.
  *
  * Commands: /reset (forget the conversation), /think on|off, /quit (or end of input), /help.
  * Ctrl-C during a reply stops the reply (what was generated stays in the history); Ctrl-C at the
@@ -23,6 +25,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "runtime/prefix_cache.h"
 #include "text/chat_template.h"
 
 static atomic_int chat_cancel;
@@ -57,7 +60,10 @@ static void usage(FILE *f)
     fprintf(f, "usage: lily chat [-m DIR] [options]\n\n"
                "A multi-turn chat. Each turn prefills only the tokens the session does not hold yet.\n"
                "Commands: /reset  /think on|off  /quit (or Ctrl-D)  /help\n"
-               "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n");
+               "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n"
+               "  --cache-ram MIB        host memory for checkpoints of the session state (default 4096)\n"
+               "  --checkpoint-every N   also checkpoint every N tokens of a long prefill (default 4096;\n"
+               "                         0 = never)\n");
     cli_gen_options_usage(f);
 }
 
@@ -112,18 +118,17 @@ typedef struct {
     cli_gen_options *o;
     cli_model *m;
     lily_session *s;
-    lily_session_snapshot snap;  /* the session after the last prompt's prefill */
-    bool have_snap;
+    lily_prefix_cache *cache;    /* checkpoints of the session by token prefix */
+    int32_t im_start_id, im_end_id, think_id; /* token ids for the cache's chat marks */
     json_t *messages;
     bool think;
     int turn;
 } chat_state;
 
-static void forget_snapshot(chat_state *c)
+static int chat_cancelled(void *user)
 {
-    if (c->have_snap)
-        lily_session_snapshot_free(&c->snap);
-    c->have_snap = false;
+    (void)user;
+    return atomic_load(&chat_cancel);
 }
 
 static void reset_conversation(chat_state *c)
@@ -132,7 +137,7 @@ static void reset_conversation(chat_state *c)
     if (c->o->system)
         json_array_append_new(c->messages, json_pack("{s:s, s:s}", "role", "system", "content", c->o->system));
     lily_session_reset(c->s);
-    forget_snapshot(c);
+    lily_prefix_cache_clear(c->cache);
 }
 
 /* The assistant message for the parsed reply (content, reasoning_content, tool_calls). */
@@ -189,42 +194,22 @@ static int chat_turn(chat_state *c, const char *line)
         goto drop_user;
     }
 
-    /* Reuse what the session (or the last snapshot) holds of this prompt. */
-    int reuse;
-    const char *how;
-    if (s->n_tokens > 0 && common_prefix(s->tokens, s->n_tokens, ids, n) == s->n_tokens) {
-        reuse = s->n_tokens;
-        how = "session";
-    } else if (c->have_snap && c->snap.n_tokens > 0 && c->snap.n_tokens <= n &&
-               common_prefix(c->snap.tokens, c->snap.n_tokens, ids, n) == c->snap.n_tokens) {
-        if (lily_session_restore(s, &c->snap, &err) != LILY_OK) {
-            fprintf(stderr, "lily %s: %s\n", cmd, err.message);
-            rc = 1;
-            goto done;
-        }
-        reuse = s->n_tokens;
-        how = "snapshot";
-    } else {
-        lily_session_reset(s);
-        reuse = 0;
-        how = "none";
-    }
+    /* Reuse what the session, or the deepest checkpoint, holds of this prompt. */
+    const int live = s->n_tokens > 0 && s->n_tokens <= n && common_prefix(s->tokens, s->n_tokens, ids, n) == s->n_tokens
+                         ? s->n_tokens : 0;
+    int reuse = 0, marks[2];
+    const int n_marks = lily_prefix_cache_chat_marks(ids, n, c->im_start_id, c->im_end_id, c->think_id, marks);
     atomic_store(&chat_cancel, 0);
     chat_generating = 1;
     const double t0 = now_seconds();
-    if (n > reuse && lily_session_append(s, ids + reuse, n - reuse, NULL, &err) != LILY_OK) {
+    if (lily_prefix_cache_prefill(c->cache, s, ids, n, marks, n_marks, chat_cancelled, NULL, &reuse, &err) != LILY_OK) {
         chat_generating = 0;
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         lily_session_reset(s);
-        forget_snapshot(c);
         goto drop_user;
     }
     const double prefill_s = now_seconds() - t0;
-    forget_snapshot(c);
-    if (lily_session_save(s, &c->snap, &err) == LILY_OK)
-        c->have_snap = true;
-    else
-        fprintf(stderr, "lily %s: warning: no snapshot of the session (%s)\n", cmd, err.message);
+    const char *how = reuse == 0 ? "none" : reuse == live ? "session" : "checkpoint";
 
     const size_t pl = strlen(prompt);
     const bool thinking = pl >= 8 && !strcmp(prompt + pl - 8, "<think>\n");
@@ -249,9 +234,10 @@ static int chat_turn(chat_state *c, const char *line)
     if (st != LILY_OK) {
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         lily_session_reset(s);
-        forget_snapshot(c);
         goto drop_user;
     }
+    if (lily_prefix_cache_checkpoint(c->cache, s, &err) != LILY_OK) /* the end of the reply */
+        fprintf(stderr, "lily %s: warning: no checkpoint after the reply (%s)\n", cmd, err.message);
     if (res.finish == LILY_FINISH_CANCELLED)
         fprintf(stderr, "[reply stopped]\n");
     json_t *reply = assistant_message(lily_output_parser_result(printer.parser));
@@ -281,11 +267,27 @@ int cmd_chat(int argc, char **argv)
 {
     cli_gen_options o;
     cli_gen_options_init(&o);
+    lily_prefix_cache_options cache_opts = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--cache-ram") || !strcmp(a, "--checkpoint-every")) {
+            const bool ram = !strcmp(a, "--cache-ram");
+            char *end = NULL;
+            const long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
+            if (i + 1 >= argc || *end || v < (ram ? 1 : 0) || v > (1L << 24)) {
+                fprintf(stderr, "lily chat: %s needs an integer in [%d, %ld]\n", a, ram ? 1 : 0, 1L << 24);
+                return 2;
+            }
+            if (ram)
+                cache_opts.ram_bytes = (size_t)v << 20;
+            else
+                cache_opts.checkpoint_every = v > 0 ? (int)v : -1;
+            i++;
+            continue;
         }
         int r = cli_gen_option("chat", argc, argv, &i, &o);
         if (r < 0)
@@ -307,10 +309,14 @@ int cmd_chat(int argc, char **argv)
         fprintf(stderr, "lily chat: out of memory\n");
         goto done;
     }
-    if (lily_session_new(m.engine, o.ctx_size, &c.s, &err) != LILY_OK) {
+    if (lily_session_new(m.engine, o.ctx_size, &c.s, &err) != LILY_OK ||
+        lily_prefix_cache_new(&cache_opts, &c.cache, &err) != LILY_OK) {
         fprintf(stderr, "lily chat: %s\n", err.message);
         goto done;
     }
+    c.im_start_id = lily_tokenizer_token_id(m.tok, "<|im_start|>");
+    c.im_end_id = lily_tokenizer_token_id(m.tok, "<|im_end|>");
+    c.think_id = lily_tokenizer_token_id(m.tok, "<think>");
     reset_conversation(&c);
     const bool interactive = isatty(fileno(stdin));
     if (interactive)
@@ -365,7 +371,7 @@ int cmd_chat(int argc, char **argv)
     }
 done:
     signal(SIGINT, SIG_DFL);
-    forget_snapshot(&c);
+    lily_prefix_cache_free(c.cache);
     json_decref(c.messages);
     lily_session_free(c.s);
     cli_model_close(&m);
