@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert_to_mlx4 import bf16_to_f32, mlx_dequantize, st_read, GROUP  # noqa: E402
 
-DEFAULT_PROMPT = "The Python interpreter"
+DEFAULT_PROMPT = "Python is a programming language"
 ZC = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight",
       ".k_norm.weight")
 
@@ -131,10 +131,12 @@ def main():
         lg = model(input_ids=g[:, :-1], use_cache=False).logits[0]
         tf = lg.argmax(-1)[len(ids) - 1:].tolist()
         top2 = torch.topk(lg[len(ids) - 1:].float(), 2, dim=-1).values
-        margin = float((top2[:, 0] - top2[:, 1]).min())
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        margin = min(margins)
         rec = {"prompt": args.prompt, "prompt_ids": ids, "output_ids": outs,
                "text": tok.decode(outs), "teacher_forced_argmax_matches": tf == outs,
                "min_top1_top2_logit_margin": margin,
+               "top1_top2_logit_margins": [round(m, 5) for m in margins],
                "how": "transformers Qwen3_5MoeForCausalLM float32 on CPU, eager attention, greedy generate, on the "
                       "dequantized MLX 4-bit weights of the model directory (tools/make_default_model_reference.py)",
                "torch": torch.__version__}
