@@ -308,8 +308,10 @@ static void cache_insert(tok_cache *c, const char *s, size_t n, uint64_t h, cons
             return;
     }
     uint32_t slot = cache_slot(c, s, n, h);
-    memcpy(c->keys + c->keys_used, s, n);
-    memcpy(c->ids + c->ids_used, ids, n_ids * sizeof *ids);
+    if (n)
+        memcpy(c->keys + c->keys_used, s, n);
+    if (n_ids)
+        memcpy(c->ids + c->ids_used, ids, n_ids * sizeof *ids);
     c->hash[slot] = h;
     c->key_offset[slot] = (uint32_t)c->keys_used;
     c->key_len[slot] = (uint16_t)n;
@@ -519,7 +521,8 @@ static void pre_tokenize(encoder *e, int level, const char *s, size_t n)
             e->prefix_cap[level] = 2 * n + 16;
         }
         e->prefix_buf[level][0] = ' ';
-        memcpy(e->prefix_buf[level] + 1, s, n);
+        if (n)
+            memcpy(e->prefix_buf[level] + 1, s, n);
         s = e->prefix_buf[level];
         n++;
     }
