@@ -1,5 +1,6 @@
 # lily — the two commands a new user needs: `make run` and `make test`.
-#   make run  [MODEL=DIR] [PROMPT="..."]   build, then `lily run` the prompt (default model without MODEL)
+#   make run  [MODEL=DIR] [PROMPT="..."]   build, then continue PROMPT with `lily run --raw` on the bundled
+#                                           model models/lily-tiny (or MODEL), printing text and tok/s
 #   make test                               build, then run the whole test suite (CTest)
 #   make test-asan                          the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make deps                               install the build dependencies (Debian/Ubuntu, as root)
@@ -8,7 +9,8 @@ BUILD      ?= build
 BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL      ?=
-PROMPT     ?= Once upon a time
+PROMPT     ?= The Python interpreter
+TOKENS     ?= 96
 
 DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
                libmicrohttpd-dev libcmocka-dev gnuplot-nox python3 python3-venv python3-numpy curl
@@ -37,7 +39,7 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/lily run $(if $(MODEL),-m "$(MODEL)") -p "$(PROMPT)"
+	./$(BUILD)/lily run $(if $(MODEL),-m "$(MODEL)") --raw -n $(TOKENS) -p "$(PROMPT)"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
