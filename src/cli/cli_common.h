@@ -1,6 +1,6 @@
-/* cli_common.h — what the generating commands (run, chat, and later serve / perplexity) share:
- * the default model directory, opening a model (engine + tokenizer + checks), the sampling / engine
- * options every generating command accepts, and printing a streamed reply (reasoning, content, tool calls).
+/* cli_common.h — what the commands share: the default model directory, opening a model (engine +
+ * tokenizer + checks), the sampling / engine options every generating command accepts, printing a
+ * streamed reply (reasoning, content, tool calls), and parsing integer options and token-id lists.
  */
 #ifndef LILY_CLI_COMMON_H
 #define LILY_CLI_COMMON_H
@@ -96,6 +96,19 @@ int cli_printer_on_token(void *user, int32_t token, const char *text, size_t len
 /* End of the reply: flush the parser, close any open styling, end the line. Returns 0 or 1 (printed). */
 int cli_printer_finish(cli_printer *p, bool cut_by_length);
 void cli_printer_free(cli_printer *p);
+
+/* Parse an integer option value in [min, max]. Prints "lily CMD: OPT expects an integer in [min, max], got
+ * "S"" on stderr and returns -1 when s is not one; 0 on success. */
+int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out);
+
+/* Token ids separated by whitespace, commas or brackets ("1,2,3", "[1 2 3]") into a malloc'd array
+ * (*n_out may be 0: the caller decides whether an empty list is an error). Returns 0, or -1 with
+ * "lily CMD: ..." printed on stderr (a negative, non-numeric or out-of-range id; out of memory). */
+int cli_parse_token_ids(const char *cmd, const char *text, int32_t **out, int *n_out);
+
+/* cli_parse_token_ids on the contents of a file. Returns 0; 1 when the file cannot be read; -1 when its
+ * contents are not an id list (the reason printed on stderr in both cases). */
+int cli_read_token_ids_file(const char *cmd, const char *path, int32_t **out, int *n_out);
 
 /* Print "prefill: N tokens, X tok/s | decode: N tokens, Y tok/s (finish)" to stderr. */
 void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_generated, int n_decode_steps,

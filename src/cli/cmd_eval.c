@@ -16,8 +16,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "runtime/engine.h"
+#include "runtime/perplexity.h"
 
 static void usage(FILE *f)
 {
@@ -36,115 +38,11 @@ static void usage(FILE *f)
             "  --threads N           CPU threads (default: all cores)\n");
 }
 
-/* Parse ids separated by whitespace and/or commas. Returns 0 or -1 with a message on stderr. */
-static int parse_tokens(const char *text, int32_t **out, int *n_out)
-{
-    int cap = 64, n = 0;
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
-    if (!ids)
-        return fprintf(stderr, "lily eval: out of memory\n"), -1;
-    const char *p = text;
-    for (;;) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
-            p++;
-        if (!*p)
-            break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX ||
-            (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' && *end != '\r')) {
-            fprintf(stderr, "lily eval: bad token id near \"%.20s\" (ids are non-negative integers)\n", p);
-            free(ids);
-            return -1;
-        }
-        if (n == cap) {
-            cap *= 2;
-            int32_t *grown = realloc(ids, sizeof(int32_t) * (size_t)cap);
-            if (!grown) {
-                free(ids);
-                return fprintf(stderr, "lily eval: out of memory\n"), -1;
-            }
-            ids = grown;
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-    }
-    if (n == 0) {
-        free(ids);
-        fprintf(stderr, "lily eval: no token ids given\n");
-        return -1;
-    }
-    *out = ids;
-    *n_out = n;
-    return 0;
-}
-
-static char *read_text_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += got;
-        if (len + 1 == cap) {
-            char *grown = realloc(buf, cap *= 2);
-            if (!grown) {
-                free(buf);
-                buf = NULL;
-            }
-            buf = grown;
-        }
-    }
-    if (buf)
-        buf[len] = 0;
-    fclose(f);
-    return buf;
-}
-
-static int parse_int(const char *opt, const char *s, int min, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || errno || v < min || v > INT32_MAX) {
-        fprintf(stderr, "lily eval: %s expects an integer >= %d, got \"%s\"\n", opt, min, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 static double now_seconds(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* log-softmax of one row into out (double) */
-static void log_softmax(const float *x, int n, double *out)
-{
-    double m = -INFINITY, s = 0;
-    for (int i = 0; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    for (int i = 0; i < n; i++)
-        s += exp((double)x[i] - m);
-    const double lse = m + log(s);
-    for (int i = 0; i < n; i++)
-        out[i] = (double)x[i] - lse;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
 }
 
 /* Compare [n, vocab] logits with the reference file; print the four numbers. */
@@ -155,10 +53,8 @@ static int compare_reference(const char *path, const float *logits, int n, int v
         return fprintf(stderr, "lily eval: cannot open reference %s: %s\n", path, strerror(errno)), 1;
     const size_t count = (size_t)n * vocab;
     float *ref = malloc(count * sizeof(float));
-    double *lp_ref = malloc(sizeof(double) * (size_t)vocab), *lp = malloc(sizeof(double) * (size_t)vocab);
-    if (!ref || !lp_ref || !lp) {
+    if (!ref) {
         fclose(f);
-        free(ref); free(lp_ref); free(lp);
         return fprintf(stderr, "lily eval: out of memory\n"), 1;
     }
     size_t got = fread(ref, sizeof(float), count, f);
@@ -167,7 +63,7 @@ static int compare_reference(const char *path, const float *logits, int n, int v
     if (got != count || extra != EOF) {
         fprintf(stderr, "lily eval: reference %s is not float32 [%d, %d] (%zu bytes expected)\n", path, n, vocab,
                 count * sizeof(float));
-        free(ref); free(lp_ref); free(lp);
+        free(ref);
         return 1;
     }
     double max_abs = 0, sum_abs = 0, sum_kl = 0;
@@ -180,19 +76,14 @@ static int compare_reference(const char *path, const float *logits, int n, int v
                 max_abs = d != d ? INFINITY : d;
             sum_abs += d;
         }
-        agree += argmax(a, vocab) == argmax(b, vocab);
-        log_softmax(a, vocab, lp_ref);
-        log_softmax(b, vocab, lp);
-        double kl = 0;
-        for (int i = 0; i < vocab; i++)
-            kl += exp(lp_ref[i]) * (lp_ref[i] - lp[i]);
-        sum_kl += kl;
+        agree += lily_argmax(a, vocab) == lily_argmax(b, vocab);
+        sum_kl += lily_kl_divergence(a, b, vocab);
     }
     printf("max |Δ|: %.6g\n", max_abs);
     printf("mean |Δ|: %.6g\n", sum_abs / (double)count);
     printf("top-1 agreement: %.4f (%d/%d)\n", (double)agree / n, agree, n);
     printf("mean KL(reference‖lily): %.6g\n", sum_kl / n);
-    free(ref); free(lp_ref); free(lp);
+    free(ref);
     return 0;
 }
 
@@ -244,15 +135,17 @@ int cmd_eval(int argc, char **argv)
             reference = value;
         else if (!strcmp(name, "--backend"))
             backend = value;
-        else if (!strcmp(name, "--decode-from")) {
-            if (parse_int(name, value, 0, &decode_from))
+        else {
+            const bool is_decode_from = !strcmp(name, "--decode-from");
+            long v;
+            if (cli_parse_int("eval", name, value, is_decode_from ? 0 : 1, INT32_MAX, &v))
                 return 2;
-        } else if (!strcmp(name, "--prefill-chunk")) {
-            if (parse_int(name, value, 1, &prefill_chunk))
-                return 2;
-        } else if (!strcmp(name, "--threads")) {
-            if (parse_int(name, value, 1, &threads))
-                return 2;
+            if (is_decode_from)
+                decode_from = (int)v;
+            else if (!strcmp(name, "--prefill-chunk"))
+                prefill_chunk = (int)v;
+            else
+                threads = (int)v;
         }
     }
     if (!model || (!tokens_arg == !tokens_file)) {
@@ -263,17 +156,13 @@ int cmd_eval(int argc, char **argv)
 
     int32_t *tokens = NULL;
     int n = 0;
-    if (tokens_file) {
-        char *text = read_text_file(tokens_file);
-        if (!text) {
-            fprintf(stderr, "lily eval: cannot read %s: %s\n", tokens_file, strerror(errno));
-            return 1;
-        }
-        int rc = parse_tokens(text, &tokens, &n);
-        free(text);
-        if (rc)
-            return 2;
-    } else if (parse_tokens(tokens_arg, &tokens, &n)) {
+    int bad = tokens_file ? cli_read_token_ids_file("eval", tokens_file, &tokens, &n)
+                          : cli_parse_token_ids("eval", tokens_arg, &tokens, &n);
+    if (bad)
+        return bad > 0 ? 1 : 2; /* an unreadable file is a runtime error, a bad id a usage error */
+    if (n == 0) {
+        free(tokens);
+        fprintf(stderr, "lily eval: no token ids given\n");
         return 2;
     }
     if (decode_from < 0)
@@ -314,7 +203,7 @@ int cmd_eval(int argc, char **argv)
         printf("prefill: %.2f tok/s (%.3f s)\n", decode_from / (t1 - t0), t1 - t0);
     if (n > decode_from)
         printf("decode: %.2f tok/s (%.3f s)\n", (n - decode_from) / (t2 - t1), t2 - t1);
-    printf("last position top-1: %d\n", argmax(logits + (size_t)(n - 1) * vocab, vocab));
+    printf("last position top-1: %d\n", lily_argmax(logits + (size_t)(n - 1) * vocab, vocab));
 
     if (logits_out) {
         FILE *f = fopen(logits_out, "wb");

@@ -17,16 +17,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "runtime/engine.h"
 #include "runtime/perplexity.h"
-
-#if defined(__has_include)
-#if __has_include("text/tokenizer.h")
 #include "text/tokenizer.h"
-#define LILY_PERPLEXITY_HAVE_TOKENIZER 1
-#endif
-#endif
 
 static void usage(FILE *f)
 {
@@ -45,79 +41,6 @@ static void usage(FILE *f)
             "  --prefill-chunk N        tokens per forward pass (default 512)\n"
             "  --special                with -f: special tokens written in the text (<|im_start|>) become their\n"
             "                           ids (default: encoded as plain text)\n");
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap)
-            break;
-        char *bigger = realloc(buf, 2 * cap + 1);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    int failed = ferror(f);
-    fclose(f);
-    if (!buf || failed) {
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    if (len)
-        *len = n;
-    return buf;
-}
-
-/* Ids separated by whitespace, commas or brackets. Returns 0, or -1 with a message on stderr. */
-static int parse_tokens(const char *text, int32_t **out, int64_t *n_out)
-{
-    int64_t cap = 1024, n = 0;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    const char *p = text;
-    while (ids) {
-        while (*p && strchr(" \t\r\n,[]", *p))
-            p++;
-        if (!*p)
-            break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX) {
-            fprintf(stderr, "lily perplexity: bad token id near '%.20s'\n", p);
-            free(ids);
-            return -1;
-        }
-        if (n == cap) {
-            int32_t *bigger = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
-            if (!bigger) {
-                free(ids);
-                ids = NULL;
-                break;
-            }
-            ids = bigger;
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-    }
-    if (!ids) {
-        fprintf(stderr, "lily perplexity: out of memory reading token ids\n");
-        return -1;
-    }
-    *out = ids;
-    *n_out = n;
-    return 0;
 }
 
 static void show_progress(void *user, int64_t done, int64_t total)
@@ -183,21 +106,15 @@ int cmd_perplexity(int argc, char **argv)
     int32_t *tokens = NULL;
     int64_t n = 0;
     if (tokens_file) {
-        char *text = read_file(tokens_file, NULL);
-        if (!text) {
-            fprintf(stderr, "lily perplexity: cannot read %s: %s\n", tokens_file, strerror(errno));
+        int n_ids = 0;
+        if (cli_read_token_ids_file("perplexity", tokens_file, &tokens, &n_ids))
             return 1;
-        }
-        int bad = parse_tokens(text, &tokens, &n);
-        free(text);
-        if (bad)
-            return 1;
+        n = n_ids;
     } else {
-#ifdef LILY_PERPLEXITY_HAVE_TOKENIZER
         size_t len;
-        char *text = read_file(text_file, &len);
-        if (!text) {
-            fprintf(stderr, "lily perplexity: cannot read %s: %s\n", text_file, strerror(errno));
+        char *text;
+        if (lily_read_file(text_file, 0, &text, &len, &err) != LILY_OK) {
+            fprintf(stderr, "lily perplexity: %s\n", err.message);
             return 1;
         }
         lily_tokenizer *tok = NULL;
@@ -212,10 +129,6 @@ int cmd_perplexity(int argc, char **argv)
             return 1;
         }
         n = n_ids;
-#else
-        fprintf(stderr, "lily perplexity: -f needs the tokenizer, which this build lacks; use --tokens-file\n");
-        return 1;
-#endif
     }
     if (n < 2) {
         fprintf(stderr, "lily perplexity: the input has %lld tokens; at least 2 are needed\n", (long long)n);

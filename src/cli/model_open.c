@@ -42,7 +42,7 @@ void cli_gen_options_usage(FILE *f)
             "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512)\n");
 }
 
-static int parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
+int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
 {
     char *end;
     errno = 0;
@@ -115,23 +115,23 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
     else if (!strcmp(name, "--backend"))
         o->backend = value;
     else if (!strcmp(name, "--max-tokens")) {
-        if (parse_int(cmd, a, value, 0, INT32_MAX, &v))
+        if (cli_parse_int(cmd, a, value, 0, INT32_MAX, &v))
             return -1;
         o->max_tokens = (int)v;
     } else if (!strcmp(name, "--ctx-size")) {
-        if (parse_int(cmd, a, value, 1, INT32_MAX, &v))
+        if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))
             return -1;
         o->ctx_size = (int)v;
     } else if (!strcmp(name, "--threads")) {
-        if (parse_int(cmd, a, value, 1, 4096, &v))
+        if (cli_parse_int(cmd, a, value, 1, 4096, &v))
             return -1;
         o->n_threads = (int)v;
     } else if (!strcmp(name, "--prefill-chunk")) {
-        if (parse_int(cmd, a, value, 1, INT32_MAX, &v))
+        if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))
             return -1;
         o->prefill_chunk = (int)v;
     } else if (!strcmp(name, "--top-k")) {
-        if (parse_int(cmd, a, value, 0, INT32_MAX, &v))
+        if (cli_parse_int(cmd, a, value, 0, INT32_MAX, &v))
             return -1;
         o->sampling.top_k = (int)v;
         o->set_top_k = true;

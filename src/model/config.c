@@ -7,12 +7,13 @@
  */
 #include "config.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "base/file.h"
 
 int lily_config_n_full_attention_layers(const lily_config *c)
 {
@@ -409,44 +410,7 @@ lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cf
     return st;
 }
 
-/* Read a whole small file into a malloc'd buffer. */
-static lily_status read_file(const char *path, char **out, size_t *len, lily_error *err)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return lily_error_set(err, LILY_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, fp);
-        if (n < cap)
-            break;
-        if (cap > ((size_t)64 << 20)) { /* a config is a few KB; refuse anything absurd */
-            free(buf);
-            fclose(fp);
-            return lily_error_set(err, LILY_ERR_FORMAT, "%s: larger than 64 MiB", path);
-        }
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    bool bad = buf && ferror(fp);
-    fclose(fp);
-    if (!buf)
-        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "reading %s: out of memory", path);
-    if (bad) {
-        free(buf);
-        return lily_error_set(err, LILY_ERR_IO, "cannot read %s", path);
-    }
-    *out = buf;
-    *len = n;
-    return LILY_OK;
-}
+#define LILY_CONFIG_MAX_BYTES ((size_t)64 << 20) /* a config is a few KB; refuse anything absurd */
 
 lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err)
 {
@@ -454,7 +418,7 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     char *text;
     size_t len;
-    lily_status st = read_file(path, &text, &len, err);
+    lily_status st = lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, err);
     if (st != LILY_OK)
         return st;
     st = lily_config_parse(text, len, cfg, err);
@@ -469,7 +433,7 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
     if (!probe)
         return LILY_OK; /* optional */
     fclose(probe);
-    if ((st = read_file(path, &text, &len, err)) != LILY_OK)
+    if ((st = lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, err)) != LILY_OK)
         return st;
     json_error_t jerr;
     json_t *gen = json_loadb(text, len, 0, &jerr);

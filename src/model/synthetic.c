@@ -19,6 +19,7 @@
 
 #include "base/base.h"
 #include "base/dtype.h"
+#include "base/file.h"
 
 #define SYN_GROUP_SIZE 64
 
@@ -444,20 +445,10 @@ static lily_status config_from_spec(const char *spec, lily_config *cfg, lily_err
     if (S_ISDIR(sb.st_mode)) {
         st = lily_config_load(spec, cfg, err);
     } else {
-        FILE *f = fopen(spec, "rb");
-        if (!f)
-            return lily_error_set(err, LILY_ERR_IO, "%s: cannot open", spec);
-        char *text = malloc((size_t)sb.st_size + 1);
-        if (!text) {
-            fclose(f);
-            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "%s: out of memory", spec);
-        }
-        size_t len = fread(text, 1, (size_t)sb.st_size, f);
-        fclose(f);
-        if (len != (size_t)sb.st_size) {
-            free(text);
-            return lily_error_set(err, LILY_ERR_IO, "%s: short read", spec);
-        }
+        char *text;
+        size_t len;
+        if ((st = lily_read_file(spec, 0, &text, &len, err)) != LILY_OK)
+            return st;
         st = lily_config_parse(text, len, cfg, err);
         free(text);
         if (st != LILY_OK)

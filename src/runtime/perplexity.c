@@ -44,6 +44,11 @@ static double kl_row(const float *ref, double ref_lse, const float *ours, double
     return kl > 0 ? kl : 0; /* rounding can make a ~0 divergence slightly negative */
 }
 
+double lily_kl_divergence(const float *ref, const float *ours, int n)
+{
+    return kl_row(ref, lily_logsumexp(ref, n), ours, lily_logsumexp(ours, n), n);
+}
+
 lily_status lily_perplexity_run(lily_session *s, const int32_t *tokens, int64_t n, const lily_perplexity_options *opts,
                                 lily_perplexity_result *out, lily_error *err)
 {

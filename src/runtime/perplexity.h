@@ -51,8 +51,13 @@ typedef struct {
 lily_status lily_perplexity_run(lily_session *s, const int32_t *tokens, int64_t n, const lily_perplexity_options *opts,
                                 lily_perplexity_result *out, lily_error *err);
 
-/* log-softmax helpers, exposed for tests: log sum_j exp(logits[j]) in double, and argmax (lowest index on ties). */
+/* log-softmax helpers, exposed for tests and `lily eval`: log sum_j exp(logits[j]) in double, and argmax
+ * (lowest index on ties). */
 double lily_logsumexp(const float *logits, int n);
 int lily_argmax(const float *logits, int n);
+
+/* KL(softmax(ref) || softmax(ours)) = sum_j p_ref(j) (log p_ref(j) - log p_ours(j)) in nats, double
+ * precision, over two fp32 logit rows of length n; rounding below 0 is clamped to 0. */
+double lily_kl_divergence(const float *ref, const float *ours, int n);
 
 #endif

@@ -9,48 +9,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/file.h"
 #include "base/sha256.h"
 #include "text/chat_template.h"
 
 /* sha256 of Qwen/Qwen3.6-35B-A3B chat_template.jinja (7764 bytes, no trailing newline; KNOWN.json). */
 const char LILY_CHAT_TEMPLATE_KNOWN_SHA256[65] = "e84f32a23fdda27689f868aa4a1a5621f41133e51a48d7f3efcbea2839574259";
-
-/* Whole file, malloc'd and NUL-terminated; NULL with errno set on failure. */
-static char *read_whole_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *data = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *p = realloc(data, cap);
-            if (!p) {
-                free(data);
-                fclose(f);
-                errno = ENOMEM;
-                return NULL;
-            }
-            data = p;
-        }
-        size_t got = fread(data + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    int failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        free(data);
-        errno = EIO;
-        return NULL;
-    }
-    data[n] = '\0';
-    *len = n;
-    return data;
-}
 
 static void digest_of(const char *text, size_t len, char hex[65])
 {
@@ -74,12 +38,16 @@ lily_status lily_chat_template_check(const char *model_dir, lily_chat_template_m
     lily_status status = LILY_OK;
     size_t len;
     snprintf(path, path_size, "%s/chat_template.jinja", model_dir);
-    char *text = read_whole_file(path, &len);
-    if (text) {
+    char *text;
+    lily_error read_err = {0};
+    lily_status read = lily_read_file(path, 0, &text, &len, &read_err);
+    if (read == LILY_OK) {
         digest_of(text, len, found);
         free(text);
-    } else if (errno != ENOENT) {
-        status = lily_error_set(err, LILY_ERR_IO, "%s: %s", path, strerror(errno));
+    } else if (read != LILY_ERR_IO || errno != ENOENT) {
+        status = read; /* a missing template is not an error; anything else is */
+        if (err)
+            *err = read_err;
     } else {
         snprintf(path, path_size, "%s/tokenizer_config.json", model_dir);
         json_error_t jerr;

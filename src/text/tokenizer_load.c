@@ -13,6 +13,7 @@
 #include <utf8proc.h>
 
 #include "base/base.h"
+#include "base/file.h"
 #include "text/tokenizer_internal.h"
 
 /* GPT-2's pattern, used by a ByteLevel pre-tokenizer with use_regex = true (HF byte_level.rs). */
@@ -582,22 +583,18 @@ static int32_t config_token_id(const lily_tokenizer *tok, const json_t *config, 
 static lily_status load_json(const char *path, json_t **out, lily_error *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "%s: cannot open (%s)", path, strerror(errno));
-    char *buf = NULL;
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
-        buf = malloc((size_t)size + 1);
-    bool read_ok = buf && fread(buf, 1, (size_t)size, f) == (size_t)size;
-    fclose(f);
-    if (!read_ok) {
-        free(buf);
-        return buf || size < 0 ? lily_error_set(err, LILY_ERR_TOKENIZER, "%s: read failed", path)
-                               : lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "%s: out of memory (%ld bytes)", path, size);
+    char *buf;
+    size_t size;
+    lily_status st = lily_read_file(path, 0, &buf, &size, err);
+    if (st == LILY_ERR_IO) { /* "PATH: cannot open (reason)": a tokenizer error to the caller */
+        if (err)
+            err->status = LILY_ERR_TOKENIZER;
+        return LILY_ERR_TOKENIZER;
     }
+    if (st != LILY_OK)
+        return st;
     json_error_t jerr;
-    *out = json_loadb(buf, (size_t)size, 0, &jerr);
+    *out = json_loadb(buf, size, 0, &jerr);
     free(buf);
     if (*out)
         return LILY_OK;
