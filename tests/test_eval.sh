@@ -59,6 +59,8 @@ for layout in hf mlx4; do
     check "$layout prefill" "$LILY" eval --model "$M" --tokens-file "$TMP/tokens.txt" --reference "$TMP/ref_$layout.f32" --logits-out "$TMP/out_$layout.f32"
     check "$layout decode-from 150" "$LILY" eval -m "$M" --tokens-file "$TMP/tokens.txt" --decode-from 150 --reference "$TMP/ref_$layout.f32"
     check "$layout prefill-chunk 7" "$LILY" eval -m "$M" --tokens-file "$TMP/tokens.txt" --prefill-chunk 7 --threads 1 --reference "$TMP/ref_$layout.f32"
+    check "$layout chunked delta rule" "$LILY" eval -m "$M" --tokens-file "$TMP/tokens.txt" --deltanet chunked --reference "$TMP/ref_$layout.f32"
+    check "$layout chunked delta rule, prefill-chunk 100" "$LILY" eval -m "$M" --tokens-file "$TMP/tokens.txt" --deltanet chunked --prefill-chunk 100 --decode-from 250 --reference "$TMP/ref_$layout.f32"
     size=$(stat -c %s "$TMP/out_$layout.f32")
     if [ "$size" = $((300 * 512 * 4)) ]; then
         echo "ok   $layout logits-out size"; passes=$((passes + 1))

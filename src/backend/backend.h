@@ -35,6 +35,11 @@ typedef struct {
     int n_threads;        /* CPU worker threads; 0 = all cores */
     int max_chunk;        /* the most tokens one forward() call receives; scratch is sized by it */
     int device;           /* GPU ordinal for GPU backends */
+    /* Gated DeltaNet delta rule for multi-token calls: false (default) = the recurrent form for every n,
+     * so results do not depend on how tokens are split into forward() calls (the prefix cache's cold ==
+     * cached exactness rests on this); true = the chunked form (chunk 64) for n > 1, as transformers'
+     * torch_chunk_gated_delta_rule computes it. Both match the fixture references to ~1e-4. */
+    bool deltanet_chunked;
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_backend_options;

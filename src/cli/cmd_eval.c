@@ -25,7 +25,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: lily eval --model DIR (--tokens 1,2,3 | --tokens-file F) [--decode-from K]\n"
-            "                 [--prefill-chunk N] [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]\n\n"
+            "                 [--prefill-chunk N] [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]\n"
+            "                 [--deltanet recurrent|chunked]\n\n"
             "Runs token ids through the model: the first K through one prefill, the rest one by one (decode).\n"
             "  -m, --model DIR       model directory (config.json + *.safetensors)\n"
             "  --tokens LIST         token ids separated by commas or spaces\n"
@@ -35,6 +36,8 @@ static void usage(FILE *f)
             "  --logits-out F        write all logits as raw little-endian float32 [n_tokens, vocab]\n"
             "  --reference F         compare with reference logits (same format): max |Δ|, mean |Δ|, top-1, KL\n"
             "  --backend NAME        cpu (default) or cuda\n"
+            "  --deltanet FORM       recurrent (default: split-invariant) or chunked (chunk 64 for multi-token\n"
+            "                        calls, transformers' numerics)\n"
             "  --threads N           CPU threads (default: all cores)\n");
 }
 
@@ -92,6 +95,7 @@ int cmd_eval(int argc, char **argv)
     const char *model = NULL, *tokens_arg = NULL, *tokens_file = NULL, *logits_out = NULL, *reference = NULL;
     const char *backend = "cpu";
     int decode_from = -1, prefill_chunk = 0, threads = 0;
+    bool deltanet_chunked = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -99,7 +103,7 @@ int cmd_eval(int argc, char **argv)
             return 0;
         }
         const char *opts[] = {"--model", "-m", "--tokens", "--tokens-file", "--decode-from", "--prefill-chunk",
-                              "--logits-out", "--reference", "--backend", "--threads"};
+                              "--logits-out", "--reference", "--backend", "--threads", "--deltanet"};
         const char *value = NULL, *name = NULL;
         for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) {
             size_t len = strlen(opts[o]);
@@ -135,6 +139,13 @@ int cmd_eval(int argc, char **argv)
             reference = value;
         else if (!strcmp(name, "--backend"))
             backend = value;
+        else if (!strcmp(name, "--deltanet")) {
+            if (strcmp(value, "chunked") && strcmp(value, "recurrent")) {
+                fprintf(stderr, "lily eval: --deltanet must be chunked or recurrent (got '%s')\n", value);
+                return 2;
+            }
+            deltanet_chunked = !strcmp(value, "chunked");
+        }
         else {
             const bool is_decode_from = !strcmp(name, "--decode-from");
             long v;
@@ -178,7 +189,8 @@ int cmd_eval(int argc, char **argv)
     lily_session *s = NULL;
     float *logits = NULL;
     int rc = 1;
-    lily_engine_options eo = {.model_dir = model, .backend = backend, .n_threads = threads, .prefill_chunk = prefill_chunk};
+    lily_engine_options eo = {.model_dir = model, .backend = backend, .n_threads = threads, .prefill_chunk = prefill_chunk,
+                              .deltanet_chunked = deltanet_chunked};
     if (lily_engine_open(&eo, &e, &err) != LILY_OK)
         goto fail;
     if (lily_session_new(e, n, &s, &err) != LILY_OK)

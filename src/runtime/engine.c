@@ -51,6 +51,7 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
         .n_threads = opts->n_threads,
         .max_chunk = e->prefill_chunk,
         .device = opts->device,
+        .deltanet_chunked = opts->deltanet_chunked,
         .debug_hook = opts->debug_hook,
         .debug_user = opts->debug_user,
     };

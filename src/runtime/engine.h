@@ -23,6 +23,7 @@ typedef struct {
     int n_threads;           /* 0 = all cores */
     int prefill_chunk;       /* tokens per forward() during prefill; default 512 */
     int device;              /* GPU ordinal */
+    bool deltanet_chunked;   /* see lily_backend_options.deltanet_chunked */
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_engine_options;

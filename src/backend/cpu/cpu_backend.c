@@ -79,6 +79,7 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     c->max_chunk = opts->max_chunk;
     c->debug_hook = opts->debug_hook;
     c->debug_user = opts->debug_user;
+    c->deltanet_chunked = opts->deltanet_chunked;
     lily_status st = lily_threadpool_create(opts->n_threads, &c->pool, err);
     if (st != LILY_OK) {
         cpu_destroy(c);

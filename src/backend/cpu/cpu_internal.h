@@ -60,6 +60,7 @@ typedef struct {
     float *gdn_o;             /* [mc, value_dim] delta-rule output, then gated norm output */
     float *gdn_chunk_scratch; /* [n_threads, gdn_chunk_scratch_floats] */
     int64_t gdn_chunk_scratch_floats;
+    bool deltanet_chunked;    /* chunked delta rule for n > 1 (lily_backend_options) */
 
     /* sparse MoE */
     float *router_probs;      /* [mc, n_experts] */

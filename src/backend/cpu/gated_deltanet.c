@@ -2,12 +2,13 @@
  *
  * Owns: the causal depthwise conv (K taps, SiLU) with its K-1 row state, the q/k L2 norm, the gates
  * g = -exp(A_log) · softplus(a + dt_bias) and beta = sigmoid(b), the gated delta rule and the
- * gated RMSNorm with SiLU(z). The forward pass runs the delta rule in its recurrent form for every n, so
- * the state after a token does not depend on how the tokens were split into forward() calls (prefill in
- * one piece, in pieces, or decode one by one give bit-identical states and logits): the prefix cache's
- * cold == cached exactness rests on this. On a CPU it costs nothing measurable (the delta rule is ~1% of
- * a token's FLOPs). The chunked form (chunk 64, as transformers' torch_chunk_gated_delta_rule) stays
- * as cpu_gdn_delta_rule_chunked, tested against the recurrent one. Does not own: the projections (matmul.c) or the state memory (the state).
+ * gated RMSNorm with SiLU(z). By default the forward pass runs the delta rule in its recurrent form for
+ * every n, so the state after a token does not depend on how the tokens were split into forward() calls
+ * (prefill in one piece, in pieces, or decode one by one give bit-identical states and logits): the prefix
+ * cache's cold == cached exactness rests on this. On a CPU it costs nothing measurable (the delta rule is
+ * ~1% of a token's FLOPs). With lily_backend_options.deltanet_chunked, calls with n > 1 use the chunked
+ * form (chunk 64, transformers' torch_chunk_gated_delta_rule), cpu_gdn_delta_rule_chunked.
+ * Does not own: the projections (matmul.c) or the state memory (the state).
  */
 #include <math.h>
 #include <string.h>
@@ -214,7 +215,12 @@ static void delta_rule_head_task(void *arg, int hv, int thread)
     const float *v = conv + 2 * key_dim + (int64_t)hv * dv;
     float *state = j->recurrent_state + (int64_t)hv * dk * dv;
     float *out = j->c->gdn_o + (int64_t)hv * dv;
-    (void)thread; /* split-invariant: recurrent for every n (see the top of the file) */
+    if (j->c->deltanet_chunked && j->n > 1) {
+        cpu_gdn_delta_rule_chunked(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n, dk,
+                                   dv, state, out, value_dim,
+                                   j->c->gdn_chunk_scratch + (int64_t)thread * j->c->gdn_chunk_scratch_floats);
+        return;
+    }
     cpu_gdn_delta_rule_recurrent(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n, dk,
                                  dv, state, out, value_dim);
 }
