@@ -45,6 +45,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
     __shared__ float s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
     __shared__ float s_M[G], s_L[G];
     __shared__ unsigned int s_last;
+    pdl_wait();
+    pdl_trigger();
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int L = *a.pos + t + 1;
@@ -70,45 +72,61 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
 
     const __nv_bfloat16 *kc = a.k_cache + (size_t)g * a.max_ctx * D + lane * DPL;
     const __nv_bfloat16 *vc = a.v_cache + (size_t)g * a.max_ctx * D + lane * DPL;
-    for (int k0 = start + warp; k0 < end; k0 += 2 * ATT_WARPS) {
-        const int k1 = k0 + ATT_WARPS;
-        const bool has1 = k1 < end;
-        float kr0[DPL], vr0[DPL], kr1[DPL], vr1[DPL];
-        load_row<G, DPL>(kc + (size_t)k0 * D, kr0);
-        load_row<G, DPL>(vc + (size_t)k0 * D, vr0);
-        if (has1) {
-            load_row<G, DPL>(kc + (size_t)k1 * D, kr1);
-            load_row<G, DPL>(vc + (size_t)k1 * D, vr1);
+    constexpr int UK = 4; /* keys per warp iteration: 8 row loads in flight per lane */
+    for (int k0 = start + warp; k0 < end; k0 += UK * ATT_WARPS) {
+        float kr[UK][DPL], vr[UK][DPL];
+#pragma unroll
+        for (int u = 0; u < UK; u++) {
+            const int k = min(k0 + u * ATT_WARPS, end - 1); /* clamped rows are masked below */
+            load_row<G, DPL>(kc + (size_t)k * D, kr[u]);
+            load_row<G, DPL>(vc + (size_t)k * D, vr[u]);
         }
-        float sc0[G], sc1[G];
+        float sc[UK][G];
 #pragma unroll
-        for (int h = 0; h < G; h++) {
-            float d0 = 0.0f, d1 = 0.0f;
+        for (int u = 0; u < UK; u++)
 #pragma unroll
-            for (int e = 0; e < DPL; e++) {
-                d0 = fmaf(q[h][e], kr0[e], d0);
-                d1 = fmaf(q[h][e], has1 ? kr1[e] : 0.0f, d1);
+            for (int h = 0; h < G; h++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < DPL; e++)
+                    d = fmaf(q[h][e], kr[u][e], d);
+                sc[u][h] = d;
             }
-            sc0[h] = d0;
-            sc1[h] = d1;
-        }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-            for (int h = 0; h < G; h++) {
-                sc0[h] += __shfl_xor_sync(0xffffffffu, sc0[h], o);
-                sc1[h] += __shfl_xor_sync(0xffffffffu, sc1[h], o);
-            }
+            for (int u = 0; u < UK; u++)
+#pragma unroll
+                for (int h = 0; h < G; h++)
+                    sc[u][h] += __shfl_xor_sync(0xffffffffu, sc[u][h], o);
+#pragma unroll
+        for (int u = 0; u < UK; u++)
+            if (k0 + u * ATT_WARPS >= end)
+#pragma unroll
+                for (int h = 0; h < G; h++)
+                    sc[u][h] = -INFINITY;
 #pragma unroll
         for (int h = 0; h < G; h++) {
-            const float mn = has1 ? fmaxf(m[h], fmaxf(sc0[h], sc1[h])) : fmaxf(m[h], sc0[h]);
-            const float corr = expf(m[h] - mn);
-            const float p0 = expf(sc0[h] - mn);
-            const float p1 = has1 ? expf(sc1[h] - mn) : 0.0f;
-            l[h] = l[h] * corr + p0 + p1;
+            float mn = m[h];
 #pragma unroll
-            for (int e = 0; e < DPL; e++)
-                acc[h][e] = acc[h][e] * corr + p0 * vr0[e] + (has1 ? p1 * vr1[e] : 0.0f);
+            for (int u = 0; u < UK; u++)
+                mn = fmaxf(mn, sc[u][h]);
+            const float corr = expf(m[h] - mn);
+            float p[UK], ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < UK; u++) {
+                p[u] = expf(sc[u][h] - mn);
+                ps += p[u];
+            }
+            l[h] = l[h] * corr + ps;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) {
+                float v = acc[h][e] * corr;
+#pragma unroll
+                for (int u = 0; u < UK; u++)
+                    v = fmaf(p[u], vr[u][e], v);
+                acc[h][e] = v;
+            }
             m[h] = mn;
         }
     }
@@ -173,21 +191,35 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
     const int n_used = (L + chunk - 1) / chunk;
     const float *pmlg = a.part_ml + (size_t)g * a.n_splits * G * 2;
     const float *pog = a.part_o + (size_t)g * a.n_splits * G * D;
+    /* per head: merged max and sum by one warp (lanes over splits), weights f_s to shared memory */
+    float *s_f = s_acc; /* reuse: [G][n_used] <= G * D floats since n_used <= n_splits <= D */
+    for (int h = warp; h < G; h += ATT_WARPS) {
+        float M = -INFINITY;
+        for (int sp = lane; sp < n_used; sp += 32)
+            M = fmaxf(M, __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h));
+        M = warp_max(M);
+        float Ls = 0.0f;
+        for (int sp = lane; sp < n_used; sp += 32)
+            Ls += __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h + 1) * expf(__ldcg(pmlg + (size_t)sp * G * 2 + 2 * h) - M);
+        Ls = warp_sum(Ls);
+        for (int sp = lane; sp < n_used; sp += 32)
+            s_f[h * n_used + sp] = expf(__ldcg(pmlg + (size_t)sp * G * 2 + 2 * h) - M) / Ls;
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int h = i / D, d = i % D, hg = g * G + h;
-        float M = -INFINITY;
-        for (int sp = 0; sp < n_used; sp++)
-            M = fmaxf(M, __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h));
-        float O = 0.0f, Lt = 0.0f;
-        for (int sp = 0; sp < n_used; sp++) {
-            const float ms = __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h);
-            if (ms == -INFINITY)
-                continue;
-            const float f = expf(ms - M);
-            Lt = fmaf(__ldcg(pmlg + (size_t)sp * G * 2 + 2 * h + 1), f, Lt);
-            O = fmaf(__ldcg(pog + (size_t)sp * G * D + i), f, O);
+        float O0 = 0.0f, O1 = 0.0f, O2 = 0.0f, O3 = 0.0f;
+        int sp = 0;
+        for (; sp + 4 <= n_used; sp += 4) {
+            O0 = fmaf(__ldcg(pog + (size_t)sp * G * D + i), s_f[h * n_used + sp], O0);
+            O1 = fmaf(__ldcg(pog + (size_t)(sp + 1) * G * D + i), s_f[h * n_used + sp + 1], O1);
+            O2 = fmaf(__ldcg(pog + (size_t)(sp + 2) * G * D + i), s_f[h * n_used + sp + 2], O2);
+            O3 = fmaf(__ldcg(pog + (size_t)(sp + 3) * G * D + i), s_f[h * n_used + sp + 3], O3);
         }
-        a.out[((size_t)t * a.n_heads + hg) * D + d] = O / Lt * sigmoid_f(gate_row[(size_t)hg * 2 * D + D + d]);
+        for (; sp < n_used; sp++)
+            O0 = fmaf(__ldcg(pog + (size_t)sp * G * D + i), s_f[h * n_used + sp], O0);
+        a.out[((size_t)t * a.n_heads + hg) * D + d] =
+            ((O0 + O1) + (O2 + O3)) * sigmoid_f(gate_row[(size_t)hg * 2 * D + D + d]);
     }
     if (threadIdx.x == 0)
         a.counter[g] = 0;
@@ -197,9 +229,9 @@ template <int G>
 static cudaError_t att_g(const attn_args &a, dim3 grid, cudaStream_t s)
 {
     switch (a.head_dim / 32) {
-    case 2: attention_kernel<G, 2><<<grid, ATT_WARPS * 32, 0, s>>>(a); break;
-    case 4: attention_kernel<G, 4><<<grid, ATT_WARPS * 32, 0, s>>>(a); break;
-    case 8: attention_kernel<G, 8><<<grid, ATT_WARPS * 32, 0, s>>>(a); break;
+    case 2: return launch_pdl(attention_kernel<G, 2>, grid, dim3(ATT_WARPS * 32), 0, s, a);
+    case 4: return launch_pdl(attention_kernel<G, 4>, grid, dim3(ATT_WARPS * 32), 0, s, a);
+    case 8: return launch_pdl(attention_kernel<G, 8>, grid, dim3(ATT_WARPS * 32), 0, s, a);
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -207,7 +239,7 @@ static cudaError_t att_g(const attn_args &a, dim3 grid, cudaStream_t s)
 
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
 {
-    if (a.head_dim % 32 || a.n_heads % a.n_kv || (a.n_splits > 1 && n_tokens != 1))
+    if (a.head_dim % 32 || a.n_heads % a.n_kv || (a.n_splits > 1 && n_tokens != 1) || a.n_splits > a.head_dim)
         return cudaErrorInvalidValue;
     dim3 grid(a.n_splits, a.n_kv, n_tokens);
     switch (a.n_heads / a.n_kv) {

@@ -54,6 +54,7 @@ struct gemv_batch {
     int y_stride[GEMV_MAX_MATS];
     int row_start[GEMV_MAX_MATS + 1]; /* prefix of rows */
     int n_mats;
+    int grid_cap; /* most blocks per token (0: 264 = 2 per SM of an H100/H200) */
 };
 
 struct gemv_input {
@@ -100,6 +101,42 @@ __device__ __forceinline__ float warp_max(float v)
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float bf2f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/* Programmatic dependent launch (sm_90): kernels are launched with launch_pdl() so the next kernel's
+ * blocks may start while this one drains. Every kernel calls pdl_wait() before it reads anything an
+ * earlier kernel wrote or writes anything (only immutable weights may be read before it), then
+ * pdl_trigger() so its own dependent may start. Both are no-ops when launched without the attribute. */
+__device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* Launch kernel k<<<grid, block, smem, s>>>(args...) with programmatic stream serialization. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                     Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
 
 /* Order-preserving key of (value, row) for atomicMax: larger value wins, then the lower row. */
 __device__ __forceinline__ unsigned long long argmax_key(float v, int row)

@@ -25,6 +25,8 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_kernel(gdn_args a, int n
     __shared__ float s_scal[2][4]; /* decay, beta, k·q, unused */
     __shared__ float s_ss[2][3];
 
+    pdl_wait();
+    pdl_trigger();
     const int slices = a.dv / GDN_COLS;
     const int j = blockIdx.x / slices, sl = blockIdx.x % slices;
     const int c0 = sl * GDN_COLS;
@@ -52,7 +54,12 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_kernel(gdn_args a, int n
     for (int t = 0; t < n; t++) {
         const int p = t & 1;
         /* A: conv + SiLU of this token's q, k and v-slice channels */
-        for (int ch = tid; ch < 2 * DK + GDN_COLS; ch += GDN_THREADS) {
+        constexpr int NCH = (2 * DK + GDN_COLS + GDN_THREADS - 1) / GDN_THREADS;
+#pragma unroll
+        for (int ci = 0; ci < NCH; ci++) {
+            const int ch = tid + ci * GDN_THREADS;
+            if (ch >= 2 * DK + GDN_COLS)
+                break;
             const int c = channel(ch);
             float acc = 0.0f;
             for (int tap = 0; tap < a.K; tap++) {
@@ -130,9 +137,9 @@ cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s)
         return cudaErrorInvalidValue;
     dim3 grid(a.Hv * (a.dv / GDN_COLS));
     switch (a.dk) {
-    case 32: gdn_scan_kernel<32><<<grid, GDN_THREADS, 0, s>>>(a, n_tokens); break;
-    case 64: gdn_scan_kernel<64><<<grid, GDN_THREADS, 0, s>>>(a, n_tokens); break;
-    case 128: gdn_scan_kernel<128><<<grid, GDN_THREADS, 0, s>>>(a, n_tokens); break;
+    case 32: return launch_pdl(gdn_scan_kernel<32>, grid, dim3(GDN_THREADS), 0, s, a, n_tokens);
+    case 64: return launch_pdl(gdn_scan_kernel<64>, grid, dim3(GDN_THREADS), 0, s, a, n_tokens);
+    case 128: return launch_pdl(gdn_scan_kernel<128>, grid, dim3(GDN_THREADS), 0, s, a, n_tokens);
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();

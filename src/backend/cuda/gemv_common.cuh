@@ -147,4 +147,70 @@ __device__ __forceinline__ void x_sums(const float (&x)[VPL][128 / BITS], float 
     }
 }
 
+/* The input transform (gemv_input_mode) of token t, once per block of NW warps, into s_x[0..cols);
+ * s_red holds NW floats. Ends with __syncthreads. */
+template <int IN_MODE, int NW>
+__device__ __forceinline__ void gemv_prologue(const gemv_input &in, int t, int cols, float *s_x, float *s_red)
+{
+    const float *act = in.act + (int64_t)t * in.act_stride;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (IN_MODE == GEMV_IN_RMSNORM) {
+        float ss = 0.0f;
+        for (int c = tid; c < cols; c += blockDim.x) {
+            const float v = act[c];
+            s_x[c] = v;
+            ss = fmaf(v, v, ss);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0)
+            s_red[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+            tot += s_red[w];
+        const float r = rsqrtf(tot / (float)cols + in.eps);
+        for (int c = tid; c < cols; c += blockDim.x)
+            s_x[c] *= r * in.norm_w[c];
+    } else if (IN_MODE == GEMV_IN_GATED) {
+        const int hd = in.head_dim, heads = cols / hd;
+        const float *z = in.z + (int64_t)t * in.z_stride;
+        for (int h = warp; h < heads; h += NW) {
+            float ss = 0.0f;
+            for (int d = lane; d < hd; d += 32) {
+                const float v = act[h * hd + d];
+                ss = fmaf(v, v, ss);
+            }
+            ss = warp_sum(ss);
+            const float r = rsqrtf(ss / (float)hd + in.eps);
+            for (int d = lane; d < hd; d += 32)
+                s_x[h * hd + d] = act[h * hd + d] * r * in.norm_w[d] * silu_f(z[h * hd + d]);
+        }
+    } else {
+        for (int c = tid; c < cols; c += blockDim.x)
+            s_x[c] = act[c];
+    }
+    __syncthreads();
+}
+
+
+/* This lane's x values from the block's shared copy. */
+template <int BITS, int LPR, int VPL>
+__device__ __forceinline__ void x_from_smem(const float *s_x, int li, float (&x)[VPL][128 / BITS])
+{
+    constexpr int CPV = 128 / BITS;
+#pragma unroll
+    for (int j = 0; j < VPL; j++) {
+        const float4 *p = reinterpret_cast<const float4 *>(s_x + (j * LPR + li) * CPV);
+#pragma unroll
+        for (int c = 0; c < CPV / 4; c++) {
+            const float4 v = p[c];
+            x[j][4 * c] = v.x;
+            x[j][4 * c + 1] = v.y;
+            x[j][4 * c + 2] = v.z;
+            x[j][4 * c + 3] = v.w;
+        }
+    }
+}
+
 #endif

@@ -6,66 +6,41 @@
  * Gated DeltaNet's per-head gated RMSNorm) and the output either stored, added into the residual
  * stream, or stored with a device-side argmax (LM head + greedy sampling).
  *
- * Launch shape: 128 threads (4 warps); a warp owns `rows_per_warp` consecutive rows, a lane group of
- * LPR lanes one row at a time, U = 4 rows of loads in flight. grid = (ceil(rows / rows_per_block), n_tokens).
+ * Launch shape: 256 threads (8 warps), grid = (min(row groups / 8, 264), n_tokens). The block applies the
+ * input transform once into shared memory (x as fp32), each warp copies its lanes' x into registers;
+ * a lane group of LPR lanes owns a row, a warp takes groups of U passes (U*32/LPR rows) grid-stride, with
+ * the next group's loads issued before the current one is stored. The first group's weight loads are
+ * issued before pdl_wait(), overlapping the previous kernel's tail (programmatic dependent launch).
  */
 #include "gemv_common.cuh"
 
-#define GEMV_WARPS 4
+#define GEMV_WARPS 8
 #define GEMV_UNROLL_MAX 4
+#define GEMV_GRID_CAP 264
 
 template <int BITS, int LPR, int VPL, int IN_MODE, int OUT_MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(gemv_batch b, gemv_input in, int rows_per_warp, int total_rows, unsigned long long *argmax)
+gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *argmax)
 {
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR; /* rows per warp pass */
-    constexpr int GEMV_UNROLL = VPL >= 4 ? 2 : GEMV_UNROLL_MAX; /* rows of loads in flight per lane group */
-    const int lane = threadIdx.x & 31;
+    constexpr int U = VPL >= 4 ? 2 : GEMV_UNROLL_MAX; /* passes of loads in flight per warp */
+    constexpr int GROUP = RPW * U;
+    extern __shared__ float s_x[];
+    __shared__ float s_red[GEMV_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;
-    const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const int t = blockIdx.y;
-    const int r0 = warp * rows_per_warp;
-    if (r0 >= total_rows)
-        return;
+    const int W = gridDim.x * GEMV_WARPS;
+    const int n_groups = (total_rows + GROUP - 1) / GROUP;
     const int cols = b.m[0].cols;
 
-    float x[VPL][CPV];
-    x_load<BITS, LPR, VPL>(in.act + (int64_t)t * in.act_stride, li, x);
-    if (IN_MODE == GEMV_IN_RMSNORM) {
-        x_rmsnorm<BITS, LPR, VPL>(x, in.norm_w, cols, in.eps, li);
-    } else if (IN_MODE == GEMV_IN_GATED) {
-        /* per head of head_dim columns: (x * rsqrt(mean(x^2)+eps)) * w[d] * silu(z) */
-        const float *z = in.z + (int64_t)t * in.z_stride;
+    row_frag<BITS, VPL> f[U];
+    int mi[U], lr[U];
+    auto load_group = [&](int g) {
 #pragma unroll
-        for (int j = 0; j < VPL; j++) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int c = 0; c < CPV; c++)
-                ss = fmaf(x[j][c], x[j][c], ss);
-            for (int o = 1; o * CPV < in.head_dim; o <<= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float r = rsqrtf(ss / (float)in.head_dim + in.eps);
-            const int c0 = (j * LPR + li) * CPV;
-#pragma unroll
-            for (int c = 0; c < CPV; c++) {
-                const int col = c0 + c;
-                x[j][c] = x[j][c] * r * in.norm_w[col % in.head_dim] * silu_f(z[col]);
-            }
-        }
-    }
-    float xs[VPL];
-    x_sums<BITS, VPL>(x, xs);
-
-    float best = -INFINITY;
-    int best_row = 0x7fffffff;
-    const int r_end = min(r0 + rows_per_warp, total_rows);
-    for (int rb = r0; rb < r_end; rb += RPW * GEMV_UNROLL) {
-        row_frag<BITS, VPL> f[GEMV_UNROLL];
-        int mi[GEMV_UNROLL], lr[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            const int row = rb + u * RPW + sub;
+        for (int u = 0; u < U; u++) {
+            const int row = g * GROUP + u * RPW + sub;
             int m = 0;
 #pragma unroll
             for (int k = 1; k < GEMV_MAX_MATS; k++)
@@ -73,22 +48,58 @@ gemv_kernel(gemv_batch b, gemv_input in, int rows_per_warp, int total_rows, unsi
                     m = k;
             mi[u] = m;
             lr[u] = row - b.row_start[m];
-            if (row < r_end)
+            if (row < total_rows)
                 row_load<BITS, LPR, VPL>(b.m[m], lr[u], li, f[u]);
         }
+    };
+    int g = blockIdx.x * GEMV_WARPS + warp;
+    if (g < n_groups)
+        load_group(g); /* weights only: may run before the previous kernel finishes */
+    pdl_wait();
+    pdl_trigger();
+    gemv_prologue<IN_MODE, GEMV_WARPS>(in, t, cols, s_x, s_red);
+
+    float x[VPL][CPV];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            const int row = rb + u * RPW + sub;
-            float acc = row_dot<BITS, VPL>(f[u], x, xs);
-            acc = group_sum<LPR>(acc);
-            if (row < r_end && li == 0) {
-                float *y = b.y[mi[u]] + (int64_t)t * b.y_stride[mi[u]] + lr[u];
+    for (int j = 0; j < VPL; j++) {
+        const float4 *p = reinterpret_cast<const float4 *>(s_x + (j * LPR + li) * CPV);
+#pragma unroll
+        for (int c = 0; c < CPV / 4; c++) {
+            const float4 v = p[c];
+            x[j][4 * c] = v.x;
+            x[j][4 * c + 1] = v.y;
+            x[j][4 * c + 2] = v.z;
+            x[j][4 * c + 3] = v.w;
+        }
+    }
+    float xs[VPL];
+    x_sums<BITS, VPL>(x, xs);
+
+    float best = -INFINITY;
+    int best_row = 0x7fffffff;
+    for (; g < n_groups; g += W) {
+        float acc[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            acc[u] = group_sum<LPR>(row_dot<BITS, VPL>(f[u], x, xs));
+        int mo[U], lo[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            mo[u] = mi[u], lo[u] = lr[u];
+        const int g0 = g;
+        if (g + W < n_groups)
+            load_group(g + W); /* next group's loads in flight while this one is stored */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int row = g0 * GROUP + u * RPW + sub;
+            if (row < total_rows && li == 0) {
+                float *y = b.y[mo[u]] + (int64_t)t * b.y_stride[mo[u]] + lo[u];
                 if (OUT_MODE == GEMV_OUT_ADD)
-                    *y += acc;
+                    *y += acc[u];
                 else
-                    *y = acc;
-                if (OUT_MODE == GEMV_OUT_ARGMAX && acc > best) {
-                    best = acc;
+                    *y = acc[u];
+                if (OUT_MODE == GEMV_OUT_ARGMAX && acc[u] > best) {
+                    best = acc[u];
                     best_row = row;
                 }
             }
@@ -112,30 +123,26 @@ template <int BITS, int LPR, int VPL>
 static cudaError_t gemv_go(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                            unsigned long long *argmax, cudaStream_t s)
 {
+    constexpr int U = VPL >= 4 ? 2 : GEMV_UNROLL_MAX;
     const int total = b.row_start[b.n_mats];
-    /* rows per warp: enough rows per x load, but enough warps to fill the GPU (>= ~4 per SM) */
-    int rpw = 32 / LPR * GEMV_UNROLL_MAX;
-    while (rpw * 2 * 1056 <= total && rpw < 64)
-        rpw *= 2;
-    const int rows_per_block = rpw * GEMV_WARPS;
-    dim3 grid((total + rows_per_block - 1) / rows_per_block, n_tokens);
-#define GO(IM, OM) gemv_kernel<BITS, LPR, VPL, IM, OM><<<grid, GEMV_WARPS * 32, 0, s>>>(b, in, rpw, total, argmax)
+    const int n_groups = (total + (32 / LPR) * U - 1) / ((32 / LPR) * U);
+    const int cap = b.grid_cap > 0 ? b.grid_cap : GEMV_GRID_CAP;
+    int gx = (n_groups + GEMV_WARPS - 1) / GEMV_WARPS;
+    gx = gx < cap ? gx : cap;
+    dim3 grid(gx, n_tokens);
+    const size_t smem = (size_t)b.m[0].cols * sizeof(float);
+#define GO(IM, OM) return launch_pdl(gemv_kernel<BITS, LPR, VPL, IM, OM>, grid, dim3(GEMV_WARPS * 32), smem, s, b, in, total, argmax)
     if (in.mode == GEMV_IN_PLAIN) {
         if (out_mode == GEMV_OUT_STORE) GO(GEMV_IN_PLAIN, GEMV_OUT_STORE);
-        else if (out_mode == GEMV_OUT_ADD) GO(GEMV_IN_PLAIN, GEMV_OUT_ADD);
-        else return cudaErrorInvalidValue;
+        if (out_mode == GEMV_OUT_ADD) GO(GEMV_IN_PLAIN, GEMV_OUT_ADD);
     } else if (in.mode == GEMV_IN_RMSNORM) {
         if (out_mode == GEMV_OUT_STORE) GO(GEMV_IN_RMSNORM, GEMV_OUT_STORE);
-        else if (out_mode == GEMV_OUT_ARGMAX) GO(GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX);
-        else return cudaErrorInvalidValue;
+        if (out_mode == GEMV_OUT_ARGMAX) GO(GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX);
     } else if (in.mode == GEMV_IN_GATED) {
         if (out_mode == GEMV_OUT_ADD) GO(GEMV_IN_GATED, GEMV_OUT_ADD);
-        else return cudaErrorInvalidValue;
-    } else {
-        return cudaErrorInvalidValue;
     }
 #undef GO
-    return cudaGetLastError();
+    return cudaErrorInvalidValue;
 }
 
 template <int BITS>

@@ -5,14 +5,16 @@
  *     the lower expert id; softmax fp32 renormalised over the top k), applies the post-attention RMSNorm to the residual stream in
  *     registers, and computes hid = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ) for its rows of the selected experts
  *     (slot top_k = the shared expert). Only selected experts' rows are read.
- *     grid = (slots * ceil(inter / rows_per_block), n_tokens), 128 threads.
+ *     grid = (slots * ceil(inter / rows_per_block), n_tokens), 256 threads; x normalised once per block
+ *     into shared memory; the shared expert's rows are loaded before pdl_wait().
  *   moe_down: out[r] += Σ_k w_k · (Wd[e_k] hid_k)[r] + sigmoid(shared_gate) · (Wd_shared hid_s)[r]
  *     (routing weights, shared-expert gate and the residual add fused). One warp per slot,
  *     16 output rows per block: grid = (ceil(hidden / 16), n_tokens), 32 * (top_k + 1) threads.
  */
 #include "gemv_common.cuh"
 
-#define MOE_WARPS 4
+#define MOE_WARPS 8
+#define MOE_GU_UNROLL 4
 #define MOE_DOWN_ROWS 16
 #define MOE_MAX_K 16
 
@@ -51,59 +53,72 @@ __device__ void moe_topk_block(const float *logits, int E, int K, int *idx, floa
 }
 
 template <int BITS, int LPR, int VPL>
-__global__ void __launch_bounds__(MOE_WARPS * 32) moe_gate_up_kernel(moe_args a, int rows_per_warp, int chunks)
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_gate_up_kernel(moe_args a, int chunks)
 {
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR;
-    constexpr int U = 2;
+    constexpr int U = VPL > 2 ? 2 : MOE_GU_UNROLL;
+    extern __shared__ float s_x[]; /* [hidden] */
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
     __shared__ float s_l[MOE_MAX_E];
+    __shared__ float s_red[MOE_WARPS];
     const int t = blockIdx.y;
     const int slot = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;
+    const bool shared = slot == a.top_k;
+    const dmat &G = shared ? a.sgate : a.gate;
+    const dmat &Up = shared ? a.sup : a.up;
+    const int n_rows = shared ? a.shared_inter : a.inter;
+    const int r0 = (chunk * MOE_WARPS + warp) * RPW * U;
+    row_frag<BITS, VPL> fg[U], fu[U];
+    auto load_rows = [&](int64_t ebase) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int row = r0 + u * RPW + sub;
+            if (row < n_rows) {
+                row_load<BITS, LPR, VPL>(G, ebase + row, li, fg[u]);
+                row_load<BITS, LPR, VPL>(Up, ebase + row, li, fu[u]);
+            }
+        }
+    };
+    if (shared)
+        load_rows(0); /* the shared expert's weights do not depend on the router */
+    pdl_wait();
+    pdl_trigger();
     moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_l);
     if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
         a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
         a.topk_w[t * a.top_k + threadIdx.x] = s_w[threadIdx.x];
     }
-    const bool shared = slot == a.top_k;
-    const dmat &G = shared ? a.sgate : a.gate;
-    const dmat &Up = shared ? a.sup : a.up;
-    const int n_rows = shared ? a.shared_inter : a.inter;
-    const int64_t ebase = shared ? 0 : (int64_t)s_idx[slot] * a.inter;
-    const int r0 = (chunk * MOE_WARPS + warp) * rows_per_warp;
+    if (!shared)
+        load_rows((int64_t)s_idx[slot] * a.inter);
+    gemv_input in;
+    in.act = a.h;
+    in.act_stride = a.hidden;
+    in.mode = GEMV_IN_RMSNORM;
+    in.norm_w = a.norm_w;
+    in.eps = a.eps;
+    in.z = NULL;
+    in.z_stride = 0;
+    in.head_dim = 0;
+    gemv_prologue<GEMV_IN_RMSNORM, MOE_WARPS>(in, t, a.hidden, s_x, s_red);
     if (r0 >= n_rows)
         return;
-    const int r_end = min(r0 + rows_per_warp, n_rows);
-
     float x[VPL][CPV];
-    x_load<BITS, LPR, VPL>(a.h + (int64_t)t * a.hidden, li, x);
-    x_rmsnorm<BITS, LPR, VPL>(x, a.norm_w, a.hidden, a.eps, li);
+    x_from_smem<BITS, LPR, VPL>(s_x, li, x);
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
     const int hid_stride = max(a.inter, a.shared_inter);
     float *hid = a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride;
-
-    for (int rb = r0; rb < r_end; rb += RPW * U) {
-        row_frag<BITS, VPL> fg[U], fu[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int row = rb + u * RPW + sub;
-            if (row < r_end) {
-                row_load<BITS, LPR, VPL>(G, ebase + row, li, fg[u]);
-                row_load<BITS, LPR, VPL>(Up, ebase + row, li, fu[u]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int row = rb + u * RPW + sub;
-            const float g = group_sum<LPR>(row_dot<BITS, VPL>(fg[u], x, xs));
-            const float v = group_sum<LPR>(row_dot<BITS, VPL>(fu[u], x, xs));
-            if (row < r_end && li == 0)
-                hid[row] = silu_f(g) * v;
-        }
+    for (int u = 0; u < U; u++) {
+        const int row = r0 + u * RPW + sub;
+        const float gv = group_sum<LPR>(row_dot<BITS, VPL>(fg[u], x, xs));
+        const float uv = group_sum<LPR>(row_dot<BITS, VPL>(fu[u], x, xs));
+        if (row < n_rows && li == 0)
+            hid[row] = silu_f(gv) * uv;
     }
 }
 
@@ -112,8 +127,11 @@ __global__ void moe_down_kernel(moe_args a)
 {
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR;
-    constexpr int U = 4;
+    constexpr int U0 = MOE_DOWN_ROWS / RPW > 0 ? MOE_DOWN_ROWS / RPW : 1;
+    constexpr int U = U0 < 8 / VPL ? U0 : 8 / VPL; /* rows of loads in flight per lane group */
     __shared__ float s_part[MOE_MAX_K + 1][MOE_DOWN_ROWS];
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.y;
     const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;
@@ -158,17 +176,12 @@ __global__ void moe_down_kernel(moe_args a)
 template <int BITS, int LPR, int VPL>
 static cudaError_t gate_up_go(const moe_args &a, int n_tokens, cudaStream_t s)
 {
-    constexpr int RPW = 32 / LPR;
     const int rows = max(a.inter, a.shared_inter);
-    int rpw = RPW * 2;
-    /* aim for ~4 warps per slot-chunk and at least 8 rows per warp */
-    while (rpw < 8)
-        rpw *= 2;
-    const int rows_per_block = rpw * MOE_WARPS;
+    const int rows_per_block = MOE_WARPS * (32 / LPR) * (VPL > 2 ? 2 : MOE_GU_UNROLL);
     const int chunks = (rows + rows_per_block - 1) / rows_per_block;
     dim3 grid(chunks * (a.top_k + 1), n_tokens);
-    moe_gate_up_kernel<BITS, LPR, VPL><<<grid, MOE_WARPS * 32, 0, s>>>(a, rpw, chunks);
-    return cudaGetLastError();
+    return launch_pdl(moe_gate_up_kernel<BITS, LPR, VPL>, grid, dim3(MOE_WARPS * 32), (size_t)a.hidden * sizeof(float), s,
+                      a, chunks);
 }
 
 template <int BITS>
@@ -202,8 +215,7 @@ template <int BITS, int LPR, int VPL>
 static cudaError_t down_go(const moe_args &a, int n_tokens, cudaStream_t s)
 {
     dim3 grid((a.hidden + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS, n_tokens);
-    moe_down_kernel<BITS, LPR, VPL><<<grid, 32 * (a.top_k + 1), 0, s>>>(a);
-    return cudaGetLastError();
+    return launch_pdl(moe_down_kernel<BITS, LPR, VPL>, grid, dim3(32 * (a.top_k + 1)), 0, s, a);
 }
 
 template <int BITS>

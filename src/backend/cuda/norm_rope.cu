@@ -11,6 +11,8 @@
 __global__ void qk_norm_rope_append_kernel(attn_args a)
 {
     __shared__ float s_x[32][ROPE_MAX_DIM];
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int D = a.head_dim, p = *a.pos + t;
     const float *row = a.qkv + (size_t)t * a.qkv_stride;
@@ -62,6 +64,5 @@ cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStr
     const int warps = a.n_heads + 2 * a.n_kv;
     if (warps > 32 || a.head_dim > ROPE_MAX_DIM || a.rot_dim > a.head_dim)
         return cudaErrorInvalidValue;
-    qk_norm_rope_append_kernel<<<n_tokens, 32 * warps, 0, s>>>(a);
-    return cudaGetLastError();
+    return launch_pdl(qk_norm_rope_append_kernel, dim3(n_tokens), dim3(32 * warps), 0, s, a);
 }
