@@ -189,11 +189,11 @@ int main(int argc, char **argv)
         lily_cuda_profile p;
         if (lily_cuda_profile_decode(be.ctx, st, 1, 17, &p, &err) != LILY_OK)
             DIE("profile: %s", err.message);
-        printf("\n## Decode profile at depth %d (eager launches, CUDA events; ms per token)\n\n", d);
+        printf("\n## Decode profile at depth %d (graph replay with CUDA events between stages; ms per token)\n\n", d);
         printf("| stage | ms | share |\n|---|---:|---:|\n");
         for (int k = 0; k < p.n; k++)
             printf("| %s | %.4f | %.1f%% |\n", p.names[k], p.ms[k], 100.0 * p.ms[k] / p.total_ms);
-        printf("| total (eager) | %.4f | |\n", p.total_ms);
+        printf("| total (profiled graph) | %.4f | |\n", p.total_ms);
     }
 
     if (sweep) {

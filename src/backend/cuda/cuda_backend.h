@@ -35,8 +35,9 @@ long long lily_cuda_host_syncs(void *ctx);
  * filled with pseudo-random bf16 values; DeltaNet states kept). Errors: LILY_ERR_CONTEXT_LENGTH. */
 lily_status lily_cuda_state_set_position(void *ctx, void *state, int pos, lily_error *err);
 
-/* Decode-step profile: runs n_steps single-token steps without a graph, timing each stage with CUDA
- * events. names[i]/ms[i] (per step, summed over layers); total_ms per step (event sum). */
+/* Decode-step profile: one greedy step captured as a CUDA graph with an event between stages, replayed
+ * n_steps times (after one warm-up). names[i]/ms[i]: GPU time per step of each stage, summed over layers;
+ * total_ms: their sum (a little above the plain graph's step time: event nodes cut the launch overlap). */
 #define LILY_CUDA_PROFILE_MAX 16
 typedef struct {
     int n;

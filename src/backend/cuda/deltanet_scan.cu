@@ -25,8 +25,6 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_kernel(gdn_args a, int n
     __shared__ float s_scal[2][4]; /* decay, beta, k·q, unused */
     __shared__ float s_ss[2][3];
 
-    pdl_wait();
-    pdl_trigger();
     const int slices = a.dv / GDN_COLS;
     const int j = blockIdx.x / slices, sl = blockIdx.x % slices;
     const int c0 = sl * GDN_COLS;
@@ -50,6 +48,10 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_kernel(gdn_args a, int n
     for (int r = 0; r < NR; r++)
         S[r] = st[(size_t)(ri * NR + r) * a.dv];
     const float A = -expf(a.A_log[j]), dtb = a.dt_bias[j];
+    /* the state, conv state and weights above were last written by this layer's previous step (long
+     * complete); the projections (mixed, ba) come from the kernel just before: wait for it here. */
+    pdl_wait();
+    pdl_trigger();
 
     for (int t = 0; t < n; t++) {
         const int p = t & 1;

@@ -6,7 +6,7 @@
  * Gated DeltaNet's per-head gated RMSNorm) and the output either stored, added into the residual
  * stream, or stored with a device-side argmax (LM head + greedy sampling).
  *
- * Launch shape: 256 threads (8 warps), grid = (min(row groups / 8, 264), n_tokens). The block applies the
+ * Launch shape: 256 threads (8 warps), grid = (min(row groups / 8, blocks resident at once), n_tokens). The block applies the
  * input transform once into shared memory (x as fp32), each warp copies its lanes' x into registers;
  * a lane group of LPR lanes owns a row, a warp takes groups of U passes (U*32/LPR rows) grid-stride, with
  * the next group's loads issued before the current one is stored. The first group's weight loads are
@@ -19,7 +19,7 @@
 #define GEMV_GRID_CAP 264
 
 template <int BITS, int LPR, int VPL, int IN_MODE, int OUT_MODE>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, VPL <= 2 ? 2 : 1)
 gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *argmax)
 {
     constexpr int CPV = 128 / BITS;
@@ -126,7 +126,19 @@ static cudaError_t gemv_go(const gemv_batch &b, const gemv_input &in, int out_mo
     constexpr int U = VPL >= 4 ? 2 : GEMV_UNROLL_MAX;
     const int total = b.row_start[b.n_mats];
     const int n_groups = (total + (32 / LPR) * U - 1) / ((32 / LPR) * U);
-    const int cap = b.grid_cap > 0 ? b.grid_cap : GEMV_GRID_CAP;
+    /* one wave: as many blocks as fit on the GPU at once (asked once per kernel instance) */
+    static int resident = 0;
+    if (!resident) {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<BITS, LPR, VPL, GEMV_IN_RMSNORM, GEMV_OUT_STORE>,
+                                                      GEMV_WARPS * 32, (size_t)b.m[0].cols * sizeof(float));
+        resident = sms * (per_sm > 0 ? per_sm : 1);
+        if (resident <= 0)
+            resident = GEMV_GRID_CAP;
+    }
+    const int cap = b.grid_cap > 0 ? b.grid_cap : resident;
     int gx = (n_groups + GEMV_WARPS - 1) / GEMV_WARPS;
     gx = gx < cap ? gx : cap;
     dim3 grid(gx, n_tokens);

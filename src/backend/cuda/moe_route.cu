@@ -53,7 +53,7 @@ __device__ void moe_topk_block(const float *logits, int E, int K, int *idx, floa
 }
 
 template <int BITS, int LPR, int VPL>
-__global__ void __launch_bounds__(MOE_WARPS * 32) moe_gate_up_kernel(moe_args a, int chunks)
+__global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_kernel(moe_args a, int chunks)
 {
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR;
@@ -85,15 +85,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_gate_up_kernel(moe_args a,
     };
     if (shared)
         load_rows(0); /* the shared expert's weights do not depend on the router */
-    pdl_wait();
-    pdl_trigger();
-    moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_l);
-    if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
-        a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
-        a.topk_w[t * a.top_k + threadIdx.x] = s_w[threadIdx.x];
-    }
-    if (!shared)
-        load_rows((int64_t)s_idx[slot] * a.inter);
+    /* h (the residual stream) was last written two kernels back (the mixer's residual add; the router
+     * GEMV sits between), which is complete once this kernel starts: normalise it before the wait. */
     gemv_input in;
     in.act = a.h;
     in.act_stride = a.hidden;
@@ -104,6 +97,15 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_gate_up_kernel(moe_args a,
     in.z_stride = 0;
     in.head_dim = 0;
     gemv_prologue<GEMV_IN_RMSNORM, MOE_WARPS>(in, t, a.hidden, s_x, s_red);
+    pdl_wait();
+    pdl_trigger();
+    moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_l);
+    if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
+        a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
+        a.topk_w[t * a.top_k + threadIdx.x] = s_w[threadIdx.x];
+    }
+    if (!shared)
+        load_rows((int64_t)s_idx[slot] * a.inter);
     if (r0 >= n_rows)
         return;
     float x[VPL][CPV];
