@@ -89,13 +89,14 @@ static void compare_logits(const float *ref, const float *got, int rows, int voc
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512;
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-d") && i + 1 < argc) n_depths = parse_list(argv[++i], depths, 32);
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) n_prof = parse_list(argv[++i], prof, 8);
         else if (!strcmp(argv[i], "--sweep-split")) sweep = 1;
+        else if (!strcmp(argv[i], "--tune")) tune = 1;
         else if (!strcmp(argv[i], "--compare-cpu") && i + 1 < argc) compare = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
         else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N] [--prefill N]", argv[0]);
@@ -218,6 +219,26 @@ int main(int argc, char **argv)
             }
             printf("\n");
         }
+    }
+
+    if (tune) { /* knobs at depth 4096: PDL on/off, GEMV blocks per SM */
+        const int kn[][2] = {{1, 0}, {0, 0}, {1, 1}, {1, 3}, {1, 4}};
+        printf("\n## Launch knobs at depth 4096, decode tok/s\n\n| PDL | GEMV blocks/SM | tok/s |\n|---|---|---:|\n");
+        for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {
+            lily_cuda_set_tuning(kn[k][0], kn[k][1]);
+            be.ops->state_reset(be.ctx, st);
+            if (lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err) != LILY_OK ||
+                lily_cuda_state_set_position(be.ctx, st, 4096, &err) != LILY_OK ||
+                lily_cuda_generate_greedy(be.ctx, st, 1, 4, out, &err) != LILY_OK)
+                DIE("tune: %s", err.message);
+            t0 = now_s();
+            if (lily_cuda_generate_greedy(be.ctx, st, out[3], 64, out, &err) != LILY_OK)
+                DIE("tune: %s", err.message);
+            printf("| %d | %s | %.1f |\n", kn[k][0], kn[k][1] ? (kn[k][1] == 1 ? "1" : kn[k][1] == 3 ? "3" : "4") : "max", 64 / (now_s() - t0));
+            fflush(stdout);
+        }
+        lily_cuda_set_tuning(1, 0);
+        lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err);
     }
 
     if (compare > 0) {

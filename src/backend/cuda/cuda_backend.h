@@ -56,6 +56,11 @@ lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, li
  * chunks of at least min_chunk keys. Drops captured graphs of `state`. */
 lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, int min_chunk, lily_error *err);
 
+/* Bench knobs, process-wide, for graphs captured afterwards (drop old ones with
+ * lily_cuda_set_attention_split): pdl = 1 programmatic dependent launch (default) or 0 plain launches;
+ * gemv_blocks_per_sm = 0 fills the GPU as occupancy allows (default), else that many blocks per SM. */
+void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -119,6 +119,13 @@ __device__ __forceinline__ void pdl_trigger(void)
 #endif
 }
 
+/* Bench/test tuning knobs (process-wide; set only through lily_cuda_set_tuning before a capture). */
+struct cuda_tuning {
+    int pdl;               /* 1: programmatic dependent launch (default), 0: plain launches */
+    int gemv_blocks_per_sm;/* 0: as many as fit (occupancy), else this many per SM */
+};
+extern cuda_tuning g_cuda_tuning;
+
 /* Launch kernel k<<<grid, block, smem, s>>>(args...) with programmatic stream serialization. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
@@ -133,7 +140,7 @@ static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block,
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = g_cuda_tuning.pdl ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     return e != cudaSuccess ? e : cudaGetLastError();
 }

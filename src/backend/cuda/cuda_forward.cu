@@ -15,6 +15,14 @@
 
 #define LM_GREEDY 3
 
+cuda_tuning g_cuda_tuning = {1, 0};
+
+extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm)
+{
+    g_cuda_tuning.pdl = pdl;
+    g_cuda_tuning.gemv_blocks_per_sm = gemv_blocks_per_sm;
+}
+
 enum prof_stage {
     PS_EMBED, PS_GDN_PROJ, PS_GDN_SCAN, PS_GDN_OUT, PS_ATT_PROJ, PS_ATT_ROPE, PS_ATT, PS_ATT_OUT,
     PS_ROUTER, PS_MOE_GATE_UP, PS_MOE_DOWN, PS_LM_HEAD, PS_SAMPLE, PS_COUNT
@@ -37,7 +45,8 @@ static lily_status prof_mark(cuda_ctx *c, int stage, lily_error *err)
     if (!g_prof_ev[g_prof_n])
         CUDA_TRY(cudaEventCreate(&g_prof_ev[g_prof_n]));
     g_prof_stage[g_prof_n] = stage;
-    CUDA_TRY(cudaEventRecord(g_prof_ev[g_prof_n], c->stream));
+    /* external: a real event-record node when captured into a graph */
+    CUDA_TRY(cudaEventRecordWithFlags(g_prof_ev[g_prof_n], c->stream, cudaEventRecordExternal));
     g_prof_n++;
     return LILY_OK;
 }

@@ -138,7 +138,13 @@ static cudaError_t gemv_go(const gemv_batch &b, const gemv_input &in, int out_mo
         if (resident <= 0)
             resident = GEMV_GRID_CAP;
     }
-    const int cap = b.grid_cap > 0 ? b.grid_cap : resident;
+    int cap = b.grid_cap > 0 ? b.grid_cap : resident;
+    if (g_cuda_tuning.gemv_blocks_per_sm > 0) {
+        int dev = 0, sms = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cap = sms * g_cuda_tuning.gemv_blocks_per_sm;
+    }
     int gx = (n_groups + GEMV_WARPS - 1) / GEMV_WARPS;
     gx = gx < cap ? gx : cap;
     dim3 grid(gx, n_tokens);
