@@ -194,32 +194,62 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
     /* per head: merged max and sum by one warp (lanes over splits), weights f_s to shared memory */
     float *s_f = s_acc; /* reuse: [G][n_used] <= G * D floats since n_used <= n_splits <= D */
     for (int h = warp; h < G; h += ATT_WARPS) {
+        float ms[8], ls[8]; /* n_used <= 256 splits: 8 per lane, loaded in one round */
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            const int sp = lane + 32 * q;
+            ms[q] = sp < n_used ? __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h) : -INFINITY;
+            ls[q] = sp < n_used ? __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h + 1) : 0.0f;
+        }
         float M = -INFINITY;
-        for (int sp = lane; sp < n_used; sp += 32)
-            M = fmaxf(M, __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h));
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            M = fmaxf(M, ms[q]);
         M = warp_max(M);
         float Ls = 0.0f;
-        for (int sp = lane; sp < n_used; sp += 32)
-            Ls += __ldcg(pmlg + (size_t)sp * G * 2 + 2 * h + 1) * expf(__ldcg(pmlg + (size_t)sp * G * 2 + 2 * h) - M);
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            Ls += ms[q] == -INFINITY ? 0.0f : ls[q] * expf(ms[q] - M);
         Ls = warp_sum(Ls);
-        for (int sp = lane; sp < n_used; sp += 32)
-            s_f[h * n_used + sp] = expf(__ldcg(pmlg + (size_t)sp * G * 2 + 2 * h) - M) / Ls;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            const int sp = lane + 32 * q;
+            if (sp < n_used)
+                s_f[h * n_used + sp] = ms[q] == -INFINITY ? 0.0f : expf(ms[q] - M) / Ls;
+        }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        const int h = i / D, d = i % D, hg = g * G + h;
-        float O0 = 0.0f, O1 = 0.0f, O2 = 0.0f, O3 = 0.0f;
-        int sp = 0;
-        for (; sp + 4 <= n_used; sp += 4) {
-            O0 = fmaf(__ldcg(pog + (size_t)sp * G * D + i), s_f[h * n_used + sp], O0);
-            O1 = fmaf(__ldcg(pog + (size_t)(sp + 1) * G * D + i), s_f[h * n_used + sp + 1], O1);
-            O2 = fmaf(__ldcg(pog + (size_t)(sp + 2) * G * D + i), s_f[h * n_used + sp + 2], O2);
-            O3 = fmaf(__ldcg(pog + (size_t)(sp + 3) * G * D + i), s_f[h * n_used + sp + 3], O3);
+    /* each thread owns NO outputs; 4 splits x NO loads in flight per round */
+    constexpr int NO = (G * D + ATT_WARPS * 32 - 1) / (ATT_WARPS * 32);
+    float O[NO];
+#pragma unroll
+    for (int k = 0; k < NO; k++)
+        O[k] = 0.0f;
+    for (int sp = 0; sp < n_used; sp += 4) {
+        float v[4][NO];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int k = 0; k < NO; k++) {
+                const int i = threadIdx.x + k * ATT_WARPS * 32;
+                v[q][k] = (sp + q < n_used && i < G * D) ? __ldcg(pog + (size_t)(sp + q) * G * D + i) : 0.0f;
+            }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int k = 0; k < NO; k++) {
+                const int i = threadIdx.x + k * ATT_WARPS * 32;
+                if (sp + q < n_used && i < G * D)
+                    O[k] = fmaf(v[q][k], s_f[(i / D) * n_used + sp + q], O[k]);
+            }
+    }
+#pragma unroll
+    for (int k = 0; k < NO; k++) {
+        const int i = threadIdx.x + k * ATT_WARPS * 32;
+        if (i < G * D) {
+            const int h = i / D, d = i % D, hg = g * G + h;
+            a.out[((size_t)t * a.n_heads + hg) * D + d] = O[k] * sigmoid_f(gate_row[(size_t)hg * 2 * D + D + d]);
         }
-        for (; sp < n_used; sp++)
-            O0 = fmaf(__ldcg(pog + (size_t)sp * G * D + i), s_f[h * n_used + sp], O0);
-        a.out[((size_t)t * a.n_heads + hg) * D + d] =
-            ((O0 + O1) + (O2 + O3)) * sigmoid_f(gate_row[(size_t)hg * 2 * D + D + d]);
     }
     if (threadIdx.x == 0)
         a.counter[g] = 0;

@@ -121,21 +121,39 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_kernel(gdn_args a, int n
     for (int r = 0; r < NR; r++)
         st[(size_t)(ri * NR + r) * a.dv] = S[r];
 
-    /* new conv state: the last K-1 rows of concat(old state, mixed) */
+    /* new conv state: the last K-1 (<= 3) rows of concat(old state, mixed); loads batched */
     const bool owns_qk = (j % (a.Hv / a.Hk)) == 0 && sl == 0;
-    for (int ch = owns_qk ? tid : 2 * DK + tid; ch < 2 * DK + GDN_COLS; ch += GDN_THREADS) {
-        const int c = channel(ch);
-        for (int s = 0; s < Km1; s++) {
+    constexpr int NCH = (2 * DK + GDN_COLS + GDN_THREADS - 1) / GDN_THREADS;
+    float cv[NCH][3];
+#pragma unroll
+    for (int ci = 0; ci < NCH; ci++) {
+        const int ch = tid + ci * GDN_THREADS;
+        const bool mine = ch < 2 * DK + GDN_COLS && (owns_qk || ch >= 2 * DK);
+        const int c = mine ? channel(ch) : 0;
+#pragma unroll
+        for (int s = 0; s < 3; s++) {
             const int tau = n - Km1 + s;
-            cs_out[(size_t)s * a.conv_dim + c] =
-                tau >= 0 ? a.mixed[(size_t)tau * a.mixed_stride + c] : cs_in[(size_t)(Km1 + tau) * a.conv_dim + c];
+            cv[ci][s] = !mine || s >= Km1 ? 0.0f
+                        : tau >= 0 ? a.mixed[(size_t)tau * a.mixed_stride + c]
+                                   : cs_in[(size_t)(Km1 + tau) * a.conv_dim + c];
+        }
+    }
+#pragma unroll
+    for (int ci = 0; ci < NCH; ci++) {
+        const int ch = tid + ci * GDN_THREADS;
+        if (ch < 2 * DK + GDN_COLS && (owns_qk || ch >= 2 * DK)) {
+            const int c = channel(ch);
+#pragma unroll
+            for (int s = 0; s < 3; s++)
+                if (s < Km1)
+                    cs_out[(size_t)s * a.conv_dim + c] = cv[ci][s];
         }
     }
 }
 
 cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s)
 {
-    if (a.dv % GDN_COLS || a.Hv % a.Hk)
+    if (a.dv % GDN_COLS || a.Hv % a.Hk || a.K < 1 || a.K > 4)
         return cudaErrorInvalidValue;
     dim3 grid(a.Hv * (a.dv / GDN_COLS));
     switch (a.dk) {

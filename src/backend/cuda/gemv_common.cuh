@@ -148,19 +148,64 @@ __device__ __forceinline__ void x_sums(const float (&x)[VPL][128 / BITS], float 
 }
 
 /* The input transform (gemv_input_mode) of token t, once per block of NW warps, into s_x[0..cols);
- * s_red holds NW floats. Ends with __syncthreads. */
+ * s_red holds NW floats. Ends with __syncthreads. Every global load of a pass is issued before the
+ * first use (PRO_MAX per thread), so a pass costs one memory round trip, not one per element. */
+#define PRO_MAX 16
 template <int IN_MODE, int NW>
 __device__ __forceinline__ void gemv_prologue(const gemv_input &in, int t, int cols, float *s_x, float *s_red)
 {
+    constexpr int NT = NW * 32;
     const float *act = in.act + (int64_t)t * in.act_stride;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (IN_MODE == GEMV_IN_RMSNORM) {
-        float ss = 0.0f;
-        for (int c = tid; c < cols; c += blockDim.x) {
-            const float v = act[c];
-            s_x[c] = v;
-            ss = fmaf(v, v, ss);
+    if (IN_MODE == GEMV_IN_GATED) {
+        const int hd = in.head_dim, heads = cols / hd, lph = hd / 32; /* slots per head per lane */
+        const float *z = in.z + (int64_t)t * in.z_stride;
+        const int hpp = PRO_MAX / lph; /* heads per warp per pass */
+        for (int h0 = 0; h0 < heads; h0 += hpp * NW) {
+            float v[PRO_MAX], zv[PRO_MAX], wv[PRO_MAX];
+#pragma unroll
+            for (int k = 0; k < PRO_MAX; k++) {
+                const int h = h0 + warp + (k / lph) * NW, d = lane + 32 * (k % lph);
+                const bool ok = k / lph < hpp && h < heads;
+                v[k] = ok ? act[h * hd + d] : 0.0f;
+                zv[k] = ok ? z[h * hd + d] : 0.0f;
+                wv[k] = ok ? in.norm_w[d] : 0.0f;
+            }
+            for (int hh = 0; hh < hpp; hh++) {
+                const int h = h0 + warp + hh * NW;
+                float ss = 0.0f;
+#pragma unroll
+                for (int k = 0; k < PRO_MAX; k++)
+                    if (k / lph == hh)
+                        ss = fmaf(v[k], v[k], ss);
+                ss = warp_sum(ss);
+                const float r = rsqrtf(ss / (float)hd + in.eps);
+#pragma unroll
+                for (int k = 0; k < PRO_MAX; k++)
+                    if (k / lph == hh && h < heads)
+                        s_x[h * hd + lane + 32 * (k % lph)] = v[k] * r * wv[k] * silu_f(zv[k]);
+            }
         }
+        __syncthreads();
+        return;
+    }
+    float ss = 0.0f;
+    for (int c0 = 0; c0 < cols; c0 += NT * PRO_MAX) {
+        float v[PRO_MAX];
+#pragma unroll
+        for (int k = 0; k < PRO_MAX; k++) {
+            const int c = c0 + tid + k * NT;
+            v[k] = c < cols ? act[c] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < PRO_MAX; k++) {
+            const int c = c0 + tid + k * NT;
+            if (c < cols)
+                s_x[c] = v[k];
+            ss = fmaf(v[k], v[k], ss);
+        }
+    }
+    if (IN_MODE == GEMV_IN_RMSNORM) {
         ss = warp_sum(ss);
         if (lane == 0)
             s_red[warp] = ss;
@@ -170,29 +215,23 @@ __device__ __forceinline__ void gemv_prologue(const gemv_input &in, int t, int c
         for (int w = 0; w < NW; w++)
             tot += s_red[w];
         const float r = rsqrtf(tot / (float)cols + in.eps);
-        for (int c = tid; c < cols; c += blockDim.x)
-            s_x[c] *= r * in.norm_w[c];
-    } else if (IN_MODE == GEMV_IN_GATED) {
-        const int hd = in.head_dim, heads = cols / hd;
-        const float *z = in.z + (int64_t)t * in.z_stride;
-        for (int h = warp; h < heads; h += NW) {
-            float ss = 0.0f;
-            for (int d = lane; d < hd; d += 32) {
-                const float v = act[h * hd + d];
-                ss = fmaf(v, v, ss);
+        for (int c0 = 0; c0 < cols; c0 += NT * PRO_MAX) {
+            float wv[PRO_MAX];
+#pragma unroll
+            for (int k = 0; k < PRO_MAX; k++) {
+                const int c = c0 + tid + k * NT;
+                wv[k] = c < cols ? in.norm_w[c] : 0.0f;
             }
-            ss = warp_sum(ss);
-            const float r = rsqrtf(ss / (float)hd + in.eps);
-            for (int d = lane; d < hd; d += 32)
-                s_x[h * hd + d] = act[h * hd + d] * r * in.norm_w[d] * silu_f(z[h * hd + d]);
+#pragma unroll
+            for (int k = 0; k < PRO_MAX; k++) {
+                const int c = c0 + tid + k * NT;
+                if (c < cols)
+                    s_x[c] *= r * wv[k]; /* the same thread wrote s_x[c] above */
+            }
         }
-    } else {
-        for (int c = tid; c < cols; c += blockDim.x)
-            s_x[c] = act[c];
     }
     __syncthreads();
 }
-
 
 /* This lane's x values from the block's shared copy. */
 template <int BITS, int LPR, int VPL>

@@ -24,7 +24,7 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
 {
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR; /* rows per warp pass */
-    constexpr int U = VPL >= 4 ? 2 : GEMV_UNROLL_MAX; /* passes of loads in flight per warp */
+    constexpr int U = VPL >= 2 ? 2 : GEMV_UNROLL_MAX; /* passes of loads in flight per warp */
     constexpr int GROUP = RPW * U;
     extern __shared__ float s_x[];
     __shared__ float s_red[GEMV_WARPS];
@@ -123,7 +123,7 @@ template <int BITS, int LPR, int VPL>
 static cudaError_t gemv_go(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                            unsigned long long *argmax, cudaStream_t s)
 {
-    constexpr int U = VPL >= 4 ? 2 : GEMV_UNROLL_MAX;
+    constexpr int U = VPL >= 2 ? 2 : GEMV_UNROLL_MAX;
     const int total = b.row_start[b.n_mats];
     const int n_groups = (total + (32 / LPR) * U - 1) / ((32 / LPR) * U);
     /* one wave: as many blocks as fit on the GPU at once (asked once per kernel instance) */

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
 {
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR;
-    constexpr int U = VPL > 2 ? 2 : MOE_GU_UNROLL;
+    constexpr int U = VPL > 2 ? 2 : VPL == 2 ? 3 : MOE_GU_UNROLL;
     extern __shared__ float s_x[]; /* [hidden] */
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
@@ -179,7 +179,7 @@ template <int BITS, int LPR, int VPL>
 static cudaError_t gate_up_go(const moe_args &a, int n_tokens, cudaStream_t s)
 {
     const int rows = max(a.inter, a.shared_inter);
-    const int rows_per_block = MOE_WARPS * (32 / LPR) * (VPL > 2 ? 2 : MOE_GU_UNROLL);
+    const int rows_per_block = MOE_WARPS * (32 / LPR) * (VPL > 2 ? 2 : VPL == 2 ? 3 : MOE_GU_UNROLL);
     const int chunks = (rows + rows_per_block - 1) / rows_per_block;
     dim3 grid(chunks * (a.top_k + 1), n_tokens);
     return launch_pdl(moe_gate_up_kernel<BITS, LPR, VPL>, grid, dim3(MOE_WARPS * 32), (size_t)a.hidden * sizeof(float), s,

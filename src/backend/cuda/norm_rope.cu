@@ -22,25 +22,37 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
         const int h = w - n_q - n_kv;
         const float *src = row + (size_t)n_q * 2 * D + (size_t)n_kv * D + (size_t)h * D;
         __nv_bfloat16 *dst = a.v_cache + ((size_t)h * a.max_ctx + p) * D;
-        for (int d = lane; d < D; d += 32)
-            dst[d] = __float2bfloat16(src[d]);
+        float vv[ROPE_MAX_DIM / 32];
+#pragma unroll
+        for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
+            vv[k] = lane + 32 * k < D ? src[lane + 32 * k] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
+            if (lane + 32 * k < D)
+                dst[lane + 32 * k] = __float2bfloat16(vv[k]);
         return;
     }
     const bool is_q = w < n_q;
     const int h = is_q ? w : w - n_q;
     const float *src = is_q ? row + (size_t)h * 2 * D : row + (size_t)n_q * 2 * D + (size_t)h * D;
     const float *nw = is_q ? a.q_norm : a.k_norm;
-    float ss = 0.0f;
-    for (int d = lane; d < D; d += 32) {
-        const float v = src[d];
-        sx[d] = v;
-        ss = fmaf(v, v, ss);
+    float v[ROPE_MAX_DIM / 32], nwv[ROPE_MAX_DIM / 32]; /* loads issued together */
+#pragma unroll
+    for (int k = 0; k < ROPE_MAX_DIM / 32; k++) {
+        const int d = lane + 32 * k;
+        v[k] = d < D ? src[d] : 0.0f;
+        nwv[k] = d < D ? nw[d] : 0.0f;
     }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
+        ss = fmaf(v[k], v[k], ss);
     ss = warp_sum(ss);
     const float r = rsqrtf(ss / (float)D + a.eps);
-    __syncwarp();
-    for (int d = lane; d < D; d += 32)
-        sx[d] = sx[d] * r * nw[d];
+#pragma unroll
+    for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
+        if (lane + 32 * k < D)
+            sx[lane + 32 * k] = v[k] * r * nwv[k];
     __syncwarp();
     const int half = a.rot_dim / 2;
     for (int d = lane; d < D; d += 32) {
