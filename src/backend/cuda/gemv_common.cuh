@@ -52,12 +52,20 @@ __device__ __forceinline__ float row_dot(const row_frag<BITS, VPL> &f, const flo
     for (int j = 0; j < VPL; j++) {
         const unsigned int w[4] = {f.v[j].x, f.v[j].y, f.v[j].z, f.v[j].w};
         if (BITS == 4) {
+            /* nibble e of a word, masked in place and OR'd into the mantissa of 2^23, is exactly
+             * q * 16^p after subtracting 2^23 (p = e for e <= 4; the word shifted by 12 serves e = 5..7
+             * with p = e - 3); x was prescaled by 16^-p (x_prescale4), so each weight costs LOP3 + FADD +
+             * FFMA. */
             float d = 0.0f;
 #pragma unroll
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 4; k++) {
+                const unsigned int w0 = w[k], w1 = w[k] >> 12;
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    d = fmaf(x[j][k * 8 + e], u4f((w[k] >> (4 * e)) & 15u), d);
+                for (int e = 0; e < 8; e++) {
+                    const unsigned int q = e <= 4 ? (w0 & (15u << (4 * e))) : (w1 & (15u << (4 * (e - 3))));
+                    d = fmaf(x[j][k * 8 + e], __uint_as_float(0x4B000000u | q) - 8388608.0f, d);
+                }
+            }
             acc = fmaf(f.s[j], d, fmaf(f.b[j], xs[j], acc));
         } else if (BITS == 8) {
             float d = 0.0f;
@@ -77,6 +85,22 @@ __device__ __forceinline__ float row_dot(const row_frag<BITS, VPL> &f, const flo
         }
     }
     return acc;
+}
+
+/* For 4-bit rows: scale x[.][8m + e] by 16^-p(e), p(e) = e (e <= 4) or e - 3 (e >= 5), exact powers of
+ * two, to match row_dot's in-place nibble extraction. Call after x_sums. */
+template <int BITS, int VPL>
+__device__ __forceinline__ void x_prescale4(float (&x)[VPL][128 / BITS])
+{
+    if (BITS != 4)
+        return;
+#pragma unroll
+    for (int j = 0; j < VPL; j++)
+#pragma unroll
+        for (int c = 0; c < 128 / BITS; c++) {
+            const int e = c % 8, p = e <= 4 ? e : e - 3;
+            x[j][c] *= __uint_as_float((unsigned int)(127 - 4 * p) << 23);
+        }
 }
 
 /* Sum v over the LPR lanes of each aligned lane group. */

@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     x_from_smem<BITS, LPR, VPL>(s_x, li, x);
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
+    x_prescale4<BITS, VPL>(x);
     const int hid_stride = max(a.inter, a.shared_inter);
     float *hid = a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride;
 #pragma unroll
@@ -147,6 +148,7 @@ __global__ void moe_down_kernel(moe_args a)
     x_load<BITS, LPR, VPL>(a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride, li, x);
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
+    x_prescale4<BITS, VPL>(x);
     for (int rb = 0; rb < MOE_DOWN_ROWS; rb += RPW * U) {
         row_frag<BITS, VPL> f[U];
 #pragma unroll
