@@ -67,8 +67,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
         m[h] = -INFINITY;
         l[h] = 0.0f;
     }
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x)
-        s_acc[i] = 0.0f;
 
     const __nv_bfloat16 *kc = a.k_cache + (size_t)g * a.max_ctx * D + lane * DPL;
     const __nv_bfloat16 *vc = a.v_cache + (size_t)g * a.max_ctx * D + lane * DPL;
@@ -149,16 +147,23 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
         s_L[h] = Ls;
     }
     __syncthreads();
+    /* merge the warps' accumulators: one warp at a time (no shared-memory atomics, which are CAS
+     * loops for fp32 and serialise under the 8-way contention) */
+    float f[G];
 #pragma unroll
-    for (int h = 0; h < G; h++) {
-        if (m[h] == -INFINITY)
-            continue;
-        const float f = expf(m[h] - s_M[h]);
+    for (int h = 0; h < G; h++)
+        f[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - s_M[h]);
+    for (int w = 0; w < ATT_WARPS; w++) {
+        if (warp == w)
 #pragma unroll
-        for (int e = 0; e < DPL; e++)
-            atomicAdd(&s_acc[h * D + lane * DPL + e], acc[h][e] * f);
+            for (int h = 0; h < G; h++)
+#pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    float *p = &s_acc[h * D + lane * DPL + e];
+                    *p = (w == 0 ? 0.0f : *p) + acc[h][e] * f[h];
+                }
+        __syncthreads();
     }
-    __syncthreads();
 
     const float *gate_row = a.qkv + (size_t)t * a.qkv_stride;
     if (a.n_splits == 1) {
