@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "commands.h"
 #include "model/synthetic.h"
 #include "runtime/cost_model.h"
@@ -348,6 +349,20 @@ static lily_status bench_decode(lily_session *base, lily_session *work, int dept
         if (st != LILY_OK)
             return st;
         random_tokens(rng, vocab, tokens, n);
+        if (strcmp(work->engine->backend.ops->name, "cuda") == 0) {
+            /* the CUDA decode fast path: graph replay, next token chosen and fed back on the device */
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+            if (!ids)
+                return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "bench: out of memory");
+            progress("bench: tg%d @ d%d  rep %d/%d  (cuda greedy fast path)", n, depth, r + 1, reps);
+            double t0 = now_s();
+            st = lily_cuda_generate_greedy(work->engine->backend.ctx, work->state, tokens[0], n, ids, err);
+            tps[r] = n / (now_s() - t0);
+            free(ids);
+            if (st != LILY_OK)
+                return st;
+            continue;
+        }
         double t0 = now_s();
         for (int i = 0; i < n; i++) {
             if (i % 16 == 0)
