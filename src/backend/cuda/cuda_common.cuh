@@ -140,7 +140,14 @@ static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block,
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = g_cuda_tuning.pdl ? 1 : 0;
+    /* programmatic launch needs compute capability 9.0; older GPUs (the sm_80 PTX path) launch plainly */
+    static int cc_major = -1;
+    if (cc_major < 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            cc_major = 0;
+    }
+    cfg.numAttrs = g_cuda_tuning.pdl && cc_major >= 9 ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
