@@ -59,6 +59,10 @@ int main(int argc, char **argv)
     }
     const int vocab = e->cfg.vocab_size;
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    if (!prompt) {
+        fprintf(stderr, "bench_cpu_exact: out of memory for %d prompt tokens\n", n_prompt);
+        return 1;
+    }
     for (int i = 0; i < n_prompt; i++)
         prompt[i] = (int32_t)(((int64_t)i * 7919) % vocab);
 

@@ -121,9 +121,10 @@ lily_status lily_session_save(const lily_session *s, lily_session_snapshot *snap
     snap->tokens = malloc((size_t)(s->n_tokens > 0 ? s->n_tokens : 1) * sizeof(int32_t));
     snap->logits = malloc(vocab * sizeof(float));
     if (!snap->state_buf || !snap->tokens || !snap->logits) {
+        const size_t state_size = snap->state_size; /* the free below zeroes snap */
         lily_session_snapshot_free(snap);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "session save: out of memory for %zu bytes",
-                              snap->state_size);
+                              state_size);
     }
     lily_status st = ops_of(s)->state_save(ctx_of(s), s->state, snap->state_buf, snap->state_size, err);
     if (st != LILY_OK) {
