@@ -40,6 +40,7 @@ const char *lily_dtype_name(lily_dtype t);
 /* Parse a safetensors dtype string; LILY_DTYPE_UNKNOWN if not recognised. */
 lily_dtype lily_dtype_from_name(const char *name);
 
+/* bf16 -> fp32: exact (bf16 is the top 16 bits of an fp32). */
 static inline float lily_bf16_to_f32(uint16_t h)
 {
     uint32_t u = (uint32_t)h << 16;
@@ -48,6 +49,7 @@ static inline float lily_bf16_to_f32(uint16_t h)
     return f;
 }
 
+/* fp32 -> bf16, round to nearest even (as torch's .to(torch.bfloat16)); NaN stays a quiet NaN. */
 static inline uint16_t lily_f32_to_bf16(float f)
 {
     uint32_t u;

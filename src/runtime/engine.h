@@ -75,8 +75,13 @@ typedef struct {
     float *logits;           /* [vocab] */
 } lily_session_snapshot;
 
+/* snap := a copy of s (backend state_save bytes + token ids + last logits), malloc'd; free it with
+ * lily_session_snapshot_free. Errors: LILY_ERR_OUT_OF_MEMORY; the backend's state_save errors. */
 lily_status lily_session_save(const lily_session *s, lily_session_snapshot *snap, lily_error *err);
+/* s := the snapshot (same engine). Errors: LILY_ERR_CONTEXT_LENGTH when it holds more tokens than s's
+ * max_ctx (s unchanged); the backend's state_restore errors (a buffer of the wrong size). */
 lily_status lily_session_restore(lily_session *s, const lily_session_snapshot *snap, lily_error *err);
+/* Free the snapshot's buffers and zero it (NULL and an already-freed snapshot are fine). */
 void lily_session_snapshot_free(lily_session_snapshot *snap);
 
 #endif

@@ -76,8 +76,8 @@ int32_t lily_sampler_sample(lily_sampler *s, const float *logits);
 typedef struct {
     uint64_t s[4];
 } lily_rng;
-void lily_rng_seed(lily_rng *r, uint64_t seed);
-uint64_t lily_rng_next(lily_rng *r);
+void lily_rng_seed(lily_rng *r, uint64_t seed); /* the four words from splitmix64(seed) */
+uint64_t lily_rng_next(lily_rng *r);            /* the next 64 random bits */
 double lily_rng_uniform(lily_rng *r); /* [0, 1) with 53 random bits */
 
 #endif

@@ -45,7 +45,7 @@ typedef struct lily_tokenizer lily_tokenizer;
  * About 0.3 s for the 11 MB Qwen3 file (most of it JSON parsing). */
 lily_status lily_tokenizer_load(const char *path, lily_tokenizer **out, lily_error *err);
 
-void lily_tokenizer_free(lily_tokenizer *tok);
+void lily_tokenizer_free(lily_tokenizer *tok); /* NULL is fine */
 
 /* Encode UTF-8 text (len bytes, need not be NUL-terminated) into token ids, as HF `tokenizers`
  * Tokenizer.encode(text, add_special_tokens=False) does.
@@ -106,6 +106,8 @@ typedef struct {
     size_t out_cap;
 } lily_detokenizer;
 
+/* Start a stream over tok (which must outlive d). skip_special: special tokens (<|im_end|>, ...) give no
+ * text. Cannot fail: buffers are allocated on the first feed. */
 void lily_detokenizer_init(lily_detokenizer *d, const lily_tokenizer *tok, bool skip_special);
 
 /* Add one token; *text (NUL-terminated, *len bytes, valid until the next call) is the newly complete
@@ -117,6 +119,7 @@ lily_status lily_detokenizer_feed(lily_detokenizer *d, int32_t id, const char **
  * the detokenizer for a new stream. */
 lily_status lily_detokenizer_flush(lily_detokenizer *d, const char **text, size_t *len, lily_error *err);
 
+/* Free the output buffer (d itself belongs to the caller). */
 void lily_detokenizer_free(lily_detokenizer *d);
 
 #endif
