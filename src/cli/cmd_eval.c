@@ -48,6 +48,18 @@ static double now_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Write count fp32 values raw (little-endian on every machine lily runs on). Returns 0, or 1 printed. */
+static int write_logits(const char *path, const float *logits, size_t count)
+{
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(logits, sizeof(float), count, f) == count;
+    if (f && fclose(f) != 0)
+        ok = false;
+    if (!ok)
+        fprintf(stderr, "lily eval: cannot write %s: %s\n", path, strerror(errno));
+    return ok ? 0 : 1;
+}
+
 /* Compare [n, vocab] logits with the reference file; print the four numbers. */
 static int compare_reference(const char *path, const float *logits, int n, int vocab)
 {
@@ -217,19 +229,8 @@ int cmd_eval(int argc, char **argv)
         printf("decode: %.2f tok/s (%.3f s)\n", (n - decode_from) / (t2 - t1), t2 - t1);
     printf("last position top-1: %d\n", lily_argmax(logits + (size_t)(n - 1) * vocab, vocab));
 
-    if (logits_out) {
-        FILE *f = fopen(logits_out, "wb");
-        if (!f || fwrite(logits, sizeof(float), (size_t)n * vocab, f) != (size_t)n * vocab) {
-            fprintf(stderr, "lily eval: cannot write %s: %s\n", logits_out, strerror(errno));
-            if (f)
-                fclose(f);
-            goto done;
-        }
-        if (fclose(f) != 0) {
-            fprintf(stderr, "lily eval: cannot write %s: %s\n", logits_out, strerror(errno));
-            goto done;
-        }
-    }
+    if (logits_out && write_logits(logits_out, logits, (size_t)n * vocab))
+        goto done;
     rc = reference ? compare_reference(reference, logits, n, vocab) : 0;
     goto done;
 fail:

@@ -50,6 +50,62 @@ static void show_progress(void *user, int64_t done, int64_t total)
     fflush(stderr);
 }
 
+/* The input as token ids: tokens_file parsed, or text_file encoded with the model's tokenizer.
+ * Returns 0, or 1 with the reason printed on stderr. */
+static int read_input(const char *model, const char *text_file, const char *tokens_file, int parse_special,
+                      int32_t **tokens, int *n)
+{
+    if (tokens_file)
+        return cli_read_token_ids_file("perplexity", tokens_file, tokens, n) ? 1 : 0;
+    lily_error err = {0};
+    size_t len;
+    char *text;
+    if (lily_read_file(text_file, 0, &text, &len, &err) != LILY_OK) {
+        fprintf(stderr, "lily perplexity: %s\n", err.message);
+        return 1;
+    }
+    lily_tokenizer *tok = NULL;
+    lily_status st = lily_tokenizer_load(model, &tok, &err);
+    if (st == LILY_OK)
+        st = lily_tokenizer_encode(tok, text, len, parse_special, tokens, n, &err);
+    lily_tokenizer_free(tok);
+    free(text);
+    if (st != LILY_OK) {
+        fprintf(stderr, "lily perplexity: %s\n", err.message);
+        return 1;
+    }
+    return 0;
+}
+
+/* Map reference logits, raw fp32 [rows, vocab]: *map and *size for munmap. Returns 0, or 1 with the
+ * reason printed on stderr (*map stays MAP_FAILED). */
+static int map_reference(const char *ref_file, int vocab, void **map, size_t *size)
+{
+    int fd = open(ref_file, O_RDONLY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        fprintf(stderr, "lily perplexity: cannot open %s: %s\n", ref_file, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    size_t row = (size_t)vocab * sizeof(float);
+    *size = (size_t)sb.st_size;
+    if (*size == 0 || *size % row) {
+        fprintf(stderr, "lily perplexity: %s: %zu bytes is not a whole number of fp32 rows of vocab %d\n", ref_file,
+                *size, vocab);
+        close(fd);
+        return 1;
+    }
+    *map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (*map == MAP_FAILED) {
+        fprintf(stderr, "lily perplexity: cannot map %s: %s\n", ref_file, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 int cmd_perplexity(int argc, char **argv)
 {
     const char *model = NULL, *text_file = NULL, *tokens_file = NULL, *ref_file = NULL, *backend = "cpu";
@@ -104,32 +160,9 @@ int cmd_perplexity(int argc, char **argv)
 
     lily_error err = {0};
     int32_t *tokens = NULL;
-    int64_t n = 0;
-    if (tokens_file) {
-        int n_ids = 0;
-        if (cli_read_token_ids_file("perplexity", tokens_file, &tokens, &n_ids))
-            return 1;
-        n = n_ids;
-    } else {
-        size_t len;
-        char *text;
-        if (lily_read_file(text_file, 0, &text, &len, &err) != LILY_OK) {
-            fprintf(stderr, "lily perplexity: %s\n", err.message);
-            return 1;
-        }
-        lily_tokenizer *tok = NULL;
-        int n_ids = 0;
-        lily_status st = lily_tokenizer_load(model, &tok, &err);
-        if (st == LILY_OK)
-            st = lily_tokenizer_encode(tok, text, len, parse_special, &tokens, &n_ids, &err);
-        lily_tokenizer_free(tok);
-        free(text);
-        if (st != LILY_OK) {
-            fprintf(stderr, "lily perplexity: %s\n", err.message);
-            return 1;
-        }
-        n = n_ids;
-    }
+    int n = 0;
+    if (read_input(model, text_file, tokens_file, parse_special, &tokens, &n))
+        return 1;
     if (n < 2) {
         fprintf(stderr, "lily perplexity: the input has %lld tokens; at least 2 are needed\n", (long long)n);
         free(tokens);
@@ -152,30 +185,10 @@ int cmd_perplexity(int argc, char **argv)
     int progress_shown = 0;
     lily_perplexity_options po = {.ctx = ctx, .progress = show_progress, .progress_user = &progress_shown};
     if (ref_file) {
-        int fd = open(ref_file, O_RDONLY);
-        struct stat sb;
-        if (fd < 0 || fstat(fd, &sb) != 0) {
-            fprintf(stderr, "lily perplexity: cannot open %s: %s\n", ref_file, strerror(errno));
-            if (fd >= 0)
-                close(fd);
+        if (map_reference(ref_file, e->cfg.vocab_size, &ref_map, &ref_size))
             goto done;
-        }
-        size_t row = (size_t)e->cfg.vocab_size * sizeof(float);
-        ref_size = (size_t)sb.st_size;
-        if (ref_size == 0 || ref_size % row) {
-            fprintf(stderr, "lily perplexity: %s: %zu bytes is not a whole number of fp32 rows of vocab %d\n", ref_file,
-                    ref_size, e->cfg.vocab_size);
-            close(fd);
-            goto done;
-        }
-        ref_map = mmap(NULL, ref_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        close(fd);
-        if (ref_map == MAP_FAILED) {
-            fprintf(stderr, "lily perplexity: cannot map %s: %s\n", ref_file, strerror(errno));
-            goto done;
-        }
         po.ref_logits = ref_map;
-        po.ref_rows = (int64_t)(ref_size / row);
+        po.ref_rows = (int64_t)(ref_size / ((size_t)e->cfg.vocab_size * sizeof(float)));
         if (po.ref_rows != n)
             fprintf(stderr, "lily perplexity: note: %s has %lld rows for %lld tokens; comparing the first %lld\n",
                     ref_file, (long long)po.ref_rows, (long long)n, (long long)(po.ref_rows < n ? po.ref_rows : n));
