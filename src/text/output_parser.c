@@ -922,8 +922,10 @@ json_t *lily_output_choice_json(const lily_parsed_output *o, const char *id_pref
     if (!id_prefix)
         id_prefix = "call_";
     json_t *choice = json_object(), *msg = json_object();
-    if (!choice || !msg)
+    if (!choice || !msg) {
+        json_decref(msg); /* not yet owned by choice */
         goto oom;
+    }
     json_object_set_new(choice, "message", msg);
     json_object_set_new(msg, "role", json_string("assistant"));
     json_object_set_new(msg, "content", o->content_len ? json_text(o->content, o->content_len) : json_null());
