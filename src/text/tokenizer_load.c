@@ -385,77 +385,20 @@ static lily_status set_token_bytes(lily_tokenizer *tok, int32_t id, const char *
     return LILY_OK;
 }
 
-static lily_status load_model(lily_tokenizer *tok, const json_t *root, lily_error *err)
+/* model.vocab into the token table: byte-level keys -> raw bytes; keys outside the alphabet keep their
+ * UTF-8 (HF's decoder does the same) and cannot be produced by BPE, so they stay out of the lookup table.
+ * Then the id of every single byte. */
+static lily_status load_vocab(lily_tokenizer *tok, json_t *vocab, size_t *blob_used, lily_error *err)
 {
-    const json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model))
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "no \"model\" object");
-    const char *type = json_string_value(json_object_get(model, "type"));
-    if (type && strcmp(type, "BPE"))
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "unsupported model type \"%s\" (lily implements byte-level BPE)", type);
-    const char *prefix = json_string_value(json_object_get(model, "continuing_subword_prefix"));
-    const char *suffix = json_string_value(json_object_get(model, "end_of_word_suffix"));
-    if ((prefix && *prefix) || (suffix && *suffix))
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "unsupported BPE option: continuing_subword_prefix / end_of_word_suffix");
-    tok->ignore_merges = json_bool_or(model, "ignore_merges", false);
-
-    json_t *vocab = json_object_get(model, "vocab");
-    const json_t *merges = json_object_get(model, "merges");
-    const json_t *added = json_object_get(root, "added_tokens");
-    if (!json_is_object(vocab))
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "model.vocab is missing or not an object");
-    if (!json_is_array(merges))
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "model.merges is missing or not an array");
-    if (added && !json_is_array(added))
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "added_tokens is not an array");
-
-    /* the id space and the blob size */
-    int64_t max_id = -1;
-    size_t blob_size = 1;
     const char *key;
     json_t *value;
     json_object_foreach(vocab, key, value) {
-        if (!json_is_integer(value) || json_integer_value(value) < 0 || json_integer_value(value) >= INT32_MAX / 2)
-            return lily_error_set(err, LILY_ERR_TOKENIZER, "model.vocab[\"%.60s\"] is not a valid id", key);
-        max_id = LILY_MAX(max_id, json_integer_value(value));
-        blob_size += strlen(key);
-    }
-    size_t i;
-    const json_t *e;
-    json_array_foreach(added, i, e) {
-        const json_t *id = json_object_get(e, "id");
-        const json_t *content = json_object_get(e, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= INT32_MAX / 2 ||
-            !json_is_string(content) || json_string_length(content) == 0)
-            return lily_error_set(err, LILY_ERR_TOKENIZER, "added_tokens[%zu] needs an \"id\" >= 0 and a non-empty \"content\"", i);
-        max_id = LILY_MAX(max_id, json_integer_value(id));
-        blob_size += json_string_length(content);
-    }
-    if (max_id < 0)
-        return lily_error_set(err, LILY_ERR_TOKENIZER, "the vocabulary is empty");
-    tok->vocab_size = (int32_t)(max_id + 1);
-    size_t n = (size_t)tok->vocab_size;
-    tok->token_offset = calloc(n, sizeof *tok->token_offset);
-    tok->token_len = malloc(n * sizeof *tok->token_len);
-    tok->token_flags = calloc(n, 1);
-    tok->token_blob = malloc(blob_size);
-    tok->vocab_mask = pow2_at_least(2 * json_object_size(vocab)) - 1;
-    tok->vocab_table = malloc(((size_t)tok->vocab_mask + 1) * sizeof *tok->vocab_table);
-    if (!tok->token_offset || !tok->token_len || !tok->token_flags || !tok->token_blob || !tok->vocab_table)
-        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory for a vocabulary of %zu ids", n);
-    memset(tok->token_len, 0xff, n * sizeof *tok->token_len);
-    memset(tok->vocab_table, 0xff, ((size_t)tok->vocab_mask + 1) * sizeof *tok->vocab_table);
-
-    /* vocab: byte-level keys -> raw bytes; keys outside the alphabet keep their UTF-8 (HF's decoder does
-     * the same) and cannot be produced by BPE, so they stay out of the lookup table */
-    size_t blob_used = 0;
-    json_object_foreach(vocab, key, value) {
         int32_t id = (int32_t)json_integer_value(value);
         size_t key_len = strlen(key);
-        long nb = byte_level_to_bytes(key, key_len, tok->token_blob + blob_used);
-        const char *bytes = tok->token_blob + blob_used;
-        lily_status st = nb >= 0 ? set_token_bytes(tok, id, bytes, (size_t)nb, &blob_used, err)
-                                 : set_token_bytes(tok, id, key, key_len, &blob_used, err);
+        long nb = byte_level_to_bytes(key, key_len, tok->token_blob + *blob_used);
+        const char *bytes = tok->token_blob + *blob_used;
+        lily_status st = nb >= 0 ? set_token_bytes(tok, id, bytes, (size_t)nb, blob_used, err)
+                                 : set_token_bytes(tok, id, key, key_len, blob_used, err);
         if (st != LILY_OK)
             return st;
         if (nb < 0)
@@ -469,8 +412,15 @@ static lily_status load_model(lily_tokenizer *tok, const json_t *root, lily_erro
         char c = (char)b;
         tok->byte_id[b] = tok_vocab_find(tok, &c, 1);
     }
+    return LILY_OK;
+}
 
-    /* merges: rank = position; a repeated pair keeps its last rank (as HF's HashMap collect does) */
+/* model.merges into the merge table: rank = position; a repeated pair keeps its last rank (as HF's
+ * HashMap collect does). Either JSON form: "a b" strings or ["a", "b"] pairs. */
+static lily_status load_merges(lily_tokenizer *tok, const json_t *merges, json_t *vocab, lily_error *err)
+{
+    size_t i;
+    const json_t *e;
     size_t n_merges = json_array_size(merges);
     tok->merge_mask = pow2_at_least(2 * n_merges + 2) - 1;
     tok->merges = malloc(((size_t)tok->merge_mask + 1) * sizeof *tok->merges);
@@ -535,10 +485,15 @@ static lily_status load_model(lily_tokenizer *tok, const json_t *root, lily_erro
         tok->merges[slot] = (tok_merge){pair, (int32_t)i, (int32_t)json_integer_value(merged_id)};
     }
     free(joined);
-    if (st != LILY_OK)
-        return st;
+    return st;
+}
 
-    /* added tokens: content verbatim */
+/* added_tokens, content verbatim, with their flags; an added token overrides the vocab's entry for its
+ * id. Sorted longest first for the leftmost-longest split. */
+static lily_status load_added_tokens(lily_tokenizer *tok, const json_t *added, size_t *blob_used, lily_error *err)
+{
+    size_t i;
+    const json_t *e;
     tok->n_added = (int)json_array_size(added);
     tok->added = calloc((size_t)tok->n_added + 1, sizeof *tok->added);
     if (!tok->added)
@@ -560,13 +515,85 @@ static lily_status load_model(lily_tokenizer *tok, const json_t *root, lily_erro
         /* an added token overrides whatever the vocab has for its id */
         tok->token_len[a->id] = -1;
         tok->token_flags[a->id] = TOK_FLAG_ADDED | (a->special ? TOK_FLAG_SPECIAL : 0);
-        st = set_token_bytes(tok, a->id, a->content, a->len, &blob_used, err);
+        lily_status st = set_token_bytes(tok, a->id, a->content, a->len, blob_used, err);
         if (st != LILY_OK)
             return st;
         tok->added_first_byte[(unsigned char)a->content[0]] |= a->normalized ? 2 : 1;
     }
     qsort(tok->added, (size_t)tok->n_added, sizeof *tok->added, cmp_added_longest_first);
     return LILY_OK;
+}
+
+/* tokenizer.json's "model" (byte-level BPE) and "added_tokens": check the options lily implements, size
+ * the id space and the byte blob, then load_vocab, load_merges and load_added_tokens fill them. */
+static lily_status load_model(lily_tokenizer *tok, const json_t *root, lily_error *err)
+{
+    const json_t *model = json_object_get(root, "model");
+    if (!json_is_object(model))
+        return lily_error_set(err, LILY_ERR_TOKENIZER, "no \"model\" object");
+    const char *type = json_string_value(json_object_get(model, "type"));
+    if (type && strcmp(type, "BPE"))
+        return lily_error_set(err, LILY_ERR_TOKENIZER, "unsupported model type \"%s\" (lily implements byte-level BPE)", type);
+    const char *prefix = json_string_value(json_object_get(model, "continuing_subword_prefix"));
+    const char *suffix = json_string_value(json_object_get(model, "end_of_word_suffix"));
+    if ((prefix && *prefix) || (suffix && *suffix))
+        return lily_error_set(err, LILY_ERR_TOKENIZER, "unsupported BPE option: continuing_subword_prefix / end_of_word_suffix");
+    tok->ignore_merges = json_bool_or(model, "ignore_merges", false);
+
+    json_t *vocab = json_object_get(model, "vocab");
+    const json_t *merges = json_object_get(model, "merges");
+    const json_t *added = json_object_get(root, "added_tokens");
+    if (!json_is_object(vocab))
+        return lily_error_set(err, LILY_ERR_TOKENIZER, "model.vocab is missing or not an object");
+    if (!json_is_array(merges))
+        return lily_error_set(err, LILY_ERR_TOKENIZER, "model.merges is missing or not an array");
+    if (added && !json_is_array(added))
+        return lily_error_set(err, LILY_ERR_TOKENIZER, "added_tokens is not an array");
+
+    /* the id space and the blob size */
+    int64_t max_id = -1;
+    size_t blob_size = 1;
+    const char *key;
+    json_t *value;
+    json_object_foreach(vocab, key, value) {
+        if (!json_is_integer(value) || json_integer_value(value) < 0 || json_integer_value(value) >= INT32_MAX / 2)
+            return lily_error_set(err, LILY_ERR_TOKENIZER, "model.vocab[\"%.60s\"] is not a valid id", key);
+        max_id = LILY_MAX(max_id, json_integer_value(value));
+        blob_size += strlen(key);
+    }
+    size_t i;
+    const json_t *e;
+    json_array_foreach(added, i, e) {
+        const json_t *id = json_object_get(e, "id");
+        const json_t *content = json_object_get(e, "content");
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= INT32_MAX / 2 ||
+            !json_is_string(content) || json_string_length(content) == 0)
+            return lily_error_set(err, LILY_ERR_TOKENIZER, "added_tokens[%zu] needs an \"id\" >= 0 and a non-empty \"content\"", i);
+        max_id = LILY_MAX(max_id, json_integer_value(id));
+        blob_size += json_string_length(content);
+    }
+    if (max_id < 0)
+        return lily_error_set(err, LILY_ERR_TOKENIZER, "the vocabulary is empty");
+    tok->vocab_size = (int32_t)(max_id + 1);
+    size_t n = (size_t)tok->vocab_size;
+    tok->token_offset = calloc(n, sizeof *tok->token_offset);
+    tok->token_len = malloc(n * sizeof *tok->token_len);
+    tok->token_flags = calloc(n, 1);
+    tok->token_blob = malloc(blob_size);
+    tok->vocab_mask = pow2_at_least(2 * json_object_size(vocab)) - 1;
+    tok->vocab_table = malloc(((size_t)tok->vocab_mask + 1) * sizeof *tok->vocab_table);
+    if (!tok->token_offset || !tok->token_len || !tok->token_flags || !tok->token_blob || !tok->vocab_table)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory for a vocabulary of %zu ids", n);
+    memset(tok->token_len, 0xff, n * sizeof *tok->token_len);
+    memset(tok->vocab_table, 0xff, ((size_t)tok->vocab_mask + 1) * sizeof *tok->vocab_table);
+
+    size_t blob_used = 0;
+    lily_status st = load_vocab(tok, vocab, &blob_used, err);
+    if (st == LILY_OK)
+        st = load_merges(tok, merges, vocab, err);
+    if (st == LILY_OK)
+        st = load_added_tokens(tok, added, &blob_used, err);
+    return st;
 }
 
 /* tokenizer_config.json's eos_token etc.: a string or {"content": ...}. */
