@@ -157,8 +157,7 @@ int cmd_eval(int argc, char **argv)
                 return 2;
             }
             deltanet_chunked = !strcmp(value, "chunked");
-        }
-        else {
+        } else {
             const bool is_decode_from = !strcmp(name, "--decode-from");
             long v;
             if (cli_parse_int("eval", name, value, is_decode_from ? 0 : 1, INT32_MAX, &v))
