@@ -9,25 +9,9 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "runtime/engine.h"
-
-static double wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
-           1e-6 * (double)ru.ru_stime.tv_usec;
-}
 
 int main(int argc, char **argv)
 {
@@ -46,12 +30,12 @@ int main(int argc, char **argv)
     lily_error err = {0};
     lily_engine *e;
     lily_engine_options o = {.model_dir = argv[1], .backend = "cpu", .n_threads = threads, .prefill_chunk = chunk};
-    double t_load = wall();
+    double t_load = lily_wall_seconds();
     if (lily_engine_open(&o, &e, &err) != LILY_OK) {
         fprintf(stderr, "bench_cpu_exact: %s\n", err.message);
         return 1;
     }
-    t_load = wall() - t_load;
+    t_load = lily_wall_seconds() - t_load;
     lily_session *s;
     if (lily_session_new(e, n_prompt + n_decode, &s, &err) != LILY_OK) {
         fprintf(stderr, "bench_cpu_exact: %s\n", err.message);
@@ -66,12 +50,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_prompt; i++)
         prompt[i] = (int32_t)(((int64_t)i * 7919) % vocab);
 
-    double w0 = wall(), c0 = cpu_seconds();
+    double w0 = lily_wall_seconds(), c0 = lily_process_cpu_seconds();
     if (lily_session_append(s, prompt, n_prompt, NULL, &err) != LILY_OK) {
         fprintf(stderr, "bench_cpu_exact: %s\n", err.message);
         return 1;
     }
-    double w1 = wall(), c1 = cpu_seconds();
+    double w1 = lily_wall_seconds(), c1 = lily_process_cpu_seconds();
     for (int i = 0; i < n_decode; i++) {
         int32_t next = 0;
         for (int v = 1; v < vocab; v++)
@@ -82,7 +66,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    double w2 = wall(), c2 = cpu_seconds();
+    double w2 = lily_wall_seconds(), c2 = lily_process_cpu_seconds();
     printf("model %s: %d layers, hidden %d, vocab %d; threads %s, prefill chunk %d; load %.2f s\n", argv[1],
            e->cfg.n_layers, e->cfg.hidden, vocab, threads ? argv[4] : "all", e->prefill_chunk, t_load);
     printf("prefill %4d tokens: %8.2f tok/s wall (%.3f s), %.3f CPU s\n", n_prompt, n_prompt / (w1 - w0), w1 - w0,

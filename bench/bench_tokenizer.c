@@ -12,14 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "text/tokenizer.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* CPU time of this thread: steadier than wall time on a shared machine */
 static double cpu_now(void)
@@ -37,12 +31,12 @@ int main(int argc, char **argv)
 
     lily_error err = {0};
     lily_tokenizer *tok;
-    double t0 = now(), load_c0 = cpu_now();
+    double t0 = lily_wall_seconds(), load_c0 = cpu_now();
     if (lily_tokenizer_load(model, &tok, &err) != LILY_OK) {
         fprintf(stderr, "bench_tokenizer: %s\n", err.message);
         return 1;
     }
-    double load_s = now() - t0, load_cpu = cpu_now() - load_c0;
+    double load_s = lily_wall_seconds() - t0, load_cpu = cpu_now() - load_c0;
 
     FILE *f = fopen(corpus, "rb");
     if (!f) {
@@ -89,13 +83,13 @@ int main(int argc, char **argv)
     int n_ids = 0;
     for (int pass = 0; pass < 4; pass++) {
         free(ids);
-        t0 = now();
+        t0 = lily_wall_seconds();
         double c0 = cpu_now();
         if (lily_tokenizer_encode(tok, text, total, true, &ids, &n_ids, &err) != LILY_OK) {
             fprintf(stderr, "bench_tokenizer: %s\n", err.message);
             return 1;
         }
-        double s = now() - t0, cpu = cpu_now() - c0;
+        double s = lily_wall_seconds() - t0, cpu = cpu_now() - c0;
         if (pass > 0 && cpu < best_cpu)
             best_cpu = cpu;
         if (pass == 0)
@@ -105,9 +99,9 @@ int main(int argc, char **argv)
     }
     char *decoded;
     size_t decoded_len;
-    t0 = now();
+    t0 = lily_wall_seconds();
     lily_tokenizer_decode(tok, ids, n_ids, false, &decoded, &decoded_len, &err);
-    double decode_s = now() - t0;
+    double decode_s = lily_wall_seconds() - t0;
 
     printf("model            %s (%d ids)\n", model, (int)lily_tokenizer_vocab_size(tok));
     printf("load             %.3f s (wall), %.3f s CPU\n", load_s, load_cpu);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "base/clock.h"
 #include "commands.h"
 #include "model/synthetic.h"
 #include "runtime/cost_model.h"
@@ -128,13 +129,6 @@ static int parse_list(const char *s, int *out, int *n, long min)
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static uint64_t rng_next(uint64_t *s)
 {
     *s ^= *s << 13;
@@ -164,11 +158,11 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
                                   .prefill_chunk = o->prefill_chunk, .device = o->device};
         return lily_engine_open(&eo, &m->engine, err);
     }
-    double t0 = now_s();
+    double t0 = lily_wall_seconds();
     lily_status st = lily_synthetic_new(o->synthetic, o->seed, o->n_threads, &m->synthetic, err);
     if (st != LILY_OK)
         return st;
-    double dt = now_s() - t0;
+    double dt = lily_wall_seconds() - t0;
     fprintf(stderr, "lily bench: synthetic weights: %.2f GB in %.1f s (%.2f GB/s)\n",
             (double)m->synthetic->buffer_size / 1e9, dt, (double)m->synthetic->buffer_size / 1e9 / dt);
     lily_engine *e = calloc(1, sizeof *e);
@@ -319,9 +313,9 @@ static lily_status bench_prefill(lily_session *s, int length, int reps, uint64_t
         progress("bench: pp%d  rep %d/%d", length, r + 1, reps);
         lily_session_reset(s);
         random_tokens(rng, vocab, tokens, length);
-        double t0 = now_s();
+        double t0 = lily_wall_seconds();
         lily_status st = append_with_progress(s, tokens, length, what, r + 1, reps, err);
-        double t1 = now_s();
+        double t1 = lily_wall_seconds();
         if (st != LILY_OK)
             return st;
         tps[r] = length / (t1 - t0);
@@ -355,22 +349,22 @@ static lily_status bench_decode(lily_session *base, lily_session *work, int dept
             if (!ids)
                 return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "bench: out of memory");
             progress("bench: tg%d @ d%d  rep %d/%d  (cuda greedy fast path)", n, depth, r + 1, reps);
-            double t0 = now_s();
+            double t0 = lily_wall_seconds();
             st = lily_cuda_generate_greedy(work->engine->backend.ctx, work->state, tokens[0], n, ids, err);
-            tps[r] = n / (now_s() - t0);
+            tps[r] = n / (lily_wall_seconds() - t0);
             free(ids);
             if (st != LILY_OK)
                 return st;
             continue;
         }
-        double t0 = now_s();
+        double t0 = lily_wall_seconds();
         for (int i = 0; i < n; i++) {
             if (i % 16 == 0)
                 progress("bench: tg%d @ d%d  rep %d/%d  token %d", n, depth, r + 1, reps, i);
             if ((st = lily_session_append(work, tokens + i, 1, NULL, err)) != LILY_OK)
                 return st;
         }
-        tps[r] = n / (now_s() - t0);
+        tps[r] = n / (lily_wall_seconds() - t0);
     }
     return LILY_OK;
 }

@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "runtime/engine.h"
@@ -39,13 +39,6 @@ static void usage(FILE *f)
             "  --deltanet FORM       recurrent (default: split-invariant) or chunked (chunk 64 for multi-token\n"
             "                        calls, transformers' numerics)\n"
             "  --threads N           CPU threads (default: all cores)\n");
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Write count fp32 values raw (little-endian on every machine lily runs on). Returns 0, or 1 printed. */
@@ -212,14 +205,14 @@ int cmd_eval(int argc, char **argv)
         lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "out of memory for [%d, %d] logits", n, vocab);
         goto fail;
     }
-    double t0 = now_seconds();
+    double t0 = lily_wall_seconds();
     if (decode_from > 0 && lily_session_append(s, tokens, decode_from, logits, &err) != LILY_OK)
         goto fail;
-    double t1 = now_seconds();
+    double t1 = lily_wall_seconds();
     for (int i = decode_from; i < n; i++)
         if (lily_session_append(s, tokens + i, 1, logits + (size_t)i * vocab, &err) != LILY_OK)
             goto fail;
-    double t2 = now_seconds();
+    double t2 = lily_wall_seconds();
     printf("eval: %d tokens (%d prefill in chunks of %d, %d decode), backend %s\n", n, decode_from, e->prefill_chunk,
            n - decode_from, backend);
     if (decode_from > 0)

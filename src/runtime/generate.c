@@ -7,16 +7,9 @@
 #include "runtime/generate.h"
 
 #include <stdlib.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "runtime/stop_strings.h"
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 lily_generate_params lily_generate_defaults(void)
 {
@@ -60,7 +53,7 @@ static bool is_stop_id(const lily_generate_params *p, int32_t token)
 
 static void finish_timing(lily_generate_result *r, double t_decode_start)
 {
-    r->decode_seconds = now_seconds() - t_decode_start;
+    r->decode_seconds = lily_wall_seconds() - t_decode_start;
     r->decode_tokens_per_second = r->n_decode_steps > 0 && r->decode_seconds > 0
                                       ? (double)r->n_decode_steps / r->decode_seconds : 0.0;
 }
@@ -90,13 +83,13 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
         goto done;
 
     /* prefill */
-    double t0 = now_seconds();
+    double t0 = lily_wall_seconds();
     if (n_prompt > 0) {
         st = lily_session_append(s, prompt, n_prompt, NULL, err);
         if (st != LILY_OK)
             goto done;
     }
-    double t_decode_start = now_seconds();
+    double t_decode_start = lily_wall_seconds();
     r->n_prompt = n_prompt;
     r->prefill_seconds = t_decode_start - t0;
     r->prefill_tokens_per_second = n_prompt > 0 && r->prefill_seconds > 0 ? n_prompt / r->prefill_seconds : 0.0;

@@ -11,17 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "base/clock.h"
 
 static int default_threads(int n_threads)
 {
@@ -105,14 +98,14 @@ static void *bw_worker(void *arg)
 {
     bw_task *t = arg;
     pthread_barrier_wait(t->barrier);
-    t->t0 = now_s();
+    t->t0 = lily_wall_seconds();
     if (t->copy) {
         memcpy(t->dst, t->src, t->bytes);
         t->sink = t->dst[t->bytes - 1];
     } else {
         t->sink = read_pass(t->src, t->bytes);
     }
-    t->t1 = now_s();
+    t->t1 = lily_wall_seconds();
     return NULL;
 }
 
@@ -213,7 +206,7 @@ static void *mm_worker(void *arg)
 {
     mm_task *t = arg;
     pthread_barrier_wait(t->barrier);
-    t->t0 = now_s();
+    t->t0 = lily_wall_seconds();
     for (int r = 0; r < t->reps; r++) {
 #if defined(__x86_64__) && defined(__GNUC__)
         if (t->simd == 2) {
@@ -227,7 +220,7 @@ static void *mm_worker(void *arg)
 #endif
         matmul_generic(t->a, t->b, t->c);
     }
-    t->t1 = now_s();
+    t->t1 = lily_wall_seconds();
     return NULL;
 }
 
