@@ -74,6 +74,11 @@ void cli_model_close(cli_model *m);
 /* Encode text (special tokens written in it recognized). Prints the error; returns 0 or 1. */
 int cli_encode(const char *cmd, const cli_model *m, const char *text, int32_t **ids, int *n_ids);
 
+/* Check that text (NUL-terminated) is valid UTF-8 (utf8proc's rules: no overlong forms, surrogates or
+ * code points past U+10FFFF), as the chat template's JSON messages need. Prints
+ * "lily CMD: WHAT is not valid UTF-8 (byte N of M)" and returns 1 if not; 0 if valid. */
+int cli_check_utf8(const char *cmd, const char *what, const char *text);
+
 /* Prints a streamed reply to a FILE: raw text verbatim, or (parsed) reasoning — ANSI faint when the
  * stream is a terminal, dropped when hide_reasoning — then content, and tool calls as
  * "[tool call] name {arguments}". Also keeps the parser's result for the caller (chat history). */

@@ -162,6 +162,8 @@ static json_t *assistant_message(const lily_parsed_output *r)
 static int chat_turn(chat_state *c, const char *line)
 {
     const char *cmd = c->cmd;
+    if (cli_check_utf8(cmd, "the message", line))
+        return 0; /* the REPL goes on; nothing was sent */
     lily_session *s = c->s;
     lily_error err = {0};
     int rc = 0;

@@ -137,6 +137,8 @@ int cmd_run(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (cli_check_utf8("run", "the prompt", prompt))
+        return 2;
 
     cli_model m;
     if (cli_model_open("run", &o, raw, &m))

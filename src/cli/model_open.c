@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <utf8proc.h>
 
 #include "cli_common.h"
 #include "text/chat_template.h"
@@ -110,8 +111,11 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
     long v;
     if (!strcmp(name, "--model"))
         o->model_dir = value;
-    else if (!strcmp(name, "--system"))
+    else if (!strcmp(name, "--system")) {
+        if (cli_check_utf8(cmd, "--system", value))
+            return -1;
         o->system = value;
+    }
     else if (!strcmp(name, "--backend"))
         o->backend = value;
     else if (!strcmp(name, "--max-tokens")) {
@@ -291,6 +295,23 @@ int cli_encode(const char *cmd, const cli_model *m, const char *text, int32_t **
     if (lily_tokenizer_encode(m->tok, text, strlen(text), true, ids, n_ids, &err) != LILY_OK) {
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         return 1;
+    }
+    return 0;
+}
+
+int cli_check_utf8(const char *cmd, const char *what, const char *text)
+{
+    const size_t len = strlen(text);
+    size_t at = 0;
+    while (at < len) {
+        utf8proc_int32_t cp;
+        const utf8proc_ssize_t n =
+            utf8proc_iterate((const utf8proc_uint8_t *)text + at, (utf8proc_ssize_t)(len - at), &cp);
+        if (n <= 0 || !utf8proc_codepoint_valid(cp)) {
+            fprintf(stderr, "lily %s: %s is not valid UTF-8 (byte %zu of %zu)\n", cmd, what, at, len);
+            return 1;
+        }
+        at += (size_t)n;
     }
     return 0;
 }
