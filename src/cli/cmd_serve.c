@@ -4,13 +4,13 @@
  * the engine worker) and of shutdown (SIGINT/SIGTERM: stop accepting, answer waiting requests 503, let the
  * response in flight finish, then exit 0).
  */
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "lily.h"
 
@@ -43,19 +43,6 @@ static void usage(FILE *f)
             "  --checkpoint-every N also checkpoint every N tokens of a long prefill (default 4096; 0 = never)\n");
 }
 
-static int parse_int(const char *opt, const char *v, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || *end || end == v || x < lo || x > hi) {
-        fprintf(stderr, "lily serve: %s needs an integer in [%ld, %ld] (got '%s')\n", opt, lo, hi, v ? v : "");
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
 /* The last path component of dir, without trailing slashes. */
 static void dir_name(const char *dir, char *out, size_t cap)
 {
@@ -76,7 +63,7 @@ int cmd_serve(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int ok = 1;
+        int ok = 1; /* a missing value (!v) is reported below as "needs a value" */
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -91,19 +78,19 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--alias")) {
             alias = v, i++;
         } else if (!strcmp(a, "--port")) {
-            ok = parse_int(a, v, 0, 65535, &port), i++;
+            ok = !v || cli_parse_int("serve", a, v, 0, 65535, &port) == 0, i++;
         } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
-            ok = parse_int(a, v, 0, 1 << 24, &ctx), i++;
+            ok = !v || cli_parse_int("serve", a, v, 0, 1 << 24, &ctx) == 0, i++;
         } else if (!strcmp(a, "--queue")) {
-            ok = parse_int(a, v, 1, 1 << 16, &queue), i++;
+            ok = !v || cli_parse_int("serve", a, v, 1, 1 << 16, &queue) == 0, i++;
         } else if (!strcmp(a, "--max-body")) {
-            ok = parse_int(a, v, 1, 4096, &max_body_mib), i++;
+            ok = !v || cli_parse_int("serve", a, v, 1, 4096, &max_body_mib) == 0, i++;
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            ok = parse_int(a, v, 0, 1024, &threads), i++;
+            ok = !v || cli_parse_int("serve", a, v, 0, 1024, &threads) == 0, i++;
         } else if (!strcmp(a, "--cache-ram")) {
-            ok = parse_int(a, v, 1, 1L << 24, &cache_ram_mib), i++;
+            ok = !v || cli_parse_int("serve", a, v, 1, 1L << 24, &cache_ram_mib) == 0, i++;
         } else if (!strcmp(a, "--checkpoint-every")) {
-            ok = parse_int(a, v, 0, 1L << 24, &checkpoint_every), i++;
+            ok = !v || cli_parse_int("serve", a, v, 0, 1L << 24, &checkpoint_every) == 0, i++;
         } else {
             fprintf(stderr, "lily serve: unknown option '%s'\n\n", a);
             usage(stderr);
