@@ -18,36 +18,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/perplexity.h"
 #include "runtime/prefix_cache.h"
-
-static double wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
-           1e-6 * (double)ru.ru_stime.tv_usec;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
 
 static int fail(const char *what, const lily_error *err)
 {
@@ -118,30 +94,30 @@ int main(int argc, char **argv)
         }
         lily_session_reset(s); /* another conversation ran in between */
 
-        double w0 = wall(), c0 = cpu_seconds();
+        double w0 = lily_wall_seconds(), c0 = lily_process_cpu_seconds();
         if (lily_session_append(live, ids + n1, n2 - n1, NULL, &err) != LILY_OK) {
             rc = fail("live append", &err);
             goto next;
         }
-        const double live_wall = wall() - w0, live_cpu = cpu_seconds() - c0;
+        const double live_wall = lily_wall_seconds() - w0, live_cpu = lily_process_cpu_seconds() - c0;
 
-        w0 = wall(), c0 = cpu_seconds();
+        w0 = lily_wall_seconds(), c0 = lily_process_cpu_seconds();
         if (lily_session_append(cold, ids, n2, NULL, &err) != LILY_OK) {
             rc = fail("cold prefill", &err);
             goto next;
         }
-        const int cold_first = argmax(cold->logits, vocab);
-        const double cold_wall = wall() - w0, cold_cpu = cpu_seconds() - c0;
+        const int cold_first = lily_argmax(cold->logits, vocab);
+        const double cold_wall = lily_wall_seconds() - w0, cold_cpu = lily_process_cpu_seconds() - c0;
         memcpy(cold_logits, cold->logits, (size_t)vocab * sizeof(float));
 
         int reused = 0;
-        w0 = wall(), c0 = cpu_seconds();
+        w0 = lily_wall_seconds(), c0 = lily_process_cpu_seconds();
         if (lily_prefix_cache_prefill(pc, s, ids, n2, NULL, 0, NULL, NULL, &reused, &err) != LILY_OK) {
             rc = fail("cached prefill", &err);
             goto next;
         }
-        const int cached_first = argmax(s->logits, vocab);
-        const double cached_wall = wall() - w0, cached_cpu = cpu_seconds() - c0;
+        const int cached_first = lily_argmax(s->logits, vocab);
+        const double cached_wall = lily_wall_seconds() - w0, cached_cpu = lily_process_cpu_seconds() - c0;
         const bool exact = cached_first == cold_first &&
                            !memcmp(cold_logits, s->logits, (size_t)vocab * sizeof(float)) &&
                            !memcmp(cold_logits, live->logits, (size_t)vocab * sizeof(float));

@@ -20,11 +20,11 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "base/clock.h"
 #include "runtime/prefix_cache.h"
 #include "text/chat_template.h"
 
@@ -65,13 +65,6 @@ static void usage(FILE *f)
                "  --checkpoint-every N   also checkpoint every N tokens of a long prefill (default 4096;\n"
                "                         0 = never)\n");
     cli_gen_options_usage(f);
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* One line of stdin without its line ending, malloc'd; NULL at end of input or out of memory. */
@@ -203,14 +196,14 @@ static int chat_turn(chat_state *c, const char *line)
     const int n_marks = lily_prefix_cache_chat_marks(ids, n, c->im_start_id, c->im_end_id, c->think_id, marks);
     atomic_store(&chat_cancel, 0);
     chat_generating = 1;
-    const double t0 = now_seconds();
+    const double t0 = lily_wall_seconds();
     if (lily_prefix_cache_prefill(c->cache, s, ids, n, marks, n_marks, chat_cancelled, NULL, &reuse, &err) != LILY_OK) {
         chat_generating = 0;
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         lily_session_reset(s);
         goto drop_user;
     }
-    const double prefill_s = now_seconds() - t0;
+    const double prefill_s = lily_wall_seconds() - t0;
     const char *how = reuse == 0 ? "none" : reuse == live ? "session" : "checkpoint";
 
     const size_t pl = strlen(prompt);

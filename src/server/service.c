@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "base/clock.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
@@ -214,13 +215,6 @@ typedef struct {
     int n_lps, cap_lps;
     int lp_text_offset;       /* completions stream: text_offset of the next logprob */
 } generation;
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void send_json_chunk(generation *g, json_t *chunk)
 {
@@ -697,10 +691,10 @@ static void run_generation(lily_service *svc, lily_job *job)
     }
 
     /* 5. prefill */
-    double t0 = now_seconds();
+    double t0 = lily_wall_seconds();
     int reused = 0;
     st = prefill(svc, job, ids, n_ids, &reused, &err);
-    double t1 = now_seconds();
+    double t1 = lily_wall_seconds();
     job->stats.prompt_tokens = n_ids;
     job->stats.cached_tokens = reused;
     job->stats.prefill_tok_s = t1 > t0 ? (n_ids - reused) / (t1 - t0) : 0;
