@@ -58,6 +58,28 @@ static void finish_timing(lily_generate_result *r, double t_decode_start)
                                       ? (double)r->n_decode_steps / r->decode_seconds : 0.0;
 }
 
+/* One step's text through the stop matcher: token >= 0 is fed to the detokenizer, token < 0 flushes it.
+ * *out, *out_len: the bytes safe to stream now; *matched: the index of the stop string completed, or -1.
+ * Errors: the detokenizer's; LILY_ERR_OUT_OF_MEMORY from the stop matcher. */
+static lily_status detokenize_and_match(const lily_generate_params *p, lily_stop_matcher *stops, int32_t token,
+                                        const char **out, size_t *out_len, int *matched, lily_error *err)
+{
+    const char *text = "";
+    size_t len = 0;
+    *out = "";
+    *out_len = 0;
+    *matched = -1;
+    lily_status st = LILY_OK;
+    if (token >= 0 && p->detok.feed)
+        st = p->detok.feed(p->detok.state, token, &text, &len, err);
+    else if (token < 0 && p->detok.flush)
+        st = p->detok.flush(p->detok.state, &text, &len, err);
+    if (st != LILY_OK)
+        return st;
+    *matched = lily_stop_matcher_feed(stops, text, len, out, out_len, err);
+    return *matched == -2 ? LILY_ERR_OUT_OF_MEMORY : LILY_OK;
+}
+
 lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, const lily_generate_params *params,
                           lily_generate_result *result, lily_error *err)
 {
@@ -114,18 +136,12 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
             goto done;
         r->n_generated++;
 
-        const char *text = "", *out = "";
-        size_t len = 0, out_len = 0;
-        if (p->detok.feed) {
-            st = p->detok.feed(p->detok.state, token, &text, &len, err);
-            if (st != LILY_OK)
-                goto done;
-        }
-        int matched = lily_stop_matcher_feed(stops, text, len, &out, &out_len, err);
-        if (matched == -2) {
-            st = LILY_ERR_OUT_OF_MEMORY;
+        const char *out;
+        size_t out_len;
+        int matched;
+        st = detokenize_and_match(p, stops, token, &out, &out_len, &matched, err);
+        if (st != LILY_OK)
             goto done;
-        }
         if (p->on_token && p->on_token(p->user, token, out, out_len) != 0)
             callback_stopped = true;
         if (matched >= 0) {
@@ -152,18 +168,12 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
 
     /* Release what the detokenizer and the stop matcher still hold (nothing after a stop string). */
     if (r->stop_string < 0 && !callback_stopped) {
-        const char *text = "", *out = "";
-        size_t len = 0, out_len = 0;
-        if (p->detok.flush) {
-            st = p->detok.flush(p->detok.state, &text, &len, err);
-            if (st != LILY_OK)
-                goto done;
-        }
-        int matched = lily_stop_matcher_feed(stops, text, len, &out, &out_len, err);
-        if (matched == -2) {
-            st = LILY_ERR_OUT_OF_MEMORY;
+        const char *out;
+        size_t out_len;
+        int matched;
+        st = detokenize_and_match(p, stops, -1, &out, &out_len, &matched, err);
+        if (st != LILY_OK)
             goto done;
-        }
         if (p->on_token && out_len > 0)
             p->on_token(p->user, -1, out, out_len);
         if (matched < 0) {
