@@ -145,6 +145,7 @@ int main(int argc, char **argv)
     if (prefill > 0) {
         for (int i = 0; i < prefill; i++) toks[i] = rnd_token(cfg->vocab_size);
         float *lg = malloc(sizeof(float) * cfg->vocab_size);
+        if (!lg) DIE("oom");
         be.ops->state_reset(be.ctx, st);
         if (be.ops->forward(be.ctx, st, toks, prefill < 512 ? prefill : 512, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
             DIE("prefill: %s", err.message);
