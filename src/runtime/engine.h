@@ -63,7 +63,10 @@ void lily_session_reset(lily_session *s);
  * LILY_ERR_INVALID_ARGUMENT for an id outside the vocab (nothing is appended); backend errors. */
 lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err);
 
-/* dst := src (both of the same engine and max_ctx). */
+/* dst := src: state, tokens and last logits. Both must belong to the same engine (else
+ * LILY_ERR_INVALID_ARGUMENT); src's tokens must fit dst's max_ctx (else LILY_ERR_CONTEXT_LENGTH), so the
+ * sessions may differ in max_ctx on the CPU backend; the CUDA backend's state_copy still requires the same
+ * max_ctx (LILY_ERR_INVALID_ARGUMENT). */
 lily_status lily_session_copy(lily_session *dst, const lily_session *src, lily_error *err);
 
 /* A host-memory snapshot of a session (state + token ids + last logits); restore is bit-exact. */
