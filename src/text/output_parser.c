@@ -926,11 +926,12 @@ json_t *lily_output_choice_json(const lily_parsed_output *o, const char *id_pref
         json_decref(msg); /* not yet owned by choice */
         goto oom;
     }
-    json_object_set_new(choice, "message", msg);
-    json_object_set_new(msg, "role", json_string("assistant"));
-    json_object_set_new(msg, "content", o->content_len ? json_text(o->content, o->content_len) : json_null());
-    json_object_set_new(msg, "reasoning_content",
-                        o->reasoning_len ? json_text(o->reasoning, o->reasoning_len) : json_null());
+    /* json_object_set_new fails (-1) on a NULL value, i.e. a failed allocation, and releases the value */
+    if (json_object_set_new(choice, "message", msg) || json_object_set_new(msg, "role", json_string("assistant")) ||
+        json_object_set_new(msg, "content", o->content_len ? json_text(o->content, o->content_len) : json_null()) ||
+        json_object_set_new(msg, "reasoning_content",
+                            o->reasoning_len ? json_text(o->reasoning, o->reasoning_len) : json_null()))
+        goto oom;
     if (o->n_tool_calls > 0) {
         json_t *calls = json_array();
         if (!calls || json_object_set_new(msg, "tool_calls", calls))
@@ -943,15 +944,20 @@ json_t *lily_output_choice_json(const lily_parsed_output *o, const char *id_pref
                 json_decref(fn);
                 goto oom;
             }
-            json_object_set_new(call, "id", json_string(id));
-            json_object_set_new(call, "type", json_string("function"));
-            json_object_set_new(call, "function", fn);
-            json_object_set_new(fn, "name", json_text(o->tool_calls[i].name, strlen(o->tool_calls[i].name)));
-            json_object_set_new(fn, "arguments",
-                                json_text(o->tool_calls[i].arguments, strlen(o->tool_calls[i].arguments)));
+            if (json_object_set_new(call, "id", json_string(id)) ||
+                json_object_set_new(call, "type", json_string("function"))) {
+                json_decref(fn); /* not yet owned by call */
+                goto oom;
+            }
+            if (json_object_set_new(call, "function", fn) ||
+                json_object_set_new(fn, "name", json_text(o->tool_calls[i].name, strlen(o->tool_calls[i].name))) ||
+                json_object_set_new(fn, "arguments",
+                                    json_text(o->tool_calls[i].arguments, strlen(o->tool_calls[i].arguments))))
+                goto oom;
         }
     }
-    json_object_set_new(choice, "finish_reason", json_string(lily_output_finish_reason(o)));
+    if (json_object_set_new(choice, "finish_reason", json_string(lily_output_finish_reason(o))))
+        goto oom;
     return choice;
 oom:
     json_decref(choice);
