@@ -611,6 +611,158 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
     return true;
 }
 
+/* tool_choice required / named: the token ids the reply must open with into *forced ("<tool_call>\n<function=NAME>\n"
+ * for a named tool; up to "<function=" for required, with the listed names, each as "NAME>\n", into nc for
+ * spell_tool_name). False: an error already written to the job. */
+static bool tool_call_opening(lily_service *svc, lily_job *job, int32_t **forced, int *n_forced, name_constraint *nc)
+{
+    const lily_oai_request *req = &job->req;
+    lily_error err = {0};
+    char head[512];
+    snprintf(head, sizeof head, req->tool_choice == LILY_TOOL_CHOICE_NAMED ? "<tool_call>\n<function=%s>\n"
+                                                                           : "<tool_call>\n<function=",
+             req->tool_name);
+    if (lily_tokenizer_encode(svc->tok, head, strlen(head), true, forced, n_forced, &err) != LILY_OK) {
+        fail_with(job, 500, "server_error", NULL, NULL, err.message);
+        return false;
+    }
+    if (req->tool_choice == LILY_TOOL_CHOICE_REQUIRED) {
+        nc->names = calloc(json_array_size(req->tools) + 1, sizeof *nc->names);
+        for (size_t i = 0; nc->names && i < json_array_size(req->tools); i++) {
+            const char *name =
+                json_string_value(json_object_get(json_object_get(json_array_get(req->tools, i), "function"), "name"));
+            if (!(nc->names[nc->n] = malloc(strlen(name) + 3)))
+                break;
+            sprintf(nc->names[nc->n++], "%s>\n", name);
+        }
+    }
+    return true;
+}
+
+/* The status is decided: start the response (200), the stream's role chunk, and a completion's echoed
+ * prompt (sent on a stream, else kept for the body). */
+static void begin_response(generation *g, const int32_t *ids, int n_ids)
+{
+    const lily_oai_request *req = g->req;
+    lily_error err = {0};
+    lily_job_begin(g->job, 200, g->stream);
+    if (g->stream && req->is_chat)
+        send_json_chunk(g, lily_oai_chat_chunk(&g->ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
+    if (!req->is_chat && req->echo) {
+        const char *echo = req->prompt_text;
+        char *decoded = NULL;
+        size_t elen = 0;
+        if (!echo && lily_tokenizer_decode(g->svc->tok, ids, n_ids, false, &decoded, &elen, &err) == LILY_OK)
+            echo = decoded;
+        if (echo && g->stream)
+            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, echo, NULL, NULL, req->include_usage));
+        else if (echo)
+            buffer_add(&g->text, echo, strlen(echo));
+        g->lp_text_offset = echo ? (int)strlen(echo) : 0;
+        free(decoded);
+    }
+}
+
+/* Decode: the forced opening, the constrained tool name, then the model on its own (lily_generate) up to
+ * max_tokens counting the chosen tokens. A context filled by the chosen tokens ends the reply as "length"
+ * (LILY_OK). *n_chosen: the tokens the server chose; *res: lily_generate's result (finish LENGTH when it
+ * did not run). */
+static lily_status decode_reply(generation *g, const int32_t *forced, int n_forced, name_constraint *nc,
+                                lily_generate_params *gp, lily_detokenizer *detok, lily_generate_result *res,
+                                int *n_chosen, lily_error *err)
+{
+    lily_service *svc = g->svc;
+    const lily_oai_request *req = g->req;
+    lily_status st = LILY_OK;
+    for (int i = 0; i < n_forced && st == LILY_OK; i++)
+        if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
+            (*n_chosen)++;
+    if (st == LILY_OK && nc->n > 0)
+        st = spell_tool_name(g, nc, &gp->sampling, n_chosen, err);
+    *res = (lily_generate_result){.finish = LILY_FINISH_LENGTH};
+    if (st == LILY_ERR_CONTEXT_LENGTH) {
+        st = LILY_OK;
+    } else if (st == LILY_OK && (req->max_tokens < 0 || *n_chosen < req->max_tokens)) {
+        gp->max_tokens = req->max_tokens < 0 ? 0 : req->max_tokens - *n_chosen;
+        gp->stop_ids = svc->stop_ids;
+        gp->n_stop_ids = svc->n_stop_ids;
+        gp->stop_strings = (const char *const *)req->stop;
+        gp->n_stop_strings = req->n_stop;
+        gp->detok = (lily_detok_interface){.state = detok, .feed = detok_feed, .flush = detok_flush};
+        gp->on_token = on_token;
+        gp->user = g;
+        st = lily_generate(svc->session, NULL, 0, gp, res, err);
+    }
+    return st;
+}
+
+/* The whole response body of a request that did not stream: the chat message (content, reasoning, tool
+ * calls with the ids the parser events gave them) or the completion text. NULL when out of memory. */
+static json_t *response_json(generation *g, const char *finish, const lily_oai_usage *usage)
+{
+    json_t *resp;
+    if (g->req->is_chat) {
+        const lily_parsed_output *o = lily_output_parser_result(g->parser);
+        lily_oai_tool_call *calls = calloc((size_t)o->n_tool_calls + 1, sizeof *calls);
+        for (int i = 0; calls && i < o->n_tool_calls; i++) {
+            if (i < g->n_calls)
+                memcpy(calls[i].id, g->call_ids[i], sizeof calls[i].id);
+            else
+                lily_oai_tool_call_id(calls[i].id);
+            calls[i].name = o->tool_calls[i].name;
+            calls[i].arguments = o->tool_calls[i].arguments;
+        }
+        resp = calls ? lily_oai_chat_response(&g->ident, o->content, o->reasoning, calls, o->n_tool_calls, finish,
+                                              take_logprobs(g), usage)
+                     : NULL;
+        free(calls);
+    } else {
+        resp = lily_oai_completion_response(&g->ident, g->text.data ? g->text.data : "", finish, take_logprobs(g),
+                                            usage);
+    }
+    return resp;
+}
+
+/* The end of a generated reply: flush the output parser (its finish_reason wins: tool_calls), fill the
+ * usage, then on a stream the last chunk, the usage chunk and [DONE]; else the whole body. Errors are
+ * written to the job. */
+static void finish_reply(generation *g, const char *finish, int n_prompt, int n_generated, int reused)
+{
+    const lily_oai_request *req = g->req;
+    lily_job *job = g->job;
+    lily_error err = {0};
+    if (g->parser && lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) != LILY_OK) {
+        fail_with(job, 500, "server_error", NULL, NULL, err.message);
+        return;
+    }
+    if (g->parser)
+        finish = lily_output_finish_reason(lily_output_parser_result(g->parser));
+    lily_oai_usage usage = {.prompt_tokens = n_prompt, .completion_tokens = n_generated, .cached_tokens = reused,
+                            .reasoning_tokens = g->reasoning_tokens};
+    if (g->stream) {
+        if (req->is_chat)
+            send_json_chunk(g, lily_oai_chat_chunk(&g->ident, json_object(), finish, take_logprobs(g),
+                                                   req->include_usage));
+        else
+            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, "", finish, take_logprobs(g), req->include_usage));
+        if (req->include_usage)
+            send_json_chunk(g, lily_oai_usage_chunk(&g->ident, req->is_chat, &usage));
+        lily_job_write(job, "data: [DONE]\n\n", 14);
+        lily_job_finish(job);
+        return;
+    }
+    json_t *resp = response_json(g, finish, &usage);
+    char *body = resp ? lily_oai_dump(resp) : NULL;
+    json_decref(resp);
+    if (!body) {
+        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
+        return;
+    }
+    lily_job_write(job, body, strlen(body));
+    free(body);
+    lily_job_finish(job);
+}
+
 static void run_generation(lily_service *svc, lily_job *job)
 {
     lily_oai_request *req = &job->req;
@@ -633,26 +785,9 @@ static void run_generation(lily_service *svc, lily_job *job)
         goto done;
 
     /* 2. tool_choice required / named: the text the reply must open with */
-    if (req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->tool_choice == LILY_TOOL_CHOICE_REQUIRED)) {
-        char head[512];
-        snprintf(head, sizeof head, req->tool_choice == LILY_TOOL_CHOICE_NAMED ? "<tool_call>\n<function=%s>\n"
-                                                                               : "<tool_call>\n<function=",
-                 req->tool_name);
-        if (lily_tokenizer_encode(svc->tok, head, strlen(head), true, &forced, &n_forced, &err) != LILY_OK) {
-            fail_with(job, 500, "server_error", NULL, NULL, err.message);
-            goto done;
-        }
-        if (req->tool_choice == LILY_TOOL_CHOICE_REQUIRED) {
-            nc.names = calloc(json_array_size(req->tools) + 1, sizeof *nc.names);
-            for (size_t i = 0; nc.names && i < json_array_size(req->tools); i++) {
-                const char *name =
-                    json_string_value(json_object_get(json_object_get(json_array_get(req->tools, i), "function"), "name"));
-                if (!(nc.names[nc.n] = malloc(strlen(name) + 3)))
-                    break;
-                sprintf(nc.names[nc.n++], "%s>\n", name);
-            }
-        }
-    }
+    if (req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->tool_choice == LILY_TOOL_CHOICE_REQUIRED) &&
+        !tool_call_opening(svc, job, &forced, &n_forced, &nc))
+        goto done;
 
     /* 3. the parts of the pipeline */
     lily_output_parser_options po = {.thinking = g.thinking, .tools = req->tools, .on_event = on_parser_event, .user = &g};
@@ -673,22 +808,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     detok_ready = true;
 
     /* 4. the status is decided: the response starts */
-    lily_job_begin(job, 200, g.stream);
-    if (g.stream && req->is_chat)
-        send_json_chunk(&g, lily_oai_chat_chunk(&g.ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
-    if (!req->is_chat && req->echo) {
-        const char *echo = req->prompt_text;
-        char *decoded = NULL;
-        size_t elen = 0;
-        if (!echo && lily_tokenizer_decode(svc->tok, ids, n_ids, false, &decoded, &elen, &err) == LILY_OK)
-            echo = decoded;
-        if (echo && g.stream)
-            send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, echo, NULL, NULL, req->include_usage));
-        else if (echo)
-            buffer_add(&g.text, echo, strlen(echo));
-        g.lp_text_offset = echo ? (int)strlen(echo) : 0;
-        free(decoded);
-    }
+    begin_response(&g, ids, n_ids);
 
     /* 5. prefill */
     double t0 = lily_wall_seconds();
@@ -706,26 +826,8 @@ static void run_generation(lily_service *svc, lily_job *job)
 
     /* 6. decode: the forced opening, the constrained tool name, then the model on its own */
     int n_chosen = 0;
-    const char *finish = "stop";
-    for (int i = 0; i < n_forced && st == LILY_OK; i++)
-        if ((st = append_chosen(&g, forced[i], &err)) == LILY_OK)
-            n_chosen++;
-    if (st == LILY_OK && nc.n > 0)
-        st = spell_tool_name(&g, &nc, &gp.sampling, &n_chosen, &err);
-    lily_generate_result res = {.finish = LILY_FINISH_LENGTH};
-    if (st == LILY_ERR_CONTEXT_LENGTH) {
-        st = LILY_OK;
-    } else if (st == LILY_OK && (req->max_tokens < 0 || n_chosen < req->max_tokens)) {
-        gp.max_tokens = req->max_tokens < 0 ? 0 : req->max_tokens - n_chosen;
-        gp.stop_ids = svc->stop_ids;
-        gp.n_stop_ids = svc->n_stop_ids;
-        gp.stop_strings = (const char *const *)req->stop;
-        gp.n_stop_strings = req->n_stop;
-        gp.detok = (lily_detok_interface){.state = &detok, .feed = detok_feed, .flush = detok_flush};
-        gp.on_token = on_token;
-        gp.user = &g;
-        st = lily_generate(s, NULL, 0, &gp, &res, &err);
-    }
+    lily_generate_result res;
+    st = decode_reply(&g, forced, n_forced, &nc, &gp, &detok, &res, &n_chosen, &err);
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
@@ -738,62 +840,14 @@ static void run_generation(lily_service *svc, lily_job *job)
         fail_with(job, 500, "server_error", NULL, NULL, st != LILY_OK ? err.message : "Out of memory.");
         goto done;
     }
-    finish = res.finish == LILY_FINISH_LENGTH ? "length" : "stop";
+    const char *finish = res.finish == LILY_FINISH_LENGTH ? "length" : "stop";
     /* the end of the generation: what a follow-up request (this prompt + this reply) resumes from */
     lily_error cerr = {0};
     if (lily_prefix_cache_checkpoint(svc->cache, s, &cerr) != LILY_OK)
         fprintf(stderr, "lily serve: warning: no checkpoint after the generation (%s)\n", cerr.message);
 
     /* 7. the end: finish_reason, usage, [DONE] */
-    if (g.parser && lily_output_parser_finish(g.parser, !strcmp(finish, "length"), &err) != LILY_OK) {
-        fail_with(job, 500, "server_error", NULL, NULL, err.message);
-        goto done;
-    }
-    if (g.parser)
-        finish = lily_output_finish_reason(lily_output_parser_result(g.parser));
-    lily_oai_usage usage = {.prompt_tokens = n_ids, .completion_tokens = n_generated, .cached_tokens = reused,
-                            .reasoning_tokens = g.reasoning_tokens};
-    if (g.stream) {
-        if (req->is_chat)
-            send_json_chunk(&g, lily_oai_chat_chunk(&g.ident, json_object(), finish, take_logprobs(&g),
-                                                    req->include_usage));
-        else
-            send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, "", finish, take_logprobs(&g), req->include_usage));
-        if (req->include_usage)
-            send_json_chunk(&g, lily_oai_usage_chunk(&g.ident, req->is_chat, &usage));
-        lily_job_write(job, "data: [DONE]\n\n", 14);
-        lily_job_finish(job);
-        goto done;
-    }
-    json_t *resp;
-    if (req->is_chat) {
-        const lily_parsed_output *o = lily_output_parser_result(g.parser);
-        lily_oai_tool_call *calls = calloc((size_t)o->n_tool_calls + 1, sizeof *calls);
-        for (int i = 0; calls && i < o->n_tool_calls; i++) {
-            if (i < g.n_calls)
-                memcpy(calls[i].id, g.call_ids[i], sizeof calls[i].id);
-            else
-                lily_oai_tool_call_id(calls[i].id);
-            calls[i].name = o->tool_calls[i].name;
-            calls[i].arguments = o->tool_calls[i].arguments;
-        }
-        resp = calls ? lily_oai_chat_response(&g.ident, o->content, o->reasoning, calls, o->n_tool_calls, finish,
-                                              take_logprobs(&g), &usage)
-                     : NULL;
-        free(calls);
-    } else {
-        resp = lily_oai_completion_response(&g.ident, g.text.data ? g.text.data : "", finish, take_logprobs(&g),
-                                            &usage);
-    }
-    char *body = resp ? lily_oai_dump(resp) : NULL;
-    json_decref(resp);
-    if (!body) {
-        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
-        goto done;
-    }
-    lily_job_write(job, body, strlen(body));
-    free(body);
-    lily_job_finish(job);
+    finish_reply(&g, finish, n_ids, n_generated, reused);
 
 done:
     if (!job->finished)
