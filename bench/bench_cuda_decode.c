@@ -137,7 +137,7 @@ int main(int argc, char **argv)
     if (be.ops->state_new(be.ctx, max_ctx, &st, &err) != LILY_OK)
         DIE("state: %s", err.message);
 
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(prefill > compare ? prefill : compare) + 64);
+    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)(prefill > compare ? prefill : compare) + 64));
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
     if (!toks || !out) DIE("oom");
 
