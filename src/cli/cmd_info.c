@@ -78,6 +78,10 @@ int cmd_info(int argc, char **argv)
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) {
+            fprintf(stderr, "lily info: %s needs a value\n", argv[i]);
+            usage(stderr);
+            return 2;
         } else {
             fprintf(stderr, "lily info: unexpected argument '%s'\n", argv[i]);
             usage(stderr);

@@ -108,20 +108,20 @@ int debug_tokenize(int argc, char **argv)
     lily_error err = {0};
     lily_tokenizer *tok;
     if (lily_tokenizer_load(model, &tok, &err) != LILY_OK) {
-        fprintf(stderr, "lily: %s\n", err.message);
+        fprintf(stderr, "lily debug tokenize: %s\n", err.message);
         return 1;
     }
     size_t len;
     char *text = read_all(stdin, &len);
     if (!text) {
-        fprintf(stderr, "lily: cannot read stdin\n");
+        fprintf(stderr, "lily debug tokenize: cannot read stdin\n");
         lily_tokenizer_free(tok);
         return 1;
     }
     int32_t *ids;
     int n;
     if (lily_tokenizer_encode(tok, text, len, parse_special, &ids, &n, &err) != LILY_OK) {
-        fprintf(stderr, "lily: %s\n", err.message);
+        fprintf(stderr, "lily debug tokenize: %s\n", err.message);
         free(text);
         lily_tokenizer_free(tok);
         return 1;
