@@ -64,5 +64,17 @@ PY
 check "one prefill: 32 teacher-forced greedy tokens match transformers"
 check "prefill prompt, decode 32: greedy tokens match transformers" --decode-from "$NP"
 
+# Without -m, run / bench / serve load the bundled model and say so in one line on stderr.
+default_line() { # name, command...: passes when stderr names the bundled default model
+    local name=$1; shift
+    local err
+    err=$(env -u LILY_MODEL "$@" 2>&1 >/dev/null) || true
+    if grep -q "using the bundled default model .*models/lily-tiny" <<<"$err"; then echo "ok   $name"
+    else echo "FAIL $name: $err" | head -5; fails=$((fails + 1)); fi
+}
+default_line "run without -m" "$LILY" run --raw -p "The Python interpreter" -n 4 --temp 0
+default_line "bench without -m" "$LILY" bench -p 16 -d none -n 0 -r 1 --no-warmup
+default_line "serve without -m" timeout 20 "$LILY" serve --port 1 --host 256.0.0.1
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all passed"

@@ -27,6 +27,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/clock.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "model/synthetic.h"
 #include "runtime/cost_model.h"
@@ -71,7 +72,7 @@ typedef struct {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: lily bench (-m DIR | --synthetic NAME|CONFIG) [options]\n"
+            "usage: lily bench [-m DIR | --synthetic NAME|CONFIG] [options]   (default: the bundled model)\n"
             "       lily bench --membw [--backend cpu|cuda] [--threads N]\n\n"
             "Prefill tok/s per prompt length (fresh state each time) and decode tok/s of -n tokens after a\n"
             "context of each depth (filled by prefilling random tokens), mean +- stddev over -r repetitions,\n"
@@ -609,8 +610,12 @@ static int parse_args(int argc, char **argv, bench_options *o)
         }
         i += takes;
     }
-    if (!o->membw_only && !o->model_dir == !o->synthetic) {
-        fprintf(stderr, "lily bench: needs exactly one of -m DIR and --synthetic NAME|CONFIG\n\n");
+    if (!o->membw_only && !o->model_dir && !o->synthetic) {
+        bool is_test_model;
+        o->model_dir = cli_default_model("bench", &is_test_model);
+    }
+    if (!o->membw_only && o->model_dir && o->synthetic) {
+        fprintf(stderr, "lily bench: give either -m DIR or --synthetic NAME|CONFIG, not both\n\n");
         usage(stderr);
         return 2;
     }

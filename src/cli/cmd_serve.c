@@ -28,7 +28,8 @@ static void usage(FILE *f)
             "OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
             "GET /health, POST /tokenize, POST /detokenize.\n"
             "\n"
-            "  -m, --model DIR      model directory (config.json, safetensors, tokenizer.json)\n"
+            "  -m, --model DIR      model directory (config.json, safetensors, tokenizer.json);\n"
+            "                       default: $LILY_MODEL, else the bundled models/lily-tiny\n"
             "  --host ADDR          address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N             port (default 8080; 0 = any free port)\n"
             "  --api-key KEY        require 'Authorization: Bearer KEY' (default: none)\n"
@@ -103,8 +104,12 @@ int cmd_serve(int argc, char **argv)
             return 2;
         }
     }
-    if (!model_dir || !host || !backend || (alias && !*alias)) {
-        fprintf(stderr, "lily serve: no model directory given (-m DIR)\n\n");
+    if (!model_dir) {
+        bool is_test_model;
+        model_dir = cli_default_model("serve", &is_test_model);
+    }
+    if (!host || !backend || (alias && !*alias)) {
+        fprintf(stderr, "lily serve: missing option value\n\n");
         usage(stderr);
         return 2;
     }
