@@ -413,6 +413,21 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
     return submit(c, r, job);
 }
 
+/* s as printable ASCII for an error message: at most cap - 1 bytes, each byte outside '!'..'~' written as %XX,
+ * so the message stays valid UTF-8 (JSON) whatever the client sent (a URL that unescapes to invalid UTF-8,
+ * or a cut would split a character). */
+static void printable_ascii(char *dst, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 4 <= cap; p++) {
+        if (*p >= '!' && *p <= '~')
+            dst[n++] = (char)*p;
+        else
+            n += (size_t)snprintf(dst + n, cap - n, "%%%02X", *p);
+    }
+    dst[n] = 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
@@ -450,15 +465,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             MHD_destroy_response(resp);
             return ret;
         }
+        char method_text[40], url_text[160];
+        printable_ascii(method_text, sizeof method_text, method);
+        printable_ascii(url_text, sizeof url_text, url);
         if (id == R_NONE) {
             char msg[256];
-            snprintf(msg, sizeof msg, "Unknown request URL: %s %.128s.", method, url);
+            snprintf(msg, sizeof msg, "Unknown request URL: %s %s.", method_text, url_text);
             return send_simple_error(c, r, 404, "invalid_request_error", "unknown_url", NULL, msg);
         }
         bool head_as_get = !strcmp(method, "HEAD") && !strcmp(allow, "GET");
         if (strcmp(method, allow) && !head_as_get) {
             char msg[256];
-            snprintf(msg, sizeof msg, "Method %s is not allowed for %.128s; use %s.", method, url, allow);
+            snprintf(msg, sizeof msg, "Method %s is not allowed for %s; use %s.", method_text, url_text, allow);
             return send_simple_error(c, r, 405, "invalid_request_error", "method_not_allowed", allow, msg);
         }
         if (id != R_HEALTH && !authorized(c, srv->api_key))
