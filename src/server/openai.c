@@ -71,7 +71,9 @@ char *lily_oai_dump(const json_t *j)
 
 char *lily_oai_error_json(const lily_oai_error *e)
 {
-    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type", e->type, "param",
+    /* lossy: a message quoting the client's text may hold invalid UTF-8, or be cut inside a character */
+    json_t *o = json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message",
+                          lily_oai_string(e->message, strlen(e->message)), "type", e->type, "param",
                           e->param[0] ? json_string(e->param) : json_null(), "code",
                           e->code[0] ? json_string(e->code) : json_null());
     if (!o)

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# test_server_error_text.sh — `lily serve` always answers with a valid JSON error when the message quotes
+# text from the client that is not UTF-8 or is cut inside a character (it used to close the connection
+# without a response):
+#   - 404 / 405 name the URL and method as printable ASCII (%XX for other bytes): a URL that unescapes to
+#     0xFF, a URL of 100 'é' (cut at the message's length limit), a method with a 0xFF byte;
+#   - 400 for a long non-ASCII role, content part type, tool_choice string, tool_choice function name and
+#     logit_bias key, quoted cut at an odd byte: the cut character becomes U+FFFD.
+# The server keeps serving (/health 200 after).
+# usage: bash test_server_error_text.sh <path-to-lily> <tests/data dir>
+set -uo pipefail
+LILY=$1
+DATA=$2
+exec python3 - "$LILY" "$DATA/tiny-chat" <<'PY'
+import json, re, socket, subprocess, sys, tempfile, time
+lily, model = sys.argv[1], sys.argv[2]
+log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log")
+srv = subprocess.Popen([lily, "serve", "-m", model, "--port", "0", "--threads", "1"], stdout=subprocess.DEVNULL,
+                       stderr=log)
+port, deadline = None, time.time() + 60
+while port is None and time.time() < deadline and srv.poll() is None:
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log.name).read())
+    port = int(m.group(1)) if m else time.sleep(0.1)
+fails = 0
+
+def raw(request_line):
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head, sep, body = request_line.partition(b"\r\n")
+    s.sendall(head + b"\r\nHost: x\r\nConnection: close\r\n" + (body if sep else b"\r\n"))
+    out = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+    s.close()
+    head, _, body = out.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1]) if head.startswith(b"HTTP/1.") else None
+    return status, body
+
+def check(name, request_line, want_status, want_message):
+    global fails
+    status, body = raw(request_line)
+    try:
+        msg = json.loads(body.decode("utf-8"))["error"]["message"]
+    except Exception:
+        msg = None
+    if status == want_status and msg == want_message:
+        print("ok  ", name)
+    else:
+        fails += 1
+        print("FAIL", name, status, body[:200])
+
+if port is None:
+    print("FAIL the server did not start:", open(log.name).read()[-500:])
+    sys.exit(1)
+check("404 for a URL that unescapes to 0xFF", b"GET /%ff HTTP/1.1", 404, "Unknown request URL: GET /%FF.")
+check("404 for a URL of 100 'e-acute' (escaped, cut at a whole %XX)", b"GET /" + "é".encode() * 100 + b" HTTP/1.1",
+      404, "Unknown request URL: GET /" + "%C3%A9" * 26 + ".")
+check("405 for a method with a 0xFF byte", b"G\xffT /health HTTP/1.1", 405,
+      "Method G%FFT is not allowed for /health; use GET.")
+check("404 for a plain unknown URL (unchanged)", b"GET /nope HTTP/1.1", 404, "Unknown request URL: GET /nope.")
+def post(name, body, want_message_start):
+    global fails
+    data = json.dumps(body, ensure_ascii=False).encode()
+    status, resp = raw(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    try:
+        msg = json.loads(resp.decode("utf-8"))["error"]["message"]
+    except Exception:
+        msg = None
+    if status == 400 and msg is not None and msg.startswith(want_message_start) and "\ufffd" in msg:
+        print("ok  ", name)
+    else:
+        fails += 1
+        print("FAIL", name, status, resp[:200])
+
+odd = "a" + "é" * 150  # a cut at an even byte count splits an 'é'
+user = [{"role": "user", "content": "x"}]
+tools = [{"type": "function", "function": {"name": "f"}}]
+post("400 for a long non-ASCII role", {"messages": [{"role": odd, "content": "x"}]}, "Invalid value: 'aé")
+post("400 for a long non-ASCII content part type", {"messages": [{"role": "user", "content": [{"type": odd}]}]},
+     "Unsupported content part type 'aé")
+post("400 for a long non-ASCII tool_choice", {"messages": user, "tools": tools, "tool_choice": odd},
+     "Invalid value for 'tool_choice': 'aé")
+post("400 for a long non-ASCII tool_choice function name",
+     {"messages": user, "tools": tools, "tool_choice": {"type": "function", "function": {"name": odd}}},
+     "Invalid value for 'tool_choice': no function named 'aé")
+post("400 for a long non-ASCII logit_bias key", {"messages": user, "logit_bias": {odd: 1}},
+     "Invalid key in 'logit_bias': 'aé")
+
+status, body = raw(b"GET /health HTTP/1.1")
+if status == 200:
+    print("ok   /health 200 after")
+else:
+    fails += 1
+    print("FAIL /health after:", status, body[:200])
+srv.terminate()
+srv.wait(timeout=30)
+print("failures:", fails)
+sys.exit(1 if fails else 0)
+PY
