@@ -39,7 +39,7 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/lily run $(if $(MODEL),-m "$(MODEL)") --raw -n $(TOKENS) -p "$(PROMPT)"
+	./$(BUILD)/lily run $(if $(MODEL),-m "$(MODEL)") --raw -n $(TOKENS) -p '$(subst ','\'',$(value PROMPT))'
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

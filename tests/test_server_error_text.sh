@@ -89,6 +89,16 @@ post("400 for a long non-ASCII tool_choice function name",
 post("400 for a long non-ASCII logit_bias key", {"messages": user, "logit_bias": {odd: 1}},
      "Invalid key in 'logit_bias': 'aé")
 
+# /detokenize with an id outside the tokenizer is a 400, as /v1/completions is for the same id
+data = b'{"tokens": [1, 99999999]}'
+status, resp = raw(b"POST /detokenize HTTP/1.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+if status == 400 and b"outside the tokenizer" in resp:
+    print("ok   400 for /detokenize of an out-of-vocabulary id")
+else:
+    fails += 1
+    print("FAIL /detokenize out-of-vocabulary:", status, resp[:200])
+
 status, body = raw(b"GET /health HTTP/1.1")
 if status == 200:
     print("ok   /health 200 after")

@@ -73,6 +73,10 @@ int debug_render(int argc, char **argv)
 
     json_error_t jerr;
     json_t *request = !strcmp(request_path, "-") ? json_loadf(stdin, 0, &jerr) : json_load_file(request_path, 0, &jerr);
+    if (!request && jerr.line < 1) { /* not a parse error: the file itself */
+        fprintf(stderr, "lily debug render: %s: %s\n", request_path, jerr.text);
+        return 1;
+    }
     if (!request) {
         fprintf(stderr, "lily debug render: %s: line %d column %d: %s\n", request_path, jerr.line, jerr.column,
                 jerr.text);

@@ -154,9 +154,10 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
         o->set_temp = true;
     } else if (!strcmp(name, "--top-p")) {
-        if (parse_float(cmd, a, value, 0, 1, &o->sampling.top_p) || o->sampling.top_p <= 0) {
-            if (o->sampling.top_p <= 0)
-                fprintf(stderr, "lily %s: --top-p must be > 0\n", cmd);
+        if (parse_float(cmd, a, value, 0, 1, &o->sampling.top_p))
+            return -1;
+        if (o->sampling.top_p <= 0) {
+            fprintf(stderr, "lily %s: --top-p must be in (0, 1] (got %s)\n", cmd, value);
             return -1;
         }
         o->set_top_p = true;
@@ -255,6 +256,10 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
         cli_model_close(m);
         return 1;
     }
+    if (o->ctx_size > m->engine->cfg.max_position_embeddings)
+        fprintf(stderr, "lily %s: warning: --ctx-size %d is beyond the model's max_position_embeddings %d; "
+                        "quality past that length is untested\n",
+                cmd, o->ctx_size, m->engine->cfg.max_position_embeddings);
     if (!raw) {
         lily_chat_template_match match;
         char sha[65];

@@ -40,6 +40,9 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
         free(e);
         return st;
     }
+    /* scratch is sized by the chunk: no chunk needs to be longer than the model's context */
+    if (e->prefill_chunk > e->cfg.max_position_embeddings && e->cfg.max_position_embeddings > 0)
+        e->prefill_chunk = e->cfg.max_position_embeddings;
     st = lily_weights_bind(&e->cfg, &e->ckpt, &e->weights, err);
     if (st != LILY_OK) {
         lily_checkpoint_close(&e->ckpt);

@@ -923,8 +923,18 @@ static void run_detokenize(lily_service *svc, lily_job *job)
         fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(tokens, i));
+    for (size_t i = 0; i < n; i++) {
+        json_int_t id = json_integer_value(json_array_get(tokens, i));
+        if (id < 0 || id >= lily_tokenizer_vocab_size(svc->tok)) {
+            free(ids);
+            char msg[160];
+            snprintf(msg, sizeof msg, "tokens[%zu] = %lld is outside the tokenizer's ids [0, %d).", i, (long long)id,
+                     (int)lily_tokenizer_vocab_size(svc->tok));
+            fail_with(job, 400, "invalid_request_error", "tokens", NULL, msg);
+            return;
+        }
+        ids[i] = (int32_t)id;
+    }
     char *text = NULL;
     size_t len = 0;
     lily_status st = lily_tokenizer_decode(svc->tok, ids, (int)n, false, &text, &len, &err);
