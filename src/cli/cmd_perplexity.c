@@ -45,6 +45,16 @@ static void usage(FILE *f)
 
 static void show_progress(void *user, int64_t done, int64_t total)
 {
+    /* a line rewritten in place on a terminal; into a log, one line per tenth of the work */
+    static int64_t last_tenth = -1;
+    if (!isatty(STDERR_FILENO)) {
+        int64_t tenth = total > 0 ? done * 10 / total : 10;
+        if (tenth == last_tenth)
+            return;
+        last_tenth = tenth;
+        fprintf(stderr, "perplexity: %lld / %lld tokens\n", (long long)done, (long long)total);
+        return;
+    }
     *(int *)user = 1;
     fprintf(stderr, "\rperplexity: %lld / %lld tokens", (long long)done, (long long)total);
     fflush(stderr);
