@@ -7,19 +7,9 @@
 #   - valid non-ASCII text (2-, 3- and 4-byte characters) still runs.
 # usage: bash test_cli_utf8.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
-LILY=$1
-DATA=$2
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
 M="$DATA/tiny-chat"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-passes=0
-ok() { echo "ok   $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-expect() { # name, condition-command...
-    local name=$1; shift
-    if "$@"; then ok "$name"; else fail "$name"; fi
-}
 refused() { # name, expected exit status, expected message (fixed string), lily args...
     local name=$1 want_rc=$2 msg=$3; shift 3
     "$LILY" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null; local rc=$?
@@ -51,5 +41,4 @@ expect "chat: both valid turns ran, the second reusing the first's prompt" bash 
 "$LILY" run -m "$M" -p 'héllo ✓ 😀' --system 'ß' -n 2 --temp 0 >/dev/null 2>"$TMP/ok.err"; rc=$?
 expect "run: valid non-ASCII prompt and --system run" [ "$rc" = 0 ]
 
-echo "$passes passed, $fails failed"
-[ "$fails" = 0 ]
+finish

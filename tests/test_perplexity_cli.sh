@@ -6,14 +6,8 @@
 # as --tokens-file with the ids `lily debug tokenize` prints; and bad input exits non-zero with a message.
 # usage: bash test_perplexity_cli.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
-LILY=$1
-DATA=$2
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-passes=0
-ok() { echo "ok   $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
 
 # tokens, raw logits and the expected perplexity from reference.safetensors (plain python, no numpy)
 EXPECTED=$(python3 - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
@@ -91,5 +85,4 @@ head -c 1000 "$TMP/ref.f32" >"$TMP/short.f32"
 expect_error "logits file not whole rows" "$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --reference-logits "$TMP/short.f32"
 expect_error "no input" "$LILY" perplexity -m "$M"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -11,19 +11,9 @@
 #     Ctrl-C stops a reply and the REPL goes on; Ctrl-C at the prompt exits; $LILY_MODEL as the default.
 # usage: bash test_run_chat.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
-LILY=$1
-DATA=$2
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
 M="$DATA/tiny-chat"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-passes=0
-ok() { echo "ok   $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-expect() { # name, condition-command...
-    local name=$1; shift
-    if "$@"; then ok "$name"; else fail "$name"; fi
-}
 
 # --- run: determinism and the speed report ------------------------------------------------------------
 "$LILY" run -m "$M" -p "Write a haiku." -n 24 --seed 7 --temp 0 >"$TMP/g1" 2>"$TMP/g1.err"; rc1=$?
@@ -239,5 +229,4 @@ then ok "chat: Ctrl-C stops a reply, the REPL goes on; Ctrl-C at the prompt exit
 LILY_MODEL="$M" "$LILY" run -p "Hi" -n 2 --temp 0 >/dev/null 2>"$TMP/default.err"; rc=$?
 expect "run without -m uses \$LILY_MODEL and says so" bash -c "[ $rc = 0 ] && grep -q 'LILY_MODEL' '$TMP/default.err'"
 
-echo "$passes passed, $fails failed"
-[ "$fails" = 0 ]
+finish

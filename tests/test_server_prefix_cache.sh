@@ -9,13 +9,7 @@ set -euo pipefail
 LILY="$1"
 DATA="$2"
 HERE="$(cd "$(dirname "$0")" && pwd)"
-VENV="$(cd "$(dirname "$LILY")" && pwd)/venv-prefix-cache-test"
-PY=python3
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai" 2>/dev/null; then
-  PY="$VENV/bin/python"
-elif python3 -m venv "$VENV" >/dev/null 2>&1 && "$VENV/bin/pip" install -q openai >/dev/null 2>&1; then
-  PY="$VENV/bin/python"
-else
-  echo "test_server_prefix_cache.sh: WARNING: cannot install the openai package (no network?): raw HTTP only" >&2
-fi
+. "$HERE/lib/common.sh"
+ensure_openai_venv "$(cd "$(dirname "$LILY")" && pwd)/venv-prefix-cache-test" \
+  "test_server_prefix_cache.sh: WARNING: cannot install the openai package (no network?): raw HTTP only"
 exec "$PY" "$HERE/test_server_prefix_cache.py" "$LILY" "$DATA/tiny-chat"

@@ -6,16 +6,10 @@
 # O(1) logits. Needs numpy: uses a python3 that has it, else installs it with pip --user, else skips.
 # usage: bash test_synthetic_writer.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
-LILY=$1
-DATA=$2
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
 ROOT=$(cd "$DATA/../.." && pwd)
 WRITER="$ROOT/tools/write_synthetic.py"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-passes=0
-ok() { echo "ok   $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 
 PY=""
 for cand in python3 /usr/bin/python3; do
@@ -111,5 +105,4 @@ else
     fail "lily eval: $out"
 fi
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish
