@@ -445,6 +445,22 @@ static void fail_with(lily_job *job, int http_status, const char *type, const ch
     lily_job_fail(job, &e);
 }
 
+/* Answer 200 with the JSON object r as the body; r is consumed (NULL = out of memory), and a failure to
+ * build or serialize it answers 500 instead. */
+static void respond_json(lily_job *job, json_t *r)
+{
+    char *s = r ? lily_oai_dump(r) : NULL;
+    json_decref(r);
+    if (!s) {
+        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
+        return;
+    }
+    lily_job_begin(job, 200, false);
+    lily_job_write(job, s, strlen(s));
+    free(s);
+    lily_job_finish(job);
+}
+
 static int job_cancelled(void *job) { return lily_job_cancelled(job); }
 
 /* Prefill the prompt into the session through the prefix cache: resume from the deepest cached (or live)
@@ -901,16 +917,7 @@ static void run_tokenize(lily_service *svc, lily_job *job)
     }
     free(ids);
     json_t *r = json_pack("{s:o}", "tokens", tokens);
-    char *s = r ? lily_oai_dump(r) : NULL;
-    json_decref(r);
-    if (!s) {
-        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
-        return;
-    }
-    lily_job_begin(job, 200, false);
-    lily_job_write(job, s, strlen(s));
-    free(s);
-    lily_job_finish(job);
+    respond_json(job, r);
 }
 
 static void run_detokenize(lily_service *svc, lily_job *job)
@@ -945,16 +952,7 @@ static void run_detokenize(lily_service *svc, lily_job *job)
     }
     json_t *r = json_pack("{s:o}", "content", lily_oai_string(text, len));
     free(text);
-    char *s = r ? lily_oai_dump(r) : NULL;
-    json_decref(r);
-    if (!s) {
-        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
-        return;
-    }
-    lily_job_begin(job, 200, false);
-    lily_job_write(job, s, strlen(s));
-    free(s);
-    lily_job_finish(job);
+    respond_json(job, r);
 }
 
 void lily_service_run(void *user, lily_job *job)
