@@ -4,12 +4,8 @@
 # a value (exit 2, "-m needs a value"), and `lily debug tokenize` errors prefixed with the command's name.
 # usage: bash test_cli_usage.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
-LILY=$1
-DATA=$2
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-passes=0
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
 check() { # name, expected exit status, file to grep (out|err), fixed string, lily args...
     local name=$1 want_rc=$2 where=$3 msg=$4; shift 4
     "$LILY" "$@" >"$TMP/out" 2>"$TMP/err" <"$TMP/stdin"; local rc=$?
@@ -28,5 +24,4 @@ check "info -m without a value says so" 2 err "lily info: -m needs a value" info
 printf '\xff' >"$TMP/stdin"
 check "debug tokenize errors carry the command's name" 1 err \
     "lily debug tokenize: text is not valid UTF-8 (byte 0 of 1)" debug tokenize --model "$DATA/tiny-chat"
-echo "$passes passed, $fails failed"
-[ "$fails" = 0 ]
+finish

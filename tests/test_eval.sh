@@ -4,12 +4,8 @@
 # (max |Δ| <= 1e-3, top-1 agreement 1), --logits-out round trip, and the errors (exit non-zero + message).
 # usage: bash test_eval.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
-LILY=$1
-DATA=$2
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-passes=0
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
 
 # case5 tokens and per-layout logits from reference.safetensors, as raw files (no numpy needed)
 python3 - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
@@ -79,5 +75,4 @@ expect_error "decode-from past end" "$LILY" eval --model "$M" --tokens 1,2 --dec
 expect_error "reference of wrong size" "$LILY" eval --model "$M" --tokens 1,2,3 --reference "$TMP/ref_hf.f32"
 expect_error "unknown backend" "$LILY" eval --model "$M" --tokens 1 --backend tpu
 
-echo "$passes passed, $fails failed"
-[ "$fails" = 0 ]
+finish
