@@ -743,18 +743,25 @@ json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *te
                      "system_fingerprint", "usage", lily_oai_usage_json(usage));
 }
 
+/* The fields every streamed chunk carries around its one choice (choice is stolen, also on failure);
+ * usage_null adds "usage": null, as OpenAI sends when include_usage is on. */
+static json_t *chunk_envelope(const lily_oai_ident *ident, const char *object, json_t *choice, bool usage_null)
+{
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:n, s:[o]}", "id", ident->id, "object", object, "created",
+                          (json_int_t)ident->created, "model", ident->model, "system_fingerprint", "choices",
+                          choice);
+    if (c && usage_null)
+        json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
 json_t *lily_oai_chat_chunk(const lily_oai_ident *ident, json_t *delta, const char *finish_reason,
                             json_t *logprobs, bool usage_null)
 {
     json_t *choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta ? delta : json_object(),
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                                finish_reason ? json_string(finish_reason) : json_null());
-    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:n, s:[o]}", "id", ident->id, "object", "chat.completion.chunk",
-                          "created", (json_int_t)ident->created, "model", ident->model, "system_fingerprint",
-                          "choices", choice);
-    if (c && usage_null)
-        json_object_set_new(c, "usage", json_null());
-    return c;
+    return chunk_envelope(ident, "chat.completion.chunk", choice, usage_null);
 }
 
 json_t *lily_oai_usage_chunk(const lily_oai_ident *ident, bool is_chat, const lily_oai_usage *usage)
@@ -770,12 +777,7 @@ json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text,
     json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", lily_oai_string(text, strlen(text)), "index", 0,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                                finish_reason ? json_string(finish_reason) : json_null());
-    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:n, s:[o]}", "id", ident->id, "object", "text_completion",
-                          "created", (json_int_t)ident->created, "model", ident->model, "system_fingerprint",
-                          "choices", choice);
-    if (c && usage_null)
-        json_object_set_new(c, "usage", json_null());
-    return c;
+    return chunk_envelope(ident, "text_completion", choice, usage_null);
 }
 
 json_t *lily_oai_delta_role(void)
