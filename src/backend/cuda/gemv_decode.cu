@@ -60,18 +60,7 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     gemv_prologue<IN_MODE, GEMV_WARPS>(in, t, cols, s_x, s_red);
 
     float x[VPL][CPV];
-#pragma unroll
-    for (int j = 0; j < VPL; j++) {
-        const float4 *p = reinterpret_cast<const float4 *>(s_x + (j * LPR + li) * CPV);
-#pragma unroll
-        for (int c = 0; c < CPV / 4; c++) {
-            const float4 v = p[c];
-            x[j][4 * c] = v.x;
-            x[j][4 * c + 1] = v.y;
-            x[j][4 * c + 2] = v.z;
-            x[j][4 * c + 3] = v.w;
-        }
-    }
+    x_from_smem<BITS, LPR, VPL>(s_x, li, x);
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
     x_prescale4<BITS, VPL>(x);
