@@ -227,6 +227,17 @@ struct attn_args {
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s);
 
+/* attention_prefill.cu: causal flash attention (tensor cores) for a chunk of n_tokens >= 1 queries at
+ * positions *pos .. *pos + n_tokens - 1 over cache keys [0, *pos + n_tokens), same inputs (q, k/v cache
+ * already appended, gate in qkv) and output (out) as launch_attention. a.n_splits > 1 splits the keys
+ * of each query tile across blocks and merges (uses part_o >= n_splits * n_tokens * n_heads * head_dim
+ * floats, part_ml >= n_splits * n_tokens * n_heads * 2). cudaErrorInvalidValue for an unsupported shape. */
+bool attention_prefill_supported(const attn_args &a); /* head_dim 64, 128 or 256; n_heads % n_kv == 0 */
+cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStream_t s);
+/* Split count for a chunk of n_tokens at context position ctx (host hint): about two blocks per SM,
+ * at least 8 key tiles per split, n_splits * n_tokens <= cap_splits (the partial buffers' capacity). */
+int attention_prefill_splits(const attn_args &a, int n_tokens, int ctx, int cap_splits);
+
 /* embed.cu */
 cudaError_t launch_embed(const dmat &e, const int *tokens, int n, float *h, int hidden, int *bad_token,
                          cudaStream_t s);

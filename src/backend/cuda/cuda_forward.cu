@@ -161,7 +161,12 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             MARK(PS_ATT_ROPE);
             LAUNCH(launch_qk_norm_rope_append(a, n, s));
             MARK(PS_ATT);
-            LAUNCH(launch_attention(a, n, s));
+            if (n > 1 && attention_prefill_supported(a)) { /* tensor-core flash attention for a chunk */
+                a.n_splits = attention_prefill_splits(a, n, st->pos, c->att_splits);
+                LAUNCH(launch_attention_prefill(a, n, s));
+            } else {
+                LAUNCH(launch_attention(a, n, s));
+            }
             MARK(PS_ATT_OUT);
             memset(&b, 0, sizeof b);
             batch_add(&b, L->o_proj, c->h, H);

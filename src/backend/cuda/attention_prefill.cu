@@ -1,0 +1,378 @@
+/* attention_prefill.cu — causal flash attention for a prefill chunk over the bf16 KV cache, with the
+ * output gate (MODEL.md §4.3 steps 4-5): the same inputs and output as attention_decode.cu with n > 1
+ * tokens, on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate; sm_80+).
+ *
+ * Rows: the G = n_heads / n_kv query heads that share KV head g are packed with the tokens into the M
+ * dimension, row r = t * G + h (t = token of the chunk, h = head within the group), so one K/V tile load
+ * serves all G heads. A block (q tile, KV head g, split s) owns APF_BM = 64 rows (4 warps x 16 rows) and
+ * walks keys [kstart, kend) of its split in tiles of APF_BN = 32 keys: K and V tiles are cp.async
+ * double-buffered in shared memory (rows padded by 16 bytes: ldmatrix is bank-conflict free), Q is
+ * converted once to bf16 into shared memory. Per warp: S = Q K^T (16 x 32, fp32), causal mask
+ * (key <= pos + t) and split mask (key < kend), online softmax in fp32 (exp2 domain), P rounded to bf16,
+ * O += P V with O (16 x head_dim fp32) in registers. The denominator sums the bf16-rounded P, so the
+ * weights applied to V sum to exactly the normaliser.
+ *
+ * Split-KV (a short chunk deep in the context): grid.z = n_splits cuts the keys of each q tile into
+ * chunks (multiples of APF_BN); each split writes (unnormalised O, max, sum) per row into part_o /
+ * part_ml ([split][t][head][head_dim], [split][t][head][2]) and attention_prefill_merge_kernel combines
+ * them. With n_splits == 1 the block normalises and writes out directly.
+ * Output: out[t][h][d] = attn * sigmoid(gate[t][h][d]), gate = second half of q_proj's head row.
+ */
+#include "cuda_common.cuh"
+
+#define APF_BM 64   /* query rows (token x head) per block */
+#define APF_BN 32   /* keys per tile */
+#define APF_WARPS 4 /* 16 rows each */
+#define APF_PAD 8   /* bf16 elements of padding per shared-memory row */
+
+/* ---- PTX wrappers ---------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ unsigned int smem_addr(const void *p)
+{
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy; src_bytes 0 zero-fills the destination without reading (src must still be valid) */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i; register i = matrix i,
+ * lane l holds row l/4, columns 2(l%4), 2(l%4)+1 (.trans: column l/4, rows 2(l%4), 2(l%4)+1) */
+__device__ __forceinline__ void ldsm_x4(unsigned int (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned int (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+
+/* c (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col).
+ * lane l, g = l/4, q = l%4: a0 = A[g][2q..2q+1], a1 = A[g+8][2q..], a2 = A[g][2q+8..], a3 = A[g+8][2q+8..];
+ * b0 = B[2q..2q+1][g], b1 = B[2q+8..2q+9][g]; c0,c1 = C[g][2q..2q+1], c2,c3 = C[g+8][2q..2q+1]. */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two fp32 -> packed bf16x2 (lo in the low half), round to nearest even; also returns the rounded values */
+__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi, float &lo_r, float &hi_r)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    lo_r = __low2float(v);
+    hi_r = __high2float(v);
+    return *reinterpret_cast<unsigned int *>(&v);
+}
+
+/* ---- the kernel ------------------------------------------------------------------------------------ */
+
+template <int D> constexpr size_t apf_smem_bytes(void)
+{
+    return (size_t)(APF_BM + 4 * APF_BN) * (D + APF_PAD) * sizeof(__nv_bfloat16);
+}
+
+template <int D>
+__global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_args a, int n_tokens)
+{
+    constexpr int LD = D + APF_PAD; /* shared row stride (bf16 elements; 16-byte multiple) */
+    extern __shared__ __align__(16) unsigned char apf_smem[];
+    __nv_bfloat16 *sQ = reinterpret_cast<__nv_bfloat16 *>(apf_smem); /* [APF_BM][LD] */
+    __nv_bfloat16 *sK = sQ + APF_BM * LD;                              /* [2][APF_BN][LD] */
+    __nv_bfloat16 *sV = sK + 2 * APF_BN * LD;                          /* [2][APF_BN][LD] */
+
+    const int G = a.n_heads / a.n_kv;
+    const int g = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int r0 = blockIdx.x * APF_BM; /* first packed row of this block */
+    const int n_rows = n_tokens * G;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    pdl_wait();
+    pdl_trigger();
+    const int pos = *a.pos;
+    const int t_last = min(n_tokens - 1, (r0 + APF_BM - 1) / G);
+    const int L = pos + t_last + 1; /* keys any row of this block attends to: [0, L) */
+    int chunk = (L + n_splits - 1) / n_splits;
+    chunk = (chunk + APF_BN - 1) / APF_BN * APF_BN;
+    const int kstart = min(L, split * chunk), kend = min(L, kstart + chunk);
+    const int n_kt = (kend - kstart + APF_BN - 1) / APF_BN;
+
+    const __nv_bfloat16 *kc = a.k_cache + (size_t)g * a.max_ctx * D;
+    const __nv_bfloat16 *vc = a.v_cache + (size_t)g * a.max_ctx * D;
+    /* K and V tile j -> buffer b: 16-byte chunks, keys >= kend zero-filled (V must be finite: P = 0 there) */
+    auto load_kv = [&](int j, int b) {
+        const int k0 = kstart + j * APF_BN;
+        constexpr int CPR = D / 8; /* 16-byte chunks per row */
+        for (int i = tid; i < APF_BN * CPR; i += APF_WARPS * 32) {
+            const int r = i / CPR, c = i % CPR, key = k0 + r;
+            const bool ok = key < kend;
+            const size_t off = (size_t)(ok ? key : 0) * D + c * 8;
+            cp_async16(sK + (b * APF_BN + r) * LD + c * 8, kc + off, ok ? 16 : 0);
+            cp_async16(sV + (b * APF_BN + r) * LD + c * 8, vc + off, ok ? 16 : 0);
+        }
+    };
+    if (n_kt > 0) {
+        load_kv(0, 0);
+        cp_async_commit();
+    }
+
+    /* Q (fp32) -> bf16 shared, rows past the chunk zero */
+    for (int i = tid; i < APF_BM * (D / 4); i += APF_WARPS * 32) {
+        const int r = i / (D / 4), c4 = i % (D / 4), gr = r0 + r;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (gr < n_rows) {
+            const int t = gr / G, h = gr % G;
+            v = *reinterpret_cast<const float4 *>(a.q + ((size_t)t * a.n_heads + g * G + h) * D + c4 * 4);
+        }
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 u;
+        u.x = *reinterpret_cast<unsigned int *>(&lo);
+        u.y = *reinterpret_cast<unsigned int *>(&hi);
+        *reinterpret_cast<uint2 *>(sQ + r * LD + c4 * 4) = u;
+    }
+
+    /* this lane's two rows (fragment rows lane/4 and lane/4 + 8 of the warp's 16) */
+    const int quad = lane >> 2, qid = lane & 3;
+    int lim[2]; /* keys < lim[i] are visible to row i */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int gr = r0 + warp * 16 + quad + 8 * i;
+        const int t = min(gr / G, n_tokens - 1); /* padding rows behave like the last token (not stored) */
+        lim[i] = min(pos + t + 1, kend);
+    }
+    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f; /* scale * log2(e) */
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    const __nv_bfloat16 *qrow = sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
+    for (int j = 0; j < n_kt; j++) {
+        const int b = j & 1;
+        if (j + 1 < n_kt) {
+            load_kv(j + 1, b ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const __nv_bfloat16 *kb = sK + b * APF_BN * LD, *vb = sV + b * APF_BN * LD;
+
+        /* S = Q K^T: 4 n-tiles of 8 keys */
+        float s[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        /* K fragment rows: matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15) */
+        const __nv_bfloat16 *krow = kb + ((lane & 7) + 8 * (lane >> 4)) * LD + 8 * ((lane >> 3) & 1);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned int qa[4];
+            ldsm_x4(qa, qrow + kk * 16);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                unsigned int kf[4];
+                ldsm_x4(kf, krow + np * 16 * LD + kk * 16);
+                mma_bf16(s[2 * np], qa, kf[0], kf[1]);
+                mma_bf16(s[2 * np + 1], qa, kf[2], kf[3]);
+            }
+        }
+
+        /* mask, online softmax (exp2 domain) */
+        const int k0 = kstart + j * APF_BN;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + nt * 8 + 2 * qid + (e & 1);
+                const float v = key < lim[e >> 1] ? s[nt][e] * sl2 : -INFINITY;
+                s[nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float corr[2], mu[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float mn = fmaxf(m[i], mx[i]);
+            mu[i] = mn == -INFINITY ? 0.0f : mn; /* no visible key yet: every p below is 0 */
+            corr[i] = exp2f(m[i] - mu[i]);
+            m[i] = mn;
+            l[i] *= corr[i];
+        }
+        /* P as bf16 A fragments: k-step ks = keys 16ks..16ks+15 = n-tiles 2ks, 2ks+1 */
+        unsigned int pa[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int nt = 2 * ks + hf;
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float p0, p1;
+                    pa[ks][2 * hf + i] = pack_bf16(exp2f(s[nt][2 * i] - mu[i]), exp2f(s[nt][2 * i + 1] - mu[i]), p0, p1);
+                    l[i] += p0 + p1;
+                }
+            }
+#pragma unroll
+        for (int jd = 0; jd < D / 8; jd++) {
+            o[jd][0] *= corr[0];
+            o[jd][1] *= corr[0];
+            o[jd][2] *= corr[1];
+            o[jd][3] *= corr[1];
+        }
+        /* O += P V. V fragment rows (.trans): matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7),
+         * (keys 0-7, d 8-15), (keys 8-15, d 8-15) */
+        const __nv_bfloat16 *vrow = vb + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                unsigned int vf[4];
+                ldsm_x4_trans(vf, vrow + ks * 16 * LD + dp * 16);
+                mma_bf16(o[2 * dp], pa[ks], vf[0], vf[1]);
+                mma_bf16(o[2 * dp + 1], pa[ks], vf[2], vf[3]);
+            }
+        __syncthreads(); /* buffer b is refilled by the next iteration's load */
+    }
+
+    /* epilogue: quad sums; normalise + gate, or publish the split's partial */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int gr = r0 + warp * 16 + quad + 8 * i;
+        if (gr >= n_rows)
+            continue;
+        const int t = gr / G, hg = g * G + gr % G;
+        const size_t orow = ((size_t)t * a.n_heads + hg) * D;
+        if (n_splits == 1) {
+            const float inv = 1.0f / l[i];
+            const float *gate = a.qkv + (size_t)t * a.qkv_stride + (size_t)hg * 2 * D + D;
+#pragma unroll
+            for (int jd = 0; jd < D / 8; jd++) {
+                const int d = jd * 8 + 2 * qid;
+                float2 v;
+                v.x = o[jd][2 * i] * inv * sigmoid_f(gate[d]);
+                v.y = o[jd][2 * i + 1] * inv * sigmoid_f(gate[d + 1]);
+                *reinterpret_cast<float2 *>(a.out + orow + d) = v;
+            }
+        } else {
+            const size_t prow = (size_t)split * n_tokens * a.n_heads + (size_t)t * a.n_heads + hg;
+            float *po = a.part_o + prow * D;
+#pragma unroll
+            for (int jd = 0; jd < D / 8; jd++) {
+                const int d = jd * 8 + 2 * qid;
+                *reinterpret_cast<float2 *>(po + d) = make_float2(o[jd][2 * i], o[jd][2 * i + 1]);
+            }
+            if (qid == 0)
+                *reinterpret_cast<float2 *>(a.part_ml + prow * 2) = make_float2(m[i], l[i]);
+        }
+    }
+}
+
+/* Combine the splits of one (token, head) row: grid n_tokens * n_heads, block 128. */
+__global__ void __launch_bounds__(128) attention_prefill_merge_kernel(attn_args a, int n_tokens, int n_splits)
+{
+    pdl_wait();
+    pdl_trigger();
+    const int row = blockIdx.x, t = row / a.n_heads, hg = row % a.n_heads, D = a.head_dim;
+    const size_t stride = (size_t)n_tokens * a.n_heads; /* rows per split */
+    float M = -INFINITY;
+    for (int sp = 0; sp < n_splits; sp++)
+        M = fmaxf(M, a.part_ml[(sp * stride + row) * 2]);
+    float Ls = 0.0f;
+    for (int sp = 0; sp < n_splits; sp++) {
+        const float ms = a.part_ml[(sp * stride + row) * 2];
+        Ls += ms == -INFINITY ? 0.0f : a.part_ml[(sp * stride + row) * 2 + 1] * exp2f(ms - M);
+    }
+    const float *gate = a.qkv + (size_t)t * a.qkv_stride + (size_t)hg * 2 * D + D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int sp = 0; sp < n_splits; sp++) {
+            const float ms = a.part_ml[(sp * stride + row) * 2];
+            if (ms != -INFINITY)
+                acc = fmaf(a.part_o[(sp * stride + row) * D + d], exp2f(ms - M), acc);
+        }
+        a.out[(size_t)row * D + d] = acc / Ls * sigmoid_f(gate[d]);
+    }
+}
+
+/* ---- launch ------------------------------------------------------------------------------------------ */
+
+template <int D> static cudaError_t apf_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
+{
+    constexpr size_t smem = apf_smem_bytes<D>();
+    /* per call (host-side, cheap): the attribute belongs to the current device's context */
+    cudaError_t e = cudaFuncSetAttribute(attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    const int G = a.n_heads / a.n_kv;
+    dim3 grid((n_tokens * G + APF_BM - 1) / APF_BM, a.n_kv, n_splits);
+    return launch_pdl(attention_prefill_kernel<D>, grid, dim3(APF_WARPS * 32), smem, s, a, n_tokens);
+}
+
+bool attention_prefill_supported(const attn_args &a)
+{
+    return a.n_kv > 0 && a.n_heads % a.n_kv == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256);
+}
+
+int attention_prefill_splits(const attn_args &a, int n_tokens, int ctx, int cap_splits)
+{
+    if (n_tokens < 1 || a.n_kv < 1 || a.n_heads % a.n_kv)
+        return 1;
+    static int n_sm = 0;
+    if (n_sm <= 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n_sm = 132;
+    }
+    const int G = a.n_heads / a.n_kv;
+    const int blocks = (n_tokens * G + APF_BM - 1) / APF_BM * a.n_kv;
+    int sp = (2 * n_sm + blocks - 1) / blocks;      /* about two blocks per SM */
+    sp = min(sp, cap_splits / n_tokens);            /* partial buffers */
+    sp = min(sp, (ctx + n_tokens) / (8 * APF_BN));  /* at least 8 key tiles per split */
+    return max(sp, 1);
+}
+
+cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStream_t s)
+{
+    const int n_splits = max(a.n_splits, 1);
+    if (!attention_prefill_supported(a) || n_tokens < 1 || (n_splits > 1 && (!a.part_o || !a.part_ml)))
+        return cudaErrorInvalidValue;
+    cudaError_t e;
+    switch (a.head_dim) {
+    case 64: e = apf_launch<64>(a, n_tokens, n_splits, s); break;
+    case 128: e = apf_launch<128>(a, n_tokens, n_splits, s); break;
+    case 256: e = apf_launch<256>(a, n_tokens, n_splits, s); break;
+    default: return cudaErrorInvalidValue;
+    }
+    if (e != cudaSuccess || n_splits == 1)
+        return e;
+    return launch_pdl(attention_prefill_merge_kernel, dim3(n_tokens * a.n_heads), dim3(128), 0, s, a, n_tokens,
+                      n_splits);
+}
