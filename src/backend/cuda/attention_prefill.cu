@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_
 
     const int G = a.n_heads / a.n_kv;
     const int g = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
-    const int r0 = blockIdx.x * APF_BM; /* first packed row of this block */
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * APF_BM; /* first packed row; the longest (last) tiles start first */
     const int n_rows = n_tokens * G;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
