@@ -99,10 +99,10 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
     CK(cudaMemcpy(got.data(), a.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
 
     /* twin on every token of small chunks, every 5th (+ the last two) of large ones; NaN check on all */
-    size_t n_nan = 0;
-    for (float x : got)
-        if (x != x)
-            n_nan++;
+    size_t n_nan = 0, first_nan = 0;
+    for (size_t i = 0; i < got.size(); i++)
+        if (got[i] != got[i] && !n_nan++)
+            first_nan = i;
     const int stride = n > 100 ? 5 : 1;
     double worst = 0, max_err = 0, bound_at_worst = 0;
     size_t bad = 0, n_cmp = 0;
@@ -159,6 +159,8 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
                what, bad, n_cmp, n_nan, got.size(), max_err, worst, bound_at_worst);
         if (bad)
             printf("; first t %d h %d d %d: got %.6g want %.6g", bad_t, bad_h, bad_d, bad_got, bad_want);
+        if (n_nan)
+            printf("; first NaN t %zu h %zu d %zu", first_nan / ((size_t)nh * D), first_nan / D % nh, first_nan % D);
         printf("\n");
     } else {
         printf("PASS %s: max err %.3g, worst %.3f of the bound (bound there %.3g), %zu compared\n", what, max_err,
