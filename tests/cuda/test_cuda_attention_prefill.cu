@@ -6,8 +6,8 @@
  *
  * The kernel rounds q to bf16 (the twin does the same) and the softmax weights P to bf16 before P·V, with
  * the denominator summed over the rounded weights: each weight is off by at most 2^-9 relative, so
- * |gpu - cpu| <= 2 * 2^-9 * sum_k p_k |v_k| / sum_k p_k * sigmoid(gate) (+ fp32 rounding): bound
- * 4e-3 * mag + 1e-5.
+ * |gpu - cpu| <= 2 * 2^-9 * sum_k p_k |v_k| / sum_k p_k * sigmoid(gate) = 3.9e-3 * mag (reached by rows of
+ * a few keys with cancelling values), + fp32 accumulation and exp2 approximation: bound 5e-3 * mag + 1e-5.
  */
 #include <math.h>
 #include <stdio.h>
@@ -133,7 +133,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
                     om += sc[k] * fabs(v);
                 }
                 const double gate = 1.0 / (1.0 + exp(-(double)qkv[(size_t)t * qkv_stride + (size_t)h * 2 * D + D + d]));
-                const double want = o / den * gate, tol = 4e-3 * om / den * gate + 1e-5;
+                const double want = o / den * gate, tol = 5e-3 * om / den * gate + 1e-5;
                 const double gv = got[((size_t)t * nh + h) * D + d], err = fabs(gv - want);
                 n_cmp++;
                 if (!(err <= tol)) {
