@@ -306,6 +306,25 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
     AL(c->part_o, (size_t)cfg->n_kv_heads * c->att_splits * G * cfg->head_dim * 4);
     AL(c->part_ml, (size_t)cfg->n_kv_heads * c->att_splits * G * 2 * 4);
     AL(c->att_counter, (size_t)cfg->n_kv_heads * 4);
+    /* prefill GEMM: activations of the widest projection input, or of the MoE hidden rows */
+    {
+        const size_t K = cfg->n_experts_used, E = cfg->n_experts;
+        size_t xcols = LILY_MAX((size_t)H, mixw);
+        const size_t ex = LILY_MAX(C * xcols, C * K * cfg->moe_intermediate + C * cfg->shared_intermediate);
+        c->prefill_min_tokens = PREFILL_GEMM_MIN_TOKENS;
+        c->pf_x_elems = ex;
+        c->pf_x_rows = C * (K + 1);
+        AL(c->pf_x, ex * 2);
+        AL(c->pf_xs, (ex / 64 + 1) * 4);
+        AL(c->pf_xscale, c->pf_x_rows * 4);
+        AL(c->pf_y, C * (K + 1) * H * 4);
+        AL(c->pf_gather, C * K * 4);
+        AL(c->pf_slot_pos, C * K * 4);
+        AL(c->pf_offsets, (E + 1) * 4);
+        AL(c->pf_tile_expert, (C * K + E + 1) * 4);
+        AL(c->pf_tile_start, (C * K + E + 1) * 4);
+        AL(c->pf_n_tiles, 4);
+    }
 #undef AL
     CUDA_TRY(cudaMemset(c->att_counter, 0, (size_t)cfg->n_kv_heads * 4));
     CUDA_TRY(cudaMemset(c->argmax, 0, C * 8));

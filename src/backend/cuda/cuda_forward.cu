@@ -98,6 +98,23 @@ static gemv_input in_rms(const float *act, int stride, const float *w, float eps
     return in;
 }
 
+/* A batch of projections: tensor-core GEMM for prefill chunks (n >= prefill_min_tokens), else GEMV
+ * (decode: n == 1 always takes the GEMV). */
+static lily_status proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, int out_mode, int n,
+                        lily_error *err)
+{
+    if (n >= c->prefill_min_tokens && out_mode != GEMV_OUT_ARGMAX)
+        return cuda_prefill_proj(c, b, in, out_mode, n, err);
+    LAUNCH(launch_gemv(b, in, out_mode, n, NULL, c->stream));
+    return LILY_OK;
+}
+#define PROJ(b, in, mode, rows)                                                                    \
+    do {                                                                                           \
+        lily_status s_ = proj(c, (b), (in), (mode), (rows), err);                                  \
+        if (s_ != LILY_OK)                                                                         \
+            return s_;                                                                             \
+    } while (0)
+
 static void batch_add(gemv_batch *b, const dmat &m, float *y, int y_stride)
 {
     const int k = b->n_mats++;
@@ -134,7 +151,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             batch_add(&b, L->q_proj, c->proj, c->proj_stride);
             batch_add(&b, L->k_proj, c->proj + (size_t)nh * 2 * D, c->proj_stride);
             batch_add(&b, L->v_proj, c->proj + (size_t)nh * 2 * D + (size_t)nkv * D, c->proj_stride);
-            LAUNCH(launch_gemv(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n, NULL, s));
+            PROJ(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n);
             attn_args a;
             memset(&a, 0, sizeof a);
             a.qkv = c->proj;
@@ -175,7 +192,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             in.act = c->mix;
             in.act_stride = nh * D;
             in.mode = GEMV_IN_PLAIN;
-            LAUNCH(launch_gemv(b, in, GEMV_OUT_ADD, n, NULL, s));
+            PROJ(b, in, GEMV_OUT_ADD, n);
         } else {
             const int conv_dim = lily_config_gdn_conv_dim(cfg), vd = lily_config_gdn_value_dim(cfg);
             const int Hv = cfg->gdn_n_value_heads;
@@ -186,7 +203,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             batch_add(&b, L->in_z, c->proj + conv_dim, c->proj_stride);
             batch_add(&b, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
             batch_add(&b, L->in_a, c->proj + conv_dim + vd + Hv, c->proj_stride);
-            LAUNCH(launch_gemv(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n, NULL, s));
+            PROJ(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n);
             gdn_args g;
             memset(&g, 0, sizeof g);
             g.mixed = c->proj;
@@ -221,7 +238,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             in.z_stride = c->proj_stride;
             in.head_dim = g.dv;
             in.eps = eps;
-            LAUNCH(launch_gemv(b, in, GEMV_OUT_ADD, n, NULL, s));
+            PROJ(b, in, GEMV_OUT_ADD, n);
         }
         if (hook && (rs = hook_dev(c, l, L->full_attention ? LILY_STAGE_ATTENTION_OUT : LILY_STAGE_DELTANET_OUT, c->h,
                                    n, H, c->h_prev, err)) != LILY_OK)
@@ -231,38 +248,43 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
 
         /* sparse MoE */
         MARK(PS_ROUTER);
-        const int E = cfg->n_experts;
-        gemv_batch b;
-        memset(&b, 0, sizeof b);
-        batch_add(&b, L->router, c->router, E + 1);
-        batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
-        LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
-        moe_args m;
-        memset(&m, 0, sizeof m);
-        m.gate = L->ex_gate;
-        m.up = L->ex_up;
-        m.down = L->ex_down;
-        m.sgate = L->sh_gate;
-        m.sup = L->sh_up;
-        m.sdown = L->sh_down;
-        m.router_logits = c->router;
-        m.logit_stride = E + 1;
-        m.n_experts = E;
-        m.top_k = cfg->n_experts_used;
-        m.inter = cfg->moe_intermediate;
-        m.shared_inter = cfg->shared_intermediate;
-        m.hidden = H;
-        m.h = c->h;
-        m.norm_w = L->post_norm;
-        m.eps = eps;
-        m.hid = c->hid;
-        m.topk_idx = c->topk_idx;
-        m.topk_w = c->topk_w;
-        m.out = c->h;
-        MARK(PS_MOE_GATE_UP);
-        LAUNCH(launch_moe_gate_up(m, n, s));
-        MARK(PS_MOE_DOWN);
-        LAUNCH(launch_moe_down(m, n, s));
+        if (n >= c->prefill_min_tokens) {
+            if ((rs = cuda_prefill_moe(c, L, n, err)) != LILY_OK)
+                return rs;
+        } else {
+            const int E = cfg->n_experts;
+            gemv_batch b;
+            memset(&b, 0, sizeof b);
+            batch_add(&b, L->router, c->router, E + 1);
+            batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
+            LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
+            moe_args m;
+            memset(&m, 0, sizeof m);
+            m.gate = L->ex_gate;
+            m.up = L->ex_up;
+            m.down = L->ex_down;
+            m.sgate = L->sh_gate;
+            m.sup = L->sh_up;
+            m.sdown = L->sh_down;
+            m.router_logits = c->router;
+            m.logit_stride = E + 1;
+            m.n_experts = E;
+            m.top_k = cfg->n_experts_used;
+            m.inter = cfg->moe_intermediate;
+            m.shared_inter = cfg->shared_intermediate;
+            m.hidden = H;
+            m.h = c->h;
+            m.norm_w = L->post_norm;
+            m.eps = eps;
+            m.hid = c->hid;
+            m.topk_idx = c->topk_idx;
+            m.topk_w = c->topk_w;
+            m.out = c->h;
+            MARK(PS_MOE_GATE_UP);
+            LAUNCH(launch_moe_gate_up(m, n, s));
+            MARK(PS_MOE_DOWN);
+            LAUNCH(launch_moe_down(m, n, s));
+        }
         if (hook && (rs = hook_dev(c, l, LILY_STAGE_MOE_OUT, c->h, n, H, c->h_prev, err)) != LILY_OK)
             return rs;
         if (hook && (rs = hook_dev(c, l, LILY_STAGE_RESIDUAL, c->h, n, H, NULL, err)) != LILY_OK)
@@ -276,8 +298,10 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
         gemv_batch b;
         memset(&b, 0, sizeof b);
         batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
-        LAUNCH(launch_gemv(b, in_rms(act, H, c->final_norm, eps),
-                           lm_mode == LM_GREEDY ? GEMV_OUT_ARGMAX : GEMV_OUT_STORE, rows, c->argmax, s));
+        if (lm_mode == LM_GREEDY)
+            LAUNCH(launch_gemv(b, in_rms(act, H, c->final_norm, eps), GEMV_OUT_ARGMAX, rows, c->argmax, s));
+        else
+            PROJ(b, in_rms(act, H, c->final_norm, eps), GEMV_OUT_STORE, rows);
         if (hook && lm_mode != LM_GREEDY &&
             (rs = hook_dev(c, -1, LILY_STAGE_LOGITS, c->logits, rows, cfg->vocab_size, NULL, err)) != LILY_OK)
             return rs;

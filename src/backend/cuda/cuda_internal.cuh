@@ -8,11 +8,16 @@ extern "C" {
 #include "backend/backend.h"
 }
 #include "cuda_common.cuh"
+#include "gemm_prefill.cuh"
 
 /* Split-KV for decode: each KV head's keys are cut into at most ATT_SPLITS chunks of at least
  * ATT_MIN_CHUNK keys (measured on the H200: see docs/BENCHMARKS.md). */
 #define ATT_SPLITS_DEFAULT 64
 #define ATT_MIN_CHUNK_DEFAULT 128
+
+/* Forward calls of at least this many tokens run the projections, the MoE block and the all-rows LM
+ * head as tensor-core GEMMs (forward_prefill.cu); smaller ones (decode) use the GEMV kernels. */
+#define PREFILL_GEMM_MIN_TOKENS 16
 
 typedef struct {
     bool full_attention;
@@ -58,6 +63,16 @@ typedef struct {
     int att_splits, att_min_chunk;
     float *part_o, *part_ml;
     unsigned int *att_counter;
+    /* prefill GEMM scratch (forward_prefill.cu) */
+    int prefill_min_tokens; /* PREFILL_GEMM_MIN_TOKENS */
+    __half *pf_x;    /* gemm_act rows: [pf_x_rows] x cols, pf_x_elems halves in all */
+    float *pf_xs, *pf_xscale;
+    size_t pf_x_elems, pf_x_rows;
+    float *pf_y;     /* [C * (top_k + 1)][hidden]: per-slot expert outputs, then the shared expert's */
+    int *pf_gather, *pf_slot_pos;           /* [C * top_k] */
+    int *pf_offsets;                         /* [n_experts + 1] */
+    int *pf_tile_expert, *pf_tile_start;     /* [C * top_k + n_experts] */
+    int *pf_n_tiles;
     float *h_host;   /* debug hook staging [C][max(hidden, vocab)] */
     float *h_prev;
 
@@ -94,5 +109,11 @@ typedef struct {
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
+
+/* forward_prefill.cu: a batch of projections for n >= prefill_min_tokens rows (out_mode STORE or ADD),
+ * and the whole sparse MoE block (h += MoE(RMSNorm(h))), on tensor cores; enqueue only. */
+lily_status cuda_prefill_proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, int out_mode, int n,
+                              lily_error *err);
+lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error *err);
 
 #endif

@@ -1,0 +1,520 @@
+/* gemm_prefill.cu — tensor-core GEMMs for prefill (n tokens per forward call): the activation pre-pass
+ * (gemm_prep_kernel) and Y (=, +=, swiglu) X·Wᵀ over weights kept as stored (MLX affine 4/8-bit or
+ * bf16), dense (rows of X = tokens) or grouped by expert from a device tile map (MoE).
+ *
+ * gemm_kernel<BITS, NT, EPI, GROUPED>: 256 threads (8 warps), a block owns 128 weight rows (SWIGLU: 64
+ * gate rows + the same 64 up rows) x T = 8·NT tokens; warp w owns rows 16w..16w+15 and all T tokens
+ * (NT mma tiles of m16n8k16, fp16 x fp16 -> fp32). K advances one quantization group (64 columns) per
+ * step through a 3-stage cp.async pipeline in shared memory (weights: the group's 32/64/128 bytes of
+ * each row; activations: T rows of 128 bytes, 16-byte chunks XOR-swizzled by row; group sums). A
+ * thread's A fragments of a group come from 8/16/32 contiguous bytes of its row: 4-bit words unpack
+ * to fp16 integers with one LOP3 + one HSUB2/HFMA2 per pair (the activation columns are permuted to
+ * the unpack order, gemm_perm16); 8-bit adds a PRMT; bf16 converts via fp32. Per group and row the
+ * fp32 MMA sum folds as acc += s·Σqx + b·Σx; the epilogue multiplies by the row's activation scale.
+ */
+#include "gemm_prefill.cuh"
+#include "gemv_common.cuh"
+
+#define GEMM_THREADS 256
+#define GEMM_ROWS 128
+#define GEMM_STAGES 3
+#define GEMM_PREP_THREADS 256
+
+/* ---- activation pre-pass ------------------------------------------------------------------------- */
+
+template <int IN_MODE>
+__global__ void __launch_bounds__(GEMM_PREP_THREADS) gemm_prep_kernel(gemv_input in, int cols, gemm_act out)
+{
+    constexpr int NW = GEMM_PREP_THREADS / 32;
+    extern __shared__ float s_x[]; /* [cols] */
+    __shared__ float s_red[NW];
+    __shared__ float s_max[NW];
+    const int t = blockIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    gemv_prologue<IN_MODE, NW>(in, t, cols, s_x, s_red);
+    float m = 0.0f;
+    for (int c = tid; c < cols; c += GEMM_PREP_THREADS)
+        m = fmaxf(m, fabsf(s_x[c]));
+    m = warp_max(m);
+    if (lane == 0)
+        s_max[warp] = m;
+    __syncthreads();
+    m = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++)
+        m = fmaxf(m, s_max[w]);
+    /* power of two so that the largest |x| lands in [2^13, 2^14): far from fp16 overflow, and the row's
+     * small values keep their precision */
+    int ex = 0;
+    if (m > 0.0f && m <= 3.0e38f) {
+        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
+        ex = max(-100, min(100, ex));
+    }
+    const float inv = __uint_as_float((unsigned int)(127 - ex) << 23);
+    __half *xo = out.x + (size_t)t * cols;
+    for (int q = tid; q < cols / 8; q += GEMM_PREP_THREADS) {
+        const int p0 = q * 8, b16 = p0 & ~15, l0 = p0 & 15;
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 h = __floats2half2_rn(s_x[b16 + gemm_perm16(l0 + 2 * i)] * inv,
+                                          s_x[b16 + gemm_perm16(l0 + 2 * i + 1)] * inv);
+            w[i] = *reinterpret_cast<uint32_t *>(&h);
+        }
+        *reinterpret_cast<uint4 *>(xo + p0) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    const int gpr = cols / 64;
+    for (int g = warp; g < gpr; g += NW) {
+        float v = __half2float(__float2half_rn(s_x[g * 64 + lane] * inv)) +
+                  __half2float(__float2half_rn(s_x[g * 64 + 32 + lane] * inv));
+        v = warp_sum(v);
+        if (lane == 0)
+            out.xs[(size_t)t * gpr + g] = v;
+    }
+    if (tid == 0)
+        out.scale[t] = __uint_as_float((unsigned int)(127 + ex) << 23);
+}
+
+cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s)
+{
+    if (cols % 64 || cols <= 0 || n_rows <= 0 || out.cols != cols)
+        return cudaErrorInvalidValue;
+    const size_t smem = (size_t)cols * sizeof(float);
+    if (smem > 48 * 1024)
+        return cudaErrorInvalidValue;
+    switch (in.mode) {
+    case GEMV_IN_PLAIN: gemm_prep_kernel<GEMV_IN_PLAIN><<<n_rows, GEMM_PREP_THREADS, smem, s>>>(in, cols, out); break;
+    case GEMV_IN_RMSNORM: gemm_prep_kernel<GEMV_IN_RMSNORM><<<n_rows, GEMM_PREP_THREADS, smem, s>>>(in, cols, out); break;
+    case GEMV_IN_GATED:
+        if (in.head_dim % 32 || in.head_dim > 32 * PRO_MAX || cols % in.head_dim)
+            return cudaErrorInvalidValue;
+        gemm_prep_kernel<GEMV_IN_GATED><<<n_rows, GEMM_PREP_THREADS, smem, s>>>(in, cols, out);
+        break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ---- device helpers -------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
+{
+    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid)
+{
+    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(smem);
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* d += a · b, m16n8k16, fp16 inputs, fp32 accumulators */
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2 *>(&u); }
+
+/* 4-bit word w (nibbles n0..n7, column 8m+i at bits 4i): odd = 0 gives lo = {n0, n4}, hi = {n1, n5};
+ * odd = 1 gives lo = {n2, n6}, hi = {n3, n7}, as fp16 integers. */
+__device__ __forceinline__ void dq4(uint32_t w, int odd, uint32_t &lo, uint32_t &hi)
+{
+    if (odd)
+        w >>= 8;
+    const __half2 k1024 = bits_h2(0x64006400u), k16th = bits_h2(0x2C002C00u), km64 = bits_h2(0xD400D400u);
+    lo = h2_bits(__hsub2(bits_h2((w & 0x000F000Fu) | 0x64006400u), k1024));
+    hi = h2_bits(__hfma2(bits_h2((w & 0x00F000F0u) | 0x64006400u), k16th, km64));
+}
+
+/* 8-bit: x = bytes [c0, c1, c4, c5] gathered by PRMT; lo = {c0, c4}, hi = {c1, c5} */
+__device__ __forceinline__ void dq8(uint32_t x, uint32_t &lo, uint32_t &hi)
+{
+    const __half2 k1024 = bits_h2(0x64006400u);
+    lo = h2_bits(__hsub2(bits_h2((x & 0x00FF00FFu) | 0x64006400u), k1024));
+    hi = h2_bits(__hsub2(bits_h2(((x >> 8) & 0x00FF00FFu) | 0x64006400u), k1024));
+}
+
+__device__ __forceinline__ uint32_t bf_pair_f16(uint32_t a, uint32_t b, bool high)
+{
+    const float fa = __uint_as_float(high ? (a & 0xffff0000u) : (a << 16));
+    const float fb = __uint_as_float(high ? (b & 0xffff0000u) : (b << 16));
+    return h2_bits(__floats2half2_rn(fa, fb));
+}
+
+/* A fragments of the 4 k16 steps of one group for rows r0 (= g) and r0 + 8 of the warp, from the
+ * stage's weight bytes. A[j] = {a0 (row g, k lo), a1 (row g+8, k lo), a2 (row g, k hi), a3 (row g+8, k hi)}. */
+template <int BITS>
+__device__ __forceinline__ void load_a(const unsigned char *sw, int r0, int tig, uint32_t (&A)[4][4])
+{
+    constexpr int WB = 8 * BITS;
+    if (BITS == 4) {
+        const uint2 w0 = *reinterpret_cast<const uint2 *>(sw + r0 * WB + tig * 8);
+        const uint2 w1 = *reinterpret_cast<const uint2 *>(sw + (r0 + 8) * WB + tig * 8);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            dq4(j < 2 ? w0.x : w0.y, j & 1, A[j][0], A[j][2]);
+            dq4(j < 2 ? w1.x : w1.y, j & 1, A[j][1], A[j][3]);
+        }
+    } else if (BITS == 8) {
+        const uint4 v0 = *reinterpret_cast<const uint4 *>(sw + r0 * WB + tig * 16);
+        const uint4 v1 = *reinterpret_cast<const uint4 *>(sw + (r0 + 8) * WB + tig * 16);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const unsigned int sel = (j & 1) ? 0x7632u : 0x5410u;
+            dq8(__byte_perm(j < 2 ? v0.x : v0.z, j < 2 ? v0.y : v0.w, sel), A[j][0], A[j][2]);
+            dq8(__byte_perm(j < 2 ? v1.x : v1.z, j < 2 ? v1.y : v1.w, sel), A[j][1], A[j][3]);
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h;
+            const int sw1 = r & 1; /* chunk swizzle of bf16 rows (see load_stage) */
+            const uint4 u0 = *reinterpret_cast<const uint4 *>(sw + r * WB + ((2 * tig) ^ sw1) * 16);
+            const uint4 u1 = *reinterpret_cast<const uint4 *>(sw + r * WB + ((2 * tig + 1) ^ sw1) * 16);
+            const uint32_t u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int m0 = 4 * (j >> 1) + (j & 1);
+                A[j][h] = bf_pair_f16(u[m0], u[m0 + 2], false);
+                A[j][2 + h] = bf_pair_f16(u[m0], u[m0 + 2], true);
+            }
+        }
+    }
+}
+
+/* Block row br (0..127) -> matrix, row within it; false past the last row. */
+template <int EPI>
+__device__ __forceinline__ bool gemm_row(const gemm_args &a, int br, int &mi, int &lr)
+{
+    if (EPI == GEMM_EPI_SWIGLU) {
+        mi = br >= 64 ? 1 : 0;
+        lr = blockIdx.x * 64 + (br & 63);
+        return lr < a.m[0].rows;
+    }
+    const int R = blockIdx.x * GEMM_ROWS + br;
+    mi = 0;
+#pragma unroll
+    for (int k = 1; k < GEMV_MAX_MATS; k++)
+        if (k < a.n_mats && R >= a.row_start[k])
+            mi = k;
+    lr = R - a.row_start[mi];
+    return R < a.row_start[a.n_mats];
+}
+
+/* ---- the GEMM ------------------------------------------------------------------------------------------ */
+
+template <int BITS, int NT>
+struct gemm_shape {
+    static constexpr int T = NT * 8;
+    static constexpr int WB = 8 * BITS;         /* weight bytes per row per group */
+    static constexpr int CPR = WB / 16;         /* 16-byte chunks per row per group */
+    static constexpr int W_STAGE = GEMM_ROWS * WB;
+    static constexpr int X_STAGE = T * 128;
+    static constexpr int STAGE = W_STAGE + X_STAGE + T * 4;
+    static constexpr int SMEM = GEMM_STAGES * STAGE;
+    static constexpr int WPT = GEMM_ROWS * CPR / GEMM_THREADS; /* weight chunks per thread per stage */
+};
+
+template <int BITS, int NT, int EPI, bool GROUPED>
+__global__ void __launch_bounds__(GEMM_THREADS) gemm_kernel(gemm_args a, int n_tokens)
+{
+    typedef gemm_shape<BITS, NT> S;
+    constexpr int T = S::T;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int s_tok[T];
+    __shared__ float s_scale[T];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+
+    int e = 0, base, count;
+    if (GROUPED) {
+        const int i = blockIdx.y;
+        if (i >= *a.n_tiles)
+            return;
+        e = a.tile_expert[i];
+        base = a.tile_start[i];
+        count = min(T, a.offsets[e + 1] - base);
+    } else {
+        base = blockIdx.y * T;
+        count = min(T, n_tokens - base);
+    }
+    if (tid < T) {
+        int row = 0;
+        float sc = 0.0f;
+        if (tid < count) {
+            row = a.gather ? a.gather[base + tid] : base + tid;
+            sc = a.act.scale[row];
+        }
+        s_tok[tid] = row;
+        s_scale[tid] = sc;
+    }
+    const int cols = a.act.cols, n_groups = cols / 64;
+
+    /* this thread's weight chunks (same rows every group) */
+    const unsigned char *wsrc[S::WPT];
+    int wdst[S::WPT];
+    bool wok[S::WPT];
+#pragma unroll
+    for (int i = 0; i < S::WPT; i++) {
+        const int q = tid + i * GEMM_THREADS, br = q / S::CPR, part = q % S::CPR;
+        int mi, lr;
+        wok[i] = gemm_row<EPI>(a, br, mi, lr);
+        const dmat &m = a.m[mi];
+        wsrc[i] = wok[i] ? m.data + ((int64_t)e * m.rows + lr) * m.row_bytes + part * 16
+                         : reinterpret_cast<const unsigned char *>(a.act.x);
+        wdst[i] = br * S::WB + (BITS == 16 ? (part ^ (br & 1)) : part) * 16;
+    }
+    /* scale/bias rows of this thread's fragment rows */
+    const __nv_bfloat16 *sp[2] = {NULL, NULL}, *bp[2] = {NULL, NULL};
+    if (BITS < 16) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int mi, lr;
+            if (gemm_row<EPI>(a, warp * 16 + g + 8 * h, mi, lr)) {
+                const dmat &m = a.m[mi];
+                const int64_t pr = (int64_t)e * m.rows + lr;
+                sp[h] = m.scales + pr * n_groups;
+                bp[h] = m.biases + pr * n_groups;
+            }
+        }
+    }
+    __syncthreads(); /* s_tok */
+
+    auto load_stage = [&](int k, int st) {
+        unsigned char *sw = smem + st * S::STAGE;
+#pragma unroll
+        for (int i = 0; i < S::WPT; i++)
+            cp_async16(sw + wdst[i], wok[i] ? wsrc[i] + (size_t)k * S::WB : wsrc[i], wok[i]);
+        unsigned char *sx = sw + S::W_STAGE;
+        for (int q = tid; q < T * 8; q += GEMM_THREADS) {
+            const int r = q >> 3, c = q & 7;
+            const __half *src = a.act.x + (size_t)s_tok[r] * cols + k * 64 + c * 8;
+            cp_async16(sx + r * 128 + ((c ^ (r & 7)) * 16), src, r < count);
+        }
+        if (tid < T)
+            cp_async4(sx + S::X_STAGE + tid * 4, a.act.xs + (size_t)s_tok[tid] * n_groups + k, tid < count);
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < GEMM_STAGES - 1; st++) {
+        if (st < n_groups)
+            load_stage(st, st);
+        cp_async_commit();
+    }
+    float sc[2] = {0.0f, 0.0f}, bi[2] = {0.0f, 0.0f};
+    if (BITS < 16)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            if (sp[h]) {
+                sc[h] = bf2f(sp[h][0]);
+                bi[h] = bf2f(bp[h][0]);
+            }
+
+    for (int k = 0; k < n_groups; k++) {
+        cp_async_wait<GEMM_STAGES - 2>();
+        __syncthreads();
+        {
+            const int kn = k + GEMM_STAGES - 1;
+            if (kn < n_groups)
+                load_stage(kn, kn % GEMM_STAGES);
+            cp_async_commit();
+        }
+        float scn[2] = {0.0f, 0.0f}, bin[2] = {0.0f, 0.0f};
+        if (BITS < 16 && k + 1 < n_groups)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (sp[h]) {
+                    scn[h] = bf2f(sp[h][k + 1]);
+                    bin[h] = bf2f(bp[h][k + 1]);
+                }
+        const unsigned char *sw = smem + (k % GEMM_STAGES) * S::STAGE;
+        const unsigned char *sx = sw + S::W_STAGE;
+        const float *sxs = reinterpret_cast<const float *>(sx + S::X_STAGE);
+        uint32_t A[4][4];
+        load_a<BITS>(sw, warp * 16 + g, tig, A);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int r = nt * 8 + g;
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float(&d)[4] = BITS == 16 ? acc[nt] : c4;
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                const uint4 bv = *reinterpret_cast<const uint4 *>(sx + r * 128 + (((2 * tig + jj) ^ g) * 16));
+                mma16816(d, A[2 * jj], bv.x, bv.y);
+                mma16816(d, A[2 * jj + 1], bv.z, bv.w);
+            }
+            if (BITS < 16) {
+                const float2 xs = *reinterpret_cast<const float2 *>(sxs + nt * 8 + tig * 2);
+                acc[nt][0] = fmaf(sc[0], c4[0], fmaf(bi[0], xs.x, acc[nt][0]));
+                acc[nt][1] = fmaf(sc[0], c4[1], fmaf(bi[0], xs.y, acc[nt][1]));
+                acc[nt][2] = fmaf(sc[1], c4[2], fmaf(bi[1], xs.x, acc[nt][2]));
+                acc[nt][3] = fmaf(sc[1], c4[3], fmaf(bi[1], xs.y, acc[nt][3]));
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sc[h] = scn[h];
+            bi[h] = bin[h];
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* pipeline buffers free: the SWIGLU epilogue reuses them */
+
+    if constexpr (EPI == GEMM_EPI_SWIGLU) {
+        float *s_g = reinterpret_cast<float *>(smem); /* [64][T] gate values */
+        if (warp < 4)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    s_g[(warp * 16 + g + 8 * (i >> 1)) * T + nt * 8 + tig * 2 + (i & 1)] = acc[nt][i];
+        __syncthreads();
+        if (warp >= 4) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int rl = (warp - 4) * 16 + g + 8 * h;
+                const int lr = blockIdx.x * 64 + rl;
+                if (lr >= a.m[0].rows)
+                    continue;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int tok = nt * 8 + tig * 2 + j;
+                        if (tok < count) {
+                            const float gv = s_g[rl * T + tok] * s_scale[tok];
+                            const float uv = acc[nt][2 * h + j] * s_scale[tok];
+                            a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
+                        }
+                    }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int mi, lr;
+            if (!gemm_row<EPI>(a, warp * 16 + g + 8 * h, mi, lr))
+                continue;
+            float *y = a.y[mi];
+            const int ys = a.y_stride[mi];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int tok = nt * 8 + tig * 2 + j;
+                    if (tok < count) {
+                        float *p = y + (size_t)(base + tok) * ys + lr;
+                        const float v = acc[nt][2 * h + j] * s_scale[tok];
+                        if (EPI == GEMM_EPI_ADD)
+                            *p += v;
+                        else
+                            *p = v;
+                    }
+                }
+        }
+    }
+}
+
+/* ---- dispatch: the one place that maps (bits, tokens, epilogue) to a kernel ------------------------ */
+
+template <int BITS, int NT, int EPI, bool GROUPED>
+static cudaError_t gemm_go(const gemm_args &a, int n_tokens, cudaStream_t s)
+{
+    typedef gemm_shape<BITS, NT> S;
+    static_assert(S::SMEM >= 64 * S::T * 4, "SWIGLU epilogue needs 64 x T floats");
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BITS, NT, EPI, GROUPED>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
+        if (e != cudaSuccess)
+            return e;
+        attr_set = true;
+    }
+    const int rows = EPI == GEMM_EPI_SWIGLU ? a.m[0].rows : a.row_start[a.n_mats];
+    const int per_block = EPI == GEMM_EPI_SWIGLU ? 64 : GEMM_ROWS;
+    const int gx = (rows + per_block - 1) / per_block;
+    const int gy = GROUPED ? a.max_tiles : (n_tokens + S::T - 1) / S::T;
+    if (gx <= 0 || gy <= 0 || gy > 65535)
+        return cudaErrorInvalidValue;
+    gemm_kernel<BITS, NT, EPI, GROUPED><<<dim3(gx, gy), GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
+    return cudaGetLastError();
+}
+
+template <int BITS, int NT>
+static cudaError_t gemm_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
+{
+    if (grouped) {
+        if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        return cudaErrorInvalidValue;
+    }
+    if constexpr (NT == 4) { /* grouped-only tile width */
+        return cudaErrorInvalidValue;
+    } else {
+        if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, false>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_ADD) return gemm_go<BITS, NT, GEMM_EPI_ADD, false>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
+        return cudaErrorInvalidValue;
+    }
+}
+
+template <int BITS>
+static cudaError_t gemm_bits(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
+{
+    switch (T) {
+    case 16: return gemm_epi<BITS, 2>(a, n_tokens, grouped, s);
+    case 32: return gemm_epi<BITS, 4>(a, n_tokens, grouped, s);
+    case 64: return gemm_epi<BITS, 8>(a, n_tokens, grouped, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+int gemm_grouped_tile(double avg_rows)
+{
+    return avg_rows >= 48.0 ? 64 : avg_rows >= 24.0 ? 32 : 16;
+}
+
+cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
+{
+    if (a.n_mats < 1 || a.n_mats > GEMV_MAX_MATS || a.act.cols % 64 || a.act.cols <= 0)
+        return cudaErrorInvalidValue;
+    for (int k = 0; k < a.n_mats; k++)
+        if (a.m[k].cols != a.act.cols || a.m[k].bits != a.m[0].bits || !a.m[k].data)
+            return cudaErrorInvalidValue;
+    if (a.epi == GEMM_EPI_SWIGLU && (a.n_mats != 2 || a.m[0].rows != a.m[1].rows))
+        return cudaErrorInvalidValue;
+    const bool grouped = a.tile_expert != NULL;
+    int T;
+    if (grouped) {
+        if (a.epi == GEMM_EPI_ADD || (a.epi == GEMM_EPI_STORE && a.n_mats != 1) || !a.tile_start || !a.n_tiles ||
+            !a.offsets || a.max_tiles <= 0)
+            return cudaErrorInvalidValue;
+        T = a.tile_tokens;
+    } else {
+        if (n_tokens <= 0)
+            return cudaErrorInvalidValue;
+        T = n_tokens <= 16 ? 16 : 64;
+    }
+    switch (a.m[0].bits) {
+    case 4: return gemm_bits<4>(a, n_tokens, grouped, T, s);
+    case 8: return gemm_bits<8>(a, n_tokens, grouped, T, s);
+    case 16: return gemm_bits<16>(a, n_tokens, grouped, T, s);
+    default: return cudaErrorInvalidValue;
+    }
+}

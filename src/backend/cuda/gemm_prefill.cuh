@@ -1,0 +1,97 @@
+/* gemm_prefill.cuh — the tensor-core prefill path's launch interface: the activation pre-pass
+ * (input transform + fp16 conversion), the dense / grouped (MoE) GEMM over MLX affine 4/8-bit or bf16
+ * weights, and the MoE routing kernels (top-k, expert plan, combine). Kernels in gemm_prefill.cu and
+ * moe_prefill.cu; the per-layer wiring in forward_prefill.cu.
+ *
+ * Precision: activations are scaled per row by a power of two (largest |x| lands in [2^13, 2^14)) and
+ * rounded to fp16 once; weights enter the MMA as exact small integers q (or bf16 -> fp16); per group of
+ * 64 columns the fp32 MMA sum is folded as acc += s * Σ(q·x) + b * Σx (Σx over the fp16 values), and the
+ * row scale is multiplied back in the epilogue. Output fp32.
+ *
+ * Activation layout (gemm_act): x[row][cols] fp16 with the columns of every 16-column block permuted
+ * (position l holds column gemm_perm16(l)) so that one thread's MMA fragments of a whole 64-column
+ * group are 32 contiguous bytes and match the order the 4-bit nibbles unpack in; xs[row][cols/64] the
+ * group sums; scale[row] the power of two to multiply results by.
+ */
+#ifndef LILY_GEMM_PREFILL_CUH
+#define LILY_GEMM_PREFILL_CUH
+
+#include <cuda_fp16.h>
+
+#include "cuda_common.cuh"
+
+/* Column held at position l (0..15) of a 16-column block of a gemm_act row. */
+__host__ __device__ __forceinline__ int gemm_perm16(int l)
+{
+    return 8 * (l >> 3) + 2 * ((l >> 2) & 1) + ((l >> 1) & 1) + 4 * (l & 1);
+}
+
+struct gemm_act {
+    __half *x;    /* [rows][cols] permuted fp16 */
+    float *xs;    /* [rows][cols / 64] */
+    float *scale; /* [rows] */
+    int cols;
+};
+
+enum gemm_epilogue {
+    GEMM_EPI_STORE = 0,  /* y[row][r] = acc */
+    GEMM_EPI_ADD = 1,    /* y[row][r] += acc */
+    GEMM_EPI_SWIGLU = 2, /* y[row][r] = silu(gate·x) * (up·x): m[0] = gate, m[1] = up */
+};
+
+/* Y[row][r] (=, +=, swiglu) Σ_c X[row][c] W[r][c] for up to 4 matrices (same bits and cols) whose rows
+ * are concatenated (row_start), each writing its own y / y_stride. Dense: rows of X are tokens 0..n-1.
+ * Grouped (tile_expert != NULL): the block walks a tile map of (expert, first position); positions p of
+ * expert e are [offsets[e], offsets[e+1]); X row = gather ? gather[p] : p, output row = p; weights are
+ * expert e's rows of m[0] (and m[1]); n_mats must be 1 (STORE) or 2 (SWIGLU). */
+struct gemm_args {
+    dmat m[GEMV_MAX_MATS];
+    float *y[GEMV_MAX_MATS];
+    int y_stride[GEMV_MAX_MATS];
+    int row_start[GEMV_MAX_MATS + 1];
+    int n_mats;
+    gemm_act act;
+    int epi;                  /* gemm_epilogue */
+    /* grouped (MoE) */
+    const int *tile_expert;   /* [max_tiles] */
+    const int *tile_start;    /* [max_tiles] first position of the tile */
+    const int *n_tiles;       /* device count of valid tiles */
+    const int *offsets;       /* [n_experts + 1] */
+    const int *gather;        /* [positions] X row of position p, or NULL */
+    int max_tiles;            /* grid bound (host) */
+    int tile_tokens;          /* tokens per tile: 16, 32 or 64 (grouped: must match the plan) */
+};
+
+/* Input transform of n rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm) into gemm_act form.
+ * cols % 64 == 0. */
+cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s);
+
+/* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused).
+ * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
+cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
+
+/* Tokens per grouped tile for an average of `avg_rows` rows per expert (16, 32 or 64). */
+int gemm_grouped_tile(double avg_rows);
+
+/* ---- MoE routing (moe_prefill.cu) ---- */
+
+/* Top-k of each token's router logits (same semantics as moe_route.cu: ties to the lower expert id,
+ * softmax renormalised over the top k). idx/w: [n][K]. E <= 1024, K <= 32. */
+cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n, int *idx, float *w,
+                            cudaStream_t s);
+
+/* One block: rows per expert, offsets (exclusive scan, [E+1]), positions in expert order: sorted
+ * token of position p (gather) and the position of each (token, slot) (slot_pos [n*K]); the tile map
+ * for tiles of T tokens (tile_expert, tile_start, *n_tiles). E <= 1024. */
+cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
+                            int *tile_expert, int *tile_start, int *n_tiles, cudaStream_t s);
+
+/* out[t][c] += Σ_k w[t][k] · y[slot_pos[t][k]][c] + sigmoid(logits[t][E]) · ysh[t][c]. */
+cudaError_t launch_moe_combine(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
+                               const float *y, const float *ysh, const float *logits, int logit_stride, int E,
+                               cudaStream_t s);
+
+/* Upper bound of the number of tiles of T tokens for n*K rows over E experts. */
+static inline int moe_max_tiles(int n, int K, int E, int T) { return (n * K + T - 1) / T + E; }
+
+#endif

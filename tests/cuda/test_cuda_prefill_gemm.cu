@@ -1,0 +1,564 @@
+/* test_cuda_prefill_gemm.cu — the tensor-core prefill path against double-precision CPU twins: the
+ * activation pre-pass + dense GEMM (4-bit, 8-bit, bf16 weights; plain / RMSNorm / gated-RMSNorm input;
+ * store / add output; batches of matrices with odd row counts; n = 1, 2, 7, 64, 513) and the whole
+ * MoE block of forward_prefill.cu (router GEMM, top-k, expert plan, grouped gate/up + down GEMMs, shared
+ * expert, combine) with router weights built so one expert gets every token, one never gets any and
+ * the rest get 0, 1 or many rows. Outputs are NaN-poisoned before each launch. Exits 77 without a GPU.
+ *
+ * Error bound: activations are rounded to fp16 once (relative 2^-12 after the per-row power-of-two
+ * scaling), weights are exact, accumulation fp32: |gpu - cpu| <= rel * Σ|terms| + 1e-5 with rel = 1e-3
+ * for a GEMM and 3e-3 for the MoE block (hid is rounded to fp16 again before the down projection).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+extern "C" {
+#include "base/dtype.h"
+}
+
+static int g_fail = 0, g_checks = 0;
+static unsigned long long g_rng = 0x9e3779b97f4a7c15ull;
+
+static unsigned int rnd_u32(void)
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned int)(g_rng >> 32);
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() / 4294967296.0f); }
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+template <typename T> static T *dev_copy(const std::vector<T> &h)
+{
+    T *d;
+    CK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T> static std::vector<T> host_copy(const T *d, size_t n)
+{
+    std::vector<T> h(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+static float *dev_nan(size_t n)
+{
+    std::vector<float> h(n, NAN);
+    return dev_copy(h);
+}
+template <typename T> static T *dev_alloc(size_t n)
+{
+    T *d;
+    CK(cudaMalloc(&d, n * sizeof(T) + 16));
+    CK(cudaMemset(d, 0xff, n * sizeof(T) + 16)); /* poison: NaN for floats/halves, -1 for ints */
+    return d;
+}
+
+static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
+                  const std::vector<double> &mag, double rel)
+{
+    double worst = 0;
+    size_t bad = 0, first = (size_t)-1;
+    double max_err = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double tol = rel * mag[i] + 1e-5;
+        const double d = fabs((double)got[i] - want[i]);
+        if (!(d <= tol)) {
+            bad++;
+            if (first == (size_t)-1)
+                first = i;
+        }
+        if (d > max_err || got[i] != got[i])
+            max_err = got[i] != got[i] ? INFINITY : d;
+        if (d / tol > worst || got[i] != got[i])
+            worst = got[i] != got[i] ? INFINITY : d / tol;
+    }
+    g_checks++;
+    if (bad) {
+        g_fail++;
+        printf("FAIL %s: %zu of %zu outside the bound (first %zu: got %g want %g bound %g), max err %.3g\n", what,
+               bad, want.size(), first, got[first], want[first], rel * mag[first] + 1e-5, max_err);
+    } else {
+        printf("PASS %s: max err %.3g, worst %.3f of the bound (rel %.0e)\n", what, max_err, worst, rel);
+    }
+}
+
+/* ---- a random quantized matrix with its exact dequantization ---------------------------------------- */
+
+struct hmat {
+    int bits, rows, cols, E;
+    std::vector<unsigned char> data;
+    std::vector<uint16_t> scales, biases;
+    std::vector<float> w; /* dequantized [E*rows][cols] */
+    dmat d;
+};
+
+static void make_host(hmat &m, int bits, int E, int rows, int cols)
+{
+    m.bits = bits, m.rows = rows, m.cols = cols, m.E = E;
+    const size_t R = (size_t)E * rows;
+    m.w.assign(R * cols, 0.0f);
+    if (bits == 16) {
+        m.data.resize(R * cols * 2);
+        for (size_t i = 0; i < R * cols; i++) {
+            const uint16_t b = lily_f32_to_bf16(rnd_f(-0.1f, 0.1f));
+            memcpy(&m.data[2 * i], &b, 2);
+            m.w[i] = lily_bf16_to_f32(b);
+        }
+        return;
+    }
+    const size_t rb = (size_t)cols * bits / 8, gpr = cols / 64;
+    m.data.resize(R * rb);
+    for (auto &b : m.data)
+        b = (unsigned char)rnd_u32();
+    m.scales.resize(R * gpr);
+    m.biases.resize(R * gpr);
+    const float smax = bits == 4 ? 0.02f : 0.0012f; /* similar weight ranges for 4 and 8 bits */
+    for (size_t i = 0; i < R * gpr; i++) {
+        m.scales[i] = lily_f32_to_bf16(rnd_f(-smax, smax));
+        m.biases[i] = lily_f32_to_bf16(rnd_f(-0.1f, 0.1f));
+    }
+    for (size_t r = 0; r < R; r++)
+        for (int c = 0; c < cols; c++) {
+            unsigned int q;
+            if (bits == 4) {
+                const unsigned char byte = m.data[r * rb + c / 2];
+                q = (c & 1) ? byte >> 4 : byte & 15;
+            } else {
+                q = m.data[r * rb + c];
+            }
+            const size_t g = r * gpr + c / 64;
+            m.w[r * cols + c] = lily_bf16_to_f32(m.scales[g]) * (float)q + lily_bf16_to_f32(m.biases[g]);
+        }
+}
+
+/* Every weight of (row, group) = v (quantized: scale 0, bias v). */
+static void set_group(hmat &m, int row, int group, float v)
+{
+    const uint16_t b = lily_f32_to_bf16(v);
+    const float vb = lily_bf16_to_f32(b);
+    for (int c = group * 64; c < group * 64 + 64; c++) {
+        m.w[(size_t)row * m.cols + c] = vb;
+        if (m.bits == 16)
+            memcpy(&m.data[2 * ((size_t)row * m.cols + c)], &b, 2);
+    }
+    if (m.bits != 16) {
+        m.scales[(size_t)row * (m.cols / 64) + group] = lily_f32_to_bf16(0.0f);
+        m.biases[(size_t)row * (m.cols / 64) + group] = b;
+    }
+}
+
+static void upload(hmat &m)
+{
+    memset(&m.d, 0, sizeof m.d);
+    m.d.bits = m.bits;
+    m.d.rows = m.rows;
+    m.d.cols = m.cols;
+    m.d.n_experts = m.E;
+    m.d.row_bytes = (int64_t)m.cols * m.bits / 8;
+    m.d.data = dev_copy(m.data);
+    if (m.bits != 16) {
+        m.d.scales = (const __nv_bfloat16 *)dev_copy(m.scales);
+        m.d.biases = (const __nv_bfloat16 *)dev_copy(m.biases);
+    }
+}
+
+static void make_mat(hmat &m, int bits, int E, int rows, int cols)
+{
+    make_host(m, bits, E, rows, cols);
+    upload(m);
+}
+
+static std::vector<float> rand_vec(size_t n, float lo, float hi)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = rnd_f(lo, hi);
+    return v;
+}
+
+static double silu_d(double x) { return x / (1.0 + exp(-x)); }
+
+/* ---- dense GEMM ------------------------------------------------------------------------------------- */
+
+static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
+{
+    hmat m[3];
+    gemv_batch b;
+    memset(&b, 0, sizeof b);
+    int total = 0;
+    for (int k = 0; k < n_mats; k++) {
+        make_mat(m[k], bits, 1, rows + 3 * k, cols);
+        b.m[k] = m[k].d;
+        b.row_start[k + 1] = b.row_start[k] + m[k].rows;
+        total += m[k].rows;
+    }
+    b.n_mats = n_mats;
+    const int stride = total + 5;
+    std::vector<float> act = rand_vec((size_t)n * cols, -1, 1), nw = rand_vec(cols, 0.5f, 1.5f);
+    if (n > 3) /* a row with a large value (power-of-two scaling) and a tiny one */
+        for (int c = 0; c < cols; c++) {
+            act[(size_t)1 * cols + c] *= 3000.0f;
+            act[(size_t)2 * cols + c] *= 1e-4f;
+        }
+    const int hd = 32;
+    std::vector<float> z = rand_vec((size_t)n * cols, -2, 2), gw = rand_vec(hd, 0.5f, 1.5f);
+    std::vector<float> y0 = rand_vec((size_t)n * stride, -1, 1);
+    float *dy = out_mode == GEMV_OUT_ADD ? dev_copy(y0) : dev_nan((size_t)n * stride);
+    int off = 0;
+    for (int k = 0; k < n_mats; k++) {
+        b.y[k] = dy + off;
+        b.y_stride[k] = stride;
+        off += m[k].rows;
+    }
+    gemv_input in;
+    memset(&in, 0, sizeof in);
+    in.act = dev_copy(act);
+    in.act_stride = cols;
+    in.mode = mode;
+    in.eps = 1e-6f;
+    in.norm_w = dev_copy(mode == GEMV_IN_GATED ? gw : nw);
+    in.z = dev_copy(z);
+    in.z_stride = cols;
+    in.head_dim = hd;
+    gemm_act ga;
+    ga.x = dev_alloc<__half>((size_t)n * cols);
+    ga.xs = dev_alloc<float>((size_t)n * cols / 64);
+    ga.scale = dev_alloc<float>(n);
+    ga.cols = cols;
+    gemm_args a;
+    memset(&a, 0, sizeof a);
+    for (int k = 0; k < n_mats; k++) {
+        a.m[k] = b.m[k];
+        a.y[k] = b.y[k];
+        a.y_stride[k] = b.y_stride[k];
+        a.row_start[k + 1] = b.row_start[k + 1];
+    }
+    a.n_mats = n_mats;
+    a.act = ga;
+    a.epi = out_mode == GEMV_OUT_ADD ? GEMM_EPI_ADD : GEMM_EPI_STORE;
+    cudaError_t e = launch_gemm_prep(in, cols, n, ga, 0);
+    if (e == cudaSuccess)
+        e = launch_gemm(a, n, 0);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    char what[160];
+    snprintf(what, sizeof what, "gemm bits %2d cols %4d rows %4d n %3d in %d out %d mats %d", bits, cols, rows, n, mode,
+             out_mode, n_mats);
+    if (e != cudaSuccess) {
+        printf("FAIL %s: launch %s\n", what, cudaGetErrorString(e));
+        g_fail++;
+        cudaGetLastError();
+        return;
+    }
+    std::vector<float> got = host_copy(dy, (size_t)n * stride);
+    std::vector<double> want((size_t)n * total), mag((size_t)n * total);
+    std::vector<float> gotc((size_t)n * total);
+    std::vector<double> x(cols);
+    for (int t = 0; t < n; t++) {
+        const float *ap = &act[(size_t)t * cols];
+        if (mode == GEMV_IN_RMSNORM) {
+            double ss = 0;
+            for (int c = 0; c < cols; c++) ss += (double)ap[c] * ap[c];
+            const double r = 1.0 / sqrt(ss / cols + 1e-6);
+            for (int c = 0; c < cols; c++) x[c] = ap[c] * r * nw[c];
+        } else if (mode == GEMV_IN_GATED) {
+            for (int h = 0; h < cols / hd; h++) {
+                double ss = 0;
+                for (int d = 0; d < hd; d++) ss += (double)ap[h * hd + d] * ap[h * hd + d];
+                const double r = 1.0 / sqrt(ss / hd + 1e-6);
+                for (int d = 0; d < hd; d++)
+                    x[h * hd + d] = ap[h * hd + d] * r * gw[d] * silu_d(z[(size_t)t * cols + h * hd + d]);
+            }
+        } else {
+            for (int c = 0; c < cols; c++) x[c] = ap[c];
+        }
+        int o = 0;
+        for (int k = 0; k < n_mats; k++)
+            for (int r = 0; r < m[k].rows; r++, o++) {
+                double acc = 0, mg = 0;
+                for (int c = 0; c < cols; c++) {
+                    acc += (double)m[k].w[(size_t)r * cols + c] * x[c];
+                    mg += fabs((double)m[k].w[(size_t)r * cols + c] * x[c]);
+                }
+                if (out_mode == GEMV_OUT_ADD) acc += y0[(size_t)t * stride + o], mg += fabs(y0[(size_t)t * stride + o]);
+                want[(size_t)t * total + o] = acc;
+                mag[(size_t)t * total + o] = mg;
+                gotc[(size_t)t * total + o] = got[(size_t)t * stride + o];
+            }
+    }
+    check(what, gotc, want, mag, 1e-3);
+    /* the padding column past the batch's rows stays untouched */
+    if (out_mode != GEMV_OUT_ADD) {
+        bool ok = true;
+        for (int t = 0; t < n; t++)
+            for (int c = total; c < stride; c++)
+                ok = ok && got[(size_t)t * stride + c] != got[(size_t)t * stride + c];
+        g_checks++;
+        if (!ok) {
+            g_fail++;
+            printf("FAIL %s: wrote past the last row\n", what);
+        }
+    }
+}
+
+/* ---- the MoE block (forward_prefill.cu) -------------------------------------------------------------- */
+
+static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
+{
+    cuda_ctx c;
+    memset(&c, 0, sizeof c);
+    c.cfg.hidden = H;
+    c.cfg.n_experts = E;
+    c.cfg.n_experts_used = K;
+    c.cfg.moe_intermediate = inter;
+    c.cfg.shared_intermediate = inter;
+    c.cfg.rms_norm_eps = 1e-6f;
+    c.stream = 0;
+    c.max_chunk = n;
+    c.prefill_min_tokens = PREFILL_GEMM_MIN_TOKENS;
+    /* scratch as alloc_scratch sizes it */
+    const size_t C = n;
+    c.pf_x_elems = C * H > C * K * inter + C * inter ? C * H : C * K * inter + C * inter;
+    c.pf_x_rows = C * (K + 1);
+    c.pf_x = dev_alloc<__half>(c.pf_x_elems);
+    c.pf_xs = dev_alloc<float>(c.pf_x_elems / 64 + 1);
+    c.pf_xscale = dev_alloc<float>(c.pf_x_rows);
+    c.pf_y = dev_alloc<float>(C * (K + 1) * H);
+    c.pf_gather = dev_alloc<int>(C * K);
+    c.pf_slot_pos = dev_alloc<int>(C * K);
+    c.pf_offsets = dev_alloc<int>(E + 1);
+    c.pf_tile_expert = dev_alloc<int>(C * K + E + 1);
+    c.pf_tile_start = dev_alloc<int>(C * K + E + 1);
+    c.pf_n_tiles = dev_alloc<int>(1);
+    c.router = dev_nan(C * (E + 1));
+    c.hid = dev_nan(C * (K + 1) * inter);
+    c.topk_idx = dev_alloc<int>(C * K);
+    c.topk_w = dev_nan(C * K);
+
+    hmat rt, sgt, g, u, d, sg, su, sd;
+    make_host(rt, rbits, 1, E, H);
+    /* columns 0..63 of x are large and positive: expert 0 weighs them +0.5 (every token picks it),
+     * expert E-1 -0.5 (never picked), the others 0 (their choice comes from the random columns) */
+    set_group(rt, 0, 0, 0.5f);
+    set_group(rt, E - 1, 0, -0.5f);
+    for (int e = 1; e < E - 1; e++)
+        set_group(rt, e, 0, 0.0f);
+    upload(rt);
+    make_mat(sgt, rbits, 1, 1, H);
+    make_mat(g, bits, E, inter, H);
+    make_mat(u, bits, E, inter, H);
+    make_mat(d, bits, E, H, inter);
+    make_mat(sg, bits, 1, inter, H);
+    make_mat(su, bits, 1, inter, H);
+    make_mat(sd, bits, 1, H, inter);
+    cuda_layer L;
+    memset(&L, 0, sizeof L);
+    std::vector<float> h = rand_vec((size_t)n * H, -1, 1), nw = rand_vec(H, 0.5f, 1.5f);
+    for (int t = 0; t < n; t++)
+        for (int cc = 0; cc < 64; cc++)
+            h[(size_t)t * H + cc] = 1.0f;
+    L.post_norm = dev_copy(nw);
+    L.router = rt.d;
+    L.shared_expert_gate = sgt.d;
+    L.ex_gate = g.d, L.ex_up = u.d, L.ex_down = d.d;
+    L.sh_gate = sg.d, L.sh_up = su.d, L.sh_down = sd.d;
+    c.h = dev_copy(h);
+    lily_error err;
+    memset(&err, 0, sizeof err);
+    char what[160];
+    snprintf(what, sizeof what, "moe bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d", bits, rbits, H, E, K,
+             inter, n);
+    lily_status st = cuda_prefill_moe(&c, &L, n, &err);
+    cudaError_t ce = cudaDeviceSynchronize();
+    if (st != LILY_OK || ce != cudaSuccess) {
+        printf("FAIL %s: %s %s\n", what, st != LILY_OK ? err.message : "", cudaGetErrorString(ce));
+        g_fail++;
+        cudaGetLastError();
+        return;
+    }
+    std::vector<float> got = host_copy(c.h, (size_t)n * H);
+    std::vector<float> lg = host_copy(c.router, (size_t)n * (E + 1));
+    std::vector<int> gidx = host_copy(c.topk_idx, (size_t)n * K);
+    std::vector<float> gw = host_copy(c.topk_w, (size_t)n * K);
+    std::vector<int> off = host_copy(c.pf_offsets, (size_t)E + 1);
+    std::vector<int> gat = host_copy(c.pf_gather, (size_t)n * K), spos = host_copy(c.pf_slot_pos, (size_t)n * K);
+    std::vector<float> ghid = host_copy(c.hid, (size_t)n * (K + 1) * inter);
+    std::vector<float> gy = host_copy(c.pf_y, (size_t)n * (K + 1) * H);
+    /* per-slot intermediates, in the GPU's row order */
+    std::vector<double> hw((size_t)n * (K + 1) * inter), hmg((size_t)n * (K + 1) * inter);
+    std::vector<double> yw((size_t)n * (K + 1) * H), ymg((size_t)n * (K + 1) * H);
+    std::vector<float> hgot((size_t)n * (K + 1) * inter), ygot((size_t)n * (K + 1) * H);
+    int map_bad = 0;
+
+    /* CPU twin: x, router logits (checked), top-k from the GPU's logits, experts in double */
+    std::vector<double> want((size_t)n * H), mag((size_t)n * H);
+    std::vector<double> lw((size_t)n * (E + 1)), lm((size_t)n * (E + 1));
+    std::vector<int> rows_of(E, 0);
+    int topk_bad = 0;
+    for (int t = 0; t < n; t++) {
+        std::vector<double> x(H);
+        double ss = 0;
+        for (int cc = 0; cc < H; cc++) ss += (double)h[(size_t)t * H + cc] * h[(size_t)t * H + cc];
+        const double r = 1.0 / sqrt(ss / H + 1e-6);
+        for (int cc = 0; cc < H; cc++) x[cc] = h[(size_t)t * H + cc] * r * nw[cc];
+        for (int e = 0; e <= E; e++) {
+            const hmat &R = e < E ? rt : sgt;
+            const int row = e < E ? e : 0;
+            double acc = 0, mg = 0;
+            for (int cc = 0; cc < H; cc++) {
+                acc += (double)R.w[(size_t)row * H + cc] * x[cc];
+                mg += fabs((double)R.w[(size_t)row * H + cc] * x[cc]);
+            }
+            lw[(size_t)t * (E + 1) + e] = acc;
+            lm[(size_t)t * (E + 1) + e] = mg;
+        }
+        const float *l = &lg[(size_t)t * (E + 1)];
+        std::vector<int> idx;
+        std::vector<bool> taken(E, false);
+        std::vector<double> p;
+        double sel = 0;
+        for (int k = 0; k < K; k++) {
+            int bi = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (bi < 0 || l[e] > l[bi])) bi = e;
+            taken[bi] = true;
+            idx.push_back(bi);
+            rows_of[bi]++;
+            p.push_back(exp((double)l[bi] - l[idx[0]]));
+            sel += p.back();
+        }
+        for (int k = 0; k < K; k++)
+            if (gidx[(size_t)t * K + k] != idx[k] || !(fabs(gw[(size_t)t * K + k] - p[k] / sel) <= 1e-5)) topk_bad++;
+        std::vector<double> out(H, 0.0), om(H, 0.0);
+        for (int k = 0; k <= K; k++) {
+            int grow = (int)((size_t)n * K + t); /* GPU row of this slot: expert position or nk + t */
+            if (k < K) {
+                grow = spos[(size_t)t * K + k];
+                if (grow < 0 || grow >= n * K || gat[grow] != t) {
+                    map_bad++;
+                    grow = -1;
+                }
+            }
+            const size_t slot = (size_t)t * (K + 1) + k;
+            const bool sh = k == K;
+            const hmat &G = sh ? sg : g, &U = sh ? su : u, &Dm = sh ? sd : d;
+            const size_t eb = sh ? 0 : (size_t)idx[k];
+            const double wk = sh ? 1.0 / (1.0 + exp(-(double)l[E])) : p[k] / sel;
+            std::vector<double> hid(inter), hm(inter);
+            for (int i = 0; i < inter; i++) {
+                double a1 = 0, a2 = 0, m1 = 0, m2 = 0;
+                for (int cc = 0; cc < H; cc++) {
+                    a1 += (double)G.w[(eb * inter + i) * H + cc] * x[cc];
+                    a2 += (double)U.w[(eb * inter + i) * H + cc] * x[cc];
+                    m1 += fabs((double)G.w[(eb * inter + i) * H + cc] * x[cc]);
+                    m2 += fabs((double)U.w[(eb * inter + i) * H + cc] * x[cc]);
+                }
+                hid[i] = silu_d(a1) * a2;
+                /* magnitude of hid's error terms: |silu'| <= 1.1 */
+                hm[i] = fabs(hid[i]) + 1.1 * m1 * fabs(a2) + fabs(silu_d(a1)) * m2;
+                hw[slot * inter + i] = hid[i];
+                hmg[slot * inter + i] = hm[i];
+                hgot[slot * inter + i] = grow >= 0 ? ghid[(size_t)grow * inter + i] : NAN;
+            }
+            for (int rr = 0; rr < H; rr++) {
+                double acc = 0, mg = 0;
+                for (int i = 0; i < inter; i++) {
+                    acc += (double)Dm.w[(eb * H + rr) * inter + i] * hid[i];
+                    mg += fabs((double)Dm.w[(eb * H + rr) * inter + i]) * hm[i];
+                }
+                out[rr] += wk * acc;
+                om[rr] += fabs(wk) * mg;
+                yw[slot * H + rr] = acc;
+                ymg[slot * H + rr] = mg;
+                ygot[slot * H + rr] = grow >= 0 ? gy[(size_t)grow * H + rr] : NAN;
+            }
+        }
+        for (int rr = 0; rr < H; rr++) {
+            want[(size_t)t * H + rr] = h[(size_t)t * H + rr] + out[rr];
+            mag[(size_t)t * H + rr] = fabs(h[(size_t)t * H + rr]) + om[rr];
+        }
+    }
+    char w2[400];
+    snprintf(w2, sizeof w2, "%s router logits", what);
+    std::vector<float> lgc(lg.begin(), lg.end());
+    check(w2, lgc, lw, lm, 1e-3);
+    g_checks++;
+    if (topk_bad) {
+        g_fail++;
+        printf("FAIL %s: %d top-k slots differ from the CPU top-k of the same logits\n", what, topk_bad);
+    }
+    /* offsets = exclusive scan of the rows per expert */
+    int zero = 0, one = 0, many = 0, acc_off = 0;
+    bool off_ok = true;
+    for (int e = 0; e < E; e++) {
+        off_ok = off_ok && off[e] == acc_off;
+        acc_off += rows_of[e];
+        zero += rows_of[e] == 0;
+        one += rows_of[e] == 1;
+        many += rows_of[e] > 1;
+    }
+    off_ok = off_ok && off[E] == acc_off && rows_of[0] == n && rows_of[E - 1] == 0;
+    g_checks++;
+    if (!off_ok) {
+        g_fail++;
+        printf("FAIL %s: expert offsets (or the forced routing) wrong\n", what);
+    }
+    g_checks++;
+    if (map_bad) {
+        g_fail++;
+        printf("FAIL %s: %d (token, slot) positions not mapped back to their token\n", what, map_bad);
+    }
+    snprintf(w2, sizeof w2, "%s hid (silu(gate)*up per slot)", what);
+    check(w2, hgot, hw, hmg, 1e-3);
+    snprintf(w2, sizeof w2, "%s down per slot", what);
+    check(w2, ygot, yw, ymg, 3e-3);
+    snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
+    check(w2, got, want, mag, 3e-3);
+}
+
+int main(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const int ns[] = {1, 2, 7, 64, 513};
+    const int bitss[] = {4, 8, 16};
+    for (int bi = 0; bi < 3; bi++) {
+        const int bits = bitss[bi];
+        for (int i = 0; i < 5; i++)
+            test_dense(bits, 128, 37, ns[i], GEMV_IN_RMSNORM, GEMV_OUT_STORE, 1);
+        test_dense(bits, 512, 61, 64, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
+        test_dense(bits, 256, 129, 17, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+        test_dense(bits, 2048, 200, 70, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+    }
+    test_dense(4, 2048, 300, 513, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
+    test_dense(4, 4096, 131, 33, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+    test_dense(16, 4096, 64, 100, GEMV_IN_PLAIN, GEMV_OUT_ADD, 1);
+    /* MoE: tiny-a shape (4-bit experts, 8-bit router; bf16), tile widths 16/32/64, a wide shape */
+    for (int i = 0; i < 5; i++)
+        test_moe(4, 8, 128, 16, 4, 64, ns[i]);
+    test_moe(4, 8, 128, 16, 4, 64, 130);
+    test_moe(16, 16, 128, 16, 4, 64, 64);
+    test_moe(16, 16, 128, 16, 4, 64, 300);
+    test_moe(8, 8, 256, 32, 8, 128, 40);
+    test_moe(4, 8, 1024, 64, 8, 256, 96);
+    test_moe(4, 8, 2048, 256, 8, 512, 20);
+    printf("%d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
