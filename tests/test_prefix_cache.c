@@ -4,7 +4,8 @@
  * one lily_session_append), for: a two-turn chat with thinking off and on, an exact repeat, two
  * conversations sharing a long system prompt, a prompt edited in its middle, and 30 requests alternating
  * between 3 conversations (also with a pool so small that checkpoints are evicted). Each case also checks
- * how many tokens were reused against the checkpoint positions that should serve it. */
+ * how many tokens were reused against the checkpoint positions that should serve it. Checkpoints of one
+ * conversation share their KV blocks (pool bytes = one copy of the rows). */
 #include "test_support.h"
 
 #include <jansson.h>
@@ -418,6 +419,83 @@ static void test_thirty_requests_small_pool(void **state)
     alternate(f, 3 * one, 12, true);
 }
 
+/* Checkpoints of one conversation share their KV blocks: a prefill of 600 ids with a mark at 590 and the
+ * generation after it leave three checkpoints (590, 600, 608) that hold one copy of the block rows
+ * [0, 576) plus each its own tail, not three copies; a request that parts from them at 595 restores the
+ * mark and one that repeats them restores the end of the prefill, both bit-identical to cold runs; a
+ * second conversation with the same first 300 ids shares the first 4 blocks. */
+static void test_checkpoints_share_blocks(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    enum { N = 600, MARK = 590, B = 64 };
+    lily_prefix_cache *pc = NULL;
+    lily_prefix_cache_options o = {.checkpoint_every = -1, .block_rows = B, .device_bytes = (size_t)64 << 20};
+    assert_int_equal(lily_prefix_cache_new(&o, &pc, &err), LILY_OK);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    const lily_backend *b = &f->engine->backend;
+    const size_t row = b->ops->kv_row_bytes(b->ctx), rec = b->ops->recurrent_bytes(b->ctx);
+    assert_true(row > 0 && rec > 0);
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+    const int mark = MARK;
+
+    run_out cold = {0}, cached = {0};
+    run_cold(f, ids, N, &cold);
+    if (lily_prefix_cache_prefill(pc, s, ids, N, &mark, 1, NULL, NULL, &cached.reused, &err) != LILY_OK)
+        fail_msg("prefill: %s", err.message);
+    generate(f, s, &cached);
+    assert_same(f, &cold, &cached);
+    const int n_gen = s->n_tokens - N;
+    assert_int_equal(lily_prefix_cache_checkpoint(pc, s, &err), LILY_OK);
+    out_free(&cold);
+    out_free(&cached);
+
+    lily_prefix_cache_stats st;
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_checkpoints, 3);
+    assert_int_equal(st.n_blocks, N / B); /* 9 blocks, [0, 576), held once */
+    assert_int_equal(st.device_capacity_bytes, 0); /* the CPU backend has no device pools */
+    assert_int_equal(st.device_bytes, 0);
+    const size_t tails = (size_t)(MARK - N / B * B) + (N - N / B * B) + (N + n_gen - N / B * B);
+    const size_t rows_once = (size_t)(N / B * B) + tails;
+    const size_t per_checkpoint = rec + (size_t)f->vocab * sizeof(float) + (size_t)(N + n_gen) * sizeof(int32_t);
+    const size_t slack = 3 * 1024 + (size_t)(N / B) * (B * sizeof(int32_t) + 256);
+    assert_true(st.bytes >= rows_once * row + 3 * rec);
+    assert_true(st.bytes <= rows_once * row + 3 * per_checkpoint + slack);
+    print_message("3 checkpoints: %zu bytes held; KV rows once %zu, three whole copies %zu\n", st.bytes,
+                  rows_once * row, (size_t)(MARK + N + N + n_gen) * row);
+    /* three whole snapshots would hold MARK + N + N + n_gen rows */
+    assert_true(st.bytes * 2 < (size_t)(MARK + N + N + n_gen) * row);
+
+    /* parts at 595: the mark checkpoint (shared blocks + its tail) restores exactly */
+    int32_t edited[N];
+    memcpy(edited, ids, sizeof ids);
+    edited[595] = edited[595] == 30 ? 31 : 30;
+    assert_int_equal(check_request(f, pc, s, edited, N, NULL), MARK);
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), N); /* the end of the prefill */
+
+    /* another conversation sharing ids [0, 300): blocks [0, 256) shared, new ones after */
+    lily_prefix_cache_stats_get(pc, &st);
+    const int blocks_before = st.n_blocks;
+    int32_t other[N];
+    memcpy(other, ids, sizeof ids);
+    for (int i = 300; i < N; i++)
+        other[i] = 20 + (int32_t)((i * 104729u) % 480u);
+    assert_int_equal(check_request(f, pc, s, other, N, NULL), 0); /* no checkpoint inside [0, 300) */
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_blocks, blocks_before + N / B - 300 / B);
+
+    lily_prefix_cache_clear(pc);
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_blocks, 0);
+    assert_int_equal(st.bytes, 0);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_edit_in_the_middle),
         cmocka_unit_test(test_thirty_requests_three_conversations),
         cmocka_unit_test(test_thirty_requests_small_pool),
+        cmocka_unit_test(test_checkpoints_share_blocks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -53,6 +53,14 @@ typedef enum {
 
 typedef struct lily_backend_ops lily_backend_ops;
 
+/* Where a piece of saved state lives (the optional split-state ops below): host memory when host is
+ * non-NULL, else `offset` bytes into a device pool made by device_pool_new. */
+typedef struct {
+    void *host;
+    void *device_pool;
+    size_t offset;
+} lily_state_loc;
+
 /* A loaded backend instance: the ops table plus its private context. */
 typedef struct {
     const lily_backend_ops *ops;
@@ -91,6 +99,31 @@ struct lily_backend_ops {
      * LILY_ERR_INVALID_ARGUMENT for a token id outside [0, vocab); LILY_ERR_BACKEND. */
     lily_status (*forward)(void *ctx, void *state, const int32_t *tokens, int n, lily_logits_mode mode,
                            float *logits, lily_error *err);
+
+    /* ---- Optional (NULL when a backend lacks them): the state in parts, so the prefix cache can share
+     * KV rows between checkpoints and keep checkpoints in device memory. Called between forward() calls,
+     * never inside one or inside a graph capture. Copies finish before a call returns.
+     * kv_row_bytes: bytes of one position's KV rows (K and V of every attention layer) as kv_save lays
+     *   them out. kv_save: rows [row0, row0 + n) of state (row0 + n <= position) to n * kv_row_bytes
+     *   bytes at loc. kv_load: such bytes into rows [row0, row0 + n) (row0 + n <= max_ctx); the position
+     *   is unchanged.
+     * recurrent_bytes / recurrent_save / recurrent_load: everything but the KV rows (conv + recurrent
+     *   state of every Gated DeltaNet layer, the position and its counters); recurrent_load sets the
+     *   position to the saved one. kv_load of rows [0, p) then recurrent_load of a save taken at p gives
+     *   the state as it was at p, bit for bit.
+     * Errors: LILY_ERR_INVALID_ARGUMENT (rows out of range; a device loc on a backend without device
+     * pools), LILY_ERR_BACKEND. */
+    size_t (*kv_row_bytes)(void *ctx);
+    lily_status (*kv_save)(void *ctx, const void *state, int row0, int n, lily_state_loc loc, lily_error *err);
+    lily_status (*kv_load)(void *ctx, void *state, int row0, int n, lily_state_loc loc, lily_error *err);
+    size_t (*recurrent_bytes)(void *ctx);
+    lily_status (*recurrent_save)(void *ctx, const void *state, lily_state_loc loc, lily_error *err);
+    lily_status (*recurrent_load)(void *ctx, void *state, lily_state_loc loc, lily_error *err);
+    /* Optional (NULL on host-only backends): one device-memory allocation of `bytes` for checkpoints,
+     * made here and only here (never during decode or graph capture); the caller manages offsets in it.
+     * Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND. */
+    lily_status (*device_pool_new)(void *ctx, size_t bytes, void **pool, lily_error *err);
+    void (*device_pool_free)(void *ctx, void *pool);
 };
 
 /* The backend registered under `name` ("cpu", "cuda"), or NULL. */

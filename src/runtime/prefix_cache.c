@@ -1,13 +1,17 @@
 /* prefix_cache.c — checkpoints of session state at token positions, matched by token prefix
  * (prefix_cache.h).
  *
- * Owns: the checkpoint pool (host snapshots from lily_session_save, a byte cap, least-recently-used
- * eviction), matching a request's ids against the checkpoints and the live session, the piecewise
- * prefill that materializes the state at multiples of checkpoint_every, and the counters.
- * Does not own: the snapshot format (the backend's state_save) or the session (engine.h).
+ * Owns: the checkpoint pool (reference-counted KV blocks shared between checkpoints, each checkpoint's
+ * tail rows, recurrent part, ids and logits; a host byte cap with least-recently-used eviction; the
+ * device pool and its first-fit allocator), matching a request's ids against the checkpoints and the
+ * live session, the piecewise prefill that materializes the state at multiples of checkpoint_every, and
+ * the counters.
+ * Does not own: the layout of saved state (the backend's kv_save / recurrent_save / state_save) or the
+ * session (engine.h).
  *
- * The pool is a flat array scanned linearly: matching costs one memcmp per checkpoint over at most the
- * request's length, which is nothing next to a forward pass.
+ * Checkpoints and blocks are flat arrays scanned linearly: matching costs one memcmp per checkpoint over
+ * at most the request's length, finding a block one compare of (parent, hash) per held block, which is
+ * nothing next to a forward pass.
  */
 #include "runtime/prefix_cache.h"
 
@@ -16,20 +20,60 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define DEVICE_ALIGN 256 /* device pool offsets and sizes are multiples of this */
+
+/* A piece of saved state: in host memory (host), at offset in the device pool (on_device), or empty. */
 typedef struct {
-    lily_session_snapshot snap; /* state + ids [0, snap.n_tokens) + logits after the last id */
-    size_t bytes;               /* what it costs the pool */
-    uint64_t last_use;          /* pool clock at the last store / restore / duplicate store */
+    void *host;
+    bool on_device;
+    size_t offset;
+    size_t bytes;
+} blob;
+
+/* KV rows [k * block_rows, (k + 1) * block_rows) of every sequence that starts with the ids it covers:
+ * those of the block before it (parent) and its own. */
+typedef struct {
+    uint64_t id;     /* unique, never reused */
+    uint64_t parent; /* id of block k - 1; 0 for k = 0 */
+    uint64_t hash;   /* FNV-1a of ids [0, (k + 1) * block_rows), chained: a fast filter before the memcmp */
+    int32_t *ids;    /* [block_rows] its own ids */
+    int refs;        /* checkpoints holding it */
+    blob kv;
+} kv_block;
+
+typedef struct {
+    int32_t *tokens;     /* [n_tokens] */
+    int n_tokens;
+    float *logits;       /* [vocab] after the last id */
+    kv_block **blocks;   /* [n_blocks] rows [0, n_blocks * block_rows) */
+    int n_blocks;
+    blob tail;           /* KV rows [n_blocks * block_rows, n_tokens) */
+    blob rest;           /* the recurrent part, or a whole state_save snapshot (backend without split ops) */
+    size_t extra_host;   /* host bytes counted for tokens, logits, the block list and the entry itself */
+    uint64_t last_use;   /* pool clock at the last store / restore / duplicate store */
 } checkpoint;
 
+typedef struct {
+    size_t offset, bytes;
+} extent;
+
 struct lily_prefix_cache {
-    size_t ram_bytes, device_bytes;
+    size_t ram_bytes, device_budget;
     int checkpoint_every;       /* <= 0: none inside a prefill */
+    int block_rows;
+    lily_engine *engine;        /* bound by the first checkpoint: the backend that owns the device pool */
+    bool split;                 /* the backend has the split-state ops */
+    size_t kv_row_bytes;
+    void *device_pool;          /* NULL: no device-resident checkpoints */
+    extent *free_list;          /* free extents of the device pool, sorted by offset, never adjacent */
+    int n_free, cap_free, n_device_blobs;
     checkpoint *entries;
     int n_entries, cap_entries;
-    uint64_t clock;
-    pthread_mutex_t lock;       /* guards stats (read from other threads) and the pool's size fields */
-    lily_prefix_cache_stats stats;
+    kv_block **blocks;
+    int n_blocks, cap_blocks;
+    uint64_t clock, last_block_id;
+    pthread_mutex_t lock;       /* guards stats (read from other threads) */
+    lily_prefix_cache_stats stats; /* bytes / device_bytes: what the pool holds now */
 };
 
 lily_status lily_prefix_cache_new(const lily_prefix_cache_options *opts, lily_prefix_cache **out, lily_error *err)
@@ -42,9 +86,10 @@ lily_status lily_prefix_cache_new(const lily_prefix_cache_options *opts, lily_pr
     if (!opts)
         opts = &none;
     pc->ram_bytes = opts->ram_bytes ? opts->ram_bytes : (size_t)LILY_PREFIX_CACHE_DEFAULT_RAM_MIB << 20;
-    pc->device_bytes = opts->device_bytes;
+    pc->device_budget = opts->device_bytes / DEVICE_ALIGN * DEVICE_ALIGN;
     pc->checkpoint_every = opts->checkpoint_every == 0 ? LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY
                                                        : opts->checkpoint_every;
+    pc->block_rows = opts->block_rows > 0 ? opts->block_rows : LILY_PREFIX_CACHE_DEFAULT_BLOCK_ROWS;
     if (pthread_mutex_init(&pc->lock, NULL) != 0) {
         free(pc);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "prefix cache: cannot create a mutex");
@@ -54,17 +99,190 @@ lily_status lily_prefix_cache_new(const lily_prefix_cache_options *opts, lily_pr
     return LILY_OK;
 }
 
+/* ---- accounting and the device pool's allocator ----------------------------------------------------- */
+
+static size_t device_size(size_t bytes) { return (bytes + DEVICE_ALIGN - 1) / DEVICE_ALIGN * DEVICE_ALIGN; }
+
+static void account(lily_prefix_cache *pc, long long host_delta, long long device_delta)
+{
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.bytes = (size_t)((long long)pc->stats.bytes + host_delta);
+    pc->stats.device_bytes = (size_t)((long long)pc->stats.device_bytes + device_delta);
+    pthread_mutex_unlock(&pc->lock);
+}
+
+/* First fit; false when no free extent is large enough (or there is no pool). */
+static bool device_alloc(lily_prefix_cache *pc, size_t bytes, size_t *offset)
+{
+    if (!pc->device_pool || bytes == 0)
+        return false;
+    /* a free can split nothing but may add an extent: keep room for one per live allocation */
+    if (pc->cap_free < pc->n_free + pc->n_device_blobs + 2) {
+        const int cap = 2 * (pc->n_free + pc->n_device_blobs + 2);
+        extent *grown = realloc(pc->free_list, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return false;
+        pc->free_list = grown;
+        pc->cap_free = cap;
+    }
+    const size_t need = device_size(bytes);
+    for (int i = 0; i < pc->n_free; i++) {
+        extent *e = &pc->free_list[i];
+        if (e->bytes < need)
+            continue;
+        *offset = e->offset;
+        e->offset += need;
+        e->bytes -= need;
+        if (e->bytes == 0) {
+            memmove(e, e + 1, (size_t)(pc->n_free - i - 1) * sizeof *e);
+            pc->n_free--;
+        }
+        pc->n_device_blobs++;
+        account(pc, 0, (long long)need);
+        return true;
+    }
+    return false;
+}
+
+static void device_release(lily_prefix_cache *pc, size_t offset, size_t bytes)
+{
+    const size_t size = device_size(bytes);
+    int i = 0;
+    while (i < pc->n_free && pc->free_list[i].offset < offset)
+        i++;
+    const bool join_prev = i > 0 && pc->free_list[i - 1].offset + pc->free_list[i - 1].bytes == offset;
+    const bool join_next = i < pc->n_free && offset + size == pc->free_list[i].offset;
+    if (join_prev && join_next) {
+        pc->free_list[i - 1].bytes += size + pc->free_list[i].bytes;
+        memmove(&pc->free_list[i], &pc->free_list[i + 1], (size_t)(pc->n_free - i - 1) * sizeof(extent));
+        pc->n_free--;
+    } else if (join_prev) {
+        pc->free_list[i - 1].bytes += size;
+    } else if (join_next) {
+        pc->free_list[i].offset = offset;
+        pc->free_list[i].bytes += size;
+    } else { /* room was reserved by device_alloc */
+        memmove(&pc->free_list[i + 1], &pc->free_list[i], (size_t)(pc->n_free - i) * sizeof(extent));
+        pc->free_list[i] = (extent){offset, size};
+        pc->n_free++;
+    }
+    pc->n_device_blobs--;
+    account(pc, 0, -(long long)size);
+}
+
+/* Place b (b->bytes set) in the device pool when it fits there; else it stays for host_place. */
+static void blob_place_device(lily_prefix_cache *pc, blob *b)
+{
+    b->on_device = device_alloc(pc, b->bytes, &b->offset);
+}
+
+/* Host bytes b still needs. */
+static size_t blob_host_need(const blob *b) { return b->on_device ? 0 : b->bytes; }
+
+static bool blob_place_host(lily_prefix_cache *pc, blob *b)
+{
+    if (b->on_device || b->bytes == 0)
+        return true;
+    b->host = malloc(b->bytes);
+    if (!b->host)
+        return false;
+    account(pc, (long long)b->bytes, 0);
+    return true;
+}
+
+static void blob_free(lily_prefix_cache *pc, blob *b)
+{
+    if (b->on_device)
+        device_release(pc, b->offset, b->bytes);
+    else if (b->host) {
+        free(b->host);
+        account(pc, -(long long)b->bytes, 0);
+    }
+    memset(b, 0, sizeof *b);
+}
+
+static lily_state_loc loc_of(const lily_prefix_cache *pc, const blob *b)
+{
+    lily_state_loc l = {b->host, b->on_device ? pc->device_pool : NULL, b->offset};
+    return l;
+}
+
+/* ---- blocks and checkpoints ------------------------------------------------------------------------- */
+
+static size_t block_overhead(const lily_prefix_cache *pc)
+{
+    return sizeof(kv_block) + (size_t)pc->block_rows * sizeof(int32_t);
+}
+
+static uint64_t hash_ids(uint64_t h, const int32_t *ids, int n)
+{
+    const unsigned char *p = (const unsigned char *)ids;
+    for (size_t i = 0; i < (size_t)n * sizeof *ids; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static kv_block *find_block(const lily_prefix_cache *pc, uint64_t parent, uint64_t hash, const int32_t *ids)
+{
+    for (int i = 0; i < pc->n_blocks; i++) {
+        kv_block *b = pc->blocks[i];
+        if (b->parent == parent && b->hash == hash && !memcmp(b->ids, ids, (size_t)pc->block_rows * sizeof *ids))
+            return b;
+    }
+    return NULL;
+}
+
+static void block_unref(lily_prefix_cache *pc, kv_block *b)
+{
+    if (--b->refs > 0)
+        return;
+    for (int i = 0; i < pc->n_blocks; i++)
+        if (pc->blocks[i] == b) {
+            pc->blocks[i] = pc->blocks[--pc->n_blocks];
+            break;
+        }
+    blob_free(pc, &b->kv);
+    free(b->ids);
+    free(b);
+    account(pc, -(long long)block_overhead(pc), 0);
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.n_blocks = pc->n_blocks;
+    pthread_mutex_unlock(&pc->lock);
+}
+
+/* Drop what c holds (blocks it is the last holder of included); c may be partly built. */
+static void checkpoint_release(lily_prefix_cache *pc, checkpoint *c)
+{
+    for (int k = 0; k < c->n_blocks; k++)
+        if (c->blocks[k])
+            block_unref(pc, c->blocks[k]);
+    free(c->blocks);
+    blob_free(pc, &c->tail);
+    blob_free(pc, &c->rest);
+    free(c->tokens);
+    free(c->logits);
+    account(pc, -(long long)c->extra_host, 0);
+    memset(c, 0, sizeof *c);
+}
+
+static void remove_entry(lily_prefix_cache *pc, int i, bool evicted)
+{
+    checkpoint_release(pc, &pc->entries[i]);
+    pc->entries[i] = pc->entries[pc->n_entries - 1];
+    pc->n_entries--;
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.n_checkpoints = pc->n_entries;
+    if (evicted)
+        pc->stats.evictions++;
+    pthread_mutex_unlock(&pc->lock);
+}
+
 void lily_prefix_cache_clear(lily_prefix_cache *pc)
 {
     if (!pc)
         return;
-    for (int i = 0; i < pc->n_entries; i++)
-        lily_session_snapshot_free(&pc->entries[i].snap);
-    pthread_mutex_lock(&pc->lock);
-    pc->n_entries = 0;
-    pc->stats.n_checkpoints = 0;
-    pc->stats.bytes = 0;
-    pthread_mutex_unlock(&pc->lock);
+    while (pc->n_entries > 0)
+        remove_entry(pc, pc->n_entries - 1, false);
 }
 
 void lily_prefix_cache_free(lily_prefix_cache *pc)
@@ -72,33 +290,48 @@ void lily_prefix_cache_free(lily_prefix_cache *pc)
     if (!pc)
         return;
     lily_prefix_cache_clear(pc);
+    if (pc->device_pool) {
+        const lily_backend *b = &pc->engine->backend;
+        b->ops->device_pool_free(b->ctx, pc->device_pool);
+    }
+    free(pc->free_list);
     free(pc->entries);
+    free(pc->blocks);
     pthread_mutex_destroy(&pc->lock);
     free(pc);
 }
 
-/* True when the checkpoint's ids are ids[0, its length). */
-static bool is_prefix_of(const checkpoint *c, const int32_t *ids, int n)
+/* Bind the cache to s's engine at its first checkpoint: which ops it has, and the device pool. */
+static lily_status bind_engine(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
 {
-    const int p = c->snap.n_tokens;
-    return p > 0 && p <= n && !memcmp(c->snap.tokens, ids, (size_t)p * sizeof *ids);
+    if (pc->engine)
+        return pc->engine == s->engine
+                   ? LILY_OK
+                   : lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "prefix cache: a session of another engine");
+    pc->engine = s->engine;
+    const lily_backend *b = &s->engine->backend;
+    const lily_backend_ops *o = b->ops;
+    pc->split = o->kv_row_bytes && o->kv_save && o->kv_load && o->recurrent_bytes && o->recurrent_save &&
+                o->recurrent_load;
+    pc->kv_row_bytes = pc->split ? o->kv_row_bytes(b->ctx) : 0;
+    if (pc->split && pc->device_budget > 0 && o->device_pool_new && o->device_pool_free) {
+        pc->free_list = malloc(16 * sizeof *pc->free_list);
+        lily_error ignored = {0};
+        if (pc->free_list && o->device_pool_new(b->ctx, pc->device_budget, &pc->device_pool, &ignored) == LILY_OK) {
+            pc->cap_free = 16;
+            pc->free_list[0] = (extent){0, pc->device_budget};
+            pc->n_free = 1;
+            pthread_mutex_lock(&pc->lock);
+            pc->stats.device_capacity_bytes = pc->device_budget;
+            pthread_mutex_unlock(&pc->lock);
+        } else {
+            pc->device_pool = NULL; /* no room on the device: host checkpoints only */
+        }
+    }
+    return LILY_OK;
 }
 
-static void remove_entry(lily_prefix_cache *pc, int i, bool evicted)
-{
-    const size_t bytes = pc->entries[i].bytes;
-    lily_session_snapshot_free(&pc->entries[i].snap);
-    pc->entries[i] = pc->entries[pc->n_entries - 1];
-    pthread_mutex_lock(&pc->lock);
-    pc->n_entries--;
-    pc->stats.n_checkpoints = pc->n_entries;
-    pc->stats.bytes -= bytes;
-    if (evicted)
-        pc->stats.evictions++;
-    pthread_mutex_unlock(&pc->lock);
-}
-
-/* Drop least-recently-used checkpoints until `need` more bytes fit. */
+/* Drop least-recently-used checkpoints until `need` more host bytes fit. */
 static void make_room(lily_prefix_cache *pc, size_t need)
 {
     while (pc->n_entries > 0 && pc->stats.bytes + need > pc->ram_bytes) {
@@ -110,24 +343,127 @@ static void make_room(lily_prefix_cache *pc, size_t need)
     }
 }
 
+/* Fill c (blocks, tail, rest, tokens, logits placed and counted) from s. Returns LILY_OK with c->tokens
+ * NULL when it was skipped (does not fit, out of memory); c is then released. */
+static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s, checkpoint *c, lily_error *err)
+{
+    const lily_backend *b = &s->engine->backend;
+    const lily_backend_ops *o = b->ops;
+    const int p = s->n_tokens, B = pc->block_rows;
+    const size_t vocab = (size_t)s->engine->cfg.vocab_size;
+    const int nb = pc->split ? p / B : 0;
+    if (nb > 0 && !(c->blocks = calloc((size_t)nb, sizeof *c->blocks)))
+        return LILY_OK;
+    c->extra_host = sizeof(checkpoint) + (size_t)nb * sizeof *c->blocks;
+    account(pc, (long long)c->extra_host, 0);
+
+    /* the blocks already held (a prefix of the chain) are shared; the rest are new */
+    uint64_t parent = 0, hash = 1469598103934665603ull;
+    int first_new = 0; /* blocks [0, first_new) are shared, the rest new (a new block's children are new) */
+    for (int k = 0; k < nb; k++) {
+        const int32_t *ids = s->tokens + (size_t)k * B;
+        hash = hash_ids(hash, ids, B);
+        kv_block *blk = first_new == k ? find_block(pc, parent, hash, ids) : NULL;
+        if (blk) {
+            blk->refs++;
+            first_new = k + 1;
+        } else {
+            if (pc->n_blocks == pc->cap_blocks) {
+                const int cap = pc->cap_blocks ? 2 * pc->cap_blocks : 64;
+                kv_block **grown = realloc(pc->blocks, (size_t)cap * sizeof *grown);
+                if (!grown)
+                    goto skip;
+                pc->blocks = grown;
+                pc->cap_blocks = cap;
+            }
+            blk = calloc(1, sizeof *blk);
+            if (!blk || !(blk->ids = malloc((size_t)B * sizeof *blk->ids))) {
+                free(blk);
+                goto skip;
+            }
+            memcpy(blk->ids, ids, (size_t)B * sizeof *ids);
+            blk->id = ++pc->last_block_id;
+            blk->parent = parent;
+            blk->hash = hash;
+            blk->refs = 1;
+            blk->kv.bytes = (size_t)B * pc->kv_row_bytes;
+            blob_place_device(pc, &blk->kv);
+            pc->blocks[pc->n_blocks++] = blk;
+            account(pc, (long long)block_overhead(pc), 0);
+            pthread_mutex_lock(&pc->lock);
+            pc->stats.n_blocks = pc->n_blocks;
+            pthread_mutex_unlock(&pc->lock);
+        }
+        c->blocks[k] = blk;
+        c->n_blocks = k + 1;
+        parent = blk->id;
+    }
+    c->n_blocks = nb;
+    c->tail.bytes = (size_t)(p - nb * B) * pc->kv_row_bytes;
+    c->rest.bytes = pc->split ? o->recurrent_bytes(b->ctx) : o->state_save_size(b->ctx, s->state);
+    if (pc->split) {
+        blob_place_device(pc, &c->tail);
+        blob_place_device(pc, &c->rest);
+    }
+
+    /* host room: evicting never frees the blocks c holds (their references protect them) */
+    size_t need = blob_host_need(&c->tail) + blob_host_need(&c->rest) + (size_t)p * sizeof(int32_t) +
+                  vocab * sizeof(float);
+    for (int k = first_new; k < nb; k++)
+        need += blob_host_need(&c->blocks[k]->kv);
+    make_room(pc, need);
+    if (pc->stats.bytes + need > pc->ram_bytes)
+        goto skip; /* larger than the whole pool */
+    for (int k = first_new; k < nb; k++)
+        if (!blob_place_host(pc, &c->blocks[k]->kv))
+            goto skip;
+    if (!blob_place_host(pc, &c->tail) || !blob_place_host(pc, &c->rest))
+        goto skip;
+    c->tokens = malloc((size_t)p * sizeof(int32_t));
+    c->logits = malloc(vocab * sizeof(float));
+    if (!c->tokens || !c->logits)
+        goto skip;
+    c->extra_host += (size_t)p * sizeof(int32_t) + vocab * sizeof(float);
+    account(pc, (long long)((size_t)p * sizeof(int32_t) + vocab * sizeof(float)), 0);
+    memcpy(c->tokens, s->tokens, (size_t)p * sizeof(int32_t));
+    c->n_tokens = p;
+    memcpy(c->logits, s->logits, vocab * sizeof(float));
+
+    /* the bytes: new blocks, the tail, the recurrent part (or the whole state) */
+    lily_status st = LILY_OK;
+    for (int k = first_new; k < nb && st == LILY_OK; k++)
+        st = o->kv_save(b->ctx, s->state, k * B, B, loc_of(pc, &c->blocks[k]->kv), err);
+    if (st == LILY_OK && pc->split) {
+        if (c->tail.bytes)
+            st = o->kv_save(b->ctx, s->state, nb * B, p - nb * B, loc_of(pc, &c->tail), err);
+        if (st == LILY_OK)
+            st = o->recurrent_save(b->ctx, s->state, loc_of(pc, &c->rest), err);
+    } else if (st == LILY_OK) {
+        st = o->state_save(b->ctx, s->state, c->rest.host, c->rest.bytes, err);
+    }
+    if (st != LILY_OK)
+        checkpoint_release(pc, c);
+    return st;
+skip:
+    checkpoint_release(pc, c);
+    return LILY_OK;
+}
+
 lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
 {
     const int p = s->n_tokens;
     if (p <= 0)
         return LILY_OK;
+    lily_status st = bind_engine(pc, s, err);
+    if (st != LILY_OK)
+        return st;
     for (int i = 0; i < pc->n_entries; i++) {
         checkpoint *c = &pc->entries[i];
-        if (c->snap.n_tokens == p && !memcmp(c->snap.tokens, s->tokens, (size_t)p * sizeof *s->tokens)) {
+        if (c->n_tokens == p && !memcmp(c->tokens, s->tokens, (size_t)p * sizeof *s->tokens)) {
             c->last_use = ++pc->clock; /* the same state: keep the one held */
             return LILY_OK;
         }
     }
-    const lily_backend *b = &s->engine->backend;
-    const size_t bytes = b->ops->state_save_size(b->ctx, s->state) + (size_t)p * sizeof(int32_t) +
-                         (size_t)s->engine->cfg.vocab_size * sizeof(float) + sizeof(checkpoint);
-    if (bytes > pc->ram_bytes)
-        return LILY_OK; /* larger than the whole pool */
-    make_room(pc, bytes);
     if (pc->n_entries == pc->cap_entries) {
         const int cap = pc->cap_entries ? 2 * pc->cap_entries : 16;
         checkpoint *grown = realloc(pc->entries, (size_t)cap * sizeof *grown);
@@ -136,23 +472,45 @@ lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_sessi
         pc->entries = grown;
         pc->cap_entries = cap;
     }
-    checkpoint c = {.bytes = bytes, .last_use = ++pc->clock};
-    lily_error save_err = {0};
-    lily_status st = lily_session_save(s, &c.snap, &save_err);
-    if (st == LILY_ERR_OUT_OF_MEMORY)
-        return LILY_OK; /* skipped */
-    if (st != LILY_OK) {
-        if (err)
-            *err = save_err;
+    checkpoint c = {0};
+    st = build_checkpoint(pc, s, &c, err);
+    if (st != LILY_OK || !c.tokens)
         return st;
-    }
-    pc->entries[pc->n_entries] = c;
+    c.last_use = ++pc->clock;
+    pc->entries[pc->n_entries++] = c;
     pthread_mutex_lock(&pc->lock);
-    pc->n_entries++;
     pc->stats.n_checkpoints = pc->n_entries;
-    pc->stats.bytes += bytes;
     pc->stats.checkpoints_taken++;
     pthread_mutex_unlock(&pc->lock);
+    return LILY_OK;
+}
+
+/* s := checkpoint c, bit for bit. On an error s holds a partial state (the caller resets it). */
+static lily_status restore_checkpoint(lily_prefix_cache *pc, lily_session *s, const checkpoint *c, lily_error *err)
+{
+    if (c->n_tokens > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "session restore: %d tokens do not fit a context of %d",
+                              c->n_tokens, s->max_ctx);
+    const lily_backend *b = &s->engine->backend;
+    const lily_backend_ops *o = b->ops;
+    const int B = pc->block_rows;
+    lily_status st = LILY_OK;
+    if (pc->split) {
+        for (int k = 0; k < c->n_blocks && st == LILY_OK; k++)
+            st = o->kv_load(b->ctx, s->state, k * B, B, loc_of(pc, &c->blocks[k]->kv), err);
+        if (st == LILY_OK && c->tail.bytes)
+            st = o->kv_load(b->ctx, s->state, c->n_blocks * B, c->n_tokens - c->n_blocks * B, loc_of(pc, &c->tail),
+                            err);
+        if (st == LILY_OK)
+            st = o->recurrent_load(b->ctx, s->state, loc_of(pc, &c->rest), err);
+    } else {
+        st = o->state_restore(b->ctx, s->state, c->rest.host, c->rest.bytes, err);
+    }
+    if (st != LILY_OK)
+        return st;
+    memcpy(s->tokens, c->tokens, (size_t)c->n_tokens * sizeof(int32_t));
+    s->n_tokens = c->n_tokens;
+    memcpy(s->logits, c->logits, (size_t)s->engine->cfg.vocab_size * sizeof(float));
     return LILY_OK;
 }
 
@@ -194,13 +552,15 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
     if (s->n_tokens > 0 && s->n_tokens <= n && !memcmp(s->tokens, ids, (size_t)s->n_tokens * sizeof *ids))
         live = s->n_tokens;
     int best = -1, depth = live;
-    for (int i = 0; i < pc->n_entries; i++)
-        if (pc->entries[i].snap.n_tokens > depth && is_prefix_of(&pc->entries[i], ids, n)) {
+    for (int i = 0; i < pc->n_entries; i++) {
+        const checkpoint *c = &pc->entries[i];
+        if (c->n_tokens > depth && c->n_tokens <= n && !memcmp(c->tokens, ids, (size_t)c->n_tokens * sizeof *ids)) {
             best = i;
-            depth = pc->entries[i].snap.n_tokens;
+            depth = c->n_tokens;
         }
+    }
     if (best >= 0) {
-        lily_status st = lily_session_restore(s, &pc->entries[best].snap, err);
+        lily_status st = restore_checkpoint(pc, s, &pc->entries[best], err);
         if (st != LILY_OK) {
             lily_session_reset(s);
             return st;
@@ -276,6 +636,12 @@ char *lily_prefix_cache_metrics(lily_prefix_cache *pc)
              "# TYPE lily_prefix_cache_bytes gauge\nlily_prefix_cache_bytes %zu\n"
              "# HELP lily_prefix_cache_capacity_bytes The prefix cache's host memory cap (--cache-ram).\n"
              "# TYPE lily_prefix_cache_capacity_bytes gauge\nlily_prefix_cache_capacity_bytes %zu\n"
+             "# HELP lily_prefix_cache_device_bytes Device memory the checkpoints hold.\n"
+             "# TYPE lily_prefix_cache_device_bytes gauge\nlily_prefix_cache_device_bytes %zu\n"
+             "# HELP lily_prefix_cache_device_capacity_bytes The device pool's size (--cache-vram; 0 = none).\n"
+             "# TYPE lily_prefix_cache_device_capacity_bytes gauge\nlily_prefix_cache_device_capacity_bytes %zu\n"
+             "# HELP lily_prefix_cache_blocks Shared KV-row blocks held.\n"
+             "# TYPE lily_prefix_cache_blocks gauge\nlily_prefix_cache_blocks %d\n"
              "# HELP lily_prefix_cache_hits_total Prefills that reused a cached prefix.\n"
              "# TYPE lily_prefix_cache_hits_total counter\nlily_prefix_cache_hits_total %llu\n"
              "# HELP lily_prefix_cache_misses_total Prefills that reused nothing.\n"
@@ -288,7 +654,8 @@ char *lily_prefix_cache_metrics(lily_prefix_cache *pc)
              "# TYPE lily_prefix_cache_prefilled_tokens_total counter\nlily_prefix_cache_prefilled_tokens_total %llu\n"
              "# HELP lily_prefix_cache_checkpoints_taken_total Checkpoints stored.\n"
              "# TYPE lily_prefix_cache_checkpoints_taken_total counter\nlily_prefix_cache_checkpoints_taken_total %llu\n",
-             st.n_checkpoints, st.bytes, st.ram_bytes, (unsigned long long)st.hits, (unsigned long long)st.misses,
+             st.n_checkpoints, st.bytes, st.ram_bytes, st.device_bytes, st.device_capacity_bytes, st.n_blocks,
+             (unsigned long long)st.hits, (unsigned long long)st.misses,
              (unsigned long long)st.evictions, (unsigned long long)st.reused_tokens,
              (unsigned long long)st.prefilled_tokens, (unsigned long long)st.checkpoints_taken);
     return out;

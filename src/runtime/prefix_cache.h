@@ -22,15 +22,27 @@
  * restored, or the live session is kept when it already holds a deeper prefix; only the rest is
  * prefilled. An exact repeat restores the end-of-prefill checkpoint with its logits and prefills nothing.
  *
- * Memory: this version keeps every checkpoint as a host snapshot (lily_session_save: the KV rows are
- * copied, not shared), in a pool capped in bytes and evicted least-recently-used. device_bytes is the
- * budget a backend that keeps checkpoints in device memory will use; no backend does yet, so it is only
- * recorded. Snapshots are taken between forward() calls, never inside a captured graph.
+ * Memory: KV rows are shared, not copied per checkpoint. They are stored in blocks of block_rows rows
+ * (default 256), each keyed by the token ids [0, end of the block) it covers (a chain: the block before
+ * it and its own ids, like vLLM's prefix-caching blocks) and reference-counted. A checkpoint at p holds
+ * references to the blocks of rows [0, p / block_rows * block_rows), its own tail rows up to p, the
+ * recurrent part of the state (conv + recurrent state, position), the logits and the ids; checkpoints of
+ * one conversation share their common blocks, and a block is freed when the last checkpoint holding it
+ * goes. This needs the backend's optional split-state ops (backend.h: kv_save / recurrent_save ...); a
+ * backend without them gets whole snapshots (lily_session_save), one per checkpoint.
+ * Host memory is capped at ram_bytes (each block counted once) and checkpoints are evicted
+ * least-recently-used to stay under it. When the backend has device pools (CUDA) and device_bytes > 0,
+ * one pool of device_bytes is allocated at the first checkpoint (the only device allocation; never
+ * during decode or graph capture) and blocks, tails and recurrent parts go there first, restored with
+ * device-to-device copies; what does not fit falls back to host memory. Snapshots are taken between
+ * forward() calls, never inside a captured graph.
  *
- * Exactness: a restored session is bit-identical to the session that was saved. A cached run equals a
- * cold run bit for bit when the backend's results do not depend on how tokens were split into forward()
- * calls — true of the CPU backend (its delta rule is recurrent for every n); a backend with a chunked
- * prefill scan agrees only to rounding.
+ * Exactness: a restored session is bit-identical to the session that was saved when the backend's
+ * results do not depend on how tokens were split into forward() calls — true of the CPU backend (its
+ * delta rule is recurrent for every n) — and then a cached run equals a cold run bit for bit. On a
+ * backend whose prefill and decode kernels round differently (CUDA) a cached run agrees with a cold one
+ * only to rounding wherever the cold run prefills tokens the cached run had decoded, and a shared block
+ * holds the rows of the session that stored it first (identical ids, possibly other rounding).
  *
  * Threads: one thread uses a cache with its sessions; lily_prefix_cache_stats and
  * lily_prefix_cache_metrics may be called from any thread at any time.
@@ -46,16 +58,21 @@
 
 #define LILY_PREFIX_CACHE_DEFAULT_RAM_MIB 4096
 #define LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY 4096
+#define LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB 2048 /* the CLI's default --cache-vram on the CUDA backend */
+#define LILY_PREFIX_CACHE_DEFAULT_BLOCK_ROWS 256
 
 typedef struct {
     size_t ram_bytes;       /* host pool cap in bytes; 0 = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB MiB */
-    size_t device_bytes;    /* device pool cap for device-resident checkpoints; unused in this version */
+    size_t device_bytes;    /* device pool for device-resident checkpoints; 0 = none (also on a backend
+                               without device pools) */
     int checkpoint_every;   /* tokens between checkpoints inside a prefill; 0 = 4096; < 0 = none */
+    int block_rows;         /* KV rows per shared block; 0 = LILY_PREFIX_CACHE_DEFAULT_BLOCK_ROWS */
 } lily_prefix_cache_options;
 
 typedef struct {
     int n_checkpoints;          /* held now */
-    size_t bytes;               /* held now: state + token ids + logits of every checkpoint */
+    size_t bytes;               /* host memory held now: KV blocks (each once), tails, recurrent parts,
+                                   token ids, logits and bookkeeping of every checkpoint */
     size_t ram_bytes;           /* the cap */
     uint64_t hits;              /* prefills that reused at least one token */
     uint64_t misses;            /* prefills that reused nothing */
@@ -63,6 +80,9 @@ typedef struct {
     uint64_t reused_tokens;     /* prompt tokens not prefilled, summed */
     uint64_t prefilled_tokens;  /* prompt tokens prefilled, summed */
     uint64_t checkpoints_taken; /* checkpoints stored (duplicates of a held one are not counted) */
+    size_t device_bytes;        /* device memory held now (in the device pool) */
+    size_t device_capacity_bytes; /* the device pool's size; 0 until the first checkpoint makes it, or none */
+    int n_blocks;               /* shared KV blocks held now */
 } lily_prefix_cache_stats;
 
 typedef struct lily_prefix_cache lily_prefix_cache;
@@ -97,7 +117,8 @@ int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, in
 
 /* Checkpoint s as it is now (e.g. at the end of a generation: prompt + reply). Skipped when s is empty,
  * when the same sequence is already held (it becomes most recently used), or when it does not fit.
- * Errors: none in practice (backend save errors are returned). */
+ * A cache serves the sessions of one engine (the first one checkpointed).
+ * Errors: LILY_ERR_INVALID_ARGUMENT (a session of another engine); backend save errors. */
 lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err);
 
 /* Drop every checkpoint (counters stay). */

@@ -399,6 +399,101 @@ static lily_status cpu_state_copy(void *ctx, void *dst_state, const void *src_st
     return LILY_OK;
 }
 
+/* ---- the state in parts (backend.h's optional split-state ops; host memory only) ------------------ */
+
+/* KV rows of a position: per attention layer, K then V, kv_floats_per_token floats each. */
+static size_t cpu_kv_row_bytes(void *ctx)
+{
+    const cpu_ctx *c = ctx;
+    size_t n = 0;
+    for (int l = 0; l < c->cfg->n_layers; l++)
+        if (c->cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION)
+            n += 2 * (size_t)kv_floats_per_token(c->cfg) * sizeof(float);
+    return n;
+}
+
+/* Rows [row0, row0 + n) of every attention layer's K and V to (save) or from buf, in that order. */
+static lily_status kv_transfer(const cpu_ctx *c, const cpu_state *s, int row0, int n, int limit, lily_state_loc loc,
+                               bool save, lily_error *err)
+{
+    if (!loc.host)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cpu backend: state parts live in host memory only");
+    if (row0 < 0 || n < 0 || (int64_t)row0 + n > limit)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cpu backend: KV rows [%d, %d) outside [0, %d)", row0,
+                              row0 + n, limit);
+    const int64_t kvt = kv_floats_per_token(c->cfg);
+    const size_t bytes = (size_t)n * kvt * sizeof(float);
+    uint8_t *p = loc.host;
+    for (int l = 0; l < c->cfg->n_layers; l++) {
+        if (c->cfg->layer_types[l] != LILY_LAYER_FULL_ATTENTION)
+            continue;
+        float *rows[2] = {s->k_cache[l] + (int64_t)row0 * kvt, s->v_cache[l] + (int64_t)row0 * kvt};
+        for (int i = 0; i < 2; i++, p += bytes) {
+            if (!bytes)
+                continue;
+            if (save)
+                memcpy(p, rows[i], bytes);
+            else
+                memcpy(rows[i], p, bytes);
+        }
+    }
+    return LILY_OK;
+}
+
+static lily_status cpu_kv_save(void *ctx, const void *state, int row0, int n, lily_state_loc loc, lily_error *err)
+{
+    const cpu_state *s = state;
+    return kv_transfer(ctx, s, row0, n, s->position, loc, true, err);
+}
+
+static lily_status cpu_kv_load(void *ctx, void *state, int row0, int n, lily_state_loc loc, lily_error *err)
+{
+    const cpu_state *s = state;
+    return kv_transfer(ctx, s, row0, n, s->max_ctx, loc, false, err);
+}
+
+/* The recurrent part: a state_header (its position field the saved position), then per Gated DeltaNet
+ * layer the conv state and the recurrent state. */
+static size_t cpu_recurrent_bytes(void *ctx)
+{
+    const cpu_ctx *c = ctx;
+    return state_size_at(c, 0);
+}
+
+static lily_status cpu_recurrent_save(void *ctx, const void *state, lily_state_loc loc, lily_error *err)
+{
+    const cpu_ctx *c = ctx;
+    const cpu_state *s = state;
+    if (!loc.host)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cpu backend: state parts live in host memory only");
+    state_header h = make_header(c, s->position);
+    memcpy(loc.host, &h, sizeof h);
+    byte_cursor bc = {(uint8_t *)loc.host + sizeof h};
+    visit_state(c, s, 0, visit_save, &bc); /* position 0: no KV rows, only the DeltaNet states */
+    return LILY_OK;
+}
+
+static lily_status cpu_recurrent_load(void *ctx, void *state, lily_state_loc loc, lily_error *err)
+{
+    const cpu_ctx *c = ctx;
+    cpu_state *s = state;
+    if (!loc.host)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cpu backend: state parts live in host memory only");
+    state_header h;
+    memcpy(&h, loc.host, sizeof h);
+    state_header want = make_header(c, h.position);
+    if (memcmp(&h, &want, sizeof h) != 0 || h.position < 0)
+        return lily_error_set(err, LILY_ERR_FORMAT, "cpu state restore: not this model's CPU recurrent state");
+    if (h.position > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
+                              "cpu state restore: the snapshot holds %d tokens, the state only %d", h.position,
+                              s->max_ctx);
+    byte_cursor bc = {(uint8_t *)loc.host + sizeof h};
+    visit_state(c, s, 0, visit_restore, &bc);
+    s->position = h.position;
+    return LILY_OK;
+}
+
 /* ---- forward ------------------------------------------------------------------------------- */
 
 static void hook(const cpu_ctx *c, int layer, const char *stage, const float *data, int n, int width)
@@ -484,4 +579,11 @@ const lily_backend_ops lily_cpu_backend_ops = {
     .state_save = cpu_state_save,
     .state_restore = cpu_state_restore,
     .forward = cpu_forward,
+    .kv_row_bytes = cpu_kv_row_bytes,
+    .kv_save = cpu_kv_save,
+    .kv_load = cpu_kv_load,
+    .recurrent_bytes = cpu_recurrent_bytes,
+    .recurrent_save = cpu_recurrent_save,
+    .recurrent_load = cpu_recurrent_load,
+    /* device_pool_new / device_pool_free: NULL (checkpoints stay in host memory) */
 };
