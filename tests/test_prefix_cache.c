@@ -197,11 +197,13 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
     return i;
 }
 
+static size_t g_device_bytes; /* the device pool of new caches (test_device_pool); 0 elsewhere */
+
 static lily_prefix_cache *new_cache(size_t ram_bytes, int every)
 {
     lily_prefix_cache *pc = NULL;
     lily_error err = {0};
-    lily_prefix_cache_options o = {.ram_bytes = ram_bytes, .checkpoint_every = every};
+    lily_prefix_cache_options o = {.ram_bytes = ram_bytes, .checkpoint_every = every, .device_bytes = g_device_bytes};
     assert_int_equal(lily_prefix_cache_new(&o, &pc, &err), LILY_OK);
     return pc;
 }
@@ -496,6 +498,115 @@ static void test_checkpoints_share_blocks(void **state)
     lily_prefix_cache_free(pc);
 }
 
+/* A stand-in for a backend with device pools: the CPU backend whose "device pool" is host memory, so the
+ * cache's device path (pool allocator, placement, host fallback when it is full, accounting, eviction)
+ * runs here; the CUDA copies themselves are tests/cuda/test_cuda_prefix_cache.c's. */
+static lily_backend_ops g_fake_ops;
+static int g_fake_pools;
+static lily_state_loc fake_host(lily_state_loc loc)
+{
+    if (!loc.host)
+        loc.host = (uint8_t *)loc.device_pool + loc.offset;
+    return loc;
+}
+static lily_status fake_pool_new(void *ctx, size_t bytes, void **pool, lily_error *err)
+{
+    (void)ctx;
+    *pool = malloc(bytes);
+    g_fake_pools += *pool != NULL;
+    return *pool ? LILY_OK : lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "fake pool");
+}
+static void fake_pool_free(void *ctx, void *pool)
+{
+    (void)ctx;
+    g_fake_pools--;
+    free(pool);
+}
+static lily_status fake_kv_save(void *ctx, const void *st, int row0, int n, lily_state_loc loc, lily_error *err)
+{
+    return lily_cpu_backend_ops.kv_save(ctx, st, row0, n, fake_host(loc), err);
+}
+static lily_status fake_kv_load(void *ctx, void *st, int row0, int n, lily_state_loc loc, lily_error *err)
+{
+    return lily_cpu_backend_ops.kv_load(ctx, st, row0, n, fake_host(loc), err);
+}
+static lily_status fake_rec_save(void *ctx, const void *st, lily_state_loc loc, lily_error *err)
+{
+    return lily_cpu_backend_ops.recurrent_save(ctx, st, fake_host(loc), err);
+}
+static lily_status fake_rec_load(void *ctx, void *st, lily_state_loc loc, lily_error *err)
+{
+    return lily_cpu_backend_ops.recurrent_load(ctx, st, fake_host(loc), err);
+}
+
+/* With a device pool that fills up: checkpoints go to the pool first, then to host memory, all exact; the
+ * pool's space comes back whole when they go; then the 30 alternating requests (a pool that fills, and a
+ * host pool so small that checkpoints are evicted) are exact too. */
+static void test_device_pool(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    const lily_backend_ops *cpu = f->engine->backend.ops;
+    g_fake_ops = *cpu;
+    g_fake_ops.device_pool_new = fake_pool_new;
+    g_fake_ops.device_pool_free = fake_pool_free;
+    g_fake_ops.kv_save = fake_kv_save;
+    g_fake_ops.kv_load = fake_kv_load;
+    g_fake_ops.recurrent_save = fake_rec_save;
+    g_fake_ops.recurrent_load = fake_rec_load;
+    f->engine->backend.ops = &g_fake_ops;
+    const size_t row = cpu->kv_row_bytes(f->engine->backend.ctx), rec = cpu->recurrent_bytes(f->engine->backend.ctx);
+
+    enum { N = 300 };
+    g_device_bytes = ((size_t)N * row + 2 * rec) / 256 * 256; /* about one checkpoint of N tokens */
+    lily_prefix_cache *pc = new_cache(0, 100);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    assert_int_equal(lily_prefix_cache_attach(pc, f->engine, &err), LILY_OK);
+    assert_int_equal(g_fake_pools, 1);
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), 0); /* checkpoints at 100, 200, 300, 308 */
+    lily_prefix_cache_stats st;
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.device_capacity_bytes, g_device_bytes);
+    assert_true(st.device_bytes > g_device_bytes / 2 && st.device_bytes <= g_device_bytes);
+    assert_true(st.bytes > 0); /* the rest fell back to host memory */
+    const size_t device_first = st.device_bytes;
+    ids[250] = ids[250] == 30 ? 31 : 30;
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), 200);
+    ids[150] = ids[150] == 30 ? 31 : 30;
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), 100);
+    lily_prefix_cache_clear(pc);
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.device_bytes, 0);
+    assert_int_equal(st.bytes, 0);
+    ids[150] = ids[150] == 30 ? 31 : 30;
+    ids[250] = ids[250] == 30 ? 31 : 30;
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), 0);
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.device_bytes, device_first); /* the freed extents merged back: same placement */
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+    assert_int_equal(g_fake_pools, 0);
+
+    g_device_bytes = 96 << 10;
+    alternate(f, 0, 30, false);
+    int32_t probe[200];
+    for (int i = 0; i < 200; i++)
+        probe[i] = 20 + i;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    assert_int_equal(lily_session_append(s, probe, 200, NULL, &err), LILY_OK);
+    const size_t one = cpu->state_save_size(f->engine->backend.ctx, s->state) + 200 * sizeof(int32_t) +
+                       (size_t)f->vocab * sizeof(float);
+    lily_session_free(s);
+    alternate(f, 3 * one, 12, true);
+    assert_int_equal(g_fake_pools, 0);
+    g_device_bytes = 0;
+    f->engine->backend.ops = cpu;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -507,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_thirty_requests_three_conversations),
         cmocka_unit_test(test_thirty_requests_small_pool),
         cmocka_unit_test(test_checkpoints_share_blocks),
+        cmocka_unit_test(test_device_pool),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

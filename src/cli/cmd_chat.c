@@ -62,6 +62,7 @@ static void usage(FILE *f)
                "Commands: /reset  /think on|off  /quit (or Ctrl-D)  /help\n"
                "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n"
                "  --cache-ram MIB        host memory for checkpoints of the session state (default 4096)\n"
+               "  --cache-vram MIB       GPU memory for checkpoints (default 2048 with --backend cuda, else 0)\n"
                "  --checkpoint-every N   also checkpoint every N tokens of a long prefill (default 4096;\n"
                "                         0 = never)\n");
     cli_gen_options_usage(f);
@@ -263,13 +264,14 @@ int cmd_chat(int argc, char **argv)
     cli_gen_options o;
     cli_gen_options_init(&o);
     lily_prefix_cache_options cache_opts = {0};
+    long cache_vram_mib = -1; /* -1: the backend's default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--cache-ram") || !strcmp(a, "--checkpoint-every")) {
+        if (!strcmp(a, "--cache-ram") || !strcmp(a, "--cache-vram") || !strcmp(a, "--checkpoint-every")) {
             const bool ram = !strcmp(a, "--cache-ram");
             char *end = NULL;
             const long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
@@ -279,6 +281,8 @@ int cmd_chat(int argc, char **argv)
             }
             if (ram)
                 cache_opts.ram_bytes = (size_t)v << 20;
+            else if (!strcmp(a, "--cache-vram"))
+                cache_vram_mib = v;
             else
                 cache_opts.checkpoint_every = v > 0 ? (int)v : -1;
             i++;
@@ -293,6 +297,9 @@ int cmd_chat(int argc, char **argv)
             return 2;
         }
     }
+    if (cache_vram_mib < 0)
+        cache_vram_mib = o.backend && !strcmp(o.backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB : 0;
+    cache_opts.device_bytes = (size_t)cache_vram_mib << 20;
     cli_model m;
     if (cli_model_open("chat", &o, false, &m))
         return 1;
@@ -305,10 +312,16 @@ int cmd_chat(int argc, char **argv)
         goto done;
     }
     if (lily_session_new(m.engine, o.ctx_size, &c.s, &err) != LILY_OK ||
-        lily_prefix_cache_new(&cache_opts, &c.cache, &err) != LILY_OK) {
+        lily_prefix_cache_new(&cache_opts, &c.cache, &err) != LILY_OK ||
+        lily_prefix_cache_attach(c.cache, m.engine, &err) != LILY_OK) {
         fprintf(stderr, "lily chat: %s\n", err.message);
         goto done;
     }
+    lily_prefix_cache_stats cs;
+    lily_prefix_cache_stats_get(c.cache, &cs);
+    if (cache_opts.device_bytes && m.engine->backend.ops->device_pool_new && !cs.device_capacity_bytes)
+        fprintf(stderr, "lily chat: warning: no room for a %zu MiB prefix-cache pool in GPU memory (--cache-vram); "
+                        "checkpoints stay in host memory\n", cache_opts.device_bytes >> 20);
     c.im_start_id = lily_tokenizer_token_id(m.tok, "<|im_start|>");
     c.im_end_id = lily_tokenizer_token_id(m.tok, "<|im_end|>");
     c.think_id = lily_tokenizer_token_id(m.tok, "<think>");

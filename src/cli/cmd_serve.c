@@ -41,6 +41,9 @@ static void usage(FILE *f)
             "  --alias NAME         the model id clients see (default: the directory's name)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
             "                       by requests that repeat a cached prefix (default 4096)\n"
+            "  --cache-vram MIB     GPU memory for prefix-cache checkpoints, allocated once at start;\n"
+            "                       what does not fit goes to --cache-ram (default 2048 with --backend\n"
+            "                       cuda, 0 = none)\n"
             "  --checkpoint-every N also checkpoint every N tokens of a long prefill (default 4096; 0 = never)\n");
 }
 
@@ -61,6 +64,7 @@ int cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "cpu", *alias = NULL;
     long port = 8080, ctx = 0, queue = 16, max_body_mib = 16, threads = 0;
     long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
+    long cache_vram_mib = -1; /* -1: the backend's default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -90,6 +94,8 @@ int cmd_serve(int argc, char **argv)
             ok = !v || cli_parse_int("serve", a, v, 0, 1024, &threads) == 0, i++;
         } else if (!strcmp(a, "--cache-ram")) {
             ok = !v || cli_parse_int("serve", a, v, 1, 1L << 24, &cache_ram_mib) == 0, i++;
+        } else if (!strcmp(a, "--cache-vram")) {
+            ok = !v || cli_parse_int("serve", a, v, 0, 1L << 24, &cache_vram_mib) == 0, i++;
         } else if (!strcmp(a, "--checkpoint-every")) {
             ok = !v || cli_parse_int("serve", a, v, 0, 1L << 24, &checkpoint_every) == 0, i++;
         } else {
@@ -136,6 +142,9 @@ int cmd_serve(int argc, char **argv)
     lily_service_options so = {.model_dir = model_dir, .backend = backend, .n_threads = (int)threads,
                                .ctx_size = (int)ctx, .model_name = name,
                                .cache_ram_bytes = (size_t)cache_ram_mib << 20,
+                               .cache_vram_bytes = (size_t)(cache_vram_mib >= 0 ? cache_vram_mib
+                                                            : !strcmp(backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB
+                                                                                       : 0) << 20,
                                .checkpoint_every = checkpoint_every > 0 ? (int)checkpoint_every : -1};
     if (lily_service_new(&so, &svc, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);

@@ -301,15 +301,14 @@ void lily_prefix_cache_free(lily_prefix_cache *pc)
     free(pc);
 }
 
-/* Bind the cache to s's engine at its first checkpoint: which ops it has, and the device pool. */
-static lily_status bind_engine(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
+lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine, lily_error *err)
 {
     if (pc->engine)
-        return pc->engine == s->engine
+        return pc->engine == engine
                    ? LILY_OK
                    : lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "prefix cache: a session of another engine");
-    pc->engine = s->engine;
-    const lily_backend *b = &s->engine->backend;
+    pc->engine = engine;
+    const lily_backend *b = &engine->backend;
     const lily_backend_ops *o = b->ops;
     pc->split = o->kv_row_bytes && o->kv_save && o->kv_load && o->recurrent_bytes && o->recurrent_save &&
                 o->recurrent_load;
@@ -454,7 +453,7 @@ lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_sessi
     const int p = s->n_tokens;
     if (p <= 0)
         return LILY_OK;
-    lily_status st = bind_engine(pc, s, err);
+    lily_status st = lily_prefix_cache_attach(pc, s->engine, err);
     if (st != LILY_OK)
         return st;
     for (int i = 0; i < pc->n_entries; i++) {

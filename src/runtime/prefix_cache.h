@@ -32,8 +32,8 @@
  * backend without them gets whole snapshots (lily_session_save), one per checkpoint.
  * Host memory is capped at ram_bytes (each block counted once) and checkpoints are evicted
  * least-recently-used to stay under it. When the backend has device pools (CUDA) and device_bytes > 0,
- * one pool of device_bytes is allocated at the first checkpoint (the only device allocation; never
- * during decode or graph capture) and blocks, tails and recurrent parts go there first, restored with
+ * one pool of device_bytes is allocated by lily_prefix_cache_attach or else the first checkpoint (the
+ * only device allocation; never during decode or graph capture) and blocks, tails and recurrent parts go there first, restored with
  * device-to-device copies; what does not fit falls back to host memory. Snapshots are taken between
  * forward() calls, never inside a captured graph.
  *
@@ -93,6 +93,13 @@ typedef int (*lily_prefix_cancel_fn)(void *user);
 /* An empty cache. Errors: LILY_ERR_OUT_OF_MEMORY. */
 lily_status lily_prefix_cache_new(const lily_prefix_cache_options *opts, lily_prefix_cache **out, lily_error *err);
 void lily_prefix_cache_free(lily_prefix_cache *pc);
+
+/* Bind the cache to engine (whose sessions it will serve) and make its device pool now: one device
+ * allocation of device_bytes when the backend has device pools, the only one the cache makes. Optional:
+ * the first checkpoint does it otherwise. A pool that does not fit in device memory is not an error: the
+ * cache keeps host checkpoints only (stats' device_capacity_bytes stays 0).
+ * Errors: LILY_ERR_INVALID_ARGUMENT when already bound to another engine. */
+lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine, lily_error *err);
 
 /* Make s hold exactly ids[0, n) with the logits after ids[n-1] in s->logits, reusing the deepest cached
  * (or live) prefix and prefilling the rest, with checkpoints as described above and at each of

@@ -35,6 +35,7 @@ struct lily_service {
     lily_engine *engine;
     lily_session *session;
     lily_prefix_cache *cache; /* checkpoints of the session by token prefix; made in lily_service_new */
+    size_t cache_vram_bytes;  /* the device pool asked for */
     int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
     lily_tokenizer *tok;
     int vocab;
@@ -56,11 +57,13 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->model_name = strdup(opts->model_name ? opts->model_name : "lily");
     svc->n_threads = opts->n_threads;
     svc->ctx_size = opts->ctx_size;
+    svc->cache_vram_bytes = opts->cache_vram_bytes;
     if (!svc->model_dir || !svc->backend || !svc->model_name) {
         lily_service_free(svc);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
     }
-    lily_prefix_cache_options co = {.ram_bytes = opts->cache_ram_bytes, .checkpoint_every = opts->checkpoint_every};
+    lily_prefix_cache_options co = {.ram_bytes = opts->cache_ram_bytes, .device_bytes = opts->cache_vram_bytes,
+                                    .checkpoint_every = opts->checkpoint_every};
     lily_status st = lily_prefix_cache_new(&co, &svc->cache, err);
     if (st != LILY_OK) {
         lily_service_free(svc);
@@ -142,6 +145,14 @@ lily_status lily_service_load(void *user, lily_error *err)
     st = lily_session_new(svc->engine, svc->ctx_size, &svc->session, err);
     if (st != LILY_OK)
         return st;
+    st = lily_prefix_cache_attach(svc->cache, svc->engine, err); /* its device pool, if any */
+    if (st != LILY_OK)
+        return st;
+    lily_prefix_cache_stats cs;
+    lily_prefix_cache_stats_get(svc->cache, &cs);
+    if (svc->cache_vram_bytes && svc->engine->backend.ops->device_pool_new && !cs.device_capacity_bytes)
+        fprintf(stderr, "lily serve: warning: no room for a %zu MiB prefix-cache pool in GPU memory (--cache-vram); "
+                        "checkpoints stay in host memory\n", svc->cache_vram_bytes >> 20);
     svc->scratch = malloc((size_t)svc->vocab * sizeof *svc->scratch);
     if (!svc->scratch)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");

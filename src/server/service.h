@@ -19,6 +19,7 @@ typedef struct {
     int ctx_size;             /* tokens; 0 = the model's maximum (capped by the runtime) */
     const char *model_name;   /* the id responses carry */
     size_t cache_ram_bytes;   /* prefix cache pool (runtime/prefix_cache.h); 0 = 4096 MiB */
+    size_t cache_vram_bytes;  /* prefix cache device pool (CUDA backend); 0 = none */
     int checkpoint_every;     /* prefix cache checkpoint interval in tokens; 0 = 4096, < 0 = none */
 } lily_service_options;
 

@@ -655,6 +655,183 @@ static lily_status cuda_state_restore(void *vctx, void *vst, const void *buf, si
     return LILY_OK;
 }
 
+/* ---- the state in parts, for the prefix cache (backend.h's optional split-state ops) --------------
+ * A location is host memory (loc.host) or bytes in a device pool (cuda_device_pool_new); device
+ * locations are read and written with device-to-device copies on the backend's stream. */
+
+static uint8_t *loc_bytes(lily_state_loc loc)
+{
+    return loc.host ? (uint8_t *)loc.host : loc.device_pool ? (uint8_t *)loc.device_pool + loc.offset : NULL;
+}
+
+/* KV rows of a position, per attention layer: K then V, each [n_kv_heads][rows][head_dim] bf16. */
+static size_t cuda_kv_row_bytes(void *vctx)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    const lily_config *cfg = &c->cfg;
+    size_t n = 0;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION)
+            n += 2 * (size_t)cfg->n_kv_heads * cfg->head_dim * sizeof(__nv_bfloat16);
+    return n;
+}
+
+static lily_status kv_rows_transfer(cuda_ctx *c, cuda_state *s, int row0, int n, int limit, lily_state_loc loc,
+                                    bool save, lily_error *err)
+{
+    const lily_config *cfg = &c->cfg;
+    uint8_t *ext = loc_bytes(loc);
+    if (!ext)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: no location for the KV rows");
+    if (row0 < 0 || n < 0 || (long long)row0 + n > limit)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: KV rows [%d, %d) outside [0, %d)", row0, row0 + n,
+                              limit);
+    if (n == 0)
+        return LILY_OK;
+    CUDA_TRY(cudaSetDevice(c->device));
+    const cudaMemcpyKind kind =
+        loc.host ? (save ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice) : cudaMemcpyDeviceToDevice;
+    const size_t row = (size_t)cfg->head_dim * sizeof(__nv_bfloat16);
+    const size_t width = (size_t)n * row, pitch = (size_t)s->max_ctx * row; /* one KV head's rows */
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if (!s->k_cache[l])
+            continue;
+        __nv_bfloat16 *caches[2] = {s->k_cache[l], s->v_cache[l]};
+        for (int i = 0; i < 2; i++) {
+            uint8_t *rows = (uint8_t *)(caches[i] + (size_t)row0 * cfg->head_dim);
+            if (save)
+                CUDA_TRY(cudaMemcpy2DAsync(ext, width, rows, pitch, width, cfg->n_kv_heads, kind, c->stream));
+            else
+                CUDA_TRY(cudaMemcpy2DAsync(rows, pitch, ext, width, width, cfg->n_kv_heads, kind, c->stream));
+            ext += width * cfg->n_kv_heads;
+        }
+    }
+    return cuda_sync(c, err);
+}
+
+static lily_status cuda_kv_save(void *vctx, const void *vst, int row0, int n, lily_state_loc loc, lily_error *err)
+{
+    cuda_state *s = (cuda_state *)vst;
+    return kv_rows_transfer((cuda_ctx *)vctx, s, row0, n, s->pos, loc, true, err);
+}
+
+static lily_status cuda_kv_load(void *vctx, void *vst, int row0, int n, lily_state_loc loc, lily_error *err)
+{
+    cuda_state *s = (cuda_state *)vst;
+    return kv_rows_transfer((cuda_ctx *)vctx, s, row0, n, s->max_ctx, loc, false, err);
+}
+
+/* The recurrent part: a header {pos, step} padded to RECURRENT_HEADER bytes, then per Gated DeltaNet
+ * layer both conv-state buffers (the ping-pong pair; step's parity says which is current) and the
+ * recurrent state. */
+#define RECURRENT_HEADER 256
+
+static size_t cuda_recurrent_bytes(void *vctx)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    const lily_config *cfg = &c->cfg;
+    size_t n = RECURRENT_HEADER;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (cfg->layer_types[l] != LILY_LAYER_FULL_ATTENTION)
+            n += conv_bytes(cfg) + rec_bytes(cfg);
+    return n;
+}
+
+static lily_status recurrent_transfer(cuda_ctx *c, cuda_state *s, uint8_t *ext, cudaMemcpyKind kind, bool save,
+                                      lily_error *err)
+{
+    const lily_config *cfg = &c->cfg;
+    ext += RECURRENT_HEADER;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if (!s->conv_state[l])
+            continue;
+        void *parts[2] = {s->conv_state[l], s->rec_state[l]};
+        const size_t sizes[2] = {conv_bytes(cfg), rec_bytes(cfg)};
+        for (int i = 0; i < 2; i++) {
+            if (save)
+                CUDA_TRY(cudaMemcpyAsync(ext, parts[i], sizes[i], kind, c->stream));
+            else
+                CUDA_TRY(cudaMemcpyAsync(parts[i], ext, sizes[i], kind, c->stream));
+            ext += sizes[i];
+        }
+    }
+    return LILY_OK;
+}
+
+static lily_status cuda_recurrent_save(void *vctx, const void *vst, lily_state_loc loc, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    uint8_t *ext = loc_bytes(loc);
+    if (!ext)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: no location for the recurrent state");
+    CUDA_TRY(cudaSetDevice(c->device));
+    const int hdr[2] = {s->pos, s->step};
+    if (loc.host)
+        memcpy(ext, hdr, sizeof hdr);
+    else
+        CUDA_TRY(cudaMemcpyAsync(ext, hdr, sizeof hdr, cudaMemcpyHostToDevice, c->stream));
+    lily_status st = recurrent_transfer(c, s, ext, loc.host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice,
+                                        true, err);
+    lily_status sync = cuda_sync(c, err); /* also keeps hdr alive until its copy is done */
+    return st != LILY_OK ? st : sync;
+}
+
+static lily_status cuda_recurrent_load(void *vctx, void *vst, lily_state_loc loc, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    uint8_t *ext = loc_bytes(loc);
+    if (!ext)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: no location for the recurrent state");
+    CUDA_TRY(cudaSetDevice(c->device));
+    int hdr[2];
+    if (loc.host)
+        memcpy(hdr, ext, sizeof hdr);
+    else
+        CUDA_TRY(cudaMemcpy(hdr, ext, sizeof hdr, cudaMemcpyDeviceToHost));
+    if (hdr[0] < 0 || hdr[0] > s->max_ctx || hdr[1] < 0)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: saved position %d exceeds max_ctx %d", hdr[0],
+                              s->max_ctx);
+    lily_status st = recurrent_transfer(c, s, ext, loc.host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+                                        false, err);
+    if (st != LILY_OK)
+        return st;
+    const cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}};
+    CUDA_TRY(cudaMemcpyAsync(s->ctr, &ctr, sizeof ctr, cudaMemcpyHostToDevice, c->stream));
+    st = cuda_sync(c, err);
+    if (st != LILY_OK)
+        return st;
+    s->pos = hdr[0];
+    s->step = hdr[1];
+    return LILY_OK;
+}
+
+/* The prefix cache's device pool: one cudaMalloc, here, with 256 MiB of the device left free for the
+ * rest of the work (LILY_ERR_OUT_OF_MEMORY otherwise: the cache then keeps host checkpoints). */
+static lily_status cuda_device_pool_new(void *vctx, size_t bytes, void **pool, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    *pool = NULL;
+    CUDA_TRY(cudaSetDevice(c->device));
+    size_t fr = 0, tot = 0;
+    CUDA_TRY(cudaMemGetInfo(&fr, &tot));
+    if (bytes + ((size_t)256 << 20) > fr)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY,
+                              "cuda: a prefix-cache pool of %.2f GiB does not fit: %.2f GiB of GPU memory free",
+                              bytes / 1073741824.0, fr / 1073741824.0);
+    CUDA_TRY(cudaMalloc(pool, bytes));
+    return LILY_OK;
+}
+
+static void cuda_device_pool_free(void *vctx, void *pool)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    cudaFree(pool);
+}
+
 static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
                                 float *logits, lily_error *err);
 
@@ -671,6 +848,14 @@ static const lily_backend_ops cuda_ops = {
     cuda_state_save,
     cuda_state_restore,
     cuda_forward,
+    cuda_kv_row_bytes,
+    cuda_kv_save,
+    cuda_kv_load,
+    cuda_recurrent_bytes,
+    cuda_recurrent_save,
+    cuda_recurrent_load,
+    cuda_device_pool_new,
+    cuda_device_pool_free,
 };
 
 extern "C" const lily_backend_ops *lily_cuda_backend_ops_get(void) { return &cuda_ops; }

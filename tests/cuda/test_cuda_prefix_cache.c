@@ -1,0 +1,467 @@
+/* test_cuda_prefix_cache.c — the prefix cache (runtime/prefix_cache.h) on the CUDA backend with
+ * tests/data/tiny-chat, greedy: cold runs (a fresh session, the whole prompt in one lily_session_append)
+ * against cached runs (one session through lily_prefix_cache_prefill, as the server does), for the
+ * issue's scenarios: two-turn chat (thinking off and on), exact repeat, shared system prompt, mid-prompt
+ * edit, 30 requests alternating 3 conversations. Each scenario runs with three cache setups: device pool
+ * large enough for everything (device-to-device restores), no device pool (host checkpoints through the
+ * same split-state ops), and a small device pool that fills up (host fallback).
+ *
+ * Per scenario it prints: identical tokens yes/no (requests whose greedy ids and reply bytes match),
+ * whether the prompt's last logits are bit-identical, and their max |Δlogit|. Prefill and decode kernels
+ * may round differently, so a cached run can differ from a cold one where the cold run prefills tokens the
+ * cached run had decoded: identity is asserted (FAIL) only where the reused prefix was itself prefilled
+ * (exact repeat, shared system prompt, mid edit, alternating); the two-turn chats are reported. Always
+ * asserted: restoring a checkpoint and decoding gives bit-identical logits to the session that was saved
+ * (same path), tokens reused match the expected checkpoint, and the device pool is used when present.
+ * Exits 77 when no GPU is present.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/prefix_cache.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+#define MAX_NEW 8
+#define CTX 4096
+
+static int g_fail;
+
+typedef struct {
+    lily_engine *engine;
+    lily_tokenizer *tok;
+    int32_t im_start, im_end, think;
+    int vocab;
+    size_t device_bytes; /* the cache setup under test */
+    const char *setup;
+} fixture;
+
+typedef struct {
+    float *prefill_logits, *final_logits;
+    int32_t tokens[MAX_NEW];
+    int n_tokens, reused;
+    char *reply;
+} run_out;
+
+/* What one scenario saw over its requests. */
+typedef struct {
+    const char *name;
+    bool asserted;
+    int requests, same_tokens, same_logits;
+    double max_dlogit;
+    bool ok;  /* everything asserted regardless of rounding (reuse counts, API calls) */
+} tally;
+
+#define CHECK(t, cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("FAIL [%s/%s]: ", f->setup, (t)->name);                                         \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+            (t)->ok = false;                                                                       \
+        }                                                                                          \
+    } while (0)
+
+static void die(const char *what, const lily_error *err)
+{
+    printf("FAIL: %s: %s\n", what, err->message);
+    exit(1);
+}
+
+static void out_free(run_out *o)
+{
+    free(o->prefill_logits);
+    free(o->final_logits);
+    free(o->reply);
+    memset(o, 0, sizeof *o);
+}
+
+static void generate(fixture *f, lily_session *s, run_out *o)
+{
+    lily_error err = {0};
+    o->prefill_logits = malloc((size_t)f->vocab * sizeof(float));
+    o->final_logits = malloc((size_t)f->vocab * sizeof(float));
+    if (!o->prefill_logits || !o->final_logits) {
+        printf("FAIL: out of memory\n");
+        exit(1);
+    }
+    memcpy(o->prefill_logits, s->logits, (size_t)f->vocab * sizeof(float));
+    lily_generate_params p = lily_generate_defaults();
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = MAX_NEW;
+    const int32_t stop = f->im_end;
+    p.stop_ids = &stop;
+    p.n_stop_ids = 1;
+    const int before = s->n_tokens;
+    lily_generate_result r;
+    if (lily_generate(s, NULL, 0, &p, &r, &err) != LILY_OK)
+        die("generate", &err);
+    memcpy(o->final_logits, s->logits, (size_t)f->vocab * sizeof(float));
+    o->n_tokens = s->n_tokens - before;
+    memcpy(o->tokens, s->tokens + before, (size_t)o->n_tokens * sizeof(int32_t));
+    if (r.last_token >= 0 && o->n_tokens < MAX_NEW)
+        o->tokens[o->n_tokens++] = r.last_token;
+    size_t len = 0;
+    if (lily_tokenizer_decode(f->tok, o->tokens, o->n_tokens, true, &o->reply, &len, &err) != LILY_OK)
+        die("decode", &err);
+}
+
+static void run_cold(fixture *f, const int32_t *ids, int n, run_out *o)
+{
+    lily_session *s = NULL;
+    lily_error err = {0};
+    if (lily_session_new(f->engine, CTX, &s, &err) != LILY_OK || lily_session_append(s, ids, n, NULL, &err) != LILY_OK)
+        die("cold prefill", &err);
+    generate(f, s, o);
+    lily_session_free(s);
+}
+
+static void run_cached(fixture *f, lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n, run_out *o)
+{
+    lily_error err = {0};
+    int marks[2];
+    const int n_marks = lily_prefix_cache_chat_marks(ids, n, f->im_start, f->im_end, f->think, marks);
+    if (lily_prefix_cache_prefill(pc, s, ids, n, marks, n_marks, NULL, NULL, &o->reused, &err) != LILY_OK)
+        die("prefix cache prefill", &err);
+    generate(f, s, o);
+    if (lily_prefix_cache_checkpoint(pc, s, &err) != LILY_OK)
+        die("checkpoint", &err);
+}
+
+static double max_abs_diff(const float *a, const float *b, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (!(d <= m))
+            m = d; /* NaN propagates */
+    }
+    return m;
+}
+
+/* Cold and cached runs of one request, tallied; returns the tokens reused. */
+static int check_request(fixture *f, tally *t, lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n,
+                         char **reply)
+{
+    run_out cold = {0}, cached = {0};
+    run_cold(f, ids, n, &cold);
+    run_cached(f, pc, s, ids, n, &cached);
+    const bool same_tokens = cold.n_tokens == cached.n_tokens &&
+                             !memcmp(cold.tokens, cached.tokens, (size_t)cold.n_tokens * sizeof(int32_t)) &&
+                             !strcmp(cold.reply, cached.reply);
+    const bool same_logits =
+        !memcmp(cold.prefill_logits, cached.prefill_logits, (size_t)f->vocab * sizeof(float));
+    const double d = max_abs_diff(cold.prefill_logits, cached.prefill_logits, f->vocab);
+    t->requests++;
+    t->same_tokens += same_tokens;
+    t->same_logits += same_logits;
+    if (!(d <= t->max_dlogit))
+        t->max_dlogit = d;
+    const int reused = cached.reused;
+    if (reply)
+        *reply = strdup(cached.reply);
+    out_free(&cold);
+    out_free(&cached);
+    return reused;
+}
+
+static int32_t *render(fixture *f, json_t *messages, bool thinking, int *n)
+{
+    lily_error err = {0};
+    lily_chat_options co;
+    lily_chat_options_init(&co);
+    co.enable_thinking = thinking ? 1 : 0;
+    co.add_generation_prompt = 1;
+    char *text = NULL;
+    if (lily_chat_render(messages, &co, &text, &err) != LILY_OK)
+        die("render", &err);
+    int32_t *ids = NULL;
+    if (lily_tokenizer_encode(f->tok, text, strlen(text), true, &ids, n, &err) != LILY_OK)
+        die("encode", &err);
+    free(text);
+    return ids;
+}
+
+/* {role, content} with the content's printable ASCII only (a random model's reply may be broken UTF-8). */
+static void add_message(json_t *messages, const char *role, const char *content)
+{
+    char *clean = malloc(strlen(content) + 1);
+    size_t k = 0;
+    for (const char *c = content; *c; c++)
+        if ((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f)
+            clean[k++] = *c;
+    clean[k] = 0;
+    json_array_append_new(messages, json_pack("{s:s, s:s}", "role", role, "content", clean));
+    free(clean);
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    return i;
+}
+
+static lily_prefix_cache *new_cache(fixture *f, int every)
+{
+    lily_prefix_cache *pc = NULL;
+    lily_error err = {0};
+    lily_prefix_cache_options o = {.checkpoint_every = every, .device_bytes = f->device_bytes, .block_rows = 64};
+    if (lily_prefix_cache_new(&o, &pc, &err) != LILY_OK)
+        die("cache", &err);
+    return pc;
+}
+
+static lily_session *new_session(fixture *f)
+{
+    lily_session *s = NULL;
+    lily_error err = {0};
+    if (lily_session_new(f->engine, CTX, &s, &err) != LILY_OK)
+        die("session", &err);
+    return s;
+}
+
+/* The device pool is used when the setup has one, never otherwise. */
+static void check_pool(fixture *f, tally *t, lily_prefix_cache *pc)
+{
+    lily_prefix_cache_stats st;
+    lily_prefix_cache_stats_get(pc, &st);
+    if (f->device_bytes)
+        CHECK(t, st.device_capacity_bytes == f->device_bytes && st.device_bytes > 0,
+              "device pool %zu of %zu bytes used", st.device_bytes, st.device_capacity_bytes);
+    else
+        CHECK(t, st.device_capacity_bytes == 0 && st.device_bytes == 0, "no device pool expected");
+}
+
+static void two_turn(fixture *f, tally *t, bool thinking)
+{
+    lily_prefix_cache *pc = new_cache(f, 0);
+    lily_session *s = new_session(f);
+    json_t *m = json_array();
+    add_message(m, "system", "You are a helpful assistant. Answer briefly.");
+    add_message(m, "user", "What does the zip function return?");
+    int n1, n2;
+    int32_t *ids1 = render(f, m, thinking, &n1);
+    char *reply = NULL;
+    CHECK(t, check_request(f, t, pc, s, ids1, n1, &reply) == 0, "turn 1 reused tokens");
+    add_message(m, "assistant", reply);
+    add_message(m, "user", "And what happens with unequal lengths?");
+    int32_t *ids2 = render(f, m, thinking, &n2);
+    const int lcp = common_prefix(ids1, n1, ids2, n2);
+    const int reused = check_request(f, t, pc, s, ids2, n2, NULL);
+    CHECK(t, reused == lcp, "turn 2 reused %d tokens, expected %d", reused, lcp);
+    check_pool(f, t, pc);
+    free(reply), free(ids1), free(ids2);
+    json_decref(m);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+/* Also the same-path check: a restored checkpoint decodes exactly like the session it was saved from. */
+static void exact_repeat(fixture *f, tally *t)
+{
+    lily_prefix_cache *pc = new_cache(f, 0);
+    lily_session *s = new_session(f);
+    json_t *m = json_array();
+    add_message(m, "user", "Explain what a context manager is.");
+    int n;
+    int32_t *ids = render(f, m, true, &n);
+    CHECK(t, check_request(f, t, pc, s, ids, n, NULL) == 0, "first request reused tokens");
+    CHECK(t, check_request(f, t, pc, s, ids, n, NULL) == n, "the repeat did not restore the whole prompt");
+
+    /* same path: session a prefills through the cache and decodes; b restores and decodes */
+    lily_session *b = new_session(f);
+    run_out ra = {0}, rb = {0};
+    lily_error err = {0};
+    lily_session_reset(s);
+    lily_prefix_cache_clear(pc);
+    if (lily_prefix_cache_prefill(pc, s, ids, n, NULL, 0, NULL, NULL, &ra.reused, &err) != LILY_OK ||
+        lily_prefix_cache_prefill(pc, b, ids, n, NULL, 0, NULL, NULL, &rb.reused, &err) != LILY_OK)
+        die("prefill", &err);
+    generate(f, s, &ra);
+    generate(f, b, &rb);
+    CHECK(t, rb.reused == n, "restore reused %d of %d", rb.reused, n);
+    const bool exact = ra.n_tokens == rb.n_tokens &&
+                       !memcmp(ra.tokens, rb.tokens, (size_t)ra.n_tokens * sizeof(int32_t)) &&
+                       !memcmp(ra.final_logits, rb.final_logits, (size_t)f->vocab * sizeof(float));
+    printf("  [%s] restore then decode vs the saved session: %s (max |dlogit| %.3g after %d tokens)\n", f->setup,
+           exact ? "bit-identical" : "DIFFERS", max_abs_diff(ra.final_logits, rb.final_logits, f->vocab),
+           ra.n_tokens);
+    CHECK(t, exact, "a restored checkpoint does not decode bit-identically to the saved session");
+    check_pool(f, t, pc);
+    out_free(&ra), out_free(&rb);
+    lily_session_free(b);
+    free(ids);
+    json_decref(m);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static void shared_system_prompt(fixture *f, tally *t)
+{
+    lily_prefix_cache *pc = new_cache(f, 0);
+    lily_session *s = new_session(f);
+    const char *sentence = "Return a new list containing all items from the iterable in ascending order. ";
+    char *system = malloc(strlen(sentence) * 24 + 64);
+    strcpy(system, "You are a careful assistant for Python questions. ");
+    for (int i = 0; i < 24; i++)
+        strcat(system, sentence);
+    json_t *a = json_array(), *b = json_array();
+    add_message(a, "system", system);
+    add_message(b, "system", system);
+    add_message(a, "user", "How do I sort a dictionary by value?");
+    add_message(b, "user", "What is a generator expression?");
+    int na, nb;
+    int32_t *ida = render(f, a, false, &na), *idb = render(f, b, false, &nb);
+    int marks[2];
+    lily_prefix_cache_chat_marks(ida, na, f->im_start, f->im_end, f->think, marks);
+    check_request(f, t, pc, s, ida, na, NULL);
+    const int reused = check_request(f, t, pc, s, idb, nb, NULL);
+    CHECK(t, reused == marks[0], "b reused %d tokens, expected the system block's %d", reused, marks[0]);
+    CHECK(t, check_request(f, t, pc, s, ida, na, NULL) == na, "back to a: not an exact repeat");
+    check_pool(f, t, pc);
+    free(ida), free(idb), free(system);
+    json_decref(a), json_decref(b);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static void mid_edit(fixture *f, tally *t)
+{
+    const int every = 64;
+    lily_prefix_cache *pc = new_cache(f, every);
+    lily_session *s = new_session(f);
+    enum { N = 400, EDIT = 233 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+    check_request(f, t, pc, s, ids, N, NULL);
+    ids[EDIT] = ids[EDIT] == 30 ? 31 : 30;
+    const int reused = check_request(f, t, pc, s, ids, N, NULL);
+    CHECK(t, reused == EDIT / every * every, "reused %d, expected %d", reused, EDIT / every * every);
+    check_pool(f, t, pc);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static void alternate(fixture *f, tally *t)
+{
+    lily_prefix_cache *pc = new_cache(f, 0);
+    lily_session *s = new_session(f);
+    static const char *const topics[3] = {"lists", "file objects", "the logging module"};
+    json_t *conv[3];
+    int32_t *last_ids[3] = {0};
+    int last_n[3] = {0};
+    for (int c = 0; c < 3; c++) {
+        conv[c] = json_array();
+        char sys[128];
+        snprintf(sys, sizeof sys, "You answer questions about %s.", topics[c]);
+        add_message(conv[c], "system", sys);
+    }
+    for (int r = 0; r < 30; r++) {
+        const int c = r % 3;
+        char question[128];
+        snprintf(question, sizeof question, "Question %d about %s: what should I know?", r / 3 + 1, topics[c]);
+        add_message(conv[c], "user", question);
+        int n;
+        int32_t *ids = render(f, conv[c], r % 2 == 0, &n);
+        char *reply = NULL;
+        const int reused = check_request(f, t, pc, s, ids, n, &reply);
+        if (last_ids[c]) {
+            const int lcp = common_prefix(last_ids[c], last_n[c], ids, n);
+            CHECK(t, reused == lcp, "request %d reused %d, expected %d", r, reused, lcp);
+        }
+        add_message(conv[c], "assistant", reply);
+        free(reply);
+        free(last_ids[c]);
+        last_ids[c] = ids;
+        last_n[c] = n;
+    }
+    check_pool(f, t, pc);
+    for (int c = 0; c < 3; c++) {
+        json_decref(conv[c]);
+        free(last_ids[c]);
+    }
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static void report(fixture *f, tally *t)
+{
+    const bool identical = t->same_tokens == t->requests;
+    printf("  [%s] %-22s identical tokens: %s (%d/%d requests), prompt logits bit-identical %d/%d, "
+           "max |dlogit| %.3g%s\n",
+           f->setup, t->name, identical ? "yes" : "no", t->same_tokens, t->requests, t->same_logits, t->requests,
+           t->max_dlogit, t->asserted ? "" : " (reported, not asserted)");
+    if (t->asserted && !identical)
+        printf("FAIL [%s/%s]: cached outputs differ from cold ones where the reused prefix was prefilled\n", f->setup,
+               t->name);
+    const bool pass = t->ok && (!t->asserted || identical);
+    printf("%s [%s/%s]\n", pass ? "PASS" : "FAIL", f->setup, t->name);
+    if (!pass)
+        g_fail++;
+}
+
+static void run_setup(fixture *f, const char *name, size_t device_bytes)
+{
+    f->setup = name;
+    f->device_bytes = device_bytes;
+    printf("setup %s: device pool %zu bytes\n", name, device_bytes);
+    tally t[6] = {{.name = "two-turn chat"},       {.name = "two-turn thinking"},
+                  {.name = "exact repeat"},        {.name = "shared system prompt"},
+                  {.name = "mid-prompt edit"},     {.name = "30 alternating"}};
+    for (int i = 0; i < 6; i++) {
+        t[i].asserted = i >= 2; /* the reused prefix was prefilled */
+        t[i].ok = true;
+    }
+    two_turn(f, &t[0], false);
+    two_turn(f, &t[1], true);
+    exact_repeat(f, &t[2]);
+    shared_system_prompt(f, &t[3]);
+    mid_edit(f, &t[4]);
+    alternate(f, &t[5]);
+    for (int i = 0; i < 6; i++)
+        report(f, &t[i]);
+}
+
+int main(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    fixture fx = {0}, *f = &fx;
+    lily_error err = {0};
+    lily_engine_options opts = {.model_dir = LILY_TEST_DATA_DIR "/tiny-chat", .backend = "cuda", .prefill_chunk = 128};
+    if (lily_engine_open(&opts, &f->engine, &err) != LILY_OK)
+        die("engine", &err);
+    if (lily_tokenizer_load(LILY_TEST_DATA_DIR "/tiny-chat", &f->tok, &err) != LILY_OK)
+        die("tokenizer", &err);
+    f->im_start = lily_tokenizer_token_id(f->tok, "<|im_start|>");
+    f->im_end = lily_tokenizer_token_id(f->tok, "<|im_end|>");
+    f->think = lily_tokenizer_token_id(f->tok, "<think>");
+    f->vocab = f->engine->cfg.vocab_size;
+    const lily_backend *b = &f->engine->backend;
+    if (!b->ops->kv_save || !b->ops->device_pool_new) {
+        printf("FAIL: the CUDA backend lacks the split-state / device-pool ops\n");
+        return 1;
+    }
+    printf("tiny-chat on CUDA: %zu bytes of KV rows per position, %zu bytes of recurrent state\n",
+           b->ops->kv_row_bytes(b->ctx), b->ops->recurrent_bytes(b->ctx));
+    run_setup(f, "device", (size_t)64 << 20);
+    run_setup(f, "host", 0);
+    run_setup(f, "small-device", (size_t)256 << 10); /* fills up: later pieces fall back to host memory */
+    lily_tokenizer_free(f->tok);
+    lily_engine_close(f->engine);
+    printf("%s\n", g_fail ? "FAILED" : "all passed");
+    return g_fail ? 1 : 0;
+}
