@@ -12,7 +12,7 @@ source tools/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$(date +%s)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build-gpu -j16 --target lily test_cuda_kernels test_cuda_attention_prefill test_cuda_prefill_gemm test_cuda_fixture bench_cuda_decode > "$OUT/build.log" 2>&1 \
+cmake --build build-gpu -j16 --target lily test_cuda_kernels test_cuda_attention_prefill test_cuda_prefill_gemm test_cuda_fixture test_cuda_prefix_cache bench_cuda_decode > "$OUT/build.log" 2>&1 \
   || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 rc=0
@@ -26,6 +26,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   grep -E "^FAIL" "$OUT/test_prefill_gemm.log" | head -20; tail -1 "$OUT/test_prefill_gemm.log"
   timeout 300 ./build-gpu/tests/cuda/test_cuda_fixture > "$OUT/test_fixture.log" 2>&1; r=$?; echo "test_cuda_fixture rc=$r"; [ $r = 0 ] || rc=1
   grep -E "^(ok|FAIL)|greedy|syncs" "$OUT/test_fixture.log" | head -30
+  timeout 300 ./build-gpu/tests/cuda/test_cuda_prefix_cache > "$OUT/test_prefix_cache.log" 2>&1; r=$?
+  echo "test_cuda_prefix_cache rc=$r"; [ $r = 0 ] || rc=1
+  grep -E "^(PASS|FAIL)|identical|DIFFERS|differ|setup|bytes of KV" "$OUT/test_prefix_cache.log" | head -60
   # the CLI path: lily eval --backend cuda on tiny-a case5 (300 tokens), both layouts, every mode
   python3 - <<'PY' > "$OUT/eval.log" 2>&1
 import json, struct, numpy as np
