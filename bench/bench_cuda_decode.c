@@ -6,7 +6,7 @@
  * an optional split-KV sweep, and optionally CUDA-vs-CPU logits agreement on one prompt.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072]
- *                          [--sweep-split] [--compare-cpu N] [--prefill N]
+ *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]
  */
 #include <math.h>
 #include <stdio.h>
@@ -89,7 +89,7 @@ static void compare_logits(const float *ref, const float *got, int rows, int voc
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0;
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -99,7 +99,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tune")) tune = 1;
         else if (!strcmp(argv[i], "--compare-cpu") && i + 1 < argc) compare = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N] [--prefill N]", argv[0]);
+        else if (!strcmp(argv[i], "--compare-variants")) compare_variants = 1;
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]", argv[0]);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -223,10 +224,10 @@ int main(int argc, char **argv)
     }
 
     if (tune) { /* knobs at depth 4096: PDL on/off, GEMV blocks per SM */
-        const int kn[][2] = {{1, 0}, {0, 0}, {1, 1}, {1, 3}, {1, 4}};
-        printf("\n## Launch knobs at depth 4096, decode tok/s\n\n| PDL | GEMV blocks/SM | tok/s |\n|---|---|---:|\n");
+        const int kn[][3] = {{1, 0, 1}, {0, 0, 1}, {1, 0, 0}, {0, 0, 0}};
+        printf("\n## Launch knobs at depth 4096, decode tok/s\n\n| PDL | GEMV blocks/SM | streaming GEMV | tok/s |\n|---|---|---|---:|\n");
         for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {
-            lily_cuda_set_tuning(kn[k][0], kn[k][1]);
+            lily_cuda_set_tuning(kn[k][0], kn[k][1], kn[k][2]);
             be.ops->state_reset(be.ctx, st);
             if (lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err) != LILY_OK ||
                 lily_cuda_state_set_position(be.ctx, st, 4096, &err) != LILY_OK ||
@@ -235,10 +236,10 @@ int main(int argc, char **argv)
             t0 = now_s();
             if (lily_cuda_generate_greedy(be.ctx, st, out[3], 64, out, &err) != LILY_OK)
                 DIE("tune: %s", err.message);
-            printf("| %d | %s | %.1f |\n", kn[k][0], kn[k][1] ? (kn[k][1] == 1 ? "1" : kn[k][1] == 3 ? "3" : "4") : "max", 64 / (now_s() - t0));
+            printf("| %d | %s | %d | %.1f |\n", kn[k][0], kn[k][1] ? (kn[k][1] == 1 ? "1" : kn[k][1] == 3 ? "3" : "4") : "max", kn[k][2], 64 / (now_s() - t0));
             fflush(stdout);
         }
-        lily_cuda_set_tuning(1, 0);
+        lily_cuda_set_tuning(1, 0, 1);
         lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err);
     }
 
@@ -265,6 +266,27 @@ int main(int argc, char **argv)
             DIE("cpu forward: %s", err.message);
         printf("cpu forward of %d tokens: %.1f s\n", n, now_s() - t0);
         compare_logits(lr, lc, n, cfg->vocab_size);
+        /* How sensitive is this model to rounding alone? The CPU backend with the chunked delta rule
+         * (same math, another fp32 summation order) against the recurrent one. */
+        if (compare_variants) {
+            lily_backend cpu2;
+            co.deltanet_chunked = true;
+            if (lily_backend_create("cpu", cfg, &syn->weights, &co, &cpu2, &err) != LILY_OK)
+                DIE("cpu: %s", err.message);
+            void *cst2 = NULL;
+            float *lr2 = malloc(sizeof(float) * (size_t)n * cfg->vocab_size);
+            if (!lr2) DIE("oom");
+            if (cpu2.ops->state_new(cpu2.ctx, n + 8, &cst2, &err) != LILY_OK ||
+                cpu2.ops->forward(cpu2.ctx, cst2, toks, n, LILY_LOGITS_ALL, lr2, &err) != LILY_OK)
+                DIE("cpu chunked forward: %s", err.message);
+            printf("\nCPU recurrent delta rule vs CPU chunked delta rule (rounding order only):\n");
+            compare_logits(lr, lr2, n, cfg->vocab_size);
+            printf("\nCPU chunked vs CUDA:\n");
+            compare_logits(lr2, lc, n, cfg->vocab_size);
+            cpu2.ops->state_free(cpu2.ctx, cst2);
+            lily_backend_destroy(&cpu2);
+            free(lr2);
+        }
         cpu.ops->state_free(cpu.ctx, cst);
         lily_backend_destroy(&cpu);
         free(lc);

@@ -153,7 +153,7 @@ static double silu_d(double x) { return x / (1.0 + exp(-x)); }
 
 /* ---- GEMV ------------------------------------------------------------------------------------------ */
 
-static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
+static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats, int topk_k = 0)
 {
     hmat m[3];
     gemv_batch b;
@@ -191,6 +191,21 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
     unsigned long long *dam;
     CK(cudaMalloc(&dam, n * 8));
     CK(cudaMemset(dam, 0, n * 8));
+    int *d_idx = NULL;
+    float *d_w = NULL;
+    unsigned int *d_ctr = NULL;
+    if (topk_k > 0) { /* the router's decode top-k, published by the streaming kernel's last block */
+        CK(cudaMalloc(&d_idx, topk_k * sizeof(int)));
+        CK(cudaMalloc(&d_w, topk_k * sizeof(float)));
+        CK(cudaMalloc(&d_ctr, sizeof(unsigned int)));
+        CK(cudaMemset(d_idx, 0xff, topk_k * sizeof(int)));
+        CK(cudaMemset(d_ctr, 0, sizeof(unsigned int)));
+        b.topk_k = topk_k;
+        b.topk_n = rows;
+        b.topk_idx = d_idx;
+        b.topk_w = d_w;
+        b.topk_counter = d_ctr;
+    }
     cudaError_t e = launch_gemv(b, in, out_mode, n, dam, 0);
     if (e != cudaSuccess) {
         printf("FAIL gemv bits %d cols %d: launch %s\n", bits, cols, cudaGetErrorString(e));
@@ -198,6 +213,44 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
         return;
     }
     std::vector<float> got = host_copy(dy, (size_t)n * stride);
+    if (topk_k > 0) {
+        /* reference: rank the kernel's own logits (ties to the lower id), softmax over the selected */
+        std::vector<int> want_idx;
+        std::vector<bool> used(rows, false);
+        for (int k = 0; k < topk_k; k++) {
+            int bi = -1;
+            for (int r = 0; r < rows; r++)
+                if (!used[r] && (bi < 0 || got[r] > got[bi]))
+                    bi = r;
+            used[bi] = true;
+            want_idx.push_back(bi);
+        }
+        double z = 0;
+        for (int k = 0; k < topk_k; k++)
+            z += exp((double)got[want_idx[k]] - got[want_idx[0]]);
+        int gi[16];
+        float gw[16];
+        CK(cudaMemcpy(gi, d_idx, topk_k * sizeof(int), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gw, d_w, topk_k * sizeof(float), cudaMemcpyDeviceToHost));
+        unsigned int ctr = 1;
+        CK(cudaMemcpy(&ctr, d_ctr, sizeof ctr, cudaMemcpyDeviceToHost));
+        double werr = 0;
+        int idx_bad = 0;
+        for (int k = 0; k < topk_k; k++) {
+            idx_bad += gi[k] != want_idx[k];
+            werr = fmax(werr, fabs(gw[k] - exp((double)got[want_idx[k]] - got[want_idx[0]]) / z));
+        }
+        g_checks++;
+        if (idx_bad || !(werr <= 1e-6) || ctr != 0) {
+            g_fail++;
+            printf("FAIL router top-%d of %d: %d ids differ, max |dw| %.2e, counter %u\n", topk_k, rows, idx_bad, werr, ctr);
+        } else {
+            printf("ok   router top-%d of %d (ids exact, max |dw| %.2e, counter reset)\n", topk_k, rows, werr);
+        }
+        cudaFree(d_idx);
+        cudaFree(d_w);
+        cudaFree(d_ctr);
+    }
     std::vector<unsigned long long> am = host_copy(dam, n);
     std::vector<double> want((size_t)n * total), mag((size_t)n * total);
     std::vector<float> gotc((size_t)n * total);
@@ -610,6 +663,13 @@ int main(void)
             test_gemv(bits, cols, 64, 3, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
             test_gemv(bits, cols, 513, 2, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
             test_gemv(bits, cols, 1001, 2, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1);
+            /* n = 1: the streaming decode kernel (gemv_stream.cu) where cols % 512 == 0 */
+            test_gemv(bits, cols, 64, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
+            test_gemv(bits, cols, 513, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+            test_gemv(bits, cols, 1001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1);
+            test_gemv(bits, cols, 5000 + 17 * bi, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2); /* many stages per block */
+            if (cols % 512 == 0 && bits != 16)
+                test_gemv(bits, cols, 256, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2, 8); /* router + shared gate */
         }
     }
     for (int i = 0; i < 5; i++)

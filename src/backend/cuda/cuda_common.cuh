@@ -55,6 +55,13 @@ struct gemv_batch {
     int row_start[GEMV_MAX_MATS + 1]; /* prefix of rows */
     int n_mats;
     int grid_cap; /* most blocks per token (0: 264 = 2 per SM of an H100/H200) */
+    /* Router top-k, decode only (gemv_stream.cu): when topk_k > 0 the last block to finish ranks
+     * y[0][0..topk_n) (moe_topk.cuh) and writes topk_idx/topk_w [topk_k]; topk_counter is a device
+     * word that is zero between launches. */
+    int topk_k, topk_n;
+    int *topk_idx;
+    float *topk_w;
+    unsigned int *topk_counter;
 };
 
 struct gemv_input {
@@ -104,8 +111,11 @@ __device__ __forceinline__ float bf2f(__nv_bfloat16 v) { return __bfloat162float
 
 /* Programmatic dependent launch (sm_90): kernels are launched with launch_pdl() so the next kernel's
  * blocks may start while this one drains. Every kernel calls pdl_wait() before it reads anything an
- * earlier kernel wrote or writes anything (only immutable weights may be read before it), then
- * pdl_trigger() so its own dependent may start. Both are no-ops when launched without the attribute. */
+ * earlier kernel of the same forward call wrote, or writes anything (only immutable weights, and state
+ * last written by an earlier forward call, may be read before it: each forward call begins with a plain
+ * launch, embed), and pdl_trigger() so its own dependent may start — in decode kernels at the very
+ * start, so the next kernel's weight prefetch overlaps this one. Both are no-ops when launched without
+ * the attribute. */
 __device__ __forceinline__ void pdl_wait(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -123,6 +133,7 @@ __device__ __forceinline__ void pdl_trigger(void)
 struct cuda_tuning {
     int pdl;               /* 1: programmatic dependent launch (default), 0: plain launches */
     int gemv_blocks_per_sm;/* 0: as many as fit (occupancy), else this many per SM */
+    int gemv_stream;       /* 1: decode GEMVs stream weights through shared memory (gemv_stream.cu) */
 };
 extern cuda_tuning g_cuda_tuning;
 
@@ -170,6 +181,12 @@ __device__ __forceinline__ int argmax_key_row(unsigned long long k)
  * unless out_mode == GEMV_OUT_ARGMAX. Returns cudaErrorInvalidValue for a shape it has no kernel for. */
 cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                         unsigned long long *argmax, cudaStream_t s);
+/* gemv_stream.cu: the decode (one token) GEMV streaming weights through shared memory; launch_gemv
+ * calls it for n_tokens == 1. cudaErrorNotSupported for shapes it does not handle (cols % 512 != 0). */
+cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
+                               cudaStream_t s);
+/* Whether launch_gemv takes the streaming kernel for this batch (then the batch's top-k fields act). */
+bool gemv_stream_supported(const gemv_batch &b, int n_tokens);
 
 /* moe_route.cu */
 struct moe_args {
@@ -185,6 +202,7 @@ struct moe_args {
     int *topk_idx;                  /* scratch [n_tokens][top_k] */
     float *topk_w;                  /* scratch [n_tokens][top_k] */
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
+    int topk_ready;                 /* 1: topk_idx/topk_w were written by the router GEMV (decode) */
 };
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);

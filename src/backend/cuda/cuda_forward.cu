@@ -15,12 +15,13 @@
 
 #define LM_GREEDY 3
 
-cuda_tuning g_cuda_tuning = {1, 0};
+cuda_tuning g_cuda_tuning = {1, 0, 1};
 
-extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm)
+extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_stream)
 {
     g_cuda_tuning.pdl = pdl;
     g_cuda_tuning.gemv_blocks_per_sm = gemv_blocks_per_sm;
+    g_cuda_tuning.gemv_stream = gemv_stream;
 }
 
 enum prof_stage {
@@ -257,6 +258,14 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             memset(&b, 0, sizeof b);
             batch_add(&b, L->router, c->router, E + 1);
             batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
+            b.topk_k = cfg->n_experts_used;
+            b.topk_n = E;
+            b.topk_idx = c->topk_idx;
+            b.topk_w = c->topk_w;
+            b.topk_counter = c->moe_counter;
+            const bool topk_in_router = gemv_stream_supported(b, n); /* decode: ranked once, by the router */
+            if (!topk_in_router)
+                b.topk_k = 0;
             LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
             moe_args m;
             memset(&m, 0, sizeof m);
@@ -280,6 +289,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             m.topk_idx = c->topk_idx;
             m.topk_w = c->topk_w;
             m.out = c->h;
+            m.topk_ready = topk_in_router;
             MARK(PS_MOE_GATE_UP);
             LAUNCH(launch_moe_gate_up(m, n, s));
             MARK(PS_MOE_DOWN);

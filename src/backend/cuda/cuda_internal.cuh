@@ -73,6 +73,7 @@ typedef struct {
     int *pf_offsets;                         /* [n_experts + 1] */
     int *pf_tile_expert, *pf_tile_start;     /* [C * top_k + n_experts] */
     int *pf_n_tiles;
+    unsigned int *moe_counter; /* router GEMV blocks finished (decode top-k), zero between launches */
     float *h_host;   /* debug hook staging [C][max(hidden, vocab)] */
     float *h_prev;
 

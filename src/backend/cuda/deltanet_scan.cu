@@ -49,9 +49,11 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_kernel(gdn_args a, int n
         S[r] = st[(size_t)(ri * NR + r) * a.dv];
     const float A = -expf(a.A_log[j]), dtb = a.dt_bias[j];
     /* the state, conv state and weights above were last written by this layer's previous step (long
-     * complete); the projections (mixed, ba) come from the kernel just before: wait for it here. */
-    pdl_wait();
+     * complete: every forward call starts with a plain launch of embed); the projections (mixed, ba)
+     * come from the kernel just before: wait for it here. Nothing read so far is written by this
+     * kernel's dependents, so they may launch now (out_proj prefetches its weights). */
     pdl_trigger();
+    pdl_wait();
 
     for (int t = 0; t < n; t++) {
         const int p = t & 1;

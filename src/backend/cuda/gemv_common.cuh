@@ -92,15 +92,15 @@ __device__ __forceinline__ float row_dot(const row_frag<BITS, VPL> &f, const flo
 template <int BITS, int VPL>
 __device__ __forceinline__ void x_prescale4(float (&x)[VPL][128 / BITS])
 {
-    if (BITS != 4)
-        return;
+    if constexpr (BITS == 4) {
 #pragma unroll
-    for (int j = 0; j < VPL; j++)
+        for (int j = 0; j < VPL; j++)
 #pragma unroll
-        for (int c = 0; c < 128 / BITS; c++) {
-            const int e = c % 8, p = e <= 4 ? e : e - 3;
-            x[j][c] *= __uint_as_float((unsigned int)(127 - 4 * p) << 23);
-        }
+            for (int c = 0; c < 128 / BITS; c++) {
+                const int e = c % 8, p = e <= 4 ? e : e - 3;
+                x[j][c] *= __uint_as_float((unsigned int)(127 - 4 * p) << 23);
+            }
+    }
 }
 
 /* Sum v over the LPR lanes of each aligned lane group. */

@@ -178,6 +178,10 @@ cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode,
     for (int k = 1; k < b.n_mats; k++)
         if (b.m[k].cols != b.m[0].cols || b.m[k].bits != b.m[0].bits)
             return cudaErrorInvalidValue;
+    if (gemv_stream_supported(b, n_tokens))
+        return launch_gemv_stream(b, in, out_mode, argmax, s); /* gemv_stream.cu */
+    if (b.topk_k > 0)
+        return cudaErrorInvalidValue; /* only the streaming kernel publishes the top-k */
     if (in.mode == GEMV_IN_GATED && (in.head_dim % (128 / b.m[0].bits)) != 0)
         return cudaErrorInvalidValue;
     switch (b.m[0].bits) {

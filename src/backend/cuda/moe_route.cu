@@ -1,56 +1,24 @@
 /* moe_route.cu — the sparse MoE block after the router GEMV, on the device with no host sync
  * (MODEL.md §4.5):
  *
- *   moe_gate_up: every block redoes top-k over the router logits (ranking in shared memory, ties to
- *     the lower expert id; softmax fp32 renormalised over the top k), applies the post-attention RMSNorm to the residual stream in
- *     registers, and computes hid = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ) for its rows of the selected experts
+ *   moe_gate_up: takes the top-k published by the router GEMV (decode, topk_ready) or, for prefill, every
+ *     block redoes it over the router logits (moe_topk.cuh), applies the post-attention RMSNorm to the
+ *     residual stream, and computes hid = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ) for its rows of the selected experts
  *     (slot top_k = the shared expert). Only selected experts' rows are read.
  *     grid = (slots * ceil(inter / rows_per_block), n_tokens), 256 threads; x normalised once per block
  *     into shared memory; the shared expert's rows are loaded before pdl_wait().
+ *   Both kernels call pdl_trigger() before pdl_wait(): what they read before the wait is weights only,
+ *   so the next kernel may launch at once and prefetch its own weights (see gemv_stream.cu).
  *   moe_down: out[r] += Σ_k w_k · (Wd[e_k] hid_k)[r] + sigmoid(shared_gate) · (Wd_shared hid_s)[r]
  *     (routing weights, shared-expert gate and the residual add fused). One warp per slot,
  *     16 output rows per block: grid = (ceil(hidden / 16), n_tokens), 32 * (top_k + 1) threads.
  */
 #include "gemv_common.cuh"
+#include "moe_topk.cuh"
 
 #define MOE_WARPS 8
 #define MOE_GU_UNROLL 4
 #define MOE_DOWN_ROWS 16
-#define MOE_MAX_K 16
-
-/* Top-k of the router logits of one token by the whole block (E <= MOE_MAX_E): each thread ranks its
- * experts by counting those that beat them (larger logit, or equal logit and lower id), so slot k gets
- * the expert of rank k; weights are softmax over all E renormalised over the top k (= softmax over the
- * selected logits). idx/w in shared memory; ends with __syncthreads. */
-#define MOE_MAX_E 512
-__device__ void moe_topk_block(const float *logits, int E, int K, int *idx, float *w, float *s_l)
-{
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        s_l[e] = logits[e];
-    if (threadIdx.x < K)
-        idx[threadIdx.x] = 0; /* stays valid even if NaN logits break the ranking */
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const float v = s_l[e];
-        int rank = 0;
-        for (int o = 0; o < E; o++) {
-            const float u = s_l[o];
-            rank += (u > v) || (u == v && o < e);
-        }
-        if (rank < K)
-            idx[rank] = e;
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const float mx = s_l[idx[0]];
-        const float p = lane < K ? expf(s_l[idx[lane]] - mx) : 0.0f;
-        const float sum = warp_sum(p);
-        if (lane < K)
-            w[lane] = p / sum;
-    }
-    __syncthreads();
-}
 
 template <int BITS, int LPR, int VPL>
 __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_kernel(moe_args a, int chunks)
@@ -85,8 +53,9 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     };
     if (shared)
         load_rows(0); /* the shared expert's weights do not depend on the router */
-    /* h (the residual stream) was last written two kernels back (the mixer's residual add; the router
-     * GEMV sits between), which is complete once this kernel starts: normalise it before the wait. */
+    /* weights only so far: let the down projection start (it prefetches nothing that depends on us) */
+    pdl_trigger();
+    pdl_wait();
     gemv_input in;
     in.act = a.h;
     in.act_stride = a.hidden;
@@ -97,10 +66,16 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     in.z_stride = 0;
     in.head_dim = 0;
     gemv_prologue<GEMV_IN_RMSNORM, MOE_WARPS>(in, t, a.hidden, s_x, s_red);
-    pdl_wait();
-    pdl_trigger();
-    moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_l);
-    if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
+    if (a.topk_ready) { /* decode: the router GEMV's last block published the top-k */
+        if (threadIdx.x < a.top_k) {
+            s_idx[threadIdx.x] = __ldcg(a.topk_idx + t * a.top_k + threadIdx.x);
+            s_w[threadIdx.x] = __ldcg(a.topk_w + t * a.top_k + threadIdx.x);
+        }
+        __syncthreads();
+    } else {
+        moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_l);
+    }
+    if (!a.topk_ready && blockIdx.x == 0 && threadIdx.x < a.top_k) {
         a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
         a.topk_w[t * a.top_k + threadIdx.x] = s_w[threadIdx.x];
     }
@@ -133,8 +108,8 @@ __global__ void moe_down_kernel(moe_args a)
     constexpr int U0 = MOE_DOWN_ROWS / RPW > 0 ? MOE_DOWN_ROWS / RPW : 1;
     constexpr int U = U0 < 8 / VPL ? U0 : 8 / VPL; /* rows of loads in flight per lane group */
     __shared__ float s_part[MOE_MAX_K + 1][MOE_DOWN_ROWS];
+    pdl_trigger(); /* nothing read yet: the next layer's input projections may start their prefetch */
     pdl_wait();
-    pdl_trigger();
     const int t = blockIdx.y;
     const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;

@@ -11,8 +11,8 @@
 __global__ void qk_norm_rope_append_kernel(attn_args a)
 {
     __shared__ float s_x[32][ROPE_MAX_DIM];
+    pdl_trigger(); /* the attention kernel reads nothing before its own wait */
     pdl_wait();
-    pdl_trigger();
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int D = a.head_dim, p = *a.pos + t;
     const float *row = a.qkv + (size_t)t * a.qkv_stride;
