@@ -133,7 +133,8 @@ __device__ __forceinline__ void pdl_trigger(void)
 struct cuda_tuning {
     int pdl;               /* 1: programmatic dependent launch (default), 0: plain launches */
     int gemv_blocks_per_sm;/* 0: as many as fit (occupancy), else this many per SM */
-    int gemv_stream;       /* 1: decode GEMVs stream weights through shared memory (gemv_stream.cu) */
+    int gemv_stream;       /* decode GEMVs stream weights through shared memory (gemv_stream.cu): 1 with
+                            * the PDL trigger before the wait (default), 2 after it, 0 off */
 };
 extern cuda_tuning g_cuda_tuning;
 

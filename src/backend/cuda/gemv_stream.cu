@@ -19,8 +19,8 @@
 #include "moe_topk.cuh"
 
 #define GS_WARPS 8
-#define GS_STAGES 4
-#define GS_STAGE_BYTES (20 * 1024)
+#define GS_STAGES 3
+#define GS_STAGE_BYTES (28 * 1024)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 {
@@ -39,6 +39,7 @@ struct gs_layout {
     int row_bytes;  /* bytes of one row's data */
     int gpr;        /* groups per row (0 for bf16 weights) */
     int stage_bytes;
+    int early_trigger; /* 1: pdl_trigger() before pdl_wait() (default), 0: after (bench knob) */
 };
 
 /* Copy rows [r0, r0 + nr) of the batch (global row index) into stage buffer buf. */
@@ -79,6 +80,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int total_rows, int rows_per_blo
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR;     /* rows per warp pass */
     constexpr bool XREG = VPL <= 2;   /* x in registers; wider rows read x from shared memory per row */
+    constexpr int U = XREG ? 3 : 1;   /* rows per lane group per pass (wide rows already give VPL chains) */
     extern __shared__ __align__(16) uint8_t gs_smem[];
     const int cols = b.m[0].cols, nvec = cols / CPV;
     float *s_x = reinterpret_cast<float *>(gs_smem);
@@ -97,8 +99,11 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int total_rows, int rows_per_blo
             gs_issue(b, L, rb0 + s * L.sr, min(L.sr, rb1 - rb0 - s * L.sr), stages + (size_t)s * L.stage_bytes);
         cp_async_commit();
     }
-    pdl_trigger(); /* weights only so far: the next kernel may start its own prefetch */
+    if (L.early_trigger)
+        pdl_trigger(); /* weights only so far: the next kernel may start its own prefetch */
     pdl_wait();
+    if (!L.early_trigger)
+        pdl_trigger();
     gemv_prologue<IN_MODE, GS_WARPS>(in, 0, cols, s_x, s_red);
 
     float x[XREG ? VPL : 1][CPV];
@@ -133,61 +138,70 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int total_rows, int rows_per_blo
         const __nv_bfloat16 *sc = reinterpret_cast<const __nv_bfloat16 *>(buf + (size_t)L.sr * L.row_bytes);
         const __nv_bfloat16 *bi = sc + (size_t)L.sr * L.gpr;
         const int r0 = rb0 + s * L.sr, nr = min(L.sr, rb1 - r0);
-        for (int p = warp; p * RPW < nr; p += GS_WARPS) {
-            const int rl = p * RPW + sub;
-            const int rc = rl < nr ? rl : 0; /* lanes past the stage read row 0 and store nothing */
-            row_frag<BITS, VPL> f;
-            const uint4 *wp = reinterpret_cast<const uint4 *>(buf + (size_t)rc * L.row_bytes);
+        /* a warp pass covers U * RPW rows: U independent dot chains per lane for instruction-level
+         * parallelism (the dequant is ~3 instructions per weight, near the issue limit at full bandwidth) */
+        for (int p = warp; p * RPW * U < nr; p += GS_WARPS) {
+            float dot[U];
 #pragma unroll
-            for (int j = 0; j < VPL; j++) {
-                f.v[j] = wp[j * LPR + li];
-                if (BITS < 16) {
-                    const int g = ((j * LPR + li) * CPV) / 64;
-                    f.s[j] = bf2f(sc[rc * L.gpr + g]);
-                    f.b[j] = bf2f(bi[rc * L.gpr + g]);
-                }
-            }
-            float dot;
-            if constexpr (XREG) {
-                dot = row_dot<BITS, VPL>(f, x, xs);
-            } else {
-                dot = 0.0f;
+            for (int u = 0; u < U; u++) {
+                const int rl = (p * U + u) * RPW + sub;
+                const int rc = rl < nr ? rl : 0; /* lanes past the stage read row 0 and store nothing */
+                row_frag<BITS, VPL> f;
+                const uint4 *wp = reinterpret_cast<const uint4 *>(buf + (size_t)rc * L.row_bytes);
 #pragma unroll
                 for (int j = 0; j < VPL; j++) {
-                    float xv[1][CPV], sv[1];
-                    const float4 *xp = reinterpret_cast<const float4 *>(s_x + (j * LPR + li) * CPV);
-#pragma unroll
-                    for (int c = 0; c < CPV / 4; c++) {
-                        const float4 t = xp[c];
-                        xv[0][4 * c] = t.x;
-                        xv[0][4 * c + 1] = t.y;
-                        xv[0][4 * c + 2] = t.z;
-                        xv[0][4 * c + 3] = t.w;
+                    f.v[j] = wp[j * LPR + li];
+                    if (BITS < 16) {
+                        const int g = ((j * LPR + li) * CPV) / 64;
+                        f.s[j] = bf2f(sc[rc * L.gpr + g]);
+                        f.b[j] = bf2f(bi[rc * L.gpr + g]);
                     }
-                    sv[0] = s_xs[j * LPR + li];
-                    row_frag<BITS, 1> f1;
-                    f1.v[0] = f.v[j];
-                    f1.s[0] = f.s[j];
-                    f1.b[0] = f.b[j];
-                    dot += row_dot<BITS, 1>(f1, xv, sv);
+                }
+                if constexpr (XREG) {
+                    dot[u] = row_dot<BITS, VPL>(f, x, xs);
+                } else {
+                    dot[u] = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < VPL; j++) {
+                        float xv[1][CPV], sv[1];
+                        const float4 *xp = reinterpret_cast<const float4 *>(s_x + (j * LPR + li) * CPV);
+#pragma unroll
+                        for (int c = 0; c < CPV / 4; c++) {
+                            const float4 t = xp[c];
+                            xv[0][4 * c] = t.x;
+                            xv[0][4 * c + 1] = t.y;
+                            xv[0][4 * c + 2] = t.z;
+                            xv[0][4 * c + 3] = t.w;
+                        }
+                        sv[0] = s_xs[j * LPR + li];
+                        row_frag<BITS, 1> f1;
+                        f1.v[0] = f.v[j];
+                        f1.s[0] = f.s[j];
+                        f1.b[0] = f.b[j];
+                        dot[u] += row_dot<BITS, 1>(f1, xv, sv);
+                    }
                 }
             }
-            const float acc = group_sum<LPR>(dot);
-            if (rl < nr && li == 0) {
-                const int row = r0 + rl;
-                int m = 0;
 #pragma unroll
-                for (int q = 1; q < GEMV_MAX_MATS; q++)
-                    if (q < b.n_mats && row >= b.row_start[q])
-                        m = q;
-                float *y = b.y[m] + (row - b.row_start[m]);
-                if (OUT_MODE == GEMV_OUT_ADD)
-                    *y += acc;
-                else
-                    *y = acc;
-                if (OUT_MODE == GEMV_OUT_ARGMAX && acc > best) {
-                    best = acc;
-                    best_row = row;
+            for (int u = 0; u < U; u++) {
+                const int rl = (p * U + u) * RPW + sub;
+                const float acc = group_sum<LPR>(dot[u]);
+                if (rl < nr && li == 0) {
+                    const int row = r0 + rl;
+                    int m = 0;
+#pragma unroll
+                    for (int q = 1; q < GEMV_MAX_MATS; q++)
+                        if (q < b.n_mats && row >= b.row_start[q])
+                            m = q;
+                    float *y = b.y[m] + (row - b.row_start[m]);
+                    if (OUT_MODE == GEMV_OUT_ADD)
+                        *y += acc;
+                    else
+                        *y = acc;
+                    if (OUT_MODE == GEMV_OUT_ARGMAX && acc > best) {
+                        best = acc;
+                        best_row = row;
+                    }
                 }
             }
         }
@@ -249,17 +263,19 @@ static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     L.row_bytes = (int)b.m[0].row_bytes;
     L.gpr = BITS < 16 ? b.m[0].cols / 64 : 0;
     const int row_total = L.row_bytes + 4 * L.gpr;
-    constexpr int RPW = 32 / LPR;
+    constexpr int RPW = 32 / LPR, U = VPL <= 2 ? 3 : 1, PASS = RPW * U; /* rows of one warp pass */
     int sr = GS_STAGE_BYTES / row_total;
-    sr = sr / RPW * RPW;
-    if (sr < RPW)
-        sr = RPW;
+    sr = sr < GS_WARPS * PASS ? sr : GS_WARPS * PASS; /* at most one pass per warp per stage */
+    sr = sr / PASS * PASS;
+    if (sr < PASS)
+        sr = PASS;
     L.sr = sr;
     L.stage_bytes = (sr * row_total + 15) / 16 * 16;
+    L.early_trigger = g_cuda_tuning.gemv_stream == 1;
     int grid = (total + sr - 1) / sr;
     grid = grid < sms ? grid : sms;
     int rpb = (total + grid - 1) / grid;
-    rpb = (rpb + RPW - 1) / RPW * RPW;
+    rpb = (rpb + sr - 1) / sr * sr; /* whole stages per block */
     grid = (total + rpb - 1) / rpb;
     const int nvec = b.m[0].cols / (128 / BITS);
     const size_t smem = (size_t)(b.m[0].cols + (nvec + 3) / 4 * 4) * sizeof(float) + (size_t)GS_STAGES * L.stage_bytes;
