@@ -59,9 +59,9 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
 /* Bench knobs, process-wide, for graphs captured afterwards (drop old ones with
  * lily_cuda_set_attention_split): pdl = 1 programmatic dependent launch (default) or 0 plain launches;
  * gemv_blocks_per_sm = 0 fills the GPU as occupancy allows (default), else that many blocks per SM
- * (general GEMV kernel); gemv_stream = 1 decode GEMVs stream weights through shared memory (default),
- * 2 the same with the PDL trigger after the wait, 0 use the general kernel. */
-void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_stream);
+ * (general GEMV kernel); gemv_mma = 1 4-bit decode GEMVs on tensor cores (default), 2 the same with
+ * the PDL trigger after the wait, 0 the general kernel. */
+void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma);
 
 #ifdef __cplusplus
 }

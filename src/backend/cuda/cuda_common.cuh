@@ -55,7 +55,7 @@ struct gemv_batch {
     int row_start[GEMV_MAX_MATS + 1]; /* prefix of rows */
     int n_mats;
     int grid_cap; /* most blocks per token (0: 264 = 2 per SM of an H100/H200) */
-    /* Router top-k, decode only (gemv_stream.cu): when topk_k > 0 the last block to finish ranks
+    /* Router top-k, decode only (gemv_decode.cu): when topk_k > 0 the last block to finish ranks
      * y[0][0..topk_n) (moe_topk.cuh) and writes topk_idx/topk_w [topk_k]; topk_counter is a device
      * word that is zero between launches. */
     int topk_k, topk_n;
@@ -133,8 +133,8 @@ __device__ __forceinline__ void pdl_trigger(void)
 struct cuda_tuning {
     int pdl;               /* 1: programmatic dependent launch (default), 0: plain launches */
     int gemv_blocks_per_sm;/* 0: as many as fit (occupancy), else this many per SM */
-    int gemv_stream;       /* decode GEMVs stream weights through shared memory (gemv_stream.cu): 1 with
-                            * the PDL trigger before the wait (default), 2 after it, 0 off */
+    int gemv_mma;          /* 4-bit decode GEMVs on tensor cores (gemv_mma.cu): 1 with the PDL trigger
+                            * before the wait (default), 2 after it, 0 off (gemv_decode.cu's kernel) */
 };
 extern cuda_tuning g_cuda_tuning;
 
@@ -182,12 +182,13 @@ __device__ __forceinline__ int argmax_key_row(unsigned long long k)
  * unless out_mode == GEMV_OUT_ARGMAX. Returns cudaErrorInvalidValue for a shape it has no kernel for. */
 cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                         unsigned long long *argmax, cudaStream_t s);
-/* gemv_stream.cu: the decode (one token) GEMV streaming weights through shared memory; launch_gemv
- * calls it for n_tokens == 1. cudaErrorNotSupported for shapes it does not handle (cols % 512 != 0). */
-cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
-                               cudaStream_t s);
-/* Whether launch_gemv takes the streaming kernel for this batch (then the batch's top-k fields act). */
-bool gemv_stream_supported(const gemv_batch &b, int n_tokens);
+/* gemv_mma.cu: the 4-bit decode (one token) GEMV on tensor cores; launch_gemv calls it when
+ * gemv_mma_supported(). */
+cudaError_t launch_gemv_mma(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
+                            cudaStream_t s);
+bool gemv_mma_supported(const gemv_batch &b, int n_tokens);
+/* Whether launch_gemv publishes the batch's router top-k (decode through gemv_decode.cu's kernel). */
+bool gemv_topk_supported(const gemv_batch &b, int n_tokens);
 
 /* moe_route.cu */
 struct moe_args {

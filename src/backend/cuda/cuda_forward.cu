@@ -17,11 +17,11 @@
 
 cuda_tuning g_cuda_tuning = {1, 0, 1};
 
-extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_stream)
+extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma)
 {
     g_cuda_tuning.pdl = pdl;
     g_cuda_tuning.gemv_blocks_per_sm = gemv_blocks_per_sm;
-    g_cuda_tuning.gemv_stream = gemv_stream;
+    g_cuda_tuning.gemv_mma = gemv_mma;
 }
 
 enum prof_stage {
@@ -263,7 +263,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             b.topk_idx = c->topk_idx;
             b.topk_w = c->topk_w;
             b.topk_counter = c->moe_counter;
-            const bool topk_in_router = gemv_stream_supported(b, n); /* decode: ranked once, by the router */
+            const bool topk_in_router = gemv_topk_supported(b, n); /* decode: ranked once, by the router */
             if (!topk_in_router)
                 b.topk_k = 0;
             LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));

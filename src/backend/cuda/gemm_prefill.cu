@@ -14,6 +14,7 @@
  */
 #include "gemm_prefill.cuh"
 #include "gemv_common.cuh"
+#include "mma_common.cuh"
 
 #define GEMM_THREADS 256
 #define GEMM_ROWS 128
@@ -114,18 +115,6 @@ template <int N> __device__ __forceinline__ void cp_async_wait(void)
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
-
-/* d += a · b, m16n8k16, fp16 inputs, fp32 accumulators */
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2 *>(&u); }
 
 /* 4-bit word w (nibbles n0..n7, column 8m+i at bits 4i): odd = 0 gives lo = {n0, n4}, hi = {n1, n5};
  * odd = 1 gives lo = {n2, n6}, hi = {n3, n7}, as fp16 integers. */

@@ -8,7 +8,7 @@
  *     grid = (slots * ceil(inter / rows_per_block), n_tokens), 256 threads; x normalised once per block
  *     into shared memory; the shared expert's rows are loaded before pdl_wait().
  *   Both kernels call pdl_trigger() before pdl_wait(): what they read before the wait is weights only,
- *   so the next kernel may launch at once and prefetch its own weights (see gemv_stream.cu).
+ *   so the next kernel may launch at once and prefetch its own weights (see gemv_mma.cu).
  *   moe_down: out[r] += Σ_k w_k · (Wd[e_k] hid_k)[r] + sigmoid(shared_gate) · (Wd_shared hid_s)[r]
  *     (routing weights, shared-expert gate and the residual add fused). One warp per slot,
  *     16 output rows per block: grid = (ceil(hidden / 16), n_tokens), 32 * (top_k + 1) threads.

@@ -1,7 +1,7 @@
 /* moe_topk.cuh — the router's top-k for one token, computed by one whole block (MODEL.md §4.5):
  * experts ranked by logit (ties to the lower expert id), weights = softmax over the selected logits
  * (= softmax over all E renormalised over the top k), fp32. Used by moe_gate_up (per block, prefill)
- * and by the router GEMV's last block in decode (gemv_stream.cu), which publishes it once per token.
+ * and by the router GEMV's last block in decode (gemv_decode.cu), which publishes it once per token.
  */
 #ifndef LILY_MOE_TOPK_CUH
 #define LILY_MOE_TOPK_CUH
