@@ -223,23 +223,34 @@ int main(int argc, char **argv)
         }
     }
 
-    if (tune) { /* knobs at depth 4096: PDL on/off, GEMV blocks per SM */
-        const int kn[][3] = {{1, 0, 1}, {1, 0, 2}, {0, 0, 1}, {1, 0, 0}, {0, 0, 0}};
-        printf("\n## Launch knobs at depth 4096, decode tok/s\n\n| PDL | GEMV blocks/SM | 4-bit GEMV on tensor cores (2: trigger after wait) | tok/s |\n|---|---|---|---:|\n");
+    if (tune) { /* knobs at depths 4096 and 131072 (where the context allows): PDL, GEMV shape, attention
+                 * and DeltaNet decode kernels */
+        const int kn[][5] = {{1, 0, 1, 1, 1}, {1, 0, 2, 1, 1}, {0, 0, 1, 1, 1}, {1, 0, 0, 1, 1}, {0, 0, 0, 1, 1},
+                             {1, 0, 1, 0, 1}, {1, 0, 1, 1, 0}, {1, 0, 1, 0, 0}};
+        const int td[2] = {4096, 131072};
+        printf("\n## Launch knobs, decode tok/s\n\n| PDL | GEMV blocks/SM | 4-bit GEMV on tensor cores (2: trigger after wait) | attention on tensor cores | DeltaNet decode scan | d4096 | d131072 |\n|---|---|---|---|---|---:|---:|\n");
         for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {
-            lily_cuda_set_tuning(kn[k][0], kn[k][1], kn[k][2]);
-            be.ops->state_reset(be.ctx, st);
-            if (lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err) != LILY_OK ||
-                lily_cuda_state_set_position(be.ctx, st, 4096, &err) != LILY_OK ||
-                lily_cuda_generate_greedy(be.ctx, st, 1, 4, out, &err) != LILY_OK)
-                DIE("tune: %s", err.message);
-            t0 = now_s();
-            if (lily_cuda_generate_greedy(be.ctx, st, out[3], 64, out, &err) != LILY_OK)
-                DIE("tune: %s", err.message);
-            printf("| %d | %s | %d | %.1f |\n", kn[k][0], kn[k][1] ? (kn[k][1] == 1 ? "1" : kn[k][1] == 3 ? "3" : "4") : "max", kn[k][2], 64 / (now_s() - t0));
-            fflush(stdout);
+            lily_cuda_set_tuning(kn[k][0], kn[k][1], kn[k][2], kn[k][3], kn[k][4]);
+            printf("| %d | %s | %d | %d | %d |", kn[k][0], kn[k][1] ? (kn[k][1] == 1 ? "1" : kn[k][1] == 3 ? "3" : "4") : "max", kn[k][2], kn[k][3], kn[k][4]);
+            for (int j = 0; j < 2; j++) {
+                if (td[j] + 80 > max_ctx) {
+                    printf(" - |");
+                    continue;
+                }
+                be.ops->state_reset(be.ctx, st);
+                if (lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err) != LILY_OK ||
+                    lily_cuda_state_set_position(be.ctx, st, td[j], &err) != LILY_OK ||
+                    lily_cuda_generate_greedy(be.ctx, st, 1, 4, out, &err) != LILY_OK)
+                    DIE("tune: %s", err.message);
+                t0 = now_s();
+                if (lily_cuda_generate_greedy(be.ctx, st, out[3], 64, out, &err) != LILY_OK)
+                    DIE("tune: %s", err.message);
+                printf(" %.1f |", 64 / (now_s() - t0));
+                fflush(stdout);
+            }
+            printf("\n");
         }
-        lily_cuda_set_tuning(1, 0, 1);
+        lily_cuda_set_tuning(1, 0, 1, 1, 1);
         lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err);
     }
 

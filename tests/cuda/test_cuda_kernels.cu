@@ -405,8 +405,10 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n)
 
 /* ---- Gated DeltaNet scan ---------------------------------------------------------------------------- */
 
-static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
+/* decode: 1 = n == 1 calls take gdn_decode_kernel (the default), 0 = the general scan for every n */
+static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
 {
+    g_cuda_tuning.gdn_decode = decode;
     const int dv = dk, K = 4, key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, stride = conv_dim + 7;
     const int n = n1 + n2;
     std::vector<float> mixed = rand_vec((size_t)n * stride, -1, 1), ba = rand_vec((size_t)n * 2 * Hv, -2, 2);
@@ -497,10 +499,11 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
         }
     }
     char what[160];
-    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d output", Hk, Hv, dk, n1, n2);
+    const char *kind = decode ? "" : " (general scan)";
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d output%s", Hk, Hv, dk, n1, n2, kind);
     check(what, got, want, mag, 1e-3);
     std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
-    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d state", Hk, Hv, dk, n1, n2);
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d state%s", Hk, Hv, dk, n1, n2, kind);
     check(what, Sg, Sw, Smag, 1e-4);
     /* conv state after the second call lives in buffer (1 ^ 1) = 0: last K-1 rows of the history */
     std::vector<float> cg(csg.begin(), csg.begin() + (size_t)(K - 1) * conv_dim);
@@ -508,15 +511,20 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
     for (int s = 0; s < K - 1; s++)
         for (int c = 0; c < conv_dim; c++) cw2[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
     if (n2) {
-        snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d conv state", Hk, Hv, dk, n1, n2);
+        snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d conv state%s", Hk, Hv, dk, n1, n2, kind);
         check(what, cg, cw2, cm);
     }
+    g_cuda_tuning.gdn_decode = 1;
 }
 
 /* ---- attention --------------------------------------------------------------------------------------- */
 
-static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int splits)
+/* mma: 1 = n == 1 takes the tensor-core decode kernel (default; q and P rounded to bf16: the twin rounds q
+ * too and the bound is 5e-3 * mag, see test_cuda_attention_prefill.cu), 0 = the SIMT kernel (2e-3) */
+static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int splits, int mma = 0,
+                           int min_chunk = 16)
 {
+    g_cuda_tuning.att_mma = mma;
     const int max_ctx = pos0 + n + 3, qkv_stride = nh * 2 * D + 2 * nkv * D, G = nh / nkv;
     std::vector<float> qkv = rand_vec((size_t)n * qkv_stride, -1, 1);
     std::vector<float> qn = rand_vec(D, 0.5f, 1.5f), kn = rand_vec(D, 0.5f, 1.5f);
@@ -540,7 +548,7 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
     a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = rot, a.rope_theta = 1e7f;
     a.out = dev_nan((size_t)n * nh * D);
     a.n_splits = splits;
-    a.min_chunk = 16;
+    a.min_chunk = min_chunk;
     a.part_o = dev_nan((size_t)nkv * splits * G * D);
     a.part_ml = dev_nan((size_t)nkv * splits * G * 2);
     unsigned int *cnt;
@@ -593,6 +601,8 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
             }
         }
     }
+    if (mma)
+        for (auto &x : Q) x = lily_bf16_to_f32(lily_f32_to_bf16((float)x));
     std::vector<double> want((size_t)n * nh * D), mag((size_t)n * nh * D);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < nh; h++) {
@@ -619,8 +629,10 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
             }
         }
     char what[160];
-    snprintf(what, sizeof what, "attention heads %d/%d D %d pos %d n %d splits %d", nh, nkv, D, pos0, n, splits);
-    check(what, got, want, mag, 2e-3);
+    snprintf(what, sizeof what, "attention heads %d/%d D %d pos %d n %d splits %d x >= %d%s", nh, nkv, D, pos0, n,
+             splits, min_chunk, mma ? " (tensor cores)" : "");
+    check(what, got, want, mag, mma ? 5e-3 : 2e-3);
+    g_cuda_tuning.att_mma = 1;
 }
 
 /* ---- embedding ---------------------------------------------------------------------------------------- */
@@ -688,19 +700,34 @@ int main(void)
         test_gdn(2, 4, 32, ns[i], 1);
         test_gdn(2, 4, 32, 1, ns[i]);
     }
+    test_gdn(2, 4, 32, 513, 1);
     test_gdn(16, 32, 128, 1, 1);
     test_gdn(16, 32, 128, 7, 64);
+    test_gdn(16, 32, 128, 64, 1);
     test_gdn(4, 8, 64, 2, 5);
+    test_gdn(4, 8, 64, 1, 1);
+    test_gdn(4, 8, 64, 7, 1);
+    /* the general scan for n == 1 (the knob's other side) */
+    test_gdn(2, 4, 32, 1, 1, 0);
+    test_gdn(16, 32, 128, 7, 1, 0);
     /* attention: prefill (one split) and decode (split-KV) */
     for (int i = 0; i < 5; i++) {
         test_attention(8, 2, 64, 16, 0, ns[i], 1);
         test_attention(16, 2, 256, 64, 3, ns[i] > 64 ? 70 : ns[i], 1);
     }
-    const int depths[] = {0, 1, 6, 63, 512, 5000};
-    for (int i = 0; i < 6; i++) {
+    const int depths[] = {0, 1, 6, 63, 512, 1000, 5000};
+    for (int i = 0; i < 7; i++) {
         test_attention(8, 2, 64, 16, depths[i], 1, 8);
         test_attention(16, 2, 256, 64, depths[i], 1, 64);
+        /* tensor-core decode: one split, split-KV, many splits of the smallest chunk, G = 8 / 4 / 2 */
+        test_attention(8, 2, 64, 16, depths[i], 1, 8, 1);
+        test_attention(16, 2, 256, 64, depths[i], 1, 64, 1, 128);
+        test_attention(16, 2, 256, 64, depths[i], 1, 1, 1);
+        test_attention(16, 2, 128, 32, depths[i], 1, 37, 1);
+        test_attention(8, 4, 256, 64, depths[i] + 3, 1, 256, 1, 1);
     }
+    test_attention(16, 2, 256, 64, 4093, 1, 200, 1, 16); /* odd position, many splits */
+    test_attention(16, 2, 256, 64, 777, 1, 3, 1, 16);
     test_embed(4, 1000, 2048, 7);
     test_embed(16, 512, 128, 64);
     test_embed(8, 300, 128, 2);

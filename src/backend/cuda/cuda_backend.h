@@ -60,8 +60,10 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
  * lily_cuda_set_attention_split): pdl = 1 programmatic dependent launch (default) or 0 plain launches;
  * gemv_blocks_per_sm = 0 fills the GPU as occupancy allows (default), else that many blocks per SM
  * (general GEMV kernel); gemv_mma = 1 4-bit decode GEMVs on tensor cores (default), 2 the same with
- * the PDL trigger after the wait, 0 the general kernel. */
-void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma);
+ * the PDL trigger after the wait, 0 the general kernel; att_mma = 1 decode attention on tensor cores
+ * (default), 0 the SIMT kernel; gdn_decode = 1 the one-token Gated DeltaNet scan kernel (default), 0 the
+ * general scan. */
+void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma, int att_mma, int gdn_decode);
 
 #ifdef __cplusplus
 }

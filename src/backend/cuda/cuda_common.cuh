@@ -135,6 +135,10 @@ struct cuda_tuning {
     int gemv_blocks_per_sm;/* 0: as many as fit (occupancy), else this many per SM */
     int gemv_mma;          /* 4-bit decode GEMVs on tensor cores (gemv_mma.cu): 1 with the PDL trigger
                             * before the wait (default), 2 after it, 0 off (gemv_decode.cu's kernel) */
+    int att_mma;           /* decode attention (n == 1) on tensor cores (attention_decode.cu):
+                            * 1 (default), 0 the SIMT split-KV kernel */
+    int gdn_decode;        /* Gated DeltaNet scan for n == 1 (deltanet_scan.cu): 1 the barrier-free
+                            * decode kernel (default), 0 the general scan */
 };
 extern cuda_tuning g_cuda_tuning;
 
@@ -245,7 +249,11 @@ struct attn_args {
     unsigned int *counter; /* [n_kv], zero between launches */
 };
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
+/* Decode attention: n_tokens == 1 runs on tensor cores when g_cuda_tuning.att_mma and
+ * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256; split-KV merged by a
+ * second kernel, counter unused), else the SIMT kernel (n_splits <= head_dim, last-block merge). */
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s);
+bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
 
 /* attention_prefill.cu: causal flash attention (tensor cores) for a chunk of n_tokens >= 1 queries at
  * positions *pos .. *pos + n_tokens - 1 over cache keys [0, *pos + n_tokens), same inputs (q, k/v cache

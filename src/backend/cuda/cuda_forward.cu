@@ -15,13 +15,15 @@
 
 #define LM_GREEDY 3
 
-cuda_tuning g_cuda_tuning = {1, 0, 1};
+cuda_tuning g_cuda_tuning = {1, 0, 1, 1, 1};
 
-extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma)
+extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma, int att_mma, int gdn_decode)
 {
     g_cuda_tuning.pdl = pdl;
     g_cuda_tuning.gemv_blocks_per_sm = gemv_blocks_per_sm;
     g_cuda_tuning.gemv_mma = gemv_mma;
+    g_cuda_tuning.att_mma = att_mma;
+    g_cuda_tuning.gdn_decode = gdn_decode;
 }
 
 enum prof_stage {
