@@ -503,8 +503,8 @@ __global__ void __launch_bounds__(ADM_MERGE_DIMS *ADM_MERGE_GROUPS) attention_de
 {
     __shared__ float s_f[ADM_MAX_SPLITS];
     __shared__ float s_part[ADM_MERGE_GROUPS][ADM_MERGE_DIMS];
+    pdl_trigger(); /* o_proj may launch and prefetch its weights (it reads nothing of ours before its wait) */
     pdl_wait();
-    pdl_trigger(); /* o_proj may launch and prefetch its weights */
     const int hg = blockIdx.x, G = a.n_heads / a.n_kv, g = hg / G, h = hg % G, D = a.head_dim;
     const int n_splits = a.n_splits, tid = threadIdx.x;
     const int L = *a.pos + 1;
