@@ -308,7 +308,7 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
 
 /* ---- MoE ----------------------------------------------------------------------------------------- */
 
-static void test_moe(int bits, int hidden, int E, int K, int inter, int n)
+static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool topk_ready = false)
 {
     hmat g, u, d, sg, su, sd;
     make_mat(g, bits, E, inter, hidden);
@@ -337,6 +337,30 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n)
     a.topk_idx = di;
     a.topk_w = dev_nan((size_t)n * K);
     a.out = dh;
+    if (topk_ready) { /* decode: the router published the top-k (n == 1); the tensor-core kernels run */
+        std::vector<int> idx;
+        std::vector<float> w;
+        std::vector<bool> taken(E, false);
+        double sel = 0;
+        for (int k = 0; k < K; k++) {
+            int bi = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (bi < 0 || logits[e] > logits[bi])) bi = e;
+            taken[bi] = true;
+            idx.push_back(bi);
+            sel += exp((double)logits[bi] - logits[idx[0]]);
+        }
+        for (int k = 0; k < K; k++)
+            w.push_back((float)(exp((double)logits[idx[k]] - logits[idx[0]]) / sel));
+        CK(cudaMemcpy(di, idx.data(), K * sizeof(int), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy((void *)a.topk_w, w.data(), K * sizeof(float), cudaMemcpyHostToDevice));
+        a.topk_ready = 1;
+        if (!moe_decode_mma_supported(a, n)) {
+            printf("FAIL moe: no tensor-core decode kernel for hidden %d inter %d\n", hidden, inter);
+            g_fail++;
+            return;
+        }
+    }
     cudaError_t e1 = launch_moe_gate_up(a, n, 0);
     cudaError_t e2 = launch_moe_down(a, n, 0);
     if (e1 != cudaSuccess || e2 != cudaSuccess) {
@@ -399,7 +423,8 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n)
         }
     }
     char what[160];
-    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d n %3d", bits, hidden, E, K, inter, n);
+    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d n %3d%s", bits, hidden, E, K, inter, n,
+             topk_ready ? " (decode, tensor cores)" : "");
     check(what, got, want, mag, 3e-4);
 }
 
@@ -692,6 +717,9 @@ int main(void)
         test_moe(16, 128, 16, 4, 64, ns[i]);
     }
     test_moe(4, 2048, 32, 8, 512, 1);
+    test_moe(4, 2048, 32, 8, 512, 1, true);
+    test_moe(4, 512, 64, 8, 128, 1, true);
+    test_moe(4, 1024, 16, 4, 256, 1, true);
     test_moe(4, 2048, 32, 8, 512, 2);
     test_moe(4, 128, 256, 8, 64, 7);
     test_moe(8, 512, 64, 8, 128, 7);

@@ -212,6 +212,10 @@ struct moe_args {
 };
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);
+/* moe_decode.cu: the same two stages for one decode token on tensor cores (launch_moe_* call them). */
+bool moe_decode_mma_supported(const moe_args &a, int n_tokens);
+cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s);
+cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s);
 
 /* deltanet_scan.cu */
 struct gdn_args {

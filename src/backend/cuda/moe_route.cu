@@ -180,6 +180,8 @@ static cudaError_t gate_up_bits(const moe_args &a, int n_tokens, cudaStream_t s)
 
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s)
 {
+    if (moe_decode_mma_supported(a, n_tokens))
+        return launch_moe_gate_up_mma(a, s); /* moe_decode.cu */
     if (a.top_k > MOE_MAX_K || a.top_k > 32 || a.n_experts > MOE_MAX_E || a.gate.bits != a.sgate.bits)
         return cudaErrorInvalidValue;
     switch (a.gate.bits) {
@@ -214,6 +216,8 @@ static cudaError_t down_bits(const moe_args &a, int n_tokens, cudaStream_t s)
 
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s)
 {
+    if (moe_decode_mma_supported(a, n_tokens))
+        return launch_moe_down_mma(a, s); /* moe_decode.cu */
     if (a.top_k + 1 > 32 || a.inter != a.shared_inter || a.down.bits != a.sdown.bits)
         return cudaErrorInvalidValue;
     switch (a.down.bits) {

@@ -1,0 +1,127 @@
+/* mma_gemv.cuh — a 16-row tile of a 4-bit matrix times one activation vector on tensor cores, the
+ * building block of the decode GEMVs (gemv_mma.cu) and the decode MoE kernels (moe_decode.cu).
+ *
+ * MLX affine 4-bit, w = s·q + b per group of 64 columns. A 32-bit word holds nibbles q0..q7 (column
+ * 8m + e at bits 4e); (w & 0x000F000F) | 0x64006400 is the fp16 pair (1024 + q0, 1024 + q4) and
+ * (w & 0x00F000F0) | 0x64006400 is (1024 + 16·q1, 1024 + 16·q5): one LOP3 per two weights, fed as-is to
+ * mma.sync m16n8k16 as A, with x' (x in fp16, divided by 16 for the odd nibbles) as B, fp32 accumulate.
+ * Per group D = Σ q·x_eff + 1024·S1 (S1 = Σ of the fed values, x_eff = x' or 16·x'), hence
+ *   Σ w·x = s·(D − 1024·S1) + b·Σ x_eff,
+ * with 1024·S1 and Σ x_eff computed once from the same fp16 values (mg_group_sums).
+ *
+ * Thread (g, t) of a quad (g = lane / 4, t = lane % 4) loads, per 128-column step, one 16-byte vector
+ * (32 columns) of rows g and g+8: t < 2 covers the step's first group, t >= 2 its second. B's 8 columns
+ * keep the groups apart: thread (g, t) feeds x for column g only when (t >= 2) == (g odd), so D column
+ * 2t holds the first group's sum and 2t+1 the second's (c0/c1 for row g, c2/c3 for row g+8).
+ *
+ * x fragments (mg_build_frags): item i = 8 columns 8i..8i+7 as one uint4 of fp16 pairs
+ *   {(x0, x4), (x1, x5)/16, (x2, x6), (x3, x7)/16}; thread t reads items c0/8 + 4t + j, j = 0..3.
+ */
+#ifndef LILY_MMA_GEMV_CUH
+#define LILY_MMA_GEMV_CUH
+
+#include "cuda_common.cuh"
+#include "mma_common.cuh"
+
+#define MG_MAX_STEPS 4 /* 128-column steps per warp: at most 512 columns */
+
+/* The loads of one warp's tile: rows ra (g) and rb (g+8), `steps` 128-column steps from column c_lo. */
+struct mg_frag {
+    uint4 wa[MG_MAX_STEPS], wb[MG_MAX_STEPS];
+    uint32_t sa[MG_MAX_STEPS], ba[MG_MAX_STEPS], sb[MG_MAX_STEPS], bb[MG_MAX_STEPS]; /* bf16 pairs */
+};
+
+/* Issue the loads (physical rows ra, rb of W: experts folded in). Only weights: may run before pdl_wait. */
+__device__ __forceinline__ void mg_load(const dmat &W, int64_t ra, int64_t rb, int c_lo, int steps, int t, mg_frag &f)
+{
+    const int gpr = W.cols / 64;
+#pragma unroll
+    for (int st = 0; st < MG_MAX_STEPS; st++) {
+        if (st < steps) {
+            const int c0 = c_lo + st * 128, gi = c0 / 64; /* gi even: (gi, gi+1) is one aligned word */
+            f.wa[st] = __ldg(reinterpret_cast<const uint4 *>(W.data + ra * W.row_bytes + c0 / 2) + t);
+            f.wb[st] = __ldg(reinterpret_cast<const uint4 *>(W.data + rb * W.row_bytes + c0 / 2) + t);
+            f.sa[st] = __ldg(reinterpret_cast<const uint32_t *>(W.scales + ra * gpr + gi));
+            f.ba[st] = __ldg(reinterpret_cast<const uint32_t *>(W.biases + ra * gpr + gi));
+            f.sb[st] = __ldg(reinterpret_cast<const uint32_t *>(W.scales + rb * gpr + gi));
+            f.bb[st] = __ldg(reinterpret_cast<const uint32_t *>(W.biases + rb * gpr + gi));
+        }
+    }
+}
+
+__device__ __forceinline__ float2 bf2_f2(uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u)); }
+
+/* The tile's dot products (of the fed x; divide by the x scale afterwards): acc_a for row g, acc_b for
+ * row g+8, identical in the 4 threads of a quad. s_xh / s_off / s_xsum are indexed by absolute column. */
+__device__ __forceinline__ void mg_dot(const mg_frag &f, int c_lo, int steps, const uint4 *s_xh, const float *s_off,
+                                       const float *s_xsum, int g, int t, float &acc_a, float &acc_b)
+{
+    const bool feeds = (t >= 2) == ((g & 1) != 0);
+#pragma unroll
+    for (int st = 0; st < MG_MAX_STEPS; st++) {
+        if (st < steps) {
+            const int c0 = c_lo + st * 128, gi = c0 / 64;
+            const uint4 *xf = s_xh + c0 / 8 + t * 4;
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint32_t wa4[4] = {f.wa[st].x, f.wa[st].y, f.wa[st].z, f.wa[st].w};
+            const uint32_t wb4[4] = {f.wb[st].x, f.wb[st].y, f.wb[st].z, f.wb[st].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint4 xv = feeds ? xf[j] : make_uint4(0u, 0u, 0u, 0u);
+                const uint32_t pa = wa4[j], pb = wb4[j], qa = pa >> 8, qb = pb >> 8;
+                const uint32_t A0[4] = {(pa & 0x000F000Fu) | 0x64006400u, (pb & 0x000F000Fu) | 0x64006400u,
+                                        (pa & 0x00F000F0u) | 0x64006400u, (pb & 0x00F000F0u) | 0x64006400u};
+                const uint32_t A1[4] = {(qa & 0x000F000Fu) | 0x64006400u, (qb & 0x000F000Fu) | 0x64006400u,
+                                        (qa & 0x00F000F0u) | 0x64006400u, (qb & 0x00F000F0u) | 0x64006400u};
+                mma16816(d, A0, xv.x, xv.y);
+                mma16816(d, A1, xv.z, xv.w);
+            }
+            const float o0 = s_off[gi], o1 = s_off[gi + 1], x0 = s_xsum[gi], x1 = s_xsum[gi + 1];
+            const float2 Sa = bf2_f2(f.sa[st]), Ba = bf2_f2(f.ba[st]), Sb = bf2_f2(f.sb[st]), Bb = bf2_f2(f.bb[st]);
+            acc_a = fmaf(Sa.x, d[0] - o0, fmaf(Ba.x, x0, fmaf(Sa.y, d[1] - o1, fmaf(Ba.y, x1, acc_a))));
+            acc_b = fmaf(Sb.x, d[2] - o0, fmaf(Bb.x, x0, fmaf(Sb.y, d[3] - o1, fmaf(Bb.y, x1, acc_b))));
+        }
+    }
+}
+
+/* The power of two that keeps max|x| <= 2^14 in fp16 (1 when it already is). */
+__device__ __forceinline__ float mg_x_scale(float max_abs)
+{
+    float k = 1.0f;
+    while (max_abs * k > 16384.0f)
+        k *= 0.5f;
+    return k;
+}
+
+/* x fragments of columns [0, cols) from fp32 x (times xk), items i = tid, tid + nthr, ... */
+__device__ __forceinline__ void mg_build_frags(const float *x, int cols, float xk, uint4 *s_xh, int tid, int nthr)
+{
+    for (int i = tid; i < cols / 8; i += nthr) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = x[i * 8 + e] * xk;
+        s_xh[i] = make_uint4(h2_bits(__floats2half2_rn(v[0], v[4])), h2_bits(__floats2half2_rn(v[1] * 0.0625f, v[5] * 0.0625f)),
+                             h2_bits(__floats2half2_rn(v[2], v[6])), h2_bits(__floats2half2_rn(v[3] * 0.0625f, v[7] * 0.0625f)));
+    }
+}
+
+/* Per group of 64 columns: s_off = 1024 · Σ fed values, s_xsum = Σ x_eff (after mg_build_frags). */
+__device__ __forceinline__ void mg_group_sums(const uint4 *s_xh, int cols, float *s_off, float *s_xsum, int tid, int nthr)
+{
+    for (int gi = tid; gi < cols / 64; gi += nthr) {
+        float s1 = 0.0f, sx = 0.0f;
+        for (int i = gi * 8; i < gi * 8 + 8; i++) {
+            const uint4 u = s_xh[i];
+            const float2 a0 = __half22float2(bits_h2(u.x)), a1 = __half22float2(bits_h2(u.y));
+            const float2 b0 = __half22float2(bits_h2(u.z)), b1 = __half22float2(bits_h2(u.w));
+            const float even = a0.x + a0.y + b0.x + b0.y, odd = a1.x + a1.y + b1.x + b1.y;
+            s1 += even + odd;
+            sx += even + 16.0f * odd;
+        }
+        s_off[gi] = 1024.0f * s1;
+        s_xsum[gi] = sx;
+    }
+}
+
+#endif

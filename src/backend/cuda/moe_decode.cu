@@ -1,0 +1,184 @@
+/* moe_decode.cu — the sparse MoE block of one decode token (n_tokens == 1) for 4-bit experts, on tensor
+ * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV published the top-k (topk_ready):
+ *
+ *   moe_gate_up_mma: block (16-row tile, slot), 8 warps = {gate, up} × 4 column slices of hidden;
+ *     hid[slot][r] = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ), x = RMSNorm(h) · post_norm; slot top_k = the shared
+ *     expert, whose rows are loaded before pdl_wait(); a routed slot reads its expert id right after the
+ *     wait and issues its loads before normalising x.
+ *   moe_down_mma: block = 16 output rows, one warp per slot (top_k + 1 warps), each building its own
+ *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
+ * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
+ *
+ * Requirements (moe_route.cu's kernels otherwise): 4-bit routed and shared experts, hidden 512..2048 (% 512),
+ * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, topk_ready.
+ */
+#include "gemv_common.cuh"
+#include "mma_gemv.cuh"
+
+#define MD_WARPS 8
+#define MD_MAX_SLOTS 16
+
+__global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a)
+{
+    extern __shared__ __align__(16) float md_smem[];
+    const int H = a.hidden;
+    float *s_x = md_smem;                                   /* [H] */
+    uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem + H);   /* [H / 8] */
+    float *s_off = md_smem + H + H / 2, *s_xsum = s_off + H / 64;
+    __shared__ float s_red[MD_WARPS];
+    __shared__ float s_part[MD_WARPS][16];
+    __shared__ float s_scale;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, slot = blockIdx.y;
+    const bool shared = slot == a.top_k;
+    const int mat = warp / 4, ks = warp % 4, CW = H / 4, steps = CW / 128;
+    const dmat &W = shared ? (mat ? a.sup : a.sgate) : (mat ? a.up : a.gate);
+    const int rows = shared ? a.shared_inter : a.inter;
+    const int r0 = tile * 16;
+    const bool live = r0 < rows;
+    const int ra = live ? r0 + g : 0, rb = live ? r0 + g + 8 : 0;
+
+    mg_frag f;
+    if (shared)
+        mg_load(W, ra, rb, ks * CW, steps, t, f);
+    pdl_trigger();
+    pdl_wait();
+    if (!shared) {
+        const int64_t e = __ldcg(a.topk_idx + slot);
+        mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
+    }
+    gemv_input in;
+    in.act = a.h;
+    in.act_stride = H;
+    in.mode = GEMV_IN_RMSNORM;
+    in.norm_w = a.norm_w;
+    in.eps = a.eps;
+    in.z = NULL;
+    in.z_stride = 0;
+    in.head_dim = 0;
+    gemv_prologue<GEMV_IN_RMSNORM, MD_WARPS>(in, 0, H, s_x, s_red);
+    float mx = 0.0f;
+    for (int c = threadIdx.x; c < H; c += MD_WARPS * 32)
+        mx = fmaxf(mx, fabsf(s_x[c]));
+    mx = warp_max(mx);
+    if (lane == 0)
+        s_red[warp] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float M = 0.0f;
+        for (int w = 0; w < MD_WARPS; w++)
+            M = fmaxf(M, s_red[w]);
+        s_scale = mg_x_scale(M);
+    }
+    __syncthreads();
+    const float xk = s_scale;
+    mg_build_frags(s_x, H, xk, s_xh, threadIdx.x, MD_WARPS * 32);
+    __syncthreads();
+    mg_group_sums(s_xh, H, s_off, s_xsum, threadIdx.x, MD_WARPS * 32);
+    __syncthreads();
+    float acc_a = 0.0f, acc_b = 0.0f;
+    mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
+    if (t == 0) {
+        s_part[warp][g] = acc_a;
+        s_part[warp][g + 8] = acc_b;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && live) {
+        const int r = threadIdx.x;
+        const float gv = (s_part[0][r] + s_part[1][r] + s_part[2][r] + s_part[3][r]) / xk;
+        const float uv = (s_part[4][r] + s_part[5][r] + s_part[6][r] + s_part[7][r]) / xk;
+        const int hid_stride = max(a.inter, a.shared_inter);
+        a.hid[(int64_t)slot * hid_stride + r0 + r] = silu_f(gv) * uv;
+    }
+}
+
+__global__ void __launch_bounds__(MD_MAX_SLOTS * 32) moe_down_mma_kernel(moe_args a)
+{
+    extern __shared__ __align__(16) float md_smem[];
+    const int I = a.inter, slots = a.top_k + 1;
+    uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem);             /* [slots][I / 8] */
+    float *s_off = md_smem + slots * I / 2, *s_xsum = s_off + slots * (I / 64);
+    __shared__ float s_part[MD_MAX_SLOTS][16];
+    const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const bool shared = slot == a.top_k;
+    const dmat &W = shared ? a.sdown : a.down;
+    const int r0 = blockIdx.x * 16, steps = I / 128;
+    const int ra = min(r0 + g, a.hidden - 1), rb = min(r0 + g + 8, a.hidden - 1);
+
+    mg_frag f;
+    if (shared)
+        mg_load(W, ra, rb, 0, steps, t, f);
+    pdl_trigger();
+    pdl_wait();
+    float wk;
+    if (!shared) {
+        const int64_t e = __ldcg(a.topk_idx + slot);
+        mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
+        wk = __ldcg(a.topk_w + slot);
+    } else {
+        wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
+    }
+    /* this warp's x = hid[slot] (I values): scale, fragments, group sums — warp-local */
+    const int hid_stride = max(a.inter, a.shared_inter);
+    const float *hx = a.hid + (int64_t)slot * hid_stride;
+    uint4 *xh = s_xh + slot * (I / 8);
+    float *off = s_off + slot * (I / 64), *xsum = s_xsum + slot * (I / 64);
+    float mx = 0.0f;
+    for (int c = lane; c < I; c += 32)
+        mx = fmaxf(mx, fabsf(__ldcg(hx + c)));
+    const float xk = mg_x_scale(warp_max(mx));
+    for (int i = lane; i < I / 8; i += 32) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = __ldcg(hx + i * 8 + e) * xk;
+        xh[i] = make_uint4(h2_bits(__floats2half2_rn(v[0], v[4])), h2_bits(__floats2half2_rn(v[1] * 0.0625f, v[5] * 0.0625f)),
+                           h2_bits(__floats2half2_rn(v[2], v[6])), h2_bits(__floats2half2_rn(v[3] * 0.0625f, v[7] * 0.0625f)));
+    }
+    __syncwarp();
+    mg_group_sums(xh, I, off, xsum, lane, 32);
+    __syncwarp();
+    float acc_a = 0.0f, acc_b = 0.0f;
+    mg_dot(f, 0, steps, xh, off, xsum, g, t, acc_a, acc_b);
+    if (t == 0) {
+        s_part[slot][g] = wk * acc_a / xk;
+        s_part[slot][g + 8] = wk * acc_b / xk;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && r0 + (int)threadIdx.x < a.hidden) {
+        float acc = 0.0f;
+        for (int k = 0; k < slots; k++)
+            acc += s_part[k][threadIdx.x];
+        a.out[r0 + threadIdx.x] += acc;
+    }
+}
+
+bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
+{
+    const bool inter_ok = a.inter == a.shared_inter && (a.inter == 128 || a.inter == 256 || a.inter == 512);
+    return n_tokens == 1 && g_cuda_tuning.gemv_mma && a.topk_ready && a.gate.bits == 4 && a.sgate.bits == 4 &&
+           a.down.bits == 4 && a.sdown.bits == 4 && a.hidden % 512 == 0 && a.hidden <= 4 * 512 && inter_ok &&
+           a.top_k + 1 <= MD_MAX_SLOTS;
+}
+
+cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s)
+{
+    const int H = a.hidden;
+    const size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
+    static size_t smem_set = 48 * 1024;
+    if (smem > smem_set) {
+        const cudaError_t e = cudaFuncSetAttribute(moe_gate_up_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return e;
+        smem_set = smem;
+    }
+    const int rows = max(a.inter, a.shared_inter);
+    return launch_pdl(moe_gate_up_mma_kernel, dim3((rows + 15) / 16, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a);
+}
+
+cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)
+{
+    const int slots = a.top_k + 1, I = a.inter;
+    const size_t smem = ((size_t)slots * (I / 2) + 2 * (size_t)slots * (I / 64)) * sizeof(float);
+    return launch_pdl(moe_down_mma_kernel, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);
+}
