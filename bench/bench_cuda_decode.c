@@ -5,7 +5,7 @@
  * from cost_model.h over the measured device-to-device copy rate), a per-stage profile (CUDA events),
  * an optional split-KV sweep, and optionally CUDA-vs-CPU logits agreement on one prompt.
  *
- * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072]
+ * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
  *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]
  */
 #include <math.h>
@@ -89,7 +89,7 @@ static void compare_logits(const float *ref, const float *got, int rows, int voc
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0;
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0, chunk = 512, prof_prefill = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -100,6 +100,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--compare-cpu") && i + 1 < argc) compare = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--compare-variants")) compare_variants = 1;
+        else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
         else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]", argv[0]);
     }
     if (!n_depths) {
@@ -120,7 +122,7 @@ int main(int argc, char **argv)
     const lily_config *cfg = &syn->cfg;
     lily_backend_options opts;
     memset(&opts, 0, sizeof opts);
-    opts.max_chunk = 512;
+    opts.max_chunk = chunk;
     lily_backend be;
     t0 = now_s();
     if (lily_backend_create("cuda", cfg, &syn->weights, &opts, &be, &err) != LILY_OK)
@@ -148,16 +150,33 @@ int main(int argc, char **argv)
         float *lg = malloc(sizeof(float) * cfg->vocab_size);
         if (!lg) DIE("oom");
         be.ops->state_reset(be.ctx, st);
-        if (be.ops->forward(be.ctx, st, toks, prefill < 512 ? prefill : 512, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+        if (be.ops->forward(be.ctx, st, toks, prefill < chunk ? prefill : chunk, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
             DIE("prefill: %s", err.message);
         be.ops->state_reset(be.ctx, st);
         t0 = now_s();
-        for (int p = 0; p < prefill; p += 512) {
-            const int m = prefill - p < 512 ? prefill - p : 512;
+        for (int p = 0; p < prefill; p += chunk) {
+            const int m = prefill - p < chunk ? prefill - p : chunk;
             if (be.ops->forward(be.ctx, st, toks + p, m, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
                 DIE("prefill: %s", err.message);
         }
-        printf("prefill %d tokens: %.1f tok/s\n", prefill, prefill / (now_s() - t0));
+        printf("prefill %d tokens in chunks of %d: %.1f tok/s\n", prefill, chunk, prefill / (now_s() - t0));
+        size_t used = 0, total = 0;
+        if (lily_cuda_device_memory(0, &used, &total, &err) == LILY_OK)
+            printf("device memory in use: %.2f of %.2f GiB\n", used / 1073741824.0, total / 1073741824.0);
+        if (prof_prefill) {
+            const int m = prefill < chunk ? prefill : chunk;
+            lily_cuda_profile p;
+            be.ops->state_reset(be.ctx, st);
+            if (lily_cuda_profile_prefill(be.ctx, st, toks, m, &p, &err) != LILY_OK)
+                DIE("profile prefill: %s", err.message);
+            printf("\n## Prefill profile, one chunk of %d tokens at position 0 (CUDA events between stages; ms)\n\n", m);
+            printf("| stage | ms | share |\n|---|---:|---:|\n");
+            for (int k = 0; k < p.n; k++)
+                if (p.ms[k] > 0)
+                    printf("| %s | %.3f | %.1f%% |\n", !strcmp(p.names[k], "moe_router") ? "moe (router, top-k, experts)" : p.names[k],
+                           p.ms[k], 100.0 * p.ms[k] / p.total_ms);
+            printf("| total | %.3f | (%.0f tok/s) |\n", p.total_ms, m / (p.total_ms * 1e-3));
+        }
         free(lg);
     }
 

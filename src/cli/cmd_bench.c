@@ -207,6 +207,7 @@ typedef struct {
     char build[128];
     char date[64];
     char limits[256];
+    char memory[128]; /* device memory in use after the sweep (CUDA), or "" */
     int threads;
 } bench_header;
 
@@ -388,8 +389,11 @@ static void print_md(const bench_header *h, const bench_options *o, int top_k, c
 {
     printf("## lily bench — %s\n\n", h->date);
     printf("- machine: %s\n- backend: %s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
-           "- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n\n",
+           "- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n",
            h->machine, o->backend, h->threads, h->model, h->shape, h->quantization, h->build, h->limits, o->reps);
+    if (h->memory[0])
+        printf("- device memory: %s\n", h->memory);
+    printf("\n");
     printf("| test | length | tok/s | ± | cost/token | floor tok/s | %% of floor |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n_rows; i++) {
@@ -750,6 +754,13 @@ int cmd_bench(int argc, char **argv)
     }
     if (isatty(STDERR_FILENO))
         fputs("\r\033[K", stderr);
+    if (!strcmp(o.backend, "cuda")) { /* everything is allocated up front, so this is the peak */
+        size_t used = 0, total = 0;
+        lily_error merr = {0};
+        if (lily_cuda_device_memory(o.device, &used, &total, &merr) == LILY_OK)
+            snprintf(h.memory, sizeof h.memory, "%.2f of %.2f GiB in use after the sweep (weights, KV cache and state for "
+                     "the longest context, scratch for one prefill chunk)", used / 1073741824.0, total / 1073741824.0);
+    }
 
     if (!strcmp(o.output, "json"))
         print_json(&h, &o, &hw, have_hw, rows, n_rows);

@@ -911,26 +911,3 @@ static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, in
     return LILY_OK;
 }
 
-/* ---- hardware limits for `lily bench` (hw_limits.h; replaces the weak default) ---------------------- */
-
-extern "C" {
-#include "runtime/hw_limits.h"
-}
-
-extern "C" lily_status lily_cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err)
-{
-    memset(out, 0, sizeof *out);
-    double gbps = 0;
-    lily_status st = lily_cuda_membw(device, (size_t)2 << 30, 20, &gbps, err);
-    if (st != LILY_OK)
-        return st;
-    cudaDeviceProp p;
-    CUDA_TRY(cudaGetDeviceProperties(&p, device));
-    snprintf(out->device, sizeof out->device, "%.200s (%d SMs, %.0f GiB)", p.name, p.multiProcessorCount,
-             p.totalGlobalMem / 1073741824.0);
-    out->copy_bytes_per_s = gbps * 1e9;
-    out->bandwidth = out->copy_bytes_per_s;
-    out->matmul_flops_per_s = 0; /* not measured by this backend (no tensor-core GEMM yet) */
-    snprintf(out->matmul_kind, sizeof out->matmul_kind, "not measured");
-    return LILY_OK;
-}

@@ -48,6 +48,14 @@ typedef struct {
 lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t first_token, int n_steps,
                                      lily_cuda_profile *out, lily_error *err);
 
+/* Per-stage profile of one prefill forward call of n tokens (n <= max_chunk) at the state's position,
+ * with CUDA events between stages (ms for the call); advances the state by n. */
+lily_status lily_cuda_profile_prefill(void *ctx, void *state, const int32_t *tokens, int n, lily_cuda_profile *out,
+                                      lily_error *err);
+
+/* Device memory in use (all processes) and in total on GPU `device`, bytes. */
+lily_status lily_cuda_device_memory(int device, size_t *used, size_t *total, lily_error *err);
+
 /* Device-to-device copy bandwidth of GPU `device`: `bytes` copied `reps` times; *gbps = (read + write)
  * bytes / second / 1e9. Errors: LILY_ERR_UNSUPPORTED without CUDA, LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND. */
 lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, lily_error *err);

@@ -556,47 +556,48 @@ extern "C" lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t 
     return LILY_OK;
 }
 
-extern "C" lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, lily_error *err)
+/* Per-stage prefill profile: one forward call of n tokens (n <= max_chunk) at the state's position,
+ * launched eagerly with an event between stages (events cut the programmatic launch overlap at stage
+ * boundaries); advances the state by n. Stage names as lily_cuda_profile_decode (for a prefill chunk the
+ * whole MoE block is reported under moe_router). */
+extern "C" lily_status lily_cuda_profile_prefill(void *ctx, void *state, const int32_t *tokens, int n,
+                                                 lily_cuda_profile *out, lily_error *err)
 {
-    *gbps = 0;
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        cudaGetLastError();
-        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no CUDA device available");
-    }
-    CUDA_TRY(cudaSetDevice(device));
-    void *a = NULL, *b = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    lily_status rs = LILY_OK;
-    cudaError_t e;
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        if ((e = (call)) != cudaSuccess) {                                                         \
-            rs = lily_cuda_error(err, e, #call, __FILE__, __LINE__);                               \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(a, 1, bytes));
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice)); /* warm-up */
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < reps; i++)
-        CK(cudaMemcpyAsync((i & 1) ? a : b, (i & 1) ? b : a, bytes, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    cuda_state *st = (cuda_state *)state;
+    memset(out, 0, sizeof *out);
+    if (n < 1 || n > c->max_chunk || st->pos + n > st->max_ctx)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: profile of %d tokens at %d (max_chunk %d, context %d)",
+                              n, st->pos, c->max_chunk, st->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->cfg.vocab_size)
+            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: token id %d outside [0, %d)", tokens[i],
+                                  c->cfg.vocab_size);
+    CUDA_TRY(cudaSetDevice(c->device));
+    CUDA_TRY(cudaMemcpyAsync(c->d_tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
+    c->profiling = true;
+    g_prof_n = 0;
+    lily_status rs = cuda_enqueue_forward(c, st, n, LILY_LOGITS_LAST, false, err);
+    if (rs == LILY_OK)
+        rs = prof_mark(c, PS_SAMPLE, err); /* closes the last stage */
+    c->profiling = false;
+    if (rs == LILY_OK)
+        rs = cuda_sync(c, err);
+    if (rs != LILY_OK)
+        return rs;
+    st->pos += n;
+    st->step += 1;
+    double acc[PS_COUNT] = {0};
+    for (int k = 0; k + 1 < g_prof_n; k++) {
         float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        *gbps = 2.0 * (double)bytes * reps / (ms * 1e-3) / 1e9;
+        CUDA_TRY(cudaEventElapsedTime(&ms, g_prof_ev[k], g_prof_ev[k + 1]));
+        acc[g_prof_stage[k]] += ms;
     }
-done:
-#undef CK
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    return rs;
+    out->n = PS_COUNT;
+    for (int k = 0; k < PS_COUNT; k++) {
+        out->names[k] = prof_names[k];
+        out->ms[k] = acc[k];
+        out->total_ms += acc[k];
+    }
+    return LILY_OK;
 }

@@ -44,6 +44,20 @@ lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t first_token
     return no_cuda(err);
 }
 
+lily_status lily_cuda_profile_prefill(void *ctx, void *state, const int32_t *tokens, int n, lily_cuda_profile *out,
+                                      lily_error *err)
+{
+    (void)ctx, (void)state, (void)tokens, (void)n, (void)out;
+    return no_cuda(err);
+}
+
+lily_status lily_cuda_device_memory(int device, size_t *used, size_t *total, lily_error *err)
+{
+    (void)device;
+    *used = *total = 0;
+    return no_cuda(err);
+}
+
 lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, lily_error *err)
 {
     (void)device, (void)bytes, (void)reps, (void)gbps;
