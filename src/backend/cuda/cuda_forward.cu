@@ -48,8 +48,13 @@ static lily_status prof_mark(cuda_ctx *c, int stage, lily_error *err)
     if (!g_prof_ev[g_prof_n])
         CUDA_TRY(cudaEventCreate(&g_prof_ev[g_prof_n]));
     g_prof_stage[g_prof_n] = stage;
-    /* external: a real event-record node when captured into a graph */
-    CUDA_TRY(cudaEventRecordWithFlags(g_prof_ev[g_prof_n], c->stream, cudaEventRecordExternal));
+    /* external: a real event-record node when captured into a graph (a plain record otherwise) */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_TRY(cudaStreamIsCapturing(c->stream, &cs));
+    if (cs == cudaStreamCaptureStatusActive)
+        CUDA_TRY(cudaEventRecordWithFlags(g_prof_ev[g_prof_n], c->stream, cudaEventRecordExternal));
+    else
+        CUDA_TRY(cudaEventRecord(g_prof_ev[g_prof_n], c->stream));
     g_prof_n++;
     return LILY_OK;
 }
