@@ -46,6 +46,12 @@ static int parse_list(const char *s, int *out, int max)
         return 1;                                                                                  \
     } while (0)
 
+static void count_token(void *user, int32_t token, int index)
+{
+    (void)token, (void)index;
+    (*(int *)user)++;
+}
+
 static unsigned long long g_rng = 42;
 static int rnd_token(int vocab)
 {
@@ -192,8 +198,11 @@ int main(int argc, char **argv)
             DIE("decode: %s", err.message);
         const long long s0 = lily_cuda_host_syncs(be.ctx);
         t0 = now_s();
-        if (lily_cuda_generate_greedy(be.ctx, st, out[7], n_gen, out, &err) != LILY_OK)
+        int streamed = 0; /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
+        if (lily_cuda_generate_greedy_stream(be.ctx, st, out[7], n_gen, out, count_token, &streamed, &err) != LILY_OK)
             DIE("decode: %s", err.message);
+        if (streamed != n_gen)
+            DIE("decode: %d of %d tokens streamed", streamed, n_gen);
         const double dt = now_s() - t0;
         const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
         const double bytes = lily_cost_decode_bytes(&cm, d + 8 + n_gen / 2);

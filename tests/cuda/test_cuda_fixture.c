@@ -65,6 +65,23 @@ static void score(stats *s, const float *ref, const float *got, int rows, int vo
         }                                                                                          \
     } while (0)
 
+/* Tokens handed over by lily_cuda_generate_greedy_stream while the GPU decodes. */
+#define STREAM_MAX 64
+typedef struct {
+    int32_t tok[STREAM_MAX];
+    int n;
+    int in_order;
+} stream_log;
+
+static void on_stream_token(void *user, int32_t token, int index)
+{
+    stream_log *l = (stream_log *)user;
+    l->in_order &= index == l->n;
+    if (l->n < STREAM_MAX)
+        l->tok[l->n] = token;
+    l->n++;
+}
+
 static int argmax(const float *x, int n)
 {
     int b = 0;
@@ -168,9 +185,17 @@ static void run_layout(const char *layout)
             REQUIRE(buf, "oom");
             REQUIRE(ops->state_save(be.ctx, st, buf, sz, &err) == LILY_OK, "save: %s", err.message);
             const long long s0 = lily_cuda_host_syncs(be.ctx);
-            REQUIRE(lily_cuda_generate_greedy(be.ctx, st, tok[n - 1], gen, fast, &err) == LILY_OK, "greedy: %s",
-                    err.message);
+            stream_log lg_stream = {{0}, 0, 1};
+            REQUIRE(lily_cuda_generate_greedy_stream(be.ctx, st, tok[n - 1], gen, fast, on_stream_token, &lg_stream,
+                                                     &err) == LILY_OK,
+                    "greedy: %s", err.message);
             const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
+            int streamed_ok = lg_stream.n == gen && lg_stream.in_order;
+            for (int i = 0; i < gen && i < STREAM_MAX; i++)
+                streamed_ok &= lg_stream.tok[i] == fast[i];
+            printf("  %s case%d streamed %d tokens while decoding, in order and equal to the returned ids: %s\n", layout,
+                   ci, lg_stream.n, streamed_ok ? "yes" : "NO");
+            REQUIRE(streamed_ok, "streamed tokens differ from the returned ones");
             int32_t cur = tok[n - 1];
             for (int i = 0; i < gen; i++) {
                 REQUIRE(ops->forward(be.ctx, st2, &cur, 1, LILY_LOGITS_LAST, lg, &err) == LILY_OK, "%s", err.message);

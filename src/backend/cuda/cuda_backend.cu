@@ -437,6 +437,8 @@ static void cuda_state_free(void *vctx, void *vst)
     free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
     cudaFree(s->ctr);
     cudaFree(s->out_tokens);
+    if (s->host_tokens)
+        cudaFreeHost(s->host_tokens);
     free(s);
 }
 
@@ -524,6 +526,8 @@ static lily_status cuda_state_new(void *vctx, int max_ctx, void **out, lily_erro
     CK(cudaMalloc((void **)&s->ctr, sizeof(cuda_counters)));
     s->out_cap = max_ctx;
     CK(cudaMalloc((void **)&s->out_tokens, (size_t)s->out_cap * sizeof(int)));
+    CK(cudaHostAlloc((void **)&s->host_tokens, ((size_t)s->out_cap + 1) * sizeof(int), cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer((void **)&s->host_tokens_dev, s->host_tokens, 0));
 #undef CK
     cuda_state_reset(c, s);
     if ((e = cudaGetLastError()) != cudaSuccess) {

@@ -23,6 +23,15 @@ extern "C" {
 lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
                                       lily_error *err);
 
+/* A generated token handed to the host while the GPU keeps decoding (index = 0-based step). */
+typedef void (*lily_cuda_token_fn)(void *user, int32_t token, int index);
+
+/* As lily_cuda_generate_greedy, and each token is passed to on_token as soon as the GPU has chosen it:
+ * the sampling kernel writes it to mapped host memory and the host polls a counter there (no
+ * host-device synchronization per token; the call still synchronizes once at the end). */
+lily_status lily_cuda_generate_greedy_stream(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
+                                             lily_cuda_token_fn on_token, void *user, lily_error *err);
+
 /* As lily_cuda_generate_greedy with temperature / top-k (<= 64; the candidate lists keep 16 per scan
  * thread) / top-p sampling on the device; seed makes the draw reproducible. */
 lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n, float temperature,

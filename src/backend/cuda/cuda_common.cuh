@@ -285,6 +285,7 @@ struct sample_args {
     int *step;                  /* forward-call counter, advanced here */
     int *pos;                   /* position, advanced by n here */
     int *n_generated;
+    int *host_tokens;           /* mapped host memory [out_cap + 1] (tokens, then the count), or NULL */
 };
 /* Greedy: token = argmax; writes slot[(step+1)&1], out_tokens[n_generated++]; advances pos/step. */
 cudaError_t launch_finish_greedy(const sample_args &a, cudaStream_t s);

@@ -333,6 +333,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
         sa.token_slots = st->ctr->slots;
         sa.out_tokens = st->out_tokens;
         sa.out_cap = st->out_cap;
+        sa.host_tokens = st->host_tokens_dev;
         sa.step = &st->ctr->step;
         sa.pos = &st->ctr->pos;
         sa.n_generated = &st->ctr->n_generated;
@@ -384,7 +385,8 @@ lily_status cuda_forward_logits_graph(cuda_ctx *c, cuda_state *st, lily_error *e
 }
 
 static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, float temperature,
-                            int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_error *err)
+                            int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_cuda_token_fn on_token,
+                            void *user, lily_error *err)
 {
     if (n <= 0)
         return LILY_OK;
@@ -407,6 +409,8 @@ static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, in
     }
     LAUNCH(launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream));
     LAUNCH(launch_set_int(&st->ctr->n_generated, 0, c->stream));
+    volatile int *host_count = st->host_tokens + st->out_cap;
+    *host_count = 0; /* the previous call ended with a sync: no kernel writes it now */
     for (int i = 0; i < n; i++) {
         if (greedy) {
             CUDA_TRY(cudaGraphLaunch(st->graph_greedy, c->stream));
@@ -421,12 +425,28 @@ static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, in
             sa.token_slots = st->ctr->slots;
             sa.out_tokens = st->out_tokens;
             sa.out_cap = st->out_cap;
+            sa.host_tokens = st->host_tokens_dev;
             sa.step = &st->ctr->step;
             sa.pos = NULL;
             sa.n_generated = &st->ctr->n_generated;
             /* the logits graph already advanced pos/step: the sampler must not advance them again */
             LAUNCH(launch_sample_topk_topp(sa, temperature, top_k, top_p, seed, NULL, c->stream));
         }
+    }
+    /* stream: poll the mapped count while the GPU runs the queued steps (no host-device sync) */
+    for (int seen = 0; on_token && seen < n;) {
+        const int avail = *host_count;
+        while (seen < avail && seen < n) {
+            on_token(user, ((volatile int *)st->host_tokens)[seen], seen);
+            seen++;
+        }
+        if (seen >= n)
+            break;
+        const cudaError_t q = cudaStreamQuery(c->stream); /* non-blocking: ends the loop on an error */
+        if (q != cudaSuccess && q != cudaErrorNotReady)
+            return lily_cuda_error(err, q, "cudaStreamQuery", __FILE__, __LINE__);
+        if (q == cudaSuccess && *host_count == avail && avail < n)
+            break; /* finished without the remaining tokens (cannot happen unless out_cap was hit) */
     }
     CUDA_TRY(cudaMemcpyAsync(out_tokens, st->out_tokens, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     lily_status rs = cuda_sync(c, err);
@@ -440,7 +460,16 @@ static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, in
 extern "C" lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n,
                                                  int32_t *out_tokens, lily_error *err)
 {
-    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, err);
+    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, NULL, NULL,
+                    err);
+}
+
+extern "C" lily_status lily_cuda_generate_greedy_stream(void *ctx, void *state, int32_t first_token, int n,
+                                                        int32_t *out_tokens, lily_cuda_token_fn on_token, void *user,
+                                                        lily_error *err)
+{
+    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, on_token,
+                    user, err);
 }
 
 extern "C" lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n,
@@ -448,7 +477,7 @@ extern "C" lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t
                                                  int32_t *out_tokens, lily_error *err)
 {
     return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, false, temperature, top_k, top_p, seed,
-                    out_tokens, err);
+                    out_tokens, NULL, NULL, err);
 }
 
 extern "C" long long lily_cuda_host_syncs(void *ctx) { return ((cuda_ctx *)ctx)->host_syncs; }

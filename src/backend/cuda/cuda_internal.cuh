@@ -100,6 +100,8 @@ typedef struct {
     __nv_bfloat16 **k_cache, **v_cache; /* [n_layers] (NULL for DeltaNet layers) */
     float **conv_state, **rec_state;     /* [n_layers] (NULL for attention layers) */
     int *out_tokens;         /* [out_cap] */
+    int *host_tokens;        /* pinned, mapped host memory: [out_cap] tokens, then the count (streaming) */
+    int *host_tokens_dev;    /* the device's address of host_tokens */
     int out_cap;
     cudaGraphExec_t graph_greedy;  /* decode step: token slot -> next token slot */
     cudaGraphExec_t graph_logits;  /* decode step: d_tokens[0] -> logits[0] */

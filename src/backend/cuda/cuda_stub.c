@@ -17,6 +17,13 @@ lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_toke
     return no_cuda(err);
 }
 
+lily_status lily_cuda_generate_greedy_stream(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
+                                             lily_cuda_token_fn on_token, void *user, lily_error *err)
+{
+    (void)ctx, (void)state, (void)first_token, (void)n, (void)out_tokens, (void)on_token, (void)user;
+    return no_cuda(err);
+}
+
 lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n, float temperature,
                                       int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_error *err)
 {

@@ -2,11 +2,23 @@
  *
  * Greedy: the LM-head GEMV already folded an atomicMax of (logit, -row) into *argmax; finish_greedy
  * turns it into the token, writes it into the next step's input slot (two slots alternating by the
- * step counter) and into out_tokens for the host to stream, and advances pos and step. No host sync.
+ * step counter), into out_tokens and into mapped host memory for the host to stream while the GPU
+ * runs on, and advances pos and step. No host sync.
  * Top-k / top-p: one block scans the logits (per-thread top-16 lists), merges them by k rounds of
  * block argmax, applies temperature and the top-p cut, and draws with a counter-based hash RNG.
  */
 #include "cuda_common.cuh"
+
+/* Stream token i to the host: the token into mapped host memory, then (after a system-wide fence, so
+ * the host never sees the count before the token) the count. The host polls the count; no sync. */
+__device__ __forceinline__ void publish_token(const sample_args &a, int i, int tok)
+{
+    if (!a.host_tokens || i >= a.out_cap)
+        return;
+    a.host_tokens[i] = tok;
+    __threadfence_system();
+    *(volatile int *)&a.host_tokens[a.out_cap] = i + 1;
+}
 
 __global__ void finish_greedy_kernel(sample_args a)
 {
@@ -19,6 +31,7 @@ __global__ void finish_greedy_kernel(sample_args a)
     if (i < a.out_cap)
         a.out_tokens[i] = tok;
     *a.n_generated = i + 1;
+    publish_token(a, i, tok);
     *a.pos += 1;
     *a.step = step + 1;
 }
@@ -163,6 +176,7 @@ sample_topk_topp_kernel(sample_args a, float temperature, int top_k, float top_p
         if (i < a.out_cap)
             a.out_tokens[i] = tok;
         *a.n_generated = i + 1;
+        publish_token(a, i, tok);
         if (a.pos) {
             *a.pos += 1;
             *a.step = step + 1;
