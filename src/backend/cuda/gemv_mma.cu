@@ -4,9 +4,10 @@
  * (nibbles OR'd into fp16 1024 + q, offsets removed per group in fp32) is in mma_gemv.cuh.
  *
  * Shape: a warp owns a tile of 16 rows × CW columns (CW = min(cols, 512)), KS = cols / CW warps split
- * the columns of one tile and are reduced in shared memory; a block of 8 warps holds 8 / KS tiles. All
- * of a warp's weights, scales and biases (≤ 2 × 4 16-byte vectors + 16 words per thread) are loaded
- * before pdl_wait(), so a kernel's whole weight stream is in flight while the previous kernel finishes.
+ * the columns of one tile and are reduced in shared memory; a block of 8 warps holds a group of 8 / KS
+ * tiles and walks groups grid-stride (grid = blocks resident at once), loading the next group's weights
+ * while it computes one. The first group's weights, scales and biases (≤ 2 × 4 16-byte vectors + 16
+ * words per thread) are loaded before pdl_wait(), overlapping the previous kernel.
  * The input transform (gemv_prologue) runs once per block; fp16 overflow is avoided by scaling x by a
  * power of two when max|x| > 2^14 (undone on the output).
  *
@@ -18,48 +19,58 @@
 
 #define GM_WARPS 8
 
+/* Where tile `tile` of the batch lives: matrix *m, first row *r0 (tiles of 16 rows, per matrix). */
+__device__ __forceinline__ void gm_locate(const gemv_batch &b, int tile, int *m, int *r0)
+{
+    int mm = 0, t0 = 0, acc = 0;
+#pragma unroll
+    for (int q = 0; q < GEMV_MAX_MATS; q++) {
+        if (q < b.n_mats) {
+            if (tile >= acc) {
+                mm = q;
+                t0 = acc;
+            }
+            acc += (b.m[q].rows + 15) / 16;
+        }
+    }
+    *m = mm;
+    *r0 = (tile - t0) * 16;
+}
+
+/* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
+ * loaded into registers while the current one is computed, and the input transform runs once per block. */
 template <int IN_MODE, int OUT_MODE, int KS>
-__global__ void __launch_bounds__(GM_WARPS * 32, IN_MODE == GEMV_IN_GATED ? 1 : 2)
+__global__ void __launch_bounds__(GM_WARPS * 32, 1)
 gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax, int early_trigger)
 {
-    constexpr int RT = GM_WARPS / KS; /* row tiles per block */
+    constexpr int RT = GM_WARPS / KS; /* row tiles per group */
     extern __shared__ __align__(16) float gm_smem[];
     const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128;
-    float *s_x = gm_smem;                                          /* [cols] fp32, then reused */
+    float *s_x = gm_smem;                                          /* [cols] fp32 */
     uint4 *s_xh = reinterpret_cast<uint4 *>(gm_smem + cols);       /* [cols / 8] fp16 fragments */
     float *s_off = gm_smem + cols + cols / 2;                      /* [cols / 64] 1024 * S1 */
-    float *s_xsum = s_off + cols / 64;                             /* [cols / 64] Σ x' */
+    float *s_xsum = s_off + cols / 64;                             /* [cols / 64] Σ x_eff */
     __shared__ float s_red[GM_WARPS];
     __shared__ float s_part[GM_WARPS][16];
     __shared__ float s_scale;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int ks = warp % KS, rt = warp / KS;
-    const int tile = blockIdx.x * RT + rt;
+    const int n_groups = (n_tiles + RT - 1) / RT;
 
-    /* this warp's tile: matrix m, rows r0 .. r0 + 15 of it */
-    int m = 0, tile0 = 0;
-    {
-        int acc = 0;
-#pragma unroll
-        for (int q = 0; q < GEMV_MAX_MATS; q++) {
-            if (q < b.n_mats) {
-                const int nt = (b.m[q].rows + 15) / 16;
-                if (tile >= acc) {
-                    m = q;
-                    tile0 = acc;
-                }
-                acc += nt;
-            }
-        }
-    }
-    const dmat &W = b.m[m];
-    const int r0 = (tile - tile0) * 16;
-    const bool live = tile < n_tiles;
-    const int ra = live ? min(r0 + g, W.rows - 1) : 0, rb = live ? min(r0 + g + 8, W.rows - 1) : 0;
-
-    mg_frag f;
-    mg_load(W, ra, rb, ks * CW, steps, t, f);
+    /* this warp's loads for group grp (rows clamped inside the matrix; dead tiles read row 0) */
+    auto load = [&](int grp, mg_frag &f) {
+        const int tile = grp * RT + rt;
+        int m = 0, r0 = 0;
+        gm_locate(b, tile < n_tiles ? tile : 0, &m, &r0);
+        const dmat &W = b.m[m];
+        const int ra = min(r0 + g, W.rows - 1), rb = min(r0 + g + 8, W.rows - 1);
+        mg_load(W, ra, rb, ks * CW, steps, t, f);
+    };
+    mg_frag f0, f1;
+    int grp = blockIdx.x;
+    if (grp < n_groups)
+        load(grp, f0);
     if (early_trigger)
         pdl_trigger(); /* weights only so far: the next kernel may launch and prefetch its own */
     pdl_wait();
@@ -80,8 +91,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
             float M = 0.0f;
             for (int w = 0; w < GM_WARPS; w++)
                 M = fmaxf(M, s_red[w]);
-            const float k = mg_x_scale(M);
-            s_scale = k;
+            s_scale = mg_x_scale(M);
         }
         __syncthreads();
     }
@@ -91,48 +101,54 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     mg_group_sums(s_xh, cols, s_off, s_xsum, threadIdx.x, GM_WARPS * 32);
     __syncthreads();
 
-    float acc_a = 0.0f, acc_b = 0.0f;
-    mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
-    if (t == 0) {
-        s_part[warp][g] = acc_a;
-        s_part[warp][g + 8] = acc_b;
-    }
-    __syncthreads();
-
-    /* reduce the KS column slices of each tile and store: thread i < RT*16 owns row i % 16 of tile i / 16 */
     float best = -INFINITY;
     int best_row = 0x7fffffff;
-    if (threadIdx.x < RT * 16) {
-        const int trt = threadIdx.x / 16, r = threadIdx.x % 16;
-        const int tl = blockIdx.x * RT + trt;
-        int mm = 0, t0 = 0, acc = 0;
+    /* one group: dot, reduce the KS column slices of each tile, store (thread i < RT*16 owns row i % 16
+     * of tile i / 16) */
+    auto compute = [&](int grp, const mg_frag &f) {
+        float acc_a = 0.0f, acc_b = 0.0f;
+        mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
+        if (t == 0) {
+            s_part[warp][g] = acc_a;
+            s_part[warp][g + 8] = acc_b;
+        }
+        __syncthreads();
+        if (threadIdx.x < RT * 16) {
+            const int trt = threadIdx.x / 16, r = threadIdx.x % 16;
+            const int tl = grp * RT + trt;
+            int mm = 0, r0 = 0;
+            gm_locate(b, tl, &mm, &r0);
+            const int row = r0 + r;
+            if (tl < n_tiles && row < b.m[mm].rows) {
+                float v = 0.0f;
 #pragma unroll
-        for (int q = 0; q < GEMV_MAX_MATS; q++) {
-            if (q < b.n_mats) {
-                if (tl >= acc) {
-                    mm = q;
-                    t0 = acc;
+                for (int k = 0; k < KS; k++)
+                    v += s_part[trt * KS + k][r];
+                v /= xk;
+                float *y = b.y[mm] + row;
+                if (OUT_MODE == GEMV_OUT_ADD)
+                    *y += v;
+                else
+                    *y = v;
+                if (OUT_MODE == GEMV_OUT_ARGMAX && v > best) {
+                    best = v;
+                    best_row = b.row_start[mm] + row;
                 }
-                acc += (b.m[q].rows + 15) / 16;
             }
         }
-        const int row = (tl - t0) * 16 + r;
-        if (tl < n_tiles && row < b.m[mm].rows) {
-            float v = 0.0f;
-#pragma unroll
-            for (int k = 0; k < KS; k++)
-                v += s_part[trt * KS + k][r];
-            v /= xk;
-            float *y = b.y[mm] + row;
-            if (OUT_MODE == GEMV_OUT_ADD)
-                *y += v;
-            else
-                *y = v;
-            if (OUT_MODE == GEMV_OUT_ARGMAX) {
-                best = v;
-                best_row = b.row_start[mm] + row;
-            }
-        }
+        __syncthreads(); /* s_part is reused by the next group */
+    };
+    while (grp < n_groups) { /* two groups per pass so the double buffer stays in registers */
+        const int g1 = grp + gridDim.x, g2 = g1 + gridDim.x;
+        if (g1 < n_groups)
+            load(g1, f1);
+        compute(grp, f0);
+        if (g1 >= n_groups)
+            break;
+        if (g2 < n_groups)
+            load(g2, f0);
+        compute(g1, f1);
+        grp = g2;
     }
     if (OUT_MODE == GEMV_OUT_ARGMAX) {
         unsigned long long k = best_row == 0x7fffffff ? 0ull : argmax_key(best, best_row);
@@ -178,8 +194,21 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
             return e;
         smem_set = smem;
     }
-    return launch_pdl(gemv_mma_kernel<IM, OM, KS>, dim3((tiles + RT - 1) / RT), dim3(GM_WARPS * 32), smem, s, b, in,
-                      tiles, argmax, g_cuda_tuning.gemv_mma == 1 ? 1 : 0);
+    static int resident = 0; /* blocks that fit on the GPU at once (asked once per instantiation) */
+    if (!resident) {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<IM, OM, KS>, GM_WARPS * 32, smem);
+        if (e != cudaSuccess)
+            return e;
+        resident = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    const int groups = (tiles + RT - 1) / RT;
+    return launch_pdl(gemv_mma_kernel<IM, OM, KS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
+                      s, b, in, tiles, argmax, g_cuda_tuning.gemv_mma == 1 ? 1 : 0);
 }
 
 template <int IM, int OM>
