@@ -10,7 +10,9 @@
  * whether the prompt's last logits are bit-identical, and their max |Δlogit|. Prefill and decode kernels
  * may round differently, so a cached run can differ from a cold one where the cold run prefills tokens the
  * cached run had decoded: identity of tokens is asserted (FAIL) only where the reused prefix was itself
- * prefilled (exact repeat, shared system prompt, mid edit, alternating); the two-turn chats are reported.
+ * prefilled in the same pieces (exact repeat, shared system prompt, mid edit); the two-turn chats are
+ * reported; for the 30 alternating requests the logits must agree with the cold run's to a rounding
+ * bound (a near-tie can pick another token; a leak between conversations would move logits by O(1)).
  * Prefill also rounds differently for pieces of < 16 tokens (GEMV) and >= 16 (tensor-core GEMM), and the
  * cache prefills in pieces that end at the marks, so the prompt logits of a cold one-append run may differ
  * in the last bits even then. The cache's own exactness is therefore also asserted against a "same-split"
@@ -62,6 +64,7 @@ typedef struct {
     const char *name;
     bool asserted;       /* token identity with the cold run */
     bool split_asserted; /* bit identity with the same-split cold run */
+    double logit_bound;  /* > 0: max |dlogit| against the cold run must stay within it (rounding only) */
     int requests, same_tokens, same_logits, same_split;
     double max_dlogit;
     bool ok;  /* everything asserted regardless of rounding (reuse counts, API calls) */
@@ -453,7 +456,11 @@ static void report(fixture *f, tally *t)
     if (t->split_asserted && t->same_split != t->requests)
         printf("FAIL [%s/%s]: cached outputs differ from the same-split cold run (a restore is not exact)\n", f->setup,
                t->name);
-    const bool pass = t->ok && (!t->asserted || identical) && (!t->split_asserted || t->same_split == t->requests);
+    const bool within = !(t->logit_bound > 0) || t->max_dlogit <= t->logit_bound;
+    if (t->logit_bound > 0)
+        printf("  [%s] %-22s max |dlogit| %.3g against the rounding bound %.3g: %s\n", f->setup, t->name, t->max_dlogit,
+               t->logit_bound, within ? "within" : "OUTSIDE (state leaked or a restore is wrong)");
+    const bool pass = t->ok && within && (!t->asserted || identical) && (!t->split_asserted || t->same_split == t->requests);
     printf("%s [%s/%s]\n", pass ? "PASS" : "FAIL", f->setup, t->name);
     if (!pass)
         g_fail++;
@@ -468,10 +475,15 @@ static void run_setup(fixture *f, const char *name, size_t device_bytes)
                   {.name = "exact repeat"},        {.name = "shared system prompt"},
                   {.name = "mid-prompt edit"},     {.name = "30 alternating"}};
     for (int i = 0; i < 6; i++) {
-        t[i].asserted = i >= 2;                 /* the reused prefix was prefilled */
+        t[i].asserted = i >= 2 && i <= 4;       /* the reused prefix was prefilled in the same pieces */
         t[i].split_asserted = i >= 2 && i <= 4; /* the cached history has the same-split run's pieces */
         t[i].ok = true;
     }
+    /* 30 alternating: each request's reused prefix ends where that conversation's previous prompt was
+     * prefilled, but the cold run prefills it in other pieces, so the kernels round differently (GEMV
+     * under 16 tokens vs GEMM) and a near-tie may pick another token. A leak between conversations would
+     * move logits by O(1): assert agreement to rounding instead of identical tokens. */
+    t[5].logit_bound = 0.05;
     f->every = 0;
     two_turn(f, &t[0], false);
     two_turn(f, &t[1], true);
