@@ -296,6 +296,8 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
     AL(c->h, C * H * 4);
     AL(c->proj, C * c->proj_stride * 4);
     AL(c->mix, C * mixw * 4);
+    if (cfg->gdn_n_value_heads > 0)
+        AL(c->gdn_pre, C * (size_t)gdn_prefill_stride(lily_config_gdn_conv_dim(cfg), cfg->gdn_n_value_heads) * 4);
     AL(c->q, C * cfg->n_heads * cfg->head_dim * 4);
     AL(c->router, C * (cfg->n_experts + 1) * 4);
     AL(c->hid, C * (cfg->n_experts_used + 1) * inter * 4);

@@ -232,7 +232,10 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             g.K = cfg->gdn_conv_kernel;
             g.conv_dim = conv_dim;
             MARK(PS_GDN_SCAN);
-            LAUNCH(launch_gdn_scan(g, n, s));
+            if (n > 1 && c->gdn_pre && gdn_prefill_supported(g)) /* prefill: parallel prep + recurrence */
+                LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
+            else
+                LAUNCH(launch_gdn_scan(g, n, s));
             MARK(PS_GDN_OUT);
             memset(&b, 0, sizeof b);
             batch_add(&b, L->out_proj, c->h, H);

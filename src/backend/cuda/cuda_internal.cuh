@@ -53,6 +53,7 @@ typedef struct {
     float *proj;     /* [C][proj_stride]: GDN mixed | z | b,a ; attention q(+gate) | k | v */
     int proj_stride;
     float *mix;      /* [C][max(value_dim, n_heads*head_dim)] */
+    float *gdn_pre;  /* [C][gdn_prefill_stride]: DeltaNet prefill q|k|v|gates (deltanet_prefill.cu) */
     float *q;        /* [C][n_heads*head_dim] */
     float *router;   /* [C][n_experts + 1] */
     float *hid;      /* [C][top_k + 1][inter] */

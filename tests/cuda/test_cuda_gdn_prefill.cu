@@ -1,0 +1,265 @@
+/* test_cuda_gdn_prefill.cu — the Gated DeltaNet prefill path (deltanet_prefill.cu: gdn_prep_kernel +
+ * gdn_recur_kernel) against a double-precision CPU twin of MODEL.md §4.4 steps 2-7, over a sequence of
+ * forward calls on one state: calls of n > 1 tokens take launch_gdn_prefill (as cuda_enqueue_forward
+ * does), n == 1 the decode kernel (launch_gdn_scan), so state and conv-state carry between chunks and
+ * prefill -> decode -> prefill hand-offs (conv ping-pong parity) are all checked. Outputs and the prep
+ * scratch are NaN-poisoned. Shapes: the tiny fixture's, the full model's (16/32 heads, dk = dv = 128),
+ * odd ones (dv != dk, 3 v heads per k head, K = 1..4), n up to 4096, and decays from fast (underflow
+ * to 0) to slow (the running-decay rescale of the recurrence). Exits 77 when no GPU is present.
+ *
+ * Bound: |gpu - cpu| <= rel * mag + 1e-5, mag = Σ|S·q| + 1e-2 per output (rel 1e-3), 1 per state
+ * element (rel 1e-4), 0 for the conv state (a copy).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+
+static int g_fail = 0, g_checks = 0;
+static unsigned long long g_rng = 0x9e3779b97f4a7c15ull;
+
+static unsigned int rnd_u32(void)
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned int)(g_rng >> 32);
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() / 4294967296.0f); }
+static std::vector<float> rand_vec(size_t n, float lo, float hi)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = rnd_f(lo, hi);
+    return v;
+}
+static double silu_d(double x) { return x / (1.0 + exp(-x)); }
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+template <typename T> static T *dev_copy(const std::vector<T> &h)
+{
+    T *d;
+    CK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T> static std::vector<T> host_copy(const T *d, size_t n)
+{
+    std::vector<T> h(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
+                  const std::vector<double> &mag, double rel)
+{
+    double worst = 0;
+    size_t bad = 0, first = (size_t)-1;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double tol = rel * mag[i] + 1e-5;
+        const double d = fabs((double)got[i] - want[i]);
+        if (!(d <= tol)) {
+            bad++;
+            if (first == (size_t)-1)
+                first = i;
+        }
+        if (d / tol > worst || got[i] != got[i])
+            worst = got[i] != got[i] ? INFINITY : d / tol;
+    }
+    g_checks++;
+    if (bad) {
+        g_fail++;
+        printf("FAIL %s: %zu of %zu outside the bound (first %zu: got %g want %g; worst %.3g of the bound)\n", what,
+               bad, want.size(), first, got[first], want[first], worst);
+    } else {
+        printf("ok   %s (worst error %.3f of the bound)\n", what, worst);
+    }
+}
+
+enum { DECAY_MIXED, DECAY_SLOW, DECAY_FAST };
+
+/* One state, forward calls of calls[0], calls[1], ... tokens; every output, the final state and the
+ * final conv state checked against the twin run over the whole sequence. */
+static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> calls, int decay_mode = DECAY_MIXED)
+{
+    const int key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, stride = conv_dim + 7, ba_stride = 2 * Hv + 3;
+    const int Km1 = K - 1;
+    int n = 0, nmax = 0;
+    for (int m : calls) {
+        n += m;
+        nmax = m > nmax ? m : nmax;
+    }
+    std::vector<float> mixed = rand_vec((size_t)n * stride, -1, 1), ba = rand_vec((size_t)n * ba_stride, -2, 2);
+    std::vector<float> cw = rand_vec((size_t)conv_dim * K, -0.5f, 0.5f), dtb = rand_vec(Hv, -1, 1);
+    std::vector<float> Al = decay_mode == DECAY_SLOW   ? rand_vec(Hv, -6, -3)
+                            : decay_mode == DECAY_FAST ? rand_vec(Hv, 2, 5)
+                                                       : rand_vec(Hv, -1, 1);
+    std::vector<float> S0 = rand_vec((size_t)Hv * dk * dv, -0.3f, 0.3f);
+    std::vector<float> cs0 = rand_vec((size_t)2 * Km1 * conv_dim, -1, 1);
+
+    gdn_args a;
+    memset(&a, 0, sizeof a);
+    float *dmixed = dev_copy(mixed), *dba = dev_copy(ba);
+    a.mixed_stride = stride;
+    a.ba_stride = ba_stride;
+    a.conv_w = dev_copy(cw);
+    a.A_log = dev_copy(Al);
+    a.dt_bias = dev_copy(dtb);
+    a.conv_state = dev_copy(cs0);
+    a.state = dev_copy(S0);
+    int *dstep;
+    CK(cudaMalloc(&dstep, 4));
+    a.step = dstep;
+    std::vector<float> nanv((size_t)n * Hv * dv, NAN);
+    float *dout = dev_copy(nanv);
+    a.Hk = Hk, a.Hv = Hv, a.dk = dk, a.dv = dv, a.K = K, a.conv_dim = conv_dim;
+    const size_t pre_floats = (size_t)nmax * gdn_prefill_stride(conv_dim, Hv);
+    std::vector<float> nanp(pre_floats, NAN);
+    float *dpre = dev_copy(nanp);
+
+    char what[200], desc[120];
+    int len = snprintf(desc, sizeof desc, "gdn prefill Hk %d Hv %d dk %d dv %d K %d%s n", Hk, Hv, dk, dv, K,
+                       decay_mode == DECAY_SLOW ? " slow decay" : decay_mode == DECAY_FAST ? " fast decay" : "");
+    for (size_t i = 0; i < calls.size() && len < (int)sizeof desc - 8; i++)
+        len += snprintf(desc + len, sizeof desc - len, "%s%d", i ? "+" : " ", calls[i]);
+    if (!gdn_prefill_supported(a)) {
+        printf("FAIL %s: shape not supported\n", desc);
+        g_fail++;
+        return;
+    }
+    int t0 = 0;
+    for (size_t i = 0; i < calls.size(); i++) {
+        const int m = calls[i];
+        CK(launch_set_int(dstep, (int)i, 0)); /* the forward-call counter (conv ping-pong parity) */
+        a.mixed = dmixed + (size_t)t0 * stride;
+        a.ba = dba + (size_t)t0 * ba_stride;
+        a.out = dout + (size_t)t0 * Hv * dv;
+        CK(cudaMemcpy(dpre, nanp.data(), pre_floats * sizeof(float), cudaMemcpyHostToDevice));
+        cudaError_t e = m > 1 ? launch_gdn_prefill(a, dpre, m, 0) : launch_gdn_scan(a, m, 0);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            printf("FAIL %s: launch of call %zu: %s\n", desc, i, cudaGetErrorString(e));
+            g_fail++;
+            return;
+        }
+        t0 += m;
+    }
+    std::vector<float> got = host_copy(dout, (size_t)n * Hv * dv);
+    std::vector<float> Sg = host_copy(a.state, (size_t)Hv * dk * dv);
+    std::vector<float> csg = host_copy(a.conv_state, (size_t)2 * Km1 * conv_dim);
+
+    /* CPU twin over the whole sequence (calls only split it) */
+    std::vector<double> S(S0.begin(), S0.end());
+    std::vector<double> X((size_t)(Km1 + n) * conv_dim); /* conv history: state rows, then mixed rows */
+    for (int s = 0; s < Km1; s++)
+        for (int c = 0; c < conv_dim; c++) X[(size_t)s * conv_dim + c] = cs0[(size_t)s * conv_dim + c];
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < conv_dim; c++) X[(size_t)(Km1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
+    std::vector<double> want((size_t)n * Hv * dv), mag((size_t)n * Hv * dv);
+    std::vector<double> y(conv_dim), q(dk), k(dk), v(dv);
+    for (int t = 0; t < n; t++) {
+        for (int c = 0; c < conv_dim; c++) {
+            double acc = 0;
+            for (int j = 0; j < K; j++) acc += cw[(size_t)c * K + j] * X[(size_t)(t + j) * conv_dim + c];
+            y[c] = silu_d(acc);
+        }
+        for (int j = 0; j < Hv; j++) {
+            const int kh = j / (Hv / Hk);
+            double qs = 0, ks = 0;
+            for (int i = 0; i < dk; i++) {
+                q[i] = y[kh * dk + i];
+                k[i] = y[key_dim + kh * dk + i];
+                qs += q[i] * q[i];
+                ks += k[i] * k[i];
+            }
+            for (int i = 0; i < dk; i++) {
+                q[i] = q[i] / sqrt(qs + 1e-6) / sqrt((double)dk);
+                k[i] = k[i] / sqrt(ks + 1e-6);
+            }
+            for (int i = 0; i < dv; i++) v[i] = y[2 * key_dim + j * dv + i];
+            const double beta = 1.0 / (1.0 + exp(-(double)ba[(size_t)t * ba_stride + j]));
+            const double aa = (double)ba[(size_t)t * ba_stride + Hv + j] + dtb[j];
+            const double sp = aa > 20 ? aa : log1p(exp(aa));
+            const double decay = exp(-exp((double)Al[j]) * sp);
+            double *Sj = &S[(size_t)j * dk * dv];
+            for (size_t i = 0; i < (size_t)dk * dv; i++) Sj[i] *= decay;
+            for (int c = 0; c < dv; c++) {
+                double m = 0;
+                for (int i = 0; i < dk; i++) m += Sj[(size_t)i * dv + c] * k[i];
+                const double delta = beta * (v[c] - m);
+                double o = 0, om = 0;
+                for (int i = 0; i < dk; i++) {
+                    Sj[(size_t)i * dv + c] += k[i] * delta;
+                    o += Sj[(size_t)i * dv + c] * q[i];
+                    om += fabs(Sj[(size_t)i * dv + c] * q[i]);
+                }
+                want[((size_t)t * Hv + j) * dv + c] = o;
+                mag[((size_t)t * Hv + j) * dv + c] = om + 1e-2;
+            }
+        }
+    }
+    snprintf(what, sizeof what, "%s output", desc);
+    check(what, got, want, mag, 1e-3);
+    std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
+    snprintf(what, sizeof what, "%s state", desc);
+    check(what, Sg, Sw, Smag, 1e-4);
+    if (Km1 > 0) {
+        /* after call i (counter i) the conv state lives in buffer (i & 1) ^ 1 */
+        const int buf = (((int)calls.size() - 1) & 1) ^ 1;
+        std::vector<float> cg(csg.begin() + (size_t)buf * Km1 * conv_dim, csg.begin() + (size_t)(buf + 1) * Km1 * conv_dim);
+        std::vector<double> cwant((size_t)Km1 * conv_dim), cm((size_t)Km1 * conv_dim, 0.0);
+        for (int s = 0; s < Km1; s++)
+            for (int c = 0; c < conv_dim; c++) cwant[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
+        snprintf(what, sizeof what, "%s conv state", desc);
+        check(what, cg, cwant, cm, 0.0);
+    }
+    cudaFree(dmixed), cudaFree(dba), cudaFree((void *)a.conv_w), cudaFree((void *)a.A_log), cudaFree((void *)a.dt_bias);
+    cudaFree(a.conv_state), cudaFree(a.state), cudaFree(dstep), cudaFree(dout), cudaFree(dpre);
+}
+
+int main(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    /* tiny-a shape: single chunks, two chunks, prefill -> decode -> prefill, decode -> prefill */
+    const int ns[] = {2, 7, 64, 513};
+    for (int i = 0; i < 4; i++)
+        test_case(2, 4, 32, 32, 4, {ns[i]});
+    test_case(2, 4, 32, 32, 4, {7, 64});
+    test_case(2, 4, 32, 32, 4, {2, 2, 3});
+    test_case(2, 4, 32, 32, 4, {64, 1, 1, 17});
+    test_case(2, 4, 32, 32, 4, {1, 513, 1});
+    /* dk 64, and the full model's head shape */
+    test_case(4, 8, 64, 64, 4, {2, 5});
+    test_case(4, 8, 64, 64, 4, {64, 1, 7});
+    test_case(16, 32, 128, 128, 4, {7, 64});
+    test_case(16, 32, 128, 128, 4, {513, 1});
+    test_case(16, 32, 128, 128, 4, {2, 1, 33});
+    /* long chunks (fewer heads to keep the twin fast) */
+    test_case(2, 4, 128, 128, 4, {4096, 1});
+    test_case(2, 4, 128, 128, 4, {4096, 64}, DECAY_SLOW);
+    test_case(1, 2, 128, 128, 4, {1000, 3000}, DECAY_SLOW);
+    test_case(2, 4, 64, 64, 4, {300, 200}, DECAY_FAST);
+    /* odd shapes: dv != dk, 3 v heads per k head, short conv kernels, chunks shorter than K-1 */
+    test_case(3, 9, 64, 32, 4, {33, 17});
+    test_case(1, 3, 128, 96, 3, {2, 19, 1, 5});
+    test_case(2, 2, 32, 64, 2, {5, 1, 40});
+    test_case(2, 6, 128, 16, 1, {9, 16});
+    test_case(1, 1, 32, 32, 4, {2, 2, 2, 2, 100});
+    printf("%d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
