@@ -258,7 +258,7 @@ int main(void)
     test_case(3, 9, 64, 32, 4, {33, 17});
     test_case(1, 3, 128, 96, 3, {2, 19, 1, 5});
     test_case(2, 2, 32, 64, 2, {5, 1, 40});
-    test_case(2, 6, 128, 16, 1, {9, 16});
+    test_case(2, 6, 128, 32, 1, {9, 16});
     test_case(1, 1, 32, 32, 4, {2, 2, 2, 2, 100});
     printf("%d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;

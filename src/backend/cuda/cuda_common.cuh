@@ -237,7 +237,7 @@ cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s);
  * floats (scratch sized for max_chunk), then gdn_recur_kernel (the delta rule only). Same state and conv
  * state semantics as launch_gdn_scan. cudaErrorInvalidValue for a shape gdn_prefill_supported rejects. */
 int gdn_prefill_stride(int conv_dim, int Hv);
-bool gdn_prefill_supported(const gdn_args &a); /* dk 32/64/128, Hv % Hk == 0, K <= 4, dv % 16/32 */
+bool gdn_prefill_supported(const gdn_args &a); /* dk 32/64/128, Hv % Hk == 0, K <= 4, dv % 32 */
 cudaError_t launch_gdn_prefill(const gdn_args &a, float *pre, int n_tokens, cudaStream_t s);
 
 /* attention.cu (norm_rope.cu + attention_decode.cu) */

@@ -14,22 +14,23 @@
  *    shared memory, one warp per token), else 256 v channels; one thread per channel slides over 8 tokens.
  *
  *  gdn_recur_kernel: the delta rule only, per token  S <- decay·S;  δ = β(v - Sᵀk);  S <- S + kδᵀ;
- *    o = Sᵀq = (decay·S_old)ᵀq + δ(k·q). Block = (value head j, COLS columns of S), 128 threads: thread =
+ *    o = Sᵀq = (decay·S_old)ᵀq + δ(k·q). Block = (value head j, COLS columns of S), 128 or 256 threads: thread =
  *    one column x RPT rows (rows (i·L + g)·4 .. +3 for i < RPT/4, g = lane group index), L = dk/RPT
  *    threads per column reduce Sᵀk and Sᵀq by xor shuffles (no block barrier per token). The state is
  *    held scaled, S = γ·S' with γ the running product of decays (one uniform scalar per block), so the
  *    per-token work per element is 3 FMAs (Sᵀk, Sᵀq partials and S' += k·δ/γ); γ is folded back into S'
  *    when it drops below 1e-18 (or a decay underflows to 0). Tiles of 16 tokens of q/k (key head),
  *    v (the block's columns) and the gate record are cp.async double-buffered in shared memory: one
- *    barrier per 16 tokens, each token's operands read one token ahead into registers.
- *    grid Hv·dv/COLS; dk 128: RPT 16, L 8, COLS 16 (256 blocks); dk 64: 16/4/32; dk 32: 8/4/32.
+ *    barrier per 16 tokens; a full tile is unrolled so the shared-memory reads of later tokens are
+ *    scheduled ahead of the current token's reduction.
+ *    grid Hv·dv/COLS; dk 128: 256 threads, RPT 16, L 8, COLS 32 (128 blocks of 8 warps: one per SM, k/q
+ *    tiles read from L2 once per 32 columns); dk 64: 128 threads, RPT 16, L 4, COLS 32; dk 32: 128/8/4/32.
  */
 #include "attention_mma.cuh"
 #include "cuda_common.cuh"
 
 #define GDP_THREADS 256
 #define GDP_TOKENS 8 /* tokens per prep block: one per warp in the norm phase */
-#define GDR_THREADS 128
 #define GDR_TILE 16 /* tokens per staged tile */
 
 int gdn_prefill_stride(int conv_dim, int Hv) { return conv_dim + 4 * Hv; }
@@ -142,12 +143,12 @@ __global__ void __launch_bounds__(GDP_THREADS) gdn_prep_kernel(gdn_args a, float
     }
 }
 
-template <int DK, int RPT>
-__global__ void __launch_bounds__(GDR_THREADS) gdn_recur_kernel(gdn_args a, const float *__restrict__ pre,
+template <int DK, int RPT, int THREADS>
+__global__ void __launch_bounds__(THREADS, 1) gdn_recur_kernel(gdn_args a, const float *__restrict__ pre,
                                                                  int pre_stride, int n)
 {
     constexpr int L = DK / RPT;             /* threads per column */
-    constexpr int COLS = GDR_THREADS / L;   /* columns per block */
+    constexpr int COLS = THREADS / L;       /* columns per block */
     constexpr int NV = RPT / 4;             /* float4 of q/k per thread */
     constexpr int KQ4 = DK / 4, V4 = COLS / 4, PER_TOK = 2 * KQ4 + V4 + 1;
     static_assert(RPT % 4 == 0 && L >= 1 && L <= 32 && (L & (L - 1)) == 0, "gdn_recur shape");
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(GDR_THREADS) gdn_recur_kernel(gdn_args a, cons
 
     auto stage = [&](int tile, int b) {
         const int t0 = tile * GDR_TILE, nt = min(GDR_TILE, n - t0);
-        for (int idx = tid; idx < nt * PER_TOK; idx += GDR_THREADS) {
+        for (int idx = tid; idx < nt * PER_TOK; idx += THREADS) {
             const int tt = idx / PER_TOK;
             int r = idx - tt * PER_TOK;
             const float *row = pre + (size_t)(t0 + tt) * pre_stride;
@@ -213,23 +214,16 @@ __global__ void __launch_bounds__(GDR_THREADS) gdn_recur_kernel(gdn_args a, cons
             stage(tile + 1, b ^ 1);
         const int nt = min(GDR_TILE, n - tile * GDR_TILE);
 
-        float4 kc[NV], qc[NV], gc;
-        float vc;
-        auto load = [&](int tt, float4(&kk)[NV], float4(&qq)[NV], float &vv, float4 &gg) {
+        /* one token: operands from the staged tile, S' and gam updated, o written */
+        auto step = [&](int tt) {
+            float4 kc[NV], qc[NV];
 #pragma unroll
             for (int i = 0; i < NV; i++) {
-                kk[i] = reinterpret_cast<const float4 *>(s_k[b][tt])[i * L + g];
-                qq[i] = reinterpret_cast<const float4 *>(s_q[b][tt])[i * L + g];
+                kc[i] = reinterpret_cast<const float4 *>(s_k[b][tt])[i * L + g];
+                qc[i] = reinterpret_cast<const float4 *>(s_q[b][tt])[i * L + g];
             }
-            vv = s_v[b][tt][col];
-            gg = *reinterpret_cast<const float4 *>(s_g[b][tt]);
-        };
-        load(0, kc, qc, vc, gc);
-        for (int tt = 0; tt < nt; tt++) {
-            float4 kn[NV], qn[NV], gn4;
-            float vn;
-            load(tt + 1 < nt ? tt + 1 : tt, kn, qn, vn, gn4); /* next token's operands, off the critical path */
-
+            const float vc = s_v[b][tt][col];
+            const float4 gc = *reinterpret_cast<const float4 *>(s_g[b][tt]);
             const float beta = gc.x, kq = gc.z;
             float gnew = gam * gc.y;
             if (gnew < 1e-18f) { /* fold the running decay into S' (uniform over the block) */
@@ -268,13 +262,15 @@ __global__ void __launch_bounds__(GDR_THREADS) gdn_recur_kernel(gdn_args a, cons
                 S[4 * i + 3] = fmaf(kc[i].w, dg, S[4 * i + 3]);
             }
             gam = gnew;
+        };
+        if (nt == GDR_TILE) {
+            /* full tile unrolled: shared-memory loads of later tokens are scheduled ahead freely */
 #pragma unroll
-            for (int i = 0; i < NV; i++) {
-                kc[i] = kn[i];
-                qc[i] = qn[i];
-            }
-            vc = vn;
-            gc = gn4;
+            for (int tt = 0; tt < GDR_TILE; tt++)
+                step(tt);
+        } else {
+            for (int tt = 0; tt < nt; tt++)
+                step(tt);
         }
     }
 #pragma unroll
@@ -284,13 +280,16 @@ __global__ void __launch_bounds__(GDR_THREADS) gdn_recur_kernel(gdn_args a, cons
             st[(size_t)((i * L + g) * 4 + e) * a.dv] = S[4 * i + e] * gam;
 }
 
-/* columns per recurrence block for key head dim dk (0: unsupported) */
+/* recurrence shape per key head dim: rows per thread, threads per block; columns = threads / (dk / rpt) */
+#define GDR_SHAPE_32 8, 128
+#define GDR_SHAPE_64 16, 128
+#define GDR_SHAPE_128 16, 256
 static int recur_cols(int dk)
 {
     switch (dk) {
-    case 32: return GDR_THREADS / (32 / 8);
-    case 64: return GDR_THREADS / (64 / 16);
-    case 128: return GDR_THREADS / (128 / 16);
+    case 32: return 128 / (32 / 8);
+    case 64: return 128 / (64 / 16);
+    case 128: return 256 / (128 / 16);
     default: return 0;
     }
 }
@@ -314,9 +313,9 @@ cudaError_t launch_gdn_prefill(const gdn_args &a, float *pre, int n_tokens, cuda
         return e;
     dim3 rgrid(a.Hv * (a.dv / recur_cols(a.dk)));
     switch (a.dk) {
-    case 32: return launch_pdl(gdn_recur_kernel<32, 8>, rgrid, dim3(GDR_THREADS), 0, s, a, (const float *)pre, stride, n_tokens);
-    case 64: return launch_pdl(gdn_recur_kernel<64, 16>, rgrid, dim3(GDR_THREADS), 0, s, a, (const float *)pre, stride, n_tokens);
-    case 128: return launch_pdl(gdn_recur_kernel<128, 16>, rgrid, dim3(GDR_THREADS), 0, s, a, (const float *)pre, stride, n_tokens);
+    case 32: return launch_pdl(gdn_recur_kernel<32, GDR_SHAPE_32>, rgrid, dim3(128), 0, s, a, (const float *)pre, stride, n_tokens);
+    case 64: return launch_pdl(gdn_recur_kernel<64, GDR_SHAPE_64>, rgrid, dim3(128), 0, s, a, (const float *)pre, stride, n_tokens);
+    case 128: return launch_pdl(gdn_recur_kernel<128, GDR_SHAPE_128>, rgrid, dim3(256), 0, s, a, (const float *)pre, stride, n_tokens);
     default: return cudaErrorInvalidValue;
     }
 }
