@@ -253,13 +253,13 @@ int main(int argc, char **argv)
 
     if (tune) { /* knobs at depths 4096 and 131072 (where the context allows): PDL, GEMV shape, attention
                  * and DeltaNet decode kernels */
-        const int kn[][5] = {{1, 0, 1, 1, 1}, {1, 0, 2, 1, 1}, {0, 0, 1, 1, 1}, {1, 0, 0, 1, 1}, {0, 0, 0, 1, 1},
-                             {1, 0, 1, 0, 1}, {1, 0, 1, 1, 0}, {1, 0, 1, 0, 0}};
+        const lily_cuda_tuning kn[] = {{1, 0, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1}, {1, 0, 2, 1, 1, 0}, {0, 0, 1, 1, 1, 0},
+                                       {1, 0, 0, 1, 1, 0}, {1, 0, 1, 0, 1, 0}, {1, 0, 1, 1, 0, 0}, {1, 0, 0, 0, 0, 1}};
         const int td[2] = {4096, 131072};
-        printf("\n## Launch knobs, decode tok/s\n\n| PDL | GEMV blocks/SM | 4-bit GEMV on tensor cores (2: trigger after wait) | attention on tensor cores | DeltaNet decode scan | d4096 | d131072 |\n|---|---|---|---|---|---:|---:|\n");
+        printf("\n## Launch knobs, decode tok/s\n\n| PDL | 4-bit GEMV + MoE on tensor cores (2: trigger after wait) | attention on tensor cores | DeltaNet decode scan | top-k in the router | d4096 | d131072 |\n|---|---|---|---|---|---:|---:|\n");
         for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {
-            lily_cuda_set_tuning(kn[k][0], kn[k][1], kn[k][2], kn[k][3], kn[k][4]);
-            printf("| %d | %s | %d | %d | %d |", kn[k][0], kn[k][1] ? (kn[k][1] == 1 ? "1" : kn[k][1] == 3 ? "3" : "4") : "max", kn[k][2], kn[k][3], kn[k][4]);
+            lily_cuda_set_tuning(&kn[k]);
+            printf("| %d | %d | %d | %d | %d |", kn[k].pdl, kn[k].gemv_mma, kn[k].att_mma, kn[k].gdn_decode, kn[k].router_topk);
             for (int j = 0; j < 2; j++) {
                 if (td[j] + 80 > max_ctx) {
                     printf(" - |");
@@ -278,7 +278,8 @@ int main(int argc, char **argv)
             }
             printf("\n");
         }
-        lily_cuda_set_tuning(1, 0, 1, 1, 1);
+        const lily_cuda_tuning dflt = LILY_CUDA_TUNING_DEFAULT;
+        lily_cuda_set_tuning(&dflt);
         lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err);
     }
 

@@ -74,13 +74,17 @@ lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, li
 lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, int min_chunk, lily_error *err);
 
 /* Bench knobs, process-wide, for graphs captured afterwards (drop old ones with
- * lily_cuda_set_attention_split): pdl = 1 programmatic dependent launch (default) or 0 plain launches;
- * gemv_blocks_per_sm = 0 fills the GPU as occupancy allows (default), else that many blocks per SM
- * (general GEMV kernel); gemv_mma = 1 4-bit decode GEMVs on tensor cores (default), 2 the same with
- * the PDL trigger after the wait, 0 the general kernel; att_mma = 1 decode attention on tensor cores
- * (default), 0 the SIMT kernel; gdn_decode = 1 the one-token Gated DeltaNet scan kernel (default), 0 the
- * general scan. */
-void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma, int att_mma, int gdn_decode);
+ * lily_cuda_set_attention_split). Defaults: LILY_CUDA_TUNING_DEFAULT. */
+typedef struct {
+    int pdl;                /* 1: programmatic dependent launch; 0: plain launches */
+    int gemv_blocks_per_sm; /* general GEMV kernel: 0 as many as fit, else that many blocks per SM */
+    int gemv_mma;           /* 4-bit decode GEMVs and MoE on tensor cores: 1, 2 (PDL trigger after the wait), 0 off */
+    int att_mma;            /* decode attention on tensor cores: 1, or 0 the SIMT split-KV kernel */
+    int gdn_decode;         /* one-token Gated DeltaNet scan kernel: 1, or 0 the general scan */
+    int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
+} lily_cuda_tuning;
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0}
+void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda_backend.h"
+
 extern "C" {
 #include "lily.h"
 }
@@ -130,16 +132,7 @@ __device__ __forceinline__ void pdl_trigger(void)
 }
 
 /* Bench/test tuning knobs (process-wide; set only through lily_cuda_set_tuning before a capture). */
-struct cuda_tuning {
-    int pdl;               /* 1: programmatic dependent launch (default), 0: plain launches */
-    int gemv_blocks_per_sm;/* 0: as many as fit (occupancy), else this many per SM */
-    int gemv_mma;          /* 4-bit decode GEMVs on tensor cores (gemv_mma.cu): 1 with the PDL trigger
-                            * before the wait (default), 2 after it, 0 off (gemv_decode.cu's kernel) */
-    int att_mma;           /* decode attention (n == 1) on tensor cores (attention_decode.cu):
-                            * 1 (default), 0 the SIMT split-KV kernel */
-    int gdn_decode;        /* Gated DeltaNet scan for n == 1 (deltanet_scan.cu): 1 the barrier-free
-                            * decode kernel (default), 0 the general scan */
-};
+typedef lily_cuda_tuning cuda_tuning;
 extern cuda_tuning g_cuda_tuning;
 
 /* Launch kernel k<<<grid, block, smem, s>>>(args...) with programmatic stream serialization. */

@@ -15,16 +15,9 @@
 
 #define LM_GREEDY 3
 
-cuda_tuning g_cuda_tuning = {1, 0, 1, 1, 1};
+cuda_tuning g_cuda_tuning = LILY_CUDA_TUNING_DEFAULT;
 
-extern "C" void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma, int att_mma, int gdn_decode)
-{
-    g_cuda_tuning.pdl = pdl;
-    g_cuda_tuning.gemv_blocks_per_sm = gemv_blocks_per_sm;
-    g_cuda_tuning.gemv_mma = gemv_mma;
-    g_cuda_tuning.att_mma = att_mma;
-    g_cuda_tuning.gdn_decode = gdn_decode;
-}
+extern "C" void lily_cuda_set_tuning(const lily_cuda_tuning *t) { g_cuda_tuning = *t; }
 
 enum prof_stage {
     PS_EMBED, PS_GDN_PROJ, PS_GDN_SCAN, PS_GDN_OUT, PS_ATT_PROJ, PS_ATT_ROPE, PS_ATT, PS_ATT_OUT,
@@ -273,7 +266,8 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             b.topk_idx = c->topk_idx;
             b.topk_w = c->topk_w;
             b.topk_counter = c->moe_counter;
-            const bool topk_in_router = gemv_topk_supported(b, n); /* decode: ranked once, by the router */
+            /* decode: ranked once by the router's last block (knob), else by every MoE block */
+            const bool topk_in_router = g_cuda_tuning.router_topk && gemv_topk_supported(b, n);
             if (!topk_in_router)
                 b.topk_k = 0;
             LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));

@@ -77,7 +77,7 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
     return no_cuda(err);
 }
 
-void lily_cuda_set_tuning(int pdl, int gemv_blocks_per_sm, int gemv_mma, int att_mma, int gdn_decode)
+void lily_cuda_set_tuning(const lily_cuda_tuning *t)
 {
-    (void)pdl, (void)gemv_blocks_per_sm, (void)gemv_mma, (void)att_mma, (void)gdn_decode;
+    (void)t;
 }

@@ -1,7 +1,9 @@
 /* moe_decode.cu — the sparse MoE block of one decode token (n_tokens == 1) for 4-bit experts, on tensor
  * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV published the top-k (topk_ready):
  *
- *   moe_gate_up_mma: block (16-row tile, slot), 8 warps = {gate, up} × 4 column slices of hidden;
+ *   moe_gate_up_mma: block (16-row tile, slot), 8 warps = {gate, up} × 4 column slices of hidden; the
+ *     top-k comes from the router GEMV (topk_ready) or is ranked by each routed block (moe_topk.cuh;
+ *     block (0, 0) publishes it for moe_down_mma);
  *     hid[slot][r] = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ), x = RMSNorm(h) · post_norm; slot top_k = the shared
  *     expert, whose rows are loaded before pdl_wait(); a routed slot reads its expert id right after the
  *     wait and issues its loads before normalising x.
@@ -10,10 +12,11 @@
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
  * Requirements (moe_route.cu's kernels otherwise): 4-bit routed and shared experts, hidden 512..2048 (% 512),
- * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, topk_ready.
+ * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, E <= MOE_MAX_E.
  */
 #include "gemv_common.cuh"
 #include "mma_gemv.cuh"
+#include "moe_topk.cuh"
 
 #define MD_WARPS 8
 #define MD_MAX_SLOTS 16
@@ -44,7 +47,20 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     pdl_trigger();
     pdl_wait();
     if (!shared) {
-        const int64_t e = __ldcg(a.topk_idx + slot);
+        int64_t e;
+        if (a.topk_ready) {
+            e = __ldcg(a.topk_idx + slot);
+        } else {
+            __shared__ int s_idx[MOE_MAX_K];
+            __shared__ float s_w[MOE_MAX_K];
+            __shared__ float s_l[MOE_MAX_E];
+            moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_l);
+            if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
+                a.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
+                a.topk_w[threadIdx.x] = s_w[threadIdx.x];
+            }
+            e = s_idx[slot];
+        }
         mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
     }
     gemv_input in;
@@ -156,7 +172,7 @@ __global__ void __launch_bounds__(MD_MAX_SLOTS * 32) moe_down_mma_kernel(moe_arg
 bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
 {
     const bool inter_ok = a.inter == a.shared_inter && (a.inter == 128 || a.inter == 256 || a.inter == 512);
-    return n_tokens == 1 && g_cuda_tuning.gemv_mma && a.topk_ready && a.gate.bits == 4 && a.sgate.bits == 4 &&
+    return n_tokens == 1 && g_cuda_tuning.gemv_mma && a.n_experts <= MOE_MAX_E && a.top_k <= MOE_MAX_K && a.gate.bits == 4 && a.sgate.bits == 4 &&
            a.down.bits == 4 && a.sdown.bits == 4 && a.hidden % 512 == 0 && a.hidden <= 4 * 512 && inter_ok &&
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
