@@ -253,8 +253,8 @@ int main(int argc, char **argv)
 
     if (tune) { /* knobs at depths 4096 and 131072 (where the context allows): PDL, GEMV shape, attention
                  * and DeltaNet decode kernels */
-        const lily_cuda_tuning kn[] = {{1, 0, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1}, {1, 0, 2, 1, 1, 0}, {0, 0, 1, 1, 1, 0},
-                                       {1, 0, 0, 1, 1, 0}, {1, 0, 1, 0, 1, 0}, {1, 0, 1, 1, 0, 0}, {1, 0, 0, 0, 0, 1}};
+        const lily_cuda_tuning kn[] = {{1, 0, 1, 1, 1, 0, 1}, {1, 0, 1, 1, 1, 1, 1}, {1, 0, 2, 1, 1, 0, 1}, {0, 0, 1, 1, 1, 0, 1},
+                                       {1, 0, 0, 1, 1, 0, 1}, {1, 0, 1, 0, 1, 0, 1}, {1, 0, 1, 1, 0, 0, 1}, {1, 0, 0, 0, 0, 1, 1}};
         const int td[2] = {4096, 131072};
         printf("\n## Launch knobs, decode tok/s\n\n| PDL | 4-bit GEMV + MoE on tensor cores (2: trigger after wait) | attention on tensor cores | DeltaNet decode scan | top-k in the router | d4096 | d131072 |\n|---|---|---|---|---|---:|---:|\n");
         for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {

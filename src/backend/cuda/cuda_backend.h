@@ -82,8 +82,9 @@ typedef struct {
     int att_mma;            /* decode attention on tensor cores: 1, or 0 the SIMT split-KV kernel */
     int gdn_decode;         /* one-token Gated DeltaNet scan kernel: 1, or 0 the general scan */
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
+    int gdn_prefill;        /* Gated DeltaNet prefill (n > 1) by deltanet_prefill.cu: 1, or 0 the general scan */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

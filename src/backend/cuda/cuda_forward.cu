@@ -225,7 +225,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             g.K = cfg->gdn_conv_kernel;
             g.conv_dim = conv_dim;
             MARK(PS_GDN_SCAN);
-            if (n > 1 && c->gdn_pre && gdn_prefill_supported(g)) /* prefill: parallel prep + recurrence */
+            if (n > 1 && c->gdn_pre && g_cuda_tuning.gdn_prefill && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
                 LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
             else
                 LAUNCH(launch_gdn_scan(g, n, s));
