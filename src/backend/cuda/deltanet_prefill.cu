@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(THREADS, 1) gdn_recur_kernel(gdn_args a, const
             const float delta = beta * (vc - m * gnew);
             if (g == 0)
                 out[(size_t)(tile * GDR_TILE + tt) * out_stride] = fmaf(delta, kq, o * gnew);
-            const float dg = __fdividef(delta, gnew); /* gnew in [1e-18, 1] */
+            const float dg = delta * (1.0f / gnew);
 #pragma unroll
             for (int i = 0; i < NV; i++) {
                 S[4 * i + 0] = fmaf(kc[i].x, dg, S[4 * i + 0]);
