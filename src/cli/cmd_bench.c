@@ -91,7 +91,7 @@ static void usage(FILE *f)
             "  --membw                only measure and print the device's bandwidth and matmul rate\n"
             "  --threads N            CPU threads (default: all cores)\n"
             "  --ctx-size N           session context size (default: the largest length the sweep needs)\n"
-            "  --prefill-chunk N      tokens per forward pass during prefill (default 512)\n"
+            "  --prefill-chunk N      tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "  --device N             GPU ordinal (default 0)\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
@@ -173,7 +173,7 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     }
     e->cfg = m->synthetic->cfg;
     e->weights = m->synthetic->weights;
-    e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 512;
+    e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : lily_default_prefill_chunk(o->backend);
     lily_backend_options bo = {.n_threads = o->n_threads, .max_chunk = e->prefill_chunk, .device = o->device};
     st = lily_backend_create(o->backend, &e->cfg, &e->weights, &bo, &e->backend, err);
     if (st != LILY_OK) {

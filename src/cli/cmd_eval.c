@@ -32,7 +32,7 @@ static void usage(FILE *f)
             "  --tokens LIST         token ids separated by commas or spaces\n"
             "  --tokens-file F       token ids in a file, separated by whitespace or commas\n"
             "  --decode-from K       prefill the first K tokens, decode the rest one at a time (default: all prefill)\n"
-            "  --prefill-chunk N     at most N tokens per forward pass during prefill (default 512)\n"
+            "  --prefill-chunk N     at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "  --logits-out F        write all logits as raw little-endian float32 [n_tokens, vocab]\n"
             "  --reference F         compare with reference logits (same format): max |Δ|, mean |Δ|, top-1, KL\n"
             "  --backend NAME        cpu (default) or cuda\n"

@@ -38,7 +38,7 @@ static void usage(FILE *f)
             "  --reference-logits F     raw little-endian fp32 [n_tokens, vocab] (lily eval --logits-out)\n"
             "  --backend cpu|cuda       (default cpu)\n"
             "  --threads N              CPU threads (default: all cores)\n"
-            "  --prefill-chunk N        tokens per forward pass (default 512)\n"
+            "  --prefill-chunk N        tokens per forward pass (default 512, 4096 with cuda)\n"
             "  --special                with -f: special tokens written in the text (<|im_start|>) become their\n"
             "                           ids (default: encoded as plain text)\n");
 }

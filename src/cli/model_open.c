@@ -40,7 +40,7 @@ void cli_gen_options_usage(FILE *f)
             "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768)\n"
             "      --backend NAME     cpu (default) or cuda\n"
             "  -t, --threads N        CPU threads (default: all cores)\n"
-            "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512)\n");
+            "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n");
 }
 
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
