@@ -21,32 +21,10 @@ extern "C" {
 #include "base/dtype.h"
 }
 
+#define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
+#include "cuda_test_util.cuh"
+
 static int g_fail = 0, g_checks = 0;
-static unsigned long long g_rng = 0x9e3779b97f4a7c15ull;
-
-static unsigned int rnd_u32(void)
-{
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (unsigned int)(g_rng >> 32);
-}
-static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() / 4294967296.0f); }
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-template <typename T> static T *dev_copy(const std::vector<T> &h)
-{
-    T *d;
-    CK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
 
 /* splits: 1 = one split, > 1 = that many, 0 = attention_prefill_splits' choice (capacity 64 like decode) */
 static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)

@@ -18,47 +18,10 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
+#define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
+#include "cuda_test_util.cuh"
+
 static int g_fail = 0, g_checks = 0;
-static unsigned long long g_rng = 0x9e3779b97f4a7c15ull;
-
-static unsigned int rnd_u32(void)
-{
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (unsigned int)(g_rng >> 32);
-}
-static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() / 4294967296.0f); }
-static std::vector<float> rand_vec(size_t n, float lo, float hi)
-{
-    std::vector<float> v(n);
-    for (auto &x : v)
-        x = rnd_f(lo, hi);
-    return v;
-}
-static double silu_d(double x) { return x / (1.0 + exp(-x)); }
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-template <typename T> static T *dev_copy(const std::vector<T> &h)
-{
-    T *d;
-    CK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <typename T> static std::vector<T> host_copy(const T *d, size_t n)
-{
-    std::vector<T> h(n);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
 
 static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
                   const std::vector<double> &mag, double rel)

@@ -21,44 +21,11 @@ extern "C" {
 #include "base/dtype.h"
 }
 
+#define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
+#include "cuda_test_util.cuh"
+
 static int g_fail = 0, g_checks = 0;
-static unsigned long long g_rng = 0x9e3779b97f4a7c15ull;
 
-static unsigned int rnd_u32(void)
-{
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (unsigned int)(g_rng >> 32);
-}
-static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() / 4294967296.0f); }
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-template <typename T> static T *dev_copy(const std::vector<T> &h)
-{
-    T *d;
-    CK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <typename T> static std::vector<T> host_copy(const T *d, size_t n)
-{
-    std::vector<T> h(n);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
-static float *dev_nan(size_t n)
-{
-    std::vector<float> h(n, NAN);
-    return dev_copy(h);
-}
 template <typename T> static T *dev_alloc(size_t n)
 {
     T *d;
@@ -182,16 +149,6 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
     upload(m);
 }
 
-static std::vector<float> rand_vec(size_t n, float lo, float hi)
-{
-    std::vector<float> v(n);
-    for (auto &x : v)
-        x = rnd_f(lo, hi);
-    return v;
-}
-
-static double silu_d(double x) { return x / (1.0 + exp(-x)); }
-
 /* ---- dense GEMM ------------------------------------------------------------------------------------- */
 
 static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
@@ -269,23 +226,7 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
     std::vector<float> gotc((size_t)n * total);
     std::vector<double> x(cols);
     for (int t = 0; t < n; t++) {
-        const float *ap = &act[(size_t)t * cols];
-        if (mode == GEMV_IN_RMSNORM) {
-            double ss = 0;
-            for (int c = 0; c < cols; c++) ss += (double)ap[c] * ap[c];
-            const double r = 1.0 / sqrt(ss / cols + 1e-6);
-            for (int c = 0; c < cols; c++) x[c] = ap[c] * r * nw[c];
-        } else if (mode == GEMV_IN_GATED) {
-            for (int h = 0; h < cols / hd; h++) {
-                double ss = 0;
-                for (int d = 0; d < hd; d++) ss += (double)ap[h * hd + d] * ap[h * hd + d];
-                const double r = 1.0 / sqrt(ss / hd + 1e-6);
-                for (int d = 0; d < hd; d++)
-                    x[h * hd + d] = ap[h * hd + d] * r * gw[d] * silu_d(z[(size_t)t * cols + h * hd + d]);
-            }
-        } else {
-            for (int c = 0; c < cols; c++) x[c] = ap[c];
-        }
+        ref_gemv_input(mode, &act[(size_t)t * cols], cols, nw, gw, hd, z, t, x);
         int o = 0;
         for (int k = 0; k < n_mats; k++)
             for (int r = 0; r < m[k].rows; r++, o++) {
