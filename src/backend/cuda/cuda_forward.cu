@@ -52,12 +52,6 @@ static lily_status prof_mark(cuda_ctx *c, int stage, lily_error *err)
     return LILY_OK;
 }
 
-#define LAUNCH(call)                                                                               \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            return lily_cuda_error(err, e_, #call, __FILE__, __LINE__);                            \
-    } while (0)
 #define MARK(stage)                                                                                \
     do {                                                                                           \
         lily_status s_ = prof_mark(c, (stage), err);                                               \

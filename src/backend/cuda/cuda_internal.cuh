@@ -108,6 +108,15 @@ typedef struct {
     cudaGraphExec_t graph_logits;  /* decode step: d_tokens[0] -> logits[0] */
 } cuda_state;
 
+/* Evaluate a kernel launch (a launch_* wrapper's cudaError_t) in a function with `lily_error *err` in
+ * scope; on failure record the call and the error and return (as CUDA_TRY). Used by the forward passes. */
+#define LAUNCH(call)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return lily_cuda_error(err, e_, #call, __FILE__, __LINE__);                            \
+    } while (0)
+
 /* cuda_forward.cu: enqueue embed + all layers + (optionally) the LM head for n tokens at the state's
  * device position; never synchronizes. lm_mode: LILY_LOGITS_* or 3 = greedy argmax (n == 1). */
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,

@@ -10,13 +10,6 @@
 
 #include "cuda_internal.cuh"
 
-#define LAUNCH(call)                                                                               \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            return lily_cuda_error(err, e_, #call, __FILE__, __LINE__);                            \
-    } while (0)
-
 static gemm_act act_at(const cuda_ctx *c, size_t row0, int cols)
 {
     gemm_act a;

@@ -171,6 +171,37 @@ __device__ __forceinline__ void x_sums(const float (&x)[VPL][128 / BITS], float 
     }
 }
 
+/* GEMV_OUT_ARGMAX: the warp's best (value, row) as an argmax_key (0 when the lane saw no row:
+ * best_row == 0x7fffffff), max over the warp, lane 0 (lane = threadIdx.x & 31) publishes it with
+ * atomicMax into *slot. */
+__device__ __forceinline__ void warp_argmax_publish(float best, int best_row, int lane, unsigned long long *slot)
+{
+    unsigned long long k = best_row == 0x7fffffff ? 0ull : argmax_key(best, best_row);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long k2 = __shfl_xor_sync(0xffffffffu, k, o);
+        k = k2 > k ? k2 : k;
+    }
+    if (lane == 0 && k)
+        atomicMax(slot, k);
+}
+
+/* The GEMV_IN_RMSNORM input (no gate): x = RMSNorm(act row) * norm_w, rows act_stride apart. */
+__device__ __forceinline__ gemv_input gemv_input_rmsnorm(const float *act, int act_stride, const float *norm_w,
+                                                         float eps)
+{
+    gemv_input in;
+    in.act = act;
+    in.act_stride = act_stride;
+    in.mode = GEMV_IN_RMSNORM;
+    in.norm_w = norm_w;
+    in.eps = eps;
+    in.z = NULL;
+    in.z_stride = 0;
+    in.head_dim = 0;
+    return in;
+}
+
 /* The input transform (gemv_input_mode) of token t, once per block of NW warps, into s_x[0..cols);
  * s_red holds NW floats. Ends with __syncthreads. Every global load of a pass is issued before the
  * first use (PRO_MAX per thread), so a pass costs one memory round trip, not one per element. */

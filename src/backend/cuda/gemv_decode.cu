@@ -96,16 +96,8 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
             }
         }
     }
-    if (OUT_MODE == GEMV_OUT_ARGMAX) {
-        unsigned long long k = best_row == 0x7fffffff ? 0ull : argmax_key(best, best_row);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            unsigned long long k2 = __shfl_xor_sync(0xffffffffu, k, o);
-            k = k2 > k ? k2 : k;
-        }
-        if (lane == 0 && k)
-            atomicMax(argmax + t, k);
-    }
+    if (OUT_MODE == GEMV_OUT_ARGMAX)
+        warp_argmax_publish(best, best_row, lane, argmax + t);
     if (b.topk_k > 0) { /* decode router: the last block to finish publishes the top-k once */
         __shared__ int s_idx[MOE_MAX_K];
         __shared__ float s_w[MOE_MAX_K];

@@ -79,23 +79,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them */
     gemv_prologue<IN_MODE, GM_WARPS>(in, 0, cols, s_x, s_red);
-    {
-        float mx = 0.0f;
-        for (int c = threadIdx.x; c < cols; c += GM_WARPS * 32)
-            mx = fmaxf(mx, fabsf(s_x[c]));
-        mx = warp_max(mx);
-        if (lane == 0)
-            s_red[warp] = mx;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float M = 0.0f;
-            for (int w = 0; w < GM_WARPS; w++)
-                M = fmaxf(M, s_red[w]);
-            s_scale = mg_x_scale(M);
-        }
-        __syncthreads();
-    }
-    const float xk = s_scale;
+    const float xk = mg_block_x_scale<GM_WARPS>(s_x, cols, s_red, &s_scale);
     mg_build_frags(s_x, cols, xk, s_xh, threadIdx.x, GM_WARPS * 32);
     __syncthreads();
     mg_group_sums(s_xh, cols, s_off, s_xsum, threadIdx.x, GM_WARPS * 32);
@@ -150,16 +134,8 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
         compute(g1, f1);
         grp = g2;
     }
-    if (OUT_MODE == GEMV_OUT_ARGMAX) {
-        unsigned long long k = best_row == 0x7fffffff ? 0ull : argmax_key(best, best_row);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            unsigned long long k2 = __shfl_xor_sync(0xffffffffu, k, o);
-            k = k2 > k ? k2 : k;
-        }
-        if (lane == 0 && k)
-            atomicMax(argmax, k);
-    }
+    if (OUT_MODE == GEMV_OUT_ARGMAX)
+        warp_argmax_publish(best, best_row, lane, argmax);
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------------ */

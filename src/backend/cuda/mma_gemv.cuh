@@ -93,6 +93,29 @@ __device__ __forceinline__ float mg_x_scale(float max_abs)
     return k;
 }
 
+/* The block-wide mg_x_scale of s_x[0..cols) for a block of NW warps: max|x| per warp, then over the
+ * NW warps in s_red (NW floats) by thread 0, broadcast through *s_scale. Ends with __syncthreads. */
+template <int NW>
+__device__ __forceinline__ float mg_block_x_scale(const float *s_x, int cols, float *s_red, float *s_scale)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float mx = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += NW * 32)
+        mx = fmaxf(mx, fabsf(s_x[c]));
+    mx = warp_max(mx);
+    if (lane == 0)
+        s_red[warp] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float M = 0.0f;
+        for (int w = 0; w < NW; w++)
+            M = fmaxf(M, s_red[w]);
+        *s_scale = mg_x_scale(M);
+    }
+    __syncthreads();
+    return *s_scale;
+}
+
 /* x fragments of columns [0, cols) from fp32 x (times xk), items i = tid, tid + nthr, ... */
 __device__ __forceinline__ void mg_build_frags(const float *x, int cols, float xk, uint4 *s_xh, int tid, int nthr)
 {

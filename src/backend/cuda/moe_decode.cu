@@ -63,31 +63,9 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         }
         mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
     }
-    gemv_input in;
-    in.act = a.h;
-    in.act_stride = H;
-    in.mode = GEMV_IN_RMSNORM;
-    in.norm_w = a.norm_w;
-    in.eps = a.eps;
-    in.z = NULL;
-    in.z_stride = 0;
-    in.head_dim = 0;
+    const gemv_input in = gemv_input_rmsnorm(a.h, H, a.norm_w, a.eps);
     gemv_prologue<GEMV_IN_RMSNORM, MD_WARPS>(in, 0, H, s_x, s_red);
-    float mx = 0.0f;
-    for (int c = threadIdx.x; c < H; c += MD_WARPS * 32)
-        mx = fmaxf(mx, fabsf(s_x[c]));
-    mx = warp_max(mx);
-    if (lane == 0)
-        s_red[warp] = mx;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float M = 0.0f;
-        for (int w = 0; w < MD_WARPS; w++)
-            M = fmaxf(M, s_red[w]);
-        s_scale = mg_x_scale(M);
-    }
-    __syncthreads();
-    const float xk = s_scale;
+    const float xk = mg_block_x_scale<MD_WARPS>(s_x, H, s_red, &s_scale);
     mg_build_frags(s_x, H, xk, s_xh, threadIdx.x, MD_WARPS * 32);
     __syncthreads();
     mg_group_sums(s_xh, H, s_off, s_xsum, threadIdx.x, MD_WARPS * 32);

@@ -56,15 +56,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     /* weights only so far: let the down projection start (it prefetches nothing that depends on us) */
     pdl_trigger();
     pdl_wait();
-    gemv_input in;
-    in.act = a.h;
-    in.act_stride = a.hidden;
-    in.mode = GEMV_IN_RMSNORM;
-    in.norm_w = a.norm_w;
-    in.eps = a.eps;
-    in.z = NULL;
-    in.z_stride = 0;
-    in.head_dim = 0;
+    const gemv_input in = gemv_input_rmsnorm(a.h, a.hidden, a.norm_w, a.eps);
     gemv_prologue<GEMV_IN_RMSNORM, MOE_WARPS>(in, t, a.hidden, s_x, s_red);
     if (a.topk_ready) { /* decode: the router GEMV's last block published the top-k */
         if (threadIdx.x < a.top_k) {
