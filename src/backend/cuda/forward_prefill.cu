@@ -27,6 +27,17 @@ static lily_status act_fits(const cuda_ctx *c, size_t rows, int cols, lily_error
     return LILY_OK;
 }
 
+/* A grouped GEMM walks the tile map moe_plan built: T-token tiles of expert-ordered rows. */
+static void grouped_by_expert(const cuda_ctx *c, int n, int K, int E, int T, gemm_args *a)
+{
+    a->tile_expert = c->pf_tile_expert;
+    a->tile_start = c->pf_tile_start;
+    a->n_tiles = c->pf_n_tiles;
+    a->offsets = c->pf_offsets;
+    a->max_tiles = moe_max_tiles(n, K, E, T);
+    a->tile_tokens = T;
+}
+
 lily_status cuda_prefill_proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, int out_mode, int n,
                               lily_error *err)
 {
@@ -104,13 +115,8 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.y_stride[0] = hs;
     a.act = xa;
     a.epi = GEMM_EPI_SWIGLU;
-    a.tile_expert = c->pf_tile_expert;
-    a.tile_start = c->pf_tile_start;
-    a.n_tiles = c->pf_n_tiles;
-    a.offsets = c->pf_offsets;
+    grouped_by_expert(c, n, K, E, T, &a);
     a.gather = c->pf_gather;
-    a.max_tiles = moe_max_tiles(n, K, E, T);
-    a.tile_tokens = T;
     LAUNCH(launch_gemm(a, n, s));
 
     /* shared expert gate/up: hid rows nk + t */
@@ -148,12 +154,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.y_stride[0] = H;
     a.act = ha;
     a.epi = GEMM_EPI_STORE;
-    a.tile_expert = c->pf_tile_expert;
-    a.tile_start = c->pf_tile_start;
-    a.n_tiles = c->pf_n_tiles;
-    a.offsets = c->pf_offsets;
-    a.max_tiles = moe_max_tiles(n, K, E, T);
-    a.tile_tokens = T;
+    grouped_by_expert(c, n, K, E, T, &a);
     LAUNCH(launch_gemm(a, n, s));
 
     /* shared down: rows nk + t of pf_y */

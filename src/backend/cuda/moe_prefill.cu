@@ -10,43 +10,25 @@
  *   moe_combine_kernel: grid n, 256 threads, float4 over the hidden dim
  */
 #include "gemm_prefill.cuh"
+#include "moe_topk.cuh"
 
 #define MOE_PF_MAX_E 1024
 #define MOE_PF_MAX_K 32
 #define MOE_TOPK_THREADS 256
 #define MOE_PLAN_THREADS 1024
 
+/* One block per token: the same ranking and renormalised softmax as decode (moe_topk.cuh). */
 __global__ void __launch_bounds__(MOE_TOPK_THREADS)
 moe_topk_kernel(const float *logits, int stride, int E, int K, int *idx, float *w)
 {
     __shared__ float s_l[MOE_PF_MAX_E];
     __shared__ int s_idx[MOE_PF_MAX_K];
+    __shared__ float s_w[MOE_PF_MAX_K];
     const int t = blockIdx.x;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        s_l[e] = logits[(size_t)t * stride + e];
-    if (threadIdx.x < K)
-        s_idx[threadIdx.x] = 0; /* stays valid even if NaN logits break the ranking */
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const float v = s_l[e];
-        int rank = 0;
-        for (int o = 0; o < E; o++) {
-            const float u = s_l[o];
-            rank += (u > v) || (u == v && o < e);
-        }
-        if (rank < K)
-            s_idx[rank] = e;
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const float mx = s_l[s_idx[0]];
-        const float p = lane < K ? expf(s_l[s_idx[lane]] - mx) : 0.0f;
-        const float sum = warp_sum(p);
-        if (lane < K) {
-            idx[(size_t)t * K + lane] = s_idx[lane];
-            w[(size_t)t * K + lane] = p / sum;
-        }
+    moe_topk_block(logits + (size_t)t * stride, E, K, s_idx, s_w, s_l);
+    if (threadIdx.x < K) {
+        idx[(size_t)t * K + threadIdx.x] = s_idx[threadIdx.x];
+        w[(size_t)t * K + threadIdx.x] = s_w[threadIdx.x];
     }
 }
 
