@@ -3,10 +3,11 @@
  * host sync per token), at context depths placed with lily_cuda_state_set_position (KV rows filled with
  * pseudo-random bf16). Prints a markdown table with the fraction of the bandwidth floor (bytes per token
  * from cost_model.h over the measured device-to-device copy rate), a per-stage profile (CUDA events),
- * an optional split-KV sweep, and optionally CUDA-vs-CPU logits agreement on one prompt.
+ * an optional split-KV sweep, and knob A/Bs (`--tune`; `--knobs SPEC` sets them for the whole run,
+ * bench/cuda_knobs.h). CUDA-vs-CPU agreement is bench_cuda_accuracy's job.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
- *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]
+ *                          [--sweep-split] [--tune] [--knobs SPEC] [--prefill N]
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "cuda_knobs.h"
 #include "model/synthetic.h"
 #include "runtime/cost_model.h"
 
@@ -59,43 +61,11 @@ static int rnd_token(int vocab)
     return (int)((g_rng >> 33) % (unsigned long long)vocab);
 }
 
-/* KL(ref || got), top-1 agreement and max |Δlogit| over rows. */
-static void compare_logits(const float *ref, const float *got, int rows, int vocab)
-{
-    double kl_sum = 0, maxd = 0;
-    int top1 = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * vocab, *b = got + (size_t)r * vocab;
-        int ia = 0, ib = 0;
-        for (int v = 0; v < vocab; v++) {
-            if (a[v] > a[ia]) ia = v;
-            if (b[v] > b[ib]) ib = v;
-            const double d = fabs((double)a[v] - b[v]);
-            if (!(d <= maxd)) maxd = d;
-        }
-        double za = 0, zb = 0;
-        for (int v = 0; v < vocab; v++) {
-            za += exp(a[v] - a[ia]);
-            zb += exp(b[v] - b[ib]);
-        }
-        double kl = 0;
-        for (int v = 0; v < vocab; v++) {
-            const double la = a[v] - a[ia] - log(za), lb = b[v] - b[ib] - log(zb);
-            kl += exp(la) * (la - lb);
-        }
-        kl_sum += kl;
-        top1 += ia == ib;
-    }
-    printf("\n## CUDA vs CPU logits, one %d-token prompt (full-size synthetic model)\n\n", rows);
-    printf("| rows | top-1 agreement | mean KL(cpu‖cuda) | max abs dlogit | verdict (mean KL <= 1e-2) |\n|---|---|---|---|---|\n");
-    printf("| %d | %.4f | %.3e | %.3e | %s |\n", rows, (double)top1 / rows, kl_sum / rows, maxd,
-           kl_sum / rows <= 1e-2 ? "pass" : "FAIL");
-}
-
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0, chunk = 512, prof_prefill = 0;
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, tune = 0, chunk = 512, prof_prefill = 0;
+    lily_cuda_tuning knobs = LILY_CUDA_TUNING_DEFAULT;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -103,17 +73,22 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) n_prof = parse_list(argv[++i], prof, 8);
         else if (!strcmp(argv[i], "--sweep-split")) sweep = 1;
         else if (!strcmp(argv[i], "--tune")) tune = 1;
-        else if (!strcmp(argv[i], "--compare-cpu") && i + 1 < argc) compare = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--knobs") && i + 1 < argc) {
+            if (cuda_knobs_parse(argv[++i], &knobs)) DIE("bad --knobs '%s'", argv[i]);
+        }
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--compare-variants")) compare_variants = 1;
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]", argv[0]);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill]", argv[0]);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
             depths[n_depths++] = d;
     }
+    lily_cuda_set_tuning(&knobs);
+    printf("knobs: ");
+    cuda_knobs_print(stdout, &knobs);
+    printf("\n");
     lily_error err = {0};
     double gbps = 0;
     if (lily_cuda_membw(0, (size_t)2 << 30, 20, &gbps, &err) != LILY_OK)
@@ -146,7 +121,7 @@ int main(int argc, char **argv)
     if (be.ops->state_new(be.ctx, max_ctx, &st, &err) != LILY_OK)
         DIE("state: %s", err.message);
 
-    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)(prefill > compare ? prefill : compare) + 64));
+    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)prefill + 64));
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
     if (!toks || !out) DIE("oom");
 
@@ -253,13 +228,17 @@ int main(int argc, char **argv)
 
     if (tune) { /* knobs at depths 4096 and 131072 (where the context allows): PDL, GEMV shape, attention
                  * and DeltaNet decode kernels */
-        const lily_cuda_tuning kn[] = {{1, 0, 1, 1, 1, 0, 1}, {1, 0, 1, 1, 1, 1, 1}, {1, 0, 2, 1, 1, 0, 1}, {0, 0, 1, 1, 1, 0, 1},
-                                       {1, 0, 0, 1, 1, 0, 1}, {1, 0, 1, 0, 1, 0, 1}, {1, 0, 1, 1, 0, 0, 1}, {1, 0, 0, 0, 0, 1, 1}};
+        static const char *kn[] = {"default", "router_topk=1", "gemv_mma=2", "pdl=0", "gemv_mma=0", "att_mma=0", "gdn_decode=0",
+                                   "gemv_mma=0,att_mma=0,gdn_decode=0,router_topk=1", "moe_gate_up_blocks=2",
+                                   "moe_gate_up_blocks=3", "gemv_mma_blocks=1", "gemv_mma_blocks=2",
+                                   "moe_gate_up_blocks=3,gemv_mma_blocks=2"};
         const int td[2] = {4096, 131072};
-        printf("\n## Launch knobs, decode tok/s\n\n| PDL | 4-bit GEMV + MoE on tensor cores (2: trigger after wait) | attention on tensor cores | DeltaNet decode scan | top-k in the router | d4096 | d131072 |\n|---|---|---|---|---|---:|---:|\n");
+        printf("\n## Launch knobs, decode tok/s (bench/cuda_knobs.h names, over the defaults)\n\n| knobs | d4096 | d131072 |\n|---|---:|---:|\n");
         for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {
-            lily_cuda_set_tuning(&kn[k]);
-            printf("| %d | %d | %d | %d | %d |", kn[k].pdl, kn[k].gemv_mma, kn[k].att_mma, kn[k].gdn_decode, kn[k].router_topk);
+            lily_cuda_tuning t;
+            cuda_knobs_parse(kn[k], &t);
+            lily_cuda_set_tuning(&t);
+            printf("| %s |", kn[k]);
             for (int j = 0; j < 2; j++) {
                 if (td[j] + 80 > max_ctx) {
                     printf(" - |");
@@ -278,60 +257,10 @@ int main(int argc, char **argv)
             }
             printf("\n");
         }
-        const lily_cuda_tuning dflt = LILY_CUDA_TUNING_DEFAULT;
-        lily_cuda_set_tuning(&dflt);
+        lily_cuda_set_tuning(&knobs);
         lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err);
     }
 
-    if (compare > 0) {
-        const int n = compare < 512 ? compare : 512;
-        for (int i = 0; i < n; i++) toks[i] = rnd_token(cfg->vocab_size);
-        float *lc = malloc(sizeof(float) * (size_t)n * cfg->vocab_size);
-        float *lr = malloc(sizeof(float) * (size_t)n * cfg->vocab_size);
-        if (!lc || !lr) DIE("oom");
-        be.ops->state_reset(be.ctx, st);
-        if (be.ops->forward(be.ctx, st, toks, n, LILY_LOGITS_ALL, lc, &err) != LILY_OK)
-            DIE("cuda forward: %s", err.message);
-        lily_backend cpu;
-        lily_backend_options co;
-        memset(&co, 0, sizeof co);
-        co.max_chunk = 512;
-        t0 = now_s();
-        if (lily_backend_create("cpu", cfg, &syn->weights, &co, &cpu, &err) != LILY_OK)
-            DIE("cpu: %s", err.message);
-        void *cst = NULL;
-        if (cpu.ops->state_new(cpu.ctx, n + 8, &cst, &err) != LILY_OK)
-            DIE("cpu state: %s", err.message);
-        if (cpu.ops->forward(cpu.ctx, cst, toks, n, LILY_LOGITS_ALL, lr, &err) != LILY_OK)
-            DIE("cpu forward: %s", err.message);
-        printf("cpu forward of %d tokens: %.1f s\n", n, now_s() - t0);
-        compare_logits(lr, lc, n, cfg->vocab_size);
-        /* How sensitive is this model to rounding alone? The CPU backend with the chunked delta rule
-         * (same math, another fp32 summation order) against the recurrent one. */
-        if (compare_variants) {
-            lily_backend cpu2;
-            co.deltanet_chunked = true;
-            if (lily_backend_create("cpu", cfg, &syn->weights, &co, &cpu2, &err) != LILY_OK)
-                DIE("cpu: %s", err.message);
-            void *cst2 = NULL;
-            float *lr2 = malloc(sizeof(float) * (size_t)n * cfg->vocab_size);
-            if (!lr2) DIE("oom");
-            if (cpu2.ops->state_new(cpu2.ctx, n + 8, &cst2, &err) != LILY_OK ||
-                cpu2.ops->forward(cpu2.ctx, cst2, toks, n, LILY_LOGITS_ALL, lr2, &err) != LILY_OK)
-                DIE("cpu chunked forward: %s", err.message);
-            printf("\nCPU recurrent delta rule vs CPU chunked delta rule (rounding order only):\n");
-            compare_logits(lr, lr2, n, cfg->vocab_size);
-            printf("\nCPU chunked vs CUDA:\n");
-            compare_logits(lr2, lc, n, cfg->vocab_size);
-            cpu2.ops->state_free(cpu2.ctx, cst2);
-            lily_backend_destroy(&cpu2);
-            free(lr2);
-        }
-        cpu.ops->state_free(cpu.ctx, cst);
-        lily_backend_destroy(&cpu);
-        free(lc);
-        free(lr);
-    }
     be.ops->state_free(be.ctx, st);
     lily_backend_destroy(&be);
     lily_synthetic_free(syn);

@@ -127,7 +127,10 @@ static void check_matmul(lily_threadpool *pool, const lily_tensor *t, int64_t ex
         x[i] = frand();
     for (int i = 0; i < n * rows; i++)
         y[i] = NAN; /* poison */
-    cpu_matmul_expert(pool, t, expert, x, n, y);
+    cpu_ctx c;
+    memset(&c, 0, sizeof c);
+    c.pool = pool;
+    cpu_matmul_expert(&c, t, expert, x, n, y);
     naive_matmul(x, n, dense_expert, rows, cols, ref);
     float worst = test_max_abs_diff(y, ref, (size_t)n * rows);
     if (worst > 1e-4f)

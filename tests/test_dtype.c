@@ -27,6 +27,31 @@ static void test_f16_widening(void **state)
     assert_true(isnan(lily_f16_to_f32(0x7e00)));
 }
 
+/* float -> half: round to nearest even at every scale, overflow, subnormals, NaN; and the exact
+ * round trip of every finite half. */
+static void test_f16_narrowing(void **state)
+{
+    (void)state;
+    assert_int_equal(lily_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(lily_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(lily_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);      /* tie -> even */
+    assert_int_equal(lily_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);  /* tie -> even (up) */
+    assert_int_equal(lily_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
+    assert_int_equal(lily_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(lily_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(lily_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(lily_f32_to_f16(0x1p-24f), 0x0001);
+    assert_int_equal(lily_f32_to_f16(0x1p-25f), 0x0000);               /* tie -> even (0) */
+    assert_int_equal(lily_f32_to_f16(3 * 0x1p-25f), 0x0002);           /* tie -> even (2) */
+    assert_int_equal(lily_f32_to_f16(0x1p-14f - 0x1p-30f), 0x0400);    /* rounds up to the smallest normal */
+    assert_int_equal(lily_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(lily_f32_to_f16(INFINITY), 0x7c00);
+    assert_int_equal(lily_f32_to_f16(NAN) & 0x7e00, 0x7e00);
+    for (uint32_t h = 0; h < 0x10000u; h++)
+        if ((h & 0x7c00u) != 0x7c00u)
+            assert_int_equal(lily_f32_to_f16(lily_f16_to_f32((uint16_t)h)), h);
+}
+
 static void test_dtype_names(void **state)
 {
     (void)state;
@@ -41,6 +66,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_roundtrip_and_rounding),
         cmocka_unit_test(test_f16_widening),
+        cmocka_unit_test(test_f16_narrowing),
         cmocka_unit_test(test_dtype_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

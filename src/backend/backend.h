@@ -40,6 +40,9 @@ typedef struct {
      * cached exactness rests on this); true = the chunked form (chunk 64) for n > 1, as transformers'
      * torch_chunk_gated_delta_rule computes it. Both match the fixture references to ~1e-4. */
     bool deltanet_chunked;
+    /* CPU backend only, a precision study: round every matmul input to fp16 first, as the CUDA kernels
+     * feed the tensor cores (bench_cuda_accuracy --cpu-f16). Default false (exact fp32). */
+    bool cpu_matmul_inputs_f16;
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_backend_options;

@@ -60,6 +60,31 @@ static inline uint16_t lily_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* float -> IEEE half, round to nearest even (as torch's .to(torch.float16)); overflow to inf, NaN stays a
+ * quiet NaN, values below 2^-14 become subnormals. */
+static inline uint16_t lily_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u)
+        return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u);
+    if (ax >= 0x477ff000u) /* >= 65520: rounds to inf */
+        return sign | 0x7c00u;
+    if (ax < 0x38800000u) { /* below 2^-14: multiples of 2^-24, round half to even */
+        float a;
+        memcpy(&a, &ax, 4);
+        const float q = a * 16777216.0f; /* exact: a power-of-two scale */
+        uint32_t n = (uint32_t)q;
+        const float rem = q - (float)n;
+        n += rem > 0.5f || (rem == 0.5f && (n & 1u));
+        return sign | (uint16_t)n;
+    }
+    const uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u);
+    return sign | (uint16_t)((r - 0x38000000u) >> 13);
+}
+
 /* IEEE half -> float, exact (handles subnormals, inf, NaN). */
 static inline float lily_f16_to_f32(uint16_t h)
 {

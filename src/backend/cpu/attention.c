@@ -70,9 +70,9 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
     const int q_dim = nh * hd, kv_dim = nkv * hd;
     const int pos0 = st->position;
 
-    cpu_matmul(c->pool, &lw->q_proj, x, n, c->attn_qg);
-    cpu_matmul(c->pool, &lw->k_proj, x, n, c->attn_k);
-    cpu_matmul(c->pool, &lw->v_proj, x, n, c->attn_v);
+    cpu_matmul(c, &lw->q_proj, x, n, c->attn_qg);
+    cpu_matmul(c, &lw->k_proj, x, n, c->attn_k);
+    cpu_matmul(c, &lw->v_proj, x, n, c->attn_v);
 
     /* per-head split [query(hd), gate(hd)]; q_norm / k_norm per head over head_dim */
     for (int t = 0; t < n; t++)
@@ -91,5 +91,5 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
     attention_job job = {c, st, k_cache, v_cache, n, pos0};
     parallel_for(c->pool, nh, attention_head_task, &job);
 
-    cpu_matmul(c->pool, &lw->o_proj, c->attn_o, n, out);
+    cpu_matmul(c, &lw->o_proj, c->attn_o, n, out);
 }

@@ -77,6 +77,7 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     c->cfg = cfg;
     c->w = w;
     c->max_chunk = opts->max_chunk;
+    c->matmul_inputs_f16 = opts->cpu_matmul_inputs_f16;
     c->debug_hook = opts->debug_hook;
     c->debug_user = opts->debug_user;
     c->deltanet_chunked = opts->deltanet_chunked;
@@ -557,10 +558,10 @@ static lily_status cpu_forward(void *ctx, void *state, const int32_t *tokens, in
     cpu_rmsnorm(c->hidden, c->final_norm, n, H, cfg->rms_norm_eps, c->normed);
     hook(c, -1, LILY_STAGE_FINAL_NORM, c->normed, n, H);
     if (mode == LILY_LOGITS_ALL) {
-        cpu_matmul(c->pool, &c->w->lm_head, c->normed, n, logits);
+        cpu_matmul(c, &c->w->lm_head, c->normed, n, logits);
         hook(c, -1, LILY_STAGE_LOGITS, logits, n, cfg->vocab_size);
     } else if (mode == LILY_LOGITS_LAST) {
-        cpu_matmul(c->pool, &c->w->lm_head, c->normed + (int64_t)(n - 1) * H, 1, logits);
+        cpu_matmul(c, &c->w->lm_head, c->normed + (int64_t)(n - 1) * H, 1, logits);
         hook(c, -1, LILY_STAGE_LOGITS, logits, 1, cfg->vocab_size);
     }
     return LILY_OK;

@@ -32,6 +32,7 @@ typedef struct {
     lily_threadpool *pool;
     int n_threads;
     int max_chunk;
+    bool matmul_inputs_f16; /* lily_backend_options.cpu_matmul_inputs_f16 */
     lily_debug_hook debug_hook;
     void *debug_user;
 
@@ -94,12 +95,12 @@ typedef struct {
 void cpu_dequant_rows(const lily_tensor *w, int64_t expert, int64_t row0, int n_rows, float *out);
 
 /* y[n, rows] = x[n, cols] · W[expert]ᵀ with W any lily_tensor (F32/F16/BF16 or 4/8-bit affine), fp32
- * accumulation. Work is split over output rows; each block of weight rows is dequantized once and
- * reused for all n token rows. */
-void cpu_matmul_expert(lily_threadpool *pool, const lily_tensor *w, int64_t expert, const float *x, int n,
-                       float *y);
+ * accumulation, on c->pool. Work is split over output rows; each block of weight rows is dequantized
+ * once and reused for all n token rows. With c->matmul_inputs_f16 every x value is first rounded to
+ * fp16 (a precision study, lily_backend_options.cpu_matmul_inputs_f16). */
+void cpu_matmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const float *x, int n, float *y);
 /* The 2-D case: y[n, rows] = x[n, cols] · Wᵀ. */
-void cpu_matmul(lily_threadpool *pool, const lily_tensor *w, const float *x, int n, float *y);
+void cpu_matmul(const cpu_ctx *c, const lily_tensor *w, const float *x, int n, float *y);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */
 /* out[t] = x[t] * rsqrt(mean(x[t]²) + eps) * weight, per row of dim, in fp32 (in place allowed).

@@ -271,10 +271,10 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
     const int dk = cfg->gdn_key_head_dim, dv = cfg->gdn_value_head_dim;
     const int key_dim = Hk * dk, value_dim = Hv * dv, conv_dim = lily_config_gdn_conv_dim(cfg);
 
-    cpu_matmul(c->pool, &lw->in_proj_qkv, x, n, c->gdn_mixed);
-    cpu_matmul(c->pool, &lw->in_proj_z, x, n, c->gdn_z);
-    cpu_matmul(c->pool, &lw->in_proj_b, x, n, c->gdn_b);
-    cpu_matmul(c->pool, &lw->in_proj_a, x, n, c->gdn_a);
+    cpu_matmul(c, &lw->in_proj_qkv, x, n, c->gdn_mixed);
+    cpu_matmul(c, &lw->in_proj_z, x, n, c->gdn_z);
+    cpu_matmul(c, &lw->in_proj_b, x, n, c->gdn_b);
+    cpu_matmul(c, &lw->in_proj_a, x, n, c->gdn_a);
 
     causal_conv_silu(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, lp->conv1d, st->conv_state[layer], c->gdn_conv);
 
@@ -300,5 +300,5 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
     for (int64_t i = 0; i < (int64_t)n * value_dim; i++)
         c->gdn_o[i] *= cpu_silu(c->gdn_z[i]);
 
-    cpu_matmul(c->pool, &lw->out_proj, c->gdn_o, n, out);
+    cpu_matmul(c, &lw->out_proj, c->gdn_o, n, out);
 }

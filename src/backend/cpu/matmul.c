@@ -126,6 +126,7 @@ typedef struct {
     float *y;
     int64_t rows, cols;
     int block_rows;
+    bool inputs_f16;
 } matmul_job;
 
 static void matmul_task(void *arg, int task, int thread)
@@ -136,17 +137,23 @@ static void matmul_task(void *arg, int task, int thread)
     const int64_t row0 = (int64_t)task * j->block_rows;
     const int nr = (int)LILY_MIN((int64_t)j->block_rows, j->rows - row0);
     cpu_dequant_rows(j->w, j->expert, row0, nr, wbuf);
+    float xr[MATMUL_BLOCK_FLOATS];
     for (int t = 0; t < j->n; t++) {
         const float *xt = j->x + (int64_t)t * j->cols;
+        if (j->inputs_f16) {
+            for (int64_t i = 0; i < j->cols; i++)
+                xr[i] = lily_f16_to_f32(lily_f32_to_f16(xt[i]));
+            xt = xr;
+        }
         float *yt = j->y + (int64_t)t * j->rows + row0;
         for (int r = 0; r < nr; r++)
             yt[r] = dot(xt, wbuf + (int64_t)r * j->cols, j->cols);
     }
 }
 
-void cpu_matmul_expert(lily_threadpool *pool, const lily_tensor *w, int64_t expert, const float *x, int n,
-                       float *y)
+void cpu_matmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const float *x, int n, float *y)
 {
+    lily_threadpool *pool = c->pool;
     const int64_t rows = lily_tensor_rows(w), cols = lily_tensor_cols(w);
     LILY_ASSERT(cols <= MATMUL_BLOCK_FLOATS);
     LILY_ASSERT(w->ndim == 3 ? expert >= 0 && expert < w->shape[0] : expert == 0);
@@ -157,11 +164,11 @@ void cpu_matmul_expert(lily_threadpool *pool, const lily_tensor *w, int64_t expe
     const int threads = lily_threadpool_size(pool);
     while (block_rows > 1 && (rows + block_rows - 1) / block_rows < 4 * threads)
         block_rows /= 2;
-    matmul_job job = {w, expert, x, n, y, rows, cols, block_rows};
+    matmul_job job = {w, expert, x, n, y, rows, cols, block_rows, c->matmul_inputs_f16};
     parallel_for(pool, (int)((rows + block_rows - 1) / block_rows), matmul_task, &job);
 }
 
-void cpu_matmul(lily_threadpool *pool, const lily_tensor *w, const float *x, int n, float *y)
+void cpu_matmul(const cpu_ctx *c, const lily_tensor *w, const float *x, int n, float *y)
 {
-    cpu_matmul_expert(pool, w, 0, x, n, y);
+    cpu_matmul_expert(c, w, 0, x, n, y);
 }

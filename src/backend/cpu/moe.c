@@ -68,7 +68,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     const int inter = cfg->moe_intermediate, shared_inter = cfg->shared_intermediate;
 
     /* router */
-    cpu_matmul(c->pool, &lw->router, x, n, c->router_probs);
+    cpu_matmul(c, &lw->router, x, n, c->router_probs);
     softmax_rows(c->router_probs, n, E);
     cpu_moe_top_k(c->router_probs, n, E, k, cfg->norm_topk_prob, c->topk_ids, c->topk_weights);
 
@@ -93,10 +93,10 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
         const int *rows = c->expert_rows + c->expert_offset[e];
         for (int r = 0; r < n_e; r++)
             memcpy(c->moe_x + (int64_t)r * hidden, x + (int64_t)(rows[r] / k) * hidden, (size_t)hidden * sizeof(float));
-        cpu_matmul_expert(c->pool, &lw->experts_gate, e, c->moe_x, n_e, c->moe_gate);
-        cpu_matmul_expert(c->pool, &lw->experts_up, e, c->moe_x, n_e, c->moe_up);
+        cpu_matmul_expert(c, &lw->experts_gate, e, c->moe_x, n_e, c->moe_gate);
+        cpu_matmul_expert(c, &lw->experts_up, e, c->moe_x, n_e, c->moe_up);
         swiglu(c->moe_gate, c->moe_up, (int64_t)n_e * inter);
-        cpu_matmul_expert(c->pool, &lw->experts_down, e, c->moe_gate, n_e, c->moe_y);
+        cpu_matmul_expert(c, &lw->experts_down, e, c->moe_gate, n_e, c->moe_y);
         for (int r = 0; r < n_e; r++) {
             const float wgt = c->topk_weights[rows[r]];
             float *o = out + (int64_t)(rows[r] / k) * hidden;
@@ -107,11 +107,11 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     }
 
     /* shared expert, scaled per token by sigmoid(x · shared_expert_gateᵀ) */
-    cpu_matmul(c->pool, &lw->shared_gate, x, n, c->moe_gate);
-    cpu_matmul(c->pool, &lw->shared_up, x, n, c->moe_up);
+    cpu_matmul(c, &lw->shared_gate, x, n, c->moe_gate);
+    cpu_matmul(c, &lw->shared_up, x, n, c->moe_up);
     swiglu(c->moe_gate, c->moe_up, (int64_t)n * shared_inter);
-    cpu_matmul(c->pool, &lw->shared_down, c->moe_gate, n, c->moe_y);
-    cpu_matmul(c->pool, &lw->shared_expert_gate, x, n, c->shared_gate_logit);
+    cpu_matmul(c, &lw->shared_down, c->moe_gate, n, c->moe_y);
+    cpu_matmul(c, &lw->shared_expert_gate, x, n, c->shared_gate_logit);
     for (int t = 0; t < n; t++) {
         const float sg = cpu_sigmoid(c->shared_gate_logit[t]);
         float *o = out + (int64_t)t * hidden;

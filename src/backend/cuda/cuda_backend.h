@@ -83,8 +83,12 @@ typedef struct {
     int gdn_decode;         /* one-token Gated DeltaNet scan kernel: 1, or 0 the general scan */
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
     int gdn_prefill;        /* Gated DeltaNet prefill (n > 1) by deltanet_prefill.cu: 1, or 0 the general scan */
+    int prefill_gemm;       /* prefill projections and MoE (n >= 16) on tensor-core GEMMs: 1, or 0 the GEMV kernels */
+    int att_prefill;        /* prefill attention (n > 1) by the flash kernel: 1, or 0 the SIMT kernel */
+    int moe_gate_up_blocks; /* decode MoE gate/up kernel: registers capped for 2 or 3 blocks per SM */
+    int gemv_mma_blocks;    /* decode 4-bit GEMV: registers capped for 1 or 2 blocks per SM */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1, 1, 1, 2, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -98,7 +98,7 @@ static gemv_input in_rms(const float *act, int stride, const float *w, float eps
 static lily_status proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, int out_mode, int n,
                         lily_error *err)
 {
-    if (n >= c->prefill_min_tokens && out_mode != GEMV_OUT_ARGMAX)
+    if (g_cuda_tuning.prefill_gemm && n >= c->prefill_min_tokens && out_mode != GEMV_OUT_ARGMAX)
         return cuda_prefill_proj(c, b, in, out_mode, n, err);
     LAUNCH(launch_gemv(b, in, out_mode, n, NULL, c->stream));
     return LILY_OK;
@@ -173,7 +173,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             MARK(PS_ATT_ROPE);
             LAUNCH(launch_qk_norm_rope_append(a, n, s));
             MARK(PS_ATT);
-            if (n > 1 && attention_prefill_supported(a)) { /* tensor-core flash attention for a chunk */
+            if (n > 1 && g_cuda_tuning.att_prefill && attention_prefill_supported(a)) { /* tensor-core flash attention for a chunk */
                 a.n_splits = attention_prefill_splits(a, n, st->pos, c->att_splits);
                 LAUNCH(launch_attention_prefill(a, n, s));
             } else {
@@ -246,7 +246,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
 
         /* sparse MoE */
         MARK(PS_ROUTER);
-        if (n >= c->prefill_min_tokens) {
+        if (g_cuda_tuning.prefill_gemm && n >= c->prefill_min_tokens) {
             if ((rs = cuda_prefill_moe(c, L, n, err)) != LILY_OK)
                 return rs;
         } else {

@@ -39,8 +39,8 @@ __device__ __forceinline__ void gm_locate(const gemv_batch &b, int tile, int *m,
 
 /* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
  * loaded into registers while the current one is computed, and the input transform runs once per block. */
-template <int IN_MODE, int OUT_MODE, int KS>
-__global__ void __launch_bounds__(GM_WARPS * 32, 1)
+template <int IN_MODE, int OUT_MODE, int KS, int MINB>
+__global__ void __launch_bounds__(GM_WARPS * 32, MINB)
 gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax, int early_trigger)
 {
     constexpr int RT = GM_WARPS / KS; /* row tiles per group */
@@ -153,7 +153,7 @@ bool gemv_mma_supported(const gemv_batch &b, int n_tokens)
     return true;
 }
 
-template <int IM, int OM, int KS>
+template <int IM, int OM, int KS, int MINB>
 static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     int tiles = 0;
@@ -164,7 +164,7 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     const size_t smem = ((size_t)cols + cols / 2 + 2 * (cols / 64)) * sizeof(float);
     static size_t smem_set = 48 * 1024; /* opt in above the default once per instantiation */
     if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(gemv_mma_kernel<IM, OM, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        const cudaError_t e = cudaFuncSetAttribute(gemv_mma_kernel<IM, OM, KS, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)smem);
         if (e != cudaSuccess)
             return e;
@@ -177,13 +177,13 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<IM, OM, KS>, GM_WARPS * 32, smem);
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<IM, OM, KS, MINB>, GM_WARPS * 32, smem);
         if (e != cudaSuccess)
             return e;
         resident = sms * (per_sm > 0 ? per_sm : 1);
     }
     const int groups = (tiles + RT - 1) / RT;
-    return launch_pdl(gemv_mma_kernel<IM, OM, KS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
+    return launch_pdl(gemv_mma_kernel<IM, OM, KS, MINB>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
                       s, b, in, tiles, argmax, g_cuda_tuning.gemv_mma == 1 ? 1 : 0);
 }
 
@@ -191,11 +191,12 @@ template <int IM, int OM>
 static cudaError_t gm_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     const int cols = b.m[0].cols, CW = cols < 512 ? cols : 512;
+    const bool two = g_cuda_tuning.gemv_mma_blocks >= 2; /* registers capped for 2 blocks per SM */
     switch (cols / CW) {
-    case 1: return gm_go<IM, OM, 1>(b, in, argmax, s);
-    case 2: return gm_go<IM, OM, 2>(b, in, argmax, s);
-    case 4: return gm_go<IM, OM, 4>(b, in, argmax, s);
-    case 8: return gm_go<IM, OM, 8>(b, in, argmax, s);
+    case 1: return two ? gm_go<IM, OM, 1, 2>(b, in, argmax, s) : gm_go<IM, OM, 1, 1>(b, in, argmax, s);
+    case 2: return two ? gm_go<IM, OM, 2, 2>(b, in, argmax, s) : gm_go<IM, OM, 2, 1>(b, in, argmax, s);
+    case 4: return two ? gm_go<IM, OM, 4, 2>(b, in, argmax, s) : gm_go<IM, OM, 4, 1>(b, in, argmax, s);
+    case 8: return two ? gm_go<IM, OM, 8, 2>(b, in, argmax, s) : gm_go<IM, OM, 8, 1>(b, in, argmax, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -21,7 +21,10 @@
 #define MD_WARPS 8
 #define MD_MAX_SLOTS 16
 
-__global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a)
+/* MINB: blocks per SM the registers must allow (2, or 3 so that the 9 × 32 blocks of the full model fit
+ * the 132 SMs of an H200 in one wave; g_cuda_tuning.moe_gate_up_blocks). */
+template <int MINB>
+__global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(moe_args a)
 {
     extern __shared__ __align__(16) float md_smem[];
     const int H = a.hidden;
@@ -155,19 +158,25 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
 
-cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s)
+template <int MINB>
+static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
 {
     const int H = a.hidden;
     const size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
     static size_t smem_set = 48 * 1024;
     if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(moe_gate_up_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const cudaError_t e = cudaFuncSetAttribute(moe_gate_up_mma_kernel<MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
         smem_set = smem;
     }
     const int rows = max(a.inter, a.shared_inter);
-    return launch_pdl(moe_gate_up_mma_kernel, dim3((rows + 15) / 16, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a);
+    return launch_pdl(moe_gate_up_mma_kernel<MINB>, dim3((rows + 15) / 16, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a);
+}
+
+cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s)
+{
+    return g_cuda_tuning.moe_gate_up_blocks >= 3 ? gate_up_go<3>(a, s) : gate_up_go<2>(a, s);
 }
 
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)
