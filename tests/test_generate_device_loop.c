@@ -25,6 +25,7 @@ static lily_backend_ops g_shim_ops;
 static int g_vocab;
 static int g_ahead;        /* steps the fake device runs past the last token it delivered */
 static int g_loop_calls;   /* decode_loop calls */
+static bool g_decline;     /* decode_loop answers LILY_ERR_UNSUPPORTED (as CUDA with a debug hook) */
 
 static uint64_t splitmix64(uint64_t x)
 {
@@ -90,6 +91,8 @@ static lily_status shim_decode_loop(void *ctx, void *state, int32_t first_token,
     *n_run = 0;
     if (n < 1)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "shim: %d steps", n);
+    if (g_decline)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "shim: declined");
     float *logits = malloc((size_t)g_vocab * sizeof(float));
     int32_t *chosen = malloc((size_t)n * sizeof(int32_t));
     if (!logits || !chosen) {
@@ -495,6 +498,37 @@ static void test_sampled_device_loop(void **state)
     free_outcomes(&a, &b);
 }
 
+/* A backend that declines (LILY_ERR_UNSUPPORTED before any step) leaves the host loop in charge: the
+ * same results as the host sampler's. */
+static void test_declined_device_loop(void **state)
+{
+    fixture *f = *state;
+    g_ahead = 3;
+    case_params c = greedy_case();
+    c.max_tokens = 20;
+    outcome h, d;
+    generate(f, &c, false, &h);
+    g_decline = true;
+    lily_error err = {0};
+    f->engine->backend.ops = &g_shim_ops;
+    assert_int_equal(lily_session_new(f->engine, 256, &d.s, &err), LILY_OK);
+    memset(&d.out, 0, sizeof d.out);
+    fake_detok detok;
+    lily_generate_params p = lily_generate_defaults();
+    p.sampling = c.sampling;
+    p.max_tokens = c.max_tokens;
+    p.detok = (lily_detok_interface){&detok, detok_feed, NULL};
+    p.on_token = on_token;
+    p.user = &d.out;
+    assert_int_equal(lily_generate(d.s, prompt, (int)(sizeof prompt / sizeof *prompt), &p, &d.r, &err), LILY_OK);
+    g_decline = false;
+    assert_false(d.r.device_loop);
+    assert_int_equal(d.r.n_device_batches, 0);
+    assert_string_equal(d.r.decode_path, "host sampler (the backend declined the device loop)");
+    assert_same_outcome(&h, &d);
+    free_outcomes(&h, &d);
+}
+
 /* Settings only the host sampler has keep the host loop even on a backend with the op. */
 static void test_host_only_settings(void **state)
 {
@@ -538,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_callback_stop_and_cancel_flag),
         cmocka_unit_test(test_context_full),
         cmocka_unit_test(test_sampled_device_loop),
+        cmocka_unit_test(test_declined_device_loop),
         cmocka_unit_test(test_host_only_settings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

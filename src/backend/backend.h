@@ -153,7 +153,8 @@ struct lily_backend_ops {
      * Greedy chooses what an argmax of forward()'s logits would; sampled draws differ from sampler.h's.
      * Errors: LILY_ERR_CONTEXT_LENGTH (position + n > max_ctx; state unchanged); LILY_ERR_INVALID_ARGUMENT
      * (n < 1, first_token outside [0, vocab), sampling outside the ranges of lily_device_sampling);
-     * LILY_ERR_BACKEND. */
+     * LILY_ERR_UNSUPPORTED (this instance cannot, e.g. a debug hook is set: state unchanged, nothing run;
+     * the caller decodes with forward() instead); LILY_ERR_BACKEND. */
     lily_status (*decode_loop)(void *ctx, void *state, int32_t first_token, int n, const lily_device_sampling *sampling,
                                lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                                lily_error *err);

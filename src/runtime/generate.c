@@ -258,8 +258,11 @@ static int on_device_token(void *user, int32_t token, int index)
 }
 
 /* Decode from `first` (chosen, kept, not yet appended) with the backend's decode_loop until the host
- * loop's checks stop it; the session then holds what the host loop's would (tokens, state, logits). */
-static lily_status device_decode(gen_state *g, int32_t first, const lily_device_sampling *ds, const checkpoint *ck)
+ * loop's checks stop it; the session then holds what the host loop's would (tokens, state, logits).
+ * *declined: the first call returned LILY_ERR_UNSUPPORTED before any token (e.g. a CUDA engine with a
+ * debug hook): nothing happened, the host loop takes over from `first` (returns LILY_OK). */
+static lily_status device_decode(gen_state *g, int32_t first, const lily_device_sampling *ds, const checkpoint *ck,
+                                 bool *declined)
 {
     lily_session *s = g->s;
     const lily_generate_params *p = g->p;
@@ -294,6 +297,11 @@ static lily_status device_decode(gen_state *g, int32_t first, const lily_device_
             be->ops->recurrent_load(be->ctx, s->state, ck->loc, &ignored);
             s->n_tokens = n_start;
             r->n_decode_steps -= b.kept;
+            if (st == LILY_ERR_UNSUPPORTED && r->n_device_batches == 1 && b.kept == 0 && n_run == 0) {
+                r->n_device_batches = 0;
+                *declined = true;
+                return LILY_OK;
+            }
             return st;
         }
         if (b.stopped && n_run != b.kept) {
@@ -386,12 +394,18 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
             }
         }
         if (have_ck) {
-            r->device_loop = true;
-            r->decode_path = "device loop";
-            st = device_decode(&g, token, &ds, &ck);
-            if (st != LILY_OK)
-                goto done;
-            break;
+            bool declined = false;
+            st = device_decode(&g, token, &ds, &ck, &declined);
+            if (!declined) {
+                r->device_loop = true;
+                r->decode_path = "device loop";
+                if (st != LILY_OK)
+                    goto done;
+                break;
+            }
+            checkpoint_free(s, &ck);
+            have_ck = false;
+            refusal = r->decode_path = "host sampler (the backend declined the device loop)";
         }
         st = lily_session_append(s, &token, 1, NULL, err);
         if (st != LILY_OK)

@@ -488,6 +488,8 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
     if (first_token < 0 || first_token >= c->cfg.vocab_size)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: token id %d outside [0, %d)", first_token,
                               c->cfg.vocab_size);
+    if (c->opts.debug_hook) /* the hook syncs per stage: no graphs (forward() runs eagerly instead) */
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: no decode loop with a debug hook");
     CUDA_TRY(cudaSetDevice(c->device));
     lily_status rs = ensure_step_graph(c, st, greedy, err);
     if (rs != LILY_OK)
