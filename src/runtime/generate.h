@@ -16,7 +16,10 @@
  *     device ran past that point, the batch-start state is restored and the kept tokens are run again one
  *     forward() at a time, so the session ends exactly as the host sampler's would. Greedy output equals
  *     the host sampler's token for token; sampled draws (temperature > 0) come from the device's own
- *     seeded hash, not sampler.h's PRNG, so the same seed gives other (equally distributed) text.
+ *     seeded hash, not sampler.h's PRNG: the same top-k / top-p distribution up to rounding, but other
+ *     text for the same seed (reproducible run to run).
+ *   The host sampler also takes over when no device memory is left for the checkpoint or the backend
+ *   declines (LILY_ERR_UNSUPPORTED from its first decode_loop call). result.decode_path says which ran.
  *   The environment variable LILY_DECODE_LOOP=host (or 0) forces the host sampler (A/B comparisons).
  *
  * Session contents afterwards: the prompt and every streamed token, except that the last token of a
