@@ -56,6 +56,22 @@ typedef enum {
 
 typedef struct lily_backend_ops lily_backend_ops;
 
+/* The most candidates decode_loop's sampling keeps (top_k). */
+#define LILY_DEVICE_TOP_K_MAX 64
+
+/* What decode_loop draws with: a subset of sampler.h's settings (no penalties, logit bias or min-p). */
+typedef struct {
+    float temperature; /* < 1e-5 (e.g. 0): greedy argmax, ties to the lower id, as sampler.h's greedy */
+    int top_k;         /* temperature >= 1e-5: keep the top_k most likely, 1 <= top_k <= LILY_DEVICE_TOP_K_MAX */
+    float top_p;       /* (0, 1]: then the smallest most-likely prefix of those with mass >= top_p (renormalized) */
+    uint64_t seed;     /* a draw is a hash of (seed, the state's forward-step counter): reproducible, but not
+                          the draws sampler.h's PRNG makes for the same seed */
+} lily_device_sampling;
+
+/* decode_loop's per-token call, on the thread that called decode_loop: token `index` (0-based) was just
+ * chosen. Return 0 to go on, nonzero to stop. */
+typedef int (*lily_decode_token_fn)(void *user, int32_t token, int index);
+
 /* Where a piece of saved state lives (the optional split-state ops below): host memory when host is
  * non-NULL, else `offset` bytes into a device pool made by device_pool_new. */
 typedef struct {
@@ -127,6 +143,24 @@ struct lily_backend_ops {
      * Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND. */
     lily_status (*device_pool_new)(void *ctx, size_t bytes, void **pool, lily_error *err);
     void (*device_pool_free)(void *ctx, void *pool);
+
+    /* Optional (NULL when a backend lacks it): decode without the host in the loop. Step i (0 <= i < n)
+     * runs one token at the state's position (first_token for i = 0, else the token step i - 1 chose),
+     * and chooses token i from its logits on the device per `sampling`; the chosen token is the next
+     * step's input without a round trip through the host. on_token (may be NULL) gets token i as soon as
+     * the host can see it. When it returns nonzero it is not called again and no further step starts,
+     * but steps already queued finish: *n_run (i + 1 <= *n_run <= n) is the number of steps run. Without
+     * a stop all n tokens are delivered and *n_run = n. The state advances by *n_run (the token of the
+     * last step run is chosen, not run). last_logits: when non-NULL and on_token asked to stop, the
+     * [vocab] fp32 logits of step *n_run - 1 (as forward() gives them); untouched otherwise.
+     * Greedy chooses what an argmax of forward()'s logits would; sampled draws differ from sampler.h's.
+     * Errors: LILY_ERR_CONTEXT_LENGTH (position + n > max_ctx; state unchanged); LILY_ERR_INVALID_ARGUMENT
+     * (n < 1, first_token outside [0, vocab), sampling outside the ranges of lily_device_sampling);
+     * LILY_ERR_UNSUPPORTED (this instance cannot, e.g. a debug hook is set: state unchanged, nothing run;
+     * the caller decodes with forward() instead); LILY_ERR_BACKEND. */
+    lily_status (*decode_loop)(void *ctx, void *state, int32_t first_token, int n, const lily_device_sampling *sampling,
+                               lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
+                               lily_error *err);
 };
 
 /* The backend registered under `name` ("cpu", "cuda"), or NULL. */

@@ -39,6 +39,8 @@ typedef struct {
                                      --seed the seed comes from the clock */
     bool set_temp, set_top_p, set_top_k, set_min_p, set_seed; /* given on the command line */
     bool no_think;             /* --no-think */
+    bool host_sampler;         /* --host-sampler: never the backend's device decode loop (generate.h) */
+    bool verbose;              /* --verbose: print the decode path after each reply */
     bool hide_reasoning;       /* --hide-reasoning */
     const char *system;        /* --system TEXT */
 } cli_gen_options;
@@ -114,6 +116,10 @@ int cli_parse_token_ids(const char *cmd, const char *text, int32_t **out, int *n
 /* cli_parse_token_ids on the contents of a file. Returns 0; 1 when the file cannot be read; -1 when its
  * contents are not an id list (the reason printed on stderr in both cases). */
 int cli_read_token_ids_file(const char *cmd, const char *path, int32_t **out, int *n_out);
+
+/* "decode path: device loop (N batches, M steps re-run after the stop)" or "decode path: host sampler
+ * (why)" on stderr, for --verbose. */
+void cli_print_decode_path(const char *prefix, const lily_generate_result *r);
 
 /* Print "prefill: N tokens, X tok/s | decode: N tokens, Y tok/s (finish)" to stderr. */
 void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_generated, int n_decode_steps,

@@ -223,6 +223,7 @@ static int chat_turn(chat_state *c, const char *line)
     gp.on_token = cli_printer_on_token;
     gp.user = &printer;
     gp.cancel = &chat_cancel;
+    gp.decode = c->o->host_sampler ? LILY_DECODE_HOST : LILY_DECODE_AUTO;
     lily_generate_result res;
     lily_status st = lily_generate(s, NULL, 0, &gp, &res, &err);
     chat_generating = 0;
@@ -247,6 +248,8 @@ static int chat_turn(chat_state *c, const char *line)
                     "%.1f tok/s | %s]\n",
             c->turn, n, reuse, how, n - reuse, n > reuse && prefill_s > 0 ? (n - reuse) / prefill_s : 0.0,
             res.n_generated, res.decode_tokens_per_second, lily_finish_reason_name(res.finish));
+    if (c->o->verbose)
+        cli_print_decode_path("", &res);
     goto done;
 drop_user:
     json_array_remove(c->messages, json_array_size(c->messages) - 1);

@@ -2,7 +2,7 @@
  *
  *   lily run [-m DIR] -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
  *            [--no-think] [--raw] [--hide-reasoning] [--system TEXT] [--ctx-size N]
- *            [--backend cpu|cuda] [--threads N] [--prefill-chunk N] [--show-ids]
+ *            [--backend cpu|cuda] [--threads N] [--prefill-chunk N] [--show-ids] [--host-sampler] [--verbose]
  *
  * The prompt is rendered as one user message (after an optional system message) with the chat
  * template, thinking on unless --no-think; --raw encodes the prompt text as it is (special tokens
@@ -190,6 +190,7 @@ int cmd_run(int argc, char **argv)
     gp.on_token = on_token;
     gp.user = &rs;
     gp.cancel = &run_cancel;
+    gp.decode = o.host_sampler ? LILY_DECODE_HOST : LILY_DECODE_AUTO;
     struct sigaction sa = {0}, old_sa;
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
@@ -208,6 +209,8 @@ int cmd_run(int argc, char **argv)
         print_ids("generated ids", rs.ids, rs.n);
     cli_print_speed("", res.n_prompt, res.prefill_seconds, res.n_generated, res.n_decode_steps, res.decode_seconds,
                     lily_finish_reason_name(res.finish));
+    if (o.verbose)
+        cli_print_decode_path("", &res);
     rc = 0;
 done:
     cli_printer_free(&rs.printer);

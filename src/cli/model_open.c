@@ -40,7 +40,9 @@ void cli_gen_options_usage(FILE *f)
             "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768)\n"
             "      --backend NAME     cpu (default) or cuda\n"
             "  -t, --threads N        CPU threads (default: all cores)\n"
-            "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n");
+            "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
+            "      --host-sampler     sample every token on the host, never in the backend's device loop (A/B)\n"
+            "      --verbose          print the decode path (device loop or host sampler) after each reply\n");
 }
 
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
@@ -71,7 +73,7 @@ static int parse_float(const char *cmd, const char *opt, const char *s, double m
 
 int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_options *o)
 {
-    static const char *const flags[] = {"--no-think", "--hide-reasoning"};
+    static const char *const flags[] = {"--no-think", "--hide-reasoning", "--host-sampler", "--verbose"};
     static const char *const valued[][2] = {
         {"--model", "-m"}, {"--max-tokens", "-n"}, {"--temp", "--temperature"}, {"--top-p", NULL},
         {"--top-k", NULL}, {"--min-p", NULL}, {"--seed", NULL}, {"--system", NULL}, {"--ctx-size", "-c"},
@@ -84,6 +86,14 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
     }
     if (!strcmp(a, flags[1])) {
         o->hide_reasoning = true;
+        return 1;
+    }
+    if (!strcmp(a, flags[2])) {
+        o->host_sampler = true;
+        return 1;
+    }
+    if (!strcmp(a, flags[3])) {
+        o->verbose = true;
         return 1;
     }
     const char *name = NULL, *value = NULL;
@@ -319,6 +329,15 @@ int cli_check_utf8(const char *cmd, const char *what, const char *text)
         at += (size_t)n;
     }
     return 0;
+}
+
+void cli_print_decode_path(const char *prefix, const lily_generate_result *r)
+{
+    if (r->device_loop)
+        fprintf(stderr, "%sdecode path: device loop (%d batches, %d steps re-run after the stop)\n", prefix,
+                r->n_device_batches, r->n_replayed);
+    else
+        fprintf(stderr, "%sdecode path: %s\n", prefix, r->decode_path ? r->decode_path : "host sampler");
 }
 
 void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_generated, int n_decode_steps,

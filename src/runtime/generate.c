@@ -3,13 +3,23 @@
  * Owns: the order of a step and the bookkeeping (counts, timing, finish reason). Per step:
  *   cancel flag? -> sample from s->logits -> stop id? -> detokenize -> stop strings -> callback
  *   -> max_tokens / context full? -> lily_session_append (one decode forward)
+ * and the device loop (generate.h): the same checks per token as the backend's decode_loop streams the
+ * tokens, batches with a recurrent-state checkpoint at each start, and the undo of steps run past a stop.
  */
 #include "runtime/generate.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/clock.h"
 #include "runtime/stop_strings.h"
+
+/* Device-loop batches: floor(sqrt(tokens generated so far)) steps, within [MIN, MAX]. A batch costs a
+ * recurrent-state checkpoint and one synchronization; a stop inside it costs re-running its kept steps
+ * (about half a batch) through forward(), so batches grow with the generation (the sum of both is
+ * least near sqrt of the length). */
+#define DEVICE_BATCH_MIN 8
+#define DEVICE_BATCH_MAX 64
 
 lily_generate_params lily_generate_defaults(void)
 {
@@ -80,11 +90,249 @@ static lily_status detokenize_and_match(const lily_generate_params *p, lily_stop
     return *matched == -2 ? LILY_ERR_OUT_OF_MEMORY : LILY_OK;
 }
 
+/* The state of one lily_generate call, shared by the host loop and the device loop's callback. */
+typedef struct {
+    lily_session *s;
+    const lily_generate_params *p;
+    lily_generate_result *r;
+    lily_sampler *sampler;
+    lily_stop_matcher *stops;
+    bool callback_stopped;
+    lily_error *err;
+} gen_state;
+
+static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
+
+/* A chosen token through the loop's checks: stop id, the sampler's history, text and stop strings, the
+ * callback, max_tokens and a full context. *stop: generation ends with this token (r->finish and the
+ * rest set as generate.h says); it is then not appended. Errors: the sampler's, the detokenizer's. */
+static lily_status take_token(gen_state *g, int32_t token, bool *stop)
+{
+    const lily_generate_params *p = g->p;
+    lily_generate_result *r = g->r;
+    *stop = true;
+    if (is_stop_id(p, token)) {
+        r->finish = LILY_FINISH_STOP;
+        r->stop_token = token;
+        return LILY_OK;
+    }
+    lily_status st = lily_sampler_accept(g->sampler, token, g->err);
+    if (st != LILY_OK)
+        return st;
+    r->n_generated++;
+
+    const char *out;
+    size_t out_len;
+    int matched;
+    st = detokenize_and_match(p, g->stops, token, &out, &out_len, &matched, g->err);
+    if (st != LILY_OK)
+        return st;
+    if (p->on_token && p->on_token(p->user, token, out, out_len) != 0)
+        g->callback_stopped = true;
+    if (matched >= 0) {
+        r->finish = LILY_FINISH_STOP;
+        r->stop_string = matched;
+        r->last_token = token;
+        return LILY_OK;
+    }
+    if (g->callback_stopped) {
+        r->finish = LILY_FINISH_CANCELLED;
+        r->last_token = token;
+        return LILY_OK;
+    }
+    if ((p->max_tokens > 0 && r->n_generated >= p->max_tokens) || g->s->n_tokens >= g->s->max_ctx) {
+        r->finish = LILY_FINISH_LENGTH;
+        r->last_token = token;
+        return LILY_OK;
+    }
+    *stop = false;
+    return LILY_OK;
+}
+
+/* ---- the device loop ----------------------------------------------------------------------------- */
+
+/* NULL when the device loop can decode with these settings (*ds filled), else why not (for logs). */
+static const char *device_loop_refusal(const lily_session *s, const lily_generate_params *p,
+                                       lily_device_sampling *ds)
+{
+    const lily_backend_ops *o = s->engine->backend.ops;
+    const lily_sampler_params *sp = &p->sampling;
+    const char *env = getenv("LILY_DECODE_LOOP");
+    if (p->decode == LILY_DECODE_HOST)
+        return "host sampler (asked for)";
+    if (env && (!strcmp(env, "host") || !strcmp(env, "0")))
+        return "host sampler (LILY_DECODE_LOOP)";
+    if (!o || !o->decode_loop || !o->recurrent_bytes || !o->recurrent_save || !o->recurrent_load)
+        return "host sampler (the backend has no device loop)";
+    if (sp->n_logit_bias > 0 || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f ||
+        sp->repetition_penalty != 1.0f)
+        return "host sampler (penalties and logit bias are host-only)";
+    *ds = (lily_device_sampling){.temperature = 0.0f, .top_k = 1, .top_p = 1.0f, .seed = sp->seed};
+    if (sp->temperature < 1e-5f || sp->top_k == 1) /* sampler.h's greedy */
+        return NULL;
+    if (sp->top_k < 1 || sp->top_k > LILY_DEVICE_TOP_K_MAX)
+        return "host sampler (top-k off or above 64 is host-only)";
+    if (sp->min_p > 0.0f)
+        return "host sampler (min-p is host-only)";
+    *ds = (lily_device_sampling){.temperature = sp->temperature, .top_k = sp->top_k, .top_p = sp->top_p,
+                                 .seed = sp->seed};
+    return NULL;
+}
+
+/* Where the batch-start checkpoint of the recurrent state lives: a device pool when the backend has
+ * them, else host memory. */
+typedef struct {
+    lily_state_loc loc;
+    void *pool;
+    void *host;
+} checkpoint;
+
+static lily_status checkpoint_new(const lily_session *s, checkpoint *ck, lily_error *err)
+{
+    const lily_backend *b = &s->engine->backend;
+    const size_t bytes = b->ops->recurrent_bytes(b->ctx);
+    memset(ck, 0, sizeof *ck);
+    if (b->ops->device_pool_new) {
+        lily_status st = b->ops->device_pool_new(b->ctx, bytes, &ck->pool, err);
+        ck->loc.device_pool = ck->pool;
+        return st;
+    }
+    ck->host = malloc(bytes ? bytes : 1);
+    ck->loc.host = ck->host;
+    return ck->host ? LILY_OK
+                    : lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "generate: out of memory for a %zu-byte checkpoint",
+                                     bytes);
+}
+
+static void checkpoint_free(const lily_session *s, checkpoint *ck)
+{
+    const lily_backend *b = &s->engine->backend;
+    if (ck->pool && b->ops->device_pool_free)
+        b->ops->device_pool_free(b->ctx, ck->pool);
+    free(ck->host);
+    memset(ck, 0, sizeof *ck);
+}
+
+/* One decode_loop call. tokens[0]: the batch's first input (chosen and kept before the call); tokens[i]:
+ * the token step i - 1 chose. kept: the steps whose input the session took over (appended to s->tokens
+ * as each step's token arrives, as the host loop appends before it samples the next). */
+typedef struct {
+    gen_state *g;
+    int32_t tokens[DEVICE_BATCH_MAX + 1];
+    int n;
+    int kept;
+    bool stopped;
+    lily_status status;
+} device_batch;
+
+/* decode_loop's per-token call: token `index` was chosen by step `index`, whose input is now in the
+ * session; then the host loop's steps for the token (the cancel flag first, as the host loop checks it
+ * before sampling). */
+static int on_device_token(void *user, int32_t token, int index)
+{
+    device_batch *b = user;
+    gen_state *g = b->g;
+    lily_session *s = g->s;
+    if (b->stopped)
+        return 1;
+    b->stopped = true;
+    if (index != b->kept || index >= b->n) {
+        b->status = lily_error_set(g->err, LILY_ERR_BACKEND, "generate: the decode loop sent token %d of %d out of order",
+                                   index, b->n);
+        return 1;
+    }
+    s->tokens[s->n_tokens++] = b->tokens[index];
+    b->kept++;
+    g->r->n_decode_steps++;
+    if (cancelled(g->p)) {
+        g->r->finish = LILY_FINISH_CANCELLED;
+        return 1;
+    }
+    bool stop = false;
+    b->status = take_token(g, token, &stop);
+    if (b->status != LILY_OK || stop)
+        return 1;
+    b->tokens[index + 1] = token;
+    b->stopped = false;
+    return 0;
+}
+
+/* Decode from `first` (chosen, kept, not yet appended) with the backend's decode_loop until the host
+ * loop's checks stop it; the session then holds what the host loop's would (tokens, state, logits).
+ * *declined: the first call returned LILY_ERR_UNSUPPORTED before any token (e.g. a CUDA engine with a
+ * debug hook): nothing happened, the host loop takes over from `first` (returns LILY_OK). */
+static lily_status device_decode(gen_state *g, int32_t first, const lily_device_sampling *ds, const checkpoint *ck,
+                                 bool *declined)
+{
+    lily_session *s = g->s;
+    const lily_generate_params *p = g->p;
+    lily_generate_result *r = g->r;
+    const lily_backend *be = &s->engine->backend;
+    lily_error *err = g->err;
+    device_batch b;
+    for (;;) {
+        int n = DEVICE_BATCH_MIN;
+        while (n < DEVICE_BATCH_MAX && (n + 1) * (n + 1) <= r->n_generated)
+            n++;
+        /* the steps left before max_tokens / a full context stop generation (take_token let `first`
+         * through, so both are >= 1): a batch never runs past them */
+        if (p->max_tokens > 0 && n > p->max_tokens - r->n_generated)
+            n = p->max_tokens - r->n_generated;
+        if (n > s->max_ctx - s->n_tokens)
+            n = s->max_ctx - s->n_tokens;
+        lily_status st = be->ops->recurrent_save(be->ctx, s->state, ck->loc, err);
+        if (st != LILY_OK)
+            return st;
+        const int n_start = s->n_tokens;
+        b = (device_batch){.g = g, .n = n, .status = LILY_OK};
+        b.tokens[0] = first;
+        int n_run = 0;
+        r->n_device_batches++;
+        st = be->ops->decode_loop(be->ctx, s->state, first, n, ds, on_device_token, &b, s->logits, &n_run, err);
+        if (st == LILY_OK && !b.stopped && n_run != n)
+            st = lily_error_set(err, LILY_ERR_BACKEND, "generate: the decode loop ran %d of %d steps", n_run, n);
+        if (st != LILY_OK) {
+            /* leave the session at the batch start, as a failed append of `first` would */
+            lily_error ignored;
+            be->ops->recurrent_load(be->ctx, s->state, ck->loc, &ignored);
+            s->n_tokens = n_start;
+            r->n_decode_steps -= b.kept;
+            if (st == LILY_ERR_UNSUPPORTED && r->n_device_batches == 1 && b.kept == 0 && n_run == 0) {
+                r->n_device_batches = 0;
+                *declined = true;
+                return LILY_OK;
+            }
+            return st;
+        }
+        if (b.stopped && n_run != b.kept) {
+            /* the device ran past the stop: back to the batch start, then the kept steps one forward() at a
+             * time, exactly the host loop's appends (and its logits) */
+            s->n_tokens = n_start;
+            r->n_decode_steps -= b.kept;
+            st = be->ops->recurrent_load(be->ctx, s->state, ck->loc, err);
+            for (int i = 0; i < b.kept && st == LILY_OK; i++) {
+                st = lily_session_append(s, &b.tokens[i], 1, NULL, err);
+                if (st == LILY_OK) {
+                    r->n_decode_steps++;
+                    r->n_replayed++;
+                }
+            }
+            if (st != LILY_OK)
+                return st;
+        }
+        /* else the state is where the host loop's would be; after a stop, decode_loop wrote s->logits */
+        if (b.stopped)
+            return b.status;
+        first = b.tokens[n];
+    }
+}
+
 lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, const lily_generate_params *params,
                           lily_generate_result *result, lily_error *err)
 {
     lily_generate_result *r = result;
-    *r = (lily_generate_result){.finish = LILY_FINISH_STOP, .stop_token = -1, .stop_string = -1, .last_token = -1};
+    *r = (lily_generate_result){.finish = LILY_FINISH_STOP, .stop_token = -1, .stop_string = -1, .last_token = -1,
+                                .decode_path = "host sampler"};
     const lily_generate_params *p = params;
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad prompt (%d tokens)", n_prompt);
@@ -95,12 +343,17 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad stop id list");
 
-    lily_sampler *sampler = NULL;
-    lily_stop_matcher *stops = NULL;
-    lily_status st = lily_sampler_new(&p->sampling, s->engine->cfg.vocab_size, &sampler, err);
+    gen_state g = {.s = s, .p = p, .r = r, .err = err};
+    checkpoint ck = {0};
+    bool have_ck = false;
+    lily_device_sampling ds;
+    const char *refusal = device_loop_refusal(s, p, &ds);
+    if (refusal)
+        r->decode_path = refusal;
+    lily_status st = lily_sampler_new(&p->sampling, s->engine->cfg.vocab_size, &g.sampler, err);
     if (st != LILY_OK)
         return st;
-    st = lily_stop_matcher_new(p->stop_strings, p->n_stop_strings, &stops, err);
+    st = lily_stop_matcher_new(p->stop_strings, p->n_stop_strings, &g.stops, err);
     if (st != LILY_OK)
         goto done;
 
@@ -115,50 +368,44 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     r->n_prompt = n_prompt;
     r->prefill_seconds = t_decode_start - t0;
     r->prefill_tokens_per_second = n_prompt > 0 && r->prefill_seconds > 0 ? n_prompt / r->prefill_seconds : 0.0;
-    st = lily_sampler_add_context(sampler, s->tokens, s->n_tokens, err);
+    st = lily_sampler_add_context(g.sampler, s->tokens, s->n_tokens, err);
     if (st != LILY_OK)
         goto done;
 
-    bool callback_stopped = false;
     for (;;) {
-        if (p->cancel && atomic_load(p->cancel)) {
+        if (cancelled(p)) {
             r->finish = LILY_FINISH_CANCELLED;
             break;
         }
-        int32_t token = lily_sampler_sample(sampler, s->logits);
-        if (is_stop_id(p, token)) {
-            r->finish = LILY_FINISH_STOP;
-            r->stop_token = token;
-            break;
-        }
-        st = lily_sampler_accept(sampler, token, err);
+        int32_t token = lily_sampler_sample(g.sampler, s->logits);
+        bool stop = false;
+        st = take_token(&g, token, &stop);
         if (st != LILY_OK)
             goto done;
-        r->n_generated++;
-
-        const char *out;
-        size_t out_len;
-        int matched;
-        st = detokenize_and_match(p, stops, token, &out, &out_len, &matched, err);
-        if (st != LILY_OK)
-            goto done;
-        if (p->on_token && p->on_token(p->user, token, out, out_len) != 0)
-            callback_stopped = true;
-        if (matched >= 0) {
-            r->finish = LILY_FINISH_STOP;
-            r->stop_string = matched;
-            r->last_token = token;
+        if (stop)
             break;
+        if (!refusal && !have_ck) { /* the first token kept: the device loop takes over from here */
+            lily_error ignored;
+            if (checkpoint_new(s, &ck, &ignored) == LILY_OK) {
+                have_ck = true;
+            } else {
+                checkpoint_free(s, &ck);
+                refusal = r->decode_path = "host sampler (no memory for the recurrent-state checkpoint)";
+            }
         }
-        if (callback_stopped) {
-            r->finish = LILY_FINISH_CANCELLED;
-            r->last_token = token;
-            break;
-        }
-        if ((p->max_tokens > 0 && r->n_generated >= p->max_tokens) || s->n_tokens >= s->max_ctx) {
-            r->finish = LILY_FINISH_LENGTH;
-            r->last_token = token;
-            break;
+        if (have_ck) {
+            bool declined = false;
+            st = device_decode(&g, token, &ds, &ck, &declined);
+            if (!declined) {
+                r->device_loop = true;
+                r->decode_path = "device loop";
+                if (st != LILY_OK)
+                    goto done;
+                break;
+            }
+            checkpoint_free(s, &ck);
+            have_ck = false;
+            refusal = r->decode_path = "host sampler (the backend declined the device loop)";
         }
         st = lily_session_append(s, &token, 1, NULL, err);
         if (st != LILY_OK)
@@ -167,17 +414,17 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     }
 
     /* Release what the detokenizer and the stop matcher still hold (nothing after a stop string). */
-    if (r->stop_string < 0 && !callback_stopped) {
+    if (r->stop_string < 0 && !g.callback_stopped) {
         const char *out;
         size_t out_len;
         int matched;
-        st = detokenize_and_match(p, stops, -1, &out, &out_len, &matched, err);
+        st = detokenize_and_match(p, g.stops, -1, &out, &out_len, &matched, err);
         if (st != LILY_OK)
             goto done;
         if (p->on_token && out_len > 0)
             p->on_token(p->user, -1, out, out_len);
         if (matched < 0) {
-            matched = lily_stop_matcher_flush(stops, &out, &out_len);
+            matched = lily_stop_matcher_flush(g.stops, &out, &out_len);
             if (p->on_token && out_len > 0)
                 p->on_token(p->user, -1, out, out_len);
         }
@@ -189,7 +436,9 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     finish_timing(r, t_decode_start);
     st = LILY_OK;
 done:
-    lily_stop_matcher_free(stops);
-    lily_sampler_free(sampler);
+    if (have_ck)
+        checkpoint_free(s, &ck);
+    lily_stop_matcher_free(g.stops);
+    lily_sampler_free(g.sampler);
     return st;
 }

@@ -5,6 +5,23 @@
  * timing. Does not own: tokenization (the caller passes ids and an incremental detokenizer) or splitting
  * the text into reasoning / content / tool calls (text/output_parser.h, fed from the callback).
  *
+ * Two decode paths with the same results (token ids, text, callbacks, finish, session contents):
+ *   host sampler: per token, forward() copies the logits to the host and sampler.h picks the token;
+ *   device loop: the backend's decode_loop op (backend.h; the CUDA backend) picks tokens on the device
+ *     and streams them, with no host synchronization per token. Used by default (decode =
+ *     LILY_DECODE_AUTO) when the backend has the op and the sampling is greedy or temperature + top-k
+ *     (1..64) + top-p without penalties, logit bias or min-p. The first token of a generation is still
+ *     sampled on the host. Tokens are decoded in batches (8 growing to 64 steps); the recurrent state is
+ *     saved at each batch start (recurrent_save), and when generation stops inside a batch after the
+ *     device ran past that point, the batch-start state is restored and the kept tokens are run again one
+ *     forward() at a time, so the session ends exactly as the host sampler's would. Greedy output equals
+ *     the host sampler's token for token; sampled draws (temperature > 0) come from the device's own
+ *     seeded hash, not sampler.h's PRNG: the same top-k / top-p distribution up to rounding, but other
+ *     text for the same seed (reproducible run to run).
+ *   The host sampler also takes over when no device memory is left for the checkpoint or the backend
+ *   declines (LILY_ERR_UNSUPPORTED from its first decode_loop call). result.decode_path says which ran.
+ *   The environment variable LILY_DECODE_LOOP=host (or 0) forces the host sampler (A/B comparisons).
+ *
  * Session contents afterwards: the prompt and every streamed token, except that the last token of a
  * generation cut by max_tokens, a stop string or cancellation is not appended (appending it would cost
  * a forward pass whose logits nobody reads); a stop token is never appended. result.last_token says
@@ -14,6 +31,7 @@
 #define LILY_GENERATE_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,8 +55,9 @@ lily_detok_interface lily_detok_for_tokenizer(lily_detokenizer *d);
 /* Called once per generated token (the stop token excluded) with the text released at this step: the
  * token's text minus anything held back as a possible stop-string start, plus earlier held text now
  * known to be safe; possibly empty. At the end, held text is released by one more call with token -1
- * (only when non-empty). During a per-token call s->logits still holds the logits the token was sampled
- * from (for logprobs). Return 0 to continue, nonzero to stop (finish = LILY_FINISH_CANCELLED). */
+ * (only when non-empty). With the host sampler (decode = LILY_DECODE_HOST), during a per-token call
+ * s->logits still holds the logits the token was sampled from (for logprobs); the device loop does not
+ * keep them. Return 0 to continue, nonzero to stop (finish = LILY_FINISH_CANCELLED). */
 typedef int (*lily_token_callback)(void *user, int32_t token, const char *text, size_t len);
 
 typedef enum {
@@ -46,6 +65,11 @@ typedef enum {
     LILY_FINISH_LENGTH,    /* max_tokens generated, or the session's context is full */
     LILY_FINISH_CANCELLED, /* the cancel flag was set or the callback returned nonzero */
 } lily_finish_reason;
+
+typedef enum {
+    LILY_DECODE_AUTO = 0, /* the backend's device loop when it can (see above), else the host sampler */
+    LILY_DECODE_HOST = 1, /* always the host sampler: a callback that reads s->logits (logprobs) needs it */
+} lily_decode_mode;
 
 typedef struct {
     lily_sampler_params sampling;
@@ -59,6 +83,7 @@ typedef struct {
     void *user;
     const atomic_int *cancel;         /* may be NULL; nonzero stops before the next token (set it from a
                                          signal handler or another thread) */
+    lily_decode_mode decode;          /* LILY_DECODE_AUTO (default) or LILY_DECODE_HOST */
 } lily_generate_params;
 
 /* Defaults: lily_sampler_defaults(), everything else zero / NULL. */
@@ -68,7 +93,8 @@ typedef struct {
     lily_finish_reason finish;
     int n_prompt;                     /* prompt tokens prefilled */
     int n_generated;                  /* tokens sampled and streamed (the stop token excluded) */
-    int n_decode_steps;               /* single-token forward passes after the prefill */
+    int n_decode_steps;               /* single-token forward passes after the prefill (device loop: the
+                                         steps kept, as the host sampler would have run them) */
     int32_t stop_token;               /* the stop id that ended generation, or -1 */
     int stop_string;                  /* index of the stop string that ended generation, or -1 */
     int32_t last_token;               /* the last token streamed but not appended (see above), or -1 */
@@ -76,6 +102,10 @@ typedef struct {
     double decode_seconds;            /* wall time from the end of the prefill to the end */
     double prefill_tokens_per_second; /* n_prompt / prefill_seconds (0 when nothing was prefilled) */
     double decode_tokens_per_second;  /* n_decode_steps / decode_seconds (0 when there were none) */
+    bool device_loop;                 /* the backend's device loop decoded (at least one batch) */
+    const char *decode_path;          /* static text for logs: "device loop" or "host sampler (WHY)" */
+    int n_device_batches;             /* decode_loop calls */
+    int n_replayed;                   /* steps run again through forward() after a stop inside a batch */
 } lily_generate_result;
 
 /* Append prompt[n_prompt] to the session (prefill), then generate until a stop token, a stop string,

@@ -825,6 +825,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     }
     lily_generate_params gp = lily_generate_defaults();
     gp.sampling = sampler_params(svc, req, bias);
+    gp.decode = req->logprobs ? LILY_DECODE_HOST : LILY_DECODE_AUTO; /* logprobs read s->logits per token */
     lily_sampler *probe = NULL; /* the sampler rejects bad parameters here, before the response starts */
     if ((st = lily_sampler_new(&gp.sampling, svc->vocab, &probe, &err)) != LILY_OK) {
         fail_with(job, 400, "invalid_request_error", NULL, NULL, err.message);

@@ -586,5 +586,6 @@ const lily_backend_ops lily_cpu_backend_ops = {
     .recurrent_bytes = cpu_recurrent_bytes,
     .recurrent_save = cpu_recurrent_save,
     .recurrent_load = cpu_recurrent_load,
-    /* device_pool_new / device_pool_free: NULL (checkpoints stay in host memory) */
+    /* device_pool_new / device_pool_free: NULL (checkpoints stay in host memory); decode_loop: NULL (the
+     * host sampler decodes) */
 };

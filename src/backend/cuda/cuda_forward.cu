@@ -375,6 +375,45 @@ lily_status cuda_forward_logits_graph(cuda_ctx *c, cuda_state *st, lily_error *e
     return LILY_OK;
 }
 
+/* Capture the step graph a decode loop replays (greedy: token slot -> next token slot; sampled: the
+ * logits graph), once per state. */
+static lily_status ensure_step_graph(cuda_ctx *c, cuda_state *st, bool greedy, lily_error *err)
+{
+    if (greedy && !st->graph_greedy)
+        return capture(c, st, LM_GREEDY, &st->graph_greedy, err);
+    if (!greedy && !st->graph_logits)
+        return capture(c, st, LILY_LOGITS_LAST, &st->graph_logits, err);
+    return LILY_OK;
+}
+
+/* Enqueue one decode step that reads its token from the slot of the step counter and writes the token it
+ * chooses into the next slot, into out_tokens and into the mapped host_tokens (never synchronizes). */
+static lily_status enqueue_step(cuda_ctx *c, cuda_state *st, bool greedy, float temperature, int top_k, float top_p,
+                                uint64_t seed, lily_error *err)
+{
+    if (greedy) {
+        CUDA_TRY(cudaGraphLaunch(st->graph_greedy, c->stream));
+        return LILY_OK;
+    }
+    /* logits graph reads d_tokens[0] and advances pos/step; the sampler writes the next slot */
+    LAUNCH(launch_fetch_token(st->ctr->slots, &st->ctr->step, c->d_tokens, c->stream));
+    CUDA_TRY(cudaGraphLaunch(st->graph_logits, c->stream));
+    sample_args sa;
+    memset(&sa, 0, sizeof sa);
+    sa.logits = c->logits;
+    sa.vocab = c->cfg.vocab_size;
+    sa.token_slots = st->ctr->slots;
+    sa.out_tokens = st->out_tokens;
+    sa.out_cap = st->out_cap;
+    sa.host_tokens = st->host_tokens_dev;
+    sa.step = &st->ctr->step;
+    sa.pos = NULL;
+    sa.n_generated = &st->ctr->n_generated;
+    /* the logits graph already advanced pos/step: the sampler must not advance them again */
+    LAUNCH(launch_sample_topk_topp(sa, temperature, top_k, top_p, seed, NULL, c->stream));
+    return LILY_OK;
+}
+
 static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, float temperature,
                             int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_cuda_token_fn on_token,
                             void *user, lily_error *err)
@@ -388,42 +427,16 @@ static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, in
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: token id %d outside [0, %d)", first_token,
                               c->cfg.vocab_size);
     CUDA_TRY(cudaSetDevice(c->device));
-    if (greedy && !st->graph_greedy) {
-        lily_status rs = capture(c, st, LM_GREEDY, &st->graph_greedy, err);
-        if (rs != LILY_OK)
-            return rs;
-    }
-    if (!greedy && !st->graph_logits) {
-        lily_status rs = capture(c, st, LILY_LOGITS_LAST, &st->graph_logits, err);
-        if (rs != LILY_OK)
-            return rs;
-    }
+    lily_status rs = ensure_step_graph(c, st, greedy, err);
+    if (rs != LILY_OK)
+        return rs;
     LAUNCH(launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream));
     LAUNCH(launch_set_int(&st->ctr->n_generated, 0, c->stream));
     volatile int *host_count = st->host_tokens + st->out_cap;
     *host_count = 0; /* the previous call ended with a sync: no kernel writes it now */
-    for (int i = 0; i < n; i++) {
-        if (greedy) {
-            CUDA_TRY(cudaGraphLaunch(st->graph_greedy, c->stream));
-        } else {
-            /* logits graph reads d_tokens[0] and advances pos/step; the sampler writes the next slot */
-            LAUNCH(launch_fetch_token(st->ctr->slots, &st->ctr->step, c->d_tokens, c->stream));
-            CUDA_TRY(cudaGraphLaunch(st->graph_logits, c->stream));
-            sample_args sa;
-            memset(&sa, 0, sizeof sa);
-            sa.logits = c->logits;
-            sa.vocab = c->cfg.vocab_size;
-            sa.token_slots = st->ctr->slots;
-            sa.out_tokens = st->out_tokens;
-            sa.out_cap = st->out_cap;
-            sa.host_tokens = st->host_tokens_dev;
-            sa.step = &st->ctr->step;
-            sa.pos = NULL;
-            sa.n_generated = &st->ctr->n_generated;
-            /* the logits graph already advanced pos/step: the sampler must not advance them again */
-            LAUNCH(launch_sample_topk_topp(sa, temperature, top_k, top_p, seed, NULL, c->stream));
-        }
-    }
+    for (int i = 0; i < n; i++)
+        if ((rs = enqueue_step(c, st, greedy, temperature, top_k, top_p, seed, err)) != LILY_OK)
+            return rs;
     /* stream: poll the mapped count while the GPU runs the queued steps (no host-device sync) */
     for (int seen = 0; on_token && seen < n;) {
         const int avail = *host_count;
@@ -440,12 +453,94 @@ static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, in
             break; /* finished without the remaining tokens (cannot happen unless out_cap was hit) */
     }
     CUDA_TRY(cudaMemcpyAsync(out_tokens, st->out_tokens, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    lily_status rs = cuda_sync(c, err);
+    rs = cuda_sync(c, err);
     if (rs != LILY_OK)
         return rs;
     st->pos += n;
     st->step += n;
     return LILY_OK;
+}
+
+/* Steps the decode loop keeps queued ahead of the tokens the host has seen: enough that the GPU never
+ * waits for the host's per-token work, few enough that a stop wastes little GPU time. */
+#define DECODE_LOOP_AHEAD 4
+
+/* backend.h's decode_loop: the steps of generate(), launched DECODE_LOOP_AHEAD ahead of the tokens the
+ * host has polled from mapped memory, so on_token can stop the loop; one synchronization at the end. */
+lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
+                             lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
+                             lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *st = (cuda_state *)vst;
+    *n_run = 0;
+    const bool greedy = sampling->temperature < 1e-5f;
+    if (n < 1 || n > st->out_cap)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: decode loop of %d steps", n);
+    if (!greedy && (sampling->top_k < 1 || sampling->top_k > LILY_DEVICE_TOP_K_MAX || !(sampling->top_p > 0.0f) ||
+                    sampling->top_p > 1.0f || !(sampling->temperature < INFINITY)))
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
+                              "cuda: device sampling needs top_k in [1, %d] and top_p in (0, 1] (got %d, %g)",
+                              LILY_DEVICE_TOP_K_MAX, sampling->top_k, (double)sampling->top_p);
+    if (st->pos + n > st->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: %d + %d tokens exceed the context of %d", st->pos,
+                              n, st->max_ctx);
+    if (first_token < 0 || first_token >= c->cfg.vocab_size)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: token id %d outside [0, %d)", first_token,
+                              c->cfg.vocab_size);
+    if (c->opts.debug_hook) /* the hook syncs per stage: no graphs (forward() runs eagerly instead) */
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: no decode loop with a debug hook");
+    CUDA_TRY(cudaSetDevice(c->device));
+    lily_status rs = ensure_step_graph(c, st, greedy, err);
+    if (rs != LILY_OK)
+        return rs;
+    LAUNCH(launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream));
+    LAUNCH(launch_set_int(&st->ctr->n_generated, 0, c->stream));
+    volatile int *host_count = st->host_tokens + st->out_cap;
+    volatile const int *host_tokens = st->host_tokens;
+    *host_count = 0; /* the previous call ended with a sync: no kernel writes it now */
+    int launched = 0, seen = 0;
+    bool stop = false;
+    while (!stop && seen < n) {
+        while (launched < n && launched < seen + DECODE_LOOP_AHEAD) {
+            rs = enqueue_step(c, st, greedy, sampling->temperature, sampling->top_k, sampling->top_p, sampling->seed,
+                              err);
+            if (rs != LILY_OK)
+                break;
+            launched++;
+        }
+        if (rs != LILY_OK)
+            break;
+        const int avail = *host_count;
+        if (seen < avail) {
+            const int32_t token = host_tokens[seen];
+            stop = on_token && on_token(user, token, seen) != 0;
+            seen++;
+            continue;
+        }
+        const cudaError_t q = cudaStreamQuery(c->stream); /* non-blocking: ends the loop on an error */
+        if (q != cudaSuccess && q != cudaErrorNotReady) {
+            rs = lily_cuda_error(err, q, "cudaStreamQuery", __FILE__, __LINE__);
+            break;
+        }
+        if (q == cudaSuccess && *host_count == avail) {
+            rs = lily_error_set(err, LILY_ERR_BACKEND, "cuda: decode loop ended after %d of %d tokens", avail,
+                                launched);
+            break;
+        }
+    }
+    /* the steps launched run to the end whatever happened: keep the host mirrors in step with the device */
+    if (rs == LILY_OK && stop && last_logits) {
+        const cudaError_t e = cudaMemcpyAsync(last_logits, c->logits, (size_t)c->cfg.vocab_size * sizeof(float),
+                                              cudaMemcpyDeviceToHost, c->stream);
+        if (e != cudaSuccess)
+            rs = lily_cuda_error(err, e, "cudaMemcpyAsync(last_logits)", __FILE__, __LINE__);
+    }
+    const lily_status sync = cuda_sync(c, rs == LILY_OK ? err : NULL);
+    st->pos += launched;
+    st->step += launched;
+    *n_run = launched;
+    return rs != LILY_OK ? rs : sync;
 }
 
 extern "C" lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n,

@@ -123,6 +123,12 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
                                  lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
 
+/* cuda_forward.cu: backend.h's decode_loop op (the decode graph replayed, tokens streamed from mapped
+ * host memory, launches kept a few steps ahead of the host so a stop wastes little). */
+lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
+                             lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
+                             lily_error *err);
+
 /* forward_prefill.cu: a batch of projections for n >= prefill_min_tokens rows (out_mode STORE or ADD),
  * and the whole sparse MoE block (h += MoE(RMSNorm(h))), on tensor cores; enqueue only. */
 lily_status cuda_prefill_proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, int out_mode, int n,
