@@ -6,7 +6,9 @@
  * an optional split-KV sweep, and optionally CUDA-vs-CPU logits agreement on one prompt.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
- *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]
+ *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N] [--gdn-prefill N]
+ * --gdn-prefill N sets the DeltaNet prefill knob (lily_cuda_tuning.gdn_prefill: 1 recurrence, 2 chunked,
+ * 3 chunked from GDN_CHUNKED_MIN_TOKENS) for the whole run, before the backend is created.
  */
 #include <math.h>
 #include <stdio.h>
@@ -95,7 +97,7 @@ static void compare_logits(const float *ref, const float *got, int rows, int voc
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0, chunk = 512, prof_prefill = 0;
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0, chunk = 512, prof_prefill = 0, gdn_prefill = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -108,7 +110,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--compare-variants")) compare_variants = 1;
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]", argv[0]);
+        else if (!strcmp(argv[i], "--gdn-prefill") && i + 1 < argc) gdn_prefill = atoi(argv[++i]);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N] [--gdn-prefill N]", argv[0]);
+    }
+    if (gdn_prefill >= 0) {
+        lily_cuda_tuning t = LILY_CUDA_TUNING_DEFAULT;
+        t.gdn_prefill = gdn_prefill;
+        lily_cuda_set_tuning(&t);
+        printf("DeltaNet prefill knob gdn_prefill = %d\n", gdn_prefill);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -278,7 +287,9 @@ int main(int argc, char **argv)
             }
             printf("\n");
         }
-        const lily_cuda_tuning dflt = LILY_CUDA_TUNING_DEFAULT;
+        lily_cuda_tuning dflt = LILY_CUDA_TUNING_DEFAULT;
+        if (gdn_prefill >= 0)
+            dflt.gdn_prefill = gdn_prefill;
         lily_cuda_set_tuning(&dflt);
         lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err);
     }
