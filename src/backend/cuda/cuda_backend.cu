@@ -358,6 +358,10 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
                               opts->device, n_dev);
     if (cfg->hidden % 64 || cfg->head_dim % 32 || cfg->gdn_value_head_dim % 32)
         return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: model dims not supported by the CUDA kernels");
+    /* test/bench override of the DeltaNet prefill knob for whole-program runs (lily eval): see cuda_backend.h */
+    const char *gp_env = getenv("LILY_CUDA_GDN_PREFILL");
+    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '3' && !gp_env[1])
+        g_cuda_tuning.gdn_prefill = gp_env[0] - '0';
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: context");

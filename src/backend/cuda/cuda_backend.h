@@ -84,7 +84,9 @@ typedef struct {
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
     int gdn_prefill;        /* Gated DeltaNet prefill (n > 1): 1 prep + sequential recurrence (deltanet_prefill.cu),
                              * 2 prep + chunked delta rule on tensor cores (deltanet_chunked.cu) for every n > 1,
-                             * 3 chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh), else 1; 0 the general scan */
+                             * 3 chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh), else 1; 0 the general scan.
+                             * The environment variable LILY_CUDA_GDN_PREFILL=0..3, read when a CUDA backend is
+                             * created, overrides it (tests, lily eval) */
 } lily_cuda_tuning;
 #define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
