@@ -7,8 +7,9 @@
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
  *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N] [--gdn-prefill N]
- * --gdn-prefill N sets the DeltaNet prefill knob (lily_cuda_tuning.gdn_prefill: 1 recurrence, 2 chunked,
- * 3 chunked from GDN_CHUNKED_MIN_TOKENS) for the whole run, before the backend is created.
+ * --gdn-prefill LIST (e.g. 1,2): the DeltaNet prefill knob (lily_cuda_tuning.gdn_prefill: 1 recurrence,
+ * 2 chunked, 3 chunked from GDN_CHUNKED_MIN_TOKENS); the prefill timing (and --profile-prefill) runs once
+ * per value, the first value stays set for everything else (decode, --compare-cpu).
  */
 #include <math.h>
 #include <stdio.h>
@@ -97,7 +98,7 @@ static void compare_logits(const float *ref, const float *got, int rows, int voc
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0, chunk = 512, prof_prefill = 0, gdn_prefill = -1;
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0, chunk = 512, prof_prefill = 0, gdn_list[8], n_gdn = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -110,14 +111,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--compare-variants")) compare_variants = 1;
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
-        else if (!strcmp(argv[i], "--gdn-prefill") && i + 1 < argc) gdn_prefill = atoi(argv[++i]);
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N] [--gdn-prefill N]", argv[0]);
+        else if (!strcmp(argv[i], "--gdn-prefill") && i + 1 < argc) n_gdn = parse_list(argv[++i], gdn_list, 8);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N] [--gdn-prefill LIST]", argv[0]);
     }
+    const int gdn_prefill = n_gdn > 0 ? gdn_list[0] : -1;
     if (gdn_prefill >= 0) {
         lily_cuda_tuning t = LILY_CUDA_TUNING_DEFAULT;
         t.gdn_prefill = gdn_prefill;
         lily_cuda_set_tuning(&t);
-        printf("DeltaNet prefill knob gdn_prefill = %d\n", gdn_prefill);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -159,8 +160,14 @@ int main(int argc, char **argv)
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
     if (!toks || !out) DIE("oom");
 
-    /* prefill (simple kernels in this version) */
-    if (prefill > 0) {
+    /* prefill, once per --gdn-prefill value */
+    for (int gi = 0; prefill > 0 && gi < (n_gdn > 0 ? n_gdn : 1); gi++) {
+        if (n_gdn > 0) {
+            lily_cuda_tuning t = LILY_CUDA_TUNING_DEFAULT;
+            t.gdn_prefill = gdn_list[gi];
+            lily_cuda_set_tuning(&t);
+            printf("\nDeltaNet prefill knob gdn_prefill = %d\n", gdn_list[gi]);
+        }
         for (int i = 0; i < prefill; i++) toks[i] = rnd_token(cfg->vocab_size);
         float *lg = malloc(sizeof(float) * cfg->vocab_size);
         if (!lg) DIE("oom");
@@ -193,6 +200,11 @@ int main(int argc, char **argv)
             printf("| total | %.3f | (%.0f tok/s) |\n", p.total_ms, m / (p.total_ms * 1e-3));
         }
         free(lg);
+    }
+    if (n_gdn > 1) {
+        lily_cuda_tuning t = LILY_CUDA_TUNING_DEFAULT;
+        t.gdn_prefill = gdn_prefill;
+        lily_cuda_set_tuning(&t);
     }
 
     printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
