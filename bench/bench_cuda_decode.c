@@ -168,7 +168,7 @@ int main(int argc, char **argv)
             lily_cuda_set_tuning(&t);
             printf("\nDeltaNet prefill knob gdn_prefill = %d\n", gdn_list[gi]);
         }
-        for (int i = 0; i < prefill; i++) toks[i] = rnd_token(cfg->vocab_size);
+        for (int i = 0; gi == 0 && i < prefill; i++) toks[i] = rnd_token(cfg->vocab_size); /* same prompt per value */
         float *lg = malloc(sizeof(float) * cfg->vocab_size);
         if (!lg) DIE("oom");
         be.ops->state_reset(be.ctx, st);
