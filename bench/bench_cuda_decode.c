@@ -7,7 +7,10 @@
  * bench/cuda_knobs.h). CUDA-vs-CPU agreement is bench_cuda_accuracy's job.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
- *                          [--sweep-split] [--tune] [--knobs SPEC] [--prefill N]
+ *                          [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--gdn-prefill LIST]
+ * --gdn-prefill LIST (e.g. 1,2): the DeltaNet prefill knob (lily_cuda_tuning.gdn_prefill: 1 recurrence,
+ * 2 chunked, 3 chunked from GDN_CHUNKED_MIN_TOKENS); the prefill timing (and --profile-prefill) runs once
+ * per value, the first value stays set for everything else.
  */
 #include <math.h>
 #include <stdio.h>
@@ -64,7 +67,7 @@ static int rnd_token(int vocab)
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, tune = 0, chunk = 512, prof_prefill = 0;
+    int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, tune = 0, chunk = 512, prof_prefill = 0, gdn_list[8], n_gdn = 0;
     lily_cuda_tuning knobs = LILY_CUDA_TUNING_DEFAULT;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
@@ -79,7 +82,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill]", argv[0]);
+        else if (!strcmp(argv[i], "--gdn-prefill") && i + 1 < argc) n_gdn = parse_list(argv[++i], gdn_list, 8);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill] [--gdn-prefill LIST]", argv[0]);
+    }
+    const int gdn_prefill = n_gdn > 0 ? gdn_list[0] : -1;
+    if (gdn_prefill >= 0)
+        knobs.gdn_prefill = gdn_prefill;
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -125,9 +133,15 @@ int main(int argc, char **argv)
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
     if (!toks || !out) DIE("oom");
 
-    /* prefill (simple kernels in this version) */
-    if (prefill > 0) {
-        for (int i = 0; i < prefill; i++) toks[i] = rnd_token(cfg->vocab_size);
+    /* prefill, once per --gdn-prefill value */
+    for (int gi = 0; prefill > 0 && gi < (n_gdn > 0 ? n_gdn : 1); gi++) {
+        if (n_gdn > 0) {
+            lily_cuda_tuning t = knobs;
+            t.gdn_prefill = gdn_list[gi];
+            lily_cuda_set_tuning(&t);
+            printf("\nDeltaNet prefill knob gdn_prefill = %d\n", gdn_list[gi]);
+        }
+        for (int i = 0; gi == 0 && i < prefill; i++) toks[i] = rnd_token(cfg->vocab_size); /* same prompt per value */
         float *lg = malloc(sizeof(float) * cfg->vocab_size);
         if (!lg) DIE("oom");
         be.ops->state_reset(be.ctx, st);
@@ -160,6 +174,8 @@ int main(int argc, char **argv)
         }
         free(lg);
     }
+    if (n_gdn > 1)
+        lily_cuda_set_tuning(&knobs);
 
     printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
     printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token |\n");

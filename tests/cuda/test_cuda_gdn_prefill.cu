@@ -1,9 +1,11 @@
-/* test_cuda_gdn_prefill.cu — the Gated DeltaNet prefill path (deltanet_prefill.cu: gdn_prep_kernel +
- * gdn_recur_kernel) against a double-precision CPU twin of MODEL.md §4.4 steps 2-7, over a sequence of
- * forward calls on one state: calls of n > 1 tokens take launch_gdn_prefill (as cuda_enqueue_forward
- * does), n == 1 the decode kernel (launch_gdn_scan), so state and conv-state carry between chunks and
- * prefill -> decode -> prefill hand-offs (conv ping-pong parity) are all checked. Outputs and the prep
- * scratch are NaN-poisoned. Shapes: the tiny fixture's, the full model's (16/32 heads, dk = dv = 128),
+/* test_cuda_gdn_prefill.cu — the Gated DeltaNet prefill paths against a double-precision CPU twin of
+ * MODEL.md §4.4 steps 2-7, over a sequence of forward calls on one state, each case twice: "recur"
+ * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, g_cuda_tuning.gdn_prefill 1) and "chunked"
+ * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2). Calls of
+ * n > 1 tokens take the variant's launch (as cuda_enqueue_forward does), n == 1 the decode kernel
+ * (launch_gdn_scan), so state and conv-state carry between chunks and prefill -> decode -> prefill
+ * hand-offs (conv ping-pong parity) are all checked. Outputs and the prep and chunk scratch are
+ * NaN-poisoned. Shapes: the tiny fixture's, the full model's (16/32 heads, dk = dv = 128),
  * odd ones (dv != dk, 3 v heads per k head, K = 1..4), n up to 4096, and decays from fast (underflow
  * to 0) to slow (the running-decay rescale of the recurrence). Exits 77 when no GPU is present.
  *
@@ -22,6 +24,7 @@
 #include "cuda_test_util.cuh"
 
 static int g_fail = 0, g_checks = 0;
+static const char *const VARIANT[2] = {"recur", "chunked"};
 
 static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
                   const std::vector<double> &mag, double rel)
@@ -70,57 +73,76 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
     std::vector<float> S0 = rand_vec((size_t)Hv * dk * dv, -0.3f, 0.3f);
     std::vector<float> cs0 = rand_vec((size_t)2 * Km1 * conv_dim, -1, 1);
 
-    gdn_args a;
-    memset(&a, 0, sizeof a);
-    float *dmixed = dev_copy(mixed), *dba = dev_copy(ba);
-    a.mixed_stride = stride;
-    a.ba_stride = ba_stride;
-    a.conv_w = dev_copy(cw);
-    a.A_log = dev_copy(Al);
-    a.dt_bias = dev_copy(dtb);
-    a.conv_state = dev_copy(cs0);
-    a.state = dev_copy(S0);
-    int *dstep;
-    CK(cudaMalloc(&dstep, 4));
-    a.step = dstep;
-    std::vector<float> nanv((size_t)n * Hv * dv, NAN);
-    float *dout = dev_copy(nanv);
-    a.Hk = Hk, a.Hv = Hv, a.dk = dk, a.dv = dv, a.K = K, a.conv_dim = conv_dim;
     const size_t pre_floats = (size_t)nmax * gdn_prefill_stride(conv_dim, Hv);
-    std::vector<float> nanp(pre_floats, NAN);
-    float *dpre = dev_copy(nanp);
-
     char what[200], desc[120];
-    int len = snprintf(desc, sizeof desc, "gdn prefill Hk %d Hv %d dk %d dv %d K %d%s n", Hk, Hv, dk, dv, K,
+    int len = snprintf(desc, sizeof desc, "Hk %d Hv %d dk %d dv %d K %d%s n", Hk, Hv, dk, dv, K,
                        decay_mode == DECAY_SLOW ? " slow decay" : decay_mode == DECAY_FAST ? " fast decay" : "");
     for (size_t i = 0; i < calls.size() && len < (int)sizeof desc - 8; i++)
         len += snprintf(desc + len, sizeof desc - len, "%s%d", i ? "+" : " ", calls[i]);
-    if (!gdn_prefill_supported(a)) {
-        printf("FAIL %s: shape not supported\n", desc);
-        g_fail++;
-        return;
-    }
-    int t0 = 0;
-    for (size_t i = 0; i < calls.size(); i++) {
-        const int m = calls[i];
-        CK(launch_set_int(dstep, (int)i, 0)); /* the forward-call counter (conv ping-pong parity) */
-        a.mixed = dmixed + (size_t)t0 * stride;
-        a.ba = dba + (size_t)t0 * ba_stride;
-        a.out = dout + (size_t)t0 * Hv * dv;
-        CK(cudaMemcpy(dpre, nanp.data(), pre_floats * sizeof(float), cudaMemcpyHostToDevice));
-        cudaError_t e = m > 1 ? launch_gdn_prefill(a, dpre, m, 0) : launch_gdn_scan(a, m, 0);
-        if (e == cudaSuccess)
-            e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            printf("FAIL %s: launch of call %zu: %s\n", desc, i, cudaGetErrorString(e));
+
+    /* the same call sequence through each prefill variant, from the same initial state */
+    std::vector<float> got[2], Sg[2], csg[2];
+    bool ran[2] = {false, false};
+    for (int var = 0; var < 2; var++) {
+        gdn_args a;
+        memset(&a, 0, sizeof a);
+        a.Hk = Hk, a.Hv = Hv, a.dk = dk, a.dv = dv, a.K = K, a.conv_dim = conv_dim;
+        const bool ok = var ? gdn_chunked_supported(a) : gdn_prefill_supported(a);
+        if (!ok) {
+            printf("FAIL gdn prefill %s %s: shape not supported\n", VARIANT[var], desc);
             g_fail++;
-            return;
+            continue;
         }
-        t0 += m;
+        float *dmixed = dev_copy(mixed), *dba = dev_copy(ba);
+        a.mixed_stride = stride;
+        a.ba_stride = ba_stride;
+        a.conv_w = dev_copy(cw);
+        a.A_log = dev_copy(Al);
+        a.dt_bias = dev_copy(dtb);
+        a.conv_state = dev_copy(cs0);
+        a.state = dev_copy(S0);
+        int *dstep;
+        CK(cudaMalloc(&dstep, 4));
+        a.step = dstep;
+        float *dout = dev_nan((size_t)n * Hv * dv);
+        std::vector<float> nanp(pre_floats, NAN);
+        float *dpre = dev_copy(nanp);
+        /* chunked: W|U|Attn scratch poisoned once (stale records of earlier calls stay behind) */
+        float *dwy = var ? dev_nan(gdn_chunked_scratch_floats(nmax, Hv, dk, dv)) : NULL;
+        int t0 = 0;
+        bool failed = false;
+        for (size_t i = 0; i < calls.size() && !failed; i++) {
+            const int m = calls[i];
+            CK(launch_set_int(dstep, (int)i, 0)); /* the forward-call counter (conv ping-pong parity) */
+            a.mixed = dmixed + (size_t)t0 * stride;
+            a.ba = dba + (size_t)t0 * ba_stride;
+            a.out = dout + (size_t)t0 * Hv * dv;
+            CK(cudaMemcpy(dpre, nanp.data(), pre_floats * sizeof(float), cudaMemcpyHostToDevice));
+            cudaError_t e = m == 1 ? launch_gdn_scan(a, m, 0)
+                            : var  ? launch_gdn_prefill_chunked(a, dpre, dwy, m, 0)
+                                   : launch_gdn_prefill(a, dpre, m, 0);
+            if (e == cudaSuccess)
+                e = cudaDeviceSynchronize();
+            if (e != cudaSuccess) {
+                printf("FAIL gdn prefill %s %s: launch of call %zu: %s\n", VARIANT[var], desc, i, cudaGetErrorString(e));
+                g_fail++;
+                failed = true;
+            }
+            t0 += m;
+        }
+        if (!failed) {
+            got[var] = host_copy(dout, (size_t)n * Hv * dv);
+            Sg[var] = host_copy(a.state, (size_t)Hv * dk * dv);
+            csg[var] = host_copy(a.conv_state, (size_t)2 * Km1 * conv_dim);
+            ran[var] = true;
+        }
+        cudaFree(dmixed), cudaFree(dba), cudaFree((void *)a.conv_w), cudaFree((void *)a.A_log), cudaFree((void *)a.dt_bias);
+        cudaFree(a.conv_state), cudaFree(a.state), cudaFree(dstep), cudaFree(dout), cudaFree(dpre);
+        if (dwy)
+            cudaFree(dwy);
     }
-    std::vector<float> got = host_copy(dout, (size_t)n * Hv * dv);
-    std::vector<float> Sg = host_copy(a.state, (size_t)Hv * dk * dv);
-    std::vector<float> csg = host_copy(a.conv_state, (size_t)2 * Km1 * conv_dim);
+    if (!ran[0] && !ran[1])
+        return;
 
     /* CPU twin over the whole sequence (calls only split it) */
     std::vector<double> S(S0.begin(), S0.end());
@@ -172,23 +194,26 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
             }
         }
     }
-    snprintf(what, sizeof what, "%s output", desc);
-    check(what, got, want, mag, 1e-3);
     std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
-    snprintf(what, sizeof what, "%s state", desc);
-    check(what, Sg, Sw, Smag, 1e-4);
-    if (Km1 > 0) {
-        /* after call i (counter i) the conv state lives in buffer (i & 1) ^ 1 */
-        const int buf = (((int)calls.size() - 1) & 1) ^ 1;
-        std::vector<float> cg(csg.begin() + (size_t)buf * Km1 * conv_dim, csg.begin() + (size_t)(buf + 1) * Km1 * conv_dim);
-        std::vector<double> cwant((size_t)Km1 * conv_dim), cm((size_t)Km1 * conv_dim, 0.0);
-        for (int s = 0; s < Km1; s++)
-            for (int c = 0; c < conv_dim; c++) cwant[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
-        snprintf(what, sizeof what, "%s conv state", desc);
-        check(what, cg, cwant, cm, 0.0);
+    std::vector<double> cwant((size_t)Km1 * conv_dim), cm((size_t)Km1 * conv_dim, 0.0);
+    for (int s = 0; s < Km1; s++)
+        for (int c = 0; c < conv_dim; c++) cwant[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
+    for (int var = 0; var < 2; var++) {
+        if (!ran[var])
+            continue;
+        snprintf(what, sizeof what, "gdn prefill %s %s output", VARIANT[var], desc);
+        check(what, got[var], want, mag, 1e-3);
+        snprintf(what, sizeof what, "gdn prefill %s %s state", VARIANT[var], desc);
+        check(what, Sg[var], Sw, Smag, 1e-4);
+        if (Km1 > 0) {
+            /* after call i (counter i) the conv state lives in buffer (i & 1) ^ 1 */
+            const int buf = (((int)calls.size() - 1) & 1) ^ 1;
+            std::vector<float> cg(csg[var].begin() + (size_t)buf * Km1 * conv_dim,
+                                  csg[var].begin() + (size_t)(buf + 1) * Km1 * conv_dim);
+            snprintf(what, sizeof what, "gdn prefill %s %s conv state", VARIANT[var], desc);
+            check(what, cg, cwant, cm, 0.0);
+        }
     }
-    cudaFree(dmixed), cudaFree(dba), cudaFree((void *)a.conv_w), cudaFree((void *)a.A_log), cudaFree((void *)a.dt_bias);
-    cudaFree(a.conv_state), cudaFree(a.state), cudaFree(dstep), cudaFree(dout), cudaFree(dpre);
 }
 
 int main(void)
@@ -212,6 +237,9 @@ int main(void)
     test_case(16, 32, 128, 128, 4, {7, 64});
     test_case(16, 32, 128, 128, 4, {513, 1});
     test_case(16, 32, 128, 128, 4, {2, 1, 33});
+    /* chunk boundaries of the chunked form: exact multiples of 64, one past, one short */
+    test_case(16, 32, 128, 128, 4, {128, 65, 1, 63});
+    test_case(2, 4, 128, 128, 4, {200}, DECAY_FAST);
     /* long chunks (fewer heads to keep the twin fast) */
     test_case(2, 4, 128, 128, 4, {4096, 1});
     test_case(2, 4, 128, 128, 4, {4096, 64}, DECAY_SLOW);

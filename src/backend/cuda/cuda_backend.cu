@@ -296,8 +296,15 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
     AL(c->h, C * H * 4);
     AL(c->proj, C * c->proj_stride * 4);
     AL(c->mix, C * mixw * 4);
-    if (cfg->gdn_n_value_heads > 0)
+    if (cfg->gdn_n_value_heads > 0) {
         AL(c->gdn_pre, C * (size_t)gdn_prefill_stride(lily_config_gdn_conv_dim(cfg), cfg->gdn_n_value_heads) * 4);
+        gdn_args ga;
+        memset(&ga, 0, sizeof ga);
+        ga.Hk = cfg->gdn_n_key_heads, ga.Hv = cfg->gdn_n_value_heads, ga.dk = cfg->gdn_key_head_dim;
+        ga.dv = cfg->gdn_value_head_dim, ga.K = cfg->gdn_conv_kernel, ga.conv_dim = lily_config_gdn_conv_dim(cfg);
+        if (gdn_chunked_supported(ga)) /* chunked delta rule (gdn_prefill 2/3): 169 MB at C = 4096, full model */
+            AL(c->gdn_wy, gdn_chunked_scratch_floats((int)C, ga.Hv, ga.dk, ga.dv) * 4);
+    }
     AL(c->q, C * cfg->n_heads * cfg->head_dim * 4);
     AL(c->router, C * (cfg->n_experts + 1) * 4);
     AL(c->hid, C * (cfg->n_experts_used + 1) * inter * 4);
@@ -351,6 +358,10 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
                               opts->device, n_dev);
     if (cfg->hidden % 64 || cfg->head_dim % 32 || cfg->gdn_value_head_dim % 32)
         return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: model dims not supported by the CUDA kernels");
+    /* test/bench override of the DeltaNet prefill knob for whole-program runs (lily eval): see cuda_backend.h */
+    const char *gp_env = getenv("LILY_CUDA_GDN_PREFILL");
+    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '3' && !gp_env[1])
+        g_cuda_tuning.gdn_prefill = gp_env[0] - '0';
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: context");

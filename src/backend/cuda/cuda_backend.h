@@ -82,7 +82,11 @@ typedef struct {
     int att_mma;            /* decode attention on tensor cores: 1, or 0 the SIMT split-KV kernel */
     int gdn_decode;         /* one-token Gated DeltaNet scan kernel: 1, or 0 the general scan */
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
-    int gdn_prefill;        /* Gated DeltaNet prefill (n > 1) by deltanet_prefill.cu: 1, or 0 the general scan */
+    int gdn_prefill;        /* Gated DeltaNet prefill (n > 1): 1 prep + sequential recurrence (deltanet_prefill.cu),
+                             * 2 prep + chunked delta rule on tensor cores (deltanet_chunked.cu) for every n > 1,
+                             * 3 chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh), else 1; 0 the general scan.
+                             * The environment variable LILY_CUDA_GDN_PREFILL=0..3, read when a CUDA backend is
+                             * created, overrides it (tests, lily eval) */
     int prefill_gemm;       /* prefill projections and MoE (n >= 16) on tensor-core GEMMs: 1, or 0 the GEMV kernels */
     int att_prefill;        /* prefill attention (n > 1) by the flash kernel: 1, or 0 the SIMT kernel */
     int moe_gate_up_blocks; /* decode MoE gate/up kernel: registers capped for 2 or 3 blocks per SM */

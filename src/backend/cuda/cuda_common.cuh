@@ -232,6 +232,17 @@ cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s);
 int gdn_prefill_stride(int conv_dim, int Hv);
 bool gdn_prefill_supported(const gdn_args &a); /* dk 32/64/128, Hv % Hk == 0, K <= 4, dv % 32 */
 cudaError_t launch_gdn_prefill(const gdn_args &a, float *pre, int n_tokens, cudaStream_t s);
+/* gdn_prep_kernel alone (the first half of launch_gdn_prefill; launch_gdn_prefill_chunked's too). */
+cudaError_t launch_gdn_prep(const gdn_args &a, float *pre, int n_tokens, cudaStream_t s);
+/* deltanet_chunked.cu: the same mixer with the delta rule in its chunked (WY) form on tensor cores:
+ * gdn_prep_kernel, then per (64-token chunk, value head) the intra-chunk matrices into wy
+ * (>= gdn_chunked_scratch_floats(n_tokens, Hv, dk, dv) floats), then the inter-chunk recurrence. Same
+ * outputs, state and conv state as launch_gdn_prefill (fp32-level accuracy: 3xTF32 products).
+ * cudaErrorInvalidValue for a shape gdn_chunked_supported rejects. */
+bool gdn_chunked_supported(const gdn_args &a); /* gdn_prefill_supported, dk 32/64/128, dv <= 128 */
+int gdn_chunked_record_floats(int dk, int dv);
+size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv);
+cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
 
 /* attention.cu (norm_rope.cu + attention_decode.cu) */
 struct attn_args {

@@ -219,7 +219,11 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             g.K = cfg->gdn_conv_kernel;
             g.conv_dim = conv_dim;
             MARK(PS_GDN_SCAN);
-            if (n > 1 && c->gdn_pre && g_cuda_tuning.gdn_prefill && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
+            const int gp = g_cuda_tuning.gdn_prefill;
+            if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp == 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
+                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule */
+                LAUNCH(launch_gdn_prefill_chunked(g, c->gdn_pre, c->gdn_wy, n, s));
+            else if (n > 1 && c->gdn_pre && gp && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
                 LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
             else
                 LAUNCH(launch_gdn_scan(g, n, s));

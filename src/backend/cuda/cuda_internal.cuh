@@ -19,6 +19,11 @@ extern "C" {
  * head as tensor-core GEMMs (forward_prefill.cu); smaller ones (decode) use the GEMV kernels. */
 #define PREFILL_GEMM_MIN_TOKENS 16
 
+/* With g_cuda_tuning.gdn_prefill == 3, DeltaNet prefill calls of at least this many tokens take the
+ * chunked delta rule (deltanet_chunked.cu), shorter ones the sequential recurrence. Placeholder until
+ * measured on the H200 (bench_cuda_decode --gdn-prefill 1|2 --profile-prefill --chunk N). */
+#define GDN_CHUNKED_MIN_TOKENS 64
+
 typedef struct {
     bool full_attention;
     float *input_norm, *post_norm; /* [hidden], (1 + w) form */
@@ -54,6 +59,8 @@ typedef struct {
     int proj_stride;
     float *mix;      /* [C][max(value_dim, n_heads*head_dim)] */
     float *gdn_pre;  /* [C][gdn_prefill_stride]: DeltaNet prefill q|k|v|gates (deltanet_prefill.cu) */
+    float *gdn_wy;   /* gdn_chunked_scratch_floats(C, ...): chunked delta rule W|U|Attn|gates (deltanet_chunked.cu),
+                      * NULL when the shape has no chunked kernel */
     float *q;        /* [C][n_heads*head_dim] */
     float *router;   /* [C][n_experts + 1] */
     float *hid;      /* [C][top_k + 1][inter] */

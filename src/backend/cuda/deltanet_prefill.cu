@@ -7,7 +7,7 @@
  *    per key head (eps 1e-6 inside the root, q also x dk^-1/2), k·q of the normed vectors, β = sigmoid(b)
  *    and decay = exp(-exp(A_log)·softplus(a + dt_bias)); written to the scratch `pre`
  *    [n][gdn_prefill_stride]: q | k | v (the channel layout of `mixed`, conv_dim floats) then per value
- *    head j a float4 {β, decay, k·q of its key head, 0}. Also writes the new conv state (the last K-1
+ *    head j a float4 {β, decay, k·q of its key head, g = log decay}. Also writes the new conv state (the last K-1
  *    pre-conv rows of concat(old state, mixed)) into the other ping-pong buffer (parity *step & 1, as
  *    the scan kernels, so the next call reads it).
  *    grid (⌈n / 8⌉, Hk + ⌈Hv·dv / 256⌉), 256 thr: block y < Hk = key head (q and k channels, norms in
@@ -25,6 +25,9 @@
  *    scheduled ahead of the current token's reduction.
  *    grid Hv·dv/COLS; dk 128: 256 threads, RPT 16, L 8, COLS 32 (128 blocks of 8 warps: one per SM, k/q
  *    tiles read from L2 once per 32 columns); dk 64: 128 threads, RPT 16, L 4, COLS 32; dk 32: 128/8/4/32.
+ *
+ * deltanet_chunked.cu replaces gdn_recur_kernel by the chunked form on tensor cores (same pre, same
+ * results; g_cuda_tuning.gdn_prefill 2/3).
  */
 #include "attention_mma.cuh"
 #include "cuda_common.cuh"
@@ -138,8 +141,9 @@ __global__ void __launch_bounds__(GDP_THREADS) gdn_prep_kernel(gdn_args a, float
         const float bb = a.ba[(size_t)t * a.ba_stride + j];
         const float aa = a.ba[(size_t)t * a.ba_stride + a.Hv + j] + a.dt_bias[j];
         const float sp = aa > 20.0f ? aa : log1pf(expf(aa));
-        const float decay = expf(-expf(a.A_log[j]) * sp);
-        *reinterpret_cast<float4 *>(row + a.conv_dim + 4 * j) = make_float4(sigmoid_f(bb), decay, kq * qs * ks, 0.0f);
+        const float lg = -expf(a.A_log[j]) * sp; /* log decay g (the chunked form's cumulative sums) */
+        const float decay = expf(lg);
+        *reinterpret_cast<float4 *>(row + a.conv_dim + 4 * j) = make_float4(sigmoid_f(bb), decay, kq * qs * ks, lg);
     }
 }
 
@@ -301,16 +305,22 @@ bool gdn_prefill_supported(const gdn_args &a)
            a.conv_dim == 2 * a.Hk * a.dk + a.Hv * a.dv;
 }
 
-cudaError_t launch_gdn_prefill(const gdn_args &a, float *pre, int n_tokens, cudaStream_t s)
+cudaError_t launch_gdn_prep(const gdn_args &a, float *pre, int n_tokens, cudaStream_t s)
 {
     if (!gdn_prefill_supported(a) || n_tokens < 1 || !pre)
         return cudaErrorInvalidValue;
     const int stride = gdn_prefill_stride(a.conv_dim, a.Hv);
     const int v_units = (a.Hv * a.dv + GDP_THREADS - 1) / GDP_THREADS;
     dim3 pgrid((n_tokens + GDP_TOKENS - 1) / GDP_TOKENS, a.Hk + v_units);
-    cudaError_t e = launch_pdl(gdn_prep_kernel, pgrid, dim3(GDP_THREADS), 0, s, a, pre, stride, n_tokens);
+    return launch_pdl(gdn_prep_kernel, pgrid, dim3(GDP_THREADS), 0, s, a, pre, stride, n_tokens);
+}
+
+cudaError_t launch_gdn_prefill(const gdn_args &a, float *pre, int n_tokens, cudaStream_t s)
+{
+    cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)
         return e;
+    const int stride = gdn_prefill_stride(a.conv_dim, a.Hv);
     dim3 rgrid(a.Hv * (a.dv / recur_cols(a.dk)));
     switch (a.dk) {
     case 32: return launch_pdl(gdn_recur_kernel<32, GDR_SHAPE_32>, rgrid, dim3(128), 0, s, a, (const float *)pre, stride, n_tokens);
