@@ -5,8 +5,14 @@
  * from cost_model.h over the measured device-to-device copy rate), a per-stage profile (CUDA events),
  * an optional split-KV sweep, and optionally CUDA-vs-CPU logits agreement on one prompt.
  *
+ * Prefill GEMM knobs (lily_cuda_tuning, set before anything runs): --gemm-variant 0|1 (one-warp-row or
+ * 2D-tiled tensor-core GEMM), --moe-tile 0|16|32|64|128 (grouped MoE tile, 0 auto), --dense-tile
+ * 0|16|64|128; --moe-tile-sweep [LIST] prints prefill tok/s for prompt lengths (default 256..16384) x
+ * (variant, MoE tile) configurations, in chunks of --chunk tokens.
+ *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
  *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]
+ *                          [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]
  */
 #include <math.h>
 #include <stdio.h>
@@ -96,6 +102,7 @@ int main(int argc, char **argv)
 {
     const char *preset = "35b";
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, compare = 0, prefill = 512, tune = 0, compare_variants = 0, chunk = 512, prof_prefill = 0;
+    int gemm_variant = 0, moe_tile = 0, dense_tile = 0, tile_sweep[16], n_tile_sweep = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -108,8 +115,24 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--compare-variants")) compare_variants = 1;
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]", argv[0]);
+        else if (!strcmp(argv[i], "--gemm-variant") && i + 1 < argc) gemm_variant = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--moe-tile") && i + 1 < argc) moe_tile = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dense-tile") && i + 1 < argc) dense_tile = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--moe-tile-sweep")) {
+            if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
+                n_tile_sweep = parse_list(argv[++i], tile_sweep, 16);
+            else
+                for (int p = 256; p <= 16384; p *= 2)
+                    tile_sweep[n_tile_sweep++] = p;
+        }
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N] [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]", argv[0]);
     }
+    lily_cuda_tuning knobs = LILY_CUDA_TUNING_DEFAULT;
+    knobs.gemm_variant = gemm_variant;
+    knobs.moe_tile = moe_tile;
+    knobs.dense_tile = dense_tile;
+    lily_cuda_set_tuning(&knobs);
+    printf("prefill GEMM knobs: gemm_variant %d, moe_tile %d, dense_tile %d (0: auto)\n", gemm_variant, moe_tile, dense_tile);
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
             depths[n_depths++] = d;
@@ -141,12 +164,14 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
     for (int i = 0; i < n_prof; i++) max_depth = prof[i] > max_depth ? prof[i] : max_depth;
     if (sweep && max_depth < 131072) max_depth = 131072;
-    const int max_ctx = max_depth + n_gen + 64 > prefill + 64 ? max_depth + n_gen + 64 : prefill + 64;
+    int max_prompt = prefill > compare ? prefill : compare;
+    for (int i = 0; i < n_tile_sweep; i++) max_prompt = tile_sweep[i] > max_prompt ? tile_sweep[i] : max_prompt;
+    const int max_ctx = max_depth + n_gen + 64 > max_prompt + 64 ? max_depth + n_gen + 64 : max_prompt + 64;
     void *st = NULL;
     if (be.ops->state_new(be.ctx, max_ctx, &st, &err) != LILY_OK)
         DIE("state: %s", err.message);
 
-    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)(prefill > compare ? prefill : compare) + 64));
+    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)max_prompt + 64));
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
     if (!toks || !out) DIE("oom");
 
@@ -183,6 +208,53 @@ int main(int argc, char **argv)
                            p.ms[k], 100.0 * p.ms[k] / p.total_ms);
             printf("| total | %.3f | (%.0f tok/s) |\n", p.total_ms, m / (p.total_ms * 1e-3));
         }
+        free(lg);
+    }
+
+    if (n_tile_sweep > 0) { /* prompt length x (GEMM variant, MoE tile) -> prefill tok/s */
+        static const int tcfg[][2] = {{0, 0}, {0, 16}, {0, 32}, {0, 64}, {1, 0}, {1, 64}, {1, 128}};
+        const int n_cfg = (int)(sizeof tcfg / sizeof tcfg[0]);
+        float *lg = malloc(sizeof(float) * cfg->vocab_size);
+        if (!lg) DIE("oom");
+        for (int i = 0; i < max_prompt; i++) toks[i] = rnd_token(cfg->vocab_size);
+        printf("\n## Prefill tok/s by prompt length x (GEMM variant, MoE tile), chunks of %d tokens (dense tile auto; best of the timed runs)\n\n| prompt |", chunk);
+        for (int k = 0; k < n_cfg; k++) {
+            if (tcfg[k][1]) printf(" v%d T%d |", tcfg[k][0], tcfg[k][1]);
+            else printf(" v%d auto |", tcfg[k][0]);
+        }
+        printf("\n|---:|");
+        for (int k = 0; k < n_cfg; k++) printf("---:|");
+        printf("\n");
+        for (int i = 0; i < n_tile_sweep; i++) {
+            const int p = tile_sweep[i];
+            const int reps = p >= 8192 ? 2 : 3;
+            printf("| %d |", p);
+            for (int k = 0; k < n_cfg; k++) {
+                lily_cuda_tuning kt = knobs;
+                kt.gemm_variant = tcfg[k][0];
+                kt.moe_tile = tcfg[k][1];
+                lily_cuda_set_tuning(&kt);
+                be.ops->state_reset(be.ctx, st); /* warm-up: kernel attributes, caches */
+                if (be.ops->forward(be.ctx, st, toks, p < chunk ? p : chunk, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+                    DIE("tile sweep: %s", err.message);
+                double best = 0;
+                for (int r = 0; r < reps; r++) {
+                    be.ops->state_reset(be.ctx, st);
+                    t0 = now_s();
+                    for (int q = 0; q < p; q += chunk) {
+                        const int m = p - q < chunk ? p - q : chunk;
+                        if (be.ops->forward(be.ctx, st, toks + q, m, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+                            DIE("tile sweep: %s", err.message);
+                    }
+                    const double tps = p / (now_s() - t0);
+                    best = tps > best ? tps : best;
+                }
+                printf(" %.0f |", best);
+                fflush(stdout);
+            }
+            printf("\n");
+        }
+        lily_cuda_set_tuning(&knobs);
         free(lg);
     }
 
@@ -253,8 +325,9 @@ int main(int argc, char **argv)
 
     if (tune) { /* knobs at depths 4096 and 131072 (where the context allows): PDL, GEMV shape, attention
                  * and DeltaNet decode kernels */
-        const lily_cuda_tuning kn[] = {{1, 0, 1, 1, 1, 0, 1}, {1, 0, 1, 1, 1, 1, 1}, {1, 0, 2, 1, 1, 0, 1}, {0, 0, 1, 1, 1, 0, 1},
-                                       {1, 0, 0, 1, 1, 0, 1}, {1, 0, 1, 0, 1, 0, 1}, {1, 0, 1, 1, 0, 0, 1}, {1, 0, 0, 0, 0, 1, 1}};
+        const lily_cuda_tuning kn[] = {{1, 0, 1, 1, 1, 0, 1, 0, 0, 0}, {1, 0, 1, 1, 1, 1, 1, 0, 0, 0}, {1, 0, 2, 1, 1, 0, 1, 0, 0, 0},
+                                       {0, 0, 1, 1, 1, 0, 1, 0, 0, 0}, {1, 0, 0, 1, 1, 0, 1, 0, 0, 0}, {1, 0, 1, 0, 1, 0, 1, 0, 0, 0},
+                                       {1, 0, 1, 1, 0, 0, 1, 0, 0, 0}, {1, 0, 0, 0, 0, 1, 1, 0, 0, 0}};
         const int td[2] = {4096, 131072};
         printf("\n## Launch knobs, decode tok/s\n\n| PDL | 4-bit GEMV + MoE on tensor cores (2: trigger after wait) | attention on tensor cores | DeltaNet decode scan | top-k in the router | d4096 | d131072 |\n|---|---|---|---|---|---:|---:|\n");
         for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {

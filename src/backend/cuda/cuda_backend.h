@@ -83,8 +83,12 @@ typedef struct {
     int gdn_decode;         /* one-token Gated DeltaNet scan kernel: 1, or 0 the general scan */
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
     int gdn_prefill;        /* Gated DeltaNet prefill (n > 1) by deltanet_prefill.cu: 1, or 0 the general scan */
+    /* prefill tensor-core GEMM (gemm_prefill.cuh; read at each launch, no capture involved) */
+    int gemm_variant;       /* 0: one-warp-row kernel for 16/32/64-token tiles; 1: 2D-warp-tiled kernel for 64/128 */
+    int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
+    int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1, 0, 0, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus
