@@ -8,7 +8,7 @@
  * Prefill GEMM knobs (lily_cuda_tuning, set before anything runs): --gemm-variant 0|1 (one-warp-row or
  * 2D-tiled tensor-core GEMM), --moe-tile 0|16|32|64|128 (grouped MoE tile, 0 auto), --dense-tile
  * 0|16|64|128; --moe-tile-sweep [LIST] prints prefill tok/s for prompt lengths (default 256..16384) x
- * (variant, MoE tile) configurations, in chunks of --chunk tokens.
+ * (variant, MoE tile, dense tile) configurations, in chunks of --chunk tokens.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
  *                          [--sweep-split] [--compare-cpu N [--compare-variants]] [--prefill N]
@@ -211,16 +211,18 @@ int main(int argc, char **argv)
         free(lg);
     }
 
-    if (n_tile_sweep > 0) { /* prompt length x (GEMM variant, MoE tile) -> prefill tok/s */
-        static const int tcfg[][2] = {{0, 0}, {0, 16}, {0, 32}, {0, 64}, {1, 0}, {1, 64}, {1, 128}};
+    if (n_tile_sweep > 0) { /* prompt length x (GEMM variant, MoE tile, dense tile; 0 auto) -> prefill tok/s */
+        static const int tcfg[][3] = {{0, 0, 0}, {0, 16, 0}, {0, 32, 0}, {0, 64, 0}, {1, 0, 0},
+                                      {1, 64, 0}, {1, 128, 0}, {1, 0, 64}, {1, 0, 128}};
         const int n_cfg = (int)(sizeof tcfg / sizeof tcfg[0]);
         float *lg = malloc(sizeof(float) * cfg->vocab_size);
         if (!lg) DIE("oom");
         for (int i = 0; i < max_prompt; i++) toks[i] = rnd_token(cfg->vocab_size);
-        printf("\n## Prefill tok/s by prompt length x (GEMM variant, MoE tile), chunks of %d tokens (dense tile auto; best of the timed runs)\n\n| prompt |", chunk);
+        printf("\n## Prefill tok/s by prompt length x GEMM variant / MoE tile / dense tile (a: auto), chunks of %d tokens, best of 2-3 runs\n\n| prompt |", chunk);
         for (int k = 0; k < n_cfg; k++) {
-            if (tcfg[k][1]) printf(" v%d T%d |", tcfg[k][0], tcfg[k][1]);
-            else printf(" v%d auto |", tcfg[k][0]);
+            printf(" v%d", tcfg[k][0]);
+            if (tcfg[k][1]) printf(" T%d", tcfg[k][1]); else printf(" Ta");
+            if (tcfg[k][2]) printf(" d%d |", tcfg[k][2]); else printf(" da |");
         }
         printf("\n|---:|");
         for (int k = 0; k < n_cfg; k++) printf("---:|");
@@ -233,6 +235,7 @@ int main(int argc, char **argv)
                 lily_cuda_tuning kt = knobs;
                 kt.gemm_variant = tcfg[k][0];
                 kt.moe_tile = tcfg[k][1];
+                kt.dense_tile = tcfg[k][2];
                 lily_cuda_set_tuning(&kt);
                 be.ops->state_reset(be.ctx, st); /* warm-up: kernel attributes, caches */
                 if (be.ops->forward(be.ctx, st, toks, p < chunk ? p : chunk, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
