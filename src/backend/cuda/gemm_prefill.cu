@@ -11,6 +11,8 @@
  * to fp16 integers with one LOP3 + one HSUB2/HFMA2 per pair (the activation columns are permuted to
  * the unpack order, gemm_perm16); 8-bit adds a PRMT; bf16 converts via fp32. Per group and row the
  * fp32 MMA sum folds as acc += s·Σqx + b·Σx; the epilogue multiplies by the row's activation scale.
+ * launch_gemm picks this kernel or the 2D-warp-tiled one (gemm_prefill_2d.cu; 128-token tiles, and 64
+ * with g_cuda_tuning.gemm_variant 1); the shared device helpers are in gemm_prefill_dev.cuh.
  */
 #include "gemm_prefill_dev.cuh"
 

@@ -1,7 +1,7 @@
 /* gemm_prefill.cuh — the tensor-core prefill path's launch interface: the activation pre-pass
  * (input transform + fp16 conversion), the dense / grouped (MoE) GEMM over MLX affine 4/8-bit or bf16
- * weights, and the MoE routing kernels (top-k, expert plan, combine). Kernels in gemm_prefill.cu and
- * moe_prefill.cu; the per-layer wiring in forward_prefill.cu.
+ * weights, and the MoE routing kernels (top-k, expert plan, combine). Kernels in gemm_prefill.cu,
+ * gemm_prefill_2d.cu and moe_prefill.cu; the per-layer wiring in forward_prefill.cu.
  *
  * Precision: activations are scaled per row by a power of two (largest |x| lands in [2^13, 2^14)) and
  * rounded to fp16 once; weights enter the MMA as exact small integers q (or bf16 -> fp16); per group of
