@@ -582,7 +582,8 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         bool map_ok = true;
         for (int e = 0; e < E && map_ok; e++)
             for (int j = 0; j * T < tw.rows_of[e]; j++, want_tiles++)
-                map_ok = want_tiles < moe_max_tiles(n, K, E, T) && tex[want_tiles] == e && tst[want_tiles] == off[e] + j * T;
+                map_ok = map_ok && want_tiles < moe_max_tiles(n, K, E, T) && tex[want_tiles] == e &&
+                         tst[want_tiles] == off[e] + j * T;
         map_ok = map_ok && ntl[0] == want_tiles;
         g_checks++;
         if (!map_ok) {
