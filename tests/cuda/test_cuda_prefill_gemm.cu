@@ -4,7 +4,8 @@
  * MoE block of forward_prefill.cu (router GEMM, top-k, expert plan, grouped gate/up + down GEMMs, shared
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
  * the rest get 0, 1 or many rows. Every case runs under each kernel variant and tile size (g_cuda_tuning
- * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128), the
+ * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128 with
+ * 8 warps and at 128 with 16), the
  * CPU twin computed once per case; a "note" line says whether a configuration reproduced the first
  * one's bits (expected: both kernels issue the same MMAs and folds per output). The MoE cases also
  * check the tile map against the rows per expert. Outputs are NaN-poisoned before each launch. Exits
@@ -156,14 +157,15 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 
 /* ---- kernel variant x tile configurations --------------------------------------------------------- */
 
-/* (gemm_variant, tile): gemm_kernel at 16/32/64-token tiles, gemm2d_kernel at 64/128 (gemm_prefill.cuh).
+/* (gemm_variant, tile): gemm_kernel at 16/32/64-token tiles, gemm2d_kernel at 64/128 (gemm_prefill.cuh;
+ * variant 2 at 128: the 16-warp instance, 8 warps for 8-bit weights).
  * The dense GEMM has no 32-token tile; the MoE block forces the grouped tile (its dense GEMMs take the
  * variant's automatic tile). */
 struct gemm_cfg {
     int variant, tile;
 };
-static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}};
-static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32}, {0, 64}, {1, 64}, {1, 128}, {1, 0}};
+static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}};
+static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {1, 0}};
 
 static void set_cfg(const gemm_cfg &k, bool moe)
 {

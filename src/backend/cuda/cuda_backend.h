@@ -84,7 +84,8 @@ typedef struct {
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
     int gdn_prefill;        /* Gated DeltaNet prefill (n > 1) by deltanet_prefill.cu: 1, or 0 the general scan */
     /* prefill tensor-core GEMM (gemm_prefill.cuh; read at each launch, no capture involved) */
-    int gemm_variant;       /* 0: one-warp-row kernel for 16/32/64-token tiles; 1: 2D-warp-tiled kernel for 64/128 */
+    int gemm_variant;       /* 0: one-warp-row kernel (16/32/64-token tiles); 1: 2D-warp-tiled kernel for 64/128
+                             * (8 warps); 2: as 1 with 16 warps at 128 tokens (4/16-bit weights) */
     int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
 } lily_cuda_tuning;

@@ -371,13 +371,13 @@ int gemm_grouped_tile(double avg_rows)
     const int forced = g_cuda_tuning.moe_tile;
     if (forced == 16 || forced == 32 || forced == 64 || forced == 128)
         return forced;
-    if (g_cuda_tuning.gemm_variant == 1 && avg_rows >= 160.0)
+    if (g_cuda_tuning.gemm_variant >= 1 && avg_rows >= 160.0)
         return 128;
     return avg_rows >= 48.0 ? 64 : avg_rows >= 24.0 ? 32 : 16;
 }
 
 /* Tokens per block of a dense GEMM: g_cuda_tuning.dense_tile when it is 16, 64 or 128, else 16 up to
- * 16 tokens, then 64 (gemm_variant 0) or 64 up to 64 tokens and 128 beyond (gemm_variant 1). */
+ * 16 tokens, then 64 (gemm_variant 0) or 64 up to 64 tokens and 128 beyond (gemm_variant 1, 2). */
 static int gemm_dense_tile(int n_tokens)
 {
     const int forced = g_cuda_tuning.dense_tile;
@@ -385,7 +385,7 @@ static int gemm_dense_tile(int n_tokens)
         return forced;
     if (n_tokens <= 16)
         return 16;
-    return g_cuda_tuning.gemm_variant == 1 && n_tokens > 64 ? 128 : 64;
+    return g_cuda_tuning.gemm_variant >= 1 && n_tokens > 64 ? 128 : 64;
 }
 
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
@@ -409,9 +409,11 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
             return cudaErrorInvalidValue;
         T = gemm_dense_tile(n_tokens);
     }
-    /* 128-token tiles exist only in the 2D-tiled kernel; 64 in both (the knob picks) */
-    if (T == 128 || (T == 64 && g_cuda_tuning.gemm_variant == 1))
-        return launch_gemm2d(a, n_tokens, grouped, T, s);
+    /* 128-token tiles exist only in the 2D-tiled kernel (16 warps with variant 2, else 8); 64 in both
+     * (the knob picks) */
+    const int variant = g_cuda_tuning.gemm_variant;
+    if (T == 128 || (T == 64 && variant >= 1))
+        return launch_gemm2d(a, n_tokens, grouped, T, variant == 2 ? 4 : 2, s);
     switch (a.m[0].bits) {
     case 4: return gemm_bits<4>(a, n_tokens, grouped, T, s);
     case 8: return gemm_bits<8>(a, n_tokens, grouped, T, s);

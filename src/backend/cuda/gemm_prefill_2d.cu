@@ -1,15 +1,17 @@
-/* gemm_prefill_2d.cu — the 2D-warp-tiled variant of the prefill tensor-core GEMM (g_cuda_tuning.gemm_variant
- * = 1, and every 128-token tile): the same operands, math and results as gemm_kernel in gemm_prefill.cu
+/* gemm_prefill_2d.cu — the 2D-warp-tiled variants of the prefill tensor-core GEMM (g_cuda_tuning.gemm_variant
+ * 1 or 2, and every 128-token tile): the same operands, math and results as gemm_kernel in gemm_prefill.cu
  * (bit for bit: every output element sees the same four MMAs per group in the same order and the same
  * fold), with less shared-memory traffic per MMA.
  *
- * gemm2d_kernel<BITS, NTW, EPI, GROUPED>: 256 threads (8 warps), a block owns 128 weight rows (SWIGLU:
- * 64 gate rows + the same 64 up rows) x T = 16·NTW tokens (64 or 128). The warps form a 4 x 2 grid:
- * warp w owns rows 32·(w & 3) .. +31 (two m16 tiles) and tokens TW·(w >> 2) .. +TW-1, TW = 8·NTW (NTW n8
- * tiles), so a dequantized A fragment feeds NTW MMAs and an activation (B) fragment two; per group and
- * warp the activation reads are TW x 128 B instead of T x 128 B (the one-warp-row kernel: every warp
- * reads all T rows). A warp whose tokens all lie past the tile's count (ragged MoE tiles) skips its
- * MMAs but keeps loading and synchronizing.
+ * gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>: 4·WN warps (WN = 2: 256 threads, 4: 512), a block owns 128
+ * weight rows (SWIGLU: 64 gate rows + the same 64 up rows) x T = 8·WN·NTW tokens. The warps form a
+ * 4 x WN grid: warp w owns rows 32·(w & 3) .. +31 (two m16 tiles) and tokens TW·(w >> 2) .. +TW-1,
+ * TW = 8·NTW (NTW n8 tiles), so a dequantized A fragment feeds NTW MMAs and an activation (B) fragment
+ * two; per group and warp the activation reads are TW x 128 B instead of T x 128 B (the one-warp-row
+ * kernel: every warp reads all T rows). Instances: (WN 2, NTW 4) = 64 tokens, (2, 8) = 128 tokens with
+ * 8 warps (variant 1), (4, 4) = 128 tokens with 16 warps of the 64-token kernel's register footprint
+ * (variant 2). A warp whose tokens all lie past the tile's count (ragged MoE tiles) skips its MMAs but
+ * keeps loading and synchronizing.
  * Pipeline: one 64-column quantization group per step, 4 cp.async stages (bf16: 3) of [weights: the
  * group's 32/64/128 bytes of 128 rows | activations: T rows x 128 B, 16-byte chunks XOR-swizzled by
  * row | T group sums | fp32 scale and bias of the 128 rows]. The scales/biases are plain loads held in
@@ -23,9 +25,10 @@
 #define GEMM2D_MIN_BLOCKS 1
 #endif
 
-template <int BITS, int NTW>
+template <int BITS, int WN, int NTW>
 struct gemm2d_shape {
-    static constexpr int T = 16 * NTW;             /* tokens per block */
+    static constexpr int NTHR = 128 * WN;          /* threads: 4 x WN warps */
+    static constexpr int T = 8 * WN * NTW;         /* tokens per block */
     static constexpr int TW = 8 * NTW;             /* tokens per warp */
     static constexpr int STAGES = BITS == 16 ? 3 : 4;
     static constexpr int WB = 8 * BITS;            /* weight bytes per row per group */
@@ -36,16 +39,18 @@ struct gemm2d_shape {
     static constexpr int SB_STAGE = BITS < 16 ? 2 * GEMM_ROWS * 4 : 0; /* [scale[128] | bias[128]] fp32 */
     static constexpr int STAGE = W_STAGE + X_STAGE + XS_STAGE + SB_STAGE;
     static constexpr int SMEM = STAGES * STAGE;
-    static constexpr int WPT = GEMM_ROWS * CPR / GEMM_THREADS; /* weight chunks per thread per stage */
+    static constexpr int WCH = GEMM_ROWS * CPR;    /* weight chunks per stage */
+    static constexpr int WPT = (WCH + NTHR - 1) / NTHR; /* per thread (the last round may be partial) */
     static constexpr int G_STRIDE = T + 4;         /* SWIGLU gate staging: floats per row */
 };
 
-template <int BITS, int NTW, int EPI, bool GROUPED>
-__global__ void __launch_bounds__(GEMM_THREADS, GEMM2D_MIN_BLOCKS) gemm2d_kernel(gemm_args a, int n_tokens)
+template <int BITS, int WN, int NTW, int EPI, bool GROUPED>
+__global__ void __launch_bounds__(128 * WN, GEMM2D_MIN_BLOCKS) gemm2d_kernel(gemm_args a, int n_tokens)
 {
-    typedef gemm2d_shape<BITS, NTW> S;
+    typedef gemm2d_shape<BITS, WN, NTW> S;
     constexpr int T = S::T, TW = S::TW, NS = S::STAGES;
     static_assert(S::STAGE % 16 == 0, "stage alignment");
+    static_assert(T * 8 % S::NTHR == 0 && T <= S::NTHR && 2 * GEMM_ROWS <= S::NTHR, "thread roles");
     static_assert(S::SMEM >= 64 * S::G_STRIDE * 4, "SWIGLU epilogue needs 64 x (T + 4) floats");
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int s_tok[T];
@@ -53,6 +58,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM2D_MIN_BLOCKS) gemm2d_kernel
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
     const int wm = warp & 3, wn = warp >> 2; /* rows 32wm .. 32wm+31, tokens TW·wn .. TW·wn+TW-1 */
+    constexpr bool w_all = S::WPT * S::NTHR == S::WCH; /* every thread has WPT weight chunks */
 
     int e = 0, base, count;
     if (GROUPED) {
@@ -85,17 +91,19 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM2D_MIN_BLOCKS) gemm2d_kernel
     bool wok[S::WPT];
 #pragma unroll
     for (int i = 0; i < S::WPT; i++) {
-        const int q = tid + i * GEMM_THREADS, br = q / S::CPR, part = q % S::CPR;
+        const int q = tid + i * S::NTHR, part = q % S::CPR;
+        const int br = w_all ? q / S::CPR : (q / S::CPR) & (GEMM_ROWS - 1);
         int mi, lr;
-        wok[i] = gemm_row<EPI>(a, br, mi, lr);
+        wok[i] = gemm_row<EPI>(a, br, mi, lr); /* q >= WCH (partial last round): no copy at all */
         const dmat &m = a.m[mi];
         wsrc[i] = wok[i] ? m.data + ((int64_t)e * m.rows + lr) * m.row_bytes + part * 16
                          : reinterpret_cast<const unsigned char *>(a.act.x);
         wdst[i] = br * S::WB + (BITS == 16 ? (part ^ (br & 1)) : part) * 16;
     }
-    /* thread tid stages the scale (tid < 128) or bias (tid >= 128) of block row tid & 127 */
+    /* thread tid < 256 stages the scale (tid < 128) or bias (tid >= 128) of block row tid & 127 */
+    const bool sb_thread = S::NTHR == 2 * GEMM_ROWS || tid < 2 * GEMM_ROWS;
     const __nv_bfloat16 *sbp = NULL;
-    if (BITS < 16) {
+    if (BITS < 16 && sb_thread) {
         int mi, lr;
         if (gemm_row<EPI>(a, tid & (GEMM_ROWS - 1), mi, lr)) {
             const dmat &m = a.m[mi];
@@ -108,11 +116,12 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM2D_MIN_BLOCKS) gemm2d_kernel
         unsigned char *sw = smem + st * S::STAGE;
 #pragma unroll
         for (int i = 0; i < S::WPT; i++)
-            cp_async16(sw + wdst[i], wok[i] ? wsrc[i] + (size_t)k * S::WB : wsrc[i], wok[i]);
+            if (w_all || tid + i * S::NTHR < S::WCH)
+                cp_async16(sw + wdst[i], wok[i] ? wsrc[i] + (size_t)k * S::WB : wsrc[i], wok[i]);
         unsigned char *sx = sw + S::W_STAGE;
 #pragma unroll
-        for (int i = 0; i < T * 8 / GEMM_THREADS; i++) {
-            const int q = tid + i * GEMM_THREADS, r = q >> 3, c = q & 7;
+        for (int i = 0; i < T * 8 / S::NTHR; i++) {
+            const int q = tid + i * S::NTHR, r = q >> 3, c = q & 7;
             const __half *src = a.act.x + (size_t)s_tok[r] * cols + k * 64 + c * 8;
             cp_async16(sx + r * 128 + ((c ^ (r & 7)) * 16), src, r < count);
         }
@@ -139,7 +148,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM2D_MIN_BLOCKS) gemm2d_kernel
      * the barrier that frees the slot (its previous group, k - NS, was read at step k - NS) and at
      * least one barrier before step k reads it; sbv carries the next group's raw value one step */
     __nv_bfloat16 sbv = __float2bfloat16(0.0f);
-    if (BITS < 16) {
+    if (BITS < 16 && sb_thread) {
 #pragma unroll
         for (int k = 0; k < NS - 2; k++)
             if (k < n_groups)
@@ -157,7 +166,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM2D_MIN_BLOCKS) gemm2d_kernel
                 load_stage(kn, kn % NS);
             cp_async_commit();
         }
-        if (BITS < 16) {
+        if (BITS < 16 && sb_thread) {
             const int ks = k + NS - 2;
             if (ks < n_groups) {
                 sb_slot(ks)[tid] = sbp ? bf2f(sbv) : 0.0f;
@@ -276,13 +285,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM2D_MIN_BLOCKS) gemm2d_kernel
 
 /* ---- dispatch ---------------------------------------------------------------------------------------- */
 
-template <int BITS, int NTW, int EPI, bool GROUPED>
+template <int BITS, int WN, int NTW, int EPI, bool GROUPED>
 static cudaError_t gemm2d_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
-    typedef gemm2d_shape<BITS, NTW> S;
+    typedef gemm2d_shape<BITS, WN, NTW> S;
     static bool attr_set = false;
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(gemm2d_kernel<BITS, NTW, EPI, GROUPED>,
+        cudaError_t e = cudaFuncSetAttribute(gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
         if (e != cudaSuccess)
             return e;
@@ -294,40 +303,42 @@ static cudaError_t gemm2d_go(const gemm_args &a, int n_tokens, cudaStream_t s)
     const int gy = GROUPED ? a.max_tiles : (n_tokens + S::T - 1) / S::T;
     if (gx <= 0 || gy <= 0 || gy > 65535)
         return cudaErrorInvalidValue;
-    gemm2d_kernel<BITS, NTW, EPI, GROUPED><<<dim3(gx, gy), GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
+    gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED><<<dim3(gx, gy), S::NTHR, S::SMEM, s>>>(a, n_tokens);
     return cudaGetLastError();
 }
 
-template <int BITS, int NTW>
+template <int BITS, int WN, int NTW>
 static cudaError_t gemm2d_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
     if (grouped) {
-        if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, NTW, GEMM_EPI_STORE, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, NTW, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
-    if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, NTW, GEMM_EPI_STORE, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_ADD) return gemm2d_go<BITS, NTW, GEMM_EPI_ADD, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, NTW, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_ADD) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_ADD, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
     return cudaErrorInvalidValue;
 }
 
 template <int BITS>
-static cudaError_t gemm2d_bits(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
+static cudaError_t gemm2d_bits(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s)
 {
-    switch (T) {
-    case 64: return gemm2d_epi<BITS, 4>(a, n_tokens, grouped, s);
-    case 128: return gemm2d_epi<BITS, 8>(a, n_tokens, grouped, s);
-    default: return cudaErrorInvalidValue;
-    }
+    if (T == 64)
+        return gemm2d_epi<BITS, 2, 4>(a, n_tokens, grouped, s);
+    if (T == 128 && wn == 4 && BITS != 8) /* 8-bit: 16 warps would spill (128-register cap) */
+        return gemm2d_epi<BITS, BITS == 8 ? 2 : 4, BITS == 8 ? 8 : 4>(a, n_tokens, grouped, s);
+    if (T == 128)
+        return gemm2d_epi<BITS, 2, 8>(a, n_tokens, grouped, s);
+    return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
+cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s)
 {
     switch (a.m[0].bits) {
-    case 4: return gemm2d_bits<4>(a, n_tokens, grouped, T, s);
-    case 8: return gemm2d_bits<8>(a, n_tokens, grouped, T, s);
-    case 16: return gemm2d_bits<16>(a, n_tokens, grouped, T, s);
+    case 4: return gemm2d_bits<4>(a, n_tokens, grouped, T, wn, s);
+    case 8: return gemm2d_bits<8>(a, n_tokens, grouped, T, wn, s);
+    case 16: return gemm2d_bits<16>(a, n_tokens, grouped, T, wn, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -13,9 +13,11 @@
 #define GEMM_THREADS 256
 #define GEMM_ROWS 128
 
-/* The 2D-warp-tiled kernel (gemm_prefill_2d.cu) for T = 64 or 128 tokens per block, called by launch_gemm
- * after it has checked the arguments. cudaErrorInvalidValue for other T or bits. */
-cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s);
+/* The 2D-warp-tiled kernel (gemm_prefill_2d.cu) for T = 64 or 128 tokens per block with wn token-warps
+ * (T 128: wn 2 = 8 warps of 64 tokens, wn 4 = 16 warps of 32 except for 8-bit weights; T 64: 8 warps
+ * of 32), called by launch_gemm after it has checked the arguments. cudaErrorInvalidValue for other T
+ * or bits. */
+cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s);
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
 {
