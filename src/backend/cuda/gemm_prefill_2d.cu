@@ -20,7 +20,8 @@
  */
 #include "gemm_prefill_dev.cuh"
 
-/* 1 block per SM lets ptxas use up to 255 registers; 2 caps it at 128 (checked with -Xptxas -v) */
+/* Blocks per SM promised to ptxas for the 8-warp instances: 1 lets it use up to 255 registers, 2 caps
+ * them at 128 (the 128-token instance then spills a little; -Xptxas -v). 16-warp instances: always 1. */
 #ifndef GEMM2D_MIN_BLOCKS
 #define GEMM2D_MIN_BLOCKS 1
 #endif
@@ -45,7 +46,7 @@ struct gemm2d_shape {
 };
 
 template <int BITS, int WN, int NTW, int EPI, bool GROUPED>
-__global__ void __launch_bounds__(128 * WN, GEMM2D_MIN_BLOCKS) gemm2d_kernel(gemm_args a, int n_tokens)
+__global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gemm2d_kernel(gemm_args a, int n_tokens)
 {
     typedef gemm2d_shape<BITS, WN, NTW> S;
     constexpr int T = S::T, TW = S::TW, NS = S::STAGES;
@@ -229,9 +230,10 @@ __global__ void __launch_bounds__(128 * WN, GEMM2D_MIN_BLOCKS) gemm2d_kernel(gem
 #pragma unroll
                 for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        s_g[(wm * 32 + mt * 16 + g + 8 * (i >> 1)) * S::G_STRIDE + wn * TW + nt * 8 + tig * 2 + (i & 1)] =
-                            acc[mt][nt][i];
+                    for (int i = 0; i < 4; i++) {
+                        const int br = wm * 32 + mt * 16 + g + 8 * (i >> 1), tok = wn * TW + nt * 8 + tig * 2 + (i & 1);
+                        s_g[br * S::G_STRIDE + tok] = acc[mt][nt][i];
+                    }
         __syncthreads();
         if (wm >= 2) {
 #pragma unroll
