@@ -6,11 +6,17 @@
  * an optional split-KV sweep, and knob A/Bs (`--tune`; `--knobs SPEC` sets them for the whole run,
  * bench/cuda_knobs.h). CUDA-vs-CPU agreement is bench_cuda_accuracy's job.
  *
+ * Prefill GEMM knobs (lily_cuda_tuning, set before anything runs): --gemm-variant 0|1|2 (one-warp-row,
+ * 2D-tiled, 2D-tiled with 16 warps at 128 tokens), --moe-tile 0|16|32|64|128 (grouped MoE tile, 0 auto), --dense-tile
+ * 0|16|64|128; --moe-tile-sweep [LIST] prints prefill tok/s for prompt lengths (default 256..16384) x
+ * (variant, MoE tile, dense tile) configurations, in chunks of --chunk tokens.
+ *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
  *                          [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--gdn-prefill LIST]
  * --gdn-prefill LIST (e.g. 1,2): the DeltaNet prefill knob (lily_cuda_tuning.gdn_prefill: 1 recurrence,
  * 2 chunked, 3 chunked from GDN_CHUNKED_MIN_TOKENS); the prefill timing (and --profile-prefill) runs once
  * per value, the first value stays set for everything else.
+ *                          [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]
  */
 #include <math.h>
 #include <stdio.h>
@@ -69,6 +75,7 @@ int main(int argc, char **argv)
     const char *preset = "35b";
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, tune = 0, chunk = 512, prof_prefill = 0, gdn_list[8], n_gdn = 0;
     lily_cuda_tuning knobs = LILY_CUDA_TUNING_DEFAULT;
+    int gemm_variant = -1, moe_tile = -1, dense_tile = -1, tile_sweep[16], n_tile_sweep = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -82,13 +89,27 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
-        else if (!strcmp(argv[i], "--gdn-prefill") && i + 1 < argc) n_gdn = parse_list(argv[++i], gdn_list, 8);
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill] [--gdn-prefill LIST]", argv[0]);
+        else if (!strcmp(argv[i], "--gemm-variant") && i + 1 < argc) gemm_variant = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--moe-tile") && i + 1 < argc) moe_tile = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dense-tile") && i + 1 < argc) dense_tile = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--moe-tile-sweep")) {
+            if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
+                n_tile_sweep = parse_list(argv[++i], tile_sweep, 16);
+            else
+                for (int p = 256; p <= 16384; p *= 2)
+                    tile_sweep[n_tile_sweep++] = p;
+        }
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill] [--gdn-prefill LIST] [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]", argv[0]);
     }
     const int gdn_prefill = n_gdn > 0 ? gdn_list[0] : -1;
     if (gdn_prefill >= 0)
         knobs.gdn_prefill = gdn_prefill;
-    }
+    if (gemm_variant >= 0)
+        knobs.gemm_variant = gemm_variant;
+    if (moe_tile >= 0)
+        knobs.moe_tile = moe_tile;
+    if (dense_tile >= 0)
+        knobs.dense_tile = dense_tile;
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
             depths[n_depths++] = d;
@@ -124,12 +145,14 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
     for (int i = 0; i < n_prof; i++) max_depth = prof[i] > max_depth ? prof[i] : max_depth;
     if (sweep && max_depth < 131072) max_depth = 131072;
-    const int max_ctx = max_depth + n_gen + 64 > prefill + 64 ? max_depth + n_gen + 64 : prefill + 64;
+    int max_prompt = prefill;
+    for (int i = 0; i < n_tile_sweep; i++) max_prompt = tile_sweep[i] > max_prompt ? tile_sweep[i] : max_prompt;
+    const int max_ctx = max_depth + n_gen + 64 > max_prompt + 64 ? max_depth + n_gen + 64 : max_prompt + 64;
     void *st = NULL;
     if (be.ops->state_new(be.ctx, max_ctx, &st, &err) != LILY_OK)
         DIE("state: %s", err.message);
 
-    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)prefill + 64));
+    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)max_prompt + 64));
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
     if (!toks || !out) DIE("oom");
 
@@ -176,6 +199,56 @@ int main(int argc, char **argv)
     }
     if (n_gdn > 1)
         lily_cuda_set_tuning(&knobs);
+
+    if (n_tile_sweep > 0) { /* prompt length x (GEMM variant, MoE tile, dense tile; 0 auto) -> prefill tok/s */
+        static const int tcfg[][3] = {{0, 0, 0}, {0, 16, 0}, {0, 32, 0}, {0, 64, 0}, {1, 0, 0}, {1, 64, 0},
+                                      {1, 128, 0}, {1, 0, 64}, {1, 0, 128}, {2, 0, 0}, {2, 128, 0}};
+        const int n_cfg = (int)(sizeof tcfg / sizeof tcfg[0]);
+        float *lg = malloc(sizeof(float) * cfg->vocab_size);
+        if (!lg) DIE("oom");
+        for (int i = 0; i < max_prompt; i++) toks[i] = rnd_token(cfg->vocab_size);
+        printf("\n## Prefill tok/s by prompt length x GEMM variant / MoE tile / dense tile (a: auto), chunks of %d tokens, best of 2-3 runs\n\n| prompt |", chunk);
+        for (int k = 0; k < n_cfg; k++) {
+            printf(" v%d", tcfg[k][0]);
+            if (tcfg[k][1]) printf(" T%d", tcfg[k][1]); else printf(" Ta");
+            if (tcfg[k][2]) printf(" d%d |", tcfg[k][2]); else printf(" da |");
+        }
+        printf("\n|---:|");
+        for (int k = 0; k < n_cfg; k++) printf("---:|");
+        printf("\n");
+        for (int i = 0; i < n_tile_sweep; i++) {
+            const int p = tile_sweep[i];
+            const int reps = p >= 8192 ? 2 : 3;
+            printf("| %d |", p);
+            for (int k = 0; k < n_cfg; k++) {
+                lily_cuda_tuning kt = knobs;
+                kt.gemm_variant = tcfg[k][0];
+                kt.moe_tile = tcfg[k][1];
+                kt.dense_tile = tcfg[k][2];
+                lily_cuda_set_tuning(&kt);
+                be.ops->state_reset(be.ctx, st); /* warm-up: kernel attributes, caches */
+                if (be.ops->forward(be.ctx, st, toks, p < chunk ? p : chunk, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+                    DIE("tile sweep: %s", err.message);
+                double best = 0;
+                for (int r = 0; r < reps; r++) {
+                    be.ops->state_reset(be.ctx, st);
+                    t0 = now_s();
+                    for (int q = 0; q < p; q += chunk) {
+                        const int m = p - q < chunk ? p - q : chunk;
+                        if (be.ops->forward(be.ctx, st, toks + q, m, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+                            DIE("tile sweep: %s", err.message);
+                    }
+                    const double tps = p / (now_s() - t0);
+                    best = tps > best ? tps : best;
+                }
+                printf(" %.0f |", best);
+                fflush(stdout);
+            }
+            printf("\n");
+        }
+        lily_cuda_set_tuning(&knobs);
+        free(lg);
+    }
 
     printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
     printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token |\n");

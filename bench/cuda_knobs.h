@@ -25,6 +25,9 @@ static const struct {
     {"att_prefill", offsetof(lily_cuda_tuning, att_prefill)},
     {"moe_gate_up_blocks", offsetof(lily_cuda_tuning, moe_gate_up_blocks)},
     {"gemv_mma_blocks", offsetof(lily_cuda_tuning, gemv_mma_blocks)},
+    {"gemm_variant", offsetof(lily_cuda_tuning, gemm_variant)},
+    {"moe_tile", offsetof(lily_cuda_tuning, moe_tile)},
+    {"dense_tile", offsetof(lily_cuda_tuning, dense_tile)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

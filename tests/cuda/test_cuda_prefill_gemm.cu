@@ -3,7 +3,13 @@
  * store / add output; batches of matrices with odd row counts; n = 1, 2, 7, 64, 513) and the whole
  * MoE block of forward_prefill.cu (router GEMM, top-k, expert plan, grouped gate/up + down GEMMs, shared
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
- * the rest get 0, 1 or many rows. Outputs are NaN-poisoned before each launch. Exits 77 without a GPU.
+ * the rest get 0, 1 or many rows. Every case runs under each kernel variant and tile size (g_cuda_tuning
+ * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128 with
+ * 8 warps and at 128 with 16), the
+ * CPU twin computed once per case; a "note" line says whether a configuration reproduced the first
+ * one's bits (expected: both kernels issue the same MMAs and folds per output). The MoE cases also
+ * check the tile map against the rows per expert. Outputs are NaN-poisoned before each launch. Exits
+ * 77 without a GPU.
  *
  * Error bound: activations are rounded to fp16 once (relative 2^-12 after the per-row power-of-two
  * scaling), weights are exact, accumulation fp32: |gpu - cpu| <= rel * Σ|terms| + 1e-5 with rel = 1e-3
@@ -149,6 +155,44 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
     upload(m);
 }
 
+/* ---- kernel variant x tile configurations --------------------------------------------------------- */
+
+/* (gemm_variant, tile): gemm_kernel at 16/32/64-token tiles, gemm2d_kernel at 64/128 (gemm_prefill.cuh;
+ * variant 2 at 128: the 16-warp instance, 8 warps for 8-bit weights).
+ * The dense GEMM has no 32-token tile; the MoE block forces the grouped tile (its dense GEMMs take the
+ * variant's automatic tile). */
+struct gemm_cfg {
+    int variant, tile;
+};
+static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}};
+static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {1, 0}};
+
+static void set_cfg(const gemm_cfg &k, bool moe)
+{
+    g_cuda_tuning.gemm_variant = k.variant;
+    g_cuda_tuning.moe_tile = moe ? k.tile : 0;
+    g_cuda_tuning.dense_tile = moe ? 0 : k.tile;
+}
+
+static void reset_cfg(void)
+{
+    g_cuda_tuning.gemm_variant = 0;
+    g_cuda_tuning.moe_tile = 0;
+    g_cuda_tuning.dense_tile = 0;
+}
+
+/* Informational: are two runs' outputs the same bits (both kernels do the same MMAs and folds)? */
+static void note_same(const char *what, const std::vector<float> &a, const std::vector<float> &b)
+{
+    if (a.size() != b.size())
+        return;
+    size_t diff = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    printf("note %s: %s the first configuration's bits (%zu of %zu differ)\n", what, diff ? "differs from" : "same as",
+           diff, a.size());
+}
+
 /* ---- dense GEMM ------------------------------------------------------------------------------------- */
 
 static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
@@ -174,7 +218,7 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
     const int hd = 32;
     std::vector<float> z = rand_vec((size_t)n * cols, -2, 2), gw = rand_vec(hd, 0.5f, 1.5f);
     std::vector<float> y0 = rand_vec((size_t)n * stride, -1, 1);
-    float *dy = out_mode == GEMV_OUT_ADD ? dev_copy(y0) : dev_nan((size_t)n * stride);
+    float *dy = dev_nan((size_t)n * stride);
     int off = 0;
     for (int k = 0; k < n_mats; k++) {
         b.y[k] = dy + off;
@@ -207,23 +251,9 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
     a.n_mats = n_mats;
     a.act = ga;
     a.epi = out_mode == GEMV_OUT_ADD ? GEMM_EPI_ADD : GEMM_EPI_STORE;
-    cudaError_t e = launch_gemm_prep(in, cols, n, ga, 0);
-    if (e == cudaSuccess)
-        e = launch_gemm(a, n, 0);
-    if (e == cudaSuccess)
-        e = cudaDeviceSynchronize();
-    char what[160];
-    snprintf(what, sizeof what, "gemm bits %2d cols %4d rows %4d n %3d in %d out %d mats %d", bits, cols, rows, n, mode,
-             out_mode, n_mats);
-    if (e != cudaSuccess) {
-        printf("FAIL %s: launch %s\n", what, cudaGetErrorString(e));
-        g_fail++;
-        cudaGetLastError();
-        return;
-    }
-    std::vector<float> got = host_copy(dy, (size_t)n * stride);
+
+    /* CPU twin, once for every configuration */
     std::vector<double> want((size_t)n * total), mag((size_t)n * total);
-    std::vector<float> gotc((size_t)n * total);
     std::vector<double> x(cols);
     for (int t = 0; t < n; t++) {
         ref_gemv_input(mode, &act[(size_t)t * cols], cols, nw, gw, hd, z, t, x);
@@ -238,25 +268,159 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
                 if (out_mode == GEMV_OUT_ADD) acc += y0[(size_t)t * stride + o], mg += fabs(y0[(size_t)t * stride + o]);
                 want[(size_t)t * total + o] = acc;
                 mag[(size_t)t * total + o] = mg;
-                gotc[(size_t)t * total + o] = got[(size_t)t * stride + o];
             }
     }
-    check(what, gotc, want, mag, 1e-3);
-    /* the padding column past the batch's rows stays untouched */
-    if (out_mode != GEMV_OUT_ADD) {
+    std::vector<float> first;
+    for (const gemm_cfg &k : k_dense_cfgs) {
+        set_cfg(k, false);
+        if (out_mode == GEMV_OUT_ADD)
+            CK(cudaMemcpy(dy, y0.data(), y0.size() * sizeof(float), cudaMemcpyHostToDevice));
+        else
+            CK(cudaMemset(dy, 0xff, (size_t)n * stride * sizeof(float)));
+        cudaError_t e = launch_gemm_prep(in, cols, n, ga, 0);
+        if (e == cudaSuccess)
+            e = launch_gemm(a, n, 0);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+        char what[200];
+        snprintf(what, sizeof what, "gemm v%d T%3d bits %2d cols %4d rows %4d n %3d in %d out %d mats %d", k.variant,
+                 k.tile, bits, cols, rows, n, mode, out_mode, n_mats);
+        if (e != cudaSuccess) {
+            printf("FAIL %s: launch %s\n", what, cudaGetErrorString(e));
+            g_fail++;
+            cudaGetLastError();
+            continue;
+        }
+        std::vector<float> got = host_copy(dy, (size_t)n * stride);
+        std::vector<float> gotc((size_t)n * total);
+        for (int t = 0; t < n; t++)
+            for (int o = 0; o < total; o++)
+                gotc[(size_t)t * total + o] = got[(size_t)t * stride + o];
+        check(what, gotc, want, mag, 1e-3);
+        if (first.empty())
+            first = gotc;
+        else
+            note_same(what, gotc, first);
+        /* the padding column past the batch's rows stays untouched */
         bool ok = true;
         for (int t = 0; t < n; t++)
-            for (int c = total; c < stride; c++)
-                ok = ok && got[(size_t)t * stride + c] != got[(size_t)t * stride + c];
+            for (int c = total; c < stride; c++) {
+                const float p = got[(size_t)t * stride + c], q = y0[(size_t)t * stride + c];
+                ok = ok && (out_mode == GEMV_OUT_ADD ? memcmp(&p, &q, sizeof p) == 0 : p != p);
+            }
         g_checks++;
         if (!ok) {
             g_fail++;
             printf("FAIL %s: wrote past the last row\n", what);
         }
     }
+    reset_cfg();
 }
 
 /* ---- the MoE block (forward_prefill.cu) -------------------------------------------------------------- */
+
+/* CPU twin of the MoE block given the GPU's router logits lg (top-k taken from them, so near-ties
+ * cannot flip an expert): per-slot hid and down outputs (slot = t·(K+1) + k, k == K the shared expert),
+ * the block output, and the rows per expert. */
+struct moe_twin {
+    std::vector<double> want, mag, lw, lm, hw, hmg, yw, ymg;
+    std::vector<int> idx, rows_of; /* [n][K], [E] */
+    std::vector<double> wts;       /* [n][K] renormalised routing weights */
+};
+
+static void moe_reference(const hmat &rt, const hmat &sgt, const hmat &g, const hmat &u, const hmat &d, const hmat &sg,
+                          const hmat &su, const hmat &sd, const std::vector<float> &h, const std::vector<float> &nw,
+                          const std::vector<float> &lg, int H, int E, int K, int inter, int n, moe_twin &tw)
+{
+    tw.want.assign((size_t)n * H, 0.0);
+    tw.mag.assign((size_t)n * H, 0.0);
+    tw.lw.assign((size_t)n * (E + 1), 0.0);
+    tw.lm.assign((size_t)n * (E + 1), 0.0);
+    tw.hw.assign((size_t)n * (K + 1) * inter, 0.0);
+    tw.hmg.assign((size_t)n * (K + 1) * inter, 0.0);
+    tw.yw.assign((size_t)n * (K + 1) * H, 0.0);
+    tw.ymg.assign((size_t)n * (K + 1) * H, 0.0);
+    tw.idx.assign((size_t)n * K, 0);
+    tw.wts.assign((size_t)n * K, 0.0);
+    tw.rows_of.assign(E, 0);
+    for (int t = 0; t < n; t++) {
+        std::vector<double> x(H);
+        double ss = 0;
+        for (int cc = 0; cc < H; cc++) ss += (double)h[(size_t)t * H + cc] * h[(size_t)t * H + cc];
+        const double r = 1.0 / sqrt(ss / H + 1e-6);
+        for (int cc = 0; cc < H; cc++) x[cc] = h[(size_t)t * H + cc] * r * nw[cc];
+        for (int e = 0; e <= E; e++) {
+            const hmat &R = e < E ? rt : sgt;
+            const int row = e < E ? e : 0;
+            double acc = 0, mg = 0;
+            for (int cc = 0; cc < H; cc++) {
+                acc += (double)R.w[(size_t)row * H + cc] * x[cc];
+                mg += fabs((double)R.w[(size_t)row * H + cc] * x[cc]);
+            }
+            tw.lw[(size_t)t * (E + 1) + e] = acc;
+            tw.lm[(size_t)t * (E + 1) + e] = mg;
+        }
+        const float *l = &lg[(size_t)t * (E + 1)];
+        std::vector<int> idx;
+        std::vector<bool> taken(E, false);
+        std::vector<double> p;
+        double sel = 0;
+        for (int k = 0; k < K; k++) {
+            int bi = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (bi < 0 || l[e] > l[bi])) bi = e;
+            taken[bi] = true;
+            idx.push_back(bi);
+            tw.rows_of[bi]++;
+            p.push_back(exp((double)l[bi] - l[idx[0]]));
+            sel += p.back();
+        }
+        for (int k = 0; k < K; k++) {
+            tw.idx[(size_t)t * K + k] = idx[k];
+            tw.wts[(size_t)t * K + k] = p[k] / sel;
+        }
+        std::vector<double> out(H, 0.0), om(H, 0.0);
+        for (int k = 0; k <= K; k++) {
+            const size_t slot = (size_t)t * (K + 1) + k;
+            const bool sh = k == K;
+            const hmat &G = sh ? sg : g, &U = sh ? su : u, &Dm = sh ? sd : d;
+            const size_t eb = sh ? 0 : (size_t)idx[k];
+            const double wk = sh ? 1.0 / (1.0 + exp(-(double)l[E])) : p[k] / sel;
+            std::vector<double> hid(inter), hm(inter);
+            for (int i = 0; i < inter; i++) {
+                double a1 = 0, a2 = 0, m1 = 0, m2 = 0;
+                for (int cc = 0; cc < H; cc++) {
+                    a1 += (double)G.w[(eb * inter + i) * H + cc] * x[cc];
+                    a2 += (double)U.w[(eb * inter + i) * H + cc] * x[cc];
+                    m1 += fabs((double)G.w[(eb * inter + i) * H + cc] * x[cc]);
+                    m2 += fabs((double)U.w[(eb * inter + i) * H + cc] * x[cc]);
+                }
+                hid[i] = silu_d(a1) * a2;
+                /* magnitude of hid's error terms: |silu'| <= 1.1 */
+                hm[i] = fabs(hid[i]) + 1.1 * m1 * fabs(a2) + fabs(silu_d(a1)) * m2;
+                tw.hw[slot * inter + i] = hid[i];
+                tw.hmg[slot * inter + i] = hm[i];
+            }
+            for (int rr = 0; rr < H; rr++) {
+                double acc = 0, mg = 0;
+                for (int i = 0; i < inter; i++) {
+                    acc += (double)Dm.w[(eb * H + rr) * inter + i] * hid[i];
+                    mg += fabs((double)Dm.w[(eb * H + rr) * inter + i]) * hm[i];
+                }
+                out[rr] += wk * acc;
+                om[rr] += fabs(wk) * mg;
+                tw.yw[slot * H + rr] = acc;
+                tw.ymg[slot * H + rr] = mg;
+            }
+        }
+        for (int rr = 0; rr < H; rr++) {
+            tw.want[(size_t)t * H + rr] = h[(size_t)t * H + rr] + out[rr];
+            tw.mag[(size_t)t * H + rr] = fabs(h[(size_t)t * H + rr]) + om[rr];
+        }
+    }
+}
+
+static void poison(void *p, size_t bytes) { CK(cudaMemset(p, 0xff, bytes)); }
 
 static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
 {
@@ -318,157 +482,133 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
     L.ex_gate = g.d, L.ex_up = u.d, L.ex_down = d.d;
     L.sh_gate = sg.d, L.sh_up = su.d, L.sh_down = sd.d;
     c.h = dev_copy(h);
-    lily_error err;
-    memset(&err, 0, sizeof err);
-    char what[160];
-    snprintf(what, sizeof what, "moe bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d", bits, rbits, H, E, K,
-             inter, n);
-    lily_status st = cuda_prefill_moe(&c, &L, n, &err);
-    cudaError_t ce = cudaDeviceSynchronize();
-    if (st != LILY_OK || ce != cudaSuccess) {
-        printf("FAIL %s: %s %s\n", what, st != LILY_OK ? err.message : "", cudaGetErrorString(ce));
-        g_fail++;
-        cudaGetLastError();
-        return;
-    }
-    std::vector<float> got = host_copy(c.h, (size_t)n * H);
-    std::vector<float> lg = host_copy(c.router, (size_t)n * (E + 1));
-    std::vector<int> gidx = host_copy(c.topk_idx, (size_t)n * K);
-    std::vector<float> gw = host_copy(c.topk_w, (size_t)n * K);
-    std::vector<int> off = host_copy(c.pf_offsets, (size_t)E + 1);
-    std::vector<int> gat = host_copy(c.pf_gather, (size_t)n * K), spos = host_copy(c.pf_slot_pos, (size_t)n * K);
-    std::vector<float> ghid = host_copy(c.hid, (size_t)n * (K + 1) * inter);
-    std::vector<float> gy = host_copy(c.pf_y, (size_t)n * (K + 1) * H);
-    /* per-slot intermediates, in the GPU's row order */
-    std::vector<double> hw((size_t)n * (K + 1) * inter), hmg((size_t)n * (K + 1) * inter);
-    std::vector<double> yw((size_t)n * (K + 1) * H), ymg((size_t)n * (K + 1) * H);
-    std::vector<float> hgot((size_t)n * (K + 1) * inter), ygot((size_t)n * (K + 1) * H);
-    int map_bad = 0;
 
-    /* CPU twin: x, router logits (checked), top-k from the GPU's logits, experts in double */
-    std::vector<double> want((size_t)n * H), mag((size_t)n * H);
-    std::vector<double> lw((size_t)n * (E + 1)), lm((size_t)n * (E + 1));
-    std::vector<int> rows_of(E, 0);
-    int topk_bad = 0;
-    for (int t = 0; t < n; t++) {
-        std::vector<double> x(H);
-        double ss = 0;
-        for (int cc = 0; cc < H; cc++) ss += (double)h[(size_t)t * H + cc] * h[(size_t)t * H + cc];
-        const double r = 1.0 / sqrt(ss / H + 1e-6);
-        for (int cc = 0; cc < H; cc++) x[cc] = h[(size_t)t * H + cc] * r * nw[cc];
-        for (int e = 0; e <= E; e++) {
-            const hmat &R = e < E ? rt : sgt;
-            const int row = e < E ? e : 0;
-            double acc = 0, mg = 0;
-            for (int cc = 0; cc < H; cc++) {
-                acc += (double)R.w[(size_t)row * H + cc] * x[cc];
-                mg += fabs((double)R.w[(size_t)row * H + cc] * x[cc]);
-            }
-            lw[(size_t)t * (E + 1) + e] = acc;
-            lm[(size_t)t * (E + 1) + e] = mg;
+    moe_twin tw;
+    std::vector<float> twin_lg, first_out;
+    for (const gemm_cfg &kc : k_moe_cfgs) {
+        set_cfg(kc, true);
+        const int T = gemm_grouped_tile((double)n * K / E);
+        /* fresh input and poisoned outputs for every configuration */
+        CK(cudaMemcpy(c.h, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+        poison(c.router, C * (E + 1) * sizeof(float));
+        poison(c.hid, C * (K + 1) * inter * sizeof(float));
+        poison(c.pf_y, C * (K + 1) * H * sizeof(float));
+        poison(c.pf_gather, C * K * sizeof(int));
+        poison(c.pf_slot_pos, C * K * sizeof(int));
+        poison(c.pf_offsets, (E + 1) * sizeof(int));
+        poison(c.pf_tile_expert, (C * K + E + 1) * sizeof(int));
+        poison(c.pf_tile_start, (C * K + E + 1) * sizeof(int));
+        poison(c.topk_idx, C * K * sizeof(int));
+        poison(c.topk_w, C * K * sizeof(float));
+        lily_error err;
+        memset(&err, 0, sizeof err);
+        char what[200];
+        snprintf(what, sizeof what, "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d",
+                 kc.variant, T, bits, rbits, H, E, K, inter, n);
+        lily_status st = cuda_prefill_moe(&c, &L, n, &err);
+        cudaError_t ce = cudaDeviceSynchronize();
+        if (st != LILY_OK || ce != cudaSuccess) {
+            printf("FAIL %s: %s %s\n", what, st != LILY_OK ? err.message : "", cudaGetErrorString(ce));
+            g_fail++;
+            cudaGetLastError();
+            continue;
         }
-        const float *l = &lg[(size_t)t * (E + 1)];
-        std::vector<int> idx;
-        std::vector<bool> taken(E, false);
-        std::vector<double> p;
-        double sel = 0;
-        for (int k = 0; k < K; k++) {
-            int bi = -1;
-            for (int e = 0; e < E; e++)
-                if (!taken[e] && (bi < 0 || l[e] > l[bi])) bi = e;
-            taken[bi] = true;
-            idx.push_back(bi);
-            rows_of[bi]++;
-            p.push_back(exp((double)l[bi] - l[idx[0]]));
-            sel += p.back();
+        std::vector<float> got = host_copy(c.h, (size_t)n * H);
+        std::vector<float> lg = host_copy(c.router, (size_t)n * (E + 1));
+        std::vector<int> gidx = host_copy(c.topk_idx, (size_t)n * K);
+        std::vector<float> gw = host_copy(c.topk_w, (size_t)n * K);
+        std::vector<int> off = host_copy(c.pf_offsets, (size_t)E + 1);
+        std::vector<int> gat = host_copy(c.pf_gather, (size_t)n * K), spos = host_copy(c.pf_slot_pos, (size_t)n * K);
+        std::vector<int> ntl = host_copy(c.pf_n_tiles, 1);
+        std::vector<int> tex = host_copy(c.pf_tile_expert, (size_t)n * K + E + 1);
+        std::vector<int> tst = host_copy(c.pf_tile_start, (size_t)n * K + E + 1);
+        std::vector<float> ghid = host_copy(c.hid, (size_t)n * (K + 1) * inter);
+        std::vector<float> gy = host_copy(c.pf_y, (size_t)n * (K + 1) * H);
+        /* the twin depends on the logits only (top-k from the GPU's logits): recompute when they change */
+        if (twin_lg.size() != lg.size() || memcmp(twin_lg.data(), lg.data(), lg.size() * sizeof(float)) != 0) {
+            if (!twin_lg.empty())
+                printf("note %s: router logits differ from the previous configuration's, twin recomputed\n", what);
+            moe_reference(rt, sgt, g, u, d, sg, su, sd, h, nw, lg, H, E, K, inter, n, tw);
+            twin_lg = lg;
         }
-        for (int k = 0; k < K; k++)
-            if (gidx[(size_t)t * K + k] != idx[k] || !(fabs(gw[(size_t)t * K + k] - p[k] / sel) <= 1e-5)) topk_bad++;
-        std::vector<double> out(H, 0.0), om(H, 0.0);
-        for (int k = 0; k <= K; k++) {
-            int grow = (int)((size_t)n * K + t); /* GPU row of this slot: expert position or nk + t */
-            if (k < K) {
-                grow = spos[(size_t)t * K + k];
-                if (grow < 0 || grow >= n * K || gat[grow] != t) {
-                    map_bad++;
-                    grow = -1;
+        /* GPU per-slot intermediates in the twin's slot order */
+        std::vector<float> hgot((size_t)n * (K + 1) * inter), ygot((size_t)n * (K + 1) * H);
+        int map_bad = 0, topk_bad = 0;
+        for (int t = 0; t < n; t++) {
+            for (int k = 0; k < K; k++)
+                if (gidx[(size_t)t * K + k] != tw.idx[(size_t)t * K + k] ||
+                    !(fabs(gw[(size_t)t * K + k] - tw.wts[(size_t)t * K + k]) <= 1e-5))
+                    topk_bad++;
+            for (int k = 0; k <= K; k++) {
+                int grow = (int)((size_t)n * K + t); /* GPU row of this slot: expert position or nk + t */
+                if (k < K) {
+                    grow = spos[(size_t)t * K + k];
+                    if (grow < 0 || grow >= n * K || gat[grow] != t) {
+                        map_bad++;
+                        grow = -1;
+                    }
                 }
-            }
-            const size_t slot = (size_t)t * (K + 1) + k;
-            const bool sh = k == K;
-            const hmat &G = sh ? sg : g, &U = sh ? su : u, &Dm = sh ? sd : d;
-            const size_t eb = sh ? 0 : (size_t)idx[k];
-            const double wk = sh ? 1.0 / (1.0 + exp(-(double)l[E])) : p[k] / sel;
-            std::vector<double> hid(inter), hm(inter);
-            for (int i = 0; i < inter; i++) {
-                double a1 = 0, a2 = 0, m1 = 0, m2 = 0;
-                for (int cc = 0; cc < H; cc++) {
-                    a1 += (double)G.w[(eb * inter + i) * H + cc] * x[cc];
-                    a2 += (double)U.w[(eb * inter + i) * H + cc] * x[cc];
-                    m1 += fabs((double)G.w[(eb * inter + i) * H + cc] * x[cc]);
-                    m2 += fabs((double)U.w[(eb * inter + i) * H + cc] * x[cc]);
-                }
-                hid[i] = silu_d(a1) * a2;
-                /* magnitude of hid's error terms: |silu'| <= 1.1 */
-                hm[i] = fabs(hid[i]) + 1.1 * m1 * fabs(a2) + fabs(silu_d(a1)) * m2;
-                hw[slot * inter + i] = hid[i];
-                hmg[slot * inter + i] = hm[i];
-                hgot[slot * inter + i] = grow >= 0 ? ghid[(size_t)grow * inter + i] : NAN;
-            }
-            for (int rr = 0; rr < H; rr++) {
-                double acc = 0, mg = 0;
-                for (int i = 0; i < inter; i++) {
-                    acc += (double)Dm.w[(eb * H + rr) * inter + i] * hid[i];
-                    mg += fabs((double)Dm.w[(eb * H + rr) * inter + i]) * hm[i];
-                }
-                out[rr] += wk * acc;
-                om[rr] += fabs(wk) * mg;
-                yw[slot * H + rr] = acc;
-                ymg[slot * H + rr] = mg;
-                ygot[slot * H + rr] = grow >= 0 ? gy[(size_t)grow * H + rr] : NAN;
+                const size_t slot = (size_t)t * (K + 1) + k;
+                for (int i = 0; i < inter; i++)
+                    hgot[slot * inter + i] = grow >= 0 ? ghid[(size_t)grow * inter + i] : NAN;
+                for (int rr = 0; rr < H; rr++)
+                    ygot[slot * H + rr] = grow >= 0 ? gy[(size_t)grow * H + rr] : NAN;
             }
         }
-        for (int rr = 0; rr < H; rr++) {
-            want[(size_t)t * H + rr] = h[(size_t)t * H + rr] + out[rr];
-            mag[(size_t)t * H + rr] = fabs(h[(size_t)t * H + rr]) + om[rr];
+        char w2[400];
+        snprintf(w2, sizeof w2, "%s router logits", what);
+        check(w2, lg, tw.lw, tw.lm, 1e-3);
+        g_checks++;
+        if (topk_bad) {
+            g_fail++;
+            printf("FAIL %s: %d top-k slots differ from the CPU top-k of the same logits\n", what, topk_bad);
         }
+        /* offsets = exclusive scan of the rows per expert */
+        int zero = 0, one = 0, many = 0, acc_off = 0;
+        bool off_ok = true;
+        for (int e = 0; e < E; e++) {
+            off_ok = off_ok && off[e] == acc_off;
+            acc_off += tw.rows_of[e];
+            zero += tw.rows_of[e] == 0;
+            one += tw.rows_of[e] == 1;
+            many += tw.rows_of[e] > 1;
+        }
+        off_ok = off_ok && off[E] == acc_off && tw.rows_of[0] == n && tw.rows_of[E - 1] == 0;
+        g_checks++;
+        if (!off_ok) {
+            g_fail++;
+            printf("FAIL %s: expert offsets (or the forced routing) wrong\n", what);
+        }
+        /* tile map: ceil(rows / T) tiles per expert in expert order, T apart */
+        int want_tiles = 0;
+        bool map_ok = true;
+        for (int e = 0; e < E && map_ok; e++)
+            for (int j = 0; j * T < tw.rows_of[e]; j++, want_tiles++)
+                map_ok = map_ok && want_tiles < moe_max_tiles(n, K, E, T) && tex[want_tiles] == e &&
+                         tst[want_tiles] == off[e] + j * T;
+        map_ok = map_ok && ntl[0] == want_tiles;
+        g_checks++;
+        if (!map_ok) {
+            g_fail++;
+            printf("FAIL %s: tile map (%d tiles, want %d) wrong for T %d\n", what, ntl[0], want_tiles, T);
+        }
+        g_checks++;
+        if (map_bad) {
+            g_fail++;
+            printf("FAIL %s: %d (token, slot) positions not mapped back to their token\n", what, map_bad);
+        }
+        snprintf(w2, sizeof w2, "%s hid (silu(gate)*up per slot)", what);
+        check(w2, hgot, tw.hw, tw.hmg, 1e-3);
+        snprintf(w2, sizeof w2, "%s down per slot", what);
+        check(w2, ygot, tw.yw, tw.ymg, 3e-3);
+        snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
+        check(w2, got, tw.want, tw.mag, 3e-3);
+        if (first_out.empty())
+            first_out = got;
+        else
+            note_same(what, got, first_out);
     }
-    char w2[400];
-    snprintf(w2, sizeof w2, "%s router logits", what);
-    std::vector<float> lgc(lg.begin(), lg.end());
-    check(w2, lgc, lw, lm, 1e-3);
-    g_checks++;
-    if (topk_bad) {
-        g_fail++;
-        printf("FAIL %s: %d top-k slots differ from the CPU top-k of the same logits\n", what, topk_bad);
-    }
-    /* offsets = exclusive scan of the rows per expert */
-    int zero = 0, one = 0, many = 0, acc_off = 0;
-    bool off_ok = true;
-    for (int e = 0; e < E; e++) {
-        off_ok = off_ok && off[e] == acc_off;
-        acc_off += rows_of[e];
-        zero += rows_of[e] == 0;
-        one += rows_of[e] == 1;
-        many += rows_of[e] > 1;
-    }
-    off_ok = off_ok && off[E] == acc_off && rows_of[0] == n && rows_of[E - 1] == 0;
-    g_checks++;
-    if (!off_ok) {
-        g_fail++;
-        printf("FAIL %s: expert offsets (or the forced routing) wrong\n", what);
-    }
-    g_checks++;
-    if (map_bad) {
-        g_fail++;
-        printf("FAIL %s: %d (token, slot) positions not mapped back to their token\n", what, map_bad);
-    }
-    snprintf(w2, sizeof w2, "%s hid (silu(gate)*up per slot)", what);
-    check(w2, hgot, hw, hmg, 1e-3);
-    snprintf(w2, sizeof w2, "%s down per slot", what);
-    check(w2, ygot, yw, ymg, 3e-3);
-    snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
-    check(w2, got, want, mag, 3e-3);
+    reset_cfg();
 }
 
 int main(void)
@@ -487,14 +627,20 @@ int main(void)
         test_dense(bits, 512, 61, 64, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
         test_dense(bits, 256, 129, 17, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
         test_dense(bits, 2048, 200, 70, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+        /* 1, 3 groups: fewer groups than pipeline stages */
+        test_dense(bits, 64, 45, 131, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 1);
+        test_dense(bits, 192, 77, 129, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2);
     }
     test_dense(4, 2048, 300, 513, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
     test_dense(4, 4096, 131, 33, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
     test_dense(16, 4096, 64, 100, GEMV_IN_PLAIN, GEMV_OUT_ADD, 1);
-    /* MoE: tiny-a shape (4-bit experts, 8-bit router; bf16), tile widths 16/32/64, a wide shape */
+    /* MoE: tiny-a shape (4-bit experts, 8-bit router; bf16), every tile width, a wide shape; n 130 and
+     * 513 give expert 0 ragged 128-token tiles (2 and 1 rows in the last), 700 an automatic 128 */
     for (int i = 0; i < 5; i++)
         test_moe(4, 8, 128, 16, 4, 64, ns[i]);
     test_moe(4, 8, 128, 16, 4, 64, 130);
+    test_moe(4, 8, 128, 16, 4, 64, 700);
+    test_moe(8, 8, 128, 16, 4, 128, 300);
     test_moe(16, 16, 128, 16, 4, 64, 64);
     test_moe(16, 16, 128, 16, 4, 64, 300);
     test_moe(8, 8, 256, 32, 8, 128, 40);

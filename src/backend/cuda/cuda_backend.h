@@ -91,8 +91,13 @@ typedef struct {
     int att_prefill;        /* prefill attention (n > 1) by the flash kernel: 1, or 0 the SIMT kernel */
     int moe_gate_up_blocks; /* decode MoE gate/up kernel: registers capped for 2 or 3 blocks per SM */
     int gemv_mma_blocks;    /* decode 4-bit GEMV: registers capped for 1 or 2 blocks per SM */
+    /* prefill tensor-core GEMM (gemm_prefill.cuh; read at each launch, no capture involved) */
+    int gemm_variant;       /* 0: one-warp-row kernel (16/32/64-token tiles); 1: 2D-warp-tiled kernel for 64/128
+                             * (8 warps); 2: as 1 with 16 warps at 128 tokens (4/16-bit weights) */
+    int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
+    int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1, 1, 1, 2, 1}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1, 1, 1, 2, 1, 0, 0, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -11,13 +11,11 @@
  * to fp16 integers with one LOP3 + one HSUB2/HFMA2 per pair (the activation columns are permuted to
  * the unpack order, gemm_perm16); 8-bit adds a PRMT; bf16 converts via fp32. Per group and row the
  * fp32 MMA sum folds as acc += s·Σqx + b·Σx; the epilogue multiplies by the row's activation scale.
+ * launch_gemm picks this kernel or the 2D-warp-tiled one (gemm_prefill_2d.cu; 128-token tiles, and 64
+ * with g_cuda_tuning.gemm_variant 1); the shared device helpers are in gemm_prefill_dev.cuh.
  */
-#include "gemm_prefill.cuh"
-#include "gemv_common.cuh"
-#include "mma_common.cuh"
+#include "gemm_prefill_dev.cuh"
 
-#define GEMM_THREADS 256
-#define GEMM_ROWS 128
 #define GEMM_STAGES 3
 #define GEMM_PREP_THREADS 256
 
@@ -94,112 +92,6 @@ cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const g
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
-}
-
-/* ---- device helpers -------------------------------------------------------------------------------- */
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
-{
-    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(smem);
-    const int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid)
-{
-    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(smem);
-    const int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* 4-bit word w (nibbles n0..n7, column 8m+i at bits 4i): odd = 0 gives lo = {n0, n4}, hi = {n1, n5};
- * odd = 1 gives lo = {n2, n6}, hi = {n3, n7}, as fp16 integers. */
-__device__ __forceinline__ void dq4(uint32_t w, int odd, uint32_t &lo, uint32_t &hi)
-{
-    if (odd)
-        w >>= 8;
-    const __half2 k1024 = bits_h2(0x64006400u), k16th = bits_h2(0x2C002C00u), km64 = bits_h2(0xD400D400u);
-    lo = h2_bits(__hsub2(bits_h2((w & 0x000F000Fu) | 0x64006400u), k1024));
-    hi = h2_bits(__hfma2(bits_h2((w & 0x00F000F0u) | 0x64006400u), k16th, km64));
-}
-
-/* 8-bit: x = bytes [c0, c1, c4, c5] gathered by PRMT; lo = {c0, c4}, hi = {c1, c5} */
-__device__ __forceinline__ void dq8(uint32_t x, uint32_t &lo, uint32_t &hi)
-{
-    const __half2 k1024 = bits_h2(0x64006400u);
-    lo = h2_bits(__hsub2(bits_h2((x & 0x00FF00FFu) | 0x64006400u), k1024));
-    hi = h2_bits(__hsub2(bits_h2(((x >> 8) & 0x00FF00FFu) | 0x64006400u), k1024));
-}
-
-__device__ __forceinline__ uint32_t bf_pair_f16(uint32_t a, uint32_t b, bool high)
-{
-    const float fa = __uint_as_float(high ? (a & 0xffff0000u) : (a << 16));
-    const float fb = __uint_as_float(high ? (b & 0xffff0000u) : (b << 16));
-    return h2_bits(__floats2half2_rn(fa, fb));
-}
-
-/* A fragments of the 4 k16 steps of one group for rows r0 (= g) and r0 + 8 of the warp, from the
- * stage's weight bytes. A[j] = {a0 (row g, k lo), a1 (row g+8, k lo), a2 (row g, k hi), a3 (row g+8, k hi)}. */
-template <int BITS>
-__device__ __forceinline__ void load_a(const unsigned char *sw, int r0, int tig, uint32_t (&A)[4][4])
-{
-    constexpr int WB = 8 * BITS;
-    if (BITS == 4) {
-        const uint2 w0 = *reinterpret_cast<const uint2 *>(sw + r0 * WB + tig * 8);
-        const uint2 w1 = *reinterpret_cast<const uint2 *>(sw + (r0 + 8) * WB + tig * 8);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            dq4(j < 2 ? w0.x : w0.y, j & 1, A[j][0], A[j][2]);
-            dq4(j < 2 ? w1.x : w1.y, j & 1, A[j][1], A[j][3]);
-        }
-    } else if (BITS == 8) {
-        const uint4 v0 = *reinterpret_cast<const uint4 *>(sw + r0 * WB + tig * 16);
-        const uint4 v1 = *reinterpret_cast<const uint4 *>(sw + (r0 + 8) * WB + tig * 16);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const unsigned int sel = (j & 1) ? 0x7632u : 0x5410u;
-            dq8(__byte_perm(j < 2 ? v0.x : v0.z, j < 2 ? v0.y : v0.w, sel), A[j][0], A[j][2]);
-            dq8(__byte_perm(j < 2 ? v1.x : v1.z, j < 2 ? v1.y : v1.w, sel), A[j][1], A[j][3]);
-        }
-    } else {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = r0 + 8 * h;
-            const int sw1 = r & 1; /* chunk swizzle of bf16 rows (see load_stage) */
-            const uint4 u0 = *reinterpret_cast<const uint4 *>(sw + r * WB + ((2 * tig) ^ sw1) * 16);
-            const uint4 u1 = *reinterpret_cast<const uint4 *>(sw + r * WB + ((2 * tig + 1) ^ sw1) * 16);
-            const uint32_t u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int m0 = 4 * (j >> 1) + (j & 1);
-                A[j][h] = bf_pair_f16(u[m0], u[m0 + 2], false);
-                A[j][2 + h] = bf_pair_f16(u[m0], u[m0 + 2], true);
-            }
-        }
-    }
-}
-
-/* Block row br (0..127) -> matrix, row within it; false past the last row. */
-template <int EPI>
-__device__ __forceinline__ bool gemm_row(const gemm_args &a, int br, int &mi, int &lr)
-{
-    if (EPI == GEMM_EPI_SWIGLU) {
-        mi = br >= 64 ? 1 : 0;
-        lr = blockIdx.x * 64 + (br & 63);
-        return lr < a.m[0].rows;
-    }
-    const int R = blockIdx.x * GEMM_ROWS + br;
-    mi = 0;
-#pragma unroll
-    for (int k = 1; k < GEMV_MAX_MATS; k++)
-        if (k < a.n_mats && R >= a.row_start[k])
-            mi = k;
-    lr = R - a.row_start[mi];
-    return R < a.row_start[a.n_mats];
 }
 
 /* ---- the GEMM ------------------------------------------------------------------------------------------ */
@@ -476,7 +368,24 @@ static cudaError_t gemm_bits(const gemm_args &a, int n_tokens, bool grouped, int
 
 int gemm_grouped_tile(double avg_rows)
 {
+    const int forced = g_cuda_tuning.moe_tile;
+    if (forced == 16 || forced == 32 || forced == 64 || forced == 128)
+        return forced;
+    if (g_cuda_tuning.gemm_variant >= 1 && avg_rows >= 160.0)
+        return 128;
     return avg_rows >= 48.0 ? 64 : avg_rows >= 24.0 ? 32 : 16;
+}
+
+/* Tokens per block of a dense GEMM: g_cuda_tuning.dense_tile when it is 16, 64 or 128, else 16 up to
+ * 16 tokens, then 64 (gemm_variant 0) or 64 up to 64 tokens and 128 beyond (gemm_variant 1, 2). */
+static int gemm_dense_tile(int n_tokens)
+{
+    const int forced = g_cuda_tuning.dense_tile;
+    if (forced == 16 || forced == 64 || forced == 128)
+        return forced;
+    if (n_tokens <= 16)
+        return 16;
+    return g_cuda_tuning.gemm_variant >= 1 && n_tokens > 64 ? 128 : 64;
 }
 
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
@@ -498,8 +407,13 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
     } else {
         if (n_tokens <= 0)
             return cudaErrorInvalidValue;
-        T = n_tokens <= 16 ? 16 : 64;
+        T = gemm_dense_tile(n_tokens);
     }
+    /* 128-token tiles exist only in the 2D-tiled kernel (16 warps with variant 2, else 8); 64 in both
+     * (the knob picks) */
+    const int variant = g_cuda_tuning.gemm_variant;
+    if (T == 128 || (T == 64 && variant >= 1))
+        return launch_gemm2d(a, n_tokens, grouped, T, variant == 2 ? 4 : 2, s);
     switch (a.m[0].bits) {
     case 4: return gemm_bits<4>(a, n_tokens, grouped, T, s);
     case 8: return gemm_bits<8>(a, n_tokens, grouped, T, s);

@@ -1,7 +1,7 @@
 /* gemm_prefill.cuh — the tensor-core prefill path's launch interface: the activation pre-pass
  * (input transform + fp16 conversion), the dense / grouped (MoE) GEMM over MLX affine 4/8-bit or bf16
- * weights, and the MoE routing kernels (top-k, expert plan, combine). Kernels in gemm_prefill.cu and
- * moe_prefill.cu; the per-layer wiring in forward_prefill.cu.
+ * weights, and the MoE routing kernels (top-k, expert plan, combine). Kernels in gemm_prefill.cu,
+ * gemm_prefill_2d.cu and moe_prefill.cu; the per-layer wiring in forward_prefill.cu.
  *
  * Precision: activations are scaled per row by a power of two (largest |x| lands in [2^13, 2^14)) and
  * rounded to fp16 once; weights enter the MMA as exact small integers q (or bf16 -> fp16); per group of
@@ -59,18 +59,23 @@ struct gemm_args {
     const int *offsets;       /* [n_experts + 1] */
     const int *gather;        /* [positions] X row of position p, or NULL */
     int max_tiles;            /* grid bound (host) */
-    int tile_tokens;          /* tokens per tile: 16, 32 or 64 (grouped: must match the plan) */
+    int tile_tokens;          /* tokens per tile: 16, 32, 64 or 128 (grouped: must match the plan) */
 };
 
 /* Input transform of n rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm) into gemm_act form.
  * cols % 64 == 0. */
 cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s);
 
-/* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused).
+/* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused). The kernel:
+ * gemm_kernel (gemm_prefill.cu) for 16/32/64-token tiles, gemm2d_kernel (gemm_prefill_2d.cu) for
+ * 128-token tiles (16 warps with g_cuda_tuning.gemm_variant 2, else 8) and, with gemm_variant >= 1, for
+ * 64; same results either way. Dense tile: g_cuda_tuning.dense_tile or by n_tokens (gemm_dense_tile).
  * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 
-/* Tokens per grouped tile for an average of `avg_rows` rows per expert (16, 32 or 64). */
+/* Tokens per grouped tile for an average of `avg_rows` rows per expert: g_cuda_tuning.moe_tile when it
+ * is 16, 32, 64 or 128; else 16 / 32 / 64 from 24 / 48 rows, and 128 from 160 rows when
+ * g_cuda_tuning.gemm_variant >= 1. The plan (launch_moe_plan) and the grouped GEMMs must get the same T. */
 int gemm_grouped_tile(double avg_rows);
 
 /* ---- MoE routing (moe_prefill.cu) ---- */

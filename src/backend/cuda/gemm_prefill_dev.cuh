@@ -1,0 +1,126 @@
+/* gemm_prefill_dev.cuh — device helpers shared by the prefill GEMM kernels (gemm_prefill.cu: the
+ * one-warp-row kernel; gemm_prefill_2d.cu: the 2D-warp-tiled kernel): cp.async wrappers, the 4/8-bit
+ * and bf16 A-fragment unpacking (load_a) and the block-row -> (matrix, row) map (gemm_row). Both
+ * kernels run GEMM_THREADS threads over GEMM_ROWS weight rows per block.
+ */
+#ifndef LILY_GEMM_PREFILL_DEV_CUH
+#define LILY_GEMM_PREFILL_DEV_CUH
+
+#include "gemm_prefill.cuh"
+#include "gemv_common.cuh"
+#include "mma_common.cuh"
+
+#define GEMM_THREADS 256
+#define GEMM_ROWS 128
+
+/* The 2D-warp-tiled kernel (gemm_prefill_2d.cu) for T = 64 or 128 tokens per block with wn token-warps
+ * (T 128: wn 2 = 8 warps of 64 tokens, wn 4 = 16 warps of 32 except for 8-bit weights; T 64: 8 warps
+ * of 32), called by launch_gemm after it has checked the arguments. cudaErrorInvalidValue for other T
+ * or bits. */
+cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s);
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
+{
+    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid)
+{
+    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(smem);
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* 4-bit word w (nibbles n0..n7, column 8m+i at bits 4i): odd = 0 gives lo = {n0, n4}, hi = {n1, n5};
+ * odd = 1 gives lo = {n2, n6}, hi = {n3, n7}, as fp16 integers. */
+__device__ __forceinline__ void dq4(uint32_t w, int odd, uint32_t &lo, uint32_t &hi)
+{
+    if (odd)
+        w >>= 8;
+    const __half2 k1024 = bits_h2(0x64006400u), k16th = bits_h2(0x2C002C00u), km64 = bits_h2(0xD400D400u);
+    lo = h2_bits(__hsub2(bits_h2((w & 0x000F000Fu) | 0x64006400u), k1024));
+    hi = h2_bits(__hfma2(bits_h2((w & 0x00F000F0u) | 0x64006400u), k16th, km64));
+}
+
+/* 8-bit: x = bytes [c0, c1, c4, c5] gathered by PRMT; lo = {c0, c4}, hi = {c1, c5} */
+__device__ __forceinline__ void dq8(uint32_t x, uint32_t &lo, uint32_t &hi)
+{
+    const __half2 k1024 = bits_h2(0x64006400u);
+    lo = h2_bits(__hsub2(bits_h2((x & 0x00FF00FFu) | 0x64006400u), k1024));
+    hi = h2_bits(__hsub2(bits_h2(((x >> 8) & 0x00FF00FFu) | 0x64006400u), k1024));
+}
+
+__device__ __forceinline__ uint32_t bf_pair_f16(uint32_t a, uint32_t b, bool high)
+{
+    const float fa = __uint_as_float(high ? (a & 0xffff0000u) : (a << 16));
+    const float fb = __uint_as_float(high ? (b & 0xffff0000u) : (b << 16));
+    return h2_bits(__floats2half2_rn(fa, fb));
+}
+
+/* A fragments of the 4 k16 steps of one group for block rows r0 and r0 + 8 (r0 = the warp's first row
+ * + g), from the stage's weight bytes. A[j] = {a0 (row g, k lo), a1 (row g+8, k lo), a2 (row g, k hi), a3 (row g+8, k hi)}. */
+template <int BITS>
+__device__ __forceinline__ void load_a(const unsigned char *sw, int r0, int tig, uint32_t (&A)[4][4])
+{
+    constexpr int WB = 8 * BITS;
+    if (BITS == 4) {
+        const uint2 w0 = *reinterpret_cast<const uint2 *>(sw + r0 * WB + tig * 8);
+        const uint2 w1 = *reinterpret_cast<const uint2 *>(sw + (r0 + 8) * WB + tig * 8);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            dq4(j < 2 ? w0.x : w0.y, j & 1, A[j][0], A[j][2]);
+            dq4(j < 2 ? w1.x : w1.y, j & 1, A[j][1], A[j][3]);
+        }
+    } else if (BITS == 8) {
+        const uint4 v0 = *reinterpret_cast<const uint4 *>(sw + r0 * WB + tig * 16);
+        const uint4 v1 = *reinterpret_cast<const uint4 *>(sw + (r0 + 8) * WB + tig * 16);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const unsigned int sel = (j & 1) ? 0x7632u : 0x5410u;
+            dq8(__byte_perm(j < 2 ? v0.x : v0.z, j < 2 ? v0.y : v0.w, sel), A[j][0], A[j][2]);
+            dq8(__byte_perm(j < 2 ? v1.x : v1.z, j < 2 ? v1.y : v1.w, sel), A[j][1], A[j][3]);
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h;
+            const int sw1 = r & 1; /* chunk swizzle of bf16 rows (see load_stage) */
+            const uint4 u0 = *reinterpret_cast<const uint4 *>(sw + r * WB + ((2 * tig) ^ sw1) * 16);
+            const uint4 u1 = *reinterpret_cast<const uint4 *>(sw + r * WB + ((2 * tig + 1) ^ sw1) * 16);
+            const uint32_t u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int m0 = 4 * (j >> 1) + (j & 1);
+                A[j][h] = bf_pair_f16(u[m0], u[m0 + 2], false);
+                A[j][2 + h] = bf_pair_f16(u[m0], u[m0 + 2], true);
+            }
+        }
+    }
+}
+
+/* Block row br (0..127) -> matrix, row within it; false past the last row. */
+template <int EPI>
+__device__ __forceinline__ bool gemm_row(const gemm_args &a, int br, int &mi, int &lr)
+{
+    if (EPI == GEMM_EPI_SWIGLU) {
+        mi = br >= 64 ? 1 : 0;
+        lr = blockIdx.x * 64 + (br & 63);
+        return lr < a.m[0].rows;
+    }
+    const int R = blockIdx.x * GEMM_ROWS + br;
+    mi = 0;
+#pragma unroll
+    for (int k = 1; k < GEMV_MAX_MATS; k++)
+        if (k < a.n_mats && R >= a.row_start[k])
+            mi = k;
+    lr = R - a.row_start[mi];
+    return R < a.row_start[a.n_mats];
+}
+
+#endif
