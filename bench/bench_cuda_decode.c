@@ -89,6 +89,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
+        else if (!strcmp(argv[i], "--gdn-prefill") && i + 1 < argc) n_gdn = parse_list(argv[++i], gdn_list, 8);
         else if (!strcmp(argv[i], "--gemm-variant") && i + 1 < argc) gemm_variant = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--moe-tile") && i + 1 < argc) moe_tile = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dense-tile") && i + 1 < argc) dense_tile = atoi(argv[++i]);
