@@ -97,7 +97,7 @@ typedef struct {
     int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 1, 1, 1, 2, 1, 0, 0, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -371,13 +371,15 @@ int gemm_grouped_tile(double avg_rows)
     const int forced = g_cuda_tuning.moe_tile;
     if (forced == 16 || forced == 32 || forced == 64 || forced == 128)
         return forced;
-    if (g_cuda_tuning.gemm_variant >= 1 && avg_rows >= 160.0)
-        return 128;
+    /* measured (H200, BENCHMARKS.md "MoE tile by prompt length"): 128-token tiles lost at every length;
+     * with the 2D kernel, 64 wins from ~32 rows per expert (a 1K chunk) */
+    if (g_cuda_tuning.gemm_variant >= 1)
+        return avg_rows >= 24.0 ? 64 : 16;
     return avg_rows >= 48.0 ? 64 : avg_rows >= 24.0 ? 32 : 16;
 }
 
 /* Tokens per block of a dense GEMM: g_cuda_tuning.dense_tile when it is 16, 64 or 128, else 16 up to
- * 16 tokens, then 64 (gemm_variant 0) or 64 up to 64 tokens and 128 beyond (gemm_variant 1, 2). */
+ * 16 tokens, then 64 (128 measured slower at every prompt length on the H200, BENCHMARKS.md). */
 static int gemm_dense_tile(int n_tokens)
 {
     const int forced = g_cuda_tuning.dense_tile;
@@ -385,7 +387,7 @@ static int gemm_dense_tile(int n_tokens)
         return forced;
     if (n_tokens <= 16)
         return 16;
-    return g_cuda_tuning.gemm_variant >= 1 && n_tokens > 64 ? 128 : 64;
+    return 64;
 }
 
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
