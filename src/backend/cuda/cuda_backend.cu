@@ -349,8 +349,9 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     if (opts->device < 0 || opts->device >= n_dev)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: device %d out of range (%d devices)",
                               opts->device, n_dev);
-    if (cfg->hidden % 64 || cfg->head_dim % 32 || cfg->gdn_value_head_dim % 32)
-        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: model dims not supported by the CUDA kernels");
+    lily_status shapes = cuda_check_shapes(cfg, w, err); /* cuda_shapes.cu: a clear error before any upload */
+    if (shapes != LILY_OK)
+        return shapes;
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: context");

@@ -123,6 +123,10 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
                                  lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
 
+/* cuda_shapes.cu: LILY_ERR_UNSUPPORTED (naming the dimension) when some stage of the forward pass has no
+ * CUDA kernel for the model's shapes; called by create before anything is uploaded. */
+lily_status cuda_check_shapes(const lily_config *cfg, const lily_weights *w, lily_error *err);
+
 /* forward_prefill.cu: a batch of projections for n >= prefill_min_tokens rows (out_mode STORE or ADD),
  * and the whole sparse MoE block (h += MoE(RMSNorm(h))), on tensor cores; enqueue only. */
 lily_status cuda_prefill_proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, int out_mode, int n,
