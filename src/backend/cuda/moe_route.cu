@@ -157,12 +157,15 @@ __device__ __forceinline__ void row_load_masked(const dmat &m, int64_t prow, int
 #pragma unroll
     for (int j = 0; j < VPL; j++) {
         const int v = j * LPR + li;
-        const bool ok = v < nv;
-        f.v[j] = ok ? __ldg(p + v) : make_uint4(0u, 0u, 0u, 0u);
-        if (BITS < 16) {
-            const int64_t g = prow * gpr + (v * CPV) / 64;
-            f.s[j] = ok ? bf2f(m.scales[g]) : 0.0f;
-            f.b[j] = ok ? bf2f(m.biases[g]) : 0.0f;
+        f.v[j] = make_uint4(0u, 0u, 0u, 0u);
+        f.s[j] = f.b[j] = 0.0f;
+        if (v < nv) { /* past nv: nothing read (the last expert's last row ends the allocation) */
+            f.v[j] = __ldg(p + v);
+            if (BITS < 16) {
+                const int64_t g = prow * gpr + (v * CPV) / 64;
+                f.s[j] = bf2f(m.scales[g]);
+                f.b[j] = bf2f(m.biases[g]);
+            }
         }
     }
 }
@@ -178,7 +181,9 @@ __device__ __forceinline__ void x_load_masked(const float *act, int li, int nv, 
         const float4 *p = reinterpret_cast<const float4 *>(act + v * CPV);
 #pragma unroll
         for (int c = 0; c < CPV / 4; c++) {
-            const float4 t = v < nv ? p[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (v < nv)
+                t = p[c];
             x[j][4 * c] = t.x;
             x[j][4 * c + 1] = t.y;
             x[j][4 * c + 2] = t.z;
