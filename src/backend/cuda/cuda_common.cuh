@@ -262,7 +262,8 @@ struct attn_args {
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Decode attention: n_tokens == 1 runs on tensor cores when g_cuda_tuning.att_mma and
  * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256; split-KV merged by a
- * second kernel, counter unused), else the SIMT kernel (n_splits <= head_dim, last-block merge). */
+ * second kernel, counter unused), else the SIMT kernel (G 1, 2, 3, 4 or 8, head_dim 64/128/256,
+ * n_splits <= head_dim, last-block merge). */
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s);
 bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
 
