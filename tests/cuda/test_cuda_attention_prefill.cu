@@ -173,6 +173,12 @@ int main(void)
     test_prefill(4, 4, 128, 5, 70, 1);
     test_prefill(16, 2, 256, 3, 5, 1);
     test_prefill(8, 2, 64, 31, 129, 1);
+    /* lily-tiny: G = 3 (6 query heads over 2 KV heads), head_dim 64 */
+    test_prefill(6, 2, 64, 0, 2, 1);
+    test_prefill(6, 2, 64, 0, 7, 1);
+    test_prefill(6, 2, 64, 20, 15, 1);
+    test_prefill(6, 2, 64, 0, 40, 1);
+    test_prefill(6, 2, 64, 700, 7, 4);
     /* split-KV: explicit counts (some splits empty), and the launcher's own choice */
     test_prefill(16, 2, 256, 1000, 1, 64);
     test_prefill(16, 2, 256, 1000, 2, 8);

@@ -248,15 +248,21 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
 
 /* ---- MoE ----------------------------------------------------------------------------------------- */
 
-static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool topk_ready = false)
+/* sinter: the shared expert's intermediate size (0: = inter); need_mma: with topk_ready, require the
+ * tensor-core decode kernels (false: the shape has none, moe_route.cu's kernels run) */
+static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool topk_ready = false, int sinter = 0,
+                     bool need_mma = true)
 {
+    if (sinter <= 0)
+        sinter = inter;
+    const int hs = inter > sinter ? inter : sinter;
     hmat g, u, d, sg, su, sd;
     make_mat(g, bits, E, inter, hidden);
     make_mat(u, bits, E, inter, hidden);
     make_mat(d, bits, E, hidden, inter);
-    make_mat(sg, bits, 1, inter, hidden);
-    make_mat(su, bits, 1, inter, hidden);
-    make_mat(sd, bits, 1, hidden, inter);
+    make_mat(sg, bits, 1, sinter, hidden);
+    make_mat(su, bits, 1, sinter, hidden);
+    make_mat(sd, bits, 1, hidden, sinter);
     std::vector<float> logits = rand_vec((size_t)n * (E + 1), -3, 3);
     if (n > 1) /* a tie: lower id must win */
         logits[(size_t)1 * (E + 1) + 3] = logits[(size_t)1 * (E + 1) + 5] = 10.0f;
@@ -266,12 +272,12 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     a.gate = g.d, a.up = u.d, a.down = d.d, a.sgate = sg.d, a.sup = su.d, a.sdown = sd.d;
     a.router_logits = dev_copy(logits);
     a.logit_stride = E + 1;
-    a.n_experts = E, a.top_k = K, a.inter = inter, a.shared_inter = inter, a.hidden = hidden;
+    a.n_experts = E, a.top_k = K, a.inter = inter, a.shared_inter = sinter, a.hidden = hidden;
     float *dh = dev_copy(h);
     a.h = dh;
     a.norm_w = dev_copy(nw);
     a.eps = 1e-6f;
-    a.hid = dev_nan((size_t)n * (K + 1) * inter);
+    a.hid = dev_nan((size_t)n * (K + 1) * hs);
     int *di;
     CK(cudaMalloc(&di, (size_t)n * K * 4));
     a.topk_idx = di;
@@ -295,7 +301,7 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
         CK(cudaMemcpy(di, idx.data(), K * sizeof(int), cudaMemcpyHostToDevice));
         CK(cudaMemcpy((void *)a.topk_w, w.data(), K * sizeof(float), cudaMemcpyHostToDevice));
         a.topk_ready = 1;
-        if (!moe_decode_mma_supported(a, n)) {
+        if (need_mma && !moe_decode_mma_supported(a, n)) {
             printf("FAIL moe: no tensor-core decode kernel for hidden %d inter %d\n", hidden, inter);
             g_fail++;
             return;
@@ -337,21 +343,22 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
             const bool sh = k == K;
             const hmat &G = sh ? sg : g, &U = sh ? su : u, &Dm = sh ? sd : d;
             const size_t eb = sh ? 0 : (size_t)idx[k];
+            const int I = sh ? sinter : inter;
             const double wk = sh ? 1.0 / (1.0 + exp(-(double)lg[E])) : w[k] / sel;
-            std::vector<double> hid(inter);
-            for (int i = 0; i < inter; i++) {
+            std::vector<double> hid(I);
+            for (int i = 0; i < I; i++) {
                 double a1 = 0, a2 = 0;
                 for (int c = 0; c < hidden; c++) {
-                    a1 += (double)G.w[(eb * inter + i) * hidden + c] * x[c];
-                    a2 += (double)U.w[(eb * inter + i) * hidden + c] * x[c];
+                    a1 += (double)G.w[(eb * I + i) * hidden + c] * x[c];
+                    a2 += (double)U.w[(eb * I + i) * hidden + c] * x[c];
                 }
                 hid[i] = silu_d(a1) * a2;
             }
             for (int rr = 0; rr < hidden; rr++) {
                 double acc = 0, mg = 0;
-                for (int i = 0; i < inter; i++) {
-                    acc += (double)Dm.w[(eb * hidden + rr) * inter + i] * hid[i];
-                    mg += fabs((double)Dm.w[(eb * hidden + rr) * inter + i] * hid[i]);
+                for (int i = 0; i < I; i++) {
+                    acc += (double)Dm.w[(eb * hidden + rr) * I + i] * hid[i];
+                    mg += fabs((double)Dm.w[(eb * hidden + rr) * I + i] * hid[i]);
                 }
                 out[rr] += wk * acc;
                 om[rr] += fabs(wk) * mg;
@@ -363,8 +370,9 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
         }
     }
     char what[160];
-    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d n %3d%s", bits, hidden, E, K, inter, n,
-             topk_ready ? " (decode, tensor cores)" : "");
+    const bool mma = moe_decode_mma_supported(a, n);
+    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s", bits, hidden, E,
+             K, inter, sinter, n, topk_ready ? " (decode top-k from the router)" : "", mma ? " (tensor cores)" : "");
     check(what, got, want, mag, 3e-4);
 }
 
@@ -651,6 +659,31 @@ int main(void)
     }
     for (int i = 0; i < 5; i++)
         test_gemv(4, 2048, 7 + 100 * i, ns[i] > 64 ? 9 : ns[i], GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+    /* three vectors per lane (hidden 384 = lily-tiny, and 3 x 2^k widths), n = 1, 2, 7; n = 1 also with
+     * the tensor-core GEMV switched off so that gemv_decode.cu's 4-bit kernel runs */
+    for (int bi = 0; bi < 3; bi++) {
+        const int bits = bitss[bi];
+        const int colss[] = {384, 768, bits == 4 ? 3072 : bits == 8 ? 1536 : 768};
+        for (int ci = 0; ci < 3; ci++) {
+            const int cols = colss[ci];
+            if (ci == 2 && bits == 16) continue;
+            for (int mma = 1; mma >= (bits == 4 ? 0 : 1); mma--) {
+                g_cuda_tuning.gemv_mma = mma;
+                for (int ni = 0; ni < 3; ni++) {
+                    if (!mma && ns[ni] != 1) continue;
+                    test_gemv(bits, cols, 37, ns[ni], GEMV_IN_PLAIN, GEMV_OUT_STORE, 1);
+                    test_gemv(bits, cols, 64, ns[ni], GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
+                    test_gemv(bits, cols, 513, ns[ni], GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+                    test_gemv(bits, cols, 1001, ns[ni], GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1);
+                }
+                test_gemv(bits, cols, 8192, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1); /* lily-tiny LM head */
+            }
+            g_cuda_tuning.gemv_mma = 1;
+        }
+    }
+    test_gemv(8, 384, 24, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2, 4); /* lily-tiny router top-4 of 24 */
+    test_gemv(8, 384, 24, 2, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+    test_gemv(8, 384, 24, 7, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
     /* MoE: tiny-a and full shapes */
     for (int i = 0; i < 3; i++) {
         test_moe(4, 128, 16, 4, 64, ns[i]);
@@ -663,6 +696,16 @@ int main(void)
     test_moe(4, 2048, 32, 8, 512, 2);
     test_moe(4, 128, 256, 8, 64, 7);
     test_moe(8, 512, 64, 8, 128, 7);
+    /* lily-tiny: hidden 384, top-4 of 24, inter 64, shared expert 256 (the mixed-width down kernel) */
+    for (int i = 0; i < 3; i++) {
+        test_moe(4, 384, 24, 4, 64, ns[i], false, 256);
+        test_moe(8, 384, 24, 4, 64, ns[i], false, 256);
+        test_moe(16, 384, 24, 4, 64, ns[i], false, 256);
+    }
+    test_moe(4, 384, 24, 4, 64, 1, true, 256, false); /* decode: top-k published by the router GEMV */
+    test_moe(4, 384, 24, 4, 64, 7, false, 64);        /* equal widths at hidden 384 */
+    test_moe(4, 128, 16, 4, 128, 2, false, 64);       /* shared expert narrower than a routed one */
+    test_moe(4, 2048, 32, 8, 128, 1, false, 512);
     /* Gated DeltaNet */
     for (int i = 0; i < 4; i++) {
         test_gdn(2, 4, 32, ns[i], 1);
@@ -694,6 +737,15 @@ int main(void)
         test_attention(16, 2, 128, 32, depths[i], 1, 37, 1);
         test_attention(8, 4, 256, 64, depths[i] + 3, 1, 256, 1, 1);
     }
+    /* lily-tiny: G = 3 (6 query heads over 2 KV heads), head_dim 64, rotary 16 */
+    for (int i = 0; i < 3; i++)
+        test_attention(6, 2, 64, 16, 5, ns[i], 1);
+    for (int i = 0; i < 4; i++) {
+        test_attention(6, 2, 64, 16, depths[i + 2], 1, 64);
+        test_attention(6, 2, 64, 16, depths[i + 2], 1, 64, 1, 16);
+        test_attention(6, 2, 64, 16, depths[i + 2], 1, 1, 1);
+    }
+    test_attention(6, 6, 64, 16, 40, 3, 1); /* G = 1 */
     test_attention(16, 2, 256, 64, 4093, 1, 200, 1, 16); /* odd position, many splits */
     test_attention(16, 2, 256, 64, 777, 1, 3, 1, 16);
     test_embed(4, 1000, 2048, 7);

@@ -620,7 +620,9 @@ cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
         return cudaErrorInvalidValue;
     dim3 grid(a.n_splits, a.n_kv, n_tokens);
     switch (a.n_heads / a.n_kv) {
+    case 1: return att_g<1>(a, grid, s);
     case 2: return att_g<2>(a, grid, s);
+    case 3: return att_g<3>(a, grid, s); /* lily-tiny: 6 query heads over 2 KV heads */
     case 4: return att_g<4>(a, grid, s);
     case 8: return att_g<8>(a, grid, s);
     default: return cudaErrorInvalidValue;

@@ -356,8 +356,9 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     if (opts->device < 0 || opts->device >= n_dev)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: device %d out of range (%d devices)",
                               opts->device, n_dev);
-    if (cfg->hidden % 64 || cfg->head_dim % 32 || cfg->gdn_value_head_dim % 32)
-        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: model dims not supported by the CUDA kernels");
+    lily_status shapes = cuda_check_shapes(cfg, w, err); /* cuda_shapes.cu: a clear error before any upload */
+    if (shapes != LILY_OK)
+        return shapes;
     /* test/bench override of the DeltaNet prefill knob for whole-program runs (lily eval): see cuda_backend.h */
     const char *gp_env = getenv("LILY_CUDA_GDN_PREFILL");
     if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '3' && !gp_env[1])

@@ -179,6 +179,9 @@ __device__ __forceinline__ int argmax_key_row(unsigned long long k)
  * unless out_mode == GEMV_OUT_ARGMAX. Returns cudaErrorInvalidValue for a shape it has no kernel for. */
 cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                         unsigned long long *argmax, cudaStream_t s);
+/* Whether gemv_decode.cu has a lane shape for rows of `cols` columns at `bits` (4, 8, 16): cols a
+ * multiple of 128 / bits whose vector count is 4..128 (a power of two), 3 x 4..32, or 256 / 512 (bf16). */
+bool gemv_cols_supported(int bits, int cols);
 /* gemv_mma.cu: the 4-bit decode (one token) GEMV on tensor cores; launch_gemv calls it when
  * gemv_mma_supported(). */
 cudaError_t launch_gemv_mma(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
@@ -205,6 +208,10 @@ struct moe_args {
 };
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);
+/* Whether moe_route.cu's kernels take these shapes (any n_tokens): gate/up `gu_bits` with hidden
+ * columns, down `down_bits` with inter (routed) and shared_inter (shared expert) columns, top_k of
+ * n_experts. The routed and shared experts must share the storage width of each stage. */
+bool moe_route_supported(int gu_bits, int down_bits, int hidden, int inter, int shared_inter, int n_experts, int top_k);
 /* moe_decode.cu: the same two stages for one decode token on tensor cores (launch_moe_* call them). */
 bool moe_decode_mma_supported(const moe_args &a, int n_tokens);
 cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s);
@@ -266,7 +273,8 @@ struct attn_args {
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Decode attention: n_tokens == 1 runs on tensor cores when g_cuda_tuning.att_mma and
  * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256; split-KV merged by a
- * second kernel, counter unused), else the SIMT kernel (n_splits <= head_dim, last-block merge). */
+ * second kernel, counter unused), else the SIMT kernel (G 1, 2, 3, 4 or 8, head_dim 64/128/256,
+ * n_splits <= head_dim, last-block merge). */
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s);
 bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
 

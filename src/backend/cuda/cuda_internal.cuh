@@ -136,6 +136,9 @@ lily_status cuda_sync(cuda_ctx *c, lily_error *err);
 lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
                              lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                              lily_error *err);
+/* cuda_shapes.cu: LILY_ERR_UNSUPPORTED (naming the dimension) when some stage of the forward pass has no
+ * CUDA kernel for the model's shapes; called by create before anything is uploaded. */
+lily_status cuda_check_shapes(const lily_config *cfg, const lily_weights *w, lily_error *err);
 
 /* forward_prefill.cu: a batch of projections for n >= prefill_min_tokens rows (out_mode STORE or ADD),
  * and the whole sparse MoE block (h += MoE(RMSNorm(h))), on tensor cores; enqueue only. */

@@ -182,7 +182,26 @@ static cudaError_t gemv_bits(const gemv_batch &b, const gemv_input &in, int out_
     case 128: return gemv_go<BITS, 32, 4>(b, in, out_mode, n_tokens, argmax, s);
     case 256: if constexpr (BITS == 16) return gemv_go<BITS, 32, 8>(b, in, out_mode, n_tokens, argmax, s); else return cudaErrorInvalidValue;
     case 512: if constexpr (BITS == 16) return gemv_go<BITS, 32, 16>(b, in, out_mode, n_tokens, argmax, s); else return cudaErrorInvalidValue;
+    /* three vectors per lane: rows of 3 * 2^k vectors (hidden 384 / 768 / 1536 / 3072 at 4 or 8 bits) */
+    case 12: return gemv_go<BITS, 4, 3>(b, in, out_mode, n_tokens, argmax, s);
+    case 24: return gemv_go<BITS, 8, 3>(b, in, out_mode, n_tokens, argmax, s);
+    case 48: return gemv_go<BITS, 16, 3>(b, in, out_mode, n_tokens, argmax, s);
+    case 96: return gemv_go<BITS, 32, 3>(b, in, out_mode, n_tokens, argmax, s);
     default: return cudaErrorInvalidValue;
+    }
+}
+
+bool gemv_cols_supported(int bits, int cols)
+{
+    if (bits != 4 && bits != 8 && bits != 16)
+        return false;
+    const int cpv = 128 / bits;
+    if (cols <= 0 || cols % cpv || (size_t)cols * sizeof(float) > 48 * 1024)
+        return false;
+    switch (cols / cpv) { /* the cases of gemv_bits */
+    case 4: case 8: case 16: case 32: case 64: case 128: case 12: case 24: case 48: case 96: return true;
+    case 256: case 512: return bits == 16;
+    default: return false;
     }
 }
 
