@@ -418,12 +418,12 @@ static lily_status enqueue_step(cuda_ctx *c, cuda_state *st, bool greedy, float 
     return LILY_OK;
 }
 
-static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, float temperature,
-                            int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_cuda_token_fn on_token,
-                            void *user, lily_error *err)
+/* The start of a device decode run of n steps from first_token: context and token checks, the step graph
+ * (captured once), first_token into the current input slot, the generated-token counters zeroed (device
+ * and the mapped host count: the previous run ended with a sync, so no kernel writes it now).
+ * Errors: LILY_ERR_CONTEXT_LENGTH, LILY_ERR_INVALID_ARGUMENT, LILY_ERR_BACKEND. */
+static lily_status decode_begin(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, lily_error *err)
 {
-    if (n <= 0)
-        return LILY_OK;
     if (st->pos + n > st->max_ctx)
         return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: %d + %d tokens exceed the context of %d", st->pos,
                               n, st->max_ctx);
@@ -436,8 +436,20 @@ static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, in
         return rs;
     LAUNCH(launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream));
     LAUNCH(launch_set_int(&st->ctr->n_generated, 0, c->stream));
+    *(volatile int *)(st->host_tokens + st->out_cap) = 0;
+    return LILY_OK;
+}
+
+static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, float temperature,
+                            int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_cuda_token_fn on_token,
+                            void *user, lily_error *err)
+{
+    if (n <= 0)
+        return LILY_OK;
+    lily_status rs = decode_begin(c, st, first_token, n, greedy, err);
+    if (rs != LILY_OK)
+        return rs;
     volatile int *host_count = st->host_tokens + st->out_cap;
-    *host_count = 0; /* the previous call ended with a sync: no kernel writes it now */
     for (int i = 0; i < n; i++)
         if ((rs = enqueue_step(c, st, greedy, temperature, top_k, top_p, seed, err)) != LILY_OK)
             return rs;
@@ -486,23 +498,13 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
                               "cuda: device sampling needs top_k in [1, %d] and top_p in (0, 1] (got %d, %g)",
                               LILY_DEVICE_TOP_K_MAX, sampling->top_k, (double)sampling->top_p);
-    if (st->pos + n > st->max_ctx)
-        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: %d + %d tokens exceed the context of %d", st->pos,
-                              n, st->max_ctx);
-    if (first_token < 0 || first_token >= c->cfg.vocab_size)
-        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: token id %d outside [0, %d)", first_token,
-                              c->cfg.vocab_size);
     if (c->opts.debug_hook) /* the hook syncs per stage: no graphs (forward() runs eagerly instead) */
         return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: no decode loop with a debug hook");
-    CUDA_TRY(cudaSetDevice(c->device));
-    lily_status rs = ensure_step_graph(c, st, greedy, err);
+    lily_status rs = decode_begin(c, st, first_token, n, greedy, err);
     if (rs != LILY_OK)
         return rs;
-    LAUNCH(launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream));
-    LAUNCH(launch_set_int(&st->ctr->n_generated, 0, c->stream));
     volatile int *host_count = st->host_tokens + st->out_cap;
     volatile const int *host_tokens = st->host_tokens;
-    *host_count = 0; /* the previous call ended with a sync: no kernel writes it now */
     int launched = 0, seen = 0;
     bool stop = false;
     while (!stop && seen < n) {
