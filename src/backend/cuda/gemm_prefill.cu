@@ -119,28 +119,9 @@ __global__ void __launch_bounds__(GEMM_THREADS) gemm_kernel(gemm_args a, int n_t
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
 
-    int e = 0, base, count;
-    if (GROUPED) {
-        const int i = blockIdx.y;
-        if (i >= *a.n_tiles)
-            return;
-        e = a.tile_expert[i];
-        base = a.tile_start[i];
-        count = min(T, a.offsets[e + 1] - base);
-    } else {
-        base = blockIdx.y * T;
-        count = min(T, n_tokens - base);
-    }
-    if (tid < T) {
-        int row = 0;
-        float sc = 0.0f;
-        if (tid < count) {
-            row = a.gather ? a.gather[base + tid] : base + tid;
-            sc = a.act.scale[row];
-        }
-        s_tok[tid] = row;
-        s_scale[tid] = sc;
-    }
+    int e, base, count;
+    if (!gemm_tile_rows<T, GROUPED>(a, n_tokens, e, base, count, s_tok, s_scale))
+        return;
     const int cols = a.act.cols, n_groups = cols / 64;
 
     /* this thread's weight chunks (same rows every group) */

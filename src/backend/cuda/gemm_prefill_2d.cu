@@ -61,28 +61,9 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
     const int wm = warp & 3, wn = warp >> 2; /* rows 32wm .. 32wm+31, tokens TW·wn .. TW·wn+TW-1 */
     constexpr bool w_all = S::WPT * S::NTHR == S::WCH; /* every thread has WPT weight chunks */
 
-    int e = 0, base, count;
-    if (GROUPED) {
-        const int i = blockIdx.y;
-        if (i >= *a.n_tiles)
-            return;
-        e = a.tile_expert[i];
-        base = a.tile_start[i];
-        count = min(T, a.offsets[e + 1] - base);
-    } else {
-        base = blockIdx.y * T;
-        count = min(T, n_tokens - base);
-    }
-    if (tid < T) {
-        int row = 0;
-        float sc = 0.0f;
-        if (tid < count) {
-            row = a.gather ? a.gather[base + tid] : base + tid;
-            sc = a.act.scale[row];
-        }
-        s_tok[tid] = row;
-        s_scale[tid] = sc;
-    }
+    int e, base, count;
+    if (!gemm_tile_rows<T, GROUPED>(a, n_tokens, e, base, count, s_tok, s_scale))
+        return;
     const int cols = a.act.cols, n_groups = cols / 64;
     const bool active = wn * TW < count; /* warp-uniform */
 

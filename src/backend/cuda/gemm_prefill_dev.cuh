@@ -123,4 +123,38 @@ __device__ __forceinline__ bool gemm_row(const gemm_args &a, int br, int &mi, in
     return R < a.row_start[a.n_mats];
 }
 
+/* The block's tile of T token rows: dense = rows blockIdx.y·T.., grouped = tile blockIdx.y of the device
+ * tile map (expert *e, positions *base.. of its group). Fills s_tok (X row of each tile row, 0 past the
+ * end) and s_scale (its activation scale, 0 past the end); *count = live rows. Returns false for a
+ * grouped tile past the device count (the whole block exits before any barrier). */
+template <int T, bool GROUPED>
+__device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens, int &e, int &base, int &count,
+                                               int *s_tok, float *s_scale)
+{
+    const int tid = threadIdx.x;
+    e = 0;
+    if (GROUPED) {
+        const int i = blockIdx.y;
+        if (i >= *a.n_tiles)
+            return false;
+        e = a.tile_expert[i];
+        base = a.tile_start[i];
+        count = min(T, a.offsets[e + 1] - base);
+    } else {
+        base = blockIdx.y * T;
+        count = min(T, n_tokens - base);
+    }
+    if (tid < T) {
+        int row = 0;
+        float sc = 0.0f;
+        if (tid < count) {
+            row = a.gather ? a.gather[base + tid] : base + tid;
+            sc = a.act.scale[row];
+        }
+        s_tok[tid] = row;
+        s_scale[tid] = sc;
+    }
+    return true;
+}
+
 #endif
