@@ -13,7 +13,7 @@
  *     (routing weights, shared-expert gate and the residual add fused). One warp per slot,
  *     16 output rows per block: grid = (ceil(hidden / 16), n_tokens), 32 * (top_k + 1) threads.
  *     When the shared expert is wider or narrower than a routed one (inter != shared_inter, e.g.
- *     lily-tiny: 64 vs 256), moe_down_mixed_kernel runs instead: the lane shape covers the wider of the
+ *     lily-tiny: 64 vs 256), moe_down_kernel<..., MIXED = true> runs instead: the lane shape covers the wider of the
  *     two and each slot's warp masks the vectors past its own column count (zero x and weights).
  */
 #include "gemv_common.cuh"
@@ -95,58 +95,6 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     }
 }
 
-template <int BITS, int LPR, int VPL>
-__global__ void moe_down_kernel(moe_args a)
-{
-    constexpr int CPV = 128 / BITS;
-    constexpr int RPW = 32 / LPR;
-    constexpr int U0 = MOE_DOWN_ROWS / RPW > 0 ? MOE_DOWN_ROWS / RPW : 1;
-    constexpr int U = U0 < 8 / VPL ? U0 : 8 / VPL; /* rows of loads in flight per lane group */
-    __shared__ float s_part[MOE_MAX_K + 1][MOE_DOWN_ROWS];
-    pdl_trigger(); /* nothing read yet: the next layer's input projections may start their prefetch */
-    pdl_wait();
-    const int t = blockIdx.y;
-    const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5;
-    const int li = lane % LPR, sub = lane / LPR;
-    const int r0 = blockIdx.x * MOE_DOWN_ROWS;
-    const bool shared = slot == a.top_k;
-    const dmat &D = shared ? a.sdown : a.down;
-    const int64_t ebase = shared ? 0 : (int64_t)a.topk_idx[t * a.top_k + slot] * a.hidden;
-    const int hid_stride = max(a.inter, a.shared_inter);
-
-    float x[VPL][CPV];
-    x_load<BITS, LPR, VPL>(a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride, li, x);
-    float xs[VPL];
-    x_sums<BITS, VPL>(x, xs);
-    x_prescale4<BITS, VPL>(x);
-    for (int rb = 0; rb < MOE_DOWN_ROWS; rb += RPW * U) {
-        row_frag<BITS, VPL> f[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int r = rb + u * RPW + sub;
-            if (r < MOE_DOWN_ROWS && r0 + r < a.hidden)
-                row_load<BITS, LPR, VPL>(D, ebase + r0 + r, li, f[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int r = rb + u * RPW + sub;
-            const float d = group_sum<LPR>(row_dot<BITS, VPL>(f[u], x, xs));
-            if (r < MOE_DOWN_ROWS && li == 0)
-                s_part[slot][r] = d;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < MOE_DOWN_ROWS && r0 + (int)threadIdx.x < a.hidden) {
-        const int r = threadIdx.x;
-        float acc = 0.0f;
-        for (int k = 0; k < a.top_k; k++)
-            acc = fmaf(a.topk_w[t * a.top_k + k], s_part[k][r], acc);
-        const float sg = sigmoid_f(a.router_logits[(int64_t)t * a.logit_stride + a.n_experts]);
-        acc = fmaf(sg, s_part[a.top_k][r], acc);
-        a.out[(int64_t)t * a.hidden + r0 + r] += acc;
-    }
-}
-
 /* Vector v = j * LPR + li of a row (weights, scale, bias), or zeros when v >= nv (this slot's vectors). */
 template <int BITS, int LPR, int VPL>
 __device__ __forceinline__ void row_load_masked(const dmat &m, int64_t prow, int li, int nv, row_frag<BITS, VPL> &f)
@@ -192,18 +140,18 @@ __device__ __forceinline__ void x_load_masked(const float *act, int li, int nv, 
     }
 }
 
-/* moe_down_kernel for inter != shared_inter: LPR * VPL vectors cover max(inter, shared_inter) columns;
- * slot k's warp reads only its own nv = (k == top_k ? shared_inter : inter) / CPV vectors (the masked
- * ones contribute s * 0 + b * 0 = 0). Same grid, block, outputs and summation order as moe_down_kernel. */
-template <int BITS, int LPR, int VPL>
-__global__ void moe_down_mixed_kernel(moe_args a)
+/* MIXED (inter != shared_inter): LPR * VPL vectors cover max(inter, shared_inter) columns; slot k's warp
+ * reads only its own nv = (k == top_k ? shared_inter : inter) / CPV vectors (the masked ones contribute
+ * s * 0 + b * 0 = 0). Same grid, block, outputs and summation order either way. */
+template <int BITS, int LPR, int VPL, bool MIXED>
+__global__ void moe_down_kernel(moe_args a)
 {
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR;
     constexpr int U0 = MOE_DOWN_ROWS / RPW > 0 ? MOE_DOWN_ROWS / RPW : 1;
-    constexpr int U = U0 < 8 / VPL ? U0 : 8 / VPL;
+    constexpr int U = U0 < 8 / VPL ? U0 : 8 / VPL; /* rows of loads in flight per lane group */
     __shared__ float s_part[MOE_MAX_K + 1][MOE_DOWN_ROWS];
-    pdl_trigger();
+    pdl_trigger(); /* nothing read yet: the next layer's input projections may start their prefetch */
     pdl_wait();
     const int t = blockIdx.y;
     const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5;
@@ -216,7 +164,10 @@ __global__ void moe_down_mixed_kernel(moe_args a)
     const int hid_stride = max(a.inter, a.shared_inter);
 
     float x[VPL][CPV];
-    x_load_masked<BITS, LPR, VPL>(a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride, li, nv, x);
+    if (MIXED)
+        x_load_masked<BITS, LPR, VPL>(a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride, li, nv, x);
+    else
+        x_load<BITS, LPR, VPL>(a.hid + ((int64_t)t * (a.top_k + 1) + slot) * hid_stride, li, x);
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
     x_prescale4<BITS, VPL>(x);
@@ -225,8 +176,12 @@ __global__ void moe_down_mixed_kernel(moe_args a)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int r = rb + u * RPW + sub;
-            if (r < MOE_DOWN_ROWS && r0 + r < a.hidden)
-                row_load_masked<BITS, LPR, VPL>(D, ebase + r0 + r, li, nv, f[u]);
+            if (r < MOE_DOWN_ROWS && r0 + r < a.hidden) {
+                if (MIXED)
+                    row_load_masked<BITS, LPR, VPL>(D, ebase + r0 + r, li, nv, f[u]);
+                else
+                    row_load<BITS, LPR, VPL>(D, ebase + r0 + r, li, f[u]);
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -302,54 +257,32 @@ cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s)
     }
 }
 
-template <int BITS, int LPR, int VPL>
+template <int BITS, int LPR, int VPL, bool MIXED>
 static cudaError_t down_go(const moe_args &a, int n_tokens, cudaStream_t s)
 {
     dim3 grid((a.hidden + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS, n_tokens);
-    return launch_pdl(moe_down_kernel<BITS, LPR, VPL>, grid, dim3(32 * (a.top_k + 1)), 0, s, a);
+    return launch_pdl(moe_down_kernel<BITS, LPR, VPL, MIXED>, grid, dim3(32 * (a.top_k + 1)), 0, s, a);
 }
 
-template <int BITS>
+/* The lane shape from the row width: inter, or the wider of inter and shared_inter when they differ. */
+template <int BITS, bool MIXED>
 static cudaError_t down_bits(const moe_args &a, int n_tokens, cudaStream_t s)
 {
-    switch (a.inter / (128 / BITS)) {
-    case 2: if constexpr (BITS == 4) return down_go<BITS, 2, 1>(a, n_tokens, s); else return cudaErrorInvalidValue;
-    case 4: return down_go<BITS, 4, 1>(a, n_tokens, s);
-    case 8: return down_go<BITS, 8, 1>(a, n_tokens, s);
-    case 16: return down_go<BITS, 16, 1>(a, n_tokens, s);
-    case 32: return down_go<BITS, 32, 1>(a, n_tokens, s);
-    case 64: return down_go<BITS, 32, 2>(a, n_tokens, s);
-    case 128: return down_go<BITS, 32, 4>(a, n_tokens, s);
-    default: return cudaErrorInvalidValue;
-    }
-}
-
-template <int BITS, int LPR, int VPL>
-static cudaError_t down_mixed_go(const moe_args &a, int n_tokens, cudaStream_t s)
-{
-    dim3 grid((a.hidden + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS, n_tokens);
-    return launch_pdl(moe_down_mixed_kernel<BITS, LPR, VPL>, grid, dim3(32 * (a.top_k + 1)), 0, s, a);
-}
-
-/* inter != shared_inter: the lane shape of the wider expert (the table of down_bits) */
-template <int BITS>
-static cudaError_t down_mixed_bits(const moe_args &a, int n_tokens, cudaStream_t s)
-{
-    switch (max(a.inter, a.shared_inter) / (128 / BITS)) {
-    case 2: if constexpr (BITS == 4) return down_mixed_go<BITS, 2, 1>(a, n_tokens, s); else return cudaErrorInvalidValue;
-    case 4: return down_mixed_go<BITS, 4, 1>(a, n_tokens, s);
-    case 8: return down_mixed_go<BITS, 8, 1>(a, n_tokens, s);
-    case 16: return down_mixed_go<BITS, 16, 1>(a, n_tokens, s);
-    case 32: return down_mixed_go<BITS, 32, 1>(a, n_tokens, s);
-    case 64: return down_mixed_go<BITS, 32, 2>(a, n_tokens, s);
-    case 128: return down_mixed_go<BITS, 32, 4>(a, n_tokens, s);
+    switch ((MIXED ? max(a.inter, a.shared_inter) : a.inter) / (128 / BITS)) {
+    case 2: if constexpr (BITS == 4) return down_go<BITS, 2, 1, MIXED>(a, n_tokens, s); else return cudaErrorInvalidValue;
+    case 4: return down_go<BITS, 4, 1, MIXED>(a, n_tokens, s);
+    case 8: return down_go<BITS, 8, 1, MIXED>(a, n_tokens, s);
+    case 16: return down_go<BITS, 16, 1, MIXED>(a, n_tokens, s);
+    case 32: return down_go<BITS, 32, 1, MIXED>(a, n_tokens, s);
+    case 64: return down_go<BITS, 32, 2, MIXED>(a, n_tokens, s);
+    case 128: return down_go<BITS, 32, 4, MIXED>(a, n_tokens, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
 static bool down_nvec_ok(int bits, int nvec)
 {
-    switch (nvec) { /* the cases of down_bits / down_mixed_bits */
+    switch (nvec) { /* the cases of down_bits */
     case 2: return bits == 4;
     case 4: case 8: case 16: case 32: case 64: case 128: return true;
     default: return false;
@@ -367,16 +300,16 @@ cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s)
         if (a.inter <= 0 || a.shared_inter <= 0 || a.inter % cpv || a.shared_inter % cpv)
             return cudaErrorInvalidValue;
         switch (a.down.bits) {
-        case 4: return down_mixed_bits<4>(a, n_tokens, s);
-        case 8: return down_mixed_bits<8>(a, n_tokens, s);
-        case 16: return down_mixed_bits<16>(a, n_tokens, s);
+        case 4: return down_bits<4, true>(a, n_tokens, s);
+        case 8: return down_bits<8, true>(a, n_tokens, s);
+        case 16: return down_bits<16, true>(a, n_tokens, s);
         default: return cudaErrorInvalidValue;
         }
     }
     switch (a.down.bits) {
-    case 4: return down_bits<4>(a, n_tokens, s);
-    case 8: return down_bits<8>(a, n_tokens, s);
-    case 16: return down_bits<16>(a, n_tokens, s);
+    case 4: return down_bits<4, false>(a, n_tokens, s);
+    case 8: return down_bits<8, false>(a, n_tokens, s);
+    case 16: return down_bits<16, false>(a, n_tokens, s);
     default: return cudaErrorInvalidValue;
     }
 }
