@@ -49,35 +49,39 @@ __device__ __forceinline__ void apf_stage_q_fused(const attn_args &a, int n_toke
     constexpr int LD = D + APF_PAD;
     const int G = a.n_heads / a.n_kv, n_rows = n_tokens * G, rot = a.rot_dim;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    /* 1: a warp per row: 1/rms (kept in s_r for step 2), the dims past rot_dim stored */
-    for (int r = warp; r < APF_BM; r += APF_WARPS) {
-        const int gr = r0 + r;
-        __nv_bfloat16 *qs = sQ + r * LD;
-        if (gr >= n_rows) { /* warp-uniform */
+    /* 1: a warp per row (rows warp, warp + 4, ...): 1/rms (kept in s_r for step 2) and the dims past
+     * rot_dim; rows past the chunk are all zero (their x = 0). Four rows' loads are issued together (the
+     * raw q comes from L2 / DRAM right after the projection). */
+#pragma unroll 1
+    for (int rb = 0; rb < APF_BM / APF_WARPS; rb += 4) {
+        float v[4][D / 32];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int gr = r0 + warp + APF_WARPS * (rb + u);
+            const float *src = a.qkv + (size_t)(gr / G) * a.qkv_stride + (size_t)(g * G + gr % G) * 2 * D;
 #pragma unroll
             for (int k = 0; k < D / 32; k++)
-                qs[lane + 32 * k] = __float2bfloat16(0.0f);
-            continue;
+                v[u][k] = gr < n_rows ? src[lane + 32 * k] : 0.0f;
         }
-        const int t = gr / G, hg = g * G + gr % G;
-        const float *src = a.qkv + (size_t)t * a.qkv_stride + (size_t)hg * 2 * D;
-        float v[D / 32];
 #pragma unroll
-        for (int k = 0; k < D / 32; k++)
-            v[k] = src[lane + 32 * k];
-        float ss = 0.0f;
+        for (int u = 0; u < 4; u++) {
+            const int r = warp + APF_WARPS * (rb + u);
+            const bool pad = r0 + r >= n_rows;
+            float ss = 0.0f; /* same order as norm_rope.cu: the same bits */
 #pragma unroll
-        for (int k = 0; k < D / 32; k++)
-            ss = fmaf(v[k], v[k], ss);
-        ss = warp_sum(ss);
-        const float rr = head_rms_inv(ss, D, a.eps);
-        if (lane == 0)
-            s_r[r] = rr;
+            for (int k = 0; k < D / 32; k++)
+                ss = fmaf(v[u][k], v[u][k], ss);
+            ss = warp_sum(ss);
+            const float rr = head_rms_inv(ss, D, a.eps);
+            if (lane == 0)
+                s_r[r] = rr;
+            __nv_bfloat16 *qs = sQ + r * LD;
 #pragma unroll
-        for (int k = 0; k < D / 32; k++) {
-            const int d = lane + 32 * k;
-            if (d >= rot)
-                qs[d] = __float2bfloat16(v[k] * rr * a.q_norm[d]);
+            for (int k = 0; k < D / 32; k++) {
+                const int d = lane + 32 * k;
+                if (d >= rot || pad)
+                    qs[d] = __float2bfloat16(v[u][k] * rr * a.q_norm[d]);
+            }
         }
     }
     __syncthreads();
