@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_
 
     /* Q -> bf16 shared, rows past the chunk zero: fused (raw q normed + rotated here) or fp32 a.q */
     __shared__ float s_r[QF ? APF_BM : 1]; /* fused: 1/rms per row */
-    if (QF) {
+    if constexpr (QF) {
         apf_stage_q_fused<D>(a, n_tokens, r0, g, pos, sQ, s_r);
     } else {
         for (int i = tid; i < APF_BM * (D / 4); i += APF_WARPS * 32) {
