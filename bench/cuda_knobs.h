@@ -28,6 +28,7 @@ static const struct {
     {"gemm_variant", offsetof(lily_cuda_tuning, gemm_variant)},
     {"moe_tile", offsetof(lily_cuda_tuning, moe_tile)},
     {"dense_tile", offsetof(lily_cuda_tuning, dense_tile)},
+    {"att_prefill_fused_q", offsetof(lily_cuda_tuning, att_prefill_fused_q)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

@@ -8,6 +8,19 @@
  * the denominator summed over the rounded weights: each weight is off by at most 2^-9 relative, so
  * |gpu - cpu| <= 2 * 2^-9 * sum_k p_k |v_k| / sum_k p_k * sigmoid(gate) = 3.9e-3 * mag (reached by rows of
  * a few keys with cancelling values), + fp32 accumulation and exp2 approximation: bound 5e-3 * mag + 1e-5.
+ *
+ * Fused q (attn_args.q_fused, rot >= 0 below): the kernel reads the raw q from qkv and applies the q
+ * RMSNorm and partial RoPE itself; the twin does norm + RoPE in double (the angle in fp32 as MODEL.md
+ * §4.3 specifies it) and rounds q to bf16. The GPU's fp32 q differs from the twin's by at most
+ * Delta_d = (|x_d| + |x_pair|) * (2e-6 + dang) (fp32 norm; --use_fast_math makes powf __powf =
+ * exp2(e * lg2.approx(theta)), e = 2i / rot_dim: inv_freq within 1.5e-6 + 1e-5 e relative, a generous
+ * margin, so dang = that * |angle|), so each bf16 q element can differ by
+ * u_d = |bf16(q + Delta) - bf16(q - Delta)| (zero away from a rounding boundary).
+ * That moves each score by at most e_k = sum_d u_d |k_d| / sqrt(D) <= E, each softmax weight by a factor
+ * within exp(+-2E): the bound gains (exp(2E) - 1) * mag ("q slack" below; small at shallow positions).
+ * The fused output is also compared with the two-kernel path (norm_rope.cu writes fp32 q, then the
+ * kernel reads it; both evaluate norm_rope.cuh's math, so bit-identical is expected) and the k/v-only
+ * norm_rope launch with the full one (cache rows bit-identical, q untouched).
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,9 +39,115 @@ extern "C" {
 
 static int g_fail = 0, g_checks = 0;
 
-/* splits: 1 = one split, > 1 = that many, 0 = attention_prefill_splits' choice (capacity 64 like decode) */
-static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
+/* bf16 rounding of a double through fp32, back as double */
+static double bf16_round(double x) { return lily_bf16_to_f32(lily_f32_to_bf16((float)x)); }
+
+/* Twin of the fused q staging for token t (position p), head h: q (double, normed + rotated) and the
+ * bound u on |gpu bf16 q - bf16(q)| per dim (see the header). */
+static void twin_q_fused(const std::vector<float> &qkv, int qkv_stride, int t, int h, int D, int rot, int p,
+                         const std::vector<float> &qn, std::vector<double> &q, std::vector<double> &u)
 {
+    const float *src = &qkv[(size_t)t * qkv_stride + (size_t)h * 2 * D];
+    double ss = 0;
+    for (int d = 0; d < D; d++) ss += (double)src[d] * src[d];
+    const double r = 1.0 / sqrt(ss / D + (double)1e-6f);
+    std::vector<double> x(D), dl(D);
+    for (int d = 0; d < D; d++) {
+        x[d] = src[d] * r * qn[d];
+        q[d] = x[d];
+        dl[d] = 2e-6 * fabs(x[d]);
+    }
+    const int half = rot / 2;
+    for (int i = 0; i < half; i++) {
+        const float e = (float)(2 * i) / (float)rot;
+        const float inv = 1.0f / powf(1e7f, e);
+        const float ang = (float)p * inv;
+        const double c = cos((double)ang), sn = sin((double)ang);
+        const double dang = fabs((double)ang) * (1.5e-6 + 1e-5 * e);
+        const double a0 = x[i], a1 = x[i + half], slack = (fabs(a0) + fabs(a1)) * (2e-6 + dang);
+        q[i] = a0 * c - a1 * sn;
+        q[i + half] = a1 * c + a0 * sn;
+        dl[i] = slack + 1.2e-7 * fabs(q[i]);
+        dl[i + half] = slack + 1.2e-7 * fabs(q[i + half]);
+    }
+    for (int d = 0; d < D; d++) u[d] = fabs(bf16_round(q[d] + dl[d]) - bf16_round(q[d] - dl[d]));
+}
+
+/* The fused launch a (already run; output got) against the two-kernel path: norm_rope.cu writes fp32 q
+ * (and k/v into scratch caches), then the kernel reads a.q over a's own cache; and norm_rope.cu's k/v-only
+ * launch (a.q_fused) against the full one: same cache bits, q untouched. */
+static void compare_two_kernel(const attn_args &a, int n, const char *what, const std::vector<float> &got,
+                               const std::vector<uint16_t> &kc, const std::vector<uint16_t> &vc)
+{
+    const size_t nq = (size_t)n * a.n_heads * a.head_dim, nc = kc.size();
+    attn_args full = a, kv = a, two = a;
+    full.q_fused = 0;
+    full.q = dev_nan(nq);
+    full.k_cache = (__nv_bfloat16 *)dev_copy(kc);
+    full.v_cache = (__nv_bfloat16 *)dev_copy(vc);
+    kv.q = dev_nan(nq);
+    kv.k_cache = (__nv_bfloat16 *)dev_copy(kc);
+    kv.v_cache = (__nv_bfloat16 *)dev_copy(vc);
+    two.q_fused = 0;
+    two.q = full.q;
+    two.out = dev_nan(nq);
+    cudaError_t e = launch_qk_norm_rope_append(full, n, 0);
+    if (e == cudaSuccess)
+        e = launch_qk_norm_rope_append(kv, n, 0);
+    if (e == cudaSuccess)
+        e = launch_attention_prefill(two, n, 0);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    g_checks++;
+    if (e != cudaSuccess) {
+        printf("FAIL %s: two-kernel path launch/run %s\n", what, cudaGetErrorString(e));
+        g_fail++;
+        exit(1);
+    }
+    const std::vector<float> out2 = host_copy(two.out, nq), qkv_only = host_copy(kv.q, nq);
+    size_t n_diff = 0;
+    double max_diff = 0;
+    for (size_t i = 0; i < nq; i++)
+        if (memcmp(&out2[i], &got[i], sizeof(float))) {
+            n_diff++;
+            max_diff = fmax(max_diff, fabs((double)out2[i] - got[i]));
+        }
+    if (n_diff)
+        printf("NOTE %s: fused vs two-kernel path: %zu of %zu outputs differ, max diff %.3g (expected identical; "
+               "the twin check decides)\n", what, n_diff, nq, max_diff);
+    else
+        printf("PASS %s: bit-identical to the two-kernel path (%zu outputs)\n", what, nq);
+    const std::vector<uint16_t> kf = host_copy((const uint16_t *)full.k_cache, nc),
+                                vf = host_copy((const uint16_t *)full.v_cache, nc),
+                                kk = host_copy((const uint16_t *)kv.k_cache, nc),
+                                vk = host_copy((const uint16_t *)kv.v_cache, nc);
+    size_t kv_diff = 0, q_written = 0, appended = 0;
+    for (size_t i = 0; i < nc; i++) {
+        kv_diff += kf[i] != kk[i] || vf[i] != vk[i];
+        appended += kf[i] != kc[i];
+    }
+    for (size_t i = 0; i < nq; i++) q_written += qkv_only[i] == qkv_only[i];
+    if (kv_diff || q_written || !appended) {
+        g_fail++;
+        printf("FAIL %s: norm_rope k/v only: %zu of %zu cache values differ from the full launch, %zu q values "
+               "written, %zu k values appended\n", what, kv_diff, 2 * nc, q_written, appended);
+    } else {
+        printf("PASS %s: norm_rope k/v only: cache identical to the full launch, q untouched\n", what);
+    }
+    cudaFree(full.q);
+    cudaFree(full.k_cache);
+    cudaFree(full.v_cache);
+    cudaFree(kv.q);
+    cudaFree(kv.k_cache);
+    cudaFree(kv.v_cache);
+    cudaFree(two.out);
+}
+
+/* splits: 1 = one split, > 1 = that many, 0 = attention_prefill_splits' choice (capacity 64 like decode).
+ * rot < 0: q given (fp32, a.q); rot >= 0: fused q with that rot_dim (raw q in qkv, q_norm, RoPE). */
+static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, int rot = -1)
+{
+    const bool fused = rot >= 0;
     const int G = nh / nkv, max_ctx = pos0 + n + 5, qkv_stride = nh * 2 * D + 2 * nkv * D + 4;
     std::vector<float> q((size_t)n * nh * D), qkv((size_t)n * qkv_stride);
     for (auto &x : q) x = rnd_f(-3, 3);
@@ -43,17 +162,24 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
                 vc[i] = live ? lily_f32_to_bf16(rnd_f(-1, 1)) : 0x7fc0;
             }
 
+    /* q_norm weight (1 + w form); drawn only when fused (the other cases keep their random inputs) */
+    const std::vector<float> qn = fused ? rand_vec(D, 0.5f, 1.5f) : std::vector<float>(D, 1.0f);
+
     attn_args a;
     memset(&a, 0, sizeof a);
     a.qkv = dev_copy(qkv);
     a.qkv_stride = qkv_stride;
-    a.q = dev_copy(q);
+    a.q = fused ? dev_nan(q.size()) : dev_copy(q); /* fused: never read */
+    a.q_norm = dev_copy(qn);
+    a.k_norm = a.q_norm; /* the two-kernel comparison's norm_rope launch norms k too */
+    a.eps = 1e-6f;
+    a.q_fused = fused;
     a.k_cache = (__nv_bfloat16 *)dev_copy(kc);
     a.v_cache = (__nv_bfloat16 *)dev_copy(vc);
     a.max_ctx = max_ctx;
     std::vector<int> p0(1, pos0);
     a.pos = dev_copy(p0);
-    a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = 0, a.rope_theta = 1e7f;
+    a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = fused ? rot : 0, a.rope_theta = 1e7f;
     std::vector<float> nan_out((size_t)n * nh * D, NAN);
     a.out = dev_copy(nan_out);
     a.n_splits = splits > 0 ? splits : attention_prefill_splits(a, n, pos0, 64);
@@ -62,8 +188,11 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
     a.part_ml = dev_copy(nan_pml);
 
     char what[160];
-    snprintf(what, sizeof what, "attention_prefill heads %d/%d D %d pos %d n %d splits %d", nh, nkv, D, pos0, n,
-             a.n_splits);
+    char fq[32] = "";
+    if (fused)
+        snprintf(fq, sizeof fq, " fused q rot %d", rot);
+    snprintf(what, sizeof what, "attention_prefill heads %d/%d D %d pos %d n %d splits %d%s", nh, nkv, D, pos0, n,
+             a.n_splits, fq);
     cudaError_t e = launch_attention_prefill(a, n, 0);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
@@ -82,25 +211,37 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
         if (got[i] != got[i] && !n_nan++)
             first_nan = i;
     const int stride = n > 100 ? 5 : 1;
-    double worst = 0, max_err = 0, bound_at_worst = 0;
+    double worst = 0, max_err = 0, bound_at_worst = 0, max_slack = 0;
     size_t bad = 0, n_cmp = 0;
     int bad_t = -1, bad_h = -1, bad_d = -1;
     double bad_got = 0, bad_want = 0;
-    std::vector<double> sc(pos0 + n), qb(D);
+    std::vector<double> sc(pos0 + n), qb(D), qf(D), u(D, 0.0);
     for (int t = 0; t < n; t++) {
         if (t % stride && t < n - 2)
             continue;
         for (int h = 0; h < nh; h++) {
             const int g = h / G, L = pos0 + t + 1;
-            for (int d = 0; d < D; d++) qb[d] = lily_bf16_to_f32(lily_f32_to_bf16(q[((size_t)t * nh + h) * D + d]));
-            double mx = -INFINITY;
+            if (fused) {
+                twin_q_fused(qkv, qkv_stride, t, h, D, rot, pos0 + t, qn, qf, u);
+                for (int d = 0; d < D; d++) qb[d] = bf16_round(qf[d]);
+            } else {
+                for (int d = 0; d < D; d++) qb[d] = bf16_round(q[((size_t)t * nh + h) * D + d]);
+            }
+            double mx = -INFINITY, E = 0;
             for (int k = 0; k < L; k++) {
-                double s = 0;
+                double s = 0, ek = 0;
                 const uint16_t *kr = &kc[((size_t)g * max_ctx + k) * D];
-                for (int d = 0; d < D; d++) s += qb[d] * lily_bf16_to_f32(kr[d]);
+                for (int d = 0; d < D; d++) {
+                    const double kv = lily_bf16_to_f32(kr[d]);
+                    s += qb[d] * kv;
+                    ek += u[d] * fabs(kv);
+                }
                 sc[k] = s / sqrt((double)D);
                 mx = fmax(mx, sc[k]);
+                E = fmax(E, ek / sqrt((double)D));
             }
+            const double slack = expm1(2 * E); /* q rounding differences (fused only; u = 0 otherwise) */
+            max_slack = fmax(max_slack, slack);
             double den = 0;
             for (int k = 0; k < L; k++) den += (sc[k] = exp(sc[k] - mx));
             for (int d = 0; d < D; d++) {
@@ -111,7 +252,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
                     om += sc[k] * fabs(v);
                 }
                 const double gate = 1.0 / (1.0 + exp(-(double)qkv[(size_t)t * qkv_stride + (size_t)h * 2 * D + D + d]));
-                const double want = o / den * gate, tol = 5e-3 * om / den * gate + 1e-5;
+                const double want = o / den * gate, tol = (5e-3 + slack) * om / den * gate + 1e-5;
                 const double gv = got[((size_t)t * nh + h) * D + d], err = fabs(gv - want);
                 n_cmp++;
                 if (!(err <= tol)) {
@@ -141,11 +282,17 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits)
             printf("; first NaN t %zu h %zu d %zu", first_nan / ((size_t)nh * D), first_nan / D % nh, first_nan % D);
         printf("\n");
     } else {
-        printf("PASS %s: max err %.3g, worst %.3f of the bound (bound there %.3g), %zu compared\n", what, max_err,
+        printf("PASS %s: max err %.3g, worst %.3f of the bound (bound there %.3g), %zu compared", what, max_err,
                worst, bound_at_worst, n_cmp);
+        if (fused)
+            printf(", q slack up to %.3g of mag", max_slack);
+        printf("\n");
     }
+    if (fused)
+        compare_two_kernel(a, n, what, got, kc, vc);
     cudaFree(a.qkv);
     cudaFree(a.q);
+    cudaFree((void *)a.q_norm);
     cudaFree(a.k_cache);
     cudaFree(a.v_cache);
     cudaFree((void *)a.pos);
@@ -186,6 +333,29 @@ int main(void)
     test_prefill(8, 2, 64, 300, 3, 5);
     test_prefill(16, 2, 256, 4000, 2, 0);
     test_prefill(8, 2, 64, 2000, 9, 0);
+    /* fused q (raw q normed + rotated by the kernel): Qwen3.5/3.6 (rot 64 of 256), tiny-a (16 of 64), G = 3
+     * and 4 with 128 (rot 32), full rotary, no rotary; chunks at position 0, at small nonzero positions
+     * (RoPE positions, short rows: a wrong angle shows), deep, and split-KV */
+    const int fns[] = {1, 2, 7, 64, 513};
+    for (int i = 0; i < 5; i++) {
+        test_prefill(16, 2, 256, 0, fns[i], 1, 64);
+        test_prefill(8, 2, 64, 0, fns[i], 1, 16);
+    }
+    test_prefill(16, 2, 256, 37, 33, 1, 64);
+    test_prefill(8, 2, 64, 5, 70, 1, 16);
+    test_prefill(12, 3, 128, 77, 33, 1, 32);
+    test_prefill(4, 4, 128, 19, 70, 1, 128);
+    test_prefill(6, 2, 64, 20, 15, 1, 16);
+    test_prefill(8, 2, 64, 31, 129, 1, 0);
+    test_prefill(16, 2, 256, 1000, 64, 1, 64);
+    test_prefill(8, 2, 64, 1000, 7, 1, 16);
+    test_prefill(16, 2, 256, 1000, 1, 64, 64);
+    test_prefill(16, 2, 256, 1000, 2, 8, 64);
+    test_prefill(16, 2, 256, 5000, 7, 9, 64);
+    test_prefill(8, 2, 64, 300, 3, 5, 16);
+    test_prefill(6, 2, 64, 700, 7, 4, 16);
+    test_prefill(16, 2, 256, 4000, 2, 0, 64);
+    test_prefill(8, 2, 64, 2000, 9, 0, 16);
     printf("%d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }

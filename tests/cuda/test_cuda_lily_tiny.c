@@ -238,8 +238,10 @@ static void run(void)
     REQUIRE(lily_backend_create("cuda", &cfg, &w, &opts, &gpu, &err) == LILY_OK, "cuda create: %s", err.message);
     const lily_cuda_tuning def = LILY_CUDA_TUNING_DEFAULT;
     run_modes(&gpu, ids, ref, V, "default kernels");
-    /* the knobs' other sides: SIMT GEMV / attention, general DeltaNet scan, router-published top-k */
+    /* the knobs' other sides: SIMT GEMV / attention, general DeltaNet scan, router-published top-k,
+     * prefill q normed + rotated by its own kernel */
     lily_cuda_tuning alt = def;
+    alt.att_prefill_fused_q = 0;
     alt.gemv_mma = 0;
     alt.att_mma = 0;
     alt.gdn_decode = 0;

@@ -605,6 +605,8 @@ static cudaError_t att_g(const attn_args &a, dim3 grid, cudaStream_t s)
 
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
 {
+    if (a.q_fused) /* these kernels read the normed + rotated a.q */
+        return cudaErrorInvalidValue;
     if (g_cuda_tuning.att_mma && attention_decode_mma_supported(a, n_tokens)) {
         cudaError_t e = cudaErrorNotSupported;
         switch (a.head_dim) {

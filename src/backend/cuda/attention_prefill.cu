@@ -17,8 +17,15 @@
  * part_ml ([split][t][head][head_dim], [split][t][head][2]) and attention_prefill_merge_kernel combines
  * them. With n_splits == 1 the block normalises and writes out directly.
  * Output: out[t][h][d] = attn * sigmoid(gate[t][h][d]), gate = second half of q_proj's head row.
+ *
+ * Fused q (a.q_fused, template QF): Q is staged from the raw q (first half of q_proj's head row in qkv)
+ * with the q RMSNorm and partial RoPE of norm_rope.cu (the shared math of norm_rope.cuh, same bits as
+ * the q that kernel writes): a warp per row sums the squares (same order as norm_rope.cu) and stores
+ * the non-rotary dims, then one thread per (token, rotary pair) of the tile computes cos/sin once and
+ * rotates that pair for each of the token's heads in the tile. norm_rope.cu then only appends k and v.
  */
 #include "attention_mma.cuh"
+#include "norm_rope.cuh"
 
 #define APF_BM 64   /* query rows (token x head) per block */
 #define APF_BN 32   /* keys per tile */
@@ -32,7 +39,76 @@ template <int D> constexpr size_t apf_smem_bytes(void)
     return (size_t)(APF_BM + 4 * APF_BN) * (D + APF_PAD) * sizeof(__nv_bfloat16);
 }
 
+/* Fused q staging (QF): rows r0 .. r0 + APF_BM - 1 of sQ from the raw q in qkv, normed + rotated as in
+ * norm_rope.cu; rows past the chunk zero. All threads call it (a barrier between its two steps: s_r is
+ * read across warps); the main loop's first barrier publishes sQ. */
 template <int D>
+__device__ __forceinline__ void apf_stage_q_fused(const attn_args &a, int n_tokens, int r0, int g, int pos,
+                                                  __nv_bfloat16 *sQ, float *s_r)
+{
+    constexpr int LD = D + APF_PAD;
+    const int G = a.n_heads / a.n_kv, n_rows = n_tokens * G, rot = a.rot_dim;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* 1: a warp per row (rows warp, warp + 4, ...): 1/rms (kept in s_r for step 2) and the dims past
+     * rot_dim; rows past the chunk are all zero (their x = 0). Four rows' loads are issued together (the
+     * raw q comes from L2 / DRAM right after the projection). */
+#pragma unroll 1
+    for (int rb = 0; rb < APF_BM / APF_WARPS; rb += 4) {
+        float v[4][D / 32];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int gr = r0 + warp + APF_WARPS * (rb + u);
+            const float *src = a.qkv + (size_t)(gr / G) * a.qkv_stride + (size_t)(g * G + gr % G) * 2 * D;
+#pragma unroll
+            for (int k = 0; k < D / 32; k++)
+                v[u][k] = gr < n_rows ? src[lane + 32 * k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int r = warp + APF_WARPS * (rb + u);
+            const bool pad = r0 + r >= n_rows;
+            float ss = 0.0f; /* same order as norm_rope.cu: the same bits */
+#pragma unroll
+            for (int k = 0; k < D / 32; k++)
+                ss = fmaf(v[u][k], v[u][k], ss);
+            ss = warp_sum(ss);
+            const float rr = head_rms_inv(ss, D, a.eps);
+            if (lane == 0)
+                s_r[r] = rr;
+            __nv_bfloat16 *qs = sQ + r * LD;
+#pragma unroll
+            for (int k = 0; k < D / 32; k++) {
+                const int d = lane + 32 * k;
+                if (d >= rot || pad)
+                    qs[d] = __float2bfloat16(v[u][k] * rr * a.q_norm[d]);
+            }
+        }
+    }
+    __syncthreads();
+    /* 2: rotary pairs (j, j + half): one cos/sin per (token, pair), applied to the token's heads in the tile */
+    const int half = rot / 2;
+    if (half == 0)
+        return;
+    const int t_first = r0 / G, t_end = min(n_tokens, (r0 + APF_BM - 1) / G + 1);
+    const int n_pairs = (t_end - t_first) * half;
+    for (int i = tid; i < n_pairs; i += APF_WARPS * 32) {
+        const int t = t_first + i / half, j = i % half;
+        double c, sn;
+        rope_cos_sin(pos + t, j, rot, a.rope_theta, &c, &sn);
+        const float w0 = a.q_norm[j], w1 = a.q_norm[j + half];
+        const int h_lo = max(0, r0 - t * G), h_hi = min(G, r0 + APF_BM - t * G); /* rows t*G+h in the tile */
+        const float *row = a.qkv + (size_t)t * a.qkv_stride + (size_t)g * G * 2 * D;
+        for (int h = h_lo; h < h_hi; h++) {
+            const int r = t * G + h - r0;
+            const float rr = s_r[r];
+            const float x = row[(size_t)h * 2 * D + j] * rr * w0, y = row[(size_t)h * 2 * D + j + half] * rr * w1;
+            sQ[r * LD + j] = __float2bfloat16(rope_first(x, y, c, sn));
+            sQ[r * LD + j + half] = __float2bfloat16(rope_second(x, y, c, sn));
+        }
+    }
+}
+
+template <int D, bool QF>
 __global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_args a, int n_tokens)
 {
     constexpr int LD = D + APF_PAD; /* shared row stride (bf16 elements; 16-byte multiple) */
@@ -76,19 +152,24 @@ __global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_
         cp_async_commit();
     }
 
-    /* Q (fp32) -> bf16 shared, rows past the chunk zero */
-    for (int i = tid; i < APF_BM * (D / 4); i += APF_WARPS * 32) {
-        const int r = i / (D / 4), c4 = i % (D / 4), gr = r0 + r;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (gr < n_rows) {
-            const int t = gr / G, h = gr % G;
-            v = *reinterpret_cast<const float4 *>(a.q + ((size_t)t * a.n_heads + g * G + h) * D + c4 * 4);
+    /* Q -> bf16 shared, rows past the chunk zero: fused (raw q normed + rotated here) or fp32 a.q */
+    __shared__ float s_r[QF ? APF_BM : 1]; /* fused: 1/rms per row */
+    if constexpr (QF) {
+        apf_stage_q_fused<D>(a, n_tokens, r0, g, pos, sQ, s_r);
+    } else {
+        for (int i = tid; i < APF_BM * (D / 4); i += APF_WARPS * 32) {
+            const int r = i / (D / 4), c4 = i % (D / 4), gr = r0 + r;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (gr < n_rows) {
+                const int t = gr / G, h = gr % G;
+                v = *reinterpret_cast<const float4 *>(a.q + ((size_t)t * a.n_heads + g * G + h) * D + c4 * 4);
+            }
+            __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+            uint2 u;
+            u.x = *reinterpret_cast<unsigned int *>(&lo);
+            u.y = *reinterpret_cast<unsigned int *>(&hi);
+            *reinterpret_cast<uint2 *>(sQ + r * LD + c4 * 4) = u;
         }
-        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-        uint2 u;
-        u.x = *reinterpret_cast<unsigned int *>(&lo);
-        u.y = *reinterpret_cast<unsigned int *>(&hi);
-        *reinterpret_cast<uint2 *>(sQ + r * LD + c4 * 4) = u;
     }
 
     /* this lane's two rows (fragment rows lane/4 and lane/4 + 8 of the warp's 16) */
@@ -267,21 +348,29 @@ __global__ void __launch_bounds__(128) attention_prefill_merge_kernel(attn_args 
 
 /* ---- launch ------------------------------------------------------------------------------------------ */
 
-template <int D> static cudaError_t apf_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
+template <int D, bool QF>
+static cudaError_t apf_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
     constexpr size_t smem = apf_smem_bytes<D>();
     /* per call (host-side, cheap): the attribute belongs to the current device's context */
-    cudaError_t e = cudaFuncSetAttribute(attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(attention_prefill_kernel<D, QF>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
     const int G = a.n_heads / a.n_kv;
     dim3 grid((n_tokens * G + APF_BM - 1) / APF_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_kernel<D>, grid, dim3(APF_WARPS * 32), smem, s, a, n_tokens);
+    return launch_pdl(attention_prefill_kernel<D, QF>, grid, dim3(APF_WARPS * 32), smem, s, a, n_tokens);
+}
+
+template <int D> static cudaError_t apf_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
+{
+    return a.q_fused ? apf_launch<D, true>(a, n_tokens, n_splits, s) : apf_launch<D, false>(a, n_tokens, n_splits, s);
 }
 
 bool attention_prefill_supported(const attn_args &a)
 {
+    if (a.q_fused && (!a.q_norm || a.rot_dim < 0 || a.rot_dim > a.head_dim || a.rot_dim % 2))
+        return false;
     return a.n_kv > 0 && a.n_heads % a.n_kv == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256);
 }
 

@@ -96,8 +96,10 @@ typedef struct {
                              * (8 warps); 2: as 1 with 16 warps at 128 tokens (4/16-bit weights) */
     int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
+    int att_prefill_fused_q; /* with att_prefill: 1 = the flash kernel norms + rotates q while staging it (the
+                              * norm/RoPE kernel appends k/v only), 0 = q normed + rotated by that kernel */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

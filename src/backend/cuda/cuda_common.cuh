@@ -257,7 +257,7 @@ struct attn_args {
     int qkv_stride;
     const float *q_norm, *k_norm; /* [head_dim] */
     float eps;
-    float *q;              /* [n][n_heads][head_dim] normed + rotated query */
+    float *q;              /* [n][n_heads][head_dim] normed + rotated query (unused when q_fused) */
     __nv_bfloat16 *k_cache, *v_cache; /* [n_kv][max_ctx][head_dim] */
     int max_ctx;
     const int *pos;        /* position of token 0 (device) */
@@ -269,21 +269,31 @@ struct attn_args {
     float *part_o;         /* [n_kv][n_splits][G][head_dim] */
     float *part_ml;        /* [n_kv][n_splits][G][2] */
     unsigned int *counter; /* [n_kv], zero between launches */
+    /* prefill only: 1 = the flash kernel (launch_attention_prefill) norms and rotates q from qkv itself
+     * (q unused; launch_qk_norm_rope_append then does k/v only); 0 = q from a.q */
+    int q_fused;
 };
+/* norm_rope.cu: q/k RMSNorm + partial RoPE, k and v appended to the cache at *pos .. *pos + n_tokens - 1,
+ * q written to a.q; with a.q_fused only k and v (a.q untouched). cudaErrorInvalidValue when more than 32
+ * heads (q + k + v warps), head_dim > 256 or rot_dim > head_dim. */
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Decode attention: n_tokens == 1 runs on tensor cores when g_cuda_tuning.att_mma and
  * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256; split-KV merged by a
  * second kernel, counter unused), else the SIMT kernel (G 1, 2, 3, 4 or 8, head_dim 64/128/256,
  * n_splits <= head_dim, last-block merge). */
-cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s);
+cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s); /* a.q_fused must be 0 */
 bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
 
 /* attention_prefill.cu: causal flash attention (tensor cores) for a chunk of n_tokens >= 1 queries at
  * positions *pos .. *pos + n_tokens - 1 over cache keys [0, *pos + n_tokens), same inputs (q, k/v cache
- * already appended, gate in qkv) and output (out) as launch_attention. a.n_splits > 1 splits the keys
- * of each query tile across blocks and merges (uses part_o >= n_splits * n_tokens * n_heads * head_dim
- * floats, part_ml >= n_splits * n_tokens * n_heads * 2). cudaErrorInvalidValue for an unsupported shape. */
-bool attention_prefill_supported(const attn_args &a); /* head_dim 64, 128 or 256; n_heads % n_kv == 0 */
+ * already appended, gate in qkv) and output (out) as launch_attention. With a.q_fused the kernel reads
+ * the raw q (first half of each q_proj head row in qkv) and applies the q RMSNorm (q_norm, eps) and the
+ * partial RoPE (rot_dim, rope_theta, positions) of norm_rope.cu while staging it; a.q is not read.
+ * a.n_splits > 1 splits the keys of each query tile across blocks and merges (uses part_o >= n_splits
+ * * n_tokens * n_heads * head_dim floats, part_ml >= n_splits * n_tokens * n_heads * 2).
+ * cudaErrorInvalidValue for an unsupported shape. */
+/* head_dim 64, 128 or 256; n_heads % n_kv == 0; with q_fused also q_norm set, rot_dim even, <= head_dim */
+bool attention_prefill_supported(const attn_args &a);
 cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Split count for a chunk of n_tokens at context position ctx (host hint): about two blocks per SM,
  * at least 8 key tiles per split, n_splits * n_tokens <= cap_splits (the partial buffers' capacity). */

@@ -2,6 +2,8 @@
  * a kernel for a stage: per token chunk, kernels per layer are
  *   DeltaNet layer:  gemv(norm -> qkv|z|b|a)  gdn_scan  gemv(gated norm -> out_proj, += h)
  *   attention layer: gemv(norm -> q|k|v)  qk_norm_rope_append  attention(split-KV)  gemv(o_proj, += h)
+ *                    (a prefill chunk, att_prefill_fused_q: qk_norm_rope_append does k/v only and the
+ *                    flash attention kernel norms + rotates q itself)
  *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h)
  * then gemv(final norm -> LM head [+ argmax]) and the step bookkeeping (advance / finish_greedy).
  * Decode steps are captured once per session as CUDA graphs and replayed (fast paths of cuda_backend.h).
@@ -170,10 +172,15 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             a.part_o = c->part_o;
             a.part_ml = c->part_ml;
             a.counter = c->att_counter;
+            /* a chunk: tensor-core flash attention, which norms + rotates q itself when q_fused (k/v only here) */
+            const bool flash = n > 1 && g_cuda_tuning.att_prefill && attention_prefill_supported(a);
+            a.q_fused = flash && g_cuda_tuning.att_prefill_fused_q;
+            if (a.q_fused && !attention_prefill_supported(a))
+                a.q_fused = 0;
             MARK(PS_ATT_ROPE);
             LAUNCH(launch_qk_norm_rope_append(a, n, s));
             MARK(PS_ATT);
-            if (n > 1 && g_cuda_tuning.att_prefill && attention_prefill_supported(a)) { /* tensor-core flash attention for a chunk */
+            if (flash) {
                 a.n_splits = attention_prefill_splits(a, n, st->pos, c->att_splits);
                 LAUNCH(launch_attention_prefill(a, n, s));
             } else {

@@ -2,9 +2,11 @@
  * per head RMSNorm of q and k (q_norm / k_norm, 1 + w form), partial rotate-half RoPE on the first
  * rot_dim dims (pairs (i, i + rot/2), inv_freq = theta^(-2i/rot), fp32 angle, cos/sin in double),
  * then k and v appended to the bf16 KV cache at positions pos .. pos + n - 1; q kept fp32.
- * grid = n tokens, block = 32 * (n_heads + 2 * n_kv): one warp per q head, k head and v head.
+ * grid = n tokens, block = 32 * (n_heads + 2 * n_kv): one warp per q head, k head and v head; with
+ * a.q_fused (a prefill chunk whose attention kernel norms and rotates q itself) the q warps are left
+ * out: block = 32 * 2 * n_kv, a.q untouched. The norm / RoPE math lives in norm_rope.cuh.
  */
-#include "cuda_common.cuh"
+#include "norm_rope.cuh"
 
 #define ROPE_MAX_DIM 256
 
@@ -13,11 +15,12 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
     __shared__ float s_x[32][ROPE_MAX_DIM];
     pdl_trigger(); /* the attention kernel reads nothing before its own wait */
     pdl_wait();
-    const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* w: head slot in q heads | k heads | v heads; the q slots are skipped when q is fused */
+    const int t = blockIdx.x, w = (threadIdx.x >> 5) + (a.q_fused ? a.n_heads : 0), lane = threadIdx.x & 31;
     const int D = a.head_dim, p = *a.pos + t;
     const float *row = a.qkv + (size_t)t * a.qkv_stride;
     const int n_q = a.n_heads, n_kv = a.n_kv;
-    float *sx = s_x[w];
+    float *sx = s_x[threadIdx.x >> 5];
     if (w >= n_q + n_kv) { /* v head: copy into the cache */
         const int h = w - n_q - n_kv;
         const float *src = row + (size_t)n_q * 2 * D + (size_t)n_kv * D + (size_t)h * D;
@@ -48,7 +51,7 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
     for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
         ss = fmaf(v[k], v[k], ss);
     ss = warp_sum(ss);
-    const float r = rsqrtf(ss / (float)D + a.eps);
+    const float r = head_rms_inv(ss, D, a.eps);
 #pragma unroll
     for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
         if (lane + 32 * k < D)
@@ -58,11 +61,9 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
     for (int d = lane; d < D; d += 32) {
         float v = sx[d];
         if (d < a.rot_dim) {
-            const int i = d < half ? d : d - half;
-            const float inv_freq = 1.0f / powf(a.rope_theta, (float)(2 * i) / (float)a.rot_dim);
-            const float ang = (float)p * inv_freq;
-            const double c = cos((double)ang), sn = sin((double)ang);
-            v = d < half ? (float)(sx[d] * c - sx[d + half] * sn) : (float)(sx[d] * c + sx[d - half] * sn);
+            double c, sn;
+            rope_cos_sin(p, d < half ? d : d - half, a.rot_dim, a.rope_theta, &c, &sn);
+            v = d < half ? rope_first(sx[d], sx[d + half], c, sn) : rope_second(sx[d - half], sx[d], c, sn);
         }
         if (is_q)
             a.q[((size_t)t * n_q + h) * D + d] = v;
@@ -73,7 +74,7 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
 
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s)
 {
-    const int warps = a.n_heads + 2 * a.n_kv;
+    const int warps = (a.q_fused ? 0 : a.n_heads) + 2 * a.n_kv;
     if (warps > 32 || a.head_dim > ROPE_MAX_DIM || a.rot_dim > a.head_dim)
         return cudaErrorInvalidValue;
     return launch_pdl(qk_norm_rope_append_kernel, dim3(n_tokens), dim3(32 * warps), 0, s, a);
