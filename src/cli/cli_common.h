@@ -26,6 +26,11 @@
  * *is_test_model: the last choice (random weights) was taken. */
 const char *cli_default_model(const char *cmd, bool *is_test_model);
 
+/* Check a --backend value: "cpu" or "cuda" (cuda in a build without it is a load-time error, not this one).
+ * Prints "lily CMD: unknown backend 'NAME' (backends: cpu, cuda)" on stderr and returns -1 when name is
+ * neither (the caller exits with status 2, a usage error); 0 when known. */
+int cli_check_backend(const char *cmd, const char *name);
+
 /* Options shared by the generating commands. */
 typedef struct {
     const char *model_dir;     /* -m; NULL = cli_default_model */

@@ -57,6 +57,7 @@ typedef struct {
     uint64_t seed;
     int warmup;
     int membw_only;
+    int default_prompt_lengths, default_depths; /* -p / -d not given: the sweep up to the model's length */
 } bench_options;
 
 typedef struct {
@@ -81,9 +82,11 @@ static void usage(FILE *f)
             "  -m, --model DIR        model directory\n"
             "  --synthetic SPEC       random weights in memory instead: qwen3.6-35b-a3b, qwen3.6-35b-a3b-4l,\n"
             "                         small, tiny-a, or a config.json (the shape; weights are MLX 4-bit)\n"
-            "  -p LIST                prompt lengths (default 256,512,...,131072; 'none' skips prefill)\n"
+            "  -p LIST                prompt lengths (default 256,512,...,131072, up to the model's\n"
+            "                         max_position_embeddings; 'none' skips prefill)\n"
             "  -n N                   decode tokens per repetition (default 128; 0 skips decode)\n"
-            "  -d LIST                context depths for decode (default 256,512,...,131072)\n"
+            "  -d LIST                context depths for decode (default 256,512,...,131072, while depth + N is\n"
+            "                         at most max_position_embeddings)\n"
             "  -r N                   repetitions (default 3)\n"
             "  --backend cpu|cuda     (default cpu)\n"
             "  -o md|json|csv         output format (default md)\n"
@@ -95,7 +98,8 @@ static void usage(FILE *f)
             "  --device N             GPU ordinal (default 0)\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
-            "Lists take commas and k suffixes: -p 512,4k,32k.\n");
+            "Lists take commas and k suffixes: -p 512,4k,32k. A length past the model's max_position_embeddings\n"
+            "is measured, with a warning on stderr.\n");
 }
 
 static int parse_int(const char *s, long min, long max, int *out)
@@ -552,10 +556,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
     o->reps = 3;
     o->seed = 1;
     o->warmup = 1;
-    for (int v = 256; v <= 131072; v *= 2) {
-        o->prompt_lengths[o->n_prompt_lengths++] = v;
-        o->depths[o->n_depths++] = v;
-    }
+    o->default_prompt_lengths = o->default_depths = 1; /* filled by default_sweep once the model is known */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -578,13 +579,17 @@ static int parse_args(int argc, char **argv, bench_options *o)
             o->synthetic = val;
         } else if (!strcmp(a, "-p")) {
             bad = parse_list(val, o->prompt_lengths, &o->n_prompt_lengths, 1);
+            o->default_prompt_lengths = 0;
         } else if (!strcmp(a, "-d")) {
             bad = parse_list(val, o->depths, &o->n_depths, 0);
+            o->default_depths = 0;
         } else if (!strcmp(a, "-n")) {
             bad = parse_int(val, 0, 1 << 20, &o->n_decode);
         } else if (!strcmp(a, "-r")) {
             bad = parse_int(val, 1, 1000, &o->reps);
         } else if (!strcmp(a, "--backend")) {
+            if (cli_check_backend("bench", val))
+                return 2;
             o->backend = val;
         } else if (!strcmp(a, "-o")) {
             o->output = val;
@@ -626,6 +631,38 @@ static int parse_args(int argc, char **argv, bench_options *o)
     return 0;
 }
 
+/* The default sweep for lists not given: prompt lengths 256, 512, ..., 131072 up to max_pos, and decode
+ * depths 256, ..., 131072 while depth + n_decode <= max_pos (at least one point each: max_pos itself, or
+ * max_pos - n_decode). Then a warning on stderr for each length past max_pos. */
+static void default_sweep(bench_options *o, int max_pos)
+{
+    if (o->default_prompt_lengths) {
+        o->n_prompt_lengths = 0;
+        for (int v = 256; v <= 131072 && v <= max_pos; v *= 2)
+            o->prompt_lengths[o->n_prompt_lengths++] = v;
+        if (o->n_prompt_lengths == 0)
+            o->prompt_lengths[o->n_prompt_lengths++] = max_pos > 0 ? max_pos : 1;
+    }
+    if (o->default_depths) {
+        o->n_depths = 0;
+        for (int v = 256; v <= 131072 && (long)v + o->n_decode <= max_pos; v *= 2)
+            o->depths[o->n_depths++] = v;
+        if (o->n_depths == 0)
+            o->depths[o->n_depths++] = max_pos > o->n_decode ? max_pos - o->n_decode : 0;
+    }
+    for (int i = 0; i < o->n_prompt_lengths; i++)
+        if (o->prompt_lengths[i] > max_pos)
+            fprintf(stderr, "lily bench: warning: prompt length %d is beyond the model's max_position_embeddings %d "
+                            "(speed is still measured; quality past that length is untested)\n",
+                    o->prompt_lengths[i], max_pos);
+    for (int i = 0; o->n_decode > 0 && i < o->n_depths; i++)
+        if ((long)o->depths[i] + o->n_decode > max_pos)
+            fprintf(stderr, "lily bench: warning: depth %d + %d decode tokens is beyond the model's "
+                            "max_position_embeddings %d (speed is still measured; quality past that length is "
+                            "untested)\n",
+                    o->depths[i], o->n_decode, max_pos);
+}
+
 static int run_membw(const bench_options *o)
 {
     lily_hw_limits hw;
@@ -659,6 +696,14 @@ int cmd_bench(int argc, char **argv)
     }
 
     lily_error err = {0};
+    fprintf(stderr, "lily bench: loading %s%s...\n", o.synthetic ? "synthetic " : "",
+            o.synthetic ? o.synthetic : o.model_dir);
+    bench_model m;
+    if (model_open(&o, &m, &err) != LILY_OK) {
+        fprintf(stderr, "lily bench: %s\n", err.message);
+        return 1;
+    }
+    default_sweep(&o, m.engine->cfg.max_position_embeddings);
     int max_len = 1;
     for (int i = 0; i < o.n_prompt_lengths; i++)
         max_len = o.prompt_lengths[i] > max_len ? o.prompt_lengths[i] : max_len;
@@ -668,15 +713,8 @@ int cmd_bench(int argc, char **argv)
     int ctx = o.ctx_size > 0 ? o.ctx_size : max_len;
     if (ctx < max_len) {
         fprintf(stderr, "lily bench: --ctx-size %d is smaller than the sweep needs (%d)\n", ctx, max_len);
+        model_close(&m);
         return 2;
-    }
-
-    fprintf(stderr, "lily bench: loading %s%s...\n", o.synthetic ? "synthetic " : "",
-            o.synthetic ? o.synthetic : o.model_dir);
-    bench_model m;
-    if (model_open(&o, &m, &err) != LILY_OK) {
-        fprintf(stderr, "lily bench: %s\n", err.message);
-        return 1;
     }
     lily_hw_limits hw;
     int have_hw = 0;

@@ -1,6 +1,6 @@
 /* cmd_eval.c — `lily eval`: logits for given token ids, optionally compared with a reference.
  *
- *   lily eval --model DIR (--tokens 1,2,3 | --tokens-file F) [--decode-from K] [--prefill-chunk N]
+ *   lily eval [--model DIR] (--tokens 1,2,3 | --tokens-file F) [--decode-from K] [--prefill-chunk N]
  *             [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]
  *
  * The first K tokens (all when --decode-from is absent) go through one prefill (chunked by
@@ -24,11 +24,12 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: lily eval --model DIR (--tokens 1,2,3 | --tokens-file F) [--decode-from K]\n"
+            "usage: lily eval [--model DIR] (--tokens 1,2,3 | --tokens-file F) [--decode-from K]\n"
             "                 [--prefill-chunk N] [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]\n"
             "                 [--deltanet recurrent|chunked]\n\n"
             "Runs token ids through the model: the first K through one prefill, the rest one by one (decode).\n"
-            "  -m, --model DIR       model directory (config.json + *.safetensors)\n"
+            "  -m, --model DIR       model directory (config.json + *.safetensors; default: $LILY_MODEL, else the\n"
+            "                        bundled model)\n"
             "  --tokens LIST         token ids separated by commas or spaces\n"
             "  --tokens-file F       token ids in a file, separated by whitespace or commas\n"
             "  --decode-from K       prefill the first K tokens, decode the rest one at a time (default: all prefill)\n"
@@ -142,8 +143,11 @@ int cmd_eval(int argc, char **argv)
             logits_out = value;
         else if (!strcmp(name, "--reference"))
             reference = value;
-        else if (!strcmp(name, "--backend"))
+        else if (!strcmp(name, "--backend")) {
+            if (cli_check_backend("eval", value))
+                return 2;
             backend = value;
+        }
         else if (!strcmp(name, "--deltanet")) {
             if (strcmp(value, "chunked") && strcmp(value, "recurrent")) {
                 fprintf(stderr, "lily eval: --deltanet must be chunked or recurrent (got '%s')\n", value);
@@ -163,8 +167,8 @@ int cmd_eval(int argc, char **argv)
                 threads = (int)v;
         }
     }
-    if (!model || (!tokens_arg == !tokens_file)) {
-        fprintf(stderr, "lily eval: needs --model and exactly one of --tokens / --tokens-file\n\n");
+    if (!tokens_arg == !tokens_file) {
+        fprintf(stderr, "lily eval: needs exactly one of --tokens / --tokens-file\n\n");
         usage(stderr);
         return 2;
     }
@@ -188,6 +192,10 @@ int cmd_eval(int argc, char **argv)
         return 2;
     }
 
+    if (!model) {
+        bool is_test_model;
+        model = cli_default_model("eval", &is_test_model);
+    }
     lily_error err = {0};
     lily_engine *e = NULL;
     lily_session *s = NULL;

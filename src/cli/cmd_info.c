@@ -1,4 +1,4 @@
-/* cmd_info.c — `lily info --model DIR`: what a model directory holds, without running it.
+/* cmd_info.c — `lily info [--model DIR]`: what a model directory holds, without running it.
  *
  * Owns: the printout of the config summary, the detected layout and quantization (with the per-module
  * bit overrides found in the tensors), and the tensor count and bytes by dtype. Loads through the same
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -15,9 +16,10 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: lily info --model DIR\n\n"
+    fprintf(f, "usage: lily info [--model DIR]\n\n"
                "Prints the config summary, checkpoint layout (hf/mlx), quantization and tensor bytes of DIR.\n"
-               "  -m, --model DIR   model directory (config.json + *.safetensors)\n");
+               "  -m, --model DIR   model directory (config.json + *.safetensors; default: $LILY_MODEL, else the\n"
+               "                    bundled model)\n");
 }
 
 /* The per-layer tensors by field, for the quantization summary. */
@@ -89,8 +91,8 @@ int cmd_info(int argc, char **argv)
         }
     }
     if (!model_dir) {
-        usage(stderr);
-        return 2;
+        bool is_test_model;
+        model_dir = cli_default_model("info", &is_test_model);
     }
 
     lily_error err = {0};

@@ -1,7 +1,7 @@
 /* cmd_perplexity.c — `lily perplexity`: teacher-forced perplexity of a text or a token list, and how
  * closely lily's logits follow a reference run (top-1 agreement, mean KL).
  *
- *   lily perplexity -m DIR (-f TEXT [--special] | --tokens-file F) [--ctx N] [--reference-logits F]
+ *   lily perplexity [-m DIR] (-f TEXT [--special] | --tokens-file F) [--ctx N] [--reference-logits F]
  *                   [--backend cpu|cuda] [--threads N]
  *
  * Owns: options, reading the inputs (token ids as in `lily eval --tokens-file`; reference logits as raw
@@ -27,11 +27,11 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: lily perplexity -m DIR (-f TEXT | --tokens-file F) [options]\n\n"
+            "usage: lily perplexity [-m DIR] (-f TEXT | --tokens-file F) [options]\n\n"
             "Teacher-forced perplexity over the input in windows of --ctx tokens (the state is reset at each\n"
             "window; a window's first token is context only). With --reference-logits, also the top-1\n"
             "agreement and mean KL(reference || lily) at every position, and the reference's own perplexity.\n\n"
-            "  -m, --model DIR          model directory\n"
+            "  -m, --model DIR          model directory (default: $LILY_MODEL, else the bundled model)\n"
             "  -f, --file TEXT          a UTF-8 text file, tokenized with the model's tokenizer.json\n"
             "  --tokens-file F          token ids separated by whitespace or commas\n"
             "  --ctx N                  window length (default 512, at most the input)\n"
@@ -144,8 +144,11 @@ int cmd_perplexity(int argc, char **argv)
             tokens_file = v;
         else if (!strcmp(a, "--reference-logits"))
             ref_file = v;
-        else if (!strcmp(a, "--backend"))
+        else if (!strcmp(a, "--backend")) {
+            if (cli_check_backend("perplexity", v))
+                return 2;
             backend = v;
+        }
         else if (!strcmp(a, "--ctx") || !strcmp(a, "-c"))
             ctx = atoi(v);
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t"))
@@ -158,14 +161,18 @@ int cmd_perplexity(int argc, char **argv)
             return 2;
         }
     }
-    if (!model || !text_file == !tokens_file) {
-        fprintf(stderr, "lily perplexity: needs -m DIR and exactly one of -f TEXT / --tokens-file F\n\n");
+    if (!text_file == !tokens_file) {
+        fprintf(stderr, "lily perplexity: needs exactly one of -f TEXT / --tokens-file F\n\n");
         usage(stderr);
         return 2;
     }
     if (ctx < 2 || n_threads < 0 || prefill_chunk < 0) {
         fprintf(stderr, "lily perplexity: --ctx must be >= 2, --threads and --prefill-chunk >= 0\n");
         return 2;
+    }
+    if (!model) {
+        bool is_test_model;
+        model = cli_default_model("perplexity", &is_test_model);
     }
 
     lily_error err = {0};

@@ -8,7 +8,8 @@
  * template, thinking on unless --no-think; --raw encodes the prompt text as it is (special tokens
  * written in it recognized) and prints the continuation verbatim. Generation stops at the model's stop
  * ids (config.json, generation_config.json, the tokenizer's <|im_end|> / <|endoftext|>), -n tokens, a
- * full context, or Ctrl-C. stderr gets the token counts and prefill / decode tok/s at the end.
+ * full context, or Ctrl-C (exit status 130 then). stderr gets the token counts and prefill / decode tok/s
+ * at the end.
  */
 #include <signal.h>
 #include <stdatomic.h>
@@ -31,6 +32,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: lily run [-m DIR] -p PROMPT [options]\n\n"
                "Generates a reply to one prompt and streams it to stdout; speed goes to stderr.\n"
+               "Ctrl-C stops the reply (the speed line still printed) and exits with status 130.\n"
                "  -p, --prompt TEXT      the user's message (with --raw: the whole prompt text)\n"
                "      --raw              no chat template: encode the prompt as is, print the continuation verbatim\n"
                "      --show-ids         print the prompt's and the reply's token ids on stderr\n");
@@ -211,7 +213,8 @@ int cmd_run(int argc, char **argv)
                     lily_finish_reason_name(res.finish));
     if (o.verbose)
         cli_print_decode_path("", &res);
-    rc = 0;
+    /* stopped by Ctrl-C: 128 + SIGINT, as shells report a program the signal ended */
+    rc = res.finish == LILY_FINISH_CANCELLED && atomic_load(&run_cancel) ? 128 + SIGINT : 0;
 done:
     cli_printer_free(&rs.printer);
     free(rs.ids);

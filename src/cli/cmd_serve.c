@@ -110,18 +110,16 @@ int cmd_serve(int argc, char **argv)
             return 2;
         }
     }
-    if (!model_dir) {
-        bool is_test_model;
-        model_dir = cli_default_model("serve", &is_test_model);
-    }
     if (!host || !backend || (alias && !*alias)) {
         fprintf(stderr, "lily serve: missing option value\n\n");
         usage(stderr);
         return 2;
     }
-    if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
-        fprintf(stderr, "lily serve: --backend must be cpu or cuda (got '%s')\n", backend);
+    if (cli_check_backend("serve", backend))
         return 2;
+    if (!model_dir) {
+        bool is_test_model;
+        model_dir = cli_default_model("serve", &is_test_model);
     }
     char name[256];
     if (alias)

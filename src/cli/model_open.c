@@ -14,6 +14,7 @@
 #include <time.h>
 #include <utf8proc.h>
 
+#include "backend/backend.h"
 #include "cli_common.h"
 #include "text/chat_template.h"
 
@@ -43,6 +44,15 @@ void cli_gen_options_usage(FILE *f)
             "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "      --host-sampler     sample every token on the host, never in the backend's device loop (A/B)\n"
             "      --verbose          print the decode path (device loop or host sampler) after each reply\n");
+}
+
+int cli_check_backend(const char *cmd, const char *name)
+{
+    if (!strcmp(name, "cpu") || !strcmp(name, "cuda"))
+        return 0;
+    fprintf(stderr, "lily %s: unknown backend '%s' (backends: cpu, cuda%s)\n", cmd, name,
+            lily_cuda_backend_ops_get() ? "" : "; cuda is not in this build");
+    return -1;
 }
 
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
@@ -126,8 +136,11 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
         o->system = value;
     }
-    else if (!strcmp(name, "--backend"))
+    else if (!strcmp(name, "--backend")) {
+        if (cli_check_backend(cmd, value))
+            return -1;
         o->backend = value;
+    }
     else if (!strcmp(name, "--max-tokens")) {
         if (cli_parse_int(cmd, a, value, 0, INT32_MAX, &v))
             return -1;
