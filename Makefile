@@ -4,6 +4,7 @@
 #   make test                               build, then run the whole test suite (CTest)
 #   make test-asan                          the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make deps                               install the build dependencies (Debian/Ubuntu, as root)
+#   make install [PREFIX=DIR]               build, then copy the binary to PREFIX/bin/lily (default /usr/local)
 
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
@@ -11,11 +12,12 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL      ?=
 PROMPT     ?= The Python interpreter
 TOKENS     ?= 96
+PREFIX     ?= /usr/local
 
 DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
                libmicrohttpd-dev libcmocka-dev gnuplot-nox python3 python3-venv python3-numpy curl
 
-.PHONY: all build run test test-asan deps clean
+.PHONY: all build run test test-asan deps install clean
 
 all: build
 
@@ -43,6 +45,9 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+install: build
+	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 test-asan: deps
 	@[ -f $(BUILD_ASAN)/CMakeCache.txt ] || cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DLILY_SANITIZE=ON -DLILY_CUDA=OFF

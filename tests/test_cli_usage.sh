@@ -2,6 +2,9 @@
 # test_cli_usage.sh — usage errors name what is wrong: `lily debug --help` (exit 0, the subcommands on
 # stdout), `lily debug SUB` with an unknown SUB (exit 2, "unknown subcommand 'SUB'"), `lily info -m` without
 # a value (exit 2, "-m needs a value"), and `lily debug tokenize` errors prefixed with the command's name.
+# An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed);
+# info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
+# bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
 # usage: bash test_cli_usage.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -24,4 +27,49 @@ check "info -m without a value says so" 2 err "lily info: -m needs a value" info
 printf '\xff' >"$TMP/stdin"
 check "debug tokenize errors carry the command's name" 1 err \
     "lily debug tokenize: text is not valid UTF-8 (byte 0 of 1)" debug tokenize --model "$DATA/tiny-chat"
+
+# --- unknown backend names: exit 2 and the list, in every command -----------------------------------
+: >"$TMP/stdin"
+M="$DATA/tiny-chat"
+for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m $M --tokens 1,2" \
+            "perplexity -m $M --tokens-file $TMP/none"; do
+    cmd=${args%% *}
+    # shellcheck disable=SC2086
+    check "$cmd --backend metal is a usage error listing the backends" 2 err \
+        "lily $cmd: unknown backend 'metal' (backends: cpu, cuda" $args --backend metal
+done
+check "run --backend=metal too" 2 err "lily run: unknown backend 'metal'" run -m "$M" -p hi --backend=metal
+
+# --- info / eval / perplexity without -m: $LILY_MODEL, the same results as with -m ------------------
+printf 'The Python interpreter is usually installed as a program on the machine.\n' >"$TMP/text.txt"
+same_as_m() { # name, lily args (without -m)...
+    local name=$1; shift
+    "$LILY" "$@" -m "$M" >"$TMP/with_m" 2>/dev/null; local rc1=$?
+    LILY_MODEL="$M" "$LILY" "$@" >"$TMP/env_out" 2>"$TMP/env_err"; local rc2=$?
+    if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && grep -qF 'no -m given; using $LILY_MODEL' "$TMP/env_err" &&
+       diff <(grep -v "tok/s" "$TMP/with_m") <(grep -v "tok/s" "$TMP/env_out") >/dev/null; then
+        ok "$name"
+    else
+        fail "$name (rc $rc1/$rc2; $(head -c 300 "$TMP/env_err"))"
+    fi
+}
+same_as_m "info without -m uses \$LILY_MODEL" info
+same_as_m "eval without -m uses \$LILY_MODEL" eval --tokens 1,2,3,4
+same_as_m "perplexity without -m uses \$LILY_MODEL" perplexity -f "$TMP/text.txt"
+expect "the perplexity line is there" grep -q "^perplexity: [0-9]" "$TMP/env_out"
+
+# --- bench: default sweep up to max_position_embeddings; a warning past it --------------------------
+mkdir "$TMP/short"
+for f in "$M"/*; do ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$TMP/short/"; done
+rm "$TMP/short/config.json"
+sed 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 600/' "$M/config.json" >"$TMP/short/config.json"
+"$LILY" bench -m "$TMP/short" -n 4 -r 1 --no-warmup -o csv >"$TMP/bench.csv" 2>"$TMP/bench.err"; rc=$?
+tests=$(tail -n +2 "$TMP/bench.csv" | cut -d, -f1 | tr '\n' ' ')
+expect "bench default sweep stops at max_position_embeddings 600 (got: $tests)" \
+    test "$rc:$tests" = "0:pp256 pp512 tg4 @ d256 tg4 @ d512 "
+expect "bench default sweep gives no length warning" bash -c "! grep -q warning '$TMP/bench.err'"
+"$LILY" bench -m "$TMP/short" -p 700 -d 598 -n 4 -r 1 --no-warmup -o csv >"$TMP/bench.csv" 2>"$TMP/bench.err"; rc=$?
+expect "bench -p 700 past max_position_embeddings warns and still measures" bash -c "[ $rc = 0 ] &&
+    grep -qF 'warning: prompt length 700 is beyond the model'\''s max_position_embeddings 600' '$TMP/bench.err' &&
+    grep -qF 'warning: depth 598 + 4 decode tokens is beyond' '$TMP/bench.err' && grep -q '^pp700,' '$TMP/bench.csv'"
 finish

@@ -225,6 +225,21 @@ print("Ctrl-C ok")
 PY
 then ok "chat: Ctrl-C stops a reply, the REPL goes on; Ctrl-C at the prompt exits"; else fail "chat Ctrl-C"; fi
 
+# Ctrl-C during `lily run`: the reply stops, the speed line says "cancelled", exit status 130.
+if python3 - "$LILY" "$M" <<'PY'
+import os, signal, subprocess, sys
+lily, model = sys.argv[1:]
+p = subprocess.Popen([lily, "run", "-m", model, "--temp", "0", "--ctx-size", "4096", "-p", "Tell me a long story."],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+os.read(p.stdout.fileno(), 1)  # the reply streams (it runs until the context is full): Ctrl-C now
+p.send_signal(signal.SIGINT)
+out, err = p.communicate(timeout=60)
+err = err.decode()
+assert p.returncode == 130, (p.returncode, err)
+assert err.rstrip().endswith("| cancelled"), err
+PY
+then ok "run: Ctrl-C stops the reply and exits 130"; else fail "run Ctrl-C"; fi
+
 # --- the default model -------------------------------------------------------------------------------
 LILY_MODEL="$M" "$LILY" run -p "Hi" -n 2 --temp 0 >/dev/null 2>"$TMP/default.err"; rc=$?
 expect "run without -m uses \$LILY_MODEL and says so" bash -c "[ $rc = 0 ] && grep -q 'LILY_MODEL' '$TMP/default.err'"

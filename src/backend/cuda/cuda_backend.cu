@@ -350,8 +350,13 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0) {
         cudaGetLastError();
-        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no CUDA device available (%s)",
-                              e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+        /* no GPU, or no (or a too old) driver: CUDA's own text for the latter says "driver version is
+         * insufficient" even when there is no driver at all */
+        if (e == cudaSuccess || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+            return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no usable NVIDIA GPU/driver found (no GPU visible, "
+                                  "or the NVIDIA driver is missing or older than this build's CUDA)");
+        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no usable NVIDIA GPU/driver found (%s)",
+                              cudaGetErrorString(e));
     }
     if (opts->device < 0 || opts->device >= n_dev)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: device %d out of range (%d devices)",

@@ -20,7 +20,7 @@ extern "C" lily_status lily_cuda_membw(int device, size_t bytes, int reps, doubl
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         cudaGetLastError();
-        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no CUDA device available");
+        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no usable NVIDIA GPU/driver found");
     }
     CUDA_TRY(cudaSetDevice(device));
     void *a = NULL, *b = NULL;
