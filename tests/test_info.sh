@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_info.sh — `lily info` on both tiny-a layouts (summary values from tests/data/tiny-a/README.md and
 # the safetensors headers), and its errors: message on stderr naming the file/tensor, exit status 1.
+# Without --model it uses $LILY_MODEL.
 # usage: bash test_info.sh <path-to-lily> <tests/data dir>
 set -u
 LILY=$1
@@ -42,6 +43,9 @@ head -c 1000 "$DATA/tiny-a/mlx4/model.safetensors" >"$TMP/trunc/model.safetensor
 [ $rc -eq 1 ] || fail "truncated: exit $rc"
 has "$TMP/e.err" "$TMP/trunc/model.safetensors: header length"
 
-"$LILY" info >/dev/null 2>&1; rc=$?
-[ $rc -eq 2 ] || fail "no --model: exit $rc, expected 2 (usage)"
+# no --model: $LILY_MODEL (like run/chat/serve/bench), the same summary as with -m
+LILY_MODEL="$DATA/tiny-a/mlx4" "$LILY" info >"$TMP/env.out" 2>"$TMP/env.err"; rc=$?
+[ $rc -eq 0 ] || fail "no --model with \$LILY_MODEL: exit $rc"
+has "$TMP/env.err" "no -m given; using \$LILY_MODEL = $DATA/tiny-a/mlx4"
+"$LILY" info -m "$DATA/tiny-a/mlx4" 2>/dev/null | cmp -s - "$TMP/env.out" || fail "no --model: output differs from -m"
 echo "test_info: ok"
