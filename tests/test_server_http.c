@@ -71,6 +71,18 @@ static void fake_run(void *user, lily_job *job)
         lily_job_finish(job);
         return;
     }
+    if (mode && !strcmp(mode, "hold")) { /* a whole-body answer that waits until released or cancelled */
+        lily_job_begin(job, 200, false);
+        atomic_store(&running_block, 1);
+        while (!atomic_load(&release_blocked) && !lily_job_cancelled(job))
+            usleep(2000);
+        if (lily_job_cancelled(job))
+            atomic_fetch_add(&cancelled_jobs, 1);
+        atomic_store(&running_block, 0);
+        lily_job_write(job, "{}", 2);
+        lily_job_finish(job);
+        return;
+    }
     if (!req->stream) {
         json_t *r = req->is_chat ? lily_oai_chat_response(&id, "Hello world", NULL, NULL, 0, "stop", NULL, &usage)
                                  : lily_oai_completion_response(&id, "Hello world", "length", NULL, &usage);
@@ -333,6 +345,59 @@ static void test_http_bearer_auth_is_401(void **state)
     lily_http_stop(authed);
 }
 
+/* The value of one /metrics line that starts with `series` (e.g. "lily_requests_total{status=\"5xx\"}"), or -1. */
+static long long metric(const char *series)
+{
+    int status;
+    char *m = http("GET", "/metrics", NULL, NULL, &status);
+    const char *at = strstr(m, series);
+    long long v = at ? strtoll(at + strlen(series), NULL, 10) : -1;
+    free(m);
+    return v;
+}
+
+/* A client that leaves before its whole-body answer: the job is cancelled, the request counts as 499 (not
+ * 5xx) in /metrics, and microhttpd logs no "internal error" for it. */
+static void test_http_disconnect_before_body_is_499(void **state)
+{
+    (void)state;
+    int before = atomic_load(&cancelled_jobs);
+    long long n_5xx = metric("lily_requests_total{status=\"5xx\"} ");
+    atomic_store(&release_blocked, 0);
+    char log_path[] = "/tmp/test_server_http_XXXXXX";
+    int log_fd = mkstemp(log_path);
+    assert_true(log_fd >= 0);
+    fflush(stderr);
+    int saved_stderr = dup(2);
+    dup2(log_fd, 2);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"hold\"}]}");
+    while (!atomic_load(&running_block))
+        usleep(1000);
+    close(fd);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hello world"),
+                     200);
+    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
+    long long n_499 = 0;
+    for (int i = 0; i < 200 && n_499 != 1; i++) { /* counted once its connection thread is done */
+        n_499 = metric("lily_requests_total{status=\"499\"} ");
+        usleep(5000);
+    }
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(saved_stderr);
+    assert_int_equal(n_499, 1);
+    assert_int_equal(metric("lily_requests_total{status=\"5xx\"} "), n_5xx);
+    char *log = test_read_file(log_path, NULL);
+    close(log_fd);
+    unlink(log_path);
+    assert_non_null(log);
+    assert_non_null(strstr(log, " 499 "));
+    assert_null(strstr(log, "internal error"));
+    free(log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -343,6 +408,7 @@ int main(void)
         cmocka_unit_test(test_http_disconnect_cancels_then_next_request_completes),
         cmocka_unit_test(test_http_queue_full_is_503),
         cmocka_unit_test(test_http_bearer_auth_is_401),
+        cmocka_unit_test(test_http_disconnect_before_body_is_499),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

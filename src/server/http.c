@@ -33,7 +33,7 @@ struct lily_http_server {
     int port;
     atomic_int in_flight;     /* requests between their first byte and their completion */
     /* GET /metrics counters, added to when a request completes */
-    atomic_ullong n_by_status[6]; /* 2xx, 400, 401, 404/405, 413, 5xx (the index of status_class) */
+    atomic_ullong n_by_status[7]; /* 2xx, 400, 401, 404/405, 413, 499, 5xx (the index of status_class) */
     atomic_ullong n_cancelled, prompt_tokens, completion_tokens, cached_tokens;
     long long started;        /* unix seconds, for /v1/models */
 };
@@ -125,16 +125,31 @@ static bool client_gone(int fd)
     return false;
 }
 
-/* Wait until the worker decides the status; false when the client went away first (the job is cancelled). */
+/* Wait until the worker decides the status; false when the client went away first. */
 static bool wait_begin(request *r)
 {
-    while (!lily_job_wait_begin(r->job, 50)) {
-        if (client_gone(r->fd)) {
-            lily_job_cancel(r->job);
+    while (!lily_job_wait_begin(r->job, 50))
+        if (client_gone(r->fd))
             return false;
-        }
-    }
     return true;
+}
+
+/* The client went away before its response: cancel the job and end the request as 499 (nginx's "client
+ * closed request"; the log and /metrics show it). An empty response with "Connection: close" is queued
+ * (written into the void, or not at all) rather than returning MHD_NO, which microhttpd logs as
+ * "Application reported internal error". */
+static enum MHD_Result client_closed(struct MHD_Connection *c, request *r)
+{
+    lily_job_cancel(r->job);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    r->status = 499;
+    r->responded = true;
+    enum MHD_Result ret = MHD_queue_response(c, 499, resp);
+    MHD_destroy_response(resp);
+    return ret;
 }
 
 /* The SSE body: whatever the worker wrote, as it comes. */
@@ -158,7 +173,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
 {
     if (!wait_begin(r))
-        return MHD_NO;
+        return client_closed(c, r);
     lily_job *job = r->job;
     if (job->streaming) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, r, NULL);
@@ -181,10 +196,8 @@ static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
         pthread_mutex_unlock(&job->mu);
         if (finished)
             break;
-        if (client_gone(r->fd)) {
-            lily_job_cancel(job);
-            return MHD_NO;
-        }
+        if (client_gone(r->fd))
+            return client_closed(c, r);
         pthread_mutex_lock(&job->mu);
         if (!job->finished) {
             struct timespec ts;
@@ -287,13 +300,14 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, request *r)
 
 static int status_class(int status)
 {
-    return status < 400 ? 0 : status == 400 ? 1 : status == 401 ? 2 : status == 404 || status == 405 ? 3 : status == 413 ? 4 : 5;
+    return status < 400 ? 0 : status == 400 ? 1 : status == 401 ? 2 : status == 404 || status == 405 ? 3
+         : status == 413 ? 4 : status == 499 ? 5 : 6;
 }
 
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
 {
     lily_http_server *srv = r->srv;
-    static const char *const classes[] = {"2xx", "400", "401", "404_405", "413", "5xx"};
+    static const char *const classes[] = {"2xx", "400", "401", "404_405", "413", "499", "5xx"};
     int waiting = 0, running = 0;
     lily_scheduler_state(srv->sched, &waiting, &running);
     char *extra = srv->opts.metrics_extra ? srv->opts.metrics_extra(srv->opts.metrics_user) : NULL;
@@ -303,8 +317,8 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
         free(extra);
         return MHD_NO;
     }
-    int n = snprintf(out, cap, "# HELP lily_requests_total Requests answered, by status.\n# TYPE lily_requests_total counter\n");
-    for (int i = 0; i < 6; i++)
+    int n = snprintf(out, cap, "# HELP lily_requests_total Requests answered, by status (499: the client closed the connection first).\n# TYPE lily_requests_total counter\n");
+    for (int i = 0; i < 7; i++)
         n += snprintf(out + n, cap - (size_t)n, "lily_requests_total{status=\"%s\"} %llu\n", classes[i],
                       (unsigned long long)atomic_load(&srv->n_by_status[i]));
     n += snprintf(out + n, cap - (size_t)n,

@@ -4,7 +4,8 @@
  * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics
  * (Prometheus text), POST /tokenize, POST /detokenize (also without the /v1 prefix for the OpenAI ones). Errors are OpenAI JSON: 400 bad
  * request, 401 bad bearer token, 404 unknown route, 405 wrong method, 413 body over max_body, 503 queue full
- * or model loading. Each connection has its own thread (it may block waiting for its job); the engine
+ * or model loading. A client that disconnects before its answer is logged and counted in /metrics as 499
+ * (nginx's "client closed request"), not as a 5xx. Each connection has its own thread (it may block waiting for its job); the engine
  * worker is the scheduler's.
  */
 #ifndef LILY_SERVER_HTTP_H
