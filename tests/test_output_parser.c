@@ -368,12 +368,12 @@ static void test_tolerates_missing_closing_tags_and_stray_whitespace(void **stat
         {.text = "Sure.\n<function=ls>\n<parameter=dir>\n.\n</parameter>\n</function>", .reasoning = "",
          .content = "Sure.", .n_calls = 1, .names = {"ls"}, .arguments = {"{\"dir\":\".\"}"},
          .finish_reason = "tool_calls"},
-        /* cut inside the function name by max tokens */
+        /* cut inside the function name by max tokens: the call is kept, the finish reason says it was cut */
         {.text = "<tool_call>\n<function=get_wea", .cut_by_length = true, .reasoning = "", .content = "",
-         .n_calls = 1, .names = {"get_wea"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+         .n_calls = 1, .names = {"get_wea"}, .arguments = {"{}"}, .finish_reason = "length"},
         /* cut inside a parameter name */
         {.text = "<tool_call>\n<function=f>\n<parameter=ci", .cut_by_length = true, .reasoning = "", .content = "",
-         .n_calls = 1, .names = {"f"}, .arguments = {"{\"ci\":\"\"}"}, .finish_reason = "tool_calls"},
+         .n_calls = 1, .names = {"f"}, .arguments = {"{\"ci\":\"\"}"}, .finish_reason = "length"},
         /* an empty tool_call block is no call */
         {.text = "<tool_call>\n</tool_call>\nDone.", .reasoning = "", .content = "Done.", .finish_reason = "stop"},
         /* text after </function> without </tool_call> is content */
@@ -503,6 +503,19 @@ static void test_finish_reason_stop_and_length(void **state)
                                .cut_by_length = true, .reasoning = "", .content = "A long answer that got cu",
                                .finish_reason = "length"};
     check_case(&length);
+    /* max tokens cut a tool call's value: the call keeps what was written, but the reply is "length", never
+     * "tool_calls" (a client must not run a call whose arguments were cut) */
+    const parse_case cut_call = {.text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+                                 .tools = weather_tools, .cut_by_length = true, .reasoning = "", .content = "",
+                                 .n_calls = 1, .names = {"get_weather"}, .arguments = {"{\"city\":\"Par\"}"},
+                                 .finish_reason = "length"};
+    check_case(&cut_call);
+    const parse_case whole_call = {.text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                                           "</parameter>\n</function>\n</tool_call>",
+                                   .tools = weather_tools, .reasoning = "", .content = "", .n_calls = 1,
+                                   .names = {"get_weather"}, .arguments = {"{\"city\":\"Paris\"}"},
+                                   .finish_reason = "tool_calls"};
+    check_case(&whole_call);
 }
 
 /* Random tag soup: whatever the parser decides, it must decide the same for every split, and every

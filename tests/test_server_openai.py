@@ -149,6 +149,12 @@ expect_error(400, "POST", chat, {"messages": USER, "tools": TOOLS,
 expect_error(400, "POST", chat, {"messages": [{"role": "user", "content": "word " * (CTX + 100)}]},
              code="context_length_exceeded", what="prompt longer than the context")
 expect_error(400, "POST", "/v1/completions", {"prompt": [1, 2, 99999]}, param="prompt", what="token id out of vocab")
+expect_error(400, "POST", chat, {"messages": USER, "logit_bias": {"99999": 5}}, param="logit_bias",
+             what="logit_bias token id out of vocab")
+expect_error(400, "POST", "/v1/completions", {"prompt": "Once", "logit_bias": {"1.5": 5}}, param="logit_bias",
+             what="logit_bias key not an integer")
+m = re.findall(r"POST /v1/chat/completions 400 prompt=(\d+)", open(log.name).read())
+check(any(int(n) > CTX for n in m), f"the log of a 400 context_length_exceeded shows the prompt's tokens (prompt={m})")
 expect_error(400, "POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 4)},
              code="context_length_exceeded", what="completions prompt longer than the context")
 expect_error(401, "POST", chat, {"messages": USER}, key=None, code="invalid_api_key", what="no bearer token")
@@ -160,6 +166,23 @@ expect_error(413, "POST", chat, raw=b"{\"messages\":\"" + b"x" * (2 << 20) + b"\
              what="body over --max-body 1 MiB")
 s, _ = request("GET", "/health", key=None)
 check(s == 200, "the server is still healthy after the bad requests")
+
+print("max_tokens cuts a tool call")
+for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+    s, r = request("POST", chat, {"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": 24,
+                                  "seed": 3, "logit_bias": BAN_END})
+    c = r["choices"][0] if s == 200 else {}
+    check(s == 200 and c["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 24,
+          f"tool_choice {json.dumps(choice)[:30]}, cut inside the call: finish_reason length ({json.dumps(c)[:200]})")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", chat, json.dumps({"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": 24,
+                                           "seed": 3, "logit_bias": BAN_END, "stream": True}),
+                 {"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+    chunks = [json.loads(ln[6:]) for ln in conn.getresponse().read().decode().splitlines() if ln.startswith("data: {")]
+    conn.close()
+    finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
+    check(finishes and finishes[-1] == "length" and all(f is None for f in finishes[:-1]),
+          f"the same streamed: finish_reason length ({finishes[-3:]})")
 
 print("bad requests during a generation")
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -244,7 +267,8 @@ if openai:
           dev.choices[0].message.content == sysm.choices[0].message.content, "developer works like system")
 
     print("tools")
-    r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=32, seed=11,
+    # max_tokens leaves room to close the call: a call cut by max_tokens is finish_reason "length"
+    r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=128, seed=11,
                                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
     m = r.choices[0].message
     calls = m.tool_calls or []
@@ -266,7 +290,7 @@ if openai:
                                        seed=2)
     r0 = client.chat.completions.create(model=NAME, messages=USER, max_tokens=8, seed=2)
     check(r.usage.prompt_tokens == r0.usage.prompt_tokens, "tool_choice none drops the tools from the prompt")
-    stream = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=32, stream=True,
+    stream = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=128, seed=11, stream=True,
                                             tool_choice={"type": "function", "function": {"name": "get_time"}})
     first, args, finish, indices = None, "", None, set()
     for ch in stream:

@@ -26,7 +26,8 @@ static void usage(FILE *f)
             "usage: lily serve -m DIR [options]\n"
             "\n"
             "OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-            "GET /health, POST /tokenize, POST /detokenize.\n"
+            "GET /health (503 while the model loads), GET /metrics (Prometheus text), POST /tokenize,\n"
+            "POST /detokenize.\n"
             "\n"
             "  -m, --model DIR      model directory (config.json, safetensors, tokenizer.json);\n"
             "                       default: $LILY_MODEL, else the bundled models/lily-tiny\n"
@@ -164,8 +165,10 @@ int cmd_serve(int argc, char **argv)
         lily_service_free(svc);
         return 1;
     }
-    fprintf(stderr, "lily serve: listening on http://%s%s%s:%d (model '%s' loading from %s)\n",
-            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http), name, model_dir);
+    /* HTTP is up before the model: say that the model is still loading, and whether it then loaded or not */
+    fprintf(stderr, "lily serve: loading model '%s' from %s; meanwhile listening on http://%s%s%s:%d "
+                    "(GET /health answers 503 until the model is loaded)\n",
+            name, model_dir, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http));
 
     int rc = 0;
     bool announced = false;
@@ -179,12 +182,13 @@ int cmd_serve(int argc, char **argv)
         }
         lily_sched_state st = lily_scheduler_state(&sched, NULL, NULL);
         if (st == LILY_SCHED_FAILED) {
-            fprintf(stderr, "lily serve: cannot load the model: %s\n", sched.load_error.message);
+            fprintf(stderr, "lily serve: cannot load the model: %s; stopping the server\n", sched.load_error.message);
             rc = 1;
             break;
         }
         if (st == LILY_SCHED_READY && !announced) {
-            fprintf(stderr, "lily serve: model loaded; ready\n");
+            fprintf(stderr, "lily serve: model loaded; ready on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "",
+                    host, strchr(host, ':') ? "]" : "", lily_http_port(http));
             announced = true;
         }
     }

@@ -583,7 +583,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     }
     int status = r->status ? r->status : (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : 499);
     atomic_fetch_add(&srv->n_by_status[status_class(status)], 1);
-    if (r->job) {
+    if (r->job && !(status >= 400 && status < 499)) { /* a rejected request (400) processed no tokens */
         atomic_fetch_add(&srv->prompt_tokens, (unsigned long long)r->job->stats.prompt_tokens);
         atomic_fetch_add(&srv->completion_tokens, (unsigned long long)r->job->stats.completion_tokens);
         atomic_fetch_add(&srv->cached_tokens, (unsigned long long)r->job->stats.cached_tokens);

@@ -370,7 +370,7 @@ static bool check_logit_bias(lily_oai_request *req, lily_oai_error *e)
     json_object_foreach(lb, key, v) {
         char *end;
         long id = strtol(key, &end, 10);
-        if (!*key || *end || id < 0 || id > INT32_MAX)
+        if (*key < '0' || *key > '9' || *end || id < 0 || id > INT32_MAX) /* digits only: no sign, no space */
             return bad(e, "logit_bias", "Invalid key in 'logit_bias': '%.32s' is not a token id.", key);
         if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
             return bad(e, "logit_bias", "Invalid value in 'logit_bias' for token %ld: expected a number in "

@@ -429,15 +429,12 @@ static lily_sampler_params sampler_params(const lily_service *svc, const lily_oa
         p.frequency_penalty = (float)req->frequency_penalty;
     if (!isnan(req->repetition_penalty))
         p.repetition_penalty = (float)req->repetition_penalty;
-    int n = 0;
-    for (int i = 0; i < req->n_logit_bias; i++)
-        if (req->logit_bias[i].token < svc->vocab) {
-            bias[n].token = req->logit_bias[i].token;
-            bias[n].bias = req->logit_bias[i].bias;
-            n++;
-        }
+    for (int i = 0; i < req->n_logit_bias; i++) { /* ids checked against the vocabulary by logit_bias_ok */
+        bias[i].token = req->logit_bias[i].token;
+        bias[i].bias = req->logit_bias[i].bias;
+    }
     p.logit_bias = bias;
-    p.n_logit_bias = n;
+    p.n_logit_bias = req->n_logit_bias;
     if (req->has_seed) {
         p.seed = req->seed;
     } else {
@@ -578,6 +575,22 @@ static lily_status spell_tool_name(generation *g, name_constraint *nc, const lil
     return st;
 }
 
+/* Every logit_bias key is a token id of the model's vocabulary; else a 400 written to the job (false), as
+ * for out-of-vocabulary prompt ids (OpenAI rejects unknown ids too). */
+static bool logit_bias_ok(const lily_service *svc, lily_job *job)
+{
+    const lily_oai_request *req = &job->req;
+    for (int i = 0; i < req->n_logit_bias; i++)
+        if (req->logit_bias[i].token >= svc->vocab) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "Invalid key in 'logit_bias': token id %d is outside the vocabulary (%d).",
+                     req->logit_bias[i].token, svc->vocab);
+            fail_with(job, 400, "invalid_request_error", "logit_bias", NULL, msg);
+            return false;
+        }
+    return true;
+}
+
 /* The prompt's token ids, or an error already written to the job (returns false). */
 static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t **ids, int *n_ids)
 {
@@ -624,6 +637,7 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
         return false;
     }
     int max_ctx = svc->session->max_ctx;
+    job->stats.prompt_tokens = *n_ids; /* the request log's prompt=, also for a 400 below */
     if (*n_ids == 0 || *n_ids >= max_ctx) {
         const char *what = req->is_chat ? "messages" : "prompt";
         char msg[256];
@@ -807,8 +821,9 @@ static void run_generation(lily_service *svc, lily_job *job)
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
     svc->n_requests++;
 
-    /* 1. the prompt's token ids (a bad conversation or a prompt over the context ends here with a 400) */
-    if (!prompt_ids(svc, job, &g.thinking, &ids, &n_ids))
+    /* 1. the prompt's token ids (a bad conversation, a prompt over the context or a logit_bias id outside the
+     *    vocabulary ends here with a 400) */
+    if (!logit_bias_ok(svc, job) || !prompt_ids(svc, job, &g.thinking, &ids, &n_ids))
         goto done;
 
     /* 2. tool_choice required / named: the text the reply must open with */

@@ -888,9 +888,9 @@ bool lily_prompt_opens_thinking(const char *prompt, size_t len)
 
 const char *lily_output_finish_reason(const lily_parsed_output *o)
 {
-    if (o->n_tool_calls > 0)
-        return "tool_calls";
-    return o->cut_by_length ? "length" : "stop";
+    if (o->cut_by_length) /* as OpenAI: max tokens cut the reply, even inside a tool call's arguments */
+        return "length";
+    return o->n_tool_calls > 0 ? "tool_calls" : "stop";
 }
 
 /* A JSON string of s[n] with invalid UTF-8 replaced by U+FFFD. */

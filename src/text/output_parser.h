@@ -103,7 +103,8 @@ const lily_parsed_output *lily_output_parser_result(const lily_output_parser *p)
  * (the prompt ends "<think>\n"), false with it off (the prompt ends with an empty think block). */
 bool lily_prompt_opens_thinking(const char *prompt, size_t len);
 
-/* "tool_calls" when calls were made, else "length" when cut by length, else "stop". */
+/* "length" when cut by length (a tool call the cut left open is kept, arguments as far as they got), else
+ * "tool_calls" when calls were made, else "stop". */
 const char *lily_output_finish_reason(const lily_parsed_output *o);
 
 /* The OpenAI choice for a finished output:
