@@ -2,6 +2,7 @@
 # test_cli_usage.sh — usage errors name what is wrong: `lily debug --help` (exit 0, the subcommands on
 # stdout), `lily debug SUB` with an unknown SUB (exit 2, "unknown subcommand 'SUB'"), `lily info -m` without
 # a value (exit 2, "-m needs a value"), and `lily debug tokenize` errors prefixed with the command's name.
+# `lily serve --help` lists every route; serve's start-up says the model is loading, then that it stopped.
 # An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed);
 # info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
 # bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
@@ -24,6 +25,14 @@ check "debug --help lists the subcommands on stdout" 0 out "  tokenize  the toke
 check "debug with an unknown subcommand names it" 2 err "lily debug: unknown subcommand 'bogus'" debug bogus
 check "debug without a subcommand prints the usage" 2 err "usage: lily debug tokenize|render|parse" debug
 check "info -m without a value says so" 2 err "lily info: -m needs a value" info -m
+if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
+    check "serve --help lists GET /metrics" 0 out "GET /metrics (Prometheus text)" serve --help
+    # HTTP starts before the model loads: the first line says the model is loading, not just "listening"
+    check "serve says the model is loading while it listens" 1 err \
+        "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://127.0.0.1:" \
+        serve -m "$TMP/nope" --port 0
+    check "serve stops when the model fails to load" 1 err "; stopping the server" serve -m "$TMP/nope" --port 0
+fi
 printf '\xff' >"$TMP/stdin"
 check "debug tokenize errors carry the command's name" 1 err \
     "lily debug tokenize: text is not valid UTF-8 (byte 0 of 1)" debug tokenize --model "$DATA/tiny-chat"
