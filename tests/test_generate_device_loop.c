@@ -26,6 +26,7 @@ static int g_vocab;
 static int g_ahead;        /* steps the fake device runs past the last token it delivered */
 static int g_loop_calls;   /* decode_loop calls */
 static bool g_decline;     /* decode_loop answers LILY_ERR_UNSUPPORTED (as CUDA with a debug hook) */
+static int g_fail_call;    /* this decode_loop call (1-based; 0 = none) fails after delivering 2 tokens */
 
 static uint64_t splitmix64(uint64_t x)
 {
@@ -115,6 +116,10 @@ static lily_status shim_decode_loop(void *ctx, void *state, int32_t first_token,
         } else { /* the host sees the next token */
             stop = on_token && on_token(user, chosen[delivered], delivered) != 0;
             delivered++;
+            if (g_fail_call == g_loop_calls && delivered == 2) {
+                st = lily_error_set(err, LILY_ERR_BACKEND, "shim: injected failure");
+                break;
+            }
         }
     }
     if (st == LILY_OK && stop && last_logits)
@@ -529,6 +534,47 @@ static void test_declined_device_loop(void **state)
     free_outcomes(&h, &d);
 }
 
+/* A decode_loop that fails in a later batch: lily_generate returns its error and leaves the session at
+ * that batch's start, whole: its logits are those of its last token (what a continuation samples from),
+ * as a session holding the same tokens appended one at a time has them. */
+static void test_error_in_later_batch(void **state)
+{
+    fixture *f = *state;
+    g_ahead = 3;
+    lily_error err = {0};
+    f->engine->backend.ops = &g_shim_ops;
+    lily_session *d = NULL;
+    assert_int_equal(lily_session_new(f->engine, 256, &d, &err), LILY_OK);
+    streamed out;
+    memset(&out, 0, sizeof out);
+    lily_generate_params p = lily_generate_defaults();
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 100;
+    p.on_token = on_token;
+    p.user = &out;
+    lily_generate_result r;
+    g_loop_calls = 0;
+    g_fail_call = 3; /* batches 1 and 2 complete (8 + 8 steps kept), the third fails */
+    const lily_status st = lily_generate(d, prompt, (int)(sizeof prompt / sizeof *prompt), &p, &r, &err);
+    g_fail_call = 0;
+    assert_int_equal(st, LILY_ERR_BACKEND);
+    assert_int_equal(g_loop_calls, 3);
+    const int n_prompt = (int)(sizeof prompt / sizeof *prompt);
+    assert_int_equal(d->n_tokens, n_prompt + 8 + 8); /* the first token is batch 1's first input */
+    assert_memory_equal(d->tokens, prompt, sizeof prompt);
+    assert_memory_equal(d->tokens + n_prompt, out.tokens, (size_t)(d->n_tokens - n_prompt) * sizeof(int32_t));
+
+    f->engine->backend.ops = &lily_cpu_backend_ops;
+    lily_session *h = NULL;
+    assert_int_equal(lily_session_new(f->engine, 256, &h, &err), LILY_OK);
+    assert_int_equal(lily_session_append(h, prompt, n_prompt, NULL, &err), LILY_OK);
+    for (int i = n_prompt; i < d->n_tokens; i++)
+        assert_int_equal(lily_session_append(h, &d->tokens[i], 1, NULL, &err), LILY_OK);
+    assert_same_session(h, d);
+    lily_session_free(h);
+    lily_session_free(d);
+}
+
 /* Settings only the host sampler has keep the host loop even on a backend with the op. */
 static void test_host_only_settings(void **state)
 {
@@ -573,6 +619,7 @@ int main(void)
         cmocka_unit_test(test_context_full),
         cmocka_unit_test(test_sampled_device_loop),
         cmocka_unit_test(test_declined_device_loop),
+        cmocka_unit_test(test_error_in_later_batch),
         cmocka_unit_test(test_host_only_settings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -23,7 +23,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: lily serve -m DIR [options]\n"
+            "usage: lily serve [-m DIR] [options]\n"
             "\n"
             "OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
             "GET /health (503 while the model loads), GET /metrics (Prometheus text), POST /tokenize,\n"

@@ -215,13 +215,17 @@ static void checkpoint_free(const lily_session *s, checkpoint *ck)
 
 /* One decode_loop call. tokens[0]: the batch's first input (chosen and kept before the call); tokens[i]:
  * the token step i - 1 chose. kept: the steps whose input the session took over (appended to s->tokens
- * as each step's token arrives, as the host loop appends before it samples the next). */
+ * as each step's token arrives, as the host loop appends before it samples the next). batch_end: the last
+ * step's token went on (no stop); the callback still returned nonzero so that decode_loop writes that
+ * step's logits to s->logits, which keeps the session whole (tokens, state, logits) at every batch start:
+ * an error in a later batch rolls back to a session whose logits match its tokens. */
 typedef struct {
     gen_state *g;
     int32_t tokens[DEVICE_BATCH_MAX + 1];
     int n;
     int kept;
     bool stopped;
+    bool batch_end;
     lily_status status;
 } device_batch;
 
@@ -233,7 +237,7 @@ static int on_device_token(void *user, int32_t token, int index)
     device_batch *b = user;
     gen_state *g = b->g;
     lily_session *s = g->s;
-    if (b->stopped)
+    if (b->stopped || b->batch_end)
         return 1;
     b->stopped = true;
     if (index != b->kept || index >= b->n) {
@@ -254,6 +258,10 @@ static int on_device_token(void *user, int32_t token, int index)
         return 1;
     b->tokens[index + 1] = token;
     b->stopped = false;
+    if (index == b->n - 1) { /* no further step: ask for this one's logits (see device_batch) */
+        b->batch_end = true;
+        return 1;
+    }
     return 0;
 }
 
@@ -320,7 +328,8 @@ static lily_status device_decode(gen_state *g, int32_t first, const lily_device_
             if (st != LILY_OK)
                 return st;
         }
-        /* else the state is where the host loop's would be; after a stop, decode_loop wrote s->logits */
+        /* else the state is where the host loop's would be, and decode_loop wrote s->logits (a stop or the
+         * batch end) */
         if (b.stopped)
             return b.status;
         first = b.tokens[n];
