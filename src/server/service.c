@@ -874,8 +874,11 @@ static void run_generation(lily_service *svc, lily_job *job)
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
-    if (lily_job_cancelled(job))
+    if (lily_job_cancelled(job)) {
+        if (st != LILY_OK) /* an error on the way out may have left the session between states */
+            lily_session_reset(s);
         goto done;
+    }
     if (res.finish == LILY_FINISH_CANCELLED && g.one_call && g.call_closed && !g.failed)
         res.finish = LILY_FINISH_STOP; /* the named call is complete: as OpenAI, one call */
     if (st != LILY_OK || g.failed || res.finish == LILY_FINISH_CANCELLED) {
