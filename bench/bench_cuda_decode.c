@@ -12,7 +12,7 @@
  * (variant, MoE tile, dense tile) configurations, in chunks of --chunk tokens.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
- *                          [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--gdn-prefill LIST]
+ *                          [--sweep-split] [--tune] [--tune-list "SPEC;SPEC;..."] [--knobs SPEC] [--prefill N] [--gdn-prefill LIST]
  * --gdn-prefill LIST (e.g. 1,2): the DeltaNet prefill knob (lily_cuda_tuning.gdn_prefill: 1 recurrence,
  * 2 chunked, 3 chunked from GDN_CHUNKED_MIN_TOKENS); the prefill timing (and --profile-prefill) runs once
  * per value, the first value stays set for everything else.
@@ -73,6 +73,7 @@ static int rnd_token(int vocab)
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
+    const char *tune_list = NULL; /* --tune-list "spec;spec;...": the knob sets --tune compares */
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, tune = 0, chunk = 512, prof_prefill = 0, gdn_list[8], n_gdn = 0;
     lily_cuda_tuning knobs = LILY_CUDA_TUNING_DEFAULT;
     int gemm_variant = -1, moe_tile = -1, dense_tile = -1, tile_sweep[16], n_tile_sweep = 0;
@@ -83,6 +84,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) n_prof = parse_list(argv[++i], prof, 8);
         else if (!strcmp(argv[i], "--sweep-split")) sweep = 1;
         else if (!strcmp(argv[i], "--tune")) tune = 1;
+        else if (!strcmp(argv[i], "--tune-list") && i + 1 < argc) tune = 1, tune_list = argv[++i];
         else if (!strcmp(argv[i], "--knobs") && i + 1 < argc) {
             if (cuda_knobs_parse(argv[++i], &knobs)) DIE("bad --knobs '%s'", argv[i]);
         }
@@ -100,7 +102,7 @@ int main(int argc, char **argv)
                 for (int p = 256; p <= 16384; p *= 2)
                     tile_sweep[n_tile_sweep++] = p;
         }
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill] [--gdn-prefill LIST] [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]", argv[0]);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--tune-list SPECS] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill] [--gdn-prefill LIST] [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]", argv[0]);
     }
     const int gdn_prefill = n_gdn > 0 ? gdn_list[0] : -1;
     if (gdn_prefill >= 0)
@@ -322,13 +324,23 @@ int main(int argc, char **argv)
                                    "gemv_mma=0,att_mma=0,gdn_decode=0,router_topk=1", "moe_gate_up_blocks=2",
                                    "moe_gate_up_blocks=3", "gemv_mma_blocks=1", "gemv_mma_blocks=2",
                                    "moe_gate_up_blocks=3,gemv_mma_blocks=2"};
+        const char *kl[32];
+        size_t n_kl = 0;
+        char *tl_copy = tune_list ? strdup(tune_list) : NULL;
+        if (tl_copy)
+            for (char *sv = NULL, *tok = strtok_r(tl_copy, ";", &sv); tok && n_kl < 32; tok = strtok_r(NULL, ";", &sv))
+                kl[n_kl++] = tok;
+        else
+            for (; n_kl < sizeof kn / sizeof kn[0]; n_kl++)
+                kl[n_kl] = kn[n_kl];
         const int td[2] = {4096, 131072};
         printf("\n## Launch knobs, decode tok/s (bench/cuda_knobs.h names, over the defaults)\n\n| knobs | d4096 | d131072 |\n|---|---:|---:|\n");
-        for (size_t k = 0; k < sizeof kn / sizeof kn[0]; k++) {
+        for (size_t k = 0; k < n_kl; k++) {
             lily_cuda_tuning t;
-            cuda_knobs_parse(kn[k], &t);
+            if (cuda_knobs_parse(kl[k], &t) != 0)
+                DIE("--tune-list: bad knob spec '%s'", kl[k]);
             lily_cuda_set_tuning(&t);
-            printf("| %s |", kn[k]);
+            printf("| %s |", kl[k]);
             for (int j = 0; j < 2; j++) {
                 if (td[j] + 80 > max_ctx) {
                     printf(" - |");
@@ -347,6 +359,7 @@ int main(int argc, char **argv)
             }
             printf("\n");
         }
+        free(tl_copy);
         lily_cuda_set_tuning(&knobs);
         lily_cuda_set_attention_split(be.ctx, st, 64, 128, &err);
     }

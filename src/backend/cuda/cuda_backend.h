@@ -78,7 +78,8 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
 typedef struct {
     int pdl;                /* 1: programmatic dependent launch; 0: plain launches */
     int gemv_blocks_per_sm; /* general GEMV kernel: 0 as many as fit, else that many blocks per SM */
-    int gemv_mma;           /* 4-bit decode GEMVs and MoE on tensor cores: 1, 2 (PDL trigger after the wait), 0 off */
+    int gemv_mma;           /* 4-bit decode GEMVs and MoE on tensor cores: 1, 2 (PDL trigger after the wait),
+                             * 3 (as 1, two weight groups loaded before the PDL wait), 0 off */
     int att_mma;            /* decode attention on tensor cores: 1, or 0 the SIMT split-KV kernel */
     int gdn_decode;         /* one-token Gated DeltaNet scan kernel: 1, or 0 the general scan */
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */

@@ -8,6 +8,7 @@
  * tiles and walks groups grid-stride (grid = blocks resident at once), loading the next group's weights
  * while it computes one. The first group's weights, scales and biases (≤ 2 × 4 16-byte vectors + 16
  * words per thread) are loaded before pdl_wait(), overlapping the previous kernel.
+ * With g_cuda_tuning.gemv_mma == 3 the second group's loads are issued before pdl_wait() too.
  * The input transform (gemv_prologue) runs once per block; fp16 overflow is avoided by scaling x by a
  * power of two when max|x| > 2^14 (undone on the output).
  *
@@ -41,7 +42,7 @@ __device__ __forceinline__ void gm_locate(const gemv_batch &b, int tile, int *m,
  * loaded into registers while the current one is computed, and the input transform runs once per block. */
 template <int IN_MODE, int OUT_MODE, int KS, int MINB>
 __global__ void __launch_bounds__(GM_WARPS * 32, MINB)
-gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax, int early_trigger)
+gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax, int early_trigger, int prefetch2)
 {
     constexpr int RT = GM_WARPS / KS; /* row tiles per group */
     extern __shared__ __align__(16) float gm_smem[];
@@ -71,6 +72,9 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     int grp = blockIdx.x;
     if (grp < n_groups)
         load(grp, f0);
+    const bool pre1 = prefetch2 && grp + (int)gridDim.x < n_groups; /* f1 holds the second group already */
+    if (pre1)
+        load(grp + gridDim.x, f1);
     if (early_trigger)
         pdl_trigger(); /* weights only so far: the next kernel may launch and prefetch its own */
     pdl_wait();
@@ -122,10 +126,12 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
         }
         __syncthreads(); /* s_part is reused by the next group */
     };
+    bool first = true;
     while (grp < n_groups) { /* two groups per pass so the double buffer stays in registers */
         const int g1 = grp + gridDim.x, g2 = g1 + gridDim.x;
-        if (g1 < n_groups)
+        if (g1 < n_groups && !(first && pre1))
             load(g1, f1);
+        first = false;
         compute(grp, f0);
         if (g1 >= n_groups)
             break;
@@ -184,7 +190,8 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     }
     const int groups = (tiles + RT - 1) / RT;
     return launch_pdl(gemv_mma_kernel<IM, OM, KS, MINB>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
-                      s, b, in, tiles, argmax, g_cuda_tuning.gemv_mma == 1 ? 1 : 0);
+                      s, b, in, tiles, argmax, g_cuda_tuning.gemv_mma != 2 ? 1 : 0,
+                      g_cuda_tuning.gemv_mma == 3 ? 1 : 0);
 }
 
 template <int IM, int OM>
