@@ -667,8 +667,9 @@ int main(void)
         for (int ci = 0; ci < 3; ci++) {
             const int cols = colss[ci];
             if (ci == 2 && bits == 16) continue;
+            const int mma_default = g_cuda_tuning.gemv_mma;
             for (int mma = 1; mma >= (bits == 4 ? 0 : 1); mma--) {
-                g_cuda_tuning.gemv_mma = mma;
+                g_cuda_tuning.gemv_mma = mma ? mma_default : 0;
                 for (int ni = 0; ni < 3; ni++) {
                     if (!mma && ns[ni] != 1) continue;
                     test_gemv(bits, cols, 37, ns[ni], GEMV_IN_PLAIN, GEMV_OUT_STORE, 1);
@@ -678,7 +679,7 @@ int main(void)
                 }
                 test_gemv(bits, cols, 8192, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1); /* lily-tiny LM head */
             }
-            g_cuda_tuning.gemv_mma = 1;
+            g_cuda_tuning.gemv_mma = mma_default;
         }
     }
     test_gemv(8, 384, 24, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2, 4); /* lily-tiny router top-4 of 24 */

@@ -100,7 +100,7 @@ typedef struct {
     int att_prefill_fused_q; /* with att_prefill: 1 = the flash kernel norms + rotates q while staging it (the
                               * norm/RoPE kernel appends k/v only), 0 = q normed + rotated by that kernel */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 1, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0, 1}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -101,7 +101,6 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     if (b.topk_k > 0) { /* decode router: the last block to finish publishes the top-k once */
         __shared__ int s_idx[MOE_MAX_K];
         __shared__ float s_w[MOE_MAX_K];
-        __shared__ float s_l[MOE_MAX_E];
         __shared__ unsigned int s_last;
         __threadfence();
         __syncthreads();
@@ -111,7 +110,7 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
         if (!s_last)
             return;
         __threadfence();
-        moe_topk_block(b.y[0], b.topk_n, b.topk_k, s_idx, s_w, s_l);
+        moe_topk_block(b.y[0], b.topk_n, b.topk_k, s_idx, s_w);
         if (threadIdx.x < b.topk_k) {
             b.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
             b.topk_w[threadIdx.x] = s_w[threadIdx.x];

@@ -56,8 +56,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
         } else {
             __shared__ int s_idx[MOE_MAX_K];
             __shared__ float s_w[MOE_MAX_K];
-            __shared__ float s_l[MOE_MAX_E];
-            moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_l);
+            moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w);
             if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
                 a.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
                 a.topk_w[threadIdx.x] = s_w[threadIdx.x];

@@ -17,19 +17,15 @@
 #define MOE_TOPK_THREADS 256
 #define MOE_PLAN_THREADS 1024
 
-/* One block per token: the same ranking and renormalised softmax as decode (moe_topk.cuh). */
+/* One warp per token (MOE_TOPK_THREADS / 32 tokens per block): the same ranking and renormalised
+ * softmax as decode (moe_topk.cuh), written straight to idx / w [n][K]. */
 __global__ void __launch_bounds__(MOE_TOPK_THREADS)
-moe_topk_kernel(const float *logits, int stride, int E, int K, int *idx, float *w)
+moe_topk_kernel(const float *logits, int stride, int E, int K, int n, int *idx, float *w)
 {
-    __shared__ float s_l[MOE_PF_MAX_E];
-    __shared__ int s_idx[MOE_PF_MAX_K];
-    __shared__ float s_w[MOE_PF_MAX_K];
-    const int t = blockIdx.x;
-    moe_topk_block(logits + (size_t)t * stride, E, K, s_idx, s_w, s_l);
-    if (threadIdx.x < K) {
-        idx[(size_t)t * K + threadIdx.x] = s_idx[threadIdx.x];
-        w[(size_t)t * K + threadIdx.x] = s_w[threadIdx.x];
-    }
+    const int t = blockIdx.x * (MOE_TOPK_THREADS / 32) + (threadIdx.x >> 5);
+    if (t >= n)
+        return;
+    moe_topk_warp(logits + (size_t)t * stride, E, K, idx + (size_t)t * K, w + (size_t)t * K);
 }
 
 cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n, int *idx, float *w,
@@ -37,7 +33,8 @@ cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n
 {
     if (E < 1 || E > MOE_PF_MAX_E || K < 1 || K > MOE_PF_MAX_K || K > E || n < 1)
         return cudaErrorInvalidValue;
-    moe_topk_kernel<<<n, MOE_TOPK_THREADS, 0, s>>>(logits, stride, E, K, idx, w);
+    constexpr int per_block = MOE_TOPK_THREADS / 32;
+    moe_topk_kernel<<<(n + per_block - 1) / per_block, MOE_TOPK_THREADS, 0, s>>>(logits, stride, E, K, n, idx, w);
     return cudaGetLastError();
 }
 
