@@ -29,6 +29,7 @@ static const struct {
     {"moe_tile", offsetof(lily_cuda_tuning, moe_tile)},
     {"dense_tile", offsetof(lily_cuda_tuning, dense_tile)},
     {"att_prefill_fused_q", offsetof(lily_cuda_tuning, att_prefill_fused_q)},
+    {"moe_gate_up_staged", offsetof(lily_cuda_tuning, moe_gate_up_staged)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

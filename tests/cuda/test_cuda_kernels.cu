@@ -371,8 +371,9 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     }
     char what[160];
     const bool mma = moe_decode_mma_supported(a, n);
-    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s", bits, hidden, E,
-             K, inter, sinter, n, topk_ready ? " (decode top-k from the router)" : "", mma ? " (tensor cores)" : "");
+    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s%s", bits, hidden, E,
+             K, inter, sinter, n, topk_ready ? " (decode top-k from the router)" : "", mma ? " (tensor cores)" : "",
+             mma && g_cuda_tuning.moe_gate_up_staged ? " (staged gate/up)" : "");
     check(what, got, want, mag, 3e-4);
 }
 
@@ -692,6 +693,13 @@ int main(void)
     }
     test_moe(4, 2048, 32, 8, 512, 1);
     test_moe(4, 2048, 32, 8, 512, 1, true);
+    /* the one-wave gate/up grid with the shared-expert tiles past it staged in shared memory (on an
+     * H200: 264 resident blocks for 9 x 32 tiles); also a shape whose items all fit one wave */
+    g_cuda_tuning.moe_gate_up_staged = 1;
+    test_moe(4, 2048, 32, 8, 512, 1);
+    test_moe(4, 2048, 256, 8, 512, 1);
+    test_moe(4, 512, 64, 8, 128, 1, true);
+    g_cuda_tuning.moe_gate_up_staged = 0;
     test_moe(4, 512, 64, 8, 128, 1, true);
     test_moe(4, 1024, 16, 4, 256, 1, true);
     test_moe(4, 2048, 32, 8, 512, 2);

@@ -99,8 +99,10 @@ typedef struct {
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
     int att_prefill_fused_q; /* with att_prefill: 1 = the flash kernel norms + rotates q while staging it (the
                               * norm/RoPE kernel appends k/v only), 0 = q normed + rotated by that kernel */
+    int moe_gate_up_staged; /* decode MoE gate/up (2 blocks per SM): 1 = one wave of resident blocks, the
+                             * shared-expert tiles past it staged in shared memory before the PDL wait (moe_decode.cu) */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0, 1}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0, 1, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -110,7 +110,8 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
         if (!s_last)
             return;
         __threadfence();
-        moe_topk_block(b.y[0], b.topk_n, b.topk_k, s_idx, s_w);
+        __shared__ unsigned int s_key[MOE_MAX_E];
+        moe_topk_block(b.y[0], b.topk_n, b.topk_k, s_idx, s_w, s_key);
         if (threadIdx.x < b.topk_k) {
             b.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
             b.topk_w[threadIdx.x] = s_w[threadIdx.x];

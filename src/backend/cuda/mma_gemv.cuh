@@ -49,6 +49,55 @@ __device__ __forceinline__ void mg_load(const dmat &W, int64_t ra, int64_t rb, i
     }
 }
 
+/* The same loads as mg_load, as cp.async copies into a thread-private staging area of shared memory
+ * (MG_STAGE_BYTES per thread, laid out [field][thread] so a warp's accesses are contiguous: conflict
+ * free): weights only, so they may be issued before pdl_wait(). Commit and wait with cp.async.commit_group /
+ * wait_group (mg_stage_wait), then mg_load_staged. nthr: threads of the block sharing the area. */
+#define MG_STAGE_BYTES (MG_MAX_STEPS * (2 * 16 + 4 * 4))
+__device__ __forceinline__ void mg_cp(unsigned char *dst, const void *src, int bytes)
+{
+    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(dst);
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(src) : "memory");
+}
+__device__ __forceinline__ void mg_load_async(const dmat &W, int64_t ra, int64_t rb, int c_lo, int steps, int t,
+                                              unsigned char *stage, int tid, int nthr)
+{
+    const int gpr = W.cols / 64;
+    unsigned char *v = stage, *w = stage + 2 * MG_MAX_STEPS * 16 * nthr;
+#pragma unroll
+    for (int st = 0; st < MG_MAX_STEPS; st++) {
+        if (st < steps) {
+            const int c0 = c_lo + st * 128, gi = c0 / 64;
+            mg_cp(v + ((2 * st) * nthr + tid) * 16, reinterpret_cast<const uint4 *>(W.data + ra * W.row_bytes + c0 / 2) + t, 16);
+            mg_cp(v + ((2 * st + 1) * nthr + tid) * 16, reinterpret_cast<const uint4 *>(W.data + rb * W.row_bytes + c0 / 2) + t, 16);
+            mg_cp(w + ((4 * st) * nthr + tid) * 4, W.scales + ra * gpr + gi, 4);
+            mg_cp(w + ((4 * st + 1) * nthr + tid) * 4, W.biases + ra * gpr + gi, 4);
+            mg_cp(w + ((4 * st + 2) * nthr + tid) * 4, W.scales + rb * gpr + gi, 4);
+            mg_cp(w + ((4 * st + 3) * nthr + tid) * 4, W.biases + rb * gpr + gi, 4);
+        }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void mg_stage_wait(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void mg_load_staged(const unsigned char *stage, int steps, int tid, int nthr, mg_frag &f)
+{
+    const unsigned char *v = stage, *w = stage + 2 * MG_MAX_STEPS * 16 * nthr;
+#pragma unroll
+    for (int st = 0; st < MG_MAX_STEPS; st++) {
+        if (st < steps) {
+            f.wa[st] = *reinterpret_cast<const uint4 *>(v + ((2 * st) * nthr + tid) * 16);
+            f.wb[st] = *reinterpret_cast<const uint4 *>(v + ((2 * st + 1) * nthr + tid) * 16);
+            f.sa[st] = *reinterpret_cast<const uint32_t *>(w + ((4 * st) * nthr + tid) * 4);
+            f.ba[st] = *reinterpret_cast<const uint32_t *>(w + ((4 * st + 1) * nthr + tid) * 4);
+            f.sb[st] = *reinterpret_cast<const uint32_t *>(w + ((4 * st + 2) * nthr + tid) * 4);
+            f.bb[st] = *reinterpret_cast<const uint32_t *>(w + ((4 * st + 3) * nthr + tid) * 4);
+        }
+    }
+}
+
 __device__ __forceinline__ float2 bf2_f2(uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u)); }
 
 /* The tile's dot products (of the fed x; divide by the x scale afterwards): acc_a for row g, acc_b for

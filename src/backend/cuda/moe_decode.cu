@@ -22,20 +22,26 @@
 #define MD_MAX_SLOTS 16
 
 /* MINB: blocks per SM the registers must allow (2, or 3 so that the 9 × 32 blocks of the full model fit
- * the 132 SMs of an H200 in one wave; g_cuda_tuning.moe_gate_up_blocks). */
-template <int MINB>
-__global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(moe_args a)
+ * the 132 SMs of an H200 in one wave; g_cuda_tuning.moe_gate_up_blocks).
+ * STAGED: a 1D grid of the blocks resident at once (items = (slot, 16-row tile) slot-major, block b owns
+ * item b); the items past the grid are tiles of the shared expert (the last slot), which block
+ * b - gridDim.x also computes: their weights are copied into shared memory (mg_load_async) before
+ * pdl_wait(), so there is no second wave whose loads would start only after the top-k. */
+template <int MINB, bool STAGED>
+__global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
     extern __shared__ __align__(16) float md_smem[];
     const int H = a.hidden;
     float *s_x = md_smem;                                   /* [H] */
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem + H);   /* [H / 8] */
     float *s_off = md_smem + H + H / 2, *s_xsum = s_off + H / 64;
+    unsigned char *s_stage = reinterpret_cast<unsigned char *>(s_xsum + H / 64); /* STAGED: [MG_STAGE_BYTES][threads] */
     __shared__ float s_red[MD_WARPS];
     __shared__ float s_part[MD_WARPS][16];
     __shared__ float s_scale;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x, slot = blockIdx.y;
+    const int item = STAGED ? blockIdx.x : blockIdx.y * tiles + blockIdx.x;
+    const int tile = item % tiles, slot = item / tiles;
     const bool shared = slot == a.top_k;
     const int mat = warp / 4, ks = warp % 4, CW = H / 4, steps = CW / 128;
     const dmat &W = shared ? (mat ? a.sup : a.sgate) : (mat ? a.up : a.gate);
@@ -43,6 +49,14 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
     const int r0 = tile * 16;
     const bool live = r0 < rows;
     const int ra = live ? r0 + g : 0, rb = live ? r0 + g + 8 : 0;
+    /* STAGED: the extra item (a shared-expert tile) of this block, or -1 */
+    const int x_tile = STAGED && blockIdx.x + gridDim.x < (a.top_k + 1) * tiles ? blockIdx.x + gridDim.x - a.top_k * tiles : -1;
+    if (STAGED && x_tile >= 0) {
+        const dmat &Ws = mat ? a.sup : a.sgate;
+        const bool xl = x_tile * 16 < a.shared_inter;
+        mg_load_async(Ws, xl ? x_tile * 16 + g : 0, xl ? x_tile * 16 + g + 8 : 0, ks * CW, steps, t, s_stage, threadIdx.x,
+                      MD_WARPS * 32);
+    }
 
     mg_frag f;
     if (shared)
@@ -56,7 +70,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
         } else {
             __shared__ int s_idx[MOE_MAX_K];
             __shared__ float s_w[MOE_MAX_K];
-            moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w);
+            __shared__ unsigned int s_key[MOE_MAX_E];
+            moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
             if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
                 a.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
                 a.topk_w[threadIdx.x] = s_w[threadIdx.x];
@@ -79,12 +94,30 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
         s_part[warp][g + 8] = acc_b;
     }
     __syncthreads();
+    const int hid_stride = max(a.inter, a.shared_inter);
     if (threadIdx.x < 16 && live) {
         const int r = threadIdx.x;
         const float gv = (s_part[0][r] + s_part[1][r] + s_part[2][r] + s_part[3][r]) / xk;
         const float uv = (s_part[4][r] + s_part[5][r] + s_part[6][r] + s_part[7][r]) / xk;
-        const int hid_stride = max(a.inter, a.shared_inter);
         a.hid[(int64_t)slot * hid_stride + r0 + r] = silu_f(gv) * uv;
+    }
+    if (STAGED && x_tile >= 0) { /* the extra shared-expert tile, from the staged copy */
+        mg_stage_wait();
+        mg_load_staged(s_stage, steps, threadIdx.x, MD_WARPS * 32, f);
+        acc_a = acc_b = 0.0f;
+        mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
+        __syncthreads(); /* s_part of the first item has been read */
+        if (t == 0) {
+            s_part[warp][g] = acc_a;
+            s_part[warp][g + 8] = acc_b;
+        }
+        __syncthreads();
+        if (threadIdx.x < 16 && x_tile * 16 + (int)threadIdx.x < a.shared_inter) {
+            const int r = threadIdx.x;
+            const float gv = (s_part[0][r] + s_part[1][r] + s_part[2][r] + s_part[3][r]) / xk;
+            const float uv = (s_part[4][r] + s_part[5][r] + s_part[6][r] + s_part[7][r]) / xk;
+            a.hid[(int64_t)a.top_k * hid_stride + x_tile * 16 + r] = silu_f(gv) * uv;
+        }
     }
 }
 
@@ -157,25 +190,46 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
 
-template <int MINB>
+template <int MINB, bool STAGED>
 static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
 {
-    const int H = a.hidden;
-    const size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
+    const int H = a.hidden, tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k + 1) * tiles;
+    size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
+    if (STAGED)
+        smem += (size_t)MG_STAGE_BYTES * MD_WARPS * 32;
     static size_t smem_set = 48 * 1024;
     if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(moe_gate_up_mma_kernel<MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const cudaError_t e = cudaFuncSetAttribute(moe_gate_up_mma_kernel<MINB, STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
         smem_set = smem;
     }
-    const int rows = max(a.inter, a.shared_inter);
-    return launch_pdl(moe_gate_up_mma_kernel<MINB>, dim3((rows + 15) / 16, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a);
+    if (!STAGED)
+        return launch_pdl(moe_gate_up_mma_kernel<MINB, STAGED>, dim3(tiles, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a, tiles);
+    static int resident = 0; /* blocks that fit on the GPU at once (asked once) */
+    if (!resident) {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_mma_kernel<MINB, STAGED>, MD_WARPS * 32, smem);
+        if (e != cudaSuccess)
+            return e;
+        resident = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    /* one wave when the items past the resident blocks are all shared-expert tiles, else the plain grid */
+    if (items - resident > tiles)
+        return gate_up_go<MINB, false>(a, s);
+    const int grid = items < resident ? items : resident;
+    return launch_pdl(moe_gate_up_mma_kernel<MINB, STAGED>, dim3(grid), dim3(MD_WARPS * 32), smem, s, a, tiles);
 }
 
 cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s)
 {
-    return g_cuda_tuning.moe_gate_up_blocks >= 3 ? gate_up_go<3>(a, s) : gate_up_go<2>(a, s);
+    if (g_cuda_tuning.moe_gate_up_blocks >= 3)
+        return gate_up_go<3, false>(a, s);
+    return g_cuda_tuning.moe_gate_up_staged ? gate_up_go<2, true>(a, s) : gate_up_go<2, false>(a, s);
 }
 
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)

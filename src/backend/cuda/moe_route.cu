@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     extern __shared__ float s_x[]; /* [hidden] */
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
+    __shared__ unsigned int s_key[MOE_MAX_E];
     __shared__ float s_red[MOE_WARPS];
     const int t = blockIdx.y;
     const int slot = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
         }
         __syncthreads();
     } else {
-        moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w);
+        moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_key);
     }
     if (!a.topk_ready && blockIdx.x == 0 && threadIdx.x < a.top_k) {
         a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];

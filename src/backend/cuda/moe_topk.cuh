@@ -13,24 +13,23 @@
 #define MOE_MAX_K 16
 #define MOE_MAX_E 512
 
-/* The logit held in an argmax_key (cuda_common.cuh), bit for bit. */
-__device__ __forceinline__ float moe_key_value(unsigned long long k)
+/* The logit of an order-preserving key (argmax_key's high word, cuda_common.cuh), bit for bit. */
+__device__ __forceinline__ float moe_key_value(unsigned int u)
 {
-    const unsigned int u = (unsigned int)(k >> 32);
     return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
 }
 
 /* Top-k of E <= 32·PER router logits of one token by the 32 lanes of one warp: lane l holds experts
  * e = l + 32j (j < PER) as order-preserving 32-bit keys (argmax_key's high word) and a taken mask; each
- * of the K rounds takes the lane's best untaken expert (lower id on ties), then a warp max over the
- * 64-bit argmax_key (larger logit, then the lower expert id: the CPU twin's order); the owner marks the
- * winner taken. Lane k < K ends with slot k's key. Weights = softmax over the selected logits
- * (= softmax over all E renormalised over the top k). */
-template <int PER>
-static __device__ void moe_topk_warp_n(const float *logits, int E, int K, int *idx, float *w)
+ * of the K rounds takes the lane's best untaken expert (lower id on ties), then the warp's largest key and
+ * the lowest expert id holding it (two redux.sync; the CPU twin's order: larger logit, then lower id);
+ * the owner marks the winner taken. Lane k < K ends with slot k's key and id. Weights = softmax over the
+ * selected logits (= softmax over all E renormalised over the top k). */
+template <int PER, bool SMEM>
+static __device__ void moe_topk_warp_n(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
 {
     const int lane = threadIdx.x & 31;
-    unsigned int u[PER];
+    unsigned int u[PER]; /* !SMEM: the keys stay here; SMEM: in s_key[E] (fewer live registers) */
     unsigned int taken = 0u;
 #pragma unroll
     for (int j = 0; j < PER; j++) {
@@ -38,56 +37,66 @@ static __device__ void moe_topk_warp_n(const float *logits, int E, int K, int *i
         u[j] = e < E ? (unsigned int)(argmax_key(__ldcg(logits + e), e) >> 32) : 0u; /* may be this kernel's */
         if (e >= E)
             taken |= 1u << j;
+        else if (SMEM)
+            s_key[e] = u[j];
     }
-    unsigned long long mine = 0ull;
+    if (SMEM)
+        __syncwarp();
+    unsigned int mine_u = 0u, mine_id = 0u;
     for (int k = 0; k < K; k++) {
         int bj = -1;
         unsigned int bu = 0u;
 #pragma unroll
-        for (int j = 0; j < PER; j++)
-            if (!((taken >> j) & 1u) && (bj < 0 || u[j] > bu)) {
+        for (int j = 0; j < PER; j++) {
+            const unsigned int uj = SMEM ? s_key[min(lane + 32 * j, E - 1)] : u[j];
+            if (!((taken >> j) & 1u) && (bj < 0 || uj > bu)) {
                 bj = j;
-                bu = u[j];
+                bu = uj;
             }
-        /* no untaken expert left in this lane: key 0 (every real key is > 0: its low word is ~id) */
-        unsigned long long best = bj < 0 ? 0ull : ((unsigned long long)bu << 32) | (0xffffffffu - (unsigned int)(lane + 32 * bj));
-        const unsigned long long own = best;
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-            best = other > best ? other : best;
         }
-        if (own == best && bj >= 0)
+        /* the largest key, then the lowest expert id holding it (redux.sync: one instruction each) */
+        const unsigned int m = __reduce_max_sync(0xffffffffu, bj < 0 ? 0u : bu);
+        const unsigned int my_id = bj < 0 ? 0xffffffffu : (unsigned int)(lane + 32 * bj);
+        const unsigned int id = __reduce_min_sync(0xffffffffu, bj >= 0 && bu == m ? my_id : 0xffffffffu);
+        if (bj >= 0 && id == my_id)
             taken |= 1u << bj;
-        if (lane == k)
-            mine = best;
+        if (lane == k) {
+            mine_u = m;
+            mine_id = id;
+        }
     }
-    const float v = moe_key_value(mine), mx = __shfl_sync(0xffffffffu, v, 0);
+    const float v = moe_key_value(mine_u), mx = __shfl_sync(0xffffffffu, v, 0);
     const float p = lane < K ? expf(v - mx) : 0.0f;
     const float sum = warp_sum(p);
     if (lane < K) {
-        idx[lane] = mine ? argmax_key_row(mine) : 0;
+        idx[lane] = mine_id < (unsigned int)E ? (int)mine_id : 0;
         w[lane] = p / sum;
     }
 }
 
-/* moe_topk_warp_n for E <= 1024 (more experts: nothing is written). Called by every lane of one warp. */
+/* moe_topk_warp_n for E <= 1024 (more experts: nothing is written), keys in registers. Called by every
+ * lane of one warp. */
 static __device__ void moe_topk_warp(const float *logits, int E, int K, int *idx, float *w)
 {
     if (E <= 256)
-        moe_topk_warp_n<8>(logits, E, K, idx, w);
+        moe_topk_warp_n<8, false>(logits, E, K, idx, w, NULL);
     else if (E <= 512)
-        moe_topk_warp_n<16>(logits, E, K, idx, w);
+        moe_topk_warp_n<16, false>(logits, E, K, idx, w, NULL);
     else if (E <= 1024)
-        moe_topk_warp_n<32>(logits, E, K, idx, w);
+        moe_topk_warp_n<32, false>(logits, E, K, idx, w, NULL);
 }
 
-/* The same for a whole block: warp 0 ranks (moe_topk_warp) into idx/w (shared memory), everyone waits;
- * ends with __syncthreads. */
-static __device__ void moe_topk_block(const float *logits, int E, int K, int *idx, float *w)
+/* The same for a whole block (E <= MOE_MAX_E): warp 0 ranks into idx/w (shared memory) with its keys in
+ * s_key (shared memory, MOE_MAX_E words: the block kernels that call this are register-bound),
+ * everyone waits; ends with __syncthreads. */
+static __device__ void moe_topk_block(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
 {
-    if (threadIdx.x < 32)
-        moe_topk_warp(logits, E, K, idx, w);
+    if (threadIdx.x < 32) {
+        if (E <= 256)
+            moe_topk_warp_n<8, true>(logits, E, K, idx, w, s_key);
+        else if (E <= MOE_MAX_E)
+            moe_topk_warp_n<MOE_MAX_E / 32, true>(logits, E, K, idx, w, s_key);
+    }
     __syncthreads();
 }
 
