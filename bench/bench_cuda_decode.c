@@ -323,7 +323,9 @@ int main(int argc, char **argv)
         static const char *kn[] = {"default", "router_topk=1", "gemv_mma=2", "pdl=0", "gemv_mma=0", "att_mma=0", "gdn_decode=0",
                                    "gemv_mma=0,att_mma=0,gdn_decode=0,router_topk=1", "moe_gate_up_blocks=2",
                                    "moe_gate_up_blocks=3", "gemv_mma_blocks=1", "gemv_mma_blocks=2",
-                                   "moe_gate_up_blocks=3,gemv_mma_blocks=2"};
+                                   "moe_gate_up_blocks=3,gemv_mma_blocks=2", "gemv_stream=1", "gemv_stream=2048",
+                                   "gemv_stream=8192", "gemv_stream=65536", "gemv_stream=1,gemv_stream_stages=2",
+                                   "gemv_stream=1,gemv_stream_stages=4"};
         const char *kl[32];
         size_t n_kl = 0;
         char *tl_copy = tune_list ? strdup(tune_list) : NULL;

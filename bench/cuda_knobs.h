@@ -30,6 +30,8 @@ static const struct {
     {"dense_tile", offsetof(lily_cuda_tuning, dense_tile)},
     {"att_prefill_fused_q", offsetof(lily_cuda_tuning, att_prefill_fused_q)},
     {"moe_gate_up_staged", offsetof(lily_cuda_tuning, moe_gate_up_staged)},
+    {"gemv_stream", offsetof(lily_cuda_tuning, gemv_stream)},
+    {"gemv_stream_stages", offsetof(lily_cuda_tuning, gemv_stream_stages)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

@@ -109,9 +109,63 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 
 /* ---- GEMV ------------------------------------------------------------------------------------------ */
 
+/* The batch b (just run with g_cuda_tuning.gemv_stream > 0: outputs got, argmax key am) must have taken
+ * the streamed kernel; rerun it by gemv_mma (gemv_stream = 0) on fresh outputs (y0 for ADD, else NaN)
+ * and require every output bit and the argmax key to match. */
+static int key_row(unsigned long long k) { return (int)(0xffffffffu - (unsigned int)(k & 0xffffffffu)); }
+
+static void check_stream_vs_mma(gemv_batch b, const gemv_input &in, int out_mode, const std::vector<float> *y0,
+                                size_t n_out, const std::vector<float> &got, unsigned long long am)
+{
+    char what[160];
+    int total = b.row_start[b.n_mats];
+    snprintf(what, sizeof what, "gemv stream cols %4d rows %5d mats %d in %d out %d stages %d", b.m[0].cols, total,
+             b.n_mats, in.mode, out_mode, g_cuda_tuning.gemv_stream_stages);
+    g_checks++;
+    if (!gemv_stream_wanted(b, 1)) {
+        g_fail++;
+        printf("FAIL %s: not streamed (gemv_stream_wanted false)\n", what);
+        return;
+    }
+    float *dy = y0 ? dev_copy(*y0) : dev_nan(n_out);
+    const ptrdiff_t shift = dy - b.y[0];
+    for (int k = 0; k < b.n_mats; k++)
+        b.y[k] += shift;
+    unsigned long long *dam;
+    CK(cudaMalloc(&dam, 8));
+    CK(cudaMemset(dam, 0, 8));
+    const int keep = g_cuda_tuning.gemv_stream;
+    g_cuda_tuning.gemv_stream = 0;
+    const cudaError_t e = launch_gemv(b, in, out_mode, 1, dam, 0);
+    g_cuda_tuning.gemv_stream = keep;
+    if (e != cudaSuccess) {
+        g_fail++;
+        printf("FAIL %s: gemv_mma launch %s\n", what, cudaGetErrorString(e));
+        return;
+    }
+    std::vector<float> want = host_copy(dy, n_out);
+    const unsigned long long am_mma = host_copy(dam, 1)[0];
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < (size_t)total; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float))) {
+            if (!differ++)
+                first = i;
+        }
+    if (differ || (out_mode == GEMV_OUT_ARGMAX && am != am_mma)) {
+        g_fail++;
+        printf("FAIL %s: %zu of %d outputs differ from gemv_mma (first %zu: %.9g vs %.9g), argmax row %d vs %d\n", what,
+               differ, total, first, differ ? got[first] : 0.0f, differ ? want[first] : 0.0f, key_row(am), key_row(am_mma));
+    } else {
+        printf("ok   %s: bit-identical to gemv_mma (%d outputs%s)\n", what, total,
+               out_mode == GEMV_OUT_ARGMAX ? ", argmax too" : "");
+    }
+    cudaFree(dy);
+    cudaFree(dam);
+}
+
 static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats, int topk_k = 0)
 {
-    hmat m[3];
+    hmat m[GEMV_MAX_MATS];
     gemv_batch b;
     memset(&b, 0, sizeof b);
     int total = 0;
@@ -169,6 +223,9 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
         return;
     }
     std::vector<float> got = host_copy(dy, (size_t)n * stride);
+    if (g_cuda_tuning.gemv_stream > 0 && n == 1 && bits == 4 && topk_k == 0) /* the streamed kernel: bit-identical to gemv_mma's results */
+        check_stream_vs_mma(b, in, out_mode, out_mode == GEMV_OUT_ADD ? &y0 : NULL, (size_t)n * stride, got,
+                            host_copy(dam, 1)[0]);
     if (topk_k > 0) {
         /* reference: rank the kernel's own logits (ties to the lower id), softmax over the selected */
         std::vector<int> want_idx;
@@ -244,6 +301,130 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
     snprintf(what, sizeof what, "gemv bits %2d cols %4d rows %4d n %3d in %d out %d mats %d", bits, cols, rows, n,
              mode, out_mode, n_mats);
     check(what, gotc, want, mag);
+}
+
+/* GEMV_OUT_ARGMAX with an exact tie (RMSNORM input, n_mats matrices of rows, rows + 3, ...): the row of
+ * the largest output gets a copy (weights, scales, biases) in a lower row (row 0's goes to the last row
+ * when the maximum is row 0); both outputs must then be equal bit for bit and the argmax must name the
+ * lower row. Runs whichever kernel g_cuda_tuning selects. */
+static void test_gemv_argmax_tie(int cols, int rows, int n_mats)
+{
+    hmat m[GEMV_MAX_MATS];
+    gemv_batch b;
+    memset(&b, 0, sizeof b);
+    for (int k = 0; k < n_mats; k++) {
+        make_mat(m[k], 4, 1, rows + 3 * k, cols);
+        b.m[k] = m[k].d;
+        b.row_start[k + 1] = b.row_start[k] + m[k].rows;
+    }
+    b.n_mats = n_mats;
+    const int total = b.row_start[n_mats];
+    std::vector<float> act = rand_vec(cols, -1, 1), nw = rand_vec(cols, 0.5f, 1.5f);
+    gemv_input in;
+    memset(&in, 0, sizeof in);
+    in.act = dev_copy(act);
+    in.act_stride = cols;
+    in.mode = GEMV_IN_RMSNORM;
+    in.eps = 1e-6f;
+    in.norm_w = dev_copy(nw);
+    unsigned long long *dam;
+    CK(cudaMalloc(&dam, 8));
+    std::vector<float> y;
+    unsigned long long am = 0;
+    auto run = [&]() -> bool {
+        float *dy = dev_nan(total);
+        for (int k = 0; k < n_mats; k++)
+            b.y[k] = dy + b.row_start[k];
+        CK(cudaMemset(dam, 0, 8));
+        const cudaError_t e = launch_gemv(b, in, GEMV_OUT_ARGMAX, 1, dam, 0);
+        if (e != cudaSuccess) {
+            printf("FAIL gemv argmax tie cols %d: launch %s\n", cols, cudaGetErrorString(e));
+            return false;
+        }
+        y = host_copy(dy, total);
+        am = host_copy(dam, 1)[0];
+        cudaFree(dy);
+        return true;
+    };
+    g_checks++;
+    if (!run()) {
+        g_fail++;
+        return;
+    }
+    int top = 0;
+    for (int r = 1; r < total; r++)
+        if (y[r] > y[top])
+            top = r;
+    const int dst = top > 0 ? top / 2 : total - 1, want = top < dst ? top : dst;
+    auto at = [&](int row, int *k) {
+        *k = 0;
+        while (row >= b.row_start[*k + 1])
+            ++*k;
+        return row - b.row_start[*k];
+    };
+    int ks = 0, kd = 0;
+    const int rs = at(top, &ks), rd = at(dst, &kd);
+    const size_t rb = cols / 2, sb = (size_t)cols / 64 * 2;
+    CK(cudaMemcpy((uint8_t *)m[kd].d.data + rd * rb, m[ks].d.data + rs * rb, rb, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy((uint8_t *)m[kd].d.scales + rd * sb, (const uint8_t *)m[ks].d.scales + rs * sb, sb, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy((uint8_t *)m[kd].d.biases + rd * sb, (const uint8_t *)m[ks].d.biases + rs * sb, sb, cudaMemcpyDeviceToDevice));
+    if (!run()) {
+        g_fail++;
+        return;
+    }
+    const bool exact = !memcmp(&y[top], &y[dst], sizeof(float));
+    int over = 0; /* rows above the tied value */
+    for (int r = 0; r < total; r++)
+        over += y[r] > y[top];
+    const int got = key_row(am);
+    if (!exact || over || got != want) {
+        g_fail++;
+        printf("FAIL gemv argmax tie cols %4d rows %5d%s: rows %d and %d (%.9g, %.9g) %s, %d rows above, argmax %d want %d\n",
+               cols, total, g_cuda_tuning.gemv_stream ? " (stream)" : "", top, dst, y[top], y[dst],
+               exact ? "equal" : "differ", over, got, want);
+    } else {
+        printf("ok   gemv argmax tie cols %4d rows %5d%s: rows %d and %d equal, argmax %d\n", cols, total,
+               g_cuda_tuning.gemv_stream ? " (stream)" : "", top, dst, got);
+    }
+    cudaFree(dam);
+}
+
+/* gemv_stream_wanted: the KiB threshold on data + scales + biases, and the shapes it takes (host logic;
+ * the matrices are descriptors only). */
+static void test_gemv_stream_threshold(void)
+{
+    gemv_batch b;
+    memset(&b, 0, sizeof b);
+    b.n_mats = 1;
+    b.m[0].bits = 4;
+    b.m[0].rows = 2048;
+    b.m[0].cols = 2048;
+    b.m[0].n_experts = 1;
+    b.m[0].row_bytes = 1024;
+    b.m[0].data = (const uint8_t *)(uintptr_t)0x100000;
+    b.m[0].scales = b.m[0].biases = (const __nv_bfloat16 *)(uintptr_t)0x200000;
+    b.row_start[1] = 2048;
+    const int keep = g_cuda_tuning.gemv_stream;
+    int bad = 0;
+    /* 2048 x (1024 + 128) bytes = 2304 KiB */
+    const int kib[] = {0, 1, 2304, 2305};
+    const bool want[] = {false, true, true, false};
+    for (int i = 0; i < 4; i++) {
+        g_cuda_tuning.gemv_stream = kib[i];
+        bad += gemv_stream_wanted(b, 1) != want[i];
+    }
+    g_cuda_tuning.gemv_stream = 1;
+    bad += gemv_stream_wanted(b, 2); /* decode only */
+    b.m[0].cols = 384, b.m[0].row_bytes = 192;
+    bad += gemv_stream_wanted(b, 1); /* gemv_mma's shape, not the ring's */
+    g_cuda_tuning.gemv_stream = keep;
+    g_checks++;
+    if (bad) {
+        g_fail++;
+        printf("FAIL gemv_stream_wanted: %d of 6 answers wrong\n", bad);
+    } else {
+        printf("ok   gemv_stream_wanted (threshold 2304 KiB taken, 2305 not, off at 0, n = 2 and cols 384 not)\n");
+    }
 }
 
 /* ---- MoE ----------------------------------------------------------------------------------------- */
@@ -686,6 +867,33 @@ int main(void)
     test_gemv(8, 384, 24, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2, 4); /* lily-tiny router top-4 of 24 */
     test_gemv(8, 384, 24, 2, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
     test_gemv(8, 384, 24, 7, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+    /* the streamed decode GEMV (gemv_stream.cu), every size taking it (gemv_stream = 1 KiB): against the
+     * double reference and bit for bit against gemv_mma; odd row counts, 1..4 matrices, every mode */
+    test_gemv_stream_threshold();
+    g_cuda_tuning.gemv_stream = 1;
+    const int scols[] = {512, 1024, 2048, 4096};
+    for (int ci = 0; ci < 4; ci++) {
+        const int cols = scols[ci];
+        test_gemv(4, cols, 16, 1, GEMV_IN_PLAIN, GEMV_OUT_STORE, 1);
+        test_gemv(4, cols, 37, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2);
+        test_gemv(4, cols, 1001, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4);
+        test_gemv(4, cols, 513, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+        test_gemv(4, cols, 2999, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 3);
+        test_gemv(4, cols, 12352, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 1); /* DeltaNet in_proj rows */
+        test_gemv_argmax_tie(cols, 3001, 2);
+    }
+    test_gemv(4, 2048, 3085, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4);   /* 4 matrices, 12358 rows */
+    test_gemv(4, 2048, 40000, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1); /* LM-head-like: ~10 groups per block */
+    for (int st = 1; st <= 3; st++) { /* fewer ring stages than groups per block: slots refilled, phases flip */
+        g_cuda_tuning.gemv_stream_stages = st;
+        test_gemv(4, 2048, 12352, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 1);
+        test_gemv(4, 4096, 5003, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+        test_gemv(4, 512, 7001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 2);
+        test_gemv(4, 1024, 9001, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
+    }
+    g_cuda_tuning.gemv_stream_stages = 0;
+    g_cuda_tuning.gemv_stream = 0;
+    test_gemv_argmax_tie(2048, 3001, 2); /* the same tie through gemv_mma */
     /* MoE: tiny-a and full shapes */
     for (int i = 0; i < 3; i++) {
         test_moe(4, 128, 16, 4, 64, ns[i]);

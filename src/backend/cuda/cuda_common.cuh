@@ -187,6 +187,12 @@ bool gemv_cols_supported(int bits, int cols);
 cudaError_t launch_gemv_mma(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
                             cudaStream_t s);
 bool gemv_mma_supported(const gemv_batch &b, int n_tokens);
+/* gemv_stream.cu: the same GEMV with the weights streamed through a shared-memory ring (sm_90 bulk
+ * copies); launch_gemv_mma calls it when gemv_stream_wanted() (g_cuda_tuning.gemv_stream > 0, the batch
+ * holds >= that many KiB of weights, and the shape is supported: cols 512 / 1024 / 2048 / 4096). */
+cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
+                               cudaStream_t s);
+bool gemv_stream_wanted(const gemv_batch &b, int n_tokens);
 /* Whether launch_gemv publishes the batch's router top-k (decode through gemv_decode.cu's kernel). */
 bool gemv_topk_supported(const gemv_batch &b, int n_tokens);
 

@@ -213,6 +213,8 @@ cudaError_t launch_gemv_mma(const gemv_batch &b, const gemv_input &in, int out_m
 {
     if (!gemv_mma_supported(b, 1))
         return cudaErrorInvalidValue;
+    if (gemv_stream_wanted(b, 1))
+        return launch_gemv_stream(b, in, out_mode, argmax, s); /* gemv_stream.cu */
     if (in.mode == GEMV_IN_PLAIN) {
         if (out_mode == GEMV_OUT_STORE) return gm_ks<GEMV_IN_PLAIN, GEMV_OUT_STORE>(b, in, argmax, s);
         if (out_mode == GEMV_OUT_ADD) return gm_ks<GEMV_IN_PLAIN, GEMV_OUT_ADD>(b, in, argmax, s);

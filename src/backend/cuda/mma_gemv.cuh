@@ -1,5 +1,5 @@
 /* mma_gemv.cuh — a 16-row tile of a 4-bit matrix times one activation vector on tensor cores, the
- * building block of the decode GEMVs (gemv_mma.cu) and the decode MoE kernels (moe_decode.cu).
+ * building block of the decode GEMVs (gemv_mma.cu, gemv_stream.cu) and the decode MoE kernels (moe_decode.cu).
  *
  * MLX affine 4-bit, w = s·q + b per group of 64 columns. A 32-bit word holds nibbles q0..q7 (column
  * 8m + e at bits 4e); (w & 0x000F000F) | 0x64006400 is the fp16 pair (1024 + q0, 1024 + q4) and
@@ -94,6 +94,39 @@ __device__ __forceinline__ void mg_load_staged(const unsigned char *stage, int s
             f.ba[st] = *reinterpret_cast<const uint32_t *>(w + ((4 * st + 1) * nthr + tid) * 4);
             f.sb[st] = *reinterpret_cast<const uint32_t *>(w + ((4 * st + 2) * nthr + tid) * 4);
             f.bb[st] = *reinterpret_cast<const uint32_t *>(w + ((4 * st + 3) * nthr + tid) * 4);
+        }
+    }
+}
+
+/* The same fragment from a tile staged in shared memory (gemv_stream.cu): tile row r (0..15) at
+ * w + r * w_stride bytes (the whole matrix row from column 0), its scales / biases at sc + r * gpr and
+ * bi + r * gpr (bf16, from group 0; gpr = cols / 64). Rows g and g + 8 of the tile, as mg_load's ra / rb. */
+__device__ __forceinline__ void mg_load_smem(const uint8_t *w, int w_stride, const __nv_bfloat16 *sc, const __nv_bfloat16 *bi,
+                                             int gpr, int c_lo, int steps, int g, int t, mg_frag &f)
+{
+    const uint8_t *wa = w + g * w_stride + c_lo / 2 + 16 * t, *wb = wa + 8 * w_stride;
+#pragma unroll
+    for (int st = 0; st < MG_MAX_STEPS; st++) {
+        if (st < steps) {
+            f.wa[st] = *reinterpret_cast<const uint4 *>(wa + 64 * st);
+            f.wb[st] = *reinterpret_cast<const uint4 *>(wb + 64 * st);
+        }
+    }
+    const uint32_t *sa = reinterpret_cast<const uint32_t *>(sc + g * gpr + c_lo / 64), *sb = sa + 4 * gpr;
+    const uint32_t *ba = reinterpret_cast<const uint32_t *>(bi + g * gpr + c_lo / 64), *bb = ba + 4 * gpr;
+    if (steps == MG_MAX_STEPS) { /* 16-byte aligned when gpr % 8 == 0 and c_lo % 512 == 0 */
+        const uint4 a = *reinterpret_cast<const uint4 *>(sa), c = *reinterpret_cast<const uint4 *>(sb);
+        const uint4 d = *reinterpret_cast<const uint4 *>(ba), e = *reinterpret_cast<const uint4 *>(bb);
+        f.sa[0] = a.x, f.sa[1] = a.y, f.sa[2] = a.z, f.sa[3] = a.w;
+        f.sb[0] = c.x, f.sb[1] = c.y, f.sb[2] = c.z, f.sb[3] = c.w;
+        f.ba[0] = d.x, f.ba[1] = d.y, f.ba[2] = d.z, f.ba[3] = d.w;
+        f.bb[0] = e.x, f.bb[1] = e.y, f.bb[2] = e.z, f.bb[3] = e.w;
+    } else {
+#pragma unroll
+        for (int st = 0; st < MG_MAX_STEPS; st++) {
+            if (st < steps) {
+                f.sa[st] = sa[st], f.sb[st] = sb[st], f.ba[st] = ba[st], f.bb[st] = bb[st];
+            }
         }
     }
 }
