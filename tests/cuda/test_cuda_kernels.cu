@@ -891,9 +891,11 @@ int main(void)
         test_gemv(4, 512, 7001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 2);
         test_gemv(4, 1024, 9001, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
     }
+    const lily_cuda_tuning dflt = LILY_CUDA_TUNING_DEFAULT;
     g_cuda_tuning.gemv_stream_stages = 0;
     g_cuda_tuning.gemv_stream = 0;
     test_gemv_argmax_tie(2048, 3001, 2); /* the same tie through gemv_mma */
+    g_cuda_tuning.gemv_stream = dflt.gemv_stream;
     /* MoE: tiny-a and full shapes */
     for (int i = 0; i < 3; i++) {
         test_moe(4, 128, 16, 4, 64, ns[i]);
@@ -901,13 +903,16 @@ int main(void)
     }
     test_moe(4, 2048, 32, 8, 512, 1);
     test_moe(4, 2048, 32, 8, 512, 1, true);
-    /* the one-wave gate/up grid with the shared-expert tiles past it staged in shared memory (on an
-     * H200: 264 resident blocks for 9 x 32 tiles); also a shape whose items all fit one wave */
-    g_cuda_tuning.moe_gate_up_staged = 1;
-    test_moe(4, 2048, 32, 8, 512, 1);
-    test_moe(4, 2048, 256, 8, 512, 1);
-    test_moe(4, 512, 64, 8, 128, 1, true);
-    g_cuda_tuning.moe_gate_up_staged = 0;
+    /* the gate/up grid with and without the one-wave layout (the shared-expert tiles past the resident
+     * blocks staged in shared memory: on an H200 264 blocks for 9 x 32 tiles); also a shape whose items
+     * all fit one wave */
+    for (int staged = 0; staged <= 1; staged++) {
+        g_cuda_tuning.moe_gate_up_staged = staged;
+        test_moe(4, 2048, 32, 8, 512, 1);
+        test_moe(4, 2048, 256, 8, 512, 1);
+        test_moe(4, 512, 64, 8, 128, 1, true);
+    }
+    g_cuda_tuning.moe_gate_up_staged = dflt.moe_gate_up_staged;
     test_moe(4, 512, 64, 8, 128, 1, true);
     test_moe(4, 1024, 16, 4, 256, 1, true);
     test_moe(4, 2048, 32, 8, 512, 2);
