@@ -33,7 +33,6 @@ static const struct {
     {"gemv_stream", offsetof(lily_cuda_tuning, gemv_stream)},
     {"gemv_stream_stages", offsetof(lily_cuda_tuning, gemv_stream_stages)},
     {"moe_prefetch_down", offsetof(lily_cuda_tuning, moe_prefetch_down)},
-    {"l2_prefetch_next", offsetof(lily_cuda_tuning, l2_prefetch_next)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

@@ -108,9 +108,8 @@ typedef struct {
     int gemv_stream_stages; /* ring stages (one group of 8 warps' tiles each): 0 as many as fit, else 1..8 */
     int moe_prefetch_down;  /* decode MoE: 1 = the gate/up blocks prefetch the routed experts' down weights
                              * into L2 right after the top-k (moe_decode.cu) */
-    int l2_prefetch_next;   /* decode: 1 = the MoE down kernel prefetches the next layer's input projections into L2 */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 3, 1, 1, 2, 1, 1, 0, 0, 1, 1, 1, 0, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -197,7 +197,6 @@ bool gemv_stream_wanted(const gemv_batch &b, int n_tokens);
 bool gemv_topk_supported(const gemv_batch &b, int n_tokens);
 
 /* moe_route.cu */
-#define MOE_L2_RANGES 12
 struct moe_args {
     dmat gate, up, down;            /* routed experts */
     dmat sgate, sup, sdown;         /* shared expert */
@@ -213,10 +212,6 @@ struct moe_args {
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
     int topk_ready;                 /* 1: topk_idx/topk_w were written by the router GEMV (decode) */
     int prefetch_down;              /* decode gate/up: prefetch the routed experts' down weights into L2 */
-    /* decode down: byte ranges (the next layer's input projections) its blocks prefetch into L2 */
-    const void *l2_ptr[MOE_L2_RANGES];
-    unsigned long long l2_bytes[MOE_L2_RANGES];
-    int l2_n;
 };
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);

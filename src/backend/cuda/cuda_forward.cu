@@ -121,18 +121,6 @@ static void batch_add(gemv_batch *b, const dmat &m, float *y, int y_stride)
     b->row_start[k + 1] = b->row_start[k] + m.rows;
 }
 
-/* The data, scales and biases of a 4/8-bit matrix (or the data of a bf16 one) as L2-prefetch ranges of m. */
-static void l2_range_add(moe_args *m, const dmat *w)
-{
-    const size_t rows = (size_t)w->rows * (w->n_experts > 0 ? w->n_experts : 1);
-    const void *p[3] = {w->data, w->scales, w->biases};
-    const size_t bytes[3] = {rows * (size_t)w->row_bytes, rows * (size_t)(w->cols / 64) * 2, rows * (size_t)(w->cols / 64) * 2};
-    for (int k = 0; k < (w->bits < 16 ? 3 : 1) && m->l2_n < MOE_L2_RANGES; k++) {
-        m->l2_ptr[m->l2_n] = p[k];
-        m->l2_bytes[m->l2_n++] = bytes[k];
-    }
-}
-
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err)
 {
@@ -311,14 +299,6 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             m.topk_w = c->topk_w;
             m.out = c->h;
             m.topk_ready = topk_in_router;
-            if (g_cuda_tuning.l2_prefetch_next && l + 1 < cfg->n_layers) { /* down: next layer's input projections */
-                const cuda_layer *N = &c->layers[l + 1];
-                const dmat *next[4] = {&N->in_qkv, &N->in_z, &N->in_b, &N->in_a};
-                const dmat *next_att[3] = {&N->q_proj, &N->k_proj, &N->v_proj};
-                const int nn = N->full_attention ? 3 : 4;
-                for (int k = 0; k < nn; k++)
-                    l2_range_add(&m, N->full_attention ? next_att[k] : next[k]);
-            }
             MARK(PS_MOE_GATE_UP);
             LAUNCH(launch_moe_gate_up(m, n, s));
             MARK(PS_MOE_DOWN);

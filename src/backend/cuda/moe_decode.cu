@@ -25,38 +25,35 @@
  * weights while this kernel runs */
 #define MD_DOWN_MAX_REGS 112
 
-/* Part `part` of `parts` of the byte range [base, base + bytes) prefetched into L2
- * (cp.async.bulk.prefetch, sm_90; a hint: nothing waits for it). */
-__device__ __forceinline__ void l2_prefetch_part(const void *base, size_t bytes, int part, int parts)
-{
-#if __CUDA_ARCH__ >= 900
-    const size_t chunk = ((bytes + parts - 1) / parts + 255) & ~(size_t)255, lo = (size_t)part * chunk;
-    if (lo >= bytes || ((uintptr_t)base & 15))
-        return;
-    const size_t n = min(chunk, bytes - lo) & ~(size_t)15;
-    if (n)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<const unsigned char *>(base) + lo),
-                     "r"((unsigned int)n)
-                     : "memory");
-#endif
-}
-
 /* Part `part` of `parts` of the routed experts' down-projection weights (data, scales, biases of the
- * top_k experts in idx) prefetched into L2, so that moe_down_mma, whose loads can start only after this
- * kernel, finds them there: issued by the routed gate/up blocks right after the top-k. Threads
- * 0 .. 3·top_k - 1 issue one range each. */
+ * top_k experts in idx) prefetched into L2 (cp.async.bulk.prefetch, sm_90; a hint, nothing waits for it),
+ * so that moe_down_mma, whose loads can start only after this kernel, finds them in L2: issued by the
+ * routed gate/up blocks right after the top-k. Threads 0 .. 3·top_k - 1 issue one range each. */
 __device__ __forceinline__ void moe_prefetch_down(const moe_args &a, const int *idx, int part, int parts)
 {
+#if __CUDA_ARCH__ >= 900
     const int k = threadIdx.x / 3, which = threadIdx.x % 3;
     if (k >= a.top_k)
         return;
     const dmat &D = a.down;
     const int64_t e = idx[k];
-    const size_t per = (size_t)D.rows * (D.cols / 64); /* scales (biases) per expert, bf16 */
-    if (which == 0)
-        l2_prefetch_part(D.data + e * D.rows * D.row_bytes, (size_t)D.rows * D.row_bytes, part, parts);
-    else
-        l2_prefetch_part((which == 1 ? D.scales : D.biases) + e * per, per * 2, part, parts);
+    const unsigned char *base;
+    size_t bytes;
+    if (which == 0) {
+        base = D.data + e * D.rows * D.row_bytes;
+        bytes = (size_t)D.rows * D.row_bytes;
+    } else {
+        const size_t per = (size_t)D.rows * (D.cols / 64); /* bf16 per expert */
+        base = reinterpret_cast<const unsigned char *>((which == 1 ? D.scales : D.biases) + e * per);
+        bytes = per * 2;
+    }
+    const size_t chunk = ((bytes + parts - 1) / parts + 255) & ~(size_t)255, lo = (size_t)part * chunk;
+    if (lo >= bytes || ((uintptr_t)base & 15))
+        return;
+    const size_t n = min(chunk, bytes - lo) & ~(size_t)15;
+    if (n)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + lo), "r"((unsigned int)n) : "memory");
+#endif
 }
 
 /* MINB: blocks per SM the registers must allow (2, or 3 so that the 9 × 32 blocks of the full model fit
@@ -177,8 +174,6 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     mg_frag f;
     if (shared)
         mg_load(W, ra, rb, 0, steps, t, f);
-    if (threadIdx.x < a.l2_n) /* the next layer's input projections, into L2 while this runs */
-        l2_prefetch_part(a.l2_ptr[threadIdx.x], a.l2_bytes[threadIdx.x], blockIdx.x, gridDim.x);
     pdl_trigger();
     pdl_wait();
     float wk;
