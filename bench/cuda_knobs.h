@@ -32,7 +32,6 @@ static const struct {
     {"moe_gate_up_staged", offsetof(lily_cuda_tuning, moe_gate_up_staged)},
     {"gemv_stream", offsetof(lily_cuda_tuning, gemv_stream)},
     {"gemv_stream_stages", offsetof(lily_cuda_tuning, gemv_stream_stages)},
-    {"moe_prefetch_down", offsetof(lily_cuda_tuning, moe_prefetch_down)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

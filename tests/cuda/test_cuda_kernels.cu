@@ -109,6 +109,9 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 
 /* ---- GEMV ------------------------------------------------------------------------------------------ */
 
+/* true while main runs the streamed-GEMV block: every batch there must take the streamed kernel */
+static bool g_stream_forced = false;
+
 /* The batch b (just run with g_cuda_tuning.gemv_stream > 0: outputs got, argmax key am) must have taken
  * the streamed kernel; rerun it by gemv_mma (gemv_stream = 0) on fresh outputs (y0 for ADD, else NaN)
  * and require every output bit and the argmax key to match. */
@@ -223,7 +226,9 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
         return;
     }
     std::vector<float> got = host_copy(dy, (size_t)n * stride);
-    if (g_cuda_tuning.gemv_stream > 0 && n == 1 && bits == 4 && topk_k == 0) /* the streamed kernel: bit-identical to gemv_mma's results */
+    /* the streamed kernel (every shape it takes while the knob is on): bit-identical to gemv_mma's results;
+     * the block of streamed checks in main forces the knob for shapes chosen to take it */
+    if (g_cuda_tuning.gemv_stream > 0 && n == 1 && bits == 4 && topk_k == 0 && (g_stream_forced || gemv_stream_wanted(b, 1)))
         check_stream_vs_mma(b, in, out_mode, out_mode == GEMV_OUT_ADD ? &y0 : NULL, (size_t)n * stride, got,
                             host_copy(dam, 1)[0]);
     if (topk_k > 0) {
@@ -871,6 +876,7 @@ int main(void)
      * double reference and bit for bit against gemv_mma; odd row counts, 1..4 matrices, every mode */
     test_gemv_stream_threshold();
     g_cuda_tuning.gemv_stream = 1;
+    g_stream_forced = true;
     const int scols[] = {512, 1024, 2048, 4096};
     for (int ci = 0; ci < 4; ci++) {
         const int cols = scols[ci];
@@ -894,6 +900,7 @@ int main(void)
     const lily_cuda_tuning dflt = LILY_CUDA_TUNING_DEFAULT;
     g_cuda_tuning.gemv_stream_stages = 0;
     g_cuda_tuning.gemv_stream = 0;
+    g_stream_forced = false;
     test_gemv_argmax_tie(2048, 3001, 2); /* the same tie through gemv_mma */
     g_cuda_tuning.gemv_stream = dflt.gemv_stream;
     /* MoE: tiny-a and full shapes */

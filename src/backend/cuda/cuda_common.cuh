@@ -211,7 +211,6 @@ struct moe_args {
     float *topk_w;                  /* scratch [n_tokens][top_k] */
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
     int topk_ready;                 /* 1: topk_idx/topk_w were written by the router GEMV (decode) */
-    int prefetch_down;              /* decode gate/up: prefetch the routed experts' down weights into L2 */
 };
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);

@@ -25,37 +25,6 @@
  * weights while this kernel runs */
 #define MD_DOWN_MAX_REGS 112
 
-/* Part `part` of `parts` of the routed experts' down-projection weights (data, scales, biases of the
- * top_k experts in idx) prefetched into L2 (cp.async.bulk.prefetch, sm_90; a hint, nothing waits for it),
- * so that moe_down_mma, whose loads can start only after this kernel, finds them in L2: issued by the
- * routed gate/up blocks right after the top-k. Threads 0 .. 3·top_k - 1 issue one range each. */
-__device__ __forceinline__ void moe_prefetch_down(const moe_args &a, const int *idx, int part, int parts)
-{
-#if __CUDA_ARCH__ >= 900
-    const int k = threadIdx.x / 3, which = threadIdx.x % 3;
-    if (k >= a.top_k)
-        return;
-    const dmat &D = a.down;
-    const int64_t e = idx[k];
-    const unsigned char *base;
-    size_t bytes;
-    if (which == 0) {
-        base = D.data + e * D.rows * D.row_bytes;
-        bytes = (size_t)D.rows * D.row_bytes;
-    } else {
-        const size_t per = (size_t)D.rows * (D.cols / 64); /* bf16 per expert */
-        base = reinterpret_cast<const unsigned char *>((which == 1 ? D.scales : D.biases) + e * per);
-        bytes = per * 2;
-    }
-    const size_t chunk = ((bytes + parts - 1) / parts + 255) & ~(size_t)255, lo = (size_t)part * chunk;
-    if (lo >= bytes || ((uintptr_t)base & 15))
-        return;
-    const size_t n = min(chunk, bytes - lo) & ~(size_t)15;
-    if (n)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + lo), "r"((unsigned int)n) : "memory");
-#endif
-}
-
 /* MINB: blocks per SM the registers must allow (2, or 3 so that the 9 × 32 blocks of the full model fit
  * the 132 SMs of an H200 in one wave; g_cuda_tuning.moe_gate_up_blocks).
  * STAGED: a 1D grid of the blocks resident at once (items = (slot, 16-row tile) slot-major, block b owns
@@ -112,8 +81,6 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
                 a.topk_w[threadIdx.x] = s_w[threadIdx.x];
             }
             e = s_idx[slot];
-            if (a.prefetch_down)
-                moe_prefetch_down(a, s_idx, slot * tiles + tile, a.top_k * tiles);
         }
         mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
     }
@@ -262,10 +229,8 @@ static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
     return launch_pdl(moe_gate_up_mma_kernel<MINB, STAGED>, dim3(grid), dim3(MD_WARPS * 32), smem, s, a, tiles);
 }
 
-cudaError_t launch_moe_gate_up_mma(const moe_args &args, cudaStream_t s)
+cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s)
 {
-    moe_args a = args;
-    a.prefetch_down = g_cuda_tuning.moe_prefetch_down;
     if (g_cuda_tuning.moe_gate_up_blocks >= 3)
         return gate_up_go<3, false>(a, s);
     return g_cuda_tuning.moe_gate_up_staged ? gate_up_go<2, true>(a, s) : gate_up_go<2, false>(a, s);
