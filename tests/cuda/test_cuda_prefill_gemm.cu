@@ -5,15 +5,21 @@
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
  * the rest get 0, 1 or many rows. Every case runs under each kernel variant and tile size (g_cuda_tuning
  * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128 with
- * 8 warps and at 128 with 16), the
+ * 8 warps and at 128 with 16, gemm_wg_kernel (variant 3, Hopper wgmma, 4-bit weights) at 64/128), the
  * CPU twin computed once per case; a "note" line says whether a configuration reproduced the first
- * one's bits (expected: both kernels issue the same MMAs and folds per output). The MoE cases also
+ * one's bits (expected for variants 0-2: both kernels issue the same MMAs and folds per output; not
+ * for variant 3 with 4-bit weights, which rounds the weights to fp16). The MoE cases also
  * check the tile map against the rows per expert. Outputs are NaN-poisoned before each launch. Exits
  * 77 without a GPU.
  *
  * Error bound: activations are rounded to fp16 once (relative 2^-12 after the per-row power-of-two
  * scaling), weights are exact, accumulation fp32: |gpu - cpu| <= rel * Σ|terms| + 1e-5 with rel = 1e-3
  * for a GEMM and 3e-3 for the MoE block (hid is rounded to fp16 again before the down projection).
+ * Variant 3 also rounds each 4-bit weight s·q + b to fp16 once (one HFMA2 of fp16 s, q, b, all exact:
+ * relative 2^-11 ≈ 4.9e-4 of |w|), so each product carries up to 2 · 2^-11 ≈ 9.8e-4 of |w·x| instead
+ * of 4.9e-4: its rel is doubled (2e-3 GEMM, 6e-3 MoE), the same margin over the worst case as before.
+ * On a compute capability 9.0 device the test fails if the wgmma kernel is not available (the binary
+ * lacks sm_90a code), so variant 3 cannot pass silently through its fallback.
  */
 #include <math.h>
 #include <stdio.h>
@@ -164,8 +170,12 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 struct gemm_cfg {
     int variant, tile;
 };
-static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}};
-static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {1, 0}};
+static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {3, 64}, {3, 128}, {3, 0}};
+static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {1, 0},
+                                      {3, 64}, {3, 128}, {3, 0}};
+
+/* Error bound factor of a configuration: 2 for the wgmma kernel (fp16-rounded 4-bit weights). */
+static double cfg_rel(const gemm_cfg &k, int bits) { return k.variant == 3 && bits == 4 ? 2.0 : 1.0; }
 
 static void set_cfg(const gemm_cfg &k, bool moe)
 {
@@ -296,7 +306,7 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
         for (int t = 0; t < n; t++)
             for (int o = 0; o < total; o++)
                 gotc[(size_t)t * total + o] = got[(size_t)t * stride + o];
-        check(what, gotc, want, mag, 1e-3);
+        check(what, gotc, want, mag, 1e-3 * cfg_rel(k, bits));
         if (first.empty())
             first = gotc;
         else
@@ -557,7 +567,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         }
         char w2[400];
         snprintf(w2, sizeof w2, "%s router logits", what);
-        check(w2, lg, tw.lw, tw.lm, 1e-3);
+        check(w2, lg, tw.lw, tw.lm, 1e-3 * cfg_rel(kc, rbits));
         g_checks++;
         if (topk_bad) {
             g_fail++;
@@ -598,11 +608,11 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
             printf("FAIL %s: %d (token, slot) positions not mapped back to their token\n", what, map_bad);
         }
         snprintf(w2, sizeof w2, "%s hid (silu(gate)*up per slot)", what);
-        check(w2, hgot, tw.hw, tw.hmg, 1e-3);
+        check(w2, hgot, tw.hw, tw.hmg, 1e-3 * cfg_rel(kc, bits));
         snprintf(w2, sizeof w2, "%s down per slot", what);
-        check(w2, ygot, tw.yw, tw.ymg, 3e-3);
+        check(w2, ygot, tw.yw, tw.ymg, 3e-3 * cfg_rel(kc, bits));
         snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
-        check(w2, got, tw.want, tw.mag, 3e-3);
+        check(w2, got, tw.want, tw.mag, 3e-3 * cfg_rel(kc, bits));
         if (first_out.empty())
             first_out = got;
         else
@@ -617,6 +627,19 @@ int main(void)
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         printf("no CUDA device: skipped\n");
         return 77;
+    }
+    {
+        int major = 0, minor = 0;
+        CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+        CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+        const bool wg = gemm_wgmma_available();
+        printf("note: compute capability %d.%d, wgmma kernel (variant 3) %s\n", major, minor,
+               wg ? "available" : "not available: variant 3 runs as variant 1");
+        g_checks++;
+        if (major == 9 && minor == 0 && !wg) {
+            g_fail++;
+            printf("FAIL wgmma kernel not available on a compute capability 9.0 device (binary without sm_90a?)\n");
+        }
     }
     const int ns[] = {1, 2, 7, 64, 513};
     const int bitss[] = {4, 8, 16};

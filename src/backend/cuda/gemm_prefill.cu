@@ -11,8 +11,9 @@
  * to fp16 integers with one LOP3 + one HSUB2/HFMA2 per pair (the activation columns are permuted to
  * the unpack order, gemm_perm16); 8-bit adds a PRMT; bf16 converts via fp32. Per group and row the
  * fp32 MMA sum folds as acc += s·Σqx + b·Σx; the epilogue multiplies by the row's activation scale.
- * launch_gemm picks this kernel or the 2D-warp-tiled one (gemm_prefill_2d.cu; 128-token tiles, and 64
- * with g_cuda_tuning.gemm_variant 1); the shared device helpers are in gemm_prefill_dev.cuh.
+ * launch_gemm picks this kernel, the 2D-warp-tiled one (gemm_prefill_2d.cu; 128-token tiles, and 64
+ * with g_cuda_tuning.gemm_variant 1 or 2) or the wgmma one (gemm_prefill_wgmma.cu; variant 3, 4-bit);
+ * the shared device helpers are in gemm_prefill_dev.cuh.
  */
 #include "gemm_prefill_dev.cuh"
 
@@ -238,59 +239,7 @@ __global__ void __launch_bounds__(GEMM_THREADS) gemm_kernel(gemm_args a, int n_t
     cp_async_wait<0>();
     __syncthreads(); /* pipeline buffers free: the SWIGLU epilogue reuses them */
 
-    if constexpr (EPI == GEMM_EPI_SWIGLU) {
-        float *s_g = reinterpret_cast<float *>(smem); /* [64][T] gate values */
-        if (warp < 4)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    s_g[(warp * 16 + g + 8 * (i >> 1)) * T + nt * 8 + tig * 2 + (i & 1)] = acc[nt][i];
-        __syncthreads();
-        if (warp >= 4) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int rl = (warp - 4) * 16 + g + 8 * h;
-                const int lr = blockIdx.x * 64 + rl;
-                if (lr >= a.m[0].rows)
-                    continue;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        const int tok = nt * 8 + tig * 2 + j;
-                        if (tok < count) {
-                            const float gv = s_g[rl * T + tok] * s_scale[tok];
-                            const float uv = acc[nt][2 * h + j] * s_scale[tok];
-                            a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
-                        }
-                    }
-            }
-        }
-    } else {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int mi, lr;
-            if (!gemm_row<EPI>(a, warp * 16 + g + 8 * h, mi, lr))
-                continue;
-            float *y = a.y[mi];
-            const int ys = a.y_stride[mi];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int tok = nt * 8 + tig * 2 + j;
-                    if (tok < count) {
-                        float *p = y + (size_t)(base + tok) * ys + lr;
-                        const float v = acc[nt][2 * h + j] * s_scale[tok];
-                        if (EPI == GEMM_EPI_ADD)
-                            *p += v;
-                        else
-                            *p = v;
-                    }
-                }
-        }
-    }
+    gemm_epilogue_w16<EPI, NT>(a, acc, warp, g, tig, base, count, s_scale, reinterpret_cast<float *>(smem));
 }
 
 /* ---- dispatch: the one place that maps (bits, tokens, epilogue) to a kernel ------------------------ */
@@ -354,13 +303,17 @@ int gemm_grouped_tile(double avg_rows)
         return forced;
     /* measured (H200, BENCHMARKS.md "MoE tile by prompt length"): 128-token tiles lost at every length;
      * with the 2D kernel, 64 wins from ~32 rows per expert (a 1K chunk) */
+    if (g_cuda_tuning.gemm_variant == 3) /* wgmma: 64 and 128 (its dequant is amortised over N tokens) */
+        return avg_rows >= 128.0 ? 128 : avg_rows >= 24.0 ? 64 : 16;
     if (g_cuda_tuning.gemm_variant >= 1)
         return avg_rows >= 24.0 ? 64 : 16;
     return avg_rows >= 48.0 ? 64 : avg_rows >= 24.0 ? 32 : 16;
 }
 
 /* Tokens per block of a dense GEMM: g_cuda_tuning.dense_tile when it is 16, 64 or 128, else 16 up to
- * 16 tokens, then 64 (128 measured slower at every prompt length on the H200, BENCHMARKS.md). */
+ * 16 tokens, then 64 (128 measured slower at every prompt length on the H200 with variants 0-2,
+ * BENCHMARKS.md); variant 3 (wgmma) 128 from 128 tokens (one m64n128 per warpgroup and k16 slice; the
+ * same dequantized A feeds twice the tokens). */
 static int gemm_dense_tile(int n_tokens)
 {
     const int forced = g_cuda_tuning.dense_tile;
@@ -368,7 +321,7 @@ static int gemm_dense_tile(int n_tokens)
         return forced;
     if (n_tokens <= 16)
         return 16;
-    return 64;
+    return g_cuda_tuning.gemm_variant == 3 && n_tokens >= 128 ? 128 : 64;
 }
 
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
@@ -392,9 +345,16 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
             return cudaErrorInvalidValue;
         T = gemm_dense_tile(n_tokens);
     }
+    /* variant 3: the wgmma kernel for 4-bit weights at 64/128-token tiles on an sm_90a device; every
+     * other case of variant 3 (8-bit / bf16 weights, 16-token tiles, no sm_90a) runs as variant 1 */
+    int variant = g_cuda_tuning.gemm_variant;
+    if (variant == 3) {
+        if (a.m[0].bits == 4 && (T == 64 || T == 128) && gemm_wgmma_available())
+            return launch_gemm_wgmma(a, n_tokens, grouped, T, s);
+        variant = 1;
+    }
     /* 128-token tiles exist only in the 2D-tiled kernel (16 warps with variant 2, else 8); 64 in both
      * (the knob picks) */
-    const int variant = g_cuda_tuning.gemm_variant;
     if (T == 128 || (T == 64 && variant >= 1))
         return launch_gemm2d(a, n_tokens, grouped, T, variant == 2 ? 4 : 2, s);
     switch (a.m[0].bits) {

@@ -69,13 +69,20 @@ cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const g
 /* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused). The kernel:
  * gemm_kernel (gemm_prefill.cu) for 16/32/64-token tiles, gemm2d_kernel (gemm_prefill_2d.cu) for
  * 128-token tiles (16 warps with g_cuda_tuning.gemm_variant 2, else 8) and, with gemm_variant >= 1, for
- * 64; same results either way. Dense tile: g_cuda_tuning.dense_tile or by n_tokens (gemm_dense_tile).
+ * 64; same results either way. gemm_variant 3: gemm_wg_kernel (gemm_prefill_wgmma.cu, Hopper wgmma) for
+ * 4-bit weights at 64/128 tokens on sm_90a (weights rounded to fp16: not bit-identical to the others),
+ * else as variant 1. Dense tile: g_cuda_tuning.dense_tile or by n_tokens (gemm_dense_tile).
  * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 
+/* Whether gemm_variant 3 can run its wgmma kernel: the current device is compute capability 9.0 and the
+ * binary holds the kernel's sm_90a code (checked once, cached; no launch, safe during stream capture). */
+bool gemm_wgmma_available(void);
+
 /* Tokens per grouped tile for an average of `avg_rows` rows per expert: g_cuda_tuning.moe_tile when it
- * is 16, 32, 64 or 128; else 16 / 32 / 64 from 24 / 48 rows, and 128 from 160 rows when
- * g_cuda_tuning.gemm_variant >= 1. The plan (launch_moe_plan) and the grouped GEMMs must get the same T. */
+ * is 16, 32, 64 or 128; else 16 / 32 / 64 from 24 / 48 rows (gemm_variant 0), 16 / 64 from 24 rows
+ * (variants 1, 2), 16 / 64 / 128 from 24 / 128 rows (variant 3). The plan (launch_moe_plan) and the
+ * grouped GEMMs must get the same T (forward_prefill.cu calls this once per MoE block). */
 int gemm_grouped_tile(double avg_rows);
 
 /* ---- MoE routing (moe_prefill.cu) ---- */

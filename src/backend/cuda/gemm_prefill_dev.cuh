@@ -1,7 +1,8 @@
 /* gemm_prefill_dev.cuh — device helpers shared by the prefill GEMM kernels (gemm_prefill.cu: the
  * one-warp-row kernel; gemm_prefill_2d.cu: the 2D-warp-tiled kernel): cp.async wrappers, the 4/8-bit
- * and bf16 A-fragment unpacking (load_a) and the block-row -> (matrix, row) map (gemm_row). Both
- * kernels run GEMM_THREADS threads over GEMM_ROWS weight rows per block.
+ * and bf16 A-fragment unpacking (load_a), the block-row -> (matrix, row) map (gemm_row), the tile's token
+ * rows (gemm_tile_rows) and the 8-warp epilogue (gemm_epilogue_w16, also gemm_prefill_wgmma.cu's). The
+ * kernels run GEMM_THREADS threads over GEMM_ROWS weight rows per block (the 2D one: or 512).
  */
 #ifndef LILY_GEMM_PREFILL_DEV_CUH
 #define LILY_GEMM_PREFILL_DEV_CUH
@@ -18,6 +19,10 @@
  * of 32), called by launch_gemm after it has checked the arguments. cudaErrorInvalidValue for other T
  * or bits. */
 cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s);
+
+/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu, g_cuda_tuning.gemm_variant 3) for 4-bit weights and
+ * T = 64 or 128 tokens per block; cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s);
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
 {
@@ -155,6 +160,72 @@ __device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens,
         s_scale[tid] = sc;
     }
     return true;
+}
+
+/* Epilogue of a block whose warp w (0..7) holds rows 16w + g and 16w + g + 8 of the block's 128 rows x
+ * T = 8·NT tokens as acc[nt][i] = (row 16w + g + 8·(i >> 1), token 8·nt + 2·tig + (i & 1)) — the
+ * m16n8k16 accumulator layout, also that of a warpgroup's wgmma m64nN (gemm_kernel, gemm_wg_kernel).
+ * Multiplies by the token's activation scale; STORE / ADD write y[base + token][row] for tokens < count;
+ * SWIGLU (warps 0-3 gate, 4-7 up) stages the gate values in s_g ([64][T] floats, the free pipeline
+ * buffers) and needs a __syncthreads-safe call by all threads. */
+template <int EPI, int NT>
+__device__ __forceinline__ void gemm_epilogue_w16(const gemm_args &a, const float (&acc)[NT][4], int warp, int g,
+                                                  int tig, int base, int count, const float *s_scale, float *s_g)
+{
+    constexpr int T = 8 * NT;
+    if constexpr (EPI == GEMM_EPI_SWIGLU) {
+        /* s_g: [64][T] gate values */
+        if (warp < 4)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    s_g[(warp * 16 + g + 8 * (i >> 1)) * T + nt * 8 + tig * 2 + (i & 1)] = acc[nt][i];
+        __syncthreads();
+        if (warp >= 4) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int rl = (warp - 4) * 16 + g + 8 * h;
+                const int lr = blockIdx.x * 64 + rl;
+                if (lr >= a.m[0].rows)
+                    continue;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int tok = nt * 8 + tig * 2 + j;
+                        if (tok < count) {
+                            const float gv = s_g[rl * T + tok] * s_scale[tok];
+                            const float uv = acc[nt][2 * h + j] * s_scale[tok];
+                            a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
+                        }
+                    }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int mi, lr;
+            if (!gemm_row<EPI>(a, warp * 16 + g + 8 * h, mi, lr))
+                continue;
+            float *y = a.y[mi];
+            const int ys = a.y_stride[mi];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int tok = nt * 8 + tig * 2 + j;
+                    if (tok < count) {
+                        float *p = y + (size_t)(base + tok) * ys + lr;
+                        const float v = acc[nt][2 * h + j] * s_scale[tok];
+                        if (EPI == GEMM_EPI_ADD)
+                            *p += v;
+                        else
+                            *p = v;
+                    }
+                }
+        }
+    }
 }
 
 #endif
