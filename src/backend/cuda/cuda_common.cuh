@@ -135,6 +135,9 @@ __device__ __forceinline__ void pdl_trigger(void)
 typedef lily_cuda_tuning cuda_tuning;
 extern cuda_tuning g_cuda_tuning;
 
+/* cuda_arch.cu: whether the running GPU code was compiled for sm_90 (false on the compute_80 PTX path). */
+bool cuda_sm90_code(void);
+
 /* Launch kernel k<<<grid, block, smem, s>>>(args...) with programmatic stream serialization. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
@@ -149,14 +152,9 @@ static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block,
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    /* programmatic launch needs compute capability 9.0; older GPUs (the sm_80 PTX path) launch plainly */
-    static int cc_major = -1;
-    if (cc_major < 0) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-            cc_major = 0;
-    }
-    cfg.numAttrs = g_cuda_tuning.pdl && cc_major >= 9 ? 1 : 0;
+    /* programmatic launch needs the sm_90 code (pdl_wait is compiled out of the compute_80 PTX, which
+     * every GPU other than compute capability 9.0 runs): plain launches there */
+    cfg.numAttrs = g_cuda_tuning.pdl && cuda_sm90_code() ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     return e != cudaSuccess ? e : cudaGetLastError();
 }

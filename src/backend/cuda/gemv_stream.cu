@@ -20,7 +20,8 @@
  * after the input transform.
  *
  * Requirements (gemv_stream_wanted; otherwise gemv_mma runs): gemv_mma_supported, cols in {512, 1024,
- * 2048, 4096}, rows 16-byte aligned, compute capability >= 9.0 (the compute_80 PTX has an empty body).
+ * 2048, 4096}, rows 16-byte aligned, the sm_90 code running (cuda_sm90_code: the compute_80 PTX has an
+ * empty body).
  */
 #include "gemv_common.cuh"
 #include "mma_gemv.cuh"
@@ -233,14 +234,7 @@ bool gemv_stream_wanted(const gemv_batch &b, int n_tokens)
             return false;
     if (gs_weight_bytes(b) < (int64_t)kib * 1024)
         return false;
-    static int cc_major = -1; /* bulk copies and mbarrier transaction counts: sm_90 */
-    if (cc_major < 0) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-            cc_major = 0;
-    }
-    return cc_major >= 9;
+    return cuda_sm90_code(); /* bulk copies and mbarrier transaction counts: the sm_90 code only */
 }
 
 template <int IM, int OM, int KS>
