@@ -76,8 +76,9 @@ cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const g
  * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 
-/* Whether gemm_variant 3 can run its wgmma kernel: the current device is compute capability 9.0 and the
- * binary holds the kernel's sm_90a code (checked once, cached; no launch, safe during stream capture). */
+/* Whether gemm_variants 3, 4 can run their wgmma kernel: the current device is compute capability 9.0 and
+ * the runtime loaded the binary's sm_90a image (a device flag read once by cudaMemcpyFromSymbol, then
+ * cached: first call outside stream capture, e.g. a prefill GEMM). */
 bool gemm_wgmma_available(void);
 
 /* Tokens per grouped tile for an average of `avg_rows` rows per expert: g_cuda_tuning.moe_tile when it

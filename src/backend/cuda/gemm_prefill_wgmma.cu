@@ -302,18 +302,25 @@ static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, c
     return cudaErrorInvalidValue;
 }
 
+/* 1 in the sm_90a image (the real kernel), 0 in every other image (the stub): the value of the image
+ * the runtime loaded for this device. */
+__device__ int g_gemm_wg_real =
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    1;
+#else
+    0;
+#endif
+
 bool gemm_wgmma_available(void)
 {
     static int avail = -1;
     if (avail < 0) {
-        int dev = 0, major = 0, minor = 0;
-        cudaFuncAttributes fa;
+        int dev = 0, major = 0, minor = 0, real = 0;
         avail = cudaGetDevice(&dev) == cudaSuccess &&
                 cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                 cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                 major == 9 && minor == 0 &&
-                cudaFuncGetAttributes(&fa, gemm_wg_kernel<128, 0, GEMM_EPI_STORE, false>) == cudaSuccess &&
-                fa.binaryVersion == 90 && (fa.ptxVersion == 0 || fa.ptxVersion >= 90);
+                cudaMemcpyFromSymbol(&real, g_gemm_wg_real, sizeof real) == cudaSuccess && real == 1;
         cudaGetLastError(); /* a failed query leaves no sticky error */
     }
     return avail == 1;
