@@ -6,8 +6,9 @@
  * an optional split-KV sweep, and knob A/Bs (`--tune`; `--knobs SPEC` sets them for the whole run,
  * bench/cuda_knobs.h). CUDA-vs-CPU agreement is bench_cuda_accuracy's job.
  *
- * Prefill GEMM knobs (lily_cuda_tuning, set before anything runs): --gemm-variant 0|1|2|3 (one-warp-row,
- * 2D-tiled, 2D-tiled with 16 warps at 128 tokens, Hopper wgmma for 4-bit weights), --moe-tile 0|16|32|64|128 (grouped MoE tile, 0 auto), --dense-tile
+ * Prefill GEMM knobs (lily_cuda_tuning, set before anything runs): --gemm-variant 0..4 (one-warp-row,
+ * 2D-tiled, 2D-tiled with 16 warps at 128 tokens, Hopper wgmma for 4-bit weights, the same with one
+ * group in flight), --moe-tile 0|16|32|64|128 (grouped MoE tile, 0 auto), --dense-tile
  * 0|16|64|128; --moe-tile-sweep [LIST] prints prefill tok/s for prompt lengths (default 256..16384) x
  * (variant, MoE tile, dense tile) configurations, in chunks of --chunk tokens.
  *
@@ -206,7 +207,7 @@ int main(int argc, char **argv)
     if (n_tile_sweep > 0) { /* prompt length x (GEMM variant, MoE tile, dense tile; 0 auto) -> prefill tok/s */
         static const int tcfg[][3] = {{0, 0, 0}, {0, 16, 0}, {0, 32, 0}, {0, 64, 0}, {1, 0, 0}, {1, 64, 0},
                                       {1, 128, 0}, {1, 0, 64}, {1, 0, 128}, {2, 0, 0}, {2, 128, 0},
-                                      {3, 0, 0}, {3, 64, 0}, {3, 128, 0}, {3, 0, 64}};
+                                      {3, 0, 0}, {3, 64, 0}, {3, 128, 0}, {3, 0, 64}, {4, 0, 0}, {4, 64, 0}};
         const int n_cfg = (int)(sizeof tcfg / sizeof tcfg[0]);
         float *lg = malloc(sizeof(float) * cfg->vocab_size);
         if (!lg) DIE("oom");

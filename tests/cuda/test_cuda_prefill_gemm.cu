@@ -5,7 +5,7 @@
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
  * the rest get 0, 1 or many rows. Every case runs under each kernel variant and tile size (g_cuda_tuning
  * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128 with
- * 8 warps and at 128 with 16, gemm_wg_kernel (variant 3, Hopper wgmma, 4-bit weights) at 64/128), the
+ * 8 warps and at 128 with 16, gemm_wg_kernel (variants 3 and 4, Hopper wgmma, 4-bit weights) at 64/128), the
  * CPU twin computed once per case; a "note" line says whether a configuration reproduced the first
  * one's bits (expected for variants 0-2: both kernels issue the same MMAs and folds per output; not
  * for variant 3 with 4-bit weights, which rounds the weights to fp16). The MoE cases also
@@ -170,12 +170,13 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 struct gemm_cfg {
     int variant, tile;
 };
-static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {3, 64}, {3, 128}, {3, 0}};
+static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128},
+                                        {3, 64}, {3, 128}, {3, 0}, {4, 64}, {4, 128}};
 static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {1, 0},
-                                      {3, 64}, {3, 128}, {3, 0}};
+                                      {3, 64}, {3, 128}, {3, 0}, {4, 64}, {4, 128}};
 
 /* Error bound factor of a configuration: 2 for the wgmma kernel (fp16-rounded 4-bit weights). */
-static double cfg_rel(const gemm_cfg &k, int bits) { return k.variant == 3 && bits == 4 ? 2.0 : 1.0; }
+static double cfg_rel(const gemm_cfg &k, int bits) { return k.variant >= 3 && bits == 4 ? 2.0 : 1.0; }
 
 static void set_cfg(const gemm_cfg &k, bool moe)
 {

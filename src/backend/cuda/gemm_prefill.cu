@@ -303,7 +303,7 @@ int gemm_grouped_tile(double avg_rows)
         return forced;
     /* measured (H200, BENCHMARKS.md "MoE tile by prompt length"): 128-token tiles lost at every length;
      * with the 2D kernel, 64 wins from ~32 rows per expert (a 1K chunk) */
-    if (g_cuda_tuning.gemm_variant == 3) /* wgmma: 64 and 128 (its dequant is amortised over N tokens) */
+    if (g_cuda_tuning.gemm_variant >= 3) /* wgmma: 64 and 128 (its dequant is amortised over N tokens) */
         return avg_rows >= 128.0 ? 128 : avg_rows >= 24.0 ? 64 : 16;
     if (g_cuda_tuning.gemm_variant >= 1)
         return avg_rows >= 24.0 ? 64 : 16;
@@ -312,7 +312,7 @@ int gemm_grouped_tile(double avg_rows)
 
 /* Tokens per block of a dense GEMM: g_cuda_tuning.dense_tile when it is 16, 64 or 128, else 16 up to
  * 16 tokens, then 64 (128 measured slower at every prompt length on the H200 with variants 0-2,
- * BENCHMARKS.md); variant 3 (wgmma) 128 from 128 tokens (one m64n128 per warpgroup and k16 slice; the
+ * BENCHMARKS.md); variants 3, 4 (wgmma) 128 from 128 tokens (one m64n128 per warpgroup and k16 slice; the
  * same dequantized A feeds twice the tokens). */
 static int gemm_dense_tile(int n_tokens)
 {
@@ -321,7 +321,7 @@ static int gemm_dense_tile(int n_tokens)
         return forced;
     if (n_tokens <= 16)
         return 16;
-    return g_cuda_tuning.gemm_variant == 3 && n_tokens >= 128 ? 128 : 64;
+    return g_cuda_tuning.gemm_variant >= 3 && n_tokens >= 128 ? 128 : 64;
 }
 
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
@@ -345,12 +345,12 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
             return cudaErrorInvalidValue;
         T = gemm_dense_tile(n_tokens);
     }
-    /* variant 3: the wgmma kernel for 4-bit weights at 64/128-token tiles on an sm_90a device; every
-     * other case of variant 3 (8-bit / bf16 weights, 16-token tiles, no sm_90a) runs as variant 1 */
+    /* variants 3, 4: the wgmma kernel (depth 0, 1) for 4-bit weights at 64/128-token tiles on an sm_90a
+     * device; every other case (8-bit / bf16 weights, 16-token tiles, no sm_90a) runs as variant 1 */
     int variant = g_cuda_tuning.gemm_variant;
-    if (variant == 3) {
+    if (variant >= 3) {
         if (a.m[0].bits == 4 && (T == 64 || T == 128) && gemm_wgmma_available())
-            return launch_gemm_wgmma(a, n_tokens, grouped, T, s);
+            return launch_gemm_wgmma(a, n_tokens, grouped, T, variant == 4 ? 1 : 0, s);
         variant = 1;
     }
     /* 128-token tiles exist only in the 2D-tiled kernel (16 warps with variant 2, else 8); 64 in both

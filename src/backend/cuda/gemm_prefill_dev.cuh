@@ -20,9 +20,10 @@
  * or bits. */
 cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s);
 
-/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu, g_cuda_tuning.gemm_variant 3) for 4-bit weights and
- * T = 64 or 128 tokens per block; cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s);
+/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu, g_cuda_tuning.gemm_variant 3: depth 0, 4: depth 1 =
+ * one group's wgmmas kept in flight) for 4-bit weights and T = 64 or 128 tokens per block;
+ * cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int depth, cudaStream_t s);
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
 {

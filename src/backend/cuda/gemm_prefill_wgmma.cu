@@ -2,7 +2,7 @@
  * 3): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
  * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
  *
- * gemm_wg_kernel<N, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
+ * gemm_wg_kernel<N, DEPTH, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
  * gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
  * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
  * four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
@@ -22,20 +22,23 @@
  * fp32 scale[128], bias[128]]; a step waits for its stage, makes the cp.async writes visible to the async
  * proxy (fence.proxy.async in the writing threads, then the barrier), refills the slot of step k - 1,
  * dequantizes, issues the 4 wgmmas and waits for them before the next barrier (the stage it read is the
- * next refill). Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty
+ * next refill). DEPTH 1 (gemm_variant 4): 5 stages, the refill goes to the slot of step k - 2 and the
+ * wait for group k - 1's wgmmas moves to just before group k's dequantization, so the tensor pipe keeps
+ * working through the barrier, the refill and the weight loads. Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty
  * stub and gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
  */
 #include "gemm_prefill_dev.cuh"
 
-/* Blocks per SM promised to ptxas: 2 caps the registers at 128 (119-121 used, no spills, -Xptxas -v) and
- * two blocks fit the shared memory (87 KB each at N 128); 1 allows 255. */
+/* Blocks per SM promised to ptxas: 2 caps the registers at 128 (N 128: 119-121 used, DEPTH 1 128; N 64:
+ * 80-95; no spills, -Xptxas -v) and two blocks fit the shared memory (N 128: 87 KB each, DEPTH 1 109 KB);
+ * 1 allows 255. */
 #ifndef GEMM_WG_MIN_BLOCKS
 #define GEMM_WG_MIN_BLOCKS 2
 #endif
 
-template <int N>
+template <int N, int DEPTH>
 struct gemm_wg_shape {
-    static constexpr int STAGES = 4;
+    static constexpr int STAGES = DEPTH ? 5 : 4; /* DEPTH 1 refills 2 groups behind: keep 3 ahead */
     static constexpr int X_STAGE = N * 128;        /* first: the descriptor's 1024-byte swizzle atoms */
     static constexpr int W_STAGE = GEMM_ROWS * 32; /* 4-bit: 32 bytes per row per group */
     static constexpr int SB_STAGE = 2 * GEMM_ROWS * 4;
@@ -56,7 +59,10 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
 }
 __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait(void)
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async(void)
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -124,12 +130,13 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 8][4], const uint32_t (&a
 
 #endif
 
-template <int N, int EPI, bool GROUPED>
+template <int N, int DEPTH, int EPI, bool GROUPED>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kernel(gemm_args a, int n_tokens)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef gemm_wg_shape<N> S;
+    typedef gemm_wg_shape<N, DEPTH> S;
     constexpr int NT = N / 8, NS = S::STAGES;
+    constexpr int PF = DEPTH ? NS - 2 : NS - 1; /* groups loaded ahead: a refill waits for its slot's wgmmas */
     static_assert(S::STAGE % 1024 == 0 && N * 8 % GEMM_THREADS == 0, "stage layout");
     static_assert(S::SMEM - 1024 >= 64 * N * 4, "SWIGLU epilogue needs 64 x N floats");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -179,7 +186,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
     for (int nt = 0; nt < NT; nt++)
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
-    for (int st = 0; st < NS - 1; st++) {
+    for (int st = 0; st < PF; st++) {
         if (st < n_groups)
             load_stage(st, st);
         cp_async_commit();
@@ -194,12 +201,17 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
         sbv = sbp[NS - 2];
 
     const int r0 = warp * 16 + g, sh = 4 * tig;
+    /* DEPTH 1: the wgmmas of group k - 1 run through step k's barrier, refill and weight loads; the wait
+     * comes just before the dequantization writes A (a register write while a wgmma that reads A or
+     * the accumulators is in flight would make ptxas serialize every wgmma, C7513) */
+    uint32_t A[4][4];
     for (int k = 0; k < n_groups; k++) {
-        cp_async_wait<NS - 2>();
+        cp_async_wait<PF - 1>();
         fence_proxy_async(); /* this thread's cp.async writes -> the async proxy (wgmma reads B) */
         __syncthreads();
         {
-            const int kn = k + NS - 1; /* slot of group k - 1: its wgmmas completed before the barrier */
+            /* the slot of group k - 1 (DEPTH 0) or k - 2 (DEPTH 1): its wgmmas completed before the barrier */
+            const int kn = k + PF;
             if (kn < n_groups)
                 load_stage(kn, kn % NS);
             cp_async_commit();
@@ -223,7 +235,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
         const uint32_t w1[8] = {u1l.x, u1l.y, u1l.z, u1l.w, u1h.x, u1h.y, u1h.z, u1h.w};
         const __half2 s0 = __float2half2_rn(ssb[r0]), b0 = __float2half2_rn(ssb[GEMM_ROWS + r0]);
         const __half2 s1 = __float2half2_rn(ssb[r0 + 8]), b1 = __float2half2_rn(ssb[GEMM_ROWS + r0 + 8]);
-        uint32_t A[4][4];
+        if (DEPTH)
+            wg_wait<0>(); /* group k - 1's wgmmas: A free */
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             A[s][0] = dq4_wg(w0[2 * s], sh, s0, b0);
@@ -237,8 +250,11 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
         for (int s = 0; s < 4; s++)
             wgmma_n<N>(acc, A[s], desc + 2 * s); /* + 32 bytes >> 4 per k16 slice */
         wg_commit();
-        wg_wait0();
+        if (!DEPTH)
+            wg_wait<0>();
     }
+    if (DEPTH)
+        wg_wait<0>();
     cp_async_wait<0>();
     __syncthreads(); /* pipeline buffers free: the SWIGLU epilogue reuses them */
     gemm_epilogue_w16<EPI, NT>(a, acc, warp, g, tig, base, count, s_scale, reinterpret_cast<float *>(smem));
@@ -250,13 +266,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
 
 /* ---- dispatch ---------------------------------------------------------------------------------------- */
 
-template <int N, int EPI, bool GROUPED>
+template <int N, int DEPTH, int EPI, bool GROUPED>
 static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
-    typedef gemm_wg_shape<N> S;
+    typedef gemm_wg_shape<N, DEPTH> S;
     static bool attr_set = false;
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<N, EPI, GROUPED>,
+        cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<N, DEPTH, EPI, GROUPED>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
         if (e != cudaSuccess)
             return e;
@@ -268,48 +284,55 @@ static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, cudaStream_t s)
     const int gy = GROUPED ? a.max_tiles : (n_tokens + N - 1) / N;
     if (gx <= 0 || gy <= 0 || gy > 65535)
         return cudaErrorInvalidValue;
-    gemm_wg_kernel<N, EPI, GROUPED><<<dim3(gx, gy), GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
+    gemm_wg_kernel<N, DEPTH, EPI, GROUPED><<<dim3(gx, gy), GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
     return cudaGetLastError();
 }
 
-template <int N>
+template <int N, int DEPTH>
 static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
     if (grouped) {
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, GEMM_EPI_STORE, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
-    if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, GEMM_EPI_STORE, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, GEMM_EPI_ADD, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, DEPTH, GEMM_EPI_ADD, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
     return cudaErrorInvalidValue;
 }
+
+/* 1 in the sm_90a image (the real kernel), 0 in every other image (the stub): the value of the image
+ * the runtime loaded for this device. */
+__device__ int g_gemm_wg_real =
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    1;
+#else
+    0;
+#endif
 
 bool gemm_wgmma_available(void)
 {
     static int avail = -1;
     if (avail < 0) {
-        int dev = 0, major = 0, minor = 0;
-        cudaFuncAttributes fa;
+        int dev = 0, major = 0, minor = 0, real = 0;
         avail = cudaGetDevice(&dev) == cudaSuccess &&
                 cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                 cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                 major == 9 && minor == 0 &&
-                cudaFuncGetAttributes(&fa, gemm_wg_kernel<128, GEMM_EPI_STORE, false>) == cudaSuccess &&
-                fa.binaryVersion == 90 && (fa.ptxVersion == 0 || fa.ptxVersion >= 90);
+                cudaMemcpyFromSymbol(&real, g_gemm_wg_real, sizeof real) == cudaSuccess && real == 1;
         cudaGetLastError(); /* a failed query leaves no sticky error */
     }
     return avail == 1;
 }
 
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int depth, cudaStream_t s)
 {
-    if (a.m[0].bits != 4)
+    if (a.m[0].bits != 4 || (depth != 0 && depth != 1))
         return cudaErrorInvalidValue;
     if (T == 64)
-        return gemm_wg_epi<64>(a, n_tokens, grouped, s);
+        return depth ? gemm_wg_epi<64, 1>(a, n_tokens, grouped, s) : gemm_wg_epi<64, 0>(a, n_tokens, grouped, s);
     if (T == 128)
-        return gemm_wg_epi<128>(a, n_tokens, grouped, s);
+        return depth ? gemm_wg_epi<128, 1>(a, n_tokens, grouped, s) : gemm_wg_epi<128, 0>(a, n_tokens, grouped, s);
     return cudaErrorInvalidValue;
 }
