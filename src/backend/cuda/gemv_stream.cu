@@ -146,12 +146,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         pdl_trigger();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
-    gemv_prologue<IN_MODE, GS_WARPS>(in, 0, cols, s_x, s_red);
-    const float xk = mg_block_x_scale<GS_WARPS>(s_x, cols, s_red, &s_scale);
-    mg_build_frags(s_x, cols, xk, s_xh, threadIdx.x, GS_WARPS * 32);
-    __syncthreads();
-    mg_group_sums(s_xh, cols, s_off, s_xsum, threadIdx.x, GS_WARPS * 32);
-    __syncthreads();
+    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;
