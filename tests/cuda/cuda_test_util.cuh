@@ -1,10 +1,11 @@
 /* cuda_test_util.cuh — helpers shared by the GPU tests in tests/cuda: the seeded LCG random source
  * (rnd_u32, rnd_f, rand_vec), the CK error-check macro, host <-> device copies (dev_copy, host_copy,
  * dev_nan for NaN-poisoned outputs), silu_d and ref_gemv_input (the double-precision twin of the
- * GEMV input transform). Header of static functions, one copy per test.
+ * GEMV input transform) and cuda_test_no_device() (the skip at the start of main). Header of static
+ * functions, one copy per test (cuda_test_check.cuh adds the shared check()).
  *
  * Each test defines CUDA_TEST_SEED (the start of its own random stream) before including this file,
- * so every test keeps its own, reproducible inputs. g_fail / g_checks and check() stay in each test.
+ * so every test keeps its own, reproducible inputs.
  */
 #ifndef LILY_CUDA_TEST_UTIL_CUH
 #define LILY_CUDA_TEST_UTIL_CUH
@@ -97,6 +98,17 @@ static inline float *dev_nan(size_t n)
 {
     std::vector<float> h(n, NAN);
     return dev_copy(h);
+}
+
+/* True (after printing "no CUDA device: skipped") when no GPU is present: main then returns 77. */
+static inline bool cuda_test_no_device(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("no CUDA device: skipped\n");
+        return true;
+    }
+    return false;
 }
 
 #endif

@@ -22,35 +22,9 @@
 
 #define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
 #include "cuda_test_util.cuh"
+#include "cuda_test_check.cuh"
 
-static int g_fail = 0, g_checks = 0;
 static const char *const VARIANT[2] = {"recur", "chunked"};
-
-static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
-                  const std::vector<double> &mag, double rel)
-{
-    double worst = 0;
-    size_t bad = 0, first = (size_t)-1;
-    for (size_t i = 0; i < want.size(); i++) {
-        const double tol = rel * mag[i] + 1e-5;
-        const double d = fabs((double)got[i] - want[i]);
-        if (!(d <= tol)) {
-            bad++;
-            if (first == (size_t)-1)
-                first = i;
-        }
-        if (d / tol > worst || got[i] != got[i])
-            worst = got[i] != got[i] ? INFINITY : d / tol;
-    }
-    g_checks++;
-    if (bad) {
-        g_fail++;
-        printf("FAIL %s: %zu of %zu outside the bound (first %zu: got %g want %g; worst %.3g of the bound)\n", what,
-               bad, want.size(), first, got[first], want[first], worst);
-    } else {
-        printf("ok   %s (worst error %.3f of the bound)\n", what, worst);
-    }
-}
 
 enum { DECAY_MIXED, DECAY_SLOW, DECAY_FAST };
 
@@ -202,27 +176,24 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
         if (!ran[var])
             continue;
         snprintf(what, sizeof what, "gdn prefill %s %s output", VARIANT[var], desc);
-        check(what, got[var], want, mag, 1e-3);
+        check(what, got[var], want, mag, 1e-3, true);
         snprintf(what, sizeof what, "gdn prefill %s %s state", VARIANT[var], desc);
-        check(what, Sg[var], Sw, Smag, 1e-4);
+        check(what, Sg[var], Sw, Smag, 1e-4, true);
         if (Km1 > 0) {
             /* after call i (counter i) the conv state lives in buffer (i & 1) ^ 1 */
             const int buf = (((int)calls.size() - 1) & 1) ^ 1;
             std::vector<float> cg(csg[var].begin() + (size_t)buf * Km1 * conv_dim,
                                   csg[var].begin() + (size_t)(buf + 1) * Km1 * conv_dim);
             snprintf(what, sizeof what, "gdn prefill %s %s conv state", VARIANT[var], desc);
-            check(what, cg, cwant, cm, 0.0);
+            check(what, cg, cwant, cm, 0.0, true);
         }
     }
 }
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     /* tiny-a shape: single chunks, two chunks, prefill -> decode -> prefill, decode -> prefill */
     const int ns[] = {2, 7, 64, 513};
     for (int i = 0; i < 4; i++)
@@ -251,6 +222,5 @@ int main(void)
     test_case(2, 2, 32, 64, 2, {5, 1, 40});
     test_case(2, 6, 128, 32, 1, {9, 16});
     test_case(1, 1, 32, 32, 4, {2, 2, 2, 2, 100});
-    printf("%d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return cuda_test_summary();
 }

@@ -19,34 +19,7 @@ extern "C" {
 
 #define CUDA_TEST_SEED 0x1234567ull
 #include "cuda_test_util.cuh"
-
-static int g_fail = 0, g_checks = 0;
-
-static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
-                  const std::vector<double> &mag, double rel = 1e-4)
-{
-    double worst = 0;
-    size_t bad = 0, first = (size_t)-1;
-    for (size_t i = 0; i < want.size(); i++) {
-        const double tol = rel * mag[i] + 1e-5;
-        const double d = fabs((double)got[i] - want[i]);
-        if (!(d <= tol)) {
-            bad++;
-            if (first == (size_t)-1)
-                first = i;
-        }
-        if (d / tol > worst || got[i] != got[i])
-            worst = got[i] != got[i] ? INFINITY : d / tol;
-    }
-    g_checks++;
-    if (bad) {
-        g_fail++;
-        printf("FAIL %s: %zu of %zu outside the bound (first %zu: got %g want %g)\n", what, bad, want.size(), first,
-               got[first], want[first]);
-    } else {
-        printf("ok   %s (worst error %.3f of the bound)\n", what, worst);
-    }
-}
+#include "cuda_test_check.cuh"
 
 /* ---- a random quantized matrix with its exact dequantization ---------------------------------------- */
 
@@ -817,11 +790,8 @@ static void test_embed(int bits, int vocab, int hidden, int n)
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     const int ns[] = {1, 2, 7, 64, 513};
     /* GEMV: every storage width, lane shape and mode */
     const int bitss[] = {4, 8, 16};
@@ -980,6 +950,5 @@ int main(void)
     test_embed(4, 1000, 2048, 7);
     test_embed(16, 512, 128, 64);
     test_embed(8, 300, 128, 2);
-    printf("%d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return cuda_test_summary();
 }
