@@ -18,6 +18,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "test_fake_detok.h"
 
 /* ---- the shim backend ------------------------------------------------------------------------------ */
 
@@ -158,21 +159,6 @@ static int teardown(void **state)
     lily_engine_close(f->engine);
     free(f);
     return 0;
-}
-
-/* A detokenizer for a model without a tokenizer: token t reads " t<id>". */
-typedef struct {
-    char text[32];
-} fake_detok;
-
-static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
-{
-    (void)err;
-    fake_detok *d = state;
-    snprintf(d->text, sizeof d->text, " t%d", (int)token);
-    *text = d->text;
-    *len = strlen(d->text);
-    return LILY_OK;
 }
 
 typedef struct {
