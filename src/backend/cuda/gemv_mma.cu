@@ -20,24 +20,6 @@
 
 #define GM_WARPS 8
 
-/* Where tile `tile` of the batch lives: matrix *m, first row *r0 (tiles of 16 rows, per matrix). */
-__device__ __forceinline__ void gm_locate(const gemv_batch &b, int tile, int *m, int *r0)
-{
-    int mm = 0, t0 = 0, acc = 0;
-#pragma unroll
-    for (int q = 0; q < GEMV_MAX_MATS; q++) {
-        if (q < b.n_mats) {
-            if (tile >= acc) {
-                mm = q;
-                t0 = acc;
-            }
-            acc += (b.m[q].rows + 15) / 16;
-        }
-    }
-    *m = mm;
-    *r0 = (tile - t0) * 16;
-}
-
 /* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
  * loaded into registers while the current one is computed, and the input transform runs once per block. */
 template <int IN_MODE, int OUT_MODE, int KS, int MINB>
@@ -63,7 +45,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     auto load = [&](int grp, mg_frag &f) {
         const int tile = grp * RT + rt;
         int m = 0, r0 = 0;
-        gm_locate(b, tile < n_tiles ? tile : 0, &m, &r0);
+        mg_locate(b, tile < n_tiles ? tile : 0, &m, &r0);
         const dmat &W = b.m[m];
         const int ra = min(r0 + g, W.rows - 1), rb = min(r0 + g + 8, W.rows - 1);
         mg_load(W, ra, rb, ks * CW, steps, t, f);
@@ -100,7 +82,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
             const int trt = threadIdx.x / 16, r = threadIdx.x % 16;
             const int tl = grp * RT + trt;
             int mm = 0, r0 = 0;
-            gm_locate(b, tl, &mm, &r0);
+            mg_locate(b, tl, &mm, &r0);
             const int row = r0 + r;
             if (tl < n_tiles && row < b.m[mm].rows) {
                 float v = 0.0f;

@@ -230,6 +230,24 @@ __device__ __forceinline__ void mg_group_sums(const uint4 *s_xh, int cols, float
     }
 }
 
+/* Where tile `tile` of a gemv_batch lives: matrix *m, first row *r0 (tiles of 16 rows, per matrix). */
+__device__ __forceinline__ void mg_locate(const gemv_batch &b, int tile, int *m, int *r0)
+{
+    int mm = 0, t0 = 0, acc = 0;
+#pragma unroll
+    for (int q = 0; q < GEMV_MAX_MATS; q++) {
+        if (q < b.n_mats) {
+            if (tile >= acc) {
+                mm = q;
+                t0 = acc;
+            }
+            acc += (b.m[q].rows + 15) / 16;
+        }
+    }
+    *m = mm;
+    *r0 = (tile - t0) * 16;
+}
+
 /* The whole x side of a block of NW warps, in this order: the input transform (gemv_prologue) of token 0
  * into s_x[0..cols), the block x scale xk (mg_block_x_scale, through s_red[NW] and *s_scale), the fp16
  * fragments s_xh (mg_build_frags), then the group sums s_off / s_xsum (mg_group_sums), with a
