@@ -1,7 +1,7 @@
 /* cuda_test_util.cuh — helpers shared by the GPU tests in tests/cuda: the seeded LCG random source
  * (rnd_u32, rnd_f, rand_vec), the CK error-check macro, host <-> device copies (dev_copy, host_copy,
  * dev_nan for NaN-poisoned outputs), silu_d and ref_gemv_input (the double-precision twin of the
- * GEMV input transform) and cuda_test_no_device() (the skip at the start of main). Header of static
+ * GEMV input transform), ref_gdn_head (the twin of one Gated DeltaNet head step) and cuda_test_no_device() (the skip at the start of main). Header of static
  * functions, one copy per test (cuda_test_check.cuh adds the shared check()).
  *
  * Each test defines CUDA_TEST_SEED (the start of its own random stream) before including this file,
@@ -64,6 +64,45 @@ static inline void ref_gemv_input(int mode, const float *a, int cols, const std:
         }
     } else {
         for (int c = 0; c < cols; c++) x[c] = a[c];
+    }
+}
+
+/* CPU twin (double) of one Gated DeltaNet token for v head j of key head kh (MODEL.md §4.4 steps 4-7):
+ * q, k from the conv output y (L2-normed, eps 1e-6; q also / sqrt(dk)), v = y[2·key_dim + j·dv ..],
+ * beta = sigmoid(b), decay = exp(-exp(a_log) · softplus(aa)); Sj [dk][dv] decays, takes the delta-rule
+ * update, and o[c] = Σ_i S[i][c] q[i] with mag[c] = Σ|S[i][c] q[i]| + 1e-2 (the check's magnitude). */
+static inline void ref_gdn_head(const std::vector<double> &y, int key_dim, int kh, int j, int dk, int dv, double b,
+                                double aa, double a_log, double *Sj, double *o_out, double *mag_out)
+{
+    std::vector<double> q(dk), k(dk), v(dv);
+    double qs = 0, ks = 0;
+    for (int i = 0; i < dk; i++) {
+        q[i] = y[kh * dk + i];
+        k[i] = y[key_dim + kh * dk + i];
+        qs += q[i] * q[i];
+        ks += k[i] * k[i];
+    }
+    for (int i = 0; i < dk; i++) {
+        q[i] = q[i] / sqrt(qs + 1e-6) / sqrt((double)dk);
+        k[i] = k[i] / sqrt(ks + 1e-6);
+    }
+    for (int i = 0; i < dv; i++) v[i] = y[2 * key_dim + j * dv + i];
+    const double beta = 1.0 / (1.0 + exp(-b));
+    const double sp = aa > 20 ? aa : log1p(exp(aa));
+    const double decay = exp(-exp(a_log) * sp);
+    for (size_t i = 0; i < (size_t)dk * dv; i++) Sj[i] *= decay;
+    for (int c = 0; c < dv; c++) {
+        double m = 0;
+        for (int i = 0; i < dk; i++) m += Sj[(size_t)i * dv + c] * k[i];
+        const double delta = beta * (v[c] - m);
+        double o = 0, om = 0;
+        for (int i = 0; i < dk; i++) {
+            Sj[(size_t)i * dv + c] += k[i] * delta;
+            o += Sj[(size_t)i * dv + c] * q[i];
+            om += fabs(Sj[(size_t)i * dv + c] * q[i]);
+        }
+        o_out[c] = o;
+        mag_out[c] = om + 1e-2;
     }
 }
 

@@ -126,7 +126,7 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
     for (int t = 0; t < n; t++)
         for (int c = 0; c < conv_dim; c++) X[(size_t)(Km1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
     std::vector<double> want((size_t)n * Hv * dv), mag((size_t)n * Hv * dv);
-    std::vector<double> y(conv_dim), q(dk), k(dk), v(dv);
+    std::vector<double> y(conv_dim);
     for (int t = 0; t < n; t++) {
         for (int c = 0; c < conv_dim; c++) {
             double acc = 0;
@@ -135,37 +135,8 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
         }
         for (int j = 0; j < Hv; j++) {
             const int kh = j / (Hv / Hk);
-            double qs = 0, ks = 0;
-            for (int i = 0; i < dk; i++) {
-                q[i] = y[kh * dk + i];
-                k[i] = y[key_dim + kh * dk + i];
-                qs += q[i] * q[i];
-                ks += k[i] * k[i];
-            }
-            for (int i = 0; i < dk; i++) {
-                q[i] = q[i] / sqrt(qs + 1e-6) / sqrt((double)dk);
-                k[i] = k[i] / sqrt(ks + 1e-6);
-            }
-            for (int i = 0; i < dv; i++) v[i] = y[2 * key_dim + j * dv + i];
-            const double beta = 1.0 / (1.0 + exp(-(double)ba[(size_t)t * ba_stride + j]));
-            const double aa = (double)ba[(size_t)t * ba_stride + Hv + j] + dtb[j];
-            const double sp = aa > 20 ? aa : log1p(exp(aa));
-            const double decay = exp(-exp((double)Al[j]) * sp);
-            double *Sj = &S[(size_t)j * dk * dv];
-            for (size_t i = 0; i < (size_t)dk * dv; i++) Sj[i] *= decay;
-            for (int c = 0; c < dv; c++) {
-                double m = 0;
-                for (int i = 0; i < dk; i++) m += Sj[(size_t)i * dv + c] * k[i];
-                const double delta = beta * (v[c] - m);
-                double o = 0, om = 0;
-                for (int i = 0; i < dk; i++) {
-                    Sj[(size_t)i * dv + c] += k[i] * delta;
-                    o += Sj[(size_t)i * dv + c] * q[i];
-                    om += fabs(Sj[(size_t)i * dv + c] * q[i]);
-                }
-                want[((size_t)t * Hv + j) * dv + c] = o;
-                mag[((size_t)t * Hv + j) * dv + c] = om + 1e-2;
-            }
+            ref_gdn_head(y, key_dim, kh, j, dk, dv, (double)ba[(size_t)t * ba_stride + j], (double)ba[(size_t)t * ba_stride + Hv + j] + dtb[j], (double)Al[j],
+                         &S[(size_t)j * dk * dv], &want[((size_t)t * Hv + j) * dv], &mag[((size_t)t * Hv + j) * dv]);
         }
     }
     std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
