@@ -1,7 +1,8 @@
 /* cuda_test_util.cuh — helpers shared by the GPU tests in tests/cuda: the seeded LCG random source
  * (rnd_u32, rnd_f, rand_vec), the CK error-check macro, host <-> device copies (dev_copy, host_copy,
  * dev_nan for NaN-poisoned outputs), silu_d and ref_gemv_input (the double-precision twin of the
- * GEMV input transform), ref_gdn_head (the twin of one Gated DeltaNet head step) and cuda_test_no_device() (the skip at the start of main). Header of static
+ * GEMV input transform), ref_conv_history / ref_conv_silu / ref_gdn_head (the twin of the
+ * Gated DeltaNet conv and head step) and cuda_test_no_device() (the skip at the start of main). Header of static
  * functions, one copy per test (cuda_test_check.cuh adds the shared check()).
  *
  * Each test defines CUDA_TEST_SEED (the start of its own random stream) before including this file,
@@ -64,6 +65,30 @@ static inline void ref_gemv_input(int mode, const float *a, int cols, const std:
         }
     } else {
         for (int c = 0; c < cols; c++) x[c] = a[c];
+    }
+}
+
+/* The twin's conv history, double [(K-1+n)][conv_dim]: the K-1 conv-state rows of cs0, then the n rows of
+ * mixed (row stride `stride`). */
+static inline std::vector<double> ref_conv_history(const std::vector<float> &cs0, const std::vector<float> &mixed, int K,
+                                                   int n, int conv_dim, int stride)
+{
+    std::vector<double> X((size_t)(K - 1 + n) * conv_dim);
+    for (int s = 0; s < K - 1; s++)
+        for (int c = 0; c < conv_dim; c++) X[(size_t)s * conv_dim + c] = cs0[(size_t)s * conv_dim + c];
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < conv_dim; c++) X[(size_t)(K - 1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
+    return X;
+}
+
+/* y[c] = silu(Σ_j cw[c][j] · X[t + j][c]): the causal depthwise conv (K taps) of token t, then SiLU. */
+static inline void ref_conv_silu(const std::vector<double> &X, const std::vector<float> &cw, int K, int conv_dim, int t,
+                                 std::vector<double> &y)
+{
+    for (int c = 0; c < conv_dim; c++) {
+        double acc = 0;
+        for (int j = 0; j < K; j++) acc += cw[(size_t)c * K + j] * X[(size_t)(t + j) * conv_dim + c];
+        y[c] = silu_d(acc);
     }
 }
 

@@ -120,19 +120,11 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
 
     /* CPU twin over the whole sequence (calls only split it) */
     std::vector<double> S(S0.begin(), S0.end());
-    std::vector<double> X((size_t)(Km1 + n) * conv_dim); /* conv history: state rows, then mixed rows */
-    for (int s = 0; s < Km1; s++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)s * conv_dim + c] = cs0[(size_t)s * conv_dim + c];
-    for (int t = 0; t < n; t++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)(Km1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
+    const std::vector<double> X = ref_conv_history(cs0, mixed, K, n, conv_dim, stride); /* conv history: state rows, then mixed rows */
     std::vector<double> want((size_t)n * Hv * dv), mag((size_t)n * Hv * dv);
     std::vector<double> y(conv_dim);
     for (int t = 0; t < n; t++) {
-        for (int c = 0; c < conv_dim; c++) {
-            double acc = 0;
-            for (int j = 0; j < K; j++) acc += cw[(size_t)c * K + j] * X[(size_t)(t + j) * conv_dim + c];
-            y[c] = silu_d(acc);
-        }
+        ref_conv_silu(X, cw, K, conv_dim, t, y);
         for (int j = 0; j < Hv; j++) {
             const int kh = j / (Hv / Hk);
             ref_gdn_head(y, key_dim, kh, j, dk, dv, (double)ba[(size_t)t * ba_stride + j], (double)ba[(size_t)t * ba_stride + Hv + j] + dtb[j], (double)Al[j],

@@ -582,19 +582,11 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
     std::vector<float> csg = host_copy(a.conv_state, (size_t)2 * (K - 1) * conv_dim);
     /* CPU twin */
     std::vector<double> S(S0.begin(), S0.end());
-    std::vector<double> X((size_t)(K - 1 + n) * conv_dim); /* conv history: state rows then mixed rows */
-    for (int s = 0; s < K - 1; s++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)s * conv_dim + c] = cs0[(size_t)s * conv_dim + c];
-    for (int t = 0; t < n; t++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)(K - 1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
+    const std::vector<double> X = ref_conv_history(cs0, mixed, K, n, conv_dim, stride); /* conv history: state rows then mixed rows */
     std::vector<double> want((size_t)n * Hv * dv), mag((size_t)n * Hv * dv);
     std::vector<double> y(conv_dim);
     for (int t = 0; t < n; t++) {
-        for (int c = 0; c < conv_dim; c++) {
-            double acc = 0;
-            for (int j = 0; j < K; j++) acc += cw[(size_t)c * K + j] * X[(size_t)(t + j) * conv_dim + c];
-            y[c] = silu_d(acc);
-        }
+        ref_conv_silu(X, cw, K, conv_dim, t, y);
         for (int j = 0; j < Hv; j++) {
             const int kh = j / (Hv / Hk);
             ref_gdn_head(y, key_dim, kh, j, dk, dv, (double)ba[(size_t)t * 2 * Hv + j], ba[(size_t)t * 2 * Hv + Hv + j] + dtb[j], (double)Al[j],
