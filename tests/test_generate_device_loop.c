@@ -18,6 +18,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "test_fake_detok.h"
 
 /* ---- the shim backend ------------------------------------------------------------------------------ */
 
@@ -160,46 +161,7 @@ static int teardown(void **state)
     return 0;
 }
 
-/* A detokenizer for a model without a tokenizer: token t reads " t<id>". */
-typedef struct {
-    char text[32];
-} fake_detok;
-
-static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
-{
-    (void)err;
-    fake_detok *d = state;
-    snprintf(d->text, sizeof d->text, " t%d", (int)token);
-    *text = d->text;
-    *len = strlen(d->text);
-    return LILY_OK;
-}
-
-typedef struct {
-    char text[8192];
-    size_t len;
-    int32_t tokens[256];
-    int n_tokens;
-    int stop_after;       /* the callback returns nonzero at this many tokens (0 = never) */
-    int cancel_after;     /* the callback sets the cancel flag at this many tokens (0 = never) */
-    atomic_int cancel;
-} streamed;
-
-static int on_token(void *user, int32_t token, const char *text, size_t len)
-{
-    streamed *o = user;
-    assert_true(o->len + len < sizeof o->text);
-    memcpy(o->text + o->len, text, len);
-    o->len += len;
-    o->text[o->len] = '\0';
-    if (token >= 0) {
-        assert_true(o->n_tokens < 256);
-        o->tokens[o->n_tokens++] = token;
-    }
-    if (o->cancel_after && o->n_tokens == o->cancel_after)
-        atomic_store(&o->cancel, 1);
-    return o->stop_after && o->n_tokens >= o->stop_after;
-}
+typedef test_streamed streamed;
 
 /* What one case varies. */
 typedef struct {
@@ -236,7 +198,7 @@ static void generate(fixture *f, const case_params *c, bool device, outcome *o)
     p.stop_strings = &c->stop_string;
     p.n_stop_strings = c->stop_string ? 1 : 0;
     p.detok = (lily_detok_interface){&detok, detok_feed, NULL};
-    p.on_token = on_token;
+    p.on_token = test_on_token;
     p.user = &o->out;
     p.cancel = &o->out.cancel;
     o->out.stop_after = c->stop_after;
@@ -293,7 +255,7 @@ static void assert_same_follow_up(fixture *f, outcome *h, outcome *d)
         lily_generate_params p = lily_generate_defaults();
         p.sampling.temperature = 0.0f;
         p.max_tokens = 12;
-        p.on_token = on_token;
+        p.on_token = test_on_token;
         p.user = &o->out;
         p.decode = k ? LILY_DECODE_AUTO : LILY_DECODE_HOST;
         if (lily_generate(o->s, follow_up, 4, &p, &o->r, &err) != LILY_OK)
@@ -523,7 +485,7 @@ static void test_declined_device_loop(void **state)
     p.sampling = c.sampling;
     p.max_tokens = c.max_tokens;
     p.detok = (lily_detok_interface){&detok, detok_feed, NULL};
-    p.on_token = on_token;
+    p.on_token = test_on_token;
     p.user = &d.out;
     assert_int_equal(lily_generate(d.s, prompt, (int)(sizeof prompt / sizeof *prompt), &p, &d.r, &err), LILY_OK);
     g_decline = false;
@@ -550,7 +512,7 @@ static void test_error_in_later_batch(void **state)
     lily_generate_params p = lily_generate_defaults();
     p.sampling.temperature = 0.0f;
     p.max_tokens = 100;
-    p.on_token = on_token;
+    p.on_token = test_on_token;
     p.user = &out;
     lily_generate_result r;
     g_loop_calls = 0;

@@ -10,24 +10,7 @@
 #include "runtime/generate.h"
 #include "text/tokenizer.h"
 
-typedef struct {
-    char text[8192];
-    size_t len;
-    int32_t tokens[64];
-    int n_tokens;
-} streamed;
-
-static int on_token(void *user, int32_t token, const char *text, size_t len)
-{
-    streamed *o = user;
-    assert_true(o->len + len < sizeof o->text);
-    memcpy(o->text + o->len, text, len);
-    o->len += len;
-    o->text[o->len] = '\0';
-    if (token >= 0)
-        o->tokens[o->n_tokens++] = token;
-    return 0;
-}
+typedef test_streamed streamed;
 
 typedef struct {
     lily_engine *engine;
@@ -72,7 +55,7 @@ static streamed run(fixture *f, lily_generate_params *p, lily_generate_result *r
     lily_detokenizer_init(&detok, f->tok, false);
     streamed out = {0};
     p->detok = lily_detok_for_tokenizer(&detok);
-    p->on_token = on_token;
+    p->on_token = test_on_token;
     p->user = &out;
     if (lily_generate(s, f->prompt, f->n_prompt, p, r, &err) != LILY_OK)
         fail_msg("generate: %s", err.message);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *test_data_path(const char *relative)
 {
@@ -43,4 +44,20 @@ float test_max_abs_diff(const float *a, const float *b, size_t n)
             m = d != d ? INFINITY : d;
     }
     return m;
+}
+
+int test_on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    test_streamed *o = user;
+    assert_true(o->len + len < sizeof o->text);
+    memcpy(o->text + o->len, text, len);
+    o->len += len;
+    o->text[o->len] = '\0';
+    if (token >= 0) {
+        assert_true(o->n_tokens < 256);
+        o->tokens[o->n_tokens++] = token;
+    }
+    if (o->cancel_after && o->n_tokens == o->cancel_after)
+        atomic_store(&o->cancel, 1);
+    return o->stop_after && o->n_tokens >= o->stop_after;
 }

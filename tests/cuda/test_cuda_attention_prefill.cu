@@ -36,8 +36,7 @@ extern "C" {
 
 #define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
 #include "cuda_test_util.cuh"
-
-static int g_fail = 0, g_checks = 0;
+#include "cuda_test_check.cuh"
 
 /* bf16 rounding of a double through fp32, back as double */
 static double bf16_round(double x) { return lily_bf16_to_f32(lily_f32_to_bf16((float)x)); }
@@ -303,11 +302,8 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     const int ns[] = {1, 2, 7, 64, 513};
     const int poss[] = {0, 1000};
     for (int pi = 0; pi < 2; pi++)
@@ -356,6 +352,5 @@ int main(void)
     test_prefill(6, 2, 64, 700, 7, 4, 16);
     test_prefill(16, 2, 256, 4000, 2, 0, 64);
     test_prefill(8, 2, 64, 2000, 9, 0, 16);
-    printf("%d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return cuda_test_summary();
 }

@@ -16,14 +16,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_test_compare.h"
+
 #include "backend/cuda/cuda_backend.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 
+#include "../test_fake_detok.h"
+
 #define MAX_GEN 256
 #define LOGIT_BOUND 1e-3 /* far below a wrong position's O(1) change; 0 expected */
 
-static int g_fail;
 static lily_engine *g_engine;
 static int g_vocab;
 
@@ -31,20 +34,6 @@ static void die(const char *what, const lily_error *err)
 {
     printf("FAIL: %s: %s\n", what, err->message);
     exit(1);
-}
-
-typedef struct {
-    char text[32];
-} fake_detok;
-
-static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
-{
-    (void)err;
-    fake_detok *d = state;
-    snprintf(d->text, sizeof d->text, " t%d", (int)token);
-    *text = d->text;
-    *len = strlen(d->text);
-    return LILY_OK;
 }
 
 typedef struct {
@@ -176,11 +165,8 @@ static void run_case(const char *name, const case_params *c)
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     lily_error err = {0};
     lily_engine_options opts = {.model_dir = LILY_TEST_DATA_DIR "/tiny-a/mlx4", .backend = "cuda"};
     if (lily_engine_open(&opts, &g_engine, &err) != LILY_OK)

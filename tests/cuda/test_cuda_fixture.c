@@ -19,51 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
-static int g_fail;
-
-typedef struct {
-    long rows, top1;
-    double kl_sum, max_dlogit;
-} stats;
-
-static void score(stats *s, const float *ref, const float *got, int rows, int vocab)
-{
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * vocab, *b = got + (size_t)r * vocab;
-        int ia = 0, ib = 0;
-        double ma = a[0], mb = b[0];
-        for (int v = 0; v < vocab; v++) {
-            if (a[v] > ma) ma = a[v], ia = v;
-            if (b[v] > mb) mb = b[v], ib = v;
-            const double d = fabs((double)a[v] - b[v]);
-            if (!(d <= s->max_dlogit))
-                s->max_dlogit = d; /* NaN propagates */
-        }
-        double za = 0, zb = 0;
-        for (int v = 0; v < vocab; v++) {
-            za += exp(a[v] - ma);
-            zb += exp(b[v] - mb);
-        }
-        double kl = 0;
-        for (int v = 0; v < vocab; v++) {
-            const double lpa = a[v] - ma - log(za), lpb = b[v] - mb - log(zb);
-            kl += exp(lpa) * (lpa - lpb);
-        }
-        s->kl_sum += kl;
-        s->top1 += ia == ib;
-        s->rows++;
-    }
-}
-
-#define REQUIRE(cond, ...)                                                                         \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            printf("FAIL: " __VA_ARGS__);                                                          \
-            printf("\n");                                                                          \
-            g_fail++;                                                                              \
-            return;                                                                                \
-        }                                                                                          \
-    } while (0)
+#include "cuda_test_compare.h"
 
 /* Tokens handed over by lily_cuda_generate_greedy_stream while the GPU decodes. */
 #define STREAM_MAX 64
@@ -80,15 +36,6 @@ static void on_stream_token(void *user, int32_t token, int index)
     if (l->n < STREAM_MAX)
         l->tok[l->n] = token;
     l->n++;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
 }
 
 static void run_layout(const char *layout)
@@ -119,7 +66,7 @@ static void run_layout(const char *layout)
     REQUIRE(ops->state_new(be.ctx, 2048, &st, &err) == LILY_OK, "state: %s", err.message);
     REQUIRE(ops->state_new(be.ctx, 2048, &st2, &err) == LILY_OK, "state: %s", err.message);
     const char *mode_names[3] = {"full prefill", "chunked prefill (7)", "prefill + decode"};
-    stats S[3];
+    logit_stats S[3];
     memset(S, 0, sizeof S);
     for (int ci = 0;; ci++) {
         char name[128];
@@ -162,9 +109,9 @@ static void run_layout(const char *layout)
                 printf("FAIL: position %d after %d tokens\n", ops->state_position(be.ctx, st), n);
                 g_fail++;
             }
-            stats one = {0};
-            score(&one, ref, got, n, V);
-            score(&S[mode], ref, got, n, V);
+            logit_stats one = {0};
+            logit_score(&one, ref, got, n, V);
+            logit_score(&S[mode], ref, got, n, V);
             printf("  %s case%d (n=%3d) %-22s top-1 %.4f  mean KL %.2e  max|dlogit| %.2e\n", layout, ci, n,
                    mode_names[mode], (double)one.top1 / one.rows, one.kl_sum / one.rows, one.max_dlogit);
         }
@@ -267,11 +214,8 @@ static void run_layout(const char *layout)
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     run_layout("mlx4");
     run_layout("hf");
     printf("%s\n", g_fail ? "FAILED" : "all passed");

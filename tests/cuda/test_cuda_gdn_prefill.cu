@@ -22,35 +22,9 @@
 
 #define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
 #include "cuda_test_util.cuh"
+#include "cuda_test_check.cuh"
 
-static int g_fail = 0, g_checks = 0;
 static const char *const VARIANT[2] = {"recur", "chunked"};
-
-static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
-                  const std::vector<double> &mag, double rel)
-{
-    double worst = 0;
-    size_t bad = 0, first = (size_t)-1;
-    for (size_t i = 0; i < want.size(); i++) {
-        const double tol = rel * mag[i] + 1e-5;
-        const double d = fabs((double)got[i] - want[i]);
-        if (!(d <= tol)) {
-            bad++;
-            if (first == (size_t)-1)
-                first = i;
-        }
-        if (d / tol > worst || got[i] != got[i])
-            worst = got[i] != got[i] ? INFINITY : d / tol;
-    }
-    g_checks++;
-    if (bad) {
-        g_fail++;
-        printf("FAIL %s: %zu of %zu outside the bound (first %zu: got %g want %g; worst %.3g of the bound)\n", what,
-               bad, want.size(), first, got[first], want[first], worst);
-    } else {
-        printf("ok   %s (worst error %.3f of the bound)\n", what, worst);
-    }
-}
 
 enum { DECAY_MIXED, DECAY_SLOW, DECAY_FAST };
 
@@ -146,52 +120,15 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
 
     /* CPU twin over the whole sequence (calls only split it) */
     std::vector<double> S(S0.begin(), S0.end());
-    std::vector<double> X((size_t)(Km1 + n) * conv_dim); /* conv history: state rows, then mixed rows */
-    for (int s = 0; s < Km1; s++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)s * conv_dim + c] = cs0[(size_t)s * conv_dim + c];
-    for (int t = 0; t < n; t++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)(Km1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
+    const std::vector<double> X = ref_conv_history(cs0, mixed, K, n, conv_dim, stride); /* conv history: state rows, then mixed rows */
     std::vector<double> want((size_t)n * Hv * dv), mag((size_t)n * Hv * dv);
-    std::vector<double> y(conv_dim), q(dk), k(dk), v(dv);
+    std::vector<double> y(conv_dim);
     for (int t = 0; t < n; t++) {
-        for (int c = 0; c < conv_dim; c++) {
-            double acc = 0;
-            for (int j = 0; j < K; j++) acc += cw[(size_t)c * K + j] * X[(size_t)(t + j) * conv_dim + c];
-            y[c] = silu_d(acc);
-        }
+        ref_conv_silu(X, cw, K, conv_dim, t, y);
         for (int j = 0; j < Hv; j++) {
             const int kh = j / (Hv / Hk);
-            double qs = 0, ks = 0;
-            for (int i = 0; i < dk; i++) {
-                q[i] = y[kh * dk + i];
-                k[i] = y[key_dim + kh * dk + i];
-                qs += q[i] * q[i];
-                ks += k[i] * k[i];
-            }
-            for (int i = 0; i < dk; i++) {
-                q[i] = q[i] / sqrt(qs + 1e-6) / sqrt((double)dk);
-                k[i] = k[i] / sqrt(ks + 1e-6);
-            }
-            for (int i = 0; i < dv; i++) v[i] = y[2 * key_dim + j * dv + i];
-            const double beta = 1.0 / (1.0 + exp(-(double)ba[(size_t)t * ba_stride + j]));
-            const double aa = (double)ba[(size_t)t * ba_stride + Hv + j] + dtb[j];
-            const double sp = aa > 20 ? aa : log1p(exp(aa));
-            const double decay = exp(-exp((double)Al[j]) * sp);
-            double *Sj = &S[(size_t)j * dk * dv];
-            for (size_t i = 0; i < (size_t)dk * dv; i++) Sj[i] *= decay;
-            for (int c = 0; c < dv; c++) {
-                double m = 0;
-                for (int i = 0; i < dk; i++) m += Sj[(size_t)i * dv + c] * k[i];
-                const double delta = beta * (v[c] - m);
-                double o = 0, om = 0;
-                for (int i = 0; i < dk; i++) {
-                    Sj[(size_t)i * dv + c] += k[i] * delta;
-                    o += Sj[(size_t)i * dv + c] * q[i];
-                    om += fabs(Sj[(size_t)i * dv + c] * q[i]);
-                }
-                want[((size_t)t * Hv + j) * dv + c] = o;
-                mag[((size_t)t * Hv + j) * dv + c] = om + 1e-2;
-            }
+            ref_gdn_head(y, key_dim, kh, j, dk, dv, (double)ba[(size_t)t * ba_stride + j], (double)ba[(size_t)t * ba_stride + Hv + j] + dtb[j], (double)Al[j],
+                         &S[(size_t)j * dk * dv], &want[((size_t)t * Hv + j) * dv], &mag[((size_t)t * Hv + j) * dv]);
         }
     }
     std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
@@ -202,27 +139,24 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
         if (!ran[var])
             continue;
         snprintf(what, sizeof what, "gdn prefill %s %s output", VARIANT[var], desc);
-        check(what, got[var], want, mag, 1e-3);
+        check(what, got[var], want, mag, 1e-3, true);
         snprintf(what, sizeof what, "gdn prefill %s %s state", VARIANT[var], desc);
-        check(what, Sg[var], Sw, Smag, 1e-4);
+        check(what, Sg[var], Sw, Smag, 1e-4, true);
         if (Km1 > 0) {
             /* after call i (counter i) the conv state lives in buffer (i & 1) ^ 1 */
             const int buf = (((int)calls.size() - 1) & 1) ^ 1;
             std::vector<float> cg(csg[var].begin() + (size_t)buf * Km1 * conv_dim,
                                   csg[var].begin() + (size_t)(buf + 1) * Km1 * conv_dim);
             snprintf(what, sizeof what, "gdn prefill %s %s conv state", VARIANT[var], desc);
-            check(what, cg, cwant, cm, 0.0);
+            check(what, cg, cwant, cm, 0.0, true);
         }
     }
 }
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     /* tiny-a shape: single chunks, two chunks, prefill -> decode -> prefill, decode -> prefill */
     const int ns[] = {2, 7, 64, 513};
     for (int i = 0; i < 4; i++)
@@ -251,6 +185,5 @@ int main(void)
     test_case(2, 2, 32, 64, 2, {5, 1, 40});
     test_case(2, 6, 128, 32, 1, {9, 16});
     test_case(1, 1, 32, 32, 4, {2, 2, 2, 2, 100});
-    printf("%d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return cuda_test_summary();
 }

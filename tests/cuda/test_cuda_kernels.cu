@@ -19,34 +19,7 @@ extern "C" {
 
 #define CUDA_TEST_SEED 0x1234567ull
 #include "cuda_test_util.cuh"
-
-static int g_fail = 0, g_checks = 0;
-
-static void check(const char *what, const std::vector<float> &got, const std::vector<double> &want,
-                  const std::vector<double> &mag, double rel = 1e-4)
-{
-    double worst = 0;
-    size_t bad = 0, first = (size_t)-1;
-    for (size_t i = 0; i < want.size(); i++) {
-        const double tol = rel * mag[i] + 1e-5;
-        const double d = fabs((double)got[i] - want[i]);
-        if (!(d <= tol)) {
-            bad++;
-            if (first == (size_t)-1)
-                first = i;
-        }
-        if (d / tol > worst || got[i] != got[i])
-            worst = got[i] != got[i] ? INFINITY : d / tol;
-    }
-    g_checks++;
-    if (bad) {
-        g_fail++;
-        printf("FAIL %s: %zu of %zu outside the bound (first %zu: got %g want %g)\n", what, bad, want.size(), first,
-               got[first], want[first]);
-    } else {
-        printf("ok   %s (worst error %.3f of the bound)\n", what, worst);
-    }
-}
+#include "cuda_test_check.cuh"
 
 /* ---- a random quantized matrix with its exact dequantization ---------------------------------------- */
 
@@ -609,53 +582,15 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
     std::vector<float> csg = host_copy(a.conv_state, (size_t)2 * (K - 1) * conv_dim);
     /* CPU twin */
     std::vector<double> S(S0.begin(), S0.end());
-    std::vector<double> X((size_t)(K - 1 + n) * conv_dim); /* conv history: state rows then mixed rows */
-    for (int s = 0; s < K - 1; s++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)s * conv_dim + c] = cs0[(size_t)s * conv_dim + c];
-    for (int t = 0; t < n; t++)
-        for (int c = 0; c < conv_dim; c++) X[(size_t)(K - 1 + t) * conv_dim + c] = mixed[(size_t)t * stride + c];
+    const std::vector<double> X = ref_conv_history(cs0, mixed, K, n, conv_dim, stride); /* conv history: state rows then mixed rows */
     std::vector<double> want((size_t)n * Hv * dv), mag((size_t)n * Hv * dv);
     std::vector<double> y(conv_dim);
     for (int t = 0; t < n; t++) {
-        for (int c = 0; c < conv_dim; c++) {
-            double acc = 0;
-            for (int j = 0; j < K; j++) acc += cw[(size_t)c * K + j] * X[(size_t)(t + j) * conv_dim + c];
-            y[c] = silu_d(acc);
-        }
+        ref_conv_silu(X, cw, K, conv_dim, t, y);
         for (int j = 0; j < Hv; j++) {
             const int kh = j / (Hv / Hk);
-            std::vector<double> q(dk), k(dk), v(dv);
-            double qs = 0, ks = 0;
-            for (int i = 0; i < dk; i++) {
-                q[i] = y[kh * dk + i];
-                k[i] = y[key_dim + kh * dk + i];
-                qs += q[i] * q[i];
-                ks += k[i] * k[i];
-            }
-            for (int i = 0; i < dk; i++) {
-                q[i] = q[i] / sqrt(qs + 1e-6) / sqrt((double)dk);
-                k[i] = k[i] / sqrt(ks + 1e-6);
-            }
-            for (int i = 0; i < dv; i++) v[i] = y[2 * key_dim + j * dv + i];
-            const double beta = 1.0 / (1.0 + exp(-(double)ba[(size_t)t * 2 * Hv + j]));
-            const double aa = ba[(size_t)t * 2 * Hv + Hv + j] + dtb[j];
-            const double sp = aa > 20 ? aa : log1p(exp(aa));
-            const double decay = exp(-exp((double)Al[j]) * sp);
-            double *Sj = &S[(size_t)j * dk * dv];
-            for (size_t i = 0; i < (size_t)dk * dv; i++) Sj[i] *= decay;
-            for (int c = 0; c < dv; c++) {
-                double m = 0;
-                for (int i = 0; i < dk; i++) m += Sj[(size_t)i * dv + c] * k[i];
-                const double delta = beta * (v[c] - m);
-                double o = 0, om = 0;
-                for (int i = 0; i < dk; i++) {
-                    Sj[(size_t)i * dv + c] += k[i] * delta;
-                    o += Sj[(size_t)i * dv + c] * q[i];
-                    om += fabs(Sj[(size_t)i * dv + c] * q[i]);
-                }
-                want[((size_t)t * Hv + j) * dv + c] = o;
-                mag[((size_t)t * Hv + j) * dv + c] = om + 1e-2;
-            }
+            ref_gdn_head(y, key_dim, kh, j, dk, dv, (double)ba[(size_t)t * 2 * Hv + j], ba[(size_t)t * 2 * Hv + Hv + j] + dtb[j], (double)Al[j],
+                         &S[(size_t)j * dk * dv], &want[((size_t)t * Hv + j) * dv], &mag[((size_t)t * Hv + j) * dv]);
         }
     }
     char what[160];
@@ -817,11 +752,8 @@ static void test_embed(int bits, int vocab, int hidden, int n)
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     const int ns[] = {1, 2, 7, 64, 513};
     /* GEMV: every storage width, lane shape and mode */
     const int bitss[] = {4, 8, 16};
@@ -980,6 +912,5 @@ int main(void)
     test_embed(4, 1000, 2048, 7);
     test_embed(16, 512, 128, 64);
     test_embed(8, 300, 128, 2);
-    printf("%d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return cuda_test_summary();
 }

@@ -22,65 +22,22 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_test_compare.h"
+
 #define N_PROMPT 40
 #define N_GEN 16
-
-static int g_fail;
-
-#define REQUIRE(cond, ...)                                                                         \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            printf("FAIL: " __VA_ARGS__);                                                          \
-            printf("\n");                                                                          \
-            g_fail++;                                                                              \
-            return;                                                                                \
-        }                                                                                          \
-    } while (0)
 
 /* top-1 agreement and mean KL(ref || got) over rows of logits */
 static void compare(const char *what, const float *ref, const float *got, int rows, int vocab)
 {
-    int top1 = 0;
-    double kl_sum = 0, max_d = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * vocab, *b = got + (size_t)r * vocab;
-        int ia = 0, ib = 0;
-        double ma = a[0], mb = b[0];
-        for (int v = 0; v < vocab; v++) {
-            if (a[v] > ma) ma = a[v], ia = v;
-            if (b[v] > mb) mb = b[v], ib = v;
-            const double d = fabs((double)a[v] - b[v]);
-            if (!(d <= max_d))
-                max_d = d; /* NaN propagates */
-        }
-        double za = 0, zb = 0;
-        for (int v = 0; v < vocab; v++) {
-            za += exp(a[v] - ma);
-            zb += exp(b[v] - mb);
-        }
-        double kl = 0;
-        for (int v = 0; v < vocab; v++) {
-            const double lpa = a[v] - ma - log(za), lpb = b[v] - mb - log(zb);
-            kl += exp(lpa) * (lpa - lpb);
-        }
-        kl_sum += kl;
-        top1 += ia == ib;
-    }
-    const double t1 = (double)top1 / rows, kl = kl_sum / rows;
+    logit_stats st = {0};
+    logit_score(&st, ref, got, rows, vocab);
+    const double t1 = (double)st.top1 / rows, kl = st.kl_sum / rows;
     const int ok = t1 >= 0.98 && kl <= 1e-3; /* NaN fails */
     printf("%s %-44s rows %3d  top-1 %.4f (>= 0.98)  mean KL %.2e (<= 1e-3)  max|dlogit| %.2e\n", ok ? "PASS" : "FAIL",
-           what, rows, t1, kl, max_d);
+           what, rows, t1, kl, st.max_dlogit);
     if (!ok)
         g_fail++;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
 }
 
 /* The four modes on one CUDA backend; `tag` names the kernel set. */
@@ -264,11 +221,8 @@ static void run(void)
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     run();
     printf("%s\n", g_fail ? "FAILED" : "all passed");
     return g_fail ? 1 : 0;

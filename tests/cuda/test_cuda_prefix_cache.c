@@ -31,6 +31,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_test_compare.h"
+
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
@@ -39,8 +41,6 @@
 
 #define MAX_NEW 8
 #define CTX 4096
-
-static int g_fail;
 
 typedef struct {
     lily_engine *engine;
@@ -499,11 +499,8 @@ static void run_setup(fixture *f, const char *name, size_t device_bytes)
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: skipped\n");
+    if (cuda_test_no_device())
         return 77;
-    }
     fixture fx = {0}, *f = &fx;
     lily_error err = {0};
     lily_engine_options opts = {.model_dir = LILY_TEST_DATA_DIR "/tiny-chat", .backend = "cuda", .prefill_chunk = 128};

@@ -159,6 +159,48 @@ static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block,
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
+/* The number of SMs of the current device in *sms. */
+static inline cudaError_t cuda_sm_count(int *sms)
+{
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+    return e;
+}
+
+/* How many blocks of kernel k (threads per block, smem dynamic bytes) fit on the current GPU at once:
+ * SMs · max(1, blocks per SM). Asked only while *resident is 0: the caller keeps *resident in a static
+ * of its own, one per kernel instance, so each instance asks once. On an error *resident stays 0. */
+template <typename K>
+static inline cudaError_t cuda_resident_blocks(K k, int threads, size_t smem, int *resident)
+{
+    if (*resident)
+        return cudaSuccess;
+    int sms = 0, per_sm = 0;
+    cudaError_t e = cuda_sm_count(&sms);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem);
+    if (e != cudaSuccess)
+        return e;
+    *resident = sms * (per_sm > 0 ? per_sm : 1);
+    return cudaSuccess;
+}
+
+/* Opt kernel k in to smem bytes of dynamic shared memory when that is above *smem_set, the amount it is
+ * already allowed (the caller's static, one per kernel instance, starting at the 48 KiB default). */
+template <typename K>
+static inline cudaError_t cuda_smem_opt_in(K k, size_t smem, size_t *smem_set)
+{
+    if (smem <= *smem_set)
+        return cudaSuccess;
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    *smem_set = smem;
+    return cudaSuccess;
+}
+
 /* Order-preserving key of (value, row) for atomicMax: larger value wins, then the lower row. */
 __device__ __forceinline__ unsigned long long argmax_key(float v, int row)
 {

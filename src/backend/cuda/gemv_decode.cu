@@ -132,21 +132,16 @@ static cudaError_t gemv_go(const gemv_batch &b, const gemv_input &in, int out_mo
     const int n_groups = (total + (32 / LPR) * U - 1) / ((32 / LPR) * U);
     /* one wave: as many blocks as fit on the GPU at once (asked once per kernel instance) */
     static int resident = 0;
-    if (!resident) {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<BITS, LPR, VPL, GEMV_IN_RMSNORM, GEMV_OUT_STORE>,
-                                                      GEMV_WARPS * 32, (size_t)b.m[0].cols * sizeof(float));
-        resident = sms * (per_sm > 0 ? per_sm : 1);
-        if (resident <= 0)
+    if (!resident) { /* a failed query falls back to the fixed cap (errors surface at the launch) */
+        const cudaError_t e = cuda_resident_blocks(gemv_kernel<BITS, LPR, VPL, GEMV_IN_RMSNORM, GEMV_OUT_STORE>, GEMV_WARPS * 32,
+                                                   (size_t)b.m[0].cols * sizeof(float), &resident);
+        if (e != cudaSuccess || resident <= 0)
             resident = GEMV_GRID_CAP;
     }
     int cap = b.grid_cap > 0 ? b.grid_cap : resident;
     if (g_cuda_tuning.gemv_blocks_per_sm > 0) {
-        int dev = 0, sms = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        int sms = 0;
+        cuda_sm_count(&sms);
         cap = sms * g_cuda_tuning.gemv_blocks_per_sm;
     }
     int gx = (n_groups + GEMV_WARPS - 1) / GEMV_WARPS;

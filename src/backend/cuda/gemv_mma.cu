@@ -20,24 +20,6 @@
 
 #define GM_WARPS 8
 
-/* Where tile `tile` of the batch lives: matrix *m, first row *r0 (tiles of 16 rows, per matrix). */
-__device__ __forceinline__ void gm_locate(const gemv_batch &b, int tile, int *m, int *r0)
-{
-    int mm = 0, t0 = 0, acc = 0;
-#pragma unroll
-    for (int q = 0; q < GEMV_MAX_MATS; q++) {
-        if (q < b.n_mats) {
-            if (tile >= acc) {
-                mm = q;
-                t0 = acc;
-            }
-            acc += (b.m[q].rows + 15) / 16;
-        }
-    }
-    *m = mm;
-    *r0 = (tile - t0) * 16;
-}
-
 /* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
  * loaded into registers while the current one is computed, and the input transform runs once per block. */
 template <int IN_MODE, int OUT_MODE, int KS, int MINB>
@@ -63,7 +45,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     auto load = [&](int grp, mg_frag &f) {
         const int tile = grp * RT + rt;
         int m = 0, r0 = 0;
-        gm_locate(b, tile < n_tiles ? tile : 0, &m, &r0);
+        mg_locate(b, tile < n_tiles ? tile : 0, &m, &r0);
         const dmat &W = b.m[m];
         const int ra = min(r0 + g, W.rows - 1), rb = min(r0 + g + 8, W.rows - 1);
         mg_load(W, ra, rb, ks * CW, steps, t, f);
@@ -82,12 +64,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
         pdl_trigger();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them */
-    gemv_prologue<IN_MODE, GM_WARPS>(in, 0, cols, s_x, s_red);
-    const float xk = mg_block_x_scale<GM_WARPS>(s_x, cols, s_red, &s_scale);
-    mg_build_frags(s_x, cols, xk, s_xh, threadIdx.x, GM_WARPS * 32);
-    __syncthreads();
-    mg_group_sums(s_xh, cols, s_off, s_xsum, threadIdx.x, GM_WARPS * 32);
-    __syncthreads();
+    const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;
@@ -105,7 +82,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
             const int trt = threadIdx.x / 16, r = threadIdx.x % 16;
             const int tl = grp * RT + trt;
             int mm = 0, r0 = 0;
-            gm_locate(b, tl, &mm, &r0);
+            mg_locate(b, tl, &mm, &r0);
             const int row = r0 + r;
             if (tl < n_tiles && row < b.m[mm].rows) {
                 float v = 0.0f;
@@ -169,25 +146,13 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     const int cols = b.m[0].cols;
     const size_t smem = ((size_t)cols + cols / 2 + 2 * (cols / 64)) * sizeof(float);
     static size_t smem_set = 48 * 1024; /* opt in above the default once per instantiation */
-    if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(gemv_mma_kernel<IM, OM, KS, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)smem);
-        if (e != cudaSuccess)
-            return e;
-        smem_set = smem;
-    }
+    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS, MINB>, smem, &smem_set);
+    if (e != cudaSuccess)
+        return e;
     static int resident = 0; /* blocks that fit on the GPU at once (asked once per instantiation) */
-    if (!resident) {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<IM, OM, KS, MINB>, GM_WARPS * 32, smem);
-        if (e != cudaSuccess)
-            return e;
-        resident = sms * (per_sm > 0 ? per_sm : 1);
-    }
+    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS, MINB>, GM_WARPS * 32, smem, &resident);
+    if (e != cudaSuccess)
+        return e;
     const int groups = (tiles + RT - 1) / RT;
     return launch_pdl(gemv_mma_kernel<IM, OM, KS, MINB>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
                       s, b, in, tiles, argmax, g_cuda_tuning.gemv_mma != 2 ? 1 : 0,

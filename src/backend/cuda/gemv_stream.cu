@@ -67,24 +67,6 @@ __device__ __forceinline__ void gs_bulk_copy(void *dst, const void *src, unsigne
 /* Barrier `id` (1..15; 0 is __syncthreads) among n threads (whole warps). */
 __device__ __forceinline__ void gs_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-/* Where tile `tile` of the batch lives: matrix *m, first row *r0 (tiles of 16 rows, per matrix). */
-__device__ __forceinline__ void gs_locate(const gemv_batch &b, int tile, int *m, int *r0)
-{
-    int mm = 0, t0 = 0, acc = 0;
-#pragma unroll
-    for (int q = 0; q < GEMV_MAX_MATS; q++) {
-        if (q < b.n_mats) {
-            if (tile >= acc) {
-                mm = q;
-                t0 = acc;
-            }
-            acc += (b.m[q].rows + 15) / 16;
-        }
-    }
-    *m = mm;
-    *r0 = (tile - t0) * 16;
-}
-
 /* Bytes of one ring slot (a whole 16-row tile of `cols` columns: padded rows, scales, biases). */
 __host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (cols / 2 + GS_ROW_PAD) + 16 * (cols / 64) * 4; }
 
@@ -123,7 +105,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         if (grp >= n_groups || tile >= n_tiles)
             return;
         int m = 0, r0 = 0;
-        gs_locate(b, tile, &m, &r0);
+        mg_locate(b, tile, &m, &r0);
         const dmat &W = b.m[m];
         const int nrows = min(16, W.rows - r0);
         unsigned char *slot = my_slots + (size_t)k * RT * slot_bytes;
@@ -147,12 +129,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         pdl_trigger();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
-    gemv_prologue<IN_MODE, GS_WARPS>(in, 0, cols, s_x, s_red);
-    const float xk = mg_block_x_scale<GS_WARPS>(s_x, cols, s_red, &s_scale);
-    mg_build_frags(s_x, cols, xk, s_xh, threadIdx.x, GS_WARPS * 32);
-    __syncthreads();
-    mg_group_sums(s_xh, cols, s_off, s_xsum, threadIdx.x, GS_WARPS * 32);
-    __syncthreads();
+    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;
@@ -182,7 +159,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         if (ks == 0) {
             fill(i + stages, k);
             int m = 0, r0 = 0;
-            gs_locate(b, tile, &m, &r0);
+            mg_locate(b, tile, &m, &r0);
             const int row = r0 + lane;
             if (lane < 16 && row < b.m[m].rows) {
                 float v = 0.0f;

@@ -21,6 +21,7 @@
 #define LILY_MMA_GEMV_CUH
 
 #include "cuda_common.cuh"
+#include "gemv_common.cuh"
 #include "mma_common.cuh"
 
 #define MG_MAX_STEPS 4 /* 128-column steps per warp: at most 512 columns */
@@ -227,6 +228,41 @@ __device__ __forceinline__ void mg_group_sums(const uint4 *s_xh, int cols, float
         s_off[gi] = 1024.0f * s1;
         s_xsum[gi] = sx;
     }
+}
+
+/* Where tile `tile` of a gemv_batch lives: matrix *m, first row *r0 (tiles of 16 rows, per matrix). */
+__device__ __forceinline__ void mg_locate(const gemv_batch &b, int tile, int *m, int *r0)
+{
+    int mm = 0, t0 = 0, acc = 0;
+#pragma unroll
+    for (int q = 0; q < GEMV_MAX_MATS; q++) {
+        if (q < b.n_mats) {
+            if (tile >= acc) {
+                mm = q;
+                t0 = acc;
+            }
+            acc += (b.m[q].rows + 15) / 16;
+        }
+    }
+    *m = mm;
+    *r0 = (tile - t0) * 16;
+}
+
+/* The whole x side of a block of NW warps, in this order: the input transform (gemv_prologue) of token 0
+ * into s_x[0..cols), the block x scale xk (mg_block_x_scale, through s_red[NW] and *s_scale), the fp16
+ * fragments s_xh (mg_build_frags), then the group sums s_off / s_xsum (mg_group_sums), with a
+ * __syncthreads after each of the last two. Returns xk (the caller divides its dot products by it). */
+template <int IN_MODE, int NW>
+__device__ __forceinline__ float mg_block_x_frags(const gemv_input &in, int cols, float *s_x, float *s_red, float *s_scale,
+                                                  uint4 *s_xh, float *s_off, float *s_xsum)
+{
+    gemv_prologue<IN_MODE, NW>(in, 0, cols, s_x, s_red);
+    const float xk = mg_block_x_scale<NW>(s_x, cols, s_red, s_scale);
+    mg_build_frags(s_x, cols, xk, s_xh, threadIdx.x, NW * 32);
+    __syncthreads();
+    mg_group_sums(s_xh, cols, s_off, s_xsum, threadIdx.x, NW * 32);
+    __syncthreads();
+    return xk;
 }
 
 #endif

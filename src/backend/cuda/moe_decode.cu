@@ -85,12 +85,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
         mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
     }
     const gemv_input in = gemv_input_rmsnorm(a.h, H, a.norm_w, a.eps);
-    gemv_prologue<GEMV_IN_RMSNORM, MD_WARPS>(in, 0, H, s_x, s_red);
-    const float xk = mg_block_x_scale<MD_WARPS>(s_x, H, s_red, &s_scale);
-    mg_build_frags(s_x, H, xk, s_xh, threadIdx.x, MD_WARPS * 32);
-    __syncthreads();
-    mg_group_sums(s_xh, H, s_off, s_xsum, threadIdx.x, MD_WARPS * 32);
-    __syncthreads();
+    const float xk = mg_block_x_frags<GEMV_IN_RMSNORM, MD_WARPS>(in, H, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
     if (t == 0) {
@@ -202,26 +197,15 @@ static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
     if (STAGED)
         smem += (size_t)MG_STAGE_BYTES * MD_WARPS * 32;
     static size_t smem_set = 48 * 1024;
-    if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(moe_gate_up_mma_kernel<MINB, STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess)
-            return e;
-        smem_set = smem;
-    }
+    cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<MINB, STAGED>, smem, &smem_set);
+    if (e != cudaSuccess)
+        return e;
     if (!STAGED)
         return launch_pdl(moe_gate_up_mma_kernel<MINB, STAGED>, dim3(tiles, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a, tiles);
     static int resident = 0; /* blocks that fit on the GPU at once (asked once) */
-    if (!resident) {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_mma_kernel<MINB, STAGED>, MD_WARPS * 32, smem);
-        if (e != cudaSuccess)
-            return e;
-        resident = sms * (per_sm > 0 ? per_sm : 1);
-    }
+    e = cuda_resident_blocks(moe_gate_up_mma_kernel<MINB, STAGED>, MD_WARPS * 32, smem, &resident);
+    if (e != cudaSuccess)
+        return e;
     /* one wave when the items past the resident blocks are all shared-expert tiles, else the plain grid */
     if (items - resident > tiles)
         return gate_up_go<MINB, false>(a, s);
