@@ -1,9 +1,10 @@
 /* moe_decode.cu — the sparse MoE block of one decode token (n_tokens == 1) for 4-bit experts, on tensor
  * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV published the top-k (topk_ready):
  *
- *   moe_gate_up_mma: block (16-row tile, slot), 8 warps = {gate, up} × 4 column slices of hidden; the
- *     top-k comes from the router GEMV (topk_ready) or is ranked by each routed block (moe_topk.cuh;
- *     block (0, 0) publishes it for moe_down_mma);
+ *   moe_gate_up_mma: block = one (16-row tile, slot) item, 8 warps = {gate, up} × 4 column slices of
+ *     hidden (by default one wave of resident blocks, the shared-expert items past it staged: STAGED
+ *     below); the top-k comes from the router GEMV (topk_ready) or is ranked by one warp of each routed
+ *     block (moe_topk.cuh; the block of item 0 publishes it for moe_down_mma);
  *     hid[slot][r] = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ), x = RMSNorm(h) · post_norm; slot top_k = the shared
  *     expert, whose rows are loaded before pdl_wait(); a routed slot reads its expert id right after the
  *     wait and issues its loads before normalising x.
