@@ -249,21 +249,14 @@ static cudaError_t gemm_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
     typedef gemm_shape<BITS, NT> S;
     static_assert(S::SMEM >= 64 * S::T * 4, "SWIGLU epilogue needs 64 x T floats");
-    static bool attr_set = false;
-    if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BITS, NT, EPI, GROUPED>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
-        if (e != cudaSuccess)
-            return e;
-        attr_set = true;
-    }
-    const int rows = EPI == GEMM_EPI_SWIGLU ? a.m[0].rows : a.row_start[a.n_mats];
-    const int per_block = EPI == GEMM_EPI_SWIGLU ? 64 : GEMM_ROWS;
-    const int gx = (rows + per_block - 1) / per_block;
-    const int gy = GROUPED ? a.max_tiles : (n_tokens + S::T - 1) / S::T;
-    if (gx <= 0 || gy <= 0 || gy > 65535)
-        return cudaErrorInvalidValue;
-    gemm_kernel<BITS, NT, EPI, GROUPED><<<dim3(gx, gy), GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
+    static size_t smem_set = 48 * 1024; /* opted in once per instance */
+    dim3 grid;
+    cudaError_t e = cuda_smem_opt_in(gemm_kernel<BITS, NT, EPI, GROUPED>, S::SMEM, &smem_set);
+    if (e == cudaSuccess)
+        e = gemm_grid(a, n_tokens, GROUPED, S::T, EPI, &grid);
+    if (e != cudaSuccess)
+        return e;
+    gemm_kernel<BITS, NT, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
     return cudaGetLastError();
 }
 

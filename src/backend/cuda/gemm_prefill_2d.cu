@@ -272,21 +272,14 @@ template <int BITS, int WN, int NTW, int EPI, bool GROUPED>
 static cudaError_t gemm2d_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
     typedef gemm2d_shape<BITS, WN, NTW> S;
-    static bool attr_set = false;
-    if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
-        if (e != cudaSuccess)
-            return e;
-        attr_set = true;
-    }
-    const int rows = EPI == GEMM_EPI_SWIGLU ? a.m[0].rows : a.row_start[a.n_mats];
-    const int per_block = EPI == GEMM_EPI_SWIGLU ? 64 : GEMM_ROWS;
-    const int gx = (rows + per_block - 1) / per_block;
-    const int gy = GROUPED ? a.max_tiles : (n_tokens + S::T - 1) / S::T;
-    if (gx <= 0 || gy <= 0 || gy > 65535)
-        return cudaErrorInvalidValue;
-    gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED><<<dim3(gx, gy), S::NTHR, S::SMEM, s>>>(a, n_tokens);
+    static size_t smem_set = 48 * 1024; /* opted in once per instance */
+    dim3 grid;
+    cudaError_t e = cuda_smem_opt_in(gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>, S::SMEM, &smem_set);
+    if (e == cudaSuccess)
+        e = gemm_grid(a, n_tokens, GROUPED, S::T, EPI, &grid);
+    if (e != cudaSuccess)
+        return e;
+    gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED><<<grid, S::NTHR, S::SMEM, s>>>(a, n_tokens);
     return cudaGetLastError();
 }
 

@@ -25,6 +25,21 @@ cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T,
  * cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
 cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int depth, cudaStream_t s);
 
+/* The grid of a prefill GEMM launch: x = blocks of GEMM_ROWS weight rows (SWIGLU: 64 gate rows and the
+ * same up rows), y = tiles of T tokens (dense) or the tile map's bound a.max_tiles (grouped).
+ * cudaErrorInvalidValue when the grid is empty or has more than 65535 tiles. */
+static inline cudaError_t gemm_grid(const gemm_args &a, int n_tokens, bool grouped, int T, int epi, dim3 *grid)
+{
+    const int rows = epi == GEMM_EPI_SWIGLU ? a.m[0].rows : a.row_start[a.n_mats];
+    const int per_block = epi == GEMM_EPI_SWIGLU ? 64 : GEMM_ROWS;
+    const int gx = (rows + per_block - 1) / per_block;
+    const int gy = grouped ? a.max_tiles : (n_tokens + T - 1) / T;
+    if (gx <= 0 || gy <= 0 || gy > 65535)
+        return cudaErrorInvalidValue;
+    *grid = dim3(gx, gy);
+    return cudaSuccess;
+}
+
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
 {
     const unsigned int sa = (unsigned int)__cvta_generic_to_shared(smem);

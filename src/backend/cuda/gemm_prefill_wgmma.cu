@@ -270,21 +270,14 @@ template <int N, int DEPTH, int EPI, bool GROUPED>
 static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
     typedef gemm_wg_shape<N, DEPTH> S;
-    static bool attr_set = false;
-    if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<N, DEPTH, EPI, GROUPED>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
-        if (e != cudaSuccess)
-            return e;
-        attr_set = true;
-    }
-    const int rows = EPI == GEMM_EPI_SWIGLU ? a.m[0].rows : a.row_start[a.n_mats];
-    const int per_block = EPI == GEMM_EPI_SWIGLU ? 64 : GEMM_ROWS;
-    const int gx = (rows + per_block - 1) / per_block;
-    const int gy = GROUPED ? a.max_tiles : (n_tokens + N - 1) / N;
-    if (gx <= 0 || gy <= 0 || gy > 65535)
-        return cudaErrorInvalidValue;
-    gemm_wg_kernel<N, DEPTH, EPI, GROUPED><<<dim3(gx, gy), GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
+    static size_t smem_set = 48 * 1024; /* opted in once per instance */
+    dim3 grid;
+    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, DEPTH, EPI, GROUPED>, S::SMEM, &smem_set);
+    if (e == cudaSuccess)
+        e = gemm_grid(a, n_tokens, GROUPED, N, EPI, &grid);
+    if (e != cudaSuccess)
+        return e;
+    gemm_wg_kernel<N, DEPTH, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
     return cudaGetLastError();
 }
 
