@@ -110,7 +110,7 @@ typedef struct {
                              * (every shape it has), measured 442 vs 410 tok/s at 4K (H200) */
     int gemv_stream_stages; /* ring stages (one group of 8 warps' tiles each): 0 as many as fit, else 1..8 */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 3, 1, 1, 2, 1, 3, 0, 0, 1, 1, 1, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 3, 1, 1, 2, 1, 4, 0, 0, 1, 1, 1, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus
