@@ -97,7 +97,7 @@ typedef struct {
                              * (8 warps); 2: as 1 with 16 warps at 128 tokens (4/16-bit weights); 3: Hopper
                              * wgmma kernel for 4-bit weights at 64/128 tokens (sm_90a), else as 1; 4: as 3
                              * with one group's wgmmas in flight through the next barrier and loads (5 stages).
-                             * Default 3 (H200, 4096-token chunk: 33,574 vs 23,588 tok/s with 1) */
+                             * Default 4 (H200, 4096-token chunk: 34,567 tok/s; 33,574 with 3, 23,588 with 1) */
     int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
     int att_prefill_fused_q; /* with att_prefill: 1 = the flash kernel norms + rotates q while staging it (the
