@@ -1,5 +1,5 @@
 /* test_cuda_prefill_gemm.cu — the tensor-core prefill path against double-precision CPU twins: the
- * activation pre-pass + dense GEMM (4-bit, 8-bit, bf16 weights; plain / RMSNorm / gated-RMSNorm input;
+ * activation pre-pass's two kernels against each other (gemm_prep.cu), the pre-pass + dense GEMM (4-bit, 8-bit, bf16 weights; plain / RMSNorm / gated-RMSNorm input;
  * store / add output; batches of matrices with odd row counts; n = 1, 2, 7, 64, 513) and the whole
  * MoE block of forward_prefill.cu (router GEMM, top-k, expert plan, grouped gate/up + down GEMMs, shared
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
@@ -205,6 +205,78 @@ static void note_same(const char *what, const std::vector<float> &a, const std::
 }
 
 /* ---- dense GEMM ------------------------------------------------------------------------------------- */
+
+/* The activation pre-pass: the rows kernel (g_cuda_tuning.gemm_prep_rows 1) against the block kernel
+ * (0) on the same input. The norms sum in different orders, so an fp16 value may differ by one unit in
+ * the last place (relative 2^-10) and a group sum by float rounding; the row scales must be equal. */
+static void test_prep(int cols, int n, int mode, int hd, int stride)
+{
+    std::vector<float> act = rand_vec((size_t)n * stride, -1, 1), nw = rand_vec(cols, 0.5f, 1.5f);
+    std::vector<float> z = rand_vec((size_t)n * stride, -2, 2), gw = rand_vec(hd, 0.5f, 1.5f);
+    if (n > 3)
+        for (int c = 0; c < stride; c++) {
+            act[(size_t)1 * stride + c] *= 3000.0f;
+            act[(size_t)2 * stride + c] *= 1e-4f;
+        }
+    gemv_input in;
+    memset(&in, 0, sizeof in);
+    in.act = dev_copy(act);
+    in.act_stride = stride;
+    in.mode = mode;
+    in.eps = 1e-6f;
+    in.norm_w = dev_copy(mode == GEMV_IN_GATED ? gw : nw);
+    in.z = dev_copy(z);
+    in.z_stride = stride;
+    in.head_dim = hd;
+    std::vector<__half> x[2];
+    std::vector<float> xs[2], sc[2];
+    for (int v = 0; v < 2; v++) {
+        gemm_act ga;
+        ga.x = dev_alloc<__half>((size_t)n * cols);
+        ga.xs = dev_alloc<float>((size_t)n * cols / 64);
+        ga.scale = dev_alloc<float>(n);
+        ga.cols = cols;
+        g_cuda_tuning.gemm_prep_rows = v;
+        CK(launch_gemm_prep(in, cols, n, ga, 0));
+        CK(cudaDeviceSynchronize());
+        x[v].resize((size_t)n * cols);
+        CK(cudaMemcpy(x[v].data(), ga.x, x[v].size() * sizeof(__half), cudaMemcpyDeviceToHost));
+        xs[v] = host_copy(ga.xs, (size_t)n * cols / 64);
+        sc[v] = host_copy(ga.scale, n);
+        CK(cudaFree(ga.x));
+        CK(cudaFree(ga.xs));
+        CK(cudaFree(ga.scale));
+    }
+    reset_cfg();
+    double worst_x = 0, worst_s = 0;
+    int bad_scale = 0;
+    for (int t = 0; t < n; t++) {
+        bad_scale += !(sc[0][t] == sc[1][t]);
+        for (int c = 0; c < cols; c++) {
+            const double a = __half2float(x[0][(size_t)t * cols + c]), b = __half2float(x[1][(size_t)t * cols + c]);
+            const double e = fabs(a - b) / (fabs(a) * 0x1p-10 + 0x1p-24);
+            worst_x = e > worst_x || e != e ? e : worst_x;
+        }
+        for (int g = 0; g < cols / 64; g++) {
+            double mg = 0;
+            for (int c = 0; c < 64; c++)
+                mg += fabs(__half2float(x[0][(size_t)t * cols + g * 64 + c]));
+            const double e = fabs((double)xs[0][(size_t)t * cols / 64 + g] - xs[1][(size_t)t * cols / 64 + g]) /
+                             (mg * 0x1p-10 + 1e-30);
+            worst_s = e > worst_s || e != e ? e : worst_s;
+        }
+    }
+    g_checks++;
+    const bool ok = bad_scale == 0 && worst_x <= 1.0 && worst_s <= 1.0;
+    if (!ok)
+        g_fail++;
+    printf("%s prep rows vs block cols %4d n %3d mode %d hd %3d stride %4d: x %.3f, group sums %.3f of the bound, "
+           "%d row scales differ\n",
+           ok ? "PASS" : "FAIL", cols, n, mode, hd, stride, worst_x, worst_s, bad_scale);
+    CK(cudaFree((void *)in.act));
+    CK(cudaFree((void *)in.norm_w));
+    CK(cudaFree((void *)in.z));
+}
 
 static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
 {
@@ -644,6 +716,17 @@ int main(void)
     }
     const int ns[] = {1, 2, 7, 64, 513};
     const int bitss[] = {4, 8, 16};
+    /* 1-8 warps per row (cols 64..8192), odd row counts, a padded stride, gated heads of 32..256, and
+     * shapes the rows kernel leaves to the block kernel (1088: 68 chunks per warp) */
+    {
+        const int pc[] = {64, 192, 512, 960, 1024, 2048, 4096, 8192, 1088};
+        for (int i = 0; i < 9; i++)
+            for (int m = 0; m < 3; m++)
+                test_prep(pc[i], i % 2 ? 513 : 37, m, pc[i] % 256 ? 32 : 128, pc[i]);
+        test_prep(512, 100, GEMV_IN_PLAIN, 32, 516);
+        test_prep(4096, 9, GEMV_IN_GATED, 256, 4096);
+        test_prep(2048, 33, GEMV_IN_GATED, 64, 2048);
+    }
     for (int bi = 0; bi < 3; bi++) {
         const int bits = bitss[bi];
         for (int i = 0; i < 5; i++)

@@ -1,6 +1,6 @@
-/* gemm_prefill.cu — tensor-core GEMMs for prefill (n tokens per forward call): the activation pre-pass
- * (gemm_prep_kernel) and Y (=, +=, swiglu) X·Wᵀ over weights kept as stored (MLX affine 4/8-bit or
- * bf16), dense (rows of X = tokens) or grouped by expert from a device tile map (MoE).
+/* gemm_prefill.cu — tensor-core GEMMs for prefill (n tokens per forward call): Y (=, +=, swiglu) X·Wᵀ
+ * over weights kept as stored (MLX affine 4/8-bit or bf16), with X in gemm_act form (gemm_prep.cu),
+ * dense (rows of X = tokens) or grouped by expert from a device tile map (MoE).
  *
  * gemm_kernel<BITS, NT, EPI, GROUPED>: 256 threads (8 warps), a block owns 128 weight rows (SWIGLU: 64
  * gate rows + the same 64 up rows) x T = 8·NT tokens; warp w owns rows 16w..16w+15 and all T tokens
@@ -18,82 +18,6 @@
 #include "gemm_prefill_dev.cuh"
 
 #define GEMM_STAGES 3
-#define GEMM_PREP_THREADS 256
-
-/* ---- activation pre-pass ------------------------------------------------------------------------- */
-
-template <int IN_MODE>
-__global__ void __launch_bounds__(GEMM_PREP_THREADS) gemm_prep_kernel(gemv_input in, int cols, gemm_act out)
-{
-    constexpr int NW = GEMM_PREP_THREADS / 32;
-    extern __shared__ float s_x[]; /* [cols] */
-    __shared__ float s_red[NW];
-    __shared__ float s_max[NW];
-    const int t = blockIdx.x;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    gemv_prologue<IN_MODE, NW>(in, t, cols, s_x, s_red);
-    float m = 0.0f;
-    for (int c = tid; c < cols; c += GEMM_PREP_THREADS)
-        m = fmaxf(m, fabsf(s_x[c]));
-    m = warp_max(m);
-    if (lane == 0)
-        s_max[warp] = m;
-    __syncthreads();
-    m = 0.0f;
-#pragma unroll
-    for (int w = 0; w < NW; w++)
-        m = fmaxf(m, s_max[w]);
-    /* power of two so that the largest |x| lands in [2^13, 2^14): far from fp16 overflow, and the row's
-     * small values keep their precision */
-    int ex = 0;
-    if (m > 0.0f && m <= 3.0e38f) {
-        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
-        ex = max(-100, min(100, ex));
-    }
-    const float inv = __uint_as_float((unsigned int)(127 - ex) << 23);
-    __half *xo = out.x + (size_t)t * cols;
-    for (int q = tid; q < cols / 8; q += GEMM_PREP_THREADS) {
-        const int p0 = q * 8, b16 = p0 & ~15, l0 = p0 & 15;
-        uint32_t w[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            __half2 h = __floats2half2_rn(s_x[b16 + gemm_perm16(l0 + 2 * i)] * inv,
-                                          s_x[b16 + gemm_perm16(l0 + 2 * i + 1)] * inv);
-            w[i] = *reinterpret_cast<uint32_t *>(&h);
-        }
-        *reinterpret_cast<uint4 *>(xo + p0) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-    const int gpr = cols / 64;
-    for (int g = warp; g < gpr; g += NW) {
-        float v = __half2float(__float2half_rn(s_x[g * 64 + lane] * inv)) +
-                  __half2float(__float2half_rn(s_x[g * 64 + 32 + lane] * inv));
-        v = warp_sum(v);
-        if (lane == 0)
-            out.xs[(size_t)t * gpr + g] = v;
-    }
-    if (tid == 0)
-        out.scale[t] = __uint_as_float((unsigned int)(127 + ex) << 23);
-}
-
-cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s)
-{
-    if (cols % 64 || cols <= 0 || n_rows <= 0 || out.cols != cols)
-        return cudaErrorInvalidValue;
-    const size_t smem = (size_t)cols * sizeof(float);
-    if (smem > 48 * 1024)
-        return cudaErrorInvalidValue;
-    switch (in.mode) {
-    case GEMV_IN_PLAIN: gemm_prep_kernel<GEMV_IN_PLAIN><<<n_rows, GEMM_PREP_THREADS, smem, s>>>(in, cols, out); break;
-    case GEMV_IN_RMSNORM: gemm_prep_kernel<GEMV_IN_RMSNORM><<<n_rows, GEMM_PREP_THREADS, smem, s>>>(in, cols, out); break;
-    case GEMV_IN_GATED:
-        if (in.head_dim % 32 || in.head_dim > 32 * PRO_MAX || cols % in.head_dim)
-            return cudaErrorInvalidValue;
-        gemm_prep_kernel<GEMV_IN_GATED><<<n_rows, GEMM_PREP_THREADS, smem, s>>>(in, cols, out);
-        break;
-    default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
-}
 
 /* ---- the GEMM ------------------------------------------------------------------------------------------ */
 

@@ -6,7 +6,8 @@
  *
  *   moe_topk_kernel:    grid n, 256 threads (rank by counting, ties to the lower expert id; softmax
  *                       over the selected logits = softmax renormalised over the top k)
- *   moe_plan_kernel:    1 block of 1024 threads (shared-memory histogram and Hillis-Steele scans)
+ *   moe_plan_kernel:    1 block of 1024 threads (shared-memory histogram and Hillis-Steele scans; each
+ *                       thread's reads of idx are issued 8 at a time before their atomics)
  *   moe_combine_kernel: grid n, 256 threads, float4 over the hidden dim
  */
 #include "gemm_prefill.cuh"
@@ -16,6 +17,7 @@
 #define MOE_PF_MAX_K 32
 #define MOE_TOPK_THREADS 256
 #define MOE_PLAN_THREADS 1024
+#define MOE_PLAN_BATCH 8
 
 /* One warp per token (MOE_TOPK_THREADS / 32 tokens per block): the same ranking and renormalised
  * softmax as decode (moe_topk.cuh), written straight to idx / w [n][K]. */
@@ -48,9 +50,18 @@ moe_plan_kernel(const int *idx, int n, int K, int E, int T, int *offsets, int *g
     const int nk = n * K;
     s_cnt[tid] = 0;
     __syncthreads();
-    for (int i = tid; i < nk; i += MOE_PLAN_THREADS) {
-        const int e = min(max(idx[i], 0), E - 1);
-        atomicAdd(&s_cnt[e], 1);
+    /* MOE_PLAN_BATCH loads in flight per thread before their atomics (the loop is latency-bound) */
+    for (int i0 = tid; i0 < nk; i0 += MOE_PLAN_THREADS * MOE_PLAN_BATCH) {
+        int e[MOE_PLAN_BATCH];
+#pragma unroll
+        for (int u = 0; u < MOE_PLAN_BATCH; u++) {
+            const int i = i0 + u * MOE_PLAN_THREADS;
+            e[u] = i < nk ? min(max(idx[i], 0), E - 1) : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < MOE_PLAN_BATCH; u++)
+            if (e[u] >= 0)
+                atomicAdd(&s_cnt[e[u]], 1);
     }
     __syncthreads();
     const int c = tid < E ? s_cnt[tid] : 0;
@@ -82,11 +93,24 @@ moe_plan_kernel(const int *idx, int n, int K, int E, int T, int *offsets, int *g
     __syncthreads();
     /* positions within an expert are taken in atomic order; every row's result is independent of its
      * tile mates, so the outputs do not depend on it */
-    for (int i = tid; i < nk; i += MOE_PLAN_THREADS) {
-        const int e = min(max(idx[i], 0), E - 1);
-        const int pos = atomicAdd(&s_cur[e], 1);
-        gather[pos] = i / K;
-        slot_pos[i] = pos;
+    for (int i0 = tid; i0 < nk; i0 += MOE_PLAN_THREADS * MOE_PLAN_BATCH) {
+        int e[MOE_PLAN_BATCH], pos[MOE_PLAN_BATCH];
+#pragma unroll
+        for (int u = 0; u < MOE_PLAN_BATCH; u++) {
+            const int i = i0 + u * MOE_PLAN_THREADS;
+            e[u] = i < nk ? min(max(idx[i], 0), E - 1) : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < MOE_PLAN_BATCH; u++)
+            pos[u] = e[u] >= 0 ? atomicAdd(&s_cur[e[u]], 1) : 0;
+#pragma unroll
+        for (int u = 0; u < MOE_PLAN_BATCH; u++) {
+            const int i = i0 + u * MOE_PLAN_THREADS;
+            if (e[u] >= 0) {
+                gather[pos[u]] = i / K;
+                slot_pos[i] = pos[u];
+            }
+        }
     }
 }
 
