@@ -251,7 +251,15 @@ struct moe_args {
     float *topk_w;                  /* scratch [n_tokens][top_k] */
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
     int topk_ready;                 /* 1: topk_idx/topk_w were written by the router GEMV (decode) */
+    /* Decode, g_cuda_tuning.moe_early_ids (moe_decode.cu): the session's forward-call counter (device; not
+     * written during a forward call), its MOE_PUB_WORDS tagged top-k words (cuda_counters) and the layer
+     * index (< 256). topk_pub NULL: off. */
+    const int *step;
+    unsigned long long *topk_pub;
+    int layer;
 };
+/* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
+#define MOE_PUB_WORDS 32
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);
 /* Whether moe_route.cu's kernels take these shapes (any n_tokens): gate/up `gu_bits` with hidden

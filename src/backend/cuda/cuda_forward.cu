@@ -299,6 +299,9 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             m.topk_w = c->topk_w;
             m.out = c->h;
             m.topk_ready = topk_in_router;
+            m.step = &st->ctr->step; /* moe_early_ids: tags of this forward call's published top-k */
+            m.topk_pub = st->ctr->moe_topk_pub;
+            m.layer = l;
             MARK(PS_MOE_GATE_UP);
             LAUNCH(launch_moe_gate_up(m, n, s));
             MARK(PS_MOE_DOWN);
