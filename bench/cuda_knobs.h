@@ -32,6 +32,7 @@ static const struct {
     {"moe_gate_up_staged", offsetof(lily_cuda_tuning, moe_gate_up_staged)},
     {"gemv_stream", offsetof(lily_cuda_tuning, gemv_stream)},
     {"gemv_stream_stages", offsetof(lily_cuda_tuning, gemv_stream_stages)},
+    {"moe_early_ids", offsetof(lily_cuda_tuning, moe_early_ids)},
     {"gemm_prep_rows", offsetof(lily_cuda_tuning, gemm_prep_rows)},
 };
 

@@ -1,7 +1,8 @@
 /* test_cuda_gdn_prefill.cu — the Gated DeltaNet prefill paths against a double-precision CPU twin of
- * MODEL.md §4.4 steps 2-7, over a sequence of forward calls on one state, each case twice: "recur"
+ * MODEL.md §4.4 steps 2-7, over a sequence of forward calls on one state, each case per variant: "recur"
  * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, g_cuda_tuning.gdn_prefill 1) and "chunked"
- * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2). Calls of
+ * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2), and each
+ * further kernel variant of the chunked form ("chunked-v1": gdn_prefill 4). Calls of
  * n > 1 tokens take the variant's launch (as cuda_enqueue_forward does), n == 1 the decode kernel
  * (launch_gdn_scan), so state and conv-state carry between chunks and prefill -> decode -> prefill
  * hand-offs (conv ping-pong parity) are all checked. Outputs and the prep and chunk scratch are
@@ -24,7 +25,9 @@
 #include "cuda_test_util.cuh"
 #include "cuda_test_check.cuh"
 
-static const char *const VARIANT[2] = {"recur", "chunked"};
+/* 0: recurrence; 1 + v: chunked kernels' variant v (launch_gdn_prefill_chunked_variant) */
+#define N_VAR 3
+static const char *const VARIANT[N_VAR] = {"recur", "chunked", "chunked-v1"};
 
 enum { DECAY_MIXED, DECAY_SLOW, DECAY_FAST };
 
@@ -55,9 +58,9 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
         len += snprintf(desc + len, sizeof desc - len, "%s%d", i ? "+" : " ", calls[i]);
 
     /* the same call sequence through each prefill variant, from the same initial state */
-    std::vector<float> got[2], Sg[2], csg[2];
-    bool ran[2] = {false, false};
-    for (int var = 0; var < 2; var++) {
+    std::vector<float> got[N_VAR], Sg[N_VAR], csg[N_VAR];
+    bool ran[N_VAR] = {false};
+    for (int var = 0; var < N_VAR; var++) {
         gdn_args a;
         memset(&a, 0, sizeof a);
         a.Hk = Hk, a.Hv = Hv, a.dk = dk, a.dv = dv, a.K = K, a.conv_dim = conv_dim;
@@ -93,7 +96,7 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
             a.out = dout + (size_t)t0 * Hv * dv;
             CK(cudaMemcpy(dpre, nanp.data(), pre_floats * sizeof(float), cudaMemcpyHostToDevice));
             cudaError_t e = m == 1 ? launch_gdn_scan(a, m, 0)
-                            : var  ? launch_gdn_prefill_chunked(a, dpre, dwy, m, 0)
+                            : var  ? launch_gdn_prefill_chunked_variant(a, dpre, dwy, m, var - 1, 0)
                                    : launch_gdn_prefill(a, dpre, m, 0);
             if (e == cudaSuccess)
                 e = cudaDeviceSynchronize();
@@ -115,7 +118,10 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
         if (dwy)
             cudaFree(dwy);
     }
-    if (!ran[0] && !ran[1])
+    bool any = false;
+    for (int var = 0; var < N_VAR; var++)
+        any = any || ran[var];
+    if (!any)
         return;
 
     /* CPU twin over the whole sequence (calls only split it) */
@@ -135,7 +141,7 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
     std::vector<double> cwant((size_t)Km1 * conv_dim), cm((size_t)Km1 * conv_dim, 0.0);
     for (int s = 0; s < Km1; s++)
         for (int c = 0; c < conv_dim; c++) cwant[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
-    for (int var = 0; var < 2; var++) {
+    for (int var = 0; var < N_VAR; var++) {
         if (!ran[var])
             continue;
         snprintf(what, sizeof what, "gdn prefill %s %s output", VARIANT[var], desc);

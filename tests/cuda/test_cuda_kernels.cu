@@ -536,6 +536,194 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     check(what, got, want, mag, 3e-4);
 }
 
+/* ---- MoE early ids (g_cuda_tuning.moe_early_ids) ------------------------------------------------------ */
+
+/* After a step: h and the last layer's top-k ids into row (*rec)++ of the history (a kernel, so that a
+ * replayed graph records every step without the host). */
+__global__ void moe_early_record_kernel(const float *h, const int *idx, int hidden, int K, int cap, float *hist,
+                                        int *ids, int *rec)
+{
+    const int r = *rec;
+    if (r < cap) {
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+            hist[(size_t)r * hidden + i] = h[i];
+        if (threadIdx.x < K)
+            ids[r * K + threadIdx.x] = idx[threadIdx.x];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *rec = r + 1;
+}
+
+struct moe_early_layer {
+    hmat router, g, u, d, sg, su, sd;
+    float *nw;
+};
+
+/* Decode steps of an n_layers MoE stack as the forward pass enqueues them (per layer the 8-bit router
+ * GEMV of RMSNorm(h), moe_gate_up, moe_down adding into h; then the step advance), on a stream: two eager
+ * steps, a prefill-like advance of 7 positions (step + 1, no MoE), 6 replays of the step captured as a
+ * CUDA graph (PDL edges) with no host wait between them, a session-like reset of the counters (step 0,
+ * tagged words zeroed, h kept) and 3 more replays. h and the last layer's ids after every step must be
+ * bit-identical with moe_early_ids 0 and 1 (and 1 with pdl 0, where nothing is published); with the knob
+ * the tagged words must hold the last forward call's ids under its tag. */
+static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
+{
+    const int CAP = 16, eager = 2, replays1 = 6, replays2 = 3, n_steps = eager + replays1 + replays2;
+    std::vector<moe_early_layer> Ls(n_layers);
+    for (auto &L : Ls) {
+        make_mat(L.router, 8, 1, E + 1, hidden);
+        make_mat(L.g, 4, E, inter, hidden);
+        make_mat(L.u, 4, E, inter, hidden);
+        make_mat(L.d, 4, E, hidden, inter);
+        make_mat(L.sg, 4, 1, inter, hidden);
+        make_mat(L.su, 4, 1, inter, hidden);
+        make_mat(L.sd, 4, 1, hidden, inter);
+        L.nw = dev_copy(rand_vec(hidden, 0.5f, 1.5f));
+    }
+    const std::vector<float> h0 = rand_vec(hidden, -1, 1);
+    float *dh, *logits = dev_nan(E + 1), *hid = dev_nan((size_t)(K + 1) * inter), *topk_w = dev_nan(K), *hist;
+    int *topk_idx, *ids, *rec;
+    unsigned char *ctr; /* pos, step at 0 / 4; tagged words at 128 (as cuda_counters) */
+    CK(cudaMalloc(&dh, hidden * sizeof(float)));
+    CK(cudaMalloc(&topk_idx, K * sizeof(int)));
+    CK(cudaMalloc(&hist, (size_t)CAP * hidden * sizeof(float)));
+    CK(cudaMalloc(&ids, (size_t)CAP * K * sizeof(int)));
+    CK(cudaMalloc(&rec, sizeof(int)));
+    CK(cudaMalloc(&ctr, 128 + MOE_PUB_WORDS * 8));
+    int *pos = (int *)ctr, *step = (int *)ctr + 1;
+    unsigned long long *pub = (unsigned long long *)(ctr + 128);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+    auto enqueue_step = [&]() -> cudaError_t {
+        cudaError_t e = cudaSuccess;
+        for (int l = 0; l < n_layers && e == cudaSuccess; l++) {
+            const moe_early_layer &L = Ls[l];
+            gemv_batch b;
+            memset(&b, 0, sizeof b);
+            b.m[0] = L.router.d;
+            b.y[0] = logits;
+            b.y_stride[0] = E + 1;
+            b.row_start[1] = E + 1;
+            b.n_mats = 1;
+            gemv_input in;
+            memset(&in, 0, sizeof in);
+            in.act = dh, in.act_stride = hidden, in.mode = GEMV_IN_RMSNORM, in.norm_w = L.nw, in.eps = 1e-6f;
+            moe_args m;
+            memset(&m, 0, sizeof m);
+            m.gate = L.g.d, m.up = L.u.d, m.down = L.d.d, m.sgate = L.sg.d, m.sup = L.su.d, m.sdown = L.sd.d;
+            m.router_logits = logits, m.logit_stride = E + 1;
+            m.n_experts = E, m.top_k = K, m.inter = inter, m.shared_inter = inter, m.hidden = hidden;
+            m.h = dh, m.norm_w = L.nw, m.eps = 1e-6f, m.hid = hid, m.topk_idx = topk_idx, m.topk_w = topk_w, m.out = dh;
+            m.step = step, m.topk_pub = pub, m.layer = l;
+            e = launch_gemv(b, in, GEMV_OUT_STORE, 1, NULL, s);
+            if (e == cudaSuccess)
+                e = launch_moe_gate_up(m, 1, s);
+            if (e == cudaSuccess)
+                e = launch_moe_down(m, 1, s);
+        }
+        if (e == cudaSuccess)
+            e = launch_advance(pos, step, 1, s);
+        if (e == cudaSuccess) {
+            moe_early_record_kernel<<<1, 256, 0, s>>>(dh, topk_idx, hidden, K, CAP, hist, ids, rec);
+            e = cudaGetLastError();
+        }
+        return e;
+    };
+
+    /* one run of the whole sequence under the current knobs: history, ids, the tagged words after it */
+    auto run = [&](std::vector<float> &H, std::vector<int> &I, std::vector<unsigned long long> &P) -> bool {
+        CK(cudaMemcpyAsync(dh, h0.data(), hidden * sizeof(float), cudaMemcpyHostToDevice, s));
+        CK(cudaMemsetAsync(ctr, 0, 128 + MOE_PUB_WORDS * 8, s));
+        CK(cudaMemsetAsync(rec, 0, sizeof(int), s));
+        CK(cudaMemsetAsync(hist, 0xff, (size_t)CAP * hidden * sizeof(float), s));
+        cudaError_t e = cudaSuccess;
+        for (int i = 0; i < eager && e == cudaSuccess; i++)
+            e = enqueue_step();
+        if (e == cudaSuccess)
+            e = launch_advance(pos, step, 7, s); /* a prefill forward call: step + 1, no decode MoE */
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t x = NULL;
+        if (e == cudaSuccess)
+            e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        if (e == cudaSuccess) {
+            const cudaError_t e1 = enqueue_step();
+            const cudaError_t e2 = cudaStreamEndCapture(s, &g);
+            e = e1 != cudaSuccess ? e1 : e2;
+        }
+        if (e == cudaSuccess)
+            e = cudaGraphInstantiate(&x, g, 0);
+        for (int i = 0; i < replays1 && e == cudaSuccess; i++)
+            e = cudaGraphLaunch(x, s);
+        if (e == cudaSuccess) /* a session reset: counters and tagged words zeroed, h kept */
+            e = cudaMemsetAsync(ctr, 0, 128 + MOE_PUB_WORDS * 8, s);
+        for (int i = 0; i < replays2 && e == cudaSuccess; i++)
+            e = cudaGraphLaunch(x, s);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(s);
+        if (x)
+            cudaGraphExecDestroy(x);
+        if (g)
+            cudaGraphDestroy(g);
+        if (e != cudaSuccess) {
+            printf("FAIL moe early ids: %s\n", cudaGetErrorString(e));
+            g_fail++;
+            return false;
+        }
+        H = host_copy(hist, (size_t)n_steps * hidden);
+        I = host_copy(ids, (size_t)n_steps * K);
+        P = host_copy(pub, MOE_PUB_WORDS);
+        return true;
+    };
+
+    const lily_cuda_tuning keep = g_cuda_tuning;
+    std::vector<float> H0, H1, H2;
+    std::vector<int> I0, I1, I2, last_idx;
+    std::vector<unsigned long long> P0, P1, P2;
+    g_cuda_tuning.moe_early_ids = 0;
+    const bool ok0 = run(H0, I0, P0);
+    g_cuda_tuning.moe_early_ids = 1;
+    const bool ok1 = run(H1, I1, P1);
+    last_idx = host_copy(topk_idx, K);
+    g_cuda_tuning.pdl = 0;
+    const bool ok2 = run(H2, I2, P2);
+    g_cuda_tuning = keep;
+    if (!ok0 || !ok1 || !ok2)
+        return;
+    int changed = 0; /* steps whose last-layer ids differ from the step before (stale ids would show) */
+    for (int i = 1; i < n_steps; i++)
+        changed += memcmp(&I0[i * K], &I0[(i - 1) * K], K * sizeof(int)) != 0;
+    double dmax1 = 0, dmax2 = 0;
+    bool finite = true;
+    for (size_t i = 0; i < H0.size(); i++) {
+        finite &= isfinite(H0[i]) != 0;
+        dmax1 = fmax(dmax1, fabs((double)H1[i] - H0[i]));
+        dmax2 = fmax(dmax2, fabs((double)H2[i] - H0[i]));
+    }
+    const bool same1 = !memcmp(H0.data(), H1.data(), H0.size() * sizeof(float)) && I0 == I1;
+    const bool same2 = !memcmp(H0.data(), H2.data(), H0.size() * sizeof(float)) && I0 == I2;
+    /* after the run: step 3 (the reset, then 3 replays), the last forward call was made at step 2 */
+    const unsigned long long tag = (unsigned long long)((((unsigned int)2 + 1u) << 8) | (unsigned int)(n_layers - 1)) << 32;
+    bool pub_ok = true, pub0 = true;
+    for (int k = 0; k < K; k++)
+        pub_ok &= P1[2 * k] == (tag | (unsigned int)last_idx[k]) && (P1[2 * k + 1] >> 32) == (tag >> 32);
+    for (int w = 0; w < MOE_PUB_WORDS; w++)
+        pub0 &= P0[w] == 0 && P2[w] == 0;
+    const bool pdl_on = keep.pdl != 0 && cuda_sm90_code();
+    const bool ok = same1 && same2 && finite && changed >= 1 && (pub_ok || !pdl_on) && pub0;
+    g_checks++;
+    g_fail += !ok;
+    printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers, %d steps (2 eager, 6 + 3 graph replays, "
+           "reset): h and ids vs moe_early_ids=0 %s (max|d| %.3g), with pdl=0 %s (max|d| %.3g) | ids changed in "
+           "%d of %d steps | tagged words %s, none published without the knob or PDL %s\n",
+           ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers, n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
+           same2 ? "bit-identical" : "DIFFER", dmax2, changed, n_steps - 1,
+           !pdl_on ? "n/a (no PDL)" : pub_ok ? "ok" : "WRONG", pub0 ? "ok" : "WRONG");
+    cudaStreamDestroy(s);
+    cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr);
+}
+
 /* ---- Gated DeltaNet scan ---------------------------------------------------------------------------- */
 
 /* decode: 1 = n == 1 calls take gdn_decode_kernel (the default), 0 = the general scan for every n */
@@ -867,6 +1055,13 @@ int main(void)
     test_moe(4, 384, 24, 4, 64, 7, false, 64);        /* equal widths at hidden 384 */
     test_moe(4, 128, 16, 4, 128, 2, false, 64);       /* shared expert narrower than a routed one */
     test_moe(4, 2048, 32, 8, 128, 1, false, 512);
+    /* the top-k published early to moe_down (moe_early_ids): bit-identical across the knob, graph replays */
+    for (int staged = 0; staged <= 1; staged++) {
+        g_cuda_tuning.moe_gate_up_staged = staged;
+        test_moe_early(2048, 32, 8, 512, 2);
+    }
+    g_cuda_tuning.moe_gate_up_staged = dflt.moe_gate_up_staged;
+    test_moe_early(512, 64, 8, 128, 3);
     /* Gated DeltaNet */
     for (int i = 0; i < 4; i++) {
         test_gdn(2, 4, 32, ns[i], 1);

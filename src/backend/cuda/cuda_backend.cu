@@ -366,7 +366,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         return shapes;
     /* test/bench override of the DeltaNet prefill knob for whole-program runs (lily eval): see cuda_backend.h */
     const char *gp_env = getenv("LILY_CUDA_GDN_PREFILL");
-    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '3' && !gp_env[1])
+    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '4' && !gp_env[1])
         g_cuda_tuning.gdn_prefill = gp_env[0] - '0';
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
@@ -675,7 +675,7 @@ static lily_status cuda_state_restore(void *vctx, void *vst, const void *buf, si
         return st;
     s->pos = hdr[0];
     s->step = hdr[1];
-    cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}};
+    cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}, {0}};
     CUDA_TRY(cudaMemcpy(s->ctr, &ctr, sizeof ctr, cudaMemcpyHostToDevice));
     return LILY_OK;
 }
@@ -822,7 +822,7 @@ static lily_status cuda_recurrent_load(void *vctx, void *vst, lily_state_loc loc
                                         false, err);
     if (st != LILY_OK)
         return st;
-    const cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}};
+    const cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}, {0}};
     CUDA_TRY(cudaMemcpyAsync(s->ctr, &ctr, sizeof ctr, cudaMemcpyHostToDevice, c->stream));
     st = cuda_sync(c, err);
     if (st != LILY_OK)

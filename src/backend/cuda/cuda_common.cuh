@@ -251,7 +251,15 @@ struct moe_args {
     float *topk_w;                  /* scratch [n_tokens][top_k] */
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
     int topk_ready;                 /* 1: topk_idx/topk_w were written by the router GEMV (decode) */
+    /* Decode, g_cuda_tuning.moe_early_ids (moe_decode.cu): the session's forward-call counter (device; not
+     * written during a forward call), its MOE_PUB_WORDS tagged top-k words (cuda_counters) and the layer
+     * index (< 256). topk_pub NULL: off. */
+    const int *step;
+    unsigned long long *topk_pub;
+    int layer;
 };
+/* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
+#define MOE_PUB_WORDS 32
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);
 /* Whether moe_route.cu's kernels take these shapes (any n_tokens): gate/up `gu_bits` with hidden
@@ -296,6 +304,10 @@ bool gdn_chunked_supported(const gdn_args &a); /* gdn_prefill_supported, dk 32/6
 int gdn_chunked_record_floats(int dk, int dv);
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv);
 cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
+/* The same with a choice of kernels (g_cuda_tuning.gdn_prefill 4, 5): variant 0 the kernels above,
+ * 1 the cheaper tf32 split and operands pre-split in shared memory (deltanet_chunked.cu, "gdn_prefill 4"). */
+cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
+                                               cudaStream_t s);
 
 /* attention.cu (norm_rope.cu + attention_decode.cu) */
 struct attn_args {

@@ -227,9 +227,9 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             g.conv_dim = conv_dim;
             MARK(PS_GDN_SCAN);
             const int gp = g_cuda_tuning.gdn_prefill;
-            if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp == 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
-                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule */
-                LAUNCH(launch_gdn_prefill_chunked(g, c->gdn_pre, c->gdn_wy, n, s));
+            if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp >= 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
+                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule (gp 4: variant 1) */
+                LAUNCH(launch_gdn_prefill_chunked_variant(g, c->gdn_pre, c->gdn_wy, n, gp >= 4 ? gp - 3 : 0, s));
             else if (n > 1 && c->gdn_pre && gp && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
                 LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
             else
@@ -299,6 +299,9 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             m.topk_w = c->topk_w;
             m.out = c->h;
             m.topk_ready = topk_in_router;
+            m.step = &st->ctr->step; /* moe_early_ids: tags of this forward call's published top-k */
+            m.topk_pub = st->ctr->moe_topk_pub;
+            m.layer = l;
             MARK(PS_MOE_GATE_UP);
             LAUNCH(launch_moe_gate_up(m, n, s));
             MARK(PS_MOE_DOWN);

@@ -99,6 +99,10 @@ typedef struct {
     int step;        /* forward calls (conv-state ping-pong parity, token slot parity) */
     int n_generated; /* tokens written to out_tokens by the decode graph */
     int slots[2];    /* next-step input token slots */
+    /* decode MoE top-k as (tag << 32 | payload) words written by moe_gate_up_mma and polled by
+     * moe_down_mma before its PDL wait (g_cuda_tuning.moe_early_ids; tag from step and layer, moe_decode.cu);
+     * zero after a reset or load, copied with the counters (tags never ahead of step) */
+    __align__(128) unsigned long long moe_topk_pub[MOE_PUB_WORDS];
 } cuda_counters;
 
 typedef struct {

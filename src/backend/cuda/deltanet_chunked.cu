@@ -81,34 +81,56 @@ struct frag_b {
     uint32_t h[2], l[2];
 };
 
-__device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo)
+/* FAST = false: both parts rounded by cvt.rna (ptxas emits 4-5 integer/compare ops per cvt).
+ * FAST = true (gdn_prefill 4/5): hi = the same round-to-nearest-away done as one add + one mask on the
+ * bits (finite inputs), lo = x - hi (exact in fp32) truncated to tf32 by a mask: lo's error grows from
+ * 2^-22 to 2^-21 of |x|, against the 2^-22 of the a_lo·b_lo term that is dropped anyway. */
+template <bool FAST> __device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo)
 {
-    hi = tf32_rna(x);
-    lo = tf32_rna(x - __uint_as_float(hi));
+    if (FAST) {
+        hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+        lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+    } else {
+        hi = tf32_rna(x);
+        lo = tf32_rna(x - __uint_as_float(hi));
+    }
 }
 
-__device__ __forceinline__ void set_a(frag_a &f, float a0, float a1, float a2, float a3)
+template <bool FAST = false> __device__ __forceinline__ void set_a(frag_a &f, float a0, float a1, float a2, float a3)
 {
-    split_tf32(a0, f.h[0], f.l[0]);
-    split_tf32(a1, f.h[1], f.l[1]);
-    split_tf32(a2, f.h[2], f.l[2]);
-    split_tf32(a3, f.h[3], f.l[3]);
+    split_tf32<FAST>(a0, f.h[0], f.l[0]);
+    split_tf32<FAST>(a1, f.h[1], f.l[1]);
+    split_tf32<FAST>(a2, f.h[2], f.l[2]);
+    split_tf32<FAST>(a3, f.h[3], f.l[3]);
 }
-__device__ __forceinline__ void set_b(frag_b &f, float b0, float b1)
+template <bool FAST = false> __device__ __forceinline__ void set_b(frag_b &f, float b0, float b1)
 {
-    split_tf32(b0, f.h[0], f.l[0]);
-    split_tf32(b1, f.h[1], f.l[1]);
+    split_tf32<FAST>(b0, f.h[0], f.l[0]);
+    split_tf32<FAST>(b1, f.h[1], f.l[1]);
 }
 
 /* A tile (16 x 8) of a row-major matrix at p (leading dimension ld) */
-__device__ __forceinline__ void load_a(frag_a &f, const float *p, int ld, int g, int t)
+template <bool FAST = false> __device__ __forceinline__ void load_a(frag_a &f, const float *p, int ld, int g, int t)
 {
-    set_a(f, p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]);
+    set_a<FAST>(f, p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]);
 }
 /* B tile (8 x 8), B[k][n] = p[k * ld + n] */
-__device__ __forceinline__ void load_b(frag_b &f, const float *p, int ld, int g, int t)
+template <bool FAST = false> __device__ __forceinline__ void load_b(frag_b &f, const float *p, int ld, int g, int t)
 {
-    set_b(f, p[t * ld + g], p[(t + 4) * ld + g]);
+    set_b<FAST>(f, p[t * ld + g], p[(t + 4) * ld + g]);
+}
+/* B tile (8 x 8) of a matrix stored pre-split: hi parts at ph, lo parts at pl (same layout) */
+__device__ __forceinline__ void load_b_split(frag_b &f, const uint32_t *ph, const uint32_t *pl, int ld, int g, int t)
+{
+    f.h[0] = ph[t * ld + g], f.h[1] = ph[(t + 4) * ld + g];
+    f.l[0] = pl[t * ld + g], f.l[1] = pl[(t + 4) * ld + g];
+}
+/* x split once into the hi/lo arrays (FAST rounding) */
+__device__ __forceinline__ void store_split(uint32_t *ph, uint32_t *pl, int i, float x)
+{
+    uint32_t h, l;
+    split_tf32<true>(x, h, l);
+    ph[i] = h, pl[i] = l;
 }
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
@@ -128,14 +150,15 @@ __device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, const frag_
 
 /* ---- kernel 1: the intra-chunk matrices ---------------------------------------------------------- */
 
-template <int DK> static size_t wy_smem_bytes(int dv)
+/* FAST adds the lo parts of T ([C][ALD]) after A/T */
+template <int DK, bool FAST> static size_t wy_smem_bytes(int dv)
 {
     const int qv = DK + 4 > dv + 8 ? DK + 4 : dv + 8;
     return GDC_C * sizeof(double) + 2 * GDC_C * sizeof(float) +
-           (size_t)GDC_C * ((DK + 4) + qv + GDC_ALD) * sizeof(float);
+           (size_t)GDC_C * ((DK + 4) + qv + (FAST ? 2 : 1) * GDC_ALD) * sizeof(float);
 }
 
-template <int DK>
+template <int DK, bool FAST>
 __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, const float *__restrict__ pre,
                                                                   int pre_stride, float *__restrict__ wy, int n)
 {
@@ -149,7 +172,8 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
     float *s_k = s_sk + C;                                /* [C][KLD] */
     float *s_q = s_k + C * KLD;                           /* [C][KLD] q, later v [C][VLD] */
     float *s_v = s_q;
-    float *s_a = s_q + C * QV; /* [C][ALD] A, then T */
+    float *s_a = s_q + C * QV; /* [C][ALD] A, then T (FAST: T's tf32 hi parts) */
+    uint32_t *s_alo = reinterpret_cast<uint32_t *>(s_a + C * GDC_ALD); /* FAST: [C][ALD] T's lo parts */
 
     const int ch = blockIdx.x, j = blockIdx.y, t0 = ch * C, L = min(C, n - t0);
     const int kh = j / (a.Hv / a.Hk), key_dim = a.Hk * DK;
@@ -216,13 +240,13 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 #pragma unroll 4
         for (int ks = 0; ks < DK / 8; ks++) {
             frag_a fa;
-            load_a(fa, arow + 8 * ks, KLD, g, t);
+            load_a<FAST>(fa, arow + 8 * ks, KLD, g, t);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 /* B[k = feature][n = token 16nj + 8h + g] = k_n[feature] */
                 const float *kp = s_k + (16 * nj + 8 * h + g) * KLD + 8 * ks;
                 frag_b fb;
-                set_b(fb, kp[t], kp[t + 4]);
+                set_b<FAST>(fb, kp[t], kp[t + 4]);
                 mma3(acc[h], fa, fb);
             }
         }
@@ -286,8 +310,12 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
         }
         __syncthreads(); /* everyone is done reading A */
 #pragma unroll
-        for (int r = 0; r < 16; r++)
-            s_a[(4 * r + sub) * GDC_ALD + col] = x[r];
+        for (int r = 0; r < 16; r++) {
+            if (FAST)
+                store_split(reinterpret_cast<uint32_t *>(s_a), s_alo, (4 * r + sub) * GDC_ALD + col, x[r]);
+            else
+                s_a[(4 * r + sub) * GDC_ALD + col] = x[r];
+        }
     }
     if (tid < C) {
         rEg[tid] = expf((float)s_gam[tid]);
@@ -313,11 +341,18 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
         for (int ks = 0; ks < C / 8; ks++) {
             const int m0 = 8 * ks + t;
             frag_b fb;
-            set_b(fb, bp[m0 * bld + g] * scale[m0], bp[(m0 + 4) * bld + g] * scale[m0 + 4]);
+            set_b<FAST>(fb, bp[m0 * bld + g] * scale[m0], bp[(m0 + 4) * bld + g] * scale[m0 + 4]);
 #pragma unroll
             for (int mi = ks / 2; mi < 4; mi++) { /* T[i][m] = 0 for m > i */
                 frag_a fa;
-                load_a(fa, s_a + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
+                if (FAST) {
+                    const int o = (16 * mi + g) * GDC_ALD + 8 * ks + t;
+                    const uint32_t *th = reinterpret_cast<const uint32_t *>(s_a);
+                    fa.h[0] = th[o], fa.h[1] = th[o + 8 * GDC_ALD], fa.h[2] = th[o + 4], fa.h[3] = th[o + 8 * GDC_ALD + 4];
+                    fa.l[0] = s_alo[o], fa.l[1] = s_alo[o + 8 * GDC_ALD], fa.l[2] = s_alo[o + 4], fa.l[3] = s_alo[o + 8 * GDC_ALD + 4];
+                } else {
+                    load_a(fa, s_a + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
+                }
                 mma3(acc[mi], fa, fb);
             }
         }
@@ -554,38 +589,269 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_kernel(gdn_arg
     }
 }
 
+/* gdn_prefill 4: gdn_chunk_state_kernel with (a) S and V' kept in shared memory already split into tf32
+ * hi/lo parts (split once by the writer instead of by each of the 8 reading warps), (b) the cheap split
+ * (split_tf32<true>) for the A operands, (c) W and Q single-buffered: the next chunk's W, Q are issued
+ * once this chunk's P1 is done (they are read only in P1), which frees the shared memory for (a). */
+template <int DK> static constexpr size_t state_fast_smem_bytes()
+{
+    return sizeof(float) * ((size_t)2 * GDC_C * (DK + 4)   /* W, Q */
+                            + (size_t)GDC_C * (DK + 8)      /* K */
+                            + (size_t)GDC_C * GDC_ALD       /* Attn */
+                            + (size_t)2 * DK * GDC_VLD      /* S hi, lo */
+                            + (size_t)2 * GDC_C * GDC_VLD   /* V' hi, lo */
+                            + (size_t)2 * 2 * GDC_C);       /* eg, ed double-buffered */
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_fast_kernel(gdn_args a, const float *__restrict__ pre,
+                                                                               int pre_stride,
+                                                                               const float *__restrict__ wy, int n)
+{
+    constexpr int C = GDC_C, WLD = DK + 4, KTLD = DK + 8, SW = DK / 16, VLD = GDC_VLD;
+    extern __shared__ __align__(16) unsigned char gdc_smem[];
+    float *s_w = reinterpret_cast<float *>(gdc_smem);                /* [C][WLD] */
+    float *s_q = s_w + C * WLD;                                       /* [C][WLD] */
+    float *s_k = s_q + C * WLD;                                       /* [C][KTLD] */
+    float *s_at = s_k + C * KTLD;                                     /* [C][ALD] */
+    uint32_t *s_sh = reinterpret_cast<uint32_t *>(s_at + C * GDC_ALD); /* [DK][VLD] */
+    uint32_t *s_sl = s_sh + DK * VLD;                                 /* [DK][VLD] */
+    uint32_t *s_vh = s_sl + DK * VLD;                                 /* [C][VLD] */
+    uint32_t *s_vl = s_vh + C * VLD;                                  /* [C][VLD] */
+    float *s_eg = reinterpret_cast<float *>(s_vl + C * VLD);          /* [2][C] */
+    float *s_ed = s_eg + 2 * C;                                       /* [2][C] */
+
+    const int dv = a.dv, slices = dv / GDC_COLS;
+    const int j = blockIdx.x / slices, c0 = (blockIdx.x % slices) * GDC_COLS;
+    const int kh = j / (a.Hv / a.Hk), key_dim = a.Hk * DK;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rec_floats = record_floats(DK, dv), n_chunks = (n + C - 1) / C;
+    const int mat = warp >> 2, mi = warp & 3; /* P1/P3 roles: mat 0 W S -> V', mat 1 Q S -> O */
+
+    float sacc[4][4];
+    float *st = a.state + (size_t)j * DK * dv + c0;
+    if (warp < SW) {
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const float2 lo = *reinterpret_cast<const float2 *>(st + (size_t)(16 * warp + g) * dv + 8 * ni + 2 * t);
+            const float2 hi = *reinterpret_cast<const float2 *>(st + (size_t)(16 * warp + g + 8) * dv + 8 * ni + 2 * t);
+            sacc[ni][0] = lo.x, sacc[ni][1] = lo.y, sacc[ni][2] = hi.x, sacc[ni][3] = hi.y;
+        }
+    }
+    pdl_trigger();
+    pdl_wait();
+
+    auto store_s = [&]() {
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const int o = (16 * warp + g) * VLD + 8 * ni + 2 * t;
+            store_split(s_sh, s_sl, o, sacc[ni][0]);
+            store_split(s_sh, s_sl, o + 1, sacc[ni][1]);
+            store_split(s_sh, s_sl, o + 8 * VLD, sacc[ni][2]);
+            store_split(s_sh, s_sl, o + 8 * VLD + 1, sacc[ni][3]);
+        }
+    };
+    if (warp < SW)
+        store_s();
+
+    constexpr int R4 = DK / 4;
+    auto stage_wq = [&](int ch, int b) {
+        const float *rec = wy + ((size_t)ch * a.Hv + j) * rec_floats;
+        const int t0 = ch * C, L = min(C, n - t0);
+        for (int idx = tid; idx < 2 * C * R4 + C / 2; idx += GDC_THREADS) {
+            if (idx < C * R4) {
+                const int r = idx / R4, c4 = idx - r * R4;
+                cp_async16(s_w + r * WLD + 4 * c4, rec + r * DK + 4 * c4, 16);
+            } else if (idx < 2 * C * R4) {
+                const int i2 = idx - C * R4, r = i2 / R4, c4 = i2 - r * R4;
+                const bool live = r < L;
+                cp_async16(s_q + r * WLD + 4 * c4, pre + (size_t)(t0 + (live ? r : 0)) * pre_stride + kh * DK + 4 * c4,
+                           live ? 16 : 0);
+            } else {
+                const int i2 = idx - 2 * C * R4;
+                const int which = i2 / (C / 4), c4 = i2 - which * (C / 4);
+                cp_async16((which ? s_ed : s_eg) + b * C + 4 * c4, rec + C * (DK + dv) + C * C + which * C + 4 * c4, 16);
+            }
+        }
+    };
+    auto stage_ka = [&](int ch) {
+        const float *rec = wy + ((size_t)ch * a.Hv + j) * rec_floats;
+        const int t0 = ch * C, L = min(C, n - t0);
+        for (int idx = tid; idx < C * R4 + C * C / 4; idx += GDC_THREADS) {
+            if (idx < C * R4) {
+                const int r = idx / R4, c4 = idx - r * R4;
+                const bool live = r < L;
+                cp_async16(s_k + r * KTLD + 4 * c4, pre + (size_t)(t0 + (live ? r : 0)) * pre_stride + key_dim + kh * DK + 4 * c4,
+                           live ? 16 : 0);
+            } else {
+                const int i2 = idx - C * R4, r = i2 / (C / 4), c4 = i2 - r * (C / 4);
+                cp_async16(s_at + r * GDC_ALD + 4 * c4, rec + C * (DK + dv) + r * C + 4 * c4, 16);
+            }
+        }
+    };
+
+    stage_wq(0, 0);
+    cp_async_commit();
+    const size_t out_stride = (size_t)a.Hv * dv;
+    for (int ch = 0; ch < n_chunks; ch++) {
+        const int b = ch & 1, t0 = ch * C;
+        stage_ka(ch);
+        cp_async_commit();
+        float2 u[4][2];
+        if (mat == 0) {
+            const float *rU = wy + ((size_t)ch * a.Hv + j) * rec_floats + C * DK + c0;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                u[ni][0] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g) * dv + 8 * ni + 2 * t);
+                u[ni][1] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g + 8) * dv + 8 * ni + 2 * t);
+            }
+        }
+        cp_async_wait<1>(); /* W, q, eg/ed of this chunk (k, Attn may still fly) */
+        __syncthreads();    /* ... for everyone; S in shared memory */
+
+        float acc[4][4];
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[ni][e] = 0.0f;
+        {
+            const float *ap = (mat ? s_q : s_w) + 16 * mi * WLD;
+#pragma unroll 4
+            for (int ks = 0; ks < DK / 8; ks++) {
+                frag_a fa;
+                load_a<true>(fa, ap + 8 * ks, WLD, g, t);
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    frag_b fb;
+                    load_b_split(fb, s_sh + 8 * ks * VLD + 8 * ni, s_sl + 8 * ks * VLD + 8 * ni, VLD, g, t);
+                    mma3(acc[ni], fa, fb);
+                }
+            }
+        }
+        if (mat == 0) {
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int o = (16 * mi + g) * VLD + 8 * ni + 2 * t;
+                store_split(s_vh, s_vl, o, u[ni][0].x - acc[ni][0]);
+                store_split(s_vh, s_vl, o + 1, u[ni][0].y - acc[ni][1]);
+                store_split(s_vh, s_vl, o + 8 * VLD, u[ni][1].x - acc[ni][2]);
+                store_split(s_vh, s_vl, o + 8 * VLD + 1, u[ni][1].y - acc[ni][3]);
+            }
+        } else {
+            const float e0 = s_eg[b * C + 16 * mi + g], e1 = s_eg[b * C + 16 * mi + g + 8];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                acc[ni][0] *= e0, acc[ni][1] *= e0, acc[ni][2] *= e1, acc[ni][3] *= e1;
+            }
+        }
+        cp_async_wait<0>(); /* k, Attn of this chunk */
+        __syncthreads();    /* ... for everyone; V' complete; W, q free */
+        if (ch + 1 < n_chunks)
+            stage_wq(ch + 1, b ^ 1);
+        cp_async_commit(); /* possibly empty: keeps the group count uniform */
+
+        if (mat == 1) {
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++) {
+                if (ks < 2 * mi + 2) {
+                    frag_a fa;
+                    load_a<true>(fa, s_at + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) {
+                        frag_b fb;
+                        load_b_split(fb, s_vh + 8 * ks * VLD + 8 * ni, s_vl + 8 * ks * VLD + 8 * ni, VLD, g, t);
+                        mma3(acc[ni], fa, fb);
+                    }
+                }
+            }
+            const int r0 = 16 * mi + g;
+            float *o = a.out + (size_t)j * dv + c0 + 2 * t;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                if (t0 + r0 < n)
+                    *reinterpret_cast<float2 *>(o + (size_t)(t0 + r0) * out_stride + 8 * ni) = make_float2(acc[ni][0], acc[ni][1]);
+                if (t0 + r0 + 8 < n)
+                    *reinterpret_cast<float2 *>(o + (size_t)(t0 + r0 + 8) * out_stride + 8 * ni) = make_float2(acc[ni][2], acc[ni][3]);
+            }
+        }
+        if (warp < SW) {
+            const float el = s_eg[b * C + C - 1];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sacc[ni][e] *= el;
+            const float *kp = s_k + 16 * warp + g;
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++) {
+                const int m0 = 8 * ks + t;
+                const float d0 = s_ed[b * C + m0], d1 = s_ed[b * C + m0 + 4];
+                frag_a fa;
+                set_a<true>(fa, kp[m0 * KTLD] * d0, kp[m0 * KTLD + 8] * d0, kp[(m0 + 4) * KTLD] * d1, kp[(m0 + 4) * KTLD + 8] * d1);
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    frag_b fb;
+                    load_b_split(fb, s_vh + 8 * ks * VLD + 8 * ni, s_vl + 8 * ks * VLD + 8 * ni, VLD, g, t);
+                    mma3(sacc[ni], fa, fb);
+                }
+            }
+            store_s(); /* S in shared memory was last read in P1 */
+        }
+        __syncthreads(); /* k, Attn, V' free; S complete */
+    }
+    cp_async_wait<0>();
+    if (warp < SW) {
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            *reinterpret_cast<float2 *>(st + (size_t)(16 * warp + g) * dv + 8 * ni + 2 * t) = make_float2(sacc[ni][0], sacc[ni][1]);
+            *reinterpret_cast<float2 *>(st + (size_t)(16 * warp + g + 8) * dv + 8 * ni + 2 * t) = make_float2(sacc[ni][2], sacc[ni][3]);
+        }
+    }
+}
+
 /* ---- launch ------------------------------------------------------------------------------------------ */
 
-template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, int stride, float *wy, int n, cudaStream_t s)
+template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, int stride, float *wy, int n, int variant,
+                                                cudaStream_t s)
 {
-    const size_t wsm = wy_smem_bytes<DK>(a.dv);
-    constexpr size_t ssm = state_smem_bytes<DK>();
+    const bool fast = variant >= 1;
+    const size_t wsm = fast ? wy_smem_bytes<DK, true>(a.dv) : wy_smem_bytes<DK, false>(a.dv);
+    const size_t ssm = fast ? state_fast_smem_bytes<DK>() : state_smem_bytes<DK>();
+    auto wyk = fast ? gdn_wy_kernel<DK, true> : gdn_wy_kernel<DK, false>;
+    auto stk = fast ? gdn_chunk_state_fast_kernel<DK> : gdn_chunk_state_kernel<DK>;
     /* per call (host-side, cheap): the attribute belongs to the current device's context */
-    cudaError_t e = cudaFuncSetAttribute(gdn_wy_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
+    cudaError_t e = cudaFuncSetAttribute(wyk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gdn_chunk_state_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ssm);
+        e = cudaFuncSetAttribute(stk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ssm);
     if (e != cudaSuccess)
         return e;
     const int chunks = (n + GDC_C - 1) / GDC_C;
-    e = launch_pdl(gdn_wy_kernel<DK>, dim3(chunks, a.Hv), dim3(GDC_THREADS), wsm, s, a, (const float *)pre, stride, wy, n);
+    e = launch_pdl(wyk, dim3(chunks, a.Hv), dim3(GDC_THREADS), wsm, s, a, (const float *)pre, stride, wy, n);
     if (e != cudaSuccess)
         return e;
-    return launch_pdl(gdn_chunk_state_kernel<DK>, dim3(a.Hv * (a.dv / GDC_COLS)), dim3(GDC_THREADS), ssm, s, a,
-                      (const float *)pre, stride, (const float *)wy, n);
+    return launch_pdl(stk, dim3(a.Hv * (a.dv / GDC_COLS)), dim3(GDC_THREADS), ssm, s, a, (const float *)pre, stride,
+                      (const float *)wy, n);
 }
 
-cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s)
+cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
+                                               cudaStream_t s)
 {
-    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy)
+    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 1)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)
         return e;
     const int stride = gdn_prefill_stride(a.conv_dim, a.Hv);
     switch (a.dk) {
-    case 32: return gdc_launch<32>(a, pre, stride, wy, n_tokens, s);
-    case 64: return gdc_launch<64>(a, pre, stride, wy, n_tokens, s);
-    case 128: return gdc_launch<128>(a, pre, stride, wy, n_tokens, s);
+    case 32: return gdc_launch<32>(a, pre, stride, wy, n_tokens, variant, s);
+    case 64: return gdc_launch<64>(a, pre, stride, wy, n_tokens, variant, s);
+    case 128: return gdc_launch<128>(a, pre, stride, wy, n_tokens, variant, s);
     default: return cudaErrorInvalidValue;
     }
+}
+
+cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s)
+{
+    return launch_gdn_prefill_chunked_variant(a, pre, wy, n_tokens, 0, s);
 }

@@ -12,6 +12,20 @@
  *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
+ * Early ids (g_cuda_tuning.moe_early_ids, with PDL and the top-k ranked by the gate/up blocks): the block
+ * of item 0 also writes the top-k as tagged words (moe_args.topk_pub: hi = tag, lo = expert id / weight
+ * bits; tag = moe_pub_tag(step, layer), unique per forward call and layer of the session), and moe_down_mma's
+ * shared-expert warp polls them BEFORE its pdl_wait(), so the routed warps issue their expert loads while
+ * gate/up still runs (otherwise they wait for the whole gate/up grid). Each word carries its own tag, so
+ * no fence orders them: a word with this call's tag holds this call's value (single-copy atomic 64-bit).
+ * Deadlock-free: moe_down_mma is launched only when every gate/up block has executed pdl_trigger() (its
+ * first instruction) or exited, so the publishing block is already resident when a down block starts to
+ * poll, and what it waits on (the router, pdl_wait) never waits on moe_down_mma; the down blocks never
+ * hold resources a gate/up block still needs. Without PDL (knob pdl = 0, or the compute_80 PTX build where
+ * pdl_wait is compiled out: cuda_sm90_code()) or with the router's top-k (topk_ready) nothing is
+ * published and down reads the ids after its wait as before (moe_early_ids_on). Results are bit-identical
+ * either way (the same ids and weights feed the same arithmetic).
+ *
  * Requirements (moe_route.cu's kernels otherwise): 4-bit routed and shared experts, hidden 512..2048 (% 512),
  * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, E <= MOE_MAX_E.
  */
@@ -25,6 +39,32 @@
  * fit one SM's 64K registers, so the next layer's input projection can launch (PDL) and prefetch its
  * weights while this kernel runs */
 #define MD_DOWN_MAX_REGS 112
+
+static_assert(MOE_PUB_WORDS >= 2 * MOE_MAX_K, "moe_args.topk_pub holds 2 words per top-k slot");
+
+/* The tag of the top-k words of layer (< 256) in the forward call made at counter value step: step + 1
+ * so that zeroed words (a reset or loaded session) never match; wraps only after 2^24 forward calls. */
+__device__ __forceinline__ unsigned int moe_pub_tag(int step, int layer)
+{
+    return (((unsigned int)step + 1u) << 8) | ((unsigned int)layer & 255u);
+}
+__device__ __forceinline__ void st_relaxed_u64(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Whether this launch publishes / polls the tagged top-k (the same answer for both kernels of a layer). */
+static bool moe_early_ids_on(const moe_args &a)
+{
+    return g_cuda_tuning.moe_early_ids && g_cuda_tuning.pdl && cuda_sm90_code() && !a.topk_ready && a.topk_pub &&
+           a.step && a.layer >= 0 && a.layer < 256;
+}
 
 /* MINB: blocks per SM the registers must allow (2, or 3 so that the 9 × 32 blocks of the full model fit
  * the 132 SMs of an H200 in one wave; g_cuda_tuning.moe_gate_up_blocks).
@@ -66,6 +106,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
     mg_frag f;
     if (shared)
         mg_load(W, ra, rb, ks * CW, steps, t, f);
+    const bool pub = a.topk_pub && item == 0; /* publishes the tagged top-k (moe_early_ids) */
+    const int step = pub ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
     pdl_trigger();
     pdl_wait();
     if (!shared) {
@@ -78,8 +120,14 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
             __shared__ unsigned int s_key[MOE_MAX_E];
             moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
             if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
-                a.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
-                a.topk_w[threadIdx.x] = s_w[threadIdx.x];
+                const int i = threadIdx.x;
+                if (pub) {
+                    const unsigned long long tag = (unsigned long long)moe_pub_tag(step, a.layer) << 32;
+                    st_relaxed_u64(a.topk_pub + 2 * i, tag | (unsigned int)s_idx[i]);
+                    st_relaxed_u64(a.topk_pub + 2 * i + 1, tag | __float_as_uint(s_w[i]));
+                }
+                a.topk_idx[i] = s_idx[i];
+                a.topk_w[i] = s_w[i];
             }
             e = s_idx[slot];
         }
@@ -121,6 +169,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
     }
 }
 
+/* EARLY: the ids and weights from the tagged words, polled before pdl_wait (moe_early_ids_on). */
+template <bool EARLY>
 __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
 {
     extern __shared__ __align__(16) float md_smem[];
@@ -138,14 +188,53 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     if (shared)
         mg_load(W, ra, rb, 0, steps, t, f);
     pdl_trigger();
-    pdl_wait();
-    float wk;
-    if (!shared) {
-        const int64_t e = __ldcg(a.topk_idx + slot);
-        mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
-        wk = __ldcg(a.topk_w + slot);
+    float wk = 0.0f;
+    if (EARLY) {
+        /* the shared-expert warp (loads already issued) polls the 2K tagged words until all carry this
+         * forward call's tag (lane 2k: id of slot k, lane 2k+1: its weight), hands them over in shared
+         * memory; the routed warps then issue their expert loads, all before pdl_wait (see the top) */
+        __shared__ int s_e[MD_MAX_SLOTS];
+        __shared__ float s_w[MD_MAX_SLOTS];
+        if (shared) {
+            const unsigned int want = moe_pub_tag(__ldcg(a.step), a.layer);
+            const int nw = 2 * a.top_k;
+            unsigned long long v = 0;
+            unsigned int ns = 0, polls = 0;
+            for (;;) {
+                if (lane < nw)
+                    v = ld_relaxed_u64(a.topk_pub + lane);
+                if (__all_sync(0xffffffffu, lane >= nw || (unsigned int)(v >> 32) == want))
+                    break;
+                ns = ns ? min(2 * ns, 128u) : 16u;
+                __nanosleep(ns);
+                if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
+                    __trap();
+            }
+            if (lane < nw) {
+                if (lane & 1)
+                    s_w[lane >> 1] = __uint_as_float((unsigned int)v);
+                else
+                    s_e[lane >> 1] = (int)(unsigned int)v;
+            }
+        }
+        __syncthreads();
+        if (!shared) {
+            const int64_t e = s_e[slot];
+            mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
+            wk = s_w[slot];
+        }
+        pdl_wait();
+        if (shared)
+            wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
     } else {
-        wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
+        pdl_wait();
+        if (!shared) {
+            const int64_t e = __ldcg(a.topk_idx + slot);
+            mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
+            wk = __ldcg(a.topk_w + slot);
+        } else {
+            wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
+        }
     }
     /* this warp's x = hid[slot] (I values): scale, fragments, group sums — warp-local */
     const int hid_stride = max(a.inter, a.shared_inter);
@@ -214,8 +303,11 @@ static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
     return launch_pdl(moe_gate_up_mma_kernel<MINB, STAGED>, dim3(grid), dim3(MD_WARPS * 32), smem, s, a, tiles);
 }
 
-cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s)
+cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
 {
+    moe_args a = a0;
+    if (!moe_early_ids_on(a))
+        a.topk_pub = NULL; /* nothing polls: publish nothing */
     if (g_cuda_tuning.moe_gate_up_blocks >= 3)
         return gate_up_go<3, false>(a, s);
     return g_cuda_tuning.moe_gate_up_staged ? gate_up_go<2, true>(a, s) : gate_up_go<2, false>(a, s);
@@ -225,5 +317,7 @@ cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)
 {
     const int slots = a.top_k + 1, I = a.inter;
     const size_t smem = ((size_t)slots * (I / 2) + 2 * (size_t)slots * (I / 64)) * sizeof(float);
-    return launch_pdl(moe_down_mma_kernel, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);
+    if (moe_early_ids_on(a))
+        return launch_pdl(moe_down_mma_kernel<true>, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);
+    return launch_pdl(moe_down_mma_kernel<false>, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);
 }
