@@ -20,6 +20,10 @@
  * proves every warpgroup finished the wgmmas that read the other stage), refills the other stage, then
  * issues S, waits, does the softmax, issues P·V and waits. head_dim 256: 64 + 2 x 64 KB of shared
  * memory, one block per SM.
+ * PIPE (att_prefill 3): step j issues S of tile j, then P·V of tile j - 1, waits for S alone
+ * (wait_group 1) and does tile j's softmax while the tensor cores run that P·V, then waits for it and
+ * rescales O; K and V then have separate 2-stage rings (step j loads K j + 1 and V j). Currently ptxas
+ * reports C7513 (wgmmas serialized) for this form: correct, possibly no faster; see the bench.
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */
@@ -43,7 +47,90 @@ template <int ROWS> __device__ __forceinline__ uint32_t awg_off(int r, int d)
     return (uint32_t)((d >> 6) * ROWS * 128 + r * 128 + ((((d >> 3) & 7) ^ (r & 7)) << 4) + (d & 7) * 2);
 }
 
-template <int D, bool QF>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void awg_zero(float (&s)[APF_WG_BN / 8][4])
+{
+#pragma unroll
+    for (int nt = 0; nt < APF_WG_BN / 8; nt++)
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+}
+
+/* issue S (64 x 64 fp32, this warpgroup's rows) = Q K^T: Q rows at sq, the K tile at sk (no fence, commit
+ * or wait) */
+template <int D> __device__ __forceinline__ void awg_issue_s(float (&s)[APF_WG_BN / 8][4], uint32_t sq, uint32_t sk)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma_bf16_ss<APF_WG_BN>(s, wg_desc(sq + (kk >> 2) * APF_WG_BM * 128 + (kk & 3) * 32),
+                                 wg_desc(sk + (kk >> 2) * APF_WG_BN * 128 + (kk & 3) * 32), kk > 0);
+}
+
+/* issue O += P V: V MN-major at sv, 64-column blocks BN * 128 bytes apart (LBO), 8-key groups 1024 (SBO) */
+template <int D>
+__device__ __forceinline__ void awg_issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[APF_WG_BN / 16][4], uint32_t sv)
+{
+#pragma unroll
+    for (int ks = 0; ks < APF_WG_BN / 16; ks++)
+        wgmma_bf16_rs_tb<D>(o, pa[ks], wg_desc_sw128(sv + ks * 16 * 128, APF_WG_BN * 128, 1024));
+}
+
+/* Mask (when masked: key k0 + column visible to row i iff < lim[i]), online softmax in the exp2 domain
+ * (m, l: this lane's two rows; the quad's 4 lanes share a row), P as bf16 A fragments (k16 slice ks =
+ * keys 16ks..16ks+15 = n8 blocks 2ks, 2ks+1), l summing the rounded weights; corr = the factor O needs. */
+__device__ __forceinline__ void awg_softmax(float (&s)[APF_WG_BN / 8][4], int k0, bool masked, const int (&lim)[2],
+                                            int qid, float sl2, float (&m)[2], float (&l)[2], float (&corr)[2],
+                                            uint32_t (&pa)[APF_WG_BN / 16][4])
+{
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < APF_WG_BN / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = k0 + nt * 8 + 2 * qid + (e & 1);
+            const float v = !masked || key < lim[e >> 1] ? s[nt][e] * sl2 : -INFINITY;
+            s[nt][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    float mu[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(m[i], mx[i]);
+        mu[i] = mn == -INFINITY ? 0.0f : mn; /* no visible key yet: every p below is 0 */
+        corr[i] = exp2f(m[i] - mu[i]);
+        m[i] = mn;
+        l[i] *= corr[i];
+    }
+#pragma unroll
+    for (int ks = 0; ks < APF_WG_BN / 16; ks++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int nt = 2 * ks + hf;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float p0, p1;
+                pa[ks][2 * hf + i] = pack_bf16(exp2f(s[nt][2 * i] - mu[i]), exp2f(s[nt][2 * i + 1] - mu[i]), p0, p1);
+                l[i] += p0 + p1;
+            }
+        }
+}
+
+template <int D> __device__ __forceinline__ void awg_rescale(float (&o)[D / 8][4], const float (&corr)[2])
+{
+#pragma unroll
+    for (int jd = 0; jd < D / 8; jd++) {
+        o[jd][0] *= corr[0];
+        o[jd][1] *= corr[0];
+        o[jd][2] *= corr[1];
+        o[jd][3] *= corr[1];
+    }
+}
+
+#endif
+
+template <int D, bool QF, bool PIPE>
 __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(attn_args a, int n_tokens)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -74,23 +161,24 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
 
     const __nv_bfloat16 *kc = a.k_cache + (size_t)g * a.max_ctx * D;
     const __nv_bfloat16 *vc = a.v_cache + (size_t)g * a.max_ctx * D;
-    /* K and V tile j -> stage st: 16-byte chunks, keys >= kend zero-filled (V must be finite: P = 0 there) */
-    auto load_kv = [&](int j, int st) {
+    /* K or V tile j -> stage st: 16-byte chunks, keys >= kend zero-filled (V must be finite: P = 0 there) */
+    auto load_tile = [&](const __nv_bfloat16 *src, int j, unsigned char *dst) {
         const int k0 = kstart + j * BN;
-        unsigned char *sk = smem + S::Q_BYTES + st * S::STAGE, *sv = sk + S::T_BYTES;
         constexpr int CPR = D / 8; /* 16-byte chunks per row */
 #pragma unroll
         for (int it = 0; it < BN * CPR / AWG_THREADS; it++) {
             const int i = tid + it * AWG_THREADS, r = i / CPR, c = i % CPR, key = k0 + r;
             const bool ok = key < kend;
-            const size_t off = (size_t)(ok ? key : 0) * D + c * 8;
-            const uint32_t o = awg_off<BN>(r, c * 8);
-            cp_async16(sk + o, kc + off, ok ? 16 : 0);
-            cp_async16(sv + o, vc + off, ok ? 16 : 0);
+            cp_async16(dst + awg_off<BN>(r, c * 8), src + (size_t)(ok ? key : 0) * D + c * 8, ok ? 16 : 0);
         }
     };
-    if (n_kt > 0)
-        load_kv(0, 0);
+    auto load_k = [&](int j, int st) { load_tile(kc, j, smem + S::Q_BYTES + st * S::STAGE); };
+    auto load_v = [&](int j, int st) { load_tile(vc, j, smem + S::Q_BYTES + st * S::STAGE + S::T_BYTES); };
+    if (n_kt > 0) {
+        load_k(0, 0);
+        if (!PIPE)
+            load_v(0, 0);
+    }
     cp_async_commit();
 
     /* Q -> bf16 shared (swizzled), rows past the chunk zero: fused (raw q normed + rotated here) or fp32 a.q */
@@ -139,81 +227,91 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     const uint32_t sq = sbase + wg * 64 * 128; /* this warpgroup's 64 rows in each 64-column block */
-    for (int j = 0; j < n_kt; j++) {
-        const int st = j & 1;
-        cp_async_wait<0>();  /* tile j (the only group in flight) */
-        fence_proxy_async(); /* this thread's cp.async writes -> the async proxy */
-        __syncthreads();     /* tile j complete; every wgmma of tile j - 1 (stage st ^ 1) finished */
-        if (j + 1 < n_kt)
-            load_kv(j + 1, st ^ 1);
+    auto k_stage = [&](int st) { return sbase + S::Q_BYTES + st * S::STAGE; };
+    auto v_stage = [&](int st) { return sbase + S::Q_BYTES + st * S::STAGE + S::T_BYTES; };
+    float s[BN / 8][4];
+    uint32_t pa[BN / 16][4];
+    float corr[2];
+    if constexpr (!PIPE) {
+        for (int j = 0; j < n_kt; j++) {
+            const int st = j & 1;
+            cp_async_wait<0>();  /* tile j (the only group in flight) */
+            fence_proxy_async(); /* this thread's cp.async writes -> the async proxy */
+            __syncthreads();     /* tile j complete; every wgmma of tile j - 1 (stage st ^ 1) finished */
+            if (j + 1 < n_kt) {
+                load_k(j + 1, st ^ 1);
+                load_v(j + 1, st ^ 1);
+            }
+            cp_async_commit();
+            awg_zero(s);
+            wg_fence();
+            awg_issue_s<D>(s, sq, k_stage(st));
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_regs(s);
+            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr, pa);
+            awg_rescale<D>(o, corr);
+            wg_fence();
+            awg_issue_pv<D>(o, pa, v_stage(st));
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_regs(o);
+            wg_fence_regs(pa);
+        }
+    } else if (n_kt > 0) {
+        /* PIPE: S of tile j is issued before P·V of tile j - 1 and waited alone (wait_group 1), so the
+         * softmax of tile j runs while the tensor cores do P·V of tile j - 1; O is rescaled after. K and V
+         * have separate 2-stage rings: step j loads K j + 1 and V j. */
+        uint32_t pb[BN / 16][4]; /* P of the previous tile (read by the P·V in flight) */
+        cp_async_wait<0>(); /* K 0 */
+        fence_proxy_async();
+        __syncthreads();
+        if (1 < n_kt)
+            load_k(1, 1);
+        load_v(0, 0);
         cp_async_commit();
-        const uint32_t sk = sbase + S::Q_BYTES + st * S::STAGE, sv = sk + S::T_BYTES;
-
-        /* S = Q K^T (64 x 64 per warpgroup) */
-        float s[BN / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++)
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        awg_zero(s);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_bf16_ss<BN>(s, wg_desc(sq + (kk >> 2) * BM * 128 + (kk & 3) * 32),
-                              wg_desc(sk + (kk >> 2) * BN * 128 + (kk & 3) * 32), 1);
+        awg_issue_s<D>(s, sq, k_stage(0));
         wg_commit();
         wg_wait<0>();
-
-        /* mask (only the tiles that reach past k_all), online softmax (exp2 domain) */
-        const int k0 = kstart + j * BN;
-        const bool masked = k0 + BN > k_all;
-        float mx[2] = {-INFINITY, -INFINITY};
+        wg_fence_regs(s);
+        awg_softmax(s, kstart, kstart + BN > k_all, lim, qid, sl2, m, l, corr, pb); /* O is still 0 */
+        for (int j = 1; j < n_kt; j++) {
+            cp_async_wait<0>();  /* K j, V j - 1 */
+            fence_proxy_async();
+            __syncthreads();     /* ... complete; S j - 1 and P·V j - 2 finished in every warpgroup */
+            if (j + 1 < n_kt)
+                load_k(j + 1, (j + 1) & 1);
+            load_v(j, j & 1);
+            cp_async_commit();
+            wg_fence();
+            awg_issue_s<D>(s, sq, k_stage(j & 1));
+            wg_commit();
+            awg_issue_pv<D>(o, pb, v_stage((j - 1) & 1));
+            wg_commit();
+            wg_wait<1>(); /* S j */
+            wg_fence_regs(s);
+            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr, pa);
+            wg_wait<0>(); /* P·V j - 1 */
+            wg_fence_regs(o);
+            wg_fence_regs(pb); /* live until here: the P·V just waited for read it */
+            awg_rescale<D>(o, corr);
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++)
+            for (int ks = 0; ks < BN / 16; ks++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + nt * 8 + 2 * qid + (e & 1);
-                const float v = !masked || key < lim[e >> 1] ? s[nt][e] * sl2 : -INFINITY;
-                s[nt][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        float corr[2], mu[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            const float mn = fmaxf(m[i], mx[i]);
-            mu[i] = mn == -INFINITY ? 0.0f : mn; /* no visible key yet: every p below is 0 */
-            corr[i] = exp2f(m[i] - mu[i]);
-            m[i] = mn;
-            l[i] *= corr[i];
+                for (int r = 0; r < 4; r++)
+                    pb[ks][r] = pa[ks][r];
         }
-        /* P as bf16 A fragments: k16 slice ks = keys 16ks..16ks+15 = n8 blocks 2ks, 2ks+1 */
-        uint32_t pa[BN / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int nt = 2 * ks + hf;
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    float p0, p1;
-                    pa[ks][2 * hf + i] = pack_bf16(exp2f(s[nt][2 * i] - mu[i]), exp2f(s[nt][2 * i + 1] - mu[i]), p0, p1);
-                    l[i] += p0 + p1;
-                }
-            }
-#pragma unroll
-        for (int jd = 0; jd < D / 8; jd++) {
-            o[jd][0] *= corr[0];
-            o[jd][1] *= corr[0];
-            o[jd][2] *= corr[1];
-            o[jd][3] *= corr[1];
-        }
-        /* O += P V: V MN-major, 64-column blocks BN * 128 bytes apart (LBO), 8-key groups 1024 (SBO) */
+        cp_async_wait<0>(); /* V n_kt - 1 */
+        fence_proxy_async();
+        __syncthreads();
         wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++)
-            wgmma_bf16_rs_tb<D>(o, pa[ks], wg_desc_sw128(sv + ks * 16 * 128, BN * 128, 1024));
+        awg_issue_pv<D>(o, pb, v_stage((n_kt - 1) & 1));
         wg_commit();
         wg_wait<0>();
+        wg_fence_regs(o);
+        wg_fence_regs(pb);
     }
 
     /* epilogue: quad sums; normalise + gate, or publish the split's partial */
@@ -289,32 +387,37 @@ bool attention_prefill_wg_supported(const attn_args &a)
            attention_prefill_wg_available();
 }
 
-template <int D, bool QF>
+template <int D, bool QF, bool PIPE>
 static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
-    cudaError_t e = cuda_smem_opt_in(attention_prefill_wg_kernel<D, QF>, awg_shape<D>::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(attention_prefill_wg_kernel<D, QF, PIPE>, awg_shape<D>::SMEM, &smem_set);
     if (e != cudaSuccess)
         return e;
     const int G = a.n_heads / a.n_kv;
     dim3 grid((n_tokens * G + APF_WG_BM - 1) / APF_WG_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_wg_kernel<D, QF>, grid, dim3(AWG_THREADS), awg_shape<D>::SMEM, s, a,
+    return launch_pdl(attention_prefill_wg_kernel<D, QF, PIPE>, grid, dim3(AWG_THREADS), awg_shape<D>::SMEM, s, a,
                       n_tokens);
 }
 
-template <int D> static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
+template <int D>
+static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, bool pipe, cudaStream_t s)
 {
-    return a.q_fused ? awg_launch<D, true>(a, n_tokens, n_splits, s) : awg_launch<D, false>(a, n_tokens, n_splits, s);
+    if (pipe)
+        return a.q_fused ? awg_launch<D, true, true>(a, n_tokens, n_splits, s)
+                         : awg_launch<D, false, true>(a, n_tokens, n_splits, s);
+    return a.q_fused ? awg_launch<D, true, false>(a, n_tokens, n_splits, s)
+                     : awg_launch<D, false, false>(a, n_tokens, n_splits, s);
 }
 
-cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
+cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, bool pipe, cudaStream_t s)
 {
     if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1)
         return cudaErrorInvalidValue;
     switch (a.head_dim) {
-    case 64: return awg_launch<64>(a, n_tokens, n_splits, s);
-    case 128: return awg_launch<128>(a, n_tokens, n_splits, s);
-    case 256: return awg_launch<256>(a, n_tokens, n_splits, s);
+    case 64: return awg_launch<64>(a, n_tokens, n_splits, pipe, s);
+    case 128: return awg_launch<128>(a, n_tokens, n_splits, pipe, s);
+    case 256: return awg_launch<256>(a, n_tokens, n_splits, pipe, s);
     default: return cudaErrorInvalidValue;
     }
 }

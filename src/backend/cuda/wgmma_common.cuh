@@ -47,6 +47,28 @@ __device__ __forceinline__ void fence_proxy_async(void)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* Operand fences (CUTLASS's warpgroup_fence_operand): an empty asm that reads and redefines each register
+ * of a wgmma operand or accumulator array. The compiler sees a wgmma's registers as ready when the
+ * asm statement issuing it ends, but they belong to the tensor cores until the wait: fencing the
+ * accumulators right after wg_wait keeps their uses below the wait, and fencing a register A operand
+ * there keeps its registers from being reused while the wgmma that reads them is in flight. */
+template <int R, int C> __device__ __forceinline__ void wg_fence_regs(float (&x)[R][C])
+{
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < C; j++)
+            asm volatile("" : "+f"(x[i][j])::"memory");
+}
+template <int R, int C> __device__ __forceinline__ void wg_fence_regs(uint32_t (&x)[R][C])
+{
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < C; j++)
+            asm volatile("" : "+r"(x[i][j])::"memory");
+}
+
 /* D (64 x N fp32) = (scale_d ? D : 0) + A (64 x 16 bf16, K-major shared, descriptor da) · B (16 x N bf16,
  * K-major shared, descriptor db). */
 template <int N> __device__ __forceinline__ void wgmma_bf16_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int scale_d);
