@@ -22,8 +22,7 @@
  * memory, one block per SM.
  * PIPE (att_prefill 3): step j issues S of tile j, then P·V of tile j - 1, waits for S alone
  * (wait_group 1) and does tile j's softmax while the tensor cores run that P·V, then waits for it and
- * rescales O; K and V then have separate 2-stage rings (step j loads K j + 1 and V j). Currently ptxas
- * reports C7513 (wgmmas serialized) for this form: correct, possibly no faster; see the bench.
+ * rescales O; K and V then have separate 2-stage rings (step j loads K j + 1 and V j).
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */
@@ -49,21 +48,15 @@ template <int ROWS> __device__ __forceinline__ uint32_t awg_off(int r, int d)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-__device__ __forceinline__ void awg_zero(float (&s)[APF_WG_BN / 8][4])
-{
-#pragma unroll
-    for (int nt = 0; nt < APF_WG_BN / 8; nt++)
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-}
-
 /* issue S (64 x 64 fp32, this warpgroup's rows) = Q K^T: Q rows at sq, the K tile at sk (no fence, commit
  * or wait) */
 template <int D> __device__ __forceinline__ void awg_issue_s(float (&s)[APF_WG_BN / 8][4], uint32_t sq, uint32_t sk)
 {
+    wgmma_bf16_ss_first<APF_WG_BN>(s, wg_desc(sq), wg_desc(sk)); /* s is not live before: no zeroing */
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
+    for (int kk = 1; kk < D / 16; kk++)
         wgmma_bf16_ss<APF_WG_BN>(s, wg_desc(sq + (kk >> 2) * APF_WG_BM * 128 + (kk & 3) * 32),
-                                 wg_desc(sk + (kk >> 2) * APF_WG_BN * 128 + (kk & 3) * 32), kk > 0);
+                                 wg_desc(sk + (kk >> 2) * APF_WG_BN * 128 + (kk & 3) * 32), 1);
 }
 
 /* issue O += P V: V MN-major at sv, 64-column blocks BN * 128 bytes apart (LBO), 8-key groups 1024 (SBO) */
@@ -75,12 +68,11 @@ __device__ __forceinline__ void awg_issue_pv(float (&o)[D / 8][4], const uint32_
         wgmma_bf16_rs_tb<D>(o, pa[ks], wg_desc_sw128(sv + ks * 16 * 128, APF_WG_BN * 128, 1024));
 }
 
-/* Mask (when masked: key k0 + column visible to row i iff < lim[i]), online softmax in the exp2 domain
- * (m, l: this lane's two rows; the quad's 4 lanes share a row), P as bf16 A fragments (k16 slice ks =
- * keys 16ks..16ks+15 = n8 blocks 2ks, 2ks+1), l summing the rounded weights; corr = the factor O needs. */
+/* Mask (when masked: key k0 + column visible to row i iff < lim[i]) and online softmax in the exp2 domain
+ * (m, l: this lane's two rows; the quad's 4 lanes share a row), in place: s becomes the weights P rounded
+ * to bf16 (held as fp32; l sums exactly these) and corr the factor O needs. */
 __device__ __forceinline__ void awg_softmax(float (&s)[APF_WG_BN / 8][4], int k0, bool masked, const int (&lim)[2],
-                                            int qid, float sl2, float (&m)[2], float (&l)[2], float (&corr)[2],
-                                            uint32_t (&pa)[APF_WG_BN / 16][4])
+                                            int qid, float sl2, float (&m)[2], float (&l)[2], float (&corr)[2])
 {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -103,6 +95,7 @@ __device__ __forceinline__ void awg_softmax(float (&s)[APF_WG_BN / 8][4], int k0
         m[i] = mn;
         l[i] *= corr[i];
     }
+    /* the order of the sums: n8 blocks in pairs (k16 slices), as attention_prefill.cu */
 #pragma unroll
     for (int ks = 0; ks < APF_WG_BN / 16; ks++)
 #pragma unroll
@@ -110,11 +103,25 @@ __device__ __forceinline__ void awg_softmax(float (&s)[APF_WG_BN / 8][4], int k0
             const int nt = 2 * ks + hf;
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                float p0, p1;
-                pa[ks][2 * hf + i] = pack_bf16(exp2f(s[nt][2 * i] - mu[i]), exp2f(s[nt][2 * i + 1] - mu[i]), p0, p1);
-                l[i] += p0 + p1;
+                pack_bf16(exp2f(s[nt][2 * i] - mu[i]), exp2f(s[nt][2 * i + 1] - mu[i]), s[nt][2 * i], s[nt][2 * i + 1]);
+                l[i] += s[nt][2 * i] + s[nt][2 * i + 1];
             }
         }
+}
+
+/* P (bf16-exact values in s) as bf16 A fragments: k16 slice ks = keys 16ks..16ks+15 = n8 blocks 2ks, 2ks+1
+ * (the m16n8 C layout of two adjacent n8 blocks is the m16n8k16 A layout) */
+__device__ __forceinline__ void awg_pack_p(const float (&s)[APF_WG_BN / 8][4], uint32_t (&pa)[APF_WG_BN / 16][4])
+{
+#pragma unroll
+    for (int ks = 0; ks < APF_WG_BN / 16; ks++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float x0, x1;
+                pa[ks][2 * hf + i] = pack_bf16(s[2 * ks + hf][2 * i], s[2 * ks + hf][2 * i + 1], x0, x1);
+            }
 }
 
 template <int D> __device__ __forceinline__ void awg_rescale(float (&o)[D / 8][4], const float (&corr)[2])
@@ -243,13 +250,13 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
                 load_v(j + 1, st ^ 1);
             }
             cp_async_commit();
-            awg_zero(s);
             wg_fence();
             awg_issue_s<D>(s, sq, k_stage(st));
             wg_commit();
             wg_wait<0>();
             wg_fence_regs(s);
-            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr, pa);
+            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr);
+            awg_pack_p(s, pa);
             awg_rescale<D>(o, corr);
             wg_fence();
             awg_issue_pv<D>(o, pa, v_stage(st));
@@ -260,9 +267,9 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
         }
     } else if (n_kt > 0) {
         /* PIPE: S of tile j is issued before P·V of tile j - 1 and waited alone (wait_group 1), so the
-         * softmax of tile j runs while the tensor cores do P·V of tile j - 1; O is rescaled after. K and V
-         * have separate 2-stage rings: step j loads K j + 1 and V j. */
-        uint32_t pb[BN / 16][4]; /* P of the previous tile (read by the P·V in flight) */
+         * softmax of tile j (in place on its fp32 scores) runs while the tensor cores do P·V of tile j - 1;
+         * then O is rescaled and P j packed into the one A array. K and V have separate 2-stage rings:
+         * step j loads K j + 1 and V j. */
         cp_async_wait<0>(); /* K 0 */
         fence_proxy_async();
         __syncthreads();
@@ -270,17 +277,17 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
             load_k(1, 1);
         load_v(0, 0);
         cp_async_commit();
-        awg_zero(s);
         wg_fence();
         awg_issue_s<D>(s, sq, k_stage(0));
         wg_commit();
         wg_wait<0>();
         wg_fence_regs(s);
-        awg_softmax(s, kstart, kstart + BN > k_all, lim, qid, sl2, m, l, corr, pb); /* O is still 0 */
+        awg_softmax(s, kstart, kstart + BN > k_all, lim, qid, sl2, m, l, corr); /* O is still 0 */
+        awg_pack_p(s, pa);
         for (int j = 1; j < n_kt; j++) {
-            cp_async_wait<0>();  /* K j, V j - 1 */
+            cp_async_wait<0>(); /* K j, V j - 1 */
             fence_proxy_async();
-            __syncthreads();     /* ... complete; S j - 1 and P·V j - 2 finished in every warpgroup */
+            __syncthreads(); /* ... complete; S j - 1 and P·V j - 2 finished in every warpgroup */
             if (j + 1 < n_kt)
                 load_k(j + 1, (j + 1) & 1);
             load_v(j, j & 1);
@@ -288,30 +295,26 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
             wg_fence();
             awg_issue_s<D>(s, sq, k_stage(j & 1));
             wg_commit();
-            awg_issue_pv<D>(o, pb, v_stage((j - 1) & 1));
+            awg_issue_pv<D>(o, pa, v_stage((j - 1) & 1));
             wg_commit();
             wg_wait<1>(); /* S j */
             wg_fence_regs(s);
-            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr, pa);
+            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr);
             wg_wait<0>(); /* P·V j - 1 */
             wg_fence_regs(o);
-            wg_fence_regs(pb); /* live until here: the P·V just waited for read it */
+            wg_fence_regs(pa); /* live until here: the P·V just waited for read it */
             awg_rescale<D>(o, corr);
-#pragma unroll
-            for (int ks = 0; ks < BN / 16; ks++)
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-                    pb[ks][r] = pa[ks][r];
+            awg_pack_p(s, pa); /* P j: written only now, one P array (as FlashAttention-3) */
         }
         cp_async_wait<0>(); /* V n_kt - 1 */
         fence_proxy_async();
         __syncthreads();
         wg_fence();
-        awg_issue_pv<D>(o, pb, v_stage((n_kt - 1) & 1));
+        awg_issue_pv<D>(o, pa, v_stage((n_kt - 1) & 1));
         wg_commit();
         wg_wait<0>();
         wg_fence_regs(o);
-        wg_fence_regs(pb);
+        wg_fence_regs(pa);
     }
 
     /* epilogue: quad sums; normalise + gate, or publish the split's partial */

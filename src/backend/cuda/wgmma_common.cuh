@@ -92,6 +92,25 @@ template <> __device__ __forceinline__ void wgmma_bf16_ss<64>(float (&d)[8][4], 
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+/* D (64 x N fp32) = A · B as wgmma_bf16_ss with scale_d 0, D a pure output (not live before the call). */
+template <int N> __device__ __forceinline__ void wgmma_bf16_ss_first(float (&d)[N / 8][4], uint64_t da, uint64_t db);
+template <> __device__ __forceinline__ void wgmma_bf16_ss_first<64>(float (&d)[8][4], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]),
+          "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]),
+          "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
+          "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]),
+          "=f"(d[4][0]), "=f"(d[4][1]), "=f"(d[4][2]), "=f"(d[4][3]),
+          "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]),
+          "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]),
+          "=f"(d[7][0]), "=f"(d[7][1]), "=f"(d[7][2]), "=f"(d[7][3])
+        : "l"(da), "l"(db), "r"(0));
+}
+
 template <> __device__ __forceinline__ void wgmma_bf16_rs_tb<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
