@@ -124,8 +124,12 @@ __device__ __forceinline__ void awg_pack_p(const float (&s)[APF_WG_BN / 8][4], u
             }
 }
 
+/* O *= corr per row; skipped when no row of the warp changed its max (corr exactly 1: the common case deep
+ * in a long context, and multiplying by 1 would change nothing) */
 template <int D> __device__ __forceinline__ void awg_rescale(float (&o)[D / 8][4], const float (&corr)[2])
 {
+    if (!__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f))
+        return;
 #pragma unroll
     for (int jd = 0; jd < D / 8; jd++) {
         o[jd][0] *= corr[0];
