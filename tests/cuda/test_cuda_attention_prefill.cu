@@ -2,7 +2,9 @@
  * double-precision CPU twin: random q, bf16 KV cache and gates, n = 1, 2, 7, 64, 513 (+ odd sizes) at
  * pos = 0 and deep positions, one split and split-KV; outputs and partial buffers poisoned with NaN, and
  * the cache rows past pos + n are NaN too (the kernel must never read them into a result).
- * Exits 77 (CTest: skipped) when no GPU is present.
+ * Every case runs the mma.sync kernel (g_cuda_tuning.att_prefill 1) and, on an sm_90a GPU, the wgmma
+ * kernels (att_prefill 2 and 3, attention_prefill_wg.cu; lines tagged "wgmma" / "wgmma-pipe"; their own
+ * split count), each against the same twin and bound. Exits 77 (CTest: skipped) when no GPU is present.
  *
  * The kernel rounds q to bf16 (the twin does the same) and the softmax weights P to bf16 before P·V, with
  * the denominator summed over the rounded weights: each weight is off by at most 2^-9 relative, so
@@ -28,6 +30,7 @@
 #include <string.h>
 #include <vector>
 
+#include "backend/cuda/attention_prefill_wg.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 extern "C" {
@@ -37,6 +40,8 @@ extern "C" {
 #define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
 #include "cuda_test_util.cuh"
 #include "cuda_test_check.cuh"
+
+static bool g_wg; /* the wgmma variant runs on this GPU (attention_prefill_wg_available) */
 
 /* bf16 rounding of a double through fp32, back as double */
 static double bf16_round(double x) { return lily_bf16_to_f32(lily_f32_to_bf16((float)x)); }
@@ -179,41 +184,58 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
     std::vector<int> p0(1, pos0);
     a.pos = dev_copy(p0);
     a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = fused ? rot : 0, a.rope_theta = 1e7f;
-    std::vector<float> nan_out((size_t)n * nh * D, NAN);
-    a.out = dev_copy(nan_out);
-    a.n_splits = splits > 0 ? splits : attention_prefill_splits(a, n, pos0, 64);
-    std::vector<float> nan_po((size_t)a.n_splits * n * nh * D, NAN), nan_pml((size_t)a.n_splits * n * nh * 2, NAN);
-    a.part_o = dev_copy(nan_po);
-    a.part_ml = dev_copy(nan_pml);
-
-    char what[160];
-    char fq[32] = "";
-    if (fused)
-        snprintf(fq, sizeof fq, " fused q rot %d", rot);
-    snprintf(what, sizeof what, "attention_prefill heads %d/%d D %d pos %d n %d splits %d%s", nh, nkv, D, pos0, n,
-             a.n_splits, fq);
-    cudaError_t e = launch_attention_prefill(a, n, 0);
-    if (e == cudaSuccess)
-        e = cudaDeviceSynchronize();
-    g_checks++;
-    if (e != cudaSuccess) {
-        printf("FAIL %s: launch/run %s\n", what, cudaGetErrorString(e));
-        g_fail++;
-        exit(1); /* a device fault poisons the context: stop here */
+    /* one launch per kernel variant (g_cuda_tuning.att_prefill 1: mma.sync; 2: wgmma, 3: wgmma pipelined,
+     * where they run), each compared with the same twin below */
+    const int n_var = g_wg ? 3 : 1;
+    std::vector<float> got[3];
+    std::vector<int> var_splits(n_var);
+    char what[3][160];
+    for (int v = 0; v < n_var; v++) {
+        g_cuda_tuning.att_prefill = v + 1;
+        a.n_splits = splits > 0 ? splits : attention_prefill_splits(a, n, pos0, 64);
+        var_splits[v] = a.n_splits;
+        std::vector<float> nan_out((size_t)n * nh * D, NAN);
+        a.out = dev_copy(nan_out);
+        std::vector<float> nan_po((size_t)a.n_splits * n * nh * D, NAN), nan_pml((size_t)a.n_splits * n * nh * 2, NAN);
+        a.part_o = dev_copy(nan_po);
+        a.part_ml = dev_copy(nan_pml);
+        char fq[32] = "";
+        if (fused)
+            snprintf(fq, sizeof fq, " fused q rot %d", rot);
+        snprintf(what[v], sizeof what[v], "attention_prefill%s heads %d/%d D %d pos %d n %d splits %d%s",
+                 v == 2 ? " wgmma-pipe" : v ? " wgmma" : "", nh, nkv, D, pos0, n, a.n_splits, fq);
+        cudaError_t e = launch_attention_prefill(a, n, 0);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+        g_checks++;
+        if (e != cudaSuccess) {
+            printf("FAIL %s: launch/run %s\n", what[v], cudaGetErrorString(e));
+            g_fail++;
+            exit(1); /* a device fault poisons the context: stop here */
+        }
+        got[v] = host_copy(a.out, (size_t)n * nh * D);
+        if (fused)
+            compare_two_kernel(a, n, what[v], got[v], kc, vc);
+        cudaFree(a.out);
+        cudaFree(a.part_o);
+        cudaFree(a.part_ml);
     }
-    std::vector<float> got((size_t)n * nh * D);
-    CK(cudaMemcpy(got.data(), a.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    g_cuda_tuning.att_prefill = 1;
 
     /* twin on every token of small chunks, every 5th (+ the last two) of large ones; NaN check on all */
-    size_t n_nan = 0, first_nan = 0;
-    for (size_t i = 0; i < got.size(); i++)
-        if (got[i] != got[i] && !n_nan++)
-            first_nan = i;
+    struct stats {
+        double worst = 0, max_err = 0, bound_at_worst = 0;
+        size_t bad = 0, n_nan = 0, first_nan = 0;
+        int bad_t = -1, bad_h = -1, bad_d = -1;
+        double bad_got = 0, bad_want = 0;
+    } stv[3];
+    for (int v = 0; v < n_var; v++)
+        for (size_t i = 0; i < got[v].size(); i++)
+            if (got[v][i] != got[v][i] && !stv[v].n_nan++)
+                stv[v].first_nan = i;
     const int stride = n > 100 ? 5 : 1;
-    double worst = 0, max_err = 0, bound_at_worst = 0, max_slack = 0;
-    size_t bad = 0, n_cmp = 0;
-    int bad_t = -1, bad_h = -1, bad_d = -1;
-    double bad_got = 0, bad_want = 0;
+    double max_slack = 0;
+    size_t n_cmp = 0;
     std::vector<double> sc(pos0 + n), qb(D), qf(D), u(D, 0.0);
     for (int t = 0; t < n; t++) {
         if (t % stride && t < n - 2)
@@ -252,58 +274,63 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
                 }
                 const double gate = 1.0 / (1.0 + exp(-(double)qkv[(size_t)t * qkv_stride + (size_t)h * 2 * D + D + d]));
                 const double want = o / den * gate, tol = (5e-3 + slack) * om / den * gate + 1e-5;
-                const double gv = got[((size_t)t * nh + h) * D + d], err = fabs(gv - want);
                 n_cmp++;
-                if (!(err <= tol)) {
-                    if (!bad) {
-                        bad_t = t, bad_h = h, bad_d = d;
-                        bad_got = gv, bad_want = want;
+                for (int v = 0; v < n_var; v++) {
+                    stats &S = stv[v];
+                    const double gv = got[v][((size_t)t * nh + h) * D + d], err = fabs(gv - want);
+                    if (!(err <= tol)) {
+                        if (!S.bad) {
+                            S.bad_t = t, S.bad_h = h, S.bad_d = d;
+                            S.bad_got = gv, S.bad_want = want;
+                        }
+                        S.bad++;
                     }
-                    bad++;
-                }
-                if (err > max_err || gv != gv)
-                    max_err = gv != gv ? INFINITY : err;
-                if (err / tol > worst || gv != gv) {
-                    worst = gv != gv ? INFINITY : err / tol;
-                    bound_at_worst = tol;
+                    if (err > S.max_err || gv != gv)
+                        S.max_err = gv != gv ? INFINITY : err;
+                    if (err / tol > S.worst || gv != gv) {
+                        S.worst = gv != gv ? INFINITY : err / tol;
+                        S.bound_at_worst = tol;
+                    }
                 }
             }
         }
     }
-    if (bad || n_nan) {
-        g_fail++;
-        printf("FAIL %s: %zu of %zu compared outside the bound, %zu NaN of %zu outputs; max err %.3g, worst %.3g of "
-               "the bound (bound there %.3g)",
-               what, bad, n_cmp, n_nan, got.size(), max_err, worst, bound_at_worst);
-        if (bad)
-            printf("; first t %d h %d d %d: got %.6g want %.6g", bad_t, bad_h, bad_d, bad_got, bad_want);
-        if (n_nan)
-            printf("; first NaN t %zu h %zu d %zu", first_nan / ((size_t)nh * D), first_nan / D % nh, first_nan % D);
-        printf("\n");
-    } else {
-        printf("PASS %s: max err %.3g, worst %.3f of the bound (bound there %.3g), %zu compared", what, max_err,
-               worst, bound_at_worst, n_cmp);
-        if (fused)
-            printf(", q slack up to %.3g of mag", max_slack);
-        printf("\n");
+    for (int v = 0; v < n_var; v++) {
+        const stats &S = stv[v];
+        if (S.bad || S.n_nan) {
+            g_fail++;
+            printf("FAIL %s: %zu of %zu compared outside the bound, %zu NaN of %zu outputs; max err %.3g, worst %.3g of "
+                   "the bound (bound there %.3g)",
+                   what[v], S.bad, n_cmp, S.n_nan, got[v].size(), S.max_err, S.worst, S.bound_at_worst);
+            if (S.bad)
+                printf("; first t %d h %d d %d: got %.6g want %.6g", S.bad_t, S.bad_h, S.bad_d, S.bad_got, S.bad_want);
+            if (S.n_nan)
+                printf("; first NaN t %zu h %zu d %zu", S.first_nan / ((size_t)nh * D), S.first_nan / D % nh,
+                       S.first_nan % D);
+            printf("\n");
+        } else {
+            printf("PASS %s: max err %.3g, worst %.3f of the bound (bound there %.3g), %zu compared", what[v], S.max_err,
+                   S.worst, S.bound_at_worst, n_cmp);
+            if (fused)
+                printf(", q slack up to %.3g of mag", max_slack);
+            printf("\n");
+        }
     }
-    if (fused)
-        compare_two_kernel(a, n, what, got, kc, vc);
     cudaFree(a.qkv);
     cudaFree(a.q);
     cudaFree((void *)a.q_norm);
     cudaFree(a.k_cache);
     cudaFree(a.v_cache);
     cudaFree((void *)a.pos);
-    cudaFree(a.out);
-    cudaFree(a.part_o);
-    cudaFree(a.part_ml);
 }
 
 int main(void)
 {
     if (cuda_test_no_device())
         return 77;
+    g_wg = attention_prefill_wg_available();
+    printf("%s\n", g_wg ? "wgmma kernels (att_prefill 2, 3) available: every case runs all three variants"
+                        : "NOTE: no sm_90a wgmma kernel on this GPU: only the mma.sync kernel (att_prefill 1) is checked");
     const int ns[] = {1, 2, 7, 64, 513};
     const int poss[] = {0, 1000};
     for (int pi = 0; pi < 2; pi++)

@@ -566,8 +566,9 @@ struct moe_early_layer {
  * CUDA graph (PDL edges) with no host wait between them, a session-like reset of the counters (step 0,
  * tagged words zeroed, h kept) and 3 more replays. h and the last layer's ids after every step must be
  * bit-identical with moe_early_ids 0 and 1 (and 1 with pdl 0, where nothing is published); with the knob
- * the tagged words must hold the last forward call's ids under its tag. */
-static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
+ * the tagged words must hold the last forward call's ids under its tag. router_topk: the router GEMV's
+ * last block ranks and publishes (g_cuda_tuning.router_topk), the gate/up blocks poll too. */
+static void test_moe_early(int hidden, int E, int K, int inter, int n_layers, bool router_topk = false)
 {
     const int CAP = 16, eager = 2, replays1 = 6, replays2 = 3, n_steps = eager + replays1 + replays2;
     std::vector<moe_early_layer> Ls(n_layers);
@@ -584,6 +585,9 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     const std::vector<float> h0 = rand_vec(hidden, -1, 1);
     float *dh, *logits = dev_nan(E + 1), *hid = dev_nan((size_t)(K + 1) * inter), *topk_w = dev_nan(K), *hist;
     int *topk_idx, *ids, *rec;
+    unsigned int *counter; /* the router's finished blocks (router_topk), zero between launches */
+    CK(cudaMalloc(&counter, sizeof(unsigned int)));
+    CK(cudaMemset(counter, 0, sizeof(unsigned int)));
     unsigned char *ctr; /* pos, step at 0 / 4; tagged words at 128 (as cuda_counters) */
     CK(cudaMalloc(&dh, hidden * sizeof(float)));
     CK(cudaMalloc(&topk_idx, K * sizeof(int)));
@@ -607,6 +611,12 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
             b.y_stride[0] = E + 1;
             b.row_start[1] = E + 1;
             b.n_mats = 1;
+            b.topk_k = K, b.topk_n = E, b.topk_idx = topk_idx, b.topk_w = topk_w, b.topk_counter = counter;
+            const bool ready = router_topk && gemv_topk_supported(b, 1);
+            if (!ready)
+                b.topk_k = 0;
+            if (ready && moe_early_ids_wanted(l))
+                b.topk_pub = pub, b.topk_step = step, b.topk_layer = l;
             gemv_input in;
             memset(&in, 0, sizeof in);
             in.act = dh, in.act_stride = hidden, in.mode = GEMV_IN_RMSNORM, in.norm_w = L.nw, in.eps = 1e-6f;
@@ -616,7 +626,7 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
             m.router_logits = logits, m.logit_stride = E + 1;
             m.n_experts = E, m.top_k = K, m.inter = inter, m.shared_inter = inter, m.hidden = hidden;
             m.h = dh, m.norm_w = L.nw, m.eps = 1e-6f, m.hid = hid, m.topk_idx = topk_idx, m.topk_w = topk_w, m.out = dh;
-            m.step = step, m.topk_pub = pub, m.layer = l;
+            m.step = step, m.topk_pub = pub, m.layer = l, m.topk_ready = ready;
             e = launch_gemv(b, in, GEMV_OUT_STORE, 1, NULL, s);
             if (e == cudaSuccess)
                 e = launch_moe_gate_up(m, 1, s);
@@ -714,14 +724,15 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     const bool ok = same1 && same2 && finite && changed >= 1 && (pub_ok || !pdl_on) && pub0;
     g_checks++;
     g_fail += !ok;
-    printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers, %d steps (2 eager, 6 + 3 graph replays, "
+    printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers%s%s, %d steps (2 eager, 6 + 3 graph replays, "
            "reset): h and ids vs moe_early_ids=0 %s (max|d| %.3g), with pdl=0 %s (max|d| %.3g) | ids changed in "
            "%d of %d steps | tagged words %s, none published without the knob or PDL %s\n",
-           ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers, n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
+           ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers, router_topk ? ", top-k by the router" : "",
+           g_cuda_tuning.moe_gate_up_staged ? ", staged gate/up" : "", n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
            same2 ? "bit-identical" : "DIFFER", dmax2, changed, n_steps - 1,
            !pdl_on ? "n/a (no PDL)" : pub_ok ? "ok" : "WRONG", pub0 ? "ok" : "WRONG");
     cudaStreamDestroy(s);
-    cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr);
+    cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr), cudaFree(counter);
 }
 
 /* ---- Gated DeltaNet scan ---------------------------------------------------------------------------- */
@@ -1062,6 +1073,8 @@ int main(void)
     }
     g_cuda_tuning.moe_gate_up_staged = dflt.moe_gate_up_staged;
     test_moe_early(512, 64, 8, 128, 3);
+    test_moe_early(2048, 32, 8, 512, 2, true);
+    test_moe_early(512, 64, 8, 128, 3, true);
     /* Gated DeltaNet */
     for (int i = 0; i < 4; i++) {
         test_gdn(2, 4, 32, ns[i], 1);

@@ -17,15 +17,19 @@
  * part_ml ([split][t][head][head_dim], [split][t][head][2]) and attention_prefill_merge_kernel combines
  * them. With n_splits == 1 the block normalises and writes out directly.
  * Output: out[t][h][d] = attn * sigmoid(gate[t][h][d]), gate = second half of q_proj's head row.
+ * g_cuda_tuning.att_prefill 2 (3: pipelined) on an sm_90a GPU: the wgmma kernel of attention_prefill_wg.cu instead
+ * (same results up to fp32 summation order; launch_attention_prefill picks it, this file's merge kernel
+ * combines its splits).
  *
  * Fused q (a.q_fused, template QF): Q is staged from the raw q (first half of q_proj's head row in qkv)
  * with the q RMSNorm and partial RoPE of norm_rope.cu (the shared math of norm_rope.cuh, same bits as
- * the q that kernel writes): a warp per row sums the squares (same order as norm_rope.cu) and stores
+ * the q that kernel writes; attention_prefill_q.cuh): a warp per row sums the squares (same order as norm_rope.cu) and stores
  * the non-rotary dims, then one thread per (token, rotary pair) of the tile computes cos/sin once and
  * rotates that pair for each of the token's heads in the tile. norm_rope.cu then only appends k and v.
  */
 #include "attention_mma.cuh"
-#include "norm_rope.cuh"
+#include "attention_prefill_q.cuh"
+#include "attention_prefill_wg.cuh"
 
 #define APF_BM 64   /* query rows (token x head) per block */
 #define APF_BN 32   /* keys per tile */
@@ -37,75 +41,6 @@
 template <int D> constexpr size_t apf_smem_bytes(void)
 {
     return (size_t)(APF_BM + 4 * APF_BN) * (D + APF_PAD) * sizeof(__nv_bfloat16);
-}
-
-/* Fused q staging (QF): rows r0 .. r0 + APF_BM - 1 of sQ from the raw q in qkv, normed + rotated as in
- * norm_rope.cu; rows past the chunk zero. All threads call it (a barrier between its two steps: s_r is
- * read across warps); the main loop's first barrier publishes sQ. */
-template <int D>
-__device__ __forceinline__ void apf_stage_q_fused(const attn_args &a, int n_tokens, int r0, int g, int pos,
-                                                  __nv_bfloat16 *sQ, float *s_r)
-{
-    constexpr int LD = D + APF_PAD;
-    const int G = a.n_heads / a.n_kv, n_rows = n_tokens * G, rot = a.rot_dim;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    /* 1: a warp per row (rows warp, warp + 4, ...): 1/rms (kept in s_r for step 2) and the dims past
-     * rot_dim; rows past the chunk are all zero (their x = 0). Four rows' loads are issued together (the
-     * raw q comes from L2 / DRAM right after the projection). */
-#pragma unroll 1
-    for (int rb = 0; rb < APF_BM / APF_WARPS; rb += 4) {
-        float v[4][D / 32];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int gr = r0 + warp + APF_WARPS * (rb + u);
-            const float *src = a.qkv + (size_t)(gr / G) * a.qkv_stride + (size_t)(g * G + gr % G) * 2 * D;
-#pragma unroll
-            for (int k = 0; k < D / 32; k++)
-                v[u][k] = gr < n_rows ? src[lane + 32 * k] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int r = warp + APF_WARPS * (rb + u);
-            const bool pad = r0 + r >= n_rows;
-            float ss = 0.0f; /* same order as norm_rope.cu: the same bits */
-#pragma unroll
-            for (int k = 0; k < D / 32; k++)
-                ss = fmaf(v[u][k], v[u][k], ss);
-            ss = warp_sum(ss);
-            const float rr = head_rms_inv(ss, D, a.eps);
-            if (lane == 0)
-                s_r[r] = rr;
-            __nv_bfloat16 *qs = sQ + r * LD;
-#pragma unroll
-            for (int k = 0; k < D / 32; k++) {
-                const int d = lane + 32 * k;
-                if (d >= rot || pad)
-                    qs[d] = __float2bfloat16(v[u][k] * rr * a.q_norm[d]);
-            }
-        }
-    }
-    __syncthreads();
-    /* 2: rotary pairs (j, j + half): one cos/sin per (token, pair), applied to the token's heads in the tile */
-    const int half = rot / 2;
-    if (half == 0)
-        return;
-    const int t_first = r0 / G, t_end = min(n_tokens, (r0 + APF_BM - 1) / G + 1);
-    const int n_pairs = (t_end - t_first) * half;
-    for (int i = tid; i < n_pairs; i += APF_WARPS * 32) {
-        const int t = t_first + i / half, j = i % half;
-        double c, sn;
-        rope_cos_sin(pos + t, j, rot, a.rope_theta, &c, &sn);
-        const float w0 = a.q_norm[j], w1 = a.q_norm[j + half];
-        const int h_lo = max(0, r0 - t * G), h_hi = min(G, r0 + APF_BM - t * G); /* rows t*G+h in the tile */
-        const float *row = a.qkv + (size_t)t * a.qkv_stride + (size_t)g * G * 2 * D;
-        for (int h = h_lo; h < h_hi; h++) {
-            const int r = t * G + h - r0;
-            const float rr = s_r[r];
-            const float x = row[(size_t)h * 2 * D + j] * rr * w0, y = row[(size_t)h * 2 * D + j + half] * rr * w1;
-            sQ[r * LD + j] = __float2bfloat16(rope_first(x, y, c, sn));
-            sQ[r * LD + j + half] = __float2bfloat16(rope_second(x, y, c, sn));
-        }
-    }
 }
 
 template <int D, bool QF>
@@ -155,7 +90,8 @@ __global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_
     /* Q -> bf16 shared, rows past the chunk zero: fused (raw q normed + rotated here) or fp32 a.q */
     __shared__ float s_r[QF ? APF_BM : 1]; /* fused: 1/rms per row */
     if constexpr (QF) {
-        apf_stage_q_fused<D>(a, n_tokens, r0, g, pos, sQ, s_r);
+        apf_stage_q_fused<D, APF_BM, APF_WARPS>(a, n_tokens, r0, g, pos, s_r,
+                                                  [&](int r, int d) { return sQ + r * LD + d; });
     } else {
         for (int i = tid; i < APF_BM * (D / 4); i += APF_WARPS * 32) {
             const int r = i / (D / 4), c4 = i % (D / 4), gr = r0 + r;
@@ -384,11 +320,14 @@ int attention_prefill_splits(const attn_args &a, int n_tokens, int ctx, int cap_
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             n_sm = 132;
     }
+    /* the wgmma kernel (att_prefill 2, 3): 128-row blocks, 64-key tiles, one block per SM */
+    const bool wg = g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a);
+    const int bm = wg ? APF_WG_BM : APF_BM, bn = wg ? APF_WG_BN : APF_BN, per_sm = wg ? 1 : 2;
     const int G = a.n_heads / a.n_kv;
-    const int blocks = (n_tokens * G + APF_BM - 1) / APF_BM * a.n_kv;
-    int sp = (2 * n_sm + blocks - 1) / blocks;      /* about two blocks per SM */
+    const int blocks = (n_tokens * G + bm - 1) / bm * a.n_kv;
+    int sp = (per_sm * n_sm + blocks - 1) / blocks; /* about per_sm blocks per SM */
     sp = min(sp, cap_splits / n_tokens);            /* partial buffers */
-    sp = min(sp, (ctx + n_tokens) / (8 * APF_BN));  /* at least 8 key tiles per split */
+    sp = min(sp, (ctx + n_tokens) / (8 * bn));      /* at least 8 key tiles per split */
     return max(sp, 1);
 }
 
@@ -398,12 +337,16 @@ cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStrea
     if (!attention_prefill_supported(a) || n_tokens < 1 || (n_splits > 1 && (!a.part_o || !a.part_ml)))
         return cudaErrorInvalidValue;
     cudaError_t e;
-    switch (a.head_dim) {
-    case 64: e = apf_launch<64>(a, n_tokens, n_splits, s); break;
-    case 128: e = apf_launch<128>(a, n_tokens, n_splits, s); break;
-    case 256: e = apf_launch<256>(a, n_tokens, n_splits, s); break;
-    default: return cudaErrorInvalidValue;
-    }
+    if (g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a))
+        e = launch_attention_prefill_wg(a, n_tokens, n_splits, g_cuda_tuning.att_prefill == 3, s);
+    else if (a.head_dim == 64)
+        e = apf_launch<64>(a, n_tokens, n_splits, s);
+    else if (a.head_dim == 128)
+        e = apf_launch<128>(a, n_tokens, n_splits, s);
+    else if (a.head_dim == 256)
+        e = apf_launch<256>(a, n_tokens, n_splits, s);
+    else
+        return cudaErrorInvalidValue;
     if (e != cudaSuccess || n_splits == 1)
         return e;
     return launch_pdl(attention_prefill_merge_kernel, dim3(n_tokens * a.n_heads), dim3(128), 0, s, a, n_tokens,

@@ -90,7 +90,9 @@ typedef struct {
                              * The environment variable LILY_CUDA_GDN_PREFILL=0..4, read when a CUDA backend is
                              * created, overrides it (tests, lily eval) */
     int prefill_gemm;       /* prefill projections and MoE (n >= 16) on tensor-core GEMMs: 1, or 0 the GEMV kernels */
-    int att_prefill;        /* prefill attention (n > 1) by the flash kernel: 1, or 0 the SIMT kernel */
+    int att_prefill;        /* prefill attention (n > 1) by the flash kernel: 1, or 0 the SIMT kernel; 2: the
+                             * Hopper wgmma flash kernel (attention_prefill_wg.cu) on sm_90a, else as 1; 3: as 2
+                             * with each tile's softmax overlapping the previous tile's P·V */
     int moe_gate_up_blocks; /* decode MoE gate/up kernel: registers capped for 2 or 3 blocks per SM */
     int gemv_mma_blocks;    /* decode 4-bit GEMV: registers capped for 1 or 2 blocks per SM */
     /* prefill tensor-core GEMM (gemm_prefill.cuh; read at each launch, no capture involved) */

@@ -64,6 +64,11 @@ struct gemv_batch {
     int *topk_idx;
     float *topk_w;
     unsigned int *topk_counter;
+    /* with topk_k > 0: also publish the top-k as tagged words for the MoE kernels (moe_args.topk_pub,
+     * moe_decode.cu; NULL: not), tagged with *topk_step and topk_layer */
+    unsigned long long *topk_pub;
+    const int *topk_step;
+    int topk_layer;
 };
 
 struct gemv_input {
@@ -270,6 +275,9 @@ bool moe_route_supported(int gu_bits, int down_bits, int hidden, int inter, int 
 bool moe_decode_mma_supported(const moe_args &a, int n_tokens);
 cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s);
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s);
+/* Whether the MoE kernels of layer `layer` use the tagged top-k (g_cuda_tuning.moe_early_ids, with PDL on
+ * sm_90 code, layer < 256): with the router's top-k the router GEMV must then publish it (gemv_batch.topk_pub). */
+bool moe_early_ids_wanted(int layer);
 
 /* deltanet_scan.cu */
 struct gdn_args {

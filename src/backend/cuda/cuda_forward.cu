@@ -275,6 +275,11 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             const bool topk_in_router = g_cuda_tuning.router_topk && gemv_topk_supported(b, n);
             if (!topk_in_router)
                 b.topk_k = 0;
+            if (topk_in_router && moe_early_ids_wanted(l)) { /* the tagged words the MoE kernels poll */
+                b.topk_pub = st->ctr->moe_topk_pub;
+                b.topk_step = &st->ctr->step;
+                b.topk_layer = l;
+            }
             LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
             moe_args m;
             memset(&m, 0, sizeof m);

@@ -28,6 +28,7 @@
  * stub and gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
  */
 #include "gemm_prefill_dev.cuh"
+#include "wgmma_common.cuh" /* descriptors, fences, wait */
 
 /* Blocks per SM promised to ptxas: 2 caps the registers at 128 (N 128: 119-121 used, DEPTH 1 128; N 64:
  * 80-95; no spills, -Xptxas -v) and two blocks fit the shared memory (N 128: 87 KB each, DEPTH 1 109 KB);
@@ -47,26 +48,6 @@ struct gemm_wg_shape {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-/* Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address >> 4 (bits 0-13),
- * leading byte offset >> 4 (bits 16-29; unused by a K-major swizzled operand whose k16 slice lies in
- * one 128-byte row: 1), stride byte offset >> 4 (bits 32-45: 8 rows x 128 B = 1024 between 8-row
- * groups), base offset 0 (bits 49-51: atoms 1024-byte aligned), swizzle mode (bits 62-63: 1 = 128 B). */
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
-{
-    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-__device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait(void)
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async(void)
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 /* D (64 x N fp32, m16n8 layout per warp and n8 block) += A (64 x 16 fp16, registers) · B (16 x N fp16,
  * K-major in shared memory at desc). */

@@ -115,6 +115,9 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
         if (threadIdx.x < b.topk_k) {
             b.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
             b.topk_w[threadIdx.x] = s_w[threadIdx.x];
+            if (b.topk_pub) /* moe_early_ids: the tagged words the MoE kernels poll (moe_topk.cuh) */
+                moe_pub_write(b.topk_pub, moe_pub_tag(__ldcg(b.topk_step), b.topk_layer), threadIdx.x, s_idx[threadIdx.x],
+                              s_w[threadIdx.x]);
         }
         if (threadIdx.x == 0)
             *b.topk_counter = 0;

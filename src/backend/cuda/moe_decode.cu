@@ -12,19 +12,22 @@
  *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
- * Early ids (g_cuda_tuning.moe_early_ids, with PDL and the top-k ranked by the gate/up blocks): the block
- * of item 0 also writes the top-k as tagged words (moe_args.topk_pub: hi = tag, lo = expert id / weight
- * bits; tag = moe_pub_tag(step, layer), unique per forward call and layer of the session), and moe_down_mma's
- * shared-expert warp polls them BEFORE its pdl_wait(), so the routed warps issue their expert loads while
- * gate/up still runs (otherwise they wait for the whole gate/up grid). Each word carries its own tag, so
- * no fence orders them: a word with this call's tag holds this call's value (single-copy atomic 64-bit).
- * Deadlock-free: moe_down_mma is launched only when every gate/up block has executed pdl_trigger() (its
- * first instruction) or exited, so the publishing block is already resident when a down block starts to
- * poll, and what it waits on (the router, pdl_wait) never waits on moe_down_mma; the down blocks never
- * hold resources a gate/up block still needs. Without PDL (knob pdl = 0, or the compute_80 PTX build where
- * pdl_wait is compiled out: cuda_sm90_code()) or with the router's top-k (topk_ready) nothing is
- * published and down reads the ids after its wait as before (moe_early_ids_on). Results are bit-identical
- * either way (the same ids and weights feed the same arithmetic).
+ * Early ids (g_cuda_tuning.moe_early_ids, with PDL): the kernel that ranks the top-k — the gate/up block
+ * of item 0, or with the router's top-k (topk_ready) the router GEMV's last block — also writes it as
+ * tagged words (moe_args.topk_pub, moe_topk.cuh: hi = tag, lo = expert id / weight bits; tag =
+ * moe_pub_tag(step, layer), unique per forward call and layer of the session), and the consumers poll them
+ * BEFORE their pdl_wait(): moe_down_mma's shared-expert warp for all slots, then its routed warps issue their
+ * expert loads while gate/up still runs (otherwise they wait for the whole gate/up grid); with the router's
+ * top-k also each routed gate/up block for its slot. Each word carries its own tag, so no fence orders
+ * them: a word with this call's tag holds this call's value (single-copy atomic 64-bit accesses).
+ * Deadlock-free: a kernel is launched only when every block of its predecessor has executed pdl_trigger()
+ * (gate/up and down: first thing; the router GEMV: after its own wait) or exited, so the publishing block
+ * is already resident when a consumer starts to poll, and what the publisher waits on (its own pdl_wait:
+ * the router, or the kernel before the router) never waits on the polling kernel; the pollers hold no
+ * resources a publisher still needs. Without PDL (knob pdl = 0, or the compute_80 PTX build where
+ * pdl_wait is compiled out: cuda_sm90_code()) nothing is published or polled and the ids are read after
+ * the wait as before (moe_early_ids_wanted). Results are bit-identical either way (the same ids and
+ * weights feed the same arithmetic).
  *
  * Requirements (moe_route.cu's kernels otherwise): 4-bit routed and shared experts, hidden 512..2048 (% 512),
  * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, E <= MOE_MAX_E.
@@ -42,28 +45,15 @@
 
 static_assert(MOE_PUB_WORDS >= 2 * MOE_MAX_K, "moe_args.topk_pub holds 2 words per top-k slot");
 
-/* The tag of the top-k words of layer (< 256) in the forward call made at counter value step: step + 1
- * so that zeroed words (a reset or loaded session) never match; wraps only after 2^24 forward calls. */
-__device__ __forceinline__ unsigned int moe_pub_tag(int step, int layer)
+bool moe_early_ids_wanted(int layer)
 {
-    return (((unsigned int)step + 1u) << 8) | ((unsigned int)layer & 255u);
-}
-__device__ __forceinline__ void st_relaxed_u64(unsigned long long *p, unsigned long long v)
-{
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long *p)
-{
-    unsigned long long v;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
+    return g_cuda_tuning.moe_early_ids && g_cuda_tuning.pdl && cuda_sm90_code() && layer >= 0 && layer < 256;
 }
 
 /* Whether this launch publishes / polls the tagged top-k (the same answer for both kernels of a layer). */
 static bool moe_early_ids_on(const moe_args &a)
 {
-    return g_cuda_tuning.moe_early_ids && g_cuda_tuning.pdl && cuda_sm90_code() && !a.topk_ready && a.topk_pub &&
-           a.step && a.layer >= 0 && a.layer < 256;
+    return moe_early_ids_wanted(a.layer) && a.topk_pub && a.step;
 }
 
 /* MINB: blocks per SM the registers must allow (2, or 3 so that the 9 × 32 blocks of the full model fit
@@ -106,11 +96,32 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
     mg_frag f;
     if (shared)
         mg_load(W, ra, rb, ks * CW, steps, t, f);
-    const bool pub = a.topk_pub && item == 0; /* publishes the tagged top-k (moe_early_ids) */
-    const int step = pub ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
+    /* moe_early_ids (a.topk_pub set): with the top-k ranked here, item 0 publishes it; with the router's
+     * top-k, each routed block polls its slot's id before pdl_wait (the router's blocks are all resident or
+     * done: they trigger after their own wait) and issues its expert loads at once */
+    const bool pub = a.topk_pub && !a.topk_ready && item == 0, early = a.topk_pub && a.topk_ready && !shared;
+    const int step = pub || early ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
     pdl_trigger();
+    if (early) {
+        __shared__ int s_e;
+        if (threadIdx.x == 0) {
+            const unsigned int want = moe_pub_tag(step, a.layer);
+            unsigned long long v;
+            unsigned int ns = 0, polls = 0;
+            while ((unsigned int)((v = ld_relaxed_u64(a.topk_pub + 2 * slot)) >> 32) != want) {
+                ns = ns ? min(2 * ns, 128u) : 16u;
+                __nanosleep(ns);
+                if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
+                    __trap();
+            }
+            s_e = (int)(unsigned int)v;
+        }
+        __syncthreads();
+        const int64_t e = s_e;
+        mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
+    }
     pdl_wait();
-    if (!shared) {
+    if (!shared && !early) {
         int64_t e;
         if (a.topk_ready) {
             e = __ldcg(a.topk_idx + slot);
@@ -121,11 +132,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
             moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
             if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
                 const int i = threadIdx.x;
-                if (pub) {
-                    const unsigned long long tag = (unsigned long long)moe_pub_tag(step, a.layer) << 32;
-                    st_relaxed_u64(a.topk_pub + 2 * i, tag | (unsigned int)s_idx[i]);
-                    st_relaxed_u64(a.topk_pub + 2 * i + 1, tag | __float_as_uint(s_w[i]));
-                }
+                if (pub)
+                    moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
                 a.topk_idx[i] = s_idx[i];
                 a.topk_w[i] = s_w[i];
             }

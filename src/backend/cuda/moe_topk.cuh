@@ -13,6 +13,33 @@
 #define MOE_MAX_K 16
 #define MOE_MAX_E 512
 
+/* Tagged top-k words (moe_args.topk_pub, moe_decode.cu: g_cuda_tuning.moe_early_ids): word 2k = tag << 32 |
+ * expert id of slot k, word 2k + 1 = tag << 32 | its weight's bits, written by the kernel that ranks (the
+ * router GEMV's last block, or the gate/up block of item 0) and polled by the MoE kernels before their PDL
+ * wait. The tag of layer (< 256) in the forward call made at counter value step is (step + 1) << 8 | layer:
+ * zeroed words (a reset or loaded session) never match; it wraps only after 2^24 forward calls. */
+__device__ __forceinline__ unsigned int moe_pub_tag(int step, int layer)
+{
+    return (((unsigned int)step + 1u) << 8) | ((unsigned int)layer & 255u);
+}
+__device__ __forceinline__ void st_relaxed_u64(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+/* Publish slot i (id, weight) under tag. */
+__device__ __forceinline__ void moe_pub_write(unsigned long long *pub, unsigned int tag, int i, int id, float w)
+{
+    const unsigned long long hi = (unsigned long long)tag << 32;
+    st_relaxed_u64(pub + 2 * i, hi | (unsigned int)id);
+    st_relaxed_u64(pub + 2 * i + 1, hi | __float_as_uint(w));
+}
+
 /* The logit of an order-preserving key (argmax_key's high word, cuda_common.cuh), bit for bit. */
 __device__ __forceinline__ float moe_key_value(unsigned int u)
 {
