@@ -38,114 +38,21 @@
  *   B (8x8, col):  b0 = (k t, n g), b1 = (k t+4, n g)
  *   C (16x8):      c0 = (g, 2t), c1 = (g, 2t+1), c2 = (g+8, 2t), c3 = (g+8, 2t+1)
  */
-#include "attention_mma.cuh"
-#include "cuda_common.cuh"
+#include "deltanet_chunked.cuh"
 
-#define GDC_C 64       /* chunk length */
-#define GDC_THREADS 256
-#define GDC_COLS 32    /* state columns per block of gdn_chunk_state_kernel */
-#define GDC_ALD 68     /* ld of the 64x64 shared matrices (≡ 4 mod 32: conflict-free A fragments) */
-#define GDC_VLD 40     /* ld of 32-column shared matrices used as B (≡ 8 mod 32) */
-
-__host__ __device__ __forceinline__ static int record_floats(int dk, int dv)
-{
-    return GDC_C * (dk + dv) + GDC_C * GDC_C + 2 * GDC_C;
-}
 int gdn_chunked_record_floats(int dk, int dv) { return record_floats(dk, dv); }
 
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv)
 {
+    /* the records, then S at each chunk's start (variants 2/3, deltanet_chunked_o.cu) */
     const size_t chunks = ((size_t)max_tokens + GDC_C - 1) / GDC_C;
-    return chunks * (size_t)Hv * (size_t)record_floats(dk, dv);
+    return chunks * (size_t)Hv * ((size_t)record_floats(dk, dv) + (size_t)dk * dv);
 }
 
 bool gdn_chunked_supported(const gdn_args &a)
 {
     return gdn_prefill_supported(a) && (a.dk == 32 || a.dk == 64 || a.dk == 128) && a.dv % GDC_COLS == 0 &&
            a.dv <= 128;
-}
-
-/* ---- 3xTF32 tensor-core helpers ---------------------------------------------------------------- */
-
-__device__ __forceinline__ uint32_t tf32_rna(float x)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
-struct frag_a {
-    uint32_t h[4], l[4];
-};
-struct frag_b {
-    uint32_t h[2], l[2];
-};
-
-/* FAST = false: both parts rounded by cvt.rna (ptxas emits 4-5 integer/compare ops per cvt).
- * FAST = true (gdn_prefill 4/5): hi = the same round-to-nearest-away done as one add + one mask on the
- * bits (finite inputs), lo = x - hi (exact in fp32) truncated to tf32 by a mask: lo's error grows from
- * 2^-22 to 2^-21 of |x|, against the 2^-22 of the a_lo·b_lo term that is dropped anyway. */
-template <bool FAST> __device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo)
-{
-    if (FAST) {
-        hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-        lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
-    } else {
-        hi = tf32_rna(x);
-        lo = tf32_rna(x - __uint_as_float(hi));
-    }
-}
-
-template <bool FAST = false> __device__ __forceinline__ void set_a(frag_a &f, float a0, float a1, float a2, float a3)
-{
-    split_tf32<FAST>(a0, f.h[0], f.l[0]);
-    split_tf32<FAST>(a1, f.h[1], f.l[1]);
-    split_tf32<FAST>(a2, f.h[2], f.l[2]);
-    split_tf32<FAST>(a3, f.h[3], f.l[3]);
-}
-template <bool FAST = false> __device__ __forceinline__ void set_b(frag_b &f, float b0, float b1)
-{
-    split_tf32<FAST>(b0, f.h[0], f.l[0]);
-    split_tf32<FAST>(b1, f.h[1], f.l[1]);
-}
-
-/* A tile (16 x 8) of a row-major matrix at p (leading dimension ld) */
-template <bool FAST = false> __device__ __forceinline__ void load_a(frag_a &f, const float *p, int ld, int g, int t)
-{
-    set_a<FAST>(f, p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]);
-}
-/* B tile (8 x 8), B[k][n] = p[k * ld + n] */
-template <bool FAST = false> __device__ __forceinline__ void load_b(frag_b &f, const float *p, int ld, int g, int t)
-{
-    set_b<FAST>(f, p[t * ld + g], p[(t + 4) * ld + g]);
-}
-/* B tile (8 x 8) of a matrix stored pre-split: hi parts at ph, lo parts at pl (same layout) */
-__device__ __forceinline__ void load_b_split(frag_b &f, const uint32_t *ph, const uint32_t *pl, int ld, int g, int t)
-{
-    f.h[0] = ph[t * ld + g], f.h[1] = ph[(t + 4) * ld + g];
-    f.l[0] = pl[t * ld + g], f.l[1] = pl[(t + 4) * ld + g];
-}
-/* x split once into the hi/lo arrays (FAST rounding) */
-__device__ __forceinline__ void store_split(uint32_t *ph, uint32_t *pl, int i, float x)
-{
-    uint32_t h, l;
-    split_tf32<true>(x, h, l);
-    ph[i] = h, pl[i] = l;
-}
-
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-/* d += a·b, small terms first; a_lo·b_lo (2^-22 relative) dropped */
-__device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, const frag_b &b)
-{
-    mma_tf32(d, a.l, b.h);
-    mma_tf32(d, a.h, b.l);
-    mma_tf32(d, a.h, b.h);
 }
 
 /* ---- kernel 1: the intra-chunk matrices ---------------------------------------------------------- */
@@ -822,7 +729,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     auto stk = fast ? gdn_chunk_state_fast_kernel<DK> : gdn_chunk_state_kernel<DK>;
     /* per call (host-side, cheap): the attribute belongs to the current device's context */
     cudaError_t e = cudaFuncSetAttribute(wyk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && variant < 2)
         e = cudaFuncSetAttribute(stk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ssm);
     if (e != cudaSuccess)
         return e;
@@ -830,6 +737,8 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     e = launch_pdl(wyk, dim3(chunks, a.Hv), dim3(GDC_THREADS), wsm, s, a, (const float *)pre, stride, wy, n);
     if (e != cudaSuccess)
         return e;
+    if (variant >= 2) /* the state-only chain, then the output in parallel (deltanet_chunked_o.cu) */
+        return gdn_chunked_launch_state_out(a, pre, stride, wy, n, variant == 2, s);
     return launch_pdl(stk, dim3(a.Hv * (a.dv / GDC_COLS)), dim3(GDC_THREADS), ssm, s, a, (const float *)pre, stride,
                       (const float *)wy, n);
 }
@@ -837,7 +746,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
 cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
                                                cudaStream_t s)
 {
-    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 1)
+    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 3)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)
