@@ -233,6 +233,61 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 
     /* W = T (β exp(γ) ⊙ K) | U = T (β ⊙ V): n-tiles of 8 columns over the concatenation [dk | dv] */
     const int NT = (DK + dv) / 8;
+    if (FAST) { /* warp's n-tiles warp + 8i (i < 4: NT <= 32) at once, each T fragment loaded once */
+        constexpr int NW = GDC_THREADS / 32;
+        const uint32_t *th = reinterpret_cast<const uint32_t *>(s_a);
+        float acc[4][4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[i][mi][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < C / 8; ks++) {
+            const int m0 = 8 * ks + t;
+            frag_b fb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int nt = warp + NW * i;
+                if (nt < NT) {
+                    const bool isk = nt < DK / 8;
+                    const float *bp = isk ? s_k + 8 * nt : s_v + 8 * (nt - DK / 8);
+                    const int bld = isk ? KLD : VLD;
+                    const float *scale = isk ? s_sk : s_beta;
+                    set_b<true>(fb[i], bp[m0 * bld + g] * scale[m0], bp[(m0 + 4) * bld + g] * scale[m0 + 4]);
+                }
+            }
+#pragma unroll
+            for (int mi = ks / 2; mi < 4; mi++) { /* T[i][m] = 0 for m > i */
+                frag_a fa;
+                const int o = (16 * mi + g) * GDC_ALD + 8 * ks + t;
+                fa.h[0] = th[o], fa.h[1] = th[o + 8 * GDC_ALD], fa.h[2] = th[o + 4], fa.h[3] = th[o + 8 * GDC_ALD + 4];
+                fa.l[0] = s_alo[o], fa.l[1] = s_alo[o + 8 * GDC_ALD], fa.l[2] = s_alo[o + 4], fa.l[3] = s_alo[o + 8 * GDC_ALD + 4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (warp + NW * i < NT)
+                        mma3(acc[i][mi], fa, fb[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int nt = warp + NW * i;
+            if (nt < NT) {
+                const bool isk = nt < DK / 8;
+                float *dst = isk ? rW + 8 * nt : rU + 8 * (nt - DK / 8);
+                const int dld = isk ? DK : dv;
+#pragma unroll
+                for (int mi = 0; mi < 4; mi++) {
+                    const int r = 16 * mi + g;
+                    *reinterpret_cast<float2 *>(dst + r * dld + 2 * t) = make_float2(acc[i][mi][0], acc[i][mi][1]);
+                    *reinterpret_cast<float2 *>(dst + (r + 8) * dld + 2 * t) = make_float2(acc[i][mi][2], acc[i][mi][3]);
+                }
+            }
+        }
+        return;
+    }
     for (int nt = warp; nt < NT; nt += GDC_THREADS / 32) {
         const bool isk = nt < DK / 8;
         const float *bp = isk ? s_k + 8 * nt : s_v + 8 * (nt - DK / 8);
@@ -252,14 +307,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 #pragma unroll
             for (int mi = ks / 2; mi < 4; mi++) { /* T[i][m] = 0 for m > i */
                 frag_a fa;
-                if (FAST) {
-                    const int o = (16 * mi + g) * GDC_ALD + 8 * ks + t;
-                    const uint32_t *th = reinterpret_cast<const uint32_t *>(s_a);
-                    fa.h[0] = th[o], fa.h[1] = th[o + 8 * GDC_ALD], fa.h[2] = th[o + 4], fa.h[3] = th[o + 8 * GDC_ALD + 4];
-                    fa.l[0] = s_alo[o], fa.l[1] = s_alo[o + 8 * GDC_ALD], fa.l[2] = s_alo[o + 4], fa.l[3] = s_alo[o + 8 * GDC_ALD + 4];
-                } else {
-                    load_a(fa, s_a + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
-                }
+                load_a(fa, s_a + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
                 mma3(acc[mi], fa, fb);
             }
         }
