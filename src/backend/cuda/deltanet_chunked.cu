@@ -33,6 +33,11 @@
  * missed test_cuda_gdn_prefill's state bound (1e-4 absolute) by 2-6x, 3xTF32 stayed under 0.5% of it.
  * The forward substitution, γ scan and gates are fp32/double SIMT.
  *
+ * Variants (launch_gdn_prefill_chunked_variant, g_cuda_tuning.gdn_prefill 4..7 = 1..4): 1 = the cheap split
+ * (split_tf32<true>) in both kernels, T, S and V' split once into hi/lo arrays in shared memory, W/Q of the
+ * state kernel single-buffered (gdn_chunk_state_fast_kernel); 2, 3, 4: the WY kernel of 1, then the output
+ * off the sequential chain (deltanet_chunked_o.cu: 3xTF32 / 1xTF32 output, 4 = bf16x3 chain).
+ *
  * mma.sync m16n8k8 tf32 fragments (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16x8, row): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
  *   B (8x8, col):  b0 = (k t, n g), b1 = (k t+4, n g)
@@ -44,7 +49,7 @@ int gdn_chunked_record_floats(int dk, int dv) { return record_floats(dk, dv); }
 
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv)
 {
-    /* the records, then S at each chunk's start (variants 2/3, deltanet_chunked_o.cu) */
+    /* the records, then S at each chunk's start (variants 2-4, deltanet_chunked_o.cu) */
     const size_t chunks = ((size_t)max_tokens + GDC_C - 1) / GDC_C;
     return chunks * (size_t)Hv * ((size_t)record_floats(dk, dv) + (size_t)dk * dv);
 }
@@ -786,7 +791,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     if (e != cudaSuccess)
         return e;
     if (variant >= 2) /* the state-only chain, then the output in parallel (deltanet_chunked_o.cu) */
-        return gdn_chunked_launch_state_out(a, pre, stride, wy, n, variant == 2, s);
+        return gdn_chunked_launch_state_out(a, pre, stride, wy, n, variant == 2, variant == 4, s);
     return launch_pdl(stk, dim3(a.Hv * (a.dv / GDC_COLS)), dim3(GDC_THREADS), ssm, s, a, (const float *)pre, stride,
                       (const float *)wy, n);
 }
@@ -794,7 +799,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
 cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
                                                cudaStream_t s)
 {
-    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 3)
+    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 4)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)
