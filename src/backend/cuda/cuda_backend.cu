@@ -302,7 +302,7 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
         memset(&ga, 0, sizeof ga);
         ga.Hk = cfg->gdn_n_key_heads, ga.Hv = cfg->gdn_n_value_heads, ga.dk = cfg->gdn_key_head_dim;
         ga.dv = cfg->gdn_value_head_dim, ga.K = cfg->gdn_conv_kernel, ga.conv_dim = lily_config_gdn_conv_dim(cfg);
-        if (gdn_chunked_supported(ga)) /* chunked delta rule (gdn_prefill 2/3): 169 MB at C = 4096, full model */
+        if (gdn_chunked_supported(ga)) /* chunked delta rule (gdn_prefill 2-6): 303 MB at C = 4096, full model */
             AL(c->gdn_wy, gdn_chunked_scratch_floats((int)C, ga.Hv, ga.dk, ga.dv) * 4);
     }
     AL(c->q, C * cfg->n_heads * cfg->head_dim * 4);
@@ -366,7 +366,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         return shapes;
     /* test/bench override of the DeltaNet prefill knob for whole-program runs (lily eval): see cuda_backend.h */
     const char *gp_env = getenv("LILY_CUDA_GDN_PREFILL");
-    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '4' && !gp_env[1])
+    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '7' && !gp_env[1])
         g_cuda_tuning.gdn_prefill = gp_env[0] - '0';
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)

@@ -86,9 +86,10 @@ typedef struct {
     int gdn_prefill;        /* Gated DeltaNet prefill (n > 1): 1 prep + sequential recurrence (deltanet_prefill.cu),
                              * 2 prep + chunked delta rule on tensor cores (deltanet_chunked.cu) for every n > 1,
                              * 3 chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh), else 1; 0 the general scan;
-                             * 4 as 3 with the chunked kernels' variant 1 (cheap tf32 split, pre-split operands);
+                             * 4..7: as 3 with the chunked kernels' variant 1..4 (launch_gdn_prefill_chunked_variant:
+                             * cheap tf32 split; + output off the chain in 3xTF32; in 1xTF32; + the chain in bf16x3);
                              * default 4 (H200, 4096-token chunk: DeltaNet 22.8 vs 28.2 ms with 3).
-                             * The environment variable LILY_CUDA_GDN_PREFILL=0..4, read when a CUDA backend is
+                             * The environment variable LILY_CUDA_GDN_PREFILL=0..7, read when a CUDA backend is
                              * created, overrides it (tests, lily eval) */
     int prefill_gemm;       /* prefill projections and MoE (n >= 16) on tensor-core GEMMs: 1, or 0 the GEMV kernels */
     int att_prefill;        /* prefill attention (n > 1) by the flash kernel: 1, or 0 the SIMT kernel; 2: the
@@ -114,6 +115,7 @@ typedef struct {
     int gemv_stream;        /* 0 off; N > 0: batches of >= N KiB of weights (data + scales + biases); default 1
                              * (every shape it has), measured 442 vs 410 tok/s at 4K (H200) */
     int gemv_stream_stages; /* ring stages (one group of 8 warps' tiles each): 0 as many as fit, else 1..8 */
+<<<<<<< HEAD
     int moe_early_ids;      /* decode MoE down (moe_decode.cu, with PDL, top-k ranked by the gate/up blocks): 1 = the
                              * gate/up block that ranks the top-k publishes it as step-tagged words and the down
                              * blocks poll them before their PDL wait, so the expert loads start while gate/up still
@@ -121,6 +123,13 @@ typedef struct {
     int gemm_prep_rows;     /* prefill activation pre-pass (gemm_prep.cu): 1 = 1-8 warps per row, values in
                              * registers; 0 = one block per row through shared memory; default 1 (H200, 4K
                              * prompt: 36,329 vs 34,542 tok/s) */
+=======
+    int moe_early_ids;      /* decode MoE (moe_decode.cu, with PDL): 1 = the kernel that ranks the top-k (the gate/up
+                             * block of item 0, or the router's last block with router_topk) publishes it as
+                             * step-tagged words and the down blocks (and with router_topk the gate/up blocks) poll
+                             * them before their PDL wait, so the expert loads start while the previous kernel still
+                             * runs; 0 = the ids read after the wait */
+>>>>>>> main
 } lily_cuda_tuning;
 #define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 4, 0, 0, 1, 1, 1, 0, 1, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);

@@ -33,119 +33,31 @@
  * missed test_cuda_gdn_prefill's state bound (1e-4 absolute) by 2-6x, 3xTF32 stayed under 0.5% of it.
  * The forward substitution, γ scan and gates are fp32/double SIMT.
  *
+ * Variants (launch_gdn_prefill_chunked_variant, g_cuda_tuning.gdn_prefill 4..7 = 1..4): 1 = the cheap split
+ * (split_tf32<true>) in both kernels, T, S and V' split once into hi/lo arrays in shared memory, W/Q of the
+ * state kernel single-buffered (gdn_chunk_state_fast_kernel); 2, 3, 4: the WY kernel of 1, then the output
+ * off the sequential chain (deltanet_chunked_o.cu: 3xTF32 / 1xTF32 output, 4 = bf16x3 chain).
+ *
  * mma.sync m16n8k8 tf32 fragments (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16x8, row): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
  *   B (8x8, col):  b0 = (k t, n g), b1 = (k t+4, n g)
  *   C (16x8):      c0 = (g, 2t), c1 = (g, 2t+1), c2 = (g+8, 2t), c3 = (g+8, 2t+1)
  */
-#include "attention_mma.cuh"
-#include "cuda_common.cuh"
+#include "deltanet_chunked.cuh"
 
-#define GDC_C 64       /* chunk length */
-#define GDC_THREADS 256
-#define GDC_COLS 32    /* state columns per block of gdn_chunk_state_kernel */
-#define GDC_ALD 68     /* ld of the 64x64 shared matrices (≡ 4 mod 32: conflict-free A fragments) */
-#define GDC_VLD 40     /* ld of 32-column shared matrices used as B (≡ 8 mod 32) */
-
-__host__ __device__ __forceinline__ static int record_floats(int dk, int dv)
-{
-    return GDC_C * (dk + dv) + GDC_C * GDC_C + 2 * GDC_C;
-}
 int gdn_chunked_record_floats(int dk, int dv) { return record_floats(dk, dv); }
 
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv)
 {
+    /* the records, then S at each chunk's start (variants 2-4, deltanet_chunked_o.cu) */
     const size_t chunks = ((size_t)max_tokens + GDC_C - 1) / GDC_C;
-    return chunks * (size_t)Hv * (size_t)record_floats(dk, dv);
+    return chunks * (size_t)Hv * ((size_t)record_floats(dk, dv) + (size_t)dk * dv);
 }
 
 bool gdn_chunked_supported(const gdn_args &a)
 {
     return gdn_prefill_supported(a) && (a.dk == 32 || a.dk == 64 || a.dk == 128) && a.dv % GDC_COLS == 0 &&
            a.dv <= 128;
-}
-
-/* ---- 3xTF32 tensor-core helpers ---------------------------------------------------------------- */
-
-__device__ __forceinline__ uint32_t tf32_rna(float x)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
-struct frag_a {
-    uint32_t h[4], l[4];
-};
-struct frag_b {
-    uint32_t h[2], l[2];
-};
-
-/* FAST = false: both parts rounded by cvt.rna (ptxas emits 4-5 integer/compare ops per cvt).
- * FAST = true (gdn_prefill 4/5): hi = the same round-to-nearest-away done as one add + one mask on the
- * bits (finite inputs), lo = x - hi (exact in fp32) truncated to tf32 by a mask: lo's error grows from
- * 2^-22 to 2^-21 of |x|, against the 2^-22 of the a_lo·b_lo term that is dropped anyway. */
-template <bool FAST> __device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo)
-{
-    if (FAST) {
-        hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-        lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
-    } else {
-        hi = tf32_rna(x);
-        lo = tf32_rna(x - __uint_as_float(hi));
-    }
-}
-
-template <bool FAST = false> __device__ __forceinline__ void set_a(frag_a &f, float a0, float a1, float a2, float a3)
-{
-    split_tf32<FAST>(a0, f.h[0], f.l[0]);
-    split_tf32<FAST>(a1, f.h[1], f.l[1]);
-    split_tf32<FAST>(a2, f.h[2], f.l[2]);
-    split_tf32<FAST>(a3, f.h[3], f.l[3]);
-}
-template <bool FAST = false> __device__ __forceinline__ void set_b(frag_b &f, float b0, float b1)
-{
-    split_tf32<FAST>(b0, f.h[0], f.l[0]);
-    split_tf32<FAST>(b1, f.h[1], f.l[1]);
-}
-
-/* A tile (16 x 8) of a row-major matrix at p (leading dimension ld) */
-template <bool FAST = false> __device__ __forceinline__ void load_a(frag_a &f, const float *p, int ld, int g, int t)
-{
-    set_a<FAST>(f, p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]);
-}
-/* B tile (8 x 8), B[k][n] = p[k * ld + n] */
-template <bool FAST = false> __device__ __forceinline__ void load_b(frag_b &f, const float *p, int ld, int g, int t)
-{
-    set_b<FAST>(f, p[t * ld + g], p[(t + 4) * ld + g]);
-}
-/* B tile (8 x 8) of a matrix stored pre-split: hi parts at ph, lo parts at pl (same layout) */
-__device__ __forceinline__ void load_b_split(frag_b &f, const uint32_t *ph, const uint32_t *pl, int ld, int g, int t)
-{
-    f.h[0] = ph[t * ld + g], f.h[1] = ph[(t + 4) * ld + g];
-    f.l[0] = pl[t * ld + g], f.l[1] = pl[(t + 4) * ld + g];
-}
-/* x split once into the hi/lo arrays (FAST rounding) */
-__device__ __forceinline__ void store_split(uint32_t *ph, uint32_t *pl, int i, float x)
-{
-    uint32_t h, l;
-    split_tf32<true>(x, h, l);
-    ph[i] = h, pl[i] = l;
-}
-
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-/* d += a·b, small terms first; a_lo·b_lo (2^-22 relative) dropped */
-__device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, const frag_b &b)
-{
-    mma_tf32(d, a.l, b.h);
-    mma_tf32(d, a.h, b.l);
-    mma_tf32(d, a.h, b.h);
 }
 
 /* ---- kernel 1: the intra-chunk matrices ---------------------------------------------------------- */
@@ -326,6 +238,61 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 
     /* W = T (β exp(γ) ⊙ K) | U = T (β ⊙ V): n-tiles of 8 columns over the concatenation [dk | dv] */
     const int NT = (DK + dv) / 8;
+    if (FAST) { /* warp's n-tiles warp + 8i (i < 4: NT <= 32) at once, each T fragment loaded once */
+        constexpr int NW = GDC_THREADS / 32;
+        const uint32_t *th = reinterpret_cast<const uint32_t *>(s_a);
+        float acc[4][4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[i][mi][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < C / 8; ks++) {
+            const int m0 = 8 * ks + t;
+            frag_b fb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int nt = warp + NW * i;
+                if (nt < NT) {
+                    const bool isk = nt < DK / 8;
+                    const float *bp = isk ? s_k + 8 * nt : s_v + 8 * (nt - DK / 8);
+                    const int bld = isk ? KLD : VLD;
+                    const float *scale = isk ? s_sk : s_beta;
+                    set_b<true>(fb[i], bp[m0 * bld + g] * scale[m0], bp[(m0 + 4) * bld + g] * scale[m0 + 4]);
+                }
+            }
+#pragma unroll
+            for (int mi = ks / 2; mi < 4; mi++) { /* T[i][m] = 0 for m > i */
+                frag_a fa;
+                const int o = (16 * mi + g) * GDC_ALD + 8 * ks + t;
+                fa.h[0] = th[o], fa.h[1] = th[o + 8 * GDC_ALD], fa.h[2] = th[o + 4], fa.h[3] = th[o + 8 * GDC_ALD + 4];
+                fa.l[0] = s_alo[o], fa.l[1] = s_alo[o + 8 * GDC_ALD], fa.l[2] = s_alo[o + 4], fa.l[3] = s_alo[o + 8 * GDC_ALD + 4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (warp + NW * i < NT)
+                        mma3(acc[i][mi], fa, fb[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int nt = warp + NW * i;
+            if (nt < NT) {
+                const bool isk = nt < DK / 8;
+                float *dst = isk ? rW + 8 * nt : rU + 8 * (nt - DK / 8);
+                const int dld = isk ? DK : dv;
+#pragma unroll
+                for (int mi = 0; mi < 4; mi++) {
+                    const int r = 16 * mi + g;
+                    *reinterpret_cast<float2 *>(dst + r * dld + 2 * t) = make_float2(acc[i][mi][0], acc[i][mi][1]);
+                    *reinterpret_cast<float2 *>(dst + (r + 8) * dld + 2 * t) = make_float2(acc[i][mi][2], acc[i][mi][3]);
+                }
+            }
+        }
+        return;
+    }
     for (int nt = warp; nt < NT; nt += GDC_THREADS / 32) {
         const bool isk = nt < DK / 8;
         const float *bp = isk ? s_k + 8 * nt : s_v + 8 * (nt - DK / 8);
@@ -345,14 +312,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 #pragma unroll
             for (int mi = ks / 2; mi < 4; mi++) { /* T[i][m] = 0 for m > i */
                 frag_a fa;
-                if (FAST) {
-                    const int o = (16 * mi + g) * GDC_ALD + 8 * ks + t;
-                    const uint32_t *th = reinterpret_cast<const uint32_t *>(s_a);
-                    fa.h[0] = th[o], fa.h[1] = th[o + 8 * GDC_ALD], fa.h[2] = th[o + 4], fa.h[3] = th[o + 8 * GDC_ALD + 4];
-                    fa.l[0] = s_alo[o], fa.l[1] = s_alo[o + 8 * GDC_ALD], fa.l[2] = s_alo[o + 4], fa.l[3] = s_alo[o + 8 * GDC_ALD + 4];
-                } else {
-                    load_a(fa, s_a + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
-                }
+                load_a(fa, s_a + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
                 mma3(acc[mi], fa, fb);
             }
         }
@@ -822,7 +782,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     auto stk = fast ? gdn_chunk_state_fast_kernel<DK> : gdn_chunk_state_kernel<DK>;
     /* per call (host-side, cheap): the attribute belongs to the current device's context */
     cudaError_t e = cudaFuncSetAttribute(wyk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && variant < 2)
         e = cudaFuncSetAttribute(stk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ssm);
     if (e != cudaSuccess)
         return e;
@@ -830,6 +790,8 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     e = launch_pdl(wyk, dim3(chunks, a.Hv), dim3(GDC_THREADS), wsm, s, a, (const float *)pre, stride, wy, n);
     if (e != cudaSuccess)
         return e;
+    if (variant >= 2) /* the state-only chain, then the output in parallel (deltanet_chunked_o.cu) */
+        return gdn_chunked_launch_state_out(a, pre, stride, wy, n, variant == 2, variant == 4, s);
     return launch_pdl(stk, dim3(a.Hv * (a.dv / GDC_COLS)), dim3(GDC_THREADS), ssm, s, a, (const float *)pre, stride,
                       (const float *)wy, n);
 }
@@ -837,7 +799,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
 cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
                                                cudaStream_t s)
 {
-    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 1)
+    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 4)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)
