@@ -115,21 +115,14 @@ typedef struct {
     int gemv_stream;        /* 0 off; N > 0: batches of >= N KiB of weights (data + scales + biases); default 1
                              * (every shape it has), measured 442 vs 410 tok/s at 4K (H200) */
     int gemv_stream_stages; /* ring stages (one group of 8 warps' tiles each): 0 as many as fit, else 1..8 */
-<<<<<<< HEAD
-    int moe_early_ids;      /* decode MoE down (moe_decode.cu, with PDL, top-k ranked by the gate/up blocks): 1 = the
-                             * gate/up block that ranks the top-k publishes it as step-tagged words and the down
-                             * blocks poll them before their PDL wait, so the expert loads start while gate/up still
-                             * runs; 0 = the ids read after the wait; default 1 (H200, 4K: 461.3 vs 450.5 tok/s) */
-    int gemm_prep_rows;     /* prefill activation pre-pass (gemm_prep.cu): 1 = 1-8 warps per row, values in
-                             * registers; 0 = one block per row through shared memory; default 1 (H200, 4K
-                             * prompt: 36,329 vs 34,542 tok/s) */
-=======
     int moe_early_ids;      /* decode MoE (moe_decode.cu, with PDL): 1 = the kernel that ranks the top-k (the gate/up
                              * block of item 0, or the router's last block with router_topk) publishes it as
                              * step-tagged words and the down blocks (and with router_topk the gate/up blocks) poll
                              * them before their PDL wait, so the expert loads start while the previous kernel still
-                             * runs; 0 = the ids read after the wait */
->>>>>>> main
+                             * runs; 0 = the ids read after the wait; default 1 (H200, 4K: 461.3 vs 450.5 tok/s) */
+    int gemm_prep_rows;     /* prefill activation pre-pass (gemm_prep.cu): 1 = 1-8 warps per row, values in
+                             * registers; 0 = one block per row through shared memory; default 1 (H200, 4K
+                             * prompt: 36,329 vs 34,542 tok/s) */
 } lily_cuda_tuning;
 #define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 4, 0, 0, 1, 1, 1, 0, 1, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
