@@ -17,8 +17,8 @@
  * from a.q, or from the raw q with the fused RMSNorm + RoPE of attention_prefill_q.cuh), then two
  * stages of K and V tiles [D/64][64 keys][128 B], filled by cp.async (keys past the split's end
  * zero-filled). A step waits for its stage, fences the async proxy, passes one barrier (which also
- * proves every warpgroup finished the wgmmas that read the other stage), refills the other stage, then
- * issues S, waits, does the softmax, issues P·V and waits. head_dim 256: 64 + 2 x 64 KB of shared
+ * proves every warpgroup finished the wgmmas that read the other stage), issues S, refills the other
+ * stage while S runs, waits, does the softmax, issues P·V and waits. head_dim 256: 64 + 2 x 64 KB of shared
  * memory, one block per SM.
  * PIPE (att_prefill 3): step j issues S of tile j, then P·V of tile j - 1, waits for S alone
  * (wait_group 1) and does tile j's softmax while the tensor cores run that P·V, then waits for it and
@@ -249,14 +249,14 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
             cp_async_wait<0>();  /* tile j (the only group in flight) */
             fence_proxy_async(); /* this thread's cp.async writes -> the async proxy */
             __syncthreads();     /* tile j complete; every wgmma of tile j - 1 (stage st ^ 1) finished */
-            if (j + 1 < n_kt) {
+            wg_fence();
+            awg_issue_s<D>(s, sq, k_stage(st));
+            wg_commit();
+            if (j + 1 < n_kt) { /* the refill goes out while the tensor cores work */
                 load_k(j + 1, st ^ 1);
                 load_v(j + 1, st ^ 1);
             }
             cp_async_commit();
-            wg_fence();
-            awg_issue_s<D>(s, sq, k_stage(st));
-            wg_commit();
             wg_wait<0>();
             wg_fence_regs(s);
             awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr);
@@ -292,15 +292,15 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
             cp_async_wait<0>(); /* K j, V j - 1 */
             fence_proxy_async();
             __syncthreads(); /* ... complete; S j - 1 and P·V j - 2 finished in every warpgroup */
-            if (j + 1 < n_kt)
-                load_k(j + 1, (j + 1) & 1);
-            load_v(j, j & 1);
-            cp_async_commit();
             wg_fence();
             awg_issue_s<D>(s, sq, k_stage(j & 1));
             wg_commit();
             awg_issue_pv<D>(o, pa, v_stage((j - 1) & 1));
             wg_commit();
+            if (j + 1 < n_kt) /* the refills go out while the tensor cores work */
+                load_k(j + 1, (j + 1) & 1);
+            load_v(j, j & 1);
+            cp_async_commit();
             wg_wait<1>(); /* S j */
             wg_fence_regs(s);
             awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr);
