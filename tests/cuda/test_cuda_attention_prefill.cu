@@ -3,8 +3,8 @@
  * pos = 0 and deep positions, one split and split-KV; outputs and partial buffers poisoned with NaN, and
  * the cache rows past pos + n are NaN too (the kernel must never read them into a result).
  * Every case runs the mma.sync kernel (g_cuda_tuning.att_prefill 1) and, on an sm_90a GPU, the wgmma
- * kernels (att_prefill 2 and 3, attention_prefill_wg.cu; lines tagged "wgmma" / "wgmma-pipe"; their own
- * split count), each against the same twin and bound. Exits 77 (CTest: skipped) when no GPU is present.
+ * kernels (att_prefill 2, 3, 4, attention_prefill_wg.cu; lines tagged "wgmma" / "wgmma-pipe" /
+ * "wgmma-early"; their own split count), each against the same twin and bound. Exits 77 (CTest: skipped) when no GPU is present.
  *
  * The kernel rounds q to bf16 (the twin does the same) and the softmax weights P to bf16 before P·V, with
  * the denominator summed over the rounded weights: each weight is off by at most 2^-9 relative, so
@@ -185,11 +185,11 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
     a.pos = dev_copy(p0);
     a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = fused ? rot : 0, a.rope_theta = 1e7f;
     /* one launch per kernel variant (g_cuda_tuning.att_prefill 1: mma.sync; 2: wgmma, 3: wgmma pipelined,
-     * where they run), each compared with the same twin below */
-    const int n_var = g_wg ? 3 : 1;
-    std::vector<float> got[3];
+     * 4: pipelined with early refills, where they run), each compared with the same twin below */
+    const int n_var = g_wg ? 4 : 1;
+    std::vector<float> got[4];
     std::vector<int> var_splits(n_var);
-    char what[3][160];
+    char what[4][160];
     for (int v = 0; v < n_var; v++) {
         g_cuda_tuning.att_prefill = v + 1;
         a.n_splits = splits > 0 ? splits : attention_prefill_splits(a, n, pos0, 64);
@@ -203,7 +203,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
         if (fused)
             snprintf(fq, sizeof fq, " fused q rot %d", rot);
         snprintf(what[v], sizeof what[v], "attention_prefill%s heads %d/%d D %d pos %d n %d splits %d%s",
-                 v == 2 ? " wgmma-pipe" : v ? " wgmma" : "", nh, nkv, D, pos0, n, a.n_splits, fq);
+                 v == 3 ? " wgmma-early" : v == 2 ? " wgmma-pipe" : v ? " wgmma" : "", nh, nkv, D, pos0, n, a.n_splits, fq);
         cudaError_t e = launch_attention_prefill(a, n, 0);
         if (e == cudaSuccess)
             e = cudaDeviceSynchronize();
@@ -228,7 +228,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
         size_t bad = 0, n_nan = 0, first_nan = 0;
         int bad_t = -1, bad_h = -1, bad_d = -1;
         double bad_got = 0, bad_want = 0;
-    } stv[3];
+    } stv[4];
     for (int v = 0; v < n_var; v++)
         for (size_t i = 0; i < got[v].size(); i++)
             if (got[v][i] != got[v][i] && !stv[v].n_nan++)
@@ -329,7 +329,7 @@ int main(void)
     if (cuda_test_no_device())
         return 77;
     g_wg = attention_prefill_wg_available();
-    printf("%s\n", g_wg ? "wgmma kernels (att_prefill 2, 3) available: every case runs all three variants"
+    printf("%s\n", g_wg ? "wgmma kernels (att_prefill 2, 3, 4) available: every case runs all four variants"
                         : "NOTE: no sm_90a wgmma kernel on this GPU: only the mma.sync kernel (att_prefill 1) is checked");
     const int ns[] = {1, 2, 7, 64, 513};
     const int poss[] = {0, 1000};
