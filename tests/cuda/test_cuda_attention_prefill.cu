@@ -186,7 +186,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
     a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = fused ? rot : 0, a.rope_theta = 1e7f;
     /* one launch per kernel variant (g_cuda_tuning.att_prefill 1: mma.sync; 2: wgmma, 3: wgmma pipelined,
      * 4: pipelined with early refills, where they run), each compared with the same twin below */
-    const int n_var = g_wg ? 4 : 1;
+    const int n_var = g_wg ? 4 : 1, keep_variant = g_cuda_tuning.att_prefill;
     std::vector<float> got[4];
     std::vector<int> var_splits(n_var);
     char what[4][160];
@@ -220,7 +220,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
         cudaFree(a.part_o);
         cudaFree(a.part_ml);
     }
-    g_cuda_tuning.att_prefill = 1;
+    g_cuda_tuning.att_prefill = keep_variant;
 
     /* twin on every token of small chunks, every 5th (+ the last two) of large ones; NaN check on all */
     struct stats {
