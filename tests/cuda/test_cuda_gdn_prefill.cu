@@ -26,8 +26,8 @@
 #include "cuda_test_check.cuh"
 
 /* 0: recurrence; 1 + v: chunked kernels' variant v (launch_gdn_prefill_chunked_variant) */
-#define N_VAR 6
-static const char *const VARIANT[N_VAR] = {"recur", "chunked", "chunked-v1", "chunked-v2", "chunked-v3", "chunked-v4"};
+#define N_VAR 7
+static const char *const VARIANT[N_VAR] = {"recur", "chunked", "chunked-v1", "chunked-v2", "chunked-v3", "chunked-v4", "chunked-v5"};
 
 enum { DECAY_MIXED, DECAY_SLOW, DECAY_FAST };
 

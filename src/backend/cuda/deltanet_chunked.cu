@@ -36,7 +36,8 @@
  * Variants (launch_gdn_prefill_chunked_variant, g_cuda_tuning.gdn_prefill 4..7 = 1..4): 1 = the cheap split
  * (split_tf32<true>) in both kernels, T, S and V' split once into hi/lo arrays in shared memory, W/Q of the
  * state kernel single-buffered (gdn_chunk_state_fast_kernel); 2, 3, 4: the WY kernel of 1, then the output
- * off the sequential chain (deltanet_chunked_o.cu: 3xTF32 / 1xTF32 output, 4 = bf16x3 chain).
+ * off the sequential chain (deltanet_chunked_o.cu: 3xTF32 / 1xTF32 output, 4 = bf16x3 chain, 5 = 4 with U
+ * prefetched by cp.async).
  *
  * mma.sync m16n8k8 tf32 fragments (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16x8, row): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
@@ -791,7 +792,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     if (e != cudaSuccess)
         return e;
     if (variant >= 2) /* the state-only chain, then the output in parallel (deltanet_chunked_o.cu) */
-        return gdn_chunked_launch_state_out(a, pre, stride, wy, n, variant == 2, variant == 4, s);
+        return gdn_chunked_launch_state_out(a, pre, stride, wy, n, variant == 2, variant >= 4, variant == 5, s);
     return launch_pdl(stk, dim3(a.Hv * (a.dv / GDC_COLS)), dim3(GDC_THREADS), ssm, s, a, (const float *)pre, stride,
                       (const float *)wy, n);
 }
@@ -799,7 +800,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
 cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
                                                cudaStream_t s)
 {
-    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 4)
+    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 5)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)

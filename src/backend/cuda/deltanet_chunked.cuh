@@ -103,8 +103,8 @@ static __device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, cons
 
 /* deltanet_chunked_o.cu: after gdn_wy_kernel (FAST), the state-only chain (storing each chunk's starting
  * S and V') and the output kernel; o_x3: the output products in 3xTF32, else 1xTF32; h_bf16: the chain's
- * products as bf16x3 on m16n8k16 instead of 3xTF32. */
+ * products as bf16x3 on m16n8k16 instead of 3xTF32; u_prefetch (with h_bf16): U prefetched by cp.async. */
 cudaError_t gdn_chunked_launch_state_out(const gdn_args &a, const float *pre, int stride, float *wy, int n, bool o_x3,
-                                         bool h_bf16, cudaStream_t s);
+                                         bool h_bf16, bool u_prefetch, cudaStream_t s);
 
 #endif

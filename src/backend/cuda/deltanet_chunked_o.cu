@@ -230,16 +230,19 @@ static __device__ __forceinline__ void store_bf(uint32_t *ph, uint32_t *pl, int 
     reinterpret_cast<unsigned short *>(pl)[i] = __bfloat16_as_ushort(l);
 }
 
-template <int DK> static constexpr size_t h_bf_smem_bytes()
+/* UPF (variant 5): U's slice of the next chunk cp.async-prefetched with W and K ([2][C][VLD] more) instead of
+ * plain global loads at the top of each chunk (their latency is exposed when P1 is short) */
+template <int DK, bool UPF> static constexpr size_t h_bf_smem_bytes()
 {
     return sizeof(float) * ((size_t)2 * GDC_C * (DK + 8)    /* W double-buffered (ld ≡ 8 mod 32: float2 A loads) */
                             + (size_t)2 * GDC_C * (DK + 4)  /* K double-buffered */
                             + (size_t)DK * GDC_VLD          /* S hi, lo: 2 x [DK/2][VLD] */
                             + (size_t)GDC_C * GDC_VLD       /* V' hi, lo: 2 x [C/2][VLD] */
-                            + (size_t)2 * 2 * GDC_C);       /* eg, ed double-buffered */
+                            + (size_t)2 * 2 * GDC_C         /* eg, ed double-buffered */
+                            + (UPF ? (size_t)2 * GDC_C * GDC_VLD : 0)); /* U slice double-buffered */
 }
 
-template <int DK>
+template <int DK, bool UPF>
 __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_h_bf_kernel(gdn_args a, const float *__restrict__ pre,
                                                                          int pre_stride, float *__restrict__ wy, int n)
 {
@@ -253,6 +256,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_h_bf_kernel(gdn_args
     uint32_t *s_vl = s_vh + C / 2 * VLD;                                /* [C/2][VLD] */
     float *s_eg = reinterpret_cast<float *>(s_vl + C / 2 * VLD);        /* [2][C] */
     float *s_ed = s_eg + 2 * C;                                         /* [2][C] */
+    float *s_u = s_ed + 2 * C;                                          /* UPF: [2][C][VLD] */
 
     const int dv = a.dv, slices = dv / GDC_COLS;
     const int j = blockIdx.x / slices, c0 = (blockIdx.x % slices) * GDC_COLS;
@@ -307,6 +311,11 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_h_bf_kernel(gdn_args
                 cp_async16((which ? s_ed : s_eg) + b * C + 4 * c4, rec + C * (DK + dv) + C * C + which * C + 4 * c4, 16);
             }
         }
+        if (UPF)
+            for (int idx = tid; idx < C * (GDC_COLS / 4); idx += GDC_THREADS) {
+                const int r = idx / (GDC_COLS / 4), c4 = idx - r * (GDC_COLS / 4);
+                cp_async16(s_u + (b * C + r) * VLD + 4 * c4, rec + C * DK + (size_t)r * dv + c0 + 4 * c4, 16);
+            }
     };
 
     stage(0, 0);
@@ -318,10 +327,12 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_h_bf_kernel(gdn_args
         cp_async_commit();
         float *rU = wy + ((size_t)ch * a.Hv + j) * rec_floats + C * DK + c0;
         float2 u[2][2];
+        if (!UPF) {
 #pragma unroll
-        for (int ni = 0; ni < 2; ni++) {
-            u[ni][0] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g) * dv + 16 * nh + 8 * ni + 2 * t);
-            u[ni][1] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g + 8) * dv + 16 * nh + 8 * ni + 2 * t);
+            for (int ni = 0; ni < 2; ni++) {
+                u[ni][0] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g) * dv + 16 * nh + 8 * ni + 2 * t);
+                u[ni][1] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g + 8) * dv + 16 * nh + 8 * ni + 2 * t);
+            }
         }
         if (warp < SW) {
             float *h = hbuf + ((size_t)ch * a.Hv + j) * DK * dv + c0 + 2 * t;
@@ -334,6 +345,14 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_h_bf_kernel(gdn_args
         cp_async_wait<1>();
         __syncthreads();
 
+        if (UPF) { /* landed with W (the wait and barrier above) */
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++) {
+                const float *up = s_u + (b * C + 16 * mi + g) * VLD + 16 * nh + 8 * ni + 2 * t;
+                u[ni][0] = *reinterpret_cast<const float2 *>(up);
+                u[ni][1] = *reinterpret_cast<const float2 *>(up + 8 * VLD);
+            }
+        }
         /* P1: V' = U - W S, rows 16mi.., columns 16nh.. */
         float acc[2][4], accl[2][4];
 #pragma unroll
@@ -558,10 +577,10 @@ template <int DK, int NC, bool X3> static cudaError_t o_launch(const gdn_args &a
 }
 
 template <int DK> static cudaError_t ho_launch(const gdn_args &a, const float *pre, int stride, float *wy, int n, bool o_x3,
-                                               bool h_bf16, cudaStream_t s)
+                                               bool h_bf16, bool u_prefetch, cudaStream_t s)
 {
-    const size_t hsm = h_bf16 ? h_bf_smem_bytes<DK>() : h_smem_bytes<DK>();
-    auto hk = h_bf16 ? gdn_chunk_h_bf_kernel<DK> : gdn_chunk_h_kernel<DK>;
+    const size_t hsm = !h_bf16 ? h_smem_bytes<DK>() : u_prefetch ? h_bf_smem_bytes<DK, true>() : h_bf_smem_bytes<DK, false>();
+    auto hk = !h_bf16 ? gdn_chunk_h_kernel<DK> : u_prefetch ? gdn_chunk_h_bf_kernel<DK, true> : gdn_chunk_h_bf_kernel<DK, false>;
     cudaError_t e = cudaFuncSetAttribute(hk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hsm);
     if (e != cudaSuccess)
         return e;
@@ -574,12 +593,12 @@ template <int DK> static cudaError_t ho_launch(const gdn_args &a, const float *p
 }
 
 cudaError_t gdn_chunked_launch_state_out(const gdn_args &a, const float *pre, int stride, float *wy, int n, bool o_x3,
-                                         bool h_bf16, cudaStream_t s)
+                                         bool h_bf16, bool u_prefetch, cudaStream_t s)
 {
     switch (a.dk) {
-    case 32: return ho_launch<32>(a, pre, stride, wy, n, o_x3, h_bf16, s);
-    case 64: return ho_launch<64>(a, pre, stride, wy, n, o_x3, h_bf16, s);
-    case 128: return ho_launch<128>(a, pre, stride, wy, n, o_x3, h_bf16, s);
+    case 32: return ho_launch<32>(a, pre, stride, wy, n, o_x3, h_bf16, u_prefetch, s);
+    case 64: return ho_launch<64>(a, pre, stride, wy, n, o_x3, h_bf16, u_prefetch, s);
+    case 128: return ho_launch<128>(a, pre, stride, wy, n, o_x3, h_bf16, u_prefetch, s);
     default: return cudaErrorInvalidValue;
     }
 }
