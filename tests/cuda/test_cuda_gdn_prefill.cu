@@ -2,7 +2,7 @@
  * MODEL.md §4.4 steps 2-7, over a sequence of forward calls on one state, each case per variant: "recur"
  * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, g_cuda_tuning.gdn_prefill 1) and "chunked"
  * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2), and each
- * further kernel variant of the chunked form ("chunked-vN": gdn_prefill 3 + N). Calls of
+ * further kernel variant of the chunked form ("chunked-v1": gdn_prefill 4). Calls of
  * n > 1 tokens take the variant's launch (as cuda_enqueue_forward does), n == 1 the decode kernel
  * (launch_gdn_scan), so state and conv-state carry between chunks and prefill -> decode -> prefill
  * hand-offs (conv ping-pong parity) are all checked. Outputs and the prep and chunk scratch are
@@ -26,8 +26,8 @@
 #include "cuda_test_check.cuh"
 
 /* 0: recurrence; 1 + v: chunked kernels' variant v (launch_gdn_prefill_chunked_variant) */
-#define N_VAR 7
-static const char *const VARIANT[N_VAR] = {"recur", "chunked", "chunked-v1", "chunked-v2", "chunked-v3", "chunked-v4", "chunked-v5"};
+#define N_VAR 3
+static const char *const VARIANT[N_VAR] = {"recur", "chunked", "chunked-v1"};
 
 enum { DECAY_MIXED, DECAY_SLOW, DECAY_FAST };
 

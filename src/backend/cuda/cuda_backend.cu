@@ -366,7 +366,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         return shapes;
     /* test/bench override of the DeltaNet prefill knob for whole-program runs (lily eval): see cuda_backend.h */
     const char *gp_env = getenv("LILY_CUDA_GDN_PREFILL");
-    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '8' && !gp_env[1])
+    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '4' && !gp_env[1])
         g_cuda_tuning.gdn_prefill = gp_env[0] - '0';
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)

@@ -312,12 +312,8 @@ bool gdn_chunked_supported(const gdn_args &a); /* gdn_prefill_supported, dk 32/6
 int gdn_chunked_record_floats(int dk, int dv);
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv);
 cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
-/* The same with a choice of kernels (g_cuda_tuning.gdn_prefill 4..7 = variant 1..4): variant 0 the
- * kernels above; 1 the cheaper tf32 split and operands pre-split in shared memory (deltanet_chunked.cu);
- * 2 as 1 with the output off the sequential chain (a state-only chain storing each chunk's starting
- * state, then all chunks' outputs in parallel: deltanet_chunked_o.cu), output products 3xTF32; 3 as 2
- * with the output products in one tf32 pass; 4 as 3 with the chain's products in bf16x3 (m16n8k16); 5 as 4
- * with U prefetched by cp.async. gdn_prefill 4..8 = variant 1..5. */
+/* The same with a choice of kernels: variant 0 the kernels above (g_cuda_tuning.gdn_prefill 2, 3); 1 the
+ * cheaper tf32 split and operands pre-split in shared memory (gdn_prefill 4, deltanet_chunked.cu). */
 cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
                                                cudaStream_t s);
 

@@ -33,11 +33,14 @@
  * missed test_cuda_gdn_prefill's state bound (1e-4 absolute) by 2-6x, 3xTF32 stayed under 0.5% of it.
  * The forward substitution, γ scan and gates are fp32/double SIMT.
  *
- * Variants (launch_gdn_prefill_chunked_variant, g_cuda_tuning.gdn_prefill 4..7 = 1..4): 1 = the cheap split
- * (split_tf32<true>) in both kernels, T, S and V' split once into hi/lo arrays in shared memory, W/Q of the
- * state kernel single-buffered (gdn_chunk_state_fast_kernel); 2, 3, 4: the WY kernel of 1, then the output
- * off the sequential chain (deltanet_chunked_o.cu: 3xTF32 / 1xTF32 output, 4 = bf16x3 chain, 5 = 4 with U
- * prefetched by cp.async).
+ * Variants (launch_gdn_prefill_chunked_variant): 0 as above (g_cuda_tuning.gdn_prefill 2, 3); 1 (gdn_prefill
+ * 4, the default) = the cheap split (split_tf32<true>) in both kernels, T, S and V' split once into hi/lo
+ * arrays in shared memory, W/Q of the state kernel single-buffered (gdn_chunk_state_fast_kernel): the
+ * DeltaNet stage of a 4096-token chunk 28.2 -> 22.8-23.3 ms on the H200. Tried and removed (session 5, same
+ * tests passed): the output O = Q·S + Attn·V' of every chunk moved off the sequential chain into a
+ * parallel kernel (the chain storing each chunk's S and V'; O in 3xTF32 25.2 ms, in 1xTF32 25.7 ms), and
+ * the chain's products as bf16x3 on m16n8k16 (half its mmas: 22.95 ms; with U prefetched 23.7 ms) —
+ * the chain is latency-bound, not tensor-throughput-bound.
  *
  * mma.sync m16n8k8 tf32 fragments (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16x8, row): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
@@ -50,9 +53,8 @@ int gdn_chunked_record_floats(int dk, int dv) { return record_floats(dk, dv); }
 
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv)
 {
-    /* the records, then S at each chunk's start (variants 2-4, deltanet_chunked_o.cu) */
     const size_t chunks = ((size_t)max_tokens + GDC_C - 1) / GDC_C;
-    return chunks * (size_t)Hv * ((size_t)record_floats(dk, dv) + (size_t)dk * dv);
+    return chunks * (size_t)Hv * (size_t)record_floats(dk, dv);
 }
 
 bool gdn_chunked_supported(const gdn_args &a)
@@ -783,7 +785,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     auto stk = fast ? gdn_chunk_state_fast_kernel<DK> : gdn_chunk_state_kernel<DK>;
     /* per call (host-side, cheap): the attribute belongs to the current device's context */
     cudaError_t e = cudaFuncSetAttribute(wyk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
-    if (e == cudaSuccess && variant < 2)
+    if (e == cudaSuccess)
         e = cudaFuncSetAttribute(stk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ssm);
     if (e != cudaSuccess)
         return e;
@@ -791,8 +793,6 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
     e = launch_pdl(wyk, dim3(chunks, a.Hv), dim3(GDC_THREADS), wsm, s, a, (const float *)pre, stride, wy, n);
     if (e != cudaSuccess)
         return e;
-    if (variant >= 2) /* the state-only chain, then the output in parallel (deltanet_chunked_o.cu) */
-        return gdn_chunked_launch_state_out(a, pre, stride, wy, n, variant == 2, variant >= 4, variant == 5, s);
     return launch_pdl(stk, dim3(a.Hv * (a.dv / GDC_COLS)), dim3(GDC_THREADS), ssm, s, a, (const float *)pre, stride,
                       (const float *)wy, n);
 }
@@ -800,7 +800,7 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
 cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
                                                cudaStream_t s)
 {
-    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 5)
+    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 1)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)

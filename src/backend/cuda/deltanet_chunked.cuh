@@ -1,7 +1,5 @@
-/* deltanet_chunked.cuh — what deltanet_chunked.cu (prep, WY records, the chunk-state kernels) and
- * deltanet_chunked_o.cu (the state-only chain and the parallel output kernel of gdn_prefill 5/6) share:
- * the chunk geometry, the WY record layout and the 3xTF32 mma.sync helpers (see deltanet_chunked.cu's
- * header for the math and the fragment layouts). */
+/* deltanet_chunked.cuh — the chunked delta rule's (deltanet_chunked.cu) chunk geometry, WY record layout
+ * and 3xTF32 mma.sync helpers (see deltanet_chunked.cu's header for the math and the fragment layouts). */
 #ifndef LILY_DELTANET_CHUNKED_CUH
 #define LILY_DELTANET_CHUNKED_CUH
 
@@ -100,11 +98,5 @@ static __device__ __forceinline__ void mma3(float (&d)[4], const frag_a &a, cons
     mma_tf32(d, a.h, b.l);
     mma_tf32(d, a.h, b.h);
 }
-
-/* deltanet_chunked_o.cu: after gdn_wy_kernel (FAST), the state-only chain (storing each chunk's starting
- * S and V') and the output kernel; o_x3: the output products in 3xTF32, else 1xTF32; h_bf16: the chain's
- * products as bf16x3 on m16n8k16 instead of 3xTF32; u_prefetch (with h_bf16): U prefetched by cp.async. */
-cudaError_t gdn_chunked_launch_state_out(const gdn_args &a, const float *pre, int stride, float *wy, int n, bool o_x3,
-                                         bool h_bf16, bool u_prefetch, cudaStream_t s);
 
 #endif
