@@ -62,8 +62,12 @@ struct gemm_args {
     int tile_tokens;          /* tokens per tile: 16, 32, 64 or 128 (grouped: must match the plan) */
 };
 
-/* Input transform of n rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm) into gemm_act form.
- * cols % 64 == 0. */
+/* Input transform of n_rows rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm; in.act fp32
+ * [n_rows][in.act_stride]) into gemm_act form: out.x fp16 [n_rows][cols] (columns permuted per 16),
+ * out.xs fp32 [n_rows][cols / 64], out.scale fp32 [n_rows] (gemm_prep.cu). Returns
+ * cudaErrorInvalidValue unless cols % 64 == 0, cols > 0, n_rows > 0 and out.cols == cols (and, for the
+ * shared-memory kernel, cols <= 12288 and a gated head_dim that is a multiple of 32), else the launch's
+ * error. */
 cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s);
 
 /* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused). The kernel:
