@@ -1,7 +1,8 @@
 /* attention_prefill_q.cuh — the fused q staging of the prefill attention kernels (attention_prefill.cu,
  * attention_prefill_wg.cu; attn_args.q_fused): a block's query rows (row r = t * G + h, see
  * attention_prefill.cu) read from the raw q in qkv, RMSNormed and partially rotated with norm_rope.cuh's
- * math (the same bits as the q norm_rope.cu writes) and stored as bf16 in the kernel's shared layout.
+ * math (the same bits as the q norm_rope.cu writes) and stored as bf16 in the kernel's shared layout; and
+ * the epilogue both kernels share (apf_write_rows: normalise + gate, or the split's partials).
  */
 #ifndef LILY_ATTENTION_PREFILL_Q_CUH
 #define LILY_ATTENTION_PREFILL_Q_CUH
@@ -72,6 +73,54 @@ __device__ __forceinline__ void apf_stage_q_fused(const attn_args &a, int n_toke
             const float x = row[(size_t)h * 2 * D + j] * rr * w0, y = row[(size_t)h * 2 * D + j + half] * rr * w1;
             *q_at(r, j) = __float2bfloat16(rope_first(x, y, c, sn));
             *q_at(r, j + half) = __float2bfloat16(rope_second(x, y, c, sn));
+        }
+    }
+}
+
+/* The epilogue of a prefill flash-attention warp (attention_prefill.cu, attention_prefill_wg.cu): its
+ * rows row0 and row0 + 8 (i = 0, 1; row = token x head in the group, rows past n_rows skipped) with the
+ * accumulators o[D/8][4] (thread qid of the row's quad holds columns jd·8 + 2·qid, +1), the running max
+ * m and the per-thread partial denominators l (summed over the quad here). One split: out = o / l ·
+ * sigmoid(gate); several: the unnormalised o and (m, l) into part_o / part_ml for the merge kernel. */
+template <int D>
+__device__ __forceinline__ void apf_write_rows(const attn_args &a, const float (&o)[D / 8][4], const float (&m)[2],
+                                               float (&l)[2], int row0, int g, int n_rows, int n_tokens,
+                                               int n_splits, int split, int qid)
+{
+    const int G = a.n_heads / a.n_kv;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int gr = row0 + 8 * i;
+        if (gr >= n_rows)
+            continue;
+        const int t = gr / G, hg = g * G + gr % G;
+        const size_t orow = ((size_t)t * a.n_heads + hg) * D;
+        if (n_splits == 1) {
+            const float inv = 1.0f / l[i];
+            const float *gate = a.qkv + (size_t)t * a.qkv_stride + (size_t)hg * 2 * D + D;
+#pragma unroll
+            for (int jd = 0; jd < D / 8; jd++) {
+                const int d = jd * 8 + 2 * qid;
+                float2 v;
+                v.x = o[jd][2 * i] * inv * sigmoid_f(gate[d]);
+                v.y = o[jd][2 * i + 1] * inv * sigmoid_f(gate[d + 1]);
+                *reinterpret_cast<float2 *>(a.out + orow + d) = v;
+            }
+        } else {
+            const size_t prow = (size_t)split * n_tokens * a.n_heads + (size_t)t * a.n_heads + hg;
+            float *po = a.part_o + prow * D;
+#pragma unroll
+            for (int jd = 0; jd < D / 8; jd++) {
+                const int d = jd * 8 + 2 * qid;
+                *reinterpret_cast<float2 *>(po + d) = make_float2(o[jd][2 * i], o[jd][2 * i + 1]);
+            }
+            if (qid == 0)
+                *reinterpret_cast<float2 *>(a.part_ml + prow * 2) = make_float2(m[i], l[i]);
         }
     }
 }

@@ -335,41 +335,7 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
     }
 
     /* epilogue: quad sums; normalise + gate, or publish the split's partial */
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int gr = r0 + wrow + 8 * i;
-        if (gr >= n_rows)
-            continue;
-        const int t = gr / G, hg = g * G + gr % G;
-        const size_t orow = ((size_t)t * a.n_heads + hg) * D;
-        if (n_splits == 1) {
-            const float inv = 1.0f / l[i];
-            const float *gate = a.qkv + (size_t)t * a.qkv_stride + (size_t)hg * 2 * D + D;
-#pragma unroll
-            for (int jd = 0; jd < D / 8; jd++) {
-                const int d = jd * 8 + 2 * qid;
-                float2 v;
-                v.x = o[jd][2 * i] * inv * sigmoid_f(gate[d]);
-                v.y = o[jd][2 * i + 1] * inv * sigmoid_f(gate[d + 1]);
-                *reinterpret_cast<float2 *>(a.out + orow + d) = v;
-            }
-        } else {
-            const size_t prow = (size_t)split * n_tokens * a.n_heads + (size_t)t * a.n_heads + hg;
-            float *po = a.part_o + prow * D;
-#pragma unroll
-            for (int jd = 0; jd < D / 8; jd++) {
-                const int d = jd * 8 + 2 * qid;
-                *reinterpret_cast<float2 *>(po + d) = make_float2(o[jd][2 * i], o[jd][2 * i + 1]);
-            }
-            if (qid == 0)
-                *reinterpret_cast<float2 *>(a.part_ml + prow * 2) = make_float2(m[i], l[i]);
-        }
-    }
+    apf_write_rows<D>(a, o, m, l, r0 + wrow, g, n_rows, n_tokens, n_splits, split, qid);
 #else
     (void)a;
     (void)n_tokens;
@@ -389,15 +355,8 @@ __device__ int g_attn_wg_real =
 bool attention_prefill_wg_available(void)
 {
     static int avail = -1;
-    if (avail < 0) {
-        int dev = 0, major = 0, minor = 0, real = 0;
-        avail = cudaGetDevice(&dev) == cudaSuccess &&
-                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                major == 9 && minor == 0 &&
-                cudaMemcpyFromSymbol(&real, g_attn_wg_real, sizeof real) == cudaSuccess && real == 1;
-        cudaGetLastError(); /* a failed query leaves no sticky error */
-    }
+    if (avail < 0)
+        avail = cuda_sm90a_image(&g_attn_wg_real);
     return avail == 1;
 }
 

@@ -11,6 +11,18 @@ __global__ void arch_probe_kernel(int *x)
         *x = 0;
 }
 
+bool cuda_sm90a_image(const int *flag_symbol)
+{
+    int dev = 0, major = 0, minor = 0, real = 0;
+    const bool yes = cudaGetDevice(&dev) == cudaSuccess &&
+                     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                     major == 9 && minor == 0 &&
+                     cudaMemcpyFromSymbol(&real, flag_symbol, sizeof real) == cudaSuccess && real == 1;
+    (void)cudaGetLastError(); /* a failed query leaves no sticky error */
+    return yes;
+}
+
 bool cuda_sm90_code(void)
 {
     static int have = -1;

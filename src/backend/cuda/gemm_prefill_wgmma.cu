@@ -288,15 +288,8 @@ __device__ int g_gemm_wg_real =
 bool gemm_wgmma_available(void)
 {
     static int avail = -1;
-    if (avail < 0) {
-        int dev = 0, major = 0, minor = 0, real = 0;
-        avail = cudaGetDevice(&dev) == cudaSuccess &&
-                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                major == 9 && minor == 0 &&
-                cudaMemcpyFromSymbol(&real, g_gemm_wg_real, sizeof real) == cudaSuccess && real == 1;
-        cudaGetLastError(); /* a failed query leaves no sticky error */
-    }
+    if (avail < 0)
+        avail = cuda_sm90a_image(&g_gemm_wg_real);
     return avail == 1;
 }
 

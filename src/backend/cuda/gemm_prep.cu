@@ -22,6 +22,19 @@
 #define GEMM_PREP_THREADS 256
 #define PREP_MAX_CHUNKS 4 /* 8-column chunks per lane */
 
+/* The power of two that brings a row max m into [2^13, 2^14): *inv multiplies
+ * x before rounding, the return value multiplies the GEMM result back. */
+__device__ __forceinline__ float prep_scale(float m, float *inv)
+{
+    int ex = 0;
+    if (m > 0.0f && m <= 3.0e38f) {
+        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
+        ex = max(-100, min(100, ex));
+    }
+    *inv = __uint_as_float((unsigned int)(127 - ex) << 23);
+    return __uint_as_float((unsigned int)(127 + ex) << 23);
+}
+
 /* ---- one block per row ----------------------------------------------------------------------------- */
 
 template <int IN_MODE>
@@ -47,12 +60,8 @@ __global__ void __launch_bounds__(GEMM_PREP_THREADS) gemm_prep_kernel(gemv_input
         m = fmaxf(m, s_max[w]);
     /* power of two so that the largest |x| lands in [2^13, 2^14): far from fp16 overflow, and the row's
      * small values keep their precision */
-    int ex = 0;
-    if (m > 0.0f && m <= 3.0e38f) {
-        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
-        ex = max(-100, min(100, ex));
-    }
-    const float inv = __uint_as_float((unsigned int)(127 - ex) << 23);
+    float inv;
+    const float scale = prep_scale(m, &inv);
     __half *xo = out.x + (size_t)t * cols;
     for (int q = tid; q < cols / 8; q += GEMM_PREP_THREADS) {
         const int p0 = q * 8, b16 = p0 & ~15, l0 = p0 & 15;
@@ -74,7 +83,7 @@ __global__ void __launch_bounds__(GEMM_PREP_THREADS) gemm_prep_kernel(gemv_input
             out.xs[(size_t)t * gpr + g] = v;
     }
     if (tid == 0)
-        out.scale[t] = __uint_as_float((unsigned int)(127 + ex) << 23);
+        out.scale[t] = scale;
 }
 
 static cudaError_t launch_prep_block(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s)
@@ -96,19 +105,6 @@ static cudaError_t launch_prep_block(const gemv_input &in, int cols, int n_rows,
 }
 
 /* ---- WPR warps per row, values in registers ------------------------------------------------------ */
-
-/* The power of two that brings a row max m into [2^13, 2^14) (as gemm_prep_kernel): *inv multiplies
- * x before rounding, the return value multiplies the GEMM result back. */
-__device__ __forceinline__ float prep_scale(float m, float *inv)
-{
-    int ex = 0;
-    if (m > 0.0f && m <= 3.0e38f) {
-        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
-        ex = max(-100, min(100, ex));
-    }
-    *inv = __uint_as_float((unsigned int)(127 - ex) << 23);
-    return __uint_as_float((unsigned int)(127 + ex) << 23);
-}
 
 /* Sum (or max) of v over the WPR warps of a row through s_red[row in block][WPR]; every warp of the
  * block calls it (one barrier pair). */

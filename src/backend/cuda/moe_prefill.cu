@@ -40,6 +40,17 @@ cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n
     return cudaGetLastError();
 }
 
+/* The experts of slots i0 + u·MOE_PLAN_THREADS (u < MOE_PLAN_BATCH), clamped to [0, E); -1 past nk. The
+ * loads are issued together: the plan's loops are latency-bound. */
+__device__ __forceinline__ void plan_load_experts(const int *idx, int i0, int nk, int E, int (&e)[MOE_PLAN_BATCH])
+{
+#pragma unroll
+    for (int u = 0; u < MOE_PLAN_BATCH; u++) {
+        const int i = i0 + u * MOE_PLAN_THREADS;
+        e[u] = i < nk ? min(max(idx[i], 0), E - 1) : -1;
+    }
+}
+
 __global__ void __launch_bounds__(MOE_PLAN_THREADS)
 moe_plan_kernel(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
                 int *tile_expert, int *tile_start, int *n_tiles)
@@ -53,11 +64,7 @@ moe_plan_kernel(const int *idx, int n, int K, int E, int T, int *offsets, int *g
     /* MOE_PLAN_BATCH loads in flight per thread before their atomics (the loop is latency-bound) */
     for (int i0 = tid; i0 < nk; i0 += MOE_PLAN_THREADS * MOE_PLAN_BATCH) {
         int e[MOE_PLAN_BATCH];
-#pragma unroll
-        for (int u = 0; u < MOE_PLAN_BATCH; u++) {
-            const int i = i0 + u * MOE_PLAN_THREADS;
-            e[u] = i < nk ? min(max(idx[i], 0), E - 1) : -1;
-        }
+        plan_load_experts(idx, i0, nk, E, e);
 #pragma unroll
         for (int u = 0; u < MOE_PLAN_BATCH; u++)
             if (e[u] >= 0)
@@ -95,11 +102,7 @@ moe_plan_kernel(const int *idx, int n, int K, int E, int T, int *offsets, int *g
      * tile mates, so the outputs do not depend on it */
     for (int i0 = tid; i0 < nk; i0 += MOE_PLAN_THREADS * MOE_PLAN_BATCH) {
         int e[MOE_PLAN_BATCH], pos[MOE_PLAN_BATCH];
-#pragma unroll
-        for (int u = 0; u < MOE_PLAN_BATCH; u++) {
-            const int i = i0 + u * MOE_PLAN_THREADS;
-            e[u] = i < nk ? min(max(idx[i], 0), E - 1) : -1;
-        }
+        plan_load_experts(idx, i0, nk, E, e);
 #pragma unroll
         for (int u = 0; u < MOE_PLAN_BATCH; u++)
             pos[u] = e[u] >= 0 ? atomicAdd(&s_cur[e[u]], 1) : 0;
