@@ -355,8 +355,11 @@ __device__ int g_attn_wg_real =
 bool attention_prefill_wg_available(void)
 {
     static int avail = -1;
-    if (avail < 0)
-        avail = cuda_sm90a_image(&g_attn_wg_real);
+    if (avail < 0) {
+        int real = 0;
+        const cudaError_t read = cudaMemcpyFromSymbol(&real, g_attn_wg_real, sizeof real);
+        avail = cuda_sm90a_image(read, real);
+    }
     return avail == 1;
 }
 

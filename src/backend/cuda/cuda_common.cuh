@@ -143,9 +143,10 @@ extern cuda_tuning g_cuda_tuning;
 /* cuda_arch.cu: whether the running GPU code was compiled for sm_90 (false on the compute_80 PTX path). */
 bool cuda_sm90_code(void);
 /* Whether the current device is compute capability 9.0 and runs the sm_90a image of the kernels: the
- * caller passes its own __device__ int that is 1 only in that image (wgmma kernels: gemm_prefill_wgmma.cu,
- * attention_prefill_wg.cu). Queries that fail answer false and leave no sticky error. */
-bool cuda_sm90a_image(const int *flag_symbol);
+ * caller reads its own __device__ int that is 1 only in that image (cudaMemcpyFromSymbol must run in the
+ * file that defines the symbol: wgmma kernels, gemm_prefill_wgmma.cu, attention_prefill_wg.cu) and passes
+ * the read's status and the value. Queries that fail answer false and leave no sticky error. */
+bool cuda_sm90a_image(cudaError_t read, int flag);
 
 /* Launch kernel k<<<grid, block, smem, s>>>(args...) with programmatic stream serialization. */
 template <typename... KArgs, typename... Args>

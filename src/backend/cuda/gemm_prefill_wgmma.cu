@@ -288,8 +288,11 @@ __device__ int g_gemm_wg_real =
 bool gemm_wgmma_available(void)
 {
     static int avail = -1;
-    if (avail < 0)
-        avail = cuda_sm90a_image(&g_gemm_wg_real);
+    if (avail < 0) {
+        int real = 0;
+        const cudaError_t read = cudaMemcpyFromSymbol(&real, g_gemm_wg_real, sizeof real);
+        avail = cuda_sm90a_image(read, real);
+    }
     return avail == 1;
 }
 
