@@ -17,6 +17,9 @@
  * --gdn-prefill LIST (e.g. 1,2): the DeltaNet prefill knob (lily_cuda_tuning.gdn_prefill: 1 recurrence,
  * 2 chunked, 3 chunked from GDN_CHUNKED_MIN_TOKENS); the prefill timing (and --profile-prefill) runs once
  * per value, the first value stays set for everything else.
+ * --prefill-knobs "SPEC;SPEC;...": the same for whole knob sets (bench/cuda_knobs.h, each applied to the
+ * defaults, e.g. "default;gemm_variant=5"): an A/B of prefill kernels on one loaded model; the timed
+ * prefill runs twice per set and the faster run is printed. --knobs stays set for everything else.
  *                          [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]
  */
 #include <math.h>
@@ -75,6 +78,8 @@ int main(int argc, char **argv)
 {
     const char *preset = "35b";
     const char *tune_list = NULL; /* --tune-list "spec;spec;...": the knob sets --tune compares */
+    char *pf_specs[16], *pf_list = NULL; /* --prefill-knobs "spec;spec;...": prefill A/B knob sets */
+    int n_pf_specs = 0;
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, tune = 0, chunk = 512, prof_prefill = 0, gdn_list[8], n_gdn = 0;
     lily_cuda_tuning knobs = LILY_CUDA_TUNING_DEFAULT;
     int gemm_variant = -1, moe_tile = -1, dense_tile = -1, tile_sweep[16], n_tile_sweep = 0;
@@ -93,6 +98,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
         else if (!strcmp(argv[i], "--gdn-prefill") && i + 1 < argc) n_gdn = parse_list(argv[++i], gdn_list, 8);
+        else if (!strcmp(argv[i], "--prefill-knobs") && i + 1 < argc) {
+            char *save = NULL;
+            free(pf_list);
+            n_pf_specs = 0;
+            if (!(pf_list = strdup(argv[++i]))) DIE("oom");
+            for (char *tok = strtok_r(pf_list, ";", &save); tok && n_pf_specs < 16; tok = strtok_r(NULL, ";", &save))
+                pf_specs[n_pf_specs++] = tok;
+        }
         else if (!strcmp(argv[i], "--gemm-variant") && i + 1 < argc) gemm_variant = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--moe-tile") && i + 1 < argc) moe_tile = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dense-tile") && i + 1 < argc) dense_tile = atoi(argv[++i]);
@@ -103,7 +116,7 @@ int main(int argc, char **argv)
                 for (int p = 256; p <= 16384; p *= 2)
                     tile_sweep[n_tile_sweep++] = p;
         }
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--tune-list SPECS] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill] [--gdn-prefill LIST] [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]", argv[0]);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--tune] [--tune-list SPECS] [--knobs SPEC] [--prefill N] [--chunk N] [--profile-prefill] [--gdn-prefill LIST] [--prefill-knobs SPECS] [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]", argv[0]);
     }
     const int gdn_prefill = n_gdn > 0 ? gdn_list[0] : -1;
     if (gdn_prefill >= 0)
@@ -160,9 +173,18 @@ int main(int argc, char **argv)
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
     if (!toks || !out) DIE("oom");
 
-    /* prefill, once per --gdn-prefill value */
-    for (int gi = 0; prefill > 0 && gi < (n_gdn > 0 ? n_gdn : 1); gi++) {
-        if (n_gdn > 0) {
+    /* prefill, once per --gdn-prefill value or --prefill-knobs set */
+    const int n_pf_runs = n_pf_specs > 0 ? n_pf_specs : n_gdn > 0 ? n_gdn : 1;
+    for (int gi = 0; prefill > 0 && gi < n_pf_runs; gi++) {
+        if (n_pf_specs > 0) {
+            lily_cuda_tuning t;
+            if (cuda_knobs_parse(pf_specs[gi], &t) != 0)
+                DIE("--prefill-knobs: bad knob set '%s'", pf_specs[gi]);
+            lily_cuda_set_tuning(&t);
+            printf("\nprefill knobs %s: ", pf_specs[gi]);
+            cuda_knobs_print(stdout, &t);
+            printf("\n");
+        } else if (n_gdn > 0) {
             lily_cuda_tuning t = knobs;
             t.gdn_prefill = gdn_list[gi];
             lily_cuda_set_tuning(&t);
@@ -174,14 +196,19 @@ int main(int argc, char **argv)
         be.ops->state_reset(be.ctx, st);
         if (be.ops->forward(be.ctx, st, toks, prefill < chunk ? prefill : chunk, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
             DIE("prefill: %s", err.message);
-        be.ops->state_reset(be.ctx, st);
-        t0 = now_s();
-        for (int p = 0; p < prefill; p += chunk) {
-            const int m = prefill - p < chunk ? prefill - p : chunk;
-            if (be.ops->forward(be.ctx, st, toks + p, m, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
-                DIE("prefill: %s", err.message);
+        double best = 0;
+        for (int rep = 0; rep < (n_pf_specs > 0 ? 2 : 1); rep++) {
+            be.ops->state_reset(be.ctx, st);
+            t0 = now_s();
+            for (int p = 0; p < prefill; p += chunk) {
+                const int m = prefill - p < chunk ? prefill - p : chunk;
+                if (be.ops->forward(be.ctx, st, toks + p, m, LILY_LOGITS_LAST, lg, &err) != LILY_OK)
+                    DIE("prefill: %s", err.message);
+            }
+            const double dt = now_s() - t0;
+            best = rep == 0 || dt < best ? dt : best;
         }
-        printf("prefill %d tokens in chunks of %d: %.1f tok/s\n", prefill, chunk, prefill / (now_s() - t0));
+        printf("prefill %d tokens in chunks of %d: %.1f tok/s\n", prefill, chunk, prefill / best);
         size_t used = 0, total = 0;
         if (lily_cuda_device_memory(0, &used, &total, &err) == LILY_OK)
             printf("device memory in use: %.2f of %.2f GiB\n", used / 1073741824.0, total / 1073741824.0);
@@ -206,7 +233,7 @@ int main(int argc, char **argv)
         }
         free(lg);
     }
-    if (n_gdn > 1)
+    if (n_gdn > 1 || n_pf_specs > 0)
         lily_cuda_set_tuning(&knobs);
 
     if (n_tile_sweep > 0) { /* prompt length x (GEMM variant, MoE tile, dense tile; 0 auto) -> prefill tok/s */
@@ -377,6 +404,7 @@ int main(int argc, char **argv)
     lily_backend_destroy(&be);
     lily_synthetic_free(syn);
     free(toks);
+    free(pf_list);
     free(out);
     return 0;
 }
