@@ -505,6 +505,18 @@ static void moe_reference(const hmat &rt, const hmat &sgt, const hmat &g, const 
 
 static void poison(void *p, size_t bytes) { CK(cudaMemset(p, 0xff, bytes)); }
 
+/* The MoE block's knobs (cuda_backend.h): moe_router (0: router | shared_expert_gate in one GEMM; 1-3: the
+ * router rows alone at 64/32/16-token tiles, the gate logit in the top-k kernel), moe_plan (1: the
+ * multi-block plan, positions within an expert in token order), moe_y_bf16 (1: bf16 per-slot down outputs).
+ * (0,0,0) and (1,1,1) run under every kernel configuration, the others under two (variant 0 at 16 tokens,
+ * variant 4 automatic). (0,1,0) must reproduce (0,0,0)'s bits (rows only change places within an expert);
+ * bf16 outputs add their rounding (2^-9 relative to |y| <= the magnitude) to the down and out bounds. */
+struct moe_knobs {
+    int router, plan, y_bf16;
+};
+static const moe_knobs k_moe_knobs[] = {{0, 0, 0}, {0, 1, 0}, {0, 0, 1}, {1, 1, 1}, {1, 0, 0}, {2, 1, 1}, {3, 1, 0}};
+static bool moe_knobs_everywhere(const moe_knobs &m) { return m.router == m.plan && m.plan == m.y_bf16; }
+
 static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
 {
     cuda_ctx c;
@@ -529,6 +541,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
     c.pf_gather = dev_alloc<int>(C * K);
     c.pf_slot_pos = dev_alloc<int>(C * K);
     c.pf_offsets = dev_alloc<int>(E + 1);
+    c.pf_plan_counts = dev_alloc<int>((size_t)moe_plan_chunks(n) * E);
     c.pf_tile_expert = dev_alloc<int>(C * K + E + 1);
     c.pf_tile_start = dev_alloc<int>(C * K + E + 1);
     c.pf_n_tiles = dev_alloc<int>(1);
@@ -568,8 +581,18 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
 
     moe_twin tw;
     std::vector<float> twin_lg, first_out;
-    for (const gemm_cfg &kc : k_moe_cfgs) {
+    const int n_cfgs = (int)(sizeof k_moe_cfgs / sizeof k_moe_cfgs[0]);
+    std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* knobs (0,0,0) per configuration */
+    for (const moe_knobs &mk : k_moe_knobs)
+    for (int ci = 0; ci < n_cfgs; ci++) {
+        const gemm_cfg &kc = k_moe_cfgs[ci];
+        if (!moe_knobs_everywhere(mk) && !((kc.variant == 0 && kc.tile == 16) || (kc.variant == 4 && kc.tile == 0)))
+            continue;
         set_cfg(kc, true);
+        g_cuda_tuning.moe_router = mk.router;
+        g_cuda_tuning.moe_plan = mk.plan;
+        g_cuda_tuning.moe_y_bf16 = mk.y_bf16;
+        const bool base = mk.router == 0 && mk.plan == 0 && mk.y_bf16 == 0;
         const int T = gemm_grouped_tile((double)n * K / E);
         /* fresh input and poisoned outputs for every configuration */
         CK(cudaMemcpy(c.h, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -586,8 +609,9 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         lily_error err;
         memset(&err, 0, sizeof err);
         char what[200];
-        snprintf(what, sizeof what, "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d",
-                 kc.variant, T, bits, rbits, H, E, K, inter, n);
+        snprintf(what, sizeof what,
+                 "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d knobs r%d p%d y%d",
+                 kc.variant, T, bits, rbits, H, E, K, inter, n, mk.router, mk.plan, mk.y_bf16);
         lily_status st = cuda_prefill_moe(&c, &L, n, &err);
         cudaError_t ce = cudaDeviceSynchronize();
         if (st != LILY_OK || ce != cudaSuccess) {
@@ -607,6 +631,11 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         std::vector<int> tst = host_copy(c.pf_tile_start, (size_t)n * K + E + 1);
         std::vector<float> ghid = host_copy(c.hid, (size_t)n * (K + 1) * inter);
         std::vector<float> gy = host_copy(c.pf_y, (size_t)n * (K + 1) * H);
+        if (mk.y_bf16) { /* routed rows: bf16 [n*K][H] at the start of pf_y; the shared expert's stay fp32 */
+            std::vector<uint16_t> yb = host_copy(reinterpret_cast<const uint16_t *>(c.pf_y), (size_t)n * K * H);
+            for (size_t i = 0; i < yb.size(); i++)
+                gy[i] = lily_bf16_to_f32(yb[i]);
+        }
         /* the twin depends on the logits only (top-k from the GPU's logits): recompute when they change */
         if (twin_lg.size() != lg.size() || memcmp(twin_lg.data(), lg.data(), lg.size() * sizeof(float)) != 0) {
             if (!twin_lg.empty())
@@ -680,18 +709,57 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
             g_fail++;
             printf("FAIL %s: %d (token, slot) positions not mapped back to their token\n", what, map_bad);
         }
+        if (mk.plan == 1) { /* positions within an expert in token order */
+            int unordered = 0;
+            for (int e = 0; e < E; e++)
+                for (int p = off[e] + 1; p < off[e + 1] && p < n * K; p++)
+                    unordered += !(p > 0 && p < n * K && gat[p] > gat[p - 1]);
+            g_checks++;
+            if (unordered) {
+                g_fail++;
+                printf("FAIL %s: %d positions out of token order within their expert\n", what, unordered);
+            } else {
+                printf("PASS %s: positions in token order within every expert\n", what);
+            }
+        }
+        const double ybf = mk.y_bf16 ? 1.0 / 512 : 0.0; /* bf16 rounding of each per-slot output */
         snprintf(w2, sizeof w2, "%s hid (silu(gate)*up per slot)", what);
         check(w2, hgot, tw.hw, tw.hmg, 1e-3 * cfg_rel(kc, bits));
         snprintf(w2, sizeof w2, "%s down per slot", what);
-        check(w2, ygot, tw.yw, tw.ymg, 3e-3 * cfg_rel(kc, bits));
+        check(w2, ygot, tw.yw, tw.ymg, 3e-3 * cfg_rel(kc, bits) + ybf);
         snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
-        check(w2, got, tw.want, tw.mag, 3e-3 * cfg_rel(kc, bits));
+        check(w2, got, tw.want, tw.mag, 3e-3 * cfg_rel(kc, bits) + ybf);
+        if (base) {
+            base_out[ci] = got;
+            base_lg[ci] = lg;
+        } else if (!base_out[ci].empty()) {
+            /* the expert logits: the same GEMM at another tile (bit-identical kernels) */
+            size_t ldiff = 0;
+            for (int t = 0; t < n; t++)
+                ldiff += memcmp(&lg[(size_t)t * (E + 1)], &base_lg[ci][(size_t)t * (E + 1)], E * sizeof(float)) != 0;
+            printf("note %s: expert logits of %zu of %d tokens differ from knobs (0,0,0)'s\n", what, ldiff, n);
+            if (mk.router == 0 && mk.plan == 1 && mk.y_bf16 == 0) { /* only rows placed differently */
+                size_t diff = 0;
+                for (size_t i = 0; i < got.size(); i++)
+                    diff += memcmp(&got[i], &base_out[ci][i], sizeof(float)) != 0;
+                g_checks++;
+                if (diff) {
+                    g_fail++;
+                    printf("FAIL %s: out differs from knobs (0,0,0)'s in %zu of %zu values\n", what, diff, got.size());
+                } else {
+                    printf("PASS %s: out bit-identical to knobs (0,0,0)'s\n", what);
+                }
+            } else {
+                note_same(what, got, base_out[ci]);
+            }
+        }
         if (first_out.empty())
             first_out = got;
-        else
+        else if (base)
             note_same(what, got, first_out);
     }
     reset_cfg();
+    g_cuda_tuning.moe_router = g_cuda_tuning.moe_plan = g_cuda_tuning.moe_y_bf16 = 0;
 }
 
 int main(void)

@@ -330,6 +330,7 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
         AL(c->pf_gather, C * K * 4);
         AL(c->pf_slot_pos, C * K * 4);
         AL(c->pf_offsets, (E + 1) * 4);
+        AL(c->pf_plan_counts, (C + 63) / 64 * E * 4);
         AL(c->pf_tile_expert, (C * K + E + 1) * 4);
         AL(c->pf_tile_start, (C * K + E + 1) * 4);
         AL(c->pf_n_tiles, 4);

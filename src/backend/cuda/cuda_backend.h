@@ -124,8 +124,16 @@ typedef struct {
     int gemm_prep_rows;     /* prefill activation pre-pass (gemm_prep.cu): 1 = 1-8 warps per row, values in
                              * registers; 0 = one block per row through shared memory; default 1 (H200, 4K
                              * prompt: 36,329 vs 34,542 tok/s) */
+    /* prefill MoE block (forward_prefill.cu, moe_prefill.cu) */
+    int moe_router;         /* router GEMM: 0 = router and shared_expert_gate rows in one GEMM at the dense tile;
+                             * 1, 2, 3 = the router rows alone at 64, 32, 16-token tiles (more blocks), the
+                             * shared_expert_gate logit computed in the top-k kernel (a warp dot product) */
+    int moe_plan;           /* expert plan: 0 = one block; 1 = two kernels of one block per 64 tokens (positions
+                             * within an expert in token order) */
+    int moe_y_bf16;         /* routed down GEMM output per slot: 0 fp32; 1 bf16 (half the GEMM's stores and the
+                             * combine's reads; rounding 2^-9 relative per slot output) */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 4, 0, 0, 1, 1, 1, 0, 1, 1}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 4, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -80,6 +80,7 @@ typedef struct {
     float *pf_y;     /* [C * (top_k + 1)][hidden]: per-slot expert outputs, then the shared expert's */
     int *pf_gather, *pf_slot_pos;           /* [C * top_k] */
     int *pf_offsets;                         /* [n_experts + 1] */
+    int *pf_plan_counts;                     /* [moe_plan_chunks(C)][n_experts]: the multi-block plan's scratch */
     int *pf_tile_expert, *pf_tile_start;     /* [C * top_k + n_experts] */
     int *pf_n_tiles;
     unsigned int *moe_counter; /* router GEMV blocks finished (decode top-k), zero between launches */

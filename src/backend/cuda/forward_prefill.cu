@@ -4,6 +4,8 @@
  *   prep(post-attention RMSNorm) -> GEMM(router | shared_expert_gate) -> top-k -> plan (histogram,
  *   offsets, scatter, tile map) -> grouped GEMM(gate, up; silu·up) -> GEMM(shared gate, up; silu·up)
  *   -> prep(hid) -> grouped GEMM(down) -> GEMM(shared down) -> combine (+= residual).
+ * Knobs (cuda_backend.h): moe_router (the gate logit moves to the top-k kernel, the router GEMM's tile),
+ * moe_plan (multi-block plan), moe_y_bf16 (per-slot down outputs in bf16; the shared expert's stay fp32).
  * Each stage is its own launch (per-stage events work). cuda_forward.cu picks this path per stage.
  */
 #include <string.h>
@@ -87,6 +89,10 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     const gemm_act xa = act_at(c, 0, H);
     LAUNCH(launch_gemm_prep(in, H, n, xa, s));
 
+    /* moe_router 0: router | shared_expert_gate in one GEMM; 1-3: the router rows alone at 64/32/16-token
+     * tiles (the 257th row would take a third block row), the gate logit in the top-k kernel */
+    const int rmode = g_cuda_tuning.moe_router;
+    const bool gate_in_topk = rmode >= 1 && rmode <= 3;
     gemm_args a;
     memset(&a, 0, sizeof a);
     a.m[0] = L->router;
@@ -96,15 +102,20 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.y_stride[0] = a.y_stride[1] = E + 1;
     a.row_start[1] = L->router.rows;
     a.row_start[2] = L->router.rows + L->shared_expert_gate.rows;
-    a.n_mats = 2;
+    a.n_mats = gate_in_topk ? 1 : 2;
+    a.tile_tokens = rmode == 1 ? 64 : rmode == 2 ? 32 : rmode == 3 ? 16 : 0;
     a.act = xa;
     a.epi = GEMM_EPI_STORE;
     LAUNCH(launch_gemm(a, n, s));
 
-    LAUNCH(launch_moe_topk(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, s));
+    if (gate_in_topk)
+        LAUNCH(launch_moe_topk_gate(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, xa, L->shared_expert_gate, s));
+    else
+        LAUNCH(launch_moe_topk(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, s));
     const int T = gemm_grouped_tile((double)nk / E);
     LAUNCH(launch_moe_plan(c->topk_idx, n, K, E, T, c->pf_offsets, c->pf_gather, c->pf_slot_pos, c->pf_tile_expert,
-                           c->pf_tile_start, c->pf_n_tiles, s));
+                           c->pf_tile_start, c->pf_n_tiles, g_cuda_tuning.moe_plan == 1 ? c->pf_plan_counts : NULL,
+                           s));
 
     /* routed gate/up: hid rows = expert-ordered positions [0, nk) */
     memset(&a, 0, sizeof a);
@@ -150,10 +161,11 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.m[0] = L->ex_down;
     a.n_mats = 1;
     a.row_start[1] = L->ex_down.rows;
+    const bool y_bf16 = g_cuda_tuning.moe_y_bf16 == 1 && H % 8 == 0; /* bf16 rows in the first half of pf_y */
     a.y[0] = c->pf_y;
     a.y_stride[0] = H;
     a.act = ha;
-    a.epi = GEMM_EPI_STORE;
+    a.epi = y_bf16 ? GEMM_EPI_STORE_BF16 : GEMM_EPI_STORE;
     grouped_by_expert(c, n, K, E, T, &a);
     LAUNCH(launch_gemm(a, n, s));
 
@@ -168,7 +180,12 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.epi = GEMM_EPI_STORE;
     LAUNCH(launch_gemm(a, n, s));
 
-    LAUNCH(launch_moe_combine(c->h, H, n, K, c->topk_w, c->pf_slot_pos, c->pf_y, c->pf_y + nk * H, c->router, E + 1,
-                              E, s));
+    if (y_bf16)
+        LAUNCH(launch_moe_combine_bf16(c->h, H, n, K, c->topk_w, c->pf_slot_pos,
+                                       reinterpret_cast<const __nv_bfloat16 *>(c->pf_y), c->pf_y + nk * H, c->router,
+                                       E + 1, E, s));
+    else
+        LAUNCH(launch_moe_combine(c->h, H, n, K, c->topk_w, c->pf_slot_pos, c->pf_y, c->pf_y + nk * H, c->router,
+                                  E + 1, E, s));
     return LILY_OK;
 }

@@ -190,9 +190,11 @@ static cudaError_t gemm_epi(const gemm_args &a, int n_tokens, bool grouped, cuda
     if (grouped) {
         if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE_BF16) return gemm_go<BITS, NT, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
-    if constexpr (NT == 4) { /* grouped-only tile width */
+    if constexpr (NT == 4) { /* dense: STORE only (the MoE router with moe_router 2) */
+        if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, false>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     } else {
         if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, false>(a, n_tokens, s);
@@ -253,14 +255,16 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
     const bool grouped = a.tile_expert != NULL;
     int T;
     if (grouped) {
-        if (a.epi == GEMM_EPI_ADD || (a.epi == GEMM_EPI_STORE && a.n_mats != 1) || !a.tile_start || !a.n_tiles ||
-            !a.offsets || a.max_tiles <= 0)
+        if (a.epi == GEMM_EPI_ADD || ((a.epi == GEMM_EPI_STORE || a.epi == GEMM_EPI_STORE_BF16) && a.n_mats != 1) ||
+            !a.tile_start || !a.n_tiles || !a.offsets || a.max_tiles <= 0)
             return cudaErrorInvalidValue;
         T = a.tile_tokens;
     } else {
-        if (n_tokens <= 0)
+        if (n_tokens <= 0 || a.epi == GEMM_EPI_STORE_BF16)
             return cudaErrorInvalidValue;
-        T = gemm_dense_tile(n_tokens);
+        /* a.tile_tokens 16, 32 (STORE only), 64, 128 forces the dense tile (the MoE router), else automatic */
+        const int tt = a.tile_tokens;
+        T = tt == 16 || (tt == 32 && a.epi == GEMM_EPI_STORE) || tt == 64 || tt == 128 ? tt : gemm_dense_tile(n_tokens);
     }
     /* variants 3, 4: the wgmma kernel (depth 0, 1) for 4-bit weights at 64/128-token tiles on an sm_90a
      * device; every other case (8-bit / bf16 weights, 16-token tiles, no sm_90a) runs as variant 1 */

@@ -37,6 +37,7 @@ enum gemm_epilogue {
     GEMM_EPI_STORE = 0,  /* y[row][r] = acc */
     GEMM_EPI_ADD = 1,    /* y[row][r] += acc */
     GEMM_EPI_SWIGLU = 2, /* y[row][r] = silu(gate·x) * (up·x): m[0] = gate, m[1] = up */
+    GEMM_EPI_STORE_BF16 = 3, /* grouped only: y (really __nv_bfloat16 *; y_stride in elements) = bf16(acc) */
 };
 
 /* Y[row][r] (=, +=, swiglu) Σ_c X[row][c] W[r][c] for up to 4 matrices (same bits and cols) whose rows
@@ -59,7 +60,8 @@ struct gemm_args {
     const int *offsets;       /* [n_experts + 1] */
     const int *gather;        /* [positions] X row of position p, or NULL */
     int max_tiles;            /* grid bound (host) */
-    int tile_tokens;          /* tokens per tile: 16, 32, 64 or 128 (grouped: must match the plan) */
+    int tile_tokens;          /* tokens per tile: 16, 32, 64 or 128 (grouped: must match the plan; dense: 0 =
+                               * automatic, else forced, 32 for STORE only) */
 };
 
 /* Input transform of n_rows rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm; in.act fp32
@@ -98,16 +100,34 @@ int gemm_grouped_tile(double avg_rows);
 cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n, int *idx, float *w,
                             cudaStream_t s);
 
-/* One block: rows per expert, offsets (exclusive scan, [E+1]), positions in expert order: sorted
- * token of position p (gather) and the position of each (token, slot) (slot_pos [n*K]); the tile map
- * for tiles of T tokens (tile_expert, tile_start, *n_tiles). E <= 1024. */
+/* The same top-k, after computing the shared_expert_gate logit of each token into logits[t][E] (stride
+ * >= E + 1) from the pre-pass rows x (gemm_act, n rows of gate.cols columns) and the one-row matrix gate
+ * (4/8-bit MLX affine or bf16): the router GEMM then needs only the E expert rows (moe_router knob).
+ * Same value as the GEMM's up to fp32 summation order. */
+cudaError_t launch_moe_topk_gate(float *logits, int stride, int E, int K, int n, int *idx, float *w,
+                                 const gemm_act &x, const dmat &gate, cudaStream_t s);
+
+/* Rows per expert, offsets (exclusive scan, [E+1]), positions in expert order: sorted token of position
+ * p (gather) and the position of each (token, slot) (slot_pos [n*K]); the tile map for tiles of T
+ * tokens (tile_expert, tile_start, *n_tiles). E <= 1024. counts NULL: one block (positions within an
+ * expert in atomic order); else counts = scratch of moe_plan_chunks(n) * E ints and two kernels of
+ * moe_plan_chunks(n) blocks (K <= 32; positions within an expert in token order: deterministic). */
 cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
-                            int *tile_expert, int *tile_start, int *n_tiles, cudaStream_t s);
+                            int *tile_expert, int *tile_start, int *n_tiles, int *counts, cudaStream_t s);
+
+/* Chunks of 64 tokens of the multi-block plan. */
+static inline int moe_plan_chunks(int n) { return (n + 63) / 64; }
 
 /* out[t][c] += Σ_k w[t][k] · y[slot_pos[t][k]][c] + sigmoid(logits[t][E]) · ysh[t][c]. */
 cudaError_t launch_moe_combine(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
                                const float *y, const float *ysh, const float *logits, int logit_stride, int E,
                                cudaStream_t s);
+
+/* The same with bf16 per-slot outputs y (the grouped down GEMM's GEMM_EPI_STORE_BF16); same sums in the
+ * same order. hidden % 8 == 0. */
+cudaError_t launch_moe_combine_bf16(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
+                                    const __nv_bfloat16 *y, const float *ysh, const float *logits, int logit_stride,
+                                    int E, cudaStream_t s);
 
 /* Upper bound of the number of tiles of T tokens for n*K rows over E experts. */
 static inline int moe_max_tiles(int n, int K, int E, int T) { return (n * K + T - 1) / T + E; }

@@ -253,14 +253,8 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         const int tok = wn * TW + nt * 8 + tig * 2 + j;
-                        if (tok < count) {
-                            float *p = y + (size_t)(base + tok) * ys + lr;
-                            const float v = acc[mt][nt][2 * h + j] * s_scale[tok];
-                            if (EPI == GEMM_EPI_ADD)
-                                *p += v;
-                            else
-                                *p = v;
-                        }
+                        if (tok < count)
+                            gemm_store<EPI>(y, (size_t)(base + tok) * ys + lr, acc[mt][nt][2 * h + j] * s_scale[tok]);
                     }
             }
     }
@@ -289,6 +283,7 @@ static cudaError_t gemm2d_epi(const gemm_args &a, int n_tokens, bool grouped, cu
     if (grouped) {
         if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE_BF16) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
     if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, false>(a, n_tokens, s);

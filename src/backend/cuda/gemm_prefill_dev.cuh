@@ -178,10 +178,23 @@ __device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens,
     return true;
 }
 
+/* One output element of the STORE / ADD / STORE_BF16 epilogues: y[i] (=, +=) v, or the bf16 array at y
+ * gets element i = bf16(v) (round to nearest even). */
+template <int EPI> __device__ __forceinline__ void gemm_store(float *y, size_t i, float v)
+{
+    if constexpr (EPI == GEMM_EPI_STORE_BF16)
+        reinterpret_cast<__nv_bfloat16 *>(y)[i] = __float2bfloat16_rn(v);
+    else if constexpr (EPI == GEMM_EPI_ADD)
+        y[i] += v;
+    else
+        y[i] = v;
+}
+
 /* Epilogue of a block whose warp w (0..7) holds rows 16w + g and 16w + g + 8 of the block's 128 rows x
  * T = 8·NT tokens as acc[nt][i] = (row 16w + g + 8·(i >> 1), token 8·nt + 2·tig + (i & 1)) — the
  * m16n8k16 accumulator layout, also that of a warpgroup's wgmma m64nN (gemm_kernel, gemm_wg_kernel).
- * Multiplies by the token's activation scale; STORE / ADD write y[base + token][row] for tokens < count;
+ * Multiplies by the token's activation scale; STORE / ADD / STORE_BF16 write y[base + token][row] for tokens
+ * < count (gemm_store);
  * SWIGLU (warps 0-3 gate, 4-7 up) stages the gate values in s_g ([64][T] floats, the free pipeline
  * buffers) and needs a __syncthreads-safe call by all threads. */
 template <int EPI, int NT>
@@ -231,14 +244,8 @@ __device__ __forceinline__ void gemm_epilogue_w16(const gemm_args &a, const floa
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const int tok = nt * 8 + tig * 2 + j;
-                    if (tok < count) {
-                        float *p = y + (size_t)(base + tok) * ys + lr;
-                        const float v = acc[nt][2 * h + j] * s_scale[tok];
-                        if (EPI == GEMM_EPI_ADD)
-                            *p += v;
-                        else
-                            *p = v;
-                    }
+                    if (tok < count)
+                        gemm_store<EPI>(y, (size_t)(base + tok) * ys + lr, acc[nt][2 * h + j] * s_scale[tok]);
                 }
         }
     }

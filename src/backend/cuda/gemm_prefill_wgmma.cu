@@ -268,6 +268,7 @@ static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, c
     if (grouped) {
         if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE_BF16) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
     if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, false>(a, n_tokens, s);

@@ -9,6 +9,13 @@
  *   moe_plan_kernel:    1 block of 1024 threads (shared-memory histogram and Hillis-Steele scans; each
  *                       thread's reads of idx are issued 8 at a time before their atomics)
  *   moe_combine_kernel: grid n, 256 threads, float4 over the hidden dim
+ * and the variants behind knobs (cuda_backend.h):
+ *   moe_topk_gate_kernel (moe_router >= 1): moe_topk_kernel that first computes the 1-row
+ *                       shared_expert_gate logit (a warp dot product over the pre-pass row), so the
+ *                       router GEMM has the E expert rows alone
+ *   moe_plan_count_kernel + moe_plan_place_kernel (moe_plan 1): the plan over chunks of 64 tokens, one
+ *                       block each (256 threads), positions within an expert in token order
+ *   moe_combine_bf16_kernel (moe_y_bf16 1): the combine over bf16 per-slot outputs, 8 columns a thread
  */
 #include "gemm_prefill.cuh"
 #include "moe_topk.cuh"
@@ -37,6 +44,69 @@ cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n
         return cudaErrorInvalidValue;
     constexpr int per_block = MOE_TOPK_THREADS / 32;
     moe_topk_kernel<<<(n + per_block - 1) / per_block, MOE_TOPK_THREADS, 0, s>>>(logits, stride, E, K, n, idx, w);
+    return cudaGetLastError();
+}
+
+/* Column col of a one-row matrix: the integer q (4/8-bit MLX affine, w = s·q + b per 64-column group) or
+ * the bf16 weight itself. */
+__device__ __forceinline__ float gate_q(const dmat &m, int col)
+{
+    if (m.bits == 16)
+        return bf2f(reinterpret_cast<const __nv_bfloat16 *>(m.data)[col]);
+    if (m.bits == 8)
+        return (float)__ldg(m.data + col);
+    return (float)((__ldg(m.data + (col >> 1)) >> (4 * (col & 1))) & 15);
+}
+
+/* moe_topk_kernel plus the shared_expert_gate logit of the warp's token, written to logits[t][E]
+ * first: Σ_c w[c]·x[c] over the pre-pass row x (fp16, columns permuted per 16; gemm_act), times the
+ * row's scale. Lane l takes 64-column groups l, l + 32, ..; per group Σ s·q·x + b·Σx (Σx = the
+ * pre-pass's group sum, as the GEMM folds it), bf16 weights Σ w·x; then a warp sum. */
+__global__ void __launch_bounds__(MOE_TOPK_THREADS)
+moe_topk_gate_kernel(float *logits, int stride, int E, int K, int n, int *idx, float *w, gemm_act x, dmat gate)
+{
+    const int t = blockIdx.x * (MOE_TOPK_THREADS / 32) + (threadIdx.x >> 5);
+    if (t >= n)
+        return;
+    const int lane = threadIdx.x & 31, n_groups = x.cols / 64;
+    float acc = 0.0f;
+    for (int gi = lane; gi < n_groups; gi += 32) {
+        const __half *xr = x.x + (size_t)t * x.cols + gi * 64;
+        float sqx = 0.0f;
+        for (int c8 = 0; c8 < 8; c8++) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(xr + c8 * 8);
+            const __half2 *h2 = reinterpret_cast<const __half2 *>(&v);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 xv = __half22float2(h2[j]);
+                const int p = c8 * 8 + 2 * j; /* positions p, p + 1 of the group */
+                const int col = gi * 64 + (p & ~15) + gemm_perm16(p & 15);
+                const int col1 = gi * 64 + (p & ~15) + gemm_perm16((p & 15) + 1);
+                sqx = fmaf(gate_q(gate, col), xv.x, sqx);
+                sqx = fmaf(gate_q(gate, col1), xv.y, sqx);
+            }
+        }
+        if (gate.bits == 16)
+            acc += sqx;
+        else
+            acc = fmaf(bf2f(gate.scales[gi]), sqx, fmaf(bf2f(gate.biases[gi]), x.xs[(size_t)t * n_groups + gi], acc));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0)
+        logits[(size_t)t * stride + E] = acc * x.scale[t];
+    moe_topk_warp(logits + (size_t)t * stride, E, K, idx + (size_t)t * K, w + (size_t)t * K);
+}
+
+cudaError_t launch_moe_topk_gate(float *logits, int stride, int E, int K, int n, int *idx, float *w,
+                                 const gemm_act &x, const dmat &gate, cudaStream_t s)
+{
+    if (E < 1 || E > MOE_PF_MAX_E || K < 1 || K > MOE_PF_MAX_K || K > E || n < 1 || stride < E + 1 ||
+        x.cols % 64 || x.cols <= 0 || gate.cols != x.cols || gate.rows != 1 || !gate.data ||
+        (gate.bits != 4 && gate.bits != 8 && gate.bits != 16) || (gate.bits != 16 && (!gate.scales || !gate.biases)))
+        return cudaErrorInvalidValue;
+    constexpr int per_block = MOE_TOPK_THREADS / 32;
+    moe_topk_gate_kernel<<<(n + per_block - 1) / per_block, MOE_TOPK_THREADS, 0, s>>>(logits, stride, E, K, n, idx,
+                                                                                     w, x, gate);
     return cudaGetLastError();
 }
 
@@ -117,11 +187,140 @@ moe_plan_kernel(const int *idx, int n, int K, int E, int T, int *offsets, int *g
     }
 }
 
+/* ---- the multi-block plan (g_cuda_tuning.moe_plan 1) ------------------------------------------------
+ * Chunk b = tokens [64b, 64b + 64) of the n·K (token, slot) entries. Per chunk and expert, a 64-bit mask
+ * of the chunk's tokens that chose the expert (shared-memory atomicOr: order-free, so deterministic; a
+ * token picks an expert at most once). Kernel 1 writes each chunk's counts (popcount); kernel 2 (one
+ * block per chunk again) sums the counts of all chunks per expert (totals) and of the chunks before its
+ * own (its base within the expert), scans the totals (offsets) and tiles over experts, and places each
+ * entry at offsets[e] + base + the number of the chunk's earlier tokens in the mask: positions within an
+ * expert are in token order. Block 0 also writes offsets, the tile map and the tile count. */
+#define MOE_PLAN2_THREADS 256
+#define MOE_PLAN2_TOKENS 64
+#define MOE_PLAN2_EPT (MOE_PF_MAX_E / MOE_PLAN2_THREADS) /* experts per thread, at most */
+
+/* s_mask[e] := the chunk's tokens (bit t - 64·blockIdx.x) that chose expert e; ends with __syncthreads. */
+__device__ __forceinline__ void plan2_masks(const int *idx, int n, int K, int E, unsigned long long *s_mask)
+{
+    for (int e = threadIdx.x; e < E; e += MOE_PLAN2_THREADS)
+        s_mask[e] = 0ull;
+    __syncthreads();
+    const int nk = n * K, i0 = blockIdx.x * MOE_PLAN2_TOKENS * K;
+    for (int i = threadIdx.x; i < MOE_PLAN2_TOKENS * K; i += MOE_PLAN2_THREADS)
+        if (i0 + i < nk)
+            atomicOr(&s_mask[min(max(idx[i0 + i], 0), E - 1)], 1ull << (i / K));
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(MOE_PLAN2_THREADS) moe_plan_count_kernel(const int *idx, int n, int K, int E, int *counts)
+{
+    __shared__ unsigned long long s_mask[MOE_PF_MAX_E];
+    plan2_masks(idx, n, K, E, s_mask);
+    for (int e = threadIdx.x; e < E; e += MOE_PLAN2_THREADS)
+        counts[(size_t)blockIdx.x * E + e] = __popcll(s_mask[e]);
+}
+
+__global__ void __launch_bounds__(MOE_PLAN2_THREADS)
+moe_plan_place_kernel(const int *idx, int n, int K, int E, int T, const int *counts, int *offsets, int *gather,
+                      int *slot_pos, int *tile_expert, int *tile_start, int *n_tiles)
+{
+    __shared__ unsigned long long s_mask[MOE_PF_MAX_E];
+    __shared__ int s_base[MOE_PF_MAX_E];
+    __shared__ int s_wsum[MOE_PLAN2_THREADS / 32][2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nb = gridDim.x, b = blockIdx.x;
+    const int ept = (E + MOE_PLAN2_THREADS - 1) / MOE_PLAN2_THREADS, e0 = tid * ept; /* experts e0 .. e0+ept-1 */
+    int tot[MOE_PLAN2_EPT], pre[MOE_PLAN2_EPT];
+    int my_rows = 0, my_tiles = 0;
+#pragma unroll
+    for (int j = 0; j < MOE_PLAN2_EPT; j++) {
+        tot[j] = pre[j] = 0;
+        const int e = e0 + j;
+        if (j < ept && e < E) {
+            /* chunks before this block, then the rest (4 loads in flight per step) */
+            int c = 0;
+            for (; c + 4 <= nb; c += 4) {
+                const int v0 = counts[(size_t)c * E + e], v1 = counts[(size_t)(c + 1) * E + e];
+                const int v2 = counts[(size_t)(c + 2) * E + e], v3 = counts[(size_t)(c + 3) * E + e];
+                pre[j] += (c < b ? v0 : 0) + (c + 1 < b ? v1 : 0) + (c + 2 < b ? v2 : 0) + (c + 3 < b ? v3 : 0);
+                tot[j] += v0 + v1 + v2 + v3;
+            }
+            for (; c < nb; c++) {
+                const int v = counts[(size_t)c * E + e];
+                pre[j] += c < b ? v : 0;
+                tot[j] += v;
+            }
+            my_rows += tot[j];
+            my_tiles += (tot[j] + T - 1) / T;
+        }
+    }
+    /* exclusive scan of (rows, tiles) over the threads = over experts in order */
+    int sr = my_rows, st = my_tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int vr = __shfl_up_sync(0xffffffffu, sr, d), vt = __shfl_up_sync(0xffffffffu, st, d);
+        if (lane >= d) {
+            sr += vr;
+            st += vt;
+        }
+    }
+    if (lane == 31) {
+        s_wsum[warp][0] = sr;
+        s_wsum[warp][1] = st;
+    }
+    __syncthreads();
+    int er = sr - my_rows, et = st - my_tiles; /* exclusive within the warp, then the warps before */
+    for (int w = 0; w < warp; w++) {
+        er += s_wsum[w][0];
+        et += s_wsum[w][1];
+    }
+#pragma unroll
+    for (int j = 0; j < MOE_PLAN2_EPT; j++) {
+        const int e = e0 + j;
+        if (j < ept && e < E) {
+            s_base[e] = er + pre[j];
+            if (b == 0) {
+                offsets[e] = er;
+                const int tl = (tot[j] + T - 1) / T;
+                for (int q = 0; q < tl; q++) {
+                    tile_expert[et + q] = e;
+                    tile_start[et + q] = er + q * T;
+                }
+            }
+            er += tot[j];
+            et += (tot[j] + T - 1) / T;
+        }
+    }
+    if (b == 0 && tid == MOE_PLAN2_THREADS - 1) { /* the last thread ends with the totals */
+        offsets[E] = er;
+        *n_tiles = et;
+    }
+    plan2_masks(idx, n, K, E, s_mask); /* its first barrier also publishes s_base */
+    const int nk = n * K, i0 = b * MOE_PLAN2_TOKENS * K, t0 = b * MOE_PLAN2_TOKENS;
+    for (int i = tid; i < MOE_PLAN2_TOKENS * K; i += MOE_PLAN2_THREADS) {
+        if (i0 + i >= nk)
+            break;
+        const int e = min(max(idx[i0 + i], 0), E - 1), tl = i / K;
+        const int pos = s_base[e] + __popcll(s_mask[e] & ((1ull << tl) - 1ull));
+        gather[pos] = t0 + tl;
+        slot_pos[i0 + i] = pos;
+    }
+}
+
 cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
-                            int *tile_expert, int *tile_start, int *n_tiles, cudaStream_t s)
+                            int *tile_expert, int *tile_start, int *n_tiles, int *counts, cudaStream_t s)
 {
     if (E < 1 || E > MOE_PLAN_THREADS || K < 1 || n < 1 || T < 1)
         return cudaErrorInvalidValue;
+    if (counts) {
+        if (E > MOE_PF_MAX_E || K > MOE_PF_MAX_K)
+            return cudaErrorInvalidValue;
+        const int nb = moe_plan_chunks(n);
+        moe_plan_count_kernel<<<nb, MOE_PLAN2_THREADS, 0, s>>>(idx, n, K, E, counts);
+        moe_plan_place_kernel<<<nb, MOE_PLAN2_THREADS, 0, s>>>(idx, n, K, E, T, counts, offsets, gather, slot_pos,
+                                                              tile_expert, tile_start, n_tiles);
+        return cudaGetLastError();
+    }
     moe_plan_kernel<<<1, MOE_PLAN_THREADS, 0, s>>>(idx, n, K, E, T, offsets, gather, slot_pos, tile_expert,
                                                    tile_start, n_tiles);
     return cudaGetLastError();
@@ -173,5 +372,58 @@ cudaError_t launch_moe_combine(float *out, int hidden, int n, int K, const float
     if (hidden % 4 || K < 1 || K > MOE_PF_MAX_K || n < 1)
         return cudaErrorInvalidValue;
     moe_combine_kernel<<<n, 256, 0, s>>>(out, hidden, K, w, slot_pos, y, ysh, logits, logit_stride, E);
+    return cudaGetLastError();
+}
+
+/* moe_combine_kernel over bf16 per-slot outputs (g_cuda_tuning.moe_y_bf16; the grouped down GEMM's
+ * GEMM_EPI_STORE_BF16): 8 columns (16 bytes of each slot's row) per thread and step, the same fp32 sums
+ * in the same order (slots in order, then the shared expert, then the residual). */
+__global__ void __launch_bounds__(256)
+moe_combine_bf16_kernel(float *out, int hidden, int K, const float *w, const int *slot_pos, const __nv_bfloat16 *y,
+                        const float *ysh, const float *logits, int logit_stride, int E)
+{
+    __shared__ int s_pos[MOE_PF_MAX_K];
+    __shared__ float s_w[MOE_PF_MAX_K];
+    const int t = blockIdx.x;
+    if (threadIdx.x < K) {
+        s_pos[threadIdx.x] = slot_pos[(size_t)t * K + threadIdx.x];
+        s_w[threadIdx.x] = w[(size_t)t * K + threadIdx.x];
+    }
+    __syncthreads();
+    const float sg = sigmoid_f(logits[(size_t)t * logit_stride + E]);
+    const int h8 = hidden / 8;
+    float4 *o = reinterpret_cast<float4 *>(out + (size_t)t * hidden);
+    const float4 *sh = reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden);
+    for (int c = threadIdx.x; c < h8; c += blockDim.x) {
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int k = 0; k < K; k++) {
+            const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(y + (size_t)s_pos[k] * hidden) + c);
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                acc[2 * j] = fmaf(s_w[k], __uint_as_float(u[j] << 16), acc[2 * j]);
+                acc[2 * j + 1] = fmaf(s_w[k], __uint_as_float(u[j] & 0xffff0000u), acc[2 * j + 1]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float4 v = sh[2 * c + h];
+            float4 r = o[2 * c + h];
+            r.x += fmaf(sg, v.x, acc[4 * h]);
+            r.y += fmaf(sg, v.y, acc[4 * h + 1]);
+            r.z += fmaf(sg, v.z, acc[4 * h + 2]);
+            r.w += fmaf(sg, v.w, acc[4 * h + 3]);
+            o[2 * c + h] = r;
+        }
+    }
+}
+
+cudaError_t launch_moe_combine_bf16(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
+                                    const __nv_bfloat16 *y, const float *ysh, const float *logits, int logit_stride,
+                                    int E, cudaStream_t s)
+{
+    if (hidden % 8 || K < 1 || K > MOE_PF_MAX_K || n < 1)
+        return cudaErrorInvalidValue;
+    moe_combine_bf16_kernel<<<n, 256, 0, s>>>(out, hidden, K, w, slot_pos, y, ysh, logits, logit_stride, E);
     return cudaGetLastError();
 }
