@@ -11,9 +11,10 @@
 
 /* Fused q staging: rows r0 .. r0 + BM - 1 of the block's bf16 Q tile (element (r, d) at q_at(r, d), the
  * kernel's shared layout) from the raw q in qkv, normed + rotated as in norm_rope.cu; rows past the chunk
- * zero. All NW * 32 threads call it (a barrier between its two steps: s_r[BM] is read across warps); the
- * caller's next barrier publishes the tile. */
-template <int D, int BM, int NW, typename QAt>
+ * zero. All NW * 32 threads call it (a barrier between its two steps: s_r[BM] is read across warps:
+ * __syncthreads, or with BAR > 0 the named barrier BAR over threads 0 .. NW * 32 - 1, for a kernel whose
+ * other warps do something else); the caller's next barrier publishes the tile. */
+template <int D, int BM, int NW, int BAR = 0, typename QAt>
 __device__ __forceinline__ void apf_stage_q_fused(const attn_args &a, int n_tokens, int r0, int g, int pos,
                                                   float *s_r, QAt q_at)
 {
@@ -53,7 +54,10 @@ __device__ __forceinline__ void apf_stage_q_fused(const attn_args &a, int n_toke
             }
         }
     }
-    __syncthreads();
+    if constexpr (BAR > 0)
+        asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NW * 32) : "memory");
+    else
+        __syncthreads();
     /* 2: rotary pairs (j, j + half): one cos/sin per (token, pair), applied to the token's heads in the tile */
     const int half = rot / 2;
     if (half == 0)
