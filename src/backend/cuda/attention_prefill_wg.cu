@@ -36,8 +36,10 @@
  * 6 (PING-PONG): the consumers take turns issuing their wgmmas (named barriers 2 and 3, FlashAttention-3's
  * scheme), so one warpgroup's softmax overlaps the other's GEMMs instead of both contending at once.
  * 7: as 6 with 3 K stages (224 KB of shared memory at head_dim 256). 5: 2 + 2 stages, no ping-pong.
+ * 8: as 6 with 80-key tiles (FlashAttention-3's head_dim-256 tile: S by m64n80k16, 5 k16 slices of P·V;
+ * 2 + 2 stages of 40 KB, 224 KB), fewer steps and less shared-memory traffic per key for S.
  * Measured (H200, last 4096-token chunk of a 32K prompt, attention over 10 layers, session 5): mma.sync
- * kernel 87.5 ms, att_prefill 2 47.6 ms, 3 42.2 ms (~490 TFLOP/s); 5, 6, 7: not yet measured.
+ * kernel 87.5 ms, att_prefill 2 47.6 ms, 3 42.2 ms (~490 TFLOP/s); 5 .. 8: not yet measured.
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */
@@ -65,33 +67,35 @@ template <int ROWS> __device__ __forceinline__ uint32_t awg_off(int r, int d)
 
 /* issue S (64 x 64 fp32, this warpgroup's rows) = Q K^T: Q rows at sq, the K tile at sk (no fence, commit
  * or wait) */
-template <int D> __device__ __forceinline__ void awg_issue_s(float (&s)[APF_WG_BN / 8][4], uint32_t sq, uint32_t sk)
+template <int D, int NT> __device__ __forceinline__ void awg_issue_s(float (&s)[NT][4], uint32_t sq, uint32_t sk)
 {
-    wgmma_bf16_ss_first<APF_WG_BN>(s, wg_desc(sq), wg_desc(sk)); /* s is not live before: no zeroing */
+    constexpr int BN = NT * 8; /* keys per tile */
+    wgmma_bf16_ss_first<BN>(s, wg_desc(sq), wg_desc(sk)); /* s is not live before: no zeroing */
 #pragma unroll
     for (int kk = 1; kk < D / 16; kk++)
-        wgmma_bf16_ss<APF_WG_BN>(s, wg_desc(sq + (kk >> 2) * APF_WG_BM * 128 + (kk & 3) * 32),
-                                 wg_desc(sk + (kk >> 2) * APF_WG_BN * 128 + (kk & 3) * 32), 1);
+        wgmma_bf16_ss<BN>(s, wg_desc(sq + (kk >> 2) * APF_WG_BM * 128 + (kk & 3) * 32),
+                          wg_desc(sk + (kk >> 2) * BN * 128 + (kk & 3) * 32), 1);
 }
 
 /* issue O += P V: V MN-major at sv, 64-column blocks BN * 128 bytes apart (LBO), 8-key groups 1024 (SBO) */
-template <int D>
-__device__ __forceinline__ void awg_issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[APF_WG_BN / 16][4], uint32_t sv)
+template <int D, int NS>
+__device__ __forceinline__ void awg_issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[NS][4], uint32_t sv)
 {
 #pragma unroll
-    for (int ks = 0; ks < APF_WG_BN / 16; ks++)
-        wgmma_bf16_rs_tb<D>(o, pa[ks], wg_desc_sw128(sv + ks * 16 * 128, APF_WG_BN * 128, 1024));
+    for (int ks = 0; ks < NS; ks++)
+        wgmma_bf16_rs_tb<D>(o, pa[ks], wg_desc_sw128(sv + ks * 16 * 128, NS * 16 * 128, 1024));
 }
 
 /* Mask (when masked: key k0 + column visible to row i iff < lim[i]) and online softmax in the exp2 domain
  * (m, l: this lane's two rows; the quad's 4 lanes share a row), in place: s becomes the weights P rounded
  * to bf16 (held as fp32; l sums exactly these) and corr the factor O needs. */
-__device__ __forceinline__ void awg_softmax(float (&s)[APF_WG_BN / 8][4], int k0, bool masked, const int (&lim)[2],
+template <int NT>
+__device__ __forceinline__ void awg_softmax(float (&s)[NT][4], int k0, bool masked, const int (&lim)[2],
                                             int qid, float sl2, float (&m)[2], float (&l)[2], float (&corr)[2])
 {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < APF_WG_BN / 8; nt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int key = k0 + nt * 8 + 2 * qid + (e & 1);
@@ -112,7 +116,7 @@ __device__ __forceinline__ void awg_softmax(float (&s)[APF_WG_BN / 8][4], int k0
     }
     /* the order of the sums: n8 blocks in pairs (k16 slices), as attention_prefill.cu */
 #pragma unroll
-    for (int ks = 0; ks < APF_WG_BN / 16; ks++)
+    for (int ks = 0; ks < NT / 2; ks++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const int nt = 2 * ks + hf;
@@ -126,10 +130,10 @@ __device__ __forceinline__ void awg_softmax(float (&s)[APF_WG_BN / 8][4], int k0
 
 /* P (bf16-exact values in s) as bf16 A fragments: k16 slice ks = keys 16ks..16ks+15 = n8 blocks 2ks, 2ks+1
  * (the m16n8 C layout of two adjacent n8 blocks is the m16n8k16 A layout) */
-__device__ __forceinline__ void awg_pack_p(const float (&s)[APF_WG_BN / 8][4], uint32_t (&pa)[APF_WG_BN / 16][4])
+template <int NT> __device__ __forceinline__ void awg_pack_p(const float (&s)[NT][4], uint32_t (&pa)[NT / 2][4])
 {
 #pragma unroll
-    for (int ks = 0; ks < APF_WG_BN / 16; ks++)
+    for (int ks = 0; ks < NT / 2; ks++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++)
 #pragma unroll
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
 #endif
 }
 
-/* ---- warp-specialized form (att_prefill 5, 6, 7) ------------------------------------------------------ */
+/* ---- warp-specialized form (att_prefill 5 .. 8) ------------------------------------------------------ */
 
 #define AWS_THREADS 384 /* warpgroups 0, 1: consumers (the rows of the kernel above); 2: the producer */
 #ifndef AWS_PREG
@@ -361,9 +365,9 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
 #define AWS_CREG 232 /* per consumer thread: 128 x 40 + 256 x 232 = 384 x 168 (the launch bound) */
 #endif
 
-template <int D, int NK, int NV> struct aws_shape {
+template <int D, int NK, int NV, int BN> struct aws_shape {
     static constexpr int Q_BYTES = D * APF_WG_BM * 2;
-    static constexpr int T_BYTES = D * APF_WG_BN * 2;
+    static constexpr int T_BYTES = D * BN * 2;
     static constexpr int SMEM = Q_BYTES + (NK + NV) * T_BYTES + 1024;
 };
 
@@ -403,12 +407,12 @@ template <int ID> __device__ __forceinline__ void aws_bar_arrive(void)
 #endif
 
 /* Named barriers: 1 = the consumers' Q tile (256 threads); 2, 3 = the ping-pong turns of consumer 0, 1. */
-template <int D, bool QF, int NK, int NV, bool PP>
+template <int D, bool QF, int NK, int NV, bool PP, int BN>
 __global__ void __launch_bounds__(AWS_THREADS, 1) attention_prefill_ws_kernel(attn_args a, int n_tokens)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef aws_shape<D, NK, NV> S;
-    constexpr int BM = APF_WG_BM, BN = APF_WG_BN;
+    typedef aws_shape<D, NK, NV, BN> S;
+    constexpr int BM = APF_WG_BM;
     static_assert(D % 64 == 0 && BN * (D / 8) % 128 == 0 && NK >= 2 && NV >= 2, "tile shape / ring depth");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw = smem_addr(smem_raw);
@@ -663,29 +667,31 @@ template <int D, int VAR> static cudaError_t awg_launch(const attn_args &a, int 
     return a.q_fused ? awg_launch<D, true, VAR>(a, n_tokens, n_splits, s) : awg_launch<D, false, VAR>(a, n_tokens, n_splits, s);
 }
 
-template <int D, bool QF, int NK, int NV, bool PP>
+template <int D, bool QF, int NK, int NV, bool PP, int BN>
 static cudaError_t aws_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
     static size_t smem_set = 48 * 1024;
-    constexpr int smem = aws_shape<D, NK, NV>::SMEM;
-    cudaError_t e = cuda_smem_opt_in(attention_prefill_ws_kernel<D, QF, NK, NV, PP>, smem, &smem_set);
+    constexpr int smem = aws_shape<D, NK, NV, BN>::SMEM;
+    cudaError_t e = cuda_smem_opt_in(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
     const int G = a.n_heads / a.n_kv;
     dim3 grid((n_tokens * G + APF_WG_BM - 1) / APF_WG_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_ws_kernel<D, QF, NK, NV, PP>, grid, dim3(AWS_THREADS), smem, s, a, n_tokens);
+    return launch_pdl(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN>, grid, dim3(AWS_THREADS), smem, s, a, n_tokens);
 }
 
-template <int D, int NK, int NV, bool PP>
+template <int D, int NK, int NV, bool PP, int BN = APF_WG_BN>
 static cudaError_t aws_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
-    return a.q_fused ? aws_launch<D, true, NK, NV, PP>(a, n_tokens, n_splits, s)
-                     : aws_launch<D, false, NK, NV, PP>(a, n_tokens, n_splits, s);
+    return a.q_fused ? aws_launch<D, true, NK, NV, PP, BN>(a, n_tokens, n_splits, s)
+                     : aws_launch<D, false, NK, NV, PP, BN>(a, n_tokens, n_splits, s);
 }
 
 template <int D>
 static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
 {
+    if (variant == 6)
+        return aws_launch<D, 2, 2, true, 80>(a, n_tokens, n_splits, s);
     if (variant == 5)
         return aws_launch<D, 3, 2, true>(a, n_tokens, n_splits, s);
     if (variant == 4)
@@ -701,7 +707,7 @@ static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, in
 
 cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
 {
-    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1 || variant < 0 || variant > 5)
+    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1 || variant < 0 || variant > 6)
         return cudaErrorInvalidValue;
     switch (a.head_dim) {
     case 64: return awg_launch<64>(a, n_tokens, n_splits, variant, s);

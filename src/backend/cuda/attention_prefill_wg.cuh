@@ -20,7 +20,8 @@ bool attention_prefill_wg_supported(const attn_args &a);
  * mma.sync kernel); variant 0 (att_prefill 2): plain; 1 (att_prefill 3): a tile's softmax overlaps the
  * previous tile's P·V; 2 (att_prefill 4): as 1 with the refills issued after the wgmmas; 3 (att_prefill
  * 5): as 1 with a producer warpgroup loading K/V into mbarrier rings (384 threads); 4 (att_prefill 6): as
- * 3 with the consumers' wgmmas issued in turns (ping-pong); 5 (att_prefill 7): as 4 with 3 K stages.
+ * 3 with the consumers' wgmmas issued in turns (ping-pong); 5 (att_prefill 7): as 4 with 3 K stages;
+ * 6 (att_prefill 8): as 4 with 80-key tiles.
  * cudaErrorInvalidValue when !attention_prefill_wg_supported(a) or another variant. */
 cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s);
 
