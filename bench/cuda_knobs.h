@@ -37,6 +37,7 @@ static const struct {
     {"moe_router", offsetof(lily_cuda_tuning, moe_router)},
     {"moe_plan", offsetof(lily_cuda_tuning, moe_plan)},
     {"moe_y_bf16", offsetof(lily_cuda_tuning, moe_y_bf16)},
+    {"moe_hid_h16", offsetof(lily_cuda_tuning, moe_hid_h16)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

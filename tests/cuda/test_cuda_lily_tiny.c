@@ -206,11 +206,13 @@ static void run(void)
     alt.router_topk = 1;
     lily_cuda_set_tuning(&alt);
     run_modes(&gpu, ids, ref, V, "alternate kernels");
-    /* the prefill MoE block's knobs: gate logit in the top-k kernel, multi-block plan, bf16 per-slot outputs */
+    /* the prefill MoE block's knobs: gate logit in the top-k kernel, multi-block plan, bf16 per-slot outputs,
+     * fp16 SwiGLU output regrouped */
     lily_cuda_tuning moe = def;
     moe.moe_router = 1;
     moe.moe_plan = 1;
     moe.moe_y_bf16 = 1;
+    moe.moe_hid_h16 = 1;
     lily_cuda_set_tuning(&moe);
     run_modes(&gpu, ids, ref, V, "prefill MoE knobs");
     lily_cuda_set_tuning(&def);

@@ -507,15 +507,23 @@ static void poison(void *p, size_t bytes) { CK(cudaMemset(p, 0xff, bytes)); }
 
 /* The MoE block's knobs (cuda_backend.h): moe_router (0: router | shared_expert_gate in one GEMM; 1-3: the
  * router rows alone at 64/32/16-token tiles, the gate logit in the top-k kernel), moe_plan (1: the
- * multi-block plan, positions within an expert in token order), moe_y_bf16 (1: bf16 per-slot down outputs).
- * (0,0,0) and (1,1,1) run under every kernel configuration, the others under two (variant 0 at 16 tokens,
- * variant 4 automatic). (0,1,0) must reproduce (0,0,0)'s bits (rows only change places within an expert);
- * bf16 outputs add their rounding (2^-9 relative to |y| <= the magnitude) to the down and out bounds. */
+ * multi-block plan, positions within an expert in token order), moe_y_bf16 (1: bf16 per-slot down outputs),
+ * moe_hid_h16 (1: the routed SwiGLU GEMM writes fp16 per 64-column group, launch_gemm_regroup makes the
+ * down GEMM's activations). (0,0,0,0) and (1,1,1,1) run under every kernel configuration, the others
+ * under two (variant 0 at 16 tokens, variant 4 automatic). (0,1,0,0) must reproduce (0,0,0,0)'s bits
+ * (rows only change places within an expert); (0,0,0,1) must give the same down-GEMM activations (fp16
+ * values, row scales) except for fp16 subnormals (double rounding); bf16 outputs add their rounding
+ * (2^-9 relative to |y| <= the magnitude) to the down and out bounds; fp16 hid its rounding (2^-11) to
+ * the hid bound (the hid values are read back from the activations then). */
 struct moe_knobs {
-    int router, plan, y_bf16;
+    int router, plan, y_bf16, hid_h16;
 };
-static const moe_knobs k_moe_knobs[] = {{0, 0, 0}, {0, 1, 0}, {0, 0, 1}, {1, 1, 1}, {1, 0, 0}, {2, 1, 1}, {3, 1, 0}};
-static bool moe_knobs_everywhere(const moe_knobs &m) { return m.router == m.plan && m.plan == m.y_bf16; }
+static const moe_knobs k_moe_knobs[] = {{0, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1},
+                                        {1, 1, 1, 1}, {1, 0, 0, 0}, {2, 1, 1, 0}, {3, 1, 0, 1}};
+static bool moe_knobs_everywhere(const moe_knobs &m)
+{
+    return m.router == m.plan && m.plan == m.y_bf16 && m.y_bf16 == m.hid_h16;
+}
 
 static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
 {
@@ -582,7 +590,13 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
     moe_twin tw;
     std::vector<float> twin_lg, first_out;
     const int n_cfgs = (int)(sizeof k_moe_cfgs / sizeof k_moe_cfgs[0]);
-    std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* knobs (0,0,0) per configuration */
+    std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* knobs (0,0,0,0) per configuration */
+    /* and the down GEMM's routed activations in slot order: fp16 bits, group sums, row scales */
+    std::vector<std::vector<uint16_t>> base_hx(n_cfgs);
+    std::vector<std::vector<float>> base_hxs(n_cfgs), base_hsc(n_cfgs);
+    int ipos[16]; /* position of column c in a 16-column block of a gemm_act row */
+    for (int l = 0; l < 16; l++)
+        ipos[gemm_perm16(l)] = l;
     for (const moe_knobs &mk : k_moe_knobs)
     for (int ci = 0; ci < n_cfgs; ci++) {
         const gemm_cfg &kc = k_moe_cfgs[ci];
@@ -592,12 +606,16 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         g_cuda_tuning.moe_router = mk.router;
         g_cuda_tuning.moe_plan = mk.plan;
         g_cuda_tuning.moe_y_bf16 = mk.y_bf16;
-        const bool base = mk.router == 0 && mk.plan == 0 && mk.y_bf16 == 0;
+        g_cuda_tuning.moe_hid_h16 = mk.hid_h16;
+        const bool base = mk.router == 0 && mk.plan == 0 && mk.y_bf16 == 0 && mk.hid_h16 == 0;
         const int T = gemm_grouped_tile((double)n * K / E);
         /* fresh input and poisoned outputs for every configuration */
         CK(cudaMemcpy(c.h, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
         poison(c.router, C * (E + 1) * sizeof(float));
         poison(c.hid, C * (K + 1) * inter * sizeof(float));
+        poison(c.pf_x, c.pf_x_elems * sizeof(__half));
+        poison(c.pf_xs, (c.pf_x_elems / 64 + 1) * sizeof(float));
+        poison(c.pf_xscale, c.pf_x_rows * sizeof(float));
         poison(c.pf_y, C * (K + 1) * H * sizeof(float));
         poison(c.pf_gather, C * K * sizeof(int));
         poison(c.pf_slot_pos, C * K * sizeof(int));
@@ -610,8 +628,8 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         memset(&err, 0, sizeof err);
         char what[200];
         snprintf(what, sizeof what,
-                 "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d knobs r%d p%d y%d",
-                 kc.variant, T, bits, rbits, H, E, K, inter, n, mk.router, mk.plan, mk.y_bf16);
+                 "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d knobs r%d p%d y%d h%d",
+                 kc.variant, T, bits, rbits, H, E, K, inter, n, mk.router, mk.plan, mk.y_bf16, mk.hid_h16);
         lily_status st = cuda_prefill_moe(&c, &L, n, &err);
         cudaError_t ce = cudaDeviceSynchronize();
         if (st != LILY_OK || ce != cudaSuccess) {
@@ -645,6 +663,12 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         }
         /* GPU per-slot intermediates in the twin's slot order */
         std::vector<float> hgot((size_t)n * (K + 1) * inter), ygot((size_t)n * (K + 1) * H);
+        /* the down GEMM's routed activations (pf_x rows = positions, inter columns) in slot order */
+        const size_t nki = (size_t)n * K * inter;
+        std::vector<uint16_t> gx = host_copy(reinterpret_cast<const uint16_t *>(c.pf_x), nki);
+        std::vector<float> gxs = host_copy(c.pf_xs, nki / 64), gsc = host_copy(c.pf_xscale, (size_t)n * K);
+        std::vector<uint16_t> hx(nki, 0xffff);
+        std::vector<float> hxs(nki / 64, NAN), hsc((size_t)n * K, NAN);
         int map_bad = 0, topk_bad = 0;
         for (int t = 0; t < n; t++) {
             for (int k = 0; k < K; k++)
@@ -661,8 +685,18 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
                     }
                 }
                 const size_t slot = (size_t)t * (K + 1) + k;
-                for (int i = 0; i < inter; i++)
-                    hgot[slot * inter + i] = grow >= 0 ? ghid[(size_t)grow * inter + i] : NAN;
+                const size_t ks = (size_t)t * K + k; /* routed slot index */
+                if (k < K && grow >= 0) {
+                    memcpy(&hx[ks * inter], &gx[(size_t)grow * inter], inter * sizeof(uint16_t));
+                    memcpy(&hxs[ks * (inter / 64)], &gxs[(size_t)grow * (inter / 64)], inter / 64 * sizeof(float));
+                    hsc[ks] = gsc[grow];
+                }
+                for (int i = 0; i < inter; i++) {
+                    float hv = grow >= 0 ? ghid[(size_t)grow * inter + i] : NAN;
+                    if (mk.hid_h16 && k < K && grow >= 0) /* no fp32 hid: the activation times its row scale */
+                        hv = lily_f16_to_f32(gx[(size_t)grow * inter + (i & ~15) + ipos[i & 15]]) * gsc[grow];
+                    hgot[slot * inter + i] = hv;
+                }
                 for (int rr = 0; rr < H; rr++)
                     ygot[slot * H + rr] = grow >= 0 ? gy[(size_t)grow * H + rr] : NAN;
             }
@@ -724,7 +758,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         }
         const double ybf = mk.y_bf16 ? 1.0 / 512 : 0.0; /* bf16 rounding of each per-slot output */
         snprintf(w2, sizeof w2, "%s hid (silu(gate)*up per slot)", what);
-        check(w2, hgot, tw.hw, tw.hmg, 1e-3 * cfg_rel(kc, bits));
+        check(w2, hgot, tw.hw, tw.hmg, 1e-3 * cfg_rel(kc, bits) + (mk.hid_h16 ? 1.0 / 2048 : 0.0));
         snprintf(w2, sizeof w2, "%s down per slot", what);
         check(w2, ygot, tw.yw, tw.ymg, 3e-3 * cfg_rel(kc, bits) + ybf);
         snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
@@ -732,22 +766,47 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         if (base) {
             base_out[ci] = got;
             base_lg[ci] = lg;
+            base_hx[ci] = hx;
+            base_hxs[ci] = hxs;
+            base_hsc[ci] = hsc;
         } else if (!base_out[ci].empty()) {
+            if (mk.router == 0 && mk.hid_h16) { /* the same activations as the fp32 hid + pre-pass */
+                size_t xn = 0, xsub = 0, xsd = 0, scd = 0;
+                for (size_t i = 0; i < nki; i++)
+                    if (hx[i] != base_hx[ci][i]) {
+                        const bool sub = (hx[i] & 0x7c00) == 0 && (base_hx[ci][i] & 0x7c00) == 0;
+                        xsub += sub;
+                        xn += !sub;
+                    }
+                for (size_t i = 0; i < hxs.size(); i++)
+                    xsd += memcmp(&hxs[i], &base_hxs[ci][i], sizeof(float)) != 0;
+                for (size_t i = 0; i < hsc.size(); i++)
+                    scd += memcmp(&hsc[i], &base_hsc[ci][i], sizeof(float)) != 0;
+                g_checks++;
+                if (xn || scd) {
+                    g_fail++;
+                    printf("FAIL %s: down activations differ from knobs (0,0,0,0)'s: %zu normal fp16 values, %zu row "
+                           "scales (%zu subnormals, %zu group sums)\n", what, xn, scd, xsub, xsd);
+                } else {
+                    printf("PASS %s: down activations as knobs (0,0,0,0)'s: normal fp16 values and row scales "
+                           "identical (%zu subnormals, %zu of %zu group sums differ)\n", what, xsub, xsd, hxs.size());
+                }
+            }
             /* the expert logits: the same GEMM at another tile (bit-identical kernels) */
             size_t ldiff = 0;
             for (int t = 0; t < n; t++)
                 ldiff += memcmp(&lg[(size_t)t * (E + 1)], &base_lg[ci][(size_t)t * (E + 1)], E * sizeof(float)) != 0;
-            printf("note %s: expert logits of %zu of %d tokens differ from knobs (0,0,0)'s\n", what, ldiff, n);
-            if (mk.router == 0 && mk.plan == 1 && mk.y_bf16 == 0) { /* only rows placed differently */
+            printf("note %s: expert logits of %zu of %d tokens differ from knobs (0,0,0,0)'s\n", what, ldiff, n);
+            if (mk.router == 0 && mk.plan == 1 && mk.y_bf16 == 0 && mk.hid_h16 == 0) { /* rows placed differently */
                 size_t diff = 0;
                 for (size_t i = 0; i < got.size(); i++)
                     diff += memcmp(&got[i], &base_out[ci][i], sizeof(float)) != 0;
                 g_checks++;
                 if (diff) {
                     g_fail++;
-                    printf("FAIL %s: out differs from knobs (0,0,0)'s in %zu of %zu values\n", what, diff, got.size());
+                    printf("FAIL %s: out differs from knobs (0,0,0,0)'s in %zu of %zu values\n", what, diff, got.size());
                 } else {
-                    printf("PASS %s: out bit-identical to knobs (0,0,0)'s\n", what);
+                    printf("PASS %s: out bit-identical to knobs (0,0,0,0)'s\n", what);
                 }
             } else {
                 note_same(what, got, base_out[ci]);
@@ -759,7 +818,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
             note_same(what, got, first_out);
     }
     reset_cfg();
-    g_cuda_tuning.moe_router = g_cuda_tuning.moe_plan = g_cuda_tuning.moe_y_bf16 = 0;
+    g_cuda_tuning.moe_router = g_cuda_tuning.moe_plan = g_cuda_tuning.moe_y_bf16 = g_cuda_tuning.moe_hid_h16 = 0;
 }
 
 int main(void)

@@ -5,7 +5,8 @@
  *   offsets, scatter, tile map) -> grouped GEMM(gate, up; silu·up) -> GEMM(shared gate, up; silu·up)
  *   -> prep(hid) -> grouped GEMM(down) -> GEMM(shared down) -> combine (+= residual).
  * Knobs (cuda_backend.h): moe_router (the gate logit moves to the top-k kernel, the router GEMM's tile),
- * moe_plan (multi-block plan), moe_y_bf16 (per-slot down outputs in bf16; the shared expert's stay fp32).
+ * moe_plan (multi-block plan), moe_y_bf16 (per-slot down outputs in bf16; the shared expert's stay fp32),
+ * moe_hid_h16 (routed SwiGLU output as fp16 per 64-column group, regrouped instead of the fp32 pre-pass).
  * Each stage is its own launch (per-stage events work). cuda_forward.cu picks this path per stage.
  */
 #include <string.h>
@@ -117,7 +118,14 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
                            c->pf_tile_start, c->pf_n_tiles, g_cuda_tuning.moe_plan == 1 ? c->pf_plan_counts : NULL,
                            s));
 
-    /* routed gate/up: hid rows = expert-ordered positions [0, nk) */
+    /* routed gate/up: hid rows = expert-ordered positions [0, nk); moe_hid_h16: as fp16 at a scale per row
+     * and 64 columns (h16a: in c->hid, then the groups' exponents; launch_gemm_regroup makes ha of it) */
+    const bool h16 = g_cuda_tuning.moe_hid_h16 == 1 && inter % 64 == 0 && inter <= 1024;
+    gemm_act h16a;
+    h16a.x = reinterpret_cast<__half *>(c->hid);
+    h16a.xs = reinterpret_cast<float *>(h16a.x + nk * inter); /* 2·nk·inter + nk·inter/16 bytes <= nk·hs·4 */
+    h16a.scale = NULL;
+    h16a.cols = inter;
     memset(&a, 0, sizeof a);
     a.m[0] = L->ex_gate;
     a.m[1] = L->ex_up;
@@ -125,7 +133,8 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.y[0] = c->hid;
     a.y_stride[0] = hs;
     a.act = xa;
-    a.epi = GEMM_EPI_SWIGLU;
+    a.epi = h16 ? GEMM_EPI_SWIGLU_H16 : GEMM_EPI_SWIGLU;
+    a.out_act = h16a;
     grouped_by_expert(c, n, K, E, T, &a);
     a.gather = c->pf_gather;
     LAUNCH(launch_gemm(a, n, s));
@@ -147,7 +156,10 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     in.act = c->hid;
     in.act_stride = hs;
     const gemm_act ha = act_at(c, 0, inter);
-    LAUNCH(launch_gemm_prep(in, inter, (int)nk, ha, s));
+    if (h16)
+        LAUNCH(launch_gemm_regroup(h16a, ha, (int)nk, s));
+    else
+        LAUNCH(launch_gemm_prep(in, inter, (int)nk, ha, s));
     in.act = c->hid + nk * hs;
     gemm_act hsa;
     hsa.x = c->pf_x + nk * inter;

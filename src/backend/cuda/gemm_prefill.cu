@@ -172,7 +172,7 @@ template <int BITS, int NT, int EPI, bool GROUPED>
 static cudaError_t gemm_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
     typedef gemm_shape<BITS, NT> S;
-    static_assert(S::SMEM >= 64 * S::T * 4, "SWIGLU epilogue needs 64 x T floats");
+    static_assert(S::SMEM >= 65 * S::T * 4, "SWIGLU(_H16) epilogue needs 65 x T floats");
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
     cudaError_t e = cuda_smem_opt_in(gemm_kernel<BITS, NT, EPI, GROUPED>, S::SMEM, &smem_set);
@@ -191,6 +191,7 @@ static cudaError_t gemm_epi(const gemm_args &a, int n_tokens, bool grouped, cuda
         if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_STORE_BF16) return gemm_go<BITS, NT, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU_H16) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
     if constexpr (NT == 4) { /* dense: STORE only (the MoE router with moe_router 2) */
@@ -250,7 +251,10 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
     for (int k = 0; k < a.n_mats; k++)
         if (a.m[k].cols != a.act.cols || a.m[k].bits != a.m[0].bits || !a.m[k].data)
             return cudaErrorInvalidValue;
-    if (a.epi == GEMM_EPI_SWIGLU && (a.n_mats != 2 || a.m[0].rows != a.m[1].rows))
+    if (gemm_swiglu(a.epi) && (a.n_mats != 2 || a.m[0].rows != a.m[1].rows))
+        return cudaErrorInvalidValue;
+    if (a.epi == GEMM_EPI_SWIGLU_H16 && (!a.tile_expert || a.m[0].rows % 64 || a.out_act.cols != a.m[0].rows ||
+                                         !a.out_act.x || !a.out_act.xs))
         return cudaErrorInvalidValue;
     const bool grouped = a.tile_expert != NULL;
     int T;

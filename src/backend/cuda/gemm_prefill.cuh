@@ -38,7 +38,26 @@ enum gemm_epilogue {
     GEMM_EPI_ADD = 1,    /* y[row][r] += acc */
     GEMM_EPI_SWIGLU = 2, /* y[row][r] = silu(gate·x) * (up·x): m[0] = gate, m[1] = up */
     GEMM_EPI_STORE_BF16 = 3, /* grouped only: y (really __nv_bfloat16 *; y_stride in elements) = bf16(acc) */
+    GEMM_EPI_SWIGLU_H16 = 4, /* grouped only: SWIGLU into out_act as fp16 at a power-of-two scale per row and
+                              * 64-column group (the block's): x[row][64·blockIdx.x ..] in gemm_act column order,
+                              * xs[row][blockIdx.x] = the exponent ex (values · 2^-ex; GEMM_H16_EMPTY for an
+                              * all-zero group); launch_gemm_regroup turns this into gemm_act form */
 };
+
+/* xs value of an all-zero group in GEMM_EPI_SWIGLU_H16 output. */
+#define GEMM_H16_EMPTY (-1000)
+
+/* The exponent ex of the power of two 2^ex that brings a row max m > 0 into [2^13, 2^14) when dividing
+ * by it (clamped to +-100; 0 for m > 3e38 or NaN): the pre-pass's scale (gemm_prep.cu). */
+__device__ __forceinline__ int gemm_prep_exponent(float m)
+{
+    int ex = 0;
+    if (m > 0.0f && m <= 3.0e38f) {
+        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
+        ex = max(-100, min(100, ex));
+    }
+    return ex;
+}
 
 /* Y[row][r] (=, +=, swiglu) Σ_c X[row][c] W[r][c] for up to 4 matrices (same bits and cols) whose rows
  * are concatenated (row_start), each writing its own y / y_stride. Dense: rows of X are tokens 0..n-1.
@@ -62,6 +81,7 @@ struct gemm_args {
     int max_tiles;            /* grid bound (host) */
     int tile_tokens;          /* tokens per tile: 16, 32, 64 or 128 (grouped: must match the plan; dense: 0 =
                                * automatic, else forced, 32 for STORE only) */
+    gemm_act out_act;         /* GEMM_EPI_SWIGLU_H16: x, xs, cols = m[0].rows (scale unused) */
 };
 
 /* Input transform of n_rows rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm; in.act fp32
@@ -71,6 +91,13 @@ struct gemm_args {
  * shared-memory kernel, cols <= 12288 and a gated head_dim that is a multiple of 32), else the launch's
  * error. */
 cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s);
+
+/* GEMM_EPI_SWIGLU_H16 output in (x fp16 at a scale per 64-column group, xs = the groups' exponents) ->
+ * out in gemm_act form, the same bits as launch_gemm_prep of the fp32 values in plain mode (as long as
+ * a value stays in fp16's normal range at the row's scale: below it, values ~2^-27 of the row max may
+ * round twice). n_rows rows of in.cols = out.cols <= 1024 columns (a multiple of 64), one warp a row;
+ * cudaErrorInvalidValue otherwise. in and out must not overlap. */
+cudaError_t launch_gemm_regroup(const gemm_act &in, const gemm_act &out, int n_rows, cudaStream_t s);
 
 /* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused). The kernel:
  * gemm_kernel (gemm_prefill.cu) for 16/32/64-token tiles, gemm2d_kernel (gemm_prefill_2d.cu) for

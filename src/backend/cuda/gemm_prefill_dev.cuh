@@ -28,10 +28,13 @@ cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, in
 /* The grid of a prefill GEMM launch: x = blocks of GEMM_ROWS weight rows (SWIGLU: 64 gate rows and the
  * same up rows), y = tiles of T tokens (dense) or the tile map's bound a.max_tiles (grouped).
  * cudaErrorInvalidValue when the grid is empty or has more than 65535 tiles. */
+/* SWIGLU and SWIGLU_H16: a block owns 64 gate rows and the same up rows. */
+__host__ __device__ constexpr bool gemm_swiglu(int epi) { return epi == GEMM_EPI_SWIGLU || epi == GEMM_EPI_SWIGLU_H16; }
+
 static inline cudaError_t gemm_grid(const gemm_args &a, int n_tokens, bool grouped, int T, int epi, dim3 *grid)
 {
-    const int rows = epi == GEMM_EPI_SWIGLU ? a.m[0].rows : a.row_start[a.n_mats];
-    const int per_block = epi == GEMM_EPI_SWIGLU ? 64 : GEMM_ROWS;
+    const int rows = gemm_swiglu(epi) ? a.m[0].rows : a.row_start[a.n_mats];
+    const int per_block = gemm_swiglu(epi) ? 64 : GEMM_ROWS;
     const int gx = (rows + per_block - 1) / per_block;
     const int gy = grouped ? a.max_tiles : (n_tokens + T - 1) / T;
     if (gx <= 0 || gy <= 0 || gy > 65535)
@@ -129,7 +132,7 @@ __device__ __forceinline__ void load_a(const unsigned char *sw, int r0, int tig,
 template <int EPI>
 __device__ __forceinline__ bool gemm_row(const gemm_args &a, int br, int &mi, int &lr)
 {
-    if (EPI == GEMM_EPI_SWIGLU) {
+    if (gemm_swiglu(EPI)) {
         mi = br >= 64 ? 1 : 0;
         lr = blockIdx.x * 64 + (br & 63);
         return lr < a.m[0].rows;
@@ -190,19 +193,62 @@ template <int EPI> __device__ __forceinline__ void gemm_store(float *y, size_t i
         y[i] = v;
 }
 
+/* The SWIGLU_H16 output of a block: s_v[r * S + tok] = the SwiGLU value of block row r (0..63, column
+ * 64·blockIdx.x + r of out_act) and tile token tok, for tok < count (written and synchronized by the
+ * caller); s_v + 64·S holds T more floats. Per token the max over the 64 values gives the exponent
+ * (gemm_prep_exponent; xs[base + tok][blockIdx.x]); the values times 2^-ex go out as fp16 in gemm_act
+ * order, one 16-byte chunk of 8 positions (columns 8c + {0, 4, 1, 5, 2, 6, 3, 7}) per thread and step,
+ * exactly as gemm_prep.cu packs them. All NTHR threads call it (one barrier). */
+template <int T, int S, int NTHR>
+__device__ __forceinline__ void gemm_swiglu_h16_out(const gemm_args &a, float *s_v, int base, int count)
+{
+    float *s_inv = s_v + 64 * S;
+    const int tid = threadIdx.x, cols = a.out_act.cols;
+    if (tid < T) {
+        float inv = 1.0f;
+        if (tid < count) {
+            float m = 0.0f;
+#pragma unroll 8
+            for (int r = 0; r < 64; r++)
+                m = fmaxf(m, fabsf(s_v[r * S + tid]));
+            int ex = GEMM_H16_EMPTY;
+            if (m > 0.0f) {
+                ex = gemm_prep_exponent(m);
+                inv = __uint_as_float((unsigned int)(127 - ex) << 23);
+            }
+            a.out_act.xs[(size_t)(base + tid) * (cols / 64) + blockIdx.x] = (float)ex;
+        }
+        s_inv[tid] = inv;
+    }
+    __syncthreads();
+    for (int q = tid; q < 8 * T; q += NTHR) {
+        const int c = q / T, tok = q % T;
+        if (tok >= count)
+            continue;
+        const float inv = s_inv[tok];
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[k] = h2_bits(__floats2half2_rn(s_v[(8 * c + k) * S + tok] * inv, s_v[(8 * c + k + 4) * S + tok] * inv));
+        *reinterpret_cast<uint4 *>(a.out_act.x + (size_t)(base + tok) * cols + blockIdx.x * 64 + 8 * c) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
 /* Epilogue of a block whose warp w (0..7) holds rows 16w + g and 16w + g + 8 of the block's 128 rows x
  * T = 8·NT tokens as acc[nt][i] = (row 16w + g + 8·(i >> 1), token 8·nt + 2·tig + (i & 1)) — the
  * m16n8k16 accumulator layout, also that of a warpgroup's wgmma m64nN (gemm_kernel, gemm_wg_kernel).
  * Multiplies by the token's activation scale; STORE / ADD / STORE_BF16 write y[base + token][row] for tokens
  * < count (gemm_store);
  * SWIGLU (warps 0-3 gate, 4-7 up) stages the gate values in s_g ([64][T] floats, the free pipeline
- * buffers) and needs a __syncthreads-safe call by all threads. */
+ * buffers) and needs a __syncthreads-safe call by all threads; SWIGLU_H16 puts the results back in s_g
+ * and writes them by gemm_swiglu_h16_out (s_g needs 65·T floats). */
 template <int EPI, int NT>
 __device__ __forceinline__ void gemm_epilogue_w16(const gemm_args &a, const float (&acc)[NT][4], int warp, int g,
                                                   int tig, int base, int count, const float *s_scale, float *s_g)
 {
     constexpr int T = 8 * NT;
-    if constexpr (EPI == GEMM_EPI_SWIGLU) {
+    if constexpr (gemm_swiglu(EPI)) {
         /* s_g: [64][T] gate values */
         if (warp < 4)
 #pragma unroll
@@ -226,10 +272,17 @@ __device__ __forceinline__ void gemm_epilogue_w16(const gemm_args &a, const floa
                         if (tok < count) {
                             const float gv = s_g[rl * T + tok] * s_scale[tok];
                             const float uv = acc[nt][2 * h + j] * s_scale[tok];
-                            a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
+                            if (EPI == GEMM_EPI_SWIGLU_H16)
+                                s_g[rl * T + tok] = silu_f(gv) * uv; /* only this thread reads the slot */
+                            else
+                                a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
                         }
                     }
             }
+        }
+        if constexpr (EPI == GEMM_EPI_SWIGLU_H16) {
+            __syncthreads();
+            gemm_swiglu_h16_out<T, T, GEMM_THREADS>(a, s_g, base, count);
         }
     } else {
 #pragma unroll

@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
     constexpr int NT = N / 8, NS = S::STAGES;
     constexpr int PF = DEPTH ? NS - 2 : NS - 1; /* groups loaded ahead: a refill waits for its slot's wgmmas */
     static_assert(S::STAGE % 1024 == 0 && N * 8 % GEMM_THREADS == 0, "stage layout");
-    static_assert(S::SMEM - 1024 >= 64 * N * 4, "SWIGLU epilogue needs 64 x N floats");
+    static_assert(S::SMEM - 1024 >= 65 * N * 4, "SWIGLU(_H16) epilogue needs 65 x N floats");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ int s_tok[N];
     __shared__ float s_scale[N];
@@ -269,6 +269,7 @@ static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, c
         if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_STORE_BF16) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU_H16) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
     if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, false>(a, n_tokens, s);
