@@ -47,15 +47,31 @@ cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n
     return cudaGetLastError();
 }
 
-/* Column col of a one-row matrix: the integer q (4/8-bit MLX affine, w = s·q + b per 64-column group) or
- * the bf16 weight itself. */
-__device__ __forceinline__ float gate_q(const dmat &m, int col)
+/* Columns 8c .. 8c + 7 of a one-row matrix: the integers q (4/8-bit MLX affine, w = s·q + b per 64-column
+ * group) or the bf16 weights themselves, in column order (one 4/8/16-byte load). */
+__device__ __forceinline__ void gate_q8(const dmat &m, int c, float (&q)[8])
 {
-    if (m.bits == 16)
-        return bf2f(reinterpret_cast<const __nv_bfloat16 *>(m.data)[col]);
-    if (m.bits == 8)
-        return (float)__ldg(m.data + col);
-    return (float)((__ldg(m.data + (col >> 1)) >> (4 * (col & 1))) & 15);
+    if (m.bits == 16) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4 *>(m.data) + c);
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            q[2 * j] = __uint_as_float(u[j] << 16);
+            q[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+        }
+    } else if (m.bits == 8) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(m.data) + c);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            q[j] = (float)((v.x >> (8 * j)) & 0xffu);
+            q[j + 4] = (float)((v.y >> (8 * j)) & 0xffu);
+        }
+    } else {
+        const uint32_t v = __ldg(reinterpret_cast<const uint32_t *>(m.data) + c);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            q[j] = (float)((v >> (4 * j)) & 0xfu);
+    }
 }
 
 /* moe_topk_kernel plus the shared_expert_gate logit of the warp's token, written to logits[t][E]
@@ -74,16 +90,16 @@ moe_topk_gate_kernel(float *logits, int stride, int E, int K, int n, int *idx, f
         const __half *xr = x.x + (size_t)t * x.cols + gi * 64;
         float sqx = 0.0f;
         for (int c8 = 0; c8 < 8; c8++) {
+            /* chunk positions 2j, 2j + 1 hold columns j, j + 4 of the chunk (gemm_perm16) */
             const uint4 v = *reinterpret_cast<const uint4 *>(xr + c8 * 8);
             const __half2 *h2 = reinterpret_cast<const __half2 *>(&v);
+            float q[8];
+            gate_q8(gate, gi * 8 + c8, q);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float2 xv = __half22float2(h2[j]);
-                const int p = c8 * 8 + 2 * j; /* positions p, p + 1 of the group */
-                const int col = gi * 64 + (p & ~15) + gemm_perm16(p & 15);
-                const int col1 = gi * 64 + (p & ~15) + gemm_perm16((p & 15) + 1);
-                sqx = fmaf(gate_q(gate, col), xv.x, sqx);
-                sqx = fmaf(gate_q(gate, col1), xv.y, sqx);
+                sqx = fmaf(q[j], xv.x, sqx);
+                sqx = fmaf(q[j + 4], xv.y, sqx);
             }
         }
         if (gate.bits == 16)
