@@ -38,6 +38,7 @@ static const struct {
     {"moe_plan", offsetof(lily_cuda_tuning, moe_plan)},
     {"moe_y_bf16", offsetof(lily_cuda_tuning, moe_y_bf16)},
     {"moe_hid_h16", offsetof(lily_cuda_tuning, moe_hid_h16)},
+    {"moe_shared_add", offsetof(lily_cuda_tuning, moe_shared_add)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

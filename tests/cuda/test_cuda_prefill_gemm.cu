@@ -509,20 +509,22 @@ static void poison(void *p, size_t bytes) { CK(cudaMemset(p, 0xff, bytes)); }
  * router rows alone at 64/32/16-token tiles, the gate logit in the top-k kernel), moe_plan (1: the
  * multi-block plan, positions within an expert in token order), moe_y_bf16 (1: bf16 per-slot down outputs),
  * moe_hid_h16 (1: the routed SwiGLU GEMM writes fp16 per 64-column group, launch_gemm_regroup makes the
- * down GEMM's activations). (0,0,0,0) and (1,1,1,1) run under every kernel configuration, the others
- * under two (variant 0 at 16 tokens, variant 4 automatic). (0,1,0,0) must reproduce (0,0,0,0)'s bits
- * (rows only change places within an expert); (0,0,0,1) must give the same down-GEMM activations (fp16
+ * down GEMM's activations). All 0 and all 1 run under every kernel configuration, the others
+ * under two (variant 0 at 16 tokens, variant 4 automatic). (0,1,0,0,0) must reproduce knobs 0's bits
+ * (rows only change places within an expert); hid_h16 1 must give the same down-GEMM activations (fp16
  * values, row scales) except for fp16 subnormals (double rounding); bf16 outputs add their rounding
  * (2^-9 relative to |y| <= the magnitude) to the down and out bounds; fp16 hid its rounding (2^-11) to
- * the hid bound (the hid values are read back from the activations then). */
+ * the hid bound (the hid values are read back from the activations then). moe_shared_add (1: the shared
+ * expert's down GEMM adds its gated output to h) leaves no shared per-slot output to check (out covers it). */
 struct moe_knobs {
-    int router, plan, y_bf16, hid_h16;
+    int router, plan, y_bf16, hid_h16, shared_add;
 };
-static const moe_knobs k_moe_knobs[] = {{0, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1},
-                                        {1, 1, 1, 1}, {1, 0, 0, 0}, {2, 1, 1, 0}, {3, 1, 0, 1}};
+static const moe_knobs k_moe_knobs[] = {{0, 0, 0, 0, 0}, {0, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 0, 0, 1, 0},
+                                        {0, 0, 0, 0, 1}, {1, 1, 1, 1, 1}, {1, 0, 0, 0, 0}, {2, 1, 1, 0, 1},
+                                        {3, 1, 0, 1, 0}};
 static bool moe_knobs_everywhere(const moe_knobs &m)
 {
-    return m.router == m.plan && m.plan == m.y_bf16 && m.y_bf16 == m.hid_h16;
+    return m.router == m.plan && m.plan == m.y_bf16 && m.y_bf16 == m.hid_h16 && m.hid_h16 == m.shared_add;
 }
 
 static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
@@ -590,7 +592,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
     moe_twin tw;
     std::vector<float> twin_lg, first_out;
     const int n_cfgs = (int)(sizeof k_moe_cfgs / sizeof k_moe_cfgs[0]);
-    std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* knobs (0,0,0,0) per configuration */
+    std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* all knobs 0, per configuration */
     /* and the down GEMM's routed activations in slot order: fp16 bits, group sums, row scales */
     std::vector<std::vector<uint16_t>> base_hx(n_cfgs);
     std::vector<std::vector<float>> base_hxs(n_cfgs), base_hsc(n_cfgs);
@@ -607,7 +609,8 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         g_cuda_tuning.moe_plan = mk.plan;
         g_cuda_tuning.moe_y_bf16 = mk.y_bf16;
         g_cuda_tuning.moe_hid_h16 = mk.hid_h16;
-        const bool base = mk.router == 0 && mk.plan == 0 && mk.y_bf16 == 0 && mk.hid_h16 == 0;
+        g_cuda_tuning.moe_shared_add = mk.shared_add;
+        const bool base = mk.router == 0 && mk.plan == 0 && mk.y_bf16 == 0 && mk.hid_h16 == 0 && mk.shared_add == 0;
         const int T = gemm_grouped_tile((double)n * K / E);
         /* fresh input and poisoned outputs for every configuration */
         CK(cudaMemcpy(c.h, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -628,8 +631,9 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         memset(&err, 0, sizeof err);
         char what[200];
         snprintf(what, sizeof what,
-                 "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d knobs r%d p%d y%d h%d",
-                 kc.variant, T, bits, rbits, H, E, K, inter, n, mk.router, mk.plan, mk.y_bf16, mk.hid_h16);
+                 "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d knobs r%d p%d y%d h%d s%d",
+                 kc.variant, T, bits, rbits, H, E, K, inter, n, mk.router, mk.plan, mk.y_bf16, mk.hid_h16,
+                 mk.shared_add);
         lily_status st = cuda_prefill_moe(&c, &L, n, &err);
         cudaError_t ce = cudaDeviceSynchronize();
         if (st != LILY_OK || ce != cudaSuccess) {
@@ -697,8 +701,10 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
                         hv = lily_f16_to_f32(gx[(size_t)grow * inter + (i & ~15) + ipos[i & 15]]) * gsc[grow];
                     hgot[slot * inter + i] = hv;
                 }
-                for (int rr = 0; rr < H; rr++)
-                    ygot[slot * H + rr] = grow >= 0 ? gy[(size_t)grow * H + rr] : NAN;
+                for (int rr = 0; rr < H; rr++) /* moe_shared_add: no shared output stored, the twin's own */
+                    ygot[slot * H + rr] = k == K && mk.shared_add ? (float)tw.yw[slot * H + rr]
+                                          : grow >= 0                ? gy[(size_t)grow * H + rr]
+                                                                     : NAN;
             }
         }
         char w2[400];
@@ -785,10 +791,10 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
                 g_checks++;
                 if (xn || scd) {
                     g_fail++;
-                    printf("FAIL %s: down activations differ from knobs (0,0,0,0)'s: %zu normal fp16 values, %zu row "
+                    printf("FAIL %s: down activations differ from knobs 0's: %zu normal fp16 values, %zu row "
                            "scales (%zu subnormals, %zu group sums)\n", what, xn, scd, xsub, xsd);
                 } else {
-                    printf("PASS %s: down activations as knobs (0,0,0,0)'s: normal fp16 values and row scales "
+                    printf("PASS %s: down activations as knobs 0's: normal fp16 values and row scales "
                            "identical (%zu subnormals, %zu of %zu group sums differ)\n", what, xsub, xsd, hxs.size());
                 }
             }
@@ -796,17 +802,18 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
             size_t ldiff = 0;
             for (int t = 0; t < n; t++)
                 ldiff += memcmp(&lg[(size_t)t * (E + 1)], &base_lg[ci][(size_t)t * (E + 1)], E * sizeof(float)) != 0;
-            printf("note %s: expert logits of %zu of %d tokens differ from knobs (0,0,0,0)'s\n", what, ldiff, n);
-            if (mk.router == 0 && mk.plan == 1 && mk.y_bf16 == 0 && mk.hid_h16 == 0) { /* rows placed differently */
+            printf("note %s: expert logits of %zu of %d tokens differ from knobs 0's\n", what, ldiff, n);
+            if (mk.router == 0 && mk.plan == 1 && mk.y_bf16 == 0 && mk.hid_h16 == 0 && mk.shared_add == 0) {
+                /* only rows placed differently */
                 size_t diff = 0;
                 for (size_t i = 0; i < got.size(); i++)
                     diff += memcmp(&got[i], &base_out[ci][i], sizeof(float)) != 0;
                 g_checks++;
                 if (diff) {
                     g_fail++;
-                    printf("FAIL %s: out differs from knobs (0,0,0,0)'s in %zu of %zu values\n", what, diff, got.size());
+                    printf("FAIL %s: out differs from knobs 0's in %zu of %zu values\n", what, diff, got.size());
                 } else {
-                    printf("PASS %s: out bit-identical to knobs (0,0,0,0)'s\n", what);
+                    printf("PASS %s: out bit-identical to knobs 0's\n", what);
                 }
             } else {
                 note_same(what, got, base_out[ci]);
@@ -818,7 +825,8 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
             note_same(what, got, first_out);
     }
     reset_cfg();
-    g_cuda_tuning.moe_router = g_cuda_tuning.moe_plan = g_cuda_tuning.moe_y_bf16 = g_cuda_tuning.moe_hid_h16 = 0;
+    g_cuda_tuning.moe_router = g_cuda_tuning.moe_plan = g_cuda_tuning.moe_y_bf16 = 0;
+    g_cuda_tuning.moe_hid_h16 = g_cuda_tuning.moe_shared_add = 0;
 }
 
 int main(void)

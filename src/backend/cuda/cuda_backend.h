@@ -138,8 +138,10 @@ typedef struct {
     int moe_hid_h16;        /* routed SwiGLU output: 0 fp32 rows + the pre-pass; 1 fp16 at a scale per 64 columns
                              * from the GEMM epilogue + a regroup pass (gemm_prep.cu): half the traffic, the same
                              * fp16 activations as 0 (up to values ~2^-27 of the row max) */
+    int moe_shared_add;     /* shared expert's down output: 0 stored fp32, added by the combine; 1 added to h by its
+                             * GEMM (times the sigmoid gate, folded into the row scale): 66 MB less traffic */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 4, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 0, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 4, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

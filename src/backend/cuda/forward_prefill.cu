@@ -6,7 +6,8 @@
  *   -> prep(hid) -> grouped GEMM(down) -> GEMM(shared down) -> combine (+= residual).
  * Knobs (cuda_backend.h): moe_router (the gate logit moves to the top-k kernel, the router GEMM's tile),
  * moe_plan (multi-block plan), moe_y_bf16 (per-slot down outputs in bf16; the shared expert's stay fp32),
- * moe_hid_h16 (routed SwiGLU output as fp16 per 64-column group, regrouped instead of the fp32 pre-pass).
+ * moe_hid_h16 (routed SwiGLU output as fp16 per 64-column group, regrouped instead of the fp32 pre-pass),
+ * moe_shared_add (the shared expert's down GEMM adds its gated output to h itself).
  * Each stage is its own launch (per-stage events work). cuda_forward.cu picks this path per stage.
  */
 #include <string.h>
@@ -181,23 +182,27 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     grouped_by_expert(c, n, K, E, T, &a);
     LAUNCH(launch_gemm(a, n, s));
 
-    /* shared down: rows nk + t of pf_y */
+    /* shared down: rows nk + t of pf_y; moe_shared_add: h += sigmoid(gate logit) · (shared down), the
+     * combine adds the routed slots only */
+    const bool sh_add = g_cuda_tuning.moe_shared_add == 1;
     memset(&a, 0, sizeof a);
     a.m[0] = L->sh_down;
     a.n_mats = 1;
     a.row_start[1] = L->sh_down.rows;
-    a.y[0] = c->pf_y + nk * H;
+    a.y[0] = sh_add ? c->h : c->pf_y + nk * H;
     a.y_stride[0] = H;
     a.act = hsa;
-    a.epi = GEMM_EPI_STORE;
+    a.epi = sh_add ? GEMM_EPI_ADD : GEMM_EPI_STORE;
+    a.gate_logits = sh_add ? c->router + E : NULL;
+    a.gate_stride = E + 1;
     LAUNCH(launch_gemm(a, n, s));
+    const float *ysh = sh_add ? NULL : c->pf_y + nk * H;
 
     if (y_bf16)
         LAUNCH(launch_moe_combine_bf16(c->h, H, n, K, c->topk_w, c->pf_slot_pos,
-                                       reinterpret_cast<const __nv_bfloat16 *>(c->pf_y), c->pf_y + nk * H, c->router,
+                                       reinterpret_cast<const __nv_bfloat16 *>(c->pf_y), ysh, c->router,
                                        E + 1, E, s));
     else
-        LAUNCH(launch_moe_combine(c->h, H, n, K, c->topk_w, c->pf_slot_pos, c->pf_y, c->pf_y + nk * H, c->router,
-                                  E + 1, E, s));
+        LAUNCH(launch_moe_combine(c->h, H, n, K, c->topk_w, c->pf_slot_pos, c->pf_y, ysh, c->router, E + 1, E, s));
     return LILY_OK;
 }

@@ -257,6 +257,8 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
                                          !a.out_act.x || !a.out_act.xs))
         return cudaErrorInvalidValue;
     const bool grouped = a.tile_expert != NULL;
+    if (grouped && a.gate_logits)
+        return cudaErrorInvalidValue;
     int T;
     if (grouped) {
         if (a.epi == GEMM_EPI_ADD || ((a.epi == GEMM_EPI_STORE || a.epi == GEMM_EPI_STORE_BF16) && a.n_mats != 1) ||

@@ -82,6 +82,9 @@ struct gemm_args {
     int tile_tokens;          /* tokens per tile: 16, 32, 64 or 128 (grouped: must match the plan; dense: 0 =
                                * automatic, else forced, 32 for STORE only) */
     gemm_act out_act;         /* GEMM_EPI_SWIGLU_H16: x, xs, cols = m[0].rows (scale unused) */
+    const float *gate_logits; /* dense, or NULL: token t's results are also multiplied by
+                               * sigmoid(gate_logits[t · gate_stride]) (the MoE shared expert's gate) */
+    int gate_stride;
 };
 
 /* Input transform of n_rows rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm; in.act fp32
@@ -145,7 +148,8 @@ cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *off
 /* Chunks of 64 tokens of the multi-block plan. */
 static inline int moe_plan_chunks(int n) { return (n + 63) / 64; }
 
-/* out[t][c] += Σ_k w[t][k] · y[slot_pos[t][k]][c] + sigmoid(logits[t][E]) · ysh[t][c]. */
+/* out[t][c] += Σ_k w[t][k] · y[slot_pos[t][k]][c] + sigmoid(logits[t][E]) · ysh[t][c] (ysh NULL: no shared
+ * term, the shared expert's down GEMM added it already: moe_shared_add). */
 cudaError_t launch_moe_combine(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
                                const float *y, const float *ysh, const float *logits, int logit_stride, int E,
                                cudaStream_t s);

@@ -149,7 +149,8 @@ __device__ __forceinline__ bool gemm_row(const gemm_args &a, int br, int &mi, in
 
 /* The block's tile of T token rows: dense = rows blockIdx.y·T.., grouped = tile blockIdx.y of the device
  * tile map (expert *e, positions *base.. of its group). Fills s_tok (X row of each tile row, 0 past the
- * end) and s_scale (its activation scale, 0 past the end); *count = live rows. Returns false for a
+ * end) and s_scale (its activation scale, times sigmoid of its gate logit with a.gate_logits; 0 past the
+ * end); *count = live rows. Returns false for a
  * grouped tile past the device count (the whole block exits before any barrier). */
 template <int T, bool GROUPED>
 __device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens, int &e, int &base, int &count,
@@ -174,6 +175,8 @@ __device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens,
         if (tid < count) {
             row = a.gather ? a.gather[base + tid] : base + tid;
             sc = a.act.scale[row];
+            if (a.gate_logits) /* a power of two times the gate: the same product as (acc · scale) · gate */
+                sc *= sigmoid_f(a.gate_logits[(size_t)row * a.gate_stride]);
         }
         s_tok[tid] = row;
         s_scale[tid] = sc;

@@ -354,10 +354,10 @@ moe_combine_kernel(float *out, int hidden, int K, const float *w, const int *slo
         s_w[threadIdx.x] = w[(size_t)t * K + threadIdx.x];
     }
     __syncthreads();
-    const float sg = sigmoid_f(logits[(size_t)t * logit_stride + E]);
+    const float sg = ysh ? sigmoid_f(logits[(size_t)t * logit_stride + E]) : 0.0f;
     const int h4 = hidden / 4;
     float4 *o = reinterpret_cast<float4 *>(out + (size_t)t * hidden);
-    const float4 *sh = reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden);
+    const float4 *sh = ysh ? reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden) : NULL;
     for (int c = threadIdx.x; c < h4; c += blockDim.x) {
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int k = 0; k < K; k++) {
@@ -367,11 +367,13 @@ moe_combine_kernel(float *out, int hidden, int K, const float *w, const int *slo
             acc.z = fmaf(s_w[k], v.z, acc.z);
             acc.w = fmaf(s_w[k], v.w, acc.w);
         }
-        const float4 v = sh[c];
-        acc.x = fmaf(sg, v.x, acc.x);
-        acc.y = fmaf(sg, v.y, acc.y);
-        acc.z = fmaf(sg, v.z, acc.z);
-        acc.w = fmaf(sg, v.w, acc.w);
+        if (sh) {
+            const float4 v = sh[c];
+            acc.x = fmaf(sg, v.x, acc.x);
+            acc.y = fmaf(sg, v.y, acc.y);
+            acc.z = fmaf(sg, v.z, acc.z);
+            acc.w = fmaf(sg, v.w, acc.w);
+        }
         float4 r = o[c];
         r.x += acc.x;
         r.y += acc.y;
@@ -406,10 +408,10 @@ moe_combine_bf16_kernel(float *out, int hidden, int K, const float *w, const int
         s_w[threadIdx.x] = w[(size_t)t * K + threadIdx.x];
     }
     __syncthreads();
-    const float sg = sigmoid_f(logits[(size_t)t * logit_stride + E]);
+    const float sg = ysh ? sigmoid_f(logits[(size_t)t * logit_stride + E]) : 0.0f;
     const int h8 = hidden / 8;
     float4 *o = reinterpret_cast<float4 *>(out + (size_t)t * hidden);
-    const float4 *sh = reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden);
+    const float4 *sh = ysh ? reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden) : NULL;
     for (int c = threadIdx.x; c < h8; c += blockDim.x) {
         float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         for (int k = 0; k < K; k++) {
@@ -423,7 +425,7 @@ moe_combine_bf16_kernel(float *out, int hidden, int K, const float *w, const int
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const float4 v = sh[2 * c + h];
+            const float4 v = sh ? sh[2 * c + h] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float4 r = o[2 * c + h];
             r.x += fmaf(sg, v.x, acc[4 * h]);
             r.y += fmaf(sg, v.y, acc[4 * h + 1]);
