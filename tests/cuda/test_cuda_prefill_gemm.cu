@@ -5,17 +5,19 @@
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
  * the rest get 0, 1 or many rows. Every case runs under each kernel variant and tile size (g_cuda_tuning
  * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128 with
- * 8 warps and at 128 with 16, gemm_wg_kernel (variants 3 and 4, Hopper wgmma, 4-bit weights) at 64/128), the
+ * 8 warps and at 128 with 16, gemm_wg_kernel (variants 3-9 = its pipeline forms 0-6, Hopper wgmma, 4-bit
+ * weights) at 64/128), the
  * CPU twin computed once per case; a "note" line says whether a configuration reproduced the first
  * one's bits (expected for variants 0-2: both kernels issue the same MMAs and folds per output; not
- * for variant 3 with 4-bit weights, which rounds the weights to fp16). The MoE cases also
+ * for variants 3-9 with 4-bit weights, which round the weights to fp16; variants 3-9 give each other's
+ * bits: the same wgmmas in the same order). The MoE cases also
  * check the tile map against the rows per expert. Outputs are NaN-poisoned before each launch. Exits
  * 77 without a GPU.
  *
  * Error bound: activations are rounded to fp16 once (relative 2^-12 after the per-row power-of-two
  * scaling), weights are exact, accumulation fp32: |gpu - cpu| <= rel * Σ|terms| + 1e-5 with rel = 1e-3
  * for a GEMM and 3e-3 for the MoE block (hid is rounded to fp16 again before the down projection).
- * Variant 3 also rounds each 4-bit weight s·q + b to fp16 once (one HFMA2 of fp16 s, q, b, all exact:
+ * Variants 3-9 also round each 4-bit weight s·q + b to fp16 once (one HFMA2 of fp16 s, q, b, all exact:
  * relative 2^-11 ≈ 4.9e-4 of |w|), so each product carries up to 2 · 2^-11 ≈ 9.8e-4 of |w·x| instead
  * of 4.9e-4: its rel is doubled (2e-3 GEMM, 6e-3 MoE), the same margin over the worst case as before.
  * On a compute capability 9.0 device the test fails if the wgmma kernel is not available (the binary
@@ -170,10 +172,13 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 struct gemm_cfg {
     int variant, tile;
 };
-static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128},
-                                        {3, 64}, {3, 128}, {3, 0}, {4, 64}, {4, 128}};
-static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {1, 0},
-                                      {3, 64}, {3, 128}, {3, 0}, {4, 64}, {4, 128}};
+static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {3, 64}, {3, 128},
+                                        {3, 0},  {4, 64}, {4, 128}, {5, 64}, {5, 128}, {6, 64}, {6, 128}, {6, 0},
+                                        {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0}};
+static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32},  {0, 64}, {1, 64},  {1, 128}, {2, 128},
+                                      {1, 0},  {3, 64},  {3, 128}, {3, 0},  {4, 64},  {4, 128},
+                                      {5, 64}, {5, 128}, {6, 64}, {6, 128}, {6, 0},
+                                      {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0}};
 
 /* Error bound factor of a configuration: 2 for the wgmma kernel (fp16-rounded 4-bit weights). */
 static double cfg_rel(const gemm_cfg &k, int bits) { return k.variant >= 3 && bits == 4 ? 2.0 : 1.0; }
@@ -202,6 +207,32 @@ static void note_same(const char *what, const std::vector<float> &a, const std::
         diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
     printf("note %s: %s the first configuration's bits (%zu of %zu differ)\n", what, diff ? "differs from" : "same as",
            diff, a.size());
+}
+
+/* Variants 5-9 against variant 4 at the same tile (both earlier in the configuration lists): the
+ * same dequantized A, the same wgmmas in the same order and the same epilogue arithmetic, so the same
+ * bits (a FAIL here with both inside the bound means a pipeline hazard: an A register or stage rewritten
+ * under a wgmma still reading it would usually show as a small difference first). */
+static void check_same_as_v4(const char *what, const gemm_cfg &k, const std::vector<float> &got,
+                             std::vector<float> (&v4)[2])
+{
+    const int slot = k.tile == 64 ? 0 : k.tile == 128 ? 1 : -1;
+    if (slot < 0)
+        return;
+    if (k.variant == 4) {
+        v4[slot] = got;
+        return;
+    }
+    if (k.variant < 5 || v4[slot].size() != got.size())
+        return;
+    size_t diff = 0;
+    for (size_t i = 0; i < got.size(); i++)
+        diff += memcmp(&got[i], &v4[slot][i], sizeof(float)) != 0;
+    g_checks++;
+    if (diff)
+        g_fail++;
+    printf("%s %s: bits vs variant 4 at the same tile: %zu of %zu differ (bound 0)\n", diff ? "FAIL" : "PASS", what,
+           diff, got.size());
 }
 
 /* ---- dense GEMM ------------------------------------------------------------------------------------- */
@@ -353,7 +384,7 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
                 mag[(size_t)t * total + o] = mg;
             }
     }
-    std::vector<float> first;
+    std::vector<float> first, v4_out[2];
     for (const gemm_cfg &k : k_dense_cfgs) {
         set_cfg(k, false);
         if (out_mode == GEMV_OUT_ADD)
@@ -380,6 +411,7 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
             for (int o = 0; o < total; o++)
                 gotc[(size_t)t * total + o] = got[(size_t)t * stride + o];
         check(what, gotc, want, mag, 1e-3 * cfg_rel(k, bits));
+        check_same_as_v4(what, k, gotc, v4_out);
         if (first.empty())
             first = gotc;
         else
@@ -590,7 +622,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
     c.h = dev_copy(h);
 
     moe_twin tw;
-    std::vector<float> twin_lg, first_out;
+    std::vector<float> twin_lg, first_out, v4_out[2]; /* variant 4 per tile, this knob set */
     const int n_cfgs = (int)(sizeof k_moe_cfgs / sizeof k_moe_cfgs[0]);
     std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* all knobs 0, per configuration */
     /* and the down GEMM's routed activations in slot order: fp16 bits, group sums, row scales */
@@ -602,6 +634,8 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
     for (const moe_knobs &mk : k_moe_knobs)
     for (int ci = 0; ci < n_cfgs; ci++) {
         const gemm_cfg &kc = k_moe_cfgs[ci];
+        if (ci == 0)
+            v4_out[0].clear(), v4_out[1].clear();
         if (!moe_knobs_everywhere(mk) && !((kc.variant == 0 && kc.tile == 16) || (kc.variant == 4 && kc.tile == 0)))
             continue;
         set_cfg(kc, true);
@@ -769,6 +803,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         check(w2, ygot, tw.yw, tw.ymg, 3e-3 * cfg_rel(kc, bits) + ybf);
         snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
         check(w2, got, tw.want, tw.mag, 3e-3 * cfg_rel(kc, bits) + ybf);
+        check_same_as_v4(what, kc, got, v4_out);
         if (base) {
             base_out[ci] = got;
             base_lg[ci] = lg;

@@ -20,10 +20,12 @@
  * or bits. */
 cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s);
 
-/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu, g_cuda_tuning.gemm_variant 3: depth 0, 4: depth 1 =
- * one group's wgmmas kept in flight) for 4-bit weights and T = 64 or 128 tokens per block;
- * cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int depth, cudaStream_t s);
+/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu) in pipeline form pipe = g_cuda_tuning.gemm_variant - 3
+ * (0: wait per group; 1: one group's wgmmas in flight through the next barrier and loads; 2: two A
+ * register sets, wait<1>; 3: one commit group per k16 slice, wait<3>; 4: 3 with the lean step, 5: 2
+ * with it; 6: 4 with the tile's wgmma width trimmed to its live tokens) for 4-bit weights and T = 64 or
+ * 128 tokens per block; cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int pipe, cudaStream_t s);
 
 /* The grid of a prefill GEMM launch: x = blocks of GEMM_ROWS weight rows (SWIGLU: 64 gate rows and the
  * same up rows), y = tiles of T tokens (dense) or the tile map's bound a.max_tiles (grouped).
@@ -245,13 +247,45 @@ __device__ __forceinline__ void gemm_swiglu_h16_out(const gemm_args &a, float *s
  * < count (gemm_store);
  * SWIGLU (warps 0-3 gate, 4-7 up) stages the gate values in s_g ([64][T] floats, the free pipeline
  * buffers) and needs a __syncthreads-safe call by all threads; SWIGLU_H16 puts the results back in s_g
- * and writes them by gemm_swiglu_h16_out (s_g needs 65·T floats). */
-template <int EPI, int NT>
+ * and writes them by gemm_swiglu_h16_out (s_g needs 65·T floats). FRAG (SWIGLU only): s_g holds the gate
+ * warps' fragments as they are (float4 (nt) of lane l of warp w at [(w·NT + nt)·32 + l]): warp w + 4
+ * holds the up values of the same (row, token) pairs in the same places, so the exchange is one
+ * conflict-free float4 store and load per n8 block instead of 8-way bank conflicts on [64][T]; same
+ * results. */
+template <int EPI, int NT, bool FRAG = false>
 __device__ __forceinline__ void gemm_epilogue_w16(const gemm_args &a, const float (&acc)[NT][4], int warp, int g,
                                                   int tig, int base, int count, const float *s_scale, float *s_g)
 {
     constexpr int T = 8 * NT;
-    if constexpr (gemm_swiglu(EPI)) {
+    if constexpr (EPI == GEMM_EPI_SWIGLU && FRAG) {
+        float4 *s_g4 = reinterpret_cast<float4 *>(s_g);
+        const int lane = threadIdx.x & 31;
+        if (warp < 4)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                s_g4[(warp * NT + nt) * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+        __syncthreads();
+        if (warp >= 4) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float4 gq = s_g4[((warp - 4) * NT + nt) * 32 + lane];
+                const float gv4[4] = {gq.x, gq.y, gq.z, gq.w};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int lr = blockIdx.x * 64 + (warp - 4) * 16 + g + 8 * h;
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int tok = nt * 8 + tig * 2 + j;
+                        if (lr < a.m[0].rows && tok < count) {
+                            const float gv = gv4[2 * h + j] * s_scale[tok];
+                            const float uv = acc[nt][2 * h + j] * s_scale[tok];
+                            a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
+                        }
+                    }
+                }
+            }
+        }
+    } else if constexpr (gemm_swiglu(EPI)) {
         /* s_g: [64][T] gate values */
         if (warp < 4)
 #pragma unroll

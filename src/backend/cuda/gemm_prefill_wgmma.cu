@@ -1,8 +1,8 @@
 /* gemm_prefill_wgmma.cu — the Hopper (sm_90a) variant of the 4-bit prefill GEMM (g_cuda_tuning.gemm_variant
- * 3): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
+ * 3-9): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
  * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
  *
- * gemm_wg_kernel<N, DEPTH, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
+ * gemm_wg_kernel<N, PIPE, LEAN, TRIM, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
  * gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
  * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
  * four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
@@ -22,24 +22,50 @@
  * fp32 scale[128], bias[128]]; a step waits for its stage, makes the cp.async writes visible to the async
  * proxy (fence.proxy.async in the writing threads, then the barrier), refills the slot of step k - 1,
  * dequantizes, issues the 4 wgmmas and waits for them before the next barrier (the stage it read is the
- * next refill). DEPTH 1 (gemm_variant 4): 5 stages, the refill goes to the slot of step k - 2 and the
- * wait for group k - 1's wgmmas moves to just before group k's dequantization, so the tensor pipe keeps
- * working through the barrier, the refill and the weight loads. Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty
- * stub and gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
+ * next refill (PIPE 0, gemm_variant 3). The other forms keep wgmmas in flight; all have 5 stages and
+ * refill the slot of step k - 2 (every warpgroup has retired group k - 2 before step k's barrier):
+ *   PIPE 1 (gemm_variant 4): the wait for group k - 1's wgmmas moves to just before group k's
+ *     dequantization, so the tensor pipe keeps working through the barrier, the refill and the weight
+ *     loads, but a warpgroup's queue is empty while it dequantizes (ncu, H200, 4096-token chunk: the
+ *     tensor pipe busy 34-50% of the time, not DRAM- or L2-bound).
+ *   PIPE 2 (gemm_variant 5): two A register sets; group k is dequantized into one while group k - 1's
+ *     wgmmas (reading the other) run, and after issuing group k, wait<1> retires group k - 1. The loop
+ *     runs two groups per trip (each set a fixed set of registers) and leaves it after either step
+ *     (a path from a step back to the loop top would, for ptxas, rewrite A under its wgmmas: C7513).
+ *   PIPE 3 (gemm_variant 6): one commit group per k16 slice; slice s of group k is dequantized into
+ *     A[s] as soon as slice s of group k - 1 has retired (wait<3>), so three wgmmas stay queued through
+ *     each dequantization and through the barrier; the A registers are PIPE 1's.
+ *   PIPE 2/3 also exchange the SWIGLU gate values as whole fragments (gemm_epilogue_w16 FRAG: one
+ *     conflict-free float4 store/load per n8 block instead of 8-way bank conflicts); same results.
+ *   LEAN (PIPE 3: gemm_variant 7, PIPE 2: 8): the step's instructions cut from 227 to 171 per thread
+ *     (SASS, N 128): ncu saw issue slots ~40% busy at ~2,400 cycles per step, i.e. ~235 instructions
+ *     per warp and step, 4 warps per scheduler, so at full tensor rate (1,024 cycles per step for the
+ *     SM's 4 warpgroups) issue would be ~90% busy. The tile rows' X addresses sit in shared memory
+ *     (s_src: one LDS.64 + a 64-bit add per 16-byte chunk instead of a 64-bit multiply), the stage
+ *     slot is a running counter (no k % 5), and the weight nibbles take one LOP3 ((x & m) | e).
+ *   TRIM (LEAN PIPE 3: gemm_variant 9): a tile with count <= 32 / 64 / 96 live tokens runs the main
+ *     loop with wgmma m64n32/64/96k16 and skips the cp.async of its dead token rows: a ragged MoE tile
+ *     (each expert's last one) costs tensor work for its live tokens rounded up to 32, not 128.
+ * Every form issues the same wgmmas in the same order on the same A (TRIM: on the live columns): the
+ * same bits (test_cuda_prefill_gemm checks variants 5-9 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
+ * serialization, registers N 128: 119-121 (PIPE 0), 124-128 (the others); N 64: 80-83 (PIPE 0), 89-122.
+ * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
+ * gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
  */
 #include "gemm_prefill_dev.cuh"
 #include "wgmma_common.cuh" /* descriptors, fences, wait */
 
-/* Blocks per SM promised to ptxas: 2 caps the registers at 128 (N 128: 119-121 used, DEPTH 1 128; N 64:
- * 80-95; no spills, -Xptxas -v) and two blocks fit the shared memory (N 128: 87 KB each, DEPTH 1 109 KB);
- * 1 allows 255. */
+#include <type_traits>
+
+/* Blocks per SM promised to ptxas: 2 caps the registers at 128 (see the header; no spills) and two
+ * blocks fit the shared memory (N 128: 87 KB each with 4 stages, 109 KB with 5); 1 allows 255. */
 #ifndef GEMM_WG_MIN_BLOCKS
 #define GEMM_WG_MIN_BLOCKS 2
 #endif
 
-template <int N, int DEPTH>
+template <int N, int PIPE>
 struct gemm_wg_shape {
-    static constexpr int STAGES = DEPTH ? 5 : 4; /* DEPTH 1 refills 2 groups behind: keep 3 ahead */
+    static constexpr int STAGES = PIPE ? 5 : 4; /* PIPE >= 1 refills 2 groups behind: keep 3 ahead */
     static constexpr int X_STAGE = N * 128;        /* first: the descriptor's 1024-byte swizzle atoms */
     static constexpr int W_STAGE = GEMM_ROWS * 32; /* 4-bit: 32 bytes per row per group */
     static constexpr int SB_STAGE = 2 * GEMM_ROWS * 4;
@@ -93,36 +119,124 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
-/* Two weights of one row (low half: k 2t, high: k 2t+1) from a 4-bit word: nibbles sh/4 and sh/4 + 4. */
+/* m64n32k16, m64n96k16: TRIM's narrower forms for tiles of <= 32 / 96 live tokens */
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                 "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_m64n96k16(float (&d)[12][4], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+                 "{%48,%49,%50,%51}, %52, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+/* Two weights of one row (low half: k 2t, high: k 2t+1) from a 4-bit word: nibbles sh/4 and sh/4 + 4.
+ * LEAN: the mask and the 1024 exponent in one LOP3 ((x & m) | e, the magic in a register); same bits. */
+template <bool LEAN = false>
 __device__ __forceinline__ uint32_t dq4_wg(uint32_t w, int sh, __half2 s, __half2 b)
 {
-    const __half2 q = __hsub2(bits_h2(((w >> sh) & 0x000F000Fu) | 0x64006400u), bits_h2(0x64006400u));
+    uint32_t x;
+    if constexpr (LEAN)
+        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(w >> sh), "n"(0x000F000F), "r"(0x64006400u));
+    else
+        x = ((w >> sh) & 0x000F000Fu) | 0x64006400u;
+    const __half2 q = __hsub2(bits_h2(x), bits_h2(0x64006400u));
     return h2_bits(__hfma2(q, s, b));
 }
 
 template <int N>
 __device__ __forceinline__ void wgmma_n(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc)
 {
-    if constexpr (N == 64)
+    if constexpr (N == 32)
+        wgmma_m64n32k16(d, a, desc);
+    else if constexpr (N == 64)
         wgmma_m64n64k16(d, a, desc);
+    else if constexpr (N == 96)
+        wgmma_m64n96k16(d, a, desc);
     else
         wgmma_m64n128k16(d, a, desc);
 }
 
 #endif
 
-template <int N, int DEPTH, int EPI, bool GROUPED>
+/* The weights of one group for a thread's rows r0 and r0 + 8: 8 words each (columns 0..63, slice s in
+ * words 2s, 2s + 1) and the rows' scale and bias as fp16 pairs. */
+struct gemm_wq {
+    uint32_t w0[8], w1[8];
+    __half2 s0, b0, s1, b1;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void gemm_wq_load(gemm_wq &q, const unsigned char *sw, int r0)
+{
+    const uint4 u0l = *reinterpret_cast<const uint4 *>(sw + r0 * 32);
+    const uint4 u0h = *reinterpret_cast<const uint4 *>(sw + r0 * 32 + 16);
+    const uint4 u1l = *reinterpret_cast<const uint4 *>(sw + (r0 + 8) * 32);
+    const uint4 u1h = *reinterpret_cast<const uint4 *>(sw + (r0 + 8) * 32 + 16);
+    q.w0[0] = u0l.x, q.w0[1] = u0l.y, q.w0[2] = u0l.z, q.w0[3] = u0l.w;
+    q.w0[4] = u0h.x, q.w0[5] = u0h.y, q.w0[6] = u0h.z, q.w0[7] = u0h.w;
+    q.w1[0] = u1l.x, q.w1[1] = u1l.y, q.w1[2] = u1l.z, q.w1[3] = u1l.w;
+    q.w1[4] = u1h.x, q.w1[5] = u1h.y, q.w1[6] = u1h.z, q.w1[7] = u1h.w;
+    const float *ssb = reinterpret_cast<const float *>(sw + GEMM_ROWS * 32);
+    q.s0 = __float2half2_rn(ssb[r0]), q.b0 = __float2half2_rn(ssb[GEMM_ROWS + r0]);
+    q.s1 = __float2half2_rn(ssb[r0 + 8]), q.b1 = __float2half2_rn(ssb[GEMM_ROWS + r0 + 8]);
+}
+
+__device__ __forceinline__ void wg_fence_regs4(uint32_t (&x)[4])
+{
+    asm volatile("" : "+r"(x[0]), "+r"(x[1]), "+r"(x[2]), "+r"(x[3])::"memory");
+}
+
+/* A fragment of k16 slice s (wgmma_common.cuh: a0 row g k lo, a1 row g+8 k lo, a2/a3 k hi) */
+template <bool LEAN>
+__device__ __forceinline__ void gemm_wq_slice(uint32_t (&A)[4], const gemm_wq &q, int s, int sh)
+{
+    A[0] = dq4_wg<LEAN>(q.w0[2 * s], sh, q.s0, q.b0);
+    A[1] = dq4_wg<LEAN>(q.w1[2 * s], sh, q.s1, q.b1);
+    A[2] = dq4_wg<LEAN>(q.w0[2 * s + 1], sh, q.s0, q.b0);
+    A[3] = dq4_wg<LEAN>(q.w1[2 * s + 1], sh, q.s1, q.b1);
+}
+#endif
+
+template <int N, int PIPE, bool LEAN, bool TRIM, int EPI, bool GROUPED>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kernel(gemm_args a, int n_tokens)
 {
+    static_assert(!LEAN || PIPE >= 2, "LEAN: PIPE 2, 3");
+    static_assert(!TRIM || (LEAN && PIPE == 3), "TRIM: LEAN PIPE 3");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef gemm_wg_shape<N, DEPTH> S;
+    typedef gemm_wg_shape<N, PIPE> S;
     constexpr int NT = N / 8, NS = S::STAGES;
-    constexpr int PF = DEPTH ? NS - 2 : NS - 1; /* groups loaded ahead: a refill waits for its slot's wgmmas */
+    constexpr int PF = PIPE ? NS - 2 : NS - 1; /* groups loaded ahead: a refill waits for its slot's wgmmas */
     static_assert(S::STAGE % 1024 == 0 && N * 8 % GEMM_THREADS == 0, "stage layout");
     static_assert(S::SMEM - 1024 >= 65 * N * 4, "SWIGLU(_H16) epilogue needs 65 x N floats");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ int s_tok[N];
     __shared__ float s_scale[N];
+    __shared__ const unsigned char *s_src[LEAN ? N : 1]; /* LEAN: X row of each tile row */
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     unsigned char *smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -146,16 +260,30 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
         if (gemm_row<EPI>(a, tid & (GEMM_ROWS - 1), mi, lr))
             sbp = (tid < GEMM_ROWS ? a.m[mi].scales : a.m[mi].biases) + ((int64_t)e * a.m[mi].rows + lr) * n_groups;
     }
+    if (LEAN && tid < N) /* s_tok[tid]: this thread's own write */
+        s_src[tid] = reinterpret_cast<const unsigned char *>(a.act.x + (size_t)s_tok[tid] * cols);
     __syncthreads(); /* s_tok */
 
     auto load_stage = [&](int k, int st) {
         unsigned char *sx = smem + st * S::STAGE;
         cp_async16(sx + S::X_STAGE + tid * 16, wok ? wsrc + (size_t)k * 32 : wsrc, wok);
+        if constexpr (LEAN) {
+            /* thread tid's chunks: rows (tid >> 3) + 32i, chunk tid & 7 (s_src holds its byte offset), all
+             * at the same swizzle (r & 7 = (tid >> 3) & 7): one LDS.64 of the row's address + a 64-bit add */
+            const int r = tid >> 3, dst = r * 128 + (((tid & 7) ^ (r & 7)) * 16), off = k * 128 + (tid & 7) * 16;
 #pragma unroll
-        for (int i = 0; i < N * 8 / GEMM_THREADS; i++) {
-            const int q = tid + i * GEMM_THREADS, r = q >> 3, c = q & 7;
-            const __half *src = a.act.x + (size_t)s_tok[r] * cols + k * 64 + c * 8;
-            cp_async16(sx + r * 128 + ((c ^ (r & 7)) * 16), src, r < count);
+            for (int i = 0; i < N * 8 / GEMM_THREADS; i++) {
+                if (TRIM && r + 32 * i >= count)
+                    continue; /* TRIM: a dead token row is never read (warp-uniform: 4 rows per warp) */
+                cp_async16(sx + dst + 4096 * i, s_src[r + 32 * i] + off, r + 32 * i < count);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < N * 8 / GEMM_THREADS; i++) {
+                const int q = tid + i * GEMM_THREADS, r = q >> 3, c = q & 7;
+                const __half *src = a.act.x + (size_t)s_tok[r] * cols + k * 64 + c * 8;
+                cp_async16(sx + r * 128 + ((c ^ (r & 7)) * 16), src, r < count);
+            }
         }
     };
     auto sb_slot = [&](int k) {
@@ -182,16 +310,33 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
         sbv = sbp[NS - 2];
 
     const int r0 = warp * 16 + g, sh = 4 * tig;
-    /* DEPTH 1: the wgmmas of group k - 1 run through step k's barrier, refill and weight loads; the wait
-     * comes just before the dequantization writes A (a register write while a wgmma that reads A or
-     * the accumulators is in flight would make ptxas serialize every wgmma, C7513) */
-    uint32_t A[4][4];
-    for (int k = 0; k < n_groups; k++) {
+    /* Step k's front: stage k landed and visible to every thread and to the async proxy; the refill of
+     * the slot of group k + PF (its last reader, group k + PF - NS, has retired in both warpgroups:
+     * PIPE 0 waits for group k - 1 before the barrier, the others for group k - 2); the scale/bias
+     * store of group k + NS - 2. */
+    /* LEAN: the slot of step k as a running counter (cur; advance() after each step) instead of k % NS;
+     * the refill and scale/bias slot (k + NS - 2) % NS follows from it */
+    int cur = 0;
+    auto advance = [&]() {
+        if (LEAN)
+            cur = cur + 1 == NS ? 0 : cur + 1;
+    };
+    auto front = [&](int k) {
         cp_async_wait<PF - 1>();
         fence_proxy_async(); /* this thread's cp.async writes -> the async proxy (wgmma reads B) */
         __syncthreads();
+        if constexpr (LEAN) {
+            const int sn = cur >= 2 ? cur - 2 : cur + NS - 2, kn = k + NS - 2; /* PF = NS - 2 */
+            if (kn < n_groups) {
+                load_stage(kn, sn);
+                reinterpret_cast<float *>(smem + sn * S::STAGE + S::X_STAGE + S::W_STAGE)[tid] = sbp ? bf2f(sbv) : 0.0f;
+                if (sbp && kn + 1 < n_groups)
+                    sbv = sbp[kn + 1];
+            }
+            cp_async_commit();
+            return;
+        }
         {
-            /* the slot of group k - 1 (DEPTH 0) or k - 2 (DEPTH 1): its wgmmas completed before the barrier */
             const int kn = k + PF;
             if (kn < n_groups)
                 load_stage(kn, kn % NS);
@@ -205,40 +350,128 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
                     sbv = sbp[ks + 1];
             }
         }
-        const unsigned char *sx = smem + (k % NS) * S::STAGE;
-        const unsigned char *sw = sx + S::X_STAGE;
-        const float *ssb = reinterpret_cast<const float *>(sw + S::W_STAGE);
-        const uint4 u0l = *reinterpret_cast<const uint4 *>(sw + r0 * 32);
-        const uint4 u0h = *reinterpret_cast<const uint4 *>(sw + r0 * 32 + 16);
-        const uint4 u1l = *reinterpret_cast<const uint4 *>(sw + (r0 + 8) * 32);
-        const uint4 u1h = *reinterpret_cast<const uint4 *>(sw + (r0 + 8) * 32 + 16);
-        const uint32_t w0[8] = {u0l.x, u0l.y, u0l.z, u0l.w, u0h.x, u0h.y, u0h.z, u0h.w};
-        const uint32_t w1[8] = {u1l.x, u1l.y, u1l.z, u1l.w, u1h.x, u1h.y, u1h.z, u1h.w};
-        const __half2 s0 = __float2half2_rn(ssb[r0]), b0 = __float2half2_rn(ssb[GEMM_ROWS + r0]);
-        const __half2 s1 = __float2half2_rn(ssb[r0 + 8]), b1 = __float2half2_rn(ssb[GEMM_ROWS + r0 + 8]);
-        if (DEPTH)
-            wg_wait<0>(); /* group k - 1's wgmmas: A free */
+    };
+    auto stage_w = [&](int k) { return smem + (LEAN ? cur : k % NS) * S::STAGE + S::X_STAGE; };
+    auto stage_desc = [&](int k) { return wg_desc(sbase + (LEAN ? cur : k % NS) * S::STAGE); };
+
+    if constexpr (PIPE <= 1) {
+        /* PIPE 1: the wgmmas of group k - 1 run through step k's barrier, refill and weight loads; the
+         * wait comes just before the dequantization writes A (a register write while a wgmma that reads
+         * A or the accumulators is in flight would make ptxas serialize every wgmma, C7513) */
+        uint32_t A[4][4];
+        for (int k = 0; k < n_groups; k++) {
+            front(k);
+            gemm_wq q;
+            gemm_wq_load(q, stage_w(k), r0);
+            if (PIPE)
+                wg_wait<0>(); /* group k - 1's wgmmas: A free */
 #pragma unroll
-        for (int s = 0; s < 4; s++) {
-            A[s][0] = dq4_wg(w0[2 * s], sh, s0, b0);
-            A[s][1] = dq4_wg(w1[2 * s], sh, s1, b1);
-            A[s][2] = dq4_wg(w0[2 * s + 1], sh, s0, b0);
-            A[s][3] = dq4_wg(w1[2 * s + 1], sh, s1, b1);
+            for (int s = 0; s < 4; s++)
+                gemm_wq_slice<LEAN>(A[s], q, s, sh);
+            const uint64_t desc = stage_desc(k);
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                wgmma_n<N>(acc, A[s], desc + 2 * s); /* + 32 bytes >> 4 per k16 slice */
+            wg_commit();
+            if (!PIPE)
+                wg_wait<0>();
         }
-        const uint64_t desc = wg_desc(sbase + (k % NS) * S::STAGE);
-        wg_fence();
+        if (PIPE)
+            wg_wait<0>();
+    } else if constexpr (PIPE == 2) {
+        /* two A register sets: group k dequantizes into one while group k - 1's wgmmas (reading the
+         * other) run; after issuing group k, wait<1> retires group k - 1, whose set the next step
+         * rewrites. The loop runs two groups per trip so that each set is a fixed set of registers;
+         * wg_fence_regs keeps a set live until the wait that retires its wgmmas. */
+        uint32_t A0[4][4], A1[4][4];
 #pragma unroll
         for (int s = 0; s < 4; s++)
-            wgmma_n<N>(acc, A[s], desc + 2 * s); /* + 32 bytes >> 4 per k16 slice */
-        wg_commit();
-        if (!DEPTH)
-            wg_wait<0>();
-    }
-    if (DEPTH)
+            A0[s][0] = A0[s][1] = A0[s][2] = A0[s][3] = A1[s][0] = A1[s][1] = A1[s][2] = A1[s][3] = 0u;
+        auto step = [&](int k, uint32_t (&A)[4][4], uint32_t (&Ap)[4][4]) {
+            front(k);
+            gemm_wq q;
+            gemm_wq_load(q, stage_w(k), r0);
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                gemm_wq_slice<LEAN>(A[s], q, s, sh);
+            const uint64_t desc = stage_desc(k);
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                wgmma_n<N>(acc, A[s], desc + 2 * s);
+            wg_commit();
+            wg_wait<1>(); /* group k - 1 retired: Ap free */
+            wg_fence_regs(Ap);
+            advance();
+        };
+        /* each path out of a step whose wgmmas read A0 leaves the loop: a path back to the top would
+         * (for ptxas) rewrite A0 under them (C7513); n_groups >= 1 */
+        for (int k = 0;; k += 2) {
+            step(k, A0, A1);
+            if (k + 1 >= n_groups)
+                break;
+            step(k + 1, A1, A0);
+            if (k + 2 >= n_groups)
+                break;
+        }
         wg_wait<0>();
+        wg_fence_regs(A0);
+        wg_fence_regs(A1);
+    } else {
+        /* PIPE 3: one commit group per k16 slice; slice s of group k is dequantized into A[s] as soon as
+         * slice s of group k - 1 has retired (wait<3>: the three wgmmas issued after it may still run),
+         * so three wgmmas stay queued through every dequantization and through the step's barrier.
+         * TRIM: the loop is instantiated for NP = 32, 64, 96 and N tokens, and a tile runs the
+         * narrowest that covers its live tokens (count), with wgmma m64nNPk16 on the first NP/8
+         * accumulator blocks: a ragged MoE tile of 20 tokens costs a quarter of the tensor work.
+         * Token column n of D depends on row n of B only, so the columns past count (garbage, or
+         * never loaded) are never stored. */
+        auto main_loop = [&](auto np) {
+            constexpr int NP = decltype(np)::value;
+            float(&accp)[NP / 8][4] = *reinterpret_cast<float(*)[NP / 8][4]>(&acc[0][0]);
+            uint32_t A[4][4];
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                A[s][0] = A[s][1] = A[s][2] = A[s][3] = 0u;
+            for (int k = 0; k < n_groups; k++) {
+                front(k);
+                gemm_wq q;
+                gemm_wq_load(q, stage_w(k), r0);
+                const uint64_t desc = stage_desc(k);
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    wg_wait<3>(); /* slice s of group k - 1 retired: A[s] free */
+                    wg_fence_regs4(A[s]);
+                    gemm_wq_slice<LEAN>(A[s], q, s, sh);
+                    wg_fence();
+                    wgmma_n<NP>(accp, A[s], desc + 2 * s);
+                    wg_commit();
+                }
+                advance();
+            }
+            wg_wait<0>();
+            wg_fence_regs(A);
+        };
+        if constexpr (TRIM) {
+            if (count <= 32)
+                main_loop(std::integral_constant<int, 32>());
+            else if (N == 128 && count <= 64)
+                main_loop(std::integral_constant<int, 64>());
+            else if (N == 128 && count <= 96)
+                main_loop(std::integral_constant<int, 96>());
+            else
+                main_loop(std::integral_constant<int, N>());
+        } else {
+            main_loop(std::integral_constant<int, N>());
+        }
+    }
+    if (PIPE >= 2)
+        wg_fence_regs(acc);
     cp_async_wait<0>();
     __syncthreads(); /* pipeline buffers free: the SWIGLU epilogue reuses them */
-    gemm_epilogue_w16<EPI, NT>(a, acc, warp, g, tig, base, count, s_scale, reinterpret_cast<float *>(smem));
+    gemm_epilogue_w16<EPI, NT, (PIPE >= 2)>(a, acc, warp, g, tig, base, count, s_scale,
+                                            reinterpret_cast<float *>(smem));
 #else
     (void)a;
     (void)n_tokens;
@@ -247,34 +480,38 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
 
 /* ---- dispatch ---------------------------------------------------------------------------------------- */
 
-template <int N, int DEPTH, int EPI, bool GROUPED>
+template <int N, int PIPE, bool LEAN, bool TRIM, int EPI, bool GROUPED>
 static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
-    typedef gemm_wg_shape<N, DEPTH> S;
+    typedef gemm_wg_shape<N, PIPE> S;
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
-    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, DEPTH, EPI, GROUPED>, S::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, LEAN, TRIM, EPI, GROUPED>, S::SMEM, &smem_set);
     if (e == cudaSuccess)
         e = gemm_grid(a, n_tokens, GROUPED, N, EPI, &grid);
     if (e != cudaSuccess)
         return e;
-    gemm_wg_kernel<N, DEPTH, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
+    gemm_wg_kernel<N, PIPE, LEAN, TRIM, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
     return cudaGetLastError();
 }
 
-template <int N, int DEPTH>
+template <int N, int PIPE, bool LEAN, bool TRIM = false>
 static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
     if (grouped) {
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_STORE_BF16) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU_H16) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_STORE, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE_BF16)
+            return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
+        /* SWIGLU_H16 with LEAN PIPE 2 (variant 8) spills at N 128: runs as LEAN PIPE 3 (variant 7, same bits) */
+        constexpr int PH = PIPE == 2 && LEAN ? 3 : PIPE;
+        if (a.epi == GEMM_EPI_SWIGLU_H16)
+            return gemm_wg_go<N, PH, LEAN, TRIM, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
-    if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, DEPTH, GEMM_EPI_STORE, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, DEPTH, GEMM_EPI_ADD, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, DEPTH, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_STORE, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_ADD, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
     return cudaErrorInvalidValue;
 }
 
@@ -298,13 +535,28 @@ bool gemm_wgmma_available(void)
     return avail == 1;
 }
 
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int depth, cudaStream_t s)
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int pipe, cudaStream_t s)
 {
-    if (a.m[0].bits != 4 || (depth != 0 && depth != 1))
+    if (a.m[0].bits != 4 || pipe < 0 || pipe > 6 || (T != 64 && T != 128))
         return cudaErrorInvalidValue;
-    if (T == 64)
-        return depth ? gemm_wg_epi<64, 1>(a, n_tokens, grouped, s) : gemm_wg_epi<64, 0>(a, n_tokens, grouped, s);
-    if (T == 128)
-        return depth ? gemm_wg_epi<128, 1>(a, n_tokens, grouped, s) : gemm_wg_epi<128, 0>(a, n_tokens, grouped, s);
-    return cudaErrorInvalidValue;
+    if (T == 64) {
+        switch (pipe) {
+        case 0: return gemm_wg_epi<64, 0, false>(a, n_tokens, grouped, s);
+        case 1: return gemm_wg_epi<64, 1, false>(a, n_tokens, grouped, s);
+        case 2: return gemm_wg_epi<64, 2, false>(a, n_tokens, grouped, s);
+        case 3: return gemm_wg_epi<64, 3, false>(a, n_tokens, grouped, s);
+        case 4: return gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
+        case 5: return gemm_wg_epi<64, 2, true>(a, n_tokens, grouped, s);
+        default: return gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
+        }
+    }
+    switch (pipe) {
+    case 0: return gemm_wg_epi<128, 0, false>(a, n_tokens, grouped, s);
+    case 1: return gemm_wg_epi<128, 1, false>(a, n_tokens, grouped, s);
+    case 2: return gemm_wg_epi<128, 2, false>(a, n_tokens, grouped, s);
+    case 3: return gemm_wg_epi<128, 3, false>(a, n_tokens, grouped, s);
+    case 4: return gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
+    case 5: return gemm_wg_epi<128, 2, true>(a, n_tokens, grouped, s);
+    default: return gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
+    }
 }
