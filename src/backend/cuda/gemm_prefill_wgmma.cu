@@ -1,8 +1,8 @@
 /* gemm_prefill_wgmma.cu — the Hopper (sm_90a) variant of the 4-bit prefill GEMM (g_cuda_tuning.gemm_variant
- * 3-9): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
+ * 3-10): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
  * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
  *
- * gemm_wg_kernel<N, PIPE, LEAN, TRIM, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
+ * gemm_wg_kernel<N, PIPE, LEAN, TRIM, TMA, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
  * gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
  * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
  * four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
@@ -46,8 +46,16 @@
  *   TRIM (LEAN PIPE 3: gemm_variant 9): a tile with count <= 32 / 64 / 96 live tokens runs the main
  *     loop with wgmma m64n32/64/96k16 and skips the cp.async of its dead token rows: a ragged MoE tile
  *     (each expert's last one) costs tensor work for its live tokens rounded up to 32, not 128.
+ *   TMA (TRIM + the X tile of a dense launch without a gather: gemm_variant 10; grouped launches run as
+ *     9): thread 0 arms the stage's mbarrier (expect_tx N·128 bytes) and issues one 2D tensor copy
+ *     (cp.async.bulk.tensor, box 64 columns x N rows from (64k, base), 128-byte swizzle: the layout
+ *     above; rows past n_tokens arrive as zeros); the consumers wait on the mbarrier's phase. B then
+ *     arrives through the async proxy, so the step drops the fence.proxy.async (SASS: MEMBAR.ALL.CTA +
+ *     FENCE.VIEW.ASYNC.S per thread and step, which may wait for the thread's outstanding loads) and
+ *     the 4 cp.async of X per thread. The map is encoded per launch (cuTensorMapEncodeTiled through
+ *     cudaGetDriverEntryPointByVersion); without it the launch runs as 9.
  * Every form issues the same wgmmas in the same order on the same A (TRIM: on the live columns): the
- * same bits (test_cuda_prefill_gemm checks variants 5-9 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
+ * same bits (test_cuda_prefill_gemm checks variants 5-10 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
  * serialization, registers N 128: 119-121 (PIPE 0), 124-128 (the others); N 64: 80-83 (PIPE 0), 89-122.
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
@@ -55,6 +63,9 @@
 #include "gemm_prefill_dev.cuh"
 #include "wgmma_common.cuh" /* descriptors, fences, wait */
 
+#include <string.h>
+
+#include <cuda.h> /* CUtensorMap (the map itself is encoded through the runtime's driver entry point) */
 #include <type_traits>
 
 /* Blocks per SM promised to ptxas: 2 caps the registers at 128 (see the header; no spills) and two
@@ -183,6 +194,38 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 8][4], const uint32_t (&a
 
 #endif
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* TMA (variant 10): the X tile of a dense GEMM as one 2D tensor copy per stage (box 64 columns x N rows,
+ * 128-byte swizzle: the layout the descriptor reads), completing on the stage's mbarrier. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred P1;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                 "@P1 bra DONE_%=;\nbra WAIT_%=;\nDONE_%=:\n}\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int x, int y, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"((uint32_t)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
+#endif
+
 /* The weights of one group for a thread's rows r0 and r0 + 8: 8 words each (columns 0..63, slice s in
  * words 2s, 2s + 1) and the rows' scale and bias as fp16 pairs. */
 struct gemm_wq {
@@ -222,9 +265,11 @@ __device__ __forceinline__ void gemm_wq_slice(uint32_t (&A)[4], const gemm_wq &q
 }
 #endif
 
-template <int N, int PIPE, bool LEAN, bool TRIM, int EPI, bool GROUPED>
-__global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kernel(gemm_args a, int n_tokens)
+template <int N, int PIPE, bool LEAN, bool TRIM, bool TMA, int EPI, bool GROUPED>
+__global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
+    gemm_wg_kernel(gemm_args a, int n_tokens, const __grid_constant__ CUtensorMap xmap)
 {
+    static_assert(!TMA || (TRIM && !GROUPED), "TMA: dense, on TRIM");
     static_assert(!LEAN || PIPE >= 2, "LEAN: PIPE 2, 3");
     static_assert(!TRIM || (LEAN && PIPE == 3), "TRIM: LEAN PIPE 3");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -237,6 +282,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
     __shared__ int s_tok[N];
     __shared__ float s_scale[N];
     __shared__ const unsigned char *s_src[LEAN ? N : 1]; /* LEAN: X row of each tile row */
+    __shared__ uint64_t s_full[TMA ? NS : 1];               /* TMA: the X tile of each stage landed */
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     unsigned char *smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -262,12 +308,24 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
     }
     if (LEAN && tid < N) /* s_tok[tid]: this thread's own write */
         s_src[tid] = reinterpret_cast<const unsigned char *>(a.act.x + (size_t)s_tok[tid] * cols);
-    __syncthreads(); /* s_tok */
+    if (TMA && tid == 0) {
+#pragma unroll
+        for (int i = 0; i < NS; i++)
+            mbar_init(&s_full[i], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads(); /* s_tok (TMA: the mbarriers) */
 
     auto load_stage = [&](int k, int st) {
         unsigned char *sx = smem + st * S::STAGE;
         cp_async16(sx + S::X_STAGE + tid * 16, wok ? wsrc + (size_t)k * 32 : wsrc, wok);
-        if constexpr (LEAN) {
+        if constexpr (TMA) {
+            /* one thread: rows base.. of X (zeros past n_tokens), columns 64k.. */
+            if (tid == 0) {
+                mbar_expect_tx(&s_full[st], N * 128);
+                tma_load_2d(sx, &xmap, k * 64, base, &s_full[st]);
+            }
+        } else if constexpr (LEAN) {
             /* thread tid's chunks: rows (tid >> 3) + 32i, chunk tid & 7 (s_src holds its byte offset), all
              * at the same swizzle (r & 7 = (tid >> 3) & 7): one LDS.64 of the row's address + a 64-bit add */
             const int r = tid >> 3, dst = r * 128 + (((tid & 7) ^ (r & 7)) * 16), off = k * 128 + (tid & 7) * 16;
@@ -317,13 +375,18 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
     /* LEAN: the slot of step k as a running counter (cur; advance() after each step) instead of k % NS;
      * the refill and scale/bias slot (k + NS - 2) % NS follows from it */
     int cur = 0;
+    uint32_t phase = 0; /* TMA: the parity of slot cur's current use */
     auto advance = [&]() {
-        if (LEAN)
+        if (LEAN) {
             cur = cur + 1 == NS ? 0 : cur + 1;
+            if (TMA && cur == 0)
+                phase ^= 1u;
+        }
     };
     auto front = [&](int k) {
         cp_async_wait<PF - 1>();
-        fence_proxy_async(); /* this thread's cp.async writes -> the async proxy (wgmma reads B) */
+        if (!TMA) /* TMA: B arrives through the async proxy; the weights are read by LDS only */
+            fence_proxy_async(); /* this thread's cp.async writes -> the async proxy (wgmma reads B) */
         __syncthreads();
         if constexpr (LEAN) {
             const int sn = cur >= 2 ? cur - 2 : cur + NS - 2, kn = k + NS - 2; /* PF = NS - 2 */
@@ -439,6 +502,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
                 gemm_wq q;
                 gemm_wq_load(q, stage_w(k), r0);
                 const uint64_t desc = stage_desc(k);
+                if (TMA)
+                    mbar_wait(&s_full[cur], phase);
 #pragma unroll
                 for (int s = 0; s < 4; s++) {
                     wg_wait<3>(); /* slice s of group k - 1 retired: A[s] free */
@@ -475,43 +540,92 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS) gemm_wg_kern
 #else
     (void)a;
     (void)n_tokens;
+    (void)xmap;
 #endif
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------------------- */
 
-template <int N, int PIPE, bool LEAN, bool TRIM, int EPI, bool GROUPED>
-static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, cudaStream_t s)
+typedef CUresult (*gemm_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                         const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                         CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* The tensor map of a dense GEMM's X (n_tokens rows x cols fp16, box 64 x T, 128-byte swizzle, zeros past
+ * the last row) for variant 10; false when the driver lacks cuTensorMapEncodeTiled or rejects the map
+ * (the caller then runs variant 9). */
+static bool gemm_x_map(const gemm_args &a, int n_tokens, int T, CUtensorMap *map)
+{
+    static gemm_encode_tiled_fn encode = NULL;
+    static int tried = 0;
+    if (!tried) {
+        tried = 1;
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            encode = reinterpret_cast<gemm_encode_tiled_fn>(fn);
+        else
+            cudaGetLastError();
+    }
+    if (!encode)
+        return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)a.act.cols, (cuuint64_t)n_tokens};
+    const cuuint64_t strides[1] = {(cuuint64_t)a.act.cols * sizeof(__half)};
+    const cuuint32_t box[2] = {64, (cuuint32_t)T}, estr[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, a.act.x, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int N, int PIPE, bool LEAN, bool TRIM, bool TMA, int EPI, bool GROUPED>
+static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, const CUtensorMap &xmap, cudaStream_t s)
 {
     typedef gemm_wg_shape<N, PIPE> S;
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
-    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, LEAN, TRIM, EPI, GROUPED>, S::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, LEAN, TRIM, TMA, EPI, GROUPED>, S::SMEM, &smem_set);
     if (e == cudaSuccess)
         e = gemm_grid(a, n_tokens, GROUPED, N, EPI, &grid);
     if (e != cudaSuccess)
         return e;
-    gemm_wg_kernel<N, PIPE, LEAN, TRIM, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens);
+    gemm_wg_kernel<N, PIPE, LEAN, TRIM, TMA, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens, xmap);
     return cudaGetLastError();
 }
 
-template <int N, int PIPE, bool LEAN, bool TRIM = false>
+/* TMA: dense launches without a gather only (launch_gemm_wgmma checks); when the map cannot be made, the
+ * same form without it */
+template <int N, int PIPE, bool LEAN, bool TRIM = false, bool TMA = false>
 static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
+    CUtensorMap xmap;
+    memset(&xmap, 0, sizeof xmap);
+    if constexpr (TMA) {
+        if (!gemm_x_map(a, n_tokens, N, &xmap))
+            return gemm_wg_epi<N, PIPE, LEAN, TRIM, false>(a, n_tokens, grouped, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_SWIGLU)
+            return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
+        return cudaErrorInvalidValue;
+    }
     if (grouped) {
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_STORE, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE)
+            return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_SWIGLU)
+            return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_SWIGLU, true>(a, n_tokens, xmap, s);
         if (a.epi == GEMM_EPI_STORE_BF16)
-            return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
+            return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
         /* SWIGLU_H16 with LEAN PIPE 2 (variant 8) spills at N 128: runs as LEAN PIPE 3 (variant 7, same bits) */
         constexpr int PH = PIPE == 2 && LEAN ? 3 : PIPE;
         if (a.epi == GEMM_EPI_SWIGLU_H16)
-            return gemm_wg_go<N, PH, LEAN, TRIM, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, s);
+            return gemm_wg_go<N, PH, LEAN, TRIM, false, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, xmap, s);
         return cudaErrorInvalidValue;
     }
-    if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_STORE, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_ADD, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_SWIGLU) return gemm_wg_go<N, PIPE, LEAN, TRIM, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
+    if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+    if (a.epi == GEMM_EPI_SWIGLU)
+        return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
     return cudaErrorInvalidValue;
 }
 
@@ -537,8 +651,11 @@ bool gemm_wgmma_available(void)
 
 cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int pipe, cudaStream_t s)
 {
-    if (a.m[0].bits != 4 || pipe < 0 || pipe > 6 || (T != 64 && T != 128))
+    if (a.m[0].bits != 4 || pipe < 0 || pipe > 7 || (T != 64 && T != 128))
         return cudaErrorInvalidValue;
+    /* pipe 7 (variant 10): TMA for the X tile of a dense GEMM without a gather (the rows of X are the
+     * tile's tokens); grouped or gathered launches run as pipe 6 */
+    const bool tma = pipe == 7 && !grouped && !a.gather;
     if (T == 64) {
         switch (pipe) {
         case 0: return gemm_wg_epi<64, 0, false>(a, n_tokens, grouped, s);
@@ -547,7 +664,10 @@ cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, in
         case 3: return gemm_wg_epi<64, 3, false>(a, n_tokens, grouped, s);
         case 4: return gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
         case 5: return gemm_wg_epi<64, 2, true>(a, n_tokens, grouped, s);
-        default: return gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
+        case 6: return gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
+        default:
+            return tma ? gemm_wg_epi<64, 3, true, true, true>(a, n_tokens, grouped, s)
+                       : gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
         }
     }
     switch (pipe) {
@@ -557,6 +677,9 @@ cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, in
     case 3: return gemm_wg_epi<128, 3, false>(a, n_tokens, grouped, s);
     case 4: return gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
     case 5: return gemm_wg_epi<128, 2, true>(a, n_tokens, grouped, s);
-    default: return gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
+    case 6: return gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
+    default:
+        return tma ? gemm_wg_epi<128, 3, true, true, true>(a, n_tokens, grouped, s)
+                   : gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
     }
 }
