@@ -174,13 +174,23 @@ struct gemm_cfg {
 };
 static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {3, 64}, {3, 128},
                                         {3, 0},  {4, 64}, {4, 128}, {5, 64}, {5, 128}, {6, 64}, {6, 128}, {6, 0},
-                                        {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0},
-                                        {10, 64}, {10, 128}, {10, 0}};
+                                        {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0}};
 static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32},  {0, 64}, {1, 64},  {1, 128}, {2, 128},
                                       {1, 0},  {3, 64},  {3, 128}, {3, 0},  {4, 64},  {4, 128},
                                       {5, 64}, {5, 128}, {6, 64}, {6, 128}, {6, 0},
-                                      {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0},
-                                      {10, 64}, {10, 128}, {10, 0}};
+                                      {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0}};
+/* The TMA variant (10) runs in a pass of its own after everything else (so that a fault there cannot
+ * hide the other results), against variant 4 at the same tiles. */
+static const gemm_cfg k_tma_cfgs[] = {{4, 64}, {4, 128}, {10, 64}, {10, 128}, {10, 0}};
+static bool g_tma_pass = false;
+static std::vector<gemm_cfg> cfg_list(bool moe)
+{
+    if (g_tma_pass)
+        return std::vector<gemm_cfg>(k_tma_cfgs, k_tma_cfgs + sizeof k_tma_cfgs / sizeof k_tma_cfgs[0]);
+    if (moe)
+        return std::vector<gemm_cfg>(k_moe_cfgs, k_moe_cfgs + sizeof k_moe_cfgs / sizeof k_moe_cfgs[0]);
+    return std::vector<gemm_cfg>(k_dense_cfgs, k_dense_cfgs + sizeof k_dense_cfgs / sizeof k_dense_cfgs[0]);
+}
 
 /* Error bound factor of a configuration: 2 for the wgmma kernel (fp16-rounded 4-bit weights). */
 static double cfg_rel(const gemm_cfg &k, int bits) { return k.variant >= 3 && bits == 4 ? 2.0 : 1.0; }
@@ -387,7 +397,7 @@ static void test_dense(int bits, int cols, int rows, int n, int mode, int out_mo
             }
     }
     std::vector<float> first, v4_out[2];
-    for (const gemm_cfg &k : k_dense_cfgs) {
+    for (const gemm_cfg &k : cfg_list(false)) {
         set_cfg(k, false);
         if (out_mode == GEMV_OUT_ADD)
             CK(cudaMemcpy(dy, y0.data(), y0.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -625,7 +635,8 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
 
     moe_twin tw;
     std::vector<float> twin_lg, first_out, v4_out[2]; /* variant 4 per tile, this knob set */
-    const int n_cfgs = (int)(sizeof k_moe_cfgs / sizeof k_moe_cfgs[0]);
+    const std::vector<gemm_cfg> cfgs = cfg_list(true);
+    const int n_cfgs = (int)cfgs.size();
     std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* all knobs 0, per configuration */
     /* and the down GEMM's routed activations in slot order: fp16 bits, group sums, row scales */
     std::vector<std::vector<uint16_t>> base_hx(n_cfgs);
@@ -635,7 +646,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         ipos[gemm_perm16(l)] = l;
     for (const moe_knobs &mk : k_moe_knobs)
     for (int ci = 0; ci < n_cfgs; ci++) {
-        const gemm_cfg &kc = k_moe_cfgs[ci];
+        const gemm_cfg &kc = cfgs[ci];
         if (ci == 0)
             v4_out[0].clear(), v4_out[1].clear();
         if (!moe_knobs_everywhere(mk) && !((kc.variant == 0 && kc.tile == 16) || (kc.variant == 4 && kc.tile == 0)))
@@ -925,6 +936,17 @@ int main(void)
     test_moe(8, 8, 256, 32, 8, 128, 40);
     test_moe(4, 8, 1024, 64, 8, 256, 96);
     test_moe(4, 8, 2048, 256, 8, 512, 20);
+    /* variant 10 (TMA X tiles of dense launches) vs 4: ragged last tiles (n 70, 131, 513, 33), ADD,
+     * several matrices, a gated input; the MoE block's dense GEMMs (shared expert, router) */
+    g_tma_pass = true;
+    printf("note: TMA pass (gemm_variant 10 against 4)\n");
+    test_dense(4, 2048, 200, 70, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+    test_dense(4, 192, 77, 131, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2);
+    test_dense(4, 2048, 300, 513, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);
+    test_dense(4, 4096, 131, 33, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+    test_dense(4, 64, 45, 131, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 1);
+    test_moe(4, 8, 128, 16, 4, 64, 700);
+    test_moe(4, 8, 1024, 64, 8, 256, 96);
     printf("%d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }
