@@ -178,6 +178,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.y[0] = c->pf_y;
     a.y_stride[0] = H;
     a.act = ha;
+    a.act_rows = (int)nk; /* gemm_variant 10: X tiles by TMA */
     a.epi = y_bf16 ? GEMM_EPI_STORE_BF16 : GEMM_EPI_STORE;
     grouped_by_expert(c, n, K, E, T, &a);
     LAUNCH(launch_gemm(a, n, s));

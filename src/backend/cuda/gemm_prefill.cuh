@@ -85,6 +85,8 @@ struct gemm_args {
     const float *gate_logits; /* dense, or NULL: token t's results are also multiplied by
                                * sigmoid(gate_logits[t · gate_stride]) (the MoE shared expert's gate) */
     int gate_stride;
+    int act_rows;             /* grouped without a gather, or 0: rows of act.x that may be read (all positions);
+                               * lets gemm_variant 10 load X tiles by TMA (zeros past it) */
 };
 
 /* Input transform of n_rows rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm; in.act fp32

@@ -46,8 +46,8 @@
  *   TRIM (LEAN PIPE 3: gemm_variant 9): a tile with count <= 32 / 64 / 96 live tokens runs the main
  *     loop with wgmma m64n32/64/96k16 and skips the cp.async of its dead token rows: a ragged MoE tile
  *     (each expert's last one) costs tensor work for its live tokens rounded up to 32, not 128.
- *   TMA (TRIM + the X tile of a dense launch without a gather: gemm_variant 10; grouped launches run as
- *     9): thread 0 arms the stage's mbarrier (expect_tx N·128 bytes) and issues one 2D tensor copy
+ *   TMA (TRIM + the X tile of a launch without a gather: dense, and grouped with a.act_rows = the routed
+ *     down GEMM; gemm_variant 10; the others run as 9): thread 0 arms the stage's mbarrier (expect_tx N·128 bytes) and issues one 2D tensor copy
  *     (cp.async.bulk.tensor, box 64 columns x N rows from (64k, base), 128-byte swizzle: the layout
  *     above; rows past n_tokens arrive as zeros); the consumers wait on the mbarrier's phase. B then
  *     arrives through the async proxy, so the step drops the fence.proxy.async (SASS: MEMBAR.ALL.CTA +
@@ -269,7 +269,7 @@ template <int N, int PIPE, bool LEAN, bool TRIM, bool TMA, int EPI, bool GROUPED
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     gemm_wg_kernel(gemm_args a, int n_tokens, const __grid_constant__ CUtensorMap xmap)
 {
-    static_assert(!TMA || (TRIM && !GROUPED), "TMA: dense, on TRIM");
+    static_assert(!TMA || TRIM, "TMA: on TRIM");
     static_assert(!LEAN || PIPE >= 2, "LEAN: PIPE 2, 3");
     static_assert(!TRIM || (LEAN && PIPE == 3), "TRIM: LEAN PIPE 3");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -320,7 +320,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
         unsigned char *sx = smem + st * S::STAGE;
         cp_async16(sx + S::X_STAGE + tid * 16, wok ? wsrc + (size_t)k * 32 : wsrc, wok);
         if constexpr (TMA) {
-            /* one thread: rows base.. of X (zeros past n_tokens), columns 64k.. */
+            /* one thread: rows base.. of X (zeros past the map's rows), columns 64k.. (grouped: rows past
+             * count belong to the next expert or are zeros; their token columns are never stored) */
             if (tid == 0) {
                 mbar_expect_tx(&s_full[st], N * 128);
                 tma_load_2d(sx, &xmap, k * 64, base, &s_full[st]);
@@ -553,7 +554,7 @@ typedef CUresult (*gemm_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuu
 /* The tensor map of a dense GEMM's X (n_tokens rows x cols fp16, box 64 x T, 128-byte swizzle, zeros past
  * the last row) for variant 10; false when the driver lacks cuTensorMapEncodeTiled or rejects the map
  * (the caller then runs variant 9). */
-static bool gemm_x_map(const gemm_args &a, int n_tokens, int T, CUtensorMap *map)
+static bool gemm_x_map(const gemm_args &a, int rows, int T, CUtensorMap *map)
 {
     static gemm_encode_tiled_fn encode = NULL;
     static int tried = 0;
@@ -570,7 +571,7 @@ static bool gemm_x_map(const gemm_args &a, int n_tokens, int T, CUtensorMap *map
     }
     if (!encode)
         return false;
-    const cuuint64_t dims[2] = {(cuuint64_t)a.act.cols, (cuuint64_t)n_tokens};
+    const cuuint64_t dims[2] = {(cuuint64_t)a.act.cols, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)a.act.cols * sizeof(__half)};
     const cuuint32_t box[2] = {64, (cuuint32_t)T}, estr[2] = {1, 1};
     return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, a.act.x, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -601,8 +602,15 @@ static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, c
     CUtensorMap xmap;
     memset(&xmap, 0, sizeof xmap);
     if constexpr (TMA) {
-        if (!gemm_x_map(a, n_tokens, N, &xmap))
+        if (!gemm_x_map(a, grouped ? a.act_rows : n_tokens, N, &xmap))
             return gemm_wg_epi<N, PIPE, LEAN, TRIM, false>(a, n_tokens, grouped, s);
+        if (grouped) { /* the routed down GEMM (STORE, STORE_BF16) */
+            if (a.epi == GEMM_EPI_STORE)
+                return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
+            if (a.epi == GEMM_EPI_STORE_BF16)
+                return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
+            return gemm_wg_epi<N, PIPE, LEAN, TRIM, false>(a, n_tokens, grouped, s);
+        }
         if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
         if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
         if (a.epi == GEMM_EPI_SWIGLU)
@@ -653,9 +661,9 @@ cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, in
 {
     if (a.m[0].bits != 4 || pipe < 0 || pipe > 7 || (T != 64 && T != 128))
         return cudaErrorInvalidValue;
-    /* pipe 7 (variant 10): TMA for the X tile of a dense GEMM without a gather (the rows of X are the
-     * tile's tokens); grouped or gathered launches run as pipe 6 */
-    const bool tma = pipe == 7 && !grouped && !a.gather;
+    /* pipe 7 (variant 10): TMA for the X tile of a launch without a gather whose X rows are known (dense:
+     * n_tokens; grouped: a.act_rows, the routed down GEMM); the others run as pipe 6 */
+    const bool tma = pipe == 7 && !a.gather && (!grouped || a.act_rows > 0);
     if (T == 64) {
         switch (pipe) {
         case 0: return gemm_wg_epi<64, 0, false>(a, n_tokens, grouped, s);
