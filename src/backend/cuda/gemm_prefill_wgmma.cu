@@ -594,8 +594,8 @@ static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, const CUtensorMa
     return cudaGetLastError();
 }
 
-/* TMA: dense launches without a gather only (launch_gemm_wgmma checks); when the map cannot be made, the
- * same form without it */
+/* TMA: launches without a gather whose X rows are known (launch_gemm_wgmma checks); when the map cannot be
+ * made, the same form without it */
 template <int N, int PIPE, bool LEAN, bool TRIM = false, bool TMA = false>
 static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
