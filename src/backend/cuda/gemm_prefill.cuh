@@ -114,8 +114,9 @@ cudaError_t launch_gemm_regroup(const gemm_act &in, const gemm_act &out, int n_r
  * wgmmas queued through each dequantization); 7: 6 with a lean step (a quarter fewer instructions per
  * group: the tile rows' X addresses in shared memory, a running stage slot, one LOP3 less per weight
  * pair); 8: 5 with the lean step; 9: 7 with the wgmma width of a ragged tile trimmed to its live
- * tokens (32 / 64 / 96: MoE tiles); 10: 9 with the X tile of a dense launch (no gather) loaded by TMA
- * (one 2D tensor copy per stage on an mbarrier, no proxy fence per step; grouped launches as 9); 3-10 give
+ * tokens (32 / 64 / 96: MoE tiles); 10: 9 with the X tile of a launch without a gather (dense, and
+ * grouped with act_rows: the routed down) loaded by TMA (one 2D tensor copy per stage on an mbarrier, no
+ * proxy fence per step; the others as 9); 3-10 give
  * the same bits.
  * Dense tile: g_cuda_tuning.dense_tile or by n_tokens (gemm_dense_tile).
  * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
