@@ -5,11 +5,11 @@
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
  * the rest get 0, 1 or many rows. Every case runs under each kernel variant and tile size (g_cuda_tuning
  * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128 with
- * 8 warps and at 128 with 16, gemm_wg_kernel (variants 3-10 = its pipeline forms 0-7, Hopper wgmma, 4-bit
+ * 8 warps and at 128 with 16, gemm_wg_kernel (variants 3-11 = its pipeline forms 0-8, Hopper wgmma, 4-bit
  * weights) at 64/128), the
  * CPU twin computed once per case; a "note" line says whether a configuration reproduced the first
  * one's bits (expected for variants 0-2: both kernels issue the same MMAs and folds per output; not
- * for variants 3-10 with 4-bit weights, which round the weights to fp16; variants 3-10 give each other's
+ * for variants 3-11 with 4-bit weights, which round the weights to fp16; variants 3-11 give each other's
  * bits: the same wgmmas in the same order). The MoE cases also
  * check the tile map against the rows per expert. Outputs are NaN-poisoned before each launch. Exits
  * 77 without a GPU.
@@ -17,7 +17,7 @@
  * Error bound: activations are rounded to fp16 once (relative 2^-12 after the per-row power-of-two
  * scaling), weights are exact, accumulation fp32: |gpu - cpu| <= rel * Σ|terms| + 1e-5 with rel = 1e-3
  * for a GEMM and 3e-3 for the MoE block (hid is rounded to fp16 again before the down projection).
- * Variants 3-10 also round each 4-bit weight s·q + b to fp16 once (one HFMA2 of fp16 s, q, b, all exact:
+ * Variants 3-11 also round each 4-bit weight s·q + b to fp16 once (one HFMA2 of fp16 s, q, b, all exact:
  * relative 2^-11 ≈ 4.9e-4 of |w|), so each product carries up to 2 · 2^-11 ≈ 9.8e-4 of |w·x| instead
  * of 4.9e-4: its rel is doubled (2e-3 GEMM, 6e-3 MoE), the same margin over the worst case as before.
  * On a compute capability 9.0 device the test fails if the wgmma kernel is not available (the binary
@@ -179,9 +179,9 @@ static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32},  {0, 64}, {1, 64},  {1, 
                                       {1, 0},  {3, 64},  {3, 128}, {3, 0},  {4, 64},  {4, 128},
                                       {5, 64}, {5, 128}, {6, 64}, {6, 128}, {6, 0},
                                       {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0}};
-/* The TMA variant (10) runs in a pass of its own after everything else (so that a fault there cannot
+/* The TMA / mbarrier variants (10, 11) run in a pass of its own after everything else (so that a fault there cannot
  * hide the other results), against variant 4 at the same tiles. */
-static const gemm_cfg k_tma_cfgs[] = {{4, 64}, {4, 128}, {10, 64}, {10, 128}, {10, 0}};
+static const gemm_cfg k_tma_cfgs[] = {{4, 64}, {4, 128}, {10, 64}, {10, 128}, {10, 0}, {11, 64}, {11, 128}, {11, 0}};
 static bool g_tma_pass = false;
 static std::vector<gemm_cfg> cfg_list(bool moe)
 {
@@ -221,7 +221,7 @@ static void note_same(const char *what, const std::vector<float> &a, const std::
            diff, a.size());
 }
 
-/* Variants 5-10 against variant 4 at the same tile (both earlier in the configuration lists): the
+/* Variants 5-11 against variant 4 at the same tile (both earlier in the configuration lists): the
  * same dequantized A, the same wgmmas in the same order and the same epilogue arithmetic, so the same
  * bits (a FAIL here with both inside the bound means a pipeline hazard: an A register or stage rewritten
  * under a wgmma still reading it would usually show as a small difference first). */
@@ -939,7 +939,7 @@ int main(void)
     /* variant 10 (TMA X tiles of dense launches) vs 4: ragged last tiles (n 70, 131, 513, 33), ADD,
      * several matrices, a gated input; the MoE block's dense GEMMs (shared expert, router) */
     g_tma_pass = true;
-    printf("note: TMA pass (gemm_variant 10 against 4)\n");
+    printf("note: TMA pass (gemm_variants 10, 11 against 4)\n");
     test_dense(4, 2048, 200, 70, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
     test_dense(4, 192, 77, 131, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2);
     test_dense(4, 2048, 300, 513, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 3);

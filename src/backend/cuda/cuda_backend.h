@@ -111,7 +111,8 @@ typedef struct {
                              * 6: as 4 with one commit group per k16 slice (wait<3>); 7: 6 and 8: 5 with a lean
                              * step (~25% fewer instructions per group); 9: 7 with the wgmma width of a
                              * ragged tile trimmed to its live tokens (32/64/96); 10: 9 with the X tile of
-                             * dense launches by TMA; 3-10 give the same bits.
+                             * dense launches and the routed down by TMA; 11: 10 with the other launches'
+                             * cp.async on mbarriers (no per-step proxy fence); 3-11 give the same bits.
                              * Default 4 (H200, 4096-token chunk: 34,567 tok/s; 33,574 with 3, 23,588 with 1) */
     int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */

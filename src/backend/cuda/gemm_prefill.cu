@@ -12,7 +12,7 @@
  * the unpack order, gemm_perm16); 8-bit adds a PRMT; bf16 converts via fp32. Per group and row the
  * fp32 MMA sum folds as acc += s·Σqx + b·Σx; the epilogue multiplies by the row's activation scale.
  * launch_gemm picks this kernel, the 2D-warp-tiled one (gemm_prefill_2d.cu; 128-token tiles, and 64
- * with g_cuda_tuning.gemm_variant 1 or 2) or the wgmma one (gemm_prefill_wgmma.cu; variants 3-10, 4-bit);
+ * with g_cuda_tuning.gemm_variant 1 or 2) or the wgmma one (gemm_prefill_wgmma.cu; variants 3-11, 4-bit);
  * the shared device helpers are in gemm_prefill_dev.cuh.
  */
 #include "gemm_prefill_dev.cuh"
@@ -232,7 +232,7 @@ int gemm_grouped_tile(double avg_rows)
 
 /* Tokens per block of a dense GEMM: g_cuda_tuning.dense_tile when it is 16, 64 or 128, else 16 up to
  * 16 tokens, then 64 (128 measured slower at every prompt length on the H200 with variants 0-2,
- * BENCHMARKS.md); variants 3-10 (wgmma) 128 from 128 tokens (one m64n128 per warpgroup and k16 slice; the
+ * BENCHMARKS.md); variants 3-11 (wgmma) 128 from 128 tokens (one m64n128 per warpgroup and k16 slice; the
  * same dequantized A feeds twice the tokens). */
 static int gemm_dense_tile(int n_tokens)
 {
@@ -272,13 +272,13 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
         const int tt = a.tile_tokens;
         T = tt == 16 || (tt == 32 && a.epi == GEMM_EPI_STORE) || tt == 64 || tt == 128 ? tt : gemm_dense_tile(n_tokens);
     }
-    /* variants 3-10: the wgmma kernel (pipeline form 0-7; 11 and up: 0) for 4-bit weights at 64/128-token
+    /* variants 3-11: the wgmma kernel (pipeline form 0-8; 12 and up: 0) for 4-bit weights at 64/128-token
      * tiles on an sm_90a device; every other case (8-bit / bf16 weights, 16-token tiles, no sm_90a) runs
      * as variant 1 */
     int variant = g_cuda_tuning.gemm_variant;
     if (variant >= 3) {
         if (a.m[0].bits == 4 && (T == 64 || T == 128) && gemm_wgmma_available())
-            return launch_gemm_wgmma(a, n_tokens, grouped, T, variant <= 10 ? variant - 3 : 0, s);
+            return launch_gemm_wgmma(a, n_tokens, grouped, T, variant <= 11 ? variant - 3 : 0, s);
         variant = 1;
     }
     /* 128-token tiles exist only in the 2D-tiled kernel (16 warps with variant 2, else 8); 64 in both

@@ -116,20 +116,21 @@ cudaError_t launch_gemm_regroup(const gemm_act &in, const gemm_act &out, int n_r
  * pair); 8: 5 with the lean step; 9: 7 with the wgmma width of a ragged tile trimmed to its live
  * tokens (32 / 64 / 96: MoE tiles); 10: 9 with the X tile of a launch without a gather (dense, and
  * grouped with act_rows: the routed down) loaded by TMA (one 2D tensor copy per stage on an mbarrier, no
- * proxy fence per step; the others as 9); 3-10 give
- * the same bits.
+ * proxy fence per step; the others as 9); 11: 10, and the other launches (the gathered gate/up) with
+ * cp.async completing on the stage's mbarrier instead of wait_group + fence.proxy.async (as CUTLASS's
+ * cp.async GMMA mainloops); 3-11 give the same bits.
  * Dense tile: g_cuda_tuning.dense_tile or by n_tokens (gemm_dense_tile).
  * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 
-/* Whether gemm_variants 3-10 can run their wgmma kernel: the current device is compute capability 9.0 and
+/* Whether gemm_variants 3-11 can run their wgmma kernel: the current device is compute capability 9.0 and
  * the runtime loaded the binary's sm_90a image (a device flag read once by cudaMemcpyFromSymbol, then
  * cached: first call outside stream capture, e.g. a prefill GEMM). */
 bool gemm_wgmma_available(void);
 
 /* Tokens per grouped tile for an average of `avg_rows` rows per expert: g_cuda_tuning.moe_tile when it
  * is 16, 32, 64 or 128; else 16 / 32 / 64 from 24 / 48 rows (gemm_variant 0), 16 / 64 from 24 rows
- * (variants 1, 2), 16 / 64 / 128 from 24 / 128 rows (variants 3-10). The plan (launch_moe_plan) and the
+ * (variants 1, 2), 16 / 64 / 128 from 24 / 128 rows (variants 3-11). The plan (launch_moe_plan) and the
  * grouped GEMMs must get the same T (forward_prefill.cu calls this once per MoE block). */
 int gemm_grouped_tile(double avg_rows);
 

@@ -23,8 +23,8 @@ cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T,
 /* The Hopper wgmma kernel (gemm_prefill_wgmma.cu) in pipeline form pipe = g_cuda_tuning.gemm_variant - 3
  * (0: wait per group; 1: one group's wgmmas in flight through the next barrier and loads; 2: two A
  * register sets, wait<1>; 3: one commit group per k16 slice, wait<3>; 4: 3 with the lean step, 5: 2
- * with it; 6: 4 with the tile's wgmma width trimmed to its live tokens; 7: 6 with the X tile of a dense
- * launch by TMA) for 4-bit weights and T = 64 or 128 tokens per block; cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
+ * with it; 6: 4 with the tile's wgmma width trimmed to its live tokens; 7: 6 with the X tile of a launch
+ * without a gather by TMA; 8: 7, the other launches' cp.async completing on mbarriers, no proxy fence) for 4-bit weights and T = 64 or 128 tokens per block; cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
 cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int pipe, cudaStream_t s);
 
 /* The grid of a prefill GEMM launch: x = blocks of GEMM_ROWS weight rows (SWIGLU: 64 gate rows and the

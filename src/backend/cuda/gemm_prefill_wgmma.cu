@@ -1,8 +1,8 @@
 /* gemm_prefill_wgmma.cu — the Hopper (sm_90a) variant of the 4-bit prefill GEMM (g_cuda_tuning.gemm_variant
- * 3-10): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
+ * 3-11): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
  * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
  *
- * gemm_wg_kernel<N, PIPE, LEAN, TRIM, TMA, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
+ * gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED> (XL: X by cp.async + fence / TMA / MB): 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
  * gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
  * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
  * four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
@@ -54,8 +54,13 @@
  *     FENCE.VIEW.ASYNC.S per thread and step, which may wait for the thread's outstanding loads) and
  *     the 4 cp.async of X per thread. The map is encoded per launch (cuTensorMapEncodeTiled through
  *     cudaGetDriverEntryPointByVersion); without it the launch runs as 9.
+ *   MB (gemm_variant 11: TMA where 10 has it, MB for the other launches, i.e. the gathered gate/up):
+ *     each thread's cp.async of a stage (weights and X) complete on the stage's mbarrier
+ *     (cp.async.mbarrier.arrive.noinc, 256 arrivals per phase) and the step waits on it instead of
+ *     cp.async.wait_group + fence.proxy.async, as CUTLASS's cp.async GMMA mainloops do; the block
+ *     barrier stays (scale/bias stores, slot reuse).
  * Every form issues the same wgmmas in the same order on the same A (TRIM: on the live columns): the
- * same bits (test_cuda_prefill_gemm checks variants 5-10 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
+ * same bits (test_cuda_prefill_gemm checks variants 5-11 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
  * serialization, registers N 128: 119-121 (PIPE 0), 124-128 (the others); N 64: 80-83 (PIPE 0), 89-122.
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
@@ -265,15 +270,16 @@ __device__ __forceinline__ void gemm_wq_slice(uint32_t (&A)[4], const gemm_wq &q
 }
 #endif
 
-template <int N, int PIPE, bool LEAN, bool TRIM, bool TMA, int EPI, bool GROUPED>
+template <int N, int PIPE, bool LEAN, bool TRIM, int XL, int EPI, bool GROUPED>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     gemm_wg_kernel(gemm_args a, int n_tokens, const __grid_constant__ CUtensorMap xmap)
 {
-    static_assert(!TMA || TRIM, "TMA: on TRIM");
+    static_assert(XL == 0 || TRIM, "TMA, MB: on TRIM");
     static_assert(!LEAN || PIPE >= 2, "LEAN: PIPE 2, 3");
     static_assert(!TRIM || (LEAN && PIPE == 3), "TRIM: LEAN PIPE 3");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef gemm_wg_shape<N, PIPE> S;
+    constexpr bool TMA = XL == 1, MB = XL == 2; /* X by TMA / cp.async completing on an mbarrier */
     constexpr int NT = N / 8, NS = S::STAGES;
     constexpr int PF = PIPE ? NS - 2 : NS - 1; /* groups loaded ahead: a refill waits for its slot's wgmmas */
     static_assert(S::STAGE % 1024 == 0 && N * 8 % GEMM_THREADS == 0, "stage layout");
@@ -282,7 +288,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     __shared__ int s_tok[N];
     __shared__ float s_scale[N];
     __shared__ const unsigned char *s_src[LEAN ? N : 1]; /* LEAN: X row of each tile row */
-    __shared__ uint64_t s_full[TMA ? NS : 1];               /* TMA: the X tile of each stage landed */
+    __shared__ uint64_t s_full[XL ? NS : 1];                /* TMA, MB: the X tile of each stage landed */
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     unsigned char *smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -308,10 +314,10 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     }
     if (LEAN && tid < N) /* s_tok[tid]: this thread's own write */
         s_src[tid] = reinterpret_cast<const unsigned char *>(a.act.x + (size_t)s_tok[tid] * cols);
-    if (TMA && tid == 0) {
+    if (XL && tid == 0) {
 #pragma unroll
         for (int i = 0; i < NS; i++)
-            mbar_init(&s_full[i], 1);
+            mbar_init(&s_full[i], TMA ? 1 : GEMM_THREADS);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads(); /* s_tok (TMA: the mbarriers) */
@@ -336,6 +342,10 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
                     continue; /* TRIM: a dead token row is never read (warp-uniform: 4 rows per warp) */
                 cp_async16(sx + dst + 4096 * i, s_src[r + 32 * i] + off, r + 32 * i < count);
             }
+            if (MB) /* every thread, every stage: the phase completes when all 256 threads' copies have */
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                                 (uint32_t)__cvta_generic_to_shared(&s_full[st]))
+                             : "memory");
         } else {
 #pragma unroll
             for (int i = 0; i < N * 8 / GEMM_THREADS; i++) {
@@ -376,17 +386,18 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     /* LEAN: the slot of step k as a running counter (cur; advance() after each step) instead of k % NS;
      * the refill and scale/bias slot (k + NS - 2) % NS follows from it */
     int cur = 0;
-    uint32_t phase = 0; /* TMA: the parity of slot cur's current use */
+    uint32_t phase = 0; /* TMA, MB: the parity of slot cur's current use */
     auto advance = [&]() {
         if (LEAN) {
             cur = cur + 1 == NS ? 0 : cur + 1;
-            if (TMA && cur == 0)
+            if (XL && cur == 0)
                 phase ^= 1u;
         }
     };
     auto front = [&](int k) {
-        cp_async_wait<PF - 1>();
-        if (!TMA) /* TMA: B arrives through the async proxy; the weights are read by LDS only */
+        if (!MB) /* MB: the stage's mbarrier instead (below) */
+            cp_async_wait<PF - 1>();
+        if (!XL) /* TMA: B arrives through the async proxy; MB: as CUTLASS's cp.async GMMA pipelines */
             fence_proxy_async(); /* this thread's cp.async writes -> the async proxy (wgmma reads B) */
         __syncthreads();
         if constexpr (LEAN) {
@@ -500,6 +511,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
                 A[s][0] = A[s][1] = A[s][2] = A[s][3] = 0u;
             for (int k = 0; k < n_groups; k++) {
                 front(k);
+                if (MB) /* the stage's weights and X from every thread's cp.async */
+                    mbar_wait(&s_full[cur], phase);
                 gemm_wq q;
                 gemm_wq_load(q, stage_w(k), r0);
                 const uint64_t desc = stage_desc(k);
@@ -579,62 +592,63 @@ static bool gemm_x_map(const gemm_args &a, int rows, int T, CUtensorMap *map)
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int N, int PIPE, bool LEAN, bool TRIM, bool TMA, int EPI, bool GROUPED>
+template <int N, int PIPE, bool LEAN, bool TRIM, int XL, int EPI, bool GROUPED>
 static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, const CUtensorMap &xmap, cudaStream_t s)
 {
     typedef gemm_wg_shape<N, PIPE> S;
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
-    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, LEAN, TRIM, TMA, EPI, GROUPED>, S::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED>, S::SMEM, &smem_set);
     if (e == cudaSuccess)
         e = gemm_grid(a, n_tokens, GROUPED, N, EPI, &grid);
     if (e != cudaSuccess)
         return e;
-    gemm_wg_kernel<N, PIPE, LEAN, TRIM, TMA, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens, xmap);
+    gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens, xmap);
     return cudaGetLastError();
 }
 
-/* TMA: launches without a gather whose X rows are known (launch_gemm_wgmma checks); when the map cannot be
- * made, the same form without it */
-template <int N, int PIPE, bool LEAN, bool TRIM = false, bool TMA = false>
+/* XL 1 (TMA): launches without a gather whose X rows are known (launch_gemm_wgmma checks); when the map
+ * cannot be made, or for an epilogue without a TMA instance, XF (0 or 2). XL 2: cp.async on mbarriers. */
+template <int N, int PIPE, bool LEAN, bool TRIM = false, int XL = 0, int XF = 0>
 static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
     CUtensorMap xmap;
     memset(&xmap, 0, sizeof xmap);
-    if constexpr (TMA) {
+    if constexpr (XL == 1) {
         if (!gemm_x_map(a, grouped ? a.act_rows : n_tokens, N, &xmap))
-            return gemm_wg_epi<N, PIPE, LEAN, TRIM, false>(a, n_tokens, grouped, s);
+            return gemm_wg_epi<N, PIPE, LEAN, TRIM, XF>(a, n_tokens, grouped, s);
         if (grouped) { /* the routed down GEMM (STORE, STORE_BF16) */
             if (a.epi == GEMM_EPI_STORE)
-                return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
+                return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
             if (a.epi == GEMM_EPI_STORE_BF16)
-                return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
-            return gemm_wg_epi<N, PIPE, LEAN, TRIM, false>(a, n_tokens, grouped, s);
+                return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
+            return gemm_wg_epi<N, PIPE, LEAN, TRIM, XF>(a, n_tokens, grouped, s);
         }
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
         if (a.epi == GEMM_EPI_SWIGLU)
-            return gemm_wg_go<N, PIPE, LEAN, TRIM, true, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
+            return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
+        return cudaErrorInvalidValue;
+    } else {
+        if (grouped) {
+            if (a.epi == GEMM_EPI_STORE)
+                return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
+            if (a.epi == GEMM_EPI_SWIGLU)
+                return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_SWIGLU, true>(a, n_tokens, xmap, s);
+            if (a.epi == GEMM_EPI_STORE_BF16)
+                return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
+            /* SWIGLU_H16 with LEAN PIPE 2 (variant 8) spills at N 128: runs as LEAN PIPE 3 (variant 7, same bits) */
+            constexpr int PH = PIPE == 2 && LEAN ? 3 : PIPE;
+            if (a.epi == GEMM_EPI_SWIGLU_H16)
+                return gemm_wg_go<N, PH, LEAN, TRIM, XL, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, xmap, s);
+            return cudaErrorInvalidValue;
+        }
+        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_SWIGLU)
+            return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
         return cudaErrorInvalidValue;
     }
-    if (grouped) {
-        if (a.epi == GEMM_EPI_STORE)
-            return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_SWIGLU)
-            return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_SWIGLU, true>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_STORE_BF16)
-            return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
-        /* SWIGLU_H16 with LEAN PIPE 2 (variant 8) spills at N 128: runs as LEAN PIPE 3 (variant 7, same bits) */
-        constexpr int PH = PIPE == 2 && LEAN ? 3 : PIPE;
-        if (a.epi == GEMM_EPI_SWIGLU_H16)
-            return gemm_wg_go<N, PH, LEAN, TRIM, false, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, xmap, s);
-        return cudaErrorInvalidValue;
-    }
-    if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
-    if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
-    if (a.epi == GEMM_EPI_SWIGLU)
-        return gemm_wg_go<N, PIPE, LEAN, TRIM, false, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
-    return cudaErrorInvalidValue;
 }
 
 /* 1 in the sm_90a image (the real kernel), 0 in every other image (the stub): the value of the image
@@ -659,11 +673,13 @@ bool gemm_wgmma_available(void)
 
 cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int pipe, cudaStream_t s)
 {
-    if (a.m[0].bits != 4 || pipe < 0 || pipe > 7 || (T != 64 && T != 128))
+    if (a.m[0].bits != 4 || pipe < 0 || pipe > 8 || (T != 64 && T != 128))
         return cudaErrorInvalidValue;
     /* pipe 7 (variant 10): TMA for the X tile of a launch without a gather whose X rows are known (dense:
      * n_tokens; grouped: a.act_rows, the routed down GEMM); the others run as pipe 6 */
-    const bool tma = pipe == 7 && !a.gather && (!grouped || a.act_rows > 0);
+    const bool tma = pipe >= 7 && !a.gather && (!grouped || a.act_rows > 0);
+    /* pipe 8 (variant 11): as 7, and every other launch's X (and weights) by cp.async completing on the
+     * stage's mbarrier (no proxy fence per step either) */
     if (T == 64) {
         switch (pipe) {
         case 0: return gemm_wg_epi<64, 0, false>(a, n_tokens, grouped, s);
@@ -673,9 +689,12 @@ cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, in
         case 4: return gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
         case 5: return gemm_wg_epi<64, 2, true>(a, n_tokens, grouped, s);
         case 6: return gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
-        default:
-            return tma ? gemm_wg_epi<64, 3, true, true, true>(a, n_tokens, grouped, s)
+        case 7:
+            return tma ? gemm_wg_epi<64, 3, true, true, 1>(a, n_tokens, grouped, s)
                        : gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
+        default:
+            return tma ? gemm_wg_epi<64, 3, true, true, 1, 2>(a, n_tokens, grouped, s)
+                       : gemm_wg_epi<64, 3, true, true, 2>(a, n_tokens, grouped, s);
         }
     }
     switch (pipe) {
@@ -686,8 +705,11 @@ cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, in
     case 4: return gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
     case 5: return gemm_wg_epi<128, 2, true>(a, n_tokens, grouped, s);
     case 6: return gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
-    default:
-        return tma ? gemm_wg_epi<128, 3, true, true, true>(a, n_tokens, grouped, s)
+    case 7:
+        return tma ? gemm_wg_epi<128, 3, true, true, 1>(a, n_tokens, grouped, s)
                    : gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
+    default:
+        return tma ? gemm_wg_epi<128, 3, true, true, 1, 2>(a, n_tokens, grouped, s)
+                   : gemm_wg_epi<128, 3, true, true, 2>(a, n_tokens, grouped, s);
     }
 }
