@@ -2,8 +2,8 @@
  * 3-11): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
  * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
  *
- * gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED> (XL: X by cp.async + fence / TMA / MB): 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64
- * gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
+ * gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED> (XL: X by cp.async + fence / TMA / MB): 256
+ * threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64 gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
  * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
  * four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
  *   A from registers: the weights dequantized to fp16, w = s·q + b by one HFMA2 per pair (q exact as fp16
@@ -21,8 +21,8 @@
  * Pipeline: 4 cp.async stages of [activations N x 128 B (1024-byte aligned) | weights 128 rows x 32 B |
  * fp32 scale[128], bias[128]]; a step waits for its stage, makes the cp.async writes visible to the async
  * proxy (fence.proxy.async in the writing threads, then the barrier), refills the slot of step k - 1,
- * dequantizes, issues the 4 wgmmas and waits for them before the next barrier (the stage it read is the
- * next refill (PIPE 0, gemm_variant 3). The other forms keep wgmmas in flight; all have 5 stages and
+ * dequantizes, issues the 4 wgmmas and waits for them before the next barrier, the stage it read being
+ * the next refill (PIPE 0, gemm_variant 3). The other forms keep wgmmas in flight; all have 5 stages and
  * refill the slot of step k - 2 (every warpgroup has retired group k - 2 before step k's barrier):
  *   PIPE 1 (gemm_variant 4): the wait for group k - 1's wgmmas moves to just before group k's
  *     dequantization, so the tensor pipe keeps working through the barrier, the refill and the weight
@@ -47,8 +47,8 @@
  *     loop with wgmma m64n32/64/96k16 and skips the cp.async of its dead token rows: a ragged MoE tile
  *     (each expert's last one) costs tensor work for its live tokens rounded up to 32, not 128.
  *   TMA (TRIM + the X tile of a launch without a gather: dense, and grouped with a.act_rows = the routed
- *     down GEMM; gemm_variant 10; the others run as 9): thread 0 arms the stage's mbarrier (expect_tx N·128 bytes) and issues one 2D tensor copy
- *     (cp.async.bulk.tensor, box 64 columns x N rows from (64k, base), 128-byte swizzle: the layout
+ *     down GEMM; gemm_variant 10; the others run as 9): thread 0 arms the stage's mbarrier (expect_tx
+ *     N·128 bytes) and issues one 2D tensor copy (cp.async.bulk.tensor, box 64 columns x N rows from (64k, base), 128-byte swizzle: the layout
  *     above; rows past n_tokens arrive as zeros); the consumers wait on the mbarrier's phase. B then
  *     arrives through the async proxy, so the step drops the fence.proxy.async (SASS: MEMBAR.ALL.CTA +
  *     FENCE.VIEW.ASYNC.S per thread and step, which may wait for the thread's outstanding loads) and
