@@ -3,7 +3,8 @@
  * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
  *
  * gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED> (XL: X by cp.async + fence / TMA / MB): 256
- * threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64 gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
+ * threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64 gate rows + the same 64 up rows;
+ * gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
  * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
  * four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
  *   A from registers: the weights dequantized to fp16, w = s·q + b by one HFMA2 per pair (q exact as fp16
