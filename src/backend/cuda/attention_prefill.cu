@@ -286,7 +286,7 @@ int attention_prefill_splits(const attn_args &a, int n_tokens, int ctx, int cap_
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             n_sm = 132;
     }
-    /* the wgmma kernels (att_prefill 2 .. 8): 128-row blocks, 64-key tiles (80 with 8), one block per SM */
+    /* the wgmma kernels (att_prefill 2 .. 10): 128-row blocks, 64-key tiles (80 with 8, 10), one block per SM */
     const bool wg = g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a);
     const int bm = wg ? APF_WG_BM : APF_BM, bn = wg ? APF_WG_BN : APF_BN, per_sm = wg ? 1 : 2;
     const int G = a.n_heads / a.n_kv;
@@ -304,7 +304,7 @@ cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStrea
         return cudaErrorInvalidValue;
     cudaError_t e;
     if (g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a))
-        e = launch_attention_prefill_wg(a, n_tokens, n_splits, min(g_cuda_tuning.att_prefill, 8) - 2, s);
+        e = launch_attention_prefill_wg(a, n_tokens, n_splits, min(g_cuda_tuning.att_prefill, 10) - 2, s);
     else if (a.head_dim == 64)
         e = apf_launch<64>(a, n_tokens, n_splits, s);
     else if (a.head_dim == 128)

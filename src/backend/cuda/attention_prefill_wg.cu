@@ -38,8 +38,11 @@
  * 7: as 6 with 3 K stages (224 KB of shared memory at head_dim 256). 5: 2 + 2 stages, no ping-pong.
  * 8: as 6 with 80-key tiles (FlashAttention-3's head_dim-256 tile: S by m64n80k16, 5 k16 slices of P·V;
  * 2 + 2 stages of 40 KB, 224 KB), fewer steps and less shared-memory traffic per key for S.
+ * 9, 10: as 6, 8 with the producer's copies completing on the "full" mbarrier by
+ * cp.async.mbarrier.arrive.noinc (CUTLASS's cp.async GMMA pipeline) instead of wait_group 1 + proxy fence
+ * + arrive: fence.proxy.async is a MEMBAR.ALL.CTA in SASS, which may wait for the tile still in flight.
  * Measured (H200, last 4096-token chunk of a 32K prompt, attention over 10 layers, session 5): mma.sync
- * kernel 87.5 ms, att_prefill 2 47.6 ms, 3 42.2 ms (~490 TFLOP/s); 5 .. 8: not yet measured.
+ * kernel 87.5 ms, att_prefill 2 47.6 ms, 3 42.2 ms (~490 TFLOP/s); 5 .. 10: not yet measured.
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */
@@ -376,6 +379,12 @@ __device__ __forceinline__ void aws_mbar_init(uint64_t *bar, int count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
+/* arrive when all of this thread's earlier cp.asyncs have completed (.noinc: counts as one of the
+ * barrier's expected arrivals) */
+__device__ __forceinline__ void aws_mbar_arrive_cp_async(uint64_t *bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
 /* arrive (release, CTA scope) */
 __device__ __forceinline__ void aws_mbar_arrive(uint64_t *bar)
 {
@@ -407,7 +416,7 @@ template <int ID> __device__ __forceinline__ void aws_bar_arrive(void)
 #endif
 
 /* Named barriers: 1 = the consumers' Q tile (256 threads); 2, 3 = the ping-pong turns of consumer 0, 1. */
-template <int D, bool QF, int NK, int NV, bool PP, int BN>
+template <int D, bool QF, int NK, int NV, bool PP, int BN, bool NOINC>
 __global__ void __launch_bounds__(AWS_THREADS, 1) attention_prefill_ws_kernel(attn_args a, int n_tokens)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -472,6 +481,10 @@ __global__ void __launch_bounds__(AWS_THREADS, 1) attention_prefill_ws_kernel(at
                 const bool ok = key < kend;
                 cp_async16(dst + awg_off<BN>(r, c * 8), src + (size_t)(ok ? key : 0) * D + c * 8, ok ? 16 : 0);
             }
+            if constexpr (NOINC) { /* the arrive fires when the copies land: no wait, no proxy fence */
+                aws_mbar_arrive_cp_async(isv ? &full_v[slot] : &full_k[slot]);
+                continue;
+            }
             cp_async_commit();
             if (pend) {
                 cp_async_wait<1>(); /* the previous tile landed (this thread's part) */
@@ -485,6 +498,8 @@ __global__ void __launch_bounds__(AWS_THREADS, 1) attention_prefill_ws_kernel(at
             fence_proxy_async();
             aws_mbar_arrive(pend);
         }
+        if constexpr (NOINC)
+            asm volatile("cp.async.wait_all;\n" ::: "memory"); /* no copy outlives its thread */
         return;
     }
 
@@ -667,29 +682,33 @@ template <int D, int VAR> static cudaError_t awg_launch(const attn_args &a, int 
     return a.q_fused ? awg_launch<D, true, VAR>(a, n_tokens, n_splits, s) : awg_launch<D, false, VAR>(a, n_tokens, n_splits, s);
 }
 
-template <int D, bool QF, int NK, int NV, bool PP, int BN>
+template <int D, bool QF, int NK, int NV, bool PP, int BN, bool NOINC>
 static cudaError_t aws_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
     static size_t smem_set = 48 * 1024;
     constexpr int smem = aws_shape<D, NK, NV, BN>::SMEM;
-    cudaError_t e = cuda_smem_opt_in(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN>, smem, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN, NOINC>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
     const int G = a.n_heads / a.n_kv;
     dim3 grid((n_tokens * G + APF_WG_BM - 1) / APF_WG_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN>, grid, dim3(AWS_THREADS), smem, s, a, n_tokens);
+    return launch_pdl(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN, NOINC>, grid, dim3(AWS_THREADS), smem, s, a, n_tokens);
 }
 
-template <int D, int NK, int NV, bool PP, int BN = APF_WG_BN>
+template <int D, int NK, int NV, bool PP, int BN = APF_WG_BN, bool NOINC = false>
 static cudaError_t aws_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
-    return a.q_fused ? aws_launch<D, true, NK, NV, PP, BN>(a, n_tokens, n_splits, s)
-                     : aws_launch<D, false, NK, NV, PP, BN>(a, n_tokens, n_splits, s);
+    return a.q_fused ? aws_launch<D, true, NK, NV, PP, BN, NOINC>(a, n_tokens, n_splits, s)
+                     : aws_launch<D, false, NK, NV, PP, BN, NOINC>(a, n_tokens, n_splits, s);
 }
 
 template <int D>
 static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
 {
+    if (variant == 8)
+        return aws_launch<D, 2, 2, true, 80, true>(a, n_tokens, n_splits, s);
+    if (variant == 7)
+        return aws_launch<D, 2, 2, true, 64, true>(a, n_tokens, n_splits, s);
     if (variant == 6)
         return aws_launch<D, 2, 2, true, 80>(a, n_tokens, n_splits, s);
     if (variant == 5)
@@ -707,7 +726,7 @@ static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, in
 
 cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
 {
-    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1 || variant < 0 || variant > 6)
+    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1 || variant < 0 || variant > 8)
         return cudaErrorInvalidValue;
     switch (a.head_dim) {
     case 64: return awg_launch<64>(a, n_tokens, n_splits, variant, s);

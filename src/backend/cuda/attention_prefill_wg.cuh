@@ -21,7 +21,8 @@ bool attention_prefill_wg_supported(const attn_args &a);
  * previous tile's P·V; 2 (att_prefill 4): as 1 with the refills issued after the wgmmas; 3 (att_prefill
  * 5): as 1 with a producer warpgroup loading K/V into mbarrier rings (384 threads); 4 (att_prefill 6): as
  * 3 with the consumers' wgmmas issued in turns (ping-pong); 5 (att_prefill 7): as 4 with 3 K stages;
- * 6 (att_prefill 8): as 4 with 80-key tiles.
+ * 6 (att_prefill 8): as 4 with 80-key tiles; 7, 8 (att_prefill 9, 10): as 4, 6 with the producer's
+ * copies completing on the mbarrier (cp.async.mbarrier.arrive.noinc).
  * cudaErrorInvalidValue when !attention_prefill_wg_supported(a) or another variant. */
 cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s);
 

@@ -97,9 +97,10 @@ typedef struct {
                              * with each tile's softmax overlapping the previous tile's P·V; 4: as 3 with the K/V
                              * refills issued after the tile's wgmmas (unmeasured); 5: as 3 warp-specialized (a
                              * producer warpgroup cp.asyncs K/V into mbarrier rings); 6: 5 + ping-pong between the
-                             * two consumer warpgroups; 7: 6 with 3 K stages; 8: 6 with 80-key tiles (5-8
-                             * unmeasured); default 3 (H200, the last 4096-token chunk of a 32K prompt:
-                             * attention 42.2 ms, 47.6 with 2, 87.5 with 1) */
+                             * two consumer warpgroups; 7: 6 with 3 K stages; 8: 6 with 80-key tiles; 9, 10:
+                             * 6, 8 with cp.async.mbarrier.arrive.noinc completion (5-10 unmeasured); default 3
+                             * (H200, the last 4096-token chunk of a 32K prompt: attention 42.2 ms, 47.6 with 2,
+                             * 87.5 with 1) */
     int moe_gate_up_blocks; /* decode MoE gate/up kernel: registers capped for 2 or 3 blocks per SM */
     int gemv_mma_blocks;    /* decode 4-bit GEMV: registers capped for 1 or 2 blocks per SM */
     /* prefill tensor-core GEMM (gemm_prefill.cuh; read at each launch, no capture involved) */
