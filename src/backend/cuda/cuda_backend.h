@@ -98,9 +98,9 @@ typedef struct {
                              * refills issued after the tile's wgmmas (unmeasured); 5: as 3 warp-specialized (a
                              * producer warpgroup cp.asyncs K/V into mbarrier rings); 6: 5 + ping-pong between the
                              * two consumer warpgroups; 7: 6 with 3 K stages; 8: 6 with 80-key tiles; 9, 10:
-                             * 6, 8 with cp.async.mbarrier.arrive.noinc completion (5-10 unmeasured); default 3
-                             * (H200, the last 4096-token chunk of a 32K prompt: attention 42.2 ms, 47.6 with 2,
-                             * 87.5 with 1) */
+                             * 6, 8 with cp.async.mbarrier.arrive.noinc completion; default 3 (H200, the last
+                             * 4096-token chunk of a 32K prompt: attention 44.5 ms, 51.3-56.0 with 5-10, 47.6
+                             * with 2, 87.5 with 1) */
     int moe_gate_up_blocks; /* decode MoE gate/up kernel: registers capped for 2 or 3 blocks per SM */
     int gemv_mma_blocks;    /* decode 4-bit GEMV: registers capped for 1 or 2 blocks per SM */
     /* prefill tensor-core GEMM (gemm_prefill.cuh; read at each launch, no capture involved) */
@@ -114,7 +114,8 @@ typedef struct {
                              * ragged tile trimmed to its live tokens (32/64/96); 10: 9 with the X tile of
                              * dense launches and the routed down by TMA; 11: 10 with the other launches'
                              * cp.async on mbarriers (no per-step proxy fence); 3-11 give the same bits.
-                             * Default 4 (H200, 4096-token chunk: 34,567 tok/s; 33,574 with 3, 23,588 with 1) */
+                             * Default 11 (H200, 4096-token prompt, one chunk: 41,546 tok/s; 40,695 with 10,
+                             * 40,161 with 9, 39,984 with 7, 38,984 with 4, 38,492-39,009 with 5/6/8) */
     int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
     int att_prefill_fused_q; /* with att_prefill: 1 = the flash kernel norms + rotates q while staging it (the
@@ -139,7 +140,8 @@ typedef struct {
                              * 1, 2, 3 = the router rows alone at 64, 32, 16-token tiles (more blocks), the
                              * shared_expert_gate logit computed in the top-k kernel (a warp dot product) */
     int moe_plan;           /* expert plan: 0 = one block; 1 = two kernels of one block per 64 tokens (positions
-                             * within an expert in token order) */
+                             * within an expert in token order, the same output); default 1 (H200, 4096-token
+                             * chunk: MoE 45.8 vs 46.9 ms) */
     int moe_y_bf16;         /* routed down GEMM output per slot: 0 fp32; 1 bf16 (half the GEMM's stores and the
                              * combine's reads; rounding 2^-9 relative per slot output) */
     int moe_hid_h16;        /* routed SwiGLU output: 0 fp32 rows + the pre-pass; 1 fp16 at a scale per 64 columns
@@ -148,7 +150,7 @@ typedef struct {
     int moe_shared_add;     /* shared expert's down output: 0 stored fp32, added by the combine; 1 added to h by its
                              * GEMM (times the sigmoid gate, folded into the row scale): 66 MB less traffic */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 4, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 11, 0, 0, 1, 1, 1, 0, 1, 1, 0, 1, 0, 0, 0}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus
