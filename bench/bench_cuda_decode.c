@@ -8,8 +8,8 @@
  *
  * Prefill GEMM knobs (lily_cuda_tuning, set before anything runs): --gemm-variant 0..4 (one-warp-row,
  * 2D-tiled, 2D-tiled with 16 warps at 128 tokens, Hopper wgmma for 4-bit weights, the same with one
- * group in flight), --moe-tile 0|16|32|64|128 (grouped MoE tile, 0 auto), --dense-tile
- * 0|16|64|128; --moe-tile-sweep [LIST] prints prefill tok/s for prompt lengths (default 256..16384) x
+ * group in flight; 7, 9-11: cuda_backend.h), --moe-tile 0|16|32|64|128 (grouped MoE tile, 0 auto),
+ * --dense-tile 0|16|64|128; --moe-tile-sweep [LIST] prints prefill tok/s for prompt lengths (default 256..16384) x
  * (variant, MoE tile, dense tile) configurations, in chunks of --chunk tokens.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512] [--profile-prefill]
@@ -18,7 +18,7 @@
  * 2 chunked, 3 chunked from GDN_CHUNKED_MIN_TOKENS); the prefill timing (and --profile-prefill) runs once
  * per value, the first value stays set for everything else.
  * --prefill-knobs "SPEC;SPEC;...": the same for whole knob sets (bench/cuda_knobs.h, each applied to the
- * defaults, e.g. "default;gemm_variant=5"): an A/B of prefill kernels on one loaded model; the timed
+ * defaults, e.g. "default;gemm_variant=4"): an A/B of prefill kernels on one loaded model; the timed
  * prefill runs twice per set and the faster run is printed. --knobs stays set for everything else.
  *                          [--gemm-variant N] [--moe-tile N] [--dense-tile N] [--moe-tile-sweep [LIST]]
  */

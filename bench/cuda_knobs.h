@@ -34,11 +34,7 @@ static const struct {
     {"gemv_stream_stages", offsetof(lily_cuda_tuning, gemv_stream_stages)},
     {"moe_early_ids", offsetof(lily_cuda_tuning, moe_early_ids)},
     {"gemm_prep_rows", offsetof(lily_cuda_tuning, gemm_prep_rows)},
-    {"moe_router", offsetof(lily_cuda_tuning, moe_router)},
     {"moe_plan", offsetof(lily_cuda_tuning, moe_plan)},
-    {"moe_y_bf16", offsetof(lily_cuda_tuning, moe_y_bf16)},
-    {"moe_hid_h16", offsetof(lily_cuda_tuning, moe_hid_h16)},
-    {"moe_shared_add", offsetof(lily_cuda_tuning, moe_shared_add)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

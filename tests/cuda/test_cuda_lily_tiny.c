@@ -206,16 +206,11 @@ static void run(void)
     alt.router_topk = 1;
     lily_cuda_set_tuning(&alt);
     run_modes(&gpu, ids, ref, V, "alternate kernels");
-    /* the prefill MoE block's knobs: gate logit in the top-k kernel, multi-block plan, bf16 per-slot outputs,
-     * fp16 SwiGLU output regrouped, shared expert added by its down GEMM */
+    /* the prefill MoE block's single-block expert plan (the default is the multi-block one) */
     lily_cuda_tuning moe = def;
-    moe.moe_router = 1;
-    moe.moe_plan = 1;
-    moe.moe_y_bf16 = 1;
-    moe.moe_hid_h16 = 1;
-    moe.moe_shared_add = 1;
+    moe.moe_plan = 0;
     lily_cuda_set_tuning(&moe);
-    run_modes(&gpu, ids, ref, V, "prefill MoE knobs");
+    run_modes(&gpu, ids, ref, V, "prefill MoE plan 0");
     lily_cuda_set_tuning(&def);
     lily_backend_destroy(&gpu);
 

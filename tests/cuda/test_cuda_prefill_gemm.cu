@@ -5,8 +5,8 @@
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
  * the rest get 0, 1 or many rows. Every case runs under each kernel variant and tile size (g_cuda_tuning
  * gemm_variant / dense_tile / moe_tile: gemm_kernel at 16/32/64 tokens, gemm2d_kernel at 64/128 with
- * 8 warps and at 128 with 16, gemm_wg_kernel (variants 3-11 = its pipeline forms 0-8, Hopper wgmma, 4-bit
- * weights) at 64/128), the
+ * 8 warps and at 128 with 16, gemm_wg_kernel (variants 3, 4, 7, 9, 10, 11: its pipeline forms, Hopper
+ * wgmma, 4-bit weights) at 64/128), the
  * CPU twin computed once per case; a "note" line says whether a configuration reproduced the first
  * one's bits (expected for variants 0-2: both kernels issue the same MMAs and folds per output; not
  * for variants 3-11 with 4-bit weights, which round the weights to fp16; variants 3-11 give each other's
@@ -173,12 +173,11 @@ struct gemm_cfg {
     int variant, tile;
 };
 static const gemm_cfg k_dense_cfgs[] = {{0, 16}, {0, 64}, {1, 64}, {1, 128}, {2, 128}, {3, 64}, {3, 128},
-                                        {3, 0},  {4, 64}, {4, 128}, {5, 64}, {5, 128}, {6, 64}, {6, 128}, {6, 0},
-                                        {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0}};
+                                        {3, 0},  {4, 64}, {4, 128}, {7, 64}, {7, 128}, {7, 0}, {9, 64}, {9, 128},
+                                        {9, 0}};
 static const gemm_cfg k_moe_cfgs[] = {{0, 16}, {0, 32},  {0, 64}, {1, 64},  {1, 128}, {2, 128},
                                       {1, 0},  {3, 64},  {3, 128}, {3, 0},  {4, 64},  {4, 128},
-                                      {5, 64}, {5, 128}, {6, 64}, {6, 128}, {6, 0},
-                                      {7, 64}, {7, 128}, {7, 0}, {8, 64}, {8, 128}, {9, 64}, {9, 128}, {9, 0}};
+                                      {7, 64}, {7, 128}, {7, 0}, {9, 64}, {9, 128}, {9, 0}};
 /* The TMA / mbarrier variants (10, 11) run in a pass of its own after everything else (so that a fault there cannot
  * hide the other results), against variant 4 at the same tiles. */
 static const gemm_cfg k_tma_cfgs[] = {{4, 64}, {4, 128}, {10, 64}, {10, 128}, {10, 0}, {11, 64}, {11, 128}, {11, 0}};
@@ -221,7 +220,7 @@ static void note_same(const char *what, const std::vector<float> &a, const std::
            diff, a.size());
 }
 
-/* Variants 5-11 against variant 4 at the same tile (both earlier in the configuration lists): the
+/* Variants 7, 9-11 against variant 4 at the same tile (both earlier in the configuration lists): the
  * same dequantized A, the same wgmmas in the same order and the same epilogue arithmetic, so the same
  * bits (a FAIL here with both inside the bound means a pipeline hazard: an A register or stage rewritten
  * under a wgmma still reading it would usually show as a small difference first). */
@@ -235,7 +234,7 @@ static void check_same_as_v4(const char *what, const gemm_cfg &k, const std::vec
         v4[slot] = got;
         return;
     }
-    if (k.variant < 5 || v4[slot].size() != got.size())
+    if (k.variant < 7 || v4[slot].size() != got.size())
         return;
     size_t diff = 0;
     for (size_t i = 0; i < got.size(); i++)
@@ -549,27 +548,10 @@ static void moe_reference(const hmat &rt, const hmat &sgt, const hmat &g, const 
 
 static void poison(void *p, size_t bytes) { CK(cudaMemset(p, 0xff, bytes)); }
 
-/* The MoE block's knobs (cuda_backend.h): moe_router (0: router | shared_expert_gate in one GEMM; 1-3: the
- * router rows alone at 64/32/16-token tiles, the gate logit in the top-k kernel), moe_plan (1: the
- * multi-block plan, positions within an expert in token order), moe_y_bf16 (1: bf16 per-slot down outputs),
- * moe_hid_h16 (1: the routed SwiGLU GEMM writes fp16 per 64-column group, launch_gemm_regroup makes the
- * down GEMM's activations). All 0 and all 1 run under every kernel configuration, the others
- * under two (variant 0 at 16 tokens, variant 4 automatic). (0,1,0,0,0) must reproduce knobs 0's bits
- * (rows only change places within an expert); hid_h16 1 must give the same down-GEMM activations (fp16
- * values, row scales) except for fp16 subnormals (double rounding); bf16 outputs add their rounding
- * (2^-9 relative to |y| <= the magnitude) to the down and out bounds; fp16 hid its rounding (2^-11) to
- * the hid bound (the hid values are read back from the activations then). moe_shared_add (1: the shared
- * expert's down GEMM adds its gated output to h) leaves no shared per-slot output to check (out covers it). */
-struct moe_knobs {
-    int router, plan, y_bf16, hid_h16, shared_add;
-};
-static const moe_knobs k_moe_knobs[] = {{0, 0, 0, 0, 0}, {0, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 0, 0, 1, 0},
-                                        {0, 0, 0, 0, 1}, {1, 1, 1, 1, 1}, {1, 0, 0, 0, 0}, {2, 1, 1, 0, 1},
-                                        {3, 1, 0, 1, 0}};
-static bool moe_knobs_everywhere(const moe_knobs &m)
-{
-    return m.router == m.plan && m.plan == m.y_bf16 && m.y_bf16 == m.hid_h16 && m.hid_h16 == m.shared_add;
-}
+/* The MoE block's expert plan (g_cuda_tuning.moe_plan, cuda_backend.h): 0 = one block, 1 = the
+ * multi-block plan (positions within an expert in token order); both run under every kernel
+ * configuration, and plan 1 must reproduce plan 0's bits (rows only change places within an expert). */
+static const int k_moe_plans[] = {0, 1};
 
 static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
 {
@@ -634,30 +616,19 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
     c.h = dev_copy(h);
 
     moe_twin tw;
-    std::vector<float> twin_lg, first_out, v4_out[2]; /* variant 4 per tile, this knob set */
+    std::vector<float> twin_lg, first_out, v4_out[2]; /* variant 4 per tile, this plan */
     const std::vector<gemm_cfg> cfgs = cfg_list(true);
     const int n_cfgs = (int)cfgs.size();
-    std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* all knobs 0, per configuration */
-    /* and the down GEMM's routed activations in slot order: fp16 bits, group sums, row scales */
-    std::vector<std::vector<uint16_t>> base_hx(n_cfgs);
-    std::vector<std::vector<float>> base_hxs(n_cfgs), base_hsc(n_cfgs);
-    int ipos[16]; /* position of column c in a 16-column block of a gemm_act row */
-    for (int l = 0; l < 16; l++)
-        ipos[gemm_perm16(l)] = l;
-    for (const moe_knobs &mk : k_moe_knobs)
+    std::vector<std::vector<float>> base_out(n_cfgs), base_lg(n_cfgs); /* plan 0, per configuration */
+    const int keep_plan = g_cuda_tuning.moe_plan;
+    for (const int plan : k_moe_plans)
     for (int ci = 0; ci < n_cfgs; ci++) {
         const gemm_cfg &kc = cfgs[ci];
         if (ci == 0)
             v4_out[0].clear(), v4_out[1].clear();
-        if (!moe_knobs_everywhere(mk) && !((kc.variant == 0 && kc.tile == 16) || (kc.variant == 4 && kc.tile == 0)))
-            continue;
         set_cfg(kc, true);
-        g_cuda_tuning.moe_router = mk.router;
-        g_cuda_tuning.moe_plan = mk.plan;
-        g_cuda_tuning.moe_y_bf16 = mk.y_bf16;
-        g_cuda_tuning.moe_hid_h16 = mk.hid_h16;
-        g_cuda_tuning.moe_shared_add = mk.shared_add;
-        const bool base = mk.router == 0 && mk.plan == 0 && mk.y_bf16 == 0 && mk.hid_h16 == 0 && mk.shared_add == 0;
+        g_cuda_tuning.moe_plan = plan;
+        const bool base = plan == 0;
         const int T = gemm_grouped_tile((double)n * K / E);
         /* fresh input and poisoned outputs for every configuration */
         CK(cudaMemcpy(c.h, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -677,10 +648,8 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         lily_error err;
         memset(&err, 0, sizeof err);
         char what[200];
-        snprintf(what, sizeof what,
-                 "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d knobs r%d p%d y%d h%d s%d",
-                 kc.variant, T, bits, rbits, H, E, K, inter, n, mk.router, mk.plan, mk.y_bf16, mk.hid_h16,
-                 mk.shared_add);
+        snprintf(what, sizeof what, "moe v%d T%3d bits %2d router %2d hidden %4d E %3d top-%d inter %3d n %3d plan %d",
+                 kc.variant, T, bits, rbits, H, E, K, inter, n, plan);
         lily_status st = cuda_prefill_moe(&c, &L, n, &err);
         cudaError_t ce = cudaDeviceSynchronize();
         if (st != LILY_OK || ce != cudaSuccess) {
@@ -700,11 +669,6 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         std::vector<int> tst = host_copy(c.pf_tile_start, (size_t)n * K + E + 1);
         std::vector<float> ghid = host_copy(c.hid, (size_t)n * (K + 1) * inter);
         std::vector<float> gy = host_copy(c.pf_y, (size_t)n * (K + 1) * H);
-        if (mk.y_bf16) { /* routed rows: bf16 [n*K][H] at the start of pf_y; the shared expert's stay fp32 */
-            std::vector<uint16_t> yb = host_copy(reinterpret_cast<const uint16_t *>(c.pf_y), (size_t)n * K * H);
-            for (size_t i = 0; i < yb.size(); i++)
-                gy[i] = lily_bf16_to_f32(yb[i]);
-        }
         /* the twin depends on the logits only (top-k from the GPU's logits): recompute when they change */
         if (twin_lg.size() != lg.size() || memcmp(twin_lg.data(), lg.data(), lg.size() * sizeof(float)) != 0) {
             if (!twin_lg.empty())
@@ -714,12 +678,6 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
         }
         /* GPU per-slot intermediates in the twin's slot order */
         std::vector<float> hgot((size_t)n * (K + 1) * inter), ygot((size_t)n * (K + 1) * H);
-        /* the down GEMM's routed activations (pf_x rows = positions, inter columns) in slot order */
-        const size_t nki = (size_t)n * K * inter;
-        std::vector<uint16_t> gx = host_copy(reinterpret_cast<const uint16_t *>(c.pf_x), nki);
-        std::vector<float> gxs = host_copy(c.pf_xs, nki / 64), gsc = host_copy(c.pf_xscale, (size_t)n * K);
-        std::vector<uint16_t> hx(nki, 0xffff);
-        std::vector<float> hxs(nki / 64, NAN), hsc((size_t)n * K, NAN);
         int map_bad = 0, topk_bad = 0;
         for (int t = 0; t < n; t++) {
             for (int k = 0; k < K; k++)
@@ -736,22 +694,10 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
                     }
                 }
                 const size_t slot = (size_t)t * (K + 1) + k;
-                const size_t ks = (size_t)t * K + k; /* routed slot index */
-                if (k < K && grow >= 0) {
-                    memcpy(&hx[ks * inter], &gx[(size_t)grow * inter], inter * sizeof(uint16_t));
-                    memcpy(&hxs[ks * (inter / 64)], &gxs[(size_t)grow * (inter / 64)], inter / 64 * sizeof(float));
-                    hsc[ks] = gsc[grow];
-                }
-                for (int i = 0; i < inter; i++) {
-                    float hv = grow >= 0 ? ghid[(size_t)grow * inter + i] : NAN;
-                    if (mk.hid_h16 && k < K && grow >= 0) /* no fp32 hid: the activation times its row scale */
-                        hv = lily_f16_to_f32(gx[(size_t)grow * inter + (i & ~15) + ipos[i & 15]]) * gsc[grow];
-                    hgot[slot * inter + i] = hv;
-                }
-                for (int rr = 0; rr < H; rr++) /* moe_shared_add: no shared output stored, the twin's own */
-                    ygot[slot * H + rr] = k == K && mk.shared_add ? (float)tw.yw[slot * H + rr]
-                                          : grow >= 0                ? gy[(size_t)grow * H + rr]
-                                                                     : NAN;
+                for (int i = 0; i < inter; i++)
+                    hgot[slot * inter + i] = grow >= 0 ? ghid[(size_t)grow * inter + i] : NAN;
+                for (int rr = 0; rr < H; rr++)
+                    ygot[slot * H + rr] = grow >= 0 ? gy[(size_t)grow * H + rr] : NAN;
             }
         }
         char w2[400];
@@ -796,7 +742,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
             g_fail++;
             printf("FAIL %s: %d (token, slot) positions not mapped back to their token\n", what, map_bad);
         }
-        if (mk.plan == 1) { /* positions within an expert in token order */
+        if (plan == 1) { /* positions within an expert in token order */
             int unordered = 0;
             for (int e = 0; e < E; e++)
                 for (int p = off[e] + 1; p < off[e + 1] && p < n * K; p++)
@@ -809,62 +755,32 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
                 printf("PASS %s: positions in token order within every expert\n", what);
             }
         }
-        const double ybf = mk.y_bf16 ? 1.0 / 512 : 0.0; /* bf16 rounding of each per-slot output */
         snprintf(w2, sizeof w2, "%s hid (silu(gate)*up per slot)", what);
-        check(w2, hgot, tw.hw, tw.hmg, 1e-3 * cfg_rel(kc, bits) + (mk.hid_h16 ? 1.0 / 2048 : 0.0));
+        check(w2, hgot, tw.hw, tw.hmg, 1e-3 * cfg_rel(kc, bits));
         snprintf(w2, sizeof w2, "%s down per slot", what);
-        check(w2, ygot, tw.yw, tw.ymg, 3e-3 * cfg_rel(kc, bits) + ybf);
+        check(w2, ygot, tw.yw, tw.ymg, 3e-3 * cfg_rel(kc, bits));
         snprintf(w2, sizeof w2, "%s out (experts with 0/1/many rows: %d/%d/%d)", what, zero, one, many);
-        check(w2, got, tw.want, tw.mag, 3e-3 * cfg_rel(kc, bits) + ybf);
+        check(w2, got, tw.want, tw.mag, 3e-3 * cfg_rel(kc, bits));
         check_same_as_v4(what, kc, got, v4_out);
         if (base) {
             base_out[ci] = got;
             base_lg[ci] = lg;
-            base_hx[ci] = hx;
-            base_hxs[ci] = hxs;
-            base_hsc[ci] = hsc;
         } else if (!base_out[ci].empty()) {
-            if (mk.router == 0 && mk.hid_h16) { /* the same activations as the fp32 hid + pre-pass */
-                size_t xn = 0, xsub = 0, xsd = 0, scd = 0;
-                for (size_t i = 0; i < nki; i++)
-                    if (hx[i] != base_hx[ci][i]) {
-                        const bool sub = (hx[i] & 0x7c00) == 0 && (base_hx[ci][i] & 0x7c00) == 0;
-                        xsub += sub;
-                        xn += !sub;
-                    }
-                for (size_t i = 0; i < hxs.size(); i++)
-                    xsd += memcmp(&hxs[i], &base_hxs[ci][i], sizeof(float)) != 0;
-                for (size_t i = 0; i < hsc.size(); i++)
-                    scd += memcmp(&hsc[i], &base_hsc[ci][i], sizeof(float)) != 0;
-                g_checks++;
-                if (xn || scd) {
-                    g_fail++;
-                    printf("FAIL %s: down activations differ from knobs 0's: %zu normal fp16 values, %zu row "
-                           "scales (%zu subnormals, %zu group sums)\n", what, xn, scd, xsub, xsd);
-                } else {
-                    printf("PASS %s: down activations as knobs 0's: normal fp16 values and row scales "
-                           "identical (%zu subnormals, %zu of %zu group sums differ)\n", what, xsub, xsd, hxs.size());
-                }
-            }
             /* the expert logits: the same GEMM at another tile (bit-identical kernels) */
             size_t ldiff = 0;
             for (int t = 0; t < n; t++)
                 ldiff += memcmp(&lg[(size_t)t * (E + 1)], &base_lg[ci][(size_t)t * (E + 1)], E * sizeof(float)) != 0;
-            printf("note %s: expert logits of %zu of %d tokens differ from knobs 0's\n", what, ldiff, n);
-            if (mk.router == 0 && mk.plan == 1 && mk.y_bf16 == 0 && mk.hid_h16 == 0 && mk.shared_add == 0) {
-                /* only rows placed differently */
-                size_t diff = 0;
-                for (size_t i = 0; i < got.size(); i++)
-                    diff += memcmp(&got[i], &base_out[ci][i], sizeof(float)) != 0;
-                g_checks++;
-                if (diff) {
-                    g_fail++;
-                    printf("FAIL %s: out differs from knobs 0's in %zu of %zu values\n", what, diff, got.size());
-                } else {
-                    printf("PASS %s: out bit-identical to knobs 0's\n", what);
-                }
+            printf("note %s: expert logits of %zu of %d tokens differ from plan 0's\n", what, ldiff, n);
+            /* only rows placed differently */
+            size_t diff = 0;
+            for (size_t i = 0; i < got.size(); i++)
+                diff += memcmp(&got[i], &base_out[ci][i], sizeof(float)) != 0;
+            g_checks++;
+            if (diff) {
+                g_fail++;
+                printf("FAIL %s: out differs from plan 0's in %zu of %zu values\n", what, diff, got.size());
             } else {
-                note_same(what, got, base_out[ci]);
+                printf("PASS %s: out bit-identical to plan 0's\n", what);
             }
         }
         if (first_out.empty())
@@ -873,8 +789,7 @@ static void test_moe(int bits, int rbits, int H, int E, int K, int inter, int n)
             note_same(what, got, first_out);
     }
     reset_cfg();
-    g_cuda_tuning.moe_router = g_cuda_tuning.moe_plan = g_cuda_tuning.moe_y_bf16 = 0;
-    g_cuda_tuning.moe_hid_h16 = g_cuda_tuning.moe_shared_add = 0;
+    g_cuda_tuning.moe_plan = keep_plan;
 }
 
 int main(void)

@@ -108,14 +108,15 @@ typedef struct {
                              * (8 warps); 2: as 1 with 16 warps at 128 tokens (4/16-bit weights); 3: Hopper
                              * wgmma kernel for 4-bit weights at 64/128 tokens (sm_90a), else as 1; 4: as 3
                              * with one group's wgmmas in flight through the next barrier and loads (5 stages);
-                             * 5: as 4 with two A register sets (group k dequantized while group k - 1 runs);
-                             * 6: as 4 with one commit group per k16 slice (wait<3>); 7: 6 and 8: 5 with a lean
-                             * step (~25% fewer instructions per group); 9: 7 with the wgmma width of a
-                             * ragged tile trimmed to its live tokens (32/64/96); 10: 9 with the X tile of
-                             * dense launches and the routed down by TMA; 11: 10 with the other launches'
-                             * cp.async on mbarriers (no per-step proxy fence); 3-11 give the same bits.
-                             * Default 11 (H200, 4096-token prompt, one chunk: 41,546 tok/s; 40,695 with 10,
-                             * 40,161 with 9, 39,984 with 7, 38,984 with 4, 38,492-39,009 with 5/6/8) */
+                             * 7: as 4 with one commit group per k16 slice (wait<3>) and a lean step (~25%
+                             * fewer instructions per group); 9: 7 with the wgmma width of a ragged tile
+                             * trimmed to its live tokens (32/64/96); 10: 9 with the X tile of dense launches
+                             * and the routed down by TMA; 11: 10 with the other launches' cp.async on
+                             * mbarriers (no per-step proxy fence); 3-11 give the same bits; 5, 6, 8 and 12
+                             * and up run as 3. Default 11 (H200, 4096-token prompt, one chunk: 41,546
+                             * tok/s; 40,695 with 10, 40,161 with 9, 39,984 with 7, 38,984 with 4). Removed
+                             * after that measurement: 5 (4 with two A register sets: 39,009), 6 (7 without
+                             * the lean step: 38,492), 8 (5 with the lean step: 37,968) */
     int moe_tile;           /* grouped (MoE) tokens per tile: 0 auto (gemm_grouped_tile), or 16, 32, 64, 128 */
     int dense_tile;         /* dense projection tokens per block: 0 auto, or 16, 64, 128 */
     int att_prefill_fused_q; /* with att_prefill: 1 = the flash kernel norms + rotates q while staging it (the
@@ -136,21 +137,16 @@ typedef struct {
                              * registers; 0 = one block per row through shared memory; default 1 (H200, 4K
                              * prompt: 36,329 vs 34,542 tok/s) */
     /* prefill MoE block (forward_prefill.cu, moe_prefill.cu) */
-    int moe_router;         /* router GEMM: 0 = router and shared_expert_gate rows in one GEMM at the dense tile;
-                             * 1, 2, 3 = the router rows alone at 64, 32, 16-token tiles (more blocks), the
-                             * shared_expert_gate logit computed in the top-k kernel (a warp dot product) */
     int moe_plan;           /* expert plan: 0 = one block; 1 = two kernels of one block per 64 tokens (positions
                              * within an expert in token order, the same output); default 1 (H200, 4096-token
-                             * chunk: MoE 45.8 vs 46.9 ms) */
-    int moe_y_bf16;         /* routed down GEMM output per slot: 0 fp32; 1 bf16 (half the GEMM's stores and the
-                             * combine's reads; rounding 2^-9 relative per slot output) */
-    int moe_hid_h16;        /* routed SwiGLU output: 0 fp32 rows + the pre-pass; 1 fp16 at a scale per 64 columns
-                             * from the GEMM epilogue + a regroup pass (gemm_prep.cu): half the traffic, the same
-                             * fp16 activations as 0 (up to values ~2^-27 of the row max) */
-    int moe_shared_add;     /* shared expert's down output: 0 stored fp32, added by the combine; 1 added to h by its
-                             * GEMM (times the sigmoid gate, folded into the row scale): 66 MB less traffic */
+                             * chunk: MoE 45.8 vs 46.9 ms). The knobs moe_router (router rows alone, gate
+                             * logit in the top-k kernel), moe_y_bf16 (bf16 per-slot down outputs), moe_hid_h16
+                             * (fp16 SwiGLU output + regroup) and moe_shared_add (shared down added to h by
+                             * its GEMM) were removed after measuring slower (H200, 4096-token prompt, gemm_variant
+                             * 4: 39,110 tok/s with all 0; 38,965 / 38,235 with moe_router 1 / 2, 37,249
+                             * moe_y_bf16, 38,279 moe_hid_h16, 37,794 moe_shared_add) */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 11, 0, 0, 1, 1, 1, 0, 1, 1, 0, 1, 0, 0, 0}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 11, 0, 0, 1, 1, 1, 0, 1, 1, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

@@ -4,10 +4,7 @@
  *   prep(post-attention RMSNorm) -> GEMM(router | shared_expert_gate) -> top-k -> plan (histogram,
  *   offsets, scatter, tile map) -> grouped GEMM(gate, up; silu·up) -> GEMM(shared gate, up; silu·up)
  *   -> prep(hid) -> grouped GEMM(down) -> GEMM(shared down) -> combine (+= residual).
- * Knobs (cuda_backend.h): moe_router (the gate logit moves to the top-k kernel, the router GEMM's tile),
- * moe_plan (multi-block plan), moe_y_bf16 (per-slot down outputs in bf16; the shared expert's stay fp32),
- * moe_hid_h16 (routed SwiGLU output as fp16 per 64-column group, regrouped instead of the fp32 pre-pass),
- * moe_shared_add (the shared expert's down GEMM adds its gated output to h itself).
+ * Knob (cuda_backend.h): moe_plan (multi-block plan, the default; 0: one block).
  * Each stage is its own launch (per-stage events work). cuda_forward.cu picks this path per stage.
  */
 #include <string.h>
@@ -91,10 +88,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     const gemm_act xa = act_at(c, 0, H);
     LAUNCH(launch_gemm_prep(in, H, n, xa, s));
 
-    /* moe_router 0: router | shared_expert_gate in one GEMM; 1-3: the router rows alone at 64/32/16-token
-     * tiles (the 257th row would take a third block row), the gate logit in the top-k kernel */
-    const int rmode = g_cuda_tuning.moe_router;
-    const bool gate_in_topk = rmode >= 1 && rmode <= 3;
+    /* router | shared_expert_gate in one GEMM */
     gemm_args a;
     memset(&a, 0, sizeof a);
     a.m[0] = L->router;
@@ -104,29 +98,18 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.y_stride[0] = a.y_stride[1] = E + 1;
     a.row_start[1] = L->router.rows;
     a.row_start[2] = L->router.rows + L->shared_expert_gate.rows;
-    a.n_mats = gate_in_topk ? 1 : 2;
-    a.tile_tokens = rmode == 1 ? 64 : rmode == 2 ? 32 : rmode == 3 ? 16 : 0;
+    a.n_mats = 2;
     a.act = xa;
     a.epi = GEMM_EPI_STORE;
     LAUNCH(launch_gemm(a, n, s));
 
-    if (gate_in_topk)
-        LAUNCH(launch_moe_topk_gate(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, xa, L->shared_expert_gate, s));
-    else
-        LAUNCH(launch_moe_topk(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, s));
+    LAUNCH(launch_moe_topk(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, s));
     const int T = gemm_grouped_tile((double)nk / E);
     LAUNCH(launch_moe_plan(c->topk_idx, n, K, E, T, c->pf_offsets, c->pf_gather, c->pf_slot_pos, c->pf_tile_expert,
                            c->pf_tile_start, c->pf_n_tiles, g_cuda_tuning.moe_plan == 1 ? c->pf_plan_counts : NULL,
                            s));
 
-    /* routed gate/up: hid rows = expert-ordered positions [0, nk); moe_hid_h16: as fp16 at a scale per row
-     * and 64 columns (h16a: in c->hid, then the groups' exponents; launch_gemm_regroup makes ha of it) */
-    const bool h16 = g_cuda_tuning.moe_hid_h16 == 1 && inter % 64 == 0 && inter <= 1024;
-    gemm_act h16a;
-    h16a.x = reinterpret_cast<__half *>(c->hid);
-    h16a.xs = reinterpret_cast<float *>(h16a.x + nk * inter); /* 2·nk·inter + nk·inter/16 bytes <= nk·hs·4 */
-    h16a.scale = NULL;
-    h16a.cols = inter;
+    /* routed gate/up: hid rows = expert-ordered positions [0, nk) */
     memset(&a, 0, sizeof a);
     a.m[0] = L->ex_gate;
     a.m[1] = L->ex_up;
@@ -134,8 +117,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.y[0] = c->hid;
     a.y_stride[0] = hs;
     a.act = xa;
-    a.epi = h16 ? GEMM_EPI_SWIGLU_H16 : GEMM_EPI_SWIGLU;
-    a.out_act = h16a;
+    a.epi = GEMM_EPI_SWIGLU;
     grouped_by_expert(c, n, K, E, T, &a);
     a.gather = c->pf_gather;
     LAUNCH(launch_gemm(a, n, s));
@@ -157,10 +139,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     in.act = c->hid;
     in.act_stride = hs;
     const gemm_act ha = act_at(c, 0, inter);
-    if (h16)
-        LAUNCH(launch_gemm_regroup(h16a, ha, (int)nk, s));
-    else
-        LAUNCH(launch_gemm_prep(in, inter, (int)nk, ha, s));
+    LAUNCH(launch_gemm_prep(in, inter, (int)nk, ha, s));
     in.act = c->hid + nk * hs;
     gemm_act hsa;
     hsa.x = c->pf_x + nk * inter;
@@ -174,36 +153,26 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     a.m[0] = L->ex_down;
     a.n_mats = 1;
     a.row_start[1] = L->ex_down.rows;
-    const bool y_bf16 = g_cuda_tuning.moe_y_bf16 == 1 && H % 8 == 0; /* bf16 rows in the first half of pf_y */
     a.y[0] = c->pf_y;
     a.y_stride[0] = H;
     a.act = ha;
     a.act_rows = (int)nk; /* gemm_variant 10: X tiles by TMA */
-    a.epi = y_bf16 ? GEMM_EPI_STORE_BF16 : GEMM_EPI_STORE;
+    a.epi = GEMM_EPI_STORE;
     grouped_by_expert(c, n, K, E, T, &a);
     LAUNCH(launch_gemm(a, n, s));
 
-    /* shared down: rows nk + t of pf_y; moe_shared_add: h += sigmoid(gate logit) · (shared down), the
-     * combine adds the routed slots only */
-    const bool sh_add = g_cuda_tuning.moe_shared_add == 1;
+    /* shared down: rows nk + t of pf_y */
     memset(&a, 0, sizeof a);
     a.m[0] = L->sh_down;
     a.n_mats = 1;
     a.row_start[1] = L->sh_down.rows;
-    a.y[0] = sh_add ? c->h : c->pf_y + nk * H;
+    a.y[0] = c->pf_y + nk * H;
     a.y_stride[0] = H;
     a.act = hsa;
-    a.epi = sh_add ? GEMM_EPI_ADD : GEMM_EPI_STORE;
-    a.gate_logits = sh_add ? c->router + E : NULL;
-    a.gate_stride = E + 1;
+    a.epi = GEMM_EPI_STORE;
     LAUNCH(launch_gemm(a, n, s));
-    const float *ysh = sh_add ? NULL : c->pf_y + nk * H;
 
-    if (y_bf16)
-        LAUNCH(launch_moe_combine_bf16(c->h, H, n, K, c->topk_w, c->pf_slot_pos,
-                                       reinterpret_cast<const __nv_bfloat16 *>(c->pf_y), ysh, c->router,
-                                       E + 1, E, s));
-    else
-        LAUNCH(launch_moe_combine(c->h, H, n, K, c->topk_w, c->pf_slot_pos, c->pf_y, ysh, c->router, E + 1, E, s));
+    LAUNCH(launch_moe_combine(c->h, H, n, K, c->topk_w, c->pf_slot_pos, c->pf_y, c->pf_y + nk * H, c->router, E + 1,
+                              E, s));
     return LILY_OK;
 }

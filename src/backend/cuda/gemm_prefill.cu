@@ -172,7 +172,7 @@ template <int BITS, int NT, int EPI, bool GROUPED>
 static cudaError_t gemm_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
     typedef gemm_shape<BITS, NT> S;
-    static_assert(S::SMEM >= 65 * S::T * 4, "SWIGLU(_H16) epilogue needs 65 x T floats");
+    static_assert(S::SMEM >= 64 * S::T * 4, "SWIGLU epilogue needs 64 x T floats");
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
     cudaError_t e = cuda_smem_opt_in(gemm_kernel<BITS, NT, EPI, GROUPED>, S::SMEM, &smem_set);
@@ -190,12 +190,9 @@ static cudaError_t gemm_epi(const gemm_args &a, int n_tokens, bool grouped, cuda
     if (grouped) {
         if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_STORE_BF16) return gemm_go<BITS, NT, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU_H16) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
-    if constexpr (NT == 4) { /* dense: STORE only (the MoE router with moe_router 2) */
-        if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, false>(a, n_tokens, s);
+    if constexpr (NT == 4) { /* grouped-only tile width */
         return cudaErrorInvalidValue;
     } else {
         if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, false>(a, n_tokens, s);
@@ -253,32 +250,26 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
             return cudaErrorInvalidValue;
     if (gemm_swiglu(a.epi) && (a.n_mats != 2 || a.m[0].rows != a.m[1].rows))
         return cudaErrorInvalidValue;
-    if (a.epi == GEMM_EPI_SWIGLU_H16 && (!a.tile_expert || a.m[0].rows % 64 || a.out_act.cols != a.m[0].rows ||
-                                         !a.out_act.x || !a.out_act.xs))
-        return cudaErrorInvalidValue;
     const bool grouped = a.tile_expert != NULL;
-    if (grouped && a.gate_logits)
-        return cudaErrorInvalidValue;
     int T;
     if (grouped) {
-        if (a.epi == GEMM_EPI_ADD || ((a.epi == GEMM_EPI_STORE || a.epi == GEMM_EPI_STORE_BF16) && a.n_mats != 1) ||
+        if (a.epi == GEMM_EPI_ADD || (a.epi == GEMM_EPI_STORE && a.n_mats != 1) ||
             !a.tile_start || !a.n_tiles || !a.offsets || a.max_tiles <= 0)
             return cudaErrorInvalidValue;
         T = a.tile_tokens;
     } else {
-        if (n_tokens <= 0 || a.epi == GEMM_EPI_STORE_BF16)
+        if (n_tokens <= 0)
             return cudaErrorInvalidValue;
-        /* a.tile_tokens 16, 32 (STORE only), 64, 128 forces the dense tile (the MoE router), else automatic */
-        const int tt = a.tile_tokens;
-        T = tt == 16 || (tt == 32 && a.epi == GEMM_EPI_STORE) || tt == 64 || tt == 128 ? tt : gemm_dense_tile(n_tokens);
+        T = gemm_dense_tile(n_tokens);
     }
-    /* variants 3-11: the wgmma kernel (pipeline form 0-8; 12 and up: 0) for 4-bit weights at 64/128-token
-     * tiles on an sm_90a device; every other case (8-bit / bf16 weights, 16-token tiles, no sm_90a) runs
-     * as variant 1 */
+    /* variants 3, 4, 7, 9-11 (5, 6, 8 removed, and 12 and up: as 3): the wgmma kernel for 4-bit weights
+     * at 64/128-token tiles on an sm_90a device; every other case (8-bit / bf16 weights, 16-token tiles,
+     * no sm_90a) runs as variant 1 */
     int variant = g_cuda_tuning.gemm_variant;
     if (variant >= 3) {
+        const int wv = variant == 4 || variant == 7 || (variant >= 9 && variant <= 11) ? variant : 3;
         if (a.m[0].bits == 4 && (T == 64 || T == 128) && gemm_wgmma_available())
-            return launch_gemm_wgmma(a, n_tokens, grouped, T, variant <= 11 ? variant - 3 : 0, s);
+            return launch_gemm_wgmma(a, n_tokens, grouped, T, wv, s);
         variant = 1;
     }
     /* 128-token tiles exist only in the 2D-tiled kernel (16 warps with variant 2, else 8); 64 in both

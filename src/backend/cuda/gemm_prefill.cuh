@@ -37,27 +37,7 @@ enum gemm_epilogue {
     GEMM_EPI_STORE = 0,  /* y[row][r] = acc */
     GEMM_EPI_ADD = 1,    /* y[row][r] += acc */
     GEMM_EPI_SWIGLU = 2, /* y[row][r] = silu(gate·x) * (up·x): m[0] = gate, m[1] = up */
-    GEMM_EPI_STORE_BF16 = 3, /* grouped only: y (really __nv_bfloat16 *; y_stride in elements) = bf16(acc) */
-    GEMM_EPI_SWIGLU_H16 = 4, /* grouped only: SWIGLU into out_act as fp16 at a power-of-two scale per row and
-                              * 64-column group (the block's): x[row][64·blockIdx.x ..] in gemm_act column order,
-                              * xs[row][blockIdx.x] = the exponent ex (values · 2^-ex; GEMM_H16_EMPTY for an
-                              * all-zero group); launch_gemm_regroup turns this into gemm_act form */
 };
-
-/* xs value of an all-zero group in GEMM_EPI_SWIGLU_H16 output. */
-#define GEMM_H16_EMPTY (-1000)
-
-/* The exponent ex of the power of two 2^ex that brings a row max m > 0 into [2^13, 2^14) when dividing
- * by it (clamped to +-100; 0 for m > 3e38 or NaN): the pre-pass's scale (gemm_prep.cu). */
-__device__ __forceinline__ int gemm_prep_exponent(float m)
-{
-    int ex = 0;
-    if (m > 0.0f && m <= 3.0e38f) {
-        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
-        ex = max(-100, min(100, ex));
-    }
-    return ex;
-}
 
 /* Y[row][r] (=, +=, swiglu) Σ_c X[row][c] W[r][c] for up to 4 matrices (same bits and cols) whose rows
  * are concatenated (row_start), each writing its own y / y_stride. Dense: rows of X are tokens 0..n-1.
@@ -79,12 +59,8 @@ struct gemm_args {
     const int *offsets;       /* [n_experts + 1] */
     const int *gather;        /* [positions] X row of position p, or NULL */
     int max_tiles;            /* grid bound (host) */
-    int tile_tokens;          /* tokens per tile: 16, 32, 64 or 128 (grouped: must match the plan; dense: 0 =
-                               * automatic, else forced, 32 for STORE only) */
-    gemm_act out_act;         /* GEMM_EPI_SWIGLU_H16: x, xs, cols = m[0].rows (scale unused) */
-    const float *gate_logits; /* dense, or NULL: token t's results are also multiplied by
-                               * sigmoid(gate_logits[t · gate_stride]) (the MoE shared expert's gate) */
-    int gate_stride;
+    int tile_tokens;          /* grouped: tokens per tile, 16, 32, 64 or 128 (must match the plan); dense:
+                               * unused (gemm_dense_tile picks) */
     int act_rows;             /* grouped without a gather, or 0: rows of act.x that may be read (all positions);
                                * lets gemm_variant 10 load X tiles by TMA (zeros past it) */
 };
@@ -97,28 +73,20 @@ struct gemm_args {
  * error. */
 cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s);
 
-/* GEMM_EPI_SWIGLU_H16 output in (x fp16 at a scale per 64-column group, xs = the groups' exponents) ->
- * out in gemm_act form, the same bits as launch_gemm_prep of the fp32 values in plain mode (as long as
- * a value stays in fp16's normal range at the row's scale: below it, values ~2^-27 of the row max may
- * round twice). n_rows rows of in.cols = out.cols <= 1024 columns (a multiple of 64), one warp a row;
- * cudaErrorInvalidValue otherwise. in and out must not overlap. */
-cudaError_t launch_gemm_regroup(const gemm_act &in, const gemm_act &out, int n_rows, cudaStream_t s);
-
 /* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused). The kernel:
  * gemm_kernel (gemm_prefill.cu) for 16/32/64-token tiles, gemm2d_kernel (gemm_prefill_2d.cu) for
  * 128-token tiles (16 warps with g_cuda_tuning.gemm_variant 2, else 8) and, with gemm_variant >= 1, for
  * 64; same results either way. gemm_variant 3: gemm_wg_kernel (gemm_prefill_wgmma.cu, Hopper wgmma) for
  * 4-bit weights at 64/128 tokens on sm_90a (weights rounded to fp16: not bit-identical to the others),
- * else as variant 1; gemm_variant 4: the same kernel keeping one group's wgmmas in flight; 5: two A
- * register sets (group k dequantized while group k - 1 runs); 6: one commit group per k16 slice (three
- * wgmmas queued through each dequantization); 7: 6 with a lean step (a quarter fewer instructions per
- * group: the tile rows' X addresses in shared memory, a running stage slot, one LOP3 less per weight
- * pair); 8: 5 with the lean step; 9: 7 with the wgmma width of a ragged tile trimmed to its live
- * tokens (32 / 64 / 96: MoE tiles); 10: 9 with the X tile of a launch without a gather (dense, and
- * grouped with act_rows: the routed down) loaded by TMA (one 2D tensor copy per stage on an mbarrier, no
- * proxy fence per step; the others as 9); 11: 10, and the other launches (the gathered gate/up) with
- * cp.async completing on the stage's mbarrier instead of wait_group + fence.proxy.async (as CUTLASS's
- * cp.async GMMA mainloops); 3-11 give the same bits.
+ * else as variant 1; gemm_variant 4: the same kernel keeping one group's wgmmas in flight; 7: one commit
+ * group per k16 slice (three wgmmas queued through each dequantization) with a lean step (a quarter
+ * fewer instructions per group: the tile rows' X addresses in shared memory, a running stage slot, one
+ * LOP3 less per weight pair); 9: 7 with the wgmma width of a ragged tile trimmed to its live tokens
+ * (32 / 64 / 96: MoE tiles); 10: 9 with the X tile of a launch without a gather (dense, and grouped
+ * with act_rows: the routed down) loaded by TMA (one 2D tensor copy per stage on an mbarrier, no proxy
+ * fence per step; the others as 9); 11: 10, and the other launches (the gathered gate/up) with cp.async
+ * completing on the stage's mbarrier instead of wait_group + fence.proxy.async (as CUTLASS's cp.async
+ * GMMA mainloops); 3-11 give the same bits; 5, 6, 8 (removed) and 12 and up run as 3.
  * Dense tile: g_cuda_tuning.dense_tile or by n_tokens (gemm_dense_tile).
  * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
@@ -141,13 +109,6 @@ int gemm_grouped_tile(double avg_rows);
 cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n, int *idx, float *w,
                             cudaStream_t s);
 
-/* The same top-k, after computing the shared_expert_gate logit of each token into logits[t][E] (stride
- * >= E + 1) from the pre-pass rows x (gemm_act, n rows of gate.cols columns) and the one-row matrix gate
- * (4/8-bit MLX affine or bf16): the router GEMM then needs only the E expert rows (moe_router knob).
- * Same value as the GEMM's up to fp32 summation order. */
-cudaError_t launch_moe_topk_gate(float *logits, int stride, int E, int K, int n, int *idx, float *w,
-                                 const gemm_act &x, const dmat &gate, cudaStream_t s);
-
 /* Rows per expert, offsets (exclusive scan, [E+1]), positions in expert order: sorted token of position
  * p (gather) and the position of each (token, slot) (slot_pos [n*K]); the tile map for tiles of T
  * tokens (tile_expert, tile_start, *n_tiles). E <= 1024. counts NULL: one block (positions within an
@@ -159,17 +120,10 @@ cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *off
 /* Chunks of 64 tokens of the multi-block plan. */
 static inline int moe_plan_chunks(int n) { return (n + 63) / 64; }
 
-/* out[t][c] += Σ_k w[t][k] · y[slot_pos[t][k]][c] + sigmoid(logits[t][E]) · ysh[t][c] (ysh NULL: no shared
- * term, the shared expert's down GEMM added it already: moe_shared_add). */
+/* out[t][c] += Σ_k w[t][k] · y[slot_pos[t][k]][c] + sigmoid(logits[t][E]) · ysh[t][c]. */
 cudaError_t launch_moe_combine(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
                                const float *y, const float *ysh, const float *logits, int logit_stride, int E,
                                cudaStream_t s);
-
-/* The same with bf16 per-slot outputs y (the grouped down GEMM's GEMM_EPI_STORE_BF16); same sums in the
- * same order. hidden % 8 == 0. */
-cudaError_t launch_moe_combine_bf16(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
-                                    const __nv_bfloat16 *y, const float *ysh, const float *logits, int logit_stride,
-                                    int E, cudaStream_t s);
 
 /* Upper bound of the number of tiles of T tokens for n*K rows over E experts. */
 static inline int moe_max_tiles(int n, int K, int E, int T) { return (n * K + T - 1) / T + E; }

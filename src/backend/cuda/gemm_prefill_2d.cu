@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
     constexpr int T = S::T, TW = S::TW, NS = S::STAGES;
     static_assert(S::STAGE % 16 == 0, "stage alignment");
     static_assert(T * 8 % S::NTHR == 0 && T <= S::NTHR && 2 * GEMM_ROWS <= S::NTHR, "thread roles");
-    static_assert(S::SMEM >= (64 * S::G_STRIDE + T) * 4, "SWIGLU(_H16) epilogue needs 64 x (T + 4) + T floats");
+    static_assert(S::SMEM >= 64 * S::G_STRIDE * 4, "SWIGLU epilogue needs 64 x (T + 4) floats");
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int s_tok[T];
     __shared__ float s_scale[T];
@@ -233,17 +233,10 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
                             if (tok < count) {
                                 const float gv = s_g[rl * S::G_STRIDE + tok] * s_scale[tok];
                                 const float uv = acc[mt][nt][2 * h + j] * s_scale[tok];
-                                if (EPI == GEMM_EPI_SWIGLU_H16)
-                                    s_g[rl * S::G_STRIDE + tok] = silu_f(gv) * uv; /* read by this thread only */
-                                else
-                                    a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
+                                a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
                             }
                         }
                 }
-        }
-        if constexpr (EPI == GEMM_EPI_SWIGLU_H16) {
-            __syncthreads();
-            gemm_swiglu_h16_out<T, S::G_STRIDE, S::NTHR>(a, s_g, base, count);
         }
     } else {
 #pragma unroll
@@ -290,8 +283,6 @@ static cudaError_t gemm2d_epi(const gemm_args &a, int n_tokens, bool grouped, cu
     if (grouped) {
         if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, true>(a, n_tokens, s);
         if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_STORE_BF16) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE_BF16, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU_H16) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
     if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, false>(a, n_tokens, s);

@@ -20,18 +20,19 @@
  * or bits. */
 cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s);
 
-/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu) in pipeline form pipe = g_cuda_tuning.gemm_variant - 3
- * (0: wait per group; 1: one group's wgmmas in flight through the next barrier and loads; 2: two A
- * register sets, wait<1>; 3: one commit group per k16 slice, wait<3>; 4: 3 with the lean step, 5: 2
- * with it; 6: 4 with the tile's wgmma width trimmed to its live tokens; 7: 6 with the X tile of a launch
- * without a gather by TMA; 8: 7, the other launches' cp.async completing on mbarriers, no proxy fence) for 4-bit weights and T = 64 or 128 tokens per block; cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int pipe, cudaStream_t s);
+/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu) in the form of gemm_variant = variant (3: wait per
+ * group; 4: one group's wgmmas in flight through the next barrier and loads; 7: one commit group per k16
+ * slice, wait<3>, with the lean step; 9: 7 with the tile's wgmma width trimmed to its live tokens; 10: 9
+ * with the X tile of a launch without a gather by TMA; 11: 10, the other launches' cp.async completing
+ * on mbarriers, no proxy fence) for 4-bit weights and T = 64 or 128 tokens per block;
+ * cudaErrorInvalidValue otherwise (other variants included). Only when gemm_wgmma_available(). */
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int variant, cudaStream_t s);
 
 /* The grid of a prefill GEMM launch: x = blocks of GEMM_ROWS weight rows (SWIGLU: 64 gate rows and the
  * same up rows), y = tiles of T tokens (dense) or the tile map's bound a.max_tiles (grouped).
  * cudaErrorInvalidValue when the grid is empty or has more than 65535 tiles. */
-/* SWIGLU and SWIGLU_H16: a block owns 64 gate rows and the same up rows. */
-__host__ __device__ constexpr bool gemm_swiglu(int epi) { return epi == GEMM_EPI_SWIGLU || epi == GEMM_EPI_SWIGLU_H16; }
+/* SWIGLU: a block owns 64 gate rows and the same up rows. */
+__host__ __device__ constexpr bool gemm_swiglu(int epi) { return epi == GEMM_EPI_SWIGLU; }
 
 static inline cudaError_t gemm_grid(const gemm_args &a, int n_tokens, bool grouped, int T, int epi, dim3 *grid)
 {
@@ -151,8 +152,7 @@ __device__ __forceinline__ bool gemm_row(const gemm_args &a, int br, int &mi, in
 
 /* The block's tile of T token rows: dense = rows blockIdx.y·T.., grouped = tile blockIdx.y of the device
  * tile map (expert *e, positions *base.. of its group). Fills s_tok (X row of each tile row, 0 past the
- * end) and s_scale (its activation scale, times sigmoid of its gate logit with a.gate_logits; 0 past the
- * end); *count = live rows. Returns false for a
+ * end) and s_scale (its activation scale; 0 past the end); *count = live rows. Returns false for a
  * grouped tile past the device count (the whole block exits before any barrier). */
 template <int T, bool GROUPED>
 __device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens, int &e, int &base, int &count,
@@ -177,8 +177,6 @@ __device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens,
         if (tid < count) {
             row = a.gather ? a.gather[base + tid] : base + tid;
             sc = a.act.scale[row];
-            if (a.gate_logits) /* a power of two times the gate: the same product as (acc · scale) · gate */
-                sc *= sigmoid_f(a.gate_logits[(size_t)row * a.gate_stride]);
         }
         s_tok[tid] = row;
         s_scale[tid] = sc;
@@ -186,68 +184,22 @@ __device__ __forceinline__ bool gemm_tile_rows(const gemm_args &a, int n_tokens,
     return true;
 }
 
-/* One output element of the STORE / ADD / STORE_BF16 epilogues: y[i] (=, +=) v, or the bf16 array at y
- * gets element i = bf16(v) (round to nearest even). */
+/* One output element of the STORE / ADD epilogues: y[i] (=, +=) v. */
 template <int EPI> __device__ __forceinline__ void gemm_store(float *y, size_t i, float v)
 {
-    if constexpr (EPI == GEMM_EPI_STORE_BF16)
-        reinterpret_cast<__nv_bfloat16 *>(y)[i] = __float2bfloat16_rn(v);
-    else if constexpr (EPI == GEMM_EPI_ADD)
+    if constexpr (EPI == GEMM_EPI_ADD)
         y[i] += v;
     else
         y[i] = v;
 }
 
-/* The SWIGLU_H16 output of a block: s_v[r * S + tok] = the SwiGLU value of block row r (0..63, column
- * 64·blockIdx.x + r of out_act) and tile token tok, for tok < count (written and synchronized by the
- * caller); s_v + 64·S holds T more floats. Per token the max over the 64 values gives the exponent
- * (gemm_prep_exponent; xs[base + tok][blockIdx.x]); the values times 2^-ex go out as fp16 in gemm_act
- * order, one 16-byte chunk of 8 positions (columns 8c + {0, 4, 1, 5, 2, 6, 3, 7}) per thread and step,
- * exactly as gemm_prep.cu packs them. All NTHR threads call it (one barrier). */
-template <int T, int S, int NTHR>
-__device__ __forceinline__ void gemm_swiglu_h16_out(const gemm_args &a, float *s_v, int base, int count)
-{
-    float *s_inv = s_v + 64 * S;
-    const int tid = threadIdx.x, cols = a.out_act.cols;
-    if (tid < T) {
-        float inv = 1.0f;
-        if (tid < count) {
-            float m = 0.0f;
-#pragma unroll 8
-            for (int r = 0; r < 64; r++)
-                m = fmaxf(m, fabsf(s_v[r * S + tid]));
-            int ex = GEMM_H16_EMPTY;
-            if (m > 0.0f) {
-                ex = gemm_prep_exponent(m);
-                inv = __uint_as_float((unsigned int)(127 - ex) << 23);
-            }
-            a.out_act.xs[(size_t)(base + tid) * (cols / 64) + blockIdx.x] = (float)ex;
-        }
-        s_inv[tid] = inv;
-    }
-    __syncthreads();
-    for (int q = tid; q < 8 * T; q += NTHR) {
-        const int c = q / T, tok = q % T;
-        if (tok >= count)
-            continue;
-        const float inv = s_inv[tok];
-        uint32_t w[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            w[k] = h2_bits(__floats2half2_rn(s_v[(8 * c + k) * S + tok] * inv, s_v[(8 * c + k + 4) * S + tok] * inv));
-        *reinterpret_cast<uint4 *>(a.out_act.x + (size_t)(base + tok) * cols + blockIdx.x * 64 + 8 * c) =
-            make_uint4(w[0], w[1], w[2], w[3]);
-    }
-}
-
 /* Epilogue of a block whose warp w (0..7) holds rows 16w + g and 16w + g + 8 of the block's 128 rows x
  * T = 8·NT tokens as acc[nt][i] = (row 16w + g + 8·(i >> 1), token 8·nt + 2·tig + (i & 1)) — the
  * m16n8k16 accumulator layout, also that of a warpgroup's wgmma m64nN (gemm_kernel, gemm_wg_kernel).
- * Multiplies by the token's activation scale; STORE / ADD / STORE_BF16 write y[base + token][row] for tokens
- * < count (gemm_store);
+ * Multiplies by the token's activation scale; STORE / ADD write y[base + token][row] for tokens < count
+ * (gemm_store);
  * SWIGLU (warps 0-3 gate, 4-7 up) stages the gate values in s_g ([64][T] floats, the free pipeline
- * buffers) and needs a __syncthreads-safe call by all threads; SWIGLU_H16 puts the results back in s_g
- * and writes them by gemm_swiglu_h16_out (s_g needs 65·T floats). FRAG (SWIGLU only): s_g holds the gate
+ * buffers) and needs a __syncthreads-safe call by all threads. FRAG: s_g holds the gate
  * warps' fragments as they are (float4 (nt) of lane l of warp w at [(w·NT + nt)·32 + l]): warp w + 4
  * holds the up values of the same (row, token) pairs in the same places, so the exchange is one
  * conflict-free float4 store and load per n8 block instead of 8-way bank conflicts on [64][T]; same
@@ -309,17 +261,10 @@ __device__ __forceinline__ void gemm_epilogue_w16(const gemm_args &a, const floa
                         if (tok < count) {
                             const float gv = s_g[rl * T + tok] * s_scale[tok];
                             const float uv = acc[nt][2 * h + j] * s_scale[tok];
-                            if (EPI == GEMM_EPI_SWIGLU_H16)
-                                s_g[rl * T + tok] = silu_f(gv) * uv; /* only this thread reads the slot */
-                            else
-                                a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
+                            a.y[0][(size_t)(base + tok) * a.y_stride[0] + lr] = silu_f(gv) * uv;
                         }
                     }
             }
-        }
-        if constexpr (EPI == GEMM_EPI_SWIGLU_H16) {
-            __syncthreads();
-            gemm_swiglu_h16_out<T, T, GEMM_THREADS>(a, s_g, base, count);
         }
     } else {
 #pragma unroll

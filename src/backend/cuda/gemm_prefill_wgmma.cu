@@ -2,7 +2,7 @@
  * 3-11): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
  * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
  *
- * gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED> (XL: X by cp.async + fence / TMA / MB): 256
+ * gemm_wg_kernel<N, PIPE, TRIM, XL, EPI, GROUPED> (XL: X by cp.async + fence / TMA / MB): 256
  * threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64 gate rows + the same 64 up rows;
  * gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
  * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
@@ -29,22 +29,21 @@
  *     dequantization, so the tensor pipe keeps working through the barrier, the refill and the weight
  *     loads, but a warpgroup's queue is empty while it dequantizes (ncu, H200, 4096-token chunk: the
  *     tensor pipe busy 34-50% of the time, not DRAM- or L2-bound).
- *   PIPE 2 (gemm_variant 5): two A register sets; group k is dequantized into one while group k - 1's
- *     wgmmas (reading the other) run, and after issuing group k, wait<1> retires group k - 1. The loop
- *     runs two groups per trip (each set a fixed set of registers) and leaves it after either step
- *     (a path from a step back to the loop top would, for ptxas, rewrite A under its wgmmas: C7513).
- *   PIPE 3 (gemm_variant 6): one commit group per k16 slice; slice s of group k is dequantized into
+ *   PIPE 3 (gemm_variant 7): one commit group per k16 slice; slice s of group k is dequantized into
  *     A[s] as soon as slice s of group k - 1 has retired (wait<3>), so three wgmmas stay queued through
- *     each dequantization and through the barrier; the A registers are PIPE 1's.
- *   PIPE 2/3 also exchange the SWIGLU gate values as whole fragments (gemm_epilogue_w16 FRAG: one
- *     conflict-free float4 store/load per n8 block instead of 8-way bank conflicts); same results.
- *   LEAN (PIPE 3: gemm_variant 7, PIPE 2: 8): the step's instructions cut from 227 to 171 per thread
+ *     each dequantization and through the barrier; the A registers are PIPE 1's. It exchanges the
+ *     SWIGLU gate values as whole fragments (gemm_epilogue_w16 FRAG: one conflict-free float4
+ *     store/load per n8 block instead of 8-way bank conflicts); same results.
+ *   LEAN (every PIPE 3 form): the step's instructions cut from 227 to 171 per thread
  *     (SASS, N 128): ncu saw issue slots ~40% busy at ~2,400 cycles per step, i.e. ~235 instructions
  *     per warp and step, 4 warps per scheduler, so at full tensor rate (1,024 cycles per step for the
  *     SM's 4 warpgroups) issue would be ~90% busy. The tile rows' X addresses sit in shared memory
  *     (s_src: one LDS.64 + a 64-bit add per 16-byte chunk instead of a 64-bit multiply), the stage
  *     slot is a running counter (no k % 5), and the weight nibbles take one LOP3 ((x & m) | e).
- *   TRIM (LEAN PIPE 3: gemm_variant 9): a tile with count <= 32 / 64 / 96 live tokens runs the main
+ *   Removed after measurement (H200, 4096-token prompt, tok/s; 4: 38,984, 7: 39,984): PIPE 2 (two A
+ *     register sets, group k dequantized while group k - 1 runs, wait<1>: gemm_variant 5, 39,009; with
+ *     the lean step 8, 37,968) and PIPE 3 without the lean step (6, 38,492).
+ *   TRIM (PIPE 3: gemm_variant 9): a tile with count <= 32 / 64 / 96 live tokens runs the main
  *     loop with wgmma m64n32/64/96k16 and skips the cp.async of its dead token rows: a ragged MoE tile
  *     (each expert's last one) costs tensor work for its live tokens rounded up to 32, not 128.
  *   TMA (TRIM + the X tile of a launch without a gather: dense, and grouped with a.act_rows = the routed
@@ -61,8 +60,8 @@
  *     cp.async.wait_group + fence.proxy.async, as CUTLASS's cp.async GMMA mainloops do; the block
  *     barrier stays (scale/bias stores, slot reuse).
  * Every form issues the same wgmmas in the same order on the same A (TRIM: on the live columns): the
- * same bits (test_cuda_prefill_gemm checks variants 5-11 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
- * serialization, registers N 128: 119-121 (PIPE 0), 124-128 (the others); N 64: 80-83 (PIPE 0), 89-122.
+ * same bits (test_cuda_prefill_gemm checks variants 7, 9-11 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
+ * serialization, registers N 128: 119-121 (PIPE 0), 122-128 (the others); N 64: 80-83 (PIPE 0), 89-116.
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
  */
@@ -271,20 +270,21 @@ __device__ __forceinline__ void gemm_wq_slice(uint32_t (&A)[4], const gemm_wq &q
 }
 #endif
 
-template <int N, int PIPE, bool LEAN, bool TRIM, int XL, int EPI, bool GROUPED>
+template <int N, int PIPE, bool TRIM, int XL, int EPI, bool GROUPED>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     gemm_wg_kernel(gemm_args a, int n_tokens, const __grid_constant__ CUtensorMap xmap)
 {
     static_assert(XL == 0 || TRIM, "TMA, MB: on TRIM");
-    static_assert(!LEAN || PIPE >= 2, "LEAN: PIPE 2, 3");
-    static_assert(!TRIM || (LEAN && PIPE == 3), "TRIM: LEAN PIPE 3");
+    static_assert(PIPE == 0 || PIPE == 1 || PIPE == 3, "PIPE 0, 1, 3 (2 removed)");
+    static_assert(!TRIM || PIPE == 3, "TRIM: PIPE 3");
+    constexpr bool LEAN = PIPE == 3; /* the lean step */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef gemm_wg_shape<N, PIPE> S;
     constexpr bool TMA = XL == 1, MB = XL == 2; /* X by TMA / cp.async completing on an mbarrier */
     constexpr int NT = N / 8, NS = S::STAGES;
     constexpr int PF = PIPE ? NS - 2 : NS - 1; /* groups loaded ahead: a refill waits for its slot's wgmmas */
     static_assert(S::STAGE % 1024 == 0 && N * 8 % GEMM_THREADS == 0, "stage layout");
-    static_assert(S::SMEM - 1024 >= 65 * N * 4, "SWIGLU(_H16) epilogue needs 65 x N floats");
+    static_assert(S::SMEM - 1024 >= 64 * N * 4, "SWIGLU epilogue needs 64 x N floats");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ int s_tok[N];
     __shared__ float s_scale[N];
@@ -455,45 +455,6 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
         }
         if (PIPE)
             wg_wait<0>();
-    } else if constexpr (PIPE == 2) {
-        /* two A register sets: group k dequantizes into one while group k - 1's wgmmas (reading the
-         * other) run; after issuing group k, wait<1> retires group k - 1, whose set the next step
-         * rewrites. The loop runs two groups per trip so that each set is a fixed set of registers;
-         * wg_fence_regs keeps a set live until the wait that retires its wgmmas. */
-        uint32_t A0[4][4], A1[4][4];
-#pragma unroll
-        for (int s = 0; s < 4; s++)
-            A0[s][0] = A0[s][1] = A0[s][2] = A0[s][3] = A1[s][0] = A1[s][1] = A1[s][2] = A1[s][3] = 0u;
-        auto step = [&](int k, uint32_t (&A)[4][4], uint32_t (&Ap)[4][4]) {
-            front(k);
-            gemm_wq q;
-            gemm_wq_load(q, stage_w(k), r0);
-#pragma unroll
-            for (int s = 0; s < 4; s++)
-                gemm_wq_slice<LEAN>(A[s], q, s, sh);
-            const uint64_t desc = stage_desc(k);
-            wg_fence();
-#pragma unroll
-            for (int s = 0; s < 4; s++)
-                wgmma_n<N>(acc, A[s], desc + 2 * s);
-            wg_commit();
-            wg_wait<1>(); /* group k - 1 retired: Ap free */
-            wg_fence_regs(Ap);
-            advance();
-        };
-        /* each path out of a step whose wgmmas read A0 leaves the loop: a path back to the top would
-         * (for ptxas) rewrite A0 under them (C7513); n_groups >= 1 */
-        for (int k = 0;; k += 2) {
-            step(k, A0, A1);
-            if (k + 1 >= n_groups)
-                break;
-            step(k + 1, A1, A0);
-            if (k + 2 >= n_groups)
-                break;
-        }
-        wg_wait<0>();
-        wg_fence_regs(A0);
-        wg_fence_regs(A1);
     } else {
         /* PIPE 3: one commit group per k16 slice; slice s of group k is dequantized into A[s] as soon as
          * slice s of group k - 1 has retired (wait<3>: the three wgmmas issued after it may still run),
@@ -546,11 +507,11 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
             main_loop(std::integral_constant<int, N>());
         }
     }
-    if (PIPE >= 2)
+    if (PIPE == 3)
         wg_fence_regs(acc);
     cp_async_wait<0>();
     __syncthreads(); /* pipeline buffers free: the SWIGLU epilogue reuses them */
-    gemm_epilogue_w16<EPI, NT, (PIPE >= 2)>(a, acc, warp, g, tig, base, count, s_scale,
+    gemm_epilogue_w16<EPI, NT, (PIPE == 3)>(a, acc, warp, g, tig, base, count, s_scale,
                                             reinterpret_cast<float *>(smem));
 #else
     (void)a;
@@ -593,61 +554,53 @@ static bool gemm_x_map(const gemm_args &a, int rows, int T, CUtensorMap *map)
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int N, int PIPE, bool LEAN, bool TRIM, int XL, int EPI, bool GROUPED>
+template <int N, int PIPE, bool TRIM, int XL, int EPI, bool GROUPED>
 static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, const CUtensorMap &xmap, cudaStream_t s)
 {
     typedef gemm_wg_shape<N, PIPE> S;
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
-    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED>, S::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, TRIM, XL, EPI, GROUPED>, S::SMEM, &smem_set);
     if (e == cudaSuccess)
         e = gemm_grid(a, n_tokens, GROUPED, N, EPI, &grid);
     if (e != cudaSuccess)
         return e;
-    gemm_wg_kernel<N, PIPE, LEAN, TRIM, XL, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens, xmap);
+    gemm_wg_kernel<N, PIPE, TRIM, XL, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens, xmap);
     return cudaGetLastError();
 }
 
 /* XL 1 (TMA): launches without a gather whose X rows are known (launch_gemm_wgmma checks); when the map
  * cannot be made, or for an epilogue without a TMA instance, XF (0 or 2). XL 2: cp.async on mbarriers. */
-template <int N, int PIPE, bool LEAN, bool TRIM = false, int XL = 0, int XF = 0>
+template <int N, int PIPE, bool TRIM = false, int XL = 0, int XF = 0>
 static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
     CUtensorMap xmap;
     memset(&xmap, 0, sizeof xmap);
     if constexpr (XL == 1) {
         if (!gemm_x_map(a, grouped ? a.act_rows : n_tokens, N, &xmap))
-            return gemm_wg_epi<N, PIPE, LEAN, TRIM, XF>(a, n_tokens, grouped, s);
-        if (grouped) { /* the routed down GEMM (STORE, STORE_BF16) */
+            return gemm_wg_epi<N, PIPE, TRIM, XF>(a, n_tokens, grouped, s);
+        if (grouped) { /* the routed down GEMM (STORE) */
             if (a.epi == GEMM_EPI_STORE)
-                return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
-            if (a.epi == GEMM_EPI_STORE_BF16)
-                return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
-            return gemm_wg_epi<N, PIPE, LEAN, TRIM, XF>(a, n_tokens, grouped, s);
+                return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
+            return gemm_wg_epi<N, PIPE, TRIM, XF>(a, n_tokens, grouped, s);
         }
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
         if (a.epi == GEMM_EPI_SWIGLU)
-            return gemm_wg_go<N, PIPE, LEAN, TRIM, 1, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
+            return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
         return cudaErrorInvalidValue;
     } else {
         if (grouped) {
             if (a.epi == GEMM_EPI_STORE)
-                return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
+                return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
             if (a.epi == GEMM_EPI_SWIGLU)
-                return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_SWIGLU, true>(a, n_tokens, xmap, s);
-            if (a.epi == GEMM_EPI_STORE_BF16)
-                return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_STORE_BF16, true>(a, n_tokens, xmap, s);
-            /* SWIGLU_H16 with LEAN PIPE 2 (variant 8) spills at N 128: runs as LEAN PIPE 3 (variant 7, same bits) */
-            constexpr int PH = PIPE == 2 && LEAN ? 3 : PIPE;
-            if (a.epi == GEMM_EPI_SWIGLU_H16)
-                return gemm_wg_go<N, PH, LEAN, TRIM, XL, GEMM_EPI_SWIGLU_H16, true>(a, n_tokens, xmap, s);
+                return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_SWIGLU, true>(a, n_tokens, xmap, s);
             return cudaErrorInvalidValue;
         }
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
+        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
         if (a.epi == GEMM_EPI_SWIGLU)
-            return gemm_wg_go<N, PIPE, LEAN, TRIM, XL, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
+            return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
         return cudaErrorInvalidValue;
     }
 }
@@ -672,45 +625,40 @@ bool gemm_wgmma_available(void)
     return avail == 1;
 }
 
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int pipe, cudaStream_t s)
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int variant, cudaStream_t s)
 {
-    if (a.m[0].bits != 4 || pipe < 0 || pipe > 8 || (T != 64 && T != 128))
+    if (a.m[0].bits != 4 || (T != 64 && T != 128) ||
+        !(variant == 3 || variant == 4 || variant == 7 || (variant >= 9 && variant <= 11)))
         return cudaErrorInvalidValue;
-    /* pipe 7 (variant 10): TMA for the X tile of a launch without a gather whose X rows are known (dense:
-     * n_tokens; grouped: a.act_rows, the routed down GEMM); the others run as pipe 6 */
-    const bool tma = pipe >= 7 && !a.gather && (!grouped || a.act_rows > 0);
-    /* pipe 8 (variant 11): as 7, and every other launch's X (and weights) by cp.async completing on the
+    /* variant 10: TMA for the X tile of a launch without a gather whose X rows are known (dense:
+     * n_tokens; grouped: a.act_rows, the routed down GEMM); the others run as variant 9 */
+    const bool tma = variant >= 10 && !a.gather && (!grouped || a.act_rows > 0);
+    /* variant 11: as 10, and every other launch's X (and weights) by cp.async completing on the
      * stage's mbarrier (no proxy fence per step either) */
     if (T == 64) {
-        switch (pipe) {
-        case 0: return gemm_wg_epi<64, 0, false>(a, n_tokens, grouped, s);
-        case 1: return gemm_wg_epi<64, 1, false>(a, n_tokens, grouped, s);
-        case 2: return gemm_wg_epi<64, 2, false>(a, n_tokens, grouped, s);
-        case 3: return gemm_wg_epi<64, 3, false>(a, n_tokens, grouped, s);
-        case 4: return gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
-        case 5: return gemm_wg_epi<64, 2, true>(a, n_tokens, grouped, s);
-        case 6: return gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
-        case 7:
-            return tma ? gemm_wg_epi<64, 3, true, true, 1>(a, n_tokens, grouped, s)
-                       : gemm_wg_epi<64, 3, true, true>(a, n_tokens, grouped, s);
+        switch (variant) {
+        case 3: return gemm_wg_epi<64, 0>(a, n_tokens, grouped, s);
+        case 4: return gemm_wg_epi<64, 1>(a, n_tokens, grouped, s);
+        case 7: return gemm_wg_epi<64, 3>(a, n_tokens, grouped, s);
+        case 9: return gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
+        case 10:
+            return tma ? gemm_wg_epi<64, 3, true, 1>(a, n_tokens, grouped, s)
+                       : gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
         default:
-            return tma ? gemm_wg_epi<64, 3, true, true, 1, 2>(a, n_tokens, grouped, s)
-                       : gemm_wg_epi<64, 3, true, true, 2>(a, n_tokens, grouped, s);
+            return tma ? gemm_wg_epi<64, 3, true, 1, 2>(a, n_tokens, grouped, s)
+                       : gemm_wg_epi<64, 3, true, 2>(a, n_tokens, grouped, s);
         }
     }
-    switch (pipe) {
-    case 0: return gemm_wg_epi<128, 0, false>(a, n_tokens, grouped, s);
-    case 1: return gemm_wg_epi<128, 1, false>(a, n_tokens, grouped, s);
-    case 2: return gemm_wg_epi<128, 2, false>(a, n_tokens, grouped, s);
-    case 3: return gemm_wg_epi<128, 3, false>(a, n_tokens, grouped, s);
-    case 4: return gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
-    case 5: return gemm_wg_epi<128, 2, true>(a, n_tokens, grouped, s);
-    case 6: return gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
-    case 7:
-        return tma ? gemm_wg_epi<128, 3, true, true, 1>(a, n_tokens, grouped, s)
-                   : gemm_wg_epi<128, 3, true, true>(a, n_tokens, grouped, s);
+    switch (variant) {
+    case 3: return gemm_wg_epi<128, 0>(a, n_tokens, grouped, s);
+    case 4: return gemm_wg_epi<128, 1>(a, n_tokens, grouped, s);
+    case 7: return gemm_wg_epi<128, 3>(a, n_tokens, grouped, s);
+    case 9: return gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
+    case 10:
+        return tma ? gemm_wg_epi<128, 3, true, 1>(a, n_tokens, grouped, s)
+                   : gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
     default:
-        return tma ? gemm_wg_epi<128, 3, true, true, 1, 2>(a, n_tokens, grouped, s)
-                   : gemm_wg_epi<128, 3, true, true, 2>(a, n_tokens, grouped, s);
+        return tma ? gemm_wg_epi<128, 3, true, 1, 2>(a, n_tokens, grouped, s)
+                   : gemm_wg_epi<128, 3, true, 2>(a, n_tokens, grouped, s);
     }
 }

@@ -26,7 +26,11 @@
  * x before rounding, the return value multiplies the GEMM result back. */
 __device__ __forceinline__ float prep_scale(float m, float *inv)
 {
-    const int ex = gemm_prep_exponent(m);
+    int ex = 0;
+    if (m > 0.0f && m <= 3.0e38f) {
+        ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127 - 13;
+        ex = max(-100, min(100, ex));
+    }
     *inv = __uint_as_float((unsigned int)(127 - ex) << 23);
     return __uint_as_float((unsigned int)(127 + ex) << 23);
 }
@@ -282,68 +286,4 @@ cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const g
     case GEMV_IN_GATED: return launch_prep_rows<GEMV_IN_GATED>(in, cols, n_rows, out, wpr, s);
     default: return cudaErrorInvalidValue;
     }
-}
-
-/* ---- regroup: GEMM_EPI_SWIGLU_H16 output -> gemm_act ---------------------------------------------------
- * One warp per row, lane l owns the 8-column chunks l + 32 i (i < 4) as in gemm_prep_rows_kernel with one
- * warp per row: the row exponent is the max of the groups' (GEMM_H16_EMPTY ignored; none: 0), each chunk
- * is multiplied by 2^(ex_group - ex_row) (exact while the result stays normal in fp16: then it is the
- * rounding of the fp32 value at the row's scale, the pre-pass's result) and rounded to fp16, and the group
- * sums add the same fp16 pairs in the same order as gemm_prep_rows_kernel. */
-__global__ void __launch_bounds__(GEMM_PREP_THREADS) gemm_regroup_kernel(gemm_act in, gemm_act out, int n_rows)
-{
-    const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x * (GEMM_PREP_THREADS / 32) + (threadIdx.x >> 5);
-    if (t >= n_rows) /* warp-uniform; no block barriers */
-        return;
-    const int cols = in.cols, cpw = cols / 8, gpr = cols / 64;
-    int exg[PREP_MAX_CHUNKS];
-    int ex = GEMM_H16_EMPTY;
-#pragma unroll
-    for (int i = 0; i < PREP_MAX_CHUNKS; i++) {
-        const int j = lane + 32 * i;
-        exg[i] = j < cpw ? (int)in.xs[(int64_t)t * gpr + j / 8] : GEMM_H16_EMPTY;
-        ex = max(ex, exg[i]);
-    }
-    ex = __reduce_max_sync(0xffffffffu, ex);
-    if (ex == GEMM_H16_EMPTY)
-        ex = 0;
-    const __half *xi = in.x + (int64_t)t * cols;
-    __half *xo = out.x + (int64_t)t * cols;
-#pragma unroll
-    for (int i = 0; i < PREP_MAX_CHUNKS; i++) {
-        const int j = lane + 32 * i;
-        const bool ok = j < cpw;
-        const uint4 v = ok ? *reinterpret_cast<const uint4 *>(xi + j * 8) : make_uint4(0u, 0u, 0u, 0u);
-        const int d = exg[i] == GEMM_H16_EMPTY ? 0 : exg[i] - ex; /* <= 0 */
-        const float f = d >= -126 ? __uint_as_float((unsigned int)(127 + d) << 23) : 0.0f;
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-        uint32_t w[4];
-        float gs = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 x2 = __half22float2(*reinterpret_cast<const __half2 *>(&u[k]));
-            const __half2 h = __floats2half2_rn(x2.x * f, x2.y * f);
-            w[k] = *reinterpret_cast<const uint32_t *>(&h);
-            gs += __low2float(h) + __high2float(h);
-        }
-        if (ok)
-            *reinterpret_cast<uint4 *>(xo + j * 8) = make_uint4(w[0], w[1], w[2], w[3]);
-        gs += __shfl_xor_sync(0xffffffffu, gs, 1);
-        gs += __shfl_xor_sync(0xffffffffu, gs, 2);
-        gs += __shfl_xor_sync(0xffffffffu, gs, 4);
-        if (ok && (lane & 7) == 0)
-            out.xs[(int64_t)t * gpr + j / 8] = gs;
-    }
-    if (lane == 0)
-        out.scale[t] = __uint_as_float((unsigned int)(127 + ex) << 23);
-}
-
-cudaError_t launch_gemm_regroup(const gemm_act &in, const gemm_act &out, int n_rows, cudaStream_t s)
-{
-    if (in.cols % 64 || in.cols <= 0 || in.cols > 32 * PREP_MAX_CHUNKS * 8 || out.cols != in.cols || n_rows <= 0)
-        return cudaErrorInvalidValue;
-    constexpr int rpb = GEMM_PREP_THREADS / 32;
-    gemm_regroup_kernel<<<(n_rows + rpb - 1) / rpb, GEMM_PREP_THREADS, 0, s>>>(in, out, n_rows);
-    return cudaGetLastError();
 }

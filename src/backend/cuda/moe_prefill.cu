@@ -9,13 +9,9 @@
  *   moe_plan_kernel:    1 block of 1024 threads (shared-memory histogram and Hillis-Steele scans; each
  *                       thread's reads of idx are issued 8 at a time before their atomics)
  *   moe_combine_kernel: grid n, 256 threads, float4 over the hidden dim
- * and the variants behind knobs (cuda_backend.h):
- *   moe_topk_gate_kernel (moe_router >= 1): moe_topk_kernel that first computes the 1-row
- *                       shared_expert_gate logit (a warp dot product over the pre-pass row), so the
- *                       router GEMM has the E expert rows alone
- *   moe_plan_count_kernel + moe_plan_place_kernel (moe_plan 1): the plan over chunks of 64 tokens, one
- *                       block each (256 threads), positions within an expert in token order
- *   moe_combine_bf16_kernel (moe_y_bf16 1): the combine over bf16 per-slot outputs, 8 columns a thread
+ * and the variant behind a knob (cuda_backend.h):
+ *   moe_plan_count_kernel + moe_plan_place_kernel (moe_plan 1, the default): the plan over chunks of 64
+ *                       tokens, one block each (256 threads), positions within an expert in token order
  */
 #include "gemm_prefill.cuh"
 #include "moe_topk.cuh"
@@ -44,85 +40,6 @@ cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n
         return cudaErrorInvalidValue;
     constexpr int per_block = MOE_TOPK_THREADS / 32;
     moe_topk_kernel<<<(n + per_block - 1) / per_block, MOE_TOPK_THREADS, 0, s>>>(logits, stride, E, K, n, idx, w);
-    return cudaGetLastError();
-}
-
-/* Columns 8c .. 8c + 7 of a one-row matrix: the integers q (4/8-bit MLX affine, w = s·q + b per 64-column
- * group) or the bf16 weights themselves, in column order (one 4/8/16-byte load). */
-__device__ __forceinline__ void gate_q8(const dmat &m, int c, float (&q)[8])
-{
-    if (m.bits == 16) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4 *>(m.data) + c);
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            q[2 * j] = __uint_as_float(u[j] << 16);
-            q[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
-        }
-    } else if (m.bits == 8) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(m.data) + c);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            q[j] = (float)((v.x >> (8 * j)) & 0xffu);
-            q[j + 4] = (float)((v.y >> (8 * j)) & 0xffu);
-        }
-    } else {
-        const uint32_t v = __ldg(reinterpret_cast<const uint32_t *>(m.data) + c);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            q[j] = (float)((v >> (4 * j)) & 0xfu);
-    }
-}
-
-/* moe_topk_kernel plus the shared_expert_gate logit of the warp's token, written to logits[t][E]
- * first: Σ_c w[c]·x[c] over the pre-pass row x (fp16, columns permuted per 16; gemm_act), times the
- * row's scale. Lane l takes 64-column groups l, l + 32, ..; per group Σ s·q·x + b·Σx (Σx = the
- * pre-pass's group sum, as the GEMM folds it), bf16 weights Σ w·x; then a warp sum. */
-__global__ void __launch_bounds__(MOE_TOPK_THREADS)
-moe_topk_gate_kernel(float *logits, int stride, int E, int K, int n, int *idx, float *w, gemm_act x, dmat gate)
-{
-    const int t = blockIdx.x * (MOE_TOPK_THREADS / 32) + (threadIdx.x >> 5);
-    if (t >= n)
-        return;
-    const int lane = threadIdx.x & 31, n_groups = x.cols / 64;
-    float acc = 0.0f;
-    for (int gi = lane; gi < n_groups; gi += 32) {
-        const __half *xr = x.x + (size_t)t * x.cols + gi * 64;
-        float sqx = 0.0f;
-        for (int c8 = 0; c8 < 8; c8++) {
-            /* chunk positions 2j, 2j + 1 hold columns j, j + 4 of the chunk (gemm_perm16) */
-            const uint4 v = *reinterpret_cast<const uint4 *>(xr + c8 * 8);
-            const __half2 *h2 = reinterpret_cast<const __half2 *>(&v);
-            float q[8];
-            gate_q8(gate, gi * 8 + c8, q);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 xv = __half22float2(h2[j]);
-                sqx = fmaf(q[j], xv.x, sqx);
-                sqx = fmaf(q[j + 4], xv.y, sqx);
-            }
-        }
-        if (gate.bits == 16)
-            acc += sqx;
-        else
-            acc = fmaf(bf2f(gate.scales[gi]), sqx, fmaf(bf2f(gate.biases[gi]), x.xs[(size_t)t * n_groups + gi], acc));
-    }
-    acc = warp_sum(acc);
-    if (lane == 0)
-        logits[(size_t)t * stride + E] = acc * x.scale[t];
-    moe_topk_warp(logits + (size_t)t * stride, E, K, idx + (size_t)t * K, w + (size_t)t * K);
-}
-
-cudaError_t launch_moe_topk_gate(float *logits, int stride, int E, int K, int n, int *idx, float *w,
-                                 const gemm_act &x, const dmat &gate, cudaStream_t s)
-{
-    if (E < 1 || E > MOE_PF_MAX_E || K < 1 || K > MOE_PF_MAX_K || K > E || n < 1 || stride < E + 1 ||
-        x.cols % 64 || x.cols <= 0 || gate.cols != x.cols || gate.rows != 1 || !gate.data ||
-        (gate.bits != 4 && gate.bits != 8 && gate.bits != 16) || (gate.bits != 16 && (!gate.scales || !gate.biases)))
-        return cudaErrorInvalidValue;
-    constexpr int per_block = MOE_TOPK_THREADS / 32;
-    moe_topk_gate_kernel<<<(n + per_block - 1) / per_block, MOE_TOPK_THREADS, 0, s>>>(logits, stride, E, K, n, idx,
-                                                                                     w, x, gate);
     return cudaGetLastError();
 }
 
@@ -354,10 +271,10 @@ moe_combine_kernel(float *out, int hidden, int K, const float *w, const int *slo
         s_w[threadIdx.x] = w[(size_t)t * K + threadIdx.x];
     }
     __syncthreads();
-    const float sg = ysh ? sigmoid_f(logits[(size_t)t * logit_stride + E]) : 0.0f;
+    const float sg = sigmoid_f(logits[(size_t)t * logit_stride + E]);
     const int h4 = hidden / 4;
     float4 *o = reinterpret_cast<float4 *>(out + (size_t)t * hidden);
-    const float4 *sh = ysh ? reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden) : NULL;
+    const float4 *sh = reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden);
     for (int c = threadIdx.x; c < h4; c += blockDim.x) {
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int k = 0; k < K; k++) {
@@ -367,13 +284,11 @@ moe_combine_kernel(float *out, int hidden, int K, const float *w, const int *slo
             acc.z = fmaf(s_w[k], v.z, acc.z);
             acc.w = fmaf(s_w[k], v.w, acc.w);
         }
-        if (sh) {
-            const float4 v = sh[c];
-            acc.x = fmaf(sg, v.x, acc.x);
-            acc.y = fmaf(sg, v.y, acc.y);
-            acc.z = fmaf(sg, v.z, acc.z);
-            acc.w = fmaf(sg, v.w, acc.w);
-        }
+        const float4 v = sh[c];
+        acc.x = fmaf(sg, v.x, acc.x);
+        acc.y = fmaf(sg, v.y, acc.y);
+        acc.z = fmaf(sg, v.z, acc.z);
+        acc.w = fmaf(sg, v.w, acc.w);
         float4 r = o[c];
         r.x += acc.x;
         r.y += acc.y;
@@ -390,58 +305,5 @@ cudaError_t launch_moe_combine(float *out, int hidden, int n, int K, const float
     if (hidden % 4 || K < 1 || K > MOE_PF_MAX_K || n < 1)
         return cudaErrorInvalidValue;
     moe_combine_kernel<<<n, 256, 0, s>>>(out, hidden, K, w, slot_pos, y, ysh, logits, logit_stride, E);
-    return cudaGetLastError();
-}
-
-/* moe_combine_kernel over bf16 per-slot outputs (g_cuda_tuning.moe_y_bf16; the grouped down GEMM's
- * GEMM_EPI_STORE_BF16): 8 columns (16 bytes of each slot's row) per thread and step, the same fp32 sums
- * in the same order (slots in order, then the shared expert, then the residual). */
-__global__ void __launch_bounds__(256)
-moe_combine_bf16_kernel(float *out, int hidden, int K, const float *w, const int *slot_pos, const __nv_bfloat16 *y,
-                        const float *ysh, const float *logits, int logit_stride, int E)
-{
-    __shared__ int s_pos[MOE_PF_MAX_K];
-    __shared__ float s_w[MOE_PF_MAX_K];
-    const int t = blockIdx.x;
-    if (threadIdx.x < K) {
-        s_pos[threadIdx.x] = slot_pos[(size_t)t * K + threadIdx.x];
-        s_w[threadIdx.x] = w[(size_t)t * K + threadIdx.x];
-    }
-    __syncthreads();
-    const float sg = ysh ? sigmoid_f(logits[(size_t)t * logit_stride + E]) : 0.0f;
-    const int h8 = hidden / 8;
-    float4 *o = reinterpret_cast<float4 *>(out + (size_t)t * hidden);
-    const float4 *sh = ysh ? reinterpret_cast<const float4 *>(ysh + (size_t)t * hidden) : NULL;
-    for (int c = threadIdx.x; c < h8; c += blockDim.x) {
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k = 0; k < K; k++) {
-            const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(y + (size_t)s_pos[k] * hidden) + c);
-            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                acc[2 * j] = fmaf(s_w[k], __uint_as_float(u[j] << 16), acc[2 * j]);
-                acc[2 * j + 1] = fmaf(s_w[k], __uint_as_float(u[j] & 0xffff0000u), acc[2 * j + 1]);
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float4 v = sh ? sh[2 * c + h] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            float4 r = o[2 * c + h];
-            r.x += fmaf(sg, v.x, acc[4 * h]);
-            r.y += fmaf(sg, v.y, acc[4 * h + 1]);
-            r.z += fmaf(sg, v.z, acc[4 * h + 2]);
-            r.w += fmaf(sg, v.w, acc[4 * h + 3]);
-            o[2 * c + h] = r;
-        }
-    }
-}
-
-cudaError_t launch_moe_combine_bf16(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
-                                    const __nv_bfloat16 *y, const float *ysh, const float *logits, int logit_stride,
-                                    int E, cudaStream_t s)
-{
-    if (hidden % 8 || K < 1 || K > MOE_PF_MAX_K || n < 1)
-        return cudaErrorInvalidValue;
-    moe_combine_bf16_kernel<<<n, 256, 0, s>>>(out, hidden, K, w, slot_pos, y, ysh, logits, logit_stride, E);
     return cudaGetLastError();
 }
