@@ -14,9 +14,12 @@
  *     summation order): how strongly this random model amplifies rounding by itself;
  *   - --cpu-f16: the CPU backend with every matmul input rounded to fp16 (what the CUDA GEMV/GEMM kernels
  *     feed the tensor cores; lily_backend_options.cpu_matmul_inputs_f16) against the exact one: the
- *     part of the CUDA-vs-CPU difference that operand precision alone explains.
+ *     part of the CUDA-vs-CPU difference that operand precision alone explains;
+ *   - --exact: the CUDA backend in its exact mode (lily_backend_options.exact: fp32 KV cache, fp32 kernels
+ *     only, whatever the knobs say): what is left is summation order (expected mean KL ~1e-9 .. 1e-6).
  *
- * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--knobs SPEC]...
+ * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
+ *                            [--knobs SPEC]...
  * The CPU forward runs on all cores of the machine (the GPU machine's CPUs).
  */
 #include <math.h>
@@ -182,7 +185,7 @@ static void compare_logits(const char *label, const float *ref, const float *got
 int main(int argc, char **argv)
 {
     const char *preset = "35b", *knobs[MAX_KNOBS];
-    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, n_knobs = 0;
+    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0, n_knobs = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -190,8 +193,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--cpu-chunked")) cpu_chunked = 1;
         else if (!strcmp(argv[i], "--cpu-f16")) cpu_f16 = 1;
+        else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--knobs") && i + 1 < argc && n_knobs < MAX_KNOBS) knobs[n_knobs++] = argv[++i];
-        else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--knobs SPEC]...", argv[0]);
+        else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact] "
+                 "[--knobs SPEC]...", argv[0]);
     }
     if (n < 1 || n > 8192)
         DIE("-n must be in [1, 8192]");
@@ -265,6 +270,7 @@ int main(int argc, char **argv)
     lily_backend_options go;
     memset(&go, 0, sizeof go);
     go.max_chunk = n;
+    go.exact = exact;
     if (layers) {
         go.debug_hook = probe_hook;
         go.debug_user = probe;
@@ -279,7 +285,8 @@ int main(int argc, char **argv)
         cuda_knobs_parse(knobs[k], &t);
         lily_cuda_set_tuning(&t);
         char label[512];
-        int len = snprintf(label, sizeof label, "CUDA prefill (one call of %d tokens) vs CPU, knobs '%s'", n, knobs[k]);
+        int len = snprintf(label, sizeof label, "CUDA%s prefill (one call of %d tokens) vs CPU, knobs '%s'",
+                           exact ? " exact" : "", n, knobs[k]);
         (void)len;
         be.ops->state_reset(be.ctx, st);
         probe_clear(probe);
@@ -297,7 +304,8 @@ int main(int argc, char **argv)
                 if (be.ops->forward(be.ctx, st, toks + i, 1, LILY_LOGITS_LAST, lc + (size_t)i * V, &err) != LILY_OK)
                     DIE("cuda decode: %s", err.message);
             }
-            snprintf(label, sizeof label, "CUDA decode (%d calls of 1 token) vs CPU, knobs '%s'", n, knobs[k]);
+            snprintf(label, sizeof label, "CUDA%s decode (%d calls of 1 token) vs CPU, knobs '%s'", exact ? " exact" : "",
+                     n, knobs[k]);
             compare_logits(label, lr, lc, n, V);
             if (layers)
                 probe_print(probe, cfg);

@@ -43,6 +43,13 @@ typedef struct {
     /* CPU backend only, a precision study: round every matmul input to fp16 first, as the CUDA kernels
      * feed the tensor cores (bench_cuda_accuracy --cpu-f16). Default false (exact fp32). */
     bool cpu_matmul_inputs_f16;
+    /* Precision: false (default) = each backend's fast kernels; true = exact fp32 everywhere, the reference
+     * mode. The CPU backend is always exact and ignores it. The CUDA backend then keeps the KV cache in fp32
+     * (twice the bytes of its bf16 default) and runs every stage on its fp32 SIMT kernels: GEMVs instead of
+     * tensor-core GEMMs for every projection, the MoE block and the LM head, SIMT attention for decode and
+     * prefill, the recurrent Gated DeltaNet prefill (no tf32 chunked form). Slower (no tensor cores), and
+     * agrees with the CPU backend to fp32 rounding (summation order only). */
+    bool exact;
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_backend_options;

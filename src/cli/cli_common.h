@@ -31,10 +31,16 @@ const char *cli_default_model(const char *cmd, bool *is_test_model);
  * neither (the caller exits with status 2, a usage error); 0 when known. */
 int cli_check_backend(const char *cmd, const char *name);
 
+/* A --precision value: "fast" (false, the default: the backend's fast kernels) or "exact" (true: fp32
+ * everywhere, lily_backend_options.exact; the cpu backend is always exact) into *exact. Prints
+ * "lily CMD: --precision expects fast or exact, got "V"" on stderr and returns -1 otherwise; 0 on success. */
+int cli_parse_precision(const char *cmd, const char *value, bool *exact);
+
 /* Options shared by the generating commands. */
 typedef struct {
     const char *model_dir;     /* -m; NULL = cli_default_model */
     const char *backend;       /* --backend cpu|cuda */
+    bool exact;                /* --precision exact (lily_backend_options.exact); default fast */
     int n_threads;             /* --threads (0 = all cores) */
     int prefill_chunk;         /* --prefill-chunk (0 = engine default) */
     int ctx_size;              /* --ctx-size (0 = the model's, capped at 32768) */

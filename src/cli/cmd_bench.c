@@ -2,7 +2,8 @@
  * spirit of llama.cpp's llama-bench, with each row's fraction of the hardware limit (DESIGN.md §6).
  *
  *   lily bench (-m DIR | --synthetic NAME|CONFIG) [-p 256,512,...] [-n 128] [-d 0,4096,...] [-r 3]
- *              [--backend cpu|cuda] [-o md|json|csv] [--plot FILE.png] [--threads N] [--ctx-size N]
+ *              [--backend cpu|cuda] [--precision fast|exact] [-o md|json|csv] [--plot FILE.png] [--threads N]
+ *              [--ctx-size N]
  *   lily bench --membw [--backend cpu|cuda] [--threads N]
  *
  * Prefill row "pp<P>": a fresh state each repetition, P random token ids appended (chunked as the engine
@@ -44,6 +45,7 @@ typedef struct {
     const char *model_dir;
     const char *synthetic;
     const char *backend;
+    bool exact; /* --precision exact */
     const char *output;
     const char *plot;
     int prompt_lengths[MAX_POINTS], n_prompt_lengths;
@@ -89,6 +91,8 @@ static void usage(FILE *f)
             "                         at most max_position_embeddings)\n"
             "  -r N                   repetitions (default 3)\n"
             "  --backend cpu|cuda     (default cpu)\n"
+            "  --precision P          fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
+            "                         cores; slower, agrees with cpu); the cpu backend is always exact\n"
             "  -o md|json|csv         output format (default md)\n"
             "  --plot FILE.png        chart of tok/s against length (prefill and decode panels), via gnuplot\n"
             "  --membw                only measure and print the device's bandwidth and matmul rate\n"
@@ -160,7 +164,7 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     memset(m, 0, sizeof *m);
     if (o->model_dir) {
         lily_engine_options eo = {.model_dir = o->model_dir, .backend = o->backend, .n_threads = o->n_threads,
-                                  .prefill_chunk = o->prefill_chunk, .device = o->device};
+                                  .prefill_chunk = o->prefill_chunk, .device = o->device, .exact = o->exact};
         return lily_engine_open(&eo, &m->engine, err);
     }
     double t0 = lily_wall_seconds();
@@ -178,7 +182,8 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     e->cfg = m->synthetic->cfg;
     e->weights = m->synthetic->weights;
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : lily_default_prefill_chunk(o->backend);
-    lily_backend_options bo = {.n_threads = o->n_threads, .max_chunk = e->prefill_chunk, .device = o->device};
+    lily_backend_options bo = {.n_threads = o->n_threads, .max_chunk = e->prefill_chunk, .device = o->device,
+                               .exact = o->exact};
     st = lily_backend_create(o->backend, &e->cfg, &e->weights, &bo, &e->backend, err);
     if (st != LILY_OK) {
         free(e);
@@ -392,9 +397,9 @@ static void format_si(char *buf, size_t size, double v, const char *unit)
 static void print_md(const bench_header *h, const bench_options *o, int top_k, const bench_row *rows, int n_rows)
 {
     printf("## lily bench — %s\n\n", h->date);
-    printf("- machine: %s\n- backend: %s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
+    printf("- machine: %s\n- backend: %s%s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
            "- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n",
-           h->machine, o->backend, h->threads, h->model, h->shape, h->quantization, h->build, h->limits, o->reps);
+           h->machine, o->backend, o->exact ? " (precision exact)" : "", h->threads, h->model, h->shape, h->quantization, h->build, h->limits, o->reps);
     if (h->memory[0])
         printf("- device memory: %s\n", h->memory);
     printf("\n");
@@ -437,6 +442,7 @@ static void print_json(const bench_header *h, const bench_options *o, const lily
     json_object_set_new(root, "date", json_string(h->date));
     json_object_set_new(root, "machine", json_string(h->machine));
     json_object_set_new(root, "backend", json_string(o->backend));
+    json_object_set_new(root, "precision", json_string(o->exact ? "exact" : "fast"));
     json_object_set_new(root, "threads", json_integer(h->threads));
     json_object_set_new(root, "model", json_string(h->model));
     json_object_set_new(root, "shape", json_string(h->shape));
@@ -591,6 +597,9 @@ static int parse_args(int argc, char **argv, bench_options *o)
             if (cli_check_backend("bench", val))
                 return 2;
             o->backend = val;
+        } else if (!strcmp(a, "--precision")) {
+            if (cli_parse_precision("bench", val, &o->exact))
+                return 2;
         } else if (!strcmp(a, "-o")) {
             o->output = val;
             bad = strcmp(val, "md") && strcmp(val, "json") && strcmp(val, "csv");

@@ -1,7 +1,7 @@
 /* cmd_eval.c — `lily eval`: logits for given token ids, optionally compared with a reference.
  *
  *   lily eval [--model DIR] (--tokens 1,2,3 | --tokens-file F) [--decode-from K] [--prefill-chunk N]
- *             [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]
+ *             [--logits-out F] [--reference F] [--backend cpu|cuda] [--precision fast|exact] [--threads N]
  *
  * The first K tokens (all when --decode-from is absent) go through one prefill (chunked by
  * --prefill-chunk), the rest one at a time through the decode path. --logits-out writes every
@@ -26,7 +26,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: lily eval [--model DIR] (--tokens 1,2,3 | --tokens-file F) [--decode-from K]\n"
             "                 [--prefill-chunk N] [--logits-out F] [--reference F] [--backend cpu|cuda] [--threads N]\n"
-            "                 [--deltanet recurrent|chunked]\n\n"
+            "                 [--precision fast|exact] [--deltanet recurrent|chunked]\n\n"
             "Runs token ids through the model: the first K through one prefill, the rest one by one (decode).\n"
             "  -m, --model DIR       model directory (config.json + *.safetensors; default: $LILY_MODEL, else the\n"
             "                        bundled model)\n"
@@ -37,6 +37,8 @@ static void usage(FILE *f)
             "  --logits-out F        write all logits as raw little-endian float32 [n_tokens, vocab]\n"
             "  --reference F         compare with reference logits (same format): max |Δ|, mean |Δ|, top-1, KL\n"
             "  --backend NAME        cpu (default) or cuda\n"
+            "  --precision P         fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
+            "                        cores; slower, agrees with cpu); the cpu backend is always exact\n"
             "  --deltanet FORM       recurrent (default: split-invariant) or chunked (chunk 64 for multi-token\n"
             "                        calls, transformers' numerics)\n"
             "  --threads N           CPU threads (default: all cores)\n");
@@ -101,7 +103,7 @@ int cmd_eval(int argc, char **argv)
     const char *model = NULL, *tokens_arg = NULL, *tokens_file = NULL, *logits_out = NULL, *reference = NULL;
     const char *backend = "cpu";
     int decode_from = -1, prefill_chunk = 0, threads = 0;
-    bool deltanet_chunked = false;
+    bool deltanet_chunked = false, exact = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -109,7 +111,7 @@ int cmd_eval(int argc, char **argv)
             return 0;
         }
         const char *opts[] = {"--model", "-m", "--tokens", "--tokens-file", "--decode-from", "--prefill-chunk",
-                              "--logits-out", "--reference", "--backend", "--threads", "--deltanet"};
+                              "--logits-out", "--reference", "--backend", "--threads", "--deltanet", "--precision"};
         const char *value = NULL, *name = NULL;
         for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) {
             size_t len = strlen(opts[o]);
@@ -147,6 +149,10 @@ int cmd_eval(int argc, char **argv)
             if (cli_check_backend("eval", value))
                 return 2;
             backend = value;
+        }
+        else if (!strcmp(name, "--precision")) {
+            if (cli_parse_precision("eval", value, &exact))
+                return 2;
         }
         else if (!strcmp(name, "--deltanet")) {
             if (strcmp(value, "chunked") && strcmp(value, "recurrent")) {
@@ -202,7 +208,7 @@ int cmd_eval(int argc, char **argv)
     float *logits = NULL;
     int rc = 1;
     lily_engine_options eo = {.model_dir = model, .backend = backend, .n_threads = threads, .prefill_chunk = prefill_chunk,
-                              .deltanet_chunked = deltanet_chunked};
+                              .deltanet_chunked = deltanet_chunked, .exact = exact};
     if (lily_engine_open(&eo, &e, &err) != LILY_OK)
         goto fail;
     if (lily_session_new(e, n, &s, &err) != LILY_OK)

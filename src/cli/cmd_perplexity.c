@@ -2,7 +2,7 @@
  * closely lily's logits follow a reference run (top-1 agreement, mean KL).
  *
  *   lily perplexity [-m DIR] (-f TEXT [--special] | --tokens-file F) [--ctx N] [--reference-logits F]
- *                   [--backend cpu|cuda] [--threads N]
+ *                   [--backend cpu|cuda] [--precision fast|exact] [--threads N]
  *
  * Owns: options, reading the inputs (token ids as in `lily eval --tokens-file`; reference logits as raw
  * little-endian fp32 [n_tokens, vocab], the `lily eval --logits-out` format) and the report. The scoring
@@ -37,6 +37,8 @@ static void usage(FILE *f)
             "  --ctx N                  window length (default 512, at most the input)\n"
             "  --reference-logits F     raw little-endian fp32 [n_tokens, vocab] (lily eval --logits-out)\n"
             "  --backend cpu|cuda       (default cpu)\n"
+            "  --precision P            fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
+            "                           cores; slower, agrees with cpu); the cpu backend is always exact\n"
             "  --threads N              CPU threads (default: all cores)\n"
             "  --prefill-chunk N        tokens per forward pass (default 512, 4096 with cuda)\n"
             "  --special                with -f: special tokens written in the text (<|im_start|>) become their\n"
@@ -120,6 +122,7 @@ int cmd_perplexity(int argc, char **argv)
 {
     const char *model = NULL, *text_file = NULL, *tokens_file = NULL, *ref_file = NULL, *backend = "cpu";
     int ctx = 512, n_threads = 0, prefill_chunk = 0, parse_special = 0;
+    bool exact = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -148,6 +151,10 @@ int cmd_perplexity(int argc, char **argv)
             if (cli_check_backend("perplexity", v))
                 return 2;
             backend = v;
+        }
+        else if (!strcmp(a, "--precision")) {
+            if (cli_parse_precision("perplexity", v, &exact))
+                return 2;
         }
         else if (!strcmp(a, "--ctx") || !strcmp(a, "-c"))
             ctx = atoi(v);
@@ -194,7 +201,7 @@ int cmd_perplexity(int argc, char **argv)
     void *ref_map = MAP_FAILED;
     size_t ref_size = 0;
     lily_engine_options eo = {.model_dir = model, .backend = backend, .n_threads = n_threads,
-                              .prefill_chunk = prefill_chunk};
+                              .prefill_chunk = prefill_chunk, .exact = exact};
     if (lily_engine_open(&eo, &e, &err) != LILY_OK || lily_session_new(e, ctx, &s, &err) != LILY_OK) {
         fprintf(stderr, "lily perplexity: %s\n", err.message);
         goto done;

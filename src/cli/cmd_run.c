@@ -2,7 +2,8 @@
  *
  *   lily run [-m DIR] -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
  *            [--no-think] [--raw] [--hide-reasoning] [--system TEXT] [--ctx-size N]
- *            [--backend cpu|cuda] [--threads N] [--prefill-chunk N] [--show-ids] [--host-sampler] [--verbose]
+ *            [--backend cpu|cuda] [--precision fast|exact] [--threads N] [--prefill-chunk N] [--show-ids]
+ *            [--host-sampler] [--verbose]
  *
  * The prompt is rendered as one user message (after an optional system message) with the chat
  * template, thinking on unless --no-think; --raw encodes the prompt text as it is (special tokens

@@ -38,6 +38,8 @@ static void usage(FILE *f)
             "  --queue N            requests that may wait while one runs; more get 503 (default 16)\n"
             "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
             "  --backend cpu|cuda   compute backend (default cpu)\n"
+            "  --precision P        fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
+            "                       cores; slower, agrees with cpu); the cpu backend is always exact\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --alias NAME         the model id clients see (default: the directory's name)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
@@ -66,6 +68,7 @@ int cmd_serve(int argc, char **argv)
     long port = 8080, ctx = 0, queue = 16, max_body_mib = 16, threads = 0;
     long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
+    bool exact = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -81,6 +84,8 @@ int cmd_serve(int argc, char **argv)
             api_key = v, i++;
         } else if (!strcmp(a, "--backend")) {
             backend = v, i++;
+        } else if (!strcmp(a, "--precision")) {
+            ok = !v || cli_parse_precision("serve", v, &exact) == 0, i++;
         } else if (!strcmp(a, "--alias")) {
             alias = v, i++;
         } else if (!strcmp(a, "--port")) {
@@ -138,7 +143,7 @@ int cmd_serve(int argc, char **argv)
 
     lily_error err = {0};
     lily_service *svc = NULL;
-    lily_service_options so = {.model_dir = model_dir, .backend = backend, .n_threads = (int)threads,
+    lily_service_options so = {.model_dir = model_dir, .backend = backend, .exact = exact, .n_threads = (int)threads,
                                .ctx_size = (int)ctx, .model_name = name,
                                .cache_ram_bytes = (size_t)cache_ram_mib << 20,
                                .cache_vram_bytes = (size_t)(cache_vram_mib >= 0 ? cache_vram_mib

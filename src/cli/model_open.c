@@ -40,6 +40,8 @@ void cli_gen_options_usage(FILE *f)
             "      --system TEXT      a system message before the user's\n"
             "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768)\n"
             "      --backend NAME     cpu (default) or cuda\n"
+            "      --precision P      fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
+            "                         cores; slower, agrees with cpu); the cpu backend is always exact\n"
             "  -t, --threads N        CPU threads (default: all cores)\n"
             "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "      --host-sampler     sample every token on the host, never in the backend's device loop (A/B)\n"
@@ -52,6 +54,16 @@ int cli_check_backend(const char *cmd, const char *name)
         return 0;
     fprintf(stderr, "lily %s: unknown backend '%s' (backends: cpu, cuda%s)\n", cmd, name,
             lily_cuda_backend_ops_get() ? "" : "; cuda is not in this build");
+    return -1;
+}
+
+int cli_parse_precision(const char *cmd, const char *value, bool *exact)
+{
+    if (!strcmp(value, "fast") || !strcmp(value, "exact")) {
+        *exact = !strcmp(value, "exact");
+        return 0;
+    }
+    fprintf(stderr, "lily %s: --precision expects fast or exact, got \"%s\"\n", cmd, value);
     return -1;
 }
 
@@ -87,7 +99,7 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
     static const char *const valued[][2] = {
         {"--model", "-m"}, {"--max-tokens", "-n"}, {"--temp", "--temperature"}, {"--top-p", NULL},
         {"--top-k", NULL}, {"--min-p", NULL}, {"--seed", NULL}, {"--system", NULL}, {"--ctx-size", "-c"},
-        {"--backend", NULL}, {"--threads", "-t"}, {"--prefill-chunk", NULL},
+        {"--backend", NULL}, {"--threads", "-t"}, {"--prefill-chunk", NULL}, {"--precision", NULL},
     };
     const char *a = argv[*i];
     if (!strcmp(a, flags[0])) {
@@ -140,6 +152,10 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         if (cli_check_backend(cmd, value))
             return -1;
         o->backend = value;
+    }
+    else if (!strcmp(name, "--precision")) {
+        if (cli_parse_precision(cmd, value, &o->exact))
+            return -1;
     }
     else if (!strcmp(name, "--max-tokens")) {
         if (cli_parse_int(cmd, a, value, 0, INT32_MAX, &v))
@@ -264,7 +280,7 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
         return 1;
     }
     lily_engine_options eo = {.model_dir = dir, .backend = o->backend, .n_threads = o->n_threads,
-                              .prefill_chunk = o->prefill_chunk};
+                              .prefill_chunk = o->prefill_chunk, .exact = o->exact};
     if (lily_engine_open(&eo, &m->engine, &err) != LILY_OK) {
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         cli_model_close(m);

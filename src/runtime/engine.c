@@ -60,6 +60,7 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
         .max_chunk = e->prefill_chunk,
         .device = opts->device,
         .deltanet_chunked = opts->deltanet_chunked,
+        .exact = opts->exact,
         .debug_hook = opts->debug_hook,
         .debug_user = opts->debug_user,
     };

@@ -24,6 +24,7 @@ typedef struct {
     int prefill_chunk;       /* tokens per forward() during prefill; 0 = lily_default_prefill_chunk(backend) */
     int device;              /* GPU ordinal */
     bool deltanet_chunked;   /* see lily_backend_options.deltanet_chunked */
+    bool exact;              /* see lily_backend_options.exact (false: the backend's fast kernels) */
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_engine_options;

@@ -32,6 +32,7 @@
 struct lily_service {
     char *model_dir, *backend, *model_name;
     int n_threads, ctx_size;
+    bool exact;               /* lily_service_options.exact */
     lily_engine *engine;
     lily_session *session;
     lily_prefix_cache *cache; /* checkpoints of the session by token prefix; made in lily_service_new */
@@ -57,6 +58,7 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->model_name = strdup(opts->model_name ? opts->model_name : "lily");
     svc->n_threads = opts->n_threads;
     svc->ctx_size = opts->ctx_size;
+    svc->exact = opts->exact;
     svc->cache_vram_bytes = opts->cache_vram_bytes;
     if (!svc->model_dir || !svc->backend || !svc->model_name) {
         lily_service_free(svc);
@@ -133,7 +135,8 @@ lily_status lily_service_load(void *user, lily_error *err)
     lily_status st = lily_tokenizer_load(svc->model_dir, &svc->tok, err);
     if (st != LILY_OK)
         return st;
-    lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads};
+    lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads,
+                              .exact = svc->exact};
     st = lily_engine_open(&eo, &svc->engine, err);
     if (st != LILY_OK)
         return st;

@@ -9,12 +9,15 @@
 #ifndef LILY_SERVER_SERVICE_H
 #define LILY_SERVER_SERVICE_H
 
+#include <stdbool.h>
+
 #include "lily.h"
 #include "server/scheduler.h"
 
 typedef struct {
     const char *model_dir;
     const char *backend;      /* "cpu" (default) or "cuda" */
+    bool exact;               /* lily_backend_options.exact (--precision exact) */
     int n_threads;            /* 0 = all cores */
     int ctx_size;             /* tokens; 0 = the model's maximum (capped by the runtime) */
     const char *model_name;   /* the id responses carry */

@@ -1,5 +1,7 @@
-/* attention_decode.cu — causal softmax attention over the bf16 KV cache with the output gate
+/* attention_decode.cu — causal softmax attention over the KV cache with the output gate
  * (MODEL.md §4.3 steps 4-5), for decode (split-KV) and prefill (one split).
+ * The SIMT kernel reads a bf16 cache or, in exact mode, an fp32 one (attn_args.k_cache_f32; template
+ * parameter KV); the tensor-core decode kernel a bf16 cache only.
  *
  * Block (split s, KV head g, token t), 8 warps: the G = n_heads / n_kv query heads that share KV head g
  * are handled together, so each K and V row is read once for all of them (coalesced: a warp reads a
@@ -40,7 +42,39 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float (&v)[DPL]
     }
 }
 
+/* An fp32 row (exact mode): 16-byte loads when DPL allows. */
 template <int G, int DPL>
+__device__ __forceinline__ void load_row(const float *p, float (&v)[DPL])
+{
+    if (DPL % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < DPL / 4; k++) {
+            const float4 u = reinterpret_cast<const float4 *>(p)[k];
+            v[4 * k] = u.x;
+            v[4 * k + 1] = u.y;
+            v[4 * k + 2] = u.z;
+            v[4 * k + 3] = u.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < DPL; e++)
+            v[e] = p[e];
+    }
+}
+
+/* The cache of element type KV: bf16, or fp32 in exact mode. */
+__device__ __forceinline__ void kv_bases(const attn_args &a, const __nv_bfloat16 *&k, const __nv_bfloat16 *&v)
+{
+    k = a.k_cache;
+    v = a.v_cache;
+}
+__device__ __forceinline__ void kv_bases(const attn_args &a, const float *&k, const float *&v)
+{
+    k = a.k_cache_f32;
+    v = a.v_cache_f32;
+}
+
+template <typename KV, int G, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
 {
     constexpr int D = DPL * 32;
@@ -71,8 +105,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
         l[h] = 0.0f;
     }
 
-    const __nv_bfloat16 *kc = a.k_cache + (size_t)g * a.max_ctx * D + lane * DPL;
-    const __nv_bfloat16 *vc = a.v_cache + (size_t)g * a.max_ctx * D + lane * DPL;
+    const KV *kc, *vc;
+    kv_bases(a, kc, vc);
+    kc += (size_t)g * a.max_ctx * D + lane * DPL;
+    vc += (size_t)g * a.max_ctx * D + lane * DPL;
     constexpr int UK = 4; /* keys per warp iteration: 8 row loads in flight per lane */
     for (int k0 = start + warp; k0 < end; k0 += UK * ATT_WARPS) {
         float kr[UK][DPL], vr[UK][DPL];
@@ -586,21 +622,33 @@ template <int D> static cudaError_t adm_launch(const attn_args &a, cudaStream_t 
 
 bool attention_decode_mma_supported(const attn_args &a, int n_tokens)
 {
-    return n_tokens == 1 && a.n_kv > 0 && a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= 8 &&
+    return n_tokens == 1 && !a.k_cache_f32 && a.n_kv > 0 && a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= 8 &&
            (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && a.n_splits >= 1 &&
            a.n_splits <= ADM_MAX_SPLITS && (a.n_splits == 1 || (a.part_o && a.part_ml));
 }
 
-template <int G>
+template <typename KV, int G>
 static cudaError_t att_g(const attn_args &a, dim3 grid, cudaStream_t s)
 {
     switch (a.head_dim / 32) {
-    case 2: return launch_pdl(attention_kernel<G, 2>, grid, dim3(ATT_WARPS * 32), 0, s, a);
-    case 4: return launch_pdl(attention_kernel<G, 4>, grid, dim3(ATT_WARPS * 32), 0, s, a);
-    case 8: return launch_pdl(attention_kernel<G, 8>, grid, dim3(ATT_WARPS * 32), 0, s, a);
+    case 2: return launch_pdl(attention_kernel<KV, G, 2>, grid, dim3(ATT_WARPS * 32), 0, s, a);
+    case 4: return launch_pdl(attention_kernel<KV, G, 4>, grid, dim3(ATT_WARPS * 32), 0, s, a);
+    case 8: return launch_pdl(attention_kernel<KV, G, 8>, grid, dim3(ATT_WARPS * 32), 0, s, a);
     default: return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
+}
+
+template <typename KV>
+static cudaError_t att_kv(const attn_args &a, dim3 grid, cudaStream_t s)
+{
+    switch (a.n_heads / a.n_kv) {
+    case 1: return att_g<KV, 1>(a, grid, s);
+    case 2: return att_g<KV, 2>(a, grid, s);
+    case 3: return att_g<KV, 3>(a, grid, s); /* lily-tiny: 6 query heads over 2 KV heads */
+    case 4: return att_g<KV, 4>(a, grid, s);
+    case 8: return att_g<KV, 8>(a, grid, s);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
@@ -618,15 +666,9 @@ cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
         if (e != cudaErrorNotSupported)
             return e;
     }
-    if (a.head_dim % 32 || a.n_heads % a.n_kv || (a.n_splits > 1 && n_tokens != 1) || a.n_splits > a.head_dim)
+    if (a.head_dim % 32 || a.n_heads % a.n_kv || (a.n_splits > 1 && n_tokens != 1) || a.n_splits > a.head_dim ||
+        !a.k_cache_f32 != !a.v_cache_f32)
         return cudaErrorInvalidValue;
     dim3 grid(a.n_splits, a.n_kv, n_tokens);
-    switch (a.n_heads / a.n_kv) {
-    case 1: return att_g<1>(a, grid, s);
-    case 2: return att_g<2>(a, grid, s);
-    case 3: return att_g<3>(a, grid, s); /* lily-tiny: 6 query heads over 2 KV heads */
-    case 4: return att_g<4>(a, grid, s);
-    case 8: return att_g<8>(a, grid, s);
-    default: return cudaErrorInvalidValue;
-    }
+    return a.k_cache_f32 ? att_kv<float>(a, grid, s) : att_kv<__nv_bfloat16>(a, grid, s);
 }

@@ -271,8 +271,8 @@ template <int D> static cudaError_t apf_launch(const attn_args &a, int n_tokens,
 
 bool attention_prefill_supported(const attn_args &a)
 {
-    if (a.q_fused && (!a.q_norm || a.rot_dim < 0 || a.rot_dim > a.head_dim || a.rot_dim % 2))
-        return false;
+    if (a.k_cache_f32 || (a.q_fused && (!a.q_norm || a.rot_dim < 0 || a.rot_dim > a.head_dim || a.rot_dim % 2)))
+        return false; /* an fp32 (exact-mode) cache: the SIMT kernel only */
     return a.n_kv > 0 && a.n_heads % a.n_kv == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256);
 }
 

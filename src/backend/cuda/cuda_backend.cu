@@ -1,6 +1,7 @@
 /* cuda_backend.cu — the CUDA backend's ops table (backend.h): device selection, weight upload (once,
  * kept 4/8-bit as stored; plain weights as bf16; norm/gate vectors as fp32), scratch sized by
- * max_chunk, and session state (bf16 KV cache, fp32 conv + recurrent state) preallocated for max_ctx.
+ * max_chunk, and session state (bf16 KV cache, fp32 in exact mode; fp32 conv + recurrent state) preallocated
+ * for max_ctx.
  * Every CUDA call is checked (CUDA_TRY) and reported as LILY_ERR_BACKEND / LILY_ERR_OUT_OF_MEMORY.
  * The layer loop, graphs and fast paths live in cuda_forward.cu.
  */
@@ -374,6 +375,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: context");
     c->cfg = *cfg;
     c->opts = *opts;
+    c->kv_elem = opts->exact ? sizeof(float) : sizeof(__nv_bfloat16);
     c->device = opts->device;
     c->max_chunk = opts->max_chunk > 0 ? opts->max_chunk : 512;
     lily_status st = LILY_OK;
@@ -462,9 +464,15 @@ static void cuda_state_free(void *vctx, void *vst)
     free(s);
 }
 
-static size_t kv_bytes(const lily_config *cfg, int max_ctx)
+/* Bytes of one KV head's row of one position (head_dim elements: bf16, fp32 in exact mode). */
+static size_t kv_head_row_bytes(const cuda_ctx *c)
 {
-    return (size_t)cfg->n_kv_heads * max_ctx * cfg->head_dim * sizeof(__nv_bfloat16);
+    return (size_t)c->cfg.head_dim * c->kv_elem;
+}
+/* Bytes of one attention layer's K (or V) cache: [n_kv_heads][max_ctx][head_dim]. */
+static size_t kv_bytes(const cuda_ctx *c, int max_ctx)
+{
+    return (size_t)c->cfg.n_kv_heads * max_ctx * kv_head_row_bytes(c);
 }
 static size_t conv_bytes(const lily_config *cfg)
 {
@@ -503,7 +511,7 @@ static lily_status cuda_state_new(void *vctx, int max_ctx, void **out, lily_erro
         size_t n_attn = 0;
         for (int l = 0; l < cfg->n_layers; l++)
             n_attn += cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION;
-        const size_t need = n_attn * 2 * kv_bytes(cfg, max_ctx) +
+        const size_t need = n_attn * 2 * kv_bytes(c, max_ctx) +
                             ((size_t)cfg->n_layers - n_attn) * (conv_bytes(cfg) + rec_bytes(cfg)) +
                             (size_t)max_ctx * sizeof(int);
         if (need + ((size_t)64 << 20) > fr)
@@ -517,8 +525,8 @@ static lily_status cuda_state_new(void *vctx, int max_ctx, void **out, lily_erro
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: state");
     s->max_ctx = max_ctx;
     const int L = cfg->n_layers;
-    s->k_cache = (__nv_bfloat16 **)calloc(L, sizeof(void *));
-    s->v_cache = (__nv_bfloat16 **)calloc(L, sizeof(void *));
+    s->k_cache = (uint8_t **)calloc(L, sizeof(void *));
+    s->v_cache = (uint8_t **)calloc(L, sizeof(void *));
     s->conv_state = (float **)calloc(L, sizeof(void *));
     s->rec_state = (float **)calloc(L, sizeof(void *));
     lily_status st = LILY_OK;
@@ -536,8 +544,8 @@ static lily_status cuda_state_new(void *vctx, int max_ctx, void **out, lily_erro
     } while (0)
     for (int l = 0; l < L; l++) {
         if (cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION) {
-            CK(cudaMalloc((void **)&s->k_cache[l], kv_bytes(cfg, max_ctx)));
-            CK(cudaMalloc((void **)&s->v_cache[l], kv_bytes(cfg, max_ctx)));
+            CK(cudaMalloc((void **)&s->k_cache[l], kv_bytes(c, max_ctx)));
+            CK(cudaMalloc((void **)&s->v_cache[l], kv_bytes(c, max_ctx)));
         } else {
             CK(cudaMalloc((void **)&s->conv_state[l], conv_bytes(cfg)));
             CK(cudaMalloc((void **)&s->rec_state[l], rec_bytes(cfg)));
@@ -576,11 +584,11 @@ static lily_status cuda_state_copy(void *vctx, void *vdst, const void *vsrc, lil
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: state_copy between different max_ctx");
     CUDA_TRY(cudaSetDevice(c->device));
     const lily_config *cfg = &c->cfg;
-    const size_t row = (size_t)cfg->head_dim * sizeof(__nv_bfloat16);
+    const size_t row = kv_head_row_bytes(c);
     for (int l = 0; l < cfg->n_layers; l++) {
         if (s->k_cache[l]) {
             for (int h = 0; h < cfg->n_kv_heads; h++) {
-                const size_t off = (size_t)h * s->max_ctx * cfg->head_dim;
+                const size_t off = (size_t)h * s->max_ctx * row;
                 if (s->pos) {
                     CUDA_TRY(cudaMemcpyAsync(d->k_cache[l] + off, s->k_cache[l] + off, s->pos * row,
                                              cudaMemcpyDeviceToDevice, c->stream));
@@ -610,7 +618,7 @@ static size_t cuda_state_save_size(void *vctx, const void *vst)
     const lily_config *cfg = &c->cfg;
     size_t n = 2 * sizeof(int);
     for (int l = 0; l < cfg->n_layers; l++)
-        n += s->k_cache[l] ? 2 * (size_t)cfg->n_kv_heads * s->pos * cfg->head_dim * sizeof(__nv_bfloat16)
+        n += s->k_cache[l] ? 2 * (size_t)cfg->n_kv_heads * s->pos * kv_head_row_bytes(c)
                            : conv_bytes(cfg) + rec_bytes(cfg);
     return n;
 }
@@ -619,7 +627,7 @@ static lily_status state_transfer(cuda_ctx *c, cuda_state *s, uint8_t *buf, size
                                   lily_error *err)
 {
     const lily_config *cfg = &c->cfg;
-    const size_t row = (size_t)cfg->head_dim * sizeof(__nv_bfloat16);
+    const size_t row = kv_head_row_bytes(c);
     size_t off = 2 * sizeof(int);
     const cudaMemcpyKind kind = save ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
 #define XFER(dev, bytes)                                                                           \
@@ -635,9 +643,9 @@ static lily_status state_transfer(cuda_ctx *c, cuda_state *s, uint8_t *buf, size
     for (int l = 0; l < cfg->n_layers; l++) {
         if (s->k_cache[l]) {
             for (int h = 0; h < cfg->n_kv_heads; h++)
-                if (pos) XFER(s->k_cache[l] + (size_t)h * s->max_ctx * cfg->head_dim, pos * row);
+                if (pos) XFER(s->k_cache[l] + (size_t)h * s->max_ctx * row, pos * row);
             for (int h = 0; h < cfg->n_kv_heads; h++)
-                if (pos) XFER(s->v_cache[l] + (size_t)h * s->max_ctx * cfg->head_dim, pos * row);
+                if (pos) XFER(s->v_cache[l] + (size_t)h * s->max_ctx * row, pos * row);
         } else {
             XFER(s->conv_state[l], conv_bytes(cfg));
             XFER(s->rec_state[l], rec_bytes(cfg));
@@ -690,7 +698,8 @@ static uint8_t *loc_bytes(lily_state_loc loc)
     return loc.host ? (uint8_t *)loc.host : loc.device_pool ? (uint8_t *)loc.device_pool + loc.offset : NULL;
 }
 
-/* KV rows of a position, per attention layer: K then V, each [n_kv_heads][rows][head_dim] bf16. */
+/* KV rows of a position, per attention layer: K then V, each [n_kv_heads][rows][head_dim] bf16 (fp32 in
+ * exact mode). */
 static size_t cuda_kv_row_bytes(void *vctx)
 {
     cuda_ctx *c = (cuda_ctx *)vctx;
@@ -698,7 +707,7 @@ static size_t cuda_kv_row_bytes(void *vctx)
     size_t n = 0;
     for (int l = 0; l < cfg->n_layers; l++)
         if (cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION)
-            n += 2 * (size_t)cfg->n_kv_heads * cfg->head_dim * sizeof(__nv_bfloat16);
+            n += 2 * (size_t)cfg->n_kv_heads * kv_head_row_bytes(c);
     return n;
 }
 
@@ -717,14 +726,14 @@ static lily_status kv_rows_transfer(cuda_ctx *c, cuda_state *s, int row0, int n,
     CUDA_TRY(cudaSetDevice(c->device));
     const cudaMemcpyKind kind =
         loc.host ? (save ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice) : cudaMemcpyDeviceToDevice;
-    const size_t row = (size_t)cfg->head_dim * sizeof(__nv_bfloat16);
+    const size_t row = kv_head_row_bytes(c);
     const size_t width = (size_t)n * row, pitch = (size_t)s->max_ctx * row; /* one KV head's rows */
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!s->k_cache[l])
             continue;
-        __nv_bfloat16 *caches[2] = {s->k_cache[l], s->v_cache[l]};
+        uint8_t *caches[2] = {s->k_cache[l], s->v_cache[l]};
         for (int i = 0; i < 2; i++) {
-            uint8_t *rows = (uint8_t *)(caches[i] + (size_t)row0 * cfg->head_dim);
+            uint8_t *rows = caches[i] + (size_t)row0 * row;
             if (save)
                 CUDA_TRY(cudaMemcpy2DAsync(ext, width, rows, pitch, width, cfg->n_kv_heads, kind, c->stream));
             else

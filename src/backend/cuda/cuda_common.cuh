@@ -2,7 +2,8 @@
  * device view of a weight matrix (dmat), warp reductions and the launch wrappers each .cu exports.
  *
  * Conventions: activations, residual stream, norms, softmax, DeltaNet state in fp32; weights as
- * uploaded (MLX affine 4/8-bit words with bf16 scale/bias per group of 64, or bf16); KV cache bf16.
+ * uploaded (MLX affine 4/8-bit words with bf16 scale/bias per group of 64, or bf16); KV cache bf16 (fp32 in
+ * exact mode, lily_backend_options.exact: then only fp32 kernels run, see the `exact` fields below).
  * Every launch wrapper returns cudaError_t (the launch error); the backend turns it into a lily_status.
  */
 #ifndef LILY_CUDA_COMMON_CUH
@@ -57,6 +58,7 @@ struct gemv_batch {
     int row_start[GEMV_MAX_MATS + 1]; /* prefix of rows */
     int n_mats;
     int grid_cap; /* most blocks per token (0: 264 = 2 per SM of an H100/H200) */
+    int exact;    /* 1 (exact mode): the fp32 SIMT kernel only, never gemv_mma / gemv_stream (fp16 operands) */
     /* Router top-k, decode only (gemv_decode.cu): when topk_k > 0 the last block to finish ranks
      * y[0][0..topk_n) (moe_topk.cuh) and writes topk_idx/topk_w [topk_k]; topk_counter is a device
      * word that is zero between launches. */
@@ -261,6 +263,7 @@ struct moe_args {
     float *topk_w;                  /* scratch [n_tokens][top_k] */
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
     int topk_ready;                 /* 1: topk_idx/topk_w were written by the router GEMV (decode) */
+    int exact;                      /* 1 (exact mode): moe_route.cu's fp32 kernels only, never moe_decode.cu's */
     /* Decode, g_cuda_tuning.moe_early_ids (moe_decode.cu): the session's forward-call counter (device; not
      * written during a forward call), its MOE_PUB_WORDS tagged top-k words (cuda_counters) and the layer
      * index (< 256). topk_pub NULL: off. */
@@ -329,7 +332,10 @@ struct attn_args {
     const float *q_norm, *k_norm; /* [head_dim] */
     float eps;
     float *q;              /* [n][n_heads][head_dim] normed + rotated query (unused when q_fused) */
-    __nv_bfloat16 *k_cache, *v_cache; /* [n_kv][max_ctx][head_dim] */
+    __nv_bfloat16 *k_cache, *v_cache; /* [n_kv][max_ctx][head_dim] bf16; NULL in exact mode */
+    float *k_cache_f32, *v_cache_f32; /* exact mode: the same layout in fp32 (else NULL); written by norm_rope.cu,
+                                       * read only by the SIMT attention kernel (launch_attention): the
+                                       * tensor-core kernels' *_supported() reject it */
     int max_ctx;
     const int *pos;        /* position of token 0 (device) */
     int n_heads, n_kv, head_dim, rot_dim;
@@ -344,14 +350,14 @@ struct attn_args {
      * (q unused; launch_qk_norm_rope_append then does k/v only); 0 = q from a.q */
     int q_fused;
 };
-/* norm_rope.cu: q/k RMSNorm + partial RoPE, k and v appended to the cache at *pos .. *pos + n_tokens - 1,
- * q written to a.q; with a.q_fused only k and v (a.q untouched). cudaErrorInvalidValue when more than 32
+/* norm_rope.cu: q/k RMSNorm + partial RoPE, k and v appended to the cache (bf16, or fp32 when
+ * a.k_cache_f32) at *pos .. *pos + n_tokens - 1, q written to a.q; with a.q_fused only k and v (a.q untouched). cudaErrorInvalidValue when more than 32
  * heads (q + k + v warps), head_dim > 256 or rot_dim > head_dim. */
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Decode attention: n_tokens == 1 runs on tensor cores when g_cuda_tuning.att_mma and
- * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256; split-KV merged by a
- * second kernel, counter unused), else the SIMT kernel (G 1, 2, 3, 4 or 8, head_dim 64/128/256,
- * n_splits <= head_dim, last-block merge). */
+ * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256, a bf16 cache; split-KV
+ * merged by a second kernel, counter unused), else the SIMT kernel (G 1, 2, 3, 4 or 8, head_dim 64/128/256,
+ * n_splits <= head_dim, last-block merge; a bf16 or an fp32 cache). */
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s); /* a.q_fused must be 0 */
 bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
 
@@ -363,7 +369,7 @@ bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
  * a.n_splits > 1 splits the keys of each query tile across blocks and merges (uses part_o >= n_splits
  * * n_tokens * n_heads * head_dim floats, part_ml >= n_splits * n_tokens * n_heads * 2).
  * cudaErrorInvalidValue for an unsupported shape. */
-/* head_dim 64, 128 or 256; n_heads % n_kv == 0; with q_fused also q_norm set, rot_dim even, <= head_dim */
+/* head_dim 64, 128 or 256; n_heads % n_kv == 0; a bf16 cache; with q_fused also q_norm set, rot_dim even, <= head_dim */
 bool attention_prefill_supported(const attn_args &a);
 cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Split count for a chunk of n_tokens at context position ctx (host hint): about two blocks per SM,
@@ -398,6 +404,8 @@ cudaError_t launch_sample_topk_topp(const sample_args &a, float temperature, int
 cudaError_t launch_set_int(int *p, int v, cudaStream_t s);
 /* Fill n bf16 values with a deterministic pseudo-random pattern in [-1, 1] (bench: a KV cache at depth). */
 cudaError_t launch_fill_random_bf16(__nv_bfloat16 *p, size_t n, unsigned int seed, cudaStream_t s);
+/* The same values (as bf16 rounds them) stored fp32, for an exact-mode KV cache. */
+cudaError_t launch_fill_random_f32(float *p, size_t n, unsigned int seed, cudaStream_t s);
 /* Reads the current input token from slot[step & 1] into tokens[0] (decode graph's first node). */
 cudaError_t launch_fetch_token(const int *token_slots, const int *step, int *tokens, cudaStream_t s);
 

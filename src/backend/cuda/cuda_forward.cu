@@ -7,6 +7,9 @@
  *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h)
  * then gemv(final norm -> LM head [+ argmax]) and the step bookkeeping (advance / finish_greedy).
  * Decode steps are captured once per session as CUDA graphs and replayed (fast paths of cuda_backend.h).
+ * Exact mode (lily_backend_options.exact, c->opts.exact) overrides the tuning knobs that pick kernels with
+ * fp16/bf16/tf32 operands: GEMVs for every projection, the MoE block and the LM head (no prefill GEMM,
+ * gemv_mma, gemv_stream, tensor-core MoE), SIMT attention over an fp32 KV cache, the recurrent DeltaNet prefill.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,12 +98,25 @@ static gemv_input in_rms(const float *act, int stride, const float *w, float eps
     return in;
 }
 
+/* Whether a call of n tokens runs its projections and MoE block as tensor-core GEMMs (never in exact mode). */
+static bool prefill_gemm(const cuda_ctx *c, int n)
+{
+    return !c->opts.exact && g_cuda_tuning.prefill_gemm && n >= c->prefill_min_tokens;
+}
+
+/* An empty batch; in exact mode one that only the fp32 GEMV kernel runs. */
+static void batch_init(const cuda_ctx *c, gemv_batch *b)
+{
+    memset(b, 0, sizeof *b);
+    b->exact = c->opts.exact;
+}
+
 /* A batch of projections: tensor-core GEMM for prefill chunks (n >= prefill_min_tokens), else GEMV
  * (decode: n == 1 always takes the GEMV). */
 static lily_status proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, int out_mode, int n,
                         lily_error *err)
 {
-    if (g_cuda_tuning.prefill_gemm && n >= c->prefill_min_tokens && out_mode != GEMV_OUT_ARGMAX)
+    if (prefill_gemm(c, n) && out_mode != GEMV_OUT_ARGMAX)
         return cuda_prefill_proj(c, b, in, out_mode, n, err);
     LAUNCH(launch_gemv(b, in, out_mode, n, NULL, c->stream));
     return LILY_OK;
@@ -144,7 +160,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             const int D = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
             MARK(PS_ATT_PROJ);
             gemv_batch b;
-            memset(&b, 0, sizeof b);
+            batch_init(c, &b);
             batch_add(&b, L->q_proj, c->proj, c->proj_stride);
             batch_add(&b, L->k_proj, c->proj + (size_t)nh * 2 * D, c->proj_stride);
             batch_add(&b, L->v_proj, c->proj + (size_t)nh * 2 * D + (size_t)nkv * D, c->proj_stride);
@@ -157,8 +173,13 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             a.k_norm = L->k_norm;
             a.eps = eps;
             a.q = c->q;
-            a.k_cache = st->k_cache[l];
-            a.v_cache = st->v_cache[l];
+            if (c->opts.exact) {
+                a.k_cache_f32 = (float *)st->k_cache[l];
+                a.v_cache_f32 = (float *)st->v_cache[l];
+            } else {
+                a.k_cache = (__nv_bfloat16 *)st->k_cache[l];
+                a.v_cache = (__nv_bfloat16 *)st->v_cache[l];
+            }
             a.max_ctx = st->max_ctx;
             a.pos = &st->ctr->pos;
             a.n_heads = nh;
@@ -172,7 +193,8 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             a.part_o = c->part_o;
             a.part_ml = c->part_ml;
             a.counter = c->att_counter;
-            /* a chunk: tensor-core flash attention, which norms + rotates q itself when q_fused (k/v only here) */
+            /* a chunk: tensor-core flash attention, which norms + rotates q itself when q_fused (k/v only here);
+             * never over the fp32 cache of exact mode (attention_prefill_supported says no) */
             const bool flash = n > 1 && g_cuda_tuning.att_prefill && attention_prefill_supported(a);
             a.q_fused = flash && g_cuda_tuning.att_prefill_fused_q;
             if (a.q_fused && !attention_prefill_supported(a))
@@ -187,7 +209,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
                 LAUNCH(launch_attention(a, n, s));
             }
             MARK(PS_ATT_OUT);
-            memset(&b, 0, sizeof b);
+            batch_init(c, &b);
             batch_add(&b, L->o_proj, c->h, H);
             gemv_input in;
             memset(&in, 0, sizeof in);
@@ -200,7 +222,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             const int Hv = cfg->gdn_n_value_heads;
             MARK(PS_GDN_PROJ);
             gemv_batch b;
-            memset(&b, 0, sizeof b);
+            batch_init(c, &b);
             batch_add(&b, L->in_qkv, c->proj, c->proj_stride);
             batch_add(&b, L->in_z, c->proj + conv_dim, c->proj_stride);
             batch_add(&b, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
@@ -226,7 +248,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             g.K = cfg->gdn_conv_kernel;
             g.conv_dim = conv_dim;
             MARK(PS_GDN_SCAN);
-            const int gp = g_cuda_tuning.gdn_prefill;
+            const int gp = c->opts.exact ? 1 : g_cuda_tuning.gdn_prefill; /* exact: the fp32 recurrence */
             if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp >= 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
                 gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule (gp 4: variant 1) */
                 LAUNCH(launch_gdn_prefill_chunked_variant(g, c->gdn_pre, c->gdn_wy, n, gp >= 4 ? 1 : 0, s));
@@ -235,7 +257,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             else
                 LAUNCH(launch_gdn_scan(g, n, s));
             MARK(PS_GDN_OUT);
-            memset(&b, 0, sizeof b);
+            batch_init(c, &b);
             batch_add(&b, L->out_proj, c->h, H);
             gemv_input in;
             memset(&in, 0, sizeof in);
@@ -257,13 +279,13 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
 
         /* sparse MoE */
         MARK(PS_ROUTER);
-        if (g_cuda_tuning.prefill_gemm && n >= c->prefill_min_tokens) {
+        if (prefill_gemm(c, n)) {
             if ((rs = cuda_prefill_moe(c, L, n, err)) != LILY_OK)
                 return rs;
         } else {
             const int E = cfg->n_experts;
             gemv_batch b;
-            memset(&b, 0, sizeof b);
+            batch_init(c, &b);
             batch_add(&b, L->router, c->router, E + 1);
             batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
             b.topk_k = cfg->n_experts_used;
@@ -304,6 +326,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             m.topk_w = c->topk_w;
             m.out = c->h;
             m.topk_ready = topk_in_router;
+            m.exact = c->opts.exact;
             m.step = &st->ctr->step; /* moe_early_ids: tags of this forward call's published top-k */
             m.topk_pub = st->ctr->moe_topk_pub;
             m.layer = l;
@@ -323,7 +346,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
         const int rows = lm_mode == LILY_LOGITS_ALL ? n : 1;
         const float *act = lm_mode == LILY_LOGITS_ALL ? c->h : c->h + (size_t)(n - 1) * H;
         gemv_batch b;
-        memset(&b, 0, sizeof b);
+        batch_init(c, &b);
         batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
         if (lm_mode == LM_GREEDY)
             LAUNCH(launch_gemv(b, in_rms(act, H, c->final_norm, eps), GEMV_OUT_ARGMAX, rows, c->argmax, s));
@@ -601,9 +624,14 @@ extern "C" lily_status lily_cuda_state_set_position(void *ctx, void *state, int 
     for (int l = 0; l < cfg->n_layers; l++)
         if (st->k_cache[l])
             for (int h = 0; h < cfg->n_kv_heads; h++) {
-                const size_t off = (size_t)h * st->max_ctx * cfg->head_dim;
-                LAUNCH(launch_fill_random_bf16(st->k_cache[l] + off, (size_t)pos * cfg->head_dim, 2 * l + 1, c->stream));
-                LAUNCH(launch_fill_random_bf16(st->v_cache[l] + off, (size_t)pos * cfg->head_dim, 2 * l + 2, c->stream));
+                const size_t off = (size_t)h * st->max_ctx * cfg->head_dim, n_fill = (size_t)pos * cfg->head_dim;
+                if (c->opts.exact) {
+                    LAUNCH(launch_fill_random_f32((float *)st->k_cache[l] + off, n_fill, 2 * l + 1, c->stream));
+                    LAUNCH(launch_fill_random_f32((float *)st->v_cache[l] + off, n_fill, 2 * l + 2, c->stream));
+                } else {
+                    LAUNCH(launch_fill_random_bf16((__nv_bfloat16 *)st->k_cache[l] + off, n_fill, 2 * l + 1, c->stream));
+                    LAUNCH(launch_fill_random_bf16((__nv_bfloat16 *)st->v_cache[l] + off, n_fill, 2 * l + 2, c->stream));
+                }
             }
     LAUNCH(launch_set_int(&st->ctr->pos, pos, c->stream));
     st->pos = pos;

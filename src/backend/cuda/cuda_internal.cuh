@@ -41,7 +41,8 @@ typedef struct {
 
 typedef struct {
     lily_config cfg;
-    lily_backend_options opts;
+    lily_backend_options opts; /* opts.exact: the exact mode (fp32 KV cache, fp32 kernels only; cuda_forward.cu) */
+    size_t kv_elem;            /* bytes per KV cache element: 2 (bf16), 4 (fp32 in exact mode) */
     int device;
     cudaStream_t stream;
     size_t weight_bytes;
@@ -111,7 +112,8 @@ typedef struct {
     int pos;         /* host mirror of counters.pos */
     int step;        /* host mirror of counters.step */
     cuda_counters *ctr;      /* device */
-    __nv_bfloat16 **k_cache, **v_cache; /* [n_layers] (NULL for DeltaNet layers) */
+    uint8_t **k_cache, **v_cache; /* [n_layers] (NULL for DeltaNet layers): [n_kv][max_ctx][head_dim]
+                                   * elements of cuda_ctx.kv_elem bytes (bf16, or fp32 in exact mode) */
     float **conv_state, **rec_state;     /* [n_layers] (NULL for attention layers) */
     int *out_tokens;         /* [out_cap] */
     int *host_tokens;        /* pinned, mapped host memory: [out_cap] tokens, then the count (streaming) */

@@ -1,7 +1,8 @@
 /* norm_rope.cu — the gated-attention front end after the q/k/v GEMV (MODEL.md §4.3 steps 2-4):
  * per head RMSNorm of q and k (q_norm / k_norm, 1 + w form), partial rotate-half RoPE on the first
  * rot_dim dims (pairs (i, i + rot/2), inv_freq = theta^(-2i/rot), fp32 angle, cos/sin in double),
- * then k and v appended to the bf16 KV cache at positions pos .. pos + n - 1; q kept fp32.
+ * then k and v appended to the KV cache (bf16, or fp32 in exact mode: attn_args.k_cache_f32) at positions
+ * pos .. pos + n - 1; q kept fp32.
  * grid = n tokens, block = 32 * (n_heads + 2 * n_kv): one warp per q head, k head and v head; with
  * a.q_fused (a prefill chunk whose attention kernel norms and rotates q itself) the q warps are left
  * out: block = 32 * 2 * n_kv, a.q untouched. The norm / RoPE math lives in norm_rope.cuh.
@@ -9,6 +10,16 @@
 #include "norm_rope.cuh"
 
 #define ROPE_MAX_DIM 256
+
+/* Element i of KV head h's row p of the K (is_v false) or V cache := x, in the cache's type. */
+__device__ __forceinline__ void kv_store(const attn_args &a, bool is_v, int h, int p, int i, float x)
+{
+    const size_t at = ((size_t)h * a.max_ctx + p) * a.head_dim + i;
+    if (a.k_cache_f32)
+        (is_v ? a.v_cache_f32 : a.k_cache_f32)[at] = x;
+    else
+        (is_v ? a.v_cache : a.k_cache)[at] = __float2bfloat16(x);
+}
 
 __global__ void qk_norm_rope_append_kernel(attn_args a)
 {
@@ -24,7 +35,6 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
     if (w >= n_q + n_kv) { /* v head: copy into the cache */
         const int h = w - n_q - n_kv;
         const float *src = row + (size_t)n_q * 2 * D + (size_t)n_kv * D + (size_t)h * D;
-        __nv_bfloat16 *dst = a.v_cache + ((size_t)h * a.max_ctx + p) * D;
         float vv[ROPE_MAX_DIM / 32];
 #pragma unroll
         for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
@@ -32,7 +42,7 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
 #pragma unroll
         for (int k = 0; k < ROPE_MAX_DIM / 32; k++)
             if (lane + 32 * k < D)
-                dst[lane + 32 * k] = __float2bfloat16(vv[k]);
+                kv_store(a, true, h, p, lane + 32 * k, vv[k]);
         return;
     }
     const bool is_q = w < n_q;
@@ -68,7 +78,7 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
         if (is_q)
             a.q[((size_t)t * n_q + h) * D + d] = v;
         else
-            a.k_cache[((size_t)h * a.max_ctx + p) * D + d] = __float2bfloat16(v);
+            kv_store(a, false, h, p, d, v);
     }
 }
 

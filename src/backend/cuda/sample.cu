@@ -204,16 +204,33 @@ cudaError_t launch_set_int(int *p, int v, cudaStream_t s)
     return cudaGetLastError();
 }
 
+/* Element i of the bench fill pattern for `seed`: uniform in [-1, 1). */
+__device__ __forceinline__ float fill_random_value(unsigned int seed, size_t i)
+{
+    const unsigned long long r = mix64(((unsigned long long)seed << 40) ^ i);
+    return (float)(r >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
 __global__ void fill_random_bf16_kernel(__nv_bfloat16 *p, size_t n, unsigned int seed)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const unsigned long long r = mix64(((unsigned long long)seed << 40) ^ i);
-        p[i] = __float2bfloat16((float)(r >> 40) * (2.0f / 16777216.0f) - 1.0f);
-    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2bfloat16(fill_random_value(seed, i));
+}
+
+__global__ void fill_random_f32_kernel(float *p, size_t n, unsigned int seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __bfloat162float(__float2bfloat16(fill_random_value(seed, i)));
 }
 
 cudaError_t launch_fill_random_bf16(__nv_bfloat16 *p, size_t n, unsigned int seed, cudaStream_t s)
 {
     fill_random_bf16_kernel<<<1024, 256, 0, s>>>(p, n, seed);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_fill_random_f32(float *p, size_t n, unsigned int seed, cudaStream_t s)
+{
+    fill_random_f32_kernel<<<1024, 256, 0, s>>>(p, n, seed);
     return cudaGetLastError();
 }
