@@ -3,7 +3,8 @@
 # stdout), `lily debug SUB` with an unknown SUB (exit 2, "unknown subcommand 'SUB'"), `lily info -m` without
 # a value (exit 2, "-m needs a value"), and `lily debug tokenize` errors prefixed with the command's name.
 # `lily serve --help` lists every route; serve's start-up says the model is loading, then that it stopped.
-# An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed);
+# An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed), and
+# so is a --precision other than fast / exact (exact on the cpu backend: the same logits);
 # info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
 # bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
 # usage: bash test_cli_usage.sh <path-to-lily> <tests/data dir>
@@ -48,6 +49,23 @@ for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m 
         "lily $cmd: unknown backend 'metal' (backends: cpu, cuda" $args --backend metal
 done
 check "run --backend=metal too" 2 err "lily run: unknown backend 'metal'" run -m "$M" -p hi --backend=metal
+
+# --- --precision fast|exact: a bad value is a usage error in every command; exact on cpu is the cpu -------
+for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m $M --tokens 1,2" \
+            "perplexity -m $M --tokens-file $TMP/none"; do
+    cmd=${args%% *}
+    # shellcheck disable=SC2086
+    check "$cmd --precision half is a usage error" 2 err \
+        "lily $cmd: --precision expects fast or exact, got \"half\"" $args --precision half
+done
+"$LILY" eval -m "$M" --tokens 1,2,3 --logits-out "$TMP/fast.f32" >/dev/null 2>&1
+"$LILY" eval -m "$M" --tokens 1,2,3 --precision exact --logits-out "$TMP/exact.f32" >/dev/null 2>&1
+if [ -s "$TMP/fast.f32" ] && cmp -s "$TMP/fast.f32" "$TMP/exact.f32"; then
+    ok "eval --precision exact on cpu gives the cpu's logits, bit for bit"
+else
+    fail "eval --precision exact on cpu gives the cpu's logits, bit for bit"
+fi
+check "run --help names --precision" 0 out "--precision P      fast (default) or exact" run --help
 
 # --- info / eval / perplexity without -m: $LILY_MODEL, the same results as with -m ------------------
 printf 'The Python interpreter is usually installed as a program on the machine.\n' >"$TMP/text.txt"

@@ -23,7 +23,8 @@
  * within exp(+-2E): the bound gains (exp(2E) - 1) * mag ("q slack" below; small at shallow positions).
  * The fused output is also compared with the two-kernel path (norm_rope.cu writes fp32 q, then the
  * kernel reads it; both evaluate norm_rope.cuh's math, so bit-identical is expected) and the k/v-only
- * norm_rope launch with the full one (cache rows bit-identical, q untouched).
+ * norm_rope launch with the full one (cache rows bit-identical, q untouched). Last, an fp32 (exact-mode)
+ * cache must be refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -330,6 +331,28 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
     cudaFree((void *)a.pos);
 }
 
+/* Exact mode's fp32 KV cache (attn_args.k_cache_f32) is for the SIMT kernel only: the tensor-core prefill
+ * attention must refuse it (attention_prefill_supported false, the launch cudaErrorInvalidValue, nothing run). */
+static void test_rejects_f32_cache(void)
+{
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.n_heads = 16, a.n_kv = 2, a.head_dim = 256, a.max_ctx = 64, a.n_splits = 1;
+    a.k_cache_f32 = dev_nan((size_t)a.n_kv * a.max_ctx * a.head_dim);
+    a.v_cache_f32 = dev_nan((size_t)a.n_kv * a.max_ctx * a.head_dim);
+    const bool supported = attention_prefill_supported(a);
+    const cudaError_t e = launch_attention_prefill(a, 8, 0);
+    cudaGetLastError();
+    const bool ok = !supported && e == cudaErrorInvalidValue;
+    g_checks++;
+    if (!ok)
+        g_fail++;
+    printf("%s prefill attention refuses an fp32 KV cache (supported %d, launch %s)\n", ok ? "ok  " : "FAIL",
+           (int)supported, cudaGetErrorName(e));
+    cudaFree(a.k_cache_f32);
+    cudaFree(a.v_cache_f32);
+}
+
 int main(void)
 {
     if (cuda_test_no_device())
@@ -385,5 +408,6 @@ int main(void)
     test_prefill(6, 2, 64, 700, 7, 4, 16);
     test_prefill(16, 2, 256, 4000, 2, 0, 64);
     test_prefill(8, 2, 64, 2000, 9, 0, 16);
+    test_rejects_f32_cache();
     return cuda_test_summary();
 }

@@ -3,7 +3,8 @@
  * each launch. Exits 77 (CTest: skipped) when no GPU is present.
  *
  * Error bound: fp32 accumulation of exactly dequantized weights, so |gpu - cpu| <= 1e-4 * sum|terms| + 1e-5
- * (bf16 KV cache: attention inputs are rounded to bf16 on both sides).
+ * (bf16 KV cache: attention inputs are rounded to bf16 on both sides; the fp32 KV cache of exact mode is
+ * held to the fp32 bound).
  */
 #include <math.h>
 #include <stdio.h>
@@ -814,18 +815,26 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
 /* ---- attention --------------------------------------------------------------------------------------- */
 
 /* mma: 1 = n == 1 takes the tensor-core decode kernel (default; q and P rounded to bf16: the twin rounds q
- * too and the bound is 5e-3 * mag, see test_cuda_attention_prefill.cu), 0 = the SIMT kernel (2e-3) */
+ * too and the bound is 5e-3 * mag, see test_cuda_attention_prefill.cu), 0 = the SIMT kernel (2e-3).
+ * kv_f32: the exact mode's fp32 cache (attn_args.k_cache_f32): the append is checked row by row (v copied
+ * exactly, k within 1e-5), attention always runs on the SIMT kernel (also when mma asks for tensor cores)
+ * and is held to the fp32 bound 1e-4 * mag; the twin rounds nothing. */
 static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int splits, int mma = 0,
-                           int min_chunk = 16)
+                           int min_chunk = 16, bool kv_f32 = false)
 {
     g_cuda_tuning.att_mma = mma;
     const int max_ctx = pos0 + n + 3, qkv_stride = nh * 2 * D + 2 * nkv * D, G = nh / nkv;
     std::vector<float> qkv = rand_vec((size_t)n * qkv_stride, -1, 1);
     std::vector<float> qn = rand_vec(D, 0.5f, 1.5f), kn = rand_vec(D, 0.5f, 1.5f);
-    /* prior cache rows */
+    /* prior cache rows: bf16, or fp32 values (kcf / vcf) in exact mode */
     std::vector<uint16_t> kc((size_t)nkv * max_ctx * D), vc((size_t)nkv * max_ctx * D);
+    std::vector<float> kcf, vcf;
     for (auto &x : kc) x = lily_f32_to_bf16(rnd_f(-1, 1));
     for (auto &x : vc) x = lily_f32_to_bf16(rnd_f(-1, 1));
+    if (kv_f32) {
+        kcf = rand_vec(kc.size(), -1, 1);
+        vcf = rand_vec(vc.size(), -1, 1);
+    }
     attn_args a;
     memset(&a, 0, sizeof a);
     a.qkv = dev_copy(qkv);
@@ -834,8 +843,13 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
     a.k_norm = dev_copy(kn);
     a.eps = 1e-6f;
     a.q = dev_nan((size_t)n * nh * D);
-    a.k_cache = (__nv_bfloat16 *)dev_copy(kc);
-    a.v_cache = (__nv_bfloat16 *)dev_copy(vc);
+    if (kv_f32) {
+        a.k_cache_f32 = dev_copy(kcf);
+        a.v_cache_f32 = dev_copy(vcf);
+    } else {
+        a.k_cache = (__nv_bfloat16 *)dev_copy(kc);
+        a.v_cache = (__nv_bfloat16 *)dev_copy(vc);
+    }
     a.max_ctx = max_ctx;
     std::vector<int> p0(1, pos0);
     a.pos = dev_copy(p0);
@@ -881,7 +895,9 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
         }
     };
     std::vector<double> Kc((size_t)nkv * max_ctx * D), Vc((size_t)nkv * max_ctx * D);
-    for (size_t i = 0; i < Kc.size(); i++) Kc[i] = lily_bf16_to_f32(kc[i]), Vc[i] = lily_bf16_to_f32(vc[i]);
+    for (size_t i = 0; i < Kc.size(); i++)
+        Kc[i] = kv_f32 ? kcf[i] : lily_bf16_to_f32(kc[i]), Vc[i] = kv_f32 ? vcf[i] : lily_bf16_to_f32(vc[i]);
+    auto cache_value = [&](double x) { return kv_f32 ? x : (double)lily_bf16_to_f32(lily_f32_to_bf16((float)x)); };
     for (int t = 0; t < n; t++) {
         const float *row = &qkv[(size_t)t * qkv_stride];
         for (int h = 0; h < nh; h++) normrope(row + (size_t)h * 2 * D, qn, pos0 + t, &Q[((size_t)t * nh + h) * D]);
@@ -889,13 +905,34 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
             std::vector<double> kr(D);
             normrope(row + (size_t)nh * 2 * D + (size_t)h * D, kn, pos0 + t, kr.data());
             for (int d = 0; d < D; d++) {
-                Kc[((size_t)h * max_ctx + pos0 + t) * D + d] = lily_bf16_to_f32(lily_f32_to_bf16((float)kr[d]));
+                Kc[((size_t)h * max_ctx + pos0 + t) * D + d] = cache_value(kr[d]);
                 Vc[((size_t)h * max_ctx + pos0 + t) * D + d] =
-                    lily_bf16_to_f32(lily_f32_to_bf16(row[(size_t)nh * 2 * D + (size_t)nkv * D + (size_t)h * D + d]));
+                    cache_value(row[(size_t)nh * 2 * D + (size_t)nkv * D + (size_t)h * D + d]);
             }
         }
     }
-    if (mma)
+    if (kv_f32) { /* the appended rows of the fp32 cache: v exactly the input, k within fp32 rounding */
+        std::vector<float> gk, gv;
+        std::vector<double> wk, wv, mk;
+        const std::vector<float> ck = host_copy(a.k_cache_f32, kcf.size()), cv = host_copy(a.v_cache_f32, vcf.size());
+        for (int h = 0; h < nkv; h++)
+            for (size_t i = ((size_t)h * max_ctx + pos0) * D; i < ((size_t)h * max_ctx + pos0 + n) * D; i++) {
+                gk.push_back(ck[i]), wk.push_back(Kc[i]), mk.push_back(fabs(Kc[i]) + 1.0);
+                gv.push_back(cv[i]), wv.push_back(Vc[i]);
+            }
+        char what[160];
+        snprintf(what, sizeof what, "fp32 KV append heads %d/%d D %d pos %d n %d: k", nh, nkv, D, pos0, n);
+        check(what, gk, wk, mk, 1e-5);
+        snprintf(what, sizeof what, "fp32 KV append heads %d/%d D %d pos %d n %d: v (exact)", nh, nkv, D, pos0, n);
+        size_t v_bad = 0;
+        for (size_t i = 0; i < gv.size(); i++)
+            v_bad += (double)gv[i] != wv[i];
+        g_checks++;
+        if (v_bad)
+            g_fail++;
+        printf("%s %s: %zu of %zu differ\n", v_bad ? "FAIL" : "ok  ", what, v_bad, gv.size());
+    }
+    if (mma && !kv_f32)
         for (auto &x : Q) x = lily_bf16_to_f32(lily_f32_to_bf16((float)x));
     std::vector<double> want((size_t)n * nh * D), mag((size_t)n * nh * D);
     for (int t = 0; t < n; t++)
@@ -924,8 +961,9 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
         }
     char what[160];
     snprintf(what, sizeof what, "attention heads %d/%d D %d pos %d n %d splits %d x >= %d%s", nh, nkv, D, pos0, n,
-             splits, min_chunk, mma ? " (tensor cores)" : "");
-    check(what, got, want, mag, mma ? 5e-3 : 2e-3);
+             splits, min_chunk, kv_f32 ? (mma ? " (fp32 KV, tensor cores asked: SIMT)" : " (fp32 KV)")
+                                      : mma ? " (tensor cores)" : "");
+    check(what, got, want, mag, kv_f32 ? 1e-4 : mma ? 5e-3 : 2e-3);
     g_cuda_tuning.att_mma = 1;
 }
 
@@ -1117,6 +1155,20 @@ int main(void)
     test_attention(6, 6, 64, 16, 40, 3, 1); /* G = 1 */
     test_attention(16, 2, 256, 64, 4093, 1, 200, 1, 16); /* odd position, many splits */
     test_attention(16, 2, 256, 64, 777, 1, 3, 1, 16);
+    /* exact mode's fp32 KV cache: the append, SIMT prefill (n > 1, one split) and SIMT decode (split-KV; with
+     * att_mma on too, which must leave the fp32 cache to the SIMT kernel), head_dim 64 / 128 / 256, G 1 / 3 / 4 / 8 */
+    for (int i = 0; i < 5; i++) {
+        test_attention(8, 2, 64, 16, 0, ns[i], 1, 0, 16, true);
+        test_attention(16, 2, 256, 64, 3, ns[i] > 64 ? 70 : ns[i], 1, 0, 16, true);
+    }
+    test_attention(6, 2, 64, 16, 5, 7, 1, 0, 16, true);
+    test_attention(6, 6, 64, 16, 40, 3, 1, 0, 16, true);
+    for (int i = 0; i < 7; i++) {
+        test_attention(8, 2, 64, 16, depths[i], 1, 8, 0, 16, true);
+        test_attention(16, 2, 256, 64, depths[i], 1, 64, 1, 128, true);
+        test_attention(16, 4, 128, 32, depths[i], 1, 37, 1, 16, true);
+        test_attention(6, 2, 64, 16, depths[i], 1, 1, 1, 16, true);
+    }
     test_embed(4, 1000, 2048, 7);
     test_embed(16, 512, 128, 64);
     test_embed(8, 300, 128, 2);

@@ -20,7 +20,8 @@
  * the same pieces (exact repeat, shared system prompt, mid edit): bit-identical prompt logits, tokens and
  * final logits. Always asserted: restoring a checkpoint and decoding gives bit-identical logits to the
  * session that was saved, tokens reused match the expected checkpoint, the device pool is used when
- * present.
+ * present. Then the device and host setups again on a backend in exact mode (lily_backend_options.exact: an
+ * fp32 KV cache, so the KV rows the cache saves and restores are twice as wide; asserted).
  * Exits 77 when no GPU is present.
  */
 #include <jansson.h>
@@ -517,11 +518,27 @@ int main(void)
         printf("FAIL: the CUDA backend lacks the split-state / device-pool ops\n");
         return 1;
     }
-    printf("tiny-chat on CUDA: %zu bytes of KV rows per position, %zu bytes of recurrent state\n",
-           b->ops->kv_row_bytes(b->ctx), b->ops->recurrent_bytes(b->ctx));
+    const size_t kv_row_fast = b->ops->kv_row_bytes(b->ctx);
+    printf("tiny-chat on CUDA: %zu bytes of KV rows per position, %zu bytes of recurrent state\n", kv_row_fast,
+           b->ops->recurrent_bytes(b->ctx));
     run_setup(f, "device", (size_t)64 << 20);
     run_setup(f, "host", 0);
     run_setup(f, "small-device", (size_t)256 << 10); /* fills up: later pieces fall back to host memory */
+    lily_engine_close(f->engine);
+
+    /* exact mode: fp32 KV rows (twice the bytes), the same cache behaviour */
+    opts.exact = true;
+    if (lily_engine_open(&opts, &f->engine, &err) != LILY_OK)
+        die("engine (exact)", &err);
+    b = &f->engine->backend;
+    const size_t kv_row_exact = b->ops->kv_row_bytes(b->ctx);
+    const bool wide = kv_row_exact == 2 * kv_row_fast;
+    printf("%s exact mode: %zu bytes of KV rows per position (fast mode %zu: half)\n", wide ? "PASS" : "FAIL",
+           kv_row_exact, kv_row_fast);
+    if (!wide)
+        g_fail++;
+    run_setup(f, "exact/device", (size_t)64 << 20);
+    run_setup(f, "exact/host", 0);
     lily_tokenizer_free(f->tok);
     lily_engine_close(f->engine);
     printf("%s\n", g_fail ? "FAILED" : "all passed");
