@@ -304,8 +304,8 @@ int main(int argc, char **argv)
                 if (be.ops->forward(be.ctx, st, toks + i, 1, LILY_LOGITS_LAST, lc + (size_t)i * V, &err) != LILY_OK)
                     DIE("cuda decode: %s", err.message);
             }
-            snprintf(label, sizeof label, "CUDA%s decode (%d calls of 1 token) vs CPU, knobs '%s'", exact ? " exact" : "",
-                     n, knobs[k]);
+            snprintf(label, sizeof label, "CUDA%s decode (%d calls of 1 token) vs CPU, knobs '%s'",
+                     exact ? " exact" : "", n, knobs[k]);
             compare_logits(label, lr, lc, n, V);
             if (layers)
                 probe_print(probe, cfg);

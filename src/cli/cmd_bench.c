@@ -399,7 +399,8 @@ static void print_md(const bench_header *h, const bench_options *o, int top_k, c
     printf("## lily bench — %s\n\n", h->date);
     printf("- machine: %s\n- backend: %s%s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
            "- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n",
-           h->machine, o->backend, o->exact ? " (precision exact)" : "", h->threads, h->model, h->shape, h->quantization, h->build, h->limits, o->reps);
+           h->machine, o->backend, o->exact ? " (precision exact)" : "", h->threads, h->model, h->shape, h->quantization,
+           h->build, h->limits, o->reps);
     if (h->memory[0])
         printf("- device memory: %s\n", h->memory);
     printf("\n");

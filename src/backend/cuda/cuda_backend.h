@@ -41,7 +41,8 @@ lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_toke
 long long lily_cuda_host_syncs(void *ctx);
 
 /* Bench helper: put the session at position pos as if pos tokens had been processed (KV rows [0, pos)
- * filled with pseudo-random bf16-representable values, stored bf16 or fp32 as the cache is; DeltaNet states kept). Errors: LILY_ERR_CONTEXT_LENGTH. */
+ * filled with pseudo-random bf16-representable values, stored bf16 or fp32 as the cache is; DeltaNet states
+ * kept). Errors: LILY_ERR_CONTEXT_LENGTH. */
 lily_status lily_cuda_state_set_position(void *ctx, void *state, int pos, lily_error *err);
 
 /* Decode-step profile: one greedy step captured as a CUDA graph with an event between stages, replayed

@@ -351,8 +351,9 @@ struct attn_args {
     int q_fused;
 };
 /* norm_rope.cu: q/k RMSNorm + partial RoPE, k and v appended to the cache (bf16, or fp32 when
- * a.k_cache_f32) at *pos .. *pos + n_tokens - 1, q written to a.q; with a.q_fused only k and v (a.q untouched). cudaErrorInvalidValue when more than 32
- * heads (q + k + v warps), head_dim > 256 or rot_dim > head_dim. */
+ * a.k_cache_f32) at *pos .. *pos + n_tokens - 1, q written to a.q; with a.q_fused only k and v (a.q
+ * untouched). cudaErrorInvalidValue when more than 32 heads (q + k + v warps), head_dim > 256 or
+ * rot_dim > head_dim. */
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Decode attention: n_tokens == 1 runs on tensor cores when g_cuda_tuning.att_mma and
  * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256, a bf16 cache; split-KV
@@ -369,7 +370,8 @@ bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
  * a.n_splits > 1 splits the keys of each query tile across blocks and merges (uses part_o >= n_splits
  * * n_tokens * n_heads * head_dim floats, part_ml >= n_splits * n_tokens * n_heads * 2).
  * cudaErrorInvalidValue for an unsupported shape. */
-/* head_dim 64, 128 or 256; n_heads % n_kv == 0; a bf16 cache; with q_fused also q_norm set, rot_dim even, <= head_dim */
+/* head_dim 64, 128 or 256; n_heads % n_kv == 0; a bf16 cache (never exact mode's fp32 one); with q_fused also
+ * q_norm set, rot_dim even, <= head_dim */
 bool attention_prefill_supported(const attn_args &a);
 cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Split count for a chunk of n_tokens at context position ctx (host hint): about two blocks per SM,

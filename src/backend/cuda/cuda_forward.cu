@@ -629,8 +629,9 @@ extern "C" lily_status lily_cuda_state_set_position(void *ctx, void *state, int 
                     LAUNCH(launch_fill_random_f32((float *)st->k_cache[l] + off, n_fill, 2 * l + 1, c->stream));
                     LAUNCH(launch_fill_random_f32((float *)st->v_cache[l] + off, n_fill, 2 * l + 2, c->stream));
                 } else {
-                    LAUNCH(launch_fill_random_bf16((__nv_bfloat16 *)st->k_cache[l] + off, n_fill, 2 * l + 1, c->stream));
-                    LAUNCH(launch_fill_random_bf16((__nv_bfloat16 *)st->v_cache[l] + off, n_fill, 2 * l + 2, c->stream));
+                    __nv_bfloat16 *k = (__nv_bfloat16 *)st->k_cache[l], *v = (__nv_bfloat16 *)st->v_cache[l];
+                    LAUNCH(launch_fill_random_bf16(k + off, n_fill, 2 * l + 1, c->stream));
+                    LAUNCH(launch_fill_random_bf16(v + off, n_fill, 2 * l + 2, c->stream));
                 }
             }
     LAUNCH(launch_set_int(&st->ctr->pos, pos, c->stream));

@@ -282,7 +282,9 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
 bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
 {
     const bool inter_ok = a.inter == a.shared_inter && (a.inter == 128 || a.inter == 256 || a.inter == 512);
-    return n_tokens == 1 && g_cuda_tuning.gemv_mma && !a.exact && a.n_experts <= MOE_MAX_E && a.top_k <= MOE_MAX_K && a.gate.bits == 4 && a.sgate.bits == 4 &&
+    if (a.exact) /* exact mode: moe_route.cu's fp32 kernels */
+        return false;
+    return n_tokens == 1 && g_cuda_tuning.gemv_mma && a.n_experts <= MOE_MAX_E && a.top_k <= MOE_MAX_K && a.gate.bits == 4 && a.sgate.bits == 4 &&
            a.down.bits == 4 && a.sdown.bits == 4 && a.hidden % 512 == 0 && a.hidden <= 4 * 512 && inter_ok &&
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
