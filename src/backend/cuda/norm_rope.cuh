@@ -22,6 +22,19 @@ __device__ __forceinline__ void rope_cos_sin(int p, int i, int rot_dim, float th
     sincos((double)ang, s, c);
 }
 
+/* The same for exact mode (lily_backend_options.exact), with inv_freq bit for bit as the CPU backend computes
+ * it (fp32 powf, correctly rounded, then an IEEE fp32 reciprocal): the build's --use_fast_math makes powf
+ * __powf and 1.0f / x approximate, up to ~1e-5 relative off in inv_freq, so the fp32 angle p * inv_freq
+ * drifts from the CPU's by ~1e-5 * p * inv_freq rad (5e-4 rad at p = 512, i = 1 of 32). Here the power is
+ * taken in double (fast math leaves double alone) and rounded to fp32 once; the angle is then the CPU's. */
+__device__ __forceinline__ void rope_cos_sin_exact(int p, int i, int rot_dim, float theta, double *c, double *s)
+{
+    const float e = __fdiv_rn((float)(2 * i), (float)rot_dim);
+    const float inv_freq = __fdiv_rn(1.0f, (float)pow((double)theta, (double)e));
+    const float ang = __fmul_rn((float)p, inv_freq);
+    sincos((double)ang, s, c);
+}
+
 /* Rotate-half on the normed pair (x = dim i, y = dim i + rot_dim / 2): dim i becomes x c - y s and dim
  * i + rot_dim / 2 becomes y c + x s, in double, rounded once to fp32 (explicit fma / mul: no contraction
  * choice left to the compiler, so every kernel gets the same bits). */
