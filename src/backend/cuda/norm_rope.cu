@@ -72,10 +72,7 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
         float v = sx[d];
         if (d < a.rot_dim) {
             double c, sn;
-            if (a.k_cache_f32) /* exact mode: the CPU's angle */
-                rope_cos_sin_exact(p, d < half ? d : d - half, a.rot_dim, a.rope_theta, &c, &sn);
-            else
-                rope_cos_sin(p, d < half ? d : d - half, a.rot_dim, a.rope_theta, &c, &sn);
+            rope_cos_sin(p, d < half ? d : d - half, a.rot_dim, a.rope_theta, &c, &sn);
             v = d < half ? rope_first(sx[d], sx[d + half], c, sn) : rope_second(sx[d - half], sx[d], c, sn);
         }
         if (is_q)

@@ -13,21 +13,12 @@
  * is x * r * w with w the q_norm / k_norm weight (already in 1 + w form), evaluated as (x * r) * w. */
 __device__ __forceinline__ float head_rms_inv(float ss, int D, float eps) { return rsqrtf(ss / (float)D + eps); }
 
-/* cos and sin of RoPE pair i (0 <= i < rot_dim / 2) at position p: inv_freq = theta^(-2i / rot_dim) and
- * the angle p * inv_freq in fp32 (as the reference computes them), cos/sin in double. */
+/* cos and sin of RoPE pair i (0 <= i < rot_dim / 2) at position p: inv_freq = theta^(-2i / rot_dim) and the
+ * angle p * inv_freq in fp32, bit for bit as the CPU backend (and the reference) computes them, cos/sin in
+ * double. The build's --use_fast_math would make powf __powf and 1.0f / x approximate (up to ~1e-5 relative
+ * in inv_freq: the angle drifts by ~1e-5 * p * inv_freq rad, ~0.8 rad at p = 131072), so the power is taken
+ * in double (fast math leaves double alone) and rounded to fp32 once, and the divisions are IEEE. */
 __device__ __forceinline__ void rope_cos_sin(int p, int i, int rot_dim, float theta, double *c, double *s)
-{
-    const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot_dim);
-    const float ang = (float)p * inv_freq;
-    sincos((double)ang, s, c);
-}
-
-/* The same for exact mode (lily_backend_options.exact), with inv_freq bit for bit as the CPU backend computes
- * it (fp32 powf, correctly rounded, then an IEEE fp32 reciprocal): the build's --use_fast_math makes powf
- * __powf and 1.0f / x approximate, up to ~1e-5 relative off in inv_freq, so the fp32 angle p * inv_freq
- * drifts from the CPU's by ~1e-5 * p * inv_freq rad (5e-4 rad at p = 512, i = 1 of 32). Here the power is
- * taken in double (fast math leaves double alone) and rounded to fp32 once; the angle is then the CPU's. */
-__device__ __forceinline__ void rope_cos_sin_exact(int p, int i, int rot_dim, float theta, double *c, double *s)
 {
     const float e = __fdiv_rn((float)(2 * i), (float)rot_dim);
     const float inv_freq = __fdiv_rn(1.0f, (float)pow((double)theta, (double)e));
