@@ -17,7 +17,7 @@
  * part_ml ([split][t][head][head_dim], [split][t][head][2]) and attention_prefill_merge_kernel combines
  * them. With n_splits == 1 the block normalises and writes out directly.
  * Output: out[t][h][d] = attn * sigmoid(gate[t][h][d]), gate = second half of q_proj's head row.
- * g_cuda_tuning.att_prefill 2 (3, 4: pipelined; 5, 6, 7: warp-specialized) on an sm_90a GPU: the wgmma kernel of attention_prefill_wg.cu instead
+ * g_cuda_tuning.att_prefill 2 (3, 4: pipelined) on an sm_90a GPU: the wgmma kernel of attention_prefill_wg.cu instead
  * (same results up to fp32 summation order; launch_attention_prefill picks it, this file's merge kernel
  * combines its splits).
  *
@@ -286,7 +286,7 @@ int attention_prefill_splits(const attn_args &a, int n_tokens, int ctx, int cap_
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             n_sm = 132;
     }
-    /* the wgmma kernels (att_prefill 2 .. 10): 128-row blocks, 64-key tiles (80 with 8, 10), one block per SM */
+    /* the wgmma kernels (att_prefill 2 .. 4): 128-row blocks, 64-key tiles, one block per SM */
     const bool wg = g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a);
     const int bm = wg ? APF_WG_BM : APF_BM, bn = wg ? APF_WG_BN : APF_BN, per_sm = wg ? 1 : 2;
     const int G = a.n_heads / a.n_kv;
@@ -304,7 +304,7 @@ cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStrea
         return cudaErrorInvalidValue;
     cudaError_t e;
     if (g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a))
-        e = launch_attention_prefill_wg(a, n_tokens, n_splits, min(g_cuda_tuning.att_prefill, 10) - 2, s);
+        e = launch_attention_prefill_wg(a, n_tokens, n_splits, min(g_cuda_tuning.att_prefill, 4) - 2, s);
     else if (a.head_dim == 64)
         e = apf_launch<64>(a, n_tokens, n_splits, s);
     else if (a.head_dim == 128)

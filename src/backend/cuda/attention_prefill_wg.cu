@@ -25,24 +25,11 @@
  * rescales O; K and V then have separate 2-stage rings (step j loads K j + 1 and V j).
  * EARLY (att_prefill 4): as PIPE with the step's cp.async refills issued after its wgmmas, so the tensor
  * cores start right after the barrier.
- * WARP-SPECIALIZED (att_prefill 5, 6, 7; attention_prefill_ws_kernel, 384 threads): warpgroups 0 and 1
- * are the consumers (the rows and the PIPE step above, unchanged arithmetic), warpgroup 2 the producer:
- * it cp.asyncs K j and V j (tile order) into separate rings of NK / NV stages and, once its own copies of
- * a tile landed (cp.async.wait_group 1: one tile later), fences the async proxy and arrives on the
- * stage's "full" mbarrier (count 128); a consumer waits on "full" (parity = use & 1) before its wgmmas
- * read the stage and each of its warps arrives on the stage's "empty" mbarrier (count 8) once they
- * completed; the producer waits on "empty" before refilling. No block-wide barrier in the walk, and
- * the consumers issue no loads. setmaxnreg: producer 40 registers, consumers 232 (384 x 168 at launch).
- * 6 (PING-PONG): the consumers take turns issuing their wgmmas (named barriers 2 and 3, FlashAttention-3's
- * scheme), so one warpgroup's softmax overlaps the other's GEMMs instead of both contending at once.
- * 7: as 6 with 3 K stages (224 KB of shared memory at head_dim 256). 5: 2 + 2 stages, no ping-pong.
- * 8: as 6 with 80-key tiles (FlashAttention-3's head_dim-256 tile: S by m64n80k16, 5 k16 slices of P·V;
- * 2 + 2 stages of 40 KB, 224 KB), fewer steps and less shared-memory traffic per key for S.
- * 9, 10: as 6, 8 with the producer's copies completing on the "full" mbarrier by
- * cp.async.mbarrier.arrive.noinc (CUTLASS's cp.async GMMA pipeline) instead of wait_group 1 + proxy fence
- * + arrive: fence.proxy.async is a MEMBAR.ALL.CTA in SASS, which may wait for the tile still in flight.
  * Measured (H200, last 4096-token chunk of a 32K prompt, attention over 10 layers, session 5): mma.sync
- * kernel 87.5 ms, att_prefill 2 47.6 ms, 3 42.2 ms (~490 TFLOP/s); 5 .. 10: not yet measured.
+ * kernel 87.5 ms, att_prefill 2 47.6 ms, 3 42.2 ms (~490 TFLOP/s). att_prefill 5 .. 10 (a warp-specialized
+ * cp.async producer warpgroup feeding full/empty mbarrier rings, ping-pong of the two consumer
+ * warpgroups, 3 K stages, 80-key tiles, cp.async.mbarrier.arrive.noinc completion) measured 51.3-56.0 ms
+ * vs 44.5 ms for 3 (session 7) and were removed; the code is in git history at commit de8dfae.
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */
@@ -360,283 +347,6 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
 #endif
 }
 
-/* ---- warp-specialized form (att_prefill 5 .. 8) ------------------------------------------------------ */
-
-#define AWS_THREADS 384 /* warpgroups 0, 1: consumers (the rows of the kernel above); 2: the producer */
-#ifndef AWS_PREG
-#define AWS_PREG 40  /* registers per producer thread after setmaxnreg (24 spills its loop) */
-#define AWS_CREG 232 /* per consumer thread: 128 x 40 + 256 x 232 = 384 x 168 (the launch bound) */
-#endif
-
-template <int D, int NK, int NV, int BN> struct aws_shape {
-    static constexpr int Q_BYTES = D * APF_WG_BM * 2;
-    static constexpr int T_BYTES = D * BN * 2;
-    static constexpr int SMEM = Q_BYTES + (NK + NV) * T_BYTES + 1024;
-};
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void aws_mbar_init(uint64_t *bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-/* arrive when all of this thread's earlier cp.asyncs have completed (.noinc: counts as one of the
- * barrier's expected arrivals) */
-__device__ __forceinline__ void aws_mbar_arrive_cp_async(uint64_t *bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-/* arrive (release, CTA scope) */
-__device__ __forceinline__ void aws_mbar_arrive(uint64_t *bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-/* wait (acquire) until the phase of parity `parity` has completed. GUARD (the producer's waits): a correct
- * kernel waits microseconds; after 2^24 failed tries (a pipeline bug: seconds) it traps, so a test fails
- * instead of hanging (not in the consumers: a trap path there makes ptxas serialize their wgmmas). */
-template <bool GUARD> __device__ __forceinline__ void aws_mbar_wait(uint64_t *bar, uint32_t parity)
-{
-    for (uint32_t n = 0;; n++) {
-        uint32_t done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-        if (done)
-            return;
-        if (GUARD && n >= (1u << 24))
-            __trap();
-    }
-}
-template <int ID> __device__ __forceinline__ void aws_bar_sync(void)
-{
-    asm volatile("bar.sync %0, 256;\n" ::"n"(ID) : "memory");
-}
-template <int ID> __device__ __forceinline__ void aws_bar_arrive(void)
-{
-    asm volatile("bar.arrive %0, 256;\n" ::"n"(ID) : "memory");
-}
-#endif
-
-/* Named barriers: 1 = the consumers' Q tile (256 threads); 2, 3 = the ping-pong turns of consumer 0, 1. */
-template <int D, bool QF, int NK, int NV, bool PP, int BN, bool NOINC>
-__global__ void __launch_bounds__(AWS_THREADS, 1) attention_prefill_ws_kernel(attn_args a, int n_tokens)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef aws_shape<D, NK, NV, BN> S;
-    constexpr int BM = APF_WG_BM;
-    static_assert(D % 64 == 0 && BN * (D / 8) % 128 == 0 && NK >= 2 && NV >= 2, "tile shape / ring depth");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const uint32_t raw = smem_addr(smem_raw);
-    unsigned char *smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-    const uint32_t sbase = smem_addr(smem);
-    /* full: the producer's 128 threads arrive once their copies of the tile landed; empty: the 8
-     * consumer warps arrive once their wgmmas reading the tile completed */
-    __shared__ __align__(8) uint64_t full_k[NK], empty_k[NK], full_v[NV], empty_v[NV];
-
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    if (tid == 0) {
-        for (int i = 0; i < NK; i++) {
-            aws_mbar_init(&full_k[i], 128);
-            aws_mbar_init(&empty_k[i], 8);
-        }
-        for (int i = 0; i < NV; i++) {
-            aws_mbar_init(&full_v[i], 128);
-            aws_mbar_init(&empty_v[i], 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    const int G = a.n_heads / a.n_kv;
-    const int g = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * BM;
-    const int n_rows = n_tokens * G;
-
-    pdl_wait();
-    pdl_trigger();
-    const int pos = *a.pos;
-    const int t_first = r0 / G, t_last = min(n_tokens - 1, (r0 + BM - 1) / G);
-    const int L = pos + t_last + 1;
-    int chunk = (L + n_splits - 1) / n_splits;
-    chunk = (chunk + BN - 1) / BN * BN;
-    const int kstart = min(L, split * chunk), kend = min(L, kstart + chunk);
-    const int n_kt = (kend - kstart + BN - 1) / BN;
-    const int k_all = min(pos + t_first + 1, kend);
-
-    if (wg == 2) {
-        /* ---- producer: K j then V j into their rings, in the order the consumers use them ---- */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(AWS_PREG) : "memory");
-        const int ptid = tid - 256;
-        const __nv_bfloat16 *kc = a.k_cache + (size_t)g * a.max_ctx * D;
-        const __nv_bfloat16 *vc = a.v_cache + (size_t)g * a.max_ctx * D;
-        uint64_t *pend = nullptr; /* the full barrier of the last tile issued (its arrive waits one tile) */
-        for (int it = 0; it < 2 * n_kt; it++) {
-            const int j = it >> 1, isv = it & 1, ns = isv ? NV : NK, slot = j % ns, use = j / ns;
-            aws_mbar_wait<true>(isv ? &empty_v[slot] : &empty_k[slot], (use & 1) ^ 1);
-            unsigned char *dst = smem + S::Q_BYTES + (isv ? NK + slot : slot) * S::T_BYTES;
-            const __nv_bfloat16 *src = isv ? vc : kc;
-            const int k0 = kstart + j * BN;
-            constexpr int CPR = D / 8; /* 16-byte chunks per row */
-#pragma unroll 4
-            for (int i = ptid; i < BN * CPR; i += 128) {
-                const int r = i / CPR, c = i % CPR, key = k0 + r;
-                const bool ok = key < kend;
-                cp_async16(dst + awg_off<BN>(r, c * 8), src + (size_t)(ok ? key : 0) * D + c * 8, ok ? 16 : 0);
-            }
-            if constexpr (NOINC) { /* the arrive fires when the copies land: no wait, no proxy fence */
-                aws_mbar_arrive_cp_async(isv ? &full_v[slot] : &full_k[slot]);
-                continue;
-            }
-            cp_async_commit();
-            if (pend) {
-                cp_async_wait<1>(); /* the previous tile landed (this thread's part) */
-                fence_proxy_async();
-                aws_mbar_arrive(pend);
-            }
-            pend = isv ? &full_v[slot] : &full_k[slot];
-        }
-        if (pend) {
-            cp_async_wait<0>();
-            fence_proxy_async();
-            aws_mbar_arrive(pend);
-        }
-        if constexpr (NOINC)
-            asm volatile("cp.async.wait_all;\n" ::: "memory"); /* no copy outlives its thread */
-        return;
-    }
-
-    /* ---- consumers (warpgroups 0, 1): as the PIPE kernel, waiting on the rings instead of barriers ---- */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(AWS_CREG) : "memory");
-    __shared__ float s_r[QF ? BM : 1];
-    if constexpr (QF) {
-        apf_stage_q_fused<D, BM, 8, 1>(a, n_tokens, r0, g, pos, s_r, [&](int r, int d) {
-            return reinterpret_cast<__nv_bfloat16 *>(smem + awg_off<BM>(r, d));
-        });
-    } else {
-        for (int i = tid; i < BM * (D / 8); i += 256) {
-            const int r = i / (D / 8), c = i % (D / 8), gr = r0 + r;
-            float4 v0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v1 = v0;
-            if (gr < n_rows) {
-                const int t = gr / G, h = gr % G;
-                const float *src = a.q + ((size_t)t * a.n_heads + g * G + h) * D + c * 8;
-                v0 = *reinterpret_cast<const float4 *>(src);
-                v1 = *reinterpret_cast<const float4 *>(src + 4);
-            }
-            float x0, x1;
-            uint4 u;
-            u.x = pack_bf16(v0.x, v0.y, x0, x1);
-            u.y = pack_bf16(v0.z, v0.w, x0, x1);
-            u.z = pack_bf16(v1.x, v1.y, x0, x1);
-            u.w = pack_bf16(v1.z, v1.w, x0, x1);
-            *reinterpret_cast<uint4 *>(smem + awg_off<BM>(r, c * 8)) = u;
-        }
-    }
-    fence_proxy_async();
-    aws_bar_sync<1>(); /* the Q tile, for both consumer warpgroups */
-
-    const int quad = lane >> 2, qid = lane & 3;
-    const int wrow = 64 * wg + 16 * warp + quad;
-    int lim[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int gr = r0 + wrow + 8 * i;
-        const int t = min(gr / G, n_tokens - 1);
-        lim[i] = min(pos + t + 1, kend);
-    }
-    const float sl2 = rsqrtf((float)D) * 1.4426950408889634f;
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; j++)
-        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-    const uint32_t sq = sbase + wg * 64 * 128;
-    auto k_at = [&](int j) { return sbase + S::Q_BYTES + (j % NK) * S::T_BYTES; };
-    auto v_at = [&](int j) { return sbase + S::Q_BYTES + (NK + j % NV) * S::T_BYTES; };
-    auto wait_k = [&](int j) { aws_mbar_wait<false>(&full_k[j % NK], (j / NK) & 1); };
-    auto wait_v = [&](int j) { aws_mbar_wait<false>(&full_v[j % NV], (j / NV) & 1); };
-    auto free_k = [&](int j) {
-        if (lane == 0)
-            aws_mbar_arrive(&empty_k[j % NK]);
-    };
-    auto free_v = [&](int j) {
-        if (lane == 0)
-            aws_mbar_arrive(&empty_v[j % NV]);
-    };
-    /* ping-pong (PP): the two consumers take turns issuing their wgmmas (turn of consumer w: named barrier
-     * 2 + w, synced by w and arrived at by the other), so one's softmax runs while the other's GEMMs
-     * hold the tensor cores. n_kt + 1 turns each; consumer 1 opens consumer 0's first turn and skips
-     * its last hand-over (every arrive is matched). */
-    auto turn_begin = [&]() {
-        if constexpr (PP) {
-            if (wg == 0)
-                aws_bar_sync<2>();
-            else
-                aws_bar_sync<3>();
-        }
-    };
-    auto turn_end = [&](bool last) {
-        if constexpr (PP) {
-            if (wg == 0)
-                aws_bar_arrive<3>();
-            else if (!last)
-                aws_bar_arrive<2>();
-        }
-    };
-    float s[BN / 8][4];
-    uint32_t pa[BN / 16][4];
-    float corr[2];
-    if (n_kt > 0) {
-        if (PP && wg == 1)
-            aws_bar_arrive<2>();
-        wait_k(0);
-        turn_begin();
-        wg_fence();
-        awg_issue_s<D>(s, sq, k_at(0));
-        wg_commit();
-        turn_end(false);
-        wg_wait<0>();
-        wg_fence_regs(s);
-        free_k(0);
-        awg_softmax(s, kstart, kstart + BN > k_all, lim, qid, sl2, m, l, corr); /* O is still 0 */
-        awg_pack_p(s, pa);
-        for (int j = 1; j < n_kt; j++) {
-            wait_k(j);
-            wait_v(j - 1);
-            turn_begin();
-            wg_fence();
-            awg_issue_s<D>(s, sq, k_at(j));
-            wg_commit();
-            awg_issue_pv<D>(o, pa, v_at(j - 1));
-            wg_commit();
-            turn_end(false);
-            wg_wait<1>(); /* S j */
-            wg_fence_regs(s);
-            free_k(j);
-            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr);
-            wg_wait<0>(); /* P·V j - 1 */
-            wg_fence_regs(o);
-            wg_fence_regs(pa);
-            free_v(j - 1);
-            awg_rescale<D>(o, corr);
-            awg_pack_p(s, pa);
-        }
-        wait_v(n_kt - 1);
-        turn_begin();
-        wg_fence();
-        awg_issue_pv<D>(o, pa, v_at(n_kt - 1));
-        wg_commit();
-        turn_end(true);
-        wg_wait<0>();
-        wg_fence_regs(o);
-        wg_fence_regs(pa);
-    }
-    apf_write_rows<D>(a, o, m, l, r0 + wrow, g, n_rows, n_tokens, n_splits, split, qid);
-#else
-    (void)a;
-    (void)n_tokens;
-#endif
-}
-
 /* ---- launch ------------------------------------------------------------------------------------------ */
 
 /* 1 in the sm_90a image (the real kernel), 0 in every other image (the stub). */
@@ -682,41 +392,9 @@ template <int D, int VAR> static cudaError_t awg_launch(const attn_args &a, int 
     return a.q_fused ? awg_launch<D, true, VAR>(a, n_tokens, n_splits, s) : awg_launch<D, false, VAR>(a, n_tokens, n_splits, s);
 }
 
-template <int D, bool QF, int NK, int NV, bool PP, int BN, bool NOINC>
-static cudaError_t aws_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
-{
-    static size_t smem_set = 48 * 1024;
-    constexpr int smem = aws_shape<D, NK, NV, BN>::SMEM;
-    cudaError_t e = cuda_smem_opt_in(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN, NOINC>, smem, &smem_set);
-    if (e != cudaSuccess)
-        return e;
-    const int G = a.n_heads / a.n_kv;
-    dim3 grid((n_tokens * G + APF_WG_BM - 1) / APF_WG_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_ws_kernel<D, QF, NK, NV, PP, BN, NOINC>, grid, dim3(AWS_THREADS), smem, s, a, n_tokens);
-}
-
-template <int D, int NK, int NV, bool PP, int BN = APF_WG_BN, bool NOINC = false>
-static cudaError_t aws_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
-{
-    return a.q_fused ? aws_launch<D, true, NK, NV, PP, BN, NOINC>(a, n_tokens, n_splits, s)
-                     : aws_launch<D, false, NK, NV, PP, BN, NOINC>(a, n_tokens, n_splits, s);
-}
-
 template <int D>
 static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
 {
-    if (variant == 8)
-        return aws_launch<D, 2, 2, true, 80, true>(a, n_tokens, n_splits, s);
-    if (variant == 7)
-        return aws_launch<D, 2, 2, true, 64, true>(a, n_tokens, n_splits, s);
-    if (variant == 6)
-        return aws_launch<D, 2, 2, true, 80>(a, n_tokens, n_splits, s);
-    if (variant == 5)
-        return aws_launch<D, 3, 2, true>(a, n_tokens, n_splits, s);
-    if (variant == 4)
-        return aws_launch<D, 2, 2, true>(a, n_tokens, n_splits, s);
-    if (variant == 3)
-        return aws_launch<D, 2, 2, false>(a, n_tokens, n_splits, s);
     if (variant == 2)
         return awg_launch<D, 2>(a, n_tokens, n_splits, s);
     if (variant == 1)
@@ -726,7 +404,7 @@ static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, in
 
 cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
 {
-    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1 || variant < 0 || variant > 8)
+    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1 || variant < 0 || variant > 2)
         return cudaErrorInvalidValue;
     switch (a.head_dim) {
     case 64: return awg_launch<64>(a, n_tokens, n_splits, variant, s);

@@ -1,6 +1,6 @@
 /* attention_prefill_wg.cuh — the Hopper (sm_90a) wgmma variant of the prefill flash attention
  * (attention_prefill_wg.cu), chosen by launch_attention_prefill when g_cuda_tuning.att_prefill is 2 (or
- * 3 .. 7: the pipelined and warp-specialized forms) and attention_prefill_wg_supported(): same inputs, outputs and split-KV partials as the mma.sync kernel
+ * 3, 4: the pipelined forms) and attention_prefill_wg_supported(): same inputs, outputs and split-KV partials as the mma.sync kernel
  * (attention_prefill.cu), 128 query rows per block, 64 keys per tile.
  */
 #ifndef LILY_ATTENTION_PREFILL_WG_CUH
@@ -18,11 +18,7 @@ bool attention_prefill_wg_available(void);
 bool attention_prefill_wg_supported(const attn_args &a);
 /* The wgmma kernel for n_tokens >= 1 with n_splits >= 1 (the merge kernel is the caller's, as for the
  * mma.sync kernel); variant 0 (att_prefill 2): plain; 1 (att_prefill 3): a tile's softmax overlaps the
- * previous tile's P·V; 2 (att_prefill 4): as 1 with the refills issued after the wgmmas; 3 (att_prefill
- * 5): as 1 with a producer warpgroup loading K/V into mbarrier rings (384 threads); 4 (att_prefill 6): as
- * 3 with the consumers' wgmmas issued in turns (ping-pong); 5 (att_prefill 7): as 4 with 3 K stages;
- * 6 (att_prefill 8): as 4 with 80-key tiles; 7, 8 (att_prefill 9, 10): as 4, 6 with the producer's
- * copies completing on the mbarrier (cp.async.mbarrier.arrive.noinc).
+ * previous tile's P·V; 2 (att_prefill 4): as 1 with the refills issued after the wgmmas.
  * cudaErrorInvalidValue when !attention_prefill_wg_supported(a) or another variant. */
 cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s);
 
