@@ -66,6 +66,7 @@ typedef struct {
     float *ref[MAX_LAYERS][PROBE_N]; /* [n][hidden] */
     double d2[MAX_LAYERS][PROBE_N], r2[MAX_LAYERS][PROBE_N], tok_max[MAX_LAYERS][PROBE_N];
     int tok_off[MAX_LAYERS][PROBE_N]; /* tokens with relative error > 0.1 */
+    int first_off[MAX_LAYERS][PROBE_N]; /* the first such token's position, -1 none */
 } layer_probe;
 
 static int probe_index(const char *stage)
@@ -108,6 +109,8 @@ static void probe_hook(void *user, int layer, const char *stage, const float *da
         const double rel = sqrt(d2 / (r2 > 0 ? r2 : 1e-30));
         if (!(rel <= p->tok_max[layer][k]))
             p->tok_max[layer][k] = rel;
+        if (!(rel <= 0.1) && (p->first_off[layer][k] < 0 || p->row0 + t < p->first_off[layer][k]))
+            p->first_off[layer][k] = p->row0 + t;
         p->tok_off[layer][k] += !(rel <= 0.1);
     }
 }
@@ -118,19 +121,21 @@ static void probe_clear(layer_probe *p)
     memset(p->r2, 0, sizeof p->r2);
     memset(p->tok_max, 0, sizeof p->tok_max);
     memset(p->tok_off, 0, sizeof p->tok_off);
+    memset(p->first_off, 0xff, sizeof p->first_off); /* -1 */
 }
 
 static void probe_print(const layer_probe *p, const lily_config *cfg)
 {
-    printf("\n| layer | mixer | rel err mixer | rel err moe | rel err residual | max token rel err moe | tokens with moe off > 10%% |\n"
-           "|---:|---|---:|---:|---:|---:|---:|\n");
+    printf("\n| layer | mixer | rel err mixer | rel err moe | rel err residual | max token rel err moe | tokens with moe off > 10%% | first such position |\n"
+           "|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for (int l = 0; l < cfg->n_layers && l < MAX_LAYERS; l++) {
         double rel[PROBE_N];
         for (int k = 0; k < PROBE_N; k++)
             rel[k] = sqrt(p->d2[l][k] / (p->r2[l][k] > 0 ? p->r2[l][k] : 1e-30));
-        printf("| %d | %s | %.2e | %.2e | %.2e | %.2e | %d |\n", l,
+        printf("| %d | %s | %.2e | %.2e | %.2e | %.2e | %d | %d |\n", l,
                cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION ? "attention" : "deltanet", rel[PROBE_MIXER],
-               rel[PROBE_MOE], rel[PROBE_RESIDUAL], p->tok_max[l][PROBE_MOE], p->tok_off[l][PROBE_MOE]);
+               rel[PROBE_MOE], rel[PROBE_RESIDUAL], p->tok_max[l][PROBE_MOE], p->tok_off[l][PROBE_MOE],
+               p->first_off[l][PROBE_MOE]);
     }
     (void)probe_names;
 }
