@@ -20,7 +20,7 @@
  *     (~2e-7 relative; expected mean KL ~1e-6, the CPU's own reordering band, unless a rare route flips).
  *
  * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
- *                            [--knobs SPEC]...
+ *                            [--seed N] [--knobs SPEC]...   (--seed: the prompt's random token ids, default 42)
  * The CPU forward runs on all cores of the machine (the GPU machine's CPUs).
  */
 #include <math.h>
@@ -200,9 +200,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--cpu-chunked")) cpu_chunked = 1;
         else if (!strcmp(argv[i], "--cpu-f16")) cpu_f16 = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_rng = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--knobs") && i + 1 < argc && n_knobs < MAX_KNOBS) knobs[n_knobs++] = argv[++i];
         else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact] "
-                 "[--knobs SPEC]...", argv[0]);
+                 "[--seed N] [--knobs SPEC]...", argv[0]);
     }
     if (n < 1 || n > 8192)
         DIE("-n must be in [1, 8192]");
