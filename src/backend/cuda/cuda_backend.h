@@ -96,11 +96,11 @@ typedef struct {
     int att_prefill;        /* prefill attention (n > 1) by the flash kernel: 1, or 0 the SIMT kernel; 2: the
                              * Hopper wgmma flash kernel (attention_prefill_wg.cu) on sm_90a, else as 1; 3: as 2
                              * with each tile's softmax overlapping the previous tile's P·V; 4: as 3 with the K/V
-                             * refills issued after the tile's wgmmas (179.9 vs 174.5 ms at the last chunk of 128K); above 4: as 4. Default 3 (H200,
-                             * the last 4096-token chunk of a 32K prompt: attention 44.5 ms, 47.6 with 2, 87.5
-                             * with 1). 5-10 (warp-specialized producer + mbarrier rings, ping-pong, 3 K stages,
-                             * 80-key tiles, noinc completion) measured 51.3-56.0 ms there and were removed in
-                             * session 7 (the code: git history, commit de8dfae) */
+                             * refills issued after the tile's wgmmas (179.9 vs 174.5 ms, last chunk of 128K);
+                             * above 4: as 4. Default 3 (H200, the last 4096-token chunk of a 32K prompt:
+                             * attention 44.5 ms, 47.6 with 2, 87.5 with 1). 5-10 (warp-specialized producer +
+                             * mbarrier rings, ping-pong, 3 K stages, 80-key tiles, noinc completion) measured
+                             * 51.3-56.0 ms there and were removed in session 7 (git history, commit de8dfae) */
     int moe_gate_up_blocks; /* decode MoE gate/up kernel: registers capped for 2 or 3 blocks per SM */
     int gemv_mma_blocks;    /* decode 4-bit GEMV: registers capped for 1 or 2 blocks per SM */
     /* prefill tensor-core GEMM (gemm_prefill.cuh; read at each launch, no capture involved) */
