@@ -6,6 +6,7 @@
 # An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed), and
 # so is a --precision other than fast / exact (exact on the cpu backend: the same logits);
 # info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
+# a NaN reference logit is an error in eval and perplexity, and output lost to a full device fails the command;
 # bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
 # usage: bash test_cli_usage.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
@@ -66,6 +67,23 @@ else
     fail "eval --precision exact on cpu gives the cpu's logits, bit for bit"
 fi
 check "run --help names --precision" 0 out "--precision P      fast (default) or exact" run --help
+
+# --- a non-finite reference is an error, not perfect agreement; lost output is a failure ------------------
+python3 - "$M/config.json" "$TMP/nan.f32" <<'PY' # [3, vocab] fp32 NaN
+import json, struct, sys
+cfg = json.load(open(sys.argv[1]))
+vocab = cfg.get("text_config", cfg)["vocab_size"]
+open(sys.argv[2], "wb").write(struct.pack("<f", float("nan")) * (3 * vocab))
+PY
+check "eval --reference with a NaN logit names it" 1 err "logit 0 of row 0 is not finite (nan)" \
+    eval -m "$M" --tokens 1,2,3 --reference "$TMP/nan.f32"
+printf '1 2 3\n' >"$TMP/three.tok"
+check "perplexity --reference-logits with a NaN logit names it" 1 err "logit 0 of row 0 is not finite (nan)" \
+    perplexity -m "$M" --tokens-file "$TMP/three.tok" --reference-logits "$TMP/nan.f32"
+if [ -w /dev/full ]; then
+    "$LILY" eval -m "$M" --tokens 1,2 >/dev/full 2>"$TMP/err"; rc=$?
+    expect "eval writing to a full device fails (exit 1)" bash -c "[ $rc = 1 ] && grep -qF 'error writing the output' '$TMP/err'"
+fi
 
 # --- info / eval / perplexity without -m: $LILY_MODEL, the same results as with -m ------------------
 printf 'The Python interpreter is usually installed as a program on the machine.\n' >"$TMP/text.txt"

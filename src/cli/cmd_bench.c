@@ -394,12 +394,19 @@ static void format_si(char *buf, size_t size, double v, const char *unit)
     snprintf(buf, size, "%.3g %s%s", v, prefix[i], unit);
 }
 
+/* The precision the run used: "exact" with --precision exact or on the cpu backend (always exact), else "fast". */
+static const char *precision_name(const bench_options *o)
+{
+    return o->exact || !strcmp(o->backend, "cpu") ? "exact" : "fast";
+}
+
 static void print_md(const bench_header *h, const bench_options *o, int top_k, const bench_row *rows, int n_rows)
 {
     printf("## lily bench — %s\n\n", h->date);
     printf("- machine: %s\n- backend: %s%s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
            "- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n",
-           h->machine, o->backend, o->exact ? " (precision exact)" : "", h->threads, h->model, h->shape, h->quantization,
+           h->machine, o->backend, !strcmp(precision_name(o), "exact") ? " (precision exact)" : "", h->threads,
+           h->model, h->shape, h->quantization,
            h->build, h->limits, o->reps);
     if (h->memory[0])
         printf("- device memory: %s\n", h->memory);
@@ -427,12 +434,13 @@ static void print_md(const bench_header *h, const bench_options *o, int top_k, c
 
 static void print_csv(const bench_header *h, const bench_options *o, const bench_row *rows, int n_rows)
 {
-    printf("test,kind,length,n_tokens,tok_s,stddev,cost_per_token,floor_tok_s,fraction_of_floor,backend,model,date\n");
+    printf("test,kind,length,n_tokens,tok_s,stddev,cost_per_token,floor_tok_s,fraction_of_floor,backend,precision,model,"
+           "date\n");
     for (int i = 0; i < n_rows; i++) {
         const bench_row *r = &rows[i];
-        printf("%s,%s,%d,%d,%.4f,%.4f,%.6g,%.4f,%.5f,%s,\"%s\",%s\n", r->test, r->is_decode ? "decode" : "prefill",
+        printf("%s,%s,%d,%d,%.4f,%.4f,%.6g,%.4f,%.5f,%s,%s,\"%s\",%s\n", r->test, r->is_decode ? "decode" : "prefill",
                r->length, r->n_tokens, r->mean, r->stddev, r->cost, r->floor, r->floor > 0 ? r->mean / r->floor : 0.0,
-               o->backend, h->model, h->date);
+               o->backend, precision_name(o), h->model, h->date);
     }
 }
 
@@ -443,7 +451,7 @@ static void print_json(const bench_header *h, const bench_options *o, const lily
     json_object_set_new(root, "date", json_string(h->date));
     json_object_set_new(root, "machine", json_string(h->machine));
     json_object_set_new(root, "backend", json_string(o->backend));
-    json_object_set_new(root, "precision", json_string(o->exact ? "exact" : "fast"));
+    json_object_set_new(root, "precision", json_string(precision_name(o)));
     json_object_set_new(root, "threads", json_integer(h->threads));
     json_object_set_new(root, "model", json_string(h->model));
     json_object_set_new(root, "shape", json_string(h->shape));

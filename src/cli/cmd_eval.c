@@ -77,6 +77,13 @@ static int compare_reference(const char *path, const float *logits, int n, int v
         free(ref);
         return 1;
     }
+    for (size_t i = 0; i < count; i++) /* a NaN or inf reference would read as perfect agreement (KL 0) */
+        if (!isfinite(ref[i])) {
+            fprintf(stderr, "lily eval: reference %s: logit %zu of row %zu is not finite (%g)\n", path,
+                    i % (size_t)vocab, i / (size_t)vocab, (double)ref[i]);
+            free(ref);
+            return 1;
+        }
     double max_abs = 0, sum_abs = 0, sum_kl = 0;
     int agree = 0;
     for (int t = 0; t < n; t++) {

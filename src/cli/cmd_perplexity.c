@@ -9,6 +9,7 @@
  * is runtime/perplexity.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,15 @@ static int map_reference(const char *ref_file, int vocab, void **map, size_t *si
         fprintf(stderr, "lily perplexity: cannot map %s: %s\n", ref_file, strerror(errno));
         return 1;
     }
+    const float *x = *map; /* a NaN or inf would make every comparison meaningless (KL reads as 0) */
+    for (size_t i = 0; i < *size / sizeof(float); i++)
+        if (!isfinite(x[i])) {
+            fprintf(stderr, "lily perplexity: %s: logit %zu of row %zu is not finite (%g)\n", ref_file,
+                    i % (size_t)vocab, i / (size_t)vocab, (double)x[i]);
+            munmap(*map, *size);
+            *map = MAP_FAILED;
+            return 1;
+        }
     return 0;
 }
 

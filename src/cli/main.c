@@ -44,8 +44,15 @@ int main(int argc, char **argv)
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name))
-            return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            const int rc = commands[i].run(argc - 1, argv + 1);
+            /* output lost (a full disk, a closed pipe) is a failure, not a silent success */
+            if (fflush(stdout) != 0 || ferror(stdout)) {
+                fprintf(stderr, "lily %s: error writing the output\n", argv[1]);
+                return rc ? rc : 1;
+            }
+            return rc;
+        }
     fprintf(stderr, "lily: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     static_assert(XL == 0 || TRIM, "TMA, MB: on TRIM");
     static_assert(PIPE == 0 || PIPE == 1 || PIPE == 3, "PIPE 0, 1, 3 (2 removed)");
     static_assert(!TRIM || PIPE == 3, "TRIM: PIPE 3");
-    constexpr bool LEAN = PIPE == 3; /* the lean step */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool LEAN = PIPE == 3; /* the lean step */
     typedef gemm_wg_shape<N, PIPE> S;
     constexpr bool TMA = XL == 1, MB = XL == 2; /* X by TMA / cp.async completing on an mbarrier */
     constexpr int NT = N / 8, NS = S::STAGES;
