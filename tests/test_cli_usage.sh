@@ -4,7 +4,8 @@
 # a value (exit 2, "-m needs a value"), and `lily debug tokenize` errors prefixed with the command's name.
 # `lily serve --help` lists every route; serve's start-up says the model is loading, then that it stopped.
 # An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed), and
-# so is a --precision other than fast / exact (exact on the cpu backend: the same logits);
+# so is a --precision other than fast / exact (exact on the cpu backend: the same logits); every command
+# takes --opt=value and says "--X needs a value", and --threads is 0 (all cores) or 1..4096 everywhere;
 # info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
 # a NaN reference logit is an error in eval and perplexity, and output lost to a full device fails the command;
 # bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
@@ -67,6 +68,35 @@ else
     fail "eval --precision exact on cpu gives the cpu's logits, bit for bit"
 fi
 check "run --help names --precision" 0 out "--precision P      fast (default) or exact" run --help
+
+# --- --opt=value and "needs a value" the same in every command; one --threads rule: 0 = all cores, 1..4096 ---
+for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m $M --tokens 1,2" \
+            "perplexity -m $M --tokens-file $TMP/none"; do
+    cmd=${args%% *}
+    # shellcheck disable=SC2086
+    check "$cmd --precision=half reaches the value check" 2 err \
+        "lily $cmd: --precision expects fast or exact, got \"half\"" $args --precision=half
+    # shellcheck disable=SC2086
+    check "$cmd --precision without a value says so" 2 err "lily $cmd: --precision needs a value" $args --precision
+    # shellcheck disable=SC2086
+    check "$cmd --threads 4097 is a usage error" 2 err \
+        "lily $cmd: --threads expects an integer in [0, 4096], got \"4097\"" $args --threads 4097
+    # shellcheck disable=SC2086
+    check "$cmd --threads=-1 is a usage error" 2 err \
+        "lily $cmd: --threads expects an integer in [0, 4096], got \"-1\"" $args --threads=-1
+done
+check "perplexity --precision alone is not the whole usage" 2 err "lily perplexity: --precision needs a value" \
+    perplexity --precision
+expect "perplexity --precision alone prints no usage" bash -c "! grep -q usage: '$TMP/err'"
+check "bench --threads 99999 is a usage error" 2 err "lily bench: --threads expects an integer in [0, 4096]" \
+    bench -m "$M" --threads 99999
+"$LILY" eval -m "$M" --tokens 1,2,3 --threads 0 --logits-out "$TMP/t0.f32" >/dev/null 2>&1
+"$LILY" eval -m "$M" --tokens 1,2,3 --threads=1 --logits-out "$TMP/t1.f32" >/dev/null 2>&1
+expect "eval --threads 0 (all cores) gives the --threads=1 logits" bash -c "[ -s '$TMP/t0.f32' ] && cmp -s '$TMP/t0.f32' '$TMP/t1.f32'"
+printf '1 2 3 4 5\n' >"$TMP/five.tok"
+check "perplexity --threads=0 and --ctx=4 run" 0 out "perplexity: " perplexity -m "$M" --tokens-file "$TMP/five.tok" --threads=0 --ctx=4
+check "run --threads 0 runs" 0 err "prefill: " run -m "$M" -p hi --threads 0 -n 2 --temp 0
+check "the shared help states the --threads rule" 0 out "CPU threads: 0 = all cores (the default), at most 4096" run --help
 
 # --- a non-finite reference is an error, not perfect agreement; lost output is a failure ------------------
 python3 - "$M/config.json" "$TMP/nan.f32" <<'PY' # [3, vocab] fp32 NaN

@@ -115,6 +115,26 @@ int cli_printer_on_token(void *user, int32_t token, const char *text, size_t len
 int cli_printer_finish(cli_printer *p, bool cut_by_length);
 void cli_printer_free(cli_printer *p);
 
+/* Match argv[*i] against a table of value options (n entries; alt may be NULL): "NAME VALUE", "ALT VALUE",
+ * or "NAME=VALUE" / "ALT=VALUE" for names starting with "--". Returns 1 on a match with *name set to the
+ * entry's name and *value to its value (*i advanced past a separate value); 0 when argv[*i] is none of
+ * them (nothing printed); -1 when it is one but no value follows ("lily CMD: OPT needs a value" printed:
+ * a usage error). Every command parses its value options through this, so all accept the = form. */
+typedef struct {
+    const char *name, *alt;
+} cli_value_option;
+int cli_match_option(const char *cmd, int argc, char **argv, int *i, const cli_value_option *opts, size_t n,
+                     const char **name, const char **value);
+
+/* --threads, the one rule for every command: 0 = all cores (the default), else 1..CLI_MAX_THREADS;
+ * anything else is a usage error (exit 2), checked while parsing, before any thread starts. */
+#define CLI_MAX_THREADS 4096
+#define CLI_THREADS_HELP "CPU threads: 0 = all cores (the default), at most 4096"
+
+/* Parse a --threads value by that rule into *out. Prints "lily CMD: OPT expects an integer in [0, 4096],
+ * got "S"" and returns -1 when it breaks it; 0 on success. */
+int cli_parse_threads(const char *cmd, const char *opt, const char *s, int *out);
+
 /* Parse an integer option value in [min, max]. Prints "lily CMD: OPT expects an integer in [min, max], got
  * "S"" on stderr and returns -1 when s is not one; 0 on success. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out);

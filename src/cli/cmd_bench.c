@@ -96,7 +96,7 @@ static void usage(FILE *f)
             "  -o md|json|csv         output format (default md)\n"
             "  --plot FILE.png        chart of tok/s against length (prefill and decode panels), via gnuplot\n"
             "  --membw                only measure and print the device's bandwidth and matmul rate\n"
-            "  --threads N            CPU threads (default: all cores)\n"
+            "  -t, --threads N        " CLI_THREADS_HELP "\n"
             "  --ctx-size N           session context size (default: the largest length the sweep needs)\n"
             "  --prefill-chunk N      tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "  --device N             GPU ordinal (default 0)\n"
@@ -574,21 +574,30 @@ static int parse_args(int argc, char **argv, bench_options *o)
     o->default_prompt_lengths = o->default_depths = 1; /* filled by default_sweep once the model is known */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0, takes = 1;
+        int bad = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return -1;
         } else if (!strcmp(a, "--membw")) {
             o->membw_only = 1;
-            takes = 0;
+            continue;
         } else if (!strcmp(a, "--no-warmup")) {
             o->warmup = 0;
-            takes = 0;
-        } else if (!val) {
-            fprintf(stderr, "lily bench: %s needs a value\n", a);
+            continue;
+        }
+        static const cli_value_option opts[] = {
+            {"--model", "-m"}, {"--synthetic", NULL}, {"-p", NULL}, {"-d", NULL}, {"-n", NULL}, {"-r", NULL},
+            {"--backend", NULL}, {"--precision", NULL}, {"-o", NULL}, {"--plot", NULL}, {"--threads", "-t"},
+            {"--ctx-size", "-c"}, {"--prefill-chunk", NULL}, {"--device", NULL}, {"--seed", NULL}};
+        const char *val = NULL;
+        int r = cli_match_option("bench", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &a, &val);
+        if (r < 0)
             return 2;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (r == 0) {
+            fprintf(stderr, "lily bench: unknown option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!strcmp(a, "--model")) {
             o->model_dir = val;
         } else if (!strcmp(a, "--synthetic")) {
             o->synthetic = val;
@@ -614,28 +623,24 @@ static int parse_args(int argc, char **argv, bench_options *o)
             bad = strcmp(val, "md") && strcmp(val, "json") && strcmp(val, "csv");
         } else if (!strcmp(a, "--plot")) {
             o->plot = val;
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            bad = parse_int(val, 0, 1024, &o->n_threads);
-        } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_parse_threads("bench", a, val, &o->n_threads))
+                return 2;
+        } else if (!strcmp(a, "--ctx-size")) {
             bad = parse_int(val, 1, 1 << 24, &o->ctx_size);
         } else if (!strcmp(a, "--prefill-chunk")) {
             bad = parse_int(val, 1, 1 << 20, &o->prefill_chunk);
         } else if (!strcmp(a, "--device")) {
             bad = parse_int(val, 0, 64, &o->device);
-        } else if (!strcmp(a, "--seed")) {
+        } else { /* --seed */
             int s;
             bad = parse_int(val, 0, 0x7fffffff, &s);
             o->seed = (uint64_t)s;
-        } else {
-            fprintf(stderr, "lily bench: unknown option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
         }
         if (bad) {
             fprintf(stderr, "lily bench: bad value '%s' for %s\n", val, a);
             return 2;
         }
-        i += takes;
     }
     if (!o->membw_only && !o->model_dir && !o->synthetic) {
         bool is_test_model;

@@ -41,7 +41,7 @@ static void usage(FILE *f)
             "                        cores; slower, agrees with cpu); the cpu backend is always exact\n"
             "  --deltanet FORM       recurrent (default: split-invariant) or chunked (chunk 64 for multi-token\n"
             "                        calls, transformers' numerics)\n"
-            "  --threads N           CPU threads (default: all cores)\n");
+            "  -t, --threads N       " CLI_THREADS_HELP "\n");
 }
 
 /* Write count fp32 values raw (little-endian on every machine lily runs on). Returns 0, or 1 printed. */
@@ -117,32 +117,20 @@ int cmd_eval(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        const char *opts[] = {"--model", "-m", "--tokens", "--tokens-file", "--decode-from", "--prefill-chunk",
-                              "--logits-out", "--reference", "--backend", "--threads", "--deltanet", "--precision"};
+        static const cli_value_option opts[] = {
+            {"--model", "-m"}, {"--tokens", NULL}, {"--tokens-file", NULL}, {"--decode-from", NULL},
+            {"--prefill-chunk", NULL}, {"--logits-out", NULL}, {"--reference", NULL}, {"--backend", NULL},
+            {"--threads", "-t"}, {"--deltanet", NULL}, {"--precision", NULL}};
         const char *value = NULL, *name = NULL;
-        for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) {
-            size_t len = strlen(opts[o]);
-            if (!strcmp(a, opts[o])) {
-                if (i + 1 >= argc) {
-                    fprintf(stderr, "lily eval: %s needs a value\n", a);
-                    return 2;
-                }
-                name = opts[o];
-                value = argv[++i];
-                break;
-            }
-            if (!strncmp(a, opts[o], len) && a[len] == '=' && opts[o][1] == '-') {
-                name = opts[o];
-                value = a + len + 1;
-                break;
-            }
-        }
+        int r = cli_match_option("eval", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &name, &value);
+        if (r < 0)
+            return 2;
         if (!name) {
             fprintf(stderr, "lily eval: unknown option '%s'\n\n", a);
             usage(stderr);
             return 2;
         }
-        if (!strcmp(name, "--model") || !strcmp(name, "-m"))
+        if (!strcmp(name, "--model"))
             model = value;
         else if (!strcmp(name, "--tokens"))
             tokens_arg = value;
@@ -167,6 +155,9 @@ int cmd_eval(int argc, char **argv)
                 return 2;
             }
             deltanet_chunked = !strcmp(value, "chunked");
+        } else if (!strcmp(name, "--threads")) {
+            if (cli_parse_threads("eval", name, value, &threads))
+                return 2;
         } else {
             const bool is_decode_from = !strcmp(name, "--decode-from");
             long v;
@@ -174,10 +165,8 @@ int cmd_eval(int argc, char **argv)
                 return 2;
             if (is_decode_from)
                 decode_from = (int)v;
-            else if (!strcmp(name, "--prefill-chunk"))
-                prefill_chunk = (int)v;
             else
-                threads = (int)v;
+                prefill_chunk = (int)v;
         }
     }
     if (!tokens_arg == !tokens_file) {

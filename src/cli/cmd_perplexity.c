@@ -35,12 +35,12 @@ static void usage(FILE *f)
             "  -m, --model DIR          model directory (default: $LILY_MODEL, else the bundled model)\n"
             "  -f, --file TEXT          a UTF-8 text file, tokenized with the model's tokenizer.json\n"
             "  --tokens-file F          token ids separated by whitespace or commas\n"
-            "  --ctx N                  window length (default 512, at most the input)\n"
+            "  -c, --ctx N              window length (default 512, at most the input)\n"
             "  --reference-logits F     raw little-endian fp32 [n_tokens, vocab] (lily eval --logits-out)\n"
             "  --backend cpu|cuda       (default cpu)\n"
             "  --precision P            fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                           cores; slower, agrees with cpu); the cpu backend is always exact\n"
-            "  --threads N              CPU threads (default: all cores)\n"
+            "  -t, --threads N          " CLI_THREADS_HELP "\n"
             "  --prefill-chunk N        tokens per forward pass (default 512, 4096 with cuda)\n"
             "  --special                with -f: special tokens written in the text (<|im_start|>) become their\n"
             "                           ids (default: encoded as plain text)\n");
@@ -143,48 +143,55 @@ int cmd_perplexity(int argc, char **argv)
             parse_special = 1;
             continue;
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "lily perplexity: %s needs a value (or is unknown)\n\n", a);
+        static const cli_value_option opts[] = {
+            {"--model", "-m"}, {"--file", "-f"}, {"--tokens-file", NULL}, {"--reference-logits", NULL},
+            {"--backend", NULL}, {"--precision", NULL}, {"--ctx", "-c"}, {"--threads", "-t"},
+            {"--prefill-chunk", NULL}};
+        const char *name = NULL, *v = NULL;
+        int r = cli_match_option("perplexity", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &name, &v);
+        if (r < 0)
+            return 2;
+        if (r == 0) {
+            fprintf(stderr, "lily perplexity: unknown option '%s'\n\n", a);
             usage(stderr);
             return 2;
         }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+        long n;
+        if (!strcmp(name, "--model"))
             model = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
+        else if (!strcmp(name, "--file"))
             text_file = v;
-        else if (!strcmp(a, "--tokens-file"))
+        else if (!strcmp(name, "--tokens-file"))
             tokens_file = v;
-        else if (!strcmp(a, "--reference-logits"))
+        else if (!strcmp(name, "--reference-logits"))
             ref_file = v;
-        else if (!strcmp(a, "--backend")) {
+        else if (!strcmp(name, "--backend")) {
             if (cli_check_backend("perplexity", v))
                 return 2;
             backend = v;
         }
-        else if (!strcmp(a, "--precision")) {
+        else if (!strcmp(name, "--precision")) {
             if (cli_parse_precision("perplexity", v, &exact))
                 return 2;
         }
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c"))
-            ctx = atoi(v);
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t"))
-            n_threads = atoi(v);
-        else if (!strcmp(a, "--prefill-chunk"))
-            prefill_chunk = atoi(v);
-        else {
-            fprintf(stderr, "lily perplexity: unknown option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
+        else if (!strcmp(name, "--threads")) {
+            if (cli_parse_threads("perplexity", name, v, &n_threads))
+                return 2;
+        }
+        else if (!strcmp(name, "--ctx")) {
+            if (cli_parse_int("perplexity", name, v, 2, INT32_MAX, &n))
+                return 2;
+            ctx = (int)n;
+        }
+        else { /* --prefill-chunk */
+            if (cli_parse_int("perplexity", name, v, 0, INT32_MAX, &n))
+                return 2;
+            prefill_chunk = (int)n;
         }
     }
     if (!text_file == !tokens_file) {
         fprintf(stderr, "lily perplexity: needs exactly one of -f TEXT / --tokens-file F\n\n");
         usage(stderr);
-        return 2;
-    }
-    if (ctx < 2 || n_threads < 0 || prefill_chunk < 0) {
-        fprintf(stderr, "lily perplexity: --ctx must be >= 2, --threads and --prefill-chunk >= 0\n");
         return 2;
     }
     if (!model) {

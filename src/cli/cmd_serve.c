@@ -40,7 +40,7 @@ static void usage(FILE *f)
             "  --backend cpu|cuda   compute backend (default cpu)\n"
             "  --precision P        fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                       cores; slower, agrees with cpu); the cpu backend is always exact\n"
-            "  --threads N          CPU threads (default: all cores)\n"
+            "  -t, --threads N      " CLI_THREADS_HELP "\n"
             "  --alias NAME         the model id clients see (default: the directory's name)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
             "                       by requests that repeat a cached prefix (default 4096)\n"
@@ -65,56 +65,61 @@ static void dir_name(const char *dir, char *out, size_t cap)
 int cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "cpu", *alias = NULL;
-    long port = 8080, ctx = 0, queue = 16, max_body_mib = 16, threads = 0;
+    long port = 8080, ctx = 0, queue = 16, max_body_mib = 16;
+    int threads = 0;
     long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
     bool exact = false;
+    static const cli_value_option opts[] = {
+        {"--model", "-m"}, {"--host", NULL}, {"--api-key", NULL}, {"--backend", NULL}, {"--precision", NULL},
+        {"--alias", NULL}, {"--port", NULL}, {"--ctx-size", "-c"}, {"--queue", NULL}, {"--max-body", NULL},
+        {"--threads", "-t"}, {"--cache-ram", NULL}, {"--cache-vram", NULL}, {"--checkpoint-every", NULL}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int ok = 1; /* a missing value (!v) is reported below as "needs a value" */
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            model_dir = v, i++;
-        } else if (!strcmp(a, "--host")) {
-            host = v, i++;
-        } else if (!strcmp(a, "--api-key")) {
-            api_key = v, i++;
-        } else if (!strcmp(a, "--backend")) {
-            backend = v, i++;
-        } else if (!strcmp(a, "--precision")) {
-            ok = !v || cli_parse_precision("serve", v, &exact) == 0, i++;
-        } else if (!strcmp(a, "--alias")) {
-            alias = v, i++;
-        } else if (!strcmp(a, "--port")) {
-            ok = !v || cli_parse_int("serve", a, v, 0, 65535, &port) == 0, i++;
-        } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
-            ok = !v || cli_parse_int("serve", a, v, 0, 1 << 24, &ctx) == 0, i++;
-        } else if (!strcmp(a, "--queue")) {
-            ok = !v || cli_parse_int("serve", a, v, 1, 1 << 16, &queue) == 0, i++;
-        } else if (!strcmp(a, "--max-body")) {
-            ok = !v || cli_parse_int("serve", a, v, 1, 4096, &max_body_mib) == 0, i++;
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            ok = !v || cli_parse_int("serve", a, v, 0, 1024, &threads) == 0, i++;
-        } else if (!strcmp(a, "--cache-ram")) {
-            ok = !v || cli_parse_int("serve", a, v, 1, 1L << 24, &cache_ram_mib) == 0, i++;
-        } else if (!strcmp(a, "--cache-vram")) {
-            ok = !v || cli_parse_int("serve", a, v, 0, 1L << 24, &cache_vram_mib) == 0, i++;
-        } else if (!strcmp(a, "--checkpoint-every")) {
-            ok = !v || cli_parse_int("serve", a, v, 0, 1L << 24, &checkpoint_every) == 0, i++;
-        } else {
+        }
+        const char *n = NULL, *v = NULL;
+        int r = cli_match_option("serve", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &n, &v);
+        if (r < 0)
+            return 2;
+        if (r == 0) {
             fprintf(stderr, "lily serve: unknown option '%s'\n\n", a);
             usage(stderr);
             return 2;
         }
+        int ok = 1;
+        if (!strcmp(n, "--model"))
+            model_dir = v;
+        else if (!strcmp(n, "--host"))
+            host = v;
+        else if (!strcmp(n, "--api-key"))
+            api_key = v;
+        else if (!strcmp(n, "--backend"))
+            backend = v;
+        else if (!strcmp(n, "--precision"))
+            ok = cli_parse_precision("serve", v, &exact) == 0;
+        else if (!strcmp(n, "--alias"))
+            alias = v;
+        else if (!strcmp(n, "--port"))
+            ok = cli_parse_int("serve", n, v, 0, 65535, &port) == 0;
+        else if (!strcmp(n, "--ctx-size"))
+            ok = cli_parse_int("serve", n, v, 0, 1 << 24, &ctx) == 0;
+        else if (!strcmp(n, "--queue"))
+            ok = cli_parse_int("serve", n, v, 1, 1 << 16, &queue) == 0;
+        else if (!strcmp(n, "--max-body"))
+            ok = cli_parse_int("serve", n, v, 1, 4096, &max_body_mib) == 0;
+        else if (!strcmp(n, "--threads"))
+            ok = cli_parse_threads("serve", n, v, &threads) == 0;
+        else if (!strcmp(n, "--cache-ram"))
+            ok = cli_parse_int("serve", n, v, 1, 1L << 24, &cache_ram_mib) == 0;
+        else if (!strcmp(n, "--cache-vram"))
+            ok = cli_parse_int("serve", n, v, 0, 1L << 24, &cache_vram_mib) == 0;
+        else /* --checkpoint-every */
+            ok = cli_parse_int("serve", n, v, 0, 1L << 24, &checkpoint_every) == 0;
         if (!ok)
             return 2;
-        if (i >= argc) {
-            fprintf(stderr, "lily serve: %s needs a value\n", a);
-            return 2;
-        }
     }
     if (!host || !backend || (alias && !*alias)) {
         fprintf(stderr, "lily serve: missing option value\n\n");

@@ -42,7 +42,7 @@ void cli_gen_options_usage(FILE *f)
             "      --backend NAME     cpu (default) or cuda\n"
             "      --precision P      fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                         cores; slower, agrees with cpu); the cpu backend is always exact\n"
-            "  -t, --threads N        CPU threads (default: all cores)\n"
+            "  -t, --threads N        " CLI_THREADS_HELP "\n"
             "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "      --host-sampler     sample every token on the host, never in the backend's device loop (A/B)\n"
             "      --verbose          print the decode path (device loop or host sampler) after each reply\n");
@@ -80,6 +80,44 @@ int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, lon
     return 0;
 }
 
+int cli_parse_threads(const char *cmd, const char *opt, const char *s, int *out)
+{
+    long v;
+    if (cli_parse_int(cmd, opt, s, 0, CLI_MAX_THREADS, &v))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int cli_match_option(const char *cmd, int argc, char **argv, int *i, const cli_value_option *opts, size_t n,
+                     const char **name, const char **value)
+{
+    const char *a = argv[*i];
+    for (size_t k = 0; k < n; k++) {
+        for (int alt = 0; alt < 2; alt++) {
+            const char *opt = alt ? opts[k].alt : opts[k].name;
+            if (!opt)
+                continue;
+            size_t len = strlen(opt);
+            if (!strcmp(a, opt)) {
+                if (*i + 1 >= argc) {
+                    fprintf(stderr, "lily %s: %s needs a value\n", cmd, a);
+                    return -1;
+                }
+                *name = opts[k].name;
+                *value = argv[++*i];
+                return 1;
+            }
+            if (opt[0] == '-' && opt[1] == '-' && !strncmp(a, opt, len) && a[len] == '=') {
+                *name = opts[k].name;
+                *value = a + len + 1;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 static int parse_float(const char *cmd, const char *opt, const char *s, double min, double max, float *out)
 {
     char *end;
@@ -96,7 +134,7 @@ static int parse_float(const char *cmd, const char *opt, const char *s, double m
 int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_options *o)
 {
     static const char *const flags[] = {"--no-think", "--hide-reasoning", "--host-sampler", "--verbose"};
-    static const char *const valued[][2] = {
+    static const cli_value_option valued[] = {
         {"--model", "-m"}, {"--max-tokens", "-n"}, {"--temp", "--temperature"}, {"--top-p", NULL},
         {"--top-k", NULL}, {"--min-p", NULL}, {"--seed", NULL}, {"--system", NULL}, {"--ctx-size", "-c"},
         {"--backend", NULL}, {"--threads", "-t"}, {"--prefill-chunk", NULL}, {"--precision", NULL},
@@ -119,27 +157,11 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         return 1;
     }
     const char *name = NULL, *value = NULL;
-    for (size_t k = 0; k < sizeof valued / sizeof valued[0] && !name; k++) {
-        for (int alt = 0; alt < 2 && !name; alt++) {
-            const char *opt = valued[k][alt];
-            if (!opt)
-                continue;
-            size_t len = strlen(opt);
-            if (!strcmp(a, opt)) {
-                if (*i + 1 >= argc) {
-                    fprintf(stderr, "lily %s: %s needs a value\n", cmd, a);
-                    return -1;
-                }
-                name = valued[k][0];
-                value = argv[++*i];
-            } else if (opt[1] == '-' && !strncmp(a, opt, len) && a[len] == '=') {
-                name = valued[k][0];
-                value = a + len + 1;
-            }
-        }
-    }
-    if (!name)
-        return 0;
+    int r = cli_match_option(cmd, argc, argv, i, valued, sizeof valued / sizeof valued[0], &name, &value);
+    if (r <= 0)
+        return r;
+    if (strchr(a, '='))
+        a = name; /* "--threads=x": messages name the option, not the whole argument */
     long v;
     if (!strcmp(name, "--model"))
         o->model_dir = value;
@@ -166,9 +188,8 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
         o->ctx_size = (int)v;
     } else if (!strcmp(name, "--threads")) {
-        if (cli_parse_int(cmd, a, value, 1, 4096, &v))
+        if (cli_parse_threads(cmd, a, value, &o->n_threads))
             return -1;
-        o->n_threads = (int)v;
     } else if (!strcmp(name, "--prefill-chunk")) {
         if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))
             return -1;
