@@ -201,6 +201,13 @@ static void test_openai_rejects_bad_requests(void **state)
     assert_rejected("{\"prompt\":[]}", false, "prompt");
     assert_rejected("{\"prompt\":[\"a\",\"b\"]}", false, "prompt");
     assert_rejected("{\"prompt\":[1,-2]}", false, "prompt");
+    { /* a non-integer token id is named as such, not as a batch of prompts */
+        lily_oai_request req;
+        lily_oai_error e;
+        assert_false(parse("{\"prompt\":[1.5]}", false, &req, &e));
+        assert_string_equal(e.message, "Invalid 'prompt[0]': expected a token id (an integer), but got a number "
+                                       "instead.");
+    }
     assert_rejected("{\"prompt\":\"x\",\"logprobs\":true}", false, "logprobs");
 }
 

@@ -406,9 +406,12 @@ static bool check_prompt(lily_oai_request *req, lily_oai_error *e)
     size_t i;
     json_t *v;
     json_array_foreach(p, i, v) {
-        if (!json_is_integer(v))
+        if (json_is_string(v) || json_is_array(v))
             return bad(e, "prompt", "Invalid 'prompt': a batch of several prompts is not supported; expected one "
                                     "string or one array of token ids.");
+        if (!json_is_integer(v))
+            return bad(e, "prompt", "Invalid 'prompt[%zu]': expected a token id (an integer), but got %s instead.",
+                       i, json_kind(v));
         if (json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
             return bad(e, "prompt", "Invalid 'prompt[%zu]': %lld is not a token id.", i,
                        (long long)json_integer_value(v));

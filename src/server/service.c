@@ -648,7 +648,8 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
             snprintf(msg, sizeof msg, "The prompt is empty.");
         else
             snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your %s resulted "
-                     "in %d tokens. Please reduce the length of the %s.", max_ctx, what, *n_ids, what);
+                     "in %d tokens, which leaves no room for the reply (at least one token). Please reduce the "
+                     "length of the %s.", max_ctx, what, *n_ids, what);
         fail_with(job, 400, "invalid_request_error", what, *n_ids ? "context_length_exceeded" : NULL, msg);
         return false;
     }
