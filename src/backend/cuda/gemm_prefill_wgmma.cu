@@ -625,6 +625,26 @@ bool gemm_wgmma_available(void)
     return avail == 1;
 }
 
+/* One tile width's variants (launch_gemm_wgmma): 3 PIPE 0; 4 PIPE 1; 7 PIPE 3; 9 + TRIM; 10 + TMA for X when
+ * tma, else as 9; 11 as 10, the launches without TMA on mbarrier-completed cp.async (XL 2). */
+template <int N>
+static cudaError_t gemm_wg_variant(const gemm_args &a, int n_tokens, bool grouped, int variant, bool tma,
+                                   cudaStream_t s)
+{
+    switch (variant) {
+    case 3: return gemm_wg_epi<N, 0>(a, n_tokens, grouped, s);
+    case 4: return gemm_wg_epi<N, 1>(a, n_tokens, grouped, s);
+    case 7: return gemm_wg_epi<N, 3>(a, n_tokens, grouped, s);
+    case 9: return gemm_wg_epi<N, 3, true>(a, n_tokens, grouped, s);
+    case 10:
+        return tma ? gemm_wg_epi<N, 3, true, 1>(a, n_tokens, grouped, s)
+                   : gemm_wg_epi<N, 3, true>(a, n_tokens, grouped, s);
+    default:
+        return tma ? gemm_wg_epi<N, 3, true, 1, 2>(a, n_tokens, grouped, s)
+                   : gemm_wg_epi<N, 3, true, 2>(a, n_tokens, grouped, s);
+    }
+}
+
 cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int variant, cudaStream_t s)
 {
     if (a.m[0].bits != 4 || (T != 64 && T != 128) ||
@@ -635,30 +655,6 @@ cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, in
     const bool tma = variant >= 10 && !a.gather && (!grouped || a.act_rows > 0);
     /* variant 11: as 10, and every other launch's X (and weights) by cp.async completing on the
      * stage's mbarrier (no proxy fence per step either) */
-    if (T == 64) {
-        switch (variant) {
-        case 3: return gemm_wg_epi<64, 0>(a, n_tokens, grouped, s);
-        case 4: return gemm_wg_epi<64, 1>(a, n_tokens, grouped, s);
-        case 7: return gemm_wg_epi<64, 3>(a, n_tokens, grouped, s);
-        case 9: return gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
-        case 10:
-            return tma ? gemm_wg_epi<64, 3, true, 1>(a, n_tokens, grouped, s)
-                       : gemm_wg_epi<64, 3, true>(a, n_tokens, grouped, s);
-        default:
-            return tma ? gemm_wg_epi<64, 3, true, 1, 2>(a, n_tokens, grouped, s)
-                       : gemm_wg_epi<64, 3, true, 2>(a, n_tokens, grouped, s);
-        }
-    }
-    switch (variant) {
-    case 3: return gemm_wg_epi<128, 0>(a, n_tokens, grouped, s);
-    case 4: return gemm_wg_epi<128, 1>(a, n_tokens, grouped, s);
-    case 7: return gemm_wg_epi<128, 3>(a, n_tokens, grouped, s);
-    case 9: return gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
-    case 10:
-        return tma ? gemm_wg_epi<128, 3, true, 1>(a, n_tokens, grouped, s)
-                   : gemm_wg_epi<128, 3, true>(a, n_tokens, grouped, s);
-    default:
-        return tma ? gemm_wg_epi<128, 3, true, 1, 2>(a, n_tokens, grouped, s)
-                   : gemm_wg_epi<128, 3, true, 2>(a, n_tokens, grouped, s);
-    }
+    return T == 64 ? gemm_wg_variant<64>(a, n_tokens, grouped, variant, tma, s)
+                   : gemm_wg_variant<128>(a, n_tokens, grouped, variant, tma, s);
 }
