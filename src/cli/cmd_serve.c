@@ -2,8 +2,10 @@
  *
  * Owns: the options, the order of start-up (HTTP first, so /health answers 503 while the model loads on
  * the engine worker) and of shutdown (SIGINT/SIGTERM: stop accepting, answer waiting requests 503, let the
- * response in flight finish, then exit 0).
+ * response in flight finish, then exit 0; a second SIGINT/SIGTERM cancels that response at its next
+ * decode step).
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +35,14 @@ static void usage(FILE *f)
             "                       default: $LILY_MODEL, else the bundled models/lily-tiny\n"
             "  --host ADDR          address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N             port (default 8080; 0 = any free port)\n"
-            "  --api-key KEY        require 'Authorization: Bearer KEY' (default: none)\n"
+            "  --api-key KEY        require 'Authorization: Bearer KEY' (default: $LILY_API_KEY, else none)\n"
+            "  --api-key-file F     the key is F's first line (not visible in ps)\n"
+            "  --cors-origin LIST   browser origins allowed besides this machine's pages (comma-separated,\n"
+            "                       e.g. https://chat.example.com; '*' = any). Default: loopback only\n"
+            "  --idle-timeout S     close a connection silent for S seconds: headers, body or reading its\n"
+            "                       answer (default 10)\n"
+            "  --max-connections N  open connections at most; the oldest idle ones are closed to keep one in\n"
+            "                       eight free for new clients (default 256)\n"
             "  --ctx-size N         context size in tokens (default: the model's, at most 32768)\n"
             "  --queue N            requests that may wait while one runs; more get 503 (default 16)\n"
             "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
@@ -48,6 +57,42 @@ static void usage(FILE *f)
             "                       what does not fit goes to --cache-ram (default 2048 with --backend\n"
             "                       cuda, 0 = none)\n"
             "  --checkpoint-every N also checkpoint every N tokens of a long prefill (default 4096; 0 = never)\n");
+}
+
+/* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL).
+ * An empty key, or both options, is a usage error (returns nonzero after saying so). */
+static int resolve_api_key(const char **key, const char *file, char *buf, size_t cap)
+{
+    if (*key && file) {
+        fprintf(stderr, "lily serve: give --api-key or --api-key-file, not both\n");
+        return 1;
+    }
+    const char *from = *key ? "--api-key" : file ? "--api-key-file" : "LILY_API_KEY";
+    if (file) {
+        FILE *f = fopen(file, "r");
+        if (!f) {
+            fprintf(stderr, "lily serve: cannot read --api-key-file %s: %s\n", file, strerror(errno));
+            return 1;
+        }
+        if (!fgets(buf, (int)cap, f))
+            buf[0] = 0;
+        fclose(f);
+        buf[strcspn(buf, "\r\n")] = 0;
+        *key = buf;
+    } else if (!*key) {
+        *key = getenv("LILY_API_KEY");
+        if (!*key)
+            return 0;
+    }
+    size_t n = strlen(*key);
+    while (n > 0 && ((*key)[n - 1] == ' ' || (*key)[n - 1] == '\t'))
+        n--;
+    if (n == 0) {
+        fprintf(stderr, "lily serve: the API key from %s is empty (leave the option out to serve without a key)\n",
+                from);
+        return 1;
+    }
+    return 0;
 }
 
 /* The last path component of dir, without trailing slashes. */
@@ -65,7 +110,8 @@ static void dir_name(const char *dir, char *out, size_t cap)
 int cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "cpu", *alias = NULL;
-    long port = 8080, ctx = 0, queue = 16, max_body_mib = 16;
+    long port = 8080, ctx = 0, queue = 16, max_body_mib = 16, idle_timeout = 10, max_connections = 256;
+    const char *api_key_file = NULL, *cors_origin = NULL;
     int threads = 0;
     long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
@@ -73,7 +119,8 @@ int cmd_serve(int argc, char **argv)
     static const cli_value_option opts[] = {
         {"--model", "-m"}, {"--host", NULL}, {"--api-key", NULL}, {"--backend", NULL}, {"--precision", NULL},
         {"--alias", NULL}, {"--port", NULL}, {"--ctx-size", "-c"}, {"--queue", NULL}, {"--max-body", NULL},
-        {"--threads", "-t"}, {"--cache-ram", NULL}, {"--cache-vram", NULL}, {"--checkpoint-every", NULL}};
+        {"--threads", "-t"}, {"--cache-ram", NULL}, {"--cache-vram", NULL}, {"--checkpoint-every", NULL},
+        {"--api-key-file", NULL}, {"--cors-origin", NULL}, {"--idle-timeout", NULL}, {"--max-connections", NULL}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -96,6 +143,14 @@ int cmd_serve(int argc, char **argv)
             host = v;
         else if (!strcmp(n, "--api-key"))
             api_key = v;
+        else if (!strcmp(n, "--api-key-file"))
+            api_key_file = v;
+        else if (!strcmp(n, "--cors-origin"))
+            cors_origin = v;
+        else if (!strcmp(n, "--idle-timeout"))
+            ok = cli_parse_int("serve", n, v, 1, 3600, &idle_timeout) == 0;
+        else if (!strcmp(n, "--max-connections"))
+            ok = cli_parse_int("serve", n, v, 8, 4096, &max_connections) == 0;
         else if (!strcmp(n, "--backend"))
             backend = v;
         else if (!strcmp(n, "--precision"))
@@ -127,6 +182,9 @@ int cmd_serve(int argc, char **argv)
         return 2;
     }
     if (cli_check_backend("serve", backend))
+        return 2;
+    char key_buf[1024];
+    if (resolve_api_key(&api_key, api_key_file, key_buf, sizeof key_buf))
         return 2;
     if (!model_dir) {
         bool is_test_model;
@@ -167,6 +225,8 @@ int cmd_serve(int argc, char **argv)
     }
     lily_http_options ho = {.host = host, .port = (int)port, .api_key = api_key,
                             .max_body = (size_t)max_body_mib << 20, .model_name = name,
+                            .idle_timeout_s = (int)idle_timeout, .max_connections = (int)max_connections,
+                            .cors_origins = cors_origin,
                             .metrics_extra = lily_service_metrics, .metrics_user = svc};
     lily_http_server *http = NULL;
     if (lily_http_start(&ho, &sched, &http, &err) != LILY_OK) {
@@ -181,13 +241,14 @@ int cmd_serve(int argc, char **argv)
             name, model_dir, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http));
 
     int rc = 0;
-    bool announced = false;
+    bool announced = false, stop_requested = false;
     for (;;) {
         struct timespec tick = {0, 100 * 1000000L};
         int sig = sigtimedwait(&stop_signals, NULL, &tick);
         if (sig == SIGINT || sig == SIGTERM) {
-            fprintf(stderr, "lily serve: %s: finishing the response in flight, then exiting\n",
+            fprintf(stderr, "lily serve: %s: finishing the response in flight, then exiting (again to stop it now)\n",
                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+            stop_requested = true;
             break;
         }
         lily_sched_state st = lily_scheduler_state(&sched, NULL, NULL);
@@ -203,6 +264,18 @@ int cmd_serve(int argc, char **argv)
         }
     }
     lily_http_quiesce(http);
+    lily_scheduler_drain(&sched);
+    /* the response in flight finishes, unless a second signal cancels it (at its next decode step) */
+    while (stop_requested && !lily_scheduler_idle(&sched)) {
+        struct timespec tick = {0, 50 * 1000000L};
+        int sig = sigtimedwait(&stop_signals, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM) {
+            fprintf(stderr, "lily serve: %s again: cancelling the response in flight\n",
+                    sig == SIGINT ? "SIGINT" : "SIGTERM");
+            lily_scheduler_abort(&sched);
+            break;
+        }
+    }
     lily_scheduler_stop(&sched);
     lily_http_stop(http);
     lily_service_free(svc);

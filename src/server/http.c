@@ -25,6 +25,20 @@
 #include "base/base.h"
 #include "server/openai.h"
 
+/* GET /metrics status labels: one per status_class */
+static const char *const status_labels[] = {"2xx", "400", "401", "403", "404_405", "413", "415", "4xx", "499", "503",
+                                            "5xx"};
+#define N_STATUS_CLASSES ((int)(sizeof status_labels / sizeof status_labels[0]))
+
+/* One open connection (MHD's socket context). busy: it has a request in progress (headers received and
+ * no answer completed yet); an idle one is a keep-alive connection between requests or one still sending
+ * its headers. */
+typedef struct conn_slot {
+    struct conn_slot *prev, *next;
+    int fd;
+    bool busy, evicted;
+} conn_slot;
+
 struct lily_http_server {
     struct MHD_Daemon *daemon;
     lily_scheduler *sched;
@@ -33,7 +47,14 @@ struct lily_http_server {
     int port;
     atomic_int in_flight;     /* requests between their first byte and their completion */
     /* GET /metrics counters, added to when a request completes */
-    atomic_ullong n_by_status[7]; /* 2xx, 400, 401, 404/405, 413, 499, 5xx (the index of status_class) */
+    atomic_ullong n_by_status[N_STATUS_CLASSES]; /* by status_class */
+    char **cors;              /* --cors-origin: origins allowed besides the loopback ones */
+    int n_cors;
+    bool cors_any;            /* --cors-origin '*' */
+    /* open connections, oldest first, for keeping slots free (connection_opened) */
+    pthread_mutex_t conn_mu;
+    struct conn_slot *conn_head, *conn_tail;
+    int n_conns;
     atomic_ullong n_cancelled, prompt_tokens, completion_tokens, cached_tokens;
     long long started;        /* unix seconds, for /v1/models */
 };
@@ -49,13 +70,26 @@ typedef struct {
     bool responded;
     int status;
     lily_job *job;            /* a queued job, shared with the worker */
+    char allow_origin[256];   /* Access-Control-Allow-Origin of the answer ("" = none) */
     int fd;                   /* the connection's socket, polled for a vanished client */
     struct timespec t0;
 } request;
 
+/* The status microhttpd answered this connection's malformed request with (see on_mhd_log), else 0. */
+static _Thread_local int mhd_error_status;
+
 /* ---------------------------------------------------------------------------------------------------
  * responses
  */
+
+static void add_cors_headers(struct MHD_Response *resp, const request *r)
+{
+    if (!r->allow_origin[0])
+        return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->allow_origin);
+    if (strcmp(r->allow_origin, "*"))
+        MHD_add_response_header(resp, "Vary", "Origin");
+}
 
 static enum MHD_Result send_body(struct MHD_Connection *c, request *r, int status, const char *content_type,
                                  char *body, size_t len, const char *allow)
@@ -66,7 +100,7 @@ static enum MHD_Result send_body(struct MHD_Connection *c, request *r, int statu
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", content_type);
-    MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+    add_cors_headers(resp, r);
     if (allow)
         MHD_add_response_header(resp, "Allow", allow);
     if (status == 401)
@@ -158,6 +192,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     request *r = cls;
     for (;;) {
+        if (lily_job_overflowed(r->job))
+            return MHD_CONTENT_READER_END_WITH_ERROR; /* it fell too far behind: close */
         long n = lily_job_read(r->job, buf, max, 50);
         if (n > 0)
             return n;
@@ -182,7 +218,7 @@ static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+        add_cors_headers(resp, r);
         r->status = job->http_status;
         r->responded = true;
         enum MHD_Result ret = MHD_queue_response(c, (unsigned)job->http_status, resp);
@@ -298,16 +334,24 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, request *r)
                                           (json_int_t)r->srv->started, "owned_by", "lily"));
 }
 
+/* The index in status_labels. A 503 (queue full, model loading, shutting down) is not counted as a server
+ * error: it says "come back later". */
 static int status_class(int status)
 {
-    return status < 400 ? 0 : status == 400 ? 1 : status == 401 ? 2 : status == 404 || status == 405 ? 3
-         : status == 413 ? 4 : status == 499 ? 5 : 6;
+    static const int codes[] = {0, 400, 401, 403, 404, 413, 415};
+    if (status < 400)
+        return 0;
+    if (status == 405)
+        return 4;
+    for (int i = 1; i < (int)(sizeof codes / sizeof codes[0]); i++)
+        if (status == codes[i])
+            return i;
+    return status < 499 ? 7 : status == 499 ? 8 : status == 503 ? 9 : 10;
 }
 
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
 {
     lily_http_server *srv = r->srv;
-    static const char *const classes[] = {"2xx", "400", "401", "404_405", "413", "499", "5xx"};
     int waiting = 0, running = 0;
     lily_scheduler_state(srv->sched, &waiting, &running);
     char *extra = srv->opts.metrics_extra ? srv->opts.metrics_extra(srv->opts.metrics_user) : NULL;
@@ -318,8 +362,8 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
         return MHD_NO;
     }
     int n = snprintf(out, cap, "# HELP lily_requests_total Requests answered, by status (499: the client closed the connection first).\n# TYPE lily_requests_total counter\n");
-    for (int i = 0; i < 7; i++)
-        n += snprintf(out + n, cap - (size_t)n, "lily_requests_total{status=\"%s\"} %llu\n", classes[i],
+    for (int i = 0; i < N_STATUS_CLASSES; i++)
+        n += snprintf(out + n, cap - (size_t)n, "lily_requests_total{status=\"%s\"} %llu\n", status_labels[i],
                       (unsigned long long)atomic_load(&srv->n_by_status[i]));
     n += snprintf(out + n, cap - (size_t)n,
                   "# HELP lily_requests_cancelled_total Generations cancelled by a client that went away.\n"
@@ -341,6 +385,9 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
     return send_body(c, r, 200, "text/plain; version=0.0.4", out, strlen(out), NULL);
 }
 
+/* The most text /tokenize takes: its token ids and their JSON stay within a few tens of MB. */
+#define LILY_TOKENIZE_MAX_CONTENT (1 << 20)
+
 /* /tokenize {"content": str, "add_special"?: bool, "with_pieces"?: bool};
  * /detokenize {"tokens": [int]} — llama.cpp's server shapes. Validated here, run by the worker. */
 static bool check_tokenize_body(route_id id, json_t *body, lily_oai_error *e)
@@ -353,6 +400,12 @@ static bool check_tokenize_body(route_id id, json_t *body, lily_oai_error *e)
         if (!json_is_string(json_object_get(body, "content"))) {
             lily_oai_error_set(e, 400, "invalid_request_error", "content", NULL,
                                "Missing or invalid 'content': expected a string.");
+            return false;
+        }
+        if (json_string_length(json_object_get(body, "content")) > LILY_TOKENIZE_MAX_CONTENT) {
+            lily_oai_error_set(e, 400, "invalid_request_error", "content", NULL,
+                               "Invalid 'content': %zu bytes is over the limit of %d bytes for /tokenize.",
+                               json_string_length(json_object_get(body, "content")), LILY_TOKENIZE_MAX_CONTENT);
             return false;
         }
         return true;
@@ -406,14 +459,9 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
         }
         return submit(c, r, job);
     }
-    json_error_t jerr;
-    json_t *body = json_loadb(r->body ? r->body : "", r->body_len, 0, &jerr);
-    if (!body) {
-        lily_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
-                           "We could not parse the JSON body of your request: %s (line %d, column %d).", jerr.text,
-                           jerr.line, jerr.column);
+    json_t *body;
+    if (!lily_oai_json_load(r->body ? r->body : "", r->body_len, &body, &e))
         return send_error(c, r, &e, NULL);
-    }
     if (!check_tokenize_body(id, body, &e)) {
         json_decref(body);
         return send_error(c, r, &e, NULL);
@@ -425,6 +473,180 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
     }
     job->body = body;
     return submit(c, r, job);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * cross-origin requests and content types
+ */
+
+/* "http://" or "https://" followed by a loopback host and an optional port: a page served from this machine. */
+static bool loopback_origin(const char *origin)
+{
+    const char *h = !strncasecmp(origin, "http://", 7) ? origin + 7 : !strncasecmp(origin, "https://", 8) ? origin + 8 : NULL;
+    if (!h)
+        return false;
+    static const char *const hosts[] = {"localhost", "127.0.0.1", "[::1]"};
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) {
+        size_t n = strlen(hosts[i]);
+        if (strncasecmp(h, hosts[i], n))
+            continue;
+        const char *p = h + n;
+        if (!*p)
+            return true;
+        if (*p++ != ':' || !*p)
+            return false;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        return !*p;
+    }
+    return false;
+}
+
+/* A page served by this server itself, reached by an IP address (http://ADDR[:PORT] equal to the Host
+ * header). A host name is not trusted this way: a page could point its own name at this address (DNS
+ * rebinding); --cors-origin names such origins. */
+static bool same_origin_by_address(const char *origin, const char *host)
+{
+    if (!host || strncasecmp(origin, "http://", 7) || strcasecmp(origin + 7, host))
+        return false;
+    if (host[0] == '[')
+        return true;
+    char addr[64];
+    size_t n = strcspn(host, ":");
+    if (n >= sizeof addr)
+        return false;
+    memcpy(addr, host, n);
+    addr[n] = 0;
+    struct in_addr a;
+    return inet_pton(AF_INET, addr, &a) == 1;
+}
+
+/* Whether a request with this Origin header (NULL: none, as from curl or an SDK outside a browser) may be
+ * served; *allow is then the Access-Control-Allow-Origin to answer with ("" for none). */
+static bool origin_allowed(const lily_http_server *srv, const char *origin, const char *host, char *allow, size_t cap)
+{
+    allow[0] = 0;
+    if (!origin)
+        return true;
+    bool ok = srv->cors_any || loopback_origin(origin) || same_origin_by_address(origin, host);
+    for (int i = 0; !ok && i < srv->n_cors; i++)
+        ok = !strcasecmp(origin, srv->cors[i]);
+    if (ok && strlen(origin) < cap)
+        snprintf(allow, cap, "%s", srv->cors_any ? "*" : origin);
+    return ok && allow[0];
+}
+
+/* A request header a browser client may send cross-origin: the OpenAI SDKs' and the Anthropic API's. */
+static bool allowed_request_header(const char *name, size_t n)
+{
+    static const char *const names[] = {"authorization", "content-type", "accept", "openai-organization",
+                                        "openai-project", "openai-beta", "x-api-key", "anthropic-version",
+                                        "anthropic-beta", "anthropic-dangerous-direct-browser-access",
+                                        "x-request-id"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i]) == n && !strncasecmp(name, names[i], n))
+            return true;
+    return n > 12 && !strncasecmp(name, "x-stainless-", 12);
+}
+
+/* Access-Control-Allow-Headers for a preflight: the headers it asks for that are allowed. */
+static void preflight_allow_headers(const char *requested, char *out, size_t cap)
+{
+    snprintf(out, cap, "Authorization, Content-Type");
+    size_t len = strlen(out);
+    for (const char *p = requested; p && *p;) {
+        p += strspn(p, " \t,");
+        size_t n = strcspn(p, ",");
+        size_t k = n;
+        while (k > 0 && (p[k - 1] == ' ' || p[k - 1] == '\t'))
+            k--;
+        if (k && allowed_request_header(p, k) && strncasecmp(p, "authorization", k) && strncasecmp(p, "content-type", k) &&
+            len + k + 3 < cap) {
+            memcpy(out + len, ", ", 2);
+            memcpy(out + len + 2, p, k);
+            len += k + 2;
+            out[len] = 0;
+        }
+        p += n;
+    }
+}
+
+/* A JSON media type (application/json, or any ...+json), whatever its parameters. No header: accepted. */
+static bool json_content_type(const char *ct)
+{
+    if (!ct)
+        return true;
+    ct += strspn(ct, " \t");
+    size_t n = strcspn(ct, "; \t");
+    return (n == 16 && !strncasecmp(ct, "application/json", 16)) || (n > 5 && !strncasecmp(ct + n - 5, "+json", 5));
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * connections: slots kept free for new clients
+ */
+
+static conn_slot *slot_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void set_busy(lily_http_server *srv, struct MHD_Connection *c, bool busy)
+{
+    pthread_mutex_lock(&srv->conn_mu);
+    conn_slot *slot = slot_of(c);
+    if (slot)
+        slot->busy = busy;
+    pthread_mutex_unlock(&srv->conn_mu);
+}
+
+/* A connection opened or closed. When the open connections reach max_connections less a reserve (one in
+ * eight), the oldest idle ones (see conn_slot) are shut down, so idle or slow-header clients can never
+ * take the slots a new client needs; busy ones are never touched. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    lily_http_server *srv = cls;
+    pthread_mutex_lock(&srv->conn_mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_slot *slot = calloc(1, sizeof *slot);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (slot) {
+            slot->fd = ci ? ci->connect_fd : -1;
+            slot->prev = srv->conn_tail;
+            if (srv->conn_tail)
+                srv->conn_tail->next = slot;
+            else
+                srv->conn_head = slot;
+            srv->conn_tail = slot;
+            srv->n_conns++;
+        }
+        *socket_context = slot;
+        int keep = srv->opts.max_connections - LILY_MAX(1, srv->opts.max_connections / 8);
+        int open = 0;
+        for (conn_slot *p = srv->conn_head; p; p = p->next)
+            open += !p->evicted;
+        for (conn_slot *p = srv->conn_head; p && open > keep; p = p->next)
+            if (!p->busy && !p->evicted && p != slot && p->fd >= 0) {
+                shutdown(p->fd, SHUT_RDWR); /* its thread sees the close and ends the connection */
+                p->evicted = true;
+                open--;
+            }
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        conn_slot *slot = *socket_context;
+        if (slot->prev)
+            slot->prev->next = slot->next;
+        else
+            srv->conn_head = slot->next;
+        if (slot->next)
+            slot->next->prev = slot->prev;
+        else
+            srv->conn_tail = slot->prev;
+        srv->n_conns--;
+        free(slot);
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&srv->conn_mu);
 }
 
 /* s as printable ASCII for an error message: at most cap - 1 bytes, each byte outside '!'..'~' written as %XX,
@@ -463,16 +685,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             r->fd = ci->connect_fd;
         *con_cls = r;
         atomic_fetch_add(&srv->in_flight, 1);
+        set_busy(srv, c, true);
+        mhd_error_status = 0;
 
         const char *allow = NULL;
         route_id id = route_of(url, &allow);
+        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+        if (!origin_allowed(srv, origin, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host"), r->allow_origin,
+                            sizeof r->allow_origin)) {
+            char origin_text[160], msg[512];
+            printable_ascii(origin_text, sizeof origin_text, origin);
+            snprintf(msg, sizeof msg, "Cross-origin request from %s refused: only pages on this machine may call "
+                     "this server (start it with --cors-origin %s to allow that origin).", origin_text, origin_text);
+            return send_simple_error(c, r, 403, "permission_error", "origin_not_allowed", NULL, msg);
+        }
         if (!strcmp(method, "OPTIONS")) { /* CORS preflight, for browser chat UIs */
             struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
             if (!resp)
                 return MHD_NO;
-            MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+            char allow_headers[1024];
+            preflight_allow_headers(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers"),
+                                    allow_headers, sizeof allow_headers);
+            add_cors_headers(resp, r);
             MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(resp, "Access-Control-Allow-Headers", allow_headers);
+            MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
             r->status = 204;
             r->responded = true;
             enum MHD_Result ret = MHD_queue_response(c, 204, resp);
@@ -496,6 +733,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (id != R_HEALTH && !authorized(c, srv->api_key))
             return send_simple_error(c, r, 401, "invalid_request_error", "invalid_api_key", NULL,
                                      "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.");
+        const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+        if (!strcmp(allow, "POST") && !json_content_type(ct)) {
+            char ct_text[120], msg[300];
+            printable_ascii(ct_text, sizeof ct_text, ct);
+            snprintf(msg, sizeof msg, "Unsupported Content-Type '%s': send the body as JSON with 'Content-Type: "
+                     "application/json'.", ct_text);
+            return send_simple_error(c, r, 415, "invalid_request_error", "unsupported_media_type", NULL, msg);
+        }
         /* A body over the limit: a client waiting for "100 Continue" is told at once (it sends nothing);
          * any other is answered after its body is read and dropped, since most clients read no response
          * before they have sent the whole request, and closing on them loses the 413 (up to 1 GiB of it). */
@@ -557,12 +802,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)c;
     lily_http_server *srv = cls;
     request *r = *con_cls;
     if (!r)
         return;
     *con_cls = NULL;
+    set_busy(srv, c, false);
     if (r->job && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         lily_job_cancel(r->job); /* the stream's write failed or the client left */
     if (r->job) { /* the worker notices a cancel within one decode step; log its final counts */
@@ -581,8 +826,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
                  lily_job_cancelled(r->job) ? " cancelled" : "");
     }
-    int status = r->status ? r->status : (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : 499);
-    atomic_fetch_add(&srv->n_by_status[status_class(status)], 1);
+    /* microhttpd answered a malformed request itself (a bad chunk): on_mhd_log counted it */
+    bool mhd_answered = !r->responded && mhd_error_status;
+    int status = r->status ? r->status
+               : mhd_answered ? mhd_error_status
+               : (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : 499);
+    if (!mhd_answered)
+        atomic_fetch_add(&srv->n_by_status[status_class(status)], 1);
     if (r->job && !(status >= 400 && status < 499)) { /* a rejected request (400) processed no tokens */
         atomic_fetch_add(&srv->prompt_tokens, (unsigned long long)r->job->stats.prompt_tokens);
         atomic_fetch_add(&srv->completion_tokens, (unsigned long long)r->job->stats.completion_tokens);
@@ -594,18 +844,29 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     time_t now = time(NULL);
     struct tm tm;
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&now, &tm));
-    fprintf(stderr, "%s %s %s %d%s %.3f s\n", when, r->method, r->path, status, tail, secs);
+    fprintf(stderr, "%s %s %s %d%s%s %.3f s\n", when, r->method, r->path, status, tail,
+            r->job && lily_job_overflowed(r->job) ? " (the client fell too far behind reading the stream)" : "", secs);
     lily_job_unref(r->job);
     free(r->body);
     free(r);
     atomic_fetch_sub(&srv->in_flight, 1);
 }
 
+/* microhttpd answers malformed HTTP itself (a bad request line or chunk, an impossible Content-Length) and
+ * says so only in its log: count those answers by status. Each connection has its own thread, so the
+ * thread-local status also tells on_completed that the request it ends was answered this way. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
-    fprintf(stderr, "lily serve: microhttpd: ");
-    vfprintf(stderr, fmt, ap);
+    lily_http_server *srv = cls;
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    unsigned status;
+    if (sscanf(msg, "Error processing request (HTTP response code is %u", &status) == 1 && status >= 400 &&
+        status < 600) {
+        mhd_error_status = (int)status;
+        atomic_fetch_add(&srv->n_by_status[status_class((int)status)], 1);
+    }
+    fprintf(stderr, "lily serve: microhttpd: %s", msg);
 }
 
 lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched, lily_http_server **out,
@@ -622,6 +883,32 @@ lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched
     srv->model_name = strdup(opts->model_name ? opts->model_name : "lily");
     srv->started = (long long)time(NULL);
     atomic_init(&srv->in_flight, 0);
+    pthread_mutex_init(&srv->conn_mu, NULL);
+    if (!srv->opts.idle_timeout_s)
+        srv->opts.idle_timeout_s = 10;
+    for (const char *p = opts->cors_origins; p && *p;) { /* "A,B,C" or "*" */
+        p += strspn(p, " ,");
+        size_t n = strcspn(p, ",");
+        size_t k = n;
+        while (k > 0 && p[k - 1] == ' ')
+            k--;
+        while (k > 0 && p[k - 1] == '/') /* "http://host:1234/" as browsers never send it */
+            k--;
+        if (k == 1 && *p == '*') {
+            srv->cors_any = true;
+        } else if (k) {
+            char **c = realloc(srv->cors, (size_t)(srv->n_cors + 1) * sizeof *c);
+            if (!c || !(c[srv->n_cors] = strndup(p, k))) {
+                if (c)
+                    srv->cors = c;
+                lily_http_stop(srv);
+                return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+            }
+            srv->cors = c;
+            srv->n_cors++;
+        }
+        p += n;
+    }
     if (!srv->opts.max_body)
         srv->opts.max_body = 16u << 20;
     if (!srv->opts.max_connections)
@@ -646,11 +933,14 @@ lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     srv->daemon = MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
-                                   MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+                                   MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
                                    MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                    MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
                                    MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->opts.max_connections,
-                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+                                   /* an idle connection, or one that sends its headers or body or reads its
+                                    * answer no faster than this, is closed */
+                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->opts.idle_timeout_s,
                                    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
                                    MHD_OPTION_END);
     freeaddrinfo(ai);
@@ -692,6 +982,10 @@ void lily_http_stop(lily_http_server *srv)
         }
         MHD_stop_daemon(srv->daemon);
     }
+    for (int i = 0; i < srv->n_cors; i++)
+        free(srv->cors[i]);
+    free(srv->cors);
+    pthread_mutex_destroy(&srv->conn_mu);
     free(srv->host);
     free(srv->api_key);
     free(srv->model_name);

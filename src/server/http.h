@@ -2,11 +2,13 @@
  * bodies, validates requests and hands jobs to the scheduler.
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics
- * (Prometheus text), POST /tokenize, POST /detokenize (also without the /v1 prefix for the OpenAI ones). Errors are OpenAI JSON: 400 bad
- * request, 401 bad bearer token, 404 unknown route, 405 wrong method, 413 body over max_body, 503 queue full
- * or model loading. A client that disconnects before its answer is logged and counted in /metrics as 499
- * (nginx's "client closed request"), not as a 5xx. Each connection has its own thread (it may block waiting for its job); the engine
- * worker is the scheduler's.
+ * (Prometheus text), POST /tokenize, POST /detokenize (also without the /v1 prefix for the OpenAI ones).
+ * Errors are OpenAI JSON: 400 bad request, 401 bad bearer token, 403 a browser page from an origin not
+ * allowed (cors_origins), 404 unknown route, 405 wrong method, 413 body over max_body, 415 a POST body that
+ * is not JSON, 503 queue full or model loading. A client that disconnects before its answer is logged and
+ * counted in /metrics as 499 (nginx's "client closed request"), not as a 5xx; malformed HTTP is answered by
+ * microhttpd (400/413, a short HTML page) and counted too. Each connection has its own thread (it may
+ * block waiting for its job); the engine worker is the scheduler's and never waits for a socket.
  */
 #ifndef LILY_SERVER_HTTP_H
 #define LILY_SERVER_HTTP_H
@@ -22,7 +24,12 @@ typedef struct {
     const char *api_key;      /* NULL: no authentication */
     size_t max_body;          /* bytes; default 16 MiB */
     const char *model_name;   /* the id /v1/models lists and responses carry */
-    int max_connections;      /* default 256 */
+    int max_connections;      /* default 256; one in eight is kept free for new clients by closing the
+                               * oldest idle connections (keep-alive, or still sending their headers) */
+    int idle_timeout_s;       /* seconds a connection may stay silent (headers, body, or reading its answer)
+                               * before it is closed; default 10 */
+    const char *cors_origins; /* NULL: browser pages on this machine only (loopback origins, and the server's
+                               * own address); "A,B": those origins too; "*": any origin */
     /* More Prometheus text for GET /metrics (e.g. the prefix cache's counters): a malloc'd string the
      * server frees, or NULL. Called on a connection thread: it must be thread-safe. May be NULL. */
     char *(*metrics_extra)(void *user);

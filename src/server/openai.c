@@ -15,6 +15,39 @@
 
 #include "base/base.h"
 
+/* The length of the valid UTF-8 sequence (not NUL) at s[0, len), or 0 when s starts with an invalid one:
+ * a stray continuation byte, a truncated sequence, an overlong form, a surrogate or a code point past
+ * U+10FFFF (RFC 3629, section 4). */
+static size_t utf8_char_len(const unsigned char *s, size_t len)
+{
+    unsigned c = s[0];
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || n > len || c == 0)
+        return 0;
+    unsigned cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+    for (size_t k = 1; k < n; k++) {
+        if ((s[k] >> 6) != 2)
+            return 0;
+        cp = cp << 6 | (s[k] & 0x3F);
+    }
+    static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+size_t lily_oai_utf8_cut(const char *s, size_t n)
+{
+    for (size_t back = 1; back <= 4 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c >> 6) == 2)
+            continue; /* a continuation byte: its lead is further back */
+        size_t want = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+        return want > back ? n - back : n;
+    }
+    return n;
+}
+
 void lily_oai_error_set(lily_oai_error *e, int http_status, const char *type, const char *param,
                         const char *code, const char *fmt, ...)
 {
@@ -26,8 +59,10 @@ void lily_oai_error_set(lily_oai_error *e, int http_status, const char *type, co
     snprintf(e->code, sizeof e->code, "%s", code ? code : "");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    int n = vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof e->message) /* cut: end on a character boundary */
+        e->message[lily_oai_utf8_cut(e->message, sizeof e->message - 1)] = 0;
 }
 
 json_t *lily_oai_string(const char *s, size_t len)
@@ -40,16 +75,8 @@ json_t *lily_oai_string(const char *s, size_t len)
         return NULL;
     size_t o = 0;
     for (size_t i = 0; i < len;) {
-        unsigned char c = (unsigned char)s[i];
-        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = n > 0 && i + n <= len;
-        for (int k = 1; ok && k < n; k++)
-            ok = ((unsigned char)s[i + k] >> 6) == 2;
-        if (ok && n > 1 && !json_stringn(s + i, n)) /* overlong, surrogate, out of range */
-            ok = false;
-        if (ok && c == 0)
-            ok = false;
-        if (ok) {
+        size_t n = s[i] == 0 ? 1 : utf8_char_len((const unsigned char *)s + i, len - i);
+        if (n) { /* U+0000 is valid JSON (\u0000) */
             memcpy(buf + o, s + i, n);
             o += n;
             i += n;
@@ -87,6 +114,65 @@ char *lily_oai_error_json(const lily_oai_error *e)
  * request validation
  */
 
+/* Count the values and the nesting of JSON text without building it: commas, '[' and '{' outside strings
+ * (one more value each, which bounds the values jansson would allocate from above up to a factor of 2:
+ * an object member is a key and a value). Stops early past the limits. */
+static void json_shape(const char *s, size_t len, size_t *values, int *depth)
+{
+    size_t n = 1;
+    int d = 0, max_d = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len && n <= LILY_OAI_MAX_JSON_VALUES && max_d <= LILY_OAI_MAX_JSON_DEPTH; i++) {
+        char c = s[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = false;
+            continue;
+        }
+        if (c == '"')
+            in_string = true;
+        else if (c == ',')
+            n++;
+        else if (c == '[' || c == '{') {
+            n++;
+            max_d = ++d > max_d ? d : max_d;
+        } else if (c == ']' || c == '}')
+            d--;
+    }
+    *values = n;
+    *depth = max_d;
+}
+
+bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_error *e)
+{
+    *out = NULL;
+    size_t values;
+    int depth;
+    json_shape(body, len, &values, &depth);
+    if (depth > LILY_OAI_MAX_JSON_DEPTH) {
+        lily_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
+                           "The JSON body of your request nests deeper than %d levels.", LILY_OAI_MAX_JSON_DEPTH);
+        return false;
+    }
+    if (values > LILY_OAI_MAX_JSON_VALUES) {
+        lily_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
+                           "The JSON body of your request has more than %d values.", LILY_OAI_MAX_JSON_VALUES);
+        return false;
+    }
+    json_error_t jerr;
+    /* U+0000 is valid JSON and lily may write it in a reply: take it back */
+    *out = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    if (!*out) {
+        lily_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
+                           "We could not parse the JSON body of your request: %s (line %d, column %d).", jerr.text,
+                           jerr.line, jerr.column);
+        return false;
+    }
+    return true;
+}
+
 static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...)
 {
@@ -112,6 +198,32 @@ static const char *json_kind(const json_t *v)
     case JSON_NULL: return "null";
     }
     return "a value";
+}
+
+/* s for quoting in a message: at most max bytes (max < cap), cut on a character boundary. */
+static const char *quoted(char *buf, size_t cap, const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    n = lily_oai_utf8_cut(s, n < max ? n : max);
+    n = n < cap ? n : cap - 1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    return buf;
+}
+
+/* OpenAI's rule for a function name: ^[a-zA-Z0-9_-]{1,64}$. Anything else could break the tool-call
+ * markup the name is written into (<function=NAME>) or the tool_choice guarantee. */
+static bool valid_tool_name(const json_t *name)
+{
+    size_t n = json_string_length(name);
+    const char *s = json_string_value(name);
+    if (!s || n < 1 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
 }
 
 /* A number field in [lo, hi]; absent or null leaves *out unchanged. */
@@ -176,7 +288,7 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
                                   "but got an empty array instead.");
     size_t i;
     json_t *m;
-    char param[64];
+    char param[64], q[72];
     json_array_foreach(messages, i, m) {
         snprintf(param, sizeof param, "messages[%zu]", i);
         if (!json_is_object(m))
@@ -193,8 +305,8 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
         for (size_t r = 0; r < sizeof known_roles / sizeof known_roles[0]; r++)
             known |= !strcmp(json_string_value(role), known_roles[r]);
         if (!known)
-            return bad(e, param, "Invalid value: '%.64s'. Supported values are: 'system', 'developer', 'user', "
-                                 "'assistant', and 'tool'.", json_string_value(role));
+            return bad(e, param, "Invalid value: '%s'. Supported values are: 'system', 'developer', 'user', "
+                                 "'assistant', and 'tool'.", quoted(q, sizeof q, json_string_value(role), 64));
         json_t *content = json_object_get(m, "content");
         snprintf(param, sizeof param, "messages[%zu].content", i);
         bool is_assistant = !strcmp(json_string_value(role), "assistant");
@@ -211,8 +323,8 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
                     return bad(e, param, "Invalid content part %zu in '%s': expected an object with a 'type'.", k,
                                param);
                 if (strcmp(json_string_value(type), "text"))
-                    return bad(e, param, "Unsupported content part type '%.32s' in '%s': this model takes text only.",
-                               json_string_value(type), param);
+                    return bad(e, param, "Unsupported content part type '%s' in '%s': this model takes text only.",
+                               quoted(q, sizeof q, json_string_value(type), 32), param);
                 if (!json_is_string(text))
                     return bad(e, param, "Invalid content part %zu in '%s': 'text' must be a string.", k, param);
             }
@@ -244,6 +356,7 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
 
 static bool check_tools(lily_oai_request *req, lily_oai_error *e)
 {
+    char q[72];
     json_t *tools = json_object_get(req->body, "tools");
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools))
@@ -263,6 +376,9 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
             json_t *name = json_object_get(fn, "name");
             if (!json_is_string(name) || !json_string_length(name))
                 return bad(e, param, "Missing required parameter: '%s.function.name'.", param);
+            if (!valid_tool_name(name))
+                return bad(e, param, "Invalid '%s.function.name': '%s' does not match '^[a-zA-Z0-9_-]{1,64}$'.",
+                           param, quoted(q, sizeof q, json_string_value(name), 64));
             json_t *params = json_object_get(fn, "parameters");
             if (params && !json_is_object(params) && !json_is_null(params))
                 return bad(e, param, "Invalid '%s.function.parameters': expected a JSON schema object.", param);
@@ -282,13 +398,16 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
         else if (!strcmp(s, "required"))
             req->tool_choice = LILY_TOOL_CHOICE_REQUIRED;
         else
-            return bad(e, "tool_choice", "Invalid value for 'tool_choice': '%.64s'. Supported values are: 'none', "
-                                         "'auto', 'required', or a named function.", s);
+            return bad(e, "tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', "
+                                         "'auto', 'required', or a named function.", quoted(q, sizeof q, s, 64));
     } else if (json_is_object(tc)) {
         json_t *name = json_object_get(json_object_get(tc, "function"), "name");
         if (!json_is_string(name))
             return bad(e, "tool_choice", "Invalid 'tool_choice': expected {\"type\":\"function\",\"function\":"
                                          "{\"name\":...}}.");
+        if (!valid_tool_name(name))
+            return bad(e, "tool_choice", "Invalid 'tool_choice.function.name': '%s' does not match "
+                                         "'^[a-zA-Z0-9_-]{1,64}$'.", quoted(q, sizeof q, json_string_value(name), 64));
         req->tool_choice = LILY_TOOL_CHOICE_NAMED;
         snprintf(req->tool_name, sizeof req->tool_name, "%s", json_string_value(name));
     } else {
@@ -309,7 +428,7 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
             found |= n && !strcmp(n, req->tool_name);
         }
         if (!found)
-            return bad(e, "tool_choice", "Invalid value for 'tool_choice': no function named '%.200s' was specified "
+            return bad(e, "tool_choice", "Invalid value for 'tool_choice': no function named '%s' was specified "
                                          "in the 'tools' parameter.", req->tool_name);
     }
     if (req->tool_choice == LILY_TOOL_CHOICE_NONE)
@@ -325,6 +444,8 @@ static bool check_stop(lily_oai_request *req, lily_oai_error *e)
     if (json_is_string(stop)) {
         if (!json_string_length(stop))
             return true;
+        if (strlen(json_string_value(stop)) != json_string_length(stop))
+            return bad(e, "stop", "Invalid 'stop': a stop sequence cannot contain U+0000.");
         req->stop = malloc(sizeof *req->stop);
         if (!req->stop || !(req->stop[0] = strdup(json_string_value(stop))))
             return bad(e, "stop", "Out of memory.");
@@ -347,6 +468,8 @@ static bool check_stop(lily_oai_request *req, lily_oai_error *e)
                        json_kind(s));
         if (!json_string_length(s))
             continue;
+        if (strlen(json_string_value(s)) != json_string_length(s))
+            return bad(e, "stop", "Invalid 'stop[%zu]': a stop sequence cannot contain U+0000.", i);
         if (!(req->stop[req->n_stop] = strdup(json_string_value(s))))
             return bad(e, "stop", "Out of memory.");
         req->n_stop++;
@@ -367,11 +490,13 @@ static bool check_logit_bias(lily_oai_request *req, lily_oai_error *e)
         return bad(e, "logit_bias", "Out of memory.");
     const char *key;
     json_t *v;
+    char q[40];
     json_object_foreach(lb, key, v) {
         char *end;
         long id = strtol(key, &end, 10);
         if (*key < '0' || *key > '9' || *end || id < 0 || id > INT32_MAX) /* digits only: no sign, no space */
-            return bad(e, "logit_bias", "Invalid key in 'logit_bias': '%.32s' is not a token id.", key);
+            return bad(e, "logit_bias", "Invalid key in 'logit_bias': '%s' is not a token id.",
+                       quoted(q, sizeof q, key, 32));
         if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
             return bad(e, "logit_bias", "Invalid value in 'logit_bias' for token %ld: expected a number in "
                                         "[-100, 100].", id);
@@ -393,6 +518,7 @@ static bool check_prompt(lily_oai_request *req, lily_oai_error *e)
         p = json_array_get(p, 0); /* [[ids]] */
     if (json_is_string(p)) {
         req->prompt_text = json_string_value(p);
+        req->prompt_text_len = json_string_length(p);
         return true;
     }
     if (!json_is_array(p))
@@ -471,14 +597,8 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     req->temperature = req->top_p = req->min_p = NAN;
     req->presence_penalty = req->frequency_penalty = req->repetition_penalty = NAN;
 
-    json_error_t jerr;
-    req->body = json_loadb(body, len, 0, &jerr);
-    if (!req->body) {
-        lily_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
-                           "We could not parse the JSON body of your request: %s (line %d, column %d).", jerr.text,
-                           jerr.line, jerr.column);
+    if (!lily_oai_json_load(body, len, &req->body, e))
         return false;
-    }
     if (!json_is_object(req->body)) {
         bad(e, NULL, "Invalid request body: expected a JSON object, but got %s instead.", json_kind(req->body));
         goto fail;

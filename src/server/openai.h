@@ -59,6 +59,7 @@ typedef struct {
 
     /* completions */
     const char *prompt_text;  /* prompt as a string, or NULL */
+    size_t prompt_text_len;   /* its bytes (it may hold U+0000) */
     int32_t *prompt_ids;      /* prompt as token ids (malloc'd), or NULL */
     int n_prompt_ids;
     bool echo;
@@ -79,6 +80,16 @@ typedef struct {
     lily_oai_logit_bias *logit_bias; /* n_logit_bias entries (malloc'd) */
     int n_logit_bias;
 } lily_oai_request;
+
+/* Limits on a request body's JSON, checked on the text before jansson builds the document (jansson costs
+ * ~40 bytes per value: 262144 values stay near 10 MB whatever the body's size). */
+#define LILY_OAI_MAX_JSON_DEPTH 64
+#define LILY_OAI_MAX_JSON_VALUES (1 << 18)
+
+/* Parse a request body (len bytes; U+0000 allowed in strings) into *out. Returns false with e set (400)
+ * when it nests deeper than LILY_OAI_MAX_JSON_DEPTH, has more than LILY_OAI_MAX_JSON_VALUES values, or is
+ * not JSON. */
+bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_error *e);
 
 /* Parse and validate a chat (is_chat) or completions request body (len bytes, not NUL-terminated).
  * Returns true on success; on failure fills e (400, type invalid_request_error, param naming the field)
@@ -175,6 +186,11 @@ char *lily_oai_sse(const json_t *json, size_t *len);
 
 /* A JSON string from len bytes that may not be valid UTF-8 (invalid bytes become U+FFFD). NULL on OOM. */
 json_t *lily_oai_string(const char *s, size_t len);
+
+/* The length of the longest prefix of s[0, n) that does not end inside a UTF-8 character: n, or n less
+ * the 1-3 bytes of a multi-byte sequence that the end cuts short. For cutting text on a character
+ * boundary (copy at most max bytes: lily_oai_utf8_cut(s, min(len, max))). */
+size_t lily_oai_utf8_cut(const char *s, size_t n);
 
 /* JSON text (compact) of j as a malloc'd string. */
 char *lily_oai_dump(const json_t *j);

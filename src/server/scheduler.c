@@ -13,8 +13,6 @@
 
 #include "base/base.h"
 
-/* A stream whose reader stalls may hold this many unread bytes before the worker waits for it. */
-#define LILY_JOB_MAX_PENDING (8u << 20)
 
 lily_job *lily_job_new(lily_route route)
 {
@@ -80,11 +78,13 @@ lily_status lily_job_write(lily_job *job, const char *data, size_t len)
     if (atomic_load(&job->cancelled))
         return LILY_ERR_CANCELLED;
     pthread_mutex_lock(&job->mu);
-    /* back-pressure: a slow reader makes the worker wait (it still notices cancellation) */
-    while (job->streaming && job->out_len - job->out_off > LILY_JOB_MAX_PENDING && !atomic_load(&job->cancelled)) {
-        struct timespec ts;
-        deadline_after(&ts, 50);
-        pthread_cond_timedwait(&job->cv, &job->mu, &ts);
+    /* the worker never waits for a socket: a stream whose reader fell this far behind is cancelled */
+    if (job->streaming && job->out_len - job->out_off + len > LILY_JOB_MAX_PENDING) {
+        job->overflowed = true;
+        atomic_store(&job->cancelled, true);
+        pthread_cond_broadcast(&job->cv);
+        pthread_mutex_unlock(&job->mu);
+        return LILY_ERR_CANCELLED;
     }
     if (job->out_off > 0 && job->out_off == job->out_len)
         job->out_off = job->out_len = 0;
@@ -151,6 +151,14 @@ void lily_job_cancel(lily_job *job)
     pthread_mutex_lock(&job->mu);
     pthread_cond_broadcast(&job->cv);
     pthread_mutex_unlock(&job->mu);
+}
+
+bool lily_job_overflowed(lily_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    bool o = job->overflowed;
+    pthread_mutex_unlock(&job->mu);
+    return o;
 }
 
 bool lily_job_wait_begin(lily_job *job, int timeout_ms)
@@ -323,13 +331,9 @@ lily_sched_state lily_scheduler_wait_loaded(lily_scheduler *s)
     return st;
 }
 
-void lily_scheduler_stop(lily_scheduler *s)
+/* Fail the waiting jobs with 503 (s->mu held). */
+static void fail_waiting(lily_scheduler *s)
 {
-    if (!s->queue)
-        return;
-    pthread_mutex_lock(&s->mu);
-    s->stopping = true;
-    /* waiting jobs get 503 now; the running one finishes its response */
     while (s->queue_len) {
         lily_job *job = s->queue[s->queue_head];
         s->queue_head = (s->queue_head + 1) % s->queue_cap;
@@ -337,8 +341,43 @@ void lily_scheduler_stop(lily_scheduler *s)
         fail_unavailable(job, "The server is shutting down.");
         lily_job_unref(job);
     }
+}
+
+void lily_scheduler_drain(lily_scheduler *s)
+{
+    if (!s->queue)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    fail_waiting(s);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+}
+
+bool lily_scheduler_idle(lily_scheduler *s)
+{
+    pthread_mutex_lock(&s->mu);
+    bool idle = !s->running && !s->queue_len && s->state != LILY_SCHED_LOADING;
+    pthread_mutex_unlock(&s->mu);
+    return idle;
+}
+
+void lily_scheduler_abort(lily_scheduler *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    fail_waiting(s);
+    if (s->running)
+        lily_job_cancel(s->running);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void lily_scheduler_stop(lily_scheduler *s)
+{
+    if (!s->queue)
+        return;
+    lily_scheduler_drain(s); /* waiting jobs get 503 now; the running one finishes its response */
     pthread_join(s->worker, NULL);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

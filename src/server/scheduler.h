@@ -32,6 +32,10 @@ typedef struct {
     double prefill_tok_s, decode_tok_s;
 } lily_job_stats;
 
+/* The most bytes a stream may hold that its client has not read: past it the job is cancelled (the engine
+ * never waits for a socket) and the connection closed. */
+#define LILY_JOB_MAX_PENDING (4u << 20)
+
 typedef struct lily_job {
     lily_route route;
     lily_oai_request req;     /* validated (chat / completions) */
@@ -46,6 +50,7 @@ typedef struct lily_job {
     bool finished;
     int refs;
     atomic_bool cancelled;    /* the client went away or the server is stopping */
+    bool overflowed;          /* cancelled because the reader fell LILY_JOB_MAX_PENDING bytes behind */
     lily_job_stats stats;
 } lily_job;
 
@@ -54,7 +59,8 @@ lily_job *lily_job_new(lily_route route);
 void lily_job_unref(lily_job *job);
 
 /* Worker side. begin sets the HTTP status (once) and whether the body is an SSE stream; write appends
- * bytes (LILY_ERR_OUT_OF_MEMORY or LILY_ERR_CANCELLED when nobody will read them); finish ends the body. */
+ * bytes (LILY_ERR_OUT_OF_MEMORY, or LILY_ERR_CANCELLED when nobody will read them or when a stream's
+ * unread bytes would pass LILY_JOB_MAX_PENDING: the job is then cancelled); finish ends the body. */
 void lily_job_begin(lily_job *job, int http_status, bool streaming);
 lily_status lily_job_write(lily_job *job, const char *data, size_t len);
 void lily_job_finish(lily_job *job);
@@ -62,6 +68,8 @@ void lily_job_finish(lily_job *job);
  * error goes into the stream as an SSE error event instead). */
 void lily_job_fail(lily_job *job, const lily_oai_error *e);
 bool lily_job_cancelled(lily_job *job);
+/* True when the job was cancelled because its stream's reader fell behind (see LILY_JOB_MAX_PENDING). */
+bool lily_job_overflowed(lily_job *job);
 void lily_job_cancel(lily_job *job);
 
 /* Connection side: wait up to timeout_ms for the status (true when decided). */
@@ -108,6 +116,13 @@ lily_sched_state lily_scheduler_state(lily_scheduler *s, int *n_waiting, int *n_
 
 /* Wait for the load to end (READY or FAILED). */
 lily_sched_state lily_scheduler_wait_loaded(lily_scheduler *s);
+
+/* Stop taking jobs and fail the waiting ones with 503; the running one goes on. */
+void lily_scheduler_drain(lily_scheduler *s);
+/* True when no job runs or waits (and the model is not loading). */
+bool lily_scheduler_idle(lily_scheduler *s);
+/* lily_scheduler_drain, and cancel the running job (it ends at its next decode step). */
+void lily_scheduler_abort(lily_scheduler *s);
 
 /* Stop taking jobs, fail the waiting ones with 503, let the running one finish, join the worker. */
 void lily_scheduler_stop(lily_scheduler *s);

@@ -603,8 +603,9 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
     *thinking = false;
     if (req->is_chat) {
         char *prompt = NULL;
+        size_t plen = 0;
         json_t *treq = lily_oai_template_request(req);
-        st = treq ? lily_chat_render(treq, NULL, &prompt, &err)
+        st = treq ? lily_chat_render_n(treq, NULL, &prompt, &plen, &err)
                   : lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "Out of memory.");
         json_decref(treq);
         if (st != LILY_OK) {
@@ -613,12 +614,11 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
                       st == LILY_ERR_TEMPLATE ? "messages" : NULL, NULL, err.message);
             return false;
         }
-        size_t plen = strlen(prompt);
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
         st = lily_tokenizer_encode(svc->tok, prompt, plen, true, ids, n_ids, &err);
         free(prompt);
     } else if (req->prompt_text) {
-        st = lily_tokenizer_encode(svc->tok, req->prompt_text, strlen(req->prompt_text), true, ids, n_ids, &err);
+        st = lily_tokenizer_encode(svc->tok, req->prompt_text, req->prompt_text_len, true, ids, n_ids, &err);
     } else {
         for (int i = 0; i < req->n_prompt_ids; i++)
             if (req->prompt_ids[i] >= svc->vocab) {
@@ -936,6 +936,14 @@ static void run_tokenize(lily_service *svc, lily_job *job)
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error", "content", NULL,
                   err.message);
+        return;
+    }
+    if (n > LILY_OAI_MAX_JSON_VALUES) { /* the reply would be a bigger document than a request may be */
+        free(ids);
+        char msg[160];
+        snprintf(msg, sizeof msg, "Invalid 'content': it makes %d tokens, over the limit of %d for /tokenize.", n,
+                 LILY_OAI_MAX_JSON_VALUES);
+        fail_with(job, 400, "invalid_request_error", "content", NULL, msg);
         return;
     }
     json_t *tokens = json_array();

@@ -537,7 +537,15 @@ void lily_chat_options_init(lily_chat_options *opts)
 
 lily_status lily_chat_render(const json_t *request, const lily_chat_options *opts, char **out, lily_error *err)
 {
+    size_t len;
+    return lily_chat_render_n(request, opts, out, &len, err);
+}
+
+lily_status lily_chat_render_n(const json_t *request, const lily_chat_options *opts, char **out, size_t *len,
+                               lily_error *err)
+{
     *out = NULL;
+    *len = 0;
     render_state st = {0};
     st.err = err;
     chat_buf text = {0}, tmp = {0};
@@ -561,5 +569,6 @@ lily_status lily_chat_render(const json_t *request, const lily_chat_options *opt
         return s;
     }
     *out = text.data;
+    *len = text.len;
     return LILY_OK;
 }

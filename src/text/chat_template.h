@@ -46,6 +46,11 @@ void lily_chat_options_init(lily_chat_options *opts);
  * one), fields of the wrong JSON type. LILY_ERR_OUT_OF_MEMORY. *out is NULL on error. */
 lily_status lily_chat_render(const json_t *request, const lily_chat_options *opts, char **out, lily_error *err);
 
+/* lily_chat_render that also gives the prompt's length in bytes (*len, excluding the terminating NUL): the
+ * text holds U+0000 where a message's content did, so strlen would cut it short. */
+lily_status lily_chat_render_n(const json_t *request, const lily_chat_options *opts, char **out, size_t *len,
+                               lily_error *err);
+
 /* What a model directory says about its chat template. */
 typedef enum {
     LILY_CHAT_TEMPLATE_KNOWN,     /* identical to the Qwen3.6 template lily implements */
