@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <errno.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "server/http.h"
@@ -68,6 +71,17 @@ static void fake_run(void *user, lily_job *job)
             atomic_fetch_add(&cancelled_jobs, 1);
         atomic_store(&running_block, 0);
         lily_job_write(job, "data: [DONE]\n\n", 14);
+        lily_job_finish(job);
+        return;
+    }
+    if (mode && !strcmp(mode, "flood")) { /* stream 64 KiB chunks until the job is cancelled */
+        lily_job_begin(job, 200, true);
+        static char piece[65536];
+        memset(piece, 'x', sizeof piece);
+        while (lily_job_write(job, piece, sizeof piece) == LILY_OK)
+            ;
+        if (lily_job_cancelled(job))
+            atomic_fetch_add(&cancelled_jobs, 1);
         lily_job_finish(job);
         return;
     }
@@ -171,7 +185,8 @@ static int setup(void **state)
     if (lily_scheduler_start(&sched, 1, NULL, fake_run, NULL, &err) != LILY_OK)
         return -1;
     lily_scheduler_wait_loaded(&sched);
-    lily_http_options o = {.host = "127.0.0.1", .port = 0, .api_key = NULL, .max_body = 1024, .model_name = "fake"};
+    lily_http_options o = {.host = "127.0.0.1", .port = 0, .api_key = NULL, .max_body = 1024, .model_name = "fake",
+                           .max_connections = 16, .idle_timeout_s = 2};
     if (lily_http_start(&o, &sched, &srv, &err) != LILY_OK)
         return -1;
     port = lily_http_port(srv);
@@ -398,6 +413,159 @@ static void test_http_disconnect_before_body_is_499(void **state)
     free(log);
 }
 
+
+/* Browser pages: a page on this machine (any port) or none (curl, SDKs) is served with its origin echoed;
+ * any other origin gets 403 before anything runs; a preflight allows the headers the OpenAI and Anthropic
+ * SDKs send; a POST body that says it is not JSON gets 415. */
+static void test_http_cors_and_content_type(void **state)
+{
+    (void)state;
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    int status;
+    char *r = http("GET", "/v1/models", "Origin: http://localhost:5173\r\n", NULL, &status);
+    assert_int_equal(status, 200);
+    assert_non_null(strstr(r, "Access-Control-Allow-Origin: http://localhost:5173\r\n"));
+    assert_non_null(strstr(r, "Vary: Origin\r\n"));
+    free(r);
+    r = http("GET", "/v1/models", NULL, NULL, &status);
+    assert_int_equal(status, 200);
+    assert_null(strstr(r, "Access-Control-Allow-Origin")); /* no Origin: not a browser, nothing to allow */
+    free(r);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Origin: http://[::1]:3000\r\n", chat, "Hello"), 200);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Origin: https://evil.example\r\n", chat,
+                               "\"code\":\"origin_not_allowed\""), 403);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Origin: http://localhost.evil.example\r\n", chat, NULL),
+                     403);
+    assert_int_equal(status_of("OPTIONS", "/v1/chat/completions", "Origin: null\r\n", NULL, NULL), 403);
+    r = http("OPTIONS", "/v1/chat/completions",
+             "Origin: http://127.0.0.1:8000\r\nAccess-Control-Request-Method: POST\r\n"
+             "Access-Control-Request-Headers: authorization,content-type,x-stainless-os,x-stainless-retry-count,"
+             "openai-organization,x-api-key,anthropic-version,anthropic-beta,x-evil\r\n", NULL, &status);
+    assert_int_equal(status, 204);
+    assert_non_null(strstr(r, "Access-Control-Allow-Origin: http://127.0.0.1:8000\r\n"));
+    assert_non_null(strstr(r, "Access-Control-Allow-Headers: Authorization, Content-Type, x-stainless-os, "
+                              "x-stainless-retry-count, openai-organization, x-api-key, anthropic-version, "
+                              "anthropic-beta\r\n"));
+    free(r);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Content-Type: text/plain\r\n", chat,
+                               "\"code\":\"unsupported_media_type\""), 415);
+    assert_int_equal(status_of("POST", "/tokenize", "Content-Type: application/x-www-form-urlencoded\r\n",
+                               "{\"content\":\"abc\"}", NULL), 415);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", "Content-Type: Application/JSON; charset=utf-8\r\n",
+                               chat, "Hello"), 200);
+
+    /* --cors-origin: the listed origins too, or any with '*' */
+    lily_error err;
+    lily_http_server *open_srv = NULL;
+    lily_http_options o = {.host = "127.0.0.1", .max_body = 1024, .model_name = "fake",
+                           .cors_origins = "https://chat.example.com/, https://b.example"};
+    assert_int_equal(lily_http_start(&o, &sched, &open_srv, &err), LILY_OK);
+    int saved = port;
+    port = lily_http_port(open_srv);
+    assert_int_equal(status_of("GET", "/v1/models", "Origin: https://chat.example.com\r\n", NULL,
+                               "Access-Control-Allow-Origin: https://chat.example.com\r\n"), 200);
+    assert_int_equal(status_of("GET", "/v1/models", "Origin: https://b.example\r\n", NULL, NULL), 200);
+    assert_int_equal(status_of("GET", "/v1/models", "Origin: https://c.example\r\n", NULL, NULL), 403);
+    lily_http_stop(open_srv);
+    o.cors_origins = "*";
+    assert_int_equal(lily_http_start(&o, &sched, &open_srv, &err), LILY_OK);
+    port = lily_http_port(open_srv);
+    assert_int_equal(status_of("GET", "/v1/models", "Origin: https://c.example\r\n", NULL,
+                               "Access-Control-Allow-Origin: *\r\n"), 200);
+    lily_http_stop(open_srv);
+    port = saved;
+}
+
+/* Idle connections (never sending a byte) and slow-header clients cannot take every slot: with all 16
+ * slots held, /health still answers, and a connection silent for idle_timeout_s (2 s) is closed. */
+static void test_http_idle_connections_do_not_lock_out(void **state)
+{
+    (void)state;
+    int idle[24];
+    for (int i = 0; i < 24; i++) {
+        idle[i] = connect_server();
+        if (i % 2) /* half of them send part of a request line, then nothing */
+            assert_int_equal(write(idle[i], "GET /hea", 8), 8);
+        usleep(2000);
+    }
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+    assert_int_equal(status_of("GET", "/v1/models", NULL, NULL, "\"id\":\"fake\""), 200);
+    for (int i = 0; i < 24; i++)
+        close(idle[i]);
+
+    int fd = connect_server();
+    assert_int_equal(write(fd, "GET /health HTTP/1.1\r\nHo", 24), 24);
+    struct timeval tv = {.tv_sec = 8};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char b[512];
+    ssize_t n;
+    while ((n = read(fd, b, sizeof b)) > 0)
+        ;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    close(fd);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(n == 0 || errno == ECONNRESET); /* closed by the server, not by our 8 s receive timeout */
+    assert_true(secs < 6.0);
+}
+
+/* A streaming client that stops reading never holds the engine: once 4 MiB wait unread its job is
+ * cancelled and the next request is answered. */
+static void test_http_slow_reader_does_not_stall_the_worker(void **state)
+{
+    (void)state;
+    int before = atomic_load(&cancelled_jobs);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    send_request(fd, "POST", "/v1/chat/completions", NULL,
+                 "{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"flood\"}]}");
+    /* the flood fills the pipe; the next request must not wait for this client */
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hello world"),
+                     200);
+    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
+    close(fd);
+}
+
+/* /metrics counts what was answered: a malformed chunk is a 400 (answered by microhttpd), not a 499; a
+ * 503 is not a server error. */
+static void test_http_malformed_requests_are_counted(void **state)
+{
+    (void)state;
+    long long n_400 = metric("lily_requests_total{status=\"400\"} ");
+    long long n_499 = metric("lily_requests_total{status=\"499\"} ");
+    long long n_413 = metric("lily_requests_total{status=\"413\"} ");
+    static const char *const bad[] = {
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n",
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}",
+        "GET /health HTTP/1.1 junk\r\nHost: x\r\n\r\n",
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 18446744073709551616\r\n\r\n{}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int fd = connect_server();
+        assert_int_equal(write(fd, bad[i], strlen(bad[i])), (ssize_t)strlen(bad[i]));
+        char b[4096];
+        ssize_t n, total = 0;
+        while ((n = read(fd, b, sizeof b)) > 0)
+            total += n;
+        close(fd);
+        assert_true(total > 0);
+    }
+    long long got_400 = 0;
+    for (int i = 0; i < 200 && got_400 != n_400 + 3; i++) {
+        got_400 = metric("lily_requests_total{status=\"400\"} ");
+        usleep(5000);
+    }
+    assert_int_equal(got_400, n_400 + 3);
+    assert_int_equal(metric("lily_requests_total{status=\"413\"} "), n_413 + 1);
+    assert_int_equal(metric("lily_requests_total{status=\"499\"} "), n_499);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -409,6 +577,10 @@ int main(void)
         cmocka_unit_test(test_http_queue_full_is_503),
         cmocka_unit_test(test_http_bearer_auth_is_401),
         cmocka_unit_test(test_http_disconnect_before_body_is_499),
+        cmocka_unit_test(test_http_cors_and_content_type),
+        cmocka_unit_test(test_http_idle_connections_do_not_lock_out),
+        cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
+        cmocka_unit_test(test_http_malformed_requests_are_counted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

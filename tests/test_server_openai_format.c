@@ -358,6 +358,146 @@ static void test_openai_truncated_and_corrupted_bodies_never_crash(void **state)
     free(buf);
 }
 
+/* jansson allocations not yet freed (json_set_alloc_funcs) */
+static long live_json_allocs;
+static void *counting_malloc(size_t n)
+{
+    live_json_allocs++;
+    return malloc(n);
+}
+static void counting_free(void *p)
+{
+    if (p)
+        live_json_allocs--;
+    free(p);
+}
+
+/* The lossy path of lily_oai_string (invalid UTF-8) frees every string it builds: it once leaked one per
+ * multi-byte character. U+0000 is kept (JSON carries it as \u0000). */
+static void test_openai_string_lossy_path_frees_everything(void **state)
+{
+    (void)state;
+    json_set_alloc_funcs(counting_malloc, counting_free);
+    live_json_allocs = 0;
+    static const char text[] = "\xC3\xA9\xC3\xA9\xE2\x82\xAC-\xF0\x9F\x98\x80\x00z\xC3"; /* ends cut inside an 'é' */
+    json_t *j = lily_oai_string(text, sizeof text - 1);
+    assert_non_null(j);
+    assert_int_equal(json_string_length(j), 2 + 2 + 3 + 1 + 4 + 1 + 1 + 3);
+    assert_memory_equal(json_string_value(j), "\xC3\xA9\xC3\xA9\xE2\x82\xAC-\xF0\x9F\x98\x80\x00z\xEF\xBF\xBD", 18);
+    json_decref(j);
+    assert_int_equal(live_json_allocs, 0);
+    json_set_alloc_funcs(malloc, free);
+}
+
+/* An error message longer than its buffer is cut on a character boundary, and quoted client text too. */
+static void test_openai_error_messages_cut_on_a_character(void **state)
+{
+    (void)state;
+    char long_text[2000] = "a";
+    for (int i = 0; i < 900; i++)
+        strcat(long_text + 1 + 2 * i, "\xC3\xA9");
+    lily_oai_error e;
+    lily_oai_error_set(&e, 400, NULL, NULL, NULL, "%s", long_text);
+    size_t n = strlen(e.message);
+    assert_true(n >= sizeof e.message - 4);
+    assert_int_equal(n % 2, 1); /* "a" then whole 2-byte characters */
+    json_t *j = json_stringn(e.message, n);
+    assert_non_null(j); /* valid UTF-8 as it is */
+    json_decref(j);
+    assert_int_equal(lily_oai_utf8_cut("ab\xE2\x82", 4), 2);
+    assert_int_equal(lily_oai_utf8_cut("ab\xE2\x82\xAC", 5), 5);
+    assert_int_equal(lily_oai_utf8_cut("ab\xF0\x9F\x98", 5), 2);
+    assert_int_equal(lily_oai_utf8_cut("abc", 3), 3);
+
+    char body[600];
+    long_text[1 + 2 * 100] = 0; /* "a" and 100 'é': quoted cut at 64 bytes, inside a character */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"%s\",\"content\":\"x\"}]}", long_text);
+    lily_oai_request req;
+    assert_false(parse(body, true, &req, &e));
+    assert_null(strstr(e.message, "\xEF\xBF\xBD"));
+    j = json_string(e.message);
+    assert_non_null(j);
+    json_decref(j);
+}
+
+/* Tool names as OpenAI allows them: ^[a-zA-Z0-9_-]{1,64}$, in tools and a named tool_choice. */
+static void test_openai_tool_names_validated(void **state)
+{
+    (void)state;
+    static const char *const bad_names[] = {"<|im_end|>", "a</function>", "get weather", "f\\u0000", "caf\xC3\xA9",
+                                            "a.b",
+                                            "x123456789012345678901234567890123456789012345678901234567890123456"};
+    char body[512];
+    for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+                 "\"function\",\"function\":{\"name\":\"%s\"}}]}", bad_names[i]);
+        assert_rejected(body, true, "tools[0]");
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+                 "\"function\",\"function\":{\"name\":\"ok\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":"
+                 "{\"name\":\"%s\"}}}", bad_names[i]);
+        assert_rejected(body, true, "tool_choice");
+    }
+    lily_oai_request req;
+    lily_oai_error e;
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+                      "\"function\":{\"name\":\"Get_Weather-2\"}}],\"tool_choice\":{\"type\":\"function\","
+                      "\"function\":{\"name\":\"Get_Weather-2\"}}}",
+                      true, &req, &e));
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_NAMED);
+    lily_oai_request_free(&req);
+}
+
+/* A small body cannot make a big document: nesting and the number of values are checked on the text
+ * before jansson builds anything; U+0000 in strings is accepted (lily may write it in a reply). */
+static void test_openai_body_bounds_and_nul(void **state)
+{
+    (void)state;
+    size_t cap = 4u << 20;
+    char *body = malloc(cap);
+    assert_non_null(body);
+    /* 300000 ignored values */
+    size_t n = (size_t)sprintf(body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"x\":[0");
+    for (int i = 0; i < 300000; i++)
+        n += (size_t)sprintf(body + n, ",0");
+    sprintf(body + n, "]}");
+    lily_oai_request req;
+    lily_oai_error e;
+    json_set_alloc_funcs(counting_malloc, counting_free);
+    live_json_allocs = 0;
+    long peak_before = live_json_allocs;
+    assert_false(parse(body, true, &req, &e));
+    assert_int_equal(live_json_allocs, peak_before); /* nothing was built */
+    json_set_alloc_funcs(malloc, free);
+    assert_int_equal(e.http_status, 400);
+    assert_non_null(strstr(e.message, "more than 262144 values"));
+    /* a comma inside a string is no value */
+    n = (size_t)sprintf(body, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 300000; i++)
+        body[n++] = ',';
+    sprintf(body + n, "\"}]}");
+    assert_true(parse(body, true, &req, &e));
+    lily_oai_request_free(&req);
+    /* 65 levels */
+    n = (size_t)sprintf(body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"x\":");
+    for (int i = 0; i < 65; i++)
+        body[n++] = '[';
+    for (int i = 0; i < 65; i++)
+        body[n++] = ']';
+    sprintf(body + n, "}");
+    assert_false(parse(body, true, &req, &e));
+    assert_non_null(strstr(e.message, "deeper than 64 levels"));
+    free(body);
+
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", true, &req, &e));
+    assert_int_equal(json_string_length(json_object_get(json_array_get(req.messages, 0), "content")), 3);
+    lily_oai_request_free(&req);
+    assert_true(parse("{\"prompt\":\"a\\u0000b\"}", false, &req, &e));
+    assert_int_equal(req.prompt_text_len, 3);
+    assert_memory_equal(req.prompt_text, "a\0b", 3);
+    lily_oai_request_free(&req);
+    assert_rejected("{\"prompt\":\"a\",\"stop\":[\"x\\u0000y\"]}", false, "stop");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -371,6 +511,10 @@ int main(void)
         cmocka_unit_test(test_openai_chunk_shapes),
         cmocka_unit_test(test_openai_logprobs_and_invalid_utf8),
         cmocka_unit_test(test_openai_truncated_and_corrupted_bodies_never_crash),
+        cmocka_unit_test(test_openai_string_lossy_path_frees_everything),
+        cmocka_unit_test(test_openai_error_messages_cut_on_a_character),
+        cmocka_unit_test(test_openai_tool_names_validated),
+        cmocka_unit_test(test_openai_body_bounds_and_nul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -866,6 +866,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         mhd_error_status = (int)status;
         atomic_fetch_add(&srv->n_by_status[status_class((int)status)], 1);
     }
+    if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure"))
+        return; /* a client that left (or a connection closed to keep a slot free): not news */
     fprintf(stderr, "lily serve: microhttpd: %s", msg);
 }
 
