@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# test_server_load.sh — `lily serve` under a bounded load with faults, on loopback, stopping by itself
+# (about 20 s on 2 cores): see test_server_load.py.
+# usage: bash tests/test_server_load.sh <path-to-lily> <tests/data>
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+exec python3 "$HERE/test_server_load.py" "$1" "$2/tiny-chat"
