@@ -327,6 +327,7 @@ def requests_total():
     return {k: int(v) for k, v in re.findall(r'^lily_requests_total\{status="([^"]+)"\} (\d+)$', m.decode(), re.M)}
 
 
+time.sleep(0.5)  # a request is counted once its connection is done, a moment after its client has the answer
 before = requests_total()
 got(200, "/metrics")  # counted once answered
 random.seed(18)
@@ -335,7 +336,10 @@ rss1 = rss_mb(proc.pid)
 run_round(2)
 rss2 = rss_mb(proc.pid)
 check(not problems, f"every request answered with its kind's status, no 5xx ({problems[:5]})")
-check(rss2 - rss1 < RSS_BOUND_MB, f"RSS flat across rounds: {rss1:.0f} MB -> {rss2:.0f} MB (bound +{RSS_BOUND_MB})")
+if b"__asan_init" in open(LILY, "rb").read():  # its quarantine holds freed memory; LeakSanitizer checks at exit
+    print(f"  skip RSS flat across rounds under AddressSanitizer ({rss1:.0f} MB -> {rss2:.0f} MB)")
+else:
+    check(rss2 - rss1 < RSS_BOUND_MB, f"RSS flat across rounds: {rss1:.0f} MB -> {rss2:.0f} MB (bound +{RSS_BOUND_MB})")
 
 # /metrics equals what was sent (a request its client left is counted as 2xx, 499 or 503 queue_full)
 metrics = {}

@@ -531,8 +531,9 @@ static bool origin_allowed(const lily_http_server *srv, const char *origin, cons
     bool ok = srv->cors_any || loopback_origin(origin) || same_origin_by_address(origin, host);
     for (int i = 0; !ok && i < srv->n_cors; i++)
         ok = !strcasecmp(origin, srv->cors[i]);
-    if (ok && strlen(origin) < cap)
-        snprintf(allow, cap, "%s", srv->cors_any ? "*" : origin);
+    const char *echo = srv->cors_any ? "*" : origin;
+    if (ok && strlen(echo) < cap) /* an origin too long to echo is refused */
+        snprintf(allow, cap, "%s", echo);
     return ok && allow[0];
 }
 

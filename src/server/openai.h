@@ -17,7 +17,7 @@
 /* An error to send: HTTP status + the four fields of {"error":{message,type,param,code}}.
  * param and code are "" when null. */
 typedef struct {
-    int http_status;          /* 400, 401, 404, 405, 413, 500, 503 */
+    int http_status;          /* 400, 401, 403, 404, 405, 413, 415, 500, 503 */
     char type[48];            /* "invalid_request_error", "authentication_error", "server_error", ... */
     char param[64];
     char code[48];            /* "context_length_exceeded", "invalid_api_key", ... */
