@@ -74,6 +74,16 @@ static void fake_run(void *user, lily_job *job)
         lily_job_finish(job);
         return;
     }
+    if (mode && !strcmp(mode, "pause")) { /* a stream whose next token takes 3 s (longer than the idle timeout) */
+        lily_job_begin(job, 200, true);
+        emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_role(), NULL, NULL, false));
+        for (int i = 0; i < 300 && !lily_job_cancelled(job); i++)
+            usleep(10000);
+        emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_text("content", "late", 4), "stop", NULL, false));
+        lily_job_write(job, "data: [DONE]\n\n", 14);
+        lily_job_finish(job);
+        return;
+    }
     if (mode && !strcmp(mode, "flood")) { /* stream 64 KiB chunks until the job is cancelled */
         lily_job_begin(job, 200, true);
         static char piece[65536];
@@ -510,6 +520,34 @@ static void test_http_idle_connections_do_not_lock_out(void **state)
     assert_true(secs < 6.0);
 }
 
+/* Time the engine takes (a request waiting in the queue, a slow token) is not the client's silence: a
+ * whole-body answer held 3 s and a stream paused 3 s both arrive whole with a 2 s idle timeout. */
+static void test_http_engine_time_is_not_idle_time(void **state)
+{
+    (void)state;
+    atomic_store(&release_blocked, 0);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"hold\"}]}");
+    while (!atomic_load(&running_block))
+        usleep(1000);
+    sleep(3);
+    atomic_store(&release_blocked, 1);
+    char buf[4096];
+    size_t len = 0;
+    ssize_t n;
+    while ((n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+        len += (size_t)n;
+    buf[len] = 0;
+    close(fd);
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    assert_non_null(strstr(buf, "\r\n\r\n{}"));
+    atomic_store(&release_blocked, 0);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
+                               "{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"pause\"}]}",
+                               "data: [DONE]"),
+                     200);
+}
+
 /* A streaming client that stops reading never holds the engine: once 4 MiB wait unread its job is
  * cancelled and the next request is answered. */
 static void test_http_slow_reader_does_not_stall_the_worker(void **state)
@@ -580,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_http_cors_and_content_type),
         cmocka_unit_test(test_http_idle_connections_do_not_lock_out),
         cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
+        cmocka_unit_test(test_http_engine_time_is_not_idle_time),
         cmocka_unit_test(test_http_malformed_requests_are_counted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -352,7 +352,7 @@ for _ in range(50):
         break
     got(200, "/metrics")
     time.sleep(0.1)
-check(exact and early and metrics.get("5xx") == 0 and sent.get("2xx", 0) > 100 and sent.get("400", 0) > 20,
+check(exact and early and metrics.get("5xx") == 0 and sent.get("2xx", 0) > 20 and sent.get("400", 0) > 10,
       f"/metrics counts what was sent: {metrics} vs {sent} + {left_early[0]} left early")
 print(f"  (sent: {sent}, left early: {left_early[0]})")
 

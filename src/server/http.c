@@ -72,6 +72,7 @@ typedef struct {
     lily_job *job;            /* a queued job, shared with the worker */
     char allow_origin[256];   /* Access-Control-Allow-Origin of the answer ("" = none) */
     int fd;                   /* the connection's socket, polled for a vanished client */
+    struct MHD_Connection *conn;
     struct timespec t0;
 } request;
 
@@ -186,6 +187,15 @@ static enum MHD_Result client_closed(struct MHD_Connection *c, request *r)
     return ret;
 }
 
+/* Start the connection's idle clock again. microhttpd counts the time our code spends waiting for the
+ * engine (a queued request, a long prefill) as the client's silence; after such a wait the idle timeout
+ * must measure the client from now. (Setting the timeout from 0 resets the clock.) */
+static void restart_idle_clock(request *r)
+{
+    MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)r->srv->opts.idle_timeout_s);
+}
+
 /* The SSE body: whatever the worker wrote, as it comes. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
@@ -195,8 +205,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         if (lily_job_overflowed(r->job))
             return MHD_CONTENT_READER_END_WITH_ERROR; /* it fell too far behind: close */
         long n = lily_job_read(r->job, buf, max, 50);
-        if (n > 0)
+        if (n > 0) {
+            restart_idle_clock(r);
             return n;
+        }
         if (n < 0)
             return MHD_CONTENT_READER_END_OF_STREAM;
         if (client_gone(r->fd)) {
@@ -210,6 +222,7 @@ static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
 {
     if (!wait_begin(r))
         return client_closed(c, r);
+    restart_idle_clock(r);
     lily_job *job = r->job;
     if (job->streaming) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, r, NULL);
@@ -247,6 +260,7 @@ static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
         }
         pthread_mutex_unlock(&job->mu);
     }
+    restart_idle_clock(r);
     size_t len;
     char *out = lily_job_take_output(job, &len);
     if (!out) {
@@ -677,6 +691,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!r)
             return MHD_NO;
         r->srv = srv;
+        r->conn = c;
         r->fd = -1;
         snprintf(r->method, sizeof r->method, "%s", method);
         snprintf(r->path, sizeof r->path, "%s", url);
