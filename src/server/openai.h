@@ -184,7 +184,8 @@ json_t *lily_oai_delta_tool_args(int index, const char *fragment, size_t len);
 /* "data: <compact json>\n\n" as a malloc'd string (json is not stolen); NULL on OOM. */
 char *lily_oai_sse(const json_t *json, size_t *len);
 
-/* A JSON string from len bytes that may not be valid UTF-8 (invalid bytes become U+FFFD). NULL on OOM. */
+/* A JSON string from len bytes that may not be valid UTF-8 (each invalid byte becomes U+FFFD; U+0000 is
+ * kept). NULL on OOM. */
 json_t *lily_oai_string(const char *s, size_t len);
 
 /* The length of the longest prefix of s[0, n) that does not end inside a UTF-8 character: n, or n less
