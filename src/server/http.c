@@ -51,10 +51,9 @@ struct lily_http_server {
     char **cors;              /* --cors-origin: origins allowed besides the loopback ones */
     int n_cors;
     bool cors_any;            /* --cors-origin '*' */
-    /* open connections, oldest first, for keeping slots free (connection_opened) */
+    /* open connections, oldest first, for keeping slots free (on_connection) */
     pthread_mutex_t conn_mu;
     struct conn_slot *conn_head, *conn_tail;
-    int n_conns;
     atomic_ullong n_cancelled, prompt_tokens, completion_tokens, cached_tokens;
     long long started;        /* unix seconds, for /v1/models */
 };
@@ -634,7 +633,6 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             else
                 srv->conn_head = slot;
             srv->conn_tail = slot;
-            srv->n_conns++;
         }
         *socket_context = slot;
         int keep = srv->opts.max_connections - LILY_MAX(1, srv->opts.max_connections / 8);
@@ -657,7 +655,6 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             slot->next->prev = slot->prev;
         else
             srv->conn_tail = slot->prev;
-        srv->n_conns--;
         free(slot);
         *socket_context = NULL;
     }
