@@ -86,12 +86,14 @@ static void fake_run(void *user, lily_job *job)
     }
     if (mode && !strcmp(mode, "flood")) { /* stream 64 KiB chunks until the job is cancelled */
         lily_job_begin(job, 200, true);
+        atomic_store(&running_block, 1);
         static char piece[65536];
         memset(piece, 'x', sizeof piece);
         while (lily_job_write(job, piece, sizeof piece) == LILY_OK)
             ;
         if (lily_job_cancelled(job))
             atomic_fetch_add(&cancelled_jobs, 1);
+        atomic_store(&running_block, 0);
         lily_job_finish(job);
         return;
     }
@@ -562,6 +564,8 @@ static void test_http_slow_reader_does_not_stall_the_worker(void **state)
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     send_request(fd, "POST", "/v1/chat/completions", NULL,
                  "{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"flood\"}]}");
+    for (int i = 0; i < 5000 && !atomic_load(&running_block) && atomic_load(&cancelled_jobs) == before; i++)
+        usleep(1000); /* the flood runs (or already ran into the bound) */
     /* the flood fills the pipe; the next request must not wait for this client */
     assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
                                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hello world"),

@@ -364,6 +364,8 @@ bool lily_scheduler_idle(lily_scheduler *s)
 
 void lily_scheduler_abort(lily_scheduler *s)
 {
+    if (!s->queue)
+        return;
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     fail_waiting(s);
