@@ -1,9 +1,11 @@
 /* http.c — the libmicrohttpd daemon of `lily serve` (http.h).
  *
- * Owns: routing, the bearer-token check, body accumulation with the --max-body cap, request validation
- * (through openai.c) before a job is queued, blocking on the job's pipe in the connection's own thread,
- * SSE responses from a content-reader callback, client-disconnect detection (the socket is polled while
- * waiting, so a vanished client cancels its job within one decode step), and the per-request log line.
+ * Owns: routing, the cross-origin policy (Origin check, preflight) and the JSON content-type check, the
+ * bearer-token check, body accumulation with the --max-body cap, request validation (through openai.c)
+ * before a job is queued, blocking on the job's pipe in the connection's own thread, SSE responses from a
+ * content-reader callback, client-disconnect detection (the socket is polled while waiting, so a vanished
+ * client cancels its job within one decode step), the connection slots (idle timeout, closing the oldest
+ * idle connections to keep slots free), the /metrics counters and the per-request log line.
  */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "server/http.h"
