@@ -409,7 +409,7 @@ static void test_openai_error_messages_cut_on_a_character(void **state)
     assert_int_equal(lily_oai_utf8_cut("ab\xF0\x9F\x98", 5), 2);
     assert_int_equal(lily_oai_utf8_cut("abc", 3), 3);
 
-    char body[600];
+    char body[2100];
     long_text[1 + 2 * 100] = 0; /* "a" and 100 'é': quoted cut at 64 bytes, inside a character */
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"%s\",\"content\":\"x\"}]}", long_text);
     lily_oai_request req;
