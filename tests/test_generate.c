@@ -6,6 +6,7 @@
  * append the logits make next_of[last token] the argmax, so greedy decoding follows a fixed script. */
 #include "test_support.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,10 +372,95 @@ static void test_generate_with_tokenizer_detokenizer(void **state)
     lily_tokenizer_free(tok);
 }
 
+/* The reasoning budget: after budget tokens in the think block, think_end is forced (here "ld" stands for
+ * "</think>" and "!" for "\n\n"), then the model goes on; a model that closes the block itself is left alone. */
+static void test_generate_reasoning_budget(void **state)
+{
+    (void)state;
+    static const int32_t think_end[2] = {3, 4};
+    fixture f;
+    setup(&f, 64);
+    f.params.stop_ids = stop_ids;
+    f.params.n_stop_ids = 2;
+    f.params.think_end = think_end;
+    f.params.n_think_end = 2;
+    f.params.reasoning_budget = 1;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "Hellold! Bye");
+    assert_true(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 1);
+    assert_int_equal(r.finish, LILY_FINISH_STOP);
+
+    setup(&f, 64);
+    f.params.stop_ids = stop_ids;
+    f.params.n_stop_ids = 2;
+    f.params.think_end = think_end;
+    f.params.n_think_end = 2;
+    f.params.reasoning_budget = 10;
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "Hello world! Bye");
+    assert_false(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 2); /* "Hello", " wor"; "ld" closed the block */
+
+    setup(&f, 64);
+    f.params.think_end = think_end;
+    f.params.n_think_end = 2;
+    f.params.reasoning_budget = -1;
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_ERR_INVALID_ARGUMENT);
+}
+
+/* A constraint: step 0 allows only " Bye"; step 1 lets the model be; after 3 tokens nothing may follow. */
+typedef struct {
+    int n_accepted;
+    int32_t accepted[16];
+} fake_constraint;
+
+static int constraint_mask(void *user, float *logits, int vocab)
+{
+    fake_constraint *c = user;
+    if (c->n_accepted >= 3)
+        return -1;
+    if (c->n_accepted > 0)
+        return 0;
+    for (int v = 0; v < vocab; v++)
+        if (v != 5)
+            logits[v] = -INFINITY;
+    return 1;
+}
+
+static void constraint_accept(void *user, int32_t token)
+{
+    fake_constraint *c = user;
+    c->accepted[c->n_accepted++] = token;
+}
+
+static void test_generate_constraint(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 64);
+    fake_constraint c = {0};
+    lily_token_constraint tc = {.user = &c, .mask = constraint_mask, .accept = constraint_accept};
+    f.params.constraint = &tc;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    /* " Bye" forced by the mask, then the script: EOS (no stop ids here), "Hello"; then the mask ends it */
+    assert_string_equal(f.out.text, " Bye<|im_end|>Hello");
+    assert_int_equal(c.n_accepted, 3);
+    assert_int_equal(c.accepted[0], 5);
+    assert_int_equal(r.finish, LILY_FINISH_STOP);
+    assert_string_equal(r.decode_path, "host sampler (a grammar constrains the tokens)");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_stops_at_stop_id),
+        cmocka_unit_test(test_generate_reasoning_budget),
+        cmocka_unit_test(test_generate_constraint),
         cmocka_unit_test(test_generate_max_tokens_flushes_held_text),
         cmocka_unit_test(test_generate_stop_string_across_tokens),
         cmocka_unit_test(test_generate_context_full_is_length),

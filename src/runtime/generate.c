@@ -99,6 +99,9 @@ typedef struct {
     lily_stop_matcher *stops;
     bool callback_stopped;
     lily_error *err;
+    bool in_think;       /* reasoning budget: inside the think block */
+    int forcing;         /* the next think_end token to force, or -1 */
+    float *masked;       /* [vocab] the constraint's copy of the logits, or NULL */
 } gen_state;
 
 static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
@@ -120,6 +123,19 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     if (st != LILY_OK)
         return st;
     r->n_generated++;
+    if (p->constraint)
+        p->constraint->accept(p->constraint->user, token);
+    if (g->in_think) {
+        if (token == p->think_end[0]) {
+            g->in_think = false;
+            if (g->forcing < 0)
+                g->forcing = p->n_think_end; /* closed by the model: nothing to force */
+        } else {
+            r->n_reasoning++;
+        }
+    }
+    if (g->forcing >= 0 && g->forcing < p->n_think_end && token == p->think_end[g->forcing])
+        g->forcing++;
 
     const char *out;
     size_t out_len;
@@ -149,6 +165,31 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     return LILY_OK;
 }
 
+/* The next token on the host path: a forced end of the think block once the reasoning budget is spent,
+ * else a draw from the logits (masked by the constraint). *none: the constraint allows no token. */
+static int32_t choose_token(gen_state *g, bool *none)
+{
+    const lily_generate_params *p = g->p;
+    lily_session *s = g->s;
+    *none = false;
+    if (g->in_think && g->forcing < 0 && g->r->n_reasoning >= p->reasoning_budget) {
+        g->forcing = 0;
+        g->r->reasoning_cut = true;
+    }
+    if (g->forcing >= 0 && g->forcing < p->n_think_end)
+        return p->think_end[g->forcing];
+    if (!p->constraint)
+        return lily_sampler_sample(g->sampler, s->logits);
+    const int vocab = s->engine->cfg.vocab_size;
+    memcpy(g->masked, s->logits, (size_t)vocab * sizeof *g->masked);
+    int allowed = p->constraint->mask(p->constraint->user, g->masked, vocab);
+    if (allowed < 0) {
+        *none = true;
+        return -1;
+    }
+    return lily_sampler_sample(g->sampler, allowed ? g->masked : s->logits);
+}
+
 /* ---- the device loop ----------------------------------------------------------------------------- */
 
 /* NULL when the device loop can decode with these settings (*ds filled), else why not (for logs). */
@@ -162,6 +203,9 @@ static const char *device_loop_refusal(const lily_session *s, const lily_generat
         return "host sampler (asked for)";
     if (env && (!strcmp(env, "host") || !strcmp(env, "0")))
         return "host sampler (LILY_DECODE_LOOP)";
+    if (p->constraint)
+        return "host sampler (a grammar constrains the tokens)";
+
     if (!o || !o->decode_loop || !o->recurrent_bytes || !o->recurrent_save || !o->recurrent_load)
         return "host sampler (the backend has no device loop)";
     if (sp->n_logit_bias > 0 || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f ||
@@ -352,7 +396,9 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad stop id list");
 
-    gen_state g = {.s = s, .p = p, .r = r, .err = err};
+    if (p->n_think_end < 0 || (p->n_think_end > 0 && (!p->think_end || p->reasoning_budget < 0)))
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad reasoning budget");
+    gen_state g = {.s = s, .p = p, .r = r, .err = err, .in_think = p->n_think_end > 0, .forcing = -1};
     checkpoint ck = {0};
     bool have_ck = false;
     lily_device_sampling ds;
@@ -365,6 +411,10 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     st = lily_stop_matcher_new(p->stop_strings, p->n_stop_strings, &g.stops, err);
     if (st != LILY_OK)
         goto done;
+    if (p->constraint && !(g.masked = malloc((size_t)s->engine->cfg.vocab_size * sizeof *g.masked))) {
+        st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "generate: out of memory");
+        goto done;
+    }
 
     /* prefill */
     double t0 = lily_wall_seconds();
@@ -386,14 +436,21 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
             r->finish = LILY_FINISH_CANCELLED;
             break;
         }
-        int32_t token = lily_sampler_sample(g.sampler, s->logits);
+        bool none = false;
+        int32_t token = choose_token(&g, &none);
+        if (none) { /* the constraint is complete: nothing may follow */
+            r->finish = LILY_FINISH_STOP;
+            break;
+        }
         bool stop = false;
         st = take_token(&g, token, &stop);
         if (st != LILY_OK)
             goto done;
         if (stop)
             break;
-        if (!refusal && !have_ck) { /* the first token kept: the device loop takes over from here */
+        bool budget_open = g.in_think || (g.forcing >= 0 && g.forcing < p->n_think_end);
+        if (!refusal && !have_ck && !budget_open) { /* the device loop takes over from here (the reasoning
+                                                        budget's think block is closed on the host) */
             lily_error ignored;
             if (checkpoint_new(s, &ck, &ignored) == LILY_OK) {
                 have_ck = true;
@@ -402,7 +459,7 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
                 refusal = r->decode_path = "host sampler (no memory for the recurrent-state checkpoint)";
             }
         }
-        if (have_ck) {
+        if (have_ck && !budget_open) {
             bool declined = false;
             st = device_decode(&g, token, &ds, &ck, &declined);
             if (!declined) {
@@ -449,5 +506,6 @@ done:
         checkpoint_free(s, &ck);
     lily_stop_matcher_free(g.stops);
     lily_sampler_free(g.sampler);
+    free(g.masked);
     return st;
 }

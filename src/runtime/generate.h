@@ -71,6 +71,18 @@ typedef enum {
     LILY_DECODE_HOST = 1, /* always the host sampler: a callback that reads s->logits (logprobs) needs it */
 } lily_decode_mode;
 
+/* A constraint on the next token (constrained decoding: server/structured.c's grammars). With one, the
+ * host sampler decodes (the device loop has no per-token host hook). */
+typedef struct {
+    void *user;
+    /* Before each sampled token: set the logits of disallowed tokens in logits[vocab] (a copy) to -INFINITY.
+     * Returns how many are allowed; 0: no constraint at this step; < 0: no token may follow (generation
+     * ends as a stop). */
+    int (*mask)(void *user, float *logits, int vocab);
+    /* Every token taken (sampled or forced), the stop token excluded, before the next mask. */
+    void (*accept)(void *user, int32_t token);
+} lily_token_constraint;
+
 typedef struct {
     lily_sampler_params sampling;
     int max_tokens;                   /* at most this many generated tokens; <= 0: until the context is full */
@@ -84,6 +96,14 @@ typedef struct {
     const atomic_int *cancel;         /* may be NULL; nonzero stops before the next token (set it from a
                                          signal handler or another thread) */
     lily_decode_mode decode;          /* LILY_DECODE_AUTO (default) or LILY_DECODE_HOST */
+    const lily_token_constraint *constraint; /* may be NULL */
+    /* Reasoning budget: with n_think_end > 0 the generation starts inside a think block the prompt opened;
+     * after reasoning_budget tokens in it (>= 0) without the model closing it (think_end[0], "</think>"),
+     * the next tokens are think_end[0..n_think_end) ("</think>\n\n"), chosen rather than sampled, and the
+     * answer follows. Uses the host sampler while the block is open. */
+    int reasoning_budget;
+    const int32_t *think_end;
+    int n_think_end;
 } lily_generate_params;
 
 /* Defaults: lily_sampler_defaults(), everything else zero / NULL. */
@@ -106,6 +126,8 @@ typedef struct {
     const char *decode_path;          /* static text for logs: "device loop" or "host sampler (WHY)" */
     int n_device_batches;             /* decode_loop calls */
     int n_replayed;                   /* steps run again through forward() after a stop inside a batch */
+    int n_reasoning;                  /* tokens generated inside the think block (reasoning budget on) */
+    bool reasoning_cut;               /* the reasoning budget closed the think block */
 } lily_generate_result;
 
 /* Append prompt[n_prompt] to the session (prefill), then generate until a stop token, a stop string,
