@@ -22,7 +22,9 @@
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
+#include "grammar/constraint.h"
 #include "server/openai.h"
+#include "server/structured.h"
 #include "text/chat_template.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
@@ -44,6 +46,10 @@ struct lily_service {
     int n_stop_ids;
     lily_sampler_params defaults; /* generation_config.json's sampling fields over the sampler defaults */
     float *scratch;           /* [vocab] masked logits */
+    lily_token_trie *trie;    /* the vocabulary for grammar masks, built on the first structured request */
+    int32_t think_close;      /* "</think>" (-1 when missing) */
+    int32_t *think_end;       /* the tokens of "</think>\n\n" a spent reasoning budget forces */
+    int n_think_end;
     unsigned long long n_requests;
 };
 
@@ -83,6 +89,8 @@ void lily_service_free(lily_service *svc)
     lily_session_free(svc->session);
     lily_engine_close(svc->engine);
     lily_tokenizer_free(svc->tok);
+    lily_token_trie_free(svc->trie);
+    free(svc->think_end);
     free(svc->scratch);
     free(svc->model_dir);
     free(svc->backend);
@@ -167,6 +175,10 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->im_start = lily_tokenizer_token_id(svc->tok, "<|im_start|>");
     svc->im_end = lily_tokenizer_token_id(svc->tok, "<|im_end|>");
     svc->think = lily_tokenizer_token_id(svc->tok, "<think>");
+    svc->think_close = lily_tokenizer_token_id(svc->tok, "</think>");
+    st = lily_tokenizer_encode(svc->tok, "</think>\n\n", 10, true, &svc->think_end, &svc->n_think_end, err);
+    if (st != LILY_OK)
+        return st;
     load_generation_defaults(svc);
 
     lily_chat_template_match match;
@@ -224,6 +236,9 @@ typedef struct {
     bool one_call;            /* tool_choice names a function: stop once its call is closed */
     bool call_closed;
     int reasoning_tokens;
+    lily_grammar *grammar;    /* what the content or the forced call's arguments must follow, or NULL */
+    lily_grammar_constraint *constraint;
+    lily_token_constraint hook;
     buffer text;              /* completions: the generated text */
     lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
     int n_lps, cap_lps;
@@ -708,6 +723,26 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
     }
 }
 
+/* Constrain the rest of the generation by g->grammar (when set): the vocabulary trie on first use, then a
+ * matcher that waits for "</think>" when the reply is still inside a think block (think_close >= 0). */
+static lily_status start_constraint(generation *g, int32_t think_close, lily_generate_params *gp, lily_error *err)
+{
+    lily_service *svc = g->svc;
+    if (!g->grammar)
+        return LILY_OK;
+    lily_status st = LILY_OK;
+    if (!svc->trie && (st = lily_vocab_trie_new(svc->tok, svc->vocab, &svc->trie, err)) != LILY_OK)
+        return st;
+    lily_grammar_constraint_options o = {.grammar = g->grammar, .trie = svc->trie, .tok = svc->tok, .vocab = svc->vocab,
+                                         .stop_ids = svc->stop_ids, .n_stop_ids = svc->n_stop_ids,
+                                         .think_close = think_close};
+    if ((st = lily_grammar_constraint_new(&o, &g->constraint, err)) != LILY_OK)
+        return st;
+    g->hook = lily_grammar_constraint_hook(g->constraint);
+    gp->constraint = &g->hook;
+    return LILY_OK;
+}
+
 /* Decode: the forced opening, the constrained tool name, then the model on its own (lily_generate) up to
  * max_tokens counting the chosen tokens. A context filled by the chosen tokens ends the reply as "length"
  * (LILY_OK). *n_chosen: the tokens the server chose; *res: lily_generate's result (finish LENGTH when it
@@ -722,8 +757,18 @@ static lily_status decode_reply(generation *g, const int32_t *forced, int n_forc
     for (int i = 0; i < n_forced && st == LILY_OK; i++)
         if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
             (*n_chosen)++;
-    if (st == LILY_OK && nc->n > 0)
+    if (st == LILY_OK && nc->n > 0) {
         st = spell_tool_name(g, nc, &gp->sampling, n_chosen, err);
+        if (st == LILY_OK && nc->spelled.len > 2) /* "NAME>\n": the arguments of that tool */
+            g->grammar = lily_structured_tool_grammar(req, nc->spelled.data, nc->spelled.len - 2);
+    }
+    if (st == LILY_OK) /* a tool call's arguments at once; response_format content after the think block */
+        st = start_constraint(g, req->json_output && n_forced == 0 && g->thinking ? svc->think_close : -1, gp, err);
+    if (st == LILY_OK && g->thinking && req->reasoning_budget >= 0 && n_forced == 0) {
+        gp->reasoning_budget = req->reasoning_budget;
+        gp->think_end = svc->think_end;
+        gp->n_think_end = svc->n_think_end;
+    }
     *res = (lily_generate_result){.finish = LILY_FINISH_LENGTH};
     if (st == LILY_ERR_CONTEXT_LENGTH) {
         st = LILY_OK;
@@ -835,6 +880,16 @@ static void run_generation(lily_service *svc, lily_job *job)
         !tool_call_opening(svc, job, &forced, &n_forced, &nc))
         goto done;
 
+    /* the grammar of the content (response_format) or of the named tool's arguments */
+    if (req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
+        g.grammar = lily_structured_tool_grammar(req, req->tool_name, strlen(req->tool_name));
+    } else if (req->is_chat && (st = lily_structured_response_grammar(req, &g.grammar, &err)) != LILY_OK) {
+        fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
+                  st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error",
+                  st == LILY_ERR_INVALID_ARGUMENT ? "response_format" : NULL, NULL, err.message);
+        goto done;
+    }
+
     /* 3. the parts of the pipeline */
     lily_output_parser_options po = {.thinking = g.thinking, .tools = req->tools, .on_event = on_parser_event, .user = &g};
     bias = calloc((size_t)req->n_logit_bias + 1, sizeof *bias);
@@ -878,6 +933,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
+    if (gp.constraint && svc->engine->backend.ops->decode_loop)
+        fprintf(stderr, "lily serve: structured output decoded with the %s\n", res.decode_path);
     if (lily_job_cancelled(job)) {
         if (st != LILY_OK) /* an error on the way out may have left the session between states */
             lily_session_reset(s);
@@ -910,6 +967,8 @@ done:
     free(g.call_ids);
     free(g.text.data);
     lily_output_parser_free(g.parser);
+    lily_grammar_constraint_free(g.constraint);
+    lily_grammar_free(g.grammar);
     name_constraint_free(&nc);
     free(bias);
     free(forced);
