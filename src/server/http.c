@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "server/anthropic.h"
 #include "server/openai.h"
 
 struct lily_http_server {
@@ -87,9 +88,15 @@ static enum MHD_Result send_json(struct MHD_Connection *c, request *r, int statu
     return send_body(c, r, status, "application/json", s, strlen(s), NULL);
 }
 
+/* The Messages API's routes answer errors in Anthropic's shape. */
+static bool anthropic_path(const char *path)
+{
+    return !strncmp(path, "/v1/messages", 12) || !strncmp(path, "/messages", 9);
+}
+
 static enum MHD_Result send_error(struct MHD_Connection *c, request *r, const lily_oai_error *e, const char *allow)
 {
-    char *s = lily_oai_error_json(e);
+    char *s = anthropic_path(r->path) ? lily_anth_error_json(e) : lily_oai_error_json(e);
     if (!s)
         return MHD_NO;
     return send_body(c, r, e->http_status, "application/json", s, strlen(s), allow);
@@ -232,7 +239,9 @@ static bool path_is(const char *path, const char *want)
     return !strncmp(want, "/v1/", 4) && !strcmp(path, want + 3); /* /chat/completions, /models, ... */
 }
 
-typedef enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE } route_id;
+typedef enum {
+    R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS
+} route_id;
 
 static route_id route_of(const char *path, const char **allow)
 {
@@ -245,6 +254,7 @@ static route_id route_of(const char *path, const char **allow)
         {"/v1/models", R_MODELS, "GET"},         {"/health", R_HEALTH, "GET"},
         {"/v1/health", R_HEALTH, "GET"},         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},   {"/metrics", R_METRICS, "GET"},
+        {"/v1/messages", R_MESSAGES, "POST"},    {"/v1/messages/count_tokens", R_COUNT_TOKENS, "POST"},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (path_is(path, routes[i].path)) {
@@ -267,6 +277,9 @@ static bool token_matches(const char *given, const char *key)
 static bool authorized(struct MHD_Connection *c, const char *api_key)
 {
     if (!api_key || !*api_key)
+        return true;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's header */
+    if (x && token_matches(x, api_key))
         return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7))
@@ -396,6 +409,16 @@ static enum MHD_Result submit(struct MHD_Connection *c, request *r, lily_job *jo
 static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_id id)
 {
     lily_oai_error e;
+    if (id == R_MESSAGES || id == R_COUNT_TOKENS) {
+        lily_job *job = lily_job_new(id == R_MESSAGES ? LILY_ROUTE_CHAT : LILY_ROUTE_COUNT_TOKENS);
+        if (!job)
+            return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
+        if (!lily_anth_parse_request(r->body ? r->body : "", r->body_len, id == R_COUNT_TOKENS, &job->req, &e)) {
+            lily_job_unref(job);
+            return send_error(c, r, &e, NULL);
+        }
+        return submit(c, r, job);
+    }
     if (id == R_CHAT || id == R_COMPLETIONS) {
         lily_job *job = lily_job_new(id == R_CHAT ? LILY_ROUTE_CHAT : LILY_ROUTE_COMPLETIONS);
         if (!job)
@@ -472,7 +495,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 return MHD_NO;
             MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
             MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                                    "Authorization, Content-Type, x-api-key, anthropic-version");
             r->status = 204;
             r->responded = true;
             enum MHD_Result ret = MHD_queue_response(c, 204, resp);
@@ -495,7 +519,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (id != R_HEALTH && !authorized(c, srv->api_key))
             return send_simple_error(c, r, 401, "invalid_request_error", "invalid_api_key", NULL,
-                                     "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.");
+                                     "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.");
         /* A body over the limit: a client waiting for "100 Continue" is told at once (it sends nothing);
          * any other is answered after its body is read and dropped, since most clients read no response
          * before they have sent the whole request, and closing on them loses the 413 (up to 1 GiB of it). */

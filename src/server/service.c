@@ -23,6 +23,7 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "grammar/constraint.h"
+#include "server/anthropic.h"
 #include "server/openai.h"
 #include "server/structured.h"
 #include "text/chat_template.h"
@@ -239,6 +240,8 @@ typedef struct {
     lily_grammar *grammar;    /* what the content or the forced call's arguments must follow, or NULL */
     lily_grammar_constraint *constraint;
     lily_token_constraint hook;
+    lily_anth_stream anth;    /* Messages API stream: the open content block */
+    const char *stop_sequence; /* the stop string that ended the reply, or NULL */
     buffer text;              /* completions: the generated text */
     lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
     int n_lps, cap_lps;
@@ -257,6 +260,19 @@ static void send_json_chunk(generation *g, json_t *chunk)
     if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
         g->failed = true;
     free(s);
+}
+
+/* Anthropic stream events (each stolen). */
+static void send_anth_events(generation *g, json_t **events, int n)
+{
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        char *s = events[i] ? lily_anth_sse(events[i], &len) : NULL;
+        json_decref(events[i]);
+        if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
+            g->failed = true;
+        free(s);
+    }
 }
 
 /* The logprobs JSON of the tokens waiting to be sent, and forget them. NULL when logprobs are off. */
@@ -297,6 +313,13 @@ static void on_parser_event(void *user, const lily_output_event *ev)
     }
     if (!g->stream)
         return;
+    if (g->req->anthropic) {
+        json_t *events[3];
+        int n = lily_anth_stream_event(&g->anth, ev, ev->tool_index >= 0 && ev->tool_index < g->n_calls
+                                                       ? g->call_ids[ev->tool_index] : NULL, events);
+        send_anth_events(g, events, n);
+        return;
+    }
     json_t *delta = NULL;
     switch (ev->kind) {
     case LILY_OUTPUT_REASONING: delta = lily_oai_delta_text("reasoning_content", ev->text, ev->len); break;
@@ -706,6 +729,12 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
     const lily_oai_request *req = g->req;
     lily_error err = {0};
     lily_job_begin(g->job, 200, g->stream);
+    if (g->stream && req->anthropic) {
+        json_t *events[2];
+        lily_anth_usage u = {.input_tokens = n_ids};
+        send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
+        return;
+    }
     if (g->stream && req->is_chat)
         send_json_chunk(g, lily_oai_chat_chunk(&g->ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
     if (!req->is_chat && req->echo) {
@@ -813,6 +842,23 @@ static json_t *response_json(generation *g, const char *finish, const lily_oai_u
     return resp;
 }
 
+/* finish_reply for the Messages API: message_delta + message_stop on a stream, else the message. */
+static void finish_anthropic(generation *g, const char *finish, const lily_oai_usage *usage)
+{
+    const char *stop_reason = lily_anth_stop_reason(finish, g->stop_sequence);
+    lily_anth_usage u = {.input_tokens = usage->prompt_tokens - usage->cached_tokens,
+                         .cache_read_input_tokens = usage->cached_tokens, .output_tokens = usage->completion_tokens};
+    if (g->stream) {
+        json_t *events[3];
+        send_anth_events(g, events, lily_anth_stream_end(&g->anth, stop_reason, g->stop_sequence, &u, events));
+        lily_job_finish(g->job);
+        return;
+    }
+    json_t *msg = lily_anth_message(g->ident.id, g->ident.model, lily_output_parser_result(g->parser), g->call_ids,
+                                    g->n_calls, stop_reason, g->stop_sequence, &u);
+    respond_json(g->job, msg);
+}
+
 /* The end of a generated reply: flush the output parser (its finish_reason wins: tool_calls), fill the
  * usage, then on a stream the last chunk, the usage chunk and [DONE]; else the whole body. Errors are
  * written to the job. */
@@ -829,6 +875,10 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
         finish = lily_output_finish_reason(lily_output_parser_result(g->parser));
     lily_oai_usage usage = {.prompt_tokens = n_prompt, .completion_tokens = n_generated, .cached_tokens = reused,
                             .reasoning_tokens = g->reasoning_tokens};
+    if (req->anthropic) {
+        finish_anthropic(g, finish, &usage);
+        return;
+    }
     if (g->stream) {
         if (req->is_chat)
             send_json_chunk(g, lily_oai_chat_chunk(&g->ident, json_object(), finish, take_logprobs(g),
@@ -866,8 +916,14 @@ static void run_generation(lily_service *svc, lily_job *job)
     name_constraint nc = {0};
     lily_logit_bias *bias = NULL;
     generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream,
-                    .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED};
+                    .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED,
+                    .anth = {.index = -1, .kind = -1}};
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
+    if (req->anthropic) { /* msg_<the same random part> */
+        const char *tail = g.ident.id + strlen("chatcmpl-");
+        memmove(g.ident.id + 4, tail, strlen(tail) + 1);
+        memcpy(g.ident.id, "msg_", 4);
+    }
     svc->n_requests++;
 
     /* 1. the prompt's token ids (a bad conversation, a prompt over the context or a logit_bias id outside the
@@ -948,6 +1004,8 @@ static void run_generation(lily_service *svc, lily_job *job)
         goto done;
     }
     const char *finish = res.finish == LILY_FINISH_LENGTH ? "length" : "stop";
+    if (res.stop_string >= 0 && res.stop_string < req->n_stop)
+        g.stop_sequence = req->stop[res.stop_string];
     /* the end of the generation: what a follow-up request (this prompt + this reply) resumes from */
     lily_error cerr = {0};
     if (lily_prefix_cache_checkpoint(svc->cache, s, &cerr) != LILY_OK)
@@ -1048,10 +1106,23 @@ static void run_detokenize(lily_service *svc, lily_job *job)
     respond_json(job, r);
 }
 
+/* POST /v1/messages/count_tokens: the rendered prompt's length, {"input_tokens": N}. */
+static void run_count_tokens(lily_service *svc, lily_job *job)
+{
+    bool thinking = false;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (!prompt_ids(svc, job, &thinking, &ids, &n_ids))
+        return;
+    free(ids);
+    respond_json(job, json_pack("{s:i}", "input_tokens", n_ids));
+}
+
 void lily_service_run(void *user, lily_job *job)
 {
     lily_service *svc = user;
     switch (job->route) {
+    case LILY_ROUTE_COUNT_TOKENS: run_count_tokens(svc, job); break;
     case LILY_ROUTE_TOKENIZE: run_tokenize(svc, job); break;
     case LILY_ROUTE_DETOKENIZE: run_detokenize(svc, job); break;
     case LILY_ROUTE_CHAT:
