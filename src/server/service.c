@@ -234,6 +234,7 @@ typedef struct {
     int n_calls;
     bool thinking;            /* the prompt opened a think block */
     bool reasoning_done;      /* the parser has left the think block */
+    bool think_closed;        /* "</think>" was generated: later tokens are not reasoning */
     bool one_call;            /* tool_choice names a function: stop once its call is closed */
     bool call_closed;
     int reasoning_tokens;
@@ -551,7 +552,9 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     if (token >= 0) {
         if (g->req->logprobs && record_logprob(g, g->svc->session->logits, token, &err) != LILY_OK)
             g->failed = true;
-        if (g->thinking && !g->reasoning_done)
+        if (token == g->svc->think_close)
+            g->think_closed = true;
+        else if (g->thinking && !g->reasoning_done && !g->think_closed)
             g->reasoning_tokens++;
     }
     if (deliver_text(g, text, len, &err) != LILY_OK)
