@@ -176,6 +176,18 @@ static void test_mask(void **state)
     assert_int_equal(lily_grammar_matcher_mask(m, t, allowed), 0);
     lily_grammar_matcher_free(m);
     lily_grammar_free(g);
+
+    /* inside a free string: plain tokens through the precomputed set, the rest through the walk */
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]}",
+                     LILY_GRAMMAR_JSON);
+    assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+    assert_true(lily_grammar_matcher_feed(m, "{\"a\":\"", 6));
+    assert_int_equal(lily_grammar_matcher_mask(m, t, allowed), 12);
+    for (int i = 0; i < n - 1; i++) /* every token but "\"a\":" (a quote closes the string; 'a' cannot follow) */
+        assert_int_equal(allowed[i], i != 11);
+    assert_false(allowed[n - 1]); /* special */
+    lily_grammar_matcher_free(m);
+    lily_grammar_free(g);
     lily_token_trie_free(t);
 }
 

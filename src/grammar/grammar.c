@@ -523,7 +523,65 @@ struct lily_token_trie {
     int32_t *same_next;   /* [n_tokens] the next token with the same bytes, or -1 */
     int n_tokens;
     int max_len;
+    /* Inside free text (a JSON string or a raw parameter value without a length limit or pattern) a token
+     * made of plain characters only is always allowed: plain[k][id] says so for each kind of text, and
+     * rest[k] is the trie of the other tokens, the only ones that need a walk there. */
+    uint8_t *plain[2];
+    struct lily_token_trie *rest[2];
 };
+
+enum { TEXT_JSON = 0, TEXT_RAW = 1 };
+
+/* Whether bytes[len] are characters the text kind takes anywhere in its body: no quote, backslash or
+ * control character (JSON); no '<', newline or control character other than tab (raw); whole UTF-8
+ * sequences with the lead bytes text_char accepts. */
+static bool plain_text(const char *bytes, size_t len, int kind)
+{
+    int pending = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)bytes[i];
+        if (pending) {
+            if ((b & 0xC0) != 0x80)
+                return false;
+            pending--;
+            continue;
+        }
+        if (b < 0x20 && !(kind == TEXT_RAW && b == '\t'))
+            return false;
+        if ((kind == TEXT_JSON && (b == '"' || b == '\\')) || (kind == TEXT_RAW && b == '<'))
+            return false;
+        if (b >= 0x80) {
+            if (b >= 0xC2 && b <= 0xDF)
+                pending = 1;
+            else if (b >= 0xE0 && b <= 0xEF)
+                pending = 2;
+            else if (b >= 0xF0 && b <= 0xF4)
+                pending = 3;
+            else
+                return false;
+        }
+    }
+    return pending == 0;
+}
+
+/* The text kind when every stack of the set is inside free text with no partial character pending, else
+ * -1: then a token of plain characters is allowed whatever the state, and only the rest need a walk. */
+static int free_text_kind(const stack_set *set)
+{
+    int kind = -1;
+    for (int i = 0; i < set->n; i++) {
+        const stack *s = &set->s[i];
+        if (s->depth == 0)
+            return -1;
+        const frame *f = &s->f[s->depth - 1];
+        const gnode *n = f->n;
+        int k = n->kind == G_STRING && f->stage == 1 ? TEXT_JSON : n->kind == G_RAW ? TEXT_RAW : -1;
+        if (k < 0 || f->aux || n->pattern || n->max >= 0 || (kind >= 0 && k != kind))
+            return -1;
+        kind = k;
+    }
+    return kind;
+}
 
 static int32_t trie_child(lily_token_trie *t, int32_t parent, unsigned char b, bool create)
 {
@@ -550,10 +608,10 @@ static int32_t trie_child(lily_token_trie *t, int32_t parent, unsigned char b, b
     return c;
 }
 
-lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, const bool *excluded, int n_tokens,
-                                lily_token_trie **out, lily_error *err)
+/* The trie of the tokens with keep[id] (all when keep is NULL), excluded ones left out. */
+static lily_token_trie *trie_build(const char *const *bytes, const size_t *lens, const bool *excluded,
+                                   const uint8_t *keep, int n_tokens)
 {
-    *out = NULL;
     lily_token_trie *t = calloc(1, sizeof *t);
     if (t) {
         t->cap_nodes = 1024;
@@ -562,26 +620,50 @@ lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, co
     }
     if (!t || !t->nodes || !t->same_next) {
         lily_token_trie_free(t);
-        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory for the token trie");
+        return NULL;
     }
     t->n_tokens = n_tokens;
     t->n_nodes = 1;
     t->nodes[0] = (trie_node){.first_child = -1, .next_sibling = -1, .token = -1};
     for (int id = 0; id < n_tokens; id++) {
         t->same_next[id] = -1;
-        if ((excluded && excluded[id]) || !bytes[id] || !lens[id])
+        if ((excluded && excluded[id]) || !bytes[id] || !lens[id] || (keep && !keep[id]))
             continue;
         int32_t node = 0;
         for (size_t k = 0; k < lens[id] && node >= 0; k++)
             node = trie_child(t, node, (unsigned char)bytes[id][k], true);
         if (node < 0) {
             lily_token_trie_free(t);
-            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory for the token trie");
+            return NULL;
         }
         t->same_next[id] = t->nodes[node].token;
         t->nodes[node].token = id;
         if ((int)lens[id] > t->max_len)
             t->max_len = (int)lens[id];
+    }
+    return t;
+}
+
+lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, const bool *excluded, int n_tokens,
+                                lily_token_trie **out, lily_error *err)
+{
+    *out = NULL;
+    lily_token_trie *t = trie_build(bytes, lens, excluded, NULL, n_tokens);
+    uint8_t *other = malloc((size_t)n_tokens + 1);
+    bool ok = t && other;
+    for (int k = 0; ok && k < 2; k++) {
+        ok = (t->plain[k] = calloc((size_t)n_tokens + 1, 1)) != NULL;
+        for (int id = 0; ok && id < n_tokens; id++) {
+            bool usable = !(excluded && excluded[id]) && bytes[id] && lens[id];
+            t->plain[k][id] = usable && plain_text(bytes[id], lens[id], k);
+            other[id] = usable && !t->plain[k][id];
+        }
+        ok = ok && (t->rest[k] = trie_build(bytes, lens, excluded, other, n_tokens)) != NULL;
+    }
+    free(other);
+    if (!ok) {
+        lily_token_trie_free(t);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory for the token trie");
     }
     *out = t;
     return LILY_OK;
@@ -591,6 +673,10 @@ void lily_token_trie_free(lily_token_trie *t)
 {
     if (!t)
         return;
+    for (int k = 0; k < 2; k++) {
+        free(t->plain[k]);
+        lily_token_trie_free(t->rest[k]);
+    }
     free(t->nodes);
     free(t->same_next);
     free(t);
@@ -626,5 +712,11 @@ int lily_grammar_matcher_mask(const lily_grammar_matcher *cm, const lily_token_t
         m->levels = levels;
         m->n_levels = t->max_len;
     }
-    return mask_walk(m, t, 0, &m->cur, 0, allowed);
+    int kind = free_text_kind(&m->cur);
+    if (kind < 0)
+        return mask_walk(m, t, 0, &m->cur, 0, allowed);
+    int n = 0;
+    for (int id = 0; id < t->n_tokens; id++)
+        n += allowed[id] = t->plain[kind][id];
+    return n + mask_walk(m, t->rest[kind], 0, &m->cur, 0, allowed);
 }
