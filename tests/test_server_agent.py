@@ -39,7 +39,8 @@ except ImportError as e:
 
 log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
 server = subprocess.Popen([LILY, "serve", "-m", MODEL, "--port", "0", "--api-key", KEY, "--ctx-size", "4096",
-                           "--threads", "1"], stdout=subprocess.DEVNULL, stderr=log)
+                           "--threads", "1", "--backend", os.environ.get("LILY_TEST_BACKEND", "cpu")],
+                          stdout=subprocess.DEVNULL, stderr=log)
 port = None
 deadline = time.time() + 60
 while port is None and time.time() < deadline and server.poll() is None:
