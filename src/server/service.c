@@ -6,7 +6,9 @@
  * tokens), the output parser (text/output_parser) — and the OpenAI JSON it writes into the job
  * (server/openai). Enforces tool_choice "required" / named by making the generation open a tool call:
  * named appends the tokens of "<tool_call>\n<function=NAME>\n"; required appends "<tool_call>\n<function="
- * and then masks the logits so the name spelled is one of the tools'.
+ * and then masks the logits so the name spelled is one of the tools'. The call's arguments, and the content
+ * under response_format, are decoded under a grammar (server/structured.h, grammar/constraint.h); a
+ * request from POST /v1/messages (req.anthropic) is answered in Anthropic's shapes (server/anthropic.h).
  */
 #include "server/service.h"
 
@@ -939,10 +941,12 @@ static void run_generation(lily_service *svc, lily_job *job)
         !tool_call_opening(svc, job, &forced, &n_forced, &nc))
         goto done;
 
-    /* the grammar of the content (response_format) or of the named tool's arguments */
+    /* the grammar of the named tool's arguments (a required call's is known once its name is spelled) or of
+     * the content (response_format) */
     if (req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
         g.grammar = lily_structured_tool_grammar(req, req->tool_name, strlen(req->tool_name));
-    } else if (req->is_chat && (st = lily_structured_response_grammar(req, &g.grammar, &err)) != LILY_OK) {
+    } else if (req->is_chat && req->tool_choice != LILY_TOOL_CHOICE_REQUIRED &&
+               (st = lily_structured_response_grammar(req, &g.grammar, &err)) != LILY_OK) {
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error",
                   st == LILY_ERR_INVALID_ARGUMENT ? "response_format" : NULL, NULL, err.message);
