@@ -5,14 +5,12 @@
  * vocabulary trie (timed), then for a few schemas walks a document the schema accepts token by token as
  * the tokenizer splits it: mask (timed), check that the document's next token is allowed, feed it. Prints
  * the trie build time and, per schema, the mean and worst mask time in ms and the tokens allowed on
- * average (thread CPU time; BENCH_GRAMMAR_STEPS=1 prints every step). One core. Not a test: numbers go to docs/BENCHMARKS.md.
+ * average (process CPU time, steadier than wall time on a shared machine; BENCH_GRAMMAR_STEPS=1 prints every step). One core. Not a test: numbers go to docs/BENCHMARKS.md.
  */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <time.h>
 
 #include "base/clock.h"
 #include "grammar/constraint.h"
@@ -35,14 +33,6 @@ static const struct {
     {"json_object (free)", NULL,
      "{\"query\":\"weather in Paris\",\"filters\":{\"days\":[1,2,3],\"units\":\"metric\",\"verbose\":false}}"},
 };
-
-/* CPU time of this thread: steadier than wall time on a shared machine */
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv)
 {
@@ -80,9 +70,9 @@ int main(int argc, char **argv)
         double total = 0, worst = 0;
         long n_allowed = 0;
         for (int i = 0; i < n; i++) {
-            double t = cpu_now();
+            double t = lily_process_cpu_seconds();
             n_allowed += lily_grammar_matcher_mask(m, trie, allowed);
-            t = cpu_now() - t;
+            t = lily_process_cpu_seconds() - t;
             total += t;
             worst = t > worst ? t : worst;
             size_t len;

@@ -1,7 +1,6 @@
 /* anthropic.c — the Anthropic Messages API wire format (anthropic.h). */
 #include "server/anthropic.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,17 +9,8 @@
  * request -> the OpenAI chat request the engine path runs
  */
 
-static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...)
-{
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, "%s", msg);
-    return false;
-}
+/* A 400 invalid_request_error naming param; false, for `return bad(...)`. */
+#define bad(e, param, ...) (lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__), false)
 
 /* The text of a string or an array of text blocks, appended to *out (a growing jansson string is
  * simplest: json_string_value + concatenation). */
