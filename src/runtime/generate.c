@@ -205,7 +205,6 @@ static const char *device_loop_refusal(const lily_session *s, const lily_generat
         return "host sampler (LILY_DECODE_LOOP)";
     if (p->constraint)
         return "host sampler (a grammar constrains the tokens)";
-
     if (!o || !o->decode_loop || !o->recurrent_bytes || !o->recurrent_save || !o->recurrent_load)
         return "host sampler (the backend has no device loop)";
     if (sp->n_logit_bias > 0 || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f ||

@@ -10,7 +10,8 @@
  *   device loop: the backend's decode_loop op (backend.h; the CUDA backend) picks tokens on the device
  *     and streams them, with no host synchronization per token. Used by default (decode =
  *     LILY_DECODE_AUTO) when the backend has the op and the sampling is greedy or temperature + top-k
- *     (1..64) + top-p without penalties, logit bias or min-p. The first token of a generation is still
+ *     (1..64) + top-p without penalties, logit bias or min-p, and no token constraint (a reasoning budget
+ *     keeps the host sampler until the think block is closed). The first token of a generation is still
  *     sampled on the host. Tokens are decoded in batches (8 growing to 64 steps); the recurrent state is
  *     saved at each batch start (recurrent_save), and when generation stops inside a batch after the
  *     device ran past that point, the batch-start state is restored and the kept tokens are run again one
