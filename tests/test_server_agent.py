@@ -87,12 +87,15 @@ try:
         check(m3.stop_reason == "stop_sequence" and m3.stop_sequence == stop and
               text.startswith(m3.content[0].text if m3.content else ""),
               f"stop_sequences {stop!r}: stop_reason stop_sequence, text cut before it")
-    check(ac.messages.create(model="lily", max_tokens=4, system="Be brief.", messages=HI,
-                             metadata={"user_id": "u1"}).usage.output_tokens == 4,
-          "system string and metadata are accepted")
-    check(ac.messages.create(model="lily", max_tokens=4, system=[{"type": "text", "text": "Be brief."}],
-                             messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]).stop_reason ==
-          "max_tokens", "system and content as blocks")
+    as_string = ac.messages.create(model="lily", max_tokens=4, system="Be brief.", messages=HI,
+                                   metadata={"user_id": "u1"}, extra_body=GREEDY)
+    as_blocks = ac.messages.create(model="lily", max_tokens=4, system=[{"type": "text", "text": "Be brief."}],
+                                   messages=[{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+                                   extra_body=GREEDY)
+    check(as_string.usage.input_tokens + as_string.usage.cache_read_input_tokens ==
+          as_blocks.usage.input_tokens + as_blocks.usage.cache_read_input_tokens and
+          as_string.content == as_blocks.content,
+          "system and content as blocks give the same prompt and reply as strings (metadata accepted)")
 
     print("anthropic: streamed")
     with ac.messages.stream(model="lily", max_tokens=12, messages=HI, extra_body=GREEDY) as s:
@@ -102,7 +105,7 @@ try:
           "content_block_start" in types and "content_block_stop" in types, f"event order {types[:3]}...{types[-3:]}")
     check(final.content[0].text == text and final.stop_reason == "max_tokens" and final.usage.output_tokens == 12,
           "the streamed message equals the non-streamed one")
-    status, body = raw("/v1/messages", {"model": "lily", "max_tokens": 3, "messages": HI, "stream": True},
+    status, body = raw("/v1/messages", {"model": "lily", "max_tokens": 3, "messages": HI, "stream": True, **GREEDY},
                        {"x-api-key": KEY})
     events = re.findall(r"^event: (\w+)$", body, re.M)
     check(status == 200 and events[:2] == ["message_start", "ping"] and "text_delta" in body,
@@ -110,16 +113,21 @@ try:
 
     print("anthropic: thinking")
     m = ac.messages.create(model="lily", max_tokens=40, messages=HI,
-                           thinking={"type": "enabled", "budget_tokens": 6})
+                           thinking={"type": "enabled", "budget_tokens": 6}, extra_body=GREEDY)
     kinds = [b.type for b in m.content]
     check(kinds[:1] == ["thinking"] and all("</think>" not in getattr(b, "text", "") for b in m.content),
           f"thinking block first, no end marker in the text ({kinds})")
     with ac.messages.stream(model="lily", max_tokens=20, messages=HI,
-                            thinking={"type": "enabled", "budget_tokens": 4}) as s:
+                            thinking={"type": "enabled", "budget_tokens": 4}, extra_body=GREEDY) as s:
         deltas = [ev.delta.type for ev in s if ev.type == "content_block_delta"]
     check("thinking_delta" in deltas, "streamed thinking_delta events")
-    m = ac.messages.create(model="lily", max_tokens=6, messages=HI, thinking={"type": "disabled"})
-    check([b.type for b in m.content] == ["text"], "thinking disabled: no thinking block")
+    m = ac.messages.create(model="lily", max_tokens=6, messages=HI, thinking={"type": "disabled"}, extra_body=GREEDY)
+    n_off = ac.messages.count_tokens(model="lily", messages=HI, thinking={"type": "disabled"}).input_tokens
+    n_on = ac.messages.count_tokens(model="lily", messages=HI,
+                                    thinking={"type": "enabled", "budget_tokens": 10}).input_tokens
+    check([b.type for b in m.content][:1] in ([], ["text"]) and n_off == n_in > n_on,
+          f"thinking disabled (the default): no thinking block, the prompt closes an empty think block "
+          f"({n_off} = {n_in} > {n_on} tokens)")
 
     print("anthropic: tools")
     TOOLS = [{"name": "get_weather", "description": "Weather of a city",
@@ -145,7 +153,8 @@ try:
           "a tool_result with is_error is accepted")
     m = ac.messages.create(model="lily", max_tokens=200, messages=ASK, tools=TOOLS, tool_choice={"type": "any"})
     check(m.stop_reason == "tool_use" and m.content[-1].name == "get_weather", "tool_choice any calls a tool")
-    m = ac.messages.create(model="lily", max_tokens=6, messages=ASK, tools=TOOLS, tool_choice={"type": "none"})
+    m = ac.messages.create(model="lily", max_tokens=6, messages=ASK, tools=TOOLS, tool_choice={"type": "none"},
+                           extra_body=GREEDY)
     check(all(b.type != "tool_use" for b in m.content), "tool_choice none calls nothing")
     with ac.messages.stream(model="lily", max_tokens=200, messages=ASK, tools=TOOLS,
                             tool_choice={"type": "tool", "name": "get_weather"}) as s:

@@ -58,6 +58,7 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
     char *text = NULL, *thinking = NULL;
     json_t *calls = json_array();
     bool ok = calls != NULL;
+    int n_results = 0;
     size_t i;
     json_t *blk;
     json_array_foreach(content, i, blk) {
@@ -88,6 +89,7 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
         } else if (!strcmp(type, "tool_result") && !assistant) {
             const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
             json_t *rc = json_object_get(blk, "content");
+            n_results++;
             char *result = NULL;
             if (!id)
                 ok = bad(e, bw, "%s: a tool_result block needs 'tool_use_id'.", bw);
@@ -108,23 +110,20 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
             ok = bad(e, bw, "%s: unsupported content block type '%.32s' in a %s message.", bw, type, role);
         }
     }
-    if (ok && (text || thinking || json_array_size(calls) || !assistant)) {
-        bool any_tool_result = false; /* a user turn of tool results only needs no empty user message */
-        json_array_foreach(content, i, blk) any_tool_result |=
-            !strcmp(json_string_value(json_object_get(blk, "type")) ? json_string_value(json_object_get(blk, "type")) : "",
-                    "tool_result");
-        if (assistant || text || !any_tool_result) {
-            json_t *om = json_pack("{s:s, s:s}", "role", role, "content", text ? text : "");
-            if (om && thinking)
-                json_object_set_new(om, "reasoning_content", json_string(thinking));
-            if (om && json_array_size(calls))
-                json_object_set(om, "tool_calls", calls);
-            ok = om && !json_array_append_new(msgs, om);
-        }
+    /* a user turn of tool results only becomes tool messages, without an empty user message */
+    if (ok && (assistant ? text || thinking || json_array_size(calls) : text || !n_results)) {
+        json_t *om = json_pack("{s:s, s:s}", "role", role, "content", text ? text : "");
+        if (om && thinking)
+            json_object_set_new(om, "reasoning_content", json_string(thinking));
+        if (om && json_array_size(calls))
+            json_object_set(om, "tool_calls", calls);
+        ok = om && !json_array_append_new(msgs, om);
     }
     json_decref(calls);
     free(text);
     free(thinking);
+    if (!ok && e->http_status != 400) /* out of memory on the way (a rejection set e already) */
+        lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
     return ok;
 }
 
@@ -244,6 +243,7 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
                              lily_oai_error *e)
 {
     memset(req, 0, sizeof *req);
+    e->http_status = 0;
     json_error_t jerr;
     json_t *b = json_loadb(body, len, 0, &jerr);
     if (!json_is_object(b)) {
