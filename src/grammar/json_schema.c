@@ -221,6 +221,7 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     n->lens_next = calloc((size_t)n_props + 1, sizeof *n->lens_next);
     if (!n->required || !n->keys_next || !n->lens_next)
         return oom(c);
+    n->n_props = n_props; /* keys_next[0..n_props] are freed with the node, also when compiling stops midway */
     int i = 0;
     json_object_foreach(props, key, sub) {
         json_t *tmp = json_string(key);
@@ -267,7 +268,6 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     n->lens_next[n_props] = strlen(close);
     if (!n->keys_next[n_props])
         return oom(c);
-    n->n_props = n_props;
     if (tool_root && !(n->sep = literal(c, "\n</parameter>\n")))
         return NULL;
     return n;
