@@ -25,7 +25,21 @@ lily_generate_params lily_generate_defaults(void)
 {
     lily_generate_params p = {0};
     p.sampling = lily_sampler_defaults();
+    p.reasoning_budget = -1;
+    p.think_end_id = -1;
     return p;
+}
+
+lily_status lily_think_close_tokens(const lily_tokenizer *tok, int32_t **ids, int *n, int32_t *end_id,
+                                    lily_error *err)
+{
+    *ids = NULL;
+    *n = 0;
+    *end_id = lily_tokenizer_token_id(tok, "</think>");
+    if (*end_id < 0)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "the vocabulary has no '</think>' token: no reasoning budget");
+    static const char close[] = "\n</think>\n\n";
+    return lily_tokenizer_encode(tok, close, sizeof close - 1, true, ids, n, err);
 }
 
 const char *lily_finish_reason_name(lily_finish_reason f)
@@ -98,10 +112,10 @@ typedef struct {
     lily_sampler *sampler;
     lily_stop_matcher *stops;
     bool callback_stopped;
+    bool thinking;                    /* inside the think block the reasoning budget watches */
+    int n_forced;                     /* think_close tokens forced so far */
     lily_error *err;
-    bool in_think;       /* reasoning budget: inside the think block */
-    int forcing;         /* the next think_end token to force, or -1 */
-    float *masked;       /* [vocab] the constraint's copy of the logits, or NULL */
+    float *masked;                    /* [vocab] the constraint's copy of the logits, or NULL */
 } gen_state;
 
 static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
@@ -125,17 +139,6 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     r->n_generated++;
     if (p->constraint)
         p->constraint->accept(p->constraint->user, token);
-    if (g->in_think) {
-        if (token == p->think_end[0]) {
-            g->in_think = false;
-            if (g->forcing < 0)
-                g->forcing = p->n_think_end; /* closed by the model: nothing to force */
-        } else {
-            r->n_reasoning++;
-        }
-    }
-    if (g->forcing >= 0 && g->forcing < p->n_think_end && token == p->think_end[g->forcing])
-        g->forcing++;
 
     const char *out;
     size_t out_len;
@@ -145,6 +148,12 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
         return st;
     if (p->on_token && p->on_token(p->user, token, out, out_len) != 0)
         g->callback_stopped = true;
+    if (g->thinking) {
+        if (token == p->think_end_id)
+            g->thinking = false;
+        else
+            r->n_reasoning++;
+    }
     if (matched >= 0) {
         r->finish = LILY_FINISH_STOP;
         r->stop_string = matched;
@@ -165,19 +174,32 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     return LILY_OK;
 }
 
-/* The next token on the host path: a forced end of the think block once the reasoning budget is spent,
- * else a draw from the logits (masked by the constraint). *none: the constraint allows no token. */
+/* The next token of the forced think close, when the reasoning budget is spent (generate.h). */
+static bool next_forced(gen_state *g, int32_t *token)
+{
+    const lily_generate_params *p = g->p;
+    if (g->n_forced == 0 && !(g->thinking && g->r->n_reasoning >= p->reasoning_budget))
+        return false;
+    if (g->n_forced >= p->n_think_close)
+        return false;
+    if (g->n_forced == 0) {
+        g->thinking = false;
+        g->r->reasoning_cut = true;
+    }
+    *token = p->think_close[g->n_forced++];
+    return true;
+}
+
+/* The next token on the host path: the reasoning budget's forced close, else a draw from the logits (masked
+ * by the constraint). *none: the constraint allows no token. */
 static int32_t choose_token(gen_state *g, bool *none)
 {
     const lily_generate_params *p = g->p;
     lily_session *s = g->s;
+    int32_t token;
     *none = false;
-    if (g->in_think && g->forcing < 0 && g->r->n_reasoning >= p->reasoning_budget) {
-        g->forcing = 0;
-        g->r->reasoning_cut = true;
-    }
-    if (g->forcing >= 0 && g->forcing < p->n_think_end)
-        return p->think_end[g->forcing];
+    if (next_forced(g, &token))
+        return token;
     if (!p->constraint)
         return lily_sampler_sample(g->sampler, s->logits);
     const int vocab = s->engine->cfg.vocab_size;
@@ -201,6 +223,8 @@ static const char *device_loop_refusal(const lily_session *s, const lily_generat
     const char *env = getenv("LILY_DECODE_LOOP");
     if (p->decode == LILY_DECODE_HOST)
         return "host sampler (asked for)";
+    if (p->n_think_close > 0 && p->reasoning_budget >= 0)
+        return "host sampler (reasoning budget)";
     if (env && (!strcmp(env, "host") || !strcmp(env, "0")))
         return "host sampler (LILY_DECODE_LOOP)";
     if (p->constraint)
@@ -394,10 +418,10 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: stop strings need a detokenizer");
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad stop id list");
+    if (p->n_think_close < 0 || (p->n_think_close > 0 && !p->think_close))
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad think-close token list");
 
-    if (p->n_think_end < 0 || (p->n_think_end > 0 && (!p->think_end || p->reasoning_budget < 0)))
-        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad reasoning budget");
-    gen_state g = {.s = s, .p = p, .r = r, .err = err, .in_think = p->n_think_end > 0, .forcing = -1};
+    gen_state g = {.s = s, .p = p, .r = r, .err = err, .thinking = p->n_think_close > 0 && p->reasoning_budget >= 0};
     checkpoint ck = {0};
     bool have_ck = false;
     lily_device_sampling ds;
@@ -447,9 +471,7 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
             goto done;
         if (stop)
             break;
-        bool budget_open = g.in_think || (g.forcing >= 0 && g.forcing < p->n_think_end);
-        if (!refusal && !have_ck && !budget_open) { /* the device loop takes over from here (the reasoning
-                                                        budget's think block is closed on the host) */
+        if (!refusal && !have_ck) { /* the first token kept: the device loop takes over from here */
             lily_error ignored;
             if (checkpoint_new(s, &ck, &ignored) == LILY_OK) {
                 have_ck = true;
@@ -458,7 +480,7 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
                 refusal = r->decode_path = "host sampler (no memory for the recurrent-state checkpoint)";
             }
         }
-        if (have_ck && !budget_open) {
+        if (have_ck) {
             bool declined = false;
             st = device_decode(&g, token, &ds, &ck, &declined);
             if (!declined) {

@@ -49,10 +49,10 @@ struct lily_service {
     int n_stop_ids;
     lily_sampler_params defaults; /* generation_config.json's sampling fields over the sampler defaults */
     float *scratch;           /* [vocab] masked logits */
+    int32_t *think_close;     /* the reasoning budget's forced close (generate.h); NULL when the vocabulary has none */
+    int n_think_close;
+    int32_t think_end;
     lily_token_trie *trie;    /* the vocabulary for grammar masks, built on the first structured request */
-    int32_t think_close;      /* "</think>" (-1 when missing) */
-    int32_t *think_end;       /* the tokens of "</think>\n\n" a spent reasoning budget forces */
-    int n_think_end;
     unsigned long long n_requests;
 };
 
@@ -92,8 +92,8 @@ void lily_service_free(lily_service *svc)
     lily_session_free(svc->session);
     lily_engine_close(svc->engine);
     lily_tokenizer_free(svc->tok);
+    free(svc->think_close);
     lily_token_trie_free(svc->trie);
-    free(svc->think_end);
     free(svc->scratch);
     free(svc->model_dir);
     free(svc->backend);
@@ -178,11 +178,10 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->im_start = lily_tokenizer_token_id(svc->tok, "<|im_start|>");
     svc->im_end = lily_tokenizer_token_id(svc->tok, "<|im_end|>");
     svc->think = lily_tokenizer_token_id(svc->tok, "<think>");
-    svc->think_close = lily_tokenizer_token_id(svc->tok, "</think>");
-    st = lily_tokenizer_encode(svc->tok, "</think>\n\n", 10, true, &svc->think_end, &svc->n_think_end, err);
-    if (st != LILY_OK)
-        return st;
     load_generation_defaults(svc);
+    lily_error terr0; /* without "</think>" there is no reasoning budget (requests asking for one get none) */
+    if (lily_think_close_tokens(svc->tok, &svc->think_close, &svc->n_think_close, &svc->think_end, &terr0) != LILY_OK)
+        svc->think_end = -1;
 
     lily_chat_template_match match;
     lily_error terr;
@@ -554,7 +553,7 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     if (token >= 0) {
         if (g->req->logprobs && record_logprob(g, g->svc->session->logits, token, &err) != LILY_OK)
             g->failed = true;
-        if (token == g->svc->think_close)
+        if (token == g->svc->think_end)
             g->think_closed = true;
         else if (g->thinking && !g->reasoning_done && !g->think_closed)
             g->reasoning_tokens++;
@@ -797,11 +796,13 @@ static lily_status decode_reply(generation *g, const int32_t *forced, int n_forc
             g->grammar = lily_structured_tool_grammar(req, nc->spelled.data, nc->spelled.len - 2);
     }
     if (st == LILY_OK) /* a tool call's arguments at once; response_format content after the think block */
-        st = start_constraint(g, req->json_output && n_forced == 0 && g->thinking ? svc->think_close : -1, gp, err);
-    if (st == LILY_OK && g->thinking && req->reasoning_budget >= 0 && n_forced == 0) {
+        st = start_constraint(g, req->json_output && n_forced == 0 && g->thinking ? svc->think_end : -1, gp, err);
+    /* the reasoning budget watches an open think block; a forced tool-call opening has already closed it */
+    if (st == LILY_OK && g->thinking && n_forced == 0 && svc->think_close && req->reasoning_budget >= 0) {
         gp->reasoning_budget = req->reasoning_budget;
-        gp->think_end = svc->think_end;
-        gp->n_think_end = svc->n_think_end;
+        gp->think_close = svc->think_close;
+        gp->n_think_close = svc->n_think_close;
+        gp->think_end_id = svc->think_end;
     }
     *res = (lily_generate_result){.finish = LILY_FINISH_LENGTH};
     if (st == LILY_ERR_CONTEXT_LENGTH) {
@@ -996,6 +997,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
+    if (gp.n_think_close > 0) /* the budget's forced close is not reasoning */
+        g.reasoning_tokens = res.n_reasoning;
     if (gp.constraint && svc->engine->backend.ops->decode_loop)
         fprintf(stderr, "lily serve: structured output decoded with the %s\n", res.decode_path);
     if (lily_job_cancelled(job)) {
