@@ -6,6 +6,7 @@
  * append the logits make next_of[last token] the argmax, so greedy decoding follows a fixed script. */
 #include "test_support.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,6 +372,108 @@ static void test_generate_with_tokenizer_detokenizer(void **state)
     lily_tokenizer_free(tok);
 }
 
+/* The reasoning budget: after `budget` tokens inside the think block lily forces the close tokens (here
+ * "!" and " Bye", with " Bye" standing for "</think>"), streamed and appended like sampled ones; the model
+ * then continues from them (the script's next token after " Bye" is the stop id). A model that closes
+ * the block itself before the budget is never forced; a budget of 0 closes it at once. */
+static void run_budget(fixture *f, int budget, int32_t end_id, lily_generate_result *r)
+{
+    static const int32_t close_ids[2] = {4, 5};
+    setup(f, 64);
+    f->params.stop_ids = stop_ids;
+    f->params.n_stop_ids = 2;
+    f->params.reasoning_budget = budget;
+    f->params.think_close = close_ids;
+    f->params.n_think_close = 2;
+    f->params.think_end_id = end_id;
+    assert_int_equal(lily_generate(&f->session, prompt, 1, &f->params, r, NULL), LILY_OK);
+}
+
+static void test_generate_reasoning_budget(void **state)
+{
+    (void)state;
+    fixture f;
+    lily_generate_result r;
+    run_budget(&f, 2, 5, &r); /* Hello, wor, then the forced "!" " Bye", then the stop id */
+    const int32_t cut[] = {1, 2, 4, 5};
+    assert_int_equal(f.out.n_tokens, 4);
+    assert_memory_equal(f.out.tokens, cut, sizeof cut);
+    assert_string_equal(f.out.text, "Hello wor! Bye");
+    assert_true(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 2);
+    assert_int_equal(r.n_generated, 4);
+    assert_int_equal(r.finish, LILY_FINISH_STOP);
+    assert_string_equal(r.decode_path, "host sampler (reasoning budget)");
+    const int32_t in_session[] = {PROMPT, 1, 2, 4, 5};
+    assert_session(&f, in_session, 5);
+
+    run_budget(&f, 5, 2, &r); /* " wor" closes the block at the 2nd token: nothing forced */
+    const int32_t free_run[] = {1, 2, 3, 4, 5};
+    assert_int_equal(f.out.n_tokens, 5);
+    assert_memory_equal(f.out.tokens, free_run, sizeof free_run);
+    assert_false(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 1);
+
+    run_budget(&f, 0, 5, &r); /* closed at once */
+    const int32_t at_once[] = {4, 5};
+    assert_int_equal(f.out.n_tokens, 2);
+    assert_memory_equal(f.out.tokens, at_once, sizeof at_once);
+    assert_true(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 0);
+
+    setup(&f, 64); /* no think_close: the budget does nothing */
+    f.params.stop_ids = stop_ids;
+    f.params.n_stop_ids = 2;
+    f.params.reasoning_budget = 0;
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, NULL), LILY_OK);
+    assert_int_equal(f.out.n_tokens, 5);
+    assert_false(r.reasoning_cut);
+}
+
+/* A constraint: step 0 allows only " Bye"; step 1 lets the model be; after 3 tokens nothing may follow. */
+typedef struct {
+    int n_accepted;
+    int32_t accepted[16];
+} fake_constraint;
+
+static int constraint_mask(void *user, float *logits, int vocab)
+{
+    fake_constraint *c = user;
+    if (c->n_accepted >= 3)
+        return -1;
+    if (c->n_accepted > 0)
+        return 0;
+    for (int v = 0; v < vocab; v++)
+        if (v != 5)
+            logits[v] = -INFINITY;
+    return 1;
+}
+
+static void constraint_accept(void *user, int32_t token)
+{
+    fake_constraint *c = user;
+    c->accepted[c->n_accepted++] = token;
+}
+
+static void test_generate_constraint(void **state)
+{
+    (void)state;
+    fixture f;
+    setup(&f, 64);
+    fake_constraint c = {0};
+    lily_token_constraint tc = {.user = &c, .mask = constraint_mask, .accept = constraint_accept};
+    f.params.constraint = &tc;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+    /* " Bye" forced by the mask, then the script: EOS (no stop ids here), "Hello"; then the mask ends it */
+    assert_string_equal(f.out.text, " Bye<|im_end|>Hello");
+    assert_int_equal(c.n_accepted, 3);
+    assert_int_equal(c.accepted[0], 5);
+    assert_int_equal(r.finish, LILY_FINISH_STOP);
+    assert_string_equal(r.decode_path, "host sampler (a grammar constrains the tokens)");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +486,8 @@ int main(void)
         cmocka_unit_test(test_generate_seeded_sampling_repeats),
         cmocka_unit_test(test_generate_rejects_bad_arguments),
         cmocka_unit_test(test_generate_with_tokenizer_detokenizer),
+        cmocka_unit_test(test_generate_reasoning_budget),
+        cmocka_unit_test(test_generate_constraint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

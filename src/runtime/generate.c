@@ -25,7 +25,21 @@ lily_generate_params lily_generate_defaults(void)
 {
     lily_generate_params p = {0};
     p.sampling = lily_sampler_defaults();
+    p.reasoning_budget = -1;
+    p.think_end_id = -1;
     return p;
+}
+
+lily_status lily_think_close_tokens(const lily_tokenizer *tok, int32_t **ids, int *n, int32_t *end_id,
+                                    lily_error *err)
+{
+    *ids = NULL;
+    *n = 0;
+    *end_id = lily_tokenizer_token_id(tok, "</think>");
+    if (*end_id < 0)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "the vocabulary has no '</think>' token: no reasoning budget");
+    static const char close[] = "\n</think>\n\n";
+    return lily_tokenizer_encode(tok, close, sizeof close - 1, true, ids, n, err);
 }
 
 const char *lily_finish_reason_name(lily_finish_reason f)
@@ -98,7 +112,10 @@ typedef struct {
     lily_sampler *sampler;
     lily_stop_matcher *stops;
     bool callback_stopped;
+    bool thinking;                    /* inside the think block the reasoning budget watches */
+    int n_forced;                     /* think_close tokens forced so far */
     lily_error *err;
+    float *masked;                    /* [vocab] the constraint's copy of the logits, or NULL */
 } gen_state;
 
 static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
@@ -120,6 +137,8 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     if (st != LILY_OK)
         return st;
     r->n_generated++;
+    if (p->constraint)
+        p->constraint->accept(p->constraint->user, token);
 
     const char *out;
     size_t out_len;
@@ -129,6 +148,12 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
         return st;
     if (p->on_token && p->on_token(p->user, token, out, out_len) != 0)
         g->callback_stopped = true;
+    if (g->thinking) {
+        if (token == p->think_end_id)
+            g->thinking = false;
+        else
+            r->n_reasoning++;
+    }
     if (matched >= 0) {
         r->finish = LILY_FINISH_STOP;
         r->stop_string = matched;
@@ -149,6 +174,44 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     return LILY_OK;
 }
 
+/* The next token of the forced think close, when the reasoning budget is spent (generate.h). */
+static bool next_forced(gen_state *g, int32_t *token)
+{
+    const lily_generate_params *p = g->p;
+    if (g->n_forced == 0 && !(g->thinking && g->r->n_reasoning >= p->reasoning_budget))
+        return false;
+    if (g->n_forced >= p->n_think_close)
+        return false;
+    if (g->n_forced == 0) {
+        g->thinking = false;
+        g->r->reasoning_cut = true;
+    }
+    *token = p->think_close[g->n_forced++];
+    return true;
+}
+
+/* The next token on the host path: the reasoning budget's forced close, else a draw from the logits (masked
+ * by the constraint). *none: the constraint allows no token. */
+static int32_t choose_token(gen_state *g, bool *none)
+{
+    const lily_generate_params *p = g->p;
+    lily_session *s = g->s;
+    int32_t token;
+    *none = false;
+    if (next_forced(g, &token))
+        return token;
+    if (!p->constraint)
+        return lily_sampler_sample(g->sampler, s->logits);
+    const int vocab = s->engine->cfg.vocab_size;
+    memcpy(g->masked, s->logits, (size_t)vocab * sizeof *g->masked);
+    int allowed = p->constraint->mask(p->constraint->user, g->masked, vocab);
+    if (allowed < 0) {
+        *none = true;
+        return -1;
+    }
+    return lily_sampler_sample(g->sampler, allowed ? g->masked : s->logits);
+}
+
 /* ---- the device loop ----------------------------------------------------------------------------- */
 
 /* NULL when the device loop can decode with these settings (*ds filled), else why not (for logs). */
@@ -160,8 +223,12 @@ static const char *device_loop_refusal(const lily_session *s, const lily_generat
     const char *env = getenv("LILY_DECODE_LOOP");
     if (p->decode == LILY_DECODE_HOST)
         return "host sampler (asked for)";
+    if (p->n_think_close > 0 && p->reasoning_budget >= 0)
+        return "host sampler (reasoning budget)";
     if (env && (!strcmp(env, "host") || !strcmp(env, "0")))
         return "host sampler (LILY_DECODE_LOOP)";
+    if (p->constraint)
+        return "host sampler (a grammar constrains the tokens)";
     if (!o || !o->decode_loop || !o->recurrent_bytes || !o->recurrent_save || !o->recurrent_load)
         return "host sampler (the backend has no device loop)";
     if (sp->n_logit_bias > 0 || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f ||
@@ -351,8 +418,10 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: stop strings need a detokenizer");
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad stop id list");
+    if (p->n_think_close < 0 || (p->n_think_close > 0 && !p->think_close))
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad think-close token list");
 
-    gen_state g = {.s = s, .p = p, .r = r, .err = err};
+    gen_state g = {.s = s, .p = p, .r = r, .err = err, .thinking = p->n_think_close > 0 && p->reasoning_budget >= 0};
     checkpoint ck = {0};
     bool have_ck = false;
     lily_device_sampling ds;
@@ -365,6 +434,10 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     st = lily_stop_matcher_new(p->stop_strings, p->n_stop_strings, &g.stops, err);
     if (st != LILY_OK)
         goto done;
+    if (p->constraint && !(g.masked = malloc((size_t)s->engine->cfg.vocab_size * sizeof *g.masked))) {
+        st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "generate: out of memory");
+        goto done;
+    }
 
     /* prefill */
     double t0 = lily_wall_seconds();
@@ -386,7 +459,12 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
             r->finish = LILY_FINISH_CANCELLED;
             break;
         }
-        int32_t token = lily_sampler_sample(g.sampler, s->logits);
+        bool none = false;
+        int32_t token = choose_token(&g, &none);
+        if (none) { /* the constraint is complete: nothing may follow */
+            r->finish = LILY_FINISH_STOP;
+            break;
+        }
         bool stop = false;
         st = take_token(&g, token, &stop);
         if (st != LILY_OK)
@@ -449,5 +527,6 @@ done:
         checkpoint_free(s, &ck);
     lily_stop_matcher_free(g.stops);
     lily_sampler_free(g.sampler);
+    free(g.masked);
     return st;
 }

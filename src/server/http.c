@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "server/anthropic.h"
 #include "server/openai.h"
 
 /* GET /metrics status labels: one per status_class */
@@ -123,9 +124,15 @@ static enum MHD_Result send_json(struct MHD_Connection *c, request *r, int statu
     return send_body(c, r, status, "application/json", s, strlen(s), NULL);
 }
 
+/* The Messages API's routes answer errors in Anthropic's shape. */
+static bool anthropic_path(const char *path)
+{
+    return !strncmp(path, "/v1/messages", 12) || !strncmp(path, "/messages", 9);
+}
+
 static enum MHD_Result send_error(struct MHD_Connection *c, request *r, const lily_oai_error *e, const char *allow)
 {
-    char *s = lily_oai_error_json(e);
+    char *s = anthropic_path(r->path) ? lily_anth_error_json(e) : lily_oai_error_json(e);
     if (!s)
         return MHD_NO;
     return send_body(c, r, e->http_status, "application/json", s, strlen(s), allow);
@@ -283,7 +290,9 @@ static bool path_is(const char *path, const char *want)
     return !strncmp(want, "/v1/", 4) && !strcmp(path, want + 3); /* /chat/completions, /models, ... */
 }
 
-typedef enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE } route_id;
+typedef enum {
+    R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS
+} route_id;
 
 static route_id route_of(const char *path, const char **allow)
 {
@@ -296,6 +305,7 @@ static route_id route_of(const char *path, const char **allow)
         {"/v1/models", R_MODELS, "GET"},         {"/health", R_HEALTH, "GET"},
         {"/v1/health", R_HEALTH, "GET"},         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},   {"/metrics", R_METRICS, "GET"},
+        {"/v1/messages", R_MESSAGES, "POST"},    {"/v1/messages/count_tokens", R_COUNT_TOKENS, "POST"},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (path_is(path, routes[i].path)) {
@@ -318,6 +328,9 @@ static bool token_matches(const char *given, const char *key)
 static bool authorized(struct MHD_Connection *c, const char *api_key)
 {
     if (!api_key || !*api_key)
+        return true;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's header */
+    if (x && token_matches(x, api_key))
         return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7))
@@ -464,6 +477,16 @@ static enum MHD_Result submit(struct MHD_Connection *c, request *r, lily_job *jo
 static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_id id)
 {
     lily_oai_error e;
+    if (id == R_MESSAGES || id == R_COUNT_TOKENS) {
+        lily_job *job = lily_job_new(id == R_MESSAGES ? LILY_ROUTE_CHAT : LILY_ROUTE_COUNT_TOKENS);
+        if (!job)
+            return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
+        if (!lily_anth_parse_request(r->body ? r->body : "", r->body_len, id == R_COUNT_TOKENS, &job->req, &e)) {
+            lily_job_unref(job);
+            return send_error(c, r, &e, NULL);
+        }
+        return submit(c, r, job);
+    }
     if (id == R_CHAT || id == R_COMPLETIONS) {
         lily_job *job = lily_job_new(id == R_CHAT ? LILY_ROUTE_CHAT : LILY_ROUTE_COMPLETIONS);
         if (!job)
@@ -747,7 +770,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (id != R_HEALTH && !authorized(c, srv->api_key))
             return send_simple_error(c, r, 401, "invalid_request_error", "invalid_api_key", NULL,
-                                     "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.");
+                                     "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.");
         const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
         if (!strcmp(allow, "POST") && !json_content_type(ct)) {
             char ct_text[120], msg[300];

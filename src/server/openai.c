@@ -588,12 +588,47 @@ static bool check_thinking(lily_oai_request *req, lily_oai_error *e)
     return true;
 }
 
+/* response_format (OpenAI structured outputs) and the reasoning budget (vLLM / SGLang-style fields). */
+static bool check_structured(lily_oai_request *req, lily_oai_error *e)
+{
+    json_t *rf = json_object_get(req->body, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const char *type = json_string_value(json_object_get(rf, "type"));
+        if (!json_is_object(rf) || !type)
+            return bad(e, "response_format", "Invalid 'response_format': expected an object with a 'type'.");
+        if (!strcmp(type, "json_object")) {
+            req->json_output = true;
+        } else if (!strcmp(type, "json_schema")) {
+            json_t *js = json_object_get(rf, "json_schema");
+            json_t *schema = json_object_get(js, "schema");
+            if (!json_is_object(js))
+                return bad(e, "response_format.json_schema", "Missing required parameter: "
+                                                             "'response_format.json_schema'.");
+            if (schema && !json_is_object(schema) && !json_is_boolean(schema))
+                return bad(e, "response_format.json_schema.schema", "Invalid 'response_format.json_schema.schema': "
+                                                                    "expected a JSON Schema object.");
+            req->json_output = true;
+            req->json_schema = json_is_object(schema) ? schema : NULL;
+        } else if (strcmp(type, "text")) {
+            return bad(e, "response_format.type", "Invalid value for 'response_format.type': '%.32s'. Supported "
+                                                  "values are: 'text', 'json_object' and 'json_schema'.", type);
+        }
+    }
+    long long budget = -1;
+    if (!get_int(req->body, "reasoning_budget", 0, INT32_MAX, &budget, e) ||
+        !get_int(req->body, "max_reasoning_tokens", 0, INT32_MAX, &budget, e))
+        return false;
+    req->reasoning_budget = (int)budget;
+    return true;
+}
+
 bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai_request *req, lily_oai_error *e)
 {
     memset(req, 0, sizeof *req);
     req->is_chat = is_chat;
     req->max_tokens = req->top_k = -1;
     req->enable_thinking = req->preserve_thinking = -1;
+    req->reasoning_budget = -1;
     req->temperature = req->top_p = req->min_p = NAN;
     req->presence_penalty = req->frequency_penalty = req->repetition_penalty = NAN;
 
@@ -611,7 +646,8 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     }
     if (is_chat) {
         req->messages = json_object_get(b, "messages");
-        if (!check_messages(req->messages, e) || !check_tools(req, e) || !check_thinking(req, e))
+        if (!check_messages(req->messages, e) || !check_tools(req, e) || !check_thinking(req, e) ||
+            !check_structured(req, e))
             goto fail;
     } else {
         if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e))

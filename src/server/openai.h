@@ -56,6 +56,10 @@ typedef struct {
     int enable_thinking;      /* -1 unset (template default: on), 0, 1 */
     int preserve_thinking;    /* -1 unset, 0, 1 */
     json_t *chat_template_kwargs; /* object or NULL */
+    bool json_output;         /* response_format json_object / json_schema: the content is constrained JSON */
+    json_t *json_schema;      /* response_format.json_schema.schema, or NULL (json_object: any object) */
+    int reasoning_budget;     /* reasoning_budget / max_reasoning_tokens; -1 = none */
+    bool anthropic;           /* translated from POST /v1/messages (server/anthropic.h): answered in its shape */
 
     /* completions */
     const char *prompt_text;  /* prompt as a string, or NULL */

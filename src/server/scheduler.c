@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "server/anthropic.h"
 
 
 lily_job *lily_job_new(lily_route route)
@@ -125,13 +126,15 @@ void lily_job_fail(lily_job *job, const lily_oai_error *e)
     pthread_mutex_lock(&job->mu);
     bool begun = job->http_status != 0, streaming = job->streaming;
     pthread_mutex_unlock(&job->mu);
-    char *body = lily_oai_error_json(e);
+    char *body = job->req.anthropic ? lily_anth_error_json(e) : lily_oai_error_json(e);
     if (!begun) {
         lily_job_begin(job, e->http_status, false);
         if (body)
             lily_job_write(job, body, strlen(body));
     } else if (streaming && body) {
         /* the status line is gone: an in-band error event, which the OpenAI SDKs raise as an APIError */
+        if (job->req.anthropic) /* Anthropic's in-band error: an "error" event */
+            lily_job_write(job, "event: error\n", 13);
         lily_job_write(job, "data: ", 6);
         lily_job_write(job, body, strlen(body));
         lily_job_write(job, "\n\n", 2);

@@ -24,6 +24,7 @@ typedef enum {
     LILY_ROUTE_COMPLETIONS,   /* POST /v1/completions */
     LILY_ROUTE_TOKENIZE,      /* POST /tokenize */
     LILY_ROUTE_DETOKENIZE,    /* POST /detokenize */
+    LILY_ROUTE_COUNT_TOKENS,  /* POST /v1/messages/count_tokens (req.anthropic); /v1/messages runs as CHAT */
 } lily_route;
 
 /* What the request log line reports. Written by the worker, read after lily_job_finish. */

@@ -6,7 +6,9 @@
  * tokens), the output parser (text/output_parser) — and the OpenAI JSON it writes into the job
  * (server/openai). Enforces tool_choice "required" / named by making the generation open a tool call:
  * named appends the tokens of "<tool_call>\n<function=NAME>\n"; required appends "<tool_call>\n<function="
- * and then masks the logits so the name spelled is one of the tools'.
+ * and then masks the logits so the name spelled is one of the tools'. The call's arguments, and the content
+ * under response_format, are decoded under a grammar (server/structured.h, grammar/constraint.h); a
+ * request from POST /v1/messages (req.anthropic) is answered in Anthropic's shapes (server/anthropic.h).
  */
 #include "server/service.h"
 
@@ -22,7 +24,10 @@
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
+#include "grammar/constraint.h"
+#include "server/anthropic.h"
 #include "server/openai.h"
+#include "server/structured.h"
 #include "text/chat_template.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
@@ -44,6 +49,10 @@ struct lily_service {
     int n_stop_ids;
     lily_sampler_params defaults; /* generation_config.json's sampling fields over the sampler defaults */
     float *scratch;           /* [vocab] masked logits */
+    int32_t *think_close;     /* the reasoning budget's forced close (generate.h); NULL when the vocabulary has none */
+    int n_think_close;
+    int32_t think_end;
+    lily_token_trie *trie;    /* the vocabulary for grammar masks, built on the first structured request */
     unsigned long long n_requests;
 };
 
@@ -83,6 +92,8 @@ void lily_service_free(lily_service *svc)
     lily_session_free(svc->session);
     lily_engine_close(svc->engine);
     lily_tokenizer_free(svc->tok);
+    free(svc->think_close);
+    lily_token_trie_free(svc->trie);
     free(svc->scratch);
     free(svc->model_dir);
     free(svc->backend);
@@ -168,6 +179,9 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->im_end = lily_tokenizer_token_id(svc->tok, "<|im_end|>");
     svc->think = lily_tokenizer_token_id(svc->tok, "<think>");
     load_generation_defaults(svc);
+    lily_error terr0; /* without "</think>" there is no reasoning budget (requests asking for one get none) */
+    if (lily_think_close_tokens(svc->tok, &svc->think_close, &svc->n_think_close, &svc->think_end, &terr0) != LILY_OK)
+        svc->think_end = -1;
 
     lily_chat_template_match match;
     lily_error terr;
@@ -221,9 +235,15 @@ typedef struct {
     int n_calls;
     bool thinking;            /* the prompt opened a think block */
     bool reasoning_done;      /* the parser has left the think block */
+    bool think_closed;        /* "</think>" was generated: later tokens are not reasoning */
     bool one_call;            /* tool_choice names a function: stop once its call is closed */
     bool call_closed;
     int reasoning_tokens;
+    lily_grammar *grammar;    /* what the content or the forced call's arguments must follow, or NULL */
+    lily_grammar_constraint *constraint;
+    lily_token_constraint hook;
+    lily_anth_stream anth;    /* Messages API stream: the open content block */
+    const char *stop_sequence; /* the stop string that ended the reply, or NULL */
     buffer text;              /* completions: the generated text */
     lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
     int n_lps, cap_lps;
@@ -242,6 +262,19 @@ static void send_json_chunk(generation *g, json_t *chunk)
     if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
         g->failed = true;
     free(s);
+}
+
+/* Anthropic stream events (each stolen). */
+static void send_anth_events(generation *g, json_t **events, int n)
+{
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        char *s = events[i] ? lily_anth_sse(events[i], &len) : NULL;
+        json_decref(events[i]);
+        if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
+            g->failed = true;
+        free(s);
+    }
 }
 
 /* The logprobs JSON of the tokens waiting to be sent, and forget them. NULL when logprobs are off. */
@@ -282,6 +315,13 @@ static void on_parser_event(void *user, const lily_output_event *ev)
     }
     if (!g->stream)
         return;
+    if (g->req->anthropic) {
+        json_t *events[3];
+        int n = lily_anth_stream_event(&g->anth, ev, ev->tool_index >= 0 && ev->tool_index < g->n_calls
+                                                       ? g->call_ids[ev->tool_index] : NULL, events);
+        send_anth_events(g, events, n);
+        return;
+    }
     json_t *delta = NULL;
     switch (ev->kind) {
     case LILY_OUTPUT_REASONING: delta = lily_oai_delta_text("reasoning_content", ev->text, ev->len); break;
@@ -513,7 +553,9 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     if (token >= 0) {
         if (g->req->logprobs && record_logprob(g, g->svc->session->logits, token, &err) != LILY_OK)
             g->failed = true;
-        if (g->thinking && !g->reasoning_done)
+        if (token == g->svc->think_end)
+            g->think_closed = true;
+        else if (g->thinking && !g->reasoning_done && !g->think_closed)
             g->reasoning_tokens++;
     }
     if (deliver_text(g, text, len, &err) != LILY_OK)
@@ -691,6 +733,12 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
     const lily_oai_request *req = g->req;
     lily_error err = {0};
     lily_job_begin(g->job, 200, g->stream);
+    if (g->stream && req->anthropic) {
+        json_t *events[2];
+        lily_anth_usage u = {.input_tokens = n_ids};
+        send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
+        return;
+    }
     if (g->stream && req->is_chat)
         send_json_chunk(g, lily_oai_chat_chunk(&g->ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
     if (!req->is_chat && req->echo) {
@@ -708,6 +756,26 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
     }
 }
 
+/* Constrain the rest of the generation by g->grammar (when set): the vocabulary trie on first use, then a
+ * matcher that waits for "</think>" when the reply is still inside a think block (think_close >= 0). */
+static lily_status start_constraint(generation *g, int32_t think_close, lily_generate_params *gp, lily_error *err)
+{
+    lily_service *svc = g->svc;
+    if (!g->grammar)
+        return LILY_OK;
+    lily_status st = LILY_OK;
+    if (!svc->trie && (st = lily_vocab_trie_new(svc->tok, svc->vocab, &svc->trie, err)) != LILY_OK)
+        return st;
+    lily_grammar_constraint_options o = {.grammar = g->grammar, .trie = svc->trie, .tok = svc->tok, .vocab = svc->vocab,
+                                         .stop_ids = svc->stop_ids, .n_stop_ids = svc->n_stop_ids,
+                                         .think_close = think_close};
+    if ((st = lily_grammar_constraint_new(&o, &g->constraint, err)) != LILY_OK)
+        return st;
+    g->hook = lily_grammar_constraint_hook(g->constraint);
+    gp->constraint = &g->hook;
+    return LILY_OK;
+}
+
 /* Decode: the forced opening, the constrained tool name, then the model on its own (lily_generate) up to
  * max_tokens counting the chosen tokens. A context filled by the chosen tokens ends the reply as "length"
  * (LILY_OK). *n_chosen: the tokens the server chose; *res: lily_generate's result (finish LENGTH when it
@@ -722,8 +790,20 @@ static lily_status decode_reply(generation *g, const int32_t *forced, int n_forc
     for (int i = 0; i < n_forced && st == LILY_OK; i++)
         if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
             (*n_chosen)++;
-    if (st == LILY_OK && nc->n > 0)
+    if (st == LILY_OK && nc->n > 0) {
         st = spell_tool_name(g, nc, &gp->sampling, n_chosen, err);
+        if (st == LILY_OK && nc->spelled.len > 2) /* "NAME>\n": the arguments of that tool */
+            g->grammar = lily_structured_tool_grammar(req, nc->spelled.data, nc->spelled.len - 2);
+    }
+    if (st == LILY_OK) /* a tool call's arguments at once; response_format content after the think block */
+        st = start_constraint(g, req->json_output && n_forced == 0 && g->thinking ? svc->think_end : -1, gp, err);
+    /* the reasoning budget watches an open think block; a forced tool-call opening has already closed it */
+    if (st == LILY_OK && g->thinking && n_forced == 0 && svc->think_close && req->reasoning_budget >= 0) {
+        gp->reasoning_budget = req->reasoning_budget;
+        gp->think_close = svc->think_close;
+        gp->n_think_close = svc->n_think_close;
+        gp->think_end_id = svc->think_end;
+    }
     *res = (lily_generate_result){.finish = LILY_FINISH_LENGTH};
     if (st == LILY_ERR_CONTEXT_LENGTH) {
         st = LILY_OK;
@@ -768,6 +848,23 @@ static json_t *response_json(generation *g, const char *finish, const lily_oai_u
     return resp;
 }
 
+/* finish_reply for the Messages API: message_delta + message_stop on a stream, else the message. */
+static void finish_anthropic(generation *g, const char *finish, const lily_oai_usage *usage)
+{
+    const char *stop_reason = lily_anth_stop_reason(finish, g->stop_sequence);
+    lily_anth_usage u = {.input_tokens = usage->prompt_tokens - usage->cached_tokens,
+                         .cache_read_input_tokens = usage->cached_tokens, .output_tokens = usage->completion_tokens};
+    if (g->stream) {
+        json_t *events[3];
+        send_anth_events(g, events, lily_anth_stream_end(&g->anth, stop_reason, g->stop_sequence, &u, events));
+        lily_job_finish(g->job);
+        return;
+    }
+    json_t *msg = lily_anth_message(g->ident.id, g->ident.model, lily_output_parser_result(g->parser), g->call_ids,
+                                    g->n_calls, stop_reason, g->stop_sequence, &u);
+    respond_json(g->job, msg);
+}
+
 /* The end of a generated reply: flush the output parser (its finish_reason wins: tool_calls), fill the
  * usage, then on a stream the last chunk, the usage chunk and [DONE]; else the whole body. Errors are
  * written to the job. */
@@ -784,6 +881,10 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
         finish = lily_output_finish_reason(lily_output_parser_result(g->parser));
     lily_oai_usage usage = {.prompt_tokens = n_prompt, .completion_tokens = n_generated, .cached_tokens = reused,
                             .reasoning_tokens = g->reasoning_tokens};
+    if (req->anthropic) {
+        finish_anthropic(g, finish, &usage);
+        return;
+    }
     if (g->stream) {
         if (req->is_chat)
             send_json_chunk(g, lily_oai_chat_chunk(&g->ident, json_object(), finish, take_logprobs(g),
@@ -821,8 +922,14 @@ static void run_generation(lily_service *svc, lily_job *job)
     name_constraint nc = {0};
     lily_logit_bias *bias = NULL;
     generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream,
-                    .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED};
+                    .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED,
+                    .anth = {.index = -1, .kind = -1}};
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
+    if (req->anthropic) { /* msg_<the same random part> */
+        const char *tail = g.ident.id + strlen("chatcmpl-");
+        memmove(g.ident.id + 4, tail, strlen(tail) + 1);
+        memcpy(g.ident.id, "msg_", 4);
+    }
     svc->n_requests++;
 
     /* 1. the prompt's token ids (a bad conversation, a prompt over the context or a logit_bias id outside the
@@ -834,6 +941,18 @@ static void run_generation(lily_service *svc, lily_job *job)
     if (req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->tool_choice == LILY_TOOL_CHOICE_REQUIRED) &&
         !tool_call_opening(svc, job, &forced, &n_forced, &nc))
         goto done;
+
+    /* the grammar of the named tool's arguments (a required call's is known once its name is spelled) or of
+     * the content (response_format) */
+    if (req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
+        g.grammar = lily_structured_tool_grammar(req, req->tool_name, strlen(req->tool_name));
+    } else if (req->is_chat && req->tool_choice != LILY_TOOL_CHOICE_REQUIRED &&
+               (st = lily_structured_response_grammar(req, &g.grammar, &err)) != LILY_OK) {
+        fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
+                  st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error",
+                  st == LILY_ERR_INVALID_ARGUMENT ? "response_format" : NULL, NULL, err.message);
+        goto done;
+    }
 
     /* 3. the parts of the pipeline */
     lily_output_parser_options po = {.thinking = g.thinking, .tools = req->tools, .on_event = on_parser_event, .user = &g};
@@ -878,6 +997,10 @@ static void run_generation(lily_service *svc, lily_job *job)
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
+    if (gp.n_think_close > 0) /* the budget's forced close is not reasoning */
+        g.reasoning_tokens = res.n_reasoning;
+    if (gp.constraint && svc->engine->backend.ops->decode_loop)
+        fprintf(stderr, "lily serve: structured output decoded with the %s\n", res.decode_path);
     if (lily_job_cancelled(job)) {
         if (st != LILY_OK) /* an error on the way out may have left the session between states */
             lily_session_reset(s);
@@ -891,6 +1014,8 @@ static void run_generation(lily_service *svc, lily_job *job)
         goto done;
     }
     const char *finish = res.finish == LILY_FINISH_LENGTH ? "length" : "stop";
+    if (res.stop_string >= 0 && res.stop_string < req->n_stop)
+        g.stop_sequence = req->stop[res.stop_string];
     /* the end of the generation: what a follow-up request (this prompt + this reply) resumes from */
     lily_error cerr = {0};
     if (lily_prefix_cache_checkpoint(svc->cache, s, &cerr) != LILY_OK)
@@ -910,6 +1035,8 @@ done:
     free(g.call_ids);
     free(g.text.data);
     lily_output_parser_free(g.parser);
+    lily_grammar_constraint_free(g.constraint);
+    lily_grammar_free(g.grammar);
     name_constraint_free(&nc);
     free(bias);
     free(forced);
@@ -997,10 +1124,23 @@ static void run_detokenize(lily_service *svc, lily_job *job)
     respond_json(job, r);
 }
 
+/* POST /v1/messages/count_tokens: the rendered prompt's length, {"input_tokens": N}. */
+static void run_count_tokens(lily_service *svc, lily_job *job)
+{
+    bool thinking = false;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (!prompt_ids(svc, job, &thinking, &ids, &n_ids))
+        return;
+    free(ids);
+    respond_json(job, json_pack("{s:i}", "input_tokens", n_ids));
+}
+
 void lily_service_run(void *user, lily_job *job)
 {
     lily_service *svc = user;
     switch (job->route) {
+    case LILY_ROUTE_COUNT_TOKENS: run_count_tokens(svc, job); break;
     case LILY_ROUTE_TOKENIZE: run_tokenize(svc, job); break;
     case LILY_ROUTE_DETOKENIZE: run_detokenize(svc, job); break;
     case LILY_ROUTE_CHAT:

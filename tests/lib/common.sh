@@ -25,14 +25,15 @@ finish() {
     [ "$fails" = 0 ]
 }
 
-# ensure_openai_venv <venv-dir> <warning>: sets PY to a python with `openai` (the venv, made and filled
-# from PyPI once), else to python3 after printing <warning> on stderr.
+# ensure_openai_venv <venv-dir> <warning>: sets PY to a python with the `openai` and `anthropic` SDKs (the
+# venv, made and filled from PyPI once), else to python3 after printing <warning> on stderr.
 ensure_openai_venv() {
     local venv=$1 warning=$2
     PY=python3
-    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import openai" 2>/dev/null; then
+    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import openai, anthropic" 2>/dev/null; then
         PY="$venv/bin/python"
-    elif python3 -m venv "$venv" >/dev/null 2>&1 && "$venv/bin/pip" install -q openai >/dev/null 2>&1; then
+    elif { [ -x "$venv/bin/pip" ] || python3 -m venv "$venv" >/dev/null 2>&1; } &&
+        "$venv/bin/pip" install -q openai anthropic >/dev/null 2>&1; then
         PY="$venv/bin/python"
     else
         echo "$warning" >&2

@@ -1,0 +1,100 @@
+/* bench_grammar.c — the cost of grammar-constrained decoding on the host: the token mask per step.
+ *
+ * usage: bench_grammar [MODEL_DIR]
+ * Default: tests/data/tokenizers/qwen3 (151,643 tokens, the vocabulary size of the real models). Builds the
+ * vocabulary trie (timed), then for a few schemas walks a document the schema accepts token by token as
+ * the tokenizer splits it: mask (timed), check that the document's next token is allowed, feed it. Prints
+ * the trie build time and, per schema, the mean and worst mask time in ms and the tokens allowed on
+ * average (process CPU time, steadier than wall time on a shared machine; BENCH_GRAMMAR_STEPS=1 prints every step). One core. Not a test: numbers go to docs/BENCHMARKS.md.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "grammar/constraint.h"
+#include "grammar/grammar.h"
+#include "text/tokenizer.h"
+
+static const struct {
+    const char *name, *schema, *document;
+} cases[] = {
+    {"object of scalars",
+     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+     "\"admin\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\",\"admin\"]}",
+     "{\"name\":\"Ada Lovelace, the first programmer of the Analytical Engine\",\"age\":36,\"admin\":true}"},
+    {"nested + enum + array",
+     "{\"type\":\"object\",\"properties\":{\"status\":{\"enum\":[\"open\",\"paid\",\"shipped\"]},\"items\":{\"type\":"
+     "\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"sku\":{\"type\":\"string\"},\"qty\":{\"type\":"
+     "\"integer\"}},\"required\":[\"sku\",\"qty\"]}},\"note\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}},"
+     "\"required\":[\"status\",\"items\",\"note\"]}",
+     "{\"status\":\"paid\",\"items\":[{\"sku\":\"A-100\",\"qty\":2},{\"sku\":\"B-7\",\"qty\":10}],\"note\":null}"},
+    {"json_object (free)", NULL,
+     "{\"query\":\"weather in Paris\",\"filters\":{\"days\":[1,2,3],\"units\":\"metric\",\"verbose\":false}}"},
+};
+
+int main(int argc, char **argv)
+{
+    const char *model = argc > 1 ? argv[1] : LILY_SOURCE_DIR "/tests/data/tokenizers/qwen3";
+    lily_error err = {0};
+    lily_tokenizer *tok;
+    if (lily_tokenizer_load(model, &tok, &err) != LILY_OK) {
+        fprintf(stderr, "bench_grammar: %s\n", err.message);
+        return 1;
+    }
+    const int vocab = lily_tokenizer_vocab_size(tok);
+    lily_token_trie *trie;
+    double t0 = lily_wall_seconds();
+    if (lily_vocab_trie_new(tok, vocab, &trie, &err) != LILY_OK) {
+        fprintf(stderr, "bench_grammar: %s\n", err.message);
+        return 1;
+    }
+    printf("vocabulary %d tokens (%s): trie built in %.1f ms\n", vocab, model, 1e3 * (lily_wall_seconds() - t0));
+    uint8_t *allowed = malloc((size_t)vocab);
+    int status = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && allowed; c++) {
+        json_t *schema = cases[c].schema ? json_loads(cases[c].schema, 0, NULL) : NULL;
+        lily_grammar *g;
+        lily_grammar_matcher *m;
+        if (lily_grammar_compile(schema, LILY_GRAMMAR_JSON, &g, &err) != LILY_OK ||
+            lily_grammar_matcher_new(g, &m, &err) != LILY_OK) {
+            fprintf(stderr, "bench_grammar: %s\n", err.message);
+            return 1;
+        }
+        json_decref(schema);
+        int32_t *ids;
+        int n;
+        if (lily_tokenizer_encode(tok, cases[c].document, strlen(cases[c].document), false, &ids, &n, &err) != LILY_OK)
+            return 1;
+        double total = 0, worst = 0;
+        long n_allowed = 0;
+        for (int i = 0; i < n; i++) {
+            double t = lily_process_cpu_seconds();
+            n_allowed += lily_grammar_matcher_mask(m, trie, allowed);
+            t = lily_process_cpu_seconds() - t;
+            total += t;
+            worst = t > worst ? t : worst;
+            size_t len;
+            const char *bytes = lily_tokenizer_token_bytes(tok, ids[i], &len);
+            if (getenv("BENCH_GRAMMAR_STEPS"))
+                printf("  step %d: %.3f ms, next token %.*s\n", i, 1e3 * t, (int)len, bytes);
+            if (!allowed[ids[i]] || !lily_grammar_matcher_feed(m, bytes, len)) {
+                fprintf(stderr, "bench_grammar: %s: token %d (%.*s) of the document is masked out\n", cases[c].name,
+                        i, (int)len, bytes);
+                status = 1;
+                break;
+            }
+        }
+        printf("%-24s %3d tokens: mask %.3f ms mean, %.3f ms worst, %.0f tokens allowed on average, complete: %s\n",
+               cases[c].name, n, 1e3 * total / n, 1e3 * worst, (double)n_allowed / n,
+               lily_grammar_matcher_accepting(m) ? "yes" : "NO");
+        free(ids);
+        lily_grammar_matcher_free(m);
+        lily_grammar_free(g);
+    }
+    free(allowed);
+    lily_token_trie_free(trie);
+    lily_tokenizer_free(tok);
+    return status;
+}

@@ -1,0 +1,722 @@
+/* grammar.c — matching bytes against a compiled grammar, and the vocabulary mask (grammar.h).
+ *
+ * The state is a set of parse stacks. A stack's frames each hold a node and its progress; the top frame
+ * takes the next byte. A node that is complete and may still grow (a number, a raw parameter value, an
+ * enum entry that prefixes a longer one, leading whitespace) hands a byte it cannot take to the frame
+ * below it; an alternative (anyOf, the free JSON value) replaces itself by one stack per branch and each
+ * takes the byte. Stacks that reject the byte are dropped, equal stacks merged.
+ * The mask walks a trie of the vocabulary depth first, stepping a copy of the state per trie edge and
+ * pruning a subtree at the first rejected byte: inside a free string nearly the whole trie is visited,
+ * inside structure only a few branches.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+
+typedef struct {
+    const gnode *n;
+    int32_t stage;
+    int32_t pos;     /* bytes of the current literal candidate matched */
+    int32_t cur;     /* the literal candidate being matched (-1: none yet) */
+    int32_t count;   /* characters, items, digits, next property */
+    int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape */
+    int32_t first;   /* object: no property written yet */
+} frame;
+
+typedef struct {
+    int depth;
+    frame f[LILY_GRAMMAR_MAX_DEPTH];
+} stack;
+
+typedef struct {
+    int n;
+    stack s[LILY_GRAMMAR_MAX_FORKS];
+} stack_set;
+
+struct lily_grammar_matcher {
+    const lily_grammar *g;
+    stack_set cur, next;
+    stack_set *levels;    /* the mask walk's state per trie depth */
+    int n_levels;
+};
+
+static void copy_stack(stack *dst, const stack *src)
+{
+    dst->depth = src->depth;
+    memcpy(dst->f, src->f, (size_t)src->depth * sizeof *src->f);
+}
+
+static void emit(stack_set *out, const stack *s)
+{
+    for (int i = 0; i < out->n; i++)
+        if (out->s[i].depth == s->depth && !memcmp(out->s[i].f, s->f, (size_t)s->depth * sizeof *s->f))
+            return;
+    if (out->n < LILY_GRAMMAR_MAX_FORKS)
+        copy_stack(&out->s[out->n++], s);
+}
+
+static bool push(stack *s, const gnode *n)
+{
+    while (n && n->kind == G_REF)
+        n = n->target;
+    if (!n || s->depth == LILY_GRAMMAR_MAX_DEPTH)
+        return false;
+    frame *f = &s->f[s->depth++];
+    memset(f, 0, sizeof *f);
+    f->n = n;
+    f->cur = -1;
+    f->first = 1;
+    if (n->kind == G_OBJECT && n->tool)
+        f->stage = 1; /* no opening brace */
+    return true;
+}
+
+/* Literal candidate i of a frame (NULL when not allowed here). */
+static const char *candidate(const frame *f, int i, size_t *len)
+{
+    const gnode *n = f->n;
+    if (n->kind == G_LITSET) {
+        if (i < 0 || i >= n->n)
+            return NULL;
+        *len = n->lens[i];
+        return n->strs[i];
+    }
+    /* object: properties from f->count on, skipping only optional ones; n_props is the close */
+    if (i < f->count || i > n->n_props)
+        return NULL;
+    for (int k = f->count; k < i; k++)
+        if (n->required[k])
+            return NULL;
+    if (f->first || i == n->n_props) {
+        *len = n->lens[i];
+        return n->strs[i];
+    }
+    *len = n->lens_next[i];
+    return n->keys_next[i];
+}
+
+static int n_candidates(const frame *f) { return f->n->kind == G_LITSET ? f->n->n : f->n->n_props + 1; }
+
+typedef enum { LIT_FAIL, LIT_MORE, LIT_DONE, LIT_PASS } lit_result;
+
+/* One byte of a literal choice. LIT_DONE: a candidate is complete and nothing longer shares its prefix;
+ * LIT_PASS: complete already and b does not extend it (the byte belongs to the frame below). */
+static lit_result literal_step(frame *f, unsigned char b)
+{
+    size_t len = 0, clen = 0;
+    const char *cs = f->cur >= 0 ? candidate(f, f->cur, &clen) : NULL;
+    if (!(cs && (size_t)f->pos < clen && (unsigned char)cs[f->pos] == b)) {
+        int found = -1;
+        for (int i = 0; i < n_candidates(f) && found < 0; i++) {
+            const char *s = candidate(f, i, &len);
+            if (s && len > (size_t)f->pos && (unsigned char)s[f->pos] == b && (!f->pos || !memcmp(s, cs, (size_t)f->pos)))
+                found = i;
+        }
+        if (found < 0)
+            return cs && (size_t)f->pos == clen ? LIT_PASS : LIT_FAIL;
+        f->cur = found;
+        cs = candidate(f, found, &clen);
+    }
+    f->pos++;
+    if ((size_t)f->pos < clen)
+        return LIT_MORE;
+    for (int i = 0; i < n_candidates(f); i++) {
+        const char *s = candidate(f, i, &len);
+        if (s && len > clen && !memcmp(s, cs, clen))
+            return LIT_MORE; /* complete, and may grow */
+    }
+    return LIT_DONE;
+}
+
+static bool literal_complete(const frame *f)
+{
+    size_t len = 0;
+    return f->cur >= 0 && candidate(f, f->cur, &len) && (size_t)f->pos == len && f->pos > 0;
+}
+
+static bool is_digit(unsigned char b) { return b >= '0' && b <= '9'; }
+static bool is_hex(unsigned char b) { return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
+
+/* One character of string text (not a quote or an escape). False: not allowed. */
+static bool text_char(frame *f, unsigned char b)
+{
+    const gnode *n = f->n;
+    if (f->aux > 0) { /* inside a UTF-8 sequence */
+        if ((b & 0xC0) != 0x80)
+            return false;
+        f->aux--;
+        return true;
+    }
+    if (b < 0x20 && !(n->kind == G_RAW && b == '\t'))
+        return false;
+    if (n->max >= 0 && f->count >= n->max)
+        return false;
+    if (n->pattern) {
+        char p = n->pattern[f->count];
+        if (!p || (p == 'd' && !is_digit(b)) || (p == 'h' && !is_hex(b)) || (p != 'd' && p != 'h' && p != (char)b))
+            return false;
+    }
+    if (b >= 0x80) {
+        if (b >= 0xC2 && b <= 0xDF)
+            f->aux = 1;
+        else if (b >= 0xE0 && b <= 0xEF)
+            f->aux = 2;
+        else if (b >= 0xF0 && b <= 0xF4)
+            f->aux = 3;
+        else
+            return false;
+    }
+    f->count++;
+    return true;
+}
+
+/* Number stages: 0 start, 1 after '-', 2 integer digits, 3 after a leading 0, 4 after '.', 5 fraction
+ * digits, 6 after e/E, 7 after the exponent sign, 8 exponent digits. Digits per part are capped (count)
+ * so a model cannot write one forever. */
+#define NUMBER_MAX_DIGITS 16
+static bool number_can_end(int stage) { return stage == 2 || stage == 3 || stage == 5 || stage == 8; }
+
+static bool number_step(frame *f, unsigned char b)
+{
+    bool integer = f->n->integer;
+    switch (f->stage) {
+    case 0:
+        if (b == '-') return f->stage = 1, true;
+        /* fall through */
+    case 1:
+        if (b == '0') return f->stage = 3, true;
+        if (b >= '1' && b <= '9') return f->stage = 2, f->count = 1, true;
+        return false;
+    case 2:
+        if (is_digit(b) && f->count < NUMBER_MAX_DIGITS) return f->count++, true;
+        /* fall through */
+    case 3:
+        if (integer) return false;
+        if (b == '.') return f->stage = 4, f->count = 0, true;
+        if (b == 'e' || b == 'E') return f->stage = 6, f->count = 0, true;
+        return false;
+    case 4:
+    case 5:
+        if (is_digit(b) && f->count < NUMBER_MAX_DIGITS) return f->stage = 5, f->count++, true;
+        if (f->stage == 5 && (b == 'e' || b == 'E')) return f->stage = 6, f->count = 0, true;
+        return false;
+    case 6:
+        if (b == '+' || b == '-') return f->stage = 7, true;
+        /* fall through */
+    case 7:
+    case 8:
+        if (is_digit(b) && f->count < 3) return f->stage = 8, f->count++, true;
+        return false;
+    }
+    return false;
+}
+
+static bool frame_can_end(const frame *f)
+{
+    switch (f->n->kind) {
+    case G_WS: return true;
+    case G_NUMBER: return number_can_end(f->stage);
+    case G_RAW: return f->aux == 0 && f->count >= f->n->min && (!f->n->pattern || !f->n->pattern[f->count]);
+    case G_LITSET: return literal_complete(f);
+    default: return false;
+    }
+}
+
+/* Feed byte b to stack s (modified in place; a scratch copy), adding every resulting stack to out. */
+static void step(stack *s, unsigned char b, stack_set *out)
+{
+    for (;;) {
+        if (s->depth == 0)
+            return;
+        frame *f = &s->f[s->depth - 1];
+        const gnode *n = f->n;
+        switch (n->kind) {
+        case G_REF: return; /* never on a stack (push follows it) */
+        case G_WS:
+            if ((b == ' ' || b == '\n') && f->count < n->max) {
+                f->count++;
+                emit(out, s);
+                return;
+            }
+            s->depth--;
+            continue;
+        case G_ALT: {
+            s->depth--;
+            stack fork;
+            for (int k = 0; k < n->n_kids; k++) {
+                copy_stack(&fork, s);
+                if (push(&fork, n->kids[k]))
+                    step(&fork, b, out);
+            }
+            return;
+        }
+        case G_LITSET: {
+            lit_result r = literal_step(f, b);
+            if (r == LIT_FAIL)
+                return;
+            if (r == LIT_PASS) {
+                s->depth--;
+                continue;
+            }
+            if (r == LIT_DONE)
+                s->depth--;
+            emit(out, s);
+            return;
+        }
+        case G_OBJECT: {
+            if (f->stage == 0) {
+                if (b != '{')
+                    return;
+                f->stage = 1;
+                emit(out, s);
+                return;
+            }
+            lit_result r = literal_step(f, b);
+            if (r == LIT_FAIL || r == LIT_PASS)
+                return;
+            if (r == LIT_DONE) {
+                int i = f->cur;
+                if (i == n->n_props) {
+                    s->depth--;
+                } else {
+                    f->count = i + 1;
+                    f->first = 0;
+                    f->pos = 0;
+                    f->cur = -1;
+                    if ((n->sep && !push(s, n->sep)) || !push(s, n->kids[i]))
+                        return;
+                }
+            }
+            emit(out, s);
+            return;
+        }
+        case G_FREE_OBJECT:
+            switch (f->stage) {
+            case 0:
+                if (b != '{')
+                    return;
+                f->stage = 1;
+                emit(out, s);
+                return;
+            case 1: /* after '{' */
+            case 2: /* after a value */
+                if (b == '}') {
+                    s->depth--;
+                    emit(out, s);
+                    return;
+                }
+                if (f->stage == 2) {
+                    if (b != ',')
+                        return;
+                    f->stage = 4;
+                    emit(out, s);
+                    return;
+                }
+                f->stage = 3; /* the first key starts with this byte */
+                if (!push(s, n->kids[0]))
+                    return;
+                continue;
+            case 4: /* a key */
+                f->stage = 3;
+                if (!push(s, n->kids[0]))
+                    return;
+                continue;
+            case 3: /* after the key */
+                if (b != ':')
+                    return;
+                f->stage = 2;
+                if (push(s, n->kids[1]))
+                    emit(out, s);
+                return;
+            }
+            return;
+        case G_ARRAY:
+            if (f->stage == 0) {
+                if (b != '[')
+                    return;
+                f->stage = 1;
+                emit(out, s);
+                return;
+            }
+            if (b == ']' && f->count >= n->min) {
+                s->depth--;
+                emit(out, s);
+                return;
+            }
+            if (f->stage == 1) { /* the first item starts with this byte */
+                if (n->max == 0)
+                    return;
+                f->stage = 2;
+                f->count = 1;
+                if (!push(s, n->kids[0]))
+                    return;
+                continue;
+            }
+            if (b != ',' || (n->max >= 0 && f->count >= n->max))
+                return;
+            f->count++;
+            if (push(s, n->kids[0]))
+                emit(out, s);
+            return;
+        case G_STRING:
+            switch (f->stage) {
+            case 0:
+                if (b != '"')
+                    return;
+                f->stage = 1;
+                break;
+            case 1:
+                if (f->aux == 0 && b == '"') {
+                    if (f->count < n->min || (n->pattern && n->pattern[f->count]))
+                        return;
+                    s->depth--;
+                    break;
+                }
+                if (f->aux == 0 && b == '\\') {
+                    if (n->pattern || (n->max >= 0 && f->count >= n->max))
+                        return;
+                    f->stage = 2;
+                    break;
+                }
+                if (!text_char(f, b))
+                    return;
+                break;
+            case 2:
+                if (b == 'u') {
+                    f->stage = 3;
+                    f->aux = 0;
+                    break;
+                }
+                if (!strchr("\"\\/bfnrt", b) || !b)
+                    return;
+                f->stage = 1;
+                f->count++;
+                break;
+            case 3:
+                if (!is_hex(b))
+                    return;
+                if (++f->aux == 4) {
+                    f->aux = 0;
+                    f->stage = 1;
+                    f->count++;
+                }
+                break;
+            }
+            emit(out, s);
+            return;
+        case G_RAW:
+            if (f->aux == 0 && b == '\n') {
+                if (!frame_can_end(f))
+                    return;
+                s->depth--;
+                continue;
+            }
+            if (b == '<' || b == '\r' || !text_char(f, b))
+                return;
+            emit(out, s);
+            return;
+        case G_NUMBER:
+            if (number_step(f, b)) {
+                emit(out, s);
+                return;
+            }
+            if (!number_can_end(f->stage))
+                return;
+            s->depth--;
+            continue;
+        }
+        return;
+    }
+}
+
+static void step_set(const stack_set *in, unsigned char b, stack_set *out)
+{
+    stack scratch;
+    out->n = 0;
+    for (int i = 0; i < in->n; i++) {
+        copy_stack(&scratch, &in->s[i]);
+        step(&scratch, b, out);
+    }
+}
+
+lily_status lily_grammar_matcher_new(const lily_grammar *g, lily_grammar_matcher **out, lily_error *err)
+{
+    *out = NULL;
+    lily_grammar_matcher *m = calloc(1, sizeof *m);
+    if (!m)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
+    m->g = g;
+    m->cur.n = 1;
+    stack *s = &m->cur.s[0];
+    s->depth = 0;
+    if (!push(s, g->root) || (g->lead && !push(s, g->lead))) {
+        free(m);
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "grammar: empty");
+    }
+    *out = m;
+    return LILY_OK;
+}
+
+void lily_grammar_matcher_free(lily_grammar_matcher *m)
+{
+    if (!m)
+        return;
+    free(m->levels);
+    free(m);
+}
+
+bool lily_grammar_matcher_feed(lily_grammar_matcher *m, const char *bytes, size_t n)
+{
+    stack_set *saved = malloc(sizeof *saved);
+    if (!saved)
+        return false;
+    *saved = m->cur;
+    for (size_t i = 0; i < n; i++) {
+        step_set(&m->cur, (unsigned char)bytes[i], &m->next);
+        if (m->next.n == 0) {
+            m->cur = *saved;
+            free(saved);
+            return false;
+        }
+        m->cur = m->next;
+    }
+    free(saved);
+    return true;
+}
+
+static bool stack_accepting(const stack *s)
+{
+    for (int i = 0; i < s->depth; i++)
+        if (!frame_can_end(&s->f[i]))
+            return false;
+    return true;
+}
+
+bool lily_grammar_matcher_accepting(const lily_grammar_matcher *m)
+{
+    for (int i = 0; i < m->cur.n; i++)
+        if (stack_accepting(&m->cur.s[i]))
+            return true;
+    return false;
+}
+
+bool lily_grammar_matcher_finished(const lily_grammar_matcher *m)
+{
+    for (int i = 0; i < m->cur.n; i++)
+        if (m->cur.s[i].depth > 0)
+            return false;
+    return true;
+}
+
+/* ---- the vocabulary trie ----------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t first_child, next_sibling;
+    int32_t token;        /* the first token whose bytes end here, or -1 */
+    unsigned char byte;
+} trie_node;
+
+struct lily_token_trie {
+    trie_node *nodes;
+    int n_nodes, cap_nodes;
+    int32_t *same_next;   /* [n_tokens] the next token with the same bytes, or -1 */
+    int n_tokens;
+    int max_len;
+    /* Inside free text (a JSON string or a raw parameter value without a length limit or pattern) a token
+     * made of plain characters only is always allowed: plain[k][id] says so for each kind of text, and
+     * rest[k] is the trie of the other tokens, the only ones that need a walk there. */
+    uint8_t *plain[2];
+    struct lily_token_trie *rest[2];
+};
+
+enum { TEXT_JSON = 0, TEXT_RAW = 1 };
+
+/* Whether bytes[len] are characters the text kind takes anywhere in its body: no quote, backslash or
+ * control character (JSON); no '<', newline or control character other than tab (raw); whole UTF-8
+ * sequences with the lead bytes text_char accepts. */
+static bool plain_text(const char *bytes, size_t len, int kind)
+{
+    int pending = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)bytes[i];
+        if (pending) {
+            if ((b & 0xC0) != 0x80)
+                return false;
+            pending--;
+            continue;
+        }
+        if (b < 0x20 && !(kind == TEXT_RAW && b == '\t'))
+            return false;
+        if ((kind == TEXT_JSON && (b == '"' || b == '\\')) || (kind == TEXT_RAW && b == '<'))
+            return false;
+        if (b >= 0x80) {
+            if (b >= 0xC2 && b <= 0xDF)
+                pending = 1;
+            else if (b >= 0xE0 && b <= 0xEF)
+                pending = 2;
+            else if (b >= 0xF0 && b <= 0xF4)
+                pending = 3;
+            else
+                return false;
+        }
+    }
+    return pending == 0;
+}
+
+/* The text kind when every stack of the set is inside free text with no partial character pending, else
+ * -1: then a token of plain characters is allowed whatever the state, and only the rest need a walk. */
+static int free_text_kind(const stack_set *set)
+{
+    int kind = -1;
+    for (int i = 0; i < set->n; i++) {
+        const stack *s = &set->s[i];
+        if (s->depth == 0)
+            return -1;
+        const frame *f = &s->f[s->depth - 1];
+        const gnode *n = f->n;
+        int k = n->kind == G_STRING && f->stage == 1 ? TEXT_JSON : n->kind == G_RAW ? TEXT_RAW : -1;
+        if (k < 0 || f->aux || n->pattern || n->max >= 0 || (kind >= 0 && k != kind))
+            return -1;
+        kind = k;
+    }
+    return kind;
+}
+
+static int32_t trie_child(lily_token_trie *t, int32_t parent, unsigned char b, bool create)
+{
+    int32_t prev = -1;
+    for (int32_t c = t->nodes[parent].first_child; c >= 0; prev = c, c = t->nodes[c].next_sibling)
+        if (t->nodes[c].byte == b)
+            return c;
+    if (!create)
+        return -1;
+    if (t->n_nodes == t->cap_nodes) {
+        int cap = t->cap_nodes * 2;
+        trie_node *p = realloc(t->nodes, (size_t)cap * sizeof *p);
+        if (!p)
+            return -2;
+        t->nodes = p;
+        t->cap_nodes = cap;
+    }
+    int32_t c = t->n_nodes++;
+    t->nodes[c] = (trie_node){.first_child = -1, .next_sibling = -1, .token = -1, .byte = b};
+    if (prev >= 0)
+        t->nodes[prev].next_sibling = c;
+    else
+        t->nodes[parent].first_child = c;
+    return c;
+}
+
+/* The trie of the tokens with keep[id] (all when keep is NULL), excluded ones left out. */
+static lily_token_trie *trie_build(const char *const *bytes, const size_t *lens, const bool *excluded,
+                                   const uint8_t *keep, int n_tokens)
+{
+    lily_token_trie *t = calloc(1, sizeof *t);
+    if (t) {
+        t->cap_nodes = 1024;
+        t->nodes = malloc((size_t)t->cap_nodes * sizeof *t->nodes);
+        t->same_next = malloc(((size_t)n_tokens + 1) * sizeof *t->same_next);
+    }
+    if (!t || !t->nodes || !t->same_next) {
+        lily_token_trie_free(t);
+        return NULL;
+    }
+    t->n_tokens = n_tokens;
+    t->n_nodes = 1;
+    t->nodes[0] = (trie_node){.first_child = -1, .next_sibling = -1, .token = -1};
+    for (int id = 0; id < n_tokens; id++) {
+        t->same_next[id] = -1;
+        if ((excluded && excluded[id]) || !bytes[id] || !lens[id] || (keep && !keep[id]))
+            continue;
+        int32_t node = 0;
+        for (size_t k = 0; k < lens[id] && node >= 0; k++)
+            node = trie_child(t, node, (unsigned char)bytes[id][k], true);
+        if (node < 0) {
+            lily_token_trie_free(t);
+            return NULL;
+        }
+        t->same_next[id] = t->nodes[node].token;
+        t->nodes[node].token = id;
+        if ((int)lens[id] > t->max_len)
+            t->max_len = (int)lens[id];
+    }
+    return t;
+}
+
+lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, const bool *excluded, int n_tokens,
+                                lily_token_trie **out, lily_error *err)
+{
+    *out = NULL;
+    lily_token_trie *t = trie_build(bytes, lens, excluded, NULL, n_tokens);
+    uint8_t *other = malloc((size_t)n_tokens + 1);
+    bool ok = t && other;
+    for (int k = 0; ok && k < 2; k++) {
+        ok = (t->plain[k] = calloc((size_t)n_tokens + 1, 1)) != NULL;
+        for (int id = 0; ok && id < n_tokens; id++) {
+            bool usable = !(excluded && excluded[id]) && bytes[id] && lens[id];
+            t->plain[k][id] = usable && plain_text(bytes[id], lens[id], k);
+            other[id] = usable && !t->plain[k][id];
+        }
+        ok = ok && (t->rest[k] = trie_build(bytes, lens, excluded, other, n_tokens)) != NULL;
+    }
+    free(other);
+    if (!ok) {
+        lily_token_trie_free(t);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory for the token trie");
+    }
+    *out = t;
+    return LILY_OK;
+}
+
+void lily_token_trie_free(lily_token_trie *t)
+{
+    if (!t)
+        return;
+    for (int k = 0; k < 2; k++) {
+        free(t->plain[k]);
+        lily_token_trie_free(t->rest[k]);
+    }
+    free(t->nodes);
+    free(t->same_next);
+    free(t);
+}
+
+static int mask_walk(lily_grammar_matcher *m, const lily_token_trie *t, int32_t node, const stack_set *state,
+                     int level, uint8_t *allowed)
+{
+    int n_allowed = 0;
+    stack_set *next = &m->levels[level];
+    for (int32_t c = t->nodes[node].first_child; c >= 0; c = t->nodes[c].next_sibling) {
+        step_set(state, t->nodes[c].byte, next);
+        if (next->n == 0)
+            continue;
+        for (int32_t id = t->nodes[c].token; id >= 0; id = t->same_next[id]) {
+            allowed[id] = 1;
+            n_allowed++;
+        }
+        if (t->nodes[c].first_child >= 0)
+            n_allowed += mask_walk(m, t, c, next, level + 1, allowed);
+    }
+    return n_allowed;
+}
+
+int lily_grammar_matcher_mask(const lily_grammar_matcher *cm, const lily_token_trie *t, uint8_t *allowed)
+{
+    lily_grammar_matcher *m = (lily_grammar_matcher *)cm; /* the walk's scratch levels only */
+    memset(allowed, 0, (size_t)t->n_tokens);
+    if (m->n_levels < t->max_len) {
+        stack_set *levels = realloc(m->levels, (size_t)t->max_len * sizeof *levels);
+        if (!levels)
+            return 0;
+        m->levels = levels;
+        m->n_levels = t->max_len;
+    }
+    int kind = free_text_kind(&m->cur);
+    if (kind < 0)
+        return mask_walk(m, t, 0, &m->cur, 0, allowed);
+    int n = 0;
+    for (int id = 0; id < t->n_tokens; id++)
+        n += allowed[id] = t->plain[kind][id];
+    return n + mask_walk(m, t->rest[kind], 0, &m->cur, 0, allowed);
+}

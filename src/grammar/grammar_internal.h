@@ -1,0 +1,52 @@
+/* grammar_internal.h — the compiled grammar's node graph, shared by json_schema.c (builds it) and
+ * grammar.c (matches bytes against it). Not part of the public interface (grammar.h).
+ */
+#ifndef LILY_GRAMMAR_INTERNAL_H
+#define LILY_GRAMMAR_INTERNAL_H
+
+#include "grammar/grammar.h"
+
+typedef enum {
+    G_LITSET,      /* one of strs[n] (bytes); an entry that is a prefix of another may end early */
+    G_ALT,         /* one of kids[n_kids] */
+    G_OBJECT,      /* properties in order: key strs[i] (first) / keys_next[i] (after one), value kids[i];
+                      candidate n_props is the closing literal; tool: Qwen tags, sep after each value */
+    G_FREE_OBJECT, /* {"key":value,...}: kids[0] the key string, kids[1] the value */
+    G_ARRAY,       /* [item,...] with min..max items (max -1: unbounded), kids[0] the item */
+    G_STRING,      /* a JSON string of min..max characters, optionally a fixed pattern (grammar.h) */
+    G_RAW,         /* a tool parameter's raw text: one line, no '<', min..max characters, optional pattern */
+    G_NUMBER,      /* a JSON number (integer: no fraction or exponent) */
+    G_WS,          /* up to max spaces / newlines */
+    G_REF,         /* target (a $ref, compiled once so recursive schemas stay finite) */
+} gnode_kind;
+
+typedef struct gnode gnode;
+struct gnode {
+    gnode_kind kind;
+    char **strs;
+    size_t *lens;
+    int n;
+    gnode **kids;
+    int n_kids;
+    int n_props;
+    char **keys_next;
+    size_t *lens_next;
+    bool *required;
+    bool tool;
+    gnode *sep;           /* tool object: "\n</parameter>\n" */
+    int min, max;
+    const char *pattern;  /* static */
+    bool integer;
+    gnode *target;
+};
+
+struct lily_grammar {
+    lily_grammar_syntax syntax;
+    gnode *root;
+    gnode *lead;          /* JSON: leading whitespace before the value */
+    gnode *any;           /* the free JSON value, built on first use */
+    gnode **nodes;        /* every node, for freeing */
+    int n_nodes, cap_nodes;
+};
+
+#endif

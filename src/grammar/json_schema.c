@@ -1,0 +1,458 @@
+/* json_schema.c — JSON Schema -> the grammar's node graph (grammar.h, grammar_internal.h).
+ *
+ * Owns: reading the schema keywords grammar.h lists and rendering the literal bytes each node matches
+ * (property keys with their separators, enum and const values, the Qwen tool-call tags). Does not own:
+ * matching (grammar.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+
+typedef enum { MODE_JSON, MODE_TOOL_VALUE } value_mode; /* MODE_TOOL_VALUE: strings raw, the rest JSON */
+
+typedef struct {
+    lily_grammar *g;
+    const json_t *root;
+    lily_error *err;
+    lily_status st;
+    int depth;
+    struct {
+        char *ref;
+        value_mode mode;
+        gnode *node;
+    } refs[64];
+    int n_refs;
+} compiler;
+
+static gnode *new_node(compiler *c, gnode_kind kind)
+{
+    if (c->st != LILY_OK)
+        return NULL;
+    if (c->g->n_nodes == c->g->cap_nodes) {
+        int cap = c->g->cap_nodes ? 2 * c->g->cap_nodes : 32;
+        gnode **p = realloc(c->g->nodes, (size_t)cap * sizeof *p);
+        if (!p) {
+            c->st = lily_error_set(c->err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
+            return NULL;
+        }
+        c->g->nodes = p;
+        c->g->cap_nodes = cap;
+    }
+    gnode *n = calloc(1, sizeof *n);
+    if (!n) {
+        c->st = lily_error_set(c->err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
+        return NULL;
+    }
+    n->kind = kind;
+    n->max = -1;
+    c->g->nodes[c->g->n_nodes++] = n;
+    return n;
+}
+
+static void *oom(compiler *c)
+{
+    if (c->st == LILY_OK)
+        c->st = lily_error_set(c->err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
+    return NULL;
+}
+
+static void *bad(compiler *c, const char *what, const char *detail)
+{
+    if (c->st == LILY_OK)
+        c->st = lily_error_set(c->err, LILY_ERR_INVALID_ARGUMENT, "schema: %s%s%s", what, detail ? ": " : "",
+                               detail ? detail : "");
+    return NULL;
+}
+
+/* Add a literal (copied) to n's strs. */
+static bool add_str(compiler *c, gnode *n, const char *s, size_t len)
+{
+    char **strs = realloc(n->strs, (size_t)(n->n + 1) * sizeof *strs);
+    size_t *lens = strs ? realloc(n->lens, (size_t)(n->n + 1) * sizeof *lens) : NULL;
+    if (strs)
+        n->strs = strs;
+    if (lens)
+        n->lens = lens;
+    char *copy = lens ? malloc(len + 1) : NULL;
+    if (!copy)
+        return oom(c), false;
+    memcpy(copy, s, len);
+    copy[len] = 0;
+    n->strs[n->n] = copy;
+    n->lens[n->n++] = len;
+    return true;
+}
+
+static bool add_kid(compiler *c, gnode *n, gnode *kid)
+{
+    if (!kid)
+        return false;
+    gnode **kids = realloc(n->kids, (size_t)(n->n_kids + 1) * sizeof *kids);
+    if (!kids)
+        return oom(c), false;
+    n->kids = kids;
+    n->kids[n->n_kids++] = kid;
+    return true;
+}
+
+static gnode *literal(compiler *c, const char *s)
+{
+    gnode *n = new_node(c, G_LITSET);
+    if (n && !add_str(c, n, s, strlen(s)))
+        return NULL;
+    return n;
+}
+
+/* A JSON value's compact text (malloc'd), or NULL. */
+static char *dump_value(const json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY); }
+
+/* A literal value (const / enum entry) as the bytes the syntax writes: strings raw in a tool parameter. */
+static bool add_value_literal(compiler *c, gnode *n, const json_t *v, value_mode mode)
+{
+    if (mode == MODE_TOOL_VALUE && json_is_string(v)) {
+        const char *s = json_string_value(v);
+        if (strchr(s, '<') || strchr(s, '\n'))
+            return bad(c, "a string enum value with '<' or a newline cannot be a tool parameter", s), false;
+        return add_str(c, n, s, json_string_length(v));
+    }
+    char *text = dump_value(v);
+    if (!text)
+        return oom(c), false;
+    bool ok = add_str(c, n, text, strlen(text));
+    free(text);
+    return ok;
+}
+
+static gnode *compile(compiler *c, const json_t *s, value_mode mode);
+
+/* The free JSON value (json_object mode, untyped schemas, additionalProperties). */
+static gnode *any_value(compiler *c)
+{
+    if (c->g->any)
+        return c->g->any;
+    gnode *any = new_node(c, G_ALT);
+    c->g->any = any;
+    gnode *obj = new_node(c, G_FREE_OBJECT), *arr = new_node(c, G_ARRAY), *str = new_node(c, G_STRING),
+          *num = new_node(c, G_NUMBER), *lits = new_node(c, G_LITSET);
+    if (!any || !obj || !arr || !str || !num || !lits)
+        return NULL;
+    arr->min = 0;
+    add_kid(c, arr, any);
+    add_kid(c, obj, str); /* kids[0]: the key, kids[1]: the value */
+    add_kid(c, obj, any);
+    add_str(c, lits, "true", 4);
+    add_str(c, lits, "false", 5);
+    add_str(c, lits, "null", 4);
+    add_kid(c, any, obj);
+    add_kid(c, any, arr);
+    add_kid(c, any, str);
+    add_kid(c, any, num);
+    add_kid(c, any, lits);
+    return c->st == LILY_OK ? any : NULL;
+}
+
+static int int_field(const json_t *s, const char *key, int dflt)
+{
+    json_t *v = json_object_get(s, key);
+    if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < (1 << 30))
+        return (int)json_integer_value(v);
+    return dflt;
+}
+
+/* String formats as fixed templates: 'd' a digit, 'h' a hex digit, anything else itself. */
+static const char *format_pattern(const char *format)
+{
+    static const struct {
+        const char *name, *pattern;
+    } formats[] = {
+        {"date", "dddd-dd-dd"},
+        {"time", "dd:dd:ddZ"},
+        {"date-time", "dddd-dd-ddTdd:dd:ddZ"},
+        {"uuid", "hhhhhhhh-hhhh-hhhh-hhhh-hhhhhhhhhhhh"},
+    };
+    for (size_t i = 0; format && i < sizeof formats / sizeof formats[0]; i++)
+        if (!strcmp(format, formats[i].name))
+            return formats[i].pattern;
+    return NULL;
+}
+
+static gnode *compile_string(compiler *c, const json_t *s, value_mode mode)
+{
+    gnode *n = new_node(c, mode == MODE_TOOL_VALUE ? G_RAW : G_STRING);
+    if (!n)
+        return NULL;
+    n->min = int_field(s, "minLength", 0);
+    n->max = int_field(s, "maxLength", -1);
+    n->pattern = format_pattern(json_string_value(json_object_get(s, "format")));
+    if (n->pattern)
+        n->min = n->max = (int)strlen(n->pattern);
+    if (n->max >= 0 && n->max < n->min)
+        return bad(c, "maxLength is below minLength", NULL);
+    return n;
+}
+
+/* An object's properties in the schema's order. In a tool call (root) the keys are the parameter tags. */
+static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
+{
+    json_t *props = json_object_get(s, "properties");
+    if (!tool_root && (!json_is_object(props) || json_object_size(props) == 0)) {
+        gnode *n = new_node(c, G_FREE_OBJECT);
+        gnode *any = any_value(c);
+        gnode *key = new_node(c, G_STRING);
+        if (!n || !any || !key)
+            return NULL;
+        add_kid(c, n, key);
+        add_kid(c, n, any);
+        return c->st == LILY_OK ? n : NULL;
+    }
+    gnode *n = new_node(c, G_OBJECT);
+    if (!n)
+        return NULL;
+    n->tool = tool_root;
+    json_t *required = json_object_get(s, "required");
+    const char *key;
+    json_t *sub;
+    int n_props = 0;
+    json_object_foreach(props, key, sub) n_props++;
+    n->required = calloc((size_t)n_props + 1, sizeof *n->required);
+    n->keys_next = calloc((size_t)n_props + 1, sizeof *n->keys_next);
+    n->lens_next = calloc((size_t)n_props + 1, sizeof *n->lens_next);
+    if (!n->required || !n->keys_next || !n->lens_next)
+        return oom(c);
+    n->n_props = n_props; /* keys_next[0..n_props] are freed with the node, also when compiling stops midway */
+    int i = 0;
+    json_object_foreach(props, key, sub) {
+        json_t *tmp = json_string(key);
+        char *name = tmp ? dump_value(tmp) : NULL; /* quoted, escaped */
+        json_decref(tmp);
+        if (!name)
+            return oom(c);
+        if (tool_root && (strchr(key, '>') || strchr(key, '\n'))) {
+            free(name);
+            return bad(c, "a parameter name with '>' or a newline cannot be written in a tool call", key);
+        }
+        size_t cap = strlen(name) + strlen(key) + 32;
+        char *first = malloc(cap), *next = malloc(cap);
+        if (!first || !next) {
+            free(name), free(first), free(next);
+            return oom(c);
+        }
+        if (tool_root) {
+            snprintf(first, cap, "<parameter=%s>\n", key);
+            snprintf(next, cap, "<parameter=%s>\n", key);
+        } else {
+            snprintf(first, cap, "%s:", name);
+            snprintf(next, cap, ",%s:", name);
+        }
+        free(name);
+        bool ok = add_str(c, n, first, strlen(first));
+        n->keys_next[i] = next;
+        n->lens_next[i] = strlen(next);
+        free(first);
+        if (!ok)
+            return NULL;
+        size_t k;
+        json_t *r;
+        json_array_foreach(required, k, r) if (json_is_string(r) && !strcmp(json_string_value(r), key)) n->required[i] = true;
+        if (!add_kid(c, n, compile(c, sub, tool_root ? MODE_TOOL_VALUE : MODE_JSON)))
+            return NULL;
+        i++;
+    }
+    /* the closing literal is candidate n_props */
+    const char *close = tool_root ? "</function>\n</tool_call>" : "}";
+    if (!add_str(c, n, close, strlen(close)))
+        return NULL;
+    n->keys_next[n_props] = strdup(close);
+    n->lens_next[n_props] = strlen(close);
+    if (!n->keys_next[n_props])
+        return oom(c);
+    if (tool_root && !(n->sep = literal(c, "\n</parameter>\n")))
+        return NULL;
+    return n;
+}
+
+static gnode *compile_type(compiler *c, const char *type, const json_t *s, value_mode mode)
+{
+    if (!strcmp(type, "string"))
+        return compile_string(c, s, mode);
+    if (!strcmp(type, "integer") || !strcmp(type, "number")) {
+        gnode *n = new_node(c, G_NUMBER);
+        if (n)
+            n->integer = !strcmp(type, "integer");
+        return n;
+    }
+    if (!strcmp(type, "boolean")) {
+        gnode *n = new_node(c, G_LITSET);
+        if (n && add_str(c, n, "true", 4) && add_str(c, n, "false", 5))
+            return n;
+        return NULL;
+    }
+    if (!strcmp(type, "null"))
+        return literal(c, "null");
+    if (!strcmp(type, "object"))
+        return compile_object(c, s, false);
+    if (!strcmp(type, "array")) {
+        gnode *n = new_node(c, G_ARRAY);
+        if (!n)
+            return NULL;
+        n->min = int_field(s, "minItems", 0);
+        n->max = int_field(s, "maxItems", -1);
+        if (n->max >= 0 && n->max < n->min)
+            return bad(c, "maxItems is below minItems", NULL);
+        json_t *items = json_object_get(s, "items");
+        add_kid(c, n, items ? compile(c, items, MODE_JSON) : any_value(c));
+        return c->st == LILY_OK ? n : NULL;
+    }
+    return bad(c, "unsupported type", type);
+}
+
+static gnode *compile_ref(compiler *c, const char *ref, value_mode mode)
+{
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->refs[i].mode == mode && !strcmp(c->refs[i].ref, ref))
+            return c->refs[i].node;
+    const json_t *target = NULL;
+    static const char *const sections[] = {"$defs", "definitions"};
+    for (int i = 0; i < 2 && !target; i++) {
+        size_t sl = strlen(sections[i]);
+        if (!strncmp(ref, "#/", 2) && !strncmp(ref + 2, sections[i], sl) && ref[2 + sl] == '/')
+            target = json_object_get(json_object_get(c->root, sections[i]), ref + 3 + sl);
+    }
+    if (!strcmp(ref, "#"))
+        target = c->root;
+    if (!target)
+        return bad(c, "$ref does not resolve (only #, #/$defs/NAME and #/definitions/NAME)", ref);
+    if (c->n_refs == 64)
+        return bad(c, "too many $ref targets", ref);
+    gnode *n = new_node(c, G_REF); /* resolved below; recursion reaches it through the table */
+    char *copy = strdup(ref);
+    if (!n || !copy) {
+        free(copy);
+        return oom(c);
+    }
+    c->refs[c->n_refs].ref = copy;
+    c->refs[c->n_refs].mode = mode;
+    c->refs[c->n_refs++].node = n;
+    n->target = compile(c, target, mode);
+    return n->target ? n : NULL;
+}
+
+static gnode *compile(compiler *c, const json_t *s, value_mode mode)
+{
+    if (c->st != LILY_OK)
+        return NULL;
+    if (!s || json_is_true(s))
+        return any_value(c);
+    if (!json_is_object(s))
+        return bad(c, "expected a schema object", NULL);
+    if (++c->depth > 64)
+        return bad(c, "nested too deeply", NULL);
+    gnode *n = NULL;
+    json_t *v;
+    if (json_is_string(v = json_object_get(s, "$ref"))) {
+        n = compile_ref(c, json_string_value(v), mode);
+    } else if ((v = json_object_get(s, "const"))) {
+        n = new_node(c, G_LITSET);
+        if (n && !add_value_literal(c, n, v, mode))
+            n = NULL;
+    } else if ((v = json_object_get(s, "enum"))) {
+        if (!json_is_array(v) || !json_array_size(v))
+            return bad(c, "enum must be a non-empty array", NULL);
+        n = new_node(c, G_LITSET);
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) if (n && !add_value_literal(c, n, e, mode)) n = NULL;
+    } else if (json_is_array(v = json_object_get(s, "anyOf")) || json_is_array(v = json_object_get(s, "oneOf"))) {
+        n = new_node(c, G_ALT);
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) if (n && !add_kid(c, n, compile(c, e, mode))) n = NULL;
+        if (n && !n->n_kids)
+            n = bad(c, "anyOf must not be empty", NULL);
+    } else if (json_is_array(v = json_object_get(s, "allOf"))) {
+        if (json_array_size(v) != 1)
+            return bad(c, "allOf is supported with one schema only", NULL);
+        n = compile(c, json_array_get(v, 0), mode);
+    } else if (json_is_array(v = json_object_get(s, "type"))) {
+        n = new_node(c, G_ALT);
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_string(e))
+                return bad(c, "type entries must be strings", NULL);
+            if (n && !add_kid(c, n, compile_type(c, json_string_value(e), s, mode)))
+                n = NULL;
+        }
+    } else if (json_is_string(v = json_object_get(s, "type"))) {
+        n = compile_type(c, json_string_value(v), s, mode);
+    } else if (json_object_get(s, "properties")) {
+        n = compile_object(c, s, false);
+    } else if (json_object_get(s, "items")) {
+        n = compile_type(c, "array", s, mode);
+    } else {
+        n = any_value(c);
+    }
+    c->depth--;
+    return c->st == LILY_OK ? n : NULL;
+}
+
+lily_status lily_grammar_compile(const json_t *schema, lily_grammar_syntax syntax, lily_grammar **out,
+                                 lily_error *err)
+{
+    *out = NULL;
+    lily_grammar *g = calloc(1, sizeof *g);
+    if (!g)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
+    compiler c = {.g = g, .root = schema, .err = err, .st = LILY_OK};
+    g->syntax = syntax;
+    if (syntax == LILY_GRAMMAR_QWEN_TOOL) {
+        const json_t *s = schema;
+        json_t *type = json_object_get(s, "type");
+        if (s && (!json_is_object(s) || (type && !(json_is_string(type) && !strcmp(json_string_value(type), "object")))))
+            bad(&c, "a tool's parameters must be an object schema", NULL);
+        else
+            g->root = compile_object(&c, s, true);
+    } else if (!schema) {
+        g->root = compile_object(&c, NULL, false); /* json_object: any object */
+    } else {
+        g->root = compile(&c, schema, MODE_JSON);
+    }
+    if (c.st == LILY_OK && !g->root)
+        c.st = lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "schema: cannot be compiled");
+    if (c.st == LILY_OK && syntax == LILY_GRAMMAR_JSON && !(g->lead = new_node(&c, G_WS)))
+        c.st = c.st != LILY_OK ? c.st : lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
+    if (g->lead)
+        g->lead->max = 2;
+    for (int i = 0; i < c.n_refs; i++)
+        free(c.refs[i].ref);
+    if (c.st != LILY_OK) {
+        lily_grammar_free(g);
+        return c.st;
+    }
+    *out = g;
+    return LILY_OK;
+}
+
+void lily_grammar_free(lily_grammar *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        gnode *n = g->nodes[i];
+        for (int k = 0; k < n->n; k++)
+            free(n->strs[k]);
+        for (int k = 0; n->keys_next && k <= n->n_props; k++)
+            free(n->keys_next[k]);
+        free(n->strs);
+        free(n->lens);
+        free(n->kids);
+        free(n->required);
+        free(n->keys_next);
+        free(n->lens_next);
+        free(n);
+    }
+    free(g->nodes);
+    free(g);
+}

@@ -1,0 +1,429 @@
+/* anthropic.c — the Anthropic Messages API wire format (anthropic.h). */
+#include "server/anthropic.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------------------
+ * request -> the OpenAI chat request the engine path runs
+ */
+
+/* A 400 invalid_request_error naming param; false, for `return bad(...)`. */
+#define bad(e, param, ...) (lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__), false)
+
+/* The text of a string or an array of text blocks, appended to *out (a growing jansson string is
+ * simplest: json_string_value + concatenation). */
+static bool append_text(json_t *content, const char *where, char **out, lily_oai_error *e)
+{
+    if (json_is_string(content)) {
+        const char *s = json_string_value(content);
+        size_t a = *out ? strlen(*out) : 0, b = strlen(s);
+        char *p = realloc(*out, a + b + 1);
+        if (!p)
+            return bad(e, where, "Out of memory.");
+        memcpy(p + a, s, b + 1);
+        *out = p;
+        return true;
+    }
+    if (!json_is_array(content))
+        return bad(e, where, "%s: expected a string or an array of text blocks.", where);
+    size_t i;
+    json_t *blk;
+    json_array_foreach(content, i, blk) {
+        const char *type = json_string_value(json_object_get(blk, "type"));
+        if (!type || strcmp(type, "text") || !json_is_string(json_object_get(blk, "text")))
+            return bad(e, where, "%s.%zu: only text blocks are supported here (this model takes text only).", where,
+                       i);
+        if (!append_text(json_object_get(blk, "text"), where, out, e))
+            return false;
+    }
+    return true;
+}
+
+/* One Anthropic message as OpenAI messages appended to msgs. */
+static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_error *e)
+{
+    char where[48];
+    snprintf(where, sizeof where, "messages.%zu", index);
+    const char *role = json_string_value(json_object_get(m, "role"));
+    if (!json_is_object(m) || !role || (strcmp(role, "user") && strcmp(role, "assistant")))
+        return bad(e, where, "%s: expected {\"role\": \"user\" | \"assistant\", \"content\": ...}.", where);
+    json_t *content = json_object_get(m, "content");
+    bool assistant = !strcmp(role, "assistant");
+    if (json_is_string(content))
+        return !json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", role, "content", content));
+    if (!json_is_array(content))
+        return bad(e, where, "%s.content: expected a string or an array of content blocks.", where);
+    char *text = NULL, *thinking = NULL;
+    json_t *calls = json_array();
+    bool ok = calls != NULL;
+    int n_results = 0;
+    size_t i;
+    json_t *blk;
+    json_array_foreach(content, i, blk) {
+        if (!ok)
+            break;
+        char bw[96];
+        snprintf(bw, sizeof bw, "%s.content.%zu", where, i);
+        const char *type = json_string_value(json_object_get(blk, "type"));
+        if (!json_is_object(blk) || !type) {
+            ok = bad(e, bw, "%s: expected a content block with a 'type'.", bw);
+        } else if (!strcmp(type, "text")) {
+            ok = append_text(json_object_get(blk, "text"), bw, &text, e);
+        } else if (!strcmp(type, "thinking") && assistant) {
+            ok = append_text(json_object_get(blk, "thinking"), bw, &thinking, e);
+        } else if (!strcmp(type, "redacted_thinking") && assistant) {
+            continue;
+        } else if (!strcmp(type, "tool_use") && assistant) {
+            const char *id = json_string_value(json_object_get(blk, "id"));
+            const char *name = json_string_value(json_object_get(blk, "name"));
+            json_t *input = json_object_get(blk, "input");
+            char *args = json_is_object(input) ? json_dumps(input, JSON_COMPACT) : NULL;
+            if (!id || !name || !args)
+                ok = bad(e, bw, "%s: a tool_use block needs 'id', 'name' and an object 'input'.", bw);
+            else
+                json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",
+                                                       "function", "name", name, "arguments", args));
+            free(args);
+        } else if (!strcmp(type, "tool_result") && !assistant) {
+            const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
+            json_t *rc = json_object_get(blk, "content");
+            n_results++;
+            char *result = NULL;
+            if (!id)
+                ok = bad(e, bw, "%s: a tool_result block needs 'tool_use_id'.", bw);
+            else if (rc && !json_is_null(rc) && !append_text(rc, bw, &result, e))
+                ok = false;
+            if (ok) {
+                bool is_error = json_is_true(json_object_get(blk, "is_error"));
+                size_t n = (result ? strlen(result) : 0) + 16;
+                char *body = malloc(n);
+                if (body)
+                    snprintf(body, n, "%s%s", is_error ? "Error: " : "", result ? result : "");
+                ok = body && !json_array_append_new(msgs, json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                                                                    id, "content", body));
+                free(body);
+            }
+            free(result);
+        } else {
+            ok = bad(e, bw, "%s: unsupported content block type '%.32s' in a %s message.", bw, type, role);
+        }
+    }
+    /* a user turn of tool results only becomes tool messages, without an empty user message */
+    if (ok && (assistant ? text || thinking || json_array_size(calls) : text || !n_results)) {
+        json_t *om = json_pack("{s:s, s:s}", "role", role, "content", text ? text : "");
+        if (om && thinking)
+            json_object_set_new(om, "reasoning_content", json_string(thinking));
+        if (om && json_array_size(calls))
+            json_object_set(om, "tool_calls", calls);
+        ok = om && !json_array_append_new(msgs, om);
+    }
+    json_decref(calls);
+    free(text);
+    free(thinking);
+    if (!ok && e->http_status != 400) /* out of memory on the way (a rejection set e already) */
+        lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
+    return ok;
+}
+
+static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
+{
+    json_t *tools = json_object_get(b, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return bad(e, "tools", "tools: expected an array.");
+        json_t *out = json_array();
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t) {
+            const char *name = json_string_value(json_object_get(t, "name"));
+            json_t *schema = json_object_get(t, "input_schema");
+            json_t *desc = json_object_get(t, "description");
+            if (!name || !json_is_object(schema)) {
+                json_decref(out);
+                return bad(e, "tools", "tools.%zu: expected {\"name\": ..., \"input_schema\": {...}} (server tools are "
+                                       "not supported).", i);
+            }
+            json_t *fn = json_pack("{s:s, s:O}", "name", name, "parameters", schema);
+            if (fn && json_is_string(desc))
+                json_object_set(fn, "description", desc);
+            json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        }
+        json_object_set_new(oai, "tools", out);
+    }
+    json_t *tc = json_object_get(b, "tool_choice");
+    if (!tc || json_is_null(tc))
+        return true;
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    if (!type)
+        return bad(e, "tool_choice", "tool_choice: expected {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}.");
+    if (!strcmp(type, "auto") || !strcmp(type, "none"))
+        json_object_set_new(oai, "tool_choice", json_string(type));
+    else if (!strcmp(type, "any"))
+        json_object_set_new(oai, "tool_choice", json_string("required"));
+    else if (!strcmp(type, "tool") && json_is_string(json_object_get(tc, "name")))
+        json_object_set_new(oai, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
+                                                          json_object_get(tc, "name")));
+    else
+        return bad(e, "tool_choice", "tool_choice: expected type 'auto', 'any', 'none', or 'tool' with a 'name'.");
+    return true;
+}
+
+static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e)
+{
+    json_t *msgs = json_array();
+    json_object_set_new(oai, "messages", msgs);
+    json_t *system = json_object_get(b, "system");
+    if (system && !json_is_null(system)) {
+        char *text = NULL;
+        if (!append_text(system, "system", &text, e))
+            return false;
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", text ? text : ""));
+        free(text);
+    }
+    json_t *messages = json_object_get(b, "messages");
+    if (!json_is_array(messages) || !json_array_size(messages))
+        return bad(e, "messages", "messages: Field required (a non-empty array).");
+    size_t i;
+    json_t *m;
+    json_array_foreach(messages, i, m) if (!translate_message(m, i, msgs, e)) return false;
+    if (!translate_tools(b, oai, e))
+        return false;
+
+    json_t *mt = json_object_get(b, "max_tokens");
+    if (!count_only && !mt)
+        return bad(e, "max_tokens", "max_tokens: Field required");
+    if (mt && (!json_is_integer(mt) || json_integer_value(mt) < 1))
+        return bad(e, "max_tokens", "max_tokens: expected an integer >= 1.");
+    if (mt && !count_only)
+        json_object_set(oai, "max_tokens", mt);
+    json_t *thinking = json_object_get(b, "thinking");
+    bool think = false;
+    if (thinking && !json_is_null(thinking)) {
+        const char *type = json_string_value(json_object_get(thinking, "type"));
+        json_t *budget = json_object_get(thinking, "budget_tokens");
+        if (type && !strcmp(type, "enabled")) {
+            if (!json_is_integer(budget) || json_integer_value(budget) < 0)
+                return bad(e, "thinking.budget_tokens", "thinking.budget_tokens: Field required (an integer >= 0).");
+            think = true;
+            json_object_set(oai, "reasoning_budget", budget);
+        } else if (type && (!strcmp(type, "adaptive") || !strcmp(type, "between_tools"))) {
+            think = true; /* the model decides how long: no budget */
+        } else if (!type || strcmp(type, "disabled")) {
+            return bad(e, "thinking", "thinking: expected {\"type\": \"enabled\", \"budget_tokens\": N}, "
+                                      "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}.");
+        }
+    }
+    json_t *format = json_object_get(json_object_get(b, "output_config"), "format");
+    if (format && !json_is_null(format)) { /* structured outputs: as OpenAI's response_format json_schema */
+        const char *type = json_string_value(json_object_get(format, "type"));
+        json_t *schema = json_object_get(format, "schema");
+        if (!type || strcmp(type, "json_schema") || !json_is_object(schema))
+            return bad(e, "output_config.format", "output_config.format: expected {\"type\": \"json_schema\", "
+                                                  "\"schema\": {...}}.");
+        json_object_set_new(oai, "response_format", json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema",
+                                                              "json_schema", "name", "output", "schema", schema));
+    }
+    json_object_set_new(oai, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", think));
+    json_t *stops = json_object_get(b, "stop_sequences");
+    if (stops && !json_is_null(stops))
+        json_object_set(oai, "stop", stops);
+    static const char *const copied[] = {"temperature", "top_p", "top_k", "stream", "model"};
+    for (size_t k = 0; k < sizeof copied / sizeof copied[0]; k++)
+        if (json_object_get(b, copied[k]))
+            json_object_set(oai, copied[k], json_object_get(b, copied[k]));
+    json_t *temp = json_object_get(b, "temperature");
+    if (json_is_number(temp) && json_number_value(temp) > 1)
+        return bad(e, "temperature", "temperature: must be in [0, 1].");
+    return true;
+}
+
+bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily_oai_request *req,
+                             lily_oai_error *e)
+{
+    memset(req, 0, sizeof *req);
+    e->http_status = 0;
+    json_error_t jerr;
+    json_t *b = json_loadb(body, len, 0, &jerr);
+    if (!json_is_object(b)) {
+        json_decref(b);
+        return bad(e, NULL, "The request body is not a JSON object: %s (line %d, column %d).", b ? "not an object" : jerr.text,
+                   jerr.line, jerr.column);
+    }
+    json_t *oai = json_object();
+    bool ok = oai && translate(b, count_only, oai, e);
+    char *text = ok ? json_dumps(oai, JSON_COMPACT) : NULL;
+    json_decref(oai);
+    json_decref(b);
+    if (ok && !text)
+        return bad(e, NULL, "Out of memory.");
+    if (!ok)
+        return false;
+    ok = lily_oai_parse_request(text, strlen(text), true, req, e);
+    free(text);
+    if (ok)
+        req->anthropic = true;
+    return ok;
+}
+
+char *lily_anth_error_json(const lily_oai_error *e)
+{
+    const char *type = e->type;
+    if (e->http_status == 401)
+        type = "authentication_error";
+    else if (e->http_status == 404 || e->http_status == 405)
+        type = "not_found_error";
+    else if (e->http_status == 413)
+        type = "request_too_large";
+    else if (e->http_status == 503)
+        type = "overloaded_error";
+    else if (e->http_status >= 500)
+        type = "api_error";
+    else
+        type = "invalid_request_error";
+    json_t *o = json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", type, "message",
+                          lily_oai_string(e->message, strlen(e->message)));
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * responses
+ */
+
+const char *lily_anth_stop_reason(const char *finish, const char *stop_sequence)
+{
+    if (!strcmp(finish, "tool_calls"))
+        return "tool_use";
+    if (!strcmp(finish, "length"))
+        return "max_tokens";
+    return stop_sequence ? "stop_sequence" : "end_turn";
+}
+
+/* "toolu_" + the id's part after "call_". */
+static json_t *tool_use_id(const char *call_id)
+{
+    char id[48];
+    snprintf(id, sizeof id, "toolu_%s", strncmp(call_id, "call_", 5) ? call_id : call_id + 5);
+    return json_string(id);
+}
+
+static json_t *usage_json(const lily_anth_usage *u)
+{
+    return json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", u->input_tokens, "cache_creation_input_tokens", 0,
+                     "cache_read_input_tokens", u->cache_read_input_tokens, "output_tokens", u->output_tokens);
+}
+
+json_t *lily_anth_message(const char *id, const char *model, const lily_parsed_output *o, char (*call_ids)[40],
+                          int n_call_ids, const char *stop_reason, const char *stop_sequence,
+                          const lily_anth_usage *u)
+{
+    json_t *content = json_array();
+    if (!content)
+        return NULL;
+    if (o->reasoning_len)
+        json_array_append_new(content, json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking",
+                                                 lily_oai_string(o->reasoning, o->reasoning_len), "signature", ""));
+    if (o->content_len)
+        json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text",
+                                                 lily_oai_string(o->content, o->content_len)));
+    for (int i = 0; i < o->n_tool_calls; i++) {
+        json_t *input = json_loads(o->tool_calls[i].arguments, 0, NULL);
+        if (!json_is_object(input)) {
+            json_decref(input);
+            input = json_object();
+        }
+        char fallback[40];
+        if (i >= n_call_ids)
+            lily_oai_tool_call_id(fallback);
+        json_array_append_new(content, json_pack("{s:s, s:o, s:s, s:o}", "type", "tool_use", "id",
+                                                 tool_use_id(i < n_call_ids ? call_ids[i] : fallback), "name",
+                                                 o->tool_calls[i].name, "input", input));
+    }
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", id, "type", "message", "role", "assistant",
+                     "model", model, "content", content, "stop_reason", stop_reason, "stop_sequence",
+                     stop_sequence ? json_string(stop_sequence) : json_null(), "usage", usage_json(u));
+}
+
+int lily_anth_stream_start(const char *id, const char *model, const lily_anth_usage *u, json_t *out[2])
+{
+    out[0] = json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}}", "type", "message_start", "message", "id",
+                       id, "type", "message", "role", "assistant", "model", model, "content", "stop_reason",
+                       "stop_sequence", "usage", usage_json(u));
+    out[1] = json_pack("{s:s}", "type", "ping");
+    return 2;
+}
+
+static json_t *block_stop(int index) { return json_pack("{s:s, s:i}", "type", "content_block_stop", "index", index); }
+
+int lily_anth_stream_event(lily_anth_stream *st, const lily_output_event *ev, const char *call_id, json_t *out[3])
+{
+    int n = 0;
+    if (ev->kind == LILY_OUTPUT_TOOL_CALL_END) {
+        if (st->index >= 0 && st->kind == LILY_OUTPUT_TOOL_CALL_START)
+            out[n++] = block_stop(st->index);
+        st->kind = -1;
+        return n;
+    }
+    int kind = ev->kind == LILY_OUTPUT_TOOL_ARGUMENTS ? LILY_OUTPUT_TOOL_CALL_START : (int)ev->kind;
+    if (ev->kind == LILY_OUTPUT_TOOL_CALL_START || st->index < 0 || st->kind != kind) {
+        if (st->index >= 0 && st->kind >= 0)
+            out[n++] = block_stop(st->index);
+        st->index = st->index < 0 ? 0 : st->index + 1;
+        st->kind = kind;
+        json_t *block = NULL;
+        if (kind == LILY_OUTPUT_REASONING)
+            block = json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "", "signature", "");
+        else if (kind == LILY_OUTPUT_CONTENT)
+            block = json_pack("{s:s, s:s}", "type", "text", "text", "");
+        else
+            block = json_pack("{s:s, s:o, s:o, s:{}}", "type", "tool_use", "id", tool_use_id(call_id ? call_id : "call_"),
+                              "name", lily_oai_string(ev->kind == LILY_OUTPUT_TOOL_CALL_START ? ev->text : "",
+                                                      ev->kind == LILY_OUTPUT_TOOL_CALL_START ? strlen(ev->text) : 0),
+                              "input");
+        out[n++] = json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", st->index, "content_block", block);
+        if (ev->kind == LILY_OUTPUT_TOOL_CALL_START)
+            return n;
+    }
+    json_t *delta = NULL;
+    if (kind == LILY_OUTPUT_REASONING)
+        delta = json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking", lily_oai_string(ev->text, ev->len));
+    else if (kind == LILY_OUTPUT_CONTENT)
+        delta = json_pack("{s:s, s:o}", "type", "text_delta", "text", lily_oai_string(ev->text, ev->len));
+    else
+        delta = json_pack("{s:s, s:o}", "type", "input_json_delta", "partial_json", lily_oai_string(ev->text, ev->len));
+    out[n++] = json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index", st->index, "delta", delta);
+    return n;
+}
+
+int lily_anth_stream_end(lily_anth_stream *st, const char *stop_reason, const char *stop_sequence,
+                         const lily_anth_usage *u, json_t *out[3])
+{
+    int n = 0;
+    if (st->index >= 0 && st->kind >= 0)
+        out[n++] = block_stop(st->index);
+    st->kind = -1;
+    out[n++] = json_pack("{s:s, s:{s:s, s:o}, s:o}", "type", "message_delta", "delta", "stop_reason", stop_reason,
+                         "stop_sequence", stop_sequence ? json_string(stop_sequence) : json_null(), "usage",
+                         usage_json(u));
+    out[n++] = json_pack("{s:s}", "type", "message_stop");
+    return n;
+}
+
+char *lily_anth_sse(const json_t *event, size_t *len)
+{
+    const char *type = json_string_value(json_object_get(event, "type"));
+    char *data = json_dumps(event, JSON_COMPACT);
+    if (!data || !type) {
+        free(data);
+        return NULL;
+    }
+    size_t n = strlen(type) + strlen(data) + 32;
+    char *out = malloc(n);
+    if (out)
+        *len = (size_t)snprintf(out, n, "event: %s\ndata: %s\n\n", type, data);
+    free(data);
+    return out;
+}

@@ -1,0 +1,208 @@
+/* test_grammar.c — the JSON Schema grammar engine: which strings a schema accepts and rejects, in both
+ * syntaxes (compact JSON, Qwen tool-call parameters), and the token masks it computes over a vocabulary. */
+#include "test_support.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar.h"
+
+static lily_grammar *compile_text(const char *schema_text, lily_grammar_syntax syntax)
+{
+    json_error_t jerr;
+    json_t *schema = schema_text ? json_loads(schema_text, 0, &jerr) : NULL;
+    if (schema_text && !schema)
+        fail_msg("bad test schema: %s", jerr.text);
+    lily_grammar *g = NULL;
+    lily_error err = {0};
+    if (lily_grammar_compile(schema, syntax, &g, &err) != LILY_OK)
+        fail_msg("compile: %s", err.message);
+    json_decref(schema);
+    return g;
+}
+
+/* Whether the whole text is accepted as a complete value. */
+static bool accepts(const lily_grammar *g, const char *text)
+{
+    lily_grammar_matcher *m = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+    bool ok = lily_grammar_matcher_feed(m, text, strlen(text)) && lily_grammar_matcher_accepting(m);
+    lily_grammar_matcher_free(m);
+    return ok;
+}
+
+/* Whether the text is a prefix of some accepted value. */
+static bool prefix_ok(const lily_grammar *g, const char *text)
+{
+    lily_grammar_matcher *m = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+    bool ok = lily_grammar_matcher_feed(m, text, strlen(text));
+    lily_grammar_matcher_free(m);
+    return ok;
+}
+
+static void test_object_properties_required_enum(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text(
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+        "\"color\":{\"enum\":[\"red\",\"green\"]},\"ok\":{\"type\":\"boolean\"}},"
+        "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
+        LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"name\":\"Ann\",\"age\":31}"));
+    assert_true(accepts(g, "{\"name\":\"A\\\"n\\u00e9\",\"age\":-7,\"color\":\"green\",\"ok\":true}"));
+    assert_true(accepts(g, "{\"name\":\"\",\"age\":0,\"ok\":false}"));
+    assert_true(accepts(g, "\n\n{\"name\":\"x\",\"age\":1}")); /* leading newlines, as after </think> */
+    assert_false(accepts(g, "{\"age\":31,\"name\":\"Ann\"}"));     /* order */
+    assert_false(accepts(g, "{\"name\":\"Ann\"}"));                /* age required */
+    assert_false(accepts(g, "{\"name\":\"Ann\",\"age\":3.5}"));     /* integer */
+    assert_false(accepts(g, "{\"name\":\"Ann\",\"age\":01}"));
+    assert_false(accepts(g, "{\"name\":\"Ann\",\"age\":1,\"color\":\"blue\"}"));
+    assert_false(accepts(g, "{\"name\":\"Ann\",\"age\":1,\"extra\":1}"));
+    assert_false(accepts(g, "{\"name\":\"Ann\",\"age\":1} "));      /* nothing after the value */
+    assert_false(accepts(g, "{\"name\":\"a\nb\",\"age\":1}"));      /* raw control character */
+    assert_false(accepts(g, "{\"name\":\"Ann\",\"age\":1"));        /* incomplete */
+    assert_true(prefix_ok(g, "{\"name\":\"Ann\",\"age\":1"));
+    assert_false(prefix_ok(g, "{\"nam\":"));
+    lily_grammar_free(g);
+}
+
+static void test_arrays_nested_anyof_ref(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text(
+        "{\"$defs\":{\"Item\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},"
+        "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":3},\"minItems\":1,\"maxItems\":2}},"
+        "\"required\":[\"id\",\"tags\"]}},"
+        "\"type\":\"object\",\"properties\":{\"items\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/Item\"}},"
+        "\"note\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},\"score\":{\"type\":\"number\"},"
+        "\"kind\":{\"const\":\"v1\"}},\"required\":[\"items\",\"note\",\"score\",\"kind\"]}",
+        LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"items\":[],\"note\":null,\"score\":1.5e3,\"kind\":\"v1\"}"));
+    assert_true(accepts(g, "{\"items\":[{\"id\":1,\"tags\":[\"a\",\"bcd\"]}],\"note\":\"hi\",\"score\":-0.25,\"kind\":\"v1\"}"));
+    assert_false(accepts(g, "{\"items\":[{\"id\":1,\"tags\":[]}],\"note\":null,\"score\":1,\"kind\":\"v1\"}"));  /* minItems */
+    assert_false(accepts(g, "{\"items\":[{\"id\":1,\"tags\":[\"a\",\"b\",\"c\"]}],\"note\":null,\"score\":1,\"kind\":\"v1\"}"));
+    assert_false(accepts(g, "{\"items\":[{\"id\":1,\"tags\":[\"abcd\"]}],\"note\":null,\"score\":1,\"kind\":\"v1\"}")); /* maxLength */
+    assert_false(accepts(g, "{\"items\":[],\"note\":null,\"score\":1,\"kind\":\"v2\"}"));
+    assert_false(accepts(g, "{\"items\":[],\"note\":3,\"score\":1,\"kind\":\"v1\"}"));
+    lily_grammar_free(g);
+}
+
+static void test_free_json_formats_and_errors(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text(NULL, LILY_GRAMMAR_JSON); /* json_object */
+    assert_true(accepts(g, "{}"));
+    assert_true(accepts(g, "{\"a\":[1,{\"b\":null},\"x\",true,-2.5E+3],\"c\":{}}"));
+    assert_false(accepts(g, "[1]"));
+    assert_false(accepts(g, "{\"a\":tru}"));
+    assert_false(accepts(g, "{a:1}"));
+    lily_grammar_free(g);
+
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"},"
+                     "\"u\":{\"type\":\"string\",\"format\":\"uuid\"}},\"required\":[\"d\",\"u\"]}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"d\":\"2026-12-02\",\"u\":\"123e4567-e89b-12d3-a456-426614174000\"}"));
+    assert_false(accepts(g, "{\"d\":\"2026-1-02\",\"u\":\"123e4567-e89b-12d3-a456-426614174000\"}"));
+    lily_grammar_free(g);
+
+    json_t *bad = json_loads("{\"type\":\"strin\"}", 0, NULL);
+    lily_grammar *out = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_grammar_compile(bad, LILY_GRAMMAR_JSON, &out, &err), LILY_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.message, "strin"));
+    assert_null(out);
+    json_decref(bad);
+    bad = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"x\"},"
+                     "\"c\":{}}}", 0, NULL); /* fails midway: nothing leaks (ASan) */
+    assert_int_equal(lily_grammar_compile(bad, LILY_GRAMMAR_JSON, &out, &err), LILY_ERR_INVALID_ARGUMENT);
+    json_decref(bad);
+    bad = json_loads("{\"$ref\":\"#/$defs/Missing\"}", 0, NULL);
+    assert_int_equal(lily_grammar_compile(bad, LILY_GRAMMAR_JSON, &out, &err), LILY_ERR_INVALID_ARGUMENT);
+    json_decref(bad);
+}
+
+static void test_qwen_tool_syntax(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text(
+        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},"
+        "\"unit\":{\"enum\":[\"c\",\"f\"]}},\"required\":[\"city\",\"days\"]}",
+        LILY_GRAMMAR_QWEN_TOOL);
+    assert_true(accepts(g, "<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+                           "</function>\n</tool_call>"));
+    assert_true(accepts(g, "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n12\n</parameter>\n"
+                           "<parameter=unit>\nf\n</parameter>\n</function>\n</tool_call>"));
+    assert_false(accepts(g, "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")); /* days */
+    assert_false(accepts(g, "<parameter=city>\nPa<b\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+                            "</function>\n</tool_call>"));
+    assert_false(accepts(g, "<parameter=city>\nParis\n</parameter>\n<parameter=days>\nthree\n</parameter>\n"
+                            "</function>\n</tool_call>"));
+    lily_grammar_free(g);
+}
+
+static void test_mask(void **state)
+{
+    (void)state;
+    const char *vocab[] = {"{", "}", "{\"", "\"", "a", ":", "1", "12", ",", "true", " ", "\"a\":", "x\"}", "<|im_end|>"};
+    const int n = (int)(sizeof vocab / sizeof vocab[0]);
+    size_t lens[sizeof vocab / sizeof vocab[0]];
+    bool excluded[sizeof vocab / sizeof vocab[0]] = {0};
+    for (int i = 0; i < n; i++)
+        lens[i] = strlen(vocab[i]);
+    excluded[n - 1] = true; /* a special token */
+    lily_token_trie *t = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_token_trie_new(vocab, lens, excluded, n, &t, &err), LILY_OK);
+    lily_grammar *g = compile_text("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                                   "\"required\":[\"a\"]}", LILY_GRAMMAR_JSON);
+    lily_grammar_matcher *m = NULL;
+    assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+    uint8_t allowed[sizeof vocab / sizeof vocab[0]];
+    assert_int_equal(lily_grammar_matcher_mask(m, t, allowed), 3); /* "{", "{\"", " " (leading space) */
+    assert_true(allowed[0] && allowed[2] && allowed[10]);
+    assert_true(lily_grammar_matcher_feed(m, "{", 1));
+    assert_int_equal(lily_grammar_matcher_mask(m, t, allowed), 2); /* "\"", "\"a\":" */
+    assert_true(allowed[3] && allowed[11]);
+    assert_true(lily_grammar_matcher_feed(m, "\"a\":", 4));
+    assert_int_equal(lily_grammar_matcher_mask(m, t, allowed), 2); /* "1", "12" */
+    assert_true(allowed[6] && allowed[7]);
+    assert_true(lily_grammar_matcher_feed(m, "12", 2));
+    assert_false(lily_grammar_matcher_accepting(m));
+    lily_grammar_matcher_mask(m, t, allowed);
+    assert_true(allowed[1] && allowed[6] && allowed[7] && !allowed[8]); /* "}" or more digits, no ',' */
+    assert_false(lily_grammar_matcher_feed(m, ",", 1));
+    assert_true(lily_grammar_matcher_feed(m, "}", 1));
+    assert_true(lily_grammar_matcher_accepting(m));
+    assert_true(lily_grammar_matcher_finished(m));
+    assert_int_equal(lily_grammar_matcher_mask(m, t, allowed), 0);
+    lily_grammar_matcher_free(m);
+    lily_grammar_free(g);
+
+    /* inside a free string: plain tokens through the precomputed set, the rest through the walk */
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]}",
+                     LILY_GRAMMAR_JSON);
+    assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+    assert_true(lily_grammar_matcher_feed(m, "{\"a\":\"", 6));
+    assert_int_equal(lily_grammar_matcher_mask(m, t, allowed), 12);
+    for (int i = 0; i < n - 1; i++) /* every token but "\"a\":" (a quote closes the string; 'a' cannot follow) */
+        assert_int_equal(allowed[i], i != 11);
+    assert_false(allowed[n - 1]); /* special */
+    lily_grammar_matcher_free(m);
+    lily_grammar_free(g);
+    lily_token_trie_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_object_properties_required_enum),
+        cmocka_unit_test(test_arrays_nested_anyof_ref),
+        cmocka_unit_test(test_free_json_formats_and_errors),
+        cmocka_unit_test(test_qwen_tool_syntax),
+        cmocka_unit_test(test_mask),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

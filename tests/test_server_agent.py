@@ -1,0 +1,277 @@
+"""test_server_agent.py — what an agent needs from `lily serve` (run by test_server_agent.sh): the Anthropic
+Messages API through the official `anthropic` SDK, and structured outputs through the `openai` SDK.
+
+usage: python test_server_agent.py <lily-binary> <model-dir>
+
+The tiny model writes noise, so every check here is about what lily guarantees whatever the model prefers:
+the wire shapes, stop reasons, usage, the prefix cache, and output that parses against the schema (the
+grammar masks every token). Strings in the schemas carry maxLength and lists maxItems so that noise ends.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Literal, Optional
+
+LILY, MODEL = sys.argv[1], sys.argv[2]
+KEY = "agent-key"
+failures = []
+
+
+def check(cond, what):
+    print(("  ok   " if cond else "  FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+try:
+    import anthropic
+    import openai
+    import pydantic
+except ImportError as e:
+    print(f"SKIP: {e}: the SDK checks need the anthropic and openai packages (PyPI)")
+    sys.exit(0)
+
+log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
+server = subprocess.Popen([LILY, "serve", "-m", MODEL, "--port", "0", "--api-key", KEY, "--ctx-size", "4096",
+                           "--threads", "1", "--backend", os.environ.get("LILY_TEST_BACKEND", "cpu")],
+                          stdout=subprocess.DEVNULL, stderr=log)
+port = None
+deadline = time.time() + 60
+while port is None and time.time() < deadline and server.poll() is None:
+    time.sleep(0.05)
+    m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", open(log.name).read())
+    port = int(m.group(1)) if m else None
+if port is None:
+    print(open(log.name).read())
+    sys.exit("lily serve did not start")
+BASE = f"http://127.0.0.1:{port}"
+
+
+def raw(path, body, headers):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **headers})
+    r = conn.getresponse()
+    status, text = r.status, r.read().decode()
+    conn.close()
+    return status, text
+
+
+try:
+    # ------------------------------------------------------------------------------------ Anthropic
+    ac = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0, timeout=120)
+    HI = [{"role": "user", "content": "Say hello."}]
+    GREEDY = {"temperature": 0}  # this SDK version takes sampling fields through extra_body
+
+    print("anthropic: plain")
+    m = ac.messages.create(model="lily", max_tokens=12, messages=HI, extra_body=GREEDY)
+    check(m.type == "message" and m.role == "assistant" and m.id.startswith("msg_"), "message id, type and role")
+    check([b.type for b in m.content] == ["text"] and m.stop_reason == "max_tokens" and m.usage.output_tokens == 12,
+          f"one text block, stop_reason max_tokens, 12 output tokens ({m.stop_reason}, {m.usage.output_tokens})")
+    n_in = ac.messages.count_tokens(model="lily", messages=HI).input_tokens
+    check(n_in > 0 and m.usage.input_tokens + m.usage.cache_read_input_tokens == n_in,
+          f"usage.input_tokens + cache_read_input_tokens = count_tokens ({n_in})")
+    m2 = ac.messages.create(model="lily", max_tokens=12, messages=HI, extra_body=GREEDY)
+    check(m2.usage.cache_read_input_tokens > 0 and m2.content[0].text == m.content[0].text,
+          f"the same prompt again reads the prefix cache ({m2.usage.cache_read_input_tokens}) and repeats greedily")
+    text = m.content[0].text
+    cut = next((i for i in range(2, len(text)) if text[i - 2:i].strip() and text.find(text[i - 2:i]) == i - 2), None)
+    if cut:
+        stop = text[cut - 2:cut]
+        m3 = ac.messages.create(model="lily", max_tokens=12, messages=HI, stop_sequences=[stop], extra_body=GREEDY)
+        check(m3.stop_reason == "stop_sequence" and m3.stop_sequence == stop and
+              text.startswith(m3.content[0].text if m3.content else ""),
+              f"stop_sequences {stop!r}: stop_reason stop_sequence, text cut before it")
+    as_string = ac.messages.create(model="lily", max_tokens=4, system="Be brief.", messages=HI,
+                                   metadata={"user_id": "u1"}, extra_body=GREEDY)
+    as_blocks = ac.messages.create(model="lily", max_tokens=4, system=[{"type": "text", "text": "Be brief."}],
+                                   messages=[{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+                                   extra_body=GREEDY)
+    check(as_string.usage.input_tokens + as_string.usage.cache_read_input_tokens ==
+          as_blocks.usage.input_tokens + as_blocks.usage.cache_read_input_tokens and
+          as_string.content == as_blocks.content,
+          "system and content as blocks give the same prompt and reply as strings (metadata accepted)")
+
+    print("anthropic: streamed")
+    with ac.messages.stream(model="lily", max_tokens=12, messages=HI, extra_body=GREEDY) as s:
+        types = [ev.type for ev in s]
+        final = s.get_final_message()
+    check(types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"] and
+          "content_block_start" in types and "content_block_stop" in types, f"event order {types[:3]}...{types[-3:]}")
+    check(final.content[0].text == text and final.stop_reason == "max_tokens" and final.usage.output_tokens == 12,
+          "the streamed message equals the non-streamed one")
+    status, body = raw("/v1/messages", {"model": "lily", "max_tokens": 3, "messages": HI, "stream": True, **GREEDY},
+                       {"x-api-key": KEY})
+    events = re.findall(r"^event: (\w+)$", body, re.M)
+    check(status == 200 and events[:2] == ["message_start", "ping"] and "text_delta" in body,
+          f"raw stream: message_start, ping, text_delta ({events[:4]})")
+
+    print("anthropic: thinking")
+    m = ac.messages.create(model="lily", max_tokens=40, messages=HI,
+                           thinking={"type": "enabled", "budget_tokens": 6}, extra_body=GREEDY)
+    kinds = [b.type for b in m.content]
+    check(kinds[:1] == ["thinking"] and all("</think>" not in getattr(b, "text", "") for b in m.content),
+          f"thinking block first, no end marker in the text ({kinds})")
+    with ac.messages.stream(model="lily", max_tokens=20, messages=HI,
+                            thinking={"type": "enabled", "budget_tokens": 4}, extra_body=GREEDY) as s:
+        deltas = [ev.delta.type for ev in s if ev.type == "content_block_delta"]
+    check("thinking_delta" in deltas, "streamed thinking_delta events")
+    m = ac.messages.create(model="lily", max_tokens=6, messages=HI, thinking={"type": "disabled"}, extra_body=GREEDY)
+    n_off = ac.messages.count_tokens(model="lily", messages=HI, thinking={"type": "disabled"}).input_tokens
+    n_on = ac.messages.count_tokens(model="lily", messages=HI,
+                                    thinking={"type": "enabled", "budget_tokens": 10}).input_tokens
+    check([b.type for b in m.content][:1] in ([], ["text"]) and n_off == n_in > n_on,
+          f"thinking disabled (the default): no thinking block, the prompt closes an empty think block "
+          f"({n_off} = {n_in} > {n_on} tokens)")
+
+    print("anthropic: tools")
+    TOOLS = [{"name": "get_weather", "description": "Weather of a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                                "days": {"type": "integer"}},
+                               "required": ["city", "days"]}}]
+    ASK = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+    m = ac.messages.create(model="lily", max_tokens=200, messages=ASK, tools=TOOLS,
+                           tool_choice={"type": "tool", "name": "get_weather"})
+    tu = m.content[-1]
+    check(m.stop_reason == "tool_use" and tu.type == "tool_use" and tu.name == "get_weather" and
+          tu.id.startswith("toolu_"), f"forced tool: stop_reason tool_use ({m.stop_reason})")
+    check(isinstance(tu.input.get("city"), str) and len(tu.input["city"]) <= 12 and
+          isinstance(tu.input.get("days"), int), f"input follows input_schema: {tu.input}")
+    follow = ASK + [{"role": "assistant", "content": m.content},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu.id,
+                                                  "content": [{"type": "text", "text": "Sunny, 21 C"}]}]}]
+    m2 = ac.messages.create(model="lily", max_tokens=8, messages=follow, tools=TOOLS)
+    check(m2.stop_reason in ("end_turn", "max_tokens", "tool_use") and m2.usage.cache_read_input_tokens > 0,
+          f"tool_result round trip answered from the cached prefix ({m2.usage.cache_read_input_tokens} tokens)")
+    follow[-1]["content"][0]["is_error"] = True
+    check(ac.messages.create(model="lily", max_tokens=4, messages=follow, tools=TOOLS).usage.output_tokens > 0,
+          "a tool_result with is_error is accepted")
+    m = ac.messages.create(model="lily", max_tokens=200, messages=ASK, tools=TOOLS, tool_choice={"type": "any"})
+    check(m.stop_reason == "tool_use" and m.content[-1].name == "get_weather", "tool_choice any calls a tool")
+    m = ac.messages.create(model="lily", max_tokens=6, messages=ASK, tools=TOOLS, tool_choice={"type": "none"},
+                           extra_body=GREEDY)
+    check(all(b.type != "tool_use" for b in m.content), "tool_choice none calls nothing")
+    with ac.messages.stream(model="lily", max_tokens=200, messages=ASK, tools=TOOLS,
+                            tool_choice={"type": "tool", "name": "get_weather"}) as s:
+        deltas = [ev.delta.type for ev in s if ev.type == "content_block_delta"]
+        final = s.get_final_message()
+    check("input_json_delta" in deltas and final.content[-1].type == "tool_use" and
+          isinstance(final.content[-1].input.get("days"), int) and final.stop_reason == "tool_use",
+          f"streamed tool_use: input_json_delta events assemble the input {final.content[-1].input}")
+
+    print("anthropic: structured output")
+    m = ac.messages.create(model="lily", max_tokens=100, messages=HI, output_config={"format": {
+        "type": "json_schema", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                          "required": ["ok"], "additionalProperties": False}}})
+    check(isinstance(json.loads(m.content[0].text).get("ok"), bool), f"output_config.format: {m.content[0].text}")
+
+    print("anthropic: errors")
+    try:
+        ac.messages.create(model="lily", max_tokens=0, messages=HI)
+        check(False, "max_tokens 0 is rejected")
+    except anthropic.BadRequestError as e:
+        check(e.status_code == 400 and e.body["type"] == "error" and e.body["error"]["type"] ==
+              "invalid_request_error", "400 invalid_request_error in Anthropic's shape")
+    status, body = raw("/v1/messages", {"model": "lily", "messages": HI}, {"x-api-key": KEY})
+    check(status == 400 and "max_tokens" in json.loads(body)["error"]["message"], "max_tokens is required")
+    try:
+        anthropic.Anthropic(base_url=BASE, api_key="wrong", max_retries=0).messages.create(
+            model="lily", max_tokens=4, messages=HI)
+        check(False, "a wrong x-api-key is rejected")
+    except anthropic.AuthenticationError as e:
+        check(e.status_code == 401 and e.body["error"]["type"] == "authentication_error", "401 authentication_error")
+    status, body = raw("/v1/messages", {"model": "lily", "max_tokens": 2, "messages": HI},
+                       {"Authorization": "Bearer " + KEY})
+    check(status == 200 and json.loads(body)["type"] == "message", "Authorization: Bearer works too")
+    status, body = raw("/v1/messages", {"model": "lily", "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {}}]}]}, {"x-api-key": KEY})
+    check(status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error", "an image block is a 400")
+
+    # ------------------------------------------------------------------------------------ OpenAI structured
+    oc = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+    Short = pydantic.constr(max_length=10)
+
+    class Person(pydantic.BaseModel):
+        name: Short
+        age: int
+        admin: bool
+
+    class Address(pydantic.BaseModel):
+        city: Short
+        zip: Optional[Short]
+
+    class Order(pydantic.BaseModel):
+        status: Literal["open", "paid", "shipped"]
+        items: List[Short] = pydantic.Field(max_length=3)
+        total: float
+        ship_to: Address
+
+    print("openai: parse() with Pydantic models")
+    for model_cls in (Person, Order):
+        for seed in (1, 2):
+            r = oc.chat.completions.parse(model="lily", messages=[{"role": "user", "content": "Give me JSON."}],
+                                          response_format=model_cls, max_tokens=400, seed=seed, extra_body=NO_THINK)
+            c = r.choices[0]
+            check(c.finish_reason == "stop" and isinstance(c.message.parsed, model_cls),
+                  f"{model_cls.__name__} seed {seed}: {c.message.content}")
+    r = oc.chat.completions.parse(model="lily", messages=[{"role": "user", "content": "JSON please."}],
+                                  response_format=Person, max_tokens=400, seed=3, extra_body={"reasoning_budget": 5})
+    c = r.choices[0]
+    check(isinstance(c.message.parsed, Person) and "</think>" not in c.message.content and
+          r.usage.completion_tokens_details.reasoning_tokens <= 5,
+          f"thinking stays free, then the JSON: reasoning {r.usage.completion_tokens_details.reasoning_tokens} tokens")
+    # json_object: free strings may run to max_tokens on noise; every reply that ends by itself is an object
+    done = []
+    for seed in range(1, 5):
+        r = oc.chat.completions.create(model="lily", messages=[{"role": "user", "content": "JSON."}], max_tokens=60,
+                                       seed=seed, response_format={"type": "json_object"}, extra_body=NO_THINK)
+        content = r.choices[0].message.content
+        check(content.startswith("{"), f"json_object seed {seed} starts an object")
+        if r.choices[0].finish_reason == "stop":
+            done.append(json.loads(content))
+    check(done and all(isinstance(d, dict) for d in done), f"json_object replies that stop parse as objects {done}")
+    try:
+        oc.chat.completions.create(model="lily", messages=HI, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}})
+        check(False, "an unsupported schema is rejected")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "strin" in str(e), "an unsupported schema type is a 400 naming it")
+
+    print("openai: forced tool calls")
+    OTOOLS = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                "parameters": t["input_schema"]}} for t in TOOLS]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        r = oc.chat.completions.create(model="lily", messages=ASK, tools=OTOOLS, tool_choice=choice, max_tokens=200,
+                                       seed=5)
+        c = r.choices[0]
+        args = json.loads(c.message.tool_calls[0].function.arguments) if c.message.tool_calls else {}
+        check(c.finish_reason == "tool_calls" and isinstance(args.get("city"), str) and
+              isinstance(args.get("days"), int), f"tool_choice {choice}: finish tool_calls, arguments {args}")
+
+    print("openai: reasoning budget")
+    r = oc.chat.completions.create(model="lily", messages=HI, max_tokens=30, seed=6,
+                                   extra_body={"max_reasoning_tokens": 3})
+    msg = r.choices[0].message
+    check(r.usage.completion_tokens_details.reasoning_tokens <= 3 and "</think>" not in (msg.content or "") and
+          r.usage.completion_tokens > r.usage.completion_tokens_details.reasoning_tokens,
+          f"max_reasoning_tokens 3: {r.usage.completion_tokens_details.reasoning_tokens} reasoning tokens, then "
+          "the answer")
+finally:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+if failures:
+    print("\n--- server log (tail) ---\n" + "".join(open(log.name).readlines()[-30:]))
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("all agent checks passed")
+os.unlink(log.name)

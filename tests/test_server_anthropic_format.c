@@ -1,0 +1,165 @@
+/* test_server_anthropic_format.c — server/anthropic.c: a Messages request translated into the chat request
+ * the engine runs (system, tool_use, tool_result, tools, tool_choice, thinking, stop_sequences), its
+ * validation errors, and the stream's event sequence and the message's content blocks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/anthropic.h"
+#include "test_support.h"
+
+static char *compact(const json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT);
+    assert_non_null(s);
+    return s;
+}
+
+static void test_translation(void **state)
+{
+    (void)state;
+    const char *body =
+        "{\"model\":\"m\",\"max_tokens\":64,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"hm\",\"signature\":\"\"},"
+        "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get\",\"input\":{\"city\":\"Paris\"}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"is_error\":true,"
+        "\"content\":[{\"type\":\"text\",\"text\":\"down\"}]},{\"type\":\"text\",\"text\":\"retry\"}]}],"
+        "\"tools\":[{\"name\":\"get\",\"input_schema\":{\"type\":\"object\"}}],"
+        "\"tool_choice\":{\"type\":\"tool\",\"name\":\"get\"},\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":99},"
+        "\"stop_sequences\":[\"END\"],\"temperature\":0.5,\"top_k\":20,\"metadata\":{\"user_id\":\"u\"}}";
+    lily_oai_request req;
+    lily_oai_error e;
+    if (!lily_anth_parse_request(body, strlen(body), false, &req, &e))
+        fail_msg("rejected: %s", e.message);
+    assert_true(req.anthropic && req.is_chat);
+    char *msgs = compact(req.messages);
+    assert_string_equal(msgs,
+                        "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Weather?\"},"
+                        "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"hm\",\"tool_calls\":[{\"id\":"
+                        "\"toolu_1\",\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":"
+                        "\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\","
+                        "\"content\":\"Error: down\"},{\"role\":\"user\",\"content\":\"retry\"}]");
+    free(msgs);
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_NAMED);
+    assert_string_equal(req.tool_name, "get");
+    assert_int_equal(req.enable_thinking, 1);
+    assert_int_equal(req.reasoning_budget, 99);
+    assert_int_equal(req.max_tokens, 64);
+    assert_int_equal(req.n_stop, 1);
+    assert_string_equal(req.stop[0], "END");
+    assert_int_equal(req.top_k, 20);
+    assert_true(req.temperature == 0.5);
+    lily_oai_request_free(&req);
+
+    const char *plain = "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                        "\"tool_choice\":{\"type\":\"any\"},\"tools\":[{\"name\":\"t\",\"input_schema\":{}}]}";
+    assert_true(lily_anth_parse_request(plain, strlen(plain), false, &req, &e));
+    assert_int_equal(req.enable_thinking, 0); /* thinking is off unless asked for, as Anthropic's models */
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_REQUIRED);
+    lily_oai_request_free(&req);
+}
+
+static void assert_rejected(const char *body, bool count_only, const char *needle)
+{
+    lily_oai_request req;
+    lily_oai_error e;
+    if (lily_anth_parse_request(body, strlen(body), count_only, &req, &e)) {
+        lily_oai_request_free(&req);
+        fail_msg("accepted: %s", body);
+    }
+    assert_int_equal(e.http_status, 400);
+    if (!strstr(e.message, needle))
+        fail_msg("message '%s' lacks '%s'", e.message, needle);
+    char *j = lily_anth_error_json(&e);
+    assert_non_null(strstr(j, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\""));
+    free(j);
+}
+
+static void test_validation(void **state)
+{
+    (void)state;
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", false, "max_tokens");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[]}", false, "messages");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", false, "role");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", false,
+                    "image");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":"
+                    "{\"type\":\"enabled\"}}", false, "budget_tokens");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1.5}",
+                    false, "temperature");
+    assert_rejected("[1]", false, "JSON object");
+    lily_oai_request req;
+    lily_oai_error e;
+    const char *count = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    assert_true(lily_anth_parse_request(count, strlen(count), true, &req, &e)); /* count_tokens: no max_tokens */
+    lily_oai_request_free(&req);
+    lily_oai_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "bad key");
+    char *j = lily_anth_error_json(&e);
+    assert_string_equal(j, "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\",\"message\":\"bad key\"}}");
+    free(j);
+}
+
+/* The events of one reply: thinking, text, a tool call, then the end. */
+static void test_stream_events(void **state)
+{
+    (void)state;
+    lily_anth_stream st = {.index = -1, .kind = -1};
+    const lily_output_event evs[] = {
+        {LILY_OUTPUT_REASONING, -1, "hm", 2},     {LILY_OUTPUT_REASONING, -1, "m", 1},
+        {LILY_OUTPUT_CONTENT, -1, "Hi", 2},       {LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3},
+        {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\"", 4}, {LILY_OUTPUT_TOOL_ARGUMENTS, 0, ":1}", 3},
+        {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0},
+    };
+    char seq[2048] = "";
+    json_t *out[3];
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) {
+        int n = lily_anth_stream_event(&st, &evs[i], "call_abc", out);
+        for (int k = 0; k < n; k++) {
+            json_t *d = json_object_get(out[k], "delta");
+            json_t *b = json_object_get(out[k], "content_block");
+            char item[160];
+            snprintf(item, sizeof item, "%s%s%s%s%s:%lld ", json_string_value(json_object_get(out[k], "type")),
+                     d ? "/" : "", d ? json_string_value(json_object_get(d, "type")) : "", b ? "/" : "",
+                     b ? json_string_value(json_object_get(b, "type")) : "",
+                     (long long)json_integer_value(json_object_get(out[k], "index")));
+            strcat(seq, item);
+            if (b && !strcmp(json_string_value(json_object_get(b, "type")), "tool_use"))
+                assert_string_equal(json_string_value(json_object_get(b, "id")), "toolu_abc");
+            json_decref(out[k]);
+        }
+    }
+    lily_anth_usage u = {.input_tokens = 3, .cache_read_input_tokens = 7, .output_tokens = 9};
+    int n = lily_anth_stream_end(&st, "tool_use", NULL, &u, out);
+    assert_int_equal(n, 2); /* the tool block is closed already */
+    char *delta = compact(out[0]);
+    assert_string_equal(delta, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},"
+                               "\"usage\":{\"input_tokens\":3,\"cache_creation_input_tokens\":0,"
+                               "\"cache_read_input_tokens\":7,\"output_tokens\":9}}");
+    size_t len = 0;
+    char *sse = lily_anth_sse(out[1], &len);
+    assert_string_equal(sse, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    assert_int_equal(len, strlen(sse));
+    free(sse);
+    free(delta);
+    json_decref(out[0]);
+    json_decref(out[1]);
+    assert_string_equal(seq, "content_block_start/thinking:0 content_block_delta/thinking_delta:0 "
+                             "content_block_delta/thinking_delta:0 content_block_stop:0 content_block_start/text:1 "
+                             "content_block_delta/text_delta:1 content_block_stop:1 content_block_start/tool_use:2 "
+                             "content_block_delta/input_json_delta:2 content_block_delta/input_json_delta:2 "
+                             "content_block_stop:2 ");
+    assert_string_equal(lily_anth_stop_reason("stop", "END"), "stop_sequence");
+    assert_string_equal(lily_anth_stop_reason("stop", NULL), "end_turn");
+    assert_string_equal(lily_anth_stop_reason("length", NULL), "max_tokens");
+    assert_string_equal(lily_anth_stop_reason("tool_calls", NULL), "tool_use");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_translation),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_stream_events),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
