@@ -5,6 +5,8 @@
 #   make test-asan                          the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make deps                               install the build dependencies (Debian/Ubuntu, as root)
 #   make install [PREFIX=DIR]               build, then copy the binary to PREFIX/bin/lily (default /usr/local)
+# CUDA=1 builds the CUDA backend, CUDA=0 does not; by default it is built when nvcc and a GPU are present
+# (CMake's -DLILY_CUDA=AUTO; the configure step prints one line saying which).
 
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
@@ -13,9 +15,11 @@ MODEL      ?=
 PROMPT     ?= The Python interpreter
 TOKENS     ?= 96
 PREFIX     ?= /usr/local
+CUDA       ?=
+CUDA_FLAG   = $(if $(filter 1 ON on yes,$(CUDA)),-DLILY_CUDA=ON,$(if $(filter 0 OFF off no,$(CUDA)),-DLILY_CUDA=OFF))
 
 DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
-               libmicrohttpd-dev libcmocka-dev gnuplot-nox python3 python3-venv python3-numpy curl
+               libmicrohttpd-dev libcmocka-dev libedit-dev gnuplot-nox python3 python3-venv python3-numpy curl
 
 .PHONY: all build run test test-asan deps install clean
 
@@ -33,11 +37,12 @@ deps:
 	else \
 	  echo "lily: missing packages; run:  sudo apt-get install -y$$missing"; exit 1; fi
 
-$(BUILD)/Makefile: CMakeLists.txt | deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
-
 build: deps
-	@[ -f $(BUILD)/CMakeCache.txt ] || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	@if [ ! -f $(BUILD)/CMakeCache.txt ] || [ -n "$(CUDA_FLAG)" ]; then \
+	  mkdir -p $(BUILD); \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAG) > $(BUILD)/configure.log 2>&1 \
+	    || { cat $(BUILD)/configure.log; exit 1; }; \
+	  sed -n 's/^-- lily: //p' $(BUILD)/configure.log; fi
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
