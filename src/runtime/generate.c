@@ -25,7 +25,21 @@ lily_generate_params lily_generate_defaults(void)
 {
     lily_generate_params p = {0};
     p.sampling = lily_sampler_defaults();
+    p.reasoning_budget = -1;
+    p.think_end_id = -1;
     return p;
+}
+
+lily_status lily_think_close_tokens(const lily_tokenizer *tok, int32_t **ids, int *n, int32_t *end_id,
+                                    lily_error *err)
+{
+    *ids = NULL;
+    *n = 0;
+    *end_id = lily_tokenizer_token_id(tok, "</think>");
+    if (*end_id < 0)
+        return lily_error_set(err, LILY_ERR_UNSUPPORTED, "the vocabulary has no '</think>' token: no reasoning budget");
+    static const char close[] = "\n</think>\n\n";
+    return lily_tokenizer_encode(tok, close, sizeof close - 1, true, ids, n, err);
 }
 
 const char *lily_finish_reason_name(lily_finish_reason f)
@@ -98,6 +112,8 @@ typedef struct {
     lily_sampler *sampler;
     lily_stop_matcher *stops;
     bool callback_stopped;
+    bool thinking;                    /* inside the think block the reasoning budget watches */
+    int n_forced;                     /* think_close tokens forced so far */
     lily_error *err;
 } gen_state;
 
@@ -129,6 +145,12 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
         return st;
     if (p->on_token && p->on_token(p->user, token, out, out_len) != 0)
         g->callback_stopped = true;
+    if (g->thinking) {
+        if (token == p->think_end_id)
+            g->thinking = false;
+        else
+            r->n_reasoning++;
+    }
     if (matched >= 0) {
         r->finish = LILY_FINISH_STOP;
         r->stop_string = matched;
@@ -149,6 +171,22 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     return LILY_OK;
 }
 
+/* The next token of the forced think close, when the reasoning budget is spent (generate.h). */
+static bool next_forced(gen_state *g, int32_t *token)
+{
+    const lily_generate_params *p = g->p;
+    if (g->n_forced == 0 && !(g->thinking && g->r->n_reasoning >= p->reasoning_budget))
+        return false;
+    if (g->n_forced >= p->n_think_close)
+        return false;
+    if (g->n_forced == 0) {
+        g->thinking = false;
+        g->r->reasoning_cut = true;
+    }
+    *token = p->think_close[g->n_forced++];
+    return true;
+}
+
 /* ---- the device loop ----------------------------------------------------------------------------- */
 
 /* NULL when the device loop can decode with these settings (*ds filled), else why not (for logs). */
@@ -160,6 +198,8 @@ static const char *device_loop_refusal(const lily_session *s, const lily_generat
     const char *env = getenv("LILY_DECODE_LOOP");
     if (p->decode == LILY_DECODE_HOST)
         return "host sampler (asked for)";
+    if (p->n_think_close > 0 && p->reasoning_budget >= 0)
+        return "host sampler (reasoning budget)";
     if (env && (!strcmp(env, "host") || !strcmp(env, "0")))
         return "host sampler (LILY_DECODE_LOOP)";
     if (!o || !o->decode_loop || !o->recurrent_bytes || !o->recurrent_save || !o->recurrent_load)
@@ -351,8 +391,10 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: stop strings need a detokenizer");
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad stop id list");
+    if (p->n_think_close < 0 || (p->n_think_close > 0 && !p->think_close))
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: bad think-close token list");
 
-    gen_state g = {.s = s, .p = p, .r = r, .err = err};
+    gen_state g = {.s = s, .p = p, .r = r, .err = err, .thinking = p->n_think_close > 0 && p->reasoning_budget >= 0};
     checkpoint ck = {0};
     bool have_ck = false;
     lily_device_sampling ds;
@@ -386,7 +428,9 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
             r->finish = LILY_FINISH_CANCELLED;
             break;
         }
-        int32_t token = lily_sampler_sample(g.sampler, s->logits);
+        int32_t token;
+        if (!next_forced(&g, &token))
+            token = lily_sampler_sample(g.sampler, s->logits);
         bool stop = false;
         st = take_token(&g, token, &stop);
         if (st != LILY_OK)

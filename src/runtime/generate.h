@@ -84,9 +84,20 @@ typedef struct {
     const atomic_int *cancel;         /* may be NULL; nonzero stops before the next token (set it from a
                                          signal handler or another thread) */
     lily_decode_mode decode;          /* LILY_DECODE_AUTO (default) or LILY_DECODE_HOST */
+
+    /* Reasoning budget (as llama.cpp's --reasoning-budget): when n_think_close > 0 and reasoning_budget >= 0,
+     * the generation starts inside an open think block (the prompt ends with "<think>\n"); once
+     * reasoning_budget tokens were generated in it and the model has not closed it (think_end_id), the
+     * think_close tokens (e.g. "\n</think>\n\n", see lily_think_close_tokens) are forced: streamed through
+     * on_token and appended like sampled tokens (they count in n_generated and max_tokens), and the answer
+     * is sampled after them. A budget of 0 closes the block at once. Runs on the host sampler. */
+    int reasoning_budget;             /* tokens; < 0: no budget (the default) */
+    const int32_t *think_close;       /* [n_think_close] */
+    int n_think_close;
+    int32_t think_end_id;             /* the token that closes a think block ("</think>"), -1 if none */
 } lily_generate_params;
 
-/* Defaults: lily_sampler_defaults(), everything else zero / NULL. */
+/* Defaults: lily_sampler_defaults(), reasoning_budget -1, think_end_id -1, everything else zero / NULL. */
 lily_generate_params lily_generate_defaults(void);
 
 typedef struct {
@@ -106,6 +117,8 @@ typedef struct {
     const char *decode_path;          /* static text for logs: "device loop" or "host sampler (WHY)" */
     int n_device_batches;             /* decode_loop calls */
     int n_replayed;                   /* steps run again through forward() after a stop inside a batch */
+    int n_reasoning;                  /* tokens generated inside the think block (the forced close excluded) */
+    bool reasoning_cut;               /* the reasoning budget closed the think block */
 } lily_generate_result;
 
 /* Append prompt[n_prompt] to the session (prefill), then generate until a stop token, a stop string,
@@ -118,6 +131,13 @@ typedef struct {
  * lily_session_append and the detokenizer; LILY_ERR_OUT_OF_MEMORY. */
 lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, const lily_generate_params *params,
                           lily_generate_result *result, lily_error *err);
+
+/* The tokens a reasoning budget forces to close a think block: "\n</think>\n\n" encoded with special
+ * tokens recognized (*ids malloc'd, *n of them), and *end_id the id of "</think>" when it is one token,
+ * else -1. Errors: LILY_ERR_UNSUPPORTED when the vocabulary has no "</think>" token (nothing allocated);
+ * the tokenizer's errors. */
+lily_status lily_think_close_tokens(const lily_tokenizer *tok, int32_t **ids, int *n, int32_t *end_id,
+                                    lily_error *err);
 
 /* "stop", "length" or "cancelled". */
 const char *lily_finish_reason_name(lily_finish_reason f);
