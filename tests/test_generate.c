@@ -371,6 +371,64 @@ static void test_generate_with_tokenizer_detokenizer(void **state)
     lily_tokenizer_free(tok);
 }
 
+/* The reasoning budget: after `budget` tokens inside the think block lily forces the close tokens (here
+ * "!" and " Bye", with " Bye" standing for "</think>"), streamed and appended like sampled ones; the model
+ * then continues from them (the script's next token after " Bye" is the stop id). A model that closes
+ * the block itself before the budget is never forced; a budget of 0 closes it at once. */
+static void run_budget(fixture *f, int budget, int32_t end_id, lily_generate_result *r)
+{
+    static const int32_t close_ids[2] = {4, 5};
+    setup(f, 64);
+    f->params.stop_ids = stop_ids;
+    f->params.n_stop_ids = 2;
+    f->params.reasoning_budget = budget;
+    f->params.think_close = close_ids;
+    f->params.n_think_close = 2;
+    f->params.think_end_id = end_id;
+    assert_int_equal(lily_generate(&f->session, prompt, 1, &f->params, r, NULL), LILY_OK);
+}
+
+static void test_generate_reasoning_budget(void **state)
+{
+    (void)state;
+    fixture f;
+    lily_generate_result r;
+    run_budget(&f, 2, 5, &r); /* Hello, wor, then the forced "!" " Bye", then the stop id */
+    const int32_t cut[] = {1, 2, 4, 5};
+    assert_int_equal(f.out.n_tokens, 4);
+    assert_memory_equal(f.out.tokens, cut, sizeof cut);
+    assert_string_equal(f.out.text, "Hello wor! Bye");
+    assert_true(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 2);
+    assert_int_equal(r.n_generated, 4);
+    assert_int_equal(r.finish, LILY_FINISH_STOP);
+    assert_string_equal(r.decode_path, "host sampler (reasoning budget)");
+    const int32_t in_session[] = {PROMPT, 1, 2, 4, 5};
+    assert_session(&f, in_session, 5);
+
+    run_budget(&f, 5, 2, &r); /* " wor" closes the block at the 2nd token: nothing forced */
+    const int32_t free_run[] = {1, 2, 3, 4, 5};
+    assert_int_equal(f.out.n_tokens, 5);
+    assert_memory_equal(f.out.tokens, free_run, sizeof free_run);
+    assert_false(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 1);
+
+    run_budget(&f, 0, 5, &r); /* closed at once */
+    const int32_t at_once[] = {4, 5};
+    assert_int_equal(f.out.n_tokens, 2);
+    assert_memory_equal(f.out.tokens, at_once, sizeof at_once);
+    assert_true(r.reasoning_cut);
+    assert_int_equal(r.n_reasoning, 0);
+
+    setup(&f, 64); /* no think_close: the budget does nothing */
+    f.params.stop_ids = stop_ids;
+    f.params.n_stop_ids = 2;
+    f.params.reasoning_budget = 0;
+    assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, NULL), LILY_OK);
+    assert_int_equal(f.out.n_tokens, 5);
+    assert_false(r.reasoning_cut);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +441,7 @@ int main(void)
         cmocka_unit_test(test_generate_seeded_sampling_repeats),
         cmocka_unit_test(test_generate_rejects_bad_arguments),
         cmocka_unit_test(test_generate_with_tokenizer_detokenizer),
+        cmocka_unit_test(test_generate_reasoning_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
