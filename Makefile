@@ -50,15 +50,17 @@ build: deps
 	  mkdir -p $(BUILD); \
 	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAG) > $(BUILD)/configure.log 2>&1 \
 	    || { cat $(BUILD)/configure.log; exit 1; }; \
-	  sed -n 's/^-- lily: //p' $(BUILD)/configure.log; fi
-	cmake --build $(BUILD) -j $(JOBS)
+	  sed -n 's/^-- \(lily: \)/\1/p' $(BUILD)/configure.log; fi
+	cmake --build $(BUILD) -j $(JOBS) $(TARGETS)
 
+run: TARGETS = --target lily
 run: build
 	./$(BUILD)/lily run $(if $(MODEL),-m "$(MODEL)") --raw -n $(TOKENS) -p '$(subst ','\'',$(value PROMPT))'
 
 test: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+install: TARGETS = --target lily
 install: build
 	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
