@@ -16,15 +16,13 @@ if [ -n "$PY_MISSING" ]; then
     echo "SKIP test_readme_examples: cannot install$PY_MISSING into the suite's Python (no network?)"
     exit 0
 fi
-exec "$PY" - "$LILY" "$DATA/tiny-chat" "$DATA/../../README.md" "$TMP" <<'PY'
-import json, os, re, subprocess, sys, time, urllib.request
+exec "$PY" - "$LILY" "$DATA/tiny-chat" "$DATA/../../README.md" "$TMP" "$(dirname "$0")/lib" <<'PY'
+import json, os, re, subprocess, sys, urllib.request
 lily, model, readme, tmp = sys.argv[1:5]
-fails = passes = 0
-def check(cond, what, detail=""):
-    global fails, passes
-    print(("ok   " if cond else "FAIL ") + what + ("" if cond else "\n" + detail))
-    if cond: passes += 1
-    else: fails += 1
+sys.path.insert(0, sys.argv[5])
+from lily_test import Tally, start_server
+t = Tally()
+check = t.check
 
 text = open(readme).read()
 blocks = re.findall(r"^```(\w+)\n(.*?)^```", text, re.S | re.M)
@@ -33,16 +31,9 @@ check(len(runnable) >= 5, "README has runnable examples (%d sh/python blocks)" %
 check(all(lang in ("sh", "python", "text") for lang, _ in blocks) and len(re.findall(r"^```", text, re.M)) == 2 * len(blocks),
       "every fenced block is sh, python (both run here) or text (not run)")
 
-log = open(os.path.join(tmp, "serve.log"), "w+")
-srv = subprocess.Popen([lily, "serve", "-m", model, "--port", "0", "--threads", "1", "--temp", "0",
-                        "--reasoning-budget", "16"], stdout=subprocess.DEVNULL, stderr=log)
+srv, port = start_server(lily, model, os.path.join(tmp, "serve.log"), "--temp", "0", "--reasoning-budget", "16")
+port = str(port)
 try:
-    port, deadline = None, time.time() + 60
-    while port is None and time.time() < deadline:
-        m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", open(log.name).read())
-        port = m.group(1) if m else None
-        time.sleep(0.05)
-    assert port, open(log.name).read()
     env = dict(os.environ, LILY=lily, DIR=model)
     for i, (lang, body) in enumerate(runnable):
         code = body.replace("127.0.0.1:8080", "127.0.0.1:" + port)
@@ -72,6 +63,5 @@ try:
 finally:
     srv.terminate()
     srv.wait()
-print(f"{passes} passed, {fails} failed")
-sys.exit(1 if fails else 0)
+sys.exit(t.finish())
 PY

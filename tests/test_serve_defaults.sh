@@ -14,30 +14,16 @@ set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 lily_test_init "$@"
 lily_python "$LILY"
-exec "$PY" - "$LILY" "$DATA/tiny-chat" <<'PY'
-import http.client, json, re, subprocess, sys, tempfile, time
-lily, model = sys.argv[1], sys.argv[2]
-fails = passes = 0
-def check(cond, what):
-    global fails, passes
-    print(("ok   " if cond else "FAIL ") + what)
-    if cond: passes += 1
-    else: fails += 1
+exec "$PY" - "$LILY" "$DATA/tiny-chat" "$TMP" "$(dirname "$0")/lib" <<'PY'
+import http.client, json, os, subprocess, sys
+lily, model, tmp = sys.argv[1:4]
+sys.path.insert(0, sys.argv[4])
+from lily_test import Tally, start_server
+t = Tally()
+check = t.check
 
 def start(*args):
-    log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log")
-    p = subprocess.Popen([lily, "serve", "-m", model, "--port", "0", "--threads", "1", *args],
-                         stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", open(log.name).read())
-        if m:
-            return p, int(m.group(1)), log
-        if p.poll() is not None:
-            break
-        time.sleep(0.05)
-    print(open(log.name).read())
-    raise SystemExit("server did not start")
+    return start_server(lily, model, os.path.join(tmp, "serve.log"), *args)
 
 def req(port, method, path, body=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -57,7 +43,7 @@ def chat(port, **kw):
 
 NO_STOP = {"0": -100, "2": -100}  # tiny-chat's stop ids: keep generating to the cap
 
-p, port, log = start("--temp", "0", "--reasoning-budget", "6", "-n", "40")
+p, port = start("--temp", "0", "--reasoning-budget", "6", "-n", "40")
 try:
     a, ua = chat(port)
     b, ub = chat(port)
@@ -86,7 +72,7 @@ try:
 finally:
     p.terminate(); p.wait()
 
-p, port, log = start("--no-think")
+p, port = start("--no-think")
 try:
     a, _ = chat(port, max_tokens=8, logit_bias=NO_STOP)
     check(not a["message"].get("reasoning_content"), "--no-think: no reasoning_content")
@@ -98,7 +84,7 @@ try:
 finally:
     p.terminate(); p.wait()
 
-p, port, log = start("--reasoning", "off")
+p, port = start("--reasoning", "off")
 try:
     a, _ = chat(port, max_tokens=8, logit_bias=NO_STOP)
     check(not a["message"].get("reasoning_content"), "--reasoning off: no reasoning_content")
@@ -107,6 +93,5 @@ finally:
 
 r = subprocess.run([lily, "serve", "--reasoning", "maybe"], capture_output=True, text=True)
 check(r.returncode == 2 and "--reasoning expects on or off" in r.stderr, "--reasoning maybe: usage error")
-print(f"{passes} passed, {fails} failed")
-sys.exit(1 if fails else 0)
+sys.exit(t.finish())
 PY

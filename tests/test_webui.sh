@@ -23,28 +23,19 @@ if [ -n "$PY_MISSING" ]; then
     echo "SKIP test_webui: cannot install$PY_MISSING into the suite's Python (no network?)"
     exit 0
 fi
-exec "$PY" - "$LILY" "$DATA/tiny-chat" "$CHROME" "$TMP" <<'PY'
-import json, os, re, subprocess, sys, tempfile, time, urllib.request
+exec "$PY" - "$LILY" "$DATA/tiny-chat" "$CHROME" "$TMP" "$(dirname "$0")/lib" <<'PY'
+import json, os, re, subprocess, sys, time, urllib.request
 import websocket
 lily, model, chrome, tmp = sys.argv[1:5]
-fails = passes = 0
-def check(cond, what):
-    global fails, passes
-    print(("ok   " if cond else "FAIL ") + what)
-    if cond: passes += 1
-    else: fails += 1
+sys.path.insert(0, sys.argv[5])
+from lily_test import Tally, start_server
+t = Tally()
+check = t.check
 
-log = open(os.path.join(tmp, "serve.log"), "w+")
-srv = subprocess.Popen([lily, "serve", "-m", model, "--port", "0", "--threads", "1", "--temp", "0",
-                        "--reasoning-budget", "24", "-n", "96"], stdout=subprocess.DEVNULL, stderr=log)
+log_path = os.path.join(tmp, "serve.log")
+srv, port = start_server(lily, model, log_path, "--temp", "0", "--reasoning-budget", "24", "-n", "96")
 browser = None
 try:
-    port, deadline = None, time.time() + 60
-    while port is None and time.time() < deadline:
-        m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", open(log.name).read())
-        port = int(m.group(1)) if m else None
-        time.sleep(0.05)
-    assert port, open(log.name).read()
     profile = os.path.join(tmp, "profile")
     browser = subprocess.Popen([chrome, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                 "--remote-debugging-port=0", "--user-data-dir=" + profile, "about:blank"],
@@ -112,7 +103,7 @@ try:
           "a second message gets a second reply")
     check(js("messages.length") == 4 and js("messages[0].content") == "Tell me about lists."
           and js("messages[1].role") == "assistant", "the page keeps the conversation (4 messages)")
-    check(re.search(r"POST /v1/chat/completions 200 prompt=(\d+)", open(log.name).read()) is not None,
+    check(re.search(r"POST /v1/chat/completions 200 prompt=(\d+)", open(log_path).read()) is not None,
           "the server logged the page's requests")
     # Stop: a long reply (max tokens 4000 in the page's field), stopped once text appears
     js("document.getElementById('max').value = '4000'")
@@ -122,7 +113,7 @@ try:
     check(wait_for("document.querySelectorAll('.assistant')[2].querySelector('.meta').textContent.includes('stopped')", 30),
           "Stop ends the reply (marked 'stopped')")
     time.sleep(0.5)
-    m = re.findall(r"POST /v1/chat/completions \d+ prompt=\d+ completion=(\d+).*", open(log.name).read())
+    m = re.findall(r"POST /v1/chat/completions \d+ prompt=\d+ completion=(\d+).*", open(log_path).read())
     check(len(m) == 3 and int(m[-1]) < 4000, "the stopped request generated fewer than 4000 tokens (%s)" % (m[-1] if m else "?"))
     # a conversation with a tool call, kept across a reload
     js("sessionStorage.setItem('lily.messages', JSON.stringify([{role:'user', content:'weather?'}, {role:'assistant', "
@@ -142,6 +133,5 @@ finally:
             browser.kill()
     srv.terminate()
     srv.wait()
-print(f"{passes} passed, {fails} failed")
-sys.exit(1 if fails else 0)
+sys.exit(t.finish())
 PY
