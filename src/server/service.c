@@ -882,7 +882,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     lily_generate_params gp = lily_generate_defaults();
     gp.sampling = sampler_params(svc, req, bias);
     gp.decode = req->logprobs ? LILY_DECODE_HOST : LILY_DECODE_AUTO; /* logprobs read s->logits per token */
-    if (g.thinking && svc->think_close && svc->request_defaults.reasoning_budget >= 0) {
+    /* the reasoning budget watches an open think block; a forced tool-call opening has already closed it */
+    if (g.thinking && n_forced == 0 && svc->think_close && svc->request_defaults.reasoning_budget >= 0) {
         gp.reasoning_budget = svc->request_defaults.reasoning_budget;
         gp.think_close = svc->think_close;
         gp.n_think_close = svc->n_think_close;
