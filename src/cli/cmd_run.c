@@ -135,11 +135,11 @@ int cmd_run(int argc, char **argv)
             prompt = a + 9;
             continue;
         }
-        if (!strcmp(a, "-f") || !strcmp(a, "--file") || !strncmp(a, "--file=", 7)) {
-            if (a[1] == '-' && a[6] == '=') {
-                prompt_file = a + 7;
-                continue;
-            }
+        if (!strncmp(a, "--file=", 7)) {
+            prompt_file = a + 7;
+            continue;
+        }
+        if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "lily run: %s needs a value\n", a);
                 return 2;
