@@ -46,4 +46,6 @@ expect "lily_python made the venv next to the binary" [ "$PY" = "$TMP/b/venv/bin
 expect "the suite's Python has numpy although python3 on PATH has not" \
     env PATH="$TMP/fakebin:$PATH" "$PY" -c "import numpy"
 expect "nothing required is missing" [ -z "$PY_MISSING" ]
+bare=$(grep -nE '^[^#]*(^|[;&|(]|exec|if|then|do|!)[[:space:]]*python3?[[:space:]]' "$ROOT"/tests/*.sh || true)
+expect "no test script runs the python3 on PATH (they use \"\$PY\" from lily_python)${bare:+: $bare}" [ -z "$bare" ]
 finish
