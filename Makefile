@@ -5,6 +5,8 @@
 #   make test-asan                          the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make deps                               install the build dependencies (Debian/Ubuntu, as root)
 #   make install [PREFIX=DIR]               build, then copy the binary to PREFIX/bin/lily (default /usr/local)
+# CUDA=1 builds the CUDA backend, CUDA=0 does not; by default it is built when nvcc and a GPU are present
+# (CMake's -DLILY_CUDA=AUTO; the configure step prints one line saying which).
 
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
@@ -13,43 +15,56 @@ MODEL      ?=
 PROMPT     ?= The Python interpreter
 TOKENS     ?= 96
 PREFIX     ?= /usr/local
+CUDA       ?=
+CUDA_FLAG   = $(if $(filter 1 ON on yes,$(CUDA)),-DLILY_CUDA=ON,$(if $(filter 0 OFF off no,$(CUDA)),-DLILY_CUDA=OFF))
 
 DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
-               libmicrohttpd-dev libcmocka-dev gnuplot-nox python3 python3-venv python3-numpy curl
+               libmicrohttpd-dev libcmocka-dev libedit-dev gnuplot-nox python3 python3-venv python3-numpy curl
+# what only `make test` needs: chromium for the web page test (~90 s to install; the test skips without it)
+TEST_DEB_PACKAGES = chromium
 
-.PHONY: all build run test test-asan deps install clean
+.PHONY: all build run test test-asan deps test-deps install-debs install clean
 
 all: build
 
 deps:
-	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory install-debs PACKAGES="$(DEB_PACKAGES)"
+
+test-deps: deps
+	@$(MAKE) --no-print-directory install-debs PACKAGES="$(TEST_DEB_PACKAGES)" OPTIONAL=1
+
+install-debs:
+	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "lily: missing build dependencies. On macOS: brew install cmake pkg-config jansson pcre2 utf8proc libmicrohttpd cmocka gnuplot"; \
+	  echo "lily: missing build dependencies. On macOS: brew install cmake pkg-config jansson pcre2 utf8proc libmicrohttpd cmocka libedit gnuplot"; \
 	  exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then \
 	  echo "lily: installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else \
-	  echo "lily: missing packages; run:  sudo apt-get install -y$$missing"; exit 1; fi
-
-$(BUILD)/Makefile: CMakeLists.txt | deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	  echo "lily: missing packages; run:  sudo apt-get install -y$$missing"; [ -n "$(OPTIONAL)" ]; fi
 
 build: deps
-	@[ -f $(BUILD)/CMakeCache.txt ] || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
-	cmake --build $(BUILD) -j $(JOBS)
+	@if [ ! -f $(BUILD)/CMakeCache.txt ] || [ -n "$(CUDA_FLAG)" ]; then \
+	  mkdir -p $(BUILD); \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAG) > $(BUILD)/configure.log 2>&1 \
+	    || { cat $(BUILD)/configure.log; exit 1; }; \
+	  sed -n 's/^-- \(lily: \)/\1/p' $(BUILD)/configure.log; fi
+	cmake --build $(BUILD) -j $(JOBS) $(TARGETS)
 
+run: TARGETS = --target lily
 run: build
 	./$(BUILD)/lily run $(if $(MODEL),-m "$(MODEL)") --raw -n $(TOKENS) -p '$(subst ','\'',$(value PROMPT))'
 
-test: build
+test: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+install: TARGETS = --target lily
 install: build
 	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
-test-asan: deps
+test-asan: test-deps
 	@[ -f $(BUILD_ASAN)/CMakeCache.txt ] || cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DLILY_SANITIZE=ON -DLILY_CUDA=OFF
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)

@@ -13,7 +13,7 @@ trap 'tar czf "$OUT/logs.tgz" -C "$LOG" .' EXIT
 source tools/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOG/gpu.txt"
 t0=$(date +%s)
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real > "$LOG/cmake.log" 2>&1 || { tail -30 "$LOG/cmake.log"; exit 1; }
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real > "$LOG/cmake.log" 2>&1 || { tail -30 "$LOG/cmake.log"; exit 1; }
 gpu_tests=$(ls tests/cuda/test_*.c tests/cuda/test_*.cu 2>/dev/null | xargs -n1 basename | sed 's/\.cu\?$//; s/\.c$//')
 cmake --build build-gpu -j16 --target lily bench_cuda_decode $gpu_tests > "$LOG/build.log" 2>&1 \
   || { grep -E "error|Error" "$LOG/build.log" | head -40; exit 1; }

@@ -13,6 +13,7 @@
 set -uo pipefail
 . "$(dirname "$0")/lib/common.sh"
 lily_test_init "$@"
+lily_python "$LILY"
 check() { # name, expected exit status, file to grep (out|err), fixed string, lily args...
     local name=$1 want_rc=$2 where=$3 msg=$4; shift 4
     "$LILY" "$@" >"$TMP/out" 2>"$TMP/err" <"$TMP/stdin"; local rc=$?
@@ -99,7 +100,7 @@ check "run --threads 0 runs" 0 err "prefill: " run -m "$M" -p hi --threads 0 -n 
 check "the shared help states the --threads rule" 0 out "CPU threads: 0 = all cores (the default), at most 4096" run --help
 
 # --- a non-finite reference is an error, not perfect agreement; lost output is a failure ------------------
-python3 - "$M/config.json" "$TMP/nan.f32" <<'PY' # [3, vocab] fp32 NaN
+"$PY" - "$M/config.json" "$TMP/nan.f32" <<'PY' # [3, vocab] fp32 NaN
 import json, struct, sys
 cfg = json.load(open(sys.argv[1]))
 vocab = cfg.get("text_config", cfg)["vocab_size"]

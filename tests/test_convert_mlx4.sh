@@ -5,15 +5,17 @@
 # added 1 to the fp32 originals, the converter to the stored bf16 values); quantized weights within one
 # quantization step (plus bf16 rounding of scale and bias) of the HF weights and of the fixture's. Plus one
 # hand-computed group: 0, 0.1, ..., 1.5 (x4) quantizes with a NEGATIVE scale -0.1, bias 1.5, codes 15..0, packed low nibble first
-# (word 0 = 0x89ABCDEF). Needs python3 with numpy.
+# (word 0 = 0x89ABCDEF). Runs in the suite's Python (lily_python: numpy).
 # usage: bash test_convert_mlx4.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
 DATA=$2
+lily_python "$1"
 TOOLS="$DATA/../../tools"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-python3 "$TOOLS/convert_to_mlx4.py" "$DATA/tiny-a/hf" "$TMP/mlx4" >/dev/null
-python3 - "$TOOLS" "$DATA/tiny-a" "$TMP/mlx4" <<'PY'
+"$PY" "$TOOLS/convert_to_mlx4.py" "$DATA/tiny-a/hf" "$TMP/mlx4" >/dev/null
+"$PY" - "$TOOLS" "$DATA/tiny-a" "$TMP/mlx4" <<'PY'
 import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])

@@ -38,6 +38,7 @@ grep -q "empty/tokenizer.json: cannot open" "$TMP/err" || fail "missing file mes
 mkdir "$TMP/bad" && printf '{"model": {"vocab": ' >"$TMP/bad/tokenizer.json"
 "$LILY" debug tokenize --model "$TMP/bad" </dev/null 2>"$TMP/err" && fail "malformed tokenizer.json accepted"
 grep -q "malformed JSON" "$TMP/err" || fail "malformed message: $(cat "$TMP/err")"
-"$LILY" debug tokenize </dev/null 2>/dev/null
-[ $? -eq 2 ] || fail "no --model should be a usage error (2)"
+printf 'hello' | LILY_MODEL="$DATA/tiny-chat" "$LILY" debug tokenize --ids >"$TMP/out" 2>"$TMP/err"
+[ $? -eq 0 ] && grep -q 'using \$LILY_MODEL' "$TMP/err" && [ -s "$TMP/out" ] \
+    || fail "no --model: the default model (\$LILY_MODEL here), as every command: $(cat "$TMP/err")"
 echo "ok"

@@ -6,8 +6,10 @@
 # at a time through the decode path. Also checks the model directory is complete and under 20 MB.
 # usage: bash test_default_model.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
 LILY=$1
 DATA=$2
+lily_python "$LILY"
 MODEL="$DATA/../../models/lily-tiny"
 REF="$DATA/default_model_greedy.json"
 TMP=$(mktemp -d)
@@ -22,7 +24,7 @@ size=$(du -cb "$MODEL"/* | tail -1 | cut -f1)
 if [ "$size" -gt 20000000 ]; then echo "FAIL model directory is $size bytes (> 20 MB)"; fails=$((fails + 1)); fi
 
 # tokens to feed: prompt + all recorded outputs but the last
-python3 - "$REF" "$TMP" <<'PY'
+"$PY" - "$REF" "$TMP" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 feed = r["prompt_ids"] + r["output_ids"][:-1]
@@ -38,7 +40,7 @@ check() { # name, extra eval options...
     if ! out=$("$LILY" eval --model "$MODEL" --tokens "$FEED" --logits-out "$TMP/logits.f32" "$@" 2>&1); then
         echo "FAIL $name: lily eval exited non-zero: $out"; fails=$((fails + 1)); return
     fi
-    if python3 - "$REF" "$TMP/logits.f32" <<'PY'; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
+    if "$PY" - "$REF" "$TMP/logits.f32" <<'PY'; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
 import array, json, sys
 r = json.load(open(sys.argv[1]))
 prompt, outs = r["prompt_ids"], r["output_ids"]

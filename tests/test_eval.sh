@@ -6,9 +6,10 @@
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 lily_test_init "$@"
+lily_python "$LILY"
 
 # case5 tokens and per-layout logits from reference.safetensors, as raw files (no numpy needed)
-python3 - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
+"$PY" - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
 import json, struct, sys
 buf = open(sys.argv[1], "rb").read()
 n = struct.unpack("<Q", buf[:8])[0]
@@ -31,7 +32,7 @@ check() { # name, command...: passes when the command exits 0 and max |Δ| <= 1e
     local maxd top1
     maxd=$(sed -n 's/^max |Δ|: //p' <<<"$out")
     top1=$(sed -n 's/^top-1 agreement: \([0-9.]*\).*/\1/p' <<<"$out")
-    if python3 -c "import sys; sys.exit(0 if float('$maxd') <= 1e-3 and float('$top1') == 1.0 else 1)"; then
+    if "$PY" -c "import sys; sys.exit(0 if float('$maxd') <= 1e-3 and float('$top1') == 1.0 else 1)"; then
         echo "ok   $name: max |Δ| $maxd"; passes=$((passes + 1))
     else
         echo "FAIL $name: $out"; fails=$((fails + 1))

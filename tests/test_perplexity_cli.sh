@@ -8,9 +8,10 @@
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 lily_test_init "$@"
+lily_python "$LILY"
 
 # tokens, raw logits and the expected perplexity from reference.safetensors (plain python, no numpy)
-EXPECTED=$(python3 - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
+EXPECTED=$("$PY" - "$DATA/tiny-a/reference.safetensors" "$TMP" <<'PY'
 import json, math, struct, sys
 buf = open(sys.argv[1], "rb").read()
 n = struct.unpack("<Q", buf[:8])[0]
@@ -35,7 +36,7 @@ PY
 echo "expected perplexity from the reference logits: $EXPECTED"
 
 value() { sed -n "s/^$1: \([0-9.]*\).*/\1/p" <<<"$2" | head -1; }
-close() { python3 -c "import sys; a, b, tol = map(float, sys.argv[1:]); sys.exit(0 if abs(a / b - 1) <= tol else 1)" "$@"; }
+close() { "$PY" -c "import sys; a, b, tol = map(float, sys.argv[1:]); sys.exit(0 if abs(a / b - 1) <= tol else 1)" "$@"; }
 
 M="$DATA/tiny-a/mlx4"
 if out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 300 2>/dev/null); then

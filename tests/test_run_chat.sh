@@ -13,6 +13,7 @@
 set -uo pipefail
 . "$(dirname "$0")/lib/common.sh"
 lily_test_init "$@"
+lily_python "$LILY"
 M="$DATA/tiny-chat"
 
 # --- run: determinism and the speed report ------------------------------------------------------------
@@ -30,12 +31,12 @@ expect "run stdout carries no stats" bash -c "! grep -q 'tok/s' '$TMP/g1'"
 
 # --- run: reasoning plain when piped, dropped by --hide-reasoning, ANSI faint on a terminal -----------
 "$LILY" run -m "$M" -p "Write a haiku." -n 24 --temp 0 --hide-reasoning >"$TMP/hide" 2>/dev/null
-expect "run --hide-reasoning prints only the content (a proper suffix)" python3 -c "
+expect "run --hide-reasoning prints only the content (a proper suffix)" "$PY" -c "
 import sys; full = open('$TMP/g1', 'rb').read(); hid = open('$TMP/hide', 'rb').read()
 sys.exit(0 if 0 < len(hid) < len(full) and full.endswith(b'\\n\\n' + hid) and b'\\033' not in full else 1)"
 if script --version 2>/dev/null | grep -q util-linux; then # a pseudo-terminal for stdout
     script -qc "'$LILY' run -m '$M' -p 'Write a haiku.' -n 24 --temp 0 2>/dev/null" /dev/null >"$TMP/tty" </dev/null
-    expect "run dims the reasoning on a terminal" python3 -c "
+    expect "run dims the reasoning on a terminal" "$PY" -c "
 import sys; t = open('$TMP/tty', 'rb').read()
 sys.exit(0 if t.startswith(b'\\033[2m') and b'\\033[0m' in t else 1)"
 fi
@@ -74,7 +75,7 @@ expect "raw and chat greedy replies agree (ids)" [ -n "$G" -a "$G" = "$(reply_id
 np=$(wc -w <<<"$P")
 "$LILY" eval -m "$M" --tokens "$P $G" --decode-from "$np" --logits-out "$TMP/tf.f32" >/dev/null 2>&1
 finish=$(sed -n 's/.*| \([a-z]*\)$/\1/p' "$TMP/greedy.err")
-if python3 - "$M" "$TMP/tf.f32" "$np" "$G" "$finish" "$TMP/greedy.out" <<'PY'
+if "$PY" - "$M" "$TMP/tf.f32" "$np" "$G" "$finish" "$TMP/greedy.out" <<'PY'
 import json, struct, sys
 model, logits_path, np_, gen, finish, out_path = sys.argv[1:]
 np_ = int(np_)
@@ -122,7 +123,7 @@ mkdir "$TMP/notok" "$TMP/badtok" "$TMP/bigtok"
 for d in notok badtok bigtok; do cp "$M"/* "$TMP/$d/"; done
 rm "$TMP/notok/tokenizer.json"
 head -c 300 "$M/tokenizer.json" >"$TMP/badtok/tokenizer.json"
-python3 - "$TMP/bigtok/tokenizer.json" <<'PY'
+"$PY" - "$TMP/bigtok/tokenizer.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
 t["added_tokens"][-1]["id"] = 600
@@ -179,7 +180,7 @@ expect "chat: deterministic replies" bash -c "'$LILY' chat -m '$M' -n 12 --seed 
 expect "chat: turn 1 reply equals lily run's" bash -c "cmp -s <('$LILY' chat -m '$M' -n 12 --temp 0 <<<'Tell me about dogs.' 2>/dev/null) <('$LILY' run -m '$M' -p 'Tell me about dogs.' -n 12 --temp 0 2>/dev/null)"
 
 # Ctrl-C: during a reply it stops the reply and the REPL reads on; at the prompt it exits (status 0).
-if python3 - "$LILY" "$M" <<'PY'
+if "$PY" - "$LILY" "$M" <<'PY'
 import os, signal, subprocess, sys, threading
 lily, model = sys.argv[1:]
 p = subprocess.Popen([lily, "chat", "-m", model, "--temp", "0", "--ctx-size", "4096"], stdin=subprocess.PIPE,
@@ -226,7 +227,7 @@ PY
 then ok "chat: Ctrl-C stops a reply, the REPL goes on; Ctrl-C at the prompt exits"; else fail "chat Ctrl-C"; fi
 
 # Ctrl-C during `lily run`: the reply stops, the speed line says "cancelled", exit status 130.
-if python3 - "$LILY" "$M" <<'PY'
+if "$PY" - "$LILY" "$M" <<'PY'
 import os, signal, subprocess, sys
 lily, model = sys.argv[1:]
 p = subprocess.Popen([lily, "run", "-m", model, "--temp", "0", "--ctx-size", "4096", "-p", "Tell me a long story."],

@@ -9,9 +9,11 @@
 # The server keeps serving (/health 200 after).
 # usage: bash test_server_error_text.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
+. "$(dirname "$0")/lib/common.sh"
 LILY=$1
 DATA=$2
-exec python3 - "$LILY" "$DATA/tiny-chat" <<'PY'
+lily_python "$LILY"
+exec "$PY" - "$LILY" "$DATA/tiny-chat" <<'PY'
 import json, re, socket, subprocess, sys, tempfile, time
 lily, model = sys.argv[1], sys.argv[2]
 log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log")

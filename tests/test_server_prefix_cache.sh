@@ -10,6 +10,6 @@ LILY="$1"
 DATA="$2"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/lib/common.sh"
-ensure_openai_venv "$(cd "$(dirname "$LILY")" && pwd)/venv-prefix-cache-test" \
-  "test_server_prefix_cache.sh: WARNING: cannot install the openai package (no network?): raw HTTP only"
+lily_python "$LILY" openai
+[ -z "$PY_MISSING" ] || echo "test_server_prefix_cache.sh: WARNING: cannot install the openai package (no network?): raw HTTP only" >&2
 exec "$PY" "$HERE/test_server_prefix_cache.py" "$LILY" "$DATA/tiny-chat"

@@ -3,7 +3,7 @@
 # for tiny-a's shape its tensor names, dtypes and shapes equal the fixture's (tests/data/tiny-a/mlx4),
 # config.json carries the same `quantization` block, the output is deterministic from the seed, a
 # sharded write (index + 2 files) loads too, and `lily info` / `lily eval` accept it with finite,
-# O(1) logits. Needs numpy: uses a python3 that has it, else installs it with pip --user, else skips.
+# O(1) logits. Runs in the suite's Python (lily_python: numpy); skips without numpy.
 # usage: bash test_synthetic_writer.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -11,16 +11,9 @@ lily_test_init "$@"
 ROOT=$(cd "$DATA/../.." && pwd)
 WRITER="$ROOT/tools/write_synthetic.py"
 
-PY=""
-for cand in python3 /usr/bin/python3; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import numpy" 2>/dev/null; then PY=$cand; break; fi
-done
-if [ -z "$PY" ] && command -v python3 >/dev/null 2>&1; then
-    python3 -m pip install --user --quiet numpy >/dev/null 2>&1 || true
-    python3 -c "import numpy" 2>/dev/null && PY=python3
-fi
-if [ -z "$PY" ]; then
-    echo "SKIP test_synthetic_writer: no python3 with numpy (make deps installs python3-numpy)"
+lily_python "$LILY"
+if [ -n "$PY_MISSING" ]; then
+    echo "SKIP test_synthetic_writer: no numpy in the suite's Python (make deps installs python3-numpy)"
     echo "0 passed, 0 failed, 1 skipped"
     exit 0
 fi

@@ -61,7 +61,8 @@ def main():
     cfg["text_config"]["eos_token_id"] = ids["<|endoftext|>"]
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]], "pad_token_id": ids["<|endoftext|>"]},
+        {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]], "pad_token_id": ids["<|endoftext|>"],
+         "max_new_tokens": 128},  # random weights never stop: lily run / chat cap replies here without -n
         indent=2) + "\n")
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",

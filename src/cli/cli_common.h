@@ -99,7 +99,7 @@ typedef struct {
     FILE *out;
     bool raw;                  /* no parsing: print the text as generated */
     bool hide_reasoning;
-    bool tty;                  /* out is a terminal: use ANSI faint for reasoning */
+    bool tty;                  /* out is a terminal: ANSI faint for reasoning (else <think> ... </think> lines) */
     lily_output_parser *parser;
     int state;                 /* what was printed last: 0 nothing, 1 reasoning, 2 content, 3 tool call */
     bool at_line_start;
@@ -114,6 +114,13 @@ int cli_printer_on_token(void *user, int32_t token, const char *text, size_t len
 /* End of the reply: flush the parser, close any open styling, end the line. Returns 0 or 1 (printed). */
 int cli_printer_finish(cli_printer *p, bool cut_by_length);
 void cli_printer_free(cli_printer *p);
+
+/* All of f, NUL-terminated (malloc'd; *len bytes, not counting the NUL). NULL on a read error or OOM. */
+char *cli_read_all(FILE *f, size_t *len);
+
+/* The whole text of a prompt file, or of stdin when path is "-" (malloc'd, NUL-terminated). NULL after a
+ * message on stderr ("lily CMD: ...") when it cannot be opened or read, or holds a NUL byte. */
+char *cli_read_prompt(const char *cmd, const char *path);
 
 /* Match argv[*i] against a table of value options (n entries; alt may be NULL): "NAME VALUE", "ALT VALUE",
  * or "NAME=VALUE" / "ALT=VALUE" for names starting with "--". Returns 1 on a match with *name set to the

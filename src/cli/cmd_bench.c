@@ -12,13 +12,19 @@
  * steps are timed. One warm-up (a short prefill and a few decode steps) runs before the sweep.
  * Limits: decode bytes per token (cost_model.h, at the mean depth of the row) over the bandwidth, prefill
  * FLOPs per token over the matrix rate, both measured on the backend's device (hw_limits.h).
+ * A default sweep (no -p / -d) stops before a length whose row would take more than --max-seconds
+ * (default 60): a row's time is at least proportional to its length, so the next of a doubling sweep is
+ * estimated as the last one's time x the ratio of the lengths. md and csv rows are printed as they
+ * finish; Ctrl-C stops after the step in progress and prints the table (and the plot) of the rows done.
  *
  * Owns: option parsing, the timing loop, the table (md/json/csv) and the gnuplot chart.
  */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +66,17 @@ typedef struct {
     int warmup;
     int membw_only;
     int default_prompt_lengths, default_depths; /* -p / -d not given: the sweep up to the model's length */
+    double max_seconds;  /* a default sweep stops before a row estimated to take longer (--max-seconds) */
 } bench_options;
+
+/* Ctrl-C: finish the step in progress, then print what was measured (a second Ctrl-C ends at once). */
+static atomic_int bench_interrupted;
+
+static void on_sigint(int sig)
+{
+    atomic_store(&bench_interrupted, 1);
+    signal(sig, SIG_DFL);
+}
 
 typedef struct {
     char test[32];
@@ -90,11 +106,15 @@ static void usage(FILE *f)
             "  -d LIST                context depths for decode (default 256,512,...,131072, while depth + N is\n"
             "                         at most max_position_embeddings)\n"
             "  -r N                   repetitions (default 3)\n"
+            "  --max-seconds S        a default sweep (no -p / -d) stops before a row estimated to take\n"
+            "                         longer than S seconds (default 60; the estimate is the last row's time\n"
+            "                         times the ratio of the lengths)\n"
             "  --backend cpu|cuda     (default cpu)\n"
             "  --precision P          fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                         cores; slower, agrees with cpu); the cpu backend is always exact\n"
             "  -o md|json|csv         output format (default md)\n"
-            "  --plot FILE.png        chart of tok/s against length (prefill and decode panels), via gnuplot\n"
+            "  --plot FILE.png        chart of tok/s against length (prefill and decode panels, the hardware\n"
+            "                         ceiling dashed), via gnuplot; FILE.svg writes SVG\n"
             "  --membw                only measure and print the device's bandwidth and matmul rate\n"
             "  -t, --threads N        " CLI_THREADS_HELP "\n"
             "  --ctx-size N           session context size (default: the largest length the sweep needs)\n"
@@ -103,7 +123,8 @@ static void usage(FILE *f)
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
             "Lists take commas and k suffixes: -p 512,4k,32k. A length past the model's max_position_embeddings\n"
-            "is measured, with a warning on stderr.\n");
+            "is measured, with a warning on stderr. Rows are printed as they finish (md, csv); Ctrl-C stops\n"
+            "after the current step and prints the rows (and the plot) measured so far.\n");
 }
 
 static int parse_int(const char *s, long min, long max, int *out)
@@ -303,6 +324,8 @@ static lily_status append_with_progress(lily_session *s, const int32_t *tokens, 
                                         int reps, lily_error *err)
 {
     for (int done = 0; done < n;) {
+        if (atomic_load(&bench_interrupted))
+            return lily_error_set(err, LILY_ERR_CANCELLED, "interrupted");
         int m = n - done < PROGRESS_SLICE ? n - done : PROGRESS_SLICE;
         if (n > PROGRESS_SLICE)
             progress("bench: %s  rep %d/%d  %d/%d tokens", what, rep, reps, done, n);
@@ -370,6 +393,8 @@ static lily_status bench_decode(lily_session *base, lily_session *work, int dept
         }
         double t0 = lily_wall_seconds();
         for (int i = 0; i < n; i++) {
+            if (atomic_load(&bench_interrupted))
+                return lily_error_set(err, LILY_ERR_CANCELLED, "interrupted");
             if (i % 16 == 0)
                 progress("bench: tg%d @ d%d  rep %d/%d  token %d", n, depth, r + 1, reps, i);
             if ((st = lily_session_append(work, tokens + i, 1, NULL, err)) != LILY_OK)
@@ -400,7 +425,7 @@ static const char *precision_name(const bench_options *o)
     return o->exact || !strcmp(o->backend, "cpu") ? "exact" : "fast";
 }
 
-static void print_md(const bench_header *h, const bench_options *o, int top_k, const bench_row *rows, int n_rows)
+static void print_md_head(const bench_header *h, const bench_options *o)
 {
     printf("## lily bench — %s\n\n", h->date);
     printf("- machine: %s\n- backend: %s%s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
@@ -408,13 +433,14 @@ static void print_md(const bench_header *h, const bench_options *o, int top_k, c
            h->machine, o->backend, !strcmp(precision_name(o), "exact") ? " (precision exact)" : "", h->threads,
            h->model, h->shape, h->quantization,
            h->build, h->limits, o->reps);
-    if (h->memory[0])
-        printf("- device memory: %s\n", h->memory);
     printf("\n");
     printf("| test | length | tok/s | ± | cost/token | floor tok/s | %% of floor |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|\n");
-    for (int i = 0; i < n_rows; i++) {
-        const bench_row *r = &rows[i];
+}
+
+static void print_md_row(const bench_row *r)
+{
+    {
         char cost[32], floor[32], frac[32];
         format_si(cost, sizeof cost, r->cost, r->is_decode ? "B" : "FLOP");
         if (r->floor > 0) {
@@ -426,18 +452,27 @@ static void print_md(const bench_header *h, const bench_options *o, int top_k, c
         }
         printf("| %s | %d | %.2f | %.2f | %s | %s | %s |\n", r->test, r->length, r->mean, r->stddev, cost, floor, frac);
     }
+}
+
+static void print_md_tail(const bench_header *h, int top_k)
+{
+    if (h->memory[0])
+        printf("\n- device memory: %s\n", h->memory);
     printf("\ncost/token: prefill = FLOPs per prompt token (matmuls + causal attention + delta rule + one LM head "
            "per prompt); decode = bytes per token (active weights with top-%d experts + KV cache at the mean depth + "
            "recurrent state read and write). Decode contexts are filled by prefilling random tokens.\n",
            top_k);
 }
 
-static void print_csv(const bench_header *h, const bench_options *o, const bench_row *rows, int n_rows)
+static void print_csv_head(void)
 {
     printf("test,kind,length,n_tokens,tok_s,stddev,cost_per_token,floor_tok_s,fraction_of_floor,backend,precision,model,"
            "date\n");
-    for (int i = 0; i < n_rows; i++) {
-        const bench_row *r = &rows[i];
+}
+
+static void print_csv_row(const bench_header *h, const bench_options *o, const bench_row *r)
+{
+    {
         printf("%s,%s,%d,%d,%.4f,%.4f,%.6g,%.4f,%.5f,%s,%s,\"%s\",%s\n", r->test, r->is_decode ? "decode" : "prefill",
                r->length, r->n_tokens, r->mean, r->stddev, r->cost, r->floor, r->floor > 0 ? r->mean / r->floor : 0.0,
                o->backend, precision_name(o), h->model, h->date);
@@ -493,14 +528,17 @@ static void print_json(const bench_header *h, const bench_options *o, const lily
     json_decref(root);
 }
 
-/* gnuplot: two panels (prefill, decode), tok/s against length on a log2 axis, with the floor dashed. */
+/* gnuplot: two panels (prefill, decode), tok/s against length on a log2 axis, with the hardware ceiling (the
+ * tok/s the measured matmul rate or bandwidth allows: the "floor tok/s" column) dashed. */
 static int plot(const char *path, const bench_header *h, const bench_options *o, const bench_row *rows, int n_rows)
 {
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fprintf(stderr, "lily bench: --plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)\n");
         return 1;
     }
-    const char *term = system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0 ? "pngcairo" : "png";
+    size_t plen = strlen(path);
+    bool svg = plen >= 4 && !strcmp(path + plen - 4, ".svg");
+    const char *term = svg ? "svg" : system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0 ? "pngcairo" : "png";
     char data_path[] = "/tmp/lily-bench-XXXXXX";
     int fd = mkstemp(data_path);
     if (fd < 0) {
@@ -538,12 +576,12 @@ static int plot(const char *path, const bench_header *h, const bench_options *o,
                "set logscale y 10\n");
     fprintf(g, "set title 'prefill (prompt length)'\n"
                "plot '%s' index 0 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
-               "'' index 0 using 1:4 with lines dt 2 title 'hardware floor'\n",
+               "'' index 0 using 1:4 with lines dt 2 title 'hardware ceiling (measured matmul rate)'\n",
             data_path);
     fprintf(g, "set xlabel 'context depth (tokens; 0 drawn at 1)'\n");
     fprintf(g, "set title 'decode (%d tokens at context depth)'\n"
                "plot '%s' index 1 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
-               "'' index 1 using 1:4 with lines dt 2 title 'hardware floor'\n",
+               "'' index 1 using 1:4 with lines dt 2 title 'hardware ceiling (measured memory bandwidth)'\n",
             o->n_decode, data_path);
     fprintf(g, "unset multiplot\n");
     fclose(g);
@@ -569,6 +607,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
     o->output = "md";
     o->n_decode = 128;
     o->reps = 3;
+    o->max_seconds = 60;
     o->seed = 1;
     o->warmup = 1;
     o->default_prompt_lengths = o->default_depths = 1; /* filled by default_sweep once the model is known */
@@ -588,7 +627,8 @@ static int parse_args(int argc, char **argv, bench_options *o)
         static const cli_value_option opts[] = {
             {"--model", "-m"}, {"--synthetic", NULL}, {"-p", NULL}, {"-d", NULL}, {"-n", NULL}, {"-r", NULL},
             {"--backend", NULL}, {"--precision", NULL}, {"-o", NULL}, {"--plot", NULL}, {"--threads", "-t"},
-            {"--ctx-size", "-c"}, {"--prefill-chunk", NULL}, {"--device", NULL}, {"--seed", NULL}};
+            {"--ctx-size", "-c"}, {"--prefill-chunk", NULL}, {"--device", NULL}, {"--seed", NULL},
+            {"--max-seconds", NULL}};
         const char *val = NULL;
         int r = cli_match_option("bench", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &a, &val);
         if (r < 0)
@@ -611,6 +651,10 @@ static int parse_args(int argc, char **argv, bench_options *o)
             bad = parse_int(val, 0, 1 << 20, &o->n_decode);
         } else if (!strcmp(a, "-r")) {
             bad = parse_int(val, 1, 1000, &o->reps);
+        } else if (!strcmp(a, "--max-seconds")) {
+            int secs;
+            bad = parse_int(val, 1, 1 << 30, &secs);
+            o->max_seconds = secs;
         } else if (!strcmp(a, "--backend")) {
             if (cli_check_backend("bench", val))
                 return 2;
@@ -705,6 +749,33 @@ static int run_membw(const bench_options *o)
     return 0;
 }
 
+/* One finished row, printed at once (md, csv; json is printed whole at the end). */
+static void emit_row(const bench_header *h, const bench_options *o, const bench_row *r)
+{
+    if (isatty(STDERR_FILENO))
+        fputs("\r\033[K", stderr); /* the progress line */
+    if (!strcmp(o->output, "md"))
+        print_md_row(r);
+    else if (!strcmp(o->output, "csv"))
+        print_csv_row(h, o, r);
+    else
+        progress("bench: %s  %.2f ± %.2f tok/s", r->test, r->mean, r->stddev);
+    fflush(stdout);
+}
+
+/* Whether a default sweep stops after the row of length `done` (it took `seconds`) instead of measuring
+ * `next`: its time is estimated as seconds * next / done (cost grows at least linearly with length). */
+static bool sweep_stops(const char *what, int done, int next, double seconds, double max_seconds)
+{
+    double estimate = seconds * (double)next / done;
+    if (estimate <= max_seconds)
+        return false;
+    fprintf(stderr, "lily bench: the default %s sweep stops at %d: %d would take about %.0f s (over --max-seconds "
+                    "%.0f; list the lengths with -p / -d to measure them anyway)\n", what, done, next, estimate,
+            max_seconds);
+    return true;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     bench_options o;
@@ -786,10 +857,22 @@ int cmd_bench(int argc, char **argv)
             if (lily_session_append(s, tokens + n + i, 1, NULL, &err) != LILY_OK)
                 goto fail;
     }
-    for (int i = 0; i < o.n_prompt_lengths; i++) {
+    bool md = !strcmp(o.output, "md"), csv = !strcmp(o.output, "csv");
+    if (md)
+        print_md_head(&h, &o);
+    else if (csv)
+        print_csv_head();
+    fflush(stdout);
+    struct sigaction sa = {0}, old_sa;
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_sa);
+    lily_status st = LILY_OK;
+    for (int i = 0; st == LILY_OK && i < o.n_prompt_lengths; i++) {
         int p = o.prompt_lengths[i];
-        if (bench_prefill(s, p, o.reps, &rng, tokens, tps, &err) != LILY_OK)
-            goto fail;
+        double t0 = lily_wall_seconds();
+        if ((st = bench_prefill(s, p, o.reps, &rng, tokens, tps, &err)) != LILY_OK)
+            break;
         bench_row *r = &rows[n_rows++];
         snprintf(r->test, sizeof r->test, "pp%d", p);
         r->length = p;
@@ -797,12 +880,16 @@ int cmd_bench(int argc, char **argv)
         stats(tps, o.reps, &r->mean, &r->stddev);
         r->cost = lily_cost_prefill_flops_per_token(&cm, p);
         r->floor = have_hw && hw.matmul_flops_per_s > 0 ? hw.matmul_flops_per_s / r->cost : 0;
-        progress("bench: pp%d  %.2f ± %.2f tok/s", p, r->mean, r->stddev);
+        emit_row(&h, &o, r);
+        if (o.default_prompt_lengths && i + 1 < o.n_prompt_lengths &&
+            sweep_stops("pp", p, o.prompt_lengths[i + 1], lily_wall_seconds() - t0, o.max_seconds))
+            break;
     }
-    for (int i = 0; o.n_decode > 0 && i < o.n_depths; i++) {
+    for (int i = 0; st == LILY_OK && o.n_decode > 0 && i < o.n_depths; i++) {
         int d = o.depths[i];
-        if (bench_decode(s, work, d, o.n_decode, o.reps, &rng, tokens, tps, &err) != LILY_OK)
-            goto fail;
+        double t0 = lily_wall_seconds();
+        if ((st = bench_decode(s, work, d, o.n_decode, o.reps, &rng, tokens, tps, &err)) != LILY_OK)
+            break;
         bench_row *r = &rows[n_rows++];
         snprintf(r->test, sizeof r->test, "tg%d @ d%d", o.n_decode, d);
         r->is_decode = 1;
@@ -811,10 +898,20 @@ int cmd_bench(int argc, char **argv)
         stats(tps, o.reps, &r->mean, &r->stddev);
         r->cost = lily_cost_decode_bytes(&cm, d + o.n_decode / 2);
         r->floor = have_hw && hw.bandwidth > 0 ? hw.bandwidth / r->cost : 0;
-        progress("bench: tg%d @ d%d  %.2f ± %.2f tok/s", o.n_decode, d, r->mean, r->stddev);
+        emit_row(&h, &o, r);
+        if (o.default_depths && i + 1 < o.n_depths &&
+            sweep_stops("tg @ d", d > 0 ? d : 1, o.depths[i + 1], lily_wall_seconds() - t0, o.max_seconds))
+            break;
     }
+    sigaction(SIGINT, &old_sa, NULL);
     if (isatty(STDERR_FILENO))
         fputs("\r\033[K", stderr);
+    bool interrupted = st == LILY_ERR_CANCELLED && atomic_load(&bench_interrupted);
+    if (st != LILY_OK && !interrupted)
+        goto fail;
+    if (interrupted)
+        fprintf(stderr, "lily bench: interrupted (Ctrl-C); the %d row%s measured so far:\n", n_rows,
+                n_rows == 1 ? "" : "s");
     if (!strcmp(o.backend, "cuda")) { /* everything is allocated up front, so this is the peak */
         size_t used = 0, total = 0;
         lily_error merr = {0};
@@ -825,12 +922,12 @@ int cmd_bench(int argc, char **argv)
 
     if (!strcmp(o.output, "json"))
         print_json(&h, &o, &hw, have_hw, rows, n_rows);
-    else if (!strcmp(o.output, "csv"))
-        print_csv(&h, &o, rows, n_rows);
-    else
-        print_md(&h, &o, c->n_experts_used, rows, n_rows);
+    else if (md)
+        print_md_tail(&h, c->n_experts_used);
     fflush(stdout);
     rc = o.plot ? plot(o.plot, &h, &o, rows, n_rows) : 0;
+    if (interrupted)
+        rc = 128 + SIGINT;
     goto done;
 fail:
     fprintf(stderr, "\nlily bench: %s\n", err.message);

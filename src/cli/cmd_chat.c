@@ -12,9 +12,11 @@
  * stderr gets, per turn, the prompt's tokens reused (from the live session, a checkpoint, or none) /
  * prefilled and the prefill and decode speed.
  *
- * Commands: /reset (forget the conversation), /think on|off, /quit (or end of input), /help.
- * Ctrl-C during a reply stops the reply (what was generated stays in the history); Ctrl-C at the
- * prompt exits. Lines are read with fgets: no line editing beyond the terminal's own.
+ * Commands: /reset (forget the conversation), /think on|off, /save FILE (the conversation as OpenAI
+ * messages JSON), /quit (or end of input), /help. Ctrl-C during a reply stops the reply (what was
+ * generated stays in the history); Ctrl-C at the prompt exits. Messages are read by line_input.h: line
+ * editing and history on a terminal (libedit), multi-line messages with a trailing backslash or a
+ * triple-quote block.
  */
 #include <signal.h>
 #include <stdatomic.h>
@@ -24,6 +26,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "line_input.h"
 #include "base/clock.h"
 #include "runtime/prefix_cache.h"
 #include "text/chat_template.h"
@@ -59,44 +62,16 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: lily chat [-m DIR] [options]\n\n"
                "A multi-turn chat. Each turn prefills only the tokens the session does not hold yet.\n"
-               "Commands: /reset  /think on|off  /quit (or Ctrl-D)  /help\n"
+               "Commands: /reset  /think on|off  /save FILE  /quit (or Ctrl-D)  /help\n"
+               "Arrow keys edit the line and recall earlier messages; a line ending in \\ continues the\n"
+               "message on the next line, and a line of three double quotes opens a block that runs to the\n"
+               "next such line.\n"
                "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n"
                "  --cache-ram MIB        host memory for checkpoints of the session state (default 4096)\n"
                "  --cache-vram MIB       GPU memory for checkpoints (default 2048 with --backend cuda, else 0)\n"
                "  --checkpoint-every N   also checkpoint every N tokens of a long prefill (default 4096;\n"
                "                         0 = never)\n");
     cli_gen_options_usage(f);
-}
-
-/* One line of stdin without its line ending, malloc'd; NULL at end of input or out of memory. */
-static char *read_line(void)
-{
-    size_t cap = 1024, len = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        return NULL;
-    for (;;) {
-        if (!fgets(buf + len, (int)(cap - len), stdin)) {
-            if (len > 0 && feof(stdin))
-                break; /* a last line without a newline */
-            free(buf);
-            return NULL;
-        }
-        len += strlen(buf + len);
-        if (len > 0 && buf[len - 1] == '\n')
-            break;
-        if (len + 1 == cap) {
-            char *grown = realloc(buf, cap *= 2);
-            if (!grown) {
-                free(buf);
-                return NULL;
-            }
-            buf = grown;
-        }
-    }
-    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-        buf[--len] = 0;
-    return buf;
 }
 
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
@@ -331,16 +306,12 @@ int cmd_chat(int argc, char **argv)
     reset_conversation(&c);
     const bool interactive = isatty(fileno(stdin));
     if (interactive)
-        fprintf(stderr, "lily chat: %s, context %d tokens, thinking %s. /help lists the commands.\n", m.model_dir,
-                c.s->max_ctx, c.think ? "on" : "off");
+        fprintf(stderr, "lily chat: %s, context %d tokens, thinking %s. /help lists the commands; \"\"\" "
+                        "starts a multi-line message.\n", m.model_dir, c.s->max_ctx, c.think ? "on" : "off");
     install_sigint();
     rc = 0;
     for (;;) {
-        if (interactive) {
-            fputs("> ", stdout);
-            fflush(stdout);
-        }
-        char *line = read_line();
+        char *line = line_input_read("> ", interactive);
         if (!line) {
             if (interactive)
                 fputc('\n', stdout);
@@ -362,9 +333,17 @@ int cmd_chat(int argc, char **argv)
                 fprintf(stderr, "[thinking %s]\n", c.think ? "on" : "off");
             } else if (!strcmp(line, "/think")) {
                 fprintf(stderr, "[thinking is %s; /think on|off]\n", c.think ? "on" : "off");
+            } else if (!strncmp(line, "/save ", 6) && line[6]) {
+                if (json_dump_file(c.messages, line + 6, JSON_INDENT(2)) == 0)
+                    fprintf(stderr, "[conversation saved to %s]\n", line + 6);
+                else
+                    fprintf(stderr, "[cannot write %s]\n", line + 6);
             } else if (!strcmp(line, "/help")) {
                 fprintf(stderr, "/reset  forget the conversation\n/think on|off  thinking for the next replies\n"
-                                "/quit  leave (or Ctrl-D)\nCtrl-C stops a reply in progress; at the prompt it exits.\n");
+                                "/save FILE  write the conversation as OpenAI messages (JSON)\n"
+                                "/quit  leave (or Ctrl-D)\nCtrl-C stops a reply in progress; at the prompt it exits.\n"
+                                "A line ending in \\ continues the message; \"\"\" on a line opens and closes a "
+                                "multi-line block.\n");
             } else {
                 fprintf(stderr, "unknown command %s (/help lists them)\n", line);
             }

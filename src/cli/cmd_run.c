@@ -1,6 +1,6 @@
 /* cmd_run.c — `lily run`: one prompt in, the reply streamed to stdout, speed on stderr.
  *
- *   lily run [-m DIR] -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
+ *   lily run [-m DIR] (-p PROMPT | -p - | -f FILE) [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
  *            [--no-think] [--raw] [--hide-reasoning] [--system TEXT] [--ctx-size N]
  *            [--backend cpu|cuda] [--precision fast|exact] [--threads N] [--prefill-chunk N] [--show-ids]
  *            [--host-sampler] [--verbose]
@@ -8,8 +8,10 @@
  * The prompt is rendered as one user message (after an optional system message) with the chat
  * template, thinking on unless --no-think; --raw encodes the prompt text as it is (special tokens
  * written in it recognized) and prints the continuation verbatim. Generation stops at the model's stop
- * ids (config.json, generation_config.json, the tokenizer's <|im_end|> / <|endoftext|>), -n tokens, a
- * full context, or Ctrl-C (exit status 130 then). stderr gets the token counts and prefill / decode tok/s
+ * ids (config.json, generation_config.json, the tokenizer's <|im_end|> / <|endoftext|>), -n tokens (by
+ * default generation_config.json's max_new_tokens when it has one), a full context, or Ctrl-C (exit
+ * status 130 then). `-p -` reads the prompt from stdin, `-f FILE` from a file (one trailing newline dropped
+ * unless --raw). stderr gets the token counts and prefill / decode tok/s
  * at the end.
  */
 #include <signal.h>
@@ -31,10 +33,14 @@ static void on_sigint(int sig)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: lily run [-m DIR] -p PROMPT [options]\n\n"
-               "Generates a reply to one prompt and streams it to stdout; speed goes to stderr.\n"
+    fprintf(f, "usage: lily run [-m DIR] (-p PROMPT | -p - | -f FILE) [options]\n\n"
+               "Generates a reply to one prompt and streams it to stdout; speed goes to stderr. The reasoning\n"
+               "is printed dimmed on a terminal and between <think> and </think> lines otherwise\n"
+               "(--hide-reasoning drops it). Without -n a reply stops at the model's max_new_tokens\n"
+               "(generation_config.json) when it sets one, else at a stop token or the full context.\n"
                "Ctrl-C stops the reply (the speed line still printed) and exits with status 130.\n"
-               "  -p, --prompt TEXT      the user's message (with --raw: the whole prompt text)\n"
+               "  -p, --prompt TEXT      the user's message (with --raw: the whole prompt text); - reads stdin\n"
+               "  -f, --file FILE        read the prompt from FILE (one trailing newline dropped unless --raw)\n"
                "      --raw              no chat template: encode the prompt as is, print the continuation verbatim\n"
                "      --show-ids         print the prompt's and the reply's token ids on stderr\n");
     cli_gen_options_usage(f);
@@ -94,11 +100,14 @@ static char *render_prompt(const cli_gen_options *o, const char *prompt)
     return text;
 }
 
+static int run_prompt(cli_gen_options *po, const char *prompt, bool raw, bool show_ids);
+
 int cmd_run(int argc, char **argv)
 {
     cli_gen_options o;
     cli_gen_options_init(&o);
-    const char *prompt = NULL;
+    const char *prompt = NULL, *prompt_file = NULL;
+    char *prompt_owned = NULL;
     bool raw = false, show_ids = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -126,6 +135,18 @@ int cmd_run(int argc, char **argv)
             prompt = a + 9;
             continue;
         }
+        if (!strncmp(a, "--file=", 7)) {
+            prompt_file = a + 7;
+            continue;
+        }
+        if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "lily run: %s needs a value\n", a);
+                return 2;
+            }
+            prompt_file = argv[++i];
+            continue;
+        }
         int r = cli_gen_option("run", argc, argv, &i, &o);
         if (r < 0)
             return 2;
@@ -135,11 +156,34 @@ int cmd_run(int argc, char **argv)
             return 2;
         }
     }
-    if (!prompt) {
-        fprintf(stderr, "lily run: -p PROMPT is required\n\n");
+    if (prompt && prompt_file) {
+        fprintf(stderr, "lily run: give the prompt once: -p or -f, not both\n\n");
         usage(stderr);
         return 2;
     }
+    if (!prompt && !prompt_file) {
+        fprintf(stderr, "lily run: -p PROMPT (or -p - for stdin, or -f FILE) is required\n\n");
+        usage(stderr);
+        return 2;
+    }
+    if (prompt && !strcmp(prompt, "-"))
+        prompt_file = "-";
+    if (prompt_file) {
+        if (!(prompt_owned = cli_read_prompt("run", prompt_file)))
+            return 1;
+        size_t pl = strlen(prompt_owned);
+        if (!raw && pl > 0 && prompt_owned[pl - 1] == '\n')
+            prompt_owned[--pl] = 0;
+        prompt = prompt_owned;
+    }
+    int rc = run_prompt(&o, prompt, raw, show_ids);
+    free(prompt_owned);
+    return rc;
+}
+
+static int run_prompt(cli_gen_options *po, const char *prompt, bool raw, bool show_ids)
+{
+    cli_gen_options o = *po;
     if (cli_check_utf8("run", "the prompt", prompt))
         return 2;
 

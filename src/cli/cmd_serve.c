@@ -56,7 +56,30 @@ static void usage(FILE *f)
             "  --cache-vram MIB     GPU memory for prefix-cache checkpoints, allocated once at start;\n"
             "                       what does not fit goes to --cache-ram (default 2048 with --backend\n"
             "                       cuda, 0 = none)\n"
-            "  --checkpoint-every N also checkpoint every N tokens of a long prefill (default 4096; 0 = never)\n");
+            "  --checkpoint-every N also checkpoint every N tokens of a long prefill (default 4096; 0 = never)\n"
+            "\n"
+            "Defaults for what a request leaves out (a request's own field wins):\n"
+            "  --temp T, --top-p P, --top-k K, --min-p P\n"
+            "                       sampling (default: the model's generation_config.json)\n"
+            "  -n, --max-tokens N   reply length cap (default: chat none, completions 16 as OpenAI)\n"
+            "  --no-think           thinking off (same as --reasoning off)\n"
+            "  --reasoning on|off   thinking on or off (default on, the chat template's default);\n"
+            "                       a request's chat_template_kwargs.enable_thinking or reasoning_effort wins\n"
+            "  --reasoning-budget N at most N tokens of reasoning: then lily closes the think block itself\n"
+            "                       and the answer follows (default: no limit; 0 = close it at once)\n");
+}
+
+/* The sampling and length options serve shares with run and chat (parsed by cli_gen_option). */
+static bool is_shared_option(const char *a)
+{
+    static const char *const names[] = {"--temp", "--temperature", "--top-p", "--top-k", "--min-p", "--max-tokens",
+                                        "-n", "--no-think"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        size_t n = strlen(names[k]);
+        if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '='))
+            return true;
+    }
+    return false;
 }
 
 /* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL).
@@ -116,16 +139,25 @@ int cmd_serve(int argc, char **argv)
     long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
     bool exact = false;
+    cli_gen_options go;
+    cli_gen_options_init(&go);
+    lily_request_defaults rd = lily_request_defaults_none();
     static const cli_value_option opts[] = {
         {"--model", "-m"}, {"--host", NULL}, {"--api-key", NULL}, {"--backend", NULL}, {"--precision", NULL},
         {"--alias", NULL}, {"--port", NULL}, {"--ctx-size", "-c"}, {"--queue", NULL}, {"--max-body", NULL},
         {"--threads", "-t"}, {"--cache-ram", NULL}, {"--cache-vram", NULL}, {"--checkpoint-every", NULL},
-        {"--api-key-file", NULL}, {"--cors-origin", NULL}, {"--idle-timeout", NULL}, {"--max-connections", NULL}};
+        {"--api-key-file", NULL}, {"--cors-origin", NULL}, {"--idle-timeout", NULL}, {"--max-connections", NULL},
+        {"--reasoning", NULL}, {"--reasoning-budget", NULL}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (is_shared_option(a)) {
+            if (cli_gen_option("serve", argc, argv, &i, &go) < 0)
+                return 2;
+            continue;
         }
         const char *n = NULL, *v = NULL;
         int r = cli_match_option("serve", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &n, &v);
@@ -171,6 +203,17 @@ int cmd_serve(int argc, char **argv)
             ok = cli_parse_int("serve", n, v, 1, 1L << 24, &cache_ram_mib) == 0;
         else if (!strcmp(n, "--cache-vram"))
             ok = cli_parse_int("serve", n, v, 0, 1L << 24, &cache_vram_mib) == 0;
+        else if (!strcmp(n, "--reasoning")) {
+            ok = !strcmp(v, "on") || !strcmp(v, "off");
+            if (ok)
+                rd.enable_thinking = !strcmp(v, "on");
+            else
+                fprintf(stderr, "lily serve: --reasoning expects on or off, got \"%s\"\n", v);
+        } else if (!strcmp(n, "--reasoning-budget")) {
+            long b;
+            ok = cli_parse_int("serve", n, v, -1, INT32_MAX, &b) == 0;
+            rd.reasoning_budget = (int)b;
+        }
         else /* --checkpoint-every */
             ok = cli_parse_int("serve", n, v, 0, 1L << 24, &checkpoint_every) == 0;
         if (!ok)
@@ -186,6 +229,18 @@ int cmd_serve(int argc, char **argv)
     char key_buf[1024];
     if (resolve_api_key(&api_key, api_key_file, key_buf, sizeof key_buf))
         return 2;
+    if (go.set_temp)
+        rd.temperature = go.sampling.temperature;
+    if (go.set_top_p)
+        rd.top_p = go.sampling.top_p;
+    if (go.set_top_k)
+        rd.top_k = go.sampling.top_k;
+    if (go.set_min_p)
+        rd.min_p = go.sampling.min_p;
+    if (go.max_tokens > 0)
+        rd.max_tokens = go.max_tokens;
+    if (go.no_think)
+        rd.enable_thinking = 0;
     if (!model_dir) {
         bool is_test_model;
         model_dir = cli_default_model("serve", &is_test_model);
@@ -212,7 +267,8 @@ int cmd_serve(int argc, char **argv)
                                .cache_vram_bytes = (size_t)(cache_vram_mib >= 0 ? cache_vram_mib
                                                             : !strcmp(backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB
                                                                                        : 0) << 20,
-                               .checkpoint_every = checkpoint_every > 0 ? (int)checkpoint_every : -1};
+                               .checkpoint_every = checkpoint_every > 0 ? (int)checkpoint_every : -1,
+                               .request_defaults = &rd};
     if (lily_service_new(&so, &svc, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);
         return 1;

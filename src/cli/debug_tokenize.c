@@ -1,4 +1,4 @@
-/* debug_tokenize.c — `lily debug tokenize --model DIR [--ids] [--no-special]`: stdin text -> token ids.
+/* debug_tokenize.c — `lily debug tokenize [--model DIR] [--ids] [--no-special]`: stdin text -> token ids.
  *
  * Reads all of stdin verbatim (a trailing newline is part of the text) and encodes it as HF `tokenizers`
  * does, recognizing special tokens written in the text. Needs only DIR/tokenizer.json (and
@@ -13,39 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "text/tokenizer.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: lily debug tokenize --model DIR [--ids] [--no-special]\n"
+    fprintf(f, "usage: lily debug tokenize [--model DIR] [--ids] [--no-special]\n"
                "  reads text on stdin and prints its token ids\n"
                "  --ids         only the ids, space-separated\n"
                "  --no-special  encode special tokens written in the text as plain text\n");
-}
-
-static char *read_all(FILE *f, size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) {
-            if (ferror(f)) {
-                free(buf);
-                return NULL;
-            }
-            break;
-        }
-        char *p = realloc(buf, cap * 2);
-        if (!p)
-            free(buf);
-        buf = p;
-        cap *= 2;
-    }
-    *len = n;
-    return buf;
 }
 
 static void print_escaped(const char *s, size_t n)
@@ -100,10 +77,9 @@ int debug_tokenize(int argc, char **argv)
             return 2;
         }
     }
-    if (!model) {
-        fprintf(stderr, "lily debug tokenize: --model DIR is required\n");
-        usage(stderr);
-        return 2;
+    if (!model) { /* as every command: $LILY_MODEL, else the bundled model, else the test model */
+        bool is_test_model;
+        model = cli_default_model("debug tokenize", &is_test_model);
     }
     lily_error err = {0};
     lily_tokenizer *tok;
@@ -112,7 +88,7 @@ int debug_tokenize(int argc, char **argv)
         return 1;
     }
     size_t len;
-    char *text = read_all(stdin, &len);
+    char *text = cli_read_all(stdin, &len);
     if (!text) {
         fprintf(stderr, "lily debug tokenize: cannot read stdin\n");
         lily_tokenizer_free(tok);

@@ -31,8 +31,14 @@ const char *cli_default_model(const char *cmd, bool *is_test_model)
         return path;
     }
     snprintf(path, sizeof path, "%s/tests/data/tiny-chat", LILY_SOURCE_DIR);
+    if (!is_dir(path)) {
+        fprintf(stderr, "lily %s: no -m given, $LILY_MODEL is not set, and neither the bundled model "
+                        "(models/%s) nor the test model (tests/data/tiny-chat) is under %s: pass -m DIR\n",
+                cmd, LILY_DEFAULT_MODEL_NAME, LILY_SOURCE_DIR);
+        return path;
+    }
     *is_test_model = true;
     fprintf(stderr, "lily %s: no -m given and no bundled model; using the test model %s (random weights: "
-                    "its output is noise, so replies stop at 128 tokens unless -n is given)\n", cmd, path);
+                    "its output is noise; replies stop at 128 tokens unless -n is given)\n", cmd, path);
     return path;
 }

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "cli_common.h"
+#include "model/gguf_check.h"
 #include "text/chat_template.h"
 
 void cli_gen_options_init(cli_gen_options *o)
@@ -230,7 +231,9 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
 }
 
 /* Sampling defaults for options not given: generation_config.json's temperature / top_p / top_k /
- * min_p (do_sample false means greedy), else Qwen's recommended thinking-mode settings. */
+ * min_p (do_sample false means greedy), else Qwen's recommended thinking-mode settings. Without -n, its
+ * max_new_tokens (as transformers' generate() reads it) caps the reply: a model that was never trained to
+ * emit a stop token (the bundled and the test model) sets it, others run to a stop id or a full context. */
 static void sampling_defaults(const char *dir, cli_gen_options *o)
 {
     float temp = 0.6f, top_p = 0.95f, min_p = 0.0f;
@@ -250,6 +253,9 @@ static void sampling_defaults(const char *dir, cli_gen_options *o)
             min_p = (float)json_number_value(v);
         if (json_is_false(json_object_get(g, "do_sample")))
             temp = 0;
+        if (o->max_tokens == 0 && json_is_integer(v = json_object_get(g, "max_new_tokens")) &&
+            json_integer_value(v) > 0 && json_integer_value(v) <= INT32_MAX)
+            o->max_tokens = (int)json_integer_value(v);
     }
     json_decref(g);
     if (!o->set_temp)
@@ -282,9 +288,12 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
     memset(m, 0, sizeof *m);
     bool test_model = false;
     const char *dir = o->model_dir ? o->model_dir : cli_default_model(cmd, &test_model);
-    if (test_model && o->max_tokens == 0)
-        o->max_tokens = 128; /* noise until the context is full otherwise */
     m->model_dir = dir;
+    lily_error gerr;
+    if (lily_check_not_gguf(dir, &gerr) != LILY_OK) {
+        fprintf(stderr, "lily %s: %s\n", cmd, gerr.message);
+        return 1;
+    }
     struct stat sb;
     if (stat(dir, &sb) != 0) {
         fprintf(stderr, "lily %s: model directory %s: %s\n", cmd, dir, strerror(errno));

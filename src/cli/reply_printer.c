@@ -1,6 +1,6 @@
 /* reply_printer.c — prints a reply as it streams (cli_common.h): raw text verbatim, or split by the
- * output parser into reasoning (ANSI faint on a terminal, or hidden), content, and tool calls written
- * as "[tool call] NAME {arguments}". */
+ * output parser into reasoning (ANSI faint on a terminal; between "<think>" and "</think>" lines when the
+ * output is a pipe or a file; or hidden), content, and tool calls written as "[tool call] NAME {arguments}". */
 #include <string.h>
 #include <unistd.h>
 
@@ -21,8 +21,15 @@ static void put(cli_printer *p, const char *text, size_t len)
 
 static void end_reasoning(cli_printer *p)
 {
-    if (p->state == PRINTED_REASONING && p->tty)
+    if (p->state != PRINTED_REASONING)
+        return;
+    if (p->tty) {
         fputs(ANSI_RESET, p->out);
+        return;
+    }
+    if (!p->at_line_start)
+        put(p, "\n", 1);
+    put(p, "</think>\n", 9);
 }
 
 static void on_event(void *user, const lily_output_event *ev)
@@ -37,6 +44,8 @@ static void on_event(void *user, const lily_output_event *ev)
                 put(p, "\n", 1);
             if (p->tty)
                 fputs(ANSI_FAINT, p->out);
+            else
+                put(p, "<think>\n", 8);
             p->state = PRINTED_REASONING;
         }
         put(p, ev->text, ev->len);
@@ -45,8 +54,9 @@ static void on_event(void *user, const lily_output_event *ev)
         if (ev->len == 0)
             return;
         if (p->state == PRINTED_REASONING) {
+            bool was_at_line_start = p->at_line_start;
             end_reasoning(p);
-            put(p, p->at_line_start ? "\n" : "\n\n", p->at_line_start ? 1 : 2);
+            put(p, was_at_line_start || !p->tty ? "\n" : "\n\n", was_at_line_start || !p->tty ? 1 : 2);
         }
         p->state = PRINTED_CONTENT;
         put(p, ev->text, ev->len);

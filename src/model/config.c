@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "model/gguf_check.h"
 
 int lily_config_n_full_attention_layers(const lily_config *c)
 {
@@ -414,6 +415,9 @@ lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cf
 
 lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err)
 {
+    lily_status gst = lily_check_not_gguf(model_dir, err);
+    if (gst != LILY_OK)
+        return gst;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     char *text;

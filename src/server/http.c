@@ -27,6 +27,7 @@
 #include "base/base.h"
 #include "server/anthropic.h"
 #include "server/openai.h"
+#include "server/webui.h"
 
 /* GET /metrics status labels: one per status_class */
 static const char *const status_labels[] = {"2xx", "400", "401", "403", "404_405", "413", "415", "4xx", "499", "503",
@@ -291,7 +292,8 @@ static bool path_is(const char *path, const char *want)
 }
 
 typedef enum {
-    R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS
+    R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES,
+    R_COUNT_TOKENS, R_WEBUI
 } route_id;
 
 static route_id route_of(const char *path, const char **allow)
@@ -306,7 +308,12 @@ static route_id route_of(const char *path, const char **allow)
         {"/v1/health", R_HEALTH, "GET"},         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},   {"/metrics", R_METRICS, "GET"},
         {"/v1/messages", R_MESSAGES, "POST"},    {"/v1/messages/count_tokens", R_COUNT_TOKENS, "POST"},
+        {"/", R_WEBUI, "GET"},                   {"/index.html", R_WEBUI, "GET"},
     };
+    if (!strncmp(path, "/v1/models/", 11) || !strncmp(path, "/models/", 8)) { /* GET /v1/models/{id} */
+        *allow = "GET";
+        return R_MODEL;
+    }
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (path_is(path, routes[i].path)) {
             *allow = routes[i].method;
@@ -360,6 +367,35 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, request *r)
     return send_json(c, r, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
                                           r->srv->model_name, "object", "model", "created",
                                           (json_int_t)r->srv->started, "owned_by", "lily"));
+}
+
+static void printable_ascii(char *dst, size_t cap, const char *s);
+
+/* GET /v1/models/{id}: the model object when id is the served model's, else OpenAI's 404 model_not_found. */
+static enum MHD_Result handle_model(struct MHD_Connection *c, request *r, const char *url)
+{
+    const char *id = !strncmp(url, "/v1/", 4) ? url + 11 : url + 8; /* after "/v1/models/" or "/models/" */
+    if (strcmp(id, r->srv->model_name)) {
+        char msg[256], id_text[160];
+        printable_ascii(id_text, sizeof id_text, id);
+        snprintf(msg, sizeof msg, "The model '%s' does not exist (this server serves '%s').", id_text,
+                 r->srv->model_name);
+        return send_simple_error(c, r, 404, "invalid_request_error", "model_not_found", NULL, msg);
+    }
+    return send_json(c, r, 200, json_pack("{s:s, s:s, s:I, s:s}", "id", r->srv->model_name, "object", "model",
+                                          "created", (json_int_t)r->srv->started, "owned_by", "lily"));
+}
+
+/* GET /: the chat page (webui.h). */
+static enum MHD_Result handle_webui(struct MHD_Connection *c, request *r)
+{
+    size_t len;
+    const char *page = lily_webui_page(&len);
+    char *body = malloc(len ? len : 1);
+    if (!body)
+        return MHD_NO;
+    memcpy(body, page, len);
+    return send_body(c, r, 200, "text/html; charset=utf-8", body, len, NULL);
 }
 
 /* The index in status_labels. A 503 (queue full, model loading, shutting down) is not counted as a server
@@ -768,7 +804,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             snprintf(msg, sizeof msg, "Method %s is not allowed for %s; use %s.", method_text, url_text, allow);
             return send_simple_error(c, r, 405, "invalid_request_error", "method_not_allowed", allow, msg);
         }
-        if (id != R_HEALTH && !authorized(c, srv->api_key))
+        if (id != R_HEALTH && id != R_WEBUI && !authorized(c, srv->api_key)) /* the page asks for the key */
             return send_simple_error(c, r, 401, "invalid_request_error", "invalid_api_key", NULL,
                                      "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.");
         const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
@@ -832,6 +868,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     switch (id) {
     case R_HEALTH: return handle_health(c, r);
     case R_MODELS: return handle_models(c, r);
+    case R_MODEL: return handle_model(c, r, url);
+    case R_WEBUI: return handle_webui(c, r);
     case R_METRICS: return handle_metrics(c, r);
     case R_NONE: return MHD_NO; /* answered on the first call */
     default: return handle_post(c, r, id);

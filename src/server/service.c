@@ -47,14 +47,22 @@ struct lily_service {
     int vocab;
     int32_t stop_ids[MAX_STOP_IDS];
     int n_stop_ids;
-    lily_sampler_params defaults; /* generation_config.json's sampling fields over the sampler defaults */
-    float *scratch;           /* [vocab] masked logits */
+    lily_sampler_params defaults; /* generation_config.json's sampling fields over the sampler defaults, then
+                                     the server's (request_defaults) over those */
+    lily_request_defaults request_defaults;
     int32_t *think_close;     /* the reasoning budget's forced close (generate.h); NULL when the vocabulary has none */
     int n_think_close;
     int32_t think_end;
+    float *scratch;           /* [vocab] masked logits */
     lily_token_trie *trie;    /* the vocabulary for grammar masks, built on the first structured request */
     unsigned long long n_requests;
 };
+
+lily_request_defaults lily_request_defaults_none(void)
+{
+    return (lily_request_defaults){.temperature = NAN, .top_p = NAN, .min_p = NAN, .top_k = -1,
+                                   .enable_thinking = -1, .reasoning_budget = -1, .max_tokens = -1};
+}
 
 lily_status lily_service_new(const lily_service_options *opts, lily_service **out, lily_error *err)
 {
@@ -69,6 +77,7 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->ctx_size = opts->ctx_size;
     svc->exact = opts->exact;
     svc->cache_vram_bytes = opts->cache_vram_bytes;
+    svc->request_defaults = opts->request_defaults ? *opts->request_defaults : lily_request_defaults_none();
     if (!svc->model_dir || !svc->backend || !svc->model_name) {
         lily_service_free(svc);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
@@ -140,6 +149,20 @@ static void load_generation_defaults(lily_service *svc)
     json_decref(g);
 }
 
+/* The server's --temp, --top-p, --top-k and --min-p over generation_config.json's values. */
+static void apply_server_defaults(lily_service *svc)
+{
+    const lily_request_defaults *d = &svc->request_defaults;
+    if (!isnan(d->temperature))
+        svc->defaults.temperature = (float)d->temperature;
+    if (!isnan(d->top_p))
+        svc->defaults.top_p = (float)d->top_p;
+    if (!isnan(d->min_p))
+        svc->defaults.min_p = (float)d->min_p;
+    if (d->top_k >= 0)
+        svc->defaults.top_k = d->top_k;
+}
+
 lily_status lily_service_load(void *user, lily_error *err)
 {
     lily_service *svc = user;
@@ -179,9 +202,13 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->im_end = lily_tokenizer_token_id(svc->tok, "<|im_end|>");
     svc->think = lily_tokenizer_token_id(svc->tok, "<think>");
     load_generation_defaults(svc);
+    apply_server_defaults(svc);
     lily_error terr0; /* without "</think>" there is no reasoning budget (requests asking for one get none) */
-    if (lily_think_close_tokens(svc->tok, &svc->think_close, &svc->n_think_close, &svc->think_end, &terr0) != LILY_OK)
+    if (lily_think_close_tokens(svc->tok, &svc->think_close, &svc->n_think_close, &svc->think_end, &terr0) != LILY_OK) {
         svc->think_end = -1;
+        if (svc->request_defaults.reasoning_budget >= 0)
+            fprintf(stderr, "lily serve: warning: --reasoning-budget ignored: %s\n", terr0.message);
+    }
 
     lily_chat_template_match match;
     lily_error terr;
@@ -643,6 +670,13 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
     lily_error err = {0};
     lily_status st;
     *thinking = false;
+    if (req->enable_thinking < 0) /* the request did not say (nor reasoning_effort): the server's default */
+        req->enable_thinking = svc->request_defaults.enable_thinking;
+    if (req->reasoning_budget < 0) /* the request set none: the server's --reasoning-budget (decode_reply uses it) */
+        req->reasoning_budget = svc->request_defaults.reasoning_budget;
+    if (req->max_tokens < 0) /* as OpenAI, a completion without max_tokens is 16 tokens; a chat reply is not cut */
+        req->max_tokens = svc->request_defaults.max_tokens >= 0 ? svc->request_defaults.max_tokens
+                        : req->is_chat ? -1 : 16;
     if (req->is_chat) {
         char *prompt = NULL;
         size_t plen = 0;

@@ -14,6 +14,19 @@
 #include "lily.h"
 #include "server/scheduler.h"
 
+/* Server-side defaults for the fields a request leaves out (`lily serve --temp ...`); a request's own field
+ * always wins. */
+typedef struct {
+    double temperature, top_p, min_p; /* NAN: generation_config.json's value, else the sampler's default */
+    int top_k;                /* -1: the same */
+    int enable_thinking;      /* -1: the chat template's default (on); 0 off; 1 on */
+    int reasoning_budget;     /* -1: none; else the think-block tokens after which lily closes it (generate.h) */
+    int max_tokens;           /* -1: none (chat: until the context is full; completions: 16, as OpenAI) */
+} lily_request_defaults;
+
+/* No server-side defaults: every field unset. */
+lily_request_defaults lily_request_defaults_none(void);
+
 typedef struct {
     const char *model_dir;
     const char *backend;      /* "cpu" (default) or "cuda" */
@@ -24,6 +37,7 @@ typedef struct {
     size_t cache_ram_bytes;   /* prefix cache pool (runtime/prefix_cache.h); 0 = 4096 MiB */
     size_t cache_vram_bytes;  /* prefix cache device pool (CUDA backend); 0 = none */
     int checkpoint_every;     /* prefix cache checkpoint interval in tokens; 0 = 4096, < 0 = none */
+    const lily_request_defaults *request_defaults; /* NULL: none (lily_request_defaults_none) */
 } lily_service_options;
 
 typedef struct lily_service lily_service;

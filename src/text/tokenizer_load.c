@@ -14,6 +14,7 @@
 
 #include "base/base.h"
 #include "base/file.h"
+#include "model/gguf_check.h"
 #include "text/tokenizer_internal.h"
 
 /* GPT-2's pattern, used by a ByteLevel pre-tokenizer with use_regex = true (HF byte_level.rs). */
@@ -634,6 +635,9 @@ lily_status lily_tokenizer_load(const char *path, lily_tokenizer **out, lily_err
     *out = NULL;
     if (!path)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "tokenizer path is NULL");
+    lily_status gst = lily_check_not_gguf(path, err);
+    if (gst != LILY_OK)
+        return gst;
     struct stat sb;
     if (stat(path, &sb) != 0)
         return lily_error_set(err, LILY_ERR_TOKENIZER, "%s: cannot open (%s); expected a model directory holding tokenizer.json",

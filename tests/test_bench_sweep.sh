@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# test_bench_sweep.sh — `lily bench` on the CPU (tiny-chat model):
+#   - a default sweep stops before a row estimated over --max-seconds and says so (here 1 s, so it stops
+#     long before the model's 8192 positions);
+#   - md rows are printed as they finish, and Ctrl-C (SIGINT) after the first row prints the table and
+#     writes the plot of the rows so far, exiting 130;
+#   - the plot's dashed line is labelled as the hardware ceiling (SVG output, to read the legend).
+# usage: bash test_bench_sweep.sh <path-to-lily> <tests/data dir>
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
+M="$DATA/tiny-chat"
+if ! command -v gnuplot >/dev/null 2>&1; then
+    echo "SKIP test_bench_sweep: no gnuplot (make deps installs gnuplot-nox)"
+    finish
+    exit $?
+fi
+
+"$LILY" bench -m "$M" --max-seconds 1 -r 1 -n 4 --threads 1 --no-warmup > "$TMP/sweep.md" 2> "$TMP/sweep.err"
+rows=$(grep -c '^| pp' "$TMP/sweep.md" || true)
+expect "the default prefill sweep stops itself (says so; $rows rows, fewer than the 6 up to 8192)" \
+    bash -c "grep -q 'the default pp sweep stops at' '$TMP/sweep.err' && [ $rows -ge 1 ] && [ $rows -lt 6 ]"
+
+"$LILY" bench -m "$M" -p 64,128,256,512,1024,2048,4096,8192 -n 0 -r 20 --threads 1 --no-warmup \
+    --plot "$TMP/plot.svg" > "$TMP/int.md" 2> "$TMP/int.err" &
+pid=$!
+for _ in $(seq 3000); do # up to 300 s: sanitizer builds measure the hardware slowly
+    grep -q '^| pp64 ' "$TMP/int.md" 2>/dev/null && break
+    sleep 0.1
+done
+expect "the first row is printed while the sweep runs" grep -q '^| pp64 ' "$TMP/int.md"
+kill -INT $pid
+set +e
+wait $pid
+rc=$?
+set -e
+expect "Ctrl-C: exit status 130" [ "$rc" = 130 ]
+expect "Ctrl-C: says it was interrupted" grep -q 'interrupted (Ctrl-C)' "$TMP/int.err"
+expect "Ctrl-C: the table is closed with its notes" grep -q '^cost/token:' "$TMP/int.md"
+expect "Ctrl-C: the longest lengths were not measured" bash -c "! grep -q '^| pp8192 ' '$TMP/int.md'"
+expect "Ctrl-C: the plot of the rows so far is written" [ -s "$TMP/plot.svg" ]
+expect "the plot's dashed line is labelled as the hardware ceiling" grep -q 'hardware ceiling (measured matmul rate)' "$TMP/plot.svg"
+finish

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# test_run_input.sh — what a new user meets first with `lily run` and model paths (tiny-chat model):
+#   - `-p -` reads the prompt from stdin and `-f FILE` from a file: the same prompt ids as -p TEXT;
+#   - without -n a reply stops at generation_config.json's max_new_tokens (tiny-chat: 128; a copy set to
+#     7 stops at 7); -n wins;
+#   - piped, the reasoning sits between a "<think>" line and a "</think>" line; --hide-reasoning drops it;
+#   - a .gguf file, or a directory of them, is named as GGUF with what to use instead (run, info, serve);
+#   - `lily debug tokenize` without --model uses the default model, as every command.
+# usage: bash test_run_input.sh <path-to-lily> <tests/data dir>
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
+M="$DATA/tiny-chat"
+
+ids() { grep '^prompt ids:' "$1"; }
+"$LILY" run -m "$M" -p "Hello there" -n 2 --temp 0 --show-ids >/dev/null 2>"$TMP/p.err"
+echo "Hello there" | "$LILY" run -m "$M" -p - -n 2 --temp 0 --show-ids >/dev/null 2>"$TMP/stdin.err"
+printf 'Hello there\n' > "$TMP/prompt.txt"
+"$LILY" run -m "$M" -f "$TMP/prompt.txt" -n 2 --temp 0 --show-ids >/dev/null 2>"$TMP/file.err"
+expect "-p - reads the prompt from stdin (same prompt ids as -p TEXT)" [ "$(ids "$TMP/p.err")" = "$(ids "$TMP/stdin.err")" ]
+expect "-f FILE reads the prompt from a file (same prompt ids)" [ "$(ids "$TMP/p.err")" = "$(ids "$TMP/file.err")" ]
+set +e
+"$LILY" run -m "$M" -f "$TMP/missing.txt" >/dev/null 2>"$TMP/missing.err"; rc=$?
+set -e
+expect "-f with a missing file: exit 1 and the file named" \
+    bash -c "[ $rc = 1 ] && grep -q 'cannot open $TMP/missing.txt' '$TMP/missing.err'"
+
+gen() { sed -n 's/.*decode: \([0-9]*\) tokens.*/\1/p' "$1"; }
+"$LILY" run -m "$M" -p "Hi" --temp 0 >/dev/null 2>"$TMP/cap.err"
+expect "no -n: capped at tiny-chat's max_new_tokens 128 (got $(gen "$TMP/cap.err"))" [ "$(gen "$TMP/cap.err")" = 128 ]
+cp -r "$M" "$TMP/m7"
+sed -i 's/"max_new_tokens": 128/"max_new_tokens": 7/' "$TMP/m7/generation_config.json"
+"$LILY" run -m "$TMP/m7" -p "Hi" --temp 0 >/dev/null 2>"$TMP/cap7.err"
+expect "no -n: capped at the model's max_new_tokens 7 (got $(gen "$TMP/cap7.err"))" [ "$(gen "$TMP/cap7.err")" = 7 ]
+"$LILY" run -m "$TMP/m7" -p "Hi" --temp 0 -n 11 >/dev/null 2>"$TMP/n11.err"
+expect "-n 11 wins over max_new_tokens (got $(gen "$TMP/n11.err"))" [ "$(gen "$TMP/n11.err")" = 11 ]
+
+"$LILY" run -m "$M" -p "Hi" --temp 0 -n 12 > "$TMP/piped.out" 2>/dev/null
+expect "piped: the reply opens with a <think> line" [ "$(head -1 "$TMP/piped.out")" = "<think>" ]
+expect "piped: the reasoning ends with a </think> line" grep -qx '</think>' "$TMP/piped.out"
+"$LILY" run -m "$M" -p "Hi" --temp 0 -n 12 --hide-reasoning > "$TMP/hidden.out" 2>/dev/null
+expect "--hide-reasoning: no <think> markers" bash -c "! grep -q 'think>' '$TMP/hidden.out'"
+
+mkdir -p "$TMP/gg"
+printf 'GGUF\003\000\000\000' > "$TMP/gg/Qwen3.6-35B-A3B-Q4_K_M.gguf"
+for cmd in "run -p hi" info; do
+    set +e
+    "$LILY" $cmd -m "$TMP/gg/Qwen3.6-35B-A3B-Q4_K_M.gguf" >/dev/null 2>"$TMP/g.err"; rc=$?
+    set -e
+    expect "${cmd%% *} -m FILE.gguf: exit 1, says GGUF and what to use" \
+        bash -c "[ $rc = 1 ] && grep -q 'is a GGUF file (llama.cpp' '$TMP/g.err' && grep -q 'Hugging Face safetensors' '$TMP/g.err' && grep -q 'MLX 4-bit' '$TMP/g.err'"
+done
+set +e
+"$LILY" info -m "$TMP/gg" >/dev/null 2>"$TMP/gd.err"; rc=$?
+set -e
+expect "info -m DIR-of-gguf: says the directory holds GGUF files" \
+    bash -c "[ $rc = 1 ] && grep -q 'holds GGUF files (Qwen3.6-35B-A3B-Q4_K_M.gguf' '$TMP/gd.err'"
+set +e
+timeout 60 "$LILY" serve -m "$TMP/gg" --port 0 >/dev/null 2>"$TMP/gs.err"; rc=$?
+set -e
+expect "serve -m DIR-of-gguf: exits 1 naming GGUF" bash -c "[ $rc = 1 ] && grep -q 'GGUF files' '$TMP/gs.err'"
+
+printf 'hello' | "$LILY" debug tokenize --ids > "$TMP/tok.out" 2>"$TMP/tok.err"
+expect "debug tokenize without --model uses the default model" \
+    bash -c "grep -q 'no -m given' '$TMP/tok.err' && [ -s '$TMP/tok.out' ]"
+finish

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# test_serve_defaults.sh — `lily serve` options that set defaults for what a request leaves out, and the
+# smaller conveniences of the first minutes (tiny-chat model, loopback only):
+#   - --temp 0: two requests without temperature give the same reply; a request's own temperature + seed
+#     overrides it (two seeds, two replies);
+#   - --reasoning-budget N: reasoning_content stops and content follows (lily closes the think block);
+#   - --no-think / --reasoning off: no reasoning_content; a request's enable_thinking true wins;
+#   - -n N caps chat replies without max_tokens; a request's max_tokens wins;
+#   - /v1/completions without max_tokens stops at 16 tokens (OpenAI's default);
+#   - GET /v1/models/{id}: 200 with the model object, 404 model_not_found for another id;
+#   - GET / serves the chat page (HTML that posts to /v1/chat/completions).
+# usage: bash test_serve_defaults.sh <path-to-lily> <tests/data dir>
+set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+lily_test_init "$@"
+lily_python "$LILY"
+exec "$PY" - "$LILY" "$DATA/tiny-chat" "$TMP" "$(dirname "$0")/lib" <<'PY'
+import http.client, json, os, subprocess, sys
+lily, model, tmp = sys.argv[1:4]
+sys.path.insert(0, sys.argv[4])
+from lily_test import Tally, start_server
+t = Tally()
+check = t.check
+
+def start(*args):
+    return start_server(lily, model, os.path.join(tmp, "serve.log"), *args)
+
+def req(port, method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request(method, path, json.dumps(body) if body is not None else None, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    ctype = r.getheader("Content-Type") or ""
+    c.close()
+    return r.status, (json.loads(data) if ctype.startswith("application/json") else data.decode())
+
+def chat(port, **kw):
+    body = {"messages": [{"role": "user", "content": "Tell me about Python lists."}]}
+    body.update(kw)
+    st, j = req(port, "POST", "/v1/chat/completions", body)
+    assert st == 200, j
+    return j["choices"][0], j["usage"]
+
+NO_STOP = {"0": -100, "2": -100}  # tiny-chat's stop ids: keep generating to the cap
+
+p, port = start("--temp", "0", "--reasoning-budget", "6", "-n", "40")
+try:
+    a, ua = chat(port)
+    b, ub = chat(port)
+    check(a["message"] == b["message"], "--temp 0: the same reply twice without a request temperature")
+    s1, _ = chat(port, temperature=1.5, seed=1, max_tokens=12)
+    s2, _ = chat(port, temperature=1.5, seed=2, max_tokens=12)
+    check(s1["message"] != s2["message"], "a request's temperature + seed overrides --temp 0")
+    c, uc = chat(port, logit_bias=NO_STOP)
+    m = c["message"]
+    check(bool(m.get("reasoning_content")) and bool(m.get("content")),
+          "--reasoning-budget 6: reasoning, then an answer after lily closed the think block")
+    c6, _ = chat(port, logit_bias=NO_STOP, max_tokens=6)
+    check(c6["message"]["reasoning_content"].strip() == m["reasoning_content"].strip() and not c6["message"].get("content"),
+          "the reasoning stopped after exactly 6 tokens (it equals a reply cut at max_tokens 6)")
+    check(uc["completion_tokens"] == 40 and c["finish_reason"] == "length", "-n 40 caps a reply without max_tokens")
+    d, ud = chat(port, logit_bias=NO_STOP, max_tokens=9)
+    check(ud["completion_tokens"] == 9, "a request's max_tokens overrides -n")
+    st, j = req(port, "POST", "/v1/completions", {"prompt": "The list type", "logit_bias": NO_STOP})
+    check(st == 200 and j["usage"]["completion_tokens"] == 40, "-n also sets completions' default")
+    st, j = req(port, "GET", "/v1/models/tiny-chat")
+    check(st == 200 and j["id"] == "tiny-chat" and j["object"] == "model", "GET /v1/models/{id} answers the model")
+    st, j = req(port, "GET", "/v1/models/gpt-4o")
+    check(st == 404 and j["error"]["code"] == "model_not_found", "GET /v1/models/{other id}: 404 model_not_found")
+    st, page = req(port, "GET", "/")
+    check(st == 200 and "<html" in page and "/v1/chat/completions" in page, "GET / serves the chat page")
+finally:
+    p.terminate(); p.wait()
+
+p, port = start("--no-think")
+try:
+    a, _ = chat(port, max_tokens=8, logit_bias=NO_STOP)
+    check(not a["message"].get("reasoning_content"), "--no-think: no reasoning_content")
+    b, _ = chat(port, max_tokens=8, logit_bias=NO_STOP, chat_template_kwargs={"enable_thinking": True})
+    check(bool(b["message"].get("reasoning_content")), "a request's enable_thinking true overrides --no-think")
+    st, j = req(port, "POST", "/v1/completions", {"prompt": "The list type", "logit_bias": NO_STOP})
+    check(st == 200 and j["usage"]["completion_tokens"] == 16 and j["choices"][0]["finish_reason"] == "length",
+          "/v1/completions without max_tokens: 16 tokens, as OpenAI")
+finally:
+    p.terminate(); p.wait()
+
+p, port = start("--reasoning", "off")
+try:
+    a, _ = chat(port, max_tokens=8, logit_bias=NO_STOP)
+    check(not a["message"].get("reasoning_content"), "--reasoning off: no reasoning_content")
+finally:
+    p.terminate(); p.wait()
+
+r = subprocess.run([lily, "serve", "--reasoning", "maybe"], capture_output=True, text=True)
+check(r.returncode == 2 and "--reasoning expects on or off" in r.stderr, "--reasoning maybe: usage error")
+sys.exit(t.finish())
+PY
