@@ -61,6 +61,18 @@ typedef enum {
     LILY_LOGITS_ALL = 2,  /* [n, vocab]: every token's */
 } lily_logits_mode;
 
+/* What a backend instance would hold in device memory (memory_needs), bytes. */
+typedef struct {
+    size_t device_free, device_total; /* the device's memory now, its runtime's own context already made */
+    size_t runtime_bytes;      /* held by the device runtime beside the backend's allocations (context, kernel
+                                * images, graphs): an estimate */
+    size_t weight_bytes;       /* the uploaded weights */
+    size_t scratch_bytes;      /* the scratch for opts->max_chunk tokens */
+    size_t kv_bytes_per_token; /* one session, per token of max_ctx: KV rows of every attention layer and the
+                                * token buffers */
+    size_t state_bytes;        /* one session, besides that: conv + recurrent state, counters */
+} lily_backend_memory;
+
 typedef struct lily_backend_ops lily_backend_ops;
 
 /* The most candidates decode_loop's sampling keeps (top_k). */
@@ -102,6 +114,11 @@ struct lily_backend_ops {
     lily_status (*create)(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
                           void **ctx, lily_error *err);
     void (*destroy)(void *ctx);
+    /* Optional (NULL on host-only backends): what create() with these options, and each state_new(), would
+     * allocate on the device (the memory plan, runtime/memory_plan.h). Allocates nothing but the device
+     * runtime's context. Errors: LILY_ERR_BACKEND (no usable device), LILY_ERR_INVALID_ARGUMENT. */
+    lily_status (*memory_needs)(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
+                                lily_backend_memory *out, lily_error *err);
 
     /* Session state for up to max_ctx tokens: KV cache of the full-attention layers, conv + fp32
      * recurrent state of the Gated DeltaNet layers, the position. Zeroed (position 0). */

@@ -137,6 +137,19 @@ static void batch_add(gemv_batch *b, const dmat &m, float *y, int y_stride)
     b->row_start[k + 1] = b->row_start[k] + m.rows;
 }
 
+lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *err)
+{
+    const int H = c->cfg.hidden;
+    gemv_batch b;
+    batch_init(c, &b);
+    batch_add(&b, c->lm_head, c->logits, c->cfg.vocab_size);
+    const gemv_input in = in_rms(c->h + (size_t)row0 * H, H, c->final_norm, c->cfg.rms_norm_eps);
+    if (prefill_gemm(c, rows))
+        return cuda_prefill_proj(c, b, in, GEMV_OUT_STORE, rows, err);
+    LAUNCH(launch_gemv(b, in, GEMV_OUT_STORE, rows, NULL, c->stream));
+    return LILY_OK;
+}
+
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err)
 {
@@ -342,16 +355,20 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
     }
 
     MARK(PS_LM_HEAD);
+    if (lm_mode == LILY_LOGITS_ALL && n > c->logits_rows)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: all-row logits of %d tokens (at most %d at once)",
+                              n, c->logits_rows);
     if (lm_mode != LILY_LOGITS_NONE) {
         const int rows = lm_mode == LILY_LOGITS_ALL ? n : 1;
-        const float *act = lm_mode == LILY_LOGITS_ALL ? c->h : c->h + (size_t)(n - 1) * H;
-        gemv_batch b;
-        batch_init(c, &b);
-        batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
-        if (lm_mode == LM_GREEDY)
-            LAUNCH(launch_gemv(b, in_rms(act, H, c->final_norm, eps), GEMV_OUT_ARGMAX, rows, c->argmax, s));
-        else
-            PROJ(b, in_rms(act, H, c->final_norm, eps), GEMV_OUT_STORE, rows);
+        if (lm_mode == LM_GREEDY) {
+            gemv_batch b;
+            batch_init(c, &b);
+            batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
+            LAUNCH(launch_gemv(b, in_rms(c->h + (size_t)(n - 1) * H, H, c->final_norm, eps), GEMV_OUT_ARGMAX, 1,
+                               c->argmax, s));
+        } else if ((rs = cuda_enqueue_lm_head(c, lm_mode == LILY_LOGITS_ALL ? 0 : n - 1, rows, err)) != LILY_OK) {
+            return rs;
+        }
         if (hook && lm_mode != LM_GREEDY &&
             (rs = hook_dev(c, -1, LILY_STAGE_LOGITS, c->logits, rows, cfg->vocab_size, NULL, err)) != LILY_OK)
             return rs;
