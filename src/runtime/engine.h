@@ -29,7 +29,8 @@ typedef struct {
     /* The GPU memory plan (backends with device memory only; memory_plan.h): */
     size_t gpu_memory_bytes; /* all lily may hold on the GPU; 0 = the device's free memory */
     int ctx_size;            /* the context sessions will have (0 = as large as fits, up to the model's) */
-    size_t device_pool_bytes; /* the device checkpoint pool wanted (the plan shrinks it to fit) */
+    size_t device_pool_bytes; /* the device checkpoint pool wanted (the plan shrinks it to fit, and the prefix
+                              * cache's pool is capped at what it chose); 0 = not planned (nor capped) */
     int n_sessions;          /* sessions held at once (0 = 1) */
     lily_debug_hook debug_hook;
     void *debug_user;

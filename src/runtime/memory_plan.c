@@ -79,6 +79,7 @@ lily_status lily_memory_plan_choose(const lily_memory_plan_input *in, lily_memor
     out->chunk = in->chunk[pick];
     out->ctx = ctx;
     out->pool_bytes = pool;
+    out->pool_requested = in->pool_requested;
     out->weights = in->weight_bytes;
     out->kv = S * in->kv_bytes_per_token * (size_t)ctx;
     out->state = S * in->state_bytes;

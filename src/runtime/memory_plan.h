@@ -34,7 +34,8 @@ typedef struct {
 
 typedef struct {
     int chunk, ctx;
-    size_t pool_bytes;
+    size_t pool_bytes;           /* at most pool_requested */
+    size_t pool_requested;       /* 0: the caller declared no pool, so none is planned (or capped) */
     /* the parts, bytes: */
     size_t weights, kv, state, scratch, runtime, total;
     size_t budget;

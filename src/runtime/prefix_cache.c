@@ -313,7 +313,7 @@ lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine,
     pc->split = o->kv_row_bytes && o->kv_save && o->kv_load && o->recurrent_bytes && o->recurrent_save &&
                 o->recurrent_load;
     pc->kv_row_bytes = pc->split ? o->kv_row_bytes(b->ctx) : 0;
-    if (engine->planned && pc->device_budget > engine->plan.pool_bytes)
+    if (engine->planned && engine->plan.pool_requested && pc->device_budget > engine->plan.pool_bytes)
         pc->device_budget = engine->plan.pool_bytes; /* what the memory plan left room for */
     if (pc->split && pc->device_budget > 0 && o->device_pool_new && o->device_pool_free) {
         pc->free_list = malloc(16 * sizeof *pc->free_list);
