@@ -948,6 +948,7 @@ static const lily_backend_ops cuda_ops = {
     cuda_device_pool_new,
     cuda_device_pool_free,
     cuda_decode_loop,
+    cuda_measure_limits,
 };
 
 extern "C" const lily_backend_ops *lily_cuda_backend_ops_get(void) { return &cuda_ops; }

@@ -142,6 +142,8 @@ typedef struct {
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
+/* cuda_limits.cu: the measure_limits op. */
+lily_status cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err);
 /* Enqueue the final norm + LM head of `rows` rows of c->h starting at row `row0` into c->logits
  * (rows <= c->logits_rows). */
 lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *err);
