@@ -86,10 +86,8 @@ typedef struct {
     int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
     int gdn_prefill;        /* Gated DeltaNet prefill (n > 1): 1 prep + sequential recurrence (deltanet_prefill.cu),
                              * 2 prep + chunked delta rule on tensor cores (deltanet_chunked.cu) for every n > 1,
-                             * 3 chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh), else 1; 0 the general scan;
-                             * 4 as 3 with the chunked kernels' variant 1 (launch_gdn_prefill_chunked_variant: cheap
-                             * tf32 split, operands split once in shared memory); default 4 (H200, 4096-token
-                             * chunk: DeltaNet 22.8-23.3 vs 28.2 ms with 3).
+                             * 3 or more (default 4): chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh),
+                             * else 1; 0 the general scan.
                              * The environment variable LILY_CUDA_GDN_PREFILL=0..4, read when a CUDA backend is
                              * created, overrides it (tests, lily eval) */
     int prefill_gemm;       /* prefill projections and MoE (n >= 16) on tensor-core GEMMs: 1, or 0 the GEMV kernels */

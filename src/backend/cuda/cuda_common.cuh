@@ -320,10 +320,6 @@ bool gdn_chunked_supported(const gdn_args &a); /* gdn_prefill_supported, dk 32/6
 int gdn_chunked_record_floats(int dk, int dv);
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv);
 cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
-/* The same with a choice of kernels: variant 0 the kernels above (g_cuda_tuning.gdn_prefill 2, 3); 1 the
- * cheaper tf32 split and operands pre-split in shared memory (gdn_prefill 4, deltanet_chunked.cu). */
-cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
-                                               cudaStream_t s);
 
 /* attention.cu (norm_rope.cu + attention_decode.cu) */
 struct attn_args {

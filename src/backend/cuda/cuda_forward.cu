@@ -263,8 +263,8 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             MARK(PS_GDN_SCAN);
             const int gp = c->opts.exact ? 1 : g_cuda_tuning.gdn_prefill; /* exact: the fp32 recurrence */
             if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp >= 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
-                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule (gp 4: variant 1) */
-                LAUNCH(launch_gdn_prefill_chunked_variant(g, c->gdn_pre, c->gdn_wy, n, gp >= 4 ? 1 : 0, s));
+                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule */
+                LAUNCH(launch_gdn_prefill_chunked(g, c->gdn_pre, c->gdn_wy, n, s));
             else if (n > 1 && c->gdn_pre && gp && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
                 LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
             else
