@@ -340,12 +340,10 @@ static lily_status scratch_layout(cuda_ctx *c, size_t *count, lily_error *err)
         AL(c->pf_tile_start, (C * K + E + 1) * 4);
         AL(c->pf_n_tiles, 4);
     }
-    AL(c->moe_counter, 4);
 #undef AL
     if (count)
         return LILY_OK;
     CUDA_TRY(cudaMemset(c->att_counter, 0, (size_t)cfg->n_kv_heads * 4));
-    CUDA_TRY(cudaMemset(c->moe_counter, 0, 4));
     CUDA_TRY(cudaMemset(c->argmax, 0, C * 8));
     return LILY_OK;
 }

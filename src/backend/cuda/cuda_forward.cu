@@ -301,20 +301,6 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             batch_init(c, &b);
             batch_add(&b, L->router, c->router, E + 1);
             batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
-            b.topk_k = cfg->n_experts_used;
-            b.topk_n = E;
-            b.topk_idx = c->topk_idx;
-            b.topk_w = c->topk_w;
-            b.topk_counter = c->moe_counter;
-            /* decode: ranked once by the router's last block (knob), else by every MoE block */
-            const bool topk_in_router = g_cuda_tuning.router_topk && gemv_topk_supported(b, n);
-            if (!topk_in_router)
-                b.topk_k = 0;
-            if (topk_in_router && moe_early_ids_wanted(l)) { /* the tagged words the MoE kernels poll */
-                b.topk_pub = st->ctr->moe_topk_pub;
-                b.topk_step = &st->ctr->step;
-                b.topk_layer = l;
-            }
             LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
             moe_args m;
             memset(&m, 0, sizeof m);
@@ -338,7 +324,6 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             m.topk_idx = c->topk_idx;
             m.topk_w = c->topk_w;
             m.out = c->h;
-            m.topk_ready = topk_in_router;
             m.exact = c->opts.exact;
             m.step = &st->ctr->step; /* moe_early_ids: tags of this forward call's published top-k */
             m.topk_pub = st->ctr->moe_topk_pub;

@@ -89,7 +89,6 @@ typedef struct {
     int *pf_plan_counts;                     /* [moe_plan_chunks(C)][n_experts]: the multi-block plan's scratch */
     int *pf_tile_expert, *pf_tile_start;     /* [C * top_k + n_experts] */
     int *pf_n_tiles;
-    unsigned int *moe_counter; /* router GEMV blocks finished (decode top-k), zero between launches */
     float *h_host;   /* debug hook staging [C][max(hidden, vocab)] */
     float *h_prev;
 
