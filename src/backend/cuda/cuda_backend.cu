@@ -881,8 +881,8 @@ static void cuda_device_pool_free(void *vctx, void *pool)
 }
 
 /* The device runtime's own memory beside lily's allocations: the CUDA context with its kernel images, the
- * decode graphs, the allocator's rounding. Measured on the H200 (CUDA 12, lazy module loading): nvidia-smi's
- * figure for `lily serve` minus the sum of lily's allocations was 546 MiB; this keeps a margin over it. */
+ * decode graphs, the allocator's rounding. Measured on the H200: nvidia-smi's peak for `lily serve` on the
+ * full-size model was ~150 MiB under the plan with this figure, i.e. ~620 MiB (docs/BENCHMARKS.md). */
 #define CUDA_RUNTIME_BYTES ((size_t)768 << 20)
 
 static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
