@@ -354,8 +354,8 @@ int main(int argc, char **argv)
 
     if (tune) { /* knobs at depths 4096 and 131072 (where the context allows): PDL, GEMV shape, attention
                  * and DeltaNet decode kernels */
-        static const char *kn[] = {"default", "router_topk=1", "gemv_mma=2", "pdl=0", "gemv_mma=0", "att_mma=0", "gdn_decode=0",
-                                   "gemv_mma=0,att_mma=0,gdn_decode=0,router_topk=1", "moe_gate_up_blocks=2",
+        static const char *kn[] = {"default", "gemv_mma=2", "pdl=0", "gemv_mma=0", "att_mma=0", "gdn_decode=0",
+                                   "gemv_mma=0,att_mma=0,gdn_decode=0", "moe_gate_up_blocks=2",
                                    "moe_gate_up_blocks=3", "gemv_mma_blocks=1", "gemv_mma_blocks=2",
                                    "moe_gate_up_blocks=3,gemv_mma_blocks=2", "gemv_stream=1", "gemv_stream=2048",
                                    "gemv_stream=8192", "gemv_stream=65536", "gemv_stream=1,gemv_stream_stages=2",

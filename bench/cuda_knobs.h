@@ -19,7 +19,6 @@ static const struct {
     {"gemv_mma", offsetof(lily_cuda_tuning, gemv_mma)},
     {"att_mma", offsetof(lily_cuda_tuning, att_mma)},
     {"gdn_decode", offsetof(lily_cuda_tuning, gdn_decode)},
-    {"router_topk", offsetof(lily_cuda_tuning, router_topk)},
     {"gdn_prefill", offsetof(lily_cuda_tuning, gdn_prefill)},
     {"prefill_gemm", offsetof(lily_cuda_tuning, prefill_gemm)},
     {"att_prefill", offsetof(lily_cuda_tuning, att_prefill)},
@@ -34,7 +33,6 @@ static const struct {
     {"gemv_stream_stages", offsetof(lily_cuda_tuning, gemv_stream_stages)},
     {"moe_early_ids", offsetof(lily_cuda_tuning, moe_early_ids)},
     {"gemm_prep_rows", offsetof(lily_cuda_tuning, gemm_prep_rows)},
-    {"moe_plan", offsetof(lily_cuda_tuning, moe_plan)},
 };
 
 /* *t := the defaults with the "name=value,..." assignments of spec applied ("" or "default": none).

@@ -61,6 +61,29 @@ typedef enum {
     LILY_LOGITS_ALL = 2,  /* [n, vocab]: every token's */
 } lily_logits_mode;
 
+/* What the hardware can do at best: memory bandwidth and matrix rate, measured (measure_limits; the CPU's
+ * in runtime/hw_limits.c). `lily bench` divides the cost model by these. */
+typedef struct {
+    char device[256];          /* "Intel(R) Xeon(R) Processor, 2 cores" / "NVIDIA H200" */
+    double read_bytes_per_s;   /* streaming read bandwidth (0 = not measured) */
+    double copy_bytes_per_s;   /* copy bandwidth counting bytes read + bytes written (0 = not measured) */
+    double bandwidth;          /* the one the decode floor uses: CPU: read; GPU: copy */
+    double matmul_flops_per_s; /* dense matmul rate (CPU: fp32; GPU: bf16 tensor cores) */
+    char matmul_kind[64];      /* "fp32 avx2+fma", "bf16 tensor core", ... */
+} lily_hw_limits;
+
+/* What a backend instance would hold in device memory (memory_needs), bytes. */
+typedef struct {
+    size_t device_free, device_total; /* the device's memory now, its runtime's own context already made */
+    size_t runtime_bytes;      /* held by the device runtime beside the backend's allocations (context, kernel
+                                * images, graphs): an estimate */
+    size_t weight_bytes;       /* the uploaded weights */
+    size_t scratch_bytes;      /* the scratch for opts->max_chunk tokens */
+    size_t kv_bytes_per_token; /* one session, per token of max_ctx: KV rows of every attention layer and the
+                                * token buffers */
+    size_t state_bytes;        /* one session, besides that: conv + recurrent state, counters */
+} lily_backend_memory;
+
 typedef struct lily_backend_ops lily_backend_ops;
 
 /* The most candidates decode_loop's sampling keeps (top_k). */
@@ -102,6 +125,11 @@ struct lily_backend_ops {
     lily_status (*create)(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
                           void **ctx, lily_error *err);
     void (*destroy)(void *ctx);
+    /* Optional (NULL on host-only backends): what create() with these options, and each state_new(), would
+     * allocate on the device (the memory plan, runtime/memory_plan.h). Allocates nothing but the device
+     * runtime's context. Errors: LILY_ERR_BACKEND (no usable device), LILY_ERR_INVALID_ARGUMENT. */
+    lily_status (*memory_needs)(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
+                                lily_backend_memory *out, lily_error *err);
 
     /* Session state for up to max_ctx tokens: KV cache of the full-attention layers, conv + fp32
      * recurrent state of the Gated DeltaNet layers, the position. Zeroed (position 0). */
@@ -168,6 +196,12 @@ struct lily_backend_ops {
     lily_status (*decode_loop)(void *ctx, void *state, int32_t first_token, int n, const lily_device_sampling *sampling,
                                lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                                lily_error *err);
+
+    /* Optional (NULL on host-only backends): measure GPU `device`: out->device its name, copy_bytes_per_s a
+     * device-to-device copy rate (bytes read + written), bandwidth the rate the decode floor uses,
+     * matmul_flops_per_s a dense tensor-core rate and matmul_kind its instruction. Takes about a second.
+     * Errors: LILY_ERR_BACKEND (no usable device), LILY_ERR_OUT_OF_MEMORY. */
+    lily_status (*measure_limits)(int device, lily_hw_limits *out, lily_error *err);
 };
 
 /* The backend registered under `name` ("cpu", "cuda"), or NULL. */

@@ -43,7 +43,9 @@ typedef struct {
     bool exact;                /* --precision exact (lily_backend_options.exact); default fast */
     int n_threads;             /* --threads (0 = all cores) */
     int prefill_chunk;         /* --prefill-chunk (0 = engine default) */
-    int ctx_size;              /* --ctx-size (0 = the model's, capped at 32768) */
+    int ctx_size;              /* --ctx-size (0 = the model's; cuda: as large as fits, up to the model's) */
+    size_t gpu_memory_bytes;   /* --gpu-memory (0 = all free; lily_engine_options.gpu_memory_bytes) */
+    size_t device_pool_bytes;  /* the device checkpoint pool the command will ask for (chat's --cache-vram) */
     int max_tokens;            /* -n (0 = until a stop token or a full context) */
     lily_sampler_params sampling; /* --temp --top-p --top-k --min-p --seed; filled by cli_model_open from
                                      generation_config.json unless given on the command line; without
@@ -145,6 +147,11 @@ int cli_parse_threads(const char *cmd, const char *opt, const char *s, int *out)
 /* Parse an integer option value in [min, max]. Prints "lily CMD: OPT expects an integer in [min, max], got
  * "S"" on stderr and returns -1 when s is not one; 0 on success. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out);
+
+/* Parse a --gpu-memory value, GiB (a decimal number in (0, 65536]), into bytes. Prints "lily CMD: OPT
+ * expects ..." and returns -1 otherwise; 0 on success. */
+int cli_parse_gib(const char *cmd, const char *opt, const char *s, size_t *bytes);
+#define CLI_GPU_MEMORY_HELP "GPU memory lily may hold, GiB (default: all free; the plan is printed)"
 
 /* Token ids separated by whitespace, commas or brackets ("1,2,3", "[1 2 3]") into a malloc'd array
  * (*n_out may be 0: the caller decides whether an empty list is an error). Returns 0, or -1 with

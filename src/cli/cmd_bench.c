@@ -61,6 +61,7 @@ typedef struct {
     int n_threads;
     int ctx_size;
     int prefill_chunk;
+    size_t gpu_memory_bytes;
     int device;
     uint64_t seed;
     int warmup;
@@ -120,6 +121,7 @@ static void usage(FILE *f)
             "  --ctx-size N           session context size (default: the largest length the sweep needs)\n"
             "  --prefill-chunk N      tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "  --device N             GPU ordinal (default 0)\n"
+            "  --gpu-memory GIB       " CLI_GPU_MEMORY_HELP "\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
             "Lists take commas and k suffixes: -p 512,4k,32k. A length past the model's max_position_embeddings\n"
@@ -183,9 +185,12 @@ typedef struct {
 static lily_status model_open(const bench_options *o, bench_model *m, lily_error *err)
 {
     memset(m, 0, sizeof *m);
+    /* the sweep's two sessions (prefill, decode at depth) */
+    const lily_engine_options eo = {.model_dir = o->model_dir, .backend = o->backend, .n_threads = o->n_threads,
+                                    .prefill_chunk = o->prefill_chunk, .device = o->device, .exact = o->exact,
+                                    .gpu_memory_bytes = o->gpu_memory_bytes, .ctx_size = o->ctx_size,
+                                    .n_sessions = 2};
     if (o->model_dir) {
-        lily_engine_options eo = {.model_dir = o->model_dir, .backend = o->backend, .n_threads = o->n_threads,
-                                  .prefill_chunk = o->prefill_chunk, .device = o->device, .exact = o->exact};
         return lily_engine_open(&eo, &m->engine, err);
     }
     double t0 = lily_wall_seconds();
@@ -205,7 +210,9 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : lily_default_prefill_chunk(o->backend);
     lily_backend_options bo = {.n_threads = o->n_threads, .max_chunk = e->prefill_chunk, .device = o->device,
                                .exact = o->exact};
-    st = lily_backend_create(o->backend, &e->cfg, &e->weights, &bo, &e->backend, err);
+    st = lily_engine_plan(e, o->backend, &eo, &bo, err);
+    if (st == LILY_OK)
+        st = lily_backend_create(o->backend, &e->cfg, &e->weights, &bo, &e->backend, err);
     if (st != LILY_OK) {
         free(e);
         lily_synthetic_free(m->synthetic);
@@ -628,7 +635,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
             {"--model", "-m"}, {"--synthetic", NULL}, {"-p", NULL}, {"-d", NULL}, {"-n", NULL}, {"-r", NULL},
             {"--backend", NULL}, {"--precision", NULL}, {"-o", NULL}, {"--plot", NULL}, {"--threads", "-t"},
             {"--ctx-size", "-c"}, {"--prefill-chunk", NULL}, {"--device", NULL}, {"--seed", NULL},
-            {"--max-seconds", NULL}};
+            {"--max-seconds", NULL}, {"--gpu-memory", NULL}};
         const char *val = NULL;
         int r = cli_match_option("bench", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &a, &val);
         if (r < 0)
@@ -674,6 +681,9 @@ static int parse_args(int argc, char **argv, bench_options *o)
             bad = parse_int(val, 1, 1 << 24, &o->ctx_size);
         } else if (!strcmp(a, "--prefill-chunk")) {
             bad = parse_int(val, 1, 1 << 20, &o->prefill_chunk);
+        } else if (!strcmp(a, "--gpu-memory")) {
+            if (cli_parse_gib("bench", a, val, &o->gpu_memory_bytes))
+                return 2;
         } else if (!strcmp(a, "--device")) {
             bad = parse_int(val, 0, 64, &o->device);
         } else { /* --seed */

@@ -278,6 +278,7 @@ int cmd_chat(int argc, char **argv)
     if (cache_vram_mib < 0)
         cache_vram_mib = o.backend && !strcmp(o.backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB : 0;
     cache_opts.device_bytes = (size_t)cache_vram_mib << 20;
+    o.device_pool_bytes = cache_opts.device_bytes;
     cli_model m;
     if (cli_model_open("chat", &o, false, &m))
         return 1;

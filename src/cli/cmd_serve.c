@@ -43,7 +43,9 @@ static void usage(FILE *f)
             "                       answer (default 10)\n"
             "  --max-connections N  open connections at most; the oldest idle ones are closed to keep one in\n"
             "                       eight free for new clients (default 256)\n"
-            "  --ctx-size N         context size in tokens (default: the model's, at most 32768)\n"
+            "  --ctx-size N         context size in tokens (default: the model's, at most 32768; cuda: as\n"
+            "                       large as fits in GPU memory, up to the model's)\n"
+            "  --gpu-memory GIB     " CLI_GPU_MEMORY_HELP "\n"
             "  --queue N            requests that may wait while one runs; more get 503 (default 16)\n"
             "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
             "  --backend cpu|cuda   compute backend (default cpu)\n"
@@ -136,6 +138,7 @@ int cmd_serve(int argc, char **argv)
     long port = 8080, ctx = 0, queue = 16, max_body_mib = 16, idle_timeout = 10, max_connections = 256;
     const char *api_key_file = NULL, *cors_origin = NULL;
     int threads = 0;
+    size_t gpu_memory = 0;
     long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
     bool exact = false;
@@ -147,7 +150,7 @@ int cmd_serve(int argc, char **argv)
         {"--alias", NULL}, {"--port", NULL}, {"--ctx-size", "-c"}, {"--queue", NULL}, {"--max-body", NULL},
         {"--threads", "-t"}, {"--cache-ram", NULL}, {"--cache-vram", NULL}, {"--checkpoint-every", NULL},
         {"--api-key-file", NULL}, {"--cors-origin", NULL}, {"--idle-timeout", NULL}, {"--max-connections", NULL},
-        {"--reasoning", NULL}, {"--reasoning-budget", NULL}};
+        {"--reasoning", NULL}, {"--reasoning-budget", NULL}, {"--gpu-memory", NULL}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -201,6 +204,8 @@ int cmd_serve(int argc, char **argv)
             ok = cli_parse_threads("serve", n, v, &threads) == 0;
         else if (!strcmp(n, "--cache-ram"))
             ok = cli_parse_int("serve", n, v, 1, 1L << 24, &cache_ram_mib) == 0;
+        else if (!strcmp(n, "--gpu-memory"))
+            ok = cli_parse_gib("serve", n, v, &gpu_memory) == 0;
         else if (!strcmp(n, "--cache-vram"))
             ok = cli_parse_int("serve", n, v, 0, 1L << 24, &cache_vram_mib) == 0;
         else if (!strcmp(n, "--reasoning")) {
@@ -262,7 +267,7 @@ int cmd_serve(int argc, char **argv)
     lily_error err = {0};
     lily_service *svc = NULL;
     lily_service_options so = {.model_dir = model_dir, .backend = backend, .exact = exact, .n_threads = (int)threads,
-                               .ctx_size = (int)ctx, .model_name = name,
+                               .ctx_size = (int)ctx, .model_name = name, .gpu_memory_bytes = gpu_memory,
                                .cache_ram_bytes = (size_t)cache_ram_mib << 20,
                                .cache_vram_bytes = (size_t)(cache_vram_mib >= 0 ? cache_vram_mib
                                                             : !strcmp(backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB

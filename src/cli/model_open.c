@@ -39,7 +39,9 @@ void cli_gen_options_usage(FILE *f)
             "      --no-think         render the prompt with thinking off (an empty think block)\n"
             "      --hide-reasoning   do not print the reasoning\n"
             "      --system TEXT      a system message before the user's\n"
-            "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768)\n"
+            "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768; cuda: as\n"
+            "                         large as fits in GPU memory, up to the model's)\n"
+            "      --gpu-memory GIB   " CLI_GPU_MEMORY_HELP "\n"
             "      --backend NAME     cpu (default) or cuda\n"
             "      --precision P      fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                         cores; slower, agrees with cpu); the cpu backend is always exact\n"
@@ -78,6 +80,19 @@ int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, lon
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+int cli_parse_gib(const char *cmd, const char *opt, const char *s, size_t *bytes)
+{
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (!*s || *end || errno || !(v > 0 && v <= 65536)) {
+        fprintf(stderr, "lily %s: %s expects a number of GiB in (0, 65536], got \"%s\"\n", cmd, opt, s);
+        return -1;
+    }
+    *bytes = (size_t)(v * 1073741824.0);
     return 0;
 }
 
@@ -139,6 +154,7 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         {"--model", "-m"}, {"--max-tokens", "-n"}, {"--temp", "--temperature"}, {"--top-p", NULL},
         {"--top-k", NULL}, {"--min-p", NULL}, {"--seed", NULL}, {"--system", NULL}, {"--ctx-size", "-c"},
         {"--backend", NULL}, {"--threads", "-t"}, {"--prefill-chunk", NULL}, {"--precision", NULL},
+        {"--gpu-memory", NULL},
     };
     const char *a = argv[*i];
     if (!strcmp(a, flags[0])) {
@@ -190,6 +206,9 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         o->ctx_size = (int)v;
     } else if (!strcmp(name, "--threads")) {
         if (cli_parse_threads(cmd, a, value, &o->n_threads))
+            return -1;
+    } else if (!strcmp(name, "--gpu-memory")) {
+        if (cli_parse_gib(cmd, a, value, &o->gpu_memory_bytes))
             return -1;
     } else if (!strcmp(name, "--prefill-chunk")) {
         if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))
@@ -310,7 +329,9 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
         return 1;
     }
     lily_engine_options eo = {.model_dir = dir, .backend = o->backend, .n_threads = o->n_threads,
-                              .prefill_chunk = o->prefill_chunk, .exact = o->exact};
+                              .prefill_chunk = o->prefill_chunk, .exact = o->exact,
+                              .gpu_memory_bytes = o->gpu_memory_bytes, .ctx_size = o->ctx_size,
+                              .device_pool_bytes = o->device_pool_bytes};
     if (lily_engine_open(&eo, &m->engine, &err) != LILY_OK) {
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         cli_model_close(m);

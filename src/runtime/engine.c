@@ -4,6 +4,7 @@
  */
 #include "engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,51 @@ int lily_default_prefill_chunk(const char *backend)
     /* measured: on the H200 a 4K prompt prefills at 7,989 tok/s in chunks of 4096 and 7,022 in chunks
      * of 512 (docs/BENCHMARKS.md); the CPU backend dequantizes per chunk, 512 keeps its scratch small */
     return backend && !strcmp(backend, "cuda") ? 4096 : 512;
+}
+
+lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_engine_options *opts,
+                             lily_backend_options *bo, lily_error *err)
+{
+    const lily_backend_ops *ops = lily_backend_find(backend);
+    if (!ops || !ops->memory_needs)
+        return LILY_OK;
+    lily_memory_plan_input in = {
+        .n_sessions = opts->n_sessions > 0 ? opts->n_sessions : 1,
+        .ctx_requested = opts->ctx_size,
+        .ctx_max = e->cfg.max_position_embeddings,
+        .pool_requested = opts->device_pool_bytes,
+    };
+    for (int chunk = e->prefill_chunk; chunk >= 1 && in.n_chunks < LILY_PLAN_MAX_CHUNKS; chunk /= 2) {
+        in.chunk[in.n_chunks++] = chunk;
+        if (opts->prefill_chunk > 0 || chunk <= 256)
+            break;
+    }
+    lily_backend_memory m;
+    for (int i = 0; i < in.n_chunks; i++) {
+        lily_backend_options o = *bo;
+        o.max_chunk = in.chunk[i];
+        lily_status st = ops->memory_needs(&e->cfg, &e->weights, &o, &m, err);
+        if (st != LILY_OK)
+            return st;
+        in.scratch_bytes[i] = m.scratch_bytes;
+    }
+    in.runtime_bytes = m.runtime_bytes;
+    in.weight_bytes = m.weight_bytes;
+    in.kv_bytes_per_token = m.kv_bytes_per_token;
+    in.state_bytes = m.state_bytes;
+    /* without a budget: the free memory, less a reserve for what the plan does not count */
+    const size_t reserve = (size_t)256 << 20;
+    const size_t avail = m.device_free > reserve ? m.device_free - reserve + m.runtime_bytes : m.runtime_bytes;
+    in.budget_bytes = opts->gpu_memory_bytes && opts->gpu_memory_bytes < avail ? opts->gpu_memory_bytes : avail;
+    lily_status st = lily_memory_plan_choose(&in, &e->plan, err);
+    if (st != LILY_OK)
+        return st;
+    e->planned = true;
+    bo->max_chunk = e->prefill_chunk = e->plan.chunk;
+    char line[512];
+    lily_memory_plan_format(&e->plan, line, sizeof line);
+    fprintf(stderr, "lily: %s\n", line);
+    return LILY_OK;
 }
 
 lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out, lily_error *err)
@@ -55,6 +101,7 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
         free(e);
         return st;
     }
+    const char *backend = opts->backend ? opts->backend : "cpu";
     lily_backend_options bo = {
         .n_threads = opts->n_threads,
         .max_chunk = e->prefill_chunk,
@@ -64,7 +111,9 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
         .debug_hook = opts->debug_hook,
         .debug_user = opts->debug_user,
     };
-    st = lily_backend_create(opts->backend ? opts->backend : "cpu", &e->cfg, &e->weights, &bo, &e->backend, err);
+    st = lily_engine_plan(e, backend, opts, &bo, err);
+    if (st == LILY_OK)
+        st = lily_backend_create(backend, &e->cfg, &e->weights, &bo, &e->backend, err);
     if (st != LILY_OK) {
         lily_weights_free(&e->weights);
         lily_checkpoint_close(&e->ckpt);

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "runtime/memory_plan.h"
 
 typedef struct {
     const char *model_dir;
@@ -25,6 +26,12 @@ typedef struct {
     int device;              /* GPU ordinal */
     bool deltanet_chunked;   /* see lily_backend_options.deltanet_chunked */
     bool exact;              /* see lily_backend_options.exact (false: the backend's fast kernels) */
+    /* The GPU memory plan (backends with device memory only; memory_plan.h): */
+    size_t gpu_memory_bytes; /* all lily may hold on the GPU; 0 = the device's free memory */
+    int ctx_size;            /* the context sessions will have (0 = as large as fits, up to the model's) */
+    size_t device_pool_bytes; /* the device checkpoint pool wanted (the plan shrinks it to fit, and the prefix
+                              * cache's pool is capped at what it chose); 0 = not planned (nor capped) */
+    int n_sessions;          /* sessions held at once (0 = 1) */
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_engine_options;
@@ -36,12 +43,25 @@ typedef struct {
     lily_weights weights;
     lily_backend backend;
     int prefill_chunk;
+    bool planned;            /* the backend has device memory: plan holds what was chosen */
+    lily_memory_plan plan;   /* plan.ctx: lily_session_new's default; plan.pool_bytes: the prefix cache's pool cap */
 } lily_engine;
 
-/* Load config, map the checkpoint, bind the weights and create the backend.
- * Errors: as lily_config_load, lily_checkpoint_open, lily_weights_bind, lily_backend_create. */
+/* Load config, map the checkpoint, bind the weights, plan GPU memory (backends with memory_needs: the
+ * prefill chunk, context size and checkpoint pool that fit opts->gpu_memory_bytes, printed to stderr) and
+ * create the backend.
+ * Errors: as lily_config_load, lily_checkpoint_open, lily_weights_bind, lily_memory_plan_choose,
+ * lily_backend_create. */
 lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out, lily_error *err);
 void lily_engine_close(lily_engine *e);
+
+/* The GPU memory plan of lily_engine_open, for a caller that assembles an engine itself (e->cfg, e->weights
+ * and e->prefill_chunk set, no backend yet): when `backend` has memory_needs, choose the chunk, context and
+ * pool from opts (gpu_memory_bytes, prefill_chunk, ctx_size, device_pool_bytes, n_sessions), set e->plan,
+ * e->planned, e->prefill_chunk and bo->max_chunk, and print the plan to stderr; else do nothing.
+ * Errors: as lily_memory_plan_choose and the backend's memory_needs. */
+lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_engine_options *opts,
+                             lily_backend_options *bo, lily_error *err);
 
 typedef struct {
     lily_engine *engine;
@@ -52,14 +72,15 @@ typedef struct {
     float *logits;           /* [vocab] logits after the last token (valid when n_tokens > 0) */
 } lily_session;
 
-/* A session with a context of max_ctx tokens (0 = the model's max_position_embeddings, capped at 32768).
+/* A session with a context of max_ctx tokens (0 = the memory plan's context when the engine has one, else
+ * the model's max_position_embeddings capped at 32768).
  * Errors: LILY_ERR_OUT_OF_MEMORY. */
 lily_status lily_session_new(lily_engine *e, int max_ctx, lily_session **out, lily_error *err);
 void lily_session_free(lily_session *s);
 void lily_session_reset(lily_session *s);
 
-/* The prefill chunk used when none is given: 4096 tokens for "cuda" (measured fastest on the H200),
- * 512 otherwise. */
+/* The prefill chunk used when none is given: 4096 tokens for "cuda" (measured fastest on the H200; the
+ * memory plan may choose a smaller one), 512 otherwise. */
 int lily_default_prefill_chunk(const char *backend);
 
 /* Append n tokens (prefill in chunks of engine->prefill_chunk). The last token's logits go to s->logits.

@@ -2,7 +2,7 @@
  *
  * Owns: the streaming-read and memcpy passes, the register-tiled fp32 matmul kernel used only to measure
  * the matrix rate (4 x 2W tile of W-wide vectors, B panel resident in L1; AVX-512, AVX2+FMA or generic,
- * chosen at run time), and the weak default of the CUDA hook.
+ * chosen at run time).
  */
 #include "hw_limits.h"
 
@@ -306,21 +306,14 @@ lily_status lily_cpu_measure_limits(int n_threads, size_t bytes, lily_hw_limits 
     return matmul_rate(n_threads, &out->matmul_flops_per_s, out->matmul_kind, sizeof out->matmul_kind, err);
 }
 
-__attribute__((weak)) lily_status lily_cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err)
-{
-    (void)device;
-    (void)out;
-    return lily_error_set(err, LILY_ERR_UNSUPPORTED,
-                          "the CUDA backend does not measure its bandwidth yet (lily_cuda_measure_limits)");
-}
-
 lily_status lily_measure_limits(const char *backend, int device, int n_threads, lily_hw_limits *out, lily_error *err)
 {
     if (!strcmp(backend, "cpu"))
         return lily_cpu_measure_limits(n_threads, 0, out, err);
-    if (!strcmp(backend, "cuda")) {
+    const lily_backend_ops *ops = lily_backend_find(backend);
+    if (ops && ops->measure_limits) {
         memset(out, 0, sizeof *out);
-        return lily_cuda_measure_limits(device, out, err);
+        return ops->measure_limits(device, out, err);
     }
     return lily_error_set(err, LILY_ERR_UNSUPPORTED, "no hardware measurement for backend '%s'", backend);
 }

@@ -6,7 +6,7 @@
  * device pool and its first-fit allocator), matching a request's ids against the checkpoints and the
  * live session, the piecewise prefill that materializes the state at multiples of checkpoint_every, and
  * the counters.
- * Does not own: the layout of saved state (the backend's kv_save / recurrent_save / state_save) or the
+ * Does not own: the layout of saved state (the backend's kv_save / recurrent_save) or the
  * session (engine.h).
  *
  * Checkpoints and blocks are flat arrays scanned linearly: matching costs one memcmp per checkpoint over
@@ -48,7 +48,7 @@ typedef struct {
     kv_block **blocks;   /* [n_blocks] rows [0, n_blocks * block_rows) */
     int n_blocks;
     blob tail;           /* KV rows [n_blocks * block_rows, n_tokens) */
-    blob rest;           /* the recurrent part, or a whole state_save snapshot (backend without split ops) */
+    blob rest;           /* the recurrent part (conv + recurrent state, the position) */
     size_t extra_host;   /* host bytes counted for tokens, logits, the block list and the entry itself */
     uint64_t last_use;   /* pool clock at the last store / restore / duplicate store */
 } checkpoint;
@@ -62,7 +62,7 @@ struct lily_prefix_cache {
     int checkpoint_every;       /* <= 0: none inside a prefill */
     int block_rows;
     lily_engine *engine;        /* bound by the first checkpoint: the backend that owns the device pool */
-    bool split;                 /* the backend has the split-state ops */
+    bool split;                 /* the backend has the split-state ops (without them nothing is cached) */
     size_t kv_row_bytes;
     void *device_pool;          /* NULL: no device-resident checkpoints */
     extent *free_list;          /* free extents of the device pool, sorted by offset, never adjacent */
@@ -313,6 +313,8 @@ lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine,
     pc->split = o->kv_row_bytes && o->kv_save && o->kv_load && o->recurrent_bytes && o->recurrent_save &&
                 o->recurrent_load;
     pc->kv_row_bytes = pc->split ? o->kv_row_bytes(b->ctx) : 0;
+    if (engine->planned && engine->plan.pool_requested && pc->device_budget > engine->plan.pool_bytes)
+        pc->device_budget = engine->plan.pool_bytes; /* what the memory plan left room for */
     if (pc->split && pc->device_budget > 0 && o->device_pool_new && o->device_pool_free) {
         pc->free_list = malloc(16 * sizeof *pc->free_list);
         lily_error ignored = {0};
@@ -350,7 +352,7 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     const lily_backend_ops *o = b->ops;
     const int p = s->n_tokens, B = pc->block_rows;
     const size_t vocab = (size_t)s->engine->cfg.vocab_size;
-    const int nb = pc->split ? p / B : 0;
+    const int nb = p / B;
     if (nb > 0 && !(c->blocks = calloc((size_t)nb, sizeof *c->blocks)))
         return LILY_OK;
     c->extra_host = sizeof(checkpoint) + (size_t)nb * sizeof *c->blocks;
@@ -399,11 +401,9 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     }
     c->n_blocks = nb;
     c->tail.bytes = (size_t)(p - nb * B) * pc->kv_row_bytes;
-    c->rest.bytes = pc->split ? o->recurrent_bytes(b->ctx) : o->state_save_size(b->ctx, s->state);
-    if (pc->split) {
-        blob_place_device(pc, &c->tail);
-        blob_place_device(pc, &c->rest);
-    }
+    c->rest.bytes = o->recurrent_bytes(b->ctx);
+    blob_place_device(pc, &c->tail);
+    blob_place_device(pc, &c->rest);
 
     /* host room: evicting never frees the blocks c holds (their references protect them) */
     size_t need = blob_host_need(&c->tail) + blob_host_need(&c->rest) + (size_t)p * sizeof(int32_t) +
@@ -428,18 +428,14 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     c->n_tokens = p;
     memcpy(c->logits, s->logits, vocab * sizeof(float));
 
-    /* the bytes: new blocks, the tail, the recurrent part (or the whole state) */
+    /* the bytes: new blocks, the tail, the recurrent part */
     lily_status st = LILY_OK;
     for (int k = first_new; k < nb && st == LILY_OK; k++)
         st = o->kv_save(b->ctx, s->state, k * B, B, loc_of(pc, &c->blocks[k]->kv), err);
-    if (st == LILY_OK && pc->split) {
-        if (c->tail.bytes)
-            st = o->kv_save(b->ctx, s->state, nb * B, p - nb * B, loc_of(pc, &c->tail), err);
-        if (st == LILY_OK)
-            st = o->recurrent_save(b->ctx, s->state, loc_of(pc, &c->rest), err);
-    } else if (st == LILY_OK) {
-        st = o->state_save(b->ctx, s->state, c->rest.host, c->rest.bytes, err);
-    }
+    if (st == LILY_OK && c->tail.bytes)
+        st = o->kv_save(b->ctx, s->state, nb * B, p - nb * B, loc_of(pc, &c->tail), err);
+    if (st == LILY_OK)
+        st = o->recurrent_save(b->ctx, s->state, loc_of(pc, &c->rest), err);
     if (st != LILY_OK)
         checkpoint_release(pc, c);
     return st;
@@ -454,7 +450,7 @@ lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_sessi
     if (p <= 0)
         return LILY_OK;
     lily_status st = lily_prefix_cache_attach(pc, s->engine, err);
-    if (st != LILY_OK)
+    if (st != LILY_OK || !pc->split)
         return st;
     for (int i = 0; i < pc->n_entries; i++) {
         checkpoint *c = &pc->entries[i];
@@ -494,17 +490,12 @@ static lily_status restore_checkpoint(lily_prefix_cache *pc, lily_session *s, co
     const lily_backend_ops *o = b->ops;
     const int B = pc->block_rows;
     lily_status st = LILY_OK;
-    if (pc->split) {
-        for (int k = 0; k < c->n_blocks && st == LILY_OK; k++)
-            st = o->kv_load(b->ctx, s->state, k * B, B, loc_of(pc, &c->blocks[k]->kv), err);
-        if (st == LILY_OK && c->tail.bytes)
-            st = o->kv_load(b->ctx, s->state, c->n_blocks * B, c->n_tokens - c->n_blocks * B, loc_of(pc, &c->tail),
-                            err);
-        if (st == LILY_OK)
-            st = o->recurrent_load(b->ctx, s->state, loc_of(pc, &c->rest), err);
-    } else {
-        st = o->state_restore(b->ctx, s->state, c->rest.host, c->rest.bytes, err);
-    }
+    for (int k = 0; k < c->n_blocks && st == LILY_OK; k++)
+        st = o->kv_load(b->ctx, s->state, k * B, B, loc_of(pc, &c->blocks[k]->kv), err);
+    if (st == LILY_OK && c->tail.bytes)
+        st = o->kv_load(b->ctx, s->state, c->n_blocks * B, c->n_tokens - c->n_blocks * B, loc_of(pc, &c->tail), err);
+    if (st == LILY_OK)
+        st = o->recurrent_load(b->ctx, s->state, loc_of(pc, &c->rest), err);
     if (st != LILY_OK)
         return st;
     memcpy(s->tokens, c->tokens, (size_t)c->n_tokens * sizeof(int32_t));

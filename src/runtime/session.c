@@ -19,7 +19,9 @@ lily_status lily_session_new(lily_engine *e, int max_ctx, lily_session **out, li
     *out = NULL;
     if (max_ctx < 0)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: context size must be positive (got %d)", max_ctx);
-    if (max_ctx == 0) {
+    if (max_ctx == 0 && e->planned) {
+        max_ctx = e->plan.ctx;
+    } else if (max_ctx == 0) {
         max_ctx = e->cfg.max_position_embeddings;
         if (max_ctx <= 0 || max_ctx > LILY_SESSION_DEFAULT_MAX_CTX)
             max_ctx = LILY_SESSION_DEFAULT_MAX_CTX;

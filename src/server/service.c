@@ -42,6 +42,7 @@ struct lily_service {
     lily_session *session;
     lily_prefix_cache *cache; /* checkpoints of the session by token prefix; made in lily_service_new */
     size_t cache_vram_bytes;  /* the device pool asked for */
+    size_t gpu_memory_bytes;  /* lily_service_options.gpu_memory_bytes */
     int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
     lily_tokenizer *tok;
     int vocab;
@@ -78,6 +79,7 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->exact = opts->exact;
     svc->cache_vram_bytes = opts->cache_vram_bytes;
     svc->request_defaults = opts->request_defaults ? *opts->request_defaults : lily_request_defaults_none();
+    svc->gpu_memory_bytes = opts->gpu_memory_bytes;
     if (!svc->model_dir || !svc->backend || !svc->model_name) {
         lily_service_free(svc);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
@@ -170,7 +172,8 @@ lily_status lily_service_load(void *user, lily_error *err)
     if (st != LILY_OK)
         return st;
     lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads,
-                              .exact = svc->exact};
+                              .exact = svc->exact, .gpu_memory_bytes = svc->gpu_memory_bytes,
+                              .ctx_size = svc->ctx_size, .device_pool_bytes = svc->cache_vram_bytes};
     st = lily_engine_open(&eo, &svc->engine, err);
     if (st != LILY_OK)
         return st;

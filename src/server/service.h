@@ -36,6 +36,7 @@ typedef struct {
     const char *model_name;   /* the id responses carry */
     size_t cache_ram_bytes;   /* prefix cache pool (runtime/prefix_cache.h); 0 = 4096 MiB */
     size_t cache_vram_bytes;  /* prefix cache device pool (CUDA backend); 0 = none */
+    size_t gpu_memory_bytes;  /* lily_engine_options.gpu_memory_bytes (0 = all free) */
     int checkpoint_every;     /* prefix cache checkpoint interval in tokens; 0 = 4096, < 0 = none */
     const lily_request_defaults *request_defaults; /* NULL: none (lily_request_defaults_none) */
 } lily_service_options;

@@ -1,8 +1,7 @@
 /* test_cuda_gdn_prefill.cu — the Gated DeltaNet prefill paths against a double-precision CPU twin of
  * MODEL.md §4.4 steps 2-7, over a sequence of forward calls on one state, each case per variant: "recur"
  * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, g_cuda_tuning.gdn_prefill 1) and "chunked"
- * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2), and each
- * further kernel variant of the chunked form ("chunked-v1": gdn_prefill 4). Calls of
+ * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2-4). Calls of
  * n > 1 tokens take the variant's launch (as cuda_enqueue_forward does), n == 1 the decode kernel
  * (launch_gdn_scan), so state and conv-state carry between chunks and prefill -> decode -> prefill
  * hand-offs (conv ping-pong parity) are all checked. Outputs and the prep and chunk scratch are
@@ -25,9 +24,9 @@
 #include "cuda_test_util.cuh"
 #include "cuda_test_check.cuh"
 
-/* 0: recurrence; 1 + v: chunked kernels' variant v (launch_gdn_prefill_chunked_variant) */
-#define N_VAR 3
-static const char *const VARIANT[N_VAR] = {"recur", "chunked", "chunked-v1"};
+/* 0: recurrence (launch_gdn_prefill); 1: chunked (launch_gdn_prefill_chunked) */
+#define N_VAR 2
+static const char *const VARIANT[N_VAR] = {"recur", "chunked"};
 
 enum { DECAY_MIXED, DECAY_SLOW, DECAY_FAST };
 
@@ -96,7 +95,7 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
             a.out = dout + (size_t)t0 * Hv * dv;
             CK(cudaMemcpy(dpre, nanp.data(), pre_floats * sizeof(float), cudaMemcpyHostToDevice));
             cudaError_t e = m == 1 ? launch_gdn_scan(a, m, 0)
-                            : var  ? launch_gdn_prefill_chunked_variant(a, dpre, dwy, m, var - 1, 0)
+                            : var  ? launch_gdn_prefill_chunked(a, dpre, dwy, m, 0)
                                    : launch_gdn_prefill(a, dpre, m, 0);
             if (e == cudaSuccess)
                 e = cudaDeviceSynchronize();

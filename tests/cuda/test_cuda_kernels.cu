@@ -140,7 +140,7 @@ static void check_stream_vs_mma(gemv_batch b, const gemv_input &in, int out_mode
     cudaFree(dam);
 }
 
-static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats, int topk_k = 0)
+static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
 {
     hmat m[GEMV_MAX_MATS];
     gemv_batch b;
@@ -178,21 +178,6 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
     unsigned long long *dam;
     CK(cudaMalloc(&dam, n * 8));
     CK(cudaMemset(dam, 0, n * 8));
-    int *d_idx = NULL;
-    float *d_w = NULL;
-    unsigned int *d_ctr = NULL;
-    if (topk_k > 0) { /* the router's decode top-k, published by the streaming kernel's last block */
-        CK(cudaMalloc(&d_idx, topk_k * sizeof(int)));
-        CK(cudaMalloc(&d_w, topk_k * sizeof(float)));
-        CK(cudaMalloc(&d_ctr, sizeof(unsigned int)));
-        CK(cudaMemset(d_idx, 0xff, topk_k * sizeof(int)));
-        CK(cudaMemset(d_ctr, 0, sizeof(unsigned int)));
-        b.topk_k = topk_k;
-        b.topk_n = rows;
-        b.topk_idx = d_idx;
-        b.topk_w = d_w;
-        b.topk_counter = d_ctr;
-    }
     cudaError_t e = launch_gemv(b, in, out_mode, n, dam, 0);
     if (e != cudaSuccess) {
         printf("FAIL gemv bits %d cols %d: launch %s\n", bits, cols, cudaGetErrorString(e));
@@ -202,47 +187,9 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
     std::vector<float> got = host_copy(dy, (size_t)n * stride);
     /* the streamed kernel (every shape it takes while the knob is on): bit-identical to gemv_mma's results;
      * the block of streamed checks in main forces the knob for shapes chosen to take it */
-    if (g_cuda_tuning.gemv_stream > 0 && n == 1 && bits == 4 && topk_k == 0 && (g_stream_forced || gemv_stream_wanted(b, 1)))
+    if (g_cuda_tuning.gemv_stream > 0 && n == 1 && bits == 4 && (g_stream_forced || gemv_stream_wanted(b, 1)))
         check_stream_vs_mma(b, in, out_mode, out_mode == GEMV_OUT_ADD ? &y0 : NULL, (size_t)n * stride, got,
                             host_copy(dam, 1)[0]);
-    if (topk_k > 0) {
-        /* reference: rank the kernel's own logits (ties to the lower id), softmax over the selected */
-        std::vector<int> want_idx;
-        std::vector<bool> used(rows, false);
-        for (int k = 0; k < topk_k; k++) {
-            int bi = -1;
-            for (int r = 0; r < rows; r++)
-                if (!used[r] && (bi < 0 || got[r] > got[bi]))
-                    bi = r;
-            used[bi] = true;
-            want_idx.push_back(bi);
-        }
-        double z = 0;
-        for (int k = 0; k < topk_k; k++)
-            z += exp((double)got[want_idx[k]] - got[want_idx[0]]);
-        int gi[16];
-        float gw[16];
-        CK(cudaMemcpy(gi, d_idx, topk_k * sizeof(int), cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(gw, d_w, topk_k * sizeof(float), cudaMemcpyDeviceToHost));
-        unsigned int ctr = 1;
-        CK(cudaMemcpy(&ctr, d_ctr, sizeof ctr, cudaMemcpyDeviceToHost));
-        double werr = 0;
-        int idx_bad = 0;
-        for (int k = 0; k < topk_k; k++) {
-            idx_bad += gi[k] != want_idx[k];
-            werr = fmax(werr, fabs(gw[k] - exp((double)got[want_idx[k]] - got[want_idx[0]]) / z));
-        }
-        g_checks++;
-        if (idx_bad || !(werr <= 1e-6) || ctr != 0) {
-            g_fail++;
-            printf("FAIL router top-%d of %d: %d ids differ, max |dw| %.2e, counter %u\n", topk_k, rows, idx_bad, werr, ctr);
-        } else {
-            printf("ok   router top-%d of %d (ids exact, max |dw| %.2e, counter reset)\n", topk_k, rows, werr);
-        }
-        cudaFree(d_idx);
-        cudaFree(d_w);
-        cudaFree(d_ctr);
-    }
     std::vector<unsigned long long> am = host_copy(dam, n);
     std::vector<double> want((size_t)n * total), mag((size_t)n * total);
     std::vector<float> gotc((size_t)n * total);
@@ -408,9 +355,9 @@ static void test_gemv_stream_threshold(void)
 
 /* ---- MoE ----------------------------------------------------------------------------------------- */
 
-/* sinter: the shared expert's intermediate size (0: = inter); need_mma: with topk_ready, require the
+/* sinter: the shared expert's intermediate size (0: = inter); need_mma: with decode (n == 1), require the
  * tensor-core decode kernels (false: the shape has none, moe_route.cu's kernels run) */
-static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool topk_ready = false, int sinter = 0,
+static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool decode = false, int sinter = 0,
                      bool need_mma = true)
 {
     if (sinter <= 0)
@@ -443,24 +390,7 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     a.topk_idx = di;
     a.topk_w = dev_nan((size_t)n * K);
     a.out = dh;
-    if (topk_ready) { /* decode: the router published the top-k (n == 1); the tensor-core kernels run */
-        std::vector<int> idx;
-        std::vector<float> w;
-        std::vector<bool> taken(E, false);
-        double sel = 0;
-        for (int k = 0; k < K; k++) {
-            int bi = -1;
-            for (int e = 0; e < E; e++)
-                if (!taken[e] && (bi < 0 || logits[e] > logits[bi])) bi = e;
-            taken[bi] = true;
-            idx.push_back(bi);
-            sel += exp((double)logits[bi] - logits[idx[0]]);
-        }
-        for (int k = 0; k < K; k++)
-            w.push_back((float)(exp((double)logits[idx[k]] - logits[idx[0]]) / sel));
-        CK(cudaMemcpy(di, idx.data(), K * sizeof(int), cudaMemcpyHostToDevice));
-        CK(cudaMemcpy((void *)a.topk_w, w.data(), K * sizeof(float), cudaMemcpyHostToDevice));
-        a.topk_ready = 1;
+    if (decode) { /* n == 1: the tensor-core kernels run */
         if (need_mma && !moe_decode_mma_supported(a, n)) {
             printf("FAIL moe: no tensor-core decode kernel for hidden %d inter %d\n", hidden, inter);
             g_fail++;
@@ -532,7 +462,7 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     char what[160];
     const bool mma = moe_decode_mma_supported(a, n);
     snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s%s", bits, hidden, E,
-             K, inter, sinter, n, topk_ready ? " (decode top-k from the router)" : "", mma ? " (tensor cores)" : "",
+             K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "",
              mma && g_cuda_tuning.moe_gate_up_staged ? " (staged gate/up)" : "");
     check(what, got, want, mag, 3e-4);
 }
@@ -567,9 +497,8 @@ struct moe_early_layer {
  * CUDA graph (PDL edges) with no host wait between them, a session-like reset of the counters (step 0,
  * tagged words zeroed, h kept) and 3 more replays. h and the last layer's ids after every step must be
  * bit-identical with moe_early_ids 0 and 1 (and 1 with pdl 0, where nothing is published); with the knob
- * the tagged words must hold the last forward call's ids under its tag. router_topk: the router GEMV's
- * last block ranks and publishes (g_cuda_tuning.router_topk), the gate/up blocks poll too. */
-static void test_moe_early(int hidden, int E, int K, int inter, int n_layers, bool router_topk = false)
+ * the tagged words must hold the last forward call's ids under its tag. */
+static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
 {
     const int CAP = 16, eager = 2, replays1 = 6, replays2 = 3, n_steps = eager + replays1 + replays2;
     std::vector<moe_early_layer> Ls(n_layers);
@@ -586,9 +515,6 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers, bo
     const std::vector<float> h0 = rand_vec(hidden, -1, 1);
     float *dh, *logits = dev_nan(E + 1), *hid = dev_nan((size_t)(K + 1) * inter), *topk_w = dev_nan(K), *hist;
     int *topk_idx, *ids, *rec;
-    unsigned int *counter; /* the router's finished blocks (router_topk), zero between launches */
-    CK(cudaMalloc(&counter, sizeof(unsigned int)));
-    CK(cudaMemset(counter, 0, sizeof(unsigned int)));
     unsigned char *ctr; /* pos, step at 0 / 4; tagged words at 128 (as cuda_counters) */
     CK(cudaMalloc(&dh, hidden * sizeof(float)));
     CK(cudaMalloc(&topk_idx, K * sizeof(int)));
@@ -612,12 +538,6 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers, bo
             b.y_stride[0] = E + 1;
             b.row_start[1] = E + 1;
             b.n_mats = 1;
-            b.topk_k = K, b.topk_n = E, b.topk_idx = topk_idx, b.topk_w = topk_w, b.topk_counter = counter;
-            const bool ready = router_topk && gemv_topk_supported(b, 1);
-            if (!ready)
-                b.topk_k = 0;
-            if (ready && moe_early_ids_wanted(l))
-                b.topk_pub = pub, b.topk_step = step, b.topk_layer = l;
             gemv_input in;
             memset(&in, 0, sizeof in);
             in.act = dh, in.act_stride = hidden, in.mode = GEMV_IN_RMSNORM, in.norm_w = L.nw, in.eps = 1e-6f;
@@ -627,7 +547,7 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers, bo
             m.router_logits = logits, m.logit_stride = E + 1;
             m.n_experts = E, m.top_k = K, m.inter = inter, m.shared_inter = inter, m.hidden = hidden;
             m.h = dh, m.norm_w = L.nw, m.eps = 1e-6f, m.hid = hid, m.topk_idx = topk_idx, m.topk_w = topk_w, m.out = dh;
-            m.step = step, m.topk_pub = pub, m.layer = l, m.topk_ready = ready;
+            m.step = step, m.topk_pub = pub, m.layer = l;
             e = launch_gemv(b, in, GEMV_OUT_STORE, 1, NULL, s);
             if (e == cudaSuccess)
                 e = launch_moe_gate_up(m, 1, s);
@@ -725,15 +645,15 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers, bo
     const bool ok = same1 && same2 && finite && changed >= 1 && (pub_ok || !pdl_on) && pub0;
     g_checks++;
     g_fail += !ok;
-    printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers%s%s, %d steps (2 eager, 6 + 3 graph replays, "
+    printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers%s, %d steps (2 eager, 6 + 3 graph replays, "
            "reset): h and ids vs moe_early_ids=0 %s (max|d| %.3g), with pdl=0 %s (max|d| %.3g) | ids changed in "
            "%d of %d steps | tagged words %s, none published without the knob or PDL %s\n",
-           ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers, router_topk ? ", top-k by the router" : "",
+           ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers,
            g_cuda_tuning.moe_gate_up_staged ? ", staged gate/up" : "", n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
            same2 ? "bit-identical" : "DIFFER", dmax2, changed, n_steps - 1,
            !pdl_on ? "n/a (no PDL)" : pub_ok ? "ok" : "WRONG", pub0 ? "ok" : "WRONG");
     cudaStreamDestroy(s);
-    cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr), cudaFree(counter);
+    cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr);
 }
 
 /* ---- Gated DeltaNet scan ---------------------------------------------------------------------------- */
@@ -1010,7 +930,7 @@ int main(void)
             test_gemv(bits, cols, 1001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1);
             test_gemv(bits, cols, 5000 + 17 * bi, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2); /* many stages per block */
             if (bits == 8)
-                test_gemv(bits, cols, 256, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2, 8); /* router + shared gate */
+                test_gemv(bits, cols, 256, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2); /* router + shared gate */
         }
     }
     for (int i = 0; i < 5; i++)
@@ -1038,7 +958,7 @@ int main(void)
             g_cuda_tuning.gemv_mma = mma_default;
         }
     }
-    test_gemv(8, 384, 24, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2, 4); /* lily-tiny router top-4 of 24 */
+    test_gemv(8, 384, 24, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2); /* lily-tiny router + shared gate */
     test_gemv(8, 384, 24, 2, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
     test_gemv(8, 384, 24, 7, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
     /* the streamed decode GEMV (gemv_stream.cu), every size taking it (gemv_stream = 1 KiB): against the
@@ -1100,7 +1020,7 @@ int main(void)
         test_moe(8, 384, 24, 4, 64, ns[i], false, 256);
         test_moe(16, 384, 24, 4, 64, ns[i], false, 256);
     }
-    test_moe(4, 384, 24, 4, 64, 1, true, 256, false); /* decode: top-k published by the router GEMV */
+    test_moe(4, 384, 24, 4, 64, 1, true, 256, false); /* decode, no tensor-core shape */
     test_moe(4, 384, 24, 4, 64, 7, false, 64);        /* equal widths at hidden 384 */
     test_moe(4, 128, 16, 4, 128, 2, false, 64);       /* shared expert narrower than a routed one */
     test_moe(4, 2048, 32, 8, 128, 1, false, 512);
@@ -1111,8 +1031,6 @@ int main(void)
     }
     g_cuda_tuning.moe_gate_up_staged = dflt.moe_gate_up_staged;
     test_moe_early(512, 64, 8, 128, 3);
-    test_moe_early(2048, 32, 8, 512, 2, true);
-    test_moe_early(512, 64, 8, 128, 3, true);
     /* Gated DeltaNet */
     for (int i = 0; i < 4; i++) {
         test_gdn(2, 4, 32, ns[i], 1);

@@ -205,22 +205,16 @@ static void run(void)
     REQUIRE(lily_backend_create("cuda", &cfg, &w, &opts, &gpu, &err) == LILY_OK, "cuda create: %s", err.message);
     const lily_cuda_tuning def = LILY_CUDA_TUNING_DEFAULT;
     run_modes(&gpu, ids, ref, V, "default kernels", FAST);
-    /* the knobs' other sides: SIMT GEMV / attention, general DeltaNet scan, router-published top-k,
-     * prefill q normed + rotated by its own kernel */
+    /* the knobs' other sides: SIMT GEMV / attention, general DeltaNet scan, prefill q normed + rotated by
+     * its own kernel */
     lily_cuda_tuning alt = def;
     alt.att_prefill_fused_q = 0;
     alt.gemv_mma = 0;
     alt.att_mma = 0;
     alt.gdn_decode = 0;
     alt.gdn_prefill = 0;
-    alt.router_topk = 1;
     lily_cuda_set_tuning(&alt);
     run_modes(&gpu, ids, ref, V, "alternate kernels", FAST);
-    /* the prefill MoE block's single-block expert plan (the default is the multi-block one) */
-    lily_cuda_tuning moe = def;
-    moe.moe_plan = 0;
-    lily_cuda_set_tuning(&moe);
-    run_modes(&gpu, ids, ref, V, "prefill MoE plan 0", FAST);
     lily_cuda_set_tuning(&def);
     lily_backend_destroy(&gpu);
 

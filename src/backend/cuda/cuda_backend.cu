@@ -272,7 +272,9 @@ static lily_status upload_layer(cuda_ctx *c, const lily_weights *w, int l, lily_
     return LILY_OK;
 }
 
-static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
+/* The scratch for c->max_chunk tokens: allocated when `count` is NULL, else only its bytes added up into
+ * *count (the memory plan's estimate; one function so the two cannot drift apart). */
+static lily_status scratch_layout(cuda_ctx *c, size_t *count, lily_error *err)
 {
     const lily_config *cfg = &c->cfg;
     const size_t C = c->max_chunk, H = cfg->hidden;
@@ -288,8 +290,10 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
     lily_status st;
 #define AL(ptr, bytes)                                                                             \
     do {                                                                                           \
-        void *p_;                                                                                  \
-        if ((st = ctx_alloc(c, &p_, (bytes), err)) != LILY_OK)                                     \
+        void *p_ = NULL;                                                                           \
+        if (count)                                                                                 \
+            *count += ((size_t)(bytes) + 511) / 512 * 512;                                         \
+        else if ((st = ctx_alloc(c, &p_, (bytes), err)) != LILY_OK)                                \
             return st;                                                                             \
         *(void **)&(ptr) = p_;                                                                     \
     } while (0)
@@ -311,7 +315,7 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
     AL(c->hid, C * (cfg->n_experts_used + 1) * inter * 4);
     AL(c->topk_idx, C * cfg->n_experts_used * 4);
     AL(c->topk_w, C * cfg->n_experts_used * 4);
-    AL(c->logits, C * (size_t)cfg->vocab_size * 4);
+    AL(c->logits, (size_t)c->logits_rows * cfg->vocab_size * 4);
     AL(c->argmax, C * 8);
     AL(c->part_o, (size_t)cfg->n_kv_heads * c->att_splits * G * cfg->head_dim * 4);
     AL(c->part_ml, (size_t)cfg->n_kv_heads * c->att_splits * G * 2 * 4);
@@ -336,12 +340,20 @@ static lily_status alloc_scratch(cuda_ctx *c, lily_error *err)
         AL(c->pf_tile_start, (C * K + E + 1) * 4);
         AL(c->pf_n_tiles, 4);
     }
-    AL(c->moe_counter, 4);
 #undef AL
+    if (count)
+        return LILY_OK;
     CUDA_TRY(cudaMemset(c->att_counter, 0, (size_t)cfg->n_kv_heads * 4));
-    CUDA_TRY(cudaMemset(c->moe_counter, 0, 4));
     CUDA_TRY(cudaMemset(c->argmax, 0, C * 8));
     return LILY_OK;
+}
+
+/* Rows of logits kept on the device: LILY_LOGITS_ALL of a longer call runs the LM head in blocks of this
+ * many rows (cuda_forward), so the scratch does not grow with chunk x vocabulary. The debug hook sees
+ * every row at once (one LILY_STAGE_LOGITS call), so with a hook the whole chunk is kept. */
+static int logits_rows(const lily_backend_options *opts, int max_chunk)
+{
+    return opts->debug_hook || max_chunk < LOGITS_BLOCK_ROWS ? max_chunk : LOGITS_BLOCK_ROWS;
 }
 
 static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
@@ -378,6 +390,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     c->kv_elem = opts->exact ? sizeof(float) : sizeof(__nv_bfloat16);
     c->device = opts->device;
     c->max_chunk = opts->max_chunk > 0 ? opts->max_chunk : 512;
+    c->logits_rows = logits_rows(opts, c->max_chunk);
     lily_status st = LILY_OK;
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -417,7 +430,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     for (int l = 0; l < cfg->n_layers; l++)
         if ((st = upload_layer(c, w, l, err)) != LILY_OK)
             goto fail;
-    if ((st = alloc_scratch(c, err)) != LILY_OK)
+    if ((st = scratch_layout(c, NULL, err)) != LILY_OK)
         goto fail;
     if (opts->debug_hook) { /* host staging for the debug hook only */
         const size_t hb = (size_t)c->max_chunk * LILY_MAX(cfg->hidden, cfg->vocab_size) * sizeof(float);
@@ -867,6 +880,46 @@ static void cuda_device_pool_free(void *vctx, void *pool)
     cudaFree(pool);
 }
 
+/* The device runtime's own memory beside lily's allocations: the CUDA context with its kernel images, the
+ * decode graphs, the allocator's rounding. Measured on the H200: nvidia-smi's peak for `lily serve` on the
+ * full-size model was ~150 MiB under the plan with this figure, i.e. ~620 MiB (docs/BENCHMARKS.md). */
+#define CUDA_RUNTIME_BYTES ((size_t)768 << 20)
+
+static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights *w, const lily_backend_options *opts,
+                                     lily_backend_memory *out, lily_error *err)
+{
+    memset(out, 0, sizeof *out);
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        cudaGetLastError();
+        return lily_error_set(err, LILY_ERR_BACKEND, "cuda: no usable NVIDIA GPU/driver found");
+    }
+    if (opts->device < 0 || opts->device >= n_dev)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: device %d out of range (%d devices)",
+                              opts->device, n_dev);
+    CUDA_TRY(cudaSetDevice(opts->device));
+    CUDA_TRY(cudaFree(NULL)); /* makes the context, so the free memory below excludes it */
+    CUDA_TRY(cudaMemGetInfo(&out->device_free, &out->device_total));
+    cuda_ctx c; /* a dry run of create()'s sizes: nothing is allocated */
+    memset(&c, 0, sizeof c);
+    c.cfg = *cfg;
+    c.opts = *opts;
+    c.kv_elem = opts->exact ? sizeof(float) : sizeof(__nv_bfloat16);
+    c.max_chunk = opts->max_chunk > 0 ? opts->max_chunk : 512;
+    c.logits_rows = logits_rows(opts, c.max_chunk);
+    lily_status st = scratch_layout(&c, &out->scratch_bytes, err);
+    if (st != LILY_OK)
+        return st;
+    size_t n_attn = 0;
+    for (int l = 0; l < cfg->n_layers; l++)
+        n_attn += cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION;
+    out->runtime_bytes = CUDA_RUNTIME_BYTES;
+    out->weight_bytes = weights_device_bytes(w);
+    out->kv_bytes_per_token = n_attn * 2 * kv_bytes(&c, 1) + sizeof(int); /* + out_tokens */
+    out->state_bytes = ((size_t)cfg->n_layers - n_attn) * (conv_bytes(cfg) + rec_bytes(cfg)) + sizeof(cuda_counters);
+    return LILY_OK;
+}
+
 static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
                                 float *logits, lily_error *err);
 
@@ -874,6 +927,7 @@ static const lily_backend_ops cuda_ops = {
     "cuda",
     cuda_create,
     cuda_destroy,
+    cuda_memory_needs,
     cuda_state_new,
     cuda_state_free,
     cuda_state_reset,
@@ -892,6 +946,7 @@ static const lily_backend_ops cuda_ops = {
     cuda_device_pool_new,
     cuda_device_pool_free,
     cuda_decode_loop,
+    cuda_measure_limits,
 };
 
 extern "C" const lily_backend_ops *lily_cuda_backend_ops_get(void) { return &cuda_ops; }
@@ -927,16 +982,28 @@ static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, in
     CUDA_TRY(cudaSetDevice(c->device));
     CUDA_TRY(cudaMemcpyAsync(c->d_tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
     lily_status st;
+    const bool blocks = mode == LILY_LOGITS_ALL && n > c->logits_rows; /* the LM head block by block, below */
     if (n == 1 && !c->opts.debug_hook && mode != LILY_LOGITS_NONE)
         st = cuda_forward_logits_graph(c, s, err);
     else
-        st = cuda_enqueue_forward(c, s, n, mode, n == 1, err);
+        st = cuda_enqueue_forward(c, s, n, blocks ? LILY_LOGITS_NONE : mode, n == 1, err);
     if (st != LILY_OK)
         return st;
-    const size_t rows = mode == LILY_LOGITS_ALL ? (size_t)n : mode == LILY_LOGITS_LAST ? 1 : 0;
-    if (rows)
-        CUDA_TRY(cudaMemcpyAsync(logits, c->logits, rows * c->cfg.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
-                                 c->stream));
+    const size_t V = c->cfg.vocab_size;
+    if (blocks) {
+        /* stream order: each block's copy is done before the next block's LM head writes c->logits */
+        for (int r0 = 0; r0 < n; r0 += c->logits_rows) {
+            const int rows = LILY_MIN(c->logits_rows, n - r0);
+            if ((st = cuda_enqueue_lm_head(c, r0, rows, err)) != LILY_OK)
+                return st;
+            CUDA_TRY(cudaMemcpyAsync(logits + (size_t)r0 * V, c->logits, (size_t)rows * V * sizeof(float),
+                                     cudaMemcpyDeviceToHost, c->stream));
+        }
+    } else {
+        const size_t rows = mode == LILY_LOGITS_ALL ? (size_t)n : mode == LILY_LOGITS_LAST ? 1 : 0;
+        if (rows)
+            CUDA_TRY(cudaMemcpyAsync(logits, c->logits, rows * V * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    }
     st = cuda_sync(c, err);
     if (st != LILY_OK)
         return st;

@@ -83,13 +83,10 @@ typedef struct {
                              * 3 (as 1, two weight groups loaded before the PDL wait), 0 off */
     int att_mma;            /* decode attention on tensor cores: 1, or 0 the SIMT split-KV kernel */
     int gdn_decode;         /* one-token Gated DeltaNet scan kernel: 1, or 0 the general scan */
-    int router_topk;        /* decode top-k ranked once by the router GEMV's last block: 1, or 0 per MoE block */
     int gdn_prefill;        /* Gated DeltaNet prefill (n > 1): 1 prep + sequential recurrence (deltanet_prefill.cu),
                              * 2 prep + chunked delta rule on tensor cores (deltanet_chunked.cu) for every n > 1,
-                             * 3 chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh), else 1; 0 the general scan;
-                             * 4 as 3 with the chunked kernels' variant 1 (launch_gdn_prefill_chunked_variant: cheap
-                             * tf32 split, operands split once in shared memory); default 4 (H200, 4096-token
-                             * chunk: DeltaNet 22.8-23.3 vs 28.2 ms with 3).
+                             * 3 or more (default 4): chunked for n >= GDN_CHUNKED_MIN_TOKENS (cuda_internal.cuh),
+                             * else 1; 0 the general scan.
                              * The environment variable LILY_CUDA_GDN_PREFILL=0..4, read when a CUDA backend is
                              * created, overrides it (tests, lily eval) */
     int prefill_gemm;       /* prefill projections and MoE (n >= 16) on tensor-core GEMMs: 1, or 0 the GEMV kernels */
@@ -128,25 +125,15 @@ typedef struct {
     int gemv_stream;        /* 0 off; N > 0: batches of >= N KiB of weights (data + scales + biases); default 1
                              * (every shape it has), measured 442 vs 410 tok/s at 4K (H200) */
     int gemv_stream_stages; /* ring stages (one group of 8 warps' tiles each): 0 as many as fit, else 1..8 */
-    int moe_early_ids;      /* decode MoE (moe_decode.cu, with PDL): 1 = the kernel that ranks the top-k (the gate/up
-                             * block of item 0, or the router's last block with router_topk) publishes it as
-                             * step-tagged words and the down blocks (and with router_topk the gate/up blocks) poll
-                             * them before their PDL wait, so the expert loads start while the previous kernel still
+    int moe_early_ids;      /* decode MoE (moe_decode.cu, with PDL): 1 = the gate/up block of item 0, which ranks the
+                             * top-k, publishes it as step-tagged words and the down blocks poll them before their
+                             * PDL wait, so the expert loads start while the previous kernel still
                              * runs; 0 = the ids read after the wait; default 1 (H200, 4K: 461.3 vs 450.5 tok/s) */
     int gemm_prep_rows;     /* prefill activation pre-pass (gemm_prep.cu): 1 = 1-8 warps per row, values in
                              * registers; 0 = one block per row through shared memory; default 1 (H200, 4K
                              * prompt: 36,329 vs 34,542 tok/s) */
-    /* prefill MoE block (forward_prefill.cu, moe_prefill.cu) */
-    int moe_plan;           /* expert plan: 0 = one block; 1 = two kernels of one block per 64 tokens (positions
-                             * within an expert in token order, the same output); default 1 (H200, 4096-token
-                             * chunk: MoE 45.8 vs 46.9 ms). The knobs moe_router (router rows alone, gate
-                             * logit in the top-k kernel), moe_y_bf16 (bf16 per-slot down outputs), moe_hid_h16
-                             * (fp16 SwiGLU output + regroup) and moe_shared_add (shared down added to h by
-                             * its GEMM) were removed after measuring slower (H200, 4096-token prompt, gemm_variant
-                             * 4: 39,110 tok/s with all 0; 38,965 / 38,235 with moe_router 1 / 2, 37,249
-                             * moe_y_bf16, 38,279 moe_hid_h16, 37,794 moe_shared_add) */
 } lily_cuda_tuning;
-#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 0, 4, 1, 3, 2, 1, 11, 0, 0, 1, 1, 1, 0, 1, 1, 1}
+#define LILY_CUDA_TUNING_DEFAULT {1, 0, 3, 1, 1, 4, 1, 3, 2, 1, 11, 0, 0, 1, 1, 1, 0, 1, 1}
 void lily_cuda_set_tuning(const lily_cuda_tuning *t);
 
 #ifdef __cplusplus

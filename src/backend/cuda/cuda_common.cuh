@@ -59,18 +59,6 @@ struct gemv_batch {
     int n_mats;
     int grid_cap; /* most blocks per token (0: 264 = 2 per SM of an H100/H200) */
     int exact;    /* 1 (exact mode): the fp32 SIMT kernel only, never gemv_mma / gemv_stream (fp16 operands) */
-    /* Router top-k, decode only (gemv_decode.cu): when topk_k > 0 the last block to finish ranks
-     * y[0][0..topk_n) (moe_topk.cuh) and writes topk_idx/topk_w [topk_k]; topk_counter is a device
-     * word that is zero between launches. */
-    int topk_k, topk_n;
-    int *topk_idx;
-    float *topk_w;
-    unsigned int *topk_counter;
-    /* with topk_k > 0: also publish the top-k as tagged words for the MoE kernels (moe_args.topk_pub,
-     * moe_decode.cu; NULL: not), tagged with *topk_step and topk_layer */
-    unsigned long long *topk_pub;
-    const int *topk_step;
-    int topk_layer;
 };
 
 struct gemv_input {
@@ -246,7 +234,6 @@ cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int ou
                                cudaStream_t s);
 bool gemv_stream_wanted(const gemv_batch &b, int n_tokens);
 /* Whether launch_gemv publishes the batch's router top-k (decode through gemv_decode.cu's kernel). */
-bool gemv_topk_supported(const gemv_batch &b, int n_tokens);
 
 /* moe_route.cu */
 struct moe_args {
@@ -262,7 +249,6 @@ struct moe_args {
     int *topk_idx;                  /* scratch [n_tokens][top_k] */
     float *topk_w;                  /* scratch [n_tokens][top_k] */
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
-    int topk_ready;                 /* 1: topk_idx/topk_w were written by the router GEMV (decode) */
     int exact;                      /* 1 (exact mode): moe_route.cu's fp32 kernels only, never moe_decode.cu's */
     /* Decode, g_cuda_tuning.moe_early_ids (moe_decode.cu): the session's forward-call counter (device; not
      * written during a forward call), its MOE_PUB_WORDS tagged top-k words (cuda_counters) and the layer
@@ -284,7 +270,7 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens);
 cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s);
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s);
 /* Whether the MoE kernels of layer `layer` use the tagged top-k (g_cuda_tuning.moe_early_ids, with PDL on
- * sm_90 code, layer < 256): with the router's top-k the router GEMV must then publish it (gemv_batch.topk_pub). */
+ * sm_90 code, layer < 256). */
 bool moe_early_ids_wanted(int layer);
 
 /* deltanet_scan.cu */
@@ -320,10 +306,6 @@ bool gdn_chunked_supported(const gdn_args &a); /* gdn_prefill_supported, dk 32/6
 int gdn_chunked_record_floats(int dk, int dv);
 size_t gdn_chunked_scratch_floats(int max_tokens, int Hv, int dk, int dv);
 cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
-/* The same with a choice of kernels: variant 0 the kernels above (g_cuda_tuning.gdn_prefill 2, 3); 1 the
- * cheaper tf32 split and operands pre-split in shared memory (gdn_prefill 4, deltanet_chunked.cu). */
-cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
-                                               cudaStream_t s);
 
 /* attention.cu (norm_rope.cu + attention_decode.cu) */
 struct attn_args {

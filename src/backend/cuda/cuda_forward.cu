@@ -137,6 +137,19 @@ static void batch_add(gemv_batch *b, const dmat &m, float *y, int y_stride)
     b->row_start[k + 1] = b->row_start[k] + m.rows;
 }
 
+lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *err)
+{
+    const int H = c->cfg.hidden;
+    gemv_batch b;
+    batch_init(c, &b);
+    batch_add(&b, c->lm_head, c->logits, c->cfg.vocab_size);
+    const gemv_input in = in_rms(c->h + (size_t)row0 * H, H, c->final_norm, c->cfg.rms_norm_eps);
+    if (prefill_gemm(c, rows))
+        return cuda_prefill_proj(c, b, in, GEMV_OUT_STORE, rows, err);
+    LAUNCH(launch_gemv(b, in, GEMV_OUT_STORE, rows, NULL, c->stream));
+    return LILY_OK;
+}
+
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err)
 {
@@ -250,8 +263,8 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             MARK(PS_GDN_SCAN);
             const int gp = c->opts.exact ? 1 : g_cuda_tuning.gdn_prefill; /* exact: the fp32 recurrence */
             if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp >= 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
-                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule (gp 4: variant 1) */
-                LAUNCH(launch_gdn_prefill_chunked_variant(g, c->gdn_pre, c->gdn_wy, n, gp >= 4 ? 1 : 0, s));
+                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule */
+                LAUNCH(launch_gdn_prefill_chunked(g, c->gdn_pre, c->gdn_wy, n, s));
             else if (n > 1 && c->gdn_pre && gp && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
                 LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
             else
@@ -288,20 +301,6 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             batch_init(c, &b);
             batch_add(&b, L->router, c->router, E + 1);
             batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
-            b.topk_k = cfg->n_experts_used;
-            b.topk_n = E;
-            b.topk_idx = c->topk_idx;
-            b.topk_w = c->topk_w;
-            b.topk_counter = c->moe_counter;
-            /* decode: ranked once by the router's last block (knob), else by every MoE block */
-            const bool topk_in_router = g_cuda_tuning.router_topk && gemv_topk_supported(b, n);
-            if (!topk_in_router)
-                b.topk_k = 0;
-            if (topk_in_router && moe_early_ids_wanted(l)) { /* the tagged words the MoE kernels poll */
-                b.topk_pub = st->ctr->moe_topk_pub;
-                b.topk_step = &st->ctr->step;
-                b.topk_layer = l;
-            }
             LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
             moe_args m;
             memset(&m, 0, sizeof m);
@@ -325,7 +324,6 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             m.topk_idx = c->topk_idx;
             m.topk_w = c->topk_w;
             m.out = c->h;
-            m.topk_ready = topk_in_router;
             m.exact = c->opts.exact;
             m.step = &st->ctr->step; /* moe_early_ids: tags of this forward call's published top-k */
             m.topk_pub = st->ctr->moe_topk_pub;
@@ -342,16 +340,20 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
     }
 
     MARK(PS_LM_HEAD);
+    if (lm_mode == LILY_LOGITS_ALL && n > c->logits_rows)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: all-row logits of %d tokens (at most %d at once)",
+                              n, c->logits_rows);
     if (lm_mode != LILY_LOGITS_NONE) {
         const int rows = lm_mode == LILY_LOGITS_ALL ? n : 1;
-        const float *act = lm_mode == LILY_LOGITS_ALL ? c->h : c->h + (size_t)(n - 1) * H;
-        gemv_batch b;
-        batch_init(c, &b);
-        batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
-        if (lm_mode == LM_GREEDY)
-            LAUNCH(launch_gemv(b, in_rms(act, H, c->final_norm, eps), GEMV_OUT_ARGMAX, rows, c->argmax, s));
-        else
-            PROJ(b, in_rms(act, H, c->final_norm, eps), GEMV_OUT_STORE, rows);
+        if (lm_mode == LM_GREEDY) {
+            gemv_batch b;
+            batch_init(c, &b);
+            batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
+            LAUNCH(launch_gemv(b, in_rms(c->h + (size_t)(n - 1) * H, H, c->final_norm, eps), GEMV_OUT_ARGMAX, 1,
+                               c->argmax, s));
+        } else if ((rs = cuda_enqueue_lm_head(c, lm_mode == LILY_LOGITS_ALL ? 0 : n - 1, rows, err)) != LILY_OK) {
+            return rs;
+        }
         if (hook && lm_mode != LM_GREEDY &&
             (rs = hook_dev(c, -1, LILY_STAGE_LOGITS, c->logits, rows, cfg->vocab_size, NULL, err)) != LILY_OK)
             return rs;

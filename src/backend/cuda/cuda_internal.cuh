@@ -25,6 +25,10 @@ extern "C" {
  * 3.7 ms at 256 tokens, 7.5 vs 13.4 at 1024, 28.3 vs 52.7 at 4096; shorter calls are not measured. */
 #define GDN_CHUNKED_MIN_TOKENS 256
 
+/* Rows of the device logits buffer: LILY_LOGITS_ALL of a longer forward call runs the LM head in blocks of
+ * this many rows, each copied out before the next ([128, vocab] fp32 is 121 MiB at Qwen3.6's 248,320). */
+#define LOGITS_BLOCK_ROWS 128
+
 typedef struct {
     bool full_attention;
     float *input_norm, *post_norm; /* [hidden], (1 + w) form */
@@ -68,7 +72,8 @@ typedef struct {
     float *hid;      /* [C][top_k + 1][inter] */
     int *topk_idx;
     float *topk_w;
-    float *logits;   /* [C][vocab] */
+    float *logits;   /* [logits_rows][vocab] */
+    int logits_rows; /* LOGITS_BLOCK_ROWS, or max_chunk (when smaller, or with a debug hook) */
     unsigned long long *argmax; /* [C] */
     int att_splits, att_min_chunk;
     float *part_o, *part_ml;
@@ -84,7 +89,6 @@ typedef struct {
     int *pf_plan_counts;                     /* [moe_plan_chunks(C)][n_experts]: the multi-block plan's scratch */
     int *pf_tile_expert, *pf_tile_start;     /* [C * top_k + n_experts] */
     int *pf_n_tiles;
-    unsigned int *moe_counter; /* router GEMV blocks finished (decode top-k), zero between launches */
     float *h_host;   /* debug hook staging [C][max(hidden, vocab)] */
     float *h_prev;
 
@@ -137,6 +141,11 @@ typedef struct {
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
+/* cuda_limits.cu: the measure_limits op. */
+lily_status cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err);
+/* Enqueue the final norm + LM head of `rows` rows of c->h starting at row `row0` into c->logits
+ * (rows <= c->logits_rows). */
+lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *err);
 
 /* cuda_forward.cu: backend.h's decode_loop op (the decode graph replayed, tokens streamed from mapped
  * host memory, launches kept a few steps ahead of the host so a stop wastes little). */

@@ -1,4 +1,4 @@
-/* cuda_limits.cu — the hardware ceilings `lily bench` reports speed against (hw_limits.h), measured on
+/* cuda_limits.cu — the hardware ceilings `lily bench` reports speed against (lily_hw_limits, backend.h), measured on
  * the GPU: device-to-device copy bandwidth (bytes read + written), the dense fp16 tensor-core rate of
  * mma.sync m16n8k16 (the instruction lily's prefill GEMMs and decode GEMVs use; Hopper's wgmma peak is
  * higher), and device memory in use.
@@ -10,9 +10,7 @@
 #include "cuda_common.cuh"
 #include "mma_common.cuh"
 
-extern "C" {
-#include "runtime/hw_limits.h"
-}
+#include "cuda_internal.cuh"
 
 extern "C" lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, lily_error *err)
 {
@@ -130,8 +128,8 @@ extern "C" lily_status lily_cuda_device_memory(int device, size_t *used, size_t 
     return LILY_OK;
 }
 
-/* hw_limits.h: replaces the weak default in src/runtime/hw_limits.c */
-extern "C" lily_status lily_cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err)
+/* The backend's measure_limits op (backend.h). */
+lily_status cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err)
 {
     memset(out, 0, sizeof *out);
     double gbps = 0;

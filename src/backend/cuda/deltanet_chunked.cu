@@ -23,9 +23,9 @@
  *          warps 4-7: QS = Q S, rows scaled by exp(γ_i);
  *      P3  warps 4-7: O = QS + Attn V' (lower blocks only), written for the chunk's real rows;
  *          warps w < dk/16: S <- exp(γ_63) S + (exp(γ_63 - γ) ⊙ K)ᵀ V'.
- *    W, Q, eg/ed of the next chunk are cp.async double-buffered (issued at the top of the current
- *    chunk); K and Attn (single buffers) are issued at the top and needed only in P3.
- *    grid Hv·dv/32 (128 blocks for the full model), 256 threads, 214 KB shared (dk = 128).
+ *    S and V' live in shared memory split into tf32 hi/lo parts; the next chunk's W and Q (single
+ *    buffers) are issued once P1 is done, eg/ed double-buffered; K and Attn are issued at the top and
+ *    needed only in P3. grid Hv·dv/32 (128 blocks for the full model), 256 threads.
  *
  * Precision: every product on tensor cores is 3xTF32 (a = a_hi + a_lo, b likewise, both tf32 parts
  * rounded to nearest; d += a_lo b_hi + a_hi b_lo + a_hi b_hi, fp32 accumulation), about fp32 accuracy:
@@ -33,14 +33,9 @@
  * missed test_cuda_gdn_prefill's state bound (1e-4 absolute) by 2-6x, 3xTF32 stayed under 0.5% of it.
  * The forward substitution, γ scan and gates are fp32/double SIMT.
  *
- * Variants (launch_gdn_prefill_chunked_variant): 0 as above (g_cuda_tuning.gdn_prefill 2, 3); 1 (gdn_prefill
- * 4, the default) = the cheap split (split_tf32<true>) in both kernels, T, S and V' split once into hi/lo
- * arrays in shared memory, W/Q of the state kernel single-buffered (gdn_chunk_state_fast_kernel): the
- * DeltaNet stage of a 4096-token chunk 28.2 -> 22.8-23.3 ms on the H200. Tried and removed (session 5, same
- * tests passed): the output O = Q·S + Attn·V' of every chunk moved off the sequential chain into a
- * parallel kernel (the chain storing each chunk's S and V'; O in 3xTF32 25.2 ms, in 1xTF32 25.7 ms), and
- * the chain's products as bf16x3 on m16n8k16 (half its mmas: 22.95 ms; with U prefetched 23.7 ms) —
- * the chain is latency-bound, not tensor-throughput-bound.
+ * Both kernels take the cheap split (split_tf32<true>) where an operand is split, and keep T, S and V'
+ * split once into hi/lo arrays in shared memory (docs/BENCHMARKS.md has the measurements behind this form
+ * and the forms tried and removed).
  *
  * mma.sync m16n8k8 tf32 fragments (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16x8, row): a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
@@ -65,15 +60,14 @@ bool gdn_chunked_supported(const gdn_args &a)
 
 /* ---- kernel 1: the intra-chunk matrices ---------------------------------------------------------- */
 
-/* FAST adds the lo parts of T ([C][ALD]) after A/T */
-template <int DK, bool FAST> static size_t wy_smem_bytes(int dv)
+/* the lo parts of T ([C][ALD]) follow A/T */
+template <int DK> static size_t wy_smem_bytes(int dv)
 {
     const int qv = DK + 4 > dv + 8 ? DK + 4 : dv + 8;
-    return GDC_C * sizeof(double) + 2 * GDC_C * sizeof(float) +
-           (size_t)GDC_C * ((DK + 4) + qv + (FAST ? 2 : 1) * GDC_ALD) * sizeof(float);
+    return GDC_C * sizeof(double) + 2 * GDC_C * sizeof(float) + (size_t)GDC_C * ((DK + 4) + qv + 2 * GDC_ALD) * sizeof(float);
 }
 
-template <int DK, bool FAST>
+template <int DK>
 __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, const float *__restrict__ pre,
                                                                   int pre_stride, float *__restrict__ wy, int n)
 {
@@ -87,8 +81,8 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
     float *s_k = s_sk + C;                                /* [C][KLD] */
     float *s_q = s_k + C * KLD;                           /* [C][KLD] q, later v [C][VLD] */
     float *s_v = s_q;
-    float *s_a = s_q + C * QV; /* [C][ALD] A, then T (FAST: T's tf32 hi parts) */
-    uint32_t *s_alo = reinterpret_cast<uint32_t *>(s_a + C * GDC_ALD); /* FAST: [C][ALD] T's lo parts */
+    float *s_a = s_q + C * QV; /* [C][ALD] A, then T's tf32 hi parts */
+    uint32_t *s_alo = reinterpret_cast<uint32_t *>(s_a + C * GDC_ALD); /* [C][ALD] T's lo parts */
 
     const int ch = blockIdx.x, j = blockIdx.y, t0 = ch * C, L = min(C, n - t0);
     const int kh = j / (a.Hv / a.Hk), key_dim = a.Hk * DK;
@@ -155,13 +149,13 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 #pragma unroll 4
         for (int ks = 0; ks < DK / 8; ks++) {
             frag_a fa;
-            load_a<FAST>(fa, arow + 8 * ks, KLD, g, t);
+            load_a<true>(fa, arow + 8 * ks, KLD, g, t);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 /* B[k = feature][n = token 16nj + 8h + g] = k_n[feature] */
                 const float *kp = s_k + (16 * nj + 8 * h + g) * KLD + 8 * ks;
                 frag_b fb;
-                set_b<FAST>(fb, kp[t], kp[t + 4]);
+                set_b<true>(fb, kp[t], kp[t + 4]);
                 mma3(acc[h], fa, fb);
             }
         }
@@ -226,10 +220,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
         __syncthreads(); /* everyone is done reading A */
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            if (FAST)
-                store_split(reinterpret_cast<uint32_t *>(s_a), s_alo, (4 * r + sub) * GDC_ALD + col, x[r]);
-            else
-                s_a[(4 * r + sub) * GDC_ALD + col] = x[r];
+            store_split(reinterpret_cast<uint32_t *>(s_a), s_alo, (4 * r + sub) * GDC_ALD + col, x[r]);
         }
     }
     if (tid < C) {
@@ -241,7 +232,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 
     /* W = T (β exp(γ) ⊙ K) | U = T (β ⊙ V): n-tiles of 8 columns over the concatenation [dk | dv] */
     const int NT = (DK + dv) / 8;
-    if (FAST) { /* warp's n-tiles warp + 8i (i < 4: NT <= 32) at once, each T fragment loaded once */
+    { /* warp's n-tiles warp + 8i (i < 4: NT <= 32) at once, each T fragment loaded once */
         constexpr int NW = GDC_THREADS / 32;
         const uint32_t *th = reinterpret_cast<const uint32_t *>(s_a);
         float acc[4][4][4];
@@ -294,269 +285,16 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
                 }
             }
         }
-        return;
-    }
-    for (int nt = warp; nt < NT; nt += GDC_THREADS / 32) {
-        const bool isk = nt < DK / 8;
-        const float *bp = isk ? s_k + 8 * nt : s_v + 8 * (nt - DK / 8);
-        const int bld = isk ? KLD : VLD;
-        const float *scale = isk ? s_sk : s_beta;
-        float acc[4][4];
-#pragma unroll
-        for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[mi][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < C / 8; ks++) {
-            const int m0 = 8 * ks + t;
-            frag_b fb;
-            set_b<FAST>(fb, bp[m0 * bld + g] * scale[m0], bp[(m0 + 4) * bld + g] * scale[m0 + 4]);
-#pragma unroll
-            for (int mi = ks / 2; mi < 4; mi++) { /* T[i][m] = 0 for m > i */
-                frag_a fa;
-                load_a(fa, s_a + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
-                mma3(acc[mi], fa, fb);
-            }
-        }
-        float *dst = isk ? rW + 8 * nt : rU + 8 * (nt - DK / 8);
-        const int dld = isk ? DK : dv;
-#pragma unroll
-        for (int mi = 0; mi < 4; mi++) {
-            const int i = 16 * mi + g;
-            *reinterpret_cast<float2 *>(dst + i * dld + 2 * t) = make_float2(acc[mi][0], acc[mi][1]);
-            *reinterpret_cast<float2 *>(dst + (i + 8) * dld + 2 * t) = make_float2(acc[mi][2], acc[mi][3]);
-        }
     }
 }
 
 /* ---- kernel 2: the inter-chunk recurrence ------------------------------------------------------- */
 
+/* S and V' are kept in shared memory already split into tf32 hi/lo parts (split once by the writer
+ * instead of by each of the 8 reading warps), the A operands take the cheap split (split_tf32<true>), and
+ * W and Q are single-buffered: the next chunk's W, Q are issued once this chunk's P1 is done (they are
+ * read only in P1), which frees the shared memory for S and V'. */
 template <int DK> static constexpr size_t state_smem_bytes()
-{
-    return sizeof(float) * ((size_t)2 * 2 * GDC_C * (DK + 4) /* W, Q double-buffered */
-                            + (size_t)GDC_C * (DK + 8)        /* K */
-                            + (size_t)GDC_C * GDC_ALD         /* Attn */
-                            + (size_t)DK * GDC_VLD            /* S */
-                            + (size_t)GDC_C * GDC_VLD         /* V' */
-                            + (size_t)2 * 2 * GDC_C);         /* eg, ed double-buffered */
-}
-
-template <int DK>
-__global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_kernel(gdn_args a, const float *__restrict__ pre,
-                                                                          int pre_stride, const float *__restrict__ wy,
-                                                                          int n)
-{
-    constexpr int C = GDC_C, WLD = DK + 4, KTLD = DK + 8, SW = DK / 16; /* warps holding S */
-    extern __shared__ __align__(16) unsigned char gdc_smem[];
-    float *s_w = reinterpret_cast<float *>(gdc_smem); /* [2][C][WLD] */
-    float *s_q = s_w + 2 * C * WLD;                    /* [2][C][WLD] */
-    float *s_k = s_q + 2 * C * WLD;                    /* [C][KTLD] */
-    float *s_at = s_k + C * KTLD;                      /* [C][ALD] */
-    float *s_s = s_at + C * GDC_ALD;                   /* [DK][VLD] */
-    float *s_vn = s_s + DK * GDC_VLD;                  /* [C][VLD] */
-    float *s_eg = s_vn + C * GDC_VLD;                  /* [2][C] */
-    float *s_ed = s_eg + 2 * C;                        /* [2][C] */
-
-    const int dv = a.dv, slices = dv / GDC_COLS;
-    const int j = blockIdx.x / slices, c0 = (blockIdx.x % slices) * GDC_COLS;
-    const int kh = j / (a.Hv / a.Hk), key_dim = a.Hk * DK;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int rec_floats = record_floats(DK, dv), n_chunks = (n + C - 1) / C;
-    const int mat = warp >> 2, mi = warp & 3; /* P1/P3 roles: mat 0 W S -> V', mat 1 Q S -> O */
-
-    /* S rows 16w..16w+15 (w < SW), this block's 32 columns, in mma accumulator layout */
-    float sacc[4][4];
-    float *st = a.state + (size_t)j * DK * dv + c0;
-    if (warp < SW) {
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
-            const float2 lo = *reinterpret_cast<const float2 *>(st + (size_t)(16 * warp + g) * dv + 8 * ni + 2 * t);
-            const float2 hi = *reinterpret_cast<const float2 *>(st + (size_t)(16 * warp + g + 8) * dv + 8 * ni + 2 * t);
-            sacc[ni][0] = lo.x, sacc[ni][1] = lo.y, sacc[ni][2] = hi.x, sacc[ni][3] = hi.y;
-        }
-    }
-    /* state last written by this layer's previous forward call; wy and pre come from the kernels before */
-    pdl_trigger();
-    pdl_wait();
-
-    auto store_s = [&]() {
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
-            float *p = s_s + (16 * warp + g) * GDC_VLD + 8 * ni + 2 * t;
-            *reinterpret_cast<float2 *>(p) = make_float2(sacc[ni][0], sacc[ni][1]);
-            *reinterpret_cast<float2 *>(p + 8 * GDC_VLD) = make_float2(sacc[ni][2], sacc[ni][3]);
-        }
-    };
-    if (warp < SW)
-        store_s();
-
-    constexpr int R4 = DK / 4;
-    /* W, q rows, eg/ed of chunk ch into buffer b */
-    auto stage_wq = [&](int ch, int b) {
-        const float *rec = wy + ((size_t)ch * a.Hv + j) * rec_floats;
-        const int t0 = ch * C, L = min(C, n - t0);
-        for (int idx = tid; idx < 2 * C * R4 + C / 2; idx += GDC_THREADS) {
-            if (idx < C * R4) {
-                const int r = idx / R4, c4 = idx - r * R4;
-                cp_async16(s_w + (b * C + r) * WLD + 4 * c4, rec + r * DK + 4 * c4, 16);
-            } else if (idx < 2 * C * R4) {
-                const int i2 = idx - C * R4, r = i2 / R4, c4 = i2 - r * R4;
-                const bool live = r < L;
-                cp_async16(s_q + (b * C + r) * WLD + 4 * c4,
-                           pre + (size_t)(t0 + (live ? r : 0)) * pre_stride + kh * DK + 4 * c4, live ? 16 : 0);
-            } else {
-                const int i2 = idx - 2 * C * R4; /* 0..31: eg then ed, 4 floats per copy */
-                const int which = i2 / (C / 4), c4 = i2 - which * (C / 4);
-                cp_async16((which ? s_ed : s_eg) + b * C + 4 * c4, rec + C * (DK + dv) + C * C + which * C + 4 * c4, 16);
-            }
-        }
-    };
-    /* k rows and Attn of chunk ch */
-    auto stage_ka = [&](int ch) {
-        const float *rec = wy + ((size_t)ch * a.Hv + j) * rec_floats;
-        const int t0 = ch * C, L = min(C, n - t0);
-        for (int idx = tid; idx < C * R4 + C * C / 4; idx += GDC_THREADS) {
-            if (idx < C * R4) {
-                const int r = idx / R4, c4 = idx - r * R4;
-                const bool live = r < L;
-                cp_async16(s_k + r * KTLD + 4 * c4, pre + (size_t)(t0 + (live ? r : 0)) * pre_stride + key_dim + kh * DK + 4 * c4,
-                           live ? 16 : 0);
-            } else {
-                const int i2 = idx - C * R4, r = i2 / (C / 4), c4 = i2 - r * (C / 4);
-                cp_async16(s_at + r * GDC_ALD + 4 * c4, rec + C * (DK + dv) + r * C + 4 * c4, 16);
-            }
-        }
-    };
-
-    stage_wq(0, 0);
-    cp_async_commit();
-    const size_t out_stride = (size_t)a.Hv * dv;
-    for (int ch = 0; ch < n_chunks; ch++) {
-        const int b = ch & 1, t0 = ch * C;
-        stage_ka(ch);
-        cp_async_commit();
-        if (ch + 1 < n_chunks)
-            stage_wq(ch + 1, b ^ 1);
-        cp_async_commit(); /* possibly empty: keeps the group count uniform */
-        /* U of this warp's rows (mat 0), read early so the load overlaps P1 */
-        float2 u[4][2];
-        if (mat == 0) {
-            const float *rU = wy + ((size_t)ch * a.Hv + j) * rec_floats + C * DK + c0;
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                u[ni][0] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g) * dv + 8 * ni + 2 * t);
-                u[ni][1] = *reinterpret_cast<const float2 *>(rU + (16 * mi + g + 8) * dv + 8 * ni + 2 * t);
-            }
-        }
-        cp_async_wait<2>(); /* W, q, eg/ed of this chunk */
-        __syncthreads();    /* ... for everyone; S in shared memory */
-
-        /* P1: (W or Q) rows 16mi.. times S (dk x 32) */
-        float acc[4][4];
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[ni][e] = 0.0f;
-        {
-            const float *ap = (mat ? s_q : s_w) + (b * C + 16 * mi) * WLD;
-#pragma unroll 4
-            for (int ks = 0; ks < DK / 8; ks++) {
-                frag_a fa;
-                load_a(fa, ap + 8 * ks, WLD, g, t);
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    frag_b fb;
-                    load_b(fb, s_s + 8 * ks * GDC_VLD + 8 * ni, GDC_VLD, g, t);
-                    mma3(acc[ni], fa, fb);
-                }
-            }
-        }
-        if (mat == 0) {
-            /* V' = U - W S */
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                float *p = s_vn + (16 * mi + g) * GDC_VLD + 8 * ni + 2 * t;
-                *reinterpret_cast<float2 *>(p) = make_float2(u[ni][0].x - acc[ni][0], u[ni][0].y - acc[ni][1]);
-                *reinterpret_cast<float2 *>(p + 8 * GDC_VLD) = make_float2(u[ni][1].x - acc[ni][2], u[ni][1].y - acc[ni][3]);
-            }
-        } else {
-            const float e0 = s_eg[b * C + 16 * mi + g], e1 = s_eg[b * C + 16 * mi + g + 8];
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                acc[ni][0] *= e0, acc[ni][1] *= e0, acc[ni][2] *= e1, acc[ni][3] *= e1;
-            }
-        }
-        cp_async_wait<1>(); /* k, Attn of this chunk */
-        __syncthreads();    /* ... for everyone; V' complete */
-
-        /* P3a: O = exp(γ) Q S + Attn V' (Attn[i][m] = 0 for m > i) */
-        if (mat == 1) {
-#pragma unroll
-            for (int ks = 0; ks < 8; ks++) {
-                if (ks < 2 * mi + 2) {
-                    frag_a fa;
-                    load_a(fa, s_at + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
-#pragma unroll
-                    for (int ni = 0; ni < 4; ni++) {
-                        frag_b fb;
-                        load_b(fb, s_vn + 8 * ks * GDC_VLD + 8 * ni, GDC_VLD, g, t);
-                        mma3(acc[ni], fa, fb);
-                    }
-                }
-            }
-            const int r0 = 16 * mi + g;
-            float *o = a.out + (size_t)j * dv + c0 + 2 * t;
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                if (t0 + r0 < n)
-                    *reinterpret_cast<float2 *>(o + (size_t)(t0 + r0) * out_stride + 8 * ni) = make_float2(acc[ni][0], acc[ni][1]);
-                if (t0 + r0 + 8 < n)
-                    *reinterpret_cast<float2 *>(o + (size_t)(t0 + r0 + 8) * out_stride + 8 * ni) = make_float2(acc[ni][2], acc[ni][3]);
-            }
-        }
-        /* P3b: S <- exp(γ_63) S + (exp(γ_63 - γ) ⊙ K)ᵀ V'; A[row a][m] = ed[m] k_m[a] read transposed */
-        if (warp < SW) {
-            const float el = s_eg[b * C + C - 1];
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sacc[ni][e] *= el;
-            const float *kp = s_k + 16 * warp + g;
-#pragma unroll
-            for (int ks = 0; ks < 8; ks++) {
-                const int m0 = 8 * ks + t;
-                const float d0 = s_ed[b * C + m0], d1 = s_ed[b * C + m0 + 4];
-                frag_a fa;
-                set_a(fa, kp[m0 * KTLD] * d0, kp[m0 * KTLD + 8] * d0, kp[(m0 + 4) * KTLD] * d1, kp[(m0 + 4) * KTLD + 8] * d1);
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    frag_b fb;
-                    load_b(fb, s_vn + 8 * ks * GDC_VLD + 8 * ni, GDC_VLD, g, t);
-                    mma3(sacc[ni], fa, fb);
-                }
-            }
-            store_s(); /* S in shared memory was last read in P1 */
-        }
-        __syncthreads(); /* k, Attn, V' and this buffer are free; S complete */
-    }
-    cp_async_wait<0>();
-    if (warp < SW) {
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
-            *reinterpret_cast<float2 *>(st + (size_t)(16 * warp + g) * dv + 8 * ni + 2 * t) = make_float2(sacc[ni][0], sacc[ni][1]);
-            *reinterpret_cast<float2 *>(st + (size_t)(16 * warp + g + 8) * dv + 8 * ni + 2 * t) = make_float2(sacc[ni][2], sacc[ni][3]);
-        }
-    }
-}
-
-/* gdn_prefill 4: gdn_chunk_state_kernel with (a) S and V' kept in shared memory already split into tf32
- * hi/lo parts (split once by the writer instead of by each of the 8 reading warps), (b) the cheap split
- * (split_tf32<true>) for the A operands, (c) W and Q single-buffered: the next chunk's W, Q are issued
- * once this chunk's P1 is done (they are read only in P1), which frees the shared memory for (a). */
-template <int DK> static constexpr size_t state_fast_smem_bytes()
 {
     return sizeof(float) * ((size_t)2 * GDC_C * (DK + 4)   /* W, Q */
                             + (size_t)GDC_C * (DK + 8)      /* K */
@@ -567,9 +305,9 @@ template <int DK> static constexpr size_t state_fast_smem_bytes()
 }
 
 template <int DK>
-__global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_fast_kernel(gdn_args a, const float *__restrict__ pre,
-                                                                               int pre_stride,
-                                                                               const float *__restrict__ wy, int n)
+__global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_kernel(gdn_args a, const float *__restrict__ pre,
+                                                                          int pre_stride,
+                                                                          const float *__restrict__ wy, int n)
 {
     constexpr int C = GDC_C, WLD = DK + 4, KTLD = DK + 8, SW = DK / 16, VLD = GDC_VLD;
     extern __shared__ __align__(16) unsigned char gdc_smem[];
@@ -775,14 +513,11 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_fast_kernel(gd
 
 /* ---- launch ------------------------------------------------------------------------------------------ */
 
-template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, int stride, float *wy, int n, int variant,
-                                                cudaStream_t s)
+template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, int stride, float *wy, int n, cudaStream_t s)
 {
-    const bool fast = variant >= 1;
-    const size_t wsm = fast ? wy_smem_bytes<DK, true>(a.dv) : wy_smem_bytes<DK, false>(a.dv);
-    const size_t ssm = fast ? state_fast_smem_bytes<DK>() : state_smem_bytes<DK>();
-    auto wyk = fast ? gdn_wy_kernel<DK, true> : gdn_wy_kernel<DK, false>;
-    auto stk = fast ? gdn_chunk_state_fast_kernel<DK> : gdn_chunk_state_kernel<DK>;
+    const size_t wsm = wy_smem_bytes<DK>(a.dv), ssm = state_smem_bytes<DK>();
+    auto wyk = gdn_wy_kernel<DK>;
+    auto stk = gdn_chunk_state_kernel<DK>;
     /* per call (host-side, cheap): the attribute belongs to the current device's context */
     cudaError_t e = cudaFuncSetAttribute(wyk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
     if (e == cudaSuccess)
@@ -797,24 +532,18 @@ template <int DK> static cudaError_t gdc_launch(const gdn_args &a, float *pre, i
                       (const float *)wy, n);
 }
 
-cudaError_t launch_gdn_prefill_chunked_variant(const gdn_args &a, float *pre, float *wy, int n_tokens, int variant,
-                                               cudaStream_t s)
+cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s)
 {
-    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy || variant < 0 || variant > 1)
+    if (!gdn_chunked_supported(a) || n_tokens < 1 || !pre || !wy)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, pre, n_tokens, s);
     if (e != cudaSuccess)
         return e;
     const int stride = gdn_prefill_stride(a.conv_dim, a.Hv);
     switch (a.dk) {
-    case 32: return gdc_launch<32>(a, pre, stride, wy, n_tokens, variant, s);
-    case 64: return gdc_launch<64>(a, pre, stride, wy, n_tokens, variant, s);
-    case 128: return gdc_launch<128>(a, pre, stride, wy, n_tokens, variant, s);
+    case 32: return gdc_launch<32>(a, pre, stride, wy, n_tokens, s);
+    case 64: return gdc_launch<64>(a, pre, stride, wy, n_tokens, s);
+    case 128: return gdc_launch<128>(a, pre, stride, wy, n_tokens, s);
     default: return cudaErrorInvalidValue;
     }
-}
-
-cudaError_t launch_gdn_prefill_chunked(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s)
-{
-    return launch_gdn_prefill_chunked_variant(a, pre, wy, n_tokens, 0, s);
 }

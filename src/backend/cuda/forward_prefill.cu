@@ -4,7 +4,6 @@
  *   prep(post-attention RMSNorm) -> GEMM(router | shared_expert_gate) -> top-k -> plan (histogram,
  *   offsets, scatter, tile map) -> grouped GEMM(gate, up; silu·up) -> GEMM(shared gate, up; silu·up)
  *   -> prep(hid) -> grouped GEMM(down) -> GEMM(shared down) -> combine (+= residual).
- * Knob (cuda_backend.h): moe_plan (multi-block plan, the default; 0: one block).
  * Each stage is its own launch (per-stage events work). cuda_forward.cu picks this path per stage.
  */
 #include <string.h>
@@ -28,7 +27,7 @@ static lily_status act_fits(const cuda_ctx *c, size_t rows, int cols, lily_error
     return LILY_OK;
 }
 
-/* A grouped GEMM walks the tile map moe_plan built: T-token tiles of expert-ordered rows. */
+/* A grouped GEMM walks the tile map launch_moe_plan built: T-token tiles of expert-ordered rows. */
 static void grouped_by_expert(const cuda_ctx *c, int n, int K, int E, int T, gemm_args *a)
 {
     a->tile_expert = c->pf_tile_expert;
@@ -106,7 +105,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     LAUNCH(launch_moe_topk(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, s));
     const int T = gemm_grouped_tile((double)nk / E);
     LAUNCH(launch_moe_plan(c->topk_idx, n, K, E, T, c->pf_offsets, c->pf_gather, c->pf_slot_pos, c->pf_tile_expert,
-                           c->pf_tile_start, c->pf_n_tiles, g_cuda_tuning.moe_plan == 1 ? c->pf_plan_counts : NULL,
+                           c->pf_tile_start, c->pf_n_tiles, c->pf_plan_counts,
                            s));
 
     /* routed gate/up: hid rows = expert-ordered positions [0, nk) */

@@ -111,9 +111,9 @@ cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n
 
 /* Rows per expert, offsets (exclusive scan, [E+1]), positions in expert order: sorted token of position
  * p (gather) and the position of each (token, slot) (slot_pos [n*K]); the tile map for tiles of T
- * tokens (tile_expert, tile_start, *n_tiles). E <= 1024. counts NULL: one block (positions within an
- * expert in atomic order); else counts = scratch of moe_plan_chunks(n) * E ints and two kernels of
- * moe_plan_chunks(n) blocks (K <= 32; positions within an expert in token order: deterministic). */
+ * tokens (tile_expert, tile_start, *n_tiles). E <= 1024, K <= 32; counts = scratch of
+ * moe_plan_chunks(n) * E ints. Two kernels of moe_plan_chunks(n) blocks; positions within an expert
+ * in token order (deterministic). */
 cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
                             int *tile_expert, int *tile_start, int *n_tiles, int *counts, cudaStream_t s);
 

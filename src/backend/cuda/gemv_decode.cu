@@ -98,30 +98,6 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     }
     if (OUT_MODE == GEMV_OUT_ARGMAX)
         warp_argmax_publish(best, best_row, lane, argmax + t);
-    if (b.topk_k > 0) { /* decode router: the last block to finish publishes the top-k once */
-        __shared__ int s_idx[MOE_MAX_K];
-        __shared__ float s_w[MOE_MAX_K];
-        __shared__ unsigned int s_last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0)
-            s_last = atomicAdd(b.topk_counter, 1u) == gridDim.x * gridDim.y - 1;
-        __syncthreads();
-        if (!s_last)
-            return;
-        __threadfence();
-        __shared__ unsigned int s_key[MOE_MAX_E];
-        moe_topk_block(b.y[0], b.topk_n, b.topk_k, s_idx, s_w, s_key);
-        if (threadIdx.x < b.topk_k) {
-            b.topk_idx[threadIdx.x] = s_idx[threadIdx.x];
-            b.topk_w[threadIdx.x] = s_w[threadIdx.x];
-            if (b.topk_pub) /* moe_early_ids: the tagged words the MoE kernels poll (moe_topk.cuh) */
-                moe_pub_write(b.topk_pub, moe_pub_tag(__ldcg(b.topk_step), b.topk_layer), threadIdx.x, s_idx[threadIdx.x],
-                              s_w[threadIdx.x]);
-        }
-        if (threadIdx.x == 0)
-            *b.topk_counter = 0;
-    }
 }
 
 /* ---- dispatch: the one place that maps (bits, cols) to a lane shape ------------------------------- */
@@ -203,12 +179,6 @@ bool gemv_cols_supported(int bits, int cols)
     }
 }
 
-bool gemv_topk_supported(const gemv_batch &b, int n_tokens)
-{
-    return n_tokens == 1 && !gemv_mma_supported(b, n_tokens) && b.topk_n <= MOE_MAX_E && b.topk_k <= MOE_MAX_K &&
-           b.topk_k <= GEMV_WARPS * 32;
-}
-
 cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                         unsigned long long *argmax, cudaStream_t s)
 {
@@ -217,8 +187,6 @@ cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode,
             return cudaErrorInvalidValue;
     if (gemv_mma_supported(b, n_tokens))
         return launch_gemv_mma(b, in, out_mode, argmax, s); /* gemv_mma.cu */
-    if (b.topk_k > 0 && !gemv_topk_supported(b, n_tokens))
-        return cudaErrorInvalidValue;
     if (in.mode == GEMV_IN_GATED && (in.head_dim % (128 / b.m[0].bits)) != 0)
         return cudaErrorInvalidValue;
     switch (b.m[0].bits) {

@@ -125,7 +125,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
 
 bool gemv_mma_supported(const gemv_batch &b, int n_tokens)
 {
-    if (n_tokens != 1 || !g_cuda_tuning.gemv_mma || b.m[0].bits != 4 || b.m[0].cols % 128 != 0 || b.topk_k > 0)
+    if (n_tokens != 1 || !g_cuda_tuning.gemv_mma || b.m[0].bits != 4 || b.m[0].cols % 128 != 0)
         return false;
     if (b.exact) /* exact mode: fp16 operands are not wanted */
         return false;

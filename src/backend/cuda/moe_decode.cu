@@ -1,10 +1,10 @@
 /* moe_decode.cu — the sparse MoE block of one decode token (n_tokens == 1) for 4-bit experts, on tensor
- * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV published the top-k (topk_ready):
+ * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV:
  *
  *   moe_gate_up_mma: block = one (16-row tile, slot) item, 8 warps = {gate, up} × 4 column slices of
  *     hidden (by default one wave of resident blocks, the shared-expert items past it staged: STAGED
- *     below); the top-k comes from the router GEMV (topk_ready) or is ranked by one warp of each routed
- *     block (moe_topk.cuh; the block of item 0 publishes it for moe_down_mma);
+ *     below); the top-k is ranked by each routed block (moe_topk.cuh; the block of item 0 publishes it
+ *     for moe_down_mma);
  *     hid[slot][r] = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ), x = RMSNorm(h) · post_norm; slot top_k = the shared
  *     expert, whose rows are loaded before pdl_wait(); a routed slot reads its expert id right after the
  *     wait and issues its loads before normalising x.
@@ -12,18 +12,17 @@
  *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
- * Early ids (g_cuda_tuning.moe_early_ids, with PDL): the kernel that ranks the top-k — the gate/up block
- * of item 0, or with the router's top-k (topk_ready) the router GEMV's last block — also writes it as
+ * Early ids (g_cuda_tuning.moe_early_ids, with PDL): the gate/up block of item 0, which ranks the top-k,
+ * also writes it as
  * tagged words (moe_args.topk_pub, moe_topk.cuh: hi = tag, lo = expert id / weight bits; tag =
  * moe_pub_tag(step, layer), unique per forward call and layer of the session), and the consumers poll them
  * BEFORE their pdl_wait(): moe_down_mma's shared-expert warp for all slots, then its routed warps issue their
- * expert loads while gate/up still runs (otherwise they wait for the whole gate/up grid); with the router's
- * top-k also each routed gate/up block for its slot. Each word carries its own tag, so no fence orders
+ * expert loads while gate/up still runs (otherwise they wait for the whole gate/up grid). Each word carries its own tag, so no fence orders
  * them: a word with this call's tag holds this call's value (single-copy atomic 64-bit accesses).
  * Deadlock-free: a kernel is launched only when every block of its predecessor has executed pdl_trigger()
- * (gate/up and down: first thing; the router GEMV: after its own wait) or exited, so the publishing block
- * is already resident when a consumer starts to poll, and what the publisher waits on (its own pdl_wait:
- * the router, or the kernel before the router) never waits on the polling kernel; the pollers hold no
+ * (gate/up and down: first thing) or exited, so the publishing block is already resident when a consumer
+ * starts to poll, and what the publisher waits on (its own pdl_wait: the router) never waits on the
+ * polling kernel; the pollers hold no
  * resources a publisher still needs. Without PDL (knob pdl = 0, or the compute_80 PTX build where
  * pdl_wait is compiled out: cuda_sm90_code()) nothing is published or polled and the ids are read after
  * the wait as before (moe_early_ids_wanted). Results are bit-identical either way (the same ids and
@@ -96,36 +95,14 @@ __global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(mo
     mg_frag f;
     if (shared)
         mg_load(W, ra, rb, ks * CW, steps, t, f);
-    /* moe_early_ids (a.topk_pub set): with the top-k ranked here, item 0 publishes it; with the router's
-     * top-k, each routed block polls its slot's id before pdl_wait (the router's blocks are all resident or
-     * done: they trigger after their own wait) and issues its expert loads at once */
-    const bool pub = a.topk_pub && !a.topk_ready && item == 0, early = a.topk_pub && a.topk_ready && !shared;
-    const int step = pub || early ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
+    /* moe_early_ids (a.topk_pub set): item 0 publishes the top-k it ranks */
+    const bool pub = a.topk_pub && item == 0;
+    const int step = pub ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
     pdl_trigger();
-    if (early) {
-        __shared__ int s_e;
-        if (threadIdx.x == 0) {
-            const unsigned int want = moe_pub_tag(step, a.layer);
-            unsigned long long v;
-            unsigned int ns = 0, polls = 0;
-            while ((unsigned int)((v = ld_relaxed_u64(a.topk_pub + 2 * slot)) >> 32) != want) {
-                ns = ns ? min(2 * ns, 128u) : 16u;
-                __nanosleep(ns);
-                if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
-                    __trap();
-            }
-            s_e = (int)(unsigned int)v;
-        }
-        __syncthreads();
-        const int64_t e = s_e;
-        mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
-    }
     pdl_wait();
-    if (!shared && !early) {
+    if (!shared) {
         int64_t e;
-        if (a.topk_ready) {
-            e = __ldcg(a.topk_idx + slot);
-        } else {
+        {
             __shared__ int s_idx[MOE_MAX_K];
             __shared__ float s_w[MOE_MAX_K];
             __shared__ unsigned int s_key[MOE_MAX_E];

@@ -6,12 +6,9 @@
  *
  *   moe_topk_kernel:    grid n, 256 threads (rank by counting, ties to the lower expert id; softmax
  *                       over the selected logits = softmax renormalised over the top k)
- *   moe_plan_kernel:    1 block of 1024 threads (shared-memory histogram and Hillis-Steele scans; each
- *                       thread's reads of idx are issued 8 at a time before their atomics)
+ *   moe_plan_count_kernel + moe_plan_place_kernel: the plan over chunks of 64 tokens, one block each
+ *                       (256 threads), positions within an expert in token order
  *   moe_combine_kernel: grid n, 256 threads, float4 over the hidden dim
- * and the variant behind a knob (cuda_backend.h):
- *   moe_plan_count_kernel + moe_plan_place_kernel (moe_plan 1, the default): the plan over chunks of 64
- *                       tokens, one block each (256 threads), positions within an expert in token order
  */
 #include "gemm_prefill.cuh"
 #include "moe_topk.cuh"
@@ -19,8 +16,6 @@
 #define MOE_PF_MAX_E 1024
 #define MOE_PF_MAX_K 32
 #define MOE_TOPK_THREADS 256
-#define MOE_PLAN_THREADS 1024
-#define MOE_PLAN_BATCH 8
 
 /* One warp per token (MOE_TOPK_THREADS / 32 tokens per block): the same ranking and renormalised
  * softmax as decode (moe_topk.cuh), written straight to idx / w [n][K]. */
@@ -43,84 +38,7 @@ cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n
     return cudaGetLastError();
 }
 
-/* The experts of slots i0 + u·MOE_PLAN_THREADS (u < MOE_PLAN_BATCH), clamped to [0, E); -1 past nk. The
- * loads are issued together: the plan's loops are latency-bound. */
-__device__ __forceinline__ void plan_load_experts(const int *idx, int i0, int nk, int E, int (&e)[MOE_PLAN_BATCH])
-{
-#pragma unroll
-    for (int u = 0; u < MOE_PLAN_BATCH; u++) {
-        const int i = i0 + u * MOE_PLAN_THREADS;
-        e[u] = i < nk ? min(max(idx[i], 0), E - 1) : -1;
-    }
-}
-
-__global__ void __launch_bounds__(MOE_PLAN_THREADS)
-moe_plan_kernel(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
-                int *tile_expert, int *tile_start, int *n_tiles)
-{
-    __shared__ int s_cnt[MOE_PLAN_THREADS], s_off[MOE_PLAN_THREADS], s_toff[MOE_PLAN_THREADS];
-    __shared__ int s_cur[MOE_PLAN_THREADS];
-    const int tid = threadIdx.x;
-    const int nk = n * K;
-    s_cnt[tid] = 0;
-    __syncthreads();
-    /* MOE_PLAN_BATCH loads in flight per thread before their atomics (the loop is latency-bound) */
-    for (int i0 = tid; i0 < nk; i0 += MOE_PLAN_THREADS * MOE_PLAN_BATCH) {
-        int e[MOE_PLAN_BATCH];
-        plan_load_experts(idx, i0, nk, E, e);
-#pragma unroll
-        for (int u = 0; u < MOE_PLAN_BATCH; u++)
-            if (e[u] >= 0)
-                atomicAdd(&s_cnt[e[u]], 1);
-    }
-    __syncthreads();
-    const int c = tid < E ? s_cnt[tid] : 0;
-    const int tl = (c + T - 1) / T;
-    s_off[tid] = c;
-    s_toff[tid] = tl;
-    __syncthreads();
-    for (int d = 1; d < MOE_PLAN_THREADS; d <<= 1) {
-        const int v1 = tid >= d ? s_off[tid - d] : 0;
-        const int v2 = tid >= d ? s_toff[tid - d] : 0;
-        __syncthreads();
-        s_off[tid] += v1;
-        s_toff[tid] += v2;
-        __syncthreads();
-    }
-    const int excl = s_off[tid] - c, texcl = s_toff[tid] - tl;
-    if (tid < E) {
-        offsets[tid] = excl;
-        s_cur[tid] = excl;
-        for (int j = 0; j < tl; j++) {
-            tile_expert[texcl + j] = tid;
-            tile_start[texcl + j] = excl + j * T;
-        }
-    }
-    if (tid == E - 1) {
-        offsets[E] = s_off[tid];
-        *n_tiles = s_toff[tid];
-    }
-    __syncthreads();
-    /* positions within an expert are taken in atomic order; every row's result is independent of its
-     * tile mates, so the outputs do not depend on it */
-    for (int i0 = tid; i0 < nk; i0 += MOE_PLAN_THREADS * MOE_PLAN_BATCH) {
-        int e[MOE_PLAN_BATCH], pos[MOE_PLAN_BATCH];
-        plan_load_experts(idx, i0, nk, E, e);
-#pragma unroll
-        for (int u = 0; u < MOE_PLAN_BATCH; u++)
-            pos[u] = e[u] >= 0 ? atomicAdd(&s_cur[e[u]], 1) : 0;
-#pragma unroll
-        for (int u = 0; u < MOE_PLAN_BATCH; u++) {
-            const int i = i0 + u * MOE_PLAN_THREADS;
-            if (e[u] >= 0) {
-                gather[pos[u]] = i / K;
-                slot_pos[i] = pos[u];
-            }
-        }
-    }
-}
-
-/* ---- the multi-block plan (g_cuda_tuning.moe_plan 1) ------------------------------------------------
+/* ---- the expert plan ---------------------------------------------------------------------------------
  * Chunk b = tokens [64b, 64b + 64) of the n·K (token, slot) entries. Per chunk and expert, a 64-bit mask
  * of the chunk's tokens that chose the expert (shared-memory atomicOr: order-free, so deterministic; a
  * token picks an expert at most once). Kernel 1 writes each chunk's counts (popcount); kernel 2 (one
@@ -243,19 +161,12 @@ moe_plan_place_kernel(const int *idx, int n, int K, int E, int T, const int *cou
 cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
                             int *tile_expert, int *tile_start, int *n_tiles, int *counts, cudaStream_t s)
 {
-    if (E < 1 || E > MOE_PLAN_THREADS || K < 1 || n < 1 || T < 1)
+    if (E < 1 || E > MOE_PF_MAX_E || K < 1 || K > MOE_PF_MAX_K || n < 1 || T < 1 || !counts)
         return cudaErrorInvalidValue;
-    if (counts) {
-        if (E > MOE_PF_MAX_E || K > MOE_PF_MAX_K)
-            return cudaErrorInvalidValue;
-        const int nb = moe_plan_chunks(n);
-        moe_plan_count_kernel<<<nb, MOE_PLAN2_THREADS, 0, s>>>(idx, n, K, E, counts);
-        moe_plan_place_kernel<<<nb, MOE_PLAN2_THREADS, 0, s>>>(idx, n, K, E, T, counts, offsets, gather, slot_pos,
-                                                              tile_expert, tile_start, n_tiles);
-        return cudaGetLastError();
-    }
-    moe_plan_kernel<<<1, MOE_PLAN_THREADS, 0, s>>>(idx, n, K, E, T, offsets, gather, slot_pos, tile_expert,
-                                                   tile_start, n_tiles);
+    const int nb = moe_plan_chunks(n);
+    moe_plan_count_kernel<<<nb, MOE_PLAN2_THREADS, 0, s>>>(idx, n, K, E, counts);
+    moe_plan_place_kernel<<<nb, MOE_PLAN2_THREADS, 0, s>>>(idx, n, K, E, T, counts, offsets, gather, slot_pos,
+                                                          tile_expert, tile_start, n_tiles);
     return cudaGetLastError();
 }
 

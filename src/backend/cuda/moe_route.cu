@@ -1,8 +1,7 @@
 /* moe_route.cu — the sparse MoE block after the router GEMV, on the device with no host sync
  * (MODEL.md §4.5):
  *
- *   moe_gate_up: takes the top-k published by the router GEMV (decode, topk_ready) or, for prefill, every
- *     block redoes it over the router logits (moe_topk.cuh), applies the post-attention RMSNorm to the
+ *   moe_gate_up: every block ranks the top-k over the router logits (moe_topk.cuh), applies the post-attention RMSNorm to the
  *     residual stream, and computes hid = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ) for its rows of the selected experts
  *     (slot top_k = the shared expert). Only selected experts' rows are read.
  *     grid = (slots * ceil(inter / rows_per_block), n_tokens), 256 threads; x normalised once per block
@@ -61,16 +60,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     pdl_wait();
     const gemv_input in = gemv_input_rmsnorm(a.h, a.hidden, a.norm_w, a.eps);
     gemv_prologue<GEMV_IN_RMSNORM, MOE_WARPS>(in, t, a.hidden, s_x, s_red);
-    if (a.topk_ready) { /* decode: the router GEMV's last block published the top-k */
-        if (threadIdx.x < a.top_k) {
-            s_idx[threadIdx.x] = __ldcg(a.topk_idx + t * a.top_k + threadIdx.x);
-            s_w[threadIdx.x] = __ldcg(a.topk_w + t * a.top_k + threadIdx.x);
-        }
-        __syncthreads();
-    } else {
-        moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_key);
-    }
-    if (!a.topk_ready && blockIdx.x == 0 && threadIdx.x < a.top_k) {
+    moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_key);
+    if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
         a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
         a.topk_w[t * a.top_k + threadIdx.x] = s_w[threadIdx.x];
     }

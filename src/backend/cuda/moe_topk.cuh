@@ -3,7 +3,7 @@
  * (= softmax over all E renormalised over the top k), fp32. One warp ranks (K rounds of a warp argmax,
  * ~25 instructions per round for 256 experts; the earlier rank-by-counting over the block cost every
  * thread ~5 instructions per expert, ~2.7 µs per decode MoE block). Used by the decode MoE kernels (per
- * block), the router GEMV's last block (gemv_decode.cu, knob router_topk) and the prefill top-k kernel.
+ * block) and the prefill top-k kernel.
  */
 #ifndef LILY_MOE_TOPK_CUH
 #define LILY_MOE_TOPK_CUH
