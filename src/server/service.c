@@ -20,6 +20,7 @@
 
 #include "base/base.h"
 #include "base/clock.h"
+#include "base/json_load.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
@@ -130,7 +131,7 @@ static void load_generation_defaults(lily_service *svc)
     svc->defaults = lily_sampler_defaults();
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", svc->model_dir);
-    json_t *g = json_load_file(path, 0, NULL);
+    json_t *g = lily_json_load_file(path, 0, 0, NULL);
     if (!json_is_object(g)) {
         json_decref(g);
         return;
@@ -492,6 +493,10 @@ static lily_sampler_params sampler_params(const lily_service *svc, const lily_oa
         p.temperature = (float)req->temperature;
     if (!isnan(req->top_p))
         p.top_p = (float)req->top_p;
+    if (p.top_p == 0.0f) { /* the smallest set of mass >= 0 is the most likely token alone: greedy */
+        p.temperature = 0.0f;
+        p.top_p = 1.0f;
+    }
     if (req->top_k >= 0)
         p.top_k = req->top_k;
     if (!isnan(req->min_p))
