@@ -148,9 +148,16 @@ rc, out, err = run(d)
 check(rc != 0 and "id 2147483647 is larger than" in err and "needs an" not in err,
       "an added token id of 2^31-1 gets a message about its size", err)
 
-print("requests: top_p 0, seeds beyond int64")
+print("requests: top_p 0, seeds beyond int64; the prefix cache's default cap")
 srv = Server(MODEL)
 try:
+    # tiny-chat at --ctx-size 1024: one full-context state is ~1 MiB, so 4 of them fall under the 64 MiB floor
+    log = open(srv.log.name).read()
+    check("prefix cache: up to 64 MiB of host memory (4 full-context states of" in log,
+          "the startup log says the cap sized from the model", log)
+    metrics = urllib.request.urlopen(srv.base + "/metrics", timeout=10).read().decode()
+    check(f"lily_prefix_cache_capacity_bytes {64 << 20}" in metrics, "/metrics reports that cap",
+          [l for l in metrics.splitlines() if "capacity" in l])
     s0, t0 = srv.post("/v1/chat/completions", CHAT % ',"temperature":0')
     s1, t1 = srv.post("/v1/chat/completions", CHAT % ',"temperature":1,"top_p":0')
     c0 = json.loads(t0)["choices"][0]["message"] if s0 == 200 else None
