@@ -692,14 +692,7 @@ static void test_tight_cap_keeps_mark_checkpoints(void **state)
     assert_true(st.evictions >= 3);
     assert_true(st.bytes <= three + one80 / 2);
     lily_session_reset(s);
-    run_out cold = {0}, cached = {0};
-    run_cold(f, turn2, 110, &cold);
-    assert_int_equal(lily_prefix_cache_prefill(pc, s, turn2, 110, NULL, 0, NULL, NULL, &cached.reused, &err), LILY_OK);
-    assert_int_equal(cached.reused, 70);
-    generate(f, s, &cached);
-    assert_same(f, &cold, &cached);
-    out_free(&cold);
-    out_free(&cached);
+    assert_int_equal(check_request(f, pc, s, turn2, 110, NULL), 70);
     lily_session_free(s);
     lily_prefix_cache_free(pc);
 }
@@ -730,14 +723,7 @@ static void test_cancelled_prefill_keeps_what_it_computed(void **state)
     assert_int_equal(stats_of(pc).n_checkpoints, 1);
     assert_int_equal(stats_of(pc).prefilled_tokens, 256);
     session_hold(s, ids + 50, 20); /* another request in between */
-    run_out cold = {0}, cached = {0};
-    run_cold(f, ids, 400, &cold);
-    assert_int_equal(lily_prefix_cache_prefill(pc, s, ids, 400, NULL, 0, NULL, NULL, &cached.reused, &err), LILY_OK);
-    assert_int_equal(cached.reused, 256);
-    generate(f, s, &cached);
-    assert_same(f, &cold, &cached);
-    out_free(&cold);
-    out_free(&cached);
+    assert_int_equal(check_request(f, pc, s, ids, 400, NULL), 256);
     lily_session_free(s);
     lily_prefix_cache_free(pc);
 }

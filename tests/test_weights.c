@@ -337,6 +337,20 @@ static void write_bytes(const char *path, const void *buf, size_t len)
     fclose(f);
 }
 
+/* The bytes of the safetensors file at path (*len), its header length (*header_len) and parsed header. */
+static uint8_t *read_shard(const char *path, size_t *len, uint64_t *header_len, json_t **header)
+{
+    uint8_t *buf = (uint8_t *)test_read_file(path, len);
+    assert_non_null(buf);
+    uint64_t h = 0;
+    for (int i = 7; i >= 0; i--)
+        h = h << 8 | buf[i];
+    *header_len = h;
+    *header = json_loadb((const char *)buf + 8, (size_t)h, 0, NULL);
+    assert_non_null(*header);
+    return buf;
+}
+
 /* Copy tests/data/<src> into a new mkdtemp dir (returned in dir), passing every shard's header through
  * edit(header, arg) and rewriting the index's weight_map from the edited headers. */
 static void make_variant(const char *src, header_edit edit, const char *arg, char *dir)
@@ -363,13 +377,9 @@ static void make_variant(const char *src, header_edit edit, const char *arg, cha
         if (n < 12 || strcmp(de->d_name + n - 12, ".safetensors") != 0)
             continue;
         snprintf(path, sizeof path, "%s/%s", src_dir, de->d_name);
-        uint8_t *buf = (uint8_t *)test_read_file(path, &len);
-        assert_non_null(buf);
-        uint64_t h = 0;
-        for (int i = 7; i >= 0; i--)
-            h = h << 8 | buf[i];
-        json_error_t jerr;
-        json_t *header = json_loadb((const char *)buf + 8, (size_t)h, 0, &jerr);
+        uint64_t h;
+        json_t *header;
+        uint8_t *buf = read_shard(path, &len, &h, &header);
         assert_non_null(header);
         edit(header, arg);
         const char *key;
@@ -501,12 +511,9 @@ static void poison(const char *dir, const char *name, long index, uint16_t bits1
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         size_t len;
-        uint8_t *buf = (uint8_t *)test_read_file(path, &len);
-        assert_non_null(buf);
-        uint64_t h = 0;
-        for (int i = 7; i >= 0; i--)
-            h = h << 8 | buf[i];
-        json_t *header = json_loadb((const char *)buf + 8, (size_t)h, 0, NULL);
+        uint64_t h;
+        json_t *header;
+        uint8_t *buf = read_shard(path, &len, &h, &header);
         json_t *t = json_object_get(header, name);
         if (t) {
             const char *dtype = json_string_value(json_object_get(t, "dtype"));
