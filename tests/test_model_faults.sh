@@ -6,4 +6,7 @@
 # model, said at startup).
 # usage: bash tests/test_model_faults.sh <path-to-lily> <tests/data>
 set -euo pipefail
-exec python3 "$(cd "$(dirname "$0")" && pwd)/test_model_faults.py" "$1" "$2/tiny-chat"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+. "$HERE/lib/common.sh"
+lily_python "$1"
+exec "$PY" "$HERE/test_model_faults.py" "$1" "$2/tiny-chat"
