@@ -9,13 +9,20 @@
 
 #include "fuzz_support.h"
 
+static char dir[] = "/tmp/lily-fuzz-tokenizer-XXXXXX", path[64];
+
+static void remove_dir(void)
+{
+    unlink(path);
+    rmdir(dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static char path[64];
     if (!path[0]) {
-        char dir[] = "/tmp/lily-fuzz-tokenizer-XXXXXX";
         FUZZ_CHECK(mkdtemp(dir));
         snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        atexit(remove_dir);
     }
     FILE *f = fopen(path, "wb");
     FUZZ_CHECK(f);
