@@ -607,6 +607,127 @@ static void test_device_pool(void **state)
     f->engine->backend.ops = cpu;
 }
 
+/* ---- a tight host cap -------------------------------------------------------------------------------- */
+
+static void fill_ids(int32_t *ids, int n, int first)
+{
+    for (int i = 0; i < n; i++)
+        ids[i] = (first + i) % 400 + 20;
+}
+
+/* s := exactly ids[n] (reset, one append). */
+static void session_hold(lily_session *s, const int32_t *ids, int n)
+{
+    lily_error err = {0};
+    lily_session_reset(s);
+    if (lily_session_append(s, ids, n, NULL, &err) != LILY_OK)
+        fail_msg("append: %s", err.message);
+}
+
+static lily_prefix_cache_stats stats_of(lily_prefix_cache *pc)
+{
+    lily_prefix_cache_stats st;
+    lily_prefix_cache_stats_get(pc, &st);
+    return st;
+}
+
+/* A checkpoint larger than the whole cap is skipped without evicting the ones held. */
+static void test_tight_cap_checks_fit_before_evicting(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    lily_prefix_cache *pc = new_cache(0, 0);
+    int32_t ids[1500];
+    fill_ids(ids, 1500, 0);
+    session_hold(s, ids, 60);
+    assert_int_equal(lily_prefix_cache_checkpoint(pc, s, &err), LILY_OK);
+    const size_t one = stats_of(pc).bytes;
+    lily_prefix_cache_set_ram_bytes(pc, 3 * one);
+    session_hold(s, ids + 100, 1400); /* about 1.4 MB of KV rows alone: more than the cap */
+    assert_int_equal(lily_prefix_cache_checkpoint(pc, s, &err), LILY_OK);
+    const lily_prefix_cache_stats st = stats_of(pc);
+    assert_int_equal(st.n_checkpoints, 1);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(st.bytes, one);
+    assert_int_equal(st.checkpoints_taken, 1);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+/* A prefill with marks at 30 (the system block) and 70 (the turn-resume <think>) leaves checkpoints at 30,
+ * 70 and 80; three unrelated checkpoints then push the pool over its cap. The marks outlive the rest (the
+ * end of the prefill and the older unrelated ones go first), so the next turn, which parts from the first
+ * at 70, still reuses 70 tokens, bit-identical to a cold run. */
+static void test_tight_cap_keeps_mark_checkpoints(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    lily_prefix_cache *pc = new_cache(0, 0);
+    int32_t turn1[80], turn2[110], other[80];
+    fill_ids(turn1, 80, 0);
+    fill_ids(turn2, 110, 0);
+    for (int i = 70; i < 110; i++)
+        turn2[i] = 450 + i % 40; /* parts from turn 1 at 70 */
+    const int marks[2] = {30, 70};
+    int reused = -1;
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, turn1, 80, marks, 2, NULL, NULL, &reused, &err), LILY_OK);
+    assert_int_equal(stats_of(pc).n_checkpoints, 3);
+    const size_t three = stats_of(pc).bytes;
+    session_hold(s, turn1, 80); /* the size of one 80-token checkpoint, measured in a second cache */
+    lily_prefix_cache *probe = new_cache(0, 0);
+    assert_int_equal(lily_prefix_cache_checkpoint(probe, s, &err), LILY_OK);
+    const size_t one80 = stats_of(probe).bytes;
+    lily_prefix_cache_free(probe);
+    lily_prefix_cache_set_ram_bytes(pc, three + one80 / 2);
+    for (int k = 0; k < 3; k++) {
+        fill_ids(other, 80, 200 + 7 * k);
+        session_hold(s, other, 80);
+        assert_int_equal(lily_prefix_cache_checkpoint(pc, s, &err), LILY_OK);
+    }
+    const lily_prefix_cache_stats st = stats_of(pc);
+    assert_true(st.evictions >= 3);
+    assert_true(st.bytes <= three + one80 / 2);
+    lily_session_reset(s);
+    assert_int_equal(check_request(f, pc, s, turn2, 110, NULL), 70);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
+static int cancel_on_third_poll(void *user)
+{
+    int *polls = user;
+    return ++*polls >= 3;
+}
+
+/* A prefill cancelled after two pieces (128 tokens each, the fixture's prefill_chunk) keeps them: the
+ * session holds 256 tokens and so does a checkpoint, which a retry of the request restores (after
+ * another request replaced the live session), bit-identical to a cold run. */
+static void test_cancelled_prefill_keeps_what_it_computed(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    lily_prefix_cache *pc = new_cache(0, 0);
+    int32_t ids[400];
+    fill_ids(ids, 400, 3);
+    int polls = 0, reused = -1;
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, ids, 400, NULL, 0, cancel_on_third_poll, &polls, &reused, &err),
+                     LILY_ERR_CANCELLED);
+    assert_int_equal(s->n_tokens, 256);
+    assert_memory_equal(s->tokens, ids, 256 * sizeof(int32_t));
+    assert_int_equal(stats_of(pc).n_checkpoints, 1);
+    assert_int_equal(stats_of(pc).prefilled_tokens, 256);
+    session_hold(s, ids + 50, 20); /* another request in between */
+    assert_int_equal(check_request(f, pc, s, ids, 400, NULL), 256);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -619,6 +740,9 @@ int main(void)
         cmocka_unit_test(test_thirty_requests_small_pool),
         cmocka_unit_test(test_checkpoints_share_blocks),
         cmocka_unit_test(test_device_pool),
+        cmocka_unit_test(test_tight_cap_checks_fit_before_evicting),
+        cmocka_unit_test(test_tight_cap_keeps_mark_checkpoints),
+        cmocka_unit_test(test_cancelled_prefill_keeps_what_it_computed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

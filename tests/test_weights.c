@@ -337,6 +337,20 @@ static void write_bytes(const char *path, const void *buf, size_t len)
     fclose(f);
 }
 
+/* The bytes of the safetensors file at path (*len), its header length (*header_len) and parsed header. */
+static uint8_t *read_shard(const char *path, size_t *len, uint64_t *header_len, json_t **header)
+{
+    uint8_t *buf = (uint8_t *)test_read_file(path, len);
+    assert_non_null(buf);
+    uint64_t h = 0;
+    for (int i = 7; i >= 0; i--)
+        h = h << 8 | buf[i];
+    *header_len = h;
+    *header = json_loadb((const char *)buf + 8, (size_t)h, 0, NULL);
+    assert_non_null(*header);
+    return buf;
+}
+
 /* Copy tests/data/<src> into a new mkdtemp dir (returned in dir), passing every shard's header through
  * edit(header, arg) and rewriting the index's weight_map from the edited headers. */
 static void make_variant(const char *src, header_edit edit, const char *arg, char *dir)
@@ -363,14 +377,9 @@ static void make_variant(const char *src, header_edit edit, const char *arg, cha
         if (n < 12 || strcmp(de->d_name + n - 12, ".safetensors") != 0)
             continue;
         snprintf(path, sizeof path, "%s/%s", src_dir, de->d_name);
-        uint8_t *buf = (uint8_t *)test_read_file(path, &len);
-        assert_non_null(buf);
-        uint64_t h = 0;
-        for (int i = 7; i >= 0; i--)
-            h = h << 8 | buf[i];
-        json_error_t jerr;
-        json_t *header = json_loadb((const char *)buf + 8, (size_t)h, 0, &jerr);
-        assert_non_null(header);
+        uint64_t h;
+        json_t *header;
+        uint8_t *buf = read_shard(path, &len, &h, &header);
         edit(header, arg);
         const char *key;
         json_t *v;
@@ -478,6 +487,92 @@ static void expect_bind_error(const char *src, header_edit edit, const char *arg
     for (int i = 0; i < 3; i++)
         if (needles[i] && !strstr(err.message, needles[i]))
             fail_msg("message '%s' lacks '%s'", err.message, needles[i]);
+}
+
+static void edit_none(json_t *header, const char *arg)
+{
+    (void)header;
+    (void)arg;
+}
+
+/* Overwrite element `index` (from the end when negative) of tensor `name` in the variant at dir with the
+ * BF16/F16 bit pattern bits16 or the F32 pattern bits32, whichever the tensor's dtype takes. */
+static void poison(const char *dir, const char *name, long index, uint16_t bits16, uint32_t bits32)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    bool done = false;
+    while (!done && (de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 12 || strcmp(de->d_name + n - 12, ".safetensors") != 0)
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        size_t len;
+        uint64_t h;
+        json_t *header;
+        uint8_t *buf = read_shard(path, &len, &h, &header);
+        json_t *t = json_object_get(header, name);
+        if (t) {
+            const char *dtype = json_string_value(json_object_get(t, "dtype"));
+            const size_t size = !strcmp(dtype, "F32") ? 4 : 2;
+            json_t *offs = json_object_get(t, "data_offsets");
+            const size_t begin = (size_t)json_integer_value(json_array_get(offs, 0));
+            const size_t end = (size_t)json_integer_value(json_array_get(offs, 1));
+            const size_t at = 8 + (size_t)h + (index >= 0 ? begin + (size_t)index * size : end - (size_t)-index * size);
+            if (size == 4)
+                memcpy(buf + at, &bits32, 4);
+            else
+                memcpy(buf + at, &bits16, 2);
+            write_bytes(path, buf, len);
+            done = true;
+        }
+        json_decref(header);
+        free(buf);
+    }
+    closedir(d);
+    assert_true(done);
+}
+
+/* A variant of src with one poisoned element must fail to bind with every needle in the message. */
+static void expect_non_finite_refused(const char *src, const char *name, long index, uint16_t bits16,
+                                      uint32_t bits32, const char *needle)
+{
+    char dir[64];
+    make_variant(src, edit_none, NULL, dir);
+    poison(dir, name, index, bits16, bits32);
+    model m;
+    lily_error err = {0};
+    lily_status st = open_model(dir, &m, &err);
+    remove_variant(dir);
+    if (st == LILY_OK)
+        close_model(&m);
+    if (st != LILY_ERR_MODEL || !strstr(err.message, needle) || !strstr(err.message, "not finite"))
+        fail_msg("%s: status %s, message '%s' (want '%s' ... not finite)", name, lily_status_name(st), err.message,
+                 needle);
+}
+
+static void test_loader_rejects_non_finite_values(void **state)
+{
+    (void)state;
+    const uint16_t bf16_nan = 0x7fc0, bf16_inf = 0x7f80, bf16_ninf = 0xff80;
+    const uint32_t f32_nan = 0x7fc00000u;
+    /* a norm, a plain BF16 weight (last element), an F32 vector, a fused expert tensor's "up" half */
+    expect_non_finite_refused("tiny-a/hf", "model.language_model.norm.weight", 3, bf16_nan, 0,
+                              "model.language_model.norm.weight: element 3 of 128");
+    expect_non_finite_refused("tiny-a/hf", "lm_head.weight", -1, bf16_inf, 0, "lm_head.weight: element 65535 of 65536");
+    expect_non_finite_refused("tiny-a/hf", "model.language_model.layers.2.linear_attn.A_log", 0, 0, f32_nan,
+                              "model.language_model.layers.2.linear_attn.A_log: element 0");
+    expect_non_finite_refused("tiny-a/hf", "model.language_model.layers.3.mlp.experts.gate_up_proj", -1, bf16_ninf, 0,
+                              "model.language_model.layers.3.mlp.experts.gate_up_proj");
+    /* MLX: scales and biases of a quantized tensor, a norm holding 1 + w */
+    expect_non_finite_refused("tiny-a/mlx4", "language_model.lm_head.scales", 5, bf16_nan, 0,
+                              "language_model.lm_head.scales: element 5");
+    expect_non_finite_refused("tiny-a/mlx4", "language_model.model.layers.1.mlp.switch_mlp.down_proj.biases", -1,
+                              bf16_inf, 0, "language_model.model.layers.1.mlp.switch_mlp.down_proj.biases");
+    expect_non_finite_refused("tiny-a/mlx4", "language_model.model.layers.0.input_layernorm.weight", 0, bf16_nan, 0,
+                              "language_model.model.layers.0.input_layernorm.weight");
 }
 
 static void test_loader_rejects_missing_tensor(void **state)
@@ -605,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_mlx4_dequantized_matches_hf),
         cmocka_unit_test(test_dequant_4bit_low_nibble_first_negative_scale),
         cmocka_unit_test(test_dequant_8bit_two_groups_and_experts),
+        cmocka_unit_test(test_loader_rejects_non_finite_values),
         cmocka_unit_test(test_loader_rejects_missing_tensor),
         cmocka_unit_test(test_loader_rejects_wrong_shape),
         cmocka_unit_test(test_loader_rejects_wrong_dtype),

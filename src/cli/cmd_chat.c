@@ -67,7 +67,8 @@ static void usage(FILE *f)
                "message on the next line, and a line of three double quotes opens a block that runs to the\n"
                "next such line.\n"
                "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n"
-               "  --cache-ram MIB        host memory for checkpoints of the session state (default 4096)\n"
+               "  --cache-ram MIB        host memory for checkpoints of the session state (default: 4\n"
+               "                         full-context states of the model, at least 64 and at most 4096)\n"
                "  --cache-vram MIB       GPU memory for checkpoints (default 2048 with --backend cuda, else 0)\n"
                "  --checkpoint-every N   also checkpoint every N tokens of a long prefill (default 4096;\n"
                "                         0 = never)\n");
@@ -296,6 +297,8 @@ int cmd_chat(int argc, char **argv)
         fprintf(stderr, "lily chat: %s\n", err.message);
         goto done;
     }
+    if (!cache_opts.ram_bytes) /* no --cache-ram: sized from the model, as lily serve does */
+        lily_prefix_cache_set_ram_bytes(c.cache, lily_prefix_cache_default_ram_bytes(c.s));
     lily_prefix_cache_stats cs;
     lily_prefix_cache_stats_get(c.cache, &cs);
     if (cache_opts.device_bytes && m.engine->backend.ops->device_pool_new && !cs.device_capacity_bytes)

@@ -54,7 +54,8 @@ static void usage(FILE *f)
             "  -t, --threads N      " CLI_THREADS_HELP "\n"
             "  --alias NAME         the model id clients see (default: the directory's name)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
-            "                       by requests that repeat a cached prefix (default 4096)\n"
+            "                       by requests that repeat a cached prefix (default: 4 full-context\n"
+            "                       states of the model, at least 64 and at most 4096; said at startup)\n"
             "  --cache-vram MIB     GPU memory for prefix-cache checkpoints, allocated once at start;\n"
             "                       what does not fit goes to --cache-ram (default 2048 with --backend\n"
             "                       cuda, 0 = none)\n"
@@ -139,7 +140,7 @@ int cmd_serve(int argc, char **argv)
     const char *api_key_file = NULL, *cors_origin = NULL;
     int threads = 0;
     size_t gpu_memory = 0;
-    long cache_ram_mib = LILY_PREFIX_CACHE_DEFAULT_RAM_MIB, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
+    long cache_ram_mib = 0 /* from the model */, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
     bool exact = false;
     cli_gen_options go;

@@ -15,6 +15,7 @@
 #include <utf8proc.h>
 
 #include "backend/backend.h"
+#include "base/json_load.h"
 #include "cli_common.h"
 #include "model/gguf_check.h"
 #include "text/chat_template.h"
@@ -259,7 +260,7 @@ static void sampling_defaults(const char *dir, cli_gen_options *o)
     int top_k = 20;
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    json_t *g = json_load_file(path, 0, NULL);
+    json_t *g = lily_json_load_file(path, 0, 0, NULL);
     if (json_is_object(g)) {
         json_t *v;
         if (json_is_number(v = json_object_get(g, "temperature")))

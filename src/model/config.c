@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "base/json_load.h"
 #include "model/gguf_check.h"
 
 int lily_config_n_full_attention_layers(const lily_config *c)
@@ -57,6 +58,9 @@ static lily_status get_int(fields *f, const char *key, bool required, int def, i
         *out = def;
         return LILY_OK;
     }
+    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) /* beyond int64 (json_load.h) */
+        return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: field '%s%s' = %.17g is out of range",
+                              f->text_path, key, json_real_value(v));
     if (!json_is_integer(v))
         return lily_error_set(f->err, LILY_ERR_FORMAT, "config.json: field '%s%s' must be an integer, found %s",
                               f->text_path, key, json_type_word(v));
@@ -113,9 +117,13 @@ static lily_status add_stop_ids(lily_config *cfg, json_t *v, const char *what, l
                               json_type_word(v));
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 2147483647LL)
+        if (!json_is_integer(e) || json_integer_value(e) < 0)
             return lily_error_set(err, LILY_ERR_FORMAT, "%s[%zu] must be a non-negative integer", what, i);
-        int id = (int)json_integer_value(e);
+        const json_int_t x = json_integer_value(e);
+        if (x > 2147483647LL || (cfg->vocab_size > 0 && x >= cfg->vocab_size))
+            return lily_error_set(err, LILY_ERR_FORMAT, "%s: token id %lld is outside the vocabulary (vocab_size %d)",
+                                  what, (long long)x, cfg->vocab_size);
+        const int id = (int)x;
         bool seen = false;
         for (int k = 0; k < cfg->n_stop_ids; k++)
             seen |= cfg->stop_ids[k] == id;
@@ -397,7 +405,7 @@ static lily_status parse_root(json_t *root, lily_config *cfg, lily_error *err)
 lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cfg, lily_error *err)
 {
     json_error_t jerr;
-    json_t *root = json_loadb(json_text, len, 0, &jerr);
+    json_t *root = lily_json_loadb(json_text, len, 0, &jerr);
     if (!root)
         return lily_error_set(err, LILY_ERR_FORMAT, "config.json: invalid JSON at line %d column %d: %s", jerr.line,
                               jerr.column, jerr.text);
@@ -440,7 +448,7 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
     if ((st = lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, err)) != LILY_OK)
         return st;
     json_error_t jerr;
-    json_t *gen = json_loadb(text, len, 0, &jerr);
+    json_t *gen = lily_json_loadb(text, len, 0, &jerr);
     free(text);
     if (!gen)
         return lily_error_set(err, LILY_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, jerr.line,

@@ -22,6 +22,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/json_load.h"
+
 void lily_st_tensors_free(lily_st_tensor *tensors, int n_tensors)
 {
     if (!tensors)
@@ -294,7 +296,7 @@ static lily_status list_shards(const char *model_dir, char ***names, int *n_name
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", model_dir);
     if (access(path, F_OK) == 0) {
         json_error_t jerr;
-        json_t *index = json_load_file(path, 0, &jerr);
+        json_t *index = lily_json_load_file(path, 0, 0, &jerr);
         if (!index)
             return lily_error_set(err, LILY_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
         json_t *map = json_object_get(index, "weight_map");

@@ -64,6 +64,97 @@ int64_t lily_tensor_bytes_per_matrix(const lily_tensor *t)
     return rows * t->row_bytes + (t->bits ? 2 * rows * t->scale_row_bytes : 0);
 }
 
+/* --- non-finite values ---------------------------------------------------------------------------- */
+
+/* Index of the first NaN or infinity among n elements of float dtype t at p, or -1. A NaN or infinity has
+ * every exponent bit set: 0x7f80 (BF16), 0x7c00 (F16), 0x7f800000 (F32). The loop ORs a block's flags
+ * before looking for the index, so the common all-finite case is one compare per element. */
+static int64_t first_non_finite(const void *p, lily_dtype t, int64_t n)
+{
+    const int64_t block = 4096;
+    for (int64_t i0 = 0; i0 < n; i0 += block) {
+        const int64_t i1 = n - i0 < block ? n : i0 + block;
+        int any = 0;
+        if (t == LILY_DTYPE_F32) {
+            const uint32_t *x = p;
+            for (int64_t i = i0; i < i1; i++)
+                any |= (x[i] & 0x7f800000u) == 0x7f800000u;
+        } else {
+            const uint16_t *x = p;
+            const uint16_t e = t == LILY_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+            for (int64_t i = i0; i < i1; i++)
+                any |= (x[i] & e) == e;
+        }
+        if (!any)
+            continue;
+        for (int64_t i = i0; i < i1; i++) {
+            const int bad = t == LILY_DTYPE_F32 ? (((const uint32_t *)p)[i] & 0x7f800000u) == 0x7f800000u
+                            : t == LILY_DTYPE_BF16 ? (((const uint16_t *)p)[i] & 0x7f80) == 0x7f80
+                                                   : (((const uint16_t *)p)[i] & 0x7c00) == 0x7c00;
+            if (bad)
+                return i;
+        }
+    }
+    return -1;
+}
+
+/* LILY_ERR_MODEL naming `name` (with `suffix` in place of a trailing ".weight" when suffix is not NULL)
+ * when one of the n elements of dtype t at p is a NaN or an infinity. */
+static lily_status check_finite(const char *name, const char *suffix, const void *p, lily_dtype t, int64_t n,
+                                lily_error *err)
+{
+    const int64_t at = first_non_finite(p, t, n);
+    if (at < 0)
+        return LILY_OK;
+    size_t len = strlen(name);
+    if (suffix && len > 7 && !strcmp(name + len - 7, ".weight"))
+        len -= 7;
+    return lily_error_set(err, LILY_ERR_MODEL,
+                          "%.*s%s: element %lld of %lld is not finite (NaN or infinity): the checkpoint is corrupt",
+                          (int)len, name, suffix ? suffix : "", (long long)at, (long long)n);
+}
+
+/* Every float value t holds: a plain tensor's elements, or a quantized one's scales and biases (the packed
+ * codes are integers). Physical rows of a 3-D view run to (n_experts - 1) * expert_stride + rows. */
+static lily_status tensor_check_finite(const lily_tensor *t, lily_error *err)
+{
+    if (!t->data)
+        return LILY_OK;
+    const int64_t rows = lily_tensor_rows(t);
+    const int64_t phys_rows = t->ndim == 3 ? (t->shape[0] - 1) * t->expert_stride + rows : rows;
+    if (!t->bits)
+        return check_finite(t->name, NULL, t->data, t->dtype, phys_rows * lily_tensor_cols(t), err);
+    const int64_t n = phys_rows * (t->scale_row_bytes / lily_dtype_size(t->scale_dtype));
+    lily_status st = check_finite(t->name, ".scales", t->scales, t->scale_dtype, n, err);
+    if (st == LILY_OK)
+        st = check_finite(t->name, ".biases", t->biases, t->scale_dtype, n, err);
+    return st;
+}
+
+/* Every tensor of w, once (a tied lm_head is the embedding). */
+static lily_status weights_check_finite(const lily_weights *w, lily_error *err)
+{
+    lily_status st = tensor_check_finite(&w->embed, err);
+    if (st == LILY_OK)
+        st = tensor_check_finite(&w->final_norm, err);
+    if (st == LILY_OK && w->lm_head.data != w->embed.data)
+        st = tensor_check_finite(&w->lm_head, err);
+    for (int i = 0; i < w->n_layers && st == LILY_OK; i++) {
+        const lily_layer_weights *L = &w->layers[i];
+        const lily_tensor *all[] = {&L->input_norm, &L->post_attention_norm, &L->q_proj, &L->k_proj, &L->v_proj,
+                                    &L->o_proj, &L->q_norm, &L->k_norm, &L->in_proj_qkv, &L->in_proj_z,
+                                    &L->in_proj_b, &L->in_proj_a, &L->conv1d, &L->dt_bias, &L->A_log,
+                                    &L->gdn_norm, &L->out_proj, &L->router, &L->experts_gate, &L->experts_up,
+                                    &L->experts_down, &L->shared_gate, &L->shared_up, &L->shared_down,
+                                    &L->shared_expert_gate};
+        _Static_assert(sizeof all / sizeof *all == sizeof(lily_layer_weights) / sizeof(lily_tensor),
+                       "a layer tensor missing from the non-finite check");
+        for (size_t k = 0; k < sizeof all / sizeof *all && st == LILY_OK; k++)
+            st = tensor_check_finite(all[k], err);
+    }
+    return st;
+}
+
 /* --- binding context ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -487,6 +578,8 @@ lily_status lily_weights_bind(const lily_config *cfg, const lily_checkpoint *ckp
     int conv_mlx = -1;
     for (int i = 0; i < cfg->n_layers && st == LILY_OK; i++)
         st = bind_layer(&b, i, &w->layers[i], &conv_mlx);
+    if (st == LILY_OK)
+        st = weights_check_finite(w, err);
     if (st != LILY_OK) {
         lily_weights_free(w);
         return st;

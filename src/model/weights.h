@@ -100,7 +100,9 @@ typedef struct {
 /* Bind every tensor the config requires from an opened checkpoint. Detects the layout (MLX when
  * `.scales` siblings exist; norm convention from the conv1d shape, MODEL.md §2.3). Skips vision_tower.*,
  * model.visual.* and mtp.*. Errors: LILY_ERR_MODEL naming the tensor and the expected and actual
- * shape/dtype; LILY_ERR_OUT_OF_MEMORY. On error *w is left empty (safe to free). */
+ * shape/dtype; LILY_ERR_MODEL naming the tensor (its .scales / .biases when quantized) and the element
+ * when a float value is NaN or infinite (every element is read once: norms, biases, scales and plain
+ * BF16/F16/F32 weights); LILY_ERR_OUT_OF_MEMORY. On error *w is left empty (safe to free). */
 lily_status lily_weights_bind(const lily_config *cfg, const struct lily_checkpoint *ckpt, lily_weights *w,
                               lily_error *err);
 void lily_weights_free(lily_weights *w);

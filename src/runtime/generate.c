@@ -8,6 +8,7 @@
  */
 #include "runtime/generate.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,6 +120,25 @@ typedef struct {
 } gen_state;
 
 static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
+
+/* LILY_ERR_BACKEND when a logit the sampler is about to read is NaN or infinite: the forward pass
+ * overflowed (or the weights hold such values), and any token drawn from it would be noise. */
+static lily_status check_logits(const lily_session *s, lily_error *err)
+{
+    const int vocab = s->engine->cfg.vocab_size;
+    float sum = 0.0f; /* NaN or infinite when any term is: one pass, no branch per logit */
+    for (int i = 0; i < vocab; i++)
+        sum += s->logits[i] * 0.0f;
+    if (sum == 0.0f)
+        return LILY_OK;
+    int at = 0;
+    while (at < vocab && isfinite(s->logits[at]))
+        at++;
+    return lily_error_set(err, LILY_ERR_BACKEND,
+                          "the forward pass gave a non-finite logit (%g for token id %d) after %d tokens: the model's "
+                          "arithmetic overflowed or its weights are corrupt",
+                          at < vocab ? (double)s->logits[at] : 0.0, at, s->n_tokens);
+}
 
 /* A chosen token through the loop's checks: stop id, the sampler's history, text and stop strings, the
  * callback, max_tokens and a full context. *stop: generation ends with this token (r->finish and the
@@ -459,6 +479,8 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
             r->finish = LILY_FINISH_CANCELLED;
             break;
         }
+        if ((st = check_logits(s, err)) != LILY_OK)
+            goto done;
         bool none = false;
         int32_t token = choose_token(&g, &none);
         if (none) { /* the constraint is complete: nothing may follow */

@@ -141,7 +141,9 @@ typedef struct {
  * result is filled as far as generation got, also on error.
  * Errors: LILY_ERR_INVALID_ARGUMENT (bad sampler params; stop strings without a detokenizer; nothing to
  * continue from); LILY_ERR_CONTEXT_LENGTH (the prompt does not fit: nothing is appended); errors from
- * lily_session_append and the detokenizer; LILY_ERR_OUT_OF_MEMORY. */
+ * lily_session_append and the detokenizer; LILY_ERR_BACKEND when logits the host sampler is to read hold a
+ * NaN or an infinity (checked before every host-sampled token, the first one of a device-loop generation
+ * included); LILY_ERR_OUT_OF_MEMORY. */
 lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, const lily_generate_params *params,
                           lily_generate_result *result, lily_error *err);
 

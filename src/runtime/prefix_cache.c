@@ -2,7 +2,8 @@
  * (prefix_cache.h).
  *
  * Owns: the checkpoint pool (reference-counted KV blocks shared between checkpoints, each checkpoint's
- * tail rows, recurrent part, ids and logits; a host byte cap with least-recently-used eviction; the
+ * tail rows, recurrent part, ids and logits; a host byte cap with eviction by rank, then least recently
+ * used; the
  * device pool and its first-fit allocator), matching a request's ids against the checkpoints and the
  * live session, the piecewise prefill that materializes the state at multiples of checkpoint_every, and
  * the counters.
@@ -51,7 +52,13 @@ typedef struct {
     blob rest;           /* the recurrent part (conv + recurrent state, the position) */
     size_t extra_host;   /* host bytes counted for tokens, logits, the block list and the entry itself */
     uint64_t last_use;   /* pool clock at the last store / restore / duplicate store */
+    int rank;            /* RANK_*: what it offers; a lower rank is evicted first */
 } checkpoint;
+
+/* Eviction order: checkpoints at marks (the end of the system block, where the next turn resumes) are
+ * reused by every later request of a conversation and outlive the others (the ends of prefills and
+ * generations, periodic and cancelled-prefill ones), which serve an exact repeat or a continuation. */
+enum { RANK_PLAIN = 0, RANK_MARK = 1 };
 
 typedef struct {
     size_t offset, bytes;
@@ -332,16 +339,51 @@ lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine,
     return LILY_OK;
 }
 
-/* Drop least-recently-used checkpoints until `need` more host bytes fit. */
+/* Drop checkpoints, lowest rank first and least recently used within a rank, until `need` more host
+ * bytes fit. */
 static void make_room(lily_prefix_cache *pc, size_t need)
 {
     while (pc->n_entries > 0 && pc->stats.bytes + need > pc->ram_bytes) {
-        int lru = 0;
-        for (int i = 1; i < pc->n_entries; i++)
-            if (pc->entries[i].last_use < pc->entries[lru].last_use)
-                lru = i;
-        remove_entry(pc, lru, true);
+        int victim = 0;
+        for (int i = 1; i < pc->n_entries; i++) {
+            const checkpoint *c = &pc->entries[i], *v = &pc->entries[victim];
+            if (c->rank < v->rank || (c->rank == v->rank && c->last_use < v->last_use))
+                victim = i;
+        }
+        remove_entry(pc, victim, true);
     }
+}
+
+size_t lily_prefix_cache_state_bytes(const lily_session *s)
+{
+    const lily_backend *b = &s->engine->backend;
+    const lily_backend_ops *o = b->ops;
+    const size_t n = (size_t)s->max_ctx;
+    size_t bytes = n * sizeof(int32_t) + (size_t)s->engine->cfg.vocab_size * sizeof(float) + sizeof(checkpoint);
+    if (o->kv_row_bytes && o->recurrent_bytes)
+        bytes += n * o->kv_row_bytes(b->ctx) + o->recurrent_bytes(b->ctx);
+    else
+        bytes += o->state_save_size(b->ctx, s->state);
+    return bytes;
+}
+
+size_t lily_prefix_cache_default_ram_bytes(const lily_session *s)
+{
+    const size_t lo = (size_t)LILY_PREFIX_CACHE_DEFAULT_MIN_MIB << 20, hi = (size_t)LILY_PREFIX_CACHE_DEFAULT_MAX_MIB << 20;
+    const size_t one = lily_prefix_cache_state_bytes(s);
+    const size_t want = one > hi / LILY_PREFIX_CACHE_DEFAULT_STATES ? hi : one * LILY_PREFIX_CACHE_DEFAULT_STATES;
+    return want < lo ? lo : want;
+}
+
+void lily_prefix_cache_set_ram_bytes(lily_prefix_cache *pc, size_t bytes)
+{
+    if (bytes == 0)
+        return;
+    pc->ram_bytes = bytes;
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.ram_bytes = bytes;
+    pthread_mutex_unlock(&pc->lock);
+    make_room(pc, 0);
 }
 
 /* Fill c (blocks, tail, rest, tokens, logits placed and counted) from s. Returns LILY_OK with c->tokens
@@ -410,9 +452,16 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
                   vocab * sizeof(float);
     for (int k = first_new; k < nb; k++)
         need += blob_host_need(&c->blocks[k]->kv);
+    /* what stays held when every other checkpoint is gone: c's bookkeeping and its blocks (the shared
+     * ones' rows already placed); skipped without evicting anything when even that does not fit */
+    size_t floor = c->extra_host + (size_t)nb * block_overhead(pc);
+    for (int k = 0; k < first_new; k++)
+        floor += blob_host_need(&c->blocks[k]->kv);
+    if (floor + need > pc->ram_bytes)
+        goto skip;
     make_room(pc, need);
     if (pc->stats.bytes + need > pc->ram_bytes)
-        goto skip; /* larger than the whole pool */
+        goto skip;
     for (int k = first_new; k < nb; k++)
         if (!blob_place_host(pc, &c->blocks[k]->kv))
             goto skip;
@@ -444,7 +493,8 @@ skip:
     return LILY_OK;
 }
 
-lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
+/* lily_prefix_cache_checkpoint with the rank the new (or duplicate) checkpoint gets at least. */
+static lily_status store(lily_prefix_cache *pc, const lily_session *s, int rank, lily_error *err)
 {
     const int p = s->n_tokens;
     if (p <= 0)
@@ -456,6 +506,7 @@ lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_sessi
         checkpoint *c = &pc->entries[i];
         if (c->n_tokens == p && !memcmp(c->tokens, s->tokens, (size_t)p * sizeof *s->tokens)) {
             c->last_use = ++pc->clock; /* the same state: keep the one held */
+            c->rank = c->rank > rank ? c->rank : rank;
             return LILY_OK;
         }
     }
@@ -472,12 +523,18 @@ lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_sessi
     if (st != LILY_OK || !c.tokens)
         return st;
     c.last_use = ++pc->clock;
+    c.rank = rank;
     pc->entries[pc->n_entries++] = c;
     pthread_mutex_lock(&pc->lock);
     pc->stats.n_checkpoints = pc->n_entries;
     pc->stats.checkpoints_taken++;
     pthread_mutex_unlock(&pc->lock);
     return LILY_OK;
+}
+
+lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
+{
+    return store(pc, s, RANK_PLAIN, err);
 }
 
 /* s := checkpoint c, bit for bit. On an error s holds a partial state (the caller resets it). */
@@ -575,8 +632,12 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
     const int every = pc->checkpoint_every;
     const int chunk = s->engine->prefill_chunk > 0 ? s->engine->prefill_chunk : 512;
     for (int pos = start; pos < n;) {
-        if (cancel && cancel(cancel_user))
+        if (cancel && cancel(cancel_user)) {
+            lily_error ignored; /* what was prefilled stays: in s, and as a checkpoint */
+            if (pos > start)
+                store(pc, s, RANK_PLAIN, &ignored);
             return lily_error_set(err, LILY_ERR_CANCELLED, "cancelled");
+        }
         int end = n;
         if (every > 0) {
             const int boundary = (pos / every + 1) * every;
@@ -598,7 +659,8 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
         pc->stats.prefilled_tokens += (uint64_t)piece;
         pthread_mutex_unlock(&pc->lock);
         const bool at_boundary = (every > 0 && pos % every == 0) || (at_mark && pos == end);
-        if (pos < n && at_boundary && (st = lily_prefix_cache_checkpoint(pc, s, err)) != LILY_OK)
+        if (pos < n && at_boundary &&
+            (st = store(pc, s, at_mark && pos == end ? RANK_MARK : RANK_PLAIN, err)) != LILY_OK)
             return st;
     }
     return lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
@@ -636,7 +698,7 @@ char *lily_prefix_cache_metrics(lily_prefix_cache *pc)
              "# TYPE lily_prefix_cache_hits_total counter\nlily_prefix_cache_hits_total %llu\n"
              "# HELP lily_prefix_cache_misses_total Prefills that reused nothing.\n"
              "# TYPE lily_prefix_cache_misses_total counter\nlily_prefix_cache_misses_total %llu\n"
-             "# HELP lily_prefix_cache_evictions_total Checkpoints evicted (least recently used) to make room.\n"
+             "# HELP lily_prefix_cache_evictions_total Checkpoints evicted to make room.\n"
              "# TYPE lily_prefix_cache_evictions_total counter\nlily_prefix_cache_evictions_total %llu\n"
              "# HELP lily_prefix_cache_reused_tokens_total Prompt tokens restored instead of prefilled.\n"
              "# TYPE lily_prefix_cache_reused_tokens_total counter\nlily_prefix_cache_reused_tokens_total %llu\n"

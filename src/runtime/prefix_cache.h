@@ -30,8 +30,10 @@
  * one conversation share their common blocks, and a block is freed when the last checkpoint holding it
  * goes. This needs the backend's optional split-state ops (backend.h: kv_save / recurrent_save ...); a
  * backend without them gets whole snapshots (lily_session_save), one per checkpoint.
- * Host memory is capped at ram_bytes (each block counted once) and checkpoints are evicted
- * least-recently-used to stay under it. When the backend has device pools (CUDA) and device_bytes > 0,
+ * Host memory is capped at ram_bytes (each block counted once). A checkpoint that would not fit even
+ * alone (with the blocks it shares) is skipped without evicting anything; else checkpoints are evicted to
+ * make room: those at other positions before the ones at marks (the system block's end and the turn-resume
+ * <think>, which every later request of a conversation reuses), least recently used first within each. When the backend has device pools (CUDA) and device_bytes > 0,
  * one pool of device_bytes is allocated by lily_prefix_cache_attach or else the first checkpoint (the
  * only device allocation; never during decode or graph capture) and blocks, tails and recurrent parts go there first, restored with
  * device-to-device copies; what does not fit falls back to host memory. Snapshots are taken between
@@ -56,7 +58,11 @@
 #include "lily.h"
 #include "runtime/engine.h"
 
-#define LILY_PREFIX_CACHE_DEFAULT_RAM_MIB 4096
+#define LILY_PREFIX_CACHE_DEFAULT_RAM_MIB 4096 /* the cap when no session sizes it (lily_prefix_cache_new) */
+/* lily_prefix_cache_default_ram_bytes: this many full-context states, within [MIN, MAX] MiB */
+#define LILY_PREFIX_CACHE_DEFAULT_STATES 4
+#define LILY_PREFIX_CACHE_DEFAULT_MIN_MIB 64
+#define LILY_PREFIX_CACHE_DEFAULT_MAX_MIB 4096
 #define LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY 4096
 #define LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB 2048 /* the CLI's default --cache-vram on the CUDA backend */
 #define LILY_PREFIX_CACHE_DEFAULT_BLOCK_ROWS 256
@@ -106,7 +112,8 @@ lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine,
  * marks[n_marks] (positions; those outside (0, n) are ignored; marks may be NULL when n_marks is 0; see
  * lily_prefix_cache_chat_marks). *reused (may be NULL)
  * receives the tokens not prefilled. cancel (may be NULL) is polled between forward passes.
- * On an error the session holds a prefix of ids (possibly empty); the cache stays valid.
+ * On an error the session holds a prefix of ids (possibly empty); the cache stays valid. On
+ * LILY_ERR_CANCELLED it holds every piece prefilled before the cancel, also checkpointed (when any was).
  * Errors: LILY_ERR_INVALID_ARGUMENT (n < 1), LILY_ERR_CONTEXT_LENGTH (n > s->max_ctx, nothing changed),
  * LILY_ERR_CANCELLED, errors of lily_session_append / lily_session_restore. A checkpoint that cannot be
  * stored (out of memory, larger than the pool) is skipped, not an error. */
@@ -127,6 +134,18 @@ int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, in
  * A cache serves the sessions of one engine (the first one checkpointed).
  * Errors: LILY_ERR_INVALID_ARGUMENT (a session of another engine); backend save errors. */
 lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err);
+
+/* Host bytes of one checkpoint of s at its full context (s->max_ctx tokens): KV rows, the recurrent part
+ * (or a whole snapshot on a backend without split-state ops), logits and token ids. */
+size_t lily_prefix_cache_state_bytes(const lily_session *s);
+
+/* The default host cap for sessions like s: LILY_PREFIX_CACHE_DEFAULT_STATES full-context states
+ * (lily_prefix_cache_state_bytes), at least LILY_PREFIX_CACHE_DEFAULT_MIN_MIB and at most
+ * LILY_PREFIX_CACHE_DEFAULT_MAX_MIB MiB. */
+size_t lily_prefix_cache_default_ram_bytes(const lily_session *s);
+
+/* Change the host cap (bytes > 0); checkpoints are evicted to fit it now. */
+void lily_prefix_cache_set_ram_bytes(lily_prefix_cache *pc, size_t bytes);
 
 /* Drop every checkpoint (counters stay). */
 void lily_prefix_cache_clear(lily_prefix_cache *pc);

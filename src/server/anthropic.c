@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_load.h"
+
 /* ---------------------------------------------------------------------------------------------------
  * request -> the OpenAI chat request the engine path runs
  */
@@ -245,7 +247,7 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
     memset(req, 0, sizeof *req);
     e->http_status = 0;
     json_error_t jerr;
-    json_t *b = json_loadb(body, len, 0, &jerr);
+    json_t *b = lily_json_loadb(body, len, 0, &jerr); /* integers beyond int64 load as reals */
     if (!json_is_object(b)) {
         json_decref(b);
         return bad(e, NULL, "The request body is not a JSON object: %s (line %d, column %d).", b ? "not an object" : jerr.text,

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "base/json_load.h"
 
 /* The length of the valid UTF-8 sequence (not NUL) at s[0, len), or 0 when s starts with an invalid one:
  * a stray continuation byte, a truncated sequence, an overlong form, a surrogate or a code point past
@@ -162,8 +163,9 @@ bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_err
         return false;
     }
     json_error_t jerr;
-    /* U+0000 is valid JSON and lily may write it in a reply: take it back */
-    *out = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    /* U+0000 is valid JSON and lily may write it in a reply: take it back; integers beyond int64 load as
+     * reals (base/json_load.h), refused by name only where a field is read */
+    *out = lily_json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
     if (!*out) {
         lily_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
                            "We could not parse the JSON body of your request: %s (line %d, column %d).", jerr.text,
@@ -248,6 +250,8 @@ static bool get_int(json_t *body, const char *key, long long lo, long long hi, l
         return true;
     if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 9e15)
         v = NULL; /* 16.0 is accepted as 16 */
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) /* beyond int64 (json_load.h) */
+        return bad(e, key, "Invalid value for '%s': %.17g is outside [%lld, %lld].", key, json_real_value(v), lo, hi);
     long long x;
     if (v) {
         if (!json_is_integer(v))
@@ -690,12 +694,23 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     req->top_k = top_k == 0 ? -1 : (int)top_k;
     json_t *seed = json_object_get(b, "seed");
     if (seed && !json_is_null(seed)) {
-        if (!json_is_integer(seed)) {
+        /* any integer seeds the generator: one outside int64 arrives as an integral real (json_load.h);
+         * those up to 2^64 are taken as the nearest double's value (the same seed for the same text) */
+        const double r = json_is_real(seed) ? json_real_value(seed) : 0;
+        if (json_is_integer(seed)) {
+            req->seed = (uint64_t)json_integer_value(seed);
+        } else if (!json_is_real(seed) || r != floor(r)) {
             bad(e, "seed", "Invalid type for 'seed': expected an integer, but got %s instead.", json_kind(seed));
+            goto fail;
+        } else if (r >= 0 && r <= 18446744073709551616.0) { /* 2^64 - 1 rounds to 2^64 */
+            req->seed = r < 18446744073709551616.0 ? (uint64_t)r : UINT64_MAX;
+        } else if (r < 0 && r >= -9223372036854775808.0) {
+            req->seed = (uint64_t)(int64_t)r;
+        } else {
+            bad(e, "seed", "Invalid value for 'seed': %.17g is outside [-2^63, 2^64].", r);
             goto fail;
         }
         req->has_seed = true;
-        req->seed = (uint64_t)json_integer_value(seed);
     }
     if (!check_stop(req, e) || !check_logit_bias(req, e))
         goto fail;

@@ -127,8 +127,14 @@ void lily_job_fail(lily_job *job, const lily_oai_error *e)
     bool begun = job->http_status != 0, streaming = job->streaming;
     pthread_mutex_unlock(&job->mu);
     char *body = job->req.anthropic ? lily_anth_error_json(e) : lily_oai_error_json(e);
-    if (!begun) {
-        lily_job_begin(job, e->http_status, false);
+    if (!begun || !streaming) {
+        /* a whole-body response sends nothing before the end: the error replaces what was written */
+        pthread_mutex_lock(&job->mu);
+        job->http_status = e->http_status;
+        job->streaming = false;
+        job->out_off = job->out_len = 0;
+        pthread_cond_broadcast(&job->cv);
+        pthread_mutex_unlock(&job->mu);
         if (body)
             lily_job_write(job, body, strlen(body));
     } else if (streaming && body) {

@@ -20,6 +20,7 @@
 
 #include "base/base.h"
 #include "base/clock.h"
+#include "base/json_load.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
@@ -43,6 +44,7 @@ struct lily_service {
     lily_prefix_cache *cache; /* checkpoints of the session by token prefix; made in lily_service_new */
     size_t cache_vram_bytes;  /* the device pool asked for */
     size_t gpu_memory_bytes;  /* lily_service_options.gpu_memory_bytes */
+    size_t cache_ram_bytes;   /* the host cap asked for; 0 = sized from the model at load */
     int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
     lily_tokenizer *tok;
     int vocab;
@@ -80,6 +82,7 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->cache_vram_bytes = opts->cache_vram_bytes;
     svc->request_defaults = opts->request_defaults ? *opts->request_defaults : lily_request_defaults_none();
     svc->gpu_memory_bytes = opts->gpu_memory_bytes;
+    svc->cache_ram_bytes = opts->cache_ram_bytes;
     if (!svc->model_dir || !svc->backend || !svc->model_name) {
         lily_service_free(svc);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
@@ -130,7 +133,7 @@ static void load_generation_defaults(lily_service *svc)
     svc->defaults = lily_sampler_defaults();
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", svc->model_dir);
-    json_t *g = json_load_file(path, 0, NULL);
+    json_t *g = lily_json_load_file(path, 0, 0, NULL);
     if (!json_is_object(g)) {
         json_decref(g);
         return;
@@ -189,6 +192,19 @@ lily_status lily_service_load(void *user, lily_error *err)
     if (st != LILY_OK)
         return st;
     lily_prefix_cache_stats cs;
+    const double state_mib = (double)lily_prefix_cache_state_bytes(svc->session) / (1 << 20);
+    if (!svc->cache_ram_bytes) {
+        lily_prefix_cache_set_ram_bytes(svc->cache, lily_prefix_cache_default_ram_bytes(svc->session));
+        lily_prefix_cache_stats_get(svc->cache, &cs);
+        fprintf(stderr,
+                "lily serve: prefix cache: up to %zu MiB of host memory (%d full-context states of %.1f MiB, "
+                "within [%d, %d] MiB; --cache-ram sets it)\n",
+                cs.ram_bytes >> 20, LILY_PREFIX_CACHE_DEFAULT_STATES, state_mib, LILY_PREFIX_CACHE_DEFAULT_MIN_MIB,
+                LILY_PREFIX_CACHE_DEFAULT_MAX_MIB);
+    } else {
+        fprintf(stderr, "lily serve: prefix cache: up to %zu MiB of host memory (--cache-ram; one full-context "
+                        "state is %.1f MiB)\n", svc->cache_ram_bytes >> 20, state_mib);
+    }
     lily_prefix_cache_stats_get(svc->cache, &cs);
     if (svc->cache_vram_bytes && svc->engine->backend.ops->device_pool_new && !cs.device_capacity_bytes)
         fprintf(stderr, "lily serve: warning: no room for a %zu MiB prefix-cache pool in GPU memory (--cache-vram); "
@@ -492,6 +508,10 @@ static lily_sampler_params sampler_params(const lily_service *svc, const lily_oa
         p.temperature = (float)req->temperature;
     if (!isnan(req->top_p))
         p.top_p = (float)req->top_p;
+    if (p.top_p == 0.0f) { /* the smallest set of mass >= 0 is the most likely token alone: greedy */
+        p.temperature = 0.0f;
+        p.top_p = 1.0f;
+    }
     if (req->top_k >= 0)
         p.top_k = req->top_k;
     if (!isnan(req->min_p))
@@ -553,7 +573,7 @@ static lily_status prefill(lily_service *svc, lily_job *job, const int32_t *ids,
     const int n_marks = lily_prefix_cache_chat_marks(ids, n, svc->im_start, svc->im_end, svc->think, marks);
     lily_status st = lily_prefix_cache_prefill(svc->cache, svc->session, ids, n, marks, n_marks, job_cancelled, job,
                                                reused, err);
-    if (st != LILY_OK)
+    if (st != LILY_OK && st != LILY_ERR_CANCELLED) /* a cancelled prefill keeps the prefix it computed */
         lily_session_reset(svc->session);
     return st;
 }
@@ -1020,7 +1040,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     double t1 = lily_wall_seconds();
     job->stats.prompt_tokens = n_ids;
     job->stats.cached_tokens = reused;
-    job->stats.prefill_tok_s = t1 > t0 ? (n_ids - reused) / (t1 - t0) : 0;
+    const int prefilled = s->n_tokens > reused ? s->n_tokens - reused : 0; /* a cancel stops short of n_ids */
+    job->stats.prefill_tok_s = t1 > t0 ? prefilled / (t1 - t0) : 0;
     if (st != LILY_OK) {
         if (st != LILY_ERR_CANCELLED)
             fail_with(job, 500, "server_error", NULL, NULL, err.message);

@@ -34,7 +34,8 @@ typedef struct {
     int n_threads;            /* 0 = all cores */
     int ctx_size;             /* tokens; 0 = the model's maximum (capped by the runtime) */
     const char *model_name;   /* the id responses carry */
-    size_t cache_ram_bytes;   /* prefix cache pool (runtime/prefix_cache.h); 0 = 4096 MiB */
+    size_t cache_ram_bytes;   /* prefix cache host cap (runtime/prefix_cache.h); 0 = sized from the model at
+                                 load (lily_prefix_cache_default_ram_bytes), said on stderr */
     size_t cache_vram_bytes;  /* prefix cache device pool (CUDA backend); 0 = none */
     size_t gpu_memory_bytes;  /* lily_engine_options.gpu_memory_bytes (0 = all free) */
     int checkpoint_every;     /* prefix cache checkpoint interval in tokens; 0 = 4096, < 0 = none */

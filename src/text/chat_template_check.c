@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "base/file.h"
+#include "base/json_load.h"
 #include "base/sha256.h"
 #include "text/chat_template.h"
 
@@ -54,7 +55,7 @@ lily_status lily_chat_template_check(const char *model_dir, lily_chat_template_m
         FILE *probe = fopen(path, "rb");
         if (probe) {
             fclose(probe);
-            json_t *config = json_load_file(path, 0, &jerr);
+            json_t *config = lily_json_load_file(path, 0, 0, &jerr);
             if (!config) {
                 status = lily_error_set(err, LILY_ERR_FORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
             } else {

@@ -14,8 +14,13 @@
 
 #include "base/base.h"
 #include "base/file.h"
+#include "base/json_load.h"
 #include "model/gguf_check.h"
 #include "text/tokenizer_internal.h"
+
+/* The largest token id lily loads: the id space is allocated densely (~13 bytes an id), and real
+ * vocabularies stay far below (Qwen3.6: 248,320 ids). */
+#define LILY_TOKENIZER_MAX_ID ((1 << 24) - 1)
 
 /* GPT-2's pattern, used by a ByteLevel pre-tokenizer with use_regex = true (HF byte_level.rs). */
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -557,8 +562,11 @@ static lily_status load_model(lily_tokenizer *tok, const json_t *root, lily_erro
     const char *key;
     json_t *value;
     json_object_foreach(vocab, key, value) {
-        if (!json_is_integer(value) || json_integer_value(value) < 0 || json_integer_value(value) >= INT32_MAX / 2)
+        if (!json_is_integer(value) || json_integer_value(value) < 0)
             return lily_error_set(err, LILY_ERR_TOKENIZER, "model.vocab[\"%.60s\"] is not a valid id", key);
+        if (json_integer_value(value) > LILY_TOKENIZER_MAX_ID)
+            return lily_error_set(err, LILY_ERR_TOKENIZER, "model.vocab[\"%.60s\"]: id %lld is larger than %d",
+                                  key, (long long)json_integer_value(value), LILY_TOKENIZER_MAX_ID);
         max_id = LILY_MAX(max_id, json_integer_value(value));
         blob_size += strlen(key);
     }
@@ -567,9 +575,12 @@ static lily_status load_model(lily_tokenizer *tok, const json_t *root, lily_erro
     json_array_foreach(added, i, e) {
         const json_t *id = json_object_get(e, "id");
         const json_t *content = json_object_get(e, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= INT32_MAX / 2 ||
-            !json_is_string(content) || json_string_length(content) == 0)
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || !json_is_string(content) ||
+            json_string_length(content) == 0)
             return lily_error_set(err, LILY_ERR_TOKENIZER, "added_tokens[%zu] needs an \"id\" >= 0 and a non-empty \"content\"", i);
+        if (json_integer_value(id) > LILY_TOKENIZER_MAX_ID)
+            return lily_error_set(err, LILY_ERR_TOKENIZER, "added_tokens[%zu]: id %lld is larger than %d", i,
+                                  (long long)json_integer_value(id), LILY_TOKENIZER_MAX_ID);
         max_id = LILY_MAX(max_id, json_integer_value(id));
         blob_size += json_string_length(content);
     }
@@ -622,7 +633,7 @@ static lily_status load_json(const char *path, json_t **out, lily_error *err)
     if (st != LILY_OK)
         return st;
     json_error_t jerr;
-    *out = json_loadb(buf, size, 0, &jerr);
+    *out = lily_json_loadb(buf, size, 0, &jerr);
     free(buf);
     if (*out)
         return LILY_OK;
