@@ -88,6 +88,11 @@ static void test_validation(void **state)
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1.5}",
                     false, "temperature");
     assert_rejected("[1]", false, "JSON object");
+    /* the OpenAI routes' bounds hold here too: checked on the text, before a document is built */
+    char deep[400] = "{\"max_tokens\":1,\"metadata\":";
+    for (int i = 0; i < 100; i++)
+        strcat(deep, "[");
+    assert_rejected(deep, false, "deeper than");
     lily_oai_request req;
     lily_oai_error e;
     const char *count = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";

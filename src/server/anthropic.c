@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/json_load.h"
 
 /* ---------------------------------------------------------------------------------------------------
  * request -> the OpenAI chat request the engine path runs
@@ -246,12 +245,12 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
 {
     memset(req, 0, sizeof *req);
     e->http_status = 0;
-    json_error_t jerr;
-    json_t *b = lily_json_loadb(body, len, 0, &jerr); /* integers beyond int64 load as reals */
+    json_t *b = NULL; /* the same bounds (depth, value count) and number rules as the OpenAI routes */
+    if (!lily_oai_json_load(body, len, &b, e))
+        return false;
     if (!json_is_object(b)) {
         json_decref(b);
-        return bad(e, NULL, "The request body is not a JSON object: %s (line %d, column %d).", b ? "not an object" : jerr.text,
-                   jerr.line, jerr.column);
+        return bad(e, NULL, "The request body is not a JSON object.");
     }
     json_t *oai = json_object();
     bool ok = oai && translate(b, count_only, oai, e);
