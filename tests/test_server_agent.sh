@@ -8,4 +8,7 @@ DATA="$2"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 . "$HERE/lib/common.sh"
 lily_python "$LILY" openai anthropic # the suite's one Python, with both SDKs
-exec "$PY" "$HERE/test_server_agent.py" "$LILY" "$DATA/tiny-chat"
+# the bundled model (models/lily-tiny), as a user first meets it; tiny-chat where it is absent
+MODEL="$HERE/../models/lily-tiny"
+[ -f "$MODEL/config.json" ] || MODEL="$DATA/tiny-chat"
+exec "$PY" "$HERE/test_server_agent.py" "$LILY" "$MODEL"
