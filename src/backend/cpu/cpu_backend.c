@@ -53,7 +53,7 @@ static void cpu_destroy(void *ctx)
                     c->attn_q, c->attn_k, c->attn_v, c->attn_o, c->gdn_mixed, c->gdn_conv, c->gdn_z, c->gdn_b, c->gdn_a,
                     c->gdn_g, c->gdn_beta, c->gdn_o, c->gdn_chunk_scratch, c->router_probs, c->topk_ids,
                     c->topk_weights, c->expert_count, c->expert_offset, c->expert_rows, c->moe_x, c->moe_gate,
-                    c->moe_up, c->moe_y, c->shared_gate_logit};
+                    c->moe_up, c->moe_y, c->shared_gate_logit, c->qact.q, c->qact.r, c->qact.d, c->qact.sum, c->qgsum};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(c);
@@ -78,6 +78,8 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     c->w = w;
     c->max_chunk = opts->max_chunk;
     c->matmul_inputs_f16 = opts->cpu_matmul_inputs_f16;
+    c->exact = opts->exact;
+    c->qdot = cpu_qdot_best();
     c->debug_hook = opts->debug_hook;
     c->debug_user = opts->debug_user;
     c->deltanet_chunked = opts->deltanet_chunked;
@@ -152,6 +154,15 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     c->moe_up = alloc_floats(mc * inter, &ok);
     c->moe_y = alloc_floats(mc * H, &ok);
     c->shared_gate_logit = alloc_floats(mc, &ok);
+    if (!c->exact) {
+        const int64_t qcols = (widest + CPU_QBLOCK - 1) / CPU_QBLOCK * CPU_QBLOCK;
+        c->qact.q = malloc((size_t)(mc * qcols));
+        c->qact.r = malloc((size_t)(mc * qcols));
+        c->qact.d = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
+        c->qact.sum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
+        c->qgsum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
+        ok = ok && c->qact.q && c->qact.r;
+    }
     if (!ok || !c->topk_ids || !c->expert_count || !c->expert_offset || !c->expert_rows) {
         cpu_destroy(c);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %d-token scratch",

@@ -1,8 +1,10 @@
 /* cpu_internal.h — what the CPU backend's stage files share: the backend context, the session state,
- * and the kernels of each stage (MODEL.md §4), exact mode: fp32 activations, weights dequantized exactly.
+ * and the kernels of each stage (MODEL.md §4). Exact mode: fp32 activations, weights dequantized exactly
+ * (the reference). Fast mode (the default): the same, except that the linear layers with 4/8-bit weights
+ * run as integer dot products on int8-quantized activations (matmul_fast.c, quant_dot.h).
  *
  * Owns: the shapes of the scratch buffers (sized by max_chunk at create time) and of the state.
- * The files: matmul.c (linear layers), norm_rope.c, attention.c, gated_deltanet.c, moe.c, and
+ * The files: matmul.c (linear layers), matmul_fast.c and quant_*.c (fast mode), norm_rope.c, attention.c, gated_deltanet.c, moe.c, and
  * cpu_backend.c (create/destroy, state, the per-layer loop).
  */
 #ifndef LILY_CPU_INTERNAL_H
@@ -13,6 +15,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "quant_dot.h"
 #include "threadpool.h"
 
 /* ---- weights made fp32 once at create time (all small vectors) ---------------------------------- */
@@ -32,7 +35,11 @@ typedef struct {
     lily_threadpool *pool;
     int n_threads;
     int max_chunk;
-    bool matmul_inputs_f16; /* lily_backend_options.cpu_matmul_inputs_f16 */
+    bool matmul_inputs_f16; /* lily_backend_options.cpu_matmul_inputs_f16 (exact mode) */
+    bool exact;             /* lily_backend_options.exact: every linear layer on the fp32 reference path */
+    const cpu_qdot_kernels *qdot; /* fast mode's integer kernels for this CPU (quant_dot_dispatch.c) */
+    cpu_qact qact;          /* [mc, widest input] the quantized input of the current fast-mode matmul */
+    float *qgsum;           /* [mc, widest input / 32] its sums per weight group */
     lily_debug_hook debug_hook;
     void *debug_user;
 
@@ -101,6 +108,12 @@ void cpu_dequant_rows(const lily_tensor *w, int64_t expert, int64_t row0, int n_
 void cpu_matmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const float *x, int n, float *y);
 /* The 2-D case: y[n, rows] = x[n, cols] · Wᵀ. */
 void cpu_matmul(const cpu_ctx *c, const lily_tensor *w, const float *x, int n, float *y);
+/* In fast mode cpu_matmul_expert() quantizes x into c->qact and runs these when cpu_matmul_fast_ok():
+ * w is 4- or 8-bit affine with groups and columns multiples of 32, and c is not exact. */
+bool cpu_matmul_fast_ok(const cpu_ctx *c, const lily_tensor *w);
+/* y[n, rows] = a[n, cols] · W[expert]ᵀ (+ the affine bias), a quantized by cpu_quantize_act(); fp32 out.
+ * Rows are split over c->pool; uses c->qgsum as scratch, so a must not be c->qgsum's user elsewhere. */
+void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const cpu_qact *a, int n, float *y);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */
 /* out[t] = x[t] * rsqrt(mean(x[t]²) + eps) * weight, per row of dim, in fp32 (in place allowed).

@@ -1,0 +1,44 @@
+/* quant_act.c — activations to two int8 digits per value, per block of 32, for the fast CPU path
+ * (quant_dot.h).
+ *
+ * Owns: the block scale d = max|x| / (127 · 254), the digits xq = round(x / (254 d)) and
+ * xr = round(x / d - 254 xq) (both round-to-nearest, in [-127, 127]), the fp32 block sum that folds the
+ * weights' affine bias, and the even/odd order the kernels read.
+ */
+#include <math.h>
+
+#include "quant_dot.h"
+
+void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
+{
+    const int64_t nb = cols / CPU_QBLOCK;
+    a->cols = cols;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (int64_t)t * cols;
+        for (int64_t k = 0; k < nb; k++) {
+            const float *xb = xt + k * CPU_QBLOCK;
+            float amax = 0, sum = 0;
+            for (int i = 0; i < CPU_QBLOCK; i++) {
+                amax = fmaxf(amax, fabsf(xb[i]));
+                sum += xb[i];
+            }
+            /* x / d in [-127 · 254, 127 · 254]; its high digit rounds it to a multiple of 254 */
+            const float inv_d = amax > 0 ? 127.0f * CPU_QDIGIT / amax : 0.0f;
+            int8_t *qb = a->q + (int64_t)t * cols + k * CPU_QBLOCK;
+            int8_t *rb = a->r + (int64_t)t * cols + k * CPU_QBLOCK;
+            for (int i = 0; i < CPU_QBLOCK; i++) {
+                const float v = xb[i] * inv_d;
+                long hi = lrintf(v / CPU_QDIGIT);
+                hi = hi > 127 ? 127 : hi < -127 ? -127 : hi;
+                long lo = lrintf(v - (float)(hi * CPU_QDIGIT));
+                lo = lo > 127 ? 127 : lo < -127 ? -127 : lo;
+                /* even elements first, then odd ones (quant_dot.h) */
+                const int slot = (i & 1) ? CPU_QBLOCK / 2 + i / 2 : i / 2;
+                qb[slot] = (int8_t)hi;
+                rb[slot] = (int8_t)lo;
+            }
+            a->d[t * nb + k] = amax / (127.0f * CPU_QDIGIT);
+            a->sum[t * nb + k] = sum;
+        }
+    }
+}
