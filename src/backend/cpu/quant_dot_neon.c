@@ -9,7 +9,7 @@
 #include "quant_dot.h"
 
 #define NEON_INLINE __attribute__((always_inline)) static inline
-#define DOTPROD_INLINE __attribute__((target("+dotprod"), always_inline)) static inline
+#define DOTPROD_INLINE __attribute__((target("arch=armv8.2-a+dotprod"), always_inline)) static inline
 
 /* Σ a_i b_i of two 16-byte vectors as 4 int32 partial sums (base NEON; products fit int16 in pairs). */
 NEON_INLINE int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b)
@@ -113,8 +113,8 @@ DOTPROD_INLINE void q8_tile_sdot(const uint8_t *w, const float *ws, int group, c
 
 ENTRY(dot_q4, q4_tile, )
 ENTRY(dot_q8, q8_tile, )
-ENTRY(dot_q4_sdot, q4_tile_sdot, __attribute__((target("+dotprod"))))
-ENTRY(dot_q8_sdot, q8_tile_sdot, __attribute__((target("+dotprod"))))
+ENTRY(dot_q4_sdot, q4_tile_sdot, __attribute__((target("arch=armv8.2-a+dotprod"))))
+ENTRY(dot_q8_sdot, q8_tile_sdot, __attribute__((target("arch=armv8.2-a+dotprod"))))
 
 const cpu_qdot_kernels cpu_qdot_neon = {"neon", dot_q4, dot_q8};
 const cpu_qdot_kernels cpu_qdot_neon_dotprod = {"neon-dotprod", dot_q4_sdot, dot_q8_sdot};
