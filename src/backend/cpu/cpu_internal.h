@@ -81,6 +81,13 @@ typedef struct {
     float *moe_gate, *moe_up; /* [mc, max(moe_intermediate, shared_intermediate)] */
     float *moe_y;             /* [mc, hidden] */
     float *shared_gate_logit; /* [mc] */
+    /* fast mode's routed experts (moe_fast.c), rows grouped by expert as expert_rows orders them */
+    int *moe_active;          /* [n_experts] the experts with rows in this chunk, ascending */
+    cpu_qact moe_qx;          /* [mc * top_k, hidden] quantized input rows */
+    cpu_qact moe_qh;          /* [mc * top_k, moe_intermediate] quantized silu(gate) ⊙ up */
+    float *moe_gsum;          /* [mc * top_k, max(hidden, moe_intermediate) / 32] per-group sums */
+    float *moe_h, *moe_u;     /* [mc * top_k, moe_intermediate] */
+    float *moe_yk;            /* [mc * top_k, hidden] */
 } cpu_ctx;
 
 /* ---- the session state ----------------------------------------------------------------------- */
@@ -114,6 +121,15 @@ bool cpu_matmul_fast_ok(const cpu_ctx *c, const lily_tensor *w);
 /* y[n, rows] = a[n, cols] · W[expert]ᵀ (+ the affine bias), a quantized by cpu_quantize_act(); fp32 out.
  * Rows are split over c->pool; uses c->qgsum as scratch, so a must not be c->qgsum's user elsewhere. */
 void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const cpu_qact *a, int n, float *y);
+/* The piece one task runs: weight rows [row0, row1) of W[expert] against activation rows t0 .. t0 + n - 1
+ * of a, into y[i * ldy + (r - row0)] for the i-th row; gsum [rows of a, cols / group]: Σ x per weight
+ * group (cpu_qact_group_sums). Each weight row is read once and serves every token tile. */
+void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
+                      const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy);
+/* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
+void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
+/* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows. */
+int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */
 /* out[t] = x[t] * rsqrt(mean(x[t]²) + eps) * weight, per row of dim, in fp32 (in place allowed).
@@ -166,5 +182,12 @@ void cpu_moe_top_k(const float *probs, int n, int n_experts, int k, bool renorma
 
 /* Sparse MoE block of one layer (MODEL.md §4.5): x [n, hidden] (normed) -> out [n, hidden]. */
 void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out);
+
+/* ---- moe_fast.c -------------------------------------------------------------------------------- */
+/* Whether the layer's experts can take the fast path (4/8-bit, fast mode, one group size for gate/up). */
+bool cpu_moe_fast_ok(const cpu_ctx *c, const lily_layer_weights *lw);
+/* The routed experts' weighted sum into out [n, hidden] for x [n, hidden], after the router has filled
+ * topk_weights and the grouping (expert_count, expert_offset, expert_rows). */
+void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *out);
 
 #endif
