@@ -287,6 +287,36 @@ static void test_gdn_chunked_matches_recurrent(void **state)
     free(scratch);
 }
 
+/* The fast mode's fused, vectorized recurrent step against the reference recurrent rule; splitting the
+ * tokens over calls changes no bit. */
+static void test_gdn_fast_step_matches_recurrent(void **state)
+{
+    (void)state;
+    const int dk = 16, dv = 24, n = 70;
+    assert_true(cpu_gdn_fast_step_ok(dv) && !cpu_gdn_fast_step_ok(20));
+    gdn_inputs in = make_gdn_inputs(n, dk, dv);
+    float *s_ref = calloc((size_t)dk * dv, sizeof(float)), *s_fast = calloc((size_t)dk * dv, sizeof(float));
+    float *s_split = calloc((size_t)dk * dv, sizeof(float));
+    for (int i = 0; i < dk * dv; i++)
+        s_ref[i] = s_fast[i] = s_split[i] = 0.3f * frand();
+    float *o_ref = malloc(sizeof(float) * n * dv), *o_fast = malloc(sizeof(float) * n * dv);
+    float *o_split = malloc(sizeof(float) * n * dv);
+    cpu_gdn_delta_rule_recurrent(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_ref, o_ref, dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_fast, o_fast, dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, 9, dk, dv, s_split, o_split, dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q + 9 * dk, in.k + 9 * dk, dk, in.v + 9 * dv, dv, in.g + 9, in.beta + 9, 1,
+                                      n - 9, dk, dv, s_split, o_split + 9 * dv, dv);
+    const float dout = test_max_abs_diff(o_fast, o_ref, (size_t)n * dv);
+    const float dstate = test_max_abs_diff(s_fast, s_ref, (size_t)dk * dv);
+    if (dout > 2e-5f || dstate > 2e-5f)
+        print_error("fast step: output max |Δ| %g, state max |Δ| %g\n", dout, dstate);
+    assert_true(dout <= 2e-5f && dstate <= 2e-5f);
+    assert_memory_equal(o_split, o_fast, sizeof(float) * n * dv);
+    assert_memory_equal(s_split, s_fast, sizeof(float) * dk * dv);
+    free(s_ref); free(s_fast); free(s_split); free(o_ref); free(o_fast); free(o_split);
+    free_gdn_inputs(&in);
+}
+
 /* ---- router ---- */
 
 static void test_top_k_ties_lower_id_first(void **state)
@@ -506,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_quant_dot_every_kernel_set),
         cmocka_unit_test(test_fast_matmul_error_bound_and_batch_invariance),
         cmocka_unit_test(test_gdn_chunked_matches_recurrent),
+        cmocka_unit_test(test_gdn_fast_step_matches_recurrent),
         cmocka_unit_test(test_top_k_ties_lower_id_first),
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
     };

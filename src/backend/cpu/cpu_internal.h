@@ -171,6 +171,15 @@ void cpu_gdn_delta_rule_recurrent(const float *q, const float *k, int qk_stride,
                                   const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
                                   float *state, float *out, int out_stride);
 
+/* gdn_step_fast.c: the recurrent form as above, fused into two passes over the state and vectorized (fast
+ * mode; fp32, rounding differs from the reference). Needs cpu_gdn_fast_step_ok(dv): dv % 8 == 0 and
+ * dv <= CPU_GDN_FAST_MAX_DV. */
+#define CPU_GDN_FAST_MAX_DV 1024
+bool cpu_gdn_fast_step_ok(int dv);
+void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                       const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                       float *state, float *out, int out_stride);
+
 /* Gated DeltaNet of one layer (MODEL.md §4.4) for n tokens: x [n, hidden] (normed) -> out [n, hidden];
  * updates the layer's conv and recurrent state. */
 void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out);

@@ -9,6 +9,16 @@
 
 #include "quant_dot.h"
 
+/* Round to nearest (ties to even) for |v| < 2^22 without a library call, so the loop vectorizes: adding
+ * 1.5 · 2^23 leaves no fraction bits. Needs IEEE fp32 arithmetic as built (no -ffast-math, no x87). */
+static inline float round_nearest(float v)
+{
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+static inline float clamp127(float v) { return v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v; }
+
 void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
 {
     const int64_t nb = cols / CPU_QBLOCK;
@@ -19,23 +29,26 @@ void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
             const float *xb = xt + k * CPU_QBLOCK;
             float amax = 0, sum = 0;
             for (int i = 0; i < CPU_QBLOCK; i++) {
-                amax = fmaxf(amax, fabsf(xb[i]));
+                const float m = fabsf(xb[i]);
+                amax = m > amax ? m : amax;
                 sum += xb[i];
             }
             /* x / d in [-127 · 254, 127 · 254]; its high digit rounds it to a multiple of 254 */
             const float inv_d = amax > 0 ? 127.0f * CPU_QDIGIT / amax : 0.0f;
             int8_t *qb = a->q + (int64_t)t * cols + k * CPU_QBLOCK;
             int8_t *rb = a->r + (int64_t)t * cols + k * CPU_QBLOCK;
+            float hi[CPU_QBLOCK], lo[CPU_QBLOCK];
             for (int i = 0; i < CPU_QBLOCK; i++) {
-                const float v = xb[i] * inv_d;
-                long hi = lrintf(v / CPU_QDIGIT);
-                hi = hi > 127 ? 127 : hi < -127 ? -127 : hi;
-                long lo = lrintf(v - (float)(hi * CPU_QDIGIT));
-                lo = lo > 127 ? 127 : lo < -127 ? -127 : lo;
-                /* even elements first, then odd ones (quant_dot.h) */
-                const int slot = (i & 1) ? CPU_QBLOCK / 2 + i / 2 : i / 2;
-                qb[slot] = (int8_t)hi;
-                rb[slot] = (int8_t)lo;
+                const float v = xb[i] * inv_d; /* in [-127 · 254, 127 · 254] */
+                hi[i] = clamp127(round_nearest(v * (1.0f / CPU_QDIGIT)));
+                lo[i] = clamp127(round_nearest(v - hi[i] * CPU_QDIGIT));
+            }
+            /* even elements first, then odd ones (quant_dot.h) */
+            for (int i = 0; i < CPU_QBLOCK / 2; i++) {
+                qb[i] = (int8_t)hi[2 * i];
+                qb[CPU_QBLOCK / 2 + i] = (int8_t)hi[2 * i + 1];
+                rb[i] = (int8_t)lo[2 * i];
+                rb[CPU_QBLOCK / 2 + i] = (int8_t)lo[2 * i + 1];
             }
             a->d[t * nb + k] = amax / (127.0f * CPU_QDIGIT);
             a->sum[t * nb + k] = sum;
