@@ -24,37 +24,26 @@ for layout in ("hf", "mlx4"):
     open(sys.argv[2] + "/ref_%s.f32" % layout, "wb").write(raw("case5.logits." + layout))
 PY
 
-check() { # name, command...: passes when the command exits 0 and max |Δ| <= 1e-3 with full top-1 agreement
-    local name=$1; shift
+# run_check name condition command...: runs the command, reads max |Δ|, top-1 agreement and mean KL from its
+# output into the python variables maxd, top1, kl, and passes when it exits 0 and `condition` holds.
+run_check() {
+    local name=$1 cond=$2; shift 2
     local out
     if ! out=$("$@" 2>&1); then
         echo "FAIL $name: exit non-zero: $out"; fails=$((fails + 1)); return
     fi
-    local maxd top1
+    local maxd top1 kl
     maxd=$(sed -n 's/^max |Δ|: //p' <<<"$out")
     top1=$(sed -n 's/^top-1 agreement: \([0-9.]*\).*/\1/p' <<<"$out")
-    if "$PY" -c "import sys; sys.exit(0 if float('$maxd') <= 1e-3 and float('$top1') == 1.0 else 1)"; then
-        echo "ok   $name: max |Δ| $maxd"; passes=$((passes + 1))
-    else
-        echo "FAIL $name: $out"; fails=$((fails + 1))
-    fi
-}
-
-check_fast() { # name, command...: passes when the command exits 0 with top-1 >= 0.99 and mean KL <= 1e-3
-    local name=$1; shift
-    local out
-    if ! out=$("$@" 2>&1); then
-        echo "FAIL $name: exit non-zero: $out"; fails=$((fails + 1)); return
-    fi
-    local kl top1
     kl=$(sed -n 's/^mean KL(reference‖lily): //p' <<<"$out")
-    top1=$(sed -n 's/^top-1 agreement: \([0-9.]*\).*/\1/p' <<<"$out")
-    if python3 -c "import sys; sys.exit(0 if float('$kl') <= 1e-3 and float('$top1') >= 0.99 else 1)"; then
-        echo "ok   $name: top-1 $top1, mean KL $kl"; passes=$((passes + 1))
+    if "$PY" -c "import sys; maxd, top1, kl = float('$maxd'), float('$top1'), float('$kl'); sys.exit(0 if $cond else 1)"; then
+        echo "ok   $name: max |Δ| $maxd, top-1 $top1, mean KL $kl"; passes=$((passes + 1))
     else
         echo "FAIL $name: $out"; fails=$((fails + 1))
     fi
 }
+check() { run_check "$1" "maxd <= 1e-3 and top1 == 1.0" "${@:2}"; }      # exact: the reference's logits
+check_fast() { run_check "$1" "kl <= 1e-3 and top1 >= 0.99" "${@:2}"; }  # fast: top-1 and KL bounds
 
 expect_error() { # name, command...: passes when the command exits non-zero and prints a message
     local name=$1; shift

@@ -22,15 +22,32 @@ typedef struct {
     float *out, *aux; /* [n * k, rows] (aux: pass 1's up output) */
 } moe_pass;
 
+/* What task `task` of a pass covers: expert e, its weight rows [row0, row1), its grouped rows first ..
+ * first + n_e - 1. */
+typedef struct {
+    int e, first, n_e;
+    int64_t row0, row1;
+} moe_span;
+
+static moe_span task_span(const moe_pass *p, int task)
+{
+    moe_span s;
+    s.e = p->c->moe_active[task / p->blocks_per_expert];
+    s.row0 = (int64_t)(task % p->blocks_per_expert) * p->block_rows;
+    s.row1 = LILY_MIN(s.row0 + p->block_rows, p->rows);
+    s.first = p->c->expert_offset[s.e];
+    s.n_e = p->c->expert_count[s.e];
+    return s;
+}
+
 static void gate_up_task(void *arg, int task, int thread)
 {
     (void)thread;
     const moe_pass *p = arg;
     const cpu_ctx *c = p->c;
-    const int e = c->moe_active[task / p->blocks_per_expert];
-    const int64_t row0 = (int64_t)(task % p->blocks_per_expert) * p->block_rows;
-    const int64_t row1 = LILY_MIN(row0 + p->block_rows, p->rows);
-    const int first = c->expert_offset[e], n_e = c->expert_count[e];
+    const moe_span sp = task_span(p, task);
+    const int e = sp.e, first = sp.first, n_e = sp.n_e;
+    const int64_t row0 = sp.row0, row1 = sp.row1;
     float *g = p->out + (int64_t)first * p->rows + row0, *u = p->aux + (int64_t)first * p->rows + row0;
     cpu_qmatmul_rows(c->qdot, &p->lw->experts_gate, e, row0, row1, p->a, first, n_e, p->gsum, g, p->rows);
     cpu_qmatmul_rows(c->qdot, &p->lw->experts_up, e, row0, row1, p->a, first, n_e, p->gsum, u, p->rows);
@@ -43,13 +60,9 @@ static void down_task(void *arg, int task, int thread)
 {
     (void)thread;
     const moe_pass *p = arg;
-    const cpu_ctx *c = p->c;
-    const int e = c->moe_active[task / p->blocks_per_expert];
-    const int64_t row0 = (int64_t)(task % p->blocks_per_expert) * p->block_rows;
-    const int64_t row1 = LILY_MIN(row0 + p->block_rows, p->rows);
-    const int first = c->expert_offset[e], n_e = c->expert_count[e];
-    cpu_qmatmul_rows(c->qdot, &p->lw->experts_down, e, row0, row1, p->a, first, n_e, p->gsum,
-                     p->out + (int64_t)first * p->rows + row0, p->rows);
+    const moe_span sp = task_span(p, task);
+    cpu_qmatmul_rows(p->c->qdot, &p->lw->experts_down, sp.e, sp.row0, sp.row1, p->a, sp.first, sp.n_e, p->gsum,
+                     p->out + (int64_t)sp.first * p->rows + sp.row0, p->rows);
 }
 
 /* Gather quantized row `src` of a into row `dst` of b (same cols). */
