@@ -3,6 +3,8 @@
 #                                           model models/lily-tiny (or MODEL), printing text and tok/s
 #   make test                               build, then run the whole test suite (CTest)
 #   make test-asan                          the suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-arm64                         the CPU kernels' tests and the fast-mode fixture logits, cross
+#                                           built for AArch64 (NEON kernels) and run under qemu-aarch64
 #   make deps                               install the build dependencies (Debian/Ubuntu, as root)
 #   make install [PREFIX=DIR]               build, then copy the binary to PREFIX/bin/lily (default /usr/local)
 # CUDA=1 builds the CUDA backend, CUDA=0 does not; by default it is built when nvcc and a GPU are present
@@ -10,6 +12,7 @@
 
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
+BUILD_ARM64 ?= build-arm64
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL      ?=
 PROMPT     ?= The Python interpreter
@@ -22,8 +25,11 @@ DEB_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libu
                libmicrohttpd-dev libcmocka-dev libedit-dev gnuplot-nox python3 python3-venv python3-numpy curl
 # what only `make test` needs: chromium for the web page test (~90 s to install; the test skips without it)
 TEST_DEB_PACKAGES = chromium
+# test-arm64: a cross compiler, qemu's user-mode emulator, and the libraries for arm64 (multiarch)
+ARM64_PACKAGES = gcc-aarch64-linux-gnu qemu-user libjansson-dev:arm64 libpcre2-dev:arm64 \
+                 libutf8proc-dev:arm64 libcmocka-dev:arm64
 
-.PHONY: all build run test test-asan deps test-deps install-debs install clean
+.PHONY: all build run test test-asan test-arm64 deps deps-arm64 test-deps install-debs install clean
 
 all: build
 
@@ -69,5 +75,23 @@ test-asan: test-deps
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
+deps-arm64: deps
+	@missing=""; for p in $(ARM64_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  echo "lily: installing$$missing"; dpkg --add-architecture arm64; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else \
+	  echo "lily: missing packages; run:  sudo dpkg --add-architecture arm64 && sudo apt-get update &&" \
+	       "sudo apt-get install -y$$missing"; exit 1; fi
+
+# Only the kernels' tests and the fast-mode fixture logits (cases up to 65 tokens, every mode): the rest is
+# the same C on every CPU.
+test-arm64: deps-arm64
+	@[ -f $(BUILD_ARM64)/CMakeCache.txt ] || cmake -S . -B $(BUILD_ARM64) -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=OFF \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
+	cmake --build $(BUILD_ARM64) -j $(JOBS) --target test_cpu_kernels test_forward_fixtures
+	cd $(BUILD_ARM64) && LILY_TEST_FILTER='test_fast_mode_*' LILY_TEST_MAX_TOKENS=65 ctest --output-on-failure -R 'test_cpu_kernels|test_forward_fixtures'
+
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_ARM64)

@@ -1,5 +1,7 @@
 /* test_cpu_kernels.c — the CPU backend's kernels on small random inputs: thread pool, exact dequant +
- * matmul for every weight kind (4/8-bit affine with negative scales, bf16, f16, f32), the chunked gated
+ * matmul for every weight kind (4/8-bit affine with negative scales, bf16, f16, f32), the fast path's
+ * int8 activation quantization and integer dot products (every kernel set this CPU runs, against a
+ * double-precision evaluation of the same formula and against the exact matmul), the chunked gated
  * delta rule against the recurrent rule, and router top-k tie breaking. */
 #include "test_support.h"
 
@@ -56,11 +58,11 @@ typedef struct {
     float *dense; /* the exact dequantized values */
 } qtensor;
 
-static qtensor make_quantized(int rows, int cols, int bits, int n_experts)
+static qtensor make_quantized_group(int rows, int cols, int bits, int n_experts, int group)
 {
     qtensor q;
     memset(&q, 0, sizeof q);
-    const int group = 64, per_word = 32 / bits, words_per_row = cols / per_word, groups = cols / group;
+    const int per_word = 32 / bits, words_per_row = cols / per_word, groups = cols / group;
     const int prow = rows * (n_experts ? n_experts : 1);
     q.words = calloc((size_t)prow * words_per_row, 4);
     q.scales = calloc((size_t)prow * groups, 2);
@@ -102,6 +104,11 @@ static qtensor make_quantized(int rows, int cols, int bits, int n_experts)
     return q;
 }
 
+static qtensor make_quantized(int rows, int cols, int bits, int n_experts)
+{
+    return make_quantized_group(rows, cols, bits, n_experts, 64);
+}
+
 static void free_quantized(qtensor *q)
 {
     free(q->words); free(q->scales); free(q->biases); free(q->dense);
@@ -130,6 +137,7 @@ static void check_matmul(lily_threadpool *pool, const lily_tensor *t, int64_t ex
     cpu_ctx c;
     memset(&c, 0, sizeof c);
     c.pool = pool;
+    c.exact = true;
     cpu_matmul_expert(&c, t, expert, x, n, y);
     naive_matmul(x, n, dense_expert, rows, cols, ref);
     float worst = test_max_abs_diff(y, ref, (size_t)n * rows);
@@ -279,6 +287,36 @@ static void test_gdn_chunked_matches_recurrent(void **state)
     free(scratch);
 }
 
+/* The fast mode's fused, vectorized recurrent step against the reference recurrent rule; splitting the
+ * tokens over calls changes no bit. */
+static void test_gdn_fast_step_matches_recurrent(void **state)
+{
+    (void)state;
+    const int dk = 16, dv = 24, n = 70;
+    assert_true(cpu_gdn_fast_step_ok(dv) && !cpu_gdn_fast_step_ok(20));
+    gdn_inputs in = make_gdn_inputs(n, dk, dv);
+    float *s_ref = calloc((size_t)dk * dv, sizeof(float)), *s_fast = calloc((size_t)dk * dv, sizeof(float));
+    float *s_split = calloc((size_t)dk * dv, sizeof(float));
+    for (int i = 0; i < dk * dv; i++)
+        s_ref[i] = s_fast[i] = s_split[i] = 0.3f * frand();
+    float *o_ref = malloc(sizeof(float) * n * dv), *o_fast = malloc(sizeof(float) * n * dv);
+    float *o_split = malloc(sizeof(float) * n * dv);
+    cpu_gdn_delta_rule_recurrent(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_ref, o_ref, dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_fast, o_fast, dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, 9, dk, dv, s_split, o_split, dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q + 9 * dk, in.k + 9 * dk, dk, in.v + 9 * dv, dv, in.g + 9, in.beta + 9, 1,
+                                      n - 9, dk, dv, s_split, o_split + 9 * dv, dv);
+    const float dout = test_max_abs_diff(o_fast, o_ref, (size_t)n * dv);
+    const float dstate = test_max_abs_diff(s_fast, s_ref, (size_t)dk * dv);
+    if (dout > 2e-5f || dstate > 2e-5f)
+        print_error("fast step: output max |Δ| %g, state max |Δ| %g\n", dout, dstate);
+    assert_true(dout <= 2e-5f && dstate <= 2e-5f);
+    assert_memory_equal(o_split, o_fast, sizeof(float) * n * dv);
+    assert_memory_equal(s_split, s_fast, sizeof(float) * dk * dv);
+    free(s_ref); free(s_fast); free(s_split); free(o_ref); free(o_fast); free(o_split);
+    free_gdn_inputs(&in);
+}
+
 /* ---- router ---- */
 
 static void test_top_k_ties_lower_id_first(void **state)
@@ -320,13 +358,185 @@ static void test_rope_rotates_pairs_i_and_i_plus_half(void **state)
     assert_float_equal(x[7], 8, 0);
 }
 
+/* ---- fast path: int8 activations and integer dot products ---- */
+
+static void test_quantize_act_blocks(void **state)
+{
+    (void)state;
+    enum { N = 3, COLS = 96 };
+    float x[N * COLS];
+    for (int i = 0; i < N * COLS; i++)
+        x[i] = 3.0f * frand();
+    x[5] = 0; /* an all-zero block quantizes to zeros with d = 0 */
+    for (int i = COLS; i < COLS + 32; i++)
+        x[i] = 0;
+    int8_t q[N * COLS], r[N * COLS];
+    float d[N * COLS / 32], sum[N * COLS / 32];
+    cpu_qact a = {q, r, d, sum, COLS};
+    cpu_quantize_act(x, N, COLS, &a);
+    for (int t = 0; t < N; t++)
+        for (int k = 0; k < COLS / 32; k++) {
+            const float *xb = x + t * COLS + k * 32;
+            float amax = 0, s = 0;
+            for (int i = 0; i < 32; i++) {
+                amax = fmaxf(amax, fabsf(xb[i]));
+                s += xb[i];
+            }
+            const int b = t * (COLS / 32) + k;
+            assert_float_equal(d[b], amax / (127.0f * 254.0f), 0);
+            assert_float_equal(sum[b], s, 1e-5);
+            for (int i = 0; i < 32; i++) {
+                /* element i sits at slot i/2 (even) or 16 + i/2 (odd) */
+                const int slot = t * COLS + k * 32 + (i & 1 ? 16 + i / 2 : i / 2);
+                const int v = 254 * q[slot] + r[slot];
+                /* the high digit alone is within half its step, and both within half of d */
+                assert_true(fabsf(q[slot] * 254.0f * d[b] - xb[i]) <= 0.5f * 254.0f * d[b] * 1.0001f);
+                assert_true(fabsf((float)v * d[b] - xb[i]) <= 0.5f * d[b] * 1.001f + 1e-12f);
+                assert_true(q[slot] != -128 && r[slot] != -128);
+            }
+        }
+}
+
+/* The formula of quant_dot.h in double from the unpacked values: Σ_g s_g Σ_k d_k Σ_i q_i (254 xq_i + xr_i). */
+static double qdot_double(const qtensor *qt, int64_t prow, const cpu_qact *a, int t)
+{
+    const lily_tensor *w = &qt->t;
+    const int64_t cols = lily_tensor_cols(w), nb = cols / 32;
+    const int per_word = 32 / w->bits;
+    double total = 0;
+    for (int64_t k = 0; k < nb; k++) {
+        int64_t isum = 0;
+        for (int i = 0; i < 32; i++) {
+            const int64_t col = k * 32 + i;
+            const uint32_t word = qt->words[prow * (cols / per_word) + col / per_word];
+            const int qv = (int)((word >> (w->bits * (col % per_word))) & ((1u << w->bits) - 1u));
+            const int64_t slot = t * cols + k * 32 + (i & 1 ? 16 + i / 2 : i / 2);
+            isum += (int64_t)qv * (254 * a->q[slot] + a->r[slot]);
+        }
+        const double s = lily_bf16_to_f32(qt->scales[prow * (cols / w->group_size) + k * 32 / w->group_size]);
+        total += s * a->d[t * nb + k] * (double)isum;
+    }
+    return total;
+}
+
+static void test_quant_dot_every_kernel_set(void **state)
+{
+    (void)state;
+    const cpu_qdot_kernels *sets[CPU_QDOT_MAX_SETS];
+    const int n_sets = cpu_qdot_available(sets);
+    assert_true(n_sets >= 1 && !strcmp(sets[0]->name, "ref"));
+    assert_ptr_equal(cpu_qdot_best(), sets[n_sets - 1]);
+    print_message("quant_dot kernel sets on this CPU:");
+    for (int s = 0; s < n_sets; s++)
+        print_message(" %s", sets[s]->name);
+    print_message("\n");
+    enum { ROWS = 5, COLS = 256, N = 6 };
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int group = 32; group <= 128; group *= 2) {
+            qtensor qt = make_quantized_group(ROWS, COLS, bits, 0, group);
+            float x[N * COLS];
+            for (int i = 0; i < N * COLS; i++)
+                x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+            int8_t q[N * COLS], r[N * COLS];
+            float d[N * COLS / 32], sum[N * COLS / 32];
+            cpu_qact a = {q, r, d, sum, COLS};
+            cpu_quantize_act(x, N, COLS, &a);
+            for (int s = 0; s < n_sets; s++) {
+                const cpu_qdot_fn fn = bits == 4 ? sets[s]->dot_q4 : sets[s]->dot_q8;
+                for (int r = 0; r < ROWS; r++) {
+                    const uint8_t *wrow = (const uint8_t *)qt.words + r * qt.t.row_bytes;
+                    float ws[COLS / 32];
+                    for (int g = 0; g < COLS / group; g++)
+                        ws[g] = lily_bf16_to_f32(qt.scales[r * (COLS / group) + g]);
+                    float single[N];
+                    for (int t = 0; t < N; t++)
+                        fn(wrow, ws, group, &a, t, 1, &single[t]);
+                    for (int t = 0; t < N; t++) {
+                        const double want = qdot_double(&qt, r, &a, t);
+                        if (!(fabs(single[t] - want) <= 1e-5 * (1 + fabs(want))))
+                            fail_msg("%s bits %d group %d row %d token %d: %.9g, want %.9g", sets[s]->name, bits, group,
+                                     r, t, single[t], want);
+                    }
+                    /* a tile of several tokens gives each token's single-token result, bit for bit */
+                    for (int nt = 2; nt <= CPU_QTILE; nt++) {
+                        float tile[CPU_QTILE];
+                        fn(wrow, ws, group, &a, N - nt, nt, tile);
+                        for (int j = 0; j < nt; j++)
+                            assert_memory_equal(&tile[j], &single[N - nt + j], sizeof(float));
+                    }
+                }
+            }
+            free_quantized(&qt);
+        }
+}
+
+/* The fast matmul against the exact values in double: the error is at most Σ_i |w_i| d_k / 2 (the
+ * digits' rounding), plus fp32 slack. Splitting the tokens over calls changes no bit. */
+static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
+    enum { ROWS = 40, COLS = 192, N = 7 };
+    cpu_ctx c;
+    memset(&c, 0, sizeof c);
+    c.pool = pool;
+    c.max_chunk = N;
+    c.qdot = cpu_qdot_best();
+    int8_t qbuf[N * COLS], rbuf[N * COLS];
+    float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
+    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS};
+    c.qgsum = gbuf;
+    for (int bits = 4; bits <= 8; bits += 4) {
+        qtensor qt = make_quantized(ROWS, COLS, bits, 3);
+        assert_true(cpu_matmul_fast_ok(&c, &qt.t));
+        float x[N * COLS], y[N * ROWS], y1[N * ROWS];
+        for (int i = 0; i < N * COLS; i++)
+            x[i] = frand();
+        cpu_matmul_expert(&c, &qt.t, 1, x, N, y);
+        for (int t = 0; t < N; t++)
+            cpu_matmul_expert(&c, &qt.t, 1, x + t * COLS, 1, y1 + t * ROWS);
+        assert_memory_equal(y, y1, sizeof y);
+        const float *dense = qt.dense + (size_t)ROWS * COLS; /* expert 1 */
+        for (int t = 0; t < N; t++)
+            for (int r = 0; r < ROWS; r++) {
+                double want = 0, bound = 0;
+                for (int k = 0; k < COLS / 32; k++) {
+                    float amax = 0;
+                    for (int i = 0; i < 32; i++)
+                        amax = fmaxf(amax, fabsf(x[t * COLS + k * 32 + i]));
+                    for (int i = 0; i < 32; i++) {
+                        const double wv = dense[r * COLS + k * 32 + i];
+                        want += wv * x[t * COLS + k * 32 + i];
+                        bound += fabs(wv) * amax / (127.0 * 254.0) / 2;
+                    }
+                }
+                const double got = y[t * ROWS + r];
+                if (!(fabs(got - want) <= bound + 2e-5 * (1 + fabs(want))))
+                    fail_msg("bits %d token %d row %d: %.7g vs exact %.7g (bound %.3g)", bits, t, r, got, want, bound);
+            }
+        free_quantized(&qt);
+    }
+    /* exact mode keeps the reference path */
+    c.exact = true;
+    qtensor qt = make_quantized(8, 64, 4, 0);
+    assert_false(cpu_matmul_fast_ok(&c, &qt.t));
+    free_quantized(&qt);
+    lily_threadpool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parallel_for_runs_every_task_once),
         cmocka_unit_test(test_dequant_and_matmul_quantized),
         cmocka_unit_test(test_matmul_plain_dtypes),
+        cmocka_unit_test(test_quantize_act_blocks),
+        cmocka_unit_test(test_quant_dot_every_kernel_set),
+        cmocka_unit_test(test_fast_matmul_error_bound_and_batch_invariance),
         cmocka_unit_test(test_gdn_chunked_matches_recurrent),
+        cmocka_unit_test(test_gdn_fast_step_matches_recurrent),
         cmocka_unit_test(test_top_k_ties_lower_id_first),
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
     };

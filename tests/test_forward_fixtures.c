@@ -1,5 +1,7 @@
 /* test_forward_fixtures.c — the CPU backend's exact forward pass against transformers' own logits
- * (tests/data/tiny-a/reference.safetensors, fp32 reference; tests/data/tiny-a/README.md).
+ * (tests/data/tiny-a/reference.safetensors, fp32 reference; tests/data/tiny-a/README.md), and its fast
+ * mode (integer dot products on the 4-bit weights) against the same logits: in every mode below, top-1
+ * agreement >= 99% and mean KL(reference || lily) <= 1e-3 over all cases, per layout.
  *
  * For both layouts (hf, mlx4) and every case: full prefill; prefill of the first half then decode one
  * by one; chunked prefill with chunks 1, 7 and 64 — max |Δlogit| <= 1e-3. The residual stream (and the
@@ -16,6 +18,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "model/safetensors.h"
+#include "runtime/perplexity.h"
 #include "runtime/engine.h"
 
 #define LOGIT_TOL 1e-3f
@@ -36,7 +39,8 @@ typedef struct {
     uint8_t *ref_bytes;
     lily_st_tensor *ref;
     int n_ref;
-    lily_engine *engine[2];
+    lily_engine *engine[2];      /* exact mode */
+    lily_engine *fast_engine[2]; /* fast mode (the default) */
     float worst[2][5]; /* [layout][mode] */
 } fixture;
 
@@ -107,8 +111,10 @@ static int setup(void **state)
         snprintf(dir, sizeof dir, "%s", test_data_path(layouts[l]));
         snprintf(dir, sizeof dir, "%s/tiny-a/%s", LILY_TEST_DATA_DIR, layouts[l]);
         lily_engine_options o = {.model_dir = dir, .backend = "cpu", .n_threads = 2, .prefill_chunk = MAX_CHUNK,
-                                 .debug_hook = capture_hook, .debug_user = &g_capture};
-        if (lily_engine_open(&o, &f->engine[l], &err) != LILY_OK) {
+                                 .debug_hook = capture_hook, .debug_user = &g_capture, .exact = true};
+        lily_engine_options fo = {.model_dir = dir, .backend = "cpu", .n_threads = 2, .prefill_chunk = MAX_CHUNK};
+        if (lily_engine_open(&o, &f->engine[l], &err) != LILY_OK ||
+            lily_engine_open(&fo, &f->fast_engine[l], &err) != LILY_OK) {
             fprintf(stderr, "%s: %s\n", dir, err.message);
             return -1;
         }
@@ -124,8 +130,10 @@ static int teardown(void **state)
     for (int l = 0; l < 2; l++)
         printf("  %-4s %.3g %.3g %.3g %.3g %.3g\n", layouts[l], f->worst[l][0], f->worst[l][1], f->worst[l][2],
                f->worst[l][3], f->worst[l][4]);
-    for (int l = 0; l < 2; l++)
+    for (int l = 0; l < 2; l++) {
         lily_engine_close(f->engine[l]);
+        lily_engine_close(f->fast_engine[l]);
+    }
     lily_st_tensors_free(f->ref, f->n_ref);
     free(f->ref_bytes);
     free(f);
@@ -154,10 +162,25 @@ static void run_session(lily_engine *e, const int32_t *tokens, int n, int first,
     lily_session_free(s);
 }
 
+static const char *const mode_names[5] = {"full prefill", "half prefill + decode", "chunk 1", "chunk 7", "chunk 64"};
+
+/* All logits [n, vocab] of `tokens` in mode 0..4 (mode_names). */
+static void run_mode(lily_engine *e, const int32_t *tokens, int n, int mode, float *out)
+{
+    for (int64_t i = 0; i < (int64_t)n * e->cfg.vocab_size; i++)
+        out[i] = NAN; /* poison: an unwritten row fails */
+    switch (mode) {
+    case 0: run_session(e, tokens, n, n, MAX_CHUNK, out); break;
+    case 1: run_session(e, tokens, n, n / 2, MAX_CHUNK, out); break;
+    case 2: run_session(e, tokens, n, n, 1, out); break;
+    case 3: run_session(e, tokens, n, n, 7, out); break;
+    case 4: run_session(e, tokens, n, n, 64, out); break;
+    }
+}
+
 static void test_logits_match_reference_every_mode(void **state)
 {
     fixture *f = *state;
-    static const char *const mode_names[5] = {"full prefill", "half prefill + decode", "chunk 1", "chunk 7", "chunk 64"};
     for (int l = 0; l < 2; l++) {
         lily_engine *e = f->engine[l];
         const int vocab = e->cfg.vocab_size;
@@ -174,15 +197,7 @@ static void test_logits_match_reference_every_mode(void **state)
             for (int mode = 0; mode < 5; mode++) {
                 if ((mode == 1 || mode == 2) && n > SLOW_MODE_MAX_TOKENS)
                     continue;
-                for (int64_t i = 0; i < n64 * vocab; i++)
-                    out[i] = NAN; /* poison: an unwritten row fails */
-                switch (mode) {
-                case 0: run_session(e, tokens, n, n, MAX_CHUNK, out); break;
-                case 1: run_session(e, tokens, n, n / 2, MAX_CHUNK, out); break;
-                case 2: run_session(e, tokens, n, n, 1, out); break;
-                case 3: run_session(e, tokens, n, n, 7, out); break;
-                case 4: run_session(e, tokens, n, n, 64, out); break;
-                }
+                run_mode(e, tokens, n, mode, out);
                 float d = test_max_abs_diff(out, ref, (size_t)n * vocab);
                 if (d > f->worst[l][mode])
                     f->worst[l][mode] = d;
@@ -191,6 +206,50 @@ static void test_logits_match_reference_every_mode(void **state)
                              LOGIT_TOL);
             }
             free(out);
+        }
+    }
+}
+
+/* Fast mode: per layout and mode, over every case's positions, top-1 agreement >= 99% and mean
+ * KL(reference || lily) <= 1e-3 (the bounds of the CUDA backend's fast mode). */
+static void test_fast_mode_logits_top1_and_kl_every_mode(void **state)
+{
+    fixture *f = *state;
+    /* LILY_TEST_MAX_TOKENS: only cases up to that length (make test-arm64 under the emulator: 65 keeps the
+     * chunk boundary at 64/65) */
+    const char *cap = getenv("LILY_TEST_MAX_TOKENS");
+    const int max_tokens = cap && atoi(cap) > 0 ? atoi(cap) : 1 << 30;
+    for (int l = 0; l < 2; l++) {
+        lily_engine *e = f->fast_engine[l];
+        const int vocab = e->cfg.vocab_size;
+        for (int mode = 0; mode < 5; mode++) {
+            int64_t rows = 0, agree = 0;
+            double kl_sum = 0;
+            for (int c = 0; c < N_CASES; c++) {
+                char name[64];
+                int64_t n64;
+                snprintf(name, sizeof name, "case%d.tokens", c);
+                const int32_t *tokens = ref_data(f, name, &n64);
+                const int n = (int)n64;
+                if (((mode == 1 || mode == 2) && n > SLOW_MODE_MAX_TOKENS) || n > max_tokens)
+                    continue;
+                snprintf(name, sizeof name, "case%d.logits.%s", c, layouts[l]);
+                const float *ref = ref_data(f, name, NULL);
+                float *out = malloc(sizeof(float) * n * vocab);
+                run_mode(e, tokens, n, mode, out);
+                for (int t = 0; t < n; t++) {
+                    const float *o = out + (int64_t)t * vocab, *r = ref + (int64_t)t * vocab;
+                    agree += lily_argmax(o, vocab) == lily_argmax(r, vocab);
+                    kl_sum += lily_kl_divergence(r, o, vocab);
+                    rows++;
+                }
+                free(out);
+            }
+            const double top1 = (double)agree / rows, kl = kl_sum / rows;
+            print_message("fast %-4s %-22s rows %4lld  top-1 %.4f  mean KL %.3g\n", layouts[l], mode_names[mode],
+                          (long long)rows, top1, kl);
+            if (!(top1 >= 0.99 && kl <= 1e-3))
+                fail_msg("fast %s %s: top-1 %.4f (>= 0.99), mean KL %.3g (<= 1e-3)", layouts[l], mode_names[mode], top1, kl);
         }
     }
 }
@@ -362,8 +421,13 @@ int main(void)
         cmocka_unit_test(test_dequant_matches_loader_reference),
         cmocka_unit_test(test_logits_match_reference_every_mode),
         cmocka_unit_test(test_residual_stream_matches_reference_per_layer),
+        cmocka_unit_test(test_fast_mode_logits_top1_and_kl_every_mode),
         cmocka_unit_test(test_state_save_restore_and_copy_are_bit_exact),
         cmocka_unit_test(test_context_overflow_is_an_error_and_leaves_state_unchanged),
     };
+    /* LILY_TEST_FILTER (a cmocka name pattern, e.g. test_fast_mode_*) runs a subset: make test-arm64 */
+    const char *filter = getenv("LILY_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -77,7 +77,8 @@ typedef struct {
 static void open_model(model *m, int max_ctx)
 {
     lily_error err = {0};
-    lily_engine_options eo = {.model_dir = test_data_path("tiny-a/mlx4"), .backend = "cpu", .n_threads = 2};
+    lily_engine_options eo = {.model_dir = test_data_path("tiny-a/mlx4"), .backend = "cpu", .n_threads = 2,
+                              .exact = true}; /* the reference's logits to ~1e-5 */
     if (lily_engine_open(&eo, &m->engine, &err) != LILY_OK)
         fail_msg("%s", err.message);
     if (lily_session_new(m->engine, max_ctx, &m->session, &err) != LILY_OK)

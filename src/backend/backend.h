@@ -44,7 +44,9 @@ typedef struct {
      * feed the tensor cores (bench_cuda_accuracy --cpu-f16). Default false (exact fp32). */
     bool cpu_matmul_inputs_f16;
     /* Precision: false (default) = each backend's fast kernels; true = exact fp32 everywhere, the reference
-     * mode. The CPU backend is always exact and ignores it. The CUDA backend then keeps the KV cache in fp32
+     * mode. The CPU backend's fast mode multiplies the MLX 4/8-bit weights with activations quantized to two
+     * int8 digits per value (16-bit, per block of 32) in integer dot products (matmul_fast.c); exact dequantizes
+     * every weight to fp32 (plain bf16/f16/f32 weights take that path in both modes). The CUDA backend then keeps the KV cache in fp32
      * (twice the bytes of its bf16 default) and runs every stage on its fp32 SIMT kernels: GEMVs instead of
      * tensor-core GEMMs for every projection, the MoE block and the LM head, SIMT attention for decode and
      * prefill, the recurrent Gated DeltaNet prefill (no tf32 chunked form). Slower (no tensor cores), and

@@ -32,7 +32,7 @@ const char *cli_default_model(const char *cmd, bool *is_test_model);
 int cli_check_backend(const char *cmd, const char *name);
 
 /* A --precision value: "fast" (false, the default: the backend's fast kernels) or "exact" (true: fp32
- * everywhere, lily_backend_options.exact; the cpu backend is always exact) into *exact. Prints
+ * everywhere, lily_backend_options.exact) into *exact. Prints
  * "lily CMD: --precision expects fast or exact, got "V"" on stderr and returns -1 otherwise; 0 on success. */
 int cli_parse_precision(const char *cmd, const char *value, bool *exact);
 

@@ -112,7 +112,7 @@ static void usage(FILE *f)
             "                         times the ratio of the lengths)\n"
             "  --backend cpu|cuda     (default cpu)\n"
             "  --precision P          fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
-            "                         cores; slower, agrees with cpu); the cpu backend is always exact\n"
+            "                         cores; slower; cpu: no int8 dot products), the reference\n"
             "  -o md|json|csv         output format (default md)\n"
             "  --plot FILE.png        chart of tok/s against length (prefill and decode panels, the hardware\n"
             "                         ceiling dashed), via gnuplot; FILE.svg writes SVG\n"
@@ -426,10 +426,10 @@ static void format_si(char *buf, size_t size, double v, const char *unit)
     snprintf(buf, size, "%.3g %s%s", v, prefix[i], unit);
 }
 
-/* The precision the run used: "exact" with --precision exact or on the cpu backend (always exact), else "fast". */
+/* The precision the run used: "exact" with --precision exact, else "fast". */
 static const char *precision_name(const bench_options *o)
 {
-    return o->exact || !strcmp(o->backend, "cpu") ? "exact" : "fast";
+    return o->exact ? "exact" : "fast";
 }
 
 static void print_md_head(const bench_header *h, const bench_options *o)

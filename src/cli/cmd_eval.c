@@ -38,7 +38,7 @@ static void usage(FILE *f)
             "  --reference F         compare with reference logits (same format): max |Δ|, mean |Δ|, top-1, KL\n"
             "  --backend NAME        cpu (default) or cuda\n"
             "  --precision P         fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
-            "                        cores; slower, agrees with cpu); the cpu backend is always exact\n"
+            "                        cores; slower; cpu: no int8 dot products), the reference\n"
             "  --deltanet FORM       recurrent (default: split-invariant) or chunked (chunk 64 for multi-token\n"
             "                        calls, transformers' numerics)\n"
             "  -t, --threads N       " CLI_THREADS_HELP "\n");

@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "  --reference-logits F     raw little-endian fp32 [n_tokens, vocab] (lily eval --logits-out)\n"
             "  --backend cpu|cuda       (default cpu)\n"
             "  --precision P            fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
-            "                           cores; slower, agrees with cpu); the cpu backend is always exact\n"
+            "                           cores; slower; cpu: no int8 dot products), the reference\n"
             "  -t, --threads N          " CLI_THREADS_HELP "\n"
             "  --prefill-chunk N        tokens per forward pass (default 512, 4096 with cuda)\n"
             "  --special                with -f: special tokens written in the text (<|im_start|>) become their\n"

@@ -50,7 +50,7 @@ static void usage(FILE *f)
             "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
             "  --backend cpu|cuda   compute backend (default cpu)\n"
             "  --precision P        fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
-            "                       cores; slower, agrees with cpu); the cpu backend is always exact\n"
+            "                       cores; slower; cpu: no int8 dot products), the reference\n"
             "  -t, --threads N      " CLI_THREADS_HELP "\n"
             "  --alias NAME         the model id clients see (default: the directory's name)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"

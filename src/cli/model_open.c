@@ -45,7 +45,7 @@ void cli_gen_options_usage(FILE *f)
             "      --gpu-memory GIB   " CLI_GPU_MEMORY_HELP "\n"
             "      --backend NAME     cpu (default) or cuda\n"
             "      --precision P      fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
-            "                         cores; slower, agrees with cpu); the cpu backend is always exact\n"
+            "                         cores; slower; cpu: no int8 dot products), the reference\n"
             "  -t, --threads N        " CLI_THREADS_HELP "\n"
             "      --prefill-chunk N  at most N tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "      --host-sampler     sample every token on the host, never in the backend's device loop (A/B)\n"

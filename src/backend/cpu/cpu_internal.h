@@ -1,8 +1,10 @@
 /* cpu_internal.h — what the CPU backend's stage files share: the backend context, the session state,
- * and the kernels of each stage (MODEL.md §4), exact mode: fp32 activations, weights dequantized exactly.
+ * and the kernels of each stage (MODEL.md §4). Exact mode: fp32 activations, weights dequantized exactly
+ * (the reference). Fast mode (the default): the same, except that the linear layers with 4/8-bit weights
+ * run as integer dot products on int8-quantized activations (matmul_fast.c, quant_dot.h).
  *
  * Owns: the shapes of the scratch buffers (sized by max_chunk at create time) and of the state.
- * The files: matmul.c (linear layers), norm_rope.c, attention.c, gated_deltanet.c, moe.c, and
+ * The files: matmul.c (linear layers), matmul_fast.c and quant_*.c (fast mode), norm_rope.c, attention.c, gated_deltanet.c, moe.c, and
  * cpu_backend.c (create/destroy, state, the per-layer loop).
  */
 #ifndef LILY_CPU_INTERNAL_H
@@ -13,6 +15,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "quant_dot.h"
 #include "threadpool.h"
 
 /* ---- weights made fp32 once at create time (all small vectors) ---------------------------------- */
@@ -32,7 +35,11 @@ typedef struct {
     lily_threadpool *pool;
     int n_threads;
     int max_chunk;
-    bool matmul_inputs_f16; /* lily_backend_options.cpu_matmul_inputs_f16 */
+    bool matmul_inputs_f16; /* lily_backend_options.cpu_matmul_inputs_f16 (exact mode) */
+    bool exact;             /* lily_backend_options.exact: every linear layer on the fp32 reference path */
+    const cpu_qdot_kernels *qdot; /* fast mode's integer kernels for this CPU (quant_dot_dispatch.c) */
+    cpu_qact qact;          /* [mc, widest input] the quantized input of the current fast-mode matmul */
+    float *qgsum;           /* [mc, widest input / 32] its sums per weight group */
     lily_debug_hook debug_hook;
     void *debug_user;
 
@@ -74,6 +81,13 @@ typedef struct {
     float *moe_gate, *moe_up; /* [mc, max(moe_intermediate, shared_intermediate)] */
     float *moe_y;             /* [mc, hidden] */
     float *shared_gate_logit; /* [mc] */
+    /* fast mode's routed experts (moe_fast.c), rows grouped by expert as expert_rows orders them */
+    int *moe_active;          /* [n_experts] the experts with rows in this chunk, ascending */
+    cpu_qact moe_qx;          /* [mc * top_k, hidden] quantized input rows */
+    cpu_qact moe_qh;          /* [mc * top_k, moe_intermediate] quantized silu(gate) ⊙ up */
+    float *moe_gsum;          /* [mc * top_k, max(hidden, moe_intermediate) / 32] per-group sums */
+    float *moe_h, *moe_u;     /* [mc * top_k, moe_intermediate] */
+    float *moe_yk;            /* [mc * top_k, hidden] */
 } cpu_ctx;
 
 /* ---- the session state ----------------------------------------------------------------------- */
@@ -101,6 +115,21 @@ void cpu_dequant_rows(const lily_tensor *w, int64_t expert, int64_t row0, int n_
 void cpu_matmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const float *x, int n, float *y);
 /* The 2-D case: y[n, rows] = x[n, cols] · Wᵀ. */
 void cpu_matmul(const cpu_ctx *c, const lily_tensor *w, const float *x, int n, float *y);
+/* In fast mode cpu_matmul_expert() quantizes x into c->qact and runs these when cpu_matmul_fast_ok():
+ * w is 4- or 8-bit affine with groups and columns multiples of 32, and c is not exact. */
+bool cpu_matmul_fast_ok(const cpu_ctx *c, const lily_tensor *w);
+/* y[n, rows] = a[n, cols] · W[expert]ᵀ (+ the affine bias), a quantized by cpu_quantize_act(); fp32 out.
+ * Rows are split over c->pool; uses c->qgsum as scratch, so a must not be c->qgsum's user elsewhere. */
+void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const cpu_qact *a, int n, float *y);
+/* The piece one task runs: weight rows [row0, row1) of W[expert] against activation rows t0 .. t0 + n - 1
+ * of a, into y[i * ldy + (r - row0)] for the i-th row; gsum [rows of a, cols / group]: Σ x per weight
+ * group (cpu_qact_group_sums). Each weight row is read once and serves every token tile. */
+void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
+                      const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy);
+/* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
+void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
+/* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows. */
+int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */
 /* out[t] = x[t] * rsqrt(mean(x[t]²) + eps) * weight, per row of dim, in fp32 (in place allowed).
@@ -142,6 +171,15 @@ void cpu_gdn_delta_rule_recurrent(const float *q, const float *k, int qk_stride,
                                   const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
                                   float *state, float *out, int out_stride);
 
+/* gdn_step_fast.c: the recurrent form as above, fused into two passes over the state and vectorized (fast
+ * mode; fp32, rounding differs from the reference). Needs cpu_gdn_fast_step_ok(dv): dv % 8 == 0 and
+ * dv <= CPU_GDN_FAST_MAX_DV. */
+#define CPU_GDN_FAST_MAX_DV 1024
+bool cpu_gdn_fast_step_ok(int dv);
+void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                       const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                       float *state, float *out, int out_stride);
+
 /* Gated DeltaNet of one layer (MODEL.md §4.4) for n tokens: x [n, hidden] (normed) -> out [n, hidden];
  * updates the layer's conv and recurrent state. */
 void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out);
@@ -153,5 +191,12 @@ void cpu_moe_top_k(const float *probs, int n, int n_experts, int k, bool renorma
 
 /* Sparse MoE block of one layer (MODEL.md §4.5): x [n, hidden] (normed) -> out [n, hidden]. */
 void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out);
+
+/* ---- moe_fast.c -------------------------------------------------------------------------------- */
+/* Whether the layer's experts can take the fast path (4/8-bit, fast mode, one group size for gate/up). */
+bool cpu_moe_fast_ok(const cpu_ctx *c, const lily_layer_weights *lw);
+/* The routed experts' weighted sum into out [n, hidden] for x [n, hidden], after the router has filled
+ * topk_weights and the grouping (expert_count, expert_offset, expert_rows). */
+void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *out);
 
 #endif

@@ -221,6 +221,11 @@ static void delta_rule_head_task(void *arg, int hv, int thread)
                                    j->c->gdn_chunk_scratch + (int64_t)thread * j->c->gdn_chunk_scratch_floats);
         return;
     }
+    if (!j->c->exact && cpu_gdn_fast_step_ok(dv)) {
+        cpu_gdn_delta_rule_recurrent_fast(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n,
+                                          dk, dv, state, out, value_dim);
+        return;
+    }
     cpu_gdn_delta_rule_recurrent(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n, dk,
                                  dv, state, out, value_dim);
 }

@@ -1,4 +1,5 @@
-/* matmul.c — CPU linear layers in exact mode: y = x · Wᵀ for any lily_tensor (MODEL.md §3, §4).
+/* matmul.c — CPU linear layers in exact mode: y = x · Wᵀ for any lily_tensor (MODEL.md §3, §4); in fast
+ * mode the 4/8-bit ones go to matmul_fast.c instead.
  *
  * Owns: exact dequantization of weight rows (plain F32/F16/BF16 widened; MLX affine 4/8-bit as
  * float(scale) * q + float(bias)) and the row-blocked matmul that reuses each dequantized block of
@@ -156,6 +157,12 @@ void cpu_matmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, c
     lily_threadpool *pool = c->pool;
     const int64_t rows = lily_tensor_rows(w), cols = lily_tensor_cols(w);
     LILY_ASSERT(cols <= MATMUL_BLOCK_FLOATS);
+    if (cpu_matmul_fast_ok(c, w)) {
+        cpu_qact a = {c->qact.q, c->qact.r, c->qact.d, c->qact.sum, cols};
+        cpu_quantize_act(x, n, cols, &a);
+        cpu_qmatmul_expert(c, w, expert, &a, n, y);
+        return;
+    }
     LILY_ASSERT(w->ndim == 3 ? expert >= 0 && expert < w->shape[0] : expert == 0);
     int block_rows = (int)(MATMUL_BLOCK_FLOATS / cols);
     if (block_rows > 64)

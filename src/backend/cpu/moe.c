@@ -2,7 +2,7 @@
  *
  * Owns: the router (softmax in fp32, top-k with ties to the lower expert id, renormalised weights),
  * grouping the chunk's tokens by expert so each expert's weights are dequantized once per chunk, the
- * SwiGLU experts, and the shared expert scaled by sigmoid(shared_expert_gate). Routed outputs are
+ * SwiGLU experts (fast mode: moe_fast.c), and the shared expert scaled by sigmoid(shared_expert_gate). Routed outputs are
  * accumulated in ascending expert id, as transformers' experts loop does.
  */
 #include <math.h>
@@ -85,24 +85,28 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
         c->expert_rows[c->expert_offset[e] + c->expert_count[e]++] = i;
     }
 
-    memset(out, 0, (size_t)n * hidden * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        const int n_e = c->expert_count[e];
-        if (n_e == 0)
-            continue;
-        const int *rows = c->expert_rows + c->expert_offset[e];
-        for (int r = 0; r < n_e; r++)
-            memcpy(c->moe_x + (int64_t)r * hidden, x + (int64_t)(rows[r] / k) * hidden, (size_t)hidden * sizeof(float));
-        cpu_matmul_expert(c, &lw->experts_gate, e, c->moe_x, n_e, c->moe_gate);
-        cpu_matmul_expert(c, &lw->experts_up, e, c->moe_x, n_e, c->moe_up);
-        swiglu(c->moe_gate, c->moe_up, (int64_t)n_e * inter);
-        cpu_matmul_expert(c, &lw->experts_down, e, c->moe_gate, n_e, c->moe_y);
-        for (int r = 0; r < n_e; r++) {
-            const float wgt = c->topk_weights[rows[r]];
-            float *o = out + (int64_t)(rows[r] / k) * hidden;
-            const float *y = c->moe_y + (int64_t)r * hidden;
-            for (int i = 0; i < hidden; i++)
-                o[i] += y[i] * wgt;
+    if (cpu_moe_fast_ok(c, lw)) {
+        cpu_moe_experts_fast(c, layer, x, n, out);
+    } else {
+        memset(out, 0, (size_t)n * hidden * sizeof(float));
+        for (int e = 0; e < E; e++) {
+            const int n_e = c->expert_count[e];
+            if (n_e == 0)
+                continue;
+            const int *rows = c->expert_rows + c->expert_offset[e];
+            for (int r = 0; r < n_e; r++)
+                memcpy(c->moe_x + (int64_t)r * hidden, x + (int64_t)(rows[r] / k) * hidden, (size_t)hidden * sizeof(float));
+            cpu_matmul_expert(c, &lw->experts_gate, e, c->moe_x, n_e, c->moe_gate);
+            cpu_matmul_expert(c, &lw->experts_up, e, c->moe_x, n_e, c->moe_up);
+            swiglu(c->moe_gate, c->moe_up, (int64_t)n_e * inter);
+            cpu_matmul_expert(c, &lw->experts_down, e, c->moe_gate, n_e, c->moe_y);
+            for (int r = 0; r < n_e; r++) {
+                const float wgt = c->topk_weights[rows[r]];
+                float *o = out + (int64_t)(rows[r] / k) * hidden;
+                const float *y = c->moe_y + (int64_t)r * hidden;
+                for (int i = 0; i < hidden; i++)
+                    o[i] += y[i] * wgt;
+            }
         }
     }
 

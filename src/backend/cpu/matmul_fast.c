@@ -1,0 +1,95 @@
+/* matmul_fast.c — CPU linear layers in fast mode: y = x · Wᵀ with W kept in its MLX affine 4/8-bit
+ * form and x quantized to int8 per block of 32, through the integer kernels of quant_dot.h.
+ *
+ * Owns: the row split over the thread pool (each task a run of whole weight rows, so each weight byte
+ * is read once per call and reused, from L1, by every token tile of CPU_QTILE rows), the per-row fp32
+ * scales, and the affine bias folded as Σ_g b_g · (Σ x over group g).
+ */
+#include "base/base.h"
+#include "cpu_internal.h"
+
+bool cpu_matmul_fast_ok(const cpu_ctx *c, const lily_tensor *w)
+{
+    return !c->exact && (w->bits == 4 || w->bits == 8) && w->group_size % CPU_QBLOCK == 0 &&
+           lily_tensor_cols(w) % CPU_QBLOCK == 0;
+}
+
+void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
+{
+    const int64_t nb = a->cols / CPU_QBLOCK, per_group = group / CPU_QBLOCK, n_groups = a->cols / group;
+    for (int t = 0; t < n; t++)
+        for (int64_t g = 0; g < n_groups; g++) {
+            float s = 0;
+            for (int64_t k = 0; k < per_group; k++)
+                s += a->sum[t * nb + g * per_group + k];
+            gsum[t * n_groups + g] = s;
+        }
+}
+
+void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
+                      const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
+{
+    const int64_t n_groups = a->cols / w->group_size;
+    const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
+    const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
+    float ws[CPU_MATMUL_MAX_COLS / CPU_QBLOCK], wb[CPU_MATMUL_MAX_COLS / CPU_QBLOCK];
+    for (int64_t r = row0; r < row1; r++) {
+        const int64_t prow = base + r;
+        const uint8_t *sp = (const uint8_t *)w->scales + prow * w->scale_row_bytes;
+        const uint8_t *bp = (const uint8_t *)w->biases + prow * w->scale_row_bytes;
+        for (int64_t g = 0; g < n_groups; g++) {
+            ws[g] = lily_load_f32(sp, w->scale_dtype, g);
+            wb[g] = lily_load_f32(bp, w->scale_dtype, g);
+        }
+        const uint8_t *wrow = (const uint8_t *)w->data + prow * w->row_bytes;
+        for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
+            const int nt = LILY_MIN(CPU_QTILE, n - i0);
+            float out[CPU_QTILE];
+            dot(wrow, ws, w->group_size, a, t0 + i0, nt, out);
+            for (int i = 0; i < nt; i++) {
+                const float *gs = gsum + (int64_t)(t0 + i0 + i) * n_groups;
+                float bias = 0;
+                for (int64_t g = 0; g < n_groups; g++)
+                    bias += wb[g] * gs[g];
+                y[(int64_t)(i0 + i) * ldy + (r - row0)] = out[i] + bias;
+            }
+        }
+    }
+}
+
+int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows)
+{
+    const int threads = lily_threadpool_size(c->pool);
+    const int64_t b = LILY_MIN((int64_t)64, (rows + 4 * threads - 1) / (4 * threads));
+    return b < 1 ? 1 : (int)b;
+}
+
+typedef struct {
+    const cpu_ctx *c;
+    const lily_tensor *w;
+    int64_t expert;
+    const cpu_qact *a;
+    int n;
+    float *y;
+    int64_t rows;
+    int block_rows;
+} qmatmul_job;
+
+static void qmatmul_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const qmatmul_job *j = arg;
+    const int64_t row0 = (int64_t)task * j->block_rows, row1 = LILY_MIN(row0 + j->block_rows, j->rows);
+    cpu_qmatmul_rows(j->c->qdot, j->w, j->expert, row0, row1, j->a, 0, j->n, j->c->qgsum, j->y + row0, j->rows);
+}
+
+void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const cpu_qact *a, int n, float *y)
+{
+    const int64_t rows = lily_tensor_rows(w), cols = lily_tensor_cols(w);
+    LILY_ASSERT(cpu_matmul_fast_ok(c, w) && a->cols == cols && cols <= CPU_MATMUL_MAX_COLS && n <= c->max_chunk);
+    LILY_ASSERT(w->ndim == 3 ? expert >= 0 && expert < w->shape[0] : expert == 0);
+    cpu_qact_group_sums(a, n, w->group_size, c->qgsum);
+    const int block_rows = cpu_qmatmul_block_rows(c, rows);
+    qmatmul_job job = {c, w, expert, a, n, y, rows, block_rows};
+    parallel_for(c->pool, (int)((rows + block_rows - 1) / block_rows), qmatmul_task, &job);
+}

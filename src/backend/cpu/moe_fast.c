@@ -1,0 +1,133 @@
+/* moe_fast.c — the routed experts of the sparse MoE block in fast mode (MODEL.md §4.5), all experts of a
+ * chunk in two passes over the thread pool instead of three per expert.
+ *
+ * Owns: quantizing the block's input once, gathering its rows by expert (the counting sort of moe.c),
+ * pass 1 — every (active expert, block of intermediate rows) a task: gate and up rows for that expert's
+ * tokens, then silu(gate) ⊙ up — and pass 2 — every (active expert, block of hidden rows) a task: the down
+ * projection — then the weighted sum in ascending expert id, the order of the exact path. Each selected
+ * expert's weight bytes are read once per chunk; nothing is allocated per call.
+ */
+#include <string.h>
+
+#include "base/base.h"
+#include "cpu_internal.h"
+
+typedef struct {
+    const cpu_ctx *c;
+    const lily_layer_weights *lw;
+    int n_active, blocks_per_expert, block_rows;
+    int64_t rows; /* output rows of the pass's weights */
+    const cpu_qact *a;
+    const float *gsum;
+    float *out, *aux; /* [n * k, rows] (aux: pass 1's up output) */
+} moe_pass;
+
+/* What task `task` of a pass covers: expert e, its weight rows [row0, row1), its grouped rows first ..
+ * first + n_e - 1. */
+typedef struct {
+    int e, first, n_e;
+    int64_t row0, row1;
+} moe_span;
+
+static moe_span task_span(const moe_pass *p, int task)
+{
+    moe_span s;
+    s.e = p->c->moe_active[task / p->blocks_per_expert];
+    s.row0 = (int64_t)(task % p->blocks_per_expert) * p->block_rows;
+    s.row1 = LILY_MIN(s.row0 + p->block_rows, p->rows);
+    s.first = p->c->expert_offset[s.e];
+    s.n_e = p->c->expert_count[s.e];
+    return s;
+}
+
+static void gate_up_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const moe_pass *p = arg;
+    const cpu_ctx *c = p->c;
+    const moe_span sp = task_span(p, task);
+    const int e = sp.e, first = sp.first, n_e = sp.n_e;
+    const int64_t row0 = sp.row0, row1 = sp.row1;
+    float *g = p->out + (int64_t)first * p->rows + row0, *u = p->aux + (int64_t)first * p->rows + row0;
+    cpu_qmatmul_rows(c->qdot, &p->lw->experts_gate, e, row0, row1, p->a, first, n_e, p->gsum, g, p->rows);
+    cpu_qmatmul_rows(c->qdot, &p->lw->experts_up, e, row0, row1, p->a, first, n_e, p->gsum, u, p->rows);
+    for (int i = 0; i < n_e; i++)
+        for (int64_t r = 0; r < row1 - row0; r++)
+            g[i * p->rows + r] = cpu_silu(g[i * p->rows + r]) * u[i * p->rows + r];
+}
+
+static void down_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const moe_pass *p = arg;
+    const moe_span sp = task_span(p, task);
+    cpu_qmatmul_rows(p->c->qdot, &p->lw->experts_down, sp.e, sp.row0, sp.row1, p->a, sp.first, sp.n_e, p->gsum,
+                     p->out + (int64_t)sp.first * p->rows + sp.row0, p->rows);
+}
+
+/* Gather quantized row `src` of a into row `dst` of b (same cols). */
+static void copy_qrow(const cpu_qact *a, int src, cpu_qact *b, int dst)
+{
+    const int64_t cols = a->cols, nb = cols / CPU_QBLOCK;
+    memcpy(b->q + dst * cols, a->q + src * cols, (size_t)cols);
+    memcpy(b->r + dst * cols, a->r + src * cols, (size_t)cols);
+    memcpy(b->d + dst * nb, a->d + src * nb, (size_t)nb * sizeof(float));
+    memcpy(b->sum + dst * nb, a->sum + src * nb, (size_t)nb * sizeof(float));
+}
+
+bool cpu_moe_fast_ok(const cpu_ctx *c, const lily_layer_weights *lw)
+{
+    return cpu_matmul_fast_ok(c, &lw->experts_gate) && cpu_matmul_fast_ok(c, &lw->experts_up) &&
+           cpu_matmul_fast_ok(c, &lw->experts_down) && lw->experts_gate.group_size == lw->experts_up.group_size;
+}
+
+void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *out)
+{
+    const lily_config *cfg = c->cfg;
+    const lily_layer_weights *lw = &c->w->layers[layer];
+    const int hidden = cfg->hidden, E = cfg->n_experts, k = cfg->n_experts_used, inter = cfg->moe_intermediate;
+
+    /* x quantized once (c->qact), its rows gathered by expert into c->moe_qx */
+    cpu_qact a = {c->qact.q, c->qact.r, c->qact.d, c->qact.sum, hidden};
+    cpu_quantize_act(x, n, hidden, &a);
+    cpu_qact gx = c->moe_qx;
+    gx.cols = hidden;
+    int n_active = 0;
+    for (int e = 0; e < E; e++) {
+        if (c->expert_count[e] == 0)
+            continue;
+        c->moe_active[n_active++] = e;
+        for (int i = 0; i < c->expert_count[e]; i++)
+            copy_qrow(&a, c->expert_rows[c->expert_offset[e] + i] / k, &gx, c->expert_offset[e] + i);
+    }
+    const int rows_k = n * k;
+    cpu_qact_group_sums(&gx, rows_k, lw->experts_gate.group_size, c->moe_gsum);
+
+    /* pass 1: moe_h = silu(x · gateᵀ) ⊙ (x · upᵀ), [n * k, inter] grouped by expert */
+    int br = cpu_qmatmul_block_rows(c, (int64_t)inter * n_active);
+    moe_pass p1 = {c, lw, n_active, (inter + br - 1) / br, br, inter, &gx, c->moe_gsum, c->moe_h, c->moe_u};
+    parallel_for(c->pool, n_active * p1.blocks_per_expert, gate_up_task, &p1);
+
+    /* pass 2: moe_yk = moe_h · downᵀ, [n * k, hidden] */
+    cpu_qact gh = c->moe_qh;
+    gh.cols = inter;
+    cpu_quantize_act(c->moe_h, rows_k, inter, &gh);
+    cpu_qact_group_sums(&gh, rows_k, lw->experts_down.group_size, c->moe_gsum);
+    br = cpu_qmatmul_block_rows(c, (int64_t)hidden * n_active);
+    moe_pass p2 = {c, lw, n_active, (hidden + br - 1) / br, br, hidden, &gh, c->moe_gsum, c->moe_yk, NULL};
+    parallel_for(c->pool, n_active * p2.blocks_per_expert, down_task, &p2);
+
+    /* out = Σ over the token's experts, ascending id, of weight × y */
+    memset(out, 0, (size_t)n * hidden * sizeof(float));
+    for (int ai = 0; ai < n_active; ai++) {
+        const int e = c->moe_active[ai];
+        for (int i = 0; i < c->expert_count[e]; i++) {
+            const int row = c->expert_offset[e] + i, slot = c->expert_rows[row];
+            const float wgt = c->topk_weights[slot];
+            float *o = out + (int64_t)(slot / k) * hidden;
+            const float *y = c->moe_yk + (int64_t)row * hidden;
+            for (int j = 0; j < hidden; j++)
+                o[j] += y[j] * wgt;
+        }
+    }
+}

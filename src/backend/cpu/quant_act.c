@@ -1,0 +1,57 @@
+/* quant_act.c — activations to two int8 digits per value, per block of 32, for the fast CPU path
+ * (quant_dot.h).
+ *
+ * Owns: the block scale d = max|x| / (127 · 254), the digits xq = round(x / (254 d)) and
+ * xr = round(x / d - 254 xq) (both round-to-nearest, in [-127, 127]), the fp32 block sum that folds the
+ * weights' affine bias, and the even/odd order the kernels read.
+ */
+#include <math.h>
+
+#include "quant_dot.h"
+
+/* Round to nearest (ties to even) for |v| < 2^22 without a library call, so the loop vectorizes: adding
+ * 1.5 · 2^23 leaves no fraction bits. Needs IEEE fp32 arithmetic as built (no -ffast-math, no x87). */
+static inline float round_nearest(float v)
+{
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+static inline float clamp127(float v) { return v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v; }
+
+void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
+{
+    const int64_t nb = cols / CPU_QBLOCK;
+    a->cols = cols;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (int64_t)t * cols;
+        for (int64_t k = 0; k < nb; k++) {
+            const float *xb = xt + k * CPU_QBLOCK;
+            float amax = 0, sum = 0;
+            for (int i = 0; i < CPU_QBLOCK; i++) {
+                const float m = fabsf(xb[i]);
+                amax = m > amax ? m : amax;
+                sum += xb[i];
+            }
+            /* x / d in [-127 · 254, 127 · 254]; its high digit rounds it to a multiple of 254 */
+            const float inv_d = amax > 0 ? 127.0f * CPU_QDIGIT / amax : 0.0f;
+            int8_t *qb = a->q + (int64_t)t * cols + k * CPU_QBLOCK;
+            int8_t *rb = a->r + (int64_t)t * cols + k * CPU_QBLOCK;
+            float hi[CPU_QBLOCK], lo[CPU_QBLOCK];
+            for (int i = 0; i < CPU_QBLOCK; i++) {
+                const float v = xb[i] * inv_d; /* in [-127 · 254, 127 · 254] */
+                hi[i] = clamp127(round_nearest(v * (1.0f / CPU_QDIGIT)));
+                lo[i] = clamp127(round_nearest(v - hi[i] * CPU_QDIGIT));
+            }
+            /* even elements first, then odd ones (quant_dot.h) */
+            for (int i = 0; i < CPU_QBLOCK / 2; i++) {
+                qb[i] = (int8_t)hi[2 * i];
+                qb[CPU_QBLOCK / 2 + i] = (int8_t)hi[2 * i + 1];
+                rb[i] = (int8_t)lo[2 * i];
+                rb[CPU_QBLOCK / 2 + i] = (int8_t)lo[2 * i + 1];
+            }
+            a->d[t * nb + k] = amax / (127.0f * CPU_QDIGIT);
+            a->sum[t * nb + k] = sum;
+        }
+    }
+}

@@ -1,0 +1,77 @@
+/* quant_dot.h — the fast CPU path's integer dot products: MLX affine 4/8-bit weight rows against
+ * activations quantized to int8 per block of 32.
+ *
+ * The math (the Q4_x · Q8 scheme of llama.cpp's ggml, applied to MLX's affine groups, with two int8
+ * digits per activation): a weight group g of G values (G a multiple of 32) holds unsigned q_i with
+ * w_i = s_g * q_i + b_g (MODEL.md §3). An activation block k of 32 values is held as
+ *     x_i ≈ d_k (254 xq_i + xr_i),  xq_i, xr_i in [-127, 127],  d_k = max|x_i| / (127 · 254)
+ * — xq the int8 quantization of x with step 254 d_k, xr the int8 quantization of what that leaves —
+ * so the error is at most d_k / 2 per value (a 16-bit quantization; one int8 digit alone left ~2% relative
+ * error per linear layer on trained models, top-1 ~88% after 8 layers). The block also keeps
+ * sum_k = Σ x_i in fp32. Then
+ *     Σ_i w_i x_i ≈ Σ_g s_g Σ_{k in g} d_k (254 Σ q_i xq_i + Σ q_i xr_i)  +  Σ_g b_g Σ_{k in g} sum_k
+ * where both inner sums are exact integer dot products (vpmaddubsw/vpmaddwd, vdotq_s32, or C), their
+ * combination is exact in int32, and the affine bias needs no per-element work.
+ *
+ * Activation layout: each block of 32 int8 values (of xq and of xr) is stored as its 16 even-indexed values then its 16
+ * odd-indexed ones, the order a 4-bit row's 16 bytes unpack into (low nibbles = even elements, high
+ * nibbles = odd ones, MLX packs element j of a uint32 word at bits 4j).
+ *
+ * Every kernel computes each (row, token) result with the same sequence of fp32 operations whether it
+ * is called for one token or a tile of several, so a result never depends on how tokens are batched.
+ */
+#ifndef LILY_CPU_QUANT_DOT_H
+#define LILY_CPU_QUANT_DOT_H
+
+#include <stdint.h>
+
+/* Values per activation block. */
+#define CPU_QBLOCK 32
+/* The most token rows one kernel call takes (a tile that reuses each unpacked weight block). */
+#define CPU_QTILE 4
+/* The weight of the activations' high digit. */
+#define CPU_QDIGIT 254
+
+/* n rows of `cols` activations (cols a multiple of CPU_QBLOCK), quantized. Row t's digits are
+ * q + t * cols and r + t * cols, its blocks' scales d + t * (cols / 32), fp32 sums sum + t * (cols / 32). */
+typedef struct {
+    int8_t *q, *r; /* xq, xr */
+    float *d;
+    float *sum;
+    int64_t cols;
+} cpu_qact;
+
+/* Quantize x [n, cols] (fp32, cols % 32 == 0) into a (whose buffers hold n rows of cols). Portable C;
+ * the same on every CPU, so the kernels all see identical inputs. */
+void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a);
+
+/* One weight row against nt (1..CPU_QTILE) activation rows t0 .. t0 + nt - 1 of a:
+ *   out[j] = Σ_g ws[g] Σ_{k in g} d_k · (254 Σ q_i xq_i + Σ q_i xr_i)      (the bias term is the caller's)
+ * w: the row's packed weights (cols * bits / 8 bytes, little-endian words as MLX stores them);
+ * ws: [cols / group] fp32 scales; group: values per scale (a multiple of 32). */
+typedef void (*cpu_qdot_fn)(const uint8_t *w, const float *ws, int group, const cpu_qact *a, int t0, int nt,
+                            float *out);
+
+/* A set of kernels for one instruction set. */
+typedef struct {
+    const char *name; /* "ref", "avx2", "neon", "neon-dotprod" */
+    cpu_qdot_fn dot_q4, dot_q8;
+} cpu_qdot_kernels;
+
+/* The kernels for this CPU: the widest instruction set it has (the backend asks once, at create). */
+const cpu_qdot_kernels *cpu_qdot_best(void);
+/* Every kernel set this CPU can run into out[CPU_QDOT_MAX_SETS], the portable one first, the best last;
+ * returns the count. */
+#define CPU_QDOT_MAX_SETS 4
+int cpu_qdot_available(const cpu_qdot_kernels **out);
+
+/* The implementations (each file compiles to nothing where its instruction set does not exist). */
+extern const cpu_qdot_kernels cpu_qdot_ref;
+#if defined(__x86_64__) || defined(__i386__)
+extern const cpu_qdot_kernels cpu_qdot_avx2;
+#endif
+#if defined(__aarch64__)
+extern const cpu_qdot_kernels cpu_qdot_neon, cpu_qdot_neon_dotprod;
+#endif
+
+#endif

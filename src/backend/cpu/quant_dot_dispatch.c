@@ -1,0 +1,38 @@
+/* quant_dot_dispatch.c — the one place that picks the quant_dot.h kernels for this CPU at run time:
+ * x86-64 with AVX2 + FMA → avx2; AArch64 with the dot-product extension → neon-dotprod, else neon;
+ * anything else → ref (portable C).
+ */
+#include "quant_dot.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20) /* the Linux AArch64 hwcap bit of FEAT_DotProd */
+#endif
+#endif
+
+int cpu_qdot_available(const cpu_qdot_kernels **out)
+{
+    int n = 0;
+    out[n++] = &cpu_qdot_ref;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        out[n++] = &cpu_qdot_avx2;
+#endif
+#if defined(__aarch64__)
+    out[n++] = &cpu_qdot_neon;
+#if defined(__linux__)
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP)
+        out[n++] = &cpu_qdot_neon_dotprod;
+#endif
+#endif
+    return n;
+}
+
+const cpu_qdot_kernels *cpu_qdot_best(void)
+{
+    const cpu_qdot_kernels *sets[CPU_QDOT_MAX_SETS];
+    const int n = cpu_qdot_available(sets);
+    return sets[n - 1];
+}
