@@ -29,7 +29,8 @@ int main(int argc, char **argv)
     }
     lily_error err = {0};
     lily_engine *e;
-    lily_engine_options o = {.model_dir = argv[1], .backend = "cpu", .n_threads = threads, .prefill_chunk = chunk};
+    lily_engine_options o = {.model_dir = argv[1], .backend = "cpu", .n_threads = threads, .prefill_chunk = chunk,
+                             .exact = true};
     double t_load = lily_wall_seconds();
     if (lily_engine_open(&o, &e, &err) != LILY_OK) {
         fprintf(stderr, "bench_cpu_exact: %s\n", err.message);

@@ -236,6 +236,7 @@ int main(int argc, char **argv)
     lily_backend_options co;
     memset(&co, 0, sizeof co);
     co.max_chunk = n;
+    co.exact = true; /* the reference: the CPU backend's exact fp32 mode */
     if (layers) {
         co.debug_hook = probe_hook;
         co.debug_user = probe;

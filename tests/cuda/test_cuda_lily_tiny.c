@@ -195,7 +195,9 @@ static void run(void)
     float *ref = malloc((size_t)N_PROMPT * V * sizeof(float));
     void *cst = NULL;
     REQUIRE(ref, "oom");
-    REQUIRE(lily_backend_create("cpu", &cfg, &w, &opts, &cpu, &err) == LILY_OK, "cpu create: %s", err.message);
+    lily_backend_options ref_opts = opts; /* the reference: the CPU backend's exact fp32 mode */
+    ref_opts.exact = true;
+    REQUIRE(lily_backend_create("cpu", &cfg, &w, &ref_opts, &cpu, &err) == LILY_OK, "cpu create: %s", err.message);
     REQUIRE(cpu.ops->state_new(cpu.ctx, 256, &cst, &err) == LILY_OK, "cpu state: %s", err.message);
     REQUIRE(cpu.ops->forward(cpu.ctx, cst, ids, N_PROMPT, LILY_LOGITS_ALL, ref, &err) == LILY_OK, "cpu forward: %s",
             err.message);
