@@ -104,6 +104,51 @@ static void test_validation(void **state)
     free(j);
 }
 
+/* Bodies go through the same gate as chat completions: the JSON value limit, U+0000 taken back whole (in
+ * string content, text blocks, system blocks and tool results: not cut at the first U+0000),
+ * stop_sequences an array, 403 a permission_error. */
+static void test_limits_and_nul(void **state)
+{
+    (void)state;
+    size_t cap = 3 * (size_t)LILY_OAI_MAX_JSON_VALUES + 200;
+    char *many = malloc(cap);
+    assert_non_null(many);
+    size_t m = (size_t)snprintf(many, cap, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"x\":[");
+    for (int i = 0; i <= LILY_OAI_MAX_JSON_VALUES; i++)
+        m += (size_t)snprintf(many + m, cap - m, "0,");
+    snprintf(many + m, cap - m, "0]}");
+    assert_rejected(many, false, "more than 262144 values");
+    free(many);
+
+    const char *nul =
+        "{\"max_tokens\":4,\"system\":[{\"type\":\"text\",\"text\":\"s\\u0000t\"}],\"messages\":["
+        "{\"role\":\"user\",\"content\":\"a\\u0000b\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"c\\u0000d\"},"
+        "{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\",\"input\":{}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"is_error\":true,"
+        "\"content\":\"e\\u0000f\"},{\"type\":\"text\",\"text\":\"g\\u0000h\"}]}]}";
+    lily_oai_request req;
+    lily_oai_error e;
+    if (!lily_anth_parse_request(nul, strlen(nul), false, &req, &e))
+        fail_msg("U+0000 rejected: %s", e.message);
+    char *msgs = json_dumps(req.messages, JSON_COMPACT);
+    assert_non_null(msgs);
+    assert_string_equal(msgs, "[{\"role\":\"system\",\"content\":\"s\\u0000t\"},{\"role\":\"user\",\"content\":"
+                              "\"a\\u0000b\"},{\"role\":\"assistant\",\"content\":\"c\\u0000d\",\"tool_calls\":[{\"id\":"
+                              "\"t1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                              "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":\"Error: e\\u0000f\"},"
+                              "{\"role\":\"user\",\"content\":\"g\\u0000h\"}]");
+    free(msgs);
+    lily_oai_request_free(&req);
+
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop_sequences\":"
+                    "\"END\"}", false, "stop_sequences: expected an array of strings");
+    lily_oai_error_set(&e, 403, "permission_error", NULL, "origin_not_allowed", "no");
+    char *j = lily_anth_error_json(&e);
+    assert_string_equal(j, "{\"type\":\"error\",\"error\":{\"type\":\"permission_error\",\"message\":\"no\"}}");
+    free(j);
+}
+
 /* The events of one reply: thinking, text, a tool call, then the end. */
 static void test_stream_events(void **state)
 {
@@ -164,6 +209,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_limits_and_nul),
         cmocka_unit_test(test_stream_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
