@@ -18,7 +18,7 @@ static void test_translation(void **state)
 {
     (void)state;
     const char *body =
-        "{\"model\":\"m\",\"max_tokens\":64,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+        "{\"model\":\"m\",\"max_tokens\":164,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
         "\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
         "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"hm\",\"signature\":\"\"},"
         "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get\",\"input\":{\"city\":\"Paris\"}}]},"
@@ -44,7 +44,7 @@ static void test_translation(void **state)
     assert_string_equal(req.tool_name, "get");
     assert_int_equal(req.enable_thinking, 1);
     assert_int_equal(req.reasoning_budget, 99);
-    assert_int_equal(req.max_tokens, 64);
+    assert_int_equal(req.max_tokens, 164);
     assert_int_equal(req.n_stop, 1);
     assert_string_equal(req.stop[0], "END");
     assert_int_equal(req.top_k, 20);
@@ -87,6 +87,9 @@ static void test_validation(void **state)
                     "{\"type\":\"enabled\"}}", false, "budget_tokens");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1.5}",
                     false, "temperature");
+    assert_rejected("{\"max_tokens\":512,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":"
+                    "{\"type\":\"enabled\",\"budget_tokens\":1024}}", false,
+                    "max_tokens must be greater than thinking.budget_tokens (1024 >= 512)");
     assert_rejected("[1]", false, "JSON object");
     /* the OpenAI routes' bounds hold here too: checked on the text, before a document is built */
     char deep[400] = "{\"max_tokens\":1,\"metadata\":";

@@ -217,6 +217,10 @@ static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e
         if (type && !strcmp(type, "enabled")) {
             if (!json_is_integer(budget) || json_integer_value(budget) < 0)
                 return bad(e, "thinking.budget_tokens", "thinking.budget_tokens: Field required (an integer >= 0).");
+            /* as Anthropic: a budget that leaves no room for the answer is a mistake, not a silent cut */
+            if (mt && json_integer_value(budget) >= json_integer_value(mt))
+                return bad(e, "max_tokens", "max_tokens must be greater than thinking.budget_tokens (%lld >= %lld).",
+                           (long long)json_integer_value(budget), (long long)json_integer_value(mt));
             think = true;
             json_object_set(oai, "reasoning_budget", budget);
         } else if (type && (!strcmp(type, "adaptive") || !strcmp(type, "between_tools"))) {
