@@ -5,7 +5,8 @@
 #     7 stops at 7); -n wins;
 #   - piped, the reasoning sits between a "<think>" line and a "</think>" line; --hide-reasoning drops it;
 #   - a .gguf file, or a directory of them, is named as GGUF with what to use instead (run, info, serve);
-#   - `lily debug tokenize` without --model uses the default model, as every command.
+#   - `lily debug tokenize` without --model uses the default model, as every command;
+#   - --gpu-memory on the CPU backend is said to be ignored (it budgets GPU memory only), and the run goes on.
 # usage: bash test_run_input.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -63,4 +64,9 @@ expect "serve -m DIR-of-gguf: exits 1 naming GGUF" bash -c "[ $rc = 1 ] && grep 
 printf 'hello' | "$LILY" debug tokenize --ids > "$TMP/tok.out" 2>"$TMP/tok.err"
 expect "debug tokenize without --model uses the default model" \
     bash -c "grep -q 'no -m given' '$TMP/tok.err' && [ -s '$TMP/tok.out' ]"
+
+"$LILY" run -m "$M" -p "Hi" -n 2 --temp 0 --gpu-memory 8 >/dev/null 2>"$TMP/gm.err"
+expect "--gpu-memory on the CPU backend: a line says it is ignored, the reply still runs" \
+    bash -c "grep -q -- '--gpu-memory applies to --backend cuda only; the cpu backend ignores it' '$TMP/gm.err' && \
+             grep -q 'decode: 2 tokens' '$TMP/gm.err'"
 finish

@@ -18,7 +18,7 @@ static void test_translation(void **state)
 {
     (void)state;
     const char *body =
-        "{\"model\":\"m\",\"max_tokens\":64,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+        "{\"model\":\"m\",\"max_tokens\":164,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
         "\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
         "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"hm\",\"signature\":\"\"},"
         "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get\",\"input\":{\"city\":\"Paris\"}}]},"
@@ -44,7 +44,7 @@ static void test_translation(void **state)
     assert_string_equal(req.tool_name, "get");
     assert_int_equal(req.enable_thinking, 1);
     assert_int_equal(req.reasoning_budget, 99);
-    assert_int_equal(req.max_tokens, 64);
+    assert_int_equal(req.max_tokens, 164);
     assert_int_equal(req.n_stop, 1);
     assert_string_equal(req.stop[0], "END");
     assert_int_equal(req.top_k, 20);
@@ -87,6 +87,9 @@ static void test_validation(void **state)
                     "{\"type\":\"enabled\"}}", false, "budget_tokens");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1.5}",
                     false, "temperature");
+    assert_rejected("{\"max_tokens\":512,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":"
+                    "{\"type\":\"enabled\",\"budget_tokens\":1024}}", false,
+                    "max_tokens must be greater than thinking.budget_tokens (1024 >= 512)");
     assert_rejected("[1]", false, "JSON object");
     /* the OpenAI routes' bounds hold here too: checked on the text, before a document is built */
     char deep[400] = "{\"max_tokens\":1,\"metadata\":";
@@ -101,6 +104,51 @@ static void test_validation(void **state)
     lily_oai_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "bad key");
     char *j = lily_anth_error_json(&e);
     assert_string_equal(j, "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\",\"message\":\"bad key\"}}");
+    free(j);
+}
+
+/* Bodies go through the same gate as chat completions: the JSON value limit, U+0000 taken back whole (in
+ * string content, text blocks, system blocks and tool results: not cut at the first U+0000),
+ * stop_sequences an array, 403 a permission_error. */
+static void test_limits_and_nul(void **state)
+{
+    (void)state;
+    size_t cap = 3 * (size_t)LILY_OAI_MAX_JSON_VALUES + 200;
+    char *many = malloc(cap);
+    assert_non_null(many);
+    size_t m = (size_t)snprintf(many, cap, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"x\":[");
+    for (int i = 0; i <= LILY_OAI_MAX_JSON_VALUES; i++)
+        m += (size_t)snprintf(many + m, cap - m, "0,");
+    snprintf(many + m, cap - m, "0]}");
+    assert_rejected(many, false, "more than 262144 values");
+    free(many);
+
+    const char *nul =
+        "{\"max_tokens\":4,\"system\":[{\"type\":\"text\",\"text\":\"s\\u0000t\"}],\"messages\":["
+        "{\"role\":\"user\",\"content\":\"a\\u0000b\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"c\\u0000d\"},"
+        "{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\",\"input\":{}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"is_error\":true,"
+        "\"content\":\"e\\u0000f\"},{\"type\":\"text\",\"text\":\"g\\u0000h\"}]}]}";
+    lily_oai_request req;
+    lily_oai_error e;
+    if (!lily_anth_parse_request(nul, strlen(nul), false, &req, &e))
+        fail_msg("U+0000 rejected: %s", e.message);
+    char *msgs = json_dumps(req.messages, JSON_COMPACT);
+    assert_non_null(msgs);
+    assert_string_equal(msgs, "[{\"role\":\"system\",\"content\":\"s\\u0000t\"},{\"role\":\"user\",\"content\":"
+                              "\"a\\u0000b\"},{\"role\":\"assistant\",\"content\":\"c\\u0000d\",\"tool_calls\":[{\"id\":"
+                              "\"t1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                              "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":\"Error: e\\u0000f\"},"
+                              "{\"role\":\"user\",\"content\":\"g\\u0000h\"}]");
+    free(msgs);
+    lily_oai_request_free(&req);
+
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop_sequences\":"
+                    "\"END\"}", false, "stop_sequences: expected an array of strings");
+    lily_oai_error_set(&e, 403, "permission_error", NULL, "origin_not_allowed", "no");
+    char *j = lily_anth_error_json(&e);
+    assert_string_equal(j, "{\"type\":\"error\",\"error\":{\"type\":\"permission_error\",\"message\":\"no\"}}");
     free(j);
 }
 
@@ -164,6 +212,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_limits_and_nul),
         cmocka_unit_test(test_stream_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

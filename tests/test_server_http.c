@@ -609,6 +609,55 @@ static void test_http_malformed_requests_are_counted(void **state)
     assert_int_equal(metric("lily_requests_total{status=\"499\"} "), n_499);
 }
 
+/* A response the server's shutdown cancels (the second SIGTERM: lily_job_abort) still reaches its client:
+ * a non-streamed one becomes a 503 with an error body in place of its 200 and partial body, a stream gets
+ * an error event; a job whose client left gets nothing written. */
+static void test_job_aborted_answers_503(void **state)
+{
+    (void)state;
+    lily_oai_error e;
+    lily_oai_error_set(&e, 503, "unavailable_error", NULL, NULL, "shutting down");
+    lily_job *job = lily_job_new(LILY_ROUTE_CHAT);
+    assert_non_null(job);
+    lily_job_begin(job, 200, false);
+    assert_int_equal(lily_job_write(job, "{\"partial\"", 11), LILY_OK);
+    lily_job_abort(job);
+    assert_true(lily_job_cancelled(job) && lily_job_aborted(job));
+    lily_job_fail(job, &e);
+    size_t len;
+    char *out = lily_job_take_output(job, &len);
+    assert_int_equal(job->http_status, 503);
+    assert_true(job->finished);
+    assert_non_null(out);
+    assert_string_equal(out, "{\"error\":{\"message\":\"shutting down\",\"type\":\"unavailable_error\","
+                             "\"param\":null,\"code\":null}}");
+    free(out);
+    lily_job_unref(job);
+
+    job = lily_job_new(LILY_ROUTE_CHAT);
+    assert_non_null(job);
+    lily_job_begin(job, 200, true);
+    assert_int_equal(lily_job_write(job, "data: {}\n\n", 10), LILY_OK);
+    lily_job_abort(job);
+    lily_job_fail(job, &e);
+    out = lily_job_take_output(job, &len);
+    assert_int_equal(job->http_status, 200);
+    assert_non_null(out);
+    assert_non_null(strstr(out, "data: {}\n\ndata: {\"error\":{\"message\":\"shutting down\""));
+    free(out);
+    lily_job_unref(job);
+
+    job = lily_job_new(LILY_ROUTE_CHAT);
+    assert_non_null(job);
+    lily_job_begin(job, 200, false);
+    lily_job_cancel(job); /* the client left */
+    lily_job_fail(job, &e);
+    out = lily_job_take_output(job, &len);
+    assert_true(!out || len == 0);
+    free(out);
+    lily_job_unref(job);
+}
+
 int main(void)
 {
     /* a client write to a connection the server has just closed (an idle or evicted one) must fail with
@@ -628,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
         cmocka_unit_test(test_http_engine_time_is_not_idle_time),
         cmocka_unit_test(test_http_malformed_requests_are_counted),
+        cmocka_unit_test(test_job_aborted_answers_503),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -19,8 +19,12 @@ lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_eng
                              lily_backend_options *bo, lily_error *err)
 {
     const lily_backend_ops *ops = lily_backend_find(backend);
-    if (!ops || !ops->memory_needs)
+    if (!ops || !ops->memory_needs) {
+        if (opts->gpu_memory_bytes)
+            fprintf(stderr, "lily: --gpu-memory applies to --backend cuda only; the %s backend ignores it\n",
+                    backend);
         return LILY_OK;
+    }
     lily_memory_plan_input in = {
         .n_sessions = opts->n_sessions > 0 ? opts->n_sessions : 1,
         .ctx_requested = opts->ctx_size,

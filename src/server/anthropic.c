@@ -13,18 +13,30 @@
 /* A 400 invalid_request_error naming param; false, for `return bad(...)`. */
 #define bad(e, param, ...) (lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__), false)
 
-/* The text of a string or an array of text blocks, appended to *out (a growing jansson string is
- * simplest: json_string_value + concatenation). */
-static bool append_text(json_t *content, const char *where, char **out, lily_oai_error *e)
+/* Text gathered from strings and text blocks; n bytes at p (may hold U+0000, as lily's replies may). */
+typedef struct {
+    char *p;
+    size_t n;
+} text_buf;
+
+static bool text_append(text_buf *t, const char *s, size_t n)
+{
+    char *p = realloc(t->p, t->n + n + 1);
+    if (!p)
+        return false;
+    memcpy(p + t->n, s, n);
+    p[t->n + n] = '\0';
+    t->p = p;
+    t->n += n;
+    return true;
+}
+
+/* The text of a string or an array of text blocks, appended to *out. */
+static bool append_text(json_t *content, const char *where, text_buf *out, lily_oai_error *e)
 {
     if (json_is_string(content)) {
-        const char *s = json_string_value(content);
-        size_t a = *out ? strlen(*out) : 0, b = strlen(s);
-        char *p = realloc(*out, a + b + 1);
-        if (!p)
+        if (!text_append(out, json_string_value(content), json_string_length(content)))
             return bad(e, where, "Out of memory.");
-        memcpy(p + a, s, b + 1);
-        *out = p;
         return true;
     }
     if (!json_is_array(content))
@@ -56,7 +68,7 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
         return !json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", role, "content", content));
     if (!json_is_array(content))
         return bad(e, where, "%s.content: expected a string or an array of content blocks.", where);
-    char *text = NULL, *thinking = NULL;
+    text_buf text = {0}, thinking = {0};
     json_t *calls = json_array();
     bool ok = calls != NULL;
     int n_results = 0;
@@ -91,38 +103,33 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
             const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
             json_t *rc = json_object_get(blk, "content");
             n_results++;
-            char *result = NULL;
+            text_buf result = {0};
             if (!id)
                 ok = bad(e, bw, "%s: a tool_result block needs 'tool_use_id'.", bw);
+            else if (json_is_true(json_object_get(blk, "is_error")) && !text_append(&result, "Error: ", 7))
+                ok = false;
             else if (rc && !json_is_null(rc) && !append_text(rc, bw, &result, e))
                 ok = false;
-            if (ok) {
-                bool is_error = json_is_true(json_object_get(blk, "is_error"));
-                size_t n = (result ? strlen(result) : 0) + 16;
-                char *body = malloc(n);
-                if (body)
-                    snprintf(body, n, "%s%s", is_error ? "Error: " : "", result ? result : "");
-                ok = body && !json_array_append_new(msgs, json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
-                                                                    id, "content", body));
-                free(body);
-            }
-            free(result);
+            if (ok)
+                ok = !json_array_append_new(msgs, json_pack("{s:s, s:s, s:s%}", "role", "tool", "tool_call_id", id,
+                                                            "content", result.p ? result.p : "", result.n));
+            free(result.p);
         } else {
             ok = bad(e, bw, "%s: unsupported content block type '%.32s' in a %s message.", bw, type, role);
         }
     }
     /* a user turn of tool results only becomes tool messages, without an empty user message */
-    if (ok && (assistant ? text || thinking || json_array_size(calls) : text || !n_results)) {
-        json_t *om = json_pack("{s:s, s:s}", "role", role, "content", text ? text : "");
-        if (om && thinking)
-            json_object_set_new(om, "reasoning_content", json_string(thinking));
+    if (ok && (assistant ? text.p || thinking.p || json_array_size(calls) : text.p || !n_results)) {
+        json_t *om = json_pack("{s:s, s:s%}", "role", role, "content", text.p ? text.p : "", text.n);
+        if (om && thinking.p)
+            json_object_set_new(om, "reasoning_content", json_stringn(thinking.p, thinking.n));
         if (om && json_array_size(calls))
             json_object_set(om, "tool_calls", calls);
         ok = om && !json_array_append_new(msgs, om);
     }
     json_decref(calls);
-    free(text);
-    free(thinking);
+    free(text.p);
+    free(thinking.p);
     if (!ok && e->http_status != 400) /* out of memory on the way (a rejection set e already) */
         lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
     return ok;
@@ -177,11 +184,14 @@ static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e
     json_object_set_new(oai, "messages", msgs);
     json_t *system = json_object_get(b, "system");
     if (system && !json_is_null(system)) {
-        char *text = NULL;
-        if (!append_text(system, "system", &text, e))
+        text_buf text = {0};
+        if (!append_text(system, "system", &text, e)) {
+            free(text.p);
             return false;
-        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", text ? text : ""));
-        free(text);
+        }
+        json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content", text.p ? text.p : "",
+                                              text.n));
+        free(text.p);
     }
     json_t *messages = json_object_get(b, "messages");
     if (!json_is_array(messages) || !json_array_size(messages))
@@ -207,6 +217,10 @@ static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e
         if (type && !strcmp(type, "enabled")) {
             if (!json_is_integer(budget) || json_integer_value(budget) < 0)
                 return bad(e, "thinking.budget_tokens", "thinking.budget_tokens: Field required (an integer >= 0).");
+            /* as Anthropic: a budget that leaves no room for the answer is a mistake, not a silent cut */
+            if (mt && json_integer_value(budget) >= json_integer_value(mt))
+                return bad(e, "max_tokens", "max_tokens must be greater than thinking.budget_tokens (%lld >= %lld).",
+                           (long long)json_integer_value(budget), (long long)json_integer_value(mt));
             think = true;
             json_object_set(oai, "reasoning_budget", budget);
         } else if (type && (!strcmp(type, "adaptive") || !strcmp(type, "between_tools"))) {
@@ -228,8 +242,11 @@ static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e
     }
     json_object_set_new(oai, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", think));
     json_t *stops = json_object_get(b, "stop_sequences");
-    if (stops && !json_is_null(stops))
+    if (stops && !json_is_null(stops)) {
+        if (!json_is_array(stops))
+            return bad(e, "stop_sequences", "stop_sequences: expected an array of strings.");
         json_object_set(oai, "stop", stops);
+    }
     static const char *const copied[] = {"temperature", "top_p", "top_k", "stream", "model"};
     for (size_t k = 0; k < sizeof copied / sizeof copied[0]; k++)
         if (json_object_get(b, copied[k]))
@@ -261,7 +278,7 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
         return bad(e, NULL, "Out of memory.");
     if (!ok)
         return false;
-    ok = lily_oai_parse_request(text, strlen(text), true, req, e);
+    ok = lily_oai_parse_request(text, strlen(text), true, req, e); /* json_dumps escapes U+0000 */
     free(text);
     if (ok)
         req->anthropic = true;
@@ -273,6 +290,8 @@ char *lily_anth_error_json(const lily_oai_error *e)
     const char *type = e->type;
     if (e->http_status == 401)
         type = "authentication_error";
+    else if (e->http_status == 403)
+        type = "permission_error";
     else if (e->http_status == 404 || e->http_status == 405)
         type = "not_found_error";
     else if (e->http_status == 413)

@@ -74,6 +74,28 @@ void lily_job_begin(lily_job *job, int http_status, bool streaming)
     pthread_mutex_unlock(&job->mu);
 }
 
+/* Append len bytes to the job's output; job->mu held. */
+static lily_status append_locked(lily_job *job, const char *data, size_t len)
+{
+    if (job->out_off > 0 && job->out_off == job->out_len)
+        job->out_off = job->out_len = 0;
+    if (job->out_len + len + 1 > job->out_cap) {
+        size_t cap = job->out_cap ? job->out_cap : 4096;
+        while (cap < job->out_len + len + 1)
+            cap *= 2;
+        char *p = realloc(job->out, cap);
+        if (!p)
+            return LILY_ERR_OUT_OF_MEMORY;
+        job->out = p;
+        job->out_cap = cap;
+    }
+    memcpy(job->out + job->out_len, data, len);
+    job->out_len += len;
+    job->out[job->out_len] = 0;
+    pthread_cond_broadcast(&job->cv);
+    return LILY_OK;
+}
+
 lily_status lily_job_write(lily_job *job, const char *data, size_t len)
 {
     if (atomic_load(&job->cancelled))
@@ -87,26 +109,7 @@ lily_status lily_job_write(lily_job *job, const char *data, size_t len)
         pthread_mutex_unlock(&job->mu);
         return LILY_ERR_CANCELLED;
     }
-    if (job->out_off > 0 && job->out_off == job->out_len)
-        job->out_off = job->out_len = 0;
-    lily_status st = LILY_OK;
-    if (job->out_len + len + 1 > job->out_cap) {
-        size_t cap = job->out_cap ? job->out_cap : 4096;
-        while (cap < job->out_len + len + 1)
-            cap *= 2;
-        char *p = realloc(job->out, cap);
-        if (!p) {
-            st = LILY_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
-        job->out = p;
-        job->out_cap = cap;
-    }
-    memcpy(job->out + job->out_len, data, len);
-    job->out_len += len;
-    job->out[job->out_len] = 0;
-    pthread_cond_broadcast(&job->cv);
-done:
+    lily_status st = append_locked(job, data, len);
     pthread_mutex_unlock(&job->mu);
     return st;
 }
@@ -123,28 +126,26 @@ void lily_job_finish(lily_job *job)
 
 void lily_job_fail(lily_job *job, const lily_oai_error *e)
 {
-    pthread_mutex_lock(&job->mu);
-    bool begun = job->http_status != 0, streaming = job->streaming;
-    pthread_mutex_unlock(&job->mu);
     char *body = job->req.anthropic ? lily_anth_error_json(e) : lily_oai_error_json(e);
-    if (!begun || !streaming) {
-        /* a whole-body response sends nothing before the end: the error replaces what was written */
-        pthread_mutex_lock(&job->mu);
+    pthread_mutex_lock(&job->mu);
+    /* a client gone for good reads nothing; an aborted job's client still waits for the error */
+    bool writable = !atomic_load(&job->cancelled) || job->aborted;
+    if (!job->http_status || !job->streaming) { /* nothing sent yet: the error is the whole answer */
         job->http_status = e->http_status;
         job->streaming = false;
-        job->out_off = job->out_len = 0;
-        pthread_cond_broadcast(&job->cv);
-        pthread_mutex_unlock(&job->mu);
-        if (body)
-            lily_job_write(job, body, strlen(body));
-    } else if (streaming && body) {
+        job->out_len = job->out_off = 0;
+        if (body && writable)
+            append_locked(job, body, strlen(body));
+    } else if (body && writable) {
         /* the status line is gone: an in-band error event, which the OpenAI SDKs raise as an APIError */
         if (job->req.anthropic) /* Anthropic's in-band error: an "error" event */
-            lily_job_write(job, "event: error\n", 13);
-        lily_job_write(job, "data: ", 6);
-        lily_job_write(job, body, strlen(body));
-        lily_job_write(job, "\n\n", 2);
+            append_locked(job, "event: error\n", 13);
+        append_locked(job, "data: ", 6);
+        append_locked(job, body, strlen(body));
+        append_locked(job, "\n\n", 2);
     }
+    pthread_cond_broadcast(&job->cv);
+    pthread_mutex_unlock(&job->mu);
     free(body);
     lily_job_finish(job);
 }
@@ -160,6 +161,22 @@ void lily_job_cancel(lily_job *job)
     pthread_mutex_lock(&job->mu);
     pthread_cond_broadcast(&job->cv);
     pthread_mutex_unlock(&job->mu);
+}
+
+void lily_job_abort(lily_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    job->aborted = true;
+    pthread_mutex_unlock(&job->mu);
+    lily_job_cancel(job);
+}
+
+bool lily_job_aborted(lily_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    bool a = job->aborted;
+    pthread_mutex_unlock(&job->mu);
+    return a;
 }
 
 bool lily_job_overflowed(lily_job *job)
@@ -379,7 +396,7 @@ void lily_scheduler_abort(lily_scheduler *s)
     s->stopping = true;
     fail_waiting(s);
     if (s->running)
-        lily_job_cancel(s->running);
+        lily_job_abort(s->running);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }

@@ -52,6 +52,7 @@ typedef struct lily_job {
     int refs;
     atomic_bool cancelled;    /* the client went away or the server is stopping */
     bool overflowed;          /* cancelled because the reader fell LILY_JOB_MAX_PENDING bytes behind */
+    bool aborted;             /* cancelled by the server's shutdown: its client still waits for an answer */
     lily_job_stats stats;
 } lily_job;
 
@@ -65,13 +66,18 @@ void lily_job_unref(lily_job *job);
 void lily_job_begin(lily_job *job, int http_status, bool streaming);
 lily_status lily_job_write(lily_job *job, const char *data, size_t len);
 void lily_job_finish(lily_job *job);
-/* begin + the JSON error body + finish (for a job that fails before streaming; after begin of a stream the
- * error goes into the stream as an SSE error event instead). */
+/* The JSON error body with e's status, then finish: for a job that has not begun or whose whole body is
+ * not sent yet (not streaming: what was written is replaced); after begin of a stream the error goes into
+ * the stream as an SSE error event instead. Written even when the job was aborted (lily_job_abort). */
 void lily_job_fail(lily_job *job, const lily_oai_error *e);
 bool lily_job_cancelled(lily_job *job);
 /* True when the job was cancelled because its stream's reader fell behind (see LILY_JOB_MAX_PENDING). */
 bool lily_job_overflowed(lily_job *job);
 void lily_job_cancel(lily_job *job);
+/* Cancel for the server's shutdown (lily_scheduler_abort): the worker stops at its next decode step and
+ * answers with lily_job_fail, which its client still reads. */
+void lily_job_abort(lily_job *job);
+bool lily_job_aborted(lily_job *job);
 
 /* Connection side: wait up to timeout_ms for the status (true when decided). */
 bool lily_job_wait_begin(lily_job *job, int timeout_ms);

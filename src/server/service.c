@@ -564,6 +564,15 @@ static void respond_json(lily_job *job, json_t *r)
 
 static int job_cancelled(void *job) { return lily_job_cancelled(job); }
 
+/* A job the server's shutdown cancelled (lily_job_abort): its client still waits, so it gets a 503 (or an
+ * error event on its stream), never a 200 with an empty or cut body. A job whose client left gets nothing. */
+static void answer_aborted(lily_job *job)
+{
+    if (lily_job_aborted(job))
+        fail_with(job, 503, "unavailable_error", NULL, NULL,
+                  "The server is shutting down: this response was cancelled before its end.");
+}
+
 /* Prefill the prompt into the session through the prefix cache: resume from the deepest cached (or live)
  * prefix, prefill the rest, checkpoint on the way (runtime/prefix_cache.h). A vanished client stops a
  * long prefill between forward passes. *reused: tokens not recomputed. */
@@ -1045,6 +1054,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     if (st != LILY_OK) {
         if (st != LILY_ERR_CANCELLED)
             fail_with(job, 500, "server_error", NULL, NULL, err.message);
+        else
+            answer_aborted(job);
         goto done;
     }
 
@@ -1062,6 +1073,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     if (lily_job_cancelled(job)) {
         if (st != LILY_OK) /* an error on the way out may have left the session between states */
             lily_session_reset(s);
+        answer_aborted(job);
         goto done;
     }
     if (res.finish == LILY_FINISH_CANCELLED && g.one_call && g.call_closed && !g.failed)
