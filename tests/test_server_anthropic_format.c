@@ -91,6 +91,8 @@ static void test_validation(void **state)
                     "{\"type\":\"enabled\",\"budget_tokens\":1024}}", false,
                     "max_tokens must be greater than thinking.budget_tokens (1024 >= 512)");
     assert_rejected("[1]", false, "JSON object");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"\"}]}", false, "non-empty");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[]}]}", false, "non-empty");
     /* the OpenAI routes' bounds hold here too: checked on the text, before a document is built */
     char deep[400] = "{\"max_tokens\":1,\"metadata\":";
     for (int i = 0; i < 100; i++)

@@ -64,6 +64,10 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
         return bad(e, where, "%s: expected {\"role\": \"user\" | \"assistant\", \"content\": ...}.", where);
     json_t *content = json_object_get(m, "content");
     bool assistant = !strcmp(role, "assistant");
+    /* as Anthropic: a user turn must say something ("" and [] are refused; an assistant turn may be empty) */
+    if (!assistant && ((json_is_string(content) && json_string_length(content) == 0) ||
+                       (json_is_array(content) && json_array_size(content) == 0)))
+        return bad(e, where, "%s.content: a user message must have non-empty content.", where);
     if (json_is_string(content))
         return !json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", role, "content", content));
     if (!json_is_array(content))
