@@ -25,6 +25,11 @@ set +e
 set -e
 expect "-f with a missing file: exit 1 and the file named" \
     bash -c "[ $rc = 1 ] && grep -q 'cannot open $TMP/missing.txt' '$TMP/missing.err'"
+set +e
+"$LILY" run -m "$M" -p - </dev/null >/dev/null 2>"$TMP/empty.err"; rc=$?
+set -e
+expect "-p - with nothing on stdin: exit 1, 'empty' said" \
+    bash -c "[ $rc = 1 ] && grep -q 'prompt from stdin is empty' '$TMP/empty.err'"
 
 gen() { sed -n 's/.*decode: \([0-9]*\) tokens.*/\1/p' "$1"; }
 "$LILY" run -m "$M" -p "Hi" --temp 0 >/dev/null 2>"$TMP/cap.err"

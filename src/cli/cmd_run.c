@@ -174,6 +174,11 @@ int cmd_run(int argc, char **argv)
         size_t pl = strlen(prompt_owned);
         if (!raw && pl > 0 && prompt_owned[pl - 1] == '\n')
             prompt_owned[--pl] = 0;
+        if (pl == 0) { /* nothing was piped or the file is empty: most likely a mistake, never a prompt */
+            fprintf(stderr, "lily run: the prompt from %s is empty\n", strcmp(prompt_file, "-") ? prompt_file : "stdin");
+            free(prompt_owned);
+            return 1;
+        }
         prompt = prompt_owned;
     }
     int rc = run_prompt(&o, prompt, raw, show_ids);
