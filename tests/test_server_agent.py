@@ -37,19 +37,12 @@ except ImportError as e:
     print(f"SKIP: {e}: the SDK checks need the anthropic and openai packages (PyPI)")
     sys.exit(0)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from lily_test import start_server  # noqa: E402  (the suite's one way to start `lily serve`)
+
 log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
-server = subprocess.Popen([LILY, "serve", "-m", MODEL, "--port", "0", "--api-key", KEY, "--ctx-size", "4096",
-                           "--threads", "1", "--backend", os.environ.get("LILY_TEST_BACKEND", "cpu")],
-                          stdout=subprocess.DEVNULL, stderr=log)
-port = None
-deadline = time.time() + 60
-while port is None and time.time() < deadline and server.poll() is None:
-    time.sleep(0.05)
-    m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", open(log.name).read())
-    port = int(m.group(1)) if m else None
-if port is None:
-    print(open(log.name).read())
-    sys.exit("lily serve did not start")
+server, port = start_server(LILY, MODEL, log.name, "--api-key", KEY, "--ctx-size", "4096",
+                            "--backend", os.environ.get("LILY_TEST_BACKEND", "cpu"))
 BASE = f"http://127.0.0.1:{port}"
 
 
