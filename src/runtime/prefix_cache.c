@@ -16,6 +16,8 @@
  */
 #include "runtime/prefix_cache.h"
 
+#include "base/clock.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -606,8 +608,12 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
             depth = c->n_tokens;
         }
     }
+    double restore_s = 0, forward_s = 0, checkpoint_s = 0;
+    int pieces = 0;
     if (best >= 0) {
+        const double t0 = lily_wall_seconds();
         lily_status st = restore_checkpoint(pc, s, &pc->entries[best], err);
+        restore_s = lily_wall_seconds() - t0;
         if (st != LILY_OK) {
             lily_session_reset(s);
             return st;
@@ -651,7 +657,10 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
                 at_mark = true;
             }
         const int piece = end - pos < chunk ? end - pos : chunk;
+        double t0 = lily_wall_seconds();
         lily_status st = lily_session_append(s, ids + pos, piece, NULL, err);
+        forward_s += lily_wall_seconds() - t0;
+        pieces++;
         if (st != LILY_OK)
             return st;
         pos += piece;
@@ -659,11 +668,22 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
         pc->stats.prefilled_tokens += (uint64_t)piece;
         pthread_mutex_unlock(&pc->lock);
         const bool at_boundary = (every > 0 && pos % every == 0) || (at_mark && pos == end);
+        t0 = lily_wall_seconds();
         if (pos < n && at_boundary &&
             (st = store(pc, s, at_mark && pos == end ? RANK_MARK : RANK_PLAIN, err)) != LILY_OK)
             return st;
+        checkpoint_s += lily_wall_seconds() - t0;
     }
-    return lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
+    const double t0 = lily_wall_seconds();
+    lily_status st = lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
+    checkpoint_s += lily_wall_seconds() - t0;
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.last_restore_s = restore_s;
+    pc->stats.last_forward_s = forward_s;
+    pc->stats.last_checkpoint_s = checkpoint_s;
+    pc->stats.last_pieces = pieces;
+    pthread_mutex_unlock(&pc->lock);
+    return st;
 }
 
 void lily_prefix_cache_stats_get(lily_prefix_cache *pc, lily_prefix_cache_stats *out)

@@ -89,6 +89,10 @@ typedef struct {
     size_t device_bytes;        /* device memory held now (in the device pool) */
     size_t device_capacity_bytes; /* the device pool's size; 0 until the first checkpoint makes it, or none */
     int n_blocks;               /* shared KV blocks held now */
+    /* where the last lily_prefix_cache_prefill spent its time (seconds): restoring a checkpoint, forward
+     * passes, taking checkpoints (the one at its end included); and its forward passes' count */
+    double last_restore_s, last_forward_s, last_checkpoint_s;
+    int last_pieces;
 } lily_prefix_cache_stats;
 
 typedef struct lily_prefix_cache lily_prefix_cache;
