@@ -188,9 +188,6 @@ lily_status lily_service_load(void *user, lily_error *err)
     st = lily_session_new(svc->engine, svc->ctx_size, &svc->session, err);
     if (st != LILY_OK)
         return st;
-    st = lily_prefix_cache_attach(svc->cache, svc->engine, err); /* its device pool, if any */
-    if (st != LILY_OK)
-        return st;
     lily_prefix_cache_stats cs;
     const double state_mib = (double)lily_prefix_cache_state_bytes(svc->session) / (1 << 20);
     if (!svc->cache_ram_bytes) {
@@ -205,7 +202,14 @@ lily_status lily_service_load(void *user, lily_error *err)
         fprintf(stderr, "lily serve: prefix cache: up to %zu MiB of host memory (--cache-ram; one full-context "
                         "state is %.1f MiB)\n", svc->cache_ram_bytes >> 20, state_mib);
     }
+    /* its pools, once the host cap is known: the device pool, and the pinned host pool of the cap's size */
+    st = lily_prefix_cache_attach(svc->cache, svc->engine, err);
+    if (st != LILY_OK)
+        return st;
     lily_prefix_cache_stats_get(svc->cache, &cs);
+    if (cs.host_pinned_bytes)
+        fprintf(stderr, "lily serve: prefix cache: %zu MiB of page-locked host memory for checkpoints\n",
+                cs.host_pinned_bytes >> 20);
     if (svc->cache_vram_bytes && svc->engine->backend.ops->device_pool_new && !cs.device_capacity_bytes)
         fprintf(stderr, "lily serve: warning: no room for a %zu MiB prefix-cache pool in GPU memory (--cache-vram); "
                         "checkpoints stay in host memory\n", svc->cache_vram_bytes >> 20);
