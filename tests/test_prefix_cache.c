@@ -607,6 +607,97 @@ static void test_device_pool(void **state)
     f->engine->backend.ops = cpu;
 }
 
+/* A backend with a page-locked host pool (here plain malloc): host checkpoints are carved from it, each
+ * save lands inside it, restores stay exact, the pool goes with the cache; when it cannot be made, host
+ * checkpoints are malloc'd as before. */
+static int g_host_pools;
+static bool g_host_pool_fails;
+static uint8_t *g_host_base;
+static size_t g_host_size;
+static int g_saves_in_pool, g_saves_outside;
+static lily_status fake_host_pool_new(void *ctx, size_t bytes, void **pool, lily_error *err)
+{
+    (void)ctx;
+    *pool = g_host_pool_fails ? NULL : malloc(bytes);
+    if (!*pool)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "fake host pool");
+    g_host_pools++;
+    g_host_base = *pool;
+    g_host_size = bytes;
+    return LILY_OK;
+}
+static void fake_host_pool_free(void *ctx, void *pool)
+{
+    (void)ctx;
+    g_host_pools--;
+    free(pool);
+}
+static void count_save(lily_state_loc loc)
+{
+    const uint8_t *p = loc.host;
+    if (p && g_host_base && p >= g_host_base && p < g_host_base + g_host_size)
+        g_saves_in_pool++;
+    else
+        g_saves_outside++;
+}
+static lily_status counting_kv_save(void *ctx, const void *st, int row0, int n, lily_state_loc loc, lily_error *err)
+{
+    count_save(loc);
+    return lily_cpu_backend_ops.kv_save(ctx, st, row0, n, loc, err);
+}
+static lily_status counting_rec_save(void *ctx, const void *st, lily_state_loc loc, lily_error *err)
+{
+    count_save(loc);
+    return lily_cpu_backend_ops.recurrent_save(ctx, st, loc, err);
+}
+
+static void test_host_pool(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    const lily_backend_ops *cpu = f->engine->backend.ops;
+    g_fake_ops = *cpu;
+    g_fake_ops.host_pool_new = fake_host_pool_new;
+    g_fake_ops.host_pool_free = fake_host_pool_free;
+    g_fake_ops.kv_save = counting_kv_save;
+    g_fake_ops.recurrent_save = counting_rec_save;
+    f->engine->backend.ops = &g_fake_ops;
+
+    enum { N = 300 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+    for (int fails = 0; fails < 2; fails++) {
+        g_host_pool_fails = fails;
+        g_saves_in_pool = g_saves_outside = 0;
+        const size_t cap = (size_t)8 << 20;
+        lily_prefix_cache *pc = new_cache(cap, 100);
+        lily_session *s = NULL;
+        assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+        assert_int_equal(lily_prefix_cache_attach(pc, f->engine, &err), LILY_OK);
+        assert_int_equal(g_host_pools, fails ? 0 : 1);
+        lily_prefix_cache_stats st = {0};
+        lily_prefix_cache_stats_get(pc, &st);
+        assert_int_equal(st.host_pinned_bytes, fails ? 0 : cap);
+        assert_int_equal(check_request(f, pc, s, ids, N, NULL), 0); /* checkpoints at 100, 200, 300, 308 */
+        ids[250] = ids[250] == 30 ? 31 : 30;
+        assert_int_equal(check_request(f, pc, s, ids, N, NULL), 200);
+        ids[150] = ids[150] == 30 ? 31 : 30;
+        assert_int_equal(check_request(f, pc, s, ids, N, NULL), 100);
+        assert_true(fails ? g_saves_in_pool == 0 : g_saves_outside == 0);
+        assert_true(fails ? g_saves_outside > 0 : g_saves_in_pool > 0);
+        lily_prefix_cache_clear(pc);
+        lily_prefix_cache_stats_get(pc, &st);
+        assert_int_equal(st.bytes, 0);
+        lily_session_free(s);
+        lily_prefix_cache_free(pc);
+        assert_int_equal(g_host_pools, 0);
+        g_host_base = NULL;
+    }
+    g_host_pool_fails = false;
+    f->engine->backend.ops = cpu;
+}
+
 /* ---- a tight host cap -------------------------------------------------------------------------------- */
 
 static void fill_ids(int32_t *ids, int n, int first)
@@ -740,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_thirty_requests_small_pool),
         cmocka_unit_test(test_checkpoints_share_blocks),
         cmocka_unit_test(test_device_pool),
+        cmocka_unit_test(test_host_pool),
         cmocka_unit_test(test_tight_cap_checks_fit_before_evicting),
         cmocka_unit_test(test_tight_cap_keeps_mark_checkpoints),
         cmocka_unit_test(test_cancelled_prefill_keeps_what_it_computed),

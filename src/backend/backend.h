@@ -204,6 +204,13 @@ struct lily_backend_ops {
      * matmul_flops_per_s a dense tensor-core rate and matmul_kind its instruction. Takes about a second.
      * Errors: LILY_ERR_BACKEND (no usable device), LILY_ERR_OUT_OF_MEMORY. */
     lily_status (*measure_limits)(int device, lily_hw_limits *out, lily_error *err);
+
+    /* Optional (NULL on host-only backends): `bytes` of page-locked host memory, which the state copies
+     * above (a lily_state_loc whose .host points into it) move at the host link's full speed; for the prefix
+     * cache's host checkpoints. Made once (pinning takes a fraction of a second per GiB), never during
+     * decode. Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND. */
+    lily_status (*host_pool_new)(void *ctx, size_t bytes, void **pool, lily_error *err);
+    void (*host_pool_free)(void *ctx, void *pool);
 };
 
 /* The backend registered under `name` ("cpu", "cuda"), or NULL. */

@@ -4,7 +4,7 @@
  * Owns: the checkpoint pool (reference-counted KV blocks shared between checkpoints, each checkpoint's
  * tail rows, recurrent part, ids and logits; a host byte cap with eviction by rank, then least recently
  * used; the
- * device pool and its first-fit allocator), matching a request's ids against the checkpoints and the
+ * device pool and the pinned host pool, each with a first-fit allocator), matching a request's ids against the checkpoints and the
  * live session, the piecewise prefill that materializes the state at multiples of checkpoint_every, and
  * the counters.
  * Does not own: the layout of saved state (the backend's kv_save / recurrent_save) or the
@@ -16,17 +16,21 @@
  */
 #include "runtime/prefix_cache.h"
 
+#include "base/clock.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define DEVICE_ALIGN 256 /* device pool offsets and sizes are multiples of this */
+#define DEVICE_ALIGN 256 /* pool offsets and sizes are multiples of this */
 
-/* A piece of saved state: in host memory (host), at offset in the device pool (on_device), or empty. */
+/* A piece of saved state: in host memory (host: in the pinned host pool when in_host_pool, else its own
+ * malloc), at offset in the device pool (on_device), or empty. */
 typedef struct {
     void *host;
     bool on_device;
+    bool in_host_pool;
     size_t offset;
     size_t bytes;
 } blob;
@@ -64,6 +68,15 @@ typedef struct {
     size_t offset, bytes;
 } extent;
 
+/* One backend allocation carved by first fit: the device pool (checkpoints in GPU memory) or the host
+ * pool (page-locked host memory, which device copies reach at the link's full speed). */
+typedef struct {
+    void *base;       /* NULL: no pool */
+    size_t capacity;
+    extent *free_list; /* free extents, sorted by offset, never adjacent */
+    int n_free, cap_free, n_blobs;
+} arena;
+
 struct lily_prefix_cache {
     size_t ram_bytes, device_budget;
     int checkpoint_every;       /* <= 0: none inside a prefill */
@@ -71,9 +84,9 @@ struct lily_prefix_cache {
     lily_engine *engine;        /* bound by the first checkpoint: the backend that owns the device pool */
     bool split;                 /* the backend has the split-state ops (without them nothing is cached) */
     size_t kv_row_bytes;
-    void *device_pool;          /* NULL: no device-resident checkpoints */
-    extent *free_list;          /* free extents of the device pool, sorted by offset, never adjacent */
-    int n_free, cap_free, n_device_blobs;
+    arena device;               /* device.base NULL: no device-resident checkpoints */
+    arena host;                 /* host.base NULL: host checkpoints are malloc'd (no host pools, or none fit) */
+    bool host_pool_tried;
     checkpoint *entries;
     int n_entries, cap_entries;
     kv_block **blocks;
@@ -118,63 +131,113 @@ static void account(lily_prefix_cache *pc, long long host_delta, long long devic
     pthread_mutex_unlock(&pc->lock);
 }
 
-/* First fit; false when no free extent is large enough (or there is no pool). */
-static bool device_alloc(lily_prefix_cache *pc, size_t bytes, size_t *offset)
+/* The arena over base (capacity bytes, one free extent). False on OOM (the arena stays empty). */
+static bool arena_init(arena *a, void *base, size_t capacity)
 {
-    if (!pc->device_pool || bytes == 0)
+    memset(a, 0, sizeof *a);
+    if (!(a->free_list = malloc(16 * sizeof *a->free_list)))
+        return false;
+    a->base = base;
+    a->capacity = capacity;
+    a->cap_free = 16;
+    a->free_list[0] = (extent){0, capacity};
+    a->n_free = 1;
+    return true;
+}
+
+/* First fit; false when no free extent is large enough (or there is no pool). */
+static bool arena_alloc(arena *a, size_t bytes, size_t *offset)
+{
+    if (!a->base || bytes == 0)
         return false;
     /* a free can split nothing but may add an extent: keep room for one per live allocation */
-    if (pc->cap_free < pc->n_free + pc->n_device_blobs + 2) {
-        const int cap = 2 * (pc->n_free + pc->n_device_blobs + 2);
-        extent *grown = realloc(pc->free_list, (size_t)cap * sizeof *grown);
+    if (a->cap_free < a->n_free + a->n_blobs + 2) {
+        const int cap = 2 * (a->n_free + a->n_blobs + 2);
+        extent *grown = realloc(a->free_list, (size_t)cap * sizeof *grown);
         if (!grown)
             return false;
-        pc->free_list = grown;
-        pc->cap_free = cap;
+        a->free_list = grown;
+        a->cap_free = cap;
     }
     const size_t need = device_size(bytes);
-    for (int i = 0; i < pc->n_free; i++) {
-        extent *e = &pc->free_list[i];
+    for (int i = 0; i < a->n_free; i++) {
+        extent *e = &a->free_list[i];
         if (e->bytes < need)
             continue;
         *offset = e->offset;
         e->offset += need;
         e->bytes -= need;
         if (e->bytes == 0) {
-            memmove(e, e + 1, (size_t)(pc->n_free - i - 1) * sizeof *e);
-            pc->n_free--;
+            memmove(e, e + 1, (size_t)(a->n_free - i - 1) * sizeof *e);
+            a->n_free--;
         }
-        pc->n_device_blobs++;
-        account(pc, 0, (long long)need);
+        a->n_blobs++;
         return true;
     }
     return false;
 }
 
-static void device_release(lily_prefix_cache *pc, size_t offset, size_t bytes)
+static void arena_release(arena *a, size_t offset, size_t bytes)
 {
     const size_t size = device_size(bytes);
     int i = 0;
-    while (i < pc->n_free && pc->free_list[i].offset < offset)
+    while (i < a->n_free && a->free_list[i].offset < offset)
         i++;
-    const bool join_prev = i > 0 && pc->free_list[i - 1].offset + pc->free_list[i - 1].bytes == offset;
-    const bool join_next = i < pc->n_free && offset + size == pc->free_list[i].offset;
+    const bool join_prev = i > 0 && a->free_list[i - 1].offset + a->free_list[i - 1].bytes == offset;
+    const bool join_next = i < a->n_free && offset + size == a->free_list[i].offset;
     if (join_prev && join_next) {
-        pc->free_list[i - 1].bytes += size + pc->free_list[i].bytes;
-        memmove(&pc->free_list[i], &pc->free_list[i + 1], (size_t)(pc->n_free - i - 1) * sizeof(extent));
-        pc->n_free--;
+        a->free_list[i - 1].bytes += size + a->free_list[i].bytes;
+        memmove(&a->free_list[i], &a->free_list[i + 1], (size_t)(a->n_free - i - 1) * sizeof(extent));
+        a->n_free--;
     } else if (join_prev) {
-        pc->free_list[i - 1].bytes += size;
+        a->free_list[i - 1].bytes += size;
     } else if (join_next) {
-        pc->free_list[i].offset = offset;
-        pc->free_list[i].bytes += size;
-    } else { /* room was reserved by device_alloc */
-        memmove(&pc->free_list[i + 1], &pc->free_list[i], (size_t)(pc->n_free - i) * sizeof(extent));
-        pc->free_list[i] = (extent){offset, size};
-        pc->n_free++;
+        a->free_list[i].offset = offset;
+        a->free_list[i].bytes += size;
+    } else { /* room was reserved by arena_alloc */
+        memmove(&a->free_list[i + 1], &a->free_list[i], (size_t)(a->n_free - i) * sizeof(extent));
+        a->free_list[i] = (extent){offset, size};
+        a->n_free++;
     }
-    pc->n_device_blobs--;
-    account(pc, 0, -(long long)size);
+    a->n_blobs--;
+}
+
+static bool device_alloc(lily_prefix_cache *pc, size_t bytes, size_t *offset)
+{
+    if (!arena_alloc(&pc->device, bytes, offset))
+        return false;
+    account(pc, 0, (long long)device_size(bytes));
+    return true;
+}
+
+static void device_release(lily_prefix_cache *pc, size_t offset, size_t bytes)
+{
+    arena_release(&pc->device, offset, bytes);
+    account(pc, 0, -(long long)device_size(bytes));
+}
+
+/* The pinned host pool, sized to the host cap, made on the first host checkpoint when the backend has
+ * host pools (once: a failure leaves malloc'd checkpoints). */
+static void host_pool_make(lily_prefix_cache *pc)
+{
+    if (pc->host_pool_tried || !pc->engine)
+        return;
+    pc->host_pool_tried = true;
+    const lily_backend *b = &pc->engine->backend;
+    if (!b->ops->host_pool_new || !b->ops->host_pool_free)
+        return;
+    const size_t bytes = pc->ram_bytes / DEVICE_ALIGN * DEVICE_ALIGN;
+    void *base = NULL;
+    lily_error ignored = {0};
+    if (bytes == 0 || b->ops->host_pool_new(b->ctx, bytes, &base, &ignored) != LILY_OK)
+        return;
+    if (!arena_init(&pc->host, base, bytes)) {
+        b->ops->host_pool_free(b->ctx, base);
+        return;
+    }
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.host_pinned_bytes = bytes;
+    pthread_mutex_unlock(&pc->lock);
 }
 
 /* Place b (b->bytes set) in the device pool when it fits there; else it stays for host_place. */
@@ -190,9 +253,15 @@ static bool blob_place_host(lily_prefix_cache *pc, blob *b)
 {
     if (b->on_device || b->bytes == 0)
         return true;
-    b->host = malloc(b->bytes);
-    if (!b->host)
+    host_pool_make(pc);
+    size_t offset;
+    if (arena_alloc(&pc->host, b->bytes, &offset)) {
+        b->host = (char *)pc->host.base + offset;
+        b->in_host_pool = true;
+        b->offset = offset;
+    } else if (!(b->host = malloc(b->bytes))) {
         return false;
+    }
     account(pc, (long long)b->bytes, 0);
     return true;
 }
@@ -202,7 +271,10 @@ static void blob_free(lily_prefix_cache *pc, blob *b)
     if (b->on_device)
         device_release(pc, b->offset, b->bytes);
     else if (b->host) {
-        free(b->host);
+        if (b->in_host_pool)
+            arena_release(&pc->host, b->offset, b->bytes);
+        else
+            free(b->host);
         account(pc, -(long long)b->bytes, 0);
     }
     memset(b, 0, sizeof *b);
@@ -210,7 +282,7 @@ static void blob_free(lily_prefix_cache *pc, blob *b)
 
 static lily_state_loc loc_of(const lily_prefix_cache *pc, const blob *b)
 {
-    lily_state_loc l = {b->host, b->on_device ? pc->device_pool : NULL, b->offset};
+    lily_state_loc l = {b->host, b->on_device ? pc->device.base : NULL, b->offset};
     return l;
 }
 
@@ -297,11 +369,16 @@ void lily_prefix_cache_free(lily_prefix_cache *pc)
     if (!pc)
         return;
     lily_prefix_cache_clear(pc);
-    if (pc->device_pool) {
+    if (pc->device.base) {
         const lily_backend *b = &pc->engine->backend;
-        b->ops->device_pool_free(b->ctx, pc->device_pool);
+        b->ops->device_pool_free(b->ctx, pc->device.base);
     }
-    free(pc->free_list);
+    if (pc->host.base) {
+        const lily_backend *b = &pc->engine->backend;
+        b->ops->host_pool_free(b->ctx, pc->host.base);
+    }
+    free(pc->device.free_list);
+    free(pc->host.free_list);
     free(pc->entries);
     free(pc->blocks);
     pthread_mutex_destroy(&pc->lock);
@@ -323,19 +400,20 @@ lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine,
     if (engine->planned && engine->plan.pool_requested && pc->device_budget > engine->plan.pool_bytes)
         pc->device_budget = engine->plan.pool_bytes; /* what the memory plan left room for */
     if (pc->split && pc->device_budget > 0 && o->device_pool_new && o->device_pool_free) {
-        pc->free_list = malloc(16 * sizeof *pc->free_list);
         lily_error ignored = {0};
-        if (pc->free_list && o->device_pool_new(b->ctx, pc->device_budget, &pc->device_pool, &ignored) == LILY_OK) {
-            pc->cap_free = 16;
-            pc->free_list[0] = (extent){0, pc->device_budget};
-            pc->n_free = 1;
-            pthread_mutex_lock(&pc->lock);
-            pc->stats.device_capacity_bytes = pc->device_budget;
-            pthread_mutex_unlock(&pc->lock);
-        } else {
-            pc->device_pool = NULL; /* no room on the device: host checkpoints only */
-        }
+        void *base = NULL;
+        if (o->device_pool_new(b->ctx, pc->device_budget, &base, &ignored) == LILY_OK) {
+            if (arena_init(&pc->device, base, pc->device_budget)) {
+                pthread_mutex_lock(&pc->lock);
+                pc->stats.device_capacity_bytes = pc->device_budget;
+                pthread_mutex_unlock(&pc->lock);
+            } else {
+                o->device_pool_free(b->ctx, base);
+            }
+        } /* else no room on the device: host checkpoints only */
     }
+    if (pc->split)
+        host_pool_make(pc);
     return LILY_OK;
 }
 
@@ -606,8 +684,12 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
             depth = c->n_tokens;
         }
     }
+    double restore_s = 0, forward_s = 0, checkpoint_s = 0;
+    int pieces = 0;
     if (best >= 0) {
+        const double t0 = lily_wall_seconds();
         lily_status st = restore_checkpoint(pc, s, &pc->entries[best], err);
+        restore_s = lily_wall_seconds() - t0;
         if (st != LILY_OK) {
             lily_session_reset(s);
             return st;
@@ -651,7 +733,10 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
                 at_mark = true;
             }
         const int piece = end - pos < chunk ? end - pos : chunk;
+        double t0 = lily_wall_seconds();
         lily_status st = lily_session_append(s, ids + pos, piece, NULL, err);
+        forward_s += lily_wall_seconds() - t0;
+        pieces++;
         if (st != LILY_OK)
             return st;
         pos += piece;
@@ -659,11 +744,22 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
         pc->stats.prefilled_tokens += (uint64_t)piece;
         pthread_mutex_unlock(&pc->lock);
         const bool at_boundary = (every > 0 && pos % every == 0) || (at_mark && pos == end);
+        t0 = lily_wall_seconds();
         if (pos < n && at_boundary &&
             (st = store(pc, s, at_mark && pos == end ? RANK_MARK : RANK_PLAIN, err)) != LILY_OK)
             return st;
+        checkpoint_s += lily_wall_seconds() - t0;
     }
-    return lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
+    const double t0 = lily_wall_seconds();
+    lily_status st = lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
+    checkpoint_s += lily_wall_seconds() - t0;
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.last_restore_s = restore_s;
+    pc->stats.last_forward_s = forward_s;
+    pc->stats.last_checkpoint_s = checkpoint_s;
+    pc->stats.last_pieces = pieces;
+    pthread_mutex_unlock(&pc->lock);
+    return st;
 }
 
 void lily_prefix_cache_stats_get(lily_prefix_cache *pc, lily_prefix_cache_stats *out)

@@ -88,7 +88,13 @@ typedef struct {
     uint64_t checkpoints_taken; /* checkpoints stored (duplicates of a held one are not counted) */
     size_t device_bytes;        /* device memory held now (in the device pool) */
     size_t device_capacity_bytes; /* the device pool's size; 0 until the first checkpoint makes it, or none */
+    size_t host_pinned_bytes;   /* the page-locked host pool's size (host checkpoints live there while it has
+                                   room); 0 when the backend has none or it could not be made */
     int n_blocks;               /* shared KV blocks held now */
+    /* where the last lily_prefix_cache_prefill spent its time (seconds): restoring a checkpoint, forward
+     * passes, taking checkpoints (the one at its end included); and its forward passes' count */
+    double last_restore_s, last_forward_s, last_checkpoint_s;
+    int last_pieces;
 } lily_prefix_cache_stats;
 
 typedef struct lily_prefix_cache lily_prefix_cache;
@@ -100,10 +106,12 @@ typedef int (*lily_prefix_cancel_fn)(void *user);
 lily_status lily_prefix_cache_new(const lily_prefix_cache_options *opts, lily_prefix_cache **out, lily_error *err);
 void lily_prefix_cache_free(lily_prefix_cache *pc);
 
-/* Bind the cache to engine (whose sessions it will serve) and make its device pool now: one device
- * allocation of device_bytes when the backend has device pools, the only one the cache makes. Optional:
- * the first checkpoint does it otherwise. A pool that does not fit in device memory is not an error: the
- * cache keeps host checkpoints only (stats' device_capacity_bytes stays 0).
+/* Bind the cache to engine (whose sessions it will serve) and make its pools now: one device
+ * allocation of device_bytes when the backend has device pools, and one page-locked host allocation of the
+ * host cap (ram_bytes) when it has host pools; the only two the cache makes (set the cap first). Optional:
+ * the first checkpoint does it otherwise. A pool that does not fit is not an error: without the device
+ * pool the cache keeps host checkpoints only (stats' device_capacity_bytes stays 0); without the host pool
+ * (or once it is full) host checkpoints are malloc'd (slower device copies).
  * Errors: LILY_ERR_INVALID_ARGUMENT when already bound to another engine. */
 lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine, lily_error *err);
 

@@ -895,12 +895,15 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - r->t0.tv_sec) + (double)(t1.tv_nsec - r->t0.tv_nsec) * 1e-9;
-    char tail[256] = "";
+    char tail[512] = "";
     if (r->job && (r->job->route == LILY_ROUTE_CHAT || r->job->route == LILY_ROUTE_COMPLETIONS)) {
         const lily_job_stats *s = &r->job->stats;
-        snprintf(tail, sizeof tail, " prompt=%d completion=%d cached=%d prefill=%.1f tok/s decode=%.1f tok/s%s",
+        snprintf(tail, sizeof tail,
+                 " prompt=%d completion=%d cached=%d prefill=%.1f tok/s decode=%.1f tok/s ttft=%.1f ms"
+                 " (prompt %.1f, restore %.1f, forward %.1f in %d, checkpoints %.1f) decode_path=\"%s\"%s",
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
-                 lily_job_cancelled(r->job) ? " cancelled" : "");
+                 s->ttft_ms, s->prompt_ms, s->restore_ms, s->forward_ms, s->pieces, s->checkpoint_ms,
+                 s->decode_path ? s->decode_path : "none", lily_job_cancelled(r->job) ? " cancelled" : "");
     }
     /* microhttpd answered a malformed request itself (a bad chunk): on_mhd_log counted it */
     bool mhd_answered = !r->responded && mhd_error_status;

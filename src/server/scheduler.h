@@ -31,6 +31,13 @@ typedef enum {
 typedef struct {
     int prompt_tokens, completion_tokens, cached_tokens;
     double prefill_tok_s, decode_tok_s;
+    /* where the time to the first token went (milliseconds from the worker taking the job): the prompt
+     * (template + tokenizer), a checkpoint restore, the prefill's forward passes (`pieces` of them), its
+     * checkpoints; ttft_ms is the first generated token's delivery. decode_path: which decode ran and why
+     * (a static string, NULL when no decode ran) */
+    double prompt_ms, restore_ms, forward_ms, checkpoint_ms, ttft_ms;
+    int pieces;
+    const char *decode_path;
 } lily_job_stats;
 
 /* The most bytes a stream may hold that its client has not read: past it the job is cancelled (the engine

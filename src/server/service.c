@@ -188,9 +188,6 @@ lily_status lily_service_load(void *user, lily_error *err)
     st = lily_session_new(svc->engine, svc->ctx_size, &svc->session, err);
     if (st != LILY_OK)
         return st;
-    st = lily_prefix_cache_attach(svc->cache, svc->engine, err); /* its device pool, if any */
-    if (st != LILY_OK)
-        return st;
     lily_prefix_cache_stats cs;
     const double state_mib = (double)lily_prefix_cache_state_bytes(svc->session) / (1 << 20);
     if (!svc->cache_ram_bytes) {
@@ -205,7 +202,14 @@ lily_status lily_service_load(void *user, lily_error *err)
         fprintf(stderr, "lily serve: prefix cache: up to %zu MiB of host memory (--cache-ram; one full-context "
                         "state is %.1f MiB)\n", svc->cache_ram_bytes >> 20, state_mib);
     }
+    /* its pools, once the host cap is known: the device pool, and the pinned host pool of the cap's size */
+    st = lily_prefix_cache_attach(svc->cache, svc->engine, err);
+    if (st != LILY_OK)
+        return st;
     lily_prefix_cache_stats_get(svc->cache, &cs);
+    if (cs.host_pinned_bytes)
+        fprintf(stderr, "lily serve: prefix cache: %zu MiB of page-locked host memory for checkpoints\n",
+                cs.host_pinned_bytes >> 20);
     if (svc->cache_vram_bytes && svc->engine->backend.ops->device_pool_new && !cs.device_capacity_bytes)
         fprintf(stderr, "lily serve: warning: no room for a %zu MiB prefix-cache pool in GPU memory (--cache-vram); "
                         "checkpoints stay in host memory\n", svc->cache_vram_bytes >> 20);
@@ -294,6 +298,7 @@ typedef struct {
     lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
     int n_lps, cap_lps;
     int lp_text_offset;       /* completions stream: text_offset of the next logprob */
+    double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
 } generation;
 
 static void send_json_chunk(generation *g, json_t *chunk)
@@ -610,6 +615,8 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     generation *g = user;
     lily_error err;
     if (token >= 0) {
+        if (g->job->stats.ttft_ms == 0)
+            g->job->stats.ttft_ms = 1e3 * (lily_wall_seconds() - g->t_start);
         if (g->req->logprobs && record_logprob(g, g->svc->session->logits, token, &err) != LILY_OK)
             g->failed = true;
         if (token == g->svc->think_end)
@@ -989,7 +996,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     lily_logit_bias *bias = NULL;
     generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream,
                     .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED,
-                    .anth = {.index = -1, .kind = -1}};
+                    .anth = {.index = -1, .kind = -1}, .t_start = lily_wall_seconds()};
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
     if (req->anthropic) { /* msg_<the same random part> */
         const char *tail = g.ident.id + strlen("chatcmpl-");
@@ -1002,6 +1009,7 @@ static void run_generation(lily_service *svc, lily_job *job)
      *    vocabulary ends here with a 400) */
     if (!logit_bias_ok(svc, job) || !prompt_ids(svc, job, &g.thinking, &ids, &n_ids))
         goto done;
+    job->stats.prompt_ms = 1e3 * (lily_wall_seconds() - g.t_start);
 
     /* 2. tool_choice required / named: the text the reply must open with */
     if (req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->tool_choice == LILY_TOOL_CHOICE_REQUIRED) &&
@@ -1051,6 +1059,12 @@ static void run_generation(lily_service *svc, lily_job *job)
     job->stats.cached_tokens = reused;
     const int prefilled = s->n_tokens > reused ? s->n_tokens - reused : 0; /* a cancel stops short of n_ids */
     job->stats.prefill_tok_s = t1 > t0 ? prefilled / (t1 - t0) : 0;
+    lily_prefix_cache_stats pcs;
+    lily_prefix_cache_stats_get(svc->cache, &pcs);
+    job->stats.restore_ms = 1e3 * pcs.last_restore_s;
+    job->stats.forward_ms = 1e3 * pcs.last_forward_s;
+    job->stats.checkpoint_ms = 1e3 * pcs.last_checkpoint_s;
+    job->stats.pieces = pcs.last_pieces;
     if (st != LILY_OK) {
         if (st != LILY_ERR_CANCELLED)
             fail_with(job, 500, "server_error", NULL, NULL, err.message);
@@ -1066,6 +1080,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
+    job->stats.decode_path = res.decode_path;
     if (gp.n_think_close > 0) /* the budget's forced close is not reasoning */
         g.reasoning_tokens = res.n_reasoning;
     if (gp.constraint && svc->engine->backend.ops->decode_loop)

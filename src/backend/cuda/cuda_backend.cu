@@ -880,6 +880,31 @@ static void cuda_device_pool_free(void *vctx, void *pool)
     cudaFree(pool);
 }
 
+/* The prefix cache's host pool: page-locked, so checkpoint copies run at the link's speed instead of
+ * through the driver's pageable staging. */
+static lily_status cuda_host_pool_new(void *vctx, size_t bytes, void **pool, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    *pool = NULL;
+    CUDA_TRY(cudaSetDevice(c->device));
+    const cudaError_t e = cudaHostAlloc(pool, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *pool = NULL;
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: cannot page-lock %.2f GiB of host memory: %s",
+                              bytes / 1073741824.0, cudaGetErrorString(e));
+    }
+    return LILY_OK;
+}
+
+static void cuda_host_pool_free(void *vctx, void *pool)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    cudaFreeHost(pool);
+}
+
 /* The device runtime's own memory beside lily's allocations: the CUDA context with its kernel images, the
  * decode graphs, the allocator's rounding. Measured on the H200: nvidia-smi's peak for `lily serve` on the
  * full-size model was ~150 MiB under the plan with this figure, i.e. ~620 MiB (docs/BENCHMARKS.md). */
@@ -947,6 +972,8 @@ static const lily_backend_ops cuda_ops = {
     cuda_device_pool_free,
     cuda_decode_loop,
     cuda_measure_limits,
+    cuda_host_pool_new,
+    cuda_host_pool_free,
 };
 
 extern "C" const lily_backend_ops *lily_cuda_backend_ops_get(void) { return &cuda_ops; }
