@@ -303,6 +303,17 @@ static void test_shared_system_prompt(void **state)
     int na, nb;
     int32_t *ida = render(f, a, false, &na), *idb = render(f, b, false, &nb);
     int marks[2];
+    {   /* a one-message conversation: only the <think> mark (the first turn ends a few ids before it) */
+        json_t *one = json_array();
+        add_message(one, "user", "What is a generator expression?");
+        int n1;
+        int32_t *id1 = render(f, one, true, &n1);
+        assert_int_equal(lily_prefix_cache_chat_marks(id1, n1, f->im_start, f->im_end, f->think, marks), 1);
+        assert_int_equal(id1[marks[0]], f->think);
+        assert_true(marks[0] >= n1 - 8);
+        free(id1);
+        json_decref(one);
+    }
     assert_true(lily_prefix_cache_chat_marks(ida, na, f->im_start, f->im_end, f->think, marks) == 2);
     const int system_end = marks[0];
     assert_true(system_end > 300);

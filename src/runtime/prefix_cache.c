@@ -657,6 +657,12 @@ int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, in
             marks[k++] = i;
             break;
         }
+    /* a first turn that is the last before the generation prompt (a one-message conversation) ends a few
+     * ids before its <think>: its mark would cost a forward pass of its own for what the <think> one serves */
+    if (k == 2 && marks[1] - marks[0] < LILY_PREFIX_CACHE_MIN_MARK_GAP) {
+        marks[0] = marks[1];
+        k = 1;
+    }
     return k;
 }
 

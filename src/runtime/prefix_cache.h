@@ -129,10 +129,15 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
                                       const int *marks, int n_marks, lily_prefix_cancel_fn cancel, void *cancel_user,
                                       int *reused, lily_error *err);
 
+/* The fewest ids between a first-turn mark and the <think> mark after it for both to be kept. */
+#define LILY_PREFIX_CACHE_MIN_MARK_GAP 16
+
 /* The marks of a chat prompt rendered by the Qwen3.6 template (ids[n]): the end of the first turn
  * ("<|im_start|>system\n...<|im_end|>\n", the system block with the tools when there is one), and the
- * last <think> among the last 8 ids (the generation prompt's). im_start, im_end, think: the tokenizer's ids for
- * <|im_start|>, <|im_end|>, <think> (-1 when missing). Writes at most 2 positions to marks; returns how
+ * last <think> among the last 8 ids (the generation prompt's). The first is dropped when the second is fewer
+ * than LILY_PREFIX_CACHE_MIN_MARK_GAP ids after it (a one-message conversation: each mark splits the prefill,
+ * and a forward pass of a few ids costs milliseconds on a GPU). im_start, im_end, think: the tokenizer's ids
+ * for <|im_start|>, <|im_end|>, <think> (-1 when missing). Writes at most 2 positions to marks; returns how
  * many. */
 int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, int32_t im_end, int32_t think,
                                  int marks[2]);
