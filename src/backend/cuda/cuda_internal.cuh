@@ -49,9 +49,13 @@ typedef struct {
     size_t kv_elem;            /* bytes per KV cache element: 2 (bf16), 4 (fp32 in exact mode) */
     int device;
     cudaStream_t stream;
-    size_t weight_bytes;
+    size_t weight_bytes;       /* device memory of the weights */
+    size_t host_weight_bytes;  /* host memory of the weights (routed experts of opts.n_cpu_moe layers) */
     void **allocs; /* every weight allocation, freed at destroy */
     int n_allocs, cap_allocs;
+    void **host_allocs; /* those in mapped host memory (cudaFreeHost at destroy) */
+    int n_host_allocs, cap_host_allocs;
+    bool alloc_on_host; /* upload_mat places what it allocates in mapped host memory */
 
     dmat embed, lm_head;
     float *final_norm;
@@ -152,6 +156,13 @@ lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *er
 lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
                              lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                              lily_error *err);
+/* host_weights.cu: `bytes` of pinned host memory mapped into the device's address space, write-combined;
+ * *host to write and free it (cudaFreeHost), *device the address kernels read. LILY_ERR_OUT_OF_MEMORY,
+ * LILY_ERR_BACKEND. */
+lily_status cuda_host_weight_alloc(size_t bytes, void **host, void **device, lily_error *err);
+/* host_weights.cu: whether layer `layer`'s routed experts live in host memory (opts.n_cpu_moe). */
+bool cuda_layer_experts_on_host(const cuda_ctx *c, int layer);
+
 /* cuda_shapes.cu: LILY_ERR_UNSUPPORTED (naming the dimension) when some stage of the forward pass has no
  * CUDA kernel for the model's shapes; called by create before anything is uploaded. */
 lily_status cuda_check_shapes(const lily_config *cfg, const lily_weights *w, lily_error *err);
