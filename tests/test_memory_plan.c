@@ -198,40 +198,46 @@ static lily_memory_plan_input qwen36_experts(size_t budget, int n_cpu_moe)
     in.expert_layer_bytes = EXPERT_LAYER;
     in.n_layers = 40;
     in.n_cpu_moe = n_cpu_moe;
+    in.expert_stage_bytes = EXPERT_LAYER + 2304; /* the CUDA backend's prefill staging buffer */
     return in;
 }
 
 /* 12 GiB, no count given: the fewest layers whose experts, moved to host memory, leave room for the
- * smallest chunk and 32K of context: 768 + 66 + 110 MiB + 32768 tokens of KV + (18603 - 432 N) MiB <= 12 GiB
- * gives N = 19. */
+ * smallest chunk and 32K of context: 768 + 66 + 110 MiB + 32768 tokens of KV + (18603 - 432 N) MiB + the
+ * staging buffer (432 MiB) <= 12 GiB gives N = 20. */
 static void test_auto_moves_the_fewest_layers(void **state)
 {
     (void)state;
     lily_memory_plan_input in = qwen36_experts(12 * GIB, LILY_N_CPU_MOE_AUTO);
     const size_t rest = in.runtime_bytes + in.state_bytes + 110 * MIB + 32768 * in.kv_bytes_per_token;
     int expect = 0;
-    while (rest + in.weight_bytes - (size_t)expect * EXPERT_LAYER > 12 * GIB)
+    while (rest + in.weight_bytes - (size_t)expect * EXPERT_LAYER + (expect ? in.expert_stage_bytes : 0) > 12 * GIB)
         expect++;
-    assert_int_equal(expect, 19);
+    assert_int_equal(expect, 20);
     lily_memory_plan p;
     lily_error err = {0};
     assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
-    assert_int_equal(p.n_cpu_moe, 19);
+    assert_int_equal(p.n_cpu_moe, 20);
     assert_int_equal(p.n_layers, 40);
     assert_true(p.n_cpu_moe_chosen);
-    assert_int_equal(p.host_experts, 19 * EXPERT_LAYER);
-    assert_int_equal(p.weights, 18603 * MIB - 19 * EXPERT_LAYER);
+    assert_int_equal(p.host_experts, 20 * EXPERT_LAYER);
+    assert_int_equal(p.weights, 18603 * MIB - 20 * EXPERT_LAYER);
+    assert_int_equal(p.expert_stage, in.expert_stage_bytes);
+    int pick = 0;
+    while (in.chunk[pick] != p.chunk)
+        pick++;
+    assert_int_equal(p.scratch, in.scratch_bytes[pick] + in.expert_stage_bytes);
     assert_true(p.ctx >= 32768);
     assert_true(p.total <= 12 * GIB);
     assert_int_equal(p.total, p.runtime + p.weights + p.state + p.scratch + p.kv + p.pool_bytes);
     /* one layer fewer leaves less than 32K of context with any chunk */
-    lily_memory_plan_input fewer = qwen36_experts(12 * GIB, 18);
+    lily_memory_plan_input fewer = qwen36_experts(12 * GIB, 19);
     lily_memory_plan q;
     const lily_status st = lily_memory_plan_choose(&fewer, &q, &err);
     assert_true(st != LILY_OK || q.ctx < 32768);
     char line[640];
     lily_memory_plan_format(&p, line, sizeof line);
-    assert_non_null(strstr(line, "routed experts of 19 of 40 layers in host memory: 8.02 GiB"));
+    assert_non_null(strstr(line, "routed experts of 20 of 40 layers in host memory: 8.44 GiB"));
 }
 
 /* 16 GiB: fewer layers move; 24 GiB: none (the plan is the one without experts in host memory). */
@@ -242,13 +248,15 @@ static void test_auto_moves_none_when_it_fits(void **state)
     lily_error err = {0};
     lily_memory_plan_input in = qwen36_experts(16 * GIB, LILY_N_CPU_MOE_AUTO);
     assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
-    assert_int_equal(p.n_cpu_moe, 9); /* 18603 - 432 N <= 16384 - 1584.1 */
+    assert_int_equal(p.n_cpu_moe, 10); /* 18603 - 432 N + 432 <= 16384 - 1584.1 */
     in = qwen36_experts(24 * GIB, LILY_N_CPU_MOE_AUTO);
     assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
     assert_int_equal(p.n_cpu_moe, 0);
     assert_false(p.n_cpu_moe_chosen);
     assert_int_equal(p.host_experts, 0);
+    assert_int_equal(p.expert_stage, 0);
     assert_int_equal(p.weights, 18603 * MIB);
+    assert_int_equal(p.scratch, 1160 * MIB);
     char line[640];
     lily_memory_plan_format(&p, line, sizeof line);
     assert_null(strstr(line, "host memory"));

@@ -93,6 +93,8 @@ typedef struct {
     size_t expert_layer_bytes; /* the routed experts of one layer (every layer alike): counted in weight_bytes
                                 * unless opts->n_cpu_moe keeps the layer's in host memory */
     int n_expert_layers;       /* layers with routed experts */
+    size_t expert_stage_bytes; /* scratch added when any layer's experts are in host memory (CUDA: a device
+                                * buffer a long prefill chunk copies one layer's experts into) */
 } lily_backend_memory;
 
 typedef struct lily_backend_ops lily_backend_ops;

@@ -49,6 +49,8 @@ lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_eng
         if (st != LILY_OK)
             return st;
         in.scratch_bytes[i] = m.scratch_bytes;
+        if (m.expert_stage_bytes > in.expert_stage_bytes)
+            in.expert_stage_bytes = m.expert_stage_bytes;
     }
     in.runtime_bytes = m.runtime_bytes;
     in.weight_bytes = m.weight_bytes;

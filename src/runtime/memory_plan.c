@@ -109,12 +109,15 @@ lily_status lily_memory_plan_choose(const lily_memory_plan_input *in, lily_memor
         const size_t S = (size_t)in->n_sessions;
         const size_t rest = in->runtime_bytes + S * in->state_bytes + in->scratch_bytes[in->n_chunks - 1] +
                             S * in->kv_bytes_per_token * (size_t)target_ctx(in);
-        while (n_host < in->n_layers &&
-               rest + in->weight_bytes - (size_t)n_host * in->expert_layer_bytes > in->budget_bytes)
+        while (n_host < in->n_layers && rest + in->weight_bytes - (size_t)n_host * in->expert_layer_bytes +
+                                                (n_host > 0 ? in->expert_stage_bytes : 0) > in->budget_bytes)
             n_host++;
     }
     lily_memory_plan_input on_device = *in;
     on_device.weight_bytes = in->weight_bytes - (size_t)n_host * in->expert_layer_bytes;
+    if (n_host > 0)
+        for (int i = 0; i < in->n_chunks; i++)
+            on_device.scratch_bytes[i] += in->expert_stage_bytes;
     lily_status st = choose_on_device(&on_device, out, err);
     if (st != LILY_OK) {
         if (n_host > 0)
@@ -125,6 +128,7 @@ lily_status lily_memory_plan_choose(const lily_memory_plan_input *in, lily_memor
     out->n_layers = in->n_layers;
     out->n_cpu_moe_chosen = in->n_cpu_moe == LILY_N_CPU_MOE_AUTO && n_host > 0;
     out->host_experts = (size_t)n_host * in->expert_layer_bytes;
+    out->expert_stage = n_host > 0 ? in->expert_stage_bytes : 0;
     return LILY_OK;
 }
 
@@ -137,5 +141,6 @@ void lily_memory_plan_format(const lily_memory_plan *p, char *buf, size_t size)
              GIB(p->runtime), GIB(p->total), GIB(p->budget));
     if (p->n_cpu_moe > 0 && w >= 0 && (size_t)w < size)
         snprintf(buf + w, size - (size_t)w, "; routed experts of %d of %d layers in host memory: %.2f GiB (not in "
-                 "the total)", p->n_cpu_moe, p->n_layers, GIB(p->host_experts));
+                 "the total; the scratch holds %.2f GiB to stage them for prefill)", p->n_cpu_moe, p->n_layers,
+                 GIB(p->host_experts), GIB(p->expert_stage));
 }

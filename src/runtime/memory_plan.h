@@ -34,6 +34,7 @@ typedef struct {
     /* Routed experts in host memory (llama.cpp's --n-cpu-moe): */
     size_t expert_layer_bytes;   /* the routed experts of one layer, part of weight_bytes (all layers alike) */
     int n_layers;                /* layers with routed experts (0: none may move) */
+    size_t expert_stage_bytes;   /* scratch added to every chunk's when any layer's experts are in host memory */
     int n_cpu_moe;               /* the first n_cpu_moe layers' experts in host memory (clamped to n_layers);
                                   * LILY_N_CPU_MOE_AUTO: the fewest layers that fit (see below);
                                   * LILY_N_CPU_MOE_NONE: none */
@@ -53,6 +54,7 @@ typedef struct {
     int n_layers;                /* of how many */
     bool n_cpu_moe_chosen;       /* n_cpu_moe was LILY_N_CPU_MOE_AUTO and the plan moved experts */
     size_t host_experts;         /* bytes of routed experts in host memory (= GPU memory saved) */
+    size_t expert_stage;         /* of scratch: expert_stage_bytes when n_cpu_moe > 0, else 0 */
 } lily_memory_plan;
 
 /* Choose, in this order: the layers whose routed experts stay in host memory (n_cpu_moe as given, or with

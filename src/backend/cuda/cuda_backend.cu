@@ -202,6 +202,7 @@ static void cuda_destroy(void *vctx)
     for (int i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i]);
     free(c->allocs);
+    cuda_experts_stage_free(c);
     for (int i = 0; i < c->n_host_allocs; i++)
         cudaFreeHost(c->host_allocs[i]);
     free(c->host_allocs);
@@ -469,6 +470,8 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         if ((st = upload_layer(c, w, l, err)) != LILY_OK)
             goto fail;
     if ((st = scratch_layout(c, NULL, err)) != LILY_OK)
+        goto fail;
+    if ((st = cuda_experts_stage_init(c, err)) != LILY_OK)
         goto fail;
     if (opts->debug_hook) { /* host staging for the debug hook only */
         const size_t hb = (size_t)c->max_chunk * LILY_MAX(cfg->hidden, cfg->vocab_size) * sizeof(float);
@@ -980,6 +983,9 @@ static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights 
     out->weight_bytes = weights_device_bytes(w, opts->n_cpu_moe);
     out->expert_layer_bytes = cfg->n_layers > 0 ? expert_layer_bytes(w, 0) : 0;
     out->n_expert_layers = cfg->n_layers;
+    const int stage_min = cuda_experts_stage_min_tokens();
+    if (!opts->exact && stage_min > 0 && c.max_chunk >= stage_min && c.max_chunk >= PREFILL_GEMM_MIN_TOKENS)
+        out->expert_stage_bytes = cuda_experts_stage_bytes(out->expert_layer_bytes);
     out->kv_bytes_per_token = n_attn * 2 * kv_bytes(&c, 1) + sizeof(int); /* + out_tokens */
     out->state_bytes = ((size_t)cfg->n_layers - n_attn) * (conv_bytes(cfg) + rec_bytes(cfg)) + sizeof(cuda_counters);
     return LILY_OK;
