@@ -203,41 +203,39 @@ static lily_memory_plan_input qwen36_experts(size_t budget, int n_cpu_moe)
 }
 
 /* 12 GiB, no count given: the fewest layers whose experts, moved to host memory, leave room for the
- * smallest chunk and 32K of context: 768 + 66 + 110 MiB + 32768 tokens of KV + (18603 - 432 N) MiB + the
- * staging buffer (432 MiB) <= 12 GiB gives N = 20. */
+ * largest chunk and 32K of context: 768 + 66 + 1160 MiB + 32768 tokens of KV + (18603 - 432 N) MiB + the
+ * staging buffer (432 MiB) <= 12 GiB gives N = 22. */
 static void test_auto_moves_the_fewest_layers(void **state)
 {
     (void)state;
     lily_memory_plan_input in = qwen36_experts(12 * GIB, LILY_N_CPU_MOE_AUTO);
-    const size_t rest = in.runtime_bytes + in.state_bytes + 110 * MIB + 32768 * in.kv_bytes_per_token;
+    const size_t rest = in.runtime_bytes + in.state_bytes + 1160 * MIB + 32768 * in.kv_bytes_per_token;
     int expect = 0;
     while (rest + in.weight_bytes - (size_t)expect * EXPERT_LAYER + (expect ? in.expert_stage_bytes : 0) > 12 * GIB)
         expect++;
-    assert_int_equal(expect, 20);
+    assert_int_equal(expect, 22);
     lily_memory_plan p;
     lily_error err = {0};
     assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
-    assert_int_equal(p.n_cpu_moe, 20);
+    assert_int_equal(p.n_cpu_moe, 22);
     assert_int_equal(p.n_layers, 40);
     assert_true(p.n_cpu_moe_chosen);
-    assert_int_equal(p.host_experts, 20 * EXPERT_LAYER);
-    assert_int_equal(p.weights, 18603 * MIB - 20 * EXPERT_LAYER);
+    assert_int_equal(p.chunk, 4096);
+    assert_int_equal(p.host_experts, 22 * EXPERT_LAYER);
+    assert_int_equal(p.weights, 18603 * MIB - 22 * EXPERT_LAYER);
     assert_int_equal(p.expert_stage, in.expert_stage_bytes);
-    int pick = 0;
-    while (in.chunk[pick] != p.chunk)
-        pick++;
-    assert_int_equal(p.scratch, in.scratch_bytes[pick] + in.expert_stage_bytes);
+    assert_int_equal(p.scratch, 1160 * MIB + in.expert_stage_bytes);
     assert_true(p.ctx >= 32768);
     assert_true(p.total <= 12 * GIB);
     assert_int_equal(p.total, p.runtime + p.weights + p.state + p.scratch + p.kv + p.pool_bytes);
-    /* one layer fewer leaves less than 32K of context with any chunk */
-    lily_memory_plan_input fewer = qwen36_experts(12 * GIB, 19);
+    /* one layer fewer leaves room for 32K of context only with a smaller chunk */
+    lily_memory_plan_input fewer = qwen36_experts(12 * GIB, 21);
     lily_memory_plan q;
     const lily_status st = lily_memory_plan_choose(&fewer, &q, &err);
-    assert_true(st != LILY_OK || q.ctx < 32768);
+    assert_true(st != LILY_OK || q.chunk < 4096 || q.ctx < 32768);
     char line[640];
     lily_memory_plan_format(&p, line, sizeof line);
-    assert_non_null(strstr(line, "routed experts of 20 of 40 layers in host memory: 8.44 GiB"));
+    assert_non_null(strstr(line, "routed experts of 22 of 40 layers in host memory: 9.28 GiB"));
 }
 
 /* 16 GiB: fewer layers move; 24 GiB: none (the plan is the one without experts in host memory). */
@@ -248,7 +246,7 @@ static void test_auto_moves_none_when_it_fits(void **state)
     lily_error err = {0};
     lily_memory_plan_input in = qwen36_experts(16 * GIB, LILY_N_CPU_MOE_AUTO);
     assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
-    assert_int_equal(p.n_cpu_moe, 10); /* 18603 - 432 N + 432 <= 16384 - 1584.1 */
+    assert_int_equal(p.n_cpu_moe, 13); /* 18603 - 432 N + 432 <= 16384 - 2634.1 */
     in = qwen36_experts(24 * GIB, LILY_N_CPU_MOE_AUTO);
     assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
     assert_int_equal(p.n_cpu_moe, 0);

@@ -58,7 +58,7 @@ typedef struct {
 } lily_memory_plan;
 
 /* Choose, in this order: the layers whose routed experts stay in host memory (n_cpu_moe as given, or with
- * LILY_N_CPU_MOE_AUTO the fewest, from 0, whose remaining weights leave room for the smallest chunk's
+ * LILY_N_CPU_MOE_AUTO the fewest, from 0, whose remaining weights leave room for the largest chunk's
  * scratch and the target context below; all layers when no count does, and the steps below then fail or
  * fit a smaller context), the chunk (the largest candidate that leaves room for the target context: the
  * requested one, or min(ctx_max, LILY_PLAN_MIN_AUTO_CTX) tokens when none is requested; the smallest when

@@ -981,7 +981,7 @@ static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights 
         n_attn += cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION;
     out->runtime_bytes = CUDA_RUNTIME_BYTES;
     out->weight_bytes = weights_device_bytes(w, opts->n_cpu_moe);
-    out->expert_layer_bytes = cfg->n_layers > 0 ? expert_layer_bytes(w, 0) : 0;
+    out->expert_layer_bytes = w->n_layers > 0 && w->layers ? expert_layer_bytes(w, 0) : 0;
     out->n_expert_layers = cfg->n_layers;
     const int stage_min = cuda_experts_stage_min_tokens();
     if (!opts->exact && stage_min > 0 && c.max_chunk >= stage_min && c.max_chunk >= PREFILL_GEMM_MIN_TOKENS)
