@@ -98,8 +98,10 @@ void cuda_experts_stage_free(cuda_ctx *c)
         cudaEventDestroy(c->stage_done);
     if (c->stage_free)
         cudaEventDestroy(c->stage_free);
-    if (c->stage_stream)
+    if (c->stage_stream) {
+        cudaStreamSynchronize(c->stage_stream); /* a copy a failed forward left queued */
         cudaStreamDestroy(c->stage_stream);
+    }
     if (c->stage_buf)
         cudaFree(c->stage_buf);
 }
