@@ -188,6 +188,112 @@ static void test_format_names_every_part(void **state)
     assert_non_null(strstr(line, "of 24.00 GiB"));
 }
 
+/* Qwen3.6-35B-A3B's routed experts: 40 layers of 256 experts, gate and up [512, 2048] and down [2048, 512]
+ * in 4 bits with a bf16 scale and bias per 64 weights: 432 MiB per layer, 17,280 of the 18,603 MiB. */
+#define EXPERT_LAYER (432 * MIB)
+
+static lily_memory_plan_input qwen36_experts(size_t budget, int n_cpu_moe)
+{
+    lily_memory_plan_input in = qwen36(budget);
+    in.expert_layer_bytes = EXPERT_LAYER;
+    in.n_layers = 40;
+    in.n_cpu_moe = n_cpu_moe;
+    in.expert_stage_bytes = EXPERT_LAYER + 2304; /* the CUDA backend's prefill staging buffer */
+    return in;
+}
+
+/* 12 GiB, no count given: the fewest layers whose experts, moved to host memory, leave room for the
+ * largest chunk and 32K of context: 768 + 66 + 1160 MiB + 32768 tokens of KV + (18603 - 432 N) MiB + the
+ * staging buffer (432 MiB) <= 12 GiB gives N = 22. */
+static void test_auto_moves_the_fewest_layers(void **state)
+{
+    (void)state;
+    lily_memory_plan_input in = qwen36_experts(12 * GIB, LILY_N_CPU_MOE_AUTO);
+    const size_t rest = in.runtime_bytes + in.state_bytes + 1160 * MIB + 32768 * in.kv_bytes_per_token;
+    int expect = 0;
+    while (rest + in.weight_bytes - (size_t)expect * EXPERT_LAYER + (expect ? in.expert_stage_bytes : 0) > 12 * GIB)
+        expect++;
+    assert_int_equal(expect, 22);
+    lily_memory_plan p;
+    lily_error err = {0};
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
+    assert_int_equal(p.n_cpu_moe, 22);
+    assert_int_equal(p.n_layers, 40);
+    assert_true(p.n_cpu_moe_chosen);
+    assert_int_equal(p.chunk, 4096);
+    assert_int_equal(p.host_experts, 22 * EXPERT_LAYER);
+    assert_int_equal(p.weights, 18603 * MIB - 22 * EXPERT_LAYER);
+    assert_int_equal(p.expert_stage, in.expert_stage_bytes);
+    assert_int_equal(p.scratch, 1160 * MIB + in.expert_stage_bytes);
+    assert_true(p.ctx >= 32768);
+    assert_true(p.total <= 12 * GIB);
+    assert_int_equal(p.total, p.runtime + p.weights + p.state + p.scratch + p.kv + p.pool_bytes);
+    /* one layer fewer leaves room for 32K of context only with a smaller chunk */
+    lily_memory_plan_input fewer = qwen36_experts(12 * GIB, 21);
+    lily_memory_plan q;
+    const lily_status st = lily_memory_plan_choose(&fewer, &q, &err);
+    assert_true(st != LILY_OK || q.chunk < 4096 || q.ctx < 32768);
+    char line[640];
+    lily_memory_plan_format(&p, line, sizeof line);
+    assert_non_null(strstr(line, "routed experts of 22 of 40 layers in host memory: 9.28 GiB"));
+}
+
+/* 16 GiB: fewer layers move; 24 GiB: none (the plan is the one without experts in host memory). */
+static void test_auto_moves_none_when_it_fits(void **state)
+{
+    (void)state;
+    lily_memory_plan p;
+    lily_error err = {0};
+    lily_memory_plan_input in = qwen36_experts(16 * GIB, LILY_N_CPU_MOE_AUTO);
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
+    assert_int_equal(p.n_cpu_moe, 13); /* 18603 - 432 N + 432 <= 16384 - 2634.1 */
+    in = qwen36_experts(24 * GIB, LILY_N_CPU_MOE_AUTO);
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
+    assert_int_equal(p.n_cpu_moe, 0);
+    assert_false(p.n_cpu_moe_chosen);
+    assert_int_equal(p.host_experts, 0);
+    assert_int_equal(p.expert_stage, 0);
+    assert_int_equal(p.weights, 18603 * MIB);
+    assert_int_equal(p.scratch, 1160 * MIB);
+    char line[640];
+    lily_memory_plan_format(&p, line, sizeof line);
+    assert_null(strstr(line, "host memory"));
+}
+
+/* A count given is kept (clamped to the layers: --cpu-moe), even where fewer would fit; NONE never moves. */
+static void test_explicit_counts(void **state)
+{
+    (void)state;
+    lily_memory_plan p;
+    lily_error err = {0};
+    lily_memory_plan_input in = qwen36_experts(24 * GIB, 1 << 30);
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
+    assert_int_equal(p.n_cpu_moe, 40);
+    assert_false(p.n_cpu_moe_chosen);
+    assert_int_equal(p.weights, (18603 - 40 * 432) * MIB);
+    in = qwen36_experts(24 * GIB, 5);
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_OK);
+    assert_int_equal(p.n_cpu_moe, 5);
+    assert_int_equal(p.host_experts, 5 * EXPERT_LAYER);
+    in = qwen36_experts(12 * GIB, LILY_N_CPU_MOE_NONE);
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_ERR_OUT_OF_MEMORY);
+    assert_non_null(strstr(err.message, "--gpu-memory"));
+}
+
+/* Too small even with every expert in host memory: the error says so. */
+static void test_auto_too_small_even_with_all_moved(void **state)
+{
+    (void)state;
+    lily_memory_plan_input in = qwen36_experts(1 * GIB, LILY_N_CPU_MOE_AUTO);
+    lily_memory_plan p;
+    lily_error err = {0};
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_ERR_OUT_OF_MEMORY);
+    assert_non_null(strstr(err.message, "routed experts of 40 of 40 layers in host memory"));
+    in = qwen36_experts(24 * GIB, LILY_N_CPU_MOE_AUTO);
+    in.expert_layer_bytes = in.weight_bytes; /* 40 layers of it: more than the weights */
+    assert_int_equal(lily_memory_plan_choose(&in, &p, &err), LILY_ERR_INVALID_ARGUMENT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -201,6 +307,10 @@ int main(void)
         cmocka_unit_test(test_no_kv_takes_model_max),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_format_names_every_part),
+        cmocka_unit_test(test_auto_moves_the_fewest_layers),
+        cmocka_unit_test(test_auto_moves_none_when_it_fits),
+        cmocka_unit_test(test_explicit_counts),
+        cmocka_unit_test(test_auto_too_small_even_with_all_moved),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,9 @@
 #   - piped, the reasoning sits between a "<think>" line and a "</think>" line; --hide-reasoning drops it;
 #   - a .gguf file, or a directory of them, is named as GGUF with what to use instead (run, info, serve);
 #   - `lily debug tokenize` without --model uses the default model, as every command;
-#   - --gpu-memory on the CPU backend is said to be ignored (it budgets GPU memory only), and the run goes on.
+#   - --gpu-memory on the CPU backend is said to be ignored (it budgets GPU memory only), and the run goes on;
+#     so are --n-cpu-moe N and --cpu-moe (routed experts in host memory: the CPU backend's are already there);
+#     a --n-cpu-moe that is not a count >= 0 is a usage error (exit 2) in run, serve and bench.
 # usage: bash test_run_input.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -74,4 +76,18 @@ expect "debug tokenize without --model uses the default model" \
 expect "--gpu-memory on the CPU backend: a line says it is ignored, the reply still runs" \
     bash -c "grep -q -- '--gpu-memory applies to --backend cuda only; the cpu backend ignores it' '$TMP/gm.err' && \
              grep -q 'decode: 2 tokens' '$TMP/gm.err'"
+for flag in "--n-cpu-moe 4" "--cpu-moe"; do
+    # shellcheck disable=SC2086
+    "$LILY" run -m "$M" -p "Hi" -n 2 --temp 0 $flag >/dev/null 2>"$TMP/cm.err"
+    expect "$flag on the CPU backend: a line says it does not apply, the reply still runs" \
+        bash -c "grep -q -- '--n-cpu-moe / --cpu-moe apply to --backend cuda only' '$TMP/cm.err' && \
+                 grep -q 'decode: 2 tokens' '$TMP/cm.err'"
+done
+for cmd in run serve bench; do
+    set +e
+    "$LILY" $cmd -m "$M" --n-cpu-moe -1 >/dev/null 2>"$TMP/cmbad.err" </dev/null; rc=$?
+    set -e
+    expect "$cmd --n-cpu-moe -1: usage error naming the option" \
+        bash -c "[ $rc = 2 ] && grep -q -- '--n-cpu-moe expects an integer' '$TMP/cmbad.err'"
+done
 finish

@@ -52,6 +52,12 @@ typedef struct {
      * prefill, the recurrent Gated DeltaNet prefill (no tf32 chunked form). Slower (no tensor cores), and
      * agrees with the CPU backend to fp32 rounding (summation order only). */
     bool exact;
+    /* The routed experts (gate, up and down projections with their scales and biases) of layers
+     * [0, n_cpu_moe) kept in host memory, not the device's (llama.cpp's --n-cpu-moe); >= n_layers: every
+     * layer's; 0 (default): none. CUDA: pinned host memory mapped into the device's address space, read
+     * over PCIe by the same kernels, so results are bit-identical to the all-device ones. Host-only backends
+     * ignore it. */
+    int n_cpu_moe;
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_backend_options;
@@ -84,6 +90,11 @@ typedef struct {
     size_t kv_bytes_per_token; /* one session, per token of max_ctx: KV rows of every attention layer and the
                                 * token buffers */
     size_t state_bytes;        /* one session, besides that: conv + recurrent state, counters */
+    size_t expert_layer_bytes; /* the routed experts of one layer (every layer alike): counted in weight_bytes
+                                * unless opts->n_cpu_moe keeps the layer's in host memory */
+    int n_expert_layers;       /* layers with routed experts */
+    size_t expert_stage_bytes; /* scratch added when any layer's experts are in host memory (CUDA: a device
+                                * buffer a long prefill chunk copies one layer's experts into) */
 } lily_backend_memory;
 
 typedef struct lily_backend_ops lily_backend_ops;

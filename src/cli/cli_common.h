@@ -46,6 +46,7 @@ typedef struct {
     int ctx_size;              /* --ctx-size (0 = the model's; cuda: as large as fits, up to the model's) */
     size_t gpu_memory_bytes;   /* --gpu-memory (0 = all free; lily_engine_options.gpu_memory_bytes) */
     size_t device_pool_bytes;  /* the device checkpoint pool the command will ask for (chat's --cache-vram) */
+    int n_cpu_moe;             /* --n-cpu-moe / --cpu-moe (lily_engine_options.n_cpu_moe; 0 = the plan's) */
     int max_tokens;            /* -n (0 = until a stop token or a full context) */
     lily_sampler_params sampling; /* --temp --top-p --top-k --min-p --seed; filled by cli_model_open from
                                      generation_config.json unless given on the command line; without
@@ -152,6 +153,14 @@ int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, lon
  * expects ..." and returns -1 otherwise; 0 on success. */
 int cli_parse_gib(const char *cmd, const char *opt, const char *s, size_t *bytes);
 #define CLI_GPU_MEMORY_HELP "GPU memory lily may hold, GiB (default: all free; the plan is printed)"
+
+/* Parse a --n-cpu-moe value (an integer >= 0) into lily_engine_options.n_cpu_moe's encoding: 0 becomes
+ * LILY_N_CPU_MOE_NONE, N > 0 stays N. Prints "lily CMD: --n-cpu-moe expects ..." and returns -1 otherwise. */
+int cli_parse_n_cpu_moe(const char *cmd, const char *opt, const char *s, int *n_cpu_moe);
+/* --cpu-moe: every layer's routed experts (lily_engine_options.n_cpu_moe) */
+#define CLI_CPU_MOE_ALL INT32_MAX
+#define CLI_CPU_MOE_HELP "keep every layer's routed experts in host memory (cuda; read over PCIe)"
+#define CLI_N_CPU_MOE_HELP "the first N layers' routed experts in host memory (cuda; default: the fewest that fit)"
 
 /* Token ids separated by whitespace, commas or brackets ("1,2,3", "[1 2 3]") into a malloc'd array
  * (*n_out may be 0: the caller decides whether an empty list is an error). Returns 0, or -1 with

@@ -62,6 +62,7 @@ typedef struct {
     int ctx_size;
     int prefill_chunk;
     size_t gpu_memory_bytes;
+    int n_cpu_moe;       /* --n-cpu-moe / --cpu-moe (lily_engine_options.n_cpu_moe) */
     int device;
     uint64_t seed;
     int warmup;
@@ -122,6 +123,8 @@ static void usage(FILE *f)
             "  --prefill-chunk N      tokens per forward pass during prefill (default 512, 4096 with cuda)\n"
             "  --device N             GPU ordinal (default 0)\n"
             "  --gpu-memory GIB       " CLI_GPU_MEMORY_HELP "\n"
+            "  --cpu-moe              " CLI_CPU_MOE_HELP "\n"
+            "  --n-cpu-moe N          " CLI_N_CPU_MOE_HELP "\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
             "Lists take commas and k suffixes: -p 512,4k,32k. A length past the model's max_position_embeddings\n"
@@ -189,7 +192,7 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     const lily_engine_options eo = {.model_dir = o->model_dir, .backend = o->backend, .n_threads = o->n_threads,
                                     .prefill_chunk = o->prefill_chunk, .device = o->device, .exact = o->exact,
                                     .gpu_memory_bytes = o->gpu_memory_bytes, .ctx_size = o->ctx_size,
-                                    .n_sessions = 2};
+                                    .n_sessions = 2, .n_cpu_moe = o->n_cpu_moe};
     if (o->model_dir) {
         return lily_engine_open(&eo, &m->engine, err);
     }
@@ -630,12 +633,15 @@ static int parse_args(int argc, char **argv, bench_options *o)
         } else if (!strcmp(a, "--no-warmup")) {
             o->warmup = 0;
             continue;
+        } else if (!strcmp(a, "--cpu-moe")) {
+            o->n_cpu_moe = CLI_CPU_MOE_ALL;
+            continue;
         }
         static const cli_value_option opts[] = {
             {"--model", "-m"}, {"--synthetic", NULL}, {"-p", NULL}, {"-d", NULL}, {"-n", NULL}, {"-r", NULL},
             {"--backend", NULL}, {"--precision", NULL}, {"-o", NULL}, {"--plot", NULL}, {"--threads", "-t"},
             {"--ctx-size", "-c"}, {"--prefill-chunk", NULL}, {"--device", NULL}, {"--seed", NULL},
-            {"--max-seconds", NULL}, {"--gpu-memory", NULL}};
+            {"--max-seconds", NULL}, {"--gpu-memory", NULL}, {"--n-cpu-moe", NULL}};
         const char *val = NULL;
         int r = cli_match_option("bench", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &a, &val);
         if (r < 0)
@@ -683,6 +689,9 @@ static int parse_args(int argc, char **argv, bench_options *o)
             bad = parse_int(val, 1, 1 << 20, &o->prefill_chunk);
         } else if (!strcmp(a, "--gpu-memory")) {
             if (cli_parse_gib("bench", a, val, &o->gpu_memory_bytes))
+                return 2;
+        } else if (!strcmp(a, "--n-cpu-moe")) {
+            if (cli_parse_n_cpu_moe("bench", a, val, &o->n_cpu_moe))
                 return 2;
         } else if (!strcmp(a, "--device")) {
             bad = parse_int(val, 0, 64, &o->device);

@@ -43,6 +43,8 @@ void cli_gen_options_usage(FILE *f)
             "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768; cuda: as\n"
             "                         large as fits in GPU memory, up to the model's)\n"
             "      --gpu-memory GIB   " CLI_GPU_MEMORY_HELP "\n"
+            "      --cpu-moe          " CLI_CPU_MOE_HELP "\n"
+            "      --n-cpu-moe N      " CLI_N_CPU_MOE_HELP "\n"
             "      --backend NAME     cpu (default) or cuda\n"
             "      --precision P      fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                         cores; slower; cpu: no int8 dot products), the reference\n"
@@ -94,6 +96,15 @@ int cli_parse_gib(const char *cmd, const char *opt, const char *s, size_t *bytes
         return -1;
     }
     *bytes = (size_t)(v * 1073741824.0);
+    return 0;
+}
+
+int cli_parse_n_cpu_moe(const char *cmd, const char *opt, const char *s, int *n_cpu_moe)
+{
+    long v;
+    if (cli_parse_int(cmd, opt, s, 0, INT32_MAX, &v))
+        return -1;
+    *n_cpu_moe = v == 0 ? LILY_N_CPU_MOE_NONE : (int)v;
     return 0;
 }
 
@@ -150,12 +161,13 @@ static int parse_float(const char *cmd, const char *opt, const char *s, double m
 
 int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_options *o)
 {
-    static const char *const flags[] = {"--no-think", "--hide-reasoning", "--host-sampler", "--verbose"};
+    static const char *const flags[] = {"--no-think", "--hide-reasoning", "--host-sampler", "--verbose",
+                                        "--cpu-moe"};
     static const cli_value_option valued[] = {
         {"--model", "-m"}, {"--max-tokens", "-n"}, {"--temp", "--temperature"}, {"--top-p", NULL},
         {"--top-k", NULL}, {"--min-p", NULL}, {"--seed", NULL}, {"--system", NULL}, {"--ctx-size", "-c"},
         {"--backend", NULL}, {"--threads", "-t"}, {"--prefill-chunk", NULL}, {"--precision", NULL},
-        {"--gpu-memory", NULL},
+        {"--gpu-memory", NULL}, {"--n-cpu-moe", NULL},
     };
     const char *a = argv[*i];
     if (!strcmp(a, flags[0])) {
@@ -172,6 +184,10 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
     }
     if (!strcmp(a, flags[3])) {
         o->verbose = true;
+        return 1;
+    }
+    if (!strcmp(a, flags[4])) {
+        o->n_cpu_moe = CLI_CPU_MOE_ALL;
         return 1;
     }
     const char *name = NULL, *value = NULL;
@@ -210,6 +226,9 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
     } else if (!strcmp(name, "--gpu-memory")) {
         if (cli_parse_gib(cmd, a, value, &o->gpu_memory_bytes))
+            return -1;
+    } else if (!strcmp(name, "--n-cpu-moe")) {
+        if (cli_parse_n_cpu_moe(cmd, a, value, &o->n_cpu_moe))
             return -1;
     } else if (!strcmp(name, "--prefill-chunk")) {
         if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))
@@ -332,7 +351,7 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
     lily_engine_options eo = {.model_dir = dir, .backend = o->backend, .n_threads = o->n_threads,
                               .prefill_chunk = o->prefill_chunk, .exact = o->exact,
                               .gpu_memory_bytes = o->gpu_memory_bytes, .ctx_size = o->ctx_size,
-                              .device_pool_bytes = o->device_pool_bytes};
+                              .device_pool_bytes = o->device_pool_bytes, .n_cpu_moe = o->n_cpu_moe};
     if (lily_engine_open(&eo, &m->engine, &err) != LILY_OK) {
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         cli_model_close(m);

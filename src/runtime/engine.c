@@ -23,6 +23,9 @@ lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_eng
         if (opts->gpu_memory_bytes)
             fprintf(stderr, "lily: --gpu-memory applies to --backend cuda only; the %s backend ignores it\n",
                     backend);
+        if (opts->n_cpu_moe > 0)
+            fprintf(stderr, "lily: --n-cpu-moe / --cpu-moe apply to --backend cuda only; the %s backend keeps "
+                    "everything in host memory anyway\n", backend);
         return LILY_OK;
     }
     lily_memory_plan_input in = {
@@ -30,6 +33,7 @@ lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_eng
         .ctx_requested = opts->ctx_size,
         .ctx_max = e->cfg.max_position_embeddings,
         .pool_requested = opts->device_pool_bytes,
+        .n_cpu_moe = opts->n_cpu_moe,
     };
     for (int chunk = e->prefill_chunk; chunk >= 1 && in.n_chunks < LILY_PLAN_MAX_CHUNKS; chunk /= 2) {
         in.chunk[in.n_chunks++] = chunk;
@@ -40,15 +44,20 @@ lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_eng
     for (int i = 0; i < in.n_chunks; i++) {
         lily_backend_options o = *bo;
         o.max_chunk = in.chunk[i];
+        o.n_cpu_moe = 0; /* weight_bytes with every expert on the device; the plan moves them */
         lily_status st = ops->memory_needs(&e->cfg, &e->weights, &o, &m, err);
         if (st != LILY_OK)
             return st;
         in.scratch_bytes[i] = m.scratch_bytes;
+        if (m.expert_stage_bytes > in.expert_stage_bytes)
+            in.expert_stage_bytes = m.expert_stage_bytes;
     }
     in.runtime_bytes = m.runtime_bytes;
     in.weight_bytes = m.weight_bytes;
     in.kv_bytes_per_token = m.kv_bytes_per_token;
     in.state_bytes = m.state_bytes;
+    in.expert_layer_bytes = m.expert_layer_bytes;
+    in.n_layers = m.n_expert_layers;
     /* without a budget: the free memory, less a reserve for what the plan does not count */
     const size_t reserve = (size_t)256 << 20;
     const size_t avail = m.device_free > reserve ? m.device_free - reserve + m.runtime_bytes : m.runtime_bytes;
@@ -58,9 +67,14 @@ lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_eng
         return st;
     e->planned = true;
     bo->max_chunk = e->prefill_chunk = e->plan.chunk;
-    char line[512];
+    bo->n_cpu_moe = e->plan.n_cpu_moe;
+    char line[640];
     lily_memory_plan_format(&e->plan, line, sizeof line);
     fprintf(stderr, "lily: %s\n", line);
+    if (e->plan.n_cpu_moe_chosen)
+        fprintf(stderr, "lily: --n-cpu-moe %d chosen: the fewest layers whose routed experts, kept in host memory, "
+                "let the rest fit in %.2f GiB (give --n-cpu-moe to choose)\n", e->plan.n_cpu_moe,
+                (double)in.budget_bytes / 1073741824.0);
     return LILY_OK;
 }
 

@@ -32,6 +32,11 @@ typedef struct {
     size_t device_pool_bytes; /* the device checkpoint pool wanted (the plan shrinks it to fit, and the prefix
                               * cache's pool is capped at what it chose); 0 = not planned (nor capped) */
     int n_sessions;          /* sessions held at once (0 = 1) */
+    /* The first n_cpu_moe layers' routed experts in host memory (--n-cpu-moe; >= the layer count: all,
+     * --cpu-moe). LILY_N_CPU_MOE_AUTO (0, the default): as the memory plan chooses, none unless the weights
+     * leave too little room; LILY_N_CPU_MOE_NONE (-1): none (--n-cpu-moe 0). Backends without a memory
+     * plan (cpu) ignore it. */
+    int n_cpu_moe;
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_engine_options;

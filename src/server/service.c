@@ -44,6 +44,7 @@ struct lily_service {
     lily_prefix_cache *cache; /* checkpoints of the session by token prefix; made in lily_service_new */
     size_t cache_vram_bytes;  /* the device pool asked for */
     size_t gpu_memory_bytes;  /* lily_service_options.gpu_memory_bytes */
+    int n_cpu_moe;            /* lily_service_options.n_cpu_moe */
     size_t cache_ram_bytes;   /* the host cap asked for; 0 = sized from the model at load */
     int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
     lily_tokenizer *tok;
@@ -82,6 +83,7 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->cache_vram_bytes = opts->cache_vram_bytes;
     svc->request_defaults = opts->request_defaults ? *opts->request_defaults : lily_request_defaults_none();
     svc->gpu_memory_bytes = opts->gpu_memory_bytes;
+    svc->n_cpu_moe = opts->n_cpu_moe;
     svc->cache_ram_bytes = opts->cache_ram_bytes;
     if (!svc->model_dir || !svc->backend || !svc->model_name) {
         lily_service_free(svc);
@@ -175,7 +177,7 @@ lily_status lily_service_load(void *user, lily_error *err)
     if (st != LILY_OK)
         return st;
     lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads,
-                              .exact = svc->exact, .gpu_memory_bytes = svc->gpu_memory_bytes,
+                              .exact = svc->exact, .gpu_memory_bytes = svc->gpu_memory_bytes, .n_cpu_moe = svc->n_cpu_moe,
                               .ctx_size = svc->ctx_size, .device_pool_bytes = svc->cache_vram_bytes};
     st = lily_engine_open(&eo, &svc->engine, err);
     if (st != LILY_OK)

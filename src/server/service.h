@@ -38,6 +38,7 @@ typedef struct {
                                  load (lily_prefix_cache_default_ram_bytes), said on stderr */
     size_t cache_vram_bytes;  /* prefix cache device pool (CUDA backend); 0 = none */
     size_t gpu_memory_bytes;  /* lily_engine_options.gpu_memory_bytes (0 = all free) */
+    int n_cpu_moe;            /* lily_engine_options.n_cpu_moe (0 = as the memory plan chooses) */
     int checkpoint_every;     /* prefix cache checkpoint interval in tokens; 0 = 4096, < 0 = none */
     const lily_request_defaults *request_defaults; /* NULL: none (lily_request_defaults_none) */
 } lily_service_options;

@@ -183,8 +183,9 @@ int main(void)
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0) {
-        printf("NOTE: compute capability %d.%d: no sm_90a wgmma to probe\n", major, minor);
+    if (major != 9 || minor != 0 || !LILY_BUILD_SM90A) {
+        printf("NOTE: compute capability %d.%d, %s sm_90a code: no wgmma to probe (skipped)\n", major, minor,
+               LILY_BUILD_SM90A ? "a build with" : "a build without");
         return cuda_test_summary();
     }
     /* S = Q K^T */

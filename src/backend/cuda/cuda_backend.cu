@@ -35,17 +35,38 @@ lily_status lily_cuda_error(lily_error *err, cudaError_t e, const char *call, co
 
 /* ---- allocation ------------------------------------------------------------------------------------ */
 
+/* Room for one more pointer in a list that doubles. */
+static lily_status list_reserve(void ***list, int n, int *cap, lily_error *err)
+{
+    if (n < *cap)
+        return LILY_OK;
+    const int nc = *cap ? 2 * *cap : 256;
+    void **na = (void **)realloc(*list, nc * sizeof *na);
+    if (!na)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host allocation failed");
+    *list = na;
+    *cap = nc;
+    return LILY_OK;
+}
+
+/* A weight allocation: device memory, or mapped host memory while c->alloc_on_host (*p is then the
+ * device's address of it). Either way the bytes are written with cudaMemcpy(..., cudaMemcpyDefault). */
 static lily_status ctx_alloc(cuda_ctx *c, void **p, size_t bytes, lily_error *err)
 {
-    if (c->n_allocs == c->cap_allocs) {
-        int nc = c->cap_allocs ? 2 * c->cap_allocs : 256;
-        void **na = (void **)realloc(c->allocs, nc * sizeof *na);
-        if (!na)
-            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host allocation failed");
-        c->allocs = na;
-        c->cap_allocs = nc;
-    }
     *p = NULL;
+    lily_status st = list_reserve(&c->allocs, c->n_allocs, &c->cap_allocs, err);
+    if (st == LILY_OK && c->alloc_on_host)
+        st = list_reserve(&c->host_allocs, c->n_host_allocs, &c->cap_host_allocs, err);
+    if (st != LILY_OK)
+        return st;
+    if (c->alloc_on_host) {
+        void *host;
+        if ((st = cuda_host_weight_alloc(bytes, &host, p, err)) != LILY_OK)
+            return st;
+        c->host_allocs[c->n_host_allocs++] = host;
+        c->host_weight_bytes += bytes;
+        return LILY_OK;
+    }
     CUDA_TRY(cudaMalloc(p, bytes ? bytes : 16));
     c->allocs[c->n_allocs++] = *p;
     c->weight_bytes += bytes;
@@ -101,9 +122,9 @@ static lily_status upload_mat(cuda_ctx *c, const lily_tensor *t, dmat *out, lily
         if (st == LILY_OK) st = ctx_alloc(c, &ds, nrow * gpr * 2, err);
         if (st == LILY_OK) st = ctx_alloc(c, &db, nrow * gpr * 2, err);
         cudaError_t ce = cudaSuccess;
-        if (st == LILY_OK) ce = cudaMemcpy(dw, hw, nrow * out->row_bytes, cudaMemcpyHostToDevice);
-        if (st == LILY_OK && ce == cudaSuccess) ce = cudaMemcpy(ds, hs, nrow * gpr * 2, cudaMemcpyHostToDevice);
-        if (st == LILY_OK && ce == cudaSuccess) ce = cudaMemcpy(db, hb, nrow * gpr * 2, cudaMemcpyHostToDevice);
+        if (st == LILY_OK) ce = cudaMemcpy(dw, hw, nrow * out->row_bytes, cudaMemcpyDefault);
+        if (st == LILY_OK && ce == cudaSuccess) ce = cudaMemcpy(ds, hs, nrow * gpr * 2, cudaMemcpyDefault);
+        if (st == LILY_OK && ce == cudaSuccess) ce = cudaMemcpy(db, hb, nrow * gpr * 2, cudaMemcpyDefault);
         free(hw), free(hs), free(hb);
         if (st != LILY_OK)
             return st;
@@ -138,7 +159,7 @@ static lily_status upload_mat(cuda_ctx *c, const lily_tensor *t, dmat *out, lily
         }
     void *dw;
     st = ctx_alloc(c, &dw, nrow * cols * 2, err);
-    cudaError_t ce = st == LILY_OK ? cudaMemcpy(dw, hw, nrow * cols * 2, cudaMemcpyHostToDevice) : cudaSuccess;
+    cudaError_t ce = st == LILY_OK ? cudaMemcpy(dw, hw, nrow * cols * 2, cudaMemcpyDefault) : cudaSuccess;
     free(hw);
     if (st != LILY_OK)
         return st;
@@ -181,6 +202,10 @@ static void cuda_destroy(void *vctx)
     for (int i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i]);
     free(c->allocs);
+    cuda_experts_stage_free(c);
+    for (int i = 0; i < c->n_host_allocs; i++)
+        cudaFreeHost(c->host_allocs[i]);
+    free(c->host_allocs);
     free(c->layers);
     if (c->h_host)
         cudaFreeHost(c->h_host);
@@ -205,8 +230,17 @@ static size_t tensor_device_bytes(const lily_tensor *t)
     return rows * cols * 2;
 }
 
-/* Predicted device bytes of the weights (for a clear error before uploading anything). */
-static size_t weights_device_bytes(const lily_weights *w)
+/* Device bytes of layer l's routed experts (gate, up, down with scales and biases). */
+static size_t expert_layer_bytes(const lily_weights *w, int l)
+{
+    const lily_layer_weights *L = &w->layers[l];
+    return tensor_device_bytes(&L->experts_gate) + tensor_device_bytes(&L->experts_up) +
+           tensor_device_bytes(&L->experts_down);
+}
+
+/* Predicted device bytes of the weights with the routed experts of layers [0, n_cpu_moe) in host memory
+ * (for a clear error before uploading anything, and the memory plan). */
+static size_t weights_device_bytes(const lily_weights *w, int n_cpu_moe)
 {
     size_t total = tensor_device_bytes(&w->embed) + tensor_device_bytes(&w->lm_head);
     for (int l = 0; l < w->n_layers; l++) {
@@ -216,8 +250,8 @@ static size_t weights_device_bytes(const lily_weights *w)
                                    &L->shared_up, &L->shared_down, &L->shared_expert_gate};
         for (size_t k = 0; k < sizeof ts / sizeof *ts; k++)
             total += tensor_device_bytes(ts[k]);
-        total += tensor_device_bytes(&L->experts_gate) + tensor_device_bytes(&L->experts_up) +
-                 tensor_device_bytes(&L->experts_down);
+        if (l >= n_cpu_moe)
+            total += expert_layer_bytes(w, l);
     }
     return total;
 }
@@ -262,9 +296,14 @@ static lily_status upload_layer(cuda_ctx *c, const lily_weights *w, int l, lily_
     }
     UP(upload_mat(c, &L->router, &d->router, err));
     UP(upload_mat(c, &L->shared_expert_gate, &d->shared_expert_gate, err));
-    UP(upload_mat(c, &L->experts_gate, &d->ex_gate, err));
-    UP(upload_mat(c, &L->experts_up, &d->ex_up, err));
-    UP(upload_mat(c, &L->experts_down, &d->ex_down, err));
+    c->alloc_on_host = cuda_layer_experts_on_host(c, l);
+    st = upload_mat(c, &L->experts_gate, &d->ex_gate, err);
+    if (st == LILY_OK)
+        st = upload_mat(c, &L->experts_up, &d->ex_up, err);
+    if (st == LILY_OK)
+        st = upload_mat(c, &L->experts_down, &d->ex_down, err);
+    c->alloc_on_host = false;
+    UP(st);
     UP(upload_mat(c, &L->shared_gate, &d->sh_gate, err));
     UP(upload_mat(c, &L->shared_up, &d->sh_up, err));
     UP(upload_mat(c, &L->shared_down, &d->sh_down, err));
@@ -407,7 +446,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     {
         size_t fr = 0, tot = 0;
         CK(cudaMemGetInfo(&fr, &tot));
-        const size_t need = weights_device_bytes(w);
+        const size_t need = weights_device_bytes(w, opts->n_cpu_moe);
         if (need + ((size_t)256 << 20) > fr) {
             st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY,
                                 "cuda: the model needs %.2f GiB of GPU memory for its weights but only %.2f GiB "
@@ -431,6 +470,8 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         if ((st = upload_layer(c, w, l, err)) != LILY_OK)
             goto fail;
     if ((st = scratch_layout(c, NULL, err)) != LILY_OK)
+        goto fail;
+    if ((st = cuda_experts_stage_init(c, err)) != LILY_OK)
         goto fail;
     if (opts->debug_hook) { /* host staging for the debug hook only */
         const size_t hb = (size_t)c->max_chunk * LILY_MAX(cfg->hidden, cfg->vocab_size) * sizeof(float);
@@ -939,7 +980,12 @@ static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights 
     for (int l = 0; l < cfg->n_layers; l++)
         n_attn += cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION;
     out->runtime_bytes = CUDA_RUNTIME_BYTES;
-    out->weight_bytes = weights_device_bytes(w);
+    out->weight_bytes = weights_device_bytes(w, opts->n_cpu_moe);
+    out->expert_layer_bytes = w->n_layers > 0 && w->layers ? expert_layer_bytes(w, 0) : 0;
+    out->n_expert_layers = cfg->n_layers;
+    const int stage_min = cuda_experts_stage_min_tokens();
+    if (!opts->exact && stage_min > 0 && c.max_chunk >= stage_min && c.max_chunk >= PREFILL_GEMM_MIN_TOKENS)
+        out->expert_stage_bytes = cuda_experts_stage_bytes(out->expert_layer_bytes);
     out->kv_bytes_per_token = n_attn * 2 * kv_bytes(&c, 1) + sizeof(int); /* + out_tokens */
     out->state_bytes = ((size_t)cfg->n_layers - n_attn) * (conv_bytes(cfg) + rec_bytes(cfg)) + sizeof(cuda_counters);
     return LILY_OK;

@@ -169,6 +169,8 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
         const cuda_layer *L = &c->layers[l];
         if (hook && (rs = hook_snapshot(c, n, err)) != LILY_OK)
             return rs;
+        if (prefill_gemm(c, n) && (rs = cuda_experts_stage(c, l, n, err)) != LILY_OK)
+            return rs;
         if (L->full_attention) {
             const int D = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
             MARK(PS_ATT_PROJ);

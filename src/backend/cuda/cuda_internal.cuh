@@ -49,9 +49,21 @@ typedef struct {
     size_t kv_elem;            /* bytes per KV cache element: 2 (bf16), 4 (fp32 in exact mode) */
     int device;
     cudaStream_t stream;
-    size_t weight_bytes;
+    size_t weight_bytes;       /* device memory of the weights */
+    size_t host_weight_bytes;  /* host memory of the weights (routed experts of opts.n_cpu_moe layers) */
     void **allocs; /* every weight allocation, freed at destroy */
     int n_allocs, cap_allocs;
+    void **host_allocs; /* those in mapped host memory (cudaFreeHost at destroy) */
+    int n_host_allocs, cap_host_allocs;
+    bool alloc_on_host; /* upload_mat places what it allocates in mapped host memory */
+    /* prefill staging of host layers' experts (host_weights.cu) */
+    int stage_min_tokens;      /* calls of at least this many tokens stage (0: never) */
+    void *stage_buf;           /* one layer's experts on the device; NULL: no staging */
+    size_t stage_buf_bytes;
+    cudaStream_t stage_stream; /* the copies */
+    cudaEvent_t stage_free, stage_done;
+    int staged_layer;          /* the layer whose experts the buffer receives in this call, or -1 */
+    dmat staged_gate, staged_up, staged_down; /* its dmats, pointing into stage_buf */
 
     dmat embed, lm_head;
     float *final_norm;
@@ -152,6 +164,31 @@ lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *er
 lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
                              lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                              lily_error *err);
+/* host_weights.cu: `bytes` of pinned host memory mapped into the device's address space, write-combined;
+ * *host to write and free it (cudaFreeHost), *device the address kernels read. LILY_ERR_OUT_OF_MEMORY,
+ * LILY_ERR_BACKEND. */
+lily_status cuda_host_weight_alloc(size_t bytes, void **host, void **device, lily_error *err);
+/* host_weights.cu: whether layer `layer`'s routed experts live in host memory (opts.n_cpu_moe). */
+bool cuda_layer_experts_on_host(const cuda_ctx *c, int layer);
+/* Prefill calls of at least this many tokens copy a host layer's experts to the device once (at 256 tokens
+ * of top-8 of 256 experts nearly every expert is routed to) instead of reading them in place per tile. */
+#define CUDA_MOE_STAGE_MIN_TOKENS 256
+/* host_weights.cu: CUDA_MOE_STAGE_MIN_TOKENS, or $LILY_CUDA_MOE_STAGE_MIN (0: never stage; A/B runs). */
+int cuda_experts_stage_min_tokens(void);
+/* host_weights.cu: device bytes of the staging buffer for experts of expert_layer_bytes (alignment added). */
+size_t cuda_experts_stage_bytes(size_t expert_layer_bytes);
+/* host_weights.cu: after upload, the staging buffer, stream and events when opts.n_cpu_moe > 0, not exact
+ * and max_chunk reaches the staging threshold (else nothing). LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND. */
+lily_status cuda_experts_stage_init(cuda_ctx *c, lily_error *err);
+void cuda_experts_stage_free(cuda_ctx *c);
+/* host_weights.cu: at the start of layer `layer` of an n-token call whose MoE block runs as grouped GEMMs:
+ * when staging applies to it, queue the copy of its experts into the buffer on the staging stream, after
+ * the work queued so far on c->stream. LILY_ERR_BACKEND. */
+lily_status cuda_experts_stage(cuda_ctx *c, int layer, int n, lily_error *err);
+/* host_weights.cu: the expert dmats the MoE block of `layer` reads: the staged copy (c->stream then waits
+ * for its copy) or the layer's own. LILY_ERR_BACKEND. */
+lily_status cuda_layer_experts(cuda_ctx *c, int layer, dmat *gate, dmat *up, dmat *down, lily_error *err);
+
 /* cuda_shapes.cu: LILY_ERR_UNSUPPORTED (naming the dimension) when some stage of the forward pass has no
  * CUDA kernel for the model's shapes; called by create before anything is uploaded. */
 lily_status cuda_check_shapes(const lily_config *cfg, const lily_weights *w, lily_error *err);

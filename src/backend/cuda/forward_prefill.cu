@@ -75,6 +75,9 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
         return st;
     if (nk * inter + (size_t)n * sinter > c->pf_x_elems || nk + n > c->pf_x_rows)
         return lily_error_set(err, LILY_ERR_BACKEND, "cuda: prefill MoE scratch too small for %d tokens", n);
+    dmat ex_gate, ex_up, ex_down; /* the layer's, or their staged copy (host_weights.cu) */
+    if ((st = cuda_layer_experts(c, (int)(L - c->layers), &ex_gate, &ex_up, &ex_down, err)) != LILY_OK)
+        return st;
 
     /* x = RMSNorm(h) in fp16, shared by the router and both gate/up GEMMs */
     gemv_input in;
@@ -110,8 +113,8 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
 
     /* routed gate/up: hid rows = expert-ordered positions [0, nk) */
     memset(&a, 0, sizeof a);
-    a.m[0] = L->ex_gate;
-    a.m[1] = L->ex_up;
+    a.m[0] = ex_gate;
+    a.m[1] = ex_up;
     a.n_mats = 2;
     a.y[0] = c->hid;
     a.y_stride[0] = hs;
@@ -149,9 +152,9 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
 
     /* routed down: y rows = positions */
     memset(&a, 0, sizeof a);
-    a.m[0] = L->ex_down;
+    a.m[0] = ex_down;
     a.n_mats = 1;
-    a.row_start[1] = L->ex_down.rows;
+    a.row_start[1] = ex_down.rows;
     a.y[0] = c->pf_y;
     a.y_stride[0] = H;
     a.act = ha;

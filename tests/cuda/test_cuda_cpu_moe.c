@@ -1,0 +1,164 @@
+/* test_cuda_cpu_moe.c — routed experts in host memory (lily_backend_options.n_cpu_moe, --n-cpu-moe /
+ * --cpu-moe) on the bundled model models/lily-tiny (8 layers, 24 experts top-4) and on the tiny-a MLX
+ * fixture: with the experts of every layer, and of the first half of the layers, in mapped host memory,
+ * the same kernels read them over PCIe, so the logits must equal the all-device backend's bit for bit in
+ * every path — full prefill (grouped MoE GEMM), chunks of 7 (the decode-shaped MoE kernels, n = 2..7),
+ * prefill then single-token decode (the captured decode graph) — and greedy decoding through the graph
+ * must choose the same tokens. memory_needs counts those experts out of the device's weight bytes.
+ * Exits 77 when no GPU is present.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+#include "cuda_test_compare.h"
+
+#define N_PROMPT 40
+#define N_GEN 24
+
+/* What one backend instance produces for the token ids: logits of every path, greedy tokens. */
+typedef struct {
+    float *full;    /* [N_PROMPT, V] one forward of all tokens */
+    float *chunked; /* [N_PROMPT, V] forwards of 7 */
+    float *decode;  /* [N_PROMPT / 2, V] prefill of half, then one token per forward (rows of the second half) */
+    int32_t greedy[N_GEN];
+} outputs;
+
+static void outputs_free(outputs *o)
+{
+    free(o->full);
+    free(o->chunked);
+    free(o->decode);
+}
+
+/* Run every path on a backend with the given n_cpu_moe; 0 on success. */
+static int run_paths(const lily_config *cfg, const lily_weights *w, const int32_t *tok, int n_cpu_moe, outputs *o)
+{
+    const int V = cfg->vocab_size, half = N_PROMPT / 2;
+    memset(o, 0, sizeof *o);
+    o->full = malloc((size_t)N_PROMPT * V * sizeof(float));
+    o->chunked = malloc((size_t)N_PROMPT * V * sizeof(float));
+    o->decode = malloc((size_t)half * V * sizeof(float));
+    if (!o->full || !o->chunked || !o->decode) {
+        printf("FAIL: out of host memory\n");
+        return -1;
+    }
+    lily_backend_options opts;
+    memset(&opts, 0, sizeof opts);
+    opts.max_chunk = 64;
+    opts.n_cpu_moe = n_cpu_moe;
+    lily_backend be;
+    lily_error err = {0};
+    if (lily_backend_create("cuda", cfg, w, &opts, &be, &err) != LILY_OK) {
+        printf("FAIL: cuda create (n_cpu_moe %d): %s\n", n_cpu_moe, err.message);
+        return -1;
+    }
+    const lily_backend_ops *ops = be.ops;
+    void *st = NULL;
+    lily_status rs = ops->state_new(be.ctx, 256, &st, &err);
+    if (rs == LILY_OK)
+        rs = ops->forward(be.ctx, st, tok, N_PROMPT, LILY_LOGITS_ALL, o->full, &err);
+    if (rs == LILY_OK)
+        ops->state_reset(be.ctx, st);
+    for (int p = 0; p < N_PROMPT && rs == LILY_OK; p += 7) {
+        const int m = N_PROMPT - p < 7 ? N_PROMPT - p : 7;
+        rs = ops->forward(be.ctx, st, tok + p, m, LILY_LOGITS_ALL, o->chunked + (size_t)p * V, &err);
+    }
+    if (rs == LILY_OK) {
+        ops->state_reset(be.ctx, st);
+        rs = ops->forward(be.ctx, st, tok, half, LILY_LOGITS_NONE, NULL, &err);
+    }
+    for (int p = half; p < N_PROMPT && rs == LILY_OK; p++)
+        rs = ops->forward(be.ctx, st, tok + p, 1, LILY_LOGITS_LAST, o->decode + (size_t)(p - half) * V, &err);
+    if (rs == LILY_OK)
+        rs = lily_cuda_generate_greedy(be.ctx, st, o->greedy[0] = argmax(o->decode + (size_t)(half - 1) * V, V),
+                                       N_GEN - 1, o->greedy + 1, &err);
+    if (rs != LILY_OK)
+        printf("FAIL: n_cpu_moe %d: %s\n", n_cpu_moe, err.message);
+    if (st)
+        ops->state_free(be.ctx, st);
+    lily_backend_destroy(&be);
+    return rs == LILY_OK ? 0 : -1;
+}
+
+static void expect_same(const char *model, const char *what, int n_cpu_moe, const void *ref, const void *got,
+                        size_t bytes)
+{
+    const int same = !memcmp(ref, got, bytes);
+    printf("%s %s, experts of %d layers in host memory: %s identical to the all-device backend\n",
+           same ? "PASS" : "FAIL", model, n_cpu_moe, what);
+    if (!same)
+        g_fail++;
+}
+
+static void check_model(const char *dir, const char *model)
+{
+    lily_error err = {0};
+    lily_config cfg;
+    lily_checkpoint ck;
+    lily_weights w;
+    memset(&ck, 0, sizeof ck);
+    memset(&w, 0, sizeof w);
+    REQUIRE(lily_config_load(dir, &cfg, &err) == LILY_OK, "config %s: %s", dir, err.message);
+    REQUIRE(lily_checkpoint_open(dir, &ck, &err) == LILY_OK, "checkpoint %s: %s", dir, err.message);
+    REQUIRE(lily_weights_bind(&cfg, &ck, &w, &err) == LILY_OK, "bind %s: %s", dir, err.message);
+    const int V = cfg.vocab_size, L = cfg.n_layers;
+    int32_t tok[N_PROMPT];
+    for (int i = 0; i < N_PROMPT; i++) /* spread over the vocabulary so many experts are routed to */
+        tok[i] = (int32_t)((1 + 7919u * (unsigned)i) % (unsigned)V);
+
+    /* memory_needs: the host-resident experts leave the device's weight bytes */
+    const lily_backend_ops *ops = lily_backend_find("cuda");
+    lily_backend_options o;
+    memset(&o, 0, sizeof o);
+    o.max_chunk = 64;
+    lily_backend_memory all, moved;
+    REQUIRE(ops->memory_needs(&cfg, &w, &o, &all, &err) == LILY_OK, "memory_needs: %s", err.message);
+    o.n_cpu_moe = L / 2;
+    REQUIRE(ops->memory_needs(&cfg, &w, &o, &moved, &err) == LILY_OK, "memory_needs: %s", err.message);
+    const int ok = all.n_expert_layers == L && all.expert_layer_bytes > 0 &&
+                   moved.weight_bytes == all.weight_bytes - (size_t)(L / 2) * all.expert_layer_bytes;
+    printf("%s %s memory_needs: %d expert layers of %zu bytes; weights %zu bytes on the device, %zu with %d "
+           "layers' experts in host memory\n", ok ? "PASS" : "FAIL", model, all.n_expert_layers,
+           all.expert_layer_bytes, all.weight_bytes, moved.weight_bytes, L / 2);
+    if (!ok)
+        g_fail++;
+
+    outputs ref, got;
+    if (run_paths(&cfg, &w, tok, 0, &ref) == 0) {
+        const int counts[2] = {L, L / 2};
+        for (int k = 0; k < 2; k++) {
+            if (run_paths(&cfg, &w, tok, counts[k], &got) != 0) {
+                g_fail++;
+                outputs_free(&got);
+                continue;
+            }
+            expect_same(model, "full-prefill logits", counts[k], ref.full, got.full, (size_t)N_PROMPT * V * 4);
+            expect_same(model, "chunks-of-7 logits", counts[k], ref.chunked, got.chunked, (size_t)N_PROMPT * V * 4);
+            expect_same(model, "decode logits", counts[k], ref.decode, got.decode, (size_t)(N_PROMPT / 2) * V * 4);
+            expect_same(model, "greedy tokens", counts[k], ref.greedy, got.greedy, sizeof ref.greedy);
+            outputs_free(&got);
+        }
+    } else {
+        g_fail++;
+    }
+    outputs_free(&ref);
+    lily_weights_free(&w);
+    lily_checkpoint_close(&ck);
+}
+
+int main(void)
+{
+    if (cuda_test_no_device())
+        return 77;
+    check_model(LILY_TEST_DATA_DIR "/../../models/lily-tiny", "lily-tiny");
+    check_model(LILY_TEST_DATA_DIR "/tiny-a/mlx4", "tiny-a mlx4");
+    printf("%s\n", g_fail ? "FAILED" : "all passed");
+    return g_fail ? 1 : 0;
+}
