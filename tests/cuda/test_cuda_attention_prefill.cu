@@ -2,10 +2,9 @@
  * double-precision CPU twin: random q, bf16 KV cache and gates, n = 1, 2, 7, 64, 513 (+ odd sizes) at
  * pos = 0 and deep positions, one split and split-KV; outputs and partial buffers poisoned with NaN, and
  * the cache rows past pos + n are NaN too (the kernel must never read them into a result).
- * Every case runs the mma.sync kernel (g_cuda_tuning.att_prefill 1) and, on an sm_90a GPU, the wgmma
- * kernels (att_prefill 2 .. 4, attention_prefill_wg.cu; lines tagged "wgmma" / "wgmma-pipe" /
- * "wgmma-early"; their own split count), each against the same twin and bound. Exits 77 (CTest: skipped)
- * when no GPU is present.
+ * Every case runs the mma.sync kernel (ATTN_PREFILL_MMA) and, on an sm_90a GPU, the wgmma kernel
+ * (ATTN_PREFILL_WGMMA, attention_prefill_wg.cu; lines tagged "wgmma"; its own split count), each against
+ * the same twin and bound. Exits 77 (CTest: skipped) when no GPU is present.
  *
  * The kernel rounds q to bf16 (the twin does the same) and the softmax weights P to bf16 before P·V, with
  * the denominator summed over the rounded weights: each weight is off by at most 2^-9 relative, so
@@ -44,7 +43,7 @@ extern "C" {
 #include "cuda_test_check.cuh"
 
 static bool g_wg; /* the wgmma variant runs on this GPU (attention_prefill_wg_available) */
-#define N_VAR 4   /* att_prefill 1 .. 4 */
+#define N_VAR 2   /* attn_prefill_kernel: ATTN_PREFILL_MMA, ATTN_PREFILL_WGMMA */
 
 /* bf16 rounding of a double through fp32, back as double */
 static double bf16_round(double x) { return lily_bf16_to_f32(lily_f32_to_bf16((float)x)); }
@@ -187,15 +186,14 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
     std::vector<int> p0(1, pos0);
     a.pos = dev_copy(p0);
     a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = fused ? rot : 0, a.rope_theta = 1e7f;
-    /* one launch per kernel variant (g_cuda_tuning.att_prefill 1: mma.sync; 2: wgmma, 3: wgmma pipelined,
-     * 4: pipelined with early refills, where they run), each compared with the same twin below */
-    static const char *const var_tag[N_VAR] = {"", " wgmma", " wgmma-pipe", " wgmma-early"};
-    const int n_var = g_wg ? N_VAR : 1, keep_variant = g_cuda_tuning.att_prefill;
+    /* one launch per kernel (mma.sync; wgmma where it runs), each compared with the same twin below */
+    static const char *const var_tag[N_VAR] = {"", " wgmma"};
+    const int n_var = g_wg ? N_VAR : 1;
     std::vector<float> got[N_VAR];
     std::vector<int> var_splits(n_var);
     char what[N_VAR][160];
     for (int v = 0; v < n_var; v++) {
-        g_cuda_tuning.att_prefill = v + 1;
+        a.prefill_kernel = v == 0 ? ATTN_PREFILL_MMA : ATTN_PREFILL_WGMMA;
         a.n_splits = splits > 0 ? splits : attention_prefill_splits(a, n, pos0, 64);
         var_splits[v] = a.n_splits;
         std::vector<float> nan_out((size_t)n * nh * D, NAN);
@@ -224,7 +222,6 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
         cudaFree(a.part_o);
         cudaFree(a.part_ml);
     }
-    g_cuda_tuning.att_prefill = keep_variant;
 
     /* twin on every token of small chunks, every 5th (+ the last two) of large ones; NaN check on all */
     struct stats {
@@ -355,8 +352,8 @@ int main(void)
     if (cuda_test_no_device())
         return 77;
     g_wg = attention_prefill_wg_available();
-    printf("%s\n", g_wg ? "wgmma kernels (att_prefill 2 .. 4) available: every case runs all four variants"
-                        : "NOTE: no sm_90a wgmma kernel on this GPU: only the mma.sync kernel (att_prefill 1) is checked");
+    printf("%s\n", g_wg ? "wgmma kernel available: every case runs both kernels"
+                        : "NOTE: no sm_90a wgmma kernel on this GPU: only the mma.sync kernel is checked");
     const int ns[] = {1, 2, 7, 64, 513};
     const int poss[] = {0, 1000};
     for (int pi = 0; pi < 2; pi++)

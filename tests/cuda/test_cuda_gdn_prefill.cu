@@ -1,7 +1,7 @@
 /* test_cuda_gdn_prefill.cu — the Gated DeltaNet prefill paths against a double-precision CPU twin of
  * MODEL.md §4.4 steps 2-7, over a sequence of forward calls on one state, each case per variant: "recur"
- * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, g_cuda_tuning.gdn_prefill 1) and "chunked"
- * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2-4). Calls of
+ * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, GDN_KERNEL_RECURRENCE) and "chunked"
+ * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, GDN_KERNEL_CHUNKED). Calls of
  * n > 1 tokens take the variant's launch (as cuda_enqueue_forward does), n == 1 the decode kernel
  * (launch_gdn_scan), so state and conv-state carry between chunks and prefill -> decode -> prefill
  * hand-offs (conv ping-pong parity) are all checked. Outputs and the prep and chunk scratch are

@@ -10,9 +10,9 @@
  * each block writes (max, sum, unnormalised output); the last block of a KV head to finish (atomic
  * counter) merges them. With n_splits == 1 the block normalises and writes directly.
  * Output: out[t][h][d] = attn * sigmoid(gate[t][h][d]).
- * Decode (one token) runs on tensor cores instead when supported (attention_decode_mma_kernel below,
- * g_cuda_tuning.att_mma); this SIMT kernel stays for n > 1 without the prefill kernel and as the knob's
- * other side.
+ * Decode (one token) runs on tensor cores instead where supported (attention_decode_mma_kernel below,
+ * attn_decode_kernel_choose); this SIMT kernel serves the fp32 cache of exact mode, shapes the tensor-core
+ * kernels do not take, and chunks without the prefill kernel.
  */
 #include "attention_mma.cuh"
 
@@ -651,11 +651,17 @@ static cudaError_t att_kv(const attn_args &a, dim3 grid, cudaStream_t s)
     }
 }
 
+attn_decode_kernel attn_decode_kernel_choose(const attn_args &a, int n_tokens)
+{
+    return attention_decode_mma_supported(a, n_tokens) ? ATTN_DECODE_MMA : ATTN_DECODE_SIMT;
+}
+
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
 {
     if (a.q_fused) /* these kernels read the normed + rotated a.q */
         return cudaErrorInvalidValue;
-    if (g_cuda_tuning.att_mma && attention_decode_mma_supported(a, n_tokens)) {
+    const int k = a.decode_kernel != ATTN_DECODE_AUTO ? a.decode_kernel : attn_decode_kernel_choose(a, n_tokens);
+    if (k == ATTN_DECODE_MMA && attention_decode_mma_supported(a, n_tokens)) {
         cudaError_t e = cudaErrorNotSupported;
         switch (a.head_dim) {
         case 64: e = adm_launch<64>(a, s); break;

@@ -17,9 +17,8 @@
  * part_ml ([split][t][head][head_dim], [split][t][head][2]) and attention_prefill_merge_kernel combines
  * them. With n_splits == 1 the block normalises and writes out directly.
  * Output: out[t][h][d] = attn * sigmoid(gate[t][h][d]), gate = second half of q_proj's head row.
- * g_cuda_tuning.att_prefill 2 (3, 4: pipelined) on an sm_90a GPU: the wgmma kernel of attention_prefill_wg.cu instead
- * (same results up to fp32 summation order; launch_attention_prefill picks it, this file's merge kernel
- * combines its splits).
+ * a.prefill_kernel ATTN_PREFILL_WGMMA (an sm_90a GPU): the wgmma kernel of attention_prefill_wg.cu instead
+ * (same results up to fp32 summation order; this file's merge kernel combines its splits).
  *
  * Fused q (a.q_fused, template QF): Q is staged from the raw q (first half of q_proj's head row in qkv)
  * with the q RMSNorm and partial RoPE of norm_rope.cu (the shared math of norm_rope.cuh, same bits as
@@ -286,8 +285,8 @@ int attention_prefill_splits(const attn_args &a, int n_tokens, int ctx, int cap_
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             n_sm = 132;
     }
-    /* the wgmma kernels (att_prefill 2 .. 4): 128-row blocks, 64-key tiles, one block per SM */
-    const bool wg = g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a);
+    /* the wgmma kernel: 128-row blocks, 64-key tiles, one block per SM */
+    const bool wg = a.prefill_kernel == ATTN_PREFILL_WGMMA && attention_prefill_wg_supported(a);
     const int bm = wg ? APF_WG_BM : APF_BM, bn = wg ? APF_WG_BN : APF_BN, per_sm = wg ? 1 : 2;
     const int G = a.n_heads / a.n_kv;
     const int blocks = (n_tokens * G + bm - 1) / bm * a.n_kv;
@@ -297,14 +296,19 @@ int attention_prefill_splits(const attn_args &a, int n_tokens, int ctx, int cap_
     return max(sp, 1);
 }
 
+attn_prefill_kernel attn_prefill_kernel_choose(void)
+{
+    return attention_prefill_wg_available() ? ATTN_PREFILL_WGMMA : ATTN_PREFILL_MMA;
+}
+
 cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStream_t s)
 {
     const int n_splits = max(a.n_splits, 1);
     if (!attention_prefill_supported(a) || n_tokens < 1 || (n_splits > 1 && (!a.part_o || !a.part_ml)))
         return cudaErrorInvalidValue;
     cudaError_t e;
-    if (g_cuda_tuning.att_prefill >= 2 && attention_prefill_wg_supported(a))
-        e = launch_attention_prefill_wg(a, n_tokens, n_splits, min(g_cuda_tuning.att_prefill, 4) - 2, s);
+    if (a.prefill_kernel == ATTN_PREFILL_WGMMA && attention_prefill_wg_supported(a))
+        e = launch_attention_prefill_wg(a, n_tokens, n_splits, s);
     else if (a.head_dim == 64)
         e = apf_launch<64>(a, n_tokens, n_splits, s);
     else if (a.head_dim == 128)

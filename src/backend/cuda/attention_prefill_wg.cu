@@ -1,5 +1,5 @@
-/* attention_prefill_wg.cu — the Hopper (sm_90a) variant of the causal prefill flash attention
- * (g_cuda_tuning.att_prefill 2): the inputs, output, masks, split-KV partials and softmax arithmetic of
+/* attention_prefill_wg.cu — the Hopper (sm_90a) kernel of the causal prefill flash attention
+ * (attn_prefill_kernel_choose picks it on an sm_90a device): the inputs, output, masks, split-KV partials and softmax arithmetic of
  * attention_prefill.cu (read its header first), with wgmma.mma_async instead of mma.sync.
  *
  * A block is 2 warpgroups (256 threads) and owns APF_WG_BM = 128 packed rows (row r = t * G + h: 16
@@ -16,20 +16,12 @@
  * Shared memory (128-byte swizzle, wgmma_common.cuh): Q [D/64][128 rows][128 B] (bf16, staged once:
  * from a.q, or from the raw q with the fused RMSNorm + RoPE of attention_prefill_q.cuh), then two
  * stages of K and V tiles [D/64][64 keys][128 B], filled by cp.async (keys past the split's end
- * zero-filled). A step waits for its stage, fences the async proxy, passes one barrier (which also
- * proves every warpgroup finished the wgmmas that read the other stage), refills the other stage,
- * issues S, waits, does the softmax, issues P·V and waits. head_dim 256: 64 + 2 x 64 KB of shared
- * memory, one block per SM.
- * PIPE (att_prefill 3): step j issues S of tile j, then P·V of tile j - 1, waits for S alone
- * (wait_group 1) and does tile j's softmax while the tensor cores run that P·V, then waits for it and
- * rescales O; K and V then have separate 2-stage rings (step j loads K j + 1 and V j).
- * EARLY (att_prefill 4): as PIPE with the step's cp.async refills issued after its wgmmas, so the tensor
- * cores start right after the barrier.
- * Measured (H200, last 4096-token chunk of a 32K prompt, attention over 10 layers, session 5): mma.sync
- * kernel 87.5 ms, att_prefill 2 47.6 ms, 3 42.2 ms (~490 TFLOP/s). att_prefill 5 .. 10 (a warp-specialized
- * cp.async producer warpgroup feeding full/empty mbarrier rings, ping-pong of the two consumer
- * warpgroups, 3 K stages, 80-key tiles, cp.async.mbarrier.arrive.noinc completion) measured 51.3-56.0 ms
- * vs 44.5 ms for 3 (session 7) and were removed; the code is in git history at commit de8dfae.
+ * zero-filled); K and V have separate 2-stage rings. Step j waits for its loads, fences the async proxy,
+ * passes one barrier (which also proves every warpgroup finished the wgmmas that read the other stages),
+ * refills K j + 1 and V j, issues S of tile j, then P·V of tile j - 1, waits for S alone (wait_group 1)
+ * and does tile j's softmax while the tensor cores run that P·V, then waits for it and rescales O (as
+ * FlashAttention-3's intra-warpgroup overlap). head_dim 256: 64 + 2 x 64 KB of shared memory, one block
+ * per SM. Measurements: docs/BENCHMARKS.md ("Prefill attention kernels").
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */
@@ -150,11 +142,10 @@ template <int D> __device__ __forceinline__ void awg_rescale(float (&o)[D / 8][4
 
 #endif
 
-template <int D, bool QF, int VAR>
+template <int D, bool QF>
 __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(attn_args a, int n_tokens)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool PIPE = VAR >= 1, EARLY = VAR == 2;
     typedef awg_shape<D> S;
     constexpr int BM = APF_WG_BM, BN = APF_WG_BN;
     static_assert(D % 64 == 0 && BN * (D / 8) % AWG_THREADS == 0, "tile shape");
@@ -195,11 +186,8 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
     };
     auto load_k = [&](int j, int st) { load_tile(kc, j, smem + S::Q_BYTES + st * S::STAGE); };
     auto load_v = [&](int j, int st) { load_tile(vc, j, smem + S::Q_BYTES + st * S::STAGE + S::T_BYTES); };
-    if (n_kt > 0) {
+    if (n_kt > 0)
         load_k(0, 0);
-        if (!PIPE)
-            load_v(0, 0);
-    }
     cp_async_commit();
 
     /* Q -> bf16 shared (swizzled), rows past the chunk zero: fused (raw q normed + rotated here) or fp32 a.q */
@@ -253,37 +241,10 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
     float s[BN / 8][4];
     uint32_t pa[BN / 16][4];
     float corr[2];
-    if constexpr (!PIPE) {
-        for (int j = 0; j < n_kt; j++) {
-            const int st = j & 1;
-            cp_async_wait<0>();  /* tile j (the only group in flight) */
-            fence_proxy_async(); /* this thread's cp.async writes -> the async proxy */
-            __syncthreads();     /* tile j complete; every wgmma of tile j - 1 (stage st ^ 1) finished */
-            if (j + 1 < n_kt) {
-                load_k(j + 1, st ^ 1);
-                load_v(j + 1, st ^ 1);
-            }
-            cp_async_commit();
-            wg_fence();
-            awg_issue_s<D>(s, sq, k_stage(st));
-            wg_commit();
-            wg_wait<0>();
-            wg_fence_regs(s);
-            awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr);
-            awg_pack_p(s, pa);
-            awg_rescale<D>(o, corr);
-            wg_fence();
-            awg_issue_pv<D>(o, pa, v_stage(st));
-            wg_commit();
-            wg_wait<0>();
-            wg_fence_regs(o);
-            wg_fence_regs(pa);
-        }
-    } else if (n_kt > 0) {
-        /* PIPE: S of tile j is issued before P·V of tile j - 1 and waited alone (wait_group 1), so the
-         * softmax of tile j (in place on its fp32 scores) runs while the tensor cores do P·V of tile j - 1;
-         * then O is rescaled and P j packed into the one A array. K and V have separate 2-stage rings:
-         * step j loads K j + 1 and V j. */
+    if (n_kt > 0) {
+        /* S of tile j is issued before P·V of tile j - 1 and waited alone (wait_group 1), so the softmax of
+         * tile j (in place on its fp32 scores) runs while the tensor cores do P·V of tile j - 1; then O is
+         * rescaled and P j packed into the one A array. */
         cp_async_wait<0>(); /* K 0 */
         fence_proxy_async();
         __syncthreads();
@@ -302,23 +263,15 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
             cp_async_wait<0>(); /* K j, V j - 1 */
             fence_proxy_async();
             __syncthreads(); /* ... complete; S j - 1 and P·V j - 2 finished in every warpgroup */
-            if constexpr (!EARLY) {
-                if (j + 1 < n_kt)
-                    load_k(j + 1, (j + 1) & 1);
-                load_v(j, j & 1);
-                cp_async_commit();
-            }
+            if (j + 1 < n_kt)
+                load_k(j + 1, (j + 1) & 1);
+            load_v(j, j & 1);
+            cp_async_commit();
             wg_fence();
             awg_issue_s<D>(s, sq, k_stage(j & 1));
             wg_commit();
             awg_issue_pv<D>(o, pa, v_stage((j - 1) & 1));
             wg_commit();
-            if constexpr (EARLY) { /* the refills go out while the tensor cores work */
-                if (j + 1 < n_kt)
-                    load_k(j + 1, (j + 1) & 1);
-                load_v(j, j & 1);
-                cp_async_commit();
-            }
             wg_wait<1>(); /* S j */
             wg_fence_regs(s);
             awg_softmax(s, kstart + j * BN, kstart + j * BN + BN > k_all, lim, qid, sl2, m, l, corr);
@@ -374,42 +327,31 @@ bool attention_prefill_wg_supported(const attn_args &a)
            attention_prefill_wg_available();
 }
 
-template <int D, bool QF, int VAR>
+template <int D, bool QF>
 static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
-    cudaError_t e = cuda_smem_opt_in(attention_prefill_wg_kernel<D, QF, VAR>, awg_shape<D>::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(attention_prefill_wg_kernel<D, QF>, awg_shape<D>::SMEM, &smem_set);
     if (e != cudaSuccess)
         return e;
     const int G = a.n_heads / a.n_kv;
     dim3 grid((n_tokens * G + APF_WG_BM - 1) / APF_WG_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_wg_kernel<D, QF, VAR>, grid, dim3(AWG_THREADS), awg_shape<D>::SMEM, s, a,
-                      n_tokens);
+    return launch_pdl(attention_prefill_wg_kernel<D, QF>, grid, dim3(AWG_THREADS), awg_shape<D>::SMEM, s, a, n_tokens);
 }
 
-template <int D, int VAR> static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
+template <int D> static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
-    return a.q_fused ? awg_launch<D, true, VAR>(a, n_tokens, n_splits, s) : awg_launch<D, false, VAR>(a, n_tokens, n_splits, s);
+    return a.q_fused ? awg_launch<D, true>(a, n_tokens, n_splits, s) : awg_launch<D, false>(a, n_tokens, n_splits, s);
 }
 
-template <int D>
-static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
+cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
-    if (variant == 2)
-        return awg_launch<D, 2>(a, n_tokens, n_splits, s);
-    if (variant == 1)
-        return awg_launch<D, 1>(a, n_tokens, n_splits, s);
-    return awg_launch<D, 0>(a, n_tokens, n_splits, s);
-}
-
-cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, int variant, cudaStream_t s)
-{
-    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1 || variant < 0 || variant > 2)
+    if (!attention_prefill_wg_supported(a) || n_tokens < 1 || n_splits < 1)
         return cudaErrorInvalidValue;
     switch (a.head_dim) {
-    case 64: return awg_launch<64>(a, n_tokens, n_splits, variant, s);
-    case 128: return awg_launch<128>(a, n_tokens, n_splits, variant, s);
-    case 256: return awg_launch<256>(a, n_tokens, n_splits, variant, s);
+    case 64: return awg_launch<64>(a, n_tokens, n_splits, s);
+    case 128: return awg_launch<128>(a, n_tokens, n_splits, s);
+    case 256: return awg_launch<256>(a, n_tokens, n_splits, s);
     default: return cudaErrorInvalidValue;
     }
 }

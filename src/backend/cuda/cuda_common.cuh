@@ -13,8 +13,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda_backend.h"
-
 extern "C" {
 #include "lily.h"
 }
@@ -50,6 +48,14 @@ enum gemv_output_mode {
 
 #define GEMV_MAX_MATS 4
 
+/* The decode GEMV kernels (gemv_kernel_choose picks one per batch shape). */
+enum gemv_kernel_id {
+    GEMV_KERNEL_AUTO = 0,   /* gemv_batch.kernel: gemv_kernel_choose decides */
+    GEMV_KERNEL_SIMT = 1,   /* gemv_decode.cu: fp32 FMA, any n_tokens, every storage width */
+    GEMV_KERNEL_MMA = 2,    /* gemv_mma.cu: 4-bit, one token, tensor cores */
+    GEMV_KERNEL_STREAM = 3, /* gemv_stream.cu: as MMA with the weights streamed by sm_90 bulk copies */
+};
+
 /* Up to 4 matrices with the same cols and bits that read the same input, outputs concatenated. */
 struct gemv_batch {
     dmat m[GEMV_MAX_MATS];
@@ -59,6 +65,7 @@ struct gemv_batch {
     int n_mats;
     int grid_cap; /* most blocks per token (0: 264 = 2 per SM of an H100/H200) */
     int exact;    /* 1 (exact mode): the fp32 SIMT kernel only, never gemv_mma / gemv_stream (fp16 operands) */
+    int kernel;   /* gemv_kernel_id: GEMV_KERNEL_AUTO, or a kernel the batch's shape supports (tests) */
 };
 
 struct gemv_input {
@@ -126,10 +133,6 @@ __device__ __forceinline__ void pdl_trigger(void)
 #endif
 }
 
-/* Bench/test tuning knobs (process-wide; set only through lily_cuda_set_tuning before a capture). */
-typedef lily_cuda_tuning cuda_tuning;
-extern cuda_tuning g_cuda_tuning;
-
 /* cuda_arch.cu: whether the running GPU code was compiled for sm_90 (false on the compute_80 PTX path). */
 bool cuda_sm90_code(void);
 /* Whether the current device is compute capability 9.0 and runs the sm_90a image of the kernels: the
@@ -154,7 +157,7 @@ static inline cudaError_t launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block,
     cfg.attrs = attr;
     /* programmatic launch needs the sm_90 code (pdl_wait is compiled out of the compute_80 PTX, which
      * every GPU other than compute capability 9.0 runs): plain launches there */
-    cfg.numAttrs = g_cuda_tuning.pdl && cuda_sm90_code() ? 1 : 0;
+    cfg.numAttrs = cuda_sm90_code() ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
@@ -215,25 +218,28 @@ __device__ __forceinline__ int argmax_key_row(unsigned long long k)
 
 /* ---- launch wrappers (one group per .cu file) ---------------------------------------------------- */
 
-/* gemv_decode.cu: y = W x for n_tokens rows of x, every matrix of the batch. argmax may be NULL
- * unless out_mode == GEMV_OUT_ARGMAX. Returns cudaErrorInvalidValue for a shape it has no kernel for. */
+/* gemv_decode.cu: y = W x for n_tokens rows of x, every matrix of the batch, by b.kernel (AUTO:
+ * gemv_kernel_choose). argmax may be NULL unless out_mode == GEMV_OUT_ARGMAX. Returns
+ * cudaErrorInvalidValue for a shape it has no kernel for. */
 cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                         unsigned long long *argmax, cudaStream_t s);
 /* Whether gemv_decode.cu has a lane shape for rows of `cols` columns at `bits` (4, 8, 16): cols a
  * multiple of 128 / bits whose vector count is 4..128 (a power of two), 3 x 4..32, or 256 / 512 (bf16). */
 bool gemv_cols_supported(int bits, int cols);
-/* gemv_mma.cu: the 4-bit decode (one token) GEMV on tensor cores; launch_gemv calls it when
- * gemv_mma_supported(). */
+/* The one place a decode GEMV kernel is chosen: STREAM where gemv_stream_supported, else MMA where
+ * gemv_mma_supported, else SIMT. */
+gemv_kernel_id gemv_kernel_choose(const gemv_batch &b, int n_tokens);
+/* gemv_mma.cu: the 4-bit decode (one token) GEMV on tensor cores (4-bit, n_tokens 1, cols % 128, cols /
+ * min(cols, 512) in 1, 2, 4, 8, 16-byte aligned data, not exact). */
 cudaError_t launch_gemv_mma(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
                             cudaStream_t s);
 bool gemv_mma_supported(const gemv_batch &b, int n_tokens);
 /* gemv_stream.cu: the same GEMV with the weights streamed through a shared-memory ring (sm_90 bulk
- * copies); launch_gemv_mma calls it when gemv_stream_wanted() (g_cuda_tuning.gemv_stream > 0, the batch
- * holds >= that many KiB of weights, and the shape is supported: cols 512 / 1024 / 2048 / 4096). */
+ * copies): gemv_mma_supported, cols 512 / 1024 / 2048 / 4096, plain matrices, >= 1 KiB of weights, the
+ * sm_90 code running. */
 cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
                                cudaStream_t s);
-bool gemv_stream_wanted(const gemv_batch &b, int n_tokens);
-/* Whether launch_gemv publishes the batch's router top-k (decode through gemv_decode.cu's kernel). */
+bool gemv_stream_supported(const gemv_batch &b, int n_tokens);
 
 /* moe_route.cu */
 struct moe_args {
@@ -250,7 +256,7 @@ struct moe_args {
     float *topk_w;                  /* scratch [n_tokens][top_k] */
     float *out;                     /* residual stream to add into: [n_tokens][hidden] (may equal h) */
     int exact;                      /* 1 (exact mode): moe_route.cu's fp32 kernels only, never moe_decode.cu's */
-    /* Decode, g_cuda_tuning.moe_early_ids (moe_decode.cu): the session's forward-call counter (device; not
+    /* Decode, early ids (moe_decode.cu): the session's forward-call counter (device; not
      * written during a forward call), its MOE_PUB_WORDS tagged top-k words (cuda_counters) and the layer
      * index (< 256). topk_pub NULL: off. */
     const int *step;
@@ -269,9 +275,21 @@ bool moe_route_supported(int gu_bits, int down_bits, int hidden, int inter, int 
 bool moe_decode_mma_supported(const moe_args &a, int n_tokens);
 cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s);
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s);
-/* Whether the MoE kernels of layer `layer` use the tagged top-k (g_cuda_tuning.moe_early_ids, with PDL on
- * sm_90 code, layer < 256). */
+/* Whether the MoE kernels of layer `layer` use the tagged top-k (PDL on sm_90 code, layer < 256). */
 bool moe_early_ids_wanted(int layer);
+
+/* DeltaNet calls of at least this many tokens take the chunked delta rule (deltanet_chunked.cu), shorter
+ * ones the sequential recurrence (docs/BENCHMARKS.md, "DeltaNet prefill"). */
+#define GDN_CHUNKED_MIN_TOKENS 256
+
+/* The Gated DeltaNet mixer kernels (gdn_kernel_choose picks one per call). */
+enum gdn_kernel {
+    GDN_KERNEL_AUTO = 0,       /* gdn_args.kernel: gdn_kernel_choose decides */
+    GDN_KERNEL_SCAN = 1,       /* deltanet_scan.cu: conv + norms + delta rule, any n (fp32) */
+    GDN_KERNEL_DECODE = 2,     /* deltanet_scan.cu: one token, barrier-free */
+    GDN_KERNEL_RECURRENCE = 3, /* deltanet_prefill.cu: prep for all tokens, then the sequential delta rule */
+    GDN_KERNEL_CHUNKED = 4,    /* deltanet_chunked.cu: prep, then the chunked (WY) delta rule on tensor cores */
+};
 
 /* deltanet_scan.cu */
 struct gdn_args {
@@ -286,9 +304,19 @@ struct gdn_args {
     const int *step;      /* forward-call counter (device) */
     float *out;           /* [n][Hv*dv] raw delta-rule output (gated norm applied by out_proj's GEMV) */
     int Hk, Hv, dk, dv, K, conv_dim;
+    int kernel;           /* gdn_kernel: GDN_KERNEL_AUTO, or one the shape supports (tests) */
 };
+/* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE (dv % 32 == 0) else SCAN; longer calls:
+ * CHUNKED from GDN_CHUNKED_MIN_TOKENS tokens (not in exact mode: 3xTF32 products), else RECURRENCE, else
+ * SCAN, each where its *_supported says yes. */
+gdn_kernel gdn_kernel_choose(const gdn_args &a, int n_tokens, bool exact);
+/* The mixer for n_tokens by a.kernel (AUTO: gdn_kernel_choose(a, n, false)); pre and wy are the scratch of
+ * launch_gdn_prefill / launch_gdn_prefill_chunked (RECURRENCE needs pre, CHUNKED both; without them the
+ * call falls back to SCAN). */
+cudaError_t launch_gdn(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
+/* The general scan (SCAN), or DECODE for n_tokens == 1 when a.kernel is not SCAN and dv % 32 == 0. */
 cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s);
-/* deltanet_prefill.cu: the same mixer for a chunk (cuda_enqueue_forward uses it for n_tokens > 1):
+/* deltanet_prefill.cu: the same mixer for a chunk:
  * gdn_prep_kernel (conv, norms, gates for all tokens at once) into pre [n_tokens][gdn_prefill_stride]
  * floats (scratch sized for max_chunk), then gdn_recur_kernel (the delta rule only). Same state and conv
  * state semantics as launch_gdn_scan. cudaErrorInvalidValue for a shape gdn_prefill_supported rejects. */
@@ -331,14 +359,32 @@ struct attn_args {
     /* prefill only: 1 = the flash kernel (launch_attention_prefill) norms and rotates q from qkv itself
      * (q unused; launch_qk_norm_rope_append then does k/v only); 0 = q from a.q */
     int q_fused;
+    int prefill_kernel;    /* attn_prefill_kernel (the backend's attn_prefill_kernel_choose) */
+    int decode_kernel;     /* attn_decode_kernel: ATTN_DECODE_AUTO, or one the shape supports (tests) */
 };
+/* The prefill flash-attention kernel family, chosen once per backend. */
+enum attn_prefill_kernel {
+    ATTN_PREFILL_MMA = 0,   /* attention_prefill.cu: mma.sync, sm_80+ */
+    ATTN_PREFILL_WGMMA = 1, /* attention_prefill_wg.cu: Hopper wgmma, softmax overlapping the previous P·V */
+};
+/* ATTN_PREFILL_WGMMA when the device runs the binary's sm_90a image, else ATTN_PREFILL_MMA. Call outside
+ * stream capture. */
+attn_prefill_kernel attn_prefill_kernel_choose(void);
+/* The decode attention kernels (attn_decode_kernel_choose picks one per call shape). */
+enum attn_decode_kernel {
+    ATTN_DECODE_AUTO = 0,
+    ATTN_DECODE_MMA = 1,  /* attention_decode.cu: tensor cores, one token, bf16 cache */
+    ATTN_DECODE_SIMT = 2, /* attention_decode.cu: fp32 SIMT, any n, bf16 or fp32 cache */
+};
+/* MMA where attention_decode_mma_supported, else SIMT. */
+attn_decode_kernel attn_decode_kernel_choose(const attn_args &a, int n_tokens);
 /* norm_rope.cu: q/k RMSNorm + partial RoPE, k and v appended to the cache (bf16, or fp32 when
  * a.k_cache_f32) at *pos .. *pos + n_tokens - 1, q written to a.q; with a.q_fused only k and v (a.q
  * untouched). cudaErrorInvalidValue when more than 32 heads (q + k + v warps), head_dim > 256 or
  * rot_dim > head_dim. */
 cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStream_t s);
-/* Decode attention: n_tokens == 1 runs on tensor cores when g_cuda_tuning.att_mma and
- * attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256, a bf16 cache; split-KV
+/* Decode attention by a.decode_kernel (AUTO: attn_decode_kernel_choose): n_tokens == 1 on tensor cores
+ * where attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256, a bf16 cache; split-KV
  * merged by a second kernel, counter unused), else the SIMT kernel (G 1, 2, 3, 4 or 8, head_dim 64/128/256,
  * n_splits <= head_dim, last-block merge; a bf16 or an fp32 cache). */
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s); /* a.q_fused must be 0 */

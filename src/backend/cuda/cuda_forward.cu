@@ -20,9 +20,7 @@
 
 #define LM_GREEDY 3
 
-cuda_tuning g_cuda_tuning = LILY_CUDA_TUNING_DEFAULT;
 
-extern "C" void lily_cuda_set_tuning(const lily_cuda_tuning *t) { g_cuda_tuning = *t; }
 
 enum prof_stage {
     PS_EMBED, PS_GDN_PROJ, PS_GDN_SCAN, PS_GDN_OUT, PS_ATT_PROJ, PS_ATT_ROPE, PS_ATT, PS_ATT_OUT,
@@ -101,7 +99,7 @@ static gemv_input in_rms(const float *act, int stride, const float *w, float eps
 /* Whether a call of n tokens runs its projections and MoE block as tensor-core GEMMs (never in exact mode). */
 static bool prefill_gemm(const cuda_ctx *c, int n)
 {
-    return !c->opts.exact && g_cuda_tuning.prefill_gemm && n >= c->prefill_min_tokens;
+    return !c->opts.exact && n >= c->prefill_min_tokens;
 }
 
 /* An empty batch; in exact mode one that only the fp32 GEMV kernel runs. */
@@ -210,8 +208,9 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             a.counter = c->att_counter;
             /* a chunk: tensor-core flash attention, which norms + rotates q itself when q_fused (k/v only here);
              * never over the fp32 cache of exact mode (attention_prefill_supported says no) */
-            const bool flash = n > 1 && g_cuda_tuning.att_prefill && attention_prefill_supported(a);
-            a.q_fused = flash && g_cuda_tuning.att_prefill_fused_q;
+            a.prefill_kernel = c->kernels.attn_prefill;
+            const bool flash = n > 1 && attention_prefill_supported(a);
+            a.q_fused = flash;
             if (a.q_fused && !attention_prefill_supported(a))
                 a.q_fused = 0;
             MARK(PS_ATT_ROPE);
@@ -263,14 +262,8 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             g.K = cfg->gdn_conv_kernel;
             g.conv_dim = conv_dim;
             MARK(PS_GDN_SCAN);
-            const int gp = c->opts.exact ? 1 : g_cuda_tuning.gdn_prefill; /* exact: the fp32 recurrence */
-            if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp >= 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
-                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule */
-                LAUNCH(launch_gdn_prefill_chunked(g, c->gdn_pre, c->gdn_wy, n, s));
-            else if (n > 1 && c->gdn_pre && gp && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
-                LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
-            else
-                LAUNCH(launch_gdn_scan(g, n, s));
+            g.kernel = gdn_kernel_choose(g, n, c->opts.exact); /* exact: never the TF32 chunked form */
+            LAUNCH(launch_gdn(g, c->gdn_pre, c->gdn_wy, n, s));
             MARK(PS_GDN_OUT);
             batch_init(c, &b);
             batch_add(&b, L->out_proj, c->h, H);

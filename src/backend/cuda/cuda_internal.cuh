@@ -19,12 +19,6 @@ extern "C" {
  * head as tensor-core GEMMs (forward_prefill.cu); smaller ones (decode) use the GEMV kernels. */
 #define PREFILL_GEMM_MIN_TOKENS 16
 
-/* With g_cuda_tuning.gdn_prefill == 3 (the default), DeltaNet prefill calls of at least this many tokens
- * take the chunked delta rule (deltanet_chunked.cu), shorter ones the sequential recurrence. Measured on
- * the H200 (bench_cuda_decode --gdn-prefill 1,2 --profile-prefill --chunk N, 30 layers): chunked 2.8 vs
- * 3.7 ms at 256 tokens, 7.5 vs 13.4 at 1024, 28.3 vs 52.7 at 4096; shorter calls are not measured. */
-#define GDN_CHUNKED_MIN_TOKENS 256
-
 /* Rows of the device logits buffer: LILY_LOGITS_ALL of a longer forward call runs the LM head in blocks of
  * this many rows, each copied out before the next ([128, vocab] fp32 is 121 MiB at Qwen3.6's 248,320). */
 #define LOGITS_BLOCK_ROWS 128
@@ -43,8 +37,15 @@ typedef struct {
     dmat ex_gate, ex_up, ex_down, sh_gate, sh_up, sh_down;
 } cuda_layer;
 
+/* The kernel family of each op whose choice depends on the device, made once at backend creation. */
+typedef struct {
+    gemm_kernel_id gemm;              /* gemm_kernel_choose */
+    attn_prefill_kernel attn_prefill; /* attn_prefill_kernel_choose */
+} cuda_kernels;
+
 typedef struct {
     lily_config cfg;
+    cuda_kernels kernels;
     lily_backend_options opts; /* opts.exact: the exact mode (fp32 KV cache, fp32 kernels only; cuda_forward.cu) */
     size_t kv_elem;            /* bytes per KV cache element: 2 (bf16), 4 (fp32 in exact mode) */
     int device;
@@ -118,7 +119,7 @@ typedef struct {
     int n_generated; /* tokens written to out_tokens by the decode graph */
     int slots[2];    /* next-step input token slots */
     /* decode MoE top-k as (tag << 32 | payload) words written by moe_gate_up_mma and polled by
-     * moe_down_mma before its PDL wait (g_cuda_tuning.moe_early_ids; tag from step and layer, moe_decode.cu);
+     * moe_down_mma before its PDL wait (early ids; tag from step and layer, moe_decode.cu);
      * zero after a reset or load, copied with the counters (tags never ahead of step) */
     __align__(128) unsigned long long moe_topk_pub[MOE_PUB_WORDS];
 } cuda_counters;

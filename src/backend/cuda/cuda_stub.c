@@ -76,8 +76,3 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
     (void)ctx, (void)state, (void)n_splits, (void)min_chunk;
     return no_cuda(err);
 }
-
-void lily_cuda_set_tuning(const lily_cuda_tuning *t)
-{
-    (void)t;
-}

@@ -27,7 +27,7 @@
  *    tiles read from L2 once per 32 columns); dk 64: 128 threads, RPT 16, L 4, COLS 32; dk 32: 128/8/4/32.
  *
  * deltanet_chunked.cu replaces gdn_recur_kernel by the chunked form on tensor cores (same pre, same
- * results; g_cuda_tuning.gdn_prefill 2/3).
+ * results; GDN_KERNEL_CHUNKED).
  */
 #include "attention_mma.cuh"
 #include "cuda_common.cuh"

@@ -10,7 +10,7 @@
  * keeps S[:, 32s .. 32s+32) (dk x 32 fp32) in 128 threads (thread = column cj, row quarter ri).
  * grid = (Hv * dv / 32), block = 128. Conv state: ping-pong buffers by the forward-call counter so blocks
  * that read channel c (several per q/k channel) never race the one block that writes it.
- * Decode (n == 1) has its own barrier-free kernel, gdn_decode_kernel (below; g_cuda_tuning.gdn_decode).
+ * Decode (n == 1) has its own barrier-free kernel, gdn_decode_kernel (below; GDN_KERNEL_DECODE).
  */
 #include "cuda_common.cuh"
 
@@ -335,7 +335,7 @@ cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s)
 {
     if (a.dv % GDN_COLS || a.Hv % a.Hk || a.K < 1 || a.K > 4)
         return cudaErrorInvalidValue;
-    if (n_tokens == 1 && g_cuda_tuning.gdn_decode && a.dv % GDN1_COLS == 0) {
+    if (n_tokens == 1 && a.kernel != GDN_KERNEL_SCAN && a.dv % GDN1_COLS == 0) {
         dim3 grid1(a.Hv * (a.dv / GDN1_COLS));
         switch (a.dk) {
         case 32: return launch_pdl(gdn_decode_kernel<32>, grid1, dim3(GDN1_WARPS * 32), 0, s, a);
@@ -352,4 +352,27 @@ cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s)
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
+}
+
+gdn_kernel gdn_kernel_choose(const gdn_args &a, int n_tokens, bool exact)
+{
+    if (n_tokens == 1)
+        return a.dv % GDN1_COLS == 0 ? GDN_KERNEL_DECODE : GDN_KERNEL_SCAN;
+    if (!exact && n_tokens >= GDN_CHUNKED_MIN_TOKENS && gdn_chunked_supported(a))
+        return GDN_KERNEL_CHUNKED;
+    if (gdn_prefill_supported(a))
+        return GDN_KERNEL_RECURRENCE;
+    return GDN_KERNEL_SCAN;
+}
+
+cudaError_t launch_gdn(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s)
+{
+    const int k = a.kernel != GDN_KERNEL_AUTO ? a.kernel : gdn_kernel_choose(a, n_tokens, false);
+    if (k == GDN_KERNEL_CHUNKED && n_tokens > 1 && pre && wy)
+        return launch_gdn_prefill_chunked(a, pre, wy, n_tokens, s);
+    if ((k == GDN_KERNEL_CHUNKED || k == GDN_KERNEL_RECURRENCE) && n_tokens > 1 && pre)
+        return launch_gdn_prefill(a, pre, n_tokens, s);
+    gdn_args g = a;
+    g.kernel = k == GDN_KERNEL_DECODE ? GDN_KERNEL_DECODE : GDN_KERNEL_SCAN;
+    return launch_gdn_scan(g, n_tokens, s);
 }

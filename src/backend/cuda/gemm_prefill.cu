@@ -11,8 +11,8 @@
  * to fp16 integers with one LOP3 + one HSUB2/HFMA2 per pair (the activation columns are permuted to
  * the unpack order, gemm_perm16); 8-bit adds a PRMT; bf16 converts via fp32. Per group and row the
  * fp32 MMA sum folds as acc += s·Σqx + b·Σx; the epilogue multiplies by the row's activation scale.
- * launch_gemm picks this kernel, the 2D-warp-tiled one (gemm_prefill_2d.cu; 128-token tiles, and 64
- * with g_cuda_tuning.gemm_variant 1 or 2) or the wgmma one (gemm_prefill_wgmma.cu; variants 3-11, 4-bit);
+ * launch_gemm runs this kernel for 16-token tiles, the 2D-warp-tiled one (gemm_prefill_2d.cu) for 64 and
+ * 128, or, with GEMM_KERNEL_WGMMA, the wgmma one (gemm_prefill_wgmma.cu) for 4-bit weights at 64 and 128;
  * the shared device helpers are in gemm_prefill_dev.cuh.
  */
 #include "gemm_prefill_dev.cuh"
@@ -192,53 +192,38 @@ static cudaError_t gemm_epi(const gemm_args &a, int n_tokens, bool grouped, cuda
         if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
-    if constexpr (NT == 4) { /* grouped-only tile width */
-        return cudaErrorInvalidValue;
-    } else {
-        if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, false>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_ADD) return gemm_go<BITS, NT, GEMM_EPI_ADD, false>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
-        return cudaErrorInvalidValue;
-    }
+    if (a.epi == GEMM_EPI_STORE) return gemm_go<BITS, NT, GEMM_EPI_STORE, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_ADD) return gemm_go<BITS, NT, GEMM_EPI_ADD, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_SWIGLU) return gemm_go<BITS, NT, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
+    return cudaErrorInvalidValue;
 }
 
 template <int BITS>
 static cudaError_t gemm_bits(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
 {
-    switch (T) {
-    case 16: return gemm_epi<BITS, 2>(a, n_tokens, grouped, s);
-    case 32: return gemm_epi<BITS, 4>(a, n_tokens, grouped, s);
-    case 64: return gemm_epi<BITS, 8>(a, n_tokens, grouped, s);
-    default: return cudaErrorInvalidValue;
-    }
+    return T == 16 ? gemm_epi<BITS, 2>(a, n_tokens, grouped, s) : cudaErrorInvalidValue;
 }
 
-int gemm_grouped_tile(double avg_rows)
+gemm_kernel_id gemm_kernel_choose(void)
 {
-    const int forced = g_cuda_tuning.moe_tile;
-    if (forced == 16 || forced == 32 || forced == 64 || forced == 128)
-        return forced;
-    /* measured (H200, BENCHMARKS.md "MoE tile by prompt length"): 128-token tiles lost at every length;
-     * with the 2D kernel, 64 wins from ~32 rows per expert (a 1K chunk) */
-    if (g_cuda_tuning.gemm_variant >= 3) /* wgmma: 64 and 128 (its dequant is amortised over N tokens) */
+    return gemm_wgmma_available() ? GEMM_KERNEL_WGMMA : GEMM_KERNEL_MMA;
+}
+
+int gemm_grouped_tile(int kernel, double avg_rows)
+{
+    /* measured (H200, docs/BENCHMARKS.md "MoE tile by prompt length"): with the mma.sync kernels 128-token
+     * tiles lost at every length and 64 wins from ~24 rows per expert; the wgmma kernel's dequantization
+     * is amortised over the tile's tokens, so it takes 128 from 128 rows */
+    if (kernel == GEMM_KERNEL_WGMMA)
         return avg_rows >= 128.0 ? 128 : avg_rows >= 24.0 ? 64 : 16;
-    if (g_cuda_tuning.gemm_variant >= 1)
-        return avg_rows >= 24.0 ? 64 : 16;
-    return avg_rows >= 48.0 ? 64 : avg_rows >= 24.0 ? 32 : 16;
+    return avg_rows >= 24.0 ? 64 : 16;
 }
 
-/* Tokens per block of a dense GEMM: g_cuda_tuning.dense_tile when it is 16, 64 or 128, else 16 up to
- * 16 tokens, then 64 (128 measured slower at every prompt length on the H200 with variants 0-2,
- * BENCHMARKS.md); variants 3-11 (wgmma) 128 from 128 tokens (one m64n128 per warpgroup and k16 slice; the
- * same dequantized A feeds twice the tokens). */
-static int gemm_dense_tile(int n_tokens)
+int gemm_dense_tile(int kernel, int n_tokens)
 {
-    const int forced = g_cuda_tuning.dense_tile;
-    if (forced == 16 || forced == 64 || forced == 128)
-        return forced;
     if (n_tokens <= 16)
         return 16;
-    return g_cuda_tuning.gemm_variant >= 3 && n_tokens >= 128 ? 128 : 64;
+    return kernel == GEMM_KERNEL_WGMMA && n_tokens >= 128 ? 128 : 64;
 }
 
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
@@ -251,31 +236,25 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
     if (gemm_swiglu(a.epi) && (a.n_mats != 2 || a.m[0].rows != a.m[1].rows))
         return cudaErrorInvalidValue;
     const bool grouped = a.tile_expert != NULL;
-    int T;
     if (grouped) {
         if (a.epi == GEMM_EPI_ADD || (a.epi == GEMM_EPI_STORE && a.n_mats != 1) ||
             !a.tile_start || !a.n_tiles || !a.offsets || a.max_tiles <= 0)
             return cudaErrorInvalidValue;
-        T = a.tile_tokens;
-    } else {
-        if (n_tokens <= 0)
+    } else if (n_tokens <= 0) {
+        return cudaErrorInvalidValue;
+    }
+    const int T = a.tile_tokens ? a.tile_tokens : gemm_dense_tile(a.kernel, n_tokens);
+    if (T != 16 && T != 64 && T != 128)
+        return cudaErrorInvalidValue;
+    /* the wgmma kernel takes 4-bit weights at 64/128-token tiles; every other case (8-bit / bf16 weights,
+     * 16-token tiles) runs the mma.sync kernels */
+    if (a.kernel == GEMM_KERNEL_WGMMA && a.m[0].bits == 4 && T != 16) {
+        if (!gemm_wgmma_available())
             return cudaErrorInvalidValue;
-        T = gemm_dense_tile(n_tokens);
+        return launch_gemm_wgmma(a, n_tokens, grouped, T, s);
     }
-    /* variants 3, 4, 7, 9-11 (5, 6, 8 removed, and 12 and up: as 3): the wgmma kernel for 4-bit weights
-     * at 64/128-token tiles on an sm_90a device; every other case (8-bit / bf16 weights, 16-token tiles,
-     * no sm_90a) runs as variant 1 */
-    int variant = g_cuda_tuning.gemm_variant;
-    if (variant >= 3) {
-        const int wv = variant == 4 || variant == 7 || (variant >= 9 && variant <= 11) ? variant : 3;
-        if (a.m[0].bits == 4 && (T == 64 || T == 128) && gemm_wgmma_available())
-            return launch_gemm_wgmma(a, n_tokens, grouped, T, wv, s);
-        variant = 1;
-    }
-    /* 128-token tiles exist only in the 2D-tiled kernel (16 warps with variant 2, else 8); 64 in both
-     * (the knob picks) */
-    if (T == 128 || (T == 64 && variant >= 1))
-        return launch_gemm2d(a, n_tokens, grouped, T, variant == 2 ? 4 : 2, s);
+    if (T != 16)
+        return launch_gemm2d(a, n_tokens, grouped, T, s);
     switch (a.m[0].bits) {
     case 4: return gemm_bits<4>(a, n_tokens, grouped, T, s);
     case 8: return gemm_bits<8>(a, n_tokens, grouped, T, s);

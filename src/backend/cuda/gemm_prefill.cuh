@@ -39,6 +39,16 @@ enum gemm_epilogue {
     GEMM_EPI_SWIGLU = 2, /* y[row][r] = silu(gate·x) * (up·x): m[0] = gate, m[1] = up */
 };
 
+/* The GEMM kernel family of the prefill path, chosen once per backend (gemm_kernel_choose). */
+enum gemm_kernel_id {
+    GEMM_KERNEL_MMA = 0,   /* mma.sync: gemm_kernel (16-token tiles), gemm2d_kernel (64, 128); any sm_80+ GPU */
+    GEMM_KERNEL_WGMMA = 1, /* as MMA, and gemm_wg_kernel (Hopper wgmma) for 4-bit weights at 64/128 tokens */
+};
+
+/* GEMM_KERNEL_WGMMA when the current device runs the binary's sm_90a image (gemm_wgmma_available), else
+ * GEMM_KERNEL_MMA. Call outside stream capture (the first call reads a device flag). */
+gemm_kernel_id gemm_kernel_choose(void);
+
 /* Y[row][r] (=, +=, swiglu) Σ_c X[row][c] W[r][c] for up to 4 matrices (same bits and cols) whose rows
  * are concatenated (row_start), each writing its own y / y_stride. Dense: rows of X are tokens 0..n-1.
  * Grouped (tile_expert != NULL): the block walks a tile map of (expert, first position); positions p of
@@ -59,10 +69,11 @@ struct gemm_args {
     const int *offsets;       /* [n_experts + 1] */
     const int *gather;        /* [positions] X row of position p, or NULL */
     int max_tiles;            /* grid bound (host) */
-    int tile_tokens;          /* grouped: tokens per tile, 16, 32, 64 or 128 (must match the plan); dense:
-                               * unused (gemm_dense_tile picks) */
+    int tile_tokens;          /* grouped: tokens per tile, 16, 64 or 128 (gemm_grouped_tile; must match the
+                               * plan); dense: 0 = gemm_dense_tile, or 16, 64, 128 */
     int act_rows;             /* grouped without a gather, or 0: rows of act.x that may be read (all positions);
-                               * lets gemm_variant 10 load X tiles by TMA (zeros past it) */
+                               * lets the wgmma kernel load X tiles by TMA (zeros past it) */
+    int kernel;               /* gemm_kernel_id */
 };
 
 /* Input transform of n_rows rows (gemv_input_mode: plain, RMSNorm, gated RMSNorm; in.act fp32
@@ -72,35 +83,29 @@ struct gemm_args {
  * shared-memory kernel, cols <= 12288 and a gated head_dim that is a multiple of 32), else the launch's
  * error. */
 cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s);
+/* The same by the one-block-per-row kernel that launch_gemm_prep falls back to (tests compare the two). */
+cudaError_t launch_gemm_prep_block(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s);
 
-/* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused). The kernel:
- * gemm_kernel (gemm_prefill.cu) for 16/32/64-token tiles, gemm2d_kernel (gemm_prefill_2d.cu) for
- * 128-token tiles (16 warps with g_cuda_tuning.gemm_variant 2, else 8) and, with gemm_variant >= 1, for
- * 64; same results either way. gemm_variant 3: gemm_wg_kernel (gemm_prefill_wgmma.cu, Hopper wgmma) for
- * 4-bit weights at 64/128 tokens on sm_90a (weights rounded to fp16: not bit-identical to the others),
- * else as variant 1; gemm_variant 4: the same kernel keeping one group's wgmmas in flight; 7: one commit
- * group per k16 slice (three wgmmas queued through each dequantization) with a lean step (a quarter
- * fewer instructions per group: the tile rows' X addresses in shared memory, a running stage slot, one
- * LOP3 less per weight pair); 9: 7 with the wgmma width of a ragged tile trimmed to its live tokens
- * (32 / 64 / 96: MoE tiles); 10: 9 with the X tile of a launch without a gather (dense, and grouped
- * with act_rows: the routed down) loaded by TMA (one 2D tensor copy per stage on an mbarrier, no proxy
- * fence per step; the others as 9); 11: 10, and the other launches (the gathered gate/up) with cp.async
- * completing on the stage's mbarrier instead of wait_group + fence.proxy.async (as CUTLASS's cp.async
- * GMMA mainloops); 3-11 give the same bits; 5, 6, 8 (removed) and 12 and up run as 3.
- * Dense tile: g_cuda_tuning.dense_tile or by n_tokens (gemm_dense_tile).
- * Returns cudaErrorInvalidValue for shapes it has no kernel for. */
+/* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused), by the kernel
+ * family a.kernel: gemm_kernel (gemm_prefill.cu) for 16-token tiles, gemm2d_kernel (gemm_prefill_2d.cu)
+ * for 64/128; with GEMM_KERNEL_WGMMA, gemm_wg_kernel (gemm_prefill_wgmma.cu) for 4-bit weights at 64/128
+ * (weights rounded to fp16: not bit-identical to the others). Returns cudaErrorInvalidValue for shapes it
+ * has no kernel for (and for GEMM_KERNEL_WGMMA on a device without the sm_90a image). */
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 
-/* Whether gemm_variants 3-11 can run their wgmma kernel: the current device is compute capability 9.0 and
- * the runtime loaded the binary's sm_90a image (a device flag read once by cudaMemcpyFromSymbol, then
- * cached: first call outside stream capture, e.g. a prefill GEMM). */
+/* Whether the wgmma kernel can run: the current device is compute capability 9.0 and the runtime loaded
+ * the binary's sm_90a image (a device flag read once by cudaMemcpyFromSymbol, then cached: first call
+ * outside stream capture). */
 bool gemm_wgmma_available(void);
 
-/* Tokens per grouped tile for an average of `avg_rows` rows per expert: g_cuda_tuning.moe_tile when it
- * is 16, 32, 64 or 128; else 16 / 32 / 64 from 24 / 48 rows (gemm_variant 0), 16 / 64 from 24 rows
- * (variants 1, 2), 16 / 64 / 128 from 24 / 128 rows (variants 3-11). The plan (launch_moe_plan) and the
- * grouped GEMMs must get the same T (forward_prefill.cu calls this once per MoE block). */
-int gemm_grouped_tile(double avg_rows);
+/* Tokens per grouped tile for an average of `avg_rows` rows per expert under kernel family `kernel`:
+ * 16 / 64 from 24 rows (MMA), 16 / 64 / 128 from 24 / 128 rows (WGMMA). The plan (launch_moe_plan) and
+ * the grouped GEMMs must get the same T (forward_prefill.cu calls this once per MoE block). */
+int gemm_grouped_tile(int kernel, double avg_rows);
+/* Tokens per block of a dense GEMM of n_tokens rows: 16 up to 16 tokens, then 64 (128-token tiles measured
+ * slower with the mma.sync kernels), WGMMA 128 from 128 tokens (the same dequantized A feeds twice the
+ * tokens). */
+int gemm_dense_tile(int kernel, int n_tokens);
 
 /* ---- MoE routing (moe_prefill.cu) ---- */
 

@@ -1,16 +1,15 @@
-/* gemm_prefill_2d.cu — the 2D-warp-tiled variants of the prefill tensor-core GEMM (g_cuda_tuning.gemm_variant
- * 1 or 2, and every 128-token tile): the same operands, math and results as gemm_kernel in gemm_prefill.cu
+/* gemm_prefill_2d.cu — the 2D-warp-tiled prefill tensor-core GEMM (64- and 128-token tiles where the wgmma
+ * kernel does not run: 8-bit and bf16 weights, GPUs other than sm_90a): the same operands, math and results as gemm_kernel in gemm_prefill.cu
  * (bit for bit: every output element sees the same four MMAs per group in the same order and the same
  * fold), with less shared-memory traffic per MMA.
  *
- * gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>: 4·WN warps (WN = 2: 256 threads, 4: 512), a block owns 128
+ * gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>: 4·WN warps (WN = 2: 256 threads), a block owns 128
  * weight rows (SWIGLU: 64 gate rows + the same 64 up rows) x T = 8·WN·NTW tokens. The warps form a
  * 4 x WN grid: warp w owns rows 32·(w & 3) .. +31 (two m16 tiles) and tokens TW·(w >> 2) .. +TW-1,
  * TW = 8·NTW (NTW n8 tiles), so a dequantized A fragment feeds NTW MMAs and an activation (B) fragment
  * two; per group and warp the activation reads are TW x 128 B instead of T x 128 B (the one-warp-row
- * kernel: every warp reads all T rows). Instances: (WN 2, NTW 4) = 64 tokens, (2, 8) = 128 tokens with
- * 8 warps (variant 1), (4, 4) = 128 tokens with 16 warps of the 64-token kernel's register footprint
- * (variant 2). A warp whose tokens all lie past the tile's count (ragged MoE tiles) skips its MMAs but
+ * kernel: every warp reads all T rows). Instances: (WN 2, NTW 4) = 64 tokens, (2, 8) = 128 tokens. A
+ * warp whose tokens all lie past the tile's count (ragged MoE tiles) skips its MMAs but
  * keeps loading and synchronizing.
  * Pipeline: one 64-column quantization group per step, 4 cp.async stages (bf16: 3) of [weights: the
  * group's 32/64/128 bytes of 128 rows | activations: T rows x 128 B, 16-byte chunks XOR-swizzled by
@@ -20,8 +19,8 @@
  */
 #include "gemm_prefill_dev.cuh"
 
-/* Blocks per SM promised to ptxas for the 8-warp instances: 1 lets it use up to 255 registers, 2 caps
- * them at 128 (the 128-token instance then spills a little; -Xptxas -v). 16-warp instances: always 1. */
+/* Blocks per SM promised to ptxas: 1 lets it use up to 255 registers, 2 caps them at 128 (the 128-token
+ * instance then spills a little; -Xptxas -v). */
 #ifndef GEMM2D_MIN_BLOCKS
 #define GEMM2D_MIN_BLOCKS 1
 #endif
@@ -292,23 +291,21 @@ static cudaError_t gemm2d_epi(const gemm_args &a, int n_tokens, bool grouped, cu
 }
 
 template <int BITS>
-static cudaError_t gemm2d_bits(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s)
+static cudaError_t gemm2d_bits(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
 {
     if (T == 64)
         return gemm2d_epi<BITS, 2, 4>(a, n_tokens, grouped, s);
-    if (T == 128 && wn == 4 && BITS != 8) /* 8-bit: 16 warps would spill (128-register cap) */
-        return gemm2d_epi<BITS, BITS == 8 ? 2 : 4, BITS == 8 ? 8 : 4>(a, n_tokens, grouped, s);
     if (T == 128)
         return gemm2d_epi<BITS, 2, 8>(a, n_tokens, grouped, s);
     return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s)
+cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
 {
     switch (a.m[0].bits) {
-    case 4: return gemm2d_bits<4>(a, n_tokens, grouped, T, wn, s);
-    case 8: return gemm2d_bits<8>(a, n_tokens, grouped, T, wn, s);
-    case 16: return gemm2d_bits<16>(a, n_tokens, grouped, T, wn, s);
+    case 4: return gemm2d_bits<4>(a, n_tokens, grouped, T, s);
+    case 8: return gemm2d_bits<8>(a, n_tokens, grouped, T, s);
+    case 16: return gemm2d_bits<16>(a, n_tokens, grouped, T, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -2,7 +2,7 @@
  * one-warp-row kernel; gemm_prefill_2d.cu: the 2D-warp-tiled kernel): cp.async wrappers, the 4/8-bit
  * and bf16 A-fragment unpacking (load_a), the block-row -> (matrix, row) map (gemm_row), the tile's token
  * rows (gemm_tile_rows) and the 8-warp epilogue (gemm_epilogue_w16, also gemm_prefill_wgmma.cu's). The
- * kernels run GEMM_THREADS threads over GEMM_ROWS weight rows per block (the 2D one: or 512).
+ * kernels run GEMM_THREADS threads over GEMM_ROWS weight rows per block.
  */
 #ifndef LILY_GEMM_PREFILL_DEV_CUH
 #define LILY_GEMM_PREFILL_DEV_CUH
@@ -14,19 +14,13 @@
 #define GEMM_THREADS 256
 #define GEMM_ROWS 128
 
-/* The 2D-warp-tiled kernel (gemm_prefill_2d.cu) for T = 64 or 128 tokens per block with wn token-warps
- * (T 128: wn 2 = 8 warps of 64 tokens, wn 4 = 16 warps of 32 except for 8-bit weights; T 64: 8 warps
- * of 32), called by launch_gemm after it has checked the arguments. cudaErrorInvalidValue for other T
- * or bits. */
-cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, int wn, cudaStream_t s);
+/* The 2D-warp-tiled kernel (gemm_prefill_2d.cu) for T = 64 or 128 tokens per block (8 warps), called by
+ * launch_gemm after it has checked the arguments. cudaErrorInvalidValue for other T or bits. */
+cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s);
 
-/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu) in the form of gemm_variant = variant (3: wait per
- * group; 4: one group's wgmmas in flight through the next barrier and loads; 7: one commit group per k16
- * slice, wait<3>, with the lean step; 9: 7 with the tile's wgmma width trimmed to its live tokens; 10: 9
- * with the X tile of a launch without a gather by TMA; 11: 10, the other launches' cp.async completing
- * on mbarriers, no proxy fence) for 4-bit weights and T = 64 or 128 tokens per block;
- * cudaErrorInvalidValue otherwise (other variants included). Only when gemm_wgmma_available(). */
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int variant, cudaStream_t s);
+/* The Hopper wgmma kernel (gemm_prefill_wgmma.cu) for 4-bit weights and T = 64 or 128 tokens per block;
+ * cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s);
 
 /* The grid of a prefill GEMM launch: x = blocks of GEMM_ROWS weight rows (SWIGLU: 64 gate rows and the
  * same up rows), y = tiles of T tokens (dense) or the tile map's bound a.max_tiles (grouped).

@@ -1,12 +1,12 @@
-/* gemm_prefill_wgmma.cu — the Hopper (sm_90a) variant of the 4-bit prefill GEMM (g_cuda_tuning.gemm_variant
- * 3-11): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the weights, with
- * wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16 columns.
+/* gemm_prefill_wgmma.cu — the Hopper (sm_90a) kernel of the 4-bit prefill GEMM (gemm_kernel_choose picks it
+ * on an sm_90a device): the same operands and results as gemm_prefill_2d.cu up to fp16 rounding of the
+ * weights, with wgmma.mma_async instead of mma.sync so that one instruction covers 64 rows x N tokens x 16
+ * columns.
  *
- * gemm_wg_kernel<N, PIPE, TRIM, XL, EPI, GROUPED> (XL: X by cp.async + fence / TMA / MB): 256
- * threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU: 64 gate rows + the same 64 up rows;
- * gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows 64w..64w+63
- * (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per 64-column group,
- * four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
+ * gemm_wg_kernel<N, XL, EPI, GROUPED>: 256 threads = 2 warpgroups; a block owns 128 weight rows (SWIGLU:
+ * 64 gate rows + the same 64 up rows; gemm_row) x N = 64 or 128 tokens; warpgroup w owns rows
+ * 64w..64w+63 (warp i of the block: rows 16i..16i+15, gemm_epilogue_w16's layout) and issues, per
+ * 64-column group, four wgmma m64nNk16 (fp16 x fp16 -> fp32 in registers) with
  *   A from registers: the weights dequantized to fp16, w = s·q + b by one HFMA2 per pair (q exact as fp16
  *     by the 1024 + q trick, s and b bf16 -> fp16 exactly); A's register fragment per warp is the
  *     m16n8k16 one (a0: row g, k 2t, 2t+1; a1: row g+8; a2/a3: k + 8), PTX ISA "Register fragments and
@@ -19,51 +19,24 @@
  * (k 2t+8, 2t+9) of the slice: nibbles t and t + 4 of the slice's two 4-bit words, one shift by 4t.
  * No per-group fold and no group sums (gemm_act.xs is unused); the epilogue multiplies the row scale back.
  * Error vs gemm_prefill_2d: each weight is rounded to fp16 once (relative 2^-11).
- * Pipeline: 4 cp.async stages of [activations N x 128 B (1024-byte aligned) | weights 128 rows x 32 B |
- * fp32 scale[128], bias[128]]; a step waits for its stage, makes the cp.async writes visible to the async
- * proxy (fence.proxy.async in the writing threads, then the barrier), refills the slot of step k - 1,
- * dequantizes, issues the 4 wgmmas and waits for them before the next barrier, the stage it read being
- * the next refill (PIPE 0, gemm_variant 3). The other forms keep wgmmas in flight; all have 5 stages and
- * refill the slot of step k - 2 (every warpgroup has retired group k - 2 before step k's barrier):
- *   PIPE 1 (gemm_variant 4): the wait for group k - 1's wgmmas moves to just before group k's
- *     dequantization, so the tensor pipe keeps working through the barrier, the refill and the weight
- *     loads, but a warpgroup's queue is empty while it dequantizes (ncu, H200, 4096-token chunk: the
- *     tensor pipe busy 34-50% of the time, not DRAM- or L2-bound).
- *   PIPE 3 (gemm_variant 7): one commit group per k16 slice; slice s of group k is dequantized into
- *     A[s] as soon as slice s of group k - 1 has retired (wait<3>), so three wgmmas stay queued through
- *     each dequantization and through the barrier; the A registers are PIPE 1's. It exchanges the
- *     SWIGLU gate values as whole fragments (gemm_epilogue_w16 FRAG: one conflict-free float4
- *     store/load per n8 block instead of 8-way bank conflicts); same results.
- *   LEAN (every PIPE 3 form): the step's instructions cut from 227 to 171 per thread
- *     (SASS, N 128): ncu saw issue slots ~40% busy at ~2,400 cycles per step, i.e. ~235 instructions
- *     per warp and step, 4 warps per scheduler, so at full tensor rate (1,024 cycles per step for the
- *     SM's 4 warpgroups) issue would be ~90% busy. The tile rows' X addresses sit in shared memory
- *     (s_src: one LDS.64 + a 64-bit add per 16-byte chunk instead of a 64-bit multiply), the stage
- *     slot is a running counter (no k % 5), and the weight nibbles take one LOP3 ((x & m) | e).
- *   Removed after measurement (H200, 4096-token prompt, tok/s; 4: 38,984, 7: 39,984): PIPE 2 (two A
- *     register sets, group k dequantized while group k - 1 runs, wait<1>: gemm_variant 5, 39,009; with
- *     the lean step 8, 37,968) and PIPE 3 without the lean step (6, 38,492).
- *   TRIM (PIPE 3: gemm_variant 9): a tile with count <= 32 / 64 / 96 live tokens runs the main
- *     loop with wgmma m64n32/64/96k16 and skips the cp.async of its dead token rows: a ragged MoE tile
- *     (each expert's last one) costs tensor work for its live tokens rounded up to 32, not 128.
- *   TMA (TRIM + the X tile of a launch without a gather: dense, and grouped with a.act_rows = the routed
- *     down GEMM; gemm_variant 10; the others run as 9): thread 0 arms the stage's mbarrier (expect_tx
- *     N·128 bytes) and issues one 2D tensor copy (cp.async.bulk.tensor, box 64 columns x N rows from (64k, base), 128-byte swizzle: the layout
- *     above; rows past n_tokens arrive as zeros); the consumers wait on the mbarrier's phase. B then
- *     arrives through the async proxy, so the step drops the fence.proxy.async (SASS: MEMBAR.ALL.CTA +
- *     FENCE.VIEW.ASYNC.S per thread and step, which may wait for the thread's outstanding loads) and
- *     the 4 cp.async of X per thread. The map is encoded per launch (cuTensorMapEncodeTiled through
- *     cudaGetDriverEntryPointByVersion); without it the launch runs as 9.
- *   MB (gemm_variant 11: TMA where 10 has it, MB for the other launches, i.e. the gathered gate/up):
- *     each thread's cp.async of a stage (weights and X) complete on the stage's mbarrier
- *     (cp.async.mbarrier.arrive.noinc, 256 arrivals per phase) and the step waits on it instead of
- *     cp.async.wait_group + fence.proxy.async, as CUTLASS's cp.async GMMA mainloops do; the block
- *     barrier stays (scale/bias stores, slot reuse).
- * Every form issues the same wgmmas in the same order on the same A (TRIM: on the live columns): the
- * same bits (test_cuda_prefill_gemm checks variants 7, 9-11 against 4). ptxas -v (sm_90a): no spills, no C7513/C7510
- * serialization, registers N 128: 119-121 (PIPE 0), 122-128 (the others); N 64: 80-83 (PIPE 0), 89-116.
+ *
+ * Pipeline: 5 stages of [activations N x 128 B (1024-byte aligned) | weights 128 rows x 32 B | fp32
+ * scale[128], bias[128]]; step k refills the slot of step k - 2 (both warpgroups have retired group k - 2
+ * before step k's barrier). One commit group per k16 slice: slice s of group k is dequantized into A[s] as
+ * soon as slice s of group k - 1 has retired (wait<3>), so three wgmmas stay queued through each
+ * dequantization and through the barrier. The tile rows' X addresses sit in shared memory (s_src), the
+ * stage slot is a running counter, and a weight nibble pair takes one LOP3.
+ * Ragged tiles: a tile with count <= 32 / 64 / 96 live tokens runs the main loop with wgmma m64n32/64/96k16
+ * and skips the loads of its dead token rows (each expert's last MoE tile).
+ * X loads (XL): 1 (TMA) for a launch without a gather whose X rows are known (dense, and the routed down
+ * GEMM: a.act_rows): thread 0 arms the stage's mbarrier (expect_tx N·128 bytes) and issues one 2D tensor
+ * copy (box 64 columns x N rows, 128-byte swizzle; rows past the map arrive as zeros); 2 (MB) for the
+ * others: every thread's cp.async of a stage (weights and X) completes on the stage's mbarrier
+ * (cp.async.mbarrier.arrive.noinc, 256 arrivals per phase). Either way B arrives without a per-step
+ * fence.proxy.async; the block barrier stays (scale/bias stores, slot reuse). Measurements:
+ * docs/BENCHMARKS.md ("Prefill GEMM kernels").
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
- * gemm_wgmma_available() says false, so launch_gemm falls back to variant 1.
+ * gemm_wgmma_available() says false.
  */
 #include "gemm_prefill_dev.cuh"
 #include "wgmma_common.cuh" /* descriptors, fences, wait */
@@ -79,9 +52,9 @@
 #define GEMM_WG_MIN_BLOCKS 2
 #endif
 
-template <int N, int PIPE>
+template <int N>
 struct gemm_wg_shape {
-    static constexpr int STAGES = PIPE ? 5 : 4; /* PIPE >= 1 refills 2 groups behind: keep 3 ahead */
+    static constexpr int STAGES = 5;               /* refills 2 groups behind: 3 ahead */
     static constexpr int X_STAGE = N * 128;        /* first: the descriptor's 1024-byte swizzle atoms */
     static constexpr int W_STAGE = GEMM_ROWS * 32; /* 4-bit: 32 bytes per row per group */
     static constexpr int SB_STAGE = 2 * GEMM_ROWS * 4;
@@ -135,7 +108,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
-/* m64n32k16, m64n96k16: TRIM's narrower forms for tiles of <= 32 / 96 live tokens */
+/* m64n32k16, m64n96k16: the narrower forms for tiles of <= 32 / 96 live tokens */
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
@@ -170,16 +143,12 @@ __device__ __forceinline__ void wgmma_m64n96k16(float (&d)[12][4], const uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
-/* Two weights of one row (low half: k 2t, high: k 2t+1) from a 4-bit word: nibbles sh/4 and sh/4 + 4.
- * LEAN: the mask and the 1024 exponent in one LOP3 ((x & m) | e, the magic in a register); same bits. */
-template <bool LEAN = false>
+/* Two weights of one row (low half: k 2t, high: k 2t+1) from a 4-bit word: nibbles sh/4 and sh/4 + 4;
+ * the mask and the 1024 exponent in one LOP3 ((x & m) | e, the magic in a register). */
 __device__ __forceinline__ uint32_t dq4_wg(uint32_t w, int sh, __half2 s, __half2 b)
 {
     uint32_t x;
-    if constexpr (LEAN)
-        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(w >> sh), "n"(0x000F000F), "r"(0x64006400u));
-    else
-        x = ((w >> sh) & 0x000F000Fu) | 0x64006400u;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(w >> sh), "n"(0x000F000F), "r"(0x64006400u));
     const __half2 q = __hsub2(bits_h2(x), bits_h2(0x64006400u));
     return h2_bits(__hfma2(q, s, b));
 }
@@ -200,7 +169,7 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 8][4], const uint32_t (&a
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* TMA (variant 10): the X tile of a dense GEMM as one 2D tensor copy per stage (box 64 columns x N rows,
+/* TMA: the X tile of a dense GEMM as one 2D tensor copy per stage (box 64 columns x N rows,
  * 128-byte swizzle: the layout the descriptor reads), completing on the stage's mbarrier. */
 __device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
 {
@@ -260,36 +229,31 @@ __device__ __forceinline__ void wg_fence_regs4(uint32_t (&x)[4])
 }
 
 /* A fragment of k16 slice s (wgmma_common.cuh: a0 row g k lo, a1 row g+8 k lo, a2/a3 k hi) */
-template <bool LEAN>
 __device__ __forceinline__ void gemm_wq_slice(uint32_t (&A)[4], const gemm_wq &q, int s, int sh)
 {
-    A[0] = dq4_wg<LEAN>(q.w0[2 * s], sh, q.s0, q.b0);
-    A[1] = dq4_wg<LEAN>(q.w1[2 * s], sh, q.s1, q.b1);
-    A[2] = dq4_wg<LEAN>(q.w0[2 * s + 1], sh, q.s0, q.b0);
-    A[3] = dq4_wg<LEAN>(q.w1[2 * s + 1], sh, q.s1, q.b1);
+    A[0] = dq4_wg(q.w0[2 * s], sh, q.s0, q.b0);
+    A[1] = dq4_wg(q.w1[2 * s], sh, q.s1, q.b1);
+    A[2] = dq4_wg(q.w0[2 * s + 1], sh, q.s0, q.b0);
+    A[3] = dq4_wg(q.w1[2 * s + 1], sh, q.s1, q.b1);
 }
 #endif
 
-template <int N, int PIPE, bool TRIM, int XL, int EPI, bool GROUPED>
+template <int N, int XL, int EPI, bool GROUPED>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     gemm_wg_kernel(gemm_args a, int n_tokens, const __grid_constant__ CUtensorMap xmap)
 {
-    static_assert(XL == 0 || TRIM, "TMA, MB: on TRIM");
-    static_assert(PIPE == 0 || PIPE == 1 || PIPE == 3, "PIPE 0, 1, 3 (2 removed)");
-    static_assert(!TRIM || PIPE == 3, "TRIM: PIPE 3");
+    static_assert(XL == 1 || XL == 2, "X by TMA (1) or by cp.async on mbarriers (2)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool LEAN = PIPE == 3; /* the lean step */
-    typedef gemm_wg_shape<N, PIPE> S;
-    constexpr bool TMA = XL == 1, MB = XL == 2; /* X by TMA / cp.async completing on an mbarrier */
+    typedef gemm_wg_shape<N> S;
+    constexpr bool TMA = XL == 1, MB = XL == 2;
     constexpr int NT = N / 8, NS = S::STAGES;
-    constexpr int PF = PIPE ? NS - 2 : NS - 1; /* groups loaded ahead: a refill waits for its slot's wgmmas */
     static_assert(S::STAGE % 1024 == 0 && N * 8 % GEMM_THREADS == 0, "stage layout");
     static_assert(S::SMEM - 1024 >= 64 * N * 4, "SWIGLU epilogue needs 64 x N floats");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ int s_tok[N];
     __shared__ float s_scale[N];
-    __shared__ const unsigned char *s_src[LEAN ? N : 1]; /* LEAN: X row of each tile row */
-    __shared__ uint64_t s_full[XL ? NS : 1];                /* TMA, MB: the X tile of each stage landed */
+    __shared__ const unsigned char *s_src[N]; /* X row of each tile row */
+    __shared__ uint64_t s_full[NS];           /* the stage landed */
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     unsigned char *smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -313,15 +277,15 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
         if (gemm_row<EPI>(a, tid & (GEMM_ROWS - 1), mi, lr))
             sbp = (tid < GEMM_ROWS ? a.m[mi].scales : a.m[mi].biases) + ((int64_t)e * a.m[mi].rows + lr) * n_groups;
     }
-    if (LEAN && tid < N) /* s_tok[tid]: this thread's own write */
+    if (tid < N) /* s_tok[tid]: this thread's own write */
         s_src[tid] = reinterpret_cast<const unsigned char *>(a.act.x + (size_t)s_tok[tid] * cols);
-    if (XL && tid == 0) {
+    if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < NS; i++)
             mbar_init(&s_full[i], TMA ? 1 : GEMM_THREADS);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads(); /* s_tok (TMA: the mbarriers) */
+    __syncthreads(); /* s_tok, s_src, the mbarriers */
 
     auto load_stage = [&](int k, int st) {
         unsigned char *sx = smem + st * S::STAGE;
@@ -333,27 +297,20 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
                 mbar_expect_tx(&s_full[st], N * 128);
                 tma_load_2d(sx, &xmap, k * 64, base, &s_full[st]);
             }
-        } else if constexpr (LEAN) {
+        } else {
             /* thread tid's chunks: rows (tid >> 3) + 32i, chunk tid & 7 (s_src holds its byte offset), all
              * at the same swizzle (r & 7 = (tid >> 3) & 7): one LDS.64 of the row's address + a 64-bit add */
             const int r = tid >> 3, dst = r * 128 + (((tid & 7) ^ (r & 7)) * 16), off = k * 128 + (tid & 7) * 16;
 #pragma unroll
             for (int i = 0; i < N * 8 / GEMM_THREADS; i++) {
-                if (TRIM && r + 32 * i >= count)
-                    continue; /* TRIM: a dead token row is never read (warp-uniform: 4 rows per warp) */
-                cp_async16(sx + dst + 4096 * i, s_src[r + 32 * i] + off, r + 32 * i < count);
+                if (r + 32 * i >= count)
+                    continue; /* a dead token row is never read (warp-uniform: 4 rows per warp) */
+                cp_async16(sx + dst + 4096 * i, s_src[r + 32 * i] + off, true);
             }
-            if (MB) /* every thread, every stage: the phase completes when all 256 threads' copies have */
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
-                                 (uint32_t)__cvta_generic_to_shared(&s_full[st]))
-                             : "memory");
-        } else {
-#pragma unroll
-            for (int i = 0; i < N * 8 / GEMM_THREADS; i++) {
-                const int q = tid + i * GEMM_THREADS, r = q >> 3, c = q & 7;
-                const __half *src = a.act.x + (size_t)s_tok[r] * cols + k * 64 + c * 8;
-                cp_async16(sx + r * 128 + ((c ^ (r & 7)) * 16), src, r < count);
-            }
+            /* every thread, every stage: the phase completes when all 256 threads' copies have */
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                             (uint32_t)__cvta_generic_to_shared(&s_full[st]))
+                         : "memory");
         }
     };
     auto sb_slot = [&](int k) {
@@ -365,7 +322,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
     for (int nt = 0; nt < NT; nt++)
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
-    for (int st = 0; st < PF; st++) {
+    for (int st = 0; st < NS - 2; st++) {
         if (st < n_groups)
             load_stage(st, st);
         cp_async_commit();
@@ -380,139 +337,77 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_WG_MIN_BLOCKS)
         sbv = sbp[NS - 2];
 
     const int r0 = warp * 16 + g, sh = 4 * tig;
-    /* Step k's front: stage k landed and visible to every thread and to the async proxy; the refill of
-     * the slot of group k + PF (its last reader, group k + PF - NS, has retired in both warpgroups:
-     * PIPE 0 waits for group k - 1 before the barrier, the others for group k - 2); the scale/bias
-     * store of group k + NS - 2. */
-    /* LEAN: the slot of step k as a running counter (cur; advance() after each step) instead of k % NS;
-     * the refill and scale/bias slot (k + NS - 2) % NS follows from it */
+    /* Step k's front: the barrier, then the refill of the slot of group k + NS - 2 (its last reader, group
+     * k - 2, has retired in both warpgroups) and its scale/bias store. The slot of step k is a running
+     * counter (cur), phase the parity of its current use. */
     int cur = 0;
-    uint32_t phase = 0; /* TMA, MB: the parity of slot cur's current use */
+    uint32_t phase = 0;
     auto advance = [&]() {
-        if (LEAN) {
-            cur = cur + 1 == NS ? 0 : cur + 1;
-            if (XL && cur == 0)
-                phase ^= 1u;
-        }
+        cur = cur + 1 == NS ? 0 : cur + 1;
+        if (cur == 0)
+            phase ^= 1u;
     };
     auto front = [&](int k) {
-        if (!MB) /* MB: the stage's mbarrier instead (below) */
-            cp_async_wait<PF - 1>();
-        if (!XL) /* TMA: B arrives through the async proxy; MB: as CUTLASS's cp.async GMMA pipelines */
-            fence_proxy_async(); /* this thread's cp.async writes -> the async proxy (wgmma reads B) */
+        if (!MB)
+            cp_async_wait<NS - 3>(); /* this thread's weight chunk of stage k */
         __syncthreads();
-        if constexpr (LEAN) {
-            const int sn = cur >= 2 ? cur - 2 : cur + NS - 2, kn = k + NS - 2; /* PF = NS - 2 */
-            if (kn < n_groups) {
-                load_stage(kn, sn);
-                reinterpret_cast<float *>(smem + sn * S::STAGE + S::X_STAGE + S::W_STAGE)[tid] = sbp ? bf2f(sbv) : 0.0f;
-                if (sbp && kn + 1 < n_groups)
-                    sbv = sbp[kn + 1];
-            }
-            cp_async_commit();
-            return;
+        const int sn = cur >= 2 ? cur - 2 : cur + NS - 2, kn = k + NS - 2;
+        if (kn < n_groups) {
+            load_stage(kn, sn);
+            reinterpret_cast<float *>(smem + sn * S::STAGE + S::X_STAGE + S::W_STAGE)[tid] = sbp ? bf2f(sbv) : 0.0f;
+            if (sbp && kn + 1 < n_groups)
+                sbv = sbp[kn + 1];
         }
-        {
-            const int kn = k + PF;
-            if (kn < n_groups)
-                load_stage(kn, kn % NS);
-            cp_async_commit();
-        }
-        {
-            const int ks = k + NS - 2;
-            if (ks < n_groups) {
-                sb_slot(ks)[tid] = sbp ? bf2f(sbv) : 0.0f;
-                if (sbp && ks + 1 < n_groups)
-                    sbv = sbp[ks + 1];
-            }
-        }
+        cp_async_commit();
     };
-    auto stage_w = [&](int k) { return smem + (LEAN ? cur : k % NS) * S::STAGE + S::X_STAGE; };
-    auto stage_desc = [&](int k) { return wg_desc(sbase + (LEAN ? cur : k % NS) * S::STAGE); };
 
-    if constexpr (PIPE <= 1) {
-        /* PIPE 1: the wgmmas of group k - 1 run through step k's barrier, refill and weight loads; the
-         * wait comes just before the dequantization writes A (a register write while a wgmma that reads
-         * A or the accumulators is in flight would make ptxas serialize every wgmma, C7513) */
+    /* One commit group per k16 slice; slice s of group k is dequantized into A[s] as soon as slice s of
+     * group k - 1 has retired (wait<3>: the three wgmmas issued after it may still run). The loop is
+     * instantiated for NP = 32, 64, 96 and N tokens, and a tile runs the narrowest that covers its live
+     * tokens (count), with wgmma m64nNPk16 on the first NP/8 accumulator blocks. Token column n of D
+     * depends on row n of B only, so the columns past count (garbage, or never loaded) are never stored. */
+    auto main_loop = [&](auto np) {
+        constexpr int NP = decltype(np)::value;
+        float(&accp)[NP / 8][4] = *reinterpret_cast<float(*)[NP / 8][4]>(&acc[0][0]);
         uint32_t A[4][4];
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+            A[s][0] = A[s][1] = A[s][2] = A[s][3] = 0u;
         for (int k = 0; k < n_groups; k++) {
             front(k);
+            if (MB) /* the stage's weights and X from every thread's cp.async */
+                mbar_wait(&s_full[cur], phase);
             gemm_wq q;
-            gemm_wq_load(q, stage_w(k), r0);
-            if (PIPE)
-                wg_wait<0>(); /* group k - 1's wgmmas: A free */
+            gemm_wq_load(q, smem + cur * S::STAGE + S::X_STAGE, r0);
+            const uint64_t desc = wg_desc(sbase + cur * S::STAGE);
+            if (TMA)
+                mbar_wait(&s_full[cur], phase);
 #pragma unroll
-            for (int s = 0; s < 4; s++)
-                gemm_wq_slice<LEAN>(A[s], q, s, sh);
-            const uint64_t desc = stage_desc(k);
-            wg_fence();
-#pragma unroll
-            for (int s = 0; s < 4; s++)
-                wgmma_n<N>(acc, A[s], desc + 2 * s); /* + 32 bytes >> 4 per k16 slice */
-            wg_commit();
-            if (!PIPE)
-                wg_wait<0>();
-        }
-        if (PIPE)
-            wg_wait<0>();
-    } else {
-        /* PIPE 3: one commit group per k16 slice; slice s of group k is dequantized into A[s] as soon as
-         * slice s of group k - 1 has retired (wait<3>: the three wgmmas issued after it may still run),
-         * so three wgmmas stay queued through every dequantization and through the step's barrier.
-         * TRIM: the loop is instantiated for NP = 32, 64, 96 and N tokens, and a tile runs the
-         * narrowest that covers its live tokens (count), with wgmma m64nNPk16 on the first NP/8
-         * accumulator blocks: a ragged MoE tile of 20 tokens costs a quarter of the tensor work.
-         * Token column n of D depends on row n of B only, so the columns past count (garbage, or
-         * never loaded) are never stored. */
-        auto main_loop = [&](auto np) {
-            constexpr int NP = decltype(np)::value;
-            float(&accp)[NP / 8][4] = *reinterpret_cast<float(*)[NP / 8][4]>(&acc[0][0]);
-            uint32_t A[4][4];
-#pragma unroll
-            for (int s = 0; s < 4; s++)
-                A[s][0] = A[s][1] = A[s][2] = A[s][3] = 0u;
-            for (int k = 0; k < n_groups; k++) {
-                front(k);
-                if (MB) /* the stage's weights and X from every thread's cp.async */
-                    mbar_wait(&s_full[cur], phase);
-                gemm_wq q;
-                gemm_wq_load(q, stage_w(k), r0);
-                const uint64_t desc = stage_desc(k);
-                if (TMA)
-                    mbar_wait(&s_full[cur], phase);
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    wg_wait<3>(); /* slice s of group k - 1 retired: A[s] free */
-                    wg_fence_regs4(A[s]);
-                    gemm_wq_slice<LEAN>(A[s], q, s, sh);
-                    wg_fence();
-                    wgmma_n<NP>(accp, A[s], desc + 2 * s);
-                    wg_commit();
-                }
-                advance();
+            for (int s = 0; s < 4; s++) {
+                wg_wait<3>(); /* slice s of group k - 1 retired: A[s] free */
+                wg_fence_regs4(A[s]);
+                gemm_wq_slice(A[s], q, s, sh);
+                wg_fence();
+                wgmma_n<NP>(accp, A[s], desc + 2 * s); /* + 32 bytes >> 4 per k16 slice */
+                wg_commit();
             }
-            wg_wait<0>();
-            wg_fence_regs(A);
-        };
-        if constexpr (TRIM) {
-            if (count <= 32)
-                main_loop(std::integral_constant<int, 32>());
-            else if (N == 128 && count <= 64)
-                main_loop(std::integral_constant<int, 64>());
-            else if (N == 128 && count <= 96)
-                main_loop(std::integral_constant<int, 96>());
-            else
-                main_loop(std::integral_constant<int, N>());
-        } else {
-            main_loop(std::integral_constant<int, N>());
+            advance();
         }
-    }
-    if (PIPE == 3)
-        wg_fence_regs(acc);
+        wg_wait<0>();
+        wg_fence_regs(A);
+    };
+    if (count <= 32)
+        main_loop(std::integral_constant<int, 32>());
+    else if (N == 128 && count <= 64)
+        main_loop(std::integral_constant<int, 64>());
+    else if (N == 128 && count <= 96)
+        main_loop(std::integral_constant<int, 96>());
+    else
+        main_loop(std::integral_constant<int, N>());
+    wg_fence_regs(acc);
     cp_async_wait<0>();
     __syncthreads(); /* pipeline buffers free: the SWIGLU epilogue reuses them */
-    gemm_epilogue_w16<EPI, NT, (PIPE == 3)>(a, acc, warp, g, tig, base, count, s_scale,
-                                            reinterpret_cast<float *>(smem));
+    gemm_epilogue_w16<EPI, NT, true>(a, acc, warp, g, tig, base, count, s_scale, reinterpret_cast<float *>(smem));
 #else
     (void)a;
     (void)n_tokens;
@@ -526,9 +421,8 @@ typedef CUresult (*gemm_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuu
                                          const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                          CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* The tensor map of a dense GEMM's X (n_tokens rows x cols fp16, box 64 x T, 128-byte swizzle, zeros past
- * the last row) for variant 10; false when the driver lacks cuTensorMapEncodeTiled or rejects the map
- * (the caller then runs variant 9). */
+/* The tensor map of X (rows x cols fp16, box 64 x T, 128-byte swizzle, zeros past the last row); false
+ * when the driver lacks cuTensorMapEncodeTiled or rejects the map (the launch then loads X by cp.async). */
 static bool gemm_x_map(const gemm_args &a, int rows, int T, CUtensorMap *map)
 {
     static gemm_encode_tiled_fn encode = NULL;
@@ -554,54 +448,49 @@ static bool gemm_x_map(const gemm_args &a, int rows, int T, CUtensorMap *map)
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int N, int PIPE, bool TRIM, int XL, int EPI, bool GROUPED>
+template <int N, int XL, int EPI, bool GROUPED>
 static cudaError_t gemm_wg_go(const gemm_args &a, int n_tokens, const CUtensorMap &xmap, cudaStream_t s)
 {
-    typedef gemm_wg_shape<N, PIPE> S;
+    typedef gemm_wg_shape<N> S;
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
-    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, PIPE, TRIM, XL, EPI, GROUPED>, S::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemm_wg_kernel<N, XL, EPI, GROUPED>, S::SMEM, &smem_set);
     if (e == cudaSuccess)
         e = gemm_grid(a, n_tokens, GROUPED, N, EPI, &grid);
     if (e != cudaSuccess)
         return e;
-    gemm_wg_kernel<N, PIPE, TRIM, XL, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens, xmap);
+    gemm_wg_kernel<N, XL, EPI, GROUPED><<<grid, GEMM_THREADS, S::SMEM, s>>>(a, n_tokens, xmap);
     return cudaGetLastError();
 }
 
-/* XL 1 (TMA): launches without a gather whose X rows are known (launch_gemm_wgmma checks); when the map
- * cannot be made, or for an epilogue without a TMA instance, XF (0 or 2). XL 2: cp.async on mbarriers. */
-template <int N, int PIPE, bool TRIM = false, int XL = 0, int XF = 0>
+/* X by TMA where the launch has no gather and its X rows are known (dense: n_tokens; grouped: a.act_rows,
+ * the routed down GEMM, STORE) and the map can be made; every other launch by cp.async on mbarriers. */
+template <int N>
 static cudaError_t gemm_wg_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
     CUtensorMap xmap;
     memset(&xmap, 0, sizeof xmap);
-    if constexpr (XL == 1) {
-        if (!gemm_x_map(a, grouped ? a.act_rows : n_tokens, N, &xmap))
-            return gemm_wg_epi<N, PIPE, TRIM, XF>(a, n_tokens, grouped, s);
-        if (grouped) { /* the routed down GEMM (STORE) */
-            if (a.epi == GEMM_EPI_STORE)
-                return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
-            return gemm_wg_epi<N, PIPE, TRIM, XF>(a, n_tokens, grouped, s);
-        }
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+    const bool tma = !a.gather && (!grouped || (a.act_rows > 0 && a.epi == GEMM_EPI_STORE)) &&
+                     gemm_x_map(a, grouped ? a.act_rows : n_tokens, N, &xmap);
+    if (grouped) {
+        if (a.epi == GEMM_EPI_STORE)
+            return tma ? gemm_wg_go<N, 1, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s)
+                       : gemm_wg_go<N, 2, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
         if (a.epi == GEMM_EPI_SWIGLU)
-            return gemm_wg_go<N, PIPE, TRIM, 1, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
+            return gemm_wg_go<N, 2, GEMM_EPI_SWIGLU, true>(a, n_tokens, xmap, s);
         return cudaErrorInvalidValue;
-    } else {
-        if (grouped) {
-            if (a.epi == GEMM_EPI_STORE)
-                return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_STORE, true>(a, n_tokens, xmap, s);
-            if (a.epi == GEMM_EPI_SWIGLU)
-                return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_SWIGLU, true>(a, n_tokens, xmap, s);
-            return cudaErrorInvalidValue;
-        }
-        if (a.epi == GEMM_EPI_STORE) return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_ADD) return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
-        if (a.epi == GEMM_EPI_SWIGLU)
-            return gemm_wg_go<N, PIPE, TRIM, XL, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
-        return cudaErrorInvalidValue;
+    }
+    switch (a.epi) {
+    case GEMM_EPI_STORE:
+        return tma ? gemm_wg_go<N, 1, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s)
+                   : gemm_wg_go<N, 2, GEMM_EPI_STORE, false>(a, n_tokens, xmap, s);
+    case GEMM_EPI_ADD:
+        return tma ? gemm_wg_go<N, 1, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s)
+                   : gemm_wg_go<N, 2, GEMM_EPI_ADD, false>(a, n_tokens, xmap, s);
+    case GEMM_EPI_SWIGLU:
+        return tma ? gemm_wg_go<N, 1, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s)
+                   : gemm_wg_go<N, 2, GEMM_EPI_SWIGLU, false>(a, n_tokens, xmap, s);
+    default: return cudaErrorInvalidValue;
     }
 }
 
@@ -625,36 +514,9 @@ bool gemm_wgmma_available(void)
     return avail == 1;
 }
 
-/* One tile width's variants (launch_gemm_wgmma): 3 PIPE 0; 4 PIPE 1; 7 PIPE 3; 9 + TRIM; 10 + TMA for X when
- * tma, else as 9; 11 as 10, the launches without TMA on mbarrier-completed cp.async (XL 2). */
-template <int N>
-static cudaError_t gemm_wg_variant(const gemm_args &a, int n_tokens, bool grouped, int variant, bool tma,
-                                   cudaStream_t s)
+cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
 {
-    switch (variant) {
-    case 3: return gemm_wg_epi<N, 0>(a, n_tokens, grouped, s);
-    case 4: return gemm_wg_epi<N, 1>(a, n_tokens, grouped, s);
-    case 7: return gemm_wg_epi<N, 3>(a, n_tokens, grouped, s);
-    case 9: return gemm_wg_epi<N, 3, true>(a, n_tokens, grouped, s);
-    case 10:
-        return tma ? gemm_wg_epi<N, 3, true, 1>(a, n_tokens, grouped, s)
-                   : gemm_wg_epi<N, 3, true>(a, n_tokens, grouped, s);
-    default:
-        return tma ? gemm_wg_epi<N, 3, true, 1, 2>(a, n_tokens, grouped, s)
-                   : gemm_wg_epi<N, 3, true, 2>(a, n_tokens, grouped, s);
-    }
-}
-
-cudaError_t launch_gemm_wgmma(const gemm_args &a, int n_tokens, bool grouped, int T, int variant, cudaStream_t s)
-{
-    if (a.m[0].bits != 4 || (T != 64 && T != 128) ||
-        !(variant == 3 || variant == 4 || variant == 7 || (variant >= 9 && variant <= 11)))
+    if (a.m[0].bits != 4 || (T != 64 && T != 128))
         return cudaErrorInvalidValue;
-    /* variant 10: TMA for the X tile of a launch without a gather whose X rows are known (dense:
-     * n_tokens; grouped: a.act_rows, the routed down GEMM); the others run as variant 9 */
-    const bool tma = variant >= 10 && !a.gather && (!grouped || a.act_rows > 0);
-    /* variant 11: as 10, and every other launch's X (and weights) by cp.async completing on the
-     * stage's mbarrier (no proxy fence per step either) */
-    return T == 64 ? gemm_wg_variant<64>(a, n_tokens, grouped, variant, tma, s)
-                   : gemm_wg_variant<128>(a, n_tokens, grouped, variant, tma, s);
+    return T == 64 ? gemm_wg_epi<64>(a, n_tokens, grouped, s) : gemm_wg_epi<128>(a, n_tokens, grouped, s);
 }

@@ -5,7 +5,7 @@
  * group sums Σx of each 64 columns (of the rounded fp16 values; the mma.sync kernels fold them in, the
  * wgmma kernel does not read them); and the inverse power of two the GEMM epilogue multiplies back.
  *
- *   gemm_prep_rows_kernel<MODE, WPR> (default, g_cuda_tuning.gemm_prep_rows): WPR = 1, 2, 4 or 8 warps
+ *   gemm_prep_rows_kernel<MODE, WPR>: WPR = 1, 2, 4 or 8 warps
  *     per row (cols <= 1024 · WPR), 8 / WPR rows per 256-thread block. Lane l of a row's warp w owns
  *     the 8-column chunks w · cpw + l + 32 i (cpw = cols / 8 / WPR chunks per warp, i < 4): two float4
  *     loads each, kept in registers through the norm, the row max and the fp16 writes (one 16-byte
@@ -13,7 +13,7 @@
  *     64-column group is 8 neighbouring lanes, a gated-norm head head_dim / 8 neighbouring lanes:
  *     their sums are shuffles; the row sums cross warps through shared memory only when WPR > 1.
  *   gemm_prep_kernel<MODE>: one block of 256 threads per row through shared memory (gemv_prologue);
- *     every shape the rows kernel does not take (and g_cuda_tuning.gemm_prep_rows = 0).
+ *     every shape the rows kernel does not take (launch_gemm_prep_block).
  * The two agree to rounding (the norms sum in different orders); test_cuda_prefill_gemm compares them.
  */
 #include "gemm_prefill.cuh"
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(GEMM_PREP_THREADS) gemm_prep_kernel(gemv_input
         out.scale[t] = scale;
 }
 
-static cudaError_t launch_prep_block(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s)
+cudaError_t launch_gemm_prep_block(const gemv_input &in, int cols, int n_rows, const gemm_act &out, cudaStream_t s)
 {
     const size_t smem = (size_t)cols * sizeof(float);
     if (smem > 48 * 1024)
@@ -238,8 +238,6 @@ gemm_prep_rows_kernel(gemv_input in, int cols, int n_rows, gemm_act out)
 /* Warps per row for the rows kernel, or 0 when it does not take the shape. */
 static int prep_rows_warps(const gemv_input &in, int cols)
 {
-    if (!g_cuda_tuning.gemm_prep_rows)
-        return 0;
     int wpr = 1;
     while (wpr < 8 && cols > 32 * PREP_MAX_CHUNKS * 8 * wpr)
         wpr *= 2;
@@ -279,7 +277,7 @@ cudaError_t launch_gemm_prep(const gemv_input &in, int cols, int n_rows, const g
         return cudaErrorInvalidValue;
     const int wpr = prep_rows_warps(in, cols);
     if (!wpr)
-        return launch_prep_block(in, cols, n_rows, out, s);
+        return launch_gemm_prep_block(in, cols, n_rows, out, s);
     switch (in.mode) {
     case GEMV_IN_PLAIN: return launch_prep_rows<GEMV_IN_PLAIN>(in, cols, n_rows, out, wpr, s);
     case GEMV_IN_RMSNORM: return launch_prep_rows<GEMV_IN_RMSNORM>(in, cols, n_rows, out, wpr, s);

@@ -13,7 +13,6 @@
  * issued before pdl_wait(), overlapping the previous kernel's tail (programmatic dependent launch).
  */
 #include "gemv_common.cuh"
-#include "moe_topk.cuh"
 
 #define GEMV_WARPS 8
 #define GEMV_UNROLL_MAX 4
@@ -117,12 +116,7 @@ static cudaError_t gemv_go(const gemv_batch &b, const gemv_input &in, int out_mo
         if (e != cudaSuccess || resident <= 0)
             resident = GEMV_GRID_CAP;
     }
-    int cap = b.grid_cap > 0 ? b.grid_cap : resident;
-    if (g_cuda_tuning.gemv_blocks_per_sm > 0) {
-        int sms = 0;
-        cuda_sm_count(&sms);
-        cap = sms * g_cuda_tuning.gemv_blocks_per_sm;
-    }
+    const int cap = b.grid_cap > 0 ? b.grid_cap : resident;
     int gx = (n_groups + GEMV_WARPS - 1) / GEMV_WARPS;
     gx = gx < cap ? gx : cap;
     dim3 grid(gx, n_tokens);
@@ -179,13 +173,25 @@ bool gemv_cols_supported(int bits, int cols)
     }
 }
 
+gemv_kernel_id gemv_kernel_choose(const gemv_batch &b, int n_tokens)
+{
+    if (gemv_stream_supported(b, n_tokens))
+        return GEMV_KERNEL_STREAM;
+    if (gemv_mma_supported(b, n_tokens))
+        return GEMV_KERNEL_MMA;
+    return GEMV_KERNEL_SIMT;
+}
+
 cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode, int n_tokens,
                         unsigned long long *argmax, cudaStream_t s)
 {
     for (int k = 1; k < b.n_mats; k++)
         if (b.m[k].cols != b.m[0].cols || b.m[k].bits != b.m[0].bits)
             return cudaErrorInvalidValue;
-    if (gemv_mma_supported(b, n_tokens))
+    const gemv_kernel_id k = b.kernel != GEMV_KERNEL_AUTO ? (gemv_kernel_id)b.kernel : gemv_kernel_choose(b, n_tokens);
+    if (k == GEMV_KERNEL_STREAM)
+        return launch_gemv_stream(b, in, out_mode, argmax, s); /* gemv_stream.cu */
+    if (k == GEMV_KERNEL_MMA)
         return launch_gemv_mma(b, in, out_mode, argmax, s); /* gemv_mma.cu */
     if (in.mode == GEMV_IN_GATED && (in.head_dim % (128 / b.m[0].bits)) != 0)
         return cudaErrorInvalidValue;

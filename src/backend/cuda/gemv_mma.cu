@@ -7,12 +7,12 @@
  * the columns of one tile and are reduced in shared memory; a block of 8 warps holds a group of 8 / KS
  * tiles and walks groups grid-stride (grid = blocks resident at once), loading the next group's weights
  * while it computes one. The first group's weights, scales and biases (≤ 2 × 4 16-byte vectors + 16
- * words per thread) are loaded before pdl_wait(), overlapping the previous kernel.
- * With g_cuda_tuning.gemv_mma == 3 the second group's loads are issued before pdl_wait() too.
+ * words per thread) are loaded before pdl_wait(), overlapping the previous kernel, and pdl_trigger()
+ * comes before the wait so the next kernel may start prefetching its own weights.
  * The input transform (gemv_prologue) runs once per block; fp16 overflow is avoided by scaling x by a
  * power of two when max|x| > 2^14 (undone on the output).
  *
- * Requirements (launch_gemv uses gemv_decode.cu otherwise): 4-bit, n_tokens == 1, cols % 128 == 0 and
+ * Requirements (gemv_kernel_choose picks gemv_decode.cu's kernel otherwise): 4-bit, n_tokens == 1, cols % 128 == 0 and
  * cols / min(cols, 512) in {1, 2, 4, 8}, 16-byte aligned data.
  */
 #include "gemv_common.cuh"
@@ -22,9 +22,9 @@
 
 /* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
  * loaded into registers while the current one is computed, and the input transform runs once per block. */
-template <int IN_MODE, int OUT_MODE, int KS, int MINB>
-__global__ void __launch_bounds__(GM_WARPS * 32, MINB)
-gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax, int early_trigger, int prefetch2)
+template <int IN_MODE, int OUT_MODE, int KS>
+__global__ void __launch_bounds__(GM_WARPS * 32, 1)
+gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax)
 {
     constexpr int RT = GM_WARPS / KS; /* row tiles per group */
     extern __shared__ __align__(16) float gm_smem[];
@@ -54,14 +54,8 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     int grp = blockIdx.x;
     if (grp < n_groups)
         load(grp, f0);
-    const bool pre1 = prefetch2 && grp + (int)gridDim.x < n_groups; /* f1 holds the second group already */
-    if (pre1)
-        load(grp + gridDim.x, f1);
-    if (early_trigger)
-        pdl_trigger(); /* weights only so far: the next kernel may launch and prefetch its own */
+    pdl_trigger(); /* weights only so far: the next kernel may launch and prefetch its own */
     pdl_wait();
-    if (!early_trigger)
-        pdl_trigger();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them */
     const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
@@ -103,12 +97,10 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
         }
         __syncthreads(); /* s_part is reused by the next group */
     };
-    bool first = true;
     while (grp < n_groups) { /* two groups per pass so the double buffer stays in registers */
         const int g1 = grp + gridDim.x, g2 = g1 + gridDim.x;
-        if (g1 < n_groups && !(first && pre1))
+        if (g1 < n_groups)
             load(g1, f1);
-        first = false;
         compute(grp, f0);
         if (g1 >= n_groups)
             break;
@@ -125,7 +117,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
 
 bool gemv_mma_supported(const gemv_batch &b, int n_tokens)
 {
-    if (n_tokens != 1 || !g_cuda_tuning.gemv_mma || b.m[0].bits != 4 || b.m[0].cols % 128 != 0)
+    if (n_tokens != 1 || b.m[0].bits != 4 || b.m[0].cols % 128 != 0)
         return false;
     if (b.exact) /* exact mode: fp16 operands are not wanted */
         return false;
@@ -138,7 +130,7 @@ bool gemv_mma_supported(const gemv_batch &b, int n_tokens)
     return true;
 }
 
-template <int IM, int OM, int KS, int MINB>
+template <int IM, int OM, int KS>
 static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     int tiles = 0;
@@ -148,29 +140,27 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     const int cols = b.m[0].cols;
     const size_t smem = ((size_t)cols + cols / 2 + 2 * (cols / 64)) * sizeof(float);
     static size_t smem_set = 48 * 1024; /* opt in above the default once per instantiation */
-    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS, MINB>, smem, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
     static int resident = 0; /* blocks that fit on the GPU at once (asked once per instantiation) */
-    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS, MINB>, GM_WARPS * 32, smem, &resident);
+    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS>, GM_WARPS * 32, smem, &resident);
     if (e != cudaSuccess)
         return e;
     const int groups = (tiles + RT - 1) / RT;
-    return launch_pdl(gemv_mma_kernel<IM, OM, KS, MINB>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
-                      s, b, in, tiles, argmax, g_cuda_tuning.gemv_mma != 2 ? 1 : 0,
-                      g_cuda_tuning.gemv_mma == 3 ? 1 : 0);
+    return launch_pdl(gemv_mma_kernel<IM, OM, KS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
+                      s, b, in, tiles, argmax);
 }
 
 template <int IM, int OM>
 static cudaError_t gm_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     const int cols = b.m[0].cols, CW = cols < 512 ? cols : 512;
-    const bool two = g_cuda_tuning.gemv_mma_blocks >= 2; /* registers capped for 2 blocks per SM */
     switch (cols / CW) {
-    case 1: return two ? gm_go<IM, OM, 1, 2>(b, in, argmax, s) : gm_go<IM, OM, 1, 1>(b, in, argmax, s);
-    case 2: return two ? gm_go<IM, OM, 2, 2>(b, in, argmax, s) : gm_go<IM, OM, 2, 1>(b, in, argmax, s);
-    case 4: return two ? gm_go<IM, OM, 4, 2>(b, in, argmax, s) : gm_go<IM, OM, 4, 1>(b, in, argmax, s);
-    case 8: return two ? gm_go<IM, OM, 8, 2>(b, in, argmax, s) : gm_go<IM, OM, 8, 1>(b, in, argmax, s);
+    case 1: return gm_go<IM, OM, 1>(b, in, argmax, s);
+    case 2: return gm_go<IM, OM, 2>(b, in, argmax, s);
+    case 4: return gm_go<IM, OM, 4>(b, in, argmax, s);
+    case 8: return gm_go<IM, OM, 8>(b, in, argmax, s);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -180,8 +170,6 @@ cudaError_t launch_gemv_mma(const gemv_batch &b, const gemv_input &in, int out_m
 {
     if (!gemv_mma_supported(b, 1))
         return cudaErrorInvalidValue;
-    if (gemv_stream_wanted(b, 1))
-        return launch_gemv_stream(b, in, out_mode, argmax, s); /* gemv_stream.cu */
     if (in.mode == GEMV_IN_PLAIN) {
         if (out_mode == GEMV_OUT_STORE) return gm_ks<GEMV_IN_PLAIN, GEMV_OUT_STORE>(b, in, argmax, s);
         if (out_mode == GEMV_OUT_ADD) return gm_ks<GEMV_IN_PLAIN, GEMV_OUT_ADD>(b, in, argmax, s);

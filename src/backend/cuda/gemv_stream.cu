@@ -19,7 +19,7 @@
  * reduce and store one row each (STORE / ADD / ARGMAX exactly as gemv_mma). No block-wide barrier
  * after the input transform.
  *
- * Requirements (gemv_stream_wanted; otherwise gemv_mma runs): gemv_mma_supported, cols in {512, 1024,
+ * Requirements (gemv_stream_supported; otherwise gemv_mma runs): gemv_mma_supported, cols in {512, 1024,
  * 2048, 4096}, rows 16-byte aligned, the sm_90 code running (cuda_sm90_code: the compute_80 PTX has an
  * empty body).
  */
@@ -72,7 +72,7 @@ __host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (c
 
 template <int IN_MODE, int OUT_MODE, int KS>
 __global__ void __launch_bounds__(GS_WARPS * 32, 2)
-gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigned long long *argmax, int early_trigger)
+gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigned long long *argmax)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int RT = GS_WARPS / KS; /* tiles per group */
@@ -122,11 +122,8 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     if (ks == 0)
         for (int i = 0; i < stages; i++)
             fill(i, i); /* weights only: before the previous kernel has finished */
-    if (early_trigger)
-        pdl_trigger();
+    pdl_trigger();
     pdl_wait();
-    if (!early_trigger)
-        pdl_trigger();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
     const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
@@ -198,10 +195,9 @@ static int64_t gs_weight_bytes(const gemv_batch &b)
     return bytes;
 }
 
-bool gemv_stream_wanted(const gemv_batch &b, int n_tokens)
+bool gemv_stream_supported(const gemv_batch &b, int n_tokens)
 {
-    const int kib = g_cuda_tuning.gemv_stream;
-    if (kib <= 0 || !gemv_mma_supported(b, n_tokens))
+    if (!gemv_mma_supported(b, n_tokens))
         return false;
     const int cols = b.m[0].cols;
     if (!(cols == 512 || cols == 1024 || cols == 2048 || cols == 4096))
@@ -209,7 +205,7 @@ bool gemv_stream_wanted(const gemv_batch &b, int n_tokens)
     for (int k = 0; k < b.n_mats; k++)
         if (b.m[k].n_experts > 1 || b.m[k].row_bytes % 16 || b.m[k].row_bytes < cols / 2)
             return false;
-    if (gs_weight_bytes(b) < (int64_t)kib * 1024)
+    if (gs_weight_bytes(b) < 1024)
         return false;
     return cuda_sm90_code(); /* bulk copies and mbarrier transaction counts: the sm_90 code only */
 }
@@ -217,7 +213,7 @@ bool gemv_stream_wanted(const gemv_batch &b, int n_tokens)
 template <int IM, int OM, int KS>
 static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
-    void (*kern)(gemv_batch, gemv_input, int, int, unsigned long long *, int) = gemv_stream_kernel<IM, OM, KS>;
+    void (*kern)(gemv_batch, gemv_input, int, int, unsigned long long *) = gemv_stream_kernel<IM, OM, KS>;
     constexpr int RT = GS_WARPS / KS;
     int tiles = 0;
     for (int k = 0; k < b.n_mats; k++)
@@ -248,8 +244,7 @@ static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned lon
         return cudaErrorInvalidValue;
     int fit = (int)(((size_t)dyn_max - x_bytes) / stage_bytes);
     fit = fit < GS_MAX_STAGES ? fit : GS_MAX_STAGES;
-    const int want = g_cuda_tuning.gemv_stream_stages;
-    const int s0 = want > 0 && want < fit ? want : fit;
+    const int s0 = fit;
     if (!per_sm[s0]) {
         int n = 0;
         const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, GS_WARPS * 32, x_bytes + s0 * stage_bytes);
@@ -260,8 +255,7 @@ static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     const int resident = sms * per_sm[s0], grid = groups < resident ? groups : resident;
     const int per_block = (groups + grid - 1) / grid;
     const int stages = s0 < per_block ? s0 : per_block; /* no slot this block would never fill */
-    return launch_pdl(kern, dim3(grid), dim3(GS_WARPS * 32), x_bytes + stages * stage_bytes, s, b, in, tiles, stages, argmax,
-                      g_cuda_tuning.gemv_mma != 2 ? 1 : 0); /* as gemv_mma: trigger before the wait unless 2 */
+    return launch_pdl(kern, dim3(grid), dim3(GS_WARPS * 32), x_bytes + stages * stage_bytes, s, b, in, tiles, stages, argmax);
 }
 
 template <int IM, int OM>
@@ -279,7 +273,7 @@ static cudaError_t gs_ks(const gemv_batch &b, const gemv_input &in, unsigned lon
 cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
                                cudaStream_t s)
 {
-    if (!gemv_stream_wanted(b, 1))
+    if (!gemv_stream_supported(b, 1))
         return cudaErrorInvalidValue;
     if (in.mode == GEMV_IN_PLAIN) {
         if (out_mode == GEMV_OUT_STORE) return gs_ks<GEMV_IN_PLAIN, GEMV_OUT_STORE>(b, in, argmax, s);

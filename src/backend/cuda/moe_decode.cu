@@ -12,7 +12,7 @@
  *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
- * Early ids (g_cuda_tuning.moe_early_ids, with PDL): the gate/up block of item 0, which ranks the top-k,
+ * Early ids (with PDL): the gate/up block of item 0, which ranks the top-k,
  * also writes it as
  * tagged words (moe_args.topk_pub, moe_topk.cuh: hi = tag, lo = expert id / weight bits; tag =
  * moe_pub_tag(step, layer), unique per forward call and layer of the session), and the consumers poll them
@@ -23,8 +23,8 @@
  * (gate/up and down: first thing) or exited, so the publishing block is already resident when a consumer
  * starts to poll, and what the publisher waits on (its own pdl_wait: the router) never waits on the
  * polling kernel; the pollers hold no
- * resources a publisher still needs. Without PDL (knob pdl = 0, or the compute_80 PTX build where
- * pdl_wait is compiled out: cuda_sm90_code()) nothing is published or polled and the ids are read after
+ * resources a publisher still needs. Without PDL (the compute_80 PTX build, where pdl_wait is compiled
+ * out: cuda_sm90_code()) nothing is published or polled and the ids are read after
  * the wait as before (moe_early_ids_wanted). Results are bit-identical either way (the same ids and
  * weights feed the same arithmetic).
  *
@@ -46,7 +46,7 @@ static_assert(MOE_PUB_WORDS >= 2 * MOE_MAX_K, "moe_args.topk_pub holds 2 words p
 
 bool moe_early_ids_wanted(int layer)
 {
-    return g_cuda_tuning.moe_early_ids && g_cuda_tuning.pdl && cuda_sm90_code() && layer >= 0 && layer < 256;
+    return cuda_sm90_code() && layer >= 0 && layer < 256;
 }
 
 /* Whether this launch publishes / polls the tagged top-k (the same answer for both kernels of a layer). */
@@ -55,14 +55,13 @@ static bool moe_early_ids_on(const moe_args &a)
     return moe_early_ids_wanted(a.layer) && a.topk_pub && a.step;
 }
 
-/* MINB: blocks per SM the registers must allow (2, or 3 so that the 9 × 32 blocks of the full model fit
- * the 132 SMs of an H200 in one wave; g_cuda_tuning.moe_gate_up_blocks).
+/* Registers capped for 2 blocks per SM (__launch_bounds__).
  * STAGED: a 1D grid of the blocks resident at once (items = (slot, 16-row tile) slot-major, block b owns
  * item b); the items past the grid are tiles of the shared expert (the last slot), which block
  * b - gridDim.x also computes: their weights are copied into shared memory (mg_load_async) before
  * pdl_wait(), so there is no second wave whose loads would start only after the top-k. */
-template <int MINB, bool STAGED>
-__global__ void __launch_bounds__(MD_WARPS * 32, MINB) moe_gate_up_mma_kernel(moe_args a, int tiles)
+template <bool STAGED>
+__global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
     extern __shared__ __align__(16) float md_smem[];
     const int H = a.hidden;
@@ -261,12 +260,12 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
     const bool inter_ok = a.inter == a.shared_inter && (a.inter == 128 || a.inter == 256 || a.inter == 512);
     if (a.exact) /* exact mode: moe_route.cu's fp32 kernels */
         return false;
-    return n_tokens == 1 && g_cuda_tuning.gemv_mma && a.n_experts <= MOE_MAX_E && a.top_k <= MOE_MAX_K && a.gate.bits == 4 && a.sgate.bits == 4 &&
+    return n_tokens == 1 && a.n_experts <= MOE_MAX_E && a.top_k <= MOE_MAX_K && a.gate.bits == 4 && a.sgate.bits == 4 &&
            a.down.bits == 4 && a.sdown.bits == 4 && a.hidden % 512 == 0 && a.hidden <= 4 * 512 && inter_ok &&
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
 
-template <int MINB, bool STAGED>
+template <bool STAGED>
 static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
 {
     const int H = a.hidden, tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k + 1) * tiles;
@@ -274,20 +273,20 @@ static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
     if (STAGED)
         smem += (size_t)MG_STAGE_BYTES * MD_WARPS * 32;
     static size_t smem_set = 48 * 1024;
-    cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<MINB, STAGED>, smem, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<STAGED>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
     if (!STAGED)
-        return launch_pdl(moe_gate_up_mma_kernel<MINB, STAGED>, dim3(tiles, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a, tiles);
+        return launch_pdl(moe_gate_up_mma_kernel<STAGED>, dim3(tiles, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a, tiles);
     static int resident = 0; /* blocks that fit on the GPU at once (asked once) */
-    e = cuda_resident_blocks(moe_gate_up_mma_kernel<MINB, STAGED>, MD_WARPS * 32, smem, &resident);
+    e = cuda_resident_blocks(moe_gate_up_mma_kernel<STAGED>, MD_WARPS * 32, smem, &resident);
     if (e != cudaSuccess)
         return e;
     /* one wave when the items past the resident blocks are all shared-expert tiles, else the plain grid */
     if (items - resident > tiles)
-        return gate_up_go<MINB, false>(a, s);
+        return gate_up_go<false>(a, s);
     const int grid = items < resident ? items : resident;
-    return launch_pdl(moe_gate_up_mma_kernel<MINB, STAGED>, dim3(grid), dim3(MD_WARPS * 32), smem, s, a, tiles);
+    return launch_pdl(moe_gate_up_mma_kernel<STAGED>, dim3(grid), dim3(MD_WARPS * 32), smem, s, a, tiles);
 }
 
 cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
@@ -295,9 +294,7 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
     moe_args a = a0;
     if (!moe_early_ids_on(a))
         a.topk_pub = NULL; /* nothing polls: publish nothing */
-    if (g_cuda_tuning.moe_gate_up_blocks >= 3)
-        return gate_up_go<3, false>(a, s);
-    return g_cuda_tuning.moe_gate_up_staged ? gate_up_go<2, true>(a, s) : gate_up_go<2, false>(a, s);
+    return gate_up_go<true>(a, s);
 }
 
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)

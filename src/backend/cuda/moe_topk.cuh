@@ -13,7 +13,7 @@
 #define MOE_MAX_K 16
 #define MOE_MAX_E 512
 
-/* Tagged top-k words (moe_args.topk_pub, moe_decode.cu: g_cuda_tuning.moe_early_ids): word 2k = tag << 32 |
+/* Tagged top-k words (moe_args.topk_pub, moe_decode.cu's early ids): word 2k = tag << 32 |
  * expert id of slot k, word 2k + 1 = tag << 32 | its weight's bits, written by the kernel that ranks (the
  * router GEMV's last block, or the gate/up block of item 0) and polled by the MoE kernels before their PDL
  * wait. The tag of layer (< 256) in the forward call made at counter value step is (step + 1) << 8 | layer:
