@@ -31,8 +31,7 @@
 #include <string.h>
 #include <vector>
 
-#include "backend/cuda/attention_prefill_wg.cuh"
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attention/attention_prefill_wg.cuh"
 
 extern "C" {
 #include "base/dtype.h"

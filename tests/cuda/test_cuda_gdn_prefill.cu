@@ -18,7 +18,8 @@
 #include <string.h>
 #include <vector>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/deltanet/deltanet.cuh"
+#include "backend/cuda/sample.cuh"
 
 #define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
 #include "cuda_test_util.cuh"

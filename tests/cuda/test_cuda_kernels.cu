@@ -12,7 +12,12 @@
 #include <string.h>
 #include <vector>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attention/attention.cuh"
+#include "backend/cuda/deltanet/deltanet.cuh"
+#include "backend/cuda/embed.cuh"
+#include "backend/cuda/gemv/gemv.cuh"
+#include "backend/cuda/moe/moe.cuh"
+#include "backend/cuda/sample.cuh"
 
 extern "C" {
 #include "base/dtype.h"
@@ -235,12 +240,13 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
 /* GEMV_OUT_ARGMAX with an exact tie (RMSNORM input, n_mats matrices of rows, rows + 3, ...): the row of
  * the largest output gets a copy (weights, scales, biases) in a lower row (row 0's goes to the last row
  * when the maximum is row 0); both outputs must then be equal bit for bit and the argmax must name the
- * lower row. Runs whichever kernel gemv_kernel_choose selects. */
+ * lower row. Runs g_gemv_kernel (AUTO: whichever kernel gemv_kernel_choose selects). */
 static void test_gemv_argmax_tie(int cols, int rows, int n_mats)
 {
     hmat m[GEMV_MAX_MATS];
     gemv_batch b;
     memset(&b, 0, sizeof b);
+    b.kernel = g_gemv_kernel;
     for (int k = 0; k < n_mats; k++) {
         make_mat(m[k], 4, 1, rows + 3 * k, cols);
         b.m[k] = m[k].d;
@@ -309,11 +315,11 @@ static void test_gemv_argmax_tie(int cols, int rows, int n_mats)
     if (!exact || over || got != want) {
         g_fail++;
         printf("FAIL gemv argmax tie cols %4d rows %5d%s: rows %d and %d (%.9g, %.9g) %s, %d rows above, argmax %d want %d\n",
-               cols, total, g_stream_forced ? " (stream)" : "", top, dst, y[top], y[dst],
+               cols, total, b.kernel == GEMV_KERNEL_MMA ? " (mma)" : g_stream_forced ? " (stream)" : "", top, dst, y[top], y[dst],
                exact ? "equal" : "differ", over, got, want);
     } else {
         printf("ok   gemv argmax tie cols %4d rows %5d%s: rows %d and %d equal, argmax %d\n", cols, total,
-               g_stream_forced ? " (stream)" : "", top, dst, got);
+               b.kernel == GEMV_KERNEL_MMA ? " (mma)" : g_stream_forced ? " (stream)" : "", top, dst, got);
     }
     cudaFree(dam);
 }

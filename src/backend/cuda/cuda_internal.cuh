@@ -7,8 +7,14 @@
 extern "C" {
 #include "backend/backend.h"
 }
+#include "attention/attention.cuh"
 #include "cuda_common.cuh"
-#include "gemm_prefill.cuh"
+#include "deltanet/deltanet.cuh"
+#include "embed.cuh"
+#include "gemm/gemm_prefill.cuh"
+#include "gemv/gemv.cuh"
+#include "moe/moe.cuh"
+#include "sample.cuh"
 
 /* Split-KV for decode: each KV head's keys are cut into at most ATT_SPLITS chunks of at least
  * ATT_MIN_CHUNK keys (measured on the H200: see docs/BENCHMARKS.md). */

@@ -14,7 +14,8 @@
  * attn_decode_kernel_choose); this SIMT kernel serves the fp32 cache of exact mode, shapes the tensor-core
  * kernels do not take, and chunks without the prefill kernel.
  */
-#include "attention_mma.cuh"
+#include "attention.cuh"
+#include "backend/cuda/mma_bf16.cuh"
 
 #define ATT_WARPS 8
 

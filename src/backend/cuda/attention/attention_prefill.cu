@@ -26,7 +26,8 @@
  * the non-rotary dims, then one thread per (token, rotary pair) of the tile computes cos/sin once and
  * rotates that pair for each of the token's heads in the tile. norm_rope.cu then only appends k and v.
  */
-#include "attention_mma.cuh"
+#include "attention.cuh"
+#include "backend/cuda/mma_bf16.cuh"
 #include "attention_prefill_q.cuh"
 #include "attention_prefill_wg.cuh"
 

@@ -25,10 +25,10 @@
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */
-#include "attention_mma.cuh"
+#include "backend/cuda/mma_bf16.cuh"
 #include "attention_prefill_q.cuh"
 #include "attention_prefill_wg.cuh"
-#include "wgmma_common.cuh"
+#include "backend/cuda/wgmma_common.cuh"
 
 #define AWG_THREADS 256
 

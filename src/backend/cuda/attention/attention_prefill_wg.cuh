@@ -6,7 +6,7 @@
 #ifndef LILY_ATTENTION_PREFILL_WG_CUH
 #define LILY_ATTENTION_PREFILL_WG_CUH
 
-#include "cuda_common.cuh"
+#include "attention.cuh"
 
 #define APF_WG_BM 128 /* query rows (token x head) per block: 2 warpgroups x 64 */
 #define APF_WG_BN 64  /* keys per tile */

@@ -7,7 +7,7 @@
 #ifndef LILY_CUDA_NORM_ROPE_CUH
 #define LILY_CUDA_NORM_ROPE_CUH
 
-#include "cuda_common.cuh"
+#include "attention.cuh"
 
 /* 1 / rms of one head from its sum of squares over D dims: rsqrt(ss / D + eps), fp32. The normed value
  * is x * r * w with w the q_norm / k_norm weight (already in 1 + w form), evaluated as (x * r) * w. */

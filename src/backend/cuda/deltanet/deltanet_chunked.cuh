@@ -3,8 +3,8 @@
 #ifndef LILY_DELTANET_CHUNKED_CUH
 #define LILY_DELTANET_CHUNKED_CUH
 
-#include "attention_mma.cuh"
-#include "cuda_common.cuh"
+#include "backend/cuda/mma_bf16.cuh"
+#include "deltanet.cuh"
 
 #define GDC_C 64       /* chunk length */
 #define GDC_THREADS 256

@@ -29,8 +29,8 @@
  * deltanet_chunked.cu replaces gdn_recur_kernel by the chunked form on tensor cores (same pre, same
  * results; GDN_KERNEL_CHUNKED).
  */
-#include "attention_mma.cuh"
-#include "cuda_common.cuh"
+#include "backend/cuda/mma_bf16.cuh"
+#include "deltanet.cuh"
 
 #define GDP_THREADS 256
 #define GDP_TOKENS 8 /* tokens per prep block: one per warp in the norm phase */

@@ -12,7 +12,7 @@
  * that read channel c (several per q/k channel) never race the one block that writes it.
  * Decode (n == 1) has its own barrier-free kernel, gdn_decode_kernel (below; GDN_KERNEL_DECODE).
  */
-#include "cuda_common.cuh"
+#include "deltanet.cuh"
 
 #define GDN_THREADS 128
 #define GDN_COLS 32

@@ -1,7 +1,7 @@
-/* gemm_prefill.cuh — the tensor-core prefill path's launch interface: the activation pre-pass
- * (input transform + fp16 conversion), the dense / grouped (MoE) GEMM over MLX affine 4/8-bit or bf16
- * weights, and the MoE routing kernels (top-k, expert plan, combine). Kernels in gemm_prefill.cu,
- * gemm_prefill_2d.cu and moe_prefill.cu; the per-layer wiring in forward_prefill.cu.
+/* gemm_prefill.cuh — the GEMM op of the prefill path: the activation pre-pass (input transform + fp16
+ * conversion, gemm_prep.cu) and the dense / grouped (MoE) GEMM over MLX affine 4/8-bit or bf16 weights
+ * (gemm_prefill.cu, gemm_prefill_2d.cu, gemm_prefill_wgmma.cu); the MoE routing kernels around the grouped
+ * GEMMs are in moe/moe.cuh, the per-layer wiring in forward_prefill.cu.
  *
  * Precision: activations are scaled per row by a power of two (largest |x| lands in [2^13, 2^14)) and
  * rounded to fp16 once; weights enter the MMA as exact small integers q (or bf16 -> fp16); per group of
@@ -18,7 +18,7 @@
 
 #include <cuda_fp16.h>
 
-#include "cuda_common.cuh"
+#include "backend/cuda/gemv/gemv.cuh"
 
 /* Column held at position l (0..15) of a 16-column block of a gemm_act row. */
 __host__ __device__ __forceinline__ int gemm_perm16(int l)
@@ -106,31 +106,5 @@ int gemm_grouped_tile(int kernel, double avg_rows);
  * slower with the mma.sync kernels), WGMMA 128 from 128 tokens (the same dequantized A feeds twice the
  * tokens). */
 int gemm_dense_tile(int kernel, int n_tokens);
-
-/* ---- MoE routing (moe_prefill.cu) ---- */
-
-/* Top-k of each token's router logits (same semantics as moe_route.cu: ties to the lower expert id,
- * softmax renormalised over the top k). idx/w: [n][K]. E <= 1024, K <= 32. */
-cudaError_t launch_moe_topk(const float *logits, int stride, int E, int K, int n, int *idx, float *w,
-                            cudaStream_t s);
-
-/* Rows per expert, offsets (exclusive scan, [E+1]), positions in expert order: sorted token of position
- * p (gather) and the position of each (token, slot) (slot_pos [n*K]); the tile map for tiles of T
- * tokens (tile_expert, tile_start, *n_tiles). E <= 1024, K <= 32; counts = scratch of
- * moe_plan_chunks(n) * E ints. Two kernels of moe_plan_chunks(n) blocks; positions within an expert
- * in token order (deterministic). */
-cudaError_t launch_moe_plan(const int *idx, int n, int K, int E, int T, int *offsets, int *gather, int *slot_pos,
-                            int *tile_expert, int *tile_start, int *n_tiles, int *counts, cudaStream_t s);
-
-/* Chunks of 64 tokens of the multi-block plan. */
-static inline int moe_plan_chunks(int n) { return (n + 63) / 64; }
-
-/* out[t][c] += Σ_k w[t][k] · y[slot_pos[t][k]][c] + sigmoid(logits[t][E]) · ysh[t][c]. */
-cudaError_t launch_moe_combine(float *out, int hidden, int n, int K, const float *w, const int *slot_pos,
-                               const float *y, const float *ysh, const float *logits, int logit_stride, int E,
-                               cudaStream_t s);
-
-/* Upper bound of the number of tiles of T tokens for n*K rows over E experts. */
-static inline int moe_max_tiles(int n, int K, int E, int T) { return (n * K + T - 1) / T + E; }
 
 #endif

@@ -8,8 +8,8 @@
 #define LILY_GEMM_PREFILL_DEV_CUH
 
 #include "gemm_prefill.cuh"
-#include "gemv_common.cuh"
-#include "mma_common.cuh"
+#include "backend/cuda/gemv/gemv_common.cuh"
+#include "backend/cuda/mma_common.cuh"
 
 #define GEMM_THREADS 256
 #define GEMM_ROWS 128

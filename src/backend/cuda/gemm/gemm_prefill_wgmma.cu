@@ -39,7 +39,7 @@
  * gemm_wgmma_available() says false.
  */
 #include "gemm_prefill_dev.cuh"
-#include "wgmma_common.cuh" /* descriptors, fences, wait */
+#include "backend/cuda/wgmma_common.cuh" /* descriptors, fences, wait */
 
 #include <string.h>
 

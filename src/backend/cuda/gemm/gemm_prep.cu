@@ -17,7 +17,7 @@
  * The two agree to rounding (the norms sum in different orders); test_cuda_prefill_gemm compares them.
  */
 #include "gemm_prefill.cuh"
-#include "gemv_common.cuh"
+#include "backend/cuda/gemv/gemv_common.cuh"
 
 #define GEMM_PREP_THREADS 256
 #define PREP_MAX_CHUNKS 4 /* 8-column chunks per lane */

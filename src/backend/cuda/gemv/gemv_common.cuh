@@ -9,7 +9,7 @@
 #ifndef LILY_GEMV_COMMON_CUH
 #define LILY_GEMV_COMMON_CUH
 
-#include "cuda_common.cuh"
+#include "gemv.cuh"
 
 /* Columns per 16-byte vector for a storage width. */
 template <int BITS> struct gemv_traits { static constexpr int CPV = 128 / BITS; };

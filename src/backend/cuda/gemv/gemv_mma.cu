@@ -12,8 +12,8 @@
  * The input transform (gemv_prologue) runs once per block; fp16 overflow is avoided by scaling x by a
  * power of two when max|x| > 2^14 (undone on the output).
  *
- * Requirements (gemv_kernel_choose picks gemv_decode.cu's kernel otherwise): 4-bit, n_tokens == 1, cols % 128 == 0 and
- * cols / min(cols, 512) in {1, 2, 4, 8}, 16-byte aligned data.
+ * Requirements (gemv_kernel_choose picks gemv_decode.cu's kernel otherwise): 4-bit, n_tokens == 1,
+ * cols % 128 == 0 and cols / min(cols, 512) in {1, 2, 4, 8}, 16-byte aligned data.
  */
 #include "gemv_common.cuh"
 #include "mma_gemv.cuh"

@@ -20,9 +20,8 @@
 #ifndef LILY_MMA_GEMV_CUH
 #define LILY_MMA_GEMV_CUH
 
-#include "cuda_common.cuh"
 #include "gemv_common.cuh"
-#include "mma_common.cuh"
+#include "backend/cuda/mma_common.cuh"
 
 #define MG_MAX_STEPS 4 /* 128-column steps per warp: at most 512 columns */
 

@@ -31,8 +31,8 @@
  * Requirements (moe_route.cu's kernels otherwise): 4-bit routed and shared experts, hidden 512..2048 (% 512),
  * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, E <= MOE_MAX_E.
  */
-#include "gemv_common.cuh"
-#include "mma_gemv.cuh"
+#include "backend/cuda/gemv/gemv_common.cuh"
+#include "backend/cuda/gemv/mma_gemv.cuh"
 #include "moe_topk.cuh"
 
 #define MD_WARPS 8

@@ -10,7 +10,7 @@
  *                       (256 threads), positions within an expert in token order
  *   moe_combine_kernel: grid n, 256 threads, float4 over the hidden dim
  */
-#include "gemm_prefill.cuh"
+#include "moe.cuh"
 #include "moe_topk.cuh"
 
 #define MOE_PF_MAX_E 1024

@@ -15,7 +15,7 @@
  *     lily-tiny: 64 vs 256), moe_down_kernel<..., MIXED = true> runs instead: the lane shape covers the wider of the
  *     two and each slot's warp masks the vectors past its own column count (zero x and weights).
  */
-#include "gemv_common.cuh"
+#include "backend/cuda/gemv/gemv_common.cuh"
 #include "moe_topk.cuh"
 
 #define MOE_WARPS 8

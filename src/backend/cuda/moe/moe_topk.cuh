@@ -8,7 +8,7 @@
 #ifndef LILY_MOE_TOPK_CUH
 #define LILY_MOE_TOPK_CUH
 
-#include "cuda_common.cuh"
+#include "moe.cuh"
 
 #define MOE_MAX_K 16
 #define MOE_MAX_E 512

@@ -1,9 +1,9 @@
-/* attention_mma.cuh — the PTX wrappers the tensor-core attention kernels share (attention_prefill.cu,
- * attention_decode.cu; sm_80+): cp.async 16-byte copies, ldmatrix (plain and transposed), mma.sync
+/* mma_bf16.cuh — the PTX wrappers the bf16 tensor-core kernels share (attention/, deltanet/; sm_80+):
+ * cp.async 16-byte copies, ldmatrix (plain and transposed), mma.sync
  * m16n8k16 with bf16 inputs and fp32 accumulators, and fp32 -> bf16x2 packing.
  */
-#ifndef LILY_ATTENTION_MMA_CUH
-#define LILY_ATTENTION_MMA_CUH
+#ifndef LILY_MMA_BF16_CUH
+#define LILY_MMA_BF16_CUH
 
 #include "cuda_common.cuh"
 
