@@ -510,6 +510,7 @@ static void cuda_state_free(void *vctx, void *vst)
         if (s->rec_state) cudaFree(s->rec_state[l]);
     }
     free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
+    free(s->args);
     cudaFree(s->ctr);
     cudaFree(s->out_tokens);
     if (s->host_tokens)
@@ -610,6 +611,8 @@ static lily_status cuda_state_new(void *vctx, int max_ctx, void **out, lily_erro
     CK(cudaHostAlloc((void **)&s->host_tokens, ((size_t)s->out_cap + 1) * sizeof(int), cudaHostAllocMapped));
     CK(cudaHostGetDevicePointer((void **)&s->host_tokens_dev, s->host_tokens, 0));
 #undef CK
+    if ((st = cuda_state_args_build(c, s, err)) != LILY_OK)
+        goto fail;
     cuda_state_reset(c, s);
     if ((e = cudaGetLastError()) != cudaSuccess) {
         st = lily_cuda_error(err, e, "state reset", __FILE__, __LINE__);

@@ -130,6 +130,21 @@ typedef struct {
     __align__(128) unsigned long long moe_topk_pub[MOE_PUB_WORDS];
 } cuda_counters;
 
+/* One layer's launch arguments that stay the same for every forward call of a state (weights, norms,
+ * scratch, cache and state pointers, shapes), built once by cuda_state_args_build; a call sets only what
+ * depends on it (token count, split-KV shape, kernel per token count). */
+typedef struct {
+    gemv_batch mix_in;    /* DeltaNet: in_proj_qkv | z | b | a; attention: q (with gate) | k | v; into c->proj */
+    gemv_input mix_in_x;  /* input RMSNorm of h */
+    gemv_batch mix_out;   /* DeltaNet out_proj / attention o_proj, added into h */
+    gemv_input mix_out_x; /* DeltaNet: gated RMSNorm of the delta-rule output (z gate); attention: plain */
+    attn_args attn;       /* attention layers */
+    gdn_args gdn;         /* DeltaNet layers */
+    gemv_batch router;    /* router | shared_expert_gate (decode path; prefill: cuda_prefill_moe) */
+    gemv_input router_x;  /* post-attention RMSNorm of h */
+    moe_args moe;
+} cuda_layer_args;
+
 typedef struct {
     int max_ctx;
     int pos;         /* host mirror of counters.pos */
@@ -144,6 +159,7 @@ typedef struct {
     int out_cap;
     cudaGraphExec_t graph_greedy;  /* decode step: token slot -> next token slot */
     cudaGraphExec_t graph_logits;  /* decode step: d_tokens[0] -> logits[0] */
+    cuda_layer_args *args;         /* [n_layers] (cuda_state_args_build) */
 } cuda_state;
 
 /* Evaluate a kernel launch (a launch_* wrapper's cudaError_t) in a function with `lily_error *err` in
@@ -160,6 +176,9 @@ typedef struct {
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
+/* cuda_forward.cu: fill st->args (allocated here, freed with the state) from the context's weights and
+ * scratch and the state's caches. LILY_ERR_OUT_OF_MEMORY. */
+lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error *err);
 /* cuda_limits.cu: the measure_limits op. */
 lily_status cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err);
 /* Enqueue the final norm + LM head of `rows` rows of c->h starting at row `row0` into c->logits
