@@ -1,6 +1,6 @@
 /* bench_cuda_decode.c — decode speed of the CUDA backend on the full-size synthetic model (random MLX
- * 4-bit weights, src/model/synthetic.h), through the device-side greedy fast path (graph replay, no
- * host sync per token), at context depths placed with lily_cuda_state_set_position (KV rows filled with
+ * 4-bit weights, src/model/synthetic.h), through the backend's decode_loop (graph replay, the next token
+ * chosen greedily on the device, no host sync per token), at context depths placed with lily_cuda_state_set_position (KV rows filled with
  * pseudo-random bf16). Prints a markdown table with the fraction of the bandwidth floor (bytes per token
  * from cost_model.h over the measured device-to-device copy rate), a per-stage profile (CUDA events),
  * the prefill speed (and its per-stage profile) and an optional split-KV sweep. CUDA-vs-CPU agreement is
@@ -47,10 +47,20 @@ static int parse_list(const char *s, int *out, int max)
         return 1;                                                                                  \
     } while (0)
 
-static void count_token(void *user, int32_t token, int index)
+static int count_token(void *user, int32_t token, int index)
 {
     (void)token, (void)index;
     (*(int *)user)++;
+    return 0;
+}
+
+/* n greedy decode steps from token `first` through the backend's decode_loop (on_token may be NULL). */
+static lily_status decode_greedy(lily_backend *be, void *st, int32_t first, int n, lily_decode_token_fn on_token,
+                                 void *user, lily_error *err)
+{
+    const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+    int n_run = 0;
+    return be->ops->decode_loop(be->ctx, st, first, n, &greedy, on_token, user, NULL, &n_run, err);
 }
 
 static unsigned long long g_rng = 42;
@@ -113,8 +123,7 @@ int main(int argc, char **argv)
         DIE("state: %s", err.message);
 
     int32_t *toks = malloc(sizeof(int32_t) * ((size_t)max_prompt + 64));
-    int32_t *out = malloc(sizeof(int32_t) * (size_t)(n_gen + 64));
-    if (!toks || !out) DIE("oom");
+    if (!toks) DIE("oom");
 
     /* prefill: warm-up, then the timed run */
     if (prefill > 0) {
@@ -165,12 +174,12 @@ int main(int argc, char **argv)
         be.ops->state_reset(be.ctx, st);
         if (lily_cuda_state_set_position(be.ctx, st, d, &err) != LILY_OK)
             DIE("depth %d: %s", d, err.message);
-        if (lily_cuda_generate_greedy(be.ctx, st, 1, 8, out, &err) != LILY_OK) /* warm-up (+ graph capture) */
+        if (decode_greedy(&be, st, 1, 8, NULL, NULL, &err) != LILY_OK) /* warm-up (+ graph capture) */
             DIE("decode: %s", err.message);
         const long long s0 = lily_cuda_host_syncs(be.ctx);
         t0 = now_s();
         int streamed = 0; /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
-        if (lily_cuda_generate_greedy_stream(be.ctx, st, out[7], n_gen, out, count_token, &streamed, &err) != LILY_OK)
+        if (decode_greedy(&be, st, 1, n_gen, count_token, &streamed, &err) != LILY_OK)
             DIE("decode: %s", err.message);
         if (streamed != n_gen)
             DIE("decode: %d of %d tokens streamed", streamed, n_gen);
@@ -210,10 +219,10 @@ int main(int argc, char **argv)
                 be.ops->state_reset(be.ctx, st);
                 if (lily_cuda_set_attention_split(be.ctx, st, sp[k][0], sp[k][1], &err) != LILY_OK ||
                     lily_cuda_state_set_position(be.ctx, st, sd[j], &err) != LILY_OK ||
-                    lily_cuda_generate_greedy(be.ctx, st, 1, 4, out, &err) != LILY_OK)
+                    decode_greedy(&be, st, 1, 4, NULL, NULL, &err) != LILY_OK)
                     DIE("sweep: %s", err.message);
                 t0 = now_s();
-                if (lily_cuda_generate_greedy(be.ctx, st, out[3], 64, out, &err) != LILY_OK)
+                if (decode_greedy(&be, st, 1, 64, NULL, NULL, &err) != LILY_OK)
                     DIE("sweep: %s", err.message);
                 printf(" %.1f |", 64 / (now_s() - t0));
                 fflush(stdout);
@@ -226,6 +235,5 @@ int main(int argc, char **argv)
     lily_backend_destroy(&be);
     lily_synthetic_free(syn);
     free(toks);
-    free(out);
     return 0;
 }

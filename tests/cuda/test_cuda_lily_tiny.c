@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_backend.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -34,6 +33,7 @@
 typedef struct {
     double min_top1, max_kl;
 } bounds;
+
 static const bounds FAST = {0.98, 1e-3}, EXACT = {1.0, 1e-7};
 
 /* top-1 agreement and mean KL(ref || got) over rows of logits */
@@ -104,8 +104,14 @@ static void run_modes(const lily_backend *be, const int32_t *tok, const float *r
     lily_status rs = ops->forward(be->ctx, st, tok, N_PROMPT - 1, LILY_LOGITS_NONE, NULL, &err);
     if (rs == LILY_OK)
         rs = ops->state_copy(be->ctx, st2, st, &err);
-    if (rs == LILY_OK)
-        rs = lily_cuda_generate_greedy(be->ctx, st, tok[N_PROMPT - 1], N_GEN, fast, &err);
+    if (rs == LILY_OK) {
+        const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+        token_log tl = {fast, 0};
+        int n_run = 0;
+        rs = ops->decode_loop(be->ctx, st, tok[N_PROMPT - 1], N_GEN, &greedy, log_token, &tl, NULL, &n_run, &err);
+        if (rs == LILY_OK && (tl.n != N_GEN || n_run != N_GEN))
+            rs = lily_error_set(&err, LILY_ERR_BACKEND, "decode_loop: %d of %d tokens", tl.n, N_GEN);
+    }
     int32_t cur = tok[N_PROMPT - 1];
     for (int i = 0; i < N_GEN && rs == LILY_OK; i++) {
         rs = ops->forward(be->ctx, st2, &cur, 1, LILY_LOGITS_LAST, lg, &err);

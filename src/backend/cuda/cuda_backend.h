@@ -1,6 +1,7 @@
-/* cuda_backend.h — CUDA-only entry points beyond backend.h: the decode fast path that keeps the next
- * token on the device (CUDA graph replay, no host sync per token), a per-stage decode profile (CUDA
- * events), device bandwidth measurement, and a bench helper that places a session at a given depth.
+/* cuda_backend.h — CUDA-only entry points beyond backend.h (whose decode_loop is the decode fast path:
+ * CUDA graph replay, the next token chosen on the device): the host-sync counter, a per-stage decode and
+ * prefill profile (CUDA events), device memory and bandwidth measurement, and bench helpers that place a
+ * session at a given depth and set the split-KV shape.
  * In a build without CUDA (cuda_stub.c) every function returns LILY_ERR_UNSUPPORTED.
  * `ctx` and `state` are the cuda backend's (lily_backend.ctx and a state from its state_new).
  */
@@ -15,27 +16,6 @@ extern "C" {
 #endif
 
 #include "lily.h"
-
-/* Greedy decode of n tokens: first_token is processed at the state's position, each chosen token is
- * written by the GPU into the next step's input slot, the captured step graph is replayed n times,
- * and out_tokens[0..n) receives the chosen ids with one host synchronization for the whole call.
- * Errors: LILY_ERR_CONTEXT_LENGTH (position + n > max_ctx), LILY_ERR_BACKEND. */
-lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
-                                      lily_error *err);
-
-/* A generated token handed to the host while the GPU keeps decoding (index = 0-based step). */
-typedef void (*lily_cuda_token_fn)(void *user, int32_t token, int index);
-
-/* As lily_cuda_generate_greedy, and each token is passed to on_token as soon as the GPU has chosen it:
- * the sampling kernel writes it to mapped host memory and the host polls a counter there (no
- * host-device synchronization per token; the call still synchronizes once at the end). */
-lily_status lily_cuda_generate_greedy_stream(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
-                                             lily_cuda_token_fn on_token, void *user, lily_error *err);
-
-/* As lily_cuda_generate_greedy with temperature / top-k (<= 64; the candidate lists keep 16 per scan
- * thread) / top-p sampling on the device; seed makes the draw reproducible. */
-lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n, float temperature,
-                                      int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_error *err);
 
 /* Host waits on the device so far (stream synchronizations); decode adds none per token. */
 long long lily_cuda_host_syncs(void *ctx);

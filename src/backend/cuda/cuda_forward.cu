@@ -511,49 +511,12 @@ static lily_status decode_begin(cuda_ctx *c, cuda_state *st, int32_t first_token
     return LILY_OK;
 }
 
-static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, float temperature,
-                            int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_cuda_token_fn on_token,
-                            void *user, lily_error *err)
-{
-    if (n <= 0)
-        return LILY_OK;
-    lily_status rs = decode_begin(c, st, first_token, n, greedy, err);
-    if (rs != LILY_OK)
-        return rs;
-    volatile int *host_count = st->host_tokens + st->out_cap;
-    for (int i = 0; i < n; i++)
-        if ((rs = enqueue_step(c, st, greedy, temperature, top_k, top_p, seed, err)) != LILY_OK)
-            return rs;
-    /* stream: poll the mapped count while the GPU runs the queued steps (no host-device sync) */
-    for (int seen = 0; on_token && seen < n;) {
-        const int avail = *host_count;
-        while (seen < avail && seen < n) {
-            on_token(user, ((volatile int *)st->host_tokens)[seen], seen);
-            seen++;
-        }
-        if (seen >= n)
-            break;
-        const cudaError_t q = cudaStreamQuery(c->stream); /* non-blocking: ends the loop on an error */
-        if (q != cudaSuccess && q != cudaErrorNotReady)
-            return lily_cuda_error(err, q, "cudaStreamQuery", __FILE__, __LINE__);
-        if (q == cudaSuccess && *host_count == avail && avail < n)
-            break; /* finished without the remaining tokens (cannot happen unless out_cap was hit) */
-    }
-    CUDA_TRY(cudaMemcpyAsync(out_tokens, st->out_tokens, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    rs = cuda_sync(c, err);
-    if (rs != LILY_OK)
-        return rs;
-    st->pos += n;
-    st->step += n;
-    return LILY_OK;
-}
-
 /* Steps the decode loop keeps queued ahead of the tokens the host has seen: enough that the GPU never
  * waits for the host's per-token work, few enough that a stop wastes little GPU time. */
 #define DECODE_LOOP_AHEAD 4
 
-/* backend.h's decode_loop: the steps of generate(), launched DECODE_LOOP_AHEAD ahead of the tokens the
- * host has polled from mapped memory, so on_token can stop the loop; one synchronization at the end. */
+/* backend.h's decode_loop: the step graph replayed, DECODE_LOOP_AHEAD steps ahead of the tokens the host
+ * has polled from mapped memory, so on_token can stop the loop; one synchronization at the end. */
 lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
                              lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                              lily_error *err)
@@ -618,29 +581,6 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
     st->step += launched;
     *n_run = launched;
     return rs != LILY_OK ? rs : sync;
-}
-
-extern "C" lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n,
-                                                 int32_t *out_tokens, lily_error *err)
-{
-    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, NULL, NULL,
-                    err);
-}
-
-extern "C" lily_status lily_cuda_generate_greedy_stream(void *ctx, void *state, int32_t first_token, int n,
-                                                        int32_t *out_tokens, lily_cuda_token_fn on_token, void *user,
-                                                        lily_error *err)
-{
-    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, on_token,
-                    user, err);
-}
-
-extern "C" lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n,
-                                                 float temperature, int top_k, float top_p, uint64_t seed,
-                                                 int32_t *out_tokens, lily_error *err)
-{
-    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, false, temperature, top_k, top_p, seed,
-                    out_tokens, NULL, NULL, err);
 }
 
 extern "C" long long lily_cuda_host_syncs(void *ctx) { return ((cuda_ctx *)ctx)->host_syncs; }
