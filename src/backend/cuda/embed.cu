@@ -1,4 +1,4 @@
-/* embed.cu — token embedding lookup (MODEL.md §4.2): h[t] = embed_tokens[token_t], dequantized in fp32
+/* embed.cu — token embedding lookup (docs/MODEL.md §4.2): h[t] = embed_tokens[token_t], dequantized in fp32
  * (MLX affine: float(scale) * q + float(bias)) or widened from bf16. grid = n tokens, block = 256. */
 #include "embed.cuh"
 

@@ -1,5 +1,5 @@
 /* attention_decode.cu — causal softmax attention over the KV cache with the output gate
- * (MODEL.md §4.3 steps 4-5), for decode (split-KV) and prefill (one split).
+ * (docs/MODEL.md §4.3 steps 4-5), for decode (split-KV) and prefill (one split).
  * The SIMT kernel reads a bf16 cache or, in exact mode, an fp32 one (attn_args.k_cache_f32; template
  * parameter KV); the tensor-core decode kernel a bf16 cache only.
  *

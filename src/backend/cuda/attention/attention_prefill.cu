@@ -1,5 +1,5 @@
 /* attention_prefill.cu — causal flash attention for a prefill chunk over the bf16 KV cache, with the
- * output gate (MODEL.md §4.3 steps 4-5): the same inputs and output as attention_decode.cu with n > 1
+ * output gate (docs/MODEL.md §4.3 steps 4-5): the same inputs and output as attention_decode.cu with n > 1
  * tokens, on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate; sm_80+).
  *
  * Rows: the G = n_heads / n_kv query heads that share KV head g are packed with the tokens into the M

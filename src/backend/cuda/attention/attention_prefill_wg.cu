@@ -21,7 +21,7 @@
  * refills K j + 1 and V j, issues S of tile j, then P·V of tile j - 1, waits for S alone (wait_group 1)
  * and does tile j's softmax while the tensor cores run that P·V, then waits for it and rescales O (as
  * FlashAttention-3's intra-warpgroup overlap). head_dim 256: 64 + 2 x 64 KB of shared memory, one block
- * per SM. Measurements: docs/BENCHMARKS.md ("Prefill attention kernels").
+ * per SM. Measurements: docs/BENCHMARKS.md ("One kernel per op and shape").
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * attention_prefill_wg_available() says false, so launch_attention_prefill keeps the mma.sync kernel.
  */

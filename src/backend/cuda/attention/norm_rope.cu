@@ -1,4 +1,4 @@
-/* norm_rope.cu — the gated-attention front end after the q/k/v GEMV (MODEL.md §4.3 steps 2-4):
+/* norm_rope.cu — the gated-attention front end after the q/k/v GEMV (docs/MODEL.md §4.3 steps 2-4):
  * per head RMSNorm of q and k (q_norm / k_norm, 1 + w form), partial rotate-half RoPE on the first
  * rot_dim dims (pairs (i, i + rot/2), inv_freq = theta^(-2i/rot), fp32 angle, cos/sin in double),
  * then k and v appended to the KV cache (bf16, or fp32 in exact mode: attn_args.k_cache_f32) at positions

@@ -1,4 +1,4 @@
-/* norm_rope.cuh — the device math of the gated-attention front end (MODEL.md §4.3 steps 2-3), shared by
+/* norm_rope.cuh — the device math of the gated-attention front end (docs/MODEL.md §4.3 steps 2-3), shared by
  * the q/k norm + RoPE + KV-append kernel (norm_rope.cu) and the prefill attention kernel, which norms and
  * rotates q itself while staging it (attention_prefill.cu, attn_args.q_fused): per-head RMSNorm scale
  * and the rotate-half partial RoPE. Both kernels evaluate the same expressions, so q gets the same bits

@@ -7,7 +7,7 @@
 #include "backend/cuda/cuda_common.cuh"
 
 /* DeltaNet calls of at least this many tokens take the chunked delta rule (deltanet_chunked.cu), shorter
- * ones the sequential recurrence (docs/BENCHMARKS.md, "DeltaNet prefill"). */
+ * ones the sequential recurrence (docs/BENCHMARKS.md, "One kernel per op and shape"). */
 #define GDN_CHUNKED_MIN_TOKENS 256
 
 /* The Gated DeltaNet mixer kernels (gdn_kernel_choose picks one per call). */

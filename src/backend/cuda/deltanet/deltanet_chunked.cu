@@ -1,6 +1,6 @@
 /* deltanet_chunked.cu — the Gated DeltaNet delta rule of a prefill chunk in its chunked (WY / UT
  * transform) form on tensor cores: same inputs (the scratch `pre` of gdn_prep_kernel), outputs and final
- * state as gdn_recur_kernel (deltanet_prefill.cu), the math of MODEL.md §4.4 step 8 (transformers'
+ * state as gdn_recur_kernel (deltanet_prefill.cu), the math of docs/MODEL.md §4.4 step 8 (transformers'
  * torch_chunk_gated_delta_rule, chunk C = 64; the CPU twin is cpu_gdn_delta_rule_chunked). Two kernels
  * after gdn_prep_kernel:
  *

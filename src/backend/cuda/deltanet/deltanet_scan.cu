@@ -1,5 +1,5 @@
 /* deltanet_scan.cu — the Gated DeltaNet mixer between its input projections and out_proj, for n >= 1
- * tokens in one kernel per layer (MODEL.md §4.4 steps 2-7): causal depthwise conv (K taps) + SiLU,
+ * tokens in one kernel per layer (docs/MODEL.md §4.4 steps 2-7): causal depthwise conv (K taps) + SiLU,
  * q/k L2 norms (eps 1e-6 inside the root, q scaled by dk^-1/2), β = sigmoid(b),
  * g = -exp(A_log)·softplus(a + dt_bias), and the delta rule in its recurrent form
  *   S <- exp(g) S;  δ = β (v - Sᵀk);  S <- S + k δᵀ;  o = Sᵀq   (= (exp(g)S)ᵀq + δ (k·q))

@@ -34,7 +34,7 @@
  * others: every thread's cp.async of a stage (weights and X) completes on the stage's mbarrier
  * (cp.async.mbarrier.arrive.noinc, 256 arrivals per phase). Either way B arrives without a per-step
  * fence.proxy.async; the block barrier stays (scale/bias stores, slot reuse). Measurements:
- * docs/BENCHMARKS.md ("Prefill GEMM kernels").
+ * docs/BENCHMARKS.md ("One kernel per op and shape").
  * Compiled for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is an empty stub and
  * gemm_wgmma_available() says false.
  */

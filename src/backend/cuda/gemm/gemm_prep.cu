@@ -1,5 +1,5 @@
 /* gemm_prep.cu — the activation pre-pass of the prefill GEMMs: n rows of fp32 activations through the
- * input transform (gemv_input_mode: plain, RMSNorm, the DeltaNet gated RMSNorm of MODEL.md §4.4 step 9)
+ * input transform (gemv_input_mode: plain, RMSNorm, the DeltaNet gated RMSNorm of docs/MODEL.md §4.4 step 9)
  * into gemm_act form (gemm_prefill.cuh): fp16 with the columns of each 16-column block permuted
  * (gemm_perm16), times a per-row power of two that puts the row's largest |x| in [2^13, 2^14); the
  * group sums Σx of each 64 columns (of the rounded fp16 values; the mma.sync kernels fold them in, the

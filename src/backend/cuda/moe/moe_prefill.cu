@@ -1,5 +1,5 @@
 /* moe_prefill.cu — the MoE routing of the prefill path, on the device with no host sync
- * (MODEL.md §4.5): top-k per token, the expert plan (histogram of rows per expert, exclusive scan into
+ * (docs/MODEL.md §4.5): top-k per token, the expert plan (histogram of rows per expert, exclusive scan into
  * offsets, scatter of (token, slot) into expert-grouped positions, tile map for the grouped GEMM), and
  * the combine (routing-weighted sum of the per-slot expert outputs + sigmoid-gated shared expert,
  * added to the residual stream; deterministic: each token sums its own slots in slot order).

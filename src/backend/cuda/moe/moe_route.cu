@@ -1,5 +1,5 @@
 /* moe_route.cu — the sparse MoE block after the router GEMV, on the device with no host sync
- * (MODEL.md §4.5):
+ * (docs/MODEL.md §4.5):
  *
  *   moe_gate_up: every block ranks the top-k over the router logits (moe_topk.cuh), applies the post-attention RMSNorm to the
  *     residual stream, and computes hid = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ) for its rows of the selected experts

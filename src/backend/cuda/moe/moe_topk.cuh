@@ -1,4 +1,4 @@
-/* moe_topk.cuh — the router's top-k for one token, computed by one whole block (MODEL.md §4.5):
+/* moe_topk.cuh — the router's top-k for one token, computed by one whole block (docs/MODEL.md §4.5):
  * experts ranked by logit (ties to the lower expert id), weights = softmax over the selected logits
  * (= softmax over all E renormalised over the top k), fp32. One warp ranks (K rounds of a warp argmax,
  * ~25 instructions per round for 256 experts; the earlier rank-by-counting over the block cost every
