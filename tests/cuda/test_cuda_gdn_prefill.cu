@@ -3,7 +3,7 @@
  * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, GDN_KERNEL_RECURRENCE) and "chunked"
  * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, GDN_KERNEL_CHUNKED). Calls of
  * n > 1 tokens take the variant's launch (as cuda_enqueue_forward does), n == 1 the decode kernel
- * (launch_gdn_scan), so state and conv-state carry between chunks and prefill -> decode -> prefill
+ * (launch_gdn_decode), so state and conv-state carry between chunks and prefill -> decode -> prefill
  * hand-offs (conv ping-pong parity) are all checked. Outputs and the prep and chunk scratch are
  * NaN-poisoned. Shapes: the tiny fixture's, the full model's (16/32 heads, dk = dv = 128),
  * odd ones (dv != dk, 3 v heads per k head, K = 1..4), n up to 4096, and decays from fast (underflow
@@ -95,7 +95,7 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
             a.ba = dba + (size_t)t0 * ba_stride;
             a.out = dout + (size_t)t0 * Hv * dv;
             CK(cudaMemcpy(dpre, nanp.data(), pre_floats * sizeof(float), cudaMemcpyHostToDevice));
-            cudaError_t e = m == 1 ? launch_gdn_scan(a, m, 0)
+            cudaError_t e = m == 1 ? launch_gdn_decode(a, 0)
                             : var  ? launch_gdn_prefill_chunked(a, dpre, dwy, m, 0)
                                    : launch_gdn_prefill(a, dpre, m, 0);
             if (e == cudaSuccess)

@@ -654,10 +654,11 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr);
 }
 
-/* ---- Gated DeltaNet scan ---------------------------------------------------------------------------- */
+/* ---- Gated DeltaNet ---------------------------------------------------------------------------------- */
 
-/* decode: 1 = n == 1 calls take gdn_decode_kernel (the default), 0 = the general scan for every n */
-static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
+/* Two calls of n1 and n2 tokens through launch_gdn (n == 1: gdn_decode_kernel; longer: the prep kernel +
+ * the sequential recurrence of deltanet_prefill.cu, no chunked scratch given) against the twin. */
+static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
 {
     const int dv = dk, K = 4, key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, stride = conv_dim + 7;
     const int n = n1 + n2;
@@ -682,14 +683,15 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
     a.step = dstep;
     float *dout = dev_nan((size_t)n * Hv * dv);
     a.Hk = Hk, a.Hv = Hv, a.dk = dk, a.dv = dv, a.K = K, a.conv_dim = conv_dim;
-    a.kernel = decode ? GDN_KERNEL_AUTO : GDN_KERNEL_SCAN;
+    float *dpre = dev_nan((size_t)(n1 > n2 ? n1 : n2) * gdn_prefill_stride(conv_dim, Hv));
     /* two calls: n1 tokens then n2 (state and conv state carried; step advanced in between) */
     a.mixed = dmixed, a.ba = dba, a.out = dout;
-    cudaError_t e = launch_gdn_scan(a, n1, 0);
+    cudaError_t e = launch_gdn(a, dpre, NULL, n1, 0);
     CK(launch_set_int(dstep, 1, 0));
     a.mixed = dmixed + (size_t)n1 * stride, a.ba = dba + (size_t)n1 * 2 * Hv, a.out = dout + (size_t)n1 * Hv * dv;
     if (e == cudaSuccess && n2)
-        e = launch_gdn_scan(a, n2, 0);
+        e = launch_gdn(a, dpre, NULL, n2, 0);
+    CK(cudaFree(dpre));
     if (e != cudaSuccess) {
         printf("FAIL gdn launch %s\n", cudaGetErrorString(e));
         g_fail++;
@@ -712,11 +714,10 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
         }
     }
     char what[160];
-    const char *kind = decode ? "" : " (general scan)";
-    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d output%s", Hk, Hv, dk, n1, n2, kind);
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d output", Hk, Hv, dk, n1, n2);
     check(what, got, want, mag, 1e-3);
     std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
-    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d state%s", Hk, Hv, dk, n1, n2, kind);
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d state", Hk, Hv, dk, n1, n2);
     check(what, Sg, Sw, Smag, 1e-4);
     /* conv state after the second call lives in buffer (1 ^ 1) = 0: last K-1 rows of the history */
     std::vector<float> cg(csg.begin(), csg.begin() + (size_t)(K - 1) * conv_dim);
@@ -724,7 +725,7 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
     for (int s = 0; s < K - 1; s++)
         for (int c = 0; c < conv_dim; c++) cw2[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
     if (n2) {
-        snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d conv state%s", Hk, Hv, dk, n1, n2, kind);
+        snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d conv state", Hk, Hv, dk, n1, n2);
         check(what, cg, cw2, cm);
     }
 }
@@ -1026,9 +1027,6 @@ int main(void)
     test_gdn(4, 8, 64, 2, 5);
     test_gdn(4, 8, 64, 1, 1);
     test_gdn(4, 8, 64, 7, 1);
-    /* the general scan for n == 1 (the knob's other side) */
-    test_gdn(2, 4, 32, 1, 1, 0);
-    test_gdn(16, 32, 128, 7, 1, 0);
     /* attention: prefill (one split) and decode (split-KV) */
     for (int i = 0; i < 5; i++) {
         test_attention(8, 2, 64, 16, 0, ns[i], 1);

@@ -13,13 +13,11 @@
 /* The Gated DeltaNet mixer kernels (gdn_kernel_choose picks one per call). */
 enum gdn_kernel {
     GDN_KERNEL_AUTO = 0,       /* gdn_args.kernel: gdn_kernel_choose decides */
-    GDN_KERNEL_SCAN = 1,       /* deltanet_scan.cu: conv + norms + delta rule, any n (fp32) */
-    GDN_KERNEL_DECODE = 2,     /* deltanet_scan.cu: one token, barrier-free */
-    GDN_KERNEL_RECURRENCE = 3, /* deltanet_prefill.cu: prep for all tokens, then the sequential delta rule */
-    GDN_KERNEL_CHUNKED = 4,    /* deltanet_chunked.cu: prep, then the chunked (WY) delta rule on tensor cores */
+    GDN_KERNEL_DECODE = 1,     /* deltanet_scan.cu: one token, barrier-free */
+    GDN_KERNEL_RECURRENCE = 2, /* deltanet_prefill.cu: prep for all tokens, then the sequential delta rule */
+    GDN_KERNEL_CHUNKED = 3,    /* deltanet_chunked.cu: prep, then the chunked (WY) delta rule on tensor cores */
 };
 
-/* deltanet_scan.cu */
 struct gdn_args {
     const float *mixed;   /* [n][mixed_stride] in_proj_qkv output (pre-conv), conv_dim channels */
     int mixed_stride;
@@ -34,20 +32,21 @@ struct gdn_args {
     int Hk, Hv, dk, dv, K, conv_dim;
     int kernel;           /* gdn_kernel: GDN_KERNEL_AUTO, or one the shape supports (tests) */
 };
-/* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE (dv % 32 == 0) else SCAN; longer calls:
- * CHUNKED from GDN_CHUNKED_MIN_TOKENS tokens (not in exact mode: 3xTF32 products), else RECURRENCE, else
- * SCAN, each where its *_supported says yes. */
+/* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE; longer calls: CHUNKED from
+ * GDN_CHUNKED_MIN_TOKENS tokens where gdn_chunked_supported (not in exact mode: 3xTF32 products), else
+ * RECURRENCE. (cuda_shapes.cu admits only shapes every one of them takes.) */
 gdn_kernel gdn_kernel_choose(const gdn_args &a, int n_tokens, bool exact);
 /* The mixer for n_tokens by a.kernel (AUTO: gdn_kernel_choose(a, n, false)); pre and wy are the scratch of
- * launch_gdn_prefill / launch_gdn_prefill_chunked (RECURRENCE needs pre, CHUNKED both; without them the
- * call falls back to SCAN). */
+ * launch_gdn_prefill / launch_gdn_prefill_chunked (RECURRENCE needs pre, CHUNKED both: without wy it runs
+ * the recurrence). cudaErrorInvalidValue for an n > 1 call without pre or a shape no kernel takes. */
 cudaError_t launch_gdn(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
-/* The general scan (SCAN), or DECODE for n_tokens == 1 when a.kernel is not SCAN and dv % 32 == 0. */
-cudaError_t launch_gdn_scan(const gdn_args &a, int n_tokens, cudaStream_t s);
+/* gdn_decode_kernel: one token (dk 32/64/128, dv % 16 == 0, Hv % Hk == 0, K <= 4; else
+ * cudaErrorInvalidValue). */
+cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s);
 /* deltanet_prefill.cu: the same mixer for a chunk:
  * gdn_prep_kernel (conv, norms, gates for all tokens at once) into pre [n_tokens][gdn_prefill_stride]
  * floats (scratch sized for max_chunk), then gdn_recur_kernel (the delta rule only). Same state and conv
- * state semantics as launch_gdn_scan. cudaErrorInvalidValue for a shape gdn_prefill_supported rejects. */
+ * state semantics as launch_gdn_decode. cudaErrorInvalidValue for a shape gdn_prefill_supported rejects. */
 int gdn_prefill_stride(int conv_dim, int Hv);
 bool gdn_prefill_supported(const gdn_args &a); /* dk 32/64/128, Hv % Hk == 0, K <= 4, dv % 32 */
 cudaError_t launch_gdn_prefill(const gdn_args &a, float *pre, int n_tokens, cudaStream_t s);
