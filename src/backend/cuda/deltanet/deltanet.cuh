@@ -1,5 +1,5 @@
 /* deltanet.cuh — the Gated DeltaNet mixer (causal conv, q/k norms, gates, delta rule): its arguments,
- * the kernel choice and the launchers of deltanet_scan.cu, deltanet_prefill.cu and deltanet_chunked.cu.
+ * the kernel choice and the launchers of deltanet_decode.cu, deltanet_prefill.cu and deltanet_chunked.cu.
  */
 #ifndef LILY_CUDA_DELTANET_CUH
 #define LILY_CUDA_DELTANET_CUH
@@ -13,7 +13,7 @@
 /* The Gated DeltaNet mixer kernels (gdn_kernel_choose picks one per call). */
 enum gdn_kernel {
     GDN_KERNEL_AUTO = 0,       /* gdn_args.kernel: gdn_kernel_choose decides */
-    GDN_KERNEL_DECODE = 1,     /* deltanet_scan.cu: one token, barrier-free */
+    GDN_KERNEL_DECODE = 1,     /* deltanet_decode.cu: one token, barrier-free */
     GDN_KERNEL_RECURRENCE = 2, /* deltanet_prefill.cu: prep for all tokens, then the sequential delta rule */
     GDN_KERNEL_CHUNKED = 3,    /* deltanet_chunked.cu: prep, then the chunked (WY) delta rule on tensor cores */
 };

@@ -1,4 +1,4 @@
-/* deltanet_scan.cu — the Gated DeltaNet mixer of one decode token (docs/MODEL.md §4.4 steps 2-7), and the
+/* deltanet_decode.cu — the Gated DeltaNet mixer of one decode token (docs/MODEL.md §4.4 steps 2-7), and the
  * op's kernel choice: causal depthwise conv (K taps) + SiLU, q/k L2 norms (eps 1e-6 inside the root, q
  * scaled by dk^-1/2), β = sigmoid(b), g = -exp(A_log)·softplus(a + dt_bias), and the delta rule in its
  * recurrent form

@@ -1,5 +1,5 @@
 /* deltanet_prefill.cu — the Gated DeltaNet mixer for a prefill chunk (n > 1 tokens; decode, n == 1, stays
- * on deltanet_scan.cu), same inputs, outputs and state as launch_gdn_decode (docs/MODEL.md §4.4 steps 2-7), in
+ * on deltanet_decode.cu), same inputs, outputs and state as launch_gdn_decode (docs/MODEL.md §4.4 steps 2-7), in
  * two kernels:
  *
  *  gdn_prep_kernel: everything that is parallel over tokens. Causal depthwise conv (K taps; the first K-1
