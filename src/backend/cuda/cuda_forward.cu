@@ -281,9 +281,7 @@ static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer
     a.part_ml = c->part_ml;
     a.counter = c->att_counter;
     const bool flash = n > 1 && attention_prefill_supported(a); /* never exact mode's fp32 cache */
-    a.q_fused = flash;
-    if (a.q_fused && !attention_prefill_supported(a))
-        a.q_fused = 0;
+    a.q_fused = flash; /* the flash kernel norms + rotates q itself: norm_rope appends k/v only */
     MARK(PS_ATT_PROJ);
     TRY(proj(c, A->mix_in, A->mix_in_x, GEMV_OUT_STORE, n, err));
     MARK(PS_ATT_ROPE);

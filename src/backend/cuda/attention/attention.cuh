@@ -27,8 +27,8 @@ struct attn_args {
     float *part_o;         /* [n_kv][n_splits][G][head_dim] */
     float *part_ml;        /* [n_kv][n_splits][G][2] */
     unsigned int *counter; /* [n_kv], zero between launches */
-    /* prefill only: 1 = the flash kernel (launch_attention_prefill) norms and rotates q from qkv itself
-     * (q unused; launch_qk_norm_rope_append then does k/v only); 0 = q from a.q */
+    /* 1: the flash kernel (launch_attention_prefill) norms and rotates q from qkv itself, so
+     * launch_qk_norm_rope_append does k/v only and q is unused; 0: norm_rope.cu writes q (launch_attention) */
     int q_fused;
     int prefill_kernel;    /* attn_prefill_kernel (the backend's attn_prefill_kernel_choose) */
     int decode_kernel;     /* attn_decode_kernel: ATTN_DECODE_AUTO, or one the shape supports (tests) */
@@ -63,14 +63,15 @@ bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
 
 /* attention_prefill.cu: causal flash attention (tensor cores) for a chunk of n_tokens >= 1 queries at
  * positions *pos .. *pos + n_tokens - 1 over cache keys [0, *pos + n_tokens), same inputs (q, k/v cache
- * already appended, gate in qkv) and output (out) as launch_attention. With a.q_fused the kernel reads
- * the raw q (first half of each q_proj head row in qkv) and applies the q RMSNorm (q_norm, eps) and the
- * partial RoPE (rot_dim, rope_theta, positions) of norm_rope.cu while staging it; a.q is not read.
+ * already appended, gate in qkv) and output (out) as launch_attention. The kernel reads the raw q (first
+ * half of each q_proj head row in qkv) and applies the q RMSNorm (q_norm, eps) and the partial RoPE
+ * (rot_dim, rope_theta, positions) of norm_rope.cu while staging it; a.q is not read (set a.q_fused so
+ * launch_qk_norm_rope_append leaves it alone).
  * a.n_splits > 1 splits the keys of each query tile across blocks and merges (uses part_o >= n_splits
  * * n_tokens * n_heads * head_dim floats, part_ml >= n_splits * n_tokens * n_heads * 2).
  * cudaErrorInvalidValue for an unsupported shape. */
-/* head_dim 64, 128 or 256; n_heads % n_kv == 0; a bf16 cache (never exact mode's fp32 one); with q_fused also
- * q_norm set, rot_dim even, <= head_dim */
+/* head_dim 64, 128 or 256; n_heads % n_kv == 0; a bf16 cache (never exact mode's fp32 one); q_norm set,
+ * rot_dim even, <= head_dim */
 bool attention_prefill_supported(const attn_args &a);
 cudaError_t launch_attention_prefill(const attn_args &a, int n_tokens, cudaStream_t s);
 /* Split count for a chunk of n_tokens at context position ctx (host hint): about two blocks per SM,

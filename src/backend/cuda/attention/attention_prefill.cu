@@ -20,11 +20,11 @@
  * a.prefill_kernel ATTN_PREFILL_WGMMA (an sm_90a GPU): the wgmma kernel of attention_prefill_wg.cu instead
  * (same results up to fp32 summation order; this file's merge kernel combines its splits).
  *
- * Fused q (a.q_fused, template QF): Q is staged from the raw q (first half of q_proj's head row in qkv)
- * with the q RMSNorm and partial RoPE of norm_rope.cu (the shared math of norm_rope.cuh, same bits as
- * the q that kernel writes; attention_prefill_q.cuh): a warp per row sums the squares (same order as norm_rope.cu) and stores
- * the non-rotary dims, then one thread per (token, rotary pair) of the tile computes cos/sin once and
- * rotates that pair for each of the token's heads in the tile. norm_rope.cu then only appends k and v.
+ * Q is staged from the raw q (first half of q_proj's head row in qkv) with the q RMSNorm and partial RoPE
+ * of norm_rope.cu (the shared math of norm_rope.cuh, same bits as the q that kernel writes;
+ * attention_prefill_q.cuh): a warp per row sums the squares (same order as norm_rope.cu) and stores the
+ * non-rotary dims, then one thread per (token, rotary pair) of the tile computes cos/sin once and rotates
+ * that pair for each of the token's heads in the tile. With a.q_fused norm_rope.cu only appends k and v.
  */
 #include "attention.cuh"
 #include "backend/cuda/mma_bf16.cuh"
@@ -43,7 +43,7 @@ template <int D> constexpr size_t apf_smem_bytes(void)
     return (size_t)(APF_BM + 4 * APF_BN) * (D + APF_PAD) * sizeof(__nv_bfloat16);
 }
 
-template <int D, bool QF>
+template <int D>
 __global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_args a, int n_tokens)
 {
     constexpr int LD = D + APF_PAD; /* shared row stride (bf16 elements; 16-byte multiple) */
@@ -87,26 +87,10 @@ __global__ void __launch_bounds__(APF_WARPS * 32) attention_prefill_kernel(attn_
         cp_async_commit();
     }
 
-    /* Q -> bf16 shared, rows past the chunk zero: fused (raw q normed + rotated here) or fp32 a.q */
-    __shared__ float s_r[QF ? APF_BM : 1]; /* fused: 1/rms per row */
-    if constexpr (QF) {
-        apf_stage_q_fused<D, APF_BM, APF_WARPS>(a, n_tokens, r0, g, pos, s_r,
-                                                  [&](int r, int d) { return sQ + r * LD + d; });
-    } else {
-        for (int i = tid; i < APF_BM * (D / 4); i += APF_WARPS * 32) {
-            const int r = i / (D / 4), c4 = i % (D / 4), gr = r0 + r;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (gr < n_rows) {
-                const int t = gr / G, h = gr % G;
-                v = *reinterpret_cast<const float4 *>(a.q + ((size_t)t * a.n_heads + g * G + h) * D + c4 * 4);
-            }
-            __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-            uint2 u;
-            u.x = *reinterpret_cast<unsigned int *>(&lo);
-            u.y = *reinterpret_cast<unsigned int *>(&hi);
-            *reinterpret_cast<uint2 *>(sQ + r * LD + c4 * 4) = u;
-        }
-    }
+    /* Q -> bf16 shared, rows past the chunk zero: the raw q normed + rotated here */
+    __shared__ float s_r[APF_BM]; /* 1/rms per row */
+    apf_stage_q_fused<D, APF_BM, APF_WARPS>(a, n_tokens, r0, g, pos, s_r,
+                                              [&](int r, int d) { return sQ + r * LD + d; });
 
     /* this lane's two rows (fragment rows lane/4 and lane/4 + 8 of the warp's 16) */
     const int quad = lane >> 2, qid = lane & 3;
@@ -250,29 +234,26 @@ __global__ void __launch_bounds__(128) attention_prefill_merge_kernel(attn_args 
 
 /* ---- launch ------------------------------------------------------------------------------------------ */
 
-template <int D, bool QF>
+template <int D>
 static cudaError_t apf_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
     constexpr size_t smem = apf_smem_bytes<D>();
     /* per call (host-side, cheap): the attribute belongs to the current device's context */
-    cudaError_t e = cudaFuncSetAttribute(attention_prefill_kernel<D, QF>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
     if (e != cudaSuccess)
         return e;
     const int G = a.n_heads / a.n_kv;
     dim3 grid((n_tokens * G + APF_BM - 1) / APF_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_kernel<D, QF>, grid, dim3(APF_WARPS * 32), smem, s, a, n_tokens);
-}
-
-template <int D> static cudaError_t apf_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
-{
-    return a.q_fused ? apf_launch<D, true>(a, n_tokens, n_splits, s) : apf_launch<D, false>(a, n_tokens, n_splits, s);
+    return launch_pdl(attention_prefill_kernel<D>, grid, dim3(APF_WARPS * 32), smem, s, a, n_tokens);
 }
 
 bool attention_prefill_supported(const attn_args &a)
 {
-    if (a.k_cache_f32 || (a.q_fused && (!a.q_norm || a.rot_dim < 0 || a.rot_dim > a.head_dim || a.rot_dim % 2)))
-        return false; /* an fp32 (exact-mode) cache: the SIMT kernel only */
+    if (a.k_cache_f32) /* an fp32 (exact-mode) cache: the SIMT kernel only */
+        return false;
+    if (!a.q_norm || a.rot_dim < 0 || a.rot_dim > a.head_dim || a.rot_dim % 2) /* q is normed + rotated here */
+        return false;
     return a.n_kv > 0 && a.n_heads % a.n_kv == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256);
 }
 

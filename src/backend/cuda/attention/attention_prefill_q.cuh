@@ -1,5 +1,5 @@
-/* attention_prefill_q.cuh — the fused q staging of the prefill attention kernels (attention_prefill.cu,
- * attention_prefill_wg.cu; attn_args.q_fused): a block's query rows (row r = t * G + h, see
+/* attention_prefill_q.cuh — the q staging of the prefill attention kernels (attention_prefill.cu,
+ * attention_prefill_wg.cu): a block's query rows (row r = t * G + h, see
  * attention_prefill.cu) read from the raw q in qkv, RMSNormed and partially rotated with norm_rope.cuh's
  * math (the same bits as the q norm_rope.cu writes) and stored as bf16 in the kernel's shared layout; and
  * the epilogue both kernels share (apf_write_rows: normalise + gate, or the split's partials).

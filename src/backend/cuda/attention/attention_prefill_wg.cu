@@ -13,8 +13,8 @@
  *   O += P V: per 16 keys one wgmma m64nDk16 with A = P from registers and B = V from shared memory
  *     MN-major (imm-trans-b 1: the cache rows are keys x head_dim, head_dim contiguous), O (64 x D fp32
  *     per warpgroup, D / 2 registers per thread) in registers for the whole walk.
- * Shared memory (128-byte swizzle, wgmma_common.cuh): Q [D/64][128 rows][128 B] (bf16, staged once:
- * from a.q, or from the raw q with the fused RMSNorm + RoPE of attention_prefill_q.cuh), then two
+ * Shared memory (128-byte swizzle, wgmma_common.cuh): Q [D/64][128 rows][128 B] (bf16, staged once from
+ * the raw q with the RMSNorm + RoPE of attention_prefill_q.cuh), then two
  * stages of K and V tiles [D/64][64 keys][128 B], filled by cp.async (keys past the split's end
  * zero-filled); K and V have separate 2-stage rings. Step j waits for its loads, fences the async proxy,
  * passes one barrier (which also proves every warpgroup finished the wgmmas that read the other stages),
@@ -142,7 +142,7 @@ template <int D> __device__ __forceinline__ void awg_rescale(float (&o)[D / 8][4
 
 #endif
 
-template <int D, bool QF>
+template <int D>
 __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(attn_args a, int n_tokens)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -190,31 +190,11 @@ __global__ void __launch_bounds__(AWG_THREADS, 1) attention_prefill_wg_kernel(at
         load_k(0, 0);
     cp_async_commit();
 
-    /* Q -> bf16 shared (swizzled), rows past the chunk zero: fused (raw q normed + rotated here) or fp32 a.q */
-    __shared__ float s_r[QF ? BM : 1]; /* fused: 1/rms per row */
-    if constexpr (QF) {
-        apf_stage_q_fused<D, BM, AWG_THREADS / 32>(a, n_tokens, r0, g, pos, s_r, [&](int r, int d) {
-            return reinterpret_cast<__nv_bfloat16 *>(smem + awg_off<BM>(r, d));
-        });
-    } else {
-        for (int i = tid; i < BM * (D / 8); i += AWG_THREADS) {
-            const int r = i / (D / 8), c = i % (D / 8), gr = r0 + r;
-            float4 v0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v1 = v0;
-            if (gr < n_rows) {
-                const int t = gr / G, h = gr % G;
-                const float *src = a.q + ((size_t)t * a.n_heads + g * G + h) * D + c * 8;
-                v0 = *reinterpret_cast<const float4 *>(src);
-                v1 = *reinterpret_cast<const float4 *>(src + 4);
-            }
-            float x0, x1;
-            uint4 u;
-            u.x = pack_bf16(v0.x, v0.y, x0, x1);
-            u.y = pack_bf16(v0.z, v0.w, x0, x1);
-            u.z = pack_bf16(v1.x, v1.y, x0, x1);
-            u.w = pack_bf16(v1.z, v1.w, x0, x1);
-            *reinterpret_cast<uint4 *>(smem + awg_off<BM>(r, c * 8)) = u;
-        }
-    }
+    /* Q -> bf16 shared (swizzled), rows past the chunk zero: the raw q normed + rotated here */
+    __shared__ float s_r[BM]; /* 1/rms per row */
+    apf_stage_q_fused<D, BM, AWG_THREADS / 32>(a, n_tokens, r0, g, pos, s_r, [&](int r, int d) {
+        return reinterpret_cast<__nv_bfloat16 *>(smem + awg_off<BM>(r, d));
+    });
     fence_proxy_async(); /* the Q writes -> the async proxy; published by the loop's first barrier */
 
     /* this lane's two rows (fragment rows lane/4 and lane/4 + 8 of its warp's 16) */
@@ -327,21 +307,16 @@ bool attention_prefill_wg_supported(const attn_args &a)
            attention_prefill_wg_available();
 }
 
-template <int D, bool QF>
+template <int D>
 static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
 {
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
-    cudaError_t e = cuda_smem_opt_in(attention_prefill_wg_kernel<D, QF>, awg_shape<D>::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(attention_prefill_wg_kernel<D>, awg_shape<D>::SMEM, &smem_set);
     if (e != cudaSuccess)
         return e;
     const int G = a.n_heads / a.n_kv;
     dim3 grid((n_tokens * G + APF_WG_BM - 1) / APF_WG_BM, a.n_kv, n_splits);
-    return launch_pdl(attention_prefill_wg_kernel<D, QF>, grid, dim3(AWG_THREADS), awg_shape<D>::SMEM, s, a, n_tokens);
-}
-
-template <int D> static cudaError_t awg_launch(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
-{
-    return a.q_fused ? awg_launch<D, true>(a, n_tokens, n_splits, s) : awg_launch<D, false>(a, n_tokens, n_splits, s);
+    return launch_pdl(attention_prefill_wg_kernel<D>, grid, dim3(AWG_THREADS), awg_shape<D>::SMEM, s, a, n_tokens);
 }
 
 cudaError_t launch_attention_prefill_wg(const attn_args &a, int n_tokens, int n_splits, cudaStream_t s)
