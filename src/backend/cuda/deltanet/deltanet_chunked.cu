@@ -27,14 +27,14 @@
  *    buffers) are issued once P1 is done, eg/ed double-buffered; K and Attn are issued at the top and
  *    needed only in P3. grid Hv·dv/32 (128 blocks for the full model), 256 threads.
  *
- * Precision: every product on tensor cores is 3xTF32 (a = a_hi + a_lo, b likewise, both tf32 parts
- * rounded to nearest; d += a_lo b_hi + a_hi b_lo + a_hi b_hi, fp32 accumulation), about fp32 accuracy:
+ * Precision: every product on tensor cores is 3xTF32 (a = a_hi + a_lo, b likewise: hi rounded to nearest,
+ * lo the truncated rest; d += a_lo b_hi + a_hi b_lo + a_hi b_hi, fp32 accumulation), about fp32 accuracy:
  * plain tf32 (or fp16) rounds k and V' to 11 bits; in a CPU emulation of these kernels single-pass tf32
  * missed test_cuda_gdn_prefill's state bound (1e-4 absolute) by 2-6x, 3xTF32 stayed under 0.5% of it.
  * The forward substitution, γ scan and gates are fp32/double SIMT.
  *
- * Both kernels take the cheap split (split_tf32<true>) where an operand is split, and keep T, S and V'
- * split once into hi/lo arrays in shared memory (docs/BENCHMARKS.md has the measurements behind this form
+ * Both kernels split an operand with one add and two masks (split_tf32), and keep T, S and V' split once
+ * into hi/lo arrays in shared memory (docs/BENCHMARKS.md has the measurements behind this form
  * and the forms tried and removed).
  *
  * mma.sync m16n8k8 tf32 fragments (PTX ISA), g = lane / 4, t = lane % 4:
@@ -149,13 +149,13 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 #pragma unroll 4
         for (int ks = 0; ks < DK / 8; ks++) {
             frag_a fa;
-            load_a<true>(fa, arow + 8 * ks, KLD, g, t);
+            load_a(fa, arow + 8 * ks, KLD, g, t);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 /* B[k = feature][n = token 16nj + 8h + g] = k_n[feature] */
                 const float *kp = s_k + (16 * nj + 8 * h + g) * KLD + 8 * ks;
                 frag_b fb;
-                set_b<true>(fb, kp[t], kp[t + 4]);
+                set_b(fb, kp[t], kp[t + 4]);
                 mma3(acc[h], fa, fb);
             }
         }
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
                     const float *bp = isk ? s_k + 8 * nt : s_v + 8 * (nt - DK / 8);
                     const int bld = isk ? KLD : VLD;
                     const float *scale = isk ? s_sk : s_beta;
-                    set_b<true>(fb[i], bp[m0 * bld + g] * scale[m0], bp[(m0 + 4) * bld + g] * scale[m0 + 4]);
+                    set_b(fb[i], bp[m0 * bld + g] * scale[m0], bp[(m0 + 4) * bld + g] * scale[m0 + 4]);
                 }
             }
 #pragma unroll
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 2) gdn_wy_kernel(gdn_args a, cons
 /* ---- kernel 2: the inter-chunk recurrence ------------------------------------------------------- */
 
 /* S and V' are kept in shared memory already split into tf32 hi/lo parts (split once by the writer
- * instead of by each of the 8 reading warps), the A operands take the cheap split (split_tf32<true>), and
+ * instead of by each of the 8 reading warps), the A operands are split by split_tf32, and
  * W and Q are single-buffered: the next chunk's W, Q are issued once this chunk's P1 is done (they are
  * read only in P1), which frees the shared memory for S and V'. */
 template <int DK> static constexpr size_t state_smem_bytes()
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_kernel(gdn_arg
 #pragma unroll 4
             for (int ks = 0; ks < DK / 8; ks++) {
                 frag_a fa;
-                load_a<true>(fa, ap + 8 * ks, WLD, g, t);
+                load_a(fa, ap + 8 * ks, WLD, g, t);
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
                     frag_b fb;
@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_kernel(gdn_arg
             for (int ks = 0; ks < 8; ks++) {
                 if (ks < 2 * mi + 2) {
                     frag_a fa;
-                    load_a<true>(fa, s_at + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
+                    load_a(fa, s_at + 16 * mi * GDC_ALD + 8 * ks, GDC_ALD, g, t);
 #pragma unroll
                     for (int ni = 0; ni < 4; ni++) {
                         frag_b fb;
@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(GDC_THREADS, 1) gdn_chunk_state_kernel(gdn_arg
                 const int m0 = 8 * ks + t;
                 const float d0 = s_ed[b * C + m0], d1 = s_ed[b * C + m0 + 4];
                 frag_a fa;
-                set_a<true>(fa, kp[m0 * KTLD] * d0, kp[m0 * KTLD + 8] * d0, kp[(m0 + 4) * KTLD] * d1, kp[(m0 + 4) * KTLD + 8] * d1);
+                set_a(fa, kp[m0 * KTLD] * d0, kp[m0 * KTLD + 8] * d0, kp[(m0 + 4) * KTLD] * d1, kp[(m0 + 4) * KTLD + 8] * d1);
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
                     frag_b fb;

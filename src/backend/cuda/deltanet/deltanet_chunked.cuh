@@ -18,13 +18,6 @@ __host__ __device__ __forceinline__ static int record_floats(int dk, int dv)
 }
 /* ---- 3xTF32 tensor-core helpers ---------------------------------------------------------------- */
 
-static __device__ __forceinline__ uint32_t tf32_rna(float x)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
 struct frag_a {
     uint32_t h[4], l[4];
 };
@@ -32,43 +25,32 @@ struct frag_b {
     uint32_t h[2], l[2];
 };
 
-/* FAST = false: both parts rounded by cvt.rna (ptxas emits 4-5 integer/compare ops per cvt).
- * FAST = true (gdn_prefill 4/5): hi = the same round-to-nearest-away done as one add + one mask on the
- * bits (finite inputs), lo = x - hi (exact in fp32) truncated to tf32 by a mask: lo's error grows from
- * 2^-22 to 2^-21 of |x|, against the 2^-22 of the a_lo·b_lo term that is dropped anyway. */
-template <bool FAST> __device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo)
+/* x = hi + lo as two tf32 values: hi rounded to nearest (ties away) by one add + one mask on the bits (finite
+ * inputs), lo = x - hi (exact in fp32) truncated to tf32 by a mask (error 2^-21 of |x|, against the 2^-22
+ * of the a_lo·b_lo term that mma3 drops anyway). */
+static __device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo)
 {
-    if (FAST) {
-        hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-        lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
-    } else {
-        hi = tf32_rna(x);
-        lo = tf32_rna(x - __uint_as_float(hi));
-    }
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
-template <bool FAST = false> __device__ __forceinline__ void set_a(frag_a &f, float a0, float a1, float a2, float a3)
+static __device__ __forceinline__ void set_a(frag_a &f, float a0, float a1, float a2, float a3)
 {
-    split_tf32<FAST>(a0, f.h[0], f.l[0]);
-    split_tf32<FAST>(a1, f.h[1], f.l[1]);
-    split_tf32<FAST>(a2, f.h[2], f.l[2]);
-    split_tf32<FAST>(a3, f.h[3], f.l[3]);
+    split_tf32(a0, f.h[0], f.l[0]);
+    split_tf32(a1, f.h[1], f.l[1]);
+    split_tf32(a2, f.h[2], f.l[2]);
+    split_tf32(a3, f.h[3], f.l[3]);
 }
-template <bool FAST = false> __device__ __forceinline__ void set_b(frag_b &f, float b0, float b1)
+static __device__ __forceinline__ void set_b(frag_b &f, float b0, float b1)
 {
-    split_tf32<FAST>(b0, f.h[0], f.l[0]);
-    split_tf32<FAST>(b1, f.h[1], f.l[1]);
+    split_tf32(b0, f.h[0], f.l[0]);
+    split_tf32(b1, f.h[1], f.l[1]);
 }
 
 /* A tile (16 x 8) of a row-major matrix at p (leading dimension ld) */
-template <bool FAST = false> __device__ __forceinline__ void load_a(frag_a &f, const float *p, int ld, int g, int t)
+static __device__ __forceinline__ void load_a(frag_a &f, const float *p, int ld, int g, int t)
 {
-    set_a<FAST>(f, p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]);
-}
-/* B tile (8 x 8), B[k][n] = p[k * ld + n] */
-template <bool FAST = false> __device__ __forceinline__ void load_b(frag_b &f, const float *p, int ld, int g, int t)
-{
-    set_b<FAST>(f, p[t * ld + g], p[(t + 4) * ld + g]);
+    set_a(f, p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]);
 }
 /* B tile (8 x 8) of a matrix stored pre-split: hi parts at ph, lo parts at pl (same layout) */
 static __device__ __forceinline__ void load_b_split(frag_b &f, const uint32_t *ph, const uint32_t *pl, int ld, int g, int t)
@@ -76,11 +58,11 @@ static __device__ __forceinline__ void load_b_split(frag_b &f, const uint32_t *p
     f.h[0] = ph[t * ld + g], f.h[1] = ph[(t + 4) * ld + g];
     f.l[0] = pl[t * ld + g], f.l[1] = pl[(t + 4) * ld + g];
 }
-/* x split once into the hi/lo arrays (FAST rounding) */
+/* x split once into the hi/lo arrays */
 static __device__ __forceinline__ void store_split(uint32_t *ph, uint32_t *pl, int i, float x)
 {
     uint32_t h, l;
-    split_tf32<true>(x, h, l);
+    split_tf32(x, h, l);
     ph[i] = h, pl[i] = l;
 }
 
