@@ -7,8 +7,6 @@
  *     layer's mixer output (attention or Gated DeltaNet), MoE output and residual stream, and how many
  *     tokens' MoE output is off by more than 10% (a changed top-k set looks like that): where the
  *     error enters and how it grows with depth;
- *   - --knobs SPEC (repeatable): the CUDA side once per knob set (bench/cuda_knobs.h names, e.g.
- *     "prefill_gemm=0", "att_prefill=0", "gdn_prefill=0"), to tell the prefill stages apart;
  *   - --decode: the same tokens one per forward() call, i.e. through the decode kernels;
  *   - --cpu-chunked: the CPU backend with the chunked delta rule against the recurrent one (fp32, another
  *     summation order): how strongly this random model amplifies rounding by itself;
@@ -16,11 +14,11 @@
  *     feed the tensor cores; lily_backend_options.cpu_matmul_inputs_f16) against the exact one: the
  *     part of the CUDA-vs-CPU difference that operand precision alone explains;
  *   - --exact: the CUDA backend in its exact mode (lily_backend_options.exact: fp32 KV cache, fp32 kernels
- *     only, whatever the knobs say): what is left is summation order and the fast-math exp / rsqrt
+ *     only): what is left is summation order and the fast-math exp / rsqrt
  *     (~2e-7 relative; expected mean KL ~1e-6, the CPU's own reordering band, unless a rare route flips).
  *
  * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
- *                            [--seed N] [--knobs SPEC]...   (--seed: the prompt's random token ids, default 42)
+ *                            [--seed N]   (--seed: the prompt's random token ids, default 42)
  * The CPU forward runs on all cores of the machine (the GPU machine's CPUs).
  */
 #include <math.h>
@@ -30,11 +28,9 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "cuda_knobs.h"
 #include "model/synthetic.h"
 
 #define MAX_LAYERS 64
-#define MAX_KNOBS 8
 enum { PROBE_MIXER, PROBE_MOE, PROBE_RESIDUAL, PROBE_N };
 static const char *probe_names[PROBE_N] = {"mixer", "moe", "residual"};
 
@@ -190,8 +186,8 @@ static void compare_logits(const char *label, const float *ref, const float *got
 
 int main(int argc, char **argv)
 {
-    const char *preset = "35b", *knobs[MAX_KNOBS];
-    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0, n_knobs = 0;
+    const char *preset = "35b";
+    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -201,19 +197,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--cpu-f16")) cpu_f16 = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_rng = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--knobs") && i + 1 < argc && n_knobs < MAX_KNOBS) knobs[n_knobs++] = argv[++i];
         else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact] "
-                 "[--seed N] [--knobs SPEC]...", argv[0]);
+                 "[--seed N]", argv[0]);
     }
     if (n < 1 || n > 8192)
         DIE("-n must be in [1, 8192]");
-    if (!n_knobs)
-        knobs[n_knobs++] = "default";
-    for (int k = 0; k < n_knobs; k++) {
-        lily_cuda_tuning t;
-        if (cuda_knobs_parse(knobs[k], &t))
-            DIE("bad --knobs '%s'", knobs[k]);
-    }
 
     lily_error err = {0};
     lily_synthetic *syn = NULL;
@@ -288,14 +276,9 @@ int main(int argc, char **argv)
     if (lily_backend_create("cuda", cfg, &syn->weights, &go, &be, &err) != LILY_OK ||
         be.ops->state_new(be.ctx, n + 8, &st, &err) != LILY_OK)
         DIE("cuda: %s", err.message);
-    for (int k = 0; k < n_knobs; k++) {
-        lily_cuda_tuning t;
-        cuda_knobs_parse(knobs[k], &t);
-        lily_cuda_set_tuning(&t);
+    {
         char label[512];
-        int len = snprintf(label, sizeof label, "CUDA%s prefill (one call of %d tokens) vs CPU, knobs '%s'",
-                           exact ? " exact" : "", n, knobs[k]);
-        (void)len;
+        snprintf(label, sizeof label, "CUDA%s prefill (one call of %d tokens) vs CPU", exact ? " exact" : "", n);
         be.ops->state_reset(be.ctx, st);
         probe_clear(probe);
         probe->row0 = 0;
@@ -304,7 +287,7 @@ int main(int argc, char **argv)
         compare_logits(label, lr, lc, n, V);
         if (layers)
             probe_print(probe, cfg);
-        if (decode && k == 0) { /* the decode kernels do not depend on the prefill knobs */
+        if (decode) {
             be.ops->state_reset(be.ctx, st);
             probe_clear(probe);
             for (int i = 0; i < n; i++) {
@@ -312,8 +295,7 @@ int main(int argc, char **argv)
                 if (be.ops->forward(be.ctx, st, toks + i, 1, LILY_LOGITS_LAST, lc + (size_t)i * V, &err) != LILY_OK)
                     DIE("cuda decode: %s", err.message);
             }
-            snprintf(label, sizeof label, "CUDA%s decode (%d calls of 1 token) vs CPU, knobs '%s'",
-                     exact ? " exact" : "", n, knobs[k]);
+            snprintf(label, sizeof label, "CUDA%s decode (%d calls of 1 token) vs CPU", exact ? " exact" : "", n);
             compare_logits(label, lr, lc, n, V);
             if (layers)
                 probe_print(probe, cfg);

@@ -387,16 +387,16 @@ static lily_status bench_decode(lily_session *base, lily_session *work, int dept
         if (st != LILY_OK)
             return st;
         random_tokens(rng, vocab, tokens, n);
-        if (strcmp(work->engine->backend.ops->name, "cuda") == 0) {
-            /* the CUDA decode fast path: graph replay, next token chosen and fed back on the device */
-            int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
-            if (!ids)
-                return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "bench: out of memory");
-            progress("bench: tg%d @ d%d  rep %d/%d  (cuda greedy fast path)", n, depth, r + 1, reps);
+        const lily_backend_ops *ops = work->engine->backend.ops;
+        if (ops->decode_loop && n > 0) {
+            /* the device decode loop: graph replay, next token chosen (greedy) and fed back on the device */
+            const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+            int n_run = 0;
+            progress("bench: tg%d @ d%d  rep %d/%d  (device decode loop)", n, depth, r + 1, reps);
             double t0 = lily_wall_seconds();
-            st = lily_cuda_generate_greedy(work->engine->backend.ctx, work->state, tokens[0], n, ids, err);
-            tps[r] = n / (lily_wall_seconds() - t0);
-            free(ids);
+            st = ops->decode_loop(work->engine->backend.ctx, work->state, tokens[0], n, &greedy, NULL, NULL, NULL,
+                                  &n_run, err);
+            tps[r] = n_run / (lily_wall_seconds() - t0);
             if (st != LILY_OK)
                 return st;
             continue;

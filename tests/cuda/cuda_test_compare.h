@@ -1,12 +1,13 @@
 /* cuda_test_compare.h — helpers shared by the end-to-end GPU tests written in C (test_cuda_fixture,
  * test_cuda_lily_tiny, test_cuda_decode_loop, test_cuda_prefix_cache): the failure counter g_fail and
- * REQUIRE, the no-device skip, argmax, and the logits comparison (top-1 agreement, mean KL, max |Δlogit|)
- * of the backend against a reference. Header of static functions, one copy per test.
+ * REQUIRE, the no-device skip, argmax, the logits comparison (top-1 agreement, mean KL, max |Δlogit|)
+ * of the backend against a reference, and a token log for decode_loop. Header of static functions, one copy per test.
  */
 #ifndef LILY_CUDA_TEST_COMPARE_H
 #define LILY_CUDA_TEST_COMPARE_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -82,6 +83,20 @@ static inline void logit_score(logit_stats *s, const float *ref, const float *go
         s->top1 += ia == ib;
         s->rows++;
     }
+}
+
+/* The tokens a backend's decode_loop hands to log_token (its on_token), in order. */
+typedef struct {
+    int32_t *tok;
+    int n;
+} token_log;
+
+static inline int log_token(void *user, int32_t token, int index)
+{
+    token_log *l = (token_log *)user;
+    if (index == l->n)
+        l->tok[l->n++] = token;
+    return 0;
 }
 
 #endif

@@ -18,7 +18,7 @@
 
 #include <cuda_runtime.h>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemv/gemv.cuh"
 
 #ifndef CUDA_TEST_SEED
 #error "define CUDA_TEST_SEED (the test's random seed) before including cuda_test_util.cuh"

@@ -2,18 +2,17 @@
  * double-precision CPU twin: random q, bf16 KV cache and gates, n = 1, 2, 7, 64, 513 (+ odd sizes) at
  * pos = 0 and deep positions, one split and split-KV; outputs and partial buffers poisoned with NaN, and
  * the cache rows past pos + n are NaN too (the kernel must never read them into a result).
- * Every case runs the mma.sync kernel (g_cuda_tuning.att_prefill 1) and, on an sm_90a GPU, the wgmma
- * kernels (att_prefill 2 .. 4, attention_prefill_wg.cu; lines tagged "wgmma" / "wgmma-pipe" /
- * "wgmma-early"; their own split count), each against the same twin and bound. Exits 77 (CTest: skipped)
- * when no GPU is present.
+ * Every case runs the mma.sync kernel (ATTN_PREFILL_MMA) and, on an sm_90a GPU, the wgmma kernel
+ * (ATTN_PREFILL_WGMMA, attention_prefill_wg.cu; lines tagged "wgmma"; its own split count), each against
+ * the same twin and bound. Exits 77 (CTest: skipped) when no GPU is present.
  *
  * The kernel rounds q to bf16 (the twin does the same) and the softmax weights P to bf16 before P·V, with
  * the denominator summed over the rounded weights: each weight is off by at most 2^-9 relative, so
  * |gpu - cpu| <= 2 * 2^-9 * sum_k p_k |v_k| / sum_k p_k * sigmoid(gate) = 3.9e-3 * mag (reached by rows of
  * a few keys with cancelling values), + fp32 accumulation and exp2 approximation: bound 5e-3 * mag + 1e-5.
  *
- * Fused q (attn_args.q_fused, rot >= 0 below): the kernel reads the raw q from qkv and applies the q
- * RMSNorm and partial RoPE itself; the twin does norm + RoPE in double (the angle in fp32 as MODEL.md
+ * q: the kernel reads the raw q from qkv and applies the q RMSNorm and partial RoPE (rot_dim 0 .. D)
+ * itself; the twin does norm + RoPE in double (the angle in fp32 as MODEL.md
  * §4.3 specifies it) and rounds q to bf16. The GPU's fp32 q differs from the twin's by at most
  * Delta_d = (|x_d| + |x_pair|) * (2e-6 + dang) (fp32 norm; --use_fast_math makes powf __powf =
  * exp2(e * lg2.approx(theta)), e = 2i / rot_dim: inv_freq within 1.5e-6 + 1e-5 e relative, a generous
@@ -21,10 +20,8 @@
  * u_d = |bf16(q + Delta) - bf16(q - Delta)| (zero away from a rounding boundary).
  * That moves each score by at most e_k = sum_d u_d |k_d| / sqrt(D) <= E, each softmax weight by a factor
  * within exp(+-2E): the bound gains (exp(2E) - 1) * mag ("q slack" below; small at shallow positions).
- * The fused output is also compared with the two-kernel path (norm_rope.cu writes fp32 q, then the
- * kernel reads it; both evaluate norm_rope.cuh's math, so bit-identical is expected) and the k/v-only
- * norm_rope launch with the full one (cache rows bit-identical, q untouched). Last, an fp32 (exact-mode)
- * cache must be refused.
+ * Each case also compares norm_rope.cu's k/v-only launch (a.q_fused) with the full one (cache rows
+ * bit-identical, q untouched). Last, an fp32 (exact-mode) cache must be refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,8 +29,7 @@
 #include <string.h>
 #include <vector>
 
-#include "backend/cuda/attention_prefill_wg.cuh"
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attention/attention_prefill_wg.cuh"
 
 extern "C" {
 #include "base/dtype.h"
@@ -44,7 +40,7 @@ extern "C" {
 #include "cuda_test_check.cuh"
 
 static bool g_wg; /* the wgmma variant runs on this GPU (attention_prefill_wg_available) */
-#define N_VAR 4   /* att_prefill 1 .. 4 */
+#define N_VAR 2   /* attn_prefill_kernel: ATTN_PREFILL_MMA, ATTN_PREFILL_WGMMA */
 
 /* bf16 rounding of a double through fp32, back as double */
 static double bf16_round(double x) { return lily_bf16_to_f32(lily_f32_to_bf16((float)x)); }
@@ -80,50 +76,33 @@ static void twin_q_fused(const std::vector<float> &qkv, int qkv_stride, int t, i
     for (int d = 0; d < D; d++) u[d] = fabs(bf16_round(q[d] + dl[d]) - bf16_round(q[d] - dl[d]));
 }
 
-/* The fused launch a (already run; output got) against the two-kernel path: norm_rope.cu writes fp32 q
- * (and k/v into scratch caches), then the kernel reads a.q over a's own cache; and norm_rope.cu's k/v-only
- * launch (a.q_fused) against the full one: same cache bits, q untouched. */
-static void compare_two_kernel(const attn_args &a, int n, const char *what, const std::vector<float> &got,
-                               const std::vector<uint16_t> &kc, const std::vector<uint16_t> &vc)
+/* norm_rope.cu's k/v-only launch (a.q_fused, what precedes the flash kernel) against its full launch over
+ * copies of the cache: the same cache bits, q untouched. */
+static void check_norm_rope_kv_only(const attn_args &a, int n, const char *what, const std::vector<uint16_t> &kc,
+                                    const std::vector<uint16_t> &vc)
 {
     const size_t nq = (size_t)n * a.n_heads * a.head_dim, nc = kc.size();
-    attn_args full = a, kv = a, two = a;
+    attn_args full = a, kv = a;
     full.q_fused = 0;
     full.q = dev_nan(nq);
     full.k_cache = (__nv_bfloat16 *)dev_copy(kc);
     full.v_cache = (__nv_bfloat16 *)dev_copy(vc);
+    kv.q_fused = 1;
     kv.q = dev_nan(nq);
     kv.k_cache = (__nv_bfloat16 *)dev_copy(kc);
     kv.v_cache = (__nv_bfloat16 *)dev_copy(vc);
-    two.q_fused = 0;
-    two.q = full.q;
-    two.out = dev_nan(nq);
     cudaError_t e = launch_qk_norm_rope_append(full, n, 0);
     if (e == cudaSuccess)
         e = launch_qk_norm_rope_append(kv, n, 0);
     if (e == cudaSuccess)
-        e = launch_attention_prefill(two, n, 0);
-    if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     g_checks++;
     if (e != cudaSuccess) {
-        printf("FAIL %s: two-kernel path launch/run %s\n", what, cudaGetErrorString(e));
+        printf("FAIL %s: norm_rope launch/run %s\n", what, cudaGetErrorString(e));
         g_fail++;
         exit(1);
     }
-    const std::vector<float> out2 = host_copy(two.out, nq), qkv_only = host_copy(kv.q, nq);
-    size_t n_diff = 0;
-    double max_diff = 0;
-    for (size_t i = 0; i < nq; i++)
-        if (memcmp(&out2[i], &got[i], sizeof(float))) {
-            n_diff++;
-            max_diff = fmax(max_diff, fabs((double)out2[i] - got[i]));
-        }
-    if (n_diff)
-        printf("NOTE %s: fused vs two-kernel path: %zu of %zu outputs differ, max diff %.3g (expected identical; "
-               "the twin check decides)\n", what, n_diff, nq, max_diff);
-    else
-        printf("PASS %s: bit-identical to the two-kernel path (%zu outputs)\n", what, nq);
+    const std::vector<float> qkv_only = host_copy(kv.q, nq);
     const std::vector<uint16_t> kf = host_copy((const uint16_t *)full.k_cache, nc),
                                 vf = host_copy((const uint16_t *)full.v_cache, nc),
                                 kk = host_copy((const uint16_t *)kv.k_cache, nc),
@@ -147,17 +126,14 @@ static void compare_two_kernel(const attn_args &a, int n, const char *what, cons
     cudaFree(kv.q);
     cudaFree(kv.k_cache);
     cudaFree(kv.v_cache);
-    cudaFree(two.out);
 }
 
 /* splits: 1 = one split, > 1 = that many, 0 = attention_prefill_splits' choice (capacity 64 like decode).
- * rot < 0: q given (fp32, a.q); rot >= 0: fused q with that rot_dim (raw q in qkv, q_norm, RoPE). */
-static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, int rot = -1)
+ * rot: the rotary dims (0: q normed, not rotated). */
+static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, int rot = 0)
 {
-    const bool fused = rot >= 0;
     const int G = nh / nkv, max_ctx = pos0 + n + 5, qkv_stride = nh * 2 * D + 2 * nkv * D + 4;
-    std::vector<float> q((size_t)n * nh * D), qkv((size_t)n * qkv_stride);
-    for (auto &x : q) x = rnd_f(-3, 3);
+    std::vector<float> qkv((size_t)n * qkv_stride);
     for (auto &x : qkv) x = rnd_f(-3, 3);
     std::vector<uint16_t> kc((size_t)nkv * max_ctx * D), vc((size_t)nkv * max_ctx * D);
     for (int h = 0; h < nkv; h++)
@@ -169,33 +145,32 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
                 vc[i] = live ? lily_f32_to_bf16(rnd_f(-1, 1)) : 0x7fc0;
             }
 
-    /* q_norm weight (1 + w form); drawn only when fused (the other cases keep their random inputs) */
-    const std::vector<float> qn = fused ? rand_vec(D, 0.5f, 1.5f) : std::vector<float>(D, 1.0f);
+    /* q_norm weight (1 + w form) */
+    const std::vector<float> qn = rand_vec(D, 0.5f, 1.5f);
 
     attn_args a;
     memset(&a, 0, sizeof a);
     a.qkv = dev_copy(qkv);
     a.qkv_stride = qkv_stride;
-    a.q = fused ? dev_nan(q.size()) : dev_copy(q); /* fused: never read */
+    a.q = dev_nan((size_t)n * nh * D); /* never read */
     a.q_norm = dev_copy(qn);
-    a.k_norm = a.q_norm; /* the two-kernel comparison's norm_rope launch norms k too */
+    a.k_norm = a.q_norm; /* the norm_rope comparison norms k too */
     a.eps = 1e-6f;
-    a.q_fused = fused;
+    a.q_fused = 1;
     a.k_cache = (__nv_bfloat16 *)dev_copy(kc);
     a.v_cache = (__nv_bfloat16 *)dev_copy(vc);
     a.max_ctx = max_ctx;
     std::vector<int> p0(1, pos0);
     a.pos = dev_copy(p0);
-    a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = fused ? rot : 0, a.rope_theta = 1e7f;
-    /* one launch per kernel variant (g_cuda_tuning.att_prefill 1: mma.sync; 2: wgmma, 3: wgmma pipelined,
-     * 4: pipelined with early refills, where they run), each compared with the same twin below */
-    static const char *const var_tag[N_VAR] = {"", " wgmma", " wgmma-pipe", " wgmma-early"};
-    const int n_var = g_wg ? N_VAR : 1, keep_variant = g_cuda_tuning.att_prefill;
+    a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = rot, a.rope_theta = 1e7f;
+    /* one launch per kernel (mma.sync; wgmma where it runs), each compared with the same twin below */
+    static const char *const var_tag[N_VAR] = {"", " wgmma"};
+    const int n_var = g_wg ? N_VAR : 1;
     std::vector<float> got[N_VAR];
     std::vector<int> var_splits(n_var);
     char what[N_VAR][160];
     for (int v = 0; v < n_var; v++) {
-        g_cuda_tuning.att_prefill = v + 1;
+        a.prefill_kernel = v == 0 ? ATTN_PREFILL_MMA : ATTN_PREFILL_WGMMA;
         a.n_splits = splits > 0 ? splits : attention_prefill_splits(a, n, pos0, 64);
         var_splits[v] = a.n_splits;
         std::vector<float> nan_out((size_t)n * nh * D, NAN);
@@ -203,9 +178,8 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
         std::vector<float> nan_po((size_t)a.n_splits * n * nh * D, NAN), nan_pml((size_t)a.n_splits * n * nh * 2, NAN);
         a.part_o = dev_copy(nan_po);
         a.part_ml = dev_copy(nan_pml);
-        char fq[32] = "";
-        if (fused)
-            snprintf(fq, sizeof fq, " fused q rot %d", rot);
+        char fq[32];
+        snprintf(fq, sizeof fq, " rot %d", rot);
         snprintf(what[v], sizeof what[v], "attention_prefill%s heads %d/%d D %d pos %d n %d splits %d%s", var_tag[v], nh,
                  nkv, D, pos0, n, a.n_splits, fq);
         cudaError_t e = launch_attention_prefill(a, n, 0);
@@ -218,13 +192,12 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
             exit(1); /* a device fault poisons the context: stop here */
         }
         got[v] = host_copy(a.out, (size_t)n * nh * D);
-        if (fused)
-            compare_two_kernel(a, n, what[v], got[v], kc, vc);
+        if (v == 0)
+            check_norm_rope_kv_only(a, n, what[v], kc, vc);
         cudaFree(a.out);
         cudaFree(a.part_o);
         cudaFree(a.part_ml);
     }
-    g_cuda_tuning.att_prefill = keep_variant;
 
     /* twin on every token of small chunks, every 5th (+ the last two) of large ones; NaN check on all */
     struct stats {
@@ -246,12 +219,8 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
             continue;
         for (int h = 0; h < nh; h++) {
             const int g = h / G, L = pos0 + t + 1;
-            if (fused) {
-                twin_q_fused(qkv, qkv_stride, t, h, D, rot, pos0 + t, qn, qf, u);
-                for (int d = 0; d < D; d++) qb[d] = bf16_round(qf[d]);
-            } else {
-                for (int d = 0; d < D; d++) qb[d] = bf16_round(q[((size_t)t * nh + h) * D + d]);
-            }
+            twin_q_fused(qkv, qkv_stride, t, h, D, rot, pos0 + t, qn, qf, u);
+            for (int d = 0; d < D; d++) qb[d] = bf16_round(qf[d]);
             double mx = -INFINITY, E = 0;
             for (int k = 0; k < L; k++) {
                 double s = 0, ek = 0;
@@ -265,7 +234,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
                 mx = fmax(mx, sc[k]);
                 E = fmax(E, ek / sqrt((double)D));
             }
-            const double slack = expm1(2 * E); /* q rounding differences (fused only; u = 0 otherwise) */
+            const double slack = expm1(2 * E); /* q rounding differences */
             max_slack = fmax(max_slack, slack);
             double den = 0;
             for (int k = 0; k < L; k++) den += (sc[k] = exp(sc[k] - mx));
@@ -315,9 +284,7 @@ static void test_prefill(int nh, int nkv, int D, int pos0, int n, int splits, in
         } else {
             printf("PASS %s: max err %.3g, worst %.3f of the bound (bound there %.3g), %zu compared", what[v], S.max_err,
                    S.worst, S.bound_at_worst, n_cmp);
-            if (fused)
-                printf(", q slack up to %.3g of mag", max_slack);
-            printf("\n");
+            printf(", q slack up to %.3g of mag\n", max_slack);
         }
     }
     cudaFree(a.qkv);
@@ -355,8 +322,8 @@ int main(void)
     if (cuda_test_no_device())
         return 77;
     g_wg = attention_prefill_wg_available();
-    printf("%s\n", g_wg ? "wgmma kernels (att_prefill 2 .. 4) available: every case runs all four variants"
-                        : "NOTE: no sm_90a wgmma kernel on this GPU: only the mma.sync kernel (att_prefill 1) is checked");
+    printf("%s\n", g_wg ? "wgmma kernel available: every case runs both kernels"
+                        : "NOTE: no sm_90a wgmma kernel on this GPU: only the mma.sync kernel is checked");
     const int ns[] = {1, 2, 7, 64, 513};
     const int poss[] = {0, 1000};
     for (int pi = 0; pi < 2; pi++)
@@ -382,7 +349,7 @@ int main(void)
     test_prefill(8, 2, 64, 300, 3, 5);
     test_prefill(16, 2, 256, 4000, 2, 0);
     test_prefill(8, 2, 64, 2000, 9, 0);
-    /* fused q (raw q normed + rotated by the kernel): Qwen3.5/3.6 (rot 64 of 256), tiny-a (16 of 64), G = 3
+    /* rotary dims: Qwen3.5/3.6 (rot 64 of 256), tiny-a (16 of 64), G = 3
      * and 4 with 128 (rot 32), full rotary, no rotary; chunks at position 0, at small nonzero positions
      * (RoPE positions, short rows: a wrong angle shows), deep, and split-KV */
     const int fns[] = {1, 2, 7, 64, 513};

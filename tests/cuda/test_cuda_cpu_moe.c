@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_backend.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -76,9 +75,15 @@ static int run_paths(const lily_config *cfg, const lily_weights *w, const int32_
     }
     for (int p = half; p < N_PROMPT && rs == LILY_OK; p++)
         rs = ops->forward(be.ctx, st, tok + p, 1, LILY_LOGITS_LAST, o->decode + (size_t)(p - half) * V, &err);
-    if (rs == LILY_OK)
-        rs = lily_cuda_generate_greedy(be.ctx, st, o->greedy[0] = argmax(o->decode + (size_t)(half - 1) * V, V),
-                                       N_GEN - 1, o->greedy + 1, &err);
+    if (rs == LILY_OK) { /* greedy through the device decode loop */
+        const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+        token_log tl = {o->greedy + 1, 0};
+        int n_run = 0;
+        o->greedy[0] = argmax(o->decode + (size_t)(half - 1) * V, V);
+        rs = ops->decode_loop(be.ctx, st, o->greedy[0], N_GEN - 1, &greedy, log_token, &tl, NULL, &n_run, &err);
+        if (rs == LILY_OK && tl.n != N_GEN - 1)
+            rs = lily_error_set(&err, LILY_ERR_BACKEND, "decode_loop: %d of %d tokens", tl.n, N_GEN - 1);
+    }
     if (rs != LILY_OK)
         printf("FAIL: n_cpu_moe %d: %s\n", n_cpu_moe, err.message);
     if (st)

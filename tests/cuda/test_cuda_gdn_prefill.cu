@@ -1,9 +1,9 @@
 /* test_cuda_gdn_prefill.cu — the Gated DeltaNet prefill paths against a double-precision CPU twin of
  * MODEL.md §4.4 steps 2-7, over a sequence of forward calls on one state, each case per variant: "recur"
- * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, g_cuda_tuning.gdn_prefill 1) and "chunked"
- * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, gdn_prefill 2-4). Calls of
+ * (deltanet_prefill.cu: gdn_prep_kernel + gdn_recur_kernel, GDN_KERNEL_RECURRENCE) and "chunked"
+ * (deltanet_chunked.cu: gdn_prep_kernel + the WY chunked form on tensor cores, GDN_KERNEL_CHUNKED). Calls of
  * n > 1 tokens take the variant's launch (as cuda_enqueue_forward does), n == 1 the decode kernel
- * (launch_gdn_scan), so state and conv-state carry between chunks and prefill -> decode -> prefill
+ * (launch_gdn_decode), so state and conv-state carry between chunks and prefill -> decode -> prefill
  * hand-offs (conv ping-pong parity) are all checked. Outputs and the prep and chunk scratch are
  * NaN-poisoned. Shapes: the tiny fixture's, the full model's (16/32 heads, dk = dv = 128),
  * odd ones (dv != dk, 3 v heads per k head, K = 1..4), n up to 4096, and decays from fast (underflow
@@ -18,7 +18,8 @@
 #include <string.h>
 #include <vector>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/deltanet/deltanet.cuh"
+#include "backend/cuda/sample.cuh"
 
 #define CUDA_TEST_SEED 0x9e3779b97f4a7c15ull
 #include "cuda_test_util.cuh"
@@ -94,7 +95,7 @@ static void test_case(int Hk, int Hv, int dk, int dv, int K, std::vector<int> ca
             a.ba = dba + (size_t)t0 * ba_stride;
             a.out = dout + (size_t)t0 * Hv * dv;
             CK(cudaMemcpy(dpre, nanp.data(), pre_floats * sizeof(float), cudaMemcpyHostToDevice));
-            cudaError_t e = m == 1 ? launch_gdn_scan(a, m, 0)
+            cudaError_t e = m == 1 ? launch_gdn_decode(a, 0)
                             : var  ? launch_gdn_prefill_chunked(a, dpre, dwy, m, 0)
                                    : launch_gdn_prefill(a, dpre, m, 0);
             if (e == cudaSuccess)

@@ -12,7 +12,12 @@
 #include <string.h>
 #include <vector>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attention/attention.cuh"
+#include "backend/cuda/deltanet/deltanet.cuh"
+#include "backend/cuda/embed.cuh"
+#include "backend/cuda/gemv/gemv.cuh"
+#include "backend/cuda/moe/moe.cuh"
+#include "backend/cuda/sample.cuh"
 
 extern "C" {
 #include "base/dtype.h"
@@ -86,8 +91,8 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 /* true while main runs the streamed-GEMV block: every batch there must take the streamed kernel */
 static bool g_stream_forced = false;
 
-/* The batch b (just run with g_cuda_tuning.gemv_stream > 0: outputs got, argmax key am) must have taken
- * the streamed kernel; rerun it by gemv_mma (gemv_stream = 0) on fresh outputs (y0 for ADD, else NaN)
+/* The batch b (just run with GEMV_KERNEL_AUTO: outputs got, argmax key am) must have taken the streamed
+ * kernel; rerun it by gemv_mma (GEMV_KERNEL_MMA) on fresh outputs (y0 for ADD, else NaN)
  * and require every output bit and the argmax key to match. */
 static int key_row(unsigned long long k) { return (int)(0xffffffffu - (unsigned int)(k & 0xffffffffu)); }
 
@@ -96,12 +101,12 @@ static void check_stream_vs_mma(gemv_batch b, const gemv_input &in, int out_mode
 {
     char what[160];
     int total = b.row_start[b.n_mats];
-    snprintf(what, sizeof what, "gemv stream cols %4d rows %5d mats %d in %d out %d stages %d", b.m[0].cols, total,
-             b.n_mats, in.mode, out_mode, g_cuda_tuning.gemv_stream_stages);
+    snprintf(what, sizeof what, "gemv stream cols %4d rows %5d mats %d in %d out %d", b.m[0].cols, total, b.n_mats,
+             in.mode, out_mode);
     g_checks++;
-    if (!gemv_stream_wanted(b, 1)) {
+    if (gemv_kernel_choose(b, 1) != GEMV_KERNEL_STREAM) {
         g_fail++;
-        printf("FAIL %s: not streamed (gemv_stream_wanted false)\n", what);
+        printf("FAIL %s: not streamed (gemv_kernel_choose)\n", what);
         return;
     }
     float *dy = y0 ? dev_copy(*y0) : dev_nan(n_out);
@@ -111,10 +116,8 @@ static void check_stream_vs_mma(gemv_batch b, const gemv_input &in, int out_mode
     unsigned long long *dam;
     CK(cudaMalloc(&dam, 8));
     CK(cudaMemset(dam, 0, 8));
-    const int keep = g_cuda_tuning.gemv_stream;
-    g_cuda_tuning.gemv_stream = 0;
+    b.kernel = GEMV_KERNEL_MMA;
     const cudaError_t e = launch_gemv(b, in, out_mode, 1, dam, 0);
-    g_cuda_tuning.gemv_stream = keep;
     if (e != cudaSuccess) {
         g_fail++;
         printf("FAIL %s: gemv_mma launch %s\n", what, cudaGetErrorString(e));
@@ -140,11 +143,16 @@ static void check_stream_vs_mma(gemv_batch b, const gemv_input &in, int out_mode
     cudaFree(dam);
 }
 
+/* The kernel test_gemv asks for: GEMV_KERNEL_AUTO, or GEMV_KERNEL_SIMT (gemv_decode.cu's kernel for
+ * shapes the tensor-core kernels would take). */
+static int g_gemv_kernel = GEMV_KERNEL_AUTO;
+
 static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
 {
     hmat m[GEMV_MAX_MATS];
     gemv_batch b;
     memset(&b, 0, sizeof b);
+    b.kernel = g_gemv_kernel;
     int total = 0;
     for (int k = 0; k < n_mats; k++) {
         make_mat(m[k], bits, 1, rows + 3 * k, cols);
@@ -185,9 +193,9 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
         return;
     }
     std::vector<float> got = host_copy(dy, (size_t)n * stride);
-    /* the streamed kernel (every shape it takes while the knob is on): bit-identical to gemv_mma's results;
-     * the block of streamed checks in main forces the knob for shapes chosen to take it */
-    if (g_cuda_tuning.gemv_stream > 0 && n == 1 && bits == 4 && (g_stream_forced || gemv_stream_wanted(b, 1)))
+    /* the streamed kernel (every shape it takes): bit-identical to gemv_mma's results; the block of streamed
+     * checks in main requires it for shapes chosen to take it */
+    if (b.kernel == GEMV_KERNEL_AUTO && n == 1 && bits == 4 && (g_stream_forced || gemv_stream_supported(b, 1)))
         check_stream_vs_mma(b, in, out_mode, out_mode == GEMV_OUT_ADD ? &y0 : NULL, (size_t)n * stride, got,
                             host_copy(dam, 1)[0]);
     std::vector<unsigned long long> am = host_copy(dam, n);
@@ -232,12 +240,13 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
 /* GEMV_OUT_ARGMAX with an exact tie (RMSNORM input, n_mats matrices of rows, rows + 3, ...): the row of
  * the largest output gets a copy (weights, scales, biases) in a lower row (row 0's goes to the last row
  * when the maximum is row 0); both outputs must then be equal bit for bit and the argmax must name the
- * lower row. Runs whichever kernel g_cuda_tuning selects. */
+ * lower row. Runs g_gemv_kernel (AUTO: whichever kernel gemv_kernel_choose selects). */
 static void test_gemv_argmax_tie(int cols, int rows, int n_mats)
 {
     hmat m[GEMV_MAX_MATS];
     gemv_batch b;
     memset(&b, 0, sizeof b);
+    b.kernel = g_gemv_kernel;
     for (int k = 0; k < n_mats; k++) {
         make_mat(m[k], 4, 1, rows + 3 * k, cols);
         b.m[k] = m[k].d;
@@ -306,17 +315,17 @@ static void test_gemv_argmax_tie(int cols, int rows, int n_mats)
     if (!exact || over || got != want) {
         g_fail++;
         printf("FAIL gemv argmax tie cols %4d rows %5d%s: rows %d and %d (%.9g, %.9g) %s, %d rows above, argmax %d want %d\n",
-               cols, total, g_cuda_tuning.gemv_stream ? " (stream)" : "", top, dst, y[top], y[dst],
+               cols, total, b.kernel == GEMV_KERNEL_MMA ? " (mma)" : g_stream_forced ? " (stream)" : "", top, dst, y[top], y[dst],
                exact ? "equal" : "differ", over, got, want);
     } else {
         printf("ok   gemv argmax tie cols %4d rows %5d%s: rows %d and %d equal, argmax %d\n", cols, total,
-               g_cuda_tuning.gemv_stream ? " (stream)" : "", top, dst, got);
+               b.kernel == GEMV_KERNEL_MMA ? " (mma)" : g_stream_forced ? " (stream)" : "", top, dst, got);
     }
     cudaFree(dam);
 }
 
-/* gemv_stream_wanted: the KiB threshold on data + scales + biases, and the shapes it takes (host logic;
- * the matrices are descriptors only). */
+/* gemv_stream_supported: the shapes it takes and the 1 KiB floor on data + scales + biases (host logic;
+ * the matrices are descriptors only). Every answer is false where the sm_90 code does not run. */
 static void test_gemv_stream_threshold(void)
 {
     gemv_batch b;
@@ -330,29 +339,23 @@ static void test_gemv_stream_threshold(void)
     b.m[0].data = (const uint8_t *)(uintptr_t)0x100000;
     b.m[0].scales = b.m[0].biases = (const __nv_bfloat16 *)(uintptr_t)0x200000;
     b.row_start[1] = 2048;
-    const int keep = g_cuda_tuning.gemv_stream;
     int bad = 0;
-    /* 2048 x (1024 + 128) bytes = 2304 KiB */
-    const int kib[] = {0, 1, 2304, 2305};
-    /* only the sm_90 code has the ring's bulk copies: elsewhere gemv_mma always runs */
-    const bool sm90 = cuda_sm90_code();
-    const bool want[] = {false, sm90, sm90, false};
-    for (int i = 0; i < 4; i++) {
-        g_cuda_tuning.gemv_stream = kib[i];
-        bad += gemv_stream_wanted(b, 1) != want[i];
-    }
-    g_cuda_tuning.gemv_stream = 1;
-    bad += gemv_stream_wanted(b, 2); /* decode only */
-    b.m[0].cols = 384, b.m[0].row_bytes = 192;
-    bad += gemv_stream_wanted(b, 1); /* gemv_mma's shape, not the ring's */
-    g_cuda_tuning.gemv_stream = keep;
+    bad += gemv_stream_supported(b, 1) != cuda_sm90_code(); /* 2304 KiB */
+    bad += gemv_stream_supported(b, 2);                       /* decode only */
+    b.m[0].rows = 3, b.row_start[1] = 3;                      /* 3 x (1024 + 128) bytes: 3.4 KiB */
+    bad += gemv_stream_supported(b, 1) != cuda_sm90_code();
+    b.m[0].cols = 512, b.m[0].row_bytes = 256, b.m[0].rows = 1, b.row_start[1] = 1; /* 288 bytes */
+    bad += gemv_stream_supported(b, 1);
+    b.m[0].cols = 384, b.m[0].row_bytes = 192, b.m[0].rows = 2048, b.row_start[1] = 2048;
+    bad += gemv_stream_supported(b, 1); /* gemv_mma's shape, not the ring's */
     g_checks++;
     if (bad) {
         g_fail++;
-        printf("FAIL gemv_stream_wanted: %d of 6 answers wrong\n", bad);
+        printf("FAIL gemv_stream_supported: %d of 5 answers wrong\n", bad);
     } else {
-        printf("ok   gemv_stream_wanted (%s)\n", sm90 ? "threshold 2304 KiB taken, 2305 not, off at 0, n = 2 and cols 384 not"
-                                                  : "no sm_90 code: never taken");
+        printf("ok   gemv_stream_supported (%s)\n", cuda_sm90_code()
+                                                          ? "2304 and 3.4 KiB taken, 288 bytes, n = 2 and cols 384 not"
+                                                          : "no sm_90 code: never taken");
     }
 }
 
@@ -465,12 +468,11 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     char what[160];
     const bool mma = moe_decode_mma_supported(a, n);
     snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s%s", bits, hidden, E,
-             K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "",
-             mma && g_cuda_tuning.moe_gate_up_staged ? " (staged gate/up)" : "");
+             K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "", "");
     check(what, got, want, mag, 3e-4);
 }
 
-/* ---- MoE early ids (g_cuda_tuning.moe_early_ids) ------------------------------------------------------ */
+/* ---- MoE early ids (moe_args.topk_pub) ---------------------------------------------------------------- */
 
 /* After a step: h and the last layer's top-k ids into row (*rec)++ of the history (a kernel, so that a
  * replayed graph records every step without the host). */
@@ -499,8 +501,8 @@ struct moe_early_layer {
  * steps, a prefill-like advance of 7 positions (step + 1, no MoE), 6 replays of the step captured as a
  * CUDA graph (PDL edges) with no host wait between them, a session-like reset of the counters (step 0,
  * tagged words zeroed, h kept) and 3 more replays. h and the last layer's ids after every step must be
- * bit-identical with moe_early_ids 0 and 1 (and 1 with pdl 0, where nothing is published); with the knob
- * the tagged words must hold the last forward call's ids under its tag. */
+ * bit-identical with and without the tagged top-k (moe_args.topk_pub NULL: nothing published); with it
+ * the tagged words must hold the last forward call's ids under its tag (where PDL runs). */
 static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
 {
     const int CAP = 16, eager = 2, replays1 = 6, replays2 = 3, n_steps = eager + replays1 + replays2;
@@ -529,6 +531,7 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     unsigned long long *pub = (unsigned long long *)(ctr + 128);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    bool early = false; /* the run's moe_args.topk_pub: pub, or NULL */
 
     auto enqueue_step = [&]() -> cudaError_t {
         cudaError_t e = cudaSuccess;
@@ -550,7 +553,7 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
             m.router_logits = logits, m.logit_stride = E + 1;
             m.n_experts = E, m.top_k = K, m.inter = inter, m.shared_inter = inter, m.hidden = hidden;
             m.h = dh, m.norm_w = L.nw, m.eps = 1e-6f, m.hid = hid, m.topk_idx = topk_idx, m.topk_w = topk_w, m.out = dh;
-            m.step = step, m.topk_pub = pub, m.layer = l;
+            m.step = step, m.topk_pub = early ? pub : NULL, m.layer = l;
             e = launch_gemv(b, in, GEMV_OUT_STORE, 1, NULL, s);
             if (e == cudaSuccess)
                 e = launch_moe_gate_up(m, 1, s);
@@ -611,60 +614,52 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
         return true;
     };
 
-    const lily_cuda_tuning keep = g_cuda_tuning;
-    std::vector<float> H0, H1, H2;
-    std::vector<int> I0, I1, I2, last_idx;
-    std::vector<unsigned long long> P0, P1, P2;
-    g_cuda_tuning.moe_early_ids = 0;
+    std::vector<float> H0, H1;
+    std::vector<int> I0, I1, last_idx;
+    std::vector<unsigned long long> P0, P1;
+    early = false;
     const bool ok0 = run(H0, I0, P0);
-    g_cuda_tuning.moe_early_ids = 1;
+    early = true;
     const bool ok1 = run(H1, I1, P1);
     last_idx = host_copy(topk_idx, K);
-    g_cuda_tuning.pdl = 0;
-    const bool ok2 = run(H2, I2, P2);
-    g_cuda_tuning = keep;
-    if (!ok0 || !ok1 || !ok2)
+    if (!ok0 || !ok1)
         return;
     int changed = 0; /* steps whose last-layer ids differ from the step before (stale ids would show) */
     for (int i = 1; i < n_steps; i++)
         changed += memcmp(&I0[i * K], &I0[(i - 1) * K], K * sizeof(int)) != 0;
-    double dmax1 = 0, dmax2 = 0;
+    double dmax1 = 0;
     bool finite = true;
     for (size_t i = 0; i < H0.size(); i++) {
         finite &= isfinite(H0[i]) != 0;
         dmax1 = fmax(dmax1, fabs((double)H1[i] - H0[i]));
-        dmax2 = fmax(dmax2, fabs((double)H2[i] - H0[i]));
     }
     const bool same1 = !memcmp(H0.data(), H1.data(), H0.size() * sizeof(float)) && I0 == I1;
-    const bool same2 = !memcmp(H0.data(), H2.data(), H0.size() * sizeof(float)) && I0 == I2;
     /* after the run: step 3 (the reset, then 3 replays), the last forward call was made at step 2 */
     const unsigned long long tag = (unsigned long long)((((unsigned int)2 + 1u) << 8) | (unsigned int)(n_layers - 1)) << 32;
     bool pub_ok = true, pub0 = true;
     for (int k = 0; k < K; k++)
         pub_ok &= P1[2 * k] == (tag | (unsigned int)last_idx[k]) && (P1[2 * k + 1] >> 32) == (tag >> 32);
     for (int w = 0; w < MOE_PUB_WORDS; w++)
-        pub0 &= P0[w] == 0 && P2[w] == 0;
-    const bool pdl_on = keep.pdl != 0 && cuda_sm90_code();
-    const bool ok = same1 && same2 && finite && changed >= 1 && (pub_ok || !pdl_on) && pub0;
+        pub0 &= P0[w] == 0;
+    const bool pdl_on = cuda_sm90_code();
+    const bool ok = same1 && finite && changed >= 1 && (pub_ok || !pdl_on) && pub0;
     g_checks++;
     g_fail += !ok;
-    printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers%s, %d steps (2 eager, 6 + 3 graph replays, "
-           "reset): h and ids vs moe_early_ids=0 %s (max|d| %.3g), with pdl=0 %s (max|d| %.3g) | ids changed in "
-           "%d of %d steps | tagged words %s, none published without the knob or PDL %s\n",
-           ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers,
-           g_cuda_tuning.moe_gate_up_staged ? ", staged gate/up" : "", n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
-           same2 ? "bit-identical" : "DIFFER", dmax2, changed, n_steps - 1,
-           !pdl_on ? "n/a (no PDL)" : pub_ok ? "ok" : "WRONG", pub0 ? "ok" : "WRONG");
+    printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers, %d steps (2 eager, 6 + 3 graph replays, "
+           "reset): h and ids vs no tagged top-k %s (max|d| %.3g) | ids changed in %d of %d steps | tagged words %s, "
+           "none published without them %s\n",
+           ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers, n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
+           changed, n_steps - 1, !pdl_on ? "n/a (no PDL)" : pub_ok ? "ok" : "WRONG", pub0 ? "ok" : "WRONG");
     cudaStreamDestroy(s);
     cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr);
 }
 
-/* ---- Gated DeltaNet scan ---------------------------------------------------------------------------- */
+/* ---- Gated DeltaNet ---------------------------------------------------------------------------------- */
 
-/* decode: 1 = n == 1 calls take gdn_decode_kernel (the default), 0 = the general scan for every n */
-static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
+/* Two calls of n1 and n2 tokens through launch_gdn (n == 1: gdn_decode_kernel; longer: the prep kernel +
+ * the sequential recurrence of deltanet_prefill.cu, no chunked scratch given) against the twin. */
+static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
 {
-    g_cuda_tuning.gdn_decode = decode;
     const int dv = dk, K = 4, key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, stride = conv_dim + 7;
     const int n = n1 + n2;
     std::vector<float> mixed = rand_vec((size_t)n * stride, -1, 1), ba = rand_vec((size_t)n * 2 * Hv, -2, 2);
@@ -688,13 +683,15 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
     a.step = dstep;
     float *dout = dev_nan((size_t)n * Hv * dv);
     a.Hk = Hk, a.Hv = Hv, a.dk = dk, a.dv = dv, a.K = K, a.conv_dim = conv_dim;
+    float *dpre = dev_nan((size_t)(n1 > n2 ? n1 : n2) * gdn_prefill_stride(conv_dim, Hv));
     /* two calls: n1 tokens then n2 (state and conv state carried; step advanced in between) */
     a.mixed = dmixed, a.ba = dba, a.out = dout;
-    cudaError_t e = launch_gdn_scan(a, n1, 0);
+    cudaError_t e = launch_gdn(a, dpre, NULL, n1, 0);
     CK(launch_set_int(dstep, 1, 0));
     a.mixed = dmixed + (size_t)n1 * stride, a.ba = dba + (size_t)n1 * 2 * Hv, a.out = dout + (size_t)n1 * Hv * dv;
     if (e == cudaSuccess && n2)
-        e = launch_gdn_scan(a, n2, 0);
+        e = launch_gdn(a, dpre, NULL, n2, 0);
+    CK(cudaFree(dpre));
     if (e != cudaSuccess) {
         printf("FAIL gdn launch %s\n", cudaGetErrorString(e));
         g_fail++;
@@ -717,11 +714,10 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
         }
     }
     char what[160];
-    const char *kind = decode ? "" : " (general scan)";
-    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d output%s", Hk, Hv, dk, n1, n2, kind);
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d output", Hk, Hv, dk, n1, n2);
     check(what, got, want, mag, 1e-3);
     std::vector<double> Sw(S.begin(), S.end()), Smag(S.size(), 1.0);
-    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d state%s", Hk, Hv, dk, n1, n2, kind);
+    snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d state", Hk, Hv, dk, n1, n2);
     check(what, Sg, Sw, Smag, 1e-4);
     /* conv state after the second call lives in buffer (1 ^ 1) = 0: last K-1 rows of the history */
     std::vector<float> cg(csg.begin(), csg.begin() + (size_t)(K - 1) * conv_dim);
@@ -729,10 +725,9 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
     for (int s = 0; s < K - 1; s++)
         for (int c = 0; c < conv_dim; c++) cw2[(size_t)s * conv_dim + c] = X[(size_t)(n + s) * conv_dim + c];
     if (n2) {
-        snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d conv state%s", Hk, Hv, dk, n1, n2, kind);
+        snprintf(what, sizeof what, "gdn Hk %d Hv %d dk %3d n %d+%d conv state", Hk, Hv, dk, n1, n2);
         check(what, cg, cw2, cm);
     }
-    g_cuda_tuning.gdn_decode = 1;
 }
 
 /* ---- attention --------------------------------------------------------------------------------------- */
@@ -745,7 +740,6 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2, int decode = 1)
 static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int splits, int mma = 0,
                            int min_chunk = 16, bool kv_f32 = false)
 {
-    g_cuda_tuning.att_mma = mma;
     const int max_ctx = pos0 + n + 3, qkv_stride = nh * 2 * D + 2 * nkv * D, G = nh / nkv;
     std::vector<float> qkv = rand_vec((size_t)n * qkv_stride, -1, 1);
     std::vector<float> qn = rand_vec(D, 0.5f, 1.5f), kn = rand_vec(D, 0.5f, 1.5f);
@@ -760,6 +754,7 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
     }
     attn_args a;
     memset(&a, 0, sizeof a);
+    a.decode_kernel = mma ? ATTN_DECODE_AUTO : ATTN_DECODE_SIMT;
     a.qkv = dev_copy(qkv);
     a.qkv_stride = qkv_stride;
     a.q_norm = dev_copy(qn);
@@ -887,7 +882,6 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
              splits, min_chunk, kv_f32 ? (mma ? " (fp32 KV, tensor cores asked: SIMT)" : " (fp32 KV)")
                                       : mma ? " (tensor cores)" : "");
     check(what, got, want, mag, kv_f32 ? 1e-4 : mma ? 5e-3 : 2e-3);
-    g_cuda_tuning.att_mma = 1;
 }
 
 /* ---- embedding ---------------------------------------------------------------------------------------- */
@@ -946,9 +940,8 @@ int main(void)
         for (int ci = 0; ci < 3; ci++) {
             const int cols = colss[ci];
             if (ci == 2 && bits == 16) continue;
-            const int mma_default = g_cuda_tuning.gemv_mma;
             for (int mma = 1; mma >= (bits == 4 ? 0 : 1); mma--) {
-                g_cuda_tuning.gemv_mma = mma ? mma_default : 0;
+                g_gemv_kernel = mma ? GEMV_KERNEL_AUTO : GEMV_KERNEL_SIMT;
                 for (int ni = 0; ni < 3; ni++) {
                     if (!mma && ns[ni] != 1) continue;
                     test_gemv(bits, cols, 37, ns[ni], GEMV_IN_PLAIN, GEMV_OUT_STORE, 1);
@@ -958,16 +951,15 @@ int main(void)
                 }
                 test_gemv(bits, cols, 8192, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1); /* lily-tiny LM head */
             }
-            g_cuda_tuning.gemv_mma = mma_default;
+            g_gemv_kernel = GEMV_KERNEL_AUTO;
         }
     }
     test_gemv(8, 384, 24, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2); /* lily-tiny router + shared gate */
     test_gemv(8, 384, 24, 2, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
     test_gemv(8, 384, 24, 7, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
-    /* the streamed decode GEMV (gemv_stream.cu), every size taking it (gemv_stream = 1 KiB): against the
-     * double reference and bit for bit against gemv_mma; odd row counts, 1..4 matrices, every mode */
+    /* the streamed decode GEMV (gemv_stream.cu), every size taking it: against the double reference and bit
+     * for bit against gemv_mma; odd row counts, 1..4 matrices, every mode (where the sm_90 code runs) */
     test_gemv_stream_threshold();
-    g_cuda_tuning.gemv_stream = 1;
     g_stream_forced = cuda_sm90_code(); /* elsewhere these shapes run gemv_mma (checked as such) */
     if (!g_stream_forced)
         printf("NOTE: no sm_90 code in this build on this GPU: the streamed-GEMV checks are skipped\n");
@@ -984,19 +976,15 @@ int main(void)
     }
     test_gemv(4, 2048, 3085, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4);   /* 4 matrices, 12358 rows */
     test_gemv(4, 2048, 40000, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 1); /* LM-head-like: ~10 groups per block */
-    for (int st = 1; st <= 3; st++) { /* fewer ring stages than groups per block: slots refilled, phases flip */
-        g_cuda_tuning.gemv_stream_stages = st;
-        test_gemv(4, 2048, 12352, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 1);
-        test_gemv(4, 4096, 5003, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
-        test_gemv(4, 512, 7001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 2);
-        test_gemv(4, 1024, 9001, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
-    }
-    const lily_cuda_tuning dflt = LILY_CUDA_TUNING_DEFAULT;
-    g_cuda_tuning.gemv_stream_stages = 0;
-    g_cuda_tuning.gemv_stream = 0;
+    /* more groups per block than ring stages: slots refilled, phases flip */
+    test_gemv(4, 2048, 12352 * 4, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 1);
+    test_gemv(4, 4096, 5003 * 4, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+    test_gemv(4, 512, 7001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 2);
+    test_gemv(4, 1024, 9001, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
     g_stream_forced = false;
+    g_gemv_kernel = GEMV_KERNEL_MMA;
     test_gemv_argmax_tie(2048, 3001, 2); /* the same tie through gemv_mma */
-    g_cuda_tuning.gemv_stream = dflt.gemv_stream;
+    g_gemv_kernel = GEMV_KERNEL_AUTO;
     /* MoE: tiny-a and full shapes */
     for (int i = 0; i < 3; i++) {
         test_moe(4, 128, 16, 4, 64, ns[i]);
@@ -1004,16 +992,11 @@ int main(void)
     }
     test_moe(4, 2048, 32, 8, 512, 1);
     test_moe(4, 2048, 32, 8, 512, 1, true);
-    /* the gate/up grid with and without the one-wave layout (the shared-expert tiles past the resident
-     * blocks staged in shared memory: on an H200 264 blocks for 9 x 32 tiles); also a shape whose items
-     * all fit one wave */
-    for (int staged = 0; staged <= 1; staged++) {
-        g_cuda_tuning.moe_gate_up_staged = staged;
-        test_moe(4, 2048, 32, 8, 512, 1);
-        test_moe(4, 2048, 256, 8, 512, 1);
-        test_moe(4, 512, 64, 8, 128, 1, true);
-    }
-    g_cuda_tuning.moe_gate_up_staged = dflt.moe_gate_up_staged;
+    /* the gate/up grid in its one-wave layout (the shared-expert tiles past the resident blocks staged in
+     * shared memory: on an H200 264 blocks for 9 x 32 tiles) and, where the items past one wave are not all
+     * shared-expert tiles, the plain grid; also a shape whose items all fit one wave */
+    test_moe(4, 2048, 256, 8, 512, 1);
+    test_moe(4, 2048, 32, 10, 512, 1, true); /* 11 x 32 items: more than one wave past the shared tiles */
     test_moe(4, 512, 64, 8, 128, 1, true);
     test_moe(4, 1024, 16, 4, 256, 1, true);
     test_moe(4, 2048, 32, 8, 512, 2);
@@ -1029,12 +1012,8 @@ int main(void)
     test_moe(4, 384, 24, 4, 64, 7, false, 64);        /* equal widths at hidden 384 */
     test_moe(4, 128, 16, 4, 128, 2, false, 64);       /* shared expert narrower than a routed one */
     test_moe(4, 2048, 32, 8, 128, 1, false, 512);
-    /* the top-k published early to moe_down (moe_early_ids): bit-identical across the knob, graph replays */
-    for (int staged = 0; staged <= 1; staged++) {
-        g_cuda_tuning.moe_gate_up_staged = staged;
-        test_moe_early(2048, 32, 8, 512, 2);
-    }
-    g_cuda_tuning.moe_gate_up_staged = dflt.moe_gate_up_staged;
+    /* the top-k published early to moe_down: bit-identical with and without it, graph replays */
+    test_moe_early(2048, 32, 8, 512, 2);
     test_moe_early(512, 64, 8, 128, 3);
     /* Gated DeltaNet */
     for (int i = 0; i < 4; i++) {
@@ -1048,9 +1027,6 @@ int main(void)
     test_gdn(4, 8, 64, 2, 5);
     test_gdn(4, 8, 64, 1, 1);
     test_gdn(4, 8, 64, 7, 1);
-    /* the general scan for n == 1 (the knob's other side) */
-    test_gdn(2, 4, 32, 1, 1, 0);
-    test_gdn(16, 32, 128, 7, 1, 0);
     /* attention: prefill (one split) and decode (split-KV) */
     for (int i = 0; i < 5; i++) {
         test_attention(8, 2, 64, 16, 0, ns[i], 1);

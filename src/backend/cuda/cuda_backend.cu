@@ -417,10 +417,6 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     lily_status shapes = cuda_check_shapes(cfg, w, err); /* cuda_shapes.cu: a clear error before any upload */
     if (shapes != LILY_OK)
         return shapes;
-    /* test/bench override of the DeltaNet prefill knob for whole-program runs (lily eval): see cuda_backend.h */
-    const char *gp_env = getenv("LILY_CUDA_GDN_PREFILL");
-    if (gp_env && gp_env[0] >= '0' && gp_env[0] <= '4' && !gp_env[1])
-        g_cuda_tuning.gdn_prefill = gp_env[0] - '0';
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: context");
@@ -440,6 +436,9 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         }                                                                                          \
     } while (0)
     CK(cudaSetDevice(c->device));
+    /* the kernel family of each device-dependent op, once (the choices read device flags: outside capture) */
+    c->kernels.gemm = gemm_kernel_choose();
+    c->kernels.attn_prefill = attn_prefill_kernel_choose();
     CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CK(cudaEventCreate(&c->prof_ev[0]));
     CK(cudaEventCreate(&c->prof_ev[1]));
@@ -511,6 +510,7 @@ static void cuda_state_free(void *vctx, void *vst)
         if (s->rec_state) cudaFree(s->rec_state[l]);
     }
     free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
+    free(s->args);
     cudaFree(s->ctr);
     cudaFree(s->out_tokens);
     if (s->host_tokens)
@@ -611,6 +611,8 @@ static lily_status cuda_state_new(void *vctx, int max_ctx, void **out, lily_erro
     CK(cudaHostAlloc((void **)&s->host_tokens, ((size_t)s->out_cap + 1) * sizeof(int), cudaHostAllocMapped));
     CK(cudaHostGetDevicePointer((void **)&s->host_tokens_dev, s->host_tokens, 0));
 #undef CK
+    if ((st = cuda_state_args_build(c, s, err)) != LILY_OK)
+        goto fail;
     cuda_state_reset(c, s);
     if ((e = cudaGetLastError()) != cudaSuccess) {
         st = lily_cuda_error(err, e, "state reset", __FILE__, __LINE__);

@@ -1,15 +1,18 @@
-/* cuda_forward.cu — the per-layer loop of the CUDA backend (MODEL.md §4.2) and the one place that picks
- * a kernel for a stage: per token chunk, kernels per layer are
- *   DeltaNet layer:  gemv(norm -> qkv|z|b|a)  gdn_scan  gemv(gated norm -> out_proj, += h)
- *   attention layer: gemv(norm -> q|k|v)  qk_norm_rope_append  attention(split-KV)  gemv(o_proj, += h)
- *                    (a prefill chunk, att_prefill_fused_q: qk_norm_rope_append does k/v only and the
- *                    flash attention kernel norms + rotates q itself)
- *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h)
- * then gemv(final norm -> LM head [+ argmax]) and the step bookkeeping (advance / finish_greedy).
- * Decode steps are captured once per session as CUDA graphs and replayed (fast paths of cuda_backend.h).
- * Exact mode (lily_backend_options.exact, c->opts.exact) overrides the tuning knobs that pick kernels with
- * fp16/bf16/tf32 operands: GEMVs for every projection, the MoE block and the LM head (no prefill GEMM,
- * gemv_mma, gemv_stream, tensor-core MoE), SIMT attention over an fp32 KV cache, the recurrent DeltaNet prefill.
+/* cuda_forward.cu — the CUDA backend's forward pass (docs/MODEL.md §4.2): embed, per layer a mixer block
+ * (attention_block or deltanet_block) and moe_block, then head_block (final norm, LM head, the step's
+ * bookkeeping). Per token chunk the kernels of a layer are
+ *   DeltaNet layer:  proj(norm -> qkv|z|b|a)  gdn (deltanet/)  proj(gated norm -> out_proj, += h)
+ *   attention layer: proj(norm -> q|k|v)  qk_norm_rope_append  attention (split-KV)  proj(o_proj, += h)
+ *                    (a prefill chunk: qk_norm_rope_append does k/v only and the flash kernel norms +
+ *                    rotates q itself)
+ *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h), or, for a
+ *                    prefill chunk, the GEMM-based MoE block of forward_prefill.cu
+ * proj() runs a batch of projections as a tensor-core GEMM for prefill chunks and as a GEMV otherwise.
+ * The launch arguments that do not change between calls are built once per state (cuda_state_args_build).
+ * Decode steps are captured once per session as CUDA graphs and replayed (decode_loop). Exact mode
+ * (lily_backend_options.exact, c->opts.exact) runs only kernels with fp32 operands: GEMVs for every
+ * projection, the MoE block and the LM head, SIMT attention over an fp32 KV cache, the recurrent DeltaNet
+ * prefill.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +22,6 @@
 #include "cuda_internal.cuh"
 
 #define LM_GREEDY 3
-
-cuda_tuning g_cuda_tuning = LILY_CUDA_TUNING_DEFAULT;
-
-extern "C" void lily_cuda_set_tuning(const lily_cuda_tuning *t) { g_cuda_tuning = *t; }
 
 enum prof_stage {
     PS_EMBED, PS_GDN_PROJ, PS_GDN_SCAN, PS_GDN_OUT, PS_ATT_PROJ, PS_ATT_ROPE, PS_ATT, PS_ATT_OUT,
@@ -101,7 +100,7 @@ static gemv_input in_rms(const float *act, int stride, const float *w, float eps
 /* Whether a call of n tokens runs its projections and MoE block as tensor-core GEMMs (never in exact mode). */
 static bool prefill_gemm(const cuda_ctx *c, int n)
 {
-    return !c->opts.exact && g_cuda_tuning.prefill_gemm && n >= c->prefill_min_tokens;
+    return !c->opts.exact && n >= c->prefill_min_tokens;
 }
 
 /* An empty batch; in exact mode one that only the fp32 GEMV kernel runs. */
@@ -121,12 +120,6 @@ static lily_status proj(cuda_ctx *c, const gemv_batch &b, const gemv_input &in, 
     LAUNCH(launch_gemv(b, in, out_mode, n, NULL, c->stream));
     return LILY_OK;
 }
-#define PROJ(b, in, mode, rows)                                                                    \
-    do {                                                                                           \
-        lily_status s_ = proj(c, (b), (in), (mode), (rows), err);                                  \
-        if (s_ != LILY_OK)                                                                         \
-            return s_;                                                                             \
-    } while (0)
 
 static void batch_add(gemv_batch *b, const dmat &m, float *y, int y_stride)
 {
@@ -150,38 +143,29 @@ lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *er
     return LILY_OK;
 }
 
-lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
-                                 lily_error *err)
+/* ---- per-layer arguments, built once per state ------------------------------------------------------ */
+
+lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error *err)
 {
     const lily_config *cfg = &c->cfg;
-    const int H = cfg->hidden;
+    const int H = cfg->hidden, D = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads, E = cfg->n_experts;
+    const int conv_dim = lily_config_gdn_conv_dim(cfg), vd = lily_config_gdn_value_dim(cfg);
+    const int Hv = cfg->gdn_n_value_heads;
     const float eps = cfg->rms_norm_eps;
-    const bool hook = c->opts.debug_hook != NULL;
-    cudaStream_t s = c->stream;
-    lily_status rs;
-
-    MARK(PS_EMBED);
-    LAUNCH(launch_embed(c->embed, c->d_tokens, n, c->h, H, NULL, s));
-    if (hook && (rs = hook_dev(c, -1, LILY_STAGE_EMBED, c->h, n, H, NULL, err)) != LILY_OK)
-        return rs;
-
+    st->args = (cuda_layer_args *)calloc(cfg->n_layers, sizeof *st->args);
+    if (!st->args)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: layer arguments");
     for (int l = 0; l < cfg->n_layers; l++) {
         const cuda_layer *L = &c->layers[l];
-        if (hook && (rs = hook_snapshot(c, n, err)) != LILY_OK)
-            return rs;
-        if (prefill_gemm(c, n) && (rs = cuda_experts_stage(c, l, n, err)) != LILY_OK)
-            return rs;
+        cuda_layer_args *A = &st->args[l];
+        batch_init(c, &A->mix_in);
+        batch_init(c, &A->mix_out);
+        A->mix_in_x = in_rms(c->h, H, L->input_norm, eps);
         if (L->full_attention) {
-            const int D = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
-            MARK(PS_ATT_PROJ);
-            gemv_batch b;
-            batch_init(c, &b);
-            batch_add(&b, L->q_proj, c->proj, c->proj_stride);
-            batch_add(&b, L->k_proj, c->proj + (size_t)nh * 2 * D, c->proj_stride);
-            batch_add(&b, L->v_proj, c->proj + (size_t)nh * 2 * D + (size_t)nkv * D, c->proj_stride);
-            PROJ(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n);
-            attn_args a;
-            memset(&a, 0, sizeof a);
+            batch_add(&A->mix_in, L->q_proj, c->proj, c->proj_stride);
+            batch_add(&A->mix_in, L->k_proj, c->proj + (size_t)nh * 2 * D, c->proj_stride);
+            batch_add(&A->mix_in, L->v_proj, c->proj + (size_t)nh * 2 * D + (size_t)nkv * D, c->proj_stride);
+            attn_args &a = A->attn;
             a.qkv = c->proj;
             a.qkv_stride = c->proj_stride;
             a.q_norm = L->q_norm;
@@ -203,48 +187,17 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             a.rot_dim = cfg->rotary_dim;
             a.rope_theta = cfg->rope_theta;
             a.out = c->mix;
-            a.n_splits = decode_splits && n == 1 ? c->att_splits : 1;
-            a.min_chunk = c->att_min_chunk;
-            a.part_o = c->part_o;
-            a.part_ml = c->part_ml;
-            a.counter = c->att_counter;
-            /* a chunk: tensor-core flash attention, which norms + rotates q itself when q_fused (k/v only here);
-             * never over the fp32 cache of exact mode (attention_prefill_supported says no) */
-            const bool flash = n > 1 && g_cuda_tuning.att_prefill && attention_prefill_supported(a);
-            a.q_fused = flash && g_cuda_tuning.att_prefill_fused_q;
-            if (a.q_fused && !attention_prefill_supported(a))
-                a.q_fused = 0;
-            MARK(PS_ATT_ROPE);
-            LAUNCH(launch_qk_norm_rope_append(a, n, s));
-            MARK(PS_ATT);
-            if (flash) {
-                a.n_splits = attention_prefill_splits(a, n, st->pos, c->att_splits);
-                LAUNCH(launch_attention_prefill(a, n, s));
-            } else {
-                LAUNCH(launch_attention(a, n, s));
-            }
-            MARK(PS_ATT_OUT);
-            batch_init(c, &b);
-            batch_add(&b, L->o_proj, c->h, H);
-            gemv_input in;
-            memset(&in, 0, sizeof in);
-            in.act = c->mix;
-            in.act_stride = nh * D;
-            in.mode = GEMV_IN_PLAIN;
-            PROJ(b, in, GEMV_OUT_ADD, n);
+            a.prefill_kernel = c->kernels.attn_prefill;
+            batch_add(&A->mix_out, L->o_proj, c->h, H);
+            A->mix_out_x.act = c->mix;
+            A->mix_out_x.act_stride = nh * D;
+            A->mix_out_x.mode = GEMV_IN_PLAIN;
         } else {
-            const int conv_dim = lily_config_gdn_conv_dim(cfg), vd = lily_config_gdn_value_dim(cfg);
-            const int Hv = cfg->gdn_n_value_heads;
-            MARK(PS_GDN_PROJ);
-            gemv_batch b;
-            batch_init(c, &b);
-            batch_add(&b, L->in_qkv, c->proj, c->proj_stride);
-            batch_add(&b, L->in_z, c->proj + conv_dim, c->proj_stride);
-            batch_add(&b, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
-            batch_add(&b, L->in_a, c->proj + conv_dim + vd + Hv, c->proj_stride);
-            PROJ(b, in_rms(c->h, H, L->input_norm, eps), GEMV_OUT_STORE, n);
-            gdn_args g;
-            memset(&g, 0, sizeof g);
+            batch_add(&A->mix_in, L->in_qkv, c->proj, c->proj_stride);
+            batch_add(&A->mix_in, L->in_z, c->proj + conv_dim, c->proj_stride);
+            batch_add(&A->mix_in, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
+            batch_add(&A->mix_in, L->in_a, c->proj + conv_dim + vd + Hv, c->proj_stride);
+            gdn_args &g = A->gdn;
             g.mixed = c->proj;
             g.mixed_stride = c->proj_stride;
             g.ba = c->proj + conv_dim + vd;
@@ -262,85 +215,135 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             g.dv = cfg->gdn_value_head_dim;
             g.K = cfg->gdn_conv_kernel;
             g.conv_dim = conv_dim;
-            MARK(PS_GDN_SCAN);
-            const int gp = c->opts.exact ? 1 : g_cuda_tuning.gdn_prefill; /* exact: the fp32 recurrence */
-            if (n > 1 && c->gdn_pre && c->gdn_wy && (gp == 2 || (gp >= 3 && n >= GDN_CHUNKED_MIN_TOKENS)) &&
-                gdn_chunked_supported(g)) /* prefill: prep + chunked delta rule */
-                LAUNCH(launch_gdn_prefill_chunked(g, c->gdn_pre, c->gdn_wy, n, s));
-            else if (n > 1 && c->gdn_pre && gp && gdn_prefill_supported(g)) /* prefill: prep + recurrence */
-                LAUNCH(launch_gdn_prefill(g, c->gdn_pre, n, s));
-            else
-                LAUNCH(launch_gdn_scan(g, n, s));
-            MARK(PS_GDN_OUT);
-            batch_init(c, &b);
-            batch_add(&b, L->out_proj, c->h, H);
-            gemv_input in;
-            memset(&in, 0, sizeof in);
-            in.act = c->mix;
-            in.act_stride = vd;
-            in.mode = GEMV_IN_GATED;
-            in.norm_w = L->gdn_norm;
-            in.z = c->proj + conv_dim;
-            in.z_stride = c->proj_stride;
-            in.head_dim = g.dv;
-            in.eps = eps;
-            PROJ(b, in, GEMV_OUT_ADD, n);
+            batch_add(&A->mix_out, L->out_proj, c->h, H);
+            gemv_input &x = A->mix_out_x;
+            x.act = c->mix;
+            x.act_stride = vd;
+            x.mode = GEMV_IN_GATED;
+            x.norm_w = L->gdn_norm;
+            x.z = c->proj + conv_dim;
+            x.z_stride = c->proj_stride;
+            x.head_dim = g.dv;
+            x.eps = eps;
         }
-        if (hook && (rs = hook_dev(c, l, L->full_attention ? LILY_STAGE_ATTENTION_OUT : LILY_STAGE_DELTANET_OUT, c->h,
-                                   n, H, c->h_prev, err)) != LILY_OK)
-            return rs;
-        if (hook && (rs = hook_snapshot(c, n, err)) != LILY_OK)
-            return rs;
-
-        /* sparse MoE */
-        MARK(PS_ROUTER);
-        if (prefill_gemm(c, n)) {
-            if ((rs = cuda_prefill_moe(c, L, n, err)) != LILY_OK)
-                return rs;
-        } else {
-            const int E = cfg->n_experts;
-            gemv_batch b;
-            batch_init(c, &b);
-            batch_add(&b, L->router, c->router, E + 1);
-            batch_add(&b, L->shared_expert_gate, c->router + E, E + 1);
-            LAUNCH(launch_gemv(b, in_rms(c->h, H, L->post_norm, eps), GEMV_OUT_STORE, n, NULL, s));
-            moe_args m;
-            memset(&m, 0, sizeof m);
-            m.gate = L->ex_gate;
-            m.up = L->ex_up;
-            m.down = L->ex_down;
-            m.sgate = L->sh_gate;
-            m.sup = L->sh_up;
-            m.sdown = L->sh_down;
-            m.router_logits = c->router;
-            m.logit_stride = E + 1;
-            m.n_experts = E;
-            m.top_k = cfg->n_experts_used;
-            m.inter = cfg->moe_intermediate;
-            m.shared_inter = cfg->shared_intermediate;
-            m.hidden = H;
-            m.h = c->h;
-            m.norm_w = L->post_norm;
-            m.eps = eps;
-            m.hid = c->hid;
-            m.topk_idx = c->topk_idx;
-            m.topk_w = c->topk_w;
-            m.out = c->h;
-            m.exact = c->opts.exact;
-            m.step = &st->ctr->step; /* moe_early_ids: tags of this forward call's published top-k */
-            m.topk_pub = st->ctr->moe_topk_pub;
-            m.layer = l;
-            MARK(PS_MOE_GATE_UP);
-            LAUNCH(launch_moe_gate_up(m, n, s));
-            MARK(PS_MOE_DOWN);
-            LAUNCH(launch_moe_down(m, n, s));
-        }
-        if (hook && (rs = hook_dev(c, l, LILY_STAGE_MOE_OUT, c->h, n, H, c->h_prev, err)) != LILY_OK)
-            return rs;
-        if (hook && (rs = hook_dev(c, l, LILY_STAGE_RESIDUAL, c->h, n, H, NULL, err)) != LILY_OK)
-            return rs;
+        batch_init(c, &A->router);
+        batch_add(&A->router, L->router, c->router, E + 1);
+        batch_add(&A->router, L->shared_expert_gate, c->router + E, E + 1);
+        A->router_x = in_rms(c->h, H, L->post_norm, eps);
+        moe_args &m = A->moe;
+        m.gate = L->ex_gate;
+        m.up = L->ex_up;
+        m.down = L->ex_down;
+        m.sgate = L->sh_gate;
+        m.sup = L->sh_up;
+        m.sdown = L->sh_down;
+        m.router_logits = c->router;
+        m.logit_stride = E + 1;
+        m.n_experts = E;
+        m.top_k = cfg->n_experts_used;
+        m.inter = cfg->moe_intermediate;
+        m.shared_inter = cfg->shared_intermediate;
+        m.hidden = H;
+        m.h = c->h;
+        m.norm_w = L->post_norm;
+        m.eps = eps;
+        m.hid = c->hid;
+        m.topk_idx = c->topk_idx;
+        m.topk_w = c->topk_w;
+        m.out = c->h;
+        m.exact = c->opts.exact;
+        m.step = &st->ctr->step; /* early ids: tags of this forward call's published top-k */
+        m.topk_pub = st->ctr->moe_topk_pub;
+        m.layer = l;
     }
+    return LILY_OK;
+}
 
+/* ---- the forward pass -------------------------------------------------------------------------------- */
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        lily_status s_ = (call);                                                                   \
+        if (s_ != LILY_OK)                                                                         \
+            return s_;                                                                             \
+    } while (0)
+
+/* Gated attention (docs/MODEL.md §4.3): q|k|v projection of RMSNorm(h), q/k RMSNorm + partial RoPE + KV
+ * append, causal attention gated by sigmoid(gate), h += o_proj. A chunk (n > 1) takes the flash kernel,
+ * which norms and rotates q itself; decode steps split the keys (split-KV) when decode_splits. */
+static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer_args *A, int n, bool decode_splits,
+                                   lily_error *err)
+{
+    attn_args a = A->attn;
+    a.n_splits = decode_splits && n == 1 ? c->att_splits : 1;
+    a.min_chunk = c->att_min_chunk;
+    a.part_o = c->part_o;
+    a.part_ml = c->part_ml;
+    a.counter = c->att_counter;
+    const bool flash = n > 1 && attention_prefill_supported(a); /* never exact mode's fp32 cache */
+    a.q_fused = flash; /* the flash kernel norms + rotates q itself: norm_rope appends k/v only */
+    MARK(PS_ATT_PROJ);
+    TRY(proj(c, A->mix_in, A->mix_in_x, GEMV_OUT_STORE, n, err));
+    MARK(PS_ATT_ROPE);
+    LAUNCH(launch_qk_norm_rope_append(a, n, c->stream));
+    MARK(PS_ATT);
+    if (flash) {
+        a.n_splits = attention_prefill_splits(a, n, st->pos, c->att_splits);
+        LAUNCH(launch_attention_prefill(a, n, c->stream));
+    } else {
+        LAUNCH(launch_attention(a, n, c->stream));
+    }
+    MARK(PS_ATT_OUT);
+    return proj(c, A->mix_out, A->mix_out_x, GEMV_OUT_ADD, n, err);
+}
+
+/* Gated DeltaNet (docs/MODEL.md §4.4): qkv|z|b|a projection of RMSNorm(h), causal conv + SiLU, q/k L2
+ * norms, gates and the delta rule, h += out_proj(gated RMSNorm(o, z)). */
+static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int n, lily_error *err)
+{
+    gdn_args g = A->gdn;
+    g.kernel = gdn_kernel_choose(g, n, c->opts.exact); /* exact: never the TF32 chunked form */
+    MARK(PS_GDN_PROJ);
+    TRY(proj(c, A->mix_in, A->mix_in_x, GEMV_OUT_STORE, n, err));
+    MARK(PS_GDN_SCAN);
+    LAUNCH(launch_gdn(g, c->gdn_pre, c->gdn_wy, n, c->stream));
+    MARK(PS_GDN_OUT);
+    return proj(c, A->mix_out, A->mix_out_x, GEMV_OUT_ADD, n, err);
+}
+
+/* Sparse MoE (docs/MODEL.md §4.5): router | shared gate of RMSNorm(h), top-k, the experts' SwiGLU MLPs and
+ * the shared expert's, h += the weighted sum. Prefill chunks run it on GEMMs (forward_prefill.cu). */
+static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_args *A, int n, lily_error *err)
+{
+    MARK(PS_ROUTER);
+    if (prefill_gemm(c, n))
+        return cuda_prefill_moe(c, L, n, err);
+    LAUNCH(launch_gemv(A->router, A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
+    MARK(PS_MOE_GATE_UP);
+    LAUNCH(launch_moe_gate_up(A->moe, n, c->stream));
+    MARK(PS_MOE_DOWN);
+    LAUNCH(launch_moe_down(A->moe, n, c->stream));
+    return LILY_OK;
+}
+
+/* The debug hook's view of h after a stage (minus the snapshot taken before the stage when `delta`). */
+static lily_status hook_stage(cuda_ctx *c, int layer, const char *stage, int n, bool delta, lily_error *err)
+{
+    if (!c->opts.debug_hook)
+        return LILY_OK;
+    return hook_dev(c, layer, stage, c->h, n, c->cfg.hidden, delta ? c->h_prev : NULL, err);
+}
+static lily_status hook_mark(cuda_ctx *c, int n, lily_error *err)
+{
+    return c->opts.debug_hook ? hook_snapshot(c, n, err) : LILY_OK;
+}
+
+/* The LM head of the last row (argmax for greedy, or logits) or all rows, and the step's bookkeeping. */
+static lily_status head_block(cuda_ctx *c, cuda_state *st, int n, int lm_mode, lily_error *err)
+{
+    const lily_config *cfg = &c->cfg;
+    const int H = cfg->hidden;
+    cudaStream_t s = c->stream;
     MARK(PS_LM_HEAD);
     if (lm_mode == LILY_LOGITS_ALL && n > c->logits_rows)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: all-row logits of %d tokens (at most %d at once)",
@@ -351,14 +354,13 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             gemv_batch b;
             batch_init(c, &b);
             batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
-            LAUNCH(launch_gemv(b, in_rms(c->h + (size_t)(n - 1) * H, H, c->final_norm, eps), GEMV_OUT_ARGMAX, 1,
-                               c->argmax, s));
-        } else if ((rs = cuda_enqueue_lm_head(c, lm_mode == LILY_LOGITS_ALL ? 0 : n - 1, rows, err)) != LILY_OK) {
-            return rs;
+            LAUNCH(launch_gemv(b, in_rms(c->h + (size_t)(n - 1) * H, H, c->final_norm, cfg->rms_norm_eps),
+                               GEMV_OUT_ARGMAX, 1, c->argmax, s));
+        } else {
+            TRY(cuda_enqueue_lm_head(c, lm_mode == LILY_LOGITS_ALL ? 0 : n - 1, rows, err));
         }
-        if (hook && lm_mode != LM_GREEDY &&
-            (rs = hook_dev(c, -1, LILY_STAGE_LOGITS, c->logits, rows, cfg->vocab_size, NULL, err)) != LILY_OK)
-            return rs;
+        if (c->opts.debug_hook && lm_mode != LM_GREEDY)
+            TRY(hook_dev(c, -1, LILY_STAGE_LOGITS, c->logits, rows, cfg->vocab_size, NULL, err));
     }
     MARK(PS_SAMPLE);
     if (lm_mode == LM_GREEDY) {
@@ -379,6 +381,31 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
         LAUNCH(launch_advance(&st->ctr->pos, &st->ctr->step, n, s));
     }
     return LILY_OK;
+}
+
+lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
+                                 lily_error *err)
+{
+    MARK(PS_EMBED);
+    LAUNCH(launch_embed(c->embed, c->d_tokens, n, c->h, c->cfg.hidden, NULL, c->stream));
+    TRY(hook_stage(c, -1, LILY_STAGE_EMBED, n, false, err));
+    for (int l = 0; l < c->cfg.n_layers; l++) {
+        const cuda_layer *L = &c->layers[l];
+        const cuda_layer_args *A = &st->args[l];
+        TRY(hook_mark(c, n, err));
+        if (prefill_gemm(c, n)) /* a host layer's experts: their copy to the device starts now (host_weights.cu) */
+            TRY(cuda_experts_stage(c, l, n, err));
+        if (L->full_attention)
+            TRY(attention_block(c, st, A, n, decode_splits, err));
+        else
+            TRY(deltanet_block(c, A, n, err));
+        TRY(hook_stage(c, l, L->full_attention ? LILY_STAGE_ATTENTION_OUT : LILY_STAGE_DELTANET_OUT, n, true, err));
+        TRY(hook_mark(c, n, err));
+        TRY(moe_block(c, L, A, n, err));
+        TRY(hook_stage(c, l, LILY_STAGE_MOE_OUT, n, true, err));
+        TRY(hook_stage(c, l, LILY_STAGE_RESIDUAL, n, false, err));
+    }
+    return head_block(c, st, n, lm_mode, err);
 }
 
 /* ---- graphs ----------------------------------------------------------------------------------------- */
@@ -482,49 +509,12 @@ static lily_status decode_begin(cuda_ctx *c, cuda_state *st, int32_t first_token
     return LILY_OK;
 }
 
-static lily_status generate(cuda_ctx *c, cuda_state *st, int32_t first_token, int n, bool greedy, float temperature,
-                            int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_cuda_token_fn on_token,
-                            void *user, lily_error *err)
-{
-    if (n <= 0)
-        return LILY_OK;
-    lily_status rs = decode_begin(c, st, first_token, n, greedy, err);
-    if (rs != LILY_OK)
-        return rs;
-    volatile int *host_count = st->host_tokens + st->out_cap;
-    for (int i = 0; i < n; i++)
-        if ((rs = enqueue_step(c, st, greedy, temperature, top_k, top_p, seed, err)) != LILY_OK)
-            return rs;
-    /* stream: poll the mapped count while the GPU runs the queued steps (no host-device sync) */
-    for (int seen = 0; on_token && seen < n;) {
-        const int avail = *host_count;
-        while (seen < avail && seen < n) {
-            on_token(user, ((volatile int *)st->host_tokens)[seen], seen);
-            seen++;
-        }
-        if (seen >= n)
-            break;
-        const cudaError_t q = cudaStreamQuery(c->stream); /* non-blocking: ends the loop on an error */
-        if (q != cudaSuccess && q != cudaErrorNotReady)
-            return lily_cuda_error(err, q, "cudaStreamQuery", __FILE__, __LINE__);
-        if (q == cudaSuccess && *host_count == avail && avail < n)
-            break; /* finished without the remaining tokens (cannot happen unless out_cap was hit) */
-    }
-    CUDA_TRY(cudaMemcpyAsync(out_tokens, st->out_tokens, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    rs = cuda_sync(c, err);
-    if (rs != LILY_OK)
-        return rs;
-    st->pos += n;
-    st->step += n;
-    return LILY_OK;
-}
-
 /* Steps the decode loop keeps queued ahead of the tokens the host has seen: enough that the GPU never
  * waits for the host's per-token work, few enough that a stop wastes little GPU time. */
 #define DECODE_LOOP_AHEAD 4
 
-/* backend.h's decode_loop: the steps of generate(), launched DECODE_LOOP_AHEAD ahead of the tokens the
- * host has polled from mapped memory, so on_token can stop the loop; one synchronization at the end. */
+/* backend.h's decode_loop: the step graph replayed, DECODE_LOOP_AHEAD steps ahead of the tokens the host
+ * has polled from mapped memory, so on_token can stop the loop; one synchronization at the end. */
 lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
                              lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                              lily_error *err)
@@ -589,29 +579,6 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
     st->step += launched;
     *n_run = launched;
     return rs != LILY_OK ? rs : sync;
-}
-
-extern "C" lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n,
-                                                 int32_t *out_tokens, lily_error *err)
-{
-    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, NULL, NULL,
-                    err);
-}
-
-extern "C" lily_status lily_cuda_generate_greedy_stream(void *ctx, void *state, int32_t first_token, int n,
-                                                        int32_t *out_tokens, lily_cuda_token_fn on_token, void *user,
-                                                        lily_error *err)
-{
-    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, true, 0, 0, 0, 0, out_tokens, on_token,
-                    user, err);
-}
-
-extern "C" lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n,
-                                                 float temperature, int top_k, float top_p, uint64_t seed,
-                                                 int32_t *out_tokens, lily_error *err)
-{
-    return generate((cuda_ctx *)ctx, (cuda_state *)state, first_token, n, false, temperature, top_k, top_p, seed,
-                    out_tokens, NULL, NULL, err);
 }
 
 extern "C" long long lily_cuda_host_syncs(void *ctx) { return ((cuda_ctx *)ctx)->host_syncs; }

@@ -7,8 +7,14 @@
 extern "C" {
 #include "backend/backend.h"
 }
+#include "attention/attention.cuh"
 #include "cuda_common.cuh"
-#include "gemm_prefill.cuh"
+#include "deltanet/deltanet.cuh"
+#include "embed.cuh"
+#include "gemm/gemm_prefill.cuh"
+#include "gemv/gemv.cuh"
+#include "moe/moe.cuh"
+#include "sample.cuh"
 
 /* Split-KV for decode: each KV head's keys are cut into at most ATT_SPLITS chunks of at least
  * ATT_MIN_CHUNK keys (measured on the H200: see docs/BENCHMARKS.md). */
@@ -18,12 +24,6 @@ extern "C" {
 /* Forward calls of at least this many tokens run the projections, the MoE block and the all-rows LM
  * head as tensor-core GEMMs (forward_prefill.cu); smaller ones (decode) use the GEMV kernels. */
 #define PREFILL_GEMM_MIN_TOKENS 16
-
-/* With g_cuda_tuning.gdn_prefill == 3 (the default), DeltaNet prefill calls of at least this many tokens
- * take the chunked delta rule (deltanet_chunked.cu), shorter ones the sequential recurrence. Measured on
- * the H200 (bench_cuda_decode --gdn-prefill 1,2 --profile-prefill --chunk N, 30 layers): chunked 2.8 vs
- * 3.7 ms at 256 tokens, 7.5 vs 13.4 at 1024, 28.3 vs 52.7 at 4096; shorter calls are not measured. */
-#define GDN_CHUNKED_MIN_TOKENS 256
 
 /* Rows of the device logits buffer: LILY_LOGITS_ALL of a longer forward call runs the LM head in blocks of
  * this many rows, each copied out before the next ([128, vocab] fp32 is 121 MiB at Qwen3.6's 248,320). */
@@ -43,8 +43,15 @@ typedef struct {
     dmat ex_gate, ex_up, ex_down, sh_gate, sh_up, sh_down;
 } cuda_layer;
 
+/* The kernel family of each op whose choice depends on the device, made once at backend creation. */
+typedef struct {
+    gemm_kernel_id gemm;              /* gemm_kernel_choose */
+    attn_prefill_kernel attn_prefill; /* attn_prefill_kernel_choose */
+} cuda_kernels;
+
 typedef struct {
     lily_config cfg;
+    cuda_kernels kernels;
     lily_backend_options opts; /* opts.exact: the exact mode (fp32 KV cache, fp32 kernels only; cuda_forward.cu) */
     size_t kv_elem;            /* bytes per KV cache element: 2 (bf16), 4 (fp32 in exact mode) */
     int device;
@@ -118,10 +125,25 @@ typedef struct {
     int n_generated; /* tokens written to out_tokens by the decode graph */
     int slots[2];    /* next-step input token slots */
     /* decode MoE top-k as (tag << 32 | payload) words written by moe_gate_up_mma and polled by
-     * moe_down_mma before its PDL wait (g_cuda_tuning.moe_early_ids; tag from step and layer, moe_decode.cu);
+     * moe_down_mma before its PDL wait (early ids; tag from step and layer, moe_decode.cu);
      * zero after a reset or load, copied with the counters (tags never ahead of step) */
     __align__(128) unsigned long long moe_topk_pub[MOE_PUB_WORDS];
 } cuda_counters;
+
+/* One layer's launch arguments that stay the same for every forward call of a state (weights, norms,
+ * scratch, cache and state pointers, shapes), built once by cuda_state_args_build; a call sets only what
+ * depends on it (token count, split-KV shape, kernel per token count). */
+typedef struct {
+    gemv_batch mix_in;    /* DeltaNet: in_proj_qkv | z | b | a; attention: q (with gate) | k | v; into c->proj */
+    gemv_input mix_in_x;  /* input RMSNorm of h */
+    gemv_batch mix_out;   /* DeltaNet out_proj / attention o_proj, added into h */
+    gemv_input mix_out_x; /* DeltaNet: gated RMSNorm of the delta-rule output (z gate); attention: plain */
+    attn_args attn;       /* attention layers */
+    gdn_args gdn;         /* DeltaNet layers */
+    gemv_batch router;    /* router | shared_expert_gate (decode path; prefill: cuda_prefill_moe) */
+    gemv_input router_x;  /* post-attention RMSNorm of h */
+    moe_args moe;
+} cuda_layer_args;
 
 typedef struct {
     int max_ctx;
@@ -137,6 +159,7 @@ typedef struct {
     int out_cap;
     cudaGraphExec_t graph_greedy;  /* decode step: token slot -> next token slot */
     cudaGraphExec_t graph_logits;  /* decode step: d_tokens[0] -> logits[0] */
+    cuda_layer_args *args;         /* [n_layers] (cuda_state_args_build) */
 } cuda_state;
 
 /* Evaluate a kernel launch (a launch_* wrapper's cudaError_t) in a function with `lily_error *err` in
@@ -153,6 +176,9 @@ typedef struct {
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
                                  lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
+/* cuda_forward.cu: fill st->args (allocated here, freed with the state) from the context's weights and
+ * scratch and the state's caches. LILY_ERR_OUT_OF_MEMORY. */
+lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error *err);
 /* cuda_limits.cu: the measure_limits op. */
 lily_status cuda_measure_limits(int device, lily_hw_limits *out, lily_error *err);
 /* Enqueue the final norm + LM head of `rows` rows of c->h starting at row `row0` into c->logits

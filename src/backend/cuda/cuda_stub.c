@@ -10,28 +10,6 @@ static lily_status no_cuda(lily_error *err)
     return lily_error_set(err, LILY_ERR_UNSUPPORTED, "this build has no CUDA backend");
 }
 
-lily_status lily_cuda_generate_greedy(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
-                                      lily_error *err)
-{
-    (void)ctx, (void)state, (void)first_token, (void)n, (void)out_tokens;
-    return no_cuda(err);
-}
-
-lily_status lily_cuda_generate_greedy_stream(void *ctx, void *state, int32_t first_token, int n, int32_t *out_tokens,
-                                             lily_cuda_token_fn on_token, void *user, lily_error *err)
-{
-    (void)ctx, (void)state, (void)first_token, (void)n, (void)out_tokens, (void)on_token, (void)user;
-    return no_cuda(err);
-}
-
-lily_status lily_cuda_generate_sample(void *ctx, void *state, int32_t first_token, int n, float temperature,
-                                      int top_k, float top_p, uint64_t seed, int32_t *out_tokens, lily_error *err)
-{
-    (void)ctx, (void)state, (void)first_token, (void)n, (void)temperature, (void)top_k, (void)top_p, (void)seed;
-    (void)out_tokens;
-    return no_cuda(err);
-}
-
 long long lily_cuda_host_syncs(void *ctx)
 {
     (void)ctx;
@@ -75,9 +53,4 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
 {
     (void)ctx, (void)state, (void)n_splits, (void)min_chunk;
     return no_cuda(err);
-}
-
-void lily_cuda_set_tuning(const lily_cuda_tuning *t)
-{
-    (void)t;
 }

@@ -1,6 +1,6 @@
-/* embed.cu — token embedding lookup (MODEL.md §4.2): h[t] = embed_tokens[token_t], dequantized in fp32
+/* embed.cu — token embedding lookup (docs/MODEL.md §4.2): h[t] = embed_tokens[token_t], dequantized in fp32
  * (MLX affine: float(scale) * q + float(bias)) or widened from bf16. grid = n tokens, block = 256. */
-#include "cuda_common.cuh"
+#include "embed.cuh"
 
 __global__ void embed_kernel(dmat e, const int *tokens, float *h, int hidden)
 {

@@ -49,6 +49,7 @@ lily_status cuda_prefill_proj(cuda_ctx *c, const gemv_batch &b, const gemv_input
     LAUNCH(launch_gemm_prep(in, cols, n, act, c->stream));
     gemm_args a;
     memset(&a, 0, sizeof a);
+    a.kernel = c->kernels.gemm;
     for (int k = 0; k < b.n_mats; k++) {
         a.m[k] = b.m[k];
         a.y[k] = b.y[k];
@@ -93,6 +94,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     /* router | shared_expert_gate in one GEMM */
     gemm_args a;
     memset(&a, 0, sizeof a);
+    a.kernel = c->kernels.gemm;
     a.m[0] = L->router;
     a.m[1] = L->shared_expert_gate;
     a.y[0] = c->router;
@@ -106,13 +108,14 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     LAUNCH(launch_gemm(a, n, s));
 
     LAUNCH(launch_moe_topk(c->router, E + 1, E, K, n, c->topk_idx, c->topk_w, s));
-    const int T = gemm_grouped_tile((double)nk / E);
+    const int T = gemm_grouped_tile(c->kernels.gemm, (double)nk / E);
     LAUNCH(launch_moe_plan(c->topk_idx, n, K, E, T, c->pf_offsets, c->pf_gather, c->pf_slot_pos, c->pf_tile_expert,
                            c->pf_tile_start, c->pf_n_tiles, c->pf_plan_counts,
                            s));
 
     /* routed gate/up: hid rows = expert-ordered positions [0, nk) */
     memset(&a, 0, sizeof a);
+    a.kernel = c->kernels.gemm;
     a.m[0] = ex_gate;
     a.m[1] = ex_up;
     a.n_mats = 2;
@@ -126,6 +129,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
 
     /* shared expert gate/up: hid rows nk + t */
     memset(&a, 0, sizeof a);
+    a.kernel = c->kernels.gemm;
     a.m[0] = L->sh_gate;
     a.m[1] = L->sh_up;
     a.n_mats = 2;
@@ -152,19 +156,21 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
 
     /* routed down: y rows = positions */
     memset(&a, 0, sizeof a);
+    a.kernel = c->kernels.gemm;
     a.m[0] = ex_down;
     a.n_mats = 1;
     a.row_start[1] = ex_down.rows;
     a.y[0] = c->pf_y;
     a.y_stride[0] = H;
     a.act = ha;
-    a.act_rows = (int)nk; /* gemm_variant 10: X tiles by TMA */
+    a.act_rows = (int)nk; /* lets the wgmma kernel load X tiles by TMA */
     a.epi = GEMM_EPI_STORE;
     grouped_by_expert(c, n, K, E, T, &a);
     LAUNCH(launch_gemm(a, n, s));
 
     /* shared down: rows nk + t of pf_y */
     memset(&a, 0, sizeof a);
+    a.kernel = c->kernels.gemm;
     a.m[0] = L->sh_down;
     a.n_mats = 1;
     a.row_start[1] = L->sh_down.rows;

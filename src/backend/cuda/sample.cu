@@ -7,7 +7,7 @@
  * Top-k / top-p: one block scans the logits (per-thread top-16 lists), merges them by k rounds of
  * block argmax, applies temperature and the top-p cut, and draws with a counter-based hash RNG.
  */
-#include "cuda_common.cuh"
+#include "sample.cuh"
 
 /* Stream token i to the host: the token into mapped host memory, then (after a system-wide fence, so
  * the host never sees the count before the token) the count. The host polls the count; no sync. */

@@ -4,8 +4,8 @@
  * wgmma.mma_async forms the attention kernel uses. Everything here exists only when compiling the
  * sm_90a image (__CUDA_ARCH_FEAT_SM90_ALL); the including kernel stubs itself out elsewhere.
  *
- * Layout facts (PTX ISA "Shared Memory Matrix Layout", checked on the H200 by /work/probe/probe_wgmma.cu
- * and tests/cuda/test_cuda_wgmma_attn.cu): a 128-byte-swizzle atom is 8 rows x 128 bytes, 1024-byte
+ * Layout facts (PTX ISA "Shared Memory Matrix Layout", checked on the H200 by
+ * tests/cuda/test_cuda_wgmma_attn.cu): a 128-byte-swizzle atom is 8 rows x 128 bytes, 1024-byte
  * aligned, with 16-byte chunk c of row r stored at chunk c ^ (r & 7).
  *   K-major operand (A: rows M, B: rows N; 64 16-bit K values per 128-byte row): SBO = 1024 (8-row
  *     groups), LBO unused (1); the k16 slice s of a 64-wide K block starts 32·s bytes into each row.

@@ -1,0 +1,183 @@
+/* gemv_mma.cu — the decode GEMV for 4-bit weights (one activation row): y = W·x on tensor cores, so
+ * that dequantization costs ~0.7 instructions per weight instead of 3 (at 4.3 TB/s an H200 SM must
+ * consume ~33 weights per clock; fp32 dequant + FMA would need ~80% of its issue slots). The tile math
+ * (nibbles OR'd into fp16 1024 + q, offsets removed per group in fp32) is in mma_gemv.cuh.
+ *
+ * Shape: a warp owns a tile of 16 rows × CW columns (CW = min(cols, 512)), KS = cols / CW warps split
+ * the columns of one tile and are reduced in shared memory; a block of 8 warps holds a group of 8 / KS
+ * tiles and walks groups grid-stride (grid = blocks resident at once), loading the next group's weights
+ * while it computes one. The first group's weights, scales and biases (≤ 2 × 4 16-byte vectors + 16
+ * words per thread) are loaded before pdl_wait(), overlapping the previous kernel, and pdl_trigger()
+ * comes before the wait so the next kernel may start prefetching its own weights.
+ * The input transform (gemv_prologue) runs once per block; fp16 overflow is avoided by scaling x by a
+ * power of two when max|x| > 2^14 (undone on the output).
+ *
+ * Requirements (gemv_kernel_choose picks gemv_decode.cu's kernel otherwise): 4-bit, n_tokens == 1,
+ * cols % 128 == 0 and cols / min(cols, 512) in {1, 2, 4, 8}, 16-byte aligned data.
+ */
+#include "gemv_common.cuh"
+#include "mma_gemv.cuh"
+
+#define GM_WARPS 8
+
+/* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
+ * loaded into registers while the current one is computed, and the input transform runs once per block. */
+template <int IN_MODE, int OUT_MODE, int KS>
+__global__ void __launch_bounds__(GM_WARPS * 32, 1)
+gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax)
+{
+    constexpr int RT = GM_WARPS / KS; /* row tiles per group */
+    extern __shared__ __align__(16) float gm_smem[];
+    const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128;
+    float *s_x = gm_smem;                                          /* [cols] fp32 */
+    uint4 *s_xh = reinterpret_cast<uint4 *>(gm_smem + cols);       /* [cols / 8] fp16 fragments */
+    float *s_off = gm_smem + cols + cols / 2;                      /* [cols / 64] 1024 * S1 */
+    float *s_xsum = s_off + cols / 64;                             /* [cols / 64] Σ x_eff */
+    __shared__ float s_red[GM_WARPS];
+    __shared__ float s_part[GM_WARPS][16];
+    __shared__ float s_scale;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int ks = warp % KS, rt = warp / KS;
+    const int n_groups = (n_tiles + RT - 1) / RT;
+
+    /* this warp's loads for group grp (rows clamped inside the matrix; dead tiles read row 0) */
+    auto load = [&](int grp, mg_frag &f) {
+        const int tile = grp * RT + rt;
+        int m = 0, r0 = 0;
+        mg_locate(b, tile < n_tiles ? tile : 0, &m, &r0);
+        const dmat &W = b.m[m];
+        const int ra = min(r0 + g, W.rows - 1), rb = min(r0 + g + 8, W.rows - 1);
+        mg_load(W, ra, rb, ks * CW, steps, t, f);
+    };
+    mg_frag f0, f1;
+    int grp = blockIdx.x;
+    if (grp < n_groups)
+        load(grp, f0);
+    pdl_trigger(); /* weights only so far: the next kernel may launch and prefetch its own */
+    pdl_wait();
+
+    /* x: the input transform, then fp16 fragments in the order each thread feeds them */
+    const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+
+    float best = -INFINITY;
+    int best_row = 0x7fffffff;
+    /* one group: dot, reduce the KS column slices of each tile, store (thread i < RT*16 owns row i % 16
+     * of tile i / 16) */
+    auto compute = [&](int grp, const mg_frag &f) {
+        float acc_a = 0.0f, acc_b = 0.0f;
+        mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
+        if (t == 0) {
+            s_part[warp][g] = acc_a;
+            s_part[warp][g + 8] = acc_b;
+        }
+        __syncthreads();
+        if (threadIdx.x < RT * 16) {
+            const int trt = threadIdx.x / 16, r = threadIdx.x % 16;
+            const int tl = grp * RT + trt;
+            int mm = 0, r0 = 0;
+            mg_locate(b, tl, &mm, &r0);
+            const int row = r0 + r;
+            if (tl < n_tiles && row < b.m[mm].rows) {
+                float v = 0.0f;
+#pragma unroll
+                for (int k = 0; k < KS; k++)
+                    v += s_part[trt * KS + k][r];
+                v /= xk;
+                float *y = b.y[mm] + row;
+                if (OUT_MODE == GEMV_OUT_ADD)
+                    *y += v;
+                else
+                    *y = v;
+                if (OUT_MODE == GEMV_OUT_ARGMAX && v > best) {
+                    best = v;
+                    best_row = b.row_start[mm] + row;
+                }
+            }
+        }
+        __syncthreads(); /* s_part is reused by the next group */
+    };
+    while (grp < n_groups) { /* two groups per pass so the double buffer stays in registers */
+        const int g1 = grp + gridDim.x, g2 = g1 + gridDim.x;
+        if (g1 < n_groups)
+            load(g1, f1);
+        compute(grp, f0);
+        if (g1 >= n_groups)
+            break;
+        if (g2 < n_groups)
+            load(g2, f0);
+        compute(g1, f1);
+        grp = g2;
+    }
+    if (OUT_MODE == GEMV_OUT_ARGMAX)
+        warp_argmax_publish(best, best_row, lane, argmax);
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------------ */
+
+bool gemv_mma_supported(const gemv_batch &b, int n_tokens)
+{
+    if (n_tokens != 1 || b.m[0].bits != 4 || b.m[0].cols % 128 != 0)
+        return false;
+    if (b.exact) /* exact mode: fp16 operands are not wanted */
+        return false;
+    const int cols = b.m[0].cols, CW = cols < 512 ? cols : 512, ks = cols / CW;
+    if (cols % CW || !(ks == 1 || ks == 2 || ks == 4 || ks == 8))
+        return false;
+    for (int k = 0; k < b.n_mats; k++)
+        if (((uintptr_t)b.m[k].data | (uintptr_t)b.m[k].scales | (uintptr_t)b.m[k].biases) & 15)
+            return false;
+    return true;
+}
+
+template <int IM, int OM, int KS>
+static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
+{
+    int tiles = 0;
+    for (int k = 0; k < b.n_mats; k++)
+        tiles += (b.m[k].rows + 15) / 16;
+    constexpr int RT = GM_WARPS / KS;
+    const int cols = b.m[0].cols;
+    const size_t smem = ((size_t)cols + cols / 2 + 2 * (cols / 64)) * sizeof(float);
+    static size_t smem_set = 48 * 1024; /* opt in above the default once per instantiation */
+    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS>, smem, &smem_set);
+    if (e != cudaSuccess)
+        return e;
+    static int resident = 0; /* blocks that fit on the GPU at once (asked once per instantiation) */
+    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS>, GM_WARPS * 32, smem, &resident);
+    if (e != cudaSuccess)
+        return e;
+    const int groups = (tiles + RT - 1) / RT;
+    return launch_pdl(gemv_mma_kernel<IM, OM, KS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
+                      s, b, in, tiles, argmax);
+}
+
+template <int IM, int OM>
+static cudaError_t gm_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
+{
+    const int cols = b.m[0].cols, CW = cols < 512 ? cols : 512;
+    switch (cols / CW) {
+    case 1: return gm_go<IM, OM, 1>(b, in, argmax, s);
+    case 2: return gm_go<IM, OM, 2>(b, in, argmax, s);
+    case 4: return gm_go<IM, OM, 4>(b, in, argmax, s);
+    case 8: return gm_go<IM, OM, 8>(b, in, argmax, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t launch_gemv_mma(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
+                            cudaStream_t s)
+{
+    if (!gemv_mma_supported(b, 1))
+        return cudaErrorInvalidValue;
+    if (in.mode == GEMV_IN_PLAIN) {
+        if (out_mode == GEMV_OUT_STORE) return gm_ks<GEMV_IN_PLAIN, GEMV_OUT_STORE>(b, in, argmax, s);
+        if (out_mode == GEMV_OUT_ADD) return gm_ks<GEMV_IN_PLAIN, GEMV_OUT_ADD>(b, in, argmax, s);
+    } else if (in.mode == GEMV_IN_RMSNORM) {
+        if (out_mode == GEMV_OUT_STORE) return gm_ks<GEMV_IN_RMSNORM, GEMV_OUT_STORE>(b, in, argmax, s);
+        if (out_mode == GEMV_OUT_ARGMAX) return gm_ks<GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX>(b, in, argmax, s);
+    } else if (in.mode == GEMV_IN_GATED) {
+        if (out_mode == GEMV_OUT_ADD) return gm_ks<GEMV_IN_GATED, GEMV_OUT_ADD>(b, in, argmax, s);
+    }
+    return cudaErrorInvalidValue;
+}

@@ -1,0 +1,288 @@
+/* gemv_stream.cu — the 4-bit decode GEMV (one activation row, y = W·x on tensor cores, the tile math
+ * of mma_gemv.cuh, results bit-identical to gemv_mma.cu) with the weights streamed through a
+ * shared-memory ring by sm_90 bulk copies (cp.async.bulk + mbarrier), so that ~150-190 KB per SM are
+ * in flight instead of the ~32 KB gemv_mma keeps in registers: at ~2 µs loaded latency an SM needs
+ * ~64 KB in flight to draw its 1/132 of the H200's ~4.2 TB/s.
+ *
+ * Shape (as gemv_mma): a tile is 16 rows of one matrix; KS = cols / 512 warps split its columns (a
+ * warp owns 512 columns, 4 mma steps); a block of 8 warps consumes a group of RT = 8 / KS tiles, groups
+ * grid-stride (grid = blocks resident at once). Ring: `stages` slots per tile position rt, a slot holds
+ * one whole tile — 16 rows of row_bytes + 64 bytes (the pad puts rows g and g + 1 of a quarter-warp's
+ * 16-byte reads in different banks) and the tile's scales and biases as in global memory. Copies: one
+ * bulk copy per row and one each for scales and biases, issued by lanes 0..17 of the tile's first warp,
+ * completing on the slot's mbarrier (expect_tx = the bytes). The first `stages` groups are issued
+ * before pdl_wait() (weights only), so a small matrix is entirely in flight while the previous kernel
+ * finishes. Per group each warp waits on its slot's mbarrier, builds its fragment from shared memory
+ * (mg_load_smem), runs mg_dot, and the KS warps of a tile meet at one named barrier (none when KS = 1)
+ * that both publishes the column partials (s_part, double-buffered by group parity) and frees the
+ * slot; the tile's first warp then refills the slot with the group `stages` ahead and lanes 0..15
+ * reduce and store one row each (STORE / ADD / ARGMAX exactly as gemv_mma). No block-wide barrier
+ * after the input transform.
+ *
+ * Requirements (gemv_stream_supported; otherwise gemv_mma runs): gemv_mma_supported, cols in {512, 1024,
+ * 2048, 4096}, rows 16-byte aligned, the sm_90 code running (cuda_sm90_code: the compute_80 PTX has an
+ * empty body).
+ */
+#include "gemv_common.cuh"
+#include "mma_gemv.cuh"
+
+#define GS_WARPS 8
+#define GS_MAX_STAGES 8
+#define GS_ROW_PAD 64 /* bytes after each staged row */
+
+/* ---- sm_90 bulk copies and mbarriers (PTX ISA 8.0) ------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t gs_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void gs_mbar_init(uint64_t *bar, unsigned int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gs_saddr(bar)), "r"(count) : "memory");
+}
+
+/* One arrival that also expects `bytes` more of transaction count (the copies' complete_tx). */
+__device__ __forceinline__ void gs_mbar_expect_tx(uint64_t *bar, unsigned int bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(gs_saddr(bar)), "r"(bytes) : "memory");
+}
+
+/* Wait until the phase of parity `parity` has completed (acquire: the copied bytes are visible). */
+__device__ __forceinline__ void gs_mbar_wait(uint64_t *bar, unsigned int parity)
+{
+    unsigned int done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(gs_saddr(bar)), "r"(parity)
+                     : "memory");
+}
+
+/* bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, completing on bar. */
+__device__ __forceinline__ void gs_bulk_copy(void *dst, const void *src, unsigned int bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(gs_saddr(dst)),
+                 "l"(src), "r"(bytes), "r"(gs_saddr(bar))
+                 : "memory");
+}
+
+/* Barrier `id` (1..15; 0 is __syncthreads) among n threads (whole warps). */
+__device__ __forceinline__ void gs_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+/* Bytes of one ring slot (a whole 16-row tile of `cols` columns: padded rows, scales, biases). */
+__host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (cols / 2 + GS_ROW_PAD) + 16 * (cols / 64) * 4; }
+
+template <int IN_MODE, int OUT_MODE, int KS>
+__global__ void __launch_bounds__(GS_WARPS * 32, 2)
+gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigned long long *argmax)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int RT = GS_WARPS / KS; /* tiles per group */
+    extern __shared__ __align__(128) unsigned char gs_ring[];
+    __shared__ __align__(8) uint64_t s_full[RT * GS_MAX_STAGES]; /* [rt][slot] */
+    __shared__ float s_part[2][GS_WARPS][16];
+    __shared__ float s_red[GS_WARPS];
+    __shared__ float s_scale;
+    const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128, gpr = cols / 64;
+    const int row_bytes = cols / 2, ws = row_bytes + GS_ROW_PAD, slot_bytes = gs_slot_bytes(cols);
+    float *s_x = reinterpret_cast<float *>(gs_ring + (size_t)stages * RT * slot_bytes); /* [cols] fp32 */
+    uint4 *s_xh = reinterpret_cast<uint4 *>(s_x + cols);                                  /* [cols / 8] */
+    float *s_off = s_x + cols + cols / 2;                                                 /* [cols / 64] */
+    float *s_xsum = s_off + cols / 64;                                                    /* [cols / 64] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int ks = warp % KS, rt = warp / KS;
+    const int n_groups = (n_tiles + RT - 1) / RT;
+    unsigned char *my_slots = gs_ring + (size_t)rt * slot_bytes; /* slot k at + k * RT * slot_bytes */
+    uint64_t *my_full = s_full + rt * GS_MAX_STAGES;
+
+    if (threadIdx.x < RT * GS_MAX_STAGES && threadIdx.x % GS_MAX_STAGES < stages)
+        gs_mbar_init(&s_full[threadIdx.x], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+
+    /* the tile's first warp: copy this block's i-th group's tile rt into slot k (nothing past the end) */
+    auto fill = [&](int i, int k) {
+        const int grp = blockIdx.x + i * gridDim.x, tile = grp * RT + rt;
+        if (grp >= n_groups || tile >= n_tiles)
+            return;
+        int m = 0, r0 = 0;
+        mg_locate(b, tile, &m, &r0);
+        const dmat &W = b.m[m];
+        const int nrows = min(16, W.rows - r0);
+        unsigned char *slot = my_slots + (size_t)k * RT * slot_bytes;
+        if (lane == 0)
+            gs_mbar_expect_tx(&my_full[k], (unsigned int)(nrows * (row_bytes + 4 * gpr)));
+        __syncwarp();
+        if (lane < nrows)
+            gs_bulk_copy(slot + lane * ws, W.data + (int64_t)(r0 + lane) * W.row_bytes, row_bytes, &my_full[k]);
+        else if (lane == 16)
+            gs_bulk_copy(slot + 16 * ws, W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
+        else if (lane == 17)
+            gs_bulk_copy(slot + 16 * ws + 32 * gpr, W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
+    };
+    if (ks == 0)
+        for (int i = 0; i < stages; i++)
+            fill(i, i); /* weights only: before the previous kernel has finished */
+    pdl_trigger();
+    pdl_wait();
+
+    /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
+    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+
+    float best = -INFINITY;
+    int best_row = 0x7fffffff;
+    int k = 0;
+    unsigned int parity = 0;
+    for (int i = 0;; i++) {
+        const int grp = blockIdx.x + i * gridDim.x, tile = grp * RT + rt;
+        if (grp >= n_groups || tile >= n_tiles) /* a dead tile is in the last group only */
+            break;
+        const unsigned char *slot = my_slots + (size_t)k * RT * slot_bytes;
+        gs_mbar_wait(&my_full[k], parity);
+        mg_frag f;
+        mg_load_smem(slot, ws, reinterpret_cast<const __nv_bfloat16 *>(slot + 16 * ws),
+                     reinterpret_cast<const __nv_bfloat16 *>(slot + 16 * ws + 32 * gpr), gpr, ks * CW, steps, g, t, f);
+        float acc_a = 0.0f, acc_b = 0.0f;
+        mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
+        float *part = s_part[i & 1][warp];
+        if (t == 0) {
+            part[g] = acc_a;
+            part[g + 8] = acc_b;
+        }
+        /* the tile's KS warps: partials published, slot read by all of them */
+        if (KS == 1)
+            __syncwarp();
+        else
+            gs_bar_sync(1 + rt, KS * 32);
+        if (ks == 0) {
+            fill(i + stages, k);
+            int m = 0, r0 = 0;
+            mg_locate(b, tile, &m, &r0);
+            const int row = r0 + lane;
+            if (lane < 16 && row < b.m[m].rows) {
+                float v = 0.0f;
+#pragma unroll
+                for (int q = 0; q < KS; q++)
+                    v += s_part[i & 1][rt * KS + q][lane];
+                v /= xk;
+                float *y = b.y[m] + row;
+                if (OUT_MODE == GEMV_OUT_ADD)
+                    *y += v;
+                else
+                    *y = v;
+                if (OUT_MODE == GEMV_OUT_ARGMAX && v > best) {
+                    best = v;
+                    best_row = b.row_start[m] + row;
+                }
+            }
+        }
+        if (++k == stages) {
+            k = 0;
+            parity ^= 1u;
+        }
+    }
+    if (OUT_MODE == GEMV_OUT_ARGMAX)
+        warp_argmax_publish(best, best_row, lane, argmax);
+#endif
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------------ */
+
+static int64_t gs_weight_bytes(const gemv_batch &b)
+{
+    int64_t bytes = 0;
+    for (int k = 0; k < b.n_mats; k++)
+        bytes += (int64_t)b.m[k].rows * (b.m[k].cols / 2 + (b.m[k].cols / 64) * 4);
+    return bytes;
+}
+
+bool gemv_stream_supported(const gemv_batch &b, int n_tokens)
+{
+    if (!gemv_mma_supported(b, n_tokens))
+        return false;
+    const int cols = b.m[0].cols;
+    if (!(cols == 512 || cols == 1024 || cols == 2048 || cols == 4096))
+        return false;
+    for (int k = 0; k < b.n_mats; k++)
+        if (b.m[k].n_experts > 1 || b.m[k].row_bytes % 16 || b.m[k].row_bytes < cols / 2)
+            return false;
+    if (gs_weight_bytes(b) < 1024)
+        return false;
+    return cuda_sm90_code(); /* bulk copies and mbarrier transaction counts: the sm_90 code only */
+}
+
+template <int IM, int OM, int KS>
+static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
+{
+    void (*kern)(gemv_batch, gemv_input, int, int, unsigned long long *) = gemv_stream_kernel<IM, OM, KS>;
+    constexpr int RT = GS_WARPS / KS;
+    int tiles = 0;
+    for (int k = 0; k < b.n_mats; k++)
+        tiles += (b.m[k].rows + 15) / 16;
+    const int groups = (tiles + RT - 1) / RT, cols = b.m[0].cols;
+    const size_t stage_bytes = (size_t)RT * gs_slot_bytes(cols);
+    const size_t x_bytes = (size_t)cols * 4 + (size_t)cols * 2 + (size_t)(cols / 64) * 8;
+    /* asked once per instantiation: SMs, the opt-in shared memory per block (less the static part) */
+    static int sms = 0, dyn_max = 0, per_sm[GS_MAX_STAGES + 1];
+    if (!sms) {
+        int dev = 0, optin = 0, n = 0;
+        cudaFuncAttributes fa;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        if (e == cudaSuccess)
+            e = cudaFuncGetAttributes(&fa, kern);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)fa.sharedSizeBytes);
+        if (e != cudaSuccess)
+            return e;
+        dyn_max = optin - (int)fa.sharedSizeBytes;
+        sms = n;
+    }
+    if ((size_t)dyn_max < x_bytes + stage_bytes)
+        return cudaErrorInvalidValue;
+    int fit = (int)(((size_t)dyn_max - x_bytes) / stage_bytes);
+    fit = fit < GS_MAX_STAGES ? fit : GS_MAX_STAGES;
+    const int s0 = fit;
+    if (!per_sm[s0]) {
+        int n = 0;
+        const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, GS_WARPS * 32, x_bytes + s0 * stage_bytes);
+        if (e != cudaSuccess)
+            return e;
+        per_sm[s0] = n > 0 ? n : 1;
+    }
+    const int resident = sms * per_sm[s0], grid = groups < resident ? groups : resident;
+    const int per_block = (groups + grid - 1) / grid;
+    const int stages = s0 < per_block ? s0 : per_block; /* no slot this block would never fill */
+    return launch_pdl(kern, dim3(grid), dim3(GS_WARPS * 32), x_bytes + stages * stage_bytes, s, b, in, tiles, stages, argmax);
+}
+
+template <int IM, int OM>
+static cudaError_t gs_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
+{
+    switch (b.m[0].cols / 512) {
+    case 1: return gs_go<IM, OM, 1>(b, in, argmax, s);
+    case 2: return gs_go<IM, OM, 2>(b, in, argmax, s);
+    case 4: return gs_go<IM, OM, 4>(b, in, argmax, s);
+    case 8: return gs_go<IM, OM, 8>(b, in, argmax, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
+                               cudaStream_t s)
+{
+    if (!gemv_stream_supported(b, 1))
+        return cudaErrorInvalidValue;
+    if (in.mode == GEMV_IN_PLAIN) {
+        if (out_mode == GEMV_OUT_STORE) return gs_ks<GEMV_IN_PLAIN, GEMV_OUT_STORE>(b, in, argmax, s);
+        if (out_mode == GEMV_OUT_ADD) return gs_ks<GEMV_IN_PLAIN, GEMV_OUT_ADD>(b, in, argmax, s);
+    } else if (in.mode == GEMV_IN_RMSNORM) {
+        if (out_mode == GEMV_OUT_STORE) return gs_ks<GEMV_IN_RMSNORM, GEMV_OUT_STORE>(b, in, argmax, s);
+        if (out_mode == GEMV_OUT_ARGMAX) return gs_ks<GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX>(b, in, argmax, s);
+    } else if (in.mode == GEMV_IN_GATED) {
+        if (out_mode == GEMV_OUT_ADD) return gs_ks<GEMV_IN_GATED, GEMV_OUT_ADD>(b, in, argmax, s);
+    }
+    return cudaErrorInvalidValue;
+}

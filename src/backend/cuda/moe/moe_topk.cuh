@@ -1,0 +1,130 @@
+/* moe_topk.cuh — the router's top-k for one token, computed by one whole block (docs/MODEL.md §4.5):
+ * experts ranked by logit (ties to the lower expert id), weights = softmax over the selected logits
+ * (= softmax over all E renormalised over the top k), fp32. One warp ranks (K rounds of a warp argmax,
+ * ~25 instructions per round for 256 experts; the earlier rank-by-counting over the block cost every
+ * thread ~5 instructions per expert, ~2.7 µs per decode MoE block). Used by the decode MoE kernels (per
+ * block) and the prefill top-k kernel.
+ */
+#ifndef LILY_MOE_TOPK_CUH
+#define LILY_MOE_TOPK_CUH
+
+#include "moe.cuh"
+
+#define MOE_MAX_K 16
+#define MOE_MAX_E 512
+
+/* Tagged top-k words (moe_args.topk_pub, moe_decode.cu's early ids): word 2k = tag << 32 |
+ * expert id of slot k, word 2k + 1 = tag << 32 | its weight's bits, written by the kernel that ranks (the
+ * router GEMV's last block, or the gate/up block of item 0) and polled by the MoE kernels before their PDL
+ * wait. The tag of layer (< 256) in the forward call made at counter value step is (step + 1) << 8 | layer:
+ * zeroed words (a reset or loaded session) never match; it wraps only after 2^24 forward calls. */
+__device__ __forceinline__ unsigned int moe_pub_tag(int step, int layer)
+{
+    return (((unsigned int)step + 1u) << 8) | ((unsigned int)layer & 255u);
+}
+__device__ __forceinline__ void st_relaxed_u64(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+/* Publish slot i (id, weight) under tag. */
+__device__ __forceinline__ void moe_pub_write(unsigned long long *pub, unsigned int tag, int i, int id, float w)
+{
+    const unsigned long long hi = (unsigned long long)tag << 32;
+    st_relaxed_u64(pub + 2 * i, hi | (unsigned int)id);
+    st_relaxed_u64(pub + 2 * i + 1, hi | __float_as_uint(w));
+}
+
+/* The logit of an order-preserving key (argmax_key's high word, cuda_common.cuh), bit for bit. */
+__device__ __forceinline__ float moe_key_value(unsigned int u)
+{
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+/* Top-k of E <= 32·PER router logits of one token by the 32 lanes of one warp: lane l holds experts
+ * e = l + 32j (j < PER) as order-preserving 32-bit keys (argmax_key's high word) and a taken mask; each
+ * of the K rounds takes the lane's best untaken expert (lower id on ties), then the warp's largest key and
+ * the lowest expert id holding it (two redux.sync; the CPU twin's order: larger logit, then lower id);
+ * the owner marks the winner taken. Lane k < K ends with slot k's key and id. Weights = softmax over the
+ * selected logits (= softmax over all E renormalised over the top k). */
+template <int PER, bool SMEM>
+static __device__ void moe_topk_warp_n(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
+{
+    const int lane = threadIdx.x & 31;
+    unsigned int u[PER]; /* !SMEM: the keys stay here; SMEM: in s_key[E] (fewer live registers) */
+    unsigned int taken = 0u;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int e = lane + 32 * j;
+        u[j] = e < E ? (unsigned int)(argmax_key(__ldcg(logits + e), e) >> 32) : 0u; /* may be this kernel's */
+        if (e >= E)
+            taken |= 1u << j;
+        else if (SMEM)
+            s_key[e] = u[j];
+    }
+    if (SMEM)
+        __syncwarp();
+    unsigned int mine_u = 0u, mine_id = 0u;
+    for (int k = 0; k < K; k++) {
+        int bj = -1;
+        unsigned int bu = 0u;
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const unsigned int uj = SMEM ? s_key[min(lane + 32 * j, E - 1)] : u[j];
+            if (!((taken >> j) & 1u) && (bj < 0 || uj > bu)) {
+                bj = j;
+                bu = uj;
+            }
+        }
+        /* the largest key, then the lowest expert id holding it (redux.sync: one instruction each) */
+        const unsigned int m = __reduce_max_sync(0xffffffffu, bj < 0 ? 0u : bu);
+        const unsigned int my_id = bj < 0 ? 0xffffffffu : (unsigned int)(lane + 32 * bj);
+        const unsigned int id = __reduce_min_sync(0xffffffffu, bj >= 0 && bu == m ? my_id : 0xffffffffu);
+        if (bj >= 0 && id == my_id)
+            taken |= 1u << bj;
+        if (lane == k) {
+            mine_u = m;
+            mine_id = id;
+        }
+    }
+    const float v = moe_key_value(mine_u), mx = __shfl_sync(0xffffffffu, v, 0);
+    const float p = lane < K ? expf(v - mx) : 0.0f;
+    const float sum = warp_sum(p);
+    if (lane < K) {
+        idx[lane] = mine_id < (unsigned int)E ? (int)mine_id : 0;
+        w[lane] = p / sum;
+    }
+}
+
+/* moe_topk_warp_n for E <= 1024 (more experts: nothing is written), keys in registers. Called by every
+ * lane of one warp. */
+static __device__ void moe_topk_warp(const float *logits, int E, int K, int *idx, float *w)
+{
+    if (E <= 256)
+        moe_topk_warp_n<8, false>(logits, E, K, idx, w, NULL);
+    else if (E <= 512)
+        moe_topk_warp_n<16, false>(logits, E, K, idx, w, NULL);
+    else if (E <= 1024)
+        moe_topk_warp_n<32, false>(logits, E, K, idx, w, NULL);
+}
+
+/* The same for a whole block (E <= MOE_MAX_E): warp 0 ranks into idx/w (shared memory) with its keys in
+ * s_key (shared memory, MOE_MAX_E words: the block kernels that call this are register-bound),
+ * everyone waits; ends with __syncthreads. */
+static __device__ void moe_topk_block(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
+{
+    if (threadIdx.x < 32) {
+        if (E <= 256)
+            moe_topk_warp_n<8, true>(logits, E, K, idx, w, s_key);
+        else if (E <= MOE_MAX_E)
+            moe_topk_warp_n<MOE_MAX_E / 32, true>(logits, E, K, idx, w, s_key);
+    }
+    __syncthreads();
+}
+
+#endif
