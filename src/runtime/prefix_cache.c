@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DEVICE_ALIGN 256 /* pool offsets and sizes are multiples of this */
 
@@ -216,8 +217,9 @@ static void device_release(lily_prefix_cache *pc, size_t offset, size_t bytes)
     account(pc, 0, -(long long)device_size(bytes));
 }
 
-/* The pinned host pool, sized to the host cap, made on the first host checkpoint when the backend has
- * host pools (once: a failure leaves malloc'd checkpoints). */
+/* The pinned host pool, sized to the host cap (at most an eighth of the machine's memory), made once:
+ * when the cache is attached or on its first host checkpoint, on a backend with host pools (a failure
+ * leaves malloc'd checkpoints). */
 static void host_pool_make(lily_prefix_cache *pc)
 {
     if (pc->host_pool_tried || !pc->engine)
@@ -226,7 +228,13 @@ static void host_pool_make(lily_prefix_cache *pc)
     const lily_backend *b = &pc->engine->backend;
     if (!b->ops->host_pool_new || !b->ops->host_pool_free)
         return;
-    const size_t bytes = pc->ram_bytes / DEVICE_ALIGN * DEVICE_ALIGN;
+    /* the cap, but at most an eighth of the machine's memory: page-locked memory cannot be swapped or
+     * reclaimed, and the rest of the cap falls back to malloc */
+    size_t bytes = pc->ram_bytes;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && bytes > (size_t)pages * (size_t)page / 8)
+        bytes = (size_t)pages * (size_t)page / 8;
+    bytes = bytes / DEVICE_ALIGN * DEVICE_ALIGN;
     void *base = NULL;
     lily_error ignored = {0};
     if (bytes == 0 || b->ops->host_pool_new(b->ctx, bytes, &base, &ignored) != LILY_OK)

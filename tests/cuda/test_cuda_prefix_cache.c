@@ -259,7 +259,10 @@ static lily_prefix_cache *new_cache(fixture *f, int every)
 {
     lily_prefix_cache *pc = NULL;
     lily_error err = {0};
-    lily_prefix_cache_options o = {.checkpoint_every = every, .device_bytes = f->device_bytes, .block_rows = 64};
+    /* a cap that holds every checkpoint of these tiny states; also the size of the page-locked host pool
+     * made per cache (the 4 GiB default would be pinned anew for every case) */
+    lily_prefix_cache_options o = {.ram_bytes = (size_t)256 << 20, .checkpoint_every = every,
+                                   .device_bytes = f->device_bytes, .block_rows = 64};
     if (lily_prefix_cache_new(&o, &pc, &err) != LILY_OK)
         die("cache", &err);
     return pc;

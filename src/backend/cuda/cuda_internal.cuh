@@ -211,9 +211,9 @@ void cuda_experts_stage_free(cuda_ctx *c);
  * when staging applies to it, queue the copy of its experts into the buffer on the staging stream, after
  * the work queued so far on c->stream. LILY_ERR_BACKEND. */
 lily_status cuda_experts_stage(cuda_ctx *c, int layer, int n, lily_error *err);
-/* host_weights.cu: the expert dmats the MoE block of `layer` reads: the staged copy (c->stream then waits
+/* host_weights.cu: the expert dmats the MoE block of layer L (an element of c->layers, or a stand-in) reads: the staged copy (c->stream then waits
  * for its copy) or the layer's own. LILY_ERR_BACKEND. */
-lily_status cuda_layer_experts(cuda_ctx *c, int layer, dmat *gate, dmat *up, dmat *down, lily_error *err);
+lily_status cuda_layer_experts(cuda_ctx *c, const cuda_layer *L, dmat *gate, dmat *up, dmat *down, lily_error *err);
 
 /* cuda_shapes.cu: LILY_ERR_UNSUPPORTED (naming the dimension) when some stage of the forward pass has no
  * CUDA kernel for the model's shapes; called by create before anything is uploaded. */

@@ -77,7 +77,7 @@ lily_status cuda_prefill_moe(cuda_ctx *c, const cuda_layer *L, int n, lily_error
     if (nk * inter + (size_t)n * sinter > c->pf_x_elems || nk + n > c->pf_x_rows)
         return lily_error_set(err, LILY_ERR_BACKEND, "cuda: prefill MoE scratch too small for %d tokens", n);
     dmat ex_gate, ex_up, ex_down; /* the layer's, or their staged copy (host_weights.cu) */
-    if ((st = cuda_layer_experts(c, (int)(L - c->layers), &ex_gate, &ex_up, &ex_down, err)) != LILY_OK)
+    if ((st = cuda_layer_experts(c, L, &ex_gate, &ex_up, &ex_down, err)) != LILY_OK)
         return st;
 
     /* x = RMSNorm(h) in fp16, shared by the router and both gate/up GEMMs */

@@ -138,10 +138,9 @@ lily_status cuda_experts_stage(cuda_ctx *c, int layer, int n, lily_error *err)
     return LILY_OK;
 }
 
-lily_status cuda_layer_experts(cuda_ctx *c, int layer, dmat *gate, dmat *up, dmat *down, lily_error *err)
+lily_status cuda_layer_experts(cuda_ctx *c, const cuda_layer *L, dmat *gate, dmat *up, dmat *down, lily_error *err)
 {
-    const cuda_layer *L = &c->layers[layer];
-    if (c->staged_layer != layer) {
+    if (c->staged_layer < 0 || !c->layers || L != &c->layers[c->staged_layer]) {
         *gate = L->ex_gate;
         *up = L->ex_up;
         *down = L->ex_down;
