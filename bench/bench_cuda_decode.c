@@ -47,9 +47,9 @@ static int parse_list(const char *s, int *out, int max)
         return 1;                                                                                  \
     } while (0)
 
-static int count_token(void *user, int32_t token, int index)
+static int count_token(void *user, int32_t token, int index, const lily_token_logprobs *logprobs)
 {
-    (void)token, (void)index;
+    (void)token, (void)index, (void)logprobs;
     (*(int *)user)++;
     return 0;
 }
@@ -58,7 +58,7 @@ static int count_token(void *user, int32_t token, int index)
 static lily_status decode_greedy(lily_backend *be, void *st, int32_t first, int n, lily_decode_token_fn on_token,
                                  void *user, lily_error *err)
 {
-    const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+    const lily_device_sampling greedy = lily_device_sampling_greedy();
     int n_run = 0;
     return be->ops->decode_loop(be->ctx, st, first, n, &greedy, on_token, user, NULL, &n_run, err);
 }

@@ -2,8 +2,8 @@
  * real CPU engine (tests/data/tiny-a/mlx4) with a test-only decode_loop op.
  *
  * The shim: the CPU backend's ops plus a decode_loop that runs forward() one token at a time and picks
- * the next token itself (greedy argmax, or a seeded top-k / top-p draw like the CUDA kernel's), like a
- * device would. It runs `g_ahead` steps past the tokens it has delivered, as the CUDA loop keeps steps
+ * the next token itself with what backend.h's lily_device_sampling hands a device (the settings, the
+ * penalty history, the draw index), like a device would. It runs `g_ahead` steps past the tokens it has delivered, as the CUDA loop keeps steps
  * queued, so a stop inside a batch finds the state ahead of the stop and generate must undo those steps.
  *
  * Every case runs the same parameters through both paths and asserts equal results: the streamed ids and
@@ -18,6 +18,8 @@
 
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/logprobs.h"
+#include "runtime/sampler.h"
 #include "test_fake_detok.h"
 
 /* ---- the shim backend ------------------------------------------------------------------------------ */
@@ -29,60 +31,34 @@ static int g_loop_calls;   /* decode_loop calls */
 static bool g_decline;     /* decode_loop answers LILY_ERR_UNSUPPORTED (as CUDA with a debug hook) */
 static int g_fail_call;    /* this decode_loop call (1-based; 0 = none) fails after delivering 2 tokens */
 
-static uint64_t splitmix64(uint64_t x)
+/* The device's sampler, mirrored: runtime/sampler.h set up from the decode_loop settings (its penalty
+ * history, its logit bias), drawing step k with draw index draw0 + k and counting each token it chooses,
+ * as the CUDA sampler does. Errors: the sampler's. */
+static lily_status shim_sampler(const lily_device_sampling *ds, lily_sampler **out, lily_error *err)
 {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* Greedy: argmax, ties to the lower id. Else top-k by repeated argmax, softmax at the temperature, the
- * top-p prefix, a draw keyed by (seed, position) as the CUDA kernel keys it by (seed, step). */
-static int32_t shim_choose(const float *logits, const lily_device_sampling *ds, int position)
-{
-    int best = 0;
-    for (int v = 1; v < g_vocab; v++)
-        if (logits[v] > logits[best])
-            best = v;
-    if (ds->temperature < 1e-5f)
-        return best;
-    int ids[LILY_DEVICE_TOP_K_MAX];
-    double w[LILY_DEVICE_TOP_K_MAX], total = 0.0;
-    const int k = ds->top_k < g_vocab ? ds->top_k : g_vocab;
-    for (int r = 0; r < k; r++) {
-        int pick = -1;
-        for (int v = 0; v < g_vocab; v++) {
-            bool taken = false;
-            for (int q = 0; q < r; q++)
-                taken |= ids[q] == v;
-            if (!taken && (pick < 0 || logits[v] > logits[pick]))
-                pick = v;
-        }
-        ids[r] = pick;
-        w[r] = exp((double)(logits[pick] - logits[ids[0]]) / ds->temperature);
-        total += w[r];
-    }
-    int keep = k;
-    double cum = 0.0;
-    for (int r = 0; r < k; r++) {
-        cum += w[r];
-        if (cum >= ds->top_p * total) {
-            keep = r + 1;
-            break;
-        }
-    }
-    double kept = 0.0;
-    for (int r = 0; r < keep; r++)
-        kept += w[r];
-    const double u = (double)(splitmix64(ds->seed ^ splitmix64((uint64_t)position)) >> 11) * (1.0 / 9007199254740992.0);
-    double c = 0.0;
-    for (int r = 0; r < keep; r++) {
-        c += w[r];
-        if (u * kept < c)
-            return ids[r];
-    }
-    return ids[keep - 1];
+    lily_sampler_params sp = lily_sampler_defaults();
+    sp.temperature = ds->temperature;
+    sp.top_k = ds->top_k;
+    sp.top_p = ds->top_p;
+    sp.min_p = ds->min_p;
+    sp.presence_penalty = ds->presence_penalty;
+    sp.frequency_penalty = ds->frequency_penalty;
+    sp.repetition_penalty = ds->repetition_penalty;
+    sp.seed = ds->seed;
+    lily_logit_bias bias[16];
+    assert_true(ds->n_bias <= 16);
+    for (int i = 0; i < ds->n_bias; i++)
+        bias[i] = (lily_logit_bias){ds->bias_ids[i], ds->bias_values[i]};
+    sp.logit_bias = bias;
+    sp.n_logit_bias = ds->n_bias;
+    lily_status st = lily_sampler_new(&sp, g_vocab, out, err);
+    if (st != LILY_OK)
+        return st;
+    st = lily_sampler_add_context(*out, ds->history_ids, ds->n_history, err);
+    for (int i = 0; i < ds->n_history && st == LILY_OK; i++)
+        for (uint32_t k = 0; k < ds->history_counts[i] && st == LILY_OK; k++)
+            st = lily_sampler_accept(*out, ds->history_ids[i], err);
+    return st;
 }
 
 static lily_status shim_decode_loop(void *ctx, void *state, int32_t first_token, int n,
@@ -97,25 +73,32 @@ static lily_status shim_decode_loop(void *ctx, void *state, int32_t first_token,
         return lily_error_set(err, LILY_ERR_UNSUPPORTED, "shim: declined");
     float *logits = malloc((size_t)g_vocab * sizeof(float));
     int32_t *chosen = malloc((size_t)n * sizeof(int32_t));
-    if (!logits || !chosen) {
-        free(logits);
-        free(chosen);
-        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "shim: out of memory");
-    }
-    g_loop_calls++;
+    lily_token_logprobs *lps = malloc((size_t)n * sizeof *lps);
+    lily_sampler *sampler = NULL;
     lily_status st = LILY_OK;
+    if (!logits || !chosen || !lps)
+        st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "shim: out of memory");
+    else
+        st = shim_sampler(ds, &sampler, err);
+    g_loop_calls++;
     int run = 0, delivered = 0;
     bool stop = false;
     int32_t token = first_token;
-    while (!stop && delivered < n) {
+    while (st == LILY_OK && !stop && delivered < n) {
         if (run < n && run - delivered <= g_ahead) { /* the device runs on */
-            const int position = cpu->state_position(ctx, state);
             st = cpu->forward(ctx, state, &token, 1, LILY_LOGITS_LAST, logits, err);
             if (st != LILY_OK)
                 break;
-            token = chosen[run++] = shim_choose(logits, ds, position);
+            lily_sampler_set_draw_index(sampler, ds->draw0 + (uint64_t)run);
+            token = lily_sampler_sample(sampler, logits);
+            if ((st = lily_sampler_accept(sampler, token, err)) != LILY_OK)
+                break;
+            if (ds->top_logprobs >= 0)
+                lily_logprobs_compute(logits, g_vocab, token, ds->top_logprobs, &lps[run]);
+            chosen[run++] = token;
         } else { /* the host sees the next token */
-            stop = on_token && on_token(user, chosen[delivered], delivered) != 0;
+            stop = on_token && on_token(user, chosen[delivered], delivered,
+                                        ds->top_logprobs >= 0 ? &lps[delivered] : NULL) != 0;
             delivered++;
             if (g_fail_call == g_loop_calls && delivered == 2) {
                 st = lily_error_set(err, LILY_ERR_BACKEND, "shim: injected failure");
@@ -126,8 +109,10 @@ static lily_status shim_decode_loop(void *ctx, void *state, int32_t first_token,
     if (st == LILY_OK && stop && last_logits)
         memcpy(last_logits, logits, (size_t)g_vocab * sizeof(float));
     *n_run = run;
+    lily_sampler_free(sampler);
     free(logits);
     free(chosen);
+    free(lps);
     return st;
 }
 
@@ -434,35 +419,88 @@ static void test_context_full(void **state)
     free_outcomes(&h, &d);
 }
 
-/* Sampling on the "device": its own draws, so no comparison with the host sampler's tokens; instead the
- * same seed repeats, and the session equals the host loop's for the same tokens (a host-sampler run whose
- * stop id list forces nothing, replaying the device's ids through lily_session_append). */
+/* Sampling on the "device" with every sampler setting: the same draws as the host sampler (the same
+ * draw index and penalty history reach the device), so the same tokens, text and session; a stop inside
+ * a batch (stop_after) makes generate undo the steps run past it. */
 static void test_sampled_device_loop(void **state)
 {
     fixture *f = *state;
     g_ahead = 3;
-    case_params c = {.sampling = lily_sampler_defaults(), .stop_id = -1, .max_tokens = 100, .stop_after = 29};
-    c.sampling.temperature = 0.8f;
-    c.sampling.top_k = 20;
-    c.sampling.top_p = 0.9f;
-    c.sampling.seed = 7;
-    outcome a, b;
-    generate(f, &c, true, &a);
-    generate(f, &c, true, &b);
-    assert_int_equal(a.out.n_tokens, 29);
-    assert_memory_equal(a.out.tokens, b.out.tokens, 29 * sizeof(int32_t));
-    assert_true(a.r.n_replayed > 0);
-    /* the same session as appending the prompt and the kept tokens one at a time */
-    lily_error err = {0};
-    f->engine->backend.ops = &lily_cpu_backend_ops;
-    lily_session *s = NULL;
-    assert_int_equal(lily_session_new(f->engine, 256, &s, &err), LILY_OK);
-    assert_int_equal(lily_session_append(s, prompt, (int)(sizeof prompt / sizeof *prompt), NULL, &err), LILY_OK);
-    for (int i = 0; i + 1 < a.out.n_tokens; i++) /* the last streamed token is not appended */
-        assert_int_equal(lily_session_append(s, &a.out.tokens[i], 1, NULL, &err), LILY_OK);
-    assert_same_session(s, a.s);
-    lily_session_free(s);
-    free_outcomes(&a, &b);
+    static const lily_logit_bias bias[] = {{5, 3.0f}, {93, -100.0f}, {480, 2.5f}};
+    lily_sampler_params sets[7];
+    for (int i = 0; i < 7; i++) {
+        sets[i] = lily_sampler_defaults();
+        sets[i].temperature = 0.8f;
+        sets[i].seed = 7 + (uint64_t)i;
+    }
+    sets[0].top_k = 20, sets[0].top_p = 0.9f;             /* the old device subset */
+    sets[1].top_k = 0;                                    /* off: the whole vocab */
+    sets[2].top_p = 0.95f, sets[2].top_k = 20;            /* Qwen's recommendation */
+    sets[2].presence_penalty = 1.5f;
+    sets[3].top_k = 300, sets[3].min_p = 0.05f;
+    sets[4].repetition_penalty = 1.3f, sets[4].frequency_penalty = 0.4f, sets[4].top_p = 0.9f;
+    sets[5].logit_bias = bias, sets[5].n_logit_bias = 3;
+    sets[6].temperature = 0.0f, sets[6].presence_penalty = 2.0f; /* greedy with a penalty */
+    for (int i = 0; i < 7; i++) {
+        case_params c = {.sampling = sets[i], .stop_id = -1, .max_tokens = 60, .stop_after = i == 1 ? 29 : 0};
+        outcome h, d;
+        run_case(f, &c, &h, &d);
+        if (i == 1) {
+            assert_int_equal(d.out.n_tokens, 29);
+            assert_true(d.r.n_replayed > 0);
+        }
+        free_outcomes(&h, &d);
+    }
+}
+
+typedef struct {
+    streamed out;
+    lily_token_logprobs lp[64];
+    lily_token_logprobs current;
+} logprob_run;
+
+static int logprob_on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    logprob_run *r = user;
+    if (token >= 0 && r->out.n_tokens < 64)
+        r->lp[r->out.n_tokens] = r->current;
+    return test_on_token(&r->out, token, text, len);
+}
+
+/* Logprobs on the device path: each token's, with 5 alternatives, equal to the host path's. */
+static void test_logprobs_device_loop(void **state)
+{
+    fixture *f = *state;
+    g_ahead = 2;
+    logprob_run *runs = calloc(2, sizeof *runs);
+    for (int k = 0; k < 2; k++) {
+        lily_error err = {0};
+        f->engine->backend.ops = k ? &g_shim_ops : &lily_cpu_backend_ops;
+        lily_session *s = NULL;
+        assert_int_equal(lily_session_new(f->engine, 128, &s, &err), LILY_OK);
+        lily_generate_params p = lily_generate_defaults();
+        p.sampling.temperature = 0.7f;
+        p.sampling.seed = 3;
+        p.max_tokens = 20;
+        p.on_token = logprob_on_token;
+        p.user = &runs[k];
+        p.logprobs = 5;
+        p.token_logprobs = &runs[k].current;
+        p.decode = k ? LILY_DECODE_AUTO : LILY_DECODE_HOST;
+        lily_generate_result r;
+        assert_int_equal(lily_generate(s, prompt, 10, &p, &r, &err), LILY_OK);
+        assert_int_equal(r.device_loop, k == 1);
+        lily_session_free(s);
+    }
+    assert_int_equal(runs[0].out.n_tokens, 20);
+    assert_int_equal(runs[1].out.n_tokens, 20);
+    assert_memory_equal(runs[0].out.tokens, runs[1].out.tokens, 20 * sizeof(int32_t));
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(runs[1].lp[i].n_top, 5);
+        assert_memory_equal(&runs[0].lp[i], &runs[1].lp[i], sizeof runs[0].lp[i]);
+        assert_true(runs[0].lp[i].logprob <= 0.0f && runs[0].lp[i].top_logprobs[0] >= runs[0].lp[i].logprob);
+    }
+    free(runs);
 }
 
 /* A backend that declines (LILY_ERR_UNSUPPORTED before any step) leaves the host loop in charge: the
@@ -537,37 +575,34 @@ static void test_error_in_later_batch(void **state)
     lily_session_free(d);
 }
 
-/* Settings only the host sampler has keep the host loop even on a backend with the op. */
+/* What still keeps the host loop on a backend with the op: asking for it, and a reasoning budget. */
 static void test_host_only_settings(void **state)
 {
     fixture *f = *state;
-    lily_sampler_params sets[4];
-    for (int i = 0; i < 4; i++) {
-        sets[i] = lily_sampler_defaults();
-        sets[i].temperature = 0.7f;
-        sets[i].top_k = 20;
-    }
-    sets[0].top_k = 0;                /* off: the whole vocab */
-    sets[1].top_k = 65;
-    sets[2].min_p = 0.05f;
-    sets[3].repetition_penalty = 1.1f;
-    for (int i = 0; i < 4; i++) {
-        case_params c = {.sampling = sets[i], .stop_id = -1, .max_tokens = 5};
-        outcome h;
+    static const int32_t close[] = {7, 8};
+    for (int i = 0; i < 2; i++) {
         lily_error err = {0};
         f->engine->backend.ops = &g_shim_ops;
-        assert_int_equal(lily_session_new(f->engine, 64, &h.s, &err), LILY_OK);
-        memset(&h.out, 0, sizeof h.out);
+        lily_session *s = NULL;
+        assert_int_equal(lily_session_new(f->engine, 64, &s, &err), LILY_OK);
         lily_generate_params p = lily_generate_defaults();
-        p.sampling = c.sampling;
-        p.max_tokens = c.max_tokens;
+        p.sampling.top_k = 0;
+        p.max_tokens = 5;
+        if (i == 0) {
+            p.decode = LILY_DECODE_HOST;
+        } else {
+            p.reasoning_budget = 100;
+            p.think_close = close;
+            p.n_think_close = 2;
+        }
+        lily_generate_result r;
         g_loop_calls = 0;
-        assert_int_equal(lily_generate(h.s, prompt, 3, &p, &h.r, &err), LILY_OK);
-        assert_false(h.r.device_loop);
+        assert_int_equal(lily_generate(s, prompt, 3, &p, &r, &err), LILY_OK);
+        assert_false(r.device_loop);
         assert_int_equal(g_loop_calls, 0);
-        assert_int_equal(h.r.n_generated, 5);
-        assert_true(strncmp(h.r.decode_path, "host sampler (", 14) == 0);
-        lily_session_free(h.s);
+        assert_int_equal(r.n_generated, 5);
+        assert_string_equal(r.decode_path, i == 0 ? "host sampler (asked for)" : "host sampler (reasoning budget)");
+        lily_session_free(s);
     }
 }
 
@@ -580,6 +615,7 @@ int main(void)
         cmocka_unit_test(test_callback_stop_and_cancel_flag),
         cmocka_unit_test(test_context_full),
         cmocka_unit_test(test_sampled_device_loop),
+        cmocka_unit_test(test_logprobs_device_loop),
         cmocka_unit_test(test_declined_device_loop),
         cmocka_unit_test(test_error_in_later_batch),
         cmocka_unit_test(test_host_only_settings),

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/philox.h"
 #include "runtime/sampler.h"
 
 static lily_sampler *make(const lily_sampler_params *p, int vocab)
@@ -426,6 +427,117 @@ static void test_large_vocab_cuts_match_full_sort(void **state)
     free(probs);
 }
 
+/* Philox4x32-10 against the published known-answer vectors (Random123's kat_vectors: counter and key all
+ * zero, all ones, and the digits of pi). */
+static void test_philox_known_answers(void **state)
+{
+    (void)state;
+    static const struct {
+        uint32_t ctr[4], key[2], out[4];
+    } kat[] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+        {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+         {0xffffffffu, 0xffffffffu},
+         {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+        {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+         {0xa4093822u, 0x299f31d0u},
+         {0xd16cfe09u, 0x94fdcceBu, 0x5001e420u, 0x24126ea1u}},
+    };
+    for (size_t i = 0; i < sizeof kat / sizeof kat[0]; i++) {
+        lily_philox_block c = {{kat[i].ctr[0], kat[i].ctr[1], kat[i].ctr[2], kat[i].ctr[3]}};
+        lily_philox_block r = lily_philox4x32_10(c, kat[i].key[0], kat[i].key[1]);
+        for (int k = 0; k < 4; k++)
+            assert_int_equal(r.v[k], kat[i].out[k]);
+    }
+    /* the uniform is strictly inside (0, 1), and the noise a pure function of (seed, draw, token) */
+    double lo = 1.0, hi = 0.0;
+    for (uint32_t t = 0; t < 10000; t++) {
+        const double u = lily_philox_uniform(42, 7, t);
+        lo = u < lo ? u : lo;
+        hi = u > hi ? u : hi;
+    }
+    assert_true(lo > 0.0 && lo < 0.001 && hi < 1.0 && hi > 0.999);
+    assert_true(lily_gumbel_noise(42, 7, 3) == lily_gumbel_noise(42, 7, 3));
+    assert_true(lily_gumbel_noise(42, 7, 3) != lily_gumbel_noise(42, 8, 3));
+    assert_true(lily_gumbel_noise(42, 7, 3) != lily_gumbel_noise(43, 7, 3));
+}
+
+/* A draw is a function of (seed, draw index, logits, history): setting the draw index reproduces a draw
+ * made elsewhere (the device loop), and the draw equals the Gumbel-max over the candidate set computed
+ * by hand from the public pieces. */
+static void test_draw_index_and_gumbel_max(void **state)
+{
+    (void)state;
+    enum { V = 3000, N = 200 };
+    float *logits = malloc(V * sizeof *logits);
+    lily_rng r;
+    lily_rng_seed(&r, 5);
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(lily_rng_uniform(&r) * 8.0);
+    lily_sampler_params p = lily_sampler_defaults();
+    p.temperature = 0.7f;
+    p.top_p = 0.9f;
+    p.seed = 77;
+    lily_sampler *a = make(&p, V), *b = make(&p, V);
+    int32_t *ids = malloc(V * sizeof *ids);
+    float *probs = malloc(V * sizeof *probs);
+    int32_t seq[N];
+    for (int i = 0; i < N; i++) {
+        assert_true(lily_sampler_draw_index(a) == (uint64_t)i);
+        seq[i] = lily_sampler_sample(a, logits);
+        /* by hand: the candidates' z = logit / T (no penalties here) plus the noise, the largest wins */
+        const int n = lily_sampler_candidates(b, logits, ids, probs);
+        int32_t best = -1;
+        double best_key = -INFINITY;
+        for (int k = 0; k < n; k++) {
+            const double key = (double)(logits[ids[k]] * (1.0f / p.temperature)) +
+                               lily_gumbel_noise(p.seed, (uint64_t)i, (uint32_t)ids[k]);
+            if (key > best_key || (key == best_key && ids[k] < best)) {
+                best_key = key;
+                best = ids[k];
+            }
+        }
+        assert_int_equal(seq[i], best);
+    }
+    /* draws 150..199 again, out of order, after moving the index */
+    for (int i = N - 1; i >= 150; i--) {
+        lily_sampler_set_draw_index(b, (uint64_t)i);
+        assert_int_equal(lily_sampler_sample(b, logits), seq[i]);
+    }
+    lily_sampler_free(a);
+    lily_sampler_free(b);
+    free(ids);
+    free(probs);
+    free(logits);
+}
+
+/* lily_sampler_history: the distinct context tokens in first-seen order with their generated counts. */
+static void test_history_export(void **state)
+{
+    (void)state;
+    lily_sampler_params p = lily_sampler_defaults();
+    p.presence_penalty = 1.0f;
+    lily_sampler *s = make(&p, 50);
+    lily_error err = {0};
+    const int32_t prompt[] = {4, 9, 4, 60, 12}; /* 60: outside the vocab, ignored */
+    assert_int_equal(lily_sampler_add_context(s, prompt, 5, &err), LILY_OK);
+    assert_int_equal(lily_sampler_accept(s, 9, &err), LILY_OK);
+    assert_int_equal(lily_sampler_accept(s, 30, &err), LILY_OK);
+    assert_int_equal(lily_sampler_accept(s, 9, &err), LILY_OK);
+    int32_t ids[50];
+    uint32_t counts[50];
+    assert_int_equal(lily_sampler_history(s, NULL, NULL), 4);
+    assert_int_equal(lily_sampler_history(s, ids, counts), 4);
+    const int32_t want_ids[] = {4, 9, 12, 30};
+    const uint32_t want_counts[] = {0, 2, 0, 1};
+    assert_memory_equal(ids, want_ids, sizeof want_ids);
+    assert_memory_equal(counts, want_counts, sizeof want_counts);
+    lily_sampler_reset(s);
+    assert_int_equal(lily_sampler_history(s, NULL, NULL), 0);
+    assert_true(lily_sampler_draw_index(s) == 0);
+    lily_sampler_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +554,9 @@ int main(void)
         cmocka_unit_test(test_same_seed_same_sequence),
         cmocka_unit_test(test_draws_follow_softmax),
         cmocka_unit_test(test_large_vocab_cuts_match_full_sort),
+        cmocka_unit_test(test_philox_known_answers),
+        cmocka_unit_test(test_draw_index_and_gumbel_max),
+        cmocka_unit_test(test_history_export),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,14 +8,17 @@
 #   - -n N caps chat replies without max_tokens; a request's max_tokens wins;
 #   - /v1/completions without max_tokens stops at 16 tokens (OpenAI's default);
 #   - GET /v1/models/{id}: 200 with the model object, 404 model_not_found for another id;
-#   - GET / serves the chat page (HTML that posts to /v1/chat/completions).
+#   - GET / serves the chat page (HTML that posts to /v1/chat/completions);
+#   - a model directory without generation_config.json samples with Qwen's recommendation (a seeded request
+#     without sampling fields equals one that sends temperature 1, top_p 0.95, top_k 20, min_p 0, and
+#     differs from one with top_k off), and the request log line names the decode path.
 # usage: bash test_serve_defaults.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 lily_test_init "$@"
 lily_python "$LILY"
 exec "$PY" - "$LILY" "$DATA/tiny-chat" "$TMP" "$(dirname "$0")/lib" <<'PY'
-import http.client, json, os, subprocess, sys
+import http.client, json, os, re, shutil, subprocess, sys
 lily, model, tmp = sys.argv[1:4]
 sys.path.insert(0, sys.argv[4])
 from lily_test import Tally, start_server
@@ -88,6 +91,24 @@ p, port = start("--reasoning", "off")
 try:
     a, _ = chat(port, max_tokens=8, logit_bias=NO_STOP)
     check(not a["message"].get("reasoning_content"), "--reasoning off: no reasoning_content")
+finally:
+    p.terminate(); p.wait()
+
+# no generation_config.json: Qwen's recommended sampling; the log line says which decode path ran
+bare = os.path.join(tmp, "no-genconfig")
+shutil.copytree(model, bare)
+os.remove(os.path.join(bare, "generation_config.json"))
+p, port = start_server(lily, bare, os.path.join(tmp, "bare.log"))
+try:
+    ask = dict(max_tokens=24, seed=7, logit_bias=NO_STOP)
+    d, _ = chat(port, **ask)
+    q, _ = chat(port, temperature=1.0, top_p=0.95, top_k=20, min_p=0.0, **ask)
+    o, _ = chat(port, temperature=1.0, top_p=1.0, top_k=0, **ask)
+    check(d["message"] == q["message"], "no generation_config.json: the defaults are temperature 1, top_p 0.95, top_k 20")
+    check(d["message"] != o["message"], "... and not top-k off / top-p 1 (the sampler's own defaults)")
+    log = open(os.path.join(tmp, "bare.log")).read()
+    check(re.search(r'decode_path="host sampler \(the backend has no device loop\)"', log) is not None,
+          "the request log line names the decode path and why")
 finally:
     p.terminate(); p.wait()
 

@@ -99,21 +99,53 @@ typedef struct {
 
 typedef struct lily_backend_ops lily_backend_ops;
 
-/* The most candidates decode_loop's sampling keeps (top_k). */
-#define LILY_DEVICE_TOP_K_MAX 64
+/* The most alternatives a token's logprobs list (OpenAI's top_logprobs limit). */
+#define LILY_TOP_LOGPROBS_MAX 20
 
-/* What decode_loop draws with: a subset of sampler.h's settings (no penalties, logit bias or min-p). */
+/* A chosen token's log-probability and the most likely alternatives: the log-softmax of forward()'s raw
+ * logits (before logit bias, penalties and temperature), as the OpenAI API reports logprobs. */
 typedef struct {
-    float temperature; /* < 1e-5 (e.g. 0): greedy argmax, ties to the lower id, as sampler.h's greedy */
-    int top_k;         /* temperature >= 1e-5: keep the top_k most likely, 1 <= top_k <= LILY_DEVICE_TOP_K_MAX */
-    float top_p;       /* (0, 1]: then the smallest most-likely prefix of those with mass >= top_p (renormalized) */
-    uint64_t seed;     /* a draw is a hash of (seed, the state's forward-step counter): reproducible, but not
-                          the draws sampler.h's PRNG makes for the same seed */
+    float logprob;                               /* of the chosen token */
+    int n_top;                                   /* 0 .. LILY_TOP_LOGPROBS_MAX */
+    int32_t top_ids[LILY_TOP_LOGPROBS_MAX];      /* most likely first; equal logits: the lower id first */
+    float top_logprobs[LILY_TOP_LOGPROBS_MAX];
+} lily_token_logprobs;
+
+/* What decode_loop draws with: runtime/sampler.h's settings, its penalty history and its draw index, so
+ * that a device draws the token sampler.h would (the same candidate set and the same Gumbel-max noise of
+ * base/philox.h; a token can differ only where float rounding moves a cut or a near tie). */
+typedef struct {
+    float temperature;        /* < 1e-5 (e.g. 0): greedy argmax of the penalized logits, ties to the lower id */
+    int top_k;                /* keep the top_k most likely; <= 0 or >= vocab: off; 1: greedy */
+    float top_p;              /* (0, 1]: the smallest most-likely set (of the top_k ones) with mass >= top_p */
+    float min_p;              /* [0, 1]: keep p >= min_p * p_max; 0 = off */
+    float presence_penalty;   /* sampler.h's penalties, over the history below and the tokens drawn here */
+    float frequency_penalty;
+    float repetition_penalty; /* > 0; 1 = off */
+    const int32_t *bias_ids;  /* [n_bias] logit bias: bias_values[j] is added to token bias_ids[j]'s logit */
+    const float *bias_values;
+    int n_bias;
+    const int32_t *history_ids;     /* [n_history] distinct tokens in the context (prompt and generated) */
+    const uint32_t *history_counts; /* [n_history] how often each was generated */
+    int n_history;
+    uint64_t seed;            /* draw seed */
+    uint64_t draw0;           /* step i draws with draw index draw0 + i (sampler.h's lily_sampler_draw_index) */
+    int top_logprobs;         /* < 0: no logprobs; 0 .. LILY_TOP_LOGPROBS_MAX: each token's logprobs with this
+                                 many alternatives are passed to on_token */
 } lily_device_sampling;
 
+/* Greedy and nothing else (no penalties, logit bias or logprobs): the settings of a plain decode. */
+static inline lily_device_sampling lily_device_sampling_greedy(void)
+{
+    lily_device_sampling ds = {.temperature = 0.0f, .top_k = 1, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                               .top_logprobs = -1};
+    return ds;
+}
+
 /* decode_loop's per-token call, on the thread that called decode_loop: token `index` (0-based) was just
- * chosen. Return 0 to go on, nonzero to stop. */
-typedef int (*lily_decode_token_fn)(void *user, int32_t token, int index);
+ * chosen; logprobs: its logprobs when sampling->top_logprobs >= 0, else NULL. Return 0 to go on, nonzero
+ * to stop. */
+typedef int (*lily_decode_token_fn)(void *user, int32_t token, int index, const lily_token_logprobs *logprobs);
 
 /* Where a piece of saved state lives (the optional split-state ops below): host memory when host is
  * non-NULL, else `offset` bytes into a device pool made by device_pool_new. */
@@ -201,7 +233,9 @@ struct lily_backend_ops {
      * a stop all n tokens are delivered and *n_run = n. The state advances by *n_run (the token of the
      * last step run is chosen, not run). last_logits: when non-NULL and on_token asked to stop, the
      * [vocab] fp32 logits of step *n_run - 1 (as forward() gives them); untouched otherwise.
-     * Greedy chooses what an argmax of forward()'s logits would; sampled draws differ from sampler.h's.
+     * Greedy chooses what an argmax of forward()'s logits would; sampled draws are sampler.h's (above).
+     * Every step's logits are checked: one that holds a NaN or an infinity ends the loop with
+     * LILY_ERR_BACKEND before its token is delivered (the steps already queued finish; *n_run counts them).
      * Errors: LILY_ERR_CONTEXT_LENGTH (position + n > max_ctx; state unchanged); LILY_ERR_INVALID_ARGUMENT
      * (n < 1, first_token outside [0, vocab), sampling outside the ranges of lily_device_sampling);
      * LILY_ERR_UNSUPPORTED (this instance cannot, e.g. a debug hook is set: state unchanged, nothing run;

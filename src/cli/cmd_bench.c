@@ -69,6 +69,9 @@ typedef struct {
     int membw_only;
     int default_prompt_lengths, default_depths; /* -p / -d not given: the sweep up to the model's length */
     double max_seconds;  /* a default sweep stops before a row estimated to take longer (--max-seconds) */
+    char sampling_list[256]; /* --sampling: the device decode loop's sampler presets, comma-separated */
+    const char *samplings[8]; /* each preset (NULL = greedy) */
+    int n_samplings;
 } bench_options;
 
 /* Ctrl-C: finish the step in progress, then print what was measured (a second Ctrl-C ends at once). */
@@ -127,6 +130,11 @@ static void usage(FILE *f)
             "  --n-cpu-moe N          " CLI_N_CPU_MOE_HELP "\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
+            "  --sampling LIST        decode rows per sampler preset of the device decode loop (cuda; default\n"
+            "                         greedy: the LM head's fused argmax): greedy, qwen (temperature 1, top-p\n"
+            "                         0.95, top-k 20, presence penalty 1.5), openai (temperature 1, top-p 1,\n"
+            "                         top-k off), logprobs (openai + 5 top logprobs), bias (openai + 16\n"
+            "                         logit-bias entries)\n"
             "Lists take commas and k suffixes: -p 512,4k,32k. A length past the model's max_position_embeddings\n"
             "is measured, with a warning on stderr. Rows are printed as they finish (md, csv); Ctrl-C stops\n"
             "after the current step and prints the rows (and the plot) measured so far.\n");
@@ -367,9 +375,38 @@ static lily_status bench_prefill(lily_session *s, int length, int reps, uint64_t
     return LILY_OK;
 }
 
-/* Fill `base` to `depth` tokens (prefill, untimed) and time n single-token steps from a copy of it. */
+/* The --sampling presets (static tables: the settings point into them). False for an unknown name. */
+static bool bench_sampling(const char *name, lily_device_sampling *ds)
+{
+    static const int32_t bias_ids[16] = {11, 220, 271, 314, 1000, 2000, 3000, 4000,
+                                         5000, 6000, 7000, 8000, 9000, 10000, 20000, 30000};
+    static const float bias_values[16] = {2, -1, 3, -100, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -5, 5};
+    *ds = lily_device_sampling_greedy();
+    if (!strcmp(name, "greedy"))
+        return true;
+    ds->temperature = 1.0f;
+    ds->top_k = 0;
+    ds->seed = 1;
+    if (!strcmp(name, "qwen")) {
+        ds->top_p = 0.95f;
+        ds->top_k = 20;
+        ds->presence_penalty = 1.5f;
+    } else if (!strcmp(name, "logprobs")) {
+        ds->top_logprobs = 5;
+    } else if (!strcmp(name, "bias")) {
+        ds->bias_ids = bias_ids;
+        ds->bias_values = bias_values;
+        ds->n_bias = 16;
+    } else if (strcmp(name, "openai")) {
+        return false;
+    }
+    return true;
+}
+
+/* Fill `base` to `depth` tokens (prefill, untimed) and time n single-token steps from a copy of it.
+ * sampling: the device decode loop's preset (NULL: greedy); backends without the loop decode greedy. */
 static lily_status bench_decode(lily_session *base, lily_session *work, int depth, int n, int reps, uint64_t *rng,
-                                int32_t *tokens, double *tps, lily_error *err)
+                                int32_t *tokens, double *tps, const char *sampling, lily_error *err)
 {
     int vocab = base->engine->cfg.vocab_size;
     lily_session_reset(base);
@@ -390,12 +427,14 @@ static lily_status bench_decode(lily_session *base, lily_session *work, int dept
         const lily_backend_ops *ops = work->engine->backend.ops;
         if (ops->decode_loop && n > 0) {
             /* the device decode loop: graph replay, next token chosen (greedy) and fed back on the device */
-            const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+            lily_device_sampling ds;
+            bench_sampling(sampling ? sampling : "greedy", &ds);
             int n_run = 0;
-            progress("bench: tg%d @ d%d  rep %d/%d  (device decode loop)", n, depth, r + 1, reps);
+            progress("bench: tg%d @ d%d  rep %d/%d  (device decode loop, %s)", n, depth, r + 1, reps,
+                     sampling ? sampling : "greedy");
             double t0 = lily_wall_seconds();
-            st = ops->decode_loop(work->engine->backend.ctx, work->state, tokens[0], n, &greedy, NULL, NULL, NULL,
-                                  &n_run, err);
+            st = ops->decode_loop(work->engine->backend.ctx, work->state, tokens[0], n, &ds, NULL, NULL, NULL, &n_run,
+                                  err);
             tps[r] = n_run / (lily_wall_seconds() - t0);
             if (st != LILY_OK)
                 return st;
@@ -619,6 +658,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
     o->reps = 3;
     o->max_seconds = 60;
     o->seed = 1;
+    o->n_samplings = 1; /* greedy */
     o->warmup = 1;
     o->default_prompt_lengths = o->default_depths = 1; /* filled by default_sweep once the model is known */
     for (int i = 1; i < argc; i++) {
@@ -641,7 +681,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
             {"--model", "-m"}, {"--synthetic", NULL}, {"-p", NULL}, {"-d", NULL}, {"-n", NULL}, {"-r", NULL},
             {"--backend", NULL}, {"--precision", NULL}, {"-o", NULL}, {"--plot", NULL}, {"--threads", "-t"},
             {"--ctx-size", "-c"}, {"--prefill-chunk", NULL}, {"--device", NULL}, {"--seed", NULL},
-            {"--max-seconds", NULL}, {"--gpu-memory", NULL}, {"--n-cpu-moe", NULL}};
+            {"--max-seconds", NULL}, {"--gpu-memory", NULL}, {"--sampling", NULL}, {"--n-cpu-moe", NULL}};
         const char *val = NULL;
         int r = cli_match_option("bench", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &a, &val);
         if (r < 0)
@@ -695,6 +735,17 @@ static int parse_args(int argc, char **argv, bench_options *o)
                 return 2;
         } else if (!strcmp(a, "--device")) {
             bad = parse_int(val, 0, 64, &o->device);
+        } else if (!strcmp(a, "--sampling")) {
+            snprintf(o->sampling_list, sizeof o->sampling_list, "%s", val);
+            o->n_samplings = 0;
+            char *save = NULL;
+            for (char *t = strtok_r(o->sampling_list, ",", &save); t && !bad; t = strtok_r(NULL, ",", &save)) {
+                lily_device_sampling ds;
+                bad = o->n_samplings == 8 || !bench_sampling(t, &ds);
+                if (!bad)
+                    o->samplings[o->n_samplings++] = strcmp(t, "greedy") ? t : NULL;
+            }
+            bad |= o->n_samplings == 0;
         } else { /* --seed */
             int s;
             bad = parse_int(val, 0, 0x7fffffff, &s);
@@ -850,7 +901,7 @@ int cmd_bench(int argc, char **argv)
 
     lily_session *s = NULL, *work = NULL;
     int32_t *tokens = malloc((size_t)(max_len > 1024 ? max_len : 1024) * sizeof *tokens);
-    bench_row *rows = calloc((size_t)(o.n_prompt_lengths + o.n_depths), sizeof *rows);
+    bench_row *rows = calloc((size_t)(o.n_prompt_lengths + o.n_depths * o.n_samplings), sizeof *rows);
     double *tps = calloc((size_t)o.reps, sizeof *tps);
     int n_rows = 0;
     rc = 1;
@@ -907,19 +958,24 @@ int cmd_bench(int argc, char **argv)
     for (int i = 0; st == LILY_OK && o.n_decode > 0 && i < o.n_depths; i++) {
         int d = o.depths[i];
         double t0 = lily_wall_seconds();
-        if ((st = bench_decode(s, work, d, o.n_decode, o.reps, &rng, tokens, tps, &err)) != LILY_OK)
-            break;
-        bench_row *r = &rows[n_rows++];
-        snprintf(r->test, sizeof r->test, "tg%d @ d%d", o.n_decode, d);
-        r->is_decode = 1;
-        r->length = d;
-        r->n_tokens = o.n_decode;
-        stats(tps, o.reps, &r->mean, &r->stddev);
-        r->cost = lily_cost_decode_bytes(&cm, d + o.n_decode / 2);
-        r->floor = have_hw && hw.bandwidth > 0 ? hw.bandwidth / r->cost : 0;
-        emit_row(&h, &o, r);
-        if (o.default_depths && i + 1 < o.n_depths &&
-            sweep_stops("tg @ d", d > 0 ? d : 1, o.depths[i + 1], lily_wall_seconds() - t0, o.max_seconds))
+        for (int k = 0; st == LILY_OK && k < o.n_samplings; k++) {
+            const char *sampling = o.samplings[k];
+            if ((st = bench_decode(s, work, d, o.n_decode, o.reps, &rng, tokens, tps, sampling, &err)) != LILY_OK)
+                break;
+            bench_row *r = &rows[n_rows++];
+            snprintf(r->test, sizeof r->test, "tg%d @ d%d%s%s", o.n_decode, d, sampling ? " " : "",
+                     sampling ? sampling : "");
+            r->is_decode = 1;
+            r->length = d;
+            r->n_tokens = o.n_decode;
+            stats(tps, o.reps, &r->mean, &r->stddev);
+            r->cost = lily_cost_decode_bytes(&cm, d + o.n_decode / 2);
+            r->floor = have_hw && hw.bandwidth > 0 ? hw.bandwidth / r->cost : 0;
+            emit_row(&h, &o, r);
+        }
+        if (st == LILY_OK && o.default_depths && i + 1 < o.n_depths &&
+            sweep_stops("tg @ d", d > 0 ? d : 1, o.depths[i + 1], (lily_wall_seconds() - t0) / o.n_samplings,
+                        o.max_seconds))
             break;
     }
     sigaction(SIGINT, &old_sa, NULL);

@@ -32,7 +32,7 @@ void cli_gen_options_usage(FILE *f)
     fprintf(f,
             "  -m, --model DIR        model directory (default: $LILY_MODEL, else the bundled model)\n"
             "  -n, --max-tokens N     generate at most N tokens per reply (default 0: until a stop token or a full context)\n"
-            "      --temp T           temperature, 0 = greedy (default: generation_config.json, else 0.6)\n"
+            "      --temp T           temperature, 0 = greedy (default: generation_config.json, else 1)\n"
             "      --top-p P          nucleus cut (default: generation_config.json, else 0.95)\n"
             "      --top-k K          top-k cut, 0 = off (default: generation_config.json, else 20)\n"
             "      --min-p P          min-p cut, 0 = off (default: generation_config.json, else 0)\n"
@@ -270,13 +270,14 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
 }
 
 /* Sampling defaults for options not given: generation_config.json's temperature / top_p / top_k /
- * min_p (do_sample false means greedy), else Qwen's recommended thinking-mode settings. Without -n, its
+ * min_p (do_sample false means greedy), else Qwen's recommended settings (lily_sampler_recommended). Without -n, its
  * max_new_tokens (as transformers' generate() reads it) caps the reply: a model that was never trained to
  * emit a stop token (the bundled and the test model) sets it, others run to a stop id or a full context. */
 static void sampling_defaults(const char *dir, cli_gen_options *o)
 {
-    float temp = 0.6f, top_p = 0.95f, min_p = 0.0f;
-    int top_k = 20;
+    const lily_sampler_params rec = lily_sampler_recommended();
+    float temp = rec.temperature, top_p = rec.top_p, min_p = rec.min_p;
+    int top_k = rec.top_k;
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     json_t *g = lily_json_load_file(path, 0, 0, NULL);

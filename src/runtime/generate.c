@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "runtime/logprobs.h"
 #include "runtime/stop_strings.h"
 
 /* Device-loop batches: floor(sqrt(tokens generated so far)) steps, within [MIN, MAX]. A batch costs a
@@ -28,6 +29,7 @@ lily_generate_params lily_generate_defaults(void)
     p.sampling = lily_sampler_defaults();
     p.reasoning_budget = -1;
     p.think_end_id = -1;
+    p.logprobs = -1;
     return p;
 }
 
@@ -117,6 +119,11 @@ typedef struct {
     int n_forced;                     /* think_close tokens forced so far */
     lily_error *err;
     float *masked;                    /* [vocab] the constraint's copy of the logits, or NULL */
+    const lily_token_logprobs *device_lp; /* the device loop's logprobs of the token being taken, or NULL */
+    int32_t *history_ids;             /* [vocab] the sampler's penalty history for the device loop */
+    uint32_t *history_counts;         /* [vocab] */
+    int32_t *bias_ids;                /* [n_logit_bias] the logit bias for the device loop */
+    float *bias_values;
 } gen_state;
 
 static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
@@ -166,6 +173,12 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     st = detokenize_and_match(p, g->stops, token, &out, &out_len, &matched, g->err);
     if (st != LILY_OK)
         return st;
+    if (p->token_logprobs && p->logprobs >= 0) { /* the logprobs the callback reads */
+        if (g->device_lp)
+            *p->token_logprobs = *g->device_lp;
+        else
+            lily_logprobs_compute(g->s->logits, g->s->engine->cfg.vocab_size, token, p->logprobs, p->token_logprobs);
+    }
     if (p->on_token && p->on_token(p->user, token, out, out_len) != 0)
         g->callback_stopped = true;
     if (g->thinking) {
@@ -234,10 +247,13 @@ static int32_t choose_token(gen_state *g, bool *none)
 
 /* ---- the device loop ----------------------------------------------------------------------------- */
 
-/* NULL when the device loop can decode with these settings (*ds filled), else why not (for logs). */
-static const char *device_loop_refusal(const lily_session *s, const lily_generate_params *p,
-                                       lily_device_sampling *ds)
+/* NULL when the device loop can decode these settings (*ds filled but for the logit bias table and the
+ * per-batch fields: draw0 and the penalty history), else why not (for logs). The device sampler takes
+ * every sampler.h setting. */
+static const char *device_loop_refusal(const gen_state *g, lily_device_sampling *ds)
 {
+    const lily_session *s = g->s;
+    const lily_generate_params *p = g->p;
     const lily_backend_ops *o = s->engine->backend.ops;
     const lily_sampler_params *sp = &p->sampling;
     const char *env = getenv("LILY_DECODE_LOOP");
@@ -251,19 +267,41 @@ static const char *device_loop_refusal(const lily_session *s, const lily_generat
         return "host sampler (a grammar constrains the tokens)";
     if (!o || !o->decode_loop || !o->recurrent_bytes || !o->recurrent_save || !o->recurrent_load)
         return "host sampler (the backend has no device loop)";
-    if (sp->n_logit_bias > 0 || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f ||
-        sp->repetition_penalty != 1.0f)
-        return "host sampler (penalties and logit bias are host-only)";
-    *ds = (lily_device_sampling){.temperature = 0.0f, .top_k = 1, .top_p = 1.0f, .seed = sp->seed};
-    if (sp->temperature < 1e-5f || sp->top_k == 1) /* sampler.h's greedy */
-        return NULL;
-    if (sp->top_k < 1 || sp->top_k > LILY_DEVICE_TOP_K_MAX)
-        return "host sampler (top-k off or above 64 is host-only)";
-    if (sp->min_p > 0.0f)
-        return "host sampler (min-p is host-only)";
-    *ds = (lily_device_sampling){.temperature = sp->temperature, .top_k = sp->top_k, .top_p = sp->top_p,
-                                 .seed = sp->seed};
+    *ds = (lily_device_sampling){.temperature = sp->temperature,
+                                 .top_k = sp->top_k,
+                                 .top_p = sp->top_p,
+                                 .min_p = sp->min_p,
+                                 .presence_penalty = sp->presence_penalty,
+                                 .frequency_penalty = sp->frequency_penalty,
+                                 .repetition_penalty = sp->repetition_penalty,
+                                 .seed = sp->seed,
+                                 .top_logprobs = p->token_logprobs ? p->logprobs : -1};
     return NULL;
+}
+
+/* The device loop's copies of the logit bias and room for the penalty history (only what the settings
+ * use). Errors: LILY_ERR_OUT_OF_MEMORY. */
+static lily_status device_tables_new(gen_state *g, lily_error *err)
+{
+    const lily_sampler_params *sp = &g->p->sampling;
+    const int vocab = g->s->engine->cfg.vocab_size;
+    if (sp->n_logit_bias > 0) {
+        g->bias_ids = malloc((size_t)sp->n_logit_bias * sizeof *g->bias_ids);
+        g->bias_values = malloc((size_t)sp->n_logit_bias * sizeof *g->bias_values);
+        if (!g->bias_ids || !g->bias_values)
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "generate: out of memory");
+        for (int i = 0; i < sp->n_logit_bias; i++) {
+            g->bias_ids[i] = sp->logit_bias[i].token;
+            g->bias_values[i] = sp->logit_bias[i].bias;
+        }
+    }
+    if (sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f || sp->repetition_penalty != 1.0f) {
+        g->history_ids = malloc((size_t)vocab * sizeof *g->history_ids);
+        g->history_counts = malloc((size_t)vocab * sizeof *g->history_counts);
+        if (!g->history_ids || !g->history_counts)
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "generate: out of memory");
+    }
+    return LILY_OK;
 }
 
 /* Where the batch-start checkpoint of the recurrent state lives: a device pool when the backend has
@@ -319,7 +357,7 @@ typedef struct {
 /* decode_loop's per-token call: token `index` was chosen by step `index`, whose input is now in the
  * session; then the host loop's steps for the token (the cancel flag first, as the host loop checks it
  * before sampling). */
-static int on_device_token(void *user, int32_t token, int index)
+static int on_device_token(void *user, int32_t token, int index, const lily_token_logprobs *logprobs)
 {
     device_batch *b = user;
     gen_state *g = b->g;
@@ -340,7 +378,9 @@ static int on_device_token(void *user, int32_t token, int index)
         return 1;
     }
     bool stop = false;
+    g->device_lp = logprobs;
     b->status = take_token(g, token, &stop);
+    g->device_lp = NULL;
     if (b->status != LILY_OK || stop)
         return 1;
     b->tokens[index + 1] = token;
@@ -356,7 +396,7 @@ static int on_device_token(void *user, int32_t token, int index)
  * loop's checks stop it; the session then holds what the host loop's would (tokens, state, logits).
  * *declined: the first call returned LILY_ERR_UNSUPPORTED before any token (e.g. a CUDA engine with a
  * debug hook): nothing happened, the host loop takes over from `first` (returns LILY_OK). */
-static lily_status device_decode(gen_state *g, int32_t first, const lily_device_sampling *ds, const checkpoint *ck,
+static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampling *ds, const checkpoint *ck,
                                  bool *declined)
 {
     lily_session *s = g->s;
@@ -379,6 +419,13 @@ static lily_status device_decode(gen_state *g, int32_t first, const lily_device_
         if (st != LILY_OK)
             return st;
         const int n_start = s->n_tokens;
+        /* the sampler's state as the host loop would draw from it: draw index and penalty history */
+        ds->draw0 = lily_sampler_draw_index(g->sampler);
+        if (g->history_ids) {
+            ds->n_history = lily_sampler_history(g->sampler, g->history_ids, g->history_counts);
+            ds->history_ids = g->history_ids;
+            ds->history_counts = g->history_counts;
+        }
         b = (device_batch){.g = g, .n = n, .status = LILY_OK};
         b.tokens[0] = first;
         int n_run = 0;
@@ -419,6 +466,7 @@ static lily_status device_decode(gen_state *g, int32_t first, const lily_device_
          * batch end) */
         if (b.stopped)
             return b.status;
+        lily_sampler_set_draw_index(g->sampler, ds->draw0 + (uint64_t)n); /* the batch drew n tokens */
         first = b.tokens[n];
     }
 }
@@ -445,12 +493,24 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     checkpoint ck = {0};
     bool have_ck = false;
     lily_device_sampling ds;
-    const char *refusal = device_loop_refusal(s, p, &ds);
-    if (refusal)
-        r->decode_path = refusal;
     lily_status st = lily_sampler_new(&p->sampling, s->engine->cfg.vocab_size, &g.sampler, err);
     if (st != LILY_OK)
         return st;
+    if (p->logprobs > LILY_TOP_LOGPROBS_MAX) {
+        st = lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "generate: logprobs %d > %d", p->logprobs,
+                            LILY_TOP_LOGPROBS_MAX);
+        goto done;
+    }
+    const char *refusal = device_loop_refusal(&g, &ds);
+    if (refusal)
+        r->decode_path = refusal;
+    else if ((st = device_tables_new(&g, err)) != LILY_OK)
+        goto done;
+    if (!refusal && g.bias_ids) {
+        ds.bias_ids = g.bias_ids;
+        ds.bias_values = g.bias_values;
+        ds.n_bias = p->sampling.n_logit_bias;
+    }
     st = lily_stop_matcher_new(p->stop_strings, p->n_stop_strings, &g.stops, err);
     if (st != LILY_OK)
         goto done;
@@ -550,5 +610,9 @@ done:
     lily_stop_matcher_free(g.stops);
     lily_sampler_free(g.sampler);
     free(g.masked);
+    free(g.history_ids);
+    free(g.history_counts);
+    free(g.bias_ids);
+    free(g.bias_values);
     return st;
 }

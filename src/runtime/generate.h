@@ -9,15 +9,15 @@
  *   host sampler: per token, forward() copies the logits to the host and sampler.h picks the token;
  *   device loop: the backend's decode_loop op (backend.h; the CUDA backend) picks tokens on the device
  *     and streams them, with no host synchronization per token. Used by default (decode =
- *     LILY_DECODE_AUTO) when the backend has the op and the sampling is greedy or temperature + top-k
- *     (1..64) + top-p without penalties, logit bias or min-p, and no token constraint. The first token of a generation is still
- *     sampled on the host. Tokens are decoded in batches (8 growing to 64 steps); the recurrent state is
- *     saved at each batch start (recurrent_save), and when generation stops inside a batch after the
- *     device ran past that point, the batch-start state is restored and the kept tokens are run again one
- *     forward() at a time, so the session ends exactly as the host sampler's would. Greedy output equals
- *     the host sampler's token for token; sampled draws (temperature > 0) come from the device's own
- *     seeded hash, not sampler.h's PRNG: the same top-k / top-p distribution up to rounding, but other
- *     text for the same seed (reproducible run to run).
+ *     LILY_DECODE_AUTO) when the backend has the op, for every sampler setting (penalties, logit bias,
+ *     top-k / top-p / min-p, logprobs included), unless a token constraint or a reasoning budget needs the
+ *     host per token. The first token of a generation is still sampled on the host. Tokens are decoded in
+ *     batches (8 growing to 64 steps); the recurrent state is saved at each batch start (recurrent_save),
+ *     and when generation stops inside a batch after the device ran past that point, the batch-start
+ *     state is restored and the kept tokens are run again one forward() at a time, so the session ends
+ *     exactly as the host sampler's would. Both paths draw with sampler.h's Gumbel-max noise keyed by
+ *     (seed, draw index, token): greedy output is identical token for token, and a seeded draw gives the
+ *     host sampler's token except where float rounding moves a top-p cut or a near tie (rare).
  *   The host sampler also takes over when no device memory is left for the checkpoint or the backend
  *   declines (LILY_ERR_UNSUPPORTED from its first decode_loop call). result.decode_path says which ran.
  *   The environment variable LILY_DECODE_LOOP=host (or 0) forces the host sampler (A/B comparisons).
@@ -55,9 +55,8 @@ lily_detok_interface lily_detok_for_tokenizer(lily_detokenizer *d);
 /* Called once per generated token (the stop token excluded) with the text released at this step: the
  * token's text minus anything held back as a possible stop-string start, plus earlier held text now
  * known to be safe; possibly empty. At the end, held text is released by one more call with token -1
- * (only when non-empty). With the host sampler (decode = LILY_DECODE_HOST), during a per-token call
- * s->logits still holds the logits the token was sampled from (for logprobs); the device loop does not
- * keep them. Return 0 to continue, nonzero to stop (finish = LILY_FINISH_CANCELLED). */
+ * (only when non-empty). The token's logprobs: lily_generate_params.token_logprobs (s->logits holds the
+ * logits only on the host path). Return 0 to continue, nonzero to stop (finish = LILY_FINISH_CANCELLED). */
 typedef int (*lily_token_callback)(void *user, int32_t token, const char *text, size_t len);
 
 typedef enum {
@@ -68,7 +67,7 @@ typedef enum {
 
 typedef enum {
     LILY_DECODE_AUTO = 0, /* the backend's device loop when it can (see above), else the host sampler */
-    LILY_DECODE_HOST = 1, /* always the host sampler: a callback that reads s->logits (logprobs) needs it */
+    LILY_DECODE_HOST = 1, /* always the host sampler (A/B comparisons; a callback that reads s->logits) */
 } lily_decode_mode;
 
 /* A constraint on the next token (constrained decoding: grammar/constraint.h). With one, the host sampler
@@ -108,9 +107,16 @@ typedef struct {
     const int32_t *think_close;       /* [n_think_close] */
     int n_think_close;
     int32_t think_end_id;             /* the token that closes a think block ("</think>"), -1 if none */
+
+    /* Logprobs (OpenAI's logprobs / top_logprobs): when token_logprobs is non-NULL and logprobs >= 0 (at most
+     * LILY_TOP_LOGPROBS_MAX alternatives), *token_logprobs holds the token's logprobs (runtime/logprobs.h:
+     * log-softmax of the raw logits) during each on_token call with a token >= 0, on either decode path. */
+    int logprobs;                     /* < 0 (the default): none */
+    lily_token_logprobs *token_logprobs;
 } lily_generate_params;
 
-/* Defaults: lily_sampler_defaults(), reasoning_budget -1, think_end_id -1, everything else zero / NULL. */
+/* Defaults: lily_sampler_defaults(), reasoning_budget -1, think_end_id -1, logprobs -1, everything else zero /
+ * NULL. */
 lily_generate_params lily_generate_defaults(void);
 
 typedef struct {
@@ -143,7 +149,7 @@ typedef struct {
  * continue from); LILY_ERR_CONTEXT_LENGTH (the prompt does not fit: nothing is appended); errors from
  * lily_session_append and the detokenizer; LILY_ERR_BACKEND when logits the host sampler is to read hold a
  * NaN or an infinity (checked before every host-sampled token, the first one of a device-loop generation
- * included); LILY_ERR_OUT_OF_MEMORY. */
+ * included; the device loop checks every step's logits the same way); LILY_ERR_OUT_OF_MEMORY. */
 lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, const lily_generate_params *params,
                           lily_generate_result *result, lily_error *err);
 

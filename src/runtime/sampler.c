@@ -4,11 +4,14 @@
  * Cost per draw with a 248K vocab: one pass to copy and penalize, one to scale and find the max, then
  * top-k by a k-sized heap (one comparison per token after the first k), top-p by one exp-and-bin pass
  * that finds the cut without sorting the vocab, and no sort at all for the draw itself: the candidate
- * set is a rank cut plus a min-p threshold, and the draw walks it in id order.
+ * set is a rank cut plus a min-p threshold, and the draw is the Gumbel-max of base/philox.h over it (the
+ * same numbers the CUDA sampler draws with).
  */
 #include "runtime/sampler.h"
 
 #include <math.h>
+
+#include "base/philox.h"
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +77,7 @@ struct lily_sampler {
     float *weight;               /* [vocab] exp(z - max), for the top-p cut */
     candidate *cand;             /* [vocab] */
     float exp_table[EXP_TABLE_SIZE]; /* exp(-j / 32), see neg_exp */
-    lily_rng rng;
+    uint64_t draws;              /* lily_sampler_sample calls since the reset: the next draw's index */
 };
 
 lily_sampler_params lily_sampler_defaults(void)
@@ -83,6 +86,14 @@ lily_sampler_params lily_sampler_defaults(void)
     p.temperature = 1.0f;
     p.top_p = 1.0f;
     p.repetition_penalty = 1.0f;
+    return p;
+}
+
+lily_sampler_params lily_sampler_recommended(void)
+{
+    lily_sampler_params p = lily_sampler_defaults();
+    p.top_p = 0.95f;
+    p.top_k = 20;
     return p;
 }
 
@@ -136,7 +147,6 @@ lily_status lily_sampler_new(const lily_sampler_params *params, int vocab, lily_
     }
     for (int j = 0; j < EXP_TABLE_SIZE; j++)
         s->exp_table[j] = (float)exp(-j / 32.0);
-    lily_rng_seed(&s->rng, p->seed);
     *out = s;
     return LILY_OK;
 }
@@ -162,7 +172,21 @@ void lily_sampler_reset(lily_sampler *s)
         s->in_context[s->touched[i]] = 0;
     }
     s->n_touched = 0;
-    lily_rng_seed(&s->rng, s->params.seed);
+    s->draws = 0;
+}
+
+uint64_t lily_sampler_draw_index(const lily_sampler *s) { return s->draws; }
+
+void lily_sampler_set_draw_index(lily_sampler *s, uint64_t draw) { s->draws = draw; }
+
+int lily_sampler_history(const lily_sampler *s, int32_t *ids, uint32_t *counts)
+{
+    if (ids)
+        for (int i = 0; i < s->n_touched; i++) {
+            ids[i] = s->touched[i];
+            counts[i] = s->generated_count[s->touched[i]];
+        }
+    return s->n_touched;
 }
 
 static lily_status touch(lily_sampler *s, int32_t token, lily_error *err)
@@ -350,9 +374,10 @@ static candidate top_p_cut(lily_sampler *s, float m, double p)
     return s->cand[n - 1]; /* rounding: the whole bin */
 }
 
-/* Fill s->cand[0, n) with the final candidate set, each .z replaced by its unnormalized probability
- * exp(z - max). Rank order with top-k or when want_sorted, else id order (the draw does not need ranks,
- * and skipping the sort keeps a 248K-token vocab cheap). Returns n >= 1. */
+/* Fill s->cand[0, n) with the final candidate set. want_sorted: rank order, each .z replaced by its
+ * unnormalized probability exp(z - max); else (the draw) .z the scaled logit z, in rank order with top-k
+ * and id order otherwise (the draw needs no ranks, and skipping the sort keeps a 248K-token vocab cheap).
+ * Greedy: one candidate, the argmax. Returns n >= 1. */
 static int compute_candidates(lily_sampler *s, const float *logits, bool want_sorted)
 {
     const lily_sampler_params *p = &s->params;
@@ -412,11 +437,6 @@ static int compute_candidates(lily_sampler *s, const float *logits, bool want_so
             if ((c.z > cut.z || (c.z == cut.z && i <= cut.id)) && c.z >= lo)
                 s->cand[n++] = c;
         }
-    } else if (!want_sorted) { /* the draw's common case: weights in the same pass */
-        for (int i = 0; i < V; i++)
-            if (s->work[i] >= lo)
-                s->cand[n++] = (candidate){neg_exp(s->exp_table, m - s->work[i]), i};
-        return n;
     } else {
         for (int i = 0; i < V; i++)
             if (s->work[i] >= lo)
@@ -424,7 +444,9 @@ static int compute_candidates(lily_sampler *s, const float *logits, bool want_so
     }
     if (n == 0) /* cannot happen: the max itself always passes; keep the argmax to be safe */
         s->cand[n++] = (candidate){m, argmax(s->work, V)};
-    if (want_sorted && !ranked)
+    if (!want_sorted)
+        return n;
+    if (!ranked)
         qsort(s->cand, (size_t)n, sizeof *s->cand, compare_candidates);
     /* From here on cand[i].z holds the unnormalized probability exp(z - m) (top_p_cut computed it). */
     if (!ranked && p->top_p < 1.0f)
@@ -451,18 +473,40 @@ int lily_sampler_candidates(lily_sampler *s, const float *logits, int32_t *ids, 
 
 int32_t lily_sampler_sample(lily_sampler *s, const float *logits)
 {
-    int n = compute_candidates(s, logits, false);
+    const uint64_t draw = s->draws++;
+    const int n = compute_candidates(s, logits, false);
     if (n == 1)
         return s->cand[0].id;
-    double total = 0.0;
-    for (int i = 0; i < n; i++)
-        total += s->cand[i].z;
-    const double u = lily_rng_uniform(&s->rng) * total;
-    double cum = 0.0;
+    /* Gumbel-max over the candidates (base/philox.h): the largest z + noise, ties to the lower id. Start
+     * from the likeliest candidate, then skip without the logarithms every token that provably cannot
+     * beat the best key K: z - log(E) > K needs E = -log(u) < r = exp(z - K), and E >= 1 - u, so
+     * 1 - u >= r (with margin for neg_exp's rounding) rules it out. */
+    const uint64_t seed = s->params.seed;
+    int top = 0;
+    for (int i = 1; i < n; i++)
+        if (s->cand[i].z > s->cand[top].z || (s->cand[i].z == s->cand[top].z && s->cand[i].id < s->cand[top].id))
+            top = i;
+    int32_t best = s->cand[top].id;
+    double best_key = (double)s->cand[top].z + lily_gumbel_noise(seed, draw, (uint32_t)best);
+    lily_philox_block block = {{0, 0, 0, 0}};
+    uint32_t block_group = UINT32_MAX;
     for (int i = 0; i < n; i++) {
-        cum += s->cand[i].z;
-        if (u < cum)
-            return s->cand[i].id;
+        const uint32_t id = (uint32_t)s->cand[i].id;
+        if (i == top)
+            continue;
+        if (id >> 2 != block_group) {
+            block = lily_philox_draw_block(seed, draw, id);
+            block_group = id >> 2;
+        }
+        const double u = lily_philox_token_uniform(block, id);
+        const double below = best_key - (double)s->cand[i].z;
+        if (below > 0.0 && 1.0 - u >= (double)neg_exp(s->exp_table, (float)below) * (1.0 + 1e-5) + 1e-15)
+            continue;
+        const double key = (double)s->cand[i].z + lily_gumbel_of_uniform(u);
+        if (key > best_key || (key == best_key && (int32_t)id < best)) {
+            best_key = key;
+            best = (int32_t)id;
+        }
     }
-    return s->cand[n - 1].id; /* u within rounding of total */
+    return best;
 }

@@ -23,6 +23,7 @@
 #include "base/json_load.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/logprobs.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "grammar/constraint.h"
@@ -129,7 +130,8 @@ static void add_stop_id(lily_service *svc, int32_t id)
 }
 
 /* generation_config.json's temperature, top_p, top_k, min_p, repetition_penalty and presence_penalty are the
- * defaults a request's missing fields take (as vLLM's --generation-config auto does). */
+ * defaults a request's missing fields take (as vLLM's --generation-config auto does); without the file,
+ * Qwen's recommended sampling (lily_sampler_recommended). */
 static void load_generation_defaults(lily_service *svc)
 {
     svc->defaults = lily_sampler_defaults();
@@ -137,6 +139,8 @@ static void load_generation_defaults(lily_service *svc)
     snprintf(path, sizeof path, "%s/generation_config.json", svc->model_dir);
     json_t *g = lily_json_load_file(path, 0, 0, NULL);
     if (!json_is_object(g)) {
+        if (!g)
+            svc->defaults = lily_sampler_recommended();
         json_decref(g);
         return;
     }
@@ -298,6 +302,7 @@ typedef struct {
     const char *stop_sequence; /* the stop string that ended the reply, or NULL */
     buffer text;              /* completions: the generated text */
     lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
+    lily_token_logprobs token_logprobs; /* the current token's, filled by lily_generate */
     int n_lps, cap_lps;
     int lp_text_offset;       /* completions stream: text_offset of the next logprob */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
@@ -410,8 +415,8 @@ static lily_status deliver_text(generation *g, const char *text, size_t len, lil
     return LILY_OK;
 }
 
-/* log-softmax of logits[vocab] for the chosen token and the n_top most likely ones. */
-static lily_status record_logprob(generation *g, const float *logits, int32_t token, lily_error *err)
+/* A token's logprobs (runtime/logprobs.h) with the tokens' text, appended to the ones to send. */
+static lily_status record_logprob(generation *g, const lily_token_logprobs *tl, int32_t token, lily_error *err)
 {
     lily_service *svc = g->svc;
     if (g->n_lps == g->cap_lps) {
@@ -422,38 +427,19 @@ static lily_status record_logprob(generation *g, const float *logits, int32_t to
         g->lps = p;
         g->cap_lps = cap;
     }
-    float max = -INFINITY;
-    for (int i = 0; i < svc->vocab; i++)
-        max = logits[i] > max ? logits[i] : max;
-    double sum = 0;
-    for (int i = 0; i < svc->vocab; i++)
-        sum += exp((double)(logits[i] - max));
-    float lse = max + (float)log(sum);
     lily_oai_logprob *lp = &g->lps[g->n_lps];
     memset(lp, 0, sizeof *lp);
     size_t len = 0;
     const char *bytes = lily_tokenizer_token_bytes(svc->tok, token, &len);
     lp->token = strndup(bytes ? bytes : "", bytes ? len : 0);
     lp->token_len = (int)(bytes ? len : 0);
-    lp->logprob = logits[token] - lse;
-    int n_top = LILY_MIN(g->req->top_logprobs, 20);
-    int32_t top[20];
-    int n = 0;
-    for (int i = 0; i < svc->vocab && n_top > 0; i++) { /* insertion into the top n_top (ties: lower id first) */
-        if (n == n_top && logits[i] <= logits[top[n - 1]])
-            continue;
-        int k = n < n_top ? n++ : n - 1;
-        while (k > 0 && logits[top[k - 1]] < logits[i]) {
-            top[k] = top[k - 1];
-            k--;
-        }
-        top[k] = i;
-    }
+    lp->logprob = tl->logprob;
+    const int n = LILY_MIN(tl->n_top, LILY_MIN(g->req->top_logprobs, 20));
     for (int k = 0; k < n; k++) {
-        bytes = lily_tokenizer_token_bytes(svc->tok, top[k], &len);
+        bytes = lily_tokenizer_token_bytes(svc->tok, tl->top_ids[k], &len);
         lp->top[k].token = strndup(bytes ? bytes : "", bytes ? len : 0);
         lp->top[k].token_len = (int)(bytes ? len : 0);
-        lp->top[k].logprob = logits[top[k]] - lse;
+        lp->top[k].logprob = tl->top_logprobs[k];
     }
     lp->n_top = n;
     g->n_lps++;
@@ -610,8 +596,8 @@ static lily_status detok_flush(void *state, const char **text, size_t *len, lily
     return lily_detokenizer_flush(state, text, len, err);
 }
 
-/* lily_generate's per-token callback: logprobs (s->logits still holds the distribution the token was drawn
- * from), the reasoning count, and the text on to the parser or the stream. */
+/* lily_generate's per-token callback: logprobs (lily_generate filled g->token_logprobs), the reasoning
+ * count, and the text on to the parser or the stream. */
 static int on_token(void *user, int32_t token, const char *text, size_t len)
 {
     generation *g = user;
@@ -619,7 +605,7 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     if (token >= 0) {
         if (g->job->stats.ttft_ms == 0)
             g->job->stats.ttft_ms = 1e3 * (lily_wall_seconds() - g->t_start);
-        if (g->req->logprobs && record_logprob(g, g->svc->session->logits, token, &err) != LILY_OK)
+        if (g->req->logprobs && record_logprob(g, &g->token_logprobs, token, &err) != LILY_OK)
             g->failed = true;
         if (token == g->svc->think_end)
             g->think_closed = true;
@@ -638,7 +624,8 @@ static lily_status append_chosen(generation *g, int32_t token, lily_error *err)
     if (s->n_tokens + 1 > s->max_ctx)
         return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "context full");
     if (g->req->logprobs) {
-        lily_status st = record_logprob(g, s->logits, token, err);
+        lily_logprobs_compute(s->logits, g->svc->vocab, token, g->req->top_logprobs, &g->token_logprobs);
+        lily_status st = record_logprob(g, &g->token_logprobs, token, err);
         if (st != LILY_OK)
             return st;
     }
@@ -1039,7 +1026,10 @@ static void run_generation(lily_service *svc, lily_job *job)
     }
     lily_generate_params gp = lily_generate_defaults();
     gp.sampling = sampler_params(svc, req, bias);
-    gp.decode = req->logprobs ? LILY_DECODE_HOST : LILY_DECODE_AUTO; /* logprobs read s->logits per token */
+    if (req->logprobs) { /* on either decode path: the device loop computes them on the GPU */
+        gp.logprobs = LILY_MIN(req->top_logprobs, LILY_TOP_LOGPROBS_MAX);
+        gp.token_logprobs = &g.token_logprobs;
+    }
     lily_sampler *probe = NULL; /* the sampler rejects bad parameters here, before the response starts */
     if ((st = lily_sampler_new(&gp.sampling, svc->vocab, &probe, &err)) != LILY_OK) {
         fail_with(job, 400, "invalid_request_error", NULL, NULL, err.message);

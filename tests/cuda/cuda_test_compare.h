@@ -13,6 +13,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/backend.h"
+
 /* Failed checks of this test (main's exit code). */
 static int g_fail;
 
@@ -91,8 +93,9 @@ typedef struct {
     int n;
 } token_log;
 
-static inline int log_token(void *user, int32_t token, int index)
+static inline int log_token(void *user, int32_t token, int index, const lily_token_logprobs *logprobs)
 {
+    (void)logprobs;
     token_log *l = (token_log *)user;
     if (index == l->n)
         l->tok[l->n++] = token;

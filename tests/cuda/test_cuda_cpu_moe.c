@@ -76,7 +76,7 @@ static int run_paths(const lily_config *cfg, const lily_weights *w, const int32_
     for (int p = half; p < N_PROMPT && rs == LILY_OK; p++)
         rs = ops->forward(be.ctx, st, tok + p, 1, LILY_LOGITS_LAST, o->decode + (size_t)(p - half) * V, &err);
     if (rs == LILY_OK) { /* greedy through the device decode loop */
-        const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+        const lily_device_sampling greedy = lily_device_sampling_greedy();
         token_log tl = {o->greedy + 1, 0};
         int n_run = 0;
         o->greedy[0] = argmax(o->decode + (size_t)(half - 1) * V, V);

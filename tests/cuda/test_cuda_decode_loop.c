@@ -6,7 +6,8 @@
  * sessions must hold the same ids, and the last logits must agree (printed: max |Δlogit|, and whether the
  * state_save bytes are bit-identical; the decode graph's layer kernels are forward(n = 1)'s, so 0 is
  * expected). Sampled case: the same seed repeats, and the session equals a fresh one fed the same ids one
- * forward() at a time. Host synchronizations are counted: the device loop adds a few per batch, the host
+ * forward() at a time. Every sampler setting (top-k off, Qwen's, top-p, min-p + repetition, logit bias,
+ * logprobs) gives the host sampler's tokens; a NaN at a later step is an error on every path. Host synchronizations are counted: the device loop adds a few per batch, the host
  * sampler one per token. One line per case: PASS/FAIL with the numbers. Exits 77 without a GPU.
  */
 #include <math.h>
@@ -40,20 +41,25 @@ typedef struct {
     int32_t tokens[MAX_GEN];
     int n_tokens;
     int stop_after;
-} streamed;
+    lily_token_logprobs current;   /* filled by lily_generate when logprobs are asked for */
+    lily_token_logprobs *lps;      /* [MAX_GEN] or NULL */
+} streamed_lp;
 
 static int on_token(void *user, int32_t token, const char *text, size_t len)
 {
     (void)text, (void)len;
-    streamed *o = user;
-    if (token >= 0 && o->n_tokens < MAX_GEN)
+    streamed_lp *o = user;
+    if (token >= 0 && o->n_tokens < MAX_GEN) {
+        if (o->lps)
+            o->lps[o->n_tokens] = o->current;
         o->tokens[o->n_tokens++] = token;
+    }
     return o->stop_after && o->n_tokens >= o->stop_after;
 }
 
 typedef struct {
     lily_session *s;
-    streamed out;
+    streamed_lp out;
     lily_generate_result r;
     long long syncs;
 } outcome;
@@ -62,6 +68,11 @@ typedef struct {
     float temperature;
     int top_k;
     float top_p;
+    float min_p, presence_penalty, repetition_penalty;
+    const lily_logit_bias *bias;
+    int n_bias;
+    int logprobs;      /* 0: none; else 1 + the alternatives asked for */
+    lily_token_logprobs *lps; /* [MAX_GEN] each token's logprobs when logprobs > 0 */
     uint64_t seed;
     int max_tokens;
     int32_t stop_id; /* -1: none */
@@ -86,6 +97,16 @@ static void generate(const case_params *c, bool device, const int32_t *ids, int 
     p.sampling.top_k = c->top_k;
     p.sampling.top_p = c->top_p > 0 ? c->top_p : 1.0f;
     p.sampling.seed = c->seed;
+    p.sampling.min_p = c->min_p;
+    p.sampling.presence_penalty = c->presence_penalty;
+    p.sampling.repetition_penalty = c->repetition_penalty > 0 ? c->repetition_penalty : 1.0f;
+    p.sampling.logit_bias = c->bias;
+    p.sampling.n_logit_bias = c->n_bias;
+    if (c->logprobs > 0) {
+        p.logprobs = c->logprobs - 1;
+        p.token_logprobs = &o->out.current;
+        o->out.lps = c->lps + (device ? MAX_GEN : 0);
+    }
     p.max_tokens = c->max_tokens;
     p.stop_ids = &c->stop_id;
     p.n_stop_ids = c->stop_id >= 0 ? 1 : 0;
@@ -163,6 +184,83 @@ static void run_case(const char *name, const case_params *c)
     lily_session_free(d.s);
 }
 
+/* Every sampler setting on the device loop against the host sampler: the same Gumbel-max draws on the
+ * same logits (the decode graph computes forward(n = 1)'s), so the same tokens; logprobs within 1e-4. */
+static void sampled_against_host(void)
+{
+    static const lily_logit_bias bias[] = {{5, 3.0f}, {93, -100.0f}, {480, 2.5f}};
+    static lily_token_logprobs lps[2 * MAX_GEN];
+    case_params cases[6];
+    const char *names[6] = {"t 1, top-k off", "Qwen t 1, top-k 20, top-p 0.95, presence 1.5", "t 1, top-p 0.95",
+                            "t 0.7, min-p 0.1, repetition 1.2", "t 0.9, logit bias", "greedy + logprobs 5"};
+    for (int i = 0; i < 6; i++)
+        cases[i] = (case_params){.temperature = 1.0f, .seed = 11 + (uint64_t)i, .max_tokens = 80, .stop_id = -1};
+    cases[1].top_k = 20, cases[1].top_p = 0.95f, cases[1].presence_penalty = 1.5f, cases[1].logprobs = 1 + 5;
+    cases[2].top_p = 0.95f;
+    cases[3].temperature = 0.7f, cases[3].min_p = 0.1f, cases[3].repetition_penalty = 1.2f;
+    cases[4].temperature = 0.9f, cases[4].bias = bias, cases[4].n_bias = 3;
+    cases[5].temperature = 0.0f, cases[5].logprobs = 1 + 5;
+    for (int i = 0; i < 6; i++) {
+        case_params c = cases[i];
+        c.lps = lps;
+        outcome h = {0}, d = {0};
+        generate(&c, false, prompt, N_PROMPT, &h);
+        generate(&c, true, prompt, N_PROMPT, &d);
+        const bool same = h.out.n_tokens == d.out.n_tokens &&
+                          !memcmp(h.out.tokens, d.out.tokens, (size_t)h.out.n_tokens * sizeof(int32_t));
+        double worst = 0;
+        int bad_ids = 0;
+        for (int t = 0; c.logprobs && same && t < h.out.n_tokens; t++) {
+            const lily_token_logprobs *a = &lps[t], *b = &lps[MAX_GEN + t];
+            worst = fmax(worst, fabs((double)a->logprob - b->logprob));
+            bad_ids += a->n_top != b->n_top;
+            for (int k = 0; k < a->n_top && k < b->n_top; k++) {
+                bad_ids += a->top_ids[k] != b->top_ids[k];
+                worst = fmax(worst, fabs((double)a->top_logprobs[k] - b->top_logprobs[k]));
+            }
+        }
+        const bool ok = same && d.r.device_loop && worst <= 1e-4 && bad_ids == 0;
+        g_fail |= !ok;
+        printf("%s sampled %s: %d tokens, identical to the host sampler's %s | logprobs worst |d| %.3g, %d bad ids "
+               "| %s\n",
+               ok ? "PASS" : "FAIL", names[i], d.out.n_tokens, same ? "yes" : "NO", worst, bad_ids, d.r.decode_path);
+        lily_session_free(h.s);
+        lily_session_free(d.s);
+    }
+}
+
+/* A step whose forward pass goes non-finite (lily_cuda_debug_poison: a NaN hidden state at the device
+ * loop's sixth step) ends the generation with LILY_ERR_BACKEND on the device loop, greedy and sampled, as
+ * on the host sampler. */
+static void poisoned_steps(void)
+{
+    for (int k = 0; k < 3; k++) {
+        const bool device = k > 0;
+        lily_cuda_debug_poison(g_engine->backend.ctx, 6); /* prefill is step 0, the device loop's i-th is 1 + i */
+        lily_error err = {0};
+        lily_session *s = NULL;
+        if (lily_session_new(g_engine, 256, &s, &err) != LILY_OK)
+            die("session", &err);
+        streamed_lp out = {0};
+        lily_generate_params p = lily_generate_defaults();
+        p.sampling.temperature = k == 2 ? 1.0f : 0.0f;
+        p.max_tokens = 40;
+        p.on_token = on_token;
+        p.user = &out;
+        p.decode = device ? LILY_DECODE_AUTO : LILY_DECODE_HOST;
+        lily_generate_result r;
+        const lily_status st = lily_generate(s, prompt, N_PROMPT, &p, &r, &err);
+        lily_cuda_debug_poison(g_engine->backend.ctx, -1);
+        const bool ok = st == LILY_ERR_BACKEND && strstr(err.message, "non-finite") && out.n_tokens >= 5 &&
+                        out.n_tokens < 40;
+        g_fail |= !ok;
+        printf("%s NaN logits at a later step (%s): status %d after %d tokens: %s\n", ok ? "PASS" : "FAIL",
+               k == 0 ? "host sampler" : k == 1 ? "device loop, greedy" : "device loop, sampled", (int)st,
+               out.n_tokens, st == LILY_OK ? "(no error)" : err.message);
+        lily_session_free(s);
+    }
+}
+
 int main(void)
 {
     if (cuda_test_no_device())
@@ -225,6 +323,9 @@ int main(void)
     lily_session_free(a.s);
     lily_session_free(b.s);
     lily_session_free(h.s);
+
+    sampled_against_host();
+    poisoned_steps();
 
     lily_engine_close(g_engine);
     printf("%s\n", g_fail ? "FAIL" : "PASS");

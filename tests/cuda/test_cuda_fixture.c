@@ -29,8 +29,9 @@ typedef struct {
     int in_order;
 } stream_log;
 
-static int on_stream_token(void *user, int32_t token, int index)
+static int on_stream_token(void *user, int32_t token, int index, const lily_token_logprobs *logprobs)
 {
+    (void)logprobs;
     stream_log *l = (stream_log *)user;
     l->in_order &= index == l->n;
     if (l->n < STREAM_MAX)
@@ -148,7 +149,7 @@ static void run_layout(const char *layout)
             REQUIRE(buf, "oom");
             REQUIRE(ops->state_save(be.ctx, st, buf, sz, &err) == LILY_OK, "save: %s", err.message);
             const long long s0 = lily_cuda_host_syncs(be.ctx);
-            const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+            const lily_device_sampling greedy = lily_device_sampling_greedy();
             REQUIRE(decode_n(&be, st, tok[n - 1], gen, greedy, fast, &err) == LILY_OK, "greedy: %s", err.message);
             const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
             printf("  %s case%d streamed %d tokens while decoding, in order\n", layout, ci, gen);
@@ -167,7 +168,9 @@ static void run_layout(const char *layout)
                 g_fail++;
             }
             REQUIRE(ops->state_restore(be.ctx, st, buf, sz, &err) == LILY_OK, "restore: %s", err.message);
-            const lily_device_sampling top1 = {1.0f, 1, 1.0f, 7}, top40 = {0.8f, 40, 0.9f, 7};
+            lily_device_sampling top1 = lily_device_sampling_greedy(), top40 = lily_device_sampling_greedy();
+            top1.temperature = 1.0f, top1.seed = 7;
+            top40.temperature = 0.8f, top40.top_k = 40, top40.top_p = 0.9f, top40.seed = 7;
             REQUIRE(decode_n(&be, st, tok[n - 1], gen, top1, samp, &err) == LILY_OK, "sample: %s", err.message);
             same = 0;
             for (int i = 0; i < gen; i++)

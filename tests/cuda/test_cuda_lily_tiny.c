@@ -105,7 +105,7 @@ static void run_modes(const lily_backend *be, const int32_t *tok, const float *r
     if (rs == LILY_OK)
         rs = ops->state_copy(be->ctx, st2, st, &err);
     if (rs == LILY_OK) {
-        const lily_device_sampling greedy = {0.0f, 1, 1.0f, 0};
+        const lily_device_sampling greedy = lily_device_sampling_greedy();
         token_log tl = {fast, 0};
         int n_run = 0;
         rs = ops->decode_loop(be->ctx, st, tok[N_PROMPT - 1], N_GEN, &greedy, log_token, &tl, NULL, &n_run, &err);

@@ -206,6 +206,7 @@ static void cuda_destroy(void *vctx)
     for (int i = 0; i < c->n_host_allocs; i++)
         cudaFreeHost(c->host_allocs[i]);
     free(c->host_allocs);
+    cuda_sampling_free(&c->sampling);
     free(c->layers);
     if (c->h_host)
         cudaFreeHost(c->h_host);
@@ -472,6 +473,8 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
         goto fail;
     if ((st = cuda_experts_stage_init(c, err)) != LILY_OK)
         goto fail;
+    c->poison_step = -1;
+    CK(cuda_sampling_new(cfg->vocab_size, &c->sampling));
     if (opts->debug_hook) { /* host staging for the debug hook only */
         const size_t hb = (size_t)c->max_chunk * LILY_MAX(cfg->hidden, cfg->vocab_size) * sizeof(float);
         CK(cudaMallocHost((void **)&c->h_host, hb));
@@ -978,6 +981,7 @@ static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights 
     lily_status st = scratch_layout(&c, &out->scratch_bytes, err);
     if (st != LILY_OK)
         return st;
+    out->scratch_bytes += cuda_sampling_bytes(cfg->vocab_size);
     size_t n_attn = 0;
     for (int l = 0; l < cfg->n_layers; l++)
         n_attn += cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION;

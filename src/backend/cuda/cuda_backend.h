@@ -17,6 +17,11 @@ extern "C" {
 
 #include "lily.h"
 
+/* Tests: from now on, the forward call whose step counter (forward calls of the state so far) equals
+ * `step` gets a NaN hidden state before the LM head, as an overflow would leave it; -1 turns it off. Set it
+ * before the state's first decode loop (the step graphs are captured then). */
+void lily_cuda_debug_poison(void *ctx, int step);
+
 /* Host waits on the device so far (stream synchronizations); decode adds none per token. */
 long long lily_cuda_host_syncs(void *ctx);
 

@@ -345,6 +345,8 @@ static lily_status head_block(cuda_ctx *c, cuda_state *st, int n, int lm_mode, l
     const int H = cfg->hidden;
     cudaStream_t s = c->stream;
     MARK(PS_LM_HEAD);
+    if (c->poison_step >= 0) /* tests: a NaN hidden state at one step, as an overflow would leave it */
+        LAUNCH(launch_poison_hidden(c->h + (size_t)(n - 1) * H, H, &st->ctr->step, c->poison_step, s));
     if (lm_mode == LILY_LOGITS_ALL && n > c->logits_rows)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: all-row logits of %d tokens (at most %d at once)",
                               n, c->logits_rows);
@@ -376,6 +378,7 @@ static lily_status head_block(cuda_ctx *c, cuda_state *st, int n, int lm_mode, l
         sa.step = &st->ctr->step;
         sa.pos = &st->ctr->pos;
         sa.n_generated = &st->ctr->n_generated;
+        sa.token_info = c->sampling.info_dev;
         LAUNCH(launch_finish_greedy(sa, s));
     } else {
         LAUNCH(launch_advance(&st->ctr->pos, &st->ctr->step, n, s));
@@ -460,9 +463,11 @@ static lily_status ensure_step_graph(cuda_ctx *c, cuda_state *st, bool greedy, l
 }
 
 /* Enqueue one decode step that reads its token from the slot of the step counter and writes the token it
- * chooses into the next slot, into out_tokens and into the mapped host_tokens (never synchronizes). */
-static lily_status enqueue_step(cuda_ctx *c, cuda_state *st, bool greedy, float temperature, int top_k, float top_p,
-                                uint64_t seed, lily_error *err)
+ * chooses into the next slot, into out_tokens and into the mapped host_tokens (never synchronizes).
+ * greedy: the step graph with the LM head's fused argmax; else the logits graph and the sampler
+ * (sampling/) with the settings of ds. */
+static lily_status enqueue_step(cuda_ctx *c, cuda_state *st, bool greedy, const lily_device_sampling *ds,
+                                lily_error *err)
 {
     if (greedy) {
         CUDA_TRY(cudaGraphLaunch(st->graph_greedy, c->stream));
@@ -480,10 +485,10 @@ static lily_status enqueue_step(cuda_ctx *c, cuda_state *st, bool greedy, float 
     sa.out_cap = st->out_cap;
     sa.host_tokens = st->host_tokens_dev;
     sa.step = &st->ctr->step;
-    sa.pos = NULL;
+    sa.pos = NULL; /* the logits graph already advanced pos/step */
     sa.n_generated = &st->ctr->n_generated;
-    /* the logits graph already advanced pos/step: the sampler must not advance them again */
-    LAUNCH(launch_sample_topk_topp(sa, temperature, top_k, top_p, seed, NULL, c->stream));
+    sa.token_info = c->sampling.info_dev;
+    LAUNCH(cuda_sampling_enqueue(&c->sampling, sa, ds, c->stream));
     return LILY_OK;
 }
 
@@ -521,28 +526,36 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
 {
     cuda_ctx *c = (cuda_ctx *)vctx;
     cuda_state *st = (cuda_state *)vst;
+    const lily_device_sampling *ds = sampling;
     *n_run = 0;
-    const bool greedy = sampling->temperature < 1e-5f;
     if (n < 1 || n > st->out_cap)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: decode loop of %d steps", n);
-    if (!greedy && (sampling->top_k < 1 || sampling->top_k > LILY_DEVICE_TOP_K_MAX || !(sampling->top_p > 0.0f) ||
-                    sampling->top_p > 1.0f || !(sampling->temperature < INFINITY)))
+    if (!(ds->temperature >= 0.0f) || !(ds->temperature < INFINITY) || !(ds->top_p > 0.0f) || ds->top_p > 1.0f ||
+        !(ds->min_p >= 0.0f) || ds->min_p > 1.0f || !(ds->repetition_penalty > 0.0f) ||
+        !(ds->repetition_penalty < INFINITY) || !isfinite(ds->presence_penalty) || !isfinite(ds->frequency_penalty) ||
+        ds->top_logprobs > LILY_TOP_LOGPROBS_MAX || ds->n_bias < 0 || ds->n_history < 0 ||
+        (ds->n_bias > 0 && (!ds->bias_ids || !ds->bias_values)) ||
+        (ds->n_history > 0 && (!ds->history_ids || !ds->history_counts)))
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
-                              "cuda: device sampling needs top_k in [1, %d] and top_p in (0, 1] (got %d, %g)",
-                              LILY_DEVICE_TOP_K_MAX, sampling->top_k, (double)sampling->top_p);
+                              "cuda: device sampling settings out of range (temperature %g, top_p %g, min_p %g, "
+                              "repetition_penalty %g, top_logprobs %d)",
+                              (double)ds->temperature, (double)ds->top_p, (double)ds->min_p,
+                              (double)ds->repetition_penalty, ds->top_logprobs);
     if (c->opts.debug_hook) /* the hook syncs per stage: no graphs (forward() runs eagerly instead) */
         return lily_error_set(err, LILY_ERR_UNSUPPORTED, "cuda: no decode loop with a debug hook");
+    const bool greedy = cuda_sampling_is_plain_greedy(ds);
     lily_status rs = decode_begin(c, st, first_token, n, greedy, err);
     if (rs != LILY_OK)
         return rs;
+    if (!greedy)
+        CUDA_TRY(cuda_sampling_upload(&c->sampling, ds, c->stream));
     volatile int *host_count = st->host_tokens + st->out_cap;
     volatile const int *host_tokens = st->host_tokens;
     int launched = 0, seen = 0;
     bool stop = false;
     while (!stop && seen < n) {
         while (launched < n && launched < seen + DECODE_LOOP_AHEAD) {
-            rs = enqueue_step(c, st, greedy, sampling->temperature, sampling->top_k, sampling->top_p, sampling->seed,
-                              err);
+            rs = enqueue_step(c, st, greedy, ds, err);
             if (rs != LILY_OK)
                 break;
             launched++;
@@ -552,7 +565,20 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
         const int avail = *host_count;
         if (seen < avail) {
             const int32_t token = host_tokens[seen];
-            stop = on_token && on_token(user, token, seen) != 0;
+            /* the info record was written before the count (the device fenced in between) */
+            const volatile sample_token_info *info = &c->sampling.info_host[seen % SAMPLE_INFO_RING];
+            if (info->flags & SAMPLE_FLAG_NONFINITE) {
+                rs = lily_error_set(err, LILY_ERR_BACKEND,
+                                    "the forward pass gave a non-finite logit after %d tokens: the model's arithmetic "
+                                    "overflowed or its weights are corrupt",
+                                    st->pos + seen + 1);
+                break;
+            }
+            lily_token_logprobs lp;
+            const bool with_lp = ds->top_logprobs >= 0 && info->has_logprobs;
+            if (with_lp)
+                memcpy(&lp, (const void *)&info->lp, sizeof lp);
+            stop = on_token && on_token(user, token, seen, with_lp ? &lp : NULL) != 0;
             seen++;
             continue;
         }
@@ -580,6 +606,8 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
     *n_run = launched;
     return rs != LILY_OK ? rs : sync;
 }
+
+extern "C" void lily_cuda_debug_poison(void *ctx, int step) { ((cuda_ctx *)ctx)->poison_step = step; }
 
 extern "C" long long lily_cuda_host_syncs(void *ctx) { return ((cuda_ctx *)ctx)->host_syncs; }
 

@@ -15,6 +15,7 @@ extern "C" {
 #include "gemv/gemv.cuh"
 #include "moe/moe.cuh"
 #include "sample.cuh"
+#include "sampling/sampling.cuh"
 
 /* Split-KV for decode: each KV head's keys are cut into at most ATT_SPLITS chunks of at least
  * ATT_MIN_CHUNK keys (measured on the H200: see docs/BENCHMARKS.md). */
@@ -112,6 +113,8 @@ typedef struct {
     float *h_prev;
 
     long long host_syncs; /* host waits on the device (a test asserts decode adds none per token) */
+    sample_workspace sampling; /* the device sampler's buffers (sampling/) */
+    int poison_step;      /* tests: the forward call with this step counter gets a NaN hidden state; -1 = none */
     /* profiling (lily_cuda_profile_decode) */
     bool profiling;
     cudaEvent_t prof_ev[2];

@@ -10,6 +10,12 @@ static lily_status no_cuda(lily_error *err)
     return lily_error_set(err, LILY_ERR_UNSUPPORTED, "this build has no CUDA backend");
 }
 
+void lily_cuda_debug_poison(void *ctx, int step)
+{
+    (void)ctx;
+    (void)step;
+}
+
 long long lily_cuda_host_syncs(void *ctx)
 {
     (void)ctx;

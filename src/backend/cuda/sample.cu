@@ -4,34 +4,33 @@
  * turns it into the token, writes it into the next step's input slot (two slots alternating by the
  * step counter), into out_tokens and into mapped host memory for the host to stream while the GPU
  * runs on, and advances pos and step. No host sync.
- * Top-k / top-p: one block scans the logits (per-thread top-16 lists), merges them by k rounds of
- * block argmax, applies temperature and the top-p cut, and draws with a counter-based hash RNG.
+ * The greedy argmax is checked too: every logit is NaN when the forward pass overflowed, and a NaN (or
+ * +inf) wins the argmax, so a non-finite winner flags the step in the token info ring.
+ * Every other setting: sampling/ (the full sampler on the logits row).
  */
 #include "sample.cuh"
 
-/* Stream token i to the host: the token into mapped host memory, then (after a system-wide fence, so
- * the host never sees the count before the token) the count. The host polls the count; no sync. */
-__device__ __forceinline__ void publish_token(const sample_args &a, int i, int tok)
-{
-    if (!a.host_tokens || i >= a.out_cap)
-        return;
-    a.host_tokens[i] = tok;
-    __threadfence_system();
-    *(volatile int *)&a.host_tokens[a.out_cap] = i + 1;
-}
+#include "sampling/sampling.cuh"
 
 __global__ void finish_greedy_kernel(sample_args a)
 {
     const unsigned long long k = *a.argmax;
     *a.argmax = 0ull;
     const int tok = argmax_key_row(k);
+    const unsigned int u = (unsigned int)(k >> 32);
+    const float best = __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
     const int step = *a.step;
     a.token_slots[(step + 1) & 1] = tok;
     const int i = *a.n_generated;
     if (i < a.out_cap)
         a.out_tokens[i] = tok;
     *a.n_generated = i + 1;
-    publish_token(a, i, tok);
+    if (a.token_info) {
+        sample_token_info *info = &((sample_token_info *)a.token_info)[i % SAMPLE_INFO_RING];
+        info->flags = isfinite(best) ? 0 : SAMPLE_FLAG_NONFINITE;
+        info->has_logprobs = 0;
+    }
+    sample_publish_token(a, i, tok);
     *a.pos += 1;
     *a.step = step + 1;
 }
@@ -65,10 +64,6 @@ cudaError_t launch_fetch_token(const int *token_slots, const int *step, int *tok
     return cudaGetLastError();
 }
 
-#define SAMPLE_THREADS 1024
-#define SAMPLE_LOCAL 16
-#define SAMPLE_MAX_K 64
-
 __device__ __forceinline__ unsigned long long mix64(unsigned long long x)
 {
     x += 0x9E3779B97F4A7C15ull;
@@ -77,122 +72,17 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long x)
     return x ^ (x >> 31);
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_topk_topp_kernel(sample_args a, float temperature, int top_k, float top_p, unsigned long long seed)
+__global__ void poison_hidden_kernel(float *h, int n, const int *step, int at)
 {
-    __shared__ unsigned long long s_red[SAMPLE_THREADS / 32];
-    __shared__ float s_val[SAMPLE_MAX_K];
-    __shared__ int s_idx[SAMPLE_MAX_K];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    /* per-thread top-SAMPLE_LOCAL as packed keys, descending */
-    unsigned long long loc[SAMPLE_LOCAL];
-#pragma unroll
-    for (int i = 0; i < SAMPLE_LOCAL; i++)
-        loc[i] = 0ull;
-    for (int v = tid; v < a.vocab; v += SAMPLE_THREADS) {
-        unsigned long long k = argmax_key(a.logits[v], v);
-        if (k <= loc[SAMPLE_LOCAL - 1])
-            continue;
-#pragma unroll
-        for (int i = 0; i < SAMPLE_LOCAL; i++) {
-            if (k > loc[i]) {
-                const unsigned long long tmp = loc[i];
-                loc[i] = k;
-                k = tmp;
-            }
-        }
-    }
-    int head = 0; /* next unconsumed entry of loc */
-    for (int r = 0; r < top_k; r++) {
-        unsigned long long mine = 0ull;
-#pragma unroll
-        for (int i = 0; i < SAMPLE_LOCAL; i++)
-            if (i == head)
-                mine = loc[i];
-        unsigned long long best = mine;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long b2 = __shfl_xor_sync(0xffffffffu, best, o);
-            best = b2 > best ? b2 : best;
-        }
-        if (lane == 0)
-            s_red[warp] = best;
-        __syncthreads();
-        if (warp == 0) {
-            best = s_red[lane];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const unsigned long long b2 = __shfl_xor_sync(0xffffffffu, best, o);
-                best = b2 > best ? b2 : best;
-            }
-            if (lane == 0)
-                s_red[0] = best;
-        }
-        __syncthreads();
-        best = s_red[0];
-        if (mine == best && best != 0ull)
-            head++;
-        if (tid == 0) {
-            const int row = argmax_key_row(best);
-            s_idx[r] = row;
-            s_val[r] = a.logits[row];
-        }
-        __syncthreads();
-    }
-    if (tid == 0) {
-        const float inv_t = 1.0f / fmaxf(temperature, 1e-6f);
-        float tot = 0.0f;
-        for (int r = 0; r < top_k; r++) {
-            s_val[r] = expf((s_val[r] - s_val[0]) * inv_t);
-            tot += s_val[r];
-        }
-        int keep = top_k;
-        float cum = 0.0f;
-        for (int r = 0; r < top_k; r++) {
-            cum += s_val[r];
-            if (cum >= top_p * tot) {
-                keep = r + 1;
-                break;
-            }
-        }
-        float kept = 0.0f;
-        for (int r = 0; r < keep; r++)
-            kept += s_val[r];
-        const int step = *a.step;
-        const int slot = a.pos ? (step + 1) & 1 : step & 1; /* pos == NULL: the step was already advanced */
-        const double u = (double)(mix64(seed ^ mix64((unsigned long long)step)) >> 11) * (1.0 / 9007199254740992.0);
-        const float target = (float)u * kept;
-        int tok = s_idx[keep - 1];
-        float c = 0.0f;
-        for (int r = 0; r < keep; r++) {
-            c += s_val[r];
-            if (target < c) {
-                tok = s_idx[r];
-                break;
-            }
-        }
-        a.token_slots[slot] = tok;
-        const int i = *a.n_generated;
-        if (i < a.out_cap)
-            a.out_tokens[i] = tok;
-        *a.n_generated = i + 1;
-        publish_token(a, i, tok);
-        if (a.pos) {
-            *a.pos += 1;
-            *a.step = step + 1;
-        }
-    }
+    if (*step != at)
+        return;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        h[i] = __int_as_float(0x7fffffff);
 }
 
-cudaError_t launch_sample_topk_topp(const sample_args &a, float temperature, int top_k, float top_p,
-                                    unsigned long long seed, float *scratch, cudaStream_t s)
+cudaError_t launch_poison_hidden(float *h, int n, const int *step, int at, cudaStream_t s)
 {
-    (void)scratch;
-    if (top_k <= 0 || top_k > SAMPLE_MAX_K)
-        top_k = SAMPLE_MAX_K;
-    if (top_k > a.vocab)
-        top_k = a.vocab;
-    sample_topk_topp_kernel<<<1, SAMPLE_THREADS, 0, s>>>(a, temperature, top_k, top_p, seed);
+    poison_hidden_kernel<<<1, 256, 0, s>>>(h, n, step, at);
     return cudaGetLastError();
 }
 
