@@ -125,7 +125,7 @@ try:
         for r in range(rounds):  # a prompt no checkpoint holds
             msgs = [{"role": "user", "content": prompt_of(port, depth, 1000 * depth + r)}]
             at = len(open(log.name).read())
-            ttft, _, _, n_prompt, _ = stream(port, msgs, 1, {"temperature": 0})
+            ttft, _, _, n_prompt, _ = stream(port, msgs, 4, {"temperature": 0})
             time.sleep(0.1)
             srv_pf, _, _ = server_numbers(log_lines(at))
             if best is None or ttft < best[0]:

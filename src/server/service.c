@@ -174,6 +174,45 @@ static void apply_server_defaults(lily_service *svc)
         svc->defaults.top_k = d->top_k;
 }
 
+/* On a device backend: one prefill of a whole chunk and a few sampled and greedy decode steps before the
+ * first request, so the device runtime has loaded every kernel the requests use (CUDA loads a module at
+ * its first launch: ~60 ms on the first request otherwise) and made its decode graphs; then the session
+ * is reset. Nothing is checkpointed. */
+static lily_status warm_up(lily_service *svc, lily_error *err)
+{
+    if (!svc->engine->backend.ops->decode_loop)
+        return LILY_OK;
+    lily_session *s = svc->session;
+    int n = svc->engine->prefill_chunk;
+    if (n > s->max_ctx - 8)
+        n = s->max_ctx - 8;
+    if (n < 1)
+        return LILY_OK;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)(i % (svc->vocab < 1000 ? svc->vocab : 1000));
+    const double t0 = lily_wall_seconds();
+    lily_generate_params gp = lily_generate_defaults();
+    gp.max_tokens = 2;
+    gp.sampling.temperature = 0.0f;
+    lily_generate_result res;
+    lily_status st = lily_generate(s, ids, n, &gp, &res, err);
+    gp.sampling = lily_sampler_defaults();
+    gp.sampling.temperature = 1.0f;
+    gp.sampling.top_p = 0.95f;
+    gp.sampling.top_k = 20;
+    if (st == LILY_OK)
+        st = lily_generate(s, NULL, 0, &gp, &res, err);
+    free(ids);
+    lily_session_reset(s);
+    if (st == LILY_OK)
+        fprintf(stderr, "lily serve: warmed up (%d-token prefill, 4 decode steps) in %.2f s\n", n,
+                lily_wall_seconds() - t0);
+    return st;
+}
+
 lily_status lily_service_load(void *user, lily_error *err)
 {
     lily_service *svc = user;
@@ -238,6 +277,9 @@ lily_status lily_service_load(void *user, lily_error *err)
         if (svc->request_defaults.reasoning_budget >= 0)
             fprintf(stderr, "lily serve: warning: --reasoning-budget ignored: %s\n", terr0.message);
     }
+
+    if ((st = warm_up(svc, err)) != LILY_OK)
+        return st;
 
     lily_chat_template_match match;
     lily_error terr;
