@@ -371,8 +371,9 @@ static void test_quantize_act_blocks(void **state)
     for (int i = COLS; i < COLS + 32; i++)
         x[i] = 0;
     int8_t q[N * COLS], r[N * COLS];
+    int16_t v16[N * COLS];
     float d[N * COLS / 32], sum[N * COLS / 32];
-    cpu_qact a = {q, r, d, sum, COLS};
+    cpu_qact a = {q, r, d, sum, COLS, v16};
     cpu_quantize_act(x, N, COLS, &a);
     for (int t = 0; t < N; t++)
         for (int k = 0; k < COLS / 32; k++) {
@@ -389,6 +390,7 @@ static void test_quantize_act_blocks(void **state)
                 /* element i sits at slot i/2 (even) or 16 + i/2 (odd) */
                 const int slot = t * COLS + k * 32 + (i & 1 ? 16 + i / 2 : i / 2);
                 const int v = 254 * q[slot] + r[slot];
+                assert_int_equal(v16[slot], v); /* the whole value is the digits' */
                 /* the high digit alone is within half its step, and both within half of d */
                 assert_true(fabsf(q[slot] * 254.0f * d[b] - xb[i]) <= 0.5f * 254.0f * d[b] * 1.0001f);
                 assert_true(fabsf((float)v * d[b] - xb[i]) <= 0.5f * d[b] * 1.001f + 1e-12f);
@@ -438,8 +440,9 @@ static void test_quant_dot_every_kernel_set(void **state)
             for (int i = 0; i < N * COLS; i++)
                 x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
             int8_t q[N * COLS], r[N * COLS];
+            int16_t v16[N * COLS];
             float d[N * COLS / 32], sum[N * COLS / 32];
-            cpu_qact a = {q, r, d, sum, COLS};
+            cpu_qact a = {q, r, d, sum, COLS, v16};
             cpu_quantize_act(x, N, COLS, &a);
             for (int s = 0; s < n_sets; s++) {
                 const cpu_qdot_fn fn = bits == 4 ? sets[s]->dot_q4 : sets[s]->dot_q8;
@@ -485,8 +488,9 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
     c.max_chunk = N;
     c.qdot = cpu_qdot_best();
     int8_t qbuf[N * COLS], rbuf[N * COLS];
+    int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
-    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS};
+    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf};
     c.qgsum = gbuf;
     for (int bits = 4; bits <= 8; bits += 4) {
         qtensor qt = make_quantized(ROWS, COLS, bits, 3);

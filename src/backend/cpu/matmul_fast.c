@@ -26,32 +26,55 @@ void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
         }
 }
 
+/* Σ_g wb[g] · gs[g] in a fixed order: eight interleaved partial sums, then a pairwise sum (the compiler
+ * vectorizes the loop; the order does not depend on the CPU's vector width). */
+static float bias_dot(const float *wb, const float *gs, int64_t n)
+{
+    float part[8] = {0};
+    int64_t g = 0;
+    for (; g + 8 <= n; g += 8)
+        for (int l = 0; l < 8; l++)
+            part[l] += wb[g + l] * gs[g + l];
+    for (int l = 0; g + l < n; l++)
+        part[l] += wb[g + l] * gs[g + l];
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+/* Scale floats a row chunk's fp32 scales and biases may take on the stack (each). */
+#define QMATMUL_SCALE_FLOATS 4096
+/* Rows per chunk: one token tile's activations stay in L1 while the chunk's weight rows (≤ 16 rows of
+ * ≤ 8 KiB) pass by, so weights and activations are each read from L2 about once per tile. */
+#define QMATMUL_CHUNK_ROWS 16
+
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
 {
     const int64_t n_groups = a->cols / w->group_size;
     const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
-    float ws[CPU_MATMUL_MAX_COLS / CPU_QBLOCK], wb[CPU_MATMUL_MAX_COLS / CPU_QBLOCK];
-    for (int64_t r = row0; r < row1; r++) {
-        const int64_t prow = base + r;
-        const uint8_t *sp = (const uint8_t *)w->scales + prow * w->scale_row_bytes;
-        const uint8_t *bp = (const uint8_t *)w->biases + prow * w->scale_row_bytes;
-        for (int64_t g = 0; g < n_groups; g++) {
-            ws[g] = lily_load_f32(sp, w->scale_dtype, g);
-            wb[g] = lily_load_f32(bp, w->scale_dtype, g);
+    const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS, QMATMUL_SCALE_FLOATS / n_groups));
+    float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS];
+    LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
+    for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
+        const int64_t c1 = LILY_MIN(c0 + chunk, row1);
+        for (int64_t r = c0; r < c1; r++) {
+            const int64_t prow = base + r;
+            const uint8_t *sp = (const uint8_t *)w->scales + prow * w->scale_row_bytes;
+            const uint8_t *bp = (const uint8_t *)w->biases + prow * w->scale_row_bytes;
+            for (int64_t g = 0; g < n_groups; g++) {
+                ws[(r - c0) * n_groups + g] = lily_load_f32(sp, w->scale_dtype, g);
+                wb[(r - c0) * n_groups + g] = lily_load_f32(bp, w->scale_dtype, g);
+            }
         }
-        const uint8_t *wrow = (const uint8_t *)w->data + prow * w->row_bytes;
         for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
             const int nt = LILY_MIN(CPU_QTILE, n - i0);
-            float out[CPU_QTILE];
-            dot(wrow, ws, w->group_size, a, t0 + i0, nt, out);
-            for (int i = 0; i < nt; i++) {
-                const float *gs = gsum + (int64_t)(t0 + i0 + i) * n_groups;
-                float bias = 0;
-                for (int64_t g = 0; g < n_groups; g++)
-                    bias += wb[g] * gs[g];
-                y[(int64_t)(i0 + i) * ldy + (r - row0)] = out[i] + bias;
+            for (int64_t r = c0; r < c1; r++) {
+                const float *rs = ws + (r - c0) * n_groups, *rb = wb + (r - c0) * n_groups;
+                float out[CPU_QTILE];
+                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, rs, w->group_size, a, t0 + i0, nt, out);
+                for (int i = 0; i < nt; i++)
+                    y[(int64_t)(i0 + i) * ldy + (r - row0)] =
+                        out[i] + bias_dot(rb, gsum + (int64_t)(t0 + i0 + i) * n_groups, n_groups);
             }
         }
     }

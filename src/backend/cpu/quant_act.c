@@ -2,7 +2,7 @@
  * (quant_dot.h).
  *
  * Owns: the block scale d = max|x| / (127 · 254), the digits xq = round(x / (254 d)) and
- * xr = round(x / d - 254 xq) (both round-to-nearest, in [-127, 127]), the fp32 block sum that folds the
+ * xr = round(x / d - 254 xq) (both round-to-nearest, in [-127, 127]), the whole values v = 254 xq + xr as int16, the fp32 block sum that folds the
  * weights' affine bias, and the even/odd order the kernels read.
  */
 #include <math.h>
@@ -37,6 +37,7 @@ void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
             const float inv_d = amax > 0 ? 127.0f * CPU_QDIGIT / amax : 0.0f;
             int8_t *qb = a->q + (int64_t)t * cols + k * CPU_QBLOCK;
             int8_t *rb = a->r + (int64_t)t * cols + k * CPU_QBLOCK;
+            int16_t *vb = a->v + (int64_t)t * cols + k * CPU_QBLOCK;
             float hi[CPU_QBLOCK], lo[CPU_QBLOCK];
             for (int i = 0; i < CPU_QBLOCK; i++) {
                 const float v = xb[i] * inv_d; /* in [-127 · 254, 127 · 254] */
@@ -49,6 +50,8 @@ void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
                 qb[CPU_QBLOCK / 2 + i] = (int8_t)hi[2 * i + 1];
                 rb[i] = (int8_t)lo[2 * i];
                 rb[CPU_QBLOCK / 2 + i] = (int8_t)lo[2 * i + 1];
+                vb[i] = (int16_t)(hi[2 * i] * CPU_QDIGIT + lo[2 * i]);
+                vb[CPU_QBLOCK / 2 + i] = (int16_t)(hi[2 * i + 1] * CPU_QDIGIT + lo[2 * i + 1]);
             }
             a->d[t * nb + k] = amax / (127.0f * CPU_QDIGIT);
             a->sum[t * nb + k] = sum;

@@ -1,18 +1,32 @@
 /* threadpool.c — persistent pthread pool behind parallel_for() (threadpool.h).
  *
- * Owns: worker start/stop and the hand-out of tasks. A job is published under the mutex with a new
- * generation number; workers wake, claim task indices from an atomic counter, and the last one to
- * finish signals the caller, which also claims tasks while it waits.
+ * Owns: worker start/stop and the hand-out of tasks. The hot path takes no lock: the caller publishes a
+ * job by bumping an atomic generation number; workers claim task indices from an atomic counter and
+ * count themselves done on another; the caller runs tasks too, then waits on that counter. Between jobs a
+ * worker spins (with the CPU's pause hint) for up to CPU_POOL_SPIN_NS before it sleeps on a condition
+ * variable — decode issues hundreds of small jobs per token, and a wake-up from sleep costs more than
+ * most of them — and the caller takes the mutex only when some worker is asleep.
+ *
+ * Sleeping without a lost wake-up: a worker registers in n_sleeping under the mutex and then re-reads the
+ * generation; the caller stores the generation and then reads n_sleeping (both sequentially consistent),
+ * so either the worker sees the new job or the caller sees the sleeper and broadcasts under the mutex.
  */
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
+
+/* How long an idle worker spins before it sleeps, and how long the caller spins waiting for the workers
+ * before it yields its core (both in nanoseconds of CLOCK_MONOTONIC). */
+#define CPU_POOL_SPIN_NS 200000
+#define CPU_POOL_WAIT_SPIN_NS 50000
 
 typedef struct {
     lily_threadpool *pool;
@@ -24,18 +38,35 @@ struct lily_threadpool {
     pthread_t *workers;       /* [n_threads - 1] */
     worker_arg *worker_args;  /* [n_threads - 1] */
     int n_started;
-    pthread_mutex_t mutex;
-    pthread_cond_t start_cv, done_cv;
-    unsigned generation;      /* bumped once per job */
-    bool stop;
-    bool busy;                /* a job is in flight (re-entrance check) */
-    /* the current job */
+    pthread_mutex_t mutex;    /* only for sleeping and waking */
+    pthread_cond_t start_cv;
+    atomic_uint generation;   /* bumped once per job (and once at stop) */
+    atomic_bool stop;
+    atomic_bool busy;         /* a job is in flight (re-entrance check) */
+    atomic_int n_sleeping;    /* workers waiting on start_cv */
+    /* the current job: written by the caller before the generation bump, read by workers after it */
     lily_task_fn fn;
     void *arg;
     int n_tasks;
     atomic_int next_task;
-    int n_running;            /* workers that have not finished the current job */
+    atomic_int n_done;        /* workers that finished the current job */
 };
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static void run_tasks(lily_threadpool *pool, lily_task_fn fn, void *arg, int n_tasks, int thread)
 {
@@ -47,29 +78,52 @@ static void run_tasks(lily_threadpool *pool, lily_task_fn fn, void *arg, int n_t
     }
 }
 
+/* Wait until the generation differs from `seen`: spin first, then sleep. Returns the new generation. */
+static unsigned wait_for_job(lily_threadpool *pool, unsigned seen)
+{
+    const int64_t start = now_ns();
+    for (int i = 1;; i++) {
+        const unsigned g = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        if (g != seen)
+            return g;
+        cpu_relax();
+        if ((i & 255) == 0 && now_ns() - start > CPU_POOL_SPIN_NS)
+            break;
+    }
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add(&pool->n_sleeping, 1);
+    unsigned g;
+    while ((g = atomic_load(&pool->generation)) == seen)
+        pthread_cond_wait(&pool->start_cv, &pool->mutex);
+    atomic_fetch_sub(&pool->n_sleeping, 1);
+    pthread_mutex_unlock(&pool->mutex);
+    return g;
+}
+
 static void *worker_main(void *p)
 {
     worker_arg *wa = p;
     lily_threadpool *pool = wa->pool;
     unsigned seen = 0;
-    pthread_mutex_lock(&pool->mutex);
     for (;;) {
-        while (pool->generation == seen && !pool->stop)
-            pthread_cond_wait(&pool->start_cv, &pool->mutex);
-        if (pool->stop)
+        seen = wait_for_job(pool, seen);
+        if (atomic_load_explicit(&pool->stop, memory_order_acquire))
             break;
-        seen = pool->generation;
-        lily_task_fn fn = pool->fn;
-        void *arg = pool->arg;
-        int n_tasks = pool->n_tasks;
-        pthread_mutex_unlock(&pool->mutex);
-        run_tasks(pool, fn, arg, n_tasks, wa->index);
-        pthread_mutex_lock(&pool->mutex);
-        if (--pool->n_running == 0)
-            pthread_cond_signal(&pool->done_cv);
+        run_tasks(pool, pool->fn, pool->arg, pool->n_tasks, wa->index);
+        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_release);
     }
-    pthread_mutex_unlock(&pool->mutex);
     return NULL;
+}
+
+/* Publish a new generation and wake any sleeping worker. */
+static void bump_generation(lily_threadpool *pool)
+{
+    atomic_fetch_add(&pool->generation, 1);
+    if (atomic_load(&pool->n_sleeping) > 0) {
+        pthread_mutex_lock(&pool->mutex);
+        pthread_cond_broadcast(&pool->start_cv);
+        pthread_mutex_unlock(&pool->mutex);
+    }
 }
 
 lily_status lily_threadpool_create(int n_threads, lily_threadpool **out, lily_error *err)
@@ -85,8 +139,12 @@ lily_status lily_threadpool_create(int n_threads, lily_threadpool **out, lily_er
     pool->n_threads = n_threads;
     pthread_mutex_init(&pool->mutex, NULL);
     pthread_cond_init(&pool->start_cv, NULL);
-    pthread_cond_init(&pool->done_cv, NULL);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->stop, false);
+    atomic_init(&pool->busy, false);
+    atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->next_task, 0);
+    atomic_init(&pool->n_done, 0);
     if (n_threads > 1) {
         pool->workers = calloc((size_t)n_threads - 1, sizeof *pool->workers);
         pool->worker_args = calloc((size_t)n_threads - 1, sizeof *pool->worker_args);
@@ -112,14 +170,11 @@ void lily_threadpool_destroy(lily_threadpool *pool)
 {
     if (!pool)
         return;
-    pthread_mutex_lock(&pool->mutex);
-    pool->stop = true;
-    pthread_cond_broadcast(&pool->start_cv);
-    pthread_mutex_unlock(&pool->mutex);
+    atomic_store(&pool->stop, true);
+    bump_generation(pool);
     for (int i = 0; i < pool->n_started; i++)
         pthread_join(pool->workers[i], NULL);
     pthread_cond_destroy(&pool->start_cv);
-    pthread_cond_destroy(&pool->done_cv);
     pthread_mutex_destroy(&pool->mutex);
     free(pool->workers);
     free(pool->worker_args);
@@ -137,23 +192,23 @@ void parallel_for(lily_threadpool *pool, int n_tasks, lily_task_fn fn, void *arg
             fn(arg, t, 0);
         return;
     }
-    pthread_mutex_lock(&pool->mutex);
-    LILY_ASSERT(!pool->busy); /* parallel_for is not re-entrant */
-    pool->busy = true;
+    const bool was_busy = atomic_exchange(&pool->busy, true);
+    LILY_ASSERT(!was_busy); /* parallel_for is not re-entrant */
     pool->fn = fn;
     pool->arg = arg;
     pool->n_tasks = n_tasks;
     atomic_store_explicit(&pool->next_task, 0, memory_order_relaxed);
-    pool->n_running = pool->n_started;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->start_cv);
-    pthread_mutex_unlock(&pool->mutex);
+    atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
+    bump_generation(pool);
 
     run_tasks(pool, fn, arg, n_tasks, 0);
 
-    pthread_mutex_lock(&pool->mutex);
-    while (pool->n_running > 0)
-        pthread_cond_wait(&pool->done_cv, &pool->mutex);
-    pool->busy = false;
-    pthread_mutex_unlock(&pool->mutex);
+    const int64_t start = now_ns();
+    for (int i = 1; atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_started; i++) {
+        cpu_relax();
+        /* past the spin budget the workers are likely descheduled (a loaded machine): give up the core */
+        if ((i & 255) == 0 && now_ns() - start > CPU_POOL_WAIT_SPIN_NS)
+            sched_yield();
+    }
+    atomic_store(&pool->busy, false);
 }
