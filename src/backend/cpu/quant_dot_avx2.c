@@ -29,13 +29,14 @@ AVX2 __m256i block_dot(__m256i e, __m256i o, const int16_t *x)
                             _mm256_madd_epi16(o, _mm256_loadu_si256((const __m256i *)(x + CPU_QBLOCK / 2))));
 }
 
-/* 4-bit block k: 16 bytes, low nibbles = even elements, high nibbles = odd ones, widened to int16. */
+/* 4-bit block k: 16 bytes, low nibbles = even elements, high nibbles = odd ones, widened to int16:
+ * each byte zero-extends to a 16-bit lane, whose low nibble is the even value and whose value >> 4 is the
+ * odd one (the lane's high byte is zero). */
 AVX2 void unpack_q4(const uint8_t *w, int64_t k, __m256i *e, __m256i *o)
 {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(w + k * (CPU_QBLOCK / 2)));
-    const __m128i m4 = _mm_set1_epi8(15);
-    *e = _mm256_cvtepu8_epi16(_mm_and_si128(v, m4));
-    *o = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + k * (CPU_QBLOCK / 2))));
+    *e = _mm256_and_si256(b, _mm256_set1_epi16(15));
+    *o = _mm256_srli_epi16(b, 4);
 }
 
 /* 8-bit block k: 32 bytes in element order, reordered to [even | odd] (a byte shuffle in each 128-bit
@@ -51,8 +52,9 @@ AVX2 void unpack_q8(const uint8_t *w, int64_t k, __m256i *e, __m256i *o)
 }
 
 /* One row against NT token rows (NT a constant in each instantiation; the token loops are unrolled, so
- * the accumulators and row pointers stay in registers). Blocks are walked group by group; each block's
- * weights are unpacked once for all NT tokens. BITS picks the unpacking. */
+ * the accumulators and row pointers stay in registers). Blocks are walked group by group: each block's
+ * weights are unpacked once for all NT tokens, its int32 lanes scaled by the activation block's d into a
+ * group sum, and each group sum by the weight scale once. BITS picks the unpacking. */
 AVX2 void qdot_tile(const uint8_t *w, const float *ws, int group, const cpu_qact *a, int t0, float *out, const int NT,
                     const int BITS)
 {
@@ -68,7 +70,10 @@ AVX2 void qdot_tile(const uint8_t *w, const float *ws, int group, const cpu_qact
         xd[j] = a->d + (t0 + j) * nb;
     }
     for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
-        const float s = ws[g];
+        __m256 gacc[CPU_QTILE];
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++)
+            gacc[j] = _mm256_setzero_ps();
         for (int64_t k = k0; k < k0 + per_group; k++) {
             __m256i e, o;
             if (BITS == 4)
@@ -78,9 +83,13 @@ AVX2 void qdot_tile(const uint8_t *w, const float *ws, int group, const cpu_qact
 #pragma GCC unroll 4
             for (int j = 0; j < NT; j++) {
                 const __m256i p = block_dot(e, o, xv[j] + k * CPU_QBLOCK);
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xd[j][k] * s), acc[j]);
+                gacc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(xd[j] + k), gacc[j]);
             }
         }
+        const __m256 s = _mm256_broadcast_ss(ws + g);
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++)
+            acc[j] = _mm256_fmadd_ps(gacc[j], s, acc[j]);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < NT; j++)
