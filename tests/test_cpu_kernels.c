@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "base/dtype.h"
@@ -44,6 +45,54 @@ static void test_parallel_for_runs_every_task_once(void **state)
         for (int i = 0; i < n; i++)
             assert_int_equal(hits[i], 1);
         free(hits);
+    }
+    lily_threadpool_destroy(pool);
+}
+
+/* Jobs back to back (workers still spinning) and jobs after a pause longer than the spin (workers asleep):
+ * every task runs once, and every worker wakes for the job — the first 4 tasks each wait until 4 tasks have
+ * started, which only 4 different threads can do (a thread inside one task cannot claim another). */
+typedef struct {
+    int *hits;
+    int started, timed_out;
+} pool_job_wake;
+static void rendezvous_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    pool_job_wake *j = arg;
+    j->hits[task]++; /* each task index is claimed by exactly one thread */
+    if (task >= 4)
+        return;
+    __atomic_fetch_add(&j->started, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; __atomic_load_n(&j->started, __ATOMIC_SEQ_CST) < 4; i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        if (i > 100000) { /* 10 s: a worker never woke */
+            __atomic_store_n(&j->timed_out, 1, __ATOMIC_SEQ_CST);
+            return;
+        }
+    }
+}
+
+static void test_parallel_for_spin_then_sleep(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(4, &pool, &err), LILY_OK);
+    for (int round = 0; round < 40; round++) {
+        if (round % 10 == 9) {
+            struct timespec ts = {0, 5000000}; /* 5 ms, past the workers' spin: they sleep */
+            nanosleep(&ts, NULL);
+        }
+        const int n = round % 2 ? 4 : 64;
+        int hits[64] = {0};
+        pool_job_wake job = {hits, 0, 0};
+        parallel_for(pool, n, rendezvous_task, &job);
+        assert_int_equal(job.timed_out, 0);
+        assert_int_equal(job.started, 4);
+        for (int i = 0; i < 64; i++)
+            assert_int_equal(hits[i], i < n);
     }
     lily_threadpool_destroy(pool);
 }
@@ -534,6 +583,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parallel_for_runs_every_task_once),
+        cmocka_unit_test(test_parallel_for_spin_then_sleep),
         cmocka_unit_test(test_dequant_and_matmul_quantized),
         cmocka_unit_test(test_matmul_plain_dtypes),
         cmocka_unit_test(test_quantize_act_blocks),
