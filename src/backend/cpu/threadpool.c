@@ -1,20 +1,27 @@
 /* threadpool.c — persistent pthread pool behind parallel_for() (threadpool.h).
  *
- * Owns: worker start/stop and the hand-out of tasks. The hot path takes no lock: the caller publishes a
- * job by bumping an atomic generation number; workers claim task indices from an atomic counter and
- * count themselves done on another; the caller runs tasks too, then waits on that counter. Between jobs a
- * worker spins (with the CPU's pause hint) for up to CPU_POOL_SPIN_NS before it sleeps on a condition
- * variable — decode issues hundreds of small jobs per token, and a wake-up from sleep costs more than
- * most of them — and the caller takes the mutex only when some worker is asleep.
+ * Owns: worker start/stop and the hand-out of tasks. The hot path takes no lock. One atomic word holds
+ * the job's state: its generation (bumped per job), a closed bit, and how many workers are inside it. The
+ * caller publishes a job by storing a new generation; a worker enters the job by a compare-and-swap that
+ * adds itself to the count while the job is open, claims task indices from an atomic counter, and leaves
+ * by decrementing the count. The caller runs tasks too; when none is left it closes the job and waits only
+ * for the workers inside — a worker that has not entered by then (descheduled on a loaded machine) is not
+ * waited for, its share having gone to the threads that ran.
  *
- * Sleeping without a lost wake-up: a worker registers in n_sleeping under the mutex and then re-reads the
- * generation; the caller stores the generation and then reads n_sleeping (both sequentially consistent),
- * so either the worker sees the new job or the caller sees the sleeper and broadcasts under the mutex.
+ * Both sides spin briefly (with the CPU's pause hint) before they sleep on a condition variable: between
+ * jobs a worker for up to CPU_POOL_SPIN_NS — decode issues hundreds of small jobs per token, and a
+ * wake-up from sleep costs more than most of them — and the caller for up to CPU_POOL_WAIT_SPIN_NS at the
+ * end of a job. The spins are short because on a loaded machine a spinning thread holds a core that
+ * another thread may need. The mutex is taken only when the other side is asleep.
+ *
+ * Sleeping without a lost wake-up: a sleeper registers (n_sleeping, caller_sleeping) under the mutex and
+ * then re-reads the condition; the waker changes the condition and then reads the registration (both
+ * sequentially consistent), so either the sleeper sees the change or the waker sees the sleeper and
+ * signals under the mutex.
  */
 #include "threadpool.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -25,8 +32,14 @@
 
 /* How long an idle worker spins before it sleeps, and how long the caller spins waiting for the workers
  * before it yields its core (both in nanoseconds of CLOCK_MONOTONIC). */
-#define CPU_POOL_SPIN_NS 200000
-#define CPU_POOL_WAIT_SPIN_NS 50000
+#define CPU_POOL_SPIN_NS 50000
+#define CPU_POOL_WAIT_SPIN_NS 20000
+
+/* The job state word. */
+#define STATE_GEN_SHIFT 16
+#define STATE_CLOSED 0x8000u
+#define STATE_COUNT 0x7FFFu
+static inline unsigned state_gen(unsigned s) { return s >> STATE_GEN_SHIFT; }
 
 typedef struct {
     lily_threadpool *pool;
@@ -39,8 +52,8 @@ struct lily_threadpool {
     worker_arg *worker_args;  /* [n_threads - 1] */
     int n_started;
     pthread_mutex_t mutex;    /* only for sleeping and waking */
-    pthread_cond_t start_cv;
-    atomic_uint generation;   /* bumped once per job (and once at stop) */
+    pthread_cond_t start_cv, done_cv;
+    atomic_uint state;        /* generation << STATE_GEN_SHIFT | STATE_CLOSED | workers inside */
     atomic_bool stop;
     atomic_bool busy;         /* a job is in flight (re-entrance check) */
     atomic_int n_sleeping;    /* workers waiting on start_cv */
@@ -49,7 +62,7 @@ struct lily_threadpool {
     void *arg;
     int n_tasks;
     atomic_int next_task;
-    atomic_int n_done;        /* workers that finished the current job */
+    atomic_bool caller_sleeping; /* the caller waits on done_cv */
 };
 
 static inline void cpu_relax(void)
@@ -78,12 +91,12 @@ static void run_tasks(lily_threadpool *pool, lily_task_fn fn, void *arg, int n_t
     }
 }
 
-/* Wait until the generation differs from `seen`: spin first, then sleep. Returns the new generation. */
+/* Wait until the job generation differs from `seen`: spin first, then sleep. Returns the new one. */
 static unsigned wait_for_job(lily_threadpool *pool, unsigned seen)
 {
     const int64_t start = now_ns();
     for (int i = 1;; i++) {
-        const unsigned g = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        const unsigned g = state_gen(atomic_load_explicit(&pool->state, memory_order_acquire));
         if (g != seen)
             return g;
         cpu_relax();
@@ -93,11 +106,21 @@ static unsigned wait_for_job(lily_threadpool *pool, unsigned seen)
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add(&pool->n_sleeping, 1);
     unsigned g;
-    while ((g = atomic_load(&pool->generation)) == seen)
+    while ((g = state_gen(atomic_load(&pool->state))) == seen)
         pthread_cond_wait(&pool->start_cv, &pool->mutex);
     atomic_fetch_sub(&pool->n_sleeping, 1);
     pthread_mutex_unlock(&pool->mutex);
     return g;
+}
+
+/* Enter job `gen` if it is still the open job: true when this worker is counted inside it. */
+static bool enter_job(lily_threadpool *pool, unsigned gen)
+{
+    unsigned s = atomic_load(&pool->state);
+    while (state_gen(s) == gen && !(s & STATE_CLOSED))
+        if (atomic_compare_exchange_weak(&pool->state, &s, s + 1))
+            return true;
+    return false;
 }
 
 static void *worker_main(void *p)
@@ -109,16 +132,25 @@ static void *worker_main(void *p)
         seen = wait_for_job(pool, seen);
         if (atomic_load_explicit(&pool->stop, memory_order_acquire))
             break;
+        if (!enter_job(pool, seen))
+            continue; /* closed (or replaced) before this worker came: nothing to wait for */
         run_tasks(pool, pool->fn, pool->arg, pool->n_tasks, wa->index);
-        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_release);
+        const unsigned before = atomic_fetch_sub(&pool->state, 1);
+        if ((before & STATE_COUNT) == 1 && (before & STATE_CLOSED) && atomic_load(&pool->caller_sleeping)) {
+            pthread_mutex_lock(&pool->mutex);
+            pthread_cond_signal(&pool->done_cv);
+            pthread_mutex_unlock(&pool->mutex);
+        }
     }
     return NULL;
 }
 
-/* Publish a new generation and wake any sleeping worker. */
-static void bump_generation(lily_threadpool *pool)
+/* Publish a new, open job generation (no worker inside) and wake any sleeping worker. Only the caller
+ * (or destroy) writes it, when no worker is inside the previous job. */
+static void publish_job(lily_threadpool *pool)
 {
-    atomic_fetch_add(&pool->generation, 1);
+    const unsigned gen = state_gen(atomic_load(&pool->state)) + 1;
+    atomic_store(&pool->state, gen << STATE_GEN_SHIFT);
     if (atomic_load(&pool->n_sleeping) > 0) {
         pthread_mutex_lock(&pool->mutex);
         pthread_cond_broadcast(&pool->start_cv);
@@ -139,12 +171,13 @@ lily_status lily_threadpool_create(int n_threads, lily_threadpool **out, lily_er
     pool->n_threads = n_threads;
     pthread_mutex_init(&pool->mutex, NULL);
     pthread_cond_init(&pool->start_cv, NULL);
-    atomic_init(&pool->generation, 0);
+    pthread_cond_init(&pool->done_cv, NULL);
+    atomic_init(&pool->state, 0);
     atomic_init(&pool->stop, false);
     atomic_init(&pool->busy, false);
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->next_task, 0);
-    atomic_init(&pool->n_done, 0);
+    atomic_init(&pool->caller_sleeping, false);
     if (n_threads > 1) {
         pool->workers = calloc((size_t)n_threads - 1, sizeof *pool->workers);
         pool->worker_args = calloc((size_t)n_threads - 1, sizeof *pool->worker_args);
@@ -171,10 +204,11 @@ void lily_threadpool_destroy(lily_threadpool *pool)
     if (!pool)
         return;
     atomic_store(&pool->stop, true);
-    bump_generation(pool);
+    publish_job(pool);
     for (int i = 0; i < pool->n_started; i++)
         pthread_join(pool->workers[i], NULL);
     pthread_cond_destroy(&pool->start_cv);
+    pthread_cond_destroy(&pool->done_cv);
     pthread_mutex_destroy(&pool->mutex);
     free(pool->workers);
     free(pool->worker_args);
@@ -198,17 +232,26 @@ void parallel_for(lily_threadpool *pool, int n_tasks, lily_task_fn fn, void *arg
     pool->arg = arg;
     pool->n_tasks = n_tasks;
     atomic_store_explicit(&pool->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
-    bump_generation(pool);
+    publish_job(pool);
 
     run_tasks(pool, fn, arg, n_tasks, 0);
 
+    /* no task left to claim: close the job, then wait for the workers inside it */
+    unsigned s = atomic_fetch_or(&pool->state, STATE_CLOSED) | STATE_CLOSED;
     const int64_t start = now_ns();
-    for (int i = 1; atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_started; i++) {
+    for (int i = 1; (s & STATE_COUNT) != 0; i++) {
         cpu_relax();
-        /* past the spin budget the workers are likely descheduled (a loaded machine): give up the core */
-        if ((i & 255) == 0 && now_ns() - start > CPU_POOL_WAIT_SPIN_NS)
-            sched_yield();
+        s = atomic_load_explicit(&pool->state, memory_order_acquire);
+        if ((s & STATE_COUNT) != 0 && (i & 255) == 0 && now_ns() - start > CPU_POOL_WAIT_SPIN_NS) {
+            /* a worker inside was likely descheduled (a loaded machine): sleep until it leaves */
+            pthread_mutex_lock(&pool->mutex);
+            atomic_store(&pool->caller_sleeping, true);
+            while (atomic_load(&pool->state) & STATE_COUNT)
+                pthread_cond_wait(&pool->done_cv, &pool->mutex);
+            atomic_store(&pool->caller_sleeping, false);
+            pthread_mutex_unlock(&pool->mutex);
+            break;
+        }
     }
     atomic_store(&pool->busy, false);
 }
