@@ -386,6 +386,48 @@ static void test_top_k_ties_lower_id_first(void **state)
     assert_float_equal(w[3], 0.3f / 0.7f, 1e-6f);
 }
 
+/* ---- fast-mode attention ---- */
+
+/* cpu_attention_head_fast against softmax attention in double, and n tokens in one call against one token
+ * per call (bit for bit). hd = 24: three 8-wide vectors. */
+static void test_attention_head_fast_matches_double(void **state)
+{
+    (void)state;
+    enum { HD = 24, N = 9, KV_STRIDE = 2 * HD };
+    assert_true(cpu_attention_fast_ok(HD) && !cpu_attention_fast_ok(20));
+    float q[N * HD], k[N * KV_STRIDE], v[N * KV_STRIDE], o[N * HD], o1[N * HD], scores[N];
+    for (int i = 0; i < N * HD; i++)
+        q[i] = frand();
+    for (int i = 0; i < N * KV_STRIDE; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    /* the second KV head of the rows: offset HD */
+    cpu_attention_head_fast(q, HD, k + HD, v + HD, KV_STRIDE, N, 0, HD, scale, scores, o, HD);
+    for (int t = 0; t < N; t++)
+        cpu_attention_head_fast(q + t * HD, HD, k + HD, v + HD, KV_STRIDE, 1, t, HD, scale, scores, o1 + t * HD, HD);
+    assert_memory_equal(o, o1, sizeof o);
+    for (int t = 0; t < N; t++) {
+        double sc[N], mx = -1e300, sum = 0;
+        for (int s = 0; s <= t; s++) {
+            double d = 0;
+            for (int i = 0; i < HD; i++)
+                d += (double)q[t * HD + i] * k[s * KV_STRIDE + HD + i];
+            sc[s] = d * scale;
+            mx = fmax(mx, sc[s]);
+        }
+        for (int s = 0; s <= t; s++)
+            sum += sc[s] = exp(sc[s] - mx);
+        for (int i = 0; i < HD; i++) {
+            double want = 0;
+            for (int s = 0; s <= t; s++)
+                want += sc[s] / sum * v[s * KV_STRIDE + HD + i];
+            assert_float_equal(o[t * HD + i], want, 1e-5);
+        }
+    }
+}
+
 /* ---- RoPE ---- */
 
 static void test_rope_rotates_pairs_i_and_i_plus_half(void **state)
@@ -593,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_gdn_fast_step_matches_recurrent),
         cmocka_unit_test(test_top_k_ties_lower_id_first),
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
+        cmocka_unit_test(test_attention_head_fast_matches_double),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,8 +2,10 @@
  * form and x quantized to int8 per block of 32, through the integer kernels of quant_dot.h.
  *
  * Owns: the row split over the thread pool (each task a run of whole weight rows, so each weight byte
- * is read once per call and reused, from L1, by every token tile of CPU_QTILE rows), the per-row fp32
- * scales, and the affine bias folded as Σ_g b_g · (Σ x over group g).
+ * is read from memory once per call), the walk inside a task (chunks of 16 weight rows; per chunk, each
+ * token tile of CPU_QTILE rows meets every row of the chunk, so the tile's activations stay in L1 and the
+ * chunk's weights in L1/L2), the per-row fp32 scales, and the affine bias folded as
+ * Σ_g b_g · (Σ x over group g).
  */
 #include <string.h>
 
