@@ -14,8 +14,10 @@
 
 bool cpu_matmul_fast_ok(const cpu_ctx *c, const lily_tensor *w)
 {
+    /* scale and bias rows back to back (cpu_qmatmul_rows converts a chunk's in one run) */
     return !c->exact && (w->bits == 4 || w->bits == 8) && w->group_size % CPU_QBLOCK == 0 &&
-           lily_tensor_cols(w) % CPU_QBLOCK == 0;
+           lily_tensor_cols(w) % CPU_QBLOCK == 0 &&
+           w->scale_row_bytes == lily_tensor_cols(w) / w->group_size * lily_dtype_size(w->scale_dtype);
 }
 
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
@@ -30,10 +32,16 @@ void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
         }
 }
 
-/* Σ_g wb[g] · gs[g] in a fixed order: eight interleaved partial sums, then a pairwise sum (the compiler
- * vectorizes the loop; the order does not depend on the CPU's vector width). */
-static float bias_dot(const float *wb, const float *gs, int64_t n)
+/* Σ_g wb[g] · gs[g] in a fixed order that depends only on n: one serial sum for n < 8, else eight
+ * interleaved partial sums and a pairwise sum (the compiler vectorizes that loop). */
+static inline float bias_dot(const float *wb, const float *gs, int64_t n)
 {
+    if (n < 8) {
+        float sum = 0;
+        for (int64_t g = 0; g < n; g++)
+            sum += wb[g] * gs[g];
+        return sum;
+    }
     float part[8] = {0};
     int64_t g = 0;
     for (; g + 8 <= n; g += 8)
@@ -78,9 +86,10 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
 
 /* Scale floats a row chunk's fp32 scales and biases may take on the stack (each). */
 #define QMATMUL_SCALE_FLOATS 4096
-/* Rows per chunk: one token tile's activations stay in L1 while the chunk's weight rows (≤ 16 rows of
- * ≤ 8 KiB) pass by, so weights and activations are each read from L2 about once per tile. */
-#define QMATMUL_CHUNK_ROWS 16
+/* Weight bytes per chunk of rows: one token tile's activations stay in L1 while the chunk's weight rows
+ * pass by, so weights and activations are each read from L2 about once per tile; short rows come in
+ * longer chunks (at most 64 rows) to spread the per-chunk work. */
+#define QMATMUL_CHUNK_BYTES 8192
 
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
@@ -88,18 +97,17 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const int64_t n_groups = a->cols / w->group_size;
     const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
-    const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS, QMATMUL_SCALE_FLOATS / n_groups));
+    const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
+                                                        LILY_MIN((int64_t)64, LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
     float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS];
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
         const int64_t c1 = LILY_MIN(c0 + chunk, row1);
-        for (int64_t r = c0; r < c1; r++) {
-            const int64_t prow = base + r;
-            load_row_f32((const uint8_t *)w->scales + prow * w->scale_row_bytes, w->scale_dtype, n_groups,
-                         ws + (r - c0) * n_groups);
-            load_row_f32((const uint8_t *)w->biases + prow * w->scale_row_bytes, w->scale_dtype, n_groups,
-                         wb + (r - c0) * n_groups);
-        }
+        /* the chunk's scale (bias) rows lie back to back: one conversion each */
+        load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype,
+                     (c1 - c0) * n_groups, ws);
+        load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype,
+                     (c1 - c0) * n_groups, wb);
         for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
             const int nt = LILY_MIN(CPU_QTILE, n - i0);
             for (int64_t r = c0; r < c1; r++) {
