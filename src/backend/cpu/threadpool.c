@@ -31,7 +31,7 @@
 #include "base/base.h"
 
 /* How long an idle worker spins before it sleeps, and how long the caller spins waiting for the workers
- * before it yields its core (both in nanoseconds of CLOCK_MONOTONIC). */
+ * before it sleeps (both in nanoseconds of CLOCK_MONOTONIC). */
 #define CPU_POOL_SPIN_NS 50000
 #define CPU_POOL_WAIT_SPIN_NS 20000
 
@@ -57,12 +57,13 @@ struct lily_threadpool {
     atomic_bool stop;
     atomic_bool busy;         /* a job is in flight (re-entrance check) */
     atomic_int n_sleeping;    /* workers waiting on start_cv */
-    /* the current job: written by the caller before the generation bump, read by workers after it */
+    atomic_bool caller_sleeping; /* the caller waits on done_cv */
+    /* the current job: written by the caller before it publishes the generation, read by workers once
+     * they have entered it; not rewritten while any worker is inside */
     lily_task_fn fn;
     void *arg;
     int n_tasks;
     atomic_int next_task;
-    atomic_bool caller_sleeping; /* the caller waits on done_cv */
 };
 
 static inline void cpu_relax(void)
