@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "base/dtype.h"
@@ -44,6 +45,54 @@ static void test_parallel_for_runs_every_task_once(void **state)
         for (int i = 0; i < n; i++)
             assert_int_equal(hits[i], 1);
         free(hits);
+    }
+    lily_threadpool_destroy(pool);
+}
+
+/* Jobs back to back (workers still spinning) and jobs after a pause longer than the spin (workers asleep):
+ * every task runs once, and every worker wakes for the job — the first 4 tasks each wait until 4 tasks have
+ * started, which only 4 different threads can do (a thread inside one task cannot claim another). */
+typedef struct {
+    int *hits;
+    int started, timed_out;
+} pool_job_wake;
+static void rendezvous_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    pool_job_wake *j = arg;
+    j->hits[task]++; /* each task index is claimed by exactly one thread */
+    if (task >= 4)
+        return;
+    __atomic_fetch_add(&j->started, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; __atomic_load_n(&j->started, __ATOMIC_SEQ_CST) < 4; i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        if (i > 100000) { /* 10 s: a worker never woke */
+            __atomic_store_n(&j->timed_out, 1, __ATOMIC_SEQ_CST);
+            return;
+        }
+    }
+}
+
+static void test_parallel_for_spin_then_sleep(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(4, &pool, &err), LILY_OK);
+    for (int round = 0; round < 40; round++) {
+        if (round % 10 == 9) {
+            struct timespec ts = {0, 5000000}; /* 5 ms, past the workers' spin: they sleep */
+            nanosleep(&ts, NULL);
+        }
+        const int n = round % 2 ? 4 : 64;
+        int hits[64] = {0};
+        pool_job_wake job = {hits, 0, 0};
+        parallel_for(pool, n, rendezvous_task, &job);
+        assert_int_equal(job.timed_out, 0);
+        assert_int_equal(job.started, 4);
+        for (int i = 0; i < 64; i++)
+            assert_int_equal(hits[i], i < n);
     }
     lily_threadpool_destroy(pool);
 }
@@ -292,7 +341,7 @@ static void test_gdn_chunked_matches_recurrent(void **state)
 static void test_gdn_fast_step_matches_recurrent(void **state)
 {
     (void)state;
-    const int dk = 16, dv = 24, n = 70;
+    const int dk = 16, dv = 40, n = 70; /* dv = 32 + 8: the 4-vector and the 1-vector column runs */
     assert_true(cpu_gdn_fast_step_ok(dv) && !cpu_gdn_fast_step_ok(20));
     gdn_inputs in = make_gdn_inputs(n, dk, dv);
     float *s_ref = calloc((size_t)dk * dv, sizeof(float)), *s_fast = calloc((size_t)dk * dv, sizeof(float));
@@ -337,6 +386,48 @@ static void test_top_k_ties_lower_id_first(void **state)
     assert_float_equal(w[3], 0.3f / 0.7f, 1e-6f);
 }
 
+/* ---- fast-mode attention ---- */
+
+/* cpu_attention_head_fast against softmax attention in double, and n tokens in one call against one token
+ * per call (bit for bit). hd = 24: three 8-wide vectors. */
+static void test_attention_head_fast_matches_double(void **state)
+{
+    (void)state;
+    enum { HD = 24, N = 9, KV_STRIDE = 2 * HD };
+    assert_true(cpu_attention_fast_ok(HD) && !cpu_attention_fast_ok(20));
+    float q[N * HD], k[N * KV_STRIDE], v[N * KV_STRIDE], o[N * HD], o1[N * HD], scores[N];
+    for (int i = 0; i < N * HD; i++)
+        q[i] = frand();
+    for (int i = 0; i < N * KV_STRIDE; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    /* the second KV head of the rows: offset HD */
+    cpu_attention_head_fast(q, HD, k + HD, v + HD, KV_STRIDE, N, 0, HD, scale, scores, o, HD);
+    for (int t = 0; t < N; t++)
+        cpu_attention_head_fast(q + t * HD, HD, k + HD, v + HD, KV_STRIDE, 1, t, HD, scale, scores, o1 + t * HD, HD);
+    assert_memory_equal(o, o1, sizeof o);
+    for (int t = 0; t < N; t++) {
+        double sc[N], mx = -1e300, sum = 0;
+        for (int s = 0; s <= t; s++) {
+            double d = 0;
+            for (int i = 0; i < HD; i++)
+                d += (double)q[t * HD + i] * k[s * KV_STRIDE + HD + i];
+            sc[s] = d * scale;
+            mx = fmax(mx, sc[s]);
+        }
+        for (int s = 0; s <= t; s++)
+            sum += sc[s] = exp(sc[s] - mx);
+        for (int i = 0; i < HD; i++) {
+            double want = 0;
+            for (int s = 0; s <= t; s++)
+                want += sc[s] / sum * v[s * KV_STRIDE + HD + i];
+            assert_float_equal(o[t * HD + i], want, 1e-5);
+        }
+    }
+}
+
 /* ---- RoPE ---- */
 
 static void test_rope_rotates_pairs_i_and_i_plus_half(void **state)
@@ -371,8 +462,9 @@ static void test_quantize_act_blocks(void **state)
     for (int i = COLS; i < COLS + 32; i++)
         x[i] = 0;
     int8_t q[N * COLS], r[N * COLS];
+    int16_t v16[N * COLS];
     float d[N * COLS / 32], sum[N * COLS / 32];
-    cpu_qact a = {q, r, d, sum, COLS};
+    cpu_qact a = {q, r, d, sum, COLS, v16};
     cpu_quantize_act(x, N, COLS, &a);
     for (int t = 0; t < N; t++)
         for (int k = 0; k < COLS / 32; k++) {
@@ -389,6 +481,7 @@ static void test_quantize_act_blocks(void **state)
                 /* element i sits at slot i/2 (even) or 16 + i/2 (odd) */
                 const int slot = t * COLS + k * 32 + (i & 1 ? 16 + i / 2 : i / 2);
                 const int v = 254 * q[slot] + r[slot];
+                assert_int_equal(v16[slot], v); /* the whole value is the digits' */
                 /* the high digit alone is within half its step, and both within half of d */
                 assert_true(fabsf(q[slot] * 254.0f * d[b] - xb[i]) <= 0.5f * 254.0f * d[b] * 1.0001f);
                 assert_true(fabsf((float)v * d[b] - xb[i]) <= 0.5f * d[b] * 1.001f + 1e-12f);
@@ -438,8 +531,9 @@ static void test_quant_dot_every_kernel_set(void **state)
             for (int i = 0; i < N * COLS; i++)
                 x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
             int8_t q[N * COLS], r[N * COLS];
+            int16_t v16[N * COLS];
             float d[N * COLS / 32], sum[N * COLS / 32];
-            cpu_qact a = {q, r, d, sum, COLS};
+            cpu_qact a = {q, r, d, sum, COLS, v16};
             cpu_quantize_act(x, N, COLS, &a);
             for (int s = 0; s < n_sets; s++) {
                 const cpu_qdot_fn fn = bits == 4 ? sets[s]->dot_q4 : sets[s]->dot_q8;
@@ -485,8 +579,9 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
     c.max_chunk = N;
     c.qdot = cpu_qdot_best();
     int8_t qbuf[N * COLS], rbuf[N * COLS];
+    int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
-    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS};
+    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf};
     c.qgsum = gbuf;
     for (int bits = 4; bits <= 8; bits += 4) {
         qtensor qt = make_quantized(ROWS, COLS, bits, 3);
@@ -530,6 +625,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parallel_for_runs_every_task_once),
+        cmocka_unit_test(test_parallel_for_spin_then_sleep),
         cmocka_unit_test(test_dequant_and_matmul_quantized),
         cmocka_unit_test(test_matmul_plain_dtypes),
         cmocka_unit_test(test_quantize_act_blocks),
@@ -539,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_gdn_fast_step_matches_recurrent),
         cmocka_unit_test(test_top_k_ties_lower_id_first),
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
+        cmocka_unit_test(test_attention_head_fast_matches_double),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  *
  * Owns: the split of q_proj into per-head query and gate, q/k RMSNorm, RoPE, the append to the fp32
  * KV cache, causal softmax attention with GQA (query head h reads KV head h / (n_heads / n_kv_heads)),
- * the sigmoid output gate. The projections are matmul.c's; the cache memory is the state's.
+ * the sigmoid output gate. The projections are matmul.c's; the cache memory is the state's; fast mode's
+ * per-head softmax attention is attention_fast.c's.
  */
 #include <math.h>
 #include <string.h>
@@ -27,6 +28,18 @@ static void attention_head_task(void *arg, int head, int thread)
     const int kv_head = head / (cfg->n_heads / cfg->n_kv_heads);
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = j->st->attn_scores + (int64_t)thread * j->st->max_ctx;
+    if (!j->c->exact && cpu_attention_fast_ok(hd)) {
+        cpu_attention_head_fast(j->c->attn_q + (int64_t)head * hd, q_dim, j->k_cache + (int64_t)kv_head * hd,
+                                j->v_cache + (int64_t)kv_head * hd, kv_dim, j->n, j->pos0, hd, scale, scores,
+                                j->c->attn_o + (int64_t)head * hd, q_dim);
+        for (int t = 0; t < j->n; t++) {
+            float *o = j->c->attn_o + (int64_t)t * q_dim + (int64_t)head * hd;
+            const float *gate = j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)head * 2 * hd + hd;
+            for (int i = 0; i < hd; i++)
+                o[i] *= cpu_sigmoid(gate[i]);
+        }
+        return;
+    }
     for (int t = 0; t < j->n; t++) {
         const float *q = j->c->attn_q + (int64_t)t * q_dim + (int64_t)head * hd;
         const int n_keys = j->pos0 + t + 1; /* causal: keys 0 .. pos0 + t */

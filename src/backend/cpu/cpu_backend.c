@@ -53,9 +53,9 @@ static void cpu_destroy(void *ctx)
                     c->attn_q, c->attn_k, c->attn_v, c->attn_o, c->gdn_mixed, c->gdn_conv, c->gdn_z, c->gdn_b, c->gdn_a,
                     c->gdn_g, c->gdn_beta, c->gdn_o, c->gdn_chunk_scratch, c->router_probs, c->topk_ids,
                     c->topk_weights, c->expert_count, c->expert_offset, c->expert_rows, c->moe_x, c->moe_gate,
-                    c->moe_up, c->moe_y, c->shared_gate_logit, c->qact.q, c->qact.r, c->qact.d, c->qact.sum, c->qgsum, c->moe_active,
-                    c->moe_qx.q, c->moe_qx.r, c->moe_qx.d, c->moe_qx.sum, c->moe_qh.q, c->moe_qh.r, c->moe_qh.d,
-                    c->moe_qh.sum, c->moe_gsum, c->moe_h, c->moe_u, c->moe_yk};
+                    c->moe_up, c->moe_y, c->shared_gate_logit, c->qact.q, c->qact.r, c->qact.v, c->qact.d, c->qact.sum, c->qgsum, c->moe_active,
+                    c->moe_qx.q, c->moe_qx.r, c->moe_qx.v, c->moe_qx.d, c->moe_qx.sum, c->moe_qh.q, c->moe_qh.r,
+                    c->moe_qh.v, c->moe_qh.d, c->moe_qh.sum, c->moe_gsum, c->moe_h, c->moe_u, c->moe_yk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(c);
@@ -160,22 +160,26 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
         const int64_t qcols = (widest + CPU_QBLOCK - 1) / CPU_QBLOCK * CPU_QBLOCK;
         c->qact.q = malloc((size_t)(mc * qcols));
         c->qact.r = malloc((size_t)(mc * qcols));
+        c->qact.v = malloc((size_t)(mc * qcols) * sizeof(int16_t));
         c->qact.d = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
         c->qact.sum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
         c->qgsum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
-        ok = ok && c->qact.q && c->qact.r;
+        ok = ok && c->qact.q && c->qact.r && c->qact.v;
         const int64_t mk = mc * cfg->n_experts_used, mi = cfg->moe_intermediate;
         const int64_t gcols = LILY_MAX(H, mi);
         c->moe_active = calloc((size_t)cfg->n_experts, sizeof(int));
         c->moe_qx = (cpu_qact){malloc((size_t)(mk * H)), malloc((size_t)(mk * H)), alloc_floats(mk * H / CPU_QBLOCK, &ok),
-                               alloc_floats(mk * H / CPU_QBLOCK, &ok), H};
+                               alloc_floats(mk * H / CPU_QBLOCK, &ok), H,
+                               malloc((size_t)(mk * H) * sizeof(int16_t))};
         c->moe_qh = (cpu_qact){malloc((size_t)(mk * mi)), malloc((size_t)(mk * mi)),
-                               alloc_floats(mk * mi / CPU_QBLOCK, &ok), alloc_floats(mk * mi / CPU_QBLOCK, &ok), mi};
+                               alloc_floats(mk * mi / CPU_QBLOCK, &ok), alloc_floats(mk * mi / CPU_QBLOCK, &ok), mi,
+                               malloc((size_t)(mk * mi) * sizeof(int16_t))};
         c->moe_gsum = alloc_floats(mk * gcols / CPU_QBLOCK, &ok);
         c->moe_h = alloc_floats(mk * mi, &ok);
         c->moe_u = alloc_floats(mk * mi, &ok);
         c->moe_yk = alloc_floats(mk * H, &ok);
-        ok = ok && c->moe_active && c->moe_qx.q && c->moe_qx.r && c->moe_qh.q && c->moe_qh.r;
+        ok = ok && c->moe_active && c->moe_qx.q && c->moe_qx.r && c->moe_qx.v && c->moe_qh.q &&
+             c->moe_qh.r && c->moe_qh.v;
     }
     if (!ok || !c->topk_ids || !c->expert_count || !c->expert_offset || !c->expert_rows) {
         cpu_destroy(c);

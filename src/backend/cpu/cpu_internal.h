@@ -149,6 +149,16 @@ static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
  * x [n, hidden] (normed) -> out [n, hidden]; appends k, v to the layer's KV cache. */
 void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out);
 
+/* ---- attention_fast.c -------------------------------------------------------------------------- */
+/* Whether fast mode's attention handles this head size (a multiple of 8). */
+bool cpu_attention_fast_ok(int head_dim);
+/* One query head, n tokens at positions pos0 .. pos0 + n - 1, causal softmax attention in fp32 on 8-wide
+ * vectors: o[t] = Σ_{s ≤ pos0 + t} softmax_s(q[t] · k[s] · scale) v[s]. q [n] rows of hd at q_stride;
+ * k_cache, v_cache rows s of hd at kv_stride (this head's KV head already offset); scores: scratch of
+ * pos0 + n floats; o [n] rows of hd at o_stride. hd a multiple of 8 (cpu_attention_fast_ok). */
+void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
+                             int n, int pos0, int hd, float scale, float *scores, float *o, int o_stride);
+
 /* ---- gated_deltanet.c -------------------------------------------------------------------------- */
 typedef struct {
     int n_key_heads, n_value_heads; /* Hk, Hv: value head j reads key head j / (Hv / Hk) */

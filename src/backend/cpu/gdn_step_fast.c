@@ -19,6 +19,42 @@ typedef float v8f __attribute__((vector_size(32)));
 
 bool cpu_gdn_fast_step_ok(int dv) { return dv % 8 == 0 && dv <= CPU_GDN_FAST_MAX_DV; }
 
+/* Columns [b, b + 8 NB) of both passes, NB (1 or 4) vectors at a time: NB independent accumulators per
+ * sum, so the adds of successive rows a overlap instead of waiting on one another. Each lane's operations
+ * are the same for either NB. */
+#define GDN_PASS1(NB)                                                                                  \
+    do {                                                                                               \
+        v8f kv[NB] = {0}, s;                                                                           \
+        for (int a = 0; a < dk; a++)                                                                   \
+            for (int i = 0; i < NB; i++) {                                                             \
+                LOAD8(s, state + (int64_t)a * dv + b + 8 * i);                                         \
+                kv[i] += s * kt[a];                                                                    \
+            }                                                                                          \
+        for (int i = 0; i < NB; i++) {                                                                 \
+            v8f vv;                                                                                    \
+            LOAD8(vv, vt + b + 8 * i);                                                                 \
+            const v8f d = (vv - kv[i] * decay) * bt;                                                   \
+            STORE8(delta + b + 8 * i, d);                                                              \
+        }                                                                                              \
+    } while (0)
+
+#define GDN_PASS2(NB)                                                                                  \
+    do {                                                                                               \
+        v8f d[NB], acc[NB] = {0}, s;                                                                   \
+        for (int i = 0; i < NB; i++)                                                                   \
+            LOAD8(d[i], delta + b + 8 * i);                                                            \
+        for (int a = 0; a < dk; a++)                                                                   \
+            for (int i = 0; i < NB; i++) {                                                             \
+                float *row = state + (int64_t)a * dv + b + 8 * i;                                      \
+                LOAD8(s, row);                                                                         \
+                s = s * decay + d[i] * kt[a];                                                          \
+                STORE8(row, s);                                                                        \
+                acc[i] += s * qt[a];                                                                   \
+            }                                                                                          \
+        for (int i = 0; i < NB; i++)                                                                   \
+            STORE8(o + b + 8 * i, acc[i]);                                                             \
+    } while (0)
+
 void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
                                        const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
                                        float *state, float *out, int out_stride)
@@ -29,27 +65,14 @@ void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_st
         const float *vt = v + (int64_t)t * v_stride;
         const float decay = expf(g[(int64_t)t * gb_stride]), bt = beta[(int64_t)t * gb_stride];
         float *o = out + (int64_t)t * out_stride;
-        for (int b = 0; b < dv; b += 8) {
-            v8f kv = {0}, s, vv;
-            for (int a = 0; a < dk; a++) {
-                LOAD8(s, state + (int64_t)a * dv + b);
-                kv += s * kt[a];
-            }
-            LOAD8(vv, vt + b);
-            const v8f d = (vv - kv * decay) * bt;
-            STORE8(delta + b, d);
-        }
-        for (int b = 0; b < dv; b += 8) {
-            v8f d, acc = {0}, s;
-            LOAD8(d, delta + b);
-            for (int a = 0; a < dk; a++) {
-                float *row = state + (int64_t)a * dv + b;
-                LOAD8(s, row);
-                s = s * decay + d * kt[a];
-                STORE8(row, s);
-                acc += s * qt[a];
-            }
-            STORE8(o + b, acc);
-        }
+        int b = 0;
+        for (; b + 32 <= dv; b += 32)
+            GDN_PASS1(4);
+        for (; b < dv; b += 8)
+            GDN_PASS1(1);
+        for (b = 0; b + 32 <= dv; b += 32)
+            GDN_PASS2(4);
+        for (; b < dv; b += 8)
+            GDN_PASS2(1);
     }
 }

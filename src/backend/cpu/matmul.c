@@ -158,7 +158,8 @@ void cpu_matmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, c
     const int64_t rows = lily_tensor_rows(w), cols = lily_tensor_cols(w);
     LILY_ASSERT(cols <= MATMUL_BLOCK_FLOATS);
     if (cpu_matmul_fast_ok(c, w)) {
-        cpu_qact a = {c->qact.q, c->qact.r, c->qact.d, c->qact.sum, cols};
+        cpu_qact a = c->qact;
+        a.cols = cols;
         cpu_quantize_act(x, n, cols, &a);
         cpu_qmatmul_expert(c, w, expert, &a, n, y);
         return;

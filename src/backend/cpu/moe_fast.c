@@ -71,6 +71,7 @@ static void copy_qrow(const cpu_qact *a, int src, cpu_qact *b, int dst)
     const int64_t cols = a->cols, nb = cols / CPU_QBLOCK;
     memcpy(b->q + dst * cols, a->q + src * cols, (size_t)cols);
     memcpy(b->r + dst * cols, a->r + src * cols, (size_t)cols);
+    memcpy(b->v + dst * cols, a->v + src * cols, (size_t)cols * sizeof(int16_t));
     memcpy(b->d + dst * nb, a->d + src * nb, (size_t)nb * sizeof(float));
     memcpy(b->sum + dst * nb, a->sum + src * nb, (size_t)nb * sizeof(float));
 }
@@ -88,7 +89,8 @@ void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *o
     const int hidden = cfg->hidden, E = cfg->n_experts, k = cfg->n_experts_used, inter = cfg->moe_intermediate;
 
     /* x quantized once (c->qact), its rows gathered by expert into c->moe_qx */
-    cpu_qact a = {c->qact.q, c->qact.r, c->qact.d, c->qact.sum, hidden};
+    cpu_qact a = c->qact;
+    a.cols = hidden;
     cpu_quantize_act(x, n, hidden, &a);
     cpu_qact gx = c->moe_qx;
     gx.cols = hidden;

@@ -13,7 +13,11 @@
  * where both inner sums are exact integer dot products (vpmaddubsw/vpmaddwd, vdotq_s32, or C), their
  * combination is exact in int32, and the affine bias needs no per-element work.
  *
- * Activation layout: each block of 32 int8 values (of xq and of xr) is stored as its 16 even-indexed values then its 16
+ * The same integers are also kept whole, v_i = 254 xq_i + xr_i in [-32258, 32258] as int16, for kernels
+ * that multiply 16-bit values (x86's vpmaddwd: one multiply per value instead of one per digit); every
+ * kernel computes the same exact integer sums Σ q_i v_i.
+ *
+ * Activation layout: each block of 32 values (of xq, xr and v) is stored as its 16 even-indexed values then its 16
  * odd-indexed ones, the order a 4-bit row's 16 bytes unpack into (low nibbles = even elements, high
  * nibbles = odd ones, MLX packs element j of a uint32 word at bits 4j).
  *
@@ -33,12 +37,14 @@
 #define CPU_QDIGIT 254
 
 /* n rows of `cols` activations (cols a multiple of CPU_QBLOCK), quantized. Row t's digits are
- * q + t * cols and r + t * cols, its blocks' scales d + t * (cols / 32), fp32 sums sum + t * (cols / 32). */
+ * q + t * cols and r + t * cols, its whole values v + t * cols, its blocks' scales d + t * (cols / 32),
+ * fp32 sums sum + t * (cols / 32). */
 typedef struct {
     int8_t *q, *r; /* xq, xr */
     float *d;
     float *sum;
     int64_t cols;
+    int16_t *v; /* 254 xq + xr */
 } cpu_qact;
 
 /* Quantize x [n, cols] (fp32, cols % 32 == 0) into a (whose buffers hold n rows of cols). Portable C;
