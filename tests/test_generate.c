@@ -403,7 +403,7 @@ static void test_generate_reasoning_budget(void **state)
     assert_int_equal(r.n_reasoning, 2);
     assert_int_equal(r.n_generated, 4);
     assert_int_equal(r.finish, LILY_FINISH_STOP);
-    assert_string_equal(r.decode_path, "host sampler (reasoning budget)");
+    assert_string_equal(r.decode_path, "host sampler (the backend has no device loop)");
     const int32_t in_session[] = {PROMPT, 1, 2, 4, 5};
     assert_session(&f, in_session, 5);
 

@@ -156,6 +156,10 @@ typedef struct {
     const char *stop_string;  /* NULL: none */
     int stop_after, cancel_after;
     int max_ctx;              /* 0: 256 */
+    const int32_t *think_close; /* with n_think_close > 0: a reasoning budget (the prompt opened the block) */
+    int n_think_close;
+    int reasoning_budget;
+    int32_t think_end_id;
 } case_params;
 
 typedef struct {
@@ -189,6 +193,12 @@ static void generate(fixture *f, const case_params *c, bool device, outcome *o)
     o->out.stop_after = c->stop_after;
     o->out.cancel_after = c->cancel_after;
     p.decode = device ? LILY_DECODE_AUTO : LILY_DECODE_HOST;
+    if (c->n_think_close > 0) {
+        p.think_close = c->think_close;
+        p.n_think_close = c->n_think_close;
+        p.reasoning_budget = c->reasoning_budget;
+        p.think_end_id = c->think_end_id;
+    }
     if (lily_generate(o->s, prompt, (int)(sizeof prompt / sizeof *prompt), &p, &o->r, &err) != LILY_OK)
         fail_msg("generate: %s", err.message);
     assert_int_equal(o->r.device_loop, device);
@@ -575,35 +585,69 @@ static void test_error_in_later_batch(void **state)
     lily_session_free(d);
 }
 
-/* What still keeps the host loop on a backend with the op: asking for it, and a reasoning budget. */
+/* What still keeps the host loop on a backend with the op: asking for it. */
 static void test_host_only_settings(void **state)
 {
     fixture *f = *state;
-    static const int32_t close[] = {7, 8};
-    for (int i = 0; i < 2; i++) {
-        lily_error err = {0};
-        f->engine->backend.ops = &g_shim_ops;
-        lily_session *s = NULL;
-        assert_int_equal(lily_session_new(f->engine, 64, &s, &err), LILY_OK);
-        lily_generate_params p = lily_generate_defaults();
-        p.sampling.top_k = 0;
-        p.max_tokens = 5;
-        if (i == 0) {
-            p.decode = LILY_DECODE_HOST;
-        } else {
-            p.reasoning_budget = 100;
-            p.think_close = close;
-            p.n_think_close = 2;
+    lily_error err = {0};
+    f->engine->backend.ops = &g_shim_ops;
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, 64, &s, &err), LILY_OK);
+    lily_generate_params p = lily_generate_defaults();
+    p.sampling.top_k = 0;
+    p.max_tokens = 5;
+    p.decode = LILY_DECODE_HOST;
+    lily_generate_result r;
+    g_loop_calls = 0;
+    assert_int_equal(lily_generate(s, prompt, 3, &p, &r, &err), LILY_OK);
+    assert_false(r.device_loop);
+    assert_int_equal(g_loop_calls, 0);
+    assert_int_equal(r.n_generated, 5);
+    assert_string_equal(r.decode_path, "host sampler (asked for)");
+    lily_session_free(s);
+}
+
+/* A reasoning budget on the device loop: batches end where the budget is spent, the host forces the close
+ * tokens and the loop resumes: the host path's tokens, text and session, greedy and sampled, for budgets
+ * spent at once, mid-batch, at a batch edge, later than the model's own close, and never. */
+static void test_reasoning_budget_device_loop(void **state)
+{
+    fixture *f = *state;
+    g_ahead = 3;
+    static const int32_t close[] = {7, 8, 9};
+    int32_t ref[48];
+    reference(f, ref, 48);
+    const int at = first_new_token_at(ref, 48, 15); /* greedy "closes" its think block itself there */
+    const int32_t think_end = ref[at];
+    const int budgets[] = {0, 1, 5, 9, 30, 100};
+    for (int i = 0; i < 6; i++)
+        for (int sampled = 0; sampled < 2; sampled++) {
+            case_params c = greedy_case();
+            if (sampled) {
+                c.sampling.temperature = 0.8f;
+                c.sampling.top_k = 0;
+                c.sampling.seed = 3 + (uint64_t)i;
+            }
+            c.max_tokens = 40;
+            c.think_close = close;
+            c.n_think_close = 3;
+            c.reasoning_budget = budgets[i];
+            c.think_end_id = sampled ? -1 : think_end;
+            outcome h, d;
+            g_loop_calls = 0;
+            run_case(f, &c, &h, &d);
+            assert_true(g_loop_calls >= 1);
+            assert_int_equal(h.r.reasoning_cut, d.r.reasoning_cut);
+            assert_int_equal(h.r.n_reasoning, d.r.n_reasoning);
+            if (sampled ? budgets[i] < 40 : budgets[i] <= at) { /* cut: the close follows the last reasoning token */
+                assert_true(d.r.reasoning_cut);
+                assert_int_equal(d.r.n_reasoning, budgets[i]);
+                assert_memory_equal(&d.out.tokens[budgets[i]], close, sizeof close);
+            } else { /* the model closed it first */
+                assert_false(d.r.reasoning_cut);
+            }
+            free_outcomes(&h, &d);
         }
-        lily_generate_result r;
-        g_loop_calls = 0;
-        assert_int_equal(lily_generate(s, prompt, 3, &p, &r, &err), LILY_OK);
-        assert_false(r.device_loop);
-        assert_int_equal(g_loop_calls, 0);
-        assert_int_equal(r.n_generated, 5);
-        assert_string_equal(r.decode_path, i == 0 ? "host sampler (asked for)" : "host sampler (reasoning budget)");
-        lily_session_free(s);
-    }
 }
 
 int main(void)
@@ -619,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_declined_device_loop),
         cmocka_unit_test(test_error_in_later_batch),
         cmocka_unit_test(test_host_only_settings),
+        cmocka_unit_test(test_reasoning_budget_device_loop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -223,6 +223,18 @@ static bool next_forced(gen_state *g, int32_t *token)
     return true;
 }
 
+/* The reasoning budget's forced close is next or under way: the host loop chooses those tokens (the device
+ * loop hands back before them). */
+static bool forcing_due(const gen_state *g)
+{
+    const lily_generate_params *p = g->p;
+    if (p->n_think_close <= 0 || p->reasoning_budget < 0)
+        return false;
+    if (g->n_forced > 0)
+        return g->n_forced < p->n_think_close;
+    return g->thinking && g->r->n_reasoning >= p->reasoning_budget;
+}
+
 /* The next token on the host path: the reasoning budget's forced close, else a draw from the logits (masked
  * by the constraint). *none: the constraint allows no token. */
 static int32_t choose_token(gen_state *g, bool *none)
@@ -259,8 +271,6 @@ static const char *device_loop_refusal(const gen_state *g, lily_device_sampling 
     const char *env = getenv("LILY_DECODE_LOOP");
     if (p->decode == LILY_DECODE_HOST)
         return "host sampler (asked for)";
-    if (p->n_think_close > 0 && p->reasoning_budget >= 0)
-        return "host sampler (reasoning budget)";
     if (env && (!strcmp(env, "host") || !strcmp(env, "0")))
         return "host sampler (LILY_DECODE_LOOP)";
     if (p->constraint)
@@ -395,9 +405,11 @@ static int on_device_token(void *user, int32_t token, int index, const lily_toke
 /* Decode from `first` (chosen, kept, not yet appended) with the backend's decode_loop until the host
  * loop's checks stop it; the session then holds what the host loop's would (tokens, state, logits).
  * *declined: the first call returned LILY_ERR_UNSUPPORTED before any token (e.g. a CUDA engine with a
- * debug hook): nothing happened, the host loop takes over from `first` (returns LILY_OK). */
+ * debug hook): nothing happened, the host loop takes over from `first` (returns LILY_OK).
+ * *handback: -1, or the token (chosen and kept, not appended) after which the reasoning budget forces
+ * the think close: a batch never runs past the budget, and the host loop appends it and forces the close. */
 static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampling *ds, const checkpoint *ck,
-                                 bool *declined)
+                                 bool *declined, int32_t *handback)
 {
     lily_session *s = g->s;
     const lily_generate_params *p = g->p;
@@ -415,6 +427,9 @@ static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampli
             n = p->max_tokens - r->n_generated;
         if (n > s->max_ctx - s->n_tokens)
             n = s->max_ctx - s->n_tokens;
+        /* inside a think block under a budget: at most the reasoning tokens left (>= 1: not forcing_due) */
+        if (g->thinking && p->n_think_close > 0 && p->reasoning_budget >= 0 && n > p->reasoning_budget - r->n_reasoning)
+            n = p->reasoning_budget - r->n_reasoning;
         lily_status st = be->ops->recurrent_save(be->ctx, s->state, ck->loc, err);
         if (st != LILY_OK)
             return st;
@@ -468,6 +483,10 @@ static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampli
             return b.status;
         lily_sampler_set_draw_index(g->sampler, ds->draw0 + (uint64_t)n); /* the batch drew n tokens */
         first = b.tokens[n];
+        if (forcing_due(g)) {
+            *handback = first;
+            return LILY_OK;
+        }
     }
 }
 
@@ -562,19 +581,23 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
                 refusal = r->decode_path = "host sampler (no memory for the recurrent-state checkpoint)";
             }
         }
-        if (have_ck) {
+        if (have_ck && !forcing_due(&g)) {
             bool declined = false;
-            st = device_decode(&g, token, &ds, &ck, &declined);
+            int32_t handback = -1;
+            st = device_decode(&g, token, &ds, &ck, &declined, &handback);
             if (!declined) {
                 r->device_loop = true;
                 r->decode_path = "device loop";
                 if (st != LILY_OK)
                     goto done;
-                break;
+                if (handback < 0)
+                    break;
+                token = handback; /* the reasoning budget is spent: append it, then force the close */
+            } else {
+                checkpoint_free(s, &ck);
+                have_ck = false;
+                refusal = r->decode_path = "host sampler (the backend declined the device loop)";
             }
-            checkpoint_free(s, &ck);
-            have_ck = false;
-            refusal = r->decode_path = "host sampler (the backend declined the device loop)";
         }
         st = lily_session_append(s, &token, 1, NULL, err);
         if (st != LILY_OK)

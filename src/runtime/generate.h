@@ -10,8 +10,9 @@
  *   device loop: the backend's decode_loop op (backend.h; the CUDA backend) picks tokens on the device
  *     and streams them, with no host synchronization per token. Used by default (decode =
  *     LILY_DECODE_AUTO) when the backend has the op, for every sampler setting (penalties, logit bias,
- *     top-k / top-p / min-p, logprobs included), unless a token constraint or a reasoning budget needs the
- *     host per token. The first token of a generation is still sampled on the host. Tokens are decoded in
+ *     top-k / top-p / min-p, logprobs included), unless a token constraint needs the host per token. The
+ *     first token of a generation is still sampled on the host, and so are a reasoning budget's forced
+ *     close tokens (a batch ends where the budget is spent; the loop resumes after the close). Tokens are decoded in
  *     batches (8 growing to 64 steps); the recurrent state is saved at each batch start (recurrent_save),
  *     and when generation stops inside a batch after the device ran past that point, the batch-start
  *     state is restored and the kept tokens are run again one forward() at a time, so the session ends
@@ -102,7 +103,8 @@ typedef struct {
      * reasoning_budget tokens were generated in it and the model has not closed it (think_end_id), the
      * think_close tokens (e.g. "\n</think>\n\n", see lily_think_close_tokens) are forced: streamed through
      * on_token and appended like sampled tokens (they count in n_generated and max_tokens), and the answer
-     * is sampled after them. A budget of 0 closes the block at once. Runs on the host sampler. */
+     * is sampled after them. A budget of 0 closes the block at once. The forced tokens are appended by the
+     * host; the rest decodes on either path. */
     int reasoning_budget;             /* tokens; < 0: no budget (the default) */
     const int32_t *think_close;       /* [n_think_close] */
     int n_think_close;
