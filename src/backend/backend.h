@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "lily.h"
 #include "model/config.h"
@@ -137,8 +138,13 @@ typedef struct {
 /* Greedy and nothing else (no penalties, logit bias or logprobs): the settings of a plain decode. */
 static inline lily_device_sampling lily_device_sampling_greedy(void)
 {
-    lily_device_sampling ds = {.temperature = 0.0f, .top_k = 1, .top_p = 1.0f, .repetition_penalty = 1.0f,
-                               .top_logprobs = -1};
+    lily_device_sampling ds;
+    memset(&ds, 0, sizeof ds); /* not a designated initializer: CUDA's C++ compile warns of the members it omits */
+    ds.temperature = 0.0f;
+    ds.top_k = 1;
+    ds.top_p = 1.0f;
+    ds.repetition_penalty = 1.0f;
+    ds.top_logprobs = -1;
     return ds;
 }
 
