@@ -115,6 +115,29 @@ try:
 finally:
     p.terminate(); p.wait()
 
+# a generation_config.json without sampling fields (tiny-chat's own): each missing field takes Qwen's value,
+# as `lily run` does; do_sample false: greedy
+p, port = start()
+try:
+    ask = dict(max_tokens=24, seed=7, logit_bias=NO_STOP)
+    d, _ = chat(port, **ask)
+    q, _ = chat(port, temperature=1.0, top_p=0.95, top_k=20, min_p=0.0, **ask)
+    check(d["message"] == q["message"], "generation_config.json without sampling fields: Qwen's values per field")
+finally:
+    p.terminate(); p.wait()
+greedy_dir = os.path.join(tmp, "do-sample-false")
+shutil.copytree(model, greedy_dir)
+with open(os.path.join(greedy_dir, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [2, 0], "max_new_tokens": 128, "do_sample": False, "temperature": 0.7}, f)
+p, port = start_server(lily, greedy_dir, os.path.join(tmp, "greedy.log"))
+try:
+    a, _ = chat(port, max_tokens=16, seed=1, logit_bias=NO_STOP)
+    b, _ = chat(port, max_tokens=16, seed=2, logit_bias=NO_STOP)
+    g, _ = chat(port, max_tokens=16, temperature=0, logit_bias=NO_STOP)
+    check(a["message"] == b["message"] == g["message"], "do_sample false: greedy whatever the seed")
+finally:
+    p.terminate(); p.wait()
+
 r = subprocess.run([lily, "serve", "--reasoning", "maybe"], capture_output=True, text=True)
 check(r.returncode == 2 and "--reasoning expects on or off" in r.stderr, "--reasoning maybe: usage error")
 sys.exit(t.finish())

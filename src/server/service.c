@@ -130,17 +130,16 @@ static void add_stop_id(lily_service *svc, int32_t id)
 }
 
 /* generation_config.json's temperature, top_p, top_k, min_p, repetition_penalty and presence_penalty are the
- * defaults a request's missing fields take (as vLLM's --generation-config auto does); without the file,
- * Qwen's recommended sampling (lily_sampler_recommended). */
+ * defaults a request's missing fields take (as vLLM's --generation-config auto does); a field the file lacks
+ * (or the whole file) takes Qwen's recommended sampling (lily_sampler_recommended); do_sample false means
+ * greedy. */
 static void load_generation_defaults(lily_service *svc)
 {
-    svc->defaults = lily_sampler_defaults();
+    svc->defaults = lily_sampler_recommended(); /* per field, as `lily run` (cli/model_open.c) */
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", svc->model_dir);
     json_t *g = lily_json_load_file(path, 0, 0, NULL);
     if (!json_is_object(g)) {
-        if (!g)
-            svc->defaults = lily_sampler_recommended();
         json_decref(g);
         return;
     }
@@ -157,6 +156,8 @@ static void load_generation_defaults(lily_service *svc)
         svc->defaults.repetition_penalty = (float)json_number_value(v);
     if (json_is_number(v = json_object_get(g, "presence_penalty")))
         svc->defaults.presence_penalty = (float)json_number_value(v);
+    if (json_is_false(json_object_get(g, "do_sample")))
+        svc->defaults.temperature = 0.0f; /* transformers' generate(): greedy */
     json_decref(g);
 }
 
