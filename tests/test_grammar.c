@@ -108,6 +108,31 @@ static void test_free_json_formats_and_errors(void **state)
     assert_false(accepts(g, "{\"d\":\"2026-1-02\",\"u\":\"123e4567-e89b-12d3-a456-426614174000\"}"));
     lily_grammar_free(g);
 
+    /* dates and times within their ranges: month 01-12, day 01-31, hour 00-23, minutes and seconds 00-59 */
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"},"
+                     "\"t\":{\"type\":\"string\",\"format\":\"time\"},"
+                     "\"dt\":{\"type\":\"string\",\"format\":\"date-time\"}},\"required\":[\"d\",\"t\",\"dt\"]}",
+                     LILY_GRAMMAR_JSON);
+    static const char *const good[] = {"{\"d\":\"1999-01-31\",\"t\":\"00:00:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}",
+                                       "{\"d\":\"2024-10-09\",\"t\":\"19:05:30Z\",\"dt\":\"1000-09-30T20:00:00Z\"}"};
+    static const char *const bad_values[] = {
+        "{\"d\":\"1951-19-01\",\"t\":\"00:00:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* month 19 */
+        "{\"d\":\"1951-00-01\",\"t\":\"00:00:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* month 00 */
+        "{\"d\":\"1951-01-32\",\"t\":\"00:00:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* day 32 */
+        "{\"d\":\"1951-01-00\",\"t\":\"00:00:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* day 00 */
+        "{\"d\":\"0951-01-01\",\"t\":\"00:00:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* year 0951 */
+        "{\"d\":\"1951-01-01\",\"t\":\"71:23:32Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* hour 71 */
+        "{\"d\":\"1951-01-01\",\"t\":\"24:00:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* hour 24 */
+        "{\"d\":\"1951-01-01\",\"t\":\"23:60:00Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* minute 60 */
+        "{\"d\":\"1951-01-01\",\"t\":\"23:00:60Z\",\"dt\":\"2026-12-02T23:59:59Z\"}", /* second 60 */
+        "{\"d\":\"1951-01-01\",\"t\":\"23:00:00Z\",\"dt\":\"4312-16-26T12:16:14Z\"}", /* month 16 */
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        assert_true(accepts(g, good[i]));
+    for (size_t i = 0; i < sizeof bad_values / sizeof *bad_values; i++)
+        assert_false(accepts(g, bad_values[i]));
+    lily_grammar_free(g);
+
     json_t *bad = json_loads("{\"type\":\"strin\"}", 0, NULL);
     lily_grammar *out = NULL;
     lily_error err = {0};

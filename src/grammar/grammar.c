@@ -22,6 +22,7 @@ typedef struct {
     int32_t count;   /* characters, items, digits, next property */
     int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape */
     int32_t first;   /* object: no property written yet */
+    int32_t last;    /* string: the last character taken (a format's next position may depend on it) */
 } frame;
 
 typedef struct {
@@ -138,6 +139,27 @@ static bool literal_complete(const frame *f)
 static bool is_digit(unsigned char b) { return b >= '0' && b <= '9'; }
 static bool is_hex(unsigned char b) { return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
 
+/* Whether a format template's position p (json_schema.c's format_pattern) takes byte b after `last`:
+ * 'd' a digit, 'h' a hex digit, 'Y' 1-9 (a year's first digit), 'M' 0-1 and 'm' the month's second digit
+ * (01-12), 'D' 0-3 and 'e' the day's second digit (01-31), 'H' 0-2 and 'u' the hour's second digit (00-23),
+ * 'S' 0-5 (minutes, seconds); anything else itself. */
+static bool pattern_allows(char p, unsigned char b, int32_t last)
+{
+    switch (p) {
+    case 'd': return is_digit(b);
+    case 'h': return is_hex(b);
+    case 'Y': return b >= '1' && b <= '9';
+    case 'M': return b == '0' || b == '1';
+    case 'm': return last == '0' ? b >= '1' && b <= '9' : b >= '0' && b <= '2';
+    case 'D': return b >= '0' && b <= '3';
+    case 'e': return last == '0' ? b >= '1' && b <= '9' : last == '3' ? b == '0' || b == '1' : is_digit(b);
+    case 'H': return b >= '0' && b <= '2';
+    case 'u': return last == '2' ? b >= '0' && b <= '3' : is_digit(b);
+    case 'S': return b >= '0' && b <= '5';
+    default: return p == (char)b;
+    }
+}
+
 /* One character of string text (not a quote or an escape). False: not allowed. */
 static bool text_char(frame *f, unsigned char b)
 {
@@ -153,8 +175,8 @@ static bool text_char(frame *f, unsigned char b)
     if (n->max >= 0 && f->count >= n->max)
         return false;
     if (n->pattern) {
-        char p = n->pattern[f->count];
-        if (!p || (p == 'd' && !is_digit(b)) || (p == 'h' && !is_hex(b)) || (p != 'd' && p != 'h' && p != (char)b))
+        const char p = n->pattern[f->count];
+        if (!p || !pattern_allows(p, b, f->last))
             return false;
     }
     if (b >= 0x80) {
@@ -168,6 +190,7 @@ static bool text_char(frame *f, unsigned char b)
             return false;
     }
     f->count++;
+    f->last = b;
     return true;
 }
 

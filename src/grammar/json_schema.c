@@ -161,15 +161,18 @@ static int int_field(const json_t *s, const char *key, int dflt)
     return dflt;
 }
 
-/* String formats as fixed templates: 'd' a digit, 'h' a hex digit, anything else itself. */
+/* String formats as fixed templates, one class per character (grammar.c's pattern_allows): 'd' a digit,
+ * 'h' a hex digit, 'Y' 1-9, 'M' + 'm' a month 01-12, 'D' + 'e' a day 01-31, 'H' + 'u' an hour 00-23, 'S' 0-5;
+ * anything else itself. RFC 3339 full-date / partial-time with "Z"; a day past the month's end (02-30) is
+ * not excluded. */
 static const char *format_pattern(const char *format)
 {
     static const struct {
         const char *name, *pattern;
     } formats[] = {
-        {"date", "dddd-dd-dd"},
-        {"time", "dd:dd:ddZ"},
-        {"date-time", "dddd-dd-ddTdd:dd:ddZ"},
+        {"date", "Yddd-Mm-De"},
+        {"time", "Hu:Sd:SdZ"},
+        {"date-time", "Yddd-Mm-DeTHu:Sd:SdZ"},
         {"uuid", "hhhhhhhh-hhhh-hhhh-hhhh-hhhhhhhhhhhh"},
     };
     for (size_t i = 0; format && i < sizeof formats / sizeof formats[0]; i++)
