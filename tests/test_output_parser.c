@@ -303,6 +303,31 @@ static void test_thinking_cut_by_length_is_all_reasoning(void **state)
     check_case(&d);
 }
 
+/* A reply cut by max_tokens inside the "</tool_call>" after a complete call: the partial tag is not content,
+ * for every cut point. */
+static void test_cut_inside_tool_call_close(void **state)
+{
+    (void)state;
+    static const char head[] = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                               "</function>\n";
+    static const char close[] = "</tool_call>";
+    for (size_t k = 1; k < sizeof close - 1; k++) {
+        char text[256];
+        snprintf(text, sizeof text, "%s%.*s", head, (int)k, close);
+        const parse_case c = {
+            .text = text,
+            .cut_by_length = true,
+            .reasoning = "",
+            .content = "",
+            .n_calls = 1,
+            .names = {"get_weather"},
+            .arguments = {"{\"city\":\"Paris\"}"},
+            .finish_reason = "length",
+        };
+        check_case(&c);
+    }
+}
+
 static void test_thinking_off_no_think_tags_reach_content(void **state)
 {
     (void)state;
@@ -614,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_finish_reason_stop_and_length),
         cmocka_unit_test(test_random_tag_soup_is_split_invariant),
         cmocka_unit_test(test_prompt_opens_thinking),
+        cmocka_unit_test(test_cut_inside_tool_call_close),
         cmocka_unit_test(test_rejects_tools_that_are_not_an_array),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -828,6 +828,15 @@ lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length,
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "output parser: out of memory earlier");
     if (p->result.finished)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "output parser: finish called twice");
+    if (p->state == S_AFTER_FUNCTION) { /* a reply cut inside "</tool_call>": the partial tag is not content */
+        const char *close = tag_text[T_TOOL_CALL_CLOSE];
+        size_t i = 0;
+        while (i < p->pending.len && is_space(p->pending.data[i]))
+            i++;
+        const size_t rest = p->pending.len - i;
+        if (rest > 0 && rest < strlen(close) && !memcmp(p->pending.data + i, close, rest))
+            p->pending.len = i;
+    }
     process(p, true);
     switch (p->state) { /* close what the text left open */
     case S_FUNCTION_NAME:
