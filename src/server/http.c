@@ -898,12 +898,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     char tail[512] = "";
     if (r->job && (r->job->route == LILY_ROUTE_CHAT || r->job->route == LILY_ROUTE_COMPLETIONS)) {
         const lily_job_stats *s = &r->job->stats;
+        /* the time to the first token from the request's arrival: its wait in the queue, then the worker's */
+        const double t_arrival = (double)r->t0.tv_sec + (double)r->t0.tv_nsec * 1e-9; /* CLOCK_MONOTONIC too */
+        const double queued_ms = s->worker_start_s > t_arrival ? 1e3 * (s->worker_start_s - t_arrival) : 0.0;
         snprintf(tail, sizeof tail,
                  " prompt=%d completion=%d cached=%d prefill=%.1f tok/s decode=%.1f tok/s ttft=%.1f ms"
-                 " (prompt %.1f, restore %.1f, forward %.1f in %d, checkpoints %.1f) decode_path=\"%s\"%s",
+                 " (queued %.1f, prompt %.1f, restore %.1f, forward %.1f in %d passes, checkpoints %.1f)"
+                 " decode_path=\"%s\"%s",
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
-                 s->ttft_ms, s->prompt_ms, s->restore_ms, s->forward_ms, s->pieces, s->checkpoint_ms,
-                 s->decode_path ? s->decode_path : "none", lily_job_cancelled(r->job) ? " cancelled" : "");
+                 s->ttft_ms > 0 ? queued_ms + s->ttft_ms : 0.0, queued_ms, s->prompt_ms, s->restore_ms,
+                 s->forward_ms, s->pieces, s->checkpoint_ms, s->decode_path ? s->decode_path : "none",
+                 lily_job_cancelled(r->job) ? " cancelled" : "");
     }
     /* microhttpd answered a malformed request itself (a bad chunk): on_mhd_log counted it */
     bool mhd_answered = !r->responded && mhd_error_status;

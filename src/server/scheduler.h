@@ -36,6 +36,7 @@ typedef struct {
      * checkpoints; ttft_ms is the first generated token's delivery. decode_path: which decode ran and why
      * (a static string, NULL when no decode ran) */
     double prompt_ms, restore_ms, forward_ms, checkpoint_ms, ttft_ms;
+    double worker_start_s;    /* lily_wall_seconds() when the worker took the job (0: never), for the queue wait */
     int pieces;
     const char *decode_path;
 } lily_job_stats;

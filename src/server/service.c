@@ -1029,6 +1029,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream,
                     .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED,
                     .anth = {.index = -1, .kind = -1}, .t_start = lily_wall_seconds()};
+    job->stats.worker_start_s = g.t_start;
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
     if (req->anthropic) { /* msg_<the same random part> */
         const char *tail = g.ident.id + strlen("chatcmpl-");
