@@ -138,6 +138,22 @@ try:
 finally:
     p.terminate(); p.wait()
 
+# a forced tool call after a prompt that opened a think block closes the block first (well-formed history)
+p, port = start()
+try:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        c, u = chat(port, max_tokens=60, seed=3, logprobs=True, tools=tools, tool_choice=choice,
+                    chat_template_kwargs={"enable_thinking": True})
+        raw = "".join(t["token"] for t in c["logprobs"]["content"])
+        check(raw.startswith("\n</think>\n\n<tool_call>\n<function=get_weather>") and not c["message"].get("content")
+              and c["message"]["tool_calls"][0]["function"]["name"] == "get_weather",
+              f"tool_choice {choice if isinstance(choice, str) else 'named'} with thinking on: the think block "
+              "closes before the forced call")
+finally:
+    p.terminate(); p.wait()
+
 r = subprocess.run([lily, "serve", "--reasoning", "maybe"], capture_output=True, text=True)
 check(r.returncode == 2 and "--reasoning expects on or off" in r.stderr, "--reasoning maybe: usage error")
 sys.exit(t.finish())

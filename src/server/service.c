@@ -805,15 +805,18 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
 
 /* tool_choice required / named: the token ids the reply must open with into *forced ("<tool_call>\n<function=NAME>\n"
  * for a named tool; up to "<function=" for required, with the listed names, each as "NAME>\n", into nc for
- * spell_tool_name). False: an error already written to the job. */
-static bool tool_call_opening(lily_service *svc, lily_job *job, int32_t **forced, int *n_forced, name_constraint *nc)
+ * spell_tool_name), after "\n</think>\n\n" when the prompt opened a think block (thinking). False: an error
+ * already written to the job. */
+static bool tool_call_opening(lily_service *svc, lily_job *job, bool thinking, int32_t **forced, int *n_forced,
+                              name_constraint *nc)
 {
     const lily_oai_request *req = &job->req;
     lily_error err = {0};
     char head[512];
-    snprintf(head, sizeof head, req->tool_choice == LILY_TOOL_CHOICE_NAMED ? "<tool_call>\n<function=%s>\n"
-                                                                           : "<tool_call>\n<function=",
-             req->tool_name);
+    /* a prompt that opened a think block: close it first (empty reasoning), so the reply stays well formed */
+    snprintf(head, sizeof head, req->tool_choice == LILY_TOOL_CHOICE_NAMED ? "%s<tool_call>\n<function=%s>\n"
+                                                                           : "%s<tool_call>\n<function=",
+             thinking ? "\n</think>\n\n" : "", req->tool_name);
     if (lily_tokenizer_encode(svc->tok, head, strlen(head), true, forced, n_forced, &err) != LILY_OK) {
         fail_with(job, 500, "server_error", NULL, NULL, err.message);
         return false;
@@ -1046,7 +1049,7 @@ static void run_generation(lily_service *svc, lily_job *job)
 
     /* 2. tool_choice required / named: the text the reply must open with */
     if (req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->tool_choice == LILY_TOOL_CHOICE_REQUIRED) &&
-        !tool_call_opening(svc, job, &forced, &n_forced, &nc))
+        !tool_call_opening(svc, job, g.thinking, &forced, &n_forced, &nc))
         goto done;
 
     /* the grammar of the named tool's arguments (a required call's is known once its name is spelled) or of
