@@ -8,7 +8,8 @@ tokens, sized through /tokenize), measures at the client with streamed requests:
   * cold prefill: a prompt no checkpoint holds; TTFT and prompt tokens / TTFT;
   * decode per sampling shape (the same prompt again, so its prefill is a checkpoint restore): greedy;
     Qwen's thinking settings (temperature 1.0, top_p 0.95, top_k 20, presence_penalty 1.5); the OpenAI SDK's
-    defaults (temperature 1, top_p 1); logprobs with top_logprobs 5; a stop string; logit_bias; each as
+    defaults (temperature 1, top_p 1); logprobs with top_logprobs 5; a stop string; logit_bias; a json_schema
+    response_format and a forced tool call (grammar-constrained: the host sampler); each as
     (completion tokens - 1) / (last token time - first token time), usage from stream_options;
   * turn 2: the conversation + the reply + a new user message (TTFT).
 and prints one markdown table per depth with the server's own log line numbers beside. Stdlib only (the GPU
@@ -41,6 +42,12 @@ while i < len(args):
 
 WORDS = ("alpha kernel memory bandwidth river stone cloud matrix token engine green quiet signal paper window "
          "orange number thread castle forest lamp ocean silver delta").split()
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 400},
+                                           "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 40}},
+          "required": ["name", "tags"], "additionalProperties": False}
+TOOL = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["query"]}}}
 SHAPES = [
     ("greedy", {"temperature": 0}),
     ("Qwen thinking: temperature 1.0, top_p 0.95, top_k 20, presence_penalty 1.5",
@@ -49,6 +56,10 @@ SHAPES = [
     ("greedy + logprobs, top_logprobs 5", {"temperature": 0, "logprobs": True, "top_logprobs": 5}),
     ("greedy + a stop string", {"temperature": 0, "stop": ["QZXJV"]}),
     ("temperature 0.7 + logit_bias", {"temperature": 0.7, "logit_bias": {"15": -100, "16": 5}}),
+    ("greedy + json_schema", {"temperature": 0, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}}),
+    ("greedy + forced tool call", {"temperature": 0, "tools": [TOOL],
+                                   "tool_choice": {"type": "function", "function": {"name": "search"}}}),
 ]
 
 
@@ -74,12 +85,13 @@ def stream(port, messages, max_tokens, extra):
             if d.get("usage"):
                 usage = d["usage"]
             for c in d.get("choices", []):
-                piece = (c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("reasoning_content")
+                delta = c.get("delta") or {}
+                piece = delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
                 if piece:
                     now = time.time()
                     first = first or now
                     last = now
-                    text += piece
+                    text += piece if isinstance(piece, str) else ""
     ttft = (first - t0) if first else float("nan")
     n = usage.get("completion_tokens", 0)
     tok_s = (n - 1) / (last - first) if first and last and last > first and n > 1 else float("nan")

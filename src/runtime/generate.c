@@ -115,7 +115,7 @@ typedef struct {
     lily_sampler *sampler;
     lily_stop_matcher *stops;
     bool callback_stopped;
-    bool thinking;                    /* inside the think block the reasoning budget watches */
+    bool thinking;                    /* inside the think block a reasoning budget watches (false without one) */
     int n_forced;                     /* think_close tokens forced so far */
     lily_error *err;
     float *masked;                    /* [vocab] the constraint's copy of the logits, or NULL */
@@ -207,22 +207,6 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
     return LILY_OK;
 }
 
-/* The next token of the forced think close, when the reasoning budget is spent (generate.h). */
-static bool next_forced(gen_state *g, int32_t *token)
-{
-    const lily_generate_params *p = g->p;
-    if (g->n_forced == 0 && !(g->thinking && g->r->n_reasoning >= p->reasoning_budget))
-        return false;
-    if (g->n_forced >= p->n_think_close)
-        return false;
-    if (g->n_forced == 0) {
-        g->thinking = false;
-        g->r->reasoning_cut = true;
-    }
-    *token = p->think_close[g->n_forced++];
-    return true;
-}
-
 /* The reasoning budget's forced close is next or under way: the host loop chooses those tokens (the device
  * loop hands back before them). */
 static bool forcing_due(const gen_state *g)
@@ -233,6 +217,19 @@ static bool forcing_due(const gen_state *g)
     if (g->n_forced > 0)
         return g->n_forced < p->n_think_close;
     return g->thinking && g->r->n_reasoning >= p->reasoning_budget;
+}
+
+/* The next token of the forced think close, when the reasoning budget is spent (generate.h). */
+static bool next_forced(gen_state *g, int32_t *token)
+{
+    if (!forcing_due(g))
+        return false;
+    if (g->n_forced == 0) {
+        g->thinking = false;
+        g->r->reasoning_cut = true;
+    }
+    *token = g->p->think_close[g->n_forced++];
+    return true;
 }
 
 /* The next token on the host path: the reasoning budget's forced close, else a draw from the logits (masked
@@ -428,7 +425,7 @@ static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampli
         if (n > s->max_ctx - s->n_tokens)
             n = s->max_ctx - s->n_tokens;
         /* inside a think block under a budget: at most the reasoning tokens left (>= 1: not forcing_due) */
-        if (g->thinking && p->n_think_close > 0 && p->reasoning_budget >= 0 && n > p->reasoning_budget - r->n_reasoning)
+        if (g->thinking && n > p->reasoning_budget - r->n_reasoning)
             n = p->reasoning_budget - r->n_reasoning;
         lily_status st = be->ops->recurrent_save(be->ctx, s->state, ck->loc, err);
         if (st != LILY_OK)

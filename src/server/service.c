@@ -200,10 +200,7 @@ static lily_status warm_up(lily_service *svc, lily_error *err)
     gp.sampling.temperature = 0.0f;
     lily_generate_result res;
     lily_status st = lily_generate(s, ids, n, &gp, &res, err);
-    gp.sampling = lily_sampler_defaults();
-    gp.sampling.temperature = 1.0f;
-    gp.sampling.top_p = 0.95f;
-    gp.sampling.top_k = 20;
+    gp.sampling = lily_sampler_recommended();
     if (st == LILY_OK)
         st = lily_generate(s, NULL, 0, &gp, &res, err);
     free(ids);

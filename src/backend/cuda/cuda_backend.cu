@@ -989,8 +989,7 @@ static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights 
     out->weight_bytes = weights_device_bytes(w, opts->n_cpu_moe);
     out->expert_layer_bytes = w->n_layers > 0 && w->layers ? expert_layer_bytes(w, 0) : 0;
     out->n_expert_layers = cfg->n_layers;
-    const int stage_min = cuda_experts_stage_min_tokens();
-    if (!opts->exact && stage_min > 0 && c.max_chunk >= stage_min && c.max_chunk >= PREFILL_GEMM_MIN_TOKENS)
+    if (!opts->exact && c.max_chunk >= CUDA_MOE_STAGE_MIN_TOKENS && c.max_chunk >= PREFILL_GEMM_MIN_TOKENS)
         out->expert_stage_bytes = cuda_experts_stage_bytes(out->expert_layer_bytes);
     out->kv_bytes_per_token = n_attn * 2 * kv_bytes(&c, 1) + sizeof(int); /* + out_tokens */
     out->state_bytes = ((size_t)cfg->n_layers - n_attn) * (conv_bytes(cfg) + rec_bytes(cfg)) + sizeof(cuda_counters);

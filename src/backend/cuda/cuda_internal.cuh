@@ -65,7 +65,6 @@ typedef struct {
     int n_host_allocs, cap_host_allocs;
     bool alloc_on_host; /* upload_mat places what it allocates in mapped host memory */
     /* prefill staging of host layers' experts (host_weights.cu) */
-    int stage_min_tokens;      /* calls of at least this many tokens stage (0: never) */
     void *stage_buf;           /* one layer's experts on the device; NULL: no staging */
     size_t stage_buf_bytes;
     cudaStream_t stage_stream; /* the copies */
@@ -202,8 +201,6 @@ bool cuda_layer_experts_on_host(const cuda_ctx *c, int layer);
 /* Prefill calls of at least this many tokens copy a host layer's experts to the device once (at 256 tokens
  * of top-8 of 256 experts nearly every expert is routed to) instead of reading them in place per tile. */
 #define CUDA_MOE_STAGE_MIN_TOKENS 256
-/* host_weights.cu: CUDA_MOE_STAGE_MIN_TOKENS, or $LILY_CUDA_MOE_STAGE_MIN (0: never stage; A/B runs). */
-int cuda_experts_stage_min_tokens(void);
 /* host_weights.cu: device bytes of the staging buffer for experts of expert_layer_bytes (alignment added). */
 size_t cuda_experts_stage_bytes(size_t expert_layer_bytes);
 /* host_weights.cu: after upload, the staging buffer, stream and events when opts.n_cpu_moe > 0, not exact

@@ -30,7 +30,7 @@ bool cuda_layer_experts_on_host(const cuda_ctx *c, int layer)
 /* ---- prefill: a host layer's experts staged to the device ------------------------------------------
  * A long prefill chunk routes tokens to nearly every expert and the grouped GEMM reads an expert's
  * weights once per tile of its tokens, so reading them in place would move them over the bus more than
- * once. Instead, for calls of at least c->stage_min_tokens tokens, each host layer's experts are copied
+ * once. Instead, for calls of at least CUDA_MOE_STAGE_MIN_TOKENS tokens, each host layer's experts are copied
  * once into one device buffer (cudaMemcpyAsync from the pinned pages: DMA at the link's rate) on a
  * second stream, starting when the layer begins (after the previous layer's MoE block, which used the
  * buffer, is done) so the copy overlaps the layer's attention or DeltaNet block; the MoE block waits for
@@ -51,19 +51,6 @@ static size_t align_up(size_t x)
     return (x + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
 }
 
-int cuda_experts_stage_min_tokens(void)
-{
-    /* LILY_CUDA_MOE_STAGE_MIN=N: stage from N tokens; 0: never (the zero-copy reads only; for A/B runs) */
-    const char *v = getenv("LILY_CUDA_MOE_STAGE_MIN");
-    if (v && *v) {
-        char *end;
-        const long n = strtol(v, &end, 10);
-        if (!*end && n >= 0 && n <= (1L << 30))
-            return (int)n;
-    }
-    return CUDA_MOE_STAGE_MIN_TOKENS;
-}
-
 size_t cuda_experts_stage_bytes(size_t expert_layer_bytes)
 {
     return expert_layer_bytes + 9 * STAGE_ALIGN;
@@ -71,9 +58,8 @@ size_t cuda_experts_stage_bytes(size_t expert_layer_bytes)
 
 lily_status cuda_experts_stage_init(cuda_ctx *c, lily_error *err)
 {
-    c->stage_min_tokens = cuda_experts_stage_min_tokens();
     c->staged_layer = -1;
-    if (c->opts.n_cpu_moe <= 0 || c->opts.exact || c->stage_min_tokens == 0 || c->max_chunk < c->stage_min_tokens ||
+    if (c->opts.n_cpu_moe <= 0 || c->opts.exact || c->max_chunk < CUDA_MOE_STAGE_MIN_TOKENS ||
         c->max_chunk < c->prefill_min_tokens)
         return LILY_OK;
     size_t bytes = 0;
@@ -109,7 +95,7 @@ void cuda_experts_stage_free(cuda_ctx *c)
 lily_status cuda_experts_stage(cuda_ctx *c, int layer, int n, lily_error *err)
 {
     c->staged_layer = -1;
-    if (!c->stage_buf || n < c->stage_min_tokens || !cuda_layer_experts_on_host(c, layer))
+    if (!c->stage_buf || n < CUDA_MOE_STAGE_MIN_TOKENS || !cuda_layer_experts_on_host(c, layer))
         return LILY_OK;
     const cuda_layer *L = &c->layers[layer];
     const dmat *src[3] = {&L->ex_gate, &L->ex_up, &L->ex_down};
