@@ -133,6 +133,15 @@ typedef struct {
     uint64_t draw0;           /* step i draws with draw index draw0 + i (sampler.h's lily_sampler_draw_index) */
     int top_logprobs;         /* < 0: no logprobs; 0 .. LILY_TOP_LOGPROBS_MAX: each token's logprobs with this
                                  many alternatives are passed to on_token */
+    /* Constrained decoding (NULL: none). Step i chooses among the tokens whose bit (bit id & 31 of word
+     * id >> 5) is set in bits[(vocab + 31) / 32] as token_mask(mask_user, i, bits) wrote them (it returns
+     * 1), or among all tokens (it returns 0). decode_loop calls it, on the thread that called decode_loop,
+     * for step 0 before the first step and for step i + 1 right after on_token(i) returned 0 (when
+     * i + 1 < n); the step's forward pass runs meanwhile and only its sampling waits for the mask.
+     * Disallowed tokens get -infinity logits before the logit bias, penalties and temperature; logprobs
+     * stay those of the raw logits. */
+    int (*token_mask)(void *user, int index, uint32_t *bits);
+    void *mask_user;
 } lily_device_sampling;
 
 /* Greedy and nothing else (no penalties, logit bias or logprobs): the settings of a plain decode. */
