@@ -216,7 +216,10 @@ struct lily_backend_ops {
 
     /* ---- Optional (NULL when a backend lacks them): the state in parts, so the prefix cache can share
      * KV rows between checkpoints and keep checkpoints in device memory. Called between forward() calls,
-     * never inside one or inside a graph capture. Copies finish before a call returns.
+     * never inside one or inside a graph capture. Copies from or to host memory finish before a call
+     * returns; a save to a device pool may still be under way on the device when kv_save / recurrent_save
+     * return (the caller need not wait for it: every later call of the backend, including a load of those
+     * bytes, comes after it; an error it meets is reported by a later call).
      * kv_row_bytes: bytes of one position's KV rows (K and V of every attention layer) as kv_save lays
      *   them out. kv_save: rows [row0, row0 + n) of state (row0 + n <= position) to n * kv_row_bytes
      *   bytes at loc. kv_load: such bytes into rows [row0, row0 + n) (row0 + n <= max_ctx); the position
