@@ -223,6 +223,65 @@ static void test_mask(void **state)
     lily_token_trie_free(t);
 }
 
+/* Inside strings with a length limit (maxLength; a raw tool parameter's too) the mask counts each plain
+ * token's characters against the room left: the same mask as feeding every token to the matcher, at each
+ * step of filling the string up to its limit (multi-byte characters count once). */
+static void test_mask_length_limit(void **state)
+{
+    (void)state;
+    const char *vocab[] = {"a", "ab", "abc", "abcd", "\xc3\xa9", "\xc3\xa9\xc3\xa9x", "\"", "x\"", "\\n", " ", "}", "\"}",
+                           "<", "\n"};
+    const int n = (int)(sizeof vocab / sizeof vocab[0]);
+    size_t lens[sizeof vocab / sizeof vocab[0]];
+    for (int i = 0; i < n; i++)
+        lens[i] = strlen(vocab[i]);
+    lily_token_trie *t = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_token_trie_new(vocab, lens, NULL, n, &t, &err), LILY_OK);
+    static const struct {
+        const char *schema, *prefix;
+        lily_grammar_syntax syntax;
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":5}},\"required\":[\"s\"]}",
+         "{\"s\":\"", LILY_GRAMMAR_JSON},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}},"
+         "\"required\":[\"s\"]}", "{\"s\":\"", LILY_GRAMMAR_JSON},
+        {"{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"string\",\"maxLength\":3}},\"required\":[\"q\"]}",
+         "<parameter=q>\n", LILY_GRAMMAR_QWEN_TOOL},
+    };
+    char text[128];
+    uint8_t allowed[sizeof vocab / sizeof vocab[0]];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        lily_grammar *g = compile_text(cases[c].schema, cases[c].syntax);
+        /* fill the string one "a" at a time, then one "\xc3\xa9" past it, checking the mask at each length */
+        for (int filled = 0; filled <= 6; filled++) {
+            snprintf(text, sizeof text, "%s", cases[c].prefix);
+            for (int k = 0; k < filled; k++)
+                strcat(text, k == 1 ? "\xc3\xa9" : "a");
+            if (!prefix_ok(g, text))
+                break;
+            lily_grammar_matcher *m = NULL;
+            assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+            assert_true(lily_grammar_matcher_feed(m, text, strlen(text)));
+            const int got = lily_grammar_matcher_mask(m, t, allowed);
+            int want = 0;
+            for (int id = 0; id < n; id++) {
+                char next[160];
+                snprintf(next, sizeof next, "%s%s", text, vocab[id]);
+                const bool ok = prefix_ok(g, next);
+                want += ok;
+                if (allowed[id] != ok)
+                    fail_msg("case %zu, %d characters: token %d (\"%s\") mask %d, matcher %d", c, filled, id, vocab[id],
+                             allowed[id], ok);
+            }
+            assert_int_equal(got, want);
+            lily_grammar_matcher_free(m);
+        }
+        lily_grammar_free(g);
+    }
+    lily_token_trie_free(t);
+}
+
 /* The constraint's bit mask (the device loop's) allows exactly the tokens its logits mask (the host
  * sampler's) leaves finite, at every step of a document: none while waiting for "</think>", the grammar's
  * tokens, then the stop token once the value is complete; ids past the tokenizer's vocabulary never;
@@ -310,6 +369,7 @@ int main(void)
         cmocka_unit_test(test_free_json_formats_and_errors),
         cmocka_unit_test(test_qwen_tool_syntax),
         cmocka_unit_test(test_mask),
+        cmocka_unit_test(test_mask_length_limit),
         cmocka_unit_test(test_constraint_bits_match_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
