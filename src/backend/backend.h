@@ -254,6 +254,9 @@ struct lily_backend_ops {
      * Greedy chooses what an argmax of forward()'s logits would; sampled draws are sampler.h's (above).
      * Every step's logits are checked: one that holds a NaN or an infinity ends the loop with
      * LILY_ERR_BACKEND before its token is delivered (the steps already queued finish; *n_run counts them).
+     * With sampling->token_mask, a step whose mask does not arrive within the backend's timeout (CUDA:
+     * 10 s) ends the loop the same way; when the loop stops, steps still waiting for a mask are released
+     * and finish unconstrained (their tokens are never delivered).
      * Errors: LILY_ERR_CONTEXT_LENGTH (position + n > max_ctx; state unchanged); LILY_ERR_INVALID_ARGUMENT
      * (n < 1, first_token outside [0, vocab), sampling outside the ranges of lily_device_sampling);
      * LILY_ERR_UNSUPPORTED (this instance cannot, e.g. a debug hook is set: state unchanged, nothing run;
