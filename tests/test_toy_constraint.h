@@ -19,13 +19,15 @@ typedef struct {
 /* Whether the k-th constrained token may be id v. */
 static inline bool toy_allows_at(int k, int v) { return v % 3 == k % 3 || v < 2; }
 
+/* What both mask forms return before they look at tokens: 0 while waiting, -1 once the value is complete,
+ * else 1 (constrained). */
+static inline int toy_phase(const toy_constraint *t) { return t->waiting ? 0 : t->k >= t->limit ? -1 : 1; }
+
 static inline int toy_mask(void *user, float *logits, int vocab)
 {
     toy_constraint *t = user;
-    if (t->waiting)
-        return 0;
-    if (t->k >= t->limit)
-        return -1;
+    if (toy_phase(t) <= 0)
+        return toy_phase(t);
     int n = 0;
     for (int v = 0; v < vocab; v++) {
         if (toy_allows_at(t->k, v))
@@ -39,10 +41,8 @@ static inline int toy_mask(void *user, float *logits, int vocab)
 static inline int toy_allowed(void *user, uint32_t *bits, int vocab)
 {
     toy_constraint *t = user;
-    if (t->waiting)
-        return 0;
-    if (t->k >= t->limit)
-        return -1;
+    if (toy_phase(t) <= 0)
+        return toy_phase(t);
     int n = 0;
     memset(bits, 0, (size_t)(vocab + 31) / 32 * sizeof *bits);
     for (int v = 0; v < vocab; v++)

@@ -306,6 +306,19 @@ static void poisoned_steps(void)
     }
 }
 
+/* The first index >= from whose token does not occur before it, or -1. */
+static int first_new_at(const int32_t *ids, int n, int from)
+{
+    for (int i = from; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++)
+            seen |= ids[j] == ids[i];
+        if (!seen)
+            return i;
+    }
+    return -1;
+}
+
 int main(void)
 {
     if (cuda_test_no_device())
@@ -320,14 +333,7 @@ int main(void)
     case_params ref = {.temperature = 0, .max_tokens = 120, .stop_id = -1};
     outcome r0 = {0};
     generate(&ref, false, prompt, N_PROMPT, &r0);
-    int stop_at = -1;
-    for (int i = 37; i < r0.out.n_tokens && stop_at < 0; i++) {
-        bool seen = false;
-        for (int j = 0; j < i; j++)
-            seen |= r0.out.tokens[j] == r0.out.tokens[i];
-        if (!seen)
-            stop_at = i;
-    }
+    const int stop_at = first_new_at(r0.out.tokens, r0.out.n_tokens, 37);
     lily_session_free(r0.s);
 
     run_case("greedy, 120 tokens", &ref);
@@ -370,14 +376,7 @@ int main(void)
     lily_session_free(h.s);
 
     sampled_against_host();
-    int opening_at = -1;
-    for (int i = 9; i < r0.out.n_tokens && opening_at < 0; i++) {
-        bool seen = false;
-        for (int j = 0; j < i; j++)
-            seen |= r0.out.tokens[j] == r0.out.tokens[i];
-        if (!seen)
-            opening_at = i;
-    }
+    const int opening_at = first_new_at(r0.out.tokens, r0.out.n_tokens, 9);
     if (opening_at >= 0) {
         constrained_against_host(r0.out.tokens[opening_at], opening_at);
     } else {
