@@ -30,6 +30,12 @@ static const struct {
      "\"integer\"}},\"required\":[\"sku\",\"qty\"]}},\"note\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}},"
      "\"required\":[\"status\",\"items\",\"note\"]}",
      "{\"status\":\"paid\",\"items\":[{\"sku\":\"A-100\",\"qty\":2},{\"sku\":\"B-7\",\"qty\":10}],\"note\":null}"},
+    {"string with maxLength, array of strings (bench/serve_speed.py's)",
+     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":400},\"tags\":{\"type\":"
+     "\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":40}},\"required\":[\"name\",\"tags\"],"
+     "\"additionalProperties\":false}",
+     "{\"name\":\"kernel memory bandwidth river stone cloud matrix token engine green quiet signal paper window "
+     "orange number thread castle forest lamp ocean silver delta\",\"tags\":[\"alpha\",\"kernel\",\"memory\"]}"},
     {"json_object (free)", NULL,
      "{\"query\":\"weather in Paris\",\"filters\":{\"days\":[1,2,3],\"units\":\"metric\",\"verbose\":false}}"},
 };

@@ -9,7 +9,7 @@ tokens, sized through /tokenize), measures at the client with streamed requests:
   * decode per sampling shape (the same prompt again, so its prefill is a checkpoint restore): greedy;
     Qwen's thinking settings (temperature 1.0, top_p 0.95, top_k 20, presence_penalty 1.5); the OpenAI SDK's
     defaults (temperature 1, top_p 1); logprobs with top_logprobs 5; a stop string; logit_bias; a json_schema
-    response_format and a forced tool call (grammar-constrained: the host sampler); each as
+    response_format and a forced tool call (grammar-constrained: the mask computed on the host per step); each as
     (completion tokens - 1) / (last token time - first token time), usage from stream_options;
   * turn 2: the conversation + the reply + a new user message (TTFT).
 and prints one markdown table per depth with the server's own log line numbers beside. Stdlib only (the GPU
@@ -120,6 +120,7 @@ def server_numbers(text):
     return m[-1] if m else ("", "", "")
 
 
+cold_logs = []
 try:
     port, deadline = None, time.time() + 600
     while port is None and time.time() < deadline and srv.poll() is None:
@@ -139,10 +140,12 @@ try:
             at = len(open(log.name).read())
             ttft, _, _, n_prompt, _ = stream(port, msgs, 4, {"temperature": 0})
             time.sleep(0.1)
-            srv_pf, _, _ = server_numbers(log_lines(at))
+            text = log_lines(at)
+            srv_pf, _, _ = server_numbers(text)
             if best is None or ttft < best[0]:
-                best = (ttft, n_prompt, srv_pf, msgs)
-        ttft, n_prompt, srv_pf, msgs = best
+                best = (ttft, n_prompt, srv_pf, msgs, [l for l in text.splitlines() if "ttft=" in l])
+        ttft, n_prompt, srv_pf, msgs, cold_log = best
+        cold_logs.extend(cold_log)
         print(f"| cold prefill, {n_prompt} prompt tokens | {1e3 * ttft:.1f} ({n_prompt / ttft:,.0f} tok/s) | | "
               f"{srv_pf} | |")
         reply = ""
@@ -162,7 +165,10 @@ try:
         time.sleep(0.1)
         print(f"| turn 2 ({n_prompt} prompt tokens) | {1e3 * ttft:.1f} | | | |")
         sys.stdout.flush()
-    print("\nserver log, last lines:\n" + "".join(open(log.name).readlines()[-10:]))
+    print("\nserver log: the cold prefills' lines, the structured requests' decode paths, then the last lines:\n" +
+          "".join(l + "\n" for l in cold_logs) +
+          "".join(sorted(set(l for l in open(log.name) if "structured output decoded" in l))) +
+          "".join(open(log.name).readlines()[-10:]))
 finally:
     srv.terminate()
     srv.wait(timeout=60)

@@ -471,7 +471,7 @@ static void test_generate_constraint(void **state)
     assert_int_equal(c.n_accepted, 3);
     assert_int_equal(c.accepted[0], 5);
     assert_int_equal(r.finish, LILY_FINISH_STOP);
-    assert_string_equal(r.decode_path, "host sampler (a grammar constrains the tokens)");
+    assert_string_equal(r.decode_path, "host sampler (the constraint has no token bit mask)");
 }
 
 int main(void)

@@ -5,6 +5,8 @@
  * the next token itself with what backend.h's lily_device_sampling hands a device (the settings, the
  * penalty history, the draw index), like a device would. It runs `g_ahead` steps past the tokens it has delivered, as the CUDA loop keeps steps
  * queued, so a stop inside a batch finds the state ahead of the stop and generate must undo those steps.
+ * With a token mask (constrained decoding) step k samples only once the mask of step k was published (so
+ * it runs one step ahead), and a stop releases the queued steps unconstrained, as the CUDA loop's abort.
  *
  * Every case runs the same parameters through both paths and asserts equal results: the streamed ids and
  * text, the finish fields and counts, the session's token ids, its last logits and its backend state
@@ -21,6 +23,7 @@
 #include "runtime/logprobs.h"
 #include "runtime/sampler.h"
 #include "test_fake_detok.h"
+#include "test_toy_constraint.h"
 
 /* ---- the shim backend ------------------------------------------------------------------------------ */
 
@@ -81,16 +84,29 @@ static lily_status shim_decode_loop(void *ctx, void *state, int32_t first_token,
     else
         st = shim_sampler(ds, &sampler, err);
     g_loop_calls++;
-    int run = 0, delivered = 0;
-    bool stop = false;
+    int run = 0, delivered = 0, published = 0;
+    bool stop = false, all = true;
     int32_t token = first_token;
+    uint32_t *bits = calloc((size_t)(g_vocab + 31) / 32, sizeof *bits);
+    float *masked = malloc((size_t)g_vocab * sizeof(float));
+    if (st == LILY_OK && (!bits || !masked))
+        st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "shim: out of memory");
+    if (st == LILY_OK && ds->token_mask) {
+        all = !ds->token_mask(ds->mask_user, 0, bits);
+        published = 1;
+    }
     while (st == LILY_OK && !stop && delivered < n) {
-        if (run < n && run - delivered <= g_ahead) { /* the device runs on */
+        if (run < n && run - delivered <= g_ahead && (!ds->token_mask || run < published)) { /* the device runs on */
             st = cpu->forward(ctx, state, &token, 1, LILY_LOGITS_LAST, logits, err);
             if (st != LILY_OK)
                 break;
             lily_sampler_set_draw_index(sampler, ds->draw0 + (uint64_t)run);
-            token = lily_sampler_sample(sampler, logits);
+            memcpy(masked, logits, (size_t)g_vocab * sizeof(float));
+            if (ds->token_mask && !all)
+                for (int v = 0; v < g_vocab; v++)
+                    if (!((bits[v >> 5] >> (v & 31)) & 1u))
+                        masked[v] = -INFINITY;
+            token = lily_sampler_sample(sampler, masked);
             if ((st = lily_sampler_accept(sampler, token, err)) != LILY_OK)
                 break;
             if (ds->top_logprobs >= 0)
@@ -100,15 +116,27 @@ static lily_status shim_decode_loop(void *ctx, void *state, int32_t first_token,
             stop = on_token && on_token(user, chosen[delivered], delivered,
                                         ds->top_logprobs >= 0 ? &lps[delivered] : NULL) != 0;
             delivered++;
+            if (!stop && ds->token_mask && delivered < n) {
+                all = !ds->token_mask(ds->mask_user, delivered, bits);
+                published = delivered + 1;
+            }
             if (g_fail_call == g_loop_calls && delivered == 2) {
                 st = lily_error_set(err, LILY_ERR_BACKEND, "shim: injected failure");
                 break;
             }
         }
     }
+    /* the steps queued behind a constrained one run on when the host stops (unconstrained) */
+    for (int k = 0; st == LILY_OK && stop && ds->token_mask && k < g_ahead && run < n; k++, run++) {
+        st = cpu->forward(ctx, state, &token, 1, LILY_LOGITS_LAST, logits, err);
+        lily_sampler_set_draw_index(sampler, ds->draw0 + (uint64_t)run);
+        token = lily_sampler_sample(sampler, logits);
+    }
     if (st == LILY_OK && stop && last_logits)
         memcpy(last_logits, logits, (size_t)g_vocab * sizeof(float));
     *n_run = run;
+    free(bits);
+    free(masked);
     lily_sampler_free(sampler);
     free(logits);
     free(chosen);
@@ -160,7 +188,10 @@ typedef struct {
     int n_think_close;
     int reasoning_budget;
     int32_t think_end_id;
+    int constrain;            /* > 0: a toy constraint (toy_constraint) that ends the value after this many tokens */
+    int32_t constrain_after;  /* the toy constraint waits for this token first (-1: constrains at once) */
 } case_params;
+
 
 typedef struct {
     lily_session *s;
@@ -193,6 +224,10 @@ static void generate(fixture *f, const case_params *c, bool device, outcome *o)
     o->out.stop_after = c->stop_after;
     o->out.cancel_after = c->cancel_after;
     p.decode = device ? LILY_DECODE_AUTO : LILY_DECODE_HOST;
+    toy_constraint toy;
+    const lily_token_constraint tc = toy_constraint_hook(&toy, c->constrain, c->constrain_after);
+    if (c->constrain > 0)
+        p.constraint = &tc;
     if (c->n_think_close > 0) {
         p.think_close = c->think_close;
         p.n_think_close = c->n_think_close;
@@ -650,6 +685,48 @@ static void test_reasoning_budget_device_loop(void **state)
         }
 }
 
+/* Constrained decoding on the device loop: the mask of each step computed on the host as the previous
+ * token arrives; the host path's tokens, text and session, greedy and sampled, for a value that ends
+ * mid-batch (the device ran past: undone), at a batch's last step, and after a think block that closes
+ * mid-batch; with a stop string firing first; every constrained token obeys the mask. */
+static void test_constrained_device_loop(void **state)
+{
+    fixture *f = *state;
+    int32_t ref[48];
+    reference(f, ref, 48);
+    const int close_at = first_new_token_at(ref, 48, 5); /* greedy's "</think>" */
+    static const int limits[] = {13, 16, 9, 30};
+    for (int ahead = 1; ahead <= 3; ahead += 2)
+        for (int i = 0; i < 4; i++)
+            for (int sampled = 0; sampled < 3; sampled++) {
+                g_ahead = ahead;
+                case_params c = greedy_case();
+                if (sampled) {
+                    c.sampling.temperature = 0.9f;
+                    c.sampling.top_k = sampled == 1 ? 0 : 40;
+                    c.sampling.top_p = sampled == 2 ? 0.9f : 1.0f;
+                    c.sampling.presence_penalty = sampled == 2 ? 0.5f : 0.0f;
+                    c.sampling.seed = 11 + (uint64_t)i;
+                }
+                c.max_tokens = 60;
+                c.constrain = limits[i];
+                c.constrain_after = i == 3 && !sampled ? ref[close_at] : -1;
+                outcome h, d;
+                run_case(f, &c, &h, &d);
+                assert_string_equal(d.r.decode_path, "device loop");
+                const int wait = c.constrain_after >= 0 ? close_at + 1 : 0;
+                if (d.r.finish == LILY_FINISH_STOP && d.r.stop_token < 0) /* the value ended it */
+                    assert_int_equal(d.r.n_generated, wait + limits[i]);
+                for (int k = wait; k < d.out.n_tokens; k++)
+                    assert_true(toy_allows_at(k - wait, d.out.tokens[k]));
+                if (i == 0 && !sampled) {
+                    assert_int_equal(d.r.finish, LILY_FINISH_STOP);
+                    assert_true(d.r.n_replayed > 0 || ahead == 1);
+                }
+                free_outcomes(&h, &d);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -664,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_error_in_later_batch),
         cmocka_unit_test(test_host_only_settings),
         cmocka_unit_test(test_reasoning_budget_device_loop),
+        cmocka_unit_test(test_constrained_device_loop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,10 +1,13 @@
 /* test_grammar.c — the JSON Schema grammar engine: which strings a schema accepts and rejects, in both
- * syntaxes (compact JSON, Qwen tool-call parameters), and the token masks it computes over a vocabulary. */
+ * syntaxes (compact JSON, Qwen tool-call parameters), the token masks it computes over a vocabulary, and
+ * the generation constraint's two forms of a mask (logits set to -inf for the host sampler, bits for the
+ * device loop). */
 #include "test_support.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/constraint.h"
 #include "grammar/grammar.h"
 
 static lily_grammar *compile_text(const char *schema_text, lily_grammar_syntax syntax)
@@ -220,6 +223,144 @@ static void test_mask(void **state)
     lily_token_trie_free(t);
 }
 
+/* Inside strings with a length limit (maxLength; a raw tool parameter's too) the mask counts each plain
+ * token's characters against the room left: the same mask as feeding every token to the matcher, at each
+ * step of filling the string up to its limit (multi-byte characters count once). */
+static void test_mask_length_limit(void **state)
+{
+    (void)state;
+    const char *vocab[] = {"a", "ab", "abc", "abcd", "\xc3\xa9", "\xc3\xa9\xc3\xa9x", "\"", "x\"", "\\n", " ", "}", "\"}",
+                           "<", "\n"};
+    const int n = (int)(sizeof vocab / sizeof vocab[0]);
+    size_t lens[sizeof vocab / sizeof vocab[0]];
+    for (int i = 0; i < n; i++)
+        lens[i] = strlen(vocab[i]);
+    lily_token_trie *t = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_token_trie_new(vocab, lens, NULL, n, &t, &err), LILY_OK);
+    static const struct {
+        const char *schema, *prefix;
+        lily_grammar_syntax syntax;
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":5}},\"required\":[\"s\"]}",
+         "{\"s\":\"", LILY_GRAMMAR_JSON},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}},"
+         "\"required\":[\"s\"]}", "{\"s\":\"", LILY_GRAMMAR_JSON},
+        {"{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"string\",\"maxLength\":3}},\"required\":[\"q\"]}",
+         "<parameter=q>\n", LILY_GRAMMAR_QWEN_TOOL},
+    };
+    char text[128];
+    uint8_t allowed[sizeof vocab / sizeof vocab[0]];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        lily_grammar *g = compile_text(cases[c].schema, cases[c].syntax);
+        /* fill the string one "a" at a time, then one "\xc3\xa9" past it, checking the mask at each length */
+        for (int filled = 0; filled <= 6; filled++) {
+            snprintf(text, sizeof text, "%s", cases[c].prefix);
+            for (int k = 0; k < filled; k++)
+                strcat(text, k == 1 ? "\xc3\xa9" : "a");
+            if (!prefix_ok(g, text))
+                break;
+            lily_grammar_matcher *m = NULL;
+            assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+            assert_true(lily_grammar_matcher_feed(m, text, strlen(text)));
+            const int got = lily_grammar_matcher_mask(m, t, allowed);
+            int want = 0;
+            for (int id = 0; id < n; id++) {
+                char next[160];
+                snprintf(next, sizeof next, "%s%s", text, vocab[id]);
+                const bool ok = prefix_ok(g, next);
+                want += ok;
+                if (allowed[id] != ok)
+                    fail_msg("case %zu, %d characters: token %d (\"%s\") mask %d, matcher %d", c, filled, id, vocab[id],
+                             allowed[id], ok);
+            }
+            assert_int_equal(got, want);
+            lily_grammar_matcher_free(m);
+        }
+        lily_grammar_free(g);
+    }
+    lily_token_trie_free(t);
+}
+
+/* The constraint's bit mask (the device loop's) allows exactly the tokens its logits mask (the host
+ * sampler's) leaves finite, at every step of a document: none while waiting for "</think>", the grammar's
+ * tokens, then the stop token once the value is complete; ids past the tokenizer's vocabulary never;
+ * -1 from both once nothing may follow. */
+static void test_constraint_bits_match_mask(void **state)
+{
+    (void)state;
+    lily_error err = {0};
+    lily_tokenizer *tok = NULL;
+    if (lily_tokenizer_load(test_data_path("tiny-chat"), &tok, &err) != LILY_OK)
+        fail_msg("tokenizer: %s", err.message);
+    const int vocab = lily_tokenizer_vocab_size(tok) + 40; /* a model vocabulary padded past the tokenizer's */
+    lily_token_trie *trie = NULL;
+    assert_int_equal(lily_vocab_trie_new(tok, vocab, &trie, &err), LILY_OK);
+    lily_grammar *g = compile_text("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},"
+                                   "\"s\":{\"type\":\"string\"}},\"required\":[\"n\",\"s\"]}",
+                                   LILY_GRAMMAR_JSON);
+    const int32_t think_end = lily_tokenizer_token_id(tok, "</think>");
+    const int32_t stop = lily_tokenizer_token_id(tok, "<|im_end|>");
+    assert_true(think_end >= 0 && stop >= 0);
+    lily_grammar_constraint_options o = {.grammar = g, .trie = trie, .tok = tok, .vocab = vocab,
+                                         .stop_ids = &stop, .n_stop_ids = 1, .think_close = think_end};
+    lily_grammar_constraint *c = NULL;
+    assert_int_equal(lily_grammar_constraint_new(&o, &c, &err), LILY_OK);
+    const lily_token_constraint h = lily_grammar_constraint_hook(c);
+    assert_non_null(h.allowed);
+    static const char doc[] = "hmm</think>{\"n\":42,\"s\":\"a b\"}";
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    assert_int_equal(lily_tokenizer_encode(tok, doc, sizeof doc - 1, true, &ids, &n_ids, &err), LILY_OK);
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    const int words = (vocab + 31) / 32;
+    uint32_t *bits = malloc((size_t)words * sizeof *bits);
+    bool waited = false, constrained = false;
+    for (int step = 0; step <= n_ids; step++) {
+        for (int v = 0; v < vocab; v++)
+            logits[v] = 0.5f;
+        memset(bits, 0xa5, (size_t)words * sizeof *bits);
+        const int nm = h.mask(h.user, logits, vocab);
+        const int nb = h.allowed(h.user, bits, vocab);
+        assert_int_equal(nm, nb);
+        if (nb == 0) { /* waiting: neither touches its output */
+            waited = true;
+            for (int v = 0; v < vocab; v++)
+                assert_true(logits[v] == 0.5f);
+            assert_int_equal(bits[0], 0xa5a5a5a5u);
+        } else {
+            assert_true(nb > 0);
+            constrained = true;
+            int count = 0;
+            for (int v = 0; v < vocab; v++) {
+                const bool bit = (bits[v >> 5] >> (v & 31)) & 1u;
+                assert_int_equal(bit, logits[v] == 0.5f);
+                count += bit;
+            }
+            assert_int_equal(count, nb);
+            for (int v = lily_tokenizer_vocab_size(tok); v < vocab; v++)
+                assert_false((bits[v >> 5] >> (v & 31)) & 1u);
+            assert_int_equal((bits[stop >> 5] >> (stop & 31)) & 1u, step == n_ids); /* complete only at the end */
+            if (step < n_ids)
+                assert_true((bits[ids[step] >> 5] >> (ids[step] & 31)) & 1u); /* the document's next token */
+        }
+        if (step < n_ids)
+            h.accept(h.user, ids[step]);
+    }
+    assert_true(waited && constrained);
+    assert_true(lily_grammar_constraint_complete(c));
+    h.accept(h.user, ids[0]); /* a token the grammar rejects after the value: nothing may follow */
+    assert_int_equal(h.mask(h.user, logits, vocab), -1);
+    assert_int_equal(h.allowed(h.user, bits, vocab), -1);
+    free(ids);
+    free(logits);
+    free(bits);
+    lily_grammar_constraint_free(c);
+    lily_grammar_free(g);
+    lily_token_trie_free(trie);
+    lily_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -228,6 +369,8 @@ int main(void)
         cmocka_unit_test(test_free_json_formats_and_errors),
         cmocka_unit_test(test_qwen_tool_syntax),
         cmocka_unit_test(test_mask),
+        cmocka_unit_test(test_mask_length_limit),
+        cmocka_unit_test(test_constraint_bits_match_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

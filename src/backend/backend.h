@@ -133,6 +133,15 @@ typedef struct {
     uint64_t draw0;           /* step i draws with draw index draw0 + i (sampler.h's lily_sampler_draw_index) */
     int top_logprobs;         /* < 0: no logprobs; 0 .. LILY_TOP_LOGPROBS_MAX: each token's logprobs with this
                                  many alternatives are passed to on_token */
+    /* Constrained decoding (NULL: none). Step i chooses among the tokens whose bit (bit id & 31 of word
+     * id >> 5) is set in bits[(vocab + 31) / 32] as token_mask(mask_user, i, bits) wrote them (it returns
+     * 1), or among all tokens (it returns 0). decode_loop calls it, on the thread that called decode_loop,
+     * for step 0 before the first step and for step i + 1 right after on_token(i) returned 0 (when
+     * i + 1 < n); the step's forward pass runs meanwhile and only its sampling waits for the mask.
+     * Disallowed tokens get -infinity logits before the logit bias, penalties and temperature; logprobs
+     * stay those of the raw logits. */
+    int (*token_mask)(void *user, int index, uint32_t *bits);
+    void *mask_user;
 } lily_device_sampling;
 
 /* Greedy and nothing else (no penalties, logit bias or logprobs): the settings of a plain decode. */
@@ -207,7 +216,10 @@ struct lily_backend_ops {
 
     /* ---- Optional (NULL when a backend lacks them): the state in parts, so the prefix cache can share
      * KV rows between checkpoints and keep checkpoints in device memory. Called between forward() calls,
-     * never inside one or inside a graph capture. Copies finish before a call returns.
+     * never inside one or inside a graph capture. Copies from or to host memory finish before a call
+     * returns; a save to a device pool may still be under way on the device when kv_save / recurrent_save
+     * return (the caller need not wait for it: every later call of the backend, including a load of those
+     * bytes, comes after it; an error it meets is reported by a later call).
      * kv_row_bytes: bytes of one position's KV rows (K and V of every attention layer) as kv_save lays
      *   them out. kv_save: rows [row0, row0 + n) of state (row0 + n <= position) to n * kv_row_bytes
      *   bytes at loc. kv_load: such bytes into rows [row0, row0 + n) (row0 + n <= max_ctx); the position
@@ -242,6 +254,9 @@ struct lily_backend_ops {
      * Greedy chooses what an argmax of forward()'s logits would; sampled draws are sampler.h's (above).
      * Every step's logits are checked: one that holds a NaN or an infinity ends the loop with
      * LILY_ERR_BACKEND before its token is delivered (the steps already queued finish; *n_run counts them).
+     * With sampling->token_mask, a step whose mask does not arrive within the backend's timeout (CUDA:
+     * 10 s) ends the loop the same way; when the loop stops, steps still waiting for a mask are released
+     * and finish unconstrained (their tokens are never delivered).
      * Errors: LILY_ERR_CONTEXT_LENGTH (position + n > max_ctx; state unchanged); LILY_ERR_INVALID_ARGUMENT
      * (n < 1, first_token outside [0, vocab), sampling outside the ranges of lily_device_sampling);
      * LILY_ERR_UNSUPPORTED (this instance cannot, e.g. a debug hook is set: state unchanged, nothing run;

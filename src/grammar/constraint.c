@@ -69,9 +69,11 @@ void lily_grammar_constraint_free(lily_grammar_constraint *c)
     free(c);
 }
 
-static int mask(void *user, float *logits, int vocab)
+/* The tokens allowed next into c->allowed[0, min(vocab, c->o.vocab)) (the grammar's, and the stop tokens
+ * once the value is complete): how many, or -1 when none; 0 while waiting for the think block's end (no
+ * constraint: c->allowed untouched). */
+static int compute_allowed(lily_grammar_constraint *c, int vocab)
 {
-    lily_grammar_constraint *c = user;
     if (c->waiting)
         return 0;
     if (c->broken)
@@ -80,14 +82,35 @@ static int mask(void *user, float *logits, int vocab)
     const bool accepting = lily_grammar_matcher_accepting(c->m);
     int n = 0;
     for (int v = 0; v < vocab && v < c->o.vocab; v++) {
-        if (c->allowed[v] || (accepting && c->is_stop[v]))
-            n++;
-        else
-            logits[v] = -INFINITY;
+        c->allowed[v] = c->allowed[v] || (accepting && c->is_stop[v]);
+        n += c->allowed[v];
     }
-    for (int v = c->o.vocab; v < vocab; v++)
-        logits[v] = -INFINITY;
     return n > 0 ? n : -1;
+}
+
+static int mask(void *user, float *logits, int vocab)
+{
+    lily_grammar_constraint *c = user;
+    const int n = compute_allowed(c, vocab);
+    if (n <= 0)
+        return n;
+    for (int v = 0; v < vocab; v++)
+        if (v >= c->o.vocab || !c->allowed[v])
+            logits[v] = -INFINITY;
+    return n;
+}
+
+static int allowed_bits(void *user, uint32_t *bits, int vocab)
+{
+    lily_grammar_constraint *c = user;
+    const int n = compute_allowed(c, vocab);
+    if (n <= 0)
+        return n;
+    memset(bits, 0, (size_t)(vocab + 31) / 32 * sizeof *bits);
+    for (int v = 0; v < vocab && v < c->o.vocab; v++)
+        if (c->allowed[v])
+            bits[v >> 5] |= 1u << (v & 31);
+    return n;
 }
 
 static void accept(void *user, int32_t token)
@@ -105,7 +128,7 @@ static void accept(void *user, int32_t token)
 
 lily_token_constraint lily_grammar_constraint_hook(lily_grammar_constraint *c)
 {
-    return (lily_token_constraint){.user = c, .mask = mask, .accept = accept};
+    return (lily_token_constraint){.user = c, .mask = mask, .allowed = allowed_bits, .accept = accept};
 }
 
 bool lily_grammar_constraint_feed(lily_grammar_constraint *c, const char *text, size_t len)

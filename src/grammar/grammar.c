@@ -546,21 +546,26 @@ struct lily_token_trie {
     int32_t *same_next;   /* [n_tokens] the next token with the same bytes, or -1 */
     int n_tokens;
     int max_len;
-    /* Inside free text (a JSON string or a raw parameter value without a length limit or pattern) a token
-     * made of plain characters only is always allowed: plain[k][id] says so for each kind of text, and
-     * rest[k] is the trie of the other tokens, the only ones that need a walk there. */
+    /* Inside free text (a JSON string or a raw parameter value without a pattern) a token made of plain
+     * characters only is allowed whenever its characters fit the length limit: plain[k][id] is its number
+     * of characters for each kind of text (0: not plain; at most PLAIN_CHARS_MAX), and rest[k] is the trie
+     * of the other tokens, the only ones that need a walk there. */
     uint8_t *plain[2];
     struct lily_token_trie *rest[2];
 };
 
 enum { TEXT_JSON = 0, TEXT_RAW = 1 };
 
-/* Whether bytes[len] are characters the text kind takes anywhere in its body: no quote, backslash or
- * control character (JSON); no '<', newline or control character other than tab (raw); whole UTF-8
- * sequences with the lead bytes text_char accepts. */
-static bool plain_text(const char *bytes, size_t len, int kind)
+/* The most characters a token counted as plain may have (longer ones take the walk). */
+#define PLAIN_CHARS_MAX 255
+
+/* The number of characters of bytes[len] when they are characters the text kind takes anywhere in its
+ * body: no quote, backslash or control character (JSON); no '<', newline or control character other than
+ * tab (raw); whole UTF-8 sequences with the lead bytes text_char accepts. 0 otherwise (or more than
+ * PLAIN_CHARS_MAX characters). */
+static int plain_text(const char *bytes, size_t len, int kind)
 {
-    int pending = 0;
+    int pending = 0, chars = 0;
     for (size_t i = 0; i < len; i++) {
         unsigned char b = (unsigned char)bytes[i];
         if (pending) {
@@ -581,17 +586,20 @@ static bool plain_text(const char *bytes, size_t len, int kind)
             else if (b >= 0xF0 && b <= 0xF4)
                 pending = 3;
             else
-                return false;
+                return 0;
         }
+        chars++;
     }
-    return pending == 0;
+    return pending == 0 && chars <= PLAIN_CHARS_MAX ? chars : 0;
 }
 
 /* The text kind when every stack of the set is inside free text with no partial character pending, else
- * -1: then a token of plain characters is allowed whatever the state, and only the rest need a walk. */
-static int free_text_kind(const stack_set *set)
+ * -1: then a token of c plain characters is allowed exactly when c <= *room (the most characters any
+ * stack's length limit leaves; INT32_MAX without one), and only the rest need a walk. */
+static int free_text_kind(const stack_set *set, int32_t *room)
 {
     int kind = -1;
+    *room = 0;
     for (int i = 0; i < set->n; i++) {
         const stack *s = &set->s[i];
         if (s->depth == 0)
@@ -599,9 +607,11 @@ static int free_text_kind(const stack_set *set)
         const frame *f = &s->f[s->depth - 1];
         const gnode *n = f->n;
         int k = n->kind == G_STRING && f->stage == 1 ? TEXT_JSON : n->kind == G_RAW ? TEXT_RAW : -1;
-        if (k < 0 || f->aux || n->pattern || n->max >= 0 || (kind >= 0 && k != kind))
+        if (k < 0 || f->aux || n->pattern || (kind >= 0 && k != kind))
             return -1;
         kind = k;
+        const int32_t r = n->max < 0 ? INT32_MAX : n->max - f->count;
+        *room = r > *room ? r : *room;
     }
     return kind;
 }
@@ -678,7 +688,7 @@ lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, co
         ok = (t->plain[k] = calloc((size_t)n_tokens + 1, 1)) != NULL;
         for (int id = 0; ok && id < n_tokens; id++) {
             bool usable = !(excluded && excluded[id]) && bytes[id] && lens[id];
-            t->plain[k][id] = usable && plain_text(bytes[id], lens[id], k);
+            t->plain[k][id] = usable ? (uint8_t)plain_text(bytes[id], lens[id], k) : 0;
             other[id] = usable && !t->plain[k][id];
         }
         ok = ok && (t->rest[k] = trie_build(bytes, lens, excluded, other, n_tokens)) != NULL;
@@ -735,11 +745,13 @@ int lily_grammar_matcher_mask(const lily_grammar_matcher *cm, const lily_token_t
         m->levels = levels;
         m->n_levels = t->max_len;
     }
-    int kind = free_text_kind(&m->cur);
+    int32_t room;
+    int kind = free_text_kind(&m->cur, &room);
     if (kind < 0)
         return mask_walk(m, t, 0, &m->cur, 0, allowed);
     int n = 0;
+    const uint8_t *plain = t->plain[kind];
     for (int id = 0; id < t->n_tokens; id++)
-        n += allowed[id] = t->plain[kind][id];
+        n += allowed[id] = plain[id] > 0 && plain[id] <= room;
     return n + mask_walk(m, t->rest[kind], 0, &m->cur, 0, allowed);
 }

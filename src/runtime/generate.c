@@ -5,6 +5,8 @@
  *   -> max_tokens / context full? -> lily_session_append (one decode forward)
  * and the device loop (generate.h): the same checks per token as the backend's decode_loop streams the
  * tokens, batches with a recurrent-state checkpoint at each start, and the undo of steps run past a stop.
+ * A constraint's mask for the next token is computed as each token arrives (the device runs the next
+ * step's forward pass meanwhile) and handed to decode_loop as bits.
  */
 #include "runtime/generate.h"
 
@@ -124,6 +126,8 @@ typedef struct {
     uint32_t *history_counts;         /* [vocab] */
     int32_t *bias_ids;                /* [n_logit_bias] the logit bias for the device loop */
     float *bias_values;
+    uint32_t *mask_bits;              /* [(vocab + 31) / 32] the constraint's mask of the next token (device loop) */
+    int mask_state;                   /* what mask_bits says: 1 the bits, 0 every token, -1 no token may follow */
 } gen_state;
 
 static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
@@ -270,8 +274,8 @@ static const char *device_loop_refusal(const gen_state *g, lily_device_sampling 
         return "host sampler (asked for)";
     if (env && (!strcmp(env, "host") || !strcmp(env, "0")))
         return "host sampler (LILY_DECODE_LOOP)";
-    if (p->constraint)
-        return "host sampler (a grammar constrains the tokens)";
+    if (p->constraint && !p->constraint->allowed)
+        return "host sampler (the constraint has no token bit mask)";
     if (!o || !o->decode_loop || !o->recurrent_bytes || !o->recurrent_save || !o->recurrent_load)
         return "host sampler (the backend has no device loop)";
     *ds = (lily_device_sampling){.temperature = sp->temperature,
@@ -284,6 +288,27 @@ static const char *device_loop_refusal(const gen_state *g, lily_device_sampling 
                                  .seed = sp->seed,
                                  .top_logprobs = p->token_logprobs ? p->logprobs : -1};
     return NULL;
+}
+
+/* The constraint's mask of the token after the ones taken so far into g->mask_bits / g->mask_state
+ * (returned). */
+static int next_mask(gen_state *g)
+{
+    const lily_token_constraint *c = g->p->constraint;
+    const int n = c->allowed(c->user, g->mask_bits, g->s->engine->cfg.vocab_size);
+    g->mask_state = n > 0 ? 1 : n < 0 ? -1 : 0;
+    return g->mask_state;
+}
+
+/* lily_device_sampling.token_mask: the mask next_mask computed when the step's input token was taken. */
+static int device_token_mask(void *user, int index, uint32_t *bits)
+{
+    (void)index;
+    const gen_state *g = user;
+    if (g->mask_state <= 0)
+        return 0;
+    memcpy(bits, g->mask_bits, (size_t)(g->s->engine->cfg.vocab_size + 31) / 32 * sizeof *bits);
+    return 1;
 }
 
 /* The device loop's copies of the logit bias and room for the penalty history (only what the settings
@@ -302,6 +327,8 @@ static lily_status device_tables_new(gen_state *g, lily_error *err)
             g->bias_values[i] = sp->logit_bias[i].bias;
         }
     }
+    if (g->p->constraint && !(g->mask_bits = malloc((size_t)(vocab + 31) / 32 * sizeof *g->mask_bits)))
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "generate: out of memory");
     if (sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f || sp->repetition_penalty != 1.0f) {
         g->history_ids = malloc((size_t)vocab * sizeof *g->history_ids);
         g->history_counts = malloc((size_t)vocab * sizeof *g->history_counts);
@@ -350,7 +377,9 @@ static void checkpoint_free(const lily_session *s, checkpoint *ck)
  * as each step's token arrives, as the host loop appends before it samples the next). batch_end: the last
  * step's token went on (no stop); the callback still returned nonzero so that decode_loop writes that
  * step's logits to s->logits, which keeps the session whole (tokens, state, logits) at every batch start:
- * an error in a later batch rolls back to a session whose logits match its tokens. */
+ * an error in a later batch rolls back to a session whose logits match its tokens. handback: -1, or the
+ * token (taken, not appended) after which the constraint allows no token: the batch stops there and the
+ * host loop appends it and ends the generation as it would. */
 typedef struct {
     gen_state *g;
     int32_t tokens[DEVICE_BATCH_MAX + 1];
@@ -358,6 +387,7 @@ typedef struct {
     int kept;
     bool stopped;
     bool batch_end;
+    int32_t handback;
     lily_status status;
 } device_batch;
 
@@ -390,6 +420,10 @@ static int on_device_token(void *user, int32_t token, int index, const lily_toke
     g->device_lp = NULL;
     if (b->status != LILY_OK || stop)
         return 1;
+    if (g->p->constraint && next_mask(g) < 0) { /* nothing may follow: the host loop ends it */
+        b->handback = token;
+        return 1;
+    }
     b->tokens[index + 1] = token;
     b->stopped = false;
     if (index == b->n - 1) { /* no further step: ask for this one's logits (see device_batch) */
@@ -404,7 +438,8 @@ static int on_device_token(void *user, int32_t token, int index, const lily_toke
  * *declined: the first call returned LILY_ERR_UNSUPPORTED before any token (e.g. a CUDA engine with a
  * debug hook): nothing happened, the host loop takes over from `first` (returns LILY_OK).
  * *handback: -1, or the token (chosen and kept, not appended) after which the reasoning budget forces
- * the think close: a batch never runs past the budget, and the host loop appends it and forces the close. */
+ * the think close (a batch never runs past the budget) or the constraint allows no token: the host loop
+ * appends it, then forces the close or ends. g->mask_state: the mask after `first` (with a constraint). */
 static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampling *ds, const checkpoint *ck,
                                  bool *declined, int32_t *handback)
 {
@@ -438,7 +473,7 @@ static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampli
             ds->history_ids = g->history_ids;
             ds->history_counts = g->history_counts;
         }
-        b = (device_batch){.g = g, .n = n, .status = LILY_OK};
+        b = (device_batch){.g = g, .n = n, .handback = -1, .status = LILY_OK};
         b.tokens[0] = first;
         int n_run = 0;
         r->n_device_batches++;
@@ -476,8 +511,11 @@ static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampli
         }
         /* else the state is where the host loop's would be, and decode_loop wrote s->logits (a stop or the
          * batch end) */
-        if (b.stopped)
+        if (b.stopped) {
+            if (b.status == LILY_OK && b.handback >= 0)
+                *handback = b.handback;
             return b.status;
+        }
         lily_sampler_set_draw_index(g->sampler, ds->draw0 + (uint64_t)n); /* the batch drew n tokens */
         first = b.tokens[n];
         if (forcing_due(g)) {
@@ -526,6 +564,10 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
         ds.bias_ids = g.bias_ids;
         ds.bias_values = g.bias_values;
         ds.n_bias = p->sampling.n_logit_bias;
+    }
+    if (!refusal && p->constraint) {
+        ds.token_mask = device_token_mask;
+        ds.mask_user = &g;
     }
     st = lily_stop_matcher_new(p->stop_strings, p->n_stop_strings, &g.stops, err);
     if (st != LILY_OK)
@@ -578,7 +620,8 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
                 refusal = r->decode_path = "host sampler (no memory for the recurrent-state checkpoint)";
             }
         }
-        if (have_ck && !forcing_due(&g)) {
+        /* the device loop starts with the mask of the next token; none allowed: the host loop ends it */
+        if (have_ck && !forcing_due(&g) && (!p->constraint || next_mask(&g) >= 0)) {
             bool declined = false;
             int32_t handback = -1;
             st = device_decode(&g, token, &ds, &ck, &declined, &handback);
@@ -589,7 +632,7 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
                     goto done;
                 if (handback < 0)
                     break;
-                token = handback; /* the reasoning budget is spent: append it, then force the close */
+                token = handback; /* append it, then force the think close or end (no token allowed) */
             } else {
                 checkpoint_free(s, &ck);
                 have_ck = false;
@@ -634,5 +677,6 @@ done:
     free(g.history_counts);
     free(g.bias_ids);
     free(g.bias_values);
+    free(g.mask_bits);
     return st;
 }

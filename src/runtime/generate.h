@@ -71,14 +71,18 @@ typedef enum {
     LILY_DECODE_HOST = 1, /* always the host sampler (A/B comparisons; a callback that reads s->logits) */
 } lily_decode_mode;
 
-/* A constraint on the next token (constrained decoding: grammar/constraint.h). With one, the host sampler
- * decodes (the device loop has no per-token host hook). */
+/* A constraint on the next token (constrained decoding: grammar/constraint.h). The device loop takes it
+ * when it has `allowed` (each step's mask is computed on the host while the device runs the step's forward
+ * pass; only the sampling waits for it); without `allowed`, the host sampler decodes. */
 typedef struct {
     void *user;
     /* Before each sampled token: set the logits of disallowed tokens in logits[vocab] (a copy) to -INFINITY.
      * Returns how many are allowed; 0: no constraint at this step; < 0: no token may follow (generation
      * ends as a stop). */
     int (*mask)(void *user, float *logits, int vocab);
+    /* Optional, the same mask as bits: bits[(vocab + 31) / 32] gets bit (id & 31) of word id >> 5 set for each
+     * allowed id (every word written when it returns > 0; untouched otherwise). Returns as mask does. */
+    int (*allowed)(void *user, uint32_t *bits, int vocab);
     /* Every token taken (sampled or forced), the stop token excluded, before the next mask. */
     void (*accept)(void *user, int32_t token);
 } lily_token_constraint;

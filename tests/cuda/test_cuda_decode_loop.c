@@ -7,7 +7,10 @@
  * state_save bytes are bit-identical; the decode graph's layer kernels are forward(n = 1)'s, so 0 is
  * expected). Sampled case: the same seed repeats, and the session equals a fresh one fed the same ids one
  * forward() at a time. Every sampler setting (top-k off, Qwen's, top-p, min-p + repetition, logit bias,
- * logprobs) gives the host sampler's tokens; a NaN at a later step is an error on every path. Host synchronizations are counted: the device loop adds a few per batch, the host
+ * logprobs) gives the host sampler's tokens; a NaN at a later step is an error on every path.
+ * Constrained decoding (a toy constraint's mask computed on the host per step while the device runs the
+ * step's forward pass): greedy and seeded sampling give the host sampler's tokens and sessions, the value
+ * ending mid-batch, after an unconstrained opening, and with the callback stopping the loop early. Host synchronizations are counted: the device loop adds a few per batch, the host
  * sampler one per token. One line per case: PASS/FAIL with the numbers. Exits 77 without a GPU.
  */
 #include <math.h>
@@ -24,6 +27,7 @@
 #include "runtime/generate.h"
 
 #include "../test_fake_detok.h"
+#include "../test_toy_constraint.h"
 
 #define MAX_GEN 256
 #define LOGIT_BOUND 1e-3 /* far below a wrong position's O(1) change; 0 expected */
@@ -78,6 +82,8 @@ typedef struct {
     int32_t stop_id; /* -1: none */
     int stop_after;
     int max_ctx;
+    int constrain;          /* > 0: the toy constraint (test_toy_constraint.h) with this limit */
+    int32_t constrain_after; /* its opening token (-1: constrained at once) */
 } case_params;
 
 static const int32_t prompt[] = {11, 5, 93, 200, 301, 7, 42, 480, 3, 64};
@@ -115,6 +121,10 @@ static void generate(const case_params *c, bool device, const int32_t *ids, int 
     p.user = &o->out;
     o->out.stop_after = c->stop_after;
     p.decode = device ? LILY_DECODE_AUTO : LILY_DECODE_HOST;
+    toy_constraint toy;
+    const lily_token_constraint tc = toy_constraint_hook(&toy, c->constrain, c->constrain_after);
+    if (c->constrain > 0)
+        p.constraint = &tc;
     const long long s0 = lily_cuda_host_syncs(g_engine->backend.ctx);
     if (lily_generate(o->s, ids, n_ids, &p, &o->r, &err) != LILY_OK)
         die("generate", &err);
@@ -229,6 +239,41 @@ static void sampled_against_host(void)
     }
 }
 
+/* Constrained decoding on the device loop against the host sampler's, each case then a second turn;
+ * every constrained token obeys the mask. opening: a token greedy first generates at index opening_at. */
+static void constrained_against_host(int32_t opening, int opening_at)
+{
+    case_params cases[5];
+    const char *names[5] = {"constrained greedy, 37", "constrained t 1, top-k off, 50",
+                            "constrained Qwen sampling, 60", "constrained greedy after an opening",
+                            "constrained greedy, callback stop at 20"};
+    for (int i = 0; i < 5; i++)
+        cases[i] = (case_params){.temperature = 0.0f, .max_tokens = 120, .stop_id = -1, .constrain_after = -1};
+    cases[0].constrain = 37;
+    cases[1].temperature = 1.0f, cases[1].seed = 5, cases[1].constrain = 50;
+    cases[2].temperature = 1.0f, cases[2].top_k = 20, cases[2].top_p = 0.95f, cases[2].presence_penalty = 1.5f;
+    cases[2].seed = 9, cases[2].constrain = 60;
+    cases[3].constrain = 25, cases[3].constrain_after = opening;
+    cases[4].constrain = 100, cases[4].stop_after = 20;
+    for (int i = 0; i < 5; i++) {
+        outcome h = {0}, d = {0};
+        generate(&cases[i], false, prompt, N_PROMPT, &h);
+        generate(&cases[i], true, prompt, N_PROMPT, &d);
+        compare(names[i], &h, &d);
+        const int wait = i == 3 ? opening_at + 1 : 0;
+        int bad = 0;
+        for (int k = wait; k < d.out.n_tokens; k++)
+            bad += !toy_allows_at(k - wait, d.out.tokens[k]);
+        const int want = i == 4 ? 20 : wait + cases[i].constrain;
+        const bool ok = bad == 0 && d.out.n_tokens == want && !strcmp(d.r.decode_path, "device loop");
+        g_fail |= !ok;
+        printf("%s %s: %d tokens (want %d), %d outside the mask, finish %s, %s\n", ok ? "PASS" : "FAIL", names[i],
+               d.out.n_tokens, want, bad, lily_finish_reason_name(d.r.finish), d.r.decode_path);
+        lily_session_free(h.s);
+        lily_session_free(d.s);
+    }
+}
+
 /* A step whose forward pass goes non-finite (lily_cuda_debug_poison: a NaN hidden state at the device
  * loop's sixth step) ends the generation with LILY_ERR_BACKEND on the device loop, greedy and sampled, as
  * on the host sampler. */
@@ -261,6 +306,19 @@ static void poisoned_steps(void)
     }
 }
 
+/* The first index >= from whose token does not occur before it, or -1. */
+static int first_new_at(const int32_t *ids, int n, int from)
+{
+    for (int i = from; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++)
+            seen |= ids[j] == ids[i];
+        if (!seen)
+            return i;
+    }
+    return -1;
+}
+
 int main(void)
 {
     if (cuda_test_no_device())
@@ -275,14 +333,7 @@ int main(void)
     case_params ref = {.temperature = 0, .max_tokens = 120, .stop_id = -1};
     outcome r0 = {0};
     generate(&ref, false, prompt, N_PROMPT, &r0);
-    int stop_at = -1;
-    for (int i = 37; i < r0.out.n_tokens && stop_at < 0; i++) {
-        bool seen = false;
-        for (int j = 0; j < i; j++)
-            seen |= r0.out.tokens[j] == r0.out.tokens[i];
-        if (!seen)
-            stop_at = i;
-    }
+    const int stop_at = first_new_at(r0.out.tokens, r0.out.n_tokens, 37);
     lily_session_free(r0.s);
 
     run_case("greedy, 120 tokens", &ref);
@@ -325,6 +376,13 @@ int main(void)
     lily_session_free(h.s);
 
     sampled_against_host();
+    const int opening_at = first_new_at(r0.out.tokens, r0.out.n_tokens, 9);
+    if (opening_at >= 0) {
+        constrained_against_host(r0.out.tokens[opening_at], opening_at);
+    } else {
+        printf("FAIL constrained: no new token after 9 in the reference\n");
+        g_fail = 1;
+    }
     poisoned_steps();
 
     lily_engine_close(g_engine);

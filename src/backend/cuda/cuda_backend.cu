@@ -800,7 +800,8 @@ static lily_status kv_rows_transfer(cuda_ctx *c, cuda_state *s, int row0, int n,
             ext += width * cfg->n_kv_heads;
         }
     }
-    return cuda_sync(c, err);
+    /* a save to a device pool stays queued on the stream (backend.h): no host round trip per checkpoint */
+    return save && !loc.host ? LILY_OK : cuda_sync(c, err);
 }
 
 static lily_status cuda_kv_save(void *vctx, const void *vst, int row0, int n, lily_state_loc loc, lily_error *err)
@@ -860,15 +861,18 @@ static lily_status cuda_recurrent_save(void *vctx, const void *vst, lily_state_l
     if (!ext)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: no location for the recurrent state");
     CUDA_TRY(cudaSetDevice(c->device));
-    const int hdr[2] = {s->pos, s->step};
-    if (loc.host)
+    if (loc.host) {
+        const int hdr[2] = {s->pos, s->step};
         memcpy(ext, hdr, sizeof hdr);
-    else
-        CUDA_TRY(cudaMemcpyAsync(ext, hdr, sizeof hdr, cudaMemcpyHostToDevice, c->stream));
+    } else { /* in stream order, like the copies after it */
+        LAUNCH(launch_set_int((int *)ext, s->pos, c->stream));
+        LAUNCH(launch_set_int((int *)ext + 1, s->step, c->stream));
+    }
     lily_status st = recurrent_transfer(c, s, ext, loc.host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice,
                                         true, err);
-    lily_status sync = cuda_sync(c, err); /* also keeps hdr alive until its copy is done */
-    return st != LILY_OK ? st : sync;
+    if (st != LILY_OK || !loc.host) /* a save to a device pool stays queued on the stream (backend.h) */
+        return st;
+    return cuda_sync(c, err);
 }
 
 static lily_status cuda_recurrent_load(void *vctx, void *vst, lily_state_loc loc, lily_error *err)
@@ -880,10 +884,14 @@ static lily_status cuda_recurrent_load(void *vctx, void *vst, lily_state_loc loc
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: no location for the recurrent state");
     CUDA_TRY(cudaSetDevice(c->device));
     int hdr[2];
-    if (loc.host)
+    if (loc.host) {
         memcpy(hdr, ext, sizeof hdr);
-    else
-        CUDA_TRY(cudaMemcpy(hdr, ext, sizeof hdr, cudaMemcpyDeviceToHost));
+    } else { /* on the stream: after a save to these bytes that may still be queued */
+        CUDA_TRY(cudaMemcpyAsync(hdr, ext, sizeof hdr, cudaMemcpyDeviceToHost, c->stream));
+        lily_status st = cuda_sync(c, err);
+        if (st != LILY_OK)
+            return st;
+    }
     if (hdr[0] < 0 || hdr[0] > s->max_ctx || hdr[1] < 0)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: saved position %d exceeds max_ctx %d", hdr[0],
                               s->max_ctx);

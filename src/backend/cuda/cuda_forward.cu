@@ -549,6 +549,10 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
         return rs;
     if (!greedy)
         CUDA_TRY(cuda_sampling_upload(&c->sampling, ds, c->stream));
+    if (ds->token_mask) { /* step 0's mask before any step starts (the last loop ended with a sync) */
+        cuda_sampling_mask_reset(&c->sampling);
+        cuda_sampling_mask_publish(&c->sampling, ds, 0);
+    }
     volatile int *host_count = st->host_tokens + st->out_cap;
     volatile const int *host_tokens = st->host_tokens;
     int launched = 0, seen = 0;
@@ -574,12 +578,20 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
                                     st->pos + seen + 1);
                 break;
             }
+            if (info->flags & SAMPLE_FLAG_MASK_TIMEOUT) {
+                rs = lily_error_set(err, LILY_ERR_BACKEND,
+                                    "cuda: the token mask of decode step %d did not arrive within %llu s", seen,
+                                    SAMPLE_MASK_TIMEOUT_NS / 1000000000ull);
+                break;
+            }
             lily_token_logprobs lp;
             const bool with_lp = ds->top_logprobs >= 0 && info->has_logprobs;
             if (with_lp)
                 memcpy(&lp, (const void *)&info->lp, sizeof lp);
             stop = on_token && on_token(user, token, seen, with_lp ? &lp : NULL) != 0;
             seen++;
+            if (!stop && ds->token_mask && seen < n) /* the next step's forward pass is running meanwhile */
+                cuda_sampling_mask_publish(&c->sampling, ds, seen);
             continue;
         }
         const cudaError_t q = cudaStreamQuery(c->stream); /* non-blocking: ends the loop on an error */
@@ -593,7 +605,10 @@ lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, 
             break;
         }
     }
-    /* the steps launched run to the end whatever happened: keep the host mirrors in step with the device */
+    /* the steps launched run to the end whatever happened (those waiting for a mask unconstrained): keep the
+     * host mirrors in step with the device */
+    if (ds->token_mask)
+        cuda_sampling_mask_abort(&c->sampling);
     if (rs == LILY_OK && stop && last_logits) {
         const cudaError_t e = cudaMemcpyAsync(last_logits, c->logits, (size_t)c->cfg.vocab_size * sizeof(float),
                                               cudaMemcpyDeviceToHost, c->stream);

@@ -28,6 +28,7 @@ struct sample_control {
     unsigned int z_max_key;      /* ordered key of max z (0: none yet) */
     unsigned int raw_max_key;    /* ordered key of the max raw logit */
     unsigned int nonfinite;
+    int mask_state;              /* this step's mask: 0 none (or released by an abort), 1 the bits, 2 timed out */
     unsigned int done[4];        /* blocks finished per kernel (hist1, hist2, gather, draw) */
     unsigned int count1[BINS1];
     unsigned long long mass1[BINS1];
@@ -65,6 +66,7 @@ struct sample_step {
     int penalties, has_bias;
     unsigned long long seed, draw0;
     int top_logprobs;     /* < 0: none */
+    int masked;           /* constrained decoding: the wait kernel ran, ctl->mask_state says what applies */
     sample_args a;
 };
 
@@ -172,17 +174,52 @@ __device__ __forceinline__ bool last_block(unsigned int *done)
     return s_last;
 }
 
+/* ---- the mask ------------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ unsigned long long global_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* One thread: wait until the host published the mask of this step's token (index n_generated), the host
+ * aborts, or SAMPLE_MASK_TIMEOUT_NS pass; then say in ctl->mask_state what the prep kernel applies. */
+__global__ void sample_mask_wait_kernel(sample_step p)
+{
+    const sample_mask_channel *ch = p.ws.mask_dev;
+    const int want = *p.a.n_generated + 1;
+    const unsigned long long t0 = global_ns();
+    int state = 1;
+    while (ch->published < want) {
+        if (ch->abort) {
+            state = 0;
+            break;
+        }
+        if (global_ns() - t0 > SAMPLE_MASK_TIMEOUT_NS) {
+            state = 2;
+            break;
+        }
+        __nanosleep(500);
+    }
+    if (state == 1 && ch->all)
+        state = 0;
+    __threadfence_system(); /* the bits are read after the count (the host wrote them before it) */
+    p.ws.ctl->mask_state = state;
+}
+
 /* ---- prep ------------------------------------------------------------------------------------------ */
 
 __global__ void __launch_bounds__(SAMPLE_BLOCK) sample_prep_kernel(sample_step p)
 {
     __shared__ unsigned int red[SAMPLE_BLOCK / 32];
     sample_control *c = p.ws.ctl;
+    const volatile unsigned int *bits = p.masked && __ldcg(&c->mask_state) == 1 ? p.ws.mask_dev->bits : NULL;
     unsigned int zmax = 0, rmax = 0, bad = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.vocab; i += gridDim.x * blockDim.x) {
         const float raw = p.logits[i];
         bad |= !isfinite(raw);
-        float x = raw;
+        float x = bits && !((bits[i >> 5] >> (i & 31)) & 1u) ? -INFINITY : raw;
         if (p.has_bias)
             x = __fadd_rn(x, p.ws.bias[i]);
         if (p.penalties && p.ws.in_context[i]) {
@@ -605,7 +642,8 @@ __global__ void __launch_bounds__(SAMPLE_BLOCK) sample_draw_kernel(sample_step p
         p.ws.in_context[tok] = 1;
     }
     sample_token_info *info = &p.ws.info_dev[i % SAMPLE_INFO_RING];
-    info->flags = __ldcg(&c->nonfinite) ? SAMPLE_FLAG_NONFINITE : 0;
+    info->flags = (__ldcg(&c->nonfinite) ? SAMPLE_FLAG_NONFINITE : 0) |
+                  (__ldcg(&c->mask_state) == 2 ? SAMPLE_FLAG_MASK_TIMEOUT : 0);
     info->has_logprobs = p.top_logprobs >= 0;
     if (p.top_logprobs >= 0) {
         const float lse = raw_max + (float)log((double)__ldcg(&c->lse_mass) / MASS_ONE);
@@ -621,6 +659,7 @@ __global__ void __launch_bounds__(SAMPLE_BLOCK) sample_draw_kernel(sample_step p
     c->z_max_key = 0;
     c->raw_max_key = 0;
     c->nonfinite = 0;
+    c->mask_state = 0;
     c->lse_mass = 0;
     c->cut_set[0] = c->cut_set[1] = 0;
     c->done[3] = 0;
@@ -674,6 +713,14 @@ cudaError_t cuda_sampling_new(int vocab, sample_workspace *ws)
     memset(ws->info_host, 0, SAMPLE_INFO_RING * sizeof(sample_token_info));
     if ((e = cudaHostGetDevicePointer((void **)&ws->info_dev, ws->info_host, 0)) != cudaSuccess)
         goto fail;
+    {
+        const size_t mask_bytes = sizeof(sample_mask_channel) + (V + 31) / 32 * 4;
+        if ((e = cudaHostAlloc((void **)&ws->mask_host, mask_bytes, cudaHostAllocMapped)) != cudaSuccess)
+            goto fail;
+        memset(ws->mask_host, 0, mask_bytes);
+        if ((e = cudaHostGetDevicePointer((void **)&ws->mask_dev, ws->mask_host, 0)) != cudaSuccess)
+            goto fail;
+    }
     return cudaSuccess;
 fail:
     cuda_sampling_free(ws);
@@ -693,6 +740,8 @@ void cuda_sampling_free(sample_workspace *ws)
     cudaFree(ws->ctl);
     if (ws->info_host)
         cudaFreeHost(ws->info_host);
+    if (ws->mask_host)
+        cudaFreeHost(ws->mask_host);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -704,7 +753,30 @@ static bool has_penalties(const lily_device_sampling *ds)
 bool cuda_sampling_is_plain_greedy(const lily_device_sampling *ds)
 {
     return (ds->temperature < 1e-5f || ds->top_k == 1) && !has_penalties(ds) && ds->n_bias == 0 &&
-           ds->top_logprobs < 0;
+           ds->top_logprobs < 0 && !ds->token_mask;
+}
+
+void cuda_sampling_mask_reset(const sample_workspace *ws)
+{
+    ws->mask_host->abort = 0;
+    ws->mask_host->all = 0;
+    ws->mask_host->published = 0;
+}
+
+void cuda_sampling_mask_publish(const sample_workspace *ws, const lily_device_sampling *ds, int index)
+{
+    sample_mask_channel *ch = ws->mask_host;
+    /* no step reads the bits now: step index - 1 published its token after its prep kernel read them, and
+     * step index waits for the count below */
+    ch->all = ds->token_mask(ds->mask_user, index, ch->bits) ? 0 : 1;
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* the bits and `all` before the count */
+    ch->published = index + 1;
+}
+
+void cuda_sampling_mask_abort(const sample_workspace *ws)
+{
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    ws->mask_host->abort = 1;
 }
 
 __global__ void scatter_history_kernel(const int *ids, const unsigned int *counts, int n, int vocab,
@@ -789,8 +861,11 @@ cudaError_t cuda_sampling_enqueue(const sample_workspace *ws, const sample_args 
     p.seed = ds->seed;
     p.draw0 = ds->draw0;
     p.top_logprobs = ds->top_logprobs;
+    p.masked = ds->token_mask != NULL;
     p.a = a;
     const int g = grid_for(a.vocab);
+    if (p.masked)
+        sample_mask_wait_kernel<<<1, 1, 0, s>>>(p);
     sample_prep_kernel<<<g, SAMPLE_BLOCK, 0, s>>>(p);
     for (int kind = CUT_TOP_K; kind <= CUT_TOP_P; kind++) {
         if ((kind == CUT_TOP_K && p.top_k == 0) || (kind == CUT_TOP_P && !(p.top_p < 1.0f)))
