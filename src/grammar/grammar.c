@@ -61,7 +61,7 @@ static bool push(stack *s, const gnode *n)
 {
     while (n && n->kind == G_REF)
         n = n->target;
-    if (!n || s->depth == LILY_GRAMMAR_MAX_DEPTH)
+    if (!n || !n->productive || s->depth == LILY_GRAMMAR_MAX_DEPTH)
         return false;
     frame *f = &s->f[s->depth++];
     memset(f, 0, sizeof *f);
@@ -83,8 +83,9 @@ static const char *candidate(const frame *f, int i, size_t *len)
         *len = n->lens[i];
         return n->strs[i];
     }
-    /* object: properties from f->count on, skipping only optional ones; n_props is the close */
-    if (i < f->count || i > n->n_props)
+    /* object: properties from f->count on, skipping only optional ones; n_props is the close; a property
+     * whose value could never be finished is not offered */
+    if (i < f->count || i > n->n_props || (i < n->n_props && !n->kids[i]->productive))
         return NULL;
     for (int k = f->count; k < i; k++)
         if (n->required[k])

@@ -38,6 +38,8 @@ struct gnode {
     const char *pattern;  /* static */
     bool integer;
     gnode *target;
+    int id;               /* index in lily_grammar.nodes */
+    bool productive;      /* some finite text matches it (json_schema.c); the matcher never enters one that is not */
 };
 
 struct lily_grammar {

@@ -47,6 +47,7 @@ static gnode *new_node(compiler *c, gnode_kind kind)
     }
     n->kind = kind;
     n->max = -1;
+    n->id = c->g->n_nodes;
     c->g->nodes[c->g->n_nodes++] = n;
     return n;
 }
@@ -382,6 +383,8 @@ static gnode *compile(compiler *c, const json_t *s, value_mode mode)
         n = new_node(c, G_ALT);
         size_t i;
         json_t *e;
+        if (!json_array_size(v))
+            return bad(c, "type must be a non-empty array", NULL);
         json_array_foreach(v, i, e) {
             if (!json_is_string(e))
                 return bad(c, "type entries must be strings", NULL);
@@ -399,6 +402,71 @@ static gnode *compile(compiler *c, const json_t *s, value_mode mode)
     }
     c->depth--;
     return c->st == LILY_OK ? n : NULL;
+}
+
+/* True when n, a $ref or an alternative, reaches itself again through $ref targets and alternatives alone
+ * (no byte matched in between: {"$ref": "#"}, {"anyOf": [{"$ref": "#"}, ...]}), which no matcher could
+ * expand. state[id]: 0 not visited, 1 on the current path, 2 done. */
+static bool left_recursive(const gnode *n, unsigned char *state)
+{
+    if (!n || (n->kind != G_REF && n->kind != G_ALT) || state[n->id] == 2)
+        return false;
+    if (state[n->id] == 1)
+        return true;
+    state[n->id] = 1;
+    if (n->kind == G_REF && left_recursive(n->target, state))
+        return true;
+    for (int k = 0; n->kind == G_ALT && k < n->n_kids; k++)
+        if (left_recursive(n->kids[k], state))
+            return true;
+    state[n->id] = 2;
+    return false;
+}
+
+/* Whether some finite text matches n, given the nodes already known to (productive flags). */
+static bool productive_now(const gnode *n)
+{
+    switch (n->kind) {
+    case G_ALT:
+        for (int k = 0; k < n->n_kids; k++)
+            if (n->kids[k]->productive)
+                return true;
+        return false;
+    case G_REF: return n->target && n->target->productive;
+    case G_ARRAY: return n->min == 0 || (n->n_kids > 0 && n->kids[0]->productive);
+    case G_OBJECT:
+        for (int i = 0; i < n->n_props; i++)
+            if (n->required[i] && !n->kids[i]->productive)
+                return false;
+        return true;
+    case G_LITSET: return n->n > 0;
+    default: return true;
+    }
+}
+
+/* Refuses graphs the matcher cannot run: left recursion, and a root that no finite text matches (a required
+ * property or minItems that recurses without end). Marks every node's productive flag (least fixed point),
+ * so the matcher skips the branches that could never finish. */
+static void check_graph(compiler *c)
+{
+    lily_grammar *g = c->g;
+    unsigned char *state = calloc((size_t)g->n_nodes + 1, 1);
+    if (!state) {
+        oom(c);
+        return;
+    }
+    for (int i = 0; i < g->n_nodes && c->st == LILY_OK; i++)
+        if (left_recursive(g->nodes[i], state))
+            bad(c, "a $ref reaches itself through $ref / anyOf / allOf alone, with no value in between", NULL);
+    free(state);
+    for (bool changed = true; changed && c->st == LILY_OK;) {
+        changed = false;
+        for (int i = 0; i < g->n_nodes; i++)
+            if (!g->nodes[i]->productive && productive_now(g->nodes[i]))
+                changed = g->nodes[i]->productive = true;
+    }
+    if (c->st == LILY_OK && !g->root->productive)
+        bad(c, "no finite JSON value matches it (a required property or minItems recurses without end)", NULL);
 }
 
 lily_status lily_grammar_compile(const json_t *schema, lily_grammar_syntax syntax, lily_grammar **out,
@@ -428,6 +496,8 @@ lily_status lily_grammar_compile(const json_t *schema, lily_grammar_syntax synta
         c.st = c.st != LILY_OK ? c.st : lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
     if (g->lead)
         g->lead->max = 2;
+    if (c.st == LILY_OK)
+        check_graph(&c);
     for (int i = 0; i < c.n_refs; i++)
         free(c.refs[i].ref);
     if (c.st != LILY_OK) {
