@@ -235,6 +235,22 @@ try:
         check(False, "an unsupported schema is rejected")
     except openai.BadRequestError as e:
         check(e.status_code == 400 and "strin" in str(e), "an unsupported schema type is a 400 naming it")
+    # schemas no matcher can run: a $ref that reaches itself with no value between hung the engine worker;
+    # under anyOf it overflowed the stack and killed the server
+    for schema in ({"$ref": "#"}, {"anyOf": [{"$ref": "#"}, {"type": "string"}]},
+                   {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}):
+        try:
+            oc.chat.completions.create(model="lily", messages=HI, max_tokens=5, timeout=30, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+            check(False, f"schema {schema} is rejected")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and "schema" in str(e), f"schema {schema}: a 400 ({e.message[:90]})")
+    try:
+        ac.messages.create(model="lily", max_tokens=5, messages=HI, timeout=30, output_config={
+            "format": {"type": "json_schema", "schema": {"anyOf": [{"$ref": "#"}]}}})
+        check(False, "anthropic: a left-recursive schema is rejected")
+    except anthropic.BadRequestError as e:
+        check(e.status_code == 400, f"anthropic: a left-recursive schema is a 400 ({e.message[:90]})")
 
     print("openai: forced tool calls")
     OTOOLS = [{"type": "function", "function": {"name": t["name"], "description": t["description"],

@@ -694,20 +694,16 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     req->top_k = top_k == 0 ? -1 : (int)top_k;
     json_t *seed = json_object_get(b, "seed");
     if (seed && !json_is_null(seed)) {
-        /* any integer seeds the generator: one outside int64 arrives as an integral real (json_load.h);
-         * those up to 2^64 are taken as the nearest double's value (the same seed for the same text) */
-        const double r = json_is_real(seed) ? json_real_value(seed) : 0;
+        /* an int64, as OpenAI's API and vLLM take it: a literal outside int64 arrives as an integral real
+         * (json_load.h), the nearest double, so only this range can be checked exactly */
         if (json_is_integer(seed)) {
             req->seed = (uint64_t)json_integer_value(seed);
-        } else if (!json_is_real(seed) || r != floor(r)) {
+        } else if (!json_is_real(seed) || json_real_value(seed) != floor(json_real_value(seed))) {
             bad(e, "seed", "Invalid type for 'seed': expected an integer, but got %s instead.", json_kind(seed));
             goto fail;
-        } else if (r >= 0 && r <= 18446744073709551616.0) { /* 2^64 - 1 rounds to 2^64 */
-            req->seed = r < 18446744073709551616.0 ? (uint64_t)r : UINT64_MAX;
-        } else if (r < 0 && r >= -9223372036854775808.0) {
-            req->seed = (uint64_t)(int64_t)r;
         } else {
-            bad(e, "seed", "Invalid value for 'seed': %.17g is outside [-2^63, 2^64].", r);
+            bad(e, "seed", "Invalid value for 'seed': %.0f is outside [-9223372036854775808, 9223372036854775807] "
+                "(a 64-bit signed integer).", json_real_value(seed));
             goto fail;
         }
         req->has_seed = true;
