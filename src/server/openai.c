@@ -618,11 +618,30 @@ static bool check_structured(lily_oai_request *req, lily_oai_error *e)
                                                   "values are: 'text', 'json_object' and 'json_schema'.", type);
         }
     }
-    long long budget = -1;
+    long long budget = -1, alias = -1;
     if (!get_int(req->body, "reasoning_budget", 0, INT32_MAX, &budget, e) ||
-        !get_int(req->body, "max_reasoning_tokens", 0, INT32_MAX, &budget, e))
+        !get_int(req->body, "max_reasoning_tokens", 0, INT32_MAX, &alias, e))
         return false;
-    req->reasoning_budget = (int)budget;
+    if (budget >= 0 && alias >= 0 && budget != alias) /* two names for one limit: neither silently wins */
+        return bad(e, "max_reasoning_tokens", "'reasoning_budget' (%lld) and 'max_reasoning_tokens' (%lld) are two "
+                   "names for the same limit: set one of them.", budget, alias);
+    req->reasoning_budget = (int)(budget >= 0 ? budget : alias);
+    return true;
+}
+
+/* /v1/completions fields lily does not implement, refused unless they hold their defaults (as vLLM does), so
+ * a client never gets a reply made without them: suffix (fill-in-the-middle) null or "", best_of null or 1. */
+static bool check_unsupported_completion(json_t *b, lily_oai_error *e)
+{
+    json_t *suffix = json_object_get(b, "suffix");
+    if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && !json_string_length(suffix)))
+        return bad(e, "suffix", "Invalid value for 'suffix': fill-in-the-middle completions are not supported "
+                                "(send the prompt alone, or leave 'suffix' out).");
+    long long best_of = 1;
+    if (!get_int(b, "best_of", 1, 1 << 20, &best_of, e))
+        return false;
+    if (best_of != 1)
+        return bad(e, "best_of", "Invalid value for 'best_of': only best_of=1 is supported (got %lld).", best_of);
     return true;
 }
 
@@ -654,7 +673,7 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
             !check_structured(req, e))
             goto fail;
     } else {
-        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e))
+        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e) || !check_unsupported_completion(b, e))
             goto fail;
     }
 
