@@ -214,6 +214,35 @@ static void test_unrunnable_schemas(void **state)
     lily_grammar_free(g);
 }
 
+/* A wide object (4000 properties, every 1000th required): the candidates a key may take run from the next
+ * property to the next required one, in order; none past it, none before. */
+static void test_wide_object(void **state)
+{
+    (void)state;
+    enum { N = 4000 };
+    json_t *props = json_object(), *required = json_array();
+    assert_non_null(props);
+    assert_non_null(required);
+    for (int i = 0; i < N; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "p%d", i);
+        json_object_set_new(props, key, json_pack("{s:s}", "type", "integer"));
+        if (i % 1000 == 999)
+            json_array_append_new(required, json_string(key));
+    }
+    json_t *schema = json_pack("{s:s,s:o,s:o}", "type", "object", "properties", props, "required", required);
+    lily_grammar *g = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_grammar_compile(schema, LILY_GRAMMAR_JSON, &g, &err), LILY_OK);
+    json_decref(schema);
+    assert_true(accepts(g, "{\"p999\":1,\"p1999\":2,\"p2999\":3,\"p3999\":4}"));
+    assert_true(accepts(g, "{\"p5\":0,\"p999\":1,\"p1000\":7,\"p1999\":2,\"p2999\":3,\"p3998\":5,\"p3999\":4}"));
+    assert_false(prefix_ok(g, "{\"p999\":1,\"p2999\"")); /* skips the required p1999 */
+    assert_false(prefix_ok(g, "{\"p999\":1,\"p5\""));    /* goes back */
+    assert_false(accepts(g, "{\"p999\":1,\"p1999\":2,\"p2999\":3}"));
+    lily_grammar_free(g);
+}
+
 static void test_qwen_tool_syntax(void **state)
 {
     (void)state;
@@ -430,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_arrays_nested_anyof_ref),
         cmocka_unit_test(test_free_json_formats_and_errors),
         cmocka_unit_test(test_unrunnable_schemas),
+        cmocka_unit_test(test_wide_object),
         cmocka_unit_test(test_qwen_tool_syntax),
         cmocka_unit_test(test_mask),
         cmocka_unit_test(test_mask_length_limit),

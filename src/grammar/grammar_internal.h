@@ -32,6 +32,7 @@ struct gnode {
     char **keys_next;
     size_t *lens_next;
     bool *required;
+    int *next_required;   /* object: [k] the first required property at or after k (n_props: none), k <= n_props */
     bool tool;
     gnode *sep;           /* tool object: "\n</parameter>\n" */
     int min, max;

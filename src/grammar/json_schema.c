@@ -215,32 +215,45 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     if (!n)
         return NULL;
     n->tool = tool_root;
-    json_t *required = json_object_get(s, "required");
     const char *key;
     json_t *sub;
     int n_props = 0;
     json_object_foreach(props, key, sub) n_props++;
     n->required = calloc((size_t)n_props + 1, sizeof *n->required);
+    n->next_required = calloc((size_t)n_props + 1, sizeof *n->next_required);
     n->keys_next = calloc((size_t)n_props + 1, sizeof *n->keys_next);
     n->lens_next = calloc((size_t)n_props + 1, sizeof *n->lens_next);
-    if (!n->required || !n->keys_next || !n->lens_next)
+    json_t *required = json_object(); /* the required names as a set: wide objects stay linear */
+    size_t k;
+    json_t *r;
+    json_array_foreach(json_object_get(s, "required"), k, r) {
+        if (required && json_is_string(r) && json_object_set(required, json_string_value(r), json_null()))
+            json_decref(required), required = NULL;
+    }
+    if (!n->required || !n->next_required || !n->keys_next || !n->lens_next || !required) {
+        json_decref(required);
         return oom(c);
+    }
     n->n_props = n_props; /* keys_next[0..n_props] are freed with the node, also when compiling stops midway */
     int i = 0;
     json_object_foreach(props, key, sub) {
         json_t *tmp = json_string(key);
         char *name = tmp ? dump_value(tmp) : NULL; /* quoted, escaped */
         json_decref(tmp);
-        if (!name)
+        if (!name) {
+            json_decref(required);
             return oom(c);
+        }
         if (tool_root && (strchr(key, '>') || strchr(key, '\n'))) {
             free(name);
+            json_decref(required);
             return bad(c, "a parameter name with '>' or a newline cannot be written in a tool call", key);
         }
         size_t cap = strlen(name) + strlen(key) + 32;
         char *first = malloc(cap), *next = malloc(cap);
         if (!first || !next) {
             free(name), free(first), free(next);
+            json_decref(required);
             return oom(c);
         }
         if (tool_root) {
@@ -255,15 +268,17 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
         n->keys_next[i] = next;
         n->lens_next[i] = strlen(next);
         free(first);
-        if (!ok)
+        n->required[i] = json_object_get(required, key) != NULL;
+        if (!ok || !add_kid(c, n, compile(c, sub, tool_root ? MODE_TOOL_VALUE : MODE_JSON))) {
+            json_decref(required);
             return NULL;
-        size_t k;
-        json_t *r;
-        json_array_foreach(required, k, r) if (json_is_string(r) && !strcmp(json_string_value(r), key)) n->required[i] = true;
-        if (!add_kid(c, n, compile(c, sub, tool_root ? MODE_TOOL_VALUE : MODE_JSON)))
-            return NULL;
+        }
         i++;
     }
+    json_decref(required);
+    n->next_required[n_props] = n_props;
+    for (int p = n_props - 1; p >= 0; p--)
+        n->next_required[p] = n->required[p] ? p : n->next_required[p + 1];
     /* the closing literal is candidate n_props */
     const char *close = tool_root ? "</function>\n</tool_call>" : "}";
     if (!add_str(c, n, close, strlen(close)))
@@ -522,6 +537,7 @@ void lily_grammar_free(lily_grammar *g)
         free(n->lens);
         free(n->kids);
         free(n->required);
+        free(n->next_required);
         free(n->keys_next);
         free(n->lens_next);
         free(n);
