@@ -212,6 +212,32 @@ static void test_unrunnable_schemas(void **state)
     g = compile_text("{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", LILY_GRAMMAR_JSON);
     assert_true(accepts(g, "[[],[[]]]"));
     lily_grammar_free(g);
+
+    /* deeper than the matcher's stack: refused when every value is (it wrote '[' to the limit and stopped,
+     * half a value), and a branch or optional property that deep is never entered */
+    static const char wrap[] = "{\"type\":\"array\",\"minItems\":1,\"items\":";
+    char deep[4096] = "{\"type\":\"string\"}";
+    for (int i = 0; i < LILY_GRAMMAR_MAX_DEPTH + 4; i++) { /* deep = wrap + deep + "}" */
+        const size_t len = strlen(deep);
+        assert_true(len + sizeof wrap + 1 < sizeof deep);
+        memmove(deep + sizeof wrap - 1, deep, len);
+        memcpy(deep, wrap, sizeof wrap - 1);
+        memcpy(deep + sizeof wrap - 1 + len, "}", 2);
+    }
+    msg = compile_error(deep, LILY_GRAMMAR_JSON, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "nested too deeply"));
+    char text[sizeof deep + 256];
+    snprintf(text, sizeof text, "{\"anyOf\":[%s,{\"type\":\"integer\"}]}", deep);
+    g = compile_text(text, LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "12"));
+    assert_false(prefix_ok(g, "["));
+    lily_grammar_free(g);
+    snprintf(text, sizeof text, "{\"type\":\"object\",\"properties\":{\"d\":%s,\"v\":{\"type\":\"integer\"}}}", deep);
+    g = compile_text(text, LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"v\":1}"));
+    assert_false(prefix_ok(g, "{\"d"));
+    lily_grammar_free(g);
 }
 
 /* A wide object (4000 properties, every 1000th required): the candidates a key may take run from the next

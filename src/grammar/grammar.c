@@ -23,6 +23,7 @@ typedef struct {
     int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape */
     int32_t first;   /* object: no property written yet */
     int32_t last;    /* string: the last character taken (a format's next position may depend on it) */
+    int32_t level;   /* the frame's index in its stack */
 } frame;
 
 typedef struct {
@@ -61,10 +62,11 @@ static bool push(stack *s, const gnode *n)
 {
     while (n && n->kind == G_REF)
         n = n->target;
-    if (!n || !n->productive || s->depth == LILY_GRAMMAR_MAX_DEPTH)
+    if (!n || s->depth + n->min_depth > LILY_GRAMMAR_MAX_DEPTH) /* no room to finish it (or no finite value) */
         return false;
-    frame *f = &s->f[s->depth++];
+    frame *f = &s->f[s->depth];
     memset(f, 0, sizeof *f);
+    f->level = s->depth++;
     f->n = n;
     f->cur = -1;
     f->first = 1;
@@ -85,7 +87,8 @@ static const char *candidate(const frame *f, int i, size_t *len)
     }
     /* object: properties from f->count on, skipping only optional ones; n_props is the close; a property
      * whose value could never be finished is not offered */
-    if (i < f->count || i > n->next_required[f->count] || (i < n->n_props && !n->kids[i]->productive))
+    if (i < f->count || i > n->next_required[f->count] ||
+        (i < n->n_props && f->level + 1 + (n->sep ? 1 : 0) + n->kids[i]->min_depth > LILY_GRAMMAR_MAX_DEPTH))
         return NULL;
     if (f->first || i == n->n_props) {
         *len = n->lens[i];

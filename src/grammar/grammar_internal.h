@@ -20,6 +20,8 @@ typedef enum {
     G_REF,         /* target (a $ref, compiled once so recursive schemas stay finite) */
 } gnode_kind;
 
+#define G_ENDLESS (1 << 30) /* min_depth of a node no finite text matches */
+
 typedef struct gnode gnode;
 struct gnode {
     gnode_kind kind;
@@ -40,7 +42,8 @@ struct gnode {
     bool integer;
     gnode *target;
     int id;               /* index in lily_grammar.nodes */
-    bool productive;      /* some finite text matches it (json_schema.c); the matcher never enters one that is not */
+    int min_depth;        /* stack frames the cheapest complete value needs, its own included (json_schema.c);
+                             G_ENDLESS: no finite value. The matcher enters a node only where they fit. */
 };
 
 struct lily_grammar {

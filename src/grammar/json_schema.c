@@ -438,30 +438,40 @@ static bool left_recursive(const gnode *n, unsigned char *state)
     return false;
 }
 
-/* Whether some finite text matches n, given the nodes already known to (productive flags). */
-static bool productive_now(const gnode *n)
+/* The frames n's cheapest complete value needs (grammar_internal.h), from its kids' current bounds. */
+static int min_depth_now(const gnode *n)
 {
+    int d = G_ENDLESS;
     switch (n->kind) {
-    case G_ALT:
+    case G_ALT: /* the alternative's frame is replaced by the branch's */
         for (int k = 0; k < n->n_kids; k++)
-            if (n->kids[k]->productive)
-                return true;
-        return false;
-    case G_REF: return n->target && n->target->productive;
-    case G_ARRAY: return n->min == 0 || (n->n_kids > 0 && n->kids[0]->productive);
-    case G_OBJECT:
-        for (int i = 0; i < n->n_props; i++)
-            if (n->required[i] && !n->kids[i]->productive)
-                return false;
-        return true;
-    case G_LITSET: return n->n > 0;
-    default: return true;
+            d = n->kids[k]->min_depth < d ? n->kids[k]->min_depth : d;
+        return d;
+    case G_REF: return n->target ? n->target->min_depth : G_ENDLESS;
+    case G_ARRAY:
+        if (n->min == 0)
+            return 1;
+        return n->n_kids > 0 && n->kids[0]->min_depth < G_ENDLESS ? 1 + n->kids[0]->min_depth : G_ENDLESS;
+    case G_OBJECT: /* a value sits on its object's frame (and a tool call's separator frame) */
+        d = 1;
+        for (int i = 0; i < n->n_props; i++) {
+            if (!n->required[i])
+                continue;
+            if (n->kids[i]->min_depth >= G_ENDLESS)
+                return G_ENDLESS;
+            const int need = 1 + (n->sep ? 1 : 0) + n->kids[i]->min_depth;
+            d = need > d ? need : d;
+        }
+        return d;
+    case G_LITSET: return n->n > 0 ? 1 : G_ENDLESS;
+    default: return 1;
     }
 }
 
-/* Refuses graphs the matcher cannot run: left recursion, and a root that no finite text matches (a required
- * property or minItems that recurses without end). Marks every node's productive flag (least fixed point),
- * so the matcher skips the branches that could never finish. */
+/* Refuses graphs the matcher cannot run: left recursion; a root that no finite text matches (a required
+ * property or minItems that recurses without end); a root whose every value nests deeper than the
+ * matcher's stack. Sets every node's min_depth (the least fixed point, from G_ENDLESS down), so the
+ * matcher never enters a branch it could not finish. */
 static void check_graph(compiler *c)
 {
     lily_grammar *g = c->g;
@@ -474,14 +484,26 @@ static void check_graph(compiler *c)
         if (left_recursive(g->nodes[i], state))
             bad(c, "a $ref reaches itself through $ref / anyOf / allOf alone, with no value in between", NULL);
     free(state);
+    for (int i = 0; i < g->n_nodes; i++)
+        g->nodes[i]->min_depth = G_ENDLESS;
     for (bool changed = true; changed && c->st == LILY_OK;) {
         changed = false;
-        for (int i = 0; i < g->n_nodes; i++)
-            if (!g->nodes[i]->productive && productive_now(g->nodes[i]))
-                changed = g->nodes[i]->productive = true;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const int d = min_depth_now(g->nodes[i]);
+            if (d < g->nodes[i]->min_depth) {
+                g->nodes[i]->min_depth = d;
+                changed = true;
+            }
+        }
     }
-    if (c->st == LILY_OK && !g->root->productive)
+    if (c->st == LILY_OK && g->root->min_depth >= G_ENDLESS)
         bad(c, "no finite JSON value matches it (a required property or minItems recurses without end)", NULL);
+    else if (c->st == LILY_OK && g->root->min_depth > LILY_GRAMMAR_MAX_DEPTH) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "its shallowest value nests %d levels, lily's grammar holds %d",
+                 g->root->min_depth, LILY_GRAMMAR_MAX_DEPTH);
+        bad(c, "nested too deeply", detail);
+    }
 }
 
 lily_status lily_grammar_compile(const json_t *schema, lily_grammar_syntax syntax, lily_grammar **out,
