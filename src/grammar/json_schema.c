@@ -1,8 +1,8 @@
 /* json_schema.c — JSON Schema -> the grammar's node graph (grammar.h, grammar_internal.h).
  *
  * Owns: reading the schema keywords grammar.h lists and rendering the literal bytes each node matches
- * (property keys with their separators, enum and const values, the Qwen tool-call tags). Does not own:
- * matching (grammar.c).
+ * (property keys with their separators, enum and const values, the Qwen tool-call tags); refusing a graph
+ * the matcher could not run, and each node's min_depth (check_graph). Does not own: matching (grammar.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
