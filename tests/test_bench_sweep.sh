@@ -18,6 +18,9 @@ fi
 
 "$LILY" bench -m "$M" --max-seconds 1 -r 1 -n 4 --threads 1 --no-warmup > "$TMP/sweep.md" 2> "$TMP/sweep.err"
 rows=$(grep -c '^| pp' "$TMP/sweep.md" || true)
+expect "md names the precision, as csv and json do (fast by default)" grep -qx -- '- precision: fast' "$TMP/sweep.md"
+"$LILY" bench -m "$M" -p 16 -n 2 -r 1 --threads 1 --no-warmup --precision exact > "$TMP/exact.md" 2>/dev/null
+expect "md names --precision exact" grep -qx -- '- precision: exact' "$TMP/exact.md"
 expect "the default prefill sweep stops itself (says so; $rows rows, fewer than the 6 up to 8192)" \
     bash -c "grep -q 'the default pp sweep stops at' '$TMP/sweep.err' && [ $rows -ge 1 ] && [ $rows -lt 6 ]"
 

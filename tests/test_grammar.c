@@ -152,6 +152,123 @@ static void test_free_json_formats_and_errors(void **state)
     json_decref(bad);
 }
 
+/* The compile error for schema_text, or NULL when it compiles. */
+static const char *compile_error(const char *schema_text, lily_grammar_syntax syntax, lily_error *err)
+{
+    json_t *schema = json_loads(schema_text, 0, NULL);
+    assert_non_null(schema);
+    lily_grammar *g = NULL;
+    const lily_status st = lily_grammar_compile(schema, syntax, &g, err);
+    json_decref(schema);
+    lily_grammar_free(g);
+    return st == LILY_OK ? NULL : err->message;
+}
+
+/* Schemas no matcher could run are refused at compile time (they hung or overflowed the stack in the
+ * matcher): a $ref that reaches itself with no value in between, an empty type list, a value that can only
+ * recurse without end. Branches that can never finish are not offered. */
+static void test_unrunnable_schemas(void **state)
+{
+    (void)state;
+    static const char *const left_recursive[] = {
+        "{\"$ref\":\"#\"}",
+        "{\"allOf\":[{\"$ref\":\"#\"}]}",
+        "{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"string\"}]}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/x\"}},"
+        "\"$defs\":{\"x\":{\"$ref\":\"#/$defs/y\"},\"y\":{\"anyOf\":[{\"$ref\":\"#/$defs/x\"}]}}}",
+    };
+    lily_error err = {0};
+    for (size_t i = 0; i < sizeof left_recursive / sizeof *left_recursive; i++) {
+        const char *msg = compile_error(left_recursive[i], LILY_GRAMMAR_JSON, &err);
+        assert_non_null(msg);
+        assert_non_null(strstr(msg, "$ref reaches itself"));
+    }
+    const char *msg = compile_error("{\"type\":[]}", LILY_GRAMMAR_JSON, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "type must be a non-empty array"));
+    msg = compile_error("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
+                        LILY_GRAMMAR_JSON, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "no finite JSON value"));
+    msg = compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"$ref\":\"#/$defs/L\"}},\"required\":[\"n\"],"
+                        "\"$defs\":{\"L\":{\"type\":\"array\",\"minItems\":1,\"items\":{\"$ref\":\"#/$defs/L\"}}}}",
+                        LILY_GRAMMAR_QWEN_TOOL, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "no finite JSON value"));
+
+    /* recursion with a way out compiles, and the endless branch is never entered */
+    lily_grammar *g = compile_text("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},"
+                                   "\"required\":[\"a\"]},{\"type\":\"string\"}]}",
+                                   LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "\"x\""));
+    assert_true(accepts(g, "{\"a\":{\"a\":\"x\"}}"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#/$defs/E\"},\"v\":{\"type\":\"integer\"}},"
+                     "\"$defs\":{\"E\":{\"type\":\"array\",\"minItems\":1,\"items\":{\"$ref\":\"#/$defs/E\"}}}}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"v\":1}"));
+    assert_false(prefix_ok(g, "{\"n")); /* the optional property that could never end is not offered */
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[[],[[]]]"));
+    lily_grammar_free(g);
+
+    /* deeper than the matcher's stack: refused when every value is (it wrote '[' to the limit and stopped,
+     * half a value), and a branch or optional property that deep is never entered */
+    static const char wrap[] = "{\"type\":\"array\",\"minItems\":1,\"items\":";
+    char deep[4096] = "{\"type\":\"string\"}";
+    for (int i = 0; i < LILY_GRAMMAR_MAX_DEPTH + 4; i++) { /* deep = wrap + deep + "}" */
+        const size_t len = strlen(deep);
+        assert_true(len + sizeof wrap + 1 < sizeof deep);
+        memmove(deep + sizeof wrap - 1, deep, len);
+        memcpy(deep, wrap, sizeof wrap - 1);
+        memcpy(deep + sizeof wrap - 1 + len, "}", 2);
+    }
+    msg = compile_error(deep, LILY_GRAMMAR_JSON, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "nested too deeply"));
+    char text[sizeof deep + 256];
+    snprintf(text, sizeof text, "{\"anyOf\":[%s,{\"type\":\"integer\"}]}", deep);
+    g = compile_text(text, LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "12"));
+    assert_false(prefix_ok(g, "["));
+    lily_grammar_free(g);
+    snprintf(text, sizeof text, "{\"type\":\"object\",\"properties\":{\"d\":%s,\"v\":{\"type\":\"integer\"}}}", deep);
+    g = compile_text(text, LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"v\":1}"));
+    assert_false(prefix_ok(g, "{\"d"));
+    lily_grammar_free(g);
+}
+
+/* A wide object (4000 properties, every 1000th required): the candidates a key may take run from the next
+ * property to the next required one, in order; none past it, none before. */
+static void test_wide_object(void **state)
+{
+    (void)state;
+    enum { N = 4000 };
+    json_t *props = json_object(), *required = json_array();
+    assert_non_null(props);
+    assert_non_null(required);
+    for (int i = 0; i < N; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "p%d", i);
+        json_object_set_new(props, key, json_pack("{s:s}", "type", "integer"));
+        if (i % 1000 == 999)
+            json_array_append_new(required, json_string(key));
+    }
+    json_t *schema = json_pack("{s:s,s:o,s:o}", "type", "object", "properties", props, "required", required);
+    lily_grammar *g = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_grammar_compile(schema, LILY_GRAMMAR_JSON, &g, &err), LILY_OK);
+    json_decref(schema);
+    assert_true(accepts(g, "{\"p999\":1,\"p1999\":2,\"p2999\":3,\"p3999\":4}"));
+    assert_true(accepts(g, "{\"p5\":0,\"p999\":1,\"p1000\":7,\"p1999\":2,\"p2999\":3,\"p3998\":5,\"p3999\":4}"));
+    assert_false(prefix_ok(g, "{\"p999\":1,\"p2999\"")); /* skips the required p1999 */
+    assert_false(prefix_ok(g, "{\"p999\":1,\"p5\""));    /* goes back */
+    assert_false(accepts(g, "{\"p999\":1,\"p1999\":2,\"p2999\":3}"));
+    lily_grammar_free(g);
+}
+
 static void test_qwen_tool_syntax(void **state)
 {
     (void)state;
@@ -367,6 +484,8 @@ int main(void)
         cmocka_unit_test(test_object_properties_required_enum),
         cmocka_unit_test(test_arrays_nested_anyof_ref),
         cmocka_unit_test(test_free_json_formats_and_errors),
+        cmocka_unit_test(test_unrunnable_schemas),
+        cmocka_unit_test(test_wide_object),
         cmocka_unit_test(test_qwen_tool_syntax),
         cmocka_unit_test(test_mask),
         cmocka_unit_test(test_mask_length_limit),

@@ -32,6 +32,11 @@ set +e
 set -e
 expect "-p - with nothing on stdin: exit 1, 'empty' said" \
     bash -c "[ $rc = 1 ] && grep -q 'prompt from stdin is empty' '$TMP/empty.err'"
+set +e
+"$LILY" run -m "$M" -p "" -n 2 >"$TMP/empty_p.out" 2>"$TMP/empty_p.err"; rc=$?
+set -e
+expect "-p \"\" is refused as an empty stdin is: exit 1, 'empty' said, nothing generated" \
+    bash -c "[ $rc = 1 ] && grep -q 'prompt is empty' '$TMP/empty_p.err' && [ ! -s '$TMP/empty_p.out' ]"
 
 gen() { sed -n 's/.*decode: \([0-9]*\) tokens.*/\1/p' "$1"; }
 "$LILY" run -m "$M" -p "Hi" --temp 0 >/dev/null 2>"$TMP/cap.err"

@@ -69,6 +69,16 @@ try:
     n_in = ac.messages.count_tokens(model="lily", messages=HI).input_tokens
     check(n_in > 0 and m.usage.input_tokens + m.usage.cache_read_input_tokens == n_in,
           f"usage.input_tokens + cache_read_input_tokens = count_tokens ({n_in})")
+    # count_tokens counts a prompt of any length (a client asks it to learn whether a prompt fits); only
+    # /v1/messages refuses one over the context (--ctx-size 4096)
+    LONG = [{"role": "user", "content": "word " * 5000}]
+    n_long = ac.messages.count_tokens(model="lily", messages=LONG).input_tokens
+    check(n_long > 4096, f"count_tokens of a prompt over the context: {n_long} tokens, not a 400")
+    try:
+        ac.messages.create(model="lily", max_tokens=5, messages=LONG)
+        check(False, "a prompt over the context is refused")
+    except anthropic.BadRequestError as e:
+        check(str(n_long) in e.message, f"/v1/messages: a prompt over the context is a 400 naming its {n_long} tokens")
     m2 = ac.messages.create(model="lily", max_tokens=12, messages=HI, extra_body=GREEDY)
     check(m2.usage.cache_read_input_tokens > 0 and m2.content[0].text == m.content[0].text,
           f"the same prompt again reads the prefix cache ({m2.usage.cache_read_input_tokens}) and repeats greedily")
@@ -235,6 +245,22 @@ try:
         check(False, "an unsupported schema is rejected")
     except openai.BadRequestError as e:
         check(e.status_code == 400 and "strin" in str(e), "an unsupported schema type is a 400 naming it")
+    # schemas no matcher can run: a $ref that reaches itself with no value between hung the engine worker;
+    # under anyOf it overflowed the stack and killed the server
+    for schema in ({"$ref": "#"}, {"anyOf": [{"$ref": "#"}, {"type": "string"}]},
+                   {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}):
+        try:
+            oc.chat.completions.create(model="lily", messages=HI, max_tokens=5, timeout=30, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+            check(False, f"schema {schema} is rejected")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and "schema" in str(e), f"schema {schema}: a 400 ({e.message[:90]})")
+    try:
+        ac.messages.create(model="lily", max_tokens=5, messages=HI, timeout=30, output_config={
+            "format": {"type": "json_schema", "schema": {"anyOf": [{"$ref": "#"}]}}})
+        check(False, "anthropic: a left-recursive schema is rejected")
+    except anthropic.BadRequestError as e:
+        check(e.status_code == 400, f"anthropic: a left-recursive schema is a 400 ({e.message[:90]})")
 
     print("openai: forced tool calls")
     OTOOLS = [{"type": "function", "function": {"name": t["name"], "description": t["description"],

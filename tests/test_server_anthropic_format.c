@@ -84,7 +84,9 @@ static void test_validation(void **state)
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", false,
                     "image");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":"
-                    "{\"type\":\"enabled\"}}", false, "budget_tokens");
+                    "{\"type\":\"enabled\"}}", false, "thinking.budget_tokens: Field required");
+    assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":"
+                    "{\"type\":\"enabled\",\"budget_tokens\":-1}}", false, "budget_tokens: expected an integer >= 0");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1.5}",
                     false, "temperature");
     assert_rejected("{\"max_tokens\":512,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":"

@@ -189,6 +189,7 @@ static void test_openai_rejects_bad_requests(void **state)
         {"\"chat_template_kwargs\":[]", "chat_template_kwargs"},
         {"\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}", "chat_template_kwargs.enable_thinking"},
         {"\"reasoning_effort\":\"extreme\"", "reasoning_effort"},
+        {"\"reasoning_budget\":5,\"max_reasoning_tokens\":7", "max_reasoning_tokens"}, /* two names, two values */
         {"\"model\":7", "model"},
     };
     for (size_t i = 0; i < sizeof bad_fields / sizeof bad_fields[0]; i++) {
@@ -209,6 +210,27 @@ static void test_openai_rejects_bad_requests(void **state)
                                        "instead.");
     }
     assert_rejected("{\"prompt\":\"x\",\"logprobs\":true}", false, "logprobs");
+    /* fields lily does not implement are refused unless at their defaults, never silently ignored */
+    assert_rejected("{\"prompt\":\"x\",\"suffix\":\"y\"}", false, "suffix");
+    assert_rejected("{\"prompt\":\"x\",\"suffix\":5}", false, "suffix");
+    assert_rejected("{\"prompt\":\"x\",\"best_of\":3}", false, "best_of");
+    assert_rejected("{\"prompt\":\"x\",\"best_of\":0}", false, "best_of");
+    assert_rejected("{\"prompt\":\"x\",\"best_of\":\"2\"}", false, "best_of");
+    lily_oai_request req;
+    lily_oai_error e;
+    assert_true(parse("{\"prompt\":\"x\",\"suffix\":null,\"best_of\":1}", false, &req, &e));
+    lily_oai_request_free(&req);
+    assert_true(parse("{\"prompt\":\"x\",\"suffix\":\"\"}", false, &req, &e));
+    lily_oai_request_free(&req);
+    /* the reasoning budget's two names agree, or one is given: that value */
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_budget\":5,"
+                      "\"max_reasoning_tokens\":5}", true, &req, &e));
+    assert_int_equal(req.reasoning_budget, 5);
+    lily_oai_request_free(&req);
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_reasoning_tokens\":7}", true,
+                      &req, &e));
+    assert_int_equal(req.reasoning_budget, 7);
+    lily_oai_request_free(&req);
 }
 
 static void test_openai_completions_prompt_forms(void **state)

@@ -477,10 +477,9 @@ static const char *precision_name(const bench_options *o)
 static void print_md_head(const bench_header *h, const bench_options *o)
 {
     printf("## lily bench — %s\n\n", h->date);
-    printf("- machine: %s\n- backend: %s%s, %d threads\n- model: %s\n- shape: %s\n- quantization: %s\n"
-           "- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n",
-           h->machine, o->backend, !strcmp(precision_name(o), "exact") ? " (precision exact)" : "", h->threads,
-           h->model, h->shape, h->quantization,
+    printf("- machine: %s\n- backend: %s, %d threads\n- precision: %s\n- model: %s\n- shape: %s\n"
+           "- quantization: %s\n- build: %s\n- limits: %s\n- repetitions: %d (mean ± stddev)\n",
+           h->machine, o->backend, h->threads, precision_name(o), h->model, h->shape, h->quantization,
            h->build, h->limits, o->reps);
     printf("\n");
     printf("| test | length | tok/s | ± | cost/token | floor tok/s | %% of floor |\n");

@@ -181,6 +181,10 @@ int cmd_run(int argc, char **argv)
         }
         prompt = prompt_owned;
     }
+    if (!*prompt) { /* as an empty stdin or file: an unset shell variable, most likely, never a prompt */
+        fprintf(stderr, "lily run: the prompt is empty (-p \"\")\n");
+        return 1;
+    }
     int rc = run_prompt(&o, prompt, raw, show_ids);
     free(prompt_owned);
     return rc;

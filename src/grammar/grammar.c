@@ -23,6 +23,7 @@ typedef struct {
     int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape */
     int32_t first;   /* object: no property written yet */
     int32_t last;    /* string: the last character taken (a format's next position may depend on it) */
+    int32_t level;   /* the frame's index in its stack */
 } frame;
 
 typedef struct {
@@ -61,10 +62,11 @@ static bool push(stack *s, const gnode *n)
 {
     while (n && n->kind == G_REF)
         n = n->target;
-    if (!n || s->depth == LILY_GRAMMAR_MAX_DEPTH)
+    if (!n || s->depth + n->min_depth > LILY_GRAMMAR_MAX_DEPTH) /* no room to finish it (or no finite value) */
         return false;
-    frame *f = &s->f[s->depth++];
+    frame *f = &s->f[s->depth];
     memset(f, 0, sizeof *f);
+    f->level = s->depth++;
     f->n = n;
     f->cur = -1;
     f->first = 1;
@@ -83,12 +85,11 @@ static const char *candidate(const frame *f, int i, size_t *len)
         *len = n->lens[i];
         return n->strs[i];
     }
-    /* object: properties from f->count on, skipping only optional ones; n_props is the close */
-    if (i < f->count || i > n->n_props)
+    /* object: properties from f->count on, skipping only optional ones; n_props is the close; a property
+     * whose value could never be finished is not offered */
+    if (i < f->count || i > n->next_required[f->count] ||
+        (i < n->n_props && f->level + 1 + (n->sep ? 1 : 0) + n->kids[i]->min_depth > LILY_GRAMMAR_MAX_DEPTH))
         return NULL;
-    for (int k = f->count; k < i; k++)
-        if (n->required[k])
-            return NULL;
     if (f->first || i == n->n_props) {
         *len = n->lens[i];
         return n->strs[i];
@@ -97,7 +98,13 @@ static const char *candidate(const frame *f, int i, size_t *len)
     return n->keys_next[i];
 }
 
-static int n_candidates(const frame *f) { return f->n->kind == G_LITSET ? f->n->n : f->n->n_props + 1; }
+/* The candidates a frame may take lie in [first, end): an object's run from the next property to the first
+ * required one (or the close), so a byte costs the allowed candidates, not all of them. */
+static int first_candidate(const frame *f) { return f->n->kind == G_LITSET ? 0 : f->count; }
+static int end_candidate(const frame *f)
+{
+    return f->n->kind == G_LITSET ? f->n->n : f->n->next_required[f->count] + 1;
+}
 
 typedef enum { LIT_FAIL, LIT_MORE, LIT_DONE, LIT_PASS } lit_result;
 
@@ -109,7 +116,7 @@ static lit_result literal_step(frame *f, unsigned char b)
     const char *cs = f->cur >= 0 ? candidate(f, f->cur, &clen) : NULL;
     if (!(cs && (size_t)f->pos < clen && (unsigned char)cs[f->pos] == b)) {
         int found = -1;
-        for (int i = 0; i < n_candidates(f) && found < 0; i++) {
+        for (int i = first_candidate(f); i < end_candidate(f) && found < 0; i++) {
             const char *s = candidate(f, i, &len);
             if (s && len > (size_t)f->pos && (unsigned char)s[f->pos] == b && (!f->pos || !memcmp(s, cs, (size_t)f->pos)))
                 found = i;
@@ -122,7 +129,7 @@ static lit_result literal_step(frame *f, unsigned char b)
     f->pos++;
     if ((size_t)f->pos < clen)
         return LIT_MORE;
-    for (int i = 0; i < n_candidates(f); i++) {
+    for (int i = first_candidate(f); i < end_candidate(f); i++) {
         const char *s = candidate(f, i, &len);
         if (s && len > clen && !memcmp(s, cs, clen))
             return LIT_MORE; /* complete, and may grow */

@@ -20,6 +20,8 @@ typedef enum {
     G_REF,         /* target (a $ref, compiled once so recursive schemas stay finite) */
 } gnode_kind;
 
+#define G_ENDLESS (1 << 30) /* min_depth of a node no finite text matches */
+
 typedef struct gnode gnode;
 struct gnode {
     gnode_kind kind;
@@ -32,12 +34,16 @@ struct gnode {
     char **keys_next;
     size_t *lens_next;
     bool *required;
+    int *next_required;   /* object: [k] the first required property at or after k (n_props: none), k <= n_props */
     bool tool;
     gnode *sep;           /* tool object: "\n</parameter>\n" */
     int min, max;
     const char *pattern;  /* static */
     bool integer;
     gnode *target;
+    int id;               /* index in lily_grammar.nodes */
+    int min_depth;        /* stack frames the cheapest complete value needs, its own included (json_schema.c);
+                             G_ENDLESS: no finite value. The matcher enters a node only where they fit. */
 };
 
 struct lily_grammar {

@@ -1,8 +1,8 @@
 /* json_schema.c — JSON Schema -> the grammar's node graph (grammar.h, grammar_internal.h).
  *
  * Owns: reading the schema keywords grammar.h lists and rendering the literal bytes each node matches
- * (property keys with their separators, enum and const values, the Qwen tool-call tags). Does not own:
- * matching (grammar.c).
+ * (property keys with their separators, enum and const values, the Qwen tool-call tags); refusing a graph
+ * the matcher could not run, and each node's min_depth (check_graph). Does not own: matching (grammar.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +47,7 @@ static gnode *new_node(compiler *c, gnode_kind kind)
     }
     n->kind = kind;
     n->max = -1;
+    n->id = c->g->n_nodes;
     c->g->nodes[c->g->n_nodes++] = n;
     return n;
 }
@@ -214,32 +215,45 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     if (!n)
         return NULL;
     n->tool = tool_root;
-    json_t *required = json_object_get(s, "required");
     const char *key;
     json_t *sub;
     int n_props = 0;
     json_object_foreach(props, key, sub) n_props++;
     n->required = calloc((size_t)n_props + 1, sizeof *n->required);
+    n->next_required = calloc((size_t)n_props + 1, sizeof *n->next_required);
     n->keys_next = calloc((size_t)n_props + 1, sizeof *n->keys_next);
     n->lens_next = calloc((size_t)n_props + 1, sizeof *n->lens_next);
-    if (!n->required || !n->keys_next || !n->lens_next)
+    json_t *required = json_object(); /* the required names as a set: wide objects stay linear */
+    size_t k;
+    json_t *r;
+    json_array_foreach(json_object_get(s, "required"), k, r) {
+        if (required && json_is_string(r) && json_object_set(required, json_string_value(r), json_null()))
+            json_decref(required), required = NULL;
+    }
+    if (!n->required || !n->next_required || !n->keys_next || !n->lens_next || !required) {
+        json_decref(required);
         return oom(c);
+    }
     n->n_props = n_props; /* keys_next[0..n_props] are freed with the node, also when compiling stops midway */
     int i = 0;
     json_object_foreach(props, key, sub) {
         json_t *tmp = json_string(key);
         char *name = tmp ? dump_value(tmp) : NULL; /* quoted, escaped */
         json_decref(tmp);
-        if (!name)
+        if (!name) {
+            json_decref(required);
             return oom(c);
+        }
         if (tool_root && (strchr(key, '>') || strchr(key, '\n'))) {
             free(name);
+            json_decref(required);
             return bad(c, "a parameter name with '>' or a newline cannot be written in a tool call", key);
         }
         size_t cap = strlen(name) + strlen(key) + 32;
         char *first = malloc(cap), *next = malloc(cap);
         if (!first || !next) {
             free(name), free(first), free(next);
+            json_decref(required);
             return oom(c);
         }
         if (tool_root) {
@@ -254,15 +268,17 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
         n->keys_next[i] = next;
         n->lens_next[i] = strlen(next);
         free(first);
-        if (!ok)
+        n->required[i] = json_object_get(required, key) != NULL;
+        if (!ok || !add_kid(c, n, compile(c, sub, tool_root ? MODE_TOOL_VALUE : MODE_JSON))) {
+            json_decref(required);
             return NULL;
-        size_t k;
-        json_t *r;
-        json_array_foreach(required, k, r) if (json_is_string(r) && !strcmp(json_string_value(r), key)) n->required[i] = true;
-        if (!add_kid(c, n, compile(c, sub, tool_root ? MODE_TOOL_VALUE : MODE_JSON)))
-            return NULL;
+        }
         i++;
     }
+    json_decref(required);
+    n->next_required[n_props] = n_props;
+    for (int p = n_props - 1; p >= 0; p--)
+        n->next_required[p] = n->required[p] ? p : n->next_required[p + 1];
     /* the closing literal is candidate n_props */
     const char *close = tool_root ? "</function>\n</tool_call>" : "}";
     if (!add_str(c, n, close, strlen(close)))
@@ -382,6 +398,8 @@ static gnode *compile(compiler *c, const json_t *s, value_mode mode)
         n = new_node(c, G_ALT);
         size_t i;
         json_t *e;
+        if (!json_array_size(v))
+            return bad(c, "type must be a non-empty array", NULL);
         json_array_foreach(v, i, e) {
             if (!json_is_string(e))
                 return bad(c, "type entries must be strings", NULL);
@@ -399,6 +417,93 @@ static gnode *compile(compiler *c, const json_t *s, value_mode mode)
     }
     c->depth--;
     return c->st == LILY_OK ? n : NULL;
+}
+
+/* True when n, a $ref or an alternative, reaches itself again through $ref targets and alternatives alone
+ * (no byte matched in between: {"$ref": "#"}, {"anyOf": [{"$ref": "#"}, ...]}), which no matcher could
+ * expand. state[id]: 0 not visited, 1 on the current path, 2 done. */
+static bool left_recursive(const gnode *n, unsigned char *state)
+{
+    if (!n || (n->kind != G_REF && n->kind != G_ALT) || state[n->id] == 2)
+        return false;
+    if (state[n->id] == 1)
+        return true;
+    state[n->id] = 1;
+    if (n->kind == G_REF && left_recursive(n->target, state))
+        return true;
+    for (int k = 0; n->kind == G_ALT && k < n->n_kids; k++)
+        if (left_recursive(n->kids[k], state))
+            return true;
+    state[n->id] = 2;
+    return false;
+}
+
+/* The frames n's cheapest complete value needs (grammar_internal.h), from its kids' current bounds. */
+static int min_depth_now(const gnode *n)
+{
+    int d = G_ENDLESS;
+    switch (n->kind) {
+    case G_ALT: /* the alternative's frame is replaced by the branch's */
+        for (int k = 0; k < n->n_kids; k++)
+            d = n->kids[k]->min_depth < d ? n->kids[k]->min_depth : d;
+        return d;
+    case G_REF: return n->target ? n->target->min_depth : G_ENDLESS;
+    case G_ARRAY:
+        if (n->min == 0)
+            return 1;
+        return n->n_kids > 0 && n->kids[0]->min_depth < G_ENDLESS ? 1 + n->kids[0]->min_depth : G_ENDLESS;
+    case G_OBJECT: /* a value sits on its object's frame (and a tool call's separator frame) */
+        d = 1;
+        for (int i = 0; i < n->n_props; i++) {
+            if (!n->required[i])
+                continue;
+            if (n->kids[i]->min_depth >= G_ENDLESS)
+                return G_ENDLESS;
+            const int need = 1 + (n->sep ? 1 : 0) + n->kids[i]->min_depth;
+            d = need > d ? need : d;
+        }
+        return d;
+    case G_LITSET: return n->n > 0 ? 1 : G_ENDLESS;
+    default: return 1;
+    }
+}
+
+/* Refuses graphs the matcher cannot run: left recursion; a root that no finite text matches (a required
+ * property or minItems that recurses without end); a root whose every value nests deeper than the
+ * matcher's stack. Sets every node's min_depth (the least fixed point, from G_ENDLESS down), so the
+ * matcher never enters a branch it could not finish. */
+static void check_graph(compiler *c)
+{
+    lily_grammar *g = c->g;
+    unsigned char *state = calloc((size_t)g->n_nodes + 1, 1);
+    if (!state) {
+        oom(c);
+        return;
+    }
+    for (int i = 0; i < g->n_nodes && c->st == LILY_OK; i++)
+        if (left_recursive(g->nodes[i], state))
+            bad(c, "a $ref reaches itself through $ref / anyOf / allOf alone, with no value in between", NULL);
+    free(state);
+    for (int i = 0; i < g->n_nodes; i++)
+        g->nodes[i]->min_depth = G_ENDLESS;
+    for (bool changed = true; changed && c->st == LILY_OK;) {
+        changed = false;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const int d = min_depth_now(g->nodes[i]);
+            if (d < g->nodes[i]->min_depth) {
+                g->nodes[i]->min_depth = d;
+                changed = true;
+            }
+        }
+    }
+    if (c->st == LILY_OK && g->root->min_depth >= G_ENDLESS)
+        bad(c, "no finite JSON value matches it (a required property or minItems recurses without end)", NULL);
+    else if (c->st == LILY_OK && g->root->min_depth > LILY_GRAMMAR_MAX_DEPTH) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "its shallowest value nests %d levels, lily's grammar holds %d",
+                 g->root->min_depth, LILY_GRAMMAR_MAX_DEPTH);
+        bad(c, "nested too deeply", detail);
+    }
 }
 
 lily_status lily_grammar_compile(const json_t *schema, lily_grammar_syntax syntax, lily_grammar **out,
@@ -428,6 +533,8 @@ lily_status lily_grammar_compile(const json_t *schema, lily_grammar_syntax synta
         c.st = c.st != LILY_OK ? c.st : lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory");
     if (g->lead)
         g->lead->max = 2;
+    if (c.st == LILY_OK)
+        check_graph(&c);
     for (int i = 0; i < c.n_refs; i++)
         free(c.refs[i].ref);
     if (c.st != LILY_OK) {
@@ -452,6 +559,7 @@ void lily_grammar_free(lily_grammar *g)
         free(n->lens);
         free(n->kids);
         free(n->required);
+        free(n->next_required);
         free(n->keys_next);
         free(n->lens_next);
         free(n);

@@ -219,8 +219,10 @@ static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e
         const char *type = json_string_value(json_object_get(thinking, "type"));
         json_t *budget = json_object_get(thinking, "budget_tokens");
         if (type && !strcmp(type, "enabled")) {
-            if (!json_is_integer(budget) || json_integer_value(budget) < 0)
+            if (!budget || json_is_null(budget))
                 return bad(e, "thinking.budget_tokens", "thinking.budget_tokens: Field required (an integer >= 0).");
+            if (!json_is_integer(budget) || json_integer_value(budget) < 0)
+                return bad(e, "thinking.budget_tokens", "thinking.budget_tokens: expected an integer >= 0.");
             /* as Anthropic: a budget that leaves no room for the answer is a mistake, not a silent cut */
             if (mt && json_integer_value(budget) >= json_integer_value(mt))
                 return bad(e, "max_tokens", "max_tokens must be greater than thinking.budget_tokens (%lld >= %lld).",

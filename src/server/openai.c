@@ -618,11 +618,30 @@ static bool check_structured(lily_oai_request *req, lily_oai_error *e)
                                                   "values are: 'text', 'json_object' and 'json_schema'.", type);
         }
     }
-    long long budget = -1;
+    long long budget = -1, alias = -1;
     if (!get_int(req->body, "reasoning_budget", 0, INT32_MAX, &budget, e) ||
-        !get_int(req->body, "max_reasoning_tokens", 0, INT32_MAX, &budget, e))
+        !get_int(req->body, "max_reasoning_tokens", 0, INT32_MAX, &alias, e))
         return false;
-    req->reasoning_budget = (int)budget;
+    if (budget >= 0 && alias >= 0 && budget != alias) /* two names for one limit: neither silently wins */
+        return bad(e, "max_reasoning_tokens", "'reasoning_budget' (%lld) and 'max_reasoning_tokens' (%lld) are two "
+                   "names for the same limit: set one of them.", budget, alias);
+    req->reasoning_budget = (int)(budget >= 0 ? budget : alias);
+    return true;
+}
+
+/* /v1/completions fields lily does not implement, refused unless they hold their defaults (as vLLM does), so
+ * a client never gets a reply made without them: suffix (fill-in-the-middle) null or "", best_of null or 1. */
+static bool check_unsupported_completion(json_t *b, lily_oai_error *e)
+{
+    json_t *suffix = json_object_get(b, "suffix");
+    if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && !json_string_length(suffix)))
+        return bad(e, "suffix", "Invalid value for 'suffix': fill-in-the-middle completions are not supported "
+                                "(send the prompt alone, or leave 'suffix' out).");
+    long long best_of = 1;
+    if (!get_int(b, "best_of", 1, 1 << 20, &best_of, e))
+        return false;
+    if (best_of != 1)
+        return bad(e, "best_of", "Invalid value for 'best_of': only best_of=1 is supported (got %lld).", best_of);
     return true;
 }
 
@@ -654,7 +673,7 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
             !check_structured(req, e))
             goto fail;
     } else {
-        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e))
+        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e) || !check_unsupported_completion(b, e))
             goto fail;
     }
 
@@ -694,20 +713,16 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     req->top_k = top_k == 0 ? -1 : (int)top_k;
     json_t *seed = json_object_get(b, "seed");
     if (seed && !json_is_null(seed)) {
-        /* any integer seeds the generator: one outside int64 arrives as an integral real (json_load.h);
-         * those up to 2^64 are taken as the nearest double's value (the same seed for the same text) */
-        const double r = json_is_real(seed) ? json_real_value(seed) : 0;
+        /* an int64, as OpenAI's API and vLLM take it: a literal outside int64 arrives as an integral real
+         * (json_load.h), the nearest double, so only this range can be checked exactly */
         if (json_is_integer(seed)) {
             req->seed = (uint64_t)json_integer_value(seed);
-        } else if (!json_is_real(seed) || r != floor(r)) {
+        } else if (!json_is_real(seed) || json_real_value(seed) != floor(json_real_value(seed))) {
             bad(e, "seed", "Invalid type for 'seed': expected an integer, but got %s instead.", json_kind(seed));
             goto fail;
-        } else if (r >= 0 && r <= 18446744073709551616.0) { /* 2^64 - 1 rounds to 2^64 */
-            req->seed = r < 18446744073709551616.0 ? (uint64_t)r : UINT64_MAX;
-        } else if (r < 0 && r >= -9223372036854775808.0) {
-            req->seed = (uint64_t)(int64_t)r;
         } else {
-            bad(e, "seed", "Invalid value for 'seed': %.17g is outside [-2^63, 2^64].", r);
+            bad(e, "seed", "Invalid value for 'seed': %.0f is outside [-9223372036854775808, 9223372036854775807] "
+                "(a 64-bit signed integer).", json_real_value(seed));
             goto fail;
         }
         req->has_seed = true;

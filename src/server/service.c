@@ -731,8 +731,10 @@ static bool logit_bias_ok(const lily_service *svc, lily_job *job)
     return true;
 }
 
-/* The prompt's token ids, or an error already written to the job (returns false). */
-static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t **ids, int *n_ids)
+/* The prompt's token ids, or an error already written to the job (returns false; *ids may still need freeing).
+ * must_fit: a prompt that leaves no room for one token of reply in the context is an error (count_tokens
+ * counts any length: a client asks it to learn whether the prompt fits). */
+static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *thinking, int32_t **ids, int *n_ids)
 {
     lily_oai_request *req = &job->req;
     lily_error err = {0};
@@ -785,7 +787,7 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool *thinking, int32_t
     }
     int max_ctx = svc->session->max_ctx;
     job->stats.prompt_tokens = *n_ids; /* the request log's prompt=, also for a 400 below */
-    if (*n_ids == 0 || *n_ids >= max_ctx) {
+    if (*n_ids == 0 || (must_fit && *n_ids >= max_ctx)) {
         const char *what = req->is_chat ? "messages" : "prompt";
         char msg[256];
         if (*n_ids == 0)
@@ -1040,7 +1042,7 @@ static void run_generation(lily_service *svc, lily_job *job)
 
     /* 1. the prompt's token ids (a bad conversation, a prompt over the context or a logit_bias id outside the
      *    vocabulary ends here with a 400) */
-    if (!logit_bias_ok(svc, job) || !prompt_ids(svc, job, &g.thinking, &ids, &n_ids))
+    if (!logit_bias_ok(svc, job) || !prompt_ids(svc, job, true, &g.thinking, &ids, &n_ids))
         goto done;
     job->stats.prompt_ms = 1e3 * (lily_wall_seconds() - g.t_start);
 
@@ -1251,9 +1253,10 @@ static void run_count_tokens(lily_service *svc, lily_job *job)
     bool thinking = false;
     int32_t *ids = NULL;
     int n_ids = 0;
-    if (!prompt_ids(svc, job, &thinking, &ids, &n_ids))
-        return;
+    const bool ok = prompt_ids(svc, job, false, &thinking, &ids, &n_ids);
     free(ids);
+    if (!ok)
+        return;
     respond_json(job, json_pack("{s:i}", "input_tokens", n_ids));
 }
 
