@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(GS_WARPS * 32, 2)
 gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigned long long *argmax)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    tl_block<> tl(b.timeline);
     constexpr int RT = GS_WARPS / KS; /* tiles per group */
     extern __shared__ __align__(128) unsigned char gs_ring[];
     __shared__ __align__(8) uint64_t s_full[RT * GS_MAX_STAGES]; /* [rt][slot] */
@@ -124,6 +125,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
             fill(i, i); /* weights only: before the previous kernel has finished */
     pdl_trigger();
     pdl_wait();
+    tl.waited();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
     const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);

@@ -63,6 +63,7 @@ static bool moe_early_ids_on(const moe_args &a)
 template <bool STAGED>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
+    tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
     const int H = a.hidden;
     float *s_x = md_smem;                                   /* [H] */
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     const int step = pub ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
     pdl_trigger();
     pdl_wait();
+    tl.waited();
     if (!shared) {
         int64_t e;
         {
@@ -157,6 +159,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
 template <bool EARLY>
 __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
 {
+    tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
     const int I = a.inter, slots = a.top_k + 1;
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem);             /* [slots][I / 8] */
@@ -208,10 +211,12 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
             wk = s_w[slot];
         }
         pdl_wait();
+        tl.waited();
         if (shared)
             wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
     } else {
         pdl_wait();
+        tl.waited();
         if (!shared) {
             const int64_t e = __ldcg(a.topk_idx + slot);
             mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
