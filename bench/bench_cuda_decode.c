@@ -72,16 +72,19 @@ static lily_status decode_greedy(lily_backend *be, void *st, int32_t first, int 
 static void timeline_row(const lily_cuda_timeline *t, int k, double prev_end, double gbps)
 {
     const lily_cuda_timeline_kernel *K = &t->k[k];
-    printf("| %s | %d | %+.2f | %+.2f | %+.2f | %.2f | %.2f | %.2f | %.2f |\n", t->stage_names[K->stage], K->blocks,
+    char mark[32] = "";
+    if (K->mark_us > 0)
+        snprintf(mark, sizeof mark, "%.2f", K->mark_us - K->wait_us);
+    printf("| %s | %d | %+.2f | %+.2f | %+.2f | %.2f | %.2f | %s | %.2f | %.2f |\n", t->stage_names[K->stage], K->blocks,
            K->start_us - prev_end, K->last_start_us - prev_end, K->wait_us - prev_end, K->end_us - prev_end,
-           K->end_us - K->wait_us, K->bytes / 1e6, K->bytes / (gbps * 1e3));
+           K->end_us - K->wait_us, mark, K->bytes / 1e6, K->bytes / (gbps * 1e3));
 }
 
 /* The layer's kernels (launch order), each against the kernel launched before it. */
 static void timeline_layer(const lily_cuda_timeline *t, int layer, double gbps)
 {
-    printf("| kernel | blocks | first start | last start | last wait release | last end (step) | post-wait | MB | byte µs |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| kernel | blocks | first start | last start | last wait release | last end (step) | post-wait | wait → x ready | MB | byte µs |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double sum = 0, bytes = 0;
     for (int k = 1; k < t->n; k++)
         if (t->k[k].layer == layer) {
@@ -89,7 +92,7 @@ static void timeline_layer(const lily_cuda_timeline *t, int layer, double gbps)
             sum += t->k[k].end_us - t->k[k - 1].end_us;
             bytes += t->k[k].bytes;
         }
-    printf("| layer %d | | | | | %.2f | | %.2f | %.2f |\n", layer, sum, bytes / 1e6, bytes / (gbps * 1e3));
+    printf("| layer %d | | | | | %.2f | | | %.2f | %.2f |\n", layer, sum, bytes / 1e6, bytes / (gbps * 1e3));
 }
 
 static void print_timeline(const lily_cuda_timeline *t, int depth, double gbps)
@@ -99,8 +102,9 @@ static void print_timeline(const lily_cuda_timeline *t, int depth, double gbps)
            "stamp to the last\n\n",
            t->timer_step_ns, t->timer_update_ns, t->timer_update_cycles, t->step_us);
     printf("Columns: from the previous kernel's last block exit to this kernel's first block entry, last block entry, "
-           "last PDL wait release and last block exit; post-wait = last exit - last wait release; byte µs = the "
-           "bytes it moves at the copy rate.\n\n");
+           "last PDL wait release and last block exit; post-wait = last exit - last wait release; wait → x ready = the "
+           "last block's input transform done (GEMVs, MoE) - last wait release; byte µs = the bytes it moves at the copy "
+           "rate.\n\n");
     int gdn = -1, att = -1;
     for (int k = 0; k < t->n; k++) {
         const char *s = t->stage_names[t->k[k].stage];

@@ -57,6 +57,7 @@ typedef struct {
     double last_start_us; /* last block's entry (all blocks resident) */
     double wait_us;       /* last block's PDL wait release */
     double end_us;        /* last block's exit */
+    double mark_us;       /* last block's mark (GEMVs, MoE: x ready in shared memory); 0: the kernel has none */
     double bytes;         /* bytes the kernel moves at the step's depth (weights, state, KV cache) */
 } lily_cuda_timeline_kernel;
 typedef struct {

@@ -338,8 +338,9 @@ static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer
         a.n_splits = attention_prefill_splits(a, n, st->pos, c->att_splits);
         LAUNCH(launch_attention_prefill(a, n, c->stream));
     } else {
-        a.timeline = tl_slot(c, PS_ATT, layer, 0.0, 2.0 * a.n_kv * a.head_dim * sizeof(__nv_bfloat16),
-                             a.n_splits > 1 ? 2 : 1);
+        /* the tensor-core kernel's split-KV merge is a second kernel (the SIMT kernel merges in its last block) */
+        const bool merge = a.n_splits > 1 && attn_decode_kernel_choose(a, n) == ATTN_DECODE_MMA;
+        a.timeline = tl_slot(c, PS_ATT, layer, 0.0, 2.0 * a.n_kv * a.head_dim * c->kv_elem, merge ? 2 : 1);
         LAUNCH(launch_attention(a, n, c->stream));
     }
     MARK(PS_ATT_OUT);
@@ -814,7 +815,7 @@ static void tl_accumulate(const unsigned long long *h, int n_k, lily_cuda_timeli
         return;
     out->step_us += (t_end - t0) * 1e-3;
     for (int k = 0; k < n_k; k++) {
-        unsigned long long first = ~0ull, last = 0, wait = 0, end = 0;
+        unsigned long long first = ~0ull, last = 0, wait = 0, end = 0, mark = 0;
         int blocks = 0;
         for (int b = 0; b < TL_MAX_BLOCKS; b++) {
             const unsigned long long *r = h + (size_t)k * TL_SLOT_WORDS + (size_t)TL_WORDS * b;
@@ -825,6 +826,7 @@ static void tl_accumulate(const unsigned long long *h, int n_k, lily_cuda_timeli
             last = r[0] > last ? r[0] : last;
             wait = r[1] > wait ? r[1] : wait;
             end = r[2] > end ? r[2] : end;
+            mark = r[4] > mark ? r[4] : mark;
         }
         lily_cuda_timeline_kernel *K = &out->k[k];
         if (!blocks)
@@ -834,6 +836,7 @@ static void tl_accumulate(const unsigned long long *h, int n_k, lily_cuda_timeli
         K->last_start_us += (last - t0) * 1e-3;
         K->wait_us += ((wait ? wait : first) - t0) * 1e-3;
         K->end_us += (end - t0) * 1e-3;
+        K->mark_us += mark ? (mark - t0) * 1e-3 : 0.0;
     }
 }
 
@@ -894,6 +897,7 @@ extern "C" lily_status lily_cuda_timeline_decode(void *ctx, void *state, int32_t
         K->last_start_us /= n_steps;
         K->wait_us /= n_steps;
         K->end_us /= n_steps;
+        K->mark_us /= n_steps;
         K->bytes = c->tl_k[k].bytes + c->tl_k[k].bytes_per_pos * (pos0 + n_steps / 2);
     }
     out->n_stages = TL_STAGES;

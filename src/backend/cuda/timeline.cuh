@@ -6,7 +6,9 @@
  *   [0] %globaltimer (ns) when thread 0 enters the kernel,
  *   [1] %globaltimer when thread 0 has passed the PDL wait (griddepcontrol.wait),
  *   [2] %globaltimer when the block's last warp leaves the kernel (atomicMax of every warp's lane 0),
- *   [3] the SM the block ran on (%smid).
+ *   [3] the SM the block ran on (%smid),
+ *   [4] %globaltimer when thread 0 reached the kernel's mark() (GEMVs and the MoE kernels: x ready in shared
+ *       memory; 0 in kernels without one).
  * The buffer is zeroed before each step (word 2 is a running maximum). A NULL pointer (every launch outside
  * the timeline bench) costs one uniform branch per stamp. The attention launch records the split-KV kernel
  * at `timeline` and its merge kernel in the next slot (timeline + TL_SLOT_WORDS).
@@ -14,7 +16,7 @@
 #ifndef LILY_CUDA_TIMELINE_CUH
 #define LILY_CUDA_TIMELINE_CUH
 
-#define TL_WORDS 4
+#define TL_WORDS 5
 #define TL_MAX_BLOCKS 1024
 #define TL_SLOT_WORDS (TL_WORDS * TL_MAX_BLOCKS) /* one kernel's records */
 
@@ -41,7 +43,8 @@ __device__ __forceinline__ int tl_block_index(void)
 
 /* The stamps of one block: constructed first thing in the kernel from the argument struct's pointer (a
  * kernel parameter: kept by reference, so no register holds it through the kernel) (entry stamp),
- * waited() right after the kernel's pdl_wait(), the exit stamp by the destructor on every return path. */
+ * waited() right after the kernel's pdl_wait(), mark() at a kernel-specific point, the exit stamp by the
+ * destructor on every return path. */
 template <int SLOT = 0> /* the kernel's slot after the pointer's (the attention merge: 1) */
 struct tl_block {
     unsigned long long *const &tl;
@@ -57,6 +60,11 @@ struct tl_block {
     {
         if (tl && threadIdx.x == 0 && tl_block_index() >= 0)
             tl[(size_t)SLOT * TL_SLOT_WORDS + (size_t)TL_WORDS * tl_block_index() + 1] = tl_globaltimer();
+    }
+    __device__ __forceinline__ void mark() const
+    {
+        if (tl && threadIdx.x == 0 && tl_block_index() >= 0)
+            tl[(size_t)SLOT * TL_SLOT_WORDS + (size_t)TL_WORDS * tl_block_index() + 4] = tl_globaltimer();
     }
     __device__ __forceinline__ ~tl_block()
     {

@@ -83,8 +83,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
     __shared__ float s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
     __shared__ float s_M[G], s_L[G];
     __shared__ unsigned int s_last;
+    tl_block<> tl(a.timeline);
     pdl_trigger(); /* o_proj may launch and prefetch its weights */
     pdl_wait();
+    tl.waited();
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int L = *a.pos + t + 1;

@@ -66,6 +66,7 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
     x_prescale4<BITS, VPL>(x);
+    tl.mark();
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;

@@ -61,6 +61,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them */
     const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    tl.mark();
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;

@@ -126,9 +126,9 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     pdl_trigger();
     pdl_wait();
     tl.waited();
-
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
     const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    tl.mark();
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;

@@ -121,6 +121,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     }
     const gemv_input in = gemv_input_rmsnorm(a.h, H, a.norm_w, a.eps);
     const float xk = mg_block_x_frags<GEMV_IN_RMSNORM, MD_WARPS>(in, H, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
     if (t == 0) {
@@ -245,6 +246,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     __syncwarp();
     mg_group_sums(xh, I, off, xsum, lane, 32);
     __syncwarp();
+    tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, 0, steps, xh, off, xsum, g, t, acc_a, acc_b);
     if (t == 0) {
