@@ -126,6 +126,15 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     pdl_trigger();
     pdl_wait();
     tl.waited();
+    /* ADD: the values the first group's rows add into, loaded now so the read overlaps the input transform */
+    float y_first = 0.0f;
+    if (OUT_MODE == GEMV_OUT_ADD && ks == 0 && lane < 16 && (int)blockIdx.x < n_groups && (int)blockIdx.x * RT + rt < n_tiles) {
+        int m = 0, r0 = 0;
+        mg_locate(b, blockIdx.x * RT + rt, &m, &r0);
+        if (r0 + lane < b.m[m].rows)
+            y_first = b.y[m][r0 + lane];
+    }
+
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
     const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
     tl.mark();
@@ -168,7 +177,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
                 v /= xk;
                 float *y = b.y[m] + row;
                 if (OUT_MODE == GEMV_OUT_ADD)
-                    *y += v;
+                    *y = (i == 0 ? y_first : *y) + v;
                 else
                     *y = v;
                 if (OUT_MODE == GEMV_OUT_ARGMAX && v > best) {

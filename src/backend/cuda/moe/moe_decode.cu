@@ -226,6 +226,8 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
             wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
         }
     }
+    /* the residual values this block adds into, loaded now so the read overlaps the x fragments */
+    const float out_prev = threadIdx.x < 16 && r0 + (int)threadIdx.x < a.hidden ? a.out[r0 + threadIdx.x] : 0.0f;
     /* this warp's x = hid[slot] (I values): scale, fragments, group sums — warp-local */
     const int hid_stride = max(a.inter, a.shared_inter);
     const float *hx = a.hid + (int64_t)slot * hid_stride;
@@ -258,7 +260,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
         float acc = 0.0f;
         for (int k = 0; k < slots; k++)
             acc += s_part[k][threadIdx.x];
-        a.out[r0 + threadIdx.x] += acc;
+        a.out[r0 + threadIdx.x] = out_prev + acc;
     }
 }
 
