@@ -184,19 +184,18 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
         __shared__ int s_e[MD_MAX_SLOTS];
         __shared__ float s_w[MD_MAX_SLOTS];
         if (shared) {
-            const unsigned int want = moe_pub_tag(__ldcg(a.step), a.layer);
             const int nw = 2 * a.top_k;
-            unsigned long long v = 0;
+            /* the first poll is issued before the step counter's load, so the two round trips overlap */
+            unsigned long long v = lane < nw ? ld_relaxed_u64(a.topk_pub + lane) : 0ull;
+            const unsigned int want = moe_pub_tag(__ldcg(a.step), a.layer);
             unsigned int ns = 0, polls = 0;
-            for (;;) {
-                if (lane < nw)
-                    v = ld_relaxed_u64(a.topk_pub + lane);
-                if (__all_sync(0xffffffffu, lane >= nw || (unsigned int)(v >> 32) == want))
-                    break;
+            while (!__all_sync(0xffffffffu, lane >= nw || (unsigned int)(v >> 32) == want)) {
                 ns = ns ? min(2 * ns, 128u) : 16u;
                 __nanosleep(ns);
                 if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
                     __trap();
+                if (lane < nw)
+                    v = ld_relaxed_u64(a.topk_pub + lane);
             }
             if (lane < nw) {
                 if (lane & 1)
