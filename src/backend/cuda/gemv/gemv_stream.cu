@@ -1,8 +1,8 @@
 /* gemv_stream.cu — the 4-bit decode GEMV (one activation row, y = W·x on tensor cores, the tile math
  * of mma_gemv.cuh, results bit-identical to gemv_mma.cu) with the weights streamed through a
- * shared-memory ring by sm_90 bulk copies (cp.async.bulk + mbarrier), so that ~80-200 KB per SM (two
- * blocks' rings: GS_BLOCKS_PER_SM) are in flight instead of the ~32 KB gemv_mma keeps in registers: at ~2 µs loaded latency an SM needs
- * ~64 KB in flight to draw its 1/132 of the H200's ~4.2 TB/s.
+ * shared-memory ring by sm_90 bulk copies (cp.async.bulk + mbarrier), so that ~80-160 KB per SM (the
+ * rings of two blocks: GS_BLOCKS_PER_SM) are in flight instead of the ~32 KB gemv_mma keeps in registers:
+ * at ~2 µs loaded latency an SM needs ~64 KB in flight to draw its 1/132 of the H200's ~4.2 TB/s.
  *
  * Shape (as gemv_mma): a tile is 16 rows of one matrix; KS = cols / 512 warps split its columns (a
  * warp owns 512 columns, 4 mma steps); a block of 8 warps consumes a group of RT = 8 / KS tiles, groups
