@@ -206,8 +206,9 @@ __device__ __forceinline__ gemv_input gemv_input_rmsnorm(const float *act, int a
 
 /* The GEMV_IN_GATED transform into s_x (gemv_prologue), LPH = head_dim / 32 lanes' slots per head (0: any,
  * read from in.head_dim). With LPH fixed the slot -> (head, dim) map is compile-time; as a runtime value every
- * k / lph and k % lph of the unrolled loops below is an integer division (~130 per thread, measured ~4 µs
- * per block at head_dim 128). Same loads, order of the sums and values either way. Only head_dim 128 (every
+ * k / lph and k % lph of the unrolled loops below is an integer division (~130 per thread; the in-kernel
+ * timeline showed this transform at 6.9 µs after the PDL wait against 2.8 µs for a plain input of the same
+ * width). Same loads, order of the sums and values either way. Only head_dim 128 (every
  * Qwen3.5/3.6 DeltaNet) has its own instance: more instances inlined into one kernel spill registers. */
 template <int LPH, int NW>
 __device__ __forceinline__ void gemv_gated_x(const gemv_input &in, const float *act, int t, int cols, float *s_x)
