@@ -6,8 +6,13 @@
  * the prefill speed (and its per-stage profile) and an optional split-KV sweep. CUDA-vs-CPU agreement is
  * bench_cuda_accuracy's job. The kernels are the backend's own choice for the device (no overrides).
  *
+ * --timeline LIST: the in-kernel timeline of one decode step at each depth (lily_cuda_timeline_decode: the
+ * plain step graph, every decode kernel stamping %globaltimer per block at entry, PDL wait release and exit):
+ * one DeltaNet layer's and one attention layer's kernels, then each stage summed over the layers, against
+ * the byte time of what each kernel moves at the measured copy rate.
+ *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512]
- *                          [--profile-prefill] [--sweep-split] [--prefill N]
+ *                          [--profile-prefill] [--sweep-split] [--prefill N] [--timeline 4096,131072]
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,6 +68,88 @@ static lily_status decode_greedy(lily_backend *be, void *st, int32_t first, int 
     return be->ops->decode_loop(be->ctx, st, first, n, &greedy, on_token, user, NULL, &n_run, err);
 }
 
+/* One kernel's row: times from the previous kernel's last block exit (prev_end), µs. */
+static void timeline_row(const lily_cuda_timeline *t, int k, double prev_end, double gbps)
+{
+    const lily_cuda_timeline_kernel *K = &t->k[k];
+    char mark[32] = "";
+    if (K->mark_us > 0)
+        snprintf(mark, sizeof mark, "%.2f", K->mark_us - K->wait_us);
+    printf("| %s | %d | %+.2f | %+.2f | %+.2f | %.2f | %.2f | %s | %.2f | %.2f |\n", t->stage_names[K->stage], K->blocks,
+           K->start_us - prev_end, K->last_start_us - prev_end, K->wait_us - prev_end, K->end_us - prev_end,
+           K->end_us - K->wait_us, mark, K->bytes / 1e6, K->bytes / (gbps * 1e3));
+}
+
+/* The layer's kernels (launch order), each against the kernel launched before it. */
+static void timeline_layer(const lily_cuda_timeline *t, int layer, double gbps)
+{
+    printf("| kernel | blocks | first start | last start | last wait release | last end (step) | post-wait | wait → x ready | MB | byte µs |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double sum = 0, bytes = 0;
+    for (int k = 1; k < t->n; k++)
+        if (t->k[k].layer == layer) {
+            timeline_row(t, k, t->k[k - 1].end_us, gbps);
+            sum += t->k[k].end_us - t->k[k - 1].end_us;
+            bytes += t->k[k].bytes;
+        }
+    printf("| layer %d | | | | | %.2f | | | %.2f | %.2f |\n", layer, sum, bytes / 1e6, bytes / (gbps * 1e3));
+}
+
+static void print_timeline(const lily_cuda_timeline *t, int depth, double gbps)
+{
+    printf("\n## Decode timeline at depth %d (in-kernel %%globaltimer stamps, plain step graph; µs)\n\n", depth);
+    printf("%%globaltimer: smallest step %.0f ns, updates every %.0f ns (%.0f SM cycles); step %.1f µs from the first "
+           "stamp to the last\n\n",
+           t->timer_step_ns, t->timer_update_ns, t->timer_update_cycles, t->step_us);
+    printf("Columns: from the previous kernel's last block exit to this kernel's first block entry, last block entry, "
+           "last PDL wait release and last block exit; post-wait = last exit - last wait release; wait → x ready = the "
+           "last block's input transform done (GEMVs, MoE) - last wait release; byte µs = the bytes it moves at the copy "
+           "rate.\n\n");
+    int gdn = -1, att = -1;
+    for (int k = 0; k < t->n; k++) {
+        const char *s = t->stage_names[t->k[k].stage];
+        if (gdn < 0 && t->k[k].layer >= 4 && !strcmp(s, "deltanet_scan"))
+            gdn = t->k[k].layer;
+        if (att < 0 && t->k[k].layer >= 4 && !strcmp(s, "attention"))
+            att = t->k[k].layer;
+    }
+    if (gdn >= 0) {
+        printf("DeltaNet layer %d:\n\n", gdn);
+        timeline_layer(t, gdn, gbps);
+    }
+    if (att >= 0) {
+        printf("\nAttention layer %d:\n\n", att);
+        timeline_layer(t, att, gbps);
+    }
+    printf("\nPer stage, summed over its kernels (each against the kernel launched before it):\n\n");
+    printf("| stage | kernels | Σ step (end - prev end) | Σ post-wait | Σ wait release - prev end | Σ first start - prev end "
+           "| Σ byte µs | step / byte |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    double tot = 0, tot_b = 0;
+    for (int s = 0; s < t->n_stages; s++) {
+        int n = 0;
+        double step = 0, post = 0, rel = 0, start = 0, bytes = 0;
+        for (int k = 1; k < t->n; k++)
+            if (t->k[k].stage == s) {
+                const double pe = t->k[k - 1].end_us;
+                n++;
+                step += t->k[k].end_us - pe;
+                post += t->k[k].end_us - t->k[k].wait_us;
+                rel += t->k[k].wait_us - pe;
+                start += t->k[k].start_us - pe;
+                bytes += t->k[k].bytes;
+            }
+        if (!n)
+            continue;
+        const double bu = bytes / (gbps * 1e3);
+        printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", t->stage_names[s], n, step, post, rel, start, bu,
+               bu > 0 ? step / bu : 0.0);
+        tot += step;
+        tot_b += bu;
+    }
+    printf("| total (kernels 2..%d) | %d | %.1f | | | | %.1f | %.1f |\n", t->n, t->n - 1, tot, tot_b, tot / tot_b);
+    fflush(stdout);
+}
+
 static unsigned long long g_rng = 42;
 static int rnd_token(int vocab)
 {
@@ -74,6 +161,7 @@ int main(int argc, char **argv)
 {
     const char *preset = "35b";
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, chunk = 512, prof_prefill = 0;
+    int tl_depths[8], n_tl = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -83,7 +171,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill]", argv[0]);
+        else if (!strcmp(argv[i], "--timeline") && i + 1 < argc) n_tl = parse_list(argv[++i], tl_depths, 8);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST]", argv[0]);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -115,6 +204,7 @@ int main(int argc, char **argv)
     int max_depth = 0;
     for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
     for (int i = 0; i < n_prof; i++) max_depth = prof[i] > max_depth ? prof[i] : max_depth;
+    for (int i = 0; i < n_tl; i++) max_depth = tl_depths[i] > max_depth ? tl_depths[i] : max_depth;
     if (sweep && max_depth < 131072) max_depth = 131072;
     const int max_prompt = prefill;
     const int max_ctx = max_depth + n_gen + 64 > max_prompt + 64 ? max_depth + n_gen + 64 : max_prompt + 64;
@@ -205,6 +295,20 @@ int main(int argc, char **argv)
         for (int k = 0; k < p.n; k++)
             printf("| %s | %.4f | %.1f%% |\n", p.names[k], p.ms[k], 100.0 * p.ms[k] / p.total_ms);
         printf("| total (profiled graph) | %.4f | |\n", p.total_ms);
+    }
+
+    if (n_tl) {
+        lily_cuda_timeline *tl = malloc(sizeof *tl);
+        if (!tl) DIE("oom");
+        for (int i = 0; i < n_tl; i++) {
+            be.ops->state_reset(be.ctx, st);
+            if (lily_cuda_state_set_position(be.ctx, st, tl_depths[i], &err) != LILY_OK)
+                DIE("depth %d: %s", tl_depths[i], err.message);
+            if (lily_cuda_timeline_decode(be.ctx, st, 1, 16, tl, &err) != LILY_OK)
+                DIE("timeline: %s", err.message);
+            print_timeline(tl, tl_depths[i], gbps);
+        }
+        free(tl);
     }
 
     if (sweep) {

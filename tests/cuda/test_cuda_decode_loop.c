@@ -319,6 +319,47 @@ static int first_new_at(const int32_t *ids, int n, int from)
     return -1;
 }
 
+/* The in-kernel timeline of greedy steps after the prompt (lily_cuda_timeline_decode): every decode kernel
+ * of the step stamped (6 per DeltaNet layer, 8 per attention layer with the split-KV merge, the LM head),
+ * each block's entry <= PDL wait release <= exit, each kernel's wait released only after the kernel launched
+ * before it has ended (programmatic dependent launch), %globaltimer finer than 1 µs, the step's span
+ * covering its kernels. The stamps prove the graph ran the kernels in order with their waits honoured. */
+static void timeline_stamps(void)
+{
+    lily_error err = {0};
+    lily_session *s = NULL;
+    if (lily_session_new(g_engine, 256, &s, &err) != LILY_OK || lily_session_append(s, prompt, N_PROMPT, NULL, &err) != LILY_OK)
+        die("timeline session", &err);
+    lily_cuda_timeline *t = calloc(1, sizeof *t);
+    if (!t) {
+        printf("FAIL: timeline: out of memory\n");
+        exit(1);
+    }
+    if (lily_cuda_timeline_decode(g_engine->backend.ctx, s->state, 5, 4, t, &err) != LILY_OK)
+        die("timeline", &err);
+    const int n_att = lily_config_n_full_attention_layers(&g_engine->cfg);
+    const int want = 6 * (g_engine->cfg.n_layers - n_att) + 8 * n_att + 1;
+    int bad = 0, unstamped = 0, early = 0;
+    double worst = 0; /* most negative wait(k) - end(k - 1), µs */
+    for (int k = 0; k < t->n; k++) {
+        const lily_cuda_timeline_kernel *K = &t->k[k];
+        unstamped += K->blocks == 0;
+        bad += !(K->start_us >= 0 && K->start_us <= K->wait_us && K->wait_us <= K->end_us && K->end_us <= t->step_us + 1e-3);
+        if (k > 0 && K->wait_us < t->k[k - 1].end_us) {
+            early++;
+            worst = fmin(worst, K->wait_us - t->k[k - 1].end_us);
+        }
+    }
+    const bool ok = t->n == want && !unstamped && !bad && !early && t->timer_step_ns > 0 && t->timer_step_ns < 1000 &&
+                    t->step_us > 0;
+    g_fail |= !ok;
+    printf("%s timeline: %d kernels stamped (want %d), %d without stamps, %d out of order, %d waits released before "
+           "the previous kernel ended (worst %.3f µs), %%globaltimer step %.0f ns, step %.1f µs\n",
+           ok ? "PASS" : "FAIL", t->n, want, unstamped, bad, early, worst, t->timer_step_ns, t->step_us);
+    free(t);
+    lily_session_free(s);
+}
+
 int main(void)
 {
     if (cuda_test_no_device())
@@ -384,6 +425,7 @@ int main(void)
         g_fail = 1;
     }
     poisoned_steps();
+    timeline_stamps();
 
     lily_engine_close(g_engine);
     printf("%s\n", g_fail ? "FAIL" : "PASS");

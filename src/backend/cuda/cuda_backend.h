@@ -43,6 +43,36 @@ typedef struct {
 lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t first_token, int n_steps,
                                      lily_cuda_profile *out, lily_error *err);
 
+/* In-kernel timeline of one greedy decode step (the plain step graph, programmatic launch overlap intact,
+ * with every decode kernel stamping %globaltimer per block at entry, after its PDL wait and at exit:
+ * src/backend/cuda/timeline.cuh), replayed n_steps times after one warm-up, averaged. Times in µs from the
+ * step's first stamp (the embedding, token fetch and finish kernels are not stamped). Advances the state by
+ * n_steps + 1. Errors: LILY_ERR_CONTEXT_LENGTH, LILY_ERR_OUT_OF_MEMORY, LILY_ERR_BACKEND. */
+#define LILY_CUDA_TIMELINE_MAX 320
+typedef struct {
+    int stage;            /* index into lily_cuda_timeline.stage_names */
+    int layer;            /* -1: not a layer's (LM head) */
+    int blocks;           /* blocks stamped */
+    double start_us;      /* first block's entry */
+    double last_start_us; /* last block's entry (all blocks resident) */
+    double wait_us;       /* last block's PDL wait release */
+    double end_us;        /* last block's exit */
+    double mark_us;       /* last block's mark (GEMVs, MoE: x ready in shared memory); 0: the kernel has none */
+    double bytes;         /* bytes the kernel moves at the step's depth (weights, state, KV cache) */
+} lily_cuda_timeline_kernel;
+typedef struct {
+    int n;
+    lily_cuda_timeline_kernel k[LILY_CUDA_TIMELINE_MAX]; /* in launch order */
+    int n_stages;
+    const char *stage_names[16];
+    double step_us;           /* last exit - first entry */
+    double timer_step_ns;     /* %globaltimer: smallest nonzero increment */
+    double timer_update_ns;   /* mean time between its changes */
+    double timer_update_cycles; /* SM clock cycles between its changes */
+} lily_cuda_timeline;
+lily_status lily_cuda_timeline_decode(void *ctx, void *state, int32_t first_token, int n_steps, lily_cuda_timeline *out,
+                                      lily_error *err);
+
 /* Per-stage profile of one prefill forward call of n tokens (n <= max_chunk) at the state's position,
  * with CUDA events between stages (ms for the call); advances the state by n. */
 lily_status lily_cuda_profile_prefill(void *ctx, void *state, const int32_t *tokens, int n, lily_cuda_profile *out,

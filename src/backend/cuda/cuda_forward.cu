@@ -31,6 +31,51 @@ static const char *prof_names[PS_COUNT] = {"embed", "deltanet_in_proj", "deltane
                                            "attn_qkv_proj", "attn_qk_norm_rope", "attention", "attn_o_proj",
                                            "moe_router", "moe_gate_up", "moe_down", "lm_head", "sample"};
 
+/* the timeline's stage names: the profile's, and the split-KV merge kernel */
+static_assert(TL_MAX_KERNELS <= LILY_CUDA_TIMELINE_MAX, "lily_cuda_timeline holds every stamped kernel");
+#define TL_STAGE_MERGE PS_COUNT
+#define TL_STAGES (PS_COUNT + 1)
+static const char *tl_stage_names[TL_STAGES] = {"embed", "deltanet_in_proj", "deltanet_scan", "deltanet_out_proj",
+                                                "attn_qkv_proj", "attn_qk_norm_rope", "attention", "attn_o_proj",
+                                                "moe_router", "moe_gate_up", "moe_down", "lm_head", "sample",
+                                                "attention_merge"};
+
+/* The stamp slots of the next `slots` kernels of a timeline capture (NULL when no timeline is captured or
+ * the slots are used up): slot k describes kernel k (stage, layer, bytes; a second slot is the merge). */
+static unsigned long long *tl_slot(cuda_ctx *c, int stage, int layer, double bytes, double bytes_per_pos, int slots)
+{
+    if (!c->tl_buf || c->tl_n + slots > TL_MAX_KERNELS)
+        return NULL;
+    unsigned long long *p = c->tl_buf + (size_t)c->tl_n * TL_SLOT_WORDS;
+    for (int k = 0; k < slots; k++) {
+        cuda_tl_kernel *K = &c->tl_k[c->tl_n++];
+        K->stage = k ? TL_STAGE_MERGE : stage;
+        K->layer = layer;
+        K->bytes = k ? 0.0 : bytes;
+        K->bytes_per_pos = k ? 0.0 : bytes_per_pos;
+    }
+    return p;
+}
+
+/* Bytes of one matrix (one expert of a stack): packed weights, plus bf16 scale and bias per group of 64. */
+static double dmat_bytes(const dmat &m)
+{
+    return (double)m.rows * (double)m.row_bytes + (m.bits < 16 ? (double)m.rows * (m.cols / 64) * 4.0 : 0.0);
+}
+
+/* b with the timeline slot of its next launch (stage, layer), when a timeline is captured. */
+static gemv_batch tl_batch(cuda_ctx *c, const gemv_batch &b, int stage, int layer)
+{
+    gemv_batch t = b;
+    if (c->tl_buf) {
+        double bytes = 0;
+        for (int k = 0; k < b.n_mats; k++)
+            bytes += dmat_bytes(b.m[k]);
+        t.timeline = tl_slot(c, stage, layer, bytes, 0.0, 1);
+    }
+    return t;
+}
+
 #define PROF_MAX_EVENTS 1024
 static cudaEvent_t g_prof_ev[PROF_MAX_EVENTS];
 static int g_prof_stage[PROF_MAX_EVENTS];
@@ -271,8 +316,8 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
 /* Gated attention (docs/MODEL.md §4.3): q|k|v projection of RMSNorm(h), q/k RMSNorm + partial RoPE + KV
  * append, causal attention gated by sigmoid(gate), h += o_proj. A chunk (n > 1) takes the flash kernel,
  * which norms and rotates q itself; decode steps split the keys (split-KV) when decode_splits. */
-static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer_args *A, int n, bool decode_splits,
-                                   lily_error *err)
+static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer_args *A, int layer, int n,
+                                   bool decode_splits, lily_error *err)
 {
     attn_args a = A->attn;
     a.n_splits = decode_splits && n == 1 ? c->att_splits : 1;
@@ -283,32 +328,40 @@ static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer
     const bool flash = n > 1 && attention_prefill_supported(a); /* never exact mode's fp32 cache */
     a.q_fused = flash; /* the flash kernel norms + rotates q itself: norm_rope appends k/v only */
     MARK(PS_ATT_PROJ);
-    TRY(proj(c, A->mix_in, A->mix_in_x, GEMV_OUT_STORE, n, err));
+    TRY(proj(c, tl_batch(c, A->mix_in, PS_ATT_PROJ, layer), A->mix_in_x, GEMV_OUT_STORE, n, err));
     MARK(PS_ATT_ROPE);
+    a.timeline = tl_slot(c, PS_ATT_ROPE, layer, 0.0, 0.0, 1);
     LAUNCH(launch_qk_norm_rope_append(a, n, c->stream));
     MARK(PS_ATT);
     if (flash) {
+        a.timeline = NULL;
         a.n_splits = attention_prefill_splits(a, n, st->pos, c->att_splits);
         LAUNCH(launch_attention_prefill(a, n, c->stream));
     } else {
+        /* the tensor-core kernel's split-KV merge is a second kernel (the SIMT kernel merges in its last block) */
+        const bool merge = a.n_splits > 1 && attn_decode_kernel_choose(a, n) == ATTN_DECODE_MMA;
+        a.timeline = tl_slot(c, PS_ATT, layer, 0.0, 2.0 * a.n_kv * a.head_dim * c->kv_elem, merge ? 2 : 1);
         LAUNCH(launch_attention(a, n, c->stream));
     }
     MARK(PS_ATT_OUT);
-    return proj(c, A->mix_out, A->mix_out_x, GEMV_OUT_ADD, n, err);
+    return proj(c, tl_batch(c, A->mix_out, PS_ATT_OUT, layer), A->mix_out_x, GEMV_OUT_ADD, n, err);
 }
 
 /* Gated DeltaNet (docs/MODEL.md §4.4): qkv|z|b|a projection of RMSNorm(h), causal conv + SiLU, q/k L2
  * norms, gates and the delta rule, h += out_proj(gated RMSNorm(o, z)). */
-static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int n, lily_error *err)
+static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int layer, int n, lily_error *err)
 {
     gdn_args g = A->gdn;
     g.kernel = gdn_kernel_choose(g, n, c->opts.exact); /* exact: never the TF32 chunked form */
     MARK(PS_GDN_PROJ);
-    TRY(proj(c, A->mix_in, A->mix_in_x, GEMV_OUT_STORE, n, err));
+    TRY(proj(c, tl_batch(c, A->mix_in, PS_GDN_PROJ, layer), A->mix_in_x, GEMV_OUT_STORE, n, err));
     MARK(PS_GDN_SCAN);
+    /* the recurrent state read and written, the conv history read and written */
+    g.timeline = tl_slot(c, PS_GDN_SCAN, layer,
+                         2.0 * g.Hv * g.dk * g.dv * sizeof(float) + 2.0 * (g.K - 1) * g.conv_dim * sizeof(float), 0.0, 1);
     LAUNCH(launch_gdn(g, c->gdn_pre, c->gdn_wy, n, c->stream));
     MARK(PS_GDN_OUT);
-    return proj(c, A->mix_out, A->mix_out_x, GEMV_OUT_ADD, n, err);
+    return proj(c, tl_batch(c, A->mix_out, PS_GDN_OUT, layer), A->mix_out_x, GEMV_OUT_ADD, n, err);
 }
 
 /* Sparse MoE (docs/MODEL.md §4.5): router | shared gate of RMSNorm(h), top-k, the experts' SwiGLU MLPs and
@@ -318,11 +371,16 @@ static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_
     MARK(PS_ROUTER);
     if (prefill_gemm(c, n))
         return cuda_prefill_moe(c, L, n, err);
-    LAUNCH(launch_gemv(A->router, A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
+    const int l = A->moe.layer;
+    LAUNCH(launch_gemv(tl_batch(c, A->router, PS_ROUTER, l), A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
     MARK(PS_MOE_GATE_UP);
-    LAUNCH(launch_moe_gate_up(A->moe, n, c->stream));
+    moe_args m = A->moe;
+    m.timeline = tl_slot(c, PS_MOE_GATE_UP, l, m.top_k * (dmat_bytes(m.gate) + dmat_bytes(m.up)) + dmat_bytes(m.sgate) +
+                         dmat_bytes(m.sup), 0.0, 1);
+    LAUNCH(launch_moe_gate_up(m, n, c->stream));
     MARK(PS_MOE_DOWN);
-    LAUNCH(launch_moe_down(A->moe, n, c->stream));
+    m.timeline = tl_slot(c, PS_MOE_DOWN, l, m.top_k * dmat_bytes(m.down) + dmat_bytes(m.sdown), 0.0, 1);
+    LAUNCH(launch_moe_down(m, n, c->stream));
     return LILY_OK;
 }
 
@@ -356,6 +414,7 @@ static lily_status head_block(cuda_ctx *c, cuda_state *st, int n, int lm_mode, l
             gemv_batch b;
             batch_init(c, &b);
             batch_add(&b, c->lm_head, c->logits, cfg->vocab_size);
+            b = tl_batch(c, b, PS_LM_HEAD, -1);
             LAUNCH(launch_gemv(b, in_rms(c->h + (size_t)(n - 1) * H, H, c->final_norm, cfg->rms_norm_eps),
                                GEMV_OUT_ARGMAX, 1, c->argmax, s));
         } else {
@@ -399,9 +458,9 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
         if (prefill_gemm(c, n)) /* a host layer's experts: their copy to the device starts now (host_weights.cu) */
             TRY(cuda_experts_stage(c, l, n, err));
         if (L->full_attention)
-            TRY(attention_block(c, st, A, n, decode_splits, err));
+            TRY(attention_block(c, st, A, l, n, decode_splits, err));
         else
-            TRY(deltanet_block(c, A, n, err));
+            TRY(deltanet_block(c, A, l, n, err));
         TRY(hook_stage(c, l, L->full_attention ? LILY_STAGE_ATTENTION_OUT : LILY_STAGE_DELTANET_OUT, n, true, err));
         TRY(hook_mark(c, n, err));
         TRY(moe_block(c, L, A, n, err));
@@ -737,6 +796,113 @@ extern "C" lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t 
         out->ms[k] = acc[k] / n_steps;
         out->total_ms += out->ms[k];
     }
+    return LILY_OK;
+}
+
+/* One step's stamps (host copy, n_k slots) folded into out's sums (µs from the step's first entry). */
+static void tl_accumulate(const unsigned long long *h, int n_k, lily_cuda_timeline *out)
+{
+    unsigned long long t0 = ~0ull, t_end = 0;
+    for (int k = 0; k < n_k; k++)
+        for (int b = 0; b < TL_MAX_BLOCKS; b++) {
+            const unsigned long long *r = h + (size_t)k * TL_SLOT_WORDS + (size_t)TL_WORDS * b;
+            if (r[0] && r[0] < t0)
+                t0 = r[0];
+            if (r[2] > t_end)
+                t_end = r[2];
+        }
+    if (t0 == ~0ull)
+        return;
+    out->step_us += (t_end - t0) * 1e-3;
+    for (int k = 0; k < n_k; k++) {
+        unsigned long long first = ~0ull, last = 0, wait = 0, end = 0, mark = 0;
+        int blocks = 0;
+        for (int b = 0; b < TL_MAX_BLOCKS; b++) {
+            const unsigned long long *r = h + (size_t)k * TL_SLOT_WORDS + (size_t)TL_WORDS * b;
+            if (!r[0])
+                continue;
+            blocks++;
+            first = r[0] < first ? r[0] : first;
+            last = r[0] > last ? r[0] : last;
+            wait = r[1] > wait ? r[1] : wait;
+            end = r[2] > end ? r[2] : end;
+            mark = r[4] > mark ? r[4] : mark;
+        }
+        lily_cuda_timeline_kernel *K = &out->k[k];
+        if (!blocks)
+            continue;
+        K->blocks = blocks;
+        K->start_us += (first - t0) * 1e-3;
+        K->last_start_us += (last - t0) * 1e-3;
+        K->wait_us += ((wait ? wait : first) - t0) * 1e-3;
+        K->end_us += (end - t0) * 1e-3;
+        K->mark_us += mark ? (mark - t0) * 1e-3 : 0.0;
+    }
+}
+
+extern "C" lily_status lily_cuda_timeline_decode(void *ctx, void *state, int32_t first_token, int n_steps,
+                                                 lily_cuda_timeline *out, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    cuda_state *st = (cuda_state *)state;
+    memset(out, 0, sizeof *out);
+    if (n_steps < 1 || st->pos + n_steps + 1 > st->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: timeline exceeds the context");
+    CUDA_TRY(cudaSetDevice(c->device));
+    CUDA_TRY(tl_timer_resolution(c->stream, &out->timer_step_ns, &out->timer_update_ns, &out->timer_update_cycles));
+    const size_t slot_bytes = (size_t)TL_SLOT_WORDS * sizeof(unsigned long long);
+    CUDA_TRY(cudaMalloc((void **)&c->tl_buf, (size_t)TL_MAX_KERNELS * slot_bytes));
+    c->tl_n = 0;
+    cudaGraphExec_t exec = NULL;
+    lily_status rs = capture(c, st, LM_GREEDY, &exec, err);
+    unsigned long long *dev = c->tl_buf;
+    c->tl_buf = NULL;
+    const int n_k = c->tl_n;
+    unsigned long long *h = rs == LILY_OK ? (unsigned long long *)malloc((size_t)n_k * slot_bytes + 1) : NULL;
+    if (rs == LILY_OK && !h)
+        rs = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: timeline host buffer");
+    const int pos0 = st->pos + 1; /* the first measured step's position */
+    cudaError_t e = cudaSuccess;
+    if (rs == LILY_OK)
+        e = launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream);
+    for (int i = 0; i <= n_steps && rs == LILY_OK && e == cudaSuccess; i++) {
+        e = cudaMemsetAsync(dev, 0, (size_t)n_k * slot_bytes, c->stream);
+        if (e == cudaSuccess)
+            e = cudaGraphLaunch(exec, c->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(h, dev, (size_t)n_k * slot_bytes, cudaMemcpyDeviceToHost, c->stream);
+        if (e != cudaSuccess)
+            break;
+        rs = cuda_sync(c, err);
+        st->pos++;
+        st->step++;
+        if (rs == LILY_OK && i > 0) /* i == 0: warm-up */
+            tl_accumulate(h, n_k, out);
+    }
+    if (rs == LILY_OK && e != cudaSuccess)
+        rs = lily_cuda_error(err, e, "timeline step", __FILE__, __LINE__);
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    cudaFree(dev);
+    free(h);
+    if (rs != LILY_OK)
+        return rs;
+    out->n = n_k;
+    out->step_us /= n_steps;
+    for (int k = 0; k < n_k; k++) {
+        lily_cuda_timeline_kernel *K = &out->k[k];
+        K->stage = c->tl_k[k].stage;
+        K->layer = c->tl_k[k].layer;
+        K->start_us /= n_steps;
+        K->last_start_us /= n_steps;
+        K->wait_us /= n_steps;
+        K->end_us /= n_steps;
+        K->mark_us /= n_steps;
+        K->bytes = c->tl_k[k].bytes + c->tl_k[k].bytes_per_pos * (pos0 + n_steps / 2);
+    }
+    out->n_stages = TL_STAGES;
+    for (int s = 0; s < TL_STAGES; s++)
+        out->stage_names[s] = tl_stage_names[s];
     return LILY_OK;
 }
 

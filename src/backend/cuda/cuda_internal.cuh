@@ -50,6 +50,15 @@ typedef struct {
     attn_prefill_kernel attn_prefill; /* attn_prefill_kernel_choose */
 } cuda_kernels;
 
+/* Timeline bench (lily_cuda_timeline_decode): what each stamped kernel of a captured step is. */
+#define TL_MAX_KERNELS 320
+typedef struct {
+    int stage;            /* cuda_forward.cu's stage index */
+    int layer;            /* -1: not a layer's */
+    double bytes;         /* bytes it moves, less the KV cache */
+    double bytes_per_pos; /* KV cache bytes per context position */
+} cuda_tl_kernel;
+
 typedef struct {
     lily_config cfg;
     cuda_kernels kernels;
@@ -114,6 +123,12 @@ typedef struct {
     long long host_syncs; /* host waits on the device (a test asserts decode adds none per token) */
     sample_workspace sampling; /* the device sampler's buffers (sampling/) */
     int poison_step;      /* tests: the forward call with this step counter gets a NaN hidden state; -1 = none */
+    /* timeline (lily_cuda_timeline_decode): while its step graph is captured, tl_buf holds TL_MAX_KERNELS
+     * slots of TL_SLOT_WORDS stamps and each decode kernel launched takes the next (tl_k describes it);
+     * NULL otherwise (no kernel stamps) */
+    unsigned long long *tl_buf;
+    int tl_n;
+    cuda_tl_kernel tl_k[TL_MAX_KERNELS];
     /* profiling (lily_cuda_profile_decode) */
     bool profiling;
     cudaEvent_t prof_ev[2];

@@ -35,6 +35,13 @@ lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t first_token
     return no_cuda(err);
 }
 
+lily_status lily_cuda_timeline_decode(void *ctx, void *state, int32_t first_token, int n_steps, lily_cuda_timeline *out,
+                                      lily_error *err)
+{
+    (void)ctx, (void)state, (void)first_token, (void)n_steps, (void)out;
+    return no_cuda(err);
+}
+
 lily_status lily_cuda_profile_prefill(void *ctx, void *state, const int32_t *tokens, int n, lily_cuda_profile *out,
                                       lily_error *err)
 {

@@ -6,6 +6,7 @@
 #define LILY_CUDA_ATTENTION_CUH
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/timeline.cuh"
 
 struct attn_args {
     float *qkv;            /* [n][qkv_stride]: q_proj (heads x [q, gate]) | k | v */
@@ -32,6 +33,8 @@ struct attn_args {
     int q_fused;
     int prefill_kernel;    /* attn_prefill_kernel (the backend's attn_prefill_kernel_choose) */
     int decode_kernel;     /* attn_decode_kernel: ATTN_DECODE_AUTO, or one the shape supports (tests) */
+    unsigned long long *timeline; /* per-block stamps (timeline.cuh; decode: the merge kernel's in the next
+                                   * slot); NULL: none */
 };
 /* The prefill flash-attention kernel family, chosen once per backend. */
 enum attn_prefill_kernel {

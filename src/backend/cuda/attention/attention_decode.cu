@@ -83,8 +83,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
     __shared__ float s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
     __shared__ float s_M[G], s_L[G];
     __shared__ unsigned int s_last;
+    tl_block<> tl(a.timeline);
     pdl_trigger(); /* o_proj may launch and prefetch its weights */
     pdl_wait();
+    tl.waited();
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int L = *a.pos + t + 1;
@@ -341,6 +343,7 @@ __device__ __forceinline__ int adm_chunk(int L, int n_splits, int min_chunk)
 template <int D>
 __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel(attn_args a)
 {
+    tl_block<> tl(a.timeline);
     using SH = adm_shape<D>;
     constexpr int LD = SH::LD, STAGES = SH::STAGES;
     extern __shared__ __align__(16) unsigned char adm_smem[];
@@ -391,6 +394,7 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
     if (early)
         prologue();
     pdl_wait();
+    tl.waited();
     if (!early)
         prologue();
 
@@ -540,8 +544,10 @@ __global__ void __launch_bounds__(ADM_MERGE_DIMS *ADM_MERGE_GROUPS) attention_de
 {
     __shared__ float s_f[ADM_MAX_SPLITS];
     __shared__ float s_part[ADM_MERGE_GROUPS][ADM_MERGE_DIMS];
+    tl_block<1> tl(a.timeline);
     pdl_trigger(); /* o_proj may launch and prefetch its weights (it reads nothing of ours before its wait) */
     pdl_wait();
+    tl.waited();
     const int hg = blockIdx.x, G = a.n_heads / a.n_kv, g = hg / G, h = hg % G, D = a.head_dim;
     const int n_splits = a.n_splits, tid = threadIdx.x;
     const int L = *a.pos + 1;

@@ -23,9 +23,11 @@ __device__ __forceinline__ void kv_store(const attn_args &a, bool is_v, int h, i
 
 __global__ void qk_norm_rope_append_kernel(attn_args a)
 {
+    tl_block<> tl(a.timeline);
     __shared__ float s_x[32][ROPE_MAX_DIM];
     pdl_trigger(); /* the attention kernel reads nothing before its own wait */
     pdl_wait();
+    tl.waited();
     /* w: head slot in q heads | k heads | v heads; the q slots are skipped when q is fused */
     const int t = blockIdx.x, w = (threadIdx.x >> 5) + (a.q_fused ? a.n_heads : 0), lane = threadIdx.x & 31;
     const int D = a.head_dim, p = *a.pos + t;

@@ -5,6 +5,7 @@
 #define LILY_CUDA_DELTANET_CUH
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/timeline.cuh"
 
 /* DeltaNet calls of at least this many tokens take the chunked delta rule (deltanet_chunked.cu), shorter
  * ones the sequential recurrence (docs/BENCHMARKS.md, "One kernel per op and shape"). */
@@ -31,6 +32,7 @@ struct gdn_args {
     float *out;           /* [n][Hv*dv] raw delta-rule output (gated norm applied by out_proj's GEMV) */
     int Hk, Hv, dk, dv, K, conv_dim;
     int kernel;           /* gdn_kernel: GDN_KERNEL_AUTO, or one the shape supports (tests) */
+    unsigned long long *timeline; /* per-block stamps of the decode kernel (timeline.cuh); NULL: none */
 };
 /* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE; longer calls: CHUNKED from
  * GDN_CHUNKED_MIN_TOKENS tokens where gdn_chunked_supported (not in exact mode: 3xTF32 products), else

@@ -27,6 +27,7 @@
 template <int DK>
 __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
 {
+    tl_block<> tl(a.timeline);
     constexpr int RPL = DK / 32;
     const int slices = a.dv / GDN1_COLS;
     const int j = blockIdx.x / slices, sl = blockIdx.x % slices;
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
     const float A = -expf(a.A_log[j]), dtb = a.dt_bias[j];
     pdl_trigger(); /* out_proj may launch and prefetch its weights */
     pdl_wait();    /* mixed and b/a come from the projection kernel just before */
+    tl.waited();
 
     float xq[RPL], xk[RPL], xv[GDN1_CPW];
 #pragma unroll

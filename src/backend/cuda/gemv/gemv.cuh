@@ -7,6 +7,7 @@
 #define LILY_CUDA_GEMV_CUH
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/timeline.cuh"
 
 /* Launch-time constants of one GEMV input transform (see gemv_decode.cu). */
 enum gemv_input_mode {
@@ -40,6 +41,7 @@ struct gemv_batch {
     int grid_cap; /* most blocks per token (0: 264 = 2 per SM of an H100/H200) */
     int exact;    /* 1 (exact mode): the fp32 SIMT kernel only, never gemv_mma / gemv_stream (fp16 operands) */
     int kernel;   /* gemv_kernel_id: GEMV_KERNEL_AUTO, or a kernel the batch's shape supports (tests) */
+    unsigned long long *timeline; /* per-block stamps (timeline.cuh); NULL: none */
 };
 
 struct gemv_input {

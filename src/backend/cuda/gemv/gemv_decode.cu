@@ -22,6 +22,7 @@ template <int BITS, int LPR, int VPL, int IN_MODE, int OUT_MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, VPL <= 2 ? 2 : 1)
 gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *argmax)
 {
+    tl_block<> tl(b.timeline);
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR; /* rows per warp pass */
     constexpr int U = VPL >= 2 ? 2 : GEMV_UNROLL_MAX; /* passes of loads in flight per warp */
@@ -56,6 +57,7 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     if (g < n_groups)
         load_group(g); /* weights only: may run before the previous kernel finishes */
     pdl_wait();
+    tl.waited();
     pdl_trigger();
     gemv_prologue<IN_MODE, GEMV_WARPS>(in, t, cols, s_x, s_red);
 
@@ -64,6 +66,7 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
     x_prescale4<BITS, VPL>(x);
+    tl.mark();
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;

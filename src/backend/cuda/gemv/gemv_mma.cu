@@ -26,6 +26,7 @@ template <int IN_MODE, int OUT_MODE, int KS>
 __global__ void __launch_bounds__(GM_WARPS * 32, 1)
 gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax)
 {
+    tl_block<> tl(b.timeline);
     constexpr int RT = GM_WARPS / KS; /* row tiles per group */
     extern __shared__ __align__(16) float gm_smem[];
     const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128;
@@ -56,9 +57,11 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
         load(grp, f0);
     pdl_trigger(); /* weights only so far: the next kernel may launch and prefetch its own */
     pdl_wait();
+    tl.waited();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them */
     const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    tl.mark();
 
     float best = -INFINITY;
     int best_row = 0x7fffffff;

@@ -7,6 +7,7 @@
 #define LILY_CUDA_MOE_CUH
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/timeline.cuh"
 
 struct moe_args {
     dmat gate, up, down;            /* routed experts */
@@ -28,6 +29,7 @@ struct moe_args {
     const int *step;
     unsigned long long *topk_pub;
     int layer;
+    unsigned long long *timeline; /* per-block stamps of the decode kernels (timeline.cuh); NULL: none */
 };
 /* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
 #define MOE_PUB_WORDS 32

@@ -63,6 +63,7 @@ static bool moe_early_ids_on(const moe_args &a)
 template <bool STAGED>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
+    tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
     const int H = a.hidden;
     float *s_x = md_smem;                                   /* [H] */
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     const int step = pub ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
     pdl_trigger();
     pdl_wait();
+    tl.waited();
     if (!shared) {
         int64_t e;
         {
@@ -119,6 +121,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     }
     const gemv_input in = gemv_input_rmsnorm(a.h, H, a.norm_w, a.eps);
     const float xk = mg_block_x_frags<GEMV_IN_RMSNORM, MD_WARPS>(in, H, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
     if (t == 0) {
@@ -157,6 +160,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
 template <bool EARLY>
 __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
 {
+    tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
     const int I = a.inter, slots = a.top_k + 1;
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem);             /* [slots][I / 8] */
@@ -180,19 +184,18 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
         __shared__ int s_e[MD_MAX_SLOTS];
         __shared__ float s_w[MD_MAX_SLOTS];
         if (shared) {
-            const unsigned int want = moe_pub_tag(__ldcg(a.step), a.layer);
             const int nw = 2 * a.top_k;
-            unsigned long long v = 0;
+            /* the first poll is issued before the step counter's load, so the two round trips overlap */
+            unsigned long long v = lane < nw ? ld_relaxed_u64(a.topk_pub + lane) : 0ull;
+            const unsigned int want = moe_pub_tag(__ldcg(a.step), a.layer);
             unsigned int ns = 0, polls = 0;
-            for (;;) {
-                if (lane < nw)
-                    v = ld_relaxed_u64(a.topk_pub + lane);
-                if (__all_sync(0xffffffffu, lane >= nw || (unsigned int)(v >> 32) == want))
-                    break;
+            while (!__all_sync(0xffffffffu, lane >= nw || (unsigned int)(v >> 32) == want)) {
                 ns = ns ? min(2 * ns, 128u) : 16u;
                 __nanosleep(ns);
                 if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
                     __trap();
+                if (lane < nw)
+                    v = ld_relaxed_u64(a.topk_pub + lane);
             }
             if (lane < nw) {
                 if (lane & 1)
@@ -208,10 +211,12 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
             wk = s_w[slot];
         }
         pdl_wait();
+        tl.waited();
         if (shared)
             wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
     } else {
         pdl_wait();
+        tl.waited();
         if (!shared) {
             const int64_t e = __ldcg(a.topk_idx + slot);
             mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
@@ -220,6 +225,8 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
             wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
         }
     }
+    /* the residual values this block adds into, loaded now so the read overlaps the x fragments */
+    const float out_prev = threadIdx.x < 16 && r0 + (int)threadIdx.x < a.hidden ? a.out[r0 + threadIdx.x] : 0.0f;
     /* this warp's x = hid[slot] (I values): scale, fragments, group sums — warp-local */
     const int hid_stride = max(a.inter, a.shared_inter);
     const float *hx = a.hid + (int64_t)slot * hid_stride;
@@ -240,6 +247,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     __syncwarp();
     mg_group_sums(xh, I, off, xsum, lane, 32);
     __syncwarp();
+    tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, 0, steps, xh, off, xsum, g, t, acc_a, acc_b);
     if (t == 0) {
@@ -251,7 +259,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
         float acc = 0.0f;
         for (int k = 0; k < slots; k++)
             acc += s_part[k][threadIdx.x];
-        a.out[r0 + threadIdx.x] += acc;
+        a.out[r0 + threadIdx.x] = out_prev + acc;
     }
 }
 

@@ -25,6 +25,7 @@
 template <int BITS, int LPR, int VPL>
 __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_kernel(moe_args a, int chunks)
 {
+    tl_block<> tl(a.timeline);
     constexpr int CPV = 128 / BITS;
     constexpr int RPW = 32 / LPR;
     constexpr int U = VPL > 2 ? 2 : VPL == 2 ? 3 : MOE_GU_UNROLL;
@@ -58,8 +59,10 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     /* weights only so far: let the down projection start (it prefetches nothing that depends on us) */
     pdl_trigger();
     pdl_wait();
+    tl.waited();
     const gemv_input in = gemv_input_rmsnorm(a.h, a.hidden, a.norm_w, a.eps);
     gemv_prologue<GEMV_IN_RMSNORM, MOE_WARPS>(in, t, a.hidden, s_x, s_red);
+    tl.mark();
     moe_topk_block(a.router_logits + (int64_t)t * a.logit_stride, a.n_experts, a.top_k, s_idx, s_w, s_key);
     if (blockIdx.x == 0 && threadIdx.x < a.top_k) {
         a.topk_idx[t * a.top_k + threadIdx.x] = s_idx[threadIdx.x];
@@ -142,8 +145,10 @@ __global__ void moe_down_kernel(moe_args a)
     constexpr int U0 = MOE_DOWN_ROWS / RPW > 0 ? MOE_DOWN_ROWS / RPW : 1;
     constexpr int U = U0 < 8 / VPL ? U0 : 8 / VPL; /* rows of loads in flight per lane group */
     __shared__ float s_part[MOE_MAX_K + 1][MOE_DOWN_ROWS];
+    tl_block<> tl(a.timeline);
     pdl_trigger(); /* nothing read yet: the next layer's input projections may start their prefetch */
     pdl_wait();
+    tl.waited();
     const int t = blockIdx.y;
     const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;
