@@ -611,8 +611,16 @@ static void answer_aborted(lily_job *job)
  * long prefill between forward passes. *reused: tokens not recomputed. */
 static lily_status prefill(lily_service *svc, lily_job *job, const int32_t *ids, int n, int *reused, lily_error *err)
 {
+    /* a prefill (continue_final) follows the continued turn's <think> block: the marks are those of the prompt
+     * up to that <think>, where the next turn's request (which renders this turn without it) leaves this one */
+    int n_head = n;
+    for (int i = n - 1; job->req.continue_final && svc->think >= 0 && i > 0; i--)
+        if (ids[i] == svc->think) {
+            n_head = i + 1;
+            break;
+        }
     int marks[2];
-    const int n_marks = lily_prefix_cache_chat_marks(ids, n, svc->im_start, svc->im_end, svc->think, marks);
+    const int n_marks = lily_prefix_cache_chat_marks(ids, n_head, svc->im_start, svc->im_end, svc->think, marks);
     lily_status st = lily_prefix_cache_prefill(svc->cache, svc->session, ids, n, marks, n_marks, job_cancelled, job,
                                                reused, err);
     if (st != LILY_OK && st != LILY_ERR_CANCELLED) /* a cancelled prefill keeps the prefix it computed */
