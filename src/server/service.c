@@ -1072,7 +1072,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     }
 
     /* 3. the parts of the pipeline */
-    lily_output_parser_options po = {.thinking = g.thinking, .tools = req->tools, .on_event = on_parser_event, .user = &g};
+    lily_output_parser_options po = {.thinking = g.thinking, .continuation = req->continue_final, .tools = req->tools,
+                                     .on_event = on_parser_event, .user = &g};
     bias = calloc((size_t)req->n_logit_bias + 1, sizeof *bias);
     if (!bias || (req->is_chat && (st = lily_output_parser_new(&po, &g.parser, &err)) != LILY_OK)) {
         fail_with(job, 500, "server_error", NULL, NULL, bias ? err.message : "Out of memory.");
