@@ -111,7 +111,6 @@ static void reset_conversation(chat_state *c)
     lily_prefix_cache_clear(c->cache);
 }
 
-/* The assistant message for the parsed reply (content, reasoning_content, tool_calls). */
 /* Write the conversation (OpenAI messages, indented JSON) to path. NULL on success, else why it failed
  * (strerror of the failing open, write or close). */
 static const char *save_conversation(const json_t *messages, const char *path)
@@ -129,6 +128,7 @@ static const char *save_conversation(const json_t *messages, const char *path)
     return failed ? strerror(saved ? saved : EIO) : NULL;
 }
 
+/* The assistant message for the parsed reply (content, reasoning_content, tool_calls). */
 static json_t *assistant_message(const lily_parsed_output *r)
 {
     json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", r->content, r->content_len);
