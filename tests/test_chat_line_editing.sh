@@ -3,7 +3,7 @@
 # line and keeps the history, and messages can span lines. Typed: "abc", Left, "X", Enter -> "abXc" (the
 # escape sequence never reaches the model); Up, Enter -> "abXc" again (history); "one\" Enter "two" Enter ->
 # "one\ntwo"; a """ block of two lines -> "first line\nsecond line". /save writes the conversation, whose
-# user messages must be exactly those. Without a TTY the same multi-line rules hold (piped stdin).
+# user messages must be exactly those, and a /save that fails says why. Without a TTY the same multi-line rules hold (piped stdin).
 # Skips where the build has no libedit (the chat then reads plain lines).
 # usage: bash test_chat_line_editing.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
@@ -19,6 +19,11 @@ import json, sys
 msgs = [m['content'] for m in json.load(open('$TMP/piped.json')) if m['role'] == 'user']
 sys.exit(0 if msgs == ['one\ntwo', 'first line\nsecond line'] else 1)"
 
+# a /save that cannot write says why (the system's reason), and the chat goes on
+printf 'hi\n/save %s\n/quit\n' "$TMP/no-such-dir/c.json" |
+    "$LILY" chat -m "$M" -n 2 --temp 0 2>"$TMP/save.err" >/dev/null
+expect "/save into a missing directory: 'cannot write FILE: No such file or directory'" \
+    grep -qF "[cannot write $TMP/no-such-dir/c.json: No such file or directory]" "$TMP/save.err"
 if ! ldd "$LILY" | grep -q libedit; then
     echo "SKIP the terminal checks: this lily was built without libedit (make deps installs libedit-dev)"
     finish

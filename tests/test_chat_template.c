@@ -248,6 +248,32 @@ static void test_template_options_override_request(void **state)
     free(out);
 }
 
+/* continue_final_message (vLLM's name): the final assistant message stays open, the rest renders as ever;
+ * it needs add_generation_prompt false and an assistant message last. */
+static void test_template_continue_final_message(void **state)
+{
+    (void)state;
+    char *out = NULL;
+    lily_error err = {0};
+    assert_int_equal(render_text("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", "
+                                 "\"content\": \"Yo\"}, {\"role\": \"user\", \"content\": \"Bye\"}, {\"role\": "
+                                 "\"assistant\", \"content\": \" See you \"}], \"add_generation_prompt\": false, "
+                                 "\"continue_final_message\": true}",
+                                 NULL, &out, &err),
+                     LILY_OK);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n<|im_start|>user\n"
+                             "Bye<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSee you");
+    free(out);
+    expect_template_error("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", "
+                          "\"content\": \"Yo\"}], \"continue_final_message\": true}",
+                          "continue_final_message and add_generation_prompt cannot both be true");
+    expect_template_error("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"add_generation_prompt\": false, "
+                          "\"continue_final_message\": true}",
+                          "messages[0]: continue_final_message: the last message must be the assistant's");
+    expect_template_error("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"continue_final_message\": 1}",
+                          "continue_final_message: expected true or false");
+}
+
 static void test_py_float_repr_matches_python(void **state)
 {
     (void)state;
@@ -404,6 +430,7 @@ int main(void)
         cmocka_unit_test(test_template_random_cases_byte_exact),
         cmocka_unit_test(test_template_rejects_bad_requests),
         cmocka_unit_test(test_template_options_override_request),
+        cmocka_unit_test(test_template_continue_final_message),
         cmocka_unit_test(test_py_float_repr_matches_python),
         cmocka_unit_test(test_sha256_fips_vectors),
         cmocka_unit_test(test_template_check_model_directory),

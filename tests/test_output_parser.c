@@ -611,6 +611,25 @@ static void test_prompt_opens_thinking(void **state)
     assert_false(lily_prompt_opens_thinking("", 0));
 }
 
+/* Continuing a prefill, content keeps its leading whitespace (streamed and whole); trailing whitespace is
+ * still held back and dropped at the end; without the option the same text is trimmed. */
+static void test_continuation_keeps_leading_whitespace(void **state)
+{
+    (void)state;
+    static const char *const pieces[] = {" ", " blue", " sky. ", "\n"};
+    for (int continuation = 0; continuation < 2; continuation++) {
+        lily_output_parser_options opts = {.continuation = continuation};
+        lily_output_parser *p = NULL;
+        lily_error err = {0};
+        assert_int_equal(lily_output_parser_new(&opts, &p, &err), LILY_OK);
+        for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++)
+            assert_int_equal(lily_output_parser_feed(p, pieces[i], strlen(pieces[i]), &err), LILY_OK);
+        assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
+        assert_string_equal(lily_output_parser_result(p)->content, continuation ? "  blue sky." : "blue sky.");
+        lily_output_parser_free(p);
+    }
+}
+
 static void test_rejects_tools_that_are_not_an_array(void **state)
 {
     (void)state;
@@ -639,6 +658,7 @@ int main(void)
         cmocka_unit_test(test_finish_reason_stop_and_length),
         cmocka_unit_test(test_random_tag_soup_is_split_invariant),
         cmocka_unit_test(test_prompt_opens_thinking),
+        cmocka_unit_test(test_continuation_keeps_leading_whitespace),
         cmocka_unit_test(test_cut_inside_tool_call_close),
         cmocka_unit_test(test_rejects_tools_that_are_not_an_array),
     };

@@ -11,7 +11,8 @@
 #   - GET / serves the chat page (HTML that posts to /v1/chat/completions);
 #   - a model directory without generation_config.json samples with Qwen's recommendation (a seeded request
 #     without sampling fields equals one that sends temperature 1, top_p 0.95, top_k 20, min_p 0, and
-#     differs from one with top_k off), and the request log line names the decode path.
+#     differs from one with top_k off), and the request log line names the decode path;
+#   - a port already taken: "cannot listen" and exit 1 before the model loads (nothing of the load logged).
 # usage: bash test_serve_defaults.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -156,5 +157,18 @@ finally:
 
 r = subprocess.run([lily, "serve", "--reasoning", "maybe"], capture_output=True, text=True)
 check(r.returncode == 2 and "--reasoning expects on or off" in r.stderr, "--reasoning maybe: usage error")
+
+# a port already taken: the server says so and exits before it loads the model (no prefix cache line, no
+# warm-up: nothing of the load is printed after "cannot listen")
+import socket
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen(1)
+r = subprocess.run([lily, "serve", "-m", model, "--port", str(taken.getsockname()[1]), "--threads", "1"],
+                   capture_output=True, text=True, timeout=120)
+taken.close()
+check(r.returncode == 1 and "cannot listen on 127.0.0.1:" in r.stderr and "prefix cache" not in r.stderr
+      and "loading model" not in r.stderr,
+      f"a taken port: 'cannot listen' and exit 1, before the model loads ({r.stderr.strip()!r})")
 sys.exit(t.finish())
 PY

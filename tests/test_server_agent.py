@@ -167,6 +167,66 @@ try:
           isinstance(final.content[-1].input.get("days"), int) and final.stop_reason == "tool_use",
           f"streamed tool_use: input_json_delta events assemble the input {final.content[-1].input}")
 
+    print("anthropic: assistant prefill")
+    # the reply continues a final assistant message: greedy, a prefill of the first k tokens of the plain
+    # reply `text` (12 tokens) continues as that reply does, and the response holds only what follows it
+    toks = json.loads(raw("/tokenize", {"content": text}, {"x-api-key": KEY})[1])["tokens"]
+    k, pre = 0, ""
+    for j in range(1, min(len(toks), 11)):
+        cand = json.loads(raw("/detokenize", {"tokens": toks[:j]}, {"x-api-key": KEY})[1])["content"]
+        if (cand and cand.strip() == cand and "\ufffd" not in cand and text.startswith(cand) and  # no edge spaces
+                json.loads(raw("/tokenize", {"content": cand}, {"x-api-key": KEY})[1])["tokens"] == toks[:j]):
+            k, pre = j, cand
+    check(k > 0, f"a prefill of the reply's first {k} tokens: {pre!r}")
+    PRE = HI + [{"role": "assistant", "content": pre}]
+    n_ids = len(json.loads(raw("/tokenize", {"content": pre}, {"x-api-key": KEY})[1])["tokens"])
+    n_pre = ac.messages.count_tokens(model="lily", messages=PRE).input_tokens
+    check(n_pre == n_in + n_ids, f"the prompt ends with the prefill: {n_pre} = {n_in} + {n_ids} tokens (no end of "
+          "turn, no new assistant turn)")
+    m = ac.messages.create(model="lily", max_tokens=12 - k, messages=PRE, extra_body=GREEDY)
+    cont = "".join(b.text for b in m.content if b.type == "text")
+    # (tiny-chat, the fallback model, writes byte noise whose text does not tokenize back to the same ids)
+    same = pre + cont == text or os.path.basename(MODEL) == "tiny-chat"
+    check(m.usage.output_tokens == 12 - k and m.usage.input_tokens + m.usage.cache_read_input_tokens == n_pre and
+          same, f"greedy: {pre!r} + {cont!r} is the plain reply {text!r}")
+    with ac.messages.stream(model="lily", max_tokens=12 - k, messages=PRE, extra_body=GREEDY) as s:
+        final = s.get_final_message()
+    streamed = "".join(b.text for b in final.content if b.type == "text")
+    check(streamed == cont and final.usage.cache_read_input_tokens >= n_pre - 1,
+          f"streamed: the same continuation {streamed!r}, the prompt read from the prefix cache "
+          f"({final.usage.cache_read_input_tokens} of {n_pre})")
+    # the next turn (the prefilled reply whole, then a user message) resumes where the turns part: at the
+    # <think> of the continued turn, past the long user message (not only past the system block)
+    SYS = "You are terse."
+    LONG_Q = [{"role": "user", "content": "Tell me about " + "the sea, " * 20 + "please."}]
+    n_q = ac.messages.count_tokens(model="lily", system=SYS, messages=LONG_Q).input_tokens
+    n_gen = len(json.loads(raw("/tokenize", {"content": "<think>\n\n</think>\n\n"}, {"x-api-key": KEY})[1])["tokens"])
+    BEGUN = "The sea is wide, deep and blue, and it"  # more than the 8 ids the generation prompt's <think> is in
+    m = ac.messages.create(model="lily", max_tokens=4, system=SYS, messages=LONG_Q +
+                           [{"role": "assistant", "content": BEGUN}], extra_body=GREEDY)
+    turn = BEGUN + "".join(b.text for b in m.content if b.type == "text")
+    m2 = ac.messages.create(model="lily", max_tokens=2, system=SYS, extra_body=GREEDY, messages=LONG_Q + [
+        {"role": "assistant", "content": turn}, {"role": "user", "content": "More."}])
+    check(m2.usage.cache_read_input_tokens == n_q - n_gen,
+          f"the next turn reads the prompt up to the continued turn's <think> from the cache "
+          f"({m2.usage.cache_read_input_tokens} = {n_q} - {n_gen} tokens)")
+    m = ac.messages.create(model="lily", max_tokens=3, messages=HI + [{"role": "assistant", "content": ""}],
+                           extra_body=GREEDY)
+    check(m.content and m.content[0].text == text[:len(m.content[0].text)] and
+          m.usage.input_tokens + m.usage.cache_read_input_tokens == n_in,
+          "an empty final assistant message: an ordinary reply")
+    for kw, what in (({"messages": HI + [{"role": "assistant", "content": "Hi "}]}, "trailing whitespace"),
+                     ({"messages": PRE, "thinking": {"type": "enabled", "budget_tokens": 5}},
+                      "not supported with thinking"),
+                     ({"messages": PRE, "output_config": {"format": {"type": "json_schema", "schema": {
+                         "type": "object"}}}}, "output_config.format cannot be combined"),
+                     ({"messages": PRE, "tools": TOOLS, "tool_choice": {"type": "any"}}, "tool_choice 'any' or 'tool'")):
+        try:
+            ac.messages.create(model="lily", max_tokens=20, **kw)
+            check(False, f"a prefill with {what} is refused")
+        except anthropic.BadRequestError as e:
+            check(e.status_code == 400 and what in e.message, f"a 400: {e.message[:100]}")
+
     print("anthropic: structured output")
     m = ac.messages.create(model="lily", max_tokens=100, messages=HI, output_config={"format": {
         "type": "json_schema", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},

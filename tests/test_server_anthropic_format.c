@@ -1,11 +1,12 @@
 /* test_server_anthropic_format.c — server/anthropic.c: a Messages request translated into the chat request
- * the engine runs (system, tool_use, tool_result, tools, tool_choice, thinking, stop_sequences), its
- * validation errors, and the stream's event sequence and the message's content blocks. */
+ * the engine runs (system, tool_use, tool_result, tools, tool_choice, thinking, stop_sequences), an
+ * assistant prefill rendered as the prompt the model continues, its validation errors, and the stream's event sequence and the message's content blocks. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/anthropic.h"
 #include "test_support.h"
+#include "text/chat_template.h"
 
 static char *compact(const json_t *j)
 {
@@ -109,6 +110,97 @@ static void test_validation(void **state)
     char *j = lily_anth_error_json(&e);
     assert_string_equal(j, "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\",\"message\":\"bad key\"}}");
     free(j);
+}
+
+/* The prompt the chat template renders for a Messages request body. */
+static char *render_messages_request(const char *body, lily_oai_request *req)
+{
+    lily_oai_error e;
+    if (!lily_anth_parse_request(body, strlen(body), false, req, &e))
+        fail_msg("rejected: %s", e.message);
+    json_t *t = lily_oai_template_request(req);
+    assert_non_null(t);
+    char *prompt = NULL;
+    size_t len = 0;
+    lily_error err;
+    if (lily_chat_render_n(t, NULL, &prompt, &len, &err) != LILY_OK)
+        fail_msg("render: %s", err.message);
+    json_decref(t);
+    return prompt;
+}
+
+/* A final assistant message is a prefill: the prompt ends with its text (no <|im_end|>, no new assistant
+ * turn), as Anthropic continues it; empty content is an ordinary reply; and the combinations Anthropic
+ * refuses (or lily cannot honour) are 400s naming the conflict. */
+static void test_prefill(void **state)
+{
+    (void)state;
+    lily_oai_request req;
+    char *prompt = render_messages_request("{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"Name a "
+                                           "color.\"},{\"role\":\"assistant\",\"content\":\"The color is\"}]}", &req);
+    assert_true(req.continue_final);
+    assert_string_equal(prompt, "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+                                "</think>\n\nThe color is");
+    free(prompt);
+    lily_oai_request_free(&req);
+    /* text blocks, and a thinking block the model continues after */
+    prompt = render_messages_request("{\"max_tokens\":5,\"system\":\"S\",\"messages\":[{\"role\":\"user\",\"content\":"
+                                     "\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":"
+                                     "\"hm\",\"signature\":\"\"},{\"type\":\"text\",\"text\":\"{\\\"a\\\":\"}]}]}", &req);
+    assert_true(req.continue_final);
+    assert_string_equal(prompt, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>"
+                                "assistant\n<think>\nhm\n</think>\n\n{\"a\":");
+    free(prompt);
+    lily_oai_request_free(&req);
+    /* an empty final assistant message (string or no blocks) continues nothing: an ordinary reply */
+    static const char *const empty[] = {"\"\"", "[]"};
+    for (int i = 0; i < 2; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},"
+                                    "{\"role\":\"assistant\",\"content\":%s}]}", empty[i]);
+        prompt = render_messages_request(body, &req);
+        assert_false(req.continue_final);
+        assert_string_equal(prompt, "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+        free(prompt);
+        lily_oai_request_free(&req);
+    }
+    /* a user message last: no prefill */
+    prompt = render_messages_request("{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":"
+                                     "\"assistant\",\"content\":\"A\"},{\"role\":\"user\",\"content\":\"R\"}]}", &req);
+    assert_false(req.continue_final);
+    free(prompt);
+    lily_oai_request_free(&req);
+
+#define PREFILL_ASK "{\"max_tokens\":50,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},"
+    assert_rejected(PREFILL_ASK "{\"role\":\"assistant\",\"content\":\"Sure, \"}]}", false,
+                    "messages.1: final assistant content cannot end with trailing whitespace");
+    assert_rejected(PREFILL_ASK "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"a\\n\"}]}]}", false,
+                    "trailing whitespace");
+    assert_rejected(PREFILL_ASK "{\"role\":\"assistant\",\"content\":\"Sure\"}],\"thinking\":{\"type\":\"enabled\","
+                    "\"budget_tokens\":10}}", false, "not supported with thinking enabled");
+    assert_rejected(PREFILL_ASK "{\"role\":\"assistant\",\"content\":\"Sure\"}],\"thinking\":{\"type\":\"adaptive\"}}",
+                    false, "not supported with thinking enabled");
+    assert_rejected(PREFILL_ASK "{\"role\":\"assistant\",\"content\":\"{\"}],\"output_config\":{\"format\":{\"type\":"
+                    "\"json_schema\",\"schema\":{\"type\":\"object\"}}}}", false,
+                    "output_config.format cannot be combined with a prefilled assistant reply");
+    static const char *const forced[] = {"{\"type\":\"any\"}", "{\"type\":\"tool\",\"name\":\"t\"}"};
+    for (int i = 0; i < 2; i++) {
+        char body[512];
+        snprintf(body, sizeof body, PREFILL_ASK "{\"role\":\"assistant\",\"content\":\"Sure\"}],\"tools\":[{\"name\":"
+                 "\"t\",\"input_schema\":{}}],\"tool_choice\":%s}", forced[i]);
+        assert_rejected(body, false, "tool_choice 'any' or 'tool' cannot be combined with a prefilled");
+    }
+    assert_rejected(PREFILL_ASK "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"toolu_1\","
+                    "\"name\":\"t\",\"input\":{}}]}]}", false, "has a tool_use block: send its tool_result");
+#undef PREFILL_ASK
+    /* tool_choice auto and thinking disabled combine with a prefill */
+    const char *ok = "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\","
+                     "\"content\":\"Sure\"}],\"tools\":[{\"name\":\"t\",\"input_schema\":{}}],\"tool_choice\":{\"type\":"
+                     "\"auto\"},\"thinking\":{\"type\":\"disabled\"}}";
+    lily_oai_error e;
+    assert_true(lily_anth_parse_request(ok, strlen(ok), false, &req, &e));
+    assert_true(req.continue_final);
+    lily_oai_request_free(&req);
 }
 
 /* Bodies go through the same gate as chat completions: the JSON value limit, U+0000 taken back whole (in
@@ -216,6 +308,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_limits_and_nul),
         cmocka_unit_test(test_stream_events),
     };

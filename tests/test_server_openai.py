@@ -144,6 +144,10 @@ expect_error(400, "POST", chat, {"messages": []}, param="messages", what="empty 
 expect_error(400, "POST", chat, {"messages": USER, "temperature": "hot"}, param="temperature", what="wrong type")
 expect_error(400, "POST", chat, {"messages": USER, "max_tokens": -5}, param="max_tokens", what="negative max_tokens")
 expect_error(400, "POST", chat, {"messages": USER, "n": 2}, param="n", what="n > 1")
+expect_error(400, "POST", chat, {"messages": USER, "stream_options": {"include_usage": True}}, param="stream_options",
+             what="stream_options without stream (as OpenAI)")
+expect_error(400, "POST", "/v1/completions", {"prompt": "Hi", "stream": False, "stream_options": {}},
+             param="stream_options", what="stream_options with stream false")
 expect_error(400, "POST", chat, {"messages": [{"role": "wizard", "content": "x"}]}, what="unknown role")
 expect_error(400, "POST", chat, {"messages": [{"role": "assistant", "content": "no user"}]}, what="unrenderable")
 expect_error(400, "POST", chat, {"messages": USER, "tools": TOOLS,

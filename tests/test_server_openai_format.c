@@ -92,9 +92,17 @@ static void test_openai_request_fields(void **state)
     json_decref(t);
     lily_oai_request_free(&req);
 
-    /* include_usage without stream is ignored; a single stop string */
-    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream_options\":{\"include_usage\":"
-                      "true},\"stop\":\"END\",\"max_tokens\":3}", true, &req, &e));
+    /* stream_options without stream is a 400, as OpenAI (on both routes; null is as absent) */
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream_options\":{\"include_usage\":"
+                    "true}}", true, "stream_options");
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":false,\"stream_options\":{}}",
+                    true, "stream_options");
+    assert_rejected("{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":true}}", false, "stream_options");
+    assert_false(parse("{\"prompt\":\"hi\",\"stream_options\":{}}", false, &req, &e));
+    assert_non_null(strstr(e.message, "only allowed when 'stream' is enabled"));
+    /* a single stop string */
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream_options\":null,"
+                      "\"stop\":\"END\",\"max_tokens\":3}", true, &req, &e));
     assert_false(req.include_usage);
     assert_int_equal(req.n_stop, 1);
     assert_string_equal(req.stop[0], "END");

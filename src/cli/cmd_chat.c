@@ -18,6 +18,7 @@
  * editing and history on a terminal (libedit), multi-line messages with a trailing backslash or a
  * triple-quote block.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -108,6 +109,23 @@ static void reset_conversation(chat_state *c)
         json_array_append_new(c->messages, json_pack("{s:s, s:s}", "role", "system", "content", c->o->system));
     lily_session_reset(c->s);
     lily_prefix_cache_clear(c->cache);
+}
+
+/* Write the conversation (OpenAI messages, indented JSON) to path. NULL on success, else why it failed
+ * (strerror of the failing open, write or close). */
+static const char *save_conversation(const json_t *messages, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return strerror(errno);
+    errno = 0;
+    int failed = json_dumpf(messages, f, JSON_INDENT(2)) != 0 || fputc('\n', f) == EOF || ferror(f);
+    int saved = errno;
+    if (fclose(f) != 0 && !failed) {
+        failed = 1;
+        saved = errno;
+    }
+    return failed ? strerror(saved ? saved : EIO) : NULL;
 }
 
 /* The assistant message for the parsed reply (content, reasoning_content, tool_calls). */
@@ -338,10 +356,11 @@ int cmd_chat(int argc, char **argv)
             } else if (!strcmp(line, "/think")) {
                 fprintf(stderr, "[thinking is %s; /think on|off]\n", c.think ? "on" : "off");
             } else if (!strncmp(line, "/save ", 6) && line[6]) {
-                if (json_dump_file(c.messages, line + 6, JSON_INDENT(2)) == 0)
+                const char *why = save_conversation(c.messages, line + 6);
+                if (!why)
                     fprintf(stderr, "[conversation saved to %s]\n", line + 6);
                 else
-                    fprintf(stderr, "[cannot write %s]\n", line + 6);
+                    fprintf(stderr, "[cannot write %s: %s]\n", line + 6, why);
             } else if (!strcmp(line, "/help")) {
                 fprintf(stderr, "/reset  forget the conversation\n/think on|off  thinking for the next replies\n"
                                 "/save FILE  write the conversation as OpenAI messages (JSON)\n"

@@ -283,8 +283,9 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "lily serve: %s\n", err.message);
         return 1;
     }
+    /* listen first, then load: a port that cannot be taken fails at once, before the model's loading starts */
     lily_scheduler sched;
-    if (lily_scheduler_start(&sched, (int)queue, lily_service_load, lily_service_run, svc, &err) != LILY_OK) {
+    if (lily_scheduler_init(&sched, (int)queue, lily_service_load, lily_service_run, svc, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);
         lily_service_free(svc);
         return 1;
@@ -305,6 +306,14 @@ int cmd_serve(int argc, char **argv)
     fprintf(stderr, "lily serve: loading model '%s' from %s; meanwhile listening on http://%s%s%s:%d "
                     "(GET /health answers 503 until the model is loaded)\n",
             name, model_dir, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http));
+    if (lily_scheduler_launch(&sched, &err) != LILY_OK) {
+        fprintf(stderr, "lily serve: %s\n", err.message);
+        lily_http_quiesce(http);
+        lily_scheduler_stop(&sched);
+        lily_http_stop(http);
+        lily_service_free(svc);
+        return 1;
+    }
 
     int rc = 0;
     bool announced = false, stop_requested = false;

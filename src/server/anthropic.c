@@ -182,7 +182,49 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
     return true;
 }
 
-static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e)
+/* A final assistant message prefills the reply: the model continues its text (the prompt ends with it: no
+ * end of turn, no new assistant turn), and the response holds only what follows. As Anthropic: empty
+ * content is a reply from scratch; content ending in whitespace is refused (the template strips it, so the
+ * model would continue from other text than the client's), and so is a prefill with thinking on. A
+ * prefill cannot start a forced tool call or a structured output (their grammars begin at the reply's
+ * first token), nor follow a tool_use block (its tool_result must come first). *prefill: the request
+ * continues the final message. */
+static bool final_assistant(json_t *b, json_t *oai, bool think, bool *prefill, lily_oai_error *e)
+{
+    *prefill = false;
+    json_t *messages = json_object_get(b, "messages"), *msgs = json_object_get(oai, "messages");
+    const size_t n = json_array_size(messages), n_oai = json_array_size(msgs);
+    json_t *last = json_array_get(msgs, n_oai - 1);
+    const char *role = json_string_value(json_object_get(json_array_get(messages, n - 1), "role"));
+    if (!role || strcmp(role, "assistant") || !last ||
+        strcmp(json_string_value(json_object_get(last, "role")), "assistant"))
+        return true;
+    char where[48];
+    snprintf(where, sizeof where, "messages.%zu", n - 1);
+    if (json_object_get(last, "tool_calls"))
+        return bad(e, where, "%s: the final assistant message has a tool_use block: send its tool_result in a user "
+                   "message after it (a prefill is text only).", where);
+    const char *text = json_string_value(json_object_get(last, "content"));
+    const size_t len = json_string_length(json_object_get(last, "content"));
+    if (!len && !json_object_get(last, "reasoning_content"))
+        return !json_array_remove(msgs, n_oai - 1); /* nothing to continue: an ordinary reply */
+    if (len && memchr(" \t\n\r\v\f", text[len - 1], 6))
+        return bad(e, where, "%s: final assistant content cannot end with trailing whitespace.", where);
+    if (think)
+        return bad(e, "thinking", "%s: prefilling the assistant's reply (a final assistant message) is not supported "
+                   "with thinking enabled, as on Anthropic's API: disable thinking or end with a user message.", where);
+    if (json_object_get(oai, "response_format"))
+        return bad(e, "output_config.format", "%s: output_config.format cannot be combined with a prefilled assistant "
+                   "reply (the final assistant message): the schema constrains the reply from its first token.", where);
+    json_t *tc = json_object_get(oai, "tool_choice");
+    if (json_is_object(tc) || (json_is_string(tc) && !strcmp(json_string_value(tc), "required")))
+        return bad(e, "tool_choice", "%s: tool_choice 'any' or 'tool' cannot be combined with a prefilled assistant "
+                   "reply (the final assistant message): the forced tool call must open the reply.", where);
+    *prefill = true;
+    return true;
+}
+
+static bool translate(json_t *b, bool count_only, json_t *oai, bool *prefill, lily_oai_error *e)
 {
     json_t *msgs = json_array();
     json_object_set_new(oai, "messages", msgs);
@@ -260,7 +302,7 @@ static bool translate(json_t *b, bool count_only, json_t *oai, lily_oai_error *e
     json_t *temp = json_object_get(b, "temperature");
     if (json_is_number(temp) && json_number_value(temp) > 1)
         return bad(e, "temperature", "temperature: must be in [0, 1].");
-    return true;
+    return final_assistant(b, oai, think, prefill, e);
 }
 
 bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily_oai_request *req,
@@ -276,7 +318,8 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
         return bad(e, NULL, "The request body is not a JSON object.");
     }
     json_t *oai = json_object();
-    bool ok = oai && translate(b, count_only, oai, e);
+    bool prefill = false;
+    bool ok = oai && translate(b, count_only, oai, &prefill, e);
     char *text = ok ? json_dumps(oai, JSON_COMPACT) : NULL;
     json_decref(oai);
     json_decref(b);
@@ -286,8 +329,10 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
         return false;
     ok = lily_oai_parse_request(text, strlen(text), true, req, e); /* json_dumps escapes U+0000 */
     free(text);
-    if (ok)
+    if (ok) {
         req->anthropic = true;
+        req->continue_final = prefill;
+    }
     return ok;
 }
 

@@ -4,7 +4,8 @@
  * path runs (system -> a system message, tool_use / tool_result blocks -> tool calls / tool messages,
  * tools[].input_schema -> function parameters, tool_choice auto / any / tool / none -> auto / required /
  * named / none, thinking enabled + budget_tokens -> enable_thinking + reasoning_budget, disabled or absent
- * -> thinking off, stop_sequences -> stop); and every JSON object the server answers with: the message,
+ * -> thinking off, stop_sequences -> stop, a final assistant message -> a prefill the reply continues:
+ * continue_final); and every JSON object the server answers with: the message,
  * the stream's events, errors. Pure functions of their inputs.
  * Reference: docs.anthropic.com, "Messages" and "Streaming Messages".
  */
@@ -17,8 +18,10 @@
 #include "server/openai.h"
 #include "text/output_parser.h"
 
-/* Parse a Messages request body (len bytes) into req (req->anthropic set). count_only: the
- * /v1/messages/count_tokens shape (no max_tokens). False: e is filled (400 invalid_request_error). */
+/* Parse a Messages request body (len bytes) into req (req->anthropic set; req->continue_final when the last
+ * message is a non-empty assistant prefill). count_only: the /v1/messages/count_tokens shape (no
+ * max_tokens). False: e is filled (400 invalid_request_error), also for a prefill ending in whitespace or
+ * combined with thinking, output_config.format, tool_choice any / tool, or a tool_use block. */
 bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily_oai_request *req,
                              lily_oai_error *e);
 

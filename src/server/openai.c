@@ -693,10 +693,12 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
                 json_kind(so));
             goto fail;
         }
+        if (!req->stream) { /* as OpenAI: a mistake to say, not an option to drop */
+            bad(e, "stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+            goto fail;
+        }
         if (!get_bool(so, "include_usage", &req->include_usage, e))
             goto fail;
-        if (!req->stream)
-            req->include_usage = false;
     }
     long long mt = -1;
     if (!get_int(b, "max_tokens", 1, INT32_MAX, &mt, e) || !get_int(b, "max_completion_tokens", 1, INT32_MAX, &mt, e))
@@ -773,7 +775,9 @@ json_t *lily_oai_template_request(const lily_oai_request *req)
     if (req->enable_thinking >= 0)
         json_object_set_new(kw, "enable_thinking", json_boolean(req->enable_thinking));
     json_t *t = json_pack("{s:O, s:o, s:b}", "messages", req->messages, "chat_template_kwargs", kw,
-                          "add_generation_prompt", 1);
+                          "add_generation_prompt", !req->continue_final);
+    if (t && req->continue_final)
+        json_object_set_new(t, "continue_final_message", json_true());
     if (t && req->tools)
         json_object_set(t, "tools", req->tools);
     return t;

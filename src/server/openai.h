@@ -60,6 +60,8 @@ typedef struct {
     json_t *json_schema;      /* response_format.json_schema.schema, or NULL (json_object: any object) */
     int reasoning_budget;     /* reasoning_budget / max_reasoning_tokens; -1 = none */
     bool anthropic;           /* translated from POST /v1/messages (server/anthropic.h): answered in its shape */
+    bool continue_final;      /* the last message is an assistant prefill: the reply continues its text
+                               * (Anthropic's prefill; set by server/anthropic.h, not an OpenAI field) */
 
     /* completions */
     const char *prompt_text;  /* prompt as a string, or NULL */
@@ -103,7 +105,8 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
 void lily_oai_request_free(lily_oai_request *req);
 
 /* The JSON the chat template renders: {messages, tools?, chat_template_kwargs, add_generation_prompt:true}
- * with enable_thinking folded in from reasoning_effort, and tools dropped for tool_choice none.
+ * with enable_thinking folded in from reasoning_effort, and tools dropped for tool_choice none; with
+ * continue_final, {..., add_generation_prompt:false, continue_final_message:true} (text/chat_template.h).
  * New reference (NULL on OOM). */
 json_t *lily_oai_template_request(const lily_oai_request *req);
 

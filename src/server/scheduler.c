@@ -293,8 +293,8 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
-                                 void *user, lily_error *err)
+lily_status lily_scheduler_init(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
+                                void *user, lily_error *err)
 {
     memset(s, 0, sizeof *s);
     if (queue_cap < 1)
@@ -309,12 +309,29 @@ lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_load
     s->state = LILY_SCHED_LOADING;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    return LILY_OK;
+}
+
+lily_status lily_scheduler_launch(lily_scheduler *s, lily_error *err)
+{
     if (pthread_create(&s->worker, NULL, worker_main, s)) {
-        free(s->queue);
-        s->queue = NULL;
+        pthread_mutex_lock(&s->mu); /* a server already answering /health sees a failed load, not a loading one */
+        s->state = LILY_SCHED_FAILED;
+        lily_error_set(&s->load_error, LILY_ERR_IO, "cannot start the engine worker thread");
+        pthread_mutex_unlock(&s->mu);
         return lily_error_set(err, LILY_ERR_IO, "cannot start the engine worker thread");
     }
+    s->launched = true;
     return LILY_OK;
+}
+
+lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
+                                 void *user, lily_error *err)
+{
+    lily_status st = lily_scheduler_init(s, queue_cap, load, run, user, err);
+    if (st == LILY_OK && (st = lily_scheduler_launch(s, err)) != LILY_OK)
+        lily_scheduler_stop(s);
+    return st;
 }
 
 lily_status lily_scheduler_submit(lily_scheduler *s, lily_job *job)
@@ -406,7 +423,8 @@ void lily_scheduler_stop(lily_scheduler *s)
     if (!s->queue)
         return;
     lily_scheduler_drain(s); /* waiting jobs get 503 now; the running one finishes its response */
-    pthread_join(s->worker, NULL);
+    if (s->launched)
+        pthread_join(s->worker, NULL);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->queue);

@@ -113,13 +113,21 @@ typedef struct {
     lily_sched_state state;
     lily_error load_error;
     pthread_t worker;
+    bool launched;            /* the worker thread runs (lily_scheduler_launch) */
     lily_job_runner run;
     lily_job_loader load;
     void *user;
 } lily_scheduler;
 
-/* Start the worker: it calls load (if any), then runs jobs in FIFO order. queue_cap >= 1 waiting jobs.
- * Errors: LILY_ERR_OUT_OF_MEMORY, LILY_ERR_IO (thread creation). */
+/* Make the scheduler without its worker: state LOADING, submit refuses jobs (503) until the worker has
+ * loaded. queue_cap >= 1 waiting jobs. Errors: LILY_ERR_INVALID_ARGUMENT, LILY_ERR_OUT_OF_MEMORY. */
+lily_status lily_scheduler_init(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
+                                void *user, lily_error *err);
+/* Start the worker of an initialized scheduler: it calls load (if any), then runs jobs in FIFO order.
+ * (A server can listen first, so that a port it cannot take fails before the model loads.)
+ * Errors: LILY_ERR_IO (thread creation; the state becomes FAILED). */
+lily_status lily_scheduler_launch(lily_scheduler *s, lily_error *err);
+/* lily_scheduler_init, then lily_scheduler_launch. Errors: theirs (nothing is left to stop). */
 lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
                                  void *user, lily_error *err);
 
@@ -139,7 +147,8 @@ bool lily_scheduler_idle(lily_scheduler *s);
 /* lily_scheduler_drain, and cancel the running job (it ends at its next decode step). */
 void lily_scheduler_abort(lily_scheduler *s);
 
-/* Stop taking jobs, fail the waiting ones with 503, let the running one finish, join the worker. */
+/* Stop taking jobs, fail the waiting ones with 503, let the running one finish, join the worker (if
+ * launched). */
 void lily_scheduler_stop(lily_scheduler *s);
 
 #endif

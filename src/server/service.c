@@ -611,8 +611,16 @@ static void answer_aborted(lily_job *job)
  * long prefill between forward passes. *reused: tokens not recomputed. */
 static lily_status prefill(lily_service *svc, lily_job *job, const int32_t *ids, int n, int *reused, lily_error *err)
 {
+    /* a prefill (continue_final) follows the continued turn's <think> block: the marks are those of the prompt
+     * up to that <think>, where the next turn's request (which renders this turn without it) leaves this one */
+    int n_head = n;
+    for (int i = n - 1; job->req.continue_final && svc->think >= 0 && i > 0; i--)
+        if (ids[i] == svc->think) {
+            n_head = i + 1;
+            break;
+        }
     int marks[2];
-    const int n_marks = lily_prefix_cache_chat_marks(ids, n, svc->im_start, svc->im_end, svc->think, marks);
+    const int n_marks = lily_prefix_cache_chat_marks(ids, n_head, svc->im_start, svc->im_end, svc->think, marks);
     lily_status st = lily_prefix_cache_prefill(svc->cache, svc->session, ids, n, marks, n_marks, job_cancelled, job,
                                                reused, err);
     if (st != LILY_OK && st != LILY_ERR_CANCELLED) /* a cancelled prefill keeps the prefix it computed */
@@ -1064,7 +1072,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     }
 
     /* 3. the parts of the pipeline */
-    lily_output_parser_options po = {.thinking = g.thinking, .tools = req->tools, .on_event = on_parser_event, .user = &g};
+    lily_output_parser_options po = {.thinking = g.thinking, .continuation = req->continue_final, .tools = req->tools,
+                                     .on_event = on_parser_event, .user = &g};
     bias = calloc((size_t)req->n_logit_bias + 1, sizeof *bias);
     if (!bias || (req->is_chat && (st = lily_output_parser_new(&po, &g.parser, &err)) != LILY_OK)) {
         fail_with(job, 500, "server_error", NULL, NULL, bias ? err.message : "Out of memory.");

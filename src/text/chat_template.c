@@ -144,6 +144,7 @@ typedef struct {
     size_t n_messages;
     const json_t *tools; /* non-empty array, or NULL */
     int enable_thinking, preserve_thinking, add_generation_prompt, add_vision_id;
+    int continue_final_message; /* the last (assistant) message stays open: no <|im_end|> after it */
     int image_count, video_count; /* the template's namespace counters */
     lily_error *err;
 } render_state;
@@ -412,7 +413,8 @@ static lily_status render_assistant(render_state *st, size_t index, size_t last_
                 return s;
         }
     }
-    chat_buf_puts(out, "<|im_end|>\n");
+    if (!(st->continue_final_message && index + 1 == st->n_messages))
+        chat_buf_puts(out, "<|im_end|>\n");
     return LILY_OK;
 }
 
@@ -525,6 +527,16 @@ static lily_status read_request(render_state *st, const json_t *request, const l
         st->preserve_thinking = opts->preserve_thinking;
     if (opts && opts->add_generation_prompt >= 0)
         st->add_generation_prompt = opts->add_generation_prompt;
+    /* vLLM's continue_final_message: the reply continues the last message, which must be the assistant's */
+    if ((s = read_bool(st, json_is_object(request) ? request : NULL, "continue_final_message", "", 0, 0,
+                       &st->continue_final_message)))
+        return s;
+    if (st->continue_final_message && st->add_generation_prompt)
+        return template_error(st, "%s", "continue_final_message and add_generation_prompt cannot both be true",
+                              (size_t)-1);
+    if (st->continue_final_message && !has_role(json_array_get(st->messages, st->n_messages - 1), "assistant"))
+        return template_error(st, "%s", "continue_final_message: the last message must be the assistant's",
+                              st->n_messages - 1);
     return LILY_OK;
 }
 

@@ -34,14 +34,19 @@ void lily_chat_options_init(lily_chat_options *opts);
  *   tools                 array of tool objects, each written with json.dumps into the system block
  *   chat_template_kwargs  {enable_thinking, preserve_thinking: bool or null, add_vision_id}
  *   add_generation_prompt bool, default true
+ *   continue_final_message bool, default false (vLLM's name): the last message, which must be the
+ *                         assistant's, is left open (no <|im_end|>) so the reply continues its text (an
+ *                         assistant prefill); add_generation_prompt must then be false
  * Assistant tool_calls[*] are {"function": {"name", "arguments"}} (or the bare function object);
  * arguments is an object, or a JSON string holding an object (parsed, as vLLM does); null or "" means {}.
  * opts may be NULL (same as all -1).
  * On success *out is a malloc'd NUL-terminated UTF-8 string (the caller frees it). With a generation
- * prompt it ends "<|im_start|>assistant\n<think>\n" (thinking on) or "...<think>\n\n</think>\n\n" (off).
+ * prompt it ends "<|im_start|>assistant\n<think>\n" (thinking on) or "...<think>\n\n</think>\n\n" (off);
+ * continuing the final message, it ends with that message's (stripped) content.
  * Errors: LILY_ERR_TEMPLATE with a message naming the message at fault: no messages, no user query
  * (a user turn that is not only a <tool_response>), an unknown role, a system/developer message that is
  * not first, an image in the system message, content of the wrong type or an unknown content part, a
+ * continue_final_message with add_generation_prompt or after a message that is not the assistant's, a
  * tool call without a string name, arguments that are not an object (or a string that does not parse to
  * one), fields of the wrong JSON type. LILY_ERR_OUT_OF_MEMORY. *out is NULL on error. */
 lily_status lily_chat_render(const json_t *request, const lily_chat_options *opts, char **out, lily_error *err);

@@ -754,6 +754,7 @@ lily_status lily_output_parser_new(const lily_output_parser_options *options, li
     p->opts = *options;
     p->tools = options->tools ? json_incref((json_t *)options->tools) : NULL;
     p->state = options->thinking ? S_REASONING : S_CONTENT;
+    p->content.started = options->continuation; /* the content began in the prompt: its spaces are the reply's */
     if (!buf_append(&p->pending, "", 0)) {
         lily_output_parser_free(p);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "output parser: out of memory");

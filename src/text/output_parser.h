@@ -14,7 +14,8 @@
  *   reaches content or reasoning (only a tag spliced from the text around a dropped one could, as in
  *   "</thi</think>nk>").
  * - Reasoning and content are each trimmed of leading and trailing whitespace (held back while streaming,
- *   released when more text follows).
+ *   released when more text follows); content continuing a prefill (options.continuation) keeps its
+ *   leading whitespace.
  * - Tool calls: "<tool_call>" (or a bare "<function=" in content) opens one. A function or parameter name
  *   ends at ">" or at a newline. A value loses one leading and one trailing newline and ends at
  *   "</parameter>", or, when that is missing, at the next "<parameter=", "</function>" or "</tool_call>".
@@ -57,6 +58,8 @@ typedef void (*lily_output_callback)(void *user, const lily_output_event *event)
 
 typedef struct {
     bool thinking;               /* the prompt ends with an open think block ("<think>\n") */
+    bool continuation;           /* the prompt ends inside content (an assistant prefill the reply continues):
+                                  * content keeps its leading whitespace (" blue" after "The sky is") */
     const json_t *tools;         /* OpenAI tools array for parameter types, or NULL (all values strings) */
     lily_output_callback on_event; /* may be NULL */
     void *user;
