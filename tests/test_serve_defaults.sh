@@ -11,7 +11,7 @@
 #   - GET / serves the chat page (HTML that posts to /v1/chat/completions);
 #   - a model directory without generation_config.json samples with Qwen's recommendation (a seeded request
 #     without sampling fields equals one that sends temperature 1, top_p 0.95, top_k 20, min_p 0, and
-#     differs from one with top_k off), and the request log line names the decode path;
+#     differs from one with top_k off), and the request log line names the decode path; --host-sampler puts every request on the host sampler;
 #   - a port already taken: "cannot listen" and exit 1 before the model loads (nothing of the load logged).
 # usage: bash test_serve_defaults.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
@@ -113,6 +113,17 @@ try:
     log = open(os.path.join(tmp, "bare.log")).read()
     check(re.search(r'decode_path="host sampler \(the backend has no device loop\)"', log) is not None,
           "the request log line names the decode path and why")
+finally:
+    p.terminate(); p.wait()
+
+# --host-sampler: every request on the host sampler, as the request log says (it was parsed and ignored)
+p, port = start_server(lily, bare, os.path.join(tmp, "host.log"), "--host-sampler")
+try:
+    h, _ = chat(port, **ask)
+    check(h["message"] == d["message"], "--host-sampler: the same seeded reply")
+    log = open(os.path.join(tmp, "host.log")).read()
+    check(re.search(r'decode_path="host sampler \(asked for\)"', log) is not None,
+          "--host-sampler: the request log says the host sampler was asked for")
 finally:
     p.terminate(); p.wait()
 

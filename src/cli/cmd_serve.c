@@ -62,6 +62,9 @@ static void usage(FILE *f)
             "                       what does not fit goes to --cache-ram (default 2048 with --backend\n"
             "                       cuda, 0 = none)\n"
             "  --checkpoint-every N also checkpoint every N tokens of a long prefill (default 4096; 0 = never)\n"
+            "  --host-sampler       sample every token on the host, never in the backend's device decode loop\n"
+            "                       (a per-token round trip: for A/B comparisons; the request log's decode_path\n"
+            "                       says which ran)\n"
             "\n"
             "Defaults for what a request leaves out (a request's own field wins):\n"
             "  --temp T, --top-p P, --top-k K, --min-p P\n"
@@ -79,7 +82,7 @@ static void usage(FILE *f)
 static bool is_shared_option(const char *a)
 {
     static const char *const names[] = {"--temp", "--temperature", "--top-p", "--top-k", "--min-p", "--max-tokens",
-                                        "-n", "--no-think", "--cpu-moe", "--n-cpu-moe"};
+                                        "-n", "--no-think", "--cpu-moe", "--n-cpu-moe", "--host-sampler"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         size_t n = strlen(names[k]);
         if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '='))
@@ -278,6 +281,7 @@ int cmd_serve(int argc, char **argv)
                                                             : !strcmp(backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB
                                                                                        : 0) << 20,
                                .checkpoint_every = checkpoint_every > 0 ? (int)checkpoint_every : -1,
+                               .host_sampler = go.host_sampler,
                                .request_defaults = &rd};
     if (lily_service_new(&so, &svc, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);

@@ -40,6 +40,7 @@ struct lily_service {
     char *model_dir, *backend, *model_name;
     int n_threads, ctx_size;
     bool exact;               /* lily_service_options.exact */
+    bool host_sampler;        /* lily_service_options.host_sampler */
     lily_engine *engine;
     lily_session *session;
     lily_prefix_cache *cache; /* checkpoints of the session by token prefix; made in lily_service_new */
@@ -81,6 +82,7 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->n_threads = opts->n_threads;
     svc->ctx_size = opts->ctx_size;
     svc->exact = opts->exact;
+    svc->host_sampler = opts->host_sampler;
     svc->cache_vram_bytes = opts->cache_vram_bytes;
     svc->request_defaults = opts->request_defaults ? *opts->request_defaults : lily_request_defaults_none();
     svc->gpu_memory_bytes = opts->gpu_memory_bytes;
@@ -1081,6 +1083,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     }
     lily_generate_params gp = lily_generate_defaults();
     gp.sampling = sampler_params(svc, req, bias);
+    if (svc->host_sampler)
+        gp.decode = LILY_DECODE_HOST;
     if (req->logprobs) { /* on either decode path: the device loop computes them on the GPU */
         gp.logprobs = LILY_MIN(req->top_logprobs, LILY_TOP_LOGPROBS_MAX);
         gp.token_logprobs = &g.token_logprobs;
