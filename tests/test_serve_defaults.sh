@@ -11,7 +11,8 @@
 #   - GET / serves the chat page (HTML that posts to /v1/chat/completions);
 #   - a model directory without generation_config.json samples with Qwen's recommendation (a seeded request
 #     without sampling fields equals one that sends temperature 1, top_p 0.95, top_k 20, min_p 0, and
-#     differs from one with top_k off), and the request log line names the decode path; --host-sampler puts every request on the host sampler;
+#     differs from one with top_k off), and the request log line names the decode path;
+#   - --host-sampler: every request on the host sampler (the log says it was asked for), the same seeded reply;
 #   - a port already taken: "cannot listen" and exit 1 before the model loads (nothing of the load logged).
 # usage: bash test_serve_defaults.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
