@@ -537,12 +537,12 @@ static void test_quant_dot_every_kernel_set(void **state)
             cpu_quantize_act(x, N, COLS, &a);
             for (int s = 0; s < n_sets; s++) {
                 const cpu_qdot_fn fn = bits == 4 ? sets[s]->dot_q4 : sets[s]->dot_q8;
+                float all_ws[ROWS * COLS / 32], all_single[ROWS][N];
                 for (int r = 0; r < ROWS; r++) {
                     const uint8_t *wrow = (const uint8_t *)qt.words + r * qt.t.row_bytes;
-                    float ws[COLS / 32];
+                    float *ws = all_ws + r * (COLS / group), *single = all_single[r];
                     for (int g = 0; g < COLS / group; g++)
                         ws[g] = lily_bf16_to_f32(qt.scales[r * (COLS / group) + g]);
-                    float single[N];
                     for (int t = 0; t < N; t++)
                         fn(wrow, ws, group, &a, t, 1, &single[t]);
                     for (int t = 0; t < N; t++) {
@@ -559,6 +559,16 @@ static void test_quant_dot_every_kernel_set(void **state)
                             assert_memory_equal(&tile[j], &single[N - nt + j], sizeof(float));
                     }
                 }
+                /* CPU_QROWS rows in one call give each row's single-token result, bit for bit */
+                const cpu_qdot_rows_fn rows_fn = bits == 4 ? sets[s]->rows_q4 : sets[s]->rows_q8;
+                for (int r0 = 0; rows_fn && r0 + CPU_QROWS <= ROWS; r0++)
+                    for (int t = 0; t < N; t++) {
+                        float out[CPU_QROWS];
+                        rows_fn((const uint8_t *)qt.words + r0 * qt.t.row_bytes, qt.t.row_bytes,
+                                all_ws + r0 * (COLS / group), COLS / group, group, &a, t, out);
+                        for (int q = 0; q < CPU_QROWS; q++)
+                            assert_memory_equal(&out[q], &all_single[r0 + q][t], sizeof(float));
+                    }
             }
             free_quantized(&qt);
         }

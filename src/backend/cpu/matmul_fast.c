@@ -97,6 +97,7 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const int64_t n_groups = a->cols / w->group_size;
     const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
+    const cpu_qdot_rows_fn rows_fn = w->bits == 4 ? kern->rows_q4 : kern->rows_q8;
     const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
                                                         LILY_MIN((int64_t)64, LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
     float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS];
@@ -110,7 +111,18 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                      (c1 - c0) * n_groups, wb);
         for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
             const int nt = LILY_MIN(CPU_QTILE, n - i0);
-            for (int64_t r = c0; r < c1; r++) {
+            const float *gs = gsum + (int64_t)(t0 + i0) * n_groups;
+            int64_t r = c0;
+            /* a lone token (decode): CPU_QROWS rows per kernel call where the set has such a kernel */
+            if (nt == 1 && rows_fn)
+                for (; r + CPU_QROWS <= c1; r += CPU_QROWS) {
+                    float out[CPU_QROWS];
+                    rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes, ws + (r - c0) * n_groups,
+                            n_groups, w->group_size, a, t0 + i0, out);
+                    for (int q = 0; q < CPU_QROWS; q++)
+                        y[(int64_t)i0 * ldy + (r + q - row0)] = out[q] + bias_dot(wb + (r + q - c0) * n_groups, gs, n_groups);
+                }
+            for (; r < c1; r++) {
                 const float *rs = ws + (r - c0) * n_groups, *rb = wb + (r - c0) * n_groups;
                 float out[CPU_QTILE];
                 dot((const uint8_t *)w->data + (base + r) * w->row_bytes, rs, w->group_size, a, t0 + i0, nt, out);

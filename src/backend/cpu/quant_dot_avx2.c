@@ -96,6 +96,72 @@ AVX2 void qdot_tile(const uint8_t *w, const float *ws, int group, const cpu_qact
         out[j] = hsum(acc[j]);
 }
 
+/* out[0..3] = hsum of each of a[0..3] in hsum's order: the four vectors transposed so that lane j of
+ * each partial holds row j, then the same pairings hsum makes ((l0 + l2) + (l1 + l3) of lo + hi). */
+AVX2 void hsum4(const __m256 *a, float *out)
+{
+    __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(a[0]), _mm256_extractf128_ps(a[0], 1));
+    __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(a[1]), _mm256_extractf128_ps(a[1], 1));
+    __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(a[2]), _mm256_extractf128_ps(a[2], 1));
+    __m128 s3 = _mm_add_ps(_mm256_castps256_ps128(a[3]), _mm256_extractf128_ps(a[3], 1));
+    _MM_TRANSPOSE4_PS(s0, s1, s2, s3);
+    _mm_storeu_ps(out, _mm_add_ps(_mm_add_ps(s0, s2), _mm_add_ps(s1, s3)));
+}
+
+/* CPU_QROWS rows against one token: qdot_tile's operations for NT = 1, per row, with the activation
+ * block loaded once for the four rows and the rows' chains interleaved. */
+AVX2 void qdot_rows(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
+                    const cpu_qact *a, int t, float *out, const int BITS)
+{
+    const int64_t nb = a->cols / CPU_QBLOCK;
+    const int per_group = group / CPU_QBLOCK;
+    const int16_t *xv = a->v + (int64_t)t * a->cols;
+    const float *xd = a->d + (int64_t)t * nb;
+    __m256 acc[CPU_QROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < CPU_QROWS; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
+        __m256 gacc[CPU_QROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < CPU_QROWS; r++)
+            gacc[r] = _mm256_setzero_ps();
+        for (int64_t k = k0; k < k0 + per_group; k++) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xv + k * CPU_QBLOCK));
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xv + k * CPU_QBLOCK + CPU_QBLOCK / 2));
+            const __m256 d = _mm256_broadcast_ss(xd + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < CPU_QROWS; r++) {
+                __m256i e, o;
+                if (BITS == 4)
+                    unpack_q4(w + r * row_bytes, k, &e, &o);
+                else
+                    unpack_q8(w + r * row_bytes, k, &e, &o);
+                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(e, x0), _mm256_madd_epi16(o, x1));
+                gacc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, gacc[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < CPU_QROWS; r++)
+            acc[r] = _mm256_fmadd_ps(gacc[r], _mm256_broadcast_ss(ws + r * ws_stride + g), acc[r]);
+    }
+    hsum4(acc, out);
+}
+
+__attribute__((target("avx2,fma"))) static void rows_q4(const uint8_t *w, int64_t row_bytes, const float *ws,
+                                                        int64_t ws_stride, int group, const cpu_qact *a, int t,
+                                                        float *out)
+{
+    qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 4);
+}
+
+__attribute__((target("avx2,fma"))) static void rows_q8(const uint8_t *w, int64_t row_bytes, const float *ws,
+                                                        int64_t ws_stride, int group, const cpu_qact *a, int t,
+                                                        float *out)
+{
+    qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8);
+}
+
 __attribute__((target("avx2,fma"))) static void dot_q4(const uint8_t *w, const float *ws, int group,
                                                        const cpu_qact *a, int t0, int nt, float *out)
 {
@@ -118,5 +184,5 @@ __attribute__((target("avx2,fma"))) static void dot_q8(const uint8_t *w, const f
     }
 }
 
-const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", dot_q4, dot_q8};
+const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", dot_q4, dot_q8, rows_q4, rows_q8};
 #endif
