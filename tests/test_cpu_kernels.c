@@ -631,6 +631,55 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
     lily_threadpool_destroy(pool);
 }
 
+/* cpu_matmul_many() gives each matrix exactly what its own cpu_matmul() call gives, with runs of fused
+ * matrices (one group size), a matrix of another group size and a plain bf16 one in the list. */
+static void test_matmul_many_matches_single_calls(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
+    enum { COLS = 128, N = 5, M = 5 };
+    cpu_ctx c;
+    memset(&c, 0, sizeof c);
+    c.pool = pool;
+    c.max_chunk = N;
+    c.qdot = cpu_qdot_best();
+    int8_t qbuf[N * COLS], rbuf[N * COLS];
+    int16_t vbuf[N * COLS];
+    float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
+    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf};
+    c.qgsum = gbuf;
+    qtensor qt[4] = {make_quantized_group(70, COLS, 4, 0, 64), make_quantized_group(9, COLS, 8, 0, 64),
+                     make_quantized_group(3, COLS, 4, 0, 32), make_quantized_group(130, COLS, 4, 0, 32)};
+    const int rows[M] = {70, 9, 3, 130, 6};
+    uint16_t plain[6 * COLS];
+    for (int i = 0; i < 6 * COLS; i++)
+        plain[i] = lily_f32_to_bf16(frand());
+    lily_tensor bf = {.name = "plain", .ndim = 2, .shape = {6, COLS}, .data = plain, .dtype = LILY_DTYPE_BF16,
+                      .row_bytes = 2 * COLS};
+    const lily_tensor *w[M] = {&qt[0].t, &qt[1].t, &qt[2].t, &bf, &qt[3].t};
+    float x[N * COLS];
+    for (int i = 0; i < N * COLS; i++)
+        x[i] = frand();
+    float *y[M], *want[M];
+    for (int i = 0; i < M; i++) {
+        y[i] = malloc(sizeof(float) * N * 130);
+        want[i] = malloc(sizeof(float) * N * 130);
+        cpu_matmul(&c, w[i], x, N, want[i]);
+    }
+    cpu_matmul_many(&c, M, w, x, N, y);
+    for (int i = 0; i < M; i++)
+        assert_memory_equal(y[i], want[i], sizeof(float) * N * rows[i]);
+    for (int i = 0; i < M; i++) {
+        free(y[i]);
+        free(want[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        free_quantized(&qt[i]);
+    lily_threadpool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +690,7 @@ int main(void)
         cmocka_unit_test(test_quantize_act_blocks),
         cmocka_unit_test(test_quant_dot_every_kernel_set),
         cmocka_unit_test(test_fast_matmul_error_bound_and_batch_invariance),
+        cmocka_unit_test(test_matmul_many_matches_single_calls),
         cmocka_unit_test(test_gdn_chunked_matches_recurrent),
         cmocka_unit_test(test_gdn_fast_step_matches_recurrent),
         cmocka_unit_test(test_top_k_ties_lower_id_first),

@@ -126,6 +126,13 @@ void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, 
  * group (cpu_qact_group_sums). Each weight row is read once and serves every token tile. */
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy);
+/* The most matrices cpu_matmul_many() runs in one pass over the pool. */
+#define CPU_MATMUL_MANY_MAX 4
+/* y[i][n, rows_i] = x[n, cols] · w[i]ᵀ for i < m (2-D weights, every w[i] with cols inputs), the same
+ * values as m cpu_matmul() calls: in fast mode the matrices that share the int8 path and group size
+ * quantize x once and split their rows over the pool as one task list (one parallel_for instead of m,
+ * the small ones balanced with the large). */
+void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y);
 /* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
 /* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows. */

@@ -143,12 +143,14 @@ int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows)
 
 typedef struct {
     const cpu_ctx *c;
-    const lily_tensor *w;
+    int m;                                  /* matrices */
+    const lily_tensor *w[CPU_MATMUL_MANY_MAX];
+    float *y[CPU_MATMUL_MANY_MAX];
+    int64_t rows[CPU_MATMUL_MANY_MAX];
+    int first_task[CPU_MATMUL_MANY_MAX + 1]; /* matrix i's tasks: [first_task[i], first_task[i + 1]) */
     int64_t expert;
     const cpu_qact *a;
     int n;
-    float *y;
-    int64_t rows;
     int block_rows;
 } qmatmul_job;
 
@@ -156,17 +158,68 @@ static void qmatmul_task(void *arg, int task, int thread)
 {
     (void)thread;
     const qmatmul_job *j = arg;
-    const int64_t row0 = (int64_t)task * j->block_rows, row1 = LILY_MIN(row0 + j->block_rows, j->rows);
-    cpu_qmatmul_rows(j->c->qdot, j->w, j->expert, row0, row1, j->a, 0, j->n, j->c->qgsum, j->y + row0, j->rows);
+    int i = 0;
+    while (task >= j->first_task[i + 1])
+        i++;
+    const int64_t row0 = (int64_t)(task - j->first_task[i]) * j->block_rows;
+    const int64_t row1 = LILY_MIN(row0 + j->block_rows, j->rows[i]);
+    cpu_qmatmul_rows(j->c->qdot, j->w[i], j->expert, row0, row1, j->a, 0, j->n, j->c->qgsum, j->y[i] + row0,
+                     j->rows[i]);
+}
+
+/* Matrices w[0..m-1] (one input width and group size) against a in one parallel_for: the row blocks of
+ * all of them are one task list, sized by their total rows. */
+static void qmatmul_run(const cpu_ctx *c, int m, const lily_tensor *const *w, int64_t expert, const cpu_qact *a, int n,
+                        float *const *y)
+{
+    const int64_t cols = lily_tensor_cols(w[0]);
+    LILY_ASSERT(m >= 1 && m <= CPU_MATMUL_MANY_MAX && a->cols == cols && cols <= CPU_MATMUL_MAX_COLS &&
+                n <= c->max_chunk);
+    qmatmul_job job = {.c = c, .m = m, .expert = expert, .a = a, .n = n};
+    int64_t total = 0;
+    for (int i = 0; i < m; i++) {
+        LILY_ASSERT(cpu_matmul_fast_ok(c, w[i]) && lily_tensor_cols(w[i]) == cols &&
+                    w[i]->group_size == w[0]->group_size);
+        LILY_ASSERT(w[i]->ndim == 3 ? expert >= 0 && expert < w[i]->shape[0] : expert == 0);
+        job.w[i] = w[i];
+        job.y[i] = y[i];
+        job.rows[i] = lily_tensor_rows(w[i]);
+        total += job.rows[i];
+    }
+    cpu_qact_group_sums(a, n, w[0]->group_size, c->qgsum);
+    job.block_rows = cpu_qmatmul_block_rows(c, total);
+    job.first_task[0] = 0;
+    for (int i = 0; i < m; i++)
+        job.first_task[i + 1] = job.first_task[i] + (int)((job.rows[i] + job.block_rows - 1) / job.block_rows);
+    parallel_for(c->pool, job.first_task[m], qmatmul_task, &job);
 }
 
 void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const cpu_qact *a, int n, float *y)
 {
-    const int64_t rows = lily_tensor_rows(w), cols = lily_tensor_cols(w);
-    LILY_ASSERT(cpu_matmul_fast_ok(c, w) && a->cols == cols && cols <= CPU_MATMUL_MAX_COLS && n <= c->max_chunk);
-    LILY_ASSERT(w->ndim == 3 ? expert >= 0 && expert < w->shape[0] : expert == 0);
-    cpu_qact_group_sums(a, n, w->group_size, c->qgsum);
-    const int block_rows = cpu_qmatmul_block_rows(c, rows);
-    qmatmul_job job = {c, w, expert, a, n, y, rows, block_rows};
-    parallel_for(c->pool, (int)((rows + block_rows - 1) / block_rows), qmatmul_task, &job);
+    qmatmul_run(c, 1, &w, expert, a, n, &y);
+}
+
+void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y)
+{
+    bool quantized = false;
+    for (int i = 0; i < m;) {
+        /* the run of matrices from i that share the fast path, the input width and the group size */
+        int j = i + 1;
+        if (cpu_matmul_fast_ok(c, w[i]))
+            while (j < m && j - i < CPU_MATMUL_MANY_MAX && cpu_matmul_fast_ok(c, w[j]) &&
+                   lily_tensor_cols(w[j]) == lily_tensor_cols(w[i]) && w[j]->group_size == w[i]->group_size)
+                j++;
+        if (j - i == 1) {
+            cpu_matmul(c, w[i], x, n, y[i]);
+            quantized = false; /* cpu_matmul overwrote c->qact */
+        } else {
+            cpu_qact a = c->qact;
+            if (!quantized)
+                cpu_quantize_act(x, n, lily_tensor_cols(w[i]), &a);
+            a.cols = lily_tensor_cols(w[i]);
+            quantized = true;
+            qmatmul_run(c, j - i, w + i, 0, &a, n, y + i);
+        }
+        i = j;
+    }
 }
