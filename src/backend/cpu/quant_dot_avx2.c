@@ -56,10 +56,10 @@ AVX2 void unpack_q8(const uint8_t *w, int64_t k, __m256i *e, __m256i *o)
  * weights are unpacked once for all NT tokens, its int32 lanes scaled by the activation block's d into a
  * group sum, and each group sum by the weight scale once. BITS picks the unpacking. */
 AVX2 void qdot_tile(const uint8_t *w, const float *ws, int group, const cpu_qact *a, int t0, float *out, const int NT,
-                    const int BITS)
+                    const int BITS, const int PER_GROUP)
 {
     const int64_t nb = a->cols / CPU_QBLOCK, cols = a->cols;
-    const int per_group = group / CPU_QBLOCK;
+    const int per_group = PER_GROUP ? PER_GROUP : group / CPU_QBLOCK;
     const int16_t *xv[CPU_QTILE];
     const float *xd[CPU_QTILE];
     __m256 acc[CPU_QTILE];
@@ -74,6 +74,7 @@ AVX2 void qdot_tile(const uint8_t *w, const float *ws, int group, const cpu_qact
 #pragma GCC unroll 4
         for (int j = 0; j < NT; j++)
             gacc[j] = _mm256_setzero_ps();
+#pragma GCC unroll 2
         for (int64_t k = k0; k < k0 + per_group; k++) {
             __m256i e, o;
             if (BITS == 4)
@@ -118,10 +119,10 @@ AVX2 void hsum4(const __m256 *a, float *out)
 /* CPU_QROWS rows against one token: qdot_tile's operations for NT = 1, per row, with the activation
  * block loaded once for the four rows and the rows' chains interleaved. */
 AVX2 void qdot_rows(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
-                    const cpu_qact *a, int t, float *out, const int BITS)
+                    const cpu_qact *a, int t, float *out, const int BITS, const int PER_GROUP)
 {
     const int64_t nb = a->cols / CPU_QBLOCK;
-    const int per_group = group / CPU_QBLOCK;
+    const int per_group = PER_GROUP ? PER_GROUP : group / CPU_QBLOCK;
     const int16_t *xv = a->v + (int64_t)t * a->cols;
     const float *xd = a->d + (int64_t)t * nb;
     __m256 acc[CPU_QROWS];
@@ -133,6 +134,7 @@ AVX2 void qdot_rows(const uint8_t *w, int64_t row_bytes, const float *ws, int64_
 #pragma GCC unroll 4
         for (int r = 0; r < CPU_QROWS; r++)
             gacc[r] = _mm256_setzero_ps();
+#pragma GCC unroll 2
         for (int64_t k = k0; k < k0 + per_group; k++) {
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xv + k * CPU_QBLOCK));
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xv + k * CPU_QBLOCK + CPU_QBLOCK / 2));
@@ -162,35 +164,51 @@ __attribute__((target("avx2,fma"))) static void rows_q4(const uint8_t *w, int64_
                                                         int64_t ws_stride, int group, const cpu_qact *a, int t,
                                                         float *out)
 {
-    qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 4);
+    if (group == 2 * CPU_QBLOCK) /* MLX's default group of 64: the block loop unrolled */
+        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 4, 2);
+    else
+        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 4, 0);
 }
 
 __attribute__((target("avx2,fma"))) static void rows_q8(const uint8_t *w, int64_t row_bytes, const float *ws,
                                                         int64_t ws_stride, int group, const cpu_qact *a, int t,
                                                         float *out)
 {
-    qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8);
+    if (group == 2 * CPU_QBLOCK) /* MLX's default group of 64: the block loop unrolled */
+        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8, 2);
+    else
+        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8, 0);
 }
 
 __attribute__((target("avx2,fma"))) static void dot_q4(const uint8_t *w, const float *ws, int group,
                                                        const cpu_qact *a, int t0, int nt, float *out)
 {
-    switch (nt) {
-    case 1: qdot_tile(w, ws, group, a, t0, out, 1, 4); break;
-    case 2: qdot_tile(w, ws, group, a, t0, out, 2, 4); break;
-    case 3: qdot_tile(w, ws, group, a, t0, out, 3, 4); break;
-    default: qdot_tile(w, ws, group, a, t0, out, 4, 4); break;
+    const int pg = group == 2 * CPU_QBLOCK ? 2 : 0; /* MLX's default group of 64: the block loop unrolled */
+    switch (nt * 4 + pg) {
+    case 4: qdot_tile(w, ws, group, a, t0, out, 1, 4, 0); break;
+    case 6: qdot_tile(w, ws, group, a, t0, out, 1, 4, 2); break;
+    case 8: qdot_tile(w, ws, group, a, t0, out, 2, 4, 0); break;
+    case 10: qdot_tile(w, ws, group, a, t0, out, 2, 4, 2); break;
+    case 12: qdot_tile(w, ws, group, a, t0, out, 3, 4, 0); break;
+    case 14: qdot_tile(w, ws, group, a, t0, out, 3, 4, 2); break;
+    case 18: qdot_tile(w, ws, group, a, t0, out, 4, 4, 2); break;
+    default: qdot_tile(w, ws, group, a, t0, out, 4, 4, 0); break;
     }
 }
 
 __attribute__((target("avx2,fma"))) static void dot_q8(const uint8_t *w, const float *ws, int group,
                                                        const cpu_qact *a, int t0, int nt, float *out)
 {
-    switch (nt) {
-    case 1: qdot_tile(w, ws, group, a, t0, out, 1, 8); break;
-    case 2: qdot_tile(w, ws, group, a, t0, out, 2, 8); break;
-    case 3: qdot_tile(w, ws, group, a, t0, out, 3, 8); break;
-    default: qdot_tile(w, ws, group, a, t0, out, 4, 8); break;
+    const int pg = group == 2 * CPU_QBLOCK ? 2 : 0; /* MLX's default group of 64: the block loop unrolled */
+    switch (nt * 4 + pg) {
+    case 4: qdot_tile(w, ws, group, a, t0, out, 1, 8, 0); break;
+    case 6: qdot_tile(w, ws, group, a, t0, out, 1, 8, 2); break;
+    case 8: qdot_tile(w, ws, group, a, t0, out, 2, 8, 0); break;
+    case 10: qdot_tile(w, ws, group, a, t0, out, 2, 8, 2); break;
+    case 12: qdot_tile(w, ws, group, a, t0, out, 3, 8, 0); break;
+    case 14: qdot_tile(w, ws, group, a, t0, out, 3, 8, 2); break;
+    case 18: qdot_tile(w, ws, group, a, t0, out, 4, 8, 2); break;
+    default: qdot_tile(w, ws, group, a, t0, out, 4, 8, 0); break;
     }
 }
 
