@@ -32,26 +32,6 @@ void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
         }
 }
 
-/* Σ_g wb[g] · gs[g] in a fixed order that depends only on n: one serial sum for n < 8, else eight
- * interleaved partial sums and a pairwise sum (the compiler vectorizes that loop). */
-static inline float bias_dot(const float *wb, const float *gs, int64_t n)
-{
-    if (n < 8) {
-        float sum = 0;
-        for (int64_t g = 0; g < n; g++)
-            sum += wb[g] * gs[g];
-        return sum;
-    }
-    float part[8] = {0};
-    int64_t g = 0;
-    for (; g + 8 <= n; g += 8)
-        for (int l = 0; l < 8; l++)
-            part[l] += wb[g + l] * gs[g + l];
-    for (int l = 0; g + l < n; l++)
-        part[l] += wb[g + l] * gs[g + l];
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
-
 /* A bf16 value's bits widened to fp32's. */
 static inline uint32_t bf16_bits_to_f32_bits(uint16_t h) { return (uint32_t)h << 16; }
 
@@ -91,6 +71,27 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
  * longer chunks (at most 64 rows) to spread the per-chunk work. */
 #define QMATMUL_CHUNK_BYTES 8192
 
+/* bt[r] = Σ_g wbt[g * ld + r] · gs[g] for r < ld (ld a multiple of 8): the affine bias terms of a chunk's
+ * rows for one token, the biases transposed so that rows are the vector lanes (fixed runs of 8 the
+ * compiler vectorizes); each row's sum runs over g in order, whichever path asks. */
+static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups, const float *restrict gs,
+                       float *restrict bt)
+{
+    for (int64_t r = 0; r < ld; r += 8) {
+        float acc[8] = {0};
+        for (int64_t g = 0; g < n_groups; g++) {
+            const float s = gs[g], *col = wbt + g * ld + r;
+            for (int l = 0; l < 8; l++)
+                acc[l] += col[l] * s;
+        }
+        for (int l = 0; l < 8; l++)
+            bt[r + l] = acc[l];
+    }
+}
+
+/* The most rows in a chunk. */
+#define QMATMUL_CHUNK_ROWS 64
+
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
 {
@@ -99,19 +100,24 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
     const cpu_qdot_rows_fn rows_fn = w->bits == 4 ? kern->rows_q4 : kern->rows_q8;
     const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
-                                                        LILY_MIN((int64_t)64, LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
-    float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS];
+                                                        LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
+                                                                 LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
+    float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
+    float bt[CPU_QTILE][QMATMUL_CHUNK_ROWS];
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
-        const int64_t c1 = LILY_MIN(c0 + chunk, row1);
-        /* the chunk's scale (bias) rows lie back to back: one conversion each */
-        load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype,
-                     (c1 - c0) * n_groups, ws);
-        load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype,
-                     (c1 - c0) * n_groups, wb);
+        const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
+        /* the chunk's scale (bias) rows lie back to back: one conversion each; the biases transposed */
+        load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, ws);
+        load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, wb);
+        const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
+        for (int64_t g = 0; g < n_groups; g++)
+            for (int64_t r = 0; r < ld; r++)
+                wbt[g * ld + r] = r < nr ? wb[r * n_groups + g] : 0.0f;
         for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
             const int nt = LILY_MIN(CPU_QTILE, n - i0);
-            const float *gs = gsum + (int64_t)(t0 + i0) * n_groups;
+            for (int i = 0; i < nt; i++)
+                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i0 + i) * n_groups, bt[i]);
             int64_t r = c0;
             /* a lone token (decode): CPU_QROWS rows per kernel call where the set has such a kernel */
             if (nt == 1 && rows_fn)
@@ -120,15 +126,14 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                     rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes, ws + (r - c0) * n_groups,
                             n_groups, w->group_size, a, t0 + i0, out);
                     for (int q = 0; q < CPU_QROWS; q++)
-                        y[(int64_t)i0 * ldy + (r + q - row0)] = out[q] + bias_dot(wb + (r + q - c0) * n_groups, gs, n_groups);
+                        y[(int64_t)i0 * ldy + (r + q - row0)] = out[q] + bt[0][r + q - c0];
                 }
             for (; r < c1; r++) {
-                const float *rs = ws + (r - c0) * n_groups, *rb = wb + (r - c0) * n_groups;
                 float out[CPU_QTILE];
-                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, rs, w->group_size, a, t0 + i0, nt, out);
+                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, ws + (r - c0) * n_groups, w->group_size, a,
+                    t0 + i0, nt, out);
                 for (int i = 0; i < nt; i++)
-                    y[(int64_t)(i0 + i) * ldy + (r - row0)] =
-                        out[i] + bias_dot(rb, gsum + (int64_t)(t0 + i0 + i) * n_groups, n_groups);
+                    y[(int64_t)(i0 + i) * ldy + (r - row0)] = out[i] + bt[i][r - c0];
             }
         }
     }
