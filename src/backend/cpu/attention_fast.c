@@ -18,14 +18,14 @@ typedef float v8f __attribute__((vector_size(32)));
 #define STORE8(p, v) memcpy((p), &(v), sizeof(v8f))
 
 /* The pairwise sum of an 8-lane accumulator (the fixed order every score uses). */
-static inline float sum8(v8f acc)
+__attribute__((always_inline)) static inline float sum8(v8f acc)
 {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 /* scores[s] = (q · k_s) · scale for s < n_keys, each dot product summed in 8 lanes over hd in order and
  * then by sum8; four keys at a time on independent accumulators (the same operations per key). */
-static void scores8(const float *q, const float *k_cache, int kv_stride, int n_keys, int hd, float scale,
+__attribute__((always_inline)) static inline void scores8(const float *q, const float *k_cache, int kv_stride, int n_keys, int hd, float scale,
                     float *scores)
 {
     int s = 0;
@@ -65,7 +65,7 @@ static void scores8(const float *q, const float *k_cache, int kv_stride, int n_k
 
 bool cpu_attention_fast_ok(int head_dim) { return head_dim % 8 == 0; }
 
-void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
+CPU_VEC8_CLONES void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
                              int n, int pos0, int hd, float scale, float *scores, float *o, int o_stride)
 {
     for (int t = 0; t < n; t++) {

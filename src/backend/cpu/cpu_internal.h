@@ -18,6 +18,15 @@
 #include "quant_dot.h"
 #include "threadpool.h"
 
+/* Fast-mode loops written on GCC/Clang 8-float vectors (attention_fast.c, gdn_step_fast.c) get a second
+ * copy built for AVX2, picked at load time where the CPU has it (one 256-bit operation per vector instead
+ * of two SSE halves). AVX2 without FMA: the same IEEE operations per lane, so both copies give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define CPU_VEC8_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CPU_VEC8_CLONES
+#endif
+
 /* ---- weights made fp32 once at create time (all small vectors) ---------------------------------- */
 typedef struct {
     float *input_norm, *post_attention_norm; /* [hidden]: the effective weight (1 + w in fp32 for HF) */
