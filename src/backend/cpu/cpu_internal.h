@@ -142,6 +142,9 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
  * quantize x once and split their rows over the pool as one task list (one parallel_for instead of m,
  * the small ones balanced with the large). */
 void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y);
+/* cpu_quantize_act() of x [n, cols] into a, the rows split over c->pool when there are many (prefill);
+ * the same values either way. */
+void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a);
 /* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
 /* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows. */

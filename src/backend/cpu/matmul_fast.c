@@ -20,6 +20,43 @@ bool cpu_matmul_fast_ok(const cpu_ctx *c, const lily_tensor *w)
            w->scale_row_bytes == lily_tensor_cols(w) / w->group_size * lily_dtype_size(w->scale_dtype);
 }
 
+typedef struct {
+    const float *x;
+    int n, rows_per_task;
+    cpu_qact *a;
+} quantize_job;
+
+static void quantize_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const quantize_job *j = arg;
+    const int64_t cols = j->a->cols, nb = cols / CPU_QBLOCK;
+    const int r0 = task * j->rows_per_task, r1 = LILY_MIN(j->n, r0 + j->rows_per_task);
+    cpu_qact part = *j->a; /* rows r0 .. r1 - 1 */
+    part.q += r0 * cols;
+    part.r += r0 * cols;
+    part.v += r0 * cols;
+    part.d += r0 * nb;
+    part.sum += r0 * nb;
+    cpu_quantize_act(j->x + (int64_t)r0 * cols, r1 - r0, cols, &part);
+}
+
+/* Rows below which quantizing stays on the calling thread. */
+#define QUANTIZE_PARALLEL_MIN_ROWS 16
+
+void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a)
+{
+    const int threads = lily_threadpool_size(c->pool);
+    a->cols = cols;
+    if (n < QUANTIZE_PARALLEL_MIN_ROWS || threads < 2) {
+        cpu_quantize_act(x, n, cols, a);
+        return;
+    }
+    const int per_task = (n + 2 * threads - 1) / (2 * threads);
+    quantize_job job = {x, n, per_task, a};
+    parallel_for(c->pool, (n + per_task - 1) / per_task, quantize_task, &job);
+}
+
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
 {
     const int64_t nb = a->cols / CPU_QBLOCK, per_group = group / CPU_QBLOCK, n_groups = a->cols / group;
@@ -220,7 +257,7 @@ void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const
         } else {
             cpu_qact a = c->qact;
             if (!quantized)
-                cpu_quantize_act(x, n, lily_tensor_cols(w[i]), &a);
+                cpu_quantize_act_rows(c, x, n, lily_tensor_cols(w[i]), &a);
             a.cols = lily_tensor_cols(w[i]);
             quantized = true;
             qmatmul_run(c, j - i, w + i, 0, &a, n, y + i);
