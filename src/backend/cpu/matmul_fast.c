@@ -144,6 +144,16 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
         const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
+        /* the next chunk's scale and bias rows asked for now, a cache line at a time: they are read in a
+         * burst at the chunk's start, which would otherwise wait on memory */
+        if (c1 < row1) {
+            const int64_t off = (base + c1) * w->scale_row_bytes;
+            const int64_t bytes = (LILY_MIN(c1 + chunk, row1) - c1) * w->scale_row_bytes;
+            for (int64_t i = 0; i < bytes; i += 64) {
+                __builtin_prefetch((const uint8_t *)w->scales + off + i);
+                __builtin_prefetch((const uint8_t *)w->biases + off + i);
+            }
+        }
         /* the chunk's scale (bias) rows lie back to back: one conversion each; the biases transposed */
         load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, ws);
         load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, wb);
