@@ -147,7 +147,7 @@ void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const
 void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a);
 /* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
-/* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows. */
+/* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows, a multiple of CPU_QROWS. */
 int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */

@@ -190,7 +190,8 @@ int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows)
 {
     const int threads = lily_threadpool_size(c->pool);
     const int64_t b = LILY_MIN((int64_t)64, (rows + 4 * threads - 1) / (4 * threads));
-    return b < 1 ? 1 : (int)b;
+    /* whole runs of CPU_QROWS rows, so the 4-row decode kernels take every row */
+    return (int)((LILY_MAX(b, (int64_t)1) + CPU_QROWS - 1) / CPU_QROWS * CPU_QROWS);
 }
 
 typedef struct {
