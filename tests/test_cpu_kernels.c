@@ -574,6 +574,19 @@ static void test_quant_dot_every_kernel_set(void **state)
         }
 }
 
+/* A fast-mode context for the matmul tests: the pool, max_chunk n, the quantized-input buffers. */
+static cpu_ctx fast_ctx(lily_threadpool *pool, int n, cpu_qact qact, float *qgsum)
+{
+    cpu_ctx c;
+    memset(&c, 0, sizeof c);
+    c.pool = pool;
+    c.max_chunk = n;
+    c.qdot = cpu_qdot_best();
+    c.qact = qact;
+    c.qgsum = qgsum;
+    return c;
+}
+
 /* The fast matmul against the exact values in double: the error is at most Σ_i |w_i| d_k / 2 (the
  * digits' rounding), plus fp32 slack. Splitting the tokens over calls changes no bit. */
 static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
@@ -583,16 +596,10 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
     lily_error err;
     assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
     enum { ROWS = 40, COLS = 192, N = 7 };
-    cpu_ctx c;
-    memset(&c, 0, sizeof c);
-    c.pool = pool;
-    c.max_chunk = N;
-    c.qdot = cpu_qdot_best();
     int8_t qbuf[N * COLS], rbuf[N * COLS];
     int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
-    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf};
-    c.qgsum = gbuf;
+    cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
     for (int bits = 4; bits <= 8; bits += 4) {
         qtensor qt = make_quantized(ROWS, COLS, bits, 3);
         assert_true(cpu_matmul_fast_ok(&c, &qt.t));
@@ -640,16 +647,10 @@ static void test_matmul_many_matches_single_calls(void **state)
     lily_error err;
     assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
     enum { COLS = 128, N = 5, M = 5 };
-    cpu_ctx c;
-    memset(&c, 0, sizeof c);
-    c.pool = pool;
-    c.max_chunk = N;
-    c.qdot = cpu_qdot_best();
     int8_t qbuf[N * COLS], rbuf[N * COLS];
     int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
-    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf};
-    c.qgsum = gbuf;
+    cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
     qtensor qt[4] = {make_quantized_group(70, COLS, 4, 0, 64), make_quantized_group(9, COLS, 8, 0, 64),
                      make_quantized_group(3, COLS, 4, 0, 32), make_quantized_group(130, COLS, 4, 0, 32)};
     const int rows[M] = {70, 9, 3, 130, 6};

@@ -160,57 +160,37 @@ AVX2 void qdot_rows(const uint8_t *w, int64_t row_bytes, const float *ws, int64_
     hsum4(acc, out);
 }
 
-__attribute__((target("avx2,fma"))) static void rows_q4(const uint8_t *w, int64_t row_bytes, const float *ws,
-                                                        int64_t ws_stride, int group, const cpu_qact *a, int t,
-                                                        float *out)
-{
-    if (group == 2 * CPU_QBLOCK) /* MLX's default group of 64: the block loop unrolled */
-        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 4, 2);
-    else
-        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 4, 0);
-}
-
-__attribute__((target("avx2,fma"))) static void rows_q8(const uint8_t *w, int64_t row_bytes, const float *ws,
-                                                        int64_t ws_stride, int group, const cpu_qact *a, int t,
-                                                        float *out)
-{
-    if (group == 2 * CPU_QBLOCK) /* MLX's default group of 64: the block loop unrolled */
-        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8, 2);
-    else
-        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8, 0);
-}
-
-__attribute__((target("avx2,fma"))) static void dot_q4(const uint8_t *w, const float *ws, int group,
-                                                       const cpu_qact *a, int t0, int nt, float *out)
-{
-    const int pg = group == 2 * CPU_QBLOCK ? 2 : 0; /* MLX's default group of 64: the block loop unrolled */
-    switch (nt * 4 + pg) {
-    case 4: qdot_tile(w, ws, group, a, t0, out, 1, 4, 0); break;
-    case 6: qdot_tile(w, ws, group, a, t0, out, 1, 4, 2); break;
-    case 8: qdot_tile(w, ws, group, a, t0, out, 2, 4, 0); break;
-    case 10: qdot_tile(w, ws, group, a, t0, out, 2, 4, 2); break;
-    case 12: qdot_tile(w, ws, group, a, t0, out, 3, 4, 0); break;
-    case 14: qdot_tile(w, ws, group, a, t0, out, 3, 4, 2); break;
-    case 18: qdot_tile(w, ws, group, a, t0, out, 4, 4, 2); break;
-    default: qdot_tile(w, ws, group, a, t0, out, 4, 4, 0); break;
+/* The entry points for BITS-bit weights: the token count and MLX's default group of 64 (the block loop
+ * unrolled) picked at run time among the constant-argument instantiations. */
+#define QDOT_ENTRIES(BITS)                                                                                  \
+    __attribute__((target("avx2,fma"))) static void rows_q##BITS(const uint8_t *w, int64_t row_bytes,    \
+                                                                 const float *ws, int64_t ws_stride,     \
+                                                                 int group, const cpu_qact *a, int t,    \
+                                                                 float *out)                             \
+    {                                                                                                    \
+        if (group == 2 * CPU_QBLOCK)                                                                     \
+            qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, BITS, 2);                           \
+        else                                                                                             \
+            qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, BITS, 0);                           \
+    }                                                                                                    \
+    __attribute__((target("avx2,fma"))) static void dot_q##BITS(const uint8_t *w, const float *ws,       \
+                                                                int group, const cpu_qact *a, int t0,    \
+                                                                int nt, float *out)                      \
+    {                                                                                                    \
+        switch (nt * 4 + (group == 2 * CPU_QBLOCK ? 2 : 0)) {                                            \
+        case 4: qdot_tile(w, ws, group, a, t0, out, 1, BITS, 0); break;                                  \
+        case 6: qdot_tile(w, ws, group, a, t0, out, 1, BITS, 2); break;                                  \
+        case 8: qdot_tile(w, ws, group, a, t0, out, 2, BITS, 0); break;                                  \
+        case 10: qdot_tile(w, ws, group, a, t0, out, 2, BITS, 2); break;                                 \
+        case 12: qdot_tile(w, ws, group, a, t0, out, 3, BITS, 0); break;                                 \
+        case 14: qdot_tile(w, ws, group, a, t0, out, 3, BITS, 2); break;                                 \
+        case 18: qdot_tile(w, ws, group, a, t0, out, 4, BITS, 2); break;                                 \
+        default: qdot_tile(w, ws, group, a, t0, out, 4, BITS, 0); break;                                 \
+        }                                                                                                \
     }
-}
 
-__attribute__((target("avx2,fma"))) static void dot_q8(const uint8_t *w, const float *ws, int group,
-                                                       const cpu_qact *a, int t0, int nt, float *out)
-{
-    const int pg = group == 2 * CPU_QBLOCK ? 2 : 0; /* MLX's default group of 64: the block loop unrolled */
-    switch (nt * 4 + pg) {
-    case 4: qdot_tile(w, ws, group, a, t0, out, 1, 8, 0); break;
-    case 6: qdot_tile(w, ws, group, a, t0, out, 1, 8, 2); break;
-    case 8: qdot_tile(w, ws, group, a, t0, out, 2, 8, 0); break;
-    case 10: qdot_tile(w, ws, group, a, t0, out, 2, 8, 2); break;
-    case 12: qdot_tile(w, ws, group, a, t0, out, 3, 8, 0); break;
-    case 14: qdot_tile(w, ws, group, a, t0, out, 3, 8, 2); break;
-    case 18: qdot_tile(w, ws, group, a, t0, out, 4, 8, 2); break;
-    default: qdot_tile(w, ws, group, a, t0, out, 4, 8, 0); break;
-    }
-}
+QDOT_ENTRIES(4)
+QDOT_ENTRIES(8)
 
 const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", dot_q4, dot_q8, rows_q4, rows_q8};
 #endif
