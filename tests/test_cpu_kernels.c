@@ -537,12 +537,12 @@ static void test_quant_dot_every_kernel_set(void **state)
             cpu_quantize_act(x, N, COLS, &a);
             for (int s = 0; s < n_sets; s++) {
                 const cpu_qdot_fn fn = bits == 4 ? sets[s]->dot_q4 : sets[s]->dot_q8;
+                float all_ws[ROWS * COLS / 32], all_single[ROWS][N];
                 for (int r = 0; r < ROWS; r++) {
                     const uint8_t *wrow = (const uint8_t *)qt.words + r * qt.t.row_bytes;
-                    float ws[COLS / 32];
+                    float *ws = all_ws + r * (COLS / group), *single = all_single[r];
                     for (int g = 0; g < COLS / group; g++)
                         ws[g] = lily_bf16_to_f32(qt.scales[r * (COLS / group) + g]);
-                    float single[N];
                     for (int t = 0; t < N; t++)
                         fn(wrow, ws, group, &a, t, 1, &single[t]);
                     for (int t = 0; t < N; t++) {
@@ -559,9 +559,32 @@ static void test_quant_dot_every_kernel_set(void **state)
                             assert_memory_equal(&tile[j], &single[N - nt + j], sizeof(float));
                     }
                 }
+                /* CPU_QROWS rows in one call give each row's single-token result, bit for bit */
+                const cpu_qdot_rows_fn rows_fn = bits == 4 ? sets[s]->rows_q4 : sets[s]->rows_q8;
+                for (int r0 = 0; rows_fn && r0 + CPU_QROWS <= ROWS; r0++)
+                    for (int t = 0; t < N; t++) {
+                        float out[CPU_QROWS];
+                        rows_fn((const uint8_t *)qt.words + r0 * qt.t.row_bytes, qt.t.row_bytes,
+                                all_ws + r0 * (COLS / group), COLS / group, group, &a, t, out);
+                        for (int q = 0; q < CPU_QROWS; q++)
+                            assert_memory_equal(&out[q], &all_single[r0 + q][t], sizeof(float));
+                    }
             }
             free_quantized(&qt);
         }
+}
+
+/* A fast-mode context for the matmul tests: the pool, max_chunk n, the quantized-input buffers. */
+static cpu_ctx fast_ctx(lily_threadpool *pool, int n, cpu_qact qact, float *qgsum)
+{
+    cpu_ctx c;
+    memset(&c, 0, sizeof c);
+    c.pool = pool;
+    c.max_chunk = n;
+    c.qdot = cpu_qdot_best();
+    c.qact = qact;
+    c.qgsum = qgsum;
+    return c;
 }
 
 /* The fast matmul against the exact values in double: the error is at most Σ_i |w_i| d_k / 2 (the
@@ -573,16 +596,10 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
     lily_error err;
     assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
     enum { ROWS = 40, COLS = 192, N = 7 };
-    cpu_ctx c;
-    memset(&c, 0, sizeof c);
-    c.pool = pool;
-    c.max_chunk = N;
-    c.qdot = cpu_qdot_best();
     int8_t qbuf[N * COLS], rbuf[N * COLS];
     int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
-    c.qact = (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf};
-    c.qgsum = gbuf;
+    cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
     for (int bits = 4; bits <= 8; bits += 4) {
         qtensor qt = make_quantized(ROWS, COLS, bits, 3);
         assert_true(cpu_matmul_fast_ok(&c, &qt.t));
@@ -621,6 +638,49 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
     lily_threadpool_destroy(pool);
 }
 
+/* cpu_matmul_many() gives each matrix exactly what its own cpu_matmul() call gives, with runs of fused
+ * matrices (one group size), a matrix of another group size and a plain bf16 one in the list. */
+static void test_matmul_many_matches_single_calls(void **state)
+{
+    (void)state;
+    lily_threadpool *pool;
+    lily_error err;
+    assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
+    enum { COLS = 128, N = 5, M = 5 };
+    int8_t qbuf[N * COLS], rbuf[N * COLS];
+    int16_t vbuf[N * COLS];
+    float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
+    cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
+    qtensor qt[4] = {make_quantized_group(70, COLS, 4, 0, 64), make_quantized_group(9, COLS, 8, 0, 64),
+                     make_quantized_group(3, COLS, 4, 0, 32), make_quantized_group(130, COLS, 4, 0, 32)};
+    const int rows[M] = {70, 9, 3, 130, 6};
+    uint16_t plain[6 * COLS];
+    for (int i = 0; i < 6 * COLS; i++)
+        plain[i] = lily_f32_to_bf16(frand());
+    lily_tensor bf = {.name = "plain", .ndim = 2, .shape = {6, COLS}, .data = plain, .dtype = LILY_DTYPE_BF16,
+                      .row_bytes = 2 * COLS};
+    const lily_tensor *w[M] = {&qt[0].t, &qt[1].t, &qt[2].t, &bf, &qt[3].t};
+    float x[N * COLS];
+    for (int i = 0; i < N * COLS; i++)
+        x[i] = frand();
+    float *y[M], *want[M];
+    for (int i = 0; i < M; i++) {
+        y[i] = malloc(sizeof(float) * N * 130);
+        want[i] = malloc(sizeof(float) * N * 130);
+        cpu_matmul(&c, w[i], x, N, want[i]);
+    }
+    cpu_matmul_many(&c, M, w, x, N, y);
+    for (int i = 0; i < M; i++)
+        assert_memory_equal(y[i], want[i], sizeof(float) * N * rows[i]);
+    for (int i = 0; i < M; i++) {
+        free(y[i]);
+        free(want[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        free_quantized(&qt[i]);
+    lily_threadpool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -631,6 +691,7 @@ int main(void)
         cmocka_unit_test(test_quantize_act_blocks),
         cmocka_unit_test(test_quant_dot_every_kernel_set),
         cmocka_unit_test(test_fast_matmul_error_bound_and_batch_invariance),
+        cmocka_unit_test(test_matmul_many_matches_single_calls),
         cmocka_unit_test(test_gdn_chunked_matches_recurrent),
         cmocka_unit_test(test_gdn_fast_step_matches_recurrent),
         cmocka_unit_test(test_top_k_ties_lower_id_first),

@@ -83,9 +83,9 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
     const int q_dim = nh * hd, kv_dim = nkv * hd;
     const int pos0 = st->position;
 
-    cpu_matmul(c, &lw->q_proj, x, n, c->attn_qg);
-    cpu_matmul(c, &lw->k_proj, x, n, c->attn_k);
-    cpu_matmul(c, &lw->v_proj, x, n, c->attn_v);
+    const lily_tensor *in_w[] = {&lw->q_proj, &lw->k_proj, &lw->v_proj};
+    float *const in_y[] = {c->attn_qg, c->attn_k, c->attn_v};
+    cpu_matmul_many(c, 3, in_w, x, n, in_y);
 
     /* per-head split [query(hd), gate(hd)]; q_norm / k_norm per head over head_dim */
     for (int t = 0; t < n; t++)

@@ -18,6 +18,15 @@
 #include "quant_dot.h"
 #include "threadpool.h"
 
+/* Fast-mode loops written on GCC/Clang 8-float vectors (attention_fast.c, gdn_step_fast.c) get a second
+ * copy built for AVX2, picked at load time where the CPU has it (one 256-bit operation per vector instead
+ * of two SSE halves). AVX2 without FMA: the same IEEE operations per lane, so both copies give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define CPU_VEC8_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CPU_VEC8_CLONES
+#endif
+
 /* ---- weights made fp32 once at create time (all small vectors) ---------------------------------- */
 typedef struct {
     float *input_norm, *post_attention_norm; /* [hidden]: the effective weight (1 + w in fp32 for HF) */
@@ -126,9 +135,19 @@ void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, 
  * group (cpu_qact_group_sums). Each weight row is read once and serves every token tile. */
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy);
+/* The most matrices cpu_matmul_many() runs in one pass over the pool. */
+#define CPU_MATMUL_MANY_MAX 4
+/* y[i][n, rows_i] = x[n, cols] · w[i]ᵀ for i < m (2-D weights, every w[i] with cols inputs), the same
+ * values as m cpu_matmul() calls: in fast mode the matrices that share the int8 path and group size
+ * quantize x once and split their rows over the pool as one task list (one parallel_for instead of m,
+ * the small ones balanced with the large). */
+void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y);
+/* cpu_quantize_act() of x [n, cols] into a, the rows split over c->pool when there are many (prefill);
+ * the same values either way. */
+void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a);
 /* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
-/* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows. */
+/* Rows of a weight matrix one task takes: about 4 tasks per thread, at most 64 rows, a multiple of CPU_QROWS. */
 int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */

@@ -276,10 +276,9 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
     const int dk = cfg->gdn_key_head_dim, dv = cfg->gdn_value_head_dim;
     const int key_dim = Hk * dk, value_dim = Hv * dv, conv_dim = lily_config_gdn_conv_dim(cfg);
 
-    cpu_matmul(c, &lw->in_proj_qkv, x, n, c->gdn_mixed);
-    cpu_matmul(c, &lw->in_proj_z, x, n, c->gdn_z);
-    cpu_matmul(c, &lw->in_proj_b, x, n, c->gdn_b);
-    cpu_matmul(c, &lw->in_proj_a, x, n, c->gdn_a);
+    const lily_tensor *in_w[] = {&lw->in_proj_qkv, &lw->in_proj_z, &lw->in_proj_b, &lw->in_proj_a};
+    float *const in_y[] = {c->gdn_mixed, c->gdn_z, c->gdn_b, c->gdn_a};
+    cpu_matmul_many(c, 4, in_w, x, n, in_y);
 
     causal_conv_silu(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, lp->conv1d, st->conv_state[layer], c->gdn_conv);
 

@@ -55,7 +55,7 @@ bool cpu_gdn_fast_step_ok(int dv) { return dv % 8 == 0 && dv <= CPU_GDN_FAST_MAX
             STORE8(o + b + 8 * i, acc[i]);                                                             \
     } while (0)
 
-void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+CPU_VEC8_CLONES void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
                                        const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
                                        float *state, float *out, int out_stride)
 {

@@ -160,7 +160,7 @@ void cpu_matmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, c
     if (cpu_matmul_fast_ok(c, w)) {
         cpu_qact a = c->qact;
         a.cols = cols;
-        cpu_quantize_act(x, n, cols, &a);
+        cpu_quantize_act_rows(c, x, n, cols, &a);
         cpu_qmatmul_expert(c, w, expert, &a, n, y);
         return;
     }

@@ -20,6 +20,43 @@ bool cpu_matmul_fast_ok(const cpu_ctx *c, const lily_tensor *w)
            w->scale_row_bytes == lily_tensor_cols(w) / w->group_size * lily_dtype_size(w->scale_dtype);
 }
 
+typedef struct {
+    const float *x;
+    int n, rows_per_task;
+    cpu_qact *a;
+} quantize_job;
+
+static void quantize_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const quantize_job *j = arg;
+    const int64_t cols = j->a->cols, nb = cols / CPU_QBLOCK;
+    const int r0 = task * j->rows_per_task, r1 = LILY_MIN(j->n, r0 + j->rows_per_task);
+    cpu_qact part = *j->a; /* rows r0 .. r1 - 1 */
+    part.q += r0 * cols;
+    part.r += r0 * cols;
+    part.v += r0 * cols;
+    part.d += r0 * nb;
+    part.sum += r0 * nb;
+    cpu_quantize_act(j->x + (int64_t)r0 * cols, r1 - r0, cols, &part);
+}
+
+/* Rows below which quantizing stays on the calling thread. */
+#define QUANTIZE_PARALLEL_MIN_ROWS 16
+
+void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a)
+{
+    const int threads = lily_threadpool_size(c->pool);
+    a->cols = cols;
+    if (n < QUANTIZE_PARALLEL_MIN_ROWS || threads < 2) {
+        cpu_quantize_act(x, n, cols, a);
+        return;
+    }
+    const int per_task = (n + 2 * threads - 1) / (2 * threads);
+    quantize_job job = {x, n, per_task, a};
+    parallel_for(c->pool, (n + per_task - 1) / per_task, quantize_task, &job);
+}
+
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
 {
     const int64_t nb = a->cols / CPU_QBLOCK, per_group = group / CPU_QBLOCK, n_groups = a->cols / group;
@@ -30,26 +67,6 @@ void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
                 s += a->sum[t * nb + g * per_group + k];
             gsum[t * n_groups + g] = s;
         }
-}
-
-/* Σ_g wb[g] · gs[g] in a fixed order that depends only on n: one serial sum for n < 8, else eight
- * interleaved partial sums and a pairwise sum (the compiler vectorizes that loop). */
-static inline float bias_dot(const float *wb, const float *gs, int64_t n)
-{
-    if (n < 8) {
-        float sum = 0;
-        for (int64_t g = 0; g < n; g++)
-            sum += wb[g] * gs[g];
-        return sum;
-    }
-    float part[8] = {0};
-    int64_t g = 0;
-    for (; g + 8 <= n; g += 8)
-        for (int l = 0; l < 8; l++)
-            part[l] += wb[g + l] * gs[g + l];
-    for (int l = 0; g + l < n; l++)
-        part[l] += wb[g + l] * gs[g + l];
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 /* A bf16 value's bits widened to fp32's. */
@@ -91,32 +108,79 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
  * longer chunks (at most 64 rows) to spread the per-chunk work. */
 #define QMATMUL_CHUNK_BYTES 8192
 
+/* bt[r] = Σ_g wbt[g * ld + r] · gs[g] for r < ld (ld a multiple of 8): the affine bias terms of a chunk's
+ * rows for one token, the biases transposed so that rows are the vector lanes (fixed runs of 8 the
+ * compiler vectorizes); each row's sum runs over g in order, whichever path asks. */
+static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups, const float *restrict gs,
+                       float *restrict bt)
+{
+    for (int64_t r = 0; r < ld; r += 8) {
+        float acc[8] = {0};
+        for (int64_t g = 0; g < n_groups; g++) {
+            const float s = gs[g], *col = wbt + g * ld + r;
+            for (int l = 0; l < 8; l++)
+                acc[l] += col[l] * s;
+        }
+        for (int l = 0; l < 8; l++)
+            bt[r + l] = acc[l];
+    }
+}
+
+/* The most rows in a chunk. */
+#define QMATMUL_CHUNK_ROWS 64
+
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
 {
     const int64_t n_groups = a->cols / w->group_size;
     const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
+    const cpu_qdot_rows_fn rows_fn = w->bits == 4 ? kern->rows_q4 : kern->rows_q8;
     const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
-                                                        LILY_MIN((int64_t)64, LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
-    float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS];
+                                                        LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
+                                                                 LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
+    float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
+    float bt[CPU_QTILE][QMATMUL_CHUNK_ROWS];
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
-        const int64_t c1 = LILY_MIN(c0 + chunk, row1);
-        /* the chunk's scale (bias) rows lie back to back: one conversion each */
-        load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype,
-                     (c1 - c0) * n_groups, ws);
-        load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype,
-                     (c1 - c0) * n_groups, wb);
+        const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
+        /* the next chunk's scale and bias rows asked for now, a cache line at a time: they are read in a
+         * burst at the chunk's start, which would otherwise wait on memory */
+        if (c1 < row1) {
+            const int64_t off = (base + c1) * w->scale_row_bytes;
+            const int64_t bytes = (LILY_MIN(c1 + chunk, row1) - c1) * w->scale_row_bytes;
+            for (int64_t i = 0; i < bytes; i += 64) {
+                __builtin_prefetch((const uint8_t *)w->scales + off + i);
+                __builtin_prefetch((const uint8_t *)w->biases + off + i);
+            }
+        }
+        /* the chunk's scale (bias) rows lie back to back: one conversion each; the biases transposed */
+        load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, ws);
+        load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, wb);
+        const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
+        for (int64_t g = 0; g < n_groups; g++)
+            for (int64_t r = 0; r < ld; r++)
+                wbt[g * ld + r] = r < nr ? wb[r * n_groups + g] : 0.0f;
         for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
             const int nt = LILY_MIN(CPU_QTILE, n - i0);
-            for (int64_t r = c0; r < c1; r++) {
-                const float *rs = ws + (r - c0) * n_groups, *rb = wb + (r - c0) * n_groups;
+            for (int i = 0; i < nt; i++)
+                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i0 + i) * n_groups, bt[i]);
+            int64_t r = c0;
+            /* a lone token (decode): CPU_QROWS rows per kernel call where the set has such a kernel */
+            if (nt == 1 && rows_fn)
+                for (; r + CPU_QROWS <= c1; r += CPU_QROWS) {
+                    float out[CPU_QROWS];
+                    rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes, ws + (r - c0) * n_groups,
+                            n_groups, w->group_size, a, t0 + i0, out);
+                    for (int q = 0; q < CPU_QROWS; q++)
+                        y[(int64_t)i0 * ldy + (r + q - row0)] = out[q] + bt[0][r + q - c0];
+                }
+            for (; r < c1; r++) {
                 float out[CPU_QTILE];
-                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, rs, w->group_size, a, t0 + i0, nt, out);
+                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, ws + (r - c0) * n_groups, w->group_size, a,
+                    t0 + i0, nt, out);
                 for (int i = 0; i < nt; i++)
-                    y[(int64_t)(i0 + i) * ldy + (r - row0)] =
-                        out[i] + bias_dot(rb, gsum + (int64_t)(t0 + i0 + i) * n_groups, n_groups);
+                    y[(int64_t)(i0 + i) * ldy + (r - row0)] = out[i] + bt[i][r - c0];
             }
         }
     }
@@ -126,17 +190,20 @@ int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows)
 {
     const int threads = lily_threadpool_size(c->pool);
     const int64_t b = LILY_MIN((int64_t)64, (rows + 4 * threads - 1) / (4 * threads));
-    return b < 1 ? 1 : (int)b;
+    /* whole runs of CPU_QROWS rows, so the 4-row decode kernels take every row */
+    return (int)((LILY_MAX(b, (int64_t)1) + CPU_QROWS - 1) / CPU_QROWS * CPU_QROWS);
 }
 
 typedef struct {
     const cpu_ctx *c;
-    const lily_tensor *w;
+    int m;                                  /* matrices */
+    const lily_tensor *w[CPU_MATMUL_MANY_MAX];
+    float *y[CPU_MATMUL_MANY_MAX];
+    int64_t rows[CPU_MATMUL_MANY_MAX];
+    int first_task[CPU_MATMUL_MANY_MAX + 1]; /* matrix i's tasks: [first_task[i], first_task[i + 1]) */
     int64_t expert;
     const cpu_qact *a;
     int n;
-    float *y;
-    int64_t rows;
     int block_rows;
 } qmatmul_job;
 
@@ -144,17 +211,68 @@ static void qmatmul_task(void *arg, int task, int thread)
 {
     (void)thread;
     const qmatmul_job *j = arg;
-    const int64_t row0 = (int64_t)task * j->block_rows, row1 = LILY_MIN(row0 + j->block_rows, j->rows);
-    cpu_qmatmul_rows(j->c->qdot, j->w, j->expert, row0, row1, j->a, 0, j->n, j->c->qgsum, j->y + row0, j->rows);
+    int i = 0;
+    while (task >= j->first_task[i + 1])
+        i++;
+    const int64_t row0 = (int64_t)(task - j->first_task[i]) * j->block_rows;
+    const int64_t row1 = LILY_MIN(row0 + j->block_rows, j->rows[i]);
+    cpu_qmatmul_rows(j->c->qdot, j->w[i], j->expert, row0, row1, j->a, 0, j->n, j->c->qgsum, j->y[i] + row0,
+                     j->rows[i]);
+}
+
+/* Matrices w[0..m-1] (one input width and group size) against a in one parallel_for: the row blocks of
+ * all of them are one task list, sized by their total rows. */
+static void qmatmul_run(const cpu_ctx *c, int m, const lily_tensor *const *w, int64_t expert, const cpu_qact *a, int n,
+                        float *const *y)
+{
+    const int64_t cols = lily_tensor_cols(w[0]);
+    LILY_ASSERT(m >= 1 && m <= CPU_MATMUL_MANY_MAX && a->cols == cols && cols <= CPU_MATMUL_MAX_COLS &&
+                n <= c->max_chunk);
+    qmatmul_job job = {.c = c, .m = m, .expert = expert, .a = a, .n = n};
+    int64_t total = 0;
+    for (int i = 0; i < m; i++) {
+        LILY_ASSERT(cpu_matmul_fast_ok(c, w[i]) && lily_tensor_cols(w[i]) == cols &&
+                    w[i]->group_size == w[0]->group_size);
+        LILY_ASSERT(w[i]->ndim == 3 ? expert >= 0 && expert < w[i]->shape[0] : expert == 0);
+        job.w[i] = w[i];
+        job.y[i] = y[i];
+        job.rows[i] = lily_tensor_rows(w[i]);
+        total += job.rows[i];
+    }
+    cpu_qact_group_sums(a, n, w[0]->group_size, c->qgsum);
+    job.block_rows = cpu_qmatmul_block_rows(c, total);
+    job.first_task[0] = 0;
+    for (int i = 0; i < m; i++)
+        job.first_task[i + 1] = job.first_task[i] + (int)((job.rows[i] + job.block_rows - 1) / job.block_rows);
+    parallel_for(c->pool, job.first_task[m], qmatmul_task, &job);
 }
 
 void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, const cpu_qact *a, int n, float *y)
 {
-    const int64_t rows = lily_tensor_rows(w), cols = lily_tensor_cols(w);
-    LILY_ASSERT(cpu_matmul_fast_ok(c, w) && a->cols == cols && cols <= CPU_MATMUL_MAX_COLS && n <= c->max_chunk);
-    LILY_ASSERT(w->ndim == 3 ? expert >= 0 && expert < w->shape[0] : expert == 0);
-    cpu_qact_group_sums(a, n, w->group_size, c->qgsum);
-    const int block_rows = cpu_qmatmul_block_rows(c, rows);
-    qmatmul_job job = {c, w, expert, a, n, y, rows, block_rows};
-    parallel_for(c->pool, (int)((rows + block_rows - 1) / block_rows), qmatmul_task, &job);
+    qmatmul_run(c, 1, &w, expert, a, n, &y);
+}
+
+void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y)
+{
+    bool quantized = false;
+    for (int i = 0; i < m;) {
+        /* the run of matrices from i that share the fast path, the input width and the group size */
+        int j = i + 1;
+        if (cpu_matmul_fast_ok(c, w[i]))
+            while (j < m && j - i < CPU_MATMUL_MANY_MAX && cpu_matmul_fast_ok(c, w[j]) &&
+                   lily_tensor_cols(w[j]) == lily_tensor_cols(w[i]) && w[j]->group_size == w[i]->group_size)
+                j++;
+        if (j - i == 1) {
+            cpu_matmul(c, w[i], x, n, y[i]);
+            quantized = false; /* cpu_matmul overwrote c->qact */
+        } else {
+            cpu_qact a = c->qact;
+            if (!quantized)
+                cpu_quantize_act_rows(c, x, n, lily_tensor_cols(w[i]), &a);
+            a.cols = lily_tensor_cols(w[i]);
+            quantized = true;
+            qmatmul_run(c, j - i, w + i, 0, &a, n, y + i);
+        }
+        i = j;
+    }
 }

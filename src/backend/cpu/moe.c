@@ -67,8 +67,12 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     const int hidden = cfg->hidden, E = cfg->n_experts, k = cfg->n_experts_used;
     const int inter = cfg->moe_intermediate, shared_inter = cfg->shared_intermediate;
 
-    /* router */
-    cpu_matmul(c, &lw->router, x, n, c->router_probs);
+    /* router; in fast mode with it the shared expert's gate and up projections and its gate logit (the
+     * routed experts' fast path leaves moe_gate and moe_up alone): one pass over the pool for the four */
+    const bool fast = cpu_moe_fast_ok(c, lw);
+    const lily_tensor *in_w[] = {&lw->router, &lw->shared_gate, &lw->shared_up, &lw->shared_expert_gate};
+    float *const in_y[] = {c->router_probs, c->moe_gate, c->moe_up, c->shared_gate_logit};
+    cpu_matmul_many(c, fast ? 4 : 1, in_w, x, n, in_y);
     softmax_rows(c->router_probs, n, E);
     cpu_moe_top_k(c->router_probs, n, E, k, cfg->norm_topk_prob, c->topk_ids, c->topk_weights);
 
@@ -85,7 +89,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
         c->expert_rows[c->expert_offset[e] + c->expert_count[e]++] = i;
     }
 
-    if (cpu_moe_fast_ok(c, lw)) {
+    if (fast) {
         cpu_moe_experts_fast(c, layer, x, n, out);
     } else {
         memset(out, 0, (size_t)n * hidden * sizeof(float));
@@ -111,11 +115,10 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     }
 
     /* shared expert, scaled per token by sigmoid(x · shared_expert_gateᵀ) */
-    cpu_matmul(c, &lw->shared_gate, x, n, c->moe_gate);
-    cpu_matmul(c, &lw->shared_up, x, n, c->moe_up);
+    if (!fast)
+        cpu_matmul_many(c, 3, in_w + 1, x, n, in_y + 1);
     swiglu(c->moe_gate, c->moe_up, (int64_t)n * shared_inter);
     cpu_matmul(c, &lw->shared_down, c->moe_gate, n, c->moe_y);
-    cpu_matmul(c, &lw->shared_expert_gate, x, n, c->shared_gate_logit);
     for (int t = 0; t < n; t++) {
         const float sg = cpu_sigmoid(c->shared_gate_logit[t]);
         float *o = out + (int64_t)t * hidden;

@@ -91,7 +91,7 @@ void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *o
     /* x quantized once (c->qact), its rows gathered by expert into c->moe_qx */
     cpu_qact a = c->qact;
     a.cols = hidden;
-    cpu_quantize_act(x, n, hidden, &a);
+    cpu_quantize_act_rows(c, x, n, hidden, &a);
     cpu_qact gx = c->moe_qx;
     gx.cols = hidden;
     int n_active = 0;
@@ -113,7 +113,7 @@ void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *o
     /* pass 2: moe_yk = moe_h · downᵀ, [n * k, hidden] */
     cpu_qact gh = c->moe_qh;
     gh.cols = inter;
-    cpu_quantize_act(c->moe_h, rows_k, inter, &gh);
+    cpu_quantize_act_rows(c, c->moe_h, rows_k, inter, &gh);
     cpu_qact_group_sums(&gh, rows_k, lw->experts_down.group_size, c->moe_gsum);
     br = cpu_qmatmul_block_rows(c, (int64_t)hidden * n_active);
     moe_pass p2 = {c, lw, n_active, (hidden + br - 1) / br, br, hidden, &gh, c->moe_gsum, c->moe_yk, NULL};

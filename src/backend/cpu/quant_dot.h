@@ -27,6 +27,7 @@
 #ifndef LILY_CPU_QUANT_DOT_H
 #define LILY_CPU_QUANT_DOT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Values per activation block. */
@@ -58,10 +59,22 @@ void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a);
 typedef void (*cpu_qdot_fn)(const uint8_t *w, const float *ws, int group, const cpu_qact *a, int t0, int nt,
                             float *out);
 
-/* A set of kernels for one instruction set. */
+/* Rows processed together by a cpu_qdot_rows_fn. */
+#define CPU_QROWS 4
+
+/* CPU_QROWS weight rows against one activation row t of a (decode's shape): row r's packed weights at
+ * w + r * row_bytes and its scales at ws + r * ws_stride; out[r] is what the set's cpu_qdot_fn gives
+ * for that row and token, bit for bit (the same operations per row; the rows share each activation
+ * block's loads and run as independent dependency chains). */
+typedef void (*cpu_qdot_rows_fn)(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
+                                 const cpu_qact *a, int t, float *out);
+
+/* A set of kernels for one instruction set. rows_q4 / rows_q8 may be NULL (the caller then loops
+ * dot_q4 / dot_q8 over the rows). */
 typedef struct {
     const char *name; /* "ref", "avx2", "neon", "neon-dotprod" */
     cpu_qdot_fn dot_q4, dot_q8;
+    cpu_qdot_rows_fn rows_q4, rows_q8;
 } cpu_qdot_kernels;
 
 /* The kernels for this CPU: the widest instruction set it has (the backend asks once, at create). */
