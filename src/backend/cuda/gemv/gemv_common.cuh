@@ -246,10 +246,24 @@ __device__ __forceinline__ void gemv_gated_x(const gemv_input &in, const float *
     }
 }
 
+/* Before pdl_wait: pull the input transform's weights (the RMSNorm weight, constant for the session) into
+ * L2, one 128-byte line per thread, so the prologue's load of them after the wait does not go to HBM (a
+ * decode token streams far more than L2 holds, so nothing of the previous token's is left). A prefetch
+ * returns nothing: no register is held and no ordering is implied. */
+template <int NW>
+__device__ __forceinline__ void gemv_input_prefetch(const gemv_input &in, int cols)
+{
+    if (in.mode != GEMV_IN_RMSNORM || !in.norm_w)
+        return;
+    for (int c = threadIdx.x * 32; c < cols; c += NW * 32 * 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(in.norm_w + c));
+}
+
 /* The input transform (gemv_input_mode) of token t, once per block of NW warps, into s_x[0..cols);
- * s_red holds NW floats. Ends with __syncthreads. Every global load of a pass is issued before the
+ * s_red holds NW floats. Ends with __syncthreads (END_SYNC false: only GEMV_IN_GATED does; otherwise
+ * thread tid has written s_x[c] for c = tid, tid + 32·NW, ... and the other values may still be pending). Every global load of a pass is issued before the
  * first use (PRO_MAX per thread), so a pass costs one memory round trip, not one per element. */
-template <int IN_MODE, int NW>
+template <int IN_MODE, int NW, bool END_SYNC = true>
 __device__ __forceinline__ void gemv_prologue(const gemv_input &in, int t, int cols, float *s_x, float *s_red)
 {
     constexpr int NT = NW * 32;
@@ -261,6 +275,37 @@ __device__ __forceinline__ void gemv_prologue(const gemv_input &in, int t, int c
         default: gemv_gated_x<0, NW>(in, act, t, cols, s_x); break;
         }
         __syncthreads();
+        return;
+    }
+    if (IN_MODE == GEMV_IN_RMSNORM && cols <= NT * PRO_MAX) {
+        /* one pass: the weights' loads issued with the activations', so both cost one round trip */
+        float v[PRO_MAX], wv[PRO_MAX], ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PRO_MAX; k++) {
+            const int c = tid + k * NT;
+            v[k] = c < cols ? act[c] : 0.0f;
+            wv[k] = c < cols ? in.norm_w[c] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < PRO_MAX; k++)
+            ss = fmaf(v[k], v[k], ss);
+        ss = warp_sum(ss);
+        if (lane == 0)
+            s_red[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+            tot += s_red[w];
+        const float r = rsqrtf(tot / (float)cols + in.eps);
+#pragma unroll
+        for (int k = 0; k < PRO_MAX; k++) {
+            const int c = tid + k * NT;
+            if (c < cols)
+                s_x[c] = v[k] * (r * wv[k]);
+        }
+        if (END_SYNC)
+            __syncthreads();
         return;
     }
     float ss = 0.0f;
@@ -304,7 +349,8 @@ __device__ __forceinline__ void gemv_prologue(const gemv_input &in, int t, int c
             }
         }
     }
-    __syncthreads();
+    if (END_SYNC)
+        __syncthreads();
 }
 
 /* This lane's x values from the block's shared copy. */

@@ -56,6 +56,7 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     int g = blockIdx.x * GEMV_WARPS + warp;
     if (g < n_groups)
         load_group(g); /* weights only: may run before the previous kernel finishes */
+    gemv_input_prefetch<GEMV_WARPS>(in, cols);
     pdl_wait();
     tl.waited();
     pdl_trigger();

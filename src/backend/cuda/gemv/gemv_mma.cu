@@ -36,7 +36,6 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     float *s_xsum = s_off + cols / 64;                             /* [cols / 64] Σ x_eff */
     __shared__ float s_red[GM_WARPS];
     __shared__ float s_part[GM_WARPS][16];
-    __shared__ float s_scale;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int ks = warp % KS, rt = warp / KS;
@@ -55,12 +54,13 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     int grp = blockIdx.x;
     if (grp < n_groups)
         load(grp, f0);
+    gemv_input_prefetch<GM_WARPS>(in, cols);
     pdl_trigger(); /* weights only so far: the next kernel may launch and prefetch its own */
     pdl_wait();
     tl.waited();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them */
-    const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
     tl.mark();
 
     float best = -INFINITY;

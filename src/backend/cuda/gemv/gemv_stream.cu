@@ -86,7 +86,6 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     __shared__ __align__(8) uint64_t s_full[RT * GS_MAX_STAGES]; /* [rt][slot] */
     __shared__ float s_part[2][GS_WARPS][16];
     __shared__ float s_red[GS_WARPS];
-    __shared__ float s_scale;
     const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128, gpr = cols / 64;
     const int row_bytes = cols / 2, ws = row_bytes + GS_ROW_PAD, slot_bytes = gs_slot_bytes(cols);
     float *s_x = reinterpret_cast<float *>(gs_ring + (size_t)stages * RT * slot_bytes); /* [cols] fp32 */
@@ -128,6 +127,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     if (ks == 0)
         for (int i = 0; i < stages; i++)
             fill(i, i); /* weights only: before the previous kernel has finished */
+    gemv_input_prefetch<GS_WARPS>(in, cols);
     pdl_trigger();
     pdl_wait();
     tl.waited();
@@ -141,7 +141,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     }
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
-    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
     tl.mark();
 
     float best = -INFINITY;

@@ -175,29 +175,6 @@ __device__ __forceinline__ float mg_x_scale(float max_abs)
     return k;
 }
 
-/* The block-wide mg_x_scale of s_x[0..cols) for a block of NW warps: max|x| per warp, then over the
- * NW warps in s_red (NW floats) by thread 0, broadcast through *s_scale. Ends with __syncthreads. */
-template <int NW>
-__device__ __forceinline__ float mg_block_x_scale(const float *s_x, int cols, float *s_red, float *s_scale)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float mx = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += NW * 32)
-        mx = fmaxf(mx, fabsf(s_x[c]));
-    mx = warp_max(mx);
-    if (lane == 0)
-        s_red[warp] = mx;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float M = 0.0f;
-        for (int w = 0; w < NW; w++)
-            M = fmaxf(M, s_red[w]);
-        *s_scale = mg_x_scale(M);
-    }
-    __syncthreads();
-    return *s_scale;
-}
-
 /* x fragments of columns [0, cols) from fp32 x (times xk), items i = tid, tid + nthr, ... */
 __device__ __forceinline__ void mg_build_frags(const float *x, int cols, float xk, uint4 *s_xh, int tid, int nthr)
 {
@@ -247,21 +224,42 @@ __device__ __forceinline__ void mg_locate(const gemv_batch &b, int tile, int *m,
     *r0 = (tile - t0) * 16;
 }
 
-/* The whole x side of a block of NW warps, in this order: the input transform (gemv_prologue) of token 0
- * into s_x[0..cols), the block x scale xk (mg_block_x_scale, through s_red[NW] and *s_scale), the fp16
- * fragments s_xh (mg_build_frags), then the group sums s_off / s_xsum (mg_group_sums), with a
- * __syncthreads after each of the last two. Returns xk (the caller divides its dot products by it). */
-template <int IN_MODE, int NW>
-__device__ __forceinline__ float mg_block_x_frags(const gemv_input &in, int cols, float *s_x, float *s_red, float *s_scale,
-                                                  uint4 *s_xh, float *s_off, float *s_xsum)
+/* The x side of a block of NW warps from fp32 x in s_x[0..cols), where thread tid has written s_x[c] for
+ * c = tid, tid + 32·NW, ... (no barrier needed before): the block x scale xk (mg_x_scale of max|x|: per
+ * thread over its own values, per warp, then every thread over the NW warps), the fp16 fragments s_xh
+ * (mg_build_frags), then the group sums s_off / s_xsum (mg_group_sums), with a __syncthreads after each
+ * of the three steps. Returns xk (the caller divides its dot products by it). */
+template <int NW>
+__device__ __forceinline__ float mg_block_x_tail(const float *s_x, int cols, uint4 *s_xh, float *s_off, float *s_xsum)
 {
-    gemv_prologue<IN_MODE, NW>(in, 0, cols, s_x, s_red);
-    const float xk = mg_block_x_scale<NW>(s_x, cols, s_red, s_scale);
+    __shared__ float s_mx[NW];
+    float mx = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += NW * 32)
+        mx = fmaxf(mx, fabsf(s_x[c]));
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0)
+        s_mx[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    float M = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++)
+        M = fmaxf(M, s_mx[w]);
+    const float xk = mg_x_scale(M);
     mg_build_frags(s_x, cols, xk, s_xh, threadIdx.x, NW * 32);
     __syncthreads();
     mg_group_sums(s_xh, cols, s_off, s_xsum, threadIdx.x, NW * 32);
     __syncthreads();
     return xk;
+}
+
+/* The whole x side of a block of NW warps: the input transform (gemv_prologue) of token 0 into
+ * s_x[0..cols) (s_red: NW floats), then mg_block_x_tail. Returns xk. */
+template <int IN_MODE, int NW>
+__device__ __forceinline__ float mg_block_x_frags(const gemv_input &in, int cols, float *s_x, float *s_red, uint4 *s_xh,
+                                                  float *s_off, float *s_xsum)
+{
+    gemv_prologue<IN_MODE, NW, false>(in, 0, cols, s_x, s_red);
+    return mg_block_x_tail<NW>(s_x, cols, s_xh, s_off, s_xsum);
 }
 
 #endif

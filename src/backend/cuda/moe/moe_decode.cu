@@ -37,6 +37,7 @@
 
 #define MD_WARPS 8
 #define MD_MAX_SLOTS 16
+#define MD_X_PER 8 /* values of h per thread in moe_gate_up_mma: hidden <= MD_X_PER * 32 * MD_WARPS */
 /* moe_down_mma_kernel's register cap: 9 warps x 112 registers + a streamed GEMV block (8 warps x 128)
  * fit one SM's 64K registers, so the next layer's input projection can launch (PDL) and prefetch its
  * weights while this kernel runs */
@@ -72,7 +73,6 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     unsigned char *s_stage = reinterpret_cast<unsigned char *>(s_xsum + H / 64); /* STAGED: [MG_STAGE_BYTES][threads] */
     __shared__ float s_red[MD_WARPS];
     __shared__ float s_part[MD_WARPS][16];
-    __shared__ float s_scale;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int item = STAGED ? blockIdx.x : blockIdx.y * tiles + blockIdx.x;
     const int tile = item % tiles, slot = item / tiles;
@@ -98,29 +98,62 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     /* moe_early_ids (a.topk_pub set): item 0 publishes the top-k it ranks */
     const bool pub = a.topk_pub && item == 0;
     const int step = pub ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
+    if (threadIdx.x < H / 32) /* the RMSNorm weight into L2 (gemv_input_prefetch) */
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + threadIdx.x * 32));
     pdl_trigger();
     pdl_wait();
     tl.waited();
+    /* x = RMSNorm(h) · norm_w (gemv_prologue's arithmetic): this thread's MD_X_PER values of h and the
+     * weight are loaded first, so they arrive while warp 0 ranks the top-k; the sum of squares' block
+     * reduction and the top-k's hand-over share one barrier; the expert loads are issued right after it */
+    constexpr int NT = MD_WARPS * 32;
+    float hv[MD_X_PER], wv[MD_X_PER];
+#pragma unroll
+    for (int k = 0; k < MD_X_PER; k++) {
+        const int c = threadIdx.x + k * NT;
+        hv[k] = c < H ? a.h[c] : 0.0f;
+        wv[k] = c < H ? a.norm_w[c] : 0.0f;
+    }
+    __shared__ int s_idx[MOE_MAX_K];
+    __shared__ float s_w[MOE_MAX_K];
+    __shared__ unsigned int s_key[MOE_MAX_E];
+    if (!shared)
+        moe_topk_warp0(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
+    {
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MD_X_PER; k++)
+            ss = fmaf(hv[k], hv[k], ss);
+        ss = warp_sum(ss);
+        if (lane == 0)
+            s_red[warp] = ss;
+    }
+    __syncthreads();
     if (!shared) {
-        int64_t e;
-        {
-            __shared__ int s_idx[MOE_MAX_K];
-            __shared__ float s_w[MOE_MAX_K];
-            __shared__ unsigned int s_key[MOE_MAX_E];
-            moe_topk_block(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
-            if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
-                const int i = threadIdx.x;
-                if (pub)
-                    moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
-                a.topk_idx[i] = s_idx[i];
-                a.topk_w[i] = s_w[i];
-            }
-            e = s_idx[slot];
+        if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
+            const int i = threadIdx.x;
+            if (pub)
+                moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
+            a.topk_idx[i] = s_idx[i];
+            a.topk_w[i] = s_w[i];
         }
+        const int64_t e = s_idx[slot];
         mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
     }
-    const gemv_input in = gemv_input_rmsnorm(a.h, H, a.norm_w, a.eps);
-    const float xk = mg_block_x_frags<GEMV_IN_RMSNORM, MD_WARPS>(in, H, s_x, s_red, &s_scale, s_xh, s_off, s_xsum);
+    {
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MD_WARPS; w++)
+            tot += s_red[w];
+        const float r = rsqrtf(tot / (float)H + a.eps);
+#pragma unroll
+        for (int k = 0; k < MD_X_PER; k++) {
+            const int c = threadIdx.x + k * NT;
+            if (c < H)
+                s_x[c] = hv[k] * (r * wv[k]);
+        }
+    }
+    const float xk = mg_block_x_tail<MD_WARPS>(s_x, H, s_xh, s_off, s_xsum);
     tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
@@ -269,7 +302,7 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
     if (a.exact) /* exact mode: moe_route.cu's fp32 kernels */
         return false;
     return n_tokens == 1 && a.n_experts <= MOE_MAX_E && a.top_k <= MOE_MAX_K && a.gate.bits == 4 && a.sgate.bits == 4 &&
-           a.down.bits == 4 && a.sdown.bits == 4 && a.hidden % 512 == 0 && a.hidden <= 4 * 512 && inter_ok &&
+           a.down.bits == 4 && a.sdown.bits == 4 && a.hidden % 512 == 0 && a.hidden <= MD_X_PER * 32 * MD_WARPS && inter_ok &&
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
 

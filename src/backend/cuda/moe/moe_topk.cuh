@@ -113,10 +113,10 @@ static __device__ void moe_topk_warp(const float *logits, int E, int K, int *idx
         moe_topk_warp_n<32, false>(logits, E, K, idx, w, NULL);
 }
 
-/* The same for a whole block (E <= MOE_MAX_E): warp 0 ranks into idx/w (shared memory) with its keys in
- * s_key (shared memory, MOE_MAX_E words: the block kernels that call this are register-bound),
- * everyone waits; ends with __syncthreads. */
-static __device__ void moe_topk_block(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
+/* The same in warp 0 of a block (E <= MOE_MAX_E; the other warps return at once): ranks into idx/w
+ * (shared memory) with its keys in s_key (shared memory, MOE_MAX_E words: the block kernels that call
+ * this are register-bound). The caller's __syncthreads publishes idx/w to the block. */
+static __device__ void moe_topk_warp0(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
 {
     if (threadIdx.x < 32) {
         if (E <= 256)
@@ -124,6 +124,12 @@ static __device__ void moe_topk_block(const float *logits, int E, int K, int *id
         else if (E <= MOE_MAX_E)
             moe_topk_warp_n<MOE_MAX_E / 32, true>(logits, E, K, idx, w, s_key);
     }
+}
+
+/* moe_topk_warp0, everyone waits; ends with __syncthreads. */
+static __device__ void moe_topk_block(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
+{
+    moe_topk_warp0(logits, E, K, idx, w, s_key);
     __syncthreads();
 }
 
