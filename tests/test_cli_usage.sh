@@ -5,7 +5,7 @@
 # `lily serve --help` lists every route; serve's start-up says the model is loading, then that it stopped.
 # An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed), and
 # so is a --precision other than fast / exact (on the cpu backend: fast is the default, exact the reference); every command
-# takes --opt=value and says "--X needs a value", and --threads is 0 (all cores) or 1..4096 everywhere;
+# (debug tokenize / render / parse included) takes --opt=value and says "--X needs a value", and --threads is 0 (all cores) or 1..4096 everywhere;
 # info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
 # a NaN reference logit is an error in eval and perplexity, and output lost to a full device fails the command;
 # bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
@@ -87,6 +87,16 @@ for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m 
     check "$cmd --threads=-1 is a usage error" 2 err \
         "lily $cmd: --threads expects an integer in [0, 4096], got \"-1\"" $args --threads=-1
 done
+# the debug subcommands take --model=DIR, --request=FILE and --tools=FILE too, and say when a value is missing
+printf 'hi' >"$TMP/stdin"
+check "debug tokenize --model=DIR" 0 out "80 81" debug tokenize --model="$M" --ids
+printf '{"messages": [{"role": "user", "content": "hi"}]}' >"$TMP/req.json"
+check "debug render --model=DIR --request=FILE" 0 out "<|im_start|>assistant" debug render --model="$M" --request="$TMP/req.json"
+printf '[]' >"$TMP/tools.json"
+check "debug parse --model=DIR --tools=FILE" 0 out '"finish_reason": "length"' debug parse --model="$M" --tools="$TMP/tools.json" --length
+check "debug parse --tools without a value says so" 2 err "lily debug parse: --tools needs a value" debug parse --tools
+check "debug render -r without a value says so" 2 err "lily debug render: -r needs a value" debug render -r
+: >"$TMP/stdin"
 check "perplexity --precision alone is not the whole usage" 2 err "lily perplexity: --precision needs a value" \
     perplexity --precision
 expect "perplexity --precision alone prints no usage" bash -c "! grep -q usage: '$TMP/err'"
