@@ -31,6 +31,8 @@ check "debug without a subcommand prints the usage" 2 err "usage: lily debug tok
 check "info -m without a value says so" 2 err "lily info: -m needs a value" info -m
 if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
     check "serve --help lists GET /metrics" 0 out "GET /metrics (Prometheus text)" serve --help
+    check "serve --help lists the Anthropic route" 0 out "POST /v1/messages, POST /v1/messages/count_tokens" serve --help
+    check "lily --help says serve speaks both APIs" 0 out "serve       OpenAI- and Anthropic-compatible HTTP server" --help
     # HTTP starts before the model loads: the first line says the model is loading, not just "listening"
     check "serve says the model is loading while it listens" 1 err \
         "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://127.0.0.1:" \
