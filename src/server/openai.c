@@ -592,8 +592,8 @@ static bool check_thinking(lily_oai_request *req, lily_oai_error *e)
     return true;
 }
 
-/* response_format (OpenAI structured outputs) and the reasoning budget (vLLM / SGLang-style fields). */
-static bool check_structured(lily_oai_request *req, lily_oai_error *e)
+/* response_format (OpenAI structured outputs; chat and, as vLLM, completions). */
+static bool check_response_format(lily_oai_request *req, lily_oai_error *e)
 {
     json_t *rf = json_object_get(req->body, "response_format");
     if (rf && !json_is_null(rf)) {
@@ -618,6 +618,12 @@ static bool check_structured(lily_oai_request *req, lily_oai_error *e)
                                                   "values are: 'text', 'json_object' and 'json_schema'.", type);
         }
     }
+    return true;
+}
+
+/* The reasoning budget (vLLM / SGLang-style fields; chat only: a completion has no think block). */
+static bool check_reasoning_budget(lily_oai_request *req, lily_oai_error *e)
+{
     long long budget = -1, alias = -1;
     if (!get_int(req->body, "reasoning_budget", 0, INT32_MAX, &budget, e) ||
         !get_int(req->body, "max_reasoning_tokens", 0, INT32_MAX, &alias, e))
@@ -670,10 +676,11 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     if (is_chat) {
         req->messages = json_object_get(b, "messages");
         if (!check_messages(req->messages, e) || !check_tools(req, e) || !check_thinking(req, e) ||
-            !check_structured(req, e))
+            !check_response_format(req, e) || !check_reasoning_budget(req, e))
             goto fail;
     } else {
-        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e) || !check_unsupported_completion(b, e))
+        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e) || !check_unsupported_completion(b, e) ||
+            !check_response_format(req, e))
             goto fail;
     }
 

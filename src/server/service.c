@@ -1065,7 +1065,7 @@ static void run_generation(lily_service *svc, lily_job *job)
      * the content (response_format) */
     if (req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
         g.grammar = lily_structured_tool_grammar(req, req->tool_name, strlen(req->tool_name));
-    } else if (req->is_chat && req->tool_choice != LILY_TOOL_CHOICE_REQUIRED &&
+    } else if ((!req->is_chat || req->tool_choice != LILY_TOOL_CHOICE_REQUIRED) &&
                (st = lily_structured_response_grammar(req, &g.grammar, &err)) != LILY_OK) {
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error",
