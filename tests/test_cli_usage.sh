@@ -8,7 +8,8 @@
 # (debug tokenize / render / parse included) takes --opt=value and says "--X needs a value", and --threads is 0 (all cores) or 1..4096 everywhere;
 # info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
 # a NaN reference logit is an error in eval and perplexity, and output lost to a full device fails the command;
-# bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
+# bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning;
+# bench --sampling / --device on the cpu backend say they apply to cuda only.
 # usage: bash test_cli_usage.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -161,4 +162,12 @@ expect "bench default sweep gives no length warning" bash -c "! grep -q warning 
 expect "bench -p 700 past max_position_embeddings warns and still measures" bash -c "[ $rc = 0 ] &&
     grep -qF 'warning: prompt length 700 is beyond the model'\''s max_position_embeddings 600' '$TMP/bench.err' &&
     grep -qF 'warning: depth 598 + 4 decode tokens is beyond' '$TMP/bench.err' && grep -q '^pp700,' '$TMP/bench.csv'"
+# --sampling and --device are the CUDA backend's: on the cpu a line says so, and --sampling gives one decode row
+# per depth, not rows labelled qwen / logprobs that all timed the same unsampled forward passes
+"$LILY" bench -m "$M" -p none -d 16 -n 2 -r 1 --no-warmup --sampling qwen,logprobs -o csv >"$TMP/bench.csv" 2>"$TMP/bench.err"; rc=$?
+tests=$(tail -n +2 "$TMP/bench.csv" | cut -d, -f1 | tr '\n' ' ')
+expect "bench --sampling on the cpu says it applies to cuda only and measures one row (got: $tests)" bash -c "[ $rc = 0 ] &&
+    grep -qF 'lily bench: --sampling applies to --backend cuda only' '$TMP/bench.err' && [ '$tests' = 'tg2 @ d16 ' ]"
+check "bench --device on the cpu says it is ignored" 0 err "lily bench: --device applies to --backend cuda only" \
+    bench -m "$M" -p 8 -n 0 -r 1 --no-warmup --device 1 -o csv
 finish
