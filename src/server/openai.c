@@ -651,6 +651,32 @@ static bool check_unsupported_completion(json_t *b, lily_oai_error *e)
     return true;
 }
 
+/* vLLM's extensions that lily does not implement, refused unless they hold their defaults, so a client that
+ * sends one never gets a reply made without it: ignore_eos false, min_tokens 0, and on chat
+ * continue_final_message false and add_generation_prompt true (a prefill goes through /v1/messages). */
+static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error *e)
+{
+    bool ignore_eos = false, cont = false, gen_prompt = true;
+    long long min_tokens = 0;
+    if (!get_bool(b, "ignore_eos", &ignore_eos, e) || !get_int(b, "min_tokens", 0, INT32_MAX, &min_tokens, e))
+        return false;
+    if (ignore_eos)
+        return bad(e, "ignore_eos", "Invalid value for 'ignore_eos': not supported (a reply ends at the model's stop "
+                                    "tokens; ban them with 'logit_bias' instead).");
+    if (min_tokens > 0)
+        return bad(e, "min_tokens", "Invalid value for 'min_tokens': not supported (got %lld).", min_tokens);
+    if (!is_chat)
+        return true;
+    if (!get_bool(b, "continue_final_message", &cont, e) || !get_bool(b, "add_generation_prompt", &gen_prompt, e))
+        return false;
+    if (cont)
+        return bad(e, "continue_final_message", "Invalid value for 'continue_final_message': not supported on this "
+                   "route; to prefill the reply, send a final assistant message to /v1/messages.");
+    if (!gen_prompt)
+        return bad(e, "add_generation_prompt", "Invalid value for 'add_generation_prompt': only true is supported.");
+    return true;
+}
+
 bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai_request *req, lily_oai_error *e)
 {
     memset(req, 0, sizeof *req);
@@ -684,6 +710,8 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
             goto fail;
     }
 
+    if (!check_unsupported_extensions(b, is_chat, e))
+        goto fail;
     long long n = 1;
     if (!get_int(b, "n", 1, 1 << 20, &n, e))
         goto fail;
