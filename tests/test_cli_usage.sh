@@ -109,6 +109,8 @@ check "bench --threads 99999 is a usage error" 2 err "lily bench: --threads expe
 "$LILY" eval -m "$M" --tokens 1,2,3 --threads=1 --logits-out "$TMP/t1.f32" >/dev/null 2>&1
 expect "eval --threads 0 (all cores) gives the --threads=1 logits" bash -c "[ -s '$TMP/t0.f32' ] && cmp -s '$TMP/t0.f32' '$TMP/t1.f32'"
 printf '1 2 3 4 5\n' >"$TMP/five.tok"
+check "perplexity --special with --tokens-file is a usage error (it was ignored)" 2 err \
+    "lily perplexity: --special applies to -f TEXT" perplexity -m "$M" --tokens-file "$TMP/five.tok" --special
 check "perplexity --threads=0 and --ctx=4 run" 0 out "perplexity: " perplexity -m "$M" --tokens-file "$TMP/five.tok" --threads=0 --ctx=4
 check "run --threads 0 runs" 0 err "prefill: " run -m "$M" -p hi --threads 0 -n 2 --temp 0
 check "the shared help states the --threads rule" 0 out "CPU threads: 0 = all cores (the default), at most 4096" run --help
