@@ -113,6 +113,8 @@ check "perplexity --special with --tokens-file is a usage error (it was ignored)
     "lily perplexity: --special applies to -f TEXT" perplexity -m "$M" --tokens-file "$TMP/five.tok" --special
 check "perplexity --threads=0 and --ctx=4 run" 0 out "perplexity: " perplexity -m "$M" --tokens-file "$TMP/five.tok" --threads=0 --ctx=4
 check "run --threads 0 runs" 0 err "prefill: " run -m "$M" -p hi --threads 0 -n 2 --temp 0
+check "chat --help gives -n's default as the program applies it" 0 out \
+    "max_new_tokens when it sets one, else until a stop token or a full context" chat --help
 check "the shared help states the --threads rule" 0 out "CPU threads: 0 = all cores (the default), at most 4096" run --help
 
 # --- a non-finite reference is an error, not perfect agreement; lost output is a failure ------------------
