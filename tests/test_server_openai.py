@@ -306,6 +306,15 @@ if openai:
     r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=32, tool_choice="required")
     names = [cl.function.name for cl in (r.choices[0].message.tool_calls or [])]
     check(len(names) >= 1 and names[0] in ("get_weather", "get_time"), f"required tool_choice calls a tool {names}")
+    # parallel_tool_calls false: the reply ends as its first call closes (it was ignored: the reply went on)
+    kw = dict(model=NAME, messages=USER, tools=TOOLS, max_tokens=200, seed=4, tool_choice="required",
+              logit_bias=BAN_END)
+    many = client.chat.completions.create(**kw)
+    one = client.chat.completions.create(parallel_tool_calls=False, **kw)
+    check(one.choices[0].finish_reason == "tool_calls" and len(one.choices[0].message.tool_calls or []) == 1 and
+          one.usage.completion_tokens < many.usage.completion_tokens,
+          f"parallel_tool_calls false: one call, then the reply ends ({many.usage.completion_tokens} tokens without "
+          f"it, {one.usage.completion_tokens} with)")
     r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=8, tool_choice="none",
                                        seed=2)
     r0 = client.chat.completions.create(model=NAME, messages=USER, max_tokens=8, seed=2)

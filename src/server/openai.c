@@ -361,6 +361,10 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
 static bool check_tools(lily_oai_request *req, lily_oai_error *e)
 {
     char q[72];
+    bool parallel = true;
+    if (!get_bool(req->body, "parallel_tool_calls", &parallel, e))
+        return false;
+    req->single_tool_call = !parallel;
     json_t *tools = json_object_get(req->body, "tools");
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools))
