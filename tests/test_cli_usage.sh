@@ -97,6 +97,9 @@ printf '{"messages": [{"role": "user", "content": "hi"}]}' >"$TMP/req.json"
 check "debug render --model=DIR --request=FILE" 0 out "<|im_start|>assistant" debug render --model="$M" --request="$TMP/req.json"
 printf '[]' >"$TMP/tools.json"
 check "debug parse --model=DIR --tools=FILE" 0 out '"finish_reason": "length"' debug parse --model="$M" --tools="$TMP/tools.json" --length
+for sub in tokenize render parse; do
+    check "debug $sub --help prints its usage on stdout" 0 out "usage: lily debug $sub" debug $sub --help
+done
 check "debug parse --tools without a value says so" 2 err "lily debug parse: --tools needs a value" debug parse --tools
 check "debug render -r without a value says so" 2 err "lily debug render: -r needs a value" debug render -r
 : >"$TMP/stdin"

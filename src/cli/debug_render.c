@@ -12,9 +12,9 @@
 #include "commands.h"
 #include "text/chat_template.h"
 
-static int usage(void)
+static int usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: lily debug render --model DIR --request FILE\n"
             "  Prints the prompt the Qwen3.6 chat template renders for an OpenAI chat request (FILE may be -\n"
             "  for stdin): messages, tools, chat_template_kwargs {enable_thinking, preserve_thinking},\n"
@@ -46,16 +46,16 @@ int debug_render(int argc, char **argv)
         else if (!strcmp(a, "--no-generation-prompt"))
             opts.add_generation_prompt = 0;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage();
+            usage(stdout);
             return 0;
         } else {
             fprintf(stderr, "lily debug render: unknown or incomplete option '%s'\n", a);
-            return usage();
+            return usage(stderr);
         }
     }
     if (!request_path) {
         fprintf(stderr, "lily debug render: --request FILE is required\n");
-        return usage();
+        return usage(stderr);
     }
 
     lily_error err = {0};
