@@ -97,6 +97,14 @@ printf '{"messages": [{"role": "user", "content": "hi"}]}' >"$TMP/req.json"
 check "debug render --model=DIR --request=FILE" 0 out "<|im_start|>assistant" debug render --model="$M" --request="$TMP/req.json"
 printf '[]' >"$TMP/tools.json"
 check "debug parse --model=DIR --tools=FILE" 0 out '"finish_reason": "length"' debug parse --model="$M" --tools="$TMP/tools.json" --length
+# chat's prefix-cache options take the = form too (they were 'unknown option'), and a bad value names the range
+printf '/quit\n' >"$TMP/stdin"
+check "chat --cache-ram=64 --cache-vram=8 --checkpoint-every=100 are parsed" 0 err \
+    "lily: --cache-vram applies to --backend cuda only" chat -m "$M" --cache-ram=64 --cache-vram=8 --checkpoint-every=100
+check "chat --cache-ram= (empty) names the range" 2 err \
+    "lily chat: --cache-ram expects an integer in [1, 16777216], got \"\"" chat -m "$M" --cache-ram=
+check "chat --cache-vram without a value says so" 2 err "lily chat: --cache-vram needs a value" chat -m "$M" --cache-vram
+: >"$TMP/stdin"
 for sub in tokenize render parse; do
     check "debug $sub --help prints its usage on stdout" 0 out "usage: lily debug $sub" debug $sub --help
 done
