@@ -5,10 +5,11 @@
 # `lily serve --help` lists every route; serve's start-up says the model is loading, then that it stopped.
 # An unknown --backend is a usage error in every command that takes one (exit 2, the backends listed), and
 # so is a --precision other than fast / exact (on the cpu backend: fast is the default, exact the reference); every command
-# takes --opt=value and says "--X needs a value", and --threads is 0 (all cores) or 1..4096 everywhere;
+# (debug tokenize / render / parse included) takes --opt=value and says "--X needs a value", and --threads is 0 (all cores) or 1..4096 everywhere;
 # info, eval and perplexity without -m use $LILY_MODEL like run/chat/serve/bench (same output as -m);
 # a NaN reference logit is an error in eval and perplexity, and output lost to a full device fails the command;
-# bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning.
+# bench's default sweep stops at the model's max_position_embeddings and lengths past it get a warning;
+# bench --sampling / --device on the cpu backend say they apply to cuda only.
 # usage: bash test_cli_usage.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -31,6 +32,8 @@ check "debug without a subcommand prints the usage" 2 err "usage: lily debug tok
 check "info -m without a value says so" 2 err "lily info: -m needs a value" info -m
 if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
     check "serve --help lists GET /metrics" 0 out "GET /metrics (Prometheus text)" serve --help
+    check "serve --help lists the Anthropic route" 0 out "POST /v1/messages, POST /v1/messages/count_tokens" serve --help
+    check "lily --help says serve speaks both APIs" 0 out "serve       OpenAI- and Anthropic-compatible HTTP server" --help
     # HTTP starts before the model loads: the first line says the model is loading, not just "listening"
     check "serve says the model is loading while it listens" 1 err \
         "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://127.0.0.1:" \
@@ -87,6 +90,27 @@ for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m 
     check "$cmd --threads=-1 is a usage error" 2 err \
         "lily $cmd: --threads expects an integer in [0, 4096], got \"-1\"" $args --threads=-1
 done
+# the debug subcommands take --model=DIR, --request=FILE and --tools=FILE too, and say when a value is missing
+printf 'hi' >"$TMP/stdin"
+check "debug tokenize --model=DIR" 0 out "80 81" debug tokenize --model="$M" --ids
+printf '{"messages": [{"role": "user", "content": "hi"}]}' >"$TMP/req.json"
+check "debug render --model=DIR --request=FILE" 0 out "<|im_start|>assistant" debug render --model="$M" --request="$TMP/req.json"
+printf '[]' >"$TMP/tools.json"
+check "debug parse --model=DIR --tools=FILE" 0 out '"finish_reason": "length"' debug parse --model="$M" --tools="$TMP/tools.json" --length
+# chat's prefix-cache options take the = form too (they were 'unknown option'), and a bad value names the range
+printf '/quit\n' >"$TMP/stdin"
+check "chat --cache-ram=64 --cache-vram=8 --checkpoint-every=100 are parsed" 0 err \
+    "lily: --cache-vram applies to --backend cuda only" chat -m "$M" --cache-ram=64 --cache-vram=8 --checkpoint-every=100
+check "chat --cache-ram= (empty) names the range" 2 err \
+    "lily chat: --cache-ram expects an integer in [1, 16777216], got \"\"" chat -m "$M" --cache-ram=
+check "chat --cache-vram without a value says so" 2 err "lily chat: --cache-vram needs a value" chat -m "$M" --cache-vram
+: >"$TMP/stdin"
+for sub in tokenize render parse; do
+    check "debug $sub --help prints its usage on stdout" 0 out "usage: lily debug $sub" debug $sub --help
+done
+check "debug parse --tools without a value says so" 2 err "lily debug parse: --tools needs a value" debug parse --tools
+check "debug render -r without a value says so" 2 err "lily debug render: -r needs a value" debug render -r
+: >"$TMP/stdin"
 check "perplexity --precision alone is not the whole usage" 2 err "lily perplexity: --precision needs a value" \
     perplexity --precision
 expect "perplexity --precision alone prints no usage" bash -c "! grep -q usage: '$TMP/err'"
@@ -96,8 +120,12 @@ check "bench --threads 99999 is a usage error" 2 err "lily bench: --threads expe
 "$LILY" eval -m "$M" --tokens 1,2,3 --threads=1 --logits-out "$TMP/t1.f32" >/dev/null 2>&1
 expect "eval --threads 0 (all cores) gives the --threads=1 logits" bash -c "[ -s '$TMP/t0.f32' ] && cmp -s '$TMP/t0.f32' '$TMP/t1.f32'"
 printf '1 2 3 4 5\n' >"$TMP/five.tok"
+check "perplexity --special with --tokens-file is a usage error (it was ignored)" 2 err \
+    "lily perplexity: --special applies to -f TEXT" perplexity -m "$M" --tokens-file "$TMP/five.tok" --special
 check "perplexity --threads=0 and --ctx=4 run" 0 out "perplexity: " perplexity -m "$M" --tokens-file "$TMP/five.tok" --threads=0 --ctx=4
 check "run --threads 0 runs" 0 err "prefill: " run -m "$M" -p hi --threads 0 -n 2 --temp 0
+check "chat --help gives -n's default as the program applies it" 0 out \
+    "max_new_tokens when it sets one, else until a stop token or a full context" chat --help
 check "the shared help states the --threads rule" 0 out "CPU threads: 0 = all cores (the default), at most 4096" run --help
 
 # --- a non-finite reference is an error, not perfect agreement; lost output is a failure ------------------
@@ -149,4 +177,12 @@ expect "bench default sweep gives no length warning" bash -c "! grep -q warning 
 expect "bench -p 700 past max_position_embeddings warns and still measures" bash -c "[ $rc = 0 ] &&
     grep -qF 'warning: prompt length 700 is beyond the model'\''s max_position_embeddings 600' '$TMP/bench.err' &&
     grep -qF 'warning: depth 598 + 4 decode tokens is beyond' '$TMP/bench.err' && grep -q '^pp700,' '$TMP/bench.csv'"
+# --sampling and --device are the CUDA backend's: on the cpu a line says so, and --sampling gives one decode row
+# per depth, not rows labelled qwen / logprobs that all timed the same unsampled forward passes
+"$LILY" bench -m "$M" -p none -d 16 -n 2 -r 1 --no-warmup --sampling qwen,logprobs -o csv >"$TMP/bench.csv" 2>"$TMP/bench.err"; rc=$?
+tests=$(tail -n +2 "$TMP/bench.csv" | cut -d, -f1 | tr '\n' ' ')
+expect "bench --sampling on the cpu says it applies to cuda only and measures one row (got: $tests)" bash -c "[ $rc = 0 ] &&
+    grep -qF 'lily bench: --sampling applies to --backend cuda only' '$TMP/bench.err' && [ '$tests' = 'tg2 @ d16 ' ]"
+check "bench --device on the cpu says it is ignored" 0 err "lily bench: --device applies to --backend cuda only" \
+    bench -m "$M" -p 8 -n 0 -r 1 --no-warmup --device 1 -o csv
 finish

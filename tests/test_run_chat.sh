@@ -2,7 +2,8 @@
 # test_run_chat.sh — `lily run` and `lily chat` end to end on tests/data/tiny-chat (random weights, real
 # tokenizer + template):
 #   - run: same seed -> same output (greedy and sampled); speed line on stderr; the prompt ids equal
-#     `debug render` + `debug tokenize` of the same request (thinking on, --no-think, --system); --raw;
+#     `debug render` + `debug tokenize` of the same request (thinking on, --no-think, --system); --raw
+#     (with --system, --no-think or --hide-reasoning: exit 2);
 #   - greedy run == the argmax of `lily eval` teacher-forced on prompt + reply (decode path, as run), and
 #     the printed text == the reply's ids decoded independently (Python, byte-level);
 #   - errors (exit 1 + message): bad path, missing / malformed tokenizer.json, tokenizer ids past the
@@ -62,6 +63,13 @@ expect "run --system adds a system message" [ "$(prompt_ids "$TMP/sys.err")" = "
 "$LILY" run -m "$M" --raw -p "def main():" -n 8 --temp 0 --show-ids >"$TMP/raw.out" 2>"$TMP/raw.err"; rc=$?
 want=$(printf 'def main():' | "$LILY" debug tokenize --model "$M" --ids)
 expect "run --raw encodes the prompt as is" [ "$rc" = 0 -a "$(prompt_ids "$TMP/raw.err")" = "$want" ]
+# the chat template's options have nothing to act on under --raw: a usage error naming it, not dropped silently
+for opt in "--system Hi" --no-think --hide-reasoning; do
+    # shellcheck disable=SC2086
+    "$LILY" run -m "$M" --raw -p "def main():" -n 2 $opt >/dev/null 2>"$TMP/rawopt.err"; rc=$?
+    expect "run --raw $opt is a usage error naming it" \
+        bash -c "[ $rc = 2 ] && grep -qF -- 'lily run: ${opt%% *} has no effect with --raw' '$TMP/rawopt.err'"
+done
 
 # --- greedy run == teacher-forced argmax of lily eval; text == decoded ids ------------------------------
 printf '%s' '{"messages":[{"role":"user","content":"Name three colors."}]}' >"$TMP/req.json"

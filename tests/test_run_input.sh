@@ -8,6 +8,7 @@
 #   - `lily debug tokenize` without --model uses the default model, as every command;
 #   - --gpu-memory on the CPU backend is said to be ignored (it budgets GPU memory only), and the run goes on;
 #     so are --n-cpu-moe N and --cpu-moe (routed experts in host memory: the CPU backend's are already there);
+#     and chat / serve --cache-vram (a GPU checkpoint pool; the CPU backend keeps checkpoints in --cache-ram);
 #     a --n-cpu-moe that is not a count >= 0 is a usage error (exit 2) in run, serve and bench.
 # usage: bash test_run_input.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
@@ -88,6 +89,18 @@ for flag in "--n-cpu-moe 4" "--cpu-moe"; do
         bash -c "grep -q -- '--n-cpu-moe / --cpu-moe apply to --backend cuda only' '$TMP/cm.err' && \
                  grep -q 'decode: 2 tokens' '$TMP/cm.err'"
 done
+printf '/quit\n' | "$LILY" chat -m "$M" -n 2 --cache-vram 64 >/dev/null 2>"$TMP/cv.err"
+expect "chat --cache-vram on the CPU backend: a line says it does not apply (it was ignored without a word)" \
+    grep -q -- '--cache-vram applies to --backend cuda only; the cpu backend keeps prefix-cache checkpoints in host memory' \
+    "$TMP/cv.err"
+set +e
+timeout 60 "$LILY" serve -m "$M" --port 0 --cache-vram 64 >/dev/null 2>"$TMP/sv.err" &
+spid=$!
+for _ in $(seq 100); do grep -q 'model loaded' "$TMP/sv.err" && break; sleep 0.1; done
+kill -TERM "$spid"; wait "$spid"
+set -e
+expect "serve --cache-vram on the CPU backend: the same line" \
+    grep -q -- '--cache-vram applies to --backend cuda only' "$TMP/sv.err"
 for cmd in run serve bench; do
     set +e
     "$LILY" $cmd -m "$M" --n-cpu-moe -1 >/dev/null 2>"$TMP/cmbad.err" </dev/null; rc=$?

@@ -1,5 +1,6 @@
 """test_server_agent.py — what an agent needs from `lily serve` (run by test_server_agent.sh): the Anthropic
-Messages API through the official `anthropic` SDK, and structured outputs through the `openai` SDK.
+Messages API through the official `anthropic` SDK, and structured outputs through the `openai` SDK (chat
+and completions).
 
 usage: python test_server_agent.py <lily-binary> <model-dir>
 
@@ -299,6 +300,23 @@ try:
         if r.choices[0].finish_reason == "stop":
             done.append(json.loads(content))
     check(done and all(isinstance(d, dict) for d in done), f"json_object replies that stop parse as objects {done}")
+    # /v1/completions takes response_format too (as vLLM): it was accepted and ignored, the text left free
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    for seed in (1, 2):
+        r = oc.completions.create(model="lily", prompt="The value:", max_tokens=60, seed=seed, extra_body={
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        text = r.choices[0].text
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        check(r.choices[0].finish_reason == "stop" and isinstance(value, dict) and isinstance(value.get("n"), int),
+              f"completions json_schema seed {seed}: {text!r}")
+    try:
+        oc.completions.create(model="lily", prompt="x", max_tokens=5, extra_body={"response_format": {"type": "xml"}})
+        check(False, "completions: an unknown response_format type is rejected")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "response_format" in str(e), "completions: an unknown response_format is a 400")
     try:
         oc.chat.completions.create(model="lily", messages=HI, max_tokens=5, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}})

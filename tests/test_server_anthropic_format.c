@@ -57,6 +57,13 @@ static void test_translation(void **state)
     assert_true(lily_anth_parse_request(plain, strlen(plain), false, &req, &e));
     assert_int_equal(req.enable_thinking, 0); /* thinking is off unless asked for, as Anthropic's models */
     assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_REQUIRED);
+    assert_false(req.single_tool_call);
+    lily_oai_request_free(&req);
+    const char *single = "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                         "\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true},"
+                         "\"tools\":[{\"name\":\"t\",\"input_schema\":{}}]}";
+    assert_true(lily_anth_parse_request(single, strlen(single), false, &req, &e));
+    assert_true(req.single_tool_call); /* at most one tool_use block, as OpenAI's parallel_tool_calls false */
     lily_oai_request_free(&req);
 }
 

@@ -148,6 +148,19 @@ expect_error(400, "POST", chat, {"messages": USER, "stream_options": {"include_u
              what="stream_options without stream (as OpenAI)")
 expect_error(400, "POST", "/v1/completions", {"prompt": "Hi", "stream": False, "stream_options": {}},
              param="stream_options", what="stream_options with stream false")
+# vLLM extensions lily does not implement are refused when set, not dropped (a reply made without them would
+# silently be another reply): ignore_eos, min_tokens, continue_final_message, add_generation_prompt false
+PREFILL = USER + [{"role": "assistant", "content": "Sure"}]
+for path, body, param in ((chat, {"messages": USER, "ignore_eos": True}, "ignore_eos"),
+                          ("/v1/completions", {"prompt": "Hi", "ignore_eos": True}, "ignore_eos"),
+                          (chat, {"messages": USER, "min_tokens": 4}, "min_tokens"),
+                          (chat, {"messages": PREFILL, "continue_final_message": True,
+                                  "add_generation_prompt": False}, "continue_final_message"),
+                          (chat, {"messages": USER, "add_generation_prompt": False}, "add_generation_prompt")):
+    expect_error(400, "POST", path, body, param=param, what=f"{path} {param} (not implemented: refused, not ignored)")
+s, r = request("POST", chat, {"messages": USER, "max_tokens": 2, "ignore_eos": False, "min_tokens": 0,
+                              "continue_final_message": False, "add_generation_prompt": True})
+check(s == 200, f"those fields at their defaults are accepted ({s})")
 expect_error(400, "POST", chat, {"messages": [{"role": "wizard", "content": "x"}]}, what="unknown role")
 expect_error(400, "POST", chat, {"messages": [{"role": "assistant", "content": "no user"}]}, what="unrenderable")
 expect_error(400, "POST", chat, {"messages": USER, "tools": TOOLS,
@@ -293,6 +306,15 @@ if openai:
     r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=32, tool_choice="required")
     names = [cl.function.name for cl in (r.choices[0].message.tool_calls or [])]
     check(len(names) >= 1 and names[0] in ("get_weather", "get_time"), f"required tool_choice calls a tool {names}")
+    # parallel_tool_calls false: the reply ends as its first call closes (it was ignored: the reply went on)
+    kw = dict(model=NAME, messages=USER, tools=TOOLS, max_tokens=200, seed=4, tool_choice="required",
+              logit_bias=BAN_END)
+    many = client.chat.completions.create(**kw)
+    one = client.chat.completions.create(parallel_tool_calls=False, **kw)
+    check(one.choices[0].finish_reason == "tool_calls" and len(one.choices[0].message.tool_calls or []) == 1 and
+          one.usage.completion_tokens < many.usage.completion_tokens,
+          f"parallel_tool_calls false: one call, then the reply ends ({many.usage.completion_tokens} tokens without "
+          f"it, {one.usage.completion_tokens} with)")
     r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=8, tool_choice="none",
                                        seed=2)
     r0 = client.chat.completions.create(model=NAME, messages=USER, max_tokens=8, seed=2)

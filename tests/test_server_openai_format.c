@@ -141,6 +141,20 @@ static void test_openai_tool_choice(void **state)
     assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_REQUIRED);
     lily_oai_request_free(&req);
 
+    /* parallel_tool_calls: default true (any number of calls); false: the reply ends after its first call */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}", tools_json);
+    assert_true(parse(body, true, &req, &e));
+    assert_false(req.single_tool_call);
+    lily_oai_request_free(&req);
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,"
+             "\"parallel_tool_calls\":false}", tools_json);
+    assert_true(parse(body, true, &req, &e));
+    assert_true(req.single_tool_call);
+    lily_oai_request_free(&req);
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,"
+             "\"parallel_tool_calls\":\"no\"}", tools_json);
+    assert_rejected(body, true, "parallel_tool_calls");
+
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":{\"type\":"
              "\"function\",\"function\":{\"name\":\"get_time\"}}}", tools_json);
     assert_rejected(body, true, "tool_choice");

@@ -764,6 +764,16 @@ static int parse_args(int argc, char **argv, bench_options *o)
         usage(stderr);
         return 2;
     }
+    if (strcmp(o->backend, "cuda") && (o->n_samplings > 1 || o->samplings[0])) {
+        /* only the device decode loop samples; elsewhere every row would time the same forward passes */
+        fprintf(stderr, "lily bench: --sampling applies to --backend cuda only (the device decode loop's sampler); "
+                        "the %s backend times decode without sampling, one row per depth\n", o->backend);
+        o->n_samplings = 1;
+        o->samplings[0] = NULL;
+    }
+    if (strcmp(o->backend, "cuda") && o->device != 0)
+        fprintf(stderr, "lily bench: --device applies to --backend cuda only; the %s backend ignores it\n",
+                o->backend);
     return 0;
 }
 

@@ -268,21 +268,23 @@ int cmd_chat(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--cache-ram") || !strcmp(a, "--cache-vram") || !strcmp(a, "--checkpoint-every")) {
-            const bool ram = !strcmp(a, "--cache-ram");
-            char *end = NULL;
-            const long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
-            if (i + 1 >= argc || *end || v < (ram ? 1 : 0) || v > (1L << 24)) {
-                fprintf(stderr, "lily chat: %s needs an integer in [%d, %ld]\n", a, ram ? 1 : 0, 1L << 24);
+        static const cli_value_option cache_opts_names[] = {
+            {"--cache-ram", NULL}, {"--cache-vram", NULL}, {"--checkpoint-every", NULL}};
+        const char *name, *value;
+        int m = cli_match_option("chat", argc, argv, &i, cache_opts_names, 3, &name, &value);
+        if (m < 0)
+            return 2;
+        if (m > 0) {
+            const bool ram = !strcmp(name, "--cache-ram");
+            long v;
+            if (cli_parse_int("chat", name, value, ram ? 1 : 0, 1L << 24, &v))
                 return 2;
-            }
             if (ram)
                 cache_opts.ram_bytes = (size_t)v << 20;
-            else if (!strcmp(a, "--cache-vram"))
+            else if (!strcmp(name, "--cache-vram"))
                 cache_vram_mib = v;
             else
                 cache_opts.checkpoint_every = v > 0 ? (int)v : -1;
-            i++;
             continue;
         }
         int r = cli_gen_option("chat", argc, argv, &i, &o);

@@ -194,6 +194,10 @@ int cmd_perplexity(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (parse_special && tokens_file) {
+        fprintf(stderr, "lily perplexity: --special applies to -f TEXT (a token-id file has no text to encode)\n");
+        return 2;
+    }
     if (!model) {
         bool is_test_model;
         model = cli_default_model("perplexity", &is_test_model);

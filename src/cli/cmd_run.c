@@ -166,6 +166,12 @@ int cmd_run(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (raw && (o.system || o.no_think || o.hide_reasoning)) { /* the chat template's options: nothing to act on */
+        fprintf(stderr, "lily run: %s has no effect with --raw (no chat template: the prompt is encoded as is and "
+                        "the continuation printed verbatim)\n",
+                o.system ? "--system" : o.no_think ? "--no-think" : "--hide-reasoning");
+        return 2;
+    }
     if (prompt && !strcmp(prompt, "-"))
         prompt_file = "-";
     if (prompt_file) {

@@ -1,4 +1,4 @@
-/* cmd_serve.c — `lily serve`: the OpenAI-compatible HTTP server (server/http.h, server/service.h).
+/* cmd_serve.c — `lily serve`: the OpenAI- and Anthropic-compatible HTTP server (server/http.h, server/service.h).
  *
  * Owns: the options, the order of start-up (HTTP first, so /health answers 503 while the model loads on
  * the engine worker) and of shutdown (SIGINT/SIGTERM: stop accepting, answer waiting requests 503, let the
@@ -27,9 +27,10 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: lily serve [-m DIR] [options]\n"
             "\n"
-            "OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-            "GET /health (503 while the model loads), GET /metrics (Prometheus text), POST /tokenize,\n"
-            "POST /detokenize.\n"
+            "OpenAI- and Anthropic-compatible server: POST /v1/chat/completions, POST /v1/completions,\n"
+            "POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, GET /v1/models/{id},\n"
+            "GET / (a chat page), GET /health (503 while the model loads), GET /metrics (Prometheus text),\n"
+            "POST /tokenize, POST /detokenize.\n"
             "\n"
             "  -m, --model DIR      model directory (config.json, safetensors, tokenizer.json);\n"
             "                       default: $LILY_MODEL, else the bundled models/lily-tiny\n"

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "text/output_parser.h"
 
@@ -58,15 +59,19 @@ int debug_parse(int argc, char **argv)
 {
     bool thinking = false, length = false;
     const char *tools_path = NULL;
+    static const cli_value_option vopts[] = {{"--model", "-m"}, {"--tools", NULL}};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--thinking")) {
+        const char *name, *value;
+        int r = cli_match_option("debug parse", argc, argv, &i, vopts, 2, &name, &value);
+        if (r < 0)
+            return 2;
+        if (r > 0) {
+            if (!strcmp(name, "--tools"))
+                tools_path = value; /* --model is not needed: parsing uses no model files */
+        } else if (!strcmp(argv[i], "--thinking")) {
             thinking = true;
         } else if (!strcmp(argv[i], "--length")) {
             length = true;
-        } else if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) {
-            i++; /* not needed: parsing uses no model files */
-        } else if (!strcmp(argv[i], "--tools") && i + 1 < argc) {
-            tools_path = argv[++i];
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;

@@ -8,12 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "text/chat_template.h"
 
-static int usage(void)
+static int usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: lily debug render --model DIR --request FILE\n"
             "  Prints the prompt the Qwen3.6 chat template renders for an OpenAI chat request (FILE may be -\n"
             "  for stdin): messages, tools, chat_template_kwargs {enable_thinking, preserve_thinking},\n"
@@ -30,27 +31,31 @@ int debug_render(int argc, char **argv)
     const char *model_dir = NULL, *request_path = NULL;
     lily_chat_options opts;
     lily_chat_options_init(&opts);
+    static const cli_value_option vopts[] = {{"--model", "-m"}, {"--request", "-r"}};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if ((!strcmp(a, "--model") || !strcmp(a, "-m")) && i + 1 < argc)
-            model_dir = argv[++i];
-        else if ((!strcmp(a, "--request") || !strcmp(a, "-r")) && i + 1 < argc)
-            request_path = argv[++i];
+        const char *a = argv[i], *name, *value;
+        int r = cli_match_option("debug render", argc, argv, &i, vopts, 2, &name, &value);
+        if (r < 0)
+            return 2;
+        if (r > 0 && !strcmp(name, "--model"))
+            model_dir = value;
+        else if (r > 0)
+            request_path = value;
         else if (!strcmp(a, "--no-think"))
             opts.enable_thinking = 0;
         else if (!strcmp(a, "--no-generation-prompt"))
             opts.add_generation_prompt = 0;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage();
+            usage(stdout);
             return 0;
         } else {
             fprintf(stderr, "lily debug render: unknown or incomplete option '%s'\n", a);
-            return usage();
+            return usage(stderr);
         }
     }
     if (!request_path) {
         fprintf(stderr, "lily debug render: --request FILE is required\n");
-        return usage();
+        return usage(stderr);
     }
 
     lily_error err = {0};

@@ -61,9 +61,14 @@ int debug_tokenize(int argc, char **argv)
 {
     const char *model = NULL;
     bool ids_only = false, parse_special = true;
+    static const cli_value_option opts[] = {{"--model", "-m"}};
     for (int i = 1; i < argc; i++) {
-        if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc)
-            model = argv[++i];
+        const char *name, *value;
+        int r = cli_match_option("debug tokenize", argc, argv, &i, opts, 1, &name, &value);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            model = value;
         else if (!strcmp(argv[i], "--ids"))
             ids_only = true;
         else if (!strcmp(argv[i], "--no-special"))

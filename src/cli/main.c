@@ -12,7 +12,7 @@ static const struct {
 } commands[] = {
     {"run", cmd_run, "generate a reply to one prompt, streamed to stdout"},
     {"chat", cmd_chat, "multi-turn chat in the terminal"},
-    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"serve", cmd_serve, "OpenAI- and Anthropic-compatible HTTP server"},
     {"bench", cmd_bench, "prefill and decode speed over prompt lengths and context depths"},
     {"perplexity", cmd_perplexity, "teacher-forced perplexity of a text"},
     {"eval", cmd_eval, "logits for given token ids, optionally compared with a reference"},

@@ -31,7 +31,8 @@ void cli_gen_options_usage(FILE *f)
 {
     fprintf(f,
             "  -m, --model DIR        model directory (default: $LILY_MODEL, else the bundled model)\n"
-            "  -n, --max-tokens N     generate at most N tokens per reply (default 0: until a stop token or a full context)\n"
+            "  -n, --max-tokens N     generate at most N tokens per reply (default: generation_config.json's\n"
+            "                         max_new_tokens when it sets one, else until a stop token or a full context)\n"
             "      --temp T           temperature, 0 = greedy (default: generation_config.json, else 1)\n"
             "      --top-p P          nucleus cut (default: generation_config.json, else 0.95)\n"
             "      --top-k K          top-k cut, 0 = off (default: generation_config.json, else 20)\n"

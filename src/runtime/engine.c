@@ -26,6 +26,9 @@ lily_status lily_engine_plan(lily_engine *e, const char *backend, const lily_eng
         if (opts->n_cpu_moe > 0)
             fprintf(stderr, "lily: --n-cpu-moe / --cpu-moe apply to --backend cuda only; the %s backend keeps "
                     "everything in host memory anyway\n", backend);
+        if (opts->device_pool_bytes)
+            fprintf(stderr, "lily: --cache-vram applies to --backend cuda only; the %s backend keeps prefix-cache "
+                    "checkpoints in host memory (--cache-ram)\n", backend);
         return LILY_OK;
     }
     lily_memory_plan_input in = {

@@ -179,6 +179,11 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
                                                           json_object_get(tc, "name")));
     else
         return bad(e, "tool_choice", "tool_choice: expected type 'auto', 'any', 'none', or 'tool' with a 'name'.");
+    json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+    if (dp && !json_is_null(dp) && !json_is_boolean(dp))
+        return bad(e, "tool_choice", "tool_choice.disable_parallel_tool_use: expected a boolean.");
+    if (json_is_true(dp)) /* at most one tool_use block, as OpenAI's parallel_tool_calls false */
+        json_object_set_new(oai, "parallel_tool_calls", json_false());
     return true;
 }
 

@@ -361,6 +361,10 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
 static bool check_tools(lily_oai_request *req, lily_oai_error *e)
 {
     char q[72];
+    bool parallel = true;
+    if (!get_bool(req->body, "parallel_tool_calls", &parallel, e))
+        return false;
+    req->single_tool_call = !parallel;
     json_t *tools = json_object_get(req->body, "tools");
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools))
@@ -592,8 +596,8 @@ static bool check_thinking(lily_oai_request *req, lily_oai_error *e)
     return true;
 }
 
-/* response_format (OpenAI structured outputs) and the reasoning budget (vLLM / SGLang-style fields). */
-static bool check_structured(lily_oai_request *req, lily_oai_error *e)
+/* response_format (OpenAI structured outputs; chat and, as vLLM, completions). */
+static bool check_response_format(lily_oai_request *req, lily_oai_error *e)
 {
     json_t *rf = json_object_get(req->body, "response_format");
     if (rf && !json_is_null(rf)) {
@@ -618,6 +622,12 @@ static bool check_structured(lily_oai_request *req, lily_oai_error *e)
                                                   "values are: 'text', 'json_object' and 'json_schema'.", type);
         }
     }
+    return true;
+}
+
+/* The reasoning budget (vLLM / SGLang-style fields; chat only: a completion has no think block). */
+static bool check_reasoning_budget(lily_oai_request *req, lily_oai_error *e)
+{
     long long budget = -1, alias = -1;
     if (!get_int(req->body, "reasoning_budget", 0, INT32_MAX, &budget, e) ||
         !get_int(req->body, "max_reasoning_tokens", 0, INT32_MAX, &alias, e))
@@ -642,6 +652,32 @@ static bool check_unsupported_completion(json_t *b, lily_oai_error *e)
         return false;
     if (best_of != 1)
         return bad(e, "best_of", "Invalid value for 'best_of': only best_of=1 is supported (got %lld).", best_of);
+    return true;
+}
+
+/* vLLM's extensions that lily does not implement, refused unless they hold their defaults, so a client that
+ * sends one never gets a reply made without it: ignore_eos false, min_tokens 0, and on chat
+ * continue_final_message false and add_generation_prompt true (a prefill goes through /v1/messages). */
+static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error *e)
+{
+    bool ignore_eos = false, cont = false, gen_prompt = true;
+    long long min_tokens = 0;
+    if (!get_bool(b, "ignore_eos", &ignore_eos, e) || !get_int(b, "min_tokens", 0, INT32_MAX, &min_tokens, e))
+        return false;
+    if (ignore_eos)
+        return bad(e, "ignore_eos", "Invalid value for 'ignore_eos': not supported (a reply ends at the model's stop "
+                                    "tokens; ban them with 'logit_bias' instead).");
+    if (min_tokens > 0)
+        return bad(e, "min_tokens", "Invalid value for 'min_tokens': not supported (got %lld).", min_tokens);
+    if (!is_chat)
+        return true;
+    if (!get_bool(b, "continue_final_message", &cont, e) || !get_bool(b, "add_generation_prompt", &gen_prompt, e))
+        return false;
+    if (cont)
+        return bad(e, "continue_final_message", "Invalid value for 'continue_final_message': not supported on this "
+                   "route; to prefill the reply, send a final assistant message to /v1/messages.");
+    if (!gen_prompt)
+        return bad(e, "add_generation_prompt", "Invalid value for 'add_generation_prompt': only true is supported.");
     return true;
 }
 
@@ -670,13 +706,16 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     if (is_chat) {
         req->messages = json_object_get(b, "messages");
         if (!check_messages(req->messages, e) || !check_tools(req, e) || !check_thinking(req, e) ||
-            !check_structured(req, e))
+            !check_response_format(req, e) || !check_reasoning_budget(req, e))
             goto fail;
     } else {
-        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e) || !check_unsupported_completion(b, e))
+        if (!check_prompt(req, e) || !get_bool(b, "echo", &req->echo, e) || !check_unsupported_completion(b, e) ||
+            !check_response_format(req, e))
             goto fail;
     }
 
+    if (!check_unsupported_extensions(b, is_chat, e))
+        goto fail;
     long long n = 1;
     if (!get_int(b, "n", 1, 1 << 20, &n, e))
         goto fail;

@@ -53,6 +53,8 @@ typedef struct {
     json_t *tools;            /* array or NULL; NULL when tool_choice is none */
     lily_tool_choice tool_choice;
     char tool_name[256];      /* for LILY_TOOL_CHOICE_NAMED */
+    bool single_tool_call;    /* parallel_tool_calls false (Anthropic: disable_parallel_tool_use): the reply
+                               * ends once its first tool call is closed */
     int enable_thinking;      /* -1 unset (template default: on), 0, 1 */
     int preserve_thinking;    /* -1 unset, 0, 1 */
     json_t *chat_template_kwargs; /* object or NULL */

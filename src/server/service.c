@@ -334,7 +334,8 @@ typedef struct {
     bool thinking;            /* the prompt opened a think block */
     bool reasoning_done;      /* the parser has left the think block */
     bool think_closed;        /* "</think>" was generated: later tokens are not reasoning */
-    bool one_call;            /* tool_choice names a function: stop once its call is closed */
+    bool one_call;            /* tool_choice names a function, or parallel_tool_calls is false: stop once
+                               * the first call is closed */
     bool call_closed;
     int reasoning_tokens;
     lily_grammar *grammar;    /* what the content or the forced call's arguments must follow, or NULL */
@@ -1039,7 +1040,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     name_constraint nc = {0};
     lily_logit_bias *bias = NULL;
     generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream,
-                    .one_call = req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED,
+                    .one_call = req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->single_tool_call),
                     .anth = {.index = -1, .kind = -1}, .t_start = lily_wall_seconds()};
     job->stats.worker_start_s = g.t_start;
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
@@ -1065,7 +1066,7 @@ static void run_generation(lily_service *svc, lily_job *job)
      * the content (response_format) */
     if (req->is_chat && req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
         g.grammar = lily_structured_tool_grammar(req, req->tool_name, strlen(req->tool_name));
-    } else if (req->is_chat && req->tool_choice != LILY_TOOL_CHOICE_REQUIRED &&
+    } else if ((!req->is_chat || req->tool_choice != LILY_TOOL_CHOICE_REQUIRED) &&
                (st = lily_structured_response_grammar(req, &g.grammar, &err)) != LILY_OK) {
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error",
@@ -1143,7 +1144,7 @@ static void run_generation(lily_service *svc, lily_job *job)
         goto done;
     }
     if (res.finish == LILY_FINISH_CANCELLED && g.one_call && g.call_closed && !g.failed)
-        res.finish = LILY_FINISH_STOP; /* the named call is complete: as OpenAI, one call */
+        res.finish = LILY_FINISH_STOP; /* the named (or only allowed) call is complete: as OpenAI, one call */
     if (st != LILY_OK || g.failed || res.finish == LILY_FINISH_CANCELLED) {
         lily_session_reset(s);
         fail_with(job, 500, "server_error", NULL, NULL, st != LILY_OK ? err.message : "Out of memory.");
