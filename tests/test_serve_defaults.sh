@@ -20,7 +20,7 @@ set -euo pipefail
 lily_test_init "$@"
 lily_python "$LILY"
 exec "$PY" - "$LILY" "$DATA/tiny-chat" "$TMP" "$(dirname "$0")/lib" <<'PY'
-import http.client, json, os, re, shutil, subprocess, sys
+import http.client, json, os, re, shutil, subprocess, sys, time
 lily, model, tmp = sys.argv[1:4]
 sys.path.insert(0, sys.argv[4])
 from lily_test import Tally, start_server
@@ -29,6 +29,17 @@ check = t.check
 
 def start(*args):
     return start_server(lily, model, os.path.join(tmp, "serve.log"), *args)
+
+def wait_log(path, pattern, seconds=10.0):
+    """Whether the server's log shows pattern within seconds (the request log line is written after the
+    reply has been sent, so a client can read the log before it is there)."""
+    end = time.time() + seconds
+    while True:
+        if re.search(pattern, open(path).read()):
+            return True
+        if time.time() > end:
+            return False
+        time.sleep(0.05)
 
 def req(port, method, path, body=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -111,8 +122,7 @@ try:
     o, _ = chat(port, temperature=1.0, top_p=1.0, top_k=0, **ask)
     check(d["message"] == q["message"], "no generation_config.json: the defaults are temperature 1, top_p 0.95, top_k 20")
     check(d["message"] != o["message"], "... and not top-k off / top-p 1 (the sampler's own defaults)")
-    log = open(os.path.join(tmp, "bare.log")).read()
-    check(re.search(r'decode_path="host sampler \(the backend has no device loop\)"', log) is not None,
+    check(wait_log(os.path.join(tmp, "bare.log"), r'decode_path="host sampler \(the backend has no device loop\)"'),
           "the request log line names the decode path and why")
 finally:
     p.terminate(); p.wait()
@@ -122,8 +132,7 @@ p, port = start_server(lily, bare, os.path.join(tmp, "host.log"), "--host-sample
 try:
     h, _ = chat(port, **ask)
     check(h["message"] == d["message"], "--host-sampler: the same seeded reply")
-    log = open(os.path.join(tmp, "host.log")).read()
-    check(re.search(r'decode_path="host sampler \(asked for\)"', log) is not None,
+    check(wait_log(os.path.join(tmp, "host.log"), r'decode_path="host sampler \(asked for\)"'),
           "--host-sampler: the request log says the host sampler was asked for")
 finally:
     p.terminate(); p.wait()
