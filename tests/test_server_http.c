@@ -195,8 +195,12 @@ static int setup(void **state)
 {
     (void)state;
     lily_error err;
-    if (lily_scheduler_start(&sched, 1, NULL, fake_run, NULL, &err) != LILY_OK)
+    if (lily_scheduler_init(&sched, 1, NULL, fake_run, NULL, &err) != LILY_OK)
         return -1;
+    if (lily_scheduler_launch(&sched, &err) != LILY_OK) {
+        lily_scheduler_stop(&sched);
+        return -1;
+    }
     lily_scheduler_wait_loaded(&sched);
     lily_http_options o = {.host = "127.0.0.1", .port = 0, .api_key = NULL, .max_body = 1024, .model_name = "fake",
                            .max_connections = 16, .idle_timeout_s = 2};

@@ -325,15 +325,6 @@ lily_status lily_scheduler_launch(lily_scheduler *s, lily_error *err)
     return LILY_OK;
 }
 
-lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
-                                 void *user, lily_error *err)
-{
-    lily_status st = lily_scheduler_init(s, queue_cap, load, run, user, err);
-    if (st == LILY_OK && (st = lily_scheduler_launch(s, err)) != LILY_OK)
-        lily_scheduler_stop(s);
-    return st;
-}
-
 lily_status lily_scheduler_submit(lily_scheduler *s, lily_job *job)
 {
     pthread_mutex_lock(&s->mu);

@@ -127,9 +127,6 @@ lily_status lily_scheduler_init(lily_scheduler *s, int queue_cap, lily_job_loade
  * (A server can listen first, so that a port it cannot take fails before the model loads.)
  * Errors: LILY_ERR_IO (thread creation; the state becomes FAILED). */
 lily_status lily_scheduler_launch(lily_scheduler *s, lily_error *err);
-/* lily_scheduler_init, then lily_scheduler_launch. Errors: theirs (nothing is left to stop). */
-lily_status lily_scheduler_start(lily_scheduler *s, int queue_cap, lily_job_loader load, lily_job_runner run,
-                                 void *user, lily_error *err);
 
 /* Queue a job (takes a reference). LILY_ERR_UNSUPPORTED when the queue is full or the server is stopping
  * or not ready; the job is untouched then and the caller answers 503. */
