@@ -212,10 +212,11 @@ gemm_kernel_id gemm_kernel_choose(void)
 
 int gemm_grouped_tile(int kernel, double avg_rows)
 {
-    /* measured (H200, docs/BENCHMARKS.md "Prefill GEMM variant x MoE tile by prompt length"): with the
-     * mma.sync kernels 128-token tiles lost at every length and 64 wins from ~24 rows per expert; the
-     * wgmma kernel's dequantization is amortised over the tile's tokens, so it takes 128 from 128 rows */
-    if (kernel == GEMM_KERNEL_WGMMA || kernel == GEMM_KERNEL_MMA_DQ)
+    /* measured (H200, docs/BENCHMARKS.md "Prefill GEMM variant x MoE tile by prompt length" and "The
+     * non-Hopper path"): with the mma.sync kernels (MMA and MMA_DQ) 128-token tiles lost at every length
+     * and 64 wins from ~24 rows per expert; the wgmma kernel's dequantization is amortised over the tile's
+     * tokens, so it takes 128 from 128 rows */
+    if (kernel == GEMM_KERNEL_WGMMA)
         return avg_rows >= 128.0 ? 128 : avg_rows >= 24.0 ? 64 : 16;
     return avg_rows >= 24.0 ? 64 : 16;
 }

@@ -104,7 +104,7 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 bool gemm_wgmma_available(void);
 
 /* Tokens per grouped tile for an average of `avg_rows` rows per expert under kernel family `kernel`:
- * 16 / 64 from 24 rows (MMA), 16 / 64 / 128 from 24 / 128 rows (WGMMA, MMA_DQ). The plan (launch_moe_plan)
+ * 16 / 64 from 24 rows (MMA, MMA_DQ), 16 / 64 / 128 from 24 / 128 rows (WGMMA). The plan (launch_moe_plan)
  * and the grouped GEMMs must get the same T (forward_prefill.cu calls this once per MoE block). */
 int gemm_grouped_tile(int kernel, double avg_rows);
 /* Tokens per block of a dense GEMM of n_tokens rows: 16 up to 16 tokens, then 64 (MMA: 128-token tiles
