@@ -11,7 +11,7 @@
  *     per MMA of the DQ = false form. The results are the wgmma kernel's up to summation order (weights
  *     rounded to fp16 once, relative 2^-11).
  *
- * gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>: 4·WN warps (WN = 2: 256 threads), a block owns 128
+ * gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED, DQ>: 4·WN warps (WN = 2: 256 threads), a block owns 128
  * weight rows (SWIGLU: 64 gate rows + the same 64 up rows) x T = 8·WN·NTW tokens. The warps form a
  * 4 x WN grid: warp w owns rows 32·(w & 3) .. +31 (two m16 tiles) and tokens TW·(w >> 2) .. +TW-1,
  * TW = 8·NTW (NTW n8 tiles), so a dequantized A fragment feeds NTW MMAs and an activation (B) fragment
