@@ -4,19 +4,22 @@
  * MoE block of forward_prefill.cu (router GEMM, top-k, expert plan, grouped gate/up + down GEMMs, shared
  * expert, combine) with router weights built so one expert gets every token, one never gets any and
  * the rest get 0, 1 or many rows. Every case runs under each kernel family (GEMM_KERNEL_MMA: gemm_kernel
- * at 16 tokens, gemm2d_kernel at 64/128; GEMM_KERNEL_WGMMA on an sm_90a GPU: gemm_wg_kernel for 4-bit
- * weights at 64/128) and dense tile size, the CPU twin computed once per case; a "note" line says
- * whether a configuration reproduced the first one's bits (expected among the mma.sync kernels: they
- * issue the same MMAs and folds per output; not for the wgmma kernel with 4-bit weights, which rounds the
- * weights to fp16). The MoE cases also check the tile map against the rows per expert. Outputs are
- * NaN-poisoned before each launch. Exits 77 without a GPU.
+ * at 16 tokens, gemm2d_kernel at 64/128; GEMM_KERNEL_MMA_DQ: gemm2d_kernel's fp16-dequantized form for
+ * 4-bit weights at 64/128; GEMM_KERNEL_WGMMA on an sm_90a GPU: gemm_wg_kernel for 4-bit weights at 64/128)
+ * and dense tile size, the CPU twin computed once per case; a "note" line says whether a configuration
+ * reproduced the first one's bits (expected among the integer-weight mma.sync kernels: they issue the
+ * same MMAs and folds per output; not for the wgmma kernel and the DQ form with 4-bit weights, which
+ * round the weights to fp16). The MoE cases also check the tile map against the rows per expert. Outputs
+ * are NaN-poisoned before each launch. gemm_kernel_choose must pick WGMMA where the sm_90a kernel runs,
+ * else MMA_DQ. Exits 77 without a GPU.
  *
  * Error bound: activations are rounded to fp16 once (relative 2^-12 after the per-row power-of-two
  * scaling), weights are exact, accumulation fp32: |gpu - cpu| <= rel * Σ|terms| + 1e-5 with rel = 1e-3
  * for a GEMM and 3e-3 for the MoE block (hid is rounded to fp16 again before the down projection).
- * The wgmma kernel also rounds each 4-bit weight s·q + b to fp16 once (one HFMA2 of fp16 s, q, b, all exact:
- * relative 2^-11 ≈ 4.9e-4 of |w|), so each product carries up to 2 · 2^-11 ≈ 9.8e-4 of |w·x| instead
- * of 4.9e-4: its rel is doubled (2e-3 GEMM, 6e-3 MoE), the same margin over the worst case as before.
+ * The wgmma kernel and the DQ form also round each 4-bit weight s·q + b to fp16 once (one HFMA2 of fp16 s, q,
+ * b, all exact: relative 2^-11 ≈ 4.9e-4 of |w|), so each product carries up to 2 · 2^-11 ≈ 9.8e-4 of
+ * |w·x| instead of 4.9e-4: their rel is doubled (2e-3 GEMM, 6e-3 MoE), the same margin over the worst
+ * case as before.
  * On a compute capability 9.0 device the test fails if the wgmma kernel is not available (the binary
  * lacks sm_90a code), so the wgmma configurations cannot be skipped silently.
  */
@@ -164,16 +167,18 @@ static void make_mat(hmat &m, int bits, int E, int rows, int cols)
 
 /* (kernel family, dense tile; 0: gemm_dense_tile): GEMM_KERNEL_MMA runs gemm_kernel at 16 tokens and
  * gemm2d_kernel at 64/128; GEMM_KERNEL_WGMMA runs gemm_wg_kernel for 4-bit weights at 64/128 (X by TMA for
- * every dense launch; the gathered MoE gate/up by cp.async on mbarriers) and the MMA kernels otherwise.
- * The MoE block takes the family's automatic grouped tile (gemm_grouped_tile: the shapes in main give
- * 16, 64 and 128). The WGMMA configurations run only where the sm_90a kernel is available. */
+ * every dense launch; the gathered MoE gate/up by cp.async on mbarriers) and the MMA kernels otherwise;
+ * GEMM_KERNEL_MMA_DQ runs gemm2d_kernel's DQ form for 4-bit weights at 64/128 and the MMA kernels
+ * otherwise. The MoE block takes the family's automatic grouped tile (gemm_grouped_tile: the shapes in
+ * main give 16, 64 and 128). The WGMMA configurations run only where the sm_90a kernel is available. */
 struct gemm_cfg {
     int kernel, tile;
 };
-static const gemm_cfg k_dense_cfgs[] = {{GEMM_KERNEL_MMA, 16},   {GEMM_KERNEL_MMA, 64},    {GEMM_KERNEL_MMA, 128},
-                                        {GEMM_KERNEL_MMA, 0},    {GEMM_KERNEL_WGMMA, 64}, {GEMM_KERNEL_WGMMA, 128},
+static const gemm_cfg k_dense_cfgs[] = {{GEMM_KERNEL_MMA, 16},     {GEMM_KERNEL_MMA, 64},     {GEMM_KERNEL_MMA, 128},
+                                        {GEMM_KERNEL_MMA, 0},      {GEMM_KERNEL_MMA_DQ, 64},  {GEMM_KERNEL_MMA_DQ, 128},
+                                        {GEMM_KERNEL_MMA_DQ, 0},   {GEMM_KERNEL_WGMMA, 64},   {GEMM_KERNEL_WGMMA, 128},
                                         {GEMM_KERNEL_WGMMA, 0}};
-static const gemm_cfg k_moe_cfgs[] = {{GEMM_KERNEL_MMA, 0}, {GEMM_KERNEL_WGMMA, 0}};
+static const gemm_cfg k_moe_cfgs[] = {{GEMM_KERNEL_MMA, 0}, {GEMM_KERNEL_MMA_DQ, 0}, {GEMM_KERNEL_WGMMA, 0}};
 static bool g_wg = false; /* gemm_wgmma_available() */
 static std::vector<gemm_cfg> cfg_list(bool moe)
 {
@@ -181,15 +186,21 @@ static std::vector<gemm_cfg> cfg_list(bool moe)
     const gemm_cfg *c = moe ? k_moe_cfgs : k_dense_cfgs;
     const size_t n = moe ? sizeof k_moe_cfgs / sizeof k_moe_cfgs[0] : sizeof k_dense_cfgs / sizeof k_dense_cfgs[0];
     for (size_t i = 0; i < n; i++)
-        if (c[i].kernel == GEMM_KERNEL_MMA || g_wg)
+        if (c[i].kernel != GEMM_KERNEL_WGMMA || g_wg)
             v.push_back(c[i]);
     return v;
 }
 
-/* Error bound factor of a configuration: 2 for the wgmma kernel (fp16-rounded 4-bit weights). */
-static double cfg_rel(const gemm_cfg &k, int bits) { return k.kernel == GEMM_KERNEL_WGMMA && bits == 4 ? 2.0 : 1.0; }
+/* Error bound factor of a configuration: 2 for the wgmma kernel and the DQ form (fp16-rounded 4-bit weights). */
+static double cfg_rel(const gemm_cfg &k, int bits)
+{
+    return k.kernel != GEMM_KERNEL_MMA && bits == 4 ? 2.0 : 1.0;
+}
 
-static const char *cfg_name(const gemm_cfg &k) { return k.kernel == GEMM_KERNEL_WGMMA ? "wgmma" : "mma"; }
+static const char *cfg_name(const gemm_cfg &k)
+{
+    return k.kernel == GEMM_KERNEL_WGMMA ? "wgmma" : k.kernel == GEMM_KERNEL_MMA_DQ ? "dq" : "mma";
+}
 
 /* Informational: are two runs' outputs the same bits (both kernels do the same MMAs and folds)? */
 static void note_same(const char *what, const std::vector<float> &a, const std::vector<float> &b)
@@ -735,6 +746,15 @@ int main(void)
                 g_fail++;
                 printf("FAIL wgmma kernel not available on a compute capability 9.0 device (binary without sm_90a?)\n");
             }
+        }
+        /* the one choice of the prefill GEMM family: wgmma where its kernel runs, else the DQ form */
+        const gemm_kernel_id want = g_wg ? GEMM_KERNEL_WGMMA : GEMM_KERNEL_MMA_DQ, got = gemm_kernel_choose();
+        g_checks++;
+        if (got != want) {
+            g_fail++;
+            printf("FAIL gemm_kernel_choose: %d, want %d\n", (int)got, (int)want);
+        } else {
+            printf("PASS gemm_kernel_choose: %s\n", g_wg ? "wgmma" : "mma.sync on fp16-dequantized weights (dq)");
         }
     }
     const int ns[] = {1, 2, 7, 64, 513};

@@ -12,7 +12,8 @@
  * the unpack order, gemm_perm16); 8-bit adds a PRMT; bf16 converts via fp32. Per group and row the
  * fp32 MMA sum folds as acc += s·Σqx + b·Σx; the epilogue multiplies by the row's activation scale.
  * launch_gemm runs this kernel for 16-token tiles, the 2D-warp-tiled one (gemm_prefill_2d.cu) for 64 and
- * 128, or, with GEMM_KERNEL_WGMMA, the wgmma one (gemm_prefill_wgmma.cu) for 4-bit weights at 64 and 128;
+ * 128 (with GEMM_KERNEL_MMA_DQ its form on fp16-dequantized 4-bit weights), or, with GEMM_KERNEL_WGMMA,
+ * the wgmma one (gemm_prefill_wgmma.cu) for 4-bit weights at 64 and 128;
  * the shared device helpers are in gemm_prefill_dev.cuh.
  */
 #include "gemm_prefill_dev.cuh"
@@ -206,14 +207,15 @@ static cudaError_t gemm_bits(const gemm_args &a, int n_tokens, bool grouped, int
 
 gemm_kernel_id gemm_kernel_choose(void)
 {
-    return gemm_wgmma_available() ? GEMM_KERNEL_WGMMA : GEMM_KERNEL_MMA;
+    return gemm_wgmma_available() ? GEMM_KERNEL_WGMMA : GEMM_KERNEL_MMA_DQ;
 }
 
 int gemm_grouped_tile(int kernel, double avg_rows)
 {
-    /* measured (H200, docs/BENCHMARKS.md "Prefill GEMM variant x MoE tile by prompt length"): with the
-     * mma.sync kernels 128-token tiles lost at every length and 64 wins from ~24 rows per expert; the
-     * wgmma kernel's dequantization is amortised over the tile's tokens, so it takes 128 from 128 rows */
+    /* measured (H200, docs/BENCHMARKS.md "Prefill GEMM variant x MoE tile by prompt length" and "The
+     * non-Hopper path"): with the mma.sync kernels (MMA and MMA_DQ) 128-token tiles lost at every length
+     * and 64 wins from ~24 rows per expert; the wgmma kernel's dequantization is amortised over the tile's
+     * tokens, so it takes 128 from 128 rows */
     if (kernel == GEMM_KERNEL_WGMMA)
         return avg_rows >= 128.0 ? 128 : avg_rows >= 24.0 ? 64 : 16;
     return avg_rows >= 24.0 ? 64 : 16;
@@ -223,7 +225,7 @@ int gemm_dense_tile(int kernel, int n_tokens)
 {
     if (n_tokens <= 16)
         return 16;
-    return kernel == GEMM_KERNEL_WGMMA && n_tokens >= 128 ? 128 : 64;
+    return (kernel == GEMM_KERNEL_WGMMA || kernel == GEMM_KERNEL_MMA_DQ) && n_tokens >= 128 ? 128 : 64;
 }
 
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
@@ -246,15 +248,15 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s)
     const int T = a.tile_tokens ? a.tile_tokens : gemm_dense_tile(a.kernel, n_tokens);
     if (T != 16 && T != 64 && T != 128)
         return cudaErrorInvalidValue;
-    /* the wgmma kernel takes 4-bit weights at 64/128-token tiles; every other case (8-bit / bf16 weights,
-     * 16-token tiles) runs the mma.sync kernels */
+    /* the wgmma kernel and the DQ form take 4-bit weights at 64/128-token tiles; every other case (8-bit /
+     * bf16 weights, 16-token tiles) runs the integer-weight mma.sync kernels */
     if (a.kernel == GEMM_KERNEL_WGMMA && a.m[0].bits == 4 && T != 16) {
         if (!gemm_wgmma_available())
             return cudaErrorInvalidValue;
         return launch_gemm_wgmma(a, n_tokens, grouped, T, s);
     }
     if (T != 16)
-        return launch_gemm2d(a, n_tokens, grouped, T, s);
+        return launch_gemm2d(a, n_tokens, grouped, T, a.kernel == GEMM_KERNEL_MMA_DQ && a.m[0].bits == 4, s);
     switch (a.m[0].bits) {
     case 4: return gemm_bits<4>(a, n_tokens, grouped, T, s);
     case 8: return gemm_bits<8>(a, n_tokens, grouped, T, s);

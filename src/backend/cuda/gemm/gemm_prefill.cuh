@@ -41,12 +41,16 @@ enum gemm_epilogue {
 
 /* The GEMM kernel family of the prefill path, chosen once per backend (gemm_kernel_choose). */
 enum gemm_kernel_id {
-    GEMM_KERNEL_MMA = 0,   /* mma.sync: gemm_kernel (16-token tiles), gemm2d_kernel (64, 128); any sm_80+ GPU */
-    GEMM_KERNEL_WGMMA = 1, /* as MMA, and gemm_wg_kernel (Hopper wgmma) for 4-bit weights at 64/128 tokens */
+    GEMM_KERNEL_MMA = 0,    /* mma.sync on integer weights + per-group fold: gemm_kernel (16-token tiles),
+                             * gemm2d_kernel (64, 128); any sm_80+ GPU; the bit-exact reference family */
+    GEMM_KERNEL_WGMMA = 1,  /* as MMA, and gemm_wg_kernel (Hopper wgmma) for 4-bit weights at 64/128 tokens */
+    GEMM_KERNEL_MMA_DQ = 2, /* as MMA, and gemm2d_kernel's DQ form (mma.sync on weights dequantized to fp16)
+                             * for 4-bit weights at 64/128 tokens; any sm_80+ GPU */
 };
 
 /* GEMM_KERNEL_WGMMA when the current device runs the binary's sm_90a image (gemm_wgmma_available), else
- * GEMM_KERNEL_MMA. Call outside stream capture (the first call reads a device flag). */
+ * GEMM_KERNEL_MMA_DQ (sm_80 ... sm_89, sm_120, and sm_90 without the sm_90a image). Call outside stream
+ * capture (the first call reads a device flag). */
 gemm_kernel_id gemm_kernel_choose(void);
 
 /* Y[row][r] (=, +=, swiglu) Σ_c X[row][c] W[r][c] for up to 4 matrices (same bits and cols) whose rows
@@ -88,9 +92,10 @@ cudaError_t launch_gemm_prep_block(const gemv_input &in, int cols, int n_rows, c
 
 /* The GEMM for n_tokens rows of X (dense) or for the tile map (grouped; n_tokens unused), by the kernel
  * family a.kernel: gemm_kernel (gemm_prefill.cu) for 16-token tiles, gemm2d_kernel (gemm_prefill_2d.cu)
- * for 64/128; with GEMM_KERNEL_WGMMA, gemm_wg_kernel (gemm_prefill_wgmma.cu) for 4-bit weights at 64/128
- * (weights rounded to fp16: not bit-identical to the others). Returns cudaErrorInvalidValue for shapes it
- * has no kernel for (and for GEMM_KERNEL_WGMMA on a device without the sm_90a image). */
+ * for 64/128; for 4-bit weights at 64/128, GEMM_KERNEL_WGMMA runs gemm_wg_kernel (gemm_prefill_wgmma.cu)
+ * and GEMM_KERNEL_MMA_DQ gemm2d_kernel's DQ form (both round the weights to fp16: not bit-identical to
+ * GEMM_KERNEL_MMA). Returns cudaErrorInvalidValue for shapes it has no kernel for (and for
+ * GEMM_KERNEL_WGMMA on a device without the sm_90a image). */
 cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 
 /* Whether the wgmma kernel can run: the current device is compute capability 9.0 and the runtime loaded
@@ -99,12 +104,12 @@ cudaError_t launch_gemm(const gemm_args &a, int n_tokens, cudaStream_t s);
 bool gemm_wgmma_available(void);
 
 /* Tokens per grouped tile for an average of `avg_rows` rows per expert under kernel family `kernel`:
- * 16 / 64 from 24 rows (MMA), 16 / 64 / 128 from 24 / 128 rows (WGMMA). The plan (launch_moe_plan) and
- * the grouped GEMMs must get the same T (forward_prefill.cu calls this once per MoE block). */
+ * 16 / 64 from 24 rows (MMA, MMA_DQ), 16 / 64 / 128 from 24 / 128 rows (WGMMA). The plan (launch_moe_plan)
+ * and the grouped GEMMs must get the same T (forward_prefill.cu calls this once per MoE block). */
 int gemm_grouped_tile(int kernel, double avg_rows);
-/* Tokens per block of a dense GEMM of n_tokens rows: 16 up to 16 tokens, then 64 (128-token tiles measured
- * slower with the mma.sync kernels), WGMMA 128 from 128 tokens (the same dequantized A feeds twice the
- * tokens). */
+/* Tokens per block of a dense GEMM of n_tokens rows: 16 up to 16 tokens, then 64 (MMA: 128-token tiles
+ * measured slower with the integer-weight kernels), WGMMA and MMA_DQ 128 from 128 tokens (the same
+ * dequantized A feeds twice the tokens). */
 int gemm_dense_tile(int kernel, int n_tokens);
 
 #endif

@@ -1,9 +1,17 @@
 /* gemm_prefill_2d.cu — the 2D-warp-tiled prefill tensor-core GEMM (64- and 128-token tiles where the wgmma
- * kernel does not run: 8-bit and bf16 weights, GPUs other than sm_90a): the same operands, math and results as gemm_kernel in gemm_prefill.cu
- * (bit for bit: every output element sees the same four MMAs per group in the same order and the same
- * fold), with less shared-memory traffic per MMA.
+ * kernel does not run: 8-bit and bf16 weights, GPUs other than sm_90a) in two forms:
+ *   DQ = false (GEMM_KERNEL_MMA): the same operands, math and results as gemm_kernel in gemm_prefill.cu
+ *     (bit for bit: every output element sees the same four MMAs per group in the same order and the
+ *     same fold), with less shared-memory traffic per MMA;
+ *   DQ = true (GEMM_KERNEL_MMA_DQ, 4-bit weights; what GPUs from sm_80 to sm_89 and sm_120 run): the
+ *     weights dequantized to fp16 in registers, w = s·q + b (load_a4_dq), so the MMAs accumulate straight
+ *     into the fp32 outputs: no per-group fold (2 FMAs per accumulator per group), no group sums staged
+ *     or read. Per 64-column group and warp the ALU work is the A dequantization (fixed per row) instead
+ *     of dequantization + a fold per (row, token): at 128-token tiles about half the non-MMA instructions
+ *     per MMA of the DQ = false form. The results are the wgmma kernel's up to summation order (weights
+ *     rounded to fp16 once, relative 2^-11).
  *
- * gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>: 4·WN warps (WN = 2: 256 threads), a block owns 128
+ * gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED, DQ>: 4·WN warps (WN = 2: 256 threads), a block owns 128
  * weight rows (SWIGLU: 64 gate rows + the same 64 up rows) x T = 8·WN·NTW tokens. The warps form a
  * 4 x WN grid: warp w owns rows 32·(w & 3) .. +31 (two m16 tiles) and tokens TW·(w >> 2) .. +TW-1,
  * TW = 8·NTW (NTW n8 tiles), so a dequantized A fragment feeds NTW MMAs and an activation (B) fragment
@@ -15,7 +23,11 @@
  * group's 32/64/128 bytes of 128 rows | activations: T rows x 128 B, 16-byte chunks XOR-swizzled by
  * row | T group sums | fp32 scale and bias of the 128 rows]. The scales/biases are plain loads held in
  * a register one step and stored to the stage (no per-thread scale pointers or prefetch registers).
- * Per group and (row, token) the fp32 MMA sum folds as acc += s·Σqx + b·Σx, as in gemm_prefill.cu.
+ * Per group and (row, token) the fp32 MMA sum folds as acc += s·Σqx + b·Σx, as in gemm_prefill.cu (DQ:
+ * no fold and no group sums in the stage).
+ * The B (activation) fragments need no ldmatrix: the gemm_act column permutation makes a thread's
+ * fragments of a whole group two 16-byte chunks of its token row, so two LDS.128 per n8 tile and group
+ * (conflict-free through the XOR swizzle) deliver what two ldmatrix.x4 would.
  */
 #include "gemm_prefill_dev.cuh"
 
@@ -25,7 +37,7 @@
 #define GEMM2D_MIN_BLOCKS 1
 #endif
 
-template <int BITS, int WN, int NTW>
+template <int BITS, int WN, int NTW, bool DQ = false>
 struct gemm2d_shape {
     static constexpr int NTHR = 128 * WN;          /* threads: 4 x WN warps */
     static constexpr int T = 8 * WN * NTW;         /* tokens per block */
@@ -35,7 +47,7 @@ struct gemm2d_shape {
     static constexpr int CPR = WB / 16;            /* 16-byte chunks per row per group */
     static constexpr int W_STAGE = GEMM_ROWS * WB;
     static constexpr int X_STAGE = T * 128;
-    static constexpr int XS_STAGE = T * 4;
+    static constexpr int XS_STAGE = DQ ? 0 : T * 4;  /* group sums (the fold's Σx) */
     static constexpr int SB_STAGE = BITS < 16 ? 2 * GEMM_ROWS * 4 : 0; /* [scale[128] | bias[128]] fp32 */
     static constexpr int STAGE = W_STAGE + X_STAGE + XS_STAGE + SB_STAGE;
     static constexpr int SMEM = STAGES * STAGE;
@@ -44,11 +56,13 @@ struct gemm2d_shape {
     static constexpr int G_STRIDE = T + 4;         /* SWIGLU gate staging: floats per row */
 };
 
-template <int BITS, int WN, int NTW, int EPI, bool GROUPED>
+template <int BITS, int WN, int NTW, int EPI, bool GROUPED, bool DQ>
 __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gemm2d_kernel(gemm_args a, int n_tokens)
 {
-    typedef gemm2d_shape<BITS, WN, NTW> S;
+    typedef gemm2d_shape<BITS, WN, NTW, DQ> S;
     constexpr int T = S::T, TW = S::TW, NS = S::STAGES;
+    constexpr bool FOLD = BITS < 16 && !DQ; /* per-group fold of integer-weight MMA sums */
+    static_assert(!DQ || BITS == 4, "the DQ form takes 4-bit weights");
     static_assert(S::STAGE % 16 == 0, "stage alignment");
     static_assert(T * 8 % S::NTHR == 0 && T <= S::NTHR && 2 * GEMM_ROWS <= S::NTHR, "thread roles");
     static_assert(S::SMEM >= 64 * S::G_STRIDE * 4, "SWIGLU epilogue needs 64 x (T + 4) floats");
@@ -106,7 +120,7 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
             const __half *src = a.act.x + (size_t)s_tok[r] * cols + k * 64 + c * 8;
             cp_async16(sx + r * 128 + ((c ^ (r & 7)) * 16), src, r < count);
         }
-        if (tid < T)
+        if (FOLD && tid < T)
             cp_async4(sx + S::X_STAGE + tid * 4, a.act.xs + (size_t)s_tok[tid] * n_groups + k, tid < count);
     };
     auto sb_slot = [&](int k) {
@@ -160,14 +174,19 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
         const unsigned char *sw = smem + (k % NS) * S::STAGE;
         const unsigned char *sx = sw + S::W_STAGE;
         const float *sxs = reinterpret_cast<const float *>(sx + S::X_STAGE);
-        const float *ssb = sxs + T;
+        const float *ssb = reinterpret_cast<const float *>(sx + S::X_STAGE + S::XS_STAGE);
         uint32_t A[2][4][4];
         float sc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, bi[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
             const int r0 = wm * 32 + mt * 16 + g;
+            if (DQ) {
+                load_a4_dq(sw, r0, tig, __float2half2_rn(ssb[r0]), __float2half2_rn(ssb[GEMM_ROWS + r0]),
+                           __float2half2_rn(ssb[r0 + 8]), __float2half2_rn(ssb[GEMM_ROWS + r0 + 8]), A[mt]);
+                continue;
+            }
             load_a<BITS>(sw, r0, tig, A[mt]);
-            if (BITS < 16)
+            if (FOLD)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     sc[mt][h] = ssb[r0 + 8 * h];
@@ -180,17 +199,17 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
             const uint4 b0 = *reinterpret_cast<const uint4 *>(sx + r * 128 + (((2 * tig) ^ g) * 16));
             const uint4 b1 = *reinterpret_cast<const uint4 *>(sx + r * 128 + (((2 * tig + 1) ^ g) * 16));
             float2 xs = make_float2(0.0f, 0.0f);
-            if (BITS < 16)
+            if (FOLD)
                 xs = *reinterpret_cast<const float2 *>(sxs + wn * TW + nt * 8 + tig * 2);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                float(&d)[4] = BITS == 16 ? acc[mt][nt] : c4;
+                float(&d)[4] = FOLD ? c4 : acc[mt][nt];
                 mma16816(d, A[mt][0], b0.x, b0.y);
                 mma16816(d, A[mt][1], b0.z, b0.w);
                 mma16816(d, A[mt][2], b1.x, b1.y);
                 mma16816(d, A[mt][3], b1.z, b1.w);
-                if (BITS < 16) {
+                if (FOLD) {
                     acc[mt][nt][0] = fmaf(sc[mt][0], c4[0], fmaf(bi[mt][0], xs.x, acc[mt][nt][0]));
                     acc[mt][nt][1] = fmaf(sc[mt][0], c4[1], fmaf(bi[mt][0], xs.y, acc[mt][nt][1]));
                     acc[mt][nt][2] = fmaf(sc[mt][1], c4[2], fmaf(bi[mt][1], xs.x, acc[mt][nt][2]));
@@ -261,47 +280,49 @@ __global__ void __launch_bounds__(128 * WN, WN == 2 ? GEMM2D_MIN_BLOCKS : 1) gem
 
 /* ---- dispatch ---------------------------------------------------------------------------------------- */
 
-template <int BITS, int WN, int NTW, int EPI, bool GROUPED>
+template <int BITS, int WN, int NTW, int EPI, bool GROUPED, bool DQ>
 static cudaError_t gemm2d_go(const gemm_args &a, int n_tokens, cudaStream_t s)
 {
-    typedef gemm2d_shape<BITS, WN, NTW> S;
+    typedef gemm2d_shape<BITS, WN, NTW, DQ> S;
     static size_t smem_set = 48 * 1024; /* opted in once per instance */
     dim3 grid;
-    cudaError_t e = cuda_smem_opt_in(gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED>, S::SMEM, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED, DQ>, S::SMEM, &smem_set);
     if (e == cudaSuccess)
         e = gemm_grid(a, n_tokens, GROUPED, S::T, EPI, &grid);
     if (e != cudaSuccess)
         return e;
-    gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED><<<grid, S::NTHR, S::SMEM, s>>>(a, n_tokens);
+    gemm2d_kernel<BITS, WN, NTW, EPI, GROUPED, DQ><<<grid, S::NTHR, S::SMEM, s>>>(a, n_tokens);
     return cudaGetLastError();
 }
 
-template <int BITS, int WN, int NTW>
+template <int BITS, int WN, int NTW, bool DQ>
 static cudaError_t gemm2d_epi(const gemm_args &a, int n_tokens, bool grouped, cudaStream_t s)
 {
     if (grouped) {
-        if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, true>(a, n_tokens, s);
-        if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, true>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, true, DQ>(a, n_tokens, s);
+        if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, true, DQ>(a, n_tokens, s);
         return cudaErrorInvalidValue;
     }
-    if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_ADD) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_ADD, false>(a, n_tokens, s);
-    if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, false>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_STORE) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_STORE, false, DQ>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_ADD) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_ADD, false, DQ>(a, n_tokens, s);
+    if (a.epi == GEMM_EPI_SWIGLU) return gemm2d_go<BITS, WN, NTW, GEMM_EPI_SWIGLU, false, DQ>(a, n_tokens, s);
     return cudaErrorInvalidValue;
 }
 
-template <int BITS>
+template <int BITS, bool DQ = false>
 static cudaError_t gemm2d_bits(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
 {
     if (T == 64)
-        return gemm2d_epi<BITS, 2, 4>(a, n_tokens, grouped, s);
+        return gemm2d_epi<BITS, 2, 4, DQ>(a, n_tokens, grouped, s);
     if (T == 128)
-        return gemm2d_epi<BITS, 2, 8>(a, n_tokens, grouped, s);
+        return gemm2d_epi<BITS, 2, 8, DQ>(a, n_tokens, grouped, s);
     return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s)
+cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, bool dq, cudaStream_t s)
 {
+    if (dq)
+        return a.m[0].bits == 4 ? gemm2d_bits<4, true>(a, n_tokens, grouped, T, s) : cudaErrorInvalidValue;
     switch (a.m[0].bits) {
     case 4: return gemm2d_bits<4>(a, n_tokens, grouped, T, s);
     case 8: return gemm2d_bits<8>(a, n_tokens, grouped, T, s);

@@ -15,8 +15,9 @@
 #define GEMM_ROWS 128
 
 /* The 2D-warp-tiled kernel (gemm_prefill_2d.cu) for T = 64 or 128 tokens per block (8 warps), called by
- * launch_gemm after it has checked the arguments. cudaErrorInvalidValue for other T or bits. */
-cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, cudaStream_t s);
+ * launch_gemm after it has checked the arguments; dq: the form on fp16-dequantized 4-bit weights
+ * (GEMM_KERNEL_MMA_DQ). cudaErrorInvalidValue for other T or bits (dq: bits other than 4). */
+cudaError_t launch_gemm2d(const gemm_args &a, int n_tokens, bool grouped, int T, bool dq, cudaStream_t s);
 
 /* The Hopper wgmma kernel (gemm_prefill_wgmma.cu) for 4-bit weights and T = 64 or 128 tokens per block;
  * cudaErrorInvalidValue otherwise. Only when gemm_wgmma_available(). */
@@ -123,6 +124,21 @@ __device__ __forceinline__ void load_a(const unsigned char *sw, int r0, int tig,
             }
         }
     }
+}
+
+/* load_a<4>'s fragments dequantized to fp16: w = s·q + b, one HFMA2 per pair on the exact integers q
+ * (one rounding, relative 2^-11 of |w|; the wgmma kernel's weights, gemm_prefill_wgmma.cu). s0/b0: scale
+ * and bias of row r0 as fp16 pairs, s1/b1 of row r0 + 8 (A[j][0], A[j][2] are row r0's, A[j][1], A[j][3]
+ * row r0 + 8's). */
+__device__ __forceinline__ void load_a4_dq(const unsigned char *sw, int r0, int tig, __half2 s0, __half2 b0, __half2 s1,
+                                           __half2 b1, uint32_t (&A)[4][4])
+{
+    load_a<4>(sw, r0, tig, A);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            A[j][i] = h2_bits(__hfma2(bits_h2(A[j][i]), (i & 1) ? s1 : s0, (i & 1) ? b1 : b0));
 }
 
 /* Block row br (0..127) -> matrix, row within it; false past the last row. */
