@@ -3,7 +3,8 @@
  * rot_dim dims (pairs (i, i + rot/2), inv_freq = theta^(-2i/rot), fp32 angle, cos/sin in double),
  * then k and v appended to the KV cache (bf16, or fp32 in exact mode: attn_args.k_cache_f32) at positions
  * pos .. pos + n - 1; q kept fp32.
- * grid = n tokens, block = 32 * (n_heads + 2 * n_kv): one warp per q head, k head and v head; with
+ * grid = n tokens, block = 32 * (n_heads + 2 * n_kv): one warp per q head, k head and v head, the token's
+ * RoPE cos / sin computed once per block (a thread per pair) into shared memory before the PDL wait; with
  * a.q_fused (a prefill chunk whose attention kernel norms and rotates q itself) the q warps are left
  * out: block = 32 * 2 * n_kv, a.q untouched. The norm / RoPE math lives in norm_rope.cuh.
  */
@@ -25,12 +26,19 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
 {
     tl_block<> tl(a.timeline);
     __shared__ float s_x[32][ROPE_MAX_DIM];
+    __shared__ double s_cos[ROPE_MAX_DIM / 2], s_sin[ROPE_MAX_DIM / 2];
     pdl_trigger(); /* the attention kernel reads nothing before its own wait */
-    pdl_wait();
-    tl.waited();
     /* w: head slot in q heads | k heads | v heads; the q slots are skipped when q is fused */
     const int t = blockIdx.x, w = (threadIdx.x >> 5) + (a.q_fused ? a.n_heads : 0), lane = threadIdx.x & 31;
-    const int D = a.head_dim, p = *a.pos + t;
+    /* the position was written by the previous forward call (complete), so the token's cos / sin (fp64
+     * pow and sincos: the slow part of this kernel) are computed before the wait, once per pair for the
+     * whole block instead of by every head's warp */
+    const int D = a.head_dim, p = *a.pos + t, half = a.rot_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        rope_cos_sin(p, i, a.rot_dim, a.rope_theta, &s_cos[i], &s_sin[i]);
+    __syncthreads();
+    pdl_wait();
+    tl.waited();
     const float *row = a.qkv + (size_t)t * a.qkv_stride;
     const int n_q = a.n_heads, n_kv = a.n_kv;
     float *sx = s_x[threadIdx.x >> 5];
@@ -69,12 +77,11 @@ __global__ void qk_norm_rope_append_kernel(attn_args a)
         if (lane + 32 * k < D)
             sx[lane + 32 * k] = v[k] * r * nwv[k];
     __syncwarp();
-    const int half = a.rot_dim / 2;
     for (int d = lane; d < D; d += 32) {
         float v = sx[d];
         if (d < a.rot_dim) {
-            double c, sn;
-            rope_cos_sin(p, d < half ? d : d - half, a.rot_dim, a.rope_theta, &c, &sn);
+            const int i = d < half ? d : d - half;
+            const double c = s_cos[i], sn = s_sin[i];
             v = d < half ? rope_first(sx[d], sx[d + half], c, sn) : rope_second(sx[d - half], sx[d], c, sn);
         }
         if (is_q)
