@@ -98,6 +98,40 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
     return LILY_OK;
 }
 
+lily_status lily_session_append_mark(lily_session *s, const int32_t *tokens, int n, int mark, lily_state_loc mark_loc,
+                                     float *mark_logits, lily_error *err)
+{
+    const lily_backend_ops *o = ops_of(s);
+    const lily_config *cfg = &s->engine->cfg;
+    if (n < 2 || n > s->engine->prefill_chunk || mark <= 0 || mark >= n || !tokens || !mark_logits)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: a marked append of %d tokens at %d", n, mark);
+    if (!o->forward_mark && !o->recurrent_save)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: the %s backend cannot save its state", o->name);
+    if ((int64_t)s->n_tokens + n > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
+                              "context length exceeded: %d tokens held + %d new > context size %d", s->n_tokens, n,
+                              s->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= cfg->vocab_size)
+            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
+                                  "token id %d (at %d) is outside the vocabulary [0, %d)", tokens[i], i,
+                                  cfg->vocab_size);
+    lily_status st;
+    if (!o->forward_mark) { /* two appends, the state saved between them */
+        if ((st = lily_session_append(s, tokens, mark, NULL, err)) != LILY_OK ||
+            (st = o->recurrent_save(ctx_of(s), s->state, mark_loc, err)) != LILY_OK)
+            return st;
+        memcpy(mark_logits, s->logits, (size_t)cfg->vocab_size * sizeof(float));
+        return lily_session_append(s, tokens + mark, n - mark, NULL, err);
+    }
+    st = o->forward_mark(ctx_of(s), s->state, tokens, n, mark, mark_loc, mark_logits, LILY_LOGITS_LAST, s->logits, err);
+    if (st != LILY_OK)
+        return st;
+    memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof(int32_t));
+    s->n_tokens += n;
+    return LILY_OK;
+}
+
 lily_status lily_session_copy(lily_session *dst, const lily_session *src, lily_error *err)
 {
     if (dst->engine != src->engine)

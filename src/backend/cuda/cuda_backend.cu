@@ -360,6 +360,7 @@ static lily_status scratch_layout(cuda_ctx *c, size_t *count, lily_error *err)
     AL(c->part_o, (size_t)cfg->n_kv_heads * c->att_splits * G * cfg->head_dim * 4);
     AL(c->part_ml, (size_t)cfg->n_kv_heads * c->att_splits * G * 2 * 4);
     AL(c->att_counter, (size_t)cfg->n_kv_heads * 4);
+    AL(c->mark_step, 4);
     /* prefill GEMM: activations of the widest projection input, or of the MoE hidden rows */
     {
         const size_t K = cfg->n_experts_used, E = cfg->n_experts;
@@ -1006,6 +1007,9 @@ static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights 
 
 static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
                                 float *logits, lily_error *err);
+static lily_status cuda_forward_mark(void *vctx, void *vst, const int32_t *tokens, int n, int mark,
+                                     lily_state_loc mark_loc, float *mark_logits, lily_logits_mode mode, float *logits,
+                                     lily_error *err);
 
 static const lily_backend_ops cuda_ops = {
     "cuda",
@@ -1033,6 +1037,7 @@ static const lily_backend_ops cuda_ops = {
     cuda_measure_limits,
     cuda_host_pool_new,
     cuda_host_pool_free,
+    cuda_forward_mark,
 };
 
 extern "C" const lily_backend_ops *lily_cuda_backend_ops_get(void) { return &cuda_ops; }
@@ -1048,11 +1053,10 @@ lily_status cuda_sync(cuda_ctx *c, lily_error *err)
 
 lily_status cuda_forward_logits_graph(cuda_ctx *c, cuda_state *st, lily_error *err); /* cuda_forward.cu */
 
-static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
-                                float *logits, lily_error *err)
+/* forward() and, with mk, forward_mark() (mk->ext past the recurrent header, which the caller wrote). */
+static lily_status forward_pass(cuda_ctx *c, cuda_state *s, const int32_t *tokens, int n, lily_logits_mode mode,
+                                float *logits, const cuda_mark *mk, lily_error *err)
 {
-    cuda_ctx *c = (cuda_ctx *)vctx;
-    cuda_state *s = (cuda_state *)vst;
     if (n < 1 || n > c->max_chunk)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: forward of %d tokens (max_chunk %d)", n,
                               c->max_chunk);
@@ -1069,10 +1073,10 @@ static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, in
     CUDA_TRY(cudaMemcpyAsync(c->d_tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
     lily_status st;
     const bool blocks = mode == LILY_LOGITS_ALL && n > c->logits_rows; /* the LM head block by block, below */
-    if (n == 1 && !c->opts.debug_hook && mode != LILY_LOGITS_NONE)
+    if (n == 1 && !c->opts.debug_hook && mode != LILY_LOGITS_NONE && !mk)
         st = cuda_forward_logits_graph(c, s, err);
     else
-        st = cuda_enqueue_forward(c, s, n, blocks ? LILY_LOGITS_NONE : mode, n == 1, err);
+        st = cuda_enqueue_forward(c, s, n, blocks ? LILY_LOGITS_NONE : mode, n == 1, mk, err);
     if (st != LILY_OK)
         return st;
     const size_t V = c->cfg.vocab_size;
@@ -1094,7 +1098,45 @@ static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, in
     if (st != LILY_OK)
         return st;
     s->pos += n;
-    s->step += 1;
+    s->step += mk ? 2 : 1;
     return LILY_OK;
+}
+
+static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
+                                float *logits, lily_error *err)
+{
+    return forward_pass((cuda_ctx *)vctx, (cuda_state *)vst, tokens, n, mode, logits, NULL, err);
+}
+
+static lily_status cuda_forward_mark(void *vctx, void *vst, const int32_t *tokens, int n, int mark,
+                                     lily_state_loc mark_loc, float *mark_logits, lily_logits_mode mode, float *logits,
+                                     lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    uint8_t *ext = loc_bytes(mark_loc);
+    if (mark <= 0 || mark >= n || !ext || !mark_logits)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: a marked pass of %d tokens at %d", n, mark);
+    if (n > c->max_chunk || s->pos + n > s->max_ctx) /* forward_pass says which */
+        return forward_pass(c, s, tokens, n, mode, logits, NULL, err);
+    CUDA_TRY(cudaSetDevice(c->device));
+    /* the header recurrent_save writes after a call of `mark` tokens */
+    if (mark_loc.host) {
+        const int hdr[2] = {s->pos + mark, s->step + 1};
+        memcpy(ext, hdr, sizeof hdr);
+    } else {
+        LAUNCH(launch_set_int((int *)ext, s->pos + mark, c->stream));
+        LAUNCH(launch_set_int((int *)ext + 1, s->step + 1, c->stream));
+    }
+    LAUNCH(launch_set_int(c->mark_step, s->step + 1, c->stream));
+    cuda_mark mk;
+    mk.row = mark;
+    mk.ext = ext + RECURRENT_HEADER;
+    mk.kind = mark_loc.host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    mk.conv_bytes = conv_bytes(&c->cfg);
+    mk.rec_bytes = rec_bytes(&c->cfg);
+    mk.step_next = c->mark_step;
+    mk.logits = mark_logits;
+    return forward_pass(c, s, tokens, n, mode, logits, &mk, err);
 }
 
