@@ -569,7 +569,40 @@ static void marked_pass(lily_engine *e, int n, int mark, bool device, double bou
                  d_restored = max_abs_diff(xa, sc->logits, vocab);
     const bool same_state = !memcmp(ra + 256, rb_host + 256, rb - 256) && !memcmp(ka, kb, kvb) &&
                             !memcmp(la, lb, (size_t)vocab * 4);
-    const bool pass = headers && d_mark <= bound && d_pass <= bound && d_restored <= bound;
+    /* the device-pool copies (one strided_copy kernel per save) against the host ones (cudaMemcpy2DAsync) */
+    bool copies = true;
+    if (device) {
+        const size_t kv_off = (kvb + 255) / 256 * 256;
+        void *pool2 = NULL;
+        uint8_t *back = malloc(kv_off + rb);
+        const lily_state_loc kv_dev = {NULL, NULL, 0}, rec_dev = {NULL, NULL, kv_off};
+        lily_state_loc kd = kv_dev, rd = rec_dev;
+        if (!back || o->device_pool_new(b->ctx, kv_off + rb, &pool2, &err) != LILY_OK)
+            die("device pool", &err);
+        kd.device_pool = rd.device_pool = pool2;
+        if (o->kv_save(b->ctx, sb->state, 0, mark, kd, &err) != LILY_OK ||
+            o->recurrent_save(b->ctx, sb->state, rd, &err) != LILY_OK)
+            die("device saves", &err);
+        if (cudaMemcpy(back, pool2, kv_off + rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+            printf("FAIL: copy of the device pool\n");
+            exit(1);
+        }
+        copies = !memcmp(back, kb, kvb) && !memcmp(back + kv_off, fb, 8) && !memcmp(back + kv_off + 256, fb + 256, rb - 256);
+        /* and back: the device KV rows into a fresh session, saved to host memory again */
+        lily_session *sd = NULL;
+        if (lily_session_new(e, CTX, &sd, &err) != LILY_OK || o->kv_load(b->ctx, sd->state, 0, mark, kd, &err) != LILY_OK ||
+            o->recurrent_load(b->ctx, sd->state, rd, &err) != LILY_OK ||
+            o->kv_save(b->ctx, sd->state, 0, mark, host_ka, &err) != LILY_OK ||
+            o->recurrent_save(b->ctx, sd->state, host_fa, &err) != LILY_OK)
+            die("device loads", &err);
+        copies = copies && !memcmp(ka, kb, kvb) && !memcmp(fa + 256, fb + 256, rb - 256);
+        printf("%s device-pool KV and recurrent saves and loads (strided_copy) equal the host copies byte for byte\n",
+               copies ? "PASS" : "FAIL");
+        lily_session_free(sd);
+        o->device_pool_free(b->ctx, pool2);
+        free(back);
+    }
+    const bool pass = headers && copies && d_mark <= bound && d_pass <= bound && d_restored <= bound;
     printf("%s marked pass of %d ids at %d (%s mark): headers %s (pos %d step %d; after %d step %d), max |dlogit| "
            "mark %.3g, pass %.3g, restored mark + rest %.3g (bound %.3g); the mark's state and logits %s the first "
            "call's\n",

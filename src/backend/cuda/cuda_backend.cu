@@ -788,6 +788,30 @@ static lily_status kv_rows_transfer(cuda_ctx *c, cuda_state *s, int row0, int n,
         loc.host ? (save ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice) : cudaMemcpyDeviceToDevice;
     const size_t row = kv_head_row_bytes(c);
     const size_t width = (size_t)n * row, pitch = (size_t)s->max_ctx * row; /* one KV head's rows */
+    if (!loc.host) { /* device to device: one kernel for every layer's K and V (strided_copy.cuh) */
+        strided_copy_args a;
+        memset(&a, 0, sizeof a);
+        a.width = width;
+        a.rows = cfg->n_kv_heads;
+        size_t off = 0;
+        for (int l = 0; l < cfg->n_layers && a.n_parts < STRIDED_COPY_MAX_PARTS; l++) {
+            if (!s->k_cache[l])
+                continue;
+            uint8_t *caches[2] = {s->k_cache[l], s->v_cache[l]};
+            for (int i = 0; i < 2 && a.n_parts < STRIDED_COPY_MAX_PARTS; i++, a.n_parts++) {
+                uint8_t *rows = caches[i] + (size_t)row0 * row;
+                a.dst[a.n_parts] = save ? ext + off : rows;
+                a.src[a.n_parts] = save ? rows : ext + off;
+                a.dst_pitch[a.n_parts] = save ? width : pitch;
+                a.src_pitch[a.n_parts] = save ? pitch : width;
+                off += width * cfg->n_kv_heads;
+            }
+        }
+        if (off == (size_t)n * cuda_kv_row_bytes(c) && strided_copy_aligned(a)) {
+            LAUNCH(launch_strided_copy(a, c->stream));
+            return save ? LILY_OK : cuda_sync(c, err);
+        }
+    }
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!s->k_cache[l])
             continue;
@@ -838,6 +862,32 @@ static lily_status recurrent_transfer(cuda_ctx *c, cuda_state *s, uint8_t *ext, 
 {
     const lily_config *cfg = &c->cfg;
     ext += RECURRENT_HEADER;
+    if (kind == cudaMemcpyDeviceToDevice) { /* one kernel for the conv states, one for the recurrent ones */
+        strided_copy_args a[2];
+        memset(a, 0, sizeof a);
+        a[0].width = conv_bytes(cfg);
+        a[1].width = rec_bytes(cfg);
+        a[0].rows = a[1].rows = 1;
+        uint8_t *e = ext;
+        bool fits = true;
+        for (int l = 0; l < cfg->n_layers && fits; l++) {
+            if (!s->conv_state[l])
+                continue;
+            void *parts[2] = {s->conv_state[l], s->rec_state[l]};
+            fits = a[0].n_parts < STRIDED_COPY_MAX_PARTS;
+            for (int i = 0; i < 2 && fits; i++) {
+                const int p = a[i].n_parts++;
+                a[i].dst[p] = save ? e : (uint8_t *)parts[i];
+                a[i].src[p] = save ? (const uint8_t *)parts[i] : e;
+                e += a[i].width;
+            }
+        }
+        if (fits && a[0].n_parts > 0 && strided_copy_aligned(a[0]) && strided_copy_aligned(a[1])) {
+            LAUNCH(launch_strided_copy(a[0], c->stream));
+            LAUNCH(launch_strided_copy(a[1], c->stream));
+            return LILY_OK;
+        }
+    }
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!s->conv_state[l])
             continue;

@@ -16,6 +16,7 @@ extern "C" {
 #include "moe/moe.cuh"
 #include "sample.cuh"
 #include "sampling/sampling.cuh"
+#include "state/strided_copy.cuh"
 
 /* Split-KV for decode: each KV head's keys are cut into at most ATT_SPLITS chunks of at least
  * ATT_MIN_CHUNK keys (measured on the H200: see docs/BENCHMARKS.md). */
