@@ -432,8 +432,9 @@ static void test_thirty_requests_small_pool(void **state)
     alternate(f, 3 * one, 12, true);
 }
 
-/* Checkpoints of one conversation share their KV blocks: a prefill of 600 ids with a mark at 590 and the
- * generation after it leave three checkpoints (590, 600, 608) that hold one copy of the block rows
+/* Checkpoints of one conversation share their KV blocks: a prefill of 600 ids with a mark at 590 (in five
+ * forward passes: the mark's checkpoint is taken inside the last) and the generation after it leave three
+ * checkpoints (590, 600, 608) that hold one copy of the block rows
  * [0, 576) plus each its own tail, not three copies; a request that parts from them at 595 restores the
  * mark and one that repeats them restores the end of the prefill, both bit-identical to cold runs; a
  * second conversation with the same first 300 ids shares the first 4 blocks. */
@@ -468,6 +469,9 @@ static void test_checkpoints_share_blocks(void **state)
 
     lily_prefix_cache_stats st;
     lily_prefix_cache_stats_get(pc, &st);
+    /* pieces of 128 up to 512, then one pass over [512, 600) that takes the mark's checkpoint inside it
+     * (lily_session_append_mark): no forward pass of its own for the 10 ids after the mark */
+    assert_int_equal(st.last_pieces, 5);
     assert_int_equal(st.n_checkpoints, 3);
     assert_int_equal(st.n_blocks, N / B); /* 9 blocks, [0, 576), held once */
     assert_int_equal(st.device_capacity_bytes, 0); /* the CPU backend has no device pools */

@@ -94,6 +94,17 @@ int lily_default_prefill_chunk(const char *backend);
  * LILY_ERR_INVALID_ARGUMENT for an id outside the vocab (nothing is appended); backend errors. */
 lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err);
 
+/* Append n tokens (1 < n <= engine->prefill_chunk) in one forward pass that also saves the state after
+ * the first `mark` (0 < mark < n) to mark_loc, as the backend's recurrent_save would after appending only
+ * those: the recurrent part there, the logits after token mark - 1 in mark_logits ([vocab] fp32); the KV
+ * rows [0, n_tokens + mark) kv_save reads afterwards are that state's too. The last token's logits go to
+ * s->logits. A backend without forward_mark (backend.h) gets two forward() calls and a recurrent_save
+ * between them (bit-identical to two appends).
+ * Errors: LILY_ERR_INVALID_ARGUMENT (mark or n out of range, a bad id, a backend without recurrent_save);
+ * LILY_ERR_CONTEXT_LENGTH (nothing is appended); backend errors. */
+lily_status lily_session_append_mark(lily_session *s, const int32_t *tokens, int n, int mark, lily_state_loc mark_loc,
+                                     float *mark_logits, lily_error *err);
+
 /* dst := src: state, tokens and last logits. Both must belong to the same engine (else
  * LILY_ERR_INVALID_ARGUMENT); src's tokens must fit dst's max_ctx (else LILY_ERR_CONTEXT_LENGTH), so the
  * sessions may differ in max_ctx on the CPU backend; the CUDA backend's state_copy still requires the same

@@ -472,13 +472,21 @@ void lily_prefix_cache_set_ram_bytes(lily_prefix_cache *pc, size_t bytes)
     make_room(pc, 0);
 }
 
-/* Fill c (blocks, tail, rest, tokens, logits placed and counted) from s. Returns LILY_OK with c->tokens
- * NULL when it was skipped (does not fit, out of memory); c is then released. */
-static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s, checkpoint *c, lily_error *err)
+/* Fill c (blocks, tail, rest, tokens, logits placed and counted) from the state of s's first p tokens
+ * (p <= s->n_tokens: KV rows [0, p) of s, the logits after token p - 1). rest: NULL = the recurrent part
+ * is s's (p == s->n_tokens), saved here; else a blob already placed and written (lily_session_append_mark),
+ * which c takes over (*rest is emptied). Returns LILY_OK with c->tokens NULL when it was skipped (does not
+ * fit, out of memory); c is then released. */
+static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s, int p, const float *logits,
+                                    blob *rest, checkpoint *c, lily_error *err)
 {
     const lily_backend *b = &s->engine->backend;
     const lily_backend_ops *o = b->ops;
-    const int p = s->n_tokens, B = pc->block_rows;
+    const int B = pc->block_rows;
+    if (rest) { /* released with c from here on */
+        c->rest = *rest;
+        memset(rest, 0, sizeof *rest);
+    }
     const size_t vocab = (size_t)s->engine->cfg.vocab_size;
     const int nb = p / B;
     if (nb > 0 && !(c->blocks = calloc((size_t)nb, sizeof *c->blocks)))
@@ -529,12 +537,14 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     }
     c->n_blocks = nb;
     c->tail.bytes = (size_t)(p - nb * B) * pc->kv_row_bytes;
-    c->rest.bytes = o->recurrent_bytes(b->ctx);
     blob_place_device(pc, &c->tail);
-    blob_place_device(pc, &c->rest);
+    if (!rest) {
+        c->rest.bytes = o->recurrent_bytes(b->ctx);
+        blob_place_device(pc, &c->rest);
+    }
 
     /* host room: evicting never frees the blocks c holds (their references protect them) */
-    size_t need = blob_host_need(&c->tail) + blob_host_need(&c->rest) + (size_t)p * sizeof(int32_t) +
+    size_t need = blob_host_need(&c->tail) + (rest ? 0 : blob_host_need(&c->rest)) + (size_t)p * sizeof(int32_t) +
                   vocab * sizeof(float);
     for (int k = first_new; k < nb; k++)
         need += blob_host_need(&c->blocks[k]->kv);
@@ -551,7 +561,7 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     for (int k = first_new; k < nb; k++)
         if (!blob_place_host(pc, &c->blocks[k]->kv))
             goto skip;
-    if (!blob_place_host(pc, &c->tail) || !blob_place_host(pc, &c->rest))
+    if (!blob_place_host(pc, &c->tail) || (!rest && !blob_place_host(pc, &c->rest)))
         goto skip;
     c->tokens = malloc((size_t)p * sizeof(int32_t));
     c->logits = malloc(vocab * sizeof(float));
@@ -561,7 +571,7 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     account(pc, (long long)((size_t)p * sizeof(int32_t) + vocab * sizeof(float)), 0);
     memcpy(c->tokens, s->tokens, (size_t)p * sizeof(int32_t));
     c->n_tokens = p;
-    memcpy(c->logits, s->logits, vocab * sizeof(float));
+    memcpy(c->logits, logits, vocab * sizeof(float));
 
     /* the bytes: new blocks, the tail, the recurrent part */
     lily_status st = LILY_OK;
@@ -569,7 +579,7 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
         st = o->kv_save(b->ctx, s->state, k * B, B, loc_of(pc, &c->blocks[k]->kv), err);
     if (st == LILY_OK && c->tail.bytes)
         st = o->kv_save(b->ctx, s->state, nb * B, p - nb * B, loc_of(pc, &c->tail), err);
-    if (st == LILY_OK)
+    if (st == LILY_OK && !rest)
         st = o->recurrent_save(b->ctx, s->state, loc_of(pc, &c->rest), err);
     if (st != LILY_OK)
         checkpoint_release(pc, c);
@@ -579,33 +589,37 @@ skip:
     return LILY_OK;
 }
 
-/* lily_prefix_cache_checkpoint with the rank the new (or duplicate) checkpoint gets at least. */
-static lily_status store(lily_prefix_cache *pc, const lily_session *s, int rank, lily_error *err)
+/* A checkpoint of s's first p tokens (build_checkpoint's p, logits and rest; rest is freed when not
+ * taken) with the rank the new (or duplicate) checkpoint gets at least. */
+static lily_status store_at(lily_prefix_cache *pc, const lily_session *s, int p, const float *logits, blob *rest,
+                            int rank, lily_error *err)
 {
-    const int p = s->n_tokens;
-    if (p <= 0)
-        return LILY_OK;
-    lily_status st = lily_prefix_cache_attach(pc, s->engine, err);
-    if (st != LILY_OK || !pc->split)
-        return st;
-    for (int i = 0; i < pc->n_entries; i++) {
+    lily_status st = p > 0 ? lily_prefix_cache_attach(pc, s->engine, err) : LILY_OK;
+    bool held = p <= 0 || st != LILY_OK || !pc->split;
+    for (int i = 0; i < pc->n_entries && !held; i++) {
         checkpoint *c = &pc->entries[i];
         if (c->n_tokens == p && !memcmp(c->tokens, s->tokens, (size_t)p * sizeof *s->tokens)) {
             c->last_use = ++pc->clock; /* the same state: keep the one held */
             c->rank = c->rank > rank ? c->rank : rank;
-            return LILY_OK;
+            held = true;
         }
     }
-    if (pc->n_entries == pc->cap_entries) {
+    if (!held && pc->n_entries == pc->cap_entries) {
         const int cap = pc->cap_entries ? 2 * pc->cap_entries : 16;
         checkpoint *grown = realloc(pc->entries, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return LILY_OK; /* skipped: the cache is an optimization */
-        pc->entries = grown;
-        pc->cap_entries = cap;
+        if (grown) {
+            pc->entries = grown;
+            pc->cap_entries = cap;
+        }
+        held = !grown; /* skipped: the cache is an optimization */
+    }
+    if (held) {
+        if (rest)
+            blob_free(pc, rest);
+        return st;
     }
     checkpoint c = {0};
-    st = build_checkpoint(pc, s, &c, err);
+    st = build_checkpoint(pc, s, p, logits, rest, &c, err);
     if (st != LILY_OK || !c.tokens)
         return st;
     c.last_use = ++pc->clock;
@@ -616,6 +630,12 @@ static lily_status store(lily_prefix_cache *pc, const lily_session *s, int rank,
     pc->stats.checkpoints_taken++;
     pthread_mutex_unlock(&pc->lock);
     return LILY_OK;
+}
+
+/* lily_prefix_cache_checkpoint with the rank the new (or duplicate) checkpoint gets at least. */
+static lily_status store(lily_prefix_cache *pc, const lily_session *s, int rank, lily_error *err)
+{
+    return store_at(pc, s, s->n_tokens, s->logits, NULL, rank, err);
 }
 
 lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
@@ -672,6 +692,43 @@ int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, in
         k = 1;
     }
     return k;
+}
+
+/* Prefill ids[pos, n) into s (holding ids[0, pos)) in one marked pass (lily_session_append_mark) and store
+ * the checkpoint of ids[0, mark) it took (RANK_MARK). *done = 0 when it could not start (no room for the
+ * recurrent part, out of memory): nothing happened, the caller prefills in pieces. Adds the pass's time
+ * and the store's to *forward_s and *checkpoint_s. */
+static lily_status prefill_marked(lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int pos, int mark,
+                                  int n, int *done, double *forward_s, double *checkpoint_s, lily_error *err)
+{
+    const lily_backend *b = &s->engine->backend;
+    *done = 0;
+    blob rest = {0};
+    rest.bytes = b->ops->recurrent_bytes(b->ctx);
+    blob_place_device(pc, &rest);
+    if (!blob_place_host(pc, &rest))
+        return LILY_OK;
+    float *mark_logits = malloc((size_t)s->engine->cfg.vocab_size * sizeof *mark_logits);
+    if (!mark_logits) {
+        blob_free(pc, &rest);
+        return LILY_OK;
+    }
+    double t0 = lily_wall_seconds();
+    lily_status st = lily_session_append_mark(s, ids + pos, n - pos, mark - pos, loc_of(pc, &rest), mark_logits, err);
+    *forward_s += lily_wall_seconds() - t0;
+    if (st == LILY_OK) {
+        *done = 1;
+        pthread_mutex_lock(&pc->lock);
+        pc->stats.prefilled_tokens += (uint64_t)(n - pos);
+        pthread_mutex_unlock(&pc->lock);
+        t0 = lily_wall_seconds();
+        st = store_at(pc, s, mark, mark_logits, &rest, RANK_MARK, err);
+        *checkpoint_s += lily_wall_seconds() - t0;
+    } else {
+        blob_free(pc, &rest);
+    }
+    free(mark_logits);
+    return st;
 }
 
 lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n,
@@ -747,6 +804,26 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
                 at_mark = true;
             }
         const int piece = end - pos < chunk ? end - pos : chunk;
+        lily_error ignored;
+        if (at_mark && pos + piece == end && end < n && n - pos <= chunk &&
+            !(every > 0 && (end / every + 1) * every < n) && lily_prefix_cache_attach(pc, s->engine, &ignored) == LILY_OK &&
+            pc->split) {
+            /* the mark and the rest of the prompt in one pass, the mark's checkpoint taken inside it (a
+             * prompt's <think> mark is a few ids before its end: no forward pass of its own for them) */
+            bool later_mark = false;
+            for (int i = 0; i < n_marks; i++)
+                later_mark |= marks[i] > end && marks[i] < n;
+            int done = 0;
+            lily_status st = later_mark ? LILY_OK : prefill_marked(pc, s, ids, pos, end, n, &done, &forward_s,
+                                                                    &checkpoint_s, err);
+            if (st != LILY_OK)
+                return st;
+            if (done) {
+                pieces++;
+                pos = n;
+                continue;
+            }
+        }
         double t0 = lily_wall_seconds();
         lily_status st = lily_session_append(s, ids + pos, piece, NULL, err);
         forward_s += lily_wall_seconds() - t0;

@@ -13,7 +13,10 @@
  *     Qwen3.6 template renders an earlier assistant turn as "<|im_start|>assistant\n" + content, without
  *     the "<think>\n" (thinking on) or "<think>\n\n</think>\n\n" (off) the generation prompt ended
  *     with, so a follow-up request leaves turn 1's sequence at that <think>, a few tokens before the end
- *     of turn 1's prefill; this checkpoint is the one it resumes from,
+ *     of turn 1's prefill; this checkpoint is the one it resumes from. The prefill stops at a mark (a
+ *     piece ends there) except the last one when the rest of the prompt fits the same prefill chunk with
+ *     no periodic checkpoint in between: that mark and the rest run as one forward pass that takes the
+ *     mark's checkpoint inside it (lily_session_append_mark),
  *   - at the end of every generation (lily_prefix_cache_checkpoint, called by the caller), and
  *   - every checkpoint_every tokens during a prefill, at absolute positions k * checkpoint_every (the
  *     prompt is prefilled in pieces ending there, so the state at those positions materializes).

@@ -63,6 +63,21 @@ void lily_session_reset(lily_session *s)
     s->n_tokens = 0;
 }
 
+/* n > 0 new ids fit the context and the vocabulary (else LILY_ERR_CONTEXT_LENGTH / INVALID_ARGUMENT). */
+static lily_status check_new_tokens(const lily_session *s, const int32_t *tokens, int n, lily_error *err)
+{
+    const int vocab = s->engine->cfg.vocab_size;
+    if ((int64_t)s->n_tokens + n > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
+                              "context length exceeded: %d tokens held + %d new > context size %d", s->n_tokens, n,
+                              s->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
+                                  "token id %d (at %d) is outside the vocabulary [0, %d)", tokens[i], i, vocab);
+    return LILY_OK;
+}
+
 lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err)
 {
     const lily_config *cfg = &s->engine->cfg;
@@ -70,15 +85,9 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: invalid token array (n = %d)", n);
     if (n == 0)
         return LILY_OK;
-    if ((int64_t)s->n_tokens + n > s->max_ctx)
-        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
-                              "context length exceeded: %d tokens held + %d new > context size %d", s->n_tokens, n,
-                              s->max_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= cfg->vocab_size)
-            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
-                                  "token id %d (at %d) is outside the vocabulary [0, %d)", tokens[i], i,
-                                  cfg->vocab_size);
+    lily_status st = check_new_tokens(s, tokens, n, err);
+    if (st != LILY_OK)
+        return st;
     const int chunk = s->engine->prefill_chunk;
     const int64_t vocab = cfg->vocab_size;
     for (int done = 0; done < n;) {
@@ -86,7 +95,7 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
         const bool last = done + m == n;
         lily_logits_mode mode = logits_all ? LILY_LOGITS_ALL : last ? LILY_LOGITS_LAST : LILY_LOGITS_NONE;
         float *dst = logits_all ? logits_all + (int64_t)done * vocab : last ? s->logits : NULL;
-        lily_status st = ops_of(s)->forward(ctx_of(s), s->state, tokens + done, m, mode, dst, err);
+        st = ops_of(s)->forward(ctx_of(s), s->state, tokens + done, m, mode, dst, err);
         if (st != LILY_OK)
             return st; /* the chunks before this one stay appended */
         memcpy(s->tokens + s->n_tokens, tokens + done, (size_t)m * sizeof(int32_t));
@@ -95,6 +104,33 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
     }
     if (logits_all)
         memcpy(s->logits, logits_all + (int64_t)(n - 1) * vocab, (size_t)vocab * sizeof(float));
+    return LILY_OK;
+}
+
+lily_status lily_session_append_mark(lily_session *s, const int32_t *tokens, int n, int mark, lily_state_loc mark_loc,
+                                     float *mark_logits, lily_error *err)
+{
+    const lily_backend_ops *o = ops_of(s);
+    const lily_config *cfg = &s->engine->cfg;
+    if (n < 2 || n > s->engine->prefill_chunk || mark <= 0 || mark >= n || !tokens || !mark_logits)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: a marked append of %d tokens at %d", n, mark);
+    if (!o->forward_mark && !o->recurrent_save)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: the %s backend cannot save its state", o->name);
+    lily_status st = check_new_tokens(s, tokens, n, err);
+    if (st != LILY_OK)
+        return st;
+    if (!o->forward_mark) { /* two appends, the state saved between them */
+        if ((st = lily_session_append(s, tokens, mark, NULL, err)) != LILY_OK ||
+            (st = o->recurrent_save(ctx_of(s), s->state, mark_loc, err)) != LILY_OK)
+            return st;
+        memcpy(mark_logits, s->logits, (size_t)cfg->vocab_size * sizeof(float));
+        return lily_session_append(s, tokens + mark, n - mark, NULL, err);
+    }
+    st = o->forward_mark(ctx_of(s), s->state, tokens, n, mark, mark_loc, mark_logits, LILY_LOGITS_LAST, s->logits, err);
+    if (st != LILY_OK)
+        return st;
+    memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof(int32_t));
+    s->n_tokens += n;
     return LILY_OK;
 }
 

@@ -177,39 +177,74 @@ static void apply_server_defaults(lily_service *svc)
         svc->defaults.top_k = d->top_k;
 }
 
-/* On a device backend: one prefill of a whole chunk and a few sampled and greedy decode steps before the
- * first request, so the device runtime has loaded every kernel the requests use (CUDA loads a module at
- * its first launch: ~60 ms on the first request otherwise) and made its decode graphs; then the session
- * is reset. Nothing is checkpointed. */
+/* On a device backend, before the first request: the forward-pass shapes requests run, so the device
+ * runtime has loaded every kernel they use (CUDA loads a kernel at its first launch: ~60 ms over a first
+ * request otherwise) and made its decode graphs. Prefill pieces of a whole chunk, of WARM_LONG tokens
+ * (prompts shorter than a chunk: the MoE's grouped GEMM takes smaller tiles below 128 rows per expert), of
+ * WARM_MID tokens (a turn-2 prefill after a restore: the smallest tensor-core GEMM tiles, the sequential
+ * Gated DeltaNet recurrence, attention over a long cached history), one pass of WARM_MID + WARM_TAIL with
+ * a checkpoint inside it (a prompt's <think> mark: lily_session_append_mark) and one of WARM_TAIL (fewer
+ * than 16 tokens take the GEMVs); two greedy and two sampled decode steps. Then the session is reset.
+ * Nothing is checkpointed. */
+#define WARM_LONG 1024
+#define WARM_MID 24
+#define WARM_TAIL 4
 static lily_status warm_up(lily_service *svc, lily_error *err)
 {
-    if (!svc->engine->backend.ops->decode_loop)
+    const lily_backend *be = &svc->engine->backend;
+    if (!be->ops->decode_loop)
         return LILY_OK;
     lily_session *s = svc->session;
-    int n = svc->engine->prefill_chunk;
-    if (n > s->max_ctx - 8)
-        n = s->max_ctx - 8;
+    const int chunk = svc->engine->prefill_chunk;
+    const int room = s->max_ctx - 8 - 2 * (WARM_MID + WARM_TAIL); /* for the chunk and the long piece */
+    const int n = chunk < room ? chunk : room;
+    const int n_long = chunk > WARM_LONG && n + WARM_LONG <= room ? WARM_LONG : 0;
     if (n < 1)
         return LILY_OK;
-    int32_t *ids = malloc((size_t)n * sizeof *ids);
-    if (!ids)
+    const int total = n + n_long + 2 * (WARM_MID + WARM_TAIL);
+    int32_t *ids = malloc((size_t)total * sizeof *ids);
+    void *mark_state = NULL;
+    const bool marked = be->ops->forward_mark && be->ops->recurrent_bytes && chunk >= WARM_MID + WARM_TAIL &&
+                        (mark_state = malloc(be->ops->recurrent_bytes(be->ctx)));
+    if (!ids) {
+        free(mark_state);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int i = 0; i < n; i++)
+    }
+    for (int i = 0; i < total; i++)
         ids[i] = (int32_t)(i % (svc->vocab < 1000 ? svc->vocab : 1000));
     const double t0 = lily_wall_seconds();
+    int at = 0;
+    lily_status st = lily_session_append(s, ids, n, NULL, err);
+    at += n;
+    if (st == LILY_OK && n_long) {
+        st = lily_session_append(s, ids + at, n_long, NULL, err);
+        at += n_long;
+    }
+    if (st == LILY_OK) {
+        st = lily_session_append(s, ids + at, WARM_MID, NULL, err);
+        at += WARM_MID;
+    }
+    if (st == LILY_OK && marked) {
+        const lily_state_loc loc = {mark_state, NULL, 0};
+        st = lily_session_append_mark(s, ids + at, WARM_MID + WARM_TAIL, WARM_MID, loc, svc->scratch, err);
+        at += WARM_MID + WARM_TAIL;
+    }
+    free(mark_state);
     lily_generate_params gp = lily_generate_defaults();
     gp.max_tokens = 2;
     gp.sampling.temperature = 0.0f;
     lily_generate_result res;
-    lily_status st = lily_generate(s, ids, n, &gp, &res, err);
+    if (st == LILY_OK)
+        st = lily_generate(s, ids + at, WARM_TAIL, &gp, &res, err);
     gp.sampling = lily_sampler_recommended();
     if (st == LILY_OK)
         st = lily_generate(s, NULL, 0, &gp, &res, err);
     free(ids);
     lily_session_reset(s);
     if (st == LILY_OK)
-        fprintf(stderr, "lily serve: warmed up (%d-token prefill, 4 decode steps) in %.2f s\n", n,
-                lily_wall_seconds() - t0);
+        fprintf(stderr, "lily serve: warmed up (prefill pieces of %d, %d, %d, %d%s and %d tokens, 4 decode steps) in "
+                        "%.2f s\n", n, n_long, WARM_MID, WARM_MID + WARM_TAIL, marked ? " with a checkpoint inside" : "",
+                WARM_TAIL, lily_wall_seconds() - t0);
     return st;
 }
 

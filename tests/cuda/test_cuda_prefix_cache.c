@@ -501,6 +501,121 @@ static void run_setup(fixture *f, const char *name, size_t device_bytes)
         report(f, &t[i]);
 }
 
+/* backend.h's forward_mark against two forward() calls with recurrent_save between them, on an engine
+ * of `chunk`-token prefill pieces: a pass of n ids with its mark at `mark`, the recurrent part to host
+ * memory or a device pool. Asserted: the saved headers (position, step) match exactly; the mark's logits,
+ * the pass's logits, and a session restored from the pass's mark (its KV rows + recurrent part) then fed
+ * the rest agree with the two calls' logits within bound (the rows after the mark take the n-row kernels:
+ * GEMM instead of GEMV under 16 rows); reported: whether the mark's state and logits are bit-identical. */
+static void marked_pass(lily_engine *e, int n, int mark, bool device, double bound)
+{
+    const lily_backend *b = &e->backend;
+    const lily_backend_ops *o = b->ops;
+    const int vocab = e->cfg.vocab_size;
+    const size_t rb = o->recurrent_bytes(b->ctx), kvb = (size_t)mark * o->kv_row_bytes(b->ctx);
+    lily_error err = {0};
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    uint8_t *ra = malloc(rb), *rb_host = malloc(rb), *ka = malloc(kvb), *kb = malloc(kvb), *fa = malloc(rb),
+            *fb = malloc(rb);
+    float *la = malloc((size_t)vocab * 4), *lb = malloc((size_t)vocab * 4), *xa = malloc((size_t)vocab * 4),
+          *xb = malloc((size_t)vocab * 4);
+    if (!ids || !ra || !rb_host || !ka || !kb || !fa || !fb || !la || !lb || !xa || !xb) {
+        printf("FAIL: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < n; i++)
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+    void *pool = NULL;
+    if (device && o->device_pool_new(b->ctx, rb, &pool, &err) != LILY_OK)
+        die("device pool", &err);
+    const lily_state_loc host_a = {ra, NULL, 0}, host_fa = {fa, NULL, 0}, host_fb = {fb, NULL, 0},
+                         host_ka = {ka, NULL, 0}, host_kb = {kb, NULL, 0};
+    const lily_state_loc mark_loc = device ? (lily_state_loc){NULL, pool, 0} : (lily_state_loc){rb_host, NULL, 0};
+    lily_session *sa = NULL, *sb = NULL, *sc = NULL;
+    if (lily_session_new(e, CTX, &sa, &err) != LILY_OK || lily_session_new(e, CTX, &sb, &err) != LILY_OK ||
+        lily_session_new(e, CTX, &sc, &err) != LILY_OK)
+        die("sessions", &err);
+    /* two calls */
+    if (lily_session_append(sa, ids, mark, NULL, &err) != LILY_OK ||
+        o->recurrent_save(b->ctx, sa->state, host_a, &err) != LILY_OK ||
+        o->kv_save(b->ctx, sa->state, 0, mark, host_ka, &err) != LILY_OK)
+        die("first call", &err);
+    memcpy(la, sa->logits, (size_t)vocab * 4);
+    if (lily_session_append(sa, ids + mark, n - mark, NULL, &err) != LILY_OK ||
+        o->recurrent_save(b->ctx, sa->state, host_fa, &err) != LILY_OK)
+        die("second call", &err);
+    memcpy(xa, sa->logits, (size_t)vocab * 4);
+    /* one marked pass, then a session restored from its mark fed the rest */
+    if (lily_session_append_mark(sb, ids, n, mark, mark_loc, lb, &err) != LILY_OK ||
+        o->recurrent_save(b->ctx, sb->state, host_fb, &err) != LILY_OK ||
+        o->kv_save(b->ctx, sb->state, 0, mark, host_kb, &err) != LILY_OK)
+        die("marked pass", &err);
+    memcpy(xb, sb->logits, (size_t)vocab * 4);
+    if (o->kv_load(b->ctx, sc->state, 0, mark, host_kb, &err) != LILY_OK ||
+        o->recurrent_load(b->ctx, sc->state, mark_loc, &err) != LILY_OK)
+        die("restore of the mark", &err);
+    memcpy(sc->tokens, ids, (size_t)mark * sizeof *ids);
+    sc->n_tokens = mark;
+    if (lily_session_append(sc, ids + mark, n - mark, NULL, &err) != LILY_OK)
+        die("after the mark", &err);
+    if (device && cudaMemcpy(rb_host, pool, rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        printf("FAIL: copy of the device pool\n");
+        exit(1);
+    }
+    const int *ha = (const int *)ra, *hb = (const int *)rb_host, *hfa = (const int *)fa, *hfb = (const int *)fb;
+    const bool headers = ha[0] == hb[0] && ha[1] == hb[1] && hfa[0] == hfb[0] && hfa[1] == hfb[1] && hb[0] == mark &&
+                         hfb[0] == n && sb->n_tokens == n;
+    const double d_mark = max_abs_diff(la, lb, vocab), d_pass = max_abs_diff(xa, xb, vocab),
+                 d_restored = max_abs_diff(xa, sc->logits, vocab);
+    const bool same_state = !memcmp(ra + 256, rb_host + 256, rb - 256) && !memcmp(ka, kb, kvb) &&
+                            !memcmp(la, lb, (size_t)vocab * 4);
+    /* the device-pool copies (one strided_copy kernel per save) against the host ones (cudaMemcpy2DAsync) */
+    bool copies = true;
+    if (device) {
+        const size_t kv_off = (kvb + 255) / 256 * 256;
+        void *pool2 = NULL;
+        uint8_t *back = malloc(kv_off + rb);
+        const lily_state_loc kv_dev = {NULL, NULL, 0}, rec_dev = {NULL, NULL, kv_off};
+        lily_state_loc kd = kv_dev, rd = rec_dev;
+        if (!back || o->device_pool_new(b->ctx, kv_off + rb, &pool2, &err) != LILY_OK)
+            die("device pool", &err);
+        kd.device_pool = rd.device_pool = pool2;
+        if (o->kv_save(b->ctx, sb->state, 0, mark, kd, &err) != LILY_OK ||
+            o->recurrent_save(b->ctx, sb->state, rd, &err) != LILY_OK)
+            die("device saves", &err);
+        if (cudaMemcpy(back, pool2, kv_off + rb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+            printf("FAIL: copy of the device pool\n");
+            exit(1);
+        }
+        copies = !memcmp(back, kb, kvb) && !memcmp(back + kv_off, fb, 8) && !memcmp(back + kv_off + 256, fb + 256, rb - 256);
+        /* and back: the device KV rows into a fresh session, saved to host memory again */
+        lily_session *sd = NULL;
+        if (lily_session_new(e, CTX, &sd, &err) != LILY_OK || o->kv_load(b->ctx, sd->state, 0, mark, kd, &err) != LILY_OK ||
+            o->recurrent_load(b->ctx, sd->state, rd, &err) != LILY_OK ||
+            o->kv_save(b->ctx, sd->state, 0, mark, host_ka, &err) != LILY_OK ||
+            o->recurrent_save(b->ctx, sd->state, host_fa, &err) != LILY_OK)
+            die("device loads", &err);
+        copies = copies && !memcmp(ka, kb, kvb) && !memcmp(fa + 256, fb + 256, rb - 256);
+        printf("%s device-pool KV and recurrent saves and loads (strided_copy) equal the host copies byte for byte\n",
+               copies ? "PASS" : "FAIL");
+        lily_session_free(sd);
+        o->device_pool_free(b->ctx, pool2);
+        free(back);
+    }
+    const bool pass = headers && copies && d_mark <= bound && d_pass <= bound && d_restored <= bound;
+    printf("%s marked pass of %d ids at %d (%s mark): headers %s (pos %d step %d; after %d step %d), max |dlogit| "
+           "mark %.3g, pass %.3g, restored mark + rest %.3g (bound %.3g); the mark's state and logits %s the first "
+           "call's\n",
+           pass ? "PASS" : "FAIL", n, mark, device ? "device" : "host", headers ? "match" : "DIFFER", hb[0], hb[1],
+           hfb[0], hfb[1], d_mark, d_pass, d_restored, bound, same_state ? "bit-identical to" : "differ from");
+    if (!pass)
+        g_fail++;
+    lily_session_free(sa), lily_session_free(sb), lily_session_free(sc);
+    if (pool)
+        o->device_pool_free(b->ctx, pool);
+    free(ids), free(ra), free(rb_host), free(ka), free(kb), free(fa), free(fb), free(la), free(lb), free(xa), free(xb);
+}
+
 int main(void)
 {
     if (cuda_test_no_device())
@@ -542,6 +657,20 @@ int main(void)
         g_fail++;
     run_setup(f, "exact/device", (size_t)64 << 20);
     run_setup(f, "exact/host", 0);
+    marked_pass(f->engine, 100, 96, true, 0.05);
+    lily_engine_close(f->engine);
+
+    /* marked passes on pieces of up to 512: the chunked delta rule before the mark (>= 256 rows), the
+     * recurrence after it; a mark one row before the end (the decode kernel after it) or after one row */
+    opts.exact = false;
+    opts.prefill_chunk = 512;
+    if (lily_engine_open(&opts, &f->engine, &err) != LILY_OK)
+        die("engine (chunk 512)", &err);
+    marked_pass(f->engine, 300, 296, true, 0.05);
+    marked_pass(f->engine, 300, 296, false, 0.05);
+    marked_pass(f->engine, 100, 60, true, 0.05);
+    marked_pass(f->engine, 20, 19, true, 0.05);
+    marked_pass(f->engine, 20, 1, false, 0.05);
     lily_tokenizer_free(f->tok);
     lily_engine_close(f->engine);
     printf("%s\n", g_fail ? "FAILED" : "all passed");

@@ -360,6 +360,7 @@ static lily_status scratch_layout(cuda_ctx *c, size_t *count, lily_error *err)
     AL(c->part_o, (size_t)cfg->n_kv_heads * c->att_splits * G * cfg->head_dim * 4);
     AL(c->part_ml, (size_t)cfg->n_kv_heads * c->att_splits * G * 2 * 4);
     AL(c->att_counter, (size_t)cfg->n_kv_heads * 4);
+    AL(c->mark_step, 4);
     /* prefill GEMM: activations of the widest projection input, or of the MoE hidden rows */
     {
         const size_t K = cfg->n_experts_used, E = cfg->n_experts;
@@ -787,6 +788,30 @@ static lily_status kv_rows_transfer(cuda_ctx *c, cuda_state *s, int row0, int n,
         loc.host ? (save ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice) : cudaMemcpyDeviceToDevice;
     const size_t row = kv_head_row_bytes(c);
     const size_t width = (size_t)n * row, pitch = (size_t)s->max_ctx * row; /* one KV head's rows */
+    if (!loc.host) { /* device to device: one kernel for every layer's K and V (strided_copy.cuh) */
+        strided_copy_args a;
+        memset(&a, 0, sizeof a);
+        a.width = width;
+        a.rows = cfg->n_kv_heads;
+        size_t off = 0;
+        for (int l = 0; l < cfg->n_layers && a.n_parts < STRIDED_COPY_MAX_PARTS; l++) {
+            if (!s->k_cache[l])
+                continue;
+            uint8_t *caches[2] = {s->k_cache[l], s->v_cache[l]};
+            for (int i = 0; i < 2 && a.n_parts < STRIDED_COPY_MAX_PARTS; i++, a.n_parts++) {
+                uint8_t *rows = caches[i] + (size_t)row0 * row;
+                a.dst[a.n_parts] = save ? ext + off : rows;
+                a.src[a.n_parts] = save ? rows : ext + off;
+                a.dst_pitch[a.n_parts] = save ? width : pitch;
+                a.src_pitch[a.n_parts] = save ? pitch : width;
+                off += width * cfg->n_kv_heads;
+            }
+        }
+        if (off == (size_t)n * cuda_kv_row_bytes(c) && strided_copy_aligned(a)) {
+            LAUNCH(launch_strided_copy(a, c->stream));
+            return save ? LILY_OK : cuda_sync(c, err);
+        }
+    }
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!s->k_cache[l])
             continue;
@@ -837,6 +862,32 @@ static lily_status recurrent_transfer(cuda_ctx *c, cuda_state *s, uint8_t *ext, 
 {
     const lily_config *cfg = &c->cfg;
     ext += RECURRENT_HEADER;
+    if (kind == cudaMemcpyDeviceToDevice) { /* one kernel for the conv states, one for the recurrent ones */
+        strided_copy_args a[2];
+        memset(a, 0, sizeof a);
+        a[0].width = conv_bytes(cfg);
+        a[1].width = rec_bytes(cfg);
+        a[0].rows = a[1].rows = 1;
+        uint8_t *e = ext;
+        bool fits = true;
+        for (int l = 0; l < cfg->n_layers && fits; l++) {
+            if (!s->conv_state[l])
+                continue;
+            void *parts[2] = {s->conv_state[l], s->rec_state[l]};
+            fits = a[0].n_parts < STRIDED_COPY_MAX_PARTS;
+            for (int i = 0; i < 2 && fits; i++) {
+                const int p = a[i].n_parts++;
+                a[i].dst[p] = save ? e : (uint8_t *)parts[i];
+                a[i].src[p] = save ? (const uint8_t *)parts[i] : e;
+                e += a[i].width;
+            }
+        }
+        if (fits && a[0].n_parts > 0 && strided_copy_aligned(a[0]) && strided_copy_aligned(a[1])) {
+            LAUNCH(launch_strided_copy(a[0], c->stream));
+            LAUNCH(launch_strided_copy(a[1], c->stream));
+            return LILY_OK;
+        }
+    }
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!s->conv_state[l])
             continue;
@@ -1006,6 +1057,9 @@ static lily_status cuda_memory_needs(const lily_config *cfg, const lily_weights 
 
 static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
                                 float *logits, lily_error *err);
+static lily_status cuda_forward_mark(void *vctx, void *vst, const int32_t *tokens, int n, int mark,
+                                     lily_state_loc mark_loc, float *mark_logits, lily_logits_mode mode, float *logits,
+                                     lily_error *err);
 
 static const lily_backend_ops cuda_ops = {
     "cuda",
@@ -1033,6 +1087,7 @@ static const lily_backend_ops cuda_ops = {
     cuda_measure_limits,
     cuda_host_pool_new,
     cuda_host_pool_free,
+    cuda_forward_mark,
 };
 
 extern "C" const lily_backend_ops *lily_cuda_backend_ops_get(void) { return &cuda_ops; }
@@ -1048,11 +1103,10 @@ lily_status cuda_sync(cuda_ctx *c, lily_error *err)
 
 lily_status cuda_forward_logits_graph(cuda_ctx *c, cuda_state *st, lily_error *err); /* cuda_forward.cu */
 
-static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
-                                float *logits, lily_error *err)
+/* forward() and, with mk, forward_mark() (mk->ext past the recurrent header, which the caller wrote). */
+static lily_status forward_pass(cuda_ctx *c, cuda_state *s, const int32_t *tokens, int n, lily_logits_mode mode,
+                                float *logits, const cuda_mark *mk, lily_error *err)
 {
-    cuda_ctx *c = (cuda_ctx *)vctx;
-    cuda_state *s = (cuda_state *)vst;
     if (n < 1 || n > c->max_chunk)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: forward of %d tokens (max_chunk %d)", n,
                               c->max_chunk);
@@ -1069,10 +1123,10 @@ static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, in
     CUDA_TRY(cudaMemcpyAsync(c->d_tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
     lily_status st;
     const bool blocks = mode == LILY_LOGITS_ALL && n > c->logits_rows; /* the LM head block by block, below */
-    if (n == 1 && !c->opts.debug_hook && mode != LILY_LOGITS_NONE)
+    if (n == 1 && !c->opts.debug_hook && mode != LILY_LOGITS_NONE && !mk)
         st = cuda_forward_logits_graph(c, s, err);
     else
-        st = cuda_enqueue_forward(c, s, n, blocks ? LILY_LOGITS_NONE : mode, n == 1, err);
+        st = cuda_enqueue_forward(c, s, n, blocks ? LILY_LOGITS_NONE : mode, n == 1, mk, err);
     if (st != LILY_OK)
         return st;
     const size_t V = c->cfg.vocab_size;
@@ -1094,7 +1148,45 @@ static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, in
     if (st != LILY_OK)
         return st;
     s->pos += n;
-    s->step += 1;
+    s->step += mk ? 2 : 1;
     return LILY_OK;
+}
+
+static lily_status cuda_forward(void *vctx, void *vst, const int32_t *tokens, int n, lily_logits_mode mode,
+                                float *logits, lily_error *err)
+{
+    return forward_pass((cuda_ctx *)vctx, (cuda_state *)vst, tokens, n, mode, logits, NULL, err);
+}
+
+static lily_status cuda_forward_mark(void *vctx, void *vst, const int32_t *tokens, int n, int mark,
+                                     lily_state_loc mark_loc, float *mark_logits, lily_logits_mode mode, float *logits,
+                                     lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)vctx;
+    cuda_state *s = (cuda_state *)vst;
+    uint8_t *ext = loc_bytes(mark_loc);
+    if (mark <= 0 || mark >= n || !ext || !mark_logits)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: a marked pass of %d tokens at %d", n, mark);
+    if (n > c->max_chunk || s->pos + n > s->max_ctx) /* forward_pass says which */
+        return forward_pass(c, s, tokens, n, mode, logits, NULL, err);
+    CUDA_TRY(cudaSetDevice(c->device));
+    /* the header recurrent_save writes after a call of `mark` tokens */
+    if (mark_loc.host) {
+        const int hdr[2] = {s->pos + mark, s->step + 1};
+        memcpy(ext, hdr, sizeof hdr);
+    } else {
+        LAUNCH(launch_set_int((int *)ext, s->pos + mark, c->stream));
+        LAUNCH(launch_set_int((int *)ext + 1, s->step + 1, c->stream));
+    }
+    LAUNCH(launch_set_int(c->mark_step, s->step + 1, c->stream));
+    cuda_mark mk;
+    mk.row = mark;
+    mk.ext = ext + RECURRENT_HEADER;
+    mk.kind = mark_loc.host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    mk.conv_bytes = conv_bytes(&c->cfg);
+    mk.rec_bytes = rec_bytes(&c->cfg);
+    mk.step_next = c->mark_step;
+    mk.logits = mark_logits;
+    return forward_pass(c, s, tokens, n, mode, logits, &mk, err);
 }
 

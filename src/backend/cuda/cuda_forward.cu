@@ -349,17 +349,31 @@ static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer
 
 /* Gated DeltaNet (docs/MODEL.md §4.4): qkv|z|b|a projection of RMSNorm(h), causal conv + SiLU, q/k L2
  * norms, gates and the delta rule, h += out_proj(gated RMSNorm(o, z)). */
-static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int layer, int n, lily_error *err)
+static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int layer, int n, const cuda_mark *mk,
+                                  uint8_t *mark_ext, lily_error *err)
 {
     gdn_args g = A->gdn;
-    g.kernel = gdn_kernel_choose(g, n, c->opts.exact); /* exact: never the TF32 chunked form */
+    const int n0 = mk ? mk->row : n; /* rows of the first delta-rule launch */
+    g.kernel = gdn_kernel_choose(g, n0, c->opts.exact); /* exact: never the TF32 chunked form */
     MARK(PS_GDN_PROJ);
     TRY(proj(c, tl_batch(c, A->mix_in, PS_GDN_PROJ, layer), A->mix_in_x, GEMV_OUT_STORE, n, err));
     MARK(PS_GDN_SCAN);
     /* the recurrent state read and written, the conv history read and written */
     g.timeline = tl_slot(c, PS_GDN_SCAN, layer,
                          2.0 * g.Hv * g.dk * g.dv * sizeof(float) + 2.0 * (g.K - 1) * g.conv_dim * sizeof(float), 0.0, 1);
-    LAUNCH(launch_gdn(g, c->gdn_pre, c->gdn_wy, n, c->stream));
+    LAUNCH(launch_gdn(g, c->gdn_pre, c->gdn_wy, n0, c->stream));
+    if (mk) { /* the state after row n0, then rows [n0, n) as a second call */
+        CUDA_TRY(cudaMemcpyAsync(mark_ext, g.conv_state, mk->conv_bytes, mk->kind, c->stream));
+        CUDA_TRY(cudaMemcpyAsync(mark_ext + mk->conv_bytes, g.state, mk->rec_bytes, mk->kind, c->stream));
+        gdn_args g2 = g;
+        g2.mixed += (size_t)n0 * g.mixed_stride;
+        g2.ba += (size_t)n0 * g.ba_stride;
+        g2.out += (size_t)n0 * g.Hv * g.dv;
+        g2.step = mk->step_next;
+        g2.timeline = NULL;
+        g2.kernel = gdn_kernel_choose(g2, n - n0, c->opts.exact);
+        LAUNCH(launch_gdn(g2, c->gdn_pre, c->gdn_wy, n - n0, c->stream));
+    }
     MARK(PS_GDN_OUT);
     return proj(c, tl_batch(c, A->mix_out, PS_GDN_OUT, layer), A->mix_out_x, GEMV_OUT_ADD, n, err);
 }
@@ -446,8 +460,9 @@ static lily_status head_block(cuda_ctx *c, cuda_state *st, int n, int lm_mode, l
 }
 
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
-                                 lily_error *err)
+                                 const cuda_mark *mark, lily_error *err)
 {
+    uint8_t *mark_ext = mark ? mark->ext : NULL; /* the next DeltaNet layer's part */
     MARK(PS_EMBED);
     LAUNCH(launch_embed(c->embed, c->d_tokens, n, c->h, c->cfg.hidden, NULL, c->stream));
     TRY(hook_stage(c, -1, LILY_STAGE_EMBED, n, false, err));
@@ -459,15 +474,26 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
             TRY(cuda_experts_stage(c, l, n, err));
         if (L->full_attention)
             TRY(attention_block(c, st, A, l, n, decode_splits, err));
-        else
-            TRY(deltanet_block(c, A, l, n, err));
+        else {
+            TRY(deltanet_block(c, A, l, n, mark, mark_ext, err));
+            if (mark)
+                mark_ext += mark->conv_bytes + mark->rec_bytes;
+        }
         TRY(hook_stage(c, l, L->full_attention ? LILY_STAGE_ATTENTION_OUT : LILY_STAGE_DELTANET_OUT, n, true, err));
         TRY(hook_mark(c, n, err));
         TRY(moe_block(c, L, A, n, err));
         TRY(hook_stage(c, l, LILY_STAGE_MOE_OUT, n, true, err));
         TRY(hook_stage(c, l, LILY_STAGE_RESIDUAL, n, false, err));
     }
-    return head_block(c, st, n, lm_mode, err);
+    if (!mark)
+        return head_block(c, st, n, lm_mode, err);
+    /* the mark's logits (the LM head of row - 1, as the first call's LILY_LOGITS_LAST), then the pass's */
+    TRY(cuda_enqueue_lm_head(c, mark->row - 1, 1, err));
+    CUDA_TRY(cudaMemcpyAsync(mark->logits, c->logits, (size_t)c->cfg.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
+                             c->stream));
+    TRY(head_block(c, st, n, lm_mode, err));
+    LAUNCH(launch_advance(&st->ctr->pos, &st->ctr->step, 0, c->stream)); /* the second call's step */
+    return LILY_OK;
 }
 
 /* ---- graphs ----------------------------------------------------------------------------------------- */
@@ -483,7 +509,7 @@ static lily_status capture(cuda_ctx *c, cuda_state *st, int lm_mode, cudaGraphEx
             rs = lily_cuda_error(err, e, "launch_fetch_token", __FILE__, __LINE__);
     }
     if (rs == LILY_OK)
-        rs = cuda_enqueue_forward(c, st, 1, lm_mode, true, err);
+        rs = cuda_enqueue_forward(c, st, 1, lm_mode, true, NULL, err);
     if (rs == LILY_OK)
         rs = prof_mark(c, PS_COUNT, err); /* closing event of a profiled capture (no-op otherwise) */
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
@@ -927,7 +953,7 @@ extern "C" lily_status lily_cuda_profile_prefill(void *ctx, void *state, const i
     CUDA_TRY(cudaMemcpyAsync(c->d_tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
     c->profiling = true;
     g_prof_n = 0;
-    lily_status rs = cuda_enqueue_forward(c, st, n, LILY_LOGITS_LAST, false, err);
+    lily_status rs = cuda_enqueue_forward(c, st, n, LILY_LOGITS_LAST, false, NULL, err);
     if (rs == LILY_OK)
         rs = prof_mark(c, PS_SAMPLE, err); /* closes the last stage */
     c->profiling = false;

@@ -16,6 +16,7 @@ extern "C" {
 #include "moe/moe.cuh"
 #include "sample.cuh"
 #include "sampling/sampling.cuh"
+#include "state/strided_copy.cuh"
 
 /* Split-KV for decode: each KV head's keys are cut into at most ATT_SPLITS chunks of at least
  * ATT_MIN_CHUNK keys (measured on the H200: see docs/BENCHMARKS.md). */
@@ -106,6 +107,7 @@ typedef struct {
     int att_splits, att_min_chunk;
     float *part_o, *part_ml;
     unsigned int *att_counter;
+    int *mark_step;  /* [1] the step counter a marked pass's second delta-rule launch reads (cuda_mark) */
     /* prefill GEMM scratch (forward_prefill.cu) */
     int prefill_min_tokens; /* PREFILL_GEMM_MIN_TOKENS */
     __half *pf_x;    /* gemm_act rows: [pf_x_rows] x cols, pf_x_elems halves in all */
@@ -188,10 +190,26 @@ typedef struct {
             return lily_cuda_error(err, e_, #call, __FILE__, __LINE__);                            \
     } while (0)
 
+/* A checkpoint taken inside a forward pass (the forward_mark op): each Gated DeltaNet layer runs its delta
+ * rule over rows [0, row) and then [row, n) as two forward calls would (the second reading the conv
+ * state the first wrote: its step counter is step_next, holding the state's step + 1), and between the
+ * two its conv state (both ping-pong buffers, conv_bytes) and recurrent state (rec_bytes) are copied
+ * with `kind` to ext, layer after layer (recurrent_save's layout after its header); then the logits of
+ * row - 1 go to the host's logits [vocab]. The pass advances the step counter twice (two calls'). */
+typedef struct {
+    int row;
+    uint8_t *ext;
+    cudaMemcpyKind kind;
+    size_t conv_bytes, rec_bytes;
+    int *step_next;
+    float *logits;
+} cuda_mark;
+
 /* cuda_forward.cu: enqueue embed + all layers + (optionally) the LM head for n tokens at the state's
- * device position; never synchronizes. lm_mode: LILY_LOGITS_* or 3 = greedy argmax (n == 1). */
+ * device position; never synchronizes except for a mark's logits (mark: NULL = none). lm_mode:
+ * LILY_LOGITS_* or 3 = greedy argmax (n == 1). */
 lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode, bool decode_splits,
-                                 lily_error *err);
+                                 const cuda_mark *mark, lily_error *err);
 lily_status cuda_sync(cuda_ctx *c, lily_error *err);
 /* cuda_forward.cu: fill st->args (allocated here, freed with the state) from the context's weights and
  * scratch and the state's caches. LILY_ERR_OUT_OF_MEMORY. */
