@@ -211,10 +211,6 @@ static void cuda_destroy(void *vctx)
     if (c->h_host)
         cudaFreeHost(c->h_host);
     free(c->h_prev);
-    if (c->prof_ev[0]) {
-        cudaEventDestroy(c->prof_ev[0]);
-        cudaEventDestroy(c->prof_ev[1]);
-    }
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -442,8 +438,6 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     c->kernels.gemm = gemm_kernel_choose();
     c->kernels.attn_prefill = attn_prefill_kernel_choose();
     CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CK(cudaEventCreate(&c->prof_ev[0]));
-    CK(cudaEventCreate(&c->prof_ev[1]));
     {
         size_t fr = 0, tot = 0;
         CK(cudaMemGetInfo(&fr, &tot));

@@ -76,28 +76,59 @@ static gemv_batch tl_batch(cuda_ctx *c, const gemv_batch &b, int stage, int laye
     return t;
 }
 
+/* A profile's events: ev[k] is recorded where stage[k] begins (the stage runs until ev[k + 1]). */
 #define PROF_MAX_EVENTS 1024
-static cudaEvent_t g_prof_ev[PROF_MAX_EVENTS];
-static int g_prof_stage[PROF_MAX_EVENTS];
-static int g_prof_n;
+struct cuda_prof {
+    cudaEvent_t ev[PROF_MAX_EVENTS];
+    int stage[PROF_MAX_EVENTS];
+    int n;
+};
+
+static lily_status prof_begin(cuda_ctx *c, lily_error *err)
+{
+    c->prof = (cuda_prof *)calloc(1, sizeof(cuda_prof));
+    if (!c->prof)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: out of memory for the profile's events");
+    return LILY_OK;
+}
+
+static void prof_end(cuda_ctx *c)
+{
+    for (int k = 0; k < PROF_MAX_EVENTS && c->prof->ev[k]; k++)
+        cudaEventDestroy(c->prof->ev[k]);
+    free(c->prof);
+    c->prof = NULL;
+}
+
+/* Sum of each stage's event-to-event time (ms) into acc[PS_COUNT]. */
+static lily_status prof_accumulate(const cuda_prof *p, double *acc, lily_error *err)
+{
+    for (int k = 0; k + 1 < p->n; k++) {
+        float ms = 0;
+        CUDA_TRY(cudaEventElapsedTime(&ms, p->ev[k], p->ev[k + 1]));
+        acc[p->stage[k]] += ms;
+    }
+    return LILY_OK;
+}
 
 static lily_status prof_mark(cuda_ctx *c, int stage, lily_error *err)
 {
-    if (!c->profiling)
+    cuda_prof *p = c->prof;
+    if (!p)
         return LILY_OK;
-    if (g_prof_n >= PROF_MAX_EVENTS)
+    if (p->n >= PROF_MAX_EVENTS)
         return lily_error_set(err, LILY_ERR_BACKEND, "cuda: profile event buffer full");
-    if (!g_prof_ev[g_prof_n])
-        CUDA_TRY(cudaEventCreate(&g_prof_ev[g_prof_n]));
-    g_prof_stage[g_prof_n] = stage;
+    if (!p->ev[p->n])
+        CUDA_TRY(cudaEventCreate(&p->ev[p->n]));
+    p->stage[p->n] = stage;
     /* external: a real event-record node when captured into a graph (a plain record otherwise) */
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_TRY(cudaStreamIsCapturing(c->stream, &cs));
     if (cs == cudaStreamCaptureStatusActive)
-        CUDA_TRY(cudaEventRecordWithFlags(g_prof_ev[g_prof_n], c->stream, cudaEventRecordExternal));
+        CUDA_TRY(cudaEventRecordWithFlags(p->ev[p->n], c->stream, cudaEventRecordExternal));
     else
-        CUDA_TRY(cudaEventRecord(g_prof_ev[g_prof_n], c->stream));
-    g_prof_n++;
+        CUDA_TRY(cudaEventRecord(p->ev[p->n], c->stream));
+    p->n++;
     return LILY_OK;
 }
 
@@ -782,13 +813,14 @@ extern "C" lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t 
         return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "cuda: profile exceeds the context");
     CUDA_TRY(cudaSetDevice(c->device));
     cudaGraphExec_t exec = NULL;
-    c->profiling = true;
-    g_prof_n = 0;
-    lily_status rs = capture(c, st, LM_GREEDY, &exec, err);
-    c->profiling = false;
+    lily_status rs = prof_begin(c, err);
     if (rs != LILY_OK)
         return rs;
-    const int n_events = g_prof_n;
+    rs = capture(c, st, LM_GREEDY, &exec, err);
+    if (rs != LILY_OK) {
+        prof_end(c);
+        return rs;
+    }
     double acc[PS_COUNT] = {0};
     LAUNCH(launch_set_int(&st->ctr->slots[st->step & 1], first_token, c->stream));
     for (int i = 0; i <= n_steps && rs == LILY_OK; i++) {
@@ -803,17 +835,10 @@ extern "C" lily_status lily_cuda_profile_decode(void *ctx, void *state, int32_t 
         st->step++;
         if (i == 0)
             continue; /* warm-up */
-        for (int k = 0; k + 1 < n_events; k++) {
-            float ms = 0;
-            e = cudaEventElapsedTime(&ms, g_prof_ev[k], g_prof_ev[k + 1]);
-            if (e != cudaSuccess) {
-                rs = lily_cuda_error(err, e, "cudaEventElapsedTime", __FILE__, __LINE__);
-                break;
-            }
-            acc[g_prof_stage[k]] += ms;
-        }
+        rs = prof_accumulate(c->prof, acc, err);
     }
     cudaGraphExecDestroy(exec);
+    prof_end(c);
     if (rs != LILY_OK)
         return rs;
     out->n = PS_COUNT;
@@ -951,24 +976,23 @@ extern "C" lily_status lily_cuda_profile_prefill(void *ctx, void *state, const i
                                   c->cfg.vocab_size);
     CUDA_TRY(cudaSetDevice(c->device));
     CUDA_TRY(cudaMemcpyAsync(c->d_tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
-    c->profiling = true;
-    g_prof_n = 0;
-    lily_status rs = cuda_enqueue_forward(c, st, n, LILY_LOGITS_LAST, false, NULL, err);
-    if (rs == LILY_OK)
-        rs = prof_mark(c, PS_SAMPLE, err); /* closes the last stage */
-    c->profiling = false;
-    if (rs == LILY_OK)
-        rs = cuda_sync(c, err);
+    lily_status rs = prof_begin(c, err);
     if (rs != LILY_OK)
         return rs;
-    st->pos += n;
-    st->step += 1;
+    rs = cuda_enqueue_forward(c, st, n, LILY_LOGITS_LAST, false, NULL, err);
+    if (rs == LILY_OK)
+        rs = prof_mark(c, PS_SAMPLE, err); /* closes the last stage */
+    if (rs == LILY_OK)
+        rs = cuda_sync(c, err);
     double acc[PS_COUNT] = {0};
-    for (int k = 0; k + 1 < g_prof_n; k++) {
-        float ms = 0;
-        CUDA_TRY(cudaEventElapsedTime(&ms, g_prof_ev[k], g_prof_ev[k + 1]));
-        acc[g_prof_stage[k]] += ms;
+    if (rs == LILY_OK) {
+        st->pos += n;
+        st->step += 1;
+        rs = prof_accumulate(c->prof, acc, err);
     }
+    prof_end(c);
+    if (rs != LILY_OK)
+        return rs;
     out->n = PS_COUNT;
     for (int k = 0; k < PS_COUNT; k++) {
         out->names[k] = prof_names[k];

@@ -131,10 +131,9 @@ typedef struct {
     unsigned long long *tl_buf;
     int tl_n;
     cuda_tl_kernel tl_k[TL_MAX_KERNELS];
-    /* profiling (lily_cuda_profile_decode) */
-    bool profiling;
-    cudaEvent_t prof_ev[2];
-    double prof_ms[16];
+    /* profiling (lily_cuda_profile_decode / lily_cuda_profile_prefill): while one runs, the CUDA events
+     * recorded between stages (cuda_forward.cu); NULL otherwise (no events recorded) */
+    struct cuda_prof *prof;
 } cuda_ctx;
 
 /* Device-side counters of a session: one allocation so graphs read them by pointer. */
