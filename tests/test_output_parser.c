@@ -160,7 +160,7 @@ static void check_outcome(const parse_case *c, const outcome *o, const char *how
         CHECK_STR("arguments", o->arguments[i], c->arguments[i], how);
         CHECK_STR("argument deltas", o->delta_arguments[i], c->arguments[i], how);
         json_error_t jerr;
-        json_t *args = json_loads(o->arguments[i], 0, &jerr);
+        json_t *args = json_loads(o->arguments[i], JSON_ALLOW_NUL, &jerr);
         if (!json_is_object(args))
             fail_msg("arguments '%s' are not a JSON object: %s", o->arguments[i], jerr.text);
         json_decref(args);
@@ -450,6 +450,13 @@ static void test_json_tool_call_form(void **state)
         /* no arguments */
         {.text = "<tool_call>{\"name\": \"now\"}</tool_call>", .reasoning = "", .content = "", .n_calls = 1,
          .names = {"now"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        /* \u0000 in a value is JSON (a string may hold U+0000) */
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"x\\u0000\"}}\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"x\\u0000\"}"},
+         .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": \\\"\\\\u0000\\\"}\"}\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"\\u0000\"}"},
+         .finish_reason = "tool_calls"},
         /* not a call: the text is content */
         {.text = "<tool_call>\n{\"name\": oops}\n</tool_call>", .reasoning = "", .content = "{\"name\": oops}",
          .finish_reason = "stop"},
@@ -476,7 +483,7 @@ static void test_values_converted_by_schema_type(void **state)
                 "<parameter=city>\n42\n</parameter>\n"
                 "<parameter=days>\n3\n</parameter>\n"
                 "<parameter=metric>\nTrue\n</parameter>\n"
-                "<parameter=where>\n{\"lat\": 48.85, \"lon\": 2.35}\n</parameter>\n"
+                "<parameter=where>\n{\"lat\": 48.85, \"lon\": 2.35, \"name\": \"\\u0000\"}\n</parameter>\n"
                 "<parameter=hours>\n[6, 12, 18]\n</parameter>\n"
                 "<parameter=ratio>\n0.1\n</parameter>\n"
                 "<parameter=limit>\nnull\n</parameter>\n"
@@ -489,8 +496,9 @@ static void test_values_converted_by_schema_type(void **state)
         .content = "",
         .n_calls = 1,
         .names = {"forecast"},
-        .arguments = {"{\"city\":\"42\",\"days\":3,\"metric\":true,\"where\":{\"lat\": 48.85, \"lon\": 2.35},"
-                      "\"hours\":[6, 12, 18],\"ratio\":0.1,\"limit\":null,\"zip\":\"75001\",\"level\":2,"
+        .arguments = {"{\"city\":\"42\",\"days\":3,\"metric\":true,"
+                      "\"where\":{\"lat\": 48.85, \"lon\": 2.35, \"name\": \"\\u0000\"},\"hours\":[6, 12, 18],"
+                      "\"ratio\":0.1,\"limit\":null,\"zip\":\"75001\",\"level\":2,"
                       "\"unknown\":\"7\"}"},
         .finish_reason = "tool_calls",
     };

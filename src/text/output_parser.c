@@ -468,7 +468,7 @@ static const char *json_value_text(int allowed, const char *s, size_t n, size_t 
     if (tn == 0)
         return NULL;
     json_error_t jerr;
-    json_t *j = json_loadb(t, tn, JSON_DECODE_ANY, &jerr);
+    json_t *j = json_loadb(t, tn, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     if (!j)
         return NULL;
     bool integral_real = json_is_real(j) && fabs(json_real_value(j)) < 9e15 &&
@@ -509,12 +509,13 @@ static void end_param(lily_output_parser *p)
 static void json_call(lily_output_parser *p)
 {
     const char *text = p->value.data ? p->value.data : "";
-    json_t *obj = json_loadb(text, p->value.len, 0, NULL);
+    json_t *obj = json_loadb(text, p->value.len, JSON_ALLOW_NUL, NULL);
     json_t *name = json_object_get(obj, "name");
     json_t *args = json_object_get(obj, "arguments");
     if (!args)
         args = json_object_get(obj, "parameters");
-    json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
+    json_t *parsed = json_is_string(args) ? json_loadb(json_string_value(args), json_string_length(args), JSON_ALLOW_NUL, NULL)
+                                         : NULL;
     if (parsed)
         args = parsed;
     if (!json_is_string(name) || (args && !json_is_object(args))) {
