@@ -114,6 +114,17 @@ try:
     events = re.findall(r"^event: (\w+)$", body, re.M)
     check(status == 200 and events[:2] == ["message_start", "ping"] and "text_delta" in body,
           f"raw stream: message_start, ping, text_delta ({events[:4]})")
+    # the same prompt again: message_start already splits the prompt as Anthropic does (cache reads apart), as
+    # the closing message_delta does
+    status, body = raw("/v1/messages", {"model": "lily", "max_tokens": 3, "messages": HI, "stream": True, **GREEDY},
+                       {"x-api-key": KEY})
+    datas = [json.loads(d) for d in re.findall(r"^data: (.*)$", body, re.M)]
+    start = next(d["message"]["usage"] for d in datas if d["type"] == "message_start")
+    end = next(d["usage"] for d in datas if d["type"] == "message_delta")
+    check(start["cache_read_input_tokens"] > 0 and start["input_tokens"] + start["cache_read_input_tokens"] == n_in and
+          (start["input_tokens"], start["cache_read_input_tokens"]) ==
+          (end["input_tokens"], end["cache_read_input_tokens"]),
+          f"message_start usage: cached prompt tokens as cache_read_input_tokens, as message_delta ({start}, {end})")
 
     print("anthropic: thinking")
     m = ac.messages.create(model="lily", max_tokens=40, messages=HI,

@@ -880,18 +880,14 @@ static bool tool_call_opening(lily_service *svc, lily_job *job, bool thinking, i
 }
 
 /* The status is decided: start the response (200), the stream's role chunk, and a completion's echoed
- * prompt (sent on a stream, else kept for the body). */
+ * prompt (sent on a stream, else kept for the body). A Messages API stream starts after the prefill. */
 static void begin_response(generation *g, const int32_t *ids, int n_ids)
 {
     const lily_oai_request *req = g->req;
     lily_error err = {0};
     lily_job_begin(g->job, 200, g->stream);
-    if (g->stream && req->anthropic) {
-        json_t *events[2];
-        lily_anth_usage u = {.input_tokens = n_ids};
-        send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
+    if (g->stream && req->anthropic) /* message_start follows the prefill (anthropic_stream_start) */
         return;
-    }
     if (g->stream && req->is_chat)
         send_json_chunk(g, lily_oai_chat_chunk(&g->ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
     if (!req->is_chat && req->echo) {
@@ -907,6 +903,16 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
         g->lp_text_offset = echo ? (int)strlen(echo) : 0;
         free(decoded);
     }
+}
+
+/* A Messages API stream's message_start and ping, once the prefill has said how many prompt tokens came from the
+ * prefix cache: its usage splits the prompt into input_tokens and cache_read_input_tokens as Anthropic's
+ * does (and as the closing message_delta does). */
+static void anthropic_stream_start(generation *g, int n_ids, int reused)
+{
+    json_t *events[2];
+    lily_anth_usage u = {.input_tokens = n_ids - reused, .cache_read_input_tokens = reused};
+    send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
 }
 
 /* Constrain the rest of the generation by g->grammar (when set): the vocabulary trie on first use, then a
@@ -1159,6 +1165,9 @@ static void run_generation(lily_service *svc, lily_job *job)
             answer_aborted(job);
         goto done;
     }
+
+    if (g.stream && req->anthropic)
+        anthropic_stream_start(&g, n_ids, reused);
 
     /* 6. decode: the forced opening, the constrained tool name, then the model on its own */
     int n_chosen = 0;
