@@ -82,6 +82,10 @@ typedef struct {
 /* The status microhttpd answered this connection's malformed request with (see on_mhd_log), else 0. */
 static _Thread_local int mhd_error_status;
 
+/* This connection's stream was ended because its client left or fell too far behind (stream_reader): the
+ * "application error" microhttpd then logs is that, already said by the request's log line. */
+static _Thread_local bool stream_ended_for_client;
+
 /* ---------------------------------------------------------------------------------------------------
  * responses
  */
@@ -211,8 +215,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     request *r = cls;
     for (;;) {
-        if (lily_job_overflowed(r->job))
+        if (lily_job_overflowed(r->job)) {
+            stream_ended_for_client = true;
             return MHD_CONTENT_READER_END_WITH_ERROR; /* it fell too far behind: close */
+        }
         long n = lily_job_read(r->job, buf, max, 50);
         if (n > 0) {
             restart_idle_clock(r);
@@ -222,6 +228,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_OF_STREAM;
         if (client_gone(r->fd)) {
             lily_job_cancel(r->job);
+            stream_ended_for_client = true;
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -761,6 +768,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         atomic_fetch_add(&srv->in_flight, 1);
         set_busy(srv, c, true);
         mhd_error_status = 0;
+        stream_ended_for_client = false;
 
         const char *allow = NULL;
         route_id id = route_of(url, &allow);
@@ -950,7 +958,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         mhd_error_status = (int)status;
         atomic_fetch_add(&srv->n_by_status[status_class((int)status)], 1);
     }
-    if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure"))
+    if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure") ||
+        (stream_ended_for_client && strstr(msg, "application error generating response")))
         return; /* a client that left (or a connection closed to keep a slot free): not news */
     fprintf(stderr, "lily serve: microhttpd: %s", msg);
 }
