@@ -101,6 +101,12 @@ try:
           as_string.content == as_blocks.content,
           "system and content as blocks give the same prompt and reply as strings (metadata accepted)")
 
+    models = list(ac.models.list())
+    info = ac.models.retrieve(models[0].id)
+    check(len(models) == 1 and models[0].type == "model" and models[0].display_name == models[0].id and
+          models[0].created_at is not None and info.id == models[0].id and info.type == "model",
+          f"models.list / models.retrieve: the model with type, display_name and created_at ({info})")
+
     print("anthropic: streamed")
     with ac.messages.stream(model="lily", max_tokens=12, messages=HI, extra_body=GREEDY) as s:
         types = [ev.type for ev in s]

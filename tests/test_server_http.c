@@ -242,6 +242,14 @@ static void test_http_routes_and_methods(void **state)
     assert_int_equal(status_of("POST", "/tokenize", NULL, "{\"content\":\"abc\"}", "{\"tokens\":[1,2,3]}"), 200);
     assert_int_equal(status_of("POST", "/detokenize", NULL, "{\"tokens\":[1,2]}", "{\"content\":\"abc\"}"), 200);
     assert_int_equal(status_of("POST", "/detokenize", NULL, "{\"tokens\":[\"a\"]}", "\"param\":\"tokens\""), 400);
+    /* the model as Anthropic's SDKs read it too: type, display_name, created_at; the list's paging fields */
+    assert_int_equal(status_of("GET", "/v1/models", NULL, NULL,
+                               "\"type\":\"model\",\"display_name\":\"fake\",\"created_at\":\"20"),
+                     200);
+    assert_int_equal(status_of("GET", "/v1/models", NULL, NULL,
+                               "],\"has_more\":false,\"first_id\":\"fake\",\"last_id\":\"fake\"}"),
+                     200);
+    assert_int_equal(status_of("GET", "/v1/models/fake", NULL, NULL, "\"display_name\":\"fake\""), 200);
 }
 
 static void test_http_bad_requests_are_openai_400s(void **state)

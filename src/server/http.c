@@ -369,11 +369,25 @@ static enum MHD_Result handle_health(struct MHD_Connection *c, request *r)
                                           "requests_waiting", waiting));
 }
 
+/* The served model as both APIs describe one: OpenAI's {id, object, created, owned_by} and Anthropic's {id,
+ * type, display_name, created_at (RFC 3339)}; "created" is when the server started. */
+static json_t *model_object(const lily_http_server *srv)
+{
+    char when[32];
+    time_t t = (time_t)srv->started;
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", srv->model_name, "object", "model", "created",
+                     (json_int_t)srv->started, "owned_by", "lily", "type", "model", "display_name", srv->model_name,
+                     "created_at", when);
+}
+
+/* GET /v1/models: OpenAI's list, with Anthropic's paging fields (one page). */
 static enum MHD_Result handle_models(struct MHD_Connection *c, request *r)
 {
-    return send_json(c, r, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
-                                          r->srv->model_name, "object", "model", "created",
-                                          (json_int_t)r->srv->started, "owned_by", "lily"));
+    return send_json(c, r, 200, json_pack("{s:s, s:[o], s:b, s:s, s:s}", "object", "list", "data",
+                                          model_object(r->srv), "has_more", 0, "first_id", r->srv->model_name,
+                                          "last_id", r->srv->model_name));
 }
 
 static void printable_ascii(char *dst, size_t cap, const char *s);
@@ -389,8 +403,7 @@ static enum MHD_Result handle_model(struct MHD_Connection *c, request *r, const 
                  r->srv->model_name);
         return send_simple_error(c, r, 404, "invalid_request_error", "model_not_found", NULL, msg);
     }
-    return send_json(c, r, 200, json_pack("{s:s, s:s, s:I, s:s}", "id", r->srv->model_name, "object", "model",
-                                          "created", (json_int_t)r->srv->started, "owned_by", "lily"));
+    return send_json(c, r, 200, model_object(r->srv));
 }
 
 /* GET /: the chat page (webui.h). */
