@@ -248,6 +248,34 @@ static void test_template_options_override_request(void **state)
     free(out);
 }
 
+/* A tool call's arguments given as a JSON string may hold U+0000 (\u0000), as every other string of a request
+ * may and as lily's own replies do: an agent sends them back unchanged. */
+static void test_template_arguments_with_nul(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *request = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": "
+                                 "\"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": {\"name\": \"f\", "
+                                 "\"arguments\": \"{\\\"a\\\": \\\"x\\\\u0000y\\\", "
+                                 "\\\"b\\\": [\\\"\\\\u0000\\\"]}\"}}]}], "
+                                 "\"add_generation_prompt\": false}",
+                                 0, &jerr);
+    assert_non_null(request);
+    char *out = NULL;
+    size_t len = 0;
+    lily_error err = {0};
+    lily_status st = lily_chat_render_n(request, NULL, &out, &len, &err);
+    json_decref(request);
+    if (st != LILY_OK)
+        fail_msg("rejected: %s", err.message);
+    static const char want[] = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                               "<tool_call>\n<function=f>\n<parameter=a>\nx\0y\n</parameter>\n<parameter=b>\n"
+                               "[\"\\u0000\"]\n</parameter>\n</function>\n</tool_call><|im_end|>\n";
+    if (len != sizeof want - 1 || memcmp(out, want, len))
+        fail_msg("rendered %zu bytes: %s", len, out);
+    free(out);
+}
+
 /* continue_final_message (vLLM's name): the final assistant message stays open, the rest renders as ever;
  * it needs add_generation_prompt false and an assistant message last. */
 static void test_template_continue_final_message(void **state)
@@ -431,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_template_rejects_bad_requests),
         cmocka_unit_test(test_template_options_override_request),
         cmocka_unit_test(test_template_continue_final_message),
+        cmocka_unit_test(test_template_arguments_with_nul),
         cmocka_unit_test(test_py_float_repr_matches_python),
         cmocka_unit_test(test_sha256_fips_vectors),
         cmocka_unit_test(test_template_check_model_directory),

@@ -160,7 +160,7 @@ static void check_outcome(const parse_case *c, const outcome *o, const char *how
         CHECK_STR("arguments", o->arguments[i], c->arguments[i], how);
         CHECK_STR("argument deltas", o->delta_arguments[i], c->arguments[i], how);
         json_error_t jerr;
-        json_t *args = json_loads(o->arguments[i], 0, &jerr);
+        json_t *args = json_loads(o->arguments[i], JSON_ALLOW_NUL, &jerr);
         if (!json_is_object(args))
             fail_msg("arguments '%s' are not a JSON object: %s", o->arguments[i], jerr.text);
         json_decref(args);
@@ -450,6 +450,13 @@ static void test_json_tool_call_form(void **state)
         /* no arguments */
         {.text = "<tool_call>{\"name\": \"now\"}</tool_call>", .reasoning = "", .content = "", .n_calls = 1,
          .names = {"now"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        /* \u0000 in a value is JSON (a string may hold U+0000) */
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"x\\u0000\"}}\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"x\\u0000\"}"},
+         .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": \\\"\\\\u0000\\\"}\"}\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"\\u0000\"}"},
+         .finish_reason = "tool_calls"},
         /* not a call: the text is content */
         {.text = "<tool_call>\n{\"name\": oops}\n</tool_call>", .reasoning = "", .content = "{\"name\": oops}",
          .finish_reason = "stop"},
@@ -476,7 +483,7 @@ static void test_values_converted_by_schema_type(void **state)
                 "<parameter=city>\n42\n</parameter>\n"
                 "<parameter=days>\n3\n</parameter>\n"
                 "<parameter=metric>\nTrue\n</parameter>\n"
-                "<parameter=where>\n{\"lat\": 48.85, \"lon\": 2.35}\n</parameter>\n"
+                "<parameter=where>\n{\"lat\": 48.85, \"lon\": 2.35, \"name\": \"\\u0000\"}\n</parameter>\n"
                 "<parameter=hours>\n[6, 12, 18]\n</parameter>\n"
                 "<parameter=ratio>\n0.1\n</parameter>\n"
                 "<parameter=limit>\nnull\n</parameter>\n"
@@ -489,8 +496,9 @@ static void test_values_converted_by_schema_type(void **state)
         .content = "",
         .n_calls = 1,
         .names = {"forecast"},
-        .arguments = {"{\"city\":\"42\",\"days\":3,\"metric\":true,\"where\":{\"lat\": 48.85, \"lon\": 2.35},"
-                      "\"hours\":[6, 12, 18],\"ratio\":0.1,\"limit\":null,\"zip\":\"75001\",\"level\":2,"
+        .arguments = {"{\"city\":\"42\",\"days\":3,\"metric\":true,"
+                      "\"where\":{\"lat\": 48.85, \"lon\": 2.35, \"name\": \"\\u0000\"},\"hours\":[6, 12, 18],"
+                      "\"ratio\":0.1,\"limit\":null,\"zip\":\"75001\",\"level\":2,"
                       "\"unknown\":\"7\"}"},
         .finish_reason = "tool_calls",
     };
@@ -516,6 +524,55 @@ static void test_values_converted_by_schema_type(void **state)
         .finish_reason = "tool_calls",
     };
     check_case(&d);
+}
+
+/* Schemas as pydantic writes them: nested models by $ref (to $defs or definitions), Optional[...] as anyOf with
+ * null, allOf of one $ref, Literal values as enum / const without a type, objects and arrays known by their
+ * properties / items. Their values are JSON, as the tool grammar makes them; string ones stay raw. */
+static void test_values_converted_through_refs(void **state)
+{
+    (void)state;
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\","
+        "\"$defs\":{\"Item\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"}}},"
+        "\"Tag\":{\"type\":\"string\"},\"Loop\":{\"$ref\":\"#/$defs/Loop\"}},"
+        "\"definitions\":{\"Old\":{\"type\":\"array\"}},\"properties\":{"
+        "\"item\":{\"$ref\":\"#/$defs/Item\"},\"maybe\":{\"anyOf\":[{\"$ref\":\"#/$defs/Item\"},{\"type\":\"null\"}]},"
+        "\"wrapped\":{\"allOf\":[{\"$ref\":\"#/$defs/Item\"}],\"description\":\"d\"},"
+        "\"old\":{\"$ref\":\"#/definitions/Old\"},\"tag\":{\"$ref\":\"#/$defs/Tag\"},"
+        "\"level\":{\"enum\":[1,2,3]},\"mode\":{\"enum\":[\"a\",1]},\"one\":{\"const\":1},"
+        "\"word\":{\"const\":\"1\"},\"shape\":{\"properties\":{\"w\":{}}},\"list\":{\"items\":{}},"
+        "\"loop\":{\"$ref\":\"#/$defs/Loop\"},\"missing\":{\"$ref\":\"#/$defs/None\"},"
+        "\"self\":{\"$ref\":\"#\"}}}}}]";
+    const parse_case c = {
+        .text = "<tool_call>\n<function=add>\n"
+                "<parameter=item>\n{\"v\": 1}\n</parameter>\n"
+                "<parameter=maybe>\nnull\n</parameter>\n"
+                "<parameter=wrapped>\n{\"v\": 2}\n</parameter>\n"
+                "<parameter=old>\n[1]\n</parameter>\n"
+                "<parameter=tag>\n{\"v\": 3}\n</parameter>\n"
+                "<parameter=level>\n2\n</parameter>\n"
+                "<parameter=mode>\n1\n</parameter>\n"
+                "<parameter=one>\n1\n</parameter>\n"
+                "<parameter=word>\n1\n</parameter>\n"
+                "<parameter=shape>\n{\"w\": true}\n</parameter>\n"
+                "<parameter=list>\n[]\n</parameter>\n"
+                "<parameter=loop>\n{}\n</parameter>\n"
+                "<parameter=missing>\n{}\n</parameter>\n"
+                "<parameter=self>\n{}\n</parameter>\n"
+                "</function>\n</tool_call>",
+        .tools = tools,
+        .reasoning = "",
+        .content = "",
+        .n_calls = 1,
+        .names = {"add"},
+        .arguments = {"{\"item\":{\"v\": 1},\"maybe\":null,\"wrapped\":{\"v\": 2},\"old\":[1],"
+                      "\"tag\":\"{\\\"v\\\": 3}\","
+                      "\"level\":2,\"mode\":\"1\",\"one\":1,\"word\":\"1\",\"shape\":{\"w\": true},\"list\":[],"
+                      "\"loop\":\"{}\",\"missing\":\"{}\",\"self\":{}}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&c);
 }
 
 static void test_finish_reason_stop_and_length(void **state)
@@ -654,6 +711,7 @@ int main(void)
         cmocka_unit_test(test_tolerates_missing_closing_tags_and_stray_whitespace),
         cmocka_unit_test(test_values_keep_text_exactly),
         cmocka_unit_test(test_values_converted_by_schema_type),
+        cmocka_unit_test(test_values_converted_through_refs),
         cmocka_unit_test(test_json_tool_call_form),
         cmocka_unit_test(test_finish_reason_stop_and_length),
         cmocka_unit_test(test_random_tag_soup_is_split_invariant),

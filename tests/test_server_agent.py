@@ -101,6 +101,12 @@ try:
           as_string.content == as_blocks.content,
           "system and content as blocks give the same prompt and reply as strings (metadata accepted)")
 
+    models = list(ac.models.list())
+    info = ac.models.retrieve(models[0].id)
+    check(len(models) == 1 and models[0].type == "model" and models[0].display_name == models[0].id and
+          models[0].created_at is not None and info.id == models[0].id and info.type == "model",
+          f"models.list / models.retrieve: the model with type, display_name and created_at ({info})")
+
     print("anthropic: streamed")
     with ac.messages.stream(model="lily", max_tokens=12, messages=HI, extra_body=GREEDY) as s:
         types = [ev.type for ev in s]
@@ -114,6 +120,17 @@ try:
     events = re.findall(r"^event: (\w+)$", body, re.M)
     check(status == 200 and events[:2] == ["message_start", "ping"] and "text_delta" in body,
           f"raw stream: message_start, ping, text_delta ({events[:4]})")
+    # the same prompt again: message_start already splits the prompt as Anthropic does (cache reads apart), as
+    # the closing message_delta does
+    status, body = raw("/v1/messages", {"model": "lily", "max_tokens": 3, "messages": HI, "stream": True, **GREEDY},
+                       {"x-api-key": KEY})
+    datas = [json.loads(d) for d in re.findall(r"^data: (.*)$", body, re.M)]
+    start = next(d["message"]["usage"] for d in datas if d["type"] == "message_start")
+    end = next(d["usage"] for d in datas if d["type"] == "message_delta")
+    check(start["cache_read_input_tokens"] > 0 and start["input_tokens"] + start["cache_read_input_tokens"] == n_in and
+          (start["input_tokens"], start["cache_read_input_tokens"]) ==
+          (end["input_tokens"], end["cache_read_input_tokens"]),
+          f"message_start usage: cached prompt tokens as cache_read_input_tokens, as message_delta ({start}, {end})")
 
     print("anthropic: thinking")
     m = ac.messages.create(model="lily", max_tokens=40, messages=HI,

@@ -1,6 +1,7 @@
 /* test_server_anthropic_format.c — server/anthropic.c: a Messages request translated into the chat request
  * the engine runs (system, tool_use, tool_result, tools, tool_choice, thinking, stop_sequences), an
  * assistant prefill rendered as the prompt the model continues, its validation errors, and the stream's event sequence and the message's content blocks. */
+#define _GNU_SOURCE /* memmem */
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,6 +247,37 @@ static void test_limits_and_nul(void **state)
                               "{\"role\":\"user\",\"content\":\"g\\u0000h\"}]");
     free(msgs);
     lily_oai_request_free(&req);
+
+    /* a tool_use input holding U+0000 (as lily's own tool_use blocks may) renders: its arguments text is parsed
+     * again */
+    const char *nul_input = "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                            "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\","
+                            "\"input\":{\"p\":\"x\\u0000y\"}}]},{\"role\":\"user\",\"content\":[{\"type\":"
+                            "\"tool_result\",\"tool_use_id\":\"t1\",\"content\":\"ok\"}]}]}";
+    if (!lily_anth_parse_request(nul_input, strlen(nul_input), false, &req, &e))
+        fail_msg("U+0000 in a tool_use input rejected: %s", e.message);
+    json_t *treq = lily_oai_template_request(&req);
+    char *prompt = NULL;
+    size_t plen = 0;
+    lily_error err = {0};
+    if (lily_chat_render_n(treq, NULL, &prompt, &plen, &err) != LILY_OK)
+        fail_msg("not rendered: %s", err.message);
+    static const char param[] = "<parameter=p>\nx\0y\n</parameter>";
+    assert_non_null(memmem(prompt, plen, param, sizeof param - 1));
+    free(prompt);
+    json_decref(treq);
+    lily_oai_request_free(&req);
+    /* and a reply's call whose arguments hold \u0000 keeps them in its tool_use input */
+    lily_tool_call call = {.name = "f", .arguments = "{\"p\":\"x\\u0000y\"}"};
+    lily_parsed_output o = {.reasoning = "", .content = "", .tool_calls = &call, .n_tool_calls = 1};
+    char ids[1][40] = {"call_1"};
+    lily_anth_usage u = {0};
+    json_t *message = lily_anth_message("msg_1", "m", &o, ids, 1, "tool_use", NULL, &u);
+    char *content = compact(json_object_get(message, "content"));
+    assert_string_equal(content, "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"f\",\"input\":{\"p\":"
+                                 "\"x\\u0000y\"}}]");
+    free(content);
+    json_decref(message);
 
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop_sequences\":"
                     "\"END\"}", false, "stop_sequences: expected an array of strings");

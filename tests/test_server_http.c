@@ -98,6 +98,17 @@ static void fake_run(void *user, lily_job *job)
         lily_job_finish(job);
         return;
     }
+    if (mode && !strcmp(mode, "quiet")) { /* a stream that starts, then writes nothing until cancelled */
+        lily_job_begin(job, 200, true);
+        emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_role(), NULL, NULL, false));
+        atomic_store(&running_block, 1);
+        while (!lily_job_cancelled(job))
+            usleep(2000);
+        atomic_fetch_add(&cancelled_jobs, 1);
+        atomic_store(&running_block, 0);
+        lily_job_finish(job);
+        return;
+    }
     if (mode && !strcmp(mode, "hold")) { /* a whole-body answer that waits until released or cancelled */
         lily_job_begin(job, 200, false);
         atomic_store(&running_block, 1);
@@ -231,6 +242,14 @@ static void test_http_routes_and_methods(void **state)
     assert_int_equal(status_of("POST", "/tokenize", NULL, "{\"content\":\"abc\"}", "{\"tokens\":[1,2,3]}"), 200);
     assert_int_equal(status_of("POST", "/detokenize", NULL, "{\"tokens\":[1,2]}", "{\"content\":\"abc\"}"), 200);
     assert_int_equal(status_of("POST", "/detokenize", NULL, "{\"tokens\":[\"a\"]}", "\"param\":\"tokens\""), 400);
+    /* the model as Anthropic's SDKs read it too: type, display_name, created_at; the list's paging fields */
+    assert_int_equal(status_of("GET", "/v1/models", NULL, NULL,
+                               "\"type\":\"model\",\"display_name\":\"fake\",\"created_at\":\"20"),
+                     200);
+    assert_int_equal(status_of("GET", "/v1/models", NULL, NULL,
+                               "],\"has_more\":false,\"first_id\":\"fake\",\"last_id\":\"fake\"}"),
+                     200);
+    assert_int_equal(status_of("GET", "/v1/models/fake", NULL, NULL, "\"display_name\":\"fake\""), 200);
 }
 
 static void test_http_bad_requests_are_openai_400s(void **state)
@@ -295,17 +314,24 @@ static void test_http_chat_non_stream_and_stream(void **state)
     free(r);
 }
 
+/* A streamed chat request whose first message is `mode` (the fake's behaviour), left once its stream starts. */
+static void stream_then_leave(const char *mode)
+{
+    char body[128];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"stream\":true}", mode);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", NULL, body);
+    char buf[512];
+    assert_true(read(fd, buf, sizeof buf) > 0); /* the stream started */
+    close(fd);
+}
+
 static void test_http_disconnect_cancels_then_next_request_completes(void **state)
 {
     (void)state;
     int before = atomic_load(&cancelled_jobs);
     atomic_store(&release_blocked, 0);
-    int fd = connect_server();
-    send_request(fd, "POST", "/v1/chat/completions", NULL,
-                 "{\"messages\":[{\"role\":\"user\",\"content\":\"block\"}],\"stream\":true}");
-    char buf[512];
-    assert_true(read(fd, buf, sizeof buf) > 0); /* the stream started */
-    close(fd);
+    stream_then_leave("block");
     /* the job sees its cancel flag; the worker is then free for the next request */
     assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
                                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hello world"),
@@ -325,6 +351,68 @@ static void test_http_disconnect_cancels_then_next_request_completes(void **stat
     if (!strstr(m, "lily_requests_cancelled_total 1\n"))
         fail_msg("/metrics lacks lily_requests_cancelled_total 1:\n%s", m);
     free(m);
+}
+
+/* stderr (the server's log) into a temporary file while a test runs; the text it got, then the real stderr. */
+typedef struct {
+    char path[64];
+    int fd, saved;
+} log_capture;
+
+static void log_capture_begin(log_capture *c)
+{
+    snprintf(c->path, sizeof c->path, "/tmp/test_server_http_XXXXXX");
+    c->fd = mkstemp(c->path);
+    assert_true(c->fd >= 0);
+    fflush(stderr);
+    c->saved = dup(2);
+    dup2(c->fd, 2);
+}
+
+static char *log_capture_read(const log_capture *c)
+{
+    fflush(stderr);
+    return test_read_file(c->path, NULL);
+}
+
+static char *log_capture_end(log_capture *c)
+{
+    char *text = log_capture_read(c);
+    dup2(c->saved, 2);
+    close(c->saved);
+    close(c->fd);
+    unlink(c->path);
+    return text;
+}
+
+/* A client that leaves a stream while the engine has nothing to send (a long prefill, a slow token): the job is
+ * cancelled, and microhttpd's "application error" for the stream lily ended is not logged (the request's own
+ * log line says "cancelled"). */
+static void test_http_stream_left_while_quiet(void **state)
+{
+    (void)state;
+    int before = atomic_load(&cancelled_jobs);
+    log_capture cap;
+    log_capture_begin(&cap);
+    stream_then_leave("quiet");
+    for (int i = 0; i < 500 && atomic_load(&cancelled_jobs) == before; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
+    char *log = NULL;
+    for (int i = 0; i < 500; i++) { /* the request's log line comes when its connection thread is done */
+        free(log);
+        log = log_capture_read(&cap);
+        if (log && strstr(log, " cancelled"))
+            break;
+        usleep(10000);
+    }
+    free(log);
+    log = log_capture_end(&cap);
+    assert_non_null(log);
+    assert_non_null(strstr(log, " cancelled"));
+    if (strstr(log, "application error"))
+        fail_msg("microhttpd's error for a stream its client left was logged:\n%s", log);
+    free(log);
 }
 
 static void *blocked_client(void *arg)
@@ -409,12 +497,8 @@ static void test_http_disconnect_before_body_is_499(void **state)
     int before = atomic_load(&cancelled_jobs);
     long long n_5xx = metric("lily_requests_total{status=\"5xx\"} ");
     atomic_store(&release_blocked, 0);
-    char log_path[] = "/tmp/test_server_http_XXXXXX";
-    int log_fd = mkstemp(log_path);
-    assert_true(log_fd >= 0);
-    fflush(stderr);
-    int saved_stderr = dup(2);
-    dup2(log_fd, 2);
+    log_capture cap;
+    log_capture_begin(&cap);
     int fd = connect_server();
     send_request(fd, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"hold\"}]}");
     while (!atomic_load(&running_block))
@@ -429,14 +513,9 @@ static void test_http_disconnect_before_body_is_499(void **state)
         n_499 = metric("lily_requests_total{status=\"499\"} ");
         usleep(5000);
     }
-    fflush(stderr);
-    dup2(saved_stderr, 2);
-    close(saved_stderr);
+    char *log = log_capture_end(&cap);
     assert_int_equal(n_499, 1);
     assert_int_equal(metric("lily_requests_total{status=\"5xx\"} "), n_5xx);
-    char *log = test_read_file(log_path, NULL);
-    close(log_fd);
-    unlink(log_path);
     assert_non_null(log);
     assert_non_null(strstr(log, " 499 "));
     assert_null(strstr(log, "internal error"));
@@ -686,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_http_body_over_limit_is_413),
         cmocka_unit_test(test_http_chat_non_stream_and_stream),
         cmocka_unit_test(test_http_disconnect_cancels_then_next_request_completes),
+        cmocka_unit_test(test_http_stream_left_while_quiet),
         cmocka_unit_test(test_http_queue_full_is_503),
         cmocka_unit_test(test_http_bearer_auth_is_401),
         cmocka_unit_test(test_http_disconnect_before_body_is_499),

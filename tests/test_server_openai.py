@@ -122,6 +122,36 @@ ids = r.get("tokens", []) if s == 200 else []
 s2, r2 = request("POST", "/detokenize", {"tokens": ids})
 check(s == 200 and s2 == 200 and r2.get("content") == "Hello world", "/tokenize then /detokenize round-trips")
 
+print("completions: echo with logprobs scores the prompt")
+PROMPT = "Hello world, this is"
+s, pt = request("POST", "/tokenize", {"content": PROMPT})
+p_ids = pt["tokens"]
+body = {"prompt": PROMPT, "max_tokens": 2, "echo": True, "logprobs": 3, "temperature": 0}
+s, r = request("POST", "/v1/completions", body)
+lp = r["choices"][0]["logprobs"] if s == 200 else {}
+n_p = len(p_ids)
+check(s == 200 and len(lp["tokens"]) == n_p + 2 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+      and all(isinstance(x, float) for x in lp["token_logprobs"][1:])
+      and "".join(lp["tokens"]) == r["choices"][0]["text"] and lp["text_offset"][:2] == [0, len(lp["tokens"][0])],
+      f"echo + logprobs: the prompt's {n_p} tokens (the first null) then the completion's ({lp.get('token_logprobs')})")
+# each prompt token's logprob is the one a completion of the prompt before it gives that token
+agree = []
+for k in range(1, n_p):
+    s, one = request("POST", "/v1/completions", {"prompt": p_ids[:k], "max_tokens": 1, "logprobs": 3,
+                                                 "temperature": 0, "logit_bias": {str(p_ids[k]): 100}})
+    got = one["choices"][0]["logprobs"] if s == 200 else {}
+    agree.append(s == 200 and got["tokens"] == [lp["tokens"][k]] and
+                 abs(got["token_logprobs"][0] - lp["token_logprobs"][k]) < 1e-3 and
+                 got["top_logprobs"][0].keys() == lp["top_logprobs"][k].keys())
+check(agree and all(agree),
+      f"each echoed prompt token's logprob and top_logprobs match a completion of its prefix ({agree})")
+body["stream"] = True
+s, text = request("POST", "/v1/completions", body)
+chunks = [json.loads(ln[6:]) for ln in text.splitlines() if ln.startswith("data: {")] if s == 200 else []
+streamed = [t for ch in chunks for t in ((ch["choices"][0]["logprobs"] or {}).get("token_logprobs") or [])]
+check(streamed == lp["token_logprobs"] and chunks[0]["choices"][0]["text"] == PROMPT,
+      "streamed: the echo chunk carries the prompt's logprobs, then the same values as unstreamed")
+
 print("errors")
 chat = "/v1/chat/completions"
 

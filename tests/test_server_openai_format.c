@@ -260,10 +260,16 @@ static void test_openai_completions_prompt_forms(void **state)
     (void)state;
     lily_oai_request req;
     lily_oai_error e;
-    assert_true(parse("{\"prompt\":\"Once\",\"logprobs\":2,\"echo\":true}", false, &req, &e));
+    assert_true(parse("{\"prompt\":\"Once\",\"logprobs\":2,\"echo\":false}", false, &req, &e));
     assert_string_equal(req.prompt_text, "Once");
-    assert_true(req.logprobs && req.echo);
+    assert_true(req.logprobs && !req.echo);
     assert_int_equal(req.top_logprobs, 2);
+    lily_oai_request_free(&req);
+    assert_true(parse("{\"prompt\":\"Once\",\"logprobs\":null,\"echo\":true}", false, &req, &e));
+    assert_true(!req.logprobs && req.echo);
+    lily_oai_request_free(&req);
+    assert_true(parse("{\"prompt\":\"Once\",\"logprobs\":0,\"echo\":true}", false, &req, &e));
+    assert_true(req.logprobs && req.echo); /* the prompt's logprobs too (service.c) */
     lily_oai_request_free(&req);
     assert_true(parse("{\"prompt\":[[1,2,3]]}", false, &req, &e));
     assert_int_equal(req.n_prompt_ids, 3);

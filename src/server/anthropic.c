@@ -406,7 +406,7 @@ json_t *lily_anth_message(const char *id, const char *model, const lily_parsed_o
         json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text",
                                                  lily_oai_string(o->content, o->content_len)));
     for (int i = 0; i < o->n_tool_calls; i++) {
-        json_t *input = json_loads(o->tool_calls[i].arguments, 0, NULL);
+        json_t *input = json_loads(o->tool_calls[i].arguments, JSON_ALLOW_NUL, NULL); /* a \u0000 the model wrote */
         if (!json_is_object(input)) {
             json_decref(input);
             input = json_object();

@@ -82,6 +82,10 @@ typedef struct {
 /* The status microhttpd answered this connection's malformed request with (see on_mhd_log), else 0. */
 static _Thread_local int mhd_error_status;
 
+/* This connection's stream was ended because its client left or fell too far behind (stream_reader): the
+ * "application error" microhttpd then logs is that, already said by the request's log line. */
+static _Thread_local bool stream_ended_for_client;
+
 /* ---------------------------------------------------------------------------------------------------
  * responses
  */
@@ -211,8 +215,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     request *r = cls;
     for (;;) {
-        if (lily_job_overflowed(r->job))
+        if (lily_job_overflowed(r->job)) {
+            stream_ended_for_client = true;
             return MHD_CONTENT_READER_END_WITH_ERROR; /* it fell too far behind: close */
+        }
         long n = lily_job_read(r->job, buf, max, 50);
         if (n > 0) {
             restart_idle_clock(r);
@@ -222,6 +228,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_OF_STREAM;
         if (client_gone(r->fd)) {
             lily_job_cancel(r->job);
+            stream_ended_for_client = true;
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -362,11 +369,25 @@ static enum MHD_Result handle_health(struct MHD_Connection *c, request *r)
                                           "requests_waiting", waiting));
 }
 
+/* The served model as both APIs describe one: OpenAI's {id, object, created, owned_by} and Anthropic's {id,
+ * type, display_name, created_at (RFC 3339)}; "created" is when the server started. */
+static json_t *model_object(const lily_http_server *srv)
+{
+    char when[32];
+    time_t t = (time_t)srv->started;
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", srv->model_name, "object", "model", "created",
+                     (json_int_t)srv->started, "owned_by", "lily", "type", "model", "display_name", srv->model_name,
+                     "created_at", when);
+}
+
+/* GET /v1/models: OpenAI's list, with Anthropic's paging fields (one page). */
 static enum MHD_Result handle_models(struct MHD_Connection *c, request *r)
 {
-    return send_json(c, r, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
-                                          r->srv->model_name, "object", "model", "created",
-                                          (json_int_t)r->srv->started, "owned_by", "lily"));
+    return send_json(c, r, 200, json_pack("{s:s, s:[o], s:b, s:s, s:s}", "object", "list", "data",
+                                          model_object(r->srv), "has_more", 0, "first_id", r->srv->model_name,
+                                          "last_id", r->srv->model_name));
 }
 
 static void printable_ascii(char *dst, size_t cap, const char *s);
@@ -382,8 +403,7 @@ static enum MHD_Result handle_model(struct MHD_Connection *c, request *r, const 
                  r->srv->model_name);
         return send_simple_error(c, r, 404, "invalid_request_error", "model_not_found", NULL, msg);
     }
-    return send_json(c, r, 200, json_pack("{s:s, s:s, s:I, s:s}", "id", r->srv->model_name, "object", "model",
-                                          "created", (json_int_t)r->srv->started, "owned_by", "lily"));
+    return send_json(c, r, 200, model_object(r->srv));
 }
 
 /* GET /: the chat page (webui.h). */
@@ -761,6 +781,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         atomic_fetch_add(&srv->in_flight, 1);
         set_busy(srv, c, true);
         mhd_error_status = 0;
+        stream_ended_for_client = false;
 
         const char *allow = NULL;
         route_id id = route_of(url, &allow);
@@ -950,7 +971,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         mhd_error_status = (int)status;
         atomic_fetch_add(&srv->n_by_status[status_class((int)status)], 1);
     }
-    if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure"))
+    if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure") ||
+        (stream_ended_for_client && strstr(msg, "application error generating response")))
         return; /* a client that left (or a connection closed to keep a slot free): not news */
     fprintf(stderr, "lily serve: microhttpd: %s", msg);
 }

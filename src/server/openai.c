@@ -888,10 +888,11 @@ static json_t *bytes_json(const char *s, int len)
     return a;
 }
 
-/* A logprob as JSON: -inf (a token masked by the sampler) becomes -9999.0, as OpenAI reports it. */
+/* A logprob as JSON: NaN (the first prompt token of an echo, which nothing predicts) is null, as OpenAI's;
+ * -inf (a token masked by the sampler) is -9999.0, as OpenAI reports it. */
 static json_t *logprob_value(float lp)
 {
-    return json_real(isfinite(lp) ? lp : -9999.0);
+    return isnan(lp) ? json_null() : json_real(isfinite(lp) ? lp : -9999.0);
 }
 
 json_t *lily_oai_chat_logprobs_json(const lily_oai_logprob *lps, int n)
@@ -919,6 +920,12 @@ json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, in
     for (int i = 0; i < n; i++) {
         json_array_append_new(tokens, lily_oai_string(lps[i].token, lps[i].token_len));
         json_array_append_new(token_lps, logprob_value(lps[i].logprob));
+        if (isnan(lps[i].logprob)) { /* an echoed prompt's first token */
+            json_array_append_new(tops, json_null());
+            json_array_append_new(offsets, json_integer(offset));
+            offset += lps[i].token_len;
+            continue;
+        }
         json_t *top = json_object();
         for (int k = 0; top && k < lps[i].n_top; k++) {
             json_t *key = lily_oai_string(lps[i].top[k].token, lps[i].top[k].token_len);

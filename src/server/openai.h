@@ -129,7 +129,8 @@ typedef struct {
     char *arguments;
 } lily_oai_tool_call;
 
-/* One generated token's log-probabilities (for logprobs / top_logprobs). */
+/* One token's log-probabilities (for logprobs / top_logprobs): a generated token's, or an echoed prompt token's
+ * (logprob NaN for the first, which nothing predicts: null in the JSON). */
 typedef struct {
     char *token;              /* the token's text (may be a partial UTF-8 sequence: bytes carry it exactly) */
     int token_len;

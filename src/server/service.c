@@ -383,6 +383,8 @@ typedef struct {
     lily_token_logprobs token_logprobs; /* the current token's, filled by lily_generate */
     int n_lps, cap_lps;
     int lp_text_offset;       /* completions stream: text_offset of the next logprob */
+    bool prompt_logprobs;     /* completions echo + logprobs: the prompt's tokens get logprobs too */
+    char *echo_text;          /* a stream's echo, sent once the prefill has scored it (prompt_logprobs) */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
 } generation;
 
@@ -666,6 +668,42 @@ static lily_status prefill(lily_service *svc, lily_job *job, const int32_t *ids,
     return st;
 }
 
+/* echo with logprobs (completions): prefill the prompt without the prefix cache, in pieces whose every row of
+ * logits is kept, and record each prompt token's logprob under the logits of the position before it (the
+ * first token's is NaN: nothing predicts it), as OpenAI's and vLLM's echo report them. Pieces hold at most
+ * 64 MiB of logits (*n_pieces: how many). A vanished client stops it between pieces (LILY_ERR_CANCELLED). */
+static lily_status prefill_scored(generation *g, const int32_t *ids, int n, int *n_pieces, lily_error *err)
+{
+    lily_service *svc = g->svc;
+    lily_session *s = svc->session;
+    const int vocab = svc->vocab;
+    const size_t row_bytes = (size_t)vocab * sizeof(float);
+    const int rows = (int)LILY_MAX(1, LILY_MIN((size_t)svc->engine->prefill_chunk, ((size_t)64 << 20) / row_bytes));
+    float *logits = malloc((size_t)rows * row_bytes);
+    if (!logits)
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory for the prompt's logits");
+    lily_session_reset(s);
+    lily_token_logprobs tl = {.logprob = NAN};
+    lily_status st = record_logprob(g, &tl, ids[0], err);
+    for (int at = 0; st == LILY_OK && at < n; at += rows) {
+        if (lily_job_cancelled(g->job)) {
+            st = lily_error_set(err, LILY_ERR_CANCELLED, "cancelled");
+            break;
+        }
+        const int k = LILY_MIN(rows, n - at);
+        st = lily_session_append(s, ids + at, k, logits, err);
+        (*n_pieces)++;
+        for (int i = 0; st == LILY_OK && i < k && at + i + 1 < n; i++) {
+            lily_logprobs_compute(logits + (size_t)i * vocab, vocab, ids[at + i + 1], g->req->top_logprobs, &tl);
+            st = record_logprob(g, &tl, ids[at + i + 1], err);
+        }
+    }
+    free(logits);
+    if (st != LILY_OK && st != LILY_ERR_CANCELLED)
+        lily_session_reset(s);
+    return st;
+}
+
 char *lily_service_metrics(void *user)
 {
     lily_service *svc = user;
@@ -880,18 +918,14 @@ static bool tool_call_opening(lily_service *svc, lily_job *job, bool thinking, i
 }
 
 /* The status is decided: start the response (200), the stream's role chunk, and a completion's echoed
- * prompt (sent on a stream, else kept for the body). */
+ * prompt (sent on a stream, else kept for the body). A Messages API stream starts after the prefill. */
 static void begin_response(generation *g, const int32_t *ids, int n_ids)
 {
     const lily_oai_request *req = g->req;
     lily_error err = {0};
     lily_job_begin(g->job, 200, g->stream);
-    if (g->stream && req->anthropic) {
-        json_t *events[2];
-        lily_anth_usage u = {.input_tokens = n_ids};
-        send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
+    if (g->stream && req->anthropic) /* message_start follows the prefill (anthropic_stream_start) */
         return;
-    }
     if (g->stream && req->is_chat)
         send_json_chunk(g, lily_oai_chat_chunk(&g->ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
     if (!req->is_chat && req->echo) {
@@ -900,13 +934,27 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
         size_t elen = 0;
         if (!echo && lily_tokenizer_decode(g->svc->tok, ids, n_ids, false, &decoded, &elen, &err) == LILY_OK)
             echo = decoded;
-        if (echo && g->stream)
+        if (echo && g->stream && g->prompt_logprobs) { /* sent with its logprobs after the prefill */
+            if (!(g->echo_text = strdup(echo)))
+                g->failed = true;
+        } else if (echo && g->stream)
             send_json_chunk(g, lily_oai_completion_chunk(&g->ident, echo, NULL, NULL, req->include_usage));
         else if (echo)
             buffer_add(&g->text, echo, strlen(echo));
-        g->lp_text_offset = echo ? (int)strlen(echo) : 0;
+        /* text_offset counts from the echoed prompt's start: its own tokens' when they are scored */
+        g->lp_text_offset = echo && !g->prompt_logprobs ? (int)strlen(echo) : 0;
         free(decoded);
     }
+}
+
+/* A Messages API stream's message_start and ping, once the prefill has said how many prompt tokens came from the
+ * prefix cache: its usage splits the prompt into input_tokens and cache_read_input_tokens as Anthropic's
+ * does (and as the closing message_delta does). */
+static void anthropic_stream_start(generation *g, int n_ids, int reused)
+{
+    json_t *events[2];
+    lily_anth_usage u = {.input_tokens = n_ids - reused, .cache_read_input_tokens = reused};
+    send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
 }
 
 /* Constrain the rest of the generation by g->grammar (when set): the vocabulary trie on first use, then a
@@ -1075,6 +1123,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     name_constraint nc = {0};
     lily_logit_bias *bias = NULL;
     generation g = {.svc = svc, .job = job, .req = req, .stream = req->stream,
+                    .prompt_logprobs = !req->is_chat && req->echo && req->logprobs,
                     .one_call = req->is_chat && (req->tool_choice == LILY_TOOL_CHOICE_NAMED || req->single_tool_call),
                     .anth = {.index = -1, .kind = -1}, .t_start = lily_wall_seconds()};
     job->stats.worker_start_s = g.t_start;
@@ -1140,18 +1189,25 @@ static void run_generation(lily_service *svc, lily_job *job)
     /* 5. prefill */
     double t0 = lily_wall_seconds();
     int reused = 0;
-    st = prefill(svc, job, ids, n_ids, &reused, &err);
+    int n_pieces = 0;
+    st = g.prompt_logprobs ? prefill_scored(&g, ids, n_ids, &n_pieces, &err)
+                           : prefill(svc, job, ids, n_ids, &reused, &err);
     double t1 = lily_wall_seconds();
     job->stats.prompt_tokens = n_ids;
     job->stats.cached_tokens = reused;
     const int prefilled = s->n_tokens > reused ? s->n_tokens - reused : 0; /* a cancel stops short of n_ids */
     job->stats.prefill_tok_s = t1 > t0 ? prefilled / (t1 - t0) : 0;
-    lily_prefix_cache_stats pcs;
-    lily_prefix_cache_stats_get(svc->cache, &pcs);
-    job->stats.restore_ms = 1e3 * pcs.last_restore_s;
-    job->stats.forward_ms = 1e3 * pcs.last_forward_s;
-    job->stats.checkpoint_ms = 1e3 * pcs.last_checkpoint_s;
-    job->stats.pieces = pcs.last_pieces;
+    if (g.prompt_logprobs) { /* the prefix cache did not run: the time is forward passes */
+        job->stats.forward_ms = 1e3 * (t1 - t0);
+        job->stats.pieces = n_pieces;
+    } else {
+        lily_prefix_cache_stats pcs;
+        lily_prefix_cache_stats_get(svc->cache, &pcs);
+        job->stats.restore_ms = 1e3 * pcs.last_restore_s;
+        job->stats.forward_ms = 1e3 * pcs.last_forward_s;
+        job->stats.checkpoint_ms = 1e3 * pcs.last_checkpoint_s;
+        job->stats.pieces = pcs.last_pieces;
+    }
     if (st != LILY_OK) {
         if (st != LILY_ERR_CANCELLED)
             fail_with(job, 500, "server_error", NULL, NULL, err.message);
@@ -1159,6 +1215,12 @@ static void run_generation(lily_service *svc, lily_job *job)
             answer_aborted(job);
         goto done;
     }
+
+    if (g.stream && req->anthropic)
+        anthropic_stream_start(&g, n_ids, reused);
+    if (g.echo_text) /* the echoed prompt with its tokens' logprobs */
+        send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, g.echo_text, NULL, take_logprobs(&g),
+                                                      req->include_usage));
 
     /* 6. decode: the forced opening, the constrained tool name, then the model on its own */
     int n_chosen = 0;
@@ -1206,6 +1268,7 @@ done:
     free(g.lps);
     free(g.call_ids);
     free(g.text.data);
+    free(g.echo_text);
     lily_output_parser_free(g.parser);
     lily_grammar_constraint_free(g.constraint);
     lily_grammar_free(g.grammar);

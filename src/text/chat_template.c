@@ -335,7 +335,8 @@ static lily_status render_tool_call(render_state *st, size_t index, size_t call_
     json_t *parsed = NULL;
     if (arguments && json_is_string(arguments) && json_string_length(arguments) > 0) {
         json_error_t jerr;
-        parsed = json_loadb(json_string_value(arguments), json_string_length(arguments), JSON_DECODE_ANY, &jerr);
+        parsed = json_loadb(json_string_value(arguments), json_string_length(arguments),
+                            JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr); /* U+0000 as the request's strings may hold */
         if (!parsed) {
             char what[400];
             snprintf(what, sizeof what, "%s.arguments: not valid JSON (%s at column %d)", where, jerr.text,

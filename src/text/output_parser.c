@@ -186,7 +186,8 @@ struct lily_output_parser {
     tool_call_buf *calls;
     int n_calls, calls_cap;
     bool call_open;         /* calls[n_calls - 1] has started but not ended */
-    const json_t *properties; /* the open call's parameter schemas, or NULL */
+    const json_t *parameters; /* the open call's parameters schema ($ref targets live there), or NULL */
+    const json_t *properties; /* its "properties": the parameter schemas, or NULL */
     int n_params;           /* parameters written in the open call */
     text_buf name;          /* function or parameter name being read */
 
@@ -272,9 +273,9 @@ static void trim(const char *s, size_t n, const char **out, size_t *out_n)
     *out_n = n;
 }
 
-/* The "parameters.properties" object of the tool named `name` in p->tools (OpenAI form, with or without
- * the {"type": "function", "function": {...}} wrapper), or NULL. */
-static const json_t *find_properties(const lily_output_parser *p, const char *name)
+/* The "parameters" object of the tool named `name` in p->tools (OpenAI form, with or without the
+ * {"type": "function", "function": {...}} wrapper), or NULL. */
+static const json_t *find_parameters(const lily_output_parser *p, const char *name)
 {
     size_t i;
     json_t *tool;
@@ -285,8 +286,8 @@ static const json_t *find_properties(const lily_output_parser *p, const char *na
             fn = tool;
         json_t *fname = json_object_get(fn, "name");
         if (json_is_string(fname) && !strcmp(json_string_value(fname), name)) {
-            json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
-            return json_is_object(props) ? props : NULL;
+            json_t *params = json_object_get(fn, "parameters");
+            return json_is_object(params) ? params : NULL;
         }
     }
     return NULL;
@@ -315,7 +316,10 @@ static void start_call(lily_output_parser *p)
     }
     p->call_open = true;
     p->n_params = 0;
-    p->properties = p->tools ? find_properties(p, c->name.data) : NULL;
+    p->parameters = p->tools ? find_parameters(p, c->name.data) : NULL;
+    p->properties = json_object_get(p->parameters, "properties");
+    if (!json_is_object(p->properties))
+        p->properties = NULL;
     buf_clear(&p->name);
     emit(p, LILY_OUTPUT_TOOL_CALL_START, p->n_calls - 1, c->name.data, c->name.len);
 }
@@ -329,58 +333,97 @@ static void end_call(lily_output_parser *p)
     emit(p, LILY_OUTPUT_TOOL_CALL_END, p->n_calls - 1, "", 0);
 }
 
-/* Allowed JSON types from a schema's "type" (string or list) or its anyOf/oneOf alternatives. Returns
- * VALUE_STRING when the schema is absent, names "string", or names nothing lily knows. */
-static int schema_allowed(const json_t *schema, int *allowed)
+/* The ALLOW_* bit of a JSON value's type. */
+static int value_type_bit(const json_t *v)
+{
+    return json_is_integer(v) ? ALLOW_INTEGER
+         : json_is_real(v)    ? ALLOW_NUMBER
+         : json_is_boolean(v) ? ALLOW_BOOLEAN
+         : json_is_object(v)  ? ALLOW_OBJECT
+         : json_is_array(v)   ? ALLOW_ARRAY
+         : json_is_null(v)    ? ALLOW_NULL
+                              : 0;
+}
+
+/* The target of a $ref inside root (the tool's parameters): "#", "#/$defs/NAME" or "#/definitions/NAME", the
+ * forms the grammar compiler resolves (grammar/json_schema.c); NULL otherwise. */
+static const json_t *resolve_ref(const json_t *root, const char *ref)
+{
+    if (!strcmp(ref, "#"))
+        return root;
+    static const char *const sections[] = {"$defs", "definitions"};
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+        size_t n = strlen(sections[i]);
+        if (!strncmp(ref, "#/", 2) && !strncmp(ref + 2, sections[i], n) && ref[2 + n] == '/')
+            return json_object_get(json_object_get(root, sections[i]), ref + 3 + n);
+    }
+    return NULL;
+}
+
+/* Allowed JSON types of a parameter's schema: its "type" (a string or a list) when it has one, else what the
+ * grammar compiler (grammar/json_schema.c) makes of it: a $ref (within root), const and enum (the types of
+ * their values), anyOf / oneOf alternatives, allOf of one schema, "properties" (an object) or "items" (an
+ * array). Returns VALUE_STRING when the schema is absent, admits a string (written raw), or says nothing
+ * lily knows; depth bounds $ref cycles. */
+static int schema_allowed(const json_t *root, const json_t *schema, int depth, int *allowed)
 {
     *allowed = 0;
-    if (!json_is_object(schema))
+    if (!json_is_object(schema) || depth > 16)
         return VALUE_STRING;
     json_t *type = json_object_get(schema, "type");
-    json_t *alternatives = json_object_get(schema, "anyOf");
-    if (!alternatives)
-        alternatives = json_object_get(schema, "oneOf");
-    json_t *one[1] = {type};
-    size_t n_types = 0;
-    json_t *const *types = NULL;
-    if (json_is_string(type)) {
-        types = one;
-        n_types = 1;
-    } else if (json_is_array(type)) {
-        n_types = json_array_size(type);
-    } else if (json_is_array(alternatives)) {
+    json_t *v;
+    if (json_is_string(type) || json_is_array(type)) {
+        size_t n_types = json_is_array(type) ? json_array_size(type) : 1;
+        for (size_t i = 0; i < n_types; i++) {
+            const char *name = json_string_value(json_is_array(type) ? json_array_get(type, i) : type);
+            if (!name)
+                continue;
+            if (!strcmp(name, "string"))
+                return VALUE_STRING;
+            else if (!strcmp(name, "integer"))
+                *allowed |= ALLOW_INTEGER;
+            else if (!strcmp(name, "number"))
+                *allowed |= ALLOW_NUMBER;
+            else if (!strcmp(name, "boolean"))
+                *allowed |= ALLOW_BOOLEAN;
+            else if (!strcmp(name, "object"))
+                *allowed |= ALLOW_OBJECT;
+            else if (!strcmp(name, "array"))
+                *allowed |= ALLOW_ARRAY;
+            else if (!strcmp(name, "null"))
+                *allowed |= ALLOW_NULL;
+        }
+    } else if (json_is_string(v = json_object_get(schema, "$ref"))) {
+        return schema_allowed(root, resolve_ref(root, json_string_value(v)), depth + 1, allowed);
+    } else if ((v = json_object_get(schema, "const"))) {
+        *allowed = value_type_bit(v); /* 0 for a string: written raw */
+    } else if (json_is_array(v = json_object_get(schema, "enum"))) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e)
+        {
+            int bit = value_type_bit(e);
+            if (!bit)
+                return VALUE_STRING;
+            *allowed |= bit;
+        }
+    } else if (json_is_array(v = json_object_get(schema, "anyOf")) ||
+               json_is_array(v = json_object_get(schema, "oneOf"))) {
         size_t i;
         json_t *alt;
-        json_array_foreach(alternatives, i, alt)
+        json_array_foreach(v, i, alt)
         {
             int a;
-            if (schema_allowed(alt, &a) == VALUE_STRING)
+            if (schema_allowed(root, alt, depth + 1, &a) == VALUE_STRING)
                 return VALUE_STRING;
             *allowed |= a;
         }
-        return *allowed ? VALUE_JSON : VALUE_STRING;
-    } else {
-        return VALUE_STRING;
-    }
-    for (size_t i = 0; i < n_types; i++) {
-        json_t *t = types ? types[i] : json_array_get(type, i);
-        const char *name = json_string_value(t);
-        if (!name)
-            continue;
-        if (!strcmp(name, "string"))
-            return VALUE_STRING;
-        else if (!strcmp(name, "integer"))
-            *allowed |= ALLOW_INTEGER;
-        else if (!strcmp(name, "number"))
-            *allowed |= ALLOW_NUMBER;
-        else if (!strcmp(name, "boolean"))
-            *allowed |= ALLOW_BOOLEAN;
-        else if (!strcmp(name, "object"))
-            *allowed |= ALLOW_OBJECT;
-        else if (!strcmp(name, "array"))
-            *allowed |= ALLOW_ARRAY;
-        else if (!strcmp(name, "null"))
-            *allowed |= ALLOW_NULL;
+    } else if (json_is_array(v = json_object_get(schema, "allOf")) && json_array_size(v) == 1) {
+        return schema_allowed(root, json_array_get(v, 0), depth + 1, allowed);
+    } else if (json_object_get(schema, "properties")) {
+        *allowed = ALLOW_OBJECT;
+    } else if (json_object_get(schema, "items")) {
+        *allowed = ALLOW_ARRAY;
     }
     return *allowed ? VALUE_JSON : VALUE_STRING;
 }
@@ -400,7 +443,7 @@ static void start_param(lily_output_parser *p)
         schema = json_object_get(p->properties, k);
         free(k);
     }
-    p->value_kind = schema_allowed(schema, &p->value_allowed);
+    p->value_kind = schema_allowed(p->parameters, schema, 0, &p->value_allowed);
     p->value_started = false;
     p->value_held_newline = false;
     buf_clear(&p->value);
@@ -468,7 +511,7 @@ static const char *json_value_text(int allowed, const char *s, size_t n, size_t 
     if (tn == 0)
         return NULL;
     json_error_t jerr;
-    json_t *j = json_loadb(t, tn, JSON_DECODE_ANY, &jerr);
+    json_t *j = json_loadb(t, tn, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     if (!j)
         return NULL;
     bool integral_real = json_is_real(j) && fabs(json_real_value(j)) < 9e15 &&
@@ -509,12 +552,14 @@ static void end_param(lily_output_parser *p)
 static void json_call(lily_output_parser *p)
 {
     const char *text = p->value.data ? p->value.data : "";
-    json_t *obj = json_loadb(text, p->value.len, 0, NULL);
+    json_t *obj = json_loadb(text, p->value.len, JSON_ALLOW_NUL, NULL);
     json_t *name = json_object_get(obj, "name");
     json_t *args = json_object_get(obj, "arguments");
     if (!args)
         args = json_object_get(obj, "parameters");
-    json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
+    json_t *parsed = json_is_string(args)
+                         ? json_loadb(json_string_value(args), json_string_length(args), JSON_ALLOW_NUL, NULL)
+                         : NULL;
     if (parsed)
         args = parsed;
     if (!json_is_string(name) || (args && !json_is_object(args))) {
