@@ -48,6 +48,7 @@ typedef struct {
     size_t device_pool_bytes;  /* the device checkpoint pool the command will ask for (chat's --cache-vram) */
     int n_cpu_moe;             /* --n-cpu-moe / --cpu-moe (lily_engine_options.n_cpu_moe; 0 = the plan's) */
     int max_tokens;            /* -n (0 = until a stop token or a full context) */
+    bool set_max_tokens;       /* -n given (0 included: no cap over generation_config.json's) */
     lily_sampler_params sampling; /* --temp --top-p --top-k --min-p --seed; filled by cli_model_open from
                                      generation_config.json unless given on the command line; without
                                      --seed the seed comes from the clock */
