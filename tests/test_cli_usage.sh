@@ -116,6 +116,22 @@ check "perplexity --precision alone is not the whole usage" 2 err "lily perplexi
 expect "perplexity --precision alone prints no usage" bash -c "! grep -q usage: '$TMP/err'"
 check "bench --threads 99999 is a usage error" 2 err "lily bench: --threads expects an integer in [0, 4096]" \
     bench -m "$M" --threads 99999
+# bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and
+# directory are checked before the model loads (they failed in gnuplot after the sweep)
+check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [1, 1000], got "0"' bench -m "$M" -r 0
+check "bench -d 99999999 names the range" 2 err \
+    'lily bench: -d expects comma-separated depths in [0, 16777216] (4k = 4096), or none, got "99999999"' \
+    bench -m "$M" -d 99999999
+check "bench -o xml names the formats" 2 err 'lily bench: -o expects md, json or csv, got "xml"' bench -m "$M" -o xml
+if command -v gnuplot >/dev/null 2>&1; then
+    check "bench --plot FILE.jpg is a usage error before the sweep" 2 err \
+        "lily bench: --plot writes PNG or SVG: give a FILE.png or FILE.svg, got \"$TMP/x.jpg\"" \
+        bench -m "$M" -p 16 -n 0 -r 1 --no-warmup --plot "$TMP/x.jpg"
+    check "bench --plot in a missing directory fails before the model loads" 1 err \
+        "lily bench: --plot $TMP/nope/x.png: cannot write: No such file or directory" \
+        bench -m "$M" -p 16 -n 0 -r 1 --no-warmup --plot "$TMP/nope/x.png"
+    expect "... without loading it" bash -c "! grep -q loading '$TMP/err'"
+fi
 "$LILY" eval -m "$M" --tokens 1,2,3 --threads 0 --logits-out "$TMP/t0.f32" >/dev/null 2>&1
 "$LILY" eval -m "$M" --tokens 1,2,3 --threads=1 --logits-out "$TMP/t1.f32" >/dev/null 2>&1
 expect "eval --threads 0 (all cores) gives the --threads=1 logits" bash -c "[ -s '$TMP/t0.f32' ] && cmp -s '$TMP/t0.f32' '$TMP/t1.f32'"
@@ -125,7 +141,8 @@ check "perplexity --special with --tokens-file is a usage error (it was ignored)
 check "perplexity --threads=0 and --ctx=4 run" 0 out "perplexity: " perplexity -m "$M" --tokens-file "$TMP/five.tok" --threads=0 --ctx=4
 check "run --threads 0 runs" 0 err "prefill: " run -m "$M" -p hi --threads 0 -n 2 --temp 0
 check "chat --help gives -n's default as the program applies it" 0 out \
-    "max_new_tokens when it sets one, else until a stop token or a full context" chat --help
+    "full context (default: generation_config.json's max_new_tokens when it" chat --help
+check "run --help says -n 0 is no cap" 0 out "generate at most N tokens per reply; 0 = no cap" run --help
 check "the shared help states the --threads rule" 0 out "CPU threads: 0 = all cores (the default), at most 4096" run --help
 
 # --- a non-finite reference is an error, not perfect agreement; lost output is a failure ------------------
