@@ -116,6 +116,13 @@ check "perplexity --precision alone is not the whole usage" 2 err "lily perplexi
 expect "perplexity --precision alone prints no usage" bash -c "! grep -q usage: '$TMP/err'"
 check "bench --threads 99999 is a usage error" 2 err "lily bench: --threads expects an integer in [0, 4096]" \
     bench -m "$M" --threads 99999
+# a word that is not an option is named as such, not as an "unknown option": the prompt of run goes after -p
+check "run with a bare prompt says it goes after -p" 2 err \
+    "lily run: unexpected argument 'Why is the sky blue?' (the prompt goes after -p: lily run -p \"Why is the sky blue?\")" \
+    run -m "$M" "Why is the sky blue?"
+check "serve with a bare port says every value follows its option" 2 err \
+    "lily serve: unexpected argument '8080' (every value follows its option" serve -m "$M" 8080
+check "an unknown option is still called one" 2 err "lily eval: unknown option '--bogus'" eval --bogus
 # bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and
 # directory are checked before the model loads (they failed in gnuplot after the sweep)
 check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [1, 1000], got "0"' bench -m "$M" -r 0

@@ -96,6 +96,11 @@ int cli_encode(const char *cmd, const cli_model *m, const char *text, int32_t **
  * "lily CMD: WHAT is not valid UTF-8 (byte N of M)" and returns 1 if not; 0 if valid. */
 int cli_check_utf8(const char *cmd, const char *what, const char *text);
 
+/* The message for a command-line word no option takes, then a blank line (the caller prints its usage):
+ * "unknown option '-x'", or for a word that is not an option "unexpected argument 'x'" with what to do
+ * (run: the prompt goes after -p, as `ollama run MODEL PROMPT` users type it first). */
+void cli_unknown_argument(const char *cmd, const char *arg);
+
 /* Prints a streamed reply to a FILE: raw text verbatim, or (parsed) reasoning — ANSI faint when the
  * stream is a terminal, dropped when hide_reasoning — then content, and tool calls as
  * "[tool call] name {arguments}". Also keeps the parser's result for the caller (chat history). */

@@ -753,7 +753,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily bench: unknown option '%s'\n\n", a);
+            cli_unknown_argument("bench", a);
             usage(stderr);
             return 2;
         } else if (!strcmp(a, "--model")) {

@@ -291,7 +291,7 @@ int cmd_chat(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily chat: unknown option '%s'\n\n", a);
+            cli_unknown_argument("chat", a);
             usage(stderr);
             return 2;
         }

@@ -136,7 +136,7 @@ int cmd_eval(int argc, char **argv)
         if (r < 0)
             return 2;
         if (!name) {
-            fprintf(stderr, "lily eval: unknown option '%s'\n\n", a);
+            cli_unknown_argument("eval", a);
             usage(stderr);
             return 2;
         }

@@ -152,7 +152,7 @@ int cmd_perplexity(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily perplexity: unknown option '%s'\n\n", a);
+            cli_unknown_argument("perplexity", a);
             usage(stderr);
             return 2;
         }

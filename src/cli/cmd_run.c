@@ -151,7 +151,7 @@ int cmd_run(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily run: unknown option '%s'\n\n", a);
+            cli_unknown_argument("run", a);
             usage(stderr);
             return 2;
         }

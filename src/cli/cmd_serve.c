@@ -175,7 +175,7 @@ int cmd_serve(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily serve: unknown option '%s'\n\n", a);
+            cli_unknown_argument("serve", a);
             usage(stderr);
             return 2;
         }

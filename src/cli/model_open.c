@@ -433,3 +433,14 @@ void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_
             prefix, n_prefill, n_prefill > 0 && prefill_s > 0 ? n_prefill / prefill_s : 0.0, prefill_s, n_generated,
             n_decode_steps > 0 && decode_s > 0 ? n_decode_steps / decode_s : 0.0, decode_s, finish);
 }
+
+void cli_unknown_argument(const char *cmd, const char *arg)
+{
+    if (arg[0] == '-' && arg[1])
+        fprintf(stderr, "lily %s: unknown option '%s'\n\n", cmd, arg);
+    else if (!strcmp(cmd, "run"))
+        fprintf(stderr, "lily run: unexpected argument '%s' (the prompt goes after -p: lily run -p \"%s\")\n\n", arg,
+                arg);
+    else
+        fprintf(stderr, "lily %s: unexpected argument '%s' (every value follows its option, e.g. -m DIR)\n\n", cmd, arg);
+}
