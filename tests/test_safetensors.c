@@ -226,6 +226,25 @@ static void test_checkpoint_open_directory_scan(void **state)
     rmdir(dir);
 }
 
+/* An index whose weight_map points outside the directory is refused, naming the tensor (the message was
+ * formatted from the parsed index after it was freed: ASan's heap-use-after-free). */
+static void test_checkpoint_index_file_outside(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/lily_test_st_XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    const char *index = "{\"weight_map\": {\"model.language_model.layers.0.mlp.gate.weight\": \"../x.safetensors\"}}";
+    write_file(path, (const uint8_t *)index, strlen(index));
+    lily_checkpoint ck;
+    lily_error err = {0};
+    assert_int_equal(lily_checkpoint_open(dir, &ck, &err), LILY_ERR_FORMAT);
+    if (!strstr(err.message, "weight_map[\"model.language_model.layers.0.mlp.gate.weight\"] is not a file name"))
+        fail_msg("message '%s' does not name the tensor", err.message);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +258,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_open_sharded_hf),
         cmocka_unit_test(test_checkpoint_open_single_mlx),
         cmocka_unit_test(test_checkpoint_open_directory_scan),
+        cmocka_unit_test(test_checkpoint_index_file_outside),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

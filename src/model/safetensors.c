@@ -309,12 +309,14 @@ static lily_status list_shards(const char *model_dir, char ***names, int *n_name
         json_object_foreach(map, key, value) {
             const char *file = json_string_value(value);
             if (!file || !*file || strchr(file, '/') || !strcmp(file, "..")) {
+                /* the message first: key lives in index */
+                lily_error_set(err, LILY_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name in the directory",
+                               path, key);
                 json_decref(index);
                 free_strings(*names, *n_names);
                 *names = NULL;
                 *n_names = 0;
-                return lily_error_set(err, LILY_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name in the directory",
-                                      path, key);
+                return LILY_ERR_FORMAT;
             }
             bool seen = false;
             for (int i = 0; i < *n_names && !seen; i++)
