@@ -48,6 +48,12 @@ sed -i 's/"max_new_tokens": 128/"max_new_tokens": 7/' "$TMP/m7/generation_config
 expect "no -n: capped at the model's max_new_tokens 7 (got $(gen "$TMP/cap7.err"))" [ "$(gen "$TMP/cap7.err")" = 7 ]
 "$LILY" run -m "$TMP/m7" -p "Hi" --temp 0 -n 11 >/dev/null 2>"$TMP/n11.err"
 expect "-n 11 wins over max_new_tokens (got $(gen "$TMP/n11.err"))" [ "$(gen "$TMP/n11.err")" = 11 ]
+expect "the speed line says which limit ended the reply: generation_config.json's max_new_tokens" \
+    grep -qF "| length (max_new_tokens 7 of generation_config.json; -n sets another)" "$TMP/cap7.err"
+expect "... or -n" grep -qF "| length (-n 11)" "$TMP/n11.err"
+"$LILY" run -m "$M" -p "Hi" --temp 0 -n 100 -c 30 >/dev/null 2>"$TMP/ctx.err"
+expect "... or the full context, naming the option to raise (it said only 'length' for all three)" \
+    grep -qF "| length (the context is full: 30 tokens; --ctx-size sets it)" "$TMP/ctx.err"
 "$LILY" run -m "$TMP/m7" -p "Hi" --temp 0 -n 0 >/dev/null 2>"$TMP/n0.err"
 "$LILY" run -m "$M" -p "Hi" --temp 0 -n 0 >/dev/null 2>"$TMP/n0_128.err"
 expect "-n 0 is no cap: max_new_tokens 7 lifted, the reply runs to its stop token as with 128 (got $(gen "$TMP/n0.err"))" \

@@ -185,4 +185,9 @@ void cli_print_decode_path(const char *prefix, const lily_generate_result *r);
 void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_generated, int n_decode_steps,
                      double decode_s, const char *finish);
 
+/* The reason a reply ended, as the speed lines print it: lily_finish_reason_name, and for "length" what the
+ * limit was: o's -n (set_max_tokens) or generation_config.json's max_new_tokens, or the full context of
+ * max_ctx tokens (what to raise). Written into buf[n]; returns buf. */
+const char *cli_finish_text(const lily_generate_result *r, const cli_gen_options *o, int max_ctx, char *buf, size_t n);
+
 #endif

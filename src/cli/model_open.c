@@ -434,6 +434,18 @@ void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_
             n_decode_steps > 0 && decode_s > 0 ? n_decode_steps / decode_s : 0.0, decode_s, finish);
 }
 
+const char *cli_finish_text(const lily_generate_result *r, const cli_gen_options *o, int max_ctx, char *buf, size_t n)
+{
+    if (r->finish != LILY_FINISH_LENGTH)
+        snprintf(buf, n, "%s", lily_finish_reason_name(r->finish));
+    else if (o->max_tokens > 0 && r->n_generated >= o->max_tokens)
+        snprintf(buf, n, o->set_max_tokens ? "length (-n %d)" : "length (max_new_tokens %d of generation_config.json; -n "
+                                                               "sets another)", o->max_tokens);
+    else
+        snprintf(buf, n, "length (the context is full: %d tokens; --ctx-size sets it)", max_ctx);
+    return buf;
+}
+
 void cli_unknown_argument(const char *cmd, const char *arg)
 {
     if (arg[0] == '-' && arg[1])
