@@ -123,6 +123,10 @@ check "run with a bare prompt says it goes after -p" 2 err \
 check "serve with a bare port says every value follows its option" 2 err \
     "lily serve: unexpected argument '8080' (every value follows its option" serve -m "$M" 8080
 check "an unknown option is still called one" 2 err "lily eval: unknown option '--bogus'" eval --bogus
+# run / chat -c 0 is the default context, as serve's --ctx-size 0 and llama.cpp's -c 0 (it was a usage error)
+check "run -c 0 runs with the default context" 0 err "| length (-n 2)" run -m "$M" -p hi -c 0 -n 2 --temp 0
+check "run -c past 16M names serve's range" 2 err 'lily run: -c expects an integer in [0, 16777216], got "16777217"' \
+    run -m "$M" -p hi -c 16777217
 # bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and
 # directory are checked before the model loads (they failed in gnuplot after the sweep)
 check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [1, 1000], got "0"' bench -m "$M" -r 0

@@ -41,8 +41,8 @@ void cli_gen_options_usage(FILE *f)
             "      --no-think         render the prompt with thinking off (an empty think block)\n"
             "      --hide-reasoning   do not print the reasoning\n"
             "      --system TEXT      a system message before the user's\n"
-            "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768; cuda: as\n"
-            "                         large as fits in GPU memory, up to the model's)\n"
+            "  -c, --ctx-size N       context size in tokens (default or 0: the model's, at most 32768; cuda:\n"
+            "                         as large as fits in GPU memory, up to the model's)\n"
             "      --gpu-memory GIB   " CLI_GPU_MEMORY_HELP "\n"
             "      --cpu-moe          " CLI_CPU_MOE_HELP "\n"
             "      --n-cpu-moe N      " CLI_N_CPU_MOE_HELP "\n"
@@ -219,8 +219,8 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
         o->max_tokens = (int)v;
         o->set_max_tokens = true;
-    } else if (!strcmp(name, "--ctx-size")) {
-        if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))
+    } else if (!strcmp(name, "--ctx-size")) { /* 0: the default, as serve and llama.cpp's -c 0 */
+        if (cli_parse_int(cmd, a, value, 0, 1 << 24, &v))
             return -1;
         o->ctx_size = (int)v;
     } else if (!strcmp(name, "--threads")) {
