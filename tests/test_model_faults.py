@@ -99,6 +99,8 @@ d = copy_model("nan")
 set_tensor(d, "language_model.lm_head.scales", 0x7FC0)
 rc, out, err = run(d)
 check(rc != 0 and "language_model.lm_head.scales" in err and "not finite" in err, "lily run refuses NaN scales", err)
+check(err.startswith(f"lily run: {d}: language_model.lm_head.scales"),
+      "... naming the model directory first, as config.json and shard errors do (as lily info does)", err)
 
 print("finite weights that overflow: non-finite logits are an error, never an empty success")
 d = copy_model("overflow")
