@@ -127,6 +127,16 @@ check "an unknown option is still called one" 2 err "lily eval: unknown option '
 check "run -c 0 runs with the default context" 0 err "| length (-n 2)" run -m "$M" -p hi -c 0 -n 2 --temp 0
 check "run -c past 16M names serve's range" 2 err 'lily run: -c expects an integer in [0, 16777216], got "16777217"' \
     run -m "$M" -p hi -c 16777217
+# -m naming no directory, or a file: every command says so about the directory (info, eval, perplexity and
+# bench said "DIR/config.json: cannot open (No such file or directory)" or "(Not a directory)")
+printf x >"$TMP/afile"; printf "1 2 3 4 5\n" >"$TMP/five.tok"
+for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "bench -p 8 -n 0 -r 1" "run -p hi"; do
+    check "${args%% *} -m MISSING names the model directory" 1 err \
+        "lily ${args%% *}: model directory $TMP/missing: No such file or directory" $args -m "$TMP/missing"
+    check "${args%% *} -m FILE says it is not a model directory" 1 err \
+        "lily ${args%% *}: $TMP/afile is not a model directory (expected a directory with config.json" $args -m "$TMP/afile"
+done
+check "info -x is an unknown option (it was an 'unexpected argument')" 2 err "lily info: unknown option '-x'" info -x
 # bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and
 # directory are checked before the model loads (they failed in gnuplot after the sweep)
 check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [1, 1000], got "0"' bench -m "$M" -r 0

@@ -10,7 +10,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <utf8proc.h>
 
@@ -319,14 +318,8 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
         fprintf(stderr, "lily %s: %s\n", cmd, gerr.message);
         return 1;
     }
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        fprintf(stderr, "lily %s: model directory %s: %s\n", cmd, dir, strerror(errno));
-        return 1;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "lily %s: %s is not a model directory (expected a directory with config.json, "
-                        "*.safetensors and tokenizer.json)\n", cmd, dir);
+    if (lily_check_model_dir(dir, &gerr) != LILY_OK) { /* before the tokenizer: its error would hide this one */
+        fprintf(stderr, "lily %s: %s\n", cmd, gerr.message);
         return 1;
     }
     lily_error err = {0};

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/file.h"
 #include "base/json_load.h"
@@ -487,10 +488,23 @@ static lily_status parse_generation_defaults(json_t *gen, lily_generation_defaul
     return LILY_OK;
 }
 
+lily_status lily_check_model_dir(const char *model_dir, lily_error *err)
+{
+    struct stat sb;
+    if (stat(model_dir, &sb) != 0)
+        return lily_error_set(err, LILY_ERR_IO, "model directory %s: %s", model_dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return lily_error_set(err, LILY_ERR_IO, "%s is not a model directory (expected a directory with config.json, "
+                              "*.safetensors and tokenizer.json)", model_dir);
+    return LILY_OK;
+}
+
 lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err)
 {
     lily_status gst = lily_check_not_gguf(model_dir, err);
     if (gst != LILY_OK)
+        return gst;
+    if ((gst = lily_check_model_dir(model_dir, err)) != LILY_OK)
         return gst;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
