@@ -39,6 +39,16 @@ if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
         "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://127.0.0.1:" \
         serve -m "$TMP/nope" --port 0
     check "serve stops when the model fails to load" 1 err "; stopping the server" serve -m "$TMP/nope" --port 0
+    # --cors-origin entries that no browser Origin can match, and an empty --alias, are usage errors naming
+    # the value (they were accepted, or "missing option value" and the whole usage)
+    check "serve --cors-origin chat.example.com is not an origin" 2 err \
+        "lily serve: --cors-origin: 'chat.example.com' is not an origin; write it as a browser sends it" \
+        serve -m "$TMP/nope" --cors-origin chat.example.com
+    check "serve --cors-origin with a path is not an origin" 2 err \
+        "lily serve: --cors-origin: 'https://a.example/app' is not an origin" \
+        serve -m "$TMP/nope" --cors-origin "https://a.example, https://a.example/app"
+    check "serve --cors-origin '' is empty" 2 err "lily serve: --cors-origin is empty" serve -m "$TMP/nope" --cors-origin ""
+    check "serve --alias '' is empty" 2 err "lily serve: --alias is empty" serve -m "$TMP/nope" --alias ""
 fi
 printf '\xff' >"$TMP/stdin"
 check "debug tokenize errors carry the command's name" 1 err \

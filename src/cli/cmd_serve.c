@@ -140,6 +140,37 @@ static void dir_name(const char *dir, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)(n - b), dir + b);
 }
 
+/* --cors-origin's list: "*", or origins as a browser sends them in its Origin header, scheme://host[:port]
+ * (a trailing / is allowed: the server drops it). A bare host name or a path would never match any request,
+ * so either is a usage error naming the entry. Returns 0, or 2 printed. */
+static int check_cors_origins(const char *list)
+{
+    if (!list[strspn(list, " ,")]) {
+        fprintf(stderr, "lily serve: --cors-origin is empty (leave it out to allow this machine's pages only)\n");
+        return 2;
+    }
+    for (const char *p = list; *p;) {
+        p += strspn(p, " ,");
+        size_t n = strcspn(p, ","), k = n;
+        while (k > 0 && p[k - 1] == ' ')
+            k--;
+        while (k > 0 && p[k - 1] == '/')
+            k--;
+        const char *sep = NULL;
+        for (size_t j = 0; !sep && j + 3 <= k; j++)
+            sep = !strncmp(p + j, "://", 3) ? p + j : NULL;
+        const char *host = sep ? sep + 3 : NULL;
+        if (k && !(k == 1 && *p == '*') &&
+            (!sep || sep == p || host == p + k || memchr(host, '/', (size_t)(p + k - host)))) {
+            fprintf(stderr, "lily serve: --cors-origin: '%.*s' is not an origin; write it as a browser sends it, "
+                            "scheme://host[:port] (e.g. https://chat.example.com), or '*'\n", (int)k, p);
+            return 2;
+        }
+        p += n;
+    }
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "cpu", *alias = NULL;
@@ -232,11 +263,12 @@ int cmd_serve(int argc, char **argv)
         if (!ok)
             return 2;
     }
-    if (!host || !backend || (alias && !*alias)) {
-        fprintf(stderr, "lily serve: missing option value\n\n");
-        usage(stderr);
+    if (alias && !*alias) {
+        fprintf(stderr, "lily serve: --alias is empty (leave it out for the directory's name)\n");
         return 2;
     }
+    if (cors_origin && check_cors_origins(cors_origin))
+        return 2;
     if (cli_check_backend("serve", backend))
         return 2;
     char key_buf[1024];
