@@ -27,6 +27,9 @@ check() { # name, expected exit status, file to grep (out|err), fixed string, li
 }
 : >"$TMP/stdin"
 check "debug --help lists the subcommands on stdout" 0 out "  tokenize  the token ids of the text on stdin" debug --help
+check "lily help run is run's --help (it printed the command list)" 0 out "usage: lily run [-m DIR]" help run
+check "lily help with an unknown command names it" 2 err "lily: unknown command 'bogus'" help bogus
+check "lily version and -V print the version as --version does" 0 out "lily " version
 check "debug with an unknown subcommand names it" 2 err "lily debug: unknown subcommand 'bogus'" debug bogus
 check "debug without a subcommand prints the usage" 2 err "usage: lily debug tokenize|render|parse" debug
 check "info -m without a value says so" 2 err "lily info: -m needs a value" info -m
