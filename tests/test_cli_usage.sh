@@ -154,7 +154,7 @@ check "info -x is an unknown option (it was an 'unexpected argument')" 2 err "li
 # directory are checked before the model loads (they failed in gnuplot after the sweep)
 check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [1, 1000], got "0"' bench -m "$M" -r 0
 check "bench -d 99999999 names the range" 2 err \
-    'lily bench: -d expects comma-separated depths in [0, 16777216] (4k = 4096), or none, got "99999999"' \
+    'lily bench: -d expects up to 64 comma-separated depths in [0, 16777216] (4k = 4096), or none, got "99999999"' \
     bench -m "$M" -d 99999999
 check "bench -o xml names the formats" 2 err 'lily bench: -o expects md, json or csv, got "xml"' bench -m "$M" -o xml
 if command -v gnuplot >/dev/null 2>&1; then

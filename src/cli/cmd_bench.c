@@ -762,11 +762,13 @@ static int parse_args(int argc, char **argv, bench_options *o)
             o->synthetic = val;
         } else if (!strcmp(a, "-p")) {
             bad = parse_list(val, o->prompt_lengths, &o->n_prompt_lengths, 1);
-            snprintf(want, sizeof want, "comma-separated lengths in [1, %d] (4k = 4096), or none", 1 << 24);
+            snprintf(want, sizeof want, "up to %d comma-separated lengths in [1, %d] (4k = 4096), or none",
+                     MAX_POINTS, 1 << 24);
             o->default_prompt_lengths = 0;
         } else if (!strcmp(a, "-d")) {
             bad = parse_list(val, o->depths, &o->n_depths, 0);
-            snprintf(want, sizeof want, "comma-separated depths in [0, %d] (4k = 4096), or none", 1 << 24);
+            snprintf(want, sizeof want, "up to %d comma-separated depths in [0, %d] (4k = 4096), or none",
+                     MAX_POINTS, 1 << 24);
             o->default_depths = 0;
         } else if (!strcmp(a, "-n")) {
             bad = parse_int(val, 0, 1 << 20, &o->n_decode);
