@@ -242,7 +242,8 @@ static int chat_turn(chat_state *c, const char *line)
     fprintf(stderr, "[turn %d: prompt %d tokens: %d reused (%s), %d prefilled at %.1f tok/s | reply %d tokens at "
                     "%.1f tok/s | %s]\n",
             c->turn, n, reuse, how, n - reuse, n > reuse && prefill_s > 0 ? (n - reuse) / prefill_s : 0.0,
-            res.n_generated, res.decode_tokens_per_second, cli_finish_text(&res, c->o, c->s->max_ctx, finish, sizeof finish));
+            res.n_generated, res.decode_tokens_per_second,
+            cli_finish_text(&res, c->o, c->s->max_ctx, finish, sizeof finish));
     if (c->o->verbose)
         cli_print_decode_path("", &res);
     goto done;

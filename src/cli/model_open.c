@@ -432,8 +432,10 @@ const char *cli_finish_text(const lily_generate_result *r, const cli_gen_options
     if (r->finish != LILY_FINISH_LENGTH)
         snprintf(buf, n, "%s", lily_finish_reason_name(r->finish));
     else if (o->max_tokens > 0 && r->n_generated >= o->max_tokens)
-        snprintf(buf, n, o->set_max_tokens ? "length (-n %d)" : "length (max_new_tokens %d of generation_config.json; -n "
-                                                               "sets another)", o->max_tokens);
+        snprintf(buf, n,
+                 o->set_max_tokens ? "length (-n %d)"
+                                   : "length (max_new_tokens %d of generation_config.json; -n sets another)",
+                 o->max_tokens);
     else
         snprintf(buf, n, "length (the context is full: %d tokens; --ctx-size sets it)", max_ctx);
     return buf;
@@ -447,5 +449,6 @@ void cli_unknown_argument(const char *cmd, const char *arg)
         fprintf(stderr, "lily run: unexpected argument '%s' (the prompt goes after -p: lily run -p \"%s\")\n\n", arg,
                 arg);
     else
-        fprintf(stderr, "lily %s: unexpected argument '%s' (every value follows its option, e.g. -m DIR)\n\n", cmd, arg);
+        fprintf(stderr, "lily %s: unexpected argument '%s' (every value follows its option, e.g. -m DIR)\n\n", cmd,
+                arg);
 }
