@@ -377,6 +377,10 @@ static lily_status map_file(const char *path, void **base, size_t *size, lily_er
         close(fd);
         return lily_error_set(err, LILY_ERR_IO, "cannot stat %s: %s", path, strerror(e));
     }
+    if (!S_ISREG(sb.st_mode)) { /* a directory or a device: mmap would say only "No such device" */
+        close(fd);
+        return lily_error_set(err, LILY_ERR_IO, "%s is not a regular file", path);
+    }
     if (sb.st_size < 8) {
         close(fd);
         return lily_error_set(err, LILY_ERR_FORMAT, "%s: file too short (%lld bytes) for a safetensors header", path,
