@@ -43,8 +43,12 @@ deps:
 test-deps: deps
 	@$(MAKE) --no-print-directory install-debs PACKAGES="$(TEST_DEB_PACKAGES)" OPTIONAL=1
 
+# whether Debian package $$p is installed; `dpkg -s P` alone fails ("ambiguous package name") once P is also
+# installed for another architecture (make deps-arm64 adds the :arm64 libraries), so the native one is asked too
+DEB_INSTALLED = { dpkg -s $$p || dpkg -s $$p:$$(dpkg --print-architecture); } >/dev/null 2>&1
+
 install-debs:
-	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(PACKAGES); do $(DEB_INSTALLED) || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
 	  echo "lily: missing build dependencies. On macOS: brew install cmake pkg-config jansson pcre2 utf8proc libmicrohttpd cmocka libedit gnuplot"; \
@@ -80,7 +84,7 @@ test-asan: test-deps
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
 deps-arm64: deps
-	@missing=""; for p in $(ARM64_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(ARM64_PACKAGES); do $(DEB_INSTALLED) || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then \
 	  echo "lily: installing$$missing"; dpkg --add-architecture arm64; \

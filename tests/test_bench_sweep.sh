@@ -4,7 +4,9 @@
 #     long before the model's 8192 positions);
 #   - md rows are printed as they finish, and Ctrl-C (SIGINT) after the first row prints the table and
 #     writes the plot of the rows so far, exiting 130;
-#   - the plot's dashed line is labelled as the hardware ceiling (SVG output, to read the legend).
+#   - the plot's dashed line is labelled as the hardware ceiling (SVG output, to read the legend);
+#   - a plot of prefill rows only or decode rows only is one panel (an empty one failed gnuplot), and a
+#     quote in the --plot path is written as given.
 # usage: bash test_bench_sweep.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -43,4 +45,15 @@ expect "Ctrl-C: the table is closed with its notes" grep -q '^cost/token:' "$TMP
 expect "Ctrl-C: the longest lengths were not measured" bash -c "! grep -q '^| pp8192 ' '$TMP/int.md'"
 expect "Ctrl-C: the plot of the rows so far is written" [ -s "$TMP/plot.svg" ]
 expect "the plot's dashed line is labelled as the hardware ceiling" grep -q 'hardware ceiling (measured matmul rate)' "$TMP/plot.svg"
+
+# a plot of one kind of row only (-n 0: prefill; -p none: decode) is one panel, and gnuplot succeeds (an
+# empty panel failed it: "all points y value undefined"); a quote in the path is written as given
+set +e
+"$LILY" bench -m "$M" -p 16 -n 0 -r 1 --threads 1 --no-warmup --plot "$TMP/it's.svg" >/dev/null 2>"$TMP/p1.err"; rc1=$?
+"$LILY" bench -m "$M" -p none -d 16 -n 2 -r 1 --threads 1 --no-warmup --plot "$TMP/dec.png" >/dev/null 2>"$TMP/p2.err"; rc2=$?
+set -e
+expect "--plot with prefill rows only: exit 0, one panel, at the quoted path" bash -c "[ $rc1 = 0 ] &&
+    grep -q 'wrote $TMP/it' '$TMP/p1.err' && grep -q 'matmul rate' \"$TMP/it's.svg\" && ! grep -q 'memory bandwidth' \"$TMP/it's.svg\""
+expect "--plot with decode rows only: exit 0, a PNG" bash -c "[ $rc2 = 0 ] && ! grep -q failed '$TMP/p2.err' &&
+    [ \"\$(head -c 4 '$TMP/dec.png' | tail -c 3)\" = PNG ]"
 finish

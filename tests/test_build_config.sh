@@ -4,7 +4,8 @@
 #     lists one, or /dev/nvidia0 exists) and says which in one line; -DLILY_CUDA=OFF says OFF;
 #   - `make CUDA=1` / `CUDA=0` pass -DLILY_CUDA=ON / OFF to CMake;
 #   - lily_python (tests/lib/common.sh) gives a Python with numpy even when the first python3 on PATH is
-#     one without numpy (a pyenv shim, here a fake python3 that fails every import).
+#     one without numpy (a pyenv shim, here a fake python3 that fails every import);
+#   - make's Debian dependency check counts a package installed for two architectures as installed.
 # usage: bash test_build_config.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -35,6 +36,29 @@ make -n -C "$ROOT" build BUILD="$TMP/mk" CUDA=0 > "$TMP/mk0.log" 2>&1 || true
 expect "make CUDA=0 configures with -DLILY_CUDA=OFF" grep -q -- '-DLILY_CUDA=OFF' "$TMP/mk0.log"
 make -n -C "$ROOT" build BUILD="$TMP/mk" > "$TMP/mk.log" 2>&1 || true
 expect "plain make leaves the choice to CMake (no -DLILY_CUDA)" bash -c "! grep -q -- -DLILY_CUDA '$TMP/mk.log'"
+
+# make's dependency check: a package installed for two architectures (the :arm64 libraries of make
+# deps-arm64) is installed, although `dpkg -s NAME` calls it ambiguous (every make ran apt-get update and
+# install again); a fake dpkg / apt-get stand in for Debian's
+mkdir -p "$TMP/fakedeb"
+cat > "$TMP/fakedeb/dpkg" <<'SH'
+#!/bin/sh
+case "$1 $2" in
+    "--print-architecture ") echo amd64 ;;
+    "-s libtwoarch-dev") echo "dpkg-query: error: ambiguous package name 'libtwoarch-dev'" >&2; exit 2 ;;
+    "-s libtwoarch-dev:amd64") echo "Status: install ok installed" ;;
+    *) exit 1 ;;
+esac
+SH
+printf '#!/bin/sh
+echo "apt-get $*" >> "%s/apt.log"
+' "$TMP" > "$TMP/fakedeb/apt-get"
+chmod +x "$TMP/fakedeb/dpkg" "$TMP/fakedeb/apt-get"
+PATH="$TMP/fakedeb:$PATH" make -s -C "$ROOT" install-debs PACKAGES=libtwoarch-dev OPTIONAL=1 > "$TMP/deb.log" 2>&1 || true
+expect "make deps: a package installed for two architectures is not installed again" \
+    bash -c "[ ! -e '$TMP/apt.log' ] && ! grep -q 'missing\|installing' '$TMP/deb.log'"
+PATH="$TMP/fakedeb:$PATH" make -s -C "$ROOT" install-debs PACKAGES=libabsent-dev OPTIONAL=1 > "$TMP/deb2.log" 2>&1 || true
+expect "make deps: a missing package is still found missing" grep -q 'libabsent-dev' "$TMP/deb2.log"
 
 # a python3 without numpy first on PATH (a fresh venv next to a copy of the binary: lily_python makes it)
 mkdir -p "$TMP/fakebin" "$TMP/b"

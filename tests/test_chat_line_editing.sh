@@ -4,6 +4,7 @@
 # escape sequence never reaches the model); Up, Enter -> "abXc" again (history); "one\" Enter "two" Enter ->
 # "one\ntwo"; a """ block of two lines -> "first line\nsecond line". /save writes the conversation, whose
 # user messages must be exactly those, and a /save that fails says why. Without a TTY the same multi-line rules hold (piped stdin).
+# Slash commands with a bad argument say what they take; //text sends "/text"; a line with a NUL byte is refused.
 # Skips where the build has no libedit (the chat then reads plain lines).
 # usage: bash test_chat_line_editing.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
@@ -24,6 +25,20 @@ printf 'hi\n/save %s\n/quit\n' "$TMP/no-such-dir/c.json" |
     "$LILY" chat -m "$M" -n 2 --temp 0 2>"$TMP/save.err" >/dev/null
 expect "/save into a missing directory: 'cannot write FILE: No such file or directory'" \
     grep -qF "[cannot write $TMP/no-such-dir/c.json: No such file or directory]" "$TMP/save.err"
+# slash commands with a bad argument say what they take (they said "unknown command"); //text sends "/text";
+# a line holding a NUL byte is refused, not cut there and merged with the next line
+printf '/save\n/think maybe\n/usr/bin is slow\n//usr/bin is slow\na\0b\nnext\n/save %s\n/quit\n' "$TMP/slash.json" |
+    "$LILY" chat -m "$M" -n 2 --temp 0 2>"$TMP/slash.err" >/dev/null
+expect "/save without a file says it needs one" grep -qxF "/save needs a file name: /save FILE" "$TMP/slash.err"
+expect "/think maybe says /think takes on or off" grep -qxF "/think takes on or off, not 'maybe'" "$TMP/slash.err"
+expect "an unknown /command says how to send a message that starts with /" \
+    grep -qF "unknown command /usr/bin is slow (/help lists them; //usr/bin is slow sends a message" "$TMP/slash.err"
+expect "a NUL byte in a line: the message is refused, saying why" \
+    grep -qF "lily chat: the message holds a NUL byte: not text (not sent)" "$TMP/slash.err"
+expect "//text is sent as /text, and the line after the NUL one as itself" "$PY" -c "
+import json, sys
+msgs = [m['content'] for m in json.load(open('$TMP/slash.json')) if m['role'] == 'user']
+sys.exit(0 if msgs == ['/usr/bin is slow', 'next'] else 1)"
 if ! ldd "$LILY" | grep -q libedit; then
     echo "SKIP the terminal checks: this lily was built without libedit (make deps installs libedit-dev)"
     finish

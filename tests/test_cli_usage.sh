@@ -27,6 +27,9 @@ check() { # name, expected exit status, file to grep (out|err), fixed string, li
 }
 : >"$TMP/stdin"
 check "debug --help lists the subcommands on stdout" 0 out "  tokenize  the token ids of the text on stdin" debug --help
+check "lily help run is run's --help (it printed the command list)" 0 out "usage: lily run [-m DIR]" help run
+check "lily help with an unknown command names it" 2 err "lily: unknown command 'bogus'" help bogus
+check "lily version and -V print the version as --version does" 0 out "lily " version
 check "debug with an unknown subcommand names it" 2 err "lily debug: unknown subcommand 'bogus'" debug bogus
 check "debug without a subcommand prints the usage" 2 err "usage: lily debug tokenize|render|parse" debug
 check "info -m without a value says so" 2 err "lily info: -m needs a value" info -m
@@ -39,6 +42,16 @@ if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
         "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://127.0.0.1:" \
         serve -m "$TMP/nope" --port 0
     check "serve stops when the model fails to load" 1 err "; stopping the server" serve -m "$TMP/nope" --port 0
+    # --cors-origin entries that no browser Origin can match, and an empty --alias, are usage errors naming
+    # the value (they were accepted, or "missing option value" and the whole usage)
+    check "serve --cors-origin chat.example.com is not an origin" 2 err \
+        "lily serve: --cors-origin: 'chat.example.com' is not an origin; write it as a browser sends it" \
+        serve -m "$TMP/nope" --cors-origin chat.example.com
+    check "serve --cors-origin with a path is not an origin" 2 err \
+        "lily serve: --cors-origin: 'https://a.example/app' is not an origin" \
+        serve -m "$TMP/nope" --cors-origin "https://a.example, https://a.example/app"
+    check "serve --cors-origin '' is empty" 2 err "lily serve: --cors-origin is empty" serve -m "$TMP/nope" --cors-origin ""
+    check "serve --alias '' is empty" 2 err "lily serve: --alias is empty" serve -m "$TMP/nope" --alias ""
 fi
 printf '\xff' >"$TMP/stdin"
 check "debug tokenize errors carry the command's name" 1 err \
@@ -116,6 +129,43 @@ check "perplexity --precision alone is not the whole usage" 2 err "lily perplexi
 expect "perplexity --precision alone prints no usage" bash -c "! grep -q usage: '$TMP/err'"
 check "bench --threads 99999 is a usage error" 2 err "lily bench: --threads expects an integer in [0, 4096]" \
     bench -m "$M" --threads 99999
+# a word that is not an option is named as such, not as an "unknown option": the prompt of run goes after -p
+check "run with a bare prompt says it goes after -p" 2 err \
+    "lily run: unexpected argument 'Why is the sky blue?' (the prompt goes after -p: lily run -p \"Why is the sky blue?\")" \
+    run -m "$M" "Why is the sky blue?"
+check "serve with a bare port says every value follows its option" 2 err \
+    "lily serve: unexpected argument '8080' (every value follows its option" serve -m "$M" 8080
+check "an unknown option is still called one" 2 err "lily eval: unknown option '--bogus'" eval --bogus
+# run / chat -c 0 is the default context, as serve's --ctx-size 0 and llama.cpp's -c 0 (it was a usage error)
+check "run -c 0 runs with the default context" 0 err "| length (-n 2)" run -m "$M" -p hi -c 0 -n 2 --temp 0
+check "run -c past 16M names serve's range" 2 err 'lily run: -c expects an integer in [0, 16777216], got "16777217"' \
+    run -m "$M" -p hi -c 16777217
+# -m naming no directory, or a file: every command says so about the directory (info, eval, perplexity and
+# bench said "DIR/config.json: cannot open (No such file or directory)" or "(Not a directory)")
+printf x >"$TMP/afile"; printf "1 2 3 4 5\n" >"$TMP/five.tok"
+for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "bench -p 8 -n 0 -r 1" "run -p hi"; do
+    check "${args%% *} -m MISSING names the model directory" 1 err \
+        "lily ${args%% *}: model directory $TMP/missing: No such file or directory" $args -m "$TMP/missing"
+    check "${args%% *} -m FILE says it is not a model directory" 1 err \
+        "lily ${args%% *}: $TMP/afile is not a model directory (expected a directory with config.json" $args -m "$TMP/afile"
+done
+check "info -x is an unknown option (it was an 'unexpected argument')" 2 err "lily info: unknown option '-x'" info -x
+# bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and
+# directory are checked before the model loads (they failed in gnuplot after the sweep)
+check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [1, 1000], got "0"' bench -m "$M" -r 0
+check "bench -d 99999999 names the range" 2 err \
+    'lily bench: -d expects up to 64 comma-separated depths in [0, 16777216] (4k = 4096), or none, got "99999999"' \
+    bench -m "$M" -d 99999999
+check "bench -o xml names the formats" 2 err 'lily bench: -o expects md, json or csv, got "xml"' bench -m "$M" -o xml
+if command -v gnuplot >/dev/null 2>&1; then
+    check "bench --plot FILE.jpg is a usage error before the sweep" 2 err \
+        "lily bench: --plot writes PNG or SVG: give a FILE.png or FILE.svg, got \"$TMP/x.jpg\"" \
+        bench -m "$M" -p 16 -n 0 -r 1 --no-warmup --plot "$TMP/x.jpg"
+    check "bench --plot in a missing directory fails before the model loads" 1 err \
+        "lily bench: --plot $TMP/nope/x.png: cannot write: No such file or directory" \
+        bench -m "$M" -p 16 -n 0 -r 1 --no-warmup --plot "$TMP/nope/x.png"
+    expect "... without loading it" bash -c "! grep -q loading '$TMP/err'"
+fi
 "$LILY" eval -m "$M" --tokens 1,2,3 --threads 0 --logits-out "$TMP/t0.f32" >/dev/null 2>&1
 "$LILY" eval -m "$M" --tokens 1,2,3 --threads=1 --logits-out "$TMP/t1.f32" >/dev/null 2>&1
 expect "eval --threads 0 (all cores) gives the --threads=1 logits" bash -c "[ -s '$TMP/t0.f32' ] && cmp -s '$TMP/t0.f32' '$TMP/t1.f32'"
@@ -125,7 +175,8 @@ check "perplexity --special with --tokens-file is a usage error (it was ignored)
 check "perplexity --threads=0 and --ctx=4 run" 0 out "perplexity: " perplexity -m "$M" --tokens-file "$TMP/five.tok" --threads=0 --ctx=4
 check "run --threads 0 runs" 0 err "prefill: " run -m "$M" -p hi --threads 0 -n 2 --temp 0
 check "chat --help gives -n's default as the program applies it" 0 out \
-    "max_new_tokens when it sets one, else until a stop token or a full context" chat --help
+    "full context (default: generation_config.json's max_new_tokens when it" chat --help
+check "run --help says -n 0 is no cap" 0 out "generate at most N tokens per reply; 0 = no cap" run --help
 check "the shared help states the --threads rule" 0 out "CPU threads: 0 = all cores (the default), at most 4096" run --help
 
 # --- a non-finite reference is an error, not perfect agreement; lost output is a failure ------------------

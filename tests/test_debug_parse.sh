@@ -74,6 +74,11 @@ echo '{"tools": 3}' >"$TMP/bad.json"
 printf 'x' | "$LILY" debug parse --tools "$TMP/bad.json" >/dev/null 2>"$TMP/err.txt"
 [ $? -eq 1 ] || fail "bad tools file should exit 1"
 grep -q 'tools' "$TMP/err.txt" || fail "bad tools error should name the problem"
+# a tools file that cannot be opened names it without jansson's line -1 ("F:-1: unable to open F")
+printf 'x' | "$LILY" debug parse --tools "$TMP/missing.json" >/dev/null 2>"$TMP/err.txt"
+[ $? -eq 1 ] || fail "missing tools file should exit 1"
+grep -qF "lily debug parse: --tools $TMP/missing.json: unable to open" "$TMP/err.txt" ||
+    fail "missing tools file: $(cat "$TMP/err.txt")"
 # an unknown option is a usage error, exit 2
 "$LILY" debug parse --bogus </dev/null >/dev/null 2>&1
 [ $? -eq 2 ] || fail "unknown option should exit 2"

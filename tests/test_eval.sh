@@ -2,7 +2,8 @@
 # test_eval.sh — `lily eval` end to end: for both tiny-a layouts, case5 (300 tokens) in three modes
 # (one prefill, prefill half then decode, prefill in chunks of 7) against the reference logits: exact
 # mode max |Δ| <= 1e-3 and top-1 agreement 1; fast mode (the default) top-1 >= 0.99 and mean KL <= 1e-3;
-# --logits-out round trip, and the errors (exit non-zero + message).
+# --logits-out round trip, and the errors (exit non-zero + message; a bad --logits-out or --reference before
+# the forward passes).
 # usage: bash test_eval.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -86,7 +87,23 @@ expect_error "token out of vocab" "$LILY" eval --model "$M" --tokens 1,512
 expect_error "bad token text" "$LILY" eval --model "$M" --tokens 1,x
 expect_error "no tokens" "$LILY" eval --model "$M"
 expect_error "decode-from past end" "$LILY" eval --model "$M" --tokens 1,2 --decode-from 3
-expect_error "reference of wrong size" "$LILY" eval --model "$M" --tokens 1,2,3 --reference "$TMP/ref_hf.f32"
+# a --logits-out that cannot be written or a --reference of the wrong size fails before the forward passes
+# (which may take long on a large model): nothing on stdout, where the eval line and speeds go after them
+expect_early_error() {
+    local name=$1 out rc=0; shift
+    out=$("$@" 2>"$TMP/early.err") || rc=$?
+    if [ $rc != 0 ] && [ -z "$out" ] && [ -s "$TMP/early.err" ]; then
+        echo "ok   $name: $(head -1 "$TMP/early.err")"; passes=$((passes + 1))
+    else
+        echo "FAIL $name: rc $rc, stdout '$out'"; fails=$((fails + 1))
+    fi
+}
+expect_early_error "reference of wrong size, before the forward passes" \
+    "$LILY" eval --model "$M" --tokens 1,2,3 --reference "$TMP/ref_hf.f32"
+expect_early_error "missing reference, before the forward passes" \
+    "$LILY" eval --model "$M" --tokens 1,2,3 --reference "$TMP/nope.f32"
+expect_early_error "--logits-out in a missing directory, before the forward passes" \
+    "$LILY" eval --model "$M" --tokens 1,2,3 --logits-out "$TMP/nope/out.f32"
 expect_error "unknown backend" "$LILY" eval --model "$M" --tokens 1 --backend tpu
 
 finish

@@ -33,7 +33,7 @@ has "$TMP/mlx.out" "U32 1124352"
 # errors: exit 1, message on stderr, nothing on stdout
 "$LILY" info -m "$TMP/nonexistent" >"$TMP/e.out" 2>"$TMP/e.err"; rc=$?
 [ $rc -eq 1 ] || fail "missing dir: exit $rc"
-has "$TMP/e.err" "$TMP/nonexistent/config.json"
+has "$TMP/e.err" "model directory $TMP/nonexistent: No such file or directory"
 [ -s "$TMP/e.out" ] && fail "error wrote to stdout"
 
 mkdir "$TMP/trunc"

@@ -99,6 +99,8 @@ d = copy_model("nan")
 set_tensor(d, "language_model.lm_head.scales", 0x7FC0)
 rc, out, err = run(d)
 check(rc != 0 and "language_model.lm_head.scales" in err and "not finite" in err, "lily run refuses NaN scales", err)
+check(err.startswith(f"lily run: {d}: language_model.lm_head.scales"),
+      "... naming the model directory first, as config.json and shard errors do (as lily info does)", err)
 
 print("finite weights that overflow: non-finite logits are an error, never an empty success")
 d = copy_model("overflow")
@@ -140,6 +142,37 @@ with open(os.path.join(d, "generation_config.json"), "w") as f:
 rc, out, err = run(d)
 check(rc != 0 and "generation_config.json" in err and "4096 is outside the vocabulary" in err,
       "generation_config.json's eos_token_id too", err)
+
+print("generation_config.json: sampling fields checked at load, the penalties honoured by run as by serve")
+for field, value, said in (("temperature", "-5", "'temperature' must be a number >= 0, found -5"),
+                           ("top_p", "7", "'top_p' must be a number in (0, 1], found 7"),
+                           ("min_p", '"high"', "'min_p' must be a number in [0, 1], found string"),
+                           ("repetition_penalty", "0", "'repetition_penalty' must be a number > 0, found 0"),
+                           ("top_k", "1.5", "'top_k' must be an integer (0 = off), found number"),
+                           ("max_new_tokens", "-1", "'max_new_tokens' must be an integer in [1, 2147483647]"),
+                           ("do_sample", '"yes"', "'do_sample' must be true or false, found string")):
+    d = copy_model("gen-" + field)
+    edit_json(os.path.join(d, "generation_config.json"), lambda t: json.dumps({**json.loads(t), field: json.loads(value)}))
+    rc, out, err = run(d)
+    check(rc == 1 and err.count("\n") == 1 and f"{d}: generation_config.json: {said}" in err and out == "",
+          f"generation_config.json {field} {value}: run exits 1 naming the file and field", err)
+p = subprocess.run([LILY, "serve", "-m", d, "--port", "0"], capture_output=True, text=True, timeout=60)
+check(p.returncode == 1 and "generation_config.json: 'do_sample'" in p.stderr,
+      "serve refuses it at load (not a 400 on every request)", p.stderr)
+d = copy_model("gen-loop")
+os.remove(os.path.join(d, "generation_config.json"))
+os.symlink("generation_config.json", os.path.join(d, "generation_config.json"))
+rc, out, err = run(d)
+check(rc == 1 and "generation_config.json: cannot open" in err,
+      "a generation_config.json that exists but cannot be opened is an error, not a missing file", err)
+d = copy_model("gen-presence")
+edit_json(os.path.join(d, "generation_config.json"), lambda t: t.replace("{", '{"presence_penalty": 100,', 1))
+ids = lambda e: re.search(r"generated ids: ([\d ]+)", e).group(1).split()
+_, _, err_plain = run(MODEL, "-n", "60", "--show-ids")
+rc, _, err_pen = run(d, "-n", "60", "--show-ids")
+check(rc == 0 and len(set(ids(err_plain))) < 60 and len(set(ids(err_pen))) == 60,
+      "run takes presence_penalty from generation_config.json, as serve does: 60 distinct ids greedy "
+      f"({len(set(ids(err_pen)))}; {len(set(ids(err_plain)))} without)", err_pen)
 
 d = copy_model("added")
 tok = json.load(open(os.path.join(d, "tokenizer.json")))

@@ -3,7 +3,8 @@
 # perplexity equals the one computed here from the reference logits (reference.safetensors, computed by
 # transformers) within 1e-3 relative; with those logits as --reference-logits, top-1 agreement is 100%
 # and the reference perplexity printed equals ours-from-the-file to 1e-6; -f TEXT gives the same result
-# as --tokens-file with the ids `lily debug tokenize` prints; and bad input exits non-zero with a message.
+# as --tokens-file with the ids `lily debug tokenize` prints; a reference shorter than the input is compared
+# with lily's perplexity on the same predictions; and bad input exits non-zero with a message.
 # usage: bash test_perplexity_cli.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -55,6 +56,14 @@ if out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 300 --
 else
     fail "lily perplexity --reference-logits exited non-zero"
 fi
+
+# a reference of lily's own logits for the first 100 of the 300 tokens: the percentage compares lily on those
+# same 100 predictions (0 here), not lily's perplexity over all 299 (it printed that against the reference's 100)
+"$LILY" eval -m "$M" --tokens "$(head -c 100000 "$TMP/tokens.txt" | tr ' ' '\n' | head -100 | tr '\n' ',' | sed 's/,$//')" \
+    --logits-out "$TMP/own100.f32" >/dev/null 2>&1
+out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 300 --reference-logits "$TMP/own100.f32" 2>/dev/null || true)
+grep -qE "^reference perplexity: [0-9.]+ on the first 100 predictions \(lily [0-9.]+ there, [+-]0\.0000%\)" <<<"$out" &&
+    ok "a shorter reference is compared with lily on the same predictions" || fail "shorter reference: $out"
 
 # windows of 64: 5 windows, 295 predictions
 out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 64 2>/dev/null || true)

@@ -2,7 +2,7 @@
 # test_run_input.sh — what a new user meets first with `lily run` and model paths (tiny-chat model):
 #   - `-p -` reads the prompt from stdin and `-f FILE` from a file: the same prompt ids as -p TEXT;
 #   - without -n a reply stops at generation_config.json's max_new_tokens (tiny-chat: 128; a copy set to
-#     7 stops at 7); -n wins;
+#     7 stops at 7); -n wins, and -n 0 lifts the cap (the reply runs to its stop token);
 #   - piped, the reasoning sits between a "<think>" line and a "</think>" line; --hide-reasoning drops it;
 #   - a .gguf file, or a directory of them, is named as GGUF with what to use instead (run, info, serve);
 #   - `lily debug tokenize` without --model uses the default model, as every command;
@@ -48,6 +48,16 @@ sed -i 's/"max_new_tokens": 128/"max_new_tokens": 7/' "$TMP/m7/generation_config
 expect "no -n: capped at the model's max_new_tokens 7 (got $(gen "$TMP/cap7.err"))" [ "$(gen "$TMP/cap7.err")" = 7 ]
 "$LILY" run -m "$TMP/m7" -p "Hi" --temp 0 -n 11 >/dev/null 2>"$TMP/n11.err"
 expect "-n 11 wins over max_new_tokens (got $(gen "$TMP/n11.err"))" [ "$(gen "$TMP/n11.err")" = 11 ]
+expect "the speed line says which limit ended the reply: generation_config.json's max_new_tokens" \
+    grep -qF "| length (max_new_tokens 7 of generation_config.json; -n sets another)" "$TMP/cap7.err"
+expect "... or -n" grep -qF "| length (-n 11)" "$TMP/n11.err"
+"$LILY" run -m "$M" -p "Hi" --temp 0 -n 100 -c 30 >/dev/null 2>"$TMP/ctx.err"
+expect "... or the full context, naming the option to raise (it said only 'length' for all three)" \
+    grep -qF "| length (the context is full: 30 tokens; --ctx-size sets it)" "$TMP/ctx.err"
+"$LILY" run -m "$TMP/m7" -p "Hi" --temp 0 -n 0 >/dev/null 2>"$TMP/n0.err"
+"$LILY" run -m "$M" -p "Hi" --temp 0 -n 0 >/dev/null 2>"$TMP/n0_128.err"
+expect "-n 0 is no cap: max_new_tokens 7 lifted, the reply runs to its stop token as with 128 (got $(gen "$TMP/n0.err"))" \
+    bash -c "[ $(gen "$TMP/n0.err") -gt 7 ] && [ $(gen "$TMP/n0.err") = $(gen "$TMP/n0_128.err") ] && grep -q '| stop' '$TMP/n0.err'"
 
 "$LILY" run -m "$M" -p "Hi" --temp 0 -n 12 > "$TMP/piped.out" 2>/dev/null
 expect "piped: the reply opens with a <think> line" [ "$(head -1 "$TMP/piped.out")" = "<think>" ]

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "model/safetensors.h"
@@ -226,6 +227,42 @@ static void test_checkpoint_open_directory_scan(void **state)
     rmdir(dir);
 }
 
+/* An index whose weight_map points outside the directory is refused, naming the tensor (the message was
+ * formatted from the parsed index after it was freed: ASan's heap-use-after-free). */
+static void test_checkpoint_index_file_outside(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/lily_test_st_XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    const char *index = "{\"weight_map\": {\"model.language_model.layers.0.mlp.gate.weight\": \"../x.safetensors\"}}";
+    write_file(path, (const uint8_t *)index, strlen(index));
+    lily_checkpoint ck;
+    lily_error err = {0};
+    assert_int_equal(lily_checkpoint_open(dir, &ck, &err), LILY_ERR_FORMAT);
+    if (!strstr(err.message, "weight_map[\"model.language_model.layers.0.mlp.gate.weight\"] is not a file name"))
+        fail_msg("message '%s' does not name the tensor", err.message);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A model.safetensors that is a directory is named as not a regular file (mmap said "No such device"). */
+static void test_checkpoint_shard_not_a_file(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/lily_test_st_XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(mkdir(path, 0700), 0);
+    lily_checkpoint ck;
+    lily_error err = {0};
+    assert_int_equal(lily_checkpoint_open(dir, &ck, &err), LILY_ERR_IO);
+    if (!strstr(err.message, "model.safetensors is not a regular file"))
+        fail_msg("message '%s'", err.message);
+    rmdir(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +276,8 @@ int main(void)
         cmocka_unit_test(test_checkpoint_open_sharded_hf),
         cmocka_unit_test(test_checkpoint_open_single_mlx),
         cmocka_unit_test(test_checkpoint_open_directory_scan),
+        cmocka_unit_test(test_checkpoint_index_file_outside),
+        cmocka_unit_test(test_checkpoint_shard_not_a_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,6 +48,7 @@ typedef struct {
     size_t device_pool_bytes;  /* the device checkpoint pool the command will ask for (chat's --cache-vram) */
     int n_cpu_moe;             /* --n-cpu-moe / --cpu-moe (lily_engine_options.n_cpu_moe; 0 = the plan's) */
     int max_tokens;            /* -n (0 = until a stop token or a full context) */
+    bool set_max_tokens;       /* -n given (0 included: no cap over generation_config.json's) */
     lily_sampler_params sampling; /* --temp --top-p --top-k --min-p --seed; filled by cli_model_open from
                                      generation_config.json unless given on the command line; without
                                      --seed the seed comes from the clock */
@@ -94,6 +95,11 @@ int cli_encode(const char *cmd, const cli_model *m, const char *text, int32_t **
  * code points past U+10FFFF), as the chat template's JSON messages need. Prints
  * "lily CMD: WHAT is not valid UTF-8 (byte N of M)" and returns 1 if not; 0 if valid. */
 int cli_check_utf8(const char *cmd, const char *what, const char *text);
+
+/* The message for a command-line word no option takes, then a blank line (the caller prints its usage):
+ * "unknown option '-x'", or for a word that is not an option "unexpected argument 'x'" with what to do
+ * (run: the prompt goes after -p, as `ollama run MODEL PROMPT` users type it first). */
+void cli_unknown_argument(const char *cmd, const char *arg);
 
 /* Prints a streamed reply to a FILE: raw text verbatim, or (parsed) reasoning — ANSI faint when the
  * stream is a terminal, dropped when hide_reasoning — then content, and tool calls as
@@ -178,5 +184,10 @@ void cli_print_decode_path(const char *prefix, const lily_generate_result *r);
 /* Print "prefill: N tokens, X tok/s | decode: N tokens, Y tok/s (finish)" to stderr. */
 void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_generated, int n_decode_steps,
                      double decode_s, const char *finish);
+
+/* The reason a reply ended, as the speed lines print it: lily_finish_reason_name, and for "length" what the
+ * limit was: o's -n (set_max_tokens) or generation_config.json's max_new_tokens, or the full context of
+ * max_ctx tokens (what to raise). Written into buf[n]; returns buf. */
+const char *cli_finish_text(const lily_generate_result *r, const cli_gen_options *o, int max_ctx, char *buf, size_t n);
 
 #endif

@@ -29,6 +29,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -576,16 +578,46 @@ static void print_json(const bench_header *h, const bench_options *o, const lily
     json_decref(root);
 }
 
-/* gnuplot: two panels (prefill, decode), tok/s against length on a log2 axis, with the hardware ceiling (the
- * tok/s the measured matmul rate or bandwidth allows: the "floor tok/s" column) dashed. */
+/* s as a gnuplot single-quoted string: a quote doubled (gnuplot's only escape there), a line break as a
+ * space (it would end the command). */
+static void gp_string(FILE *g, const char *s)
+{
+    fputc('\'', g);
+    for (; *s; s++) {
+        if (*s == '\'')
+            fputs("''", g);
+        else
+            fputc(*s == '\n' || *s == '\r' ? ' ' : *s, g);
+    }
+    fputc('\'', g);
+}
+
+/* Whether the --plot path names a PNG or an SVG file (what plot() writes), by its extension. */
+static bool plot_path_svg(const char *path, bool *svg)
+{
+    size_t n = strlen(path);
+    *svg = n >= 4 && !strcasecmp(path + n - 4, ".svg");
+    return *svg || (n >= 4 && !strcasecmp(path + n - 4, ".png"));
+}
+
+/* gnuplot: a panel for prefill and one for decode (only those with rows), tok/s against length on a log2
+ * axis, with the hardware ceiling (the tok/s the measured matmul rate or bandwidth allows: the "floor tok/s"
+ * column) dashed. */
 static int plot(const char *path, const bench_header *h, const bench_options *o, const bench_row *rows, int n_rows)
 {
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fprintf(stderr, "lily bench: --plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)\n");
         return 1;
     }
-    size_t plen = strlen(path);
-    bool svg = plen >= 4 && !strcmp(path + plen - 4, ".svg");
+    int n_block[2] = {0, 0};
+    for (int i = 0; i < n_rows; i++)
+        n_block[rows[i].is_decode != 0]++;
+    if (!n_block[0] && !n_block[1]) {
+        fprintf(stderr, "lily bench: no rows measured; %s not written\n", path);
+        return 1;
+    }
+    bool svg;
+    plot_path_svg(path, &svg);
     const char *term = svg ? "svg" : system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0 ? "pngcairo" : "png";
     char data_path[] = "/tmp/lily-bench-XXXXXX";
     int fd = mkstemp(data_path);
@@ -594,17 +626,14 @@ static int plot(const char *path, const bench_header *h, const bench_options *o,
         return 1;
     }
     FILE *d = fdopen(fd, "w");
-    for (int block = 0; block < 2; block++) {
+    for (int block = 0; block < 2; block++) { /* gnuplot's data sets: only those with rows, so none is empty */
+        if (!n_block[block])
+            continue;
         fprintf(d, "# %s\n", block ? "decode" : "prefill");
-        int any = 0;
         for (int i = 0; i < n_rows; i++)
-            if (rows[i].is_decode == block) {
+            if ((rows[i].is_decode != 0) == block)
                 fprintf(d, "%d %.6g %.6g %.6g\n", rows[i].length > 0 ? rows[i].length : 1, rows[i].mean,
                         rows[i].stddev, rows[i].floor);
-                any = 1;
-            }
-        if (!any)
-            fprintf(d, "1 NaN NaN NaN\n");
         fprintf(d, "\n\n");
     }
     fclose(d);
@@ -617,20 +646,30 @@ static int plot(const char *path, const bench_header *h, const bench_options *o,
         return 1;
     }
     FILE *g = fdopen(fd, "w");
-    fprintf(g, "set terminal %s size 1400,560\nset output '%s'\n", term, path);
-    fprintf(g, "set multiplot layout 1,2 title \"lily bench: %s, %s, %s\" noenhanced\n", h->model, o->backend,
-            h->machine);
-    fprintf(g, "set logscale x 2\nset grid\nset key top right noenhanced\nset xlabel 'prompt length (tokens)'\nset ylabel 'tok/s'\n"
-               "set logscale y 10\n");
-    fprintf(g, "set title 'prefill (prompt length)'\n"
-               "plot '%s' index 0 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
-               "'' index 0 using 1:4 with lines dt 2 title 'hardware ceiling (measured matmul rate)'\n",
-            data_path);
-    fprintf(g, "set xlabel 'context depth (tokens; 0 drawn at 1)'\n");
-    fprintf(g, "set title 'decode (%d tokens at context depth)'\n"
-               "plot '%s' index 1 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
-               "'' index 1 using 1:4 with lines dt 2 title 'hardware ceiling (measured memory bandwidth)'\n",
-            o->n_decode, data_path);
+    const int n_panels = (n_block[0] > 0) + (n_block[1] > 0);
+    fprintf(g, "set terminal %s size %d,560\nset output ", term, n_panels == 2 ? 1400 : 760);
+    gp_string(g, path);
+    char title[sizeof h->model + sizeof h->machine + 64];
+    snprintf(title, sizeof title, "lily bench: %s, %s, %s", h->model, o->backend, h->machine);
+    fprintf(g, "\nset multiplot layout 1,%d title ", n_panels);
+    gp_string(g, title);
+    fprintf(g, " noenhanced\n");
+    fprintf(g, "set logscale x 2\nset grid\nset key top right noenhanced\nset ylabel 'tok/s'\nset logscale y 10\n");
+    if (n_block[0]) {
+        fprintf(g, "set xlabel 'prompt length (tokens)'\nset title 'prefill (prompt length)'\nplot ");
+        gp_string(g, data_path);
+        fprintf(g, " index 0 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
+                   "'' index 0 using 1:4 with lines dt 2 title 'hardware ceiling (measured matmul rate)'\n");
+    }
+    if (n_block[1]) {
+        fprintf(g, "set xlabel 'context depth (tokens; 0 drawn at 1)'\n"
+                   "set title 'decode (%d tokens at context depth)'\nplot ", o->n_decode);
+        gp_string(g, data_path);
+        const int index = n_block[0] > 0;
+        fprintf(g, " index %d using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
+                   "'' index %d using 1:4 with lines dt 2 title 'hardware ceiling (measured memory bandwidth)'\n",
+                index, index);
+    }
     fprintf(g, "unset multiplot\n");
     fclose(g);
     char cmd[512];
@@ -639,10 +678,37 @@ static int plot(const char *path, const bench_header *h, const bench_options *o,
     remove(data_path);
     remove(script_path);
     if (rc != 0) {
-        fprintf(stderr, "lily bench: gnuplot failed (exit %d) writing %s\n", rc, path);
+        fprintf(stderr, "lily bench: gnuplot failed (%s %d) writing %s\n",
+                WIFEXITED(rc) ? "exit status" : "signal", WIFEXITED(rc) ? WEXITSTATUS(rc) : WTERMSIG(rc), path);
         return 1;
     }
     fprintf(stderr, "lily bench: wrote %s\n", path);
+    return 0;
+}
+
+/* --plot's checks before the sweep, so that a plot that cannot be written fails at once rather than after
+ * it: gnuplot on PATH, a .png or .svg name, and a file that can be created (tried, then removed when it
+ * did not exist before). Returns 0, or 2 (usage) / 1 printed. */
+static int plot_precheck(const char *path)
+{
+    bool svg;
+    if (!plot_path_svg(path, &svg)) {
+        fprintf(stderr, "lily bench: --plot writes PNG or SVG: give a FILE.png or FILE.svg, got \"%s\"\n", path);
+        return 2;
+    }
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "lily bench: --plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)\n");
+        return 1;
+    }
+    const bool existed = access(path, F_OK) == 0;
+    FILE *f = fopen(path, "ab");
+    if (!f) {
+        fprintf(stderr, "lily bench: --plot %s: cannot write: %s\n", path, strerror(errno));
+        return 1;
+    }
+    fclose(f);
+    if (!existed)
+        remove(path);
     return 0;
 }
 
@@ -663,6 +729,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int bad = 0;
+        char want[96] = ""; /* what a bad value should have been, for the message */
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return -1;
@@ -686,7 +753,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily bench: unknown option '%s'\n\n", a);
+            cli_unknown_argument("bench", a);
             usage(stderr);
             return 2;
         } else if (!strcmp(a, "--model")) {
@@ -695,17 +762,24 @@ static int parse_args(int argc, char **argv, bench_options *o)
             o->synthetic = val;
         } else if (!strcmp(a, "-p")) {
             bad = parse_list(val, o->prompt_lengths, &o->n_prompt_lengths, 1);
+            snprintf(want, sizeof want, "up to %d comma-separated lengths in [1, %d] (4k = 4096), or none",
+                     MAX_POINTS, 1 << 24);
             o->default_prompt_lengths = 0;
         } else if (!strcmp(a, "-d")) {
             bad = parse_list(val, o->depths, &o->n_depths, 0);
+            snprintf(want, sizeof want, "up to %d comma-separated depths in [0, %d] (4k = 4096), or none",
+                     MAX_POINTS, 1 << 24);
             o->default_depths = 0;
         } else if (!strcmp(a, "-n")) {
             bad = parse_int(val, 0, 1 << 20, &o->n_decode);
+            snprintf(want, sizeof want, "an integer in [0, %d]", 1 << 20);
         } else if (!strcmp(a, "-r")) {
             bad = parse_int(val, 1, 1000, &o->reps);
+            snprintf(want, sizeof want, "an integer in [1, 1000]");
         } else if (!strcmp(a, "--max-seconds")) {
             int secs;
             bad = parse_int(val, 1, 1 << 30, &secs);
+            snprintf(want, sizeof want, "a whole number of seconds in [1, %d]", 1 << 30);
             o->max_seconds = secs;
         } else if (!strcmp(a, "--backend")) {
             if (cli_check_backend("bench", val))
@@ -717,6 +791,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
         } else if (!strcmp(a, "-o")) {
             o->output = val;
             bad = strcmp(val, "md") && strcmp(val, "json") && strcmp(val, "csv");
+            snprintf(want, sizeof want, "md, json or csv");
         } else if (!strcmp(a, "--plot")) {
             o->plot = val;
         } else if (!strcmp(a, "--threads")) {
@@ -724,8 +799,10 @@ static int parse_args(int argc, char **argv, bench_options *o)
                 return 2;
         } else if (!strcmp(a, "--ctx-size")) {
             bad = parse_int(val, 1, 1 << 24, &o->ctx_size);
+            snprintf(want, sizeof want, "an integer in [1, %d]", 1 << 24);
         } else if (!strcmp(a, "--prefill-chunk")) {
             bad = parse_int(val, 1, 1 << 20, &o->prefill_chunk);
+            snprintf(want, sizeof want, "an integer in [1, %d]", 1 << 20);
         } else if (!strcmp(a, "--gpu-memory")) {
             if (cli_parse_gib("bench", a, val, &o->gpu_memory_bytes))
                 return 2;
@@ -734,6 +811,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
                 return 2;
         } else if (!strcmp(a, "--device")) {
             bad = parse_int(val, 0, 64, &o->device);
+            snprintf(want, sizeof want, "a GPU ordinal in [0, 64]");
         } else if (!strcmp(a, "--sampling")) {
             snprintf(o->sampling_list, sizeof o->sampling_list, "%s", val);
             o->n_samplings = 0;
@@ -745,13 +823,15 @@ static int parse_args(int argc, char **argv, bench_options *o)
                     o->samplings[o->n_samplings++] = strcmp(t, "greedy") ? t : NULL;
             }
             bad |= o->n_samplings == 0;
+            snprintf(want, sizeof want, "at most 8 of greedy, qwen, openai, logprobs, bias (comma-separated)");
         } else { /* --seed */
             int s;
             bad = parse_int(val, 0, 0x7fffffff, &s);
+            snprintf(want, sizeof want, "an integer in [0, %d]", 0x7fffffff);
             o->seed = (uint64_t)s;
         }
         if (bad) {
-            fprintf(stderr, "lily bench: bad value '%s' for %s\n", val, a);
+            fprintf(stderr, "lily bench: %s expects %s, got \"%s\"\n", a, want, val);
             return 2;
         }
     }
@@ -863,10 +943,8 @@ int cmd_bench(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     if (o.membw_only)
         return run_membw(&o);
-    if (o.plot && system("command -v gnuplot >/dev/null 2>&1") != 0) {
-        fprintf(stderr, "lily bench: --plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)\n");
-        return 1;
-    }
+    if (o.plot && (rc = plot_precheck(o.plot)) != 0)
+        return rc;
 
     lily_error err = {0};
     fprintf(stderr, "lily bench: loading %s%s...\n", o.synthetic ? "synthetic " : "",

@@ -63,7 +63,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: lily chat [-m DIR] [options]\n\n"
                "A multi-turn chat. Each turn prefills only the tokens the session does not hold yet.\n"
-               "Commands: /reset  /think on|off  /save FILE  /quit (or Ctrl-D)  /help\n"
+               "Commands: /reset  /think on|off  /save FILE  /quit (or Ctrl-D)  /help; //text sends \"/text\"\n"
                "Arrow keys edit the line and recall earlier messages; a line ending in \\ continues the\n"
                "message on the next line, and a line of three double quotes opens a block that runs to the\n"
                "next such line.\n"
@@ -238,10 +238,12 @@ static int chat_turn(chat_state *c, const char *line)
         goto done;
     }
     c->turn++;
+    char finish[160];
     fprintf(stderr, "[turn %d: prompt %d tokens: %d reused (%s), %d prefilled at %.1f tok/s | reply %d tokens at "
                     "%.1f tok/s | %s]\n",
             c->turn, n, reuse, how, n - reuse, n > reuse && prefill_s > 0 ? (n - reuse) / prefill_s : 0.0,
-            res.n_generated, res.decode_tokens_per_second, lily_finish_reason_name(res.finish));
+            res.n_generated, res.decode_tokens_per_second,
+            cli_finish_text(&res, c->o, c->s->max_ctx, finish, sizeof finish));
     if (c->o->verbose)
         cli_print_decode_path("", &res);
     goto done;
@@ -291,7 +293,7 @@ int cmd_chat(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily chat: unknown option '%s'\n\n", a);
+            cli_unknown_argument("chat", a);
             usage(stderr);
             return 2;
         }
@@ -335,17 +337,25 @@ int cmd_chat(int argc, char **argv)
     install_sigint();
     rc = 0;
     for (;;) {
-        char *line = line_input_read("> ", interactive);
+        size_t len = 0;
+        char *line = line_input_read("> ", interactive, &len);
         if (!line) {
             if (interactive)
                 fputc('\n', stdout);
             break;
         }
+        if (strlen(line) != len) { /* as lily run: cutting it at the NUL would send another message */
+            fprintf(stderr, "lily chat: the message holds a NUL byte: not text (not sent)\n");
+            free(line);
+            continue;
+        }
         if (!line[0]) {
             free(line);
             continue;
         }
-        if (line[0] == '/') {
+        if (line[0] == '/' && line[1] == '/') { /* "//text" sends "/text" */
+            memmove(line, line + 1, len);
+        } else if (line[0] == '/') {
             bool quit = false;
             if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
                 quit = true;
@@ -357,7 +367,11 @@ int cmd_chat(int argc, char **argv)
                 fprintf(stderr, "[thinking %s]\n", c.think ? "on" : "off");
             } else if (!strcmp(line, "/think")) {
                 fprintf(stderr, "[thinking is %s; /think on|off]\n", c.think ? "on" : "off");
-            } else if (!strncmp(line, "/save ", 6) && line[6]) {
+            } else if (!strncmp(line, "/think ", 7)) {
+                fprintf(stderr, "/think takes on or off, not '%s'\n", line + 7);
+            } else if (!strcmp(line, "/save") || !strcmp(line, "/save ")) {
+                fprintf(stderr, "/save needs a file name: /save FILE\n");
+            } else if (!strncmp(line, "/save ", 6)) {
                 const char *why = save_conversation(c.messages, line + 6);
                 if (!why)
                     fprintf(stderr, "[conversation saved to %s]\n", line + 6);
@@ -368,9 +382,10 @@ int cmd_chat(int argc, char **argv)
                                 "/save FILE  write the conversation as OpenAI messages (JSON)\n"
                                 "/quit  leave (or Ctrl-D)\nCtrl-C stops a reply in progress; at the prompt it exits.\n"
                                 "A line ending in \\ continues the message; \"\"\" on a line opens and closes a "
-                                "multi-line block.\n");
+                                "multi-line block; a message that starts with / is written //.\n");
             } else {
-                fprintf(stderr, "unknown command %s (/help lists them)\n", line);
+                fprintf(stderr, "unknown command %s (/help lists them; //%s sends a message that starts with /)\n",
+                        line, line + 1);
             }
             free(line);
             if (quit)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/clock.h"
 #include "cli_common.h"
@@ -44,24 +45,33 @@ static void usage(FILE *f)
             "  -t, --threads N       " CLI_THREADS_HELP "\n");
 }
 
-/* Write count fp32 values raw (little-endian on every machine lily runs on). Returns 0, or 1 printed. */
-static int write_logits(const char *path, const float *logits, size_t count)
+/* Write count fp32 values raw (little-endian on every machine lily runs on) to f, opened for path before
+ * the forward passes, and close it. Returns 0, or 1 printed. */
+static int write_logits(FILE *f, const char *path, const float *logits, size_t count)
 {
-    FILE *f = fopen(path, "wb");
-    bool ok = f && fwrite(logits, sizeof(float), count, f) == count;
-    if (f && fclose(f) != 0)
+    bool ok = fwrite(logits, sizeof(float), count, f) == count;
+    if (fclose(f) != 0)
         ok = false;
     if (!ok)
         fprintf(stderr, "lily eval: cannot write %s: %s\n", path, strerror(errno));
     return ok ? 0 : 1;
 }
 
-/* Compare [n, vocab] logits with the reference file; print the four numbers. */
-static int compare_reference(const char *path, const float *logits, int n, int vocab)
+/* Whether the reference file f (path) holds float32 [n, vocab], by its size: checked before the forward
+ * passes so that a wrong file fails at once. Returns 0, or 1 printed. */
+static int check_reference_size(FILE *f, const char *path, int n, int vocab)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return fprintf(stderr, "lily eval: cannot open reference %s: %s\n", path, strerror(errno)), 1;
+    struct stat sb;
+    const size_t bytes = (size_t)n * (size_t)vocab * sizeof(float);
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size == bytes)
+        return 0;
+    fprintf(stderr, "lily eval: reference %s is not float32 [%d, %d] (%zu bytes expected)\n", path, n, vocab, bytes);
+    return 1;
+}
+
+/* Compare [n, vocab] logits with the reference file f (path), and close it; print the four numbers. */
+static int compare_reference(FILE *f, const char *path, const float *logits, int n, int vocab)
+{
     const size_t count = (size_t)n * vocab;
     float *ref = malloc(count * sizeof(float));
     if (!ref) {
@@ -126,7 +136,7 @@ int cmd_eval(int argc, char **argv)
         if (r < 0)
             return 2;
         if (!name) {
-            fprintf(stderr, "lily eval: unknown option '%s'\n\n", a);
+            cli_unknown_argument("eval", a);
             usage(stderr);
             return 2;
         }
@@ -198,6 +208,21 @@ int cmd_eval(int argc, char **argv)
         bool is_test_model;
         model = cli_default_model("eval", &is_test_model);
     }
+    /* the output and the reference are opened before the model: a path that cannot be written or read fails
+     * at once, not after the forward passes */
+    FILE *out = NULL, *ref = NULL;
+    if (logits_out && !(out = fopen(logits_out, "wb"))) {
+        fprintf(stderr, "lily eval: cannot write %s: %s\n", logits_out, strerror(errno));
+        free(tokens);
+        return 1;
+    }
+    if (reference && !(ref = fopen(reference, "rb"))) {
+        fprintf(stderr, "lily eval: cannot open reference %s: %s\n", reference, strerror(errno));
+        if (out)
+            fclose(out);
+        free(tokens);
+        return 1;
+    }
     lily_error err = {0};
     lily_engine *e = NULL;
     lily_session *s = NULL;
@@ -210,6 +235,8 @@ int cmd_eval(int argc, char **argv)
     if (lily_session_new(e, n, &s, &err) != LILY_OK)
         goto fail;
     const int vocab = e->cfg.vocab_size;
+    if (ref && check_reference_size(ref, reference, n, vocab))
+        goto done;
     logits = malloc(sizeof(float) * (size_t)n * (size_t)vocab);
     if (!logits) {
         lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "out of memory for [%d, %d] logits", n, vocab);
@@ -231,14 +258,21 @@ int cmd_eval(int argc, char **argv)
         printf("decode: %.2f tok/s (%.3f s)\n", (n - decode_from) / (t2 - t1), t2 - t1);
     printf("last position top-1: %d\n", lily_argmax(logits + (size_t)(n - 1) * vocab, vocab));
 
-    if (logits_out && write_logits(logits_out, logits, (size_t)n * vocab))
-        goto done;
-    rc = reference ? compare_reference(reference, logits, n, vocab) : 0;
+    rc = out ? write_logits(out, logits_out, logits, (size_t)n * vocab) : 0;
+    out = NULL;
+    if (rc == 0 && ref) {
+        rc = compare_reference(ref, reference, logits, n, vocab);
+        ref = NULL;
+    }
     goto done;
 fail:
     fprintf(stderr, "lily eval: %s\n", err.message[0] ? err.message : "failed");
     rc = 1;
 done:
+    if (out)
+        fclose(out);
+    if (ref)
+        fclose(ref);
     free(logits);
     lily_session_free(s);
     lily_engine_close(e);

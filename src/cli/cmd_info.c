@@ -85,7 +85,7 @@ int cmd_info(int argc, char **argv)
             usage(stderr);
             return 2;
         } else {
-            fprintf(stderr, "lily info: unexpected argument '%s'\n", argv[i]);
+            cli_unknown_argument("info", argv[i]);
             usage(stderr);
             return 2;
         }

@@ -152,7 +152,7 @@ int cmd_perplexity(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily perplexity: unknown option '%s'\n\n", a);
+            cli_unknown_argument("perplexity", a);
             usage(stderr);
             return 2;
         }
@@ -255,8 +255,13 @@ int cmd_perplexity(int argc, char **argv)
            (long long)r.n_scored);
     printf("perplexity: %.6f (mean NLL %.6f nats)\n", r.perplexity, r.nll_mean);
     if (r.n_compared) {
-        printf("reference perplexity: %.6f on the same %lld predictions (lily %+.4f%%)\n", r.ref_perplexity,
-               (long long)r.ref_n_scored, 100.0 * (r.perplexity / r.ref_perplexity - 1.0));
+        if (r.ref_n_scored == r.n_scored)
+            printf("reference perplexity: %.6f on the same %lld predictions (lily %+.4f%%)\n", r.ref_perplexity,
+                   (long long)r.ref_n_scored, 100.0 * (r.perplexity / r.ref_perplexity - 1.0));
+        else /* a shorter reference: lily's own perplexity on the positions it covers is the comparison */
+            printf("reference perplexity: %.6f on the first %lld predictions (lily %.6f there, %+.4f%%)\n",
+                   r.ref_perplexity, (long long)r.ref_n_scored, r.lily_ref_perplexity,
+                   100.0 * (r.lily_ref_perplexity / r.ref_perplexity - 1.0));
         printf("top-1 agreement: %.4f%% (%lld / %lld positions)\n", 100.0 * r.top1_agreement, (long long)r.top1_agree,
                (long long)r.n_compared);
         printf("KL(reference || lily): mean %.6g, max %.6g nats\n", r.kl_mean, r.kl_max);

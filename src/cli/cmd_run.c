@@ -151,7 +151,7 @@ int cmd_run(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily run: unknown option '%s'\n\n", a);
+            cli_unknown_argument("run", a);
             usage(stderr);
             return 2;
         }
@@ -269,8 +269,9 @@ static int run_prompt(cli_gen_options *po, const char *prompt, bool raw, bool sh
         goto done;
     if (show_ids)
         print_ids("generated ids", rs.ids, rs.n);
+    char finish[160];
     cli_print_speed("", res.n_prompt, res.prefill_seconds, res.n_generated, res.n_decode_steps, res.decode_seconds,
-                    lily_finish_reason_name(res.finish));
+                    cli_finish_text(&res, &o, s->max_ctx, finish, sizeof finish));
     if (o.verbose)
         cli_print_decode_path("", &res);
     /* stopped by Ctrl-C: 128 + SIGINT, as shells report a program the signal ended */

@@ -44,8 +44,8 @@ static void usage(FILE *f)
             "                       answer (default 10)\n"
             "  --max-connections N  open connections at most; the oldest idle ones are closed to keep one in\n"
             "                       eight free for new clients (default 256)\n"
-            "  --ctx-size N         context size in tokens (default: the model's, at most 32768; cuda: as\n"
-            "                       large as fits in GPU memory, up to the model's)\n"
+            "  --ctx-size N         context size in tokens (default or 0: the model's, at most 32768; cuda:\n"
+            "                       as large as fits in GPU memory, up to the model's)\n"
             "  --gpu-memory GIB     " CLI_GPU_MEMORY_HELP "\n"
             "  --cpu-moe            " CLI_CPU_MOE_HELP "\n"
             "  --n-cpu-moe N        " CLI_N_CPU_MOE_HELP "\n"
@@ -140,6 +140,37 @@ static void dir_name(const char *dir, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)(n - b), dir + b);
 }
 
+/* --cors-origin's list: "*", or origins as a browser sends them in its Origin header, scheme://host[:port]
+ * (a trailing / is allowed: the server drops it). A bare host name or a path would never match any request,
+ * so either is a usage error naming the entry. Returns 0, or 2 printed. */
+static int check_cors_origins(const char *list)
+{
+    if (!list[strspn(list, " ,")]) {
+        fprintf(stderr, "lily serve: --cors-origin is empty (leave it out to allow this machine's pages only)\n");
+        return 2;
+    }
+    for (const char *p = list; *p;) {
+        p += strspn(p, " ,");
+        size_t n = strcspn(p, ","), k = n;
+        while (k > 0 && p[k - 1] == ' ')
+            k--;
+        while (k > 0 && p[k - 1] == '/')
+            k--;
+        const char *sep = NULL;
+        for (size_t j = 0; !sep && j + 3 <= k; j++)
+            sep = !strncmp(p + j, "://", 3) ? p + j : NULL;
+        const char *host = sep ? sep + 3 : NULL;
+        if (k && !(k == 1 && *p == '*') &&
+            (!sep || sep == p || host == p + k || memchr(host, '/', (size_t)(p + k - host)))) {
+            fprintf(stderr, "lily serve: --cors-origin: '%.*s' is not an origin; write it as a browser sends it, "
+                            "scheme://host[:port] (e.g. https://chat.example.com), or '*'\n", (int)k, p);
+            return 2;
+        }
+        p += n;
+    }
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "cpu", *alias = NULL;
@@ -175,7 +206,7 @@ int cmd_serve(int argc, char **argv)
         if (r < 0)
             return 2;
         if (r == 0) {
-            fprintf(stderr, "lily serve: unknown option '%s'\n\n", a);
+            cli_unknown_argument("serve", a);
             usage(stderr);
             return 2;
         }
@@ -232,11 +263,12 @@ int cmd_serve(int argc, char **argv)
         if (!ok)
             return 2;
     }
-    if (!host || !backend || (alias && !*alias)) {
-        fprintf(stderr, "lily serve: missing option value\n\n");
-        usage(stderr);
+    if (alias && !*alias) {
+        fprintf(stderr, "lily serve: --alias is empty (leave it out for the directory's name)\n");
         return 2;
     }
+    if (cors_origin && check_cors_origins(cors_origin))
+        return 2;
     if (cli_check_backend("serve", backend))
         return 2;
     char key_buf[1024];

@@ -87,7 +87,10 @@ int debug_parse(int argc, char **argv)
         json_error_t jerr;
         json_t *j = json_load_file(tools_path, 0, &jerr);
         if (!j) {
-            fprintf(stderr, "lily debug parse: %s:%d: %s\n", tools_path, jerr.line, jerr.text);
+            if (jerr.line > 0) /* a JSON error has a line; a file that cannot be opened has -1 */
+                fprintf(stderr, "lily debug parse: %s:%d: %s\n", tools_path, jerr.line, jerr.text);
+            else
+                fprintf(stderr, "lily debug parse: --tools %s: %s\n", tools_path, jerr.text);
             return 1;
         }
         tools = json_is_object(j) ? json_incref(json_object_get(j, "tools")) : json_incref(j);

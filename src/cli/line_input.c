@@ -2,6 +2,7 @@
 #include "line_input.h"
 
 #include <stdio.h>
+#include <sys/types.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,54 +13,44 @@
 #define CONTINUATION_PROMPT "... "
 #define BLOCK_FENCE "\"\"\""
 
-/* One physical line without its line ending (malloc'd), NULL at end of input. */
-static char *plain_line(void)
+/* One physical line without its line ending (malloc'd; *n its length: a NUL byte read stays in it, so
+ * the caller can refuse it rather than cut the line there), NULL at end of input. */
+static char *plain_line(size_t *n)
 {
-    size_t cap = 1024, len = 0;
-    char *buf = malloc(cap);
-    if (!buf)
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t got = getline(&buf, &cap, stdin);
+    if (got < 0) {
+        free(buf);
         return NULL;
-    for (;;) {
-        if (!fgets(buf + len, (int)(cap - len), stdin)) {
-            if (len > 0 && feof(stdin))
-                break; /* a last line without a newline */
-            free(buf);
-            return NULL;
-        }
-        len += strlen(buf + len);
-        if (len > 0 && buf[len - 1] == '\n')
-            break;
-        if (len + 1 == cap) {
-            char *grown = realloc(buf, cap *= 2);
-            if (!grown) {
-                free(buf);
-                return NULL;
-            }
-            buf = grown;
-        }
     }
+    size_t len = (size_t)got;
     while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
         buf[--len] = 0;
+    *n = len;
     return buf;
 }
 
-static char *one_line(const char *prompt, bool interactive)
+static char *one_line(const char *prompt, bool interactive, size_t *n)
 {
 #ifdef LILY_HAVE_LIBEDIT
-    if (interactive)
-        return readline(prompt); /* malloc'd, no newline; NULL at end of input */
+    if (interactive) {
+        char *line = readline(prompt); /* malloc'd, no newline; NULL at end of input */
+        if (line)
+            *n = strlen(line);
+        return line;
+    }
 #endif
     if (interactive) {
         fputs(prompt, stdout);
         fflush(stdout);
     }
-    return plain_line();
+    return plain_line(n);
 }
 
-/* text += piece (+ "\n" when newline), growing it; false when out of memory (text freed). */
-static bool append(char **text, size_t *len, const char *piece, bool newline)
+/* text += piece[0, n) (+ "\n" when newline), growing it; false when out of memory (text freed). */
+static bool append(char **text, size_t *len, const char *piece, size_t n, bool newline)
 {
-    size_t n = strlen(piece);
     char *grown = realloc(*text, *len + n + 2);
     if (!grown) {
         free(*text);
@@ -75,9 +66,10 @@ static bool append(char **text, size_t *len, const char *piece, bool newline)
     return true;
 }
 
-char *line_input_read(const char *prompt, bool interactive)
+char *line_input_read(const char *prompt, bool interactive, size_t *len_out)
 {
-    char *line = one_line(prompt, interactive);
+    size_t n = 0;
+    char *line = one_line(prompt, interactive, &n);
     if (!line)
         return NULL;
     char *text = NULL;
@@ -85,8 +77,8 @@ char *line_input_read(const char *prompt, bool interactive)
     if (!strcmp(line, BLOCK_FENCE)) { /* a """ block: every line up to the closing """ */
         free(line);
         bool first = true;
-        while ((line = one_line(CONTINUATION_PROMPT, interactive)) && strcmp(line, BLOCK_FENCE)) {
-            if ((!first && !append(&text, &len, "\n", false)) || !append(&text, &len, line, false)) {
+        while ((line = one_line(CONTINUATION_PROMPT, interactive, &n)) && strcmp(line, BLOCK_FENCE)) {
+            if ((!first && !append(&text, &len, "\n", 1, false)) || !append(&text, &len, line, n, false)) {
                 free(line);
                 return NULL;
             }
@@ -94,19 +86,18 @@ char *line_input_read(const char *prompt, bool interactive)
             free(line);
         }
         free(line);
-        if (!text && !append(&text, &len, "", false))
+        if (!text && !append(&text, &len, "", 0, false))
             return NULL;
     } else {
         for (;;) { /* a trailing backslash continues the message on the next line */
-            size_t n = strlen(line);
             bool more = n > 0 && line[n - 1] == '\\';
             if (more)
-                line[n - 1] = 0;
-            bool ok = append(&text, &len, line, more);
+                line[--n] = 0;
+            bool ok = append(&text, &len, line, n, more);
             free(line);
             if (!ok)
                 return NULL;
-            if (!more || !(line = one_line(CONTINUATION_PROMPT, interactive)))
+            if (!more || !(line = one_line(CONTINUATION_PROMPT, interactive, &n)))
                 break;
         }
     }
@@ -114,6 +105,7 @@ char *line_input_read(const char *prompt, bool interactive)
     if (interactive && text[0])
         add_history(text);
 #endif
+    *len_out = len;
     return text;
 }
 

@@ -9,11 +9,13 @@
 #define LILY_CLI_LINE_INPUT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
-/* One message without its final line ending, malloc'd; NULL at end of input (or out of memory). prompt
- * is printed before the first line when interactive (stdin is a terminal). A block still open at end of
- * input is returned as far as it got. */
-char *line_input_read(const char *prompt, bool interactive);
+/* One message without its final line ending, malloc'd and NUL-terminated, its length in bytes in *len (more
+ * than strlen when the input held a NUL byte: the caller refuses such a message); NULL at end of input (or
+ * out of memory). prompt is printed before the first line when interactive (stdin is a terminal). A block
+ * still open at end of input is returned as far as it got. */
+char *line_input_read(const char *prompt, bool interactive, size_t *len);
 
 /* Whether this build edits lines with libedit ("libedit") or reads them plainly ("plain"). */
 const char *line_input_backend(void);

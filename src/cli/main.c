@@ -26,7 +26,7 @@ static void usage(FILE *f)
             LILY_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n`lily <command> --help` lists a command's options.\n");
+    fprintf(f, "\n`lily <command> --help` (or `lily help <command>`) lists a command's options; `lily --version`.\n");
 }
 
 int main(int argc, char **argv)
@@ -35,11 +35,21 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!strcmp(argv[1], "help") && argc > 2) { /* "lily help run" = "lily run --help", as git and ollama */
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+            if (!strcmp(argv[2], commands[i].name)) {
+                char *help_argv[] = {argv[2], "--help", NULL};
+                return commands[i].run(2, help_argv);
+            }
+        fprintf(stderr, "lily: unknown command '%s'\n\n", argv[2]);
+        usage(stderr);
+        return 2;
+    }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;
     }
-    if (!strcmp(argv[1], "--version")) {
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
         printf("lily %s\n", LILY_VERSION);
         return 0;
     }

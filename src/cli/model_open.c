@@ -7,15 +7,13 @@
  * known Qwen3.6 one is a warning (lily renders the built-in template anyway).
  */
 #include <errno.h>
-#include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <utf8proc.h>
 
 #include "backend/backend.h"
-#include "base/json_load.h"
 #include "cli_common.h"
 #include "model/gguf_check.h"
 #include "text/chat_template.h"
@@ -31,8 +29,9 @@ void cli_gen_options_usage(FILE *f)
 {
     fprintf(f,
             "  -m, --model DIR        model directory (default: $LILY_MODEL, else the bundled model)\n"
-            "  -n, --max-tokens N     generate at most N tokens per reply (default: generation_config.json's\n"
-            "                         max_new_tokens when it sets one, else until a stop token or a full context)\n"
+            "  -n, --max-tokens N     generate at most N tokens per reply; 0 = no cap: until a stop token or a\n"
+            "                         full context (default: generation_config.json's max_new_tokens when it\n"
+            "                         sets one, else no cap)\n"
             "      --temp T           temperature, 0 = greedy (default: generation_config.json, else 1)\n"
             "      --top-p P          nucleus cut (default: generation_config.json, else 0.95)\n"
             "      --top-k K          top-k cut, 0 = off (default: generation_config.json, else 20)\n"
@@ -41,8 +40,8 @@ void cli_gen_options_usage(FILE *f)
             "      --no-think         render the prompt with thinking off (an empty think block)\n"
             "      --hide-reasoning   do not print the reasoning\n"
             "      --system TEXT      a system message before the user's\n"
-            "  -c, --ctx-size N       context size in tokens (default: the model's, at most 32768; cuda: as\n"
-            "                         large as fits in GPU memory, up to the model's)\n"
+            "  -c, --ctx-size N       context size in tokens (default or 0: the model's, at most 32768; cuda:\n"
+            "                         as large as fits in GPU memory, up to the model's)\n"
             "      --gpu-memory GIB   " CLI_GPU_MEMORY_HELP "\n"
             "      --cpu-moe          " CLI_CPU_MOE_HELP "\n"
             "      --n-cpu-moe N      " CLI_N_CPU_MOE_HELP "\n"
@@ -218,8 +217,9 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         if (cli_parse_int(cmd, a, value, 0, INT32_MAX, &v))
             return -1;
         o->max_tokens = (int)v;
-    } else if (!strcmp(name, "--ctx-size")) {
-        if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))
+        o->set_max_tokens = true;
+    } else if (!strcmp(name, "--ctx-size")) { /* 0: the default, as serve and llama.cpp's -c 0 */
+        if (cli_parse_int(cmd, a, value, 0, 1 << 24, &v))
             return -1;
         o->ctx_size = (int)v;
     } else if (!strcmp(name, "--threads")) {
@@ -270,43 +270,26 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
     return 1;
 }
 
-/* Sampling defaults for options not given: generation_config.json's temperature / top_p / top_k /
- * min_p (do_sample false means greedy), else Qwen's recommended settings (lily_sampler_recommended). Without -n, its
+/* Sampling defaults for options not given: generation_config.json's temperature / top_p / top_k / min_p /
+ * repetition_penalty / presence_penalty (as lily serve takes them; validated at load, model/config.h; do_sample
+ * false means greedy), else Qwen's recommended settings (lily_sampler_recommended). Without -n, its
  * max_new_tokens (as transformers' generate() reads it) caps the reply: a model that was never trained to
  * emit a stop token (the bundled and the test model) sets it, others run to a stop id or a full context. */
-static void sampling_defaults(const char *dir, cli_gen_options *o)
+static void sampling_defaults(const lily_generation_defaults *g, cli_gen_options *o)
 {
     const lily_sampler_params rec = lily_sampler_recommended();
-    float temp = rec.temperature, top_p = rec.top_p, min_p = rec.min_p;
-    int top_k = rec.top_k;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    json_t *g = lily_json_load_file(path, 0, 0, NULL);
-    if (json_is_object(g)) {
-        json_t *v;
-        if (json_is_number(v = json_object_get(g, "temperature")))
-            temp = (float)json_number_value(v);
-        if (json_is_number(v = json_object_get(g, "top_p")))
-            top_p = (float)json_number_value(v);
-        if (json_is_integer(v = json_object_get(g, "top_k")))
-            top_k = (int)json_integer_value(v);
-        if (json_is_number(v = json_object_get(g, "min_p")))
-            min_p = (float)json_number_value(v);
-        if (json_is_false(json_object_get(g, "do_sample")))
-            temp = 0;
-        if (o->max_tokens == 0 && json_is_integer(v = json_object_get(g, "max_new_tokens")) &&
-            json_integer_value(v) > 0 && json_integer_value(v) <= INT32_MAX)
-            o->max_tokens = (int)json_integer_value(v);
-    }
-    json_decref(g);
     if (!o->set_temp)
-        o->sampling.temperature = temp;
+        o->sampling.temperature = isnan(g->temperature) ? rec.temperature : g->temperature;
     if (!o->set_top_p)
-        o->sampling.top_p = top_p > 0 && top_p <= 1 ? top_p : 1.0f;
+        o->sampling.top_p = isnan(g->top_p) ? rec.top_p : g->top_p;
     if (!o->set_top_k)
-        o->sampling.top_k = top_k > 0 ? top_k : 0;
+        o->sampling.top_k = !g->has_top_k ? rec.top_k : g->top_k > 0 ? g->top_k : 0;
     if (!o->set_min_p)
-        o->sampling.min_p = min_p >= 0 && min_p <= 1 ? min_p : 0.0f;
+        o->sampling.min_p = isnan(g->min_p) ? rec.min_p : g->min_p;
+    o->sampling.repetition_penalty = isnan(g->repetition_penalty) ? rec.repetition_penalty : g->repetition_penalty;
+    o->sampling.presence_penalty = isnan(g->presence_penalty) ? rec.presence_penalty : g->presence_penalty;
+    if (!o->set_max_tokens)
+        o->max_tokens = g->max_new_tokens;
     if (!o->set_seed) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -335,14 +318,8 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
         fprintf(stderr, "lily %s: %s\n", cmd, gerr.message);
         return 1;
     }
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        fprintf(stderr, "lily %s: model directory %s: %s\n", cmd, dir, strerror(errno));
-        return 1;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "lily %s: %s is not a model directory (expected a directory with config.json, "
-                        "*.safetensors and tokenizer.json)\n", cmd, dir);
+    if (lily_check_model_dir(dir, &gerr) != LILY_OK) { /* before the tokenizer: its error would hide this one */
+        fprintf(stderr, "lily %s: %s\n", cmd, gerr.message);
         return 1;
     }
     lily_error err = {0};
@@ -394,7 +371,7 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
     add_stop_id(m, lily_tokenizer_token_id(m->tok, "<|im_end|>"));
     add_stop_id(m, lily_tokenizer_token_id(m->tok, "<|endoftext|>"));
     add_stop_id(m, lily_tokenizer_eos_id(m->tok));
-    sampling_defaults(dir, o);
+    sampling_defaults(&m->engine->cfg.generation, o);
     return 0;
 }
 
@@ -448,4 +425,30 @@ void cli_print_speed(const char *prefix, int n_prefill, double prefill_s, int n_
     fprintf(stderr, "%sprefill: %d tokens, %.1f tok/s (%.3f s) | decode: %d tokens, %.1f tok/s (%.3f s) | %s\n",
             prefix, n_prefill, n_prefill > 0 && prefill_s > 0 ? n_prefill / prefill_s : 0.0, prefill_s, n_generated,
             n_decode_steps > 0 && decode_s > 0 ? n_decode_steps / decode_s : 0.0, decode_s, finish);
+}
+
+const char *cli_finish_text(const lily_generate_result *r, const cli_gen_options *o, int max_ctx, char *buf, size_t n)
+{
+    if (r->finish != LILY_FINISH_LENGTH)
+        snprintf(buf, n, "%s", lily_finish_reason_name(r->finish));
+    else if (o->max_tokens > 0 && r->n_generated >= o->max_tokens)
+        snprintf(buf, n,
+                 o->set_max_tokens ? "length (-n %d)"
+                                   : "length (max_new_tokens %d of generation_config.json; -n sets another)",
+                 o->max_tokens);
+    else
+        snprintf(buf, n, "length (the context is full: %d tokens; --ctx-size sets it)", max_ctx);
+    return buf;
+}
+
+void cli_unknown_argument(const char *cmd, const char *arg)
+{
+    if (arg[0] == '-' && arg[1])
+        fprintf(stderr, "lily %s: unknown option '%s'\n\n", cmd, arg);
+    else if (!strcmp(cmd, "run"))
+        fprintf(stderr, "lily run: unexpected argument '%s' (the prompt goes after -p: lily run -p \"%s\")\n\n", arg,
+                arg);
+    else
+        fprintf(stderr, "lily %s: unexpected argument '%s' (every value follows its option, e.g. -m DIR)\n\n", cmd,
+                arg);
 }

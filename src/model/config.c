@@ -7,11 +7,14 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/file.h"
 #include "base/json_load.h"
@@ -331,6 +334,8 @@ static lily_status validate(const lily_config *c, lily_error *err)
 static lily_status parse_root(json_t *root, lily_config *cfg, lily_error *err)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->generation = (lily_generation_defaults){.temperature = NAN, .top_p = NAN, .min_p = NAN,
+                                                  .repetition_penalty = NAN, .presence_penalty = NAN};
     fields f = {root, root, "", err};
     json_t *text = json_object_get(root, "text_config");
     if (text && !json_is_null(text)) {
@@ -421,10 +426,85 @@ lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cf
 
 #define LILY_CONFIG_MAX_BYTES ((size_t)64 << 20) /* a config is a few KB; refuse anything absurd */
 
+/* A number field of generation_config.json in [min, max] (open at an end where the flag says so) into
+ * *out; absent or null leaves *out as it is. */
+static lily_status gen_number(json_t *gen, const char *key, double min, bool min_open, double max, float *out,
+                              lily_error *err)
+{
+    json_t *v = json_object_get(gen, key);
+    if (!v || json_is_null(v))
+        return LILY_OK;
+    const double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!json_is_number(v) || !isfinite(x) || x < min || (min_open && x == min) || x > max) {
+        char range[64];
+        if (isinf(max))
+            snprintf(range, sizeof range, "%s %g", min_open ? ">" : ">=", min);
+        else
+            snprintf(range, sizeof range, "in %c%g, %g]", min_open ? '(' : '[', min, max);
+        if (!json_is_number(v))
+            return lily_error_set(err, LILY_ERR_FORMAT, "generation_config.json: '%s' must be a number %s, found %s",
+                                  key, range, json_type_word(v));
+        return lily_error_set(err, LILY_ERR_FORMAT, "generation_config.json: '%s' must be a number %s, found %g",
+                              key, range, x);
+    }
+    *out = (float)x;
+    return LILY_OK;
+}
+
+/* generation_config.json's sampling fields and max_new_tokens, checked as transformers' GenerationConfig
+ * does (temperature >= 0, top_p and min_p probabilities, repetition_penalty > 0, top_k and max_new_tokens
+ * integers, max_new_tokens > 0, do_sample a boolean), so a bad value is refused at load, naming the field,
+ * instead of failing every request. */
+static lily_status parse_generation_defaults(json_t *gen, lily_generation_defaults *g, lily_error *err)
+{
+    lily_status st;
+    if ((st = gen_number(gen, "temperature", 0, false, INFINITY, &g->temperature, err)) != LILY_OK ||
+        (st = gen_number(gen, "top_p", 0, true, 1, &g->top_p, err)) != LILY_OK ||
+        (st = gen_number(gen, "min_p", 0, false, 1, &g->min_p, err)) != LILY_OK ||
+        (st = gen_number(gen, "repetition_penalty", 0, true, INFINITY, &g->repetition_penalty, err)) != LILY_OK ||
+        (st = gen_number(gen, "presence_penalty", -INFINITY, false, INFINITY, &g->presence_penalty, err)) != LILY_OK)
+        return st;
+    json_t *v = json_object_get(gen, "top_k");
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX)
+            return lily_error_set(err, LILY_ERR_FORMAT, "generation_config.json: 'top_k' must be an integer "
+                                  "(0 = off), found %s", json_type_word(v));
+        g->top_k = (int)json_integer_value(v);
+        g->has_top_k = true;
+    }
+    v = json_object_get(gen, "max_new_tokens");
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX)
+            return lily_error_set(err, LILY_ERR_FORMAT, "generation_config.json: 'max_new_tokens' must be an "
+                                  "integer in [1, %d]", INT32_MAX);
+        g->max_new_tokens = (int)json_integer_value(v);
+    }
+    v = json_object_get(gen, "do_sample");
+    if (v && !json_is_null(v) && !json_is_boolean(v))
+        return lily_error_set(err, LILY_ERR_FORMAT, "generation_config.json: 'do_sample' must be true or false, "
+                              "found %s", json_type_word(v));
+    if (json_is_false(v))
+        g->temperature = 0; /* transformers' generate(): greedy */
+    return LILY_OK;
+}
+
+lily_status lily_check_model_dir(const char *model_dir, lily_error *err)
+{
+    struct stat sb;
+    if (stat(model_dir, &sb) != 0)
+        return lily_error_set(err, LILY_ERR_IO, "model directory %s: %s", model_dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return lily_error_set(err, LILY_ERR_IO, "%s is not a model directory (expected a directory with config.json, "
+                              "*.safetensors and tokenizer.json)", model_dir);
+    return LILY_OK;
+}
+
 lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err)
 {
     lily_status gst = lily_check_not_gguf(model_dir, err);
     if (gst != LILY_OK)
+        return gst;
+    if ((gst = lily_check_model_dir(model_dir, err)) != LILY_OK)
         return gst;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
@@ -442,8 +522,11 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
 
     snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
     FILE *probe = fopen(path, "rb");
-    if (!probe)
-        return LILY_OK; /* optional */
+    if (!probe) {
+        if (errno == ENOENT)
+            return LILY_OK; /* optional */
+        return lily_error_set(err, LILY_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
+    }
     fclose(probe);
     if ((st = lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, err)) != LILY_OK)
         return st;
@@ -454,7 +537,8 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
         return lily_error_set(err, LILY_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, jerr.line,
                               jerr.column, jerr.text);
     if (!json_is_object(gen))
-        st = lily_error_set(err, LILY_ERR_FORMAT, "%s: top level must be an object", path);
+        st = lily_error_set(err, LILY_ERR_FORMAT, "generation_config.json: top level must be an object, found %s",
+                            json_type_word(gen));
     else
         st = add_stop_ids(cfg, json_object_get(gen, "eos_token_id"), "generation_config.json: 'eos_token_id'", err);
     if (st == LILY_OK && cfg->bos_token_id < 0) {
@@ -462,6 +546,8 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
         if (json_is_integer(bos) && json_integer_value(bos) >= 0 && json_integer_value(bos) <= 2147483647LL)
             cfg->bos_token_id = (int)json_integer_value(bos);
     }
+    if (st == LILY_OK)
+        st = parse_generation_defaults(gen, &cfg->generation, err);
     json_decref(gen);
     if (st != LILY_OK)
         lily_error_prefix(err, "%s", model_dir);

@@ -2,7 +2,8 @@
  *
  * Owns: lily_config and its parsing. Accepts the nested (`text_config`) and flat layouts,
  * `rope_parameters` or `rope_scaling` + `rope_theta`, `layer_types` or `full_attention_interval`,
- * and the MLX `quantization` block at the root. generation_config.json, when present, adds stop ids.
+ * and the MLX `quantization` block at the root. generation_config.json, when present, adds stop ids and
+ * the sampling defaults.
  */
 #ifndef LILY_CONFIG_H
 #define LILY_CONFIG_H
@@ -15,6 +16,17 @@
 #define LILY_MAX_STOP_IDS 8
 
 typedef enum { LILY_LAYER_LINEAR_ATTENTION = 0, LILY_LAYER_FULL_ATTENTION = 1 } lily_layer_type;
+
+typedef struct {
+    float temperature;        /* >= 0 */
+    float top_p;              /* (0, 1] */
+    float min_p;              /* [0, 1] */
+    float repetition_penalty; /* > 0 */
+    float presence_penalty;   /* finite */
+    int top_k;                /* <= 0 = off; meaningful only when has_top_k */
+    bool has_top_k;
+    int max_new_tokens;       /* >= 1; 0 = absent */
+} lily_generation_defaults;
 
 typedef struct {
     int vocab_size;                 /* 248320 */
@@ -56,6 +68,11 @@ typedef struct {
     int quant_group_size;
 
     bool tie_word_embeddings;       /* lm_head shares embed_tokens (false for 35B-A3B) */
+
+    /* generation_config.json's sampling defaults (transformers' names), validated at load: NAN where the
+     * file or the field is absent (top_k: has_top_k false; max_new_tokens: 0). do_sample false is stored
+     * as temperature 0 (greedy, as transformers' generate()). */
+    lily_generation_defaults generation;
 } lily_config;
 
 /* Derived sizes (MODEL.md §1.3). */
@@ -70,7 +87,13 @@ int lily_config_n_full_attention_layers(const lily_config *c);
 lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cfg, lily_error *err);
 
 /* Read DIR/config.json and, when present, DIR/generation_config.json (its eos_token_id, int or list, is
- * merged into stop_ids). Errors: LILY_ERR_IO when config.json cannot be read; as lily_config_parse. */
+ * merged into stop_ids; its sampling fields and max_new_tokens go to cfg->generation). Errors: LILY_ERR_IO
+ * when config.json, or a generation_config.json that exists, cannot be read; LILY_ERR_FORMAT as
+ * lily_config_parse, or for a generation_config.json field of the wrong type or out of range (named). */
 lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err);
+
+/* Whether model_dir is a directory (what lily_config_load checks first, after the GGUF check): LILY_OK, or
+ * LILY_ERR_IO with "model directory DIR: <strerror>" or "DIR is not a model directory (...)". */
+lily_status lily_check_model_dir(const char *model_dir, lily_error *err);
 
 #endif

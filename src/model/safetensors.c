@@ -309,12 +309,14 @@ static lily_status list_shards(const char *model_dir, char ***names, int *n_name
         json_object_foreach(map, key, value) {
             const char *file = json_string_value(value);
             if (!file || !*file || strchr(file, '/') || !strcmp(file, "..")) {
+                /* the message first: key lives in index */
+                lily_error_set(err, LILY_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name in the directory",
+                               path, key);
                 json_decref(index);
                 free_strings(*names, *n_names);
                 *names = NULL;
                 *n_names = 0;
-                return lily_error_set(err, LILY_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name in the directory",
-                                      path, key);
+                return LILY_ERR_FORMAT;
             }
             bool seen = false;
             for (int i = 0; i < *n_names && !seen; i++)
@@ -374,6 +376,10 @@ static lily_status map_file(const char *path, void **base, size_t *size, lily_er
         int e = errno;
         close(fd);
         return lily_error_set(err, LILY_ERR_IO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) { /* a directory or a device: mmap would say only "No such device" */
+        close(fd);
+        return lily_error_set(err, LILY_ERR_IO, "%s is not a regular file", path);
     }
     if (sb.st_size < 8) {
         close(fd);

@@ -117,6 +117,7 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
         e->prefill_chunk = e->cfg.max_position_embeddings;
     st = lily_weights_bind(&e->cfg, &e->ckpt, &e->weights, err);
     if (st != LILY_OK) {
+        lily_error_prefix(err, "%s", opts->model_dir); /* as config and shard errors name the directory */
         lily_checkpoint_close(&e->ckpt);
         free(e->model_dir);
         free(e);

@@ -76,7 +76,7 @@ lily_status lily_perplexity_run(lily_session *s, const int32_t *tokens, int64_t 
     if (!logits)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "perplexity: no memory for [%d, %d] logits", chunk, vocab);
 
-    double ref_nll = 0;
+    double ref_nll = 0, lily_ref_nll = 0;
     for (int64_t w0 = 0; w0 < n; w0 += ctx) {
         int64_t w1 = w0 + ctx < n ? w0 + ctx : n;
         if (w1 - w0 < 2 && out->n_windows > 0)
@@ -95,8 +95,9 @@ lily_status lily_perplexity_run(lily_session *s, const int32_t *tokens, int64_t 
                 const float *row = logits + (size_t)r * vocab;
                 double lse = lily_logsumexp(row, vocab);
                 int scored = pos + 1 < w1;
+                const double nll = scored ? lse - (double)row[tokens[pos + 1]] : 0;
                 if (scored) {
-                    out->nll_sum += lse - (double)row[tokens[pos + 1]];
+                    out->nll_sum += nll;
                     out->n_scored++;
                 }
                 if (pos < ref_rows) {
@@ -109,6 +110,7 @@ lily_status lily_perplexity_run(lily_session *s, const int32_t *tokens, int64_t 
                     out->n_compared++;
                     if (scored) {
                         ref_nll += rlse - (double)rrow[tokens[pos + 1]];
+                        lily_ref_nll += nll;
                         out->ref_n_scored++;
                     }
                 }
@@ -127,6 +129,8 @@ lily_status lily_perplexity_run(lily_session *s, const int32_t *tokens, int64_t 
     if (out->ref_n_scored) {
         out->ref_nll_mean = ref_nll / (double)out->ref_n_scored;
         out->ref_perplexity = exp(out->ref_nll_mean);
+        out->lily_ref_nll_mean = lily_ref_nll / (double)out->ref_n_scored;
+        out->lily_ref_perplexity = exp(out->lily_ref_nll_mean);
     }
     return LILY_OK;
 }

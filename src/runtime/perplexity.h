@@ -38,9 +38,12 @@ typedef struct {
     double kl_sum;           /* sum over compared positions of KL(reference || lily), nats */
     double kl_mean;
     double kl_max;
-    int64_t ref_n_scored;
-    double ref_nll_mean;     /* the reference's mean NLL on the same scored positions */
+    int64_t ref_n_scored;    /* scored positions that have a reference row (fewer than n_scored when the
+                                reference is shorter than the input) */
+    double ref_nll_mean;     /* the reference's mean NLL on those positions */
     double ref_perplexity;
+    double lily_ref_nll_mean; /* lily's own mean NLL on those same positions: what ref_nll_mean compares to */
+    double lily_ref_perplexity;
 } lily_perplexity_result;
 
 /* Score tokens[0..n) with the session s (reset at the start of every window of opts->ctx tokens): for
