@@ -215,9 +215,10 @@ int gemm_grouped_tile(int kernel, double avg_rows)
     /* measured (H200, docs/BENCHMARKS.md "Prefill GEMM variant x MoE tile by prompt length" and "The
      * non-Hopper path"): with the mma.sync kernels (MMA and MMA_DQ) 128-token tiles lost at every length
      * and 64 wins from ~24 rows per expert; the wgmma kernel's dequantization is amortised over the tile's
-     * tokens, so it takes 128 from 128 rows */
+     * tokens, so it takes 128 from 80 rows (bench_cuda_gemm: 128 faster for both grouped GEMMs at 80-128
+     * rows per expert, docs/BENCHMARKS.md "MoE tile threshold") */
     if (kernel == GEMM_KERNEL_WGMMA)
-        return avg_rows >= 128.0 ? 128 : avg_rows >= 24.0 ? 64 : 16;
+        return avg_rows >= 80.0 ? 128 : avg_rows >= 24.0 ? 64 : 16;
     return avg_rows >= 24.0 ? 64 : 16;
 }
 
