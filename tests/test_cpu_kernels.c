@@ -588,20 +588,23 @@ static cpu_ctx fast_ctx(lily_threadpool *pool, int n, cpu_qact qact, float *qgsu
 }
 
 /* The fast matmul against the exact values in double: the error is at most Σ_i |w_i| d_k / 2 (the
- * digits' rounding), plus fp32 slack. Splitting the tokens over calls changes no bit. */
+ * digits' rounding), plus fp32 slack. Splitting the tokens over calls changes no bit. Groups of 64 and
+ * 32 (3 and 6 per row: the driver's 4 x 4 transposed bias blocks and their remainder), 42 rows (not a
+ * multiple of 4 or 8), 19 tokens (full 8-token tiles and a remainder). */
 static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
 {
     (void)state;
     lily_threadpool *pool;
     lily_error err;
     assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
-    enum { ROWS = 40, COLS = 192, N = 7 };
+    enum { ROWS = 42, COLS = 192, N = 19 };
     int8_t qbuf[N * COLS], rbuf[N * COLS];
     int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
     cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
-    for (int bits = 4; bits <= 8; bits += 4) {
-        qtensor qt = make_quantized(ROWS, COLS, bits, 3);
+    for (int bits = 4; bits <= 8; bits += 4)
+    for (int group = 32; group <= 64; group += 32) {
+        qtensor qt = make_quantized_group(ROWS, COLS, bits, 3, group);
         assert_true(cpu_matmul_fast_ok(&c, &qt.t));
         float x[N * COLS], y[N * ROWS], y1[N * ROWS];
         for (int i = 0; i < N * COLS; i++)
@@ -626,7 +629,8 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
                 }
                 const double got = y[t * ROWS + r];
                 if (!(fabs(got - want) <= bound + 2e-5 * (1 + fabs(want))))
-                    fail_msg("bits %d token %d row %d: %.7g vs exact %.7g (bound %.3g)", bits, t, r, got, want, bound);
+                    fail_msg("bits %d group %d token %d row %d: %.7g vs exact %.7g (bound %.3g)", bits, group, t, r, got, want,
+                             bound);
             }
         free_quantized(&qt);
     }
@@ -653,7 +657,7 @@ static void test_matmul_many_matches_single_calls(void **state)
     cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
     qtensor qt[4] = {make_quantized_group(70, COLS, 4, 0, 64), make_quantized_group(9, COLS, 8, 0, 64),
                      make_quantized_group(3, COLS, 4, 0, 32), make_quantized_group(130, COLS, 4, 0, 32)};
-    const int rows[M] = {70, 9, 3, 130, 6};
+    const int rows[M] = {70, 9, 3, 6, 130}; /* of w[i] */
     uint16_t plain[6 * COLS];
     for (int i = 0; i < 6 * COLS; i++)
         plain[i] = lily_f32_to_bf16(frand());

@@ -8,6 +8,9 @@
  * Σ_g b_g · (Σ x over group g).
  */
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "base/base.h"
 #include "cpu_internal.h"
@@ -101,6 +104,36 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
     }
 }
 
+/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] for r < nr, 0 for nr <= r < ld (ld a multiple of
+ * 8): a chunk's scale or bias rows (row-major, n_groups per row) transposed so that rows are the lanes of
+ * bias_terms. The bf16 case on x86-64 in 4 x 4 blocks (SSE2: bf16 to fp32 is the 16 bits placed high, then
+ * one transpose per block); the values are the same either way. */
+static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, int64_t n_groups, int64_t ld,
+                                 float *restrict dst)
+{
+    int64_t g0 = 0;
+#if defined(__x86_64__)
+    if (dtype == LILY_DTYPE_BF16) {
+        const uint16_t *h = src;
+        const __m128i zero = _mm_setzero_si128();
+        for (; g0 + 4 <= n_groups; g0 += 4)
+            for (int64_t r = 0; r < ld; r += 4) {
+                __m128 m[4];
+                for (int i = 0; i < 4; i++)
+                    m[i] = r + i < nr ? _mm_castsi128_ps(_mm_unpacklo_epi16(
+                                            zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))))
+                                      : _mm_setzero_ps();
+                _MM_TRANSPOSE4_PS(m[0], m[1], m[2], m[3]);
+                for (int i = 0; i < 4; i++)
+                    _mm_storeu_ps(dst + (g0 + i) * ld + r, m[i]);
+            }
+    }
+#endif
+    for (int64_t g = g0; g < n_groups; g++)
+        for (int64_t r = 0; r < ld; r++)
+            dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
+}
+
 /* Scale floats a row chunk's fp32 scales and biases may take on the stack (each). */
 #define QMATMUL_SCALE_FLOATS 4096
 /* Weight bytes per chunk of rows: one token tile's activations stay in L1 while the chunk's weight rows
@@ -139,7 +172,7 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
                                                         LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
                                                                  LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
-    float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
+    float ws[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
     float bt[CPU_QTILE][QMATMUL_CHUNK_ROWS];
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
@@ -156,11 +189,9 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
         }
         /* the chunk's scale (bias) rows lie back to back: one conversion each; the biases transposed */
         load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, ws);
-        load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, wb);
         const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
-        for (int64_t g = 0; g < n_groups; g++)
-            for (int64_t r = 0; r < ld; r++)
-                wbt[g * ld + r] = r < nr ? wb[r * n_groups + g] : 0.0f;
+        load_rows_transposed((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr, n_groups,
+                             ld, wbt);
         for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
             const int nt = LILY_MIN(CPU_QTILE, n - i0);
             for (int i = 0; i < nt; i++)
