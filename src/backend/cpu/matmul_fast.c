@@ -159,8 +159,10 @@ static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups, 
     }
 }
 
-/* The most rows in a chunk. */
+/* The most rows in a chunk; with the set's tile kernel (several tokens), the most rows per call of it (it
+ * packs each token tile once per call). */
 #define QMATMUL_CHUNK_ROWS 64
+#define QMATMUL_GEMM_ROWS 256
 
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
@@ -169,11 +171,16 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
     const cpu_qdot_rows_fn rows_fn = w->bits == 4 ? kern->rows_q4 : kern->rows_q8;
-    const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
-                                                        LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
-                                                                 LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
+    /* several tokens: the set's tile kernel where it has one, over chunks of as many rows as the scale
+     * buffers take (it unpacks each chunk's rows once for all the tokens) */
+    const cpu_qgemm_fn gemm = w->bits == 4 && n >= 2 && a->cols <= CPU_QGEMM_MAX_COLS ? kern->gemm_q4 : NULL;
+    const int64_t chunk =
+        gemm ? LILY_MAX((int64_t)8, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups, (int64_t)QMATMUL_GEMM_ROWS) / 8 * 8)
+             : LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
+                                             LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
+                                                      LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
     float ws[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
-    float bt[CPU_QTILE][QMATMUL_CHUNK_ROWS];
+    float bt[CPU_QTILE][QMATMUL_CHUNK_ROWS], gemm_bt[QMATMUL_GEMM_ROWS];
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
         const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
@@ -192,6 +199,17 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
         const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
         load_rows_transposed((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr, n_groups,
                              ld, wbt);
+        if (gemm) {
+            gemm((const uint8_t *)w->data + (base + c0) * w->row_bytes, w->row_bytes, nr, ws, n_groups, w->group_size,
+                 a, t0, n, y + (c0 - row0), ldy);
+            for (int i = 0; i < n; i++) {
+                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i) * n_groups, gemm_bt);
+                float *yi = y + (int64_t)i * ldy + (c0 - row0);
+                for (int64_t r = 0; r < nr; r++)
+                    yi[r] += gemm_bt[r];
+            }
+            continue;
+        }
         for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
             const int nt = LILY_MIN(CPU_QTILE, n - i0);
             for (int i = 0; i < nt; i++)
@@ -217,10 +235,11 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     }
 }
 
-int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows)
+int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows, int n)
 {
     const int threads = lily_threadpool_size(c->pool);
-    const int64_t b = LILY_MIN((int64_t)64, (rows + 4 * threads - 1) / (4 * threads));
+    /* several tokens: longer runs of rows, so a tile kernel packs each token tile for more rows */
+    const int64_t b = LILY_MIN(n >= 2 ? (int64_t)QMATMUL_GEMM_ROWS : 64, (rows + 4 * threads - 1) / (4 * threads));
     /* whole runs of CPU_QROWS rows, so the 4-row decode kernels take every row */
     return (int)((LILY_MAX(b, (int64_t)1) + CPU_QROWS - 1) / CPU_QROWS * CPU_QROWS);
 }
@@ -271,7 +290,7 @@ static void qmatmul_run(const cpu_ctx *c, int m, const lily_tensor *const *w, in
         total += job.rows[i];
     }
     cpu_qact_group_sums(a, n, w[0]->group_size, c->qgsum);
-    job.block_rows = cpu_qmatmul_block_rows(c, total);
+    job.block_rows = cpu_qmatmul_block_rows(c, total, n);
     job.first_task[0] = 0;
     for (int i = 0; i < m; i++)
         job.first_task[i + 1] = job.first_task[i] + (int)((job.rows[i] + job.block_rows - 1) / job.block_rows);
