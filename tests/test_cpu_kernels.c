@@ -523,13 +523,19 @@ static void test_quant_dot_every_kernel_set(void **state)
     for (int s = 0; s < n_sets; s++)
         print_message(" %s", sets[s]->name);
     print_message("\n");
-    enum { ROWS = 5, COLS = 256, N = 6 };
+    enum { ROWS = 5, COLS = 256, N = 11 };
+    /* extreme = 1: every weight at its largest value and every activation at ±its block's maximum, so each
+     * block's integer sum is the largest the kernels must hold (32 · 15 · 32258 for 4-bit: exact in int32
+     * and in fp32) */
+    for (int extreme = 0; extreme <= 1; extreme++)
     for (int bits = 4; bits <= 8; bits += 4)
         for (int group = 32; group <= 128; group *= 2) {
             qtensor qt = make_quantized_group(ROWS, COLS, bits, 0, group);
             float x[N * COLS];
             for (int i = 0; i < N * COLS; i++)
-                x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+                x[i] = extreme ? ((i / 32 + i / COLS) % 2 ? -1.0f : 1.0f) : frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+            if (extreme)
+                memset(qt.words, 0xff, (size_t)ROWS * qt.t.row_bytes);
             int8_t q[N * COLS], r[N * COLS];
             int16_t v16[N * COLS];
             float d[N * COLS / 32], sum[N * COLS / 32];
@@ -548,7 +554,7 @@ static void test_quant_dot_every_kernel_set(void **state)
                     for (int t = 0; t < N; t++) {
                         const double want = qdot_double(&qt, r, &a, t);
                         if (!(fabs(single[t] - want) <= 1e-5 * (1 + fabs(want))))
-                            fail_msg("%s bits %d group %d row %d token %d: %.9g, want %.9g", sets[s]->name, bits, group,
+                            fail_msg("%s bits %d group %d extreme %d row %d token %d: %.9g, want %.9g", sets[s]->name, bits, group, extreme,
                                      r, t, single[t], want);
                     }
                     /* a tile of several tokens gives each token's single-token result, bit for bit */
@@ -569,6 +575,18 @@ static void test_quant_dot_every_kernel_set(void **state)
                         for (int q = 0; q < CPU_QROWS; q++)
                             assert_memory_equal(&out[q], &all_single[r0 + q][t], sizeof(float));
                     }
+                /* the tile kernel gives every (row, token) its single-token result, bit for bit: 1 .. ROWS rows
+                 * (register tiles of 4 and a remainder), 1 .. N tokens (tiles of 8 and a remainder) */
+                if (bits == 4 && sets[s]->gemm_q4)
+                    for (int nr = 1; nr <= ROWS; nr++)
+                        for (int nt = 1; nt <= N; nt++) {
+                            float out[N * ROWS];
+                            sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, nr, all_ws, COLS / group, group,
+                                             &a, N - nt, nt, out, ROWS);
+                            for (int j = 0; j < nt; j++)
+                                for (int r = 0; r < nr; r++)
+                                    assert_memory_equal(&out[j * ROWS + r], &all_single[r][N - nt + j], sizeof(float));
+                        }
             }
             free_quantized(&qt);
         }
