@@ -607,15 +607,16 @@ static cpu_ctx fast_ctx(lily_threadpool *pool, int n, cpu_qact qact, float *qgsu
 
 /* The fast matmul against the exact values in double: the error is at most Σ_i |w_i| d_k / 2 (the
  * digits' rounding), plus fp32 slack. Splitting the tokens over calls changes no bit. Groups of 64 and
- * 32 (3 and 6 per row: the driver's 4 x 4 transposed bias blocks and their remainder), 42 rows (not a
- * multiple of 4 or 8), 19 tokens (full 8-token tiles and a remainder). */
+ * 32 (3 and 6 per row: the driver's 4 x 4 transposed bias blocks and their remainder), 602 rows (not a
+ * multiple of 4 or 8; tasks of more than 64 rows), 19 tokens (full 8-token tiles and a remainder that goes
+ * token by token). */
 static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
 {
     (void)state;
     lily_threadpool *pool;
     lily_error err;
     assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
-    enum { ROWS = 42, COLS = 192, N = 19 };
+    enum { ROWS = 602, COLS = 192, N = 19 };
     int8_t qbuf[N * COLS], rbuf[N * COLS];
     int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];

@@ -163,6 +163,9 @@ static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups, 
  * packs each token tile once per call). */
 #define QMATMUL_CHUNK_ROWS 64
 #define QMATMUL_GEMM_ROWS 256
+/* Fewest tokens for a set's tile kernel (below, its four-row kernel per token is faster: ~23 against
+ * ~48 G multiply-adds/s for a full tile of 8 on the AVX2 development VM). */
+#define QMATMUL_GEMM_MIN_TOKENS 4
 
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
@@ -172,15 +175,20 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
     const cpu_qdot_rows_fn rows_fn = w->bits == 4 ? kern->rows_q4 : kern->rows_q8;
     /* several tokens: the set's tile kernel where it has one, over chunks of as many rows as the scale
-     * buffers take (it unpacks each chunk's rows once for all the tokens) */
-    const cpu_qgemm_fn gemm = w->bits == 4 && n >= 2 && a->cols <= CPU_QGEMM_MAX_COLS ? kern->gemm_q4 : NULL;
+     * buffers take (it unpacks each chunk's rows once for all the tokens); below QMATMUL_GEMM_MIN_TOKENS
+     * (it pads to tiles of 8) such a set's four-row kernel token by token (the same bits) */
+    const bool tile_set = w->bits == 4 && kern->gemm_q4 && a->cols <= CPU_QGEMM_MAX_COLS;
+    const cpu_qgemm_fn gemm = tile_set && n >= QMATMUL_GEMM_MIN_TOKENS ? kern->gemm_q4 : NULL;
+    /* tokens for the tile kernel: the last partial tile of 8 goes token by token when it is short */
+    const int n_gemm = !gemm ? 0 : n % 8 != 0 && n % 8 < QMATMUL_GEMM_MIN_TOKENS ? n - n % 8 : n;
+    const int tile_tokens = tile_set && rows_fn ? 1 : CPU_QTILE;
     const int64_t chunk =
         gemm ? LILY_MAX((int64_t)8, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups, (int64_t)QMATMUL_GEMM_ROWS) / 8 * 8)
              : LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
                                              LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
                                                       LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
     float ws[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
-    float bt[CPU_QTILE][QMATMUL_CHUNK_ROWS], gemm_bt[QMATMUL_GEMM_ROWS];
+    float bt[CPU_QTILE][QMATMUL_GEMM_ROWS]; /* chunks are at most QMATMUL_GEMM_ROWS rows */
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
         const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
@@ -199,19 +207,18 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
         const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
         load_rows_transposed((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr, n_groups,
                              ld, wbt);
-        if (gemm) {
+        if (n_gemm > 0) {
             gemm((const uint8_t *)w->data + (base + c0) * w->row_bytes, w->row_bytes, nr, ws, n_groups, w->group_size,
-                 a, t0, n, y + (c0 - row0), ldy);
-            for (int i = 0; i < n; i++) {
-                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i) * n_groups, gemm_bt);
+                 a, t0, n_gemm, y + (c0 - row0), ldy);
+            for (int i = 0; i < n_gemm; i++) {
+                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i) * n_groups, bt[0]);
                 float *yi = y + (int64_t)i * ldy + (c0 - row0);
                 for (int64_t r = 0; r < nr; r++)
-                    yi[r] += gemm_bt[r];
+                    yi[r] += bt[0][r];
             }
-            continue;
         }
-        for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
-            const int nt = LILY_MIN(CPU_QTILE, n - i0);
+        for (int i0 = n_gemm; i0 < n; i0 += tile_tokens) {
+            const int nt = LILY_MIN(tile_tokens, n - i0);
             for (int i = 0; i < nt; i++)
                 bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i0 + i) * n_groups, bt[i]);
             int64_t r = c0;
