@@ -144,8 +144,8 @@ static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, 
 /* bt[r] = Σ_g wbt[g * ld + r] · gs[g] for r < ld (ld a multiple of 8): the affine bias terms of a chunk's
  * rows for one token, the biases transposed so that rows are the vector lanes (fixed runs of 8 the
  * compiler vectorizes); each row's sum runs over g in order, whichever path asks. */
-static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups, const float *restrict gs,
-                       float *restrict bt)
+CPU_VEC8_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups,
+                                       const float *restrict gs, float *restrict bt)
 {
     for (int64_t r = 0; r < ld; r += 8) {
         float acc[8] = {0};
