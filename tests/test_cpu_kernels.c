@@ -490,8 +490,9 @@ static void test_quantize_act_blocks(void **state)
         }
 }
 
-/* The formula of quant_dot.h in double from the unpacked values: Σ_g s_g Σ_k d_k Σ_i q_i (254 xq_i + xr_i). */
-static double qdot_double(const qtensor *qt, int64_t prow, const cpu_qact *a, int t)
+/* The formula of quant_dot.h in double from the unpacked values: Σ_g s_g Σ_k d_k Σ_i q_i (254 xq_i + xr_i);
+ * *mag = Σ_k |s_g d_k Σ_i q_i (254 xq_i + xr_i)|, the scale of the fp32 rounding a kernel may add. */
+static double qdot_double(const qtensor *qt, int64_t prow, const cpu_qact *a, int t, double *mag)
 {
     const lily_tensor *w = &qt->t;
     const int64_t cols = lily_tensor_cols(w), nb = cols / 32;
@@ -508,6 +509,7 @@ static double qdot_double(const qtensor *qt, int64_t prow, const cpu_qact *a, in
         }
         const double s = lily_bf16_to_f32(qt->scales[prow * (cols / w->group_size) + k * 32 / w->group_size]);
         total += s * a->d[t * nb + k] * (double)isum;
+        *mag += fabs(s * a->d[t * nb + k] * (double)isum);
     }
     return total;
 }
@@ -523,13 +525,19 @@ static void test_quant_dot_every_kernel_set(void **state)
     for (int s = 0; s < n_sets; s++)
         print_message(" %s", sets[s]->name);
     print_message("\n");
-    enum { ROWS = 5, COLS = 256, N = 6 };
+    enum { ROWS = 5, COLS = 256, N = 11 };
+    /* extreme = 1: every weight at its largest value and every activation at ±its block's maximum, so each
+     * block's integer sum is the largest the kernels must hold (32 · 15 · 32258 for 4-bit: exact in int32
+     * and in fp32) */
+    for (int extreme = 0; extreme <= 1; extreme++)
     for (int bits = 4; bits <= 8; bits += 4)
         for (int group = 32; group <= 128; group *= 2) {
             qtensor qt = make_quantized_group(ROWS, COLS, bits, 0, group);
             float x[N * COLS];
             for (int i = 0; i < N * COLS; i++)
-                x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+                x[i] = extreme ? ((i / 32 + i / COLS) % 2 ? -1.0f : 1.0f) : frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+            if (extreme)
+                memset(qt.words, 0xff, (size_t)ROWS * qt.t.row_bytes);
             int8_t q[N * COLS], r[N * COLS];
             int16_t v16[N * COLS];
             float d[N * COLS / 32], sum[N * COLS / 32];
@@ -546,9 +554,13 @@ static void test_quant_dot_every_kernel_set(void **state)
                     for (int t = 0; t < N; t++)
                         fn(wrow, ws, group, &a, t, 1, &single[t]);
                     for (int t = 0; t < N; t++) {
-                        const double want = qdot_double(&qt, r, &a, t);
-                        if (!(fabs(single[t] - want) <= 1e-5 * (1 + fabs(want))))
-                            fail_msg("%s bits %d group %d row %d token %d: %.9g, want %.9g", sets[s]->name, bits, group,
+                        double mag = 0;
+                        const double want = qdot_double(&qt, r, &a, t, &mag);
+                        /* (the extreme case's blocks cancel: want is 0 from terms of ~100, and a compiler that
+                         * fuses the reference kernel's multiply-add, as GCC does on AArch64, leaves their
+                         * rounding) */
+                        if (!(fabs(single[t] - want) <= 1e-5 * (1 + fabs(want)) + 1e-6 * mag))
+                            fail_msg("%s bits %d group %d extreme %d row %d token %d: %.9g, want %.9g", sets[s]->name, bits, group, extreme,
                                      r, t, single[t], want);
                     }
                     /* a tile of several tokens gives each token's single-token result, bit for bit */
@@ -569,6 +581,18 @@ static void test_quant_dot_every_kernel_set(void **state)
                         for (int q = 0; q < CPU_QROWS; q++)
                             assert_memory_equal(&out[q], &all_single[r0 + q][t], sizeof(float));
                     }
+                /* the tile kernel gives every (row, token) its single-token result, bit for bit: 1 .. ROWS rows
+                 * (register tiles of 4 and a remainder), 1 .. N tokens (tiles of 8 and a remainder) */
+                if (bits == 4 && sets[s]->gemm_q4)
+                    for (int nr = 1; nr <= ROWS; nr++)
+                        for (int nt = 1; nt <= N; nt++) {
+                            float out[N * ROWS];
+                            sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, nr, all_ws, COLS / group, group,
+                                             &a, N - nt, nt, out, ROWS);
+                            for (int j = 0; j < nt; j++)
+                                for (int r = 0; r < nr; r++)
+                                    assert_memory_equal(&out[j * ROWS + r], &all_single[r][N - nt + j], sizeof(float));
+                        }
             }
             free_quantized(&qt);
         }
@@ -588,20 +612,24 @@ static cpu_ctx fast_ctx(lily_threadpool *pool, int n, cpu_qact qact, float *qgsu
 }
 
 /* The fast matmul against the exact values in double: the error is at most Σ_i |w_i| d_k / 2 (the
- * digits' rounding), plus fp32 slack. Splitting the tokens over calls changes no bit. */
+ * digits' rounding), plus fp32 slack. Splitting the tokens over calls changes no bit. Groups of 64 and
+ * 32 (3 and 6 per row: the driver's 4 x 4 transposed bias blocks and their remainder), 602 rows (not a
+ * multiple of 4 or 8; tasks of more than 64 rows), 19 tokens (full 8-token tiles and a remainder that goes
+ * token by token). */
 static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
 {
     (void)state;
     lily_threadpool *pool;
     lily_error err;
     assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
-    enum { ROWS = 40, COLS = 192, N = 7 };
+    enum { ROWS = 602, COLS = 192, N = 19 };
     int8_t qbuf[N * COLS], rbuf[N * COLS];
     int16_t vbuf[N * COLS];
     float dbuf[N * COLS / 32], sbuf[N * COLS / 32], gbuf[N * COLS / 32];
     cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
-    for (int bits = 4; bits <= 8; bits += 4) {
-        qtensor qt = make_quantized(ROWS, COLS, bits, 3);
+    for (int bits = 4; bits <= 8; bits += 4)
+    for (int group = 32; group <= 64; group += 32) {
+        qtensor qt = make_quantized_group(ROWS, COLS, bits, 3, group);
         assert_true(cpu_matmul_fast_ok(&c, &qt.t));
         float x[N * COLS], y[N * ROWS], y1[N * ROWS];
         for (int i = 0; i < N * COLS; i++)
@@ -626,7 +654,8 @@ static void test_fast_matmul_error_bound_and_batch_invariance(void **state)
                 }
                 const double got = y[t * ROWS + r];
                 if (!(fabs(got - want) <= bound + 2e-5 * (1 + fabs(want))))
-                    fail_msg("bits %d token %d row %d: %.7g vs exact %.7g (bound %.3g)", bits, t, r, got, want, bound);
+                    fail_msg("bits %d group %d token %d row %d: %.7g vs exact %.7g (bound %.3g)", bits, group, t, r, got, want,
+                             bound);
             }
         free_quantized(&qt);
     }
@@ -653,7 +682,7 @@ static void test_matmul_many_matches_single_calls(void **state)
     cpu_ctx c = fast_ctx(pool, N, (cpu_qact){qbuf, rbuf, dbuf, sbuf, COLS, vbuf}, gbuf);
     qtensor qt[4] = {make_quantized_group(70, COLS, 4, 0, 64), make_quantized_group(9, COLS, 8, 0, 64),
                      make_quantized_group(3, COLS, 4, 0, 32), make_quantized_group(130, COLS, 4, 0, 32)};
-    const int rows[M] = {70, 9, 3, 130, 6};
+    const int rows[M] = {70, 9, 3, 6, 130}; /* of w[i] */
     uint16_t plain[6 * COLS];
     for (int i = 0; i < 6 * COLS; i++)
         plain[i] = lily_f32_to_bf16(frand());

@@ -8,6 +8,9 @@
  * Σ_g b_g · (Σ x over group g).
  */
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "base/base.h"
 #include "cpu_internal.h"
@@ -101,6 +104,36 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
     }
 }
 
+/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] for r < nr, 0 for nr <= r < ld (ld a multiple of
+ * 8): a chunk's scale or bias rows (row-major, n_groups per row) transposed so that rows are the lanes of
+ * bias_terms. The bf16 case on x86-64 in 4 x 4 blocks (SSE2: bf16 to fp32 is the 16 bits placed high, then
+ * one transpose per block); the values are the same either way. */
+static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, int64_t n_groups, int64_t ld,
+                                 float *restrict dst)
+{
+    int64_t g0 = 0;
+#if defined(__x86_64__)
+    if (dtype == LILY_DTYPE_BF16) {
+        const uint16_t *h = src;
+        const __m128i zero = _mm_setzero_si128();
+        for (; g0 + 4 <= n_groups; g0 += 4)
+            for (int64_t r = 0; r < ld; r += 4) {
+                __m128 m[4];
+                for (int i = 0; i < 4; i++)
+                    m[i] = r + i < nr ? _mm_castsi128_ps(_mm_unpacklo_epi16(
+                                            zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))))
+                                      : _mm_setzero_ps();
+                _MM_TRANSPOSE4_PS(m[0], m[1], m[2], m[3]);
+                for (int i = 0; i < 4; i++)
+                    _mm_storeu_ps(dst + (g0 + i) * ld + r, m[i]);
+            }
+    }
+#endif
+    for (int64_t g = g0; g < n_groups; g++)
+        for (int64_t r = 0; r < ld; r++)
+            dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
+}
+
 /* Scale floats a row chunk's fp32 scales and biases may take on the stack (each). */
 #define QMATMUL_SCALE_FLOATS 4096
 /* Weight bytes per chunk of rows: one token tile's activations stay in L1 while the chunk's weight rows
@@ -111,8 +144,8 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
 /* bt[r] = Σ_g wbt[g * ld + r] · gs[g] for r < ld (ld a multiple of 8): the affine bias terms of a chunk's
  * rows for one token, the biases transposed so that rows are the vector lanes (fixed runs of 8 the
  * compiler vectorizes); each row's sum runs over g in order, whichever path asks. */
-static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups, const float *restrict gs,
-                       float *restrict bt)
+CPU_VEC8_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups,
+                                       const float *restrict gs, float *restrict bt)
 {
     for (int64_t r = 0; r < ld; r += 8) {
         float acc[8] = {0};
@@ -126,8 +159,13 @@ static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups, 
     }
 }
 
-/* The most rows in a chunk. */
+/* The most rows in a chunk; with the set's tile kernel (several tokens), the most rows per call of it (it
+ * packs each token tile once per call). */
 #define QMATMUL_CHUNK_ROWS 64
+#define QMATMUL_GEMM_ROWS 256
+/* Fewest tokens for a set's tile kernel (below, its four-row kernel per token is faster: ~23 against
+ * ~48 G multiply-adds/s for a full tile of 8 on the AVX2 development VM). */
+#define QMATMUL_GEMM_MIN_TOKENS 4
 
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
@@ -136,11 +174,21 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const int64_t base = w->ndim == 3 ? expert * w->expert_stride : 0;
     const cpu_qdot_fn dot = w->bits == 4 ? kern->dot_q4 : kern->dot_q8;
     const cpu_qdot_rows_fn rows_fn = w->bits == 4 ? kern->rows_q4 : kern->rows_q8;
-    const int64_t chunk = LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
-                                                        LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
-                                                                 LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
-    float ws[QMATMUL_SCALE_FLOATS], wb[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
-    float bt[CPU_QTILE][QMATMUL_CHUNK_ROWS];
+    /* several tokens: the set's tile kernel where it has one, over chunks of as many rows as the scale
+     * buffers take (it unpacks each chunk's rows once for all the tokens); below QMATMUL_GEMM_MIN_TOKENS
+     * (it pads to tiles of 8) such a set's four-row kernel token by token (the same bits) */
+    const bool tile_set = w->bits == 4 && kern->gemm_q4 && a->cols <= CPU_QGEMM_MAX_COLS;
+    const cpu_qgemm_fn gemm = tile_set && n >= QMATMUL_GEMM_MIN_TOKENS ? kern->gemm_q4 : NULL;
+    /* tokens for the tile kernel: the last partial tile of 8 goes token by token when it is short */
+    const int n_gemm = !gemm ? 0 : n % 8 != 0 && n % 8 < QMATMUL_GEMM_MIN_TOKENS ? n - n % 8 : n;
+    const int tile_tokens = tile_set && rows_fn ? 1 : CPU_QTILE;
+    const int64_t chunk =
+        gemm ? LILY_MAX((int64_t)8, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups, (int64_t)QMATMUL_GEMM_ROWS) / 8 * 8)
+             : LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
+                                             LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
+                                                      LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
+    float ws[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
+    float bt[CPU_QTILE][QMATMUL_GEMM_ROWS]; /* chunks are at most QMATMUL_GEMM_ROWS rows */
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
         const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
@@ -156,13 +204,21 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
         }
         /* the chunk's scale (bias) rows lie back to back: one conversion each; the biases transposed */
         load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, ws);
-        load_row_f32((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, wb);
         const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
-        for (int64_t g = 0; g < n_groups; g++)
-            for (int64_t r = 0; r < ld; r++)
-                wbt[g * ld + r] = r < nr ? wb[r * n_groups + g] : 0.0f;
-        for (int i0 = 0; i0 < n; i0 += CPU_QTILE) {
-            const int nt = LILY_MIN(CPU_QTILE, n - i0);
+        load_rows_transposed((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr, n_groups,
+                             ld, wbt);
+        if (n_gemm > 0) {
+            gemm((const uint8_t *)w->data + (base + c0) * w->row_bytes, w->row_bytes, nr, ws, n_groups, w->group_size,
+                 a, t0, n_gemm, y + (c0 - row0), ldy);
+            for (int i = 0; i < n_gemm; i++) {
+                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i) * n_groups, bt[0]);
+                float *yi = y + (int64_t)i * ldy + (c0 - row0);
+                for (int64_t r = 0; r < nr; r++)
+                    yi[r] += bt[0][r];
+            }
+        }
+        for (int i0 = n_gemm; i0 < n; i0 += tile_tokens) {
+            const int nt = LILY_MIN(tile_tokens, n - i0);
             for (int i = 0; i < nt; i++)
                 bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i0 + i) * n_groups, bt[i]);
             int64_t r = c0;
@@ -186,10 +242,11 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     }
 }
 
-int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows)
+int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows, int n)
 {
     const int threads = lily_threadpool_size(c->pool);
-    const int64_t b = LILY_MIN((int64_t)64, (rows + 4 * threads - 1) / (4 * threads));
+    /* several tokens: longer runs of rows, so a tile kernel packs each token tile for more rows */
+    const int64_t b = LILY_MIN(n >= 2 ? (int64_t)QMATMUL_GEMM_ROWS : 64, (rows + 4 * threads - 1) / (4 * threads));
     /* whole runs of CPU_QROWS rows, so the 4-row decode kernels take every row */
     return (int)((LILY_MAX(b, (int64_t)1) + CPU_QROWS - 1) / CPU_QROWS * CPU_QROWS);
 }
@@ -240,7 +297,7 @@ static void qmatmul_run(const cpu_ctx *c, int m, const lily_tensor *const *w, in
         total += job.rows[i];
     }
     cpu_qact_group_sums(a, n, w[0]->group_size, c->qgsum);
-    job.block_rows = cpu_qmatmul_block_rows(c, total);
+    job.block_rows = cpu_qmatmul_block_rows(c, total, n);
     job.first_task[0] = 0;
     for (int i = 0; i < m; i++)
         job.first_task[i + 1] = job.first_task[i] + (int)((job.rows[i] + job.block_rows - 1) / job.block_rows);

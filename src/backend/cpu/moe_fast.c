@@ -106,7 +106,7 @@ void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *o
     cpu_qact_group_sums(&gx, rows_k, lw->experts_gate.group_size, c->moe_gsum);
 
     /* pass 1: moe_h = silu(x · gateᵀ) ⊙ (x · upᵀ), [n * k, inter] grouped by expert */
-    int br = cpu_qmatmul_block_rows(c, (int64_t)inter * n_active);
+    int br = cpu_qmatmul_block_rows(c, (int64_t)inter * n_active, rows_k / n_active);
     moe_pass p1 = {c, lw, n_active, (inter + br - 1) / br, br, inter, &gx, c->moe_gsum, c->moe_h, c->moe_u};
     parallel_for(c->pool, n_active * p1.blocks_per_expert, gate_up_task, &p1);
 
@@ -115,7 +115,7 @@ void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *o
     gh.cols = inter;
     cpu_quantize_act_rows(c, c->moe_h, rows_k, inter, &gh);
     cpu_qact_group_sums(&gh, rows_k, lw->experts_down.group_size, c->moe_gsum);
-    br = cpu_qmatmul_block_rows(c, (int64_t)hidden * n_active);
+    br = cpu_qmatmul_block_rows(c, (int64_t)hidden * n_active, rows_k / n_active);
     moe_pass p2 = {c, lw, n_active, (hidden + br - 1) / br, br, hidden, &gh, c->moe_gsum, c->moe_yk, NULL};
     parallel_for(c->pool, n_active * p2.blocks_per_expert, down_task, &p2);
 

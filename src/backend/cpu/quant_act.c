@@ -7,6 +7,7 @@
  */
 #include <math.h>
 
+#include "cpu_internal.h"
 #include "quant_dot.h"
 
 /* Round to nearest (ties to even) for |v| < 2^22 without a library call, so the loop vectorizes: adding
@@ -19,7 +20,8 @@ static inline float round_nearest(float v)
 
 static inline float clamp127(float v) { return v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v; }
 
-void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
+/* Also built for AVX2 (CPU_VEC8_CLONES: the same IEEE operations per lane, so the same values). */
+CPU_VEC8_CLONES void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
 {
     const int64_t nb = cols / CPU_QBLOCK;
     a->cols = cols;

@@ -69,12 +69,24 @@ typedef void (*cpu_qdot_fn)(const uint8_t *w, const float *ws, int group, const 
 typedef void (*cpu_qdot_rows_fn)(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
                                  const cpu_qact *a, int t, float *out);
 
+/* The widest activation rows (cols) a cpu_qgemm_fn takes (it packs a row pass and a token tile on the
+ * stack: about 200 KiB at most). */
+#define CPU_QGEMM_MAX_COLS 4096
+
+/* nrows weight rows (row r's packed weights at w + r * row_bytes, its scales at ws + r * ws_stride)
+ * against nt activation rows t0 .. t0 + nt - 1 of a (prefill's shape: every weight block is unpacked
+ * once and meets several tokens at a time): out[j * ldo + r] is what the set's cpu_qdot_fn gives for row r
+ * and token t0 + j, bit for bit. a->cols <= CPU_QGEMM_MAX_COLS. */
+typedef void (*cpu_qgemm_fn)(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
+                             int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo);
+
 /* A set of kernels for one instruction set. rows_q4 / rows_q8 may be NULL (the caller then loops
- * dot_q4 / dot_q8 over the rows). */
+ * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE). */
 typedef struct {
     const char *name; /* "ref", "avx2", "neon", "neon-dotprod" */
     cpu_qdot_fn dot_q4, dot_q8;
     cpu_qdot_rows_fn rows_q4, rows_q8;
+    cpu_qgemm_fn gemm_q4;
 } cpu_qdot_kernels;
 
 /* The kernels for this CPU: the widest instruction set it has (the backend asks once, at create). */

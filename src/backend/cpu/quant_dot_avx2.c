@@ -1,11 +1,21 @@
 /* quant_dot_avx2.c — the quant_dot.h kernels with AVX2 + FMA (x86-64): the weight values widened to
  * int16 meet the activations' whole int16 values (v = 254 xq + xr) in vpmaddwd, one multiply per value
- * (the two int8 digits through vpmaddubsw took two, plus the digits' combination), summed into int32
- * lanes, and each block's lanes are scaled once in fp32. Compiled for AVX2 by function attribute,
- * run only where the CPU has it (quant_dot_dispatch.c).
+ * (the two int8 digits through vpmaddubsw took two, plus the digits' combination). Compiled for AVX2 by
+ * function attribute, run only where the CPU has it (quant_dot_dispatch.c).
+ *
+ * 8-bit rows: each block's 8 int32 lanes are scaled in fp32 lane by lane and the lanes summed at the end.
+ * 4-bit rows: each block's sum is formed exactly in int32 first (|Σ q_i v_i| <= 32 · 15 · 32258 < 2^24,
+ * so its conversion to fp32 is exact too), and then, per (row, token), in this order:
+ *     G_g = 0;  G_g = fma((float) isum_k, d_k, G_g) for the blocks k of group g in order
+ *     acc = 0;  acc = fma(G_g, s_g, acc) for the groups g in order
+ * — the same fp32 steps in the one-row (dot_q4), four-row (rows_q4) and tile (gemm_q4) kernels, whatever
+ * holds the lanes. That order lets prefill's tile kernel keep tokens in the vector lanes: a block of one
+ * weight row meets 8 tokens with one broadcast per pair of weights, and the int32 sums need no fp32 work
+ * until the block ends (one convert and one FMA per 32 values instead of per 4).
  */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <string.h>
 
 #include "quant_dot.h"
 
@@ -160,37 +170,293 @@ AVX2 void qdot_rows(const uint8_t *w, int64_t row_bytes, const float *ws, int64_
     hsum4(acc, out);
 }
 
-/* The entry points for BITS-bit weights: the token count and MLX's default group of 64 (the block loop
- * unrolled) picked at run time among the constant-argument instantiations. */
-#define QDOT_ENTRIES(BITS)                                                                                  \
-    __attribute__((target("avx2,fma"))) static void rows_q##BITS(const uint8_t *w, int64_t row_bytes,    \
-                                                                 const float *ws, int64_t ws_stride,     \
-                                                                 int group, const cpu_qact *a, int t,    \
-                                                                 float *out)                             \
-    {                                                                                                    \
-        if (group == 2 * CPU_QBLOCK)                                                                     \
-            qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, BITS, 2);                           \
-        else                                                                                             \
-            qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, BITS, 0);                           \
-    }                                                                                                    \
-    __attribute__((target("avx2,fma"))) static void dot_q##BITS(const uint8_t *w, const float *ws,       \
-                                                                int group, const cpu_qact *a, int t0,    \
-                                                                int nt, float *out)                      \
-    {                                                                                                    \
-        switch (nt * 4 + (group == 2 * CPU_QBLOCK ? 2 : 0)) {                                            \
-        case 4: qdot_tile(w, ws, group, a, t0, out, 1, BITS, 0); break;                                  \
-        case 6: qdot_tile(w, ws, group, a, t0, out, 1, BITS, 2); break;                                  \
-        case 8: qdot_tile(w, ws, group, a, t0, out, 2, BITS, 0); break;                                  \
-        case 10: qdot_tile(w, ws, group, a, t0, out, 2, BITS, 2); break;                                 \
-        case 12: qdot_tile(w, ws, group, a, t0, out, 3, BITS, 0); break;                                 \
-        case 14: qdot_tile(w, ws, group, a, t0, out, 3, BITS, 2); break;                                 \
-        case 18: qdot_tile(w, ws, group, a, t0, out, 4, BITS, 2); break;                                 \
-        default: qdot_tile(w, ws, group, a, t0, out, 4, BITS, 0); break;                                 \
-        }                                                                                                \
+/* The 8-bit entry points: the token count and MLX's default group of 64 (the block loop unrolled) picked
+ * at run time among the constant-argument instantiations. */
+__attribute__((target("avx2,fma"))) static void rows_q8(const uint8_t *w, int64_t row_bytes, const float *ws,
+                                                        int64_t ws_stride, int group, const cpu_qact *a, int t,
+                                                        float *out)
+{
+    if (group == 2 * CPU_QBLOCK)
+        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8, 2);
+    else
+        qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8, 0);
+}
+
+__attribute__((target("avx2,fma"))) static void dot_q8(const uint8_t *w, const float *ws, int group,
+                                                       const cpu_qact *a, int t0, int nt, float *out)
+{
+    switch (nt * 4 + (group == 2 * CPU_QBLOCK ? 2 : 0)) {
+    case 4: qdot_tile(w, ws, group, a, t0, out, 1, 8, 0); break;
+    case 6: qdot_tile(w, ws, group, a, t0, out, 1, 8, 2); break;
+    case 8: qdot_tile(w, ws, group, a, t0, out, 2, 8, 0); break;
+    case 10: qdot_tile(w, ws, group, a, t0, out, 2, 8, 2); break;
+    case 12: qdot_tile(w, ws, group, a, t0, out, 3, 8, 0); break;
+    case 14: qdot_tile(w, ws, group, a, t0, out, 3, 8, 2); break;
+    case 18: qdot_tile(w, ws, group, a, t0, out, 4, 8, 2); break;
+    default: qdot_tile(w, ws, group, a, t0, out, 4, 8, 0); break;
     }
+}
 
-QDOT_ENTRIES(4)
-QDOT_ENTRIES(8)
+/* ---- 4-bit rows: exact block sums (the order at the top of the file) ---- */
 
-const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", dot_q4, dot_q8, rows_q4, rows_q8};
+/* The sum of p's 8 int32 lanes. */
+AVX2 int32_t hsum_epi32(__m256i p)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* [Σ lanes of p0, of p1, of p2, of p3] (int32, exact). */
+AVX2 __m128i hsum4_epi32(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
+{
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* One 4-bit row against token t. */
+AVX2 float q4_dot_one(const uint8_t *w, const float *ws, int per_group, const cpu_qact *a, int t)
+{
+    const int64_t nb = a->cols / CPU_QBLOCK;
+    const int16_t *xv = a->v + (int64_t)t * a->cols;
+    const float *xd = a->d + (int64_t)t * nb;
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
+        __m128 G = _mm_setzero_ps();
+        for (int64_t k = k0; k < k0 + per_group; k++) {
+            __m256i e, o;
+            unpack_q4(w, k, &e, &o);
+            const int32_t isum = hsum_epi32(block_dot(e, o, xv + k * CPU_QBLOCK));
+            G = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_load_ss(xd + k), G);
+        }
+        acc = _mm_fmadd_ss(G, _mm_load_ss(ws + g), acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+__attribute__((target("avx2,fma"))) static void dot_q4(const uint8_t *w, const float *ws, int group,
+                                                       const cpu_qact *a, int t0, int nt, float *out)
+{
+    for (int j = 0; j < nt; j++)
+        out[j] = q4_dot_one(w, ws, group / CPU_QBLOCK, a, t0 + j);
+}
+
+/* CPU_QROWS 4-bit rows against token t: the four rows' block sums side by side in one 4-lane vector
+ * (one horizontal-add tree per block for the four rows), each row's weights asked for QROWS_PREFETCH
+ * bytes ahead. */
+AVX2 void q4_rows(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
+                  const cpu_qact *a, int t, float *out, const int PER_GROUP)
+{
+    const int64_t nb = a->cols / CPU_QBLOCK;
+    const int per_group = PER_GROUP ? PER_GROUP : group / CPU_QBLOCK;
+    const int16_t *xv = a->v + (int64_t)t * a->cols;
+    const float *xd = a->d + (int64_t)t * nb;
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
+        __m128 G = _mm_setzero_ps();
+#pragma GCC unroll 2
+        for (int64_t k = k0; k < k0 + per_group; k++) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xv + k * CPU_QBLOCK));
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xv + k * CPU_QBLOCK + CPU_QBLOCK / 2));
+            __m256i p[CPU_QROWS];
+#pragma GCC unroll 4
+            for (int r = 0; r < CPU_QROWS; r++) {
+                __m256i e, o;
+                if ((k & 3) == 0)
+                    _mm_prefetch((const char *)w + r * row_bytes + k * (CPU_QBLOCK / 2) + QROWS_PREFETCH, _MM_HINT_T0);
+                unpack_q4(w + r * row_bytes, k, &e, &o);
+                p[r] = _mm256_add_epi32(_mm256_madd_epi16(e, x0), _mm256_madd_epi16(o, x1));
+            }
+            G = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(p[0], p[1], p[2], p[3])), _mm_broadcast_ss(xd + k), G);
+        }
+        acc = _mm_fmadd_ps(G, _mm_setr_ps(ws[g], ws[ws_stride + g], ws[2 * ws_stride + g], ws[3 * ws_stride + g]), acc);
+    }
+    _mm_storeu_ps(out, acc);
+}
+
+__attribute__((target("avx2,fma"))) static void rows_q4(const uint8_t *w, int64_t row_bytes, const float *ws,
+                                                        int64_t ws_stride, int group, const cpu_qact *a, int t,
+                                                        float *out)
+{
+    if (group == 2 * CPU_QBLOCK)
+        q4_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 2);
+    else
+        q4_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 0);
+}
+
+/* Tokens per tile of gemm_q4 (the fp32 lanes) and rows per register tile. */
+#define QGEMM_TOKENS 8
+#define QGEMM_ROWS 4
+#define LILY_QMAX(a, b) ((a) > (b) ? (a) : (b))
+#define LILY_QMIN(a, b) ((a) < (b) ? (a) : (b))
+/* Bytes of unpacked weight rows per pass of gemm_q4, and of packed token tiles per tile group: each tile
+ * is packed once per call, each weight row once per tile group. */
+#define QGEMM_PASS_BYTES 65536
+#define QGEMM_TILE_BYTES 131072
+
+/* Weight rows [0, nrows) of w unpacked for gemm_q4, rows [nrows, rows_pad) zero: pk[r * nb * 16 + k * 16 + p]
+ * holds row r's elements 2p and 2p + 1 of block k as the low and high int16 of one int32 (the pair one
+ * vpmaddwd lane multiplies). */
+AVX2 void q4_pack_rows(const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t rows_pad, int64_t nb, int32_t *pk)
+{
+    for (int64_t r = 0; r < rows_pad; r++) {
+        int32_t *dst = pk + r * nb * 16;
+        if (r >= nrows) {
+            memset(dst, 0, (size_t)nb * 16 * sizeof(int32_t));
+            continue;
+        }
+        for (int64_t k = 0; k < nb; k++) {
+            __m256i e, o;
+            unpack_q4(w + r * row_bytes, k, &e, &o);
+            /* per 128-bit lane: pairs 0-3 | 8-11 (lo) and 4-7 | 12-15 (hi) */
+            const __m256i lo = _mm256_unpacklo_epi16(e, o), hi = _mm256_unpackhi_epi16(e, o);
+            _mm256_storeu_si256((__m256i *)(dst + k * 16), _mm256_permute2x128_si256(lo, hi, 0x20));
+            _mm256_storeu_si256((__m256i *)(dst + k * 16 + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+        }
+    }
+}
+
+/* m[i] lane j -> m[j] lane i (8 x 8 int32). */
+AVX2 void transpose8_epi32(__m256i *m)
+{
+    const __m256i t0 = _mm256_unpacklo_epi32(m[0], m[1]), t1 = _mm256_unpackhi_epi32(m[0], m[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(m[2], m[3]), t3 = _mm256_unpackhi_epi32(m[2], m[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(m[4], m[5]), t5 = _mm256_unpackhi_epi32(m[4], m[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(m[6], m[7]), t7 = _mm256_unpackhi_epi32(m[6], m[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    m[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    m[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    m[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    m[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    m[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    m[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    m[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    m[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+/* Tokens t0 .. t0 + nt - 1 (nt <= QGEMM_TOKENS) of a as one tile, the tokens in the lanes:
+ * xt[(k * 16 + p) * 8 + j] holds token j's elements 2p and 2p + 1 of block k as an int16 pair (the
+ * weights' pairing), dt[k * 8 + j] its block scale; lanes j >= nt are zero. */
+AVX2 void q4_pack_tile(const cpu_qact *a, int t0, int nt, int64_t nb, int32_t *xt, float *dt)
+{
+    const int64_t cols = a->cols;
+    for (int64_t k = 0; k < nb; k++) {
+        __m256i lo8[QGEMM_TOKENS], hi8[QGEMM_TOKENS]; /* token j's pairs 0-7, 8-15 */
+        for (int j = 0; j < QGEMM_TOKENS; j++) {
+            if (j >= nt) {
+                lo8[j] = hi8[j] = _mm256_setzero_si256();
+                dt[k * QGEMM_TOKENS + j] = 0.0f;
+                continue;
+            }
+            const int16_t *x = a->v + (int64_t)(t0 + j) * cols + k * CPU_QBLOCK;
+            const __m256i ev = _mm256_loadu_si256((const __m256i *)x); /* elements 0, 2, .., 30 */
+            const __m256i od = _mm256_loadu_si256((const __m256i *)(x + CPU_QBLOCK / 2)); /* 1, 3, .., 31 */
+            const __m256i lo = _mm256_unpacklo_epi16(ev, od), hi = _mm256_unpackhi_epi16(ev, od);
+            lo8[j] = _mm256_permute2x128_si256(lo, hi, 0x20);
+            hi8[j] = _mm256_permute2x128_si256(lo, hi, 0x31);
+            dt[k * QGEMM_TOKENS + j] = a->d[(int64_t)(t0 + j) * nb + k];
+        }
+        transpose8_epi32(lo8);
+        transpose8_epi32(hi8);
+        for (int p = 0; p < 8; p++) {
+            _mm256_storeu_si256((__m256i *)(xt + (k * 16 + p) * QGEMM_TOKENS), lo8[p]);
+            _mm256_storeu_si256((__m256i *)(xt + (k * 16 + 8 + p) * QGEMM_TOKENS), hi8[p]);
+        }
+    }
+}
+
+/* QGEMM_ROWS unpacked rows (pk, row r at pk + r * nb * 16; scales wsr[r]) against a packed tile: res[r]
+ * lane j = row r's result for token j. Per block: 16 pairs x 4 rows of (broadcast weight pair, vpmaddwd
+ * with the 8 tokens' pairs, int32 add), then one convert and one FMA per row. */
+AVX2 void q4_gemm_tile(const int32_t *pk, int64_t nb, const int32_t *xt, const float *dt, const float *const *wsr,
+                       int per_group, __m256 *res)
+{
+    __m256 acc[QGEMM_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < QGEMM_ROWS; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
+        __m256 G[QGEMM_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < QGEMM_ROWS; r++)
+            G[r] = _mm256_setzero_ps();
+        for (int64_t k = k0; k < k0 + per_group; k++) {
+            __m256i ia[QGEMM_ROWS];
+#pragma GCC unroll 4
+            for (int r = 0; r < QGEMM_ROWS; r++)
+                ia[r] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; p++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(xt + (k * 16 + p) * QGEMM_TOKENS));
+#pragma GCC unroll 4
+                for (int r = 0; r < QGEMM_ROWS; r++) {
+                    ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(_mm256_set1_epi32(pk[r * nb * 16 + k * 16 + p]), b));
+                    /* keeps each row's sum one chain in a register (GCC otherwise re-associates the 16 adds into
+                     * a tree and spills its partial sums) */
+                    __asm__("" : "+x"(ia[r]));
+                }
+            }
+            const __m256 d = _mm256_loadu_ps(dt + k * QGEMM_TOKENS);
+#pragma GCC unroll 4
+            for (int r = 0; r < QGEMM_ROWS; r++)
+                G[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), d, G[r]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < QGEMM_ROWS; r++)
+            acc[r] = _mm256_fmadd_ps(G[r], _mm256_broadcast_ss(wsr[r] + g), acc[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < QGEMM_ROWS; r++)
+        res[r] = acc[r];
+}
+
+__attribute__((target("avx2,fma"))) static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows,
+                                                        const float *ws, int64_t ws_stride, int group,
+                                                        const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
+{
+    const int64_t nb = a->cols / CPU_QBLOCK, row_ints = nb * 16, tile_ints = nb * 16 * QGEMM_TOKENS;
+    const int per_group = group / CPU_QBLOCK;
+    /* rows per pass (at least one register tile) and tiles per group (at least one) within the buffers */
+    const int64_t pass = LILY_QMAX(QGEMM_PASS_BYTES / 4 / row_ints / QGEMM_ROWS * QGEMM_ROWS, QGEMM_ROWS);
+    const int64_t group_tiles = LILY_QMAX(QGEMM_TILE_BYTES / 4 / tile_ints, 1);
+    int32_t pk[LILY_QMAX(QGEMM_PASS_BYTES / 4, QGEMM_ROWS * CPU_QGEMM_MAX_COLS / 2)];
+    int32_t xt[LILY_QMAX(QGEMM_TILE_BYTES / 4, CPU_QGEMM_MAX_COLS / 2 * QGEMM_TOKENS)];
+    float dt[LILY_QMAX(QGEMM_TILE_BYTES / 4, CPU_QGEMM_MAX_COLS / 2 * QGEMM_TOKENS) / 16];
+    for (int j0 = 0; j0 < nt; j0 += (int)group_tiles * QGEMM_TOKENS) {
+        const int nj_group = nt - j0 < group_tiles * QGEMM_TOKENS ? nt - j0 : (int)group_tiles * QGEMM_TOKENS;
+        const int n_tiles = (nj_group + QGEMM_TOKENS - 1) / QGEMM_TOKENS;
+        for (int i = 0; i < n_tiles; i++)
+            q4_pack_tile(a, t0 + j0 + i * QGEMM_TOKENS, LILY_QMIN(QGEMM_TOKENS, nj_group - i * QGEMM_TOKENS), nb,
+                         xt + i * tile_ints, dt + i * nb * QGEMM_TOKENS);
+        for (int64_t r0 = 0; r0 < nrows; r0 += pass) {
+            const int64_t nr = nrows - r0 < pass ? nrows - r0 : pass;
+            const int64_t nr_pad = (nr + QGEMM_ROWS - 1) / QGEMM_ROWS * QGEMM_ROWS;
+            q4_pack_rows(w + r0 * row_bytes, row_bytes, nr, nr_pad, nb, pk);
+            for (int i = 0; i < n_tiles; i++) {
+                const int jt = j0 + i * QGEMM_TOKENS, nj = LILY_QMIN(QGEMM_TOKENS, nt - jt);
+                for (int64_t p0 = 0; p0 < nr_pad; p0 += QGEMM_ROWS) {
+                    const float *wsr[QGEMM_ROWS];
+                    for (int r = 0; r < QGEMM_ROWS; r++) /* padding rows read a real row's scales */
+                        wsr[r] = ws + (r0 + p0 + r < nrows ? r0 + p0 + r : nrows - 1) * ws_stride;
+                    __m256 res[QGEMM_ROWS];
+                    q4_gemm_tile(pk + p0 * row_ints, nb, xt + i * tile_ints, dt + i * nb * QGEMM_TOKENS, wsr, per_group,
+                                 res);
+                    float tile[QGEMM_ROWS][QGEMM_TOKENS];
+                    for (int r = 0; r < QGEMM_ROWS; r++)
+                        _mm256_storeu_ps(tile[r], res[r]);
+                    const int64_t vr = nr - p0 < QGEMM_ROWS ? nr - p0 : QGEMM_ROWS;
+                    for (int j = 0; j < nj; j++)
+                        for (int64_t r = 0; r < vr; r++)
+                            out[(int64_t)(jt + j) * ldo + r0 + p0 + r] = tile[r][j];
+                }
+            }
+        }
+    }
+}
+
+const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", dot_q4, dot_q8, rows_q4, rows_q8, gemm_q4};
 #endif
