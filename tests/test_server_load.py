@@ -157,7 +157,9 @@ def label(status):
         return "2xx"
     if status in (404, 405):
         return "404_405"
-    if status in (400, 401, 403, 413, 415, 499, 503):
+    if status in (503, 529):
+        return "503_529"
+    if status in (400, 401, 403, 413, 415, 499):
         return str(status)
     return "4xx" if status < 499 else "5xx"
 
