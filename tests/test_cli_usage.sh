@@ -17,7 +17,7 @@ lily_test_init "$@"
 lily_python "$LILY"
 check() { # name, expected exit status, file to grep (out|err), fixed string, lily args...
     local name=$1 want_rc=$2 where=$3 msg=$4; shift 4
-    "$LILY" "$@" >"$TMP/out" 2>"$TMP/err" <"$TMP/stdin"; local rc=$?
+    $CHECK_PREFIX "$LILY" "$@" >"$TMP/out" 2>"$TMP/err" <"$TMP/stdin"; local rc=$?
     if [ "$rc" = "$want_rc" ] && grep -qF -- "$msg" "$TMP/$where"; then
         echo "ok   $name"; passes=$((passes + 1))
     else
@@ -25,6 +25,7 @@ check() { # name, expected exit status, file to grep (out|err), fixed string, li
         fails=$((fails + 1))
     fi
 }
+CHECK_PREFIX= # e.g. "timeout 30" for a command that would not stop by itself
 : >"$TMP/stdin"
 check "debug --help lists the subcommands on stdout" 0 out "  tokenize  the token ids of the text on stdin" debug --help
 check "lily help run is run's --help (it printed the command list)" 0 out "usage: lily run [-m DIR]" help run
@@ -236,4 +237,20 @@ expect "bench --sampling on the cpu says it applies to cuda only and measures on
     grep -qF 'lily bench: --sampling applies to --backend cuda only' '$TMP/bench.err' && [ '$tests' = 'tg2 @ d16 ' ]"
 check "bench --device on the cpu says it is ignored" 0 err "lily bench: --device applies to --backend cuda only" \
     bench -m "$M" -p 8 -n 0 -r 1 --no-warmup --device 1 -o csv
+# options that contradict each other are a usage error naming both, in either order (the last one won silently)
+# (timeout: without the check, serve would start serving)
+CHECK_PREFIX="timeout 30"
+for cmd in "run -p hi -n 1" "chat -n 1" "serve --port 0" "bench -p 8 -n 0 -r 1 --no-warmup -o csv"; do
+    # shellcheck disable=SC2086
+    check "$cmd: --cpu-moe then --n-cpu-moe conflict" 2 err "--cpu-moe and --n-cpu-moe conflict" \
+        ${cmd%% *} -m "$M" ${cmd#"${cmd%% *}"} --cpu-moe --n-cpu-moe 2
+    # shellcheck disable=SC2086
+    check "$cmd: --n-cpu-moe=2 then --cpu-moe conflict" 2 err "--n-cpu-moe and --cpu-moe conflict" \
+        ${cmd%% *} -m "$M" ${cmd#"${cmd%% *}"} --n-cpu-moe=2 --cpu-moe
+done
+check "serve --no-think with --reasoning on conflict" 2 err "lily serve: --no-think and --reasoning on conflict" \
+    serve -m "$M" --port 0 --no-think --reasoning on
+check "serve --reasoning on then --no-think conflict" 2 err "lily serve: --no-think and --reasoning on conflict" \
+    serve -m "$M" --port 0 --reasoning=on --no-think
+CHECK_PREFIX=
 finish

@@ -85,6 +85,15 @@ M="$DATA/tiny-a/mlx4"
 expect_error "missing model" "$LILY" eval --model "$TMP/nope" --tokens 1,2
 expect_error "token out of vocab" "$LILY" eval --model "$M" --tokens 1,512
 expect_error "bad token text" "$LILY" eval --model "$M" --tokens 1,x
+for list in 1,,2 ,1,2 1,2, "1, ,2"; do # an empty list item is an error naming it, not a shorter list
+    if out=$("$LILY" eval --model "$M" --tokens "$list" 2>&1); then
+        echo "FAIL empty item in --tokens $list: exit 0"; fails=$((fails + 1))
+    elif ! grep -q 'empty item in the token id list' <<<"$out"; then
+        echo "FAIL empty item in --tokens $list: $out"; fails=$((fails + 1))
+    else
+        echo "ok   empty item in --tokens $list"; passes=$((passes + 1))
+    fi
+done
 expect_error "no tokens" "$LILY" eval --model "$M"
 expect_error "decode-from past end" "$LILY" eval --model "$M" --tokens 1,2 --decode-from 3
 # a --logits-out that cannot be written or a --reference of the wrong size fails before the forward passes

@@ -207,9 +207,22 @@ static void test_generate_context_full_is_length(void **state)
     lily_generate_result r;
     lily_error err = {0};
     assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
-    assert_string_equal(f.out.text, "Hello world");
+    /* prompt + reply fill the context and never exceed it (vLLM: prompt + completion <= max_model_len):
+     * the second token takes the last position, streamed and not appended */
+    assert_string_equal(f.out.text, "Hello wor");
     assert_int_equal(r.finish, LILY_FINISH_LENGTH);
-    assert_int_equal(r.last_token, 3);
+    assert_int_equal(r.n_generated, 2);
+    assert_int_equal(r.n_prompt + r.n_generated, 3);
+    assert_int_equal(r.last_token, 2);
+    assert_int_equal(f.session.n_tokens, 2);
+
+    /* a prompt that fills the context: no reply at all, finish length */
+    setup(&f, 3);
+    static const int32_t full[3] = {PROMPT, PROMPT, PROMPT};
+    assert_int_equal(lily_generate(&f.session, full, 3, &f.params, &r, &err), LILY_OK);
+    assert_string_equal(f.out.text, "");
+    assert_int_equal(r.finish, LILY_FINISH_LENGTH);
+    assert_int_equal(r.n_generated, 0);
     assert_int_equal(f.session.n_tokens, 3);
 
     /* a prompt that does not fit: the error, and nothing streamed */

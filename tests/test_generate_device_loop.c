@@ -458,8 +458,10 @@ static void test_context_full(void **state)
     outcome h, d;
     run_case(f, &c, &h, &d);
     assert_int_equal(d.r.finish, LILY_FINISH_LENGTH);
-    assert_int_equal(d.r.n_generated, 22); /* the last one streamed, not appended */
-    assert_int_equal(d.s->n_tokens, d.s->max_ctx);
+    /* prompt + reply == the context (never one more); the last token streamed, not appended */
+    assert_int_equal(d.r.n_generated, 21);
+    assert_int_equal(d.r.n_prompt + d.r.n_generated, d.s->max_ctx);
+    assert_int_equal(d.s->n_tokens, d.s->max_ctx - 1);
     assert_int_equal(d.r.n_replayed, 0);
     free_outcomes(&h, &d);
 }

@@ -165,6 +165,21 @@ os.symlink("generation_config.json", os.path.join(d, "generation_config.json"))
 rc, out, err = run(d)
 check(rc == 1 and "generation_config.json: cannot open" in err,
       "a generation_config.json that exists but cannot be opened is an error, not a missing file", err)
+for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+             "chat_template.jinja", "model.safetensors"):
+    # a FIFO blocks whoever opens it until a writer comes: the loader must refuse it without opening it
+    d = copy_model("fifo-" + name)
+    os.remove(os.path.join(d, name))
+    os.mkfifo(os.path.join(d, name))
+    try:
+        p = subprocess.run([LILY, "run", "-m", d, "-p", "The", "-n", "1", "-t", "1"],
+                           capture_output=True, text=True, timeout=30)
+        rc, err = p.returncode, p.stderr
+    except subprocess.TimeoutExpired:
+        rc, err = None, "hung (killed after 30 s)"
+    check(rc == 1 and f"{name}: not a regular file (a FIFO)" in err,
+          f"a FIFO named {name} is refused with a clear error, not a hang", err)
+    shutil.rmtree(d, ignore_errors=True)
 d = copy_model("gen-presence")
 edit_json(os.path.join(d, "generation_config.json"), lambda t: t.replace("{", '{"presence_penalty": 100,', 1))
 ids = lambda e: re.search(r"generated ids: ([\d ]+)", e).group(1).split()

@@ -257,7 +257,7 @@ static void test_checkpoint_shard_not_a_file(void **state)
     lily_checkpoint ck;
     lily_error err = {0};
     assert_int_equal(lily_checkpoint_open(dir, &ck, &err), LILY_ERR_IO);
-    if (!strstr(err.message, "model.safetensors is not a regular file"))
+    if (!strstr(err.message, "model.safetensors: not a regular file (a directory)"))
         fail_msg("message '%s'", err.message);
     rmdir(path);
     rmdir(dir);

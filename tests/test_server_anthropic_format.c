@@ -89,6 +89,15 @@ static void test_validation(void **state)
     (void)state;
     assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", false, "max_tokens");
     assert_rejected("{\"max_tokens\":1,\"messages\":[]}", false, "messages");
+    /* tool_choice any / tool forces a call, which cannot write a parameter name with '<' (<parameter=NAME>) */
+    assert_rejected("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                    "\"tool_choice\":{\"type\":\"any\"},\"tools\":[{\"name\":\"t\",\"input_schema\":"
+                    "{\"type\":\"object\",\"properties\":{\"x<y\":{\"type\":\"string\"}}}}]}",
+                    false, "Invalid parameter name 'x<y' in tool 't'");
+    assert_rejected("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                    "\"tool_choice\":{\"type\":\"tool\",\"name\":\"t\"},\"tools\":[{\"name\":\"t\",\"input_schema\":"
+                    "{\"type\":\"object\",\"properties\":{\"x>y\":{\"type\":\"string\"}}}}]}",
+                    false, "Invalid parameter name 'x>y' in tool 't'");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", false, "role");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", false,
                     "image");

@@ -433,6 +433,8 @@ static void *queued_client(void *arg)
     return NULL;
 }
 
+static long long metric(const char *series);
+
 static void test_http_queue_full_is_503(void **state)
 {
     (void)state;
@@ -447,10 +449,21 @@ static void test_http_queue_full_is_503(void **state)
         usleep(1000);
         lily_scheduler_state(&sched, &waiting, &running);
     } while (waiting < 1);
-    /* one running, one waiting, a queue of 1: the third is turned away */
+    /* one running, one waiting, a queue of 1: the third is turned away, told when to retry */
+    long long n_busy = metric("lily_requests_total{status=\"503_529\"} ");
+    long long n_5xx = metric("lily_requests_total{status=\"5xx\"} ");
     assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
                                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "\"code\":\"queue_full\""),
                      503);
+    assert_int_equal(status_of("POST", "/v1/chat/completions", NULL,
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "\r\nRetry-After: 1\r\n"),
+                     503);
+    /* the Messages API answers as Anthropic's does when overloaded: 529 overloaded_error (its SDK retries it) */
+    const char *msg = "{\"model\":\"fake\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    assert_int_equal(status_of("POST", "/v1/messages", NULL, msg, "\"type\":\"overloaded_error\""), 529);
+    assert_int_equal(status_of("POST", "/v1/messages", NULL, msg, "\r\nRetry-After: 1\r\n"), 529);
+    assert_int_equal(metric("lily_requests_total{status=\"503_529\"} "), n_busy + 4);
+    assert_int_equal(metric("lily_requests_total{status=\"5xx\"} "), n_5xx);
     atomic_store(&release_blocked, 1);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);

@@ -157,7 +157,9 @@ def label(status):
         return "2xx"
     if status in (404, 405):
         return "404_405"
-    if status in (400, 401, 403, 413, 415, 499, 503):
+    if status in (503, 529):
+        return "503_529"
+    if status in (400, 401, 403, 413, 415, 499):
         return str(status)
     return "4xx" if status < 499 else "5xx"
 
@@ -346,7 +348,7 @@ else:
 
 # /metrics equals what was sent (a request its client left is counted as 2xx, 499 or 503 queue_full)
 metrics = {}
-LEFT = ("2xx", "499", "503")
+LEFT = ("2xx", "499", "503_529")
 for _ in range(50):
     metrics = {k: v - before.get(k, 0) for k, v in requests_total().items()}
     exact = all(metrics.get(k, 0) == sent.get(k, 0) for k in set(metrics) | set(sent) if k not in LEFT)

@@ -207,6 +207,13 @@ m = re.findall(r"POST /v1/chat/completions 400 prompt=(\d+)", open(log.name).rea
 check(any(int(n) > CTX for n in m), f"the log of a 400 context_length_exceeded shows the prompt's tokens (prompt={m})")
 expect_error(400, "POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 4)},
              code="context_length_exceeded", what="completions prompt longer than the context")
+# a reply that runs into the end of the context stops there: prompt + completion == the context, never one more
+s, r = request("POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 8 - 1) + [1, 2, 3], "max_tokens": 50,
+                                           "logit_bias": BAN_END, "seed": 1})
+u = r.get("usage", {}) if s == 200 else {}
+check(s == 200 and r["choices"][0]["finish_reason"] == "length" and u["prompt_tokens"] == CTX - 5 and
+      u["completion_tokens"] == 5 and u["total_tokens"] == CTX,
+      f"a reply cut by the full context: prompt + completion == {CTX} (got {s} {u})")
 expect_error(401, "POST", chat, {"messages": USER}, key=None, code="invalid_api_key", what="no bearer token")
 expect_error(401, "POST", chat, {"messages": USER}, key=KEY + "x", code="invalid_api_key", what="wrong bearer token")
 expect_error(404, "GET", "/v2/nothing", what="unknown route")

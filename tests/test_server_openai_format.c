@@ -165,6 +165,30 @@ static void test_openai_tool_choice(void **state)
     assert_rejected(body, true, "tool_choice");
     assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\"}]}",
                     true, "tools[0]");
+
+    /* a forced call cannot write a parameter name with '<', '>' or a newline (<parameter=NAME>): a 400
+     * naming it, where it was a call that never completed; not forced (auto), the request stands */
+    static const char *const names[] = {"a<b", "a>b", "a\\nb"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        static const char *const choices[] = {"\"required\"",
+                                              "{\"type\":\"function\",\"function\":{\"name\":\"odd\"}}"};
+        for (size_t c = 0; c < 2; c++) {
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":["
+                     "{\"type\":\"function\",\"function\":{\"name\":\"plain\",\"parameters\":{\"type\":\"object\"}}},"
+                     "{\"type\":\"function\",\"function\":{\"name\":\"odd\",\"parameters\":{\"type\":\"object\","
+                     "\"properties\":{\"ok\":{\"type\":\"string\"},\"%s\":{\"type\":\"string\"}}}}}],"
+                     "\"tool_choice\":%s}", names[k], choices[c]);
+            assert_rejected(body, true, "tools[1].function.parameters.properties");
+            assert_false(parse(body, true, &req, &e));
+            assert_non_null(strstr(e.message, "Invalid parameter name 'a"));
+            assert_non_null(strstr(e.message, "in tool 'odd'"));
+        }
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":["
+                 "{\"type\":\"function\",\"function\":{\"name\":\"odd\",\"parameters\":{\"type\":\"object\","
+                 "\"properties\":{\"%s\":{\"type\":\"string\"}}}}}],\"tool_choice\":\"auto\"}", names[k]);
+        assert_true(parse(body, true, &req, &e));
+        lily_oai_request_free(&req);
+    }
 }
 
 static void test_openai_rejects_bad_requests(void **state)

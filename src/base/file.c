@@ -5,6 +5,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+lily_status lily_check_regular_file(const char *path, lily_error *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || S_ISREG(sb.st_mode))
+        return LILY_OK;
+    lily_error_set(err, LILY_ERR_IO, "%s: not a regular file (%s)", path,
+                   S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory" : "a device or socket");
+    errno = EINVAL;
+    return LILY_ERR_IO;
+}
 
 lily_status lily_read_file(const char *path, size_t max_bytes, char **out, size_t *len, lily_error *err)
 {

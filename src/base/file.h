@@ -19,4 +19,11 @@
  *   LILY_ERR_OUT_OF_MEMORY "PATH: out of memory". */
 lily_status lily_read_file(const char *path, size_t max_bytes, char **out, size_t *len, lily_error *err);
 
+/* Refuse a path that exists but is not a regular file (a FIFO, a directory, a device), before anything
+ * opens it: opening a FIFO blocks until a writer comes, so a model file that is one would hang the loader.
+ * Returns LILY_OK for a regular file and for a path stat() cannot see (the caller's open reports that, with
+ * its errno); else LILY_ERR_IO "PATH: not a regular file (a FIFO|a directory|a device or socket)", errno
+ * EINVAL. */
+lily_status lily_check_regular_file(const char *path, lily_error *err);
+
 #endif

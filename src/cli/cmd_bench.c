@@ -726,6 +726,7 @@ static int parse_args(int argc, char **argv, bench_options *o)
     o->n_samplings = 1; /* greedy */
     o->warmup = 1;
     o->default_prompt_lengths = o->default_depths = 1; /* filled by default_sweep once the model is known */
+    const char *cpu_moe_option = NULL; /* --cpu-moe or --n-cpu-moe, whichever came */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int bad = 0;
@@ -740,6 +741,8 @@ static int parse_args(int argc, char **argv, bench_options *o)
             o->warmup = 0;
             continue;
         } else if (!strcmp(a, "--cpu-moe")) {
+            if (cli_note_cpu_moe_option("bench", a, &cpu_moe_option))
+                return 2;
             o->n_cpu_moe = CLI_CPU_MOE_ALL;
             continue;
         }
@@ -807,7 +810,8 @@ static int parse_args(int argc, char **argv, bench_options *o)
             if (cli_parse_gib("bench", a, val, &o->gpu_memory_bytes))
                 return 2;
         } else if (!strcmp(a, "--n-cpu-moe")) {
-            if (cli_parse_n_cpu_moe("bench", a, val, &o->n_cpu_moe))
+            if (cli_note_cpu_moe_option("bench", a, &cpu_moe_option) ||
+                cli_parse_n_cpu_moe("bench", a, val, &o->n_cpu_moe))
                 return 2;
         } else if (!strcmp(a, "--device")) {
             bad = parse_int(val, 0, 64, &o->device);

@@ -180,7 +180,7 @@ int cmd_serve(int argc, char **argv)
     size_t gpu_memory = 0;
     long cache_ram_mib = 0 /* from the model */, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
-    bool exact = false;
+    bool exact = false, reasoning_on = false;
     cli_gen_options go;
     cli_gen_options_init(&go);
     lily_request_defaults rd = lily_request_defaults_none();
@@ -250,7 +250,7 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(n, "--reasoning")) {
             ok = !strcmp(v, "on") || !strcmp(v, "off");
             if (ok)
-                rd.enable_thinking = !strcmp(v, "on");
+                rd.enable_thinking = reasoning_on = !strcmp(v, "on");
             else
                 fprintf(stderr, "lily serve: --reasoning expects on or off, got \"%s\"\n", v);
         } else if (!strcmp(n, "--reasoning-budget")) {
@@ -262,6 +262,10 @@ int cmd_serve(int argc, char **argv)
             ok = cli_parse_int("serve", n, v, 0, 1L << 24, &checkpoint_every) == 0;
         if (!ok)
             return 2;
+    }
+    if (go.no_think && reasoning_on) {
+        fprintf(stderr, "lily serve: --no-think and --reasoning on conflict; give one\n");
+        return 2;
     }
     if (alias && !*alias) {
         fprintf(stderr, "lily serve: --alias is empty (leave it out for the directory's name)\n");

@@ -159,6 +159,16 @@ static int parse_float(const char *cmd, const char *opt, const char *s, double m
     return 0;
 }
 
+int cli_note_cpu_moe_option(const char *cmd, const char *option, const char **set_by)
+{
+    if (*set_by && strcmp(*set_by, option)) {
+        fprintf(stderr, "lily %s: %s and %s conflict (--cpu-moe is every layer); give one\n", cmd, *set_by, option);
+        return -1;
+    }
+    *set_by = option;
+    return 0;
+}
+
 int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_options *o)
 {
     static const char *const flags[] = {"--no-think", "--hide-reasoning", "--host-sampler", "--verbose",
@@ -187,6 +197,8 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         return 1;
     }
     if (!strcmp(a, flags[4])) {
+        if (cli_note_cpu_moe_option(cmd, flags[4], &o->cpu_moe_option))
+            return -1;
         o->n_cpu_moe = CLI_CPU_MOE_ALL;
         return 1;
     }
@@ -229,7 +241,8 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         if (cli_parse_gib(cmd, a, value, &o->gpu_memory_bytes))
             return -1;
     } else if (!strcmp(name, "--n-cpu-moe")) {
-        if (cli_parse_n_cpu_moe(cmd, a, value, &o->n_cpu_moe))
+        if (cli_note_cpu_moe_option(cmd, name, &o->cpu_moe_option) ||
+            cli_parse_n_cpu_moe(cmd, a, value, &o->n_cpu_moe))
             return -1;
     } else if (!strcmp(name, "--prefill-chunk")) {
         if (cli_parse_int(cmd, a, value, 1, INT32_MAX, &v))

@@ -21,7 +21,19 @@ int cli_parse_token_ids(const char *cmd, const char *text, int32_t **out, int *n
     if (!ids)
         return fprintf(stderr, "lily %s: out of memory reading token ids\n", cmd), -1;
     for (const char *p = text;;) {
+        /* a comma ends an item: two in one run of separators, or one before the first id or after the
+         * last, leave an empty item ("1,,2"), which is a mistake rather than a list of two */
+        const char *sep = p;
         p += strspn(p, ID_SEPARATORS);
+        int commas = 0;
+        for (const char *q = sep; q < p; q++)
+            commas += *q == ',';
+        if (commas > (n > 0 && *p ? 1 : 0)) {
+            fprintf(stderr, "lily %s: empty item in the token id list near \"%.*s\"\n", cmd,
+                    (int)(p - sep < 20 ? p - sep : 20), sep);
+            free(ids);
+            return -1;
+        }
         if (!*p)
             break;
         char *end;

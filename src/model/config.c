@@ -510,7 +510,9 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     char *text;
     size_t len;
-    lily_status st = lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, err);
+    lily_status st = lily_check_regular_file(path, err);
+    if (st == LILY_OK)
+        st = lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, err);
     if (st != LILY_OK)
         return st;
     st = lily_config_parse(text, len, cfg, err);
@@ -521,6 +523,8 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
     }
 
     snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    if ((st = lily_check_regular_file(path, err)) != LILY_OK)
+        return st;
     FILE *probe = fopen(path, "rb");
     if (!probe) {
         if (errno == ENOENT)

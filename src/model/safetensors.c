@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "base/json_load.h"
 
 void lily_st_tensors_free(lily_st_tensor *tensors, int n_tensors)
@@ -295,6 +296,9 @@ static lily_status list_shards(const char *model_dir, char ***names, int *n_name
     *index_out = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", model_dir);
     if (access(path, F_OK) == 0) {
+        lily_status st = lily_check_regular_file(path, err);
+        if (st != LILY_OK)
+            return st;
         json_error_t jerr;
         json_t *index = lily_json_load_file(path, 0, 0, &jerr);
         if (!index)
@@ -368,6 +372,9 @@ static lily_status list_shards(const char *model_dir, char ***names, int *n_name
 /* mmap one shard read-only. */
 static lily_status map_file(const char *path, void **base, size_t *size, lily_error *err)
 {
+    lily_status st = lily_check_regular_file(path, err);
+    if (st != LILY_OK)
+        return st;
     int fd = open(path, O_RDONLY);
     if (fd < 0)
         return lily_error_set(err, LILY_ERR_IO, "cannot open %s: %s", path, strerror(errno));

@@ -202,7 +202,9 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
         r->last_token = token;
         return LILY_OK;
     }
-    if ((p->max_tokens > 0 && r->n_generated >= p->max_tokens) || g->s->n_tokens >= g->s->max_ctx) {
+    /* the token fills the context's last position: the prompt and the reply together never exceed it
+     * (vLLM's prompt + completion <= max_model_len); appending it would leave nothing to sample from */
+    if ((p->max_tokens > 0 && r->n_generated >= p->max_tokens) || g->s->n_tokens + 1 >= g->s->max_ctx) {
         r->finish = LILY_FINISH_LENGTH;
         r->last_token = token;
         return LILY_OK;
@@ -457,8 +459,8 @@ static lily_status device_decode(gen_state *g, int32_t first, lily_device_sampli
          * through, so both are >= 1): a batch never runs past them */
         if (p->max_tokens > 0 && n > p->max_tokens - r->n_generated)
             n = p->max_tokens - r->n_generated;
-        if (n > s->max_ctx - s->n_tokens)
-            n = s->max_ctx - s->n_tokens;
+        if (n > s->max_ctx - 1 - s->n_tokens)
+            n = s->max_ctx - 1 - s->n_tokens;
         /* inside a think block under a budget: at most the reasoning tokens left (>= 1: not forcing_due) */
         if (g->thinking && n > p->reasoning_budget - r->n_reasoning)
             n = p->reasoning_budget - r->n_reasoning;
@@ -595,6 +597,10 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
     for (;;) {
         if (cancelled(p)) {
             r->finish = LILY_FINISH_CANCELLED;
+            break;
+        }
+        if (s->n_tokens >= s->max_ctx) { /* a prompt (or forced tokens) that filled it: no room for a reply */
+            r->finish = LILY_FINISH_LENGTH;
             break;
         }
         if ((st = check_logits(s, err)) != LILY_OK)

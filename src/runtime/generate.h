@@ -62,7 +62,8 @@ typedef int (*lily_token_callback)(void *user, int32_t token, const char *text, 
 
 typedef enum {
     LILY_FINISH_STOP = 0,  /* a stop token id or a stop string */
-    LILY_FINISH_LENGTH,    /* max_tokens generated, or the session's context is full */
+    LILY_FINISH_LENGTH,    /* max_tokens generated, or the context is full: prompt + generated == max_ctx (the
+                              last token is streamed, not appended), as vLLM keeps them <= max_model_len */
     LILY_FINISH_CANCELLED, /* the cancel flag was set or the callback returned nonzero */
 } lily_finish_reason;
 

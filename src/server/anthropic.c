@@ -341,6 +341,11 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
     return ok;
 }
 
+int lily_anth_http_status(int http_status)
+{
+    return http_status == 503 ? 529 : http_status;
+}
+
 char *lily_anth_error_json(const lily_oai_error *e)
 {
     const char *type = e->type;

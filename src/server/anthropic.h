@@ -27,8 +27,12 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
 
 /* {"type":"error","error":{"type":..,"message":..}} (malloc'd; NULL on OOM). The OpenAI error types map
  * to Anthropic's: authentication_error, not_found_error, request_too_large, api_error (5xx),
- * overloaded_error (503). */
+ * overloaded_error (503, sent as 529: lily_anth_http_status). */
 char *lily_anth_error_json(const lily_oai_error *e);
+
+/* The HTTP status an error with this (OpenAI-side) status gets on the Messages API: 503 ("come back
+ * later": queue full, model loading, shutting down) is Anthropic's 529 overloaded_error; others as they are. */
+int lily_anth_http_status(int http_status);
 
 typedef struct {
     int input_tokens;         /* prompt tokens not read from the prefix cache */

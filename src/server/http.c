@@ -30,8 +30,8 @@
 #include "server/webui.h"
 
 /* GET /metrics status labels: one per status_class */
-static const char *const status_labels[] = {"2xx", "400", "401", "403", "404_405", "413", "415", "4xx", "499", "503",
-                                            "5xx"};
+static const char *const status_labels[] = {"2xx", "400", "401", "403", "404_405", "413", "415", "4xx", "499",
+                                            "503_529", "5xx"};
 #define N_STATUS_CLASSES ((int)(sizeof status_labels / sizeof status_labels[0]))
 
 /* One open connection (MHD's socket context). busy: it has a request in progress (headers received and
@@ -113,6 +113,8 @@ static enum MHD_Result send_body(struct MHD_Connection *c, request *r, int statu
         MHD_add_response_header(resp, "Allow", allow);
     if (status == 401)
         MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (status == 503 || status == 529) /* busy, loading or stopping: the SDKs wait this long, then retry */
+        MHD_add_response_header(resp, "Retry-After", "1");
     r->status = status;
     r->responded = true;
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
@@ -137,10 +139,12 @@ static bool anthropic_path(const char *path)
 
 static enum MHD_Result send_error(struct MHD_Connection *c, request *r, const lily_oai_error *e, const char *allow)
 {
-    char *s = anthropic_path(r->path) ? lily_anth_error_json(e) : lily_oai_error_json(e);
+    bool anthropic = anthropic_path(r->path);
+    char *s = anthropic ? lily_anth_error_json(e) : lily_oai_error_json(e);
     if (!s)
         return MHD_NO;
-    return send_body(c, r, e->http_status, "application/json", s, strlen(s), allow);
+    return send_body(c, r, anthropic ? lily_anth_http_status(e->http_status) : e->http_status, "application/json", s,
+                     strlen(s), allow);
 }
 
 static enum MHD_Result send_simple_error(struct MHD_Connection *c, request *r, int status, const char *type,
@@ -418,8 +422,8 @@ static enum MHD_Result handle_webui(struct MHD_Connection *c, request *r)
     return send_body(c, r, 200, "text/html; charset=utf-8", body, len, NULL);
 }
 
-/* The index in status_labels. A 503 (queue full, model loading, shutting down) is not counted as a server
- * error: it says "come back later". */
+/* The index in status_labels. A 503 (queue full, model loading, shutting down; 529 on the Messages API) is
+ * not counted as a server error: it says "come back later". */
 static int status_class(int status)
 {
     static const int codes[] = {0, 400, 401, 403, 404, 413, 415};
@@ -430,7 +434,7 @@ static int status_class(int status)
     for (int i = 1; i < (int)(sizeof codes / sizeof codes[0]); i++)
         if (status == codes[i])
             return i;
-    return status < 499 ? 7 : status == 499 ? 8 : status == 503 ? 9 : 10;
+    return status < 499 ? 7 : status == 499 ? 8 : status == 503 || status == 529 ? 9 : 10;
 }
 
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)

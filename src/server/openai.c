@@ -358,6 +358,27 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
     return true;
 }
 
+/* A tool call the request forces (tool_choice required or named) is written as "<parameter=NAME>\n..."
+ * (the chat template's format): a parameter name holding '<', '>' or a newline cannot be written there and
+ * read back, so the call could never complete. Such a name is a 400 naming it (tools[i] is fn's tool). */
+static bool check_forced_parameter_names(json_t *fn, size_t i, lily_oai_error *e)
+{
+    json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
+    const char *key;
+    json_t *v;
+    json_object_foreach(props, key, v) {
+        if (!strpbrk(key, "<>\n"))
+            continue;
+        char param[64], q[200];
+        snprintf(param, sizeof param, "tools[%zu].function.parameters.properties", i);
+        return bad(e, param, "Invalid parameter name '%s' in tool '%s': a forced tool call (tool_choice) cannot "
+                             "write a parameter name with '<', '>' or a newline (the chat template writes "
+                             "<parameter=NAME>); rename the parameter.", quoted(q, sizeof q, key, 64),
+                   json_string_value(json_object_get(fn, "name")));
+    }
+    return true;
+}
+
 static bool check_tools(lily_oai_request *req, lily_oai_error *e)
 {
     char q[72];
@@ -438,6 +459,18 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
         if (!found)
             return bad(e, "tool_choice", "Invalid value for 'tool_choice': no function named '%s' was specified "
                                          "in the 'tools' parameter.", req->tool_name);
+    }
+    if (req->tool_choice == LILY_TOOL_CHOICE_REQUIRED || req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
+        size_t i;
+        json_t *t;
+        json_array_foreach(req->tools, i, t) {
+            json_t *fn = json_object_get(t, "function");
+            const char *n = json_string_value(json_object_get(fn, "name"));
+            if (req->tool_choice == LILY_TOOL_CHOICE_NAMED && (!n || strcmp(n, req->tool_name)))
+                continue;
+            if (!check_forced_parameter_names(fn, i, e))
+                return false;
+        }
     }
     if (req->tool_choice == LILY_TOOL_CHOICE_NONE)
         req->tools = NULL;

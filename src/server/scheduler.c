@@ -131,7 +131,7 @@ void lily_job_fail(lily_job *job, const lily_oai_error *e)
     /* a client gone for good reads nothing; an aborted job's client still waits for the error */
     bool writable = !atomic_load(&job->cancelled) || job->aborted;
     if (!job->http_status || !job->streaming) { /* nothing sent yet: the error is the whole answer */
-        job->http_status = e->http_status;
+        job->http_status = job->req.anthropic ? lily_anth_http_status(e->http_status) : e->http_status;
         job->streaming = false;
         job->out_len = job->out_off = 0;
         if (body && writable)

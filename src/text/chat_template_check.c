@@ -41,7 +41,9 @@ lily_status lily_chat_template_check(const char *model_dir, lily_chat_template_m
     snprintf(path, path_size, "%s/chat_template.jinja", model_dir);
     char *text;
     lily_error read_err = {0};
-    lily_status read = lily_read_file(path, 0, &text, &len, &read_err);
+    lily_status read = lily_check_regular_file(path, &read_err);
+    if (read == LILY_OK)
+        read = lily_read_file(path, 0, &text, &len, &read_err);
     if (read == LILY_OK) {
         digest_of(text, len, found);
         free(text);
@@ -52,7 +54,7 @@ lily_status lily_chat_template_check(const char *model_dir, lily_chat_template_m
     } else {
         snprintf(path, path_size, "%s/tokenizer_config.json", model_dir);
         json_error_t jerr;
-        FILE *probe = fopen(path, "rb");
+        FILE *probe = lily_check_regular_file(path, NULL) == LILY_OK ? fopen(path, "rb") : NULL;
         if (probe) {
             fclose(probe);
             json_t *config = lily_json_load_file(path, 0, 0, &jerr);

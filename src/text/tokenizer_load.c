@@ -624,7 +624,9 @@ static lily_status load_json(const char *path, json_t **out, lily_error *err)
     *out = NULL;
     char *buf;
     size_t size;
-    lily_status st = lily_read_file(path, 0, &buf, &size, err);
+    lily_status st = lily_check_regular_file(path, err);
+    if (st == LILY_OK)
+        st = lily_read_file(path, 0, &buf, &size, err);
     if (st == LILY_ERR_IO) { /* "PATH: cannot open (reason)": a tokenizer error to the caller */
         if (err)
             err->status = LILY_ERR_TOKENIZER;
