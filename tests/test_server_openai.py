@@ -209,7 +209,7 @@ expect_error(400, "POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX
              code="context_length_exceeded", what="completions prompt longer than the context")
 # a reply that runs into the end of the context stops there: prompt + completion == the context, never one more
 s, r = request("POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 8 - 1) + [1, 2, 3], "max_tokens": 50,
-                                           "logit_bias": BAN_END, "seed": 1})
+                                           "logit_bias": BAN_END, "seed": 1}, timeout=600)  # ~60 s under ASan (exact, 1 thread)
 u = r.get("usage", {}) if s == 200 else {}
 check(s == 200 and r["choices"][0]["finish_reason"] == "length" and u["prompt_tokens"] == CTX - 5 and
       u["completion_tokens"] == 5 and u["total_tokens"] == CTX,
