@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "base/clock.h"
 #include "server/anthropic.h"
 
 
@@ -91,6 +92,7 @@ static lily_status append_locked(lily_job *job, const char *data, size_t len)
     }
     memcpy(job->out + job->out_len, data, len);
     job->out_len += len;
+    job->written += len;
     job->out[job->out_len] = 0;
     pthread_cond_broadcast(&job->cv);
     return LILY_OK;
@@ -112,6 +114,33 @@ lily_status lily_job_write(lily_job *job, const char *data, size_t len)
     lily_status st = append_locked(job, data, len);
     pthread_mutex_unlock(&job->mu);
     return st;
+}
+
+size_t lily_job_written(lily_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    const size_t n = job->written;
+    pthread_mutex_unlock(&job->mu);
+    return n;
+}
+
+void lily_job_mark_first_output(lily_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    if (!job->first_output_end && job->written) {
+        job->first_output_end = job->written;
+        job->first_output_s = lily_wall_seconds();
+    }
+    pthread_mutex_unlock(&job->mu);
+}
+
+size_t lily_job_first_output(lily_job *job, double *written_s)
+{
+    pthread_mutex_lock(&job->mu);
+    const size_t end = job->first_output_end;
+    *written_s = job->first_output_s;
+    pthread_mutex_unlock(&job->mu);
+    return end;
 }
 
 void lily_job_finish(lily_job *job)

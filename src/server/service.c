@@ -386,6 +386,7 @@ typedef struct {
     bool prompt_logprobs;     /* completions echo + logprobs: the prompt's tokens get logprobs too */
     char *echo_text;          /* a stream's echo, sent once the prefill has scored it (prompt_logprobs) */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
+    bool output_sent;         /* a stream's first generated text is written (lily_job_mark_first_output) */
 } generation;
 
 static void send_json_chunk(generation *g, json_t *chunk)
@@ -476,10 +477,8 @@ static void on_parser_event(void *user, const lily_output_event *ev)
 }
 
 /* Generated text that got past the stop strings. */
-static lily_status deliver_text(generation *g, const char *text, size_t len, lily_error *err)
+static lily_status deliver_text_now(generation *g, const char *text, size_t len, lily_error *err)
 {
-    if (!len)
-        return LILY_OK;
     if (g->parser)
         return lily_output_parser_feed(g->parser, text, len, err);
     if (g->stream) {
@@ -493,6 +492,21 @@ static lily_status deliver_text(generation *g, const char *text, size_t len, lil
     if (!buffer_add(&g->text, text, len))
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
     return LILY_OK;
+}
+
+/* Generated text on to the parser (chat), the stream or the body; the stream's first chunk of it is marked
+ * for the log's time to the first byte (the text the parser or the detokenizer held back arrives later). */
+static lily_status deliver_text(generation *g, const char *text, size_t len, lily_error *err)
+{
+    if (!len)
+        return LILY_OK;
+    const size_t before = g->stream && !g->output_sent ? lily_job_written(g->job) : 0;
+    lily_status st = deliver_text_now(g, text, len, err);
+    if (g->stream && !g->output_sent && lily_job_written(g->job) > before) {
+        lily_job_mark_first_output(g->job);
+        g->output_sent = true;
+    }
+    return st;
 }
 
 /* A token's logprobs (runtime/logprobs.h) with the tokens' text, appended to the ones to send. */
@@ -1074,10 +1088,13 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
     const lily_oai_request *req = g->req;
     lily_job *job = g->job;
     lily_error err = {0};
+    const size_t before = g->stream && !g->output_sent ? lily_job_written(job) : 0;
     if (g->parser && lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) != LILY_OK) {
         fail_with(job, 500, "server_error", NULL, NULL, err.message);
         return;
     }
+    if (g->stream && !g->output_sent && lily_job_written(job) > before) /* text the parser held to the end */
+        lily_job_mark_first_output(job);
     if (g->parser)
         finish = lily_output_finish_reason(lily_output_parser_result(g->parser));
     lily_oai_usage usage = {.prompt_tokens = n_prompt, .completion_tokens = n_generated, .cached_tokens = reused,
