@@ -84,8 +84,12 @@ static void fake_run(void *user, lily_job *job)
         job->stats.worker_start_s = lily_wall_seconds();
         emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_role(), NULL, NULL, false));
         job->stats.ttft_ms = 1e3 * (lily_wall_seconds() - job->stats.worker_start_s);
-        emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_text("content", "one", 3), NULL, NULL, false));
-        lily_job_mark_first_output(job);
+        json_t *one = lily_oai_chat_chunk(&id, lily_oai_delta_text("content", "one", 3), NULL, NULL, false);
+        size_t len;
+        char *sse = lily_oai_sse(one, &len);
+        json_decref(one);
+        lily_job_write_output(job, sse, len);
+        free(sse);
         for (int i = 0; i < 500 && !atomic_load(&first_read) && !lily_job_cancelled(job); i++)
             usleep(10000);
         atomic_store(&second_waited, atomic_load(&first_read));

@@ -98,7 +98,7 @@ static lily_status append_locked(lily_job *job, const char *data, size_t len)
     return LILY_OK;
 }
 
-lily_status lily_job_write(lily_job *job, const char *data, size_t len)
+static lily_status job_write(lily_job *job, const char *data, size_t len, bool output)
 {
     if (atomic_load(&job->cancelled))
         return LILY_ERR_CANCELLED;
@@ -112,26 +112,22 @@ lily_status lily_job_write(lily_job *job, const char *data, size_t len)
         return LILY_ERR_CANCELLED;
     }
     lily_status st = append_locked(job, data, len);
-    pthread_mutex_unlock(&job->mu);
-    return st;
-}
-
-size_t lily_job_written(lily_job *job)
-{
-    pthread_mutex_lock(&job->mu);
-    const size_t n = job->written;
-    pthread_mutex_unlock(&job->mu);
-    return n;
-}
-
-void lily_job_mark_first_output(lily_job *job)
-{
-    pthread_mutex_lock(&job->mu);
-    if (!job->first_output_end && job->written) {
+    if (st == LILY_OK && output && len && !job->first_output_end) {
         job->first_output_end = job->written;
         job->first_output_s = lily_wall_seconds();
     }
     pthread_mutex_unlock(&job->mu);
+    return st;
+}
+
+lily_status lily_job_write(lily_job *job, const char *data, size_t len)
+{
+    return job_write(job, data, len, false);
+}
+
+lily_status lily_job_write_output(lily_job *job, const char *data, size_t len)
+{
+    return job_write(job, data, len, true);
 }
 
 size_t lily_job_first_output(lily_job *job, double *written_s)

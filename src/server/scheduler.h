@@ -57,8 +57,8 @@ typedef struct lily_job {
     char *out;                /* bytes written by the worker, not yet read: out[out_off, out_len) */
     size_t out_len, out_cap, out_off;
     size_t written;           /* bytes written since the start (out_len restarts when all was read) */
-    /* the first generated output (lily_job_mark_first_output): where it ends in the body (0: none yet)
-     * and when the worker wrote it (lily_wall_seconds), for the log's time to the first byte */
+    /* the first generated output (lily_job_write_output): where it ends in the body (0: none yet) and when
+     * the worker wrote it (lily_wall_seconds), for the log's time to the first byte */
     size_t first_output_end;
     double first_output_s;
     bool finished;
@@ -79,11 +79,9 @@ void lily_job_unref(lily_job *job);
 void lily_job_begin(lily_job *job, int http_status, bool streaming);
 lily_status lily_job_write(lily_job *job, const char *data, size_t len);
 void lily_job_finish(lily_job *job);
-/* Bytes written so far (lily_job_write, from the start of the body). */
-size_t lily_job_written(lily_job *job);
-/* The bytes written so far end with the reply's first generated output (a token's text, not the role
- * chunk or an echo): remember where it ends and when, once (later calls change nothing). */
-void lily_job_mark_first_output(lily_job *job);
+/* lily_job_write of generated output (a token's text, not the role chunk or an echo): the first such write
+ * is remembered, where it ends in the body and when, in the same step (the reader never sees it unmarked). */
+lily_status lily_job_write_output(lily_job *job, const char *data, size_t len);
 /* The JSON error body with e's status, then finish: for a job that has not begun or whose whole body is
  * not sent yet (not streaming: what was written is replaced); after begin of a stream the error goes into
  * the stream as an SSE error event instead. Written even when the job was aborted (lily_job_abort). */

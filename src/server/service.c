@@ -386,7 +386,7 @@ typedef struct {
     bool prompt_logprobs;     /* completions echo + logprobs: the prompt's tokens get logprobs too */
     char *echo_text;          /* a stream's echo, sent once the prefill has scored it (prompt_logprobs) */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
-    bool output_sent;         /* a stream's first generated text is written (lily_job_mark_first_output) */
+    bool in_output;           /* the chunks being sent carry generated text (lily_job_write_output) */
 } generation;
 
 static void send_json_chunk(generation *g, json_t *chunk)
@@ -398,7 +398,7 @@ static void send_json_chunk(generation *g, json_t *chunk)
     size_t len;
     char *s = lily_oai_sse(chunk, &len);
     json_decref(chunk);
-    if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
+    if (!s || (g->in_output ? lily_job_write_output : lily_job_write)(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
         g->failed = true;
     free(s);
 }
@@ -410,7 +410,7 @@ static void send_anth_events(generation *g, json_t **events, int n)
         size_t len = 0;
         char *s = events[i] ? lily_anth_sse(events[i], &len) : NULL;
         json_decref(events[i]);
-        if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
+        if (!s || (g->in_output ? lily_job_write_output : lily_job_write)(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
             g->failed = true;
         free(s);
     }
@@ -494,18 +494,15 @@ static lily_status deliver_text_now(generation *g, const char *text, size_t len,
     return LILY_OK;
 }
 
-/* Generated text on to the parser (chat), the stream or the body; the stream's first chunk of it is marked
- * for the log's time to the first byte (the text the parser or the detokenizer held back arrives later). */
+/* Generated text on to the parser (chat), the stream or the body; what it streams is output (the first of
+ * it is remembered for the log's time to the first byte: lily_job_write_output). */
 static lily_status deliver_text(generation *g, const char *text, size_t len, lily_error *err)
 {
     if (!len)
         return LILY_OK;
-    const size_t before = g->stream && !g->output_sent ? lily_job_written(g->job) : 0;
+    g->in_output = true;
     lily_status st = deliver_text_now(g, text, len, err);
-    if (g->stream && !g->output_sent && lily_job_written(g->job) > before) {
-        lily_job_mark_first_output(g->job);
-        g->output_sent = true;
-    }
+    g->in_output = false;
     return st;
 }
 
@@ -1088,13 +1085,13 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
     const lily_oai_request *req = g->req;
     lily_job *job = g->job;
     lily_error err = {0};
-    const size_t before = g->stream && !g->output_sent ? lily_job_written(job) : 0;
-    if (g->parser && lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) != LILY_OK) {
+    g->in_output = true; /* text the parser held to the end */
+    lily_status pst = g->parser ? lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) : LILY_OK;
+    g->in_output = false;
+    if (pst != LILY_OK) {
         fail_with(job, 500, "server_error", NULL, NULL, err.message);
         return;
     }
-    if (g->stream && !g->output_sent && lily_job_written(job) > before) /* text the parser held to the end */
-        lily_job_mark_first_output(job);
     if (g->parser)
         finish = lily_output_finish_reason(lily_output_parser_result(g->parser));
     lily_oai_usage usage = {.prompt_tokens = n_prompt, .completion_tokens = n_generated, .cached_tokens = reused,
