@@ -5,6 +5,7 @@
  * real loopback socket without weights. The model path is covered by tests/test_server.sh.
  */
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "server/http.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
@@ -27,6 +29,8 @@
 static atomic_int release_blocked; /* a "block" job waits for this */
 static atomic_int cancelled_jobs;  /* jobs that saw their cancel flag */
 static atomic_int running_block;   /* a "block" job is running */
+static atomic_int first_read;      /* the client of a "first" job has read its first token's event */
+static atomic_int second_waited;   /* a "first" job wrote its second token only after that */
 
 static void emit(lily_job *job, json_t *chunk)
 {
@@ -71,6 +75,25 @@ static void fake_run(void *user, lily_job *job)
         if (lily_job_cancelled(job))
             atomic_fetch_add(&cancelled_jobs, 1);
         atomic_store(&running_block, 0);
+        lily_job_write(job, "data: [DONE]\n\n", 14);
+        lily_job_finish(job);
+        return;
+    }
+    if (mode && !strcmp(mode, "first")) { /* token 1, then token 2 only once the client has read token 1 */
+        lily_job_begin(job, 200, true);
+        job->stats.worker_start_s = lily_wall_seconds();
+        emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_role(), NULL, NULL, false));
+        job->stats.ttft_ms = 1e3 * (lily_wall_seconds() - job->stats.worker_start_s);
+        json_t *one = lily_oai_chat_chunk(&id, lily_oai_delta_text("content", "one", 3), NULL, NULL, false);
+        size_t len;
+        char *sse = lily_oai_sse(one, &len);
+        json_decref(one);
+        lily_job_write_output(job, sse, len);
+        free(sse);
+        for (int i = 0; i < 500 && !atomic_load(&first_read) && !lily_job_cancelled(job); i++)
+            usleep(10000);
+        atomic_store(&second_waited, atomic_load(&first_read));
+        emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_text("content", "two", 3), "stop", NULL, false));
         lily_job_write(job, "data: [DONE]\n\n", 14);
         lily_job_finish(job);
         return;
@@ -312,6 +335,77 @@ static void test_http_chat_non_stream_and_stream(void **state)
              &status);
     assert_non_null(strstr(r, "\"choices\":[],\"usage\":{\"prompt_tokens\":5"));
     free(r);
+}
+
+/* The first token's event reaches the client while the engine has not produced the second (nothing holds it
+ * back to fill a buffer), and the request's log line says when it went out: first_byte (from the request's
+ * arrival) = ttft + held + handoff, each >= 0. */
+static void test_http_first_event_is_not_held_for_the_second(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/lily_test_first_byte_XXXXXX";
+    int log_fd = mkstemp(path);
+    assert_true(log_fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(log_fd, 2); /* the request log line */
+    atomic_store(&first_read, 0);
+    atomic_store(&second_waited, 0);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"first\"}],\"stream\":true}");
+    char buf[8192];
+    size_t len = 0;
+    while (len < sizeof buf - 1) {
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        buf[len] = 0;
+        if (strstr(buf, "\"content\":\"one\"")) {
+            atomic_store(&first_read, 1);
+            break;
+        }
+    }
+    buf[len] = 0;
+    bool saw_one = strstr(buf, "\"content\":\"one\"") != NULL, saw_two = strstr(buf, "\"content\":\"two\"") != NULL;
+    while (len < sizeof buf - 1) { /* the rest of the stream */
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = 0;
+    close(fd);
+    char logbuf[4096] = "";
+    for (int i = 0; i < 200 && !strstr(logbuf, " s\n"); i++) { /* the line is written as the request completes */
+        usleep(10000);
+        ssize_t n = pread(log_fd, logbuf, sizeof logbuf - 1, 0);
+        logbuf[n > 0 ? n : 0] = 0;
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(log_fd);
+    unlink(path);
+    assert_true(saw_one);
+    assert_false(saw_two);
+    assert_true(atomic_load(&second_waited));
+    assert_non_null(strstr(buf, "\"content\":\"two\""));
+    const char *t = strstr(logbuf, " ttft="), *b = strstr(logbuf, " first_byte=");
+    if (!t || !b) {
+        print_error("log line without ttft / first_byte: %s\n", logbuf);
+        fail();
+    }
+    double ttft, first, held, handoff;
+    assert_int_equal(sscanf(t, " ttft=%lf ms", &ttft), 1);
+    if (sscanf(b, " first_byte=%lf ms (held %lf, handoff %lf)", &first, &held, &handoff) != 3) {
+        print_error("log line: %s\n", logbuf);
+        fail();
+    }
+    assert_true(held >= 0.0 && handoff >= 0.0);
+    assert_true(first >= ttft - 0.15 && fabs(first - (ttft + held + handoff)) <= 0.25);
+    assert_true(first < 5000.0); /* not the 5 s the fake waits for a client that never reads */
 }
 
 /* A streamed chat request whose first message is `mode` (the fake's behaviour), left once its stream starts. */
@@ -777,6 +871,7 @@ int main(void)
         cmocka_unit_test(test_http_bad_requests_are_openai_400s),
         cmocka_unit_test(test_http_body_over_limit_is_413),
         cmocka_unit_test(test_http_chat_non_stream_and_stream),
+        cmocka_unit_test(test_http_first_event_is_not_held_for_the_second),
         cmocka_unit_test(test_http_disconnect_cancels_then_next_request_completes),
         cmocka_unit_test(test_http_stream_left_while_quiet),
         cmocka_unit_test(test_http_queue_full_is_503),

@@ -256,6 +256,31 @@ usage = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswit
 check(bad == [400, 400, 404, 401] and body.rstrip().endswith(b"data: [DONE]") and usage and
       usage[-1]["usage"]["completion_tokens"] == 80, f"a stream in flight is undisturbed by bad requests ({bad})")
 
+print("the request log: a stream's time to its first byte")
+
+
+def logged(stream):
+    """The log line of one chat request (streamed or not), once written (as the request completes)."""
+    n = sum(1 for ln in open(log.name) if "POST /v1/chat/completions 200" in ln)
+    s, _ = request("POST", chat, {"messages": USER, "max_tokens": 6, "seed": 2, "logit_bias": BAN_END,
+                                  "stream": stream})
+    for _ in range(200):
+        lines = [ln for ln in open(log.name) if "POST /v1/chat/completions 200" in ln]
+        if len(lines) > n:
+            return s, lines[-1]
+        time.sleep(0.01)
+    return s, ""
+
+
+s, line = logged(True)
+t = re.search(r" ttft=([0-9.]+) ms", line)
+b = re.search(r" first_byte=([0-9.]+) ms \(held ([0-9.]+), handoff ([0-9.]+)\)", line)
+ttft, (first, held, handoff) = (float(t.group(1)) if t else 0), (map(float, b.groups()) if b else (0, 0, 0))
+check(s == 200 and t and b and first >= ttft - 0.15 and abs(first - (ttft + held + handoff)) <= 0.25,
+      f"a stream's log line: first_byte = ttft + held + handoff ({line.strip()[-220:]})")
+s, line = logged(False)
+check(s == 200 and " ttft=" in line and "first_byte" not in line, "a whole-body answer's log line has no first_byte")
+
 # ---------------------------------------------------------------------------------------------- the SDK
 
 try:

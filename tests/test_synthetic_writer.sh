@@ -77,6 +77,34 @@ for d in "$OUT" "$TMP/sharded"; do
     fi
 done
 
+# a vocabulary past the Qwen3 tokenizer's ids (Qwen3.6's is 248,320): every id gets text (a random model draws
+# any id, and one without text would stream nothing), and encoding is unchanged
+"$PY" - "$CFG" "$TMP/cfg_big.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.get("text_config", c)["vocab_size"] = 152000
+json.dump(c, open(sys.argv[2], "w"))
+PY
+if "$PY" "$WRITER" "$TMP/big" --config "$TMP/cfg_big.json" --seed 7 --sample-tokens 64 >"$TMP/big.log" 2>&1 &&
+    "$PY" - "$TMP/big/tokenizer.json" "$ROOT/tests/data/tokenizers/qwen3/tokenizer.json" <<'PY'
+import json, sys
+big, ref = (json.load(open(p, encoding="utf-8")) for p in sys.argv[1:3])
+ids = set(big["model"]["vocab"].values()) | {t["id"] for t in big["added_tokens"]}
+added = {k: v for k, v in big["model"]["vocab"].items() if k not in ref["model"]["vocab"]}
+ok = (ids == set(range(152000)) and all(k == "\u0120syn%d" % v for k, v in added.items()) and len(added) == 152000 - 151669
+      and big["model"]["merges"] == ref["model"]["merges"] and big["added_tokens"] == ref["added_tokens"])
+sys.exit(0 if ok else 1)
+PY
+then ok "a larger vocabulary: the tokenizer gets a word (' syn<id>') for each id past its own"
+else fail "a larger vocabulary's tokenizer: $(tail -3 "$TMP/big.log")"; fi
+mkdir -p "$TMP/big_ref"
+cp "$TMP/big/config.json" "$TMP/big/tokenizer_config.json" "$TMP/big_ref/"
+cp "$ROOT/tests/data/tokenizers/qwen3/tokenizer.json" "$TMP/big_ref/"
+TEXT="Hello world syn151700 and 123 <think> résumé 你好 Ġsyn151669"
+a=$(printf '%s' "$TEXT" | "$LILY" debug tokenize --model "$TMP/big" --ids 2>&1)
+b=$(printf '%s' "$TEXT" | "$LILY" debug tokenize --model "$TMP/big_ref" --ids 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "the padded tokenizer encodes as the Qwen3 one ($a)" || fail "encodings differ: '$a' vs '$b'"
+
 # lily eval runs it; logits finite with std in [0.1, 10] (activations O(1))
 TOKS=$(seq -s, 1 37 500)
 if out=$("$LILY" eval -m "$OUT" --tokens "$TOKS" --logits-out "$TMP/logits.f32" 2>&1); then

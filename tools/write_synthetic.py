@@ -10,7 +10,8 @@ For benchmarks of full-size shapes without the real weights (MODEL.md §2.3 and 
   * norms stored as (1 + w) in bf16, `linear_attn.norm.weight` plain bf16, conv1d bf16 [C, K, 1],
     `A_log` f32, `dt_bias` bf16;
   * shards of at most 5 GiB + model.safetensors.index.json, config.json (HF nesting with `text_config`,
-    `quantization` and `quantization_config` at the root), and the Qwen3 tokenizer.json.
+    `quantization` and `quantization_config` at the root), and the Qwen3 tokenizer.json (given a word for each
+    id past its own when the vocabulary is larger: write_tokenizer).
 
 Defaults give Qwen3.6-35B-A3B (MODEL.md §1.2, ~19.4 GB); `--config FILE` takes the shape of any config.json
 (nested or flat), e.g. tests/data/tiny-a/mlx4/config.json.
@@ -409,6 +410,27 @@ def print_histogram(counts, k, n_tokens):
         print(f"  {lo:4d}-{hi - 1:<4d} tokens | {'#' * int(round(40 * h / width)):<40} {h} experts")
 
 
+def write_tokenizer(src, dst, vocab_size):
+    """The Qwen3 tokenizer.json (ids 0..151668), with a word for every id up to vocab_size - 1 when the model's
+    vocabulary is larger (Qwen3.6's 248,320): a random model draws any id, and an id without text would stream
+    nothing, so a served reply's first text (time to first token at the client) would wait for a later
+    token about 39% of the time. The added words (" syn<id>", in the byte-level alphabet: "Ġsyn<id>") are
+    plain text that no input encodes to (no merge makes them, and the pre-tokenizer splits digits from
+    letters), so encoding is unchanged."""
+    with open(src, encoding="utf-8") as f:
+        tok = json.load(f)
+    vocab = tok["model"]["vocab"]
+    used = set(vocab.values()) | {t["id"] for t in tok.get("added_tokens", [])}
+    if max(used) + 1 >= vocab_size:
+        shutil.copyfile(src, dst)
+        return
+    for i in range(vocab_size):
+        if i not in used:
+            vocab["\u0120syn%d" % i] = i
+    with open(dst, "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False, separators=(",", ":"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out_dir")
@@ -455,7 +477,9 @@ def main():
     if not args.no_tokenizer:
         for fn in ("tokenizer.json", "tokenizer_config.json"):
             src = os.path.join(TOKENIZER_DIR, fn)
-            if os.path.exists(src):
+            if fn == "tokenizer.json" and os.path.exists(src):
+                write_tokenizer(src, os.path.join(args.out_dir, fn), shape["vocab_size"])
+            elif os.path.exists(src):
                 shutil.copyfile(src, os.path.join(args.out_dir, fn))
     print(f"wrote {args.out_dir}: {len(tensors)} tensors, {total / 1e9:.3f} GB in {len(names)} shard(s), "
           f"{elapsed:.1f} s ({total / max(elapsed, 1e-9) / 1e6:.0f} MB/s)")

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/clock.h"
 #include "server/anthropic.h"
 #include "server/openai.h"
 #include "server/webui.h"
@@ -77,6 +78,9 @@ typedef struct {
     int fd;                   /* the connection's socket, polled for a vanished client */
     struct MHD_Connection *conn;
     struct timespec t0;
+    /* when a stream's first generated output was handed to microhttpd, which writes it to the socket at once
+     * in this connection's thread (CLOCK_MONOTONIC seconds; 0 until then) */
+    double first_handed_s;
 } request;
 
 /* The status microhttpd answered this connection's malformed request with (see on_mhd_log), else 0. */
@@ -216,7 +220,6 @@ static void restart_idle_clock(request *r)
 /* The SSE body: whatever the worker wrote, as it comes. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
-    (void)pos;
     request *r = cls;
     for (;;) {
         if (lily_job_overflowed(r->job)) {
@@ -226,6 +229,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         long n = lily_job_read(r->job, buf, max, 50);
         if (n > 0) {
             restart_idle_clock(r);
+            double written_s;
+            const size_t first_end = r->first_handed_s > 0 ? 0 : lily_job_first_output(r->job, &written_s);
+            if (first_end && pos + (uint64_t)n >= first_end) /* pos: the body bytes handed before these */
+                r->first_handed_s = lily_wall_seconds();
             return n;
         }
         if (n < 0)
@@ -920,19 +927,30 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - r->t0.tv_sec) + (double)(t1.tv_nsec - r->t0.tv_nsec) * 1e-9;
-    char tail[512] = "";
+    char tail[768] = "";
     if (r->job && (r->job->route == LILY_ROUTE_CHAT || r->job->route == LILY_ROUTE_COMPLETIONS)) {
         const lily_job_stats *s = &r->job->stats;
         /* the time to the first token from the request's arrival: its wait in the queue, then the worker's */
         const double t_arrival = (double)r->t0.tv_sec + (double)r->t0.tv_nsec * 1e-9; /* CLOCK_MONOTONIC too */
         const double queued_ms = s->worker_start_s > t_arrival ? 1e3 * (s->worker_start_s - t_arrival) : 0.0;
+        /* a stream's time to its first byte of generated output, as it goes to the socket: what the client
+         * can see of the first token. held: the token's text waited for later tokens (incomplete UTF-8, a
+         * possible tag or stop string); handoff: from the worker's write to this connection's thread */
+        char first_byte[128] = "";
+        double output_s = 0;
+        lily_job_first_output(r->job, &output_s);
+        if (r->first_handed_s > 0 && s->ttft_ms > 0)
+            snprintf(first_byte, sizeof first_byte, " first_byte=%.1f ms (held %.1f, handoff %.1f)",
+                     1e3 * (r->first_handed_s - t_arrival),
+                     LILY_MAX(0.0, 1e3 * (output_s - s->worker_start_s) - s->ttft_ms), /* forced text: before */
+                     1e3 * (r->first_handed_s - output_s));
         snprintf(tail, sizeof tail,
                  " prompt=%d completion=%d cached=%d prefill=%.1f tok/s decode=%.1f tok/s ttft=%.1f ms"
-                 " (queued %.1f, prompt %.1f, restore %.1f, forward %.1f in %d passes, checkpoints %.1f)"
+                 " (queued %.1f, prompt %.1f, restore %.1f, forward %.1f in %d passes, checkpoints %.1f)%s"
                  " decode_path=\"%s\"%s",
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
                  s->ttft_ms > 0 ? queued_ms + s->ttft_ms : 0.0, queued_ms, s->prompt_ms, s->restore_ms,
-                 s->forward_ms, s->pieces, s->checkpoint_ms, s->decode_path ? s->decode_path : "none",
+                 s->forward_ms, s->pieces, s->checkpoint_ms, first_byte, s->decode_path ? s->decode_path : "none",
                  lily_job_cancelled(r->job) ? " cancelled" : "");
     }
     /* microhttpd answered a malformed request itself (a bad chunk): on_mhd_log counted it */

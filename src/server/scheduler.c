@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "base/clock.h"
 #include "server/anthropic.h"
 
 
@@ -91,12 +92,13 @@ static lily_status append_locked(lily_job *job, const char *data, size_t len)
     }
     memcpy(job->out + job->out_len, data, len);
     job->out_len += len;
+    job->written += len;
     job->out[job->out_len] = 0;
     pthread_cond_broadcast(&job->cv);
     return LILY_OK;
 }
 
-lily_status lily_job_write(lily_job *job, const char *data, size_t len)
+static lily_status job_write(lily_job *job, const char *data, size_t len, bool output)
 {
     if (atomic_load(&job->cancelled))
         return LILY_ERR_CANCELLED;
@@ -110,8 +112,31 @@ lily_status lily_job_write(lily_job *job, const char *data, size_t len)
         return LILY_ERR_CANCELLED;
     }
     lily_status st = append_locked(job, data, len);
+    if (st == LILY_OK && output && len && !job->first_output_end) {
+        job->first_output_end = job->written;
+        job->first_output_s = lily_wall_seconds();
+    }
     pthread_mutex_unlock(&job->mu);
     return st;
+}
+
+lily_status lily_job_write(lily_job *job, const char *data, size_t len)
+{
+    return job_write(job, data, len, false);
+}
+
+lily_status lily_job_write_output(lily_job *job, const char *data, size_t len)
+{
+    return job_write(job, data, len, true);
+}
+
+size_t lily_job_first_output(lily_job *job, double *written_s)
+{
+    pthread_mutex_lock(&job->mu);
+    const size_t end = job->first_output_end;
+    *written_s = job->first_output_s;
+    pthread_mutex_unlock(&job->mu);
+    return end;
 }
 
 void lily_job_finish(lily_job *job)

@@ -56,6 +56,11 @@ typedef struct lily_job {
     bool streaming;           /* the response is an SSE stream */
     char *out;                /* bytes written by the worker, not yet read: out[out_off, out_len) */
     size_t out_len, out_cap, out_off;
+    size_t written;           /* bytes written since the start (out_len restarts when all was read) */
+    /* the first generated output (lily_job_write_output): where it ends in the body (0: none yet) and when
+     * the worker wrote it (lily_wall_seconds), for the log's time to the first byte */
+    size_t first_output_end;
+    double first_output_s;
     bool finished;
     int refs;
     atomic_bool cancelled;    /* the client went away or the server is stopping */
@@ -74,6 +79,9 @@ void lily_job_unref(lily_job *job);
 void lily_job_begin(lily_job *job, int http_status, bool streaming);
 lily_status lily_job_write(lily_job *job, const char *data, size_t len);
 void lily_job_finish(lily_job *job);
+/* lily_job_write of generated output (a token's text, not the role chunk or an echo): the first such write
+ * is remembered, where it ends in the body and when, in the same step (the reader never sees it unmarked). */
+lily_status lily_job_write_output(lily_job *job, const char *data, size_t len);
 /* The JSON error body with e's status, then finish: for a job that has not begun or whose whole body is
  * not sent yet (not streaming: what was written is replaced); after begin of a stream the error goes into
  * the stream as an SSE error event instead. Written even when the job was aborted (lily_job_abort). */
@@ -92,6 +100,9 @@ bool lily_job_wait_begin(lily_job *job, int timeout_ms);
 /* Copy up to max available bytes into buf, waiting up to timeout_ms for some. Returns the count (0 on a
  * timeout), or -1 when the job is finished and everything was read. */
 long lily_job_read(lily_job *job, char *buf, size_t max, int timeout_ms);
+/* Where the first generated output ends in the body (0: not written yet) and *written_s, when the worker
+ * wrote it (lily_wall_seconds, CLOCK_MONOTONIC). */
+size_t lily_job_first_output(lily_job *job, double *written_s);
 /* Take the whole output once finished (caller frees); NULL with *len 0 when empty. */
 char *lily_job_take_output(lily_job *job, size_t *len);
 

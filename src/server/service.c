@@ -386,6 +386,7 @@ typedef struct {
     bool prompt_logprobs;     /* completions echo + logprobs: the prompt's tokens get logprobs too */
     char *echo_text;          /* a stream's echo, sent once the prefill has scored it (prompt_logprobs) */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
+    bool in_output;           /* the chunks being sent carry generated text (lily_job_write_output) */
 } generation;
 
 static void send_json_chunk(generation *g, json_t *chunk)
@@ -397,7 +398,7 @@ static void send_json_chunk(generation *g, json_t *chunk)
     size_t len;
     char *s = lily_oai_sse(chunk, &len);
     json_decref(chunk);
-    if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
+    if (!s || (g->in_output ? lily_job_write_output : lily_job_write)(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
         g->failed = true;
     free(s);
 }
@@ -409,7 +410,7 @@ static void send_anth_events(generation *g, json_t **events, int n)
         size_t len = 0;
         char *s = events[i] ? lily_anth_sse(events[i], &len) : NULL;
         json_decref(events[i]);
-        if (!s || lily_job_write(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
+        if (!s || (g->in_output ? lily_job_write_output : lily_job_write)(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
             g->failed = true;
         free(s);
     }
@@ -476,10 +477,8 @@ static void on_parser_event(void *user, const lily_output_event *ev)
 }
 
 /* Generated text that got past the stop strings. */
-static lily_status deliver_text(generation *g, const char *text, size_t len, lily_error *err)
+static lily_status deliver_text_now(generation *g, const char *text, size_t len, lily_error *err)
 {
-    if (!len)
-        return LILY_OK;
     if (g->parser)
         return lily_output_parser_feed(g->parser, text, len, err);
     if (g->stream) {
@@ -493,6 +492,18 @@ static lily_status deliver_text(generation *g, const char *text, size_t len, lil
     if (!buffer_add(&g->text, text, len))
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
     return LILY_OK;
+}
+
+/* Generated text on to the parser (chat), the stream or the body; what it streams is output (the first of
+ * it is remembered for the log's time to the first byte: lily_job_write_output). */
+static lily_status deliver_text(generation *g, const char *text, size_t len, lily_error *err)
+{
+    if (!len)
+        return LILY_OK;
+    g->in_output = true;
+    lily_status st = deliver_text_now(g, text, len, err);
+    g->in_output = false;
+    return st;
 }
 
 /* A token's logprobs (runtime/logprobs.h) with the tokens' text, appended to the ones to send. */
@@ -1074,7 +1085,10 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
     const lily_oai_request *req = g->req;
     lily_job *job = g->job;
     lily_error err = {0};
-    if (g->parser && lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) != LILY_OK) {
+    g->in_output = true; /* text the parser held to the end */
+    lily_status pst = g->parser ? lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) : LILY_OK;
+    g->in_output = false;
+    if (pst != LILY_OK) {
         fail_with(job, 500, "server_error", NULL, NULL, err.message);
         return;
     }
