@@ -971,7 +971,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     time_t now = time(NULL);
     struct tm tm;
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&now, &tm));
-    fprintf(stderr, "%s %s %s %d%s%s %.3f s\n", when, r->method, r->path, status, tail,
+    /* the method and URL as the client sent them (URL unescaped) may hold any byte: a newline would forge a
+     * log line, an escape sequence would drive the terminal */
+    char method_text[40], path_text[400];
+    printable_ascii(method_text, sizeof method_text, r->method);
+    printable_ascii(path_text, sizeof path_text, r->path);
+    fprintf(stderr, "%s %s %s %d%s%s %.3f s\n", when, method_text, path_text, status, tail,
             r->job && lily_job_overflowed(r->job) ? " (the client fell too far behind reading the stream)" : "", secs);
     lily_job_unref(r->job);
     free(r->body);
