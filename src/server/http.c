@@ -35,9 +35,10 @@ static const char *const status_labels[] = {"2xx", "400", "401", "403", "404_405
                                             "503_529", "5xx"};
 #define N_STATUS_CLASSES ((int)(sizeof status_labels / sizeof status_labels[0]))
 
-/* One open connection (MHD's socket context). busy: it has a request in progress (headers received and
- * no answer completed yet); an idle one is a keep-alive connection between requests or one still sending
- * its headers. */
+/* One open connection (MHD's socket context). busy: the engine holds its request (queued or running: from
+ * the job's submission to its end); every other connection is idle: a keep-alive one between requests, one
+ * still sending its headers or body, or one whose answer is complete and still being written (a client that
+ * sends or reads a byte now and then is not silent, so only the slot policy bounds it). */
 typedef struct conn_slot {
     struct conn_slot *prev, *next;
     int fd;
@@ -74,6 +75,7 @@ typedef struct {
     bool responded;
     int status;
     lily_job *job;            /* a queued job, shared with the worker */
+    bool holds_engine;        /* the connection is marked busy: job submitted, not finished (conn_slot) */
     char allow_origin[256];   /* Access-Control-Allow-Origin of the answer ("" = none) */
     int fd;                   /* the connection's socket, polled for a vanished client */
     struct MHD_Connection *conn;
@@ -82,6 +84,17 @@ typedef struct {
      * in this connection's thread (CLOCK_MONOTONIC seconds; 0 until then) */
     double first_handed_s;
 } request;
+
+static void set_busy(lily_http_server *srv, struct MHD_Connection *c, bool busy);
+
+/* The connection is no longer busy once its job has finished: what is left is writing the answer. */
+static void release_engine_hold(request *r)
+{
+    if (r->holds_engine) {
+        set_busy(r->srv, r->conn, false);
+        r->holds_engine = false;
+    }
+}
 
 /* The status microhttpd answered this connection's malformed request with (see on_mhd_log), else 0. */
 static _Thread_local int mhd_error_status;
@@ -227,6 +240,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_WITH_ERROR; /* it fell too far behind: close */
         }
         long n = lily_job_read(r->job, buf, max, 50);
+        if (r->holds_engine) {
+            pthread_mutex_lock(&r->job->mu);
+            bool finished = r->job->finished;
+            pthread_mutex_unlock(&r->job->mu);
+            if (finished)
+                release_engine_hold(r);
+        }
         if (n > 0) {
             restart_idle_clock(r);
             double written_s;
@@ -287,6 +307,7 @@ static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
         }
         pthread_mutex_unlock(&job->mu);
     }
+    release_engine_hold(r);
     restart_idle_clock(r);
     size_t len;
     char *out = lily_job_take_output(job, &len);
@@ -538,6 +559,8 @@ static enum MHD_Result submit(struct MHD_Connection *c, request *r, lily_job *jo
                                  "The server is busy: the request queue is full (--queue). Retry later.");
     }
     r->job = job;
+    set_busy(r->srv, c, true);
+    r->holds_engine = true;
     return respond_job(c, r);
 }
 
@@ -707,8 +730,9 @@ static void set_busy(lily_http_server *srv, struct MHD_Connection *c, bool busy)
 }
 
 /* A connection opened or closed. When the open connections reach max_connections less a reserve (one in
- * eight), the oldest idle ones (see conn_slot) are shut down, so idle or slow-header clients can never
- * take the slots a new client needs; busy ones are never touched. */
+ * eight), the oldest idle ones (see conn_slot) are shut down, so idle clients, and clients that send their
+ * request or read their answer a byte at a time, can never take the slots a new client needs; busy ones
+ * (the engine holds their request: at most --queue + 1) are never touched. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
@@ -790,7 +814,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             r->fd = ci->connect_fd;
         *con_cls = r;
         atomic_fetch_add(&srv->in_flight, 1);
-        set_busy(srv, c, true);
         mhd_error_status = 0;
         stream_ended_for_client = false;
 
