@@ -807,6 +807,35 @@ static void test_http_slow_clients_do_not_lock_out(void **state)
     assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
 }
 
+/* Stopping the server drains answers in progress (up to 10 s), not clients still sending their request: with
+ * one connection midway through its body and one midway through its headers, lily_http_stop returns at once. */
+static void test_http_stop_does_not_wait_for_unfinished_requests(void **state)
+{
+    (void)state;
+    lily_error err;
+    lily_http_server *other;
+    lily_http_options o = {.host = "127.0.0.1", .port = 0, .max_body = 1024, .model_name = "fake",
+                           .max_connections = 16, .idle_timeout_s = 30};
+    assert_int_equal(lily_http_start(&o, &sched, &other, &err), LILY_OK);
+    const int saved = port;
+    port = lily_http_port(other);
+    int body = connect_server(), headers = connect_server();
+    static const char head[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{";
+    assert_int_equal(write(body, head, strlen(head)), (ssize_t)strlen(head));
+    assert_int_equal(write(headers, "GET /health HTTP/1.1\r\nHo", 24), 24);
+    usleep(200000);
+    port = saved;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    lily_http_quiesce(other);
+    lily_http_stop(other);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    close(body);
+    close(headers);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(secs < 2.0);
+}
+
 /* Time the engine takes (a request waiting in the queue, a slow token) is not the client's silence: a
  * whole-body answer held 3 s and a stream paused 3 s both arrive whole with a 2 s idle timeout. */
 static void test_http_engine_time_is_not_idle_time(void **state)
@@ -961,6 +990,7 @@ int main(void)
         cmocka_unit_test(test_http_cors_and_content_type),
         cmocka_unit_test(test_http_idle_connections_do_not_lock_out),
         cmocka_unit_test(test_http_slow_clients_do_not_lock_out),
+        cmocka_unit_test(test_http_stop_does_not_wait_for_unfinished_requests),
         cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
         cmocka_unit_test(test_http_engine_time_is_not_idle_time),
         cmocka_unit_test(test_http_malformed_requests_are_counted),

@@ -51,7 +51,8 @@ struct lily_http_server {
     lily_http_options opts;
     char *host, *api_key, *model_name;
     int port;
-    atomic_int in_flight;     /* requests between their first byte and their completion */
+    atomic_int in_flight;     /* requests wholly received and not yet completely answered: the shutdown
+                               * drains these (a client still sending its request gets no answer anyway) */
     /* GET /metrics counters, added to when a request completes */
     atomic_ullong n_by_status[N_STATUS_CLASSES]; /* by status_class */
     char **cors;              /* --cors-origin: origins allowed besides the loopback ones */
@@ -76,6 +77,7 @@ typedef struct {
     int status;
     lily_job *job;            /* a queued job, shared with the worker */
     bool holds_engine;        /* the connection is marked busy: job submitted, not finished (conn_slot) */
+    bool in_flight;           /* counted in lily_http_server.in_flight: the whole request is in */
     char allow_origin[256];   /* Access-Control-Allow-Origin of the answer ("" = none) */
     int fd;                   /* the connection's socket, polled for a vanished client */
     struct MHD_Connection *conn;
@@ -813,7 +815,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (ci)
             r->fd = ci->connect_fd;
         *con_cls = r;
-        atomic_fetch_add(&srv->in_flight, 1);
         mhd_error_status = 0;
         stream_ended_for_client = false;
 
@@ -913,6 +914,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     /* the whole request is in */
+    if (!r->in_flight) {
+        r->in_flight = true;
+        atomic_fetch_add(&srv->in_flight, 1);
+    }
     if (r->too_large) {
         char msg[256];
         snprintf(msg, sizeof msg, "Request body exceeds the limit of %zu bytes (--max-body).", srv->opts.max_body);
@@ -1002,9 +1007,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     fprintf(stderr, "%s %s %s %d%s%s %.3f s\n", when, method_text, path_text, status, tail,
             r->job && lily_job_overflowed(r->job) ? " (the client fell too far behind reading the stream)" : "", secs);
     lily_job_unref(r->job);
+    if (r->in_flight)
+        atomic_fetch_sub(&srv->in_flight, 1);
     free(r->body);
     free(r);
-    atomic_fetch_sub(&srv->in_flight, 1);
 }
 
 /* microhttpd answers malformed HTTP itself (a bad request line or chunk, an impossible Content-Length) and
