@@ -836,6 +836,37 @@ static void test_http_stop_does_not_wait_for_unfinished_requests(void **state)
     assert_true(secs < 2.0);
 }
 
+/* A request whose body has no single end — Content-Length headers that disagree, or Content-Length beside
+ * Transfer-Encoding — is a 400 and its connection is closed: what follows (a request smuggled past a proxy
+ * that framed it otherwise) is never answered. The same Content-Length twice is one length. */
+static void test_http_ambiguous_framing_is_400_and_closed(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 60\r\n\r\n{}"
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int fd = connect_server();
+        assert_int_equal(write(fd, bad[i], strlen(bad[i])), (ssize_t)strlen(bad[i]));
+        char buf[8192];
+        size_t len = 0;
+        ssize_t n;
+        while ((n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+            len += (size_t)n;
+        buf[len] = 0;
+        close(fd);
+        assert_non_null(strstr(buf, "HTTP/1.1 400"));
+        assert_non_null(strstr(buf, "ambiguous_framing"));
+        assert_null(strstr(buf, "\"object\":\"list\"")); /* the second request got no answer */
+        assert_null(strstr(buf + 12, "HTTP/1.1 "));
+    }
+    assert_int_equal(status_of("POST", "/tokenize", "Content-Length: 17\r\n", "{\"content\":\"abc\"}",
+                               "\"tokens\""), 200);
+}
+
 /* Time the engine takes (a request waiting in the queue, a slow token) is not the client's silence: a
  * whole-body answer held 3 s and a stream paused 3 s both arrive whole with a 2 s idle timeout. */
 static void test_http_engine_time_is_not_idle_time(void **state)
@@ -990,6 +1021,7 @@ int main(void)
         cmocka_unit_test(test_http_cors_and_content_type),
         cmocka_unit_test(test_http_idle_connections_do_not_lock_out),
         cmocka_unit_test(test_http_slow_clients_do_not_lock_out),
+        cmocka_unit_test(test_http_ambiguous_framing_is_400_and_closed),
         cmocka_unit_test(test_http_stop_does_not_wait_for_unfinished_requests),
         cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
         cmocka_unit_test(test_http_engine_time_is_not_idle_time),

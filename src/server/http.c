@@ -78,6 +78,7 @@ typedef struct {
     lily_job *job;            /* a queued job, shared with the worker */
     bool holds_engine;        /* the connection is marked busy: job submitted, not finished (conn_slot) */
     bool in_flight;           /* counted in lily_http_server.in_flight: the whole request is in */
+    bool close_after;         /* answer with "Connection: close" (the request's framing is in doubt) */
     char allow_origin[256];   /* Access-Control-Allow-Origin of the answer ("" = none) */
     int fd;                   /* the connection's socket, polled for a vanished client */
     struct MHD_Connection *conn;
@@ -127,6 +128,8 @@ static enum MHD_Result send_body(struct MHD_Connection *c, request *r, int statu
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", content_type);
+    if (r->close_after)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     add_cors_headers(resp, r);
     if (allow)
         MHD_add_response_header(resp, "Allow", allow);
@@ -794,6 +797,38 @@ static void printable_ascii(char *dst, size_t cap, const char *s)
     dst[n] = 0;
 }
 
+/* The request's body framing headers, for request_framing_ambiguous. */
+typedef struct {
+    const char *content_length; /* the first Content-Length */
+    bool lengths_differ, chunked;
+} framing_scan;
+
+static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    framing_scan *f = cls;
+    value = value ? value : "";
+    if (!strcasecmp(key, "Content-Length")) {
+        if (!f->content_length)
+            f->content_length = value;
+        else if (strcmp(f->content_length, value))
+            f->lengths_differ = true;
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->chunked = true;
+    }
+    return MHD_YES;
+}
+
+/* Whether the body's end is in doubt: Content-Length headers that disagree, or a Content-Length beside a
+ * Transfer-Encoding. A proxy in front of lily may frame such a request otherwise (request smuggling), so it
+ * is refused and its connection closed (RFC 9112, sections 6.1 and 6.3). */
+static bool request_framing_ambiguous(struct MHD_Connection *c)
+{
+    framing_scan f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
+    return f.lengths_differ || (f.content_length && f.chunked);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
@@ -818,6 +853,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         mhd_error_status = 0;
         stream_ended_for_client = false;
 
+        if (request_framing_ambiguous(c)) {
+            r->close_after = true;
+            return send_simple_error(c, r, 400, "invalid_request_error", "ambiguous_framing", NULL,
+                                     "Conflicting Content-Length headers, or Content-Length with Transfer-Encoding: "
+                                     "the request's body has no single end.");
+        }
         const char *allow = NULL;
         route_id id = route_of(url, &allow);
         const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
