@@ -21,6 +21,7 @@
 #include "base/file.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "model/config.h"
 #include "runtime/engine.h"
 #include "runtime/perplexity.h"
 #include "text/tokenizer.h"
@@ -78,7 +79,9 @@ static int read_input(const char *model, const char *text_file, const char *toke
         return 1;
     }
     lily_tokenizer *tok = NULL;
-    lily_status st = lily_tokenizer_load(model, &tok, &err);
+    lily_status st = lily_check_model_dir(model, &err); /* before the tokenizer: its error would hide this one */
+    if (st == LILY_OK)
+        st = lily_tokenizer_load(model, &tok, &err);
     if (st == LILY_OK)
         st = lily_tokenizer_encode(tok, text, len, parse_special, tokens, n, &err);
     lily_tokenizer_free(tok);

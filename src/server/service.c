@@ -27,6 +27,7 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "grammar/constraint.h"
+#include "model/config.h"
 #include "server/anthropic.h"
 #include "server/openai.h"
 #include "server/structured.h"
@@ -251,7 +252,9 @@ static lily_status warm_up(lily_service *svc, lily_error *err)
 lily_status lily_service_load(void *user, lily_error *err)
 {
     lily_service *svc = user;
-    lily_status st = lily_tokenizer_load(svc->model_dir, &svc->tok, err);
+    lily_status st = lily_check_model_dir(svc->model_dir, err); /* before the tokenizer: its error would hide this */
+    if (st == LILY_OK)
+        st = lily_tokenizer_load(svc->model_dir, &svc->tok, err);
     if (st != LILY_OK)
         return st;
     lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads,
