@@ -22,6 +22,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "model/config.h"
+#include "model/gguf_check.h"
 #include "runtime/engine.h"
 #include "runtime/perplexity.h"
 #include "text/tokenizer.h"
@@ -79,7 +80,10 @@ static int read_input(const char *model, const char *text_file, const char *toke
         return 1;
     }
     lily_tokenizer *tok = NULL;
-    lily_status st = lily_check_model_dir(model, &err); /* before the tokenizer: its error would hide this one */
+    /* the directory before the tokenizer: its error would hide these */
+    lily_status st = lily_check_not_gguf(model, &err);
+    if (st == LILY_OK)
+        st = lily_check_model_dir(model, &err);
     if (st == LILY_OK)
         st = lily_tokenizer_load(model, &tok, &err);
     if (st == LILY_OK)
