@@ -144,11 +144,18 @@ check "run -c past 16M names serve's range" 2 err 'lily run: -c expects an integ
 # -m naming no directory, or a file: every command says so about the directory (info, eval, perplexity and
 # bench said "DIR/config.json: cannot open (No such file or directory)" or "(Not a directory)")
 printf x >"$TMP/afile"; printf "1 2 3 4 5\n" >"$TMP/five.tok"
-for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "bench -p 8 -n 0 -r 1" "run -p hi"; do
+mkdir -p "$TMP/nomodel" "$TMP/models--Qwen--X/snapshots/0123abc" "$TMP/models--Qwen--X/refs"
+for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "perplexity -f $TMP/five.tok" \
+            "bench -p 8 -n 0 -r 1" "run -p hi" "chat"; do
     check "${args%% *} -m MISSING names the model directory" 1 err \
         "lily ${args%% *}: model directory $TMP/missing: No such file or directory" $args -m "$TMP/missing"
     check "${args%% *} -m FILE says it is not a model directory" 1 err \
         "lily ${args%% *}: $TMP/afile is not a model directory (expected a directory with config.json" $args -m "$TMP/afile"
+    check "${args%% *} -m a directory without config.json says so (run said tokenizer.json: cannot open)" 1 err \
+        "lily ${args%% *}: $TMP/nomodel is not a model directory: it has no config.json" $args -m "$TMP/nomodel"
+    check "${args%% *} -m a Hugging Face cache folder names the snapshot to pass" 1 err \
+        "lily ${args%% *}: $TMP/models--Qwen--X is a Hugging Face cache folder, not a model directory: pass its snapshot, $TMP/models--Qwen--X/snapshots/0123abc" \
+        $args -m "$TMP/models--Qwen--X"
 done
 check "info -x is an unknown option (it was an 'unexpected argument')" 2 err "lily info: unknown option '-x'" info -x
 # bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and

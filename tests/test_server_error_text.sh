@@ -6,6 +6,7 @@
 #     0xFF, a URL of 100 'é' (cut at the message's length limit), a method with a 0xFF byte;
 #   - 400 for a long non-ASCII role, content part type, tool_choice string, tool_choice function name and
 #     logit_bias key, quoted and cut on a character boundary (never a U+FFFD in place of a cut character).
+# The request log line quotes them the same way (no newline or escape sequence from a client reaches it).
 # The server keeps serving (/health 200 after).
 # usage: bash test_server_error_text.sh <path-to-lily> <tests/data dir>
 set -uo pipefail
@@ -21,8 +22,9 @@ srv = subprocess.Popen([lily, "serve", "-m", model, "--port", "0", "--threads", 
                        stderr=log)
 port, deadline = None, time.time() + 60
 while port is None and time.time() < deadline and srv.poll() is None:
-    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log.name).read())
-    port = int(m.group(1)) if m else time.sleep(0.1)
+    text = open(log.name).read()  # listening, and loaded (requests before that are 503s)
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
+    port = int(m.group(1)) if m and "model loaded" in text else time.sleep(0.1)
 fails = 0
 
 def raw(request_line):
@@ -103,6 +105,10 @@ else:
     fails += 1
     print("FAIL /detokenize out-of-vocabulary:", status, resp[:200])
 
+# the request log writes the method and URL as printable ASCII too: a URL that unescapes to a newline and an
+# escape sequence neither forges a log line nor reaches the terminal
+log_status = raw(b"GET /x%0a2000-01-01T00:00:00%20GET%20/forged%20200%1b[31m HTTP/1.1")[0], \
+    raw(b"G\x1bT /health HTTP/1.1")[0]
 status, body = raw(b"GET /health HTTP/1.1")
 if status == 200:
     print("ok   /health 200 after")
@@ -111,6 +117,13 @@ else:
     print("FAIL /health after:", status, body[:200])
 srv.terminate()
 srv.wait(timeout=30)
+logged = open(log.name, "rb").read()
+if log_status == (404, 405) and b"\x1b" not in logged and b"\n2000-01-01" not in logged and \
+        b"GET /x%0A2000-01-01T00:00:00%20GET%20/forged%20200%1B[31m 404" in logged and b"G%1BT /health 405" in logged:
+    print("ok   the request log escapes control bytes of the method and URL")
+else:
+    fails += 1
+    print("FAIL request log:", log_status, [l for l in logged.split(b"\n") if b"forged" in l or b"health 405" in l])
 print("failures:", fails)
 sys.exit(1 if fails else 0)
 PY

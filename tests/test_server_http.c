@@ -144,6 +144,15 @@ static void fake_run(void *user, lily_job *job)
         lily_job_finish(job);
         return;
     }
+    if (mode && !strcmp(mode, "big")) { /* a whole-body answer of 6 MiB (more than the socket buffers), at once */
+        lily_job_begin(job, 200, false);
+        static char piece[65536];
+        memset(piece, 'x', sizeof piece);
+        for (int i = 0; i < 96; i++)
+            lily_job_write(job, piece, sizeof piece);
+        lily_job_finish(job);
+        return;
+    }
     if (!req->stream) {
         json_t *r = req->is_chat ? lily_oai_chat_response(&id, "Hello world", NULL, NULL, 0, "stop", NULL, &usage)
                                  : lily_oai_completion_response(&id, "Hello world", "length", NULL, &usage);
@@ -726,6 +735,138 @@ static void test_http_idle_connections_do_not_lock_out(void **state)
     assert_true(secs < 6.0);
 }
 
+/* Read what has arrived on each slow reader, and send one more body byte on each slow sender. */
+static void drip(const int *readers, int n_readers, const int *senders, int n_senders)
+{
+    char b[4096];
+    for (int i = 0; i < n_readers; i++)
+        (void)!recv(readers[i], b, sizeof b, MSG_DONTWAIT);
+    for (int i = 0; i < n_senders; i++)
+        (void)!send(senders[i], " ", 1, MSG_NOSIGNAL);
+}
+
+/* /health answers 4 times out of 4, a few tenths of a second apart, while the slow clients keep dripping. */
+static int health_among(const int *readers, int n_readers, const int *senders, int n_senders)
+{
+    int ok = 0;
+    for (int k = 0; k < 4; k++) {
+        drip(readers, n_readers, senders, n_senders);
+        int status;
+        free(http("GET", "/health", NULL, NULL, &status));
+        ok += status == 200;
+        usleep(200000);
+    }
+    return ok;
+}
+
+/* Clients that are never silent but never done cannot take every slot either: with 16 slots, 16 clients
+ * sending a request body a byte at a time (slow POST), then 16 reading a whole 6 MiB answer (more than the
+ * socket buffers hold) 4 KiB at a time (slow read), each within the 2 s idle timeout, leave /health
+ * answering. Only connections whose request the engine holds (queued or running) are never closed for room. */
+static void test_http_slow_clients_do_not_lock_out(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    int fds[N];
+    static const char head[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               "Content-Length: 100000\r\n\r\n{";
+    for (int i = 0; i < N; i++) {
+        fds[i] = connect_server();
+        (void)!send(fds[i], head, strlen(head), MSG_NOSIGNAL);
+        usleep(50000); /* its headers are in before the next one connects */
+        drip(NULL, 0, fds, i + 1);
+    }
+    int ok = health_among(NULL, 0, fds, N);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    assert_int_equal(ok, 4);
+
+    for (int i = 0; i < N; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        int small = 4096;
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+        struct timeval tv = {.tv_sec = 5};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fds[i], (struct sockaddr *)&a, sizeof a) == 0) {
+            static const char big[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"big\"}]}";
+            char req[256], b[64];
+            int n = snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu"
+                             "\r\n\r\n%s", strlen(big), big);
+            (void)!send(fds[i], req, (size_t)n, MSG_NOSIGNAL);
+            (void)!recv(fds[i], b, sizeof b, MSG_WAITALL); /* its answer has started: the job is done */
+        }
+        usleep(50000);
+        drip(fds, i + 1, NULL, 0);
+    }
+    ok = health_among(fds, N, NULL, 0);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    assert_int_equal(ok, 4);
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+}
+
+/* Stopping the server drains answers in progress (up to 10 s), not clients still sending their request: with
+ * one connection midway through its body and one midway through its headers, lily_http_stop returns at once. */
+static void test_http_stop_does_not_wait_for_unfinished_requests(void **state)
+{
+    (void)state;
+    lily_error err;
+    lily_http_server *other;
+    lily_http_options o = {.host = "127.0.0.1", .port = 0, .max_body = 1024, .model_name = "fake",
+                           .max_connections = 16, .idle_timeout_s = 30};
+    assert_int_equal(lily_http_start(&o, &sched, &other, &err), LILY_OK);
+    const int saved = port;
+    port = lily_http_port(other);
+    int body = connect_server(), headers = connect_server();
+    static const char head[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{";
+    assert_int_equal(write(body, head, strlen(head)), (ssize_t)strlen(head));
+    assert_int_equal(write(headers, "GET /health HTTP/1.1\r\nHo", 24), 24);
+    usleep(200000);
+    port = saved;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    lily_http_quiesce(other);
+    lily_http_stop(other);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    close(body);
+    close(headers);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(secs < 2.0);
+}
+
+/* A request whose body has no single end — Content-Length headers that disagree, or Content-Length beside
+ * Transfer-Encoding — is a 400 and its connection is closed: what follows (a request smuggled past a proxy
+ * that framed it otherwise) is never answered. The same Content-Length twice is one length. */
+static void test_http_ambiguous_framing_is_400_and_closed(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 60\r\n\r\n{}"
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int fd = connect_server();
+        assert_int_equal(write(fd, bad[i], strlen(bad[i])), (ssize_t)strlen(bad[i]));
+        char buf[8192];
+        size_t len = 0;
+        ssize_t n;
+        while ((n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+            len += (size_t)n;
+        buf[len] = 0;
+        close(fd);
+        assert_non_null(strstr(buf, "HTTP/1.1 400"));
+        assert_non_null(strstr(buf, "ambiguous_framing"));
+        assert_null(strstr(buf, "\"object\":\"list\"")); /* the second request got no answer */
+        assert_null(strstr(buf + 12, "HTTP/1.1 "));
+    }
+    assert_int_equal(status_of("POST", "/tokenize", "Content-Length: 17\r\n", "{\"content\":\"abc\"}",
+                               "\"tokens\""), 200);
+}
+
 /* Time the engine takes (a request waiting in the queue, a slow token) is not the client's silence: a
  * whole-body answer held 3 s and a stream paused 3 s both arrive whole with a 2 s idle timeout. */
 static void test_http_engine_time_is_not_idle_time(void **state)
@@ -879,6 +1020,9 @@ int main(void)
         cmocka_unit_test(test_http_disconnect_before_body_is_499),
         cmocka_unit_test(test_http_cors_and_content_type),
         cmocka_unit_test(test_http_idle_connections_do_not_lock_out),
+        cmocka_unit_test(test_http_slow_clients_do_not_lock_out),
+        cmocka_unit_test(test_http_ambiguous_framing_is_400_and_closed),
+        cmocka_unit_test(test_http_stop_does_not_wait_for_unfinished_requests),
         cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
         cmocka_unit_test(test_http_engine_time_is_not_idle_time),
         cmocka_unit_test(test_http_malformed_requests_are_counted),

@@ -21,6 +21,8 @@
 #include "base/file.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "model/config.h"
+#include "model/gguf_check.h"
 #include "runtime/engine.h"
 #include "runtime/perplexity.h"
 #include "text/tokenizer.h"
@@ -78,7 +80,12 @@ static int read_input(const char *model, const char *text_file, const char *toke
         return 1;
     }
     lily_tokenizer *tok = NULL;
-    lily_status st = lily_tokenizer_load(model, &tok, &err);
+    /* the directory before the tokenizer: its error would hide these */
+    lily_status st = lily_check_not_gguf(model, &err);
+    if (st == LILY_OK)
+        st = lily_check_model_dir(model, &err);
+    if (st == LILY_OK)
+        st = lily_tokenizer_load(model, &tok, &err);
     if (st == LILY_OK)
         st = lily_tokenizer_encode(tok, text, len, parse_special, tokens, n, &err);
     lily_tokenizer_free(tok);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "base/file.h"
@@ -496,7 +497,25 @@ lily_status lily_check_model_dir(const char *model_dir, lily_error *err)
     if (!S_ISDIR(sb.st_mode))
         return lily_error_set(err, LILY_ERR_IO, "%s is not a model directory (expected a directory with config.json, "
                               "*.safetensors and tokenizer.json)", model_dir);
-    return LILY_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    if (lstat(path, &sb) == 0 || errno != ENOENT)
+        return LILY_OK; /* there (or unreadable: opening it says why) */
+    /* a Hugging Face hub cache folder (models--ORG--NAME) keeps the files under snapshots/REVISION/ */
+    snprintf(path, sizeof path, "%s/snapshots", model_dir);
+    DIR *d = opendir(path);
+    if (d) {
+        char revision[256] = "";
+        int n = 0;
+        for (struct dirent *e; (e = readdir(d));)
+            if (e->d_name[0] != '.' && n++ == 0)
+                snprintf(revision, sizeof revision, "%s", e->d_name);
+        closedir(d);
+        return lily_error_set(err, LILY_ERR_IO, "%s is a Hugging Face cache folder, not a model directory: pass its "
+                              "snapshot, %s/%s", model_dir, path, n == 1 ? revision : "REVISION");
+    }
+    return lily_error_set(err, LILY_ERR_IO, "%s is not a model directory: it has no config.json (expected a directory "
+                          "with config.json, *.safetensors and tokenizer.json)", model_dir);
 }
 
 lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err)

@@ -92,8 +92,10 @@ lily_status lily_config_parse(const char *json_text, size_t len, lily_config *cf
  * lily_config_parse, or for a generation_config.json field of the wrong type or out of range (named). */
 lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error *err);
 
-/* Whether model_dir is a directory (what lily_config_load checks first, after the GGUF check): LILY_OK, or
- * LILY_ERR_IO with "model directory DIR: <strerror>" or "DIR is not a model directory (...)". */
+/* Whether model_dir is a directory with a config.json (what lily_config_load checks first, after the GGUF
+ * check): LILY_OK, or LILY_ERR_IO with "model directory DIR: <strerror>", "DIR is not a model directory
+ * (...)", or, for a Hugging Face hub cache folder (no config.json, a snapshots/ folder), the snapshot to
+ * pass instead. */
 lily_status lily_check_model_dir(const char *model_dir, lily_error *err);
 
 #endif

@@ -66,31 +66,46 @@ int64_t lily_tensor_bytes_per_matrix(const lily_tensor *t)
 
 /* --- non-finite values ---------------------------------------------------------------------------- */
 
-/* Index of the first NaN or infinity among n elements of float dtype t at p, or -1. A NaN or infinity has
- * every exponent bit set: 0x7f80 (BF16), 0x7c00 (F16), 0x7f800000 (F32). The loop ORs a block's flags
- * before looking for the index, so the common all-finite case is one compare per element. */
-static int64_t first_non_finite(const void *p, lily_dtype t, int64_t n)
+/* Element i of p as its bits: memcpy, since a tensor need not be aligned to its element size (MLX writes the
+ * safetensors header unpadded, so the data section starts at any byte). */
+static inline uint32_t bits32_at(const uint8_t *p, int64_t i)
 {
+    uint32_t v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+}
+
+static inline uint16_t bits16_at(const uint8_t *p, int64_t i)
+{
+    uint16_t v;
+    memcpy(&v, p + 2 * i, 2);
+    return v;
+}
+
+/* Index of the first NaN or infinity among n elements of float dtype t at p (any alignment), or -1. A NaN or
+ * infinity has every exponent bit set: 0x7f80 (BF16), 0x7c00 (F16), 0x7f800000 (F32). The loop ORs a block's
+ * flags before looking for the index, so the common all-finite case is one compare per element. */
+static int64_t first_non_finite(const void *data, lily_dtype t, int64_t n)
+{
+    const uint8_t *p = data;
     const int64_t block = 4096;
     for (int64_t i0 = 0; i0 < n; i0 += block) {
         const int64_t i1 = n - i0 < block ? n : i0 + block;
         int any = 0;
         if (t == LILY_DTYPE_F32) {
-            const uint32_t *x = p;
             for (int64_t i = i0; i < i1; i++)
-                any |= (x[i] & 0x7f800000u) == 0x7f800000u;
+                any |= (bits32_at(p, i) & 0x7f800000u) == 0x7f800000u;
         } else {
-            const uint16_t *x = p;
             const uint16_t e = t == LILY_DTYPE_BF16 ? 0x7f80 : 0x7c00;
             for (int64_t i = i0; i < i1; i++)
-                any |= (x[i] & e) == e;
+                any |= (bits16_at(p, i) & e) == e;
         }
         if (!any)
             continue;
         for (int64_t i = i0; i < i1; i++) {
-            const int bad = t == LILY_DTYPE_F32 ? (((const uint32_t *)p)[i] & 0x7f800000u) == 0x7f800000u
-                            : t == LILY_DTYPE_BF16 ? (((const uint16_t *)p)[i] & 0x7f80) == 0x7f80
-                                                   : (((const uint16_t *)p)[i] & 0x7c00) == 0x7c00;
+            const int bad = t == LILY_DTYPE_F32 ? (bits32_at(p, i) & 0x7f800000u) == 0x7f800000u
+                            : t == LILY_DTYPE_BF16 ? (bits16_at(p, i) & 0x7f80) == 0x7f80
+                                                   : (bits16_at(p, i) & 0x7c00) == 0x7c00;
             if (bad)
                 return i;
         }

@@ -35,9 +35,10 @@ static const char *const status_labels[] = {"2xx", "400", "401", "403", "404_405
                                             "503_529", "5xx"};
 #define N_STATUS_CLASSES ((int)(sizeof status_labels / sizeof status_labels[0]))
 
-/* One open connection (MHD's socket context). busy: it has a request in progress (headers received and
- * no answer completed yet); an idle one is a keep-alive connection between requests or one still sending
- * its headers. */
+/* One open connection (MHD's socket context). busy: the engine holds its request (queued or running: from
+ * the job's submission to its end); every other connection is idle: a keep-alive one between requests, one
+ * still sending its headers or body, or one whose answer is complete and still being written (a client that
+ * sends or reads a byte now and then is not silent, so only the slot policy bounds it). */
 typedef struct conn_slot {
     struct conn_slot *prev, *next;
     int fd;
@@ -50,7 +51,8 @@ struct lily_http_server {
     lily_http_options opts;
     char *host, *api_key, *model_name;
     int port;
-    atomic_int in_flight;     /* requests between their first byte and their completion */
+    atomic_int in_flight;     /* requests wholly received and not yet completely answered: the shutdown
+                               * drains these (a client still sending its request gets no answer anyway) */
     /* GET /metrics counters, added to when a request completes */
     atomic_ullong n_by_status[N_STATUS_CLASSES]; /* by status_class */
     char **cors;              /* --cors-origin: origins allowed besides the loopback ones */
@@ -74,6 +76,9 @@ typedef struct {
     bool responded;
     int status;
     lily_job *job;            /* a queued job, shared with the worker */
+    bool holds_engine;        /* the connection is marked busy: job submitted, not finished (conn_slot) */
+    bool in_flight;           /* counted in lily_http_server.in_flight: the whole request is in */
+    bool close_after;         /* answer with "Connection: close" (the request's framing is in doubt) */
     char allow_origin[256];   /* Access-Control-Allow-Origin of the answer ("" = none) */
     int fd;                   /* the connection's socket, polled for a vanished client */
     struct MHD_Connection *conn;
@@ -82,6 +87,17 @@ typedef struct {
      * in this connection's thread (CLOCK_MONOTONIC seconds; 0 until then) */
     double first_handed_s;
 } request;
+
+static void set_busy(lily_http_server *srv, struct MHD_Connection *c, bool busy);
+
+/* The connection is no longer busy once its job has finished: what is left is writing the answer. */
+static void release_engine_hold(request *r)
+{
+    if (r->holds_engine) {
+        set_busy(r->srv, r->conn, false);
+        r->holds_engine = false;
+    }
+}
 
 /* The status microhttpd answered this connection's malformed request with (see on_mhd_log), else 0. */
 static _Thread_local int mhd_error_status;
@@ -112,6 +128,8 @@ static enum MHD_Result send_body(struct MHD_Connection *c, request *r, int statu
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", content_type);
+    if (r->close_after)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     add_cors_headers(resp, r);
     if (allow)
         MHD_add_response_header(resp, "Allow", allow);
@@ -227,6 +245,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_WITH_ERROR; /* it fell too far behind: close */
         }
         long n = lily_job_read(r->job, buf, max, 50);
+        if (r->holds_engine) {
+            pthread_mutex_lock(&r->job->mu);
+            bool finished = r->job->finished;
+            pthread_mutex_unlock(&r->job->mu);
+            if (finished)
+                release_engine_hold(r);
+        }
         if (n > 0) {
             restart_idle_clock(r);
             double written_s;
@@ -287,6 +312,7 @@ static enum MHD_Result respond_job(struct MHD_Connection *c, request *r)
         }
         pthread_mutex_unlock(&job->mu);
     }
+    release_engine_hold(r);
     restart_idle_clock(r);
     size_t len;
     char *out = lily_job_take_output(job, &len);
@@ -538,6 +564,8 @@ static enum MHD_Result submit(struct MHD_Connection *c, request *r, lily_job *jo
                                  "The server is busy: the request queue is full (--queue). Retry later.");
     }
     r->job = job;
+    set_busy(r->srv, c, true);
+    r->holds_engine = true;
     return respond_job(c, r);
 }
 
@@ -707,8 +735,9 @@ static void set_busy(lily_http_server *srv, struct MHD_Connection *c, bool busy)
 }
 
 /* A connection opened or closed. When the open connections reach max_connections less a reserve (one in
- * eight), the oldest idle ones (see conn_slot) are shut down, so idle or slow-header clients can never
- * take the slots a new client needs; busy ones are never touched. */
+ * eight), the oldest idle ones (see conn_slot) are shut down, so idle clients, and clients that send their
+ * request or read their answer a byte at a time, can never take the slots a new client needs; busy ones
+ * (the engine holds their request: at most --queue + 1) are never touched. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
@@ -768,6 +797,38 @@ static void printable_ascii(char *dst, size_t cap, const char *s)
     dst[n] = 0;
 }
 
+/* The request's body framing headers, for request_framing_ambiguous. */
+typedef struct {
+    const char *content_length; /* the first Content-Length */
+    bool lengths_differ, chunked;
+} framing_scan;
+
+static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    framing_scan *f = cls;
+    value = value ? value : "";
+    if (!strcasecmp(key, "Content-Length")) {
+        if (!f->content_length)
+            f->content_length = value;
+        else if (strcmp(f->content_length, value))
+            f->lengths_differ = true;
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->chunked = true;
+    }
+    return MHD_YES;
+}
+
+/* Whether the body's end is in doubt: Content-Length headers that disagree, or a Content-Length beside a
+ * Transfer-Encoding. A proxy in front of lily may frame such a request otherwise (request smuggling), so it
+ * is refused and its connection closed (RFC 9112, sections 6.1 and 6.3). */
+static bool request_framing_ambiguous(struct MHD_Connection *c)
+{
+    framing_scan f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
+    return f.lengths_differ || (f.content_length && f.chunked);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
@@ -789,11 +850,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (ci)
             r->fd = ci->connect_fd;
         *con_cls = r;
-        atomic_fetch_add(&srv->in_flight, 1);
-        set_busy(srv, c, true);
         mhd_error_status = 0;
         stream_ended_for_client = false;
 
+        if (request_framing_ambiguous(c)) {
+            r->close_after = true;
+            return send_simple_error(c, r, 400, "invalid_request_error", "ambiguous_framing", NULL,
+                                     "Conflicting Content-Length headers, or Content-Length with Transfer-Encoding: "
+                                     "the request's body has no single end.");
+        }
         const char *allow = NULL;
         route_id id = route_of(url, &allow);
         const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
@@ -890,6 +955,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     /* the whole request is in */
+    if (!r->in_flight) {
+        r->in_flight = true;
+        atomic_fetch_add(&srv->in_flight, 1);
+    }
     if (r->too_large) {
         char msg[256];
         snprintf(msg, sizeof msg, "Request body exceeds the limit of %zu bytes (--max-body).", srv->opts.max_body);
@@ -971,12 +1040,18 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     time_t now = time(NULL);
     struct tm tm;
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&now, &tm));
-    fprintf(stderr, "%s %s %s %d%s%s %.3f s\n", when, r->method, r->path, status, tail,
+    /* the method and URL as the client sent them (URL unescaped) may hold any byte: a newline would forge a
+     * log line, an escape sequence would drive the terminal */
+    char method_text[40], path_text[400];
+    printable_ascii(method_text, sizeof method_text, r->method);
+    printable_ascii(path_text, sizeof path_text, r->path);
+    fprintf(stderr, "%s %s %s %d%s%s %.3f s\n", when, method_text, path_text, status, tail,
             r->job && lily_job_overflowed(r->job) ? " (the client fell too far behind reading the stream)" : "", secs);
     lily_job_unref(r->job);
+    if (r->in_flight)
+        atomic_fetch_sub(&srv->in_flight, 1);
     free(r->body);
     free(r);
-    atomic_fetch_sub(&srv->in_flight, 1);
 }
 
 /* microhttpd answers malformed HTTP itself (a bad request line or chunk, an impossible Content-Length) and

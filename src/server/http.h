@@ -25,7 +25,8 @@ typedef struct {
     size_t max_body;          /* bytes; default 16 MiB */
     const char *model_name;   /* the id /v1/models lists and responses carry */
     int max_connections;      /* default 256; one in eight is kept free for new clients by closing the
-                               * oldest idle connections (keep-alive, or still sending their headers) */
+                               * oldest idle connections (every one whose request the engine does not
+                               * hold: keep-alive, sending its request, reading a finished answer) */
     int idle_timeout_s;       /* seconds a connection may stay silent (headers, body, or reading its answer)
                                * before it is closed; default 10 */
     const char *cors_origins; /* NULL: browser pages on this machine only (loopback origins, and the server's

@@ -27,6 +27,8 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "grammar/constraint.h"
+#include "model/config.h"
+#include "model/gguf_check.h"
 #include "server/anthropic.h"
 #include "server/openai.h"
 #include "server/structured.h"
@@ -251,7 +253,12 @@ static lily_status warm_up(lily_service *svc, lily_error *err)
 lily_status lily_service_load(void *user, lily_error *err)
 {
     lily_service *svc = user;
-    lily_status st = lily_tokenizer_load(svc->model_dir, &svc->tok, err);
+    /* the directory before the tokenizer: its error would hide these */
+    lily_status st = lily_check_not_gguf(svc->model_dir, err);
+    if (st == LILY_OK)
+        st = lily_check_model_dir(svc->model_dir, err);
+    if (st == LILY_OK)
+        st = lily_tokenizer_load(svc->model_dir, &svc->tok, err);
     if (st != LILY_OK)
         return st;
     lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads,

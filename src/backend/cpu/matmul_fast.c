@@ -75,27 +75,35 @@ void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum)
 /* A bf16 value's bits widened to fp32's. */
 static inline uint32_t bf16_bits_to_f32_bits(uint16_t h) { return (uint32_t)h << 16; }
 
-/* n values of a scale or bias row (fp32, bf16 or fp16) as fp32, the dtype switch outside the loop; the
- * bf16 case in runs of 8 the compiler vectorizes (the common MLX checkpoint's dtype). */
+/* 16-bit element i of p, at any alignment (a checkpoint's tensor need not be aligned: MLX writes the
+ * safetensors header unpadded). */
+static inline uint16_t u16_at(const void *p, int64_t i)
+{
+    uint16_t v;
+    memcpy(&v, (const char *)p + 2 * i, 2);
+    return v;
+}
+
+/* n values of a scale or bias row (fp32, bf16 or fp16; any alignment) as fp32, the dtype switch outside the
+ * loop; the bf16 case in runs of 8 the compiler vectorizes (the common MLX checkpoint's dtype). */
 static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *dst)
 {
-    const uint16_t *h = src;
     int64_t i = 0;
     switch (dtype) {
     case LILY_DTYPE_BF16: {
         uint32_t bits[8];
         for (; i + 8 <= n; i += 8) {
             for (int l = 0; l < 8; l++)
-                bits[l] = bf16_bits_to_f32_bits(h[i + l]);
+                bits[l] = bf16_bits_to_f32_bits(u16_at(src, i + l));
             memcpy(dst + i, bits, sizeof bits);
         }
         for (; i < n; i++)
-            dst[i] = lily_bf16_to_f32(h[i]);
+            dst[i] = lily_bf16_to_f32(u16_at(src, i));
         break;
     }
     case LILY_DTYPE_F16:
         for (; i < n; i++)
-            dst[i] = lily_f16_to_f32(h[i]);
+            dst[i] = lily_f16_to_f32(u16_at(src, i));
         break;
     default:
         for (; i < n; i++)
