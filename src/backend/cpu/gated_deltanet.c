@@ -230,21 +230,39 @@ static void delta_rule_head_task(void *arg, int hv, int thread)
                                  dv, state, out, value_dim);
 }
 
+/* Channels per block of causal_conv_silu (a block's taps transposed on the stack). */
+#define CONV_CHANNEL_BLOCK 64
+#define CONV_MAX_TAPS 8
+
 /* Causal depthwise conv over the pre-conv rows `mixed` [n, C] preceded by `conv_state` [K-1, C], then SiLU;
- * the state becomes the last K-1 rows of concat(conv_state, mixed). weight: [C, K], tap K-1 = current token. */
-static void causal_conv_silu(const float *mixed, int n, int channels, int K, const float *weight, float *conv_state,
-                             float *y)
+ * the state becomes the last K-1 rows of concat(conv_state, mixed). weight: [C, K], tap K-1 = current token.
+ * Per channel: acc = 0, then acc += weight[j] · x_j for the taps j in order — walked a block of channels
+ * at a time so that the loop over channels vectorizes (the same operations per channel). */
+CPU_VEC8_CLONES static void causal_conv_silu(const float *mixed, int n, int channels, int K, const float *weight,
+                                             float *conv_state, float *y)
 {
     const int hist = K - 1;
-    for (int t = 0; t < n; t++) {
-        for (int c = 0; c < channels; c++) {
-            float acc = 0;
+    for (int c0 = 0; c0 < channels; c0 += CONV_CHANNEL_BLOCK) {
+        const int nc = channels - c0 < CONV_CHANNEL_BLOCK ? channels - c0 : CONV_CHANNEL_BLOCK;
+        float wt[CONV_MAX_TAPS][CONV_CHANNEL_BLOCK]; /* (a config with more taps reads them in place) */
+        for (int c = 0; c < nc && K <= CONV_MAX_TAPS; c++)
+            for (int j = 0; j < K; j++)
+                wt[j][c] = weight[(int64_t)(c0 + c) * K + j];
+        for (int t = 0; t < n; t++) {
+            float acc[CONV_CHANNEL_BLOCK] = {0};
             for (int j = 0; j < K; j++) {
                 const int r = t - hist + j; /* row of mixed; < 0 reads the state */
-                const float xv = r >= 0 ? mixed[(int64_t)r * channels + c] : conv_state[(int64_t)(hist + r) * channels + c];
-                acc += weight[(int64_t)c * K + j] * xv;
+                const float *xr = r >= 0 ? mixed + (int64_t)r * channels + c0 : conv_state + (int64_t)(hist + r) * channels + c0;
+                if (K <= CONV_MAX_TAPS)
+                    for (int c = 0; c < nc; c++)
+                        acc[c] += wt[j][c] * xr[c];
+                else
+                    for (int c = 0; c < nc; c++)
+                        acc[c] += weight[(int64_t)(c0 + c) * K + j] * xr[c];
             }
-            y[(int64_t)t * channels + c] = cpu_silu(acc);
+            float *yt = y + (int64_t)t * channels + c0;
+            for (int c = 0; c < nc; c++)
+                yt[c] = cpu_silu(acc[c]);
         }
     }
     if (n >= hist) {
