@@ -525,7 +525,7 @@ static void test_quant_dot_every_kernel_set(void **state)
     for (int s = 0; s < n_sets; s++)
         print_message(" %s", sets[s]->name);
     print_message("\n");
-    enum { ROWS = 5, COLS = 256, N = 11 };
+    enum { ROWS = 5, COLS = 256, N = 27 }; /* up to 27 tokens: tiles of 16, 8 and a remainder */
     /* extreme = 1: every weight at its largest value and every activation at ±its block's maximum, so each
      * block's integer sum is the largest the kernels must hold (32 · 15 · 32258 for 4-bit: exact in int32
      * and in fp32) */
@@ -592,7 +592,7 @@ static void test_quant_dot_every_kernel_set(void **state)
                             assert_memory_equal(&out[q], &all_single[r0 + q][t], sizeof(float));
                     }
                 /* the tile kernel gives every (row, token) its single-token result, bit for bit: 1 .. ROWS rows
-                 * (register tiles of 4 and a remainder), 1 .. N tokens (tiles of 8 and a remainder) */
+                 * (register tiles of 4 and a remainder), 1 .. N tokens (tiles of 16 and 8, and a remainder) */
                 if (bits == 4 && sets[s]->gemm_q4)
                     for (int nr = 1; nr <= ROWS; nr++)
                         for (int nt = 1; nt <= N; nt++) {
