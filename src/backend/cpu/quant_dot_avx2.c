@@ -417,8 +417,8 @@ __attribute__((target("avx2,fma"))) static void q4_gemm_tile(const int32_t *pk, 
 }
 
 void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
-                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo, cpu_qgemm_tile_fn tile8,
-                          cpu_qgemm_tile_fn tile16)
+                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo,
+                          cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8, cpu_qgemm_tile_fn tile16)
 {
     const int64_t nb = a->cols / CPU_QBLOCK, row_ints = nb * 16;
     const int per_group = group / CPU_QBLOCK;
@@ -447,7 +447,7 @@ void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, co
         for (int64_t r0 = 0; r0 < nrows; r0 += pass) {
             const int64_t nr = nrows - r0 < pass ? nrows - r0 : pass;
             const int64_t nr_pad = (nr + QGEMM_ROWS - 1) / QGEMM_ROWS * QGEMM_ROWS;
-            cpu_qdot_avx2_pack_rows(w + r0 * row_bytes, row_bytes, nr, nr_pad, nb, pk);
+            pack_rows(w + r0 * row_bytes, row_bytes, nr, nr_pad, nb, pk);
             for (int i = 0; i < n_tiles; i++) {
                 const int tw = tile_width[i], jt = j0 + tile_start[i], nj = LILY_QMIN(tw, nt - jt);
                 const cpu_qgemm_tile_fn fn = tw > QGEMM_TOKENS ? tile16 : tile8;
@@ -471,7 +471,7 @@ void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, co
 static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride, int group,
                     const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
 {
-    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, out, ldo, q4_gemm_tile, NULL);
+    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, out, ldo, cpu_qdot_avx2_pack_rows, q4_gemm_tile, NULL);
 }
 
 const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,

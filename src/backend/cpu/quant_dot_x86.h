@@ -26,12 +26,17 @@ void cpu_qdot_avx2_rows_q8(const uint8_t *w, int64_t row_bytes, const float *ws,
 typedef void (*cpu_qgemm_tile_fn)(const int32_t *pk, int64_t nb, const int32_t *xt, const float *dt,
                                   const float *const *wsr, int per_group, float *res);
 
+/* Weight rows [0, nrows) of w unpacked into pk in the layout above (row r at pk + r * nb * 16), rows
+ * [nrows, rows_pad) zero. */
+typedef void (*cpu_qgemm_pack_rows_fn)(const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t rows_pad,
+                                       int64_t nb, int32_t *pk);
+
 /* quant_dot.h's cpu_qgemm_fn contract, each register tile computed by tile8 (8 tokens) or, where given
- * and more than 8 tokens are left, by tile16 (16 tokens). Packs with AVX2 + FMA; the tile kernels may
- * need more, the caller's set guarantees it. */
+ * and more than 8 tokens are left, by tile16 (16 tokens); weight rows unpacked by pack_rows. Packs the
+ * token tiles with AVX2 + FMA; the functions passed may need more, the caller's set guarantees it. */
 void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
-                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo, cpu_qgemm_tile_fn tile8,
-                          cpu_qgemm_tile_fn tile16);
+                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo,
+                          cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8, cpu_qgemm_tile_fn tile16);
 
 /* The AVX2 set's packing for gemm_q4 (quant_dot_avx2.c documents the layouts). */
 void cpu_qdot_avx2_pack_rows(const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t rows_pad, int64_t nb,
