@@ -230,23 +230,44 @@ static void delta_rule_head_task(void *arg, int hv, int thread)
                                  dv, state, out, value_dim);
 }
 
-/* Causal depthwise conv over the pre-conv rows `mixed` [n, C] preceded by `conv_state` [K-1, C], then SiLU;
- * the state becomes the last K-1 rows of concat(conv_state, mixed). weight: [C, K], tap K-1 = current token. */
-static void causal_conv_silu(const float *mixed, int n, int channels, int K, const float *weight, float *conv_state,
-                             float *y)
+/* Channels per block of causal_conv_silu (a block's taps transposed on the stack). */
+#define CONV_CHANNEL_BLOCK 64
+#define CONV_MAX_TAPS 8
+
+/* Causal depthwise conv over the pre-conv rows `mixed` [n, C] preceded by `conv_state` [K-1, C], then SiLU,
+ * for channels [c0, c0 + nc) (nc <= CONV_CHANNEL_BLOCK). weight: [C, K], tap K-1 = current token.
+ * Per channel: acc = 0, then acc += weight[j] · x_j for the taps j in order — walked a block of channels
+ * at a time so that the loop over channels vectorizes (the same operations per channel). */
+CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, int channels, int K, const float *weight,
+                                                   const float *conv_state, float *y, int c0, int nc)
 {
     const int hist = K - 1;
+    float wt[CONV_MAX_TAPS][CONV_CHANNEL_BLOCK]; /* (a config with more taps reads them in place) */
+    for (int c = 0; c < nc && K <= CONV_MAX_TAPS; c++)
+        for (int j = 0; j < K; j++)
+            wt[j][c] = weight[(int64_t)(c0 + c) * K + j];
     for (int t = 0; t < n; t++) {
-        for (int c = 0; c < channels; c++) {
-            float acc = 0;
-            for (int j = 0; j < K; j++) {
-                const int r = t - hist + j; /* row of mixed; < 0 reads the state */
-                const float xv = r >= 0 ? mixed[(int64_t)r * channels + c] : conv_state[(int64_t)(hist + r) * channels + c];
-                acc += weight[(int64_t)c * K + j] * xv;
-            }
-            y[(int64_t)t * channels + c] = cpu_silu(acc);
+        float acc[CONV_CHANNEL_BLOCK] = {0};
+        for (int j = 0; j < K; j++) {
+            const int r = t - hist + j; /* row of mixed; < 0 reads the state */
+            const float *xr = r >= 0 ? mixed + (int64_t)r * channels + c0 : conv_state + (int64_t)(hist + r) * channels + c0;
+            if (K <= CONV_MAX_TAPS)
+                for (int c = 0; c < nc; c++)
+                    acc[c] += wt[j][c] * xr[c];
+            else
+                for (int c = 0; c < nc; c++)
+                    acc[c] += weight[(int64_t)(c0 + c) * K + j] * xr[c];
         }
+        float *yt = y + (int64_t)t * channels + c0;
+        for (int c = 0; c < nc; c++)
+            yt[c] = cpu_silu(acc[c]);
     }
+}
+
+/* The conv state becomes the last K-1 rows of concat(conv_state, mixed). */
+static void conv_state_update(const float *mixed, int n, int channels, int K, float *conv_state)
+{
+    const int hist = K - 1;
     if (n >= hist) {
         memcpy(conv_state, mixed + (int64_t)(n - hist) * channels, (size_t)hist * channels * sizeof(float));
     } else {
@@ -267,23 +288,41 @@ static void l2norm_inplace(float *x, int dim, float scale)
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out)
+/* Fewest tokens for which the element-wise steps around the delta rule go over the pool (decode's one token
+ * is less work than a pool pass). */
+#define GDN_PARALLEL_MIN_TOKENS 16
+/* Tokens per task of those steps. */
+#define GDN_TOKENS_PER_TASK 16
+
+typedef struct {
+    cpu_ctx *c;
+    const cpu_layer_params *lp;
+    const float *conv_state;
+    int n;
+} gdn_step_job;
+
+/* Task: channel block `task` of the causal conv + SiLU over all n tokens. */
+static void conv_task(void *arg, int task, int thread)
 {
-    const lily_config *cfg = c->cfg;
-    const lily_layer_weights *lw = &c->w->layers[layer];
-    const cpu_layer_params *lp = &c->layers[layer];
-    const int Hk = cfg->gdn_n_key_heads, Hv = cfg->gdn_n_value_heads;
-    const int dk = cfg->gdn_key_head_dim, dv = cfg->gdn_value_head_dim;
-    const int key_dim = Hk * dk, value_dim = Hv * dv, conv_dim = lily_config_gdn_conv_dim(cfg);
+    (void)thread;
+    const gdn_step_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    const int conv_dim = lily_config_gdn_conv_dim(cfg), c0 = task * CONV_CHANNEL_BLOCK;
+    causal_conv_silu_block(j->c->gdn_mixed, j->n, conv_dim, cfg->gdn_conv_kernel, j->lp->conv1d, j->conv_state,
+                           j->c->gdn_conv, c0, LILY_MIN(CONV_CHANNEL_BLOCK, conv_dim - c0));
+}
 
-    const lily_tensor *in_w[] = {&lw->in_proj_qkv, &lw->in_proj_z, &lw->in_proj_b, &lw->in_proj_a};
-    float *const in_y[] = {c->gdn_mixed, c->gdn_z, c->gdn_b, c->gdn_a};
-    cpu_matmul_many(c, 4, in_w, x, n, in_y);
-
-    causal_conv_silu(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, lp->conv1d, st->conv_state[layer], c->gdn_conv);
-
+/* Task: tokens [16 task, 16 task + 16) of q/k's L2 norms and the gates β, g. */
+static void qk_norm_gates_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const gdn_step_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    cpu_ctx *c = j->c;
+    const int Hk = cfg->gdn_n_key_heads, Hv = cfg->gdn_n_value_heads, dk = cfg->gdn_key_head_dim;
+    const int key_dim = Hk * dk, conv_dim = lily_config_gdn_conv_dim(cfg);
     const float q_scale = 1.0f / sqrtf((float)dk);
-    for (int t = 0; t < n; t++) {
+    for (int t = task * GDN_TOKENS_PER_TASK; t < LILY_MIN(j->n, (task + 1) * GDN_TOKENS_PER_TASK); t++) {
         float *row = c->gdn_conv + (int64_t)t * conv_dim;
         for (int h = 0; h < Hk; h++) {
             l2norm_inplace(row + (int64_t)h * dk, dk, q_scale);
@@ -292,17 +331,58 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
         for (int h = 0; h < Hv; h++) {
             const int64_t i = (int64_t)t * Hv + h;
             c->gdn_beta[i] = cpu_sigmoid(c->gdn_b[i]);
-            c->gdn_g[i] = lp->neg_exp_A[h] * softplus(c->gdn_a[i] + lp->dt_bias[h]);
+            c->gdn_g[i] = j->lp->neg_exp_A[h] * softplus(c->gdn_a[i] + j->lp->dt_bias[h]);
         }
     }
+}
+
+/* Task: tokens [16 task, 16 task + 16) of the gated RMSNorm per (token, value head): (w ⊙ RMS(o)) ⊙ silu(z). */
+static void gated_norm_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const gdn_step_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    cpu_ctx *c = j->c;
+    const int Hv = cfg->gdn_n_value_heads, dv = cfg->gdn_value_head_dim;
+    const int t0 = task * GDN_TOKENS_PER_TASK, t1 = LILY_MIN(j->n, t0 + GDN_TOKENS_PER_TASK);
+    float *o = c->gdn_o + (int64_t)t0 * Hv * dv;
+    const float *z = c->gdn_z + (int64_t)t0 * Hv * dv;
+    cpu_rmsnorm(o, j->lp->gdn_norm, (t1 - t0) * Hv, dv, cfg->rms_norm_eps, o);
+    for (int64_t i = 0; i < (int64_t)(t1 - t0) * Hv * dv; i++)
+        o[i] *= cpu_silu(z[i]);
+}
+
+/* fn over its n_tasks: through the pool for GDN_PARALLEL_MIN_TOKENS tokens or more, else on the caller. */
+static void gdn_steps(cpu_ctx *c, int n, int n_tasks, lily_task_fn fn, void *arg)
+{
+    if (n >= GDN_PARALLEL_MIN_TOKENS)
+        parallel_for(c->pool, n_tasks, fn, arg);
+    else
+        for (int i = 0; i < n_tasks; i++)
+            fn(arg, i, 0);
+}
+
+void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out)
+{
+    const lily_config *cfg = c->cfg;
+    const lily_layer_weights *lw = &c->w->layers[layer];
+    const cpu_layer_params *lp = &c->layers[layer];
+    const int Hv = cfg->gdn_n_value_heads, conv_dim = lily_config_gdn_conv_dim(cfg);
+
+    const lily_tensor *in_w[] = {&lw->in_proj_qkv, &lw->in_proj_z, &lw->in_proj_b, &lw->in_proj_a};
+    float *const in_y[] = {c->gdn_mixed, c->gdn_z, c->gdn_b, c->gdn_a};
+    cpu_matmul_many(c, 4, in_w, x, n, in_y);
+
+    gdn_step_job steps = {c, lp, st->conv_state[layer], n};
+    gdn_steps(c, n, (conv_dim + CONV_CHANNEL_BLOCK - 1) / CONV_CHANNEL_BLOCK, conv_task, &steps);
+    conv_state_update(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, st->conv_state[layer]);
+    const int token_tasks = (n + GDN_TOKENS_PER_TASK - 1) / GDN_TOKENS_PER_TASK;
+    gdn_steps(c, n, token_tasks, qk_norm_gates_task, &steps);
 
     delta_rule_job job = {c, st->recurrent_state[layer], n};
     parallel_for(c->pool, Hv, delta_rule_head_task, &job);
 
-    /* gated RMSNorm per (token, value head): (w ⊙ RMS(o)) ⊙ silu(z) */
-    cpu_rmsnorm(c->gdn_o, lp->gdn_norm, n * Hv, dv, cfg->rms_norm_eps, c->gdn_o);
-    for (int64_t i = 0; i < (int64_t)n * value_dim; i++)
-        c->gdn_o[i] *= cpu_silu(c->gdn_z[i]);
+    gdn_steps(c, n, token_tasks, gated_norm_task, &steps);
 
     cpu_matmul(c, &lw->out_proj, c->gdn_o, n, out);
 }

@@ -83,7 +83,7 @@ typedef void (*cpu_qgemm_fn)(const uint8_t *w, int64_t row_bytes, int64_t nrows,
 /* A set of kernels for one instruction set. rows_q4 / rows_q8 may be NULL (the caller then loops
  * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE). */
 typedef struct {
-    const char *name; /* "ref", "avx2", "neon", "neon-dotprod" */
+    const char *name; /* "ref", "avx2", "avx512-vnni", "neon", "neon-dotprod" */
     cpu_qdot_fn dot_q4, dot_q8;
     cpu_qdot_rows_fn rows_q4, rows_q8;
     cpu_qgemm_fn gemm_q4;
@@ -99,7 +99,7 @@ int cpu_qdot_available(const cpu_qdot_kernels **out);
 /* The implementations (each file compiles to nothing where its instruction set does not exist). */
 extern const cpu_qdot_kernels cpu_qdot_ref;
 #if defined(__x86_64__) || defined(__i386__)
-extern const cpu_qdot_kernels cpu_qdot_avx2;
+extern const cpu_qdot_kernels cpu_qdot_avx2, cpu_qdot_avx512_vnni;
 #endif
 #if defined(__aarch64__)
 extern const cpu_qdot_kernels cpu_qdot_neon, cpu_qdot_neon_dotprod;

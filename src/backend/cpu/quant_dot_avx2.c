@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "quant_dot.h"
+#include "quant_dot_x86.h"
 
 #define AVX2 __attribute__((target("avx2,fma"), always_inline)) static inline
 
@@ -172,7 +173,7 @@ AVX2 void qdot_rows(const uint8_t *w, int64_t row_bytes, const float *ws, int64_
 
 /* The 8-bit entry points: the token count and MLX's default group of 64 (the block loop unrolled) picked
  * at run time among the constant-argument instantiations. */
-__attribute__((target("avx2,fma"))) static void rows_q8(const uint8_t *w, int64_t row_bytes, const float *ws,
+__attribute__((target("avx2,fma"))) void cpu_qdot_avx2_rows_q8(const uint8_t *w, int64_t row_bytes, const float *ws,
                                                         int64_t ws_stride, int group, const cpu_qact *a, int t,
                                                         float *out)
 {
@@ -182,7 +183,7 @@ __attribute__((target("avx2,fma"))) static void rows_q8(const uint8_t *w, int64_
         qdot_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 8, 0);
 }
 
-__attribute__((target("avx2,fma"))) static void dot_q8(const uint8_t *w, const float *ws, int group,
+__attribute__((target("avx2,fma"))) void cpu_qdot_avx2_dot_q8(const uint8_t *w, const float *ws, int group,
                                                        const cpu_qact *a, int t0, int nt, float *out)
 {
     switch (nt * 4 + (group == 2 * CPU_QBLOCK ? 2 : 0)) {
@@ -235,7 +236,7 @@ AVX2 float q4_dot_one(const uint8_t *w, const float *ws, int per_group, const cp
     return _mm_cvtss_f32(acc);
 }
 
-__attribute__((target("avx2,fma"))) static void dot_q4(const uint8_t *w, const float *ws, int group,
+__attribute__((target("avx2,fma"))) void cpu_qdot_avx2_dot_q4(const uint8_t *w, const float *ws, int group,
                                                        const cpu_qact *a, int t0, int nt, float *out)
 {
     for (int j = 0; j < nt; j++)
@@ -285,9 +286,6 @@ __attribute__((target("avx2,fma"))) static void rows_q4(const uint8_t *w, int64_
         q4_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 0);
 }
 
-/* Tokens per tile of gemm_q4 (the fp32 lanes) and rows per register tile. */
-#define QGEMM_TOKENS 8
-#define QGEMM_ROWS 4
 #define LILY_QMAX(a, b) ((a) > (b) ? (a) : (b))
 #define LILY_QMIN(a, b) ((a) < (b) ? (a) : (b))
 /* Bytes of unpacked weight rows per pass of gemm_q4, and of packed token tiles per tile group: each tile
@@ -298,7 +296,8 @@ __attribute__((target("avx2,fma"))) static void rows_q4(const uint8_t *w, int64_
 /* Weight rows [0, nrows) of w unpacked for gemm_q4, rows [nrows, rows_pad) zero: pk[r * nb * 16 + k * 16 + p]
  * holds row r's elements 2p and 2p + 1 of block k as the low and high int16 of one int32 (the pair one
  * vpmaddwd lane multiplies). */
-AVX2 void q4_pack_rows(const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t rows_pad, int64_t nb, int32_t *pk)
+__attribute__((target("avx2,fma"))) void cpu_qdot_avx2_pack_rows(const uint8_t *w, int64_t row_bytes, int64_t nrows,
+                                                               int64_t rows_pad, int64_t nb, int32_t *pk)
 {
     for (int64_t r = 0; r < rows_pad; r++) {
         int32_t *dst = pk + r * nb * 16;
@@ -338,10 +337,12 @@ AVX2 void transpose8_epi32(__m256i *m)
     m[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
 }
 
-/* Tokens t0 .. t0 + nt - 1 (nt <= QGEMM_TOKENS) of a as one tile, the tokens in the lanes:
- * xt[(k * 16 + p) * 8 + j] holds token j's elements 2p and 2p + 1 of block k as an int16 pair (the
- * weights' pairing), dt[k * 8 + j] its block scale; lanes j >= nt are zero. */
-AVX2 void q4_pack_tile(const cpu_qact *a, int t0, int nt, int64_t nb, int32_t *xt, float *dt)
+/* Tokens t0 .. t0 + nt - 1 (0 <= nt <= QGEMM_TOKENS) of a as 8 lanes of a tile `lanes` wide (8, or 16
+ * where two calls fill its halves): xt[(k * 16 + p) * lanes + j] holds token j's elements 2p and 2p + 1 of
+ * block k as an int16 pair (the weights' pairing), dt[k * lanes + j] its block scale; lanes j >= nt are
+ * zero. */
+__attribute__((target("avx2,fma"))) void cpu_qdot_avx2_pack_tile(const cpu_qact *a, int t0, int nt, int64_t nb,
+                                                               int lanes, int32_t *xt, float *dt)
 {
     const int64_t cols = a->cols;
     for (int64_t k = 0; k < nb; k++) {
@@ -349,7 +350,7 @@ AVX2 void q4_pack_tile(const cpu_qact *a, int t0, int nt, int64_t nb, int32_t *x
         for (int j = 0; j < QGEMM_TOKENS; j++) {
             if (j >= nt) {
                 lo8[j] = hi8[j] = _mm256_setzero_si256();
-                dt[k * QGEMM_TOKENS + j] = 0.0f;
+                dt[k * lanes + j] = 0.0f;
                 continue;
             }
             const int16_t *x = a->v + (int64_t)(t0 + j) * cols + k * CPU_QBLOCK;
@@ -358,13 +359,13 @@ AVX2 void q4_pack_tile(const cpu_qact *a, int t0, int nt, int64_t nb, int32_t *x
             const __m256i lo = _mm256_unpacklo_epi16(ev, od), hi = _mm256_unpackhi_epi16(ev, od);
             lo8[j] = _mm256_permute2x128_si256(lo, hi, 0x20);
             hi8[j] = _mm256_permute2x128_si256(lo, hi, 0x31);
-            dt[k * QGEMM_TOKENS + j] = a->d[(int64_t)(t0 + j) * nb + k];
+            dt[k * lanes + j] = a->d[(int64_t)(t0 + j) * nb + k];
         }
         transpose8_epi32(lo8);
         transpose8_epi32(hi8);
         for (int p = 0; p < 8; p++) {
-            _mm256_storeu_si256((__m256i *)(xt + (k * 16 + p) * QGEMM_TOKENS), lo8[p]);
-            _mm256_storeu_si256((__m256i *)(xt + (k * 16 + 8 + p) * QGEMM_TOKENS), hi8[p]);
+            _mm256_storeu_si256((__m256i *)(xt + (k * 16 + p) * lanes), lo8[p]);
+            _mm256_storeu_si256((__m256i *)(xt + (k * 16 + 8 + p) * lanes), hi8[p]);
         }
     }
 }
@@ -372,8 +373,9 @@ AVX2 void q4_pack_tile(const cpu_qact *a, int t0, int nt, int64_t nb, int32_t *x
 /* QGEMM_ROWS unpacked rows (pk, row r at pk + r * nb * 16; scales wsr[r]) against a packed tile: res[r]
  * lane j = row r's result for token j. Per block: 16 pairs x 4 rows of (broadcast weight pair, vpmaddwd
  * with the 8 tokens' pairs, int32 add), then one convert and one FMA per row. */
-AVX2 void q4_gemm_tile(const int32_t *pk, int64_t nb, const int32_t *xt, const float *dt, const float *const *wsr,
-                       int per_group, __m256 *res)
+__attribute__((target("avx2,fma"))) static void q4_gemm_tile(const int32_t *pk, int64_t nb, const int32_t *xt,
+                                                             const float *dt, const float *const *wsr, int per_group,
+                                                             float *res)
 {
     __m256 acc[QGEMM_ROWS];
 #pragma GCC unroll 4
@@ -411,52 +413,67 @@ AVX2 void q4_gemm_tile(const int32_t *pk, int64_t nb, const int32_t *xt, const f
     }
 #pragma GCC unroll 4
     for (int r = 0; r < QGEMM_ROWS; r++)
-        res[r] = acc[r];
+        _mm256_storeu_ps(res + r * QGEMM_TOKENS, acc[r]);
 }
 
-__attribute__((target("avx2,fma"))) static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows,
-                                                        const float *ws, int64_t ws_stride, int group,
-                                                        const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
+void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
+                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo,
+                          cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8, cpu_qgemm_tile_fn tile16)
 {
-    const int64_t nb = a->cols / CPU_QBLOCK, row_ints = nb * 16, tile_ints = nb * 16 * QGEMM_TOKENS;
+    const int64_t nb = a->cols / CPU_QBLOCK, row_ints = nb * 16;
     const int per_group = group / CPU_QBLOCK;
-    /* rows per pass (at least one register tile) and tiles per group (at least one) within the buffers */
+    /* tiles of 16 tokens where the set has that kernel and more than 8 tokens are left, else of 8; each
+     * tile's pairs at xt + its token offset * row_ints (its lanes side by side), scales at dt + offset * nb */
+    const int width = tile16 ? 2 * QGEMM_TOKENS : QGEMM_TOKENS;
+    /* rows per pass (at least one register tile) and tokens per tile group (at least one widest tile)
+     * within the buffers */
     const int64_t pass = LILY_QMAX(QGEMM_PASS_BYTES / 4 / row_ints / QGEMM_ROWS * QGEMM_ROWS, QGEMM_ROWS);
-    const int64_t group_tiles = LILY_QMAX(QGEMM_TILE_BYTES / 4 / tile_ints, 1);
+    const int group_tokens = (int)LILY_QMAX(QGEMM_TILE_BYTES / 4 / (row_ints * width), 1) * width;
     int32_t pk[LILY_QMAX(QGEMM_PASS_BYTES / 4, QGEMM_ROWS * CPU_QGEMM_MAX_COLS / 2)];
-    int32_t xt[LILY_QMAX(QGEMM_TILE_BYTES / 4, CPU_QGEMM_MAX_COLS / 2 * QGEMM_TOKENS)];
-    float dt[LILY_QMAX(QGEMM_TILE_BYTES / 4, CPU_QGEMM_MAX_COLS / 2 * QGEMM_TOKENS) / 16];
-    for (int j0 = 0; j0 < nt; j0 += (int)group_tiles * QGEMM_TOKENS) {
-        const int nj_group = nt - j0 < group_tiles * QGEMM_TOKENS ? nt - j0 : (int)group_tiles * QGEMM_TOKENS;
-        const int n_tiles = (nj_group + QGEMM_TOKENS - 1) / QGEMM_TOKENS;
-        for (int i = 0; i < n_tiles; i++)
-            q4_pack_tile(a, t0 + j0 + i * QGEMM_TOKENS, LILY_QMIN(QGEMM_TOKENS, nj_group - i * QGEMM_TOKENS), nb,
-                         xt + i * tile_ints, dt + i * nb * QGEMM_TOKENS);
+    int32_t xt[LILY_QMAX(QGEMM_TILE_BYTES / 4, CPU_QGEMM_MAX_COLS / 2 * 2 * QGEMM_TOKENS)];
+    float dt[LILY_QMAX(QGEMM_TILE_BYTES / 4, CPU_QGEMM_MAX_COLS / 2 * 2 * QGEMM_TOKENS) / 16];
+    for (int j0 = 0; j0 < nt; j0 += group_tokens) {
+        const int nj_group = LILY_QMIN(nt - j0, group_tokens);
+        int tile_start[QGEMM_TILE_BYTES / 4 / 16 / QGEMM_TOKENS + 2], tile_width[QGEMM_TILE_BYTES / 4 / 16 / QGEMM_TOKENS + 2];
+        int n_tiles = 0;
+        for (int j = 0; j < nj_group; n_tiles++) {
+            tile_start[n_tiles] = j;
+            tile_width[n_tiles] = tile16 && nj_group - j > QGEMM_TOKENS ? 2 * QGEMM_TOKENS : QGEMM_TOKENS;
+            for (int h = 0; h < tile_width[n_tiles]; h += QGEMM_TOKENS) /* 8-lane halves */
+                cpu_qdot_avx2_pack_tile(a, t0 + j0 + j + h, LILY_QMAX(0, LILY_QMIN(QGEMM_TOKENS, nj_group - j - h)), nb,
+                                        tile_width[n_tiles], xt + j * row_ints + h, dt + j * nb + h);
+            j += tile_width[n_tiles];
+        }
         for (int64_t r0 = 0; r0 < nrows; r0 += pass) {
             const int64_t nr = nrows - r0 < pass ? nrows - r0 : pass;
             const int64_t nr_pad = (nr + QGEMM_ROWS - 1) / QGEMM_ROWS * QGEMM_ROWS;
-            q4_pack_rows(w + r0 * row_bytes, row_bytes, nr, nr_pad, nb, pk);
+            pack_rows(w + r0 * row_bytes, row_bytes, nr, nr_pad, nb, pk);
             for (int i = 0; i < n_tiles; i++) {
-                const int jt = j0 + i * QGEMM_TOKENS, nj = LILY_QMIN(QGEMM_TOKENS, nt - jt);
+                const int tw = tile_width[i], jt = j0 + tile_start[i], nj = LILY_QMIN(tw, nt - jt);
+                const cpu_qgemm_tile_fn fn = tw > QGEMM_TOKENS ? tile16 : tile8;
                 for (int64_t p0 = 0; p0 < nr_pad; p0 += QGEMM_ROWS) {
                     const float *wsr[QGEMM_ROWS];
                     for (int r = 0; r < QGEMM_ROWS; r++) /* padding rows read a real row's scales */
                         wsr[r] = ws + (r0 + p0 + r < nrows ? r0 + p0 + r : nrows - 1) * ws_stride;
-                    __m256 res[QGEMM_ROWS];
-                    q4_gemm_tile(pk + p0 * row_ints, nb, xt + i * tile_ints, dt + i * nb * QGEMM_TOKENS, wsr, per_group,
-                                 res);
-                    float tile[QGEMM_ROWS][QGEMM_TOKENS];
-                    for (int r = 0; r < QGEMM_ROWS; r++)
-                        _mm256_storeu_ps(tile[r], res[r]);
+                    float tile[QGEMM_ROWS * 2 * QGEMM_TOKENS];
+                    fn(pk + p0 * row_ints, nb, xt + tile_start[i] * row_ints, dt + tile_start[i] * nb, wsr, per_group,
+                       tile);
                     const int64_t vr = nr - p0 < QGEMM_ROWS ? nr - p0 : QGEMM_ROWS;
                     for (int j = 0; j < nj; j++)
                         for (int64_t r = 0; r < vr; r++)
-                            out[(int64_t)(jt + j) * ldo + r0 + p0 + r] = tile[r][j];
+                            out[(int64_t)(jt + j) * ldo + r0 + p0 + r] = tile[r * tw + j];
                 }
             }
         }
     }
 }
 
-const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", dot_q4, dot_q8, rows_q4, rows_q8, gemm_q4};
+static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride, int group,
+                    const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
+{
+    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, out, ldo, cpu_qdot_avx2_pack_rows, q4_gemm_tile, NULL);
+}
+
+const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
+                                       cpu_qdot_avx2_rows_q8, gemm_q4};
 #endif

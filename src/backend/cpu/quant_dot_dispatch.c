@@ -1,5 +1,6 @@
 /* quant_dot_dispatch.c — the one place that picks the quant_dot.h kernels for this CPU at run time:
- * x86-64 with AVX2 + FMA → avx2; AArch64 with the dot-product extension → neon-dotprod, else neon;
+ * x86-64 with AVX-512 F/BW/VL + VNNI (and AVX2 + FMA) → avx512-vnni, else with AVX2 + FMA → avx2;
+ * AArch64 with the dot-product extension → neon-dotprod, else neon;
  * anything else → ref (portable C).
  */
 #include "quant_dot.h"
@@ -17,8 +18,12 @@ int cpu_qdot_available(const cpu_qdot_kernels **out)
     out[n++] = &cpu_qdot_ref;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         out[n++] = &cpu_qdot_avx2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+            out[n++] = &cpu_qdot_avx512_vnni;
+    }
 #endif
 #if defined(__aarch64__)
     out[n++] = &cpu_qdot_neon;
