@@ -4,7 +4,8 @@
  * Owns: compiling a schema (types string / integer / number / boolean / null / object / array, properties,
  * required, enum, const, anyOf, type lists, allOf of one schema, $ref into $defs / definitions, items,
  * minItems / maxItems, minLength / maxLength, string formats date, time, date-time and uuid,
- * additionalProperties objects as free JSON objects), matching bytes against it, and masking a vocabulary
+ * additionalProperties: the values of an object without properties, and of required names properties
+ * lack), matching bytes against it, and masking a vocabulary
  * through a trie of the tokens' bytes (one walk of the trie per step, pruned at the first byte the
  * automaton rejects).
  *

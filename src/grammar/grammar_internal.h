@@ -11,7 +11,7 @@ typedef enum {
     G_ALT,         /* one of kids[n_kids] */
     G_OBJECT,      /* properties in order: key strs[i] (first) / keys_next[i] (after one), value kids[i];
                       candidate n_props is the closing literal; tool: Qwen tags, sep after each value */
-    G_FREE_OBJECT, /* {"key":value,...}: kids[0] the key string, kids[1] the value */
+    G_FREE_OBJECT, /* {"key":value,...} with min..max keys: kids[0] the key string, kids[1] the value */
     G_ARRAY,       /* [item,...] with min..max items (max -1: unbounded), kids[0] the item */
     G_STRING,      /* a JSON string of min..max characters, optionally a fixed pattern (grammar.h) */
     G_RAW,         /* a tool parameter's raw text: one line, no '<', min..max characters, optional pattern */

@@ -197,20 +197,65 @@ static gnode *compile_string(compiler *c, const json_t *s, value_mode mode)
     return n;
 }
 
-/* An object's properties in the schema's order. In a tool call (root) the keys are the parameter tags. */
+static gnode *compile_listed_object(compiler *c, const json_t *s, const json_t *props, bool tool_root);
+
+/* An object. Listed properties (and required names not among them, which take additionalProperties'
+ * schema) in the schema's order: compile_listed_object. Without any: a free object of minProperties to
+ * maxProperties keys whose values follow additionalProperties (a schema, or any value when absent / true:
+ * pydantic's dict[str, X]), or only {} when it is false. */
 static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
 {
     json_t *props = json_object_get(s, "properties");
-    if (!tool_root && (!json_is_object(props) || json_object_size(props) == 0)) {
-        gnode *n = new_node(c, G_FREE_OBJECT);
-        gnode *any = any_value(c);
-        gnode *key = new_node(c, G_STRING);
-        if (!n || !any || !key)
-            return NULL;
-        add_kid(c, n, key);
-        add_kid(c, n, any);
-        return c->st == LILY_OK ? n : NULL;
+    json_t *extra = json_object_get(s, "additionalProperties");
+    const bool closed = json_is_false(extra);
+    json_t *listed = json_object(); /* properties, then the required names they lack */
+    if (!listed)
+        return oom(c);
+    if (json_is_object(props) && json_object_update(listed, props)) {
+        json_decref(listed);
+        return oom(c);
     }
+    size_t k;
+    json_t *r;
+    json_array_foreach(json_object_get(s, "required"), k, r) {
+        if (!json_is_string(r) || json_object_get(listed, json_string_value(r)))
+            continue;
+        if (closed) {
+            json_decref(listed);
+            return bad(c, "a required property is not in properties and additionalProperties is false",
+                       json_string_value(r));
+        }
+        if (json_object_set(listed, json_string_value(r), json_is_object(extra) ? extra : json_true())) {
+            json_decref(listed);
+            return oom(c);
+        }
+    }
+    gnode *n = NULL;
+    if (tool_root || json_object_size(listed) > 0) {
+        n = compile_listed_object(c, s, listed, tool_root);
+    } else if (closed) {
+        n = literal(c, "{}");
+    } else {
+        n = new_node(c, G_FREE_OBJECT);
+        gnode *key = new_node(c, G_STRING);
+        gnode *value = json_is_object(extra) ? compile(c, extra, MODE_JSON) : any_value(c);
+        if (n && key && value) {
+            add_kid(c, n, key);
+            add_kid(c, n, value);
+            n->min = int_field(s, "minProperties", 0);
+            n->max = int_field(s, "maxProperties", -1);
+            if (n->max >= 0 && n->max < n->min)
+                bad(c, "maxProperties is below minProperties", NULL);
+        }
+    }
+    json_decref(listed);
+    return c->st == LILY_OK ? n : NULL;
+}
+
+/* props's properties in order (each required when s's required lists it). In a tool call (root) the keys
+ * are the parameter tags. */
+static gnode *compile_listed_object(compiler *c, const json_t *s, const json_t *props, bool tool_root)
+{
     gnode *n = new_node(c, G_OBJECT);
     if (!n)
         return NULL;
@@ -218,7 +263,7 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     const char *key;
     json_t *sub;
     int n_props = 0;
-    json_object_foreach(props, key, sub) n_props++;
+    json_object_foreach((json_t *)props, key, sub) n_props++;
     n->required = calloc((size_t)n_props + 1, sizeof *n->required);
     n->next_required = calloc((size_t)n_props + 1, sizeof *n->next_required);
     n->keys_next = calloc((size_t)n_props + 1, sizeof *n->keys_next);
@@ -236,7 +281,7 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     }
     n->n_props = n_props; /* keys_next[0..n_props] are freed with the node, also when compiling stops midway */
     int i = 0;
-    json_object_foreach(props, key, sub) {
+    json_object_foreach((json_t *)props, key, sub) {
         json_t *tmp = json_string(key);
         char *name = tmp ? dump_value(tmp) : NULL; /* quoted, escaped */
         json_decref(tmp);
@@ -464,6 +509,10 @@ static int min_depth_now(const gnode *n)
         }
         return d;
     case G_LITSET: return n->n > 0 ? 1 : G_ENDLESS;
+    case G_FREE_OBJECT: /* a value sits on the object's frame */
+        if (n->min == 0)
+            return 1;
+        return n->n_kids > 1 && n->kids[1]->min_depth < G_ENDLESS ? 1 + n->kids[1]->min_depth : G_ENDLESS;
     default: return 1;
     }
 }
