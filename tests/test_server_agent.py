@@ -425,6 +425,31 @@ try:
         check(c.finish_reason == "tool_calls" and isinstance(args.get("city"), str) and
               isinstance(args.get("days"), int), f"tool_choice {choice}: finish tool_calls, arguments {args}")
 
+    # stop strings are not matched inside constrained text: they cut a forced call's arguments (finish
+    # tool_calls with the required city missing) and a structured reply ('{': no JSON)
+    r = oc.chat.completions.create(model="lily", messages=ASK, tools=OTOOLS, tool_choice="required", max_tokens=200,
+                                   seed=5, stop=["<", "\n", "=", ">"])
+    c = r.choices[0]
+    args = json.loads(c.message.tool_calls[0].function.arguments) if c.message.tool_calls else {}
+    check(c.finish_reason == "tool_calls" and isinstance(args.get("city"), str) and isinstance(args.get("days"), int),
+          f"a forced call with stop strings its tags hold: finish {c.finish_reason}, arguments {args}")
+    for seed in (1, 2):
+        r = oc.chat.completions.create(model="lily", messages=HI, max_tokens=100, seed=seed, stop=['"', "}", ":"],
+                                       response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                                           "type": "object", "properties": {"k": {"type": "string", "maxLength": 8}},
+                                           "required": ["k"]}}}, extra_body=NO_THINK)
+        content = r.choices[0].message.content
+        try:
+            value = json.loads(content)
+        except ValueError:
+            value = None
+        check(r.choices[0].finish_reason == "stop" and isinstance(value, dict) and isinstance(value.get("k"), str),
+              f"a structured reply with stop strings its JSON holds, seed {seed}: {content!r}")
+    m = ac.messages.create(model="lily", max_tokens=200, messages=ASK, tools=TOOLS, stop_sequences=["<", "\n"],
+                           tool_choice={"type": "tool", "name": "get_weather"})
+    check(m.stop_reason == "tool_use" and isinstance(m.content[-1].input.get("days"), int),
+          f"anthropic: a forced tool_use with stop_sequences: {m.stop_reason} {m.content[-1]}")
+
     print("openai: reasoning budget")
     r = oc.chat.completions.create(model="lily", messages=HI, max_tokens=30, seed=6,
                                    extra_body={"max_reasoning_tokens": 3})
