@@ -292,6 +292,44 @@ static void test_additional_and_unlisted_required(void **state)
     assert_non_null(strstr(msg, "not in properties"));
 }
 
+/* prefixItems: item i follows prefixItems[i], the rest items (false: none), as pydantic writes tuple[int, str]
+ * (its items were free values); the items array of drafts before 2020-12 with additionalItems the same. */
+static void test_tuples(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],"
+                                   "\"minItems\":2,\"maxItems\":2}",
+                                   LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[3,\"x\"]"));
+    assert_false(prefix_ok(g, "[\"x\""));
+    assert_false(prefix_ok(g, "[3,4"));
+    assert_false(prefix_ok(g, "[3,\"x\","));
+    assert_false(accepts(g, "[3]"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"boolean\"}],\"items\":{\"type\":\"null\"}}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[]"));
+    assert_true(accepts(g, "[true,null,null]"));
+    assert_false(prefix_ok(g, "[true,true"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"number\"},{\"type\":\"number\"}],"
+                     "\"items\":false}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[1,2.5]"));
+    assert_true(accepts(g, "[1]"));
+    assert_false(prefix_ok(g, "[1,2,"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"array\",\"items\":[{\"const\":\"a\"}],\"additionalItems\":false}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[\"a\"]"));
+    assert_false(prefix_ok(g, "[\"a\","));
+    lily_grammar_free(g);
+    lily_error err = {0};
+    const char *msg = compile_error("{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}",
+                                    LILY_GRAMMAR_JSON, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "prefixItems"));
+}
+
 /* Numbers are finite doubles: at most two exponent digits (1e999 is infinity to one parser, an error to
  * another). Strings hold no \uD800-\uDFFF escape (a lone surrogate is an error to a strict parser). */
 static void test_numbers_finite_strings_without_surrogates(void **state)
@@ -561,6 +599,7 @@ int main(void)
         cmocka_unit_test(test_unrunnable_schemas),
         cmocka_unit_test(test_additional_and_unlisted_required),
         cmocka_unit_test(test_numbers_finite_strings_without_surrogates),
+        cmocka_unit_test(test_tuples),
         cmocka_unit_test(test_wide_object),
         cmocka_unit_test(test_qwen_tool_syntax),
         cmocka_unit_test(test_mask),

@@ -244,6 +244,14 @@ static bool number_step(frame *f, unsigned char b)
     return false;
 }
 
+/* Item i of array n (grammar_internal.h), or NULL when the array takes no such item. */
+static const gnode *array_item(const gnode *n, int i)
+{
+    if (i < n->n_prefix)
+        return n->kids[i];
+    return n->n_kids > n->n_prefix ? n->kids[n->n_prefix] : NULL;
+}
+
 static bool frame_can_end(const frame *f)
 {
     switch (f->n->kind) {
@@ -383,18 +391,17 @@ static void step(stack *s, unsigned char b, stack_set *out)
                 return;
             }
             if (f->stage == 1) { /* the first item starts with this byte */
-                if (n->max == 0)
+                if (n->max == 0 || !array_item(n, 0))
                     return;
                 f->stage = 2;
                 f->count = 1;
-                if (!push(s, n->kids[0]))
+                if (!push(s, array_item(n, 0)))
                     return;
                 continue;
             }
-            if (b != ',' || (n->max >= 0 && f->count >= n->max))
+            if (b != ',' || (n->max >= 0 && f->count >= n->max) || !array_item(n, f->count))
                 return;
-            f->count++;
-            if (push(s, n->kids[0]))
+            if (push(s, array_item(n, f->count++)))
                 emit(out, s);
             return;
         case G_STRING:

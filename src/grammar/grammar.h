@@ -3,6 +3,7 @@
  *
  * Owns: compiling a schema (types string / integer / number / boolean / null / object / array, properties,
  * required, enum, const, anyOf, type lists, allOf of one schema, $ref into $defs / definitions, items,
+ * prefixItems,
  * minItems / maxItems, minLength / maxLength, string formats date, time, date-time and uuid,
  * additionalProperties: the values of an object without properties, and of required names properties
  * lack), matching bytes against it, and masking a vocabulary

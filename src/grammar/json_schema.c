@@ -365,8 +365,28 @@ static gnode *compile_type(compiler *c, const char *type, const json_t *s, value
         n->max = int_field(s, "maxItems", -1);
         if (n->max >= 0 && n->max < n->min)
             return bad(c, "maxItems is below minItems", NULL);
-        json_t *items = json_object_get(s, "items");
-        add_kid(c, n, items ? compile(c, items, MODE_JSON) : any_value(c));
+        /* positional items: prefixItems (pydantic's tuple[int, str]), or an items array (before 2020-12) with
+         * additionalItems for the rest */
+        json_t *items = json_object_get(s, "items"), *rest = items;
+        json_t *prefix = json_object_get(s, "prefixItems");
+        if (!json_is_array(prefix) && json_is_array(items)) {
+            prefix = items;
+            rest = json_object_get(s, "additionalItems");
+        }
+        size_t i;
+        json_t *e;
+        json_array_foreach(prefix, i, e) {
+            if (!add_kid(c, n, compile(c, e, MODE_JSON)))
+                return NULL;
+            n->n_prefix++;
+        }
+        if (json_is_false(rest)) { /* no item past the positional ones */
+            if (n->min > n->n_prefix)
+                return bad(c, "minItems asks for more items than prefixItems has, and items is false", NULL);
+            n->max = n->max < 0 || n->max > n->n_prefix ? n->n_prefix : n->max;
+        } else {
+            add_kid(c, n, json_is_object(rest) ? compile(c, rest, MODE_JSON) : any_value(c));
+        }
         return c->st == LILY_OK ? n : NULL;
     }
     return bad(c, "unsupported type", type);
@@ -493,10 +513,17 @@ static int min_depth_now(const gnode *n)
             d = n->kids[k]->min_depth < d ? n->kids[k]->min_depth : d;
         return d;
     case G_REF: return n->target ? n->target->min_depth : G_ENDLESS;
-    case G_ARRAY:
-        if (n->min == 0)
-            return 1;
-        return n->n_kids > 0 && n->kids[0]->min_depth < G_ENDLESS ? 1 + n->kids[0]->min_depth : G_ENDLESS;
+    case G_ARRAY: /* an item sits on the array's frame; the first min items must each finish */
+        d = 1;
+        for (int i = 0; i < n->min; i++) {
+            const gnode *item = i < n->n_prefix ? n->kids[i] : n->n_kids > n->n_prefix ? n->kids[n->n_prefix] : NULL;
+            if (!item || item->min_depth >= G_ENDLESS)
+                return G_ENDLESS;
+            d = 1 + item->min_depth > d ? 1 + item->min_depth : d;
+            if (i >= n->n_prefix)
+                break; /* the rest are the same item */
+        }
+        return d;
     case G_OBJECT: /* a value sits on its object's frame (and a tool call's separator frame) */
         d = 1;
         for (int i = 0; i < n->n_props; i++) {
