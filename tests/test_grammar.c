@@ -290,6 +290,10 @@ static void test_additional_and_unlisted_required(void **state)
                                     LILY_GRAMMAR_JSON, &err);
     assert_non_null(msg);
     assert_non_null(strstr(msg, "not in properties"));
+    msg = compile_error("{\"type\":\"object\",\"additionalProperties\":false,\"minProperties\":1}", LILY_GRAMMAR_JSON,
+                        &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "minProperties"));
 }
 
 /* prefixItems: item i follows prefixItems[i], the rest items (false: none), as pydantic writes tuple[int, str]

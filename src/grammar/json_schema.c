@@ -234,7 +234,10 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     if (tool_root || json_object_size(listed) > 0) {
         n = compile_listed_object(c, s, listed, tool_root);
     } else if (closed) {
-        n = literal(c, "{}");
+        if (int_field(s, "minProperties", 0) > 0)
+            n = bad(c, "minProperties asks for properties, and additionalProperties is false with none listed", NULL);
+        else
+            n = literal(c, "{}");
     } else {
         n = new_node(c, G_FREE_OBJECT);
         gnode *key = new_node(c, G_STRING);
