@@ -487,6 +487,68 @@ static void test_generate_constraint(void **state)
     assert_string_equal(r.decode_path, "host sampler (the constraint has no token bit mask)");
 }
 
+/* A constraint that masks nothing itself but says it masks (generate.h's masking) from the token `after` on. */
+typedef struct {
+    int32_t after;
+    bool on;
+} masking_constraint;
+
+static int masking_mask(void *user, float *logits, int vocab)
+{
+    (void)user, (void)logits, (void)vocab;
+    return 0;
+}
+
+static void masking_accept(void *user, int32_t token)
+{
+    masking_constraint *c = user;
+    c->on = c->on || token == c->after;
+}
+
+static bool masking_on(void *user) { return ((const masking_constraint *)user)->on; }
+
+/* Stop strings are not matched inside constrained text (a structured reply, a forced tool call's arguments:
+ * a stop string cut them short, into JSON that did not parse); before it they are, and the text the matcher
+ * held when the constraint took over is released with that token (or ends at a stop string wholly inside
+ * it). The script: "Hello", " wor", "ld", "!" (held by the detokenizer), " Bye", EOS. */
+static void test_generate_no_stop_strings_in_constrained_text(void **state)
+{
+    (void)state;
+    const struct {
+        int32_t after;            /* the constraint masks from this token on */
+        const char *stops[2];
+        const char *text;
+        int stop_string;
+        int32_t last_token;
+        lily_finish_reason finish;
+    } cases[] = {
+        {1, {"world", "Bye"}, "Hello world! Bye", -1, -1, LILY_FINISH_STOP},       /* after "Hello": none */
+        {3, {"Hello world", "x"}, "Hello world! Bye", -1, -1, LILY_FINISH_STOP},   /* held, then released */
+        {3, {"lo w", "x"}, "Hel", 0, 2, LILY_FINISH_STOP},                           /* matched before it */
+        {3, {"Hello worlds", "wor"}, "Hello ", 1, 3, LILY_FINISH_STOP},             /* wholly in held text */
+        {-1, {"wor", "Bye"}, "Hello ", 0, 2, LILY_FINISH_STOP},                    /* never masking */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fixture f;
+        setup(&f, 64);
+        f.params.stop_ids = stop_ids;
+        f.params.n_stop_ids = 2;
+        masking_constraint mc = {.after = cases[i].after};
+        lily_token_constraint tc = {.user = &mc, .mask = masking_mask, .accept = masking_accept,
+                                    .masking = masking_on};
+        f.params.constraint = &tc;
+        f.params.stop_strings = cases[i].stops;
+        f.params.n_stop_strings = 2;
+        lily_generate_result r;
+        lily_error err = {0};
+        assert_int_equal(lily_generate(&f.session, prompt, 1, &f.params, &r, &err), LILY_OK);
+        assert_string_equal(f.out.text, cases[i].text);
+        assert_int_equal(r.finish, cases[i].finish);
+        assert_int_equal(r.stop_string, cases[i].stop_string);
+        assert_int_equal(r.last_token, cases[i].last_token);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -501,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_generate_with_tokenizer_detokenizer),
         cmocka_unit_test(test_generate_reasoning_budget),
         cmocka_unit_test(test_generate_constraint),
+        cmocka_unit_test(test_generate_no_stop_strings_in_constrained_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -240,6 +240,122 @@ static void test_unrunnable_schemas(void **state)
     lily_grammar_free(g);
 }
 
+/* additionalProperties: a free object's values follow its schema (pydantic's dict[str, float]), its keys
+ * number minProperties to maxProperties; false
+ * without properties is only {}; a required name that properties lack is written with that schema (and is
+ * refused when additionalProperties is false: nothing could satisfy it). */
+static void test_additional_and_unlisted_required(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"number\"}}",
+                                   LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{}"));
+    assert_true(accepts(g, "{\"a\":1.5,\"b c\":-2}"));
+    assert_false(prefix_ok(g, "{\"a\":\""));   /* a string value */
+    assert_false(prefix_ok(g, "{\"a\":1,\"b\":["));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"minProperties\":1,"
+                     "\"maxProperties\":2}",
+                     LILY_GRAMMAR_JSON); /* pydantic's dict[str, int] = Field(min_length=1, max_length=2) */
+    assert_true(accepts(g, "{\"a\":1}"));
+    assert_true(accepts(g, "{\"a\":1,\"b\":2}"));
+    assert_false(accepts(g, "{}"));
+    assert_false(prefix_ok(g, "{\"a\":1,\"b\":2,"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{}"));
+    assert_false(prefix_ok(g, "{\""));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"b\"],"
+                     "\"additionalProperties\":{\"type\":\"boolean\"}}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"b\":true}"));
+    assert_true(accepts(g, "{\"a\":3,\"b\":false}"));
+    assert_false(accepts(g, "{}"));
+    assert_false(accepts(g, "{\"a\":3}"));
+    assert_false(prefix_ok(g, "{\"b\":1"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"object\",\"required\":[\"x\"]}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"x\":[1,\"y\"]}"));
+    assert_false(accepts(g, "{}"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"days\"]}",
+                     LILY_GRAMMAR_QWEN_TOOL);
+    assert_true(accepts(g, "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"));
+    assert_false(accepts(g, "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"));
+    lily_grammar_free(g);
+    lily_error err = {0};
+    const char *msg = compile_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"],"
+                                    "\"additionalProperties\":false}",
+                                    LILY_GRAMMAR_JSON, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "not in properties"));
+    msg = compile_error("{\"type\":\"object\",\"additionalProperties\":false,\"minProperties\":1}", LILY_GRAMMAR_JSON,
+                        &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "minProperties"));
+}
+
+/* prefixItems: item i follows prefixItems[i], the rest items (false: none), as pydantic writes tuple[int, str]
+ * (its items were free values); the items array of drafts before 2020-12 with additionalItems the same. */
+static void test_tuples(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],"
+                                   "\"minItems\":2,\"maxItems\":2}",
+                                   LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[3,\"x\"]"));
+    assert_false(prefix_ok(g, "[\"x\""));
+    assert_false(prefix_ok(g, "[3,4"));
+    assert_false(prefix_ok(g, "[3,\"x\","));
+    assert_false(accepts(g, "[3]"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"boolean\"}],\"items\":{\"type\":\"null\"}}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[]"));
+    assert_true(accepts(g, "[true,null,null]"));
+    assert_false(prefix_ok(g, "[true,true"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"number\"},{\"type\":\"number\"}],"
+                     "\"items\":false}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[1,2.5]"));
+    assert_true(accepts(g, "[1]"));
+    assert_false(prefix_ok(g, "[1,2,"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"array\",\"items\":[{\"const\":\"a\"}],\"additionalItems\":false}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[\"a\"]"));
+    assert_false(prefix_ok(g, "[\"a\","));
+    lily_grammar_free(g);
+    lily_error err = {0};
+    const char *msg = compile_error("{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}",
+                                    LILY_GRAMMAR_JSON, &err);
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "prefixItems"));
+}
+
+/* Numbers are finite doubles: at most two exponent digits (1e999 is infinity to one parser, an error to
+ * another). Strings hold no \uD800-\uDFFF escape (a lone surrogate is an error to a strict parser). */
+static void test_numbers_finite_strings_without_surrogates(void **state)
+{
+    (void)state;
+    lily_grammar *g = compile_text("{\"type\":\"array\",\"items\":{\"type\":\"number\"}}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[1e99,-9999999999999999.9999999999999999E+99,2.5e-99,0E0]"));
+    assert_false(prefix_ok(g, "[1e400"));
+    assert_false(prefix_ok(g, "[1e100"));
+    assert_false(prefix_ok(g, "[1.5E-100"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"string\"}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "\"\\u00e9\\uD7FF\\uE000\\uffff\\u0000\""));
+    assert_false(prefix_ok(g, "\"\\ud800"));
+    assert_false(prefix_ok(g, "\"\\uDBFF"));
+    assert_false(prefix_ok(g, "\"\\udc00"));
+    assert_false(prefix_ok(g, "\"\\uDFFF"));
+    assert_false(prefix_ok(g, "\"a\\ud83d\\ude00"));
+    assert_true(accepts(g, "\"\xf0\x9f\x98\x80\"")); /* the character itself */
+    lily_grammar_free(g);
+}
+
 /* A wide object (4000 properties, every 1000th required): the candidates a key may take run from the next
  * property to the next required one, in order; none past it, none before. */
 static void test_wide_object(void **state)
@@ -485,6 +601,9 @@ int main(void)
         cmocka_unit_test(test_arrays_nested_anyof_ref),
         cmocka_unit_test(test_free_json_formats_and_errors),
         cmocka_unit_test(test_unrunnable_schemas),
+        cmocka_unit_test(test_additional_and_unlisted_required),
+        cmocka_unit_test(test_numbers_finite_strings_without_surrogates),
+        cmocka_unit_test(test_tuples),
         cmocka_unit_test(test_wide_object),
         cmocka_unit_test(test_qwen_tool_syntax),
         cmocka_unit_test(test_mask),

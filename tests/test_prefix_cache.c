@@ -811,7 +811,7 @@ static int cancel_on_third_poll(void *user)
 
 /* A prefill cancelled after two pieces (128 tokens each, the fixture's prefill_chunk) keeps them: the
  * session holds 256 tokens and so does a checkpoint, which a retry of the request restores (after
- * another request replaced the live session), bit-identical to a cold run. */
+ * another request replaced the live session), bit-identical to a cold run. Its stats' last_* are its own. */
 static void test_cancelled_prefill_keeps_what_it_computed(void **state)
 {
     fixture *f = *state;
@@ -828,6 +828,9 @@ static void test_cancelled_prefill_keeps_what_it_computed(void **state)
     assert_memory_equal(s->tokens, ids, 256 * sizeof(int32_t));
     assert_int_equal(stats_of(pc).n_checkpoints, 1);
     assert_int_equal(stats_of(pc).prefilled_tokens, 256);
+    /* the request log's times are this prefill's (they were the previous one's: here none, 0 pieces) */
+    assert_int_equal(stats_of(pc).last_pieces, 2);
+    assert_true(stats_of(pc).last_forward_s > 0);
     session_hold(s, ids + 50, 20); /* another request in between */
     assert_int_equal(check_request(f, pc, s, ids, 400, NULL), 256);
     lily_session_free(s);

@@ -250,6 +250,25 @@ try:
         "type": "json_schema", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
                                           "required": ["ok"], "additionalProperties": False}}})
     check(isinstance(json.loads(m.content[0].text).get("ok"), bool), f"output_config.format: {m.content[0].text}")
+    # output_format: the structured-outputs beta's name for it, which client.beta.messages still sends (it was
+    # ignored: free text came back)
+    OK_SCHEMA = {"type": "json_schema", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                                   "required": ["ok"], "additionalProperties": False}}
+    for seed in (1, 2):
+        m = ac.messages.create(model="lily", max_tokens=100, messages=HI,
+                               extra_body={"output_format": OK_SCHEMA, "temperature": 1, "top_k": 0})
+        try:
+            value = json.loads(m.content[0].text)
+        except (ValueError, IndexError):
+            value = None
+        check(isinstance(value, dict) and isinstance(value.get("ok"), bool),
+              f"output_format (the beta's name) {seed}: {m.content[0].text if m.content else None!r}")
+    try:
+        ac.messages.create(model="lily", max_tokens=100, messages=HI, output_config={"format": OK_SCHEMA},
+                           extra_body={"output_format": {"type": "json_schema", "schema": {"type": "integer"}}})
+        check(False, "output_format and a different output_config.format are refused")
+    except anthropic.BadRequestError as e:
+        check(e.status_code == 400 and "differ" in e.message, f"output_format and output_config.format differ: 400")
 
     print("anthropic: errors")
     try:
@@ -307,6 +326,44 @@ try:
     check(isinstance(c.message.parsed, Person) and "</think>" not in c.message.content and
           r.usage.completion_tokens_details.reasoning_tokens <= 5,
           f"thinking stays free, then the JSON: reasoning {r.usage.completion_tokens_details.reasoning_tokens} tokens")
+    # additionalProperties: the values of a dict[str, int] follow it (they were free JSON values: strings
+    # came back), an empty model's strict schema (additionalProperties false) is only {}, and a required name
+    # that properties lack is written
+    class Counts(pydantic.BaseModel):
+        counts: dict[str, int] = pydantic.Field(max_length=3)
+
+    class Nothing(pydantic.BaseModel):
+        pass
+
+    keys = 0
+    for model_cls in (Counts, Nothing):
+        for seed in range(1, 9):  # (temperature 1.3: the tiny model writes some keys)
+            try:
+                r = oc.chat.completions.parse(model="lily", messages=[{"role": "user", "content": "Give me JSON."}],
+                                              response_format=model_cls, max_tokens=300, seed=seed, temperature=1.3,
+                                              extra_body=NO_THINK)
+                c = r.choices[0]
+                ok, what = c.finish_reason == "stop" and isinstance(c.message.parsed, model_cls), c.message.content
+                keys += len(c.message.parsed.counts) if model_cls is Counts and ok else 0
+            except (pydantic.ValidationError, openai.LengthFinishReasonError) as e:
+                ok, what = False, str(e)[:200]
+            check(ok, f"{model_cls.__name__} seed {seed}: {what}")
+    check(keys > 0, f"the dict[str, int] replies hold {keys} keys")
+    UNLISTED = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["n"],
+                "additionalProperties": {"type": "integer"}}
+    for seed in (1, 2):
+        r = oc.chat.completions.create(model="lily", messages=HI, max_tokens=100, seed=seed, extra_body=NO_THINK,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": UNLISTED}})
+        value = json.loads(r.choices[0].message.content) if r.choices[0].finish_reason == "stop" else None
+        check(isinstance(value, dict) and isinstance(value.get("n"), int) and isinstance(value.get("a", True), bool),
+              f"a required name that properties lack, seed {seed}: {r.choices[0].message.content}")
+    try:
+        oc.chat.completions.create(model="lily", messages=HI, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": False}})
+        check(False, "the schema false is rejected")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "false" in str(e), f"the schema false (no value matches) is a 400: {e.message[:90]}")
     # json_object: free strings may run to max_tokens on noise; every reply that ends by itself is an object
     done = []
     for seed in range(1, 5):
@@ -367,6 +424,31 @@ try:
         args = json.loads(c.message.tool_calls[0].function.arguments) if c.message.tool_calls else {}
         check(c.finish_reason == "tool_calls" and isinstance(args.get("city"), str) and
               isinstance(args.get("days"), int), f"tool_choice {choice}: finish tool_calls, arguments {args}")
+
+    # stop strings are not matched inside constrained text: they cut a forced call's arguments (finish
+    # tool_calls with the required city missing) and a structured reply ('{': no JSON)
+    r = oc.chat.completions.create(model="lily", messages=ASK, tools=OTOOLS, tool_choice="required", max_tokens=200,
+                                   seed=5, stop=["<", "\n", "=", ">"])
+    c = r.choices[0]
+    args = json.loads(c.message.tool_calls[0].function.arguments) if c.message.tool_calls else {}
+    check(c.finish_reason == "tool_calls" and isinstance(args.get("city"), str) and isinstance(args.get("days"), int),
+          f"a forced call with stop strings its tags hold: finish {c.finish_reason}, arguments {args}")
+    for seed in (1, 2):
+        r = oc.chat.completions.create(model="lily", messages=HI, max_tokens=100, seed=seed, stop=['"', "}", ":"],
+                                       response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                                           "type": "object", "properties": {"k": {"type": "string", "maxLength": 8}},
+                                           "required": ["k"]}}}, extra_body=NO_THINK)
+        content = r.choices[0].message.content
+        try:
+            value = json.loads(content)
+        except ValueError:
+            value = None
+        check(r.choices[0].finish_reason == "stop" and isinstance(value, dict) and isinstance(value.get("k"), str),
+              f"a structured reply with stop strings its JSON holds, seed {seed}: {content!r}")
+    m = ac.messages.create(model="lily", max_tokens=200, messages=ASK, tools=TOOLS, stop_sequences=["<", "\n"],
+                           tool_choice={"type": "tool", "name": "get_weather"})
+    check(m.stop_reason == "tool_use" and isinstance(m.content[-1].input.get("days"), int),
+          f"anthropic: a forced tool_use with stop_sequences: {m.stop_reason} {m.content[-1]}")
 
     print("openai: reasoning budget")
     r = oc.chat.completions.create(model="lily", messages=HI, max_tokens=30, seed=6,

@@ -126,9 +126,16 @@ static void accept(void *user, int32_t token)
         c->broken = true;
 }
 
+static bool masking(void *user)
+{
+    const lily_grammar_constraint *c = user;
+    return !c->waiting;
+}
+
 lily_token_constraint lily_grammar_constraint_hook(lily_grammar_constraint *c)
 {
-    return (lily_token_constraint){.user = c, .mask = mask, .allowed = allowed_bits, .accept = accept};
+    return (lily_token_constraint){.user = c, .mask = mask, .allowed = allowed_bits, .accept = accept,
+                                   .masking = masking};
 }
 
 bool lily_grammar_constraint_feed(lily_grammar_constraint *c, const char *text, size_t len)

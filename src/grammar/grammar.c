@@ -203,8 +203,10 @@ static bool text_char(frame *f, unsigned char b)
 
 /* Number stages: 0 start, 1 after '-', 2 integer digits, 3 after a leading 0, 4 after '.', 5 fraction
  * digits, 6 after e/E, 7 after the exponent sign, 8 exponent digits. Digits per part are capped (count)
- * so a model cannot write one forever. */
+ * so a model cannot write one forever; the exponent at two digits, so every number is a finite double
+ * (below 1e16 * 1e99: a parser that refuses an overflow, or reads it as infinity, never sees one). */
 #define NUMBER_MAX_DIGITS 16
+#define NUMBER_MAX_EXPONENT_DIGITS 2
 static bool number_can_end(int stage) { return stage == 2 || stage == 3 || stage == 5 || stage == 8; }
 
 static bool number_step(frame *f, unsigned char b)
@@ -236,10 +238,18 @@ static bool number_step(frame *f, unsigned char b)
         /* fall through */
     case 7:
     case 8:
-        if (is_digit(b) && f->count < 3) return f->stage = 8, f->count++, true;
+        if (is_digit(b) && f->count < NUMBER_MAX_EXPONENT_DIGITS) return f->stage = 8, f->count++, true;
         return false;
     }
     return false;
+}
+
+/* Item i of array n (grammar_internal.h), or NULL when the array takes no such item. */
+static const gnode *array_item(const gnode *n, int i)
+{
+    if (i < n->n_prefix)
+        return n->kids[i];
+    return n->n_kids > n->n_prefix ? n->kids[n->n_prefix] : NULL;
 }
 
 static bool frame_can_end(const frame *f)
@@ -330,20 +340,26 @@ static void step(stack *s, unsigned char b, stack_set *out)
                 emit(out, s);
                 return;
             case 1: /* after '{' */
-            case 2: /* after a value */
+            case 2: /* after a value; count: the keys so far (minProperties / maxProperties: min, max) */
                 if (b == '}') {
+                    if (f->count < n->min)
+                        return;
                     s->depth--;
                     emit(out, s);
                     return;
                 }
+                if (n->max >= 0 && f->count >= n->max)
+                    return;
                 if (f->stage == 2) {
                     if (b != ',')
                         return;
                     f->stage = 4;
+                    f->count++;
                     emit(out, s);
                     return;
                 }
                 f->stage = 3; /* the first key starts with this byte */
+                f->count = 1;
                 if (!push(s, n->kids[0]))
                     return;
                 continue;
@@ -375,18 +391,17 @@ static void step(stack *s, unsigned char b, stack_set *out)
                 return;
             }
             if (f->stage == 1) { /* the first item starts with this byte */
-                if (n->max == 0)
+                if (n->max == 0 || !array_item(n, 0))
                     return;
                 f->stage = 2;
                 f->count = 1;
-                if (!push(s, n->kids[0]))
+                if (!push(s, array_item(n, 0)))
                     return;
                 continue;
             }
-            if (b != ',' || (n->max >= 0 && f->count >= n->max))
+            if (b != ',' || (n->max >= 0 && f->count >= n->max) || !array_item(n, f->count))
                 return;
-            f->count++;
-            if (push(s, n->kids[0]))
+            if (push(s, array_item(n, f->count++)))
                 emit(out, s);
             return;
         case G_STRING:
@@ -423,9 +438,12 @@ static void step(stack *s, unsigned char b, stack_set *out)
                 f->stage = 1;
                 f->count++;
                 break;
-            case 3:
-                if (!is_hex(b))
+            case 3: /* no surrogate (\uD800-\uDFFF): a strict parser refuses one alone, and a character
+                     * outside the BMP can be written as itself */
+                if (!is_hex(b) || (f->aux == 1 && (f->last == 'd' || f->last == 'D') && !(b >= '0' && b <= '7')))
                     return;
+                if (f->aux == 0)
+                    f->last = b; /* the escape's first digit (a string with an escape has no pattern) */
                 if (++f->aux == 4) {
                     f->aux = 0;
                     f->stage = 1;

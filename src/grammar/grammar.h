@@ -3,10 +3,11 @@
  *
  * Owns: compiling a schema (types string / integer / number / boolean / null / object / array, properties,
  * required, enum, const, anyOf, type lists, allOf of one schema, $ref into $defs / definitions, items,
- * minItems / maxItems, minLength / maxLength, string formats date, time, date-time and uuid,
- * additionalProperties objects as free JSON objects), matching bytes against it, and masking a vocabulary
- * through a trie of the tokens' bytes (one walk of the trie per step, pruned at the first byte the
- * automaton rejects).
+ * prefixItems, minItems / maxItems, minLength / maxLength, string formats date, time, date-time and uuid,
+ * additionalProperties (the values of an object without properties, and of required names properties
+ * lack), minProperties / maxProperties of such an object), matching bytes against it, and masking a
+ * vocabulary through a trie of the tokens' bytes (one walk of the trie per step, pruned at the first byte
+ * the automaton rejects).
  *
  * Two surface syntaxes for the same schemas:
  *   LILY_GRAMMAR_JSON: compact JSON (no whitespace between tokens, except up to two leading newlines or

@@ -11,8 +11,9 @@ typedef enum {
     G_ALT,         /* one of kids[n_kids] */
     G_OBJECT,      /* properties in order: key strs[i] (first) / keys_next[i] (after one), value kids[i];
                       candidate n_props is the closing literal; tool: Qwen tags, sep after each value */
-    G_FREE_OBJECT, /* {"key":value,...}: kids[0] the key string, kids[1] the value */
-    G_ARRAY,       /* [item,...] with min..max items (max -1: unbounded), kids[0] the item */
+    G_FREE_OBJECT, /* {"key":value,...} with min..max keys: kids[0] the key string, kids[1] the value */
+    G_ARRAY,       /* [item,...] with min..max items (max -1: unbounded): item i is kids[i] for i < n_prefix
+                      (prefixItems), then kids[n_prefix] (items; none: no more) */
     G_STRING,      /* a JSON string of min..max characters, optionally a fixed pattern (grammar.h) */
     G_RAW,         /* a tool parameter's raw text: one line, no '<', min..max characters, optional pattern */
     G_NUMBER,      /* a JSON number (integer: no fraction or exponent) */
@@ -31,6 +32,7 @@ struct gnode {
     gnode **kids;
     int n_kids;
     int n_props;
+    int n_prefix;         /* array: positional items (prefixItems) */
     char **keys_next;
     size_t *lens_next;
     bool *required;

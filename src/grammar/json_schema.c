@@ -197,20 +197,68 @@ static gnode *compile_string(compiler *c, const json_t *s, value_mode mode)
     return n;
 }
 
-/* An object's properties in the schema's order. In a tool call (root) the keys are the parameter tags. */
+static gnode *compile_listed_object(compiler *c, const json_t *s, const json_t *props, bool tool_root);
+
+/* An object. Listed properties (and required names not among them, which take additionalProperties'
+ * schema) in the schema's order: compile_listed_object. Without any: a free object of minProperties to
+ * maxProperties keys whose values follow additionalProperties (a schema, or any value when absent / true:
+ * pydantic's dict[str, X]), or only {} when it is false. */
 static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
 {
     json_t *props = json_object_get(s, "properties");
-    if (!tool_root && (!json_is_object(props) || json_object_size(props) == 0)) {
-        gnode *n = new_node(c, G_FREE_OBJECT);
-        gnode *any = any_value(c);
-        gnode *key = new_node(c, G_STRING);
-        if (!n || !any || !key)
-            return NULL;
-        add_kid(c, n, key);
-        add_kid(c, n, any);
-        return c->st == LILY_OK ? n : NULL;
+    json_t *extra = json_object_get(s, "additionalProperties");
+    const bool closed = json_is_false(extra);
+    json_t *listed = json_object(); /* properties, then the required names they lack */
+    if (!listed)
+        return oom(c);
+    if (json_is_object(props) && json_object_update(listed, props)) {
+        json_decref(listed);
+        return oom(c);
     }
+    size_t k;
+    json_t *r;
+    json_array_foreach(json_object_get(s, "required"), k, r) {
+        if (!json_is_string(r) || json_object_get(listed, json_string_value(r)))
+            continue;
+        if (closed) {
+            json_decref(listed);
+            return bad(c, "a required property is not in properties and additionalProperties is false",
+                       json_string_value(r));
+        }
+        if (json_object_set(listed, json_string_value(r), json_is_object(extra) ? extra : json_true())) {
+            json_decref(listed);
+            return oom(c);
+        }
+    }
+    gnode *n = NULL;
+    if (tool_root || json_object_size(listed) > 0) {
+        n = compile_listed_object(c, s, listed, tool_root);
+    } else if (closed) {
+        if (int_field(s, "minProperties", 0) > 0)
+            n = bad(c, "minProperties asks for properties, and additionalProperties is false with none listed", NULL);
+        else
+            n = literal(c, "{}");
+    } else {
+        n = new_node(c, G_FREE_OBJECT);
+        gnode *key = new_node(c, G_STRING);
+        gnode *value = json_is_object(extra) ? compile(c, extra, MODE_JSON) : any_value(c);
+        if (n && key && value) {
+            add_kid(c, n, key);
+            add_kid(c, n, value);
+            n->min = int_field(s, "minProperties", 0);
+            n->max = int_field(s, "maxProperties", -1);
+            if (n->max >= 0 && n->max < n->min)
+                bad(c, "maxProperties is below minProperties", NULL);
+        }
+    }
+    json_decref(listed);
+    return c->st == LILY_OK ? n : NULL;
+}
+
+/* props's properties in order (each required when s's required lists it). In a tool call (root) the keys
+ * are the parameter tags. */
+static gnode *compile_listed_object(compiler *c, const json_t *s, const json_t *props, bool tool_root)
+{
     gnode *n = new_node(c, G_OBJECT);
     if (!n)
         return NULL;
@@ -218,7 +266,7 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     const char *key;
     json_t *sub;
     int n_props = 0;
-    json_object_foreach(props, key, sub) n_props++;
+    json_object_foreach((json_t *)props, key, sub) n_props++;
     n->required = calloc((size_t)n_props + 1, sizeof *n->required);
     n->next_required = calloc((size_t)n_props + 1, sizeof *n->next_required);
     n->keys_next = calloc((size_t)n_props + 1, sizeof *n->keys_next);
@@ -236,7 +284,7 @@ static gnode *compile_object(compiler *c, const json_t *s, bool tool_root)
     }
     n->n_props = n_props; /* keys_next[0..n_props] are freed with the node, also when compiling stops midway */
     int i = 0;
-    json_object_foreach(props, key, sub) {
+    json_object_foreach((json_t *)props, key, sub) {
         json_t *tmp = json_string(key);
         char *name = tmp ? dump_value(tmp) : NULL; /* quoted, escaped */
         json_decref(tmp);
@@ -320,8 +368,28 @@ static gnode *compile_type(compiler *c, const char *type, const json_t *s, value
         n->max = int_field(s, "maxItems", -1);
         if (n->max >= 0 && n->max < n->min)
             return bad(c, "maxItems is below minItems", NULL);
-        json_t *items = json_object_get(s, "items");
-        add_kid(c, n, items ? compile(c, items, MODE_JSON) : any_value(c));
+        /* positional items: prefixItems (pydantic's tuple[int, str]), or an items array (before 2020-12) with
+         * additionalItems for the rest */
+        json_t *items = json_object_get(s, "items"), *rest = items;
+        json_t *prefix = json_object_get(s, "prefixItems");
+        if (!json_is_array(prefix) && json_is_array(items)) {
+            prefix = items;
+            rest = json_object_get(s, "additionalItems");
+        }
+        size_t i;
+        json_t *e;
+        json_array_foreach(prefix, i, e) {
+            if (!add_kid(c, n, compile(c, e, MODE_JSON)))
+                return NULL;
+            n->n_prefix++;
+        }
+        if (json_is_false(rest)) { /* no item past the positional ones */
+            if (n->min > n->n_prefix)
+                return bad(c, "minItems asks for more items than prefixItems has, and items is false", NULL);
+            n->max = n->max < 0 || n->max > n->n_prefix ? n->n_prefix : n->max;
+        } else {
+            add_kid(c, n, json_is_object(rest) ? compile(c, rest, MODE_JSON) : any_value(c));
+        }
         return c->st == LILY_OK ? n : NULL;
     }
     return bad(c, "unsupported type", type);
@@ -448,10 +516,17 @@ static int min_depth_now(const gnode *n)
             d = n->kids[k]->min_depth < d ? n->kids[k]->min_depth : d;
         return d;
     case G_REF: return n->target ? n->target->min_depth : G_ENDLESS;
-    case G_ARRAY:
-        if (n->min == 0)
-            return 1;
-        return n->n_kids > 0 && n->kids[0]->min_depth < G_ENDLESS ? 1 + n->kids[0]->min_depth : G_ENDLESS;
+    case G_ARRAY: /* an item sits on the array's frame; the first min items must each finish */
+        d = 1;
+        for (int i = 0; i < n->min; i++) {
+            const gnode *item = i < n->n_prefix ? n->kids[i] : n->n_kids > n->n_prefix ? n->kids[n->n_prefix] : NULL;
+            if (!item || item->min_depth >= G_ENDLESS)
+                return G_ENDLESS;
+            d = 1 + item->min_depth > d ? 1 + item->min_depth : d;
+            if (i >= n->n_prefix)
+                break; /* the rest are the same item */
+        }
+        return d;
     case G_OBJECT: /* a value sits on its object's frame (and a tool call's separator frame) */
         d = 1;
         for (int i = 0; i < n->n_props; i++) {
@@ -464,6 +539,10 @@ static int min_depth_now(const gnode *n)
         }
         return d;
     case G_LITSET: return n->n > 0 ? 1 : G_ENDLESS;
+    case G_FREE_OBJECT: /* a value sits on the object's frame */
+        if (n->min == 0)
+            return 1;
+        return n->n_kids > 1 && n->kids[1]->min_depth < G_ENDLESS ? 1 + n->kids[1]->min_depth : G_ENDLESS;
     default: return 1;
     }
 }

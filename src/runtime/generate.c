@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "base/clock.h"
 #include "runtime/logprobs.h"
 #include "runtime/stop_strings.h"
@@ -105,6 +106,11 @@ static lily_status detokenize_and_match(const lily_generate_params *p, lily_stop
         st = p->detok.flush(p->detok.state, &text, &len, err);
     if (st != LILY_OK)
         return st;
+    if (!stops) { /* no stop strings matched here (constrained text) */
+        *out = text;
+        *out_len = len;
+        return LILY_OK;
+    }
     *matched = lily_stop_matcher_feed(stops, text, len, out, out_len, err);
     return *matched == -2 ? LILY_ERR_OUT_OF_MEMORY : LILY_OK;
 }
@@ -116,6 +122,9 @@ typedef struct {
     lily_generate_result *r;
     lily_sampler *sampler;
     lily_stop_matcher *stops;
+    bool stops_off;                   /* the constraint masks: stop strings are no longer matched */
+    char *joined;                     /* [joined_cap] held text released as they went off, then the token's */
+    size_t joined_cap;
     bool callback_stopped;
     bool thinking;                    /* inside the think block a reasoning budget watches (false without one) */
     int n_forced;                     /* think_close tokens forced so far */
@@ -131,6 +140,57 @@ typedef struct {
 } gen_state;
 
 static bool cancelled(const lily_generate_params *p) { return p->cancel && atomic_load(p->cancel); }
+
+/* Append len bytes to g->joined at *at. False: out of memory (err set). */
+static bool join_text(gen_state *g, size_t *at, const char *text, size_t len)
+{
+    if (*at + len + 1 > g->joined_cap) {
+        size_t cap = LILY_MAX(2 * g->joined_cap, *at + len + 1);
+        char *p = realloc(g->joined, cap);
+        if (!p) {
+            lily_error_set(g->err, LILY_ERR_OUT_OF_MEMORY, "generate: out of memory");
+            return false;
+        }
+        g->joined = p;
+        g->joined_cap = cap;
+    }
+    if (len)
+        memcpy(g->joined + *at, text, len);
+    *at += len;
+    return true;
+}
+
+/* The text of a taken token (the constraint has accepted it) through the stop strings, as
+ * detokenize_and_match; when the constraint starts masking at this token, the stop matcher first releases
+ * what it held (a stop string wholly inside it still matches: then this token's text is dropped) and is off
+ * from then on (generate.h). */
+static lily_status token_text(gen_state *g, int32_t token, const char **out, size_t *out_len, int *matched)
+{
+    const lily_generate_params *p = g->p;
+    size_t released = 0;
+    if (!g->stops_off && p->constraint && p->constraint->masking && p->constraint->masking(p->constraint->user)) {
+        g->stops_off = true;
+        const char *held;
+        size_t held_len;
+        *matched = lily_stop_matcher_flush(g->stops, &held, &held_len);
+        if (!join_text(g, &released, held, held_len))
+            return LILY_ERR_OUT_OF_MEMORY;
+        if (*matched >= 0) {
+            *out = g->joined;
+            *out_len = released;
+            return LILY_OK;
+        }
+    }
+    lily_status st = detokenize_and_match(p, g->stops_off ? NULL : g->stops, token, out, out_len, matched, g->err);
+    if (st != LILY_OK || released == 0)
+        return st;
+    size_t at = released;
+    if (!join_text(g, &at, *out, *out_len))
+        return LILY_ERR_OUT_OF_MEMORY;
+    *out = g->joined;
+    *out_len = at;
+    return LILY_OK;
+}
 
 /* LILY_ERR_BACKEND when a logit the sampler is about to read is NaN or infinite: the forward pass
  * overflowed (or the weights hold such values), and any token drawn from it would be noise. */
@@ -173,8 +233,8 @@ static lily_status take_token(gen_state *g, int32_t token, bool *stop)
 
     const char *out;
     size_t out_len;
-    int matched;
-    st = detokenize_and_match(p, g->stops, token, &out, &out_len, &matched, g->err);
+    int matched = -1;
+    st = token_text(g, token, &out, &out_len, &matched);
     if (st != LILY_OK)
         return st;
     if (p->token_logprobs && p->logprobs >= 0) { /* the logprobs the callback reads */
@@ -656,12 +716,12 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
         const char *out;
         size_t out_len;
         int matched;
-        st = detokenize_and_match(p, g.stops, -1, &out, &out_len, &matched, err);
+        st = detokenize_and_match(p, g.stops_off ? NULL : g.stops, -1, &out, &out_len, &matched, err);
         if (st != LILY_OK)
             goto done;
         if (p->on_token && out_len > 0)
             p->on_token(p->user, -1, out, out_len);
-        if (matched < 0) {
+        if (matched < 0 && !g.stops_off) {
             matched = lily_stop_matcher_flush(g.stops, &out, &out_len);
             if (p->on_token && out_len > 0)
                 p->on_token(p->user, -1, out, out_len);
@@ -677,6 +737,7 @@ done:
     if (have_ck)
         checkpoint_free(s, &ck);
     lily_stop_matcher_free(g.stops);
+    free(g.joined);
     lily_sampler_free(g.sampler);
     free(g.masked);
     free(g.history_ids);

@@ -86,6 +86,10 @@ typedef struct {
     int (*allowed)(void *user, uint32_t *bits, int vocab);
     /* Every token taken (sampled or forced), the stop token excluded, before the next mask. */
     void (*accept)(void *user, int32_t token);
+    /* Optional: true once the constraint masks every later token (a grammar past its think block). From the
+     * token it turns true on (asked after accept), stop strings are no longer matched: they would cut the
+     * value the constraint guarantees (what the stop matcher held back is released with that token). */
+    bool (*masking)(void *user);
 } lily_token_constraint;
 
 typedef struct {
@@ -93,7 +97,8 @@ typedef struct {
     int max_tokens;                   /* at most this many generated tokens; <= 0: until the context is full */
     const int32_t *stop_ids;          /* [n_stop_ids] e.g. lily_config.stop_ids (<|im_end|>, <|endoftext|>) */
     int n_stop_ids;
-    const char *const *stop_strings;  /* [n_stop_strings]; matched across tokens, never streamed */
+    const char *const *stop_strings;  /* [n_stop_strings]; matched across tokens, never streamed; not inside
+                                         constrained text (constraint->masking) */
     int n_stop_strings;
     lily_detok_interface detok;       /* feed may be NULL when there are no stop strings: no text is streamed */
     lily_token_callback on_token;     /* may be NULL */

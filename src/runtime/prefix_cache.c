@@ -731,6 +731,17 @@ static lily_status prefill_marked(lily_prefix_cache *pc, lily_session *s, const 
     return st;
 }
 
+/* The times and forward passes of the prefill that just ran (lily_prefix_cache_stats' last_*). */
+static void record_last(lily_prefix_cache *pc, double restore_s, double forward_s, double checkpoint_s, int pieces)
+{
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.last_restore_s = restore_s;
+    pc->stats.last_forward_s = forward_s;
+    pc->stats.last_checkpoint_s = checkpoint_s;
+    pc->stats.last_pieces = pieces;
+    pthread_mutex_unlock(&pc->lock);
+}
+
 lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, const int32_t *ids, int n,
                                       const int *marks, int n_marks, lily_prefix_cancel_fn cancel, void *cancel_user,
                                       int *reused, lily_error *err)
@@ -763,6 +774,7 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
         restore_s = lily_wall_seconds() - t0;
         if (st != LILY_OK) {
             lily_session_reset(s);
+            record_last(pc, restore_s, 0, 0, 0);
             return st;
         }
         pc->entries[best].last_use = ++pc->clock;
@@ -784,12 +796,16 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
      * (checkpointed there) and are at most one prefill chunk long (cancel is polled between them). */
     const int every = pc->checkpoint_every;
     const int chunk = s->engine->prefill_chunk > 0 ? s->engine->prefill_chunk : 512;
+    lily_status st = LILY_OK;
     for (int pos = start; pos < n;) {
         if (cancel && cancel(cancel_user)) {
             lily_error ignored; /* what was prefilled stays: in s, and as a checkpoint */
+            const double t0 = lily_wall_seconds();
             if (pos > start)
                 store(pc, s, RANK_PLAIN, &ignored);
-            return lily_error_set(err, LILY_ERR_CANCELLED, "cancelled");
+            checkpoint_s += lily_wall_seconds() - t0;
+            st = lily_error_set(err, LILY_ERR_CANCELLED, "cancelled");
+            goto out;
         }
         int end = n;
         if (every > 0) {
@@ -814,10 +830,9 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
             for (int i = 0; i < n_marks; i++)
                 later_mark |= marks[i] > end && marks[i] < n;
             int done = 0;
-            lily_status st = later_mark ? LILY_OK : prefill_marked(pc, s, ids, pos, end, n, &done, &forward_s,
-                                                                    &checkpoint_s, err);
+            st = later_mark ? LILY_OK : prefill_marked(pc, s, ids, pos, end, n, &done, &forward_s, &checkpoint_s, err);
             if (st != LILY_OK)
-                return st;
+                goto out;
             if (done) {
                 pieces++;
                 pos = n;
@@ -825,31 +840,30 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
             }
         }
         double t0 = lily_wall_seconds();
-        lily_status st = lily_session_append(s, ids + pos, piece, NULL, err);
+        st = lily_session_append(s, ids + pos, piece, NULL, err);
         forward_s += lily_wall_seconds() - t0;
         pieces++;
         if (st != LILY_OK)
-            return st;
+            goto out;
         pos += piece;
         pthread_mutex_lock(&pc->lock);
         pc->stats.prefilled_tokens += (uint64_t)piece;
         pthread_mutex_unlock(&pc->lock);
         const bool at_boundary = (every > 0 && pos % every == 0) || (at_mark && pos == end);
         t0 = lily_wall_seconds();
-        if (pos < n && at_boundary &&
-            (st = store(pc, s, at_mark && pos == end ? RANK_MARK : RANK_PLAIN, err)) != LILY_OK)
-            return st;
+        if (pos < n && at_boundary)
+            st = store(pc, s, at_mark && pos == end ? RANK_MARK : RANK_PLAIN, err);
+        checkpoint_s += lily_wall_seconds() - t0;
+        if (st != LILY_OK)
+            goto out;
+    }
+    {
+        const double t0 = lily_wall_seconds();
+        st = lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
         checkpoint_s += lily_wall_seconds() - t0;
     }
-    const double t0 = lily_wall_seconds();
-    lily_status st = lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
-    checkpoint_s += lily_wall_seconds() - t0;
-    pthread_mutex_lock(&pc->lock);
-    pc->stats.last_restore_s = restore_s;
-    pc->stats.last_forward_s = forward_s;
-    pc->stats.last_checkpoint_s = checkpoint_s;
-    pc->stats.last_pieces = pieces;
-    pthread_mutex_unlock(&pc->lock);
+out: /* also for a cancelled or failed prefill: its log line shows its own times, not the previous request's */
+    record_last(pc, restore_s, forward_s, checkpoint_s, pieces);
     return st;
 }
 

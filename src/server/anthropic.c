@@ -283,13 +283,23 @@ static bool translate(json_t *b, bool count_only, json_t *oai, bool *prefill, li
                                       "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}.");
         }
     }
+    /* structured outputs: as OpenAI's response_format json_schema. output_format is the beta's name for it
+     * (structured-outputs-2025-11-13), which the SDK's client.beta.messages still sends */
     json_t *format = json_object_get(json_object_get(b, "output_config"), "format");
-    if (format && !json_is_null(format)) { /* structured outputs: as OpenAI's response_format json_schema */
+    json_t *beta_format = json_object_get(b, "output_format");
+    const char *fparam = "output_config.format";
+    if (format && !json_is_null(format) && beta_format && !json_is_null(beta_format) &&
+        !json_equal(format, beta_format))
+        return bad(e, "output_format", "output_format and output_config.format differ: give one of them.");
+    if ((!format || json_is_null(format)) && beta_format && !json_is_null(beta_format)) {
+        format = beta_format;
+        fparam = "output_format";
+    }
+    if (format && !json_is_null(format)) {
         const char *type = json_string_value(json_object_get(format, "type"));
         json_t *schema = json_object_get(format, "schema");
         if (!type || strcmp(type, "json_schema") || !json_is_object(schema))
-            return bad(e, "output_config.format", "output_config.format: expected {\"type\": \"json_schema\", "
-                                                  "\"schema\": {...}}.");
+            return bad(e, fparam, "%s: expected {\"type\": \"json_schema\", \"schema\": {...}}.", fparam);
         json_object_set_new(oai, "response_format", json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema",
                                                               "json_schema", "name", "output", "schema", schema));
     }

@@ -648,6 +648,9 @@ static bool check_response_format(lily_oai_request *req, lily_oai_error *e)
             if (schema && !json_is_object(schema) && !json_is_boolean(schema))
                 return bad(e, "response_format.json_schema.schema", "Invalid 'response_format.json_schema.schema': "
                                                                     "expected a JSON Schema object.");
+            if (json_is_false(schema)) /* the schema no value satisfies: no reply could follow it */
+                return bad(e, "response_format.json_schema.schema", "Invalid 'response_format.json_schema.schema': "
+                                                                    "false matches no JSON value.");
             req->json_output = true;
             req->json_schema = json_is_object(schema) ? schema : NULL;
         } else if (strcmp(type, "text")) {
