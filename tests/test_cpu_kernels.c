@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/experts_token.h"
 #include "base/dtype.h"
 
 static uint32_t rng_state = 12345;
@@ -720,6 +721,81 @@ static void test_matmul_many_matches_single_calls(void **state)
     lily_threadpool_destroy(pool);
 }
 
+/* cpu_experts_token_run() (one token's routed experts, as the CUDA backend's --host-experts cpu runs them)
+ * gives what the fast matmuls give expert by expert — silu(gate x) ⊙ (up x), its down projection, the
+ * weighted sum in ascending expert id — bit for bit, whatever order the ids come in; and within the
+ * quantization's error of the exact dequantized values. */
+static void test_experts_token_matches_fast_matmuls(void **state)
+{
+    (void)state;
+    enum { E = 6, H = 128, I = 64, K = 3 };
+    qtensor gate = make_quantized(I, H, 4, E), up = make_quantized(I, H, 4, E), down = make_quantized(H, I, 4, E);
+    assert_true(cpu_experts_token_ok(&gate.t, &up.t, &down.t, H, I));
+    assert_false(cpu_experts_token_ok(&gate.t, &up.t, &down.t, H, 2 * I));
+    lily_error err;
+    cpu_experts_token *tok;
+    assert_int_equal(cpu_experts_token_create(H, I, K + 2, 3, &tok, &err), LILY_OK); /* room for more than K */
+    assert_int_equal(cpu_experts_token_threads(tok), 3);
+    lily_threadpool *pool;
+    assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);
+    int8_t qbuf[H], rbuf[H];
+    int16_t vbuf[H];
+    float dbuf[H / 32], sbuf[H / 32], gbuf[H / 32];
+    cpu_ctx c = fast_ctx(pool, 1, (cpu_qact){qbuf, rbuf, dbuf, sbuf, H, vbuf}, gbuf);
+    float x[H];
+    for (int i = 0; i < H; i++)
+        x[i] = frand();
+    const int ids[K] = {4, 1, 3};
+    const float w[K] = {0.5f, 0.3f, 0.2f};
+    float got[H], want[H], exact[H];
+    for (int i = 0; i < H; i++)
+        got[i] = NAN; /* poison */
+    cpu_experts_token_run(tok, &gate.t, &up.t, &down.t, x, K, ids, w, got);
+    memset(want, 0, sizeof want);
+    memset(exact, 0, sizeof exact);
+    const int order[K] = {1, 2, 0}; /* slots by ascending id */
+    for (int k = 0; k < K; k++) {
+        const int s = order[k], e = ids[s];
+        float g[I], u[I], y[H];
+        cpu_matmul_expert(&c, &gate.t, e, x, 1, g);
+        cpu_matmul_expert(&c, &up.t, e, x, 1, u);
+        for (int r = 0; r < I; r++)
+            g[r] = cpu_silu(g[r]) * u[r];
+        cpu_matmul_expert(&c, &down.t, e, g, 1, y);
+        for (int r = 0; r < H; r++)
+            want[r] += y[r] * w[s];
+        /* exact: dequantized weights in double */
+        double gd[I];
+        for (int r = 0; r < I; r++) {
+            double a = 0, b = 0;
+            for (int col = 0; col < H; col++) {
+                a += (double)gate.dense[((size_t)e * I + r) * H + col] * x[col];
+                b += (double)up.dense[((size_t)e * I + r) * H + col] * x[col];
+            }
+            gd[r] = a / (1 + exp(-a)) * b;
+        }
+        for (int r = 0; r < H; r++) {
+            double a = 0;
+            for (int col = 0; col < I; col++)
+                a += (double)down.dense[((size_t)e * H + r) * I + col] * gd[col];
+            exact[r] += (float)(a * w[s]);
+        }
+    }
+    assert_memory_equal(got, want, sizeof got);
+    double num = 0, den = 0;
+    for (int r = 0; r < H; r++) {
+        num += (double)(got[r] - exact[r]) * (got[r] - exact[r]);
+        den += (double)exact[r] * exact[r];
+    }
+    if (!(sqrt(num / den) < 1e-3))
+        fail_msg("relative L2 error %.3g against the exact experts", sqrt(num / den));
+    cpu_experts_token_destroy(tok);
+    lily_threadpool_destroy(pool);
+    free_quantized(&gate);
+    free_quantized(&up);
+    free_quantized(&down);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -731,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_quant_dot_every_kernel_set),
         cmocka_unit_test(test_fast_matmul_error_bound_and_batch_invariance),
         cmocka_unit_test(test_matmul_many_matches_single_calls),
+        cmocka_unit_test(test_experts_token_matches_fast_matmuls),
         cmocka_unit_test(test_gdn_chunked_matches_recurrent),
         cmocka_unit_test(test_gdn_fast_step_matches_recurrent),
         cmocka_unit_test(test_top_k_ties_lower_id_first),

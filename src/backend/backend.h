@@ -59,9 +59,20 @@ typedef struct {
      * over PCIe by the same kernels, so results are bit-identical to the all-device ones. Host-only backends
      * ignore it. */
     int n_cpu_moe;
+    /* How decode runs the routed experts of those layers (CUDA): LILY_HOST_EXPERTS_AUTO (0) as the backend's
+     * measured rule picks for the layer count; LILY_HOST_EXPERTS_ZERO_COPY: the GPU reads the selected
+     * experts over PCIe (the same kernels: bit-identical to the all-device path); N > 0: the host's cores
+     * compute the last N of each token's top-k experts (LILY_HOST_EXPERTS_CPU or any N >= top-k: all of
+     * them; n_threads threads, 0 = every core but one; the CPU backend's fast-mode arithmetic, so not
+     * bit-identical) while the GPU runs the shared expert and the other routed ones over PCIe. Prefill stages
+     * the experts to the GPU either way. */
+    int host_experts;
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_backend_options;
+
+/* lily_backend_options.host_experts */
+enum { LILY_HOST_EXPERTS_ZERO_COPY = -1, LILY_HOST_EXPERTS_AUTO = 0, LILY_HOST_EXPERTS_CPU = 1 << 20 };
 
 /* Which rows of logits forward() writes. */
 typedef enum {

@@ -48,6 +48,7 @@ typedef struct {
     size_t device_pool_bytes;  /* the device checkpoint pool the command will ask for (chat's --cache-vram) */
     int n_cpu_moe;             /* --n-cpu-moe / --cpu-moe (lily_engine_options.n_cpu_moe; 0 = the plan's) */
     const char *cpu_moe_option; /* which of the two set n_cpu_moe (NULL: neither): giving both is an error */
+    int host_experts;          /* --host-experts (lily_engine_options.host_experts; 0 = the backend's rule) */
     int max_tokens;            /* -n (0 = until a stop token or a full context) */
     bool set_max_tokens;       /* -n given (0 included: no cap over generation_config.json's) */
     lily_sampler_params sampling; /* --temp --top-p --top-k --min-p --seed; filled by cli_model_open from
@@ -164,6 +165,10 @@ int cli_parse_gib(const char *cmd, const char *opt, const char *s, size_t *bytes
 /* Parse a --n-cpu-moe value (an integer >= 0) into lily_engine_options.n_cpu_moe's encoding: 0 becomes
  * LILY_N_CPU_MOE_NONE, N > 0 stays N. Prints "lily CMD: --n-cpu-moe expects ..." and returns -1 otherwise. */
 int cli_parse_n_cpu_moe(const char *cmd, const char *opt, const char *s, int *n_cpu_moe);
+/* Parse a --host-experts value: zero-copy, cpu, or N in [1, 64] (lily_backend_options.host_experts). Prints
+ * "lily CMD: --host-experts expects ..." and returns -1 otherwise; 0 on success. */
+int cli_parse_host_experts(const char *cmd, const char *opt, const char *s, int *host_experts);
+#define CLI_HOST_EXPERTS_HELP "decode of experts in host memory: zero-copy (GPU over PCIe), cpu, or N (CPU takes N of the top-k)"
 /* Records that option (--cpu-moe or --n-cpu-moe) sets n_cpu_moe in *set_by. The other one already given is a
  * usage error: prints "lily CMD: --cpu-moe and --n-cpu-moe conflict ..." and returns -1; 0 otherwise. */
 int cli_note_cpu_moe_option(const char *cmd, const char *option, const char **set_by);

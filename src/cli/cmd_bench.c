@@ -65,6 +65,7 @@ typedef struct {
     int prefill_chunk;
     size_t gpu_memory_bytes;
     int n_cpu_moe;       /* --n-cpu-moe / --cpu-moe (lily_engine_options.n_cpu_moe) */
+    int host_experts;    /* --host-experts (lily_engine_options.host_experts) */
     int device;
     uint64_t seed;
     int warmup;
@@ -130,6 +131,7 @@ static void usage(FILE *f)
             "  --gpu-memory GIB       " CLI_GPU_MEMORY_HELP "\n"
             "  --cpu-moe              " CLI_CPU_MOE_HELP "\n"
             "  --n-cpu-moe N          " CLI_N_CPU_MOE_HELP "\n"
+            "  --host-experts M       " CLI_HOST_EXPERTS_HELP "\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
             "  --sampling LIST        decode rows per sampler preset of the device decode loop (cuda; default\n"
@@ -202,7 +204,7 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     const lily_engine_options eo = {.model_dir = o->model_dir, .backend = o->backend, .n_threads = o->n_threads,
                                     .prefill_chunk = o->prefill_chunk, .device = o->device, .exact = o->exact,
                                     .gpu_memory_bytes = o->gpu_memory_bytes, .ctx_size = o->ctx_size,
-                                    .n_sessions = 2, .n_cpu_moe = o->n_cpu_moe};
+                                    .n_sessions = 2, .n_cpu_moe = o->n_cpu_moe, .host_experts = o->host_experts};
     if (o->model_dir) {
         return lily_engine_open(&eo, &m->engine, err);
     }
@@ -222,7 +224,7 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     e->weights = m->synthetic->weights;
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : lily_default_prefill_chunk(o->backend);
     lily_backend_options bo = {.n_threads = o->n_threads, .max_chunk = e->prefill_chunk, .device = o->device,
-                               .exact = o->exact};
+                               .exact = o->exact, .host_experts = o->host_experts};
     st = lily_engine_plan(e, o->backend, &eo, &bo, err);
     if (st == LILY_OK)
         st = lily_backend_create(o->backend, &e->cfg, &e->weights, &bo, &e->backend, err);
@@ -750,7 +752,8 @@ static int parse_args(int argc, char **argv, bench_options *o)
             {"--model", "-m"}, {"--synthetic", NULL}, {"-p", NULL}, {"-d", NULL}, {"-n", NULL}, {"-r", NULL},
             {"--backend", NULL}, {"--precision", NULL}, {"-o", NULL}, {"--plot", NULL}, {"--threads", "-t"},
             {"--ctx-size", "-c"}, {"--prefill-chunk", NULL}, {"--device", NULL}, {"--seed", NULL},
-            {"--max-seconds", NULL}, {"--gpu-memory", NULL}, {"--sampling", NULL}, {"--n-cpu-moe", NULL}};
+            {"--max-seconds", NULL}, {"--gpu-memory", NULL}, {"--sampling", NULL}, {"--n-cpu-moe", NULL},
+            {"--host-experts", NULL}};
         const char *val = NULL;
         int r = cli_match_option("bench", argc, argv, &i, opts, sizeof opts / sizeof opts[0], &a, &val);
         if (r < 0)
@@ -812,6 +815,9 @@ static int parse_args(int argc, char **argv, bench_options *o)
         } else if (!strcmp(a, "--n-cpu-moe")) {
             if (cli_note_cpu_moe_option("bench", a, &cpu_moe_option) ||
                 cli_parse_n_cpu_moe("bench", a, val, &o->n_cpu_moe))
+                return 2;
+        } else if (!strcmp(a, "--host-experts")) {
+            if (cli_parse_host_experts("bench", a, val, &o->host_experts))
                 return 2;
         } else if (!strcmp(a, "--device")) {
             bad = parse_int(val, 0, 64, &o->device);

@@ -49,6 +49,7 @@ static void usage(FILE *f)
             "  --gpu-memory GIB     " CLI_GPU_MEMORY_HELP "\n"
             "  --cpu-moe            " CLI_CPU_MOE_HELP "\n"
             "  --n-cpu-moe N        " CLI_N_CPU_MOE_HELP "\n"
+            "  --host-experts M     " CLI_HOST_EXPERTS_HELP "\n"
             "  --queue N            requests that may wait while one runs; more get 503 (default 16)\n"
             "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
             "  --backend cpu|cuda   compute backend (default cpu)\n"
@@ -83,7 +84,8 @@ static void usage(FILE *f)
 static bool is_shared_option(const char *a)
 {
     static const char *const names[] = {"--temp", "--temperature", "--top-p", "--top-k", "--min-p", "--max-tokens",
-                                        "-n", "--no-think", "--cpu-moe", "--n-cpu-moe", "--host-sampler"};
+                                        "-n", "--no-think", "--cpu-moe", "--n-cpu-moe", "--host-sampler",
+                                        "--host-experts"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         size_t n = strlen(names[k]);
         if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '='))
@@ -312,7 +314,7 @@ int cmd_serve(int argc, char **argv)
     lily_service *svc = NULL;
     lily_service_options so = {.model_dir = model_dir, .backend = backend, .exact = exact, .n_threads = (int)threads,
                                .ctx_size = (int)ctx, .model_name = name, .gpu_memory_bytes = gpu_memory,
-                               .n_cpu_moe = go.n_cpu_moe,
+                               .n_cpu_moe = go.n_cpu_moe, .host_experts = go.host_experts,
                                .cache_ram_bytes = (size_t)cache_ram_mib << 20,
                                .cache_vram_bytes = (size_t)(cache_vram_mib >= 0 ? cache_vram_mib
                                                             : !strcmp(backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB

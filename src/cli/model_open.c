@@ -45,6 +45,7 @@ void cli_gen_options_usage(FILE *f)
             "      --gpu-memory GIB   " CLI_GPU_MEMORY_HELP "\n"
             "      --cpu-moe          " CLI_CPU_MOE_HELP "\n"
             "      --n-cpu-moe N      " CLI_N_CPU_MOE_HELP "\n"
+            "      --host-experts M   " CLI_HOST_EXPERTS_HELP "\n"
             "      --backend NAME     cpu (default) or cuda\n"
             "      --precision P      fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                         cores; slower; cpu: no int8 dot products), the reference\n"
@@ -105,6 +106,24 @@ int cli_parse_n_cpu_moe(const char *cmd, const char *opt, const char *s, int *n_
     if (cli_parse_int(cmd, opt, s, 0, INT32_MAX, &v))
         return -1;
     *n_cpu_moe = v == 0 ? LILY_N_CPU_MOE_NONE : (int)v;
+    return 0;
+}
+
+int cli_parse_host_experts(const char *cmd, const char *opt, const char *s, int *host_experts)
+{
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (!strcmp(s, "zero-copy"))
+        *host_experts = LILY_HOST_EXPERTS_ZERO_COPY;
+    else if (!strcmp(s, "cpu"))
+        *host_experts = LILY_HOST_EXPERTS_CPU;
+    else if (*s && !*end && !errno && v >= 1 && v <= 64)
+        *host_experts = (int)v;
+    else {
+        fprintf(stderr, "lily %s: %s expects zero-copy, cpu or a count of experts in [1, 64], got \"%s\"\n", cmd, opt, s);
+        return -1;
+    }
     return 0;
 }
 
@@ -177,7 +196,7 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         {"--model", "-m"}, {"--max-tokens", "-n"}, {"--temp", "--temperature"}, {"--top-p", NULL},
         {"--top-k", NULL}, {"--min-p", NULL}, {"--seed", NULL}, {"--system", NULL}, {"--ctx-size", "-c"},
         {"--backend", NULL}, {"--threads", "-t"}, {"--prefill-chunk", NULL}, {"--precision", NULL},
-        {"--gpu-memory", NULL}, {"--n-cpu-moe", NULL},
+        {"--gpu-memory", NULL}, {"--n-cpu-moe", NULL}, {"--host-experts", NULL},
     };
     const char *a = argv[*i];
     if (!strcmp(a, flags[0])) {
@@ -239,6 +258,9 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
     } else if (!strcmp(name, "--gpu-memory")) {
         if (cli_parse_gib(cmd, a, value, &o->gpu_memory_bytes))
+            return -1;
+    } else if (!strcmp(name, "--host-experts")) {
+        if (cli_parse_host_experts(cmd, a, value, &o->host_experts))
             return -1;
     } else if (!strcmp(name, "--n-cpu-moe")) {
         if (cli_note_cpu_moe_option(cmd, name, &o->cpu_moe_option) ||
@@ -343,7 +365,8 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
     lily_engine_options eo = {.model_dir = dir, .backend = o->backend, .n_threads = o->n_threads,
                               .prefill_chunk = o->prefill_chunk, .exact = o->exact,
                               .gpu_memory_bytes = o->gpu_memory_bytes, .ctx_size = o->ctx_size,
-                              .device_pool_bytes = o->device_pool_bytes, .n_cpu_moe = o->n_cpu_moe};
+                              .device_pool_bytes = o->device_pool_bytes, .n_cpu_moe = o->n_cpu_moe,
+                              .host_experts = o->host_experts};
     if (lily_engine_open(&eo, &m->engine, &err) != LILY_OK) {
         fprintf(stderr, "lily %s: %s\n", cmd, err.message);
         cli_model_close(m);

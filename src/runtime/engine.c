@@ -126,6 +126,7 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
     const char *backend = opts->backend ? opts->backend : "cpu";
     lily_backend_options bo = {
         .n_threads = opts->n_threads,
+        .host_experts = opts->host_experts,
         .max_chunk = e->prefill_chunk,
         .device = opts->device,
         .deltanet_chunked = opts->deltanet_chunked,

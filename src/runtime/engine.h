@@ -37,6 +37,7 @@ typedef struct {
      * leave too little room; LILY_N_CPU_MOE_NONE (-1): none (--n-cpu-moe 0). Backends without a memory
      * plan (cpu) ignore it. */
     int n_cpu_moe;
+    int host_experts;        /* lily_backend_options.host_experts (--host-experts; 0 = the backend's rule) */
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_engine_options;

@@ -49,6 +49,7 @@ struct lily_service {
     size_t cache_vram_bytes;  /* the device pool asked for */
     size_t gpu_memory_bytes;  /* lily_service_options.gpu_memory_bytes */
     int n_cpu_moe;            /* lily_service_options.n_cpu_moe */
+    int host_experts;         /* lily_service_options.host_experts */
     size_t cache_ram_bytes;   /* the host cap asked for; 0 = sized from the model at load */
     int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
     lily_tokenizer *tok;
@@ -89,6 +90,7 @@ lily_status lily_service_new(const lily_service_options *opts, lily_service **ou
     svc->request_defaults = opts->request_defaults ? *opts->request_defaults : lily_request_defaults_none();
     svc->gpu_memory_bytes = opts->gpu_memory_bytes;
     svc->n_cpu_moe = opts->n_cpu_moe;
+    svc->host_experts = opts->host_experts;
     svc->cache_ram_bytes = opts->cache_ram_bytes;
     if (!svc->model_dir || !svc->backend || !svc->model_name) {
         lily_service_free(svc);
@@ -263,6 +265,7 @@ lily_status lily_service_load(void *user, lily_error *err)
         return st;
     lily_engine_options eo = {.model_dir = svc->model_dir, .backend = svc->backend, .n_threads = svc->n_threads,
                               .exact = svc->exact, .gpu_memory_bytes = svc->gpu_memory_bytes, .n_cpu_moe = svc->n_cpu_moe,
+                              .host_experts = svc->host_experts,
                               .ctx_size = svc->ctx_size, .device_pool_bytes = svc->cache_vram_bytes};
     st = lily_engine_open(&eo, &svc->engine, err);
     if (st != LILY_OK)

@@ -39,6 +39,7 @@ typedef struct {
     size_t cache_vram_bytes;  /* prefix cache device pool (CUDA backend); 0 = none */
     size_t gpu_memory_bytes;  /* lily_engine_options.gpu_memory_bytes (0 = all free) */
     int n_cpu_moe;            /* lily_engine_options.n_cpu_moe (0 = as the memory plan chooses) */
+    int host_experts;         /* lily_engine_options.host_experts (0 = the backend's rule) */
     int checkpoint_every;     /* prefix cache checkpoint interval in tokens; 0 = 4096, < 0 = none */
     bool host_sampler;        /* --host-sampler: every request samples on the host (LILY_DECODE_HOST, generate.h) */
     const lily_request_defaults *request_defaults; /* NULL: none (lily_request_defaults_none) */

@@ -5,6 +5,13 @@
  * every path — full prefill (grouped MoE GEMM), chunks of 7 (the decode-shaped MoE kernels, n = 2..7),
  * prefill then single-token decode (the captured decode graph) — and greedy decoding through the graph
  * must choose the same tokens. memory_needs counts those experts out of the device's weight bytes.
+ *
+ * With --host-experts cpu (lily_backend_options.host_experts, cpu_experts.cu) decode steps run those
+ * layers' routed experts on the host's cores with the CPU backend's fast-mode arithmetic (int8-digit
+ * activations), so decode logits are close, not equal: mean KL against the all-device backend <= 1e-4
+ * (the issue's bound; printed), every row's argmax the same, and the same greedy tokens through the
+ * captured decode graph; prefill (staged or zero-copy GEMMs) stays bit-identical. The same with
+ * --host-experts 2: the CPU takes the last 2 of each token's top-4, the GPU the first 2 over PCIe.
  * Exits 77 when no GPU is present.
  */
 #include <stdio.h>
@@ -37,7 +44,8 @@ static void outputs_free(outputs *o)
 }
 
 /* Run every path on a backend with the given n_cpu_moe; 0 on success. */
-static int run_paths(const lily_config *cfg, const lily_weights *w, const int32_t *tok, int n_cpu_moe, outputs *o)
+static int run_paths(const lily_config *cfg, const lily_weights *w, const int32_t *tok, int n_cpu_moe, int host_experts,
+                     outputs *o)
 {
     const int V = cfg->vocab_size, half = N_PROMPT / 2;
     memset(o, 0, sizeof *o);
@@ -52,6 +60,8 @@ static int run_paths(const lily_config *cfg, const lily_weights *w, const int32_
     memset(&opts, 0, sizeof opts);
     opts.max_chunk = 64;
     opts.n_cpu_moe = n_cpu_moe;
+    opts.host_experts = host_experts;
+    opts.n_threads = 4;
     lily_backend be;
     lily_error err = {0};
     if (lily_backend_create("cuda", cfg, w, &opts, &be, &err) != LILY_OK) {
@@ -102,6 +112,44 @@ static void expect_same(const char *model, const char *what, int n_cpu_moe, cons
         g_fail++;
 }
 
+/* --host-experts he with n_cpu_moe layers on the host against the all-device outputs ref: prefill equal,
+ * decode logits close (mean KL <= 1e-4, every argmax the same), the same greedy tokens. */
+static void check_cpu_experts(const char *model, const lily_config *cfg, const lily_weights *w, const int32_t *tok,
+                              int n_cpu_moe, int he, const outputs *ref)
+{
+    const int V = cfg->vocab_size;
+    char what[64];
+    if (he >= cfg->n_experts_used)
+        snprintf(what, sizeof what, "all of each token's top-%d", cfg->n_experts_used);
+    else
+        snprintf(what, sizeof what, "%d of each token's top-%d", he, cfg->n_experts_used);
+    outputs got;
+    if (run_paths(cfg, w, tok, n_cpu_moe, he, &got) != 0) {
+        g_fail++;
+        outputs_free(&got);
+        return;
+    }
+    const int same_prefill = !memcmp(ref->full, got.full, (size_t)N_PROMPT * V * 4);
+    printf("%s %s, %d host layers, %s on the CPU: full-prefill logits identical to the all-device backend\n",
+           same_prefill ? "PASS" : "FAIL", model, n_cpu_moe, what);
+    g_fail += !same_prefill;
+    logit_stats s = {0};
+    logit_score(&s, ref->decode, got.decode, N_PROMPT / 2, V);
+    const double kl = s.kl_sum / (double)s.rows;
+    const int ok = kl <= 1e-4 && s.top1 == s.rows;
+    printf("%s %s, %d host layers, %s on the CPU: decode logits mean KL %.3g, max |dlogit| %.3g, argmax %ld/%ld "
+           "rows as the all-device backend\n", ok ? "PASS" : "FAIL", model, n_cpu_moe, what, kl, s.max_dlogit, s.top1,
+           s.rows);
+    g_fail += !ok;
+    int same = 0;
+    while (same < N_GEN && ref->greedy[same] == got.greedy[same])
+        same++;
+    printf("%s %s, %d host layers, %s on the CPU: %d of %d greedy tokens as the all-device backend\n",
+           same == N_GEN ? "PASS" : "FAIL", model, n_cpu_moe, what, same, N_GEN);
+    g_fail += same != N_GEN;
+    outputs_free(&got);
+}
+
 static void check_model(const char *dir, const char *model)
 {
     lily_error err = {0};
@@ -136,10 +184,13 @@ static void check_model(const char *dir, const char *model)
         g_fail++;
 
     outputs ref, got;
-    if (run_paths(&cfg, &w, tok, 0, &ref) == 0) {
+    if (run_paths(&cfg, &w, tok, 0, LILY_HOST_EXPERTS_AUTO, &ref) == 0) {
         const int counts[2] = {L, L / 2};
         for (int k = 0; k < 2; k++) {
-            if (run_paths(&cfg, &w, tok, counts[k], &got) != 0) {
+            /* the CPU computes the decode experts (all, or 2 of each token's top-k) */
+            check_cpu_experts(model, &cfg, &w, tok, counts[k], LILY_HOST_EXPERTS_CPU, &ref);
+            check_cpu_experts(model, &cfg, &w, tok, counts[k], 2, &ref);
+            if (run_paths(&cfg, &w, tok, counts[k], LILY_HOST_EXPERTS_ZERO_COPY, &got) != 0) {
                 g_fail++;
                 outputs_free(&got);
                 continue;

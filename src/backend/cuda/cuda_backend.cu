@@ -61,7 +61,7 @@ static lily_status ctx_alloc(cuda_ctx *c, void **p, size_t bytes, lily_error *er
         return st;
     if (c->alloc_on_host) {
         void *host;
-        if ((st = cuda_host_weight_alloc(bytes, &host, p, err)) != LILY_OK)
+        if ((st = cuda_host_weight_alloc(bytes, !c->host_experts_cpu, &host, p, err)) != LILY_OK)
             return st;
         c->host_allocs[c->n_host_allocs++] = host;
         c->host_weight_bytes += bytes;
@@ -199,6 +199,7 @@ static void cuda_destroy(void *vctx)
         return;
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    cuda_cpu_experts_free(c); /* its worker reads the host experts */
     for (int i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i]);
     free(c->allocs);
@@ -424,6 +425,7 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     c->device = opts->device;
     c->max_chunk = opts->max_chunk > 0 ? opts->max_chunk : 512;
     c->logits_rows = logits_rows(opts, c->max_chunk);
+    c->host_experts_cpu = cuda_host_experts_cpu_slots(opts, cfg) > 0;
     lily_status st = LILY_OK;
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -467,6 +469,8 @@ static lily_status cuda_create(const lily_config *cfg, const lily_weights *w, co
     if ((st = scratch_layout(c, NULL, err)) != LILY_OK)
         goto fail;
     if ((st = cuda_experts_stage_init(c, err)) != LILY_OK)
+        goto fail;
+    if ((st = cuda_cpu_experts_init(c, err)) != LILY_OK)
         goto fail;
     c->poison_step = -1;
     CK(cuda_sampling_new(cfg->vocab_size, &c->sampling));

@@ -419,6 +419,8 @@ static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_
     const int l = A->moe.layer;
     LAUNCH(launch_gemv(tl_batch(c, A->router, PS_ROUTER, l), A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
     MARK(PS_MOE_GATE_UP);
+    if (cuda_cpu_experts_layer(c, l, n)) /* the routed experts on the host's cores (cpu_experts.cu) */
+        return cuda_cpu_experts_moe(c, A->moe, err);
     moe_args m = A->moe;
     m.timeline = tl_slot(c, PS_MOE_GATE_UP, l, m.top_k * (dmat_bytes(m.gate) + dmat_bytes(m.up)) + dmat_bytes(m.sgate) +
                          dmat_bytes(m.sup), 0.0, 1);
@@ -494,6 +496,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
                                  const cuda_mark *mark, lily_error *err)
 {
     uint8_t *mark_ext = mark ? mark->ext : NULL; /* the next DeltaNet layer's part */
+    TRY(cuda_cpu_experts_wake(c, n, err)); /* CPU experts: the worker spins from now (cpu_experts.cu) */
     MARK(PS_EMBED);
     LAUNCH(launch_embed(c->embed, c->d_tokens, n, c->h, c->cfg.hidden, NULL, c->stream));
     TRY(hook_stage(c, -1, LILY_STAGE_EMBED, n, false, err));
@@ -516,6 +519,7 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
         TRY(hook_stage(c, l, LILY_STAGE_MOE_OUT, n, true, err));
         TRY(hook_stage(c, l, LILY_STAGE_RESIDUAL, n, false, err));
     }
+    TRY(cuda_cpu_experts_join(c, n, err));
     if (!mark)
         return head_block(c, st, n, lm_mode, err);
     /* the mark's logits (the LM head of row - 1, as the first call's LILY_LOGITS_LAST), then the pass's */

@@ -74,6 +74,9 @@ typedef struct {
     void **host_allocs; /* those in mapped host memory (cudaFreeHost at destroy) */
     int n_host_allocs, cap_host_allocs;
     bool alloc_on_host; /* upload_mat places what it allocates in mapped host memory */
+    bool host_experts_cpu; /* decode runs host layers' experts on the CPU (cpu_experts.cu); their pages are
+                            * then cacheable, else write-combined (cuda_host_weight_alloc) */
+    struct cuda_cpu_experts *cpu_experts; /* cpu_experts.cu's worker and mailbox; NULL when not host_experts_cpu */
     /* prefill staging of host layers' experts (host_weights.cu) */
     void *stage_buf;           /* one layer's experts on the device; NULL: no staging */
     size_t stage_buf_bytes;
@@ -224,10 +227,10 @@ lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *er
 lily_status cuda_decode_loop(void *vctx, void *vst, int32_t first_token, int n, const lily_device_sampling *sampling,
                              lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                              lily_error *err);
-/* host_weights.cu: `bytes` of pinned host memory mapped into the device's address space, write-combined;
+/* host_weights.cu: `bytes` of pinned host memory mapped into the device's address space (write-combined when asked);
  * *host to write and free it (cudaFreeHost), *device the address kernels read. LILY_ERR_OUT_OF_MEMORY,
  * LILY_ERR_BACKEND. */
-lily_status cuda_host_weight_alloc(size_t bytes, void **host, void **device, lily_error *err);
+lily_status cuda_host_weight_alloc(size_t bytes, bool write_combined, void **host, void **device, lily_error *err);
 /* host_weights.cu: whether layer `layer`'s routed experts live in host memory (opts.n_cpu_moe). */
 bool cuda_layer_experts_on_host(const cuda_ctx *c, int layer);
 /* Prefill calls of at least this many tokens copy a host layer's experts to the device once (at 256 tokens
@@ -246,6 +249,25 @@ lily_status cuda_experts_stage(cuda_ctx *c, int layer, int n, lily_error *err);
 /* host_weights.cu: the expert dmats the MoE block of layer L (an element of c->layers, or a stand-in) reads: the staged copy (c->stream then waits
  * for its copy) or the layer's own. LILY_ERR_BACKEND. */
 lily_status cuda_layer_experts(cuda_ctx *c, const cuda_layer *L, dmat *gate, dmat *up, dmat *down, lily_error *err);
+
+/* cpu_experts.cu: how many of each token's top-k routed experts of host layers decode runs on the CPU for these
+ * options (0: none, the GPU reads them all over PCIe); the rule of LILY_HOST_EXPERTS_AUTO lives here. */
+int cuda_host_experts_cpu_slots(const lily_backend_options *o, const lily_config *cfg);
+/* cpu_experts.cu: after upload, when c->host_experts_cpu: host views of the host layers' experts, the mailbox,
+ * the worker thread and its pool. LILY_ERR_UNSUPPORTED (shapes the CPU path lacks), LILY_ERR_OUT_OF_MEMORY,
+ * LILY_ERR_BACKEND. */
+lily_status cuda_cpu_experts_init(cuda_ctx *c, lily_error *err);
+/* cpu_experts.cu: stop the worker (after the stream is idle) and free everything; prints its counts. */
+void cuda_cpu_experts_free(cuda_ctx *c);
+/* cpu_experts.cu: whether layer `layer`'s MoE block of an n-token call runs its routed experts on the CPU. */
+bool cuda_cpu_experts_layer(const cuda_ctx *c, int layer, int n);
+/* cpu_experts.cu: at the start / end of an n-token forward call: wake the worker from a host function on a
+ * side stream (n == 1 with CPU experts; else nothing), and join that stream back. LILY_ERR_BACKEND. */
+lily_status cuda_cpu_experts_wake(cuda_ctx *c, int n, lily_error *err);
+lily_status cuda_cpu_experts_join(cuda_ctx *c, int n, lily_error *err);
+/* cpu_experts.cu: a decode MoE block after the router GEMV (m: the layer's moe_args): publish x and the
+ * top-k to the CPU, the shared expert on the GPU, then h += the CPU's routed sum. LILY_ERR_BACKEND. */
+lily_status cuda_cpu_experts_moe(cuda_ctx *c, const moe_args &m, lily_error *err);
 
 /* cuda_shapes.cu: LILY_ERR_UNSUPPORTED (naming the dimension) when some stage of the forward pass has no
  * CUDA kernel for the model's shapes; called by create before anything is uploaded. */

@@ -4,15 +4,17 @@
  * experts' rows; the results are the all-device ones bit for bit, since the same kernels run.
  *
  * Write-combined: the host only writes these pages, once at upload; the device's reads skip the host's
- * caches (CUDA C Programming Guide, "Write-Combining Memory").
+ * caches (CUDA C Programming Guide, "Write-Combining Memory"). Not so when decode runs these experts on the
+ * CPU (cpu_experts.cu): the CPU's reads of write-combined pages bypass its caches and crawl.
  */
 #include "cuda_internal.cuh"
 
-lily_status cuda_host_weight_alloc(size_t bytes, void **host, void **device, lily_error *err)
+lily_status cuda_host_weight_alloc(size_t bytes, bool write_combined, void **host, void **device, lily_error *err)
 {
     *host = *device = NULL;
     CUDA_TRY(cudaHostAlloc(host, bytes ? bytes : 16,
-                           cudaHostAllocMapped | cudaHostAllocPortable | cudaHostAllocWriteCombined));
+                           cudaHostAllocMapped | cudaHostAllocPortable |
+                               (write_combined ? cudaHostAllocWriteCombined : 0u)));
     const cudaError_t e = cudaHostGetDevicePointer(device, *host, 0);
     if (e != cudaSuccess) {
         cudaFreeHost(*host);

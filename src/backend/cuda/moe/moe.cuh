@@ -29,6 +29,10 @@ struct moe_args {
     const int *step;
     unsigned long long *topk_pub;
     int layer;
+    /* Decode (n_tokens == 1): the last cpu_slots of the top_k routed slots are left out — the host's cores
+     * compute them (cpu_experts.cu) — while the ranking and the weights' renormalization still cover all
+     * top_k. 0: every slot here. */
+    int cpu_slots;
     unsigned long long *timeline; /* per-block stamps of the decode kernels (timeline.cuh); NULL: none */
 };
 /* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */

@@ -28,6 +28,10 @@
  * the wait as before (moe_early_ids_wanted). Results are bit-identical either way (the same ids and
  * weights feed the same arithmetic).
  *
+ * moe_args.cpu_slots > 0 (host experts on the CPU, cpu_experts.cu): the items and warps cover only the first
+ * top_k - cpu_slots routed slots and the shared expert (hid and topk indices keep the slot numbers), the
+ * ranking and weights still all top_k; cpu_slots == 0 is the grid and arithmetic above unchanged.
+ *
  * Requirements (moe_route.cu's kernels otherwise): 4-bit routed and shared experts, hidden 512..2048 (% 512),
  * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, E <= MOE_MAX_E.
  */
@@ -75,8 +79,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     __shared__ float s_part[MD_WARPS][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int item = STAGED ? blockIdx.x : blockIdx.y * tiles + blockIdx.x;
-    const int tile = item % tiles, slot = item / tiles;
-    const bool shared = slot == a.top_k;
+    const int n_gpu = a.top_k - a.cpu_slots; /* items: n_gpu routed slots, then the shared expert (slot top_k) */
+    const int tile = item % tiles, shared = item / tiles == n_gpu, slot = shared ? a.top_k : item / tiles;
     const int mat = warp / 4, ks = warp % 4, CW = H / 4, steps = CW / 128;
     const dmat &W = shared ? (mat ? a.sup : a.sgate) : (mat ? a.up : a.gate);
     const int rows = shared ? a.shared_inter : a.inter;
@@ -84,7 +88,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     const bool live = r0 < rows;
     const int ra = live ? r0 + g : 0, rb = live ? r0 + g + 8 : 0;
     /* STAGED: the extra item (a shared-expert tile) of this block, or -1 */
-    const int x_item = (int)(blockIdx.x + gridDim.x), x_tile = STAGED && x_item < (a.top_k + 1) * tiles ? x_item - a.top_k * tiles : -1;
+    const int x_item = (int)(blockIdx.x + gridDim.x), x_tile = STAGED && x_item < (n_gpu + 1) * tiles ? x_item - n_gpu * tiles : -1;
     if (STAGED && x_tile >= 0) {
         const dmat &Ws = mat ? a.sup : a.sgate;
         const bool xl = x_tile * 16 < a.shared_inter;
@@ -195,12 +199,13 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
 {
     tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
-    const int I = a.inter, slots = a.top_k + 1;
+    const int I = a.inter, slots = a.top_k - a.cpu_slots + 1; /* warps: the routed slots here, then the shared */
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem);             /* [slots][I / 8] */
     float *s_off = md_smem + slots * I / 2, *s_xsum = s_off + slots * (I / 64);
     __shared__ float s_part[MD_MAX_SLOTS][16];
-    const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const bool shared = slot == a.top_k;
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const bool shared = wi == slots - 1;
+    const int slot = shared ? a.top_k : wi;
     const dmat &W = shared ? a.sdown : a.down;
     const int r0 = blockIdx.x * 16, steps = I / 128;
     const int ra = min(r0 + g, a.hidden - 1), rb = min(r0 + g + 8, a.hidden - 1);
@@ -263,8 +268,8 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     /* this warp's x = hid[slot] (I values): scale, fragments, group sums — warp-local */
     const int hid_stride = max(a.inter, a.shared_inter);
     const float *hx = a.hid + (int64_t)slot * hid_stride;
-    uint4 *xh = s_xh + slot * (I / 8);
-    float *off = s_off + slot * (I / 64), *xsum = s_xsum + slot * (I / 64);
+    uint4 *xh = s_xh + wi * (I / 8);
+    float *off = s_off + wi * (I / 64), *xsum = s_xsum + wi * (I / 64);
     float mx = 0.0f;
     for (int c = lane; c < I; c += 32)
         mx = fmaxf(mx, fabsf(__ldcg(hx + c)));
@@ -284,8 +289,8 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, 0, steps, xh, off, xsum, g, t, acc_a, acc_b);
     if (t == 0) {
-        s_part[slot][g] = wk * acc_a / xk;
-        s_part[slot][g + 8] = wk * acc_b / xk;
+        s_part[wi][g] = wk * acc_a / xk;
+        s_part[wi][g + 8] = wk * acc_b / xk;
     }
     __syncthreads();
     if (threadIdx.x < 16 && r0 + (int)threadIdx.x < a.hidden) {
@@ -309,7 +314,7 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
 template <bool STAGED>
 static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
 {
-    const int H = a.hidden, tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k + 1) * tiles;
+    const int H = a.hidden, tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k - a.cpu_slots + 1) * tiles;
     size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
     if (STAGED)
         smem += (size_t)MG_STAGE_BYTES * MD_WARPS * 32;
@@ -318,7 +323,8 @@ static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
     if (e != cudaSuccess)
         return e;
     if (!STAGED)
-        return launch_pdl(moe_gate_up_mma_kernel<STAGED>, dim3(tiles, a.top_k + 1), dim3(MD_WARPS * 32), smem, s, a, tiles);
+        return launch_pdl(moe_gate_up_mma_kernel<STAGED>, dim3(tiles, a.top_k - a.cpu_slots + 1), dim3(MD_WARPS * 32), smem,
+                          s, a, tiles);
     static int resident = 0; /* blocks that fit on the GPU at once (asked once) */
     e = cuda_resident_blocks(moe_gate_up_mma_kernel<STAGED>, MD_WARPS * 32, smem, &resident);
     if (e != cudaSuccess)
@@ -340,7 +346,7 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
 
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)
 {
-    const int slots = a.top_k + 1, I = a.inter;
+    const int slots = a.top_k - a.cpu_slots + 1, I = a.inter;
     const size_t smem = ((size_t)slots * (I / 2) + 2 * (size_t)slots * (I / 64)) * sizeof(float);
     if (moe_early_ids_on(a))
         return launch_pdl(moe_down_mma_kernel<true>, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);

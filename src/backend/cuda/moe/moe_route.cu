@@ -14,6 +14,8 @@
  *     When the shared expert is wider or narrower than a routed one (inter != shared_inter, e.g.
  *     lily-tiny: 64 vs 256), moe_down_kernel<..., MIXED = true> runs instead: the lane shape covers the wider of the
  *     two and each slot's warp masks the vectors past its own column count (zero x and weights).
+ *   moe_args.cpu_slots > 0 (decode with host experts on the CPU, cpu_experts.cu): both grids leave out the
+ *     last cpu_slots routed slots (the shared expert's blocks and warp come right after the others).
  */
 #include "backend/cuda/gemv/gemv_common.cuh"
 #include "moe_topk.cuh"
@@ -35,10 +37,11 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, VPL <= 2 ? 2 : 1) moe_gate_up_
     __shared__ unsigned int s_key[MOE_MAX_E];
     __shared__ float s_red[MOE_WARPS];
     const int t = blockIdx.y;
-    const int slot = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+    const int si = blockIdx.x / chunks, chunk = blockIdx.x % chunks; /* slots here: top_k - cpu_slots routed, shared */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;
-    const bool shared = slot == a.top_k;
+    const bool shared = si == a.top_k - a.cpu_slots;
+    const int slot = shared ? a.top_k : si;
     const dmat &G = shared ? a.sgate : a.gate;
     const dmat &Up = shared ? a.sup : a.up;
     const int n_rows = shared ? a.shared_inter : a.inter;
@@ -150,10 +153,11 @@ __global__ void moe_down_kernel(moe_args a)
     pdl_wait();
     tl.waited();
     const int t = blockIdx.y;
-    const int lane = threadIdx.x & 31, slot = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, n_gpu = a.top_k - a.cpu_slots;
+    const bool shared = (int)(threadIdx.x >> 5) == n_gpu; /* warps: n_gpu routed slots, then the shared */
+    const int slot = shared ? a.top_k : threadIdx.x >> 5;
     const int li = lane % LPR, sub = lane / LPR;
     const int r0 = blockIdx.x * MOE_DOWN_ROWS;
-    const bool shared = slot == a.top_k;
     const dmat &D = shared ? a.sdown : a.down;
     const int nv = (shared ? a.shared_inter : a.inter) / CPV;
     const int64_t ebase = shared ? 0 : (int64_t)a.topk_idx[t * a.top_k + slot] * a.hidden;
@@ -191,7 +195,7 @@ __global__ void moe_down_kernel(moe_args a)
     if (threadIdx.x < MOE_DOWN_ROWS && r0 + (int)threadIdx.x < a.hidden) {
         const int r = threadIdx.x;
         float acc = 0.0f;
-        for (int k = 0; k < a.top_k; k++)
+        for (int k = 0; k < n_gpu; k++)
             acc = fmaf(a.topk_w[t * a.top_k + k], s_part[k][r], acc);
         const float sg = sigmoid_f(a.router_logits[(int64_t)t * a.logit_stride + a.n_experts]);
         acc = fmaf(sg, s_part[a.top_k][r], acc);
@@ -205,7 +209,7 @@ static cudaError_t gate_up_go(const moe_args &a, int n_tokens, cudaStream_t s)
     const int rows = max(a.inter, a.shared_inter);
     const int rows_per_block = MOE_WARPS * (32 / LPR) * (VPL > 2 ? 2 : VPL == 2 ? 3 : MOE_GU_UNROLL);
     const int chunks = (rows + rows_per_block - 1) / rows_per_block;
-    dim3 grid(chunks * (a.top_k + 1), n_tokens);
+    dim3 grid(chunks * (a.top_k - a.cpu_slots + 1), n_tokens);
     return launch_pdl(moe_gate_up_kernel<BITS, LPR, VPL>, grid, dim3(MOE_WARPS * 32), (size_t)a.hidden * sizeof(float), s,
                       a, chunks);
 }
@@ -257,7 +261,7 @@ template <int BITS, int LPR, int VPL, bool MIXED>
 static cudaError_t down_go(const moe_args &a, int n_tokens, cudaStream_t s)
 {
     dim3 grid((a.hidden + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS, n_tokens);
-    return launch_pdl(moe_down_kernel<BITS, LPR, VPL, MIXED>, grid, dim3(32 * (a.top_k + 1)), 0, s, a);
+    return launch_pdl(moe_down_kernel<BITS, LPR, VPL, MIXED>, grid, dim3(32 * (a.top_k - a.cpu_slots + 1)), 0, s, a);
 }
 
 /* The lane shape from the row width: inter, or the wider of inter and shared_inter when they differ. */
