@@ -22,7 +22,7 @@
 
 /* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
  * loaded into registers while the current one is computed, and the input transform runs once per block. */
-template <int IN_MODE, int OUT_MODE, int KS>
+template <int IN_MODE, int OUT_MODE, int KS, bool REGS>
 __global__ void __launch_bounds__(GM_WARPS * 32, 1)
 gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax)
 {
@@ -60,7 +60,7 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     tl.waited();
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them */
-    const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
+    const float xk = mg_block_x_frags<IN_MODE, GM_WARPS, REGS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
     tl.mark();
 
     float best = -INFINITY;
@@ -133,7 +133,7 @@ bool gemv_mma_supported(const gemv_batch &b, int n_tokens)
     return true;
 }
 
-template <int IM, int OM, int KS>
+template <int IM, int OM, int KS, bool REGS>
 static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     int tiles = 0;
@@ -143,15 +143,15 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     const int cols = b.m[0].cols;
     const size_t smem = ((size_t)cols + cols / 2 + 2 * (cols / 64)) * sizeof(float);
     static size_t smem_set = 48 * 1024; /* opt in above the default once per instantiation */
-    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS>, smem, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS, REGS>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
     static int resident = 0; /* blocks that fit on the GPU at once (asked once per instantiation) */
-    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS>, GM_WARPS * 32, smem, &resident);
+    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS, REGS>, GM_WARPS * 32, smem, &resident);
     if (e != cudaSuccess)
         return e;
     const int groups = (tiles + RT - 1) / RT;
-    return launch_pdl(gemv_mma_kernel<IM, OM, KS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
+    return launch_pdl(gemv_mma_kernel<IM, OM, KS, REGS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
                       s, b, in, tiles, argmax);
 }
 
@@ -159,11 +159,12 @@ template <int IM, int OM>
 static cudaError_t gm_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     const int cols = b.m[0].cols, CW = cols < 512 ? cols : 512;
+    const bool regs = mg_x_regs_ok<IM, GM_WARPS>(in, cols);
     switch (cols / CW) {
-    case 1: return gm_go<IM, OM, 1>(b, in, argmax, s);
-    case 2: return gm_go<IM, OM, 2>(b, in, argmax, s);
-    case 4: return gm_go<IM, OM, 4>(b, in, argmax, s);
-    case 8: return gm_go<IM, OM, 8>(b, in, argmax, s);
+    case 1: return regs ? gm_go<IM, OM, 1, true>(b, in, argmax, s) : gm_go<IM, OM, 1, false>(b, in, argmax, s);
+    case 2: return regs ? gm_go<IM, OM, 2, true>(b, in, argmax, s) : gm_go<IM, OM, 2, false>(b, in, argmax, s);
+    case 4: return regs ? gm_go<IM, OM, 4, true>(b, in, argmax, s) : gm_go<IM, OM, 4, false>(b, in, argmax, s);
+    case 8: return regs ? gm_go<IM, OM, 8, true>(b, in, argmax, s) : gm_go<IM, OM, 8, false>(b, in, argmax, s);
     default: return cudaErrorInvalidValue;
     }
 }

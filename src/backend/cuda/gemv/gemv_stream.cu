@@ -75,7 +75,7 @@ __device__ __forceinline__ void gs_bar_sync(int id, int n) { asm volatile("bar.s
 /* Bytes of one ring slot (a whole 16-row tile of `cols` columns: padded rows, scales, biases). */
 __host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (cols / 2 + GS_ROW_PAD) + 16 * (cols / 64) * 4; }
 
-template <int IN_MODE, int OUT_MODE, int KS>
+template <int IN_MODE, int OUT_MODE, int KS, bool REGS>
 __global__ void __launch_bounds__(GS_WARPS * 32, 2)
 gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigned long long *argmax)
 {
@@ -141,7 +141,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     }
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
-    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
+    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS, REGS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
     tl.mark();
 
     float best = -INFINITY;
@@ -226,10 +226,10 @@ bool gemv_stream_supported(const gemv_batch &b, int n_tokens)
     return cuda_sm90_code(); /* bulk copies and mbarrier transaction counts: the sm_90 code only */
 }
 
-template <int IM, int OM, int KS>
+template <int IM, int OM, int KS, bool REGS>
 static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
-    void (*kern)(gemv_batch, gemv_input, int, int, unsigned long long *) = gemv_stream_kernel<IM, OM, KS>;
+    void (*kern)(gemv_batch, gemv_input, int, int, unsigned long long *) = gemv_stream_kernel<IM, OM, KS, REGS>;
     constexpr int RT = GS_WARPS / KS;
     int tiles = 0;
     for (int k = 0; k < b.n_mats; k++)
@@ -284,11 +284,12 @@ static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned lon
 template <int IM, int OM>
 static cudaError_t gs_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
+    const bool regs = mg_x_regs_ok<IM, GS_WARPS>(in, b.m[0].cols);
     switch (b.m[0].cols / 512) {
-    case 1: return gs_go<IM, OM, 1>(b, in, argmax, s);
-    case 2: return gs_go<IM, OM, 2>(b, in, argmax, s);
-    case 4: return gs_go<IM, OM, 4>(b, in, argmax, s);
-    case 8: return gs_go<IM, OM, 8>(b, in, argmax, s);
+    case 1: return regs ? gs_go<IM, OM, 1, true>(b, in, argmax, s) : gs_go<IM, OM, 1, false>(b, in, argmax, s);
+    case 2: return regs ? gs_go<IM, OM, 2, true>(b, in, argmax, s) : gs_go<IM, OM, 2, false>(b, in, argmax, s);
+    case 4: return regs ? gs_go<IM, OM, 4, true>(b, in, argmax, s) : gs_go<IM, OM, 4, false>(b, in, argmax, s);
+    case 8: return regs ? gs_go<IM, OM, 8, true>(b, in, argmax, s) : gs_go<IM, OM, 8, false>(b, in, argmax, s);
     default: return cudaErrorInvalidValue;
     }
 }

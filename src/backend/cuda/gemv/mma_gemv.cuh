@@ -252,14 +252,173 @@ __device__ __forceinline__ float mg_block_x_tail(const float *s_x, int cols, uin
     return xk;
 }
 
-/* The whole x side of a block of NW warps: the input transform (gemv_prologue) of token 0 into
- * s_x[0..cols) (s_red: NW floats), then mg_block_x_tail. Returns xk. */
+#define MG_X_ITEMS 2 /* 8-column items per thread of mg_block_x_regs: cols <= 2 · 8 · 32 · NW */
+
+/* Whether mg_block_x_regs serves this input: cols a multiple of 64 up to MG_X_ITEMS · 8 · 32 · NW; GATED
+ * heads of 8 · L columns with L lanes a power of two <= 32; act, norm_w and z 16-byte aligned. */
 template <int IN_MODE, int NW>
+__host__ __device__ __forceinline__ bool mg_x_regs_ok(const gemv_input &in, int cols)
+{
+    if (cols % 64 || cols > MG_X_ITEMS * 8 * 32 * NW)
+        return false;
+    const uintptr_t al = (uintptr_t)in.act | (IN_MODE != GEMV_IN_PLAIN ? (uintptr_t)in.norm_w : 0) |
+                         (IN_MODE == GEMV_IN_GATED ? (uintptr_t)in.z : 0);
+    if (al & 15) /* float4 loads */
+        return false;
+    if (IN_MODE == GEMV_IN_GATED) {
+        const int L = in.head_dim / 8;
+        return in.head_dim % 8 == 0 && L >= 1 && L <= 32 && (L & (L - 1)) == 0 && cols % in.head_dim == 0 &&
+               (NW * 32 * 8) % in.head_dim == 0;
+    }
+    return true;
+}
+
+/* The x side of a block of NW warps without the fp32 copy in shared memory: thread tid owns the 8-column
+ * items i = tid + k·32·NW (k < MG_X_ITEMS) and loads act (and the RMSNorm weight, or z and the gated norm's
+ * weight) for them in one batch; RMSNORM's sum of squares and the block max are reduced through s_red /
+ * s_mx at ONE barrier (RMSNORM: max |act·w| per warp, the scale bound r · max |act·w|, within a few ulps of
+ * max |x|: the power of two chosen is one that keeps max |x·xk| <= 2^14 up to rounding); GATED's per-head
+ * sum of squares by shuffles over the head's L = head_dim / 8 neighbouring lanes (no barrier), its max
+ * exact; then each thread writes its own fp16 fragments (mg_build_frags' layout) and the group sums
+ * (mg_group_sums' values, summed over the group's 8 neighbouring lanes by shuffles), and one barrier
+ * publishes them. Two block barriers instead of mg_block_x_tail's four (after gemv_prologue). x values as
+ * gemv_prologue computes them; sums of squares and group sums in a different order (fp32 rounding).
+ * Requires mg_x_regs_ok. Returns xk. */
+template <int IN_MODE, int NW>
+__device__ __forceinline__ float mg_block_x_regs(const gemv_input &in, int cols, uint4 *s_xh, float *s_off,
+                                                 float *s_xsum)
+{
+    __shared__ float s_red[NW], s_mx[NW];
+    constexpr int NT = NW * 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, items = cols / 8;
+    const float *act = in.act;
+    float v[MG_X_ITEMS][8], w[MG_X_ITEMS][8], z[MG_X_ITEMS][8];
+#pragma unroll
+    for (int k = 0; k < MG_X_ITEMS; k++) {
+        const int i = tid + k * NT;
+        const bool ok = i < items;
+        const float4 *pa = reinterpret_cast<const float4 *>(act + 8 * i);
+        float4 a0 = ok ? pa[0] : make_float4(0.f, 0.f, 0.f, 0.f), a1 = ok ? pa[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[k][0] = a0.x, v[k][1] = a0.y, v[k][2] = a0.z, v[k][3] = a0.w;
+        v[k][4] = a1.x, v[k][5] = a1.y, v[k][6] = a1.z, v[k][7] = a1.w;
+        if (IN_MODE == GEMV_IN_RMSNORM || (IN_MODE == GEMV_IN_GATED && k == 0)) {
+            /* GATED: every pass's item tid sits at the same place in its head (NT · 8 % head_dim == 0) */
+            const int wc = IN_MODE == GEMV_IN_GATED ? (8 * i) % in.head_dim : 8 * i;
+            const float4 *pw = reinterpret_cast<const float4 *>(in.norm_w + wc);
+            a0 = ok ? pw[0] : make_float4(0.f, 0.f, 0.f, 0.f), a1 = ok ? pw[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+            w[k][0] = a0.x, w[k][1] = a0.y, w[k][2] = a0.z, w[k][3] = a0.w;
+            w[k][4] = a1.x, w[k][5] = a1.y, w[k][6] = a1.z, w[k][7] = a1.w;
+        }
+        if (IN_MODE == GEMV_IN_GATED) {
+            const float4 *pz = reinterpret_cast<const float4 *>(in.z + 8 * i);
+            a0 = ok ? pz[0] : make_float4(0.f, 0.f, 0.f, 0.f), a1 = ok ? pz[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+            z[k][0] = a0.x, z[k][1] = a0.y, z[k][2] = a0.z, z[k][3] = a0.w;
+            z[k][4] = a1.x, z[k][5] = a1.y, z[k][6] = a1.z, z[k][7] = a1.w;
+        }
+    }
+    float mx = 0.0f, xk;
+    if (IN_MODE == GEMV_IN_RMSNORM) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MG_X_ITEMS; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                ss = fmaf(v[k][e], v[k][e], ss);
+                mx = fmaxf(mx, fabsf(v[k][e] * w[k][e]));
+            }
+        ss = warp_sum(ss);
+        mx = warp_max(mx);
+        if (lane == 0)
+            s_red[warp] = ss, s_mx[warp] = mx;
+        __syncthreads();
+        float tot = 0.0f, M = 0.0f;
+#pragma unroll
+        for (int q = 0; q < NW; q++)
+            tot += s_red[q], M = fmaxf(M, s_mx[q]);
+        const float r = rsqrtf(tot / (float)cols + in.eps);
+        xk = mg_x_scale(r * M);
+#pragma unroll
+        for (int k = 0; k < MG_X_ITEMS; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[k][e] = v[k][e] * (r * w[k][e]);
+    } else {
+        if (IN_MODE == GEMV_IN_GATED) {
+            const int L = in.head_dim / 8;
+#pragma unroll
+            for (int k = 0; k < MG_X_ITEMS; k++) {
+                float ss = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    ss = fmaf(v[k][e], v[k][e], ss);
+                for (int o = 1; o < L; o <<= 1)
+                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                const float r = rsqrtf(ss / (float)in.head_dim + in.eps);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[k][e] = v[k][e] * r * w[0][e] * silu_f(z[k][e]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < MG_X_ITEMS; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                mx = fmaxf(mx, fabsf(v[k][e]));
+        mx = warp_max(mx);
+        if (lane == 0)
+            s_mx[warp] = mx;
+        __syncthreads();
+        float M = 0.0f;
+#pragma unroll
+        for (int q = 0; q < NW; q++)
+            M = fmaxf(M, s_mx[q]);
+        xk = mg_x_scale(M);
+    }
+#pragma unroll
+    for (int k = 0; k < MG_X_ITEMS; k++) {
+        const int i = tid + k * NT;
+        float h[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            h[e] = v[k][e] * xk;
+        const uint4 u = make_uint4(h2_bits(__floats2half2_rn(h[0], h[4])),
+                                   h2_bits(__floats2half2_rn(h[1] * 0.0625f, h[5] * 0.0625f)),
+                                   h2_bits(__floats2half2_rn(h[2], h[6])),
+                                   h2_bits(__floats2half2_rn(h[3] * 0.0625f, h[7] * 0.0625f)));
+        const float2 a0 = __half22float2(bits_h2(u.x)), a1 = __half22float2(bits_h2(u.y));
+        const float2 b0 = __half22float2(bits_h2(u.z)), b1 = __half22float2(bits_h2(u.w));
+        const float even = a0.x + a0.y + b0.x + b0.y, odd = a1.x + a1.y + b1.x + b1.y;
+        float s1 = even + odd, sx = even + 16.0f * odd;
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) {
+            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+            sx += __shfl_xor_sync(0xffffffffu, sx, o);
+        }
+        if (i < items) {
+            s_xh[i] = u;
+            if ((i & 7) == 0) {
+                s_off[i / 8] = 1024.0f * s1;
+                s_xsum[i / 8] = sx;
+            }
+        }
+    }
+    __syncthreads();
+    return xk;
+}
+
+/* The whole x side of a block of NW warps: REGS (the launcher's choice where mg_x_regs_ok): mg_block_x_regs;
+ * else the input transform (gemv_prologue) of token 0 into s_x[0..cols) (s_red: NW floats), then
+ * mg_block_x_tail. A compile-time choice: with both paths in one kernel the streamed GEMV spills. Returns xk. */
+template <int IN_MODE, int NW, bool REGS>
 __device__ __forceinline__ float mg_block_x_frags(const gemv_input &in, int cols, float *s_x, float *s_red, uint4 *s_xh,
                                                   float *s_off, float *s_xsum)
 {
-    gemv_prologue<IN_MODE, NW, false>(in, 0, cols, s_x, s_red);
-    return mg_block_x_tail<NW>(s_x, cols, s_xh, s_off, s_xsum);
+    if constexpr (REGS) {
+        return mg_block_x_regs<IN_MODE, NW>(in, cols, s_xh, s_off, s_xsum);
+    } else {
+        gemv_prologue<IN_MODE, NW, false>(in, 0, cols, s_x, s_red);
+        return mg_block_x_tail<NW>(s_x, cols, s_xh, s_off, s_xsum);
+    }
 }
 
 #endif
