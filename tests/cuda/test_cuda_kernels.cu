@@ -147,9 +147,9 @@ static void check_stream_vs_mma(gemv_batch b, const gemv_input &in, int out_mode
  * shapes the tensor-core kernels would take). */
 static int g_gemv_kernel = GEMV_KERNEL_AUTO;
 /* test_gemv's input variants: act, z and the norm weight this many floats past a 16-byte boundary (the
- * tensor-core GEMVs' float4 x loads and the SIMT kernel's register copy of the norm weight then give way to
- * gemv_prologue), the gated norm's head_dim, act / z and the norm
- * weights scaled (max |x| past 2^14: the fp16 x scale of the tensor-core GEMVs below 1) */
+ * tensor-core GEMVs' float4 x loads then give way to gemv_prologue), the gated norm's head_dim, act and the
+ * norm weights scaled (max |x| past 2^14: the fp16 x scale of the tensor-core GEMVs below 1; z is not
+ * scaled, silu(z) over a huge range would leave most of x below fp16's resolution) */
 static int g_gemv_shift = 0, g_gemv_hd = 32;
 static float g_gemv_act_scale = 1.0f, g_gemv_nw_scale = 1.0f;
 
@@ -172,7 +172,6 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
     const int hd = g_gemv_hd;
     std::vector<float> z = rand_vec((size_t)n * cols, -2, 2), gw = rand_vec(hd, 0.5f, 1.5f);
     for (float &v : act) v *= g_gemv_act_scale;
-    for (float &v : z) v *= g_gemv_act_scale;
     for (float &v : nw) v *= g_gemv_nw_scale;
     for (float &v : gw) v *= g_gemv_nw_scale;
     std::vector<float> act_dev(act), z_dev(z); /* g_gemv_shift floats of padding in front */
@@ -970,10 +969,6 @@ int main(void)
             g_gemv_kernel = GEMV_KERNEL_AUTO;
         }
     }
-    g_gemv_shift = 1; /* the router shape with an unaligned norm weight: gemv_prologue, not its register copy */
-    test_gemv(8, 2048, 256, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
-    test_gemv(8, 1536, 256, 2, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
-    g_gemv_shift = 0;
     test_gemv(8, 384, 24, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2); /* lily-tiny router + shared gate */
     test_gemv(8, 384, 24, 2, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
     test_gemv(8, 384, 24, 7, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);

@@ -353,39 +353,6 @@ __device__ __forceinline__ void gemv_prologue(const gemv_input &in, int t, int c
         __syncthreads();
 }
 
-/* GEMV_IN_RMSNORM with the weight applied by the caller: act of token t as it is into s_x[0..cols) (cols <=
- * 32·NW·PRO_MAX), ONE block barrier, then every thread returns r = rsqrt(mean(act^2) + eps), the sum of
- * squares in gemv_prologue's order (so x = s_x[c] · (r · norm_w[c]) is gemv_prologue's value bit for bit). */
-template <int NW>
-__device__ __forceinline__ float gemv_prologue_rms_raw(const gemv_input &in, int t, int cols, float *s_x, float *s_red)
-{
-    constexpr int NT = NW * 32;
-    const float *act = in.act + (int64_t)t * in.act_stride;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float v[PRO_MAX], ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < PRO_MAX; k++) {
-        const int c = tid + k * NT;
-        v[k] = c < cols ? act[c] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < PRO_MAX; k++) {
-        const int c = tid + k * NT;
-        ss = fmaf(v[k], v[k], ss);
-        if (c < cols)
-            s_x[c] = v[k];
-    }
-    ss = warp_sum(ss);
-    if (lane == 0)
-        s_red[warp] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int w = 0; w < NW; w++)
-        tot += s_red[w];
-    return rsqrtf(tot / (float)cols + in.eps);
-}
-
 /* This lane's x values from the block's shared copy. */
 template <int BITS, int LPR, int VPL>
 __device__ __forceinline__ void x_from_smem(const float *s_x, int li, float (&x)[VPL][128 / BITS])

@@ -56,41 +56,14 @@ gemv_kernel(gemv_batch b, gemv_input in, int total_rows, unsigned long long *arg
     int g = blockIdx.x * GEMV_WARPS + warp;
     if (g < n_groups)
         load_group(g); /* weights only: may run before the previous kernel finishes */
-    /* RMSNORM where a lane's share of the norm weight fits in registers (the 8-bit router: 64 floats): the
-     * weight loaded before the wait, the block's raw act through shared memory with one barrier (the sum of
-     * squares), each lane applying r · w itself; the same values as gemv_prologue's two-barrier path */
-    constexpr bool WREG = IN_MODE == GEMV_IN_RMSNORM && VPL >= 3 && VPL * CPV <= 64;
-    float wr[WREG ? VPL : 1][WREG ? CPV : 1];
-    const bool wreg = WREG && cols <= GEMV_WARPS * 32 * PRO_MAX && ((uintptr_t)in.norm_w & 15) == 0;
-    if constexpr (WREG) {
-        if (wreg)
-            x_load<BITS, LPR, VPL>(in.norm_w, li, wr); /* a constant: may run before the wait */
-        else
-            gemv_input_prefetch<GEMV_WARPS>(in, cols);
-    } else {
-        gemv_input_prefetch<GEMV_WARPS>(in, cols);
-    }
+    gemv_input_prefetch<GEMV_WARPS>(in, cols);
     pdl_wait();
     tl.waited();
     pdl_trigger();
+    gemv_prologue<IN_MODE, GEMV_WARPS>(in, t, cols, s_x, s_red);
+
     float x[VPL][CPV];
-    if constexpr (WREG) {
-        if (wreg) {
-            const float r = gemv_prologue_rms_raw<GEMV_WARPS>(in, t, cols, s_x, s_red);
-            x_from_smem<BITS, LPR, VPL>(s_x, li, x);
-#pragma unroll
-            for (int j = 0; j < VPL; j++)
-#pragma unroll
-                for (int c = 0; c < CPV; c++)
-                    x[j][c] = x[j][c] * (r * wr[j][c]);
-        } else {
-            gemv_prologue<IN_MODE, GEMV_WARPS>(in, t, cols, s_x, s_red);
-            x_from_smem<BITS, LPR, VPL>(s_x, li, x);
-        }
-    } else {
-        gemv_prologue<IN_MODE, GEMV_WARPS>(in, t, cols, s_x, s_red);
-        x_from_smem<BITS, LPR, VPL>(s_x, li, x);
-    }
+    x_from_smem<BITS, LPR, VPL>(s_x, li, x);
     float xs[VPL];
     x_sums<BITS, VPL>(x, xs);
     x_prescale4<BITS, VPL>(x);
