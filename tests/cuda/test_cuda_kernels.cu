@@ -996,13 +996,13 @@ int main(void)
     test_gemv(4, 4096, 5003 * 4, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
     test_gemv(4, 512, 7001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 2);
     test_gemv(4, 1024, 9001, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
-    /* the tensor-core GEMVs' two x sides (mg_block_x_regs where the input allows, else gemv_prologue +
+    /* the tensor-core GEMVs' two x sides (mg_warp_x where the input allows, else gemv_prologue +
      * mg_block_x_tail; both streamed and not), and the fp16 x scale below 1 through both */
     for (int ci = 0; ci < 4; ci++) {
         const int cols = scols[ci];
         for (int v = 0; v < 4; v++) {
             g_gemv_shift = v == 1;
-            g_gemv_hd = v == 2 ? 256 : 32; /* 256: one warp per head in mg_block_x_regs */
+            g_gemv_hd = v == 2 ? 256 : 32; /* 256: one warp per head in mg_warp_x */
             g_gemv_act_scale = v == 3 ? 60000.0f : 1.0f;
             g_gemv_nw_scale = v == 3 ? 20000.0f : 1.0f;
             test_gemv(4, cols, 37, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2);

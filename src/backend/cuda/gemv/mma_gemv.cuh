@@ -252,14 +252,16 @@ __device__ __forceinline__ float mg_block_x_tail(const float *s_x, int cols, uin
     return xk;
 }
 
-#define MG_X_ITEMS 2 /* 8-column items per thread of mg_block_x_regs: cols <= 2 · 8 · 32 · NW */
+#define MG_X_ITEMS 2 /* 8-column items per lane of mg_warp_x: a warp's column slice is <= 512 columns */
 
-/* Whether mg_block_x_regs serves this input: cols a multiple of 64 up to MG_X_ITEMS · 8 · 32 · NW; GATED
- * heads of 8 · L columns with L lanes a power of two <= 32; act, norm_w and z 16-byte aligned. */
+/* Whether mg_warp_x serves this input (the launchers instantiate the kernel with REGS = this): cols a
+ * multiple of 64, act (and norm_w, z) 16-byte aligned (float4 loads); GATED: heads of 8 · L columns, L a
+ * power of two <= 32 (a head is L neighbouring lanes of one pass), whole heads in a warp's slice. */
 template <int IN_MODE, int NW>
 __host__ __device__ __forceinline__ bool mg_x_regs_ok(const gemv_input &in, int cols)
 {
-    if (cols % 64 || cols > MG_X_ITEMS * 8 * 32 * NW)
+    const int CW = cols < 512 ? cols : 512; /* a warp's column slice (gemv_mma / gemv_stream) */
+    if (cols % 64 || CW / 8 > MG_X_ITEMS * 32)
         return false;
     const uintptr_t al = (uintptr_t)in.act | (IN_MODE != GEMV_IN_PLAIN ? (uintptr_t)in.norm_w : 0) |
                          (IN_MODE == GEMV_IN_GATED ? (uintptr_t)in.z : 0);
@@ -267,116 +269,113 @@ __host__ __device__ __forceinline__ bool mg_x_regs_ok(const gemv_input &in, int 
         return false;
     if (IN_MODE == GEMV_IN_GATED) {
         const int L = in.head_dim / 8;
-        return in.head_dim % 8 == 0 && L >= 1 && L <= 32 && (L & (L - 1)) == 0 && cols % in.head_dim == 0 &&
-               (NW * 32 * 8) % in.head_dim == 0;
+        return in.head_dim % 8 == 0 && L >= 1 && L <= 32 && (L & (L - 1)) == 0 && CW % in.head_dim == 0;
     }
     return true;
 }
 
-/* The x side of a block of NW warps without the fp32 copy in shared memory: thread tid owns the 8-column
- * items i = tid + k·32·NW (k < MG_X_ITEMS) and loads act (and the RMSNorm weight, or z and the gated norm's
- * weight) for them in one batch; RMSNORM's sum of squares and the block max are reduced through s_red /
- * s_mx at ONE barrier (RMSNORM: max |act·w| per warp, the scale bound r · max |act·w|, within a few ulps of
- * max |x|: the power of two chosen is one that keeps max |x·xk| <= 2^14 up to rounding); GATED's per-head
- * sum of squares by shuffles over the head's L = head_dim / 8 neighbouring lanes (no barrier), its max
- * exact; then each thread writes its own fp16 fragments (mg_build_frags' layout) and the group sums
- * (mg_group_sums' values, summed over the group's 8 neighbouring lanes by shuffles), and one barrier
- * publishes them. Two block barriers instead of mg_block_x_tail's four (after gemv_prologue). x values as
- * gemv_prologue computes them; sums of squares and group sums in a different order (fp32 rounding).
- * Requires mg_x_regs_ok. Returns xk. */
-template <int IN_MODE, int NW>
-__device__ __forceinline__ float mg_block_x_regs(const gemv_input &in, int cols, uint4 *s_xh, float *s_off,
-                                                 float *s_xsum)
+/* Floats of shared memory mg_warp_x uses for a block of NW warps (per warp: its slice's fp16 fragments
+ * and group sums). */
+__host__ __device__ __forceinline__ int mg_warp_x_floats(int cols, int nw)
 {
-    __shared__ float s_red[NW], s_mx[NW];
-    constexpr int NT = NW * 32;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, items = cols / 8;
-    const float *act = in.act;
+    const int CW = cols < 512 ? cols : 512;
+    return nw * (CW / 2 + 2 * (CW / 64));
+}
+
+/* The x side of one warp of a gemv_mma / gemv_stream block (warp = rt · KS + ks owns columns [ks · CW,
+ * (ks + 1) · CW), CW = cols / KS): lane l holds the 8-column items l and l + 32 of that slice, loads act
+ * (and the RMSNorm weight, or z and the gated norm's weight) for them in one batch, and builds the fp16
+ * fragments (mg_build_frags' layout) and group sums (mg_group_sums' values, summed over a group's 8
+ * neighbouring lanes by shuffles) of ITS slice only, into its own part of x_area (mg_warp_x_floats), with
+ * its own fp16 scale xk (mg_x_scale of the slice's max |x|): no block barrier for PLAIN and GATED (a
+ * gated head's sum of squares by shuffles over its L = head_dim / 8 lanes), one for RMSNORM's sum of
+ * squares (warps rt = 0 cover the row once; s_ss holds KS floats). Sets xh / off / xsum to pointers that
+ * mg_dot indexes by absolute column. x values as gemv_prologue computes them (sums of squares in another
+ * order); the caller divides each warp's dot products by its xk before the slices are added. Requires
+ * mg_x_regs_ok. Returns xk. */
+template <int IN_MODE, int NW, int KS>
+__device__ __forceinline__ float mg_warp_x(const gemv_input &in, int cols, float *x_area, const uint4 *&xh,
+                                           const float *&off, const float *&xsum)
+{
+    __shared__ float s_ss[KS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS, rt = warp / KS;
+    const int CW = cols / KS, nit = CW / 8, base = ks * nit, ngr = CW / 64;
+    uint4 *wxh = reinterpret_cast<uint4 *>(x_area) + warp * nit;
+    float *wsum = x_area + NW * (CW / 2) + warp * 2 * ngr;
     float v[MG_X_ITEMS][8], w[MG_X_ITEMS][8], z[MG_X_ITEMS][8];
 #pragma unroll
     for (int k = 0; k < MG_X_ITEMS; k++) {
-        const int i = tid + k * NT;
-        const bool ok = i < items;
-        const float4 *pa = reinterpret_cast<const float4 *>(act + 8 * i);
-        float4 a0 = ok ? pa[0] : make_float4(0.f, 0.f, 0.f, 0.f), a1 = ok ? pa[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const int j = lane + 32 * k, i = base + j;
+        const bool ok = j < nit;
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 *pa = reinterpret_cast<const float4 *>(in.act + 8 * i);
+        float4 a0 = ok ? pa[0] : zero, a1 = ok ? pa[1] : zero;
         v[k][0] = a0.x, v[k][1] = a0.y, v[k][2] = a0.z, v[k][3] = a0.w;
         v[k][4] = a1.x, v[k][5] = a1.y, v[k][6] = a1.z, v[k][7] = a1.w;
         if (IN_MODE == GEMV_IN_RMSNORM || (IN_MODE == GEMV_IN_GATED && k == 0)) {
-            /* GATED: every pass's item tid sits at the same place in its head (NT · 8 % head_dim == 0) */
+            /* GATED: item l + 32 sits where item l does in its head (256 columns apart, head_dim | 256) */
             const int wc = IN_MODE == GEMV_IN_GATED ? (8 * i) % in.head_dim : 8 * i;
             const float4 *pw = reinterpret_cast<const float4 *>(in.norm_w + wc);
-            a0 = ok ? pw[0] : make_float4(0.f, 0.f, 0.f, 0.f), a1 = ok ? pw[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+            a0 = ok ? pw[0] : zero, a1 = ok ? pw[1] : zero;
             w[k][0] = a0.x, w[k][1] = a0.y, w[k][2] = a0.z, w[k][3] = a0.w;
             w[k][4] = a1.x, w[k][5] = a1.y, w[k][6] = a1.z, w[k][7] = a1.w;
         }
         if (IN_MODE == GEMV_IN_GATED) {
             const float4 *pz = reinterpret_cast<const float4 *>(in.z + 8 * i);
-            a0 = ok ? pz[0] : make_float4(0.f, 0.f, 0.f, 0.f), a1 = ok ? pz[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+            a0 = ok ? pz[0] : zero, a1 = ok ? pz[1] : zero;
             z[k][0] = a0.x, z[k][1] = a0.y, z[k][2] = a0.z, z[k][3] = a0.w;
             z[k][4] = a1.x, z[k][5] = a1.y, z[k][6] = a1.z, z[k][7] = a1.w;
         }
     }
-    float mx = 0.0f, xk;
     if (IN_MODE == GEMV_IN_RMSNORM) {
         float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < MG_X_ITEMS; k++)
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
+            for (int e = 0; e < 8; e++)
                 ss = fmaf(v[k][e], v[k][e], ss);
-                mx = fmaxf(mx, fabsf(v[k][e] * w[k][e]));
-            }
-        ss = warp_sum(ss);
-        mx = warp_max(mx);
-        if (lane == 0)
-            s_red[warp] = ss, s_mx[warp] = mx;
+        if (rt == 0) { /* warp-uniform */
+            ss = warp_sum(ss);
+            if (lane == 0)
+                s_ss[ks] = ss;
+        }
         __syncthreads();
-        float tot = 0.0f, M = 0.0f;
+        float tot = 0.0f;
 #pragma unroll
-        for (int q = 0; q < NW; q++)
-            tot += s_red[q], M = fmaxf(M, s_mx[q]);
+        for (int q = 0; q < KS; q++)
+            tot += s_ss[q];
         const float r = rsqrtf(tot / (float)cols + in.eps);
-        xk = mg_x_scale(r * M);
 #pragma unroll
         for (int k = 0; k < MG_X_ITEMS; k++)
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 v[k][e] = v[k][e] * (r * w[k][e]);
-    } else {
-        if (IN_MODE == GEMV_IN_GATED) {
-            const int L = in.head_dim / 8;
+    } else if (IN_MODE == GEMV_IN_GATED) {
+        const int L = in.head_dim / 8;
 #pragma unroll
-            for (int k = 0; k < MG_X_ITEMS; k++) {
-                float ss = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    ss = fmaf(v[k][e], v[k][e], ss);
-                for (int o = 1; o < L; o <<= 1)
-                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
-                const float r = rsqrtf(ss / (float)in.head_dim + in.eps);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    v[k][e] = v[k][e] * r * w[0][e] * silu_f(z[k][e]);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < MG_X_ITEMS; k++)
+        for (int k = 0; k < MG_X_ITEMS; k++) {
+            float ss = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                mx = fmaxf(mx, fabsf(v[k][e]));
-        mx = warp_max(mx);
-        if (lane == 0)
-            s_mx[warp] = mx;
-        __syncthreads();
-        float M = 0.0f;
+                ss = fmaf(v[k][e], v[k][e], ss);
+            for (int o = 1; o < L; o <<= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float r = rsqrtf(ss / (float)in.head_dim + in.eps);
 #pragma unroll
-        for (int q = 0; q < NW; q++)
-            M = fmaxf(M, s_mx[q]);
-        xk = mg_x_scale(M);
+            for (int e = 0; e < 8; e++)
+                v[k][e] = v[k][e] * r * w[0][e] * silu_f(z[k][e]);
+        }
     }
+    float mx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MG_X_ITEMS; k++)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            mx = fmaxf(mx, fabsf(v[k][e]));
+    const float xk = mg_x_scale(warp_max(mx));
 #pragma unroll
     for (int k = 0; k < MG_X_ITEMS; k++) {
-        const int i = tid + k * NT;
+        const int j = lane + 32 * k;
         float h[8];
 #pragma unroll
         for (int e = 0; e < 8; e++)
@@ -394,30 +393,39 @@ __device__ __forceinline__ float mg_block_x_regs(const gemv_input &in, int cols,
             s1 += __shfl_xor_sync(0xffffffffu, s1, o);
             sx += __shfl_xor_sync(0xffffffffu, sx, o);
         }
-        if (i < items) {
-            s_xh[i] = u;
-            if ((i & 7) == 0) {
-                s_off[i / 8] = 1024.0f * s1;
-                s_xsum[i / 8] = sx;
+        if (j < nit) {
+            wxh[j] = u;
+            if ((j & 7) == 0) {
+                wsum[j / 8] = 1024.0f * s1;
+                wsum[ngr + j / 8] = sx;
             }
         }
     }
-    __syncthreads();
+    __syncwarp();
+    xh = wxh - base;
+    off = wsum - base / 8;
+    xsum = wsum + ngr - base / 8;
     return xk;
 }
 
-/* The whole x side of a block of NW warps: REGS (the launcher's choice where mg_x_regs_ok): mg_block_x_regs;
- * else the input transform (gemv_prologue) of token 0 into s_x[0..cols) (s_red: NW floats), then
- * mg_block_x_tail. A compile-time choice: with both paths in one kernel the streamed GEMV spills. Returns xk. */
-template <int IN_MODE, int NW, bool REGS>
-__device__ __forceinline__ float mg_block_x_frags(const gemv_input &in, int cols, float *s_x, float *s_red, uint4 *s_xh,
-                                                  float *s_off, float *s_xsum)
+/* The x side of warp `warp` of a block of NW warps (gemv_mma / gemv_stream), x_area the kernel's x area:
+ * REGS (mg_x_regs_ok): mg_warp_x; else the input transform (gemv_prologue) of token 0 into s_x[0..cols)
+ * (s_red: NW floats) and mg_block_x_tail, the block's fragments in x_area as [s_x | s_xh | s_off | s_xsum]
+ * with one xk for all warps. A compile-time choice: with both paths in one kernel the streamed GEMV spills.
+ * Returns this warp's xk (the caller divides the warp's dot products by it). */
+template <int IN_MODE, int NW, int KS, bool REGS>
+__device__ __forceinline__ float mg_x_side(const gemv_input &in, int cols, float *x_area, float *s_red, const uint4 *&xh,
+                                           const float *&off, const float *&xsum)
 {
     if constexpr (REGS) {
-        return mg_block_x_regs<IN_MODE, NW>(in, cols, s_xh, s_off, s_xsum);
+        return mg_warp_x<IN_MODE, NW, KS>(in, cols, x_area, xh, off, xsum);
     } else {
-        gemv_prologue<IN_MODE, NW, false>(in, 0, cols, s_x, s_red);
-        return mg_block_x_tail<NW>(s_x, cols, s_xh, s_off, s_xsum);
+        uint4 *s_xh = reinterpret_cast<uint4 *>(x_area + cols);
+        float *s_off = x_area + cols + cols / 2, *s_xsum = s_off + cols / 64;
+        gemv_prologue<IN_MODE, NW, false>(in, 0, cols, x_area, s_red);
+        const float xk = mg_block_x_tail<NW>(x_area, cols, s_xh, s_off, s_xsum);
+        xh = s_xh, off = s_off, xsum = s_xsum;
+        return xk;
     }
 }
 
