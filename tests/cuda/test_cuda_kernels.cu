@@ -1013,7 +1013,8 @@ int main(void)
     g_stream_forced = false;
     g_gemv_kernel = GEMV_KERNEL_MMA;
     test_gemv_argmax_tie(2048, 3001, 2); /* the same tie through gemv_mma */
-    for (int v = 0; v < 3; v++) { /* gemv_mma's fallback x side: unaligned x, a head_dim of 96 (3 lanes) */
+    for (int v = 0; v < 3; v++) { /* gemv_mma at 384 columns (one slice): unaligned x and a head_dim of 96
+                                    * (12 lanes per head) take the block x side, scaled x the per-warp one */
         g_gemv_shift = v == 0;
         g_gemv_hd = v == 1 ? 96 : 32;
         g_gemv_act_scale = g_gemv_nw_scale = v == 2 ? 30000.0f : 1.0f;
