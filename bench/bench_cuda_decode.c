@@ -123,11 +123,12 @@ static void print_timeline(const lily_cuda_timeline *t, int depth, double gbps)
     }
     printf("\nPer stage, summed over its kernels (each against the kernel launched before it):\n\n");
     printf("| stage | kernels | Σ step (end - prev end) | Σ post-wait | Σ wait release - prev end | Σ first start - prev end "
-           "| Σ byte µs | step / byte |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+           "| Σ wait → x ready | Σ byte µs | step / byte |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double tot = 0, tot_b = 0;
     for (int s = 0; s < t->n_stages; s++) {
         int n = 0;
-        double step = 0, post = 0, rel = 0, start = 0, bytes = 0;
+        double step = 0, post = 0, rel = 0, start = 0, bytes = 0, xr = 0;
+        int n_xr = 0;
         for (int k = 1; k < t->n; k++)
             if (t->k[k].stage == s) {
                 const double pe = t->k[k - 1].end_us;
@@ -137,16 +138,21 @@ static void print_timeline(const lily_cuda_timeline *t, int depth, double gbps)
                 rel += t->k[k].wait_us - pe;
                 start += t->k[k].start_us - pe;
                 bytes += t->k[k].bytes;
+                if (t->k[k].mark_us > 0)
+                    xr += t->k[k].mark_us - t->k[k].wait_us, n_xr++;
             }
         if (!n)
             continue;
         const double bu = bytes / (gbps * 1e3);
-        printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", t->stage_names[s], n, step, post, rel, start, bu,
-               bu > 0 ? step / bu : 0.0);
+        char xrs[32] = "";
+        if (n_xr)
+            snprintf(xrs, sizeof xrs, "%.1f", xr);
+        printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %s | %.1f | %.1f |\n", t->stage_names[s], n, step, post, rel, start,
+               xrs, bu, bu > 0 ? step / bu : 0.0);
         tot += step;
         tot_b += bu;
     }
-    printf("| total (kernels 2..%d) | %d | %.1f | | | | %.1f | %.1f |\n", t->n, t->n - 1, tot, tot_b, tot / tot_b);
+    printf("| total (kernels 2..%d) | %d | %.1f | | | | | %.1f | %.1f |\n", t->n, t->n - 1, tot, tot_b, tot / tot_b);
     fflush(stdout);
 }
 

@@ -146,6 +146,12 @@ static void check_stream_vs_mma(gemv_batch b, const gemv_input &in, int out_mode
 /* The kernel test_gemv asks for: GEMV_KERNEL_AUTO, or GEMV_KERNEL_SIMT (gemv_decode.cu's kernel for
  * shapes the tensor-core kernels would take). */
 static int g_gemv_kernel = GEMV_KERNEL_AUTO;
+/* test_gemv's input variants: act, z and the norm weight this many floats past a 16-byte boundary (the
+ * tensor-core GEMVs' float4 x loads then give way to gemv_prologue), the gated norm's head_dim, act and the
+ * norm weights scaled (max |x| past 2^14: the fp16 x scale of the tensor-core GEMVs below 1; z is not
+ * scaled, silu(z) over a huge range would leave most of x below fp16's resolution) */
+static int g_gemv_shift = 0, g_gemv_hd = 32;
+static float g_gemv_act_scale = 1.0f, g_gemv_nw_scale = 1.0f;
 
 static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mode, int n_mats)
 {
@@ -163,8 +169,14 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
     b.n_mats = n_mats;
     const int stride = total + 5;
     std::vector<float> act = rand_vec((size_t)n * cols, -1, 1), nw = rand_vec(cols, 0.5f, 1.5f);
-    const int hd = 32;
+    const int hd = g_gemv_hd;
     std::vector<float> z = rand_vec((size_t)n * cols, -2, 2), gw = rand_vec(hd, 0.5f, 1.5f);
+    for (float &v : act) v *= g_gemv_act_scale;
+    for (float &v : nw) v *= g_gemv_nw_scale;
+    for (float &v : gw) v *= g_gemv_nw_scale;
+    std::vector<float> act_dev(act), z_dev(z); /* g_gemv_shift floats of padding in front */
+    act_dev.insert(act_dev.begin(), (size_t)g_gemv_shift, 0.0f);
+    z_dev.insert(z_dev.begin(), (size_t)g_gemv_shift, 0.0f);
     std::vector<float> y0 = rand_vec((size_t)n * stride, -1, 1);
     float *dy = out_mode == GEMV_OUT_ADD ? dev_copy(y0) : dev_nan((size_t)n * stride);
     int off = 0;
@@ -175,12 +187,14 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
     }
     gemv_input in;
     memset(&in, 0, sizeof in);
-    in.act = dev_copy(act);
+    in.act = dev_copy(act_dev) + g_gemv_shift;
     in.act_stride = cols;
     in.mode = mode;
     in.eps = 1e-6f;
-    in.norm_w = dev_copy(mode == GEMV_IN_GATED ? gw : nw);
-    in.z = dev_copy(z);
+    std::vector<float> nw_dev(mode == GEMV_IN_GATED ? gw : nw);
+    nw_dev.insert(nw_dev.begin(), (size_t)g_gemv_shift, 0.0f);
+    in.norm_w = dev_copy(nw_dev) + g_gemv_shift;
+    in.z = dev_copy(z_dev) + g_gemv_shift;
     in.z_stride = cols;
     in.head_dim = hd;
     unsigned long long *dam;
@@ -232,8 +246,9 @@ static void test_gemv(int bits, int cols, int rows, int n, int mode, int out_mod
         }
     }
     char what[160];
-    snprintf(what, sizeof what, "gemv bits %2d cols %4d rows %4d n %3d in %d out %d mats %d", bits, cols, rows, n,
-             mode, out_mode, n_mats);
+    snprintf(what, sizeof what, "gemv bits %2d cols %4d rows %4d n %3d in %d out %d mats %d%s%s%s", bits, cols, rows, n,
+             mode, out_mode, n_mats, g_gemv_shift ? " unaligned x" : "", g_gemv_hd != 32 ? " head_dim != 32" : "",
+             g_gemv_act_scale != 1.0f || g_gemv_nw_scale != 1.0f ? " x scaled" : "");
     check(what, gotc, want, mag);
 }
 
@@ -981,9 +996,35 @@ int main(void)
     test_gemv(4, 4096, 5003 * 4, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
     test_gemv(4, 512, 7001, 1, GEMV_IN_RMSNORM, GEMV_OUT_ARGMAX, 2);
     test_gemv(4, 1024, 9001, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 3);
+    /* the tensor-core GEMVs' two x sides (mg_warp_x where the input allows, else gemv_prologue +
+     * mg_block_x_tail; both streamed and not), and the fp16 x scale below 1 through both */
+    for (int ci = 0; ci < 4; ci++) {
+        const int cols = scols[ci];
+        for (int v = 0; v < 4; v++) {
+            g_gemv_shift = v == 1;
+            g_gemv_hd = v == 2 ? 256 : 32; /* 256: one warp per head in mg_warp_x */
+            g_gemv_act_scale = v == 3 ? 60000.0f : 1.0f;
+            g_gemv_nw_scale = v == 3 ? 20000.0f : 1.0f;
+            test_gemv(4, cols, 37, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 2);
+            test_gemv(4, cols, 301, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+            test_gemv(4, cols, 513, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+        }
+    }
     g_stream_forced = false;
     g_gemv_kernel = GEMV_KERNEL_MMA;
     test_gemv_argmax_tie(2048, 3001, 2); /* the same tie through gemv_mma */
+    for (int v = 0; v < 3; v++) { /* gemv_mma at 384 columns (one slice): unaligned x and a head_dim of 96
+                                    * (12 lanes per head) take the block x side, scaled x the per-warp one */
+        g_gemv_shift = v == 0;
+        g_gemv_hd = v == 1 ? 96 : 32;
+        g_gemv_act_scale = g_gemv_nw_scale = v == 2 ? 30000.0f : 1.0f;
+        test_gemv(4, 384, 37, 1, GEMV_IN_PLAIN, GEMV_OUT_ADD, 1);
+        test_gemv(4, 384, 301, 1, GEMV_IN_RMSNORM, GEMV_OUT_STORE, 2);
+        test_gemv(4, 384, 513, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+        if (g_gemv_hd == 32)
+            test_gemv(4, 4096, 301, 1, GEMV_IN_GATED, GEMV_OUT_ADD, 1);
+    }
+    g_gemv_shift = 0, g_gemv_hd = 32, g_gemv_act_scale = g_gemv_nw_scale = 1.0f;
     g_gemv_kernel = GEMV_KERNEL_AUTO;
     /* MoE: tiny-a and full shapes */
     for (int i = 0; i < 3; i++) {

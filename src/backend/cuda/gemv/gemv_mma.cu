@@ -9,8 +9,10 @@
  * while it computes one. The first group's weights, scales and biases (≤ 2 × 4 16-byte vectors + 16
  * words per thread) are loaded before pdl_wait(), overlapping the previous kernel, and pdl_trigger()
  * comes before the wait so the next kernel may start prefetching its own weights.
- * The input transform (gemv_prologue) runs once per block; fp16 overflow is avoided by scaling x by a
- * power of two when max|x| > 2^14 (undone on the output).
+ * x side (mg_x_side): each warp loads and transforms the x of its own column slice and builds its fp16
+ * fragments itself (mg_warp_x: no block barrier, one for an RMSNorm's sum of squares; gemv_prologue +
+ * mg_block_x_tail for the inputs it does not take); fp16 overflow is avoided by scaling the slice's x by a
+ * power of two when its max|x| > 2^14 (undone on the warp's dot products).
  *
  * Requirements (gemv_kernel_choose picks gemv_decode.cu's kernel otherwise): 4-bit, n_tokens == 1,
  * cols % 128 == 0 and cols / min(cols, 512) in {1, 2, 4, 8}, 16-byte aligned data.
@@ -21,8 +23,9 @@
 #define GM_WARPS 8
 
 /* Grid-stride over groups of RT tiles (grid <= what fits at once): the next group's weights are
- * loaded into registers while the current one is computed, and the input transform runs once per block. */
-template <int IN_MODE, int OUT_MODE, int KS>
+ * loaded into registers while the current one is computed, and the x side runs once per warp (REGS) or
+ * block. */
+template <int IN_MODE, int OUT_MODE, int KS, bool REGS>
 __global__ void __launch_bounds__(GM_WARPS * 32, 1)
 gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *argmax)
 {
@@ -30,10 +33,6 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     constexpr int RT = GM_WARPS / KS; /* row tiles per group */
     extern __shared__ __align__(16) float gm_smem[];
     const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128;
-    float *s_x = gm_smem;                                          /* [cols] fp32 */
-    uint4 *s_xh = reinterpret_cast<uint4 *>(gm_smem + cols);       /* [cols / 8] fp16 fragments */
-    float *s_off = gm_smem + cols + cols / 2;                      /* [cols / 64] 1024 * S1 */
-    float *s_xsum = s_off + cols / 64;                             /* [cols / 64] Σ x_eff */
     __shared__ float s_red[GM_WARPS];
     __shared__ float s_part[GM_WARPS][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -59,8 +58,10 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     pdl_wait();
     tl.waited();
 
-    /* x: the input transform, then fp16 fragments in the order each thread feeds them */
-    const float xk = mg_block_x_frags<IN_MODE, GM_WARPS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
+    /* x: the input transform, then fp16 fragments in the order each thread feeds them (gm_smem: the x area) */
+    const uint4 *s_xh;
+    const float *s_off, *s_xsum;
+    const float xk = mg_x_side<IN_MODE, GM_WARPS, KS, REGS>(in, cols, gm_smem, s_red, s_xh, s_off, s_xsum);
     tl.mark();
 
     float best = -INFINITY;
@@ -70,9 +71,9 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
     auto compute = [&](int grp, const mg_frag &f) {
         float acc_a = 0.0f, acc_b = 0.0f;
         mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
-        if (t == 0) {
-            s_part[warp][g] = acc_a;
-            s_part[warp][g + 8] = acc_b;
+        if (t == 0) { /* this warp's x scale undone (a power of two: exact) */
+            s_part[warp][g] = acc_a / xk;
+            s_part[warp][g + 8] = acc_b / xk;
         }
         __syncthreads();
         if (threadIdx.x < RT * 16) {
@@ -86,7 +87,6 @@ gemv_mma_kernel(gemv_batch b, gemv_input in, int n_tiles, unsigned long long *ar
 #pragma unroll
                 for (int k = 0; k < KS; k++)
                     v += s_part[trt * KS + k][r];
-                v /= xk;
                 float *y = b.y[mm] + row;
                 if (OUT_MODE == GEMV_OUT_ADD)
                     *y += v;
@@ -133,7 +133,7 @@ bool gemv_mma_supported(const gemv_batch &b, int n_tokens)
     return true;
 }
 
-template <int IM, int OM, int KS>
+template <int IM, int OM, int KS, bool REGS>
 static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     int tiles = 0;
@@ -141,17 +141,18 @@ static cudaError_t gm_go(const gemv_batch &b, const gemv_input &in, unsigned lon
         tiles += (b.m[k].rows + 15) / 16;
     constexpr int RT = GM_WARPS / KS;
     const int cols = b.m[0].cols;
-    const size_t smem = ((size_t)cols + cols / 2 + 2 * (cols / 64)) * sizeof(float);
+    const size_t smem = (REGS ? (size_t)mg_warp_x_floats(cols, GM_WARPS) : (size_t)cols + cols / 2 + 2 * (cols / 64)) *
+                        sizeof(float);
     static size_t smem_set = 48 * 1024; /* opt in above the default once per instantiation */
-    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS>, smem, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(gemv_mma_kernel<IM, OM, KS, REGS>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
     static int resident = 0; /* blocks that fit on the GPU at once (asked once per instantiation) */
-    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS>, GM_WARPS * 32, smem, &resident);
+    e = cuda_resident_blocks(gemv_mma_kernel<IM, OM, KS, REGS>, GM_WARPS * 32, smem, &resident);
     if (e != cudaSuccess)
         return e;
     const int groups = (tiles + RT - 1) / RT;
-    return launch_pdl(gemv_mma_kernel<IM, OM, KS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
+    return launch_pdl(gemv_mma_kernel<IM, OM, KS, REGS>, dim3(groups < resident ? groups : resident), dim3(GM_WARPS * 32), smem,
                       s, b, in, tiles, argmax);
 }
 
@@ -159,11 +160,12 @@ template <int IM, int OM>
 static cudaError_t gm_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
     const int cols = b.m[0].cols, CW = cols < 512 ? cols : 512;
+    const bool regs = mg_x_regs_ok<IM, GM_WARPS>(in, cols);
     switch (cols / CW) {
-    case 1: return gm_go<IM, OM, 1>(b, in, argmax, s);
-    case 2: return gm_go<IM, OM, 2>(b, in, argmax, s);
-    case 4: return gm_go<IM, OM, 4>(b, in, argmax, s);
-    case 8: return gm_go<IM, OM, 8>(b, in, argmax, s);
+    case 1: return regs ? gm_go<IM, OM, 1, true>(b, in, argmax, s) : gm_go<IM, OM, 1, false>(b, in, argmax, s);
+    case 2: return regs ? gm_go<IM, OM, 2, true>(b, in, argmax, s) : gm_go<IM, OM, 2, false>(b, in, argmax, s);
+    case 4: return regs ? gm_go<IM, OM, 4, true>(b, in, argmax, s) : gm_go<IM, OM, 4, false>(b, in, argmax, s);
+    case 8: return regs ? gm_go<IM, OM, 8, true>(b, in, argmax, s) : gm_go<IM, OM, 8, false>(b, in, argmax, s);
     default: return cudaErrorInvalidValue;
     }
 }

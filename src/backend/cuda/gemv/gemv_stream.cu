@@ -16,8 +16,8 @@
  * (mg_load_smem), runs mg_dot, and the KS warps of a tile meet at one named barrier (none when KS = 1)
  * that both publishes the column partials (s_part, double-buffered by group parity) and frees the
  * slot; the tile's first warp then refills the slot with the group `stages` ahead and lanes 0..15
- * reduce and store one row each (STORE / ADD / ARGMAX exactly as gemv_mma). No block-wide barrier
- * after the input transform.
+ * reduce and store one row each (STORE / ADD / ARGMAX exactly as gemv_mma). x side as gemv_mma's
+ * (mg_x_side: per warp, no block barrier but an RMSNorm's sum of squares); none after it.
  *
  * Requirements (gemv_stream_supported; otherwise gemv_mma runs): gemv_mma_supported, cols in {512, 1024,
  * 2048, 4096}, rows 16-byte aligned, the sm_90 code running (cuda_sm90_code: the compute_80 PTX has an
@@ -75,7 +75,7 @@ __device__ __forceinline__ void gs_bar_sync(int id, int n) { asm volatile("bar.s
 /* Bytes of one ring slot (a whole 16-row tile of `cols` columns: padded rows, scales, biases). */
 __host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (cols / 2 + GS_ROW_PAD) + 16 * (cols / 64) * 4; }
 
-template <int IN_MODE, int OUT_MODE, int KS>
+template <int IN_MODE, int OUT_MODE, int KS, bool REGS>
 __global__ void __launch_bounds__(GS_WARPS * 32, 2)
 gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigned long long *argmax)
 {
@@ -88,10 +88,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     __shared__ float s_red[GS_WARPS];
     const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128, gpr = cols / 64;
     const int row_bytes = cols / 2, ws = row_bytes + GS_ROW_PAD, slot_bytes = gs_slot_bytes(cols);
-    float *s_x = reinterpret_cast<float *>(gs_ring + (size_t)stages * RT * slot_bytes); /* [cols] fp32 */
-    uint4 *s_xh = reinterpret_cast<uint4 *>(s_x + cols);                                  /* [cols / 8] */
-    float *s_off = s_x + cols + cols / 2;                                                 /* [cols / 64] */
-    float *s_xsum = s_off + cols / 64;                                                    /* [cols / 64] */
+    float *x_area = reinterpret_cast<float *>(gs_ring + (size_t)stages * RT * slot_bytes); /* mg_x_side's */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int ks = warp % KS, rt = warp / KS;
@@ -141,7 +138,9 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     }
 
     /* x: the input transform, then fp16 fragments in the order each thread feeds them (as gemv_mma) */
-    const float xk = mg_block_x_frags<IN_MODE, GS_WARPS>(in, cols, s_x, s_red, s_xh, s_off, s_xsum);
+    const uint4 *s_xh;
+    const float *s_off, *s_xsum;
+    const float xk = mg_x_side<IN_MODE, GS_WARPS, KS, REGS>(in, cols, x_area, s_red, s_xh, s_off, s_xsum);
     tl.mark();
 
     float best = -INFINITY;
@@ -160,9 +159,9 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         float acc_a = 0.0f, acc_b = 0.0f;
         mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
         float *part = s_part[i & 1][warp];
-        if (t == 0) {
-            part[g] = acc_a;
-            part[g + 8] = acc_b;
+        if (t == 0) { /* this warp's x scale undone (a power of two: exact) */
+            part[g] = acc_a / xk;
+            part[g + 8] = acc_b / xk;
         }
         /* the tile's KS warps: partials published, slot read by all of them */
         if (KS == 1)
@@ -179,7 +178,6 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
 #pragma unroll
                 for (int q = 0; q < KS; q++)
                     v += s_part[i & 1][rt * KS + q][lane];
-                v /= xk;
                 float *y = b.y[m] + row;
                 if (OUT_MODE == GEMV_OUT_ADD)
                     *y = (i == 0 ? y_first : *y) + v;
@@ -226,17 +224,18 @@ bool gemv_stream_supported(const gemv_batch &b, int n_tokens)
     return cuda_sm90_code(); /* bulk copies and mbarrier transaction counts: the sm_90 code only */
 }
 
-template <int IM, int OM, int KS>
+template <int IM, int OM, int KS, bool REGS>
 static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
-    void (*kern)(gemv_batch, gemv_input, int, int, unsigned long long *) = gemv_stream_kernel<IM, OM, KS>;
+    void (*kern)(gemv_batch, gemv_input, int, int, unsigned long long *) = gemv_stream_kernel<IM, OM, KS, REGS>;
     constexpr int RT = GS_WARPS / KS;
     int tiles = 0;
     for (int k = 0; k < b.n_mats; k++)
         tiles += (b.m[k].rows + 15) / 16;
     const int groups = (tiles + RT - 1) / RT, cols = b.m[0].cols;
     const size_t stage_bytes = (size_t)RT * gs_slot_bytes(cols);
-    const size_t x_bytes = (size_t)cols * 4 + (size_t)cols * 2 + (size_t)(cols / 64) * 8;
+    const size_t x_bytes = REGS ? (size_t)mg_warp_x_floats(cols, GS_WARPS) * 4
+                                : (size_t)cols * 4 + (size_t)cols * 2 + (size_t)(cols / 64) * 8;
     /* asked once per instantiation: SMs, the opt-in shared memory per block (less the static part), the
      * dynamic shared memory of one block when GS_BLOCKS_PER_SM share an SM */
     static int sms = 0, dyn_max = 0, dyn_shared = 0, per_sm[GS_MAX_STAGES + 1];
@@ -284,11 +283,12 @@ static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned lon
 template <int IM, int OM>
 static cudaError_t gs_ks(const gemv_batch &b, const gemv_input &in, unsigned long long *argmax, cudaStream_t s)
 {
+    const bool regs = mg_x_regs_ok<IM, GS_WARPS>(in, b.m[0].cols);
     switch (b.m[0].cols / 512) {
-    case 1: return gs_go<IM, OM, 1>(b, in, argmax, s);
-    case 2: return gs_go<IM, OM, 2>(b, in, argmax, s);
-    case 4: return gs_go<IM, OM, 4>(b, in, argmax, s);
-    case 8: return gs_go<IM, OM, 8>(b, in, argmax, s);
+    case 1: return regs ? gs_go<IM, OM, 1, true>(b, in, argmax, s) : gs_go<IM, OM, 1, false>(b, in, argmax, s);
+    case 2: return regs ? gs_go<IM, OM, 2, true>(b, in, argmax, s) : gs_go<IM, OM, 2, false>(b, in, argmax, s);
+    case 4: return regs ? gs_go<IM, OM, 4, true>(b, in, argmax, s) : gs_go<IM, OM, 4, false>(b, in, argmax, s);
+    case 8: return regs ? gs_go<IM, OM, 8, true>(b, in, argmax, s) : gs_go<IM, OM, 8, false>(b, in, argmax, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -252,14 +252,181 @@ __device__ __forceinline__ float mg_block_x_tail(const float *s_x, int cols, uin
     return xk;
 }
 
-/* The whole x side of a block of NW warps: the input transform (gemv_prologue) of token 0 into
- * s_x[0..cols) (s_red: NW floats), then mg_block_x_tail. Returns xk. */
+#define MG_X_ITEMS 2 /* 8-column items per lane of mg_warp_x: a warp's column slice is <= 512 columns */
+
+/* Whether mg_warp_x serves this input (the launchers instantiate the kernel with REGS = this): cols a
+ * multiple of 64, act (and norm_w, z) 16-byte aligned (float4 loads); GATED: heads of 8 · L columns, L a
+ * power of two <= 32 (a head is L neighbouring lanes of one pass), whole heads in a warp's slice. */
 template <int IN_MODE, int NW>
-__device__ __forceinline__ float mg_block_x_frags(const gemv_input &in, int cols, float *s_x, float *s_red, uint4 *s_xh,
-                                                  float *s_off, float *s_xsum)
+__host__ __device__ __forceinline__ bool mg_x_regs_ok(const gemv_input &in, int cols)
 {
-    gemv_prologue<IN_MODE, NW, false>(in, 0, cols, s_x, s_red);
-    return mg_block_x_tail<NW>(s_x, cols, s_xh, s_off, s_xsum);
+    const int CW = cols < 512 ? cols : 512; /* a warp's column slice (gemv_mma / gemv_stream) */
+    if (cols % 64 || CW / 8 > MG_X_ITEMS * 32)
+        return false;
+    const uintptr_t al = (uintptr_t)in.act | (IN_MODE != GEMV_IN_PLAIN ? (uintptr_t)in.norm_w : 0) |
+                         (IN_MODE == GEMV_IN_GATED ? (uintptr_t)in.z : 0);
+    if (al & 15) /* float4 loads */
+        return false;
+    if (IN_MODE == GEMV_IN_GATED) {
+        const int L = in.head_dim / 8;
+        return in.head_dim % 8 == 0 && L >= 1 && L <= 32 && (L & (L - 1)) == 0 && CW % in.head_dim == 0;
+    }
+    return true;
+}
+
+/* Floats of shared memory mg_warp_x uses for a block of NW warps (per warp: its slice's fp16 fragments
+ * and group sums). */
+__host__ __device__ __forceinline__ int mg_warp_x_floats(int cols, int nw)
+{
+    const int CW = cols < 512 ? cols : 512;
+    return nw * (CW / 2 + 2 * (CW / 64));
+}
+
+/* The x side of one warp of a gemv_mma / gemv_stream block (warp = rt · KS + ks owns columns [ks · CW,
+ * (ks + 1) · CW), CW = cols / KS): lane l holds the 8-column items l and l + 32 of that slice, loads act
+ * (and the RMSNorm weight, or z and the gated norm's weight) for them in one batch, and builds the fp16
+ * fragments (mg_build_frags' layout) and group sums (mg_group_sums' values, summed over a group's 8
+ * neighbouring lanes by shuffles) of ITS slice only, into its own part of x_area (mg_warp_x_floats), with
+ * its own fp16 scale xk (mg_x_scale of the slice's max |x|): no block barrier for PLAIN and GATED (a
+ * gated head's sum of squares by shuffles over its L = head_dim / 8 lanes), one for RMSNORM's sum of
+ * squares (warps rt = 0 cover the row once; s_ss holds KS floats). Sets xh / off / xsum to pointers that
+ * mg_dot indexes by absolute column. x values as gemv_prologue computes them (sums of squares in another
+ * order); the caller divides each warp's dot products by its xk before the slices are added. Requires
+ * mg_x_regs_ok. Returns xk. */
+template <int IN_MODE, int NW, int KS>
+__device__ __forceinline__ float mg_warp_x(const gemv_input &in, int cols, float *x_area, const uint4 *&xh,
+                                           const float *&off, const float *&xsum)
+{
+    __shared__ float s_ss[KS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS, rt = warp / KS;
+    const int CW = cols / KS, nit = CW / 8, base = ks * nit, ngr = CW / 64;
+    uint4 *wxh = reinterpret_cast<uint4 *>(x_area) + warp * nit;
+    float *wsum = x_area + NW * (CW / 2) + warp * 2 * ngr;
+    float v[MG_X_ITEMS][8], w[MG_X_ITEMS][8], z[MG_X_ITEMS][8];
+#pragma unroll
+    for (int k = 0; k < MG_X_ITEMS; k++) {
+        const int j = lane + 32 * k, i = base + j;
+        const bool ok = j < nit;
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 *pa = reinterpret_cast<const float4 *>(in.act + 8 * i);
+        float4 a0 = ok ? pa[0] : zero, a1 = ok ? pa[1] : zero;
+        v[k][0] = a0.x, v[k][1] = a0.y, v[k][2] = a0.z, v[k][3] = a0.w;
+        v[k][4] = a1.x, v[k][5] = a1.y, v[k][6] = a1.z, v[k][7] = a1.w;
+        if (IN_MODE == GEMV_IN_RMSNORM || (IN_MODE == GEMV_IN_GATED && k == 0)) {
+            /* GATED: item l + 32 sits where item l does in its head (256 columns apart, head_dim | 256) */
+            const int wc = IN_MODE == GEMV_IN_GATED ? (8 * i) % in.head_dim : 8 * i;
+            const float4 *pw = reinterpret_cast<const float4 *>(in.norm_w + wc);
+            a0 = ok ? pw[0] : zero, a1 = ok ? pw[1] : zero;
+            w[k][0] = a0.x, w[k][1] = a0.y, w[k][2] = a0.z, w[k][3] = a0.w;
+            w[k][4] = a1.x, w[k][5] = a1.y, w[k][6] = a1.z, w[k][7] = a1.w;
+        }
+        if (IN_MODE == GEMV_IN_GATED) {
+            const float4 *pz = reinterpret_cast<const float4 *>(in.z + 8 * i);
+            a0 = ok ? pz[0] : zero, a1 = ok ? pz[1] : zero;
+            z[k][0] = a0.x, z[k][1] = a0.y, z[k][2] = a0.z, z[k][3] = a0.w;
+            z[k][4] = a1.x, z[k][5] = a1.y, z[k][6] = a1.z, z[k][7] = a1.w;
+        }
+    }
+    if (IN_MODE == GEMV_IN_RMSNORM) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MG_X_ITEMS; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                ss = fmaf(v[k][e], v[k][e], ss);
+        if (rt == 0) { /* warp-uniform */
+            ss = warp_sum(ss);
+            if (lane == 0)
+                s_ss[ks] = ss;
+        }
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int q = 0; q < KS; q++)
+            tot += s_ss[q];
+        const float r = rsqrtf(tot / (float)cols + in.eps);
+#pragma unroll
+        for (int k = 0; k < MG_X_ITEMS; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[k][e] = v[k][e] * (r * w[k][e]);
+    } else if (IN_MODE == GEMV_IN_GATED) {
+        const int L = in.head_dim / 8;
+#pragma unroll
+        for (int k = 0; k < MG_X_ITEMS; k++) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                ss = fmaf(v[k][e], v[k][e], ss);
+            for (int o = 1; o < L; o <<= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float r = rsqrtf(ss / (float)in.head_dim + in.eps);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[k][e] = v[k][e] * r * w[0][e] * silu_f(z[k][e]);
+        }
+    }
+    float mx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MG_X_ITEMS; k++)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            mx = fmaxf(mx, fabsf(v[k][e]));
+    const float xk = mg_x_scale(warp_max(mx));
+#pragma unroll
+    for (int k = 0; k < MG_X_ITEMS; k++) {
+        const int j = lane + 32 * k;
+        float h[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            h[e] = v[k][e] * xk;
+        const uint4 u = make_uint4(h2_bits(__floats2half2_rn(h[0], h[4])),
+                                   h2_bits(__floats2half2_rn(h[1] * 0.0625f, h[5] * 0.0625f)),
+                                   h2_bits(__floats2half2_rn(h[2], h[6])),
+                                   h2_bits(__floats2half2_rn(h[3] * 0.0625f, h[7] * 0.0625f)));
+        const float2 a0 = __half22float2(bits_h2(u.x)), a1 = __half22float2(bits_h2(u.y));
+        const float2 b0 = __half22float2(bits_h2(u.z)), b1 = __half22float2(bits_h2(u.w));
+        const float even = a0.x + a0.y + b0.x + b0.y, odd = a1.x + a1.y + b1.x + b1.y;
+        float s1 = even + odd, sx = even + 16.0f * odd;
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) {
+            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+            sx += __shfl_xor_sync(0xffffffffu, sx, o);
+        }
+        if (j < nit) {
+            wxh[j] = u;
+            if ((j & 7) == 0) {
+                wsum[j / 8] = 1024.0f * s1;
+                wsum[ngr + j / 8] = sx;
+            }
+        }
+    }
+    __syncwarp();
+    xh = wxh - base;
+    off = wsum - base / 8;
+    xsum = wsum + ngr - base / 8;
+    return xk;
+}
+
+/* The x side of warp `warp` of a block of NW warps (gemv_mma / gemv_stream), x_area the kernel's x area:
+ * REGS (mg_x_regs_ok): mg_warp_x; else the input transform (gemv_prologue) of token 0 into s_x[0..cols)
+ * (s_red: NW floats) and mg_block_x_tail, the block's fragments in x_area as [s_x | s_xh | s_off | s_xsum]
+ * with one xk for all warps. A compile-time choice: with both paths in one kernel the streamed GEMV spills.
+ * Returns this warp's xk (the caller divides the warp's dot products by it). */
+template <int IN_MODE, int NW, int KS, bool REGS>
+__device__ __forceinline__ float mg_x_side(const gemv_input &in, int cols, float *x_area, float *s_red, const uint4 *&xh,
+                                           const float *&off, const float *&xsum)
+{
+    if constexpr (REGS) {
+        return mg_warp_x<IN_MODE, NW, KS>(in, cols, x_area, xh, off, xsum);
+    } else {
+        uint4 *s_xh = reinterpret_cast<uint4 *>(x_area + cols);
+        float *s_off = x_area + cols + cols / 2, *s_xsum = s_off + cols / 64;
+        gemv_prologue<IN_MODE, NW, false>(in, 0, cols, x_area, s_red);
+        const float xk = mg_block_x_tail<NW>(x_area, cols, s_xh, s_off, s_xsum);
+        xh = s_xh, off = s_off, xsum = s_xsum;
+        return xk;
+    }
 }
 
 #endif
