@@ -1,5 +1,6 @@
 /* moe_decode.cu — the sparse MoE block of one decode token (n_tokens == 1) for 4-bit experts, on tensor
- * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV:
+ * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV, or with the router computed by gate/up
+ * itself (moe_router_fused: the ROUTER kernel below; its logits exchanged as tagged words within the grid):
  *
  *   moe_gate_up_mma: block = one (16-row tile, slot) item, 8 warps = {gate, up} × 4 column slices of
  *     hidden (by default one wave of resident blocks, the shared-expert items past it staged: STAGED
