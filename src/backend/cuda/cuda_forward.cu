@@ -331,6 +331,9 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
         m.step = &st->ctr->step; /* early ids: tags of this forward call's published top-k */
         m.topk_pub = st->ctr->moe_topk_pub;
         m.layer = l;
+        m.router = L->router; /* the router fused into gate/up where moe_router_fused (moe_block) */
+        m.router_shared = L->shared_expert_gate;
+        m.logit_pub = st->ctr->moe_logit_pub;
     }
     return LILY_OK;
 }
@@ -417,13 +420,17 @@ static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_
     if (prefill_gemm(c, n))
         return cuda_prefill_moe(c, L, n, err);
     const int l = A->moe.layer;
-    LAUNCH(launch_gemv(tl_batch(c, A->router, PS_ROUTER, l), A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
-    MARK(PS_MOE_GATE_UP);
-    if (cuda_cpu_experts_layer(c, l, n)) /* the routed experts on the host's cores (cpu_experts.cu) */
-        return cuda_cpu_experts_moe(c, A->moe, err);
     moe_args m = A->moe;
+    const bool host_cpu = cuda_cpu_experts_layer(c, l, n); /* the routed experts on the host's cores (cpu_experts.cu) */
+    if (host_cpu || !moe_router_fused(m, n)) { /* else gate/up computes the router rows itself */
+        m.logit_pub = NULL;
+        LAUNCH(launch_gemv(tl_batch(c, A->router, PS_ROUTER, l), A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
+    }
+    MARK(PS_MOE_GATE_UP);
+    if (host_cpu)
+        return cuda_cpu_experts_moe(c, m, err);
     m.timeline = tl_slot(c, PS_MOE_GATE_UP, l, m.top_k * (dmat_bytes(m.gate) + dmat_bytes(m.up)) + dmat_bytes(m.sgate) +
-                         dmat_bytes(m.sup), 0.0, 1);
+                         dmat_bytes(m.sup) + (m.logit_pub ? dmat_bytes(m.router) + dmat_bytes(m.router_shared) : 0.0), 0.0, 1);
     LAUNCH(launch_moe_gate_up(m, n, c->stream));
     MARK(PS_MOE_DOWN);
     m.timeline = tl_slot(c, PS_MOE_DOWN, l, m.top_k * dmat_bytes(m.down) + dmat_bytes(m.sdown), 0.0, 1);

@@ -149,6 +149,9 @@ typedef struct {
      * moe_down_mma before its PDL wait (early ids; tag from step and layer, moe_decode.cu);
      * zero after a reset or load, copied with the counters (tags never ahead of step) */
     __align__(128) unsigned long long moe_topk_pub[MOE_PUB_WORDS];
+    /* decode router logits as (tag << 32 | bits) words written and polled by moe_gate_up_mma when the
+     * router is fused into it (moe_router_fused); zeroed and copied as moe_topk_pub */
+    __align__(128) unsigned long long moe_logit_pub[MOE_LOGIT_WORDS];
 } cuda_counters;
 
 /* One layer's launch arguments that stay the same for every forward call of a state (weights, norms,

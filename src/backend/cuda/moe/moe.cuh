@@ -12,7 +12,8 @@
 struct moe_args {
     dmat gate, up, down;            /* routed experts */
     dmat sgate, sup, sdown;         /* shared expert */
-    const float *router_logits;     /* [n_tokens][logit_stride]: n_experts logits, then the shared-gate logit */
+    float *router_logits;           /* [n_tokens][logit_stride]: n_experts logits, then the shared-gate logit
+                                     * (written by moe_gate_up_mma when the router is fused into it) */
     int logit_stride;
     int n_experts, top_k, inter, shared_inter, hidden;
     const float *h;                 /* residual stream [n_tokens][hidden] (input of the post-attention norm) */
@@ -33,10 +34,18 @@ struct moe_args {
      * compute them (cpu_experts.cu) — while the ranking and the weights' renormalization still cover all
      * top_k. 0: every slot here. */
     int cpu_slots;
+    /* Decode, the router fused into moe_gate_up_mma (moe_router_fused): the router's E + 1 rows (8-bit,
+     * hidden columns) are rows 0.. of `router`, then those of `router_shared` (the shared-expert gate; rows
+     * 0 and data NULL when `router` holds all E + 1), and logit_pub the session's MOE_LOGIT_WORDS tagged
+     * logit words (cuda_counters). logit_pub NULL: the router is a GEMV launched before gate/up. */
+    dmat router, router_shared;
+    unsigned long long *logit_pub;
     unsigned long long *timeline; /* per-block stamps of the decode kernels (timeline.cuh); NULL: none */
 };
 /* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
 #define MOE_PUB_WORDS 32
+/* Tagged router logits of moe_args.logit_pub: one word per router row, E + 1 <= MOE_MAX_E + 1 (moe_topk.cuh). */
+#define MOE_LOGIT_WORDS 520
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);
 /* Whether moe_route.cu's kernels take these shapes (any n_tokens): gate/up `gu_bits` with hidden
@@ -49,6 +58,12 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s);
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s);
 /* Whether the MoE kernels of layer `layer` use the tagged top-k (PDL on sm_90 code, layer < 256). */
 bool moe_early_ids_wanted(int layer);
+/* Whether moe_gate_up_mma computes the router itself (a.logit_pub, a.router set; the caller launches no
+ * router GEMV then): the tensor-core decode kernels with early ids, an 8-bit router of E + 1 rows x hidden,
+ * and gate/up one wave of co-resident blocks (each computes at most 2 router rows, publishes them as tagged
+ * words and the routed blocks rank the top-k once all E are there: a grid-wide exchange, so every block must
+ * be resident at once). The one place this is chosen; launch_moe_gate_up follows a.logit_pub. */
+bool moe_router_fused(const moe_args &a, int n_tokens);
 
 /* ---- prefill routing (moe_prefill.cu) ---- */
 

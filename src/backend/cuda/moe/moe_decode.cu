@@ -1,5 +1,6 @@
 /* moe_decode.cu — the sparse MoE block of one decode token (n_tokens == 1) for 4-bit experts, on tensor
- * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV:
+ * cores (the 16-row tile of mma_gemv.cuh), after the router GEMV, or with the router computed by gate/up
+ * itself (moe_router_fused: the ROUTER kernel below; its logits exchanged as tagged words within the grid):
  *
  *   moe_gate_up_mma: block = one (16-row tile, slot) item, 8 warps = {gate, up} × 4 column slices of
  *     hidden (by default one wave of resident blocks, the shared-expert items past it staged: STAGED
@@ -46,6 +47,8 @@
  * fit one SM's 64K registers, so the next layer's input projection can launch (PDL) and prefetch its
  * weights while this kernel runs */
 #define MD_DOWN_MAX_REGS 112
+/* router rows per moe_gate_up_mma block when the router is fused into it (E + 1 <= this x the grid) */
+#define MD_ROUTER_ROWS 2
 
 static_assert(MOE_PUB_WORDS >= 2 * MOE_MAX_K, "moe_args.topk_pub holds 2 words per top-k slot");
 
@@ -64,10 +67,14 @@ static bool moe_early_ids_on(const moe_args &a)
  * STAGED: a 1D grid of the blocks resident at once (items = (slot, 16-row tile) slot-major, block b owns
  * item b); the items past the grid are tiles of the shared expert (the last slot), which block
  * b - gridDim.x also computes: their weights are copied into shared memory (mg_load_async) before
- * pdl_wait(), so there is no second wave whose loads would start only after the top-k. */
-template <bool STAGED>
+ * pdl_wait(), so there is no second wave whose loads would start only after the top-k.
+ * ROUTER (STAGED only; moe_router_fused): block b also computes router rows b and b + gridDim.x (8-bit,
+ * their bytes loaded before pdl_wait) from the same RMSNorm as the experts and publishes them as tagged
+ * words (moe_topk.cuh); the routed blocks' warp 0 polls all E of them and ranks the top-k. */
+template <bool STAGED, bool ROUTER>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
+    static_assert(STAGED || !ROUTER, "the fused router needs one wave of co-resident blocks");
     tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
     const int H = a.hidden;
@@ -99,65 +106,195 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     mg_frag f;
     if (shared)
         mg_load(W, ra, rb, ks * CW, steps, t, f);
-    /* moe_early_ids (a.topk_pub set): item 0 publishes the top-k it ranks */
+    /* moe_early_ids (a.topk_pub set): item 0 publishes the top-k it ranks; ROUTER: every block tags its logits */
     const bool pub = a.topk_pub && item == 0;
-    const int step = pub ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
-    if (threadIdx.x < H / 32) /* the RMSNorm weight into L2 (gemv_input_prefetch) */
+    const int step = pub || ROUTER ? __ldcg(a.step) : 0; /* written by an earlier forward call only */
+    /* ROUTER: thread t holds columns [8t, 8t + 8) (one group of 64) of h, the norm weight and its router rows */
+    const int cx = threadIdx.x * 8;
+    const bool xin = ROUTER && cx < H;
+    uint2 rq[MD_ROUTER_ROWS];
+    float rs[MD_ROUTER_ROWS], rbias[MD_ROUTER_ROWS];
+    float4 nw0, nw1;
+    if (ROUTER) {
+        const int nr = a.router.rows;
+#pragma unroll
+        for (int q = 0; q < MD_ROUTER_ROWS; q++) {
+            const int j = blockIdx.x + q * gridDim.x;
+            rq[q] = make_uint2(0u, 0u);
+            rs[q] = rbias[q] = 0.0f;
+            if (xin && j <= a.n_experts) {
+                const dmat &R = j < nr ? a.router : a.router_shared;
+                const int64_t row = j < nr ? j : j - nr;
+                rq[q] = __ldg(reinterpret_cast<const uint2 *>(R.data + row * R.row_bytes + cx));
+                rs[q] = bf2f(R.scales[row * (R.cols / 64) + cx / 64]);
+                rbias[q] = bf2f(R.biases[row * (R.cols / 64) + cx / 64]);
+            }
+        }
+        nw0 = nw1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (xin) {
+            nw0 = __ldg(reinterpret_cast<const float4 *>(a.norm_w + cx));
+            nw1 = __ldg(reinterpret_cast<const float4 *>(a.norm_w + cx + 4));
+        }
+    } else if (threadIdx.x < H / 32) { /* the RMSNorm weight into L2 (gemv_input_prefetch) */
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + threadIdx.x * 32));
+    }
     pdl_trigger();
     pdl_wait();
     tl.waited();
-    /* x = RMSNorm(h) · norm_w (gemv_prologue's arithmetic): this thread's MD_X_PER values of h and the
-     * weight are loaded first, so they arrive while warp 0 ranks the top-k; the sum of squares' block
-     * reduction and the top-k's hand-over share one barrier; the expert loads are issued right after it */
-    constexpr int NT = MD_WARPS * 32;
-    float hv[MD_X_PER], wv[MD_X_PER];
-#pragma unroll
-    for (int k = 0; k < MD_X_PER; k++) {
-        const int c = threadIdx.x + k * NT;
-        hv[k] = c < H ? a.h[c] : 0.0f;
-        wv[k] = c < H ? a.norm_w[c] : 0.0f;
-    }
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
     __shared__ unsigned int s_key[MOE_MAX_E];
-    if (!shared)
-        moe_topk_warp0(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
-    {
-        float ss = 0.0f;
+    float xk;
+    if constexpr (ROUTER) {
+        /* x = RMSNorm(h) · norm_w as gemv_prologue (x_c = h_c · (r · w_c)); the router rows as
+         * logit_j = r · Σ_c w_jc · (h_c · w_c) with w_jc = s·q + b folded per 8 columns (s·Σ q·y + b·Σ y), so
+         * their block sums share the sum of squares' barrier. Then the fp16 fragments (thread t: item t,
+         * its own 8 columns) and the group sums (warps 1..7) while warp 0 polls and ranks the top-k. */
+        float4 h0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), h1 = h0;
+        if (xin) {
+            h0 = *reinterpret_cast<const float4 *>(a.h + cx);
+            h1 = *reinterpret_cast<const float4 *>(a.h + cx + 4);
+        }
+        const float hv[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const float wv[8] = {nw0.x, nw0.y, nw0.z, nw0.w, nw1.x, nw1.y, nw1.z, nw1.w};
+        __shared__ float s_rp[MD_ROUTER_ROWS][MD_WARPS];
+        float ss = 0.0f, ys = 0.0f, yv[8];
 #pragma unroll
-        for (int k = 0; k < MD_X_PER; k++)
-            ss = fmaf(hv[k], hv[k], ss);
+        for (int e = 0; e < 8; e++) {
+            ss = fmaf(hv[e], hv[e], ss);
+            yv[e] = hv[e] * wv[e];
+            ys += yv[e];
+        }
         ss = warp_sum(ss);
         if (lane == 0)
             s_red[warp] = ss;
-    }
-    __syncthreads();
-    if (!shared) {
-        if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
-            const int i = threadIdx.x;
-            if (pub)
-                moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
-            a.topk_idx[i] = s_idx[i];
-            a.topk_w[i] = s_w[i];
+#pragma unroll
+        for (int q = 0; q < MD_ROUTER_ROWS; q++) {
+            if (blockIdx.x + q * gridDim.x > (unsigned int)a.n_experts) /* block-uniform: no row q here */
+                break;
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const unsigned int byte = ((e < 4 ? rq[q].x : rq[q].y) >> (8 * (e & 3))) & 0xffu;
+                d = fmaf(__uint_as_float(0x4B000000u | byte) - 8388608.0f, yv[e], d);
+            }
+            const float p = warp_sum(fmaf(rs[q], d, rbias[q] * ys));
+            if (lane == 0)
+                s_rp[q][warp] = p;
         }
-        const int64_t e = s_idx[slot];
-        mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
-    }
-    {
+        __syncthreads();
         float tot = 0.0f;
 #pragma unroll
         for (int w = 0; w < MD_WARPS; w++)
             tot += s_red[w];
         const float r = rsqrtf(tot / (float)H + a.eps);
+        const unsigned int tag = moe_pub_tag(step, a.layer);
+        if (threadIdx.x < MD_ROUTER_ROWS) {
+            const int q = threadIdx.x, j = blockIdx.x + q * gridDim.x;
+            if (j <= a.n_experts) {
+                float p = 0.0f;
+#pragma unroll
+                for (int w = 0; w < MD_WARPS; w++)
+                    p += s_rp[q][w];
+                const float logit = r * p;
+                moe_logit_write(a.logit_pub, tag, j, logit);
+                a.router_logits[j] = logit; /* moe_down's shared gate (after its wait) */
+            }
+        }
+        float xv[8], mx = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            xv[e] = hv[e] * (r * wv[e]);
+            mx = fmaxf(mx, fabsf(xv[e]));
+        }
+        /* mg_block_x_tail's steps, from registers */
+        __shared__ float s_mx[MD_WARPS];
+        mx = warp_max(mx);
+        if (lane == 0)
+            s_mx[warp] = mx;
+        __syncthreads();
+        float M = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MD_WARPS; w++)
+            M = fmaxf(M, s_mx[w]);
+        xk = mg_x_scale(M);
+        if (xin) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[e] = xv[e] * xk;
+            s_xh[threadIdx.x] = make_uint4(h2_bits(__floats2half2_rn(v[0], v[4])), h2_bits(__floats2half2_rn(v[1] * 0.0625f, v[5] * 0.0625f)),
+                                           h2_bits(__floats2half2_rn(v[2], v[6])), h2_bits(__floats2half2_rn(v[3] * 0.0625f, v[7] * 0.0625f)));
+        }
+        __syncthreads();
+        if (warp == 0) {
+            if (!shared)
+                moe_topk_poll_warp0(a.logit_pub, tag, a.n_experts, a.top_k, s_idx, s_w, s_key);
+        } else {
+            mg_group_sums(s_xh, H, s_off, s_xsum, threadIdx.x - 32, (MD_WARPS - 1) * 32);
+        }
+        __syncthreads();
+        if (!shared) {
+            if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
+                const int i = threadIdx.x;
+                if (pub)
+                    moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
+                a.topk_idx[i] = s_idx[i];
+                a.topk_w[i] = s_w[i];
+            }
+            const int64_t e = s_idx[slot];
+            mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
+        }
+    } else {
+        /* x = RMSNorm(h) · norm_w (gemv_prologue's arithmetic): this thread's MD_X_PER values of h and the
+         * weight are loaded first, so they arrive while warp 0 ranks the top-k; the sum of squares' block
+         * reduction and the top-k's hand-over share one barrier; the expert loads are issued right after it */
+        constexpr int NT = MD_WARPS * 32;
+        float hv[MD_X_PER], wv[MD_X_PER];
 #pragma unroll
         for (int k = 0; k < MD_X_PER; k++) {
             const int c = threadIdx.x + k * NT;
-            if (c < H)
-                s_x[c] = hv[k] * (r * wv[k]);
+            hv[k] = c < H ? a.h[c] : 0.0f;
+            wv[k] = c < H ? a.norm_w[c] : 0.0f;
         }
+        if (!shared)
+            moe_topk_warp0(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
+        {
+            float ss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MD_X_PER; k++)
+                ss = fmaf(hv[k], hv[k], ss);
+            ss = warp_sum(ss);
+            if (lane == 0)
+                s_red[warp] = ss;
+        }
+        __syncthreads();
+        if (!shared) {
+            if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
+                const int i = threadIdx.x;
+                if (pub)
+                    moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
+                a.topk_idx[i] = s_idx[i];
+                a.topk_w[i] = s_w[i];
+            }
+            const int64_t e = s_idx[slot];
+            mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
+        }
+        {
+            float tot = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MD_WARPS; w++)
+                tot += s_red[w];
+            const float r = rsqrtf(tot / (float)H + a.eps);
+#pragma unroll
+            for (int k = 0; k < MD_X_PER; k++) {
+                const int c = threadIdx.x + k * NT;
+                if (c < H)
+                    s_x[c] = hv[k] * (r * wv[k]);
+            }
+        }
+        xk = mg_block_x_tail<MD_WARPS>(s_x, H, s_xh, s_off, s_xsum);
     }
-    const float xk = mg_block_x_tail<MD_WARPS>(s_x, H, s_xh, s_off, s_xsum);
     tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
@@ -311,29 +448,55 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
 
-template <bool STAGED>
-static cudaError_t gate_up_go(const moe_args &a, cudaStream_t s)
+/* Dynamic shared memory of moe_gate_up_mma_kernel (STAGED: + the shared-expert tail's staging area). */
+static size_t gate_up_smem(const moe_args &a, bool staged)
 {
-    const int H = a.hidden, tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k - a.cpu_slots + 1) * tiles;
+    const int H = a.hidden;
     size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
-    if (STAGED)
+    if (staged)
         smem += (size_t)MG_STAGE_BYTES * MD_WARPS * 32;
+    return smem;
+}
+
+/* The STAGED launch's grid (the blocks resident at once, at most the items), or 0 when more than the
+ * shared-expert tiles lie past one wave (then the plain 2D grid runs). ROUTER: that instance's occupancy. */
+template <bool ROUTER>
+static cudaError_t gate_up_staged_grid(const moe_args &a, int *grid)
+{
+    const int tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k - a.cpu_slots + 1) * tiles;
+    const size_t smem = gate_up_smem(a, true);
     static size_t smem_set = 48 * 1024;
-    cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<STAGED>, smem, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<true, ROUTER>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
-    if (!STAGED)
-        return launch_pdl(moe_gate_up_mma_kernel<STAGED>, dim3(tiles, a.top_k - a.cpu_slots + 1), dim3(MD_WARPS * 32), smem,
-                          s, a, tiles);
     static int resident = 0; /* blocks that fit on the GPU at once (asked once) */
-    e = cuda_resident_blocks(moe_gate_up_mma_kernel<STAGED>, MD_WARPS * 32, smem, &resident);
+    e = cuda_resident_blocks(moe_gate_up_mma_kernel<true, ROUTER>, MD_WARPS * 32, smem, &resident);
     if (e != cudaSuccess)
         return e;
-    /* one wave when the items past the resident blocks are all shared-expert tiles, else the plain grid */
-    if (items - resident > tiles)
-        return gate_up_go<false>(a, s);
-    const int grid = items < resident ? items : resident;
-    return launch_pdl(moe_gate_up_mma_kernel<STAGED>, dim3(grid), dim3(MD_WARPS * 32), smem, s, a, tiles);
+    *grid = items - resident > tiles ? 0 : items < resident ? items : resident;
+    return cudaSuccess;
+}
+
+/* Router rows as moe_router_fused takes them: 8-bit, hidden columns, E + 1 in all. */
+static bool router_rows_ok(const moe_args &a)
+{
+    const dmat &R = a.router, &S = a.router_shared;
+    if (!R.data || R.bits != 8 || R.cols != a.hidden || R.n_experts != 1)
+        return false;
+    const int ns = S.data ? S.rows : 0;
+    if (ns && (S.bits != 8 || S.cols != a.hidden || S.n_experts != 1))
+        return false;
+    return R.rows + ns == a.n_experts + 1 && a.n_experts + 1 <= MOE_LOGIT_WORDS;
+}
+
+bool moe_router_fused(const moe_args &a, int n_tokens)
+{
+    if (!a.logit_pub || !moe_decode_mma_supported(a, n_tokens) || !moe_early_ids_on(a) || !router_rows_ok(a))
+        return false;
+    int grid = 0;
+    if (gate_up_staged_grid<true>(a, &grid) != cudaSuccess)
+        return false;
+    return grid > 0 && a.n_experts + 1 <= MD_ROUTER_ROWS * grid;
 }
 
 cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
@@ -341,7 +504,31 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
     moe_args a = a0;
     if (!moe_early_ids_on(a))
         a.topk_pub = NULL; /* nothing polls: publish nothing */
-    return gate_up_go<true>(a, s);
+    const int tiles = (max(a.inter, a.shared_inter) + 15) / 16;
+    if (a.logit_pub) { /* the caller launched no router: moe_router_fused said yes */
+        int grid = 0;
+        cudaError_t e = gate_up_staged_grid<true>(a, &grid);
+        if (e != cudaSuccess)
+            return e;
+        if (!moe_router_fused(a, 1))
+            return cudaErrorInvalidValue;
+        return launch_pdl(moe_gate_up_mma_kernel<true, true>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
+                          a, tiles);
+    }
+    int grid = 0;
+    cudaError_t e = gate_up_staged_grid<false>(a, &grid);
+    if (e != cudaSuccess)
+        return e;
+    if (grid > 0)
+        return launch_pdl(moe_gate_up_mma_kernel<true, false>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
+                          a, tiles);
+    static size_t smem_set = 48 * 1024;
+    const size_t smem = gate_up_smem(a, false);
+    e = cuda_smem_opt_in(moe_gate_up_mma_kernel<false, false>, smem, &smem_set);
+    if (e != cudaSuccess)
+        return e;
+    return launch_pdl(moe_gate_up_mma_kernel<false, false>, dim3(tiles, a.top_k - a.cpu_slots + 1), dim3(MD_WARPS * 32),
+                      smem, s, a, tiles);
 }
 
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)

@@ -46,29 +46,18 @@ __device__ __forceinline__ float moe_key_value(unsigned int u)
     return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
 }
 
-/* Top-k of E <= 32·PER router logits of one token by the 32 lanes of one warp: lane l holds experts
- * e = l + 32j (j < PER) as order-preserving 32-bit keys (argmax_key's high word) and a taken mask; each
- * of the K rounds takes the lane's best untaken expert (lower id on ties), then the warp's largest key and
- * the lowest expert id holding it (two redux.sync; the CPU twin's order: larger logit, then lower id);
- * the owner marks the winner taken. Lane k < K ends with slot k's key and id. Weights = softmax over the
- * selected logits (= softmax over all E renormalised over the top k). */
+/* Top-k of E <= 32·PER router logits of one token by the 32 lanes of one warp, from their keys: lane l
+ * holds experts e = l + 32j (j < PER) as order-preserving 32-bit keys (argmax_key's high word) in u[j]
+ * (SMEM: in s_key[e] instead, written by this lane before a __syncwarp: fewer live registers) and a taken
+ * mask (set for e >= E); each of the K rounds takes the lane's best untaken expert (lower id on ties), then
+ * the warp's largest key and the lowest expert id holding it (two redux.sync; the CPU twin's order: larger
+ * logit, then lower id); the owner marks the winner taken. Lane k < K ends with slot k's key and id.
+ * Weights = softmax over the selected logits (= softmax over all E renormalised over the top k). */
 template <int PER, bool SMEM>
-static __device__ void moe_topk_warp_n(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
+static __device__ void moe_topk_rank(const unsigned int (&u)[PER], unsigned int taken, int E, int K, int *idx, float *w,
+                                     const unsigned int *s_key)
 {
     const int lane = threadIdx.x & 31;
-    unsigned int u[PER]; /* !SMEM: the keys stay here; SMEM: in s_key[E] (fewer live registers) */
-    unsigned int taken = 0u;
-#pragma unroll
-    for (int j = 0; j < PER; j++) {
-        const int e = lane + 32 * j;
-        u[j] = e < E ? (unsigned int)(argmax_key(__ldcg(logits + e), e) >> 32) : 0u; /* may be this kernel's */
-        if (e >= E)
-            taken |= 1u << j;
-        else if (SMEM)
-            s_key[e] = u[j];
-    }
-    if (SMEM)
-        __syncwarp();
     unsigned int mine_u = 0u, mine_id = 0u;
     for (int k = 0; k < K; k++) {
         int bj = -1;
@@ -101,6 +90,27 @@ static __device__ void moe_topk_warp_n(const float *logits, int E, int K, int *i
     }
 }
 
+/* moe_topk_rank of the logits in memory (may be this kernel's: read through L2). */
+template <int PER, bool SMEM>
+static __device__ void moe_topk_warp_n(const float *logits, int E, int K, int *idx, float *w, unsigned int *s_key)
+{
+    const int lane = threadIdx.x & 31;
+    unsigned int u[PER];
+    unsigned int taken = 0u;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int e = lane + 32 * j;
+        u[j] = e < E ? (unsigned int)(argmax_key(__ldcg(logits + e), e) >> 32) : 0u; /* may be this kernel's */
+        if (e >= E)
+            taken |= 1u << j;
+        else if (SMEM)
+            s_key[e] = u[j];
+    }
+    if (SMEM)
+        __syncwarp();
+    moe_topk_rank<PER, SMEM>(u, taken, E, K, idx, w, s_key);
+}
+
 /* moe_topk_warp_n for E <= 1024 (more experts: nothing is written), keys in registers. Called by every
  * lane of one warp. */
 static __device__ void moe_topk_warp(const float *logits, int E, int K, int *idx, float *w)
@@ -131,6 +141,75 @@ static __device__ void moe_topk_block(const float *logits, int E, int K, int *id
 {
     moe_topk_warp0(logits, E, K, idx, w, s_key);
     __syncthreads();
+}
+
+/* Tagged router logits (moe_args.logit_pub: the router fused into moe_gate_up_mma): word e = tag << 32 | the
+ * bits of row e's logit (rows 0..E-1 the experts, row E the shared-expert gate), tag = moe_pub_tag(step,
+ * layer) as for the top-k words, written by the gate/up block that computes row e. */
+__device__ __forceinline__ void moe_logit_write(unsigned long long *pub, unsigned int tag, int e, float v)
+{
+    st_relaxed_u64(pub + e, (unsigned long long)tag << 32 | __float_as_uint(v));
+}
+
+/* moe_topk_rank over the tagged logits, by one whole warp: lane l polls words e = l + 32j (j < PER, e < E)
+ * until every one carries tag (a word with this call's tag holds this call's logit: single-copy atomic
+ * 64-bit accesses, so no fence), backing off up to 64 ns between rounds; traps after ~seconds (a missing
+ * publisher is a bug, not a hang). Keys in s_key (MOE_MAX_E words). */
+template <int PER>
+static __device__ void moe_topk_poll_n(const unsigned long long *pub, unsigned int tag, int E, int K, int *idx, float *w,
+                                       unsigned int *s_key)
+{
+    const int lane = threadIdx.x & 31;
+    unsigned int u[PER], pending = 0u;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        u[j] = 0u;
+        if (lane + 32 * j < E)
+            pending |= 1u << j;
+    }
+    unsigned int ns = 0, polls = 0;
+    for (;;) {
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            if ((pending >> j) & 1u) {
+                const int e = lane + 32 * j;
+                const unsigned long long v = ld_relaxed_u64(pub + e);
+                if ((unsigned int)(v >> 32) == tag) {
+                    u[j] = (unsigned int)(argmax_key(__uint_as_float((unsigned int)v), e) >> 32);
+                    pending &= ~(1u << j);
+                }
+            }
+        }
+        if (!__any_sync(0xffffffffu, pending != 0u))
+            break;
+        ns = ns ? min(2 * ns, 64u) : 16u;
+        __nanosleep(ns);
+        if (++polls > (1u << 26))
+            __trap();
+    }
+    unsigned int taken = 0u;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int e = lane + 32 * j;
+        if (e >= E)
+            taken |= 1u << j;
+        else
+            s_key[e] = u[j];
+    }
+    __syncwarp();
+    moe_topk_rank<PER, true>(u, taken, E, K, idx, w, s_key);
+}
+
+/* moe_topk_poll_n in warp 0 of a block (E <= MOE_MAX_E; the other warps return at once). */
+static __device__ void moe_topk_poll_warp0(const unsigned long long *pub, unsigned int tag, int E, int K, int *idx, float *w,
+                                           unsigned int *s_key)
+{
+    if (threadIdx.x < 32) {
+        if (E <= 256)
+            moe_topk_poll_n<8>(pub, tag, E, K, idx, w, s_key);
+        else if (E <= MOE_MAX_E)
+            moe_topk_poll_n<MOE_MAX_E / 32>(pub, tag, E, K, idx, w, s_key);
+    }
 }
 
 #endif
