@@ -710,11 +710,27 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
         dmax2 = fmax(dmax2, fabs((double)H2[i] - H0[i]));
         hmax = fmax(hmax, fabs((double)H0[i]));
     }
-    /* the fused router sums each logit in another fp32 order than the GEMV: here its random rows give logits
-     * of ~±70 from terms summing to ~200 in magnitude, so the routing weights differ by ~1e-5 and h drifts
-     * over the 11 steps x layers (H200: up to 4.0e-3 of max|h|, E 256); one step is held to the CPU twin's
-     * bound in test_moe(..., fused) */
-    const bool close2 = I2 == I0 && dmax2 <= 1e-2 * hmax;
+    /* The fused router sums each logit in another fp32 order than the GEMV. Over the 11 steps x layers this
+     * stack amplifies that (h grows ~100x from its start; H200: up to 4e-3 of max|h| after 11 steps), so a
+     * near-tie in a later step's top-k may flip between the two whole runs. So every step of the fused run is
+     * held to one step of the GEMV router from the same h (its recorded h before the step): the same last-layer
+     * ids and h within 1e-2 of max|h|. One step is also held to the CPU twin's bound in test_moe(..., fused). */
+    bool ids_step = true;
+    double dstep = 0;
+    early = false;
+    for (int i = 0; i < n_steps; i++) {
+        const float *in = i ? &H2[(size_t)(i - 1) * hidden] : h0.data();
+        CK(cudaMemcpyAsync(dh, in, hidden * sizeof(float), cudaMemcpyHostToDevice, s));
+        CK(cudaMemsetAsync(rec, 0, sizeof(int), s));
+        CK(enqueue_step());
+        CK(cudaStreamSynchronize(s));
+        const std::vector<float> h1 = host_copy(hist, (size_t)hidden);
+        const std::vector<int> i1 = host_copy(ids, (size_t)K);
+        ids_step &= !memcmp(i1.data(), &I2[(size_t)i * K], K * sizeof(int));
+        for (int c = 0; c < hidden; c++)
+            dstep = fmax(dstep, fabs((double)h1[c] - H2[(size_t)i * hidden + c]));
+    }
+    const bool close2 = ids_step && dstep <= 1e-2 * hmax;
     /* after the run: step 3 (the reset, then 3 replays), the last forward call was made at step 2 */
     const unsigned long long tag = (unsigned long long)((((unsigned int)2 + 1u) << 8) | (unsigned int)(n_layers - 1)) << 32;
     bool pub_ok = true, pub0 = true;
@@ -728,10 +744,11 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     g_fail += !ok;
     printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers, %d steps (2 eager, 6 + 3 graph replays, "
            "reset): h and ids vs no tagged top-k %s (max|d| %.3g) | ids changed in %d of %d steps | tagged words %s, "
-           "none published without them %s | router fused into gate/up: ids %s, max|d h| %.3g of max|h| %.3g\n",
+           "none published without them %s | router fused into gate/up, each step from the same h: ids %s, max|d h| %.3g "
+           "of max|h| %.3g (whole runs: ids %s, max|d h| %.3g)\n",
            ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers, n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
            changed, n_steps - 1, !pdl_on ? "n/a (no PDL)" : pub_ok ? "ok" : "WRONG", pub0 ? "ok" : "WRONG",
-           I2 == I0 ? "equal" : "DIFFER", dmax2, hmax);
+           ids_step ? "equal" : "DIFFER", dstep, hmax, I2 == I0 ? "equal" : "differ", dmax2);
     cudaStreamDestroy(s);
     cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr);
 }
