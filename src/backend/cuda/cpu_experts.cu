@@ -270,7 +270,13 @@ int cuda_host_experts_cpu_slots(const lily_backend_options *o, const lily_config
         return 0;
     if (o->host_experts > 0)
         return o->host_experts < cfg->n_experts_used ? o->host_experts : cfg->n_experts_used;
-    return 0; /* LILY_HOST_EXPERTS_AUTO: the measured rule (docs/BENCHMARKS.md) */
+    /* LILY_HOST_EXPERTS_AUTO: half of each token's top-k on the host's cores when at least 7 threads compute
+     * them, else zero-copy. Measured on the H200's host (16 cores, 15 threads, PCIe Gen5, all 40 layers'
+     * experts on the host): 4 of 8 on the CPU 97.7 tok/s, zero-copy 60.3, all 8 on the CPU 65.2
+     * (docs/BENCHMARKS.md, "Decode of host experts"); the 7-thread floor is from the per-layer times there. */
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long threads = o->n_threads > 0 ? o->n_threads : cores - 1;
+    return threads >= 7 ? cfg->n_experts_used / 2 : 0;
 }
 
 lily_status cuda_cpu_experts_init(cuda_ctx *c, lily_error *err)
