@@ -168,8 +168,8 @@ int cli_parse_n_cpu_moe(const char *cmd, const char *opt, const char *s, int *n_
 /* Parse a --host-experts value: zero-copy, cpu, or N in [1, 64] (lily_backend_options.host_experts). Prints
  * "lily CMD: --host-experts expects ..." and returns -1 otherwise; 0 on success. */
 int cli_parse_host_experts(const char *cmd, const char *opt, const char *s, int *host_experts);
-#define CLI_HOST_EXPERTS_HELP "decode of experts in host memory: zero-copy (GPU over PCIe), cpu, or N (CPU takes N of the top-k);\n" \
-    "                         default: half of the top-k on the CPU with 7+ threads, else zero-copy"
+#define CLI_HOST_EXPERTS_HELP "decode of experts in host memory: zero-copy (GPU over PCIe), cpu, or N (CPU takes N of the top-k)"
+#define CLI_HOST_EXPERTS_DEFAULT_HELP "default: half of the top-k on the CPU with 7+ threads, else zero-copy"
 /* Records that option (--cpu-moe or --n-cpu-moe) sets n_cpu_moe in *set_by. The other one already given is a
  * usage error: prints "lily CMD: --cpu-moe and --n-cpu-moe conflict ..." and returns -1; 0 otherwise. */
 int cli_note_cpu_moe_option(const char *cmd, const char *option, const char **set_by);

@@ -132,6 +132,7 @@ static void usage(FILE *f)
             "  --cpu-moe              " CLI_CPU_MOE_HELP "\n"
             "  --n-cpu-moe N          " CLI_N_CPU_MOE_HELP "\n"
             "  --host-experts M       " CLI_HOST_EXPERTS_HELP "\n"
+            "                         " CLI_HOST_EXPERTS_DEFAULT_HELP "\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
             "  --sampling LIST        decode rows per sampler preset of the device decode loop (cuda; default\n"

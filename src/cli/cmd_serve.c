@@ -50,6 +50,7 @@ static void usage(FILE *f)
             "  --cpu-moe            " CLI_CPU_MOE_HELP "\n"
             "  --n-cpu-moe N        " CLI_N_CPU_MOE_HELP "\n"
             "  --host-experts M     " CLI_HOST_EXPERTS_HELP "\n"
+            "                       " CLI_HOST_EXPERTS_DEFAULT_HELP "\n"
             "  --queue N            requests that may wait while one runs; more get 503 (default 16)\n"
             "  --max-body MIB       largest request body in MiB; larger gets 413 (default 16)\n"
             "  --backend cpu|cuda   compute backend (default cpu)\n"

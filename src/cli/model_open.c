@@ -46,6 +46,7 @@ void cli_gen_options_usage(FILE *f)
             "      --cpu-moe          " CLI_CPU_MOE_HELP "\n"
             "      --n-cpu-moe N      " CLI_N_CPU_MOE_HELP "\n"
             "      --host-experts M   " CLI_HOST_EXPERTS_HELP "\n"
+            "                         " CLI_HOST_EXPERTS_DEFAULT_HELP "\n"
             "      --backend NAME     cpu (default) or cuda\n"
             "      --precision P      fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                         cores; slower; cpu: no int8 dot products), the reference\n"
