@@ -144,6 +144,19 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
     __shared__ unsigned int s_key[MOE_MAX_E];
+    /* a routed item once the top-k is in s_idx / s_w: item 0 hands it to moe_down_mma (tagged words when
+     * pub), then this item's expert rows are loaded */
+    auto routed_start = [&]() {
+        if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) {
+            const int i = threadIdx.x;
+            if (pub)
+                moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
+            a.topk_idx[i] = s_idx[i];
+            a.topk_w[i] = s_w[i];
+        }
+        const int64_t e = s_idx[slot];
+        mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
+    };
     float xk;
     if constexpr (ROUTER) {
         /* x = RMSNorm(h) · norm_w as gemv_prologue (x_c = h_c · (r · w_c)); the router rows as
@@ -234,17 +247,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
             mg_group_sums(s_xh, H, s_off, s_xsum, threadIdx.x - 32, (MD_WARPS - 1) * 32);
         }
         __syncthreads();
-        if (!shared) {
-            if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
-                const int i = threadIdx.x;
-                if (pub)
-                    moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
-                a.topk_idx[i] = s_idx[i];
-                a.topk_w[i] = s_w[i];
-            }
-            const int64_t e = s_idx[slot];
-            mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
-        }
+        if (!shared)
+            routed_start();
     } else {
         /* x = RMSNorm(h) · norm_w (gemv_prologue's arithmetic): this thread's MD_X_PER values of h and the
          * weight are loaded first, so they arrive while warp 0 ranks the top-k; the sum of squares' block
@@ -269,17 +273,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
                 s_red[warp] = ss;
         }
         __syncthreads();
-        if (!shared) {
-            if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) { /* for moe_down_mma */
-                const int i = threadIdx.x;
-                if (pub)
-                    moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
-                a.topk_idx[i] = s_idx[i];
-                a.topk_w[i] = s_w[i];
-            }
-            const int64_t e = s_idx[slot];
-            mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
-        }
+        if (!shared)
+            routed_start();
         {
             float tot = 0.0f;
 #pragma unroll
