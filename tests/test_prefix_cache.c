@@ -493,6 +493,11 @@ static void test_checkpoints_share_blocks(void **state)
     edited[595] = edited[595] == 30 ? 31 : 30;
     assert_int_equal(check_request(f, pc, s, edited, N, NULL), MARK);
     assert_int_equal(check_request(f, pc, s, ids, N, NULL), N); /* the end of the prefill */
+    /* a request that ends at the mark: the mark's checkpoint, taken inside a pass, has no logits, so it is
+     * not restored as the whole request; that request's own end-of-prefill checkpoint gives it its logits,
+     * and a repeat restores it whole */
+    assert_int_equal(check_request(f, pc, s, ids, MARK, NULL), 0);
+    assert_int_equal(check_request(f, pc, s, ids, MARK, NULL), MARK);
 
     /* another conversation sharing ids [0, 300): blocks [0, 256) shared, new ones after */
     lily_prefix_cache_stats_get(pc, &st);

@@ -97,7 +97,8 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
 
 /* Append n tokens (1 < n <= engine->prefill_chunk) in one forward pass that also saves the state after
  * the first `mark` (0 < mark < n) to mark_loc, as the backend's recurrent_save would after appending only
- * those: the recurrent part there, the logits after token mark - 1 in mark_logits ([vocab] fp32); the KV
+ * those: the recurrent part there, the logits after token mark - 1 in mark_logits ([vocab] fp32; NULL when
+ * not wanted: a device backend then spends no LM head on that row); the KV
  * rows [0, n_tokens + mark) kv_save reads afterwards are that state's too. The last token's logits go to
  * s->logits. A backend without forward_mark (backend.h) gets two forward() calls and a recurrent_save
  * between them (bit-identical to two appends).

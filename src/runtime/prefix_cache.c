@@ -50,7 +50,8 @@ typedef struct {
 typedef struct {
     int32_t *tokens;     /* [n_tokens] */
     int n_tokens;
-    float *logits;       /* [vocab] after the last id */
+    float *logits;       /* [vocab] after the last id; NULL for a mark taken inside a pass (restored only
+                          * as a strict prefix of a request: the rest's prefill makes the logits) */
     kv_block **blocks;   /* [n_blocks] rows [0, n_blocks * block_rows) */
     int n_blocks;
     blob tail;           /* KV rows [n_blocks * block_rows, n_tokens) */
@@ -473,7 +474,7 @@ void lily_prefix_cache_set_ram_bytes(lily_prefix_cache *pc, size_t bytes)
 }
 
 /* Fill c (blocks, tail, rest, tokens, logits placed and counted) from the state of s's first p tokens
- * (p <= s->n_tokens: KV rows [0, p) of s, the logits after token p - 1). rest: NULL = the recurrent part
+ * (p <= s->n_tokens: KV rows [0, p) of s, the logits after token p - 1 or NULL). rest: NULL = the recurrent part
  * is s's (p == s->n_tokens), saved here; else a blob already placed and written (lily_session_append_mark),
  * which c takes over (*rest is emptied). Returns LILY_OK with c->tokens NULL when it was skipped (does not
  * fit, out of memory); c is then released. */
@@ -544,8 +545,9 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     }
 
     /* host room: evicting never frees the blocks c holds (their references protect them) */
+    const size_t logit_bytes = logits ? vocab * sizeof(float) : 0;
     size_t need = blob_host_need(&c->tail) + (rest ? 0 : blob_host_need(&c->rest)) + (size_t)p * sizeof(int32_t) +
-                  vocab * sizeof(float);
+                  logit_bytes;
     for (int k = first_new; k < nb; k++)
         need += blob_host_need(&c->blocks[k]->kv);
     /* what stays held when every other checkpoint is gone: c's bookkeeping and its blocks (the shared
@@ -564,14 +566,15 @@ static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s
     if (!blob_place_host(pc, &c->tail) || (!rest && !blob_place_host(pc, &c->rest)))
         goto skip;
     c->tokens = malloc((size_t)p * sizeof(int32_t));
-    c->logits = malloc(vocab * sizeof(float));
-    if (!c->tokens || !c->logits)
+    c->logits = logits ? malloc(logit_bytes) : NULL;
+    if (!c->tokens || (logits && !c->logits))
         goto skip;
-    c->extra_host += (size_t)p * sizeof(int32_t) + vocab * sizeof(float);
-    account(pc, (long long)((size_t)p * sizeof(int32_t) + vocab * sizeof(float)), 0);
+    c->extra_host += (size_t)p * sizeof(int32_t) + logit_bytes;
+    account(pc, (long long)((size_t)p * sizeof(int32_t) + logit_bytes), 0);
     memcpy(c->tokens, s->tokens, (size_t)p * sizeof(int32_t));
     c->n_tokens = p;
-    memcpy(c->logits, logits, vocab * sizeof(float));
+    if (logits)
+        memcpy(c->logits, logits, logit_bytes);
 
     /* the bytes: new blocks, the tail, the recurrent part */
     lily_status st = LILY_OK;
@@ -590,7 +593,8 @@ skip:
 }
 
 /* A checkpoint of s's first p tokens (build_checkpoint's p, logits and rest; rest is freed when not
- * taken) with the rank the new (or duplicate) checkpoint gets at least. */
+ * taken) with the rank the new (or duplicate) checkpoint gets at least. A duplicate without logits takes
+ * these logits when given (and when they fit). */
 static lily_status store_at(lily_prefix_cache *pc, const lily_session *s, int p, const float *logits, blob *rest,
                             int rank, lily_error *err)
 {
@@ -602,6 +606,13 @@ static lily_status store_at(lily_prefix_cache *pc, const lily_session *s, int p,
             c->last_use = ++pc->clock; /* the same state: keep the one held */
             c->rank = c->rank > rank ? c->rank : rank;
             held = true;
+            const size_t logit_bytes = (size_t)s->engine->cfg.vocab_size * sizeof(float);
+            if (!c->logits && logits && pc->stats.bytes + logit_bytes <= pc->ram_bytes &&
+                (c->logits = malloc(logit_bytes))) {
+                memcpy(c->logits, logits, logit_bytes);
+                c->extra_host += logit_bytes;
+                account(pc, (long long)logit_bytes, 0);
+            }
         }
     }
     if (!held && pc->n_entries == pc->cap_entries) {
@@ -663,7 +674,8 @@ static lily_status restore_checkpoint(lily_prefix_cache *pc, lily_session *s, co
         return st;
     memcpy(s->tokens, c->tokens, (size_t)c->n_tokens * sizeof(int32_t));
     s->n_tokens = c->n_tokens;
-    memcpy(s->logits, c->logits, (size_t)s->engine->cfg.vocab_size * sizeof(float));
+    if (c->logits) /* else the caller prefills past c (a strict prefix), which makes them */
+        memcpy(s->logits, c->logits, (size_t)s->engine->cfg.vocab_size * sizeof(float));
     return LILY_OK;
 }
 
@@ -708,13 +720,10 @@ static lily_status prefill_marked(lily_prefix_cache *pc, lily_session *s, const 
     blob_place_device(pc, &rest);
     if (!blob_place_host(pc, &rest))
         return LILY_OK;
-    float *mark_logits = malloc((size_t)s->engine->cfg.vocab_size * sizeof *mark_logits);
-    if (!mark_logits) {
-        blob_free(pc, &rest);
-        return LILY_OK;
-    }
+    /* no logits for the mark: a later request resumes past it (a strict prefix), and on a device backend
+     * they would cost an LM head over one row and a copy to the host inside the cold prefill */
     double t0 = lily_wall_seconds();
-    lily_status st = lily_session_append_mark(s, ids + pos, n - pos, mark - pos, loc_of(pc, &rest), mark_logits, err);
+    lily_status st = lily_session_append_mark(s, ids + pos, n - pos, mark - pos, loc_of(pc, &rest), NULL, err);
     *forward_s += lily_wall_seconds() - t0;
     if (st == LILY_OK) {
         *done = 1;
@@ -722,12 +731,11 @@ static lily_status prefill_marked(lily_prefix_cache *pc, lily_session *s, const 
         pc->stats.prefilled_tokens += (uint64_t)(n - pos);
         pthread_mutex_unlock(&pc->lock);
         t0 = lily_wall_seconds();
-        st = store_at(pc, s, mark, mark_logits, &rest, RANK_MARK, err);
+        st = store_at(pc, s, mark, NULL, &rest, RANK_MARK, err);
         *checkpoint_s += lily_wall_seconds() - t0;
     } else {
         blob_free(pc, &rest);
     }
-    free(mark_logits);
     return st;
 }
 
@@ -761,7 +769,8 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
     int best = -1, depth = live;
     for (int i = 0; i < pc->n_entries; i++) {
         const checkpoint *c = &pc->entries[i];
-        if (c->n_tokens > depth && c->n_tokens <= n && !memcmp(c->tokens, ids, (size_t)c->n_tokens * sizeof *ids)) {
+        if (c->n_tokens > depth && (c->n_tokens < n || (c->n_tokens == n && c->logits)) &&
+            !memcmp(c->tokens, ids, (size_t)c->n_tokens * sizeof *ids)) {
             best = i;
             depth = c->n_tokens;
         }

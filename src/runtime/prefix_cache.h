@@ -16,7 +16,10 @@
  *     of turn 1's prefill; this checkpoint is the one it resumes from. The prefill stops at a mark (a
  *     piece ends there) except the last one when the rest of the prompt fits the same prefill chunk with
  *     no periodic checkpoint in between: that mark and the rest run as one forward pass that takes the
- *     mark's checkpoint inside it (lily_session_append_mark),
+ *     mark's checkpoint inside it (lily_session_append_mark) without the logits after the mark (a
+ *     device backend would spend an LM head on them inside the cold prefill; the request resuming there
+ *     prefills past it, and only a request ending exactly at the mark would need them: it is not restored
+ *     from such a checkpoint),
  *   - at the end of every generation (lily_prefix_cache_checkpoint, called by the caller), and
  *   - every checkpoint_every tokens during a prefill, at absolute positions k * checkpoint_every (the
  *     prompt is prefilled in pieces ending there, so the state at those positions materializes).

@@ -112,7 +112,7 @@ lily_status lily_session_append_mark(lily_session *s, const int32_t *tokens, int
 {
     const lily_backend_ops *o = ops_of(s);
     const lily_config *cfg = &s->engine->cfg;
-    if (n < 2 || n > s->engine->prefill_chunk || mark <= 0 || mark >= n || !tokens || !mark_logits)
+    if (n < 2 || n > s->engine->prefill_chunk || mark <= 0 || mark >= n || !tokens)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: a marked append of %d tokens at %d", n, mark);
     if (!o->forward_mark && !o->recurrent_save)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: the %s backend cannot save its state", o->name);
@@ -123,7 +123,8 @@ lily_status lily_session_append_mark(lily_session *s, const int32_t *tokens, int
         if ((st = lily_session_append(s, tokens, mark, NULL, err)) != LILY_OK ||
             (st = o->recurrent_save(ctx_of(s), s->state, mark_loc, err)) != LILY_OK)
             return st;
-        memcpy(mark_logits, s->logits, (size_t)cfg->vocab_size * sizeof(float));
+        if (mark_logits)
+            memcpy(mark_logits, s->logits, (size_t)cfg->vocab_size * sizeof(float));
         return lily_session_append(s, tokens + mark, n - mark, NULL, err);
     }
     st = o->forward_mark(ctx_of(s), s->state, tokens, n, mark, mark_loc, mark_logits, LILY_LOGITS_LAST, s->logits, err);

@@ -230,7 +230,8 @@ static lily_status warm_up(lily_service *svc, lily_error *err)
     }
     if (st == LILY_OK && marked) {
         const lily_state_loc loc = {mark_state, NULL, 0};
-        st = lily_session_append_mark(s, ids + at, WARM_MID + WARM_TAIL, WARM_MID, loc, svc->scratch, err);
+        /* no mark logits, as the prefix cache's marked passes */
+        st = lily_session_append_mark(s, ids + at, WARM_MID + WARM_TAIL, WARM_MID, loc, NULL, err);
         at += WARM_MID + WARM_TAIL;
     }
     free(mark_state);

@@ -602,7 +602,27 @@ static void marked_pass(lily_engine *e, int n, int mark, bool device, double bou
         o->device_pool_free(b->ctx, pool2);
         free(back);
     }
-    const bool pass = headers && copies && d_mark <= bound && d_pass <= bound && d_restored <= bound;
+    /* the same pass without the mark's logits (the prefix cache's form: no LM head over row mark - 1):
+     * the state at the mark, the state after the pass and the pass's logits are the same bits */
+    bool no_logits_same = true;
+    {
+        lily_session *se = NULL;
+        uint8_t *re = malloc(rb), *fe = malloc(rb);
+        const lily_state_loc host_re = {re, NULL, 0}, host_fe = {fe, NULL, 0};
+        if (!re || !fe || lily_session_new(e, CTX, &se, &err) != LILY_OK ||
+            lily_session_append_mark(se, ids, n, mark, host_re, NULL, &err) != LILY_OK ||
+            o->recurrent_save(b->ctx, se->state, host_fe, &err) != LILY_OK)
+            die("marked pass without the mark's logits", &err);
+        /* the headers' first 8 bytes (position, step) and the parts after the 256-byte header */
+        no_logits_same = !memcmp(re, rb_host, 8) && !memcmp(re + 256, rb_host + 256, rb - 256) &&
+                         !memcmp(fe, fb, 8) && !memcmp(fe + 256, fb + 256, rb - 256) &&
+                         !memcmp(se->logits, xb, (size_t)vocab * 4) && se->n_tokens == n;
+        printf("%s marked pass of %d ids at %d without the mark's logits: the mark's state, the final state and "
+               "the logits are the same bits as with them\n", no_logits_same ? "PASS" : "FAIL", n, mark);
+        lily_session_free(se);
+        free(re), free(fe);
+    }
+    const bool pass = headers && copies && no_logits_same && d_mark <= bound && d_pass <= bound && d_restored <= bound;
     printf("%s marked pass of %d ids at %d (%s mark): headers %s (pos %d step %d; after %d step %d), max |dlogit| "
            "mark %.3g, pass %.3g, restored mark + rest %.3g (bound %.3g); the mark's state and logits %s the first "
            "call's\n",

@@ -1163,7 +1163,7 @@ static lily_status cuda_forward_mark(void *vctx, void *vst, const int32_t *token
     cuda_ctx *c = (cuda_ctx *)vctx;
     cuda_state *s = (cuda_state *)vst;
     uint8_t *ext = loc_bytes(mark_loc);
-    if (mark <= 0 || mark >= n || !ext || !mark_logits)
+    if (mark <= 0 || mark >= n || !ext)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: a marked pass of %d tokens at %d", n, mark);
     if (n > c->max_chunk || s->pos + n > s->max_ctx) /* forward_pass says which */
         return forward_pass(c, s, tokens, n, mode, logits, NULL, err);

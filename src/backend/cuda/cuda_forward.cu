@@ -529,10 +529,13 @@ lily_status cuda_enqueue_forward(cuda_ctx *c, cuda_state *st, int n, int lm_mode
     TRY(cuda_cpu_experts_join(c, n, err));
     if (!mark)
         return head_block(c, st, n, lm_mode, err);
-    /* the mark's logits (the LM head of row - 1, as the first call's LILY_LOGITS_LAST), then the pass's */
-    TRY(cuda_enqueue_lm_head(c, mark->row - 1, 1, err));
-    CUDA_TRY(cudaMemcpyAsync(mark->logits, c->logits, (size_t)c->cfg.vocab_size * sizeof(float), cudaMemcpyDeviceToHost,
-                             c->stream));
+    /* the mark's logits when wanted (the LM head of row - 1, as the first call's LILY_LOGITS_LAST), then the
+     * pass's */
+    if (mark->logits) {
+        TRY(cuda_enqueue_lm_head(c, mark->row - 1, 1, err));
+        CUDA_TRY(cudaMemcpyAsync(mark->logits, c->logits, (size_t)c->cfg.vocab_size * sizeof(float),
+                                 cudaMemcpyDeviceToHost, c->stream));
+    }
     TRY(head_block(c, st, n, lm_mode, err));
     LAUNCH(launch_advance(&st->ctr->pos, &st->ctr->step, 0, c->stream)); /* the second call's step */
     return LILY_OK;

@@ -199,8 +199,9 @@ typedef struct {
  * rule over rows [0, row) and then [row, n) as two forward calls would (the second reading the conv
  * state the first wrote: its step counter is step_next, holding the state's step + 1), and between the
  * two its conv state (both ping-pong buffers, conv_bytes) and recurrent state (rec_bytes) are copied
- * with `kind` to ext, layer after layer (recurrent_save's layout after its header); then the logits of
- * row - 1 go to the host's logits [vocab]. The pass advances the step counter twice (two calls'). */
+ * with `kind` to ext, layer after layer (recurrent_save's layout after its header); then, when logits is
+ * not NULL, the logits of row - 1 go to the host's logits [vocab]. The pass advances the step counter
+ * twice (two calls'). */
 typedef struct {
     int row;
     uint8_t *ext;
