@@ -15,10 +15,15 @@
  *     part of the CUDA-vs-CPU difference that operand precision alone explains;
  *   - --exact: the CUDA backend in its exact mode (lily_backend_options.exact: fp32 KV cache, fp32 kernels
  *     only): what is left is summation order and the fast-math exp / rsqrt
- *     (~2e-7 relative; expected mean KL ~1e-6, the CPU's own reordering band, unless a rare route flips).
+ *     (~2e-7 relative; expected mean KL ~1e-6, the CPU's own reordering band, unless a rare route flips);
+ *   - --n-cpu-moe L [--host-experts N]: no CPU reference; the CUDA backend's decode (n one-token calls) with
+ *     the routed experts of layers [0, L) in host memory, N of each token's top-k computed by the host's
+ *     cores (lily_backend_options.host_experts: -1 zero-copy, 0 auto, 1048576 all), against the same
+ *     decode with every expert on the device (issue 23's KL check of the host-experts path).
  *
  * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
- *                            [--seed N]   (--seed: the prompt's random token ids, default 42)
+ *                            [--seed N] [--n-cpu-moe L [--host-experts N]]
+ *                            (--seed: the prompt's random token ids, default 42)
  * The CPU forward runs on all cores of the machine (the GPU machine's CPUs).
  */
 #include <math.h>
@@ -184,10 +189,32 @@ static void compare_logits(const char *label, const float *ref, const float *got
     printf("\n");
 }
 
+/* n one-token forward() calls of the CUDA backend with options o; logits [n, V] into out. */
+static int cuda_decode_run(const lily_synthetic *syn, const lily_backend_options *o, const int32_t *toks, int n,
+                           float *out)
+{
+    lily_error err = {0};
+    lily_backend be;
+    void *st = NULL;
+    const int V = syn->cfg.vocab_size;
+    if (lily_backend_create("cuda", &syn->cfg, &syn->weights, o, &be, &err) != LILY_OK ||
+        be.ops->state_new(be.ctx, n + 8, &st, &err) != LILY_OK)
+        DIE("cuda: %s", err.message);
+    const double t0 = now_s();
+    for (int i = 0; i < n; i++)
+        if (be.ops->forward(be.ctx, st, toks + i, 1, LILY_LOGITS_LAST, out + (size_t)i * V, &err) != LILY_OK)
+            DIE("cuda decode: %s", err.message);
+    printf("cuda decode of %d tokens (n_cpu_moe %d, host_experts %d): %.2f s\n", n, o->n_cpu_moe, o->host_experts,
+           now_s() - t0);
+    be.ops->state_free(be.ctx, st);
+    lily_backend_destroy(&be);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0;
+    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0, n_cpu_moe = 0, host_experts = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -197,8 +224,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--cpu-f16")) cpu_f16 = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_rng = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--n-cpu-moe") && i + 1 < argc) n_cpu_moe = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--host-experts") && i + 1 < argc) host_experts = atoi(argv[++i]);
         else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact] "
-                 "[--seed N]", argv[0]);
+                 "[--seed N] [--n-cpu-moe L [--host-experts N]]", argv[0]);
     }
     if (n < 1 || n > 8192)
         DIE("-n must be in [1, 8192]");
@@ -219,6 +248,25 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         toks[i] = rnd_token(V);
     probe->n = n, probe->hidden = cfg->hidden;
+
+    if (n_cpu_moe > 0) { /* the host-experts decode against the all-device decode */
+        lily_backend_options o;
+        memset(&o, 0, sizeof o);
+        o.max_chunk = n;
+        if (cuda_decode_run(syn, &o, toks, n, lr))
+            return 1;
+        o.n_cpu_moe = n_cpu_moe;
+        o.host_experts = host_experts;
+        if (cuda_decode_run(syn, &o, toks, n, lc))
+            return 1;
+        char label[256];
+        snprintf(label, sizeof label, "CUDA decode, experts of %d layers in host memory (host_experts %d) vs all on "
+                 "the device", n_cpu_moe, host_experts);
+        compare_logits(label, lr, lc, n, V);
+        free(probe), free(lc), free(lr), free(toks);
+        lily_synthetic_free(syn);
+        return 0;
+    }
 
     /* reference: the CPU backend, recurrent delta rule, one forward() call */
     lily_backend_options co;
