@@ -16,10 +16,10 @@
  *   - --exact: the CUDA backend in its exact mode (lily_backend_options.exact: fp32 KV cache, fp32 kernels
  *     only): what is left is summation order and the fast-math exp / rsqrt
  *     (~2e-7 relative; expected mean KL ~1e-6, the CPU's own reordering band, unless a rare route flips);
- *   - --n-cpu-moe L [--host-experts N]: no CPU reference; the CUDA backend's decode (n one-token calls) with
- *     the routed experts of layers [0, L) in host memory, N of each token's top-k computed by the host's
- *     cores (lily_backend_options.host_experts: -1 zero-copy, 0 auto, 1048576 all), against the same
- *     decode with every expert on the device (issue 23's KL check of the host-experts path).
+ *   - --n-cpu-moe L [--host-experts N]: the CUDA backend's decode (n one-token calls) with the routed
+ *     experts of layers [0, L) in host memory, N of each token's top-k computed by the host's cores
+ *     (lily_backend_options.host_experts: -1 zero-copy, 0 auto, 1048576 all), and the same decode with
+ *     every expert on the device, each against the CPU and against each other (issue 23's KL check).
  *
  * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
  *                            [--seed N] [--n-cpu-moe L [--host-experts N]]
@@ -249,25 +249,6 @@ int main(int argc, char **argv)
         toks[i] = rnd_token(V);
     probe->n = n, probe->hidden = cfg->hidden;
 
-    if (n_cpu_moe > 0) { /* the host-experts decode against the all-device decode */
-        lily_backend_options o;
-        memset(&o, 0, sizeof o);
-        o.max_chunk = n;
-        if (cuda_decode_run(syn, &o, toks, n, lr))
-            return 1;
-        o.n_cpu_moe = n_cpu_moe;
-        o.host_experts = host_experts;
-        if (cuda_decode_run(syn, &o, toks, n, lc))
-            return 1;
-        char label[256];
-        snprintf(label, sizeof label, "CUDA decode, experts of %d layers in host memory (host_experts %d) vs all on "
-                 "the device", n_cpu_moe, host_experts);
-        compare_logits(label, lr, lc, n, V);
-        free(probe), free(lc), free(lr), free(toks);
-        lily_synthetic_free(syn);
-        return 0;
-    }
-
     /* reference: the CPU backend, recurrent delta rule, one forward() call */
     lily_backend_options co;
     memset(&co, 0, sizeof co);
@@ -291,6 +272,32 @@ int main(int argc, char **argv)
     cpu.ops->state_free(cpu.ctx, cst);
     lily_backend_destroy(&cpu);
     probe->record = 0;
+
+    if (n_cpu_moe > 0) { /* the host-experts decode and the all-device decode, each against the CPU and each other */
+        float *ld = malloc(sizeof(float) * (size_t)n * V);
+        if (!ld)
+            DIE("out of memory");
+        lily_backend_options o;
+        memset(&o, 0, sizeof o);
+        o.max_chunk = n;
+        if (cuda_decode_run(syn, &o, toks, n, ld))
+            return 1;
+        o.n_cpu_moe = n_cpu_moe;
+        o.host_experts = host_experts;
+        if (cuda_decode_run(syn, &o, toks, n, lc))
+            return 1;
+        char label[256];
+        compare_logits("CUDA decode, every expert on the device, vs CPU", lr, ld, n, V);
+        snprintf(label, sizeof label, "CUDA decode, experts of %d layers in host memory (host_experts %d), vs CPU",
+                 n_cpu_moe, host_experts);
+        compare_logits(label, lr, lc, n, V);
+        snprintf(label, sizeof label, "CUDA decode, experts of %d layers in host memory (host_experts %d), vs every "
+                 "expert on the device", n_cpu_moe, host_experts);
+        compare_logits(label, ld, lc, n, V);
+        free(ld), free(probe), free(lc), free(lr), free(toks);
+        lily_synthetic_free(syn);
+        return 0;
+    }
 
     for (int v = 0; v < 2; v++) { /* the model's own sensitivity: another summation order; fp16 inputs */
         if (!(v == 0 ? cpu_chunked : cpu_f16))
