@@ -518,6 +518,73 @@ static void test_checkpoints_share_blocks(void **state)
     lily_prefix_cache_free(pc);
 }
 
+/* lily_prefix_cache_defer (what lily serve sets): the checkpoints a prefill takes after its last forward pass
+ * (a mark inside that pass, the end of the prompt) wait for lily_prefix_cache_flush. Flushed while the
+ * session still holds the prompt, they are the checkpoints an undeferred prefill takes (later requests
+ * restore them and match cold runs bit for bit); after an append the end's is dropped and the mark's kept;
+ * after a reset both are dropped. */
+static void test_deferred_checkpoints(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    enum { N = 300, MARK = 290 };
+    lily_prefix_cache *pc = NULL;
+    lily_prefix_cache_options o = {.checkpoint_every = -1, .block_rows = 64};
+    assert_int_equal(lily_prefix_cache_new(&o, &pc, &err), LILY_OK);
+    lily_prefix_cache_defer(pc, true);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    int32_t ids[N], other[N], third[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+        other[i] = 20 + (int32_t)((i * 104729u) % 480u);
+        third[i] = 20 + (int32_t)((i * 15485863u) % 480u);
+    }
+    const int mark = MARK;
+    lily_prefix_cache_stats st;
+    int reused = -1;
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, ids, N, &mark, 1, NULL, NULL, &reused, &err), LILY_OK);
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_checkpoints, 0); /* both pending */
+    assert_int_equal(lily_prefix_cache_flush(pc, s, &err), LILY_OK);
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_checkpoints, 2);
+    assert_int_equal(lily_prefix_cache_flush(pc, s, &err), LILY_OK); /* nothing left: a no-op */
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_checkpoints, 2);
+    /* restored: the whole prompt (its logits kept), and the mark under an edit after it */
+    assert_int_equal(check_request(f, pc, s, ids, N, NULL), N);
+    int32_t edited[N];
+    memcpy(edited, ids, sizeof ids);
+    edited[295] = edited[295] == 30 ? 31 : 30;
+    assert_int_equal(check_request(f, pc, s, edited, N, NULL), MARK);
+
+    /* a token appended before the flush: the end's checkpoint is dropped, the mark's kept */
+    lily_prefix_cache_stats_get(pc, &st);
+    int before = st.n_checkpoints;
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, other, N, &mark, 1, NULL, NULL, &reused, &err), LILY_OK);
+    assert_int_equal(reused, 0);
+    const int32_t next = 42;
+    assert_int_equal(lily_session_append(s, &next, 1, NULL, &err), LILY_OK);
+    assert_int_equal(lily_prefix_cache_flush(pc, s, &err), LILY_OK);
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_checkpoints, before + 1);
+    assert_int_equal(check_request(f, pc, s, other, N, NULL), MARK);
+
+    /* a reset before the flush: both dropped */
+    lily_prefix_cache_stats_get(pc, &st);
+    before = st.n_checkpoints;
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, third, N, &mark, 1, NULL, NULL, &reused, &err), LILY_OK);
+    lily_session_reset(s);
+    assert_int_equal(lily_prefix_cache_flush(pc, s, &err), LILY_OK);
+    lily_prefix_cache_stats_get(pc, &st);
+    assert_int_equal(st.n_checkpoints, before);
+    /* pending at the end: freed with the cache (ASan) */
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, third, N, &mark, 1, NULL, NULL, &reused, &err), LILY_OK);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
 /* A stand-in for a backend with device pools: the CPU backend whose "device pool" is host memory, so the
  * cache's device path (pool allocator, placement, host fallback when it is full, accounting, eviction)
  * runs here; the CUDA copies themselves are tests/cuda/test_cuda_prefix_cache.c's. */
@@ -853,6 +920,7 @@ int main(void)
         cmocka_unit_test(test_thirty_requests_three_conversations),
         cmocka_unit_test(test_thirty_requests_small_pool),
         cmocka_unit_test(test_checkpoints_share_blocks),
+        cmocka_unit_test(test_deferred_checkpoints),
         cmocka_unit_test(test_device_pool),
         cmocka_unit_test(test_host_pool),
         cmocka_unit_test(test_tight_cap_checks_fit_before_evicting),

@@ -79,6 +79,14 @@ typedef struct {
     int n_free, cap_free, n_blobs;
 } arena;
 
+/* What a deferred prefill left for lily_prefix_cache_flush (lily_prefix_cache_defer). */
+typedef struct {
+    int32_t *ids; /* [n] the prompt; NULL: nothing pending */
+    int n;        /* the end of the prefill: a checkpoint of ids[0, n) */
+    int mark;     /* > 0: the checkpoint of ids[0, mark) taken inside the last pass, its recurrent part in rest */
+    blob rest;
+} pending_checkpoints;
+
 struct lily_prefix_cache {
     size_t ram_bytes, device_budget;
     int checkpoint_every;       /* <= 0: none inside a prefill */
@@ -94,9 +102,13 @@ struct lily_prefix_cache {
     kv_block **blocks;
     int n_blocks, cap_blocks;
     uint64_t clock, last_block_id;
+    bool defer;                 /* lily_prefix_cache_defer */
+    pending_checkpoints pending;
     pthread_mutex_t lock;       /* guards stats (read from other threads) */
     lily_prefix_cache_stats stats; /* bytes / device_bytes: what the pool holds now */
 };
+
+static void pending_drop(lily_prefix_cache *pc);
 
 lily_status lily_prefix_cache_new(const lily_prefix_cache_options *opts, lily_prefix_cache **out, lily_error *err)
 {
@@ -369,6 +381,7 @@ void lily_prefix_cache_clear(lily_prefix_cache *pc)
 {
     if (!pc)
         return;
+    pending_drop(pc);
     while (pc->n_entries > 0)
         remove_entry(pc, pc->n_entries - 1, false);
 }
@@ -649,9 +662,51 @@ static lily_status store(lily_prefix_cache *pc, const lily_session *s, int rank,
     return store_at(pc, s, s->n_tokens, s->logits, NULL, rank, err);
 }
 
+static void pending_drop(lily_prefix_cache *pc)
+{
+    pending_checkpoints *p = &pc->pending;
+    if (p->mark > 0)
+        blob_free(pc, &p->rest);
+    free(p->ids);
+    memset(p, 0, sizeof *p);
+}
+
+void lily_prefix_cache_defer(lily_prefix_cache *pc, bool on)
+{
+    pc->defer = on;
+}
+
+lily_status lily_prefix_cache_flush(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
+{
+    pending_checkpoints *p = &pc->pending;
+    if (!p->ids)
+        return LILY_OK;
+    const double t0 = lily_wall_seconds();
+    lily_status st = LILY_OK;
+    /* s still holds the ids before the mark (decode appends; a reset or another prompt would not) */
+    if (p->mark > 0) {
+        const bool valid = s->n_tokens >= p->mark && !memcmp(s->tokens, p->ids, (size_t)p->mark * sizeof *p->ids);
+        if (valid)
+            st = store_at(pc, s, p->mark, NULL, &p->rest, RANK_MARK, err); /* takes rest or frees it */
+        else
+            blob_free(pc, &p->rest);
+        p->mark = 0;
+    }
+    /* the end of the prefill: s is exactly the prompt, its logits the prefill's */
+    if (st == LILY_OK && s->n_tokens == p->n && !memcmp(s->tokens, p->ids, (size_t)p->n * sizeof *p->ids))
+        st = store(pc, s, RANK_PLAIN, err);
+    pending_drop(pc);
+    const double dt = lily_wall_seconds() - t0;
+    pthread_mutex_lock(&pc->lock);
+    pc->stats.last_flush_s = dt;
+    pthread_mutex_unlock(&pc->lock);
+    return st;
+}
+
 lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
 {
-    return store(pc, s, RANK_PLAIN, err);
+    lily_status st = lily_prefix_cache_flush(pc, s, err);
+    return st != LILY_OK ? st : store(pc, s, RANK_PLAIN, err);
 }
 
 /* s := checkpoint c, bit for bit. On an error s holds a partial state (the caller resets it). */
@@ -730,9 +785,14 @@ static lily_status prefill_marked(lily_prefix_cache *pc, lily_session *s, const 
         pthread_mutex_lock(&pc->lock);
         pc->stats.prefilled_tokens += (uint64_t)(n - pos);
         pthread_mutex_unlock(&pc->lock);
-        t0 = lily_wall_seconds();
-        st = store_at(pc, s, mark, NULL, &rest, RANK_MARK, err);
-        *checkpoint_s += lily_wall_seconds() - t0;
+        if (pc->defer) { /* stored by lily_prefix_cache_flush, after the first token */
+            pc->pending.mark = mark;
+            pc->pending.rest = rest;
+        } else {
+            t0 = lily_wall_seconds();
+            st = store_at(pc, s, mark, NULL, &rest, RANK_MARK, err);
+            *checkpoint_s += lily_wall_seconds() - t0;
+        }
     } else {
         blob_free(pc, &rest);
     }
@@ -761,6 +821,9 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
     if (n > s->max_ctx)
         return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
                               "context length exceeded: %d prompt tokens > context size %d", n, s->max_ctx);
+    lily_status fst = lily_prefix_cache_flush(pc, s, err); /* what an earlier deferred prefill left */
+    if (fst != LILY_OK)
+        return fst;
 
     /* The live session, when it holds a prefix of ids, needs no restore. */
     int live = 0;
@@ -866,9 +929,16 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
         if (st != LILY_OK)
             goto out;
     }
-    {
+    if (pc->defer) { /* the end of the prefill (and a mark taken in the last pass): lily_prefix_cache_flush */
+        if ((pc->pending.ids = malloc((size_t)n * sizeof *ids))) {
+            memcpy(pc->pending.ids, ids, (size_t)n * sizeof *ids);
+            pc->pending.n = n;
+        } else {
+            pending_drop(pc); /* the cache is an optimization */
+        }
+    } else {
         const double t0 = lily_wall_seconds();
-        st = lily_prefix_cache_checkpoint(pc, s, err); /* the end of the prefill */
+        st = store(pc, s, RANK_PLAIN, err); /* the end of the prefill */
         checkpoint_s += lily_wall_seconds() - t0;
     }
 out: /* also for a cancelled or failed prefill: its log line shows its own times, not the previous request's */

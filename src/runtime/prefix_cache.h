@@ -98,8 +98,10 @@ typedef struct {
                                    room); 0 when the backend has none or it could not be made */
     int n_blocks;               /* shared KV blocks held now */
     /* where the last lily_prefix_cache_prefill spent its time (seconds): restoring a checkpoint, forward
-     * passes, taking checkpoints (the one at its end included); and its forward passes' count */
+     * passes, taking checkpoints (the one at its end included unless deferred: lily_prefix_cache_defer);
+     * and its forward passes' count */
     double last_restore_s, last_forward_s, last_checkpoint_s;
+    double last_flush_s; /* the last lily_prefix_cache_flush's checkpoints (deferred ones), seconds */
     int last_pieces;
 } lily_prefix_cache_stats;
 
@@ -147,6 +149,21 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
  * many. */
 int lily_prefix_cache_chat_marks(const int32_t *ids, int n, int32_t im_start, int32_t im_end, int32_t think,
                                  int marks[2]);
+
+/* Deferred checkpoints (off by default). On: lily_prefix_cache_prefill leaves the checkpoints it would
+ * take after its last forward pass — the end of the prefill, and a mark taken inside that pass — pending,
+ * so that a server can answer the first token before it stores them (they cost ~1 ms of host work and
+ * device copies on a GPU backend); lily_prefix_cache_flush then stores them. The KV rows and the state
+ * they capture stay valid while the session keeps the prompt: decode only appends rows, and a mark's
+ * recurrent part was saved inside the pass. */
+void lily_prefix_cache_defer(lily_prefix_cache *pc, bool on);
+
+/* Store the checkpoints the last deferred prefill left pending, those still valid for s: the end of the
+ * prefill while s holds exactly that prompt (nothing appended since), a mark while s still holds the ids
+ * before it; the rest are dropped. A no-op when nothing is pending. Every other lily_prefix_cache_prefill
+ * and lily_prefix_cache_checkpoint call flushes first. Its time goes to the stats' last_flush_s.
+ * Errors: as lily_prefix_cache_checkpoint (the pending checkpoints are gone either way). */
+lily_status lily_prefix_cache_flush(lily_prefix_cache *pc, const lily_session *s, lily_error *err);
 
 /* Checkpoint s as it is now (e.g. at the end of a generation: prompt + reply). Skipped when s is empty,
  * when the same sequence is already held (it becomes most recently used), or when it does not fit.

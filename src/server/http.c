@@ -1015,11 +1015,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
                      1e3 * (r->first_handed_s - output_s));
         snprintf(tail, sizeof tail,
                  " prompt=%d completion=%d cached=%d prefill=%.1f tok/s decode=%.1f tok/s ttft=%.1f ms"
-                 " (queued %.1f, prompt %.1f, restore %.1f, forward %.1f in %d passes, checkpoints %.1f)%s"
+                 " (queued %.1f, prompt %.1f, restore %.1f, forward %.1f in %d passes, checkpoints %.1f"
+                 " + %.1f after the first token)%s"
                  " decode_path=\"%s\"%s",
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
                  s->ttft_ms > 0 ? queued_ms + s->ttft_ms : 0.0, queued_ms, s->prompt_ms, s->restore_ms,
-                 s->forward_ms, s->pieces, s->checkpoint_ms, first_byte, s->decode_path ? s->decode_path : "none",
+                 s->forward_ms, s->pieces, s->checkpoint_ms, s->flush_ms, first_byte, s->decode_path ? s->decode_path : "none",
                  lily_job_cancelled(r->job) ? " cancelled" : "");
     }
     /* microhttpd answered a malformed request itself (a bad chunk): on_mhd_log counted it */

@@ -295,6 +295,8 @@ lily_status lily_service_load(void *user, lily_error *err)
     }
     /* its pools, once the host cap is known: the device pool, and the pinned host pool of the cap's size */
     st = lily_prefix_cache_attach(svc->cache, svc->engine, err);
+    /* the prompt's checkpoints after the first token has gone out (flush_checkpoints), not before it */
+    lily_prefix_cache_defer(svc->cache, true);
     if (st != LILY_OK)
         return st;
     lily_prefix_cache_stats_get(svc->cache, &cs);
@@ -398,6 +400,7 @@ typedef struct {
     char *echo_text;          /* a stream's echo, sent once the prefill has scored it (prompt_logprobs) */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
     bool in_output;           /* the chunks being sent carry generated text (lily_job_write_output) */
+    bool flushed;             /* the prefill's deferred checkpoints are stored (flush_checkpoints) */
 } generation;
 
 static void send_json_chunk(generation *g, json_t *chunk)
@@ -744,6 +747,22 @@ static lily_status detok_flush(void *state, const char **text, size_t *len, lily
 
 /* lily_generate's per-token callback: logprobs (lily_generate filled g->token_logprobs), the reasoning
  * count, and the text on to the parser or the stream. */
+/* The checkpoints the prefill deferred (lily_prefix_cache_defer: the end of the prompt, a mark inside its
+ * last pass): stored once the first token's text is on its way to the client, before anything is appended
+ * to the session. A failure loses the checkpoints, not the request. */
+static void flush_checkpoints(generation *g)
+{
+    if (g->flushed)
+        return;
+    g->flushed = true;
+    lily_error err = {0};
+    if (lily_prefix_cache_flush(g->svc->cache, g->svc->session, &err) != LILY_OK)
+        fprintf(stderr, "lily serve: warning: the prompt's checkpoints were not kept (%s)\n", err.message);
+    lily_prefix_cache_stats pcs;
+    lily_prefix_cache_stats_get(g->svc->cache, &pcs);
+    g->job->stats.flush_ms = 1e3 * pcs.last_flush_s;
+}
+
 static int on_token(void *user, int32_t token, const char *text, size_t len)
 {
     generation *g = user;
@@ -760,6 +779,8 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
     }
     if (deliver_text(g, text, len, &err) != LILY_OK)
         g->failed = true;
+    if (token >= 0) /* before lily_generate appends it */
+        flush_checkpoints(g);
     return g->failed || lily_job_cancelled(g->job) || (g->one_call && g->call_closed);
 }
 
@@ -780,6 +801,7 @@ static lily_status append_chosen(generation *g, int32_t token, lily_error *err)
     lily_status st = deliver_text(g, bytes ? bytes : "", bytes ? len : 0, err);
     if (st != LILY_OK)
         return st;
+    flush_checkpoints(g);
     return lily_session_append(s, &token, 1, NULL, err);
 }
 
@@ -1251,6 +1273,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     int n_chosen = 0;
     lily_generate_result res;
     st = decode_reply(&g, forced, n_forced, &nc, &gp, &detok, &res, &n_chosen, &err);
+    if (!g.prompt_logprobs)
+        flush_checkpoints(&g); /* no token came (a stop id first, an error): the prompt's are still valid */
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
