@@ -1020,7 +1020,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
                  " decode_path=\"%s\"%s",
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
                  s->ttft_ms > 0 ? queued_ms + s->ttft_ms : 0.0, queued_ms, s->prompt_ms, s->restore_ms,
-                 s->forward_ms, s->pieces, s->checkpoint_ms, s->flush_ms, first_byte, s->decode_path ? s->decode_path : "none",
+                 s->forward_ms, s->pieces, s->checkpoint_ms, s->flush_ms, first_byte,
+                 s->decode_path ? s->decode_path : "none",
                  lily_job_cancelled(r->job) ? " cancelled" : "");
     }
     /* microhttpd answered a malformed request itself (a bad chunk): on_mhd_log counted it */
