@@ -290,16 +290,16 @@ struct lily_backend_ops {
     void (*host_pool_free)(void *ctx, void *pool);
 
     /* Optional (NULL when a backend lacks it; lily_session_append_mark then makes two forward() calls and a
-     * recurrent_save between them): forward() of n tokens (2 <= n <= max_chunk) that also takes the state
-     * at row `mark` (0 < mark < n) inside the pass: mark_loc gets the recurrent part as recurrent_save
-     * would write it after a forward() of tokens[0, mark) (a save to a device pool may still be queued
-     * when this returns, as recurrent_save's), mark_logits (fp32 [vocab]; NULL: not wanted, and the pass
-     * runs no LM head over row mark - 1) that call's logits of its last token. KV rows [0, mark) are the
-     * pass's, the ones kv_save then reads. The state ends as after forward(tokens[0, mark)) and
-     * forward(tokens[mark, n)) (two calls' counters); results may differ from those two calls' in the last bits where a kernel choice depends on the token count (the
-     * last n - mark rows take the n-row kernels). CUDA: the Gated DeltaNet delta rule runs once over rows
-     * [0, mark) and once over [mark, n), as in two calls; every other stage runs once over the n rows.
-     * Errors: as forward(); LILY_ERR_INVALID_ARGUMENT for a mark outside (0, n) or no location. */
+     * recurrent_save between them): forward() of n tokens (2 <= n <= max_chunk) that also takes the state at
+     * row `mark` (0 < mark < n) inside the pass: mark_loc gets the recurrent part as recurrent_save would write
+     * it after a forward() of tokens[0, mark) (a save to a device pool may still be queued when this returns,
+     * as recurrent_save's), mark_logits (fp32 [vocab]; NULL: not wanted, and the pass runs no LM head over row
+     * mark - 1) that call's logits of its last token. KV rows [0, mark) are the pass's, the ones kv_save then
+     * reads. The state ends as after forward(tokens[0, mark)) and forward(tokens[mark, n)) (two calls'
+     * counters); results may differ from those two calls' in the last bits where a kernel choice depends on the
+     * token count (the last n - mark rows take the n-row kernels). CUDA: the Gated DeltaNet delta rule runs
+     * once over rows [0, mark) and once over [mark, n), as in two calls; every other stage runs once over the n
+     * rows. Errors: as forward(); LILY_ERR_INVALID_ARGUMENT for a mark outside (0, n) or no location. */
     lily_status (*forward_mark)(void *ctx, void *state, const int32_t *tokens, int n, int mark, lily_state_loc mark_loc,
                                 float *mark_logits, lily_logits_mode mode, float *logits, lily_error *err);
 };

@@ -486,11 +486,11 @@ void lily_prefix_cache_set_ram_bytes(lily_prefix_cache *pc, size_t bytes)
     make_room(pc, 0);
 }
 
-/* Fill c (blocks, tail, rest, tokens, logits placed and counted) from the state of s's first p tokens
- * (p <= s->n_tokens: KV rows [0, p) of s, the logits after token p - 1 or NULL). rest: NULL = the
- * recurrent part is s's (p == s->n_tokens), saved here; else a blob already placed and written (lily_session_append_mark),
- * which c takes over (*rest is emptied). Returns LILY_OK with c->tokens NULL when it was skipped (does not
- * fit, out of memory); c is then released. */
+/* Fill c (blocks, tail, rest, tokens, logits placed and counted) from the state of s's first p tokens (p <=
+ * s->n_tokens: KV rows [0, p) of s, the logits after token p - 1 or NULL). rest: NULL = the recurrent part is
+ * s's (p == s->n_tokens), saved here; else a blob already placed and written (lily_session_append_mark), which c
+ * takes over (*rest is emptied). Returns LILY_OK with c->tokens NULL when it was skipped (does not fit, out of
+ * memory); c is then released. */
 static lily_status build_checkpoint(lily_prefix_cache *pc, const lily_session *s, int p, const float *logits,
                                     blob *rest, checkpoint *c, lily_error *err)
 {
