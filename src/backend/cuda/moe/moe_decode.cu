@@ -13,6 +13,14 @@
  *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
+ * Down fused into gate/up (moe_down_fused: the DOWN kernel below, with ROUTER): moe_down_mma's work and
+ * arithmetic inside the one-wave gate/up grid, so a token has no down kernel, no wait for gate/up's last
+ * block and no wait for down's blocks to become resident (gate/up's two blocks per SM hold the registers).
+ * Each item publishes a tagged done word (moe_args.done_pub) after its hid rows; hidden/16 routed blocks
+ * each own a 16-row down tile whose weights they copy into shared memory while gate/up runs (the shared
+ * expert's before pdl_wait, the routed experts' once the block has ranked the top-k), then wait, slot by
+ * slot, for the items that wrote that slot's hid.
+ *
  * Early ids (with PDL): the gate/up block of item 0, which ranks the top-k,
  * also writes it as
  * tagged words (moe_args.topk_pub, moe_topk.cuh: hi = tag, lo = expert id / weight bits; tag =
@@ -118,7 +126,11 @@ static bool moe_early_ids_on(const moe_args &a)
  * pdl_wait(), so there is no second wave whose loads would start only after the top-k.
  * ROUTER (STAGED only; moe_router_fused): block b also computes router rows b and b + gridDim.x (8-bit,
  * their bytes loaded before pdl_wait) from the same RMSNorm as the experts and publishes them as tagged
- * words (moe_topk.cuh); the routed blocks' warp 0 polls all E of them and ranks the top-k. */
+ * words (moe_topk.cuh); the routed blocks' warp 0 polls all E of them and ranks the top-k.
+ * DOWN (ROUTER only; moe_down_fused, cpu_slots 0): every item publishes its done word (md_done_write); the
+ * blocks past those with an extra item, one per 16 rows of hidden (all routed), stage their down tile
+ * (md_down_stage: the shared expert's before pdl_wait, the routed ones after the top-k) and, after their
+ * own item, compute out[rows] += the down projection as moe_down_mma does (the same values, bit for bit). */
 template <bool STAGED, bool ROUTER, bool DOWN>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
