@@ -12,9 +12,10 @@
  * the byte time of what each kernel moves at the measured copy rate.
  *
  * --moe-down LIST (e.g. fused,separate,fused,separate): the decode table once per entry, in that order, with the
- * MoE down projection fused into gate/up where the backend can (fused, the default) or as its own kernel
- * (separate: the old path; lily_cuda_set_moe_down), for A/B runs in one process; the later sections run with
- * the first entry's setting.
+ * MoE down projection fused into gate/up where the backend can (fused, the default; late: its routed rows
+ * staged later) or as its own kernel (separate: the old path; lily_cuda_set_moe_down), for A/B runs in one
+ * process, each table's greedy tokens compared with the first's; the later sections run with the first
+ * entry's setting.
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512]
  *                          [--profile-prefill] [--sweep-split] [--prefill N] [--timeline 4096,131072]
@@ -183,7 +184,7 @@ int main(int argc, char **argv)
     const char *preset = "35b";
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, chunk = 512, prof_prefill = 0;
     int tl_depths[8], n_tl = 0;
-    int down_sep[16] = {0}, n_down = 1; /* --moe-down: 1 = separate, 0 = fused */
+    int down_sep[16] = {0}, n_down = 1; /* --moe-down: lily_cuda_set_moe_down's modes (0 fused, 1 separate, 2 late) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -199,12 +200,13 @@ int main(int argc, char **argv)
             for (n_down = 0; *s && n_down < 16;) {
                 if (!strncmp(s, "fused", 5)) down_sep[n_down++] = 0, s += 5;
                 else if (!strncmp(s, "separate", 8)) down_sep[n_down++] = 1, s += 8;
-                else DIE("--moe-down: fused or separate, comma-separated");
+                else if (!strncmp(s, "late", 4)) down_sep[n_down++] = 2, s += 4;
+                else DIE("--moe-down: fused, late or separate, comma-separated");
                 if (*s == ',') s++;
             }
             if (!n_down) DIE("--moe-down: empty list");
         }
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST] [--moe-down fused,separate,...]", argv[0]);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST] [--moe-down fused,late,separate,...]", argv[0]);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -294,7 +296,9 @@ int main(int argc, char **argv)
         if (lily_cuda_set_moe_down(be.ctx, st, down_sep[r], &err) != LILY_OK)
             DIE("moe down: %s", err.message);
         printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth, MoE down %s\n\n", n_gen,
-               down_sep[r] ? "separate (its own kernel)" : "fused into gate/up where it can run");
+               down_sep[r] == 1 ? "separate (its own kernel)"
+               : down_sep[r] == 2 ? "fused into gate/up, routed rows staged late"
+                                  : "fused into gate/up where it can run");
         printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token | tokens = first run's |\n");
         printf("|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for (int i = 0; i < n_depths; i++) {

@@ -456,13 +456,13 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
             g_fail++;
             return;
         }
-        if (moe_down_fused(a, n) != (down == MOE_DOWN_AUTO)) {
-            printf("FAIL moe: down %sfused for hidden %d E %d top-%d inter %d\n", down == MOE_DOWN_AUTO ? "not " : "",
+        if (moe_down_fused(a, n) != (down != MOE_DOWN_SEPARATE)) {
+            printf("FAIL moe: down %sfused for hidden %d E %d top-%d inter %d\n", down != MOE_DOWN_SEPARATE ? "not " : "",
                    hidden, E, K, inter);
             g_fail++;
             return;
         }
-        if (down != MOE_DOWN_AUTO)
+        if (down == MOE_DOWN_SEPARATE)
             a.done_pub = NULL; /* as moe_block: the pointer follows moe_down_fused */
     }
     if (decode) { /* n == 1: the tensor-core kernels run */
@@ -556,7 +556,7 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     const bool mma = moe_decode_mma_supported(a, n);
     snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s%s%s", bits, hidden, E,
              K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "", fused ? " (fused router)" : "",
-             a.done_pub ? " (fused down)" : "");
+             a.done_pub ? (down == MOE_DOWN_FUSED_LATE ? " (fused down, late rows)" : " (fused down)") : "");
     if (a.done_pub) {
         g_checks++;
         g_fail += !same_sep;
@@ -1126,6 +1126,8 @@ static void moe_tests(const int *ns)
     test_moe(4, 1024, 16, 4, 256, 1, true, 0, true, true, MOE_DOWN_AUTO);
     test_moe(4, 1536, 128, 6, 256, 1, true, 0, true, true, MOE_DOWN_AUTO);
     test_moe(4, 512, 64, 15, 128, 1, true, 0, true, true, MOE_DOWN_AUTO);
+    test_moe(4, 2048, 256, 8, 512, 1, true, 0, true, true, MOE_DOWN_FUSED_LATE); /* routed rows staged late */
+    test_moe(4, 512, 64, 15, 128, 1, true, 0, true, true, MOE_DOWN_FUSED_LATE);
     /* the top-k published early to moe_down: bit-identical with and without it, graph replays */
     test_moe_early(2048, 32, 8, 512, 2);
     test_moe_early(512, 64, 8, 128, 3);

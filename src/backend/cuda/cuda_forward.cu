@@ -824,11 +824,13 @@ extern "C" lily_status lily_cuda_set_attention_split(void *ctx, void *state, int
     return LILY_OK;
 }
 
-extern "C" lily_status lily_cuda_set_moe_down(void *ctx, void *state, int separate, lily_error *err)
+extern "C" lily_status lily_cuda_set_moe_down(void *ctx, void *state, int mode, lily_error *err)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     cuda_state *st = (cuda_state *)state;
-    c->moe_down_kernel = separate ? MOE_DOWN_SEPARATE : MOE_DOWN_AUTO;
+    if (mode < 0 || mode > 2)
+        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: moe down mode %d", mode);
+    c->moe_down_kernel = mode == 1 ? MOE_DOWN_SEPARATE : mode == 2 ? MOE_DOWN_FUSED_LATE : MOE_DOWN_AUTO;
     CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (st && st->graph_greedy) {
         cudaGraphExecDestroy(st->graph_greedy);

@@ -68,8 +68,8 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
     return no_cuda(err);
 }
 
-lily_status lily_cuda_set_moe_down(void *ctx, void *state, int separate, lily_error *err)
+lily_status lily_cuda_set_moe_down(void *ctx, void *state, int mode, lily_error *err)
 {
-    (void)ctx, (void)state, (void)separate;
+    (void)ctx, (void)state, (void)mode;
     return no_cuda(err);
 }

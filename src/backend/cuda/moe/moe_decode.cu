@@ -69,11 +69,11 @@ __host__ __device__ __forceinline__ int md_down_stride(int I) { return (I / 2) %
 __host__ __device__ __forceinline__ int md_down_slot_bytes(int I) { return 16 * md_down_stride(I) + 64 * (I / 64); }
 __host__ __device__ __forceinline__ int md_down_x_floats(int I) { return I / 2 + 2 * (I / 64); }
 /* Floats of moe_gate_up_mma's x area (RMSNorm(h) fp32, its fragments and group sums); DOWN: reused after
- * the gate/up tiles for the MD_WARPS warps' down x sides. */
-__host__ __device__ __forceinline__ int md_x_area_floats(int H, int I, bool down)
+ * the gate/up tiles for the down x sides of the `slots` slots. */
+__host__ __device__ __forceinline__ int md_x_area_floats(int H, int I, bool down, int slots)
 {
     const int xa = H + H / 2 + 2 * (H / 64);
-    return down && MD_WARPS * md_down_x_floats(I) > xa ? MD_WARPS * md_down_x_floats(I) : xa;
+    return down && slots * md_down_x_floats(I) > xa ? slots * md_down_x_floats(I) : xa;
 }
 
 /* cp.async (one commit group) of the 16-row tile rows row0.. of W (I columns, 4-bit, experts folded into the
@@ -131,7 +131,7 @@ static bool moe_early_ids_on(const moe_args &a)
  * blocks past those with an extra item, one per 16 rows of hidden (all routed), stage their down tile
  * (md_down_stage: the shared expert's before pdl_wait, the routed ones after the top-k) and, after their
  * own item, compute out[rows] += the down projection as moe_down_mma does (the same values, bit for bit). */
-template <bool STAGED, bool ROUTER, bool DOWN>
+template <bool STAGED, bool ROUTER, int DOWN>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
     static_assert(STAGED || !ROUTER, "the fused router needs one wave of co-resident blocks");
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem + H);   /* [H / 8] */
     float *s_off = md_smem + H + H / 2, *s_xsum = s_off + H / 64;
     /* STAGED: [MG_STAGE_BYTES][threads]; DOWN, in the down blocks instead: the slots' down tiles */
-    unsigned char *s_stage = reinterpret_cast<unsigned char *>(md_smem + md_x_area_floats(H, a.inter, DOWN));
+    unsigned char *s_stage = reinterpret_cast<unsigned char *>(md_smem + md_x_area_floats(H, a.inter, DOWN, a.top_k + 1));
     __shared__ float s_red[MD_WARPS];
     __shared__ float s_part[MD_WARPS][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -321,8 +321,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         __syncthreads();
         if (!shared) {
             routed_start();
-            /* DOWN: this tile's routed down rows, issued after the gate/up rows so they queue behind them */
-            if (dblk)
+            /* DOWN 1: this tile's routed down rows, issued after the gate/up rows so they queue behind them */
+            if (DOWN == 1 && dblk)
                 for (int ws = warp; ws < d_slots - 1; ws += MD_WARPS)
                     md_down_stage(a.down, (int64_t)s_idx[ws] * H + d_r0, a.inter, s_stage + (size_t)ws * d_bytes, lane);
         }
@@ -370,6 +370,9 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
+    if (DOWN == 2 && dblk) /* DOWN 2: the routed down rows once this block's gate/up rows have arrived */
+        for (int ws = warp; ws < d_slots - 1; ws += MD_WARPS)
+            md_down_stage(a.down, (int64_t)s_idx[ws] * H + d_r0, a.inter, s_stage + (size_t)ws * d_bytes, lane);
     if (t == 0) {
         s_part[warp][g] = acc_a;
         s_part[warp][g + 8] = acc_b;
@@ -407,27 +410,33 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     if (DOWN && dblk) {
         /* out[d_r0 + r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r]: moe_down_mma's arithmetic
          * (a warp per slot, its own fp16 scale of hid, the slots summed in order), warp w taking slots w and
-         * w + MD_WARPS, its x side in the x area (free: every warp has passed the barrier after its gate/up
-         * dot). Writing h here is safe although every block read h at its start: a down block writes only
+         * w + MD_WARPS, the slots' x sides in the x area (free: every warp has passed the barrier after its
+         * gate/up dot). Writing h here is safe although every block read h at its start: a down block writes only
          * after it has seen the done word of every item (its warps poll all slots' items), each block owns
          * at least one item (grid <= items) and publishes it after its h loads (the hid it stores depends on
          * them), so every block of the grid has read h by then. */
         const int I = a.inter, nit = I / 8, gpr = I / 64, stride = md_down_stride(I), xw = md_down_x_floats(I);
         const unsigned int tag = moe_pub_tag(step, a.layer);
-        uint4 *xh = reinterpret_cast<uint4 *>(md_smem + warp * xw);
-        float *off = md_smem + warp * xw + I / 2, *xsum = off + gpr;
         __shared__ float s_dpart[MD_MAX_SLOTS][16];
-        for (int ws = warp; ws < d_slots; ws += MD_WARPS) {
-            const bool sh = ws == d_slots - 1;
-            const int sl = sh ? a.top_k : ws, item0 = sl * tiles; /* the slot's items (cpu_slots 0: slot = item / tiles) */
-            /* wait until the slot's tiles carry this call's tag (lane j: item item0 + j; the shared slot's lane 0
-             * also the shared-gate logit, a tagged word that holds its value) */
-            bool pend = lane < tiles, lpend = sh && lane == 0;
+        /* warp w: slot A = w and slot B = w + MD_WARPS (when < d_slots) together, so a warp with two slots
+         * waits, fences and loads hid once; the shared slot (the last) is B of warp (d_slots - 1) % MD_WARPS
+         * when d_slots > MD_WARPS */
+        if (warp < d_slots) {
+            const int wsb = warp + MD_WARPS;
+            const bool hasb = wsb < d_slots;
+            auto slot_of = [&](int ws) { return ws == d_slots - 1 ? a.top_k : ws; };
+            const int ia = slot_of(warp) * tiles, ib = hasb ? slot_of(wsb) * tiles : 0;
+            /* wait until the slots' items carry this call's tag (lane j: items ia + j and ib + j; lane 0 also
+             * the shared-gate logit, a tagged word that holds its value) */
+            const bool has_sh = warp == d_slots - 1 || (hasb && wsb == d_slots - 1);
+            bool pa = lane < tiles, pb = hasb && lane < tiles, lpend = has_sh && lane == 0;
             float glog = 0.0f;
             unsigned int ns = 0, polls = 0;
             for (;;) {
-                if (pend)
-                    pend = (unsigned int)(ld_relaxed_u64(a.done_pub + item0 + lane) >> 32) != tag;
+                if (pa)
+                    pa = (unsigned int)(ld_relaxed_u64(a.done_pub + ia + lane) >> 32) != tag;
+                if (pb)
+                    pb = (unsigned int)(ld_relaxed_u64(a.done_pub + ib + lane) >> 32) != tag;
                 if (lpend) {
                     const unsigned long long v = ld_relaxed_u64(a.logit_pub + a.n_experts);
                     if ((unsigned int)(v >> 32) == tag) {
@@ -435,7 +444,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
                         lpend = false;
                     }
                 }
-                if (!__any_sync(0xffffffffu, pend || lpend))
+                if (!__any_sync(0xffffffffu, pa || pb || lpend))
                     break;
                 ns = ns ? min(2 * ns, 64u) : 16u;
                 __nanosleep(ns);
@@ -444,51 +453,77 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
             }
             __threadfence(); /* acquire: the hid rows published before the words */
             __syncwarp();
-            const float wk = sh ? sigmoid_f(__shfl_sync(0xffffffffu, glog, 0)) : s_w[ws];
-            /* this slot's x = hid[sl] (I values): lane l holds items l and l + 32, scale, fragments, group sums */
-            const float *hx = a.hid + (int64_t)sl * hid_stride;
-            float v[2][8], mx = 0.0f;
+            const float gsig = sigmoid_f(__shfl_sync(0xffffffffu, glog, 0));
+            /* both slots' hid (I values each) into registers in one round trip: lane l holds items l, l + 32 */
+            float v[2][2][8];
 #pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const int j = lane + 32 * k;
-                float4 p0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), p1 = p0;
-                if (j < nit) {
-                    p0 = __ldcg(reinterpret_cast<const float4 *>(hx + 8 * j));
-                    p1 = __ldcg(reinterpret_cast<const float4 *>(hx + 8 * j + 4));
+            for (int q = 0; q < 2; q++) {
+                const float *hx = a.hid + (int64_t)slot_of(q ? wsb : warp) * hid_stride;
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const int j = lane + 32 * k;
+                    float4 p0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), p1 = p0;
+                    if (j < nit && (q == 0 || hasb)) {
+                        p0 = __ldcg(reinterpret_cast<const float4 *>(hx + 8 * j));
+                        p1 = __ldcg(reinterpret_cast<const float4 *>(hx + 8 * j + 4));
+                    }
+                    v[q][k][0] = p0.x, v[q][k][1] = p0.y, v[q][k][2] = p0.z, v[q][k][3] = p0.w;
+                    v[q][k][4] = p1.x, v[q][k][5] = p1.y, v[q][k][6] = p1.z, v[q][k][7] = p1.w;
                 }
-                v[k][0] = p0.x, v[k][1] = p0.y, v[k][2] = p0.z, v[k][3] = p0.w;
-                v[k][4] = p1.x, v[k][5] = p1.y, v[k][6] = p1.z, v[k][7] = p1.w;
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    mx = fmaxf(mx, fabsf(v[k][e]));
             }
-            const float xk = mg_x_scale(warp_max(mx));
+            /* per slot (moe_down_mma's x side: its own fp16 scale, fragments, group sums; slot ws's area at
+             * ws * xw floats), then its dot with the staged down tile */
+            float xks[2];
 #pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const int j = lane + 32 * k;
-                if (j < nit) {
-                    float u[8];
+            for (int q = 0; q < 2; q++) {
+                if (q == 1 && !hasb)
+                    break;
+                const int ws = q ? wsb : warp;
+                uint4 *xh = reinterpret_cast<uint4 *>(md_smem + ws * xw);
+                float *off = md_smem + ws * xw + I / 2, *xsum = off + gpr;
+                float mx = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 2; k++)
 #pragma unroll
                     for (int e = 0; e < 8; e++)
-                        u[e] = v[k][e] * xk;
-                    xh[j] = make_uint4(h2_bits(__floats2half2_rn(u[0], u[4])), h2_bits(__floats2half2_rn(u[1] * 0.0625f, u[5] * 0.0625f)),
-                                       h2_bits(__floats2half2_rn(u[2], u[6])), h2_bits(__floats2half2_rn(u[3] * 0.0625f, u[7] * 0.0625f)));
+                        mx = fmaxf(mx, fabsf(v[q][k][e]));
+                const float xk = mg_x_scale(warp_max(mx));
+                xks[q] = xk;
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const int j = lane + 32 * k;
+                    if (j < nit) {
+                        float u[8];
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            u[e] = v[q][k][e] * xk;
+                        xh[j] = make_uint4(h2_bits(__floats2half2_rn(u[0], u[4])), h2_bits(__floats2half2_rn(u[1] * 0.0625f, u[5] * 0.0625f)),
+                                           h2_bits(__floats2half2_rn(u[2], u[6])), h2_bits(__floats2half2_rn(u[3] * 0.0625f, u[7] * 0.0625f)));
+                    }
                 }
+                __syncwarp();
+                mg_group_sums(xh, I, off, xsum, lane, 32);
             }
-            __syncwarp();
-            mg_group_sums(xh, I, off, xsum, lane, 32);
             mg_stage_wait(); /* this warp's down tiles (its lanes' copies), then visible to the warp */
             __syncwarp();
-            const unsigned char *ds = s_stage + (size_t)ws * d_bytes;
-            const __nv_bfloat16 *dsc = reinterpret_cast<const __nv_bfloat16 *>(ds + 16 * stride);
-            mg_load_smem(ds, stride, dsc, dsc + 16 * gpr, gpr, 0, I / 128, g, t, f);
-            float da = 0.0f, db = 0.0f;
-            mg_dot(f, 0, I / 128, xh, off, xsum, g, t, da, db);
-            if (t == 0) {
-                s_dpart[ws][g] = wk * da / xk;
-                s_dpart[ws][g + 8] = wk * db / xk;
+#pragma unroll 1
+            for (int q = 0; q < 2; q++) {
+                if (q == 1 && !hasb)
+                    break;
+                const int ws = q ? wsb : warp;
+                const uint4 *xh = reinterpret_cast<const uint4 *>(md_smem + ws * xw);
+                const float *off = md_smem + ws * xw + I / 2, *xsum = off + gpr;
+                const unsigned char *ds = s_stage + (size_t)ws * d_bytes;
+                const __nv_bfloat16 *dsc = reinterpret_cast<const __nv_bfloat16 *>(ds + 16 * stride);
+                mg_load_smem(ds, stride, dsc, dsc + 16 * gpr, gpr, 0, I / 128, g, t, f);
+                float da = 0.0f, db = 0.0f;
+                mg_dot(f, 0, I / 128, xh, off, xsum, g, t, da, db);
+                const float wk = ws == d_slots - 1 ? gsig : s_w[ws], xk = q ? xks[1] : xks[0];
+                if (t == 0) {
+                    s_dpart[ws][g] = wk * da / xk;
+                    s_dpart[ws][g + 8] = wk * db / xk;
+                }
             }
-            __syncwarp(); /* the fragments are read before the next slot overwrites them */
         }
         __syncthreads();
         if (threadIdx.x < 16) {
@@ -622,7 +657,7 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
  * the x area and that area large enough for the down x sides and the top_k + 1 down tiles). */
 static size_t gate_up_smem(const moe_args &a, bool staged, bool down = false)
 {
-    size_t smem = (size_t)md_x_area_floats(a.hidden, a.inter, down) * sizeof(float);
+    size_t smem = (size_t)md_x_area_floats(a.hidden, a.inter, down, a.top_k + 1) * sizeof(float);
     size_t stage = staged ? (size_t)MG_STAGE_BYTES * MD_WARPS * 32 : 0;
     if (down)
         stage = max(stage, (size_t)(a.top_k + 1) * md_down_slot_bytes(a.inter));
@@ -631,11 +666,11 @@ static size_t gate_up_smem(const moe_args &a, bool staged, bool down = false)
 
 /* The STAGED launch's grid (the blocks resident at once, at most the items), or 0 when more than the
  * shared-expert tiles lie past one wave (then the plain 2D grid runs). ROUTER, DOWN: that instance's occupancy. */
-template <bool ROUTER, bool DOWN = false>
+template <bool ROUTER, int DOWN = 0>
 static cudaError_t gate_up_staged_grid(const moe_args &a, int *grid)
 {
     const int tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k - a.cpu_slots + 1) * tiles;
-    const size_t smem = gate_up_smem(a, true, DOWN);
+    const size_t smem = gate_up_smem(a, true, DOWN != 0);
     static size_t smem_set = 48 * 1024;
     cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<true, ROUTER, DOWN>, smem, &smem_set);
     if (e != cudaSuccess)
@@ -672,14 +707,14 @@ bool moe_router_fused(const moe_args &a, int n_tokens)
 
 bool moe_down_fused(const moe_args &a, int n_tokens)
 {
-    if (a.down_kernel != MOE_DOWN_AUTO || !a.done_pub || a.cpu_slots || !moe_router_fused(a, n_tokens))
+    if (a.down_kernel == MOE_DOWN_SEPARATE || !a.done_pub || a.cpu_slots || !moe_router_fused(a, n_tokens))
         return false;
     /* moe_decode_mma_supported (in moe_router_fused): inter == shared_inter in {128, 256, 512}, hidden % 512 == 0 */
     const int tiles = a.inter / 16, slots = a.top_k + 1, items = slots * tiles;
     if (tiles > 32 || slots > MD_MAX_SLOTS || items > MOE_DONE_WORDS)
         return false;
-    int grid = 0;
-    if (gate_up_staged_grid<true, true>(a, &grid) != cudaSuccess || grid <= 0 || a.n_experts + 1 > MD_ROUTER_ROWS * grid)
+    int grid = 0; /* DOWN 1 and 2 take the same resources */
+    if (gate_up_staged_grid<true, 1>(a, &grid) != cudaSuccess || grid <= 0 || a.n_experts + 1 > MD_ROUTER_ROWS * grid)
         return false;
     /* a down block per 16 output rows, after the blocks with an extra item, among the routed items */
     return (items - grid) + a.hidden / 16 <= a.top_k * tiles;
@@ -695,10 +730,20 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
         if (!moe_down_fused(a, 1))
             return cudaErrorInvalidValue;
         int grid = 0;
-        cudaError_t e = gate_up_staged_grid<true, true>(a, &grid);
+        cudaError_t e = gate_up_staged_grid<true, 1>(a, &grid);
         if (e != cudaSuccess)
             return e;
-        return launch_pdl(moe_gate_up_mma_kernel<true, true, true>, dim3(grid), dim3(MD_WARPS * 32),
+        if (a.down_kernel == MOE_DOWN_FUSED_LATE) {
+            int grid2 = 0;
+            e = gate_up_staged_grid<true, 2>(a, &grid2);
+            if (e != cudaSuccess)
+                return e;
+            if (grid2 != grid)
+                return cudaErrorInvalidValue;
+            return launch_pdl(moe_gate_up_mma_kernel<true, true, 2>, dim3(grid), dim3(MD_WARPS * 32),
+                              gate_up_smem(a, true, true), s, a, tiles);
+        }
+        return launch_pdl(moe_gate_up_mma_kernel<true, true, 1>, dim3(grid), dim3(MD_WARPS * 32),
                           gate_up_smem(a, true, true), s, a, tiles);
     }
     if (a.done_pub)
@@ -710,7 +755,7 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
             return e;
         if (!moe_router_fused(a, 1))
             return cudaErrorInvalidValue;
-        return launch_pdl(moe_gate_up_mma_kernel<true, true, false>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
+        return launch_pdl(moe_gate_up_mma_kernel<true, true, 0>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
                           a, tiles);
     }
     int grid = 0;
@@ -718,14 +763,14 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
     if (e != cudaSuccess)
         return e;
     if (grid > 0)
-        return launch_pdl(moe_gate_up_mma_kernel<true, false, false>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
+        return launch_pdl(moe_gate_up_mma_kernel<true, false, 0>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
                           a, tiles);
     static size_t smem_set = 48 * 1024;
     const size_t smem = gate_up_smem(a, false);
-    e = cuda_smem_opt_in(moe_gate_up_mma_kernel<false, false, false>, smem, &smem_set);
+    e = cuda_smem_opt_in(moe_gate_up_mma_kernel<false, false, 0>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
-    return launch_pdl(moe_gate_up_mma_kernel<false, false, false>, dim3(tiles, a.top_k - a.cpu_slots + 1), dim3(MD_WARPS * 32),
+    return launch_pdl(moe_gate_up_mma_kernel<false, false, 0>, dim3(tiles, a.top_k - a.cpu_slots + 1), dim3(MD_WARPS * 32),
                       smem, s, a, tiles);
 }
 
