@@ -4,22 +4,15 @@
  * pseudo-random bf16). Prints a markdown table with the fraction of the bandwidth floor (bytes per token
  * from cost_model.h over the measured device-to-device copy rate), a per-stage profile (CUDA events),
  * the prefill speed (and its per-stage profile) and an optional split-KV sweep. CUDA-vs-CPU agreement is
- * bench_cuda_accuracy's job. The kernels are the backend's own choice for the device (the one override: --moe-down).
+ * bench_cuda_accuracy's job. The kernels are the backend's own choice for the device (no overrides).
  *
  * --timeline LIST: the in-kernel timeline of one decode step at each depth (lily_cuda_timeline_decode: the
  * plain step graph, every decode kernel stamping %globaltimer per block at entry, PDL wait release and exit):
  * one DeltaNet layer's and one attention layer's kernels, then each stage summed over the layers, against
  * the byte time of what each kernel moves at the measured copy rate.
  *
- * --moe-down LIST (e.g. fused,separate,fused,separate): the decode table once per entry, in that order, with the
- * MoE down projection fused into gate/up where the backend can (fused, the default; late: its routed rows
- * staged later) or as its own kernel (separate: the old path; lily_cuda_set_moe_down), for A/B runs in one
- * process, each table's greedy tokens compared with the first's; the later sections run with the first
- * entry's setting.
- *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512]
  *                          [--profile-prefill] [--sweep-split] [--prefill N] [--timeline 4096,131072]
- *                          [--moe-down fused,separate,...]
  */
 #include <math.h>
 #include <stdio.h>
@@ -59,19 +52,10 @@ static int parse_list(const char *s, int *out, int max)
         return 1;                                                                                  \
     } while (0)
 
-/* The streamed tokens of one timed run (kept to compare the --moe-down runs). */
-typedef struct {
-    int n, cap;
-    int32_t *toks;
-} token_record;
-
 static int count_token(void *user, int32_t token, int index, const lily_token_logprobs *logprobs)
 {
-    (void)index, (void)logprobs;
-    token_record *r = (token_record *)user;
-    if (r->n < r->cap)
-        r->toks[r->n] = token;
-    r->n++;
+    (void)token, (void)index, (void)logprobs;
+    (*(int *)user)++;
     return 0;
 }
 
@@ -184,7 +168,6 @@ int main(int argc, char **argv)
     const char *preset = "35b";
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, chunk = 512, prof_prefill = 0;
     int tl_depths[8], n_tl = 0;
-    int down_sep[16] = {0}, n_down = 1; /* --moe-down: lily_cuda_set_moe_down's modes (0 fused, 1 separate, 2 late) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -195,18 +178,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
         else if (!strcmp(argv[i], "--timeline") && i + 1 < argc) n_tl = parse_list(argv[++i], tl_depths, 8);
-        else if (!strcmp(argv[i], "--moe-down") && i + 1 < argc) {
-            const char *s = argv[++i];
-            for (n_down = 0; *s && n_down < 16;) {
-                if (!strncmp(s, "fused", 5)) down_sep[n_down++] = 0, s += 5;
-                else if (!strncmp(s, "separate", 8)) down_sep[n_down++] = 1, s += 8;
-                else if (!strncmp(s, "late", 4)) down_sep[n_down++] = 2, s += 4;
-                else DIE("--moe-down: fused, late or separate, comma-separated");
-                if (*s == ',') s++;
-            }
-            if (!n_down) DIE("--moe-down: empty list");
-        }
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST] [--moe-down fused,late,separate,...]", argv[0]);
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST]", argv[0]);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -290,46 +262,31 @@ int main(int argc, char **argv)
         free(lg);
     }
 
-    int32_t *run_toks = malloc(sizeof(int32_t) * (size_t)n_down * n_depths * (n_gen > 0 ? n_gen : 1));
-    if (!run_toks) DIE("oom");
-    for (int r = 0; r < n_down; r++) {
-        if (lily_cuda_set_moe_down(be.ctx, st, down_sep[r], &err) != LILY_OK)
-            DIE("moe down: %s", err.message);
-        printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth, MoE down %s\n\n", n_gen,
-               down_sep[r] == 1 ? "separate (its own kernel)"
-               : down_sep[r] == 2 ? "fused into gate/up, routed rows staged late"
-                                  : "fused into gate/up where it can run");
-        printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token | tokens = first run's |\n");
-        printf("|---:|---:|---:|---:|---:|---:|---:|---|\n");
-        for (int i = 0; i < n_depths; i++) {
-            const int d = depths[i];
-            be.ops->state_reset(be.ctx, st);
-            if (lily_cuda_state_set_position(be.ctx, st, d, &err) != LILY_OK)
-                DIE("depth %d: %s", d, err.message);
-            if (decode_greedy(&be, st, 1, 8, NULL, NULL, &err) != LILY_OK) /* warm-up (+ graph capture) */
-                DIE("decode: %s", err.message);
-            const long long s0 = lily_cuda_host_syncs(be.ctx);
-            t0 = now_s();
-            /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
-            token_record rec = {0, n_gen, run_toks + ((size_t)r * n_depths + i) * n_gen};
-            if (decode_greedy(&be, st, 1, n_gen, count_token, &rec, &err) != LILY_OK)
-                DIE("decode: %s", err.message);
-            const int streamed = rec.n;
-            if (streamed != n_gen)
-                DIE("decode: %d of %d tokens streamed", streamed, n_gen);
-            const double dt = now_s() - t0;
-            const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
-            const double bytes = lily_cost_decode_bytes(&cm, d + 8 + n_gen / 2);
-            const double floor_tps = gbps * 1e9 / bytes;
-            const int same = !memcmp(rec.toks, run_toks + (size_t)i * n_gen, sizeof(int32_t) * n_gen);
-            printf("| %d | %.1f | %.3f | %.3g | %.0f | %.1f%% | %.4f | %s |\n", d, n_gen / dt, dt * 1e3 / n_gen, bytes, floor_tps,
-                   100.0 * (n_gen / dt) / floor_tps, (double)syncs / n_gen, r == 0 ? "-" : same ? "yes" : "NO");
-            fflush(stdout);
-        }
+    printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
+    printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n_depths; i++) {
+        const int d = depths[i];
+        be.ops->state_reset(be.ctx, st);
+        if (lily_cuda_state_set_position(be.ctx, st, d, &err) != LILY_OK)
+            DIE("depth %d: %s", d, err.message);
+        if (decode_greedy(&be, st, 1, 8, NULL, NULL, &err) != LILY_OK) /* warm-up (+ graph capture) */
+            DIE("decode: %s", err.message);
+        const long long s0 = lily_cuda_host_syncs(be.ctx);
+        t0 = now_s();
+        int streamed = 0; /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
+        if (decode_greedy(&be, st, 1, n_gen, count_token, &streamed, &err) != LILY_OK)
+            DIE("decode: %s", err.message);
+        if (streamed != n_gen)
+            DIE("decode: %d of %d tokens streamed", streamed, n_gen);
+        const double dt = now_s() - t0;
+        const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
+        const double bytes = lily_cost_decode_bytes(&cm, d + 8 + n_gen / 2);
+        const double floor_tps = gbps * 1e9 / bytes;
+        printf("| %d | %.1f | %.3f | %.3g | %.0f | %.1f%% | %.4f |\n", d, n_gen / dt, dt * 1e3 / n_gen, bytes, floor_tps,
+               100.0 * (n_gen / dt) / floor_tps, (double)syncs / n_gen);
+        fflush(stdout);
     }
-    free(run_toks);
-    if (lily_cuda_set_moe_down(be.ctx, st, down_sep[0], &err) != LILY_OK)
-        DIE("moe down: %s", err.message);
 
     for (int i = 0; i < n_prof; i++) {
         const int d = prof[i];

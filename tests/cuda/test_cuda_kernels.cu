@@ -380,11 +380,9 @@ static void test_gemv_stream_threshold(void)
  * tensor-core decode kernels (false: the shape has none, moe_route.cu's kernels run); fused (decode, where
  * PDL runs): the router fused into gate/up (moe_router_fused: an 8-bit router of E rows + a 1-row shared
  * gate, as the model's), its logits (NaN-poisoned) checked against the twin's and the top-k taken from
- * the twin's logits; down (with fused): MOE_DOWN_AUTO, the down projection fused into gate/up too
- * (moe_down_fused must take the shape), checked against the twin and against one run of the separate
- * moe_down_mma from the same h (the same arithmetic: bit-identical), or MOE_DOWN_SEPARATE */
+ * the twin's logits */
 static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool decode = false, int sinter = 0,
-                     bool need_mma = true, bool fused = false, int down = MOE_DOWN_SEPARATE)
+                     bool need_mma = true, bool fused = false)
 {
     if (sinter <= 0)
         sinter = inter;
@@ -444,26 +442,16 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
         a.router = rt.d, a.router_shared = rs.d;
         unsigned long long *words;
         int *dstep;
-        const size_t nwords = MOE_PUB_WORDS + MOE_LOGIT_WORDS + MOE_DONE_WORDS;
-        CK(cudaMalloc(&words, nwords * 8));
-        CK(cudaMemset(words, 0, nwords * 8));
+        CK(cudaMalloc(&words, (MOE_PUB_WORDS + MOE_LOGIT_WORDS) * 8));
+        CK(cudaMemset(words, 0, (MOE_PUB_WORDS + MOE_LOGIT_WORDS) * 8));
         CK(cudaMalloc(&dstep, sizeof(int)));
         CK(cudaMemset(dstep, 0, sizeof(int)));
         a.topk_pub = words, a.logit_pub = words + MOE_PUB_WORDS, a.step = dstep, a.layer = 3;
-        a.done_pub = words + MOE_PUB_WORDS + MOE_LOGIT_WORDS, a.down_kernel = down;
         if (!moe_router_fused(a, n)) {
             printf("FAIL moe: router not fused for hidden %d E %d top-%d inter %d\n", hidden, E, K, inter);
             g_fail++;
             return;
         }
-        if (moe_down_fused(a, n) != (down != MOE_DOWN_SEPARATE)) {
-            printf("FAIL moe: down %sfused for hidden %d E %d top-%d inter %d\n", down != MOE_DOWN_SEPARATE ? "not " : "",
-                   hidden, E, K, inter);
-            g_fail++;
-            return;
-        }
-        if (down == MOE_DOWN_SEPARATE)
-            a.done_pub = NULL; /* as moe_block: the pointer follows moe_down_fused */
     }
     if (decode) { /* n == 1: the tensor-core kernels run */
         if (need_mma && !moe_decode_mma_supported(a, n)) {
@@ -480,24 +468,6 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
         return;
     }
     std::vector<float> got = host_copy(dh, (size_t)n * hidden);
-    /* the fused down against one separate moe_down_mma from the same h (the next forward call's tags) */
-    bool same_sep = true;
-    double dsep = 0;
-    if (a.done_pub) {
-        std::vector<float> lg1 = host_copy(a.router_logits, E + 1);
-        CK(cudaMemcpy(dh, h.data(), (size_t)n * hidden * sizeof(float), cudaMemcpyHostToDevice));
-        CK(launch_set_int(const_cast<int *>(a.step), 1, 0));
-        moe_args b = a;
-        b.done_pub = NULL, b.down_kernel = MOE_DOWN_SEPARATE;
-        CK(launch_moe_gate_up(b, n, 0));
-        CK(launch_moe_down(b, n, 0));
-        std::vector<float> got2 = host_copy(dh, (size_t)n * hidden);
-        same_sep = !memcmp(got.data(), got2.data(), got.size() * sizeof(float)) &&
-                   !memcmp(lg1.data(), host_copy(a.router_logits, E + 1).data(), (E + 1) * sizeof(float));
-        for (size_t i = 0; i < got.size(); i++)
-            dsep = fmax(dsep, fabs((double)got[i] - got2[i]));
-        CK(cudaMemcpy(a.router_logits, lg1.data(), (E + 1) * sizeof(float), cudaMemcpyHostToDevice));
-    }
     std::vector<double> want((size_t)n * hidden), mag((size_t)n * hidden);
     for (int t = 0; t < n; t++) {
         const float *lg = &logits[(size_t)t * (E + 1)];
@@ -554,15 +524,8 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     }
     char what[160];
     const bool mma = moe_decode_mma_supported(a, n);
-    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s%s%s", bits, hidden, E,
-             K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "", fused ? " (fused router)" : "",
-             a.done_pub ? (down == MOE_DOWN_FUSED_LATE ? " (fused down, late rows)" : " (fused down)") : "");
-    if (a.done_pub) {
-        g_checks++;
-        g_fail += !same_sep;
-        printf("%s %s: h and logits vs the separate moe_down from the same h %s (max|d| %.3g)\n", same_sep ? "ok  " : "FAIL",
-               what, same_sep ? "bit-identical" : "DIFFER", dsep);
-    }
+    snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s%s", bits, hidden, E,
+             K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "", fused ? " (fused router)" : "");
     if (fused) {
         char lw[200];
         snprintf(lw, sizeof lw, "%s: router logits", what);
@@ -620,7 +583,7 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     float *dh, *logits = dev_nan(E + 1), *hid = dev_nan((size_t)(K + 1) * inter), *topk_w = dev_nan(K), *hist;
     int *topk_idx, *ids, *rec;
     unsigned char *ctr; /* pos, step at 0 / 4; tagged words at 128, then the tagged logits (as cuda_counters) */
-    const size_t ctr_bytes = 128 + (MOE_PUB_WORDS + MOE_LOGIT_WORDS + MOE_DONE_WORDS) * 8;
+    const size_t ctr_bytes = 128 + (MOE_PUB_WORDS + MOE_LOGIT_WORDS) * 8;
     CK(cudaMalloc(&dh, hidden * sizeof(float)));
     CK(cudaMalloc(&topk_idx, K * sizeof(int)));
     CK(cudaMalloc(&hist, (size_t)CAP * hidden * sizeof(float)));
@@ -628,13 +591,11 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     CK(cudaMalloc(&rec, sizeof(int)));
     CK(cudaMalloc(&ctr, ctr_bytes));
     int *pos = (int *)ctr, *step = (int *)ctr + 1;
-    unsigned long long *pub = (unsigned long long *)(ctr + 128), *lpub = pub + MOE_PUB_WORDS, *dpub = lpub + MOE_LOGIT_WORDS;
+    unsigned long long *pub = (unsigned long long *)(ctr + 128), *lpub = pub + MOE_PUB_WORDS;
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     bool early = false; /* the run's moe_args.topk_pub: pub, or NULL */
     bool fused = false; /* the run's moe_args.logit_pub: the router fused into gate/up where moe_router_fused */
-    bool fdown = false; /* the run's moe_args.done_pub: the down projection fused into gate/up where moe_down_fused */
-    int n_fdown = 0;    /* layer launches that took the fused down */
 
     auto enqueue_step = [&]() -> cudaError_t {
         cudaError_t e = cudaSuccess;
@@ -658,14 +619,10 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
             m.h = dh, m.norm_w = L.nw, m.eps = 1e-6f, m.hid = hid, m.topk_idx = topk_idx, m.topk_w = topk_w, m.out = dh;
             m.step = step, m.topk_pub = early ? pub : NULL, m.layer = l;
             m.router = L.router.d, m.logit_pub = fused ? lpub : NULL;
-            m.done_pub = dpub, m.down_kernel = fdown ? MOE_DOWN_AUTO : MOE_DOWN_SEPARATE;
             if (!moe_router_fused(m, 1)) {
                 m.logit_pub = NULL;
                 e = launch_gemv(b, in, GEMV_OUT_STORE, 1, NULL, s);
             }
-            if (!m.logit_pub || !moe_down_fused(m, 1)) /* as moe_block */
-                m.done_pub = NULL;
-            n_fdown += m.done_pub != NULL;
             if (e == cudaSuccess)
                 e = launch_moe_gate_up(m, 1, s);
             if (e == cudaSuccess)
@@ -735,15 +692,8 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     last_idx = host_copy(topk_idx, K);
     fused = true; /* the router fused into gate/up: the same ids, h within fp32 reordering */
     const bool ok2 = run(H2, I2, P2);
-    std::vector<float> H3;
-    std::vector<int> I3;
-    std::vector<unsigned long long> P3;
-    fdown = true; /* and the down projection: moe_down_mma's arithmetic in the same order, so H2's bits */
-    n_fdown = 0;
-    const bool ok3 = run(H3, I3, P3);
-    const int fdown_launches = n_fdown;
-    fdown = fused = false;
-    if (!ok0 || !ok1 || !ok2 || !ok3)
+    fused = false;
+    if (!ok0 || !ok1 || !ok2)
         return;
     int changed = 0; /* steps whose last-layer ids differ from the step before (stale ids would show) */
     for (int i = 1; i < n_steps; i++)
@@ -781,30 +731,6 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
             dstep = fmax(dstep, fabs((double)h1[c] - H2[(size_t)i * hidden + c]));
     }
     const bool close2 = ids_step && dstep <= 1e-2 * hmax;
-    /* The fused down: each step of its whole run held to one step of the fused router with the separate
-     * moe_down from the same h (the recorded h before the step): the same ids and h bit-identical (checked
-     * to 1e-6 of max|h|, reported as identical or not); the whole runs compared too. */
-    bool ids3 = true, same3 = true;
-    double dstep3 = 0, hmax3 = 0;
-    early = fused = true;
-    for (int i = 0; i < n_steps; i++) {
-        const float *in = i ? &H3[(size_t)(i - 1) * hidden] : h0.data();
-        CK(cudaMemcpyAsync(dh, in, hidden * sizeof(float), cudaMemcpyHostToDevice, s));
-        CK(cudaMemsetAsync(rec, 0, sizeof(int), s));
-        CK(enqueue_step());
-        CK(cudaStreamSynchronize(s));
-        const std::vector<float> h1 = host_copy(hist, (size_t)hidden);
-        const std::vector<int> i1 = host_copy(ids, (size_t)K);
-        ids3 &= !memcmp(i1.data(), &I3[(size_t)i * K], K * sizeof(int));
-        same3 &= !memcmp(h1.data(), &H3[(size_t)i * hidden], hidden * sizeof(float));
-        for (int c = 0; c < hidden; c++) {
-            dstep3 = fmax(dstep3, fabs((double)h1[c] - H3[(size_t)i * hidden + c]));
-            hmax3 = fmax(hmax3, fabs((double)H3[(size_t)i * hidden + c]));
-        }
-    }
-    early = fused = false;
-    /* launches enqueued: 2 eager steps and the captured one */
-    const bool close3 = ids3 && dstep3 <= 1e-6 * hmax3 && (fdown_launches == (eager + 1) * n_layers || !cuda_sm90_code());
     /* after the run: step 3 (the reset, then 3 replays), the last forward call was made at step 2 */
     const unsigned long long tag = (unsigned long long)((((unsigned int)2 + 1u) << 8) | (unsigned int)(n_layers - 1)) << 32;
     bool pub_ok = true, pub0 = true;
@@ -813,19 +739,16 @@ static void test_moe_early(int hidden, int E, int K, int inter, int n_layers)
     for (int w = 0; w < MOE_PUB_WORDS; w++)
         pub0 &= P0[w] == 0;
     const bool pdl_on = cuda_sm90_code();
-    const bool ok = same1 && finite && changed >= 1 && (pub_ok || !pdl_on) && pub0 && close2 && close3;
+    const bool ok = same1 && finite && changed >= 1 && (pub_ok || !pdl_on) && pub0 && close2;
     g_checks++;
     g_fail += !ok;
     printf("%s moe early ids hidden %d E %d top-%d inter %d, %d layers, %d steps (2 eager, 6 + 3 graph replays, "
            "reset): h and ids vs no tagged top-k %s (max|d| %.3g) | ids changed in %d of %d steps | tagged words %s, "
            "none published without them %s | router fused into gate/up, each step from the same h: ids %s, max|d h| %.3g "
-           "of max|h| %.3g (whole runs: ids %s, max|d h| %.3g) | down fused too (%d of %d launches), each step vs the "
-           "separate down from the same h: ids %s, h %s (max|d| %.3g of max|h| %.3g; whole runs vs the fused router's: %s)\n",
+           "of max|h| %.3g (whole runs: ids %s, max|d h| %.3g)\n",
            ok ? "ok  " : "FAIL", hidden, E, K, inter, n_layers, n_steps, same1 ? "bit-identical" : "DIFFER", dmax1,
            changed, n_steps - 1, !pdl_on ? "n/a (no PDL)" : pub_ok ? "ok" : "WRONG", pub0 ? "ok" : "WRONG",
-           ids_step ? "equal" : "DIFFER", dstep, hmax, I2 == I0 ? "equal" : "differ", dmax2, fdown_launches,
-           (eager + 1) * n_layers, ids3 ? "equal" : "DIFFER", same3 ? "bit-identical" : "differs", dstep3, hmax3,
-           H3 == H2 && I3 == I2 ? "bit-identical" : "differ");
+           ids_step ? "equal" : "DIFFER", dstep, hmax, I2 == I0 ? "equal" : "differ", dmax2);
     cudaStreamDestroy(s);
     cudaFree(dh), cudaFree(topk_idx), cudaFree(hist), cudaFree(ids), cudaFree(rec), cudaFree(ctr);
 }
@@ -1080,70 +1003,11 @@ static void test_embed(int bits, int vocab, int hidden, int n)
     check(what, got, want, mag);
 }
 
-/* The MoE checks (also alone: `test_cuda_kernels moe`). */
-static void moe_tests(const int *ns)
-{
-    /* MoE: tiny-a and full shapes */
-    for (int i = 0; i < 3; i++) {
-        test_moe(4, 128, 16, 4, 64, ns[i]);
-        test_moe(16, 128, 16, 4, 64, ns[i]);
-    }
-    test_moe(4, 2048, 32, 8, 512, 1);
-    test_moe(4, 2048, 32, 8, 512, 1, true);
-    /* the gate/up grid in its one-wave layout (the shared-expert tiles past the resident blocks staged in
-     * shared memory: on an H200 264 blocks for 9 x 32 tiles) and, where the items past one wave are not all
-     * shared-expert tiles, the plain grid; also a shape whose items all fit one wave */
-    test_moe(4, 2048, 256, 8, 512, 1);
-    test_moe(4, 2048, 32, 10, 512, 1, true); /* 11 x 32 items: more than one wave past the shared tiles */
-    test_moe(4, 512, 64, 8, 128, 1, true);
-    test_moe(4, 1024, 16, 4, 256, 1, true);
-    test_moe(4, 2048, 32, 8, 512, 2);
-    test_moe(4, 128, 256, 8, 64, 7);
-    test_moe(8, 512, 64, 8, 128, 7);
-    /* lily-tiny: hidden 384, top-4 of 24, inter 64, shared expert 256 (the mixed-width down kernel) */
-    for (int i = 0; i < 3; i++) {
-        test_moe(4, 384, 24, 4, 64, ns[i], false, 256);
-        test_moe(8, 384, 24, 4, 64, ns[i], false, 256);
-        test_moe(16, 384, 24, 4, 64, ns[i], false, 256);
-    }
-    test_moe(4, 384, 24, 4, 64, 1, true, 256, false); /* decode, no tensor-core shape */
-    test_moe(4, 384, 24, 4, 64, 7, false, 64);        /* equal widths at hidden 384 */
-    test_moe(4, 128, 16, 4, 128, 2, false, 64);       /* shared expert narrower than a routed one */
-    test_moe(4, 2048, 32, 8, 128, 1, false, 512);
-    /* the router fused into gate/up (moe_router_fused): the model's shape (257 router rows on 264 blocks),
-     * 2 rows per block (E 512), few blocks, narrow hidden */
-    test_moe(4, 2048, 256, 8, 512, 1, true, 0, true, true);
-    test_moe(4, 2048, 512, 8, 512, 1, true, 0, true, true);
-    test_moe(4, 2048, 32, 8, 512, 1, true, 0, true, true);
-    test_moe(4, 512, 64, 8, 128, 1, true, 0, true, true);
-    test_moe(4, 1024, 16, 4, 256, 1, true, 0, true, true);
-    /* the down projection fused into gate/up too (moe_down_fused): the same shapes, top-6 of 128 at hidden
-     * 1536 (every routed block a down block), top-15 (16 slots: two per warp) */
-    test_moe(4, 2048, 256, 8, 512, 1, true, 0, true, true, MOE_DOWN_AUTO);
-    test_moe(4, 2048, 512, 8, 512, 1, true, 0, true, true, MOE_DOWN_AUTO);
-    test_moe(4, 2048, 32, 8, 512, 1, true, 0, true, true, MOE_DOWN_AUTO);
-    test_moe(4, 512, 64, 8, 128, 1, true, 0, true, true, MOE_DOWN_AUTO);
-    test_moe(4, 1024, 16, 4, 256, 1, true, 0, true, true, MOE_DOWN_AUTO);
-    test_moe(4, 1536, 128, 6, 256, 1, true, 0, true, true, MOE_DOWN_AUTO);
-    test_moe(4, 512, 64, 15, 128, 1, true, 0, true, true, MOE_DOWN_AUTO);
-    test_moe(4, 2048, 256, 8, 512, 1, true, 0, true, true, MOE_DOWN_FUSED_LATE); /* routed rows staged late */
-    test_moe(4, 512, 64, 15, 128, 1, true, 0, true, true, MOE_DOWN_FUSED_LATE);
-    /* the top-k published early to moe_down: bit-identical with and without it, graph replays */
-    test_moe_early(2048, 32, 8, 512, 2);
-    test_moe_early(512, 64, 8, 128, 3);
-    test_moe_early(2048, 256, 8, 512, 2); /* the model's router: 257 rows on 264 blocks */
-}
-
-/* argv[1] "moe": the MoE checks only. */
-int main(int argc, char **argv)
+int main(void)
 {
     if (cuda_test_no_device())
         return 77;
     const int ns[] = {1, 2, 7, 64, 513};
-    if (argc > 1 && !strcmp(argv[1], "moe")) {
-        moe_tests(ns);
-        return cuda_test_summary();
-    }
     /* GEMV: every storage width, lane shape and mode */
     const int bitss[] = {4, 8, 16};
     for (int bi = 0; bi < 3; bi++) {
@@ -1246,7 +1110,44 @@ int main(int argc, char **argv)
     }
     g_gemv_shift = 0, g_gemv_hd = 32, g_gemv_act_scale = g_gemv_nw_scale = 1.0f;
     g_gemv_kernel = GEMV_KERNEL_AUTO;
-    moe_tests(ns);
+    /* MoE: tiny-a and full shapes */
+    for (int i = 0; i < 3; i++) {
+        test_moe(4, 128, 16, 4, 64, ns[i]);
+        test_moe(16, 128, 16, 4, 64, ns[i]);
+    }
+    test_moe(4, 2048, 32, 8, 512, 1);
+    test_moe(4, 2048, 32, 8, 512, 1, true);
+    /* the gate/up grid in its one-wave layout (the shared-expert tiles past the resident blocks staged in
+     * shared memory: on an H200 264 blocks for 9 x 32 tiles) and, where the items past one wave are not all
+     * shared-expert tiles, the plain grid; also a shape whose items all fit one wave */
+    test_moe(4, 2048, 256, 8, 512, 1);
+    test_moe(4, 2048, 32, 10, 512, 1, true); /* 11 x 32 items: more than one wave past the shared tiles */
+    test_moe(4, 512, 64, 8, 128, 1, true);
+    test_moe(4, 1024, 16, 4, 256, 1, true);
+    test_moe(4, 2048, 32, 8, 512, 2);
+    test_moe(4, 128, 256, 8, 64, 7);
+    test_moe(8, 512, 64, 8, 128, 7);
+    /* lily-tiny: hidden 384, top-4 of 24, inter 64, shared expert 256 (the mixed-width down kernel) */
+    for (int i = 0; i < 3; i++) {
+        test_moe(4, 384, 24, 4, 64, ns[i], false, 256);
+        test_moe(8, 384, 24, 4, 64, ns[i], false, 256);
+        test_moe(16, 384, 24, 4, 64, ns[i], false, 256);
+    }
+    test_moe(4, 384, 24, 4, 64, 1, true, 256, false); /* decode, no tensor-core shape */
+    test_moe(4, 384, 24, 4, 64, 7, false, 64);        /* equal widths at hidden 384 */
+    test_moe(4, 128, 16, 4, 128, 2, false, 64);       /* shared expert narrower than a routed one */
+    test_moe(4, 2048, 32, 8, 128, 1, false, 512);
+    /* the router fused into gate/up (moe_router_fused): the model's shape (257 router rows on 264 blocks),
+     * 2 rows per block (E 512), few blocks, narrow hidden */
+    test_moe(4, 2048, 256, 8, 512, 1, true, 0, true, true);
+    test_moe(4, 2048, 512, 8, 512, 1, true, 0, true, true);
+    test_moe(4, 2048, 32, 8, 512, 1, true, 0, true, true);
+    test_moe(4, 512, 64, 8, 128, 1, true, 0, true, true);
+    test_moe(4, 1024, 16, 4, 256, 1, true, 0, true, true);
+    /* the top-k published early to moe_down: bit-identical with and without it, graph replays */
+    test_moe_early(2048, 32, 8, 512, 2);
+    test_moe_early(512, 64, 8, 128, 3);
+    test_moe_early(2048, 256, 8, 512, 2); /* the model's router: 257 rows on 264 blocks */
     /* Gated DeltaNet */
     for (int i = 0; i < 4; i++) {
         test_gdn(2, 4, 32, ns[i], 1);

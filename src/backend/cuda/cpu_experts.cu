@@ -437,7 +437,6 @@ lily_status cuda_cpu_experts_moe(cuda_ctx *c, const moe_args &m0, lily_error *er
     moe_args m = m0;
     m.cpu_slots = ce->cpu_slots;
     m.topk_pub = NULL; /* ranked by each block (no early ids) */
-    m.done_pub = NULL; /* moe_down runs as its own kernel (moe_down_fused needs every slot here) */
     m.timeline = NULL;
     CUDA_TRY(launch_moe_gate_up(m, 1, c->stream));
     CUDA_TRY(launch_moe_down(m, 1, c->stream));

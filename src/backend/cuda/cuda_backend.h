@@ -89,12 +89,6 @@ lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, li
  * chunks of at least min_chunk keys. Drops captured graphs of `state`. */
 lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, int min_chunk, lily_error *err);
 
-/* Where later captures run the decode MoE down projection (bench A/B): mode 0, the default: fused into
- * gate/up where moe_down_fused allows; 1: its own kernel after gate/up (moe_down_mma); 2: fused, the
- * routed down rows staged after each block's own gate/up rows arrived. Drops captured graphs of `state`.
- * Errors: LILY_ERR_INVALID_ARGUMENT for another mode. */
-lily_status lily_cuda_set_moe_down(void *ctx, void *state, int mode, lily_error *err);
-
 
 #ifdef __cplusplus
 }

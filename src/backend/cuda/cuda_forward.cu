@@ -5,10 +5,8 @@
  *   attention layer: proj(norm -> q|k|v)  qk_norm_rope_append  attention (split-KV)  proj(o_proj, += h)
  *                    (a prefill chunk: qk_norm_rope_append does k/v only and the flash kernel norms +
  *                    rotates q itself)
- *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h); a decode token
- *                    on the tensor-core kernels: moe_gate_up alone (router and down fused into it:
- *                    moe_router_fused, moe_down_fused); a prefill chunk: the GEMM-based MoE block of
- *                    forward_prefill.cu
+ *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h), or, for a
+ *                    prefill chunk, the GEMM-based MoE block of forward_prefill.cu
  * proj() runs a batch of projections as a tensor-core GEMM for prefill chunks and as a GEMV otherwise.
  * The launch arguments that do not change between calls are built once per state (cuda_state_args_build).
  * Decode steps are captured once per session as CUDA graphs and replayed (decode_loop). Exact mode
@@ -336,7 +334,6 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
         m.router = L->router; /* the router fused into gate/up where moe_router_fused (moe_block) */
         m.router_shared = L->shared_expert_gate;
         m.logit_pub = st->ctr->moe_logit_pub;
-        m.done_pub = st->ctr->moe_done_pub; /* the down projection fused into gate/up where moe_down_fused */
     }
     return LILY_OK;
 }
@@ -424,26 +421,19 @@ static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_
         return cuda_prefill_moe(c, L, n, err);
     const int l = A->moe.layer;
     moe_args m = A->moe;
-    m.down_kernel = c->moe_down_kernel;
     const bool host_cpu = cuda_cpu_experts_layer(c, l, n); /* the routed experts on the host's cores (cpu_experts.cu) */
     if (host_cpu || !moe_router_fused(m, n)) { /* else gate/up computes the router rows itself */
         m.logit_pub = NULL;
         LAUNCH(launch_gemv(tl_batch(c, A->router, PS_ROUTER, l), A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
     }
-    if (host_cpu || !m.logit_pub || !moe_down_fused(m, n)) /* else gate/up computes down and the residual add too */
-        m.done_pub = NULL;
     MARK(PS_MOE_GATE_UP);
     if (host_cpu)
         return cuda_cpu_experts_moe(c, m, err);
-    const double down_bytes = m.top_k * dmat_bytes(m.down) + dmat_bytes(m.sdown);
     m.timeline = tl_slot(c, PS_MOE_GATE_UP, l, m.top_k * (dmat_bytes(m.gate) + dmat_bytes(m.up)) + dmat_bytes(m.sgate) +
-                         dmat_bytes(m.sup) + (m.logit_pub ? dmat_bytes(m.router) + dmat_bytes(m.router_shared) : 0.0) +
-                         (m.done_pub ? down_bytes : 0.0), 0.0, 1);
+                         dmat_bytes(m.sup) + (m.logit_pub ? dmat_bytes(m.router) + dmat_bytes(m.router_shared) : 0.0), 0.0, 1);
     LAUNCH(launch_moe_gate_up(m, n, c->stream));
-    if (m.done_pub)
-        return LILY_OK;
     MARK(PS_MOE_DOWN);
-    m.timeline = tl_slot(c, PS_MOE_DOWN, l, down_bytes, 0.0, 1);
+    m.timeline = tl_slot(c, PS_MOE_DOWN, l, m.top_k * dmat_bytes(m.down) + dmat_bytes(m.sdown), 0.0, 1);
     LAUNCH(launch_moe_down(m, n, c->stream));
     return LILY_OK;
 }
@@ -812,25 +802,6 @@ extern "C" lily_status lily_cuda_set_attention_split(void *ctx, void *state, int
     }
     c->att_splits = n_splits;
     c->att_min_chunk = min_chunk;
-    CUDA_TRY(cudaStreamSynchronize(c->stream));
-    if (st && st->graph_greedy) {
-        cudaGraphExecDestroy(st->graph_greedy);
-        st->graph_greedy = NULL;
-    }
-    if (st && st->graph_logits) {
-        cudaGraphExecDestroy(st->graph_logits);
-        st->graph_logits = NULL;
-    }
-    return LILY_OK;
-}
-
-extern "C" lily_status lily_cuda_set_moe_down(void *ctx, void *state, int mode, lily_error *err)
-{
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    cuda_state *st = (cuda_state *)state;
-    if (mode < 0 || mode > 2)
-        return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cuda: moe down mode %d", mode);
-    c->moe_down_kernel = mode == 1 ? MOE_DOWN_SEPARATE : mode == 2 ? MOE_DOWN_FUSED_LATE : MOE_DOWN_AUTO;
     CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (st && st->graph_greedy) {
         cudaGraphExecDestroy(st->graph_greedy);

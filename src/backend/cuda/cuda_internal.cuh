@@ -108,7 +108,6 @@ typedef struct {
     int logits_rows; /* LOGITS_BLOCK_ROWS, or max_chunk (when smaller, or with a debug hook) */
     unsigned long long *argmax; /* [C] */
     int att_splits, att_min_chunk;
-    int moe_down_kernel; /* moe_args.down_kernel of the decode MoE blocks (MOE_DOWN_AUTO; bench A/B: lily_cuda_set_moe_down) */
     float *part_o, *part_ml;
     unsigned int *att_counter;
     int *mark_step;  /* [1] the step counter a marked pass's second delta-rule launch reads (cuda_mark) */
@@ -153,9 +152,6 @@ typedef struct {
     /* decode router logits as (tag << 32 | bits) words written and polled by moe_gate_up_mma when the
      * router is fused into it (moe_router_fused); zeroed and copied as moe_topk_pub */
     __align__(128) unsigned long long moe_logit_pub[MOE_LOGIT_WORDS];
-    /* decode MoE gate/up items done, (tag << 32) words written and polled by moe_gate_up_mma when the down
-     * projection is fused into it (moe_down_fused); zeroed and copied as moe_topk_pub */
-    __align__(128) unsigned long long moe_done_pub[MOE_DONE_WORDS];
 } cuda_counters;
 
 /* One layer's launch arguments that stay the same for every forward call of a state (weights, norms,

@@ -67,9 +67,3 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
     (void)ctx, (void)state, (void)n_splits, (void)min_chunk;
     return no_cuda(err);
 }
-
-lily_status lily_cuda_set_moe_down(void *ctx, void *state, int mode, lily_error *err)
-{
-    (void)ctx, (void)state, (void)mode;
-    return no_cuda(err);
-}

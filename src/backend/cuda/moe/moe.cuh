@@ -40,26 +40,12 @@ struct moe_args {
      * logit words (cuda_counters). logit_pub NULL: the router is a GEMV launched before gate/up. */
     dmat router, router_shared;
     unsigned long long *logit_pub;
-    /* Decode, the down projection fused into the fused-router gate/up (moe_down_fused): the session's
-     * MOE_DONE_WORDS tagged words, one per gate/up item ((slot, 16-row tile), written once its hid rows
-     * are stored; cuda_counters). done_pub NULL: moe_down_mma runs as its own kernel after gate/up. */
-    unsigned long long *done_pub;
-    int down_kernel;              /* moe_down_kernel_id: MOE_DOWN_AUTO, or another (tests, bench A/B) */
     unsigned long long *timeline; /* per-block stamps of the decode kernels (timeline.cuh); NULL: none */
-};
-/* moe_args.down_kernel: where the decode down projection runs. */
-enum moe_down_kernel_id {
-    MOE_DOWN_AUTO = 0,     /* moe_down_fused decides: inside gate/up where it can run there, else its own kernel */
-    MOE_DOWN_SEPARATE = 1, /* always moe_down_mma_kernel after gate/up (the fused kernel's oracle) */
-    MOE_DOWN_FUSED_LATE = 2, /* fused as AUTO, the routed down rows staged after the block's own gate/up dot
-                              * (measured against AUTO's right-after-the-top-k; bench A/B) */
 };
 /* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
 #define MOE_PUB_WORDS 32
 /* Tagged router logits of moe_args.logit_pub: one word per router row, E + 1 <= MOE_MAX_E + 1 (moe_topk.cuh). */
 #define MOE_LOGIT_WORDS 520
-/* Tagged hid-done words of moe_args.done_pub: one per gate/up item, (top_k + 1) x inter/16 <= 16 x 32. */
-#define MOE_DONE_WORDS 512
 cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s);
 cudaError_t launch_moe_down(const moe_args &a, int n_tokens, cudaStream_t s);
 /* Whether moe_route.cu's kernels take these shapes (any n_tokens): gate/up `gu_bits` with hidden
@@ -78,13 +64,6 @@ bool moe_early_ids_wanted(int layer);
  * words and the routed blocks rank the top-k once all E are there: a grid-wide exchange, so every block must
  * be resident at once). The one place this is chosen; launch_moe_gate_up follows a.logit_pub. */
 bool moe_router_fused(const moe_args &a, int n_tokens);
-/* Whether moe_gate_up_mma also computes the down projection and the residual add (a.done_pub set; the caller
- * launches no moe_down then, and launch_moe_down launches nothing): moe_router_fused, a.down_kernel not SEPARATE, no
- * host-CPU slots, and the fused instance still one wave with a routed block free for each of the hidden/16
- * down tiles. Each item publishes a tagged done word after its hid rows; a down block's warp w waits for the
- * words of its slots' items, then runs moe_down_mma's arithmetic on weights staged in shared memory while
- * gate/up ran. The one place this is chosen; launch_moe_gate_up and launch_moe_down follow a.done_pub. */
-bool moe_down_fused(const moe_args &a, int n_tokens);
 
 /* ---- prefill routing (moe_prefill.cu) ---- */
 

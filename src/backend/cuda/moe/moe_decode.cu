@@ -13,14 +13,6 @@
  *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
- * Down fused into gate/up (moe_down_fused: the DOWN kernel below, with ROUTER): moe_down_mma's work and
- * arithmetic inside the one-wave gate/up grid, so a token has no down kernel, no wait for gate/up's last
- * block and no wait for down's blocks to become resident (gate/up's two blocks per SM hold the registers).
- * Each item publishes a tagged done word (moe_args.done_pub) after its hid rows; hidden/16 routed blocks
- * each own a 16-row down tile whose weights they copy into shared memory while gate/up runs (the shared
- * expert's before pdl_wait, the routed experts' once the block has ranked the top-k), then wait, slot by
- * slot, for the items that wrote that slot's hid.
- *
  * Early ids (with PDL): the gate/up block of item 0, which ranks the top-k,
  * also writes it as
  * tagged words (moe_args.topk_pub, moe_topk.cuh: hi = tag, lo = expert id / weight bits; tag =
@@ -59,54 +51,6 @@
 #define MD_ROUTER_ROWS 2
 
 static_assert(MOE_PUB_WORDS >= 2 * MOE_MAX_K, "moe_args.topk_pub holds 2 words per top-k slot");
-static_assert(MD_MAX_SLOTS <= 2 * MD_WARPS, "the fused down gives each warp at most two slots");
-
-/* The fused down's (DOWN below) shared memory: one 16-row tile of a slot's down matrix (I = inter columns,
- * 4-bit) as the 16 rows at md_down_stride bytes (padded by 64 bytes when a row is a multiple of 128 bytes:
- * conflict-free fragment reads), then the rows' scales and biases (bf16, I/64 per row); and per warp the
- * fp16 fragments and group sums of one slot's hid (moe_down_mma's x side). */
-__host__ __device__ __forceinline__ int md_down_stride(int I) { return (I / 2) % 128 == 0 ? I / 2 + 64 : I / 2; }
-__host__ __device__ __forceinline__ int md_down_slot_bytes(int I) { return 16 * md_down_stride(I) + 64 * (I / 64); }
-__host__ __device__ __forceinline__ int md_down_x_floats(int I) { return I / 2 + 2 * (I / 64); }
-/* Floats of moe_gate_up_mma's x area (RMSNorm(h) fp32, its fragments and group sums); DOWN: reused after
- * the gate/up tiles for the down x sides of the `slots` slots. */
-__host__ __device__ __forceinline__ int md_x_area_floats(int H, int I, bool down, int slots)
-{
-    const int xa = H + H / 2 + 2 * (H / 64);
-    return down && slots * md_down_x_floats(I) > xa ? slots * md_down_x_floats(I) : xa;
-}
-
-/* cp.async (one commit group) of the 16-row tile rows row0.. of W (I columns, 4-bit, experts folded into the
- * row index) into dst (md_down_slot_bytes(I)) by the 32 lanes of a warp: weights only, so it may be issued
- * before pdl_wait(). */
-__device__ __forceinline__ void md_down_stage(const dmat &W, int64_t row0, int I, unsigned char *dst, int lane)
-{
-    const int stride = md_down_stride(I), cpr = I / 32, sh = __ffs(cpr) - 1, gpr = I / 64, wpr = gpr / 2;
-    for (int q = lane; q < 16 * cpr; q += 32) { /* 16-byte chunks: row q >> sh, chunk q & (cpr - 1) */
-        const int i = q >> sh, j = q & (cpr - 1);
-        mg_cp(dst + i * stride + 16 * j, W.data + (row0 + i) * W.row_bytes + 16 * j, 16);
-    }
-    unsigned char *sc = dst + 16 * stride, *bi = sc + 32 * gpr;
-    for (int q = lane; q < 16 * wpr; q += 32) { /* 4-byte words of bf16 pairs: row q / wpr, word q % wpr */
-        const int i = q / wpr, j = q % wpr;
-        mg_cp(sc + 4 * q, reinterpret_cast<const uint32_t *>(W.scales + (row0 + i) * gpr) + j, 4);
-        mg_cp(bi + 4 * q, reinterpret_cast<const uint32_t *>(W.biases + (row0 + i) * gpr) + j, 4);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* Publish gate/up item `item` as done (DOWN): its hid rows were stored by lanes 0..15 of warp 0, so warp 0
- * orders them (__syncwarp) before lane 0's fence and tagged word (the release side of moe_down_wait). */
-__device__ __forceinline__ void md_done_write(unsigned long long *done, unsigned int tag, int item)
-{
-    if (threadIdx.x < 32) {
-        __syncwarp();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            st_relaxed_u64(done + item, (unsigned long long)tag << 32);
-        }
-    }
-}
 
 bool moe_early_ids_wanted(int layer)
 {
@@ -126,24 +70,18 @@ static bool moe_early_ids_on(const moe_args &a)
  * pdl_wait(), so there is no second wave whose loads would start only after the top-k.
  * ROUTER (STAGED only; moe_router_fused): block b also computes router rows b and b + gridDim.x (8-bit,
  * their bytes loaded before pdl_wait) from the same RMSNorm as the experts and publishes them as tagged
- * words (moe_topk.cuh); the routed blocks' warp 0 polls all E of them and ranks the top-k.
- * DOWN (ROUTER only; moe_down_fused, cpu_slots 0): every item publishes its done word (md_done_write); the
- * blocks past those with an extra item, one per 16 rows of hidden (all routed), stage their down tile
- * (md_down_stage: the shared expert's before pdl_wait, the routed ones after the top-k) and, after their
- * own item, compute out[rows] += the down projection as moe_down_mma does (the same values, bit for bit). */
-template <bool STAGED, bool ROUTER, int DOWN>
+ * words (moe_topk.cuh); the routed blocks' warp 0 polls all E of them and ranks the top-k. */
+template <bool STAGED, bool ROUTER>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_args a, int tiles)
 {
     static_assert(STAGED || !ROUTER, "the fused router needs one wave of co-resident blocks");
-    static_assert(ROUTER || !DOWN, "the fused down needs the fused router's one wave and per-block top-k");
     tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
     const int H = a.hidden;
     float *s_x = md_smem;                                   /* [H] */
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem + H);   /* [H / 8] */
     float *s_off = md_smem + H + H / 2, *s_xsum = s_off + H / 64;
-    /* STAGED: [MG_STAGE_BYTES][threads]; DOWN, in the down blocks instead: the slots' down tiles */
-    unsigned char *s_stage = reinterpret_cast<unsigned char *>(md_smem + md_x_area_floats(H, a.inter, DOWN, a.top_k + 1));
+    unsigned char *s_stage = reinterpret_cast<unsigned char *>(s_xsum + H / 64); /* STAGED: [MG_STAGE_BYTES][threads] */
     __shared__ float s_red[MD_WARPS];
     __shared__ float s_part[MD_WARPS][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -158,19 +96,12 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     const int ra = live ? r0 + g : 0, rb = live ? r0 + g + 8 : 0;
     /* STAGED: the extra item (a shared-expert tile) of this block, or -1 */
     const int x_item = (int)(blockIdx.x + gridDim.x), x_tile = STAGED && x_item < (n_gpu + 1) * tiles ? x_item - n_gpu * tiles : -1;
-    /* DOWN: the blocks after those with an extra item (all routed: moe_down_fused) each own one 16-row tile
-     * of the down projection, d_slots slots (cpu_slots is 0) */
-    const int d_tile = DOWN ? (int)blockIdx.x - max((n_gpu + 1) * tiles - (int)gridDim.x, 0) : -1;
-    const bool dblk = DOWN && d_tile >= 0 && d_tile * 16 < H;
-    const int d_r0 = d_tile * 16, d_slots = a.top_k + 1, d_bytes = md_down_slot_bytes(a.inter);
     if (STAGED && x_tile >= 0) {
         const dmat &Ws = mat ? a.sup : a.sgate;
         const bool xl = x_tile * 16 < a.shared_inter;
         mg_load_async(Ws, xl ? x_tile * 16 + g : 0, xl ? x_tile * 16 + g + 8 : 0, ks * CW, steps, t, s_stage, threadIdx.x,
                       MD_WARPS * 32);
     }
-    if (dblk && warp == (d_slots - 1) % MD_WARPS) /* the shared expert's down rows, before the wait */
-        md_down_stage(a.sdown, d_r0, a.inter, s_stage + (size_t)(d_slots - 1) * d_bytes, lane);
 
     mg_frag f;
     if (shared)
@@ -210,9 +141,6 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     pdl_trigger();
     pdl_wait();
     tl.waited();
-    float out_prev = 0.0f; /* DOWN: the residual rows this block adds into (only it writes them) */
-    if (dblk && threadIdx.x < 16)
-        out_prev = a.out[d_r0 + (int)threadIdx.x];
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
     __shared__ unsigned int s_key[MOE_MAX_E];
@@ -319,13 +247,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
             mg_group_sums(s_xh, H, s_off, s_xsum, threadIdx.x - 32, (MD_WARPS - 1) * 32);
         }
         __syncthreads();
-        if (!shared) {
+        if (!shared)
             routed_start();
-            /* DOWN 1: this tile's routed down rows, issued after the gate/up rows so they queue behind them */
-            if (DOWN == 1 && dblk)
-                for (int ws = warp; ws < d_slots - 1; ws += MD_WARPS)
-                    md_down_stage(a.down, (int64_t)s_idx[ws] * H + d_r0, a.inter, s_stage + (size_t)ws * d_bytes, lane);
-        }
     } else {
         /* x = RMSNorm(h) · norm_w (gemv_prologue's arithmetic): this thread's MD_X_PER values of h and the
          * weight are loaded first, so they arrive while warp 0 ranks the top-k; the sum of squares' block
@@ -370,9 +293,6 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
-    if (DOWN == 2 && dblk) /* DOWN 2: the routed down rows once this block's gate/up rows have arrived */
-        for (int ws = warp; ws < d_slots - 1; ws += MD_WARPS)
-            md_down_stage(a.down, (int64_t)s_idx[ws] * H + d_r0, a.inter, s_stage + (size_t)ws * d_bytes, lane);
     if (t == 0) {
         s_part[warp][g] = acc_a;
         s_part[warp][g + 8] = acc_b;
@@ -385,8 +305,6 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         const float uv = (s_part[4][r] + s_part[5][r] + s_part[6][r] + s_part[7][r]) / xk;
         a.hid[(int64_t)slot * hid_stride + r0 + r] = silu_f(gv) * uv;
     }
-    if (DOWN)
-        md_done_write(a.done_pub, moe_pub_tag(step, a.layer), item);
     if (STAGED && x_tile >= 0) { /* the extra shared-expert tile, from the staged copy */
         mg_stage_wait();
         mg_load_staged(s_stage, steps, threadIdx.x, MD_WARPS * 32, f);
@@ -403,134 +321,6 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
             const float gv = (s_part[0][r] + s_part[1][r] + s_part[2][r] + s_part[3][r]) / xk;
             const float uv = (s_part[4][r] + s_part[5][r] + s_part[6][r] + s_part[7][r]) / xk;
             a.hid[(int64_t)a.top_k * hid_stride + x_tile * 16 + r] = silu_f(gv) * uv;
-        }
-        if (DOWN)
-            md_done_write(a.done_pub, moe_pub_tag(step, a.layer), x_item);
-    }
-    if (DOWN && dblk) {
-        /* out[d_r0 + r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r]: moe_down_mma's arithmetic
-         * (a warp per slot, its own fp16 scale of hid, the slots summed in order), warp w taking slots w and
-         * w + MD_WARPS, the slots' x sides in the x area (free: every warp has passed the barrier after its
-         * gate/up dot). Writing h here is safe although every block read h at its start: a down block writes only
-         * after it has seen the done word of every item (its warps poll all slots' items), each block owns
-         * at least one item (grid <= items) and publishes it after its h loads (the hid it stores depends on
-         * them), so every block of the grid has read h by then. */
-        const int I = a.inter, nit = I / 8, gpr = I / 64, stride = md_down_stride(I), xw = md_down_x_floats(I);
-        const unsigned int tag = moe_pub_tag(step, a.layer);
-        __shared__ float s_dpart[MD_MAX_SLOTS][16];
-        /* warp w: slot A = w and slot B = w + MD_WARPS (when < d_slots) together, so a warp with two slots
-         * waits, fences and loads hid once; the shared slot (the last) is B of warp (d_slots - 1) % MD_WARPS
-         * when d_slots > MD_WARPS */
-        if (warp < d_slots) {
-            const int wsb = warp + MD_WARPS;
-            const bool hasb = wsb < d_slots;
-            auto slot_of = [&](int ws) { return ws == d_slots - 1 ? a.top_k : ws; };
-            const int ia = slot_of(warp) * tiles, ib = hasb ? slot_of(wsb) * tiles : 0;
-            /* wait until the slots' items carry this call's tag (lane j: items ia + j and ib + j; lane 0 also
-             * the shared-gate logit, a tagged word that holds its value) */
-            const bool has_sh = warp == d_slots - 1 || (hasb && wsb == d_slots - 1);
-            bool pa = lane < tiles, pb = hasb && lane < tiles, lpend = has_sh && lane == 0;
-            float glog = 0.0f;
-            unsigned int ns = 0, polls = 0;
-            for (;;) {
-                if (pa)
-                    pa = (unsigned int)(ld_relaxed_u64(a.done_pub + ia + lane) >> 32) != tag;
-                if (pb)
-                    pb = (unsigned int)(ld_relaxed_u64(a.done_pub + ib + lane) >> 32) != tag;
-                if (lpend) {
-                    const unsigned long long v = ld_relaxed_u64(a.logit_pub + a.n_experts);
-                    if ((unsigned int)(v >> 32) == tag) {
-                        glog = __uint_as_float((unsigned int)v);
-                        lpend = false;
-                    }
-                }
-                if (!__any_sync(0xffffffffu, pa || pb || lpend))
-                    break;
-                ns = ns ? min(2 * ns, 64u) : 16u;
-                __nanosleep(ns);
-                if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
-                    __trap();
-            }
-            __threadfence(); /* acquire: the hid rows published before the words */
-            __syncwarp();
-            const float gsig = sigmoid_f(__shfl_sync(0xffffffffu, glog, 0));
-            /* both slots' hid (I values each) into registers in one round trip: lane l holds items l, l + 32 */
-            float v[2][2][8];
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                const float *hx = a.hid + (int64_t)slot_of(q ? wsb : warp) * hid_stride;
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const int j = lane + 32 * k;
-                    float4 p0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), p1 = p0;
-                    if (j < nit && (q == 0 || hasb)) {
-                        p0 = __ldcg(reinterpret_cast<const float4 *>(hx + 8 * j));
-                        p1 = __ldcg(reinterpret_cast<const float4 *>(hx + 8 * j + 4));
-                    }
-                    v[q][k][0] = p0.x, v[q][k][1] = p0.y, v[q][k][2] = p0.z, v[q][k][3] = p0.w;
-                    v[q][k][4] = p1.x, v[q][k][5] = p1.y, v[q][k][6] = p1.z, v[q][k][7] = p1.w;
-                }
-            }
-            /* per slot (moe_down_mma's x side: its own fp16 scale, fragments, group sums; slot ws's area at
-             * ws * xw floats), then its dot with the staged down tile */
-            float xks[2];
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                if (q == 1 && !hasb)
-                    break;
-                const int ws = q ? wsb : warp;
-                uint4 *xh = reinterpret_cast<uint4 *>(md_smem + ws * xw);
-                float *off = md_smem + ws * xw + I / 2, *xsum = off + gpr;
-                float mx = 0.0f;
-#pragma unroll
-                for (int k = 0; k < 2; k++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        mx = fmaxf(mx, fabsf(v[q][k][e]));
-                const float xk = mg_x_scale(warp_max(mx));
-                xks[q] = xk;
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const int j = lane + 32 * k;
-                    if (j < nit) {
-                        float u[8];
-#pragma unroll
-                        for (int e = 0; e < 8; e++)
-                            u[e] = v[q][k][e] * xk;
-                        xh[j] = make_uint4(h2_bits(__floats2half2_rn(u[0], u[4])), h2_bits(__floats2half2_rn(u[1] * 0.0625f, u[5] * 0.0625f)),
-                                           h2_bits(__floats2half2_rn(u[2], u[6])), h2_bits(__floats2half2_rn(u[3] * 0.0625f, u[7] * 0.0625f)));
-                    }
-                }
-                __syncwarp();
-                mg_group_sums(xh, I, off, xsum, lane, 32);
-            }
-            mg_stage_wait(); /* this warp's down tiles (its lanes' copies), then visible to the warp */
-            __syncwarp();
-#pragma unroll 1
-            for (int q = 0; q < 2; q++) {
-                if (q == 1 && !hasb)
-                    break;
-                const int ws = q ? wsb : warp;
-                const uint4 *xh = reinterpret_cast<const uint4 *>(md_smem + ws * xw);
-                const float *off = md_smem + ws * xw + I / 2, *xsum = off + gpr;
-                const unsigned char *ds = s_stage + (size_t)ws * d_bytes;
-                const __nv_bfloat16 *dsc = reinterpret_cast<const __nv_bfloat16 *>(ds + 16 * stride);
-                mg_load_smem(ds, stride, dsc, dsc + 16 * gpr, gpr, 0, I / 128, g, t, f);
-                float da = 0.0f, db = 0.0f;
-                mg_dot(f, 0, I / 128, xh, off, xsum, g, t, da, db);
-                const float wk = ws == d_slots - 1 ? gsig : s_w[ws], xk = q ? xks[1] : xks[0];
-                if (t == 0) {
-                    s_dpart[ws][g] = wk * da / xk;
-                    s_dpart[ws][g + 8] = wk * db / xk;
-                }
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float acc = 0.0f;
-            for (int k = 0; k < d_slots; k++)
-                acc += s_dpart[k][threadIdx.x];
-            a.out[d_r0 + (int)threadIdx.x] = out_prev + acc;
         }
     }
 }
@@ -653,30 +443,29 @@ bool moe_decode_mma_supported(const moe_args &a, int n_tokens)
            a.top_k + 1 <= MD_MAX_SLOTS;
 }
 
-/* Dynamic shared memory of moe_gate_up_mma_kernel (STAGED: + the shared-expert tail's staging area; DOWN:
- * the x area and that area large enough for the down x sides and the top_k + 1 down tiles). */
-static size_t gate_up_smem(const moe_args &a, bool staged, bool down = false)
+/* Dynamic shared memory of moe_gate_up_mma_kernel (STAGED: + the shared-expert tail's staging area). */
+static size_t gate_up_smem(const moe_args &a, bool staged)
 {
-    size_t smem = (size_t)md_x_area_floats(a.hidden, a.inter, down, a.top_k + 1) * sizeof(float);
-    size_t stage = staged ? (size_t)MG_STAGE_BYTES * MD_WARPS * 32 : 0;
-    if (down)
-        stage = max(stage, (size_t)(a.top_k + 1) * md_down_slot_bytes(a.inter));
-    return smem + stage;
+    const int H = a.hidden;
+    size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
+    if (staged)
+        smem += (size_t)MG_STAGE_BYTES * MD_WARPS * 32;
+    return smem;
 }
 
 /* The STAGED launch's grid (the blocks resident at once, at most the items), or 0 when more than the
- * shared-expert tiles lie past one wave (then the plain 2D grid runs). ROUTER, DOWN: that instance's occupancy. */
-template <bool ROUTER, int DOWN = 0>
+ * shared-expert tiles lie past one wave (then the plain 2D grid runs). ROUTER: that instance's occupancy. */
+template <bool ROUTER>
 static cudaError_t gate_up_staged_grid(const moe_args &a, int *grid)
 {
     const int tiles = (max(a.inter, a.shared_inter) + 15) / 16, items = (a.top_k - a.cpu_slots + 1) * tiles;
-    const size_t smem = gate_up_smem(a, true, DOWN != 0);
+    const size_t smem = gate_up_smem(a, true);
     static size_t smem_set = 48 * 1024;
-    cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<true, ROUTER, DOWN>, smem, &smem_set);
+    cudaError_t e = cuda_smem_opt_in(moe_gate_up_mma_kernel<true, ROUTER>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
     static int resident = 0; /* blocks that fit on the GPU at once (asked once) */
-    e = cuda_resident_blocks(moe_gate_up_mma_kernel<true, ROUTER, DOWN>, MD_WARPS * 32, smem, &resident);
+    e = cuda_resident_blocks(moe_gate_up_mma_kernel<true, ROUTER>, MD_WARPS * 32, smem, &resident);
     if (e != cudaSuccess)
         return e;
     *grid = items - resident > tiles ? 0 : items < resident ? items : resident;
@@ -705,49 +494,12 @@ bool moe_router_fused(const moe_args &a, int n_tokens)
     return grid > 0 && a.n_experts + 1 <= MD_ROUTER_ROWS * grid;
 }
 
-bool moe_down_fused(const moe_args &a, int n_tokens)
-{
-    if (a.down_kernel == MOE_DOWN_SEPARATE || !a.done_pub || a.cpu_slots || !moe_router_fused(a, n_tokens))
-        return false;
-    /* moe_decode_mma_supported (in moe_router_fused): inter == shared_inter in {128, 256, 512}, hidden % 512 == 0 */
-    const int tiles = a.inter / 16, slots = a.top_k + 1, items = slots * tiles;
-    if (tiles > 32 || slots > MD_MAX_SLOTS || items > MOE_DONE_WORDS)
-        return false;
-    int grid = 0; /* DOWN 1 and 2 take the same resources */
-    if (gate_up_staged_grid<true, 1>(a, &grid) != cudaSuccess || grid <= 0 || a.n_experts + 1 > MD_ROUTER_ROWS * grid)
-        return false;
-    /* a down block per 16 output rows, after the blocks with an extra item, among the routed items */
-    return (items - grid) + a.hidden / 16 <= a.top_k * tiles;
-}
-
 cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
 {
     moe_args a = a0;
     if (!moe_early_ids_on(a))
         a.topk_pub = NULL; /* nothing polls: publish nothing */
     const int tiles = (max(a.inter, a.shared_inter) + 15) / 16;
-    if (a.logit_pub && a.done_pub) { /* no router and no down launched: moe_down_fused said yes */
-        if (!moe_down_fused(a, 1))
-            return cudaErrorInvalidValue;
-        int grid = 0;
-        cudaError_t e = gate_up_staged_grid<true, 1>(a, &grid);
-        if (e != cudaSuccess)
-            return e;
-        if (a.down_kernel == MOE_DOWN_FUSED_LATE) {
-            int grid2 = 0;
-            e = gate_up_staged_grid<true, 2>(a, &grid2);
-            if (e != cudaSuccess)
-                return e;
-            if (grid2 != grid)
-                return cudaErrorInvalidValue;
-            return launch_pdl(moe_gate_up_mma_kernel<true, true, 2>, dim3(grid), dim3(MD_WARPS * 32),
-                              gate_up_smem(a, true, true), s, a, tiles);
-        }
-        return launch_pdl(moe_gate_up_mma_kernel<true, true, 1>, dim3(grid), dim3(MD_WARPS * 32),
-                          gate_up_smem(a, true, true), s, a, tiles);
-    }
-    if (a.done_pub)
-        return cudaErrorInvalidValue;
     if (a.logit_pub) { /* the caller launched no router: moe_router_fused said yes */
         int grid = 0;
         cudaError_t e = gate_up_staged_grid<true>(a, &grid);
@@ -755,7 +507,7 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
             return e;
         if (!moe_router_fused(a, 1))
             return cudaErrorInvalidValue;
-        return launch_pdl(moe_gate_up_mma_kernel<true, true, 0>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
+        return launch_pdl(moe_gate_up_mma_kernel<true, true>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
                           a, tiles);
     }
     int grid = 0;
@@ -763,21 +515,19 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
     if (e != cudaSuccess)
         return e;
     if (grid > 0)
-        return launch_pdl(moe_gate_up_mma_kernel<true, false, 0>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
+        return launch_pdl(moe_gate_up_mma_kernel<true, false>, dim3(grid), dim3(MD_WARPS * 32), gate_up_smem(a, true), s,
                           a, tiles);
     static size_t smem_set = 48 * 1024;
     const size_t smem = gate_up_smem(a, false);
-    e = cuda_smem_opt_in(moe_gate_up_mma_kernel<false, false, 0>, smem, &smem_set);
+    e = cuda_smem_opt_in(moe_gate_up_mma_kernel<false, false>, smem, &smem_set);
     if (e != cudaSuccess)
         return e;
-    return launch_pdl(moe_gate_up_mma_kernel<false, false, 0>, dim3(tiles, a.top_k - a.cpu_slots + 1), dim3(MD_WARPS * 32),
+    return launch_pdl(moe_gate_up_mma_kernel<false, false>, dim3(tiles, a.top_k - a.cpu_slots + 1), dim3(MD_WARPS * 32),
                       smem, s, a, tiles);
 }
 
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)
 {
-    if (a.done_pub) /* computed by moe_gate_up_mma (moe_down_fused) */
-        return cudaSuccess;
     const int slots = a.top_k - a.cpu_slots + 1, I = a.inter;
     const size_t smem = ((size_t)slots * (I / 2) + 2 * (size_t)slots * (I / 64)) * sizeof(float);
     if (moe_early_ids_on(a))
