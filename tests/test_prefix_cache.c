@@ -909,6 +909,47 @@ static void test_cancelled_prefill_keeps_what_it_computed(void **state)
     lily_prefix_cache_free(pc);
 }
 
+static int cancel_always(void *user)
+{
+    (void)user;
+    return 1;
+}
+
+/* A prefill cancelled before its first forward pass, right after restoring a mark's checkpoint (which
+ * carries no logits): the session must not be left holding the mark's ids with the logits of whatever it
+ * held before, since a later request whose prompt is exactly those ids would take them as the live
+ * session's (no forward pass) and sample from logits of another sequence. */
+static void test_cancel_after_logitless_restore(void **state)
+{
+    fixture *f = *state;
+    lily_error err = {0};
+    enum { N = 300, MARK = 290 };
+    lily_prefix_cache *pc = NULL;
+    lily_prefix_cache_options o = {.checkpoint_every = -1, .block_rows = 64};
+    assert_int_equal(lily_prefix_cache_new(&o, &pc, &err), LILY_OK);
+    lily_session *s = NULL;
+    assert_int_equal(lily_session_new(f->engine, CTX, &s, &err), LILY_OK);
+    int32_t ids[N], edited[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 20 + (int32_t)((i * 7919u) % 480u);
+    memcpy(edited, ids, sizeof ids);
+    edited[295] = edited[295] == 30 ? 31 : 30;
+    const int mark = MARK;
+    int reused = -1;
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, ids, N, &mark, 1, NULL, NULL, &reused, &err), LILY_OK);
+    assert_int_equal(stats_of(pc).n_checkpoints, 2); /* the mark's (no logits) and the end's */
+    const int32_t next = 42; /* a reply token: the session's logits are now those after ids + next */
+    assert_int_equal(lily_session_append(s, &next, 1, NULL, &err), LILY_OK);
+    assert_int_equal(lily_prefix_cache_prefill(pc, s, edited, N, &mark, 1, cancel_always, NULL, &reused, &err),
+                     LILY_ERR_CANCELLED);
+    assert_int_equal(reused, MARK);
+    /* the prompt that ends at the mark: cold and cached agree (nothing is reused: the mark's checkpoint is
+     * not restored as a whole request, and the cancelled prefill left no session) */
+    assert_int_equal(check_request(f, pc, s, ids, MARK, NULL), 0);
+    lily_session_free(s);
+    lily_prefix_cache_free(pc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -926,6 +967,7 @@ int main(void)
         cmocka_unit_test(test_tight_cap_checks_fit_before_evicting),
         cmocka_unit_test(test_tight_cap_keeps_mark_checkpoints),
         cmocka_unit_test(test_cancelled_prefill_keeps_what_it_computed),
+        cmocka_unit_test(test_cancel_after_logitless_restore),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -840,6 +840,8 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
     }
     double restore_s = 0, forward_s = 0, checkpoint_s = 0;
     int pieces = 0;
+    /* a restored mark's checkpoint has no logits: s->logits are not its until a forward pass makes them */
+    const bool stale_logits = best >= 0 && !pc->entries[best].logits;
     if (best >= 0) {
         const double t0 = lily_wall_seconds();
         lily_status st = restore_checkpoint(pc, s, &pc->entries[best], err);
@@ -875,6 +877,8 @@ lily_status lily_prefix_cache_prefill(lily_prefix_cache *pc, lily_session *s, co
             const double t0 = lily_wall_seconds();
             if (pos > start)
                 store(pc, s, RANK_PLAIN, &ignored);
+            else if (stale_logits) /* else a later prompt of exactly these ids would take those logits */
+                lily_session_reset(s);
             checkpoint_s += lily_wall_seconds() - t0;
             st = lily_error_set(err, LILY_ERR_CANCELLED, "cancelled");
             goto out;

@@ -129,7 +129,9 @@ lily_status lily_prefix_cache_attach(lily_prefix_cache *pc, lily_engine *engine,
  * lily_prefix_cache_chat_marks). *reused (may be NULL)
  * receives the tokens not prefilled. cancel (may be NULL) is polled between forward passes.
  * On an error the session holds a prefix of ids (possibly empty); the cache stays valid. On
- * LILY_ERR_CANCELLED it holds every piece prefilled before the cancel, also checkpointed (when any was).
+ * LILY_ERR_CANCELLED it holds every piece prefilled before the cancel, also checkpointed (when any was),
+ * or nothing when the cancel came before the first forward pass after restoring a mark's checkpoint (it
+ * has no logits: a later request of exactly its ids would otherwise take stale ones from the live session).
  * Errors: LILY_ERR_INVALID_ARGUMENT (n < 1), LILY_ERR_CONTEXT_LENGTH (n > s->max_ctx, nothing changed),
  * LILY_ERR_CANCELLED, errors of lily_session_append / lily_session_restore. A checkpoint that cannot be
  * stored (out of memory, larger than the pool) is skipped, not an error. */
