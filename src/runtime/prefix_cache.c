@@ -679,8 +679,12 @@ void lily_prefix_cache_defer(lily_prefix_cache *pc, bool on)
 lily_status lily_prefix_cache_flush(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
 {
     pending_checkpoints *p = &pc->pending;
-    if (!p->ids)
+    if (!p->ids) { /* nothing pending: no time of an earlier flush shows as this one's */
+        pthread_mutex_lock(&pc->lock);
+        pc->stats.last_flush_s = 0;
+        pthread_mutex_unlock(&pc->lock);
         return LILY_OK;
+    }
     const double t0 = lily_wall_seconds();
     lily_status st = LILY_OK;
     /* s still holds the ids before the mark (decode appends; a reset or another prompt would not) */
