@@ -121,7 +121,7 @@ static void print_timeline(const lily_cuda_timeline *t, int depth, double gbps)
     int gdn = -1, att = -1;
     for (int k = 0; k < t->n; k++) {
         const char *s = t->stage_names[t->k[k].stage];
-        if (gdn < 0 && t->k[k].layer >= 4 && !strcmp(s, "deltanet_scan"))
+        if (gdn < 0 && t->k[k].layer >= 4 && !strcmp(s, "deltanet_in_proj")) /* a DeltaNet layer (its scan may run inside out_proj) */
             gdn = t->k[k].layer;
         if (att < 0 && t->k[k].layer >= 4 && !strcmp(s, "attention"))
             att = t->k[k].layer;
