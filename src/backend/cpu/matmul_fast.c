@@ -86,7 +86,7 @@ static inline uint16_t u16_at(const void *p, int64_t i)
 
 /* n values of a scale or bias row (fp32, bf16 or fp16; any alignment) as fp32, the dtype switch outside the
  * loop; the bf16 case in runs of 8 the compiler vectorizes (the common MLX checkpoint's dtype). */
-static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *dst)
+CPU_VEC8_CLONES static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *dst)
 {
     int64_t i = 0;
     switch (dtype) {
@@ -116,7 +116,7 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
  * 8): a chunk's scale or bias rows (row-major, n_groups per row) transposed so that rows are the lanes of
  * bias_terms. The bf16 case on x86-64 in 4 x 4 blocks (SSE2: bf16 to fp32 is the 16 bits placed high, then
  * one transpose per block); the values are the same either way. */
-static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, int64_t n_groups, int64_t ld,
+CPU_VEC8_CLONES static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, int64_t n_groups, int64_t ld,
                                  float *restrict dst)
 {
     int64_t g0 = 0;
@@ -127,10 +127,15 @@ static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, 
         for (; g0 + 4 <= n_groups; g0 += 4)
             for (int64_t r = 0; r < ld; r += 4) {
                 __m128 m[4];
-                for (int i = 0; i < 4; i++)
-                    m[i] = r + i < nr ? _mm_castsi128_ps(_mm_unpacklo_epi16(
-                                            zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))))
-                                      : _mm_setzero_ps();
+                if (r + 4 <= nr) /* (the branch-free common case) */
+                    for (int i = 0; i < 4; i++)
+                        m[i] = _mm_castsi128_ps(
+                            _mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))));
+                else
+                    for (int i = 0; i < 4; i++)
+                        m[i] = r + i < nr ? _mm_castsi128_ps(_mm_unpacklo_epi16(
+                                                zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))))
+                                          : _mm_setzero_ps();
                 _MM_TRANSPOSE4_PS(m[0], m[1], m[2], m[3]);
                 for (int i = 0; i < 4; i++)
                     _mm_storeu_ps(dst + (g0 + i) * ld + r, m[i]);
@@ -192,12 +197,21 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const int tile_tokens = tile_set && rows_fn ? 1 : CPU_QTILE;
     const int64_t chunk =
         gemm ? LILY_MAX((int64_t)8, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups, (int64_t)QMATMUL_GEMM_ROWS) / 8 * 8)
-             : LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
-                                             LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
-                                                      LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
+             : LILY_MAX((int64_t)1,
+                        LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
+                                 LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
+                                          n == 1 ? QMATMUL_CHUNK_ROWS /* one token: no tile to keep in L1 */
+                                                 : LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
     float ws[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
     float bt[CPU_QTILE][QMATMUL_GEMM_ROWS]; /* chunks are at most QMATMUL_GEMM_ROWS rows */
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
+    /* a lone token (decode) on 4-bit rows: the set's four-row kernel on its own activation layout where it
+     * has one (the same bits as rows_fn), the layout made once per call */
+    int16_t xn[CPU_QGEMM_MAX_COLS];
+    const bool prep = n == 1 && w->bits == 4 && kern->rows_q4_prep && a->cols <= CPU_QGEMM_MAX_COLS;
+    if (prep)
+        kern->prep_q4(a, t0, xn);
+    const float *xd = a->d + (int64_t)t0 * (a->cols / CPU_QBLOCK);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
         const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
         /* the next chunk's scale and bias rows asked for now, a cache line at a time: they are read in a
@@ -234,8 +248,12 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
             if (nt == 1 && rows_fn)
                 for (; r + CPU_QROWS <= c1; r += CPU_QROWS) {
                     float out[CPU_QROWS];
-                    rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes, ws + (r - c0) * n_groups,
-                            n_groups, w->group_size, a, t0 + i0, out);
+                    if (prep)
+                        kern->rows_q4_prep((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes,
+                                           ws + (r - c0) * n_groups, n_groups, w->group_size, xn, xd, a->cols, out);
+                    else
+                        rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes,
+                                ws + (r - c0) * n_groups, n_groups, w->group_size, a, t0 + i0, out);
                     for (int q = 0; q < CPU_QROWS; q++)
                         y[(int64_t)i0 * ldy + (r + q - row0)] = out[q] + bt[0][r + q - c0];
                 }

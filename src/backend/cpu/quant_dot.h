@@ -69,6 +69,15 @@ typedef void (*cpu_qdot_fn)(const uint8_t *w, const float *ws, int group, const 
 typedef void (*cpu_qdot_rows_fn)(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
                                  const cpu_qact *a, int t, float *out);
 
+/* Decode's 4-bit kernels on activations laid out for them once per token. A set's prep_q4 writes token t's
+ * whole values into xn [a->cols rounded up to a multiple of 128] (int16) in the set's own order; its
+ * rows_q4_prep then computes what its cpu_qdot_rows_fn gives for CPU_QROWS rows (row r's packed weights at
+ * w + r * row_bytes, its fp32 scales at ws + r * ws_stride), bit for bit, from xn and the token's block
+ * scales xd [cols / 32]. cols <= CPU_QGEMM_MAX_COLS. */
+typedef void (*cpu_qdot_prep_fn)(const cpu_qact *a, int t, int16_t *xn);
+typedef void (*cpu_qdot_rows_prep_fn)(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride,
+                                      int group, const int16_t *xn, const float *xd, int64_t cols, float *out);
+
 /* The widest activation rows (cols) a cpu_qgemm_fn takes (it packs a row pass and a token tile on the
  * stack: about 200 KiB at most). */
 #define CPU_QGEMM_MAX_COLS 4096
@@ -81,12 +90,15 @@ typedef void (*cpu_qgemm_fn)(const uint8_t *w, int64_t row_bytes, int64_t nrows,
                              int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo);
 
 /* A set of kernels for one instruction set. rows_q4 / rows_q8 may be NULL (the caller then loops
- * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE). */
+ * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE);
+ * prep_q4 and rows_q4_prep are both NULL or both set (a lone token's 4-bit rows then take them). */
 typedef struct {
     const char *name; /* "ref", "avx2", "avx512-vnni", "neon", "neon-dotprod" */
     cpu_qdot_fn dot_q4, dot_q8;
     cpu_qdot_rows_fn rows_q4, rows_q8;
     cpu_qgemm_fn gemm_q4;
+    cpu_qdot_prep_fn prep_q4;
+    cpu_qdot_rows_prep_fn rows_q4_prep;
 } cpu_qdot_kernels;
 
 /* The kernels for this CPU: the widest instruction set it has (the backend asks once, at create). */
