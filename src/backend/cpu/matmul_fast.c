@@ -147,6 +147,21 @@ CPU_VEC8_CLONES static void load_rows_transposed(const void *src, lily_dtype dty
             dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
 }
 
+/* load_rows_transposed with the kernel set's transposition (bf16) for the rows and groups it takes. */
+static void load_rows_transposed_set(const cpu_qdot_kernels *kern, const void *src, lily_dtype dtype, int64_t nr,
+                                     int64_t n_groups, int64_t ld, float *restrict dst)
+{
+    if (!kern->transpose_bf16 || dtype != LILY_DTYPE_BF16 || nr < 16 || n_groups < 4) {
+        load_rows_transposed(src, dtype, nr, n_groups, ld, dst);
+        return;
+    }
+    const int64_t nr16 = nr / 16 * 16, ng4 = n_groups / 4 * 4;
+    kern->transpose_bf16(src, nr, n_groups, ld, dst);
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int64_t r = g < ng4 ? nr16 : 0; r < ld; r++)
+            dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
+}
+
 /* Scale floats a row chunk's fp32 scales and biases may take on the stack (each). */
 #define QMATMUL_SCALE_FLOATS 4096
 /* Weight bytes per chunk of rows: one token tile's activations stay in L1 while the chunk's weight rows
@@ -202,7 +217,7 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                                  LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
                                           n == 1 ? QMATMUL_CHUNK_ROWS /* one token: no tile to keep in L1 */
                                                  : LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
-    float ws[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
+    float ws[QMATMUL_SCALE_FLOATS + 8 * 64], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
     float bt[CPU_QTILE][QMATMUL_GEMM_ROWS]; /* chunks are at most QMATMUL_GEMM_ROWS rows */
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     /* a lone token (decode) on 4-bit rows: the set's four-row kernel on its own activation layout where it
@@ -225,10 +240,15 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
             }
         }
         /* the chunk's scale (bias) rows lie back to back: one conversion each; the biases transposed */
-        load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, ws);
         const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
-        load_rows_transposed((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr, n_groups,
-                             ld, wbt);
+        if (prep) /* the scales transposed too (rows_q4_prep reads a group's four rows in one load) */
+            load_rows_transposed_set(kern, (const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes,
+                                     w->scale_dtype, nr, n_groups, ld, ws);
+        else
+            load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups,
+                         ws);
+        load_rows_transposed_set(kern, (const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype,
+                                 nr, n_groups, ld, wbt);
         if (n_gemm > 0) {
             gemm((const uint8_t *)w->data + (base + c0) * w->row_bytes, w->row_bytes, nr, ws, n_groups, w->group_size,
                  a, t0, n_gemm, y + (c0 - row0), ldy);
@@ -250,7 +270,7 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                     float out[CPU_QROWS];
                     if (prep)
                         kern->rows_q4_prep((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes,
-                                           ws + (r - c0) * n_groups, n_groups, w->group_size, xn, xd, a->cols, out);
+                                           ws + (r - c0), ld, w->group_size, xn, xd, a->cols, out);
                     else
                         rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes,
                                 ws + (r - c0) * n_groups, n_groups, w->group_size, a, t0 + i0, out);
@@ -258,9 +278,14 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                         y[(int64_t)i0 * ldy + (r + q - row0)] = out[q] + bt[0][r + q - c0];
                 }
             for (; r < c1; r++) {
-                float out[CPU_QTILE];
-                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, ws + (r - c0) * n_groups, w->group_size, a,
-                    t0 + i0, nt, out);
+                float out[CPU_QTILE], rs[CPU_QGEMM_MAX_COLS / CPU_QBLOCK];
+                const float *wsr = ws + (r - c0) * n_groups;
+                if (prep) { /* the row's scales out of the transposed layout */
+                    for (int64_t g = 0; g < n_groups; g++)
+                        rs[g] = ws[g * ld + (r - c0)];
+                    wsr = rs;
+                }
+                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, wsr, w->group_size, a, t0 + i0, nt, out);
                 for (int i = 0; i < nt; i++)
                     y[(int64_t)(i0 + i) * ldy + (r - row0)] = out[i] + bt[i][r - c0];
             }

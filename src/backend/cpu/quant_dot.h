@@ -72,11 +72,16 @@ typedef void (*cpu_qdot_rows_fn)(const uint8_t *w, int64_t row_bytes, const floa
 /* Decode's 4-bit kernels on activations laid out for them once per token. A set's prep_q4 writes token t's
  * whole values into xn [a->cols rounded up to a multiple of 128] (int16) in the set's own order; its
  * rows_q4_prep then computes what its cpu_qdot_rows_fn gives for CPU_QROWS rows (row r's packed weights at
- * w + r * row_bytes, its fp32 scales at ws + r * ws_stride), bit for bit, from xn and the token's block
- * scales xd [cols / 32]. cols <= CPU_QGEMM_MAX_COLS. */
+ * w + r * row_bytes), bit for bit, from xn, the token's block scales xd [cols / 32] and the rows' fp32
+ * scales transposed: row r's scale of group g at wst[g * ld + r] (as cpu_qdot_transpose_fn writes them).
+ * cols <= CPU_QGEMM_MAX_COLS. */
 typedef void (*cpu_qdot_prep_fn)(const cpu_qact *a, int t, int16_t *xn);
-typedef void (*cpu_qdot_rows_prep_fn)(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride,
-                                      int group, const int16_t *xn, const float *xd, int64_t cols, float *out);
+typedef void (*cpu_qdot_rows_prep_fn)(const uint8_t *w, int64_t row_bytes, const float *wst, int64_t ld, int group,
+                                      const int16_t *xn, const float *xd, int64_t cols, float *out);
+/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] (bf16, any alignment) for r < nr16 and g <
+ * ng4, where nr16 = nr rounded down to a multiple of 16 and ng4 = n_groups rounded down to a multiple of 4
+ * (the caller does the rest): a row chunk's scale or bias rows with the rows as lanes. */
+typedef void (*cpu_qdot_transpose_fn)(const uint16_t *src, int64_t nr, int64_t n_groups, int64_t ld, float *dst);
 
 /* The widest activation rows (cols) a cpu_qgemm_fn takes (it packs a row pass and a token tile on the
  * stack: about 200 KiB at most). */
@@ -99,6 +104,7 @@ typedef struct {
     cpu_qgemm_fn gemm_q4;
     cpu_qdot_prep_fn prep_q4;
     cpu_qdot_rows_prep_fn rows_q4_prep;
+    cpu_qdot_transpose_fn transpose_bf16; /* NULL: the driver's portable transposition */
 } cpu_qdot_kernels;
 
 /* The kernels for this CPU: the widest instruction set it has (the backend asks once, at create). */

@@ -119,7 +119,7 @@ VNNI __m512i rows_block_sums(const __m512i *R)
     return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
 }
 
-VNNI void q4_rows_prep(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
+VNNI void q4_rows_prep(const uint8_t *w, int64_t row_bytes, const float *wst, int64_t ld, int group,
                        const int16_t *xn, const float *xd, int64_t cols, float *out, const int PER_GROUP)
 {
     const int64_t nb = cols / CPU_QBLOCK, nch = (nb + 3) / 4;
@@ -160,8 +160,7 @@ VNNI void q4_rows_prep(const uint8_t *w, int64_t row_bytes, const float *ws, int
             G = _mm_fmadd_ps(f[b], _mm_broadcast_ss(xd + k), G);
             k++;
             if (--left == 0) {
-                acc = _mm_fmadd_ps(G, _mm_setr_ps(ws[g], ws[ws_stride + g], ws[2 * ws_stride + g], ws[3 * ws_stride + g]),
-                                   acc);
+                acc = _mm_fmadd_ps(G, _mm_loadu_ps(wst + g * ld), acc);
                 G = _mm_setzero_ps();
                 g++;
                 left = per_group;
@@ -171,14 +170,42 @@ VNNI void q4_rows_prep(const uint8_t *w, int64_t row_bytes, const float *ws, int
     _mm_storeu_ps(out, acc);
 }
 
-__attribute__((target(VNNI_TARGET))) static void rows_q4_prep(const uint8_t *w, int64_t row_bytes, const float *ws,
-                                                              int64_t ws_stride, int group, const int16_t *xn,
+__attribute__((target(VNNI_TARGET))) static void rows_q4_prep(const uint8_t *w, int64_t row_bytes, const float *wst,
+                                                              int64_t ld, int group, const int16_t *xn,
                                                               const float *xd, int64_t cols, float *out)
 {
     if (group == 2 * CPU_QBLOCK)
-        q4_rows_prep(w, row_bytes, ws, ws_stride, group, xn, xd, cols, out, 2);
+        q4_rows_prep(w, row_bytes, wst, ld, group, xn, xd, cols, out, 2);
     else
-        q4_rows_prep(w, row_bytes, ws, ws_stride, group, xn, xd, cols, out, 0);
+        q4_rows_prep(w, row_bytes, wst, ld, group, xn, xd, cols, out, 0);
+}
+
+/* quant_dot.h's cpu_qdot_transpose_fn: per 16 rows x 4 groups, two gathers of each row's 4 values (one
+ * 64-bit lane per row), one vpermt2w per group that puts the 16 rows side by side, and the bf16 bits
+ * widened to fp32 (placed high). */
+__attribute__((target(VNNI_TARGET))) static void transpose_bf16(const uint16_t *src, int64_t nr, int64_t n_groups,
+                                                                int64_t ld, float *dst)
+{
+    /* idx[g][r] = 4 r + g: row r's value of group g among the two gathered vectors (rows 0-7, then 8-15) */
+    static const int16_t idx[4][32] = {
+        {0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60},
+        {1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61},
+        {2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62},
+        {3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63}};
+    const int64_t s = 2 * n_groups; /* bytes between rows */
+    const __m512i rows = _mm512_setr_epi64(0, s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s);
+    for (int64_t r0 = 0; r0 + 16 <= nr; r0 += 16)
+        for (int64_t g0 = 0; g0 + 4 <= n_groups; g0 += 4) {
+            const char *p = (const char *)(src + r0 * n_groups + g0);
+            const __m512i lo = _mm512_i64gather_epi64(rows, p, 1);
+            const __m512i hi = _mm512_i64gather_epi64(rows, p + 16 * n_groups, 1);
+            for (int g = 0; g < 4; g++) {
+                const __m256i h = _mm512_castsi512_si256(
+                    _mm512_permutex2var_epi16(lo, _mm512_loadu_si512((const void *)idx[g]), hi));
+                _mm512_storeu_ps(dst + (g0 + g) * ld + r0,
+                                 _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+            }
+        }
 }
 
 /* gemm_q4's register tile (quant_dot_x86.h's cpu_qgemm_tile_fn): per block, 16 pairs x 4 rows of one
@@ -299,5 +326,6 @@ static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const fl
 }
 
 const cpu_qdot_kernels cpu_qdot_avx512_vnni = {"avx512-vnni", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
-                                               cpu_qdot_avx2_rows_q8, gemm_q4, prep_q4, rows_q4_prep};
+                                               cpu_qdot_avx2_rows_q8, gemm_q4, prep_q4, rows_q4_prep,
+                                               transpose_bf16};
 #endif
