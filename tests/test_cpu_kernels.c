@@ -592,6 +592,22 @@ static void test_quant_dot_every_kernel_set(void **state)
                         for (int q = 0; q < CPU_QROWS; q++)
                             assert_memory_equal(&out[q], &all_single[r0 + q][t], sizeof(float));
                     }
+                /* so does the four-row kernel on the set's own activation layout (prep_q4, rows_q4_prep) */
+                if (bits == 4 && sets[s]->rows_q4_prep)
+                    for (int t = 0; t < N; t++) {
+                        int16_t xn[COLS];
+                        sets[s]->prep_q4(&a, t, xn);
+                        for (int r0 = 0; r0 + CPU_QROWS <= ROWS; r0++) {
+                            float out[CPU_QROWS], wst[COLS / 32 * CPU_QROWS]; /* scales transposed: [g][row] */
+                            for (int g = 0; g < COLS / group; g++)
+                                for (int q = 0; q < CPU_QROWS; q++)
+                                    wst[g * CPU_QROWS + q] = all_ws[(r0 + q) * (COLS / group) + g];
+                            sets[s]->rows_q4_prep((const uint8_t *)qt.words + r0 * qt.t.row_bytes, qt.t.row_bytes,
+                                                  wst, CPU_QROWS, group, xn, a.d + t * (COLS / 32), COLS, out);
+                            for (int q = 0; q < CPU_QROWS; q++)
+                                assert_memory_equal(&out[q], &all_single[r0 + q][t], sizeof(float));
+                        }
+                    }
                 /* the tile kernel gives every (row, token) its single-token result, bit for bit: 1 .. ROWS rows
                  * (register tiles of 4 and a remainder), 1 .. N tokens (tiles of 16 and 8, and a remainder) */
                 if (bits == 4 && sets[s]->gemm_q4)

@@ -86,7 +86,7 @@ static inline uint16_t u16_at(const void *p, int64_t i)
 
 /* n values of a scale or bias row (fp32, bf16 or fp16; any alignment) as fp32, the dtype switch outside the
  * loop; the bf16 case in runs of 8 the compiler vectorizes (the common MLX checkpoint's dtype). */
-static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *dst)
+CPU_VEC8_CLONES static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *dst)
 {
     int64_t i = 0;
     switch (dtype) {
@@ -116,7 +116,7 @@ static void load_row_f32(const void *src, lily_dtype dtype, int64_t n, float *ds
  * 8): a chunk's scale or bias rows (row-major, n_groups per row) transposed so that rows are the lanes of
  * bias_terms. The bf16 case on x86-64 in 4 x 4 blocks (SSE2: bf16 to fp32 is the 16 bits placed high, then
  * one transpose per block); the values are the same either way. */
-static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, int64_t n_groups, int64_t ld,
+CPU_VEC8_CLONES static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, int64_t n_groups, int64_t ld,
                                  float *restrict dst)
 {
     int64_t g0 = 0;
@@ -127,10 +127,15 @@ static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, 
         for (; g0 + 4 <= n_groups; g0 += 4)
             for (int64_t r = 0; r < ld; r += 4) {
                 __m128 m[4];
-                for (int i = 0; i < 4; i++)
-                    m[i] = r + i < nr ? _mm_castsi128_ps(_mm_unpacklo_epi16(
-                                            zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))))
-                                      : _mm_setzero_ps();
+                if (r + 4 <= nr) /* (the branch-free common case) */
+                    for (int i = 0; i < 4; i++)
+                        m[i] = _mm_castsi128_ps(
+                            _mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))));
+                else
+                    for (int i = 0; i < 4; i++)
+                        m[i] = r + i < nr ? _mm_castsi128_ps(_mm_unpacklo_epi16(
+                                                zero, _mm_loadl_epi64((const __m128i *)(h + (r + i) * n_groups + g0))))
+                                          : _mm_setzero_ps();
                 _MM_TRANSPOSE4_PS(m[0], m[1], m[2], m[3]);
                 for (int i = 0; i < 4; i++)
                     _mm_storeu_ps(dst + (g0 + i) * ld + r, m[i]);
@@ -139,6 +144,21 @@ static void load_rows_transposed(const void *src, lily_dtype dtype, int64_t nr, 
 #endif
     for (int64_t g = g0; g < n_groups; g++)
         for (int64_t r = 0; r < ld; r++)
+            dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
+}
+
+/* load_rows_transposed with the kernel set's transposition (bf16) for the rows and groups it takes. */
+static void load_rows_transposed_set(const cpu_qdot_kernels *kern, const void *src, lily_dtype dtype, int64_t nr,
+                                     int64_t n_groups, int64_t ld, float *restrict dst)
+{
+    if (!kern->transpose_bf16 || dtype != LILY_DTYPE_BF16 || nr < 16 || n_groups < 4) {
+        load_rows_transposed(src, dtype, nr, n_groups, ld, dst);
+        return;
+    }
+    const int64_t nr16 = nr / 16 * 16, ng4 = n_groups / 4 * 4;
+    kern->transpose_bf16(src, nr, n_groups, ld, dst);
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int64_t r = g < ng4 ? nr16 : 0; r < ld; r++)
             dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
 }
 
@@ -192,12 +212,21 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
     const int tile_tokens = tile_set && rows_fn ? 1 : CPU_QTILE;
     const int64_t chunk =
         gemm ? LILY_MAX((int64_t)8, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups, (int64_t)QMATMUL_GEMM_ROWS) / 8 * 8)
-             : LILY_MAX((int64_t)1, LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
-                                             LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
-                                                      LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
-    float ws[QMATMUL_SCALE_FLOATS], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
+             : LILY_MAX((int64_t)1,
+                        LILY_MIN(QMATMUL_SCALE_FLOATS / n_groups,
+                                 LILY_MIN((int64_t)QMATMUL_CHUNK_ROWS,
+                                          n == 1 ? QMATMUL_CHUNK_ROWS /* one token: no tile to keep in L1 */
+                                                 : LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
+    float ws[QMATMUL_SCALE_FLOATS + 8 * 64], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
     float bt[CPU_QTILE][QMATMUL_GEMM_ROWS]; /* chunks are at most QMATMUL_GEMM_ROWS rows */
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
+    /* a lone token (decode) on 4-bit rows: the set's four-row kernel on its own activation layout where it
+     * has one (the same bits as rows_fn), the layout made once per call */
+    int16_t xn[CPU_QGEMM_MAX_COLS];
+    const bool prep = n == 1 && w->bits == 4 && kern->rows_q4_prep && a->cols <= CPU_QGEMM_MAX_COLS;
+    if (prep)
+        kern->prep_q4(a, t0, xn);
+    const float *xd = a->d + (int64_t)t0 * (a->cols / CPU_QBLOCK);
     for (int64_t c0 = row0; c0 < row1; c0 += chunk) {
         const int64_t c1 = LILY_MIN(c0 + chunk, row1), nr = c1 - c0;
         /* the next chunk's scale and bias rows asked for now, a cache line at a time: they are read in a
@@ -211,10 +240,15 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
             }
         }
         /* the chunk's scale (bias) rows lie back to back: one conversion each; the biases transposed */
-        load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups, ws);
         const int64_t ld = (nr + 7) / 8 * 8; /* rows padded to the lanes of bias_terms */
-        load_rows_transposed((const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr, n_groups,
-                             ld, wbt);
+        if (prep) /* the scales transposed too (rows_q4_prep reads a group's four rows in one load) */
+            load_rows_transposed_set(kern, (const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes,
+                                     w->scale_dtype, nr, n_groups, ld, ws);
+        else
+            load_row_f32((const uint8_t *)w->scales + (base + c0) * w->scale_row_bytes, w->scale_dtype, nr * n_groups,
+                         ws);
+        load_rows_transposed_set(kern, (const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype,
+                                 nr, n_groups, ld, wbt);
         if (n_gemm > 0) {
             gemm((const uint8_t *)w->data + (base + c0) * w->row_bytes, w->row_bytes, nr, ws, n_groups, w->group_size,
                  a, t0, n_gemm, y + (c0 - row0), ldy);
@@ -234,15 +268,24 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
             if (nt == 1 && rows_fn)
                 for (; r + CPU_QROWS <= c1; r += CPU_QROWS) {
                     float out[CPU_QROWS];
-                    rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes, ws + (r - c0) * n_groups,
-                            n_groups, w->group_size, a, t0 + i0, out);
+                    if (prep)
+                        kern->rows_q4_prep((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes,
+                                           ws + (r - c0), ld, w->group_size, xn, xd, a->cols, out);
+                    else
+                        rows_fn((const uint8_t *)w->data + (base + r) * w->row_bytes, w->row_bytes,
+                                ws + (r - c0) * n_groups, n_groups, w->group_size, a, t0 + i0, out);
                     for (int q = 0; q < CPU_QROWS; q++)
                         y[(int64_t)i0 * ldy + (r + q - row0)] = out[q] + bt[0][r + q - c0];
                 }
             for (; r < c1; r++) {
-                float out[CPU_QTILE];
-                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, ws + (r - c0) * n_groups, w->group_size, a,
-                    t0 + i0, nt, out);
+                float out[CPU_QTILE], rs[CPU_QGEMM_MAX_COLS / CPU_QBLOCK];
+                const float *wsr = ws + (r - c0) * n_groups;
+                if (prep) { /* the row's scales out of the transposed layout */
+                    for (int64_t g = 0; g < n_groups; g++)
+                        rs[g] = ws[g * ld + (r - c0)];
+                    wsr = rs;
+                }
+                dot((const uint8_t *)w->data + (base + r) * w->row_bytes, wsr, w->group_size, a, t0 + i0, nt, out);
                 for (int i = 0; i < nt; i++)
                     y[(int64_t)(i0 + i) * ldy + (r - row0)] = out[i] + bt[i][r - c0];
             }
@@ -253,8 +296,12 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
 int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows, int n)
 {
     const int threads = lily_threadpool_size(c->pool);
-    /* several tokens: longer runs of rows, so a tile kernel packs each token tile for more rows */
-    const int64_t b = LILY_MIN(n >= 2 ? (int64_t)QMATMUL_GEMM_ROWS : 64, (rows + 4 * threads - 1) / (4 * threads));
+    /* several tokens: longer runs of rows, so a tile kernel packs each token tile for more rows; one token
+     * over many rows (an LM head): about 16 tasks per thread, each claim of a task being a cache-line
+     * transfer between cores (tasks of 64 rows made 2,374 claims per token of a 151,936-row head) */
+    int64_t b = LILY_MIN(n >= 2 ? (int64_t)QMATMUL_GEMM_ROWS : 64, (rows + 4 * threads - 1) / (4 * threads));
+    if (n == 1)
+        b = LILY_MAX(b, (rows + 16 * threads - 1) / (16 * threads));
     /* whole runs of CPU_QROWS rows, so the 4-row decode kernels take every row */
     return (int)((LILY_MAX(b, (int64_t)1) + CPU_QROWS - 1) / CPU_QROWS * CPU_QROWS);
 }

@@ -28,8 +28,14 @@ typedef int8_t v8b __attribute__((vector_size(8)));
 /* v clamped to [-LIM, LIM] lane by lane. */
 #define CLAMP8(v) MAX8(MIN8(v, LIM), -LIM)
 
-/* Also built for AVX2 (CPU_VEC8_CLONES: the same IEEE operations per lane, so the same values). */
-CPU_VEC8_CLONES void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
+/* Also built for AVX2 and for AVX-512 (x86-64-v4: one-instruction narrowing and blends), each clone the
+ * same IEEE operations per lane with no multiply-add fused (fp-contract off), so the same values. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define QUANT_ACT_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+#else
+#define QUANT_ACT_CLONES CPU_VEC8_CLONES
+#endif
+QUANT_ACT_CLONES void cpu_quantize_act(const float *x, int n, int64_t cols, cpu_qact *a)
 {
     const int64_t nb = cols / CPU_QBLOCK;
     const v8f MAGIC = {12582912.0f, 12582912.0f, 12582912.0f, 12582912.0f,

@@ -69,6 +69,20 @@ typedef void (*cpu_qdot_fn)(const uint8_t *w, const float *ws, int group, const 
 typedef void (*cpu_qdot_rows_fn)(const uint8_t *w, int64_t row_bytes, const float *ws, int64_t ws_stride, int group,
                                  const cpu_qact *a, int t, float *out);
 
+/* Decode's 4-bit kernels on activations laid out for them once per token. A set's prep_q4 writes token t's
+ * whole values into xn [a->cols rounded up to a multiple of 128] (int16) in the set's own order; its
+ * rows_q4_prep then computes what its cpu_qdot_rows_fn gives for CPU_QROWS rows (row r's packed weights at
+ * w + r * row_bytes), bit for bit, from xn, the token's block scales xd [cols / 32] and the rows' fp32
+ * scales transposed: row r's scale of group g at wst[g * ld + r] (as cpu_qdot_transpose_fn writes them).
+ * cols <= CPU_QGEMM_MAX_COLS. */
+typedef void (*cpu_qdot_prep_fn)(const cpu_qact *a, int t, int16_t *xn);
+typedef void (*cpu_qdot_rows_prep_fn)(const uint8_t *w, int64_t row_bytes, const float *wst, int64_t ld, int group,
+                                      const int16_t *xn, const float *xd, int64_t cols, float *out);
+/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] (bf16, any alignment) for r < nr16 and g <
+ * ng4, where nr16 = nr rounded down to a multiple of 16 and ng4 = n_groups rounded down to a multiple of 4
+ * (the caller does the rest): a row chunk's scale or bias rows with the rows as lanes. */
+typedef void (*cpu_qdot_transpose_fn)(const uint16_t *src, int64_t nr, int64_t n_groups, int64_t ld, float *dst);
+
 /* The widest activation rows (cols) a cpu_qgemm_fn takes (it packs a row pass and a token tile on the
  * stack: about 200 KiB at most). */
 #define CPU_QGEMM_MAX_COLS 4096
@@ -81,12 +95,16 @@ typedef void (*cpu_qgemm_fn)(const uint8_t *w, int64_t row_bytes, int64_t nrows,
                              int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo);
 
 /* A set of kernels for one instruction set. rows_q4 / rows_q8 may be NULL (the caller then loops
- * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE). */
+ * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE);
+ * prep_q4 and rows_q4_prep are both NULL or both set (a lone token's 4-bit rows then take them). */
 typedef struct {
     const char *name; /* "ref", "avx2", "avx512-vnni", "neon", "neon-dotprod" */
     cpu_qdot_fn dot_q4, dot_q8;
     cpu_qdot_rows_fn rows_q4, rows_q8;
     cpu_qgemm_fn gemm_q4;
+    cpu_qdot_prep_fn prep_q4;
+    cpu_qdot_rows_prep_fn rows_q4_prep;
+    cpu_qdot_transpose_fn transpose_bf16; /* NULL: the driver's portable transposition */
 } cpu_qdot_kernels;
 
 /* The kernels for this CPU: the widest instruction set it has (the backend asks once, at create). */

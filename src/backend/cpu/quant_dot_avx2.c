@@ -475,5 +475,5 @@ static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const fl
 }
 
 const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
-                                       cpu_qdot_avx2_rows_q8, gemm_q4};
+                                       cpu_qdot_avx2_rows_q8, gemm_q4, NULL, NULL, NULL};
 #endif

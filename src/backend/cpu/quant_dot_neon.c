@@ -116,6 +116,6 @@ ENTRY(dot_q8, q8_tile, )
 ENTRY(dot_q4_sdot, q4_tile_sdot, __attribute__((target("arch=armv8.2-a+dotprod"))))
 ENTRY(dot_q8_sdot, q8_tile_sdot, __attribute__((target("arch=armv8.2-a+dotprod"))))
 
-const cpu_qdot_kernels cpu_qdot_neon = {"neon", dot_q4, dot_q8, NULL, NULL, NULL};
-const cpu_qdot_kernels cpu_qdot_neon_dotprod = {"neon-dotprod", dot_q4_sdot, dot_q8_sdot, NULL, NULL, NULL};
+const cpu_qdot_kernels cpu_qdot_neon = {"neon", dot_q4, dot_q8, NULL, NULL, NULL, NULL, NULL, NULL};
+const cpu_qdot_kernels cpu_qdot_neon_dotprod = {"neon-dotprod", dot_q4_sdot, dot_q8_sdot, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif

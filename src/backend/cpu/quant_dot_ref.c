@@ -53,4 +53,4 @@ static void dot_q8(const uint8_t *w, const float *ws, int group, const cpu_qact 
     });
 }
 
-const cpu_qdot_kernels cpu_qdot_ref = {"ref", dot_q4, dot_q8, NULL, NULL, NULL};
+const cpu_qdot_kernels cpu_qdot_ref = {"ref", dot_q4, dot_q8, NULL, NULL, NULL, NULL, NULL, NULL};

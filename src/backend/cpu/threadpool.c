@@ -63,7 +63,10 @@ struct lily_threadpool {
     lily_task_fn fn;
     void *arg;
     int n_tasks;
+    /* the task counter on a cache line of its own: every claim writes it, while waiting threads read state */
+    char pad0[64];
     atomic_int next_task;
+    char pad1[64 - sizeof(atomic_int)];
 };
 
 static inline void cpu_relax(void)
