@@ -16,6 +16,8 @@ BUILD      ?= build
 BUILD_ASAN ?= build-asan
 BUILD_ARM64 ?= build-arm64
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+# cmake's generated makefiles run make recursively: without this each step prints Entering/Leaving lines
+MAKEFLAGS  += --no-print-directory
 MODEL      ?=
 PROMPT     ?= The Python interpreter
 TOKENS     ?= 96
