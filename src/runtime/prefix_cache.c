@@ -679,30 +679,23 @@ void lily_prefix_cache_defer(lily_prefix_cache *pc, bool on)
 lily_status lily_prefix_cache_flush(lily_prefix_cache *pc, const lily_session *s, lily_error *err)
 {
     pending_checkpoints *p = &pc->pending;
-    if (!p->ids) { /* nothing pending: no time of an earlier flush shows as this one's */
-        pthread_mutex_lock(&pc->lock);
-        pc->stats.last_flush_s = 0;
-        pthread_mutex_unlock(&pc->lock);
-        return LILY_OK;
-    }
     const double t0 = lily_wall_seconds();
     lily_status st = LILY_OK;
     /* s still holds the ids before the mark (decode appends; a reset or another prompt would not) */
     if (p->mark > 0) {
-        const bool valid = s->n_tokens >= p->mark && !memcmp(s->tokens, p->ids, (size_t)p->mark * sizeof *p->ids);
-        if (valid)
+        if (s->n_tokens >= p->mark && !memcmp(s->tokens, p->ids, (size_t)p->mark * sizeof *p->ids))
             st = store_at(pc, s, p->mark, NULL, &p->rest, RANK_MARK, err); /* takes rest or frees it */
         else
             blob_free(pc, &p->rest);
         p->mark = 0;
     }
     /* the end of the prefill: s is exactly the prompt, its logits the prefill's */
-    if (st == LILY_OK && s->n_tokens == p->n && !memcmp(s->tokens, p->ids, (size_t)p->n * sizeof *p->ids))
+    if (p->ids && st == LILY_OK && s->n_tokens == p->n && !memcmp(s->tokens, p->ids, (size_t)p->n * sizeof *p->ids))
         st = store(pc, s, RANK_PLAIN, err);
+    const bool any = p->ids != NULL;
     pending_drop(pc);
-    const double dt = lily_wall_seconds() - t0;
     pthread_mutex_lock(&pc->lock);
-    pc->stats.last_flush_s = dt;
+    pc->stats.last_flush_s = any ? lily_wall_seconds() - t0 : 0.0; /* never an earlier flush's time */
     pthread_mutex_unlock(&pc->lock);
     return st;
 }

@@ -1273,8 +1273,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     int n_chosen = 0;
     lily_generate_result res;
     st = decode_reply(&g, forced, n_forced, &nc, &gp, &detok, &res, &n_chosen, &err);
-    if (!g.prompt_logprobs)
-        flush_checkpoints(&g); /* no token came (a stop id first, an error): the prompt's are still valid */
+    flush_checkpoints(&g); /* no token came (a stop id first, an error): the prompt's are still valid */
     int n_generated = n_chosen + res.n_generated;
     job->stats.completion_tokens = n_generated;
     job->stats.decode_tok_s = res.decode_tokens_per_second;
