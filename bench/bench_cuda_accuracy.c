@@ -16,13 +16,18 @@
  *   - --exact: the CUDA backend in its exact mode (lily_backend_options.exact: fp32 KV cache, fp32 kernels
  *     only): what is left is summation order and the fast-math exp / rsqrt
  *     (~2e-7 relative; expected mean KL ~1e-6, the CPU's own reordering band, unless a rare route flips);
+ *   - --cpu-f16-chunked (CPU only, no GPU needed): the CPU backend with fp16 matmul inputs twice, recurrent
+ *     and chunked delta rule, against each other and the reference: what fp32 reordering alone does once
+ *     every matmul input is rounded to fp16 as the CUDA kernels round them (a reordered sum moves a value
+ *     across an fp16 rounding boundary now and then, and a near-tied top-8 route flips): the distance two
+ *     correct fp16-operand implementations of this random model keep from each other;
  *   - --n-cpu-moe L [--host-experts N]: the CUDA backend's decode (n one-token calls) with the routed
  *     experts of layers [0, L) in host memory, N of each token's top-k computed by the host's cores
  *     (lily_backend_options.host_experts: -1 zero-copy, 0 auto, 1048576 all), and the same decode with
  *     every expert on the device, each against the CPU and against each other (issue 23's KL check).
  *
  * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
- *                            [--seed N] [--n-cpu-moe L [--host-experts N]]
+ *                            [--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N]]
  *                            (--seed: the prompt's random token ids, default 42)
  * The CPU forward runs on all cores of the machine (the GPU machine's CPUs).
  */
@@ -214,7 +219,8 @@ static int cuda_decode_run(const lily_synthetic *syn, const lily_backend_options
 int main(int argc, char **argv)
 {
     const char *preset = "35b";
-    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0, n_cpu_moe = 0, host_experts = 0;
+    int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0, n_cpu_moe = 0, host_experts = 0,
+        cpu_f16_chunked = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -223,11 +229,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--cpu-chunked")) cpu_chunked = 1;
         else if (!strcmp(argv[i], "--cpu-f16")) cpu_f16 = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
+        else if (!strcmp(argv[i], "--cpu-f16-chunked")) cpu_f16_chunked = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_rng = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--n-cpu-moe") && i + 1 < argc) n_cpu_moe = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--host-experts") && i + 1 < argc) host_experts = atoi(argv[++i]);
         else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact] "
-                 "[--seed N] [--n-cpu-moe L [--host-experts N]]", argv[0]);
+                 "[--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N]]", argv[0]);
     }
     if (n < 1 || n > 8192)
         DIE("-n must be in [1, 8192]");
@@ -272,6 +279,36 @@ int main(int argc, char **argv)
     cpu.ops->state_free(cpu.ctx, cst);
     lily_backend_destroy(&cpu);
     probe->record = 0;
+
+    if (cpu_f16_chunked) { /* fp16 operands, two summation orders of the delta rule: each vs exact, then each other */
+        float *lf[2];
+        for (int v = 0; v < 2; v++) {
+            lf[v] = malloc(sizeof(float) * (size_t)n * V);
+            if (!lf[v])
+                DIE("out of memory");
+            lily_backend_options vo = co;
+            vo.debug_hook = NULL;
+            vo.cpu_matmul_inputs_f16 = true;
+            vo.deltanet_chunked = v == 1;
+            t0 = now_s();
+            if (lily_backend_create("cpu", cfg, &syn->weights, &vo, &cpu, &err) != LILY_OK ||
+                cpu.ops->state_new(cpu.ctx, n + 8, &cst, &err) != LILY_OK ||
+                cpu.ops->forward(cpu.ctx, cst, toks, n, LILY_LOGITS_ALL, lf[v], &err) != LILY_OK)
+                DIE("cpu fp16 inputs: %s", err.message);
+            printf("cpu forward, fp16 matmul inputs, %s delta rule: %.1f s\n", v ? "chunked" : "recurrent", now_s() - t0);
+            cpu.ops->state_free(cpu.ctx, cst);
+            lily_backend_destroy(&cpu);
+        }
+        compare_logits("CPU fp16 inputs, recurrent delta rule, vs CPU exact", lr, lf[0], n, V);
+        compare_logits("CPU fp16 inputs, chunked delta rule, vs CPU exact", lr, lf[1], n, V);
+        compare_logits("CPU fp16 inputs: chunked vs recurrent delta rule (fp32 reordering only)", lf[0], lf[1], n, V);
+        free(lf[0]), free(lf[1]);
+        if (n_cpu_moe <= 0) {
+            free(probe), free(lc), free(lr), free(toks);
+            lily_synthetic_free(syn);
+            return 0;
+        }
+    }
 
     if (n_cpu_moe > 0) { /* the host-experts decode and the all-device decode, each against the CPU and each other */
         float *ld = malloc(sizeof(float) * (size_t)n * V);
