@@ -11,8 +11,13 @@
  * one DeltaNet layer's and one attention layer's kernels, then each stage summed over the layers, against
  * the byte time of what each kernel moves at the measured copy rate.
  *
+ * --gdn-unfused: every decode step with the DeltaNet scan and out_proj as two kernels (lily_cuda_set_deltanet_fusion
+ * 0) instead of the fused launch the backend chooses; --gdn-ab: the decode table four times in one process,
+ * fused, unfused, fused, unfused (an A/B on the same weights and lease).
+ *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512]
  *                          [--profile-prefill] [--sweep-split] [--prefill N] [--timeline 4096,131072]
+ *                          [--gdn-unfused] [--gdn-ab]
  */
 #include <math.h>
 #include <stdio.h>
@@ -52,10 +57,18 @@ static int parse_list(const char *s, int *out, int max)
         return 1;                                                                                  \
     } while (0)
 
+/* The tokens a decode streamed: how many, and a hash of the sequence (FNV-1a over the ids). */
+typedef struct {
+    int n;
+    unsigned long long hash;
+} tok_stream;
+
 static int count_token(void *user, int32_t token, int index, const lily_token_logprobs *logprobs)
 {
-    (void)token, (void)index, (void)logprobs;
-    (*(int *)user)++;
+    (void)index, (void)logprobs;
+    tok_stream *t = (tok_stream *)user;
+    t->n++;
+    t->hash = (t->hash ^ (uint32_t)token) * 0x100000001b3ull;
     return 0;
 }
 
@@ -108,7 +121,7 @@ static void print_timeline(const lily_cuda_timeline *t, int depth, double gbps)
     int gdn = -1, att = -1;
     for (int k = 0; k < t->n; k++) {
         const char *s = t->stage_names[t->k[k].stage];
-        if (gdn < 0 && t->k[k].layer >= 4 && !strcmp(s, "deltanet_scan"))
+        if (gdn < 0 && t->k[k].layer >= 4 && !strcmp(s, "deltanet_in_proj")) /* a DeltaNet layer (its scan may run inside out_proj) */
             gdn = t->k[k].layer;
         if (att < 0 && t->k[k].layer >= 4 && !strcmp(s, "attention"))
             att = t->k[k].layer;
@@ -167,7 +180,7 @@ int main(int argc, char **argv)
 {
     const char *preset = "35b";
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, chunk = 512, prof_prefill = 0;
-    int tl_depths[8], n_tl = 0;
+    int tl_depths[8], n_tl = 0, gdn_fused = 1, gdn_ab = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -178,7 +191,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
         else if (!strcmp(argv[i], "--timeline") && i + 1 < argc) n_tl = parse_list(argv[++i], tl_depths, 8);
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST]", argv[0]);
+        else if (!strcmp(argv[i], "--gdn-unfused")) gdn_fused = 0;
+        else if (!strcmp(argv[i], "--gdn-ab")) gdn_ab = 1;
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST] [--gdn-unfused] [--gdn-ab]", argv[0]);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -218,6 +233,8 @@ int main(int argc, char **argv)
     if (be.ops->state_new(be.ctx, max_ctx, &st, &err) != LILY_OK)
         DIE("state: %s", err.message);
 
+    if (!gdn_fused && lily_cuda_set_deltanet_fusion(be.ctx, st, 0, &err) != LILY_OK)
+        DIE("deltanet fusion: %s", err.message);
     int32_t *toks = malloc(sizeof(int32_t) * ((size_t)max_prompt + 64));
     if (!toks) DIE("oom");
 
@@ -262,30 +279,51 @@ int main(int argc, char **argv)
         free(lg);
     }
 
-    printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
-    printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (int i = 0; i < n_depths; i++) {
-        const int d = depths[i];
-        be.ops->state_reset(be.ctx, st);
-        if (lily_cuda_state_set_position(be.ctx, st, d, &err) != LILY_OK)
-            DIE("depth %d: %s", d, err.message);
-        if (decode_greedy(&be, st, 1, 8, NULL, NULL, &err) != LILY_OK) /* warm-up (+ graph capture) */
-            DIE("decode: %s", err.message);
-        const long long s0 = lily_cuda_host_syncs(be.ctx);
-        t0 = now_s();
-        int streamed = 0; /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
-        if (decode_greedy(&be, st, 1, n_gen, count_token, &streamed, &err) != LILY_OK)
-            DIE("decode: %s", err.message);
-        if (streamed != n_gen)
-            DIE("decode: %d of %d tokens streamed", streamed, n_gen);
-        const double dt = now_s() - t0;
-        const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
-        const double bytes = lily_cost_decode_bytes(&cm, d + 8 + n_gen / 2);
-        const double floor_tps = gbps * 1e9 / bytes;
-        printf("| %d | %.1f | %.3f | %.3g | %.0f | %.1f%% | %.4f |\n", d, n_gen / dt, dt * 1e3 / n_gen, bytes, floor_tps,
-               100.0 * (n_gen / dt) / floor_tps, (double)syncs / n_gen);
-        fflush(stdout);
+    unsigned long long ab_hash[4][32];
+    memset(ab_hash, 0, sizeof ab_hash);
+    for (int pass = 0; pass < (gdn_ab ? 4 : 1); pass++) {
+        if (gdn_ab) {
+            if (lily_cuda_set_deltanet_fusion(be.ctx, st, pass % 2 == 0, &err) != LILY_OK)
+                DIE("deltanet fusion: %s", err.message);
+            printf("\n### A/B pass %d of 4: DeltaNet decode scan %s\n", pass + 1,
+                   pass % 2 == 0 ? "fused into out_proj (GDN_KERNEL_DECODE_FUSED)" : "and out_proj as two kernels");
+        }
+        printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
+        printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token |\n");
+        printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (int i = 0; i < n_depths; i++) {
+            const int d = depths[i];
+            be.ops->state_reset(be.ctx, st);
+            if (lily_cuda_state_set_position(be.ctx, st, d, &err) != LILY_OK)
+                DIE("depth %d: %s", d, err.message);
+            if (decode_greedy(&be, st, 1, 8, NULL, NULL, &err) != LILY_OK) /* warm-up (+ graph capture) */
+                DIE("decode: %s", err.message);
+            const long long s0 = lily_cuda_host_syncs(be.ctx);
+            t0 = now_s();
+            tok_stream streamed = {0, 0xcbf29ce484222325ull}; /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
+            if (decode_greedy(&be, st, 1, n_gen, count_token, &streamed, &err) != LILY_OK)
+                DIE("decode: %s", err.message);
+            if (streamed.n != n_gen)
+                DIE("decode: %d of %d tokens streamed", streamed.n, n_gen);
+            if (gdn_ab && i < 32)
+                ab_hash[pass][i] = streamed.hash;
+            const double dt = now_s() - t0;
+            const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
+            const double bytes = lily_cost_decode_bytes(&cm, d + 8 + n_gen / 2);
+            const double floor_tps = gbps * 1e9 / bytes;
+            printf("| %d | %.1f | %.3f | %.3g | %.0f | %.1f%% | %.4f |\n", d, n_gen / dt, dt * 1e3 / n_gen, bytes, floor_tps,
+                   100.0 * (n_gen / dt) / floor_tps, (double)syncs / n_gen);
+            fflush(stdout);
+        }
+    }
+    if (gdn_ab && lily_cuda_set_deltanet_fusion(be.ctx, st, gdn_fused, &err) != LILY_OK)
+        DIE("deltanet fusion: %s", err.message);
+    if (gdn_ab) { /* the fused path is bit-identical to the unfused one: the same greedy tokens */
+        printf("\nA/B greedy token streams, fused vs unfused, per depth:");
+        for (int i = 0; i < n_depths && i < 32; i++)
+            printf(" %d %s", depths[i], ab_hash[0][i] == ab_hash[1][i] && ab_hash[2][i] == ab_hash[3][i] &&
+                                            ab_hash[0][i] == ab_hash[2][i] ? "identical" : "DIFFER");
+        printf("\n");
     }
 
     for (int i = 0; i < n_prof; i++) {

@@ -89,6 +89,11 @@ lily_status lily_cuda_membw(int device, size_t bytes, int reps, double *gbps, li
  * chunks of at least min_chunk keys. Drops captured graphs of `state`. */
 lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, int min_chunk, lily_error *err);
 
+/* Whether later captures may run a DeltaNet layer's decode scan inside its out_proj launch (bench A/B):
+ * fused 1 (the default) = where the kernel choice takes GDN_KERNEL_DECODE_FUSED, 0 = the scan kernel and
+ * the out_proj GEMV as two launches. Drops captured graphs of `state`. */
+lily_status lily_cuda_set_deltanet_fusion(void *ctx, void *state, int fused, lily_error *err);
+
 
 #ifdef __cplusplus
 }

@@ -75,7 +75,8 @@ __device__ __forceinline__ float bf2f(__nv_bfloat16 v) { return __bfloat162float
  * blocks may start while this one drains. Every kernel calls pdl_wait() before it reads anything an
  * earlier kernel of the same forward call wrote, or writes anything (only immutable weights, and state
  * last written by an earlier forward call, may be read before it: each forward call begins with a plain
- * launch, embed), and pdl_trigger() so its own dependent may start — in decode kernels at the very
+ * launch, embed; the one write before it is the DeltaNet decode's shifted conv history, into the conv-state
+ * buffer no kernel of the forward call reads, gdn_decode_warp.cuh), and pdl_trigger() so its own dependent may start — in decode kernels at the very
  * start, so the next kernel's weight prefetch overlaps this one. Both are no-ops when launched without
  * the attribute. */
 __device__ __forceinline__ void pdl_wait(void)

@@ -291,6 +291,8 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
             g.dv = cfg->gdn_value_head_dim;
             g.K = cfg->gdn_conv_kernel;
             g.conv_dim = conv_dim;
+            g.pub = st->ctr->gdn_out_pub; /* the out_proj-fused decode's tagged outputs */
+            g.layer = l;
             batch_add(&A->mix_out, L->out_proj, c->h, H);
             gemv_input &x = A->mix_out_x;
             x.act = c->mix;
@@ -388,13 +390,26 @@ static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int lay
 {
     gdn_args g = A->gdn;
     const int n0 = mk ? mk->row : n; /* rows of the first delta-rule launch */
+    if (n == 1 && !mk && !c->gdn_unfused) { /* a decode token's scan may run inside out_proj's launch */
+        g.fuse_out = &A->mix_out;
+        g.fuse_out_x = &A->mix_out_x;
+    }
     g.kernel = gdn_kernel_choose(g, n0, c->opts.exact); /* exact: never the TF32 chunked form */
     MARK(PS_GDN_PROJ);
     TRY(proj(c, tl_batch(c, A->mix_in, PS_GDN_PROJ, layer), A->mix_in_x, GEMV_OUT_STORE, n, err));
-    MARK(PS_GDN_SCAN);
     /* the recurrent state read and written, the conv history read and written */
-    g.timeline = tl_slot(c, PS_GDN_SCAN, layer,
-                         2.0 * g.Hv * g.dk * g.dv * sizeof(float) + 2.0 * (g.K - 1) * g.conv_dim * sizeof(float), 0.0, 1);
+    const double scan_bytes = 2.0 * g.Hv * g.dk * g.dv * sizeof(float) + 2.0 * (g.K - 1) * g.conv_dim * sizeof(float);
+    if (g.kernel == GDN_KERNEL_DECODE_FUSED) { /* scan + gated norm + out_proj + residual: one launch */
+        MARK(PS_GDN_OUT);
+        const gemv_batch out = tl_batch(c, A->mix_out, PS_GDN_OUT, layer);
+        if (out.timeline)
+            c->tl_k[c->tl_n - 1].bytes += scan_bytes;
+        g.fuse_out = &out;
+        LAUNCH(launch_gdn(g, NULL, NULL, 1, c->stream));
+        return LILY_OK;
+    }
+    MARK(PS_GDN_SCAN);
+    g.timeline = tl_slot(c, PS_GDN_SCAN, layer, scan_bytes, 0.0, 1);
     LAUNCH(launch_gdn(g, c->gdn_pre, c->gdn_wy, n0, c->stream));
     if (mk) { /* the state after row n0, then rows [n0, n) as a second call */
         CUDA_TRY(cudaMemcpyAsync(mark_ext, g.conv_state, mk->conv_bytes, mk->kind, c->stream));
@@ -803,6 +818,24 @@ extern "C" lily_status lily_cuda_set_attention_split(void *ctx, void *state, int
     c->att_splits = n_splits;
     c->att_min_chunk = min_chunk;
     CUDA_TRY(cudaStreamSynchronize(c->stream));
+    if (st && st->graph_greedy) {
+        cudaGraphExecDestroy(st->graph_greedy);
+        st->graph_greedy = NULL;
+    }
+    if (st && st->graph_logits) {
+        cudaGraphExecDestroy(st->graph_logits);
+        st->graph_logits = NULL;
+    }
+    return LILY_OK;
+}
+
+extern "C" lily_status lily_cuda_set_deltanet_fusion(void *ctx, void *state, int fused, lily_error *err)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    cuda_state *st = (cuda_state *)state;
+    CUDA_TRY(cudaSetDevice(c->device));
+    CUDA_TRY(cudaStreamSynchronize(c->stream));
+    c->gdn_unfused = !fused;
     if (st && st->graph_greedy) {
         cudaGraphExecDestroy(st->graph_greedy);
         st->graph_greedy = NULL;

@@ -108,6 +108,8 @@ typedef struct {
     int logits_rows; /* LOGITS_BLOCK_ROWS, or max_chunk (when smaller, or with a debug hook) */
     unsigned long long *argmax; /* [C] */
     int att_splits, att_min_chunk;
+    int gdn_unfused; /* bench (lily_cuda_set_deltanet_fusion): 1 = the decode scan and out_proj as two kernels
+                      * even where GDN_KERNEL_DECODE_FUSED applies; 0 (default) = gdn_kernel_choose decides */
     float *part_o, *part_ml;
     unsigned int *att_counter;
     int *mark_step;  /* [1] the step counter a marked pass's second delta-rule launch reads (cuda_mark) */
@@ -152,6 +154,9 @@ typedef struct {
     /* decode router logits as (tag << 32 | bits) words written and polled by moe_gate_up_mma when the
      * router is fused into it (moe_router_fused); zeroed and copied as moe_topk_pub */
     __align__(128) unsigned long long moe_logit_pub[MOE_LOGIT_WORDS];
+    /* decode DeltaNet delta-rule outputs as (tag << 32 | bits) words written and polled by the out_proj-
+     * fused decode kernel (GDN_KERNEL_DECODE_FUSED); zeroed and copied as moe_topk_pub */
+    __align__(128) unsigned long long gdn_out_pub[GDN_PUB_WORDS];
 } cuda_counters;
 
 /* One layer's launch arguments that stay the same for every forward call of a state (weights, norms,

@@ -67,3 +67,9 @@ lily_status lily_cuda_set_attention_split(void *ctx, void *state, int n_splits, 
     (void)ctx, (void)state, (void)n_splits, (void)min_chunk;
     return no_cuda(err);
 }
+
+lily_status lily_cuda_set_deltanet_fusion(void *ctx, void *state, int fused, lily_error *err)
+{
+    (void)ctx, (void)state, (void)fused;
+    return no_cuda(err);
+}

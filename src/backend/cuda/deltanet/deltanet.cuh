@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/timeline.cuh"
+#include "backend/cuda/gemv/gemv.cuh"
 
 /* DeltaNet calls of at least this many tokens take the chunked delta rule (deltanet_chunked.cu), shorter
  * ones the sequential recurrence (docs/BENCHMARKS.md, "One kernel per op and shape"). */
@@ -17,7 +18,13 @@ enum gdn_kernel {
     GDN_KERNEL_DECODE = 1,     /* deltanet_decode.cu: one token, barrier-free */
     GDN_KERNEL_RECURRENCE = 2, /* deltanet_prefill.cu: prep for all tokens, then the sequential delta rule */
     GDN_KERNEL_CHUNKED = 3,    /* deltanet_chunked.cu: prep, then the chunked (WY) delta rule on tensor cores */
+    GDN_KERNEL_DECODE_FUSED = 4, /* gdn_out_fused.cu: one token, the DECODE warps' work inside out_proj's
+                                  * streamed GEMV launch (gated norm + out_proj + residual add too) */
 };
+
+/* Tagged words of the fused decode's delta-rule output (cuda_counters.gdn_out_pub): value heads × dv <=
+ * this many columns (the streamed GEMV takes cols <= 4096). */
+#define GDN_PUB_WORDS 4096
 
 struct gdn_args {
     const float *mixed;   /* [n][mixed_stride] in_proj_qkv output (pre-conv), conv_dim channels */
@@ -33,18 +40,39 @@ struct gdn_args {
     int Hk, Hv, dk, dv, K, conv_dim;
     int kernel;           /* gdn_kernel: GDN_KERNEL_AUTO, or one the shape supports (tests) */
     unsigned long long *timeline; /* per-block stamps of the decode kernel (timeline.cuh); NULL: none */
+    /* Decode (n = 1) with out_proj fused (GDN_KERNEL_DECODE_FUSED): the out_proj batch (its y += W·x,
+     * timeline in fuse_out->timeline) and its gated-norm input (act = out, z, norm weight); NULL: no
+     * fusion offered. pub: the session's GDN_PUB_WORDS tagged words; layer: the tag's layer (< 256). */
+    const gemv_batch *fuse_out;
+    const gemv_input *fuse_out_x;
+    unsigned long long *pub;
+    int layer;
 };
-/* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE; longer calls: CHUNKED from
+/* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE_FUSED where a.fuse_out is set and
+ * gdn_out_fused_supported (not in exact mode), else DECODE; longer calls: CHUNKED from
  * GDN_CHUNKED_MIN_TOKENS tokens where gdn_chunked_supported (not in exact mode: 3xTF32 products), else
  * RECURRENCE. (cuda_shapes.cu admits only shapes every one of them takes.) */
 gdn_kernel gdn_kernel_choose(const gdn_args &a, int n_tokens, bool exact);
 /* The mixer for n_tokens by a.kernel (AUTO: gdn_kernel_choose(a, n, false)); pre and wy are the scratch of
  * launch_gdn_prefill / launch_gdn_prefill_chunked (RECURRENCE needs pre, CHUNKED both: without wy it runs
- * the recurrence). cudaErrorInvalidValue for an n > 1 call without pre or a shape no kernel takes. */
+ * the recurrence). DECODE_FUSED also runs out_proj (the caller launches no out_proj then).
+ * cudaErrorInvalidValue for an n > 1 call without pre or a shape no kernel takes. */
 cudaError_t launch_gdn(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
 /* gdn_decode_kernel: one token (dk 32/64/128, dv % 16 == 0, Hv % Hk == 0, K <= 4; else
  * cudaErrorInvalidValue). */
 cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s);
+/* gdn_out_fused.cu: one token's mixer and its out_proj in one launch of the streamed GEMV
+ * (gemv/gemv_stream.cuh), whose grid is the blocks resident at once: every warp first runs one (or more)
+ * of gdn_decode_kernel's warp items (value head, 4 state columns) and publishes its 4 outputs as words
+ * tag << 32 | bits in a.pub (tag from *a.step and a.layer), then builds its out_proj x slice (gated RMSNorm
+ * of whole heads, as gemv_stream's per-warp x side) from the words it polls, and the GEMV runs on
+ * (y += W·x into a.fuse_out's y; a.out also receives o). Same state, conv state, o and y bits as
+ * launch_gdn_decode followed by launch_gemv_stream. Supported (gdn_out_fused_supported): launch_gdn_decode's
+ * shapes, fuse_out / fuse_out_x / pub set, one matrix of Hv·dv <= GDN_PUB_WORDS columns that
+ * gemv_stream_supported takes, a gated input with head_dim = dv that mg_x_regs_ok takes, not exact.
+ * cudaErrorInvalidValue otherwise. */
+bool gdn_out_fused_supported(const gdn_args &a);
+cudaError_t launch_gdn_out_fused(const gdn_args &a, cudaStream_t s);
 /* deltanet_prefill.cu: the same mixer for a chunk:
  * gdn_prep_kernel (conv, norms, gates for all tokens at once) into pre [n_tokens][gdn_prefill_stride]
  * floats (scratch sized for max_chunk), then gdn_recur_kernel (the delta rule only). Same state and conv

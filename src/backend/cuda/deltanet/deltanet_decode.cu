@@ -9,6 +9,7 @@
  * channel c never race the one block that writes it.
  */
 #include "deltanet.cuh"
+#include "gdn_decode_warp.cuh"
 
 /* ---- one token (decode) ------------------------------------------------------------------------------
  *
@@ -18,175 +19,28 @@
  * each lane computes the conv + SiLU of the q/k channels of its own rows and of the warp's 4 v channels
  * itself (a few redundant FMAs instead of a shared-memory phase). Everything not produced by the kernel
  * just before (state, conv weights, conv history, A_log, dt_bias) is loaded before the PDL wait; after it
- * one batch of loads (this token's mixed channels, b, a), then shuffles only. grid = Hv * dv / 16. */
+ * one batch of loads (this token's mixed channels, b, a), then shuffles only. grid = Hv * dv / 16. The
+ * warp's work is gdn_decode_warp (gdn_decode_warp.cuh), shared with the out_proj-fused decode kernel. */
 
 #define GDN1_WARPS 4
-#define GDN1_CPW 4 /* columns per warp: one float4 */
 #define GDN1_COLS (GDN1_WARPS * GDN1_CPW)
 
 template <int DK>
 __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
 {
     tl_block<> tl(a.timeline);
-    constexpr int RPL = DK / 32;
     const int slices = a.dv / GDN1_COLS;
     const int j = blockIdx.x / slices, sl = blockIdx.x % slices;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = sl * GDN1_COLS + warp * GDN1_CPW; /* this warp's first column */
-    const int kh = j / (a.Hv / a.Hk), r0 = lane * RPL;
-    const int key_dim = a.Hk * DK, K = a.K, Km1 = K - 1;
-    const int par = *a.step & 1; /* written by the previous forward call (complete) */
-    const float *cs_in = a.conv_state + (size_t)par * Km1 * a.conv_dim;
-    float *cs_out = a.conv_state + (size_t)(par ^ 1) * Km1 * a.conv_dim;
-    const int chq = kh * DK + r0, chk = key_dim + kh * DK + r0, chv = 2 * key_dim + j * a.dv + c0;
-
-    /* before the wait: state rows, conv taps and history (the last K-1 inputs), gate parameters */
-    float4 S[RPL];
-    float *st = a.state + ((size_t)j * DK + r0) * a.dv + c0;
-#pragma unroll
-    for (int r = 0; r < RPL; r++)
-        S[r] = *reinterpret_cast<const float4 *>(st + (size_t)r * a.dv);
-    float wq[RPL][4], wk[RPL][4], wv[GDN1_CPW][4], hq[RPL][3], hk[RPL][3], hv[GDN1_CPW][3];
-#pragma unroll
-    for (int tap = 0; tap < 4; tap++) {
-#pragma unroll
-        for (int r = 0; r < RPL; r++) {
-            wq[r][tap] = tap < K ? a.conv_w[(size_t)(chq + r) * K + tap] : 0.0f;
-            wk[r][tap] = tap < K ? a.conv_w[(size_t)(chk + r) * K + tap] : 0.0f;
-        }
-#pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++)
-            wv[c][tap] = tap < K ? a.conv_w[(size_t)(chv + c) * K + tap] : 0.0f;
-    }
-#pragma unroll
-    for (int s = 0; s < 3; s++) {
-#pragma unroll
-        for (int r = 0; r < RPL; r++) {
-            hq[r][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chq + r] : 0.0f;
-            hk[r][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chk + r] : 0.0f;
-        }
-#pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++)
-            hv[c][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chv + c] : 0.0f;
-    }
-    const float A = -expf(a.A_log[j]), dtb = a.dt_bias[j];
-    pdl_trigger(); /* out_proj may launch and prefetch its weights */
-    pdl_wait();    /* mixed and b/a come from the projection kernel just before */
+    gdn_decode_warp<DK> w;
+    pdl_trigger();          /* out_proj may launch and prefetch its weights (before load(), which waits on its loads) */
+    w.load(a, j, c0, lane); /* state, conv taps and history, gate parameters: before the wait */
+    pdl_wait();             /* mixed and b/a come from the projection kernel just before */
     tl.waited();
-
-    float xq[RPL], xk[RPL], xv[GDN1_CPW];
-#pragma unroll
-    for (int r = 0; r < RPL; r++) {
-        xq[r] = a.mixed[chq + r];
-        xk[r] = a.mixed[chk + r];
-    }
-#pragma unroll
-    for (int c = 0; c < GDN1_CPW; c++)
-        xv[c] = a.mixed[chv + c];
-    const float bb = a.ba[j], aa = a.ba[a.Hv + j] + dtb;
-
-    /* causal conv over (history, x) + SiLU: tap s < K-1 reads history row s, tap K-1 reads x */
-    auto conv = [&](const float (&w)[4], const float (&h)[3], float x) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int s = 0; s < 3; s++)
-            if (s < Km1)
-                acc = fmaf(w[s], h[s], acc);
-        float wl = w[0];
-#pragma unroll
-        for (int s = 1; s < 4; s++)
-            if (s == Km1)
-                wl = w[s];
-        return silu_f(fmaf(wl, x, acc));
-    };
-    float q[RPL], k[RPL], v[GDN1_CPW];
-    float ss[3] = {0.0f, 0.0f, 0.0f}; /* q·q, k·k, k·q over this lane's rows */
-#pragma unroll
-    for (int r = 0; r < RPL; r++) {
-        q[r] = conv(wq[r], hq[r], xq[r]);
-        k[r] = conv(wk[r], hk[r], xk[r]);
-        ss[0] = fmaf(q[r], q[r], ss[0]);
-        ss[1] = fmaf(k[r], k[r], ss[1]);
-        ss[2] = fmaf(k[r], q[r], ss[2]);
-    }
-#pragma unroll
-    for (int c = 0; c < GDN1_CPW; c++)
-        v[c] = conv(wv[c], hv[c], xv[c]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int e = 0; e < 3; e++)
-            ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], o);
-    const float qs = rsqrtf(ss[0] + 1e-6f) * rsqrtf((float)DK);
-    const float ks = rsqrtf(ss[1] + 1e-6f);
-    const float kq = ss[2] * qs * ks;
-    const float sp = aa > 20.0f ? aa : log1pf(expf(aa));
-    const float decay = expf(A * sp), beta = sigmoid_f(bb);
-
-    /* decay; Sᵀk and Sᵀq per column over this lane's rows, then over the warp */
-    float pm[GDN1_CPW] = {0.0f, 0.0f, 0.0f, 0.0f}, po[GDN1_CPW] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < RPL; r++) {
-        float *sr = reinterpret_cast<float *>(&S[r]);
-#pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++) {
-            sr[c] *= decay;
-            pm[c] = fmaf(sr[c], k[r], pm[c]);
-            po[c] = fmaf(sr[c], q[r], po[c]);
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++) {
-            pm[c] += __shfl_xor_sync(0xffffffffu, pm[c], o);
-            po[c] += __shfl_xor_sync(0xffffffffu, po[c], o);
-        }
-    float delta[GDN1_CPW];
-#pragma unroll
-    for (int c = 0; c < GDN1_CPW; c++)
-        delta[c] = beta * (v[c] - pm[c] * ks);
-#pragma unroll
-    for (int r = 0; r < RPL; r++) {
-        float *sr = reinterpret_cast<float *>(&S[r]);
-        const float kr = k[r] * ks;
-#pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++)
-            sr[c] = fmaf(kr, delta[c], sr[c]);
-        *reinterpret_cast<float4 *>(st + (size_t)r * a.dv) = S[r];
-    }
-    if (lane < GDN1_CPW) {
-        float oc = 0.0f, dc = 0.0f;
-#pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++)
-            if (c == lane) {
-                oc = po[c];
-                dc = delta[c];
-            }
-        a.out[(size_t)j * a.dv + c0 + lane] = oc * qs + dc * kq;
-    }
-
-    /* new conv state: history shifted by one row, x last. v channels: by this warp's lanes 0..3 (one
-     * column each); q/k channels: by warp 0 of the first block that reads key head kh */
-    if (lane < GDN1_CPW) {
-#pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++)
-            if (c == lane)
-#pragma unroll
-                for (int s = 0; s < 3; s++)
-                    if (s < Km1)
-                        cs_out[(size_t)s * a.conv_dim + chv + c] = s + 1 < Km1 ? hv[c][s + 1 < 3 ? s + 1 : 2] : xv[c];
-    }
-    if (warp == 0 && sl == 0 && j % (a.Hv / a.Hk) == 0) {
-#pragma unroll
-        for (int s = 0; s < 3; s++)
-            if (s < Km1)
-#pragma unroll
-                for (int r = 0; r < RPL; r++) {
-                    cs_out[(size_t)s * a.conv_dim + chq + r] = s + 1 < Km1 ? hq[r][s + 1 < 3 ? s + 1 : 2] : xq[r];
-                    cs_out[(size_t)s * a.conv_dim + chk + r] = s + 1 < Km1 ? hk[r][s + 1 < 3 ? s + 1 : 2] : xk[r];
-                }
-    }
+    const float o = w.run(a, j, c0, lane);
+    if (lane < GDN1_CPW)
+        a.out[(size_t)j * a.dv + c0 + lane] = o;
 }
 
 cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
@@ -205,7 +59,7 @@ cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
 gdn_kernel gdn_kernel_choose(const gdn_args &a, int n_tokens, bool exact)
 {
     if (n_tokens == 1)
-        return GDN_KERNEL_DECODE;
+        return !exact && a.fuse_out && gdn_out_fused_supported(a) ? GDN_KERNEL_DECODE_FUSED : GDN_KERNEL_DECODE;
     if (!exact && n_tokens >= GDN_CHUNKED_MIN_TOKENS && gdn_chunked_supported(a))
         return GDN_KERNEL_CHUNKED;
     return GDN_KERNEL_RECURRENCE;
@@ -216,6 +70,8 @@ cudaError_t launch_gdn(const gdn_args &a, float *pre, float *wy, int n_tokens, c
     const int k = a.kernel != GDN_KERNEL_AUTO ? a.kernel : gdn_kernel_choose(a, n_tokens, false);
     if (n_tokens == 1 && k == GDN_KERNEL_DECODE)
         return launch_gdn_decode(a, s);
+    if (k == GDN_KERNEL_DECODE_FUSED)
+        return n_tokens == 1 ? launch_gdn_out_fused(a, s) : cudaErrorInvalidValue;
     if (k == GDN_KERNEL_CHUNKED && pre && wy)
         return launch_gdn_prefill_chunked(a, pre, wy, n_tokens, s);
     if (!pre)

@@ -282,36 +282,27 @@ __host__ __device__ __forceinline__ int mg_warp_x_floats(int cols, int nw)
     return nw * (CW / 2 + 2 * (CW / 64));
 }
 
-/* The x side of one warp of a gemv_mma / gemv_stream block (warp = rt · KS + ks owns columns [ks · CW,
- * (ks + 1) · CW), CW = cols / KS): lane l holds the 8-column items l and l + 32 of that slice, loads act
- * (and the RMSNorm weight, or z and the gated norm's weight) for them in one batch, and builds the fp16
- * fragments (mg_build_frags' layout) and group sums (mg_group_sums' values, summed over a group's 8
- * neighbouring lanes by shuffles) of ITS slice only, into its own part of x_area (mg_warp_x_floats), with
- * its own fp16 scale xk (mg_x_scale of the slice's max |x|): no block barrier for PLAIN and GATED (a
- * gated head's sum of squares by shuffles over its L = head_dim / 8 lanes), one for RMSNORM's sum of
- * squares (warps rt = 0 cover the row once; s_ss holds KS floats). Sets xh / off / xsum to pointers that
- * mg_dot indexes by absolute column. x values as gemv_prologue computes them (sums of squares in another
- * order); the caller divides each warp's dot products by its xk before the slices are added. Requires
- * mg_x_regs_ok. Returns xk. */
-template <int IN_MODE, int NW, int KS>
-__device__ __forceinline__ float mg_warp_x(const gemv_input &in, int cols, float *x_area, const uint4 *&xh,
-                                           const float *&off, const float *&xsum)
+/* mg_warp_x (below) in two parts. Its loads: act (when ACT; else v is left to the caller, as values of the same items) and the
+ * RMSNorm weight or z and the gated norm's weight of this lane's items l and l + 32 of the warp's slice,
+ * in one batch. */
+template <int IN_MODE, int KS, bool ACT>
+__device__ __forceinline__ void mg_warp_x_loads(const gemv_input &in, int cols, float (&v)[MG_X_ITEMS][8],
+                                                float (&w)[MG_X_ITEMS][8], float (&z)[MG_X_ITEMS][8])
 {
-    __shared__ float s_ss[KS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS, rt = warp / KS;
-    const int CW = cols / KS, nit = CW / 8, base = ks * nit, ngr = CW / 64;
-    uint4 *wxh = reinterpret_cast<uint4 *>(x_area) + warp * nit;
-    float *wsum = x_area + NW * (CW / 2) + warp * 2 * ngr;
-    float v[MG_X_ITEMS][8], w[MG_X_ITEMS][8], z[MG_X_ITEMS][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
+    const int CW = cols / KS, nit = CW / 8, base = ks * nit;
 #pragma unroll
     for (int k = 0; k < MG_X_ITEMS; k++) {
         const int j = lane + 32 * k, i = base + j;
         const bool ok = j < nit;
         const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 *pa = reinterpret_cast<const float4 *>(in.act + 8 * i);
-        float4 a0 = ok ? pa[0] : zero, a1 = ok ? pa[1] : zero;
-        v[k][0] = a0.x, v[k][1] = a0.y, v[k][2] = a0.z, v[k][3] = a0.w;
-        v[k][4] = a1.x, v[k][5] = a1.y, v[k][6] = a1.z, v[k][7] = a1.w;
+        float4 a0, a1;
+        if (ACT) {
+            const float4 *pa = reinterpret_cast<const float4 *>(in.act + 8 * i);
+            a0 = ok ? pa[0] : zero, a1 = ok ? pa[1] : zero;
+            v[k][0] = a0.x, v[k][1] = a0.y, v[k][2] = a0.z, v[k][3] = a0.w;
+            v[k][4] = a1.x, v[k][5] = a1.y, v[k][6] = a1.z, v[k][7] = a1.w;
+        }
         if (IN_MODE == GEMV_IN_RMSNORM || (IN_MODE == GEMV_IN_GATED && k == 0)) {
             /* GATED: item l + 32 sits where item l does in its head (256 columns apart, head_dim | 256) */
             const int wc = IN_MODE == GEMV_IN_GATED ? (8 * i) % in.head_dim : 8 * i;
@@ -327,6 +318,19 @@ __device__ __forceinline__ float mg_warp_x(const gemv_input &in, int cols, float
             z[k][4] = a1.x, z[k][5] = a1.y, z[k][6] = a1.z, z[k][7] = a1.w;
         }
     }
+}
+
+/* The rest of mg_warp_x from this lane's act values v (0 past the slice) and mg_warp_x_loads' w, z. */
+template <int IN_MODE, int NW, int KS>
+__device__ __forceinline__ float mg_warp_x_build(const gemv_input &in, int cols, float *x_area, float (&v)[MG_X_ITEMS][8],
+                                                 const float (&w)[MG_X_ITEMS][8], const float (&z)[MG_X_ITEMS][8],
+                                                 const uint4 *&xh, const float *&off, const float *&xsum)
+{
+    __shared__ float s_ss[KS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS, rt = warp / KS;
+    const int CW = cols / KS, nit = CW / 8, base = ks * nit, ngr = CW / 64;
+    uint4 *wxh = reinterpret_cast<uint4 *>(x_area) + warp * nit;
+    float *wsum = x_area + NW * (CW / 2) + warp * 2 * ngr;
     if (IN_MODE == GEMV_IN_RMSNORM) {
         float ss = 0.0f;
 #pragma unroll
@@ -406,6 +410,26 @@ __device__ __forceinline__ float mg_warp_x(const gemv_input &in, int cols, float
     off = wsum - base / 8;
     xsum = wsum + ngr - base / 8;
     return xk;
+}
+
+/* The x side of one warp of a gemv_mma / gemv_stream block (warp = rt · KS + ks owns columns [ks · CW,
+ * (ks + 1) · CW), CW = cols / KS): lane l holds the 8-column items l and l + 32 of that slice, loads act
+ * (and the RMSNorm weight, or z and the gated norm's weight) for them in one batch, and builds the fp16
+ * fragments (mg_build_frags' layout) and group sums (mg_group_sums' values, summed over a group's 8
+ * neighbouring lanes by shuffles) of ITS slice only, into its own part of x_area (mg_warp_x_floats), with
+ * its own fp16 scale xk (mg_x_scale of the slice's max |x|): no block barrier for PLAIN and GATED (a
+ * gated head's sum of squares by shuffles over its L = head_dim / 8 lanes), one for RMSNORM's sum of
+ * squares (warps rt = 0 cover the row once; s_ss holds KS floats). Sets xh / off / xsum to pointers that
+ * mg_dot indexes by absolute column. x values as gemv_prologue computes them (sums of squares in another
+ * order); the caller divides each warp's dot products by its xk before the slices are added. Requires
+ * mg_x_regs_ok. Returns xk. */
+template <int IN_MODE, int NW, int KS>
+__device__ __forceinline__ float mg_warp_x(const gemv_input &in, int cols, float *x_area, const uint4 *&xh,
+                                           const float *&off, const float *&xsum)
+{
+    float v[MG_X_ITEMS][8], w[MG_X_ITEMS][8], z[MG_X_ITEMS][8];
+    mg_warp_x_loads<IN_MODE, KS, true>(in, cols, v, w, z);
+    return mg_warp_x_build<IN_MODE, NW, KS>(in, cols, x_area, v, w, z, xh, off, xsum);
 }
 
 /* The x side of warp `warp` of a block of NW warps (gemv_mma / gemv_stream), x_area the kernel's x area:
