@@ -21,6 +21,14 @@
 
 #define GDN1_CPW 4 /* columns per warp: one float4 */
 
+/* One 16-byte store (p 16-byte aligned). A plain float4 store may be split by the register allocator into
+ * scalar stores (it did, at 95 registers: 2 of the 4 state rows, 2.5x the store instructions and L2 sector
+ * writes of the state; docs/BENCHMARKS.md, "The fused scan's regression separated"); the v4 store cannot. */
+__device__ __forceinline__ void gdn_st_v4(float *p, float4 v)
+{
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
 template <int DK>
 struct gdn_decode_warp {
     static constexpr int RPL = DK / 32;
@@ -175,7 +183,7 @@ struct gdn_decode_warp {
 #pragma unroll
             for (int c = 0; c < GDN1_CPW; c++)
                 sr[c] = fmaf(kr, delta[c], sr[c]);
-            *reinterpret_cast<float4 *>(st + (size_t)r * a.dv) = S[r];
+            gdn_st_v4(st + (size_t)r * a.dv, S[r]);
         }
         float out = 0.0f;
         if (lane < GDN1_CPW) {
