@@ -750,7 +750,7 @@ static void test_experts_token_matches_fast_matmuls(void **state)
     assert_false(cpu_experts_token_ok(&gate.t, &up.t, &down.t, H, 2 * I));
     lily_error err;
     cpu_experts_token *tok;
-    assert_int_equal(cpu_experts_token_create(H, I, K + 2, 3, &tok, &err), LILY_OK); /* room for more than K */
+    assert_int_equal(cpu_experts_token_create(H, I, K + 2, 3, CPU_EXPERTS_FAST, &tok, &err), LILY_OK); /* room for more than K */
     assert_int_equal(cpu_experts_token_threads(tok), 3);
     lily_threadpool *pool;
     assert_int_equal(lily_threadpool_create(2, &pool, &err), LILY_OK);

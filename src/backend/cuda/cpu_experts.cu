@@ -13,8 +13,9 @@
  *   cpu_moe_collect_kernel             one thread polls the mailbox until the CPU's answer carries the
  *                                      sequence number, then h += y (read over PCIe)
  * and on the host a worker thread spins on the mailbox's request word; when it changes it runs the
- * last N slots' experts (cpu_experts_token_run: the CPU backend's fast-mode arithmetic, multithreaded),
- * writes y and then the sequence number (release). The GPU's kernels run while the CPU computes.
+ * last N slots' experts (cpu_experts_token_run with CPU_EXPERTS_CUDA_ROUNDING: the decode MoE kernels'
+ * rounding points, multithreaded), writes y and then the sequence number (release). The GPU's kernels run
+ * while the CPU computes.
  *
  * The sequence number is a device counter of the backend (one per context, bumped by each publish), so
  * a stale answer never matches, whatever session or graph runs. The worker spins while decode is active
@@ -24,7 +25,10 @@
  *
  * The host layers' experts are then plain pinned memory (not write-combined: the CPU reads them through
  * its caches), their MLX layout as uploaded (upload_mat), viewed as lily_tensors at their host addresses.
- * Not bit-identical to the device path: the CPU quantizes activations to int8 digits (quant_dot.h).
+ * Not bit-identical to the device path, but the same arithmetic up to the order of fp32 sums: the CPU rounds
+ * x and each slot's silu(gate) ⊙ up to fp16 with the scales the GPU picks, multiplies by the exact weights in
+ * fp32 and applies each group's scale and bias with the GPU's group sums (experts_token.h, fdot.h). The x
+ * published here is RMSNorm(h) · post_norm as moe_gate_up_mma forms it (h · (r · w), the same sum of squares).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -104,7 +108,7 @@ __global__ void __launch_bounds__(PUB_THREADS) cpu_moe_publish_kernel(cpu_moe_pu
         tot += s_red[w];
     const float r = rsqrtf(tot / (float)H + a.eps);
     for (int c = threadIdx.x; c < H; c += PUB_THREADS)
-        a.x[c] = a.h[c] * r * a.norm_w[c];
+        a.x[c] = a.h[c] * (r * a.norm_w[c]); /* moe_gate_up_mma's s_x, bit for bit */
     if (threadIdx.x < a.top_k) {
         a.box->ids[threadIdx.x] = s_idx[threadIdx.x];
         a.box->w[threadIdx.x] = s_w[threadIdx.x];
@@ -324,7 +328,8 @@ lily_status cuda_cpu_experts_init(cuda_ctx *c, lily_error *err)
         const long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 1 ? (int)n - 1 : 1;
     }
-    lily_status st = cpu_experts_token_create(H, cfg->moe_intermediate, K, threads, &ce->tok, err);
+    lily_status st = cpu_experts_token_create(H, cfg->moe_intermediate, K, threads, CPU_EXPERTS_CUDA_ROUNDING, &ce->tok,
+                                              err);
     if (st != LILY_OK)
         return st;
     const size_t vec = ((size_t)H * sizeof(float) + 127) / 128 * 128;
