@@ -263,8 +263,9 @@ static void test_rows_match_reference(void **state)
     (void)state;
     const cpu_fdot_kernels *sets[CPU_FDOT_MAX_SETS];
     const int n_sets = cpu_fdot_available(sets);
-    const int shapes[][3] = {{4, 2048, 64}, {4, 512, 64}, {4, 256, 32}, {4, 384, 128}, {8, 2048, 64}, {8, 512, 32}};
-    enum { ROWS = 37 };
+    const int shapes[][3] = {{4, 2048, 64}, {4, 512, 64}, {4, 256, 32}, {4, 384, 128}, {4, 1344, 32}, {8, 2048, 64},
+                             {8, 512, 32}, {8, 1344, 32}};
+    enum { ROWS = 38 }; /* rows 3 .. 37 of expert 1: an offset start, an odd count */
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int bits = shapes[si][0], cols = shapes[si][1], group = shapes[si][2];
         qstack q = make_stack(2, ROWS, cols, bits, group);
@@ -281,7 +282,6 @@ static void test_rows_match_reference(void **state)
             float out[ROWS];
             const int64_t sbs = cols / group;
             const cpu_fdot_rows_fn fn = bits == 4 ? sets[s]->rows_q4 : sets[s]->rows_q8;
-            /* expert 1, rows 3 .. ROWS - 1 (an offset start, an odd count) */
             fn(q.bytes + (ROWS + 3) * q.t.row_bytes, q.t.row_bytes, q.scales + (ROWS + 3) * sbs, q.biases + (ROWS + 3) * sbs,
                sbs, ROWS - 3, group, xe, ks, cols, out);
             double worst = 0.0;

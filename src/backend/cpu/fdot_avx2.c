@@ -1,9 +1,10 @@
 /* fdot_avx2.c — the fdot.h kernels with AVX2 + FMA + F16C (x86-64), compiled by function attribute and
  * run only where the CPU has them (fdot_dispatch.c). 4-bit rows: 8 bytes (16 columns) widen to 8 int32
  * lanes (vpmovzxbd); byte & 15 is the even column's q and byte & 240 the odd column's 16 q, each
- * converted to fp32 and multiplied by the stored values in place (fdot.h's layout). Per group two FMA
- * chains per 16-column half, their sum times the scale into a lane accumulator, summed across lanes at
- * the row's end; the bias terms are a scalar FMA chain.
+ * converted to fp32 and multiplied by the stored values in place (fdot.h's layout): 7 vector operations
+ * per 16 weights. Per group four FMA chains, their sums times the scale into two lane accumulators, the
+ * bias terms in a third, summed across lanes at the row's end. One row at a time (two rows sharing the
+ * activation loads spill: 16 registers).
  */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -51,29 +52,51 @@ __attribute__((target(AVX2_TARGET))) float cpu_fdot_avx2_prep_q4(const float *x,
     return k;
 }
 
-/* One 4-bit row: Σ_g s_g Σ q x' + b_g S_g. */
+/* The fp32 values of bf16 src[0..n), n <= 8, in lanes 0..n-1 (the others 0). */
+AVX2 __m256 bf16_chunk(const uint16_t *src, int64_t n)
+{
+    if (n == 8)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src)), 16));
+    float v[8] = {0};
+    for (int64_t i = 0; i < n; i++)
+        v[i] = bf16f(src[i]);
+    return _mm256_loadu_ps(v);
+}
+
+/* One 4-bit row. Per group the scale multiplies the partial sums (broadcast from the row's scales,
+ * converted 8 groups at a time); the bias terms accumulate in lanes; one sum across lanes at the end. */
 AVX2 float row_q4(const uint8_t *w, const uint16_t *s, const uint16_t *b, int group, const float *xe,
                   const float *xsum, int64_t cols)
 {
     const __m256i lo = _mm256_set1_epi32(15), hi = _mm256_set1_epi32(240);
-    __m256 acc = _mm256_setzero_ps();
-    float bias = 0.0f;
-    for (int64_t g = 0; g < cols / group; g++) {
-        __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
-        for (int64_t k = g * group / 32; k < (g + 1) * group / 32; k++) { /* block k: bytes 16k .. 16k + 15 */
-            const __m256i i0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * k)));
-            const __m256i i1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * k + 8)));
-            const float *xk = xe + 32 * k;
-            d0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i0, lo)), _mm256_loadu_ps(xk), d0);
-            d1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i0, hi)), _mm256_loadu_ps(xk + 16), d1);
-            d2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i1, lo)), _mm256_loadu_ps(xk + 8), d2);
-            d3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i1, hi)), _mm256_loadu_ps(xk + 24), d3);
+    const int64_t ng = cols / group, bpg = group / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, bias = acc0;
+    float sf[8];
+    for (int64_t g0 = 0; g0 < ng; g0 += 8) {
+        const int64_t n = ng - g0 < 8 ? ng - g0 : 8;
+        float xs8[8] = {0};
+        for (int64_t j = 0; j < n; j++)
+            xs8[j] = xsum[g0 + j];
+        _mm256_storeu_ps(sf, bf16_chunk(s + g0, n));
+        bias = _mm256_fmadd_ps(bf16_chunk(b + g0, n), _mm256_loadu_ps(xs8), bias);
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t k0 = (g0 + j) * bpg;
+            __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+            for (int64_t k = k0; k < k0 + bpg; k++) { /* block k: bytes 16k .. 16k + 15, two halves of 8 */
+                const float *xk = xe + 32 * k;
+                const __m256i i0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * k)));
+                const __m256i i1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * k + 8)));
+                d0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i0, lo)), _mm256_loadu_ps(xk), d0);
+                d1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i0, hi)), _mm256_loadu_ps(xk + 16), d1);
+                d2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i1, lo)), _mm256_loadu_ps(xk + 8), d2);
+                d3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(i1, hi)), _mm256_loadu_ps(xk + 24), d3);
+            }
+            const __m256 sv = _mm256_set1_ps(sf[j]);
+            acc0 = _mm256_fmadd_ps(sv, _mm256_add_ps(d0, d2), acc0);
+            acc1 = _mm256_fmadd_ps(sv, _mm256_add_ps(d1, d3), acc1);
         }
-        const __m256 d = _mm256_add_ps(_mm256_add_ps(d0, d1), _mm256_add_ps(d2, d3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16f(s[g])), d, acc);
-        bias = __builtin_fmaf(bf16f(b[g]), xsum[g], bias);
     }
-    return hsum(acc) + bias;
+    return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), bias));
 }
 
 AVX2 float row_q8(const uint8_t *w, const uint16_t *s, const uint16_t *b, int group, const float *xe,

@@ -1,5 +1,5 @@
 /* fdot_dispatch.c — the one place that picks the fdot.h kernels for this CPU at run time: x86-64 with
- * AVX-512 F (and AVX2 + FMA + F16C) → avx512, with AVX2 + FMA + F16C → avx2, anything else → ref.
+ * AVX-512 F/BW/VL (and AVX2 + FMA + F16C) → avx512, with AVX2 + FMA + F16C → avx2, anything else → ref.
  */
 #include "fdot.h"
 
@@ -22,7 +22,7 @@ int cpu_fdot_available(const cpu_fdot_kernels **out)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) {
         out[n++] = &cpu_fdot_avx2;
-        if (__builtin_cpu_supports("avx512f"))
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
             out[n++] = &cpu_fdot_avx512;
     }
 #endif
