@@ -126,7 +126,7 @@ int main(int argc, char **argv)
                 for (int r = 0; r < rounds + 1; r++) { /* round 0 warms up */
                     const double t0 = lily_wall_seconds();
                     for (int t = 0; t < tokens; t++)
-                        cpu_experts_token_run(tok, &gate, &up, &down, x, k, ids + t * 16, w, out);
+                        cpu_experts_token_run(tok, &gate, &up, &down, true, x, k, ids + t * 16, w, out);
                     const double dt = (lily_wall_seconds() - t0) / tokens;
                     if (r > 0 && dt < best)
                         best = dt;

@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -164,12 +165,12 @@ static double ref_row(const qstack *q, int e, int r, const float *xp, const floa
     return acc;
 }
 
-/* The reference's view of x for rows of t: x' and S (4-bit: ref_prep_q4; 8-bit: x in fp32, S in column
- * order); returns k. */
-static float ref_prep(const lily_tensor *t, const float *x, int n, float *xp, float *xs)
+/* The reference's view of x for rows of t: x' and S (4-bit with fp16 inputs: ref_prep_q4; else x in fp32,
+ * S in column order); returns k. */
+static float ref_prep(const lily_tensor *t, bool fp16, const float *x, int n, float *xp, float *xs)
 {
     const int group = (int)t->group_size;
-    if (t->bits == 4)
+    if (t->bits == 4 && fp16)
         return ref_prep_q4(x, n, group, xp, xs);
     for (int g = 0; g < n / group; g++) {
         float s = 0.0f;
@@ -273,7 +274,7 @@ static void test_rows_match_reference(void **state)
         float *xe = malloc(cols * sizeof(float)), *ks = malloc(cols / 32 * sizeof(float));
         assert_true(x && xp && xs && xe && ks);
         fill_x(x, cols, 50.0f);
-        const float k = ref_prep(&q.t, x, cols, xp, xs);
+        const float k = ref_prep(&q.t, true, x, cols, xp, xs);
         for (int s = 0; s < n_sets; s++) {
             if (bits == 4)
                 assert_true(sets[s]->prep_q4(x, cols, group, xe, ks) == k);
@@ -312,8 +313,9 @@ static double rel_l2(const float *got, const double *want, int n)
 /* One token's experts (cpu_experts_token_run, CPU_EXPERTS_CUDA_ROUNDING) for every set against the
  * reference: silu(gate x) ⊙ (up x) of each slot from the reference's x' (rel. L2 <= 1e-6), and the output
  * from the run's own silu ⊙ up fed to down the GPU's way (rel. L2 <= 1e-6). Odd top-k counts, ids in any
- * order, 4- and 8-bit stacks; amp: the activations' size (large ones make the x scales < 1). */
-static void check_token(int gbits, int ggroup, int dbits, int dgroup, int top_k, int k_run, float amp)
+ * order, 4- and 8-bit stacks; amp: the activations' size (large ones make the x scales < 1); fp16: the
+ * tensor-core path's inputs (else fp32 inputs, moe_route.cu's path). */
+static void check_token(int gbits, int ggroup, int dbits, int dgroup, int top_k, int k_run, float amp, bool fp16)
 {
     enum { E = 9, H = 512, I = 128 };
     qstack gate = make_stack(E, I, H, gbits, ggroup), up = make_stack(E, I, H, gbits, ggroup);
@@ -331,7 +333,7 @@ static void check_token(int gbits, int ggroup, int dbits, int dgroup, int top_k,
         ids[i] = (7 * i + 5) % E;
         w[i] = 0.1f + 0.05f * (float)i;
     }
-    const float kx = ref_prep(&gate.t, x, H, xp, xs);
+    const float kx = ref_prep(&gate.t, fp16, x, H, xp, xs);
     int order[16]; /* slots by ascending id */
     for (int i = 0; i < k_run; i++)
         order[i] = i;
@@ -353,7 +355,7 @@ static void check_token(int gbits, int ggroup, int dbits, int dgroup, int top_k,
         cpu_experts_token_set_kernels(tok, sets[s]);
         for (int i = 0; i < H; i++)
             got[i] = NAN; /* poison */
-        cpu_experts_token_run(tok, &gate.t, &up.t, &down.t, x, k_run, ids, w, got);
+        cpu_experts_token_run(tok, &gate.t, &up.t, &down.t, fp16, x, k_run, ids, w, got);
         const float *hid = cpu_experts_token_hid(tok);
         const double eh = rel_l2(hid, hid_want, k_run * I);
         if (!(eh <= 1e-6))
@@ -362,7 +364,7 @@ static void check_token(int gbits, int ggroup, int dbits, int dgroup, int top_k,
         memset(want, 0, sizeof want);
         for (int j = 0; j < k_run; j++) {
             float hp[I], hs[I / 32];
-            const float kh = ref_prep(&down.t, hid + j * I, I, hp, hs);
+            const float kh = ref_prep(&down.t, fp16, hid + j * I, I, hp, hs);
             for (int r = 0; r < H; r++) {
                 double mag;
                 want[r] += (double)w[order[j]] * ref_row(&down, ids[order[j]], r, hp, hs, &mag) / kh;
@@ -381,18 +383,20 @@ static void check_token(int gbits, int ggroup, int dbits, int dgroup, int top_k,
 static void test_token_q4(void **state)
 {
     (void)state;
-    check_token(4, 64, 4, 64, 8, 8, 4.0f);
-    check_token(4, 64, 4, 64, 8, 3, 300.0f); /* silu(g) ⊙ u past 2^14: each slot's own down scale */
-    check_token(4, 32, 4, 128, 5, 5, 40000.0f); /* x past 2^14 too */
-    check_token(4, 64, 4, 64, 7, 1, 4.0f);
+    check_token(4, 64, 4, 64, 8, 8, 4.0f, true);
+    check_token(4, 64, 4, 64, 8, 3, 300.0f, true); /* silu(g) ⊙ u past 2^14: each slot's own down scale */
+    check_token(4, 32, 4, 128, 5, 5, 40000.0f, true); /* x past 2^14 too */
+    check_token(4, 64, 4, 64, 7, 1, 4.0f, true);
+    check_token(4, 64, 4, 64, 5, 5, 300.0f, false); /* the GPU's fp32 path (moe_route.cu) */
 }
 
 static void test_token_q8_and_mixed(void **state)
 {
     (void)state;
-    check_token(8, 64, 8, 64, 3, 3, 4.0f);
-    check_token(4, 64, 8, 32, 9, 7, 300.0f);
-    check_token(8, 128, 4, 64, 5, 5, 300.0f);
+    check_token(8, 64, 8, 64, 3, 3, 4.0f, true);
+    check_token(4, 64, 8, 32, 9, 7, 300.0f, true);
+    check_token(8, 128, 4, 64, 5, 5, 300.0f, true);
+    check_token(8, 64, 4, 32, 3, 3, 4.0f, false);
 }
 
 /* What the path refuses: other scale dtypes, groups not a multiple of 32, shapes that do not chain. */

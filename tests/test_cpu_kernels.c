@@ -766,7 +766,7 @@ static void test_experts_token_matches_fast_matmuls(void **state)
     float got[H], want[H], exact[H];
     for (int i = 0; i < H; i++)
         got[i] = NAN; /* poison */
-    cpu_experts_token_run(tok, &gate.t, &up.t, &down.t, x, K, ids, w, got);
+    cpu_experts_token_run(tok, &gate.t, &up.t, &down.t, true, x, K, ids, w, got);
     memset(want, 0, sizeof want);
     memset(exact, 0, sizeof exact);
     const int order[K] = {1, 2, 0}; /* slots by ascending id */

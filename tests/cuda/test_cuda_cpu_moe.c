@@ -7,8 +7,9 @@
  * must choose the same tokens. memory_needs counts those experts out of the device's weight bytes.
  *
  * With --host-experts cpu (lily_backend_options.host_experts, cpu_experts.cu) decode steps run those
- * layers' routed experts on the host's cores with the CPU backend's fast-mode arithmetic (int8-digit
- * activations), so decode logits are close, not equal: mean KL against the all-device backend <= 1e-4
+ * layers' routed experts on the host's cores with the decode MoE kernels' rounding (experts_token.h's
+ * CPU_EXPERTS_CUDA_ROUNDING: the same fp16 activations, exact weights, fp32 sums in another order), so decode
+ * logits are close, not equal: mean KL against the all-device backend <= 1e-4
  * (the issue's bound; printed), every row's argmax the same, and the same greedy tokens through the
  * captured decode graph; prefill (staged or zero-copy GEMMs) stays bit-identical. The same with
  * --host-experts 2: the CPU takes the last 2 of each token's top-4, the GPU the first 2 over PCIe.

@@ -216,17 +216,21 @@ static int block_rows(int64_t rows, int threads, int cap)
     return (int)((LILY_MAX(b, (int64_t)1) + CPU_QROWS - 1) / CPU_QROWS * CPU_QROWS);
 }
 
-/* fdot.h's preparation of x [cols] for rows of w's width (bits, group); returns k. */
-static float fdot_prep(const cpu_fdot_kernels *k, const lily_tensor *w, const float *x, int64_t cols, float *xe, float *xs)
+/* fdot.h's preparation of x [cols] for rows of w's width (bits, group), fp16 inputs or fp32; returns k. */
+static float fdot_prep(const cpu_fdot_kernels *k, const lily_tensor *w, bool x_fp16, const float *x, int64_t cols,
+                       float *xe, float *xs)
 {
-    if (w->bits == 4)
+    if (w->bits == 4 && x_fp16)
         return k->prep_q4(x, cols, (int)w->group_size, xe, xs);
-    cpu_fdot_prep_q8(x, cols, (int)w->group_size, xe, xs);
+    if (w->bits == 4)
+        cpu_fdot_prep_q4_fp32(x, cols, (int)w->group_size, xe, xs);
+    else
+        cpu_fdot_prep_q8(x, cols, (int)w->group_size, xe, xs);
     return 1.0f;
 }
 
 void cpu_experts_token_run(cpu_experts_token *t, const lily_tensor *gate, const lily_tensor *up, const lily_tensor *down,
-                           const float *x, int k, const int *ids, const float *w, float *out)
+                           bool x_fp16, const float *x, int k, const int *ids, const float *w, float *out)
 {
     const int K = LILY_MAX(1, LILY_MIN(k, t->top_k)), threads = lily_threadpool_size(t->pool);
     /* the slots in ascending expert id (insertion sort of K) */
@@ -250,7 +254,7 @@ void cpu_experts_token_run(cpu_experts_token *t, const lily_tensor *gate, const 
         cpu_quantize_act(x, 1, t->hidden, &t->qx);
         cpu_qact_group_sums(&t->qx, 1, gate->group_size, t->gsum_x);
     } else {
-        t->xk_x = fdot_prep(t->fdot, gate, x, t->hidden, t->xe_x, t->xs_x);
+        t->xk_x = fdot_prep(t->fdot, gate, x_fp16, x, t->hidden, t->xe_x, t->xs_x);
     }
     t->br1 = block_rows((int64_t)K * t->inter, threads, 64);
     t->nb1 = (t->inter + t->br1 - 1) / t->br1;
@@ -263,7 +267,8 @@ void cpu_experts_token_run(cpu_experts_token *t, const lily_tensor *gate, const 
     } else {
         const int I = t->inter, ng = I / (int)down->group_size;
         for (int s = 0; s < K; s++) /* each slot its own scale, as moe_down_mma's warp per slot */
-            t->xk_h[s] = fdot_prep(t->fdot, down, t->g + (int64_t)s * I, I, t->xe_h + (int64_t)s * I, t->xs_h + (int64_t)s * ng);
+            t->xk_h[s] = fdot_prep(t->fdot, down, x_fp16, t->g + (int64_t)s * I, I, t->xe_h + (int64_t)s * I,
+                                   t->xs_h + (int64_t)s * ng);
     }
     t->br2 = block_rows(t->hidden, threads, DOWN_MAX_ROWS / 4); /* K experts' rows per task */
     parallel_for(t->pool, (t->hidden + t->br2 - 1) / t->br2, down_task, t);

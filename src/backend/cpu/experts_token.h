@@ -3,13 +3,14 @@
  * --host-experts cpu, src/backend/cuda/cpu_experts.cu).
  *
  * Owns: a thread pool of its own and the scratch of one token. Two arithmetics (cpu_experts_arith):
- *   CPU_EXPERTS_CUDA_ROUNDING (what the CUDA backend uses): the CUDA decode MoE's rounding points
- *     (moe_decode.cu on mma_gemv.cuh for 4-bit experts, moe_route.cu for 8-bit; fdot.h gives the math):
- *     x fed to gate/up as fp16 values of x·k with one power-of-two scale k for the token (odd columns
- *     divided by 16 before the rounding, as the GPU feeds them), fp32 products of the exact weights, the
- *     groups' scale and bias applied with the GPU's group sums of the fed values, silu(g) ⊙ u in fp32, and
- *     down fed each slot's silu(g) ⊙ u the same way with that slot's own scale; 8-bit experts take x in
- *     fp32. So the result differs from the GPU's only by the order of fp32 sums (and by silu's expf).
+ *   CPU_EXPERTS_CUDA_ROUNDING (what the CUDA backend uses): the CUDA decode MoE's rounding points (fdot.h
+ *     gives the math). With x_fp16 (the tensor-core kernels, moe_decode.cu on mma_gemv.cuh, 4-bit): x fed
+ *     to gate/up as fp16 values of x·k with one power-of-two scale k for the token (odd columns divided by
+ *     16 before the rounding, as the GPU feeds them), fp32 products of the exact weights, the groups'
+ *     scale and bias applied with the GPU's group sums of the fed values, silu(g) ⊙ u in fp32, and down
+ *     fed each slot's silu(g) ⊙ u the same way with that slot's own scale. Without (moe_route.cu's
+ *     kernels) and for 8-bit stacks: x and silu(g) ⊙ u in fp32. So the result differs from the GPU's
+ *     only by the order of fp32 sums (and by silu's expf).
  *   CPU_EXPERTS_FAST: the CPU backend's fast mode (moe_fast.c for one token: int8-digit activations,
  *     quant_dot.h's kernels), so for the same input, ids and weights the result is moe_fast.c's bit for bit.
  * Both sum the slots in ascending expert id.
@@ -56,9 +57,11 @@ bool cpu_experts_token_ok(const lily_tensor *gate, const lily_tensor *up, const 
 
 /* out[hidden] = Σ_i w[i] · down[ids[i]] · (silu(gate[ids[i]] · x) ⊙ (up[ids[i]] · x)) for x [hidden] fp32,
  * ids/w [k] (1 <= k <= top_k, distinct ids), summed in ascending expert id (MODEL.md §4.5; the arithmetic
- * of create's arith). Blocks until done; not re-entrant. */
+ * of create's arith; x_fp16: CPU_EXPERTS_CUDA_ROUNDING's choice of the GPU path to follow, true where the
+ * GPU runs the layer's decode MoE on its tensor-core kernels, moe_decode_mma_supported). Blocks until
+ * done; not re-entrant. */
 void cpu_experts_token_run(cpu_experts_token *t, const lily_tensor *gate, const lily_tensor *up, const lily_tensor *down,
-                           const float *x, int k, const int *ids, const float *w, float *out);
+                           bool x_fp16, const float *x, int k, const int *ids, const float *w, float *out);
 
 #ifdef __cplusplus
 }

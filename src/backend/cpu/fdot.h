@@ -13,8 +13,9 @@
  *     S_g  = mg_group_sums' sum of x' over the group, in its order: per 8 columns c0..c7 in turn,
  *            S += e + 16 o with e = ((f0 + f4) + f2) + f6 and o = ((f1 + f5) + f3) + f7 (f: the fp16
  *            values as fed, f_odd = x'_odd / 16), all in fp32
- * and, for 8-bit rows (the fp32 path): k = 1, x' = x, S_g = Σ x' in column order (fp32). Products q x' are
- * exact in fp32; each Σ q x' and the group combination are fp32 sums in this file's order, not the GPU's.
+ * and, for 8-bit rows (the fp32 path, moe_route.cu's kernels; 4-bit rows of shapes the tensor-core kernels
+ * do not take too): k = 1, x' = x, S_g = Σ x' in column order (fp32). Products q x' are exact in fp32; each
+ * Σ q x' and the group combination are fp32 sums in this file's order, not the GPU's.
  *
  * Activation layout (a prep function writes it once per vector): 4-bit: each block of 32 columns as its
  * 16 even columns' fed values f then its 16 odd columns' f (= x' / 16), the order a block's 16 bytes
@@ -47,6 +48,10 @@ typedef struct {
 
 /* 4-bit: S [cols / group] from xe as laid out above, in mg_group_sums' order (the sets' prep_q4 end with it). */
 void cpu_fdot_group_sums_q4(const float *xe, int64_t cols, int group, float *xsum);
+/* 4-bit rows against x in fp32 (the GPU's other path, moe_route.cu, for shapes the tensor-core kernels do
+ * not take): xe in the 4-bit layout from x itself (odd columns x / 16: exact in fp32), S = Σ x per group in
+ * column order, k = 1. Portable. */
+void cpu_fdot_prep_q4_fp32(const float *x, int64_t cols, int group, float *xe, float *xsum);
 /* 8-bit: xe = x (column order), S per group in column order. Portable (every set uses it). */
 void cpu_fdot_prep_q8(const float *x, int64_t cols, int group, float *xe, float *xsum);
 

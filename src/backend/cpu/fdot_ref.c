@@ -27,6 +27,18 @@ void cpu_fdot_group_sums_q4(const float *xe, int64_t cols, int group, float *xsu
     }
 }
 
+void cpu_fdot_prep_q4_fp32(const float *x, int64_t cols, int group, float *xe, float *xsum)
+{
+    for (int64_t c = 0; c < cols; c++)
+        xe[(c / 32) * 32 + (c & 1) * 16 + (c % 32) / 2] = c & 1 ? x[c] * 0.0625f : x[c];
+    for (int64_t g = 0; g < cols / group; g++) {
+        float s = 0.0f;
+        for (int64_t c = g * group; c < (g + 1) * group; c++)
+            s += x[c];
+        xsum[g] = s;
+    }
+}
+
 void cpu_fdot_prep_q8(const float *x, int64_t cols, int group, float *xe, float *xsum)
 {
     for (int64_t g = 0; g < cols / group; g++) {

@@ -63,6 +63,7 @@ struct cuda_cpu_experts {
     float *x_h, *x_d, *y_h, *y_d;
     unsigned int *seq; /* device: the last sequence number published */
     lily_tensor *gate, *up, *down; /* [n_layers]: host views of host layers' experts (data NULL otherwise) */
+    unsigned char *x_fp16; /* [n_layers]: the layer's decode MoE runs on the tensor-core kernels (set at capture) */
     int n_layers, hidden, top_k;
     int cpu_slots; /* the last cpu_slots of each token's top_k are the CPU's (1..top_k) */
     cudaStream_t side;
@@ -175,7 +176,8 @@ static void *worker_main(void *p)
                 w[k] = box->w[k];
             }
             if (l >= 0 && l < ce->n_layers && ce->gate[l].data)
-                cpu_experts_token_run(ce->tok, &ce->gate[l], &ce->up[l], &ce->down[l], ce->x_h, ce->cpu_slots,
+                cpu_experts_token_run(ce->tok, &ce->gate[l], &ce->up[l], &ce->down[l],
+                                      __atomic_load_n(&ce->x_fp16[l], __ATOMIC_RELAXED), ce->x_h, ce->cpu_slots,
                                       ids + (ce->top_k - ce->cpu_slots), w + (ce->top_k - ce->cpu_slots), ce->y_h);
             else /* cannot happen (only host layers publish): answer zeros rather than hang the GPU */
                 memset(ce->y_h, 0, (size_t)ce->hidden * sizeof(float));
@@ -306,7 +308,8 @@ lily_status cuda_cpu_experts_init(cuda_ctx *c, lily_error *err)
     ce->gate = (lily_tensor *)calloc((size_t)L, sizeof(lily_tensor));
     ce->up = (lily_tensor *)calloc((size_t)L, sizeof(lily_tensor));
     ce->down = (lily_tensor *)calloc((size_t)L, sizeof(lily_tensor));
-    if (!ce->gate || !ce->up || !ce->down)
+    ce->x_fp16 = (unsigned char *)calloc((size_t)L, 1);
+    if (!ce->gate || !ce->up || !ce->down || !ce->x_fp16)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cuda: host experts: out of memory");
     for (int l = 0; l < L; l++) {
         if (!cuda_layer_experts_on_host(c, l))
@@ -387,6 +390,7 @@ void cuda_cpu_experts_free(cuda_ctx *c)
     free(ce->gate);
     free(ce->up);
     free(ce->down);
+    free(ce->x_fp16);
     pthread_cond_destroy(&ce->cv);
     pthread_mutex_destroy(&ce->mu);
     free(ce);
@@ -443,6 +447,9 @@ lily_status cuda_cpu_experts_moe(cuda_ctx *c, const moe_args &m0, lily_error *er
     m.cpu_slots = ce->cpu_slots;
     m.topk_pub = NULL; /* ranked by each block (no early ids) */
     m.timeline = NULL;
+    /* the CPU rounds as the kernels launched below do (read by the worker when this layer's request comes) */
+    if (m0.layer >= 0 && m0.layer < ce->n_layers)
+        __atomic_store_n(&ce->x_fp16[m0.layer], (unsigned char)moe_decode_mma_supported(m, 1), __ATOMIC_RELAXED);
     CUDA_TRY(launch_moe_gate_up(m, 1, c->stream));
     CUDA_TRY(launch_moe_down(m, 1, c->stream));
     cpu_moe_collect_kernel<<<1, PUB_THREADS, 0, c->stream>>>(ce->seq, ce->box_d, ce->y_d, m0.out, m0.hidden);
