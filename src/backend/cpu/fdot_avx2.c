@@ -22,7 +22,7 @@ AVX2 float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-AVX2 float bf16f(uint16_t h) { return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128((int)h << 16))); }
+AVX2 float bf16f(uint16_t h) { return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128((int)((uint32_t)h << 16)))); }
 
 __attribute__((target(AVX2_TARGET))) float cpu_fdot_avx2_prep_q4(const float *x, int64_t cols, int group, float *xe,
                                                                  float *xsum)
