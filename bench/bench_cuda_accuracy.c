@@ -21,13 +21,17 @@
  *     every matmul input is rounded to fp16 as the CUDA kernels round them (a reordered sum moves a value
  *     across an fp16 rounding boundary now and then, and a near-tied top-8 route flips): the distance two
  *     correct fp16-operand implementations of this random model keep from each other;
+ *   - --router-unfused (with --n-cpu-moe): also the all-device decode with every layer's router as its own
+ *     GEMV (lily_backend_options.moe_router_unfused), as the host-experts split's layers run it: against
+ *     the default all-device decode (what the router's summation order alone does) and against the split
+ *     (what the CPU's experts add to that);
  *   - --n-cpu-moe L [--host-experts N]: the CUDA backend's decode (n one-token calls) with the routed
  *     experts of layers [0, L) in host memory, N of each token's top-k computed by the host's cores
  *     (lily_backend_options.host_experts: -1 zero-copy, 0 auto, 1048576 all), and the same decode with
  *     every expert on the device, each against the CPU and against each other (issue 23's KL check).
  *
  * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
- *                            [--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N]]
+ *                            [--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N] [--router-unfused]]
  *                            (--seed: the prompt's random token ids, default 42)
  * The CPU forward runs on all cores of the machine (the GPU machine's CPUs).
  */
@@ -220,7 +224,7 @@ int main(int argc, char **argv)
 {
     const char *preset = "35b";
     int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0, n_cpu_moe = 0, host_experts = 0,
-        cpu_f16_chunked = 0;
+        cpu_f16_chunked = 0, router_unfused = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -230,11 +234,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--cpu-f16")) cpu_f16 = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--cpu-f16-chunked")) cpu_f16_chunked = 1;
+        else if (!strcmp(argv[i], "--router-unfused")) router_unfused = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_rng = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--n-cpu-moe") && i + 1 < argc) n_cpu_moe = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--host-experts") && i + 1 < argc) host_experts = atoi(argv[++i]);
         else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact] "
-                 "[--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N]]", argv[0]);
+                 "[--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N] [--router-unfused]]", argv[0]);
     }
     if (n < 1 || n > 8192)
         DIE("-n must be in [1, 8192]");
@@ -331,6 +336,23 @@ int main(int argc, char **argv)
         snprintf(label, sizeof label, "CUDA decode, experts of %d layers in host memory (host_experts %d), vs every "
                  "expert on the device", n_cpu_moe, host_experts);
         compare_logits(label, ld, lc, n, V);
+        if (router_unfused) {
+            float *lu = malloc(sizeof(float) * (size_t)n * V);
+            if (!lu)
+                DIE("out of memory");
+            lily_backend_options uo;
+            memset(&uo, 0, sizeof uo);
+            uo.max_chunk = n;
+            uo.moe_router_unfused = true;
+            if (cuda_decode_run(syn, &uo, toks, n, lu))
+                return 1;
+            compare_logits("CUDA decode, every expert on the device, router as its own GEMV, vs the default (router "
+                           "inside gate/up)", ld, lu, n, V);
+            snprintf(label, sizeof label, "CUDA decode, experts of %d layers in host memory (host_experts %d), vs every "
+                     "expert on the device with the router as its own GEMV", n_cpu_moe, host_experts);
+            compare_logits(label, lu, lc, n, V);
+            free(lu);
+        }
         free(ld), free(probe), free(lc), free(lr), free(toks);
         lily_synthetic_free(syn);
         return 0;

@@ -53,6 +53,10 @@ typedef struct {
      * prefill, the recurrent Gated DeltaNet prefill (no tf32 chunked form). Slower (no tensor cores), and
      * agrees with the CPU backend to fp32 rounding (summation order only). */
     bool exact;
+    /* CUDA only, a precision study: decode runs every layer's MoE router as its own GEMV, as the layers whose
+     * experts the host's cores compute do, instead of inside the MoE gate/up kernel (moe_router_fused; the
+     * same operands, another summation order) (bench_cuda_accuracy --router-unfused). Default false. */
+    bool moe_router_unfused;
     /* The routed experts (gate, up and down projections with their scales and biases) of layers
      * [0, n_cpu_moe) kept in host memory, not the device's (llama.cpp's --n-cpu-moe); >= n_layers: every
      * layer's; 0 (default): none. CUDA: pinned host memory mapped into the device's address space, read

@@ -422,7 +422,7 @@ static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_
     const int l = A->moe.layer;
     moe_args m = A->moe;
     const bool host_cpu = cuda_cpu_experts_layer(c, l, n); /* the routed experts on the host's cores (cpu_experts.cu) */
-    if (host_cpu || !moe_router_fused(m, n)) { /* else gate/up computes the router rows itself */
+    if (host_cpu || c->opts.moe_router_unfused || !moe_router_fused(m, n)) { /* else gate/up computes the router rows itself */
         m.logit_pub = NULL;
         LAUNCH(launch_gemv(tl_batch(c, A->router, PS_ROUTER, l), A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
     }
