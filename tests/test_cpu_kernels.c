@@ -613,12 +613,22 @@ static void test_quant_dot_every_kernel_set(void **state)
                 if (bits == 4 && sets[s]->gemm_q4)
                     for (int nr = 1; nr <= ROWS; nr++)
                         for (int nt = 1; nt <= N; nt++) {
-                            float out[N * ROWS];
+                            float out[N * ROWS], bias[N * (ROWS + 3)];
                             sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, nr, all_ws, COLS / group, group,
-                                             &a, N - nt, nt, out, ROWS);
+                                             &a, N - nt, nt, NULL, 0, out, ROWS);
                             for (int j = 0; j < nt; j++)
                                 for (int r = 0; r < nr; r++)
                                     assert_memory_equal(&out[j * ROWS + r], &all_single[r][N - nt + j], sizeof(float));
+                            /* with bias terms (row stride ROWS + 3): each result plus its term in one fp32 add */
+                            for (int i = 0; i < N * (ROWS + 3); i++)
+                                bias[i] = (float)((i * 37) % 101 - 50) * 0.37f;
+                            sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, nr, all_ws, COLS / group, group,
+                                             &a, N - nt, nt, bias, ROWS + 3, out, ROWS);
+                            for (int j = 0; j < nt; j++)
+                                for (int r = 0; r < nr; r++) {
+                                    const float want = all_single[r][N - nt + j] + bias[j * (ROWS + 3) + r];
+                                    assert_memory_equal(&out[j * ROWS + r], &want, sizeof(float));
+                                }
                         }
             }
             free_quantized(&qt);

@@ -194,6 +194,8 @@ CPU_VEC8_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, in
 /* Fewest tokens for a set's tile kernel (below, its four-row kernel per token is faster: ~23 against
  * ~48 G multiply-adds/s for a full tile of 8 on the AVX2 development VM). */
 #define QMATMUL_GEMM_MIN_TOKENS 4
+/* Bias-term floats of one run of the tile kernel (64 tokens of a 256-row chunk: 64 KiB on the stack). */
+#define QMATMUL_GEMM_BIAS_FLOATS 16384
 
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
@@ -219,6 +221,7 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                                                  : LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
     float ws[QMATMUL_SCALE_FLOATS + 8 * 64], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
     float bt[CPU_QTILE][QMATMUL_GEMM_ROWS]; /* chunks are at most QMATMUL_GEMM_ROWS rows */
+    float gbt[QMATMUL_GEMM_BIAS_FLOATS];     /* the tile kernel's bias terms: [tokens of a run][ld] */
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     /* a lone token (decode) on 4-bit rows: the set's four-row kernel on its own activation layout where it
      * has one (the same bits as rows_fn), the layout made once per call */
@@ -249,15 +252,15 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                          ws);
         load_rows_transposed_set(kern, (const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype,
                                  nr, n_groups, ld, wbt);
-        if (n_gemm > 0) {
+        /* the tile kernel in runs of tokens whose bias terms fit gbt (whole tiles of 16), each run's bias
+         * terms made first and added by the kernel as it stores (the output is written once) */
+        const int run = (int)LILY_MAX(16, QMATMUL_GEMM_BIAS_FLOATS / ld / 16 * 16);
+        for (int i0 = 0; i0 < n_gemm; i0 += run) {
+            const int ni = LILY_MIN(run, n_gemm - i0);
+            for (int i = 0; i < ni; i++)
+                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i0 + i) * n_groups, gbt + (int64_t)i * ld);
             gemm((const uint8_t *)w->data + (base + c0) * w->row_bytes, w->row_bytes, nr, ws, n_groups, w->group_size,
-                 a, t0, n_gemm, y + (c0 - row0), ldy);
-            for (int i = 0; i < n_gemm; i++) {
-                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i) * n_groups, bt[0]);
-                float *yi = y + (int64_t)i * ldy + (c0 - row0);
-                for (int64_t r = 0; r < nr; r++)
-                    yi[r] += bt[0][r];
-            }
+                 a, t0 + i0, ni, gbt, ld, y + (int64_t)i0 * ldy + (c0 - row0), ldy);
         }
         for (int i0 = n_gemm; i0 < n; i0 += tile_tokens) {
             const int nt = LILY_MIN(tile_tokens, n - i0);

@@ -90,9 +90,11 @@ typedef void (*cpu_qdot_transpose_fn)(const uint16_t *src, int64_t nr, int64_t n
 /* nrows weight rows (row r's packed weights at w + r * row_bytes, its scales at ws + r * ws_stride)
  * against nt activation rows t0 .. t0 + nt - 1 of a (prefill's shape: every weight block is unpacked
  * once and meets several tokens at a time): out[j * ldo + r] is what the set's cpu_qdot_fn gives for row r
- * and token t0 + j, bit for bit. a->cols <= CPU_QGEMM_MAX_COLS. */
+ * and token t0 + j, bit for bit, plus bias[j * ldb + r] in one fp32 add where bias is not NULL (the
+ * caller's affine bias terms, added as the result is stored). a->cols <= CPU_QGEMM_MAX_COLS. */
 typedef void (*cpu_qgemm_fn)(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
-                             int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo);
+                             int group, const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out,
+                             int64_t ldo);
 
 /* A set of kernels for one instruction set. rows_q4 / rows_q8 may be NULL (the caller then loops
  * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE);

@@ -417,8 +417,9 @@ __attribute__((target("avx2,fma"))) static void q4_gemm_tile(const int32_t *pk, 
 }
 
 void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
-                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo,
-                          cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8, cpu_qgemm_tile_fn tile16)
+                          int group, const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out,
+                          int64_t ldo, cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8,
+                          cpu_qgemm_tile_fn tile16)
 {
     const int64_t nb = a->cols / CPU_QBLOCK, row_ints = nb * 16;
     const int per_group = group / CPU_QBLOCK;
@@ -459,9 +460,27 @@ void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, co
                     fn(pk + p0 * row_ints, nb, xt + tile_start[i] * row_ints, dt + tile_start[i] * nb, wsr, per_group,
                        tile);
                     const int64_t vr = nr - p0 < QGEMM_ROWS ? nr - p0 : QGEMM_ROWS;
-                    for (int j = 0; j < nj; j++)
-                        for (int64_t r = 0; r < vr; r++)
-                            out[(int64_t)(jt + j) * ldo + r0 + p0 + r] = tile[r * tw + j];
+                    int j = 0;
+                    if (vr == QGEMM_ROWS) /* 4 tokens at a time: a 4 x 4 transpose, 4 row-runs stored */
+                        for (; j + 4 <= nj; j += 4) {
+                            __m128 m0 = _mm_loadu_ps(tile + j), m1 = _mm_loadu_ps(tile + tw + j);
+                            __m128 m2 = _mm_loadu_ps(tile + 2 * tw + j), m3 = _mm_loadu_ps(tile + 3 * tw + j);
+                            _MM_TRANSPOSE4_PS(m0, m1, m2, m3);
+                            const __m128 m[4] = {m0, m1, m2, m3};
+                            for (int i = 0; i < 4; i++) {
+                                const int64_t jj = jt + j + i;
+                                __m128 v = m[i];
+                                if (bias)
+                                    v = _mm_add_ps(v, _mm_loadu_ps(bias + jj * ldb + r0 + p0));
+                                _mm_storeu_ps(out + jj * ldo + r0 + p0, v);
+                            }
+                        }
+                    for (; j < nj; j++)
+                        for (int64_t r = 0; r < vr; r++) {
+                            const int64_t jj = jt + j;
+                            out[jj * ldo + r0 + p0 + r] =
+                                bias ? tile[r * tw + j] + bias[jj * ldb + r0 + p0 + r] : tile[r * tw + j];
+                        }
                 }
             }
         }
@@ -469,9 +488,9 @@ void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, co
 }
 
 static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride, int group,
-                    const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
+                    const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out, int64_t ldo)
 {
-    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, out, ldo, cpu_qdot_avx2_pack_rows, q4_gemm_tile, NULL);
+    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, bias, ldb, out, ldo, cpu_qdot_avx2_pack_rows, q4_gemm_tile, NULL);
 }
 
 const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,

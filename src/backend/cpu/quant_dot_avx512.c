@@ -320,9 +320,9 @@ __attribute__((target(VNNI_TARGET))) static void pack_rows(const uint8_t *w, int
 }
 
 static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride, int group,
-                    const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
+                    const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out, int64_t ldo)
 {
-    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, out, ldo, pack_rows, q4_gemm_tile, q4_gemm_tile16);
+    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, bias, ldb, out, ldo, pack_rows, q4_gemm_tile, q4_gemm_tile16);
 }
 
 const cpu_qdot_kernels cpu_qdot_avx512_vnni = {"avx512-vnni", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
