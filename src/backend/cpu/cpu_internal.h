@@ -147,9 +147,9 @@ void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const
 void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a);
 /* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
-/* Rows of a weight matrix one task takes for n tokens (a mean where experts take different counts): about
- * 4 tasks per thread, at most 64 rows for one token (unless that makes more than ~16 tasks per thread) and
- * 256 for several, a multiple of CPU_QROWS. */
+/* Rows of a weight matrix one task takes for n tokens (a mean where experts take different counts): for
+ * one token about 4 tasks per thread and at most 64 rows (unless that makes more than ~16 tasks per
+ * thread), for several about 2 tasks per thread and at most 256 rows; a multiple of CPU_QROWS. */
 int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows, int n);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */

@@ -299,10 +299,12 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
 int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows, int n)
 {
     const int threads = lily_threadpool_size(c->pool);
-    /* several tokens: longer runs of rows, so a tile kernel packs each token tile for more rows; one token
+    /* several tokens: about 2 tasks per thread of at most 256 rows (each task packs the token tiles once,
+     * so fewer tasks pack less; 4 per thread were ~3% slower on small pp256); one token
      * over many rows (an LM head): about 16 tasks per thread, each claim of a task being a cache-line
      * transfer between cores (tasks of 64 rows made 2,374 claims per token of a 151,936-row head) */
-    int64_t b = LILY_MIN(n >= 2 ? (int64_t)QMATMUL_GEMM_ROWS : 64, (rows + 4 * threads - 1) / (4 * threads));
+    int64_t b = n >= 2 ? LILY_MIN((int64_t)QMATMUL_GEMM_ROWS, (rows + 2 * threads - 1) / (2 * threads))
+                       : LILY_MIN((int64_t)64, (rows + 4 * threads - 1) / (4 * threads));
     if (n == 1)
         b = LILY_MAX(b, (rows + 16 * threads - 1) / (16 * threads));
     /* whole runs of CPU_QROWS rows, so the 4-row decode kernels take every row */
