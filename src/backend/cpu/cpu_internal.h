@@ -227,7 +227,8 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out);
 /* Whether the layer's experts can take the fast path (4/8-bit, fast mode, one group size for gate/up). */
 bool cpu_moe_fast_ok(const cpu_ctx *c, const lily_layer_weights *lw);
 /* The routed experts' weighted sum into out [n, hidden] for x [n, hidden], after the router has filled
- * topk_weights and the grouping (expert_count, expert_offset, expert_rows). */
-void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *out);
+ * topk_weights and the grouping (expert_count, expert_offset, expert_rows). x_in_qact: c->qact already
+ * holds x quantized (cpu_quantize_act_rows of the n rows, hidden wide), so it is not quantized again. */
+void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, bool x_in_qact, int n, float *out);
 
 #endif
