@@ -172,10 +172,27 @@ static void load_rows_transposed_set(const cpu_qdot_kernels *kern, const void *s
 /* bt[r] = Σ_g wbt[g * ld + r] · gs[g] for r < ld (ld a multiple of 8): the affine bias terms of a chunk's
  * rows for one token, the biases transposed so that rows are the vector lanes (fixed runs of 8 the
  * compiler vectorizes); each row's sum runs over g in order, whichever path asks. */
-CPU_VEC8_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups,
-                                       const float *restrict gs, float *restrict bt)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+/* (also for AVX-512: runs of 16 in one register; no multiply-add fused, so every clone's values are the same) */
+#define BIAS_TERMS_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+#else
+#define BIAS_TERMS_CLONES CPU_VEC8_CLONES
+#endif
+BIAS_TERMS_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups,
+                                         const float *restrict gs, float *restrict bt)
 {
-    for (int64_t r = 0; r < ld; r += 8) {
+    int64_t r = 0;
+    for (; r + 16 <= ld; r += 16) { /* (the same operations per row as the runs of 8) */
+        float acc[16] = {0};
+        for (int64_t g = 0; g < n_groups; g++) {
+            const float s = gs[g], *col = wbt + g * ld + r;
+            for (int l = 0; l < 16; l++)
+                acc[l] += col[l] * s;
+        }
+        for (int l = 0; l < 16; l++)
+            bt[r + l] = acc[l];
+    }
+    for (; r < ld; r += 8) {
         float acc[8] = {0};
         for (int64_t g = 0; g < n_groups; g++) {
             const float s = gs[g], *col = wbt + g * ld + r;
