@@ -113,13 +113,24 @@ typedef struct {
 const cpu_qdot_kernels *cpu_qdot_best(void);
 /* Every kernel set this CPU can run into out[CPU_QDOT_MAX_SETS], the portable one first, the best last;
  * returns the count. */
-#define CPU_QDOT_MAX_SETS 4
+#define CPU_QDOT_MAX_SETS 5
 int cpu_qdot_available(const cpu_qdot_kernels **out);
 
 /* The implementations (each file compiles to nothing where its instruction set does not exist). */
 extern const cpu_qdot_kernels cpu_qdot_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const cpu_qdot_kernels cpu_qdot_avx2, cpu_qdot_avx512_vnni;
+#endif
+/* The AMX tile kernel (x86-64 Linux: the tile data state needs the kernel's permission; GCC 11+). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define CPU_QDOT_HAVE_AMX 1
+/* The avx512-vnni set with gemm_q4 on AMX tiles (quant_dot_amx.c); only where cpu_qdot_available lists it. */
+extern const cpu_qdot_kernels cpu_qdot_avx512_amx;
+void cpu_qdot_amx_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
+                          int group, const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out,
+                          int64_t ldo);
+#else
+#define CPU_QDOT_HAVE_AMX 0
 #endif
 #if defined(__aarch64__)
 extern const cpu_qdot_kernels cpu_qdot_neon, cpu_qdot_neon_dotprod;

@@ -328,4 +328,9 @@ static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const fl
 const cpu_qdot_kernels cpu_qdot_avx512_vnni = {"avx512-vnni", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
                                                cpu_qdot_avx2_rows_q8, gemm_q4, prep_q4, rows_q4_prep,
                                                transpose_bf16};
+#if CPU_QDOT_HAVE_AMX
+const cpu_qdot_kernels cpu_qdot_avx512_amx = {"avx512-amx", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
+                                              cpu_qdot_avx2_rows_q8, cpu_qdot_amx_gemm_q4, prep_q4, rows_q4_prep,
+                                              transpose_bf16};
+#endif
 #endif

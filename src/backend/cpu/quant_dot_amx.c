@@ -1,0 +1,154 @@
+/* quant_dot_amx.c — gemm_q4 (quant_dot.h's cpu_qgemm_fn) on Intel AMX tiles (AMX-TILE + AMX-INT8, with
+ * AVX-512 for the fp32 steps): the avx512-amx set's tile kernel (quant_dot_dispatch.c picks the set where
+ * the CPU has AMX and Linux grants the tile data state).
+ *
+ * A tile of 16 tokens x 16 weight rows, per activation block k of 32 values: the tokens' int8 digits xq
+ * (and xr) are the A operand, 16 rows of 32 bytes read in place from the quantized activations (stride
+ * a->cols); the rows' 4-bit weights, widened to bytes, are the B operand in the tile unit's layout (B row i
+ * holds, for each of the 16 weight rows, its block values 4i .. 4i+3); TDPBSUD (signed x unsigned bytes,
+ * int32 sums) gives C_q[j][r] = Σ xq q and C_r[j][r] = Σ xr q. Then isum = 254 C_q + C_r = Σ q v exactly
+ * (int32, quant_dot_avx2.c's bound), and per (row, token) the fp32 steps of quant_dot_avx2.c in its
+ * order: G = fma((float) isum_k, d_k, G) over the group's blocks, acc = fma(G_g, s_g, acc) over the
+ * groups. So every result is the AVX2 set's, bit for bit (tested). The block order inside A and B is
+ * the activations' [16 even | 16 odd] (quant_dot.h), so the weights widen as their 16 low nibbles then
+ * their 16 high nibbles. C's rows are tokens, so a token's 16 results leave as one 16-float store.
+ *
+ * Tile state: each call loads its tile configuration and releases the tiles before returning (the state
+ * is per thread; Linux's permission, asked once per process, is quant_dot_dispatch.c's).
+ */
+#include "quant_dot.h"
+
+#if CPU_QDOT_HAVE_AMX
+#include <immintrin.h>
+#include <string.h>
+
+#define AMX_TARGET "avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-int8"
+#define AMX_TILE 16 /* tokens and weight rows per tile */
+/* Weight bytes (widened) per pass of rows, packed once per call and pass for every token tile. */
+#define AMX_PASS_BYTES 65536
+
+/* The tile configuration (palette 1): tiles 0-1 C (16 x 64 bytes: C_q, C_r), 2-3 A (16 x 32: xq, xr),
+ * 4 B (8 x 64). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) amx_tilecfg;
+
+/* Rows [r0, r0 + 16) of the pass (rows >= nrows zero) widened into B tiles: bt[k * 512 + i * 64 + r * 4 + m]
+ * = row r's value at position 4i + m of block k ([16 even | 16 odd]). */
+__attribute__((target(AMX_TARGET))) static void pack_b(const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t nb,
+                                                      uint8_t *bt)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    uint8_t u[AMX_TILE][32]; /* one block of the 16 rows, widened */
+    const __m512i idx = _mm512_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480);
+    for (int64_t k = 0; k < nb; k++) {
+        for (int r = 0; r < AMX_TILE; r++) {
+            if (r >= nrows) {
+                memset(u[r], 0, 32);
+                continue;
+            }
+            const __m128i b = _mm_loadu_si128((const __m128i *)(w + r * row_bytes + k * (CPU_QBLOCK / 2)));
+            _mm_storeu_si128((__m128i *)u[r], _mm_and_si128(b, lo4));
+            _mm_storeu_si128((__m128i *)(u[r] + 16), _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
+        }
+        for (int i = 0; i < 8; i++) /* B row i: dword i of each row */
+            _mm512_storeu_si512((void *)(bt + k * 512 + i * 64), _mm512_i32gather_epi32(idx, (const void *)(&u[0][0] + 4 * i), 1));
+    }
+}
+
+__attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows,
+                                                             const float *ws, int64_t ws_stride, int group,
+                                                             const cpu_qact *a, int t0, int nt, const float *bias,
+                                                             int64_t ldb, float *out, int64_t ldo)
+{
+    const int64_t cols = a->cols, nb = cols / CPU_QBLOCK, n_groups = cols / group;
+    const int per_group = group / CPU_QBLOCK;
+    /* row tiles per pass */
+    const int64_t pass_tiles = AMX_PASS_BYTES / (AMX_TILE * cols) > 0 ? AMX_PASS_BYTES / (AMX_TILE * cols) : 1;
+    uint8_t bpk[AMX_PASS_BYTES > AMX_TILE * CPU_QGEMM_MAX_COLS ? AMX_PASS_BYTES : AMX_TILE * CPU_QGEMM_MAX_COLS]
+        __attribute__((aligned(64)));
+    float wst[CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE] __attribute__((aligned(64))); /* [g][16 rows] */
+    int32_t cq[AMX_TILE * AMX_TILE] __attribute__((aligned(64))), cr[AMX_TILE * AMX_TILE] __attribute__((aligned(64)));
+    int8_t padq[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64))), padr[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64)));
+    float acc[AMX_TILE][AMX_TILE] __attribute__((aligned(64)));
+
+    amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    cfg.rows[0] = cfg.rows[1] = AMX_TILE, cfg.colsb[0] = cfg.colsb[1] = 64;
+    cfg.rows[2] = cfg.rows[3] = AMX_TILE, cfg.colsb[2] = cfg.colsb[3] = CPU_QBLOCK;
+    cfg.rows[4] = 8, cfg.colsb[4] = 64;
+    _tile_loadconfig(&cfg);
+    const __m512i k254 = _mm512_set1_epi32(CPU_QDIGIT);
+
+    for (int64_t p0 = 0; p0 < nrows; p0 += pass_tiles * AMX_TILE) {
+        const int64_t p1 = nrows - p0 < pass_tiles * AMX_TILE ? nrows : p0 + pass_tiles * AMX_TILE;
+        for (int64_t r0 = p0; r0 < p1; r0 += AMX_TILE)
+            pack_b(w + r0 * row_bytes, row_bytes, p1 - r0, nb, bpk + (r0 - p0) / AMX_TILE * nb * 512);
+        for (int64_t r0 = p0; r0 < p1; r0 += AMX_TILE) {
+            const int64_t vr = p1 - r0 < AMX_TILE ? p1 - r0 : AMX_TILE;
+            const uint8_t *bt = bpk + (r0 - p0) / AMX_TILE * nb * 512;
+            for (int64_t g = 0; g < n_groups; g++) /* the rows' scales with the rows as lanes (padding: 0) */
+                for (int r = 0; r < AMX_TILE; r++)
+                    wst[g * AMX_TILE + r] = r < vr ? ws[(r0 + r) * ws_stride + g] : 0.0f;
+            for (int j0 = 0; j0 < nt; j0 += AMX_TILE) {
+                const int nj = nt - j0 < AMX_TILE ? nt - j0 : AMX_TILE;
+                const int8_t *xq = a->q + (int64_t)(t0 + j0) * cols, *xr = a->r + (int64_t)(t0 + j0) * cols;
+                const float *xd = a->d + (int64_t)(t0 + j0) * nb;
+                memset(acc, 0, sizeof acc);
+                for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
+                    __m512 G[AMX_TILE];
+#pragma GCC unroll 16
+                    for (int j = 0; j < AMX_TILE; j++)
+                        G[j] = _mm512_setzero_ps();
+                    for (int64_t k = k0; k < k0 + per_group; k++) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        if (nj == AMX_TILE) {
+                            _tile_loadd(2, xq + k * CPU_QBLOCK, cols);
+                            _tile_loadd(3, xr + k * CPU_QBLOCK, cols);
+                        } else { /* a last partial tile: its tokens' block copied, the rest zero */
+                            memset(padq, 0, sizeof padq);
+                            memset(padr, 0, sizeof padr);
+                            for (int j = 0; j < nj; j++) {
+                                memcpy(padq + j * CPU_QBLOCK, xq + j * cols + k * CPU_QBLOCK, CPU_QBLOCK);
+                                memcpy(padr + j * CPU_QBLOCK, xr + j * cols + k * CPU_QBLOCK, CPU_QBLOCK);
+                            }
+                            _tile_loadd(2, padq, CPU_QBLOCK);
+                            _tile_loadd(3, padr, CPU_QBLOCK);
+                        }
+                        _tile_loadd(4, bt + k * 512, 64);
+                        _tile_dpbsud(0, 2, 4);
+                        _tile_dpbsud(1, 3, 4);
+                        _tile_stored(0, cq, 64);
+                        _tile_stored(1, cr, 64);
+#pragma GCC unroll 16
+                        for (int j = 0; j < AMX_TILE; j++) {
+                            const __m512i is = _mm512_add_epi32(
+                                _mm512_mullo_epi32(_mm512_load_si512((const void *)(cq + j * AMX_TILE)), k254),
+                                _mm512_load_si512((const void *)(cr + j * AMX_TILE)));
+                            const float dj = j < nj ? xd[j * nb + k] : 0.0f;
+                            G[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(dj), G[j]);
+                        }
+                    }
+                    const __m512 s = _mm512_load_ps(wst + g * AMX_TILE);
+#pragma GCC unroll 16
+                    for (int j = 0; j < AMX_TILE; j++)
+                        _mm512_store_ps(acc[j], _mm512_fmadd_ps(G[j], s, _mm512_load_ps(acc[j])));
+                }
+                /* token j's results for the tile's rows: one (masked) store each, plus the bias terms */
+                const __mmask16 m = (__mmask16)((1u << vr) - 1);
+                for (int j = 0; j < nj; j++) {
+                    __m512 v = _mm512_load_ps(acc[j]);
+                    if (bias)
+                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + (int64_t)(j0 + j) * ldb + r0));
+                    _mm512_mask_storeu_ps(out + (int64_t)(j0 + j) * ldo + r0, m, v);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
