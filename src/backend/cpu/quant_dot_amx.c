@@ -35,27 +35,24 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) amx_tilecfg;
 
-/* Rows [r0, r0 + 16) of the pass (rows >= nrows zero) widened into B tiles: bt[k * 512 + i * 64 + r * 4 + m]
- * = row r's value at position 4i + m of block k ([16 even | 16 odd]). */
+/* 16 rows (rows >= nrows zero) widened into B tiles: bt[k * 512 + i * 64 + r * 4 + m] = row r's value at
+ * position 4i + m of block k ([16 even | 16 odd]): B rows 0-3 are the low nibbles of the block's 4 words
+ * (bytes 4i .. 4i+3 hold elements 8i, 8i+2, .. in their low nibbles), rows 4-7 their high nibbles. One
+ * gather per word (its 16 rows), then a mask or a shift and a mask. */
 __attribute__((target(AMX_TARGET))) static void pack_b(const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t nb,
                                                       uint8_t *bt)
 {
-    const __m128i lo4 = _mm_set1_epi8(0x0F);
-    uint8_t u[AMX_TILE][32]; /* one block of the 16 rows, widened */
-    const __m512i idx = _mm512_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480);
-    for (int64_t k = 0; k < nb; k++) {
-        for (int r = 0; r < AMX_TILE; r++) {
-            if (r >= nrows) {
-                memset(u[r], 0, 32);
-                continue;
-            }
-            const __m128i b = _mm_loadu_si128((const __m128i *)(w + r * row_bytes + k * (CPU_QBLOCK / 2)));
-            _mm_storeu_si128((__m128i *)u[r], _mm_and_si128(b, lo4));
-            _mm_storeu_si128((__m128i *)(u[r] + 16), _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __mmask16 valid = nrows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nrows) - 1);
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int32_t)row_bytes));
+    for (int64_t k = 0; k < nb; k++)
+        for (int i = 0; i < 4; i++) {
+            const __m512i d = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, idx,
+                                                          (const void *)(w + k * (CPU_QBLOCK / 2) + 4 * i), 1);
+            _mm512_storeu_si512((void *)(bt + k * 512 + i * 64), _mm512_and_si512(d, lo4));
+            _mm512_storeu_si512((void *)(bt + k * 512 + (i + 4) * 64), _mm512_and_si512(_mm512_srli_epi16(d, 4), lo4));
         }
-        for (int i = 0; i < 8; i++) /* B row i: dword i of each row */
-            _mm512_storeu_si512((void *)(bt + k * 512 + i * 64), _mm512_i32gather_epi32(idx, (const void *)(&u[0][0] + 4 * i), 1));
-    }
 }
 
 __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows,
@@ -69,10 +66,14 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
     const int64_t pass_tiles = AMX_PASS_BYTES / (AMX_TILE * cols) > 0 ? AMX_PASS_BYTES / (AMX_TILE * cols) : 1;
     uint8_t bpk[AMX_PASS_BYTES > AMX_TILE * CPU_QGEMM_MAX_COLS ? AMX_PASS_BYTES : AMX_TILE * CPU_QGEMM_MAX_COLS]
         __attribute__((aligned(64)));
-    float wst[CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE] __attribute__((aligned(64))); /* [g][16 rows] */
+    /* the pass's row scales: [row tile][g][16 rows] */
+    float wst[AMX_PASS_BYTES / CPU_QBLOCK > CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE ? AMX_PASS_BYTES / CPU_QBLOCK
+                                                                                   : CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE]
+        __attribute__((aligned(64)));
     int32_t cq[AMX_TILE * AMX_TILE] __attribute__((aligned(64))), cr[AMX_TILE * AMX_TILE] __attribute__((aligned(64)));
     int8_t padq[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64))), padr[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64)));
     float acc[AMX_TILE][AMX_TILE] __attribute__((aligned(64)));
+    float dT[CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE] __attribute__((aligned(64))); /* [k][16 tokens] */
 
     amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -87,16 +88,22 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
         const int64_t p1 = nrows - p0 < pass_tiles * AMX_TILE ? nrows : p0 + pass_tiles * AMX_TILE;
         for (int64_t r0 = p0; r0 < p1; r0 += AMX_TILE)
             pack_b(w + r0 * row_bytes, row_bytes, p1 - r0, nb, bpk + (r0 - p0) / AMX_TILE * nb * 512);
-        for (int64_t r0 = p0; r0 < p1; r0 += AMX_TILE) {
-            const int64_t vr = p1 - r0 < AMX_TILE ? p1 - r0 : AMX_TILE;
-            const uint8_t *bt = bpk + (r0 - p0) / AMX_TILE * nb * 512;
-            for (int64_t g = 0; g < n_groups; g++) /* the rows' scales with the rows as lanes (padding: 0) */
+        for (int64_t r0 = p0; r0 < p1; r0 += AMX_TILE) /* the rows' scales with the rows as lanes (padding: 0) */
+            for (int64_t g = 0; g < n_groups; g++)
                 for (int r = 0; r < AMX_TILE; r++)
-                    wst[g * AMX_TILE + r] = r < vr ? ws[(r0 + r) * ws_stride + g] : 0.0f;
-            for (int j0 = 0; j0 < nt; j0 += AMX_TILE) {
-                const int nj = nt - j0 < AMX_TILE ? nt - j0 : AMX_TILE;
-                const int8_t *xq = a->q + (int64_t)(t0 + j0) * cols, *xr = a->r + (int64_t)(t0 + j0) * cols;
-                const float *xd = a->d + (int64_t)(t0 + j0) * nb;
+                    wst[((r0 - p0) / AMX_TILE * n_groups + g) * AMX_TILE + r] =
+                        r0 + r < p1 ? ws[(r0 + r) * ws_stride + g] : 0.0f;
+        for (int j0 = 0; j0 < nt; j0 += AMX_TILE) {
+            const int nj = nt - j0 < AMX_TILE ? nt - j0 : AMX_TILE;
+            const int8_t *xq = a->q + (int64_t)(t0 + j0) * cols, *xr = a->r + (int64_t)(t0 + j0) * cols;
+            const float *xd = a->d + (int64_t)(t0 + j0) * nb;
+            for (int64_t k = 0; k < nb; k++) /* the tokens' block scales with the tokens as rows (padding: 0) */
+                for (int j = 0; j < AMX_TILE; j++)
+                    dT[k * AMX_TILE + j] = j < nj ? xd[j * nb + k] : 0.0f;
+            for (int64_t r0 = p0; r0 < p1; r0 += AMX_TILE) {
+                const int64_t vr = p1 - r0 < AMX_TILE ? p1 - r0 : AMX_TILE;
+                const uint8_t *bt = bpk + (r0 - p0) / AMX_TILE * nb * 512;
+                const float *wsr = wst + (r0 - p0) / AMX_TILE * n_groups * AMX_TILE;
                 memset(acc, 0, sizeof acc);
                 for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
                     __m512 G[AMX_TILE];
@@ -129,11 +136,10 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                             const __m512i is = _mm512_add_epi32(
                                 _mm512_mullo_epi32(_mm512_load_si512((const void *)(cq + j * AMX_TILE)), k254),
                                 _mm512_load_si512((const void *)(cr + j * AMX_TILE)));
-                            const float dj = j < nj ? xd[j * nb + k] : 0.0f;
-                            G[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(dj), G[j]);
+                            G[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(dT[k * AMX_TILE + j]), G[j]);
                         }
                     }
-                    const __m512 s = _mm512_load_ps(wst + g * AMX_TILE);
+                    const __m512 s = _mm512_load_ps(wsr + g * AMX_TILE);
 #pragma GCC unroll 16
                     for (int j = 0; j < AMX_TILE; j++)
                         _mm512_store_ps(acc[j], _mm512_fmadd_ps(G[j], s, _mm512_load_ps(acc[j])));
