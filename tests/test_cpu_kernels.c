@@ -635,6 +635,56 @@ static void test_quant_dot_every_kernel_set(void **state)
         }
 }
 
+/* Every set's tile kernel over many rows and wide inputs (several 16-row tiles and a remainder, passes of
+ * rows, groups of 1, 2 and 4 blocks, a token offset and a partial token tile) gives each (row, token) the
+ * set's one-row result bit for bit, with the bias terms added in one fp32 add. */
+static void test_quant_gemm_many_rows_wide_inputs(void **state)
+{
+    (void)state;
+    const cpu_qdot_kernels *sets[CPU_QDOT_MAX_SETS];
+    const int n_sets = cpu_qdot_available(sets);
+    enum { ROWS = 37, N = 35, T0 = 3 };
+    for (int cols = 512; cols <= CPU_QGEMM_MAX_COLS; cols *= 8)
+        for (int group = 32; group <= 128; group *= 2) {
+            qtensor qt = make_quantized_group(ROWS, cols, 4, 0, group);
+            const int nb = cols / 32, ng = cols / group;
+            float *x = malloc(sizeof(float) * N * cols), *out = malloc(sizeof(float) * N * ROWS);
+            float *bias = malloc(sizeof(float) * N * ROWS), *ws = malloc(sizeof(float) * ROWS * ng);
+            int8_t *q = malloc((size_t)N * cols), *r = malloc((size_t)N * cols);
+            int16_t *v16 = malloc(sizeof(int16_t) * N * cols);
+            float *d = malloc(sizeof(float) * N * nb), *sum = malloc(sizeof(float) * N * nb);
+            assert_true(x && out && bias && ws && q && r && v16 && d && sum);
+            for (int i = 0; i < N * cols; i++)
+                x[i] = frand() * (i % 5 == 0 ? 3.0f : 1.0f);
+            for (int i = 0; i < N * ROWS; i++)
+                bias[i] = frand();
+            for (int i = 0; i < ROWS * ng; i++)
+                ws[i] = lily_bf16_to_f32(qt.scales[i]);
+            cpu_qact a = {q, r, d, sum, cols, v16};
+            cpu_quantize_act(x, N, cols, &a);
+            for (int s = 0; s < n_sets; s++) {
+                if (!sets[s]->gemm_q4)
+                    continue;
+                sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, ROWS, ws, ng, group, &a, T0, N - T0, bias,
+                                 ROWS, out, ROWS);
+                for (int row = 0; row < ROWS; row++) {
+                    float one[N];
+                    for (int t = T0; t < N; t++)
+                        sets[s]->dot_q4((const uint8_t *)qt.words + row * qt.t.row_bytes, ws + row * ng, group, &a, t, 1,
+                                        &one[t]);
+                    for (int j = 0; j < N - T0; j++) {
+                        const float want = one[T0 + j] + bias[j * ROWS + row];
+                        if (memcmp(&out[j * ROWS + row], &want, sizeof want))
+                            fail_msg("%s cols %d group %d row %d token %d: %.9g, want %.9g", sets[s]->name, cols, group,
+                                     row, T0 + j, out[j * ROWS + row], want);
+                    }
+                }
+            }
+            free(x); free(out); free(bias); free(ws); free(q); free(r); free(v16); free(d); free(sum);
+            free_quantized(&qt);
+        }
+}
+
 /* A fast-mode context for the matmul tests: the pool, max_chunk n, the quantized-input buffers. */
 static cpu_ctx fast_ctx(lily_threadpool *pool, int n, cpu_qact qact, float *qgsum)
 {
@@ -831,6 +881,7 @@ int main(void)
         cmocka_unit_test(test_matmul_plain_dtypes),
         cmocka_unit_test(test_quantize_act_blocks),
         cmocka_unit_test(test_quant_dot_every_kernel_set),
+        cmocka_unit_test(test_quant_gemm_many_rows_wide_inputs),
         cmocka_unit_test(test_fast_matmul_error_bound_and_batch_invariance),
         cmocka_unit_test(test_matmul_many_matches_single_calls),
         cmocka_unit_test(test_experts_token_matches_fast_matmuls),
