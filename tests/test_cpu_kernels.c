@@ -644,8 +644,12 @@ static void test_quant_gemm_many_rows_wide_inputs(void **state)
     const cpu_qdot_kernels *sets[CPU_QDOT_MAX_SETS];
     const int n_sets = cpu_qdot_available(sets);
     enum { ROWS = 37, N = 35, T0 = 3 };
-    for (int cols = 512; cols <= CPU_QGEMM_MAX_COLS; cols *= 8)
+    static const int col_list[] = {96, 512, CPU_QGEMM_MAX_COLS}; /* 96: an odd block count */
+    for (int ci = 0; ci < 3; ci++)
         for (int group = 32; group <= 128; group *= 2) {
+            const int cols = col_list[ci];
+            if (cols % group)
+                continue;
             qtensor qt = make_quantized_group(ROWS, cols, 4, 0, group);
             const int nb = cols / 32, ng = cols / group;
             float *x = malloc(sizeof(float) * N * cols), *out = malloc(sizeof(float) * N * ROWS);
@@ -678,6 +682,24 @@ static void test_quant_gemm_many_rows_wide_inputs(void **state)
                             fail_msg("%s cols %d group %d row %d token %d: %.9g, want %.9g", sets[s]->name, cols, group,
                                      row, T0 + j, out[j * ROWS + row], want);
                     }
+                    /* the decode kernel on the set's own layout: row quads from this row, the same bits */
+                    if (sets[s]->rows_q4_prep && row + CPU_QROWS <= ROWS)
+                        for (int t = T0; t < N; t++) {
+                            int16_t xn[CPU_QGEMM_MAX_COLS];
+                            float wst[CPU_QGEMM_MAX_COLS / 32 * CPU_QROWS], o4[CPU_QROWS];
+                            sets[s]->prep_q4(&a, t, xn);
+                            for (int g = 0; g < ng; g++)
+                                for (int qq = 0; qq < CPU_QROWS; qq++)
+                                    wst[g * CPU_QROWS + qq] = ws[(row + qq) * ng + g];
+                            sets[s]->rows_q4_prep((const uint8_t *)qt.words + row * qt.t.row_bytes, qt.t.row_bytes, wst,
+                                                  CPU_QROWS, group, xn, d + t * nb, cols, o4);
+                            float want;
+                            sets[s]->dot_q4((const uint8_t *)qt.words + row * qt.t.row_bytes, ws + row * ng, group, &a, t,
+                                            1, &want);
+                            if (memcmp(&o4[0], &want, sizeof want))
+                                fail_msg("%s rows_q4_prep cols %d group %d row %d token %d: %.9g, want %.9g",
+                                         sets[s]->name, cols, group, row, t, o4[0], want);
+                        }
                 }
             }
             free(x); free(out); free(bias); free(ws); free(q); free(r); free(v16); free(d); free(sum);
