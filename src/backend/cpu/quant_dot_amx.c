@@ -71,6 +71,7 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                                                                                    : CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE]
         __attribute__((aligned(64)));
     int32_t cq[AMX_TILE * AMX_TILE] __attribute__((aligned(64))), cr[AMX_TILE * AMX_TILE] __attribute__((aligned(64)));
+    int32_t c2[4][AMX_TILE * AMX_TILE] __attribute__((aligned(64))); /* two blocks' sums: [block][digit] */
     int8_t padq[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64))), padr[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64)));
     float acc[AMX_TILE][AMX_TILE] __attribute__((aligned(64)));
     float dT[CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE] __attribute__((aligned(64))); /* [k][16 tokens] */
@@ -78,9 +79,10 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
     amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    cfg.rows[0] = cfg.rows[1] = AMX_TILE, cfg.colsb[0] = cfg.colsb[1] = 64;
-    cfg.rows[2] = cfg.rows[3] = AMX_TILE, cfg.colsb[2] = cfg.colsb[3] = CPU_QBLOCK;
-    cfg.rows[4] = 8, cfg.colsb[4] = 64;
+    for (int i = 0; i < 4; i++) /* C: 16 tokens x 16 int32 */
+        cfg.rows[i] = AMX_TILE, cfg.colsb[i] = 64;
+    cfg.rows[4] = cfg.rows[5] = AMX_TILE, cfg.colsb[4] = cfg.colsb[5] = CPU_QBLOCK; /* A: 16 tokens x 32 digits */
+    cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64;                 /* B: 8 x (16 rows x 4) */
     _tile_loadconfig(&cfg);
     const __m512i k254 = _mm512_set1_epi32(CPU_QDIGIT);
 
@@ -104,6 +106,51 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                 const int64_t vr = p1 - r0 < AMX_TILE ? p1 - r0 : AMX_TILE;
                 const uint8_t *bt = bpk + (r0 - p0) / AMX_TILE * nb * 512;
                 const float *wsr = wst + (r0 - p0) / AMX_TILE * n_groups * AMX_TILE;
+                if (per_group == 2 && nj == AMX_TILE) {
+                    /* groups of two blocks: both blocks' products in flight at once (C tiles 0-1 and 2-3), then
+                     * per token G = fma(isum_0, d_0, 0), G = fma(isum_1, d_1, G), acc = fma(G, s_g, acc) */
+                    __m512 A[AMX_TILE];
+#pragma GCC unroll 16
+                    for (int j = 0; j < AMX_TILE; j++)
+                        A[j] = _mm512_setzero_ps();
+                    for (int64_t k0 = 0, g = 0; k0 < nb; k0 += 2, g++) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                        _tile_loadd(4, xq + k0 * CPU_QBLOCK, cols);
+                        _tile_loadd(5, xr + k0 * CPU_QBLOCK, cols);
+                        _tile_loadd(6, bt + k0 * 512, 64);
+                        _tile_dpbsud(0, 4, 6);
+                        _tile_dpbsud(1, 5, 6);
+                        _tile_loadd(4, xq + (k0 + 1) * CPU_QBLOCK, cols);
+                        _tile_loadd(5, xr + (k0 + 1) * CPU_QBLOCK, cols);
+                        _tile_loadd(7, bt + (k0 + 1) * 512, 64);
+                        _tile_dpbsud(2, 4, 7);
+                        _tile_dpbsud(3, 5, 7);
+                        _tile_stored(0, c2[0], 64);
+                        _tile_stored(1, c2[1], 64);
+                        _tile_stored(2, c2[2], 64);
+                        _tile_stored(3, c2[3], 64);
+                        const __m512 s = _mm512_load_ps(wsr + g * AMX_TILE);
+#pragma GCC unroll 16
+                        for (int j = 0; j < AMX_TILE; j++) {
+                            const __m512i i0 = _mm512_add_epi32(
+                                _mm512_mullo_epi32(_mm512_load_si512((const void *)(c2[0] + j * AMX_TILE)), k254),
+                                _mm512_load_si512((const void *)(c2[1] + j * AMX_TILE)));
+                            const __m512i i1 = _mm512_add_epi32(
+                                _mm512_mullo_epi32(_mm512_load_si512((const void *)(c2[2] + j * AMX_TILE)), k254),
+                                _mm512_load_si512((const void *)(c2[3] + j * AMX_TILE)));
+                            __m512 G = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_set1_ps(dT[k0 * AMX_TILE + j]),
+                                                       _mm512_setzero_ps());
+                            G = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_set1_ps(dT[(k0 + 1) * AMX_TILE + j]), G);
+                            A[j] = _mm512_fmadd_ps(G, s, A[j]);
+                        }
+                    }
+#pragma GCC unroll 16
+                    for (int j = 0; j < AMX_TILE; j++)
+                        _mm512_store_ps(acc[j], A[j]);
+                } else {
                 memset(acc, 0, sizeof acc);
                 for (int64_t k0 = 0, g = 0; k0 < nb; k0 += per_group, g++) {
                     __m512 G[AMX_TILE];
@@ -114,8 +161,8 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                         _tile_zero(0);
                         _tile_zero(1);
                         if (nj == AMX_TILE) {
-                            _tile_loadd(2, xq + k * CPU_QBLOCK, cols);
-                            _tile_loadd(3, xr + k * CPU_QBLOCK, cols);
+                            _tile_loadd(4, xq + k * CPU_QBLOCK, cols);
+                            _tile_loadd(5, xr + k * CPU_QBLOCK, cols);
                         } else { /* a last partial tile: its tokens' block copied, the rest zero */
                             memset(padq, 0, sizeof padq);
                             memset(padr, 0, sizeof padr);
@@ -123,12 +170,12 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                                 memcpy(padq + j * CPU_QBLOCK, xq + j * cols + k * CPU_QBLOCK, CPU_QBLOCK);
                                 memcpy(padr + j * CPU_QBLOCK, xr + j * cols + k * CPU_QBLOCK, CPU_QBLOCK);
                             }
-                            _tile_loadd(2, padq, CPU_QBLOCK);
-                            _tile_loadd(3, padr, CPU_QBLOCK);
+                            _tile_loadd(4, padq, CPU_QBLOCK);
+                            _tile_loadd(5, padr, CPU_QBLOCK);
                         }
-                        _tile_loadd(4, bt + k * 512, 64);
-                        _tile_dpbsud(0, 2, 4);
-                        _tile_dpbsud(1, 3, 4);
+                        _tile_loadd(6, bt + k * 512, 64);
+                        _tile_dpbsud(0, 4, 6);
+                        _tile_dpbsud(1, 5, 6);
                         _tile_stored(0, cq, 64);
                         _tile_stored(1, cr, 64);
 #pragma GCC unroll 16
@@ -143,6 +190,7 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
 #pragma GCC unroll 16
                     for (int j = 0; j < AMX_TILE; j++)
                         _mm512_store_ps(acc[j], _mm512_fmadd_ps(G[j], s, _mm512_load_ps(acc[j])));
+                }
                 }
                 /* token j's results for the tile's rows: one (masked) store each, plus the bias terms */
                 const __mmask16 m = (__mmask16)((1u << vr) - 1);
