@@ -6,12 +6,15 @@
  * (and xr) are the A operand, 16 rows of 32 bytes read in place from the quantized activations (stride
  * a->cols); the rows' 4-bit weights, widened to bytes, are the B operand in the tile unit's layout (B row i
  * holds, for each of the 16 weight rows, its block values 4i .. 4i+3); TDPBSUD (signed x unsigned bytes,
- * int32 sums) gives C_q[j][r] = Σ xq q and C_r[j][r] = Σ xr q. Then isum = 254 C_q + C_r = Σ q v exactly
- * (int32, quant_dot_avx2.c's bound), and per (row, token) the fp32 steps of quant_dot_avx2.c in its
+ * int32 sums) gives C_q[j][r] = Σ xq q and C_r[j][r] = Σ xr q. Then (float) isum = fma(254, (float) C_q,
+ * (float) C_r), exactly: isum = 254 C_q + C_r = Σ q v and every term are integers below 2^24
+ * (quant_dot_avx2.c's bound), and per (row, token) the fp32 steps of quant_dot_avx2.c in its
  * order: G = fma((float) isum_k, d_k, G) over the group's blocks, acc = fma(G_g, s_g, acc) over the
  * groups. So every result is the AVX2 set's, bit for bit (tested). The block order inside A and B is
  * the activations' [16 even | 16 odd] (quant_dot.h), so the weights widen as their 16 low nibbles then
- * their 16 high nibbles. C's rows are tokens, so a token's 16 results leave as one 16-float store.
+ * their 16 high nibbles. C's rows are tokens, so a token's 16 results leave as one 16-float store. With
+ * groups of two blocks (MLX's default 64) both blocks' products are in flight at once (C tiles 0-3), which
+ * hides the tile unit's latency before the stores of C.
  *
  * Tile state: each call loads its tile configuration and releases the tiles before returning (the state
  * is per thread; Linux's permission, asked once per process, is quant_dot_dispatch.c's).
@@ -84,7 +87,7 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
     cfg.rows[4] = cfg.rows[5] = AMX_TILE, cfg.colsb[4] = cfg.colsb[5] = CPU_QBLOCK; /* A: 16 tokens x 32 digits */
     cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64;                 /* B: 8 x (16 rows x 4) */
     _tile_loadconfig(&cfg);
-    const __m512i k254 = _mm512_set1_epi32(CPU_QDIGIT);
+    const __m512 f254 = _mm512_set1_ps((float)CPU_QDIGIT);
 
     for (int64_t p0 = 0; p0 < nrows; p0 += pass_tiles * AMX_TILE) {
         const int64_t p1 = nrows - p0 < pass_tiles * AMX_TILE ? nrows : p0 + pass_tiles * AMX_TILE;
@@ -135,15 +138,16 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                         const __m512 s = _mm512_load_ps(wsr + g * AMX_TILE);
 #pragma GCC unroll 16
                         for (int j = 0; j < AMX_TILE; j++) {
-                            const __m512i i0 = _mm512_add_epi32(
-                                _mm512_mullo_epi32(_mm512_load_si512((const void *)(c2[0] + j * AMX_TILE)), k254),
-                                _mm512_load_si512((const void *)(c2[1] + j * AMX_TILE)));
-                            const __m512i i1 = _mm512_add_epi32(
-                                _mm512_mullo_epi32(_mm512_load_si512((const void *)(c2[2] + j * AMX_TILE)), k254),
-                                _mm512_load_si512((const void *)(c2[3] + j * AMX_TILE)));
-                            __m512 G = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_set1_ps(dT[k0 * AMX_TILE + j]),
-                                                       _mm512_setzero_ps());
-                            G = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_set1_ps(dT[(k0 + 1) * AMX_TILE + j]), G);
+                            /* (float) isum = 254 (float) C_q + (float) C_r in one FMA, exactly: every term and
+                             * the sum are integers below 2^24 */
+                            const __m512 f0 = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c2[0] + j * AMX_TILE))), f254,
+                                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c2[1] + j * AMX_TILE))));
+                            const __m512 f1 = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c2[2] + j * AMX_TILE))), f254,
+                                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c2[3] + j * AMX_TILE))));
+                            __m512 G = _mm512_fmadd_ps(f0, _mm512_set1_ps(dT[k0 * AMX_TILE + j]), _mm512_setzero_ps());
+                            G = _mm512_fmadd_ps(f1, _mm512_set1_ps(dT[(k0 + 1) * AMX_TILE + j]), G);
                             A[j] = _mm512_fmadd_ps(G, s, A[j]);
                         }
                     }
@@ -180,10 +184,10 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                         _tile_stored(1, cr, 64);
 #pragma GCC unroll 16
                         for (int j = 0; j < AMX_TILE; j++) {
-                            const __m512i is = _mm512_add_epi32(
-                                _mm512_mullo_epi32(_mm512_load_si512((const void *)(cq + j * AMX_TILE)), k254),
-                                _mm512_load_si512((const void *)(cr + j * AMX_TILE)));
-                            G[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(dT[k * AMX_TILE + j]), G[j]);
+                            const __m512 f = _mm512_fmadd_ps( /* (float) isum, exactly (as above) */
+                                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cq + j * AMX_TILE))), f254,
+                                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cr + j * AMX_TILE))));
+                            G[j] = _mm512_fmadd_ps(f, _mm512_set1_ps(dT[k * AMX_TILE + j]), G[j]);
                         }
                     }
                     const __m512 s = _mm512_load_ps(wsr + g * AMX_TILE);
