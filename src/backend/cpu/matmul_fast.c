@@ -155,10 +155,10 @@ static void load_rows_transposed_set(const cpu_qdot_kernels *kern, const void *s
         load_rows_transposed(src, dtype, nr, n_groups, ld, dst);
         return;
     }
-    const int64_t nr16 = nr / 16 * 16, ng4 = n_groups / 4 * 4;
+    const int64_t nr16 = nr / 16 * 16;
     kern->transpose_bf16(src, nr, n_groups, ld, dst);
     for (int64_t g = 0; g < n_groups; g++)
-        for (int64_t r = g < ng4 ? nr16 : 0; r < ld; r++)
+        for (int64_t r = nr16; r < ld; r++)
             dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
 }
 

@@ -78,9 +78,9 @@ typedef void (*cpu_qdot_rows_fn)(const uint8_t *w, int64_t row_bytes, const floa
 typedef void (*cpu_qdot_prep_fn)(const cpu_qact *a, int t, int16_t *xn);
 typedef void (*cpu_qdot_rows_prep_fn)(const uint8_t *w, int64_t row_bytes, const float *wst, int64_t ld, int group,
                                       const int16_t *xn, const float *xd, int64_t cols, float *out);
-/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] (bf16, any alignment) for r < nr16 and g <
- * ng4, where nr16 = nr rounded down to a multiple of 16 and ng4 = n_groups rounded down to a multiple of 4
- * (the caller does the rest): a row chunk's scale or bias rows with the rows as lanes. */
+/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] (bf16, any alignment) for r < nr16 and every g,
+ * where nr16 = nr rounded down to a multiple of 16 (the caller does the rest; n_groups >= 4): a row chunk's
+ * scale or bias rows with the rows as lanes. */
 typedef void (*cpu_qdot_transpose_fn)(const uint16_t *src, int64_t nr, int64_t n_groups, int64_t ld, float *dst);
 
 /* The widest activation rows (cols) a cpu_qgemm_fn takes (it packs a row pass and a token tile on the
