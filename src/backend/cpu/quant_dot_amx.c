@@ -75,7 +75,9 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
         __attribute__((aligned(64)));
     int32_t cq[AMX_TILE * AMX_TILE] __attribute__((aligned(64))), cr[AMX_TILE * AMX_TILE] __attribute__((aligned(64)));
     int32_t c2[4][AMX_TILE * AMX_TILE] __attribute__((aligned(64))); /* two blocks' sums: [block][digit] */
-    int8_t padq[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64))), padr[AMX_TILE * CPU_QBLOCK] __attribute__((aligned(64)));
+    /* a last partial token tile's digits, copied once with zero rows past its tokens (the row stride cols) */
+    int8_t padq[AMX_TILE * CPU_QGEMM_MAX_COLS] __attribute__((aligned(64)));
+    int8_t padr[AMX_TILE * CPU_QGEMM_MAX_COLS] __attribute__((aligned(64)));
     float acc[AMX_TILE][AMX_TILE] __attribute__((aligned(64)));
     float dT[CPU_QGEMM_MAX_COLS / CPU_QBLOCK * AMX_TILE] __attribute__((aligned(64))); /* [k][16 tokens] */
 
@@ -101,6 +103,14 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
         for (int j0 = 0; j0 < nt; j0 += AMX_TILE) {
             const int nj = nt - j0 < AMX_TILE ? nt - j0 : AMX_TILE;
             const int8_t *xq = a->q + (int64_t)(t0 + j0) * cols, *xr = a->r + (int64_t)(t0 + j0) * cols;
+            if (nj < AMX_TILE) {
+                memcpy(padq, xq, (size_t)(nj * cols));
+                memcpy(padr, xr, (size_t)(nj * cols));
+                memset(padq + nj * cols, 0, (size_t)((AMX_TILE - nj) * cols));
+                memset(padr + nj * cols, 0, (size_t)((AMX_TILE - nj) * cols));
+                xq = padq;
+                xr = padr;
+            }
             const float *xd = a->d + (int64_t)(t0 + j0) * nb;
             for (int64_t k = 0; k < nb; k++) /* the tokens' block scales with the tokens as rows (padding: 0) */
                 for (int j = 0; j < AMX_TILE; j++)
@@ -109,7 +119,7 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                 const int64_t vr = p1 - r0 < AMX_TILE ? p1 - r0 : AMX_TILE;
                 const uint8_t *bt = bpk + (r0 - p0) / AMX_TILE * nb * 512;
                 const float *wsr = wst + (r0 - p0) / AMX_TILE * n_groups * AMX_TILE;
-                if (per_group == 2 && nj == AMX_TILE) {
+                if (per_group == 2) {
                     /* groups of two blocks: both blocks' products in flight at once (C tiles 0-1 and 2-3), then
                      * per token G = fma(isum_0, d_0, 0), G = fma(isum_1, d_1, G), acc = fma(G, s_g, acc) */
                     __m512 A[AMX_TILE];
@@ -164,19 +174,8 @@ __attribute__((target(AMX_TARGET))) void cpu_qdot_amx_gemm_q4(const uint8_t *w, 
                     for (int64_t k = k0; k < k0 + per_group; k++) {
                         _tile_zero(0);
                         _tile_zero(1);
-                        if (nj == AMX_TILE) {
-                            _tile_loadd(4, xq + k * CPU_QBLOCK, cols);
-                            _tile_loadd(5, xr + k * CPU_QBLOCK, cols);
-                        } else { /* a last partial tile: its tokens' block copied, the rest zero */
-                            memset(padq, 0, sizeof padq);
-                            memset(padr, 0, sizeof padr);
-                            for (int j = 0; j < nj; j++) {
-                                memcpy(padq + j * CPU_QBLOCK, xq + j * cols + k * CPU_QBLOCK, CPU_QBLOCK);
-                                memcpy(padr + j * CPU_QBLOCK, xr + j * cols + k * CPU_QBLOCK, CPU_QBLOCK);
-                            }
-                            _tile_loadd(4, padq, CPU_QBLOCK);
-                            _tile_loadd(5, padr, CPU_QBLOCK);
-                        }
+                        _tile_loadd(4, xq + k * CPU_QBLOCK, cols);
+                        _tile_loadd(5, xr + k * CPU_QBLOCK, cols);
                         _tile_loadd(6, bt + k * 512, 64);
                         _tile_dpbsud(0, 4, 6);
                         _tile_dpbsud(1, 5, 6);
