@@ -576,7 +576,7 @@ static void test_quant_dot_every_kernel_set(void **state)
                             assert_memory_equal(&tile[j], &single[N - nt + j], sizeof(float));
                     }
                 }
-                if (!strcmp(sets[s]->name, "avx2") || !strcmp(sets[s]->name, "avx512-vnni")) {
+                if (!strcmp(sets[s]->name, "avx2") || !strcmp(sets[s]->name, "avx512-vnni") || !strcmp(sets[s]->name, "avx512-amx")) {
                     if (have_x86)
                         assert_memory_equal(all_single, x86_single, sizeof x86_single);
                     memcpy(x86_single, all_single, sizeof x86_single);
@@ -613,14 +613,96 @@ static void test_quant_dot_every_kernel_set(void **state)
                 if (bits == 4 && sets[s]->gemm_q4)
                     for (int nr = 1; nr <= ROWS; nr++)
                         for (int nt = 1; nt <= N; nt++) {
-                            float out[N * ROWS];
+                            float out[N * ROWS], bias[N * (ROWS + 3)];
                             sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, nr, all_ws, COLS / group, group,
-                                             &a, N - nt, nt, out, ROWS);
+                                             &a, N - nt, nt, NULL, 0, out, ROWS);
                             for (int j = 0; j < nt; j++)
                                 for (int r = 0; r < nr; r++)
                                     assert_memory_equal(&out[j * ROWS + r], &all_single[r][N - nt + j], sizeof(float));
+                            /* with bias terms (row stride ROWS + 3): each result plus its term in one fp32 add */
+                            for (int i = 0; i < N * (ROWS + 3); i++)
+                                bias[i] = (float)((i * 37) % 101 - 50) * 0.37f;
+                            sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, nr, all_ws, COLS / group, group,
+                                             &a, N - nt, nt, bias, ROWS + 3, out, ROWS);
+                            for (int j = 0; j < nt; j++)
+                                for (int r = 0; r < nr; r++) {
+                                    const float want = all_single[r][N - nt + j] + bias[j * (ROWS + 3) + r];
+                                    assert_memory_equal(&out[j * ROWS + r], &want, sizeof(float));
+                                }
                         }
             }
+            free_quantized(&qt);
+        }
+}
+
+/* Every set's tile kernel over many rows and wide inputs (several 16-row tiles and a remainder, passes of
+ * rows, groups of 1, 2 and 4 blocks, a token offset and a partial token tile) gives each (row, token) the
+ * set's one-row result bit for bit, with the bias terms added in one fp32 add. */
+static void test_quant_gemm_many_rows_wide_inputs(void **state)
+{
+    (void)state;
+    const cpu_qdot_kernels *sets[CPU_QDOT_MAX_SETS];
+    const int n_sets = cpu_qdot_available(sets);
+    enum { ROWS = 37, N = 35, T0 = 3 };
+    static const int col_list[] = {96, 512, CPU_QGEMM_MAX_COLS}; /* 96: an odd block count */
+    for (int ci = 0; ci < 3; ci++)
+        for (int group = 32; group <= 128; group *= 2) {
+            const int cols = col_list[ci];
+            if (cols % group)
+                continue;
+            qtensor qt = make_quantized_group(ROWS, cols, 4, 0, group);
+            const int nb = cols / 32, ng = cols / group;
+            float *x = malloc(sizeof(float) * N * cols), *out = malloc(sizeof(float) * N * ROWS);
+            float *bias = malloc(sizeof(float) * N * ROWS), *ws = malloc(sizeof(float) * ROWS * ng);
+            int8_t *q = malloc((size_t)N * cols), *r = malloc((size_t)N * cols);
+            int16_t *v16 = malloc(sizeof(int16_t) * N * cols);
+            float *d = malloc(sizeof(float) * N * nb), *sum = malloc(sizeof(float) * N * nb);
+            assert_true(x && out && bias && ws && q && r && v16 && d && sum);
+            for (int i = 0; i < N * cols; i++)
+                x[i] = frand() * (i % 5 == 0 ? 3.0f : 1.0f);
+            for (int i = 0; i < N * ROWS; i++)
+                bias[i] = frand();
+            for (int i = 0; i < ROWS * ng; i++)
+                ws[i] = lily_bf16_to_f32(qt.scales[i]);
+            cpu_qact a = {q, r, d, sum, cols, v16};
+            cpu_quantize_act(x, N, cols, &a);
+            for (int s = 0; s < n_sets; s++) {
+                if (!sets[s]->gemm_q4)
+                    continue;
+                sets[s]->gemm_q4((const uint8_t *)qt.words, qt.t.row_bytes, ROWS, ws, ng, group, &a, T0, N - T0, bias,
+                                 ROWS, out, ROWS);
+                for (int row = 0; row < ROWS; row++) {
+                    float one[N];
+                    for (int t = T0; t < N; t++)
+                        sets[s]->dot_q4((const uint8_t *)qt.words + row * qt.t.row_bytes, ws + row * ng, group, &a, t, 1,
+                                        &one[t]);
+                    for (int j = 0; j < N - T0; j++) {
+                        const float want = one[T0 + j] + bias[j * ROWS + row];
+                        if (memcmp(&out[j * ROWS + row], &want, sizeof want))
+                            fail_msg("%s cols %d group %d row %d token %d: %.9g, want %.9g", sets[s]->name, cols, group,
+                                     row, T0 + j, out[j * ROWS + row], want);
+                    }
+                    /* the decode kernel on the set's own layout: row quads from this row, the same bits */
+                    if (sets[s]->rows_q4_prep && row + CPU_QROWS <= ROWS)
+                        for (int t = T0; t < N; t++) {
+                            int16_t xn[CPU_QGEMM_MAX_COLS];
+                            float wst[CPU_QGEMM_MAX_COLS / 32 * CPU_QROWS], o4[CPU_QROWS];
+                            sets[s]->prep_q4(&a, t, xn);
+                            for (int g = 0; g < ng; g++)
+                                for (int qq = 0; qq < CPU_QROWS; qq++)
+                                    wst[g * CPU_QROWS + qq] = ws[(row + qq) * ng + g];
+                            sets[s]->rows_q4_prep((const uint8_t *)qt.words + row * qt.t.row_bytes, qt.t.row_bytes, wst,
+                                                  CPU_QROWS, group, xn, d + t * nb, cols, o4);
+                            float want;
+                            sets[s]->dot_q4((const uint8_t *)qt.words + row * qt.t.row_bytes, ws + row * ng, group, &a, t,
+                                            1, &want);
+                            if (memcmp(&o4[0], &want, sizeof want))
+                                fail_msg("%s rows_q4_prep cols %d group %d row %d token %d: %.9g, want %.9g",
+                                         sets[s]->name, cols, group, row, t, o4[0], want);
+                        }
+                }
+            }
+            free(x); free(out); free(bias); free(ws); free(q); free(r); free(v16); free(d); free(sum);
             free_quantized(&qt);
         }
 }
@@ -821,6 +903,7 @@ int main(void)
         cmocka_unit_test(test_matmul_plain_dtypes),
         cmocka_unit_test(test_quantize_act_blocks),
         cmocka_unit_test(test_quant_dot_every_kernel_set),
+        cmocka_unit_test(test_quant_gemm_many_rows_wide_inputs),
         cmocka_unit_test(test_fast_matmul_error_bound_and_batch_invariance),
         cmocka_unit_test(test_matmul_many_matches_single_calls),
         cmocka_unit_test(test_experts_token_matches_fast_matmuls),

@@ -85,6 +85,22 @@ CPU_VEC8_CLONES void cpu_attention_head_fast(const float *q, int q_stride, const
         /* o = Σ_s p_s v_s over keys in order, up to PV_COLS columns at a time on independent accumulators */
         for (int i0 = 0; i0 < hd; i0 += PV_COLS) {
             const int nv = (hd - i0 < PV_COLS ? hd - i0 : PV_COLS) / 8;
+            if (nv == PV_COLS / 8) { /* all PV_COLS columns: a fixed count, so the sums stay in registers */
+                v8f acc[PV_COLS / 8] = {{0}};
+                for (int s = 0; s < n_keys; s++) {
+                    const float p = scores[s] * inv_sum;
+                    const float *vs = v_cache + (int64_t)s * kv_stride + i0;
+#pragma GCC unroll 8
+                    for (int c = 0; c < PV_COLS / 8; c++) {
+                        v8f v;
+                        LOAD8(v, vs + 8 * c);
+                        acc[c] += p * v;
+                    }
+                }
+                for (int c = 0; c < PV_COLS / 8; c++)
+                    STORE8(ot + i0 + 8 * c, acc[c]);
+                continue;
+            }
             v8f acc[PV_COLS / 8] = {{0}};
             for (int s = 0; s < n_keys; s++) {
                 const float p = scores[s] * inv_sum;

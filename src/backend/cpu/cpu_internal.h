@@ -147,9 +147,9 @@ void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const
 void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a);
 /* gsum[t, g] = Σ x over weight group g (of `group` values) of row t, t < n, from a's block sums. */
 void cpu_qact_group_sums(const cpu_qact *a, int n, int group, float *gsum);
-/* Rows of a weight matrix one task takes for n tokens (a mean where experts take different counts): about
- * 4 tasks per thread, at most 64 rows for one token (unless that makes more than ~16 tasks per thread) and
- * 256 for several, a multiple of CPU_QROWS. */
+/* Rows of a weight matrix one task takes for n tokens (a mean where experts take different counts): for
+ * one token about 4 tasks per thread and at most 64 rows (unless that makes more than ~16 tasks per
+ * thread), for several about 2 tasks per thread and at most 256 rows; a multiple of CPU_QROWS. */
 int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows, int n);
 
 /* ---- norm_rope.c ------------------------------------------------------------------------------- */
@@ -227,7 +227,8 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out);
 /* Whether the layer's experts can take the fast path (4/8-bit, fast mode, one group size for gate/up). */
 bool cpu_moe_fast_ok(const cpu_ctx *c, const lily_layer_weights *lw);
 /* The routed experts' weighted sum into out [n, hidden] for x [n, hidden], after the router has filled
- * topk_weights and the grouping (expert_count, expert_offset, expert_rows). */
-void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *out);
+ * topk_weights and the grouping (expert_count, expert_offset, expert_rows). x_in_qact: c->qact already
+ * holds x quantized (cpu_quantize_act_rows of the n rows, hidden wide), so it is not quantized again. */
+void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, bool x_in_qact, int n, float *out);
 
 #endif

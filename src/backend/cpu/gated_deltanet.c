@@ -246,6 +246,22 @@ CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, in
     for (int c = 0; c < nc && K <= CONV_MAX_TAPS; c++)
         for (int j = 0; j < K; j++)
             wt[j][c] = weight[(int64_t)(c0 + c) * K + j];
+    if (nc == CONV_CHANNEL_BLOCK && K <= CONV_MAX_TAPS) { /* a whole block: loops of a fixed count vectorize */
+        for (int t = 0; t < n; t++) {
+            float acc[CONV_CHANNEL_BLOCK] = {0};
+            for (int j = 0; j < K; j++) {
+                const int r = t - hist + j;
+                const float *xr =
+                    r >= 0 ? mixed + (int64_t)r * channels + c0 : conv_state + (int64_t)(hist + r) * channels + c0;
+                for (int c = 0; c < CONV_CHANNEL_BLOCK; c++)
+                    acc[c] += wt[j][c] * xr[c];
+            }
+            float *yt = y + (int64_t)t * channels + c0;
+            for (int c = 0; c < CONV_CHANNEL_BLOCK; c++)
+                yt[c] = cpu_silu(acc[c]);
+        }
+        return;
+    }
     for (int t = 0; t < n; t++) {
         float acc[CONV_CHANNEL_BLOCK] = {0};
         for (int j = 0; j < K; j++) {

@@ -12,50 +12,60 @@
 #include "cpu_internal.h"
 
 typedef float v8f __attribute__((vector_size(32)));
+typedef float v16f __attribute__((vector_size(64)));
 
 /* Unaligned 8-float load / store (macros: a function returning a 32-byte vector would warn of the AVX ABI). */
 #define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
 #define STORE8(p, v) memcpy((p), &(v), sizeof(v8f))
+#define LOADV(dst, p) memcpy(&(dst), (p), sizeof(dst))
+#define STOREV(p, v) memcpy((p), &(v), sizeof(v))
 
 bool cpu_gdn_fast_step_ok(int dv) { return dv % 8 == 0 && dv <= CPU_GDN_FAST_MAX_DV; }
 
-/* Columns [b, b + 8 NB) of both passes, NB (1 or 4) vectors at a time: NB independent accumulators per
- * sum, so the adds of successive rows a overlap instead of waiting on one another. Each lane's operations
- * are the same for either NB. */
-#define GDN_PASS1(NB)                                                                                  \
+/* Columns [b, b + W NB) of both passes, NB vectors of W lanes (VT) at a time: NB independent accumulators
+ * per sum, so the adds of successive rows a overlap instead of waiting on one another. Each lane's
+ * operations are the same for any W and NB. */
+#define GDN_PASS1(VT, W, NB)                                                                           \
     do {                                                                                               \
-        v8f kv[NB] = {0}, s;                                                                           \
+        VT kv[NB] = {0}, s;                                                                            \
         for (int a = 0; a < dk; a++)                                                                   \
             for (int i = 0; i < NB; i++) {                                                             \
-                LOAD8(s, state + (int64_t)a * dv + b + 8 * i);                                         \
+                LOADV(s, state + (int64_t)a * dv + b + W * i);                                         \
                 kv[i] += s * kt[a];                                                                    \
             }                                                                                          \
         for (int i = 0; i < NB; i++) {                                                                 \
-            v8f vv;                                                                                    \
-            LOAD8(vv, vt + b + 8 * i);                                                                 \
-            const v8f d = (vv - kv[i] * decay) * bt;                                                   \
-            STORE8(delta + b + 8 * i, d);                                                              \
+            VT vv;                                                                                     \
+            LOADV(vv, vt + b + W * i);                                                                 \
+            const VT d = (vv - kv[i] * decay) * bt;                                                    \
+            STOREV(delta + b + W * i, d);                                                              \
         }                                                                                              \
     } while (0)
 
-#define GDN_PASS2(NB)                                                                                  \
+#define GDN_PASS2(VT, W, NB)                                                                           \
     do {                                                                                               \
-        v8f d[NB], acc[NB] = {0}, s;                                                                   \
+        VT d[NB], acc[NB] = {0}, s;                                                                    \
         for (int i = 0; i < NB; i++)                                                                   \
-            LOAD8(d[i], delta + b + 8 * i);                                                            \
+            LOADV(d[i], delta + b + W * i);                                                            \
         for (int a = 0; a < dk; a++)                                                                   \
             for (int i = 0; i < NB; i++) {                                                             \
-                float *row = state + (int64_t)a * dv + b + 8 * i;                                      \
-                LOAD8(s, row);                                                                         \
+                float *row = state + (int64_t)a * dv + b + W * i;                                      \
+                LOADV(s, row);                                                                         \
                 s = s * decay + d[i] * kt[a];                                                          \
-                STORE8(row, s);                                                                        \
+                STOREV(row, s);                                                                        \
                 acc[i] += s * qt[a];                                                                   \
             }                                                                                          \
         for (int i = 0; i < NB; i++)                                                                   \
-            STORE8(o + b + 8 * i, acc[i]);                                                             \
+            STOREV(o + b + W * i, acc[i]);                                                             \
     } while (0)
 
-CPU_VEC8_CLONES void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+/* Also built for AVX-512 (x86-64-v4: the 16-lane vectors in one register each), every clone the same IEEE
+ * operations per lane with no multiply-add fused (fp-contract off), so the same values. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define GDN_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+#else
+#define GDN_CLONES CPU_VEC8_CLONES
+#endif
+GDN_CLONES void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
                                        const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
                                        float *state, float *out, int out_stride)
 {
@@ -66,13 +76,17 @@ CPU_VEC8_CLONES void cpu_gdn_delta_rule_recurrent_fast(const float *q, const flo
         const float decay = expf(g[(int64_t)t * gb_stride]), bt = beta[(int64_t)t * gb_stride];
         float *o = out + (int64_t)t * out_stride;
         int b = 0;
+        for (; b + 64 <= dv; b += 64)
+            GDN_PASS1(v16f, 16, 4);
         for (; b + 32 <= dv; b += 32)
-            GDN_PASS1(4);
+            GDN_PASS1(v8f, 8, 4);
         for (; b < dv; b += 8)
-            GDN_PASS1(1);
-        for (b = 0; b + 32 <= dv; b += 32)
-            GDN_PASS2(4);
+            GDN_PASS1(v8f, 8, 1);
+        for (b = 0; b + 64 <= dv; b += 64)
+            GDN_PASS2(v16f, 16, 4);
+        for (; b + 32 <= dv; b += 32)
+            GDN_PASS2(v8f, 8, 4);
         for (; b < dv; b += 8)
-            GDN_PASS2(1);
+            GDN_PASS2(v8f, 8, 1);
     }
 }

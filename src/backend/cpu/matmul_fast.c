@@ -155,10 +155,10 @@ static void load_rows_transposed_set(const cpu_qdot_kernels *kern, const void *s
         load_rows_transposed(src, dtype, nr, n_groups, ld, dst);
         return;
     }
-    const int64_t nr16 = nr / 16 * 16, ng4 = n_groups / 4 * 4;
+    const int64_t nr16 = nr / 16 * 16;
     kern->transpose_bf16(src, nr, n_groups, ld, dst);
     for (int64_t g = 0; g < n_groups; g++)
-        for (int64_t r = g < ng4 ? nr16 : 0; r < ld; r++)
+        for (int64_t r = nr16; r < ld; r++)
             dst[g * ld + r] = r < nr ? lily_load_f32(src, dtype, r * n_groups + g) : 0.0f;
 }
 
@@ -172,10 +172,27 @@ static void load_rows_transposed_set(const cpu_qdot_kernels *kern, const void *s
 /* bt[r] = Σ_g wbt[g * ld + r] · gs[g] for r < ld (ld a multiple of 8): the affine bias terms of a chunk's
  * rows for one token, the biases transposed so that rows are the vector lanes (fixed runs of 8 the
  * compiler vectorizes); each row's sum runs over g in order, whichever path asks. */
-CPU_VEC8_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups,
-                                       const float *restrict gs, float *restrict bt)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+/* (also for AVX-512: runs of 16 in one register; no multiply-add fused, so every clone's values are the same) */
+#define BIAS_TERMS_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+#else
+#define BIAS_TERMS_CLONES CPU_VEC8_CLONES
+#endif
+BIAS_TERMS_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, int64_t n_groups,
+                                         const float *restrict gs, float *restrict bt)
 {
-    for (int64_t r = 0; r < ld; r += 8) {
+    int64_t r = 0;
+    for (; r + 16 <= ld; r += 16) { /* (the same operations per row as the runs of 8) */
+        float acc[16] = {0};
+        for (int64_t g = 0; g < n_groups; g++) {
+            const float s = gs[g], *col = wbt + g * ld + r;
+            for (int l = 0; l < 16; l++)
+                acc[l] += col[l] * s;
+        }
+        for (int l = 0; l < 16; l++)
+            bt[r + l] = acc[l];
+    }
+    for (; r < ld; r += 8) {
         float acc[8] = {0};
         for (int64_t g = 0; g < n_groups; g++) {
             const float s = gs[g], *col = wbt + g * ld + r;
@@ -194,6 +211,8 @@ CPU_VEC8_CLONES static void bias_terms(const float *restrict wbt, int64_t ld, in
 /* Fewest tokens for a set's tile kernel (below, its four-row kernel per token is faster: ~23 against
  * ~48 G multiply-adds/s for a full tile of 8 on the AVX2 development VM). */
 #define QMATMUL_GEMM_MIN_TOKENS 4
+/* Bias-term floats of one run of the tile kernel (64 tokens of a 256-row chunk: 64 KiB on the stack). */
+#define QMATMUL_GEMM_BIAS_FLOATS 16384
 
 void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_t expert, int64_t row0, int64_t row1,
                       const cpu_qact *a, int t0, int n, const float *gsum, float *y, int64_t ldy)
@@ -219,6 +238,7 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                                                  : LILY_MAX((int64_t)16, QMATMUL_CHUNK_BYTES / w->row_bytes))));
     float ws[QMATMUL_SCALE_FLOATS + 8 * 64], wbt[QMATMUL_SCALE_FLOATS + 8 * 64];
     float bt[CPU_QTILE][QMATMUL_GEMM_ROWS]; /* chunks are at most QMATMUL_GEMM_ROWS rows */
+    float gbt[QMATMUL_GEMM_BIAS_FLOATS];     /* the tile kernel's bias terms: [tokens of a run][ld] */
     LILY_ASSERT(n_groups <= QMATMUL_SCALE_FLOATS);
     /* a lone token (decode) on 4-bit rows: the set's four-row kernel on its own activation layout where it
      * has one (the same bits as rows_fn), the layout made once per call */
@@ -249,15 +269,15 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
                          ws);
         load_rows_transposed_set(kern, (const uint8_t *)w->biases + (base + c0) * w->scale_row_bytes, w->scale_dtype,
                                  nr, n_groups, ld, wbt);
-        if (n_gemm > 0) {
+        /* the tile kernel in runs of tokens whose bias terms fit gbt (whole tiles of 16), each run's bias
+         * terms made first and added by the kernel as it stores (the output is written once) */
+        const int run = (int)LILY_MAX(16, QMATMUL_GEMM_BIAS_FLOATS / ld / 16 * 16);
+        for (int i0 = 0; i0 < n_gemm; i0 += run) {
+            const int ni = LILY_MIN(run, n_gemm - i0);
+            for (int i = 0; i < ni; i++)
+                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i0 + i) * n_groups, gbt + (int64_t)i * ld);
             gemm((const uint8_t *)w->data + (base + c0) * w->row_bytes, w->row_bytes, nr, ws, n_groups, w->group_size,
-                 a, t0, n_gemm, y + (c0 - row0), ldy);
-            for (int i = 0; i < n_gemm; i++) {
-                bias_terms(wbt, ld, n_groups, gsum + (int64_t)(t0 + i) * n_groups, bt[0]);
-                float *yi = y + (int64_t)i * ldy + (c0 - row0);
-                for (int64_t r = 0; r < nr; r++)
-                    yi[r] += bt[0][r];
-            }
+                 a, t0 + i0, ni, gbt, ld, y + (int64_t)i0 * ldy + (c0 - row0), ldy);
         }
         for (int i0 = n_gemm; i0 < n; i0 += tile_tokens) {
             const int nt = LILY_MIN(tile_tokens, n - i0);
@@ -296,10 +316,12 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
 int cpu_qmatmul_block_rows(const cpu_ctx *c, int64_t rows, int n)
 {
     const int threads = lily_threadpool_size(c->pool);
-    /* several tokens: longer runs of rows, so a tile kernel packs each token tile for more rows; one token
+    /* several tokens: about 2 tasks per thread of at most 256 rows (each task packs the token tiles once,
+     * so fewer tasks pack less; 4 per thread were ~3% slower on small pp256); one token
      * over many rows (an LM head): about 16 tasks per thread, each claim of a task being a cache-line
      * transfer between cores (tasks of 64 rows made 2,374 claims per token of a 151,936-row head) */
-    int64_t b = LILY_MIN(n >= 2 ? (int64_t)QMATMUL_GEMM_ROWS : 64, (rows + 4 * threads - 1) / (4 * threads));
+    int64_t b = n >= 2 ? LILY_MIN((int64_t)QMATMUL_GEMM_ROWS, (rows + 2 * threads - 1) / (2 * threads))
+                       : LILY_MIN((int64_t)64, (rows + 4 * threads - 1) / (4 * threads));
     if (n == 1)
         b = LILY_MAX(b, (rows + 16 * threads - 1) / (16 * threads));
     /* whole runs of CPU_QROWS rows, so the 4-row decode kernels take every row */

@@ -90,7 +90,12 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     }
 
     if (fast) {
-        cpu_moe_experts_fast(c, layer, x, n, out);
+        /* cpu_matmul_many quantized x into c->qact once when the four formed one run (all on the int8 path
+         * with one group size; all take hidden inputs): the routed experts reuse it */
+        bool x_in_qact = true;
+        for (int i = 0; i < 4; i++)
+            x_in_qact = x_in_qact && cpu_matmul_fast_ok(c, in_w[i]) && in_w[i]->group_size == in_w[0]->group_size;
+        cpu_moe_experts_fast(c, layer, x, x_in_qact, n, out);
     } else {
         memset(out, 0, (size_t)n * hidden * sizeof(float));
         for (int e = 0; e < E; e++) {

@@ -82,16 +82,17 @@ bool cpu_moe_fast_ok(const cpu_ctx *c, const lily_layer_weights *lw)
            cpu_matmul_fast_ok(c, &lw->experts_down) && lw->experts_gate.group_size == lw->experts_up.group_size;
 }
 
-void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, int n, float *out)
+void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, bool x_in_qact, int n, float *out)
 {
     const lily_config *cfg = c->cfg;
     const lily_layer_weights *lw = &c->w->layers[layer];
     const int hidden = cfg->hidden, E = cfg->n_experts, k = cfg->n_experts_used, inter = cfg->moe_intermediate;
 
-    /* x quantized once (c->qact), its rows gathered by expert into c->moe_qx */
+    /* x quantized once (c->qact; already there when x_in_qact), its rows gathered by expert into c->moe_qx */
     cpu_qact a = c->qact;
     a.cols = hidden;
-    cpu_quantize_act_rows(c, x, n, hidden, &a);
+    if (!x_in_qact)
+        cpu_quantize_act_rows(c, x, n, hidden, &a);
     cpu_qact gx = c->moe_qx;
     gx.cols = hidden;
     int n_active = 0;

@@ -78,9 +78,9 @@ typedef void (*cpu_qdot_rows_fn)(const uint8_t *w, int64_t row_bytes, const floa
 typedef void (*cpu_qdot_prep_fn)(const cpu_qact *a, int t, int16_t *xn);
 typedef void (*cpu_qdot_rows_prep_fn)(const uint8_t *w, int64_t row_bytes, const float *wst, int64_t ld, int group,
                                       const int16_t *xn, const float *xd, int64_t cols, float *out);
-/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] (bf16, any alignment) for r < nr16 and g <
- * ng4, where nr16 = nr rounded down to a multiple of 16 and ng4 = n_groups rounded down to a multiple of 4
- * (the caller does the rest): a row chunk's scale or bias rows with the rows as lanes. */
+/* dst[g * ld + r] = the fp32 value of src[r * n_groups + g] (bf16, any alignment) for r < nr16 and every g,
+ * where nr16 = nr rounded down to a multiple of 16 (the caller does the rest; n_groups >= 4): a row chunk's
+ * scale or bias rows with the rows as lanes. */
 typedef void (*cpu_qdot_transpose_fn)(const uint16_t *src, int64_t nr, int64_t n_groups, int64_t ld, float *dst);
 
 /* The widest activation rows (cols) a cpu_qgemm_fn takes (it packs a row pass and a token tile on the
@@ -90,9 +90,11 @@ typedef void (*cpu_qdot_transpose_fn)(const uint16_t *src, int64_t nr, int64_t n
 /* nrows weight rows (row r's packed weights at w + r * row_bytes, its scales at ws + r * ws_stride)
  * against nt activation rows t0 .. t0 + nt - 1 of a (prefill's shape: every weight block is unpacked
  * once and meets several tokens at a time): out[j * ldo + r] is what the set's cpu_qdot_fn gives for row r
- * and token t0 + j, bit for bit. a->cols <= CPU_QGEMM_MAX_COLS. */
+ * and token t0 + j, bit for bit, plus bias[j * ldb + r] in one fp32 add where bias is not NULL (the
+ * caller's affine bias terms, added as the result is stored). a->cols <= CPU_QGEMM_MAX_COLS. */
 typedef void (*cpu_qgemm_fn)(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
-                             int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo);
+                             int group, const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out,
+                             int64_t ldo);
 
 /* A set of kernels for one instruction set. rows_q4 / rows_q8 may be NULL (the caller then loops
  * dot_q4 / dot_q8 over the rows); gemm_q4 may be NULL (the caller then walks token tiles of CPU_QTILE);
@@ -111,13 +113,24 @@ typedef struct {
 const cpu_qdot_kernels *cpu_qdot_best(void);
 /* Every kernel set this CPU can run into out[CPU_QDOT_MAX_SETS], the portable one first, the best last;
  * returns the count. */
-#define CPU_QDOT_MAX_SETS 4
+#define CPU_QDOT_MAX_SETS 5
 int cpu_qdot_available(const cpu_qdot_kernels **out);
 
 /* The implementations (each file compiles to nothing where its instruction set does not exist). */
 extern const cpu_qdot_kernels cpu_qdot_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const cpu_qdot_kernels cpu_qdot_avx2, cpu_qdot_avx512_vnni;
+#endif
+/* The AMX tile kernel (x86-64 Linux: the tile data state needs the kernel's permission; GCC 11+). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define CPU_QDOT_HAVE_AMX 1
+/* The avx512-vnni set with gemm_q4 on AMX tiles (quant_dot_amx.c); only where cpu_qdot_available lists it. */
+extern const cpu_qdot_kernels cpu_qdot_avx512_amx;
+void cpu_qdot_amx_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
+                          int group, const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out,
+                          int64_t ldo);
+#else
+#define CPU_QDOT_HAVE_AMX 0
 #endif
 #if defined(__aarch64__)
 extern const cpu_qdot_kernels cpu_qdot_neon, cpu_qdot_neon_dotprod;

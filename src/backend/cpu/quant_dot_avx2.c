@@ -286,6 +286,87 @@ __attribute__((target("avx2,fma"))) static void rows_q4(const uint8_t *w, int64_
         q4_rows(w, row_bytes, ws, ws_stride, group, a, t, out, 0);
 }
 
+/* Decode's four-row kernel on 16-bit words (prep_q4, rows_q4_prep; quant_dot_avx512.c's form on 256-bit
+ * vectors). A 4-bit row read as 16-bit words: word j holds elements 4j .. 4j + 3 at bits 0, 4, 8, 12, so
+ * nibble c of every word is one shift and one mask: a chunk of 2 blocks (32 bytes) becomes 4 vectors of
+ * 16 int16 weights with no byte widening (the vpmovzxbw of q4_rows, a shuffle-port operation per block and
+ * row). prep_q4 lays the token's values out to match, once per call of the driver:
+ * xn[ch * 64 + c * 16 + j] = v of element 4j + c of chunk ch (j < 16), zeros past the last block. */
+__attribute__((target("avx2,fma"))) static void prep_q4(const cpu_qact *a, int t, int16_t *xn)
+{
+    const int64_t nb = a->cols / CPU_QBLOCK, nch = (nb + 1) / 2;
+    const int16_t *v = a->v + (int64_t)t * a->cols;
+    for (int64_t ch = 0; ch < nch; ch++)
+        for (int c = 0; c < 4; c++)
+            for (int j = 0; j < 16; j++) {
+                const int64_t k = 2 * ch + j / 8; /* the block; element 4 (j % 8) + c in it */
+                const int e = 4 * (j % 8) + c;
+                /* the stored [16 even | 16 odd] order */
+                xn[ch * 64 + c * 16 + j] = k < nb ? v[k * CPU_QBLOCK + (e % 2 ? 16 + e / 2 : e / 2)] : 0;
+            }
+}
+
+AVX2 void q4_rows_prep(const uint8_t *w, int64_t row_bytes, const float *wst, int64_t ld, int group,
+                       const int16_t *xn, const float *xd, int64_t cols, float *out, const int PER_GROUP)
+{
+    const int64_t nb = cols / CPU_QBLOCK, nch = (nb + 1) / 2;
+    const int per_group = PER_GROUP ? PER_GROUP : group / CPU_QBLOCK;
+    const __m256i m15 = _mm256_set1_epi16(15);
+    __m128 acc = _mm_setzero_ps(), G = _mm_setzero_ps();
+    int64_t k = 0, g = 0;
+    int left = per_group; /* blocks left in group g */
+    for (int64_t ch = 0; ch < nch; ch++) {
+        const int nblk = nb - 2 * ch < 2 ? 1 : 2;
+        const __m256i A0 = _mm256_loadu_si256((const __m256i *)(xn + ch * 64));
+        const __m256i A1 = _mm256_loadu_si256((const __m256i *)(xn + ch * 64 + 16));
+        const __m256i A2 = _mm256_loadu_si256((const __m256i *)(xn + ch * 64 + 32));
+        const __m256i A3 = _mm256_loadu_si256((const __m256i *)(xn + ch * 64 + 48));
+        __m256i R[CPU_QROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < CPU_QROWS; r++) {
+            const uint8_t *wr = w + r * row_bytes + ch * 32;
+            if ((ch & 1) == 0)
+                _mm_prefetch((const char *)wr + QROWS_PREFETCH, _MM_HINT_T0);
+            const __m256i b = nblk == 2 ? _mm256_loadu_si256((const __m256i *)wr)
+                                        : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)wr));
+            const __m256i p01 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(b, m15), A0),
+                                                 _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), m15), A1));
+            const __m256i p23 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 8), m15), A2),
+                                                 _mm256_madd_epi16(_mm256_srli_epi16(b, 12), A3));
+            R[r] = _mm256_add_epi32(p01, p23);
+        }
+        /* per 128-bit half (a block): lanes of R[r] summed into lane r (exact int32) */
+        const __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(R[0], R[1]), _mm256_unpackhi_epi32(R[0], R[1]));
+        const __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(R[2], R[3]), _mm256_unpackhi_epi32(R[2], R[3]));
+        const __m256 F = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23)));
+        const __m128 f[2] = {_mm256_castps256_ps128(F), _mm256_extractf128_ps(F, 1)};
+#pragma GCC unroll 2
+        for (int b = 0; b < 2; b++) {
+            if (b >= nblk)
+                break;
+            G = _mm_fmadd_ps(f[b], _mm_broadcast_ss(xd + k), G);
+            k++;
+            if (--left == 0) {
+                acc = _mm_fmadd_ps(G, _mm_loadu_ps(wst + g * ld), acc);
+                G = _mm_setzero_ps();
+                g++;
+                left = per_group;
+            }
+        }
+    }
+    _mm_storeu_ps(out, acc);
+}
+
+__attribute__((target("avx2,fma"))) static void rows_q4_prep(const uint8_t *w, int64_t row_bytes, const float *wst,
+                                                             int64_t ld, int group, const int16_t *xn, const float *xd,
+                                                             int64_t cols, float *out)
+{
+    if (group == 2 * CPU_QBLOCK)
+        q4_rows_prep(w, row_bytes, wst, ld, group, xn, xd, cols, out, 2);
+    else
+        q4_rows_prep(w, row_bytes, wst, ld, group, xn, xd, cols, out, 0);
+}
+
 #define LILY_QMAX(a, b) ((a) > (b) ? (a) : (b))
 #define LILY_QMIN(a, b) ((a) < (b) ? (a) : (b))
 /* Bytes of unpacked weight rows per pass of gemm_q4, and of packed token tiles per tile group: each tile
@@ -417,8 +498,9 @@ __attribute__((target("avx2,fma"))) static void q4_gemm_tile(const int32_t *pk, 
 }
 
 void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
-                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo,
-                          cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8, cpu_qgemm_tile_fn tile16)
+                          int group, const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out,
+                          int64_t ldo, cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8,
+                          cpu_qgemm_tile_fn tile16)
 {
     const int64_t nb = a->cols / CPU_QBLOCK, row_ints = nb * 16;
     const int per_group = group / CPU_QBLOCK;
@@ -459,9 +541,27 @@ void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, co
                     fn(pk + p0 * row_ints, nb, xt + tile_start[i] * row_ints, dt + tile_start[i] * nb, wsr, per_group,
                        tile);
                     const int64_t vr = nr - p0 < QGEMM_ROWS ? nr - p0 : QGEMM_ROWS;
-                    for (int j = 0; j < nj; j++)
-                        for (int64_t r = 0; r < vr; r++)
-                            out[(int64_t)(jt + j) * ldo + r0 + p0 + r] = tile[r * tw + j];
+                    int j = 0;
+                    if (vr == QGEMM_ROWS) /* 4 tokens at a time: a 4 x 4 transpose, 4 row-runs stored */
+                        for (; j + 4 <= nj; j += 4) {
+                            __m128 m0 = _mm_loadu_ps(tile + j), m1 = _mm_loadu_ps(tile + tw + j);
+                            __m128 m2 = _mm_loadu_ps(tile + 2 * tw + j), m3 = _mm_loadu_ps(tile + 3 * tw + j);
+                            _MM_TRANSPOSE4_PS(m0, m1, m2, m3);
+                            const __m128 m[4] = {m0, m1, m2, m3};
+                            for (int i = 0; i < 4; i++) {
+                                const int64_t jj = jt + j + i;
+                                __m128 v = m[i];
+                                if (bias)
+                                    v = _mm_add_ps(v, _mm_loadu_ps(bias + jj * ldb + r0 + p0));
+                                _mm_storeu_ps(out + jj * ldo + r0 + p0, v);
+                            }
+                        }
+                    for (; j < nj; j++)
+                        for (int64_t r = 0; r < vr; r++) {
+                            const int64_t jj = jt + j;
+                            out[jj * ldo + r0 + p0 + r] =
+                                bias ? tile[r * tw + j] + bias[jj * ldb + r0 + p0 + r] : tile[r * tw + j];
+                        }
                 }
             }
         }
@@ -469,11 +569,11 @@ void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, co
 }
 
 static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride, int group,
-                    const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
+                    const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out, int64_t ldo)
 {
-    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, out, ldo, cpu_qdot_avx2_pack_rows, q4_gemm_tile, NULL);
+    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, bias, ldb, out, ldo, cpu_qdot_avx2_pack_rows, q4_gemm_tile, NULL);
 }
 
 const cpu_qdot_kernels cpu_qdot_avx2 = {"avx2", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
-                                       cpu_qdot_avx2_rows_q8, gemm_q4, NULL, NULL, NULL};
+                                       cpu_qdot_avx2_rows_q8, gemm_q4, prep_q4, rows_q4_prep, NULL};
 #endif

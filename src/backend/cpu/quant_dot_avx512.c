@@ -182,7 +182,7 @@ __attribute__((target(VNNI_TARGET))) static void rows_q4_prep(const uint8_t *w, 
 
 /* quant_dot.h's cpu_qdot_transpose_fn: per 16 rows x 4 groups, two gathers of each row's 4 values (one
  * 64-bit lane per row), one vpermt2w per group that puts the 16 rows side by side, and the bf16 bits
- * widened to fp32 (placed high). */
+ * widened to fp32 (placed high); the last n_groups % 4 groups one gather each. */
 __attribute__((target(VNNI_TARGET))) static void transpose_bf16(const uint16_t *src, int64_t nr, int64_t n_groups,
                                                                 int64_t ld, float *dst)
 {
@@ -205,6 +205,16 @@ __attribute__((target(VNNI_TARGET))) static void transpose_bf16(const uint16_t *
                 _mm512_storeu_ps(dst + (g0 + g) * ld + r0,
                                  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
             }
+        }
+    /* the groups past the last 4 (n_groups >= 4): per group and 16 rows one gather of 32-bit words holding
+     * values g - 1 and g of each row (inside the row), the high half kept: value g's bf16 bits placed high */
+    const __m512i rows16 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32((int32_t)s));
+    const __m512i high = _mm512_set1_epi32((int32_t)0xFFFF0000u);
+    for (int64_t g = n_groups / 4 * 4; g < n_groups && n_groups >= 4; g++)
+        for (int64_t r0 = 0; r0 + 16 <= nr; r0 += 16) {
+            const __m512i v = _mm512_i32gather_epi32(rows16, (const void *)(src + r0 * n_groups + g - 1), 1);
+            _mm512_storeu_ps(dst + g * ld + r0, _mm512_castsi512_ps(_mm512_and_si512(v, high)));
         }
 }
 
@@ -320,12 +330,17 @@ __attribute__((target(VNNI_TARGET))) static void pack_rows(const uint8_t *w, int
 }
 
 static void gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride, int group,
-                    const cpu_qact *a, int t0, int nt, float *out, int64_t ldo)
+                    const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out, int64_t ldo)
 {
-    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, out, ldo, pack_rows, q4_gemm_tile, q4_gemm_tile16);
+    cpu_qdot_x86_gemm_q4(w, row_bytes, nrows, ws, ws_stride, group, a, t0, nt, bias, ldb, out, ldo, pack_rows, q4_gemm_tile, q4_gemm_tile16);
 }
 
 const cpu_qdot_kernels cpu_qdot_avx512_vnni = {"avx512-vnni", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
                                                cpu_qdot_avx2_rows_q8, gemm_q4, prep_q4, rows_q4_prep,
                                                transpose_bf16};
+#if CPU_QDOT_HAVE_AMX
+const cpu_qdot_kernels cpu_qdot_avx512_amx = {"avx512-amx", cpu_qdot_avx2_dot_q4, cpu_qdot_avx2_dot_q8, rows_q4,
+                                              cpu_qdot_avx2_rows_q8, cpu_qdot_amx_gemm_q4, prep_q4, rows_q4_prep,
+                                              transpose_bf16};
+#endif
 #endif

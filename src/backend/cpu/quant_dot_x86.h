@@ -35,8 +35,8 @@ typedef void (*cpu_qgemm_pack_rows_fn)(const uint8_t *w, int64_t row_bytes, int6
  * and more than 8 tokens are left, by tile16 (16 tokens); weight rows unpacked by pack_rows. Packs the
  * token tiles with AVX2 + FMA; the functions passed may need more, the caller's set guarantees it. */
 void cpu_qdot_x86_gemm_q4(const uint8_t *w, int64_t row_bytes, int64_t nrows, const float *ws, int64_t ws_stride,
-                          int group, const cpu_qact *a, int t0, int nt, float *out, int64_t ldo,
-                          cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8, cpu_qgemm_tile_fn tile16);
+                          int group, const cpu_qact *a, int t0, int nt, const float *bias, int64_t ldb, float *out,
+                          int64_t ldo, cpu_qgemm_pack_rows_fn pack_rows, cpu_qgemm_tile_fn tile8, cpu_qgemm_tile_fn tile16);
 
 /* The AVX2 set's packing for gemm_q4 (quant_dot_avx2.c documents the layouts). */
 void cpu_qdot_avx2_pack_rows(const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t rows_pad, int64_t nb,
