@@ -616,7 +616,13 @@ static void test_load_rejects_missing_malformed_and_unsupported_files(void **sta
 {
     (void)state;
     expect_load_error("/nonexistent/model", "/nonexistent/model: cannot open");
-    expect_load_error("/tmp", "/tmp/tokenizer.json: cannot open");
+    { /* an empty directory of its own (a shared /tmp may hold anything, e.g. GGUF files lily names instead) */
+        char empty[] = "/tmp/lily_tok_empty_XXXXXX", want[64];
+        assert_non_null(mkdtemp(empty));
+        snprintf(want, sizeof want, "%s/tokenizer.json: cannot open", empty);
+        expect_load_error(empty, want);
+        rmdir(empty);
+    }
     expect_load_error(write_tokenizer("bad.json", "{\"model\": {\"vocab\": "), "malformed JSON");
     expect_load_error(write_tokenizer("wp.json", "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}"),
                       "unsupported model type \"WordPiece\"");
