@@ -204,7 +204,15 @@ expect_error(400, "POST", chat, {"messages": USER, "logit_bias": {"99999": 5}}, 
 expect_error(400, "POST", "/v1/completions", {"prompt": "Once", "logit_bias": {"1.5": 5}}, param="logit_bias",
              what="logit_bias key not an integer")
 m = re.findall(r"POST /v1/chat/completions 400 prompt=(\d+)", open(log.name).read())
-check(any(int(n) > CTX for n in m), f"the log of a 400 context_length_exceeded shows the prompt's tokens (prompt={m})")
+check(any(int(n) >= CTX for n in m), f"the log of a 400 context_length_exceeded shows the prompt's tokens (prompt={m})")
+# Tokenizing stops once the prompt is past the context (a pre-token too long to fit is refused before BPE):
+# the reply says "more than CTX - 1", what is known without tokenizing the rest.
+for path, body in ((chat, {"messages": [{"role": "user", "content": "word " * 200000}]}),
+                   ("/v1/completions", {"prompt": "a" * 1000000})):
+    s, r = request("POST", path, body)
+    msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+    check(s == 400 and r["error"]["code"] == "context_length_exceeded" and f"more than {CTX - 1} tokens" in msg,
+          f"{path}: a ~1 MB prompt is refused once past the context ({s}: {msg[:120]})")
 expect_error(400, "POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 4)},
              code="context_length_exceeded", what="completions prompt longer than the context")
 # a reply that runs into the end of the context stops there: prompt + completion == the context, never one more

@@ -616,7 +616,12 @@ static void test_load_rejects_missing_malformed_and_unsupported_files(void **sta
 {
     (void)state;
     expect_load_error("/nonexistent/model", "/nonexistent/model: cannot open");
-    expect_load_error("/tmp", "/tmp/tokenizer.json: cannot open");
+    /* a directory without tokenizer.json: a fresh empty one (/tmp itself may hold another program's files) */
+    char empty[64] = "/tmp/lily-test-tokenizer-empty-XXXXXX", needle[128];
+    assert_non_null(mkdtemp(empty));
+    snprintf(needle, sizeof needle, "%s/tokenizer.json: cannot open", empty);
+    expect_load_error(empty, needle);
+    rmdir(empty);
     expect_load_error(write_tokenizer("bad.json", "{\"model\": {\"vocab\": "), "malformed JSON");
     expect_load_error(write_tokenizer("wp.json", "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}"),
                       "unsupported model type \"WordPiece\"");
@@ -678,6 +683,71 @@ static void test_long_pretokens_match_hf(void **state)
     expect_repeated("1", 3000, "", 16, 3000, NULL, 0);
 }
 
+/* PCRE2's default match limit failed the Qwen pattern on a run of 10^7 spaces (500 from lily serve): the
+ * limit now grows with the text. 128 k spaces are one pre-token that BPE cuts into k runs of 128 (id 56940),
+ * as HF does for the 3000-space case above. */
+static void test_space_run_past_pcre2_default_match_limit(void **state)
+{
+    (void)state;
+    expect_repeated(" ", 128 * 80000, "", 56940, 80000, NULL, 0);
+}
+
+/* lily_tokenizer_encode_max: the same ids while they fit, else "more than max_ids" (n = max_ids + 1, no ids). */
+static void test_encode_max_stops_past_the_limit(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *cases = json_load_file(test_data_path("tokenizers/qwen3/tests/qwen2-vectors.json"), 0, &jerr);
+    assert_non_null(cases);
+    size_t i;
+    json_t *c;
+    lily_error err;
+    json_array_foreach(cases, i, c) {
+        const json_t *text = json_object_get(c, "text");
+        int32_t *full, *ids;
+        int n, m;
+        assert_int_equal(lily_tokenizer_encode(qwen3, json_string_value(text), json_string_length(text), true, &full,
+                                               &n, &err), LILY_OK);
+        for (int max = n > 2 ? n - 2 : 0; max <= n + 1; max++) {
+            assert_int_equal(lily_tokenizer_encode_max(qwen3, json_string_value(text), json_string_length(text), true,
+                                                       max, &ids, &m, &err), LILY_OK);
+            if (max >= n) {
+                assert_int_equal(m, n);
+                assert_memory_equal(ids, full, (size_t)n * sizeof *ids);
+            } else {
+                assert_int_equal(m, max + 1);
+                assert_null(ids);
+            }
+            free(ids);
+        }
+        free(full);
+    }
+    json_decref(cases);
+
+    /* The byte bound is tight but safe: the longest BPE entry of Qwen3 is 128 bytes (128 spaces, id 56940), so
+     * 128 k spaces fit in k ids (BPE runs and makes them) and not in k - 1 (refused before the merges). */
+    enum { K = 1000 };
+    char *spaces = malloc(128 * K);
+    memset(spaces, ' ', 128 * K);
+    int32_t *ids;
+    int m;
+    assert_int_equal(qwen3->max_bpe_token_bytes, 128);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, K);
+    for (int k = 0; k < K; k++)
+        assert_int_equal(ids[k], 56940);
+    free(ids);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K - 1, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, K);
+    assert_null(ids);
+    free(spaces);
+    /* a special token counts as one id; past the limit it stops as well */
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, "<|im_start|><|im_end|>", 22, true, 1, &ids, &m, &err),
+                     LILY_OK);
+    assert_int_equal(m, 2);
+    assert_null(ids);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -695,6 +765,8 @@ int main(void)
         cmocka_unit_test(test_load_rejects_missing_malformed_and_unsupported_files),
         cmocka_unit_test(test_encode_rejects_invalid_utf8),
         cmocka_unit_test(test_long_pretokens_match_hf),
+        cmocka_unit_test(test_space_run_past_pcre2_default_match_limit),
+        cmocka_unit_test(test_encode_max_stops_past_the_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

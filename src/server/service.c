@@ -867,6 +867,8 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
     lily_oai_request *req = &job->req;
     lily_error err = {0};
     lily_status st;
+    /* a prompt that must fit stops tokenizing past the context: a huge one is refused at little cost */
+    int max_ids = must_fit ? svc->session->max_ctx - 1 : -1;
     *thinking = false;
     if (req->enable_thinking < 0) /* the request did not say (nor reasoning_effort): the server's default */
         req->enable_thinking = svc->request_defaults.enable_thinking;
@@ -889,10 +891,11 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
             return false;
         }
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
-        st = lily_tokenizer_encode(svc->tok, prompt, plen, true, ids, n_ids, &err);
+        st = lily_tokenizer_encode_max(svc->tok, prompt, plen, true, max_ids, ids, n_ids, &err);
         free(prompt);
     } else if (req->prompt_text) {
-        st = lily_tokenizer_encode(svc->tok, req->prompt_text, req->prompt_text_len, true, ids, n_ids, &err);
+        st = lily_tokenizer_encode_max(svc->tok, req->prompt_text, req->prompt_text_len, true, max_ids, ids, n_ids,
+                                       &err);
     } else {
         for (int i = 0; i < req->n_prompt_ids; i++)
             if (req->prompt_ids[i] >= svc->vocab) {
@@ -922,8 +925,9 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
             snprintf(msg, sizeof msg, "The prompt is empty.");
         else
             snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your %s resulted "
-                     "in %d tokens, which leaves no room for the reply (at least one token). Please reduce the "
-                     "length of the %s.", max_ctx, what, *n_ids, what);
+                     "in %s%d tokens, which leaves no room for the reply (at least one token). Please reduce the "
+                     "length of the %s.", max_ctx, what, *ids ? "" : "more than ", *ids ? *n_ids : *n_ids - 1,
+                     what);
         fail_with(job, 400, "invalid_request_error", what, *n_ids ? "context_length_exceeded" : NULL, msg);
         return false;
     }
@@ -1340,8 +1344,8 @@ static void run_tokenize(lily_service *svc, lily_job *job)
     bool with_pieces = json_is_true(json_object_get(b, "with_pieces"));
     int32_t *ids = NULL;
     int n = 0;
-    lily_status st = lily_tokenizer_encode(svc->tok, content, json_string_length(json_object_get(b, "content")),
-                                           parse_special, &ids, &n, &err);
+    lily_status st = lily_tokenizer_encode_max(svc->tok, content, json_string_length(json_object_get(b, "content")),
+                                               parse_special, LILY_OAI_MAX_JSON_VALUES, &ids, &n, &err);
     if (st != LILY_OK) {
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error", "content", NULL,
@@ -1351,7 +1355,7 @@ static void run_tokenize(lily_service *svc, lily_job *job)
     if (n > LILY_OAI_MAX_JSON_VALUES) { /* the reply would be a bigger document than a request may be */
         free(ids);
         char msg[160];
-        snprintf(msg, sizeof msg, "Invalid 'content': it makes %d tokens, over the limit of %d for /tokenize.", n,
+        snprintf(msg, sizeof msg, "Invalid 'content': it makes more than %d tokens, the limit for /tokenize.",
                  LILY_OAI_MAX_JSON_VALUES);
         fail_with(job, 400, "invalid_request_error", "content", NULL, msg);
         return;

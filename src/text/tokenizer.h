@@ -58,6 +58,15 @@ void lily_tokenizer_free(lily_tokenizer *tok); /* NULL is fine */
 lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
                                   int32_t **ids, int *n_ids, lily_error *err);
 
+/* lily_tokenizer_encode that stops once the text is known to make more than max_ids ids (max_ids < 0: no
+ * limit): then it returns LILY_OK with *n_ids = max_ids + 1 and *ids NULL, having done work in proportion
+ * to max_ids rather than to len — a server rejects a prompt longer than its context cheaply. Besides
+ * counting, a pre-token of b bytes is known to make at least ceil(b / L) ids, L the longest vocabulary entry
+ * BPE can make (each BPE id is such an entry), and is skipped unmerged when those cannot fit.
+ * Otherwise the same ids, ownership and errors as lily_tokenizer_encode. */
+lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
+                                      int max_ids, int32_t **ids, int *n_ids, lily_error *err);
+
 /* Decode ids into the exact bytes they stand for (ByteLevel decoding; added tokens give their content
  * verbatim). skip_special drops tokens marked special (HF decode(skip_special_tokens=True)). Ids that
  * are not tokens (out of range, holes in the id space) decode to nothing, as in HF.

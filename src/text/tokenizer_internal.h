@@ -71,6 +71,7 @@ struct lily_tokenizer {
     tok_merge *merges;
     uint32_t merge_mask;
     int32_t byte_id[256];      /* id of the single-byte token, -1 if the vocab lacks it */
+    int32_t max_bpe_token_bytes; /* the longest vocab entry BPE can make, in bytes (0 for an empty vocab) */
     bool ignore_merges;
 
     tok_added_token *added;    /* sorted by length, longest first */

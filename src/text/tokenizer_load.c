@@ -409,6 +409,7 @@ static lily_status load_vocab(lily_tokenizer *tok, json_t *vocab, size_t *blob_u
             return st;
         if (nb < 0)
             continue;
+        tok->max_bpe_token_bytes = LILY_MAX(tok->max_bpe_token_bytes, (int32_t)nb);
         uint32_t slot = (uint32_t)tok_hash_bytes(tok->token_blob + tok->token_offset[id], (size_t)nb) & tok->vocab_mask;
         while (tok->vocab_table[slot] >= 0)
             slot = (slot + 1) & tok->vocab_mask;
