@@ -249,6 +249,31 @@ for choice in ("required", {"type": "function", "function": {"name": "get_weathe
     check(finishes and finishes[-1] == "length" and all(f is None for f in finishes[:-1]),
           f"the same streamed: finish_reason length ({finishes[-3:]})")
 
+print("response_format beside tools under tool_choice auto")
+# As in OpenAI's API the model may still call a tool; only an answer follows the format. The bias makes the
+# model open a call ("<tool_call>") at once: the format must not mask it, and once the call is open nothing is
+# constrained, so the reply is the one the same request gives without response_format, token for token.
+s, r = request("POST", "/tokenize", {"content": "<tool_call>"})
+CALL_OPEN = r["tokens"] if s == 200 else []
+check(len(CALL_OPEN) == 1, f"<tool_call> is one token ({CALL_OPEN})")
+for think in (False, True):
+    base = {"messages": USER, "tools": TOOLS, "max_tokens": 12, "seed": 5, "logprobs": True,
+            "logit_bias": {str(CALL_OPEN[0]): 100}, "chat_template_kwargs": {"enable_thinking": think}}
+    if think:  # the call opens after the think block: the budget closes it at once
+        base["reasoning_budget"] = 0
+    replies = []
+    for extra in ({}, {"tool_choice": "auto", "response_format": {"type": "json_object"}}):
+        s, r = request("POST", chat, dict(base, **extra))
+        c = r["choices"][0] if s == 200 else {}
+        replies.append((s, c.get("message"), c.get("finish_reason"), c.get("logprobs"), r.get("usage", {}).get("completion_tokens")))
+    toks = [t["token"] for t in (replies[0][3] or {}).get("content", [])]
+    check(replies[0][0] == 200 and replies[0] == replies[1] and "<tool_call>" in toks,
+          f"thinking {think}: with response_format the call still opens, the reply as without it ({toks[:6]})")
+    # tool_choice "none" leaves the tools out: the format holds, the biased opening is masked
+    s, r = request("POST", chat, dict(base, tool_choice="none", response_format={"type": "json_object"}))
+    content = r["choices"][0]["message"]["content"] if s == 200 else ""
+    check(s == 200 and (content or "").startswith("{"), f"thinking {think}: tool_choice none keeps the format ({content!r:.60})")
+
 print("bad requests during a generation")
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once", "max_tokens": 80, "stream": True, "seed": 5,

@@ -52,6 +52,7 @@ struct lily_service {
     int host_experts;         /* lily_service_options.host_experts */
     size_t cache_ram_bytes;   /* the host cap asked for; 0 = sized from the model at load */
     int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
+    int32_t call_open;               /* "<tool_call>" (-1 when missing) */
     lily_tokenizer *tok;
     int vocab;
     int32_t stop_ids[MAX_STOP_IDS];
@@ -317,6 +318,7 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->im_start = lily_tokenizer_token_id(svc->tok, "<|im_start|>");
     svc->im_end = lily_tokenizer_token_id(svc->tok, "<|im_end|>");
     svc->think = lily_tokenizer_token_id(svc->tok, "<think>");
+    svc->call_open = lily_tokenizer_token_id(svc->tok, "<tool_call>");
     load_generation_defaults(svc);
     apply_server_defaults(svc);
     lily_error terr0; /* without "</think>" there is no reasoning budget (requests asking for one get none) */
@@ -389,6 +391,8 @@ typedef struct {
     lily_grammar *grammar;    /* what the content or the forced call's arguments must follow, or NULL */
     lily_grammar_constraint *constraint;
     lily_token_constraint hook;
+    lily_structured_or_call or_call; /* response_format beside tools under "auto": the hook, or a call */
+    lily_token_constraint or_call_hook;
     lily_anth_stream anth;    /* Messages API stream: the open content block */
     const char *stop_sequence; /* the stop string that ended the reply, or NULL */
     buffer text;              /* completions: the generated text */
@@ -1022,6 +1026,14 @@ static lily_status start_constraint(generation *g, int32_t think_close, lily_gen
         return st;
     g->hook = lily_grammar_constraint_hook(g->constraint);
     gp->constraint = &g->hook;
+    const lily_oai_request *req = g->req;
+    if (req->is_chat && req->json_output && req->tools && req->tool_choice == LILY_TOOL_CHOICE_AUTO &&
+        svc->call_open >= 0) { /* the model may still call a tool instead of answering in the format */
+        g->or_call = (lily_structured_or_call){.inner = g->hook, .tok = svc->tok, .call_open = svc->call_open,
+                                               .think_close = think_close};
+        g->or_call_hook = lily_structured_or_call_hook(&g->or_call);
+        gp->constraint = &g->or_call_hook;
+    }
     return LILY_OK;
 }
 
