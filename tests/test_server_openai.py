@@ -274,6 +274,30 @@ for think in (False, True):
     content = r["choices"][0]["message"]["content"] if s == 200 else ""
     check(s == 200 and (content or "").startswith("{"), f"thinking {think}: tool_choice none keeps the format ({content!r:.60})")
 
+print("a stop string inside an unconstrained tool call")
+# parameters the grammar cannot compile leave a required call's arguments free, so stop strings apply inside
+# it: one that cuts the call short ends the reply with finish_reason "stop" (the call kept unfinished, as a
+# length cut keeps it), never "tool_calls", which would tell a client to run it
+FREE = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "strin"}}}}}]
+base = {"messages": USER, "tools": FREE, "tool_choice": "required", "max_tokens": 30, "seed": 1,
+        "chat_template_kwargs": {"enable_thinking": False}}
+s, r = request("POST", chat, base)
+free_finish = r["choices"][0]["finish_reason"] if s == 200 else None
+for stream in (False, True):
+    body = dict(base, stop=["e", "a", "o", "i"], stream=stream)
+    s, r = request("POST", chat, body)
+    if stream:
+        chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")] if s == 200 else []
+        finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
+        finish = finishes[-1] if finishes else None
+        called = any(ch["choices"][0]["delta"].get("tool_calls") for ch in chunks if ch["choices"])
+    else:
+        c = r["choices"][0] if s == 200 else {}
+        finish, called = c.get("finish_reason"), bool(c.get("message", {}).get("tool_calls"))
+    check(s == 200 and free_finish == "length" and called and finish == "stop",
+          f"stream {stream}: a stop string cut the call: finish_reason stop (free: {free_finish}, got {finish})")
+
 print("bad requests during a generation")
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once", "max_tokens": 80, "stream": True, "seed": 5,

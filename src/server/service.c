@@ -1141,8 +1141,10 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
         fail_with(job, 500, "server_error", NULL, NULL, err.message);
         return;
     }
-    if (g->parser)
-        finish = lily_output_finish_reason(lily_output_parser_result(g->parser));
+    if (g->parser) { /* a stop string that cut a call short ended the reply: "stop", the call kept unfinished */
+        const lily_parsed_output *o = lily_output_parser_result(g->parser);
+        finish = g->stop_sequence && o->call_unfinished && !o->cut_by_length ? "stop" : lily_output_finish_reason(o);
+    }
     lily_oai_usage usage = {.prompt_tokens = n_prompt, .completion_tokens = n_generated, .cached_tokens = reused,
                             .reasoning_tokens = g->reasoning_tokens};
     if (req->anthropic) {
