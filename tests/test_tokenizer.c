@@ -302,6 +302,19 @@ static void check_parity_corpus(void)
         snprintf(name, sizeof name, "parity line %d (%s)", records + 1, mode);
         const lily_tokenizer *tok = m == 3 ? tiny : qwen3;
         failures += !check_case(tok, name, json_string_value(text), json_string_length(text), m != 2, ids, n);
+        /* lily_tokenizer_encode_max's lower bound never refuses a text that fits: HF's count fits exactly */
+        for (int max = n > 0 ? n - 1 : 0; max <= n; max++) {
+            int32_t *got;
+            int n_got;
+            lily_error err;
+            assert_int_equal(lily_tokenizer_encode_max(tok, json_string_value(text), json_string_length(text), m != 2,
+                                                       max, &got, &n_got, &err), LILY_OK);
+            if (n_got != (max < n ? max + 1 : n) || (max == n) != (got != NULL)) {
+                printf("%s: encode_max(%d) gave %d ids (HF: %d)\n", name, max, n_got, n);
+                failures++;
+            }
+            free(got);
+        }
         by_mode[m]++;
         records++;
         free(ids);
@@ -669,6 +682,17 @@ static void expect_repeated(const char *unit, int count, const char *tail, int32
     if (n_tail)
         memcpy(expected + n_expected, tail_ids, (size_t)n_tail * sizeof *expected);
     assert_true(check_case(qwen3, "long", text, len, true, expected, n_expected + n_tail));
+    /* a long piece is where encode_max's lower bound could refuse a text that fits: it fits exactly */
+    int32_t *ids;
+    int n, total = n_expected + n_tail;
+    lily_error err;
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total, &ids, &n, &err), LILY_OK);
+    assert_int_equal(n, total);
+    assert_memory_equal(ids, expected, (size_t)total * sizeof *ids);
+    free(ids);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total - 1, &ids, &n, &err), LILY_OK);
+    assert_int_equal(n, total);
+    assert_null(ids);
     free(expected);
     free(text);
 }
@@ -724,14 +748,14 @@ static void test_encode_max_stops_past_the_limit(void **state)
     }
     json_decref(cases);
 
-    /* The byte bound is tight but safe: the longest BPE entry of Qwen3 is 128 bytes (128 spaces, id 56940), so
+    /* The byte bound is tight but safe: the longest entry holding a space is 128 spaces (id 56940), so
      * 128 k spaces fit in k ids (BPE runs and makes them) and not in k - 1 (refused before the merges). */
     enum { K = 1000 };
     char *spaces = malloc(128 * K);
     memset(spaces, ' ', 128 * K);
     int32_t *ids;
     int m;
-    assert_int_equal(qwen3->max_bpe_token_bytes, 128);
+    assert_int_equal(qwen3->bpe_byte_weight[' '], TOK_BYTE_WEIGHT_ONE / 128);
     assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K, &ids, &m, &err), LILY_OK);
     assert_int_equal(m, K);
     for (int k = 0; k < K; k++)

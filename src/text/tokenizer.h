@@ -61,8 +61,9 @@ lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, s
 /* lily_tokenizer_encode that stops once the text is known to make more than max_ids ids (max_ids < 0: no
  * limit): then it returns LILY_OK with *n_ids = max_ids + 1 and *ids NULL, having done work in proportion
  * to max_ids rather than to len — a server rejects a prompt longer than its context cheaply. Besides
- * counting, a pre-token of b bytes is known to make at least ceil(b / L) ids, L the longest vocabulary entry
- * BPE can make (each BPE id is such an entry), and is skipped unmerged when those cannot fit.
+ * counting, a pre-token is skipped unmerged when a lower bound on its ids cannot fit: each BPE id is a
+ * vocabulary entry, so byte b of the piece belongs to an id of at most m(b) bytes, m(b) the longest entry
+ * holding b, and the piece makes at least sum over its bytes of 1 / m(b) ids.
  * Otherwise the same ids, ownership and errors as lily_tokenizer_encode. */
 lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
                                       int max_ids, int32_t **ids, int *n_ids, lily_error *err);

@@ -366,13 +366,13 @@ static void bpe_piece(encoder *e, const char *s, size_t n)
         }
     }
     if (e->max_ids != SIZE_MAX) {
-        /* Every id BPE makes is a vocabulary entry of at most max_bpe_token_bytes bytes, so the m bytes the
-         * vocabulary knows make at least ceil(m / L) ids: when those cannot fit, stop before the merges
-         * (a long piece costs O(m log m) time and ~40 bytes of scratch per byte). */
-        size_t known = 0;
+        /* A lower bound on this piece's ids (bpe_byte_weight): when they cannot fit, stop before the merges
+         * (a long piece costs O(n log n) time and ~40 bytes of scratch per byte). 2^24 * n fits in 64 bits
+         * for any piece under 2^40 bytes. */
+        uint64_t weight = 0;
         for (size_t i = 0; i < n; i++)
-            known += tok->byte_id[(unsigned char)s[i]] >= 0;
-        if (known > (e->max_ids - e->n_ids) * (size_t)tok->max_bpe_token_bytes) {
+            weight += tok->bpe_byte_weight[(unsigned char)s[i]];
+        if (weight / TOK_BYTE_WEIGHT_ONE > e->max_ids - e->n_ids) {
             e->over = true;
             return;
         }
