@@ -205,14 +205,22 @@ expect_error(400, "POST", "/v1/completions", {"prompt": "Once", "logit_bias": {"
              what="logit_bias key not an integer")
 m = re.findall(r"POST /v1/chat/completions 400 prompt=(\d+)", open(log.name).read())
 check(any(int(n) >= CTX for n in m), f"the log of a 400 context_length_exceeded shows the prompt's tokens (prompt={m})")
-# Tokenizing stops once the prompt is past the context (a pre-token too long to fit is refused before BPE):
-# the reply says "more than CTX - 1", what is known without tokenizing the rest.
-for path, body in ((chat, {"messages": [{"role": "user", "content": "word " * 200000}]}),
-                   ("/v1/completions", {"prompt": "a" * 1000000})):
+# Tokenizing stops at twice the context: past that the reply says "more than 2 CTX", what is known without
+# tokenizing the rest; below it, the exact count. A long pre-token that alone cannot fit is not merged at all:
+# the reply gives a lower bound on its count (1 MB of "a": at least 10^6 / the longest entry holding "a").
+for path, body, low, high in ((chat, {"messages": [{"role": "user", "content": "word " * 200000}]}, 2 * CTX, 2 * CTX),
+                              ("/v1/completions", {"prompt": "a" * 1000000}, CTX, 1000000)):
     s, r = request("POST", path, body)
     msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
-    check(s == 400 and r["error"]["code"] == "context_length_exceeded" and f"more than {CTX - 1} tokens" in msg,
-          f"{path}: a ~1 MB prompt is refused once past the context ({s}: {msg[:120]})")
+    m = re.search(r"resulted in more than (\d+) tokens", msg)
+    check(s == 400 and r["error"]["code"] == "context_length_exceeded" and m and low <= int(m.group(1)) <= high,
+          f"{path}: a ~1 MB prompt is refused with a lower bound on its count ({s}: {msg[:120]})")
+s, r = request("POST", "/tokenize", {"content": "word " * 1000})
+n_1000 = len(r["tokens"]) if s == 200 else -1
+s, r = request("POST", "/v1/completions", {"prompt": "word " * 1000})
+msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+check(s == 400 and CTX < n_1000 <= 2 * CTX and f"resulted in {n_1000} tokens" in msg,
+      f"a prompt under twice the context is refused with its count, {n_1000} ({msg[:120]})")
 expect_error(400, "POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 4)},
              code="context_length_exceeded", what="completions prompt longer than the context")
 # a reply that runs into the end of the context stops there: prompt + completion == the context, never one more

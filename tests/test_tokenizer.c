@@ -308,7 +308,7 @@ static void check_parity_corpus(void)
             int n_got;
             lily_error err;
             assert_int_equal(lily_tokenizer_encode_max(tok, json_string_value(text), json_string_length(text), m != 2,
-                                                       max, &got, &n_got, &err), LILY_OK);
+                                                       max, max, &got, &n_got, &err), LILY_OK);
             if (n_got != (max < n ? max + 1 : n) || (max == n) != (got != NULL)) {
                 printf("%s: encode_max(%d) gave %d ids (HF: %d)\n", name, max, n_got, n);
                 failures++;
@@ -686,11 +686,11 @@ static void expect_repeated(const char *unit, int count, const char *tail, int32
     int32_t *ids;
     int n, total = n_expected + n_tail;
     lily_error err;
-    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total, &ids, &n, &err), LILY_OK);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total, total, &ids, &n, &err), LILY_OK);
     assert_int_equal(n, total);
     assert_memory_equal(ids, expected, (size_t)total * sizeof *ids);
     free(ids);
-    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total - 1, &ids, &n, &err), LILY_OK);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total - 1, total - 1, &ids, &n, &err), LILY_OK);
     assert_int_equal(n, total);
     assert_null(ids);
     free(expected);
@@ -716,7 +716,8 @@ static void test_space_run_past_pcre2_default_match_limit(void **state)
     expect_repeated(" ", 128 * 80000, "", 56940, 80000, NULL, 0);
 }
 
-/* lily_tokenizer_encode_max: the same ids while they fit, else "more than max_ids" (n = max_ids + 1, no ids). */
+/* lily_tokenizer_encode_max: the same ids while they can be counted, else no ids and a lower bound on the count
+ * over max_ids. */
 static void test_encode_max_stops_past_the_limit(void **state)
 {
     (void)state;
@@ -734,12 +735,12 @@ static void test_encode_max_stops_past_the_limit(void **state)
                                                &n, &err), LILY_OK);
         for (int max = n > 2 ? n - 2 : 0; max <= n + 1; max++) {
             assert_int_equal(lily_tokenizer_encode_max(qwen3, json_string_value(text), json_string_length(text), true,
-                                                       max, &ids, &m, &err), LILY_OK);
+                                                       max, max, &ids, &m, &err), LILY_OK);
             if (max >= n) {
                 assert_int_equal(m, n);
                 assert_memory_equal(ids, full, (size_t)n * sizeof *ids);
-            } else {
-                assert_int_equal(m, max + 1);
+            } else { /* a lower bound on the count, over the limit */
+                assert_true(m > max && m <= n);
                 assert_null(ids);
             }
             free(ids);
@@ -756,17 +757,33 @@ static void test_encode_max_stops_past_the_limit(void **state)
     int32_t *ids;
     int m;
     assert_int_equal(qwen3->bpe_byte_weight[' '], TOK_BYTE_WEIGHT_ONE / 128);
-    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K, &ids, &m, &err), LILY_OK);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K, K, &ids, &m, &err), LILY_OK);
     assert_int_equal(m, K);
     for (int k = 0; k < K; k++)
         assert_int_equal(ids[k], 56940);
     free(ids);
-    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K - 1, &ids, &m, &err), LILY_OK);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K - 1, K - 1, &ids, &m, &err), LILY_OK);
     assert_int_equal(m, K);
+    assert_null(ids);
+    /* counting past max_ids up to count_ids: short pieces are counted exactly ("word " makes 2 ids a time, the
+     * last one 1); a long piece that alone passes max_ids is not merged, its lower bound given instead */
+    char words[5 * 1000 + 1] = "";
+    for (int i = 0; i < 1000; i++)
+        strcat(words, "word ");
+    int32_t *full;
+    int n_full;
+    assert_int_equal(lily_tokenizer_encode(qwen3, words, strlen(words), true, &full, &n_full, &err), LILY_OK);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, words, strlen(words), true, 10, 100000, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, n_full);
+    assert_memory_equal(ids, full, (size_t)n_full * sizeof *ids);
+    free(ids);
+    free(full);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, 10, 100 * K, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, K); /* 128 k spaces: the bound, exact here */
     assert_null(ids);
     free(spaces);
     /* a special token counts as one id; past the limit it stops as well */
-    assert_int_equal(lily_tokenizer_encode_max(qwen3, "<|im_start|><|im_end|>", 22, true, 1, &ids, &m, &err),
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, "<|im_start|><|im_end|>", 22, true, 1, 1, &ids, &m, &err),
                      LILY_OK);
     assert_int_equal(m, 2);
     assert_null(ids);

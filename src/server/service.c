@@ -871,8 +871,10 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
     lily_oai_request *req = &job->req;
     lily_error err = {0};
     lily_status st;
-    /* a prompt that must fit stops tokenizing past the context: a huge one is refused at little cost */
+    /* A prompt that must fit stops tokenizing at twice the context: a huge one is refused at little cost, and
+     * one up to twice too long still gets its count in the error (a client trims by it). */
     int max_ids = must_fit ? svc->session->max_ctx - 1 : -1;
+    int count_ids = (int)LILY_MIN(2 * (int64_t)svc->session->max_ctx, INT32_MAX - 1);
     *thinking = false;
     if (req->enable_thinking < 0) /* the request did not say (nor reasoning_effort): the server's default */
         req->enable_thinking = svc->request_defaults.enable_thinking;
@@ -895,11 +897,11 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
             return false;
         }
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
-        st = lily_tokenizer_encode_max(svc->tok, prompt, plen, true, max_ids, ids, n_ids, &err);
+        st = lily_tokenizer_encode_max(svc->tok, prompt, plen, true, max_ids, count_ids, ids, n_ids, &err);
         free(prompt);
     } else if (req->prompt_text) {
-        st = lily_tokenizer_encode_max(svc->tok, req->prompt_text, req->prompt_text_len, true, max_ids, ids, n_ids,
-                                       &err);
+        st = lily_tokenizer_encode_max(svc->tok, req->prompt_text, req->prompt_text_len, true, max_ids, count_ids,
+                                       ids, n_ids, &err);
     } else {
         for (int i = 0; i < req->n_prompt_ids; i++)
             if (req->prompt_ids[i] >= svc->vocab) {
@@ -1359,7 +1361,8 @@ static void run_tokenize(lily_service *svc, lily_job *job)
     int32_t *ids = NULL;
     int n = 0;
     lily_status st = lily_tokenizer_encode_max(svc->tok, content, json_string_length(json_object_get(b, "content")),
-                                               parse_special, LILY_OAI_MAX_JSON_VALUES, &ids, &n, &err);
+                                               parse_special, LILY_OAI_MAX_JSON_VALUES, LILY_OAI_MAX_JSON_VALUES, &ids,
+                                               &n, &err);
     if (st != LILY_OK) {
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error", "content", NULL,

@@ -17,6 +17,8 @@
 #define BPE_LINEAR_MAX 48
 #define CACHE_INITIAL_CAPACITY 8192u
 #define CACHE_MAX_CAPACITY (1u << 17)
+/* encode_max skips a piece this long (bytes) unmerged once its lower bound shows the text is too long. */
+#define LONG_PIECE 1024
 
 typedef struct {
     const lily_tokenizer *tok;
@@ -25,8 +27,10 @@ typedef struct {
     lily_status st;
     int32_t *ids;
     size_t n_ids, cap_ids;
-    size_t max_ids; /* stop once more than this many ids are made (SIZE_MAX: never) */
-    bool over;      /* stopped: the text makes more than max_ids ids */
+    size_t count_ids; /* stop once more than this many ids are made (SIZE_MAX: never) */
+    size_t max_ids;   /* the caller's limit (<= count_ids): a long piece that alone passes it is not merged */
+    bool over;        /* stopped: the text makes at least `lower` ids, more than max_ids */
+    size_t lower;
     pcre2_match_data *match;
     pcre2_match_context *match_ctx; /* its match limit follows the text left to search (next_match) */
     tok_cache *cache; /* NULL when another thread holds it */
@@ -53,8 +57,9 @@ static bool going(const encoder *e)
 
 static void push_id(encoder *e, int32_t id)
 {
-    if (e->n_ids >= e->max_ids) { /* this id would be one more than the limit */
+    if (e->n_ids >= e->count_ids) { /* this id would be one more than the limit */
         e->over = true;
+        e->lower = e->count_ids + 1;
         return;
     }
     if (e->n_ids == e->cap_ids) {
@@ -365,15 +370,17 @@ static void bpe_piece(encoder *e, const char *s, size_t n)
             }
         }
     }
-    if (e->max_ids != SIZE_MAX) {
-        /* A lower bound on this piece's ids (bpe_byte_weight): when they cannot fit, stop before the merges
-         * (a long piece costs O(n log n) time and ~40 bytes of scratch per byte). 2^24 * n fits in 64 bits
-         * for any piece under 2^40 bytes. */
+    if (e->count_ids != SIZE_MAX) {
+        /* A lower bound on this piece's ids (bpe_byte_weight). Stop before the merges when they cannot be
+         * counted, or when a long piece (O(n log n) time, ~40 bytes of scratch per byte) alone shows the text
+         * is over max_ids: its exact count is not worth that. 2^24 * n fits in 64 bits under 2^40 bytes. */
         uint64_t weight = 0;
         for (size_t i = 0; i < n; i++)
             weight += tok->bpe_byte_weight[(unsigned char)s[i]];
-        if (weight / TOK_BYTE_WEIGHT_ONE > e->max_ids - e->n_ids) {
+        const size_t bound = (size_t)(weight / TOK_BYTE_WEIGHT_ONE);
+        if (bound > e->count_ids - e->n_ids || (n >= LONG_PIECE && e->n_ids + bound > e->max_ids)) {
             e->over = true;
+            e->lower = e->n_ids + bound;
             return;
         }
     }
@@ -709,7 +716,7 @@ static void normalized_segment(encoder *e, const char *s, size_t n, bool has_nor
 }
 
 lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
-                                      int max_ids, int32_t **ids, int *n_ids, lily_error *err)
+                                      int max_ids, int count_ids, int32_t **ids, int *n_ids, lily_error *err)
 {
     *ids = NULL;
     *n_ids = 0;
@@ -718,6 +725,7 @@ lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *tex
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "text is not valid UTF-8 (byte %zu of %zu)", valid, len);
 
     encoder e = {.tok = tok, .parse_special = parse_special, .err = err, .st = LILY_OK,
+                 .count_ids = max_ids < 0 ? SIZE_MAX : (size_t)LILY_MAX(count_ids, max_ids),
                  .max_ids = max_ids < 0 ? SIZE_MAX : (size_t)max_ids};
     e.prefix_buf = calloc((size_t)tok->n_steps + 1, sizeof *e.prefix_buf);
     e.prefix_cap = calloc((size_t)tok->n_steps + 1, sizeof *e.prefix_cap);
@@ -754,7 +762,7 @@ lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *tex
     }
     if (e.over) {
         free(e.ids);
-        *n_ids = max_ids + 1;
+        *n_ids = (int)LILY_MIN(e.lower, (size_t)INT32_MAX);
         return LILY_OK;
     }
     if (e.n_ids > INT32_MAX) {
@@ -769,5 +777,5 @@ lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *tex
 lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
                                   int32_t **ids, int *n_ids, lily_error *err)
 {
-    return lily_tokenizer_encode_max(tok, text, len, parse_special, -1, ids, n_ids, err);
+    return lily_tokenizer_encode_max(tok, text, len, parse_special, -1, -1, ids, n_ids, err);
 }
