@@ -600,6 +600,37 @@ static void test_finish_reason_stop_and_length(void **state)
     check_case(&whole_call);
 }
 
+/* call_unfinished: the text ended inside a call (the server then reports a stop string that cut it as "stop",
+ * not "tool_calls"), for every cut point before </function>; not after it, nor for text without a call. */
+static bool unfinished_after(const char *text, size_t len)
+{
+    lily_output_parser_options opts = {0};
+    lily_output_parser *p = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_output_parser_new(&opts, &p, &err), LILY_OK);
+    assert_int_equal(lily_output_parser_feed(p, text, len, &err), LILY_OK);
+    assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
+    bool unfinished = lily_output_parser_result(p)->call_unfinished;
+    lily_output_parser_free(p);
+    return unfinished;
+}
+
+static void test_call_unfinished_marks_a_call_cut_short(void **state)
+{
+    (void)state;
+    static const char call[] = "Sure.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                               "</function>\n</tool_call>";
+    const char *body = strstr(call, "<tool_call>"), *end = strstr(call, "</function>");
+    for (size_t k = 0; k <= sizeof call - 1; k++) {
+        bool inside = call + k >= body + strlen("<tool_call>") && call + k < end + strlen("</function>");
+        if (unfinished_after(call, k) != inside)
+            fail_msg("cut after %zu bytes (%.*s): call_unfinished %d, want %d", k, (int)k, call, !inside, inside);
+    }
+    static const char json_form[] = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1";
+    assert_true(unfinished_after(json_form, sizeof json_form - 1));
+    assert_false(unfinished_after("plain text", 10));
+}
+
 /* Random tag soup: whatever the parser decides, it must decide the same for every split, and every
  * arguments string must be a JSON object. */
 static void test_random_tag_soup_is_split_invariant(void **state)
@@ -714,6 +745,7 @@ int main(void)
         cmocka_unit_test(test_values_converted_through_refs),
         cmocka_unit_test(test_json_tool_call_form),
         cmocka_unit_test(test_finish_reason_stop_and_length),
+        cmocka_unit_test(test_call_unfinished_marks_a_call_cut_short),
         cmocka_unit_test(test_random_tag_soup_is_split_invariant),
         cmocka_unit_test(test_prompt_opens_thinking),
         cmocka_unit_test(test_continuation_keeps_leading_whitespace),

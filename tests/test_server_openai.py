@@ -204,7 +204,23 @@ expect_error(400, "POST", chat, {"messages": USER, "logit_bias": {"99999": 5}}, 
 expect_error(400, "POST", "/v1/completions", {"prompt": "Once", "logit_bias": {"1.5": 5}}, param="logit_bias",
              what="logit_bias key not an integer")
 m = re.findall(r"POST /v1/chat/completions 400 prompt=(\d+)", open(log.name).read())
-check(any(int(n) > CTX for n in m), f"the log of a 400 context_length_exceeded shows the prompt's tokens (prompt={m})")
+check(any(int(n) >= CTX for n in m), f"the log of a 400 context_length_exceeded shows the prompt's tokens (prompt={m})")
+# Tokenizing stops at twice the context: past that the reply says "more than 2 CTX", what is known without
+# tokenizing the rest; below it, the exact count. A long pre-token that alone cannot fit is not merged at all:
+# the reply gives a lower bound on its count (1 MB of "a": at least 10^6 / the longest entry holding "a").
+for path, body, low, high in ((chat, {"messages": [{"role": "user", "content": "word " * 200000}]}, 2 * CTX, 2 * CTX),
+                              ("/v1/completions", {"prompt": "a" * 1000000}, CTX, 1000000)):
+    s, r = request("POST", path, body)
+    msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+    m = re.search(r"resulted in more than (\d+) tokens", msg)
+    check(s == 400 and r["error"]["code"] == "context_length_exceeded" and m and low <= int(m.group(1)) <= high,
+          f"{path}: a ~1 MB prompt is refused with a lower bound on its count ({s}: {msg[:120]})")
+s, r = request("POST", "/tokenize", {"content": "word " * 1000})
+n_1000 = len(r["tokens"]) if s == 200 else -1
+s, r = request("POST", "/v1/completions", {"prompt": "word " * 1000})
+msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+check(s == 400 and CTX < n_1000 <= 2 * CTX and f"resulted in {n_1000} tokens" in msg,
+      f"a prompt under twice the context is refused with its count, {n_1000} ({msg[:120]})")
 expect_error(400, "POST", "/v1/completions", {"prompt": list(range(1, 9)) * (CTX // 4)},
              code="context_length_exceeded", what="completions prompt longer than the context")
 # a reply that runs into the end of the context stops there: prompt + completion == the context, never one more
@@ -240,6 +256,55 @@ for choice in ("required", {"type": "function", "function": {"name": "get_weathe
     finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
     check(finishes and finishes[-1] == "length" and all(f is None for f in finishes[:-1]),
           f"the same streamed: finish_reason length ({finishes[-3:]})")
+
+print("response_format beside tools under tool_choice auto")
+# As in OpenAI's API the model may still call a tool; only an answer follows the format. The bias makes the
+# model open a call ("<tool_call>") at once: the format must not mask it, and once the call is open nothing is
+# constrained, so the reply is the one the same request gives without response_format, token for token.
+s, r = request("POST", "/tokenize", {"content": "<tool_call>"})
+CALL_OPEN = r["tokens"] if s == 200 else []
+check(len(CALL_OPEN) == 1, f"<tool_call> is one token ({CALL_OPEN})")
+for think in (False, True):
+    base = {"messages": USER, "tools": TOOLS, "max_tokens": 12, "seed": 5, "logprobs": True,
+            "logit_bias": {str(CALL_OPEN[0]): 100}, "chat_template_kwargs": {"enable_thinking": think}}
+    if think:  # the call opens after the think block: the budget closes it at once
+        base["reasoning_budget"] = 0
+    replies = []
+    for extra in ({}, {"tool_choice": "auto", "response_format": {"type": "json_object"}}):
+        s, r = request("POST", chat, dict(base, **extra))
+        c = r["choices"][0] if s == 200 else {}
+        replies.append((s, c.get("message"), c.get("finish_reason"), c.get("logprobs"), r.get("usage", {}).get("completion_tokens")))
+    toks = [t["token"] for t in (replies[0][3] or {}).get("content", [])]
+    check(replies[0][0] == 200 and replies[0] == replies[1] and "<tool_call>" in toks,
+          f"thinking {think}: with response_format the call still opens, the reply as without it ({toks[:6]})")
+    # tool_choice "none" leaves the tools out: the format holds, the biased opening is masked
+    s, r = request("POST", chat, dict(base, tool_choice="none", response_format={"type": "json_object"}))
+    content = r["choices"][0]["message"]["content"] if s == 200 else ""
+    check(s == 200 and (content or "").startswith("{"), f"thinking {think}: tool_choice none keeps the format ({content!r:.60})")
+
+print("a stop string inside an unconstrained tool call")
+# parameters the grammar cannot compile leave a required call's arguments free, so stop strings apply inside
+# it: one that cuts the call short ends the reply with finish_reason "stop" (the call kept unfinished, as a
+# length cut keeps it), never "tool_calls", which would tell a client to run it
+FREE = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "strin"}}}}}]
+base = {"messages": USER, "tools": FREE, "tool_choice": "required", "max_tokens": 30, "seed": 1,
+        "chat_template_kwargs": {"enable_thinking": False}}
+s, r = request("POST", chat, base)
+free_finish = r["choices"][0]["finish_reason"] if s == 200 else None
+for stream in (False, True):
+    body = dict(base, stop=["e", "a", "o", "i"], stream=stream)
+    s, r = request("POST", chat, body)
+    if stream:
+        chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")] if s == 200 else []
+        finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
+        finish = finishes[-1] if finishes else None
+        called = any(ch["choices"][0]["delta"].get("tool_calls") for ch in chunks if ch["choices"])
+    else:
+        c = r["choices"][0] if s == 200 else {}
+        finish, called = c.get("finish_reason"), bool(c.get("message", {}).get("tool_calls"))
+    check(s == 200 and free_finish == "length" and called and finish == "stop",
+          f"stream {stream}: a stop string cut the call: finish_reason stop (free: {free_finish}, got {finish})")
 
 print("bad requests during a generation")
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

@@ -302,6 +302,19 @@ static void check_parity_corpus(void)
         snprintf(name, sizeof name, "parity line %d (%s)", records + 1, mode);
         const lily_tokenizer *tok = m == 3 ? tiny : qwen3;
         failures += !check_case(tok, name, json_string_value(text), json_string_length(text), m != 2, ids, n);
+        /* lily_tokenizer_encode_max's lower bound never refuses a text that fits: HF's count fits exactly */
+        for (int max = n > 0 ? n - 1 : 0; max <= n; max++) {
+            int32_t *got;
+            int n_got;
+            lily_error err;
+            assert_int_equal(lily_tokenizer_encode_max(tok, json_string_value(text), json_string_length(text), m != 2,
+                                                       max, max, &got, &n_got, &err), LILY_OK);
+            if (n_got != (max < n ? max + 1 : n) || (max == n) != (got != NULL)) {
+                printf("%s: encode_max(%d) gave %d ids (HF: %d)\n", name, max, n_got, n);
+                failures++;
+            }
+            free(got);
+        }
         by_mode[m]++;
         records++;
         free(ids);
@@ -616,13 +629,12 @@ static void test_load_rejects_missing_malformed_and_unsupported_files(void **sta
 {
     (void)state;
     expect_load_error("/nonexistent/model", "/nonexistent/model: cannot open");
-    { /* an empty directory of its own (a shared /tmp may hold anything, e.g. GGUF files lily names instead) */
-        char empty[] = "/tmp/lily_tok_empty_XXXXXX", want[64];
-        assert_non_null(mkdtemp(empty));
-        snprintf(want, sizeof want, "%s/tokenizer.json: cannot open", empty);
-        expect_load_error(empty, want);
-        rmdir(empty);
-    }
+    /* a directory without tokenizer.json: a fresh empty one (/tmp itself may hold another program's files) */
+    char empty[64] = "/tmp/lily-test-tokenizer-empty-XXXXXX", needle[128];
+    assert_non_null(mkdtemp(empty));
+    snprintf(needle, sizeof needle, "%s/tokenizer.json: cannot open", empty);
+    expect_load_error(empty, needle);
+    rmdir(empty);
     expect_load_error(write_tokenizer("bad.json", "{\"model\": {\"vocab\": "), "malformed JSON");
     expect_load_error(write_tokenizer("wp.json", "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}"),
                       "unsupported model type \"WordPiece\"");
@@ -670,6 +682,17 @@ static void expect_repeated(const char *unit, int count, const char *tail, int32
     if (n_tail)
         memcpy(expected + n_expected, tail_ids, (size_t)n_tail * sizeof *expected);
     assert_true(check_case(qwen3, "long", text, len, true, expected, n_expected + n_tail));
+    /* a long piece is where encode_max's lower bound could refuse a text that fits: it fits exactly */
+    int32_t *ids;
+    int n, total = n_expected + n_tail;
+    lily_error err;
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total, total, &ids, &n, &err), LILY_OK);
+    assert_int_equal(n, total);
+    assert_memory_equal(ids, expected, (size_t)total * sizeof *ids);
+    free(ids);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, text, len, true, total - 1, total - 1, &ids, &n, &err), LILY_OK);
+    assert_int_equal(n, total);
+    assert_null(ids);
     free(expected);
     free(text);
 }
@@ -682,6 +705,88 @@ static void test_long_pretokens_match_hf(void **state)
     expect_repeated("ab", 5000, "", 370, 5000, NULL, 0);
     expect_repeated(" ", 3000, "x", 56940, 23, (const int32_t[]){8136, 856}, 2);
     expect_repeated("1", 3000, "", 16, 3000, NULL, 0);
+}
+
+/* PCRE2's default match limit failed the Qwen pattern on a run of 10^7 spaces (500 from lily serve): the
+ * limit now grows with the text. 128 k spaces are one pre-token that BPE cuts into k runs of 128 (id 56940),
+ * as HF does for the 3000-space case above. */
+static void test_space_run_past_pcre2_default_match_limit(void **state)
+{
+    (void)state;
+    expect_repeated(" ", 128 * 80000, "", 56940, 80000, NULL, 0);
+}
+
+/* lily_tokenizer_encode_max: the same ids while they can be counted, else no ids and a lower bound on the count
+ * over max_ids. */
+static void test_encode_max_stops_past_the_limit(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *cases = json_load_file(test_data_path("tokenizers/qwen3/tests/qwen2-vectors.json"), 0, &jerr);
+    assert_non_null(cases);
+    size_t i;
+    json_t *c;
+    lily_error err;
+    json_array_foreach(cases, i, c) {
+        const json_t *text = json_object_get(c, "text");
+        int32_t *full, *ids;
+        int n, m;
+        assert_int_equal(lily_tokenizer_encode(qwen3, json_string_value(text), json_string_length(text), true, &full,
+                                               &n, &err), LILY_OK);
+        for (int max = n > 2 ? n - 2 : 0; max <= n + 1; max++) {
+            assert_int_equal(lily_tokenizer_encode_max(qwen3, json_string_value(text), json_string_length(text), true,
+                                                       max, max, &ids, &m, &err), LILY_OK);
+            if (max >= n) {
+                assert_int_equal(m, n);
+                assert_memory_equal(ids, full, (size_t)n * sizeof *ids);
+            } else { /* a lower bound on the count, over the limit */
+                assert_true(m > max && m <= n);
+                assert_null(ids);
+            }
+            free(ids);
+        }
+        free(full);
+    }
+    json_decref(cases);
+
+    /* The byte bound is tight but safe: the longest entry holding a space is 128 spaces (id 56940), so
+     * 128 k spaces fit in k ids (BPE runs and makes them) and not in k - 1 (refused before the merges). */
+    enum { K = 1000 };
+    char *spaces = malloc(128 * K);
+    memset(spaces, ' ', 128 * K);
+    int32_t *ids;
+    int m;
+    assert_int_equal(qwen3->bpe_byte_weight[' '], TOK_BYTE_WEIGHT_ONE / 128);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K, K, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, K);
+    for (int k = 0; k < K; k++)
+        assert_int_equal(ids[k], 56940);
+    free(ids);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, K - 1, K - 1, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, K);
+    assert_null(ids);
+    /* counting past max_ids up to count_ids: short pieces are counted exactly ("word " makes 2 ids a time, the
+     * last one 1); a long piece that alone passes max_ids is not merged, its lower bound given instead */
+    char words[5 * 1000 + 1] = "";
+    for (int i = 0; i < 1000; i++)
+        strcat(words, "word ");
+    int32_t *full;
+    int n_full;
+    assert_int_equal(lily_tokenizer_encode(qwen3, words, strlen(words), true, &full, &n_full, &err), LILY_OK);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, words, strlen(words), true, 10, 100000, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, n_full);
+    assert_memory_equal(ids, full, (size_t)n_full * sizeof *ids);
+    free(ids);
+    free(full);
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, spaces, 128 * K, true, 10, 100 * K, &ids, &m, &err), LILY_OK);
+    assert_int_equal(m, K); /* 128 k spaces: the bound, exact here */
+    assert_null(ids);
+    free(spaces);
+    /* a special token counts as one id; past the limit it stops as well */
+    assert_int_equal(lily_tokenizer_encode_max(qwen3, "<|im_start|><|im_end|>", 22, true, 1, 1, &ids, &m, &err),
+                     LILY_OK);
+    assert_int_equal(m, 2);
+    assert_null(ids);
 }
 
 int main(void)
@@ -701,6 +806,8 @@ int main(void)
         cmocka_unit_test(test_load_rejects_missing_malformed_and_unsupported_files),
         cmocka_unit_test(test_encode_rejects_invalid_utf8),
         cmocka_unit_test(test_long_pretokens_match_hf),
+        cmocka_unit_test(test_space_run_past_pcre2_default_match_limit),
+        cmocka_unit_test(test_encode_max_stops_past_the_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -52,6 +52,7 @@ struct lily_service {
     int host_experts;         /* lily_service_options.host_experts */
     size_t cache_ram_bytes;   /* the host cap asked for; 0 = sized from the model at load */
     int32_t im_start, im_end, think; /* the chat marks' token ids (-1 when missing) */
+    int32_t call_open;               /* "<tool_call>" (-1 when missing) */
     lily_tokenizer *tok;
     int vocab;
     int32_t stop_ids[MAX_STOP_IDS];
@@ -317,6 +318,7 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->im_start = lily_tokenizer_token_id(svc->tok, "<|im_start|>");
     svc->im_end = lily_tokenizer_token_id(svc->tok, "<|im_end|>");
     svc->think = lily_tokenizer_token_id(svc->tok, "<think>");
+    svc->call_open = lily_tokenizer_token_id(svc->tok, "<tool_call>");
     load_generation_defaults(svc);
     apply_server_defaults(svc);
     lily_error terr0; /* without "</think>" there is no reasoning budget (requests asking for one get none) */
@@ -389,6 +391,8 @@ typedef struct {
     lily_grammar *grammar;    /* what the content or the forced call's arguments must follow, or NULL */
     lily_grammar_constraint *constraint;
     lily_token_constraint hook;
+    lily_structured_or_call or_call; /* response_format beside tools under "auto": the hook, or a call */
+    lily_token_constraint or_call_hook;
     lily_anth_stream anth;    /* Messages API stream: the open content block */
     const char *stop_sequence; /* the stop string that ended the reply, or NULL */
     buffer text;              /* completions: the generated text */
@@ -867,6 +871,10 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
     lily_oai_request *req = &job->req;
     lily_error err = {0};
     lily_status st;
+    /* A prompt that must fit stops tokenizing at twice the context: a huge one is refused at little cost, and
+     * one up to twice too long still gets its count in the error (a client trims by it). */
+    int max_ids = must_fit ? svc->session->max_ctx - 1 : -1;
+    int count_ids = (int)LILY_MIN(2 * (int64_t)svc->session->max_ctx, INT32_MAX - 1);
     *thinking = false;
     if (req->enable_thinking < 0) /* the request did not say (nor reasoning_effort): the server's default */
         req->enable_thinking = svc->request_defaults.enable_thinking;
@@ -889,10 +897,11 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
             return false;
         }
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
-        st = lily_tokenizer_encode(svc->tok, prompt, plen, true, ids, n_ids, &err);
+        st = lily_tokenizer_encode_max(svc->tok, prompt, plen, true, max_ids, count_ids, ids, n_ids, &err);
         free(prompt);
     } else if (req->prompt_text) {
-        st = lily_tokenizer_encode(svc->tok, req->prompt_text, req->prompt_text_len, true, ids, n_ids, &err);
+        st = lily_tokenizer_encode_max(svc->tok, req->prompt_text, req->prompt_text_len, true, max_ids, count_ids,
+                                       ids, n_ids, &err);
     } else {
         for (int i = 0; i < req->n_prompt_ids; i++)
             if (req->prompt_ids[i] >= svc->vocab) {
@@ -922,8 +931,9 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
             snprintf(msg, sizeof msg, "The prompt is empty.");
         else
             snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your %s resulted "
-                     "in %d tokens, which leaves no room for the reply (at least one token). Please reduce the "
-                     "length of the %s.", max_ctx, what, *n_ids, what);
+                     "in %s%d tokens, which leaves no room for the reply (at least one token). Please reduce the "
+                     "length of the %s.", max_ctx, what, *ids ? "" : "more than ", *ids ? *n_ids : *n_ids - 1,
+                     what);
         fail_with(job, 400, "invalid_request_error", what, *n_ids ? "context_length_exceeded" : NULL, msg);
         return false;
     }
@@ -1018,6 +1028,14 @@ static lily_status start_constraint(generation *g, int32_t think_close, lily_gen
         return st;
     g->hook = lily_grammar_constraint_hook(g->constraint);
     gp->constraint = &g->hook;
+    const lily_oai_request *req = g->req;
+    if (req->is_chat && req->json_output && req->tools && req->tool_choice == LILY_TOOL_CHOICE_AUTO &&
+        svc->call_open >= 0) { /* the model may still call a tool instead of answering in the format */
+        g->or_call = (lily_structured_or_call){.inner = g->hook, .tok = svc->tok, .call_open = svc->call_open,
+                                               .think_close = think_close};
+        g->or_call_hook = lily_structured_or_call_hook(&g->or_call);
+        gp->constraint = &g->or_call_hook;
+    }
     return LILY_OK;
 }
 
@@ -1125,8 +1143,10 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
         fail_with(job, 500, "server_error", NULL, NULL, err.message);
         return;
     }
-    if (g->parser)
-        finish = lily_output_finish_reason(lily_output_parser_result(g->parser));
+    if (g->parser) { /* a stop string that cut a call short ended the reply: "stop", the call kept unfinished */
+        const lily_parsed_output *o = lily_output_parser_result(g->parser);
+        finish = g->stop_sequence && o->call_unfinished && !o->cut_by_length ? "stop" : lily_output_finish_reason(o);
+    }
     lily_oai_usage usage = {.prompt_tokens = n_prompt, .completion_tokens = n_generated, .cached_tokens = reused,
                             .reasoning_tokens = g->reasoning_tokens};
     if (req->anthropic) {
@@ -1340,8 +1360,9 @@ static void run_tokenize(lily_service *svc, lily_job *job)
     bool with_pieces = json_is_true(json_object_get(b, "with_pieces"));
     int32_t *ids = NULL;
     int n = 0;
-    lily_status st = lily_tokenizer_encode(svc->tok, content, json_string_length(json_object_get(b, "content")),
-                                           parse_special, &ids, &n, &err);
+    lily_status st = lily_tokenizer_encode_max(svc->tok, content, json_string_length(json_object_get(b, "content")),
+                                               parse_special, LILY_OAI_MAX_JSON_VALUES, LILY_OAI_MAX_JSON_VALUES, &ids,
+                                               &n, &err);
     if (st != LILY_OK) {
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error", "content", NULL,
@@ -1351,7 +1372,7 @@ static void run_tokenize(lily_service *svc, lily_job *job)
     if (n > LILY_OAI_MAX_JSON_VALUES) { /* the reply would be a bigger document than a request may be */
         free(ids);
         char msg[160];
-        snprintf(msg, sizeof msg, "Invalid 'content': it makes %d tokens, over the limit of %d for /tokenize.", n,
+        snprintf(msg, sizeof msg, "Invalid 'content': it makes more than %d tokens, the limit for /tokenize.",
                  LILY_OAI_MAX_JSON_VALUES);
         fail_with(job, 400, "invalid_request_error", "content", NULL, msg);
         return;

@@ -884,6 +884,9 @@ lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length,
             p->pending.len = i;
     }
     process(p, true);
+    p->result.call_unfinished = p->state == S_TOOL_OPEN || p->state == S_FUNCTION_NAME ||
+                                p->state == S_FUNCTION_BODY || p->state == S_PARAM_NAME ||
+                                p->state == S_PARAM_VALUE || p->state == S_JSON_CALL;
     switch (p->state) { /* close what the text left open */
     case S_FUNCTION_NAME:
         if (!name_is_blank(&p->name))

@@ -79,6 +79,8 @@ typedef struct {
     int n_tool_calls;
     bool finished;               /* lily_output_parser_finish was called */
     bool cut_by_length;          /* as passed to lily_output_parser_finish */
+    bool call_unfinished;        /* the text ended inside a tool call, before its </function> (or the JSON
+                                  * form's closing brace): finish closed the call, arguments as far as they got */
 } lily_parsed_output;
 
 typedef struct lily_output_parser lily_output_parser;

@@ -58,6 +58,19 @@ void lily_tokenizer_free(lily_tokenizer *tok); /* NULL is fine */
 lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
                                   int32_t **ids, int *n_ids, lily_error *err);
 
+/* lily_tokenizer_encode for a caller with a limit of max_ids ids (max_ids < 0: none, as encode): a text
+ * over it is still counted exactly up to count_ids (>= max_ids; a client trims an over-long prompt by that
+ * count), and past that encoding stops, having done work in proportion to count_ids rather than to len.
+ * Returns LILY_OK with the ids when the text makes at most count_ids (*n_ids may exceed max_ids: the caller
+ * compares); else *ids is NULL and *n_ids is a lower bound on its count, greater than max_ids (count_ids + 1
+ * when counting passed count_ids). A pre-token is skipped unmerged when a lower bound on its ids shows the
+ * text cannot be counted, or, for a pre-token of 1 KiB or more, is over max_ids: each BPE id is a
+ * vocabulary entry, so byte b of the piece belongs to an id of at most m(b) bytes, m(b) the longest entry
+ * holding b, and the piece makes at least sum over its bytes of 1 / m(b) ids.
+ * Otherwise the same ids, ownership and errors as lily_tokenizer_encode. */
+lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
+                                      int max_ids, int count_ids, int32_t **ids, int *n_ids, lily_error *err);
+
 /* Decode ids into the exact bytes they stand for (ByteLevel decoding; added tokens give their content
  * verbatim). skip_special drops tokens marked special (HF decode(skip_special_tokens=True)). Ids that
  * are not tokens (out of range, holes in the id space) decode to nothing, as in HF.

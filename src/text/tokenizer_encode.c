@@ -17,6 +17,8 @@
 #define BPE_LINEAR_MAX 48
 #define CACHE_INITIAL_CAPACITY 8192u
 #define CACHE_MAX_CAPACITY (1u << 17)
+/* encode_max skips a piece this long (bytes) unmerged once its lower bound shows the text is too long. */
+#define LONG_PIECE 1024
 
 typedef struct {
     const lily_tokenizer *tok;
@@ -25,7 +27,12 @@ typedef struct {
     lily_status st;
     int32_t *ids;
     size_t n_ids, cap_ids;
+    size_t count_ids; /* stop once more than this many ids are made (SIZE_MAX: never) */
+    size_t max_ids;   /* the caller's limit (<= count_ids): a long piece that alone passes it is not merged */
+    bool over;        /* stopped: the text makes at least `lower` ids, more than max_ids */
+    size_t lower;
     pcre2_match_data *match;
+    pcre2_match_context *match_ctx; /* its match limit follows the text left to search (next_match) */
     tok_cache *cache; /* NULL when another thread holds it */
     /* BPE scratch, sized for the longest piece so far */
     int32_t *sym, *prev, *next, *rank;
@@ -42,8 +49,19 @@ static void fail(encoder *e, lily_status st, const char *what)
         e->st = lily_error_set(e->err, st, "%s", what);
 }
 
+/* Still encoding: no error, and not stopped at the id limit. */
+static bool going(const encoder *e)
+{
+    return e->st == LILY_OK && !e->over;
+}
+
 static void push_id(encoder *e, int32_t id)
 {
+    if (e->n_ids >= e->count_ids) { /* this id would be one more than the limit */
+        e->over = true;
+        e->lower = e->count_ids + 1;
+        return;
+    }
     if (e->n_ids == e->cap_ids) {
         size_t cap = e->cap_ids ? 2 * e->cap_ids : 256;
         int32_t *p = realloc(e->ids, cap * sizeof *p);
@@ -352,6 +370,20 @@ static void bpe_piece(encoder *e, const char *s, size_t n)
             }
         }
     }
+    if (e->count_ids != SIZE_MAX) {
+        /* A lower bound on this piece's ids (bpe_byte_weight). Stop before the merges when they cannot be
+         * counted, or when a long piece (O(n log n) time, ~40 bytes of scratch per byte) alone shows the text
+         * is over max_ids: its exact count is not worth that. 2^24 * n fits in 64 bits under 2^40 bytes. */
+        uint64_t weight = 0;
+        for (size_t i = 0; i < n; i++)
+            weight += tok->bpe_byte_weight[(unsigned char)s[i]];
+        const size_t bound = (size_t)(weight / TOK_BYTE_WEIGHT_ONE);
+        if (bound > e->count_ids - e->n_ids || (n >= LONG_PIECE && e->n_ids + bound > e->max_ids)) {
+            e->over = true;
+            e->lower = e->n_ids + bound;
+            return;
+        }
+    }
     if (!ensure_scratch(e, n))
         return;
     int m = 0;
@@ -371,7 +403,7 @@ static void bpe_piece(encoder *e, const char *s, size_t n)
     size_t first = e->n_ids;
     for (int k = 0; k >= 0; k = e->next[k])
         push_id(e, e->sym[k]);
-    if (c && e->st == LILY_OK)
+    if (c && going(e))
         cache_insert(c, s, n, h, e->ids + first, e->n_ids - first);
 }
 
@@ -389,9 +421,15 @@ static bool next_match(encoder *e, const pcre2_code *re, const char *s, size_t n
 {
     if (from > n)
         return false;
-    int rc = pcre2_jit_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, e->match, NULL);
+    /* PCRE2's default match limit (10^7 backtracking steps per match) fails a legitimate long text: the
+     * Qwen pattern's \s*[\r\n]+ walks back over a whole run of spaces before \s+(?!\S) takes it, so a run
+     * of 10^7 spaces failed. The pre-tokenizer patterns cost a few steps per byte they look at, so the
+     * limit grows with the text left: it still stops a runaway pattern, not a long input. */
+    size_t limit = (size_t)10000000 + 16 * (n - from);
+    pcre2_set_match_limit(e->match_ctx, limit > UINT32_MAX ? UINT32_MAX : (uint32_t)limit);
+    int rc = pcre2_jit_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, e->match, e->match_ctx);
     if (rc == PCRE2_ERROR_JIT_BADOPTION || rc == PCRE2_ERROR_JIT_STACKLIMIT)
-        rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, e->match, NULL);
+        rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, e->match, e->match_ctx);
     if (rc == PCRE2_ERROR_NOMATCH)
         return false;
     if (rc < 0) {
@@ -420,7 +458,7 @@ static size_t after_match(const char *s, size_t n, size_t start, size_t end)
 
 static void emit(encoder *e, int level, const char *s, size_t start, size_t end)
 {
-    if (end > start && e->st == LILY_OK)
+    if (end > start && going(e))
         pre_tokenize(e, level + 1, s + start, end - start);
 }
 
@@ -536,7 +574,7 @@ static void pre_tokenize(encoder *e, int level, const char *s, size_t n)
     }
     /* Isolated (the common case): every gap and every match is a piece, streamed */
     size_t from = 0, prev_end = 0, ms, me;
-    while (e->st == LILY_OK && next_match(e, step->re, s, n, from, &ms, &me)) {
+    while (going(e) && next_match(e, step->re, s, n, from, &ms, &me)) {
         emit(e, level, s, prev_end, ms);
         emit(e, level, s, ms, me);
         prev_end = me;
@@ -612,7 +650,7 @@ static void split_added(encoder *e, bool normalized_pass, const char *s, size_t 
     bool has_normalized = false;
     for (int b = 0; b < 256 && !normalized_pass; b++)
         has_normalized |= (tok->added_first_byte[b] & 2) != 0;
-    for (size_t i = 0; i < n && e->st == LILY_OK; i++) {
+    for (size_t i = 0; i < n && going(e); i++) {
         if (!(tok->added_first_byte[(unsigned char)s[i]] & bit))
             continue;
         size_t start, end;
@@ -629,7 +667,7 @@ static void split_added(encoder *e, bool normalized_pass, const char *s, size_t 
         seg = end;
         i = end - 1;
     }
-    if (seg < n && e->st == LILY_OK) {
+    if (seg < n && going(e)) {
         if (normalized_pass)
             pre_tokenize(e, 0, s + seg, n - seg);
         else
@@ -677,8 +715,8 @@ static void normalized_segment(encoder *e, const char *s, size_t n, bool has_nor
     free(normalized);
 }
 
-lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
-                                  int32_t **ids, int *n_ids, lily_error *err)
+lily_status lily_tokenizer_encode_max(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
+                                      int max_ids, int count_ids, int32_t **ids, int *n_ids, lily_error *err)
 {
     *ids = NULL;
     *n_ids = 0;
@@ -686,13 +724,16 @@ lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, s
     if (valid != len)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "text is not valid UTF-8 (byte %zu of %zu)", valid, len);
 
-    encoder e = {.tok = tok, .parse_special = parse_special, .err = err, .st = LILY_OK};
+    encoder e = {.tok = tok, .parse_special = parse_special, .err = err, .st = LILY_OK,
+                 .count_ids = max_ids < 0 ? SIZE_MAX : (size_t)LILY_MAX(count_ids, max_ids),
+                 .max_ids = max_ids < 0 ? SIZE_MAX : (size_t)max_ids};
     e.prefix_buf = calloc((size_t)tok->n_steps + 1, sizeof *e.prefix_buf);
     e.prefix_cap = calloc((size_t)tok->n_steps + 1, sizeof *e.prefix_cap);
     e.match = pcre2_match_data_create(1, NULL);
+    e.match_ctx = pcre2_match_context_create(NULL);
     e.ids = malloc(256 * sizeof *e.ids);
     e.cap_ids = 256;
-    if (!e.prefix_buf || !e.prefix_cap || !e.match || !e.ids)
+    if (!e.prefix_buf || !e.prefix_cap || !e.match || !e.match_ctx || !e.ids)
         fail(&e, LILY_ERR_OUT_OF_MEMORY, "out of memory");
     lily_tokenizer *mut = (lily_tokenizer *)tok; /* only the cache and its lock are written */
     bool locked = pthread_mutex_trylock(&mut->cache_lock) == 0;
@@ -709,6 +750,7 @@ lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, s
     free(e.prefix_buf);
     free(e.prefix_cap);
     pcre2_match_data_free(e.match);
+    pcre2_match_context_free(e.match_ctx);
     free(e.sym);
     free(e.prev);
     free(e.next);
@@ -718,6 +760,11 @@ lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, s
         free(e.ids);
         return e.st;
     }
+    if (e.over) {
+        free(e.ids);
+        *n_ids = (int)LILY_MIN(e.lower, (size_t)INT32_MAX);
+        return LILY_OK;
+    }
     if (e.n_ids > INT32_MAX) {
         free(e.ids);
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "text too long: more than 2^31 tokens");
@@ -725,4 +772,10 @@ lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, s
     *ids = e.ids;
     *n_ids = (int)e.n_ids;
     return LILY_OK;
+}
+
+lily_status lily_tokenizer_encode(const lily_tokenizer *tok, const char *text, size_t len, bool parse_special,
+                                  int32_t **ids, int *n_ids, lily_error *err)
+{
+    return lily_tokenizer_encode_max(tok, text, len, parse_special, -1, -1, ids, n_ids, err);
 }

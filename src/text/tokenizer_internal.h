@@ -36,6 +36,8 @@ typedef struct {
 } tok_pre_step;
 
 /* One merge in the open-addressing table: the pair (left id, right id) -> rank and merged id. */
+#define TOK_BYTE_WEIGHT_ONE (1u << 24) /* the weight of an id (bpe_byte_weight) */
+
 typedef struct {
     uint64_t pair; /* (uint64)left << 32 | right; TOK_EMPTY_PAIR when the slot is free */
     int32_t rank;
@@ -71,6 +73,11 @@ struct lily_tokenizer {
     tok_merge *merges;
     uint32_t merge_mask;
     int32_t byte_id[256];      /* id of the single-byte token, -1 if the vocab lacks it */
+    /* A lower bound on the ids BPE makes: byte b weighs floor(2^24 / m(b)), m(b) the length in bytes of the
+     * longest vocab entry holding b (0 when the vocab has no entry for b: such bytes are dropped). An id of
+     * len bytes holds only bytes with m >= len, so its bytes weigh at most 2^24: a piece makes at least
+     * (sum of its weights) / 2^24 ids. */
+    uint32_t bpe_byte_weight[256];
     bool ignore_merges;
 
     tok_added_token *added;    /* sorted by length, longest first */

@@ -398,6 +398,7 @@ static lily_status load_vocab(lily_tokenizer *tok, json_t *vocab, size_t *blob_u
 {
     const char *key;
     json_t *value;
+    uint32_t longest[256] = {0};
     json_object_foreach(vocab, key, value) {
         int32_t id = (int32_t)json_integer_value(value);
         size_t key_len = strlen(key);
@@ -409,6 +410,10 @@ static lily_status load_vocab(lily_tokenizer *tok, json_t *vocab, size_t *blob_u
             return st;
         if (nb < 0)
             continue;
+        for (long i = 0; i < nb; i++) { /* m(b) for bpe_byte_weight: the longest entry holding each byte */
+            unsigned char b = (unsigned char)tok->token_blob[tok->token_offset[id] + (size_t)i];
+            longest[b] = LILY_MAX(longest[b], (uint32_t)nb);
+        }
         uint32_t slot = (uint32_t)tok_hash_bytes(tok->token_blob + tok->token_offset[id], (size_t)nb) & tok->vocab_mask;
         while (tok->vocab_table[slot] >= 0)
             slot = (slot + 1) & tok->vocab_mask;
@@ -417,6 +422,7 @@ static lily_status load_vocab(lily_tokenizer *tok, json_t *vocab, size_t *blob_u
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
         tok->byte_id[b] = tok_vocab_find(tok, &c, 1);
+        tok->bpe_byte_weight[b] = tok->byte_id[b] >= 0 && longest[b] ? TOK_BYTE_WEIGHT_ONE / longest[b] : 0;
     }
     return LILY_OK;
 }
