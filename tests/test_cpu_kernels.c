@@ -429,6 +429,72 @@ static void test_attention_head_fast_matches_double(void **state)
     }
 }
 
+/* Fast-mode decode (cpu_attention_decode_split / _chunk / _merge: the query heads of a KV head together,
+ * split-KV over chunks of keys) against exact mode's per-head attention (cpu_attention_head_exact) to 1e-5
+ * of the head's largest output, at depths 1, 7, 64, 1000 and GQA groups 1, 4, 8 (1 and 2 KV heads, the
+ * second offset in the rows); q scaled up (sharp softmax) and not. Within one chunk (depth <= 32) each
+ * head's e_s = exp(score_s - max) equals the per-head fast path's, bit for bit (the same scores). */
+static void test_attention_decode_matches_exact(void **state)
+{
+    (void)state;
+    const int depths[] = {1, 7, 64, 1000}, groups[] = {1, 4, 8}, hds[] = {24, 256};
+    for (int hi = 0; hi < 2; hi++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int nkv = 1; nkv <= 2; nkv++)
+                for (int di = 0; di < 4; di++)
+                    for (int sharp = 0; sharp < 2; sharp++) {
+                        const int hd = hds[hi], group = groups[gi], n_keys = depths[di], nh = group * nkv;
+                        const int kv_stride = nkv * hd;
+                        const int64_t part_floats = CPU_ATTN_DECODE_PART(hd);
+                        float *q = malloc(sizeof(float) * nh * hd);
+                        float *k = malloc(sizeof(float) * n_keys * kv_stride);
+                        float *v = malloc(sizeof(float) * n_keys * kv_stride);
+                        float *sc = malloc(sizeof(float) * nh * n_keys);
+                        float *sc1 = malloc(sizeof(float) * n_keys);
+                        float *part = malloc(sizeof(float) * nh * CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
+                        float *o = malloc(sizeof(float) * hd), *want = malloc(sizeof(float) * hd);
+                        assert_non_null(q && k && v && sc && sc1 && part && o && want);
+                        for (int i = 0; i < nh * hd; i++)
+                            q[i] = frand() * (sharp ? 8.0f : 1.0f);
+                        for (int i = 0; i < n_keys * kv_stride; i++) {
+                            k[i] = frand();
+                            v[i] = frand();
+                        }
+                        const float scale = 1.0f / sqrtf((float)hd);
+                        int chunk_len;
+                        const int n_chunks = cpu_attention_decode_split(n_keys, &chunk_len);
+                        assert_true(n_chunks >= 1 && n_chunks <= CPU_ATTN_DECODE_MAX_CHUNKS);
+                        assert_true((n_chunks - 1) * chunk_len < n_keys && n_chunks * chunk_len >= n_keys);
+                        for (int kv = 0; kv < nkv; kv++)
+                            for (int c = n_chunks - 1; c >= 0; c--) { /* any order: chunks are independent */
+                                const int key0 = c * chunk_len;
+                                const int len = n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len;
+                                cpu_attention_decode_chunk(q + kv * group * hd, group, k + kv * hd, v + kv * hd, kv_stride,
+                                                           key0, len, hd, scale, sc + (int64_t)kv * group * n_keys, n_keys,
+                                                           part + ((int64_t)kv * group * CPU_ATTN_DECODE_MAX_CHUNKS + c) * part_floats,
+                                                           CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
+                            }
+                        for (int h = 0; h < nh; h++) {
+                            const int kv = h / group;
+                            cpu_attention_decode_merge(part + (int64_t)h * CPU_ATTN_DECODE_MAX_CHUNKS * part_floats, part_floats,
+                                                       n_chunks, hd, o);
+                            cpu_attention_head_exact(q + h * hd, hd, k + kv * hd, v + kv * hd, kv_stride, 1, n_keys - 1, hd,
+                                                     scale, sc1, want, hd);
+                            float amax = 0;
+                            for (int i = 0; i < hd; i++)
+                                amax = fmaxf(amax, fabsf(want[i]));
+                            for (int i = 0; i < hd; i++)
+                                assert_float_equal(o[i], want[i], 1e-5 * amax);
+                            if (n_chunks == 1) {
+                                cpu_attention_head_fast(q + h * hd, hd, k + kv * hd, v + kv * hd, kv_stride, 1, n_keys - 1, hd,
+                                                        scale, sc1, want, hd);
+                                assert_memory_equal(sc + (int64_t)h * n_keys, sc1, sizeof(float) * n_keys);
+                            }
+                        }
+                        free(q), free(k), free(v), free(sc), free(sc1), free(part), free(o), free(want);
+                    }
+}
+
 /* ---- RoPE ---- */
 
 static void test_rope_rotates_pairs_i_and_i_plus_half(void **state)
@@ -912,6 +978,7 @@ int main(void)
         cmocka_unit_test(test_top_k_ties_lower_id_first),
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
         cmocka_unit_test(test_attention_head_fast_matches_double),
+        cmocka_unit_test(test_attention_decode_matches_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

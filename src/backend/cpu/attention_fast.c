@@ -116,3 +116,118 @@ CPU_VEC8_CLONES void cpu_attention_head_fast(const float *q, int q_stride, const
         }
     }
 }
+
+/* ---- decode: the query heads of one KV head together, split over the keys ------------------------- */
+
+int cpu_attention_decode_split(int n_keys, int *chunk_len)
+{
+    int len = (n_keys + CPU_ATTN_DECODE_MAX_CHUNKS - 1) / CPU_ATTN_DECODE_MAX_CHUNKS;
+    if (len < CPU_ATTN_DECODE_MIN_CHUNK)
+        len = CPU_ATTN_DECODE_MIN_CHUNK;
+    *chunk_len = len;
+    return (n_keys + len - 1) / len;
+}
+
+/* Keys per tile of the two passes over a chunk: a tile's K (then V) rows, 32 KiB, stay in L1 while every
+ * head of the group reads them, so each row comes from memory once for the group. */
+#define DECODE_TILE_FLOATS 8192
+
+CPU_VEC8_CLONES void cpu_attention_decode_chunk(const float *q, int group, const float *k_cache, const float *v_cache,
+                                                int kv_stride, int key0, int n_keys, int hd, float scale, float *scores,
+                                                int64_t scores_stride, float *part, int64_t part_stride)
+{
+    int tile = DECODE_TILE_FLOATS / hd;
+    if (tile < 4)
+        tile = 4;
+    /* scores of every head, tile by tile (scores8: the same operations per key as cpu_attention_head_fast) */
+    for (int t0 = 0; t0 < n_keys; t0 += tile) {
+        const int tl = n_keys - t0 < tile ? n_keys - t0 : tile;
+        for (int g = 0; g < group; g++)
+            scores8(q + (int64_t)g * hd, k_cache + (int64_t)(key0 + t0) * kv_stride, kv_stride, tl, hd, scale,
+                    scores + g * scores_stride + key0 + t0);
+    }
+    /* per head: the chunk's maximum, e_s = exp(score_s - max) in place, their sum; the value sums start at 0 */
+    for (int g = 0; g < group; g++) {
+        float *sc = scores + g * scores_stride + key0;
+        float *pg = part + g * part_stride;
+        float max_score = -INFINITY;
+        for (int s = 0; s < n_keys; s++)
+            max_score = sc[s] > max_score ? sc[s] : max_score;
+        float sum = 0;
+        for (int s = 0; s < n_keys; s++) {
+            sc[s] = expf(sc[s] - max_score);
+            sum += sc[s];
+        }
+        pg[hd] = max_score;
+        pg[hd + 1] = sum;
+        memset(pg, 0, (size_t)hd * sizeof(float));
+    }
+    /* acc_g += e_s v_s over the keys in order, tile by tile, PV_COLS columns of a head in registers */
+    for (int t0 = 0; t0 < n_keys; t0 += tile) {
+        const int tl = n_keys - t0 < tile ? n_keys - t0 : tile;
+        const float *vt = v_cache + (int64_t)(key0 + t0) * kv_stride;
+        for (int g = 0; g < group; g++) {
+            const float *e = scores + g * scores_stride + key0 + t0;
+            float *acc_out = part + g * part_stride;
+            for (int i0 = 0; i0 < hd; i0 += PV_COLS) {
+                const int nv = (hd - i0 < PV_COLS ? hd - i0 : PV_COLS) / 8;
+                v8f acc[PV_COLS / 8];
+                if (nv == PV_COLS / 8) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < PV_COLS / 8; c++)
+                        LOAD8(acc[c], acc_out + i0 + 8 * c);
+                    for (int s = 0; s < tl; s++) {
+                        const float p = e[s];
+                        const float *vs = vt + (int64_t)s * kv_stride + i0;
+#pragma GCC unroll 8
+                        for (int c = 0; c < PV_COLS / 8; c++) {
+                            v8f v;
+                            LOAD8(v, vs + 8 * c);
+                            acc[c] += p * v;
+                        }
+                    }
+#pragma GCC unroll 8
+                    for (int c = 0; c < PV_COLS / 8; c++)
+                        STORE8(acc_out + i0 + 8 * c, acc[c]);
+                    continue;
+                }
+                for (int c = 0; c < nv; c++)
+                    LOAD8(acc[c], acc_out + i0 + 8 * c);
+                for (int s = 0; s < tl; s++) {
+                    const float p = e[s];
+                    const float *vs = vt + (int64_t)s * kv_stride + i0;
+                    for (int c = 0; c < nv; c++) {
+                        v8f v;
+                        LOAD8(v, vs + 8 * c);
+                        acc[c] += p * v;
+                    }
+                }
+                for (int c = 0; c < nv; c++)
+                    STORE8(acc_out + i0 + 8 * c, acc[c]);
+            }
+        }
+    }
+}
+
+void cpu_attention_decode_merge(const float *part, int64_t chunk_stride, int n_chunks, int hd, float *o)
+{
+    float max_score = -INFINITY;
+    for (int c = 0; c < n_chunks; c++) {
+        const float m = part[c * chunk_stride + hd];
+        max_score = m > max_score ? m : max_score;
+    }
+    float sum = 0;
+    for (int c = 0; c < n_chunks; c++)
+        sum += expf(part[c * chunk_stride + hd] - max_score) * part[c * chunk_stride + hd + 1];
+    const float inv_sum = 1.0f / sum;
+    for (int c = 0; c < n_chunks; c++) {
+        const float *pc = part + c * chunk_stride;
+        const float w = expf(pc[hd] - max_score) * inv_sum;
+        if (c == 0)
+            for (int i = 0; i < hd; i++)
+                o[i] = w * pc[i];
+        else
+            for (int i = 0; i < hd; i++)
+                o[i] += w * pc[i];
+    }
+}
