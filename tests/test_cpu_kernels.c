@@ -431,17 +431,17 @@ static void test_attention_head_fast_matches_double(void **state)
 
 /* Fast-mode decode (cpu_attention_decode_split / _chunk / _merge: the query heads of a KV head together,
  * split-KV over chunks of keys) against exact mode's per-head attention (cpu_attention_head_exact) to 1e-5
- * of the head's largest output, at depths 1, 7, 64, 1000 and GQA groups 1, 4, 8 (1 and 2 KV heads, the
- * second offset in the rows); q scaled up (sharp softmax) and not. Within one chunk (depth <= 32) each
+ * of the head's largest output, at depths 1, 7, 64, 1000, 2500 (the most chunks) and GQA groups 1, 4, 8 (1 and 2 KV heads, the
+ * second offset in the rows), head sizes 24 and 256; q scaled up (sharp softmax) and not. Within one chunk each
  * head's e_s = exp(score_s - max) equals the per-head fast path's, bit for bit (the same scores). */
 static void test_attention_decode_matches_exact(void **state)
 {
     (void)state;
-    const int depths[] = {1, 7, 64, 1000}, groups[] = {1, 4, 8}, hds[] = {24, 256};
+    const int depths[] = {1, 7, 64, 1000, 2500}, groups[] = {1, 4, 8}, hds[] = {24, 256};
     for (int hi = 0; hi < 2; hi++)
         for (int gi = 0; gi < 3; gi++)
             for (int nkv = 1; nkv <= 2; nkv++)
-                for (int di = 0; di < 4; di++)
+                for (int di = 0; di < 5; di++)
                     for (int sharp = 0; sharp < 2; sharp++) {
                         const int hd = hds[hi], group = groups[gi], n_keys = depths[di], nh = group * nkv;
                         const int kv_stride = nkv * hd;
@@ -462,7 +462,7 @@ static void test_attention_decode_matches_exact(void **state)
                         }
                         const float scale = 1.0f / sqrtf((float)hd);
                         int chunk_len;
-                        const int n_chunks = cpu_attention_decode_split(n_keys, &chunk_len);
+                        const int n_chunks = cpu_attention_decode_split(n_keys, hd, &chunk_len);
                         assert_true(n_chunks >= 1 && n_chunks <= CPU_ATTN_DECODE_MAX_CHUNKS);
                         assert_true((n_chunks - 1) * chunk_len < n_keys && n_chunks * chunk_len >= n_keys);
                         for (int kv = 0; kv < nkv; kv++)

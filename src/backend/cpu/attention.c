@@ -144,7 +144,7 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
 
     attention_job job = {c, st, k_cache, v_cache, n, pos0, 0, 0};
     if (n == 1 && st->attn_dec_part) { /* fast-mode decode: per (KV head, chunk of keys), then per head */
-        job.n_chunks = cpu_attention_decode_split(pos0 + 1, &job.chunk_len);
+        job.n_chunks = cpu_attention_decode_split(pos0 + 1, hd, &job.chunk_len);
         parallel_for(c->pool, nkv * job.n_chunks, decode_chunk_task, &job);
         parallel_for(c->pool, nh, decode_merge_task, &job);
     } else {

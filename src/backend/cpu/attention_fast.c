@@ -119,11 +119,12 @@ CPU_VEC8_CLONES void cpu_attention_head_fast(const float *q, int q_stride, const
 
 /* ---- decode: the query heads of one KV head together, split over the keys ------------------------- */
 
-int cpu_attention_decode_split(int n_keys, int *chunk_len)
+int cpu_attention_decode_split(int n_keys, int hd, int *chunk_len)
 {
+    const int min_len = CPU_ATTN_DECODE_MIN_CHUNK_FLOATS / hd > 8 ? CPU_ATTN_DECODE_MIN_CHUNK_FLOATS / hd : 8;
     int len = (n_keys + CPU_ATTN_DECODE_MAX_CHUNKS - 1) / CPU_ATTN_DECODE_MAX_CHUNKS;
-    if (len < CPU_ATTN_DECODE_MIN_CHUNK)
-        len = CPU_ATTN_DECODE_MIN_CHUNK;
+    if (len < min_len)
+        len = min_len;
     *chunk_len = len;
     return (n_keys + len - 1) / len;
 }

@@ -191,13 +191,15 @@ void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache,
  * keys are split into chunks merged as in split-KV (flash-decoding) softmax: chunk c keeps its maximum
  * m_c, l_c = Σ_s exp(score_s - m_c) and acc_c = Σ_s exp(score_s - m_c) v_s; then with M = max_c m_c,
  * o = Σ_c exp(m_c - M) acc_c / Σ_c exp(m_c - M) l_c. Chunks: at most CPU_ATTN_DECODE_MAX_CHUNKS of at least
- * CPU_ATTN_DECODE_MIN_CHUNK keys, from the key count alone (the result does not depend on the threads). */
+ * CPU_ATTN_DECODE_MIN_CHUNK_FLOATS / head_dim keys (32 KiB of K rows: a task big enough to outweigh its
+ * dispatch), from the key count and head size alone (the result does not depend on the threads). */
 #define CPU_ATTN_DECODE_MAX_CHUNKS 64
-#define CPU_ATTN_DECODE_MIN_CHUNK 32
+#define CPU_ATTN_DECODE_MIN_CHUNK_FLOATS 8192
 /* Floats of one (head, chunk) partial: acc [hd], then m, l (padded to a multiple of 8). */
 #define CPU_ATTN_DECODE_PART(hd) ((hd) + 8)
-/* The chunks of n_keys >= 1 keys: returns their count; *chunk_len = keys per chunk (the last may have fewer). */
-int cpu_attention_decode_split(int n_keys, int *chunk_len);
+/* The chunks of n_keys >= 1 keys of head size hd: returns their count; *chunk_len = keys per chunk (the last
+ * may have fewer). */
+int cpu_attention_decode_split(int n_keys, int hd, int *chunk_len);
 /* One chunk, keys key0 .. key0 + n_keys - 1, of the `group` query heads q [group, hd] (contiguous) of one
  * KV head: k_cache, v_cache rows s of hd at kv_stride (the KV head already offset). Head g's scores are
  * those of cpu_attention_head_fast bit for bit (scores8); writes e_s into scores[g * scores_stride + s]
