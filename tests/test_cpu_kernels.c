@@ -397,6 +397,7 @@ static void test_attention_head_fast_matches_double(void **state)
     enum { HD = 24, N = 9, KV_STRIDE = 2 * HD };
     assert_true(cpu_attention_fast_ok(HD) && !cpu_attention_fast_ok(20));
     float q[N * HD], k[N * KV_STRIDE], v[N * KV_STRIDE], o[N * HD], o1[N * HD], scores[N];
+    float part[CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(HD)];
     for (int i = 0; i < N * HD; i++)
         q[i] = frand();
     for (int i = 0; i < N * KV_STRIDE; i++) {
@@ -405,9 +406,9 @@ static void test_attention_head_fast_matches_double(void **state)
     }
     const float scale = 1.0f / sqrtf((float)HD);
     /* the second KV head of the rows: offset HD */
-    cpu_attention_head_fast(q, HD, k + HD, v + HD, KV_STRIDE, N, 0, HD, scale, scores, o, HD);
+    cpu_attention_head_fast(q, HD, k + HD, v + HD, KV_STRIDE, N, 0, HD, scale, scores, part, o, HD);
     for (int t = 0; t < N; t++)
-        cpu_attention_head_fast(q + t * HD, HD, k + HD, v + HD, KV_STRIDE, 1, t, HD, scale, scores, o1 + t * HD, HD);
+        cpu_attention_head_fast(q + t * HD, HD, k + HD, v + HD, KV_STRIDE, 1, t, HD, scale, scores, part, o1 + t * HD, HD);
     assert_memory_equal(o, o1, sizeof o);
     for (int t = 0; t < N; t++) {
         double sc[N], mx = -1e300, sum = 0;
@@ -432,8 +433,8 @@ static void test_attention_head_fast_matches_double(void **state)
 /* Fast-mode decode (cpu_attention_decode_split / _chunk / _merge: the query heads of a KV head together,
  * split-KV over chunks of keys) against exact mode's per-head attention (cpu_attention_head_exact) to 1e-5
  * of the head's largest output, at depths 1, 7, 64, 1000, 2500 (the most chunks) and GQA groups 1, 4, 8 (1 and 2 KV heads, the
- * second offset in the rows), head sizes 24 and 256; q scaled up (sharp softmax) and not. Within one chunk each
- * head's e_s = exp(score_s - max) equals the per-head fast path's, bit for bit (the same scores). */
+ * second offset in the rows), head sizes 24 and 256; q scaled up (sharp softmax) and not. Each head's output
+ * and its e_s = exp(score_s - chunk max) equal the prefill path's (cpu_attention_head_fast) bit for bit. */
 static void test_attention_decode_matches_exact(void **state)
 {
     (void)state;
@@ -452,8 +453,9 @@ static void test_attention_decode_matches_exact(void **state)
                         float *sc = malloc(sizeof(float) * nh * n_keys);
                         float *sc1 = malloc(sizeof(float) * n_keys);
                         float *part = malloc(sizeof(float) * nh * CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
+                        float *part1 = malloc(sizeof(float) * CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
                         float *o = malloc(sizeof(float) * hd), *want = malloc(sizeof(float) * hd);
-                        assert_non_null(q && k && v && sc && sc1 && part && o && want);
+                        assert_non_null(q && k && v && sc && sc1 && part && part1 && o && want);
                         for (int i = 0; i < nh * hd; i++)
                             q[i] = frand() * (sharp ? 8.0f : 1.0f);
                         for (int i = 0; i < n_keys * kv_stride; i++) {
@@ -485,13 +487,13 @@ static void test_attention_decode_matches_exact(void **state)
                                 amax = fmaxf(amax, fabsf(want[i]));
                             for (int i = 0; i < hd; i++)
                                 assert_float_equal(o[i], want[i], 1e-5 * amax);
-                            if (n_chunks == 1) {
-                                cpu_attention_head_fast(q + h * hd, hd, k + kv * hd, v + kv * hd, kv_stride, 1, n_keys - 1, hd,
-                                                        scale, sc1, want, hd);
-                                assert_memory_equal(sc + (int64_t)h * n_keys, sc1, sizeof(float) * n_keys);
-                            }
+                            /* the prefill path (one head, tokens in turn) gives this token the same bits */
+                            cpu_attention_head_fast(q + h * hd, hd, k + kv * hd, v + kv * hd, kv_stride, 1, n_keys - 1, hd,
+                                                    scale, sc1, part1, want, hd);
+                            assert_memory_equal(o, want, sizeof(float) * hd);
+                            assert_memory_equal(sc + (int64_t)h * n_keys, sc1, sizeof(float) * n_keys);
                         }
-                        free(q), free(k), free(v), free(sc), free(sc1), free(part), free(o), free(want);
+                        free(q), free(k), free(v), free(sc), free(sc1), free(part), free(part1), free(o), free(want);
                     }
 }
 

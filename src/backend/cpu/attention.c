@@ -102,9 +102,10 @@ static void attention_head_task(void *arg, int head, int thread)
     const int kv_head = head / (cfg->n_heads / cfg->n_kv_heads);
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = j->st->attn_scores + (int64_t)thread * j->st->max_ctx;
-    if (!j->c->exact && cpu_attention_fast_ok(hd))
+    if (j->st->attn_dec_part) /* fast mode */
         cpu_attention_head_fast(j->c->attn_q + (int64_t)head * hd, q_dim, j->k_cache + (int64_t)kv_head * hd,
                                 j->v_cache + (int64_t)kv_head * hd, kv_dim, j->n, j->pos0, hd, scale, scores,
+                                j->st->attn_dec_part + (int64_t)head * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd),
                                 j->c->attn_o + (int64_t)head * hd, q_dim);
     else
         cpu_attention_head_exact(j->c->attn_q + (int64_t)head * hd, q_dim, j->k_cache + (int64_t)kv_head * hd,

@@ -1,10 +1,13 @@
-/* attention_fast.c — causal softmax attention of one query head in fast mode (MODEL.md §4.3), on 8-wide
- * vectors (GCC/Clang vector extensions: AVX2 or SSE pairs on x86-64, NEON pairs on AArch64).
+/* attention_fast.c — causal softmax attention in fast mode (MODEL.md §4.3), on 8-wide vectors (GCC/Clang
+ * vector extensions: AVX2 or SSE pairs on x86-64, NEON pairs on AArch64).
  *
- * The same math as attention.c's exact loop — scores q·k · scale, softmax with the running maximum
- * subtracted, o = Σ p v — with each dot product summed in 8 interleaved lanes (then a fixed pairwise sum)
- * instead of one serial chain, and the value rows added 8 wide. fp32; the rounding differs from exact
- * mode's, and each token's result does not depend on how many tokens a call takes.
+ * The same math as attention.c's exact loop — scores q·k · scale, softmax, o = Σ p v — with each dot
+ * product summed in 8 interleaved lanes (then a fixed pairwise sum) instead of one serial chain, the value
+ * rows added 8 wide, and the keys split into chunks whose partial softmax sums are merged (split-KV, as in
+ * flash-decoding). Decode runs the chunks of a KV head's query heads together and in parallel; prefill runs
+ * one head's tokens one after another through the same chunk and merge code. fp32; the rounding differs
+ * from exact mode's, and each token's result does not depend on how many tokens a call takes (decode and
+ * prefill give the same bits, which the prefix cache relies on).
  */
 #include <math.h>
 #include <string.h>
@@ -64,58 +67,6 @@ __attribute__((always_inline)) static inline void scores8(const float *q, const 
 #define PV_COLS 64
 
 bool cpu_attention_fast_ok(int head_dim) { return head_dim % 8 == 0; }
-
-CPU_VEC8_CLONES void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
-                             int n, int pos0, int hd, float scale, float *scores, float *o, int o_stride)
-{
-    for (int t = 0; t < n; t++) {
-        const float *qt = q + (int64_t)t * q_stride;
-        const int n_keys = pos0 + t + 1; /* causal: keys 0 .. pos0 + t */
-        scores8(qt, k_cache, kv_stride, n_keys, hd, scale, scores);
-        float max_score = -INFINITY;
-        for (int s = 0; s < n_keys; s++)
-            max_score = scores[s] > max_score ? scores[s] : max_score;
-        float sum = 0;
-        for (int s = 0; s < n_keys; s++) {
-            scores[s] = expf(scores[s] - max_score);
-            sum += scores[s];
-        }
-        const float inv_sum = 1.0f / sum;
-        float *ot = o + (int64_t)t * o_stride;
-        /* o = Σ_s p_s v_s over keys in order, up to PV_COLS columns at a time on independent accumulators */
-        for (int i0 = 0; i0 < hd; i0 += PV_COLS) {
-            const int nv = (hd - i0 < PV_COLS ? hd - i0 : PV_COLS) / 8;
-            if (nv == PV_COLS / 8) { /* all PV_COLS columns: a fixed count, so the sums stay in registers */
-                v8f acc[PV_COLS / 8] = {{0}};
-                for (int s = 0; s < n_keys; s++) {
-                    const float p = scores[s] * inv_sum;
-                    const float *vs = v_cache + (int64_t)s * kv_stride + i0;
-#pragma GCC unroll 8
-                    for (int c = 0; c < PV_COLS / 8; c++) {
-                        v8f v;
-                        LOAD8(v, vs + 8 * c);
-                        acc[c] += p * v;
-                    }
-                }
-                for (int c = 0; c < PV_COLS / 8; c++)
-                    STORE8(ot + i0 + 8 * c, acc[c]);
-                continue;
-            }
-            v8f acc[PV_COLS / 8] = {{0}};
-            for (int s = 0; s < n_keys; s++) {
-                const float p = scores[s] * inv_sum;
-                const float *vs = v_cache + (int64_t)s * kv_stride + i0;
-                for (int c = 0; c < nv; c++) {
-                    v8f v;
-                    LOAD8(v, vs + 8 * c);
-                    acc[c] += p * v;
-                }
-            }
-            for (int c = 0; c < nv; c++)
-                STORE8(ot + i0 + 8 * c, acc[c]);
-        }
-    }
-}
 
 /* ---- decode: the query heads of one KV head together, split over the keys ------------------------- */
 
@@ -230,5 +181,23 @@ void cpu_attention_decode_merge(const float *part, int64_t chunk_stride, int n_c
         else
             for (int i = 0; i < hd; i++)
                 o[i] += w * pc[i];
+    }
+}
+
+void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
+                             int n, int pos0, int hd, float scale, float *scores, float *part, float *o, int o_stride)
+{
+    const int64_t part_floats = CPU_ATTN_DECODE_PART(hd);
+    for (int t = 0; t < n; t++) {
+        const int n_keys = pos0 + t + 1; /* causal: keys 0 .. pos0 + t */
+        int chunk_len;
+        const int n_chunks = cpu_attention_decode_split(n_keys, hd, &chunk_len);
+        for (int c = 0; c < n_chunks; c++) {
+            const int key0 = c * chunk_len;
+            cpu_attention_decode_chunk(q + (int64_t)t * q_stride, 1, k_cache, v_cache, kv_stride, key0,
+                                       n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len, hd, scale, scores, 0,
+                                       part + c * part_floats, part_floats);
+        }
+        cpu_attention_decode_merge(part, part_floats, n_chunks, hd, o + (int64_t)t * o_stride);
     }
 }

@@ -109,7 +109,8 @@ typedef struct {
     float *attn_scores;         /* [n_threads, max_ctx] scratch */
     /* fast-mode decode attention (attention_fast.c), when cpu_attention_fast_ok(head_dim) and not exact */
     float *attn_dec_scores;     /* [n_heads, max_ctx] each query head's e_s */
-    float *attn_dec_part;       /* [n_heads, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)] */
+    float *attn_dec_part;       /* [n_heads, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)]
+                                 * chunk partials per query head (decode and prefill) */
 } cpu_state;
 
 /* ---- matmul.c ---------------------------------------------------------------------------------- */
@@ -180,13 +181,6 @@ void cpu_attention_head_exact(const float *q, int q_stride, const float *k_cache
 /* ---- attention_fast.c -------------------------------------------------------------------------- */
 /* Whether fast mode's attention handles this head size (a multiple of 8). */
 bool cpu_attention_fast_ok(int head_dim);
-/* One query head, n tokens at positions pos0 .. pos0 + n - 1, causal softmax attention in fp32 on 8-wide
- * vectors: o[t] = Σ_{s ≤ pos0 + t} softmax_s(q[t] · k[s] · scale) v[s]. q [n] rows of hd at q_stride;
- * k_cache, v_cache rows s of hd at kv_stride (this head's KV head already offset); scores: scratch of
- * pos0 + n floats; o [n] rows of hd at o_stride. hd a multiple of 8 (cpu_attention_fast_ok). */
-void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
-                             int n, int pos0, int hd, float scale, float *scores, float *o, int o_stride);
-
 /* Decode (one query token) in fast mode: the G query heads of a KV head share each K and V row, and the
  * keys are split into chunks merged as in split-KV (flash-decoding) softmax: chunk c keeps its maximum
  * m_c, l_c = Σ_s exp(score_s - m_c) and acc_c = Σ_s exp(score_s - m_c) v_s; then with M = max_c m_c,
@@ -202,7 +196,7 @@ void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache,
 int cpu_attention_decode_split(int n_keys, int hd, int *chunk_len);
 /* One chunk, keys key0 .. key0 + n_keys - 1, of the `group` query heads q [group, hd] (contiguous) of one
  * KV head: k_cache, v_cache rows s of hd at kv_stride (the KV head already offset). Head g's scores are
- * those of cpu_attention_head_fast bit for bit (scores8); writes e_s into scores[g * scores_stride + s]
+ * computed in 8 lanes per key (the same bits however the keys are tiled); writes e_s into scores[g * scores_stride + s]
  * (scratch, s in the chunk) and acc, m, l into part + g * part_stride (CPU_ATTN_DECODE_PART(hd) floats).
  * hd a multiple of 8. */
 void cpu_attention_decode_chunk(const float *q, int group, const float *k_cache, const float *v_cache, int kv_stride,
@@ -210,6 +204,15 @@ void cpu_attention_decode_chunk(const float *q, int group, const float *k_cache,
                                 float *part, int64_t part_stride);
 /* o [hd] = the merge of one head's n_chunks partials at part + c * chunk_stride (formula above). */
 void cpu_attention_decode_merge(const float *part, int64_t chunk_stride, int n_chunks, int hd, float *o);
+
+/* One query head, n tokens at positions pos0 .. pos0 + n - 1 (prefill), causal softmax attention in fp32:
+ * o[t] = Σ_{s ≤ pos0 + t} softmax_s(q[t] · k[s] · scale) v[s], each token through the chunks and merge above
+ * with group 1, so each token's o is the decode path's bit for bit. q [n] rows of hd at q_stride; k_cache,
+ * v_cache rows s of hd at kv_stride (this head's KV head already offset); scores: scratch of pos0 + n floats;
+ * part: scratch of CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd) floats; o [n] rows of hd at o_stride.
+ * hd a multiple of 8 (cpu_attention_fast_ok). */
+void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
+                             int n, int pos0, int hd, float scale, float *scores, float *part, float *o, int o_stride);
 
 /* ---- gated_deltanet.c -------------------------------------------------------------------------- */
 typedef struct {
