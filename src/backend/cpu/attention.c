@@ -25,10 +25,12 @@ static void apply_gate(float *o, const float *gate, int hd)
         o[i] *= cpu_sigmoid(gate[i]);
 }
 
-/* Fast-mode decode, one task = one chunk of keys of one KV head, for all its query heads. */
+static void decode_merge_task(void *arg, int head, int thread);
+
+/* Fast-mode decode, one task = one chunk of keys of one KV head, for all its query heads (and with a single
+ * chunk, their merge and gate too: no second pass over the pool). */
 static void decode_chunk_task(void *arg, int task, int thread)
 {
-    (void)thread;
     const attention_job *j = arg;
     const lily_config *cfg = j->c->cfg;
     const int hd = cfg->head_dim, group = cfg->n_heads / cfg->n_kv_heads;
@@ -43,6 +45,9 @@ static void decode_chunk_task(void *arg, int task, int thread)
                                j->st->attn_dec_scores + (int64_t)head0 * j->st->max_ctx, j->st->max_ctx,
                                j->st->attn_dec_part + ((int64_t)head0 * CPU_ATTN_DECODE_MAX_CHUNKS + chunk) * part,
                                CPU_ATTN_DECODE_MAX_CHUNKS * part);
+    if (j->n_chunks == 1)
+        for (int g = 0; g < group; g++)
+            decode_merge_task(arg, head0 + g, thread);
 }
 
 /* Fast-mode decode, one task = one query head: merge its chunks, then the output gate. */
@@ -147,7 +152,8 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
     if (n == 1 && st->attn_dec_part) { /* fast-mode decode: per (KV head, chunk of keys), then per head */
         job.n_chunks = cpu_attention_decode_split(pos0 + 1, hd, &job.chunk_len);
         parallel_for(c->pool, nkv * job.n_chunks, decode_chunk_task, &job);
-        parallel_for(c->pool, nh, decode_merge_task, &job);
+        if (job.n_chunks > 1)
+            parallel_for(c->pool, nh, decode_merge_task, &job);
     } else {
         parallel_for(c->pool, nh, attention_head_task, &job);
     }
