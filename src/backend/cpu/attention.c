@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "cpu_internal.h"
 
 typedef struct {
@@ -16,6 +17,7 @@ typedef struct {
     const float *k_cache, *v_cache; /* [max_ctx, n_kv_heads * head_dim] */
     int n, pos0;
     int n_chunks, chunk_len; /* fast-mode decode's split of the keys (cpu_attention_decode_split) */
+    int n_hblocks, hblock_len; /* and of each KV head's query heads */
 } attention_job;
 
 /* The output gate: o[i] *= sigmoid(gate[i]), gate the second half of the head's q_proj block. */
@@ -25,36 +27,41 @@ static void apply_gate(float *o, const float *gate, int hd)
         o[i] *= cpu_sigmoid(gate[i]);
 }
 
-static void decode_merge_task(void *arg, int head, int thread);
+static void decode_merge_head(const attention_job *j, int head);
 
-/* Fast-mode decode, one task = one chunk of keys of one KV head, for all its query heads (and with a single
- * chunk, their merge and gate too: no second pass over the pool). */
+/* Fast-mode decode, one task = one chunk of keys of one KV head, for a block of its query heads (all of
+ * them unless the chunks are too few to keep the threads busy; the heads' results do not depend on the
+ * blocks); the block's last chunk to finish also merges and gates its heads: one pass over the pool. */
 static void decode_chunk_task(void *arg, int task, int thread)
 {
+    (void)thread;
     const attention_job *j = arg;
     const lily_config *cfg = j->c->cfg;
     const int hd = cfg->head_dim, group = cfg->n_heads / cfg->n_kv_heads;
     const int kv_dim = cfg->n_kv_heads * hd;
-    const int kv_head = task / j->n_chunks, chunk = task % j->n_chunks;
+    const int hblock = task % j->n_hblocks, chunk = task / j->n_hblocks % j->n_chunks;
+    const int kv_head = task / j->n_hblocks / j->n_chunks;
     const int key0 = chunk * j->chunk_len;
     const int n_keys = j->pos0 + 1 - key0 < j->chunk_len ? j->pos0 + 1 - key0 : j->chunk_len;
+    const int g0 = hblock * j->hblock_len;
+    const int n_g = group - g0 < j->hblock_len ? group - g0 : j->hblock_len;
     const int64_t part = CPU_ATTN_DECODE_PART(hd);
-    const int head0 = kv_head * group;
-    cpu_attention_decode_chunk(j->c->attn_q + (int64_t)head0 * hd, group, j->k_cache + (int64_t)kv_head * hd,
+    const int head0 = kv_head * group + g0;
+    cpu_attention_decode_chunk(j->c->attn_q + (int64_t)head0 * hd, n_g, j->k_cache + (int64_t)kv_head * hd,
                                j->v_cache + (int64_t)kv_head * hd, kv_dim, key0, n_keys, hd, 1.0f / sqrtf((float)hd),
                                j->st->attn_dec_scores + (int64_t)head0 * j->st->max_ctx, j->st->max_ctx,
                                j->st->attn_dec_part + ((int64_t)head0 * CPU_ATTN_DECODE_MAX_CHUNKS + chunk) * part,
                                CPU_ATTN_DECODE_MAX_CHUNKS * part);
-    if (j->n_chunks == 1)
-        for (int g = 0; g < group; g++)
-            decode_merge_task(arg, head0 + g, thread);
+    /* the last of the block's chunks to finish merges them (in chunk order, whichever thread it is) */
+    int *done = &j->st->attn_dec_done[kv_head * j->n_hblocks + hblock];
+    if (j->n_chunks == 1 || __atomic_add_fetch(done, 1, __ATOMIC_ACQ_REL) == j->n_chunks)
+        for (int g = 0; g < n_g; g++)
+            decode_merge_head(j, head0 + g);
 }
 
-/* Fast-mode decode, one task = one query head: merge its chunks, then the output gate. */
-static void decode_merge_task(void *arg, int head, int thread)
+/* Fast-mode decode, one query head once all its chunks are done: merge them, then the output gate. */
+static void decode_merge_head(const attention_job *j, int head)
 {
-    (void)thread;
-    const attention_job *j = arg;
     const int hd = j->c->cfg->head_dim;
     const int64_t part = CPU_ATTN_DECODE_PART(hd);
     float *o = j->c->attn_o + (int64_t)head * hd;
@@ -148,12 +155,18 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
     memcpy(k_cache + (int64_t)pos0 * kv_dim, c->attn_k, (size_t)n * kv_dim * sizeof(float));
     memcpy(v_cache + (int64_t)pos0 * kv_dim, c->attn_v, (size_t)n * kv_dim * sizeof(float));
 
-    attention_job job = {c, st, k_cache, v_cache, n, pos0, 0, 0};
-    if (n == 1 && st->attn_dec_part) { /* fast-mode decode: per (KV head, chunk of keys), then per head */
+    attention_job job = {c, st, k_cache, v_cache, n, pos0, 0, 0, 1, nh / nkv};
+    if (n == 1 && st->attn_dec_part) { /* fast-mode decode: per (KV head, chunk of keys, heads), then per head */
         job.n_chunks = cpu_attention_decode_split(pos0 + 1, hd, &job.chunk_len);
-        parallel_for(c->pool, nkv * job.n_chunks, decode_chunk_task, &job);
-        if (job.n_chunks > 1)
-            parallel_for(c->pool, nh, decode_merge_task, &job);
+        /* too few chunks for two tasks per thread: the heads of a KV head in blocks too */
+        const int want = 2 * c->n_threads, have = nkv * job.n_chunks;
+        if (have < want) {
+            const int blocks = LILY_MIN((want + have - 1) / have, nh / nkv);
+            job.hblock_len = (nh / nkv + blocks - 1) / blocks;
+            job.n_hblocks = (nh / nkv + job.hblock_len - 1) / job.hblock_len;
+        }
+        memset(st->attn_dec_done, 0, (size_t)(nkv * job.n_hblocks) * sizeof(int));
+        parallel_for(c->pool, nkv * job.n_chunks * job.n_hblocks, decode_chunk_task, &job);
     } else {
         parallel_for(c->pool, nh, attention_head_task, &job);
     }

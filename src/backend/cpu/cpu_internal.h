@@ -111,6 +111,7 @@ typedef struct {
     float *attn_dec_scores;     /* [n_heads, max_ctx] each query head's e_s */
     float *attn_dec_part;       /* [n_heads, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)]
                                  * chunk partials per query head (decode and prefill) */
+    int *attn_dec_done;         /* [n_heads] decode: chunks finished per (KV head, block of its query heads) */
 } cpu_state;
 
 /* ---- matmul.c ---------------------------------------------------------------------------------- */
