@@ -397,6 +397,7 @@ static void test_attention_head_fast_matches_double(void **state)
     enum { HD = 24, N = 9, KV_STRIDE = 2 * HD };
     assert_true(cpu_attention_fast_ok(HD) && !cpu_attention_fast_ok(20));
     float q[N * HD], k[N * KV_STRIDE], v[N * KV_STRIDE], o[N * HD], o1[N * HD], scores[N];
+    float part[CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(HD)];
     for (int i = 0; i < N * HD; i++)
         q[i] = frand();
     for (int i = 0; i < N * KV_STRIDE; i++) {
@@ -405,9 +406,9 @@ static void test_attention_head_fast_matches_double(void **state)
     }
     const float scale = 1.0f / sqrtf((float)HD);
     /* the second KV head of the rows: offset HD */
-    cpu_attention_head_fast(q, HD, k + HD, v + HD, KV_STRIDE, N, 0, HD, scale, scores, o, HD);
+    cpu_attention_head_fast(q, HD, k + HD, v + HD, KV_STRIDE, N, 0, HD, scale, scores, part, o, HD);
     for (int t = 0; t < N; t++)
-        cpu_attention_head_fast(q + t * HD, HD, k + HD, v + HD, KV_STRIDE, 1, t, HD, scale, scores, o1 + t * HD, HD);
+        cpu_attention_head_fast(q + t * HD, HD, k + HD, v + HD, KV_STRIDE, 1, t, HD, scale, scores, part, o1 + t * HD, HD);
     assert_memory_equal(o, o1, sizeof o);
     for (int t = 0; t < N; t++) {
         double sc[N], mx = -1e300, sum = 0;
@@ -427,6 +428,73 @@ static void test_attention_head_fast_matches_double(void **state)
             assert_float_equal(o[t * HD + i], want, 1e-5);
         }
     }
+}
+
+/* Fast-mode decode (cpu_attention_decode_split / _chunk / _merge: the query heads of a KV head together,
+ * split-KV over chunks of keys) against exact mode's per-head attention (cpu_attention_head_exact) to 1e-5
+ * of the head's largest output, at depths 1, 7, 64, 1000, 2500 (the most chunks) and GQA groups 1, 4, 8 (1 and 2 KV heads, the
+ * second offset in the rows), head sizes 24 and 256; q scaled up (sharp softmax) and not. Each head's output
+ * and its e_s = exp(score_s - chunk max) equal the prefill path's (cpu_attention_head_fast) bit for bit. */
+static void test_attention_decode_matches_exact(void **state)
+{
+    (void)state;
+    const int depths[] = {1, 7, 64, 1000, 2500}, groups[] = {1, 4, 8}, hds[] = {24, 256};
+    for (int hi = 0; hi < 2; hi++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int nkv = 1; nkv <= 2; nkv++)
+                for (int di = 0; di < 5; di++)
+                    for (int sharp = 0; sharp < 2; sharp++) {
+                        const int hd = hds[hi], group = groups[gi], n_keys = depths[di], nh = group * nkv;
+                        const int kv_stride = nkv * hd;
+                        const int64_t part_floats = CPU_ATTN_DECODE_PART(hd);
+                        float *q = malloc(sizeof(float) * nh * hd);
+                        float *k = malloc(sizeof(float) * n_keys * kv_stride);
+                        float *v = malloc(sizeof(float) * n_keys * kv_stride);
+                        float *sc = malloc(sizeof(float) * nh * n_keys);
+                        float *sc1 = malloc(sizeof(float) * n_keys);
+                        float *part = malloc(sizeof(float) * nh * CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
+                        float *part1 = malloc(sizeof(float) * CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
+                        float *o = malloc(sizeof(float) * hd), *want = malloc(sizeof(float) * hd);
+                        assert_non_null(q && k && v && sc && sc1 && part && part1 && o && want);
+                        for (int i = 0; i < nh * hd; i++)
+                            q[i] = frand() * (sharp ? 8.0f : 1.0f);
+                        for (int i = 0; i < n_keys * kv_stride; i++) {
+                            k[i] = frand();
+                            v[i] = frand();
+                        }
+                        const float scale = 1.0f / sqrtf((float)hd);
+                        int chunk_len;
+                        const int n_chunks = cpu_attention_decode_split(n_keys, hd, &chunk_len);
+                        assert_true(n_chunks >= 1 && n_chunks <= CPU_ATTN_DECODE_MAX_CHUNKS);
+                        assert_true((n_chunks - 1) * chunk_len < n_keys && n_chunks * chunk_len >= n_keys);
+                        for (int kv = 0; kv < nkv; kv++)
+                            for (int c = n_chunks - 1; c >= 0; c--) { /* any order: chunks are independent */
+                                const int key0 = c * chunk_len;
+                                const int len = n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len;
+                                cpu_attention_decode_chunk(q + kv * group * hd, group, k + kv * hd, v + kv * hd, kv_stride,
+                                                           key0, len, hd, scale, sc + (int64_t)kv * group * n_keys, n_keys,
+                                                           part + ((int64_t)kv * group * CPU_ATTN_DECODE_MAX_CHUNKS + c) * part_floats,
+                                                           CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
+                            }
+                        for (int h = 0; h < nh; h++) {
+                            const int kv = h / group;
+                            cpu_attention_decode_merge(part + (int64_t)h * CPU_ATTN_DECODE_MAX_CHUNKS * part_floats, part_floats,
+                                                       n_chunks, hd, o);
+                            cpu_attention_head_exact(q + h * hd, hd, k + kv * hd, v + kv * hd, kv_stride, 1, n_keys - 1, hd,
+                                                     scale, sc1, want, hd);
+                            float amax = 0;
+                            for (int i = 0; i < hd; i++)
+                                amax = fmaxf(amax, fabsf(want[i]));
+                            for (int i = 0; i < hd; i++)
+                                assert_float_equal(o[i], want[i], 1e-5 * amax);
+                            /* the prefill path (one head, tokens in turn) gives this token the same bits */
+                            cpu_attention_head_fast(q + h * hd, hd, k + kv * hd, v + kv * hd, kv_stride, 1, n_keys - 1, hd,
+                                                    scale, sc1, part1, want, hd);
+                            assert_memory_equal(o, want, sizeof(float) * hd);
+                            assert_memory_equal(sc + (int64_t)h * n_keys, sc1, sizeof(float) * n_keys);
+                        }
+                        free(q), free(k), free(v), free(sc), free(sc1), free(part), free(part1), free(o), free(want);
+                    }
 }
 
 /* ---- RoPE ---- */
@@ -912,6 +980,7 @@ int main(void)
         cmocka_unit_test(test_top_k_ties_lower_id_first),
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
         cmocka_unit_test(test_attention_head_fast_matches_double),
+        cmocka_unit_test(test_attention_decode_matches_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

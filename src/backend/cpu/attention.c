@@ -3,11 +3,12 @@
  * Owns: the split of q_proj into per-head query and gate, q/k RMSNorm, RoPE, the append to the fp32
  * KV cache, causal softmax attention with GQA (query head h reads KV head h / (n_heads / n_kv_heads)),
  * the sigmoid output gate. The projections are matmul.c's; the cache memory is the state's; fast mode's
- * per-head softmax attention is attention_fast.c's.
+ * per-head softmax attention (and its decode split over KV heads and chunks of keys) is attention_fast.c's.
  */
 #include <math.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "cpu_internal.h"
 
 typedef struct {
@@ -15,7 +16,92 @@ typedef struct {
     const cpu_state *st;
     const float *k_cache, *v_cache; /* [max_ctx, n_kv_heads * head_dim] */
     int n, pos0;
+    int n_chunks, chunk_len; /* fast-mode decode's split of the keys (cpu_attention_decode_split) */
+    int n_hblocks, hblock_len; /* and of each KV head's query heads */
 } attention_job;
+
+/* The output gate: o[i] *= sigmoid(gate[i]), gate the second half of the head's q_proj block. */
+static void apply_gate(float *o, const float *gate, int hd)
+{
+    for (int i = 0; i < hd; i++)
+        o[i] *= cpu_sigmoid(gate[i]);
+}
+
+static void decode_merge_head(const attention_job *j, int head);
+
+/* Fast-mode decode, one task = one chunk of keys of one KV head, for a block of its query heads (all of
+ * them unless the chunks are too few to keep the threads busy; the heads' results do not depend on the
+ * blocks); the block's last chunk to finish also merges and gates its heads: one pass over the pool. */
+static void decode_chunk_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const attention_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    const int hd = cfg->head_dim, group = cfg->n_heads / cfg->n_kv_heads;
+    const int kv_dim = cfg->n_kv_heads * hd;
+    const int hblock = task % j->n_hblocks, chunk = task / j->n_hblocks % j->n_chunks;
+    const int kv_head = task / j->n_hblocks / j->n_chunks;
+    const int key0 = chunk * j->chunk_len;
+    const int n_keys = j->pos0 + 1 - key0 < j->chunk_len ? j->pos0 + 1 - key0 : j->chunk_len;
+    const int g0 = hblock * j->hblock_len;
+    const int n_g = group - g0 < j->hblock_len ? group - g0 : j->hblock_len;
+    const int64_t part = CPU_ATTN_DECODE_PART(hd);
+    const int head0 = kv_head * group + g0;
+    cpu_attention_decode_chunk(j->c->attn_q + (int64_t)head0 * hd, n_g, j->k_cache + (int64_t)kv_head * hd,
+                               j->v_cache + (int64_t)kv_head * hd, kv_dim, key0, n_keys, hd, 1.0f / sqrtf((float)hd),
+                               j->st->attn_dec_scores + (int64_t)head0 * j->st->max_ctx, j->st->max_ctx,
+                               j->st->attn_dec_part + ((int64_t)head0 * CPU_ATTN_DECODE_MAX_CHUNKS + chunk) * part,
+                               CPU_ATTN_DECODE_MAX_CHUNKS * part);
+    /* the last of the block's chunks to finish merges them (in chunk order, whichever thread it is) */
+    int *done = &j->st->attn_dec_done[kv_head * j->n_hblocks + hblock];
+    if (j->n_chunks == 1 || __atomic_add_fetch(done, 1, __ATOMIC_ACQ_REL) == j->n_chunks)
+        for (int g = 0; g < n_g; g++)
+            decode_merge_head(j, head0 + g);
+}
+
+/* Fast-mode decode, one query head once all its chunks are done: merge them, then the output gate. */
+static void decode_merge_head(const attention_job *j, int head)
+{
+    const int hd = j->c->cfg->head_dim;
+    const int64_t part = CPU_ATTN_DECODE_PART(hd);
+    float *o = j->c->attn_o + (int64_t)head * hd;
+    cpu_attention_decode_merge(j->st->attn_dec_part + (int64_t)head * CPU_ATTN_DECODE_MAX_CHUNKS * part, part, j->n_chunks,
+                               hd, o);
+    apply_gate(o, j->c->attn_qg + (int64_t)head * 2 * hd + hd, hd);
+}
+
+void cpu_attention_head_exact(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
+                              int n, int pos0, int hd, float scale, float *scores, float *o, int o_stride)
+{
+    for (int t = 0; t < n; t++) {
+        const float *qt = q + (int64_t)t * q_stride;
+        const int n_keys = pos0 + t + 1; /* causal: keys 0 .. pos0 + t */
+        float max_score = -INFINITY;
+        for (int s = 0; s < n_keys; s++) {
+            const float *k = k_cache + (int64_t)s * kv_stride;
+            float dotv = 0;
+            for (int i = 0; i < hd; i++)
+                dotv += qt[i] * k[i];
+            scores[s] = dotv * scale;
+            if (scores[s] > max_score)
+                max_score = scores[s];
+        }
+        float sum = 0;
+        for (int s = 0; s < n_keys; s++) {
+            scores[s] = expf(scores[s] - max_score);
+            sum += scores[s];
+        }
+        const float inv_sum = 1.0f / sum;
+        float *ot = o + (int64_t)t * o_stride;
+        memset(ot, 0, (size_t)hd * sizeof(float));
+        for (int s = 0; s < n_keys; s++) {
+            const float p = scores[s] * inv_sum;
+            const float *v = v_cache + (int64_t)s * kv_stride;
+            for (int i = 0; i < hd; i++)
+                ot[i] += p * v[i];
+        }
+    }
+}
 
 /* One task = one query head over all n tokens. */
 static void attention_head_task(void *arg, int head, int thread)
@@ -28,50 +114,18 @@ static void attention_head_task(void *arg, int head, int thread)
     const int kv_head = head / (cfg->n_heads / cfg->n_kv_heads);
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = j->st->attn_scores + (int64_t)thread * j->st->max_ctx;
-    if (!j->c->exact && cpu_attention_fast_ok(hd)) {
+    if (j->st->attn_dec_part) /* fast mode */
         cpu_attention_head_fast(j->c->attn_q + (int64_t)head * hd, q_dim, j->k_cache + (int64_t)kv_head * hd,
                                 j->v_cache + (int64_t)kv_head * hd, kv_dim, j->n, j->pos0, hd, scale, scores,
+                                j->st->attn_dec_part + (int64_t)head * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd),
                                 j->c->attn_o + (int64_t)head * hd, q_dim);
-        for (int t = 0; t < j->n; t++) {
-            float *o = j->c->attn_o + (int64_t)t * q_dim + (int64_t)head * hd;
-            const float *gate = j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)head * 2 * hd + hd;
-            for (int i = 0; i < hd; i++)
-                o[i] *= cpu_sigmoid(gate[i]);
-        }
-        return;
-    }
-    for (int t = 0; t < j->n; t++) {
-        const float *q = j->c->attn_q + (int64_t)t * q_dim + (int64_t)head * hd;
-        const int n_keys = j->pos0 + t + 1; /* causal: keys 0 .. pos0 + t */
-        float max_score = -INFINITY;
-        for (int s = 0; s < n_keys; s++) {
-            const float *k = j->k_cache + (int64_t)s * kv_dim + (int64_t)kv_head * hd;
-            float dotv = 0;
-            for (int i = 0; i < hd; i++)
-                dotv += q[i] * k[i];
-            scores[s] = dotv * scale;
-            if (scores[s] > max_score)
-                max_score = scores[s];
-        }
-        float sum = 0;
-        for (int s = 0; s < n_keys; s++) {
-            scores[s] = expf(scores[s] - max_score);
-            sum += scores[s];
-        }
-        const float inv_sum = 1.0f / sum;
-        float *o = j->c->attn_o + (int64_t)t * q_dim + (int64_t)head * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int s = 0; s < n_keys; s++) {
-            const float p = scores[s] * inv_sum;
-            const float *v = j->v_cache + (int64_t)s * kv_dim + (int64_t)kv_head * hd;
-            for (int i = 0; i < hd; i++)
-                o[i] += p * v[i];
-        }
-        /* output gate: the second half of this head's q_proj block */
-        const float *gate = j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)head * 2 * hd + hd;
-        for (int i = 0; i < hd; i++)
-            o[i] *= cpu_sigmoid(gate[i]);
-    }
+    else
+        cpu_attention_head_exact(j->c->attn_q + (int64_t)head * hd, q_dim, j->k_cache + (int64_t)kv_head * hd,
+                                 j->v_cache + (int64_t)kv_head * hd, kv_dim, j->n, j->pos0, hd, scale, scores,
+                                 j->c->attn_o + (int64_t)head * hd, q_dim);
+    for (int t = 0; t < j->n; t++)
+        apply_gate(j->c->attn_o + (int64_t)t * q_dim + (int64_t)head * hd,
+                   j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)head * 2 * hd + hd, hd);
 }
 
 void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out)
@@ -101,8 +155,21 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
     memcpy(k_cache + (int64_t)pos0 * kv_dim, c->attn_k, (size_t)n * kv_dim * sizeof(float));
     memcpy(v_cache + (int64_t)pos0 * kv_dim, c->attn_v, (size_t)n * kv_dim * sizeof(float));
 
-    attention_job job = {c, st, k_cache, v_cache, n, pos0};
-    parallel_for(c->pool, nh, attention_head_task, &job);
+    attention_job job = {c, st, k_cache, v_cache, n, pos0, 0, 0, 1, nh / nkv};
+    if (n == 1 && st->attn_dec_part) { /* fast-mode decode: per (KV head, chunk of keys, heads), then per head */
+        job.n_chunks = cpu_attention_decode_split(pos0 + 1, hd, &job.chunk_len);
+        /* too few chunks for two tasks per thread: the heads of a KV head in blocks too */
+        const int want = 2 * c->n_threads, have = nkv * job.n_chunks;
+        if (have < want) {
+            const int blocks = LILY_MIN((want + have - 1) / have, nh / nkv);
+            job.hblock_len = (nh / nkv + blocks - 1) / blocks;
+            job.n_hblocks = (nh / nkv + job.hblock_len - 1) / job.hblock_len;
+        }
+        memset(st->attn_dec_done, 0, (size_t)(nkv * job.n_hblocks) * sizeof(int));
+        parallel_for(c->pool, nkv * job.n_chunks * job.n_hblocks, decode_chunk_task, &job);
+    } else {
+        parallel_for(c->pool, nh, attention_head_task, &job);
+    }
 
     cpu_matmul(c, &lw->o_proj, c->attn_o, n, out);
 }

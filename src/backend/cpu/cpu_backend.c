@@ -219,6 +219,9 @@ static void cpu_state_free(void *ctx, void *state)
     free(s->conv_state);
     free(s->recurrent_state);
     free(s->attn_scores);
+    free(s->attn_dec_scores);
+    free(s->attn_dec_part);
+    free(s->attn_dec_done);
     free(s);
 }
 
@@ -250,6 +253,12 @@ static lily_status cpu_state_new(void *ctx, int max_ctx, void **out, lily_error 
     }
     if (ok)
         s->attn_scores = alloc_floats((int64_t)c->n_threads * max_ctx, &ok);
+    if (ok && !c->exact && cpu_attention_fast_ok(cfg->head_dim)) {
+        s->attn_dec_scores = alloc_floats((int64_t)cfg->n_heads * max_ctx, &ok);
+        s->attn_dec_part = alloc_floats((int64_t)cfg->n_heads * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(cfg->head_dim), &ok);
+        s->attn_dec_done = calloc((size_t)(cfg->n_heads > 0 ? cfg->n_heads : 1), sizeof(int));
+        ok = ok && s->attn_dec_done;
+    }
     if (!ok) {
         cpu_state_free(c, s);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a %d-token state", max_ctx);

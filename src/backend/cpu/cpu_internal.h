@@ -107,6 +107,11 @@ typedef struct {
     float **conv_state;         /* per layer: [K - 1, conv_dim] last pre-conv rows, oldest first (GDN) */
     float **recurrent_state;    /* per layer: [Hv, dk, dv] fp32 (GDN) */
     float *attn_scores;         /* [n_threads, max_ctx] scratch */
+    /* fast-mode decode attention (attention_fast.c), when cpu_attention_fast_ok(head_dim) and not exact */
+    float *attn_dec_scores;     /* [n_heads, max_ctx] each query head's e_s */
+    float *attn_dec_part;       /* [n_heads, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)]
+                                 * chunk partials per query head (decode and prefill) */
+    int *attn_dec_done;         /* [n_heads] decode: chunks finished per (KV head, block of its query heads) */
 } cpu_state;
 
 /* ---- matmul.c ---------------------------------------------------------------------------------- */
@@ -169,16 +174,46 @@ static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
 /* Gated full attention of one layer (MODEL.md §4.3) for n tokens at st->position:
  * x [n, hidden] (normed) -> out [n, hidden]; appends k, v to the layer's KV cache. */
 void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out);
+/* Exact mode's causal softmax attention of one query head (the reference for the fast paths), serial fp32
+ * sums in key / dimension order; the same arguments as cpu_attention_head_fast below. */
+void cpu_attention_head_exact(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
+                              int n, int pos0, int hd, float scale, float *scores, float *o, int o_stride);
 
 /* ---- attention_fast.c -------------------------------------------------------------------------- */
 /* Whether fast mode's attention handles this head size (a multiple of 8). */
 bool cpu_attention_fast_ok(int head_dim);
-/* One query head, n tokens at positions pos0 .. pos0 + n - 1, causal softmax attention in fp32 on 8-wide
- * vectors: o[t] = Σ_{s ≤ pos0 + t} softmax_s(q[t] · k[s] · scale) v[s]. q [n] rows of hd at q_stride;
- * k_cache, v_cache rows s of hd at kv_stride (this head's KV head already offset); scores: scratch of
- * pos0 + n floats; o [n] rows of hd at o_stride. hd a multiple of 8 (cpu_attention_fast_ok). */
+/* Decode (one query token) in fast mode: the G query heads of a KV head share each K and V row, and the
+ * keys are split into chunks merged as in split-KV (flash-decoding) softmax: chunk c keeps its maximum
+ * m_c, l_c = Σ_s exp(score_s - m_c) and acc_c = Σ_s exp(score_s - m_c) v_s; then with M = max_c m_c,
+ * o = Σ_c exp(m_c - M) acc_c / Σ_c exp(m_c - M) l_c. Chunks: at most CPU_ATTN_DECODE_MAX_CHUNKS of at least
+ * CPU_ATTN_DECODE_MIN_CHUNK_FLOATS / head_dim keys (32 KiB of K rows: a task big enough to outweigh its
+ * dispatch), from the key count and head size alone (the result does not depend on the threads). */
+#define CPU_ATTN_DECODE_MAX_CHUNKS 64
+#define CPU_ATTN_DECODE_MIN_CHUNK_FLOATS 8192
+/* Floats of one (head, chunk) partial: acc [hd], then m, l (padded to a multiple of 8). */
+#define CPU_ATTN_DECODE_PART(hd) ((hd) + 8)
+/* The chunks of n_keys >= 1 keys of head size hd: returns their count; *chunk_len = keys per chunk (the last
+ * may have fewer). */
+int cpu_attention_decode_split(int n_keys, int hd, int *chunk_len);
+/* One chunk, keys key0 .. key0 + n_keys - 1, of the `group` query heads q [group, hd] (contiguous) of one
+ * KV head: k_cache, v_cache rows s of hd at kv_stride (the KV head already offset). Head g's scores are
+ * computed in 8 lanes per key (the same bits however the keys are tiled); writes e_s into scores[g * scores_stride + s]
+ * (scratch, s in the chunk) and acc, m, l into part + g * part_stride (CPU_ATTN_DECODE_PART(hd) floats).
+ * hd a multiple of 8. */
+void cpu_attention_decode_chunk(const float *q, int group, const float *k_cache, const float *v_cache, int kv_stride,
+                                int key0, int n_keys, int hd, float scale, float *scores, int64_t scores_stride,
+                                float *part, int64_t part_stride);
+/* o [hd] = the merge of one head's n_chunks partials at part + c * chunk_stride (formula above). */
+void cpu_attention_decode_merge(const float *part, int64_t chunk_stride, int n_chunks, int hd, float *o);
+
+/* One query head, n tokens at positions pos0 .. pos0 + n - 1 (prefill), causal softmax attention in fp32:
+ * o[t] = Σ_{s ≤ pos0 + t} softmax_s(q[t] · k[s] · scale) v[s], each token through the chunks and merge above
+ * with group 1, so each token's o is the decode path's bit for bit. q [n] rows of hd at q_stride; k_cache,
+ * v_cache rows s of hd at kv_stride (this head's KV head already offset); scores: scratch of pos0 + n floats;
+ * part: scratch of CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd) floats; o [n] rows of hd at o_stride.
+ * hd a multiple of 8 (cpu_attention_fast_ok). */
 void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
-                             int n, int pos0, int hd, float scale, float *scores, float *o, int o_stride);
+                             int n, int pos0, int hd, float scale, float *scores, float *part, float *o, int o_stride);
 
 /* ---- gated_deltanet.c -------------------------------------------------------------------------- */
 typedef struct {
