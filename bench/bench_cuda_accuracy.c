@@ -198,6 +198,22 @@ static void compare_logits(const char *label, const float *ref, const float *got
     printf("\n");
 }
 
+/* One forward() call of the CPU backend over the n tokens with options o; logits [n, V] into out. */
+static int cpu_forward_run(const lily_synthetic *syn, const lily_backend_options *o, const int32_t *toks, int n,
+                           float *out)
+{
+    lily_error err = {0};
+    lily_backend cpu;
+    void *st = NULL;
+    if (lily_backend_create("cpu", &syn->cfg, &syn->weights, o, &cpu, &err) != LILY_OK ||
+        cpu.ops->state_new(cpu.ctx, n + 8, &st, &err) != LILY_OK ||
+        cpu.ops->forward(cpu.ctx, st, toks, n, LILY_LOGITS_ALL, out, &err) != LILY_OK)
+        DIE("cpu: %s", err.message);
+    cpu.ops->state_free(cpu.ctx, st);
+    lily_backend_destroy(&cpu);
+    return 0;
+}
+
 /* n one-token forward() calls of the CUDA backend with options o; logits [n, V] into out. */
 static int cuda_decode_run(const lily_synthetic *syn, const lily_backend_options *o, const int32_t *toks, int n,
                            float *out)
@@ -296,13 +312,9 @@ int main(int argc, char **argv)
             vo.cpu_matmul_inputs_f16 = true;
             vo.deltanet_chunked = v == 1;
             t0 = now_s();
-            if (lily_backend_create("cpu", cfg, &syn->weights, &vo, &cpu, &err) != LILY_OK ||
-                cpu.ops->state_new(cpu.ctx, n + 8, &cst, &err) != LILY_OK ||
-                cpu.ops->forward(cpu.ctx, cst, toks, n, LILY_LOGITS_ALL, lf[v], &err) != LILY_OK)
-                DIE("cpu fp16 inputs: %s", err.message);
+            if (cpu_forward_run(syn, &vo, toks, n, lf[v]))
+                return 1;
             printf("cpu forward, fp16 matmul inputs, %s delta rule: %.1f s\n", v ? "chunked" : "recurrent", now_s() - t0);
-            cpu.ops->state_free(cpu.ctx, cst);
-            lily_backend_destroy(&cpu);
         }
         compare_logits("CPU fp16 inputs, recurrent delta rule, vs CPU exact", lr, lf[0], n, V);
         compare_logits("CPU fp16 inputs, chunked delta rule, vs CPU exact", lr, lf[1], n, V);
@@ -365,16 +377,12 @@ int main(int argc, char **argv)
         vo.deltanet_chunked = v == 0;
         vo.cpu_matmul_inputs_f16 = v == 1;
         probe_clear(probe);
-        if (lily_backend_create("cpu", cfg, &syn->weights, &vo, &cpu, &err) != LILY_OK ||
-            cpu.ops->state_new(cpu.ctx, n + 8, &cst, &err) != LILY_OK ||
-            cpu.ops->forward(cpu.ctx, cst, toks, n, LILY_LOGITS_ALL, lc, &err) != LILY_OK)
-            DIE("cpu variant: %s", err.message);
+        if (cpu_forward_run(syn, &vo, toks, n, lc))
+            return 1;
         compare_logits(v == 0 ? "CPU chunked delta rule vs CPU recurrent" : "CPU with fp16 matmul inputs vs CPU exact", lr,
                        lc, n, V);
         if (layers)
             probe_print(probe, cfg);
-        cpu.ops->state_free(cpu.ctx, cst);
-        lily_backend_destroy(&cpu);
     }
 
     lily_backend_options go;

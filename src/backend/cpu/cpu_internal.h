@@ -145,8 +145,9 @@ void cpu_qmatmul_rows(const cpu_qdot_kernels *kern, const lily_tensor *w, int64_
 /* y[i][n, rows_i] = x[n, cols] · w[i]ᵀ for i < m (2-D weights, every w[i] with cols inputs), the same
  * values as m cpu_matmul() calls: in fast mode the matrices that share the int8 path and group size
  * quantize x once and split their rows over the pool as one task list (one parallel_for instead of m,
- * the small ones balanced with the large). */
-void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y);
+ * the small ones balanced with the large). Returns whether c->qact holds x quantized (cols inputs) on
+ * return, for a caller that multiplies x by more int8-path matrices (the last run of matrices took it). */
+bool cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y);
 /* cpu_quantize_act() of x [n, cols] into a, the rows split over c->pool when there are many (prefill);
  * the same values either way. */
 void cpu_quantize_act_rows(const cpu_ctx *c, const float *x, int n, int64_t cols, cpu_qact *a);

@@ -386,7 +386,7 @@ void cpu_qmatmul_expert(const cpu_ctx *c, const lily_tensor *w, int64_t expert, 
     qmatmul_run(c, 1, &w, expert, a, n, &y);
 }
 
-void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y)
+bool cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const float *x, int n, float *const *y)
 {
     bool quantized = false;
     for (int i = 0; i < m;) {
@@ -409,4 +409,5 @@ void cpu_matmul_many(const cpu_ctx *c, int m, const lily_tensor *const *w, const
         }
         i = j;
     }
+    return quantized;
 }

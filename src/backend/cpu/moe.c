@@ -72,7 +72,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     const bool fast = cpu_moe_fast_ok(c, lw);
     const lily_tensor *in_w[] = {&lw->router, &lw->shared_gate, &lw->shared_up, &lw->shared_expert_gate};
     float *const in_y[] = {c->router_probs, c->moe_gate, c->moe_up, c->shared_gate_logit};
-    cpu_matmul_many(c, fast ? 4 : 1, in_w, x, n, in_y);
+    const bool x_in_qact = cpu_matmul_many(c, fast ? 4 : 1, in_w, x, n, in_y);
     softmax_rows(c->router_probs, n, E);
     cpu_moe_top_k(c->router_probs, n, E, k, cfg->norm_topk_prob, c->topk_ids, c->topk_weights);
 
@@ -90,12 +90,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     }
 
     if (fast) {
-        /* cpu_matmul_many quantized x into c->qact once when the four formed one run (all on the int8 path
-         * with one group size; all take hidden inputs): the routed experts reuse it */
-        bool x_in_qact = true;
-        for (int i = 0; i < 4; i++)
-            x_in_qact = x_in_qact && cpu_matmul_fast_ok(c, in_w[i]) && in_w[i]->group_size == in_w[0]->group_size;
-        cpu_moe_experts_fast(c, layer, x, x_in_qact, n, out);
+        cpu_moe_experts_fast(c, layer, x, x_in_qact, n, out); /* reuses x quantized above when it is */
     } else {
         memset(out, 0, (size_t)n * hidden * sizeof(float));
         for (int e = 0; e < E; e++) {
