@@ -23,6 +23,9 @@
  * 2048, 4096}, rows 16-byte aligned, the sm_90 code running (cuda_sm90_code: the compute_80 PTX has an
  * empty body).
  */
+#ifndef DEV_GS_PRE
+#define DEV_GS_PRE 99
+#endif
 #include "gemv_common.cuh"
 #include "mma_gemv.cuh"
 
@@ -121,13 +124,17 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         else if (lane == 17)
             gs_bulk_copy(slot + 16 * ws + 32 * gpr, W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
     };
+    const int pre = stages < DEV_GS_PRE ? stages : DEV_GS_PRE;
     if (ks == 0)
-        for (int i = 0; i < stages; i++)
+        for (int i = 0; i < pre; i++)
             fill(i, i); /* weights only: before the previous kernel has finished */
     gemv_input_prefetch<GS_WARPS>(in, cols);
     pdl_trigger();
     pdl_wait();
     tl.waited();
+    if (ks == 0)
+        for (int i = pre; i < stages; i++)
+            fill(i, i);
     /* ADD: the values the first group's rows add into, loaded now so the read overlaps the input transform */
     float y_first = 0.0f;
     if (OUT_MODE == GEMV_OUT_ADD && ks == 0 && lane < 16 && (int)blockIdx.x < n_groups && (int)blockIdx.x * RT + rt < n_tiles) {

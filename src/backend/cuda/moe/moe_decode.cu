@@ -36,6 +36,12 @@
  * Requirements (moe_route.cu's kernels otherwise): 4-bit routed and shared experts, hidden 512..2048 (% 512),
  * inter == shared_inter == 512 or 256 or 128, top_k + 1 <= 16, n_tokens == 1, E <= MOE_MAX_E.
  */
+#ifndef DEV_DOWN_TRIG_LATE
+#define DEV_DOWN_TRIG_LATE 0
+#endif
+#ifndef DEV_GU_MARK
+#define DEV_GU_MARK 0
+#endif
 #include "backend/cuda/gemv/gemv_common.cuh"
 #include "backend/cuda/gemv/mma_gemv.cuh"
 #include "moe_topk.cuh"
@@ -214,6 +220,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
                 a.router_logits[j] = logit; /* moe_down's shared gate (after its wait) */
             }
         }
+        if (DEV_GU_MARK == 1)
+            tl.mark();
         float xv[8], mx = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; e++) {
@@ -243,6 +251,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         if (warp == 0) {
             if (!shared)
                 moe_topk_poll_warp0(a.logit_pub, tag, a.n_experts, a.top_k, s_idx, s_w, s_key);
+            if (DEV_GU_MARK == 2)
+                tl.mark();
         } else {
             mg_group_sums(s_xh, H, s_off, s_xsum, threadIdx.x - 32, (MD_WARPS - 1) * 32);
         }
@@ -290,7 +300,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         }
         xk = mg_block_x_tail<MD_WARPS>(s_x, H, s_xh, s_off, s_xsum);
     }
-    tl.mark();
+    if (DEV_GU_MARK == 0)
+        tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
     if (t == 0) {
@@ -345,7 +356,8 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     mg_frag f;
     if (shared)
         mg_load(W, ra, rb, 0, steps, t, f);
-    pdl_trigger();
+    if (!DEV_DOWN_TRIG_LATE)
+        pdl_trigger();
     float wk = 0.0f;
     if (EARLY) {
         /* the shared-expert warp (loads already issued) polls the 2K tagged words until all carry this
@@ -380,11 +392,15 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
             mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
             wk = s_w[slot];
         }
+        if (DEV_DOWN_TRIG_LATE)
+            pdl_trigger();
         pdl_wait();
         tl.waited();
         if (shared)
             wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
     } else {
+        if (DEV_DOWN_TRIG_LATE)
+            pdl_trigger();
         pdl_wait();
         tl.waited();
         if (!shared) {
