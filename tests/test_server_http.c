@@ -282,6 +282,11 @@ static void test_http_routes_and_methods(void **state)
                                "],\"has_more\":false,\"first_id\":\"fake\",\"last_id\":\"fake\"}"),
                      200);
     assert_int_equal(status_of("GET", "/v1/models/fake", NULL, NULL, "\"display_name\":\"fake\""), 200);
+    /* absolute-form request-targets (RFC 9112 section 3.2.2), as a client configured with a proxy sends them */
+    assert_int_equal(status_of("GET", "http://127.0.0.1/v1/models/fake", NULL, NULL, "\"display_name\":\"fake\""), 200);
+    assert_int_equal(status_of("POST", "HTTP://localhost:8080/tokenize", NULL, "{\"content\":\"abc\"}", "[1,2,3]"), 200);
+    assert_int_equal(status_of("GET", "http://localhost:8080", NULL, NULL, NULL), 200); /* "/": the web page */
+    assert_int_equal(status_of("GET", "http://localhost/nope", NULL, NULL, "\"error\""), 404);
 }
 
 static void test_http_bad_requests_are_openai_400s(void **state)

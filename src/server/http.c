@@ -829,11 +829,24 @@ static bool request_framing_ambiguous(struct MHD_Connection *c)
     return f.lengths_differ || (f.content_length && f.chunked);
 }
 
+/* The path of a request-target: an absolute-form target ("http://host:port/v1/models", what a client talking
+ * to a proxy sends; servers must accept it, RFC 9112 section 3.2.2) by its path, "/" when it has none; an
+ * origin-form target ("/v1/models") as it is. */
+static const char *request_path(const char *url)
+{
+    size_t scheme = !strncasecmp(url, "http://", 7) ? 7 : !strncasecmp(url, "https://", 8) ? 8 : 0;
+    if (!scheme)
+        return url;
+    const char *slash = strchr(url + scheme, '/');
+    return slash ? slash : "/";
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
 {
     (void)version;
+    url = request_path(url);
     lily_http_server *srv = cls;
     request *r = *con_cls;
     if (!r) { /* first call: headers only */
