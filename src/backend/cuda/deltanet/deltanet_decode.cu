@@ -18,13 +18,22 @@
  * each lane computes the conv + SiLU of the q/k channels of its own rows and of the warp's 4 v channels
  * itself (a few redundant FMAs instead of a shared-memory phase). Everything not produced by the kernel
  * just before (state, conv weights, conv history, A_log, dt_bias) is loaded before the PDL wait; after it
- * one batch of loads (this token's mixed channels, b, a), then shuffles only. grid = Hv * dv / 16. */
+ * one batch of loads (this token's mixed channels, b, a), then shuffles only. grid = Hv * dv / 16.
+ * VEC (K == 4, RPL % 4 == 0, 16-byte aligned rows: dk 128 as in Qwen3.5/3.6): the same values loaded as
+ * float4 — a channel's 4 taps, a lane's 4 consecutive rows of a history row or of the input — 28 loads
+ * per lane before the wait instead of 91 and 5 after it instead of 14. The scalar loads are strided across
+ * the lanes (a tap load touches 16 cache lines per warp instruction), so issuing them kept every warp from
+ * reaching its PDL wait until ~4 µs after in_proj ended (H200; docs/BENCHMARKS.md, "Which decode kernels
+ * can start early"). */
 
 #define GDN1_WARPS 4
 #define GDN1_CPW 4 /* columns per warp: one float4 */
 #define GDN1_COLS (GDN1_WARPS * GDN1_CPW)
 
-template <int DK>
+__device__ __forceinline__ float4 gdn_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ void gdn_split4(float4 v, float *d) { d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w; }
+
+template <int DK, bool VEC>
 __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
 {
     tl_block<> tl(a.timeline);
@@ -47,27 +56,50 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
     for (int r = 0; r < RPL; r++)
         S[r] = *reinterpret_cast<const float4 *>(st + (size_t)r * a.dv);
     float wq[RPL][4], wk[RPL][4], wv[GDN1_CPW][4], hq[RPL][3], hk[RPL][3], hv[GDN1_CPW][3];
-#pragma unroll
-    for (int tap = 0; tap < 4; tap++) {
+    if constexpr (VEC) { /* a channel's K = 4 taps are one float4; so are a lane's 4 rows and the warp's 4 v channels */
 #pragma unroll
         for (int r = 0; r < RPL; r++) {
-            wq[r][tap] = tap < K ? a.conv_w[(size_t)(chq + r) * K + tap] : 0.0f;
-            wk[r][tap] = tap < K ? a.conv_w[(size_t)(chk + r) * K + tap] : 0.0f;
+            gdn_split4(gdn_ld4(a.conv_w + (size_t)(chq + r) * 4), wq[r]);
+            gdn_split4(gdn_ld4(a.conv_w + (size_t)(chk + r) * 4), wk[r]);
         }
 #pragma unroll
         for (int c = 0; c < GDN1_CPW; c++)
-            wv[c][tap] = tap < K ? a.conv_w[(size_t)(chv + c) * K + tap] : 0.0f;
-    }
+            gdn_split4(gdn_ld4(a.conv_w + (size_t)(chv + c) * 4), wv[c]);
 #pragma unroll
-    for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < 3; s++) {
+            const float *hs = cs_in + (size_t)s * a.conv_dim;
 #pragma unroll
-        for (int r = 0; r < RPL; r++) {
-            hq[r][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chq + r] : 0.0f;
-            hk[r][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chk + r] : 0.0f;
+            for (int r = 0; r < RPL; r += 4) {
+                const float4 q4 = gdn_ld4(hs + chq + r), k4 = gdn_ld4(hs + chk + r);
+                hq[r][s] = q4.x, hq[r + 1][s] = q4.y, hq[r + 2][s] = q4.z, hq[r + 3][s] = q4.w;
+                hk[r][s] = k4.x, hk[r + 1][s] = k4.y, hk[r + 2][s] = k4.z, hk[r + 3][s] = k4.w;
+            }
+            const float4 v4 = gdn_ld4(hs + chv);
+            hv[0][s] = v4.x, hv[1][s] = v4.y, hv[2][s] = v4.z, hv[3][s] = v4.w;
+        }
+    } else {
+#pragma unroll
+        for (int tap = 0; tap < 4; tap++) {
+#pragma unroll
+            for (int r = 0; r < RPL; r++) {
+                wq[r][tap] = tap < K ? a.conv_w[(size_t)(chq + r) * K + tap] : 0.0f;
+                wk[r][tap] = tap < K ? a.conv_w[(size_t)(chk + r) * K + tap] : 0.0f;
+            }
+#pragma unroll
+            for (int c = 0; c < GDN1_CPW; c++)
+                wv[c][tap] = tap < K ? a.conv_w[(size_t)(chv + c) * K + tap] : 0.0f;
         }
 #pragma unroll
-        for (int c = 0; c < GDN1_CPW; c++)
-            hv[c][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chv + c] : 0.0f;
+        for (int s = 0; s < 3; s++) {
+#pragma unroll
+            for (int r = 0; r < RPL; r++) {
+                hq[r][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chq + r] : 0.0f;
+                hk[r][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chk + r] : 0.0f;
+            }
+#pragma unroll
+            for (int c = 0; c < GDN1_CPW; c++)
+                hv[c][s] = s < Km1 ? cs_in[(size_t)s * a.conv_dim + chv + c] : 0.0f;
+        }
     }
     const float A = -expf(a.A_log[j]), dtb = a.dt_bias[j];
     pdl_trigger(); /* out_proj may launch and prefetch its weights */
@@ -75,14 +107,23 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
     tl.waited();
 
     float xq[RPL], xk[RPL], xv[GDN1_CPW];
+    if constexpr (VEC) {
 #pragma unroll
-    for (int r = 0; r < RPL; r++) {
-        xq[r] = a.mixed[chq + r];
-        xk[r] = a.mixed[chk + r];
+        for (int r = 0; r < RPL; r += 4) {
+            gdn_split4(gdn_ld4(a.mixed + chq + r), xq + r);
+            gdn_split4(gdn_ld4(a.mixed + chk + r), xk + r);
+        }
+        gdn_split4(gdn_ld4(a.mixed + chv), xv);
+    } else {
+#pragma unroll
+        for (int r = 0; r < RPL; r++) {
+            xq[r] = a.mixed[chq + r];
+            xk[r] = a.mixed[chk + r];
+        }
+#pragma unroll
+        for (int c = 0; c < GDN1_CPW; c++)
+            xv[c] = a.mixed[chv + c];
     }
-#pragma unroll
-    for (int c = 0; c < GDN1_CPW; c++)
-        xv[c] = a.mixed[chv + c];
     const float bb = a.ba[j], aa = a.ba[a.Hv + j] + dtb;
 
     /* causal conv over (history, x) + SiLU: tap s < K-1 reads history row s, tap K-1 reads x */
@@ -194,10 +235,15 @@ cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
     if (a.dv % GDN1_COLS || a.Hv % a.Hk || a.K < 1 || a.K > 4)
         return cudaErrorInvalidValue;
     const dim3 grid(a.Hv * (a.dv / GDN1_COLS));
+    /* 16-byte loads of taps, history and inputs: K == 4, 4 rows per lane, every row start 16-byte aligned */
+    const bool vec = a.K == 4 && a.dk / 32 % 4 == 0 && a.conv_dim % 4 == 0 &&
+                     ((uintptr_t)a.conv_w | (uintptr_t)a.conv_state | (uintptr_t)a.mixed) % 16 == 0;
     switch (a.dk) {
-    case 32: return launch_pdl(gdn_decode_kernel<32>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
-    case 64: return launch_pdl(gdn_decode_kernel<64>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
-    case 128: return launch_pdl(gdn_decode_kernel<128>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+    case 32: return launch_pdl(gdn_decode_kernel<32, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+    case 64: return launch_pdl(gdn_decode_kernel<64, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+    case 128:
+        return vec ? launch_pdl(gdn_decode_kernel<128, true>, grid, dim3(GDN1_WARPS * 32), 0, s, a)
+                   : launch_pdl(gdn_decode_kernel<128, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     default: return cudaErrorInvalidValue;
     }
 }
