@@ -363,6 +363,21 @@ static void test_gdn_fast_step_matches_recurrent(void **state)
     assert_true(dout <= 2e-5f && dstate <= 2e-5f);
     assert_memory_equal(o_split, o_fast, sizeof(float) * n * dv);
     assert_memory_equal(s_split, s_fast, sizeof(float) * dk * dv);
+    /* value columns in blocks (8, 16 and 16 wide: the 1- and 2-vector runs), as threads take them: the same bits */
+    for (int i = 0; i < n * dv; i++)
+        o_split[i] = 0;
+    for (int i = 0; i < dk * dv; i++)
+        s_split[i] = 0.3f * (float)((i * 37) % 11 - 5) / 5;
+    float *s_whole = calloc((size_t)dk * dv, sizeof(float));
+    memcpy(s_whole, s_split, sizeof(float) * dk * dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_whole, o_fast, dv);
+    const int cols[] = {0, 8, 24, 40};
+    for (int b = 2; b >= 0; b--) /* (any order) */
+        cpu_gdn_delta_rule_recurrent_fast_cols(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, cols[b], cols[b + 1],
+                                               s_split, o_split, dv);
+    assert_memory_equal(o_split, o_fast, sizeof(float) * n * dv);
+    assert_memory_equal(s_split, s_whole, sizeof(float) * dk * dv);
+    free(s_whole);
     free(s_ref); free(s_fast); free(s_split); free(o_ref); free(o_fast); free(o_split);
     free_gdn_inputs(&in);
 }

@@ -200,11 +200,14 @@ typedef struct {
     cpu_ctx *c;
     float *recurrent_state; /* [Hv, dk, dv] */
     int n;
+    int n_cblocks, cblock; /* fast mode: each head's value columns in n_cblocks blocks of cblock */
 } delta_rule_job;
 
-static void delta_rule_head_task(void *arg, int hv, int thread)
+/* One task = value head task / n_cblocks, its column block task % n_cblocks (one block but in fast mode). */
+static void delta_rule_head_task(void *arg, int task, int thread)
 {
     const delta_rule_job *j = arg;
+    const int hv = task / j->n_cblocks, cb = task % j->n_cblocks;
     const lily_config *cfg = j->c->cfg;
     const int Hk = cfg->gdn_n_key_heads, Hv = cfg->gdn_n_value_heads;
     const int dk = cfg->gdn_key_head_dim, dv = cfg->gdn_value_head_dim;
@@ -222,8 +225,9 @@ static void delta_rule_head_task(void *arg, int hv, int thread)
         return;
     }
     if (!j->c->exact && cpu_gdn_fast_step_ok(dv)) {
-        cpu_gdn_delta_rule_recurrent_fast(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n,
-                                          dk, dv, state, out, value_dim);
+        cpu_gdn_delta_rule_recurrent_fast_cols(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv,
+                                               j->n, dk, dv, cb * j->cblock, LILY_MIN(dv, (cb + 1) * j->cblock), state,
+                                               out, value_dim);
         return;
     }
     cpu_gdn_delta_rule_recurrent(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n, dk,
@@ -383,22 +387,35 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
     const lily_config *cfg = c->cfg;
     const lily_layer_weights *lw = &c->w->layers[layer];
     const cpu_layer_params *lp = &c->layers[layer];
-    const int Hv = cfg->gdn_n_value_heads, conv_dim = lily_config_gdn_conv_dim(cfg);
+    const int Hv = cfg->gdn_n_value_heads, conv_dim = lily_config_gdn_conv_dim(cfg), dv = cfg->gdn_value_head_dim;
 
     const lily_tensor *in_w[] = {&lw->in_proj_qkv, &lw->in_proj_z, &lw->in_proj_b, &lw->in_proj_a};
     float *const in_y[] = {c->gdn_mixed, c->gdn_z, c->gdn_b, c->gdn_a};
     cpu_matmul_many(c, 4, in_w, x, n, in_y);
+    cpu_prof_mark(c, CPU_STAGE_GDN_IN_PROJ);
 
     gdn_step_job steps = {c, lp, st->conv_state[layer], n};
     gdn_steps(c, n, (conv_dim + CONV_CHANNEL_BLOCK - 1) / CONV_CHANNEL_BLOCK, conv_task, &steps);
     conv_state_update(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, st->conv_state[layer]);
+    cpu_prof_mark(c, CPU_STAGE_GDN_CONV);
     const int token_tasks = (n + GDN_TOKENS_PER_TASK - 1) / GDN_TOKENS_PER_TASK;
     gdn_steps(c, n, token_tasks, qk_norm_gates_task, &steps);
+    cpu_prof_mark(c, CPU_STAGE_GDN_QK_GATES);
 
-    delta_rule_job job = {c, st->recurrent_state[layer], n};
-    parallel_for(c->pool, Hv, delta_rule_head_task, &job);
+    /* fast mode's recurrent rule: fewer heads than threads split their value columns too (blocks of a
+     * multiple of 8, as few as give every thread one) */
+    delta_rule_job job = {c, st->recurrent_state[layer], n, 1, dv};
+    if (!(c->deltanet_chunked && n > 1) && !c->exact && cpu_gdn_fast_step_ok(dv) && Hv < c->n_threads) {
+        const int blocks = LILY_MIN(dv / 8, (c->n_threads + Hv - 1) / Hv);
+        job.cblock = (dv / 8 + blocks - 1) / blocks * 8;
+        job.n_cblocks = (dv + job.cblock - 1) / job.cblock;
+    }
+    parallel_for(c->pool, Hv * job.n_cblocks, delta_rule_head_task, &job);
+    cpu_prof_mark(c, CPU_STAGE_GDN_DELTA);
 
     gdn_steps(c, n, token_tasks, gated_norm_task, &steps);
+    cpu_prof_mark(c, CPU_STAGE_GDN_NORM);
 
     cpu_matmul(c, &lw->out_proj, c->gdn_o, n, out);
+    cpu_prof_mark(c, CPU_STAGE_GDN_OUT_PROJ);
 }
