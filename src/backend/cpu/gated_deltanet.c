@@ -239,11 +239,12 @@ static void delta_rule_head_task(void *arg, int task, int thread)
 #define CONV_MAX_TAPS 8
 
 /* Causal depthwise conv over the pre-conv rows `mixed` [n, C] preceded by `conv_state` [K-1, C], then SiLU,
- * for channels [c0, c0 + nc) (nc <= CONV_CHANNEL_BLOCK). weight: [C, K], tap K-1 = current token.
+ * for channels [c0, c0 + nc) (nc <= CONV_CHANNEL_BLOCK) of tokens [t0, t1) (t1 <= n). weight: [C, K], tap K-1 = current token.
  * Per channel: acc = 0, then acc += weight[j] · x_j for the taps j in order — walked a block of channels
  * at a time so that the loop over channels vectorizes (the same operations per channel). */
-CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, int channels, int K, const float *weight,
-                                                   const float *conv_state, float *y, int c0, int nc)
+CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int t0, int t1, int channels, int K,
+                                                   const float *weight, const float *conv_state, float *y, int c0,
+                                                   int nc)
 {
     const int hist = K - 1;
     float wt[CONV_MAX_TAPS][CONV_CHANNEL_BLOCK]; /* (a config with more taps reads them in place) */
@@ -251,7 +252,7 @@ CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, in
         for (int j = 0; j < K; j++)
             wt[j][c] = weight[(int64_t)(c0 + c) * K + j];
     if (nc == CONV_CHANNEL_BLOCK && K <= CONV_MAX_TAPS) { /* a whole block: loops of a fixed count vectorize */
-        for (int t = 0; t < n; t++) {
+        for (int t = t0; t < t1; t++) {
             float acc[CONV_CHANNEL_BLOCK] = {0};
             for (int j = 0; j < K; j++) {
                 const int r = t - hist + j;
@@ -266,7 +267,7 @@ CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, in
         }
         return;
     }
-    for (int t = 0; t < n; t++) {
+    for (int t = t0; t < t1; t++) {
         float acc[CONV_CHANNEL_BLOCK] = {0};
         for (int j = 0; j < K; j++) {
             const int r = t - hist + j; /* row of mixed; < 0 reads the state */
@@ -319,17 +320,19 @@ typedef struct {
     const cpu_layer_params *lp;
     const float *conv_state;
     int n;
+    int n_cblocks, tblock; /* the conv's tasks: channel blocks x blocks of tblock tokens */
 } gdn_step_job;
 
-/* Task: channel block `task` of the causal conv + SiLU over all n tokens. */
+/* Task: channel block task % n_cblocks of the causal conv + SiLU over token block task / n_cblocks. */
 static void conv_task(void *arg, int task, int thread)
 {
     (void)thread;
     const gdn_step_job *j = arg;
     const lily_config *cfg = j->c->cfg;
-    const int conv_dim = lily_config_gdn_conv_dim(cfg), c0 = task * CONV_CHANNEL_BLOCK;
-    causal_conv_silu_block(j->c->gdn_mixed, j->n, conv_dim, cfg->gdn_conv_kernel, j->lp->conv1d, j->conv_state,
-                           j->c->gdn_conv, c0, LILY_MIN(CONV_CHANNEL_BLOCK, conv_dim - c0));
+    const int conv_dim = lily_config_gdn_conv_dim(cfg), c0 = task % j->n_cblocks * CONV_CHANNEL_BLOCK;
+    const int t0 = task / j->n_cblocks * j->tblock;
+    causal_conv_silu_block(j->c->gdn_mixed, t0, LILY_MIN(j->n, t0 + j->tblock), conv_dim, cfg->gdn_conv_kernel,
+                           j->lp->conv1d, j->conv_state, j->c->gdn_conv, c0, LILY_MIN(CONV_CHANNEL_BLOCK, conv_dim - c0));
 }
 
 /* Task: tokens [16 task, 16 task + 16) of q/k's L2 norms and the gates β, g. */
@@ -394,8 +397,12 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
     cpu_matmul_many(c, 4, in_w, x, n, in_y);
     cpu_prof_mark(c, CPU_STAGE_GDN_IN_PROJ);
 
-    gdn_step_job steps = {c, lp, st->conv_state[layer], n};
-    gdn_steps(c, n, (conv_dim + CONV_CHANNEL_BLOCK - 1) / CONV_CHANNEL_BLOCK, conv_task, &steps);
+    /* the conv in channel blocks, and in token blocks too when those are fewer than two per thread */
+    const int n_cblocks = (conv_dim + CONV_CHANNEL_BLOCK - 1) / CONV_CHANNEL_BLOCK;
+    const int n_tblocks = LILY_MAX(1, LILY_MIN((2 * c->n_threads + n_cblocks - 1) / n_cblocks,
+                                               (n + GDN_TOKENS_PER_TASK - 1) / GDN_TOKENS_PER_TASK));
+    gdn_step_job steps = {c, lp, st->conv_state[layer], n, n_cblocks, (n + n_tblocks - 1) / n_tblocks};
+    gdn_steps(c, n, n_cblocks * ((n + steps.tblock - 1) / steps.tblock), conv_task, &steps);
     conv_state_update(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, st->conv_state[layer]);
     cpu_prof_mark(c, CPU_STAGE_GDN_CONV);
     const int token_tasks = (n + GDN_TOKENS_PER_TASK - 1) / GDN_TOKENS_PER_TASK;

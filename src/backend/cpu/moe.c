@@ -71,6 +71,16 @@ static void router_rows(void *arg, int r0, int r1)
                   c->topk_weights + (int64_t)r0 * k);
 }
 
+static void swiglu(float *gate, const float *up, int64_t count);
+
+/* Rows [r0, r1): the shared expert's hidden silu(gate) ⊙ up, into moe_gate. */
+static void shared_swiglu_rows(void *arg, int r0, int r1)
+{
+    const moe_rows_job *j = arg;
+    const int64_t w = j->c->cfg->shared_intermediate;
+    swiglu(j->c->moe_gate + r0 * w, j->c->moe_up + r0 * w, (r1 - r0) * w);
+}
+
 /* Rows [r0, r1): out += sigmoid(shared gate logit) · the shared expert's output. */
 static void shared_add_rows(void *arg, int r0, int r1)
 {
@@ -98,7 +108,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     const lily_config *cfg = c->cfg;
     const lily_layer_weights *lw = &c->w->layers[layer];
     const int hidden = cfg->hidden, E = cfg->n_experts, k = cfg->n_experts_used;
-    const int inter = cfg->moe_intermediate, shared_inter = cfg->shared_intermediate;
+    const int inter = cfg->moe_intermediate;
 
     /* router; in fast mode with it the shared expert's gate and up projections and its gate logit (the
      * routed experts' fast path leaves moe_gate and moe_up alone): one pass over the pool for the four */
@@ -153,7 +163,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     /* shared expert, scaled per token by sigmoid(x · shared_expert_gateᵀ) */
     if (!fast)
         cpu_matmul_many(c, 3, in_w + 1, x, n, in_y + 1);
-    swiglu(c->moe_gate, c->moe_up, (int64_t)n * shared_inter);
+    cpu_parallel_rows(c, n, shared_swiglu_rows, &rj);
     cpu_matmul(c, &lw->shared_down, c->moe_gate, n, c->moe_y);
     cpu_prof_mark(c, CPU_STAGE_MOE_SHARED);
     cpu_parallel_rows(c, n, shared_add_rows, &rj);
