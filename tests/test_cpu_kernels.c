@@ -487,7 +487,7 @@ static void test_attention_decode_matches_exact(void **state)
                                 const int key0 = c * chunk_len;
                                 const int len = n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len;
                                 cpu_attention_decode_chunk(q + kv * group * hd, group, k + kv * hd, v + kv * hd, kv_stride,
-                                                           key0, len, hd, scale, sc + (int64_t)kv * group * n_keys, n_keys,
+                                                           key0, len, hd, scale, sc + (int64_t)kv * group * n_keys + key0, n_keys,
                                                            part + ((int64_t)kv * group * CPU_ATTN_DECODE_MAX_CHUNKS + c) * part_floats,
                                                            CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
                             }
@@ -510,6 +510,39 @@ static void test_attention_decode_matches_exact(void **state)
                         }
                         free(q), free(k), free(v), free(sc), free(sc1), free(part), free(part1), free(o), free(want);
                     }
+}
+
+/* Prefill of a KV head's query heads together (cpu_attention_group_fast, K and V rows shared) gives every head
+ * the bits of cpu_attention_head_fast, for tokens past a prefix (pos0 > 0) and past a chunk split. */
+static void test_attention_group_matches_head(void **state)
+{
+    (void)state;
+    const int hd = 24, group = 4, nkv = 2, nh = group * nkv, pos0 = 5, n = 1200, kv_stride = nkv * hd;
+    const int q_dim = nh * hd, total = pos0 + n;
+    const int64_t head_parts = CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd);
+    float *q = malloc(sizeof(float) * n * q_dim), *o = malloc(sizeof(float) * n * q_dim);
+    float *want = malloc(sizeof(float) * n * q_dim);
+    float *k = malloc(sizeof(float) * total * kv_stride), *v = malloc(sizeof(float) * total * kv_stride);
+    int longest;
+    cpu_attention_decode_split(total, hd, &longest);
+    float *sc = malloc(sizeof(float) * group * longest), *sc1 = malloc(sizeof(float) * total);
+    float *part = malloc(sizeof(float) * group * head_parts);
+    assert_non_null(q && o && want && k && v && sc && sc1 && part);
+    for (int i = 0; i < n * q_dim; i++)
+        q[i] = 3.0f * frand();
+    for (int i = 0; i < total * kv_stride; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int kv = 0; kv < nkv; kv++)
+        cpu_attention_group_fast(q + kv * group * hd, q_dim, group, k + kv * hd, v + kv * hd, kv_stride, n, pos0, hd,
+                                 scale, sc, longest, part, o + kv * group * hd, q_dim);
+    for (int h = 0; h < nh; h++)
+        cpu_attention_head_fast(q + h * hd, q_dim, k + h / group * hd, v + h / group * hd, kv_stride, n, pos0, hd, scale,
+                                sc1, part, want + h * hd, q_dim);
+    assert_memory_equal(o, want, sizeof(float) * n * q_dim);
+    free(q), free(o), free(want), free(k), free(v), free(sc), free(sc1), free(part);
 }
 
 /* ---- RoPE ---- */
@@ -996,6 +1029,7 @@ int main(void)
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
         cmocka_unit_test(test_attention_head_fast_matches_double),
         cmocka_unit_test(test_attention_decode_matches_exact),
+        cmocka_unit_test(test_attention_group_matches_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,7 +50,7 @@ static void decode_chunk_task(void *arg, int task, int thread)
     const int head0 = kv_head * group + g0;
     cpu_attention_decode_chunk(j->c->attn_q + (int64_t)head0 * hd, n_g, j->k_cache + (int64_t)kv_head * hd,
                                j->v_cache + (int64_t)kv_head * hd, kv_dim, key0, n_keys, hd, 1.0f / sqrtf((float)hd),
-                               j->st->attn_dec_scores + (int64_t)head0 * j->st->max_ctx, j->st->max_ctx,
+                               j->st->attn_dec_scores + (int64_t)head0 * j->st->max_ctx + key0, j->st->max_ctx,
                                j->st->attn_dec_part + ((int64_t)head0 * CPU_ATTN_DECODE_MAX_CHUNKS + chunk) * part,
                                CPU_ATTN_DECODE_MAX_CHUNKS * part);
     /* the last of the block's chunks to finish merges them (in chunk order, whichever thread it is) */
@@ -104,8 +104,33 @@ void cpu_attention_head_exact(const float *q, int q_stride, const float *k_cache
     }
 }
 
-/* One task = one query head over one block of tokens (each token's output depends on its own query only); the
- * blocks of the last tokens, which see the most keys, come first. */
+/* Prefill in fast mode: one task = the query heads of one KV head over one block of tokens (each token's
+ * output depends on its own query only; the heads share each K and V row), the blocks of the last tokens,
+ * which see the most keys, first. */
+static void attention_group_task(void *arg, int task, int thread)
+{
+    const attention_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    const int nkv = cfg->n_kv_heads, group = cfg->n_heads / nkv, hd = cfg->head_dim;
+    const int kv_head = task % nkv, tb = j->n_tblocks - 1 - task / nkv;
+    const int t0 = tb * j->tblock_len, nt = LILY_MIN(j->tblock_len, j->n - t0);
+    const int q_dim = cfg->n_heads * hd, head0 = kv_head * group;
+    const cpu_state *st = j->st;
+    float *o = j->c->attn_o + (int64_t)t0 * q_dim + (int64_t)head0 * hd;
+    cpu_attention_group_fast(j->c->attn_q + (int64_t)t0 * q_dim + (int64_t)head0 * hd, q_dim, group,
+                             j->k_cache + (int64_t)kv_head * hd, j->v_cache + (int64_t)kv_head * hd, nkv * hd, nt,
+                             j->pos0 + t0, hd, 1.0f / sqrtf((float)hd),
+                             st->attn_pre_scores + (int64_t)thread * group * st->attn_pre_scores_stride,
+                             st->attn_pre_scores_stride,
+                             st->attn_pre_part + (int64_t)thread * group * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd),
+                             o, q_dim);
+    for (int t = t0; t < t0 + nt; t++)
+        for (int g = 0; g < group; g++)
+            apply_gate(j->c->attn_o + (int64_t)t * q_dim + (int64_t)(head0 + g) * hd,
+                       j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)(head0 + g) * 2 * hd + hd, hd);
+}
+
+/* Exact mode: one task = one query head over one block of tokens, the last blocks first. */
 static void attention_head_task(void *arg, int task, int thread)
 {
     const attention_job *j = arg;
@@ -120,14 +145,8 @@ static void attention_head_task(void *arg, int task, int thread)
     float *scores = j->st->attn_scores + (int64_t)thread * j->st->max_ctx;
     const float *q = j->c->attn_q + (int64_t)t0 * q_dim + (int64_t)head * hd;
     float *o = j->c->attn_o + (int64_t)t0 * q_dim + (int64_t)head * hd;
-    if (j->st->attn_pre_part) /* fast mode */
-        cpu_attention_head_fast(q, q_dim, j->k_cache + (int64_t)kv_head * hd, j->v_cache + (int64_t)kv_head * hd, kv_dim,
-                                nt, j->pos0 + t0, hd, scale, scores,
-                                j->st->attn_pre_part + (int64_t)thread * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd),
-                                o, q_dim);
-    else
-        cpu_attention_head_exact(q, q_dim, j->k_cache + (int64_t)kv_head * hd, j->v_cache + (int64_t)kv_head * hd, kv_dim,
-                                 nt, j->pos0 + t0, hd, scale, scores, o, q_dim);
+    cpu_attention_head_exact(q, q_dim, j->k_cache + (int64_t)kv_head * hd, j->v_cache + (int64_t)kv_head * hd, kv_dim, nt,
+                             j->pos0 + t0, hd, scale, scores, o, q_dim);
     for (int t = t0; t < t0 + nt; t++)
         apply_gate(j->c->attn_o + (int64_t)t * q_dim + (int64_t)head * hd,
                    j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)head * 2 * hd + hd, hd);
@@ -194,11 +213,14 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
         memset(st->attn_dec_done, 0, (size_t)(nkv * job.n_hblocks) * sizeof(int));
         parallel_for(c->pool, nkv * job.n_chunks * job.n_hblocks, decode_chunk_task, &job);
     } else {
-        /* about 4 tasks per thread (a token's cost grows with its position), blocks of at least 8 tokens */
-        const int blocks = LILY_MAX(1, LILY_MIN((4 * c->n_threads + nh - 1) / nh, (n + 7) / 8));
+        /* tasks of a KV head's query heads (fast mode) or of one head, over blocks of tokens: about 4 tasks
+         * per thread (a token's cost grows with its position), blocks of at least 8 tokens */
+        const bool grouped = st->attn_pre_part != NULL;
+        const int units = grouped ? nkv : nh;
+        const int blocks = LILY_MAX(1, LILY_MIN((4 * c->n_threads + units - 1) / units, (n + 7) / 8));
         job.tblock_len = (n + blocks - 1) / blocks;
         job.n_tblocks = (n + job.tblock_len - 1) / job.tblock_len;
-        parallel_for(c->pool, nh * job.n_tblocks, attention_head_task, &job);
+        parallel_for(c->pool, units * job.n_tblocks, grouped ? attention_group_task : attention_head_task, &job);
     }
     cpu_prof_mark(c, CPU_STAGE_ATTN_CORE);
 

@@ -229,6 +229,7 @@ static void cpu_state_free(void *ctx, void *state)
     free(s->attn_dec_part);
     free(s->attn_dec_done);
     free(s->attn_pre_part);
+    free(s->attn_pre_scores);
     free(s);
 }
 
@@ -264,7 +265,13 @@ static lily_status cpu_state_new(void *ctx, int max_ctx, void **out, lily_error 
         s->attn_dec_scores = alloc_floats((int64_t)cfg->n_heads * max_ctx, &ok);
         s->attn_dec_part = alloc_floats((int64_t)cfg->n_heads * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(cfg->head_dim), &ok);
         s->attn_dec_done = calloc((size_t)(cfg->n_heads > 0 ? cfg->n_heads : 1), sizeof(int));
-        s->attn_pre_part = alloc_floats((int64_t)c->n_threads * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(cfg->head_dim), &ok);
+        const int group = cfg->n_heads / (cfg->n_kv_heads > 0 ? cfg->n_kv_heads : 1);
+        int longest = 0;
+        cpu_attention_decode_split(max_ctx, cfg->head_dim, &longest);
+        s->attn_pre_scores_stride = longest;
+        s->attn_pre_part = alloc_floats((int64_t)c->n_threads * group * CPU_ATTN_DECODE_MAX_CHUNKS *
+                                            CPU_ATTN_DECODE_PART(cfg->head_dim), &ok);
+        s->attn_pre_scores = alloc_floats((int64_t)c->n_threads * group * longest, &ok);
         ok = ok && s->attn_dec_done;
     }
     if (!ok) {

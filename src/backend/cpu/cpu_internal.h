@@ -53,18 +53,18 @@ typedef enum {
     CPU_STAGE_GDN_NORM,      /* gated RMSNorm */
     CPU_STAGE_GDN_OUT_PROJ,
     CPU_STAGE_ATTN_IN_PROJ,
-    CPU_STAGE_ATTN_PREP,     /* q/gate split, q/k norms, RoPE, KV cache append (serial) */
+    CPU_STAGE_ATTN_PREP,     /* q/gate split, q/k norms, RoPE, KV cache append */
     CPU_STAGE_ATTN_CORE,     /* softmax(q kᵀ) v and the output gate */
     CPU_STAGE_ATTN_O_PROJ,
     CPU_STAGE_MOE_ROUTER,    /* router (+ fast mode: shared expert gate/up and its gate logit) */
-    CPU_STAGE_MOE_TOPK,      /* softmax, top-k, grouping by expert (serial) */
+    CPU_STAGE_MOE_TOPK,      /* softmax, top-k, grouping by expert (the grouping serial) */
     CPU_STAGE_MOE_GATHER,    /* fast mode: quantized rows gathered by expert */
     CPU_STAGE_MOE_GATE_UP,   /* fast mode: routed experts' gate/up + SwiGLU */
     CPU_STAGE_MOE_DOWN,      /* fast mode: routed experts' down projection */
     CPU_STAGE_MOE_COMBINE,   /* the routed outputs' weighted sum */
     CPU_STAGE_MOE_EXPERTS,   /* exact mode: the routed experts, expert by expert */
     CPU_STAGE_MOE_SHARED,    /* shared expert: (exact: gate/up,) SwiGLU, down */
-    CPU_STAGE_MOE_SHARED_ADD,/* its gated add (serial) */
+    CPU_STAGE_MOE_SHARED_ADD,/* its gated add */
     CPU_STAGE_LM_HEAD,
     CPU_STAGE_COUNT
 } cpu_stage;
@@ -154,8 +154,11 @@ typedef struct {
     float *attn_dec_part;       /* [n_heads, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)]
                                  * chunk partials per query head (decode) */
     int *attn_dec_done;         /* [n_heads] decode: chunks finished per (KV head, block of its query heads) */
-    float *attn_pre_part;       /* [n_threads, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)] prefill:
-                                 * the chunk partials of the token a thread is on (fast mode) */
+    float *attn_pre_part;       /* [n_threads, group, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)]
+                                 * prefill (fast mode): the chunk partials of the token a thread is on, for the
+                                 * group = n_heads / n_kv_heads query heads of a KV head */
+    float *attn_pre_scores;     /* [n_threads, group, attn_pre_scores_stride] prefill: their chunk's e_s */
+    int attn_pre_scores_stride; /* the longest chunk of keys (cpu_attention_decode_split for max_ctx keys) */
 } cpu_state;
 
 /* ---- cpu_profile.c ----------------------------------------------------------------------------- */
@@ -267,8 +270,9 @@ bool cpu_attention_fast_ok(int head_dim);
 int cpu_attention_decode_split(int n_keys, int hd, int *chunk_len);
 /* One chunk, keys key0 .. key0 + n_keys - 1, of the `group` query heads q [group, hd] (contiguous) of one
  * KV head: k_cache, v_cache rows s of hd at kv_stride (the KV head already offset). Head g's scores are
- * computed in 8 lanes per key (the same bits however the keys are tiled); writes e_s into scores[g * scores_stride + s]
- * (scratch, s in the chunk) and acc, m, l into part + g * part_stride (CPU_ATTN_DECODE_PART(hd) floats).
+ * computed in 8 lanes per key (the same bits however the keys are tiled, and whatever the group); writes
+ * e_s into scores[g * scores_stride + s - key0] (scratch, from the chunk's first key) and acc, m, l into
+ * part + g * part_stride (CPU_ATTN_DECODE_PART(hd) floats).
  * hd a multiple of 8. */
 void cpu_attention_decode_chunk(const float *q, int group, const float *k_cache, const float *v_cache, int kv_stride,
                                 int key0, int n_keys, int hd, float scale, float *scores, int64_t scores_stride,
@@ -282,6 +286,14 @@ void cpu_attention_decode_merge(const float *part, int64_t chunk_stride, int n_c
  * v_cache rows s of hd at kv_stride (this head's KV head already offset); scores: scratch of pos0 + n floats;
  * part: scratch of CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd) floats; o [n] rows of hd at o_stride.
  * hd a multiple of 8 (cpu_attention_fast_ok). */
+/* The same for the `group` query heads of one KV head together (each K and V row read once for them), token t's
+ * heads at q + t * q_stride ([group, hd] contiguous) and o + t * o_stride: every head's output is
+ * cpu_attention_head_fast's, bit for bit. scores: scratch of group rows of scores_stride floats, at least the
+ * longest chunk cpu_attention_decode_split gives for pos0 + n keys; part: scratch of group *
+ * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd) floats. */
+void cpu_attention_group_fast(const float *q, int q_stride, int group, const float *k_cache, const float *v_cache,
+                              int kv_stride, int n, int pos0, int hd, float scale, float *scores, int64_t scores_stride,
+                              float *part, float *o, int o_stride);
 void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
                              int n, int pos0, int hd, float scale, float *scores, float *part, float *o, int o_stride);
 
