@@ -27,11 +27,16 @@ static float *load_vector(const lily_tensor *t, int64_t n, bool zero_centred, bo
     return v;
 }
 
+/* n floats, zeroed, on a 64-byte cache line boundary: threads that write neighbouring column blocks of a row
+ * (per head, per value-column block) share no line at a block edge that is a multiple of 16 floats. */
 static void *alloc_floats(int64_t n, bool *ok)
 {
-    void *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    const size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64;
+    void *p = aligned_alloc(64, bytes);
     if (!p)
         *ok = false;
+    else
+        memset(p, 0, bytes);
     return p;
 }
 

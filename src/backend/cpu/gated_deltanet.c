@@ -409,12 +409,14 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
     gdn_steps(c, n, token_tasks, qk_norm_gates_task, &steps);
     cpu_prof_mark(c, CPU_STAGE_GDN_QK_GATES);
 
-    /* fast mode's recurrent rule: fewer heads than threads split their value columns too (blocks of a
-     * multiple of 8, as few as give every thread one) */
+    /* fast mode's recurrent rule: fewer heads than threads split their value columns too, in blocks of a
+     * multiple of 16 floats (one cache line of gdn_o, 64-byte aligned: no two threads write one line of a
+     * token's output; 8 where dv is not a multiple of 16), as few as give every thread one */
     delta_rule_job job = {c, st->recurrent_state[layer], n, 1, dv};
     if (!(c->deltanet_chunked && n > 1) && !c->exact && cpu_gdn_fast_step_ok(dv) && Hv < c->n_threads) {
-        const int blocks = LILY_MIN(dv / 8, (c->n_threads + Hv - 1) / Hv);
-        job.cblock = (dv / 8 + blocks - 1) / blocks * 8;
+        const int unit = dv % 16 == 0 ? 16 : 8;
+        const int blocks = LILY_MIN(dv / unit, (c->n_threads + Hv - 1) / Hv);
+        job.cblock = (dv / unit + blocks - 1) / blocks * unit;
         job.n_cblocks = (dv + job.cblock - 1) / job.cblock;
     }
     parallel_for(c->pool, Hv * job.n_cblocks, delta_rule_head_task, &job);
