@@ -40,6 +40,13 @@ static void *alloc_floats(int64_t n, bool *ok)
     return p;
 }
 
+/* bytes on a 64-byte line boundary (not zeroed), NULL when out of memory: the quantized activations, whose rows
+ * the tile kernels load */
+static void *alloc_lines(size_t bytes)
+{
+    return aligned_alloc(64, (bytes > 0 ? bytes + 63 : 64) / 64 * 64);
+}
+
 static void cpu_destroy(void *ctx)
 {
     cpu_ctx *c = ctx;
@@ -168,9 +175,9 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     c->shared_gate_logit = alloc_floats(mc, &ok);
     if (!c->exact) {
         const int64_t qcols = (widest + CPU_QBLOCK - 1) / CPU_QBLOCK * CPU_QBLOCK;
-        c->qact.q = malloc((size_t)(mc * qcols));
-        c->qact.r = malloc((size_t)(mc * qcols));
-        c->qact.v = malloc((size_t)(mc * qcols) * sizeof(int16_t));
+        c->qact.q = alloc_lines((size_t)(mc * qcols));
+        c->qact.r = alloc_lines((size_t)(mc * qcols));
+        c->qact.v = alloc_lines((size_t)(mc * qcols) * sizeof(int16_t));
         c->qact.d = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
         c->qact.sum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
         c->qgsum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
@@ -179,12 +186,12 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
         const int64_t gcols = LILY_MAX(H, mi);
         c->moe_active = calloc((size_t)cfg->n_experts, sizeof(int));
         c->moe_slot_row = calloc((size_t)mk, sizeof(int));
-        c->moe_qx = (cpu_qact){malloc((size_t)(mk * H)), malloc((size_t)(mk * H)), alloc_floats(mk * H / CPU_QBLOCK, &ok),
+        c->moe_qx = (cpu_qact){alloc_lines((size_t)(mk * H)), alloc_lines((size_t)(mk * H)), alloc_floats(mk * H / CPU_QBLOCK, &ok),
                                alloc_floats(mk * H / CPU_QBLOCK, &ok), H,
-                               malloc((size_t)(mk * H) * sizeof(int16_t))};
-        c->moe_qh = (cpu_qact){malloc((size_t)(mk * mi)), malloc((size_t)(mk * mi)),
+                               alloc_lines((size_t)(mk * H) * sizeof(int16_t))};
+        c->moe_qh = (cpu_qact){alloc_lines((size_t)(mk * mi)), alloc_lines((size_t)(mk * mi)),
                                alloc_floats(mk * mi / CPU_QBLOCK, &ok), alloc_floats(mk * mi / CPU_QBLOCK, &ok), mi,
-                               malloc((size_t)(mk * mi) * sizeof(int16_t))};
+                               alloc_lines((size_t)(mk * mi) * sizeof(int16_t))};
         c->moe_gsum = alloc_floats(mk * gcols / CPU_QBLOCK, &ok);
         c->moe_h = alloc_floats(mk * mi, &ok);
         c->moe_u = alloc_floats(mk * mi, &ok);
