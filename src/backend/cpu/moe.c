@@ -164,6 +164,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     if (!fast)
         cpu_matmul_many(c, 3, in_w + 1, x, n, in_y + 1);
     cpu_parallel_rows(c, n, shared_swiglu_rows, &rj);
+    cpu_prof_mark(c, CPU_STAGE_MOE_SHARED);
     cpu_matmul(c, &lw->shared_down, c->moe_gate, n, c->moe_y);
     cpu_prof_mark(c, CPU_STAGE_MOE_SHARED);
     cpu_parallel_rows(c, n, shared_add_rows, &rj);
