@@ -363,6 +363,21 @@ static void test_gdn_fast_step_matches_recurrent(void **state)
     assert_true(dout <= 2e-5f && dstate <= 2e-5f);
     assert_memory_equal(o_split, o_fast, sizeof(float) * n * dv);
     assert_memory_equal(s_split, s_fast, sizeof(float) * dk * dv);
+    /* value columns in blocks (8, 16 and 16 wide: the 1- and 2-vector runs), as threads take them: the same bits */
+    for (int i = 0; i < n * dv; i++)
+        o_split[i] = 0;
+    for (int i = 0; i < dk * dv; i++)
+        s_split[i] = 0.3f * (float)((i * 37) % 11 - 5) / 5;
+    float *s_whole = calloc((size_t)dk * dv, sizeof(float));
+    memcpy(s_whole, s_split, sizeof(float) * dk * dv);
+    cpu_gdn_delta_rule_recurrent_fast(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, s_whole, o_fast, dv);
+    const int cols[] = {0, 8, 24, 40};
+    for (int b = 2; b >= 0; b--) /* (any order) */
+        cpu_gdn_delta_rule_recurrent_fast_cols(in.q, in.k, dk, in.v, dv, in.g, in.beta, 1, n, dk, dv, cols[b], cols[b + 1],
+                                               s_split, o_split, dv);
+    assert_memory_equal(o_split, o_fast, sizeof(float) * n * dv);
+    assert_memory_equal(s_split, s_whole, sizeof(float) * dk * dv);
+    free(s_whole);
     free(s_ref); free(s_fast); free(s_split); free(o_ref); free(o_fast); free(o_split);
     free_gdn_inputs(&in);
 }
@@ -472,7 +487,7 @@ static void test_attention_decode_matches_exact(void **state)
                                 const int key0 = c * chunk_len;
                                 const int len = n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len;
                                 cpu_attention_decode_chunk(q + kv * group * hd, group, k + kv * hd, v + kv * hd, kv_stride,
-                                                           key0, len, hd, scale, sc + (int64_t)kv * group * n_keys, n_keys,
+                                                           key0, len, hd, scale, sc + (int64_t)kv * group * n_keys + key0, n_keys,
                                                            part + ((int64_t)kv * group * CPU_ATTN_DECODE_MAX_CHUNKS + c) * part_floats,
                                                            CPU_ATTN_DECODE_MAX_CHUNKS * part_floats);
                             }
@@ -495,6 +510,39 @@ static void test_attention_decode_matches_exact(void **state)
                         }
                         free(q), free(k), free(v), free(sc), free(sc1), free(part), free(part1), free(o), free(want);
                     }
+}
+
+/* Prefill of a KV head's query heads together (cpu_attention_group_fast, K and V rows shared) gives every head
+ * the bits of cpu_attention_head_fast, for tokens past a prefix (pos0 > 0) and past a chunk split. */
+static void test_attention_group_matches_head(void **state)
+{
+    (void)state;
+    const int hd = 24, group = 4, nkv = 2, nh = group * nkv, pos0 = 5, n = 1200, kv_stride = nkv * hd;
+    const int q_dim = nh * hd, total = pos0 + n;
+    const int64_t head_parts = CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd);
+    float *q = malloc(sizeof(float) * n * q_dim), *o = malloc(sizeof(float) * n * q_dim);
+    float *want = malloc(sizeof(float) * n * q_dim);
+    float *k = malloc(sizeof(float) * total * kv_stride), *v = malloc(sizeof(float) * total * kv_stride);
+    int longest;
+    cpu_attention_decode_split(total, hd, &longest);
+    float *sc = malloc(sizeof(float) * group * longest), *sc1 = malloc(sizeof(float) * total);
+    float *part = malloc(sizeof(float) * group * head_parts);
+    assert_non_null(q && o && want && k && v && sc && sc1 && part);
+    for (int i = 0; i < n * q_dim; i++)
+        q[i] = 3.0f * frand();
+    for (int i = 0; i < total * kv_stride; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int kv = 0; kv < nkv; kv++)
+        cpu_attention_group_fast(q + kv * group * hd, q_dim, group, k + kv * hd, v + kv * hd, kv_stride, n, pos0, hd,
+                                 scale, sc, longest, part, o + kv * group * hd, q_dim);
+    for (int h = 0; h < nh; h++)
+        cpu_attention_head_fast(q + h * hd, q_dim, k + h / group * hd, v + h / group * hd, kv_stride, n, pos0, hd, scale,
+                                sc1, part, want + h * hd, q_dim);
+    assert_memory_equal(o, want, sizeof(float) * n * q_dim);
+    free(q), free(o), free(want), free(k), free(v), free(sc), free(sc1), free(part);
 }
 
 /* ---- RoPE ---- */
@@ -981,6 +1029,7 @@ int main(void)
         cmocka_unit_test(test_rope_rotates_pairs_i_and_i_plus_half),
         cmocka_unit_test(test_attention_head_fast_matches_double),
         cmocka_unit_test(test_attention_decode_matches_exact),
+        cmocka_unit_test(test_attention_group_matches_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "base/clock.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/synthetic.h"
@@ -283,6 +284,117 @@ static void test_synthetic_forward_logits_are_finite(void **state)
     lily_synthetic_free(s);
 }
 
+/* The CPU backend's stage profile (lily_backend_options.profile): after a prefill chunk and a decode step every
+ * stage either model part runs has been counted, the stages add up to the time inside forward(), which is no
+ * more than the wall time around the calls; taking the profile starts the sums again; without the option it is
+ * empty. */
+static void test_cpu_profile_stages_sum_to_forward_time(void **state)
+{
+    (void)state;
+    const lily_backend_ops *ops = lily_backend_find("cpu");
+    if (!ops || !ops->create) {
+        print_message("skipped: the CPU backend is not built yet\n");
+        skip();
+    }
+    lily_error err = {0};
+    lily_synthetic *s = NULL;
+    assert_int_equal(lily_synthetic_new("tiny-a", 1, 2, &s, &err), LILY_OK);
+    for (int on = 0; on < 2; on++) {
+        lily_backend b;
+        lily_backend_options bo = {.n_threads = 2, .max_chunk = 32, .profile = on};
+        if (lily_backend_create("cpu", &s->cfg, &s->weights, &bo, &b, &err) != LILY_OK)
+            fail_msg("%s", err.message);
+        assert_non_null(b.ops->profile_take);
+        void *st = NULL;
+        assert_int_equal(b.ops->state_new(b.ctx, 64, &st, &err), LILY_OK);
+        int32_t tokens[32];
+        for (int i = 0; i < 32; i++)
+            tokens[i] = (i * 97 + 13) % s->cfg.vocab_size;
+        float *logits = malloc((size_t)s->cfg.vocab_size * sizeof *logits);
+        assert_non_null(logits);
+        const double t0 = lily_wall_seconds();
+        assert_int_equal(b.ops->forward(b.ctx, st, tokens, 32, LILY_LOGITS_LAST, logits, &err), LILY_OK);
+        assert_int_equal(b.ops->forward(b.ctx, st, tokens, 1, LILY_LOGITS_LAST, logits, &err), LILY_OK);
+        const double wall = lily_wall_seconds() - t0;
+        lily_stage_profile p;
+        b.ops->profile_take(b.ctx, &p);
+        if (!on) {
+            assert_int_equal(p.n_stages, 0);
+        } else {
+            assert_true(p.n_stages > 0 && p.n_stages <= LILY_PROFILE_MAX_STAGES);
+            assert_int_equal(p.forwards, 2);
+            const char *must[] = {"embed", "gdn delta rule", "attn softmax(qk)v", "moe experts gate/up", "lm head"};
+            for (size_t m = 0; m < sizeof must / sizeof must[0]; m++) {
+                int found = 0;
+                for (int i = 0; i < p.n_stages; i++)
+                    if (!strcmp(p.names[i], must[m])) {
+                        found = 1;
+                        assert_true(p.calls[i] >= 2 && p.seconds[i] > 0);
+                    }
+                if (!found)
+                    fail_msg("stage \"%s\" missing from the profile", must[m]);
+            }
+            double sum = 0;
+            for (int i = 0; i < p.n_stages; i++) {
+                assert_true(p.seconds[i] >= 0);
+                sum += p.seconds[i];
+            }
+            print_message("stages %.3f ms, forward %.3f ms, wall %.3f ms\n", sum * 1e3, p.forward_seconds * 1e3,
+                          wall * 1e3);
+            assert_true(sum > 0 && sum <= p.forward_seconds + 1e-9 && p.forward_seconds <= wall);
+            b.ops->profile_take(b.ctx, &p); /* the sums started again */
+            assert_int_equal(p.forwards, 0);
+            for (int i = 0; i < p.n_stages; i++)
+                assert_true(p.calls[i] == 0 && p.seconds[i] == 0);
+        }
+        free(logits);
+        b.ops->state_free(b.ctx, st);
+        lily_backend_destroy(&b);
+    }
+    lily_synthetic_free(s);
+}
+
+/* Fast mode's values do not depend on the thread count: a 40-token prefill (every token's logits) and a decode
+ * step on 1, 3 and 8 threads (the per-token glue in row blocks, the delta rule in value-column blocks, the
+ * prefill attention in token blocks) give the same bits. */
+static void test_cpu_fast_same_bits_any_thread_count(void **state)
+{
+    (void)state;
+    const lily_backend_ops *ops = lily_backend_find("cpu");
+    if (!ops || !ops->create) {
+        print_message("skipped: the CPU backend is not built yet\n");
+        skip();
+    }
+    lily_error err = {0};
+    lily_synthetic *s = NULL;
+    assert_int_equal(lily_synthetic_new("tiny-a", 1, 2, &s, &err), LILY_OK);
+    const int n = 40, V = s->cfg.vocab_size;
+    float *ref = malloc((size_t)(n + 1) * V * sizeof *ref), *got = malloc((size_t)(n + 1) * V * sizeof *got);
+    assert_true(ref && got);
+    int32_t tokens[41];
+    for (int i = 0; i < n + 1; i++)
+        tokens[i] = (i * 131 + 7) % V;
+    const int threads[] = {1, 3, 8};
+    for (int ti = 0; ti < 3; ti++) {
+        lily_backend b;
+        lily_backend_options bo = {.n_threads = threads[ti], .max_chunk = n};
+        if (lily_backend_create("cpu", &s->cfg, &s->weights, &bo, &b, &err) != LILY_OK)
+            fail_msg("%s", err.message);
+        void *st = NULL;
+        assert_int_equal(b.ops->state_new(b.ctx, 64, &st, &err), LILY_OK);
+        float *out = ti == 0 ? ref : got;
+        assert_int_equal(b.ops->forward(b.ctx, st, tokens, n, LILY_LOGITS_ALL, out, &err), LILY_OK);
+        assert_int_equal(b.ops->forward(b.ctx, st, tokens + n, 1, LILY_LOGITS_LAST, out + (size_t)n * V, &err), LILY_OK);
+        if (ti > 0)
+            assert_memory_equal(got, ref, (size_t)(n + 1) * V * sizeof *ref);
+        b.ops->state_free(b.ctx, st);
+        lily_backend_destroy(&b);
+    }
+    free(ref);
+    free(got);
+    lily_synthetic_free(s);
+}
+
 static void test_synthetic_rejects_unknown_preset(void **state)
 {
     (void)state;
@@ -301,6 +413,8 @@ int main(void)
         cmocka_unit_test(test_synthetic_weight_scale),
         cmocka_unit_test(test_synthetic_router_spreads_tokens),
         cmocka_unit_test(test_synthetic_forward_logits_are_finite),
+        cmocka_unit_test(test_cpu_profile_stages_sum_to_forward_time),
+        cmocka_unit_test(test_cpu_fast_same_bits_any_thread_count),
         cmocka_unit_test(test_synthetic_rejects_unknown_preset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -71,9 +71,28 @@ typedef struct {
      * bit-identical) while the GPU runs the shared expert and the other routed ones over PCIe. Prefill stages
      * the experts to the GPU either way. */
     int host_experts;
+    /* Time forward()'s stages (ops->profile_take reads the sums); false (default): no clock is read. Backends
+     * without profile_take ignore it. */
+    bool profile;
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_backend_options;
+
+/* The most stages a backend's profile names. */
+#define LILY_PROFILE_MAX_STAGES 32
+
+/* forward()'s wall time by stage, summed since the last profile_take (lily_backend_options.profile): every
+ * interval between two of the backend's marks inside forward() is added to the stage that the later mark
+ * names, so the stages' seconds add up to forward_seconds (less the calls' entry checks). Stages in the
+ * backend's fixed order; names are the backend's static strings. */
+typedef struct {
+    int n_stages;
+    const char *names[LILY_PROFILE_MAX_STAGES];
+    double seconds[LILY_PROFILE_MAX_STAGES]; /* wall seconds */
+    int64_t calls[LILY_PROFILE_MAX_STAGES];  /* intervals counted */
+    double forward_seconds;                  /* wall seconds inside forward() */
+    int64_t forwards;                        /* forward() calls */
+} lily_stage_profile;
 
 /* lily_backend_options.host_experts */
 enum { LILY_HOST_EXPERTS_ZERO_COPY = -1, LILY_HOST_EXPERTS_AUTO = 0, LILY_HOST_EXPERTS_CPU = 1 << 20 };
@@ -279,6 +298,10 @@ struct lily_backend_ops {
     lily_status (*decode_loop)(void *ctx, void *state, int32_t first_token, int n, const lily_device_sampling *sampling,
                                lily_decode_token_fn on_token, void *user, float *last_logits, int *n_run,
                                lily_error *err);
+
+    /* Optional (NULL when a backend has no profile): *out = the stage times summed since create or the last
+     * call (out->n_stages 0 when created without lily_backend_options.profile), and the sums start again. */
+    void (*profile_take)(void *ctx, lily_stage_profile *out);
 
     /* Optional (NULL on host-only backends): measure GPU `device`: out->device its name, copy_bytes_per_s a
      * device-to-device copy rate (bytes read + written), bandwidth the rate the decode floor uses,

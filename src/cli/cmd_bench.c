@@ -3,7 +3,7 @@
  *
  *   lily bench (-m DIR | --synthetic NAME|CONFIG) [-p 256,512,...] [-n 128] [-d 0,4096,...] [-r 3]
  *              [--backend cpu|cuda] [--precision fast|exact] [-o md|json|csv] [--plot FILE.png] [--threads N]
- *              [--ctx-size N]
+ *              [--ctx-size N] [--profile]
  *   lily bench --membw [--backend cpu|cuda] [--threads N]
  *
  * Prefill row "pp<P>": a fresh state each repetition, P random token ids appended (chunked as the engine
@@ -70,6 +70,7 @@ typedef struct {
     uint64_t seed;
     int warmup;
     int membw_only;
+    bool profile; /* --profile: the backend's stage times per row, on stderr */
     int default_prompt_lengths, default_depths; /* -p / -d not given: the sweep up to the model's length */
     double max_seconds;  /* a default sweep stops before a row estimated to take longer (--max-seconds) */
     char sampling_list[256]; /* --sampling: the device decode loop's sampler presets, comma-separated */
@@ -135,6 +136,8 @@ static void usage(FILE *f)
             "                         " CLI_HOST_EXPERTS_DEFAULT_HELP "\n"
             "  --seed N               token ids and synthetic weights (default 1)\n"
             "  --no-warmup            skip the warm-up run\n"
+            "  --profile              after each row, the backend's time by stage over its timed runs (stderr;\n"
+            "                         cpu)\n"
             "  --sampling LIST        decode rows per sampler preset of the device decode loop (cuda; default\n"
             "                         greedy: the LM head's fused argmax): greedy, qwen (temperature 1, top-p\n"
             "                         0.95, top-k 20, presence penalty 1.5), openai (temperature 1, top-p 1,\n"
@@ -205,7 +208,8 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     const lily_engine_options eo = {.model_dir = o->model_dir, .backend = o->backend, .n_threads = o->n_threads,
                                     .prefill_chunk = o->prefill_chunk, .device = o->device, .exact = o->exact,
                                     .gpu_memory_bytes = o->gpu_memory_bytes, .ctx_size = o->ctx_size,
-                                    .n_sessions = 2, .n_cpu_moe = o->n_cpu_moe, .host_experts = o->host_experts};
+                                    .n_sessions = 2, .n_cpu_moe = o->n_cpu_moe, .host_experts = o->host_experts,
+                                    .profile = o->profile};
     if (o->model_dir) {
         return lily_engine_open(&eo, &m->engine, err);
     }
@@ -225,7 +229,7 @@ static lily_status model_open(const bench_options *o, bench_model *m, lily_error
     e->weights = m->synthetic->weights;
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : lily_default_prefill_chunk(o->backend);
     lily_backend_options bo = {.n_threads = o->n_threads, .max_chunk = e->prefill_chunk, .device = o->device,
-                               .exact = o->exact, .host_experts = o->host_experts};
+                               .exact = o->exact, .host_experts = o->host_experts, .profile = o->profile};
     st = lily_engine_plan(e, o->backend, &eo, &bo, err);
     if (st == LILY_OK)
         st = lily_backend_create(o->backend, &e->cfg, &e->weights, &bo, &e->backend, err);
@@ -338,6 +342,36 @@ static void stats(const double *v, int n, double *mean, double *stddev)
     *stddev = n > 1 ? sqrt(q / (n - 1)) : 0.0;
 }
 
+/* --profile: the stage sums so far dropped (before a row's timed runs). */
+static void profile_discard(lily_engine *e)
+{
+    lily_stage_profile p;
+    if (e->backend.ops->profile_take)
+        e->backend.ops->profile_take(e->backend.ctx, &p);
+}
+
+/* --profile: the stage sums since profile_discard, one line per stage (ms, % of the time in forward(),
+ * intervals), to stderr. wall: the row's timed seconds. */
+static void profile_print(lily_engine *e, const char *row, double wall)
+{
+    lily_stage_profile p;
+    if (!e->backend.ops->profile_take)
+        return;
+    e->backend.ops->profile_take(e->backend.ctx, &p);
+    if (p.n_stages == 0)
+        return;
+    double sum = 0;
+    for (int i = 0; i < p.n_stages; i++)
+        sum += p.seconds[i];
+    fprintf(stderr, "profile %s: %lld forward calls, %.3f ms in forward (stages %.3f ms) of %.3f ms timed\n", row,
+            (long long)p.forwards, p.forward_seconds * 1e3, sum * 1e3, wall * 1e3);
+    fprintf(stderr, "  %-36s %10s %7s %9s\n", "stage", "ms", "%", "calls");
+    for (int i = 0; i < p.n_stages; i++)
+        if (p.calls[i] > 0)
+            fprintf(stderr, "  %-36s %10.3f %6.1f%% %9lld\n", p.names[i], p.seconds[i] * 1e3,
+                    p.forward_seconds > 0 ? 100.0 * p.seconds[i] / p.forward_seconds : 0.0, (long long)p.calls[i]);
+}
+
 /* Append n tokens in slices of PROGRESS_SLICE (a multiple of any sane prefill chunk, so the engine does the
  * same work as in one call; each slice costs one extra last-token LM head, < 0.01% at this size), showing
  * progress between slices. */
@@ -366,6 +400,7 @@ static lily_status bench_prefill(lily_session *s, int length, int reps, uint64_t
     int vocab = s->engine->cfg.vocab_size;
     char what[32];
     snprintf(what, sizeof what, "pp%d", length);
+    profile_discard(s->engine);
     for (int r = 0; r < reps; r++) {
         progress("bench: pp%d  rep %d/%d", length, r + 1, reps);
         lily_session_reset(s);
@@ -424,6 +459,7 @@ static lily_status bench_decode(lily_session *base, lily_session *work, int dept
         if (st != LILY_OK)
             return st;
     }
+    profile_discard(base->engine);
     for (int r = 0; r < reps; r++) {
         lily_status st = lily_session_copy(work, base, err);
         if (st != LILY_OK)
@@ -743,6 +779,9 @@ static int parse_args(int argc, char **argv, bench_options *o)
         } else if (!strcmp(a, "--no-warmup")) {
             o->warmup = 0;
             continue;
+        } else if (!strcmp(a, "--profile")) {
+            o->profile = true;
+            continue;
         } else if (!strcmp(a, "--cpu-moe")) {
             if (cli_note_cpu_moe_option("bench", a, &cpu_moe_option))
                 return 2;
@@ -1049,6 +1088,12 @@ int cmd_bench(int argc, char **argv)
         r->cost = lily_cost_prefill_flops_per_token(&cm, p);
         r->floor = have_hw && hw.matmul_flops_per_s > 0 ? hw.matmul_flops_per_s / r->cost : 0;
         emit_row(&h, &o, r);
+        if (o.profile) {
+            double wall = 0;
+            for (int k = 0; k < o.reps; k++)
+                wall += p / tps[k];
+            profile_print(m.engine, r->test, wall);
+        }
         if (o.default_prompt_lengths && i + 1 < o.n_prompt_lengths &&
             sweep_stops("pp", p, o.prompt_lengths[i + 1], lily_wall_seconds() - t0, o.max_seconds))
             break;
@@ -1070,6 +1115,12 @@ int cmd_bench(int argc, char **argv)
             r->cost = lily_cost_decode_bytes(&cm, d + o.n_decode / 2);
             r->floor = have_hw && hw.bandwidth > 0 ? hw.bandwidth / r->cost : 0;
             emit_row(&h, &o, r);
+            if (o.profile) {
+                double wall = 0;
+                for (int k = 0; k < o.reps; k++)
+                    wall += o.n_decode / tps[k];
+                profile_print(m.engine, r->test, wall);
+            }
         }
         if (st == LILY_OK && o.default_depths && i + 1 < o.n_depths &&
             sweep_stops("tg @ d", d > 0 ? d : 1, o.depths[i + 1], (lily_wall_seconds() - t0) / o.n_samplings,

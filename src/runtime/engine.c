@@ -131,6 +131,7 @@ lily_status lily_engine_open(const lily_engine_options *opts, lily_engine **out,
         .device = opts->device,
         .deltanet_chunked = opts->deltanet_chunked,
         .exact = opts->exact,
+        .profile = opts->profile,
         .debug_hook = opts->debug_hook,
         .debug_user = opts->debug_user,
     };

@@ -38,6 +38,7 @@ typedef struct {
      * plan (cpu) ignore it. */
     int n_cpu_moe;
     int host_experts;        /* lily_backend_options.host_experts (--host-experts; 0 = the backend's rule) */
+    bool profile;            /* lily_backend_options.profile (lily bench --profile) */
     lily_debug_hook debug_hook;
     void *debug_user;
 } lily_engine_options;

@@ -18,6 +18,7 @@ typedef struct {
     int n, pos0;
     int n_chunks, chunk_len; /* fast-mode decode's split of the keys (cpu_attention_decode_split) */
     int n_hblocks, hblock_len; /* and of each KV head's query heads */
+    int n_tblocks, tblock_len; /* prefill: each head's tokens in blocks */
 } attention_job;
 
 /* The output gate: o[i] *= sigmoid(gate[i]), gate the second half of the head's q_proj block. */
@@ -49,7 +50,7 @@ static void decode_chunk_task(void *arg, int task, int thread)
     const int head0 = kv_head * group + g0;
     cpu_attention_decode_chunk(j->c->attn_q + (int64_t)head0 * hd, n_g, j->k_cache + (int64_t)kv_head * hd,
                                j->v_cache + (int64_t)kv_head * hd, kv_dim, key0, n_keys, hd, 1.0f / sqrtf((float)hd),
-                               j->st->attn_dec_scores + (int64_t)head0 * j->st->max_ctx, j->st->max_ctx,
+                               j->st->attn_dec_scores + (int64_t)head0 * j->st->max_ctx + key0, j->st->max_ctx,
                                j->st->attn_dec_part + ((int64_t)head0 * CPU_ATTN_DECODE_MAX_CHUNKS + chunk) * part,
                                CPU_ATTN_DECODE_MAX_CHUNKS * part);
     /* the last of the block's chunks to finish merges them (in chunk order, whichever thread it is) */
@@ -103,10 +104,38 @@ void cpu_attention_head_exact(const float *q, int q_stride, const float *k_cache
     }
 }
 
-/* One task = one query head over all n tokens. */
-static void attention_head_task(void *arg, int head, int thread)
+/* Prefill in fast mode: one task = the query heads of one KV head over one block of tokens (each token's
+ * output depends on its own query only; the heads share each K and V row), the blocks of the last tokens,
+ * which see the most keys, first. */
+static void attention_group_task(void *arg, int task, int thread)
 {
     const attention_job *j = arg;
+    const lily_config *cfg = j->c->cfg;
+    const int nkv = cfg->n_kv_heads, group = cfg->n_heads / nkv, hd = cfg->head_dim;
+    const int kv_head = task % nkv, tb = j->n_tblocks - 1 - task / nkv;
+    const int t0 = tb * j->tblock_len, nt = LILY_MIN(j->tblock_len, j->n - t0);
+    const int q_dim = cfg->n_heads * hd, head0 = kv_head * group;
+    const cpu_state *st = j->st;
+    float *o = j->c->attn_o + (int64_t)t0 * q_dim + (int64_t)head0 * hd;
+    cpu_attention_group_fast(j->c->attn_q + (int64_t)t0 * q_dim + (int64_t)head0 * hd, q_dim, group,
+                             j->k_cache + (int64_t)kv_head * hd, j->v_cache + (int64_t)kv_head * hd, nkv * hd, nt,
+                             j->pos0 + t0, hd, 1.0f / sqrtf((float)hd),
+                             st->attn_pre_scores + (int64_t)thread * group * st->attn_pre_scores_stride,
+                             st->attn_pre_scores_stride,
+                             st->attn_pre_part + (int64_t)thread * group * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd),
+                             o, q_dim);
+    for (int t = t0; t < t0 + nt; t++)
+        for (int g = 0; g < group; g++)
+            apply_gate(j->c->attn_o + (int64_t)t * q_dim + (int64_t)(head0 + g) * hd,
+                       j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)(head0 + g) * 2 * hd + hd, hd);
+}
+
+/* Exact mode: one task = one query head over one block of tokens, the last blocks first. */
+static void attention_head_task(void *arg, int task, int thread)
+{
+    const attention_job *j = arg;
+    const int head = task % j->c->cfg->n_heads, tb = j->n_tblocks - 1 - task / j->c->cfg->n_heads;
+    const int t0 = tb * j->tblock_len, nt = LILY_MIN(j->tblock_len, j->n - t0);
     const lily_config *cfg = j->c->cfg;
     const int hd = cfg->head_dim;
     const int kv_dim = cfg->n_kv_heads * hd;
@@ -114,18 +143,43 @@ static void attention_head_task(void *arg, int head, int thread)
     const int kv_head = head / (cfg->n_heads / cfg->n_kv_heads);
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = j->st->attn_scores + (int64_t)thread * j->st->max_ctx;
-    if (j->st->attn_dec_part) /* fast mode */
-        cpu_attention_head_fast(j->c->attn_q + (int64_t)head * hd, q_dim, j->k_cache + (int64_t)kv_head * hd,
-                                j->v_cache + (int64_t)kv_head * hd, kv_dim, j->n, j->pos0, hd, scale, scores,
-                                j->st->attn_dec_part + (int64_t)head * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd),
-                                j->c->attn_o + (int64_t)head * hd, q_dim);
-    else
-        cpu_attention_head_exact(j->c->attn_q + (int64_t)head * hd, q_dim, j->k_cache + (int64_t)kv_head * hd,
-                                 j->v_cache + (int64_t)kv_head * hd, kv_dim, j->n, j->pos0, hd, scale, scores,
-                                 j->c->attn_o + (int64_t)head * hd, q_dim);
-    for (int t = 0; t < j->n; t++)
+    const float *q = j->c->attn_q + (int64_t)t0 * q_dim + (int64_t)head * hd;
+    float *o = j->c->attn_o + (int64_t)t0 * q_dim + (int64_t)head * hd;
+    cpu_attention_head_exact(q, q_dim, j->k_cache + (int64_t)kv_head * hd, j->v_cache + (int64_t)kv_head * hd, kv_dim, nt,
+                             j->pos0 + t0, hd, scale, scores, o, q_dim);
+    for (int t = t0; t < t0 + nt; t++)
         apply_gate(j->c->attn_o + (int64_t)t * q_dim + (int64_t)head * hd,
                    j->c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)head * 2 * hd + hd, hd);
+}
+
+typedef struct {
+    const cpu_ctx *c;
+    const cpu_layer_params *lp;
+    float *k_cache, *v_cache;
+    int pos0;
+} prep_job;
+
+/* Tokens [t0, t1): the per-head split of q_proj's output into [query(hd), gate(hd)], q_norm / k_norm per head
+ * over head_dim, RoPE, and k, v appended to the cache. */
+static void prep_rows(void *arg, int t0, int t1)
+{
+    const prep_job *j = arg;
+    const cpu_ctx *c = j->c;
+    const lily_config *cfg = c->cfg;
+    const int hd = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
+    const int q_dim = nh * hd, kv_dim = nkv * hd, n = t1 - t0;
+    for (int t = t0; t < t1; t++)
+        for (int h = 0; h < nh; h++)
+            memcpy(c->attn_q + (int64_t)t * q_dim + (int64_t)h * hd, c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)h * 2 * hd,
+                   (size_t)hd * sizeof(float));
+    float *q = c->attn_q + (int64_t)t0 * q_dim, *k = c->attn_k + (int64_t)t0 * kv_dim;
+    cpu_rmsnorm(q, j->lp->q_norm, n * nh, hd, cfg->rms_norm_eps, q);
+    cpu_rmsnorm(k, j->lp->k_norm, n * nkv, hd, cfg->rms_norm_eps, k);
+    cpu_rope(q, n, q_dim, nh, hd, cfg->rotary_dim, j->pos0 + t0, c->rope_inv_freq);
+    cpu_rope(k, n, kv_dim, nkv, hd, cfg->rotary_dim, j->pos0 + t0, c->rope_inv_freq);
+    memcpy(j->k_cache + (int64_t)(j->pos0 + t0) * kv_dim, k, (size_t)n * kv_dim * sizeof(float));
+    memcpy(j->v_cache + (int64_t)(j->pos0 + t0) * kv_dim, c->attn_v + (int64_t)t0 * kv_dim,
+           (size_t)n * kv_dim * sizeof(float));
 }
 
 void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n, float *out)
@@ -134,28 +188,19 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
     const lily_layer_weights *lw = &c->w->layers[layer];
     const cpu_layer_params *lp = &c->layers[layer];
     const int hd = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
-    const int q_dim = nh * hd, kv_dim = nkv * hd;
     const int pos0 = st->position;
 
     const lily_tensor *in_w[] = {&lw->q_proj, &lw->k_proj, &lw->v_proj};
     float *const in_y[] = {c->attn_qg, c->attn_k, c->attn_v};
     cpu_matmul_many(c, 3, in_w, x, n, in_y);
-
-    /* per-head split [query(hd), gate(hd)]; q_norm / k_norm per head over head_dim */
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < nh; h++)
-            memcpy(c->attn_q + (int64_t)t * q_dim + (int64_t)h * hd, c->attn_qg + (int64_t)t * 2 * q_dim + (int64_t)h * 2 * hd,
-                   (size_t)hd * sizeof(float));
-    cpu_rmsnorm(c->attn_q, lp->q_norm, n * nh, hd, cfg->rms_norm_eps, c->attn_q);
-    cpu_rmsnorm(c->attn_k, lp->k_norm, n * nkv, hd, cfg->rms_norm_eps, c->attn_k);
-    cpu_rope(c->attn_q, n, q_dim, nh, hd, cfg->rotary_dim, pos0, c->rope_inv_freq);
-    cpu_rope(c->attn_k, n, kv_dim, nkv, hd, cfg->rotary_dim, pos0, c->rope_inv_freq);
+    cpu_prof_mark(c, CPU_STAGE_ATTN_IN_PROJ);
 
     float *k_cache = st->k_cache[layer], *v_cache = st->v_cache[layer];
-    memcpy(k_cache + (int64_t)pos0 * kv_dim, c->attn_k, (size_t)n * kv_dim * sizeof(float));
-    memcpy(v_cache + (int64_t)pos0 * kv_dim, c->attn_v, (size_t)n * kv_dim * sizeof(float));
+    prep_job pj = {c, lp, k_cache, v_cache, pos0};
+    cpu_parallel_rows(c, n, prep_rows, &pj);
+    cpu_prof_mark(c, CPU_STAGE_ATTN_PREP);
 
-    attention_job job = {c, st, k_cache, v_cache, n, pos0, 0, 0, 1, nh / nkv};
+    attention_job job = {c, st, k_cache, v_cache, n, pos0, 0, 0, 1, nh / nkv, 1, n};
     if (n == 1 && st->attn_dec_part) { /* fast-mode decode: per (KV head, chunk of keys, heads), then per head */
         job.n_chunks = cpu_attention_decode_split(pos0 + 1, hd, &job.chunk_len);
         /* too few chunks for two tasks per thread: the heads of a KV head in blocks too */
@@ -168,8 +213,17 @@ void cpu_attention_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x,
         memset(st->attn_dec_done, 0, (size_t)(nkv * job.n_hblocks) * sizeof(int));
         parallel_for(c->pool, nkv * job.n_chunks * job.n_hblocks, decode_chunk_task, &job);
     } else {
-        parallel_for(c->pool, nh, attention_head_task, &job);
+        /* tasks of a KV head's query heads (fast mode) or of one head, over blocks of tokens: about 4 tasks
+         * per thread (a token's cost grows with its position), blocks of at least 8 tokens */
+        const bool grouped = st->attn_pre_part != NULL;
+        const int units = grouped ? nkv : nh;
+        const int blocks = LILY_MAX(1, LILY_MIN((4 * c->n_threads + units - 1) / units, (n + 7) / 8));
+        job.tblock_len = (n + blocks - 1) / blocks;
+        job.n_tblocks = (n + job.tblock_len - 1) / job.tblock_len;
+        parallel_for(c->pool, units * job.n_tblocks, grouped ? attention_group_task : attention_head_task, &job);
     }
+    cpu_prof_mark(c, CPU_STAGE_ATTN_CORE);
 
     cpu_matmul(c, &lw->o_proj, c->attn_o, n, out);
+    cpu_prof_mark(c, CPU_STAGE_ATTN_O_PROJ);
 }

@@ -96,11 +96,11 @@ CPU_VEC8_CLONES void cpu_attention_decode_chunk(const float *q, int group, const
         const int tl = n_keys - t0 < tile ? n_keys - t0 : tile;
         for (int g = 0; g < group; g++)
             scores8(q + (int64_t)g * hd, k_cache + (int64_t)(key0 + t0) * kv_stride, kv_stride, tl, hd, scale,
-                    scores + g * scores_stride + key0 + t0);
+                    scores + g * scores_stride + t0);
     }
     /* per head: the chunk's maximum, e_s = exp(score_s - max) in place, their sum; the value sums start at 0 */
     for (int g = 0; g < group; g++) {
-        float *sc = scores + g * scores_stride + key0;
+        float *sc = scores + g * scores_stride;
         float *pg = part + g * part_stride;
         float max_score = -INFINITY;
         for (int s = 0; s < n_keys; s++)
@@ -119,7 +119,7 @@ CPU_VEC8_CLONES void cpu_attention_decode_chunk(const float *q, int group, const
         const int tl = n_keys - t0 < tile ? n_keys - t0 : tile;
         const float *vt = v_cache + (int64_t)(key0 + t0) * kv_stride;
         for (int g = 0; g < group; g++) {
-            const float *e = scores + g * scores_stride + key0 + t0;
+            const float *e = scores + g * scores_stride + t0;
             float *acc_out = part + g * part_stride;
             for (int i0 = 0; i0 < hd; i0 += PV_COLS) {
                 const int nv = (hd - i0 < PV_COLS ? hd - i0 : PV_COLS) / 8;
@@ -184,6 +184,26 @@ void cpu_attention_decode_merge(const float *part, int64_t chunk_stride, int n_c
     }
 }
 
+void cpu_attention_group_fast(const float *q, int q_stride, int group, const float *k_cache, const float *v_cache,
+                              int kv_stride, int n, int pos0, int hd, float scale, float *scores, int64_t scores_stride,
+                              float *part, float *o, int o_stride)
+{
+    const int64_t part_floats = CPU_ATTN_DECODE_PART(hd), head_parts = CPU_ATTN_DECODE_MAX_CHUNKS * part_floats;
+    for (int t = 0; t < n; t++) {
+        const int n_keys = pos0 + t + 1; /* causal: keys 0 .. pos0 + t */
+        int chunk_len;
+        const int n_chunks = cpu_attention_decode_split(n_keys, hd, &chunk_len);
+        for (int c = 0; c < n_chunks; c++) {
+            const int key0 = c * chunk_len;
+            cpu_attention_decode_chunk(q + (int64_t)t * q_stride, group, k_cache, v_cache, kv_stride, key0,
+                                       n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len, hd, scale, scores,
+                                       scores_stride, part + c * part_floats, head_parts);
+        }
+        for (int g = 0; g < group; g++)
+            cpu_attention_decode_merge(part + g * head_parts, part_floats, n_chunks, hd, o + (int64_t)t * o_stride + g * hd);
+    }
+}
+
 void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
                              int n, int pos0, int hd, float scale, float *scores, float *part, float *o, int o_stride)
 {
@@ -195,7 +215,7 @@ void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache,
         for (int c = 0; c < n_chunks; c++) {
             const int key0 = c * chunk_len;
             cpu_attention_decode_chunk(q + (int64_t)t * q_stride, 1, k_cache, v_cache, kv_stride, key0,
-                                       n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len, hd, scale, scores, 0,
+                                       n_keys - key0 < chunk_len ? n_keys - key0 : chunk_len, hd, scale, scores + key0, 0,
                                        part + c * part_floats, part_floats);
         }
         cpu_attention_decode_merge(part, part_floats, n_chunks, hd, o + (int64_t)t * o_stride);

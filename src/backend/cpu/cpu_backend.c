@@ -27,12 +27,24 @@ static float *load_vector(const lily_tensor *t, int64_t n, bool zero_centred, bo
     return v;
 }
 
+/* n floats, zeroed, on a 64-byte cache line boundary: threads that write neighbouring column blocks of a row
+ * (per head, per value-column block) share no line at a block edge that is a multiple of 16 floats. */
 static void *alloc_floats(int64_t n, bool *ok)
 {
-    void *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    const size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64;
+    void *p = aligned_alloc(64, bytes);
     if (!p)
         *ok = false;
+    else
+        memset(p, 0, bytes);
     return p;
+}
+
+/* bytes on a 64-byte line boundary (not zeroed), NULL when out of memory: the quantized activations, whose rows
+ * the tile kernels load */
+static void *alloc_lines(size_t bytes)
+{
+    return aligned_alloc(64, (bytes > 0 ? bytes + 63 : 64) / 64 * 64);
 }
 
 static void cpu_destroy(void *ctx)
@@ -41,6 +53,7 @@ static void cpu_destroy(void *ctx)
     if (!c)
         return;
     lily_threadpool_destroy(c->pool);
+    free(c->prof);
     if (c->layers) {
         for (int l = 0; l < c->cfg->n_layers; l++) {
             cpu_layer_params *p = &c->layers[l];
@@ -53,7 +66,7 @@ static void cpu_destroy(void *ctx)
                     c->attn_q, c->attn_k, c->attn_v, c->attn_o, c->gdn_mixed, c->gdn_conv, c->gdn_z, c->gdn_b, c->gdn_a,
                     c->gdn_g, c->gdn_beta, c->gdn_o, c->gdn_chunk_scratch, c->router_probs, c->topk_ids,
                     c->topk_weights, c->expert_count, c->expert_offset, c->expert_rows, c->moe_x, c->moe_gate,
-                    c->moe_up, c->moe_y, c->shared_gate_logit, c->qact.q, c->qact.r, c->qact.v, c->qact.d, c->qact.sum, c->qgsum, c->moe_active,
+                    c->moe_up, c->moe_y, c->shared_gate_logit, c->qact.q, c->qact.r, c->qact.v, c->qact.d, c->qact.sum, c->qgsum, c->moe_active, c->moe_slot_row,
                     c->moe_qx.q, c->moe_qx.r, c->moe_qx.v, c->moe_qx.d, c->moe_qx.sum, c->moe_qh.q, c->moe_qh.r,
                     c->moe_qh.v, c->moe_qh.d, c->moe_qh.sum, c->moe_gsum, c->moe_h, c->moe_u, c->moe_yk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -85,6 +98,10 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     c->debug_hook = opts->debug_hook;
     c->debug_user = opts->debug_user;
     c->deltanet_chunked = opts->deltanet_chunked;
+    if (opts->profile && !(c->prof = calloc(1, sizeof *c->prof))) {
+        cpu_destroy(c);
+        return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
+    }
     lily_status st = lily_threadpool_create(opts->n_threads, &c->pool, err);
     if (st != LILY_OK) {
         cpu_destroy(c);
@@ -158,9 +175,9 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
     c->shared_gate_logit = alloc_floats(mc, &ok);
     if (!c->exact) {
         const int64_t qcols = (widest + CPU_QBLOCK - 1) / CPU_QBLOCK * CPU_QBLOCK;
-        c->qact.q = malloc((size_t)(mc * qcols));
-        c->qact.r = malloc((size_t)(mc * qcols));
-        c->qact.v = malloc((size_t)(mc * qcols) * sizeof(int16_t));
+        c->qact.q = alloc_lines((size_t)(mc * qcols));
+        c->qact.r = alloc_lines((size_t)(mc * qcols));
+        c->qact.v = alloc_lines((size_t)(mc * qcols) * sizeof(int16_t));
         c->qact.d = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
         c->qact.sum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
         c->qgsum = alloc_floats(mc * qcols / CPU_QBLOCK, &ok);
@@ -168,17 +185,18 @@ static lily_status cpu_create(const lily_config *cfg, const lily_weights *w, con
         const int64_t mk = mc * cfg->n_experts_used, mi = cfg->moe_intermediate;
         const int64_t gcols = LILY_MAX(H, mi);
         c->moe_active = calloc((size_t)cfg->n_experts, sizeof(int));
-        c->moe_qx = (cpu_qact){malloc((size_t)(mk * H)), malloc((size_t)(mk * H)), alloc_floats(mk * H / CPU_QBLOCK, &ok),
+        c->moe_slot_row = calloc((size_t)mk, sizeof(int));
+        c->moe_qx = (cpu_qact){alloc_lines((size_t)(mk * H)), alloc_lines((size_t)(mk * H)), alloc_floats(mk * H / CPU_QBLOCK, &ok),
                                alloc_floats(mk * H / CPU_QBLOCK, &ok), H,
-                               malloc((size_t)(mk * H) * sizeof(int16_t))};
-        c->moe_qh = (cpu_qact){malloc((size_t)(mk * mi)), malloc((size_t)(mk * mi)),
+                               alloc_lines((size_t)(mk * H) * sizeof(int16_t))};
+        c->moe_qh = (cpu_qact){alloc_lines((size_t)(mk * mi)), alloc_lines((size_t)(mk * mi)),
                                alloc_floats(mk * mi / CPU_QBLOCK, &ok), alloc_floats(mk * mi / CPU_QBLOCK, &ok), mi,
-                               malloc((size_t)(mk * mi) * sizeof(int16_t))};
+                               alloc_lines((size_t)(mk * mi) * sizeof(int16_t))};
         c->moe_gsum = alloc_floats(mk * gcols / CPU_QBLOCK, &ok);
         c->moe_h = alloc_floats(mk * mi, &ok);
         c->moe_u = alloc_floats(mk * mi, &ok);
         c->moe_yk = alloc_floats(mk * H, &ok);
-        ok = ok && c->moe_active && c->moe_qx.q && c->moe_qx.r && c->moe_qx.v && c->moe_qh.q &&
+        ok = ok && c->moe_active && c->moe_slot_row && c->moe_qx.q && c->moe_qx.r && c->moe_qx.v && c->moe_qh.q &&
              c->moe_qh.r && c->moe_qh.v;
     }
     if (!ok || !c->topk_ids || !c->expert_count || !c->expert_offset || !c->expert_rows) {
@@ -222,6 +240,8 @@ static void cpu_state_free(void *ctx, void *state)
     free(s->attn_dec_scores);
     free(s->attn_dec_part);
     free(s->attn_dec_done);
+    free(s->attn_pre_part);
+    free(s->attn_pre_scores);
     free(s);
 }
 
@@ -257,6 +277,13 @@ static lily_status cpu_state_new(void *ctx, int max_ctx, void **out, lily_error 
         s->attn_dec_scores = alloc_floats((int64_t)cfg->n_heads * max_ctx, &ok);
         s->attn_dec_part = alloc_floats((int64_t)cfg->n_heads * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(cfg->head_dim), &ok);
         s->attn_dec_done = calloc((size_t)(cfg->n_heads > 0 ? cfg->n_heads : 1), sizeof(int));
+        const int group = cfg->n_heads / (cfg->n_kv_heads > 0 ? cfg->n_kv_heads : 1);
+        int longest = 0;
+        cpu_attention_decode_split(max_ctx, cfg->head_dim, &longest);
+        s->attn_pre_scores_stride = longest;
+        s->attn_pre_part = alloc_floats((int64_t)c->n_threads * group * CPU_ATTN_DECODE_MAX_CHUNKS *
+                                            CPU_ATTN_DECODE_PART(cfg->head_dim), &ok);
+        s->attn_pre_scores = alloc_floats((int64_t)c->n_threads * group * longest, &ok);
         ok = ok && s->attn_dec_done;
     }
     if (!ok) {
@@ -541,12 +568,6 @@ static void hook(const cpu_ctx *c, int layer, const char *stage, const float *da
         c->debug_hook(c->debug_user, layer, stage, data, n, width);
 }
 
-static void add_inplace(float *h, const float *x, int64_t count)
-{
-    for (int64_t i = 0; i < count; i++)
-        h[i] += x[i];
-}
-
 static lily_status cpu_forward(void *ctx, void *state, const int32_t *tokens, int n, lily_logits_mode mode,
                                float *logits, lily_error *err)
 {
@@ -567,14 +588,20 @@ static lily_status cpu_forward(void *ctx, void *state, const int32_t *tokens, in
     if (mode != LILY_LOGITS_NONE && !logits)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cpu forward: logits requested into a NULL buffer");
 
-    for (int t = 0; t < n; t++)
-        cpu_dequant_rows(&c->w->embed, 0, tokens[t], 1, c->hidden + (int64_t)t * H);
+    if (c->prof)
+        cpu_prof_forward_begin(c->prof);
+    cpu_embed_rows(c, tokens, n);
+    cpu_prof_mark(c, CPU_STAGE_EMBED);
     hook(c, -1, LILY_STAGE_EMBED, c->hidden, n, H);
 
-    const int64_t count = (int64_t)n * H;
+    /* each residual add is fused with the RMSNorm after it (the next layer's input norm, the final norm) */
+    if (cfg->n_layers > 0)
+        cpu_add_rmsnorm_rows(c, c->hidden, NULL, c->layers[0].input_norm, n, H, cfg->rms_norm_eps, c->normed);
+    else
+        cpu_add_rmsnorm_rows(c, c->hidden, NULL, c->final_norm, n, H, cfg->rms_norm_eps, c->normed);
+    cpu_prof_mark(c, CPU_STAGE_NORM);
     for (int l = 0; l < cfg->n_layers; l++) {
         const cpu_layer_params *p = &c->layers[l];
-        cpu_rmsnorm(c->hidden, p->input_norm, n, H, cfg->rms_norm_eps, c->normed);
         hook(c, l, LILY_STAGE_ATTN_NORM, c->normed, n, H);
         if (cfg->layer_types[l] == LILY_LAYER_FULL_ATTENTION) {
             cpu_attention_forward(c, l, st, c->normed, n, c->mixer_out);
@@ -583,25 +610,30 @@ static lily_status cpu_forward(void *ctx, void *state, const int32_t *tokens, in
             cpu_gdn_forward(c, l, st, c->normed, n, c->mixer_out);
             hook(c, l, LILY_STAGE_DELTANET_OUT, c->mixer_out, n, H);
         }
-        add_inplace(c->hidden, c->mixer_out, count);
-        cpu_rmsnorm(c->hidden, p->post_attention_norm, n, H, cfg->rms_norm_eps, c->normed);
+        cpu_add_rmsnorm_rows(c, c->hidden, c->mixer_out, p->post_attention_norm, n, H, cfg->rms_norm_eps, c->normed);
+        cpu_prof_mark(c, CPU_STAGE_NORM);
         hook(c, l, LILY_STAGE_MOE_NORM, c->normed, n, H);
         cpu_moe_forward(c, l, c->normed, n, c->moe_out);
         hook(c, l, LILY_STAGE_MOE_OUT, c->moe_out, n, H);
-        add_inplace(c->hidden, c->moe_out, count);
+        const float *next_norm = l + 1 < cfg->n_layers ? c->layers[l + 1].input_norm : c->final_norm;
+        cpu_add_rmsnorm_rows(c, c->hidden, c->moe_out, next_norm, n, H, cfg->rms_norm_eps, c->normed);
+        cpu_prof_mark(c, CPU_STAGE_NORM);
         hook(c, l, LILY_STAGE_RESIDUAL, c->hidden, n, H);
     }
     st->position += n;
 
-    cpu_rmsnorm(c->hidden, c->final_norm, n, H, cfg->rms_norm_eps, c->normed);
     hook(c, -1, LILY_STAGE_FINAL_NORM, c->normed, n, H);
     if (mode == LILY_LOGITS_ALL) {
         cpu_matmul(c, &c->w->lm_head, c->normed, n, logits);
+        cpu_prof_mark(c, CPU_STAGE_LM_HEAD);
         hook(c, -1, LILY_STAGE_LOGITS, logits, n, cfg->vocab_size);
     } else if (mode == LILY_LOGITS_LAST) {
         cpu_matmul(c, &c->w->lm_head, c->normed + (int64_t)(n - 1) * H, 1, logits);
+        cpu_prof_mark(c, CPU_STAGE_LM_HEAD);
         hook(c, -1, LILY_STAGE_LOGITS, logits, 1, cfg->vocab_size);
     }
+    if (c->prof)
+        cpu_prof_forward_end(c->prof);
     return LILY_OK;
 }
 
@@ -624,6 +656,7 @@ const lily_backend_ops lily_cpu_backend_ops = {
     .recurrent_bytes = cpu_recurrent_bytes,
     .recurrent_save = cpu_recurrent_save,
     .recurrent_load = cpu_recurrent_load,
+    .profile_take = cpu_profile_take,
     /* device_pool_new / device_pool_free: NULL (checkpoints stay in host memory); decode_loop: NULL (the
      * host sampler decodes) */
 };

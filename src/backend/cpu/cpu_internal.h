@@ -37,6 +37,46 @@ typedef struct {
     float *gdn_norm;                         /* [dv], plain weight */
 } cpu_layer_params;
 
+/* ---- the stage profile (cpu_profile.c; lily_backend_options.profile) ------------------------------ */
+/* forward()'s stages, in the order the profile lists them. A mark closes the interval since the previous
+ * one (or since forward() began) and adds it to its stage: marks sit right after each pool pass and each
+ * serial step, so the serial glue between passes is a stage of its own. */
+typedef enum {
+    CPU_STAGE_EMBED,
+    CPU_STAGE_NORM,          /* the residual adds and the RMSNorms after them (the layers' input and
+                              * post-attention norms, the final one) */
+    CPU_STAGE_QUANTIZE,      /* fast mode: a matmul's input to int8 and its per-group sums */
+    CPU_STAGE_GDN_IN_PROJ,
+    CPU_STAGE_GDN_CONV,      /* causal conv + SiLU, conv state update */
+    CPU_STAGE_GDN_QK_GATES,  /* q/k L2 norms, gates */
+    CPU_STAGE_GDN_DELTA,     /* the delta rule */
+    CPU_STAGE_GDN_NORM,      /* gated RMSNorm */
+    CPU_STAGE_GDN_OUT_PROJ,
+    CPU_STAGE_ATTN_IN_PROJ,
+    CPU_STAGE_ATTN_PREP,     /* q/gate split, q/k norms, RoPE, KV cache append */
+    CPU_STAGE_ATTN_CORE,     /* softmax(q kᵀ) v and the output gate */
+    CPU_STAGE_ATTN_O_PROJ,
+    CPU_STAGE_MOE_ROUTER,    /* router (+ fast mode: shared expert gate/up and its gate logit) */
+    CPU_STAGE_MOE_TOPK,      /* softmax, top-k, grouping by expert (the grouping serial) */
+    CPU_STAGE_MOE_GATHER,    /* fast mode: quantized rows gathered by expert */
+    CPU_STAGE_MOE_GATE_UP,   /* fast mode: routed experts' gate/up + SwiGLU */
+    CPU_STAGE_MOE_DOWN,      /* fast mode: routed experts' down projection */
+    CPU_STAGE_MOE_COMBINE,   /* the routed outputs' weighted sum */
+    CPU_STAGE_MOE_EXPERTS,   /* exact mode: the routed experts, expert by expert */
+    CPU_STAGE_MOE_SHARED,    /* shared expert: (exact: gate/up,) SwiGLU, down */
+    CPU_STAGE_MOE_SHARED_ADD,/* its gated add */
+    CPU_STAGE_LM_HEAD,
+    CPU_STAGE_COUNT
+} cpu_stage;
+
+typedef struct {
+    int64_t last_ns;                 /* CLOCK_MONOTONIC at the last mark */
+    int64_t forward_start_ns;
+    int64_t ns[CPU_STAGE_COUNT];
+    int64_t calls[CPU_STAGE_COUNT];
+    int64_t forward_ns, forwards;
+} cpu_profile;
+
 /* ---- the backend context --------------------------------------------------------------------- */
 typedef struct {
     const lily_config *cfg;
@@ -51,6 +91,7 @@ typedef struct {
     float *qgsum;           /* [mc, widest input / 32] its sums per weight group */
     lily_debug_hook debug_hook;
     void *debug_user;
+    cpu_profile *prof;      /* the stage sums (lily_backend_options.profile), NULL when off */
 
     cpu_layer_params *layers; /* [n_layers] */
     float *final_norm;        /* [hidden] effective weight */
@@ -92,6 +133,7 @@ typedef struct {
     float *shared_gate_logit; /* [mc] */
     /* fast mode's routed experts (moe_fast.c), rows grouped by expert as expert_rows orders them */
     int *moe_active;          /* [n_experts] the experts with rows in this chunk, ascending */
+    int *moe_slot_row;        /* [mc * top_k] the grouped row of each (token, slot) pair: expert_rows inverted */
     cpu_qact moe_qx;          /* [mc * top_k, hidden] quantized input rows */
     cpu_qact moe_qh;          /* [mc * top_k, moe_intermediate] quantized silu(gate) ⊙ up */
     float *moe_gsum;          /* [mc * top_k, max(hidden, moe_intermediate) / 32] per-group sums */
@@ -110,9 +152,39 @@ typedef struct {
     /* fast-mode decode attention (attention_fast.c), when cpu_attention_fast_ok(head_dim) and not exact */
     float *attn_dec_scores;     /* [n_heads, max_ctx] each query head's e_s */
     float *attn_dec_part;       /* [n_heads, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)]
-                                 * chunk partials per query head (decode and prefill) */
+                                 * chunk partials per query head (decode) */
     int *attn_dec_done;         /* [n_heads] decode: chunks finished per (KV head, block of its query heads) */
+    float *attn_pre_part;       /* [n_threads, group, CPU_ATTN_DECODE_MAX_CHUNKS, CPU_ATTN_DECODE_PART(head_dim)]
+                                 * prefill (fast mode): the chunk partials of the token a thread is on, for the
+                                 * group = n_heads / n_kv_heads query heads of a KV head */
+    float *attn_pre_scores;     /* [n_threads, group, attn_pre_scores_stride] prefill: their chunk's e_s */
+    int attn_pre_scores_stride; /* the longest chunk of keys (cpu_attention_decode_split for max_ctx keys) */
 } cpu_state;
+
+/* ---- cpu_profile.c ----------------------------------------------------------------------------- */
+void cpu_prof_mark_now(cpu_profile *p, cpu_stage stage);
+/* Close the interval since the last mark into `stage` (nothing when profiling is off: one test). */
+static inline void cpu_prof_mark(const cpu_ctx *c, cpu_stage stage)
+{
+    if (c->prof)
+        cpu_prof_mark_now(c->prof, stage);
+}
+/* forward()'s start and end. */
+void cpu_prof_forward_begin(cpu_profile *p);
+void cpu_prof_forward_end(cpu_profile *p);
+/* lily_backend_ops.profile_take. */
+void cpu_profile_take(void *ctx, lily_stage_profile *out);
+
+/* ---- token_rows.c ------------------------------------------------------------------------------- */
+/* fn(arg, r0, r1) over row blocks [r0, r1) covering [0, n): over c->pool for 16 rows or more (about two
+ * blocks per thread), else one call on the caller. fn must treat rows independently. */
+typedef void (*cpu_rows_fn)(void *arg, int r0, int r1);
+void cpu_parallel_rows(const cpu_ctx *c, int n, cpu_rows_fn fn, void *arg);
+/* c->hidden [n, hidden] = the embedding rows of tokens[0..n-1] (exact dequantization). */
+void cpu_embed_rows(const cpu_ctx *c, const int32_t *tokens, int n);
+/* Per row t < n of dim: h[t] += x[t] (x NULL: nothing added), then out[t] = cpu_rmsnorm(h[t], weight). */
+void cpu_add_rmsnorm_rows(const cpu_ctx *c, float *h, const float *x, const float *weight, int n, int dim, float eps,
+                          float *out);
 
 /* ---- matmul.c ---------------------------------------------------------------------------------- */
 /* The widest input dimension a linear layer may have (a task's dequantized block lives on its stack). */
@@ -198,8 +270,9 @@ bool cpu_attention_fast_ok(int head_dim);
 int cpu_attention_decode_split(int n_keys, int hd, int *chunk_len);
 /* One chunk, keys key0 .. key0 + n_keys - 1, of the `group` query heads q [group, hd] (contiguous) of one
  * KV head: k_cache, v_cache rows s of hd at kv_stride (the KV head already offset). Head g's scores are
- * computed in 8 lanes per key (the same bits however the keys are tiled); writes e_s into scores[g * scores_stride + s]
- * (scratch, s in the chunk) and acc, m, l into part + g * part_stride (CPU_ATTN_DECODE_PART(hd) floats).
+ * computed in 8 lanes per key (the same bits however the keys are tiled, and whatever the group); writes
+ * e_s into scores[g * scores_stride + s - key0] (scratch, from the chunk's first key) and acc, m, l into
+ * part + g * part_stride (CPU_ATTN_DECODE_PART(hd) floats).
  * hd a multiple of 8. */
 void cpu_attention_decode_chunk(const float *q, int group, const float *k_cache, const float *v_cache, int kv_stride,
                                 int key0, int n_keys, int hd, float scale, float *scores, int64_t scores_stride,
@@ -213,6 +286,14 @@ void cpu_attention_decode_merge(const float *part, int64_t chunk_stride, int n_c
  * v_cache rows s of hd at kv_stride (this head's KV head already offset); scores: scratch of pos0 + n floats;
  * part: scratch of CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd) floats; o [n] rows of hd at o_stride.
  * hd a multiple of 8 (cpu_attention_fast_ok). */
+/* The same for the `group` query heads of one KV head together (each K and V row read once for them), token t's
+ * heads at q + t * q_stride ([group, hd] contiguous) and o + t * o_stride: every head's output is
+ * cpu_attention_head_fast's, bit for bit. scores: scratch of group rows of scores_stride floats, at least the
+ * longest chunk cpu_attention_decode_split gives for pos0 + n keys; part: scratch of group *
+ * CPU_ATTN_DECODE_MAX_CHUNKS * CPU_ATTN_DECODE_PART(hd) floats. */
+void cpu_attention_group_fast(const float *q, int q_stride, int group, const float *k_cache, const float *v_cache,
+                              int kv_stride, int n, int pos0, int hd, float scale, float *scores, int64_t scores_stride,
+                              float *part, float *o, int o_stride);
 void cpu_attention_head_fast(const float *q, int q_stride, const float *k_cache, const float *v_cache, int kv_stride,
                              int n, int pos0, int hd, float scale, float *scores, float *part, float *o, int o_stride);
 
@@ -246,6 +327,12 @@ bool cpu_gdn_fast_step_ok(int dv);
 void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
                                        const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
                                        float *state, float *out, int out_stride);
+/* The same for value columns [col0, col1) only (multiples of 8, col1 <= dv): the state's columns and the
+ * output's, with v and out still indexed from column 0; the other columns are not touched. Each column's
+ * values are the same as in a whole-row call (the columns do not interact). */
+void cpu_gdn_delta_rule_recurrent_fast_cols(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                            const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                            int col0, int col1, float *state, float *out, int out_stride);
 
 /* Gated DeltaNet of one layer (MODEL.md §4.4) for n tokens: x [n, hidden] (normed) -> out [n, hidden];
  * updates the layer's conv and recurrent state. */

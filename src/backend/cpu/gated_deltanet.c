@@ -200,11 +200,14 @@ typedef struct {
     cpu_ctx *c;
     float *recurrent_state; /* [Hv, dk, dv] */
     int n;
+    int n_cblocks, cblock; /* fast mode: each head's value columns in n_cblocks blocks of cblock */
 } delta_rule_job;
 
-static void delta_rule_head_task(void *arg, int hv, int thread)
+/* One task = value head task / n_cblocks, its column block task % n_cblocks (one block but in fast mode). */
+static void delta_rule_head_task(void *arg, int task, int thread)
 {
     const delta_rule_job *j = arg;
+    const int hv = task / j->n_cblocks, cb = task % j->n_cblocks;
     const lily_config *cfg = j->c->cfg;
     const int Hk = cfg->gdn_n_key_heads, Hv = cfg->gdn_n_value_heads;
     const int dk = cfg->gdn_key_head_dim, dv = cfg->gdn_value_head_dim;
@@ -222,8 +225,9 @@ static void delta_rule_head_task(void *arg, int hv, int thread)
         return;
     }
     if (!j->c->exact && cpu_gdn_fast_step_ok(dv)) {
-        cpu_gdn_delta_rule_recurrent_fast(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n,
-                                          dk, dv, state, out, value_dim);
+        cpu_gdn_delta_rule_recurrent_fast_cols(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv,
+                                               j->n, dk, dv, cb * j->cblock, LILY_MIN(dv, (cb + 1) * j->cblock), state,
+                                               out, value_dim);
         return;
     }
     cpu_gdn_delta_rule_recurrent(q, k, conv_dim, v, conv_dim, j->c->gdn_g + hv, j->c->gdn_beta + hv, Hv, j->n, dk,
@@ -235,11 +239,12 @@ static void delta_rule_head_task(void *arg, int hv, int thread)
 #define CONV_MAX_TAPS 8
 
 /* Causal depthwise conv over the pre-conv rows `mixed` [n, C] preceded by `conv_state` [K-1, C], then SiLU,
- * for channels [c0, c0 + nc) (nc <= CONV_CHANNEL_BLOCK). weight: [C, K], tap K-1 = current token.
+ * for channels [c0, c0 + nc) (nc <= CONV_CHANNEL_BLOCK) of tokens [t0, t1) (t1 <= n). weight: [C, K], tap K-1 = current token.
  * Per channel: acc = 0, then acc += weight[j] · x_j for the taps j in order — walked a block of channels
  * at a time so that the loop over channels vectorizes (the same operations per channel). */
-CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, int channels, int K, const float *weight,
-                                                   const float *conv_state, float *y, int c0, int nc)
+CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int t0, int t1, int channels, int K,
+                                                   const float *weight, const float *conv_state, float *y, int c0,
+                                                   int nc)
 {
     const int hist = K - 1;
     float wt[CONV_MAX_TAPS][CONV_CHANNEL_BLOCK]; /* (a config with more taps reads them in place) */
@@ -247,7 +252,7 @@ CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, in
         for (int j = 0; j < K; j++)
             wt[j][c] = weight[(int64_t)(c0 + c) * K + j];
     if (nc == CONV_CHANNEL_BLOCK && K <= CONV_MAX_TAPS) { /* a whole block: loops of a fixed count vectorize */
-        for (int t = 0; t < n; t++) {
+        for (int t = t0; t < t1; t++) {
             float acc[CONV_CHANNEL_BLOCK] = {0};
             for (int j = 0; j < K; j++) {
                 const int r = t - hist + j;
@@ -262,7 +267,7 @@ CPU_VEC8_CLONES static void causal_conv_silu_block(const float *mixed, int n, in
         }
         return;
     }
-    for (int t = 0; t < n; t++) {
+    for (int t = t0; t < t1; t++) {
         float acc[CONV_CHANNEL_BLOCK] = {0};
         for (int j = 0; j < K; j++) {
             const int r = t - hist + j; /* row of mixed; < 0 reads the state */
@@ -315,17 +320,19 @@ typedef struct {
     const cpu_layer_params *lp;
     const float *conv_state;
     int n;
+    int n_cblocks, tblock; /* the conv's tasks: channel blocks x blocks of tblock tokens */
 } gdn_step_job;
 
-/* Task: channel block `task` of the causal conv + SiLU over all n tokens. */
+/* Task: channel block task % n_cblocks of the causal conv + SiLU over token block task / n_cblocks. */
 static void conv_task(void *arg, int task, int thread)
 {
     (void)thread;
     const gdn_step_job *j = arg;
     const lily_config *cfg = j->c->cfg;
-    const int conv_dim = lily_config_gdn_conv_dim(cfg), c0 = task * CONV_CHANNEL_BLOCK;
-    causal_conv_silu_block(j->c->gdn_mixed, j->n, conv_dim, cfg->gdn_conv_kernel, j->lp->conv1d, j->conv_state,
-                           j->c->gdn_conv, c0, LILY_MIN(CONV_CHANNEL_BLOCK, conv_dim - c0));
+    const int conv_dim = lily_config_gdn_conv_dim(cfg), c0 = task % j->n_cblocks * CONV_CHANNEL_BLOCK;
+    const int t0 = task / j->n_cblocks * j->tblock;
+    causal_conv_silu_block(j->c->gdn_mixed, t0, LILY_MIN(j->n, t0 + j->tblock), conv_dim, cfg->gdn_conv_kernel,
+                           j->lp->conv1d, j->conv_state, j->c->gdn_conv, c0, LILY_MIN(CONV_CHANNEL_BLOCK, conv_dim - c0));
 }
 
 /* Task: tokens [16 task, 16 task + 16) of q/k's L2 norms and the gates β, g. */
@@ -383,22 +390,41 @@ void cpu_gdn_forward(cpu_ctx *c, int layer, cpu_state *st, const float *x, int n
     const lily_config *cfg = c->cfg;
     const lily_layer_weights *lw = &c->w->layers[layer];
     const cpu_layer_params *lp = &c->layers[layer];
-    const int Hv = cfg->gdn_n_value_heads, conv_dim = lily_config_gdn_conv_dim(cfg);
+    const int Hv = cfg->gdn_n_value_heads, conv_dim = lily_config_gdn_conv_dim(cfg), dv = cfg->gdn_value_head_dim;
 
     const lily_tensor *in_w[] = {&lw->in_proj_qkv, &lw->in_proj_z, &lw->in_proj_b, &lw->in_proj_a};
     float *const in_y[] = {c->gdn_mixed, c->gdn_z, c->gdn_b, c->gdn_a};
     cpu_matmul_many(c, 4, in_w, x, n, in_y);
+    cpu_prof_mark(c, CPU_STAGE_GDN_IN_PROJ);
 
-    gdn_step_job steps = {c, lp, st->conv_state[layer], n};
-    gdn_steps(c, n, (conv_dim + CONV_CHANNEL_BLOCK - 1) / CONV_CHANNEL_BLOCK, conv_task, &steps);
+    /* the conv in channel blocks, and in token blocks too when those are fewer than two per thread */
+    const int n_cblocks = (conv_dim + CONV_CHANNEL_BLOCK - 1) / CONV_CHANNEL_BLOCK;
+    const int n_tblocks = LILY_MAX(1, LILY_MIN((2 * c->n_threads + n_cblocks - 1) / n_cblocks,
+                                               (n + GDN_TOKENS_PER_TASK - 1) / GDN_TOKENS_PER_TASK));
+    gdn_step_job steps = {c, lp, st->conv_state[layer], n, n_cblocks, (n + n_tblocks - 1) / n_tblocks};
+    gdn_steps(c, n, n_cblocks * ((n + steps.tblock - 1) / steps.tblock), conv_task, &steps);
     conv_state_update(c->gdn_mixed, n, conv_dim, cfg->gdn_conv_kernel, st->conv_state[layer]);
+    cpu_prof_mark(c, CPU_STAGE_GDN_CONV);
     const int token_tasks = (n + GDN_TOKENS_PER_TASK - 1) / GDN_TOKENS_PER_TASK;
     gdn_steps(c, n, token_tasks, qk_norm_gates_task, &steps);
+    cpu_prof_mark(c, CPU_STAGE_GDN_QK_GATES);
 
-    delta_rule_job job = {c, st->recurrent_state[layer], n};
-    parallel_for(c->pool, Hv, delta_rule_head_task, &job);
+    /* fast mode's recurrent rule: fewer heads than threads split their value columns too, in blocks of a
+     * multiple of 16 floats (one cache line of gdn_o, 64-byte aligned: no two threads write one line of a
+     * token's output; 8 where dv is not a multiple of 16), as few as give every thread one */
+    delta_rule_job job = {c, st->recurrent_state[layer], n, 1, dv};
+    if (!(c->deltanet_chunked && n > 1) && !c->exact && cpu_gdn_fast_step_ok(dv) && Hv < c->n_threads) {
+        const int unit = dv % 16 == 0 ? 16 : 8;
+        const int blocks = LILY_MIN(dv / unit, (c->n_threads + Hv - 1) / Hv);
+        job.cblock = (dv / unit + blocks - 1) / blocks * unit;
+        job.n_cblocks = (dv + job.cblock - 1) / job.cblock;
+    }
+    parallel_for(c->pool, Hv * job.n_cblocks, delta_rule_head_task, &job);
+    cpu_prof_mark(c, CPU_STAGE_GDN_DELTA);
 
     gdn_steps(c, n, token_tasks, gated_norm_task, &steps);
+    cpu_prof_mark(c, CPU_STAGE_GDN_NORM);
 
     cpu_matmul(c, &lw->out_proj, c->gdn_o, n, out);
+    cpu_prof_mark(c, CPU_STAGE_GDN_OUT_PROJ);
 }

@@ -5,6 +5,8 @@
  * Per token t with decay γ = exp(g_t): kv[b] = γ Σ_a S[a][b] k[a];  δ[b] = β (v[b] - kv[b]);
  * S[a][b] ← γ S[a][b] + k[a] δ[b];  o[b] = Σ_a S[a][b] q[a]  — the reference's steps with the decay folded
  * into the first sum and the update fused with the output (fp32; the rounding differs from exact mode's).
+ * Each value column b of the state is independent of the others (its own kv, δ and o), so the columns can
+ * be split over threads with no change to any bit.
  */
 #include <math.h>
 #include <string.h>
@@ -65,9 +67,10 @@ bool cpu_gdn_fast_step_ok(int dv) { return dv % 8 == 0 && dv <= CPU_GDN_FAST_MAX
 #else
 #define GDN_CLONES CPU_VEC8_CLONES
 #endif
-GDN_CLONES void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
-                                       const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
-                                       float *state, float *out, int out_stride)
+GDN_CLONES void cpu_gdn_delta_rule_recurrent_fast_cols(const float *q, const float *k, int qk_stride, const float *v,
+                                                       int v_stride, const float *g, const float *beta, int gb_stride,
+                                                       int n, int dk, int dv, int col0, int col1, float *state,
+                                                       float *out, int out_stride)
 {
     float delta[CPU_GDN_FAST_MAX_DV];
     for (int t = 0; t < n; t++) {
@@ -75,18 +78,30 @@ GDN_CLONES void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k
         const float *vt = v + (int64_t)t * v_stride;
         const float decay = expf(g[(int64_t)t * gb_stride]), bt = beta[(int64_t)t * gb_stride];
         float *o = out + (int64_t)t * out_stride;
-        int b = 0;
-        for (; b + 64 <= dv; b += 64)
+        int b = col0;
+        for (; b + 64 <= col1; b += 64)
             GDN_PASS1(v16f, 16, 4);
-        for (; b + 32 <= dv; b += 32)
+        for (; b + 32 <= col1; b += 32)
             GDN_PASS1(v8f, 8, 4);
-        for (; b < dv; b += 8)
+        for (; b + 16 <= col1; b += 16)
+            GDN_PASS1(v8f, 8, 2);
+        for (; b < col1; b += 8)
             GDN_PASS1(v8f, 8, 1);
-        for (b = 0; b + 64 <= dv; b += 64)
+        for (b = col0; b + 64 <= col1; b += 64)
             GDN_PASS2(v16f, 16, 4);
-        for (; b + 32 <= dv; b += 32)
+        for (; b + 32 <= col1; b += 32)
             GDN_PASS2(v8f, 8, 4);
-        for (; b < dv; b += 8)
+        for (; b + 16 <= col1; b += 16)
+            GDN_PASS2(v8f, 8, 2);
+        for (; b < col1; b += 8)
             GDN_PASS2(v8f, 8, 1);
     }
+}
+
+void cpu_gdn_delta_rule_recurrent_fast(const float *q, const float *k, int qk_stride, const float *v, int v_stride,
+                                       const float *g, const float *beta, int gb_stride, int n, int dk, int dv,
+                                       float *state, float *out, int out_stride)
+{
+    cpu_gdn_delta_rule_recurrent_fast_cols(q, k, qk_stride, v, v_stride, g, beta, gb_stride, n, dk, dv, 0, dv, state, out,
+                                           out_stride);
 }

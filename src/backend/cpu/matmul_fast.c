@@ -378,6 +378,7 @@ static void qmatmul_run(const cpu_ctx *c, int m, const lily_tensor *const *w, in
     job.first_task[0] = 0;
     for (int i = 0; i < m; i++)
         job.first_task[i + 1] = job.first_task[i] + (int)((job.rows[i] + job.block_rows - 1) / job.block_rows);
+    cpu_prof_mark(c, CPU_STAGE_QUANTIZE); /* the input's quantization (the caller's) and group sums */
     parallel_for(c->pool, job.first_task[m], qmatmul_task, &job);
 }
 

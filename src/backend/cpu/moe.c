@@ -53,6 +53,49 @@ static void softmax_rows(float *x, int n, int dim)
     }
 }
 
+typedef struct {
+    cpu_ctx *c;
+    const float *x; /* the shared add: the MoE input, for nothing; out [n, hidden] */
+    float *out;
+} moe_rows_job;
+
+/* Rows [r0, r1): the router's softmax and top-k. */
+static void router_rows(void *arg, int r0, int r1)
+{
+    const moe_rows_job *j = arg;
+    cpu_ctx *c = j->c;
+    const lily_config *cfg = c->cfg;
+    const int E = cfg->n_experts, k = cfg->n_experts_used;
+    softmax_rows(c->router_probs + (int64_t)r0 * E, r1 - r0, E);
+    cpu_moe_top_k(c->router_probs + (int64_t)r0 * E, r1 - r0, E, k, cfg->norm_topk_prob, c->topk_ids + (int64_t)r0 * k,
+                  c->topk_weights + (int64_t)r0 * k);
+}
+
+static void swiglu(float *gate, const float *up, int64_t count);
+
+/* Rows [r0, r1): the shared expert's hidden silu(gate) ⊙ up, into moe_gate. */
+static void shared_swiglu_rows(void *arg, int r0, int r1)
+{
+    const moe_rows_job *j = arg;
+    const int64_t w = j->c->cfg->shared_intermediate;
+    swiglu(j->c->moe_gate + r0 * w, j->c->moe_up + r0 * w, (r1 - r0) * w);
+}
+
+/* Rows [r0, r1): out += sigmoid(shared gate logit) · the shared expert's output. */
+static void shared_add_rows(void *arg, int r0, int r1)
+{
+    const moe_rows_job *j = arg;
+    const cpu_ctx *c = j->c;
+    const int hidden = c->cfg->hidden;
+    for (int t = r0; t < r1; t++) {
+        const float sg = cpu_sigmoid(c->shared_gate_logit[t]);
+        float *o = j->out + (int64_t)t * hidden;
+        const float *s = c->moe_y + (int64_t)t * hidden;
+        for (int i = 0; i < hidden; i++)
+            o[i] += sg * s[i];
+    }
+}
+
 /* hid = silu(gate) ⊙ up over [n, width], into gate */
 static void swiglu(float *gate, const float *up, int64_t count)
 {
@@ -65,7 +108,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     const lily_config *cfg = c->cfg;
     const lily_layer_weights *lw = &c->w->layers[layer];
     const int hidden = cfg->hidden, E = cfg->n_experts, k = cfg->n_experts_used;
-    const int inter = cfg->moe_intermediate, shared_inter = cfg->shared_intermediate;
+    const int inter = cfg->moe_intermediate;
 
     /* router; in fast mode with it the shared expert's gate and up projections and its gate logit (the
      * routed experts' fast path leaves moe_gate and moe_up alone): one pass over the pool for the four */
@@ -73,8 +116,9 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     const lily_tensor *in_w[] = {&lw->router, &lw->shared_gate, &lw->shared_up, &lw->shared_expert_gate};
     float *const in_y[] = {c->router_probs, c->moe_gate, c->moe_up, c->shared_gate_logit};
     const bool x_in_qact = cpu_matmul_many(c, fast ? 4 : 1, in_w, x, n, in_y);
-    softmax_rows(c->router_probs, n, E);
-    cpu_moe_top_k(c->router_probs, n, E, k, cfg->norm_topk_prob, c->topk_ids, c->topk_weights);
+    cpu_prof_mark(c, CPU_STAGE_MOE_ROUTER);
+    moe_rows_job rj = {c, x, out};
+    cpu_parallel_rows(c, n, router_rows, &rj);
 
     /* group (token, slot) pairs by expert: counting sort keeps tokens ascending within an expert */
     memset(c->expert_count, 0, (size_t)E * sizeof(int));
@@ -88,6 +132,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
         const int e = c->topk_ids[i];
         c->expert_rows[c->expert_offset[e] + c->expert_count[e]++] = i;
     }
+    cpu_prof_mark(c, CPU_STAGE_MOE_TOPK);
 
     if (fast) {
         cpu_moe_experts_fast(c, layer, x, x_in_qact, n, out); /* reuses x quantized above when it is */
@@ -112,18 +157,16 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
                     o[i] += y[i] * wgt;
             }
         }
+        cpu_prof_mark(c, CPU_STAGE_MOE_EXPERTS);
     }
 
     /* shared expert, scaled per token by sigmoid(x · shared_expert_gateᵀ) */
     if (!fast)
         cpu_matmul_many(c, 3, in_w + 1, x, n, in_y + 1);
-    swiglu(c->moe_gate, c->moe_up, (int64_t)n * shared_inter);
+    cpu_parallel_rows(c, n, shared_swiglu_rows, &rj);
+    cpu_prof_mark(c, CPU_STAGE_MOE_SHARED);
     cpu_matmul(c, &lw->shared_down, c->moe_gate, n, c->moe_y);
-    for (int t = 0; t < n; t++) {
-        const float sg = cpu_sigmoid(c->shared_gate_logit[t]);
-        float *o = out + (int64_t)t * hidden;
-        const float *s = c->moe_y + (int64_t)t * hidden;
-        for (int i = 0; i < hidden; i++)
-            o[i] += sg * s[i];
-    }
+    cpu_prof_mark(c, CPU_STAGE_MOE_SHARED);
+    cpu_parallel_rows(c, n, shared_add_rows, &rj);
+    cpu_prof_mark(c, CPU_STAGE_MOE_SHARED_ADD);
 }

@@ -76,9 +76,63 @@ static void copy_qrow(const cpu_qact *a, int src, cpu_qact *b, int dst)
     memcpy(b->sum + dst * nb, a->sum + src * nb, (size_t)nb * sizeof(float));
 }
 
+/* The most experts per token the fast path takes (combine_rows sorts a token's on the stack). */
+#define MOE_FAST_MAX_TOP_K 64
+
+typedef struct {
+    cpu_ctx *c;
+    const cpu_qact *a; /* the block's input, quantized */
+    cpu_qact *gx;      /* its rows grouped by expert */
+    int group;         /* the gate/up weights' group size */
+    float *out;        /* [n, hidden] */
+} moe_rows_job;
+
+/* Grouped rows [r0, r1): the input row of each gathered, its group sums, and the row's place noted by slot. */
+static void gather_rows(void *arg, int r0, int r1)
+{
+    const moe_rows_job *j = arg;
+    cpu_ctx *c = j->c;
+    const int k = c->cfg->n_experts_used;
+    for (int row = r0; row < r1; row++) {
+        const int slot = c->expert_rows[row];
+        copy_qrow(j->a, slot / k, j->gx, row);
+        c->moe_slot_row[slot] = row;
+    }
+    cpu_qact part = *j->gx; /* rows r0 .. r1 - 1 (cpu_qact_group_sums reads only the block sums) */
+    part.sum += (int64_t)r0 * (part.cols / CPU_QBLOCK);
+    cpu_qact_group_sums(&part, r1 - r0, j->group, c->moe_gsum + (int64_t)r0 * (part.cols / j->group));
+}
+
+/* Tokens [r0, r1): out[t] = Σ over t's experts in ascending id of weight × y (0 first), the order in which the
+ * exact path adds them. */
+static void combine_rows(void *arg, int r0, int r1)
+{
+    const moe_rows_job *j = arg;
+    const cpu_ctx *c = j->c;
+    const int hidden = c->cfg->hidden, k = c->cfg->n_experts_used;
+    for (int t = r0; t < r1; t++) {
+        int order[MOE_FAST_MAX_TOP_K]; /* t's slots by ascending expert id (k is small: insertion) */
+        for (int s = 0; s < k; s++) {
+            int i = s;
+            for (; i > 0 && c->topk_ids[t * k + order[i - 1]] > c->topk_ids[t * k + s]; i--)
+                order[i] = order[i - 1];
+            order[i] = s;
+        }
+        float *o = j->out + (int64_t)t * hidden;
+        memset(o, 0, (size_t)hidden * sizeof(float));
+        for (int s = 0; s < k; s++) {
+            const int slot = t * k + order[s];
+            const float wgt = c->topk_weights[slot];
+            const float *y = c->moe_yk + (int64_t)c->moe_slot_row[slot] * hidden;
+            for (int i = 0; i < hidden; i++)
+                o[i] += y[i] * wgt;
+        }
+    }
+}
+
 bool cpu_moe_fast_ok(const cpu_ctx *c, const lily_layer_weights *lw)
 {
-    return cpu_matmul_fast_ok(c, &lw->experts_gate) && cpu_matmul_fast_ok(c, &lw->experts_up) &&
+    return c->cfg->n_experts_used <= MOE_FAST_MAX_TOP_K && cpu_matmul_fast_ok(c, &lw->experts_gate) && cpu_matmul_fast_ok(c, &lw->experts_up) &&
            cpu_matmul_fast_ok(c, &lw->experts_down) && lw->experts_gate.group_size == lw->experts_up.group_size;
 }
 
@@ -91,46 +145,39 @@ void cpu_moe_experts_fast(cpu_ctx *c, int layer, const float *x, bool x_in_qact,
     /* x quantized once (c->qact; already there when x_in_qact), its rows gathered by expert into c->moe_qx */
     cpu_qact a = c->qact;
     a.cols = hidden;
-    if (!x_in_qact)
+    if (!x_in_qact) {
         cpu_quantize_act_rows(c, x, n, hidden, &a);
+        cpu_prof_mark(c, CPU_STAGE_QUANTIZE);
+    }
     cpu_qact gx = c->moe_qx;
     gx.cols = hidden;
     int n_active = 0;
-    for (int e = 0; e < E; e++) {
-        if (c->expert_count[e] == 0)
-            continue;
-        c->moe_active[n_active++] = e;
-        for (int i = 0; i < c->expert_count[e]; i++)
-            copy_qrow(&a, c->expert_rows[c->expert_offset[e] + i] / k, &gx, c->expert_offset[e] + i);
-    }
+    for (int e = 0; e < E; e++)
+        if (c->expert_count[e] > 0)
+            c->moe_active[n_active++] = e;
     const int rows_k = n * k;
-    cpu_qact_group_sums(&gx, rows_k, lw->experts_gate.group_size, c->moe_gsum);
+    moe_rows_job rj = {c, &a, &gx, lw->experts_gate.group_size, out};
+    cpu_parallel_rows(c, rows_k, gather_rows, &rj);
+    cpu_prof_mark(c, CPU_STAGE_MOE_GATHER);
 
     /* pass 1: moe_h = silu(x · gateᵀ) ⊙ (x · upᵀ), [n * k, inter] grouped by expert */
     int br = cpu_qmatmul_block_rows(c, (int64_t)inter * n_active, rows_k / n_active);
     moe_pass p1 = {c, lw, n_active, (inter + br - 1) / br, br, inter, &gx, c->moe_gsum, c->moe_h, c->moe_u};
     parallel_for(c->pool, n_active * p1.blocks_per_expert, gate_up_task, &p1);
+    cpu_prof_mark(c, CPU_STAGE_MOE_GATE_UP);
 
     /* pass 2: moe_yk = moe_h · downᵀ, [n * k, hidden] */
     cpu_qact gh = c->moe_qh;
     gh.cols = inter;
     cpu_quantize_act_rows(c, c->moe_h, rows_k, inter, &gh);
     cpu_qact_group_sums(&gh, rows_k, lw->experts_down.group_size, c->moe_gsum);
+    cpu_prof_mark(c, CPU_STAGE_QUANTIZE);
     br = cpu_qmatmul_block_rows(c, (int64_t)hidden * n_active, rows_k / n_active);
     moe_pass p2 = {c, lw, n_active, (hidden + br - 1) / br, br, hidden, &gh, c->moe_gsum, c->moe_yk, NULL};
     parallel_for(c->pool, n_active * p2.blocks_per_expert, down_task, &p2);
+    cpu_prof_mark(c, CPU_STAGE_MOE_DOWN);
 
     /* out = Σ over the token's experts, ascending id, of weight × y */
-    memset(out, 0, (size_t)n * hidden * sizeof(float));
-    for (int ai = 0; ai < n_active; ai++) {
-        const int e = c->moe_active[ai];
-        for (int i = 0; i < c->expert_count[e]; i++) {
-            const int row = c->expert_offset[e] + i, slot = c->expert_rows[row];
-            const float wgt = c->topk_weights[slot];
-            float *o = out + (int64_t)(slot / k) * hidden;
-            const float *y = c->moe_yk + (int64_t)row * hidden;
-            for (int j = 0; j < hidden; j++)
-                o[j] += y[j] * wgt;
-        }
-    }
+    cpu_parallel_rows(c, n, combine_rows, &rj);
+    cpu_prof_mark(c, CPU_STAGE_MOE_COMBINE);
 }
