@@ -1231,6 +1231,10 @@ static void run_generation(lily_service *svc, lily_job *job)
 
     /* 3. the parts of the pipeline */
     lily_output_parser_options po = {.thinking = g.thinking, .continuation = req->continue_final, .tools = req->tools,
+                                     /* response_format's JSON is content as written, tags and all */
+                                     .verbatim_answer = req->json_output && g.grammar &&
+                                                        req->tool_choice != LILY_TOOL_CHOICE_NAMED &&
+                                                        req->tool_choice != LILY_TOOL_CHOICE_REQUIRED,
                                      .on_event = on_parser_event, .user = &g};
     bias = calloc((size_t)req->n_logit_bias + 1, sizeof *bias);
     if (!bias || (req->is_chat && (st = lily_output_parser_new(&po, &g.parser, &err)) != LILY_OK)) {
