@@ -62,7 +62,7 @@ install-debs:
 	  echo "lily: missing packages; run:  sudo apt-get install -y$$missing"; [ -n "$(OPTIONAL)" ]; fi
 
 build: deps
-	@if [ ! -f $(BUILD)/CMakeCache.txt ] || [ -n "$(CUDA_FLAG)" ]; then \
+	@if [ ! -f $(BUILD)/CMakeCache.txt ] || [ -n "$(strip $(CUDA_FLAG))" ]; then \
 	  mkdir -p $(BUILD); \
 	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAG) > $(BUILD)/configure.log 2>&1 \
 	    || { cat $(BUILD)/configure.log; exit 1; }; \

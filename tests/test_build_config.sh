@@ -36,6 +36,18 @@ make -n -C "$ROOT" build BUILD="$TMP/mk" CUDA=0 > "$TMP/mk0.log" 2>&1 || true
 expect "make CUDA=0 configures with -DLILY_CUDA=OFF" grep -q -- '-DLILY_CUDA=OFF' "$TMP/mk0.log"
 make -n -C "$ROOT" build BUILD="$TMP/mk" > "$TMP/mk.log" 2>&1 || true
 expect "plain make leaves the choice to CMake (no -DLILY_CUDA)" bash -c "! grep -q -- -DLILY_CUDA '$TMP/mk.log'"
+# a configured build directory is not configured again by a plain make (CUDA_FLAG, empty, held one blank:
+# every `make run` ran cmake's configure step); CUDA=0 configures it again. A fake cmake records the calls
+# (-o deps: the dependency check is not run)
+mkdir -p "$TMP/fakecmake" "$TMP/mkc"
+printf '#!/bin/sh\necho "cmake $*" >> "%s/cmake.log"\n' "$TMP" > "$TMP/fakecmake/cmake"
+chmod +x "$TMP/fakecmake/cmake"
+touch "$TMP/mkc/CMakeCache.txt"
+PATH="$TMP/fakecmake:$PATH" make -s -C "$ROOT" -o deps build BUILD="$TMP/mkc" > "$TMP/mkc.log" 2>&1 || cat "$TMP/mkc.log"
+expect "plain make on a configured build directory only builds (cmake calls: $(tr '\n' ';' < "$TMP/cmake.log"))" \
+    bash -c "! grep -q -- ' -S ' '$TMP/cmake.log' && grep -q -- '--build $TMP/mkc' '$TMP/cmake.log'"
+PATH="$TMP/fakecmake:$PATH" make -s -C "$ROOT" -o deps build BUILD="$TMP/mkc" CUDA=0 > "$TMP/mkc0.log" 2>&1 || cat "$TMP/mkc0.log"
+expect "make CUDA=0 on a configured build directory configures it again" grep -q -- '-DLILY_CUDA=OFF' "$TMP/cmake.log"
 
 # make's dependency check: a package installed for two architectures (the :arm64 libraries of make
 # deps-arm64) is installed, although `dpkg -s NAME` calls it ambiguous (every make ran apt-get update and

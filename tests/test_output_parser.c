@@ -22,6 +22,7 @@ typedef struct {
     const char *names[4];
     const char *arguments[4];
     const char *finish_reason;
+    bool verbatim_answer;  /* options.verbatim_answer: think tags may reach content as the answer's text */
 } parse_case;
 
 /* What one parse produced: the final result, copied, and the concatenation of its deltas. */
@@ -87,7 +88,8 @@ static outcome parse(const parse_case *c, const size_t *pieces)
         if (!tools)
             fail_msg("bad tools JSON in test: %s", jerr.text);
     }
-    lily_output_parser_options opts = {.thinking = c->thinking, .tools = tools, .on_event = on_event, .user = &o};
+    lily_output_parser_options opts = {.thinking = c->thinking, .tools = tools, .verbatim_answer = c->verbatim_answer,
+                                       .on_event = on_event, .user = &o};
     lily_output_parser *p = NULL;
     lily_error err = {0};
     assert_int_equal(lily_output_parser_new(&opts, &p, &err), LILY_OK);
@@ -166,7 +168,7 @@ static void check_outcome(const parse_case *c, const outcome *o, const char *how
         json_decref(args);
     }
     CHECK_STR("finish_reason", o->finish_reason, c->finish_reason, how);
-    for (const char *s = o->content; *s; s++) /* no think tag ever reaches content */
+    for (const char *s = o->content; *s && !c->verbatim_answer; s++) /* no think tag ever reaches content */
         assert_false(!strncmp(s, "<think>", 7) || !strncmp(s, "</think>", 8));
 }
 
@@ -365,6 +367,37 @@ static void test_reasoning_content_and_two_calls(void **state)
         .finish_reason = "tool_calls",
     };
     check_case(&c);
+}
+
+/* A constrained answer (response_format's JSON: options.verbatim_answer) is content as written from its first
+ * byte: a key or string value holding a tag ("</think>", "<tool_call>", "<function=") is text of the JSON,
+ * not structure (without the option "{"</think>":1}" lost its key and "{"<tool_call>":1}" became a call).
+ * Before the answer a tool call still opens (response_format beside tools under tool_choice auto), and
+ * after a call the tags are read again (the call's text is not the constrained answer). */
+static void test_verbatim_answer_keeps_tags_as_text(void **state)
+{
+    (void)state;
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                        "\"properties\":{\"x\":{\"type\":\"integer\"}}}}}]";
+    const parse_case cases[] = {
+        {.text = "{\"</think>\":\"<tool_call>\\n<function=f>\\n</tool_call>\",\"<think>\":[\"<function=g>\"]}",
+         .verbatim_answer = true, .reasoning = "",
+         .content = "{\"</think>\":\"<tool_call>\\n<function=f>\\n</tool_call>\",\"<think>\":[\"<function=g>\"]}",
+         .finish_reason = "stop"},
+        {.text = "Plan it.</think>\n\n{\"a\":\"</think><tool_call>\"}", .thinking = true, .verbatim_answer = true,
+         .reasoning = "Plan it.", .content = "{\"a\":\"</think><tool_call>\"}", .finish_reason = "stop"},
+        {.text = "\n<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+         .verbatim_answer = true, .tools = tools, .reasoning = "", .content = "", .n_calls = 1, .names = {"f"},
+         .arguments = {"{\"x\":1}"}, .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n<function=f>\n</function>\n</tool_call>\nok<tool_call>\n<function=f>\n</function>\n"
+                 "</tool_call>",
+         .verbatim_answer = true, .tools = tools, .reasoning = "", .content = "ok", .n_calls = 2, .names = {"f", "f"},
+         .arguments = {"{}", "{}"}, .finish_reason = "tool_calls"},
+        /* the same text as the first case without the option: its tags are structure */
+        {.text = "{\"</think>\":1}", .reasoning = "", .content = "{\"\":1}", .finish_reason = "stop"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(&cases[i]);
 }
 
 static void test_tolerates_missing_closing_tags_and_stray_whitespace(void **state)
@@ -746,6 +779,7 @@ int main(void)
         cmocka_unit_test(test_json_tool_call_form),
         cmocka_unit_test(test_finish_reason_stop_and_length),
         cmocka_unit_test(test_call_unfinished_marks_a_call_cut_short),
+        cmocka_unit_test(test_verbatim_answer_keeps_tags_as_text),
         cmocka_unit_test(test_random_tag_soup_is_split_invariant),
         cmocka_unit_test(test_prompt_opens_thinking),
         cmocka_unit_test(test_continuation_keeps_leading_whitespace),

@@ -364,6 +364,22 @@ try:
         check(False, "the schema false is rejected")
     except openai.BadRequestError as e:
         check(e.status_code == 400 and "false" in str(e), f"the schema false (no value matches) is a 400: {e.message[:90]}")
+    # keys that are the model's own tags are JSON text, not structure: "</think>" lost its key and
+    # "<tool_call>" turned the reply into an empty call; streamed and whole alike
+    for key in ("</think>", "<tool_call>", "<function=f>"):
+        schema = {"type": "object", "properties": {key: {"type": "integer"}}, "required": [key],
+                  "additionalProperties": False}
+        kw = dict(model="lily", messages=HI, max_tokens=40, seed=1, extra_body=NO_THINK,
+                  response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        r = oc.chat.completions.create(**kw)
+        content = r.choices[0].message.content or ""
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in oc.chat.completions.create(stream=True, **kw)
+                           if ch.choices)
+        try:
+            ok = list(json.loads(content)) == [key] and not r.choices[0].message.tool_calls and streamed == content
+        except ValueError:
+            ok = False
+        check(r.choices[0].finish_reason == "stop" and ok, f"a schema key {key!r} stays in the JSON: {content!r}")
     # json_object: free strings may run to max_tokens on noise; every reply that ends by itself is an object
     done = []
     for seed in range(1, 5):

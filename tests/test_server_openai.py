@@ -8,6 +8,7 @@ with [DONE] and the server exit 0). The tiny model writes noise, so the checks f
 calls through tool_choice, long generations by banning the end tokens with logit_bias.
 """
 import http.client
+import itertools
 import json
 import os
 import re
@@ -241,21 +242,28 @@ s, _ = request("GET", "/health", key=None)
 check(s == 200, "the server is still healthy after the bad requests")
 
 print("max_tokens cuts a tool call")
-for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-    s, r = request("POST", chat, {"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": 24,
+# 1 and 5 cut the opening the server writes itself ("\n</think>\n\n<tool_call>\n<function=NAME>\n", 14 tokens
+# here): usage never counts more than max_tokens (it counted the whole opening: 14 for max_tokens 1)
+for choice, max_tokens in itertools.product(("required", {"type": "function", "function": {"name": "get_weather"}}),
+                                            (1, 5, 24)):
+    s, r = request("POST", chat, {"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": max_tokens,
                                   "seed": 3, "logit_bias": BAN_END})
     c = r["choices"][0] if s == 200 else {}
-    check(s == 200 and c["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 24,
-          f"tool_choice {json.dumps(choice)[:30]}, cut inside the call: finish_reason length ({json.dumps(c)[:200]})")
+    check(s == 200 and c["finish_reason"] == "length" and r["usage"]["completion_tokens"] == max_tokens,
+          f"tool_choice {json.dumps(choice)[:30]}, max_tokens {max_tokens}, cut inside the call: finish_reason "
+          f"length, {max_tokens} tokens ({json.dumps(c)[:200]} {r.get('usage')})")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", chat, json.dumps({"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": 24,
-                                           "seed": 3, "logit_bias": BAN_END, "stream": True}),
+    conn.request("POST", chat, json.dumps({"messages": USER, "tools": TOOLS, "tool_choice": choice,
+                                           "max_tokens": max_tokens, "seed": 3, "logit_bias": BAN_END,
+                                           "stream": True, "stream_options": {"include_usage": True}}),
                  {"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
     chunks = [json.loads(ln[6:]) for ln in conn.getresponse().read().decode().splitlines() if ln.startswith("data: {")]
     conn.close()
     finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
-    check(finishes and finishes[-1] == "length" and all(f is None for f in finishes[:-1]),
-          f"the same streamed: finish_reason length ({finishes[-3:]})")
+    usage = chunks[-1].get("usage") if chunks else None
+    check(finishes and finishes[-1] == "length" and all(f is None for f in finishes[:-1]) and
+          usage and usage["completion_tokens"] == max_tokens,
+          f"the same streamed: finish_reason length, {max_tokens} tokens ({finishes[-3:]} {usage})")
 
 print("response_format beside tools under tool_choice auto")
 # As in OpenAI's API the model may still call a tool; only an answer follows the format. The bias makes the

@@ -800,7 +800,9 @@ static void printable_ascii(char *dst, size_t cap, const char *s)
 /* The request's body framing headers, for request_framing_ambiguous. */
 typedef struct {
     const char *content_length; /* the first Content-Length */
+    const char *coding;         /* the first Transfer-Encoding */
     bool lengths_differ, chunked;
+    bool other_coding;          /* a Transfer-Encoding other than one "chunked" */
 } framing_scan;
 
 static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
@@ -814,6 +816,9 @@ static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const ch
         else if (strcmp(f->content_length, value))
             f->lengths_differ = true;
     } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->other_coding |= f->chunked || strcasecmp(value, "chunked"); /* what microhttpd decodes */
+        if (!f->coding)
+            f->coding = value;
         f->chunked = true;
     }
     return MHD_YES;
@@ -827,6 +832,17 @@ static bool request_framing_ambiguous(struct MHD_Connection *c)
     framing_scan f = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
     return f.lengths_differ || (f.content_length && f.chunked);
+}
+
+/* The request's Transfer-Encoding when it is not a single "chunked" (gzip, "gzip, chunked", identity, or the
+ * header twice), else NULL. microhttpd decodes only chunked; it reads any other coded body to the end of the
+ * connection, so such a request would never be answered (until the idle timeout closes it). A server that
+ * cannot decode a request's transfer coding refuses it (RFC 9112 section 6.1). */
+static const char *unsupported_transfer_coding(struct MHD_Connection *c)
+{
+    framing_scan f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
+    return f.other_coding ? f.coding : NULL;
 }
 
 /* The path of a request-target: an absolute-form target ("http://host:port/v1/models", what a client talking
@@ -871,6 +887,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_simple_error(c, r, 400, "invalid_request_error", "ambiguous_framing", NULL,
                                      "Conflicting Content-Length headers, or Content-Length with Transfer-Encoding: "
                                      "the request's body has no single end.");
+        }
+        const char *coding = unsupported_transfer_coding(c);
+        if (coding) {
+            char coding_text[120], msg[300];
+            printable_ascii(coding_text, sizeof coding_text, coding);
+            snprintf(msg, sizeof msg, "Unsupported Transfer-Encoding '%s': send the body with Content-Length, or "
+                     "with 'Transfer-Encoding: chunked' alone.", coding_text);
+            r->close_after = true;
+            return send_simple_error(c, r, 400, "invalid_request_error", "unsupported_transfer_encoding", NULL, msg);
         }
         const char *allow = NULL;
         route_id id = route_of(url, &allow);

@@ -12,6 +12,7 @@
  */
 #include "server/service.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -810,14 +811,15 @@ static lily_status append_chosen(generation *g, int32_t token, lily_error *err)
 }
 
 /* tool_choice required: after "<function=", draw the tool's name token by token from the logits masked to
- * the listed names, so the call names a real tool whatever the model prefers. */
+ * the listed names, so the call names a real tool whatever the model prefers; *n_tokens (the reply's tokens
+ * so far) stops at max_tokens, leaving the name unfinished. */
 static lily_status spell_tool_name(generation *g, name_constraint *nc, const lily_sampler_params *sp, int *n_tokens,
-                                   lily_error *err)
+                                   int max_tokens, lily_error *err)
 {
     lily_service *svc = g->svc;
     lily_sampler *sampler = NULL;
     lily_status st = lily_sampler_new(sp, svc->vocab, &sampler, err);
-    while (st == LILY_OK && !name_complete(nc)) {
+    while (st == LILY_OK && !name_complete(nc) && *n_tokens < max_tokens) {
         int32_t token = -1;
         if (constrain_name(svc, nc, svc->session->logits, svc->scratch) > 0) {
             token = lily_sampler_sample(sampler, svc->scratch);
@@ -1040,9 +1042,10 @@ static lily_status start_constraint(generation *g, int32_t think_close, lily_gen
 }
 
 /* Decode: the forced opening, the constrained tool name, then the model on its own (lily_generate) up to
- * max_tokens counting the chosen tokens. A context filled by the chosen tokens ends the reply as "length"
- * (LILY_OK). *n_chosen: the tokens the server chose; *res: lily_generate's result (finish LENGTH when it
- * did not run). */
+ * max_tokens counting the chosen tokens: a max_tokens below the opening's length cuts the opening there, as
+ * it cuts any reply (usage never counts more). A context filled by the chosen tokens ends the reply as
+ * "length" (LILY_OK). *n_chosen: the tokens the server chose; *res: lily_generate's result (finish LENGTH
+ * when it did not run). */
 static lily_status decode_reply(generation *g, const int32_t *forced, int n_forced, name_constraint *nc,
                                 lily_generate_params *gp, lily_detokenizer *detok, lily_generate_result *res,
                                 int *n_chosen, lily_error *err)
@@ -1050,12 +1053,13 @@ static lily_status decode_reply(generation *g, const int32_t *forced, int n_forc
     lily_service *svc = g->svc;
     const lily_oai_request *req = g->req;
     lily_status st = LILY_OK;
-    for (int i = 0; i < n_forced && st == LILY_OK; i++)
+    const int cap = req->max_tokens < 0 ? INT_MAX : req->max_tokens;
+    for (int i = 0; i < n_forced && *n_chosen < cap && st == LILY_OK; i++)
         if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
             (*n_chosen)++;
-    if (st == LILY_OK && nc->n > 0) {
-        st = spell_tool_name(g, nc, &gp->sampling, n_chosen, err);
-        if (st == LILY_OK && nc->spelled.len > 2) /* "NAME>\n": the arguments of that tool */
+    if (st == LILY_OK && nc->n > 0 && *n_chosen == n_forced) {
+        st = spell_tool_name(g, nc, &gp->sampling, n_chosen, cap, err);
+        if (st == LILY_OK && name_complete(nc) && nc->spelled.len > 2) /* "NAME>\n": the arguments of that tool */
             g->grammar = lily_structured_tool_grammar(req, nc->spelled.data, nc->spelled.len - 2);
     }
     if (st == LILY_OK) /* a tool call's arguments at once; response_format content after the think block */
@@ -1227,6 +1231,10 @@ static void run_generation(lily_service *svc, lily_job *job)
 
     /* 3. the parts of the pipeline */
     lily_output_parser_options po = {.thinking = g.thinking, .continuation = req->continue_final, .tools = req->tools,
+                                     /* response_format's JSON is content as written, tags and all */
+                                     .verbatim_answer = req->json_output && g.grammar &&
+                                                        req->tool_choice != LILY_TOOL_CHOICE_NAMED &&
+                                                        req->tool_choice != LILY_TOOL_CHOICE_REQUIRED,
                                      .on_event = on_parser_event, .user = &g};
     bias = calloc((size_t)req->n_logit_bias + 1, sizeof *bias);
     if (!bias || (req->is_chat && (st = lily_output_parser_new(&po, &g.parser, &err)) != LILY_OK)) {

@@ -104,6 +104,7 @@ typedef enum {
     S_PARAM_VALUE,    /* the value, until a closing tag */
     S_AFTER_FUNCTION, /* after </function>, before </tool_call> */
     S_JSON_CALL,      /* {"name": ..., "arguments": {...}} inside <tool_call> (the Qwen2.5/Qwen3 form) */
+    S_ANSWER,         /* constrained content (options.verbatim_answer), to the end: no tags */
 } parse_state;
 
 typedef enum {
@@ -148,6 +149,7 @@ static const tag_id *state_tags(parse_state s, int *n)
     case S_PARAM_VALUE: return SET(value);
     case S_AFTER_FUNCTION: return SET(after);
     case S_JSON_CALL: return SET(json_call);
+    case S_ANSWER: break;
     }
 #undef SET
     *n = 0;
@@ -609,6 +611,11 @@ static size_t handle_text(lily_output_parser *p, const char *s, size_t n)
         return n;
     case S_CONTENT:
         channel_text(p, &p->content, LILY_OUTPUT_CONTENT, s, n);
+        if (p->opts.verbatim_answer && p->n_calls == 0 && p->content.started)
+            p->state = S_ANSWER; /* the answer has begun: a tag found after this text is its text (handle_tag) */
+        return n;
+    case S_ANSWER:
+        channel_text(p, &p->content, LILY_OUTPUT_CONTENT, s, n);
         return n;
     case S_FUNCTION_NAME:
     case S_PARAM_NAME:
@@ -716,6 +723,9 @@ static void handle_tag(lily_output_parser *p, tag_id tag)
     case S_JSON_CALL: /* </tool_call> */
         json_call(p);
         p->state = S_CONTENT;
+        break;
+    case S_ANSWER: /* a tag of S_CONTENT's set right after the text that began the answer: answer text */
+        channel_text(p, &p->content, LILY_OUTPUT_CONTENT, tag_text[tag], strlen(tag_text[tag]));
         break;
     case S_AFTER_FUNCTION:
         if (tag == T_TOOL_CALL_CLOSE)

@@ -29,6 +29,7 @@
  *   also accept True/False; "null" is null for any non-string type); anything unparsable is kept as a
  *   string.
  * - Arguments are a compact JSON object, keys in the order written: {"city":"Paris","days":3}.
+ * - With options.verbatim_answer, content that begins before any tool call runs to the end as written.
  */
 #ifndef LILY_OUTPUT_PARSER_H
 #define LILY_OUTPUT_PARSER_H
@@ -61,6 +62,10 @@ typedef struct {
     bool continuation;           /* the prompt ends inside content (an assistant prefill the reply continues):
                                   * content keeps its leading whitespace (" blue" after "The sky is") */
     const json_t *tools;         /* OpenAI tools array for parameter types, or NULL (all values strings) */
+    bool verbatim_answer;        /* the answer is constrained output (response_format: JSON by a grammar): from
+                                  * the first non-whitespace byte of content before any tool call to the end, the
+                                  * text is content as written, no tag read in it ({"</think>": "<tool_call>"}
+                                  * is a JSON value); a tool call may still open before the answer begins */
     lily_output_callback on_event; /* may be NULL */
     void *user;
 } lily_output_parser_options;
