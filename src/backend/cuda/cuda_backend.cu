@@ -1082,6 +1082,7 @@ static const lily_backend_ops cuda_ops = {
     cuda_device_pool_new,
     cuda_device_pool_free,
     cuda_decode_loop,
+    NULL, /* profile_take: the CUDA backend's per-stage times come from bench_cuda_decode --profile / --timeline */
     cuda_measure_limits,
     cuda_host_pool_new,
     cuda_host_pool_free,
