@@ -153,6 +153,26 @@ streamed = [t for ch in chunks for t in ((ch["choices"][0]["logprobs"] or {}).ge
 check(streamed == lp["token_logprobs"] and chunks[0]["choices"][0]["text"] == PROMPT,
       "streamed: the echo chunk carries the prompt's logprobs, then the same values as unstreamed")
 
+# max_tokens 0 with echo (how evaluation harnesses score a prompt, as vLLM allows): the prompt and its
+# logprobs, nothing generated, finish_reason length; streamed the same
+for stream in (False, True):
+    s, r = request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 3,
+                                               "stream": stream, "stream_options": {"include_usage": True}}
+                   if stream else {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 3})
+    if stream and s == 200:
+        chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        lps = [t for c in chunks if c["choices"] for t in ((c["choices"][0]["logprobs"] or {}).get("token_logprobs") or [])]
+        fin = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        usage = [c["usage"] for c in chunks if c.get("usage")]
+    elif s == 200:
+        text, lps = r["choices"][0]["text"], r["choices"][0]["logprobs"]["token_logprobs"]
+        fin, usage = [r["choices"][0]["finish_reason"]], [r["usage"]]
+    check(s == 200 and text == PROMPT and lps == lp["token_logprobs"][:n_p] and fin == ["length"]
+          and usage and usage[-1]["completion_tokens"] == 0 and usage[-1]["prompt_tokens"] == n_p,
+          f"max_tokens 0 with echo{' (streamed)' if stream else ''}: the prompt's logprobs, no completion "
+          f"({s} {str(r)[:300]})")
+
 print("errors")
 chat = "/v1/chat/completions"
 
@@ -174,6 +194,8 @@ expect_error(400, "POST", chat, {"messages": "hi"}, param="messages", what="mess
 expect_error(400, "POST", chat, {"messages": []}, param="messages", what="empty messages")
 expect_error(400, "POST", chat, {"messages": USER, "temperature": "hot"}, param="temperature", what="wrong type")
 expect_error(400, "POST", chat, {"messages": USER, "max_tokens": -5}, param="max_tokens", what="negative max_tokens")
+expect_error(400, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, param="max_tokens",
+             what="max_tokens 0 without echo")
 expect_error(400, "POST", chat, {"messages": USER, "n": 2}, param="n", what="n > 1")
 expect_error(400, "POST", chat, {"messages": USER, "stream_options": {"include_usage": True}}, param="stream_options",
              what="stream_options without stream (as OpenAI)")

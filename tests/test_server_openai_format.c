@@ -256,6 +256,16 @@ static void test_openai_rejects_bad_requests(void **state)
                                        "instead.");
     }
     assert_rejected("{\"prompt\":\"x\",\"logprobs\":true}", false, "logprobs");
+    /* max_tokens 0: a completion with echo scores its prompt; without echo (or in a chat, above) it is refused */
+    assert_rejected("{\"prompt\":\"x\",\"max_tokens\":0}", false, "max_tokens");
+    assert_rejected("{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":false}", false, "max_tokens");
+    {
+        lily_oai_request req;
+        lily_oai_error e;
+        assert_true(parse("{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}", false, &req, &e));
+        assert_int_equal(req.max_tokens, 0);
+        lily_oai_request_free(&req);
+    }
     /* fields lily does not implement are refused unless at their defaults, never silently ignored */
     assert_rejected("{\"prompt\":\"x\",\"suffix\":\"y\"}", false, "suffix");
     assert_rejected("{\"prompt\":\"x\",\"suffix\":5}", false, "suffix");

@@ -776,9 +776,16 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
             goto fail;
     }
     long long mt = -1;
-    if (!get_int(b, "max_tokens", 1, INT32_MAX, &mt, e) || !get_int(b, "max_completion_tokens", 1, INT32_MAX, &mt, e))
+    /* 0 only on a completion with echo (below): scoring a prompt, as the legacy OpenAI API and vLLM allow */
+    if (!get_int(b, "max_tokens", is_chat ? 1 : 0, INT32_MAX, &mt, e) ||
+        !get_int(b, "max_completion_tokens", 1, INT32_MAX, &mt, e))
         goto fail;
     req->max_tokens = (int)mt;
+    if (req->max_tokens == 0 && !req->echo) {
+        bad(e, "max_tokens", "Invalid 'max_tokens': 0 is allowed only with 'echo' (the prompt scored, nothing "
+                             "generated); otherwise at least 1.");
+        goto fail;
+    }
     long long top_k = -1;
     if (!get_number(b, "temperature", 0, 2, &req->temperature, e) || !get_number(b, "top_p", 0, 1, &req->top_p, e) ||
         !get_number(b, "min_p", 0, 1, &req->min_p, e) ||

@@ -1297,6 +1297,13 @@ static void run_generation(lily_service *svc, lily_job *job)
         send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, g.echo_text, NULL, take_logprobs(&g),
                                                       req->include_usage));
 
+    /* max_tokens 0 (a completion with echo: the prompt scored): nothing to generate; "length", as vLLM */
+    if (req->max_tokens == 0) {
+        flush_checkpoints(&g);
+        finish_reply(&g, "length", n_ids, 0, reused);
+        goto done;
+    }
+
     /* 6. decode: the forced opening, the constrained tool name, then the model on its own */
     int n_chosen = 0;
     lily_generate_result res;
