@@ -13,7 +13,8 @@
 #     without sampling fields equals one that sends temperature 1, top_p 0.95, top_k 20, min_p 0, and
 #     differs from one with top_k off), and the request log line names the decode path;
 #   - --host-sampler: every request on the host sampler (the log says it was asked for), the same seeded reply;
-#   - a port already taken: "cannot listen" and exit 1 before the model loads (nothing of the load logged).
+#   - a port already taken: "cannot listen" and exit 1 before the model loads (nothing of the load logged);
+#   - --host 0.0.0.0 without --api-key: a warning (none with a key, none on loopback).
 # usage: bash test_serve_defaults.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -191,5 +192,25 @@ taken.close()
 check(r.returncode == 1 and "cannot listen on 127.0.0.1:" in r.stderr and "prefix cache" not in r.stderr
       and "loading model" not in r.stderr,
       f"a taken port: 'cannot listen' and exit 1, before the model loads ({r.stderr.strip()!r})")
+# every interface without a key: a warning that anyone who can reach the address can use the model; with a
+# key, or on loopback (the servers above), none
+def listen_all(*extra):
+    log = os.path.join(tmp, "all.log")
+    with open(log, "w") as f:
+        q = subprocess.Popen([lily, "serve", "-m", model, "--host", "0.0.0.0", "--port", "0", "--threads", "1", *extra],
+                             stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        end = time.time() + 60
+        while time.time() < end and q.poll() is None and "ready on http://" not in open(log).read():
+            time.sleep(0.05)
+        return open(log).read()
+    finally:
+        q.terminate(); q.wait()
+out = listen_all()
+check("warning: 0.0.0.0 is reachable from other machines and no --api-key is set" in out,
+      f"--host 0.0.0.0 without a key: a warning ({out.strip()[-300:]!r})")
+out = listen_all("--api-key", "k")
+check("ready on http://0.0.0.0:" in out and "warning" not in out, "--host 0.0.0.0 with --api-key: no warning")
+check("warning" not in open(os.path.join(tmp, "host.log")).read(), "127.0.0.1 without a key: no warning")
 sys.exit(t.finish())
 PY

@@ -97,6 +97,13 @@ static bool is_shared_option(const char *a)
 
 /* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL).
  * An empty key, or both options, is a usage error (returns nonzero after saying so). */
+/* Whether a --host address is reachable only from this machine (127.0.0.0/8, ::1, localhost). */
+static bool host_is_loopback(const char *host)
+{
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost") ||
+           !strcmp(host, "[::1]");
+}
+
 static int resolve_api_key(const char **key, const char *file, char *buf, size_t cap)
 {
     if (*key && file) {
@@ -350,6 +357,10 @@ int cmd_serve(int argc, char **argv)
     fprintf(stderr, "lily serve: loading model '%s' from %s; meanwhile listening on http://%s%s%s:%d "
                     "(GET /health answers 503 until the model is loaded)\n",
             name, model_dir, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http));
+    if ((!api_key || !*api_key) && !host_is_loopback(host))
+        fprintf(stderr, "lily serve: warning: %s is reachable from other machines and no --api-key is set: anyone "
+                        "who can reach it can use the model (give --api-key or --api-key-file, or bind 127.0.0.1)\n",
+                host);
     if (lily_scheduler_launch(&sched, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);
         lily_http_quiesce(http);
