@@ -95,8 +95,6 @@ static bool is_shared_option(const char *a)
     return false;
 }
 
-/* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL).
- * An empty key, or both options, is a usage error (returns nonzero after saying so). */
 /* Whether a --host address is reachable only from this machine (127.0.0.0/8, ::1, localhost). */
 static bool host_is_loopback(const char *host)
 {
@@ -104,6 +102,8 @@ static bool host_is_loopback(const char *host)
            !strcmp(host, "[::1]");
 }
 
+/* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL).
+ * An empty key, or both options, is a usage error (returns nonzero after saying so). */
 static int resolve_api_key(const char **key, const char *file, char *buf, size_t cap)
 {
     if (*key && file) {

@@ -827,22 +827,18 @@ static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const ch
 /* Whether the body's end is in doubt: Content-Length headers that disagree, or a Content-Length beside a
  * Transfer-Encoding. A proxy in front of lily may frame such a request otherwise (request smuggling), so it
  * is refused and its connection closed (RFC 9112, sections 6.1 and 6.3). */
-static bool request_framing_ambiguous(struct MHD_Connection *c)
+static bool request_framing_ambiguous(const framing_scan *f)
 {
-    framing_scan f = {0};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
-    return f.lengths_differ || (f.content_length && f.chunked);
+    return f->lengths_differ || (f->content_length && f->chunked);
 }
 
 /* The request's Transfer-Encoding when it is not a single "chunked" (gzip, "gzip, chunked", identity, or the
  * header twice), else NULL. microhttpd decodes only chunked; it reads any other coded body to the end of the
  * connection, so such a request would never be answered (until the idle timeout closes it). A server that
  * cannot decode a request's transfer coding refuses it (RFC 9112 section 6.1). */
-static const char *unsupported_transfer_coding(struct MHD_Connection *c)
+static const char *unsupported_transfer_coding(const framing_scan *f)
 {
-    framing_scan f = {0};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
-    return f.other_coding ? f.coding : NULL;
+    return f->other_coding ? f->coding : NULL;
 }
 
 /* The path of a request-target: an absolute-form target ("http://host:port/v1/models", what a client talking
@@ -882,13 +878,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         mhd_error_status = 0;
         stream_ended_for_client = false;
 
-        if (request_framing_ambiguous(c)) {
+        framing_scan framing = {0};
+        MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &framing);
+        if (request_framing_ambiguous(&framing)) {
             r->close_after = true;
             return send_simple_error(c, r, 400, "invalid_request_error", "ambiguous_framing", NULL,
                                      "Conflicting Content-Length headers, or Content-Length with Transfer-Encoding: "
                                      "the request's body has no single end.");
         }
-        const char *coding = unsupported_transfer_coding(c);
+        const char *coding = unsupported_transfer_coding(&framing);
         if (coding) {
             char coding_text[120], msg[300];
             printable_ascii(coding_text, sizeof coding_text, coding);

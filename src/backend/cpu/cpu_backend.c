@@ -595,10 +595,8 @@ static lily_status cpu_forward(void *ctx, void *state, const int32_t *tokens, in
     hook(c, -1, LILY_STAGE_EMBED, c->hidden, n, H);
 
     /* each residual add is fused with the RMSNorm after it (the next layer's input norm, the final norm) */
-    if (cfg->n_layers > 0)
-        cpu_add_rmsnorm_rows(c, c->hidden, NULL, c->layers[0].input_norm, n, H, cfg->rms_norm_eps, c->normed);
-    else
-        cpu_add_rmsnorm_rows(c, c->hidden, NULL, c->final_norm, n, H, cfg->rms_norm_eps, c->normed);
+    cpu_add_rmsnorm_rows(c, c->hidden, NULL, cfg->n_layers > 0 ? c->layers[0].input_norm : c->final_norm, n, H,
+                         cfg->rms_norm_eps, c->normed);
     cpu_prof_mark(c, CPU_STAGE_NORM);
     for (int l = 0; l < cfg->n_layers; l++) {
         const cpu_layer_params *p = &c->layers[l];

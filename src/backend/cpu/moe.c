@@ -55,8 +55,7 @@ static void softmax_rows(float *x, int n, int dim)
 
 typedef struct {
     cpu_ctx *c;
-    const float *x; /* the shared add: the MoE input, for nothing; out [n, hidden] */
-    float *out;
+    float *out; /* the block's output [n, hidden] (the shared add) */
 } moe_rows_job;
 
 /* Rows [r0, r1): the router's softmax and top-k. */
@@ -71,7 +70,12 @@ static void router_rows(void *arg, int r0, int r1)
                   c->topk_weights + (int64_t)r0 * k);
 }
 
-static void swiglu(float *gate, const float *up, int64_t count);
+/* hid = silu(gate) ⊙ up over [n, width], into gate */
+static void swiglu(float *gate, const float *up, int64_t count)
+{
+    for (int64_t i = 0; i < count; i++)
+        gate[i] = cpu_silu(gate[i]) * up[i];
+}
 
 /* Rows [r0, r1): the shared expert's hidden silu(gate) ⊙ up, into moe_gate. */
 static void shared_swiglu_rows(void *arg, int r0, int r1)
@@ -96,13 +100,6 @@ static void shared_add_rows(void *arg, int r0, int r1)
     }
 }
 
-/* hid = silu(gate) ⊙ up over [n, width], into gate */
-static void swiglu(float *gate, const float *up, int64_t count)
-{
-    for (int64_t i = 0; i < count; i++)
-        gate[i] = cpu_silu(gate[i]) * up[i];
-}
-
 void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
 {
     const lily_config *cfg = c->cfg;
@@ -117,7 +114,7 @@ void cpu_moe_forward(cpu_ctx *c, int layer, const float *x, int n, float *out)
     float *const in_y[] = {c->router_probs, c->moe_gate, c->moe_up, c->shared_gate_logit};
     const bool x_in_qact = cpu_matmul_many(c, fast ? 4 : 1, in_w, x, n, in_y);
     cpu_prof_mark(c, CPU_STAGE_MOE_ROUTER);
-    moe_rows_job rj = {c, x, out};
+    moe_rows_job rj = {c, out};
     cpu_parallel_rows(c, n, router_rows, &rj);
 
     /* group (token, slot) pairs by expert: counting sort keeps tokens ascending within an expert */
