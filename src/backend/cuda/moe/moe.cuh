@@ -41,6 +41,9 @@ struct moe_args {
     dmat router, router_shared;
     unsigned long long *logit_pub;
     unsigned long long *timeline; /* per-block stamps of the decode kernels (timeline.cuh); NULL: none */
+    /* Decode, moe_down_mma: 1 = each lane loads its weight fragment into registers (the A/B baseline);
+     * 0 = each warp's expert tile is fetched by bulk copies into shared memory where moe_down_bulk_ok. */
+    int down_regs;
 };
 /* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
 #define MOE_PUB_WORDS 32
@@ -56,6 +59,10 @@ bool moe_route_supported(int gu_bits, int down_bits, int hidden, int inter, int 
 bool moe_decode_mma_supported(const moe_args &a, int n_tokens);
 cudaError_t launch_moe_gate_up_mma(const moe_args &a, cudaStream_t s);
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s);
+/* Whether launch_moe_down_mma stages the expert tiles by bulk copies (the one place this is chosen):
+ * a.down_regs == 0, the sm_90 code running, down / sdown rows a multiple of 16 bytes and data, scales and
+ * biases 16-byte aligned. Results are bit-identical either way. */
+bool moe_down_bulk_ok(const moe_args &a);
 /* Whether the MoE kernels of layer `layer` use the tagged top-k (PDL on sm_90 code, layer < 256). */
 bool moe_early_ids_wanted(int layer);
 /* Whether moe_gate_up_mma computes the router itself (a.logit_pub, a.router set; the caller launches no

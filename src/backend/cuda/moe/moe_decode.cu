@@ -10,7 +10,9 @@
  *     expert, whose rows are loaded before pdl_wait(); a routed slot reads its expert id right after the
  *     wait and issues its loads before normalising x.
  *   moe_down_mma: block = 16 output rows, one warp per slot (top_k + 1 warps), each building its own
- *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
+ *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r];
+ *     its weights by bulk copies into shared memory (moe_down_bulk_ok) or, moe_args.down_regs, by
+ *     per-lane loads into registers.
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
  *
  * Early ids (with PDL): the gate/up block of item 0, which ranks the top-k,
@@ -38,6 +40,7 @@
  */
 #include "backend/cuda/gemv/gemv_common.cuh"
 #include "backend/cuda/gemv/mma_gemv.cuh"
+#include "backend/cuda/gemv/bulk_copy.cuh"
 #include "moe_topk.cuh"
 
 #define MD_WARPS 8
@@ -325,26 +328,50 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     }
 }
 
-/* EARLY: the ids and weights from the tagged words, polled before pdl_wait (moe_early_ids_on). */
-template <bool EARLY>
+/* EARLY: the ids and weights from the tagged words, polled before pdl_wait (moe_early_ids_on).
+ * BULK (moe_down_bulk_ok): each warp's 16-row tile of its expert (rows, scales, biases) is fetched by 18
+ * bulk copies (gs_fill_tile, lanes 0..17) into its own shared-memory slot (gs_slot_bytes(inter) bytes,
+ * before the x area), completing on the warp's mbarrier, and read back with mg_load_smem after the x
+ * fragments are built; otherwise (main's path) each lane issues its fragment's loads (mg_load: per
+ * 128-column step two 16-byte weight loads and four 4-byte scale / bias loads) into registers. The
+ * fragments are identical, so the results are bit-identical. */
+template <bool EARLY, bool BULK>
 __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
 {
     tl_block<> tl(a.timeline);
     extern __shared__ __align__(16) float md_smem[];
     const int I = a.inter, slots = a.top_k - a.cpu_slots + 1; /* warps: the routed slots here, then the shared */
-    uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem);             /* [slots][I / 8] */
-    float *s_off = md_smem + slots * I / 2, *s_xsum = s_off + slots * (I / 64);
+    const int tile_bytes = BULK ? gs_slot_bytes(I) : 0, ws = I / 2 + GS_ROW_PAD, gpr = I / 64;
+    unsigned char *s_tiles = reinterpret_cast<unsigned char *>(md_smem); /* BULK: [slots][tile_bytes] */
+    float *x_area = md_smem + slots * tile_bytes / 4;
+    uint4 *s_xh = reinterpret_cast<uint4 *>(x_area);             /* [slots][I / 8] */
+    float *s_off = x_area + slots * I / 2, *s_xsum = s_off + slots * (I / 64);
     __shared__ float s_part[MD_MAX_SLOTS][16];
+    __shared__ __align__(8) uint64_t s_full[MD_MAX_SLOTS]; /* BULK: warp wi's tile has landed */
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const bool shared = wi == slots - 1;
     const int slot = shared ? a.top_k : wi;
     const dmat &W = shared ? a.sdown : a.down;
     const int r0 = blockIdx.x * 16, steps = I / 128;
     const int ra = min(r0 + g, a.hidden - 1), rb = min(r0 + g + 8, a.hidden - 1);
+    unsigned char *my_tile = s_tiles + wi * tile_bytes;
+    if (BULK) { /* one arrival (lane 0's expect_tx) and the copies' bytes; this warp alone uses it */
+        if (lane == 0)
+            gs_mbar_init(&s_full[wi], 1);
+        gs_mbar_init_fence();
+        __syncwarp();
+    }
 
     mg_frag f;
+    /* expert e's rows r0.. (e = 0: the shared expert) */
+    auto load = [&](int64_t e) {
+        if constexpr (BULK)
+            gs_fill_tile(my_tile, W, e * a.hidden + r0, min(16, a.hidden - r0), &s_full[wi], lane);
+        else
+            mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
+    };
     if (shared)
-        mg_load(W, ra, rb, 0, steps, t, f);
+        load(0);
     pdl_trigger();
     float wk = 0.0f;
     if (EARLY) {
@@ -376,8 +403,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
         }
         __syncthreads();
         if (!shared) {
-            const int64_t e = s_e[slot];
-            mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
+            load(s_e[slot]);
             wk = s_w[slot];
         }
         pdl_wait();
@@ -388,8 +414,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
         pdl_wait();
         tl.waited();
         if (!shared) {
-            const int64_t e = __ldcg(a.topk_idx + slot);
-            mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
+            load(__ldcg(a.topk_idx + slot));
             wk = __ldcg(a.topk_w + slot);
         } else {
             wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
@@ -418,6 +443,11 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     mg_group_sums(xh, I, off, xsum, lane, 32);
     __syncwarp();
     tl.mark();
+    if constexpr (BULK) {
+        gs_mbar_wait(&s_full[wi], 0);
+        mg_load_smem(my_tile, ws, reinterpret_cast<const __nv_bfloat16 *>(my_tile + 16 * ws),
+                     reinterpret_cast<const __nv_bfloat16 *>(my_tile + 16 * ws + 32 * gpr), gpr, 0, steps, g, t, f);
+    }
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, 0, steps, xh, off, xsum, g, t, acc_a, acc_b);
     if (t == 0) {
@@ -526,11 +556,39 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
                       smem, s, a, tiles);
 }
 
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+bool moe_down_bulk_ok(const moe_args &a)
+{
+    if (a.down_regs || !cuda_sm90_code())
+        return false;
+    const dmat *m[2] = {&a.down, &a.sdown};
+    for (int k = 0; k < 2; k++) /* gs_fill_tile: 16-byte rows; tile scale / bias rows 16 · I / 32 bytes apart */
+        if (m[k]->row_bytes % 16 || !aligned16(m[k]->data) || !aligned16(m[k]->scales) || !aligned16(m[k]->biases))
+            return false;
+    return true;
+}
+
+/* moe_down_mma_kernel<EARLY, BULK>: opt in to its shared memory (beyond 48 KiB with BULK and many slots) */
+template <bool EARLY, bool BULK>
+static cudaError_t down_go(const moe_args &a, size_t smem, cudaStream_t s)
+{
+    static size_t smem_set = 48 * 1024;
+    cudaError_t e = cuda_smem_opt_in(moe_down_mma_kernel<EARLY, BULK>, smem, &smem_set);
+    if (e != cudaSuccess)
+        return e;
+    const int slots = a.top_k - a.cpu_slots + 1;
+    return launch_pdl(moe_down_mma_kernel<EARLY, BULK>, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);
+}
+
 cudaError_t launch_moe_down_mma(const moe_args &a, cudaStream_t s)
 {
     const int slots = a.top_k - a.cpu_slots + 1, I = a.inter;
-    const size_t smem = ((size_t)slots * (I / 2) + 2 * (size_t)slots * (I / 64)) * sizeof(float);
-    if (moe_early_ids_on(a))
-        return launch_pdl(moe_down_mma_kernel<true>, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);
-    return launch_pdl(moe_down_mma_kernel<false>, dim3((a.hidden + 15) / 16), dim3(slots * 32), smem, s, a);
+    size_t smem = ((size_t)slots * (I / 2) + 2 * (size_t)slots * (I / 64)) * sizeof(float);
+    const bool early = moe_early_ids_on(a);
+    if (moe_down_bulk_ok(a)) {
+        smem += (size_t)slots * gs_slot_bytes(I);
+        return early ? down_go<true, true>(a, smem, s) : down_go<false, true>(a, smem, s);
+    }
+    return early ? down_go<true, false>(a, smem, s) : down_go<false, false>(a, smem, s);
 }
