@@ -83,23 +83,24 @@ __device__ __forceinline__ void gs_mbar_init_fence(void)
 __host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (cols / 2 + GS_ROW_PAD) + 16 * (cols / 64) * 4; }
 
 /* One warp copies rows r0 .. r0 + nrows - 1 (physical rows of W, experts folded in; nrows <= 16) into the
- * tile at `slot` (gs_slot_bytes(W.cols) bytes, 16-byte aligned): lane 0 arms `bar` with the bytes, then
+ * tile at `slot` (gs_slot_bytes(cols) bytes, 16-byte aligned; row_bytes = cols / 2, ws = row_bytes +
+ * GS_ROW_PAD, gpr = cols / 64 passed in as the caller has them): lane 0 arms `bar` with the bytes, then
  * lanes 0..nrows-1 copy one row each, lane 16 the scales, lane 17 the biases (18 bulk copies). Requires
- * W.row_bytes % 16 == 0 and 16-byte aligned data / scales / biases rows (cols / 64 · 2 · r0 % 16 == 0).
- * Completion: gs_mbar_wait(bar, phase parity); the tile is then read with mg_load_smem(slot, cols / 2 +
- * GS_ROW_PAD, slot + 16 · (cols / 2 + GS_ROW_PAD), + 32 · (cols / 64), ...). */
-__device__ __forceinline__ void gs_fill_tile(unsigned char *slot, const dmat &W, int64_t r0, int nrows, uint64_t *bar, int lane)
+ * W.row_bytes % 16 == 0 and 16-byte aligned data / scales / biases rows (2 · gpr · r0 % 16 == 0).
+ * Completion: gs_mbar_wait(bar, phase parity); the tile is then read with mg_load_smem(slot, ws,
+ * slot + 16 · ws, slot + 16 · ws + 32 · gpr, ...). */
+__device__ __forceinline__ void gs_fill_tile(unsigned char *slot, const dmat &W, int r0, int nrows, int row_bytes, int ws,
+                                             int gpr, uint64_t *bar, int lane)
 {
-    const int row_bytes = W.cols / 2, ws = row_bytes + GS_ROW_PAD, gpr = W.cols / 64;
     if (lane == 0)
         gs_mbar_expect_tx(bar, (unsigned int)(nrows * (row_bytes + 4 * gpr)));
     __syncwarp();
     if (lane < nrows)
-        gs_bulk_copy(slot + lane * ws, W.data + (r0 + lane) * W.row_bytes, row_bytes, bar);
+        gs_bulk_copy(slot + lane * ws, W.data + (int64_t)(r0 + lane) * W.row_bytes, row_bytes, bar);
     else if (lane == 16)
-        gs_bulk_copy(slot + 16 * ws, W.scales + r0 * gpr, nrows * gpr * 2, bar);
+        gs_bulk_copy(slot + 16 * ws, W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, bar);
     else if (lane == 17)
-        gs_bulk_copy(slot + 16 * ws + 32 * gpr, W.biases + r0 * gpr, nrows * gpr * 2, bar);
+        gs_bulk_copy(slot + 16 * ws + 32 * gpr, W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, bar);
 }
 
 #endif

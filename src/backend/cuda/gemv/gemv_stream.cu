@@ -72,7 +72,17 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         int m = 0, r0 = 0;
         mg_locate(b, tile, &m, &r0);
         const dmat &W = b.m[m];
-        gs_fill_tile(my_slots + (size_t)k * RT * slot_bytes, W, r0, min(16, W.rows - r0), &my_full[k], lane);
+        const int nrows = min(16, W.rows - r0);
+        unsigned char *slot = my_slots + (size_t)k * RT * slot_bytes;
+        if (lane == 0)
+            gs_mbar_expect_tx(&my_full[k], (unsigned int)(nrows * (row_bytes + 4 * gpr)));
+        __syncwarp();
+        if (lane < nrows)
+            gs_bulk_copy(slot + lane * ws, W.data + (int64_t)(r0 + lane) * W.row_bytes, row_bytes, &my_full[k]);
+        else if (lane == 16)
+            gs_bulk_copy(slot + 16 * ws, W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
+        else if (lane == 17)
+            gs_bulk_copy(slot + 16 * ws + 32 * gpr, W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
     };
     if (ks == 0)
         for (int i = 0; i < stages; i++)

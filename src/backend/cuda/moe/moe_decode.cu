@@ -366,7 +366,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     /* expert e's rows r0.. (e = 0: the shared expert) */
     auto load = [&](int64_t e) {
         if constexpr (BULK)
-            gs_fill_tile(my_tile, W, e * a.hidden + r0, min(16, a.hidden - r0), &s_full[wi], lane);
+            gs_fill_tile(my_tile, W, (int)e * a.hidden + r0, min(16, a.hidden - r0), I / 2, ws, gpr, &s_full[wi], lane);
         else
             mg_load(W, e * a.hidden + ra, e * a.hidden + rb, 0, steps, t, f);
     };
