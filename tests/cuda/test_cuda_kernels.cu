@@ -468,6 +468,29 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
         return;
     }
     std::vector<float> got = host_copy(dh, (size_t)n * hidden);
+    if (decode && n == 1 && moe_decode_mma_supported(a, n)) {
+        /* moe_down_mma's two weight paths (bulk copies into shared memory where moe_down_bulk_ok, else
+         * per-lane register loads: moe_args.down_regs) on the same hid: bit-identical outputs */
+        const bool bulk = moe_down_bulk_ok(a);
+        CK(cudaMemcpy(dh, h.data(), (size_t)hidden * 4, cudaMemcpyHostToDevice));
+        moe_args ar = a;
+        ar.down_regs = 1;
+        const bool regs_ok = !moe_down_bulk_ok(ar);
+        cudaError_t e3 = launch_moe_down(ar, n, 0);
+        std::vector<float> got_regs = host_copy(dh, (size_t)hidden);
+        int diff = 0;
+        for (int i = 0; i < hidden; i++)
+            diff += memcmp(&got[i], &got_regs[i], 4) != 0;
+        g_checks++;
+        if (e3 != cudaSuccess || diff || !regs_ok || bulk != cuda_sm90_code()) {
+            g_fail++;
+            printf("FAIL moe_down bulk vs registers hidden %d inter %d top-%d: %s, %d of %d differ, bulk %d (sm90 %d)\n",
+                   hidden, inter, K, cudaGetErrorString(e3), diff, hidden, (int)bulk, (int)cuda_sm90_code());
+        } else {
+            printf("ok   moe_down %s vs registers hidden %d inter %d top-%d: bit-identical\n",
+                   bulk ? "bulk copies" : "(no sm_90 code: registers)", hidden, inter, K);
+        }
+    }
     std::vector<double> want((size_t)n * hidden), mag((size_t)n * hidden);
     for (int t = 0; t < n; t++) {
         const float *lg = &logits[(size_t)t * (E + 1)];
@@ -1124,6 +1147,8 @@ int main(void)
     test_moe(4, 2048, 32, 10, 512, 1, true); /* 11 x 32 items: more than one wave past the shared tiles */
     test_moe(4, 512, 64, 8, 128, 1, true);
     test_moe(4, 1024, 16, 4, 256, 1, true);
+    /* moe_down_mma's widest block: 16 slots, with bulk copies 16 staged tiles (~106 KiB of shared memory) */
+    test_moe(4, 2048, 32, 15, 512, 1, true);
     test_moe(4, 2048, 32, 8, 512, 2);
     test_moe(4, 128, 256, 8, 64, 7);
     test_moe(8, 512, 64, 8, 128, 7);
