@@ -394,7 +394,14 @@ static void test_openai_logprobs_and_invalid_utf8(void **state)
     s = dump(lily_oai_completion_logprobs_json(&lp, 1, 4));
     assert_non_null(strstr(s, "\"token_logprobs\":[-0.5]"));
     assert_non_null(strstr(s, "\"text_offset\":[4]"));
+    /* the sampled token is always among the legacy top_logprobs (OpenAI: "up to logprobs+1 elements"; vLLM) */
+    assert_non_null(strstr(s, "\"top_logprobs\":[{\"A\":-0.25,\"\xEF\xBF\xBD\xEF\xBF\xBD\":-0.5}]"));
     free(s);
+    lp.n_top = 0; /* logprobs: 0 still reports the sampled token */
+    s = dump(lily_oai_completion_logprobs_json(&lp, 1, 0));
+    assert_non_null(strstr(s, "\"top_logprobs\":[{\"\xEF\xBF\xBD\xEF\xBF\xBD\":-0.5}]"));
+    free(s);
+    lp.n_top = 1;
     lily_oai_logprob_clear(&lp);
 }
 

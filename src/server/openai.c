@@ -976,6 +976,12 @@ json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, in
                 json_object_set_new(top, json_string_value(key), logprob_value(lps[i].top[k].logprob));
             json_decref(key);
         }
+        /* The sampled token is always among them, as OpenAI documents ("up to logprobs+1 elements") and vLLM
+         * does: `logprobs: 0` gives it alone, and a client may take max(top) as the greedy token's. */
+        json_t *sampled = top ? lily_oai_string(lps[i].token, lps[i].token_len) : NULL;
+        if (sampled && !json_object_get(top, json_string_value(sampled)))
+            json_object_set_new(top, json_string_value(sampled), logprob_value(lps[i].logprob));
+        json_decref(sampled);
         json_array_append_new(tops, top);
         json_array_append_new(offsets, json_integer(offset));
         offset += lps[i].token_len;

@@ -147,7 +147,8 @@ void lily_oai_logprob_clear(lily_oai_logprob *lp);
 
 /* Chat logprobs {"content":[{token, logprob, bytes, top_logprobs}...]} for n entries (new reference). */
 json_t *lily_oai_chat_logprobs_json(const lily_oai_logprob *lps, int n);
-/* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} (text_offset from offset0). */
+/* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} (text_offset from offset0); each
+ * top_logprobs dict holds the top entries and the sampled token (OpenAI: up to logprobs + 1 entries). */
 json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, int offset0);
 
 /* Identity of one response: shared by its chunks. */
