@@ -202,16 +202,21 @@ expect_error(400, "POST", chat, {"messages": USER, "stream_options": {"include_u
 expect_error(400, "POST", "/v1/completions", {"prompt": "Hi", "stream": False, "stream_options": {}},
              param="stream_options", what="stream_options with stream false")
 # vLLM extensions lily does not implement are refused when set, not dropped (a reply made without them would
-# silently be another reply): ignore_eos, min_tokens, continue_final_message, add_generation_prompt false
+# silently be another reply): ignore_eos, min_tokens, guided_json, stop_token_ids, include_stop_str_in_output,
+# continue_final_message, add_generation_prompt false
 PREFILL = USER + [{"role": "assistant", "content": "Sure"}]
 for path, body, param in ((chat, {"messages": USER, "ignore_eos": True}, "ignore_eos"),
                           ("/v1/completions", {"prompt": "Hi", "ignore_eos": True}, "ignore_eos"),
                           (chat, {"messages": USER, "min_tokens": 4}, "min_tokens"),
+                          (chat, {"messages": USER, "guided_json": {"type": "object"}}, "guided_json"),
+                          ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [1]}, "stop_token_ids"),
+                          (chat, {"messages": USER, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
                           (chat, {"messages": PREFILL, "continue_final_message": True,
                                   "add_generation_prompt": False}, "continue_final_message"),
                           (chat, {"messages": USER, "add_generation_prompt": False}, "add_generation_prompt")):
     expect_error(400, "POST", path, body, param=param, what=f"{path} {param} (not implemented: refused, not ignored)")
 s, r = request("POST", chat, {"messages": USER, "max_tokens": 2, "ignore_eos": False, "min_tokens": 0,
+                              "guided_json": None, "stop_token_ids": [], "include_stop_str_in_output": False,
                               "continue_final_message": False, "add_generation_prompt": True})
 check(s == 200, f"those fields at their defaults are accepted ({s})")
 expect_error(400, "POST", chat, {"messages": [{"role": "wizard", "content": "x"}]}, what="unknown role")

@@ -405,6 +405,57 @@ static void test_openai_logprobs_and_invalid_utf8(void **state)
     lily_oai_logprob_clear(&lp);
 }
 
+/* Other engines' fields that change what the reply is (vLLM's guided decoding, stop ids, beam search, prompt
+ * logprobs, chat echo; llama.cpp's grammar and json_schema; SGLang's regex and ebnf) are refused when set, not
+ * dropped: a reply made without them would silently be another reply. At their defaults they are accepted. */
+static void test_openai_refuses_unimplemented_extensions(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *field, *param;
+        bool chat_only;
+    } set[] = {
+        {"\"include_stop_str_in_output\":true", "include_stop_str_in_output", false},
+        {"\"stop_token_ids\":[13]", "stop_token_ids", false},
+        {"\"use_beam_search\":true", "use_beam_search", false},
+        {"\"prompt_logprobs\":1", "prompt_logprobs", false},
+        {"\"guided_json\":{\"type\":\"object\"}", "guided_json", false},
+        {"\"guided_regex\":\"a+\"", "guided_regex", false},
+        {"\"guided_choice\":[\"a\",\"b\"]", "guided_choice", false},
+        {"\"guided_grammar\":\"root ::= \\\"a\\\"\"", "guided_grammar", false},
+        {"\"structured_outputs\":{\"json\":{\"type\":\"object\"}}", "structured_outputs", false},
+        {"\"grammar\":\"root ::= \\\"a\\\"\"", "grammar", false},
+        {"\"json_schema\":{\"type\":\"object\"}", "json_schema", false},
+        {"\"regex\":\"a+\"", "regex", false},
+        {"\"ebnf\":\"root ::= \\\"a\\\"\"", "ebnf", false},
+        {"\"echo\":true", "echo", true},
+        {"\"best_of\":2", "best_of", true},
+    };
+    char body[512];
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
+        for (int chat = 1; chat >= (set[i].chat_only ? 1 : 0); chat--) {
+            snprintf(body, sizeof body, chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}"
+                                             : "{\"prompt\":\"hi\",%s}", set[i].field);
+            assert_rejected(body, chat, set[i].param);
+        }
+    static const char *const defaults =
+        "\"include_stop_str_in_output\":false,\"stop_token_ids\":[],\"use_beam_search\":false,"
+        "\"prompt_logprobs\":null,\"guided_json\":null,\"guided_regex\":null,\"guided_choice\":null,"
+        "\"guided_grammar\":null,\"structured_outputs\":null,\"grammar\":\"\",\"json_schema\":null,"
+        "\"regex\":null,\"ebnf\":null,\"best_of\":1";
+    for (int chat = 0; chat < 2; chat++) {
+        snprintf(body, sizeof body, chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"echo\":false,%s}"
+                                         : "{\"prompt\":\"hi\",%s}", defaults);
+        lily_oai_request req;
+        lily_oai_error e;
+        if (!parse(body, chat, &req, &e)) {
+            print_error("refused (%s): %s\n", e.message, body);
+            fail();
+        }
+        lily_oai_request_free(&req);
+    }
+}
+
 /* Every prefix of a full request, and every single-byte corruption of it, parses or fails cleanly. */
 static void test_openai_truncated_and_corrupted_bodies_never_crash(void **state)
 {
@@ -596,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_openai_request_fields),
         cmocka_unit_test(test_openai_tool_choice),
         cmocka_unit_test(test_openai_rejects_bad_requests),
+        cmocka_unit_test(test_openai_refuses_unimplemented_extensions),
         cmocka_unit_test(test_openai_completions_prompt_forms),
         cmocka_unit_test(test_openai_error_json),
         cmocka_unit_test(test_openai_chat_response_shape),

@@ -691,8 +691,10 @@ static bool check_unsupported_completion(json_t *b, lily_oai_error *e)
     return true;
 }
 
-/* vLLM's extensions that lily does not implement, refused unless they hold their defaults, so a client that
- * sends one never gets a reply made without it: ignore_eos false, min_tokens 0, and on chat
+/* Other engines' extensions that lily does not implement, refused unless they hold their defaults, so a client
+ * that sends one never gets a reply made without it: vLLM's ignore_eos false, min_tokens 0,
+ * include_stop_str_in_output and use_beam_search false, stop_token_ids and prompt_logprobs null (or no ids), the
+ * constrained-decoding fields of vLLM, llama.cpp and SGLang null, and on chat echo false, best_of 1,
  * continue_final_message false and add_generation_prompt true (a prefill goes through /v1/messages). */
 static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error *e)
 {
@@ -705,8 +707,44 @@ static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error
                                     "tokens; ban them with 'logit_bias' instead).");
     if (min_tokens > 0)
         return bad(e, "min_tokens", "Invalid value for 'min_tokens': not supported (got %lld).", min_tokens);
+    /* Constrained decoding under other engines' names (vLLM's guided_* and structured_outputs, llama.cpp's
+     * grammar and json_schema, SGLang's regex and ebnf): lily's is response_format; null (and an empty grammar,
+     * llama.cpp's default) means none. */
+    static const char *const constraints[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                              "structured_outputs", "grammar", "json_schema", "regex", "ebnf"};
+    for (size_t k = 0; k < sizeof constraints / sizeof constraints[0]; k++) {
+        json_t *v = json_object_get(b, constraints[k]);
+        if (v && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
+            return bad(e, constraints[k], "Invalid value for '%s': not supported; for structured output use "
+                       "'response_format' ({\"type\": \"json_schema\", ...} or {\"type\": \"json_object\"}).",
+                       constraints[k]);
+    }
+    bool stop_str = false, beam = false;
+    if (!get_bool(b, "include_stop_str_in_output", &stop_str, e) || !get_bool(b, "use_beam_search", &beam, e))
+        return false;
+    if (stop_str)
+        return bad(e, "include_stop_str_in_output", "Invalid value for 'include_stop_str_in_output': not supported "
+                   "(the reply ends before the stop string; the matched one is not returned).");
+    if (beam)
+        return bad(e, "use_beam_search", "Invalid value for 'use_beam_search': not supported.");
+    json_t *stop_ids = json_object_get(b, "stop_token_ids");
+    if (stop_ids && !json_is_null(stop_ids) && !(json_is_array(stop_ids) && !json_array_size(stop_ids)))
+        return bad(e, "stop_token_ids", "Invalid value for 'stop_token_ids': not supported (a reply ends at the "
+                   "model's stop tokens; use 'stop' strings).");
+    json_t *prompt_lps = json_object_get(b, "prompt_logprobs");
+    if (prompt_lps && !json_is_null(prompt_lps))
+        return bad(e, "prompt_logprobs", "Invalid value for 'prompt_logprobs': not supported%s.",
+                   is_chat ? "" : " (/v1/completions scores the prompt with 'echo' and 'logprobs')");
     if (!is_chat)
         return true;
+    bool echo = false;
+    long long best_of = 1;
+    if (!get_bool(b, "echo", &echo, e) || !get_int(b, "best_of", 1, 1 << 20, &best_of, e))
+        return false;
+    if (echo)
+        return bad(e, "echo", "Invalid value for 'echo': not supported on chat completions (/v1/completions takes it).");
+    if (best_of != 1)
+        return bad(e, "best_of", "Invalid value for 'best_of': only best_of=1 is supported (got %lld).", best_of);
     if (!get_bool(b, "continue_final_message", &cont, e) || !get_bool(b, "add_generation_prompt", &gen_prompt, e))
         return false;
     if (cont)
