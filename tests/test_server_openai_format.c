@@ -406,8 +406,9 @@ static void test_openai_logprobs_and_invalid_utf8(void **state)
 }
 
 /* Other engines' fields that change what the reply is (vLLM's guided decoding, stop ids, beam search, prompt
- * logprobs, chat echo; llama.cpp's grammar and json_schema; SGLang's regex and ebnf) are refused when set, not
- * dropped: a reply made without them would silently be another reply. At their defaults they are accepted. */
+ * logprobs, chat echo; llama.cpp's grammar and json_schema; SGLang's regex and ebnf; OpenAI's deprecated
+ * functions / function_call) are refused when set, not dropped: a reply made without them would silently be
+ * another reply. At their defaults they are accepted. */
 static void test_openai_refuses_unimplemented_extensions(void **state)
 {
     (void)state;
@@ -430,6 +431,8 @@ static void test_openai_refuses_unimplemented_extensions(void **state)
         {"\"ebnf\":\"root ::= \\\"a\\\"\"", "ebnf", false},
         {"\"echo\":true", "echo", true},
         {"\"best_of\":2", "best_of", true},
+        {"\"functions\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}]", "functions", true},
+        {"\"function_call\":{\"name\":\"f\"}", "function_call", true},
     };
     char body[512];
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
@@ -438,11 +441,14 @@ static void test_openai_refuses_unimplemented_extensions(void **state)
                                              : "{\"prompt\":\"hi\",%s}", set[i].field);
             assert_rejected(body, chat, set[i].param);
         }
+    /* OpenAI's deprecated function calling, in the history too: tool_calls and role "tool" carry it */
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+                    "\"function_call\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}", true, "messages[1].function_call");
     static const char *const defaults =
         "\"include_stop_str_in_output\":false,\"stop_token_ids\":[],\"use_beam_search\":false,"
         "\"prompt_logprobs\":null,\"guided_json\":null,\"guided_regex\":null,\"guided_choice\":null,"
         "\"guided_grammar\":null,\"structured_outputs\":null,\"grammar\":\"\",\"json_schema\":null,"
-        "\"regex\":null,\"ebnf\":null,\"best_of\":1";
+        "\"regex\":null,\"ebnf\":null,\"best_of\":1,\"functions\":[],\"function_call\":null";
     for (int chat = 0; chat < 2; chat++) {
         snprintf(body, sizeof body, chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"echo\":false,%s}"
                                          : "{\"prompt\":\"hi\",%s}", defaults);

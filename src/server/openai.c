@@ -336,6 +336,12 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
             return bad(e, param, "Invalid type for '%s': expected a string or an array of content parts, but got "
                                  "%s instead.", param, json_kind(content));
         }
+        json_t *legacy_call = json_object_get(m, "function_call");
+        if (legacy_call && !json_is_null(legacy_call)) { /* would be dropped from the prompt unseen */
+            snprintf(param, sizeof param, "messages[%zu].function_call", i);
+            return bad(e, param, "Invalid '%s': the deprecated function calling is not supported; send the call as "
+                                 "'tool_calls' and its result as a 'tool' message.", param);
+        }
         json_t *calls = json_object_get(m, "tool_calls");
         if (calls && !json_is_null(calls)) {
             snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
@@ -694,8 +700,9 @@ static bool check_unsupported_completion(json_t *b, lily_oai_error *e)
 /* Other engines' extensions that lily does not implement, refused unless they hold their defaults, so a client
  * that sends one never gets a reply made without it: vLLM's ignore_eos false, min_tokens 0,
  * include_stop_str_in_output and use_beam_search false, stop_token_ids and prompt_logprobs null (or no ids), the
- * constrained-decoding fields of vLLM, llama.cpp and SGLang null, and on chat echo false, best_of 1,
- * continue_final_message false and add_generation_prompt true (a prefill goes through /v1/messages). */
+ * constrained-decoding fields of vLLM, llama.cpp and SGLang null, and on chat echo false, best_of 1, OpenAI's
+ * deprecated functions (none) and function_call (null), continue_final_message false and add_generation_prompt
+ * true (a prefill goes through /v1/messages). */
 static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error *e)
 {
     bool ignore_eos = false, cont = false, gen_prompt = true;
@@ -743,6 +750,13 @@ static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error
         return false;
     if (echo)
         return bad(e, "echo", "Invalid value for 'echo': not supported on chat completions (/v1/completions takes it).");
+    json_t *functions = json_object_get(b, "functions"), *function_call = json_object_get(b, "function_call");
+    if (functions && !json_is_null(functions) && !(json_is_array(functions) && !json_array_size(functions)))
+        return bad(e, "functions", "Invalid value for 'functions': the deprecated function calling is not supported; "
+                                   "send 'tools' (and 'tool_choice') instead.");
+    if (function_call && !json_is_null(function_call))
+        return bad(e, "function_call", "Invalid value for 'function_call': the deprecated function calling is not "
+                                       "supported; send 'tool_choice' (and 'tools') instead.");
     if (best_of != 1)
         return bad(e, "best_of", "Invalid value for 'best_of': only best_of=1 is supported (got %lld).", best_of);
     if (!get_bool(b, "continue_final_message", &cont, e) || !get_bool(b, "add_generation_prompt", &gen_prompt, e))
