@@ -154,8 +154,9 @@ static void fake_run(void *user, lily_job *job)
         return;
     }
     if (!req->stream) {
-        json_t *r = req->is_chat ? lily_oai_chat_response(&id, "Hello world", NULL, NULL, 0, "stop", NULL, &usage)
-                                 : lily_oai_completion_response(&id, "Hello world", "length", NULL, &usage);
+        json_t *r = req->is_chat ? lily_oai_chat_response(&id, "Hello world", 11, NULL, 0, NULL, 0, "stop", NULL,
+                                                          &usage)
+                                 : lily_oai_completion_response(&id, "Hello world", 11, "length", NULL, &usage);
         char *s = lily_oai_dump(r);
         json_decref(r);
         lily_job_begin(job, 200, false);

@@ -173,6 +173,28 @@ for stream in (False, True):
           f"max_tokens 0 with echo{' (streamed)' if stream else ''}: the prompt's logprobs, no completion "
           f"({s} {str(r)[:300]})")
 
+# U+0000 the model writes is kept, as other characters (strings may hold it): the token of "\u0000", forced by
+# logit_bias, three times, in a chat reply (thinking off) and a completion, streamed or not
+s, tok = request("POST", "/tokenize", {"content": "\u0000"})
+check(s == 200 and len(tok["tokens"]) == 1, f"/tokenize: U+0000 is one token ({tok})")
+if s == 200:
+    force_nul = {"max_tokens": 3, "temperature": 0, "logit_bias": {str(tok["tokens"][0]): 100}}
+    no_think = {"enable_thinking": False}
+    for path, body in (("/v1/chat/completions", {"messages": USER, "chat_template_kwargs": no_think, **force_nul}),
+                       ("/v1/completions", {"prompt": "Once", **force_nul})):
+        for stream in (False, True):
+            s, r = request("POST", path, {**body, "stream": stream})
+            if s != 200:
+                text = None
+            elif stream:
+                chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")]
+                text = "".join((c["choices"][0]["delta"].get("content") or "") if path.endswith("chat/completions")
+                               else c["choices"][0]["text"] for c in chunks if c["choices"])
+            else:
+                choice = r["choices"][0]
+                text = choice["message"]["content"] if path.endswith("chat/completions") else choice["text"]
+            check(text == "\u0000" * 3, f"{path}{' streamed' if stream else ''}: three U+0000 kept ({s} {text!r})")
+
 print("errors")
 chat = "/v1/chat/completions"
 

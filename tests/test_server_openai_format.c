@@ -337,7 +337,7 @@ static void test_openai_chat_response_shape(void **state)
     (void)state;
     lily_oai_usage u = {.prompt_tokens = 10, .completion_tokens = 4, .cached_tokens = 6, .reasoning_tokens = 2};
     lily_oai_tool_call call = {.id = "call_1", .name = "get_weather", .arguments = "{\"city\":\"Paris\"}"};
-    char *s = dump(lily_oai_chat_response(&ident, "", "thought", &call, 1, "tool_calls", NULL, &u));
+    char *s = dump(lily_oai_chat_response(&ident, "", 0, "thought", 7, &call, 1, "tool_calls", NULL, &u));
     assert_string_equal(s, "{\"id\":\"chatcmpl-abc\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":"
                            "\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,"
                            "\"reasoning_content\":\"thought\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
@@ -403,6 +403,21 @@ static void test_openai_logprobs_and_invalid_utf8(void **state)
     free(s);
     lp.n_top = 1;
     lily_oai_logprob_clear(&lp);
+    /* tokens holding U+0000 are keys of their own, not cut at it (the sampled "x\0" is not "x") */
+    lily_oai_logprob nul = {.token = malloc(2), .token_len = 2, .logprob = -0.5f, .n_top = 2};
+    nul.top[0].token = malloc(1);
+    nul.top[0].token_len = 1;
+    nul.top[0].logprob = -0.25f;
+    nul.top[1].token = strdup("x");
+    nul.top[1].token_len = 1;
+    nul.top[1].logprob = -0.75f;
+    assert_true(nul.token && nul.top[0].token);
+    memcpy(nul.token, "x", 2);
+    nul.top[0].token[0] = 0;
+    s = dump(lily_oai_completion_logprobs_json(&nul, 1, 0));
+    assert_non_null(strstr(s, "\"top_logprobs\":[{\"\\u0000\":-0.25,\"x\":-0.75,\"x\\u0000\":-0.5}]"));
+    free(s);
+    lily_oai_logprob_clear(&nul);
 }
 
 /* Other engines' fields that change what the reply is (vLLM's guided decoding, stop ids, beam search, prompt

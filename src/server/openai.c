@@ -1022,17 +1022,19 @@ json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, in
             continue;
         }
         json_t *top = json_object();
-        for (int k = 0; top && k < lps[i].n_top; k++) {
+        for (int k = 0; top && k < lps[i].n_top; k++) { /* keys by length: a token may hold U+0000 */
             json_t *key = lily_oai_string(lps[i].top[k].token, lps[i].top[k].token_len);
             if (key)
-                json_object_set_new(top, json_string_value(key), logprob_value(lps[i].top[k].logprob));
+                json_object_setn_new(top, json_string_value(key), json_string_length(key),
+                                     logprob_value(lps[i].top[k].logprob));
             json_decref(key);
         }
         /* The sampled token is always among them, as OpenAI documents ("up to logprobs+1 elements") and vLLM
          * does: `logprobs: 0` gives it alone, and a client may take max(top) as the greedy token's. */
         json_t *sampled = top ? lily_oai_string(lps[i].token, lps[i].token_len) : NULL;
-        if (sampled && !json_object_get(top, json_string_value(sampled)))
-            json_object_set_new(top, json_string_value(sampled), logprob_value(lps[i].logprob));
+        if (sampled && !json_object_getn(top, json_string_value(sampled), json_string_length(sampled)))
+            json_object_setn_new(top, json_string_value(sampled), json_string_length(sampled),
+                                 logprob_value(lps[i].logprob));
         json_decref(sampled);
         json_array_append_new(tops, top);
         json_array_append_new(offsets, json_integer(offset));
@@ -1042,21 +1044,23 @@ json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, in
                      "text_offset", offsets);
 }
 
-json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content, const char *reasoning,
-                               const lily_oai_tool_call *calls, int n_calls, const char *finish_reason,
-                               json_t *logprobs, const lily_oai_usage *usage)
+json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content, size_t content_len,
+                               const char *reasoning, size_t reasoning_len, const lily_oai_tool_call *calls,
+                               int n_calls, const char *finish_reason, json_t *logprobs, const lily_oai_usage *usage)
 {
     json_t *msg = json_pack("{s:s}", "role", "assistant");
     if (!msg) {
         json_decref(logprobs);
         return NULL;
     }
-    if (n_calls > 0 && (!content || !*content))
+    if (!content)
+        content_len = 0;
+    if (n_calls > 0 && !content_len)
         json_object_set_new(msg, "content", json_null());
     else
-        json_object_set_new(msg, "content", lily_oai_string(content ? content : "", content ? strlen(content) : 0));
+        json_object_set_new(msg, "content", lily_oai_string(content ? content : "", content_len));
     json_object_set_new(msg, "reasoning_content",
-                        reasoning && *reasoning ? lily_oai_string(reasoning, strlen(reasoning)) : json_null());
+                        reasoning && reasoning_len ? lily_oai_string(reasoning, reasoning_len) : json_null());
     if (n_calls > 0) {
         json_t *tc = json_array();
         for (int i = 0; tc && i < n_calls; i++)
@@ -1073,10 +1077,10 @@ json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content,
                      "system_fingerprint", "usage", lily_oai_usage_json(usage));
 }
 
-json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, const char *finish_reason,
-                                     json_t *logprobs, const lily_oai_usage *usage)
+json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, size_t text_len,
+                                     const char *finish_reason, json_t *logprobs, const lily_oai_usage *usage)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text", lily_oai_string(text, strlen(text)), "index", 0,
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text", lily_oai_string(text, text_len), "index", 0,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason", finish_reason);
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:n, s:o}", "id", ident->id, "object", "text_completion",
                      "created", (json_int_t)ident->created, "model", ident->model, "choices", choice,
@@ -1111,10 +1115,10 @@ json_t *lily_oai_usage_chunk(const lily_oai_ident *ident, bool is_chat, const li
                      "model", ident->model, "system_fingerprint", "choices", "usage", lily_oai_usage_json(usage));
 }
 
-json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, const char *finish_reason,
-                                  json_t *logprobs, bool usage_null)
+json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, size_t text_len,
+                                  const char *finish_reason, json_t *logprobs, bool usage_null)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", lily_oai_string(text, strlen(text)), "index", 0,
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", lily_oai_string(text, text_len), "index", 0,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                                finish_reason ? json_string(finish_reason) : json_null());
     return chunk_envelope(ident, "text_completion", choice, usage_null);
