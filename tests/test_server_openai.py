@@ -194,6 +194,15 @@ if s == 200:
                 choice = r["choices"][0]
                 text = choice["message"]["content"] if path.endswith("chat/completions") else choice["text"]
             check(text == "\u0000" * 3, f"{path}{' streamed' if stream else ''}: three U+0000 kept ({s} {text!r})")
+    # and echoed in a prompt (streamed, and streamed with the prompt's logprobs, which sends it after the prefill)
+    for extra in ({}, {"stream": True}, {"stream": True, "logprobs": 1}):
+        s, r = request("POST", "/v1/completions", {"prompt": "a\u0000b", "echo": True, **force_nul, **extra})
+        if s == 200 and extra:
+            chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")]
+            text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        else:
+            text = r["choices"][0]["text"] if s == 200 else None
+        check(text == "a\u0000b" + "\u0000" * 3, f"echo {extra}: the prompt's U+0000 kept ({s} {text!r})")
 
 print("errors")
 chat = "/v1/chat/completions"

@@ -403,6 +403,7 @@ typedef struct {
     int lp_text_offset;       /* completions stream: text_offset of the next logprob */
     bool prompt_logprobs;     /* completions echo + logprobs: the prompt's tokens get logprobs too */
     char *echo_text;          /* a stream's echo, sent once the prefill has scored it (prompt_logprobs) */
+    size_t echo_len;          /* its bytes (a prompt may hold U+0000) */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
     bool in_output;           /* the chunks being sent carry generated text (lily_job_write_output) */
     bool flushed;             /* the prefill's deferred checkpoints are stored (flush_checkpoints) */
@@ -984,19 +985,23 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
     if (!req->is_chat && req->echo) {
         const char *echo = req->prompt_text;
         char *decoded = NULL;
-        size_t elen = 0;
+        size_t elen = req->prompt_text_len;
         if (!echo && lily_tokenizer_decode(g->svc->tok, ids, n_ids, false, &decoded, &elen, &err) == LILY_OK)
             echo = decoded;
         if (echo && g->stream && g->prompt_logprobs) { /* sent with its logprobs after the prefill */
-            if (!(g->echo_text = strdup(echo)))
+            if ((g->echo_text = malloc(elen + 1))) {
+                memcpy(g->echo_text, echo, elen);
+                g->echo_text[elen] = 0;
+                g->echo_len = elen;
+            } else {
                 g->failed = true;
+            }
         } else if (echo && g->stream)
-            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, echo, decoded ? elen : strlen(echo), NULL, NULL,
-                                                         req->include_usage));
+            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, echo, elen, NULL, NULL, req->include_usage));
         else if (echo)
-            buffer_add(&g->text, echo, decoded ? elen : strlen(echo));
+            buffer_add(&g->text, echo, elen);
         /* text_offset counts from the echoed prompt's start: its own tokens' when they are scored */
-        g->lp_text_offset = echo && !g->prompt_logprobs ? (int)strlen(echo) : 0;
+        g->lp_text_offset = echo && !g->prompt_logprobs ? (int)elen : 0;
         free(decoded);
     }
 }
@@ -1293,7 +1298,7 @@ static void run_generation(lily_service *svc, lily_job *job)
     if (g.stream && req->anthropic)
         anthropic_stream_start(&g, n_ids, reused);
     if (g.echo_text) /* the echoed prompt with its tokens' logprobs */
-        send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, g.echo_text, strlen(g.echo_text), NULL,
+        send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, g.echo_text, g.echo_len, NULL,
                                                       take_logprobs(&g), req->include_usage));
 
     /* max_tokens 0 (a completion with echo: the prompt scored): nothing to generate; "length", as vLLM */
