@@ -154,8 +154,9 @@ static void fake_run(void *user, lily_job *job)
         return;
     }
     if (!req->stream) {
-        json_t *r = req->is_chat ? lily_oai_chat_response(&id, "Hello world", NULL, NULL, 0, "stop", NULL, &usage)
-                                 : lily_oai_completion_response(&id, "Hello world", "length", NULL, &usage);
+        json_t *r = req->is_chat ? lily_oai_chat_response(&id, "Hello world", 11, NULL, 0, NULL, 0, "stop", NULL,
+                                                          &usage)
+                                 : lily_oai_completion_response(&id, "Hello world", 11, "length", NULL, &usage);
         char *s = lily_oai_dump(r);
         json_decref(r);
         lily_job_begin(job, 200, false);
@@ -978,18 +979,22 @@ static void test_http_slow_reader_does_not_stall_the_worker(void **state)
 }
 
 /* /metrics counts what was answered: a malformed chunk is a 400 (answered by microhttpd), not a 499; a
- * 503 is not a server error. */
+ * 503 is not a server error, nor is microhttpd's 505 to a request line of another HTTP version (a client's
+ * protocol error: counted with the other 4xx). */
 static void test_http_malformed_requests_are_counted(void **state)
 {
     (void)state;
     long long n_400 = metric("lily_requests_total{status=\"400\"} ");
     long long n_499 = metric("lily_requests_total{status=\"499\"} ");
     long long n_413 = metric("lily_requests_total{status=\"413\"} ");
+    long long n_4xx = metric("lily_requests_total{status=\"4xx\"} ");
+    long long n_5xx = metric("lily_requests_total{status=\"5xx\"} ");
     static const char *const bad[] = {
         "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n",
         "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}",
         "GET /health HTTP/1.1 junk\r\nHost: x\r\n\r\n",
         "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 18446744073709551616\r\n\r\n{}",
+        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", /* an HTTP/2 preface: microhttpd's 505, the client's error */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int fd = connect_server();
@@ -1009,6 +1014,8 @@ static void test_http_malformed_requests_are_counted(void **state)
     assert_int_equal(got_400, n_400 + 3);
     assert_int_equal(metric("lily_requests_total{status=\"413\"} "), n_413 + 1);
     assert_int_equal(metric("lily_requests_total{status=\"499\"} "), n_499);
+    assert_int_equal(metric("lily_requests_total{status=\"4xx\"} "), n_4xx + 1);
+    assert_int_equal(metric("lily_requests_total{status=\"5xx\"} "), n_5xx);
 }
 
 /* A response the server's shutdown cancels (the second SIGTERM: lily_job_abort) still reaches its client:

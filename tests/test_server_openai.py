@@ -173,6 +173,37 @@ for stream in (False, True):
           f"max_tokens 0 with echo{' (streamed)' if stream else ''}: the prompt's logprobs, no completion "
           f"({s} {str(r)[:300]})")
 
+# U+0000 the model writes is kept, as other characters (strings may hold it): the token of "\u0000", forced by
+# logit_bias, three times, in a chat reply (thinking off) and a completion, streamed or not
+s, tok = request("POST", "/tokenize", {"content": "\u0000"})
+check(s == 200 and len(tok["tokens"]) == 1, f"/tokenize: U+0000 is one token ({tok})")
+if s == 200:
+    force_nul = {"max_tokens": 3, "temperature": 0, "logit_bias": {str(tok["tokens"][0]): 100}}
+    no_think = {"enable_thinking": False}
+    for path, body in (("/v1/chat/completions", {"messages": USER, "chat_template_kwargs": no_think, **force_nul}),
+                       ("/v1/completions", {"prompt": "Once", **force_nul})):
+        for stream in (False, True):
+            s, r = request("POST", path, {**body, "stream": stream})
+            if s != 200:
+                text = None
+            elif stream:
+                chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")]
+                text = "".join((c["choices"][0]["delta"].get("content") or "") if path.endswith("chat/completions")
+                               else c["choices"][0]["text"] for c in chunks if c["choices"])
+            else:
+                choice = r["choices"][0]
+                text = choice["message"]["content"] if path.endswith("chat/completions") else choice["text"]
+            check(text == "\u0000" * 3, f"{path}{' streamed' if stream else ''}: three U+0000 kept ({s} {text!r})")
+    # and echoed in a prompt (streamed, and streamed with the prompt's logprobs, which sends it after the prefill)
+    for extra in ({}, {"stream": True}, {"stream": True, "logprobs": 1}):
+        s, r = request("POST", "/v1/completions", {"prompt": "a\u0000b", "echo": True, **force_nul, **extra})
+        if s == 200 and extra:
+            chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")]
+            text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        else:
+            text = r["choices"][0]["text"] if s == 200 else None
+        check(text == "a\u0000b" + "\u0000" * 3, f"echo {extra}: the prompt's U+0000 kept ({s} {text!r})")
+
 print("errors")
 chat = "/v1/chat/completions"
 
@@ -202,16 +233,21 @@ expect_error(400, "POST", chat, {"messages": USER, "stream_options": {"include_u
 expect_error(400, "POST", "/v1/completions", {"prompt": "Hi", "stream": False, "stream_options": {}},
              param="stream_options", what="stream_options with stream false")
 # vLLM extensions lily does not implement are refused when set, not dropped (a reply made without them would
-# silently be another reply): ignore_eos, min_tokens, continue_final_message, add_generation_prompt false
+# silently be another reply): ignore_eos, min_tokens, guided_json, stop_token_ids, include_stop_str_in_output,
+# continue_final_message, add_generation_prompt false
 PREFILL = USER + [{"role": "assistant", "content": "Sure"}]
 for path, body, param in ((chat, {"messages": USER, "ignore_eos": True}, "ignore_eos"),
                           ("/v1/completions", {"prompt": "Hi", "ignore_eos": True}, "ignore_eos"),
                           (chat, {"messages": USER, "min_tokens": 4}, "min_tokens"),
+                          (chat, {"messages": USER, "guided_json": {"type": "object"}}, "guided_json"),
+                          ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [1]}, "stop_token_ids"),
+                          (chat, {"messages": USER, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
                           (chat, {"messages": PREFILL, "continue_final_message": True,
                                   "add_generation_prompt": False}, "continue_final_message"),
                           (chat, {"messages": USER, "add_generation_prompt": False}, "add_generation_prompt")):
     expect_error(400, "POST", path, body, param=param, what=f"{path} {param} (not implemented: refused, not ignored)")
 s, r = request("POST", chat, {"messages": USER, "max_tokens": 2, "ignore_eos": False, "min_tokens": 0,
+                              "guided_json": None, "stop_token_ids": [], "include_stop_str_in_output": False,
                               "continue_final_message": False, "add_generation_prompt": True})
 check(s == 200, f"those fields at their defaults are accepted ({s})")
 expect_error(400, "POST", chat, {"messages": [{"role": "wizard", "content": "x"}]}, what="unknown role")
@@ -523,9 +559,13 @@ if openai:
                                     t.top_logprobs[0].logprob >= t.top_logprobs[2].logprob for t in content),
           "logprobs with 3 top_logprobs per token")
 
-    clp = client.completions.create(model=NAME, prompt="Once", max_tokens=5, logprobs=2, logit_bias=BAN_END)
+    clp = client.completions.create(model=NAME, prompt="Once", max_tokens=5, logprobs=2, logit_bias=BAN_END, seed=7)
     lp = clp.choices[0].logprobs
-    check(len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and all(len(t) <= 2 for t in lp.top_logprobs) and
+    # OpenAI: "the API will always return the logprob of the sampled token, so there may be up to logprobs+1
+    # elements" (vLLM the same): the sampled token is in each top_logprobs dict (its value may be another
+    # token's where two decode to the same text, U+FFFD for partial UTF-8: the dict is keyed by text)
+    check(len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and all(1 <= len(t) <= 3 for t in lp.top_logprobs) and
+          all(tok in t for t, tok in zip(lp.top_logprobs, lp.tokens)) and
           lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), "completions logprobs (tokens, offsets)")
 
     print("queue full: 503")

@@ -337,7 +337,7 @@ static void test_openai_chat_response_shape(void **state)
     (void)state;
     lily_oai_usage u = {.prompt_tokens = 10, .completion_tokens = 4, .cached_tokens = 6, .reasoning_tokens = 2};
     lily_oai_tool_call call = {.id = "call_1", .name = "get_weather", .arguments = "{\"city\":\"Paris\"}"};
-    char *s = dump(lily_oai_chat_response(&ident, "", "thought", &call, 1, "tool_calls", NULL, &u));
+    char *s = dump(lily_oai_chat_response(&ident, "", 0, "thought", 7, &call, 1, "tool_calls", NULL, &u));
     assert_string_equal(s, "{\"id\":\"chatcmpl-abc\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":"
                            "\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,"
                            "\"reasoning_content\":\"thought\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
@@ -394,8 +394,87 @@ static void test_openai_logprobs_and_invalid_utf8(void **state)
     s = dump(lily_oai_completion_logprobs_json(&lp, 1, 4));
     assert_non_null(strstr(s, "\"token_logprobs\":[-0.5]"));
     assert_non_null(strstr(s, "\"text_offset\":[4]"));
+    /* the sampled token is always among the legacy top_logprobs (OpenAI: "up to logprobs+1 elements"; vLLM) */
+    assert_non_null(strstr(s, "\"top_logprobs\":[{\"A\":-0.25,\"\xEF\xBF\xBD\xEF\xBF\xBD\":-0.5}]"));
     free(s);
+    lp.n_top = 0; /* logprobs: 0 still reports the sampled token */
+    s = dump(lily_oai_completion_logprobs_json(&lp, 1, 0));
+    assert_non_null(strstr(s, "\"top_logprobs\":[{\"\xEF\xBF\xBD\xEF\xBF\xBD\":-0.5}]"));
+    free(s);
+    lp.n_top = 1;
     lily_oai_logprob_clear(&lp);
+    /* tokens holding U+0000 are keys of their own, not cut at it (the sampled "x\0" is not "x") */
+    lily_oai_logprob nul = {.token = malloc(2), .token_len = 2, .logprob = -0.5f, .n_top = 2};
+    nul.top[0].token = malloc(1);
+    nul.top[0].token_len = 1;
+    nul.top[0].logprob = -0.25f;
+    nul.top[1].token = strdup("x");
+    nul.top[1].token_len = 1;
+    nul.top[1].logprob = -0.75f;
+    assert_true(nul.token && nul.top[0].token);
+    memcpy(nul.token, "x", 2);
+    nul.top[0].token[0] = 0;
+    s = dump(lily_oai_completion_logprobs_json(&nul, 1, 0));
+    assert_non_null(strstr(s, "\"top_logprobs\":[{\"\\u0000\":-0.25,\"x\":-0.75,\"x\\u0000\":-0.5}]"));
+    free(s);
+    lily_oai_logprob_clear(&nul);
+}
+
+/* Other engines' fields that change what the reply is (vLLM's guided decoding, stop ids, beam search, prompt
+ * logprobs, chat echo; llama.cpp's grammar and json_schema; SGLang's regex and ebnf; OpenAI's deprecated
+ * functions / function_call) are refused when set, not dropped: a reply made without them would silently be
+ * another reply. At their defaults they are accepted. */
+static void test_openai_refuses_unimplemented_extensions(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *field, *param;
+        bool chat_only;
+    } set[] = {
+        {"\"include_stop_str_in_output\":true", "include_stop_str_in_output", false},
+        {"\"stop_token_ids\":[13]", "stop_token_ids", false},
+        {"\"use_beam_search\":true", "use_beam_search", false},
+        {"\"prompt_logprobs\":1", "prompt_logprobs", false},
+        {"\"guided_json\":{\"type\":\"object\"}", "guided_json", false},
+        {"\"guided_regex\":\"a+\"", "guided_regex", false},
+        {"\"guided_choice\":[\"a\",\"b\"]", "guided_choice", false},
+        {"\"guided_grammar\":\"root ::= \\\"a\\\"\"", "guided_grammar", false},
+        {"\"structured_outputs\":{\"json\":{\"type\":\"object\"}}", "structured_outputs", false},
+        {"\"grammar\":\"root ::= \\\"a\\\"\"", "grammar", false},
+        {"\"json_schema\":{\"type\":\"object\"}", "json_schema", false},
+        {"\"regex\":\"a+\"", "regex", false},
+        {"\"ebnf\":\"root ::= \\\"a\\\"\"", "ebnf", false},
+        {"\"echo\":true", "echo", true},
+        {"\"best_of\":2", "best_of", true},
+        {"\"functions\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}]", "functions", true},
+        {"\"function_call\":{\"name\":\"f\"}", "function_call", true},
+    };
+    char body[512];
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
+        for (int chat = 1; chat >= (set[i].chat_only ? 1 : 0); chat--) {
+            snprintf(body, sizeof body, chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}"
+                                             : "{\"prompt\":\"hi\",%s}", set[i].field);
+            assert_rejected(body, chat, set[i].param);
+        }
+    /* OpenAI's deprecated function calling, in the history too: tool_calls and role "tool" carry it */
+    assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+                    "\"function_call\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}", true, "messages[1].function_call");
+    static const char *const defaults =
+        "\"include_stop_str_in_output\":false,\"stop_token_ids\":[],\"use_beam_search\":false,"
+        "\"prompt_logprobs\":null,\"guided_json\":null,\"guided_regex\":null,\"guided_choice\":null,"
+        "\"guided_grammar\":null,\"structured_outputs\":null,\"grammar\":\"\",\"json_schema\":null,"
+        "\"regex\":null,\"ebnf\":null,\"best_of\":1,\"functions\":[],\"function_call\":null";
+    for (int chat = 0; chat < 2; chat++) {
+        snprintf(body, sizeof body, chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"echo\":false,%s}"
+                                         : "{\"prompt\":\"hi\",%s}", defaults);
+        lily_oai_request req;
+        lily_oai_error e;
+        if (!parse(body, chat, &req, &e)) {
+            print_error("refused (%s): %s\n", e.message, body);
+            fail();
+        }
+        lily_oai_request_free(&req);
+    }
 }
 
 /* Every prefix of a full request, and every single-byte corruption of it, parses or fails cleanly. */
@@ -589,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_openai_request_fields),
         cmocka_unit_test(test_openai_tool_choice),
         cmocka_unit_test(test_openai_rejects_bad_requests),
+        cmocka_unit_test(test_openai_refuses_unimplemented_extensions),
         cmocka_unit_test(test_openai_completions_prompt_forms),
         cmocka_unit_test(test_openai_error_json),
         cmocka_unit_test(test_openai_chat_response_shape),

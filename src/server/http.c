@@ -34,6 +34,7 @@
 static const char *const status_labels[] = {"2xx", "400", "401", "403", "404_405", "413", "415", "4xx", "499",
                                             "503_529", "5xx"};
 #define N_STATUS_CLASSES ((int)(sizeof status_labels / sizeof status_labels[0]))
+#define STATUS_CLASS_OTHER_4XX 7 /* "4xx" */
 
 /* One open connection (MHD's socket context). busy: the engine holds its request (queued or running: from
  * the job's submission to its end); every other connection is idle: a keep-alive one between requests, one
@@ -467,7 +468,7 @@ static int status_class(int status)
     for (int i = 1; i < (int)(sizeof codes / sizeof codes[0]); i++)
         if (status == codes[i])
             return i;
-    return status < 499 ? 7 : status == 499 ? 8 : status == 503 || status == 529 ? 9 : 10;
+    return status < 499 ? STATUS_CLASS_OTHER_4XX : status == 499 ? 8 : status == 503 || status == 529 ? 9 : 10;
 }
 
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
@@ -1104,7 +1105,9 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     if (sscanf(msg, "Error processing request (HTTP response code is %u", &status) == 1 && status >= 400 &&
         status < 600) {
         mhd_error_status = (int)status;
-        atomic_fetch_add(&srv->n_by_status[status_class((int)status)], 1);
+        /* its 505 answers a request line of another HTTP version (an HTTP/2 preface, a probe): the client's
+         * error, counted with the other 4xx so that "5xx" stays the server's own errors */
+        atomic_fetch_add(&srv->n_by_status[status == 505 ? STATUS_CLASS_OTHER_4XX : status_class((int)status)], 1);
     }
     if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure") ||
         (stream_ended_for_client && strstr(msg, "application error generating response")))

@@ -336,6 +336,12 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
             return bad(e, param, "Invalid type for '%s': expected a string or an array of content parts, but got "
                                  "%s instead.", param, json_kind(content));
         }
+        json_t *legacy_call = json_object_get(m, "function_call");
+        if (legacy_call && !json_is_null(legacy_call)) { /* would be dropped from the prompt unseen */
+            snprintf(param, sizeof param, "messages[%zu].function_call", i);
+            return bad(e, param, "Invalid '%s': the deprecated function calling is not supported; send the call as "
+                                 "'tool_calls' and its result as a 'tool' message.", param);
+        }
         json_t *calls = json_object_get(m, "tool_calls");
         if (calls && !json_is_null(calls)) {
             snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
@@ -691,9 +697,12 @@ static bool check_unsupported_completion(json_t *b, lily_oai_error *e)
     return true;
 }
 
-/* vLLM's extensions that lily does not implement, refused unless they hold their defaults, so a client that
- * sends one never gets a reply made without it: ignore_eos false, min_tokens 0, and on chat
- * continue_final_message false and add_generation_prompt true (a prefill goes through /v1/messages). */
+/* Other engines' extensions that lily does not implement, refused unless they hold their defaults, so a client
+ * that sends one never gets a reply made without it: vLLM's ignore_eos false, min_tokens 0,
+ * include_stop_str_in_output and use_beam_search false, stop_token_ids and prompt_logprobs null (or no ids), the
+ * constrained-decoding fields of vLLM, llama.cpp and SGLang null, and on chat echo false, best_of 1, OpenAI's
+ * deprecated functions (none) and function_call (null), continue_final_message false and add_generation_prompt
+ * true (a prefill goes through /v1/messages). */
 static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error *e)
 {
     bool ignore_eos = false, cont = false, gen_prompt = true;
@@ -705,8 +714,51 @@ static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error
                                     "tokens; ban them with 'logit_bias' instead).");
     if (min_tokens > 0)
         return bad(e, "min_tokens", "Invalid value for 'min_tokens': not supported (got %lld).", min_tokens);
+    /* Constrained decoding under other engines' names (vLLM's guided_* and structured_outputs, llama.cpp's
+     * grammar and json_schema, SGLang's regex and ebnf): lily's is response_format; null (and an empty grammar,
+     * llama.cpp's default) means none. */
+    static const char *const constraints[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                              "structured_outputs", "grammar", "json_schema", "regex", "ebnf"};
+    for (size_t k = 0; k < sizeof constraints / sizeof constraints[0]; k++) {
+        json_t *v = json_object_get(b, constraints[k]);
+        if (v && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
+            return bad(e, constraints[k], "Invalid value for '%s': not supported; for structured output use "
+                       "'response_format' ({\"type\": \"json_schema\", ...} or {\"type\": \"json_object\"}).",
+                       constraints[k]);
+    }
+    bool stop_str = false, beam = false;
+    if (!get_bool(b, "include_stop_str_in_output", &stop_str, e) || !get_bool(b, "use_beam_search", &beam, e))
+        return false;
+    if (stop_str)
+        return bad(e, "include_stop_str_in_output", "Invalid value for 'include_stop_str_in_output': not supported "
+                   "(the reply ends before the stop string; the matched one is not returned).");
+    if (beam)
+        return bad(e, "use_beam_search", "Invalid value for 'use_beam_search': not supported.");
+    json_t *stop_ids = json_object_get(b, "stop_token_ids");
+    if (stop_ids && !json_is_null(stop_ids) && !(json_is_array(stop_ids) && !json_array_size(stop_ids)))
+        return bad(e, "stop_token_ids", "Invalid value for 'stop_token_ids': not supported (a reply ends at the "
+                   "model's stop tokens; use 'stop' strings).");
+    json_t *prompt_lps = json_object_get(b, "prompt_logprobs");
+    if (prompt_lps && !json_is_null(prompt_lps))
+        return bad(e, "prompt_logprobs", "Invalid value for 'prompt_logprobs': not supported%s.",
+                   is_chat ? "" : " (/v1/completions scores the prompt with 'echo' and 'logprobs')");
     if (!is_chat)
         return true;
+    bool echo = false;
+    long long best_of = 1;
+    if (!get_bool(b, "echo", &echo, e) || !get_int(b, "best_of", 1, 1 << 20, &best_of, e))
+        return false;
+    if (echo)
+        return bad(e, "echo", "Invalid value for 'echo': not supported on chat completions (/v1/completions takes it).");
+    json_t *functions = json_object_get(b, "functions"), *function_call = json_object_get(b, "function_call");
+    if (functions && !json_is_null(functions) && !(json_is_array(functions) && !json_array_size(functions)))
+        return bad(e, "functions", "Invalid value for 'functions': the deprecated function calling is not supported; "
+                                   "send 'tools' (and 'tool_choice') instead.");
+    if (function_call && !json_is_null(function_call))
+        return bad(e, "function_call", "Invalid value for 'function_call': the deprecated function calling is not "
+                                       "supported; send 'tool_choice' (and 'tools') instead.");
+    if (best_of != 1)
+        return bad(e, "best_of", "Invalid value for 'best_of': only best_of=1 is supported (got %lld).", best_of);
     if (!get_bool(b, "continue_final_message", &cont, e) || !get_bool(b, "add_generation_prompt", &gen_prompt, e))
         return false;
     if (cont)
@@ -970,12 +1022,20 @@ json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, in
             continue;
         }
         json_t *top = json_object();
-        for (int k = 0; top && k < lps[i].n_top; k++) {
+        for (int k = 0; top && k < lps[i].n_top; k++) { /* keys by length: a token may hold U+0000 */
             json_t *key = lily_oai_string(lps[i].top[k].token, lps[i].top[k].token_len);
             if (key)
-                json_object_set_new(top, json_string_value(key), logprob_value(lps[i].top[k].logprob));
+                json_object_setn_new(top, json_string_value(key), json_string_length(key),
+                                     logprob_value(lps[i].top[k].logprob));
             json_decref(key);
         }
+        /* The sampled token is always among them, as OpenAI documents ("up to logprobs+1 elements") and vLLM
+         * does: `logprobs: 0` gives it alone, and a client may take max(top) as the greedy token's. */
+        json_t *sampled = top ? lily_oai_string(lps[i].token, lps[i].token_len) : NULL;
+        if (sampled && !json_object_getn(top, json_string_value(sampled), json_string_length(sampled)))
+            json_object_setn_new(top, json_string_value(sampled), json_string_length(sampled),
+                                 logprob_value(lps[i].logprob));
+        json_decref(sampled);
         json_array_append_new(tops, top);
         json_array_append_new(offsets, json_integer(offset));
         offset += lps[i].token_len;
@@ -984,21 +1044,23 @@ json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, in
                      "text_offset", offsets);
 }
 
-json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content, const char *reasoning,
-                               const lily_oai_tool_call *calls, int n_calls, const char *finish_reason,
-                               json_t *logprobs, const lily_oai_usage *usage)
+json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content, size_t content_len,
+                               const char *reasoning, size_t reasoning_len, const lily_oai_tool_call *calls,
+                               int n_calls, const char *finish_reason, json_t *logprobs, const lily_oai_usage *usage)
 {
     json_t *msg = json_pack("{s:s}", "role", "assistant");
     if (!msg) {
         json_decref(logprobs);
         return NULL;
     }
-    if (n_calls > 0 && (!content || !*content))
+    if (!content)
+        content_len = 0;
+    if (n_calls > 0 && !content_len)
         json_object_set_new(msg, "content", json_null());
     else
-        json_object_set_new(msg, "content", lily_oai_string(content ? content : "", content ? strlen(content) : 0));
+        json_object_set_new(msg, "content", lily_oai_string(content ? content : "", content_len));
     json_object_set_new(msg, "reasoning_content",
-                        reasoning && *reasoning ? lily_oai_string(reasoning, strlen(reasoning)) : json_null());
+                        reasoning && reasoning_len ? lily_oai_string(reasoning, reasoning_len) : json_null());
     if (n_calls > 0) {
         json_t *tc = json_array();
         for (int i = 0; tc && i < n_calls; i++)
@@ -1015,10 +1077,10 @@ json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content,
                      "system_fingerprint", "usage", lily_oai_usage_json(usage));
 }
 
-json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, const char *finish_reason,
-                                     json_t *logprobs, const lily_oai_usage *usage)
+json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, size_t text_len,
+                                     const char *finish_reason, json_t *logprobs, const lily_oai_usage *usage)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text", lily_oai_string(text, strlen(text)), "index", 0,
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text", lily_oai_string(text, text_len), "index", 0,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason", finish_reason);
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:n, s:o}", "id", ident->id, "object", "text_completion",
                      "created", (json_int_t)ident->created, "model", ident->model, "choices", choice,
@@ -1053,10 +1115,10 @@ json_t *lily_oai_usage_chunk(const lily_oai_ident *ident, bool is_chat, const li
                      "model", ident->model, "system_fingerprint", "choices", "usage", lily_oai_usage_json(usage));
 }
 
-json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, const char *finish_reason,
-                                  json_t *logprobs, bool usage_null)
+json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, size_t text_len,
+                                  const char *finish_reason, json_t *logprobs, bool usage_null)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", lily_oai_string(text, strlen(text)), "index", 0,
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", lily_oai_string(text, text_len), "index", 0,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                                finish_reason ? json_string(finish_reason) : json_null());
     return chunk_envelope(ident, "text_completion", choice, usage_null);

@@ -147,7 +147,8 @@ void lily_oai_logprob_clear(lily_oai_logprob *lp);
 
 /* Chat logprobs {"content":[{token, logprob, bytes, top_logprobs}...]} for n entries (new reference). */
 json_t *lily_oai_chat_logprobs_json(const lily_oai_logprob *lps, int n);
-/* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} (text_offset from offset0). */
+/* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} (text_offset from offset0); each
+ * top_logprobs dict holds the top entries and the sampled token (OpenAI: up to logprobs + 1 entries). */
 json_t *lily_oai_completion_logprobs_json(const lily_oai_logprob *lps, int n, int offset0);
 
 /* Identity of one response: shared by its chunks. */
@@ -163,14 +164,18 @@ void lily_oai_ident_init(lily_oai_ident *ident, bool is_chat, const char *model)
 /* A fresh tool call id "call_<24 alphanumerics>". */
 void lily_oai_tool_call_id(char out[40]);
 
-/* The whole non-streaming chat.completion response. content/reasoning may be NULL. logprobs is stolen
- * (may be NULL). finish_reason: "stop" | "length" | "tool_calls". */
-json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content, const char *reasoning,
-                               const lily_oai_tool_call *calls, int n_calls, const char *finish_reason,
+/* The whole non-streaming chat.completion response. content/reasoning (content_len / reasoning_len bytes,
+ * which may hold U+0000) may be NULL. logprobs is stolen (may be NULL). finish_reason: "stop" | "length" |
+ * "tool_calls". */
+json_t *lily_oai_chat_response(const lily_oai_ident *ident, const char *content, size_t content_len,
+                               const char *reasoning, size_t reasoning_len, const lily_oai_tool_call *calls,
+                               int n_calls, const char *finish_reason,
                                json_t *logprobs, const lily_oai_usage *usage);
 
-/* The whole non-streaming text_completion response. logprobs is stolen (may be NULL). */
-json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, const char *finish_reason,
+/* The whole non-streaming text_completion response: text is text_len bytes (U+0000 kept). logprobs is stolen
+ * (may be NULL). */
+json_t *lily_oai_completion_response(const lily_oai_ident *ident, const char *text, size_t text_len,
+                                     const char *finish_reason,
                                      json_t *logprobs, const lily_oai_usage *usage);
 
 /* A chat.completion.chunk with one choice. delta is stolen ({} for the last chunk); finish_reason NULL
@@ -181,9 +186,9 @@ json_t *lily_oai_chat_chunk(const lily_oai_ident *ident, json_t *delta, const ch
 /* The usage chunk of an include_usage stream: "choices":[] and the usage. is_chat picks the object name. */
 json_t *lily_oai_usage_chunk(const lily_oai_ident *ident, bool is_chat, const lily_oai_usage *usage);
 
-/* A streamed text_completion chunk. logprobs stolen or NULL. */
-json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, const char *finish_reason,
-                                  json_t *logprobs, bool usage_null);
+/* A streamed text_completion chunk of text_len bytes of text (U+0000 kept). logprobs stolen or NULL. */
+json_t *lily_oai_completion_chunk(const lily_oai_ident *ident, const char *text, size_t text_len,
+                                  const char *finish_reason, json_t *logprobs, bool usage_null);
 
 /* Deltas. */
 json_t *lily_oai_delta_role(void);                                    /* {"role":"assistant","content":""} */

@@ -403,6 +403,7 @@ typedef struct {
     int lp_text_offset;       /* completions stream: text_offset of the next logprob */
     bool prompt_logprobs;     /* completions echo + logprobs: the prompt's tokens get logprobs too */
     char *echo_text;          /* a stream's echo, sent once the prefill has scored it (prompt_logprobs) */
+    size_t echo_len;          /* its bytes (a prompt may hold U+0000) */
     double t_start;           /* lily_wall_seconds() when the worker took the job (for job->stats.ttft_ms) */
     bool in_output;           /* the chunks being sent carry generated text (lily_job_write_output) */
     bool flushed;             /* the prefill's deferred checkpoints are stored (flush_checkpoints) */
@@ -501,11 +502,8 @@ static lily_status deliver_text_now(generation *g, const char *text, size_t len,
     if (g->parser)
         return lily_output_parser_feed(g->parser, text, len, err);
     if (g->stream) {
-        char *piece = strndup(text, len);
-        if (!piece)
-            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
-        send_json_chunk(g, lily_oai_completion_chunk(&g->ident, piece, NULL, take_logprobs(g), g->req->include_usage));
-        free(piece);
+        send_json_chunk(g, lily_oai_completion_chunk(&g->ident, text, len, NULL, take_logprobs(g),
+                                                     g->req->include_usage));
         return LILY_OK;
     }
     if (!buffer_add(&g->text, text, len))
@@ -987,18 +985,23 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
     if (!req->is_chat && req->echo) {
         const char *echo = req->prompt_text;
         char *decoded = NULL;
-        size_t elen = 0;
+        size_t elen = req->prompt_text_len;
         if (!echo && lily_tokenizer_decode(g->svc->tok, ids, n_ids, false, &decoded, &elen, &err) == LILY_OK)
             echo = decoded;
         if (echo && g->stream && g->prompt_logprobs) { /* sent with its logprobs after the prefill */
-            if (!(g->echo_text = strdup(echo)))
+            if ((g->echo_text = malloc(elen + 1))) {
+                memcpy(g->echo_text, echo, elen);
+                g->echo_text[elen] = 0;
+                g->echo_len = elen;
+            } else {
                 g->failed = true;
+            }
         } else if (echo && g->stream)
-            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, echo, NULL, NULL, req->include_usage));
+            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, echo, elen, NULL, NULL, req->include_usage));
         else if (echo)
-            buffer_add(&g->text, echo, strlen(echo));
+            buffer_add(&g->text, echo, elen);
         /* text_offset counts from the echoed prompt's start: its own tokens' when they are scored */
-        g->lp_text_offset = echo && !g->prompt_logprobs ? (int)strlen(echo) : 0;
+        g->lp_text_offset = echo && !g->prompt_logprobs ? (int)elen : 0;
         free(decoded);
     }
 }
@@ -1104,13 +1107,13 @@ static json_t *response_json(generation *g, const char *finish, const lily_oai_u
             calls[i].name = o->tool_calls[i].name;
             calls[i].arguments = o->tool_calls[i].arguments;
         }
-        resp = calls ? lily_oai_chat_response(&g->ident, o->content, o->reasoning, calls, o->n_tool_calls, finish,
-                                              take_logprobs(g), usage)
+        resp = calls ? lily_oai_chat_response(&g->ident, o->content, o->content_len, o->reasoning, o->reasoning_len,
+                                              calls, o->n_tool_calls, finish, take_logprobs(g), usage)
                      : NULL;
         free(calls);
     } else {
-        resp = lily_oai_completion_response(&g->ident, g->text.data ? g->text.data : "", finish, take_logprobs(g),
-                                            usage);
+        resp = lily_oai_completion_response(&g->ident, g->text.data ? g->text.data : "", g->text.len, finish,
+                                            take_logprobs(g), usage);
     }
     return resp;
 }
@@ -1162,7 +1165,8 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
             send_json_chunk(g, lily_oai_chat_chunk(&g->ident, json_object(), finish, take_logprobs(g),
                                                    req->include_usage));
         else
-            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, "", finish, take_logprobs(g), req->include_usage));
+            send_json_chunk(g, lily_oai_completion_chunk(&g->ident, "", 0, finish, take_logprobs(g),
+                                                         req->include_usage));
         if (req->include_usage)
             send_json_chunk(g, lily_oai_usage_chunk(&g->ident, req->is_chat, &usage));
         lily_job_write(job, "data: [DONE]\n\n", 14);
@@ -1294,8 +1298,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     if (g.stream && req->anthropic)
         anthropic_stream_start(&g, n_ids, reused);
     if (g.echo_text) /* the echoed prompt with its tokens' logprobs */
-        send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, g.echo_text, NULL, take_logprobs(&g),
-                                                      req->include_usage));
+        send_json_chunk(&g, lily_oai_completion_chunk(&g.ident, g.echo_text, g.echo_len, NULL,
+                                                      take_logprobs(&g), req->include_usage));
 
     /* max_tokens 0 (a completion with echo: the prompt scored): nothing to generate; "length", as vLLM */
     if (req->max_tokens == 0) {
