@@ -590,7 +590,6 @@ static lily_status cpu_forward(void *ctx, void *state, const int32_t *tokens, in
 
     if (c->prof)
         cpu_prof_forward_begin(c->prof);
-    lily_threadpool_hold(c->pool, true);
     cpu_embed_rows(c, tokens, n);
     cpu_prof_mark(c, CPU_STAGE_EMBED);
     hook(c, -1, LILY_STAGE_EMBED, c->hidden, n, H);
@@ -631,7 +630,6 @@ static lily_status cpu_forward(void *ctx, void *state, const int32_t *tokens, in
         cpu_prof_mark(c, CPU_STAGE_LM_HEAD);
         hook(c, -1, LILY_STAGE_LOGITS, logits, 1, cfg->vocab_size);
     }
-    lily_threadpool_hold(c->pool, false);
     if (c->prof)
         cpu_prof_forward_end(c->prof);
     return LILY_OK;

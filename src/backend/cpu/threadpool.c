@@ -8,17 +8,15 @@
  * for the workers inside — a worker that has not entered by then (descheduled on a loaded machine) is not
  * waited for, its share having gone to the threads that ran.
  *
- * Both sides spin (with the CPU's pause hint) before they sleep on a condition variable. Between jobs a
- * worker spins for up to CPU_POOL_SPIN_NS, or CPU_POOL_HOT_SPIN_NS while the pool is held
- * (lily_threadpool_hold: one forward pass, whose jobs follow one another after short steps on the caller
- * alone): a worker that has gone to sleep inside a forward comes back to the next job a wake-up later
- * (tens to hundreds of microseconds on a VM whose idle vCPU has halted), after the caller has taken its
- * tasks. At the end of a job the caller spins for CPU_POOL_WAIT_SPIN_NS plus as long as it ran tasks
- * itself (capped at CPU_POOL_HOT_SPIN_NS): a worker that entered a little after the caller finishes its
- * last task about that much later, and a caller that slept there would be woken late with every worker
- * idle — at a job of long tasks (the delta rule's, ~0.1 ms each) on 16 threads that is most passes. The
- * spins are bounded because on a loaded machine a spinning thread holds a core that another thread may
- * need. The mutex is taken only when the other side is asleep.
+ * Both sides spin (with the CPU's pause hint) before they sleep on a condition variable: between jobs a
+ * worker for up to CPU_POOL_SPIN_NS — decode issues hundreds of small jobs per token, and a wake-up from
+ * sleep costs more than most of them — and the caller at the end of a job for CPU_POOL_WAIT_SPIN_NS plus
+ * as long as it ran tasks itself (at most CPU_POOL_WAIT_SPIN_MAX_NS): a worker that entered a little after
+ * the caller finishes its last task up to about that much later. A caller that slept there instead would
+ * be woken a futex wake-up late (~40 µs on the 2-vCPU VM), and at a job of long tasks — the delta rule's,
+ * 0.1-0.2 ms each — it slept in nearly every pass (docs/BENCHMARKS.md, issue 24 session 16). The spins are
+ * bounded because on a loaded machine a spinning thread holds a core that another thread may need. The
+ * mutex is taken only when the other side is asleep.
  *
  * Sleeping without a lost wake-up: a sleeper registers (n_sleeping, caller_sleeping) under the mutex and
  * then re-reads the condition; the waker changes the condition and then reads the registration (both
@@ -36,11 +34,11 @@
 
 #include "base/base.h"
 
-/* How long an idle worker spins before it sleeps (while the pool is held: CPU_POOL_HOT_SPIN_NS), and the
- * least the caller spins waiting for the workers before it sleeps (all in nanoseconds of CLOCK_MONOTONIC). */
+/* How long an idle worker spins before it sleeps, and the least and most the caller spins waiting for the
+ * workers at the end of a job before it sleeps (all in nanoseconds of CLOCK_MONOTONIC). */
 #define CPU_POOL_SPIN_NS 50000
-#define CPU_POOL_HOT_SPIN_NS 1000000
 #define CPU_POOL_WAIT_SPIN_NS 20000
+#define CPU_POOL_WAIT_SPIN_MAX_NS 1000000
 
 /* The job state word. */
 #define STATE_GEN_SHIFT 16
@@ -63,7 +61,6 @@ struct lily_threadpool {
     atomic_uint state;        /* generation << STATE_GEN_SHIFT | STATE_CLOSED | workers inside */
     atomic_bool stop;
     atomic_bool busy;         /* a job is in flight (re-entrance check) */
-    atomic_bool held;         /* lily_threadpool_hold: workers spin up to CPU_POOL_HOT_SPIN_NS between jobs */
     atomic_int n_sleeping;    /* workers waiting on start_cv */
     atomic_bool caller_sleeping; /* the caller waits on done_cv */
     /* the current job: written by the caller before it publishes the generation, read by workers once
@@ -112,11 +109,8 @@ static unsigned wait_for_job(lily_threadpool *pool, unsigned seen)
         if (g != seen)
             return g;
         cpu_relax();
-        if ((i & 255) == 0) {
-            const bool held = atomic_load_explicit(&pool->held, memory_order_relaxed);
-            if (now_ns() - start > (held ? CPU_POOL_HOT_SPIN_NS : CPU_POOL_SPIN_NS))
-                break;
-        }
+        if ((i & 255) == 0 && now_ns() - start > CPU_POOL_SPIN_NS)
+            break;
     }
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add(&pool->n_sleeping, 1);
@@ -190,7 +184,6 @@ lily_status lily_threadpool_create(int n_threads, lily_threadpool **out, lily_er
     atomic_init(&pool->state, 0);
     atomic_init(&pool->stop, false);
     atomic_init(&pool->busy, false);
-    atomic_init(&pool->held, false);
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->next_task, 0);
     atomic_init(&pool->caller_sleeping, false);
@@ -233,12 +226,6 @@ void lily_threadpool_destroy(lily_threadpool *pool)
 
 int lily_threadpool_size(const lily_threadpool *pool) { return pool ? pool->n_threads : 1; }
 
-void lily_threadpool_hold(lily_threadpool *pool, bool held)
-{
-    if (pool)
-        atomic_store_explicit(&pool->held, held, memory_order_relaxed);
-}
-
 void parallel_for(lily_threadpool *pool, int n_tasks, lily_task_fn fn, void *arg)
 {
     if (n_tasks <= 0)
@@ -263,7 +250,7 @@ void parallel_for(lily_threadpool *pool, int n_tasks, lily_task_fn fn, void *arg
      * long as the caller ran tasks (a worker's last task began at most that long ago) */
     unsigned s = atomic_fetch_or(&pool->state, STATE_CLOSED) | STATE_CLOSED;
     const int64_t start = now_ns();
-    const int64_t spin_ns = CPU_POOL_WAIT_SPIN_NS + LILY_MIN(start - run_start, (int64_t)CPU_POOL_HOT_SPIN_NS);
+    const int64_t spin_ns = CPU_POOL_WAIT_SPIN_NS + LILY_MIN(start - run_start, (int64_t)CPU_POOL_WAIT_SPIN_MAX_NS);
     for (int i = 1; (s & STATE_COUNT) != 0; i++) {
         cpu_relax();
         s = atomic_load_explicit(&pool->state, memory_order_acquire);

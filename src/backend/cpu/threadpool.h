@@ -7,8 +7,6 @@
 #ifndef LILY_CPU_THREADPOOL_H
 #define LILY_CPU_THREADPOOL_H
 
-#include <stdbool.h>
-
 #include "lily.h"
 
 /* One unit of work: `task` in [0, n_tasks), `thread` in [0, pool size) names the thread running it
@@ -23,11 +21,6 @@ lily_status lily_threadpool_create(int n_threads, lily_threadpool **out, lily_er
 void lily_threadpool_destroy(lily_threadpool *pool);
 /* Threads in the pool (1 for a NULL pool). */
 int lily_threadpool_size(const lily_threadpool *pool);
-
-/* Between hold(pool, true) and hold(pool, false) — a burst of jobs separated by short serial steps, such
- * as one forward pass — idle workers spin for up to a millisecond before they sleep, instead of 50 µs, so
- * that the next job finds them awake. A NULL pool is ignored. */
-void lily_threadpool_hold(lily_threadpool *pool, bool held);
 
 /* Run fn(arg, task, thread) for every task in [0, n_tasks) and return when all are done. Tasks are
  * handed out dynamically; a NULL pool runs them in order on the caller. */
