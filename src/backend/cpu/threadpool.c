@@ -8,11 +8,15 @@
  * for the workers inside — a worker that has not entered by then (descheduled on a loaded machine) is not
  * waited for, its share having gone to the threads that ran.
  *
- * Both sides spin briefly (with the CPU's pause hint) before they sleep on a condition variable: between
- * jobs a worker for up to CPU_POOL_SPIN_NS — decode issues hundreds of small jobs per token, and a
- * wake-up from sleep costs more than most of them — and the caller for up to CPU_POOL_WAIT_SPIN_NS at the
- * end of a job. The spins are short because on a loaded machine a spinning thread holds a core that
- * another thread may need. The mutex is taken only when the other side is asleep.
+ * Both sides spin (with the CPU's pause hint) before they sleep on a condition variable: between jobs a
+ * worker for up to CPU_POOL_SPIN_NS — decode issues hundreds of small jobs per token, and a wake-up from
+ * sleep costs more than most of them — and the caller at the end of a job for CPU_POOL_WAIT_SPIN_NS plus
+ * as long as it ran tasks itself (at most CPU_POOL_WAIT_SPIN_MAX_NS): a worker that entered a little after
+ * the caller finishes its last task up to about that much later. A caller that slept there instead would
+ * be woken a futex wake-up late (~40 µs on the 2-vCPU VM), and at a job of long tasks — the delta rule's,
+ * 0.1-0.2 ms each — it slept in nearly every pass (docs/BENCHMARKS.md, issue 24 session 16). The spins are
+ * bounded because on a loaded machine a spinning thread holds a core that another thread may need. The
+ * mutex is taken only when the other side is asleep.
  *
  * Sleeping without a lost wake-up: a sleeper registers (n_sleeping, caller_sleeping) under the mutex and
  * then re-reads the condition; the waker changes the condition and then reads the registration (both
@@ -30,10 +34,11 @@
 
 #include "base/base.h"
 
-/* How long an idle worker spins before it sleeps, and how long the caller spins waiting for the workers
- * before it sleeps (both in nanoseconds of CLOCK_MONOTONIC). */
+/* How long an idle worker spins before it sleeps, and the least and most the caller spins waiting for the
+ * workers at the end of a job before it sleeps (all in nanoseconds of CLOCK_MONOTONIC). */
 #define CPU_POOL_SPIN_NS 50000
 #define CPU_POOL_WAIT_SPIN_NS 20000
+#define CPU_POOL_WAIT_SPIN_MAX_NS 1000000
 
 /* The job state word. */
 #define STATE_GEN_SHIFT 16
@@ -238,15 +243,18 @@ void parallel_for(lily_threadpool *pool, int n_tasks, lily_task_fn fn, void *arg
     atomic_store_explicit(&pool->next_task, 0, memory_order_relaxed);
     publish_job(pool);
 
+    const int64_t run_start = now_ns();
     run_tasks(pool, fn, arg, n_tasks, 0);
 
-    /* no task left to claim: close the job, then wait for the workers inside it */
+    /* no task left to claim: close the job, then wait for the workers inside it — spinning for about as
+     * long as the caller ran tasks (a worker's last task began at most that long ago) */
     unsigned s = atomic_fetch_or(&pool->state, STATE_CLOSED) | STATE_CLOSED;
     const int64_t start = now_ns();
+    const int64_t spin_ns = CPU_POOL_WAIT_SPIN_NS + LILY_MIN(start - run_start, (int64_t)CPU_POOL_WAIT_SPIN_MAX_NS);
     for (int i = 1; (s & STATE_COUNT) != 0; i++) {
         cpu_relax();
         s = atomic_load_explicit(&pool->state, memory_order_acquire);
-        if ((s & STATE_COUNT) != 0 && (i & 255) == 0 && now_ns() - start > CPU_POOL_WAIT_SPIN_NS) {
+        if ((s & STATE_COUNT) != 0 && (i & 255) == 0 && now_ns() - start > spin_ns) {
             /* a worker inside was likely descheduled (a loaded machine): sleep until it leaves */
             pthread_mutex_lock(&pool->mutex);
             atomic_store(&pool->caller_sleeping, true);
