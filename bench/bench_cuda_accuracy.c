@@ -25,6 +25,9 @@
  *     GEMV (lily_backend_options.moe_router_unfused), as the host-experts split's layers run it: against
  *     the default all-device decode (what the router's summation order alone does) and against the split
  *     (what the CPU's experts add to that);
+ *   - --router-ab (CUDA only, no CPU reference): the decode (n one-token calls) with each layer's router
+ *     summed in the residual projection before its MoE block (the default) against the router inside MoE
+ *     gate/up (lily_backend_options.moe_router_gate_up): what the router's summation order alone does;
  *   - --n-cpu-moe L [--host-experts N]: the CUDA backend's decode (n one-token calls) with the routed
  *     experts of layers [0, L) in host memory, N of each token's top-k computed by the host's cores
  *     (lily_backend_options.host_experts: -1 zero-copy, 0 auto, 1048576 all), and the same decode with
@@ -32,7 +35,7 @@
  *
  * usage: bench_cuda_accuracy [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact]
  *                            [--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N] [--router-unfused]]
- *                            (--seed: the prompt's random token ids, default 42)
+ *                            [--router-ab] (--seed: the prompt's random token ids, default 42)
  * The CPU forward runs on all cores of the machine (the GPU machine's CPUs).
  */
 #include <math.h>
@@ -240,7 +243,7 @@ int main(int argc, char **argv)
 {
     const char *preset = "35b";
     int n = 512, layers = 0, decode = 0, cpu_chunked = 0, cpu_f16 = 0, exact = 0, n_cpu_moe = 0, host_experts = 0,
-        cpu_f16_chunked = 0, router_unfused = 0;
+        cpu_f16_chunked = 0, router_unfused = 0, router_ab = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -251,11 +254,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--cpu-f16-chunked")) cpu_f16_chunked = 1;
         else if (!strcmp(argv[i], "--router-unfused")) router_unfused = 1;
+        else if (!strcmp(argv[i], "--router-ab")) router_ab = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_rng = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--n-cpu-moe") && i + 1 < argc) n_cpu_moe = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--host-experts") && i + 1 < argc) host_experts = atoi(argv[++i]);
         else DIE("usage: %s [--preset 35b] [-n 512] [--layers] [--decode] [--cpu-chunked] [--cpu-f16] [--exact] "
-                 "[--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N] [--router-unfused]]", argv[0]);
+                 "[--cpu-f16-chunked] [--seed N] [--n-cpu-moe L [--host-experts N] [--router-unfused]] [--router-ab]", argv[0]);
     }
     if (n < 1 || n > 8192)
         DIE("-n must be in [1, 8192]");
@@ -276,6 +280,22 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         toks[i] = rnd_token(V);
     probe->n = n, probe->hidden = cfg->hidden;
+
+    if (router_ab) { /* two CUDA decodes, the router's place the only difference */
+        lily_backend_options o;
+        memset(&o, 0, sizeof o);
+        o.max_chunk = n;
+        if (cuda_decode_run(syn, &o, toks, n, lr))
+            return 1;
+        o.moe_router_gate_up = true;
+        if (cuda_decode_run(syn, &o, toks, n, lc))
+            return 1;
+        compare_logits("CUDA decode, router summed in the residual projection, vs the router inside MoE gate/up", lc, lr,
+                       n, V);
+        free(probe), free(lc), free(lr), free(toks);
+        lily_synthetic_free(syn);
+        return 0;
+    }
 
     /* reference: the CPU backend, recurrent delta rule, one forward() call */
     lily_backend_options co;

@@ -13,6 +13,8 @@
  *
  * usage: bench_cuda_decode [--preset 35b] [-n 128] [-d 256,4096,...] [--profile 4096,131072] [--chunk 512]
  *                          [--profile-prefill] [--sweep-split] [--prefill N] [--timeline 4096,131072]
+ *                          [--router-gate-up] (each MoE router inside its gate/up kernel, the earlier place:
+ *                          lily_backend_options.moe_router_gate_up)
  */
 #include <math.h>
 #include <stdio.h>
@@ -167,7 +169,7 @@ int main(int argc, char **argv)
 {
     const char *preset = "35b";
     int n_gen = 128, depths[32], n_depths = 0, prof[8], n_prof = 0, sweep = 0, prefill = 512, chunk = 512, prof_prefill = 0;
-    int tl_depths[8], n_tl = 0;
+    int tl_depths[8], n_tl = 0, router_gate_up = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -178,7 +180,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile-prefill")) prof_prefill = 1;
         else if (!strcmp(argv[i], "--timeline") && i + 1 < argc) n_tl = parse_list(argv[++i], tl_depths, 8);
-        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST]", argv[0]);
+        else if (!strcmp(argv[i], "--router-gate-up")) router_gate_up = 1;
+        else DIE("usage: %s [--preset 35b] [-n N] [-d LIST] [--profile LIST] [--sweep-split] [--prefill N] [--chunk N] [--profile-prefill] [--timeline LIST] [--router-gate-up]", argv[0]);
     }
     if (!n_depths) {
         for (int d = 256; d <= 131072; d *= 2)
@@ -199,6 +202,7 @@ int main(int argc, char **argv)
     lily_backend_options opts;
     memset(&opts, 0, sizeof opts);
     opts.max_chunk = chunk;
+    opts.moe_router_gate_up = router_gate_up; /* the earlier place of the MoE router, for comparison */
     lily_backend be;
     t0 = now_s();
     if (lily_backend_create("cuda", cfg, &syn->weights, &opts, &be, &err) != LILY_OK)

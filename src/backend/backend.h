@@ -57,6 +57,11 @@ typedef struct {
      * experts the host's cores compute do, instead of inside the MoE gate/up kernel (moe_router_fused; the
      * same operands, another summation order) (bench_cuda_accuracy --router-unfused). Default false. */
     bool moe_router_unfused;
+    /* CUDA only, for comparison: decode computes each layer's MoE router inside the MoE gate/up kernel
+     * (moe_router_fused: its logits exchanged within that kernel's grid) instead of summing it in the
+     * residual projection before the MoE block (the default where supported: moe_router_partials; the
+     * same operands, another summation order). Default false. */
+    bool moe_router_gate_up;
     /* The routed experts (gate, up and down projections with their scales and biases) of layers
      * [0, n_cpu_moe) kept in host memory, not the device's (llama.cpp's --n-cpu-moe); >= n_layers: every
      * layer's; 0 (default): none. CUDA: pinned host memory mapped into the device's address space, read

@@ -374,6 +374,89 @@ static void test_gemv_stream_threshold(void)
     }
 }
 
+/* GEMV_OUT_ADD_ROUTER (the residual projection that also sums the next MoE block's router, gemv.cuh):
+ * h1 = h0 + W·x must be bit-identical to GEMV_OUT_ADD's; the sums against the twin's from the device's h1
+ * (router rows 8-bit: E experts + the 1-row shared gate, norm weight nw): acc[j] / 2^32 = Σ_c w_jc · h1_c
+ * · nw_c, acc[E + 1] / 2^24 = Σ_c h1_c², with fp32's bound on the 16-term block partials plus one 2^-32
+ * (2^-24) rounding per block. mode: GEMV_IN_PLAIN (attention o_proj) or GEMV_IN_GATED (DeltaNet out_proj). */
+static void test_gemv_router(int hidden, int E, int mode)
+{
+    const int cols = 4096, hd = 128;
+    if (!cuda_sm90_code()) {
+        printf("ok   gemv router sums hidden %d E %d: n/a (no sm_90 code)\n", hidden, E);
+        return;
+    }
+    hmat w, rt, rs;
+    make_mat(w, 4, 1, hidden, cols);
+    make_mat(rt, 8, 1, E, hidden);
+    make_mat(rs, 8, 1, 1, hidden);
+    std::vector<float> act = rand_vec(cols, -1, 1), z = rand_vec(cols, -2, 2), gw = rand_vec(hd, 0.5f, 1.5f);
+    std::vector<float> h0 = rand_vec(hidden, -1, 1), nw = rand_vec(hidden, 0.5f, 1.5f);
+    gemv_batch b;
+    memset(&b, 0, sizeof b);
+    b.m[0] = w.d;
+    b.n_mats = 1;
+    b.row_start[1] = hidden;
+    float *dh = dev_copy(h0), *dh_add = dev_copy(h0);
+    b.y[0] = dh;
+    b.y_stride[0] = hidden;
+    std::vector<long long> zero(E + 2, 0);
+    long long *dacc = dev_copy(zero);
+    b.router.rows = rt.d, b.router.shared_rows = rs.d, b.router.norm_w = dev_copy(nw), b.router.acc = dacc;
+    b.router.n_rows = E + 1;
+    gemv_input in;
+    memset(&in, 0, sizeof in);
+    in.act = dev_copy(act), in.act_stride = cols, in.mode = mode, in.eps = 1e-6f;
+    in.norm_w = dev_copy(gw), in.z = dev_copy(z), in.z_stride = cols, in.head_dim = hd;
+    char what[120];
+    snprintf(what, sizeof what, "gemv router sums hidden %d E %d in %d", hidden, E, mode);
+    g_checks++;
+    if (!gemv_router_supported(b, 1)) {
+        g_fail++;
+        printf("FAIL %s: gemv_router_supported says no\n", what);
+        return;
+    }
+    const cudaError_t e1 = launch_gemv(b, in, GEMV_OUT_ADD_ROUTER, 1, NULL, 0);
+    gemv_batch ba = b;
+    ba.y[0] = dh_add;
+    ba.router.acc = NULL;
+    const cudaError_t e2 = launch_gemv(ba, in, GEMV_OUT_ADD, 1, NULL, 0);
+    if (e1 != cudaSuccess || e2 != cudaSuccess) {
+        g_fail++;
+        printf("FAIL %s: launch %s / %s\n", what, cudaGetErrorString(e1), cudaGetErrorString(e2));
+        return;
+    }
+    const std::vector<float> h1 = host_copy(dh, hidden), h_add = host_copy(dh_add, hidden);
+    if (memcmp(h1.data(), h_add.data(), hidden * sizeof(float))) {
+        g_fail++;
+        printf("FAIL %s: h differs from GEMV_OUT_ADD's\n", what);
+        return;
+    }
+    const std::vector<long long> acc = host_copy(dacc, (size_t)E + 2);
+    std::vector<float> got(E + 2);
+    std::vector<double> want(E + 2), mag(E + 2);
+    const int blocks = hidden / 16;
+    for (int j = 0; j <= E; j++) {
+        const float *wr = j < E ? &rt.w[(size_t)j * hidden] : &rs.w[0];
+        double p = 0, mg = 0;
+        for (int c = 0; c < hidden; c++) {
+            p += (double)wr[c] * h1[c] * nw[c];
+            mg += fabs((double)wr[c] * h1[c] * nw[c]);
+        }
+        got[j] = (float)((double)acc[j] / GEMV_ROUTER_LOGIT_SCALE);
+        want[j] = p;
+        mag[j] = mg + blocks / (double)GEMV_ROUTER_LOGIT_SCALE;
+    }
+    double ss = 0;
+    for (int c = 0; c < hidden; c++) ss += (double)h1[c] * h1[c];
+    got[E + 1] = (float)((double)acc[E + 1] / GEMV_ROUTER_SS_SCALE);
+    want[E + 1] = ss;
+    mag[E + 1] = ss + blocks / (double)GEMV_ROUTER_SS_SCALE;
+    strncat(what, " (h bit-identical to ADD)", sizeof what - strlen(what) - 1);
+    check(what, got, want, mag);
+    cudaFree(dh), cudaFree(dh_add), cudaFree(dacc);
+}
+
 /* ---- MoE ----------------------------------------------------------------------------------------- */
 
 /* sinter: the shared expert's intermediate size (0: = inter); need_mma: with decode (n == 1), require the
@@ -382,7 +465,7 @@ static void test_gemv_stream_threshold(void)
  * gate, as the model's), its logits (NaN-poisoned) checked against the twin's and the top-k taken from
  * the twin's logits */
 static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool decode = false, int sinter = 0,
-                     bool need_mma = true, bool fused = false)
+                     bool need_mma = true, bool fused = false, bool partials = false)
 {
     if (sinter <= 0)
         sinter = inter;
@@ -416,11 +499,12 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     a.out = dh;
     hmat rt, rs;
     std::vector<double> want_logit(E + 1), logit_mag(E + 1);
-    if (fused) {
-        if (!cuda_sm90_code()) {
-            printf("ok   moe fused router hidden %d E %d: n/a (no PDL)\n", hidden, E);
-            return;
-        }
+    long long *dacc = NULL;
+    if (fused && !cuda_sm90_code()) {
+        printf("ok   moe fused router hidden %d E %d: n/a (no PDL)\n", hidden, E);
+        return;
+    }
+    if (fused || partials) {
         make_mat(rt, 8, 1, E, hidden);
         make_mat(rs, 8, 1, 1, hidden);
         double ss = 0;
@@ -440,6 +524,27 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
         cudaFree((void *)a.router_logits);
         a.router_logits = dev_nan(E + 1);
         a.router = rt.d, a.router_shared = rs.d;
+    }
+    if (partials) { /* the sums the residual GEMV would leave (gemv.cuh's fixed point), from the exact values */
+        std::vector<long long> acc(E + 2);
+        double ss = 0;
+        for (int c = 0; c < hidden; c++) ss += (double)h[c] * h[c];
+        for (int j = 0; j <= E; j++) {
+            const float *wr = j < E ? &rt.w[(size_t)j * hidden] : &rs.w[0];
+            double p = 0;
+            for (int c = 0; c < hidden; c++) p += (double)wr[c] * h[c] * nw[c];
+            acc[j] = llround(p * GEMV_ROUTER_LOGIT_SCALE);
+        }
+        acc[E + 1] = llround(ss * GEMV_ROUTER_SS_SCALE);
+        dacc = dev_copy(acc);
+        a.router_acc = dacc;
+        if (!moe_router_partials(a, n)) {
+            printf("FAIL moe: router sums not taken for hidden %d E %d top-%d inter %d\n", hidden, E, K, inter);
+            g_fail++;
+            return;
+        }
+    }
+    if (fused) {
         unsigned long long *words;
         int *dstep;
         CK(cudaMalloc(&words, (MOE_PUB_WORDS + MOE_LOGIT_WORDS) * 8));
@@ -525,11 +630,23 @@ static void test_moe(int bits, int hidden, int E, int K, int inter, int n, bool 
     char what[160];
     const bool mma = moe_decode_mma_supported(a, n);
     snprintf(what, sizeof what, "moe bits %2d hidden %4d E %3d top-%d inter %3d shared %3d n %3d%s%s%s", bits, hidden, E,
-             K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "", fused ? " (fused router)" : "");
-    if (fused) {
+             K, inter, sinter, n, decode ? " (decode)" : "", mma ? " (tensor cores)" : "",
+             fused ? " (fused router)" : partials ? " (router sums)" : "");
+    if (fused || partials) {
         char lw[200];
         snprintf(lw, sizeof lw, "%s: router logits", what);
         check(lw, host_copy(a.router_logits, E + 1), want_logit, logit_mag);
+    }
+    if (partials) { /* moe_down zeroed the sums for the next token */
+        const std::vector<long long> left = host_copy(dacc, (size_t)E + 2);
+        size_t nz = 0;
+        for (long long v : left) nz += v != 0;
+        g_checks++;
+        if (nz) {
+            g_fail++;
+            printf("FAIL %s: %zu of %d router sums not zeroed by moe_down\n", what, nz, E + 2);
+        }
+        cudaFree(dacc);
     }
     check(what, got, want, mag, 3e-4);
 }
@@ -1144,6 +1261,15 @@ int main(void)
     test_moe(4, 2048, 32, 8, 512, 1, true, 0, true, true);
     test_moe(4, 512, 64, 8, 128, 1, true, 0, true, true);
     test_moe(4, 1024, 16, 4, 256, 1, true, 0, true, true);
+    /* the router summed by the residual GEMV before the block (moe_router_partials / GEMV_OUT_ADD_ROUTER) */
+    test_moe(4, 2048, 256, 8, 512, 1, true, 0, true, false, true);
+    test_moe(4, 2048, 512, 8, 512, 1, true, 0, true, false, true);
+    test_moe(4, 512, 64, 8, 128, 1, true, 0, true, false, true);
+    test_moe(4, 1024, 16, 4, 256, 1, true, 0, true, false, true);
+    test_gemv_router(2048, 256, GEMV_IN_GATED);
+    test_gemv_router(2048, 256, GEMV_IN_PLAIN);
+    test_gemv_router(2048, 512, GEMV_IN_GATED);
+    test_gemv_router(1024, 64, GEMV_IN_PLAIN);
     /* the top-k published early to moe_down: bit-identical with and without it, graph replays */
     test_moe_early(2048, 32, 8, 512, 2);
     test_moe_early(512, 64, 8, 128, 3);

@@ -357,6 +357,7 @@ static lily_status scratch_layout(cuda_ctx *c, size_t *count, lily_error *err)
     AL(c->part_o, (size_t)cfg->n_kv_heads * c->att_splits * G * cfg->head_dim * 4);
     AL(c->part_ml, (size_t)cfg->n_kv_heads * c->att_splits * G * 2 * 4);
     AL(c->att_counter, (size_t)cfg->n_kv_heads * 4);
+    AL(c->router_acc, (size_t)cfg->n_layers * MOE_LOGIT_WORDS * 8);
     AL(c->mark_step, 4);
     /* prefill GEMM: activations of the widest projection input, or of the MoE hidden rows */
     {
@@ -382,6 +383,7 @@ static lily_status scratch_layout(cuda_ctx *c, size_t *count, lily_error *err)
     if (count)
         return LILY_OK;
     CUDA_TRY(cudaMemset(c->att_counter, 0, (size_t)cfg->n_kv_heads * 4));
+    CUDA_TRY(cudaMemset(c->router_acc, 0, (size_t)cfg->n_layers * MOE_LOGIT_WORDS * 8));
     CUDA_TRY(cudaMemset(c->argmax, 0, C * 8));
     return LILY_OK;
 }

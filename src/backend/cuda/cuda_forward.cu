@@ -71,6 +71,8 @@ static gemv_batch tl_batch(cuda_ctx *c, const gemv_batch &b, int stage, int laye
         double bytes = 0;
         for (int k = 0; k < b.n_mats; k++)
             bytes += dmat_bytes(b.m[k]);
+        if (b.router.acc) /* GEMV_OUT_ADD_ROUTER reads the router's rows too */
+            bytes += dmat_bytes(b.router.rows) + (b.router.shared_rows.data ? dmat_bytes(b.router.shared_rows) : 0.0);
         t.timeline = tl_slot(c, stage, layer, bytes, 0.0, 1);
     }
     return t;
@@ -334,6 +336,13 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
         m.router = L->router; /* the router fused into gate/up where moe_router_fused (moe_block) */
         m.router_shared = L->shared_expert_gate;
         m.logit_pub = st->ctr->moe_logit_pub;
+        m.router_acc = NULL; /* moe_block sets it where router_partials says so */
+        gemv_router &R = A->mix_out.router; /* used by the GEMV_OUT_ADD_ROUTER launch only */
+        R.rows = L->router;
+        R.shared_rows = L->shared_expert_gate;
+        R.norm_w = L->post_norm;
+        R.acc = c->router_acc + (size_t)l * MOE_LOGIT_WORDS;
+        R.n_rows = E + 1;
     }
     return LILY_OK;
 }
@@ -346,6 +355,30 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
         if (s_ != LILY_OK)                                                                         \
             return s_;                                                                             \
     } while (0)
+
+/* Whether layer l's MoE router is summed by the residual projection before it (DeltaNet out_proj /
+ * attention o_proj, GEMV_OUT_ADD_ROUTER) instead of inside MoE gate/up (moe_router_fused): decode steps
+ * whose GEMV and MoE kernels both take it, unless an option asks for the router elsewhere. The one place
+ * this is chosen; mix_out() and moe_block() follow it. */
+static bool router_partials(cuda_ctx *c, const cuda_layer_args *A, int l, int n)
+{
+    if (n != 1 || prefill_gemm(c, n) || c->opts.exact || c->opts.moe_router_unfused || c->opts.moe_router_gate_up ||
+        cuda_cpu_experts_layer(c, l, n))
+        return false;
+    moe_args m = A->moe;
+    m.router_acc = A->mix_out.router.acc;
+    return moe_router_partials(m, n) && gemv_router_supported(A->mix_out, n);
+}
+
+/* h += the layer's mixer output projection (out_proj / o_proj), with the router's sums where chosen. */
+static lily_status mix_out(cuda_ctx *c, const cuda_layer_args *A, int stage, int layer, int n, lily_error *err)
+{
+    gemv_batch b = A->mix_out;
+    const bool partials = router_partials(c, A, layer, n);
+    if (!partials)
+        b.router.acc = NULL;
+    return proj(c, tl_batch(c, b, stage, layer), A->mix_out_x, partials ? GEMV_OUT_ADD_ROUTER : GEMV_OUT_ADD, n, err);
+}
 
 /* Gated attention (docs/MODEL.md §4.3): q|k|v projection of RMSNorm(h), q/k RMSNorm + partial RoPE + KV
  * append, causal attention gated by sigmoid(gate), h += o_proj. A chunk (n > 1) takes the flash kernel,
@@ -378,7 +411,7 @@ static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer
         LAUNCH(launch_attention(a, n, c->stream));
     }
     MARK(PS_ATT_OUT);
-    return proj(c, tl_batch(c, A->mix_out, PS_ATT_OUT, layer), A->mix_out_x, GEMV_OUT_ADD, n, err);
+    return mix_out(c, A, PS_ATT_OUT, layer, n, err);
 }
 
 /* Gated DeltaNet (docs/MODEL.md §4.4): qkv|z|b|a projection of RMSNorm(h), causal conv + SiLU, q/k L2
@@ -409,7 +442,7 @@ static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int lay
         LAUNCH(launch_gdn(g2, c->gdn_pre, c->gdn_wy, n - n0, c->stream));
     }
     MARK(PS_GDN_OUT);
-    return proj(c, tl_batch(c, A->mix_out, PS_GDN_OUT, layer), A->mix_out_x, GEMV_OUT_ADD, n, err);
+    return mix_out(c, A, PS_GDN_OUT, layer, n, err);
 }
 
 /* Sparse MoE (docs/MODEL.md §4.5): router | shared gate of RMSNorm(h), top-k, the experts' SwiGLU MLPs and
@@ -422,7 +455,10 @@ static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_
     const int l = A->moe.layer;
     moe_args m = A->moe;
     const bool host_cpu = cuda_cpu_experts_layer(c, l, n); /* the routed experts on the host's cores (cpu_experts.cu) */
-    if (host_cpu || c->opts.moe_router_unfused || !moe_router_fused(m, n)) { /* else gate/up computes the router rows itself */
+    if (router_partials(c, A, l, n)) { /* the router's sums came with h (mix_out) */
+        m.router_acc = A->mix_out.router.acc;
+        m.logit_pub = NULL;
+    } else if (host_cpu || c->opts.moe_router_unfused || !moe_router_fused(m, n)) { /* else gate/up computes the router rows itself */
         m.logit_pub = NULL;
         LAUNCH(launch_gemv(tl_batch(c, A->router, PS_ROUTER, l), A->router_x, GEMV_OUT_STORE, n, NULL, c->stream));
     }

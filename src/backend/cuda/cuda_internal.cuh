@@ -110,6 +110,9 @@ typedef struct {
     int att_splits, att_min_chunk;
     float *part_o, *part_ml;
     unsigned int *att_counter;
+    /* [n_layers][MOE_LOGIT_WORDS] the router sums each layer's residual GEMV adds and its moe_down zeroes
+     * (moe_args.router_acc): all zero between forward calls */
+    long long *router_acc;
     int *mark_step;  /* [1] the step counter a marked pass's second delta-rule launch reads (cuda_mark) */
     /* prefill GEMM scratch (forward_prefill.cu) */
     int prefill_min_tokens; /* PREFILL_GEMM_MIN_TOKENS */

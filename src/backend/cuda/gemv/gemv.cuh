@@ -19,10 +19,27 @@ enum gemv_output_mode {
     GEMV_OUT_STORE = 0,  /* y[row] = dot */
     GEMV_OUT_ADD = 1,    /* y[row] += dot (residual add; each row owned by one lane group) */
     GEMV_OUT_ARGMAX = 2, /* y[row] = dot, and atomicMax of (value, -row) into *argmax */
+    GEMV_OUT_ADD_ROUTER = 3, /* as ADD, and the MoE router's partial sums over the rows written
+                              * (gemv_batch.router; gemv_stream.cu only: gemv_router_supported) */
 };
 
 #define GEMV_MAX_MATS 4
 
+/* GEMV_OUT_ADD_ROUTER (decode, the residual projection before a MoE block): the router of that block
+ * reads RMSNorm(h) of the h this GEMV writes, logit_j = r · Σ_c w_jc · h_c · norm_w_c with r =
+ * rsqrt(Σ_c h_c² / hidden + eps) (docs/MODEL.md §4.5; the same fold as moe_gate_up_mma's fused router).
+ * Each block adds, for the rows c it wrote, Σ_c w_jc · h_c · norm_w_c of every router row j and Σ_c h_c²
+ * into acc as 64-bit fixed point (integer adds: the sum does not depend on the blocks' order), so the
+ * kernel boundary to the MoE gate/up kernel is the router's whole reduction. */
+#define GEMV_ROUTER_LOGIT_SCALE 4294967296.0f /* 2^32: acc[j] = Σ partial · 2^32, j <= E */
+#define GEMV_ROUTER_SS_SCALE 16777216.0f      /* 2^24: acc[E + 1] = Σ h_c² · 2^24 */
+struct gemv_router {
+    dmat rows, shared_rows;  /* 8-bit router: rows 0..E-1 (experts), then shared_rows (the shared-expert
+                              * gate, or rows 0 / data NULL when `rows` holds all E + 1); cols = hidden */
+    const float *norm_w;     /* the MoE block's post-attention RMSNorm weight (1 + w form applied) [hidden] */
+    long long *acc;          /* [E + 2], zero before the launch (moe_down_mma zeroes it after use) */
+    int n_rows;              /* E + 1 */
+};
 /* The decode GEMV kernels (gemv_kernel_choose picks one per batch shape). */
 enum gemv_kernel_id {
     GEMV_KERNEL_AUTO = 0,   /* gemv_batch.kernel: gemv_kernel_choose decides */
@@ -42,6 +59,7 @@ struct gemv_batch {
     int exact;    /* 1 (exact mode): the fp32 SIMT kernel only, never gemv_mma / gemv_stream (fp16 operands) */
     int kernel;   /* gemv_kernel_id: GEMV_KERNEL_AUTO, or a kernel the batch's shape supports (tests) */
     unsigned long long *timeline; /* per-block stamps (timeline.cuh); NULL: none */
+    gemv_router router;           /* GEMV_OUT_ADD_ROUTER only */
 };
 
 struct gemv_input {
@@ -77,5 +95,11 @@ bool gemv_mma_supported(const gemv_batch &b, int n_tokens);
 cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
                                cudaStream_t s);
 bool gemv_stream_supported(const gemv_batch &b, int n_tokens);
+/* Whether launch_gemv takes GEMV_OUT_ADD_ROUTER for this batch: gemv_stream_supported, one matrix of
+ * 4096 columns (one 16-row tile per block, every tile in one wave), b.router set: 8-bit rows of the
+ * GEMV's output width, 16-byte aligned, E + 1 <= 768. */
+bool gemv_router_supported(const gemv_batch &b, int n_tokens);
+/* GEMV_OUT_ADD_ROUTER on gemv_stream.cu's kernel (launch_gemv calls it for that mode). */
+cudaError_t launch_gemv_stream_router(const gemv_batch &b, const gemv_input &in, cudaStream_t s);
 
 #endif

@@ -192,6 +192,8 @@ cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode,
     for (int k = 1; k < b.n_mats; k++)
         if (b.m[k].cols != b.m[0].cols || b.m[k].bits != b.m[0].bits)
             return cudaErrorInvalidValue;
+    if (out_mode == GEMV_OUT_ADD_ROUTER) /* one kernel has it (gemv_router_supported says where) */
+        return n_tokens == 1 ? launch_gemv_stream_router(b, in, s) : cudaErrorInvalidValue;
     const gemv_kernel_id k = b.kernel != GEMV_KERNEL_AUTO ? (gemv_kernel_id)b.kernel : gemv_kernel_choose(b, n_tokens);
     if (k == GEMV_KERNEL_STREAM)
         return launch_gemv_stream(b, in, out_mode, argmax, s); /* gemv_stream.cu */

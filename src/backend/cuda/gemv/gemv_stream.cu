@@ -19,6 +19,12 @@
  * reduce and store one row each (STORE / ADD / ARGMAX exactly as gemv_mma). x side as gemv_mma's
  * (mg_x_side: per warp, no block barrier but an RMSNorm's sum of squares); none after it.
  *
+ * GEMV_OUT_ADD_ROUTER (gemv.cuh's gemv_router; one 16-row tile per block, KS = 8): before the wait
+ * every thread copies the 16 bytes of router row j = thread + 256q at this block's 16 columns into shared
+ * memory (cp.async) and loads their scale and bias; after its rows are stored, the block multiplies them
+ * (h_c · norm_w_c) by those rows and adds the partial logits and Σ h_c² into the fixed-point accumulators
+ * (red.global.add.s64, one per router row and block).
+ *
  * Requirements (gemv_stream_supported; otherwise gemv_mma runs): gemv_mma_supported, cols in {512, 1024,
  * 2048, 4096}, rows 16-byte aligned, the sm_90 code running (cuda_sm90_code: the compute_80 PTX has an
  * empty body).
@@ -34,6 +40,8 @@
  * tail overlap the first's (H200, 35B-A3B decode: 434 -> 447 tok/s at 4K, 337 -> 345 at 128K against the
  * deepest ring that fits one block). */
 #define GS_BLOCKS_PER_SM 2
+/* GEMV_OUT_ADD_ROUTER: router rows (E + 1 <= this; moe.cuh's MOE_LOGIT_WORDS) */
+#define GS_ROUTER_MAX_ROWS 520
 
 /* ---- sm_90 bulk copies and mbarriers (PTX ISA 8.0) ------------------------------------------------ */
 
@@ -71,6 +79,18 @@ __device__ __forceinline__ void gs_bulk_copy(void *dst, const void *src, unsigne
 
 /* Barrier `id` (1..15; 0 is __syncthreads) among n threads (whole warps). */
 __device__ __forceinline__ void gs_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+/* *acc += v rounded to an integer (cvt.rni saturates; NaN adds 0; two's complement: the unsigned add is the signed one), without a return value. */
+__device__ __forceinline__ void gemv_router_add(long long *acc, float v)
+{
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;\n" ::"l"(acc), "l"(__float2ll_rn(v)) : "memory");
+}
+
+/* 16 bytes from global src to shared dst (both 16-byte aligned) by cp.async (a commit group follows). */
+__device__ __forceinline__ void gs_cp16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gs_saddr(dst)), "l"(src) : "memory");
+}
 
 /* Bytes of one ring slot (a whole 16-row tile of `cols` columns: padded rows, scales, biases). */
 __host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (cols / 2 + GS_ROW_PAD) + 16 * (cols / 64) * 4; }
@@ -124,13 +144,40 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     if (ks == 0)
         for (int i = 0; i < stages; i++)
             fill(i, i); /* weights only: before the previous kernel has finished */
+    /* ROUTER: this block's 16 columns of router rows j = thread + 256q, the 16-byte chunks holding their
+     * scale and bias, and the norm weight's 16 values, copied into shared memory (weights only: before the
+     * wait; nothing is held in registers across the GEMV) */
+    constexpr bool ROUTER = OUT_MODE == GEMV_OUT_ADD_ROUTER;
+    constexpr int RQ = (GS_ROUTER_MAX_ROWS + GS_WARPS * 32 - 1) / (GS_WARPS * 32);
+    constexpr int RN = ROUTER ? GS_ROUTER_MAX_ROWS : 1;
+    __shared__ __align__(16) uint4 s_rq[RN], s_rs[RN], s_rb[RN];
+    __shared__ __align__(16) float s_nw[16];
+    __shared__ float s_hy[16], s_ss[1];
+    if (ROUTER) {
+        const gemv_router &R = b.router;
+        const int c0 = blockIdx.x * 16, nr = R.rows.rows;
+#pragma unroll
+        for (int q = 0; q < RQ; q++) {
+            const int j = threadIdx.x + q * GS_WARPS * 32;
+            if (j < R.n_rows) {
+                const dmat &M = j < nr ? R.rows : R.shared_rows;
+                const int64_t row = j < nr ? j : j - nr, sg = (row * (M.cols / 64) + c0 / 64) & ~(int64_t)7;
+                gs_cp16(&s_rq[j], M.data + row * M.row_bytes + c0);
+                gs_cp16(&s_rs[j], M.scales + sg);
+                gs_cp16(&s_rb[j], M.biases + sg);
+            }
+        }
+        if (threadIdx.x < 4)
+            gs_cp16(&s_nw[4 * threadIdx.x], R.norm_w + c0 + 4 * threadIdx.x);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
     gemv_input_prefetch<GS_WARPS>(in, cols);
     pdl_trigger();
     pdl_wait();
     tl.waited();
     /* ADD: the values the first group's rows add into, loaded now so the read overlaps the input transform */
     float y_first = 0.0f;
-    if (OUT_MODE == GEMV_OUT_ADD && ks == 0 && lane < 16 && (int)blockIdx.x < n_groups && (int)blockIdx.x * RT + rt < n_tiles) {
+    if ((OUT_MODE == GEMV_OUT_ADD || ROUTER) && ks == 0 && lane < 16 && (int)blockIdx.x < n_groups && (int)blockIdx.x * RT + rt < n_tiles) {
         int m = 0, r0 = 0;
         mg_locate(b, blockIdx.x * RT + rt, &m, &r0);
         if (r0 + lane < b.m[m].rows)
@@ -179,10 +226,19 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
                 for (int q = 0; q < KS; q++)
                     v += s_part[i & 1][rt * KS + q][lane];
                 float *y = b.y[m] + row;
-                if (OUT_MODE == GEMV_OUT_ADD)
-                    *y = (i == 0 ? y_first : *y) + v;
+                if (OUT_MODE == GEMV_OUT_ADD || ROUTER)
+                    *y = v = (i == 0 ? y_first : *y) + v;
                 else
                     *y = v;
+                if (ROUTER) { /* one tile per block: rows c0 + lane */
+                    s_hy[lane] = v;
+                    float ss = v * v; /* lanes 0..15, all live (rows % 64 == 0) */
+#pragma unroll
+                    for (int o = 8; o; o >>= 1)
+                        ss += __shfl_xor_sync(0xffffu, ss, o);
+                    if (lane == 0)
+                        s_ss[0] = ss;
+                }
                 if (OUT_MODE == GEMV_OUT_ARGMAX && v > best) {
                     best = v;
                     best_row = b.row_start[m] + row;
@@ -196,6 +252,37 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     }
     if (OUT_MODE == GEMV_OUT_ARGMAX)
         warp_argmax_publish(best, best_row, lane, argmax);
+    if (ROUTER) { /* the router's partial sums over this block's 16 rows (its one tile) */
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads(); /* every thread's copies, and s_hy, s_ss from the tile's first warp */
+        float hn[16], ys = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            hn[e] = s_hy[e] * s_nw[e];
+            ys += hn[e];
+        }
+        const gemv_router &R = b.router;
+        const int gi = (blockIdx.x * 16 / 64) & 7; /* the group's place in its 16-byte chunk of scales */
+#pragma unroll
+        for (int q = 0; q < RQ; q++) {
+            const int j = threadIdx.x + q * GS_WARPS * 32;
+            if (j < R.n_rows) {
+                const uint4 w = s_rq[j];
+                const unsigned int wv[4] = {w.x, w.y, w.z, w.w};
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 16; e++) {
+                    const unsigned int byte = (wv[e / 4] >> (8 * (e & 3))) & 0xffu;
+                    d = fmaf(__uint_as_float(0x4B000000u | byte) - 8388608.0f, hn[e], d);
+                }
+                const float p = fmaf(bf2f(reinterpret_cast<const __nv_bfloat16 *>(&s_rs[j])[gi]), d,
+                                     bf2f(reinterpret_cast<const __nv_bfloat16 *>(&s_rb[j])[gi]) * ys);
+                gemv_router_add(R.acc + j, p * GEMV_ROUTER_LOGIT_SCALE);
+            }
+        }
+        if (threadIdx.x == 0)
+            gemv_router_add(R.acc + R.n_rows, s_ss[0] * GEMV_ROUTER_SS_SCALE);
+    }
 #endif
 }
 
@@ -222,6 +309,28 @@ bool gemv_stream_supported(const gemv_batch &b, int n_tokens)
     if (gs_weight_bytes(b) < 1024)
         return false;
     return cuda_sm90_code(); /* bulk copies and mbarrier transaction counts: the sm_90 code only */
+}
+
+bool gemv_router_supported(const gemv_batch &b, int n_tokens)
+{
+    const gemv_router &R = b.router;
+    if (!gemv_stream_supported(b, n_tokens) || b.n_mats != 1 || b.m[0].cols != 4096 || !R.acc || !R.norm_w ||
+        (uintptr_t)R.norm_w % 16)
+        return false;
+    const int H = b.m[0].rows, ns = R.shared_rows.data ? R.shared_rows.rows : 0;
+    if (H % 64 || R.n_rows != R.rows.rows + ns || R.n_rows > GS_ROUTER_MAX_ROWS || !R.rows.data)
+        return false;
+    for (int k = 0; k < (ns ? 2 : 1); k++) {
+        const dmat &M = k ? R.shared_rows : R.rows;
+        if (M.bits != 8 || M.cols != H || M.n_experts != 1 || M.row_bytes % 16 ||
+            ((uintptr_t)M.data | (uintptr_t)M.scales | (uintptr_t)M.biases) % 16)
+            return false;
+    }
+    /* one tile per block, every tile in one wave: at least one block per SM fits (gs_go checks the grid) */
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return false;
+    return (H + 15) / 16 <= sms;
 }
 
 template <int IM, int OM, int KS, bool REGS>
@@ -275,6 +384,8 @@ static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned lon
         per_sm[s0] = n > 0 ? n : 1;
     }
     const int resident = sms * per_sm[s0], grid = groups < resident ? groups : resident;
+    if (OM == GEMV_OUT_ADD_ROUTER && (grid != groups || RT != 1))
+        return cudaErrorInvalidValue; /* the router's partials need one tile per block */
     const int per_block = (groups + grid - 1) / grid;
     const int stages = s0 < per_block ? s0 : per_block; /* no slot this block would never fill */
     return launch_pdl(kern, dim3(grid), dim3(GS_WARPS * 32), x_bytes + stages * stage_bytes, s, b, in, tiles, stages, argmax);
@@ -307,5 +418,25 @@ cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int ou
     } else if (in.mode == GEMV_IN_GATED) {
         if (out_mode == GEMV_OUT_ADD) return gs_ks<GEMV_IN_GATED, GEMV_OUT_ADD>(b, in, argmax, s);
     }
+    return cudaErrorInvalidValue;
+}
+
+/* GEMV_OUT_ADD_ROUTER: 4096 columns only (KS 8), plain (attention o_proj) or gated (DeltaNet out_proj) input. */
+template <int IM>
+static cudaError_t gs_router(const gemv_batch &b, const gemv_input &in, cudaStream_t s)
+{
+    if (mg_x_regs_ok<IM, GS_WARPS>(in, b.m[0].cols))
+        return gs_go<IM, GEMV_OUT_ADD_ROUTER, 8, true>(b, in, NULL, s);
+    return gs_go<IM, GEMV_OUT_ADD_ROUTER, 8, false>(b, in, NULL, s);
+}
+
+cudaError_t launch_gemv_stream_router(const gemv_batch &b, const gemv_input &in, cudaStream_t s)
+{
+    if (!gemv_router_supported(b, 1))
+        return cudaErrorInvalidValue;
+    if (in.mode == GEMV_IN_PLAIN)
+        return gs_router<GEMV_IN_PLAIN>(b, in, s);
+    if (in.mode == GEMV_IN_GATED)
+        return gs_router<GEMV_IN_GATED>(b, in, s);
     return cudaErrorInvalidValue;
 }

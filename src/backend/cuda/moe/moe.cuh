@@ -40,6 +40,11 @@ struct moe_args {
      * logit words (cuda_counters). logit_pub NULL: the router is a GEMV launched before gate/up. */
     dmat router, router_shared;
     unsigned long long *logit_pub;
+    /* Decode, the router summed by the residual GEMV before this block (moe_router_partials; gemv.cuh's
+     * GEMV_OUT_ADD_ROUTER): [E + 2] fixed-point sums (E + 1 router rows, then Σ h²) that gate/up turns into
+     * the logits and ranks, and moe_down_mma zeroes after its PDL wait. NULL: not used (then logit_pub says
+     * whether gate/up computes the router rows itself). */
+    long long *router_acc;
     unsigned long long *timeline; /* per-block stamps of the decode kernels (timeline.cuh); NULL: none */
 };
 /* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
@@ -64,6 +69,10 @@ bool moe_early_ids_wanted(int layer);
  * words and the routed blocks rank the top-k once all E are there: a grid-wide exchange, so every block must
  * be resident at once). The one place this is chosen; launch_moe_gate_up follows a.logit_pub. */
 bool moe_router_fused(const moe_args &a, int n_tokens);
+/* Whether the MoE kernels take the router's sums from the residual GEMV before them (a.router_acc): the
+ * tensor-core decode kernels (moe_decode_mma_supported) and an 8-bit router of E + 1 rows x hidden, as
+ * moe_router_fused; the GEMV side is gemv_router_supported's. */
+bool moe_router_partials(const moe_args &a, int n_tokens);
 
 /* ---- prefill routing (moe_prefill.cu) ---- */
 

@@ -29,6 +29,12 @@
  * the wait as before (moe_early_ids_wanted). Results are bit-identical either way (the same ids and
  * weights feed the same arithmetic).
  *
+ * Router sums from the residual GEMV (a.router_acc, moe_router_partials): the GEMV that wrote h added every
+ * router row's partial dot products and Σ h² as fixed-point integers (gemv.cuh, GEMV_OUT_ADD_ROUTER), so
+ * after its PDL wait warp 0 of every routed gate/up block reads the E + 2 words, forms the logits (the same
+ * r · Σ_c w_jc · h_c · norm_w_c as the fused router) and ranks them: no exchange inside gate/up. moe_down_mma
+ * zeroes the words after its wait (gate/up has finished reading them then).
+ *
  * moe_args.cpu_slots > 0 (host experts on the CPU, cpu_experts.cu): the items and warps cover only the first
  * top_k - cpu_slots routed slots and the shared expert (hid and topk indices keep the slot numbers), the
  * ranking and weights still all top_k; cpu_slots == 0 is the grid and arithmetic above unchanged.
@@ -61,6 +67,57 @@ bool moe_early_ids_wanted(int layer)
 static bool moe_early_ids_on(const moe_args &a)
 {
     return moe_early_ids_wanted(a.layer) && a.topk_pub && a.step;
+}
+
+/* The top-k from the residual GEMV's fixed-point router sums (moe_args.router_acc), by one warp: lane l
+ * takes experts e = l + 32j (j < PER), logit_e = r · acc[e] / 2^32 with r = rsqrt(acc[E + 1] / 2^24 / H +
+ * eps) (gemv.cuh's scales), then moe_topk_rank. logits != NULL: also writes logits[0..E] (E: the shared
+ * gate). */
+template <int PER>
+static __device__ void moe_topk_acc_n(const long long *acc, int E, int K, int H, float eps, int *idx, float *w,
+                                      unsigned int *s_key, float *logits)
+{
+    const int lane = threadIdx.x & 31;
+    long long v[PER];
+    const long long ssq = __ldcg(acc + E + 1);
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int e = lane + 32 * j;
+        v[j] = e < E ? __ldcg(acc + e) : 0;
+    }
+    const long long vs = __ldcg(acc + E);
+    const float r = rsqrtf(__ll2float_rn(ssq) * (1.0f / GEMV_ROUTER_SS_SCALE) / (float)H + eps);
+    unsigned int u[PER], taken = 0u;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int e = lane + 32 * j;
+        const float logit = r * (__ll2float_rn(v[j]) * (1.0f / GEMV_ROUTER_LOGIT_SCALE));
+        u[j] = 0u;
+        if (e >= E) {
+            taken |= 1u << j;
+            continue;
+        }
+        u[j] = (unsigned int)(argmax_key(logit, e) >> 32);
+        s_key[e] = u[j];
+        if (logits)
+            logits[e] = logit;
+    }
+    if (logits && lane == 0)
+        logits[E] = r * (__ll2float_rn(vs) * (1.0f / GEMV_ROUTER_LOGIT_SCALE));
+    __syncwarp();
+    moe_topk_rank<PER, true>(u, taken, E, K, idx, w, s_key);
+}
+
+/* moe_topk_acc_n in warp 0 of a block (E <= MOE_MAX_E; the other warps return at once). */
+static __device__ void moe_topk_acc_warp0(const long long *acc, int E, int K, int H, float eps, int *idx, float *w,
+                                          unsigned int *s_key, float *logits)
+{
+    if (threadIdx.x < 32) {
+        if (E <= 256)
+            moe_topk_acc_n<8>(acc, E, K, H, eps, idx, w, s_key, logits);
+        else if (E <= MOE_MAX_E)
+            moe_topk_acc_n<MOE_MAX_E / 32>(acc, E, K, H, eps, idx, w, s_key, logits);
+    }
 }
 
 /* Registers capped for 2 blocks per SM (__launch_bounds__).
@@ -261,8 +318,13 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
             hv[k] = c < H ? a.h[c] : 0.0f;
             wv[k] = c < H ? a.norm_w[c] : 0.0f;
         }
-        if (!shared)
-            moe_topk_warp0(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
+        if (!shared) {
+            if (a.router_acc) /* item 0's block also writes the logits (moe_down's shared gate) */
+                moe_topk_acc_warp0(a.router_acc, a.n_experts, a.top_k, H, a.eps, s_idx, s_w, s_key,
+                                   tile == 0 && slot == 0 ? a.router_logits : NULL);
+            else
+                moe_topk_warp0(a.router_logits, a.n_experts, a.top_k, s_idx, s_w, s_key);
+        }
         {
             float ss = 0.0f;
 #pragma unroll
@@ -395,6 +457,10 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
             wk = sigmoid_f(__ldcg(a.router_logits + a.n_experts));
         }
     }
+    /* gate/up has read the router sums (it has finished): zero them for the next token's GEMV */
+    if (a.router_acc && blockIdx.x == 0)
+        for (int j = threadIdx.x; j < a.n_experts + 2; j += blockDim.x)
+            a.router_acc[j] = 0;
     /* the residual values this block adds into, loaded now so the read overlaps the x fragments */
     const float out_prev = threadIdx.x < 16 && r0 + (int)threadIdx.x < a.hidden ? a.out[r0 + threadIdx.x] : 0.0f;
     /* this warp's x = hid[slot] (I values): scale, fragments, group sums — warp-local */
@@ -484,6 +550,12 @@ static bool router_rows_ok(const moe_args &a)
     return R.rows + ns == a.n_experts + 1 && a.n_experts + 1 <= MOE_LOGIT_WORDS;
 }
 
+bool moe_router_partials(const moe_args &a, int n_tokens)
+{
+    return a.router_acc && moe_decode_mma_supported(a, n_tokens) && a.cpu_slots == 0 && router_rows_ok(a) &&
+           a.n_experts + 2 <= MOE_LOGIT_WORDS;
+}
+
 bool moe_router_fused(const moe_args &a, int n_tokens)
 {
     if (!a.logit_pub || !moe_decode_mma_supported(a, n_tokens) || !moe_early_ids_on(a) || !router_rows_ok(a))
@@ -500,7 +572,9 @@ cudaError_t launch_moe_gate_up_mma(const moe_args &a0, cudaStream_t s)
     if (!moe_early_ids_on(a))
         a.topk_pub = NULL; /* nothing polls: publish nothing */
     const int tiles = (max(a.inter, a.shared_inter) + 15) / 16;
-    if (a.logit_pub) { /* the caller launched no router: moe_router_fused said yes */
+    if (a.router_acc && !moe_router_partials(a, 1))
+        return cudaErrorInvalidValue;
+    if (a.logit_pub && !a.router_acc) { /* the caller launched no router: moe_router_fused said yes */
         int grid = 0;
         cudaError_t e = gate_up_staged_grid<true>(a, &grid);
         if (e != cudaSuccess)

@@ -247,7 +247,7 @@ cudaError_t launch_moe_gate_up(const moe_args &a, int n_tokens, cudaStream_t s)
 {
     if (moe_decode_mma_supported(a, n_tokens))
         return launch_moe_gate_up_mma(a, s); /* moe_decode.cu */
-    if (a.logit_pub) /* the fused router is moe_decode.cu's only */
+    if (a.logit_pub || a.router_acc) /* the fused router and the router sums are moe_decode.cu's only */
         return cudaErrorInvalidValue;
     if (a.top_k > MOE_MAX_K || a.top_k > 32 || a.n_experts > MOE_MAX_E || a.gate.bits != a.sgate.bits)
         return cudaErrorInvalidValue;
