@@ -96,8 +96,8 @@ cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int ou
                                cudaStream_t s);
 bool gemv_stream_supported(const gemv_batch &b, int n_tokens);
 /* Whether launch_gemv takes GEMV_OUT_ADD_ROUTER for this batch: gemv_stream_supported, one matrix of
- * 4096 columns (one 16-row tile per block, every tile in one wave), b.router set: 8-bit rows of the
- * GEMV's output width, 16-byte aligned, E + 1 <= 768. */
+ * 4096 columns and rows % 512 == 0 (one 16-row tile per block, every tile in one wave), b.router set:
+ * 8-bit rows of the GEMV's output width, 16-byte aligned, E + 1 <= 520. */
 bool gemv_router_supported(const gemv_batch &b, int n_tokens);
 /* GEMV_OUT_ADD_ROUTER on gemv_stream.cu's kernel (launch_gemv calls it for that mode). */
 cudaError_t launch_gemv_stream_router(const gemv_batch &b, const gemv_input &in, cudaStream_t s);

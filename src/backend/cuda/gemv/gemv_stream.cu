@@ -262,7 +262,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
             ys += hn[e];
         }
         const gemv_router &R = b.router;
-        const int gi = (blockIdx.x * 16 / 64) & 7; /* the group's place in its 16-byte chunk of scales */
+        const int gi = (blockIdx.x * 16 / 64) & 7; /* the group's place in its 16-byte chunk of scales (H / 64 % 8 == 0) */
 #pragma unroll
         for (int q = 0; q < RQ; q++) {
             const int j = threadIdx.x + q * GS_WARPS * 32;
@@ -318,7 +318,7 @@ bool gemv_router_supported(const gemv_batch &b, int n_tokens)
         (uintptr_t)R.norm_w % 16)
         return false;
     const int H = b.m[0].rows, ns = R.shared_rows.data ? R.shared_rows.rows : 0;
-    if (H % 64 || R.n_rows != R.rows.rows + ns || R.n_rows > GS_ROUTER_MAX_ROWS || !R.rows.data)
+    if (H % 512 || R.n_rows != R.rows.rows + ns || R.n_rows > GS_ROUTER_MAX_ROWS || !R.rows.data)
         return false;
     for (int k = 0; k < (ns ? 2 : 1); k++) {
         const dmat &M = k ? R.shared_rows : R.rows;
