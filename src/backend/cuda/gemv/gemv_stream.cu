@@ -20,10 +20,11 @@
  * (mg_x_side: per warp, no block barrier but an RMSNorm's sum of squares); none after it.
  *
  * GEMV_OUT_ADD_ROUTER (gemv.cuh's gemv_router; one 16-row tile per block, KS = 8): before the wait
- * every thread copies the 16 bytes of router row j = thread + 256q at this block's 16 columns into shared
- * memory (cp.async) and loads their scale and bias; after its rows are stored, the block multiplies them
- * (h_c · norm_w_c) by those rows and adds the partial logits and Σ h_c² into the fixed-point accumulators
- * (red.global.add.s64, one per router row and block).
+ * every thread copies the 16 bytes of router row j = thread + 256q at this block's 16 columns, and the
+ * 16-byte chunks of scales and biases holding their group's, into shared memory (cp.async); after its rows
+ * are stored, the block multiplies h_c · norm_w_c of those 16 rows by every router row and adds the
+ * partial logits and Σ h_c² into the fixed-point accumulators (red.global.add, one per router row and
+ * block).
  *
  * Requirements (gemv_stream_supported; otherwise gemv_mma runs): gemv_mma_supported, cols in {512, 1024,
  * 2048, 4096}, rows 16-byte aligned, the sm_90 code running (cuda_sm90_code: the compute_80 PTX has an
