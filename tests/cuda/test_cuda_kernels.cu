@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/attention/attention.cuh"
@@ -831,8 +832,10 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
 
 /* ---- attention --------------------------------------------------------------------------------------- */
 
-/* mma: 1 = n == 1 takes the tensor-core decode kernel (default; q and P rounded to bf16: the twin rounds q
- * too and the bound is 5e-3 * mag, see test_cuda_attention_prefill.cu), 0 = the SIMT kernel (2e-3).
+/* mma: 1 = n == 1 takes the chooser's kernel (attn_decode_kernel_choose, as attention_block: the tensor-core
+ * decode kernel with its fused front end, no norm_rope.cu launch before it), 2 = the tensor-core kernel after
+ * norm_rope.cu (ATTN_DECODE_MMA); both round q and P to bf16: the twin rounds q too and the bound is
+ * 5e-3 * mag, see test_cuda_attention_prefill.cu; 0 = the SIMT kernel (2e-3).
  * kv_f32: the exact mode's fp32 cache (attn_args.k_cache_f32): the append is checked row by row (v copied
  * exactly, k within 1e-5), attention always runs on the SIMT kernel (also when mma asks for tensor cores)
  * and is held to the fp32 bound 1e-4 * mag; the twin rounds nothing. */
@@ -853,7 +856,7 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
     }
     attn_args a;
     memset(&a, 0, sizeof a);
-    a.decode_kernel = mma ? ATTN_DECODE_AUTO : ATTN_DECODE_SIMT;
+    a.decode_kernel = mma == 2 ? ATTN_DECODE_MMA : mma ? ATTN_DECODE_AUTO : ATTN_DECODE_SIMT;
     a.qkv = dev_copy(qkv);
     a.qkv_stride = qkv_stride;
     a.q_norm = dev_copy(qn);
@@ -880,7 +883,10 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
     CK(cudaMalloc(&cnt, nkv * 4));
     CK(cudaMemset(cnt, 0, nkv * 4));
     a.counter = cnt;
-    cudaError_t e = launch_qk_norm_rope_append(a, n, 0);
+    if (a.decode_kernel == ATTN_DECODE_AUTO)
+        a.decode_kernel = attn_decode_kernel_choose(a, n);
+    const bool fused = a.decode_kernel == ATTN_DECODE_MMA_FUSED;
+    cudaError_t e = fused ? cudaSuccess : launch_qk_norm_rope_append(a, n, 0);
     if (e == cudaSuccess)
         e = launch_attention(a, n, 0);
     if (e == cudaSuccess && splits > 1) /* a second launch checks the counter was reset */
@@ -979,8 +985,89 @@ static void test_attention(int nh, int nkv, int D, int rot, int pos0, int n, int
     char what[160];
     snprintf(what, sizeof what, "attention heads %d/%d D %d pos %d n %d splits %d x >= %d%s", nh, nkv, D, pos0, n,
              splits, min_chunk, kv_f32 ? (mma ? " (fp32 KV, tensor cores asked: SIMT)" : " (fp32 KV)")
-                                      : mma ? " (tensor cores)" : "");
+                                      : fused ? " (tensor cores, fused front end)"
+                                      : mma ? " (tensor cores after norm_rope)" : "");
     check(what, got, want, mag, kv_f32 ? 1e-4 : mma ? 5e-3 : 2e-3);
+}
+
+/* The fused decode front end (ATTN_DECODE_MMA_FUSED: the tensor-core kernel norms + rotates q and appends the
+ * new k / v row itself) against norm_rope.cu + the same kernel (ATTN_DECODE_MMA), bit for bit: the gated
+ * output and the whole K / V cache (row pos poisoned with NaN on both sides before the launch; the fused
+ * side's a.q NaN and never written), at each position of `pos` (first split, last split, split
+ * boundaries, 0). One result row per shape. */
+static void test_attention_fused(int nh, int nkv, int D, int rot, int splits, int min_chunk, const std::vector<int> &pos)
+{
+    const int max_ctx = *std::max_element(pos.begin(), pos.end()) + 2, qkv_stride = nh * 2 * D + 2 * nkv * D;
+    const int G = nh / nkv;
+    const size_t cache = (size_t)nkv * max_ctx * D;
+    std::vector<uint16_t> kc(cache), vc(cache);
+    for (auto &x : kc) x = lily_f32_to_bf16(rnd_f(-1, 1));
+    for (auto &x : vc) x = lily_f32_to_bf16(rnd_f(-1, 1));
+    const std::vector<float> qn = rand_vec(D, 0.5f, 1.5f), kn = rand_vec(D, 0.5f, 1.5f);
+    size_t bad_out = 0, bad_kv = 0, bad_q = 0, n_out = 0;
+    int n_err = 0;
+    for (int p : pos) {
+        const std::vector<float> qkv = rand_vec((size_t)qkv_stride, -1, 1);
+        std::vector<uint16_t> k0 = kc, v0 = vc;
+        for (int h = 0; h < nkv; h++)
+            for (int d = 0; d < D; d++)
+                k0[((size_t)h * max_ctx + p) * D + d] = v0[((size_t)h * max_ctx + p) * D + d] = 0x7fc0; /* NaN */
+        std::vector<float> outs[2];
+        std::vector<uint16_t> ks[2], vs[2];
+        for (int f = 0; f < 2; f++) {
+            attn_args a;
+            memset(&a, 0, sizeof a);
+            a.decode_kernel = f ? ATTN_DECODE_MMA_FUSED : ATTN_DECODE_MMA;
+            a.qkv = dev_copy(qkv);
+            a.qkv_stride = qkv_stride;
+            a.q_norm = dev_copy(qn);
+            a.k_norm = dev_copy(kn);
+            a.eps = 1e-6f;
+            a.q = dev_nan((size_t)nh * D);
+            a.k_cache = (__nv_bfloat16 *)dev_copy(k0);
+            a.v_cache = (__nv_bfloat16 *)dev_copy(v0);
+            a.max_ctx = max_ctx;
+            const std::vector<int> p0(1, p);
+            a.pos = dev_copy(p0);
+            a.n_heads = nh, a.n_kv = nkv, a.head_dim = D, a.rot_dim = rot, a.rope_theta = 1e7f;
+            a.out = dev_nan((size_t)nh * D);
+            a.n_splits = splits;
+            a.min_chunk = min_chunk;
+            a.part_o = dev_nan((size_t)nkv * splits * G * D);
+            a.part_ml = dev_nan((size_t)nkv * splits * G * 2);
+            cudaError_t e = f ? cudaSuccess : launch_qk_norm_rope_append(a, 1, 0);
+            if (e == cudaSuccess)
+                e = launch_attention(a, 1, 0);
+            if (e == cudaSuccess)
+                e = cudaDeviceSynchronize();
+            n_err += e != cudaSuccess;
+            outs[f] = host_copy(a.out, (size_t)nh * D);
+            ks[f].resize(cache), vs[f].resize(cache);
+            CK(cudaMemcpy(ks[f].data(), a.k_cache, cache * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(vs[f].data(), a.v_cache, cache * 2, cudaMemcpyDeviceToHost));
+            if (f == 1) { /* a.q never written by the fused path */
+                const std::vector<float> q = host_copy(a.q, (size_t)nh * D);
+                for (float x : q) bad_q += !isnan(x);
+            }
+            void *bufs[] = {a.qkv, (void *)a.q_norm, (void *)a.k_norm, a.q, a.k_cache, a.v_cache, (void *)a.pos,
+                            a.out, a.part_o, a.part_ml};
+            for (void *b : bufs)
+                CK(cudaFree(b));
+        }
+        n_out += outs[0].size();
+        for (size_t i = 0; i < outs[0].size(); i++)
+            bad_out += memcmp(&outs[0][i], &outs[1][i], 4) != 0 || isnan(outs[1][i]);
+        for (size_t i = 0; i < cache; i++)
+            bad_kv += ks[0][i] != ks[1][i] || vs[0][i] != vs[1][i] || ks[1][i] == 0x7fc0 || vs[1][i] == 0x7fc0;
+    }
+    g_checks++;
+    const bool fail = n_err || bad_out || bad_kv || bad_q;
+    g_fail += fail;
+    printf("%s attention fused front end = norm_rope + mma, bits: heads %d/%d D %d rot %d splits %d x >= %d, %zu "
+           "positions (%d .. %d): %d launch errors, %zu of %zu outputs and %zu cache elements differ, a.q "
+           "written %zu\n",
+           fail ? "FAIL" : "ok  ", nh, nkv, D, rot, splits, min_chunk, pos.size(), pos.front(), pos.back(), n_err,
+           bad_out, n_out, bad_kv, bad_q);
 }
 
 /* ---- embedding ---------------------------------------------------------------------------------------- */
@@ -1187,6 +1274,29 @@ int main(void)
     test_attention(6, 6, 64, 16, 40, 3, 1); /* G = 1 */
     test_attention(16, 2, 256, 64, 4093, 1, 200, 1, 16); /* odd position, many splits */
     test_attention(16, 2, 256, 64, 777, 1, 3, 1, 16);
+    /* the tensor-core kernel after norm_rope.cu (the unfused pair, kept selectable) against the twin */
+    for (int i = 0; i < 7; i += 2) {
+        test_attention(16, 2, 256, 64, depths[i], 1, 64, 2, 128);
+        test_attention(6, 2, 64, 16, depths[i], 1, 8, 2, 16);
+    }
+    /* the fused front end against norm_rope.cu + the same kernel, bit for bit: positions 0, in the first
+     * split, at split boundaries (chunks are multiples of 16 keys) and in the last split */
+    {
+        const std::vector<int> ps = {0, 1, 2, 15, 16, 17, 31, 32, 47, 48, 63, 64, 65, 127, 128, 129, 255, 256,
+                                     383, 384, 511, 512, 513, 1000, 1023, 1024, 2047, 2048, 4093, 4095, 4096};
+        test_attention_fused(16, 2, 256, 64, 64, 128, ps); /* Qwen3.6: G 8, head_dim 256, rotary 64 */
+        test_attention_fused(16, 2, 256, 64, 64, 16, ps);
+        test_attention_fused(16, 2, 256, 64, 1, 16, ps);
+        test_attention_fused(16, 2, 256, 64, 200, 16, ps);
+        test_attention_fused(8, 2, 64, 16, 8, 16, ps);
+        test_attention_fused(6, 2, 64, 16, 64, 16, ps);  /* lily-tiny: G 3 */
+        test_attention_fused(6, 2, 64, 16, 1, 16, ps);
+        test_attention_fused(16, 2, 128, 32, 37, 16, ps);
+        test_attention_fused(8, 4, 256, 64, 256, 16, ps); /* G 2 */
+        test_attention_fused(6, 6, 64, 16, 3, 32, ps);   /* G 1 */
+        test_attention_fused(8, 2, 64, 0, 8, 16, ps);    /* no rotary dims */
+        test_attention_fused(8, 2, 128, 128, 16, 16, ps); /* fully rotary */
+    }
     /* exact mode's fp32 KV cache: the append, SIMT prefill (n > 1, one split) and SIMT decode (split-KV; with
      * att_mma on too, which must leave the fp32 cache to the SIMT kernel), head_dim 64 / 128 / 256, G 1 / 3 / 4 / 8 */
     for (int i = 0; i < 5; i++) {

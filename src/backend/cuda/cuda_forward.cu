@@ -4,7 +4,8 @@
  *   DeltaNet layer:  proj(norm -> qkv|z|b|a)  gdn (deltanet/)  proj(gated norm -> out_proj, += h)
  *   attention layer: proj(norm -> q|k|v)  qk_norm_rope_append  attention (split-KV)  proj(o_proj, += h)
  *                    (a prefill chunk: qk_norm_rope_append does k/v only and the flash kernel norms +
- *                    rotates q itself)
+ *                    rotates q itself; a decode step on the tensor-core kernel: no qk_norm_rope_append,
+ *                    the attention kernel does its work, ATTN_DECODE_MMA_FUSED)
  *   every layer:     gemv(norm -> router|shared gate)  moe_gate_up(top-k)  moe_down(+= h), or, for a
  *                    prefill chunk, the GEMM-based MoE block of forward_prefill.cu
  * proj() runs a batch of projections as a tensor-core GEMM for prefill chunks and as a GEMV otherwise.
@@ -360,12 +361,19 @@ static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer
     a.part_ml = c->part_ml;
     a.counter = c->att_counter;
     const bool flash = n > 1 && attention_prefill_supported(a); /* never exact mode's fp32 cache */
-    a.q_fused = flash; /* the flash kernel norms + rotates q itself: norm_rope appends k/v only */
+    if (!flash && a.decode_kernel == ATTN_DECODE_AUTO)
+        a.decode_kernel = attn_decode_kernel_choose(a, n);
+    /* the fused decode kernel does norm_rope's work itself (no launch); the flash kernel norms + rotates q
+     * itself: norm_rope appends k/v only */
+    const bool front_fused = !flash && a.decode_kernel == ATTN_DECODE_MMA_FUSED;
+    a.q_fused = flash;
     MARK(PS_ATT_PROJ);
     TRY(proj(c, tl_batch(c, A->mix_in, PS_ATT_PROJ, layer), A->mix_in_x, GEMV_OUT_STORE, n, err));
-    MARK(PS_ATT_ROPE);
-    a.timeline = tl_slot(c, PS_ATT_ROPE, layer, 0.0, 0.0, 1);
-    LAUNCH(launch_qk_norm_rope_append(a, n, c->stream));
+    if (!front_fused) {
+        MARK(PS_ATT_ROPE);
+        a.timeline = tl_slot(c, PS_ATT_ROPE, layer, 0.0, 0.0, 1);
+        LAUNCH(launch_qk_norm_rope_append(a, n, c->stream));
+    }
     MARK(PS_ATT);
     if (flash) {
         a.timeline = NULL;
@@ -373,7 +381,7 @@ static lily_status attention_block(cuda_ctx *c, cuda_state *st, const cuda_layer
         LAUNCH(launch_attention_prefill(a, n, c->stream));
     } else {
         /* the tensor-core kernel's split-KV merge is a second kernel (the SIMT kernel merges in its last block) */
-        const bool merge = a.n_splits > 1 && attn_decode_kernel_choose(a, n) == ATTN_DECODE_MMA;
+        const bool merge = a.n_splits > 1 && (a.decode_kernel == ATTN_DECODE_MMA || front_fused);
         a.timeline = tl_slot(c, PS_ATT, layer, 0.0, 2.0 * a.n_kv * a.head_dim * c->kv_elem, merge ? 2 : 1);
         LAUNCH(launch_attention(a, n, c->stream));
     }

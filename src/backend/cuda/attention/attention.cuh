@@ -1,5 +1,6 @@
 /* attention.cuh — the gated full-attention mixer after the q/k/v projection: q/k RMSNorm + partial RoPE and
- * the KV-cache append (norm_rope.cu), decode attention (attention_decode.cu: SIMT and tensor cores) and
+ * the KV-cache append (norm_rope.cu; in decode done by the tensor-core kernel itself,
+ * attention_decode_q.cuh), decode attention (attention_decode.cu: SIMT and tensor cores) and
  * prefill flash attention (attention_prefill.cu: mma.sync; attention_prefill_wg.cu: Hopper wgmma).
  */
 #ifndef LILY_CUDA_ATTENTION_CUH
@@ -29,7 +30,8 @@ struct attn_args {
     float *part_ml;        /* [n_kv][n_splits][G][2] */
     unsigned int *counter; /* [n_kv], zero between launches */
     /* 1: the flash kernel (launch_attention_prefill) norms and rotates q from qkv itself, so
-     * launch_qk_norm_rope_append does k/v only and q is unused; 0: norm_rope.cu writes q (launch_attention) */
+     * launch_qk_norm_rope_append does k/v only and q is unused; 0: norm_rope.cu writes q (launch_attention).
+     * The fused decode kernel (ATTN_DECODE_MMA_FUSED) ignores it: no norm_rope.cu launch precedes it. */
     int q_fused;
     int prefill_kernel;    /* attn_prefill_kernel (the backend's attn_prefill_kernel_choose) */
     int decode_kernel;     /* attn_decode_kernel: ATTN_DECODE_AUTO, or one the shape supports (tests) */
@@ -47,10 +49,13 @@ attn_prefill_kernel attn_prefill_kernel_choose(void);
 /* The decode attention kernels (attn_decode_kernel_choose picks one per call shape). */
 enum attn_decode_kernel {
     ATTN_DECODE_AUTO = 0,
-    ATTN_DECODE_MMA = 1,  /* attention_decode.cu: tensor cores, one token, bf16 cache */
-    ATTN_DECODE_SIMT = 2, /* attention_decode.cu: fp32 SIMT, any n, bf16 or fp32 cache */
+    ATTN_DECODE_MMA = 1,  /* attention_decode.cu: tensor cores, one token, bf16 cache; after norm_rope.cu */
+    ATTN_DECODE_SIMT = 2, /* attention_decode.cu: fp32 SIMT, any n, bf16 or fp32 cache; after norm_rope.cu */
+    ATTN_DECODE_MMA_FUSED = 3, /* the MMA kernel doing norm_rope.cu's work itself (q norm + RoPE from qkv, the
+                                * new k / v row computed and appended): no launch_qk_norm_rope_append before it */
 };
-/* MMA where attention_decode_mma_supported, else SIMT. */
+/* MMA_FUSED where attention_decode_fused_supported, else MMA where attention_decode_mma_supported, else SIMT.
+ * The caller launches launch_qk_norm_rope_append before launch_attention unless it returns MMA_FUSED. */
 attn_decode_kernel attn_decode_kernel_choose(const attn_args &a, int n_tokens);
 /* norm_rope.cu: q/k RMSNorm + partial RoPE, k and v appended to the cache (bf16, or fp32 when
  * a.k_cache_f32) at *pos .. *pos + n_tokens - 1, q written to a.q; with a.q_fused only k and v (a.q
@@ -60,9 +65,14 @@ cudaError_t launch_qk_norm_rope_append(const attn_args &a, int n_tokens, cudaStr
 /* Decode attention by a.decode_kernel (AUTO: attn_decode_kernel_choose): n_tokens == 1 on tensor cores
  * where attention_decode_mma_supported() (G <= 8, head_dim 64/128/256, n_splits <= 256, a bf16 cache; split-KV
  * merged by a second kernel, counter unused), else the SIMT kernel (G 1, 2, 3, 4 or 8, head_dim 64/128/256,
- * n_splits <= head_dim, last-block merge; a bf16 or an fp32 cache). */
-cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s); /* a.q_fused must be 0 */
+ * n_splits <= head_dim, last-block merge; a bf16 or an fp32 cache).
+ * With a.decode_kernel (or AUTO's choice) ATTN_DECODE_MMA_FUSED: the cache row *pos is written here, q is
+ * read raw from qkv (a.q untouched; cudaErrorInvalidValue where !attention_decode_fused_supported; a GPU
+ * without the shared memory runs norm_rope.cu + the SIMT kernel instead). Otherwise a.q_fused must be 0. */
+cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s);
 bool attention_decode_mma_supported(const attn_args &a, int n_tokens);
+/* attention_decode_mma_supported, q_norm and k_norm set, rot_dim even and <= head_dim */
+bool attention_decode_fused_supported(const attn_args &a, int n_tokens);
 
 /* attention_prefill.cu: causal flash attention (tensor cores) for a chunk of n_tokens >= 1 queries at
  * positions *pos .. *pos + n_tokens - 1 over cache keys [0, *pos + n_tokens), same inputs (q, k/v cache

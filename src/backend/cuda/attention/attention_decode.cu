@@ -15,6 +15,7 @@
  * kernels do not take, and chunks without the prefill kernel.
  */
 #include "attention.cuh"
+#include "attention_decode_q.cuh"
 #include "backend/cuda/mma_bf16.cuh"
 
 #define ATT_WARPS 8
@@ -316,7 +317,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
  * output, else (O, max, sum) per head go to part_o / part_ml and attention_decode_merge_kernel (grid:
  * heads x 64-dim slices, 4 groups of splits per dim) combines them. K/V rows below the current
  * position are prefetched before the PDL wait (written by earlier forward calls); q, the new row and
- * the gate after it. G <= 8 (heads past G are zero columns). */
+ * the gate after it. G <= 8 (heads past G are zero columns).
+ * FUSED (ATTN_DECODE_MMA_FUSED): no norm_rope.cu kernel before this one. The block computes the RoPE
+ * cos / sin before the wait and, after it, norms and rotates its heads' q from the raw q in qkv
+ * (attention_decode_q.cuh, norm_rope.cu's bits); the block whose keys end at the position also computes
+ * the new k / v row, stores it into the cache (the one writer of that row) and puts it into its last tile
+ * from shared memory instead of copying it from the cache. */
 
 #define ADM_WARPS 4
 #define ADM_BN 16 /* keys per warp tile */
@@ -340,7 +346,7 @@ __device__ __forceinline__ int adm_chunk(int L, int n_splits, int min_chunk)
     return (chunk + ADM_BN - 1) / ADM_BN * ADM_BN;
 }
 
-template <int D>
+template <int D, bool FUSED>
 __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel(attn_args a)
 {
     tl_block<> tl(a.timeline);
@@ -348,6 +354,8 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
     constexpr int LD = SH::LD, STAGES = SH::STAGES;
     extern __shared__ __align__(16) unsigned char adm_smem[];
     __shared__ float s_m[ADM_WARPS][8], s_l[ADM_WARPS][8];
+    __shared__ __align__(16) float s_new[FUSED ? ADQ_ROWS * D : 1]; /* FUSED: q of the G heads, new k, v */
+    __shared__ double s_cs[FUSED ? D : 1];                          /* FUSED: RoPE cos | sin */
     const int s = blockIdx.x, g = blockIdx.y, n_splits = gridDim.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = a.n_heads / a.n_kv;
@@ -361,6 +369,8 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
     const int end = min(L, start + chunk);
     const int n_tiles = (end - start + ADM_BN - 1) / ADM_BN;
     const int nt = n_tiles > warp ? (n_tiles - warp + ADM_WARPS - 1) / ADM_WARPS : 0; /* this warp's tiles */
+    const bool own_new = FUSED && end == L; /* FUSED: this block computes and appends row pos */
+    const int new_key = own_new ? pos : -1;  /* the row taken from s_new instead of the cache */
 
     __nv_bfloat16 *sK = reinterpret_cast<__nv_bfloat16 *>(adm_smem) + (size_t)warp * STAGES * 2 * SH::TILE;
     __nv_bfloat16 *sV = sK + STAGES * SH::TILE;
@@ -374,6 +384,20 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
 #pragma unroll
         for (int c = lane; c < ADM_BN * CPR; c += 32) {
             const int r = c / CPR, cc = c % CPR, key = k0 + r;
+            if (FUSED && key == new_key) { /* 8 dims of the new k and v rows, rounded as the cache stores them */
+                const float *kn = s_new + ADQ_K * D + cc * 8, *vn = s_new + ADQ_V * D + cc * 8;
+                uint4 ku, vu;
+                unsigned int *kw = &ku.x, *vw = &vu.x;
+                float r0, r1;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    kw[e] = pack_bf16(kn[2 * e], kn[2 * e + 1], r0, r1);
+                    vw[e] = pack_bf16(vn[2 * e], vn[2 * e + 1], r0, r1);
+                }
+                *reinterpret_cast<uint4 *>(sK + b * SH::TILE + r * LD + cc * 8) = ku;
+                *reinterpret_cast<uint4 *>(sV + b * SH::TILE + r * LD + cc * 8) = vu;
+                continue;
+            }
             const bool ok = key < end;
             const size_t off = (size_t)(ok ? key : 0) * D + cc * 8;
             cp_async16(sK + b * SH::TILE + r * LD + cc * 8, kc + off, ok ? 16 : 0);
@@ -388,13 +412,21 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
             cp_async_commit(); /* one group per slot, loaded or not: the wait counts stay uniform */
         }
     };
-    /* rows < pos are earlier forward calls' (complete); row pos is appended by the kernel just before */
+    /* rows < pos are earlier forward calls' (complete); row pos is appended by the kernel just before
+     * (FUSED: comes from s_new after the wait) */
     const int np = min(nt, STAGES - 1);
     const bool early = np == 0 || min(end, start + (warp + ADM_WARPS * (np - 1) + 1) * ADM_BN) <= pos;
     if (early)
         prologue();
+    if (FUSED) /* after the copies are issued */
+        adq_rope_table<D, ADM_WARPS * 32>(a, pos, s_cs);
     pdl_wait();
     tl.waited();
+    if (FUSED) {
+        __syncthreads(); /* s_cs */
+        adq_stage<D, ADM_WARPS>(a, g, pos, own_new, s_new, s_cs);
+        __syncthreads(); /* s_new: every warp's q fragments, the new row's tile */
+    }
     if (!early)
         prologue();
 
@@ -403,7 +435,8 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
     unsigned int qb[D / 16][2];
     {
         const bool live = gq < G;
-        const float *qp = a.q + ((size_t)g * G + (live ? gq : 0)) * D + 2 * tq;
+        const float *qp = FUSED ? s_new + (size_t)(live ? gq : 0) * D + 2 * tq
+                                : a.q + ((size_t)g * G + (live ? gq : 0)) * D + 2 * tq;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             const float2 lo = live ? *reinterpret_cast<const float2 *>(qp + kk * 16) : make_float2(0.0f, 0.0f);
@@ -626,16 +659,16 @@ __global__ void __launch_bounds__(ADM_MERGE_DIMS *ADM_MERGE_GROUPS) attention_de
     }
 }
 
-template <int D> static cudaError_t adm_launch(const attn_args &a, cudaStream_t s)
+template <int D, bool FUSED> static cudaError_t adm_launch(const attn_args &a, cudaStream_t s)
 {
     constexpr size_t smem = adm_shape<D>::SMEM;
-    cudaError_t e = cudaFuncSetAttribute(attention_decode_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(attention_decode_mma_kernel<D, FUSED>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) { /* a GPU with less shared memory per block (sm_80 at D = 256): the SIMT kernel */
         cudaGetLastError();
         return cudaErrorNotSupported;
     }
-    e = launch_pdl(attention_decode_mma_kernel<D>, dim3(a.n_splits, a.n_kv), dim3(ADM_WARPS * 32), smem, s, a);
+    e = launch_pdl(attention_decode_mma_kernel<D, FUSED>, dim3(a.n_splits, a.n_kv), dim3(ADM_WARPS * 32), smem, s, a);
     if (e != cudaSuccess || a.n_splits == 1)
         return e;
     return launch_pdl(attention_decode_merge_kernel, dim3(a.n_heads, (D + ADM_MERGE_DIMS - 1) / ADM_MERGE_DIMS),
@@ -673,24 +706,51 @@ static cudaError_t att_kv(const attn_args &a, dim3 grid, cudaStream_t s)
     }
 }
 
+bool attention_decode_fused_supported(const attn_args &a, int n_tokens)
+{
+    return attention_decode_mma_supported(a, n_tokens) && a.q_norm && a.k_norm && a.rot_dim >= 0 &&
+           a.rot_dim % 2 == 0 && a.rot_dim <= a.head_dim;
+}
+
 attn_decode_kernel attn_decode_kernel_choose(const attn_args &a, int n_tokens)
 {
+    if (attention_decode_fused_supported(a, n_tokens))
+        return ATTN_DECODE_MMA_FUSED;
     return attention_decode_mma_supported(a, n_tokens) ? ATTN_DECODE_MMA : ATTN_DECODE_SIMT;
+}
+
+template <bool FUSED> static cudaError_t adm_launch_d(const attn_args &a, cudaStream_t s)
+{
+    switch (a.head_dim) {
+    case 64: return adm_launch<64, FUSED>(a, s);
+    case 128: return adm_launch<128, FUSED>(a, s);
+    case 256: return adm_launch<256, FUSED>(a, s);
+    default: return cudaErrorNotSupported;
+    }
 }
 
 cudaError_t launch_attention(const attn_args &a, int n_tokens, cudaStream_t s)
 {
-    if (a.q_fused) /* these kernels read the normed + rotated a.q */
-        return cudaErrorInvalidValue;
     const int k = a.decode_kernel != ATTN_DECODE_AUTO ? a.decode_kernel : attn_decode_kernel_choose(a, n_tokens);
+    if (k == ATTN_DECODE_MMA_FUSED) {
+        if (!attention_decode_fused_supported(a, n_tokens))
+            return cudaErrorInvalidValue;
+        cudaError_t e = adm_launch_d<true>(a, s);
+        if (e != cudaErrorNotSupported)
+            return e;
+        /* a GPU with less shared memory per block: the separate front end (q into a.q), then the SIMT kernel */
+        attn_args b = a;
+        b.q_fused = 0;
+        b.decode_kernel = ATTN_DECODE_SIMT;
+        b.timeline = NULL;
+        e = launch_qk_norm_rope_append(b, n_tokens, s);
+        b.timeline = a.timeline;
+        return e != cudaSuccess ? e : launch_attention(b, n_tokens, s);
+    }
+    if (a.q_fused) /* the kernels below read the normed + rotated a.q */
+        return cudaErrorInvalidValue;
     if (k == ATTN_DECODE_MMA && attention_decode_mma_supported(a, n_tokens)) {
-        cudaError_t e = cudaErrorNotSupported;
-        switch (a.head_dim) {
-        case 64: e = adm_launch<64>(a, s); break;
-        case 128: e = adm_launch<128>(a, s); break;
-        case 256: e = adm_launch<256>(a, s); break;
-        default: break;
-        }
+        const cudaError_t e = adm_launch_d<false>(a, s);
         if (e != cudaErrorNotSupported)
             return e;
     }
