@@ -322,7 +322,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(attn_args a)
  * cos / sin before the wait and, after it, norms and rotates its heads' q from the raw q in qkv
  * (attention_decode_q.cuh, norm_rope.cu's bits); the block whose keys end at the position also computes
  * the new k / v row, stores it into the cache (the one writer of that row) and puts it into its last tile
- * from shared memory instead of copying it from the cache. */
+ * from shared memory instead of copying it from the cache, so every warp's prologue (the other rows) is
+ * issued before the wait. */
 
 #define ADM_WARPS 4
 #define ADM_BN 16 /* keys per warp tile */
@@ -370,7 +371,9 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
     const int n_tiles = (end - start + ADM_BN - 1) / ADM_BN;
     const int nt = n_tiles > warp ? (n_tiles - warp + ADM_WARPS - 1) / ADM_WARPS : 0; /* this warp's tiles */
     const bool own_new = FUSED && end == L; /* FUSED: this block computes and appends row pos */
-    const int new_key = own_new ? pos : -1;  /* the row taken from s_new instead of the cache */
+    const int new_key = own_new ? pos : -1;  /* the row put from s_new instead of copied from the cache */
+    /* this warp's tile holding row pos, else -1 */
+    const int new_tile = own_new && (pos - start) / ADM_BN % ADM_WARPS == warp ? (pos - start) / ADM_BN / ADM_WARPS : -1;
 
     __nv_bfloat16 *sK = reinterpret_cast<__nv_bfloat16 *>(adm_smem) + (size_t)warp * STAGES * 2 * SH::TILE;
     __nv_bfloat16 *sV = sK + STAGES * SH::TILE;
@@ -384,24 +387,31 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
 #pragma unroll
         for (int c = lane; c < ADM_BN * CPR; c += 32) {
             const int r = c / CPR, cc = c % CPR, key = k0 + r;
-            if (FUSED && key == new_key) { /* 8 dims of the new k and v rows, rounded as the cache stores them */
-                const float *kn = s_new + ADQ_K * D + cc * 8, *vn = s_new + ADQ_V * D + cc * 8;
-                uint4 ku, vu;
-                unsigned int *kw = &ku.x, *vw = &vu.x;
-                float r0, r1;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    kw[e] = pack_bf16(kn[2 * e], kn[2 * e + 1], r0, r1);
-                    vw[e] = pack_bf16(vn[2 * e], vn[2 * e + 1], r0, r1);
-                }
-                *reinterpret_cast<uint4 *>(sK + b * SH::TILE + r * LD + cc * 8) = ku;
-                *reinterpret_cast<uint4 *>(sV + b * SH::TILE + r * LD + cc * 8) = vu;
-                continue;
-            }
+            if (FUSED && key == new_key)
+                continue; /* put_new's */
             const bool ok = key < end;
             const size_t off = (size_t)(ok ? key : 0) * D + cc * 8;
             cp_async16(sK + b * SH::TILE + r * LD + cc * 8, kc + off, ok ? 16 : 0);
             cp_async16(sV + b * SH::TILE + r * LD + cc * 8, vc + off, ok ? 16 : 0);
+        }
+    };
+    /* FUSED: row pos of this warp's tile i (new_tile) from s_new, rounded as the cache stores it; after
+     * adq_stage's barrier, before the tile's consumer's __syncwarp */
+    auto put_new = [&](int i) {
+        __nv_bfloat16 *dk = sK + (i % STAGES) * SH::TILE + (pos - start - (warp + ADM_WARPS * i) * ADM_BN) * LD;
+        __nv_bfloat16 *dv = dk + STAGES * SH::TILE;
+        for (int cc = lane; cc < D / 8; cc += 32) {
+            const float *kn = s_new + ADQ_K * D + cc * 8, *vn = s_new + ADQ_V * D + cc * 8;
+            uint4 ku, vu;
+            unsigned int *kw = &ku.x, *vw = &vu.x;
+            float r0, r1;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                kw[e] = pack_bf16(kn[2 * e], kn[2 * e + 1], r0, r1);
+                vw[e] = pack_bf16(vn[2 * e], vn[2 * e + 1], r0, r1);
+            }
+            *reinterpret_cast<uint4 *>(dk + cc * 8) = ku;
+            *reinterpret_cast<uint4 *>(dv + cc * 8) = vu;
         }
     };
     auto prologue = [&]() {
@@ -413,9 +423,9 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
         }
     };
     /* rows < pos are earlier forward calls' (complete); row pos is appended by the kernel just before
-     * (FUSED: comes from s_new after the wait) */
+     * (FUSED: by this kernel, put from s_new after the wait, so every warp copies the rest before it) */
     const int np = min(nt, STAGES - 1);
-    const bool early = np == 0 || min(end, start + (warp + ADM_WARPS * (np - 1) + 1) * ADM_BN) <= pos;
+    const bool early = FUSED || np == 0 || min(end, start + (warp + ADM_WARPS * (np - 1) + 1) * ADM_BN) <= pos;
     if (early)
         prologue();
     if (FUSED) /* after the copies are issued */
@@ -425,7 +435,9 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
     if (FUSED) {
         __syncthreads(); /* s_cs */
         adq_stage<D, ADM_WARPS>(a, g, pos, own_new, s_new, s_cs);
-        __syncthreads(); /* s_new: every warp's q fragments, the new row's tile */
+        __syncthreads(); /* s_new: every warp's q fragments, the new row */
+        if (new_tile >= 0 && new_tile < np) /* a prologue tile */
+            put_new(new_tile);
     }
     if (!early)
         prologue();
@@ -462,8 +474,11 @@ __global__ void __launch_bounds__(ADM_WARPS * 32, 1) attention_decode_mma_kernel
     const int vrow = ((lane & 7) + 8 * (lane >> 4)) * LD + 8 * ((lane >> 3) & 1);
 
     for (int i = 0; i < nt; i++) {
-        if (i + STAGES - 1 < nt)
+        if (i + STAGES - 1 < nt) {
             load_tile(i + STAGES - 1);
+            if (FUSED && i + STAGES - 1 == new_tile)
+                put_new(new_tile);
+        }
         cp_async_commit();
         cp_async_wait<STAGES - 1>(); /* tile i landed (this lane's copies) */
         __syncwarp();                /* ... and every lane's */
