@@ -13,7 +13,7 @@ Loopback only; stops by itself (two rounds of ROUND_S seconds plus start-up and 
     through /detokenize). Every request is answered with the status its kind must get, or cleanly refused
     (503 queue_full only); no 5xx; /health stays reachable;
   - /metrics counts exactly what was sent (a request the client left early counts as 2xx or 499);
-  - RSS is flat: the second round grows it by less than RSS_BOUND_MB;
+  - RSS is flat: the second round grows it by less than RSS_BOUND_MB, or else a third round does;
   - a second SIGTERM cancels a long generation at once and the server exits 0.
 """
 import http.client
@@ -340,11 +340,22 @@ run_round(1)
 rss1 = rss_mb(proc.pid)
 run_round(2)
 rss2 = rss_mb(proc.pid)
+asan = b"__asan_init" in open(LILY, "rb").read()  # its quarantine holds freed memory; LeakSanitizer checks at exit
+rss3 = None
+if not asan and rss2 - rss1 >= RSS_BOUND_MB:
+    # on a loaded machine round 2 can hold more connections at once than round 1 did (touched thread stacks, the
+    # one arena's high-water mark; seen under a parallel ctest: 43 -> 67 MB): a leak keeps growing, so a third
+    # round must not grow it again
+    run_round(3)
+    rss3 = rss_mb(proc.pid)
 check(not problems, f"every request answered with its kind's status, no 5xx ({problems[:5]})")
-if b"__asan_init" in open(LILY, "rb").read():  # its quarantine holds freed memory; LeakSanitizer checks at exit
+if asan:
     print(f"  skip RSS flat across rounds under AddressSanitizer ({rss1:.0f} MB -> {rss2:.0f} MB)")
+elif rss3 is None:
+    check(True, f"RSS flat across rounds: {rss1:.0f} MB -> {rss2:.0f} MB (bound +{RSS_BOUND_MB})")
 else:
-    check(rss2 - rss1 < RSS_BOUND_MB, f"RSS flat across rounds: {rss1:.0f} MB -> {rss2:.0f} MB (bound +{RSS_BOUND_MB})")
+    check(rss3 - rss2 < RSS_BOUND_MB, f"RSS flat across rounds: {rss1:.0f} MB -> {rss2:.0f} MB, then a third round "
+          f"-> {rss3:.0f} MB (bound +{RSS_BOUND_MB} per round once it has settled)")
 
 # /metrics equals what was sent (a request its client left is counted as 2xx, 499 or 503 queue_full)
 metrics = {}
