@@ -188,6 +188,26 @@ static int connect_server(void)
     return fd;
 }
 
+/* Everything the server sends on fd until it closes the connection, into buf (cap bytes, NUL-terminated);
+ * closes fd. */
+static void read_to_close(int fd, char *buf, size_t cap)
+{
+    size_t len = 0;
+    ssize_t n;
+    while ((n = read(fd, buf + len, cap - 1 - len)) > 0)
+        len += (size_t)n;
+    buf[len] = 0;
+    close(fd);
+}
+
+/* The raw bytes req sent on a new connection, and the answer until the server closes it (read_to_close). */
+static void raw_exchange(const char *req, char *buf, size_t cap)
+{
+    int fd = connect_server();
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    read_to_close(fd, buf, cap);
+}
+
 static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body)
 {
     char head[1024];
@@ -728,15 +748,14 @@ static void test_http_idle_connections_do_not_lock_out(void **state)
     assert_int_equal(write(fd, "GET /health HTTP/1.1\r\nHo", 24), 24);
     struct timeval tv = {.tv_sec = 8};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = lily_wall_seconds();
     char b[512];
     ssize_t n;
     while ((n = read(fd, b, sizeof b)) > 0)
         ;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double t1 = lily_wall_seconds();
     close(fd);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    const double secs = t1 - t0;
     assert_true(n == 0 || errno == ECONNRESET); /* closed by the server, not by our 8 s receive timeout */
     assert_true(secs < 6.0);
 }
@@ -831,14 +850,13 @@ static void test_http_stop_does_not_wait_for_unfinished_requests(void **state)
     assert_int_equal(write(headers, "GET /health HTTP/1.1\r\nHo", 24), 24);
     usleep(200000);
     port = saved;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = lily_wall_seconds();
     lily_http_quiesce(other);
     lily_http_stop(other);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double t1 = lily_wall_seconds();
     close(body);
     close(headers);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    const double secs = t1 - t0;
     assert_true(secs < 2.0);
 }
 
@@ -855,15 +873,8 @@ static void test_http_ambiguous_framing_is_400_and_closed(void **state)
         "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int fd = connect_server();
-        assert_int_equal(write(fd, bad[i], strlen(bad[i])), (ssize_t)strlen(bad[i]));
         char buf[8192];
-        size_t len = 0;
-        ssize_t n;
-        while ((n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
-            len += (size_t)n;
-        buf[len] = 0;
-        close(fd);
+        raw_exchange(bad[i], buf, sizeof buf);
         assert_non_null(strstr(buf, "HTTP/1.1 400"));
         assert_non_null(strstr(buf, "ambiguous_framing"));
         assert_null(strstr(buf, "\"object\":\"list\"")); /* the second request got no answer */
@@ -886,19 +897,11 @@ static void test_http_unsupported_transfer_coding_is_400_at_once(void **state)
         char req[512];
         snprintf(req, sizeof req, "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\n\r\n"
                  "11\r\n{\"content\":\"abc\"}\r\n0\r\n\r\n", codings[i]);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        int fd = connect_server();
-        assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+        const double t0 = lily_wall_seconds();
         char buf[4096];
-        size_t len = 0;
-        ssize_t n;
-        while ((n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
-            len += (size_t)n;
-        buf[len] = 0;
-        close(fd);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        raw_exchange(req, buf, sizeof buf);
+        const double t1 = lily_wall_seconds();
+        const double secs = t1 - t0;
         if (!strstr(buf, "HTTP/1.1 400") || !strstr(buf, "unsupported_transfer_encoding") || secs > 1.0) {
             print_error("Transfer-Encoding: %s: %.2f s:\n%s\n", codings[i], secs, buf);
             fail();
@@ -910,15 +913,8 @@ static void test_http_unsupported_transfer_coding_is_400_at_once(void **state)
         char req[512];
         snprintf(req, sizeof req, "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                  "Transfer-Encoding: %s\r\n\r\n11\r\n{\"content\":\"abc\"}\r\n0\r\n\r\n", chunked[i]);
-        int fd = connect_server();
-        assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
         char buf[4096];
-        size_t len = 0;
-        ssize_t n;
-        while ((n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
-            len += (size_t)n;
-        buf[len] = 0;
-        close(fd);
+        raw_exchange(req, buf, sizeof buf);
         if (!strstr(buf, "HTTP/1.1 200") || !strstr(buf, "\"tokens\"")) {
             print_error("Transfer-Encoding: %s:\n%s\n", chunked[i], buf);
             fail();
@@ -939,12 +935,7 @@ static void test_http_engine_time_is_not_idle_time(void **state)
     sleep(3);
     atomic_store(&release_blocked, 1);
     char buf[4096];
-    size_t len = 0;
-    ssize_t n;
-    while ((n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
-        len += (size_t)n;
-    buf[len] = 0;
-    close(fd);
+    read_to_close(fd, buf, sizeof buf);
     assert_non_null(strstr(buf, "HTTP/1.1 200"));
     assert_non_null(strstr(buf, "\r\n\r\n{}"));
     atomic_store(&release_blocked, 0);

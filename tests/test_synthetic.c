@@ -244,10 +244,9 @@ static void test_synthetic_router_spreads_tokens(void **state)
     lily_synthetic_free(s);
 }
 
-/* Through the CPU backend (when built): finite logits with std in [0.3, 3] for 16 tokens. */
-static void test_synthetic_forward_logits_are_finite(void **state)
+/* The tiny-a synthetic model for a test through the CPU backend; skips the test when that backend is not built. */
+static lily_synthetic *tiny_a_on_cpu(void)
 {
-    (void)state;
     const lily_backend_ops *ops = lily_backend_find("cpu");
     if (!ops || !ops->create) {
         print_message("skipped: the CPU backend is not built yet\n");
@@ -256,12 +255,29 @@ static void test_synthetic_forward_logits_are_finite(void **state)
     lily_error err = {0};
     lily_synthetic *s = NULL;
     assert_int_equal(lily_synthetic_new("tiny-a", 1, 2, &s, &err), LILY_OK);
-    lily_backend b;
-    lily_backend_options bo = {.n_threads = 2, .max_chunk = 16};
-    if (lily_backend_create("cpu", &s->cfg, &s->weights, &bo, &b, &err) != LILY_OK)
+    return s;
+}
+
+/* A CPU backend on s with options bo, and in *st a state of 64 positions (the test fails on an error). */
+static void cpu_open(const lily_synthetic *s, const lily_backend_options *bo, lily_backend *b, void **st)
+{
+    lily_error err = {0};
+    if (lily_backend_create("cpu", &s->cfg, &s->weights, bo, b, &err) != LILY_OK)
         fail_msg("%s", err.message);
-    void *st = NULL;
-    assert_int_equal(b.ops->state_new(b.ctx, 64, &st, &err), LILY_OK);
+    *st = NULL;
+    assert_int_equal(b->ops->state_new(b->ctx, 64, st, &err), LILY_OK);
+}
+
+/* Through the CPU backend (when built): finite logits with std in [0.3, 3] for 16 tokens. */
+static void test_synthetic_forward_logits_are_finite(void **state)
+{
+    (void)state;
+    lily_error err = {0};
+    lily_synthetic *s = tiny_a_on_cpu();
+    lily_backend b;
+    const lily_backend_options bo = {.n_threads = 2, .max_chunk = 16};
+    void *st;
+    cpu_open(s, &bo, &b, &st);
     int32_t tokens[16];
     for (int i = 0; i < 16; i++)
         tokens[i] = (i * 97 + 13) % s->cfg.vocab_size;
@@ -291,22 +307,14 @@ static void test_synthetic_forward_logits_are_finite(void **state)
 static void test_cpu_profile_stages_sum_to_forward_time(void **state)
 {
     (void)state;
-    const lily_backend_ops *ops = lily_backend_find("cpu");
-    if (!ops || !ops->create) {
-        print_message("skipped: the CPU backend is not built yet\n");
-        skip();
-    }
     lily_error err = {0};
-    lily_synthetic *s = NULL;
-    assert_int_equal(lily_synthetic_new("tiny-a", 1, 2, &s, &err), LILY_OK);
+    lily_synthetic *s = tiny_a_on_cpu();
     for (int on = 0; on < 2; on++) {
         lily_backend b;
-        lily_backend_options bo = {.n_threads = 2, .max_chunk = 32, .profile = on};
-        if (lily_backend_create("cpu", &s->cfg, &s->weights, &bo, &b, &err) != LILY_OK)
-            fail_msg("%s", err.message);
+        const lily_backend_options bo = {.n_threads = 2, .max_chunk = 32, .profile = on};
+        void *st;
+        cpu_open(s, &bo, &b, &st);
         assert_non_null(b.ops->profile_take);
-        void *st = NULL;
-        assert_int_equal(b.ops->state_new(b.ctx, 64, &st, &err), LILY_OK);
         int32_t tokens[32];
         for (int i = 0; i < 32; i++)
             tokens[i] = (i * 97 + 13) % s->cfg.vocab_size;
@@ -360,14 +368,8 @@ static void test_cpu_profile_stages_sum_to_forward_time(void **state)
 static void test_cpu_fast_same_bits_any_thread_count(void **state)
 {
     (void)state;
-    const lily_backend_ops *ops = lily_backend_find("cpu");
-    if (!ops || !ops->create) {
-        print_message("skipped: the CPU backend is not built yet\n");
-        skip();
-    }
     lily_error err = {0};
-    lily_synthetic *s = NULL;
-    assert_int_equal(lily_synthetic_new("tiny-a", 1, 2, &s, &err), LILY_OK);
+    lily_synthetic *s = tiny_a_on_cpu();
     const int n = 40, V = s->cfg.vocab_size;
     float *ref = malloc((size_t)(n + 1) * V * sizeof *ref), *got = malloc((size_t)(n + 1) * V * sizeof *got);
     assert_true(ref && got);
@@ -377,11 +379,9 @@ static void test_cpu_fast_same_bits_any_thread_count(void **state)
     const int threads[] = {1, 3, 8};
     for (int ti = 0; ti < 3; ti++) {
         lily_backend b;
-        lily_backend_options bo = {.n_threads = threads[ti], .max_chunk = n};
-        if (lily_backend_create("cpu", &s->cfg, &s->weights, &bo, &b, &err) != LILY_OK)
-            fail_msg("%s", err.message);
-        void *st = NULL;
-        assert_int_equal(b.ops->state_new(b.ctx, 64, &st, &err), LILY_OK);
+        const lily_backend_options bo = {.n_threads = threads[ti], .max_chunk = n};
+        void *st;
+        cpu_open(s, &bo, &b, &st);
         float *out = ti == 0 ? ref : got;
         assert_int_equal(b.ops->forward(b.ctx, st, tokens, n, LILY_LOGITS_ALL, out, &err), LILY_OK);
         assert_int_equal(b.ops->forward(b.ctx, st, tokens + n, 1, LILY_LOGITS_LAST, out + (size_t)n * V, &err), LILY_OK);

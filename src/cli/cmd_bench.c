@@ -351,12 +351,15 @@ static void profile_discard(lily_engine *e)
 }
 
 /* --profile: the stage sums since profile_discard, one line per stage (ms, % of the time in forward(),
- * intervals), to stderr. wall: the row's timed seconds. */
-static void profile_print(lily_engine *e, const char *row, double wall)
+ * intervals), to stderr, beside the row's timed seconds (reps runs of `tokens` at tps[k] tokens/s). */
+static void profile_print(lily_engine *e, const char *row, int tokens, const double *tps, int reps)
 {
     lily_stage_profile p;
     if (!e->backend.ops->profile_take)
         return;
+    double wall = 0;
+    for (int k = 0; k < reps; k++)
+        wall += tokens / tps[k];
     e->backend.ops->profile_take(e->backend.ctx, &p);
     if (p.n_stages == 0)
         return;
@@ -1088,12 +1091,8 @@ int cmd_bench(int argc, char **argv)
         r->cost = lily_cost_prefill_flops_per_token(&cm, p);
         r->floor = have_hw && hw.matmul_flops_per_s > 0 ? hw.matmul_flops_per_s / r->cost : 0;
         emit_row(&h, &o, r);
-        if (o.profile) {
-            double wall = 0;
-            for (int k = 0; k < o.reps; k++)
-                wall += p / tps[k];
-            profile_print(m.engine, r->test, wall);
-        }
+        if (o.profile)
+            profile_print(m.engine, r->test, p, tps, o.reps);
         if (o.default_prompt_lengths && i + 1 < o.n_prompt_lengths &&
             sweep_stops("pp", p, o.prompt_lengths[i + 1], lily_wall_seconds() - t0, o.max_seconds))
             break;
@@ -1115,12 +1114,8 @@ int cmd_bench(int argc, char **argv)
             r->cost = lily_cost_decode_bytes(&cm, d + o.n_decode / 2);
             r->floor = have_hw && hw.bandwidth > 0 ? hw.bandwidth / r->cost : 0;
             emit_row(&h, &o, r);
-            if (o.profile) {
-                double wall = 0;
-                for (int k = 0; k < o.reps; k++)
-                    wall += o.n_decode / tps[k];
-                profile_print(m.engine, r->test, wall);
-            }
+            if (o.profile)
+                profile_print(m.engine, r->test, o.n_decode, tps, o.reps);
         }
         if (st == LILY_OK && o.default_depths && i + 1 < o.n_depths &&
             sweep_stops("tg @ d", d > 0 ? d : 1, o.depths[i + 1], (lily_wall_seconds() - t0) / o.n_samplings,

@@ -457,7 +457,9 @@ static enum MHD_Result handle_webui(struct MHD_Connection *c, request *r)
 }
 
 /* The index in status_labels. A 503 (queue full, model loading, shutting down; 529 on the Messages API) is
- * not counted as a server error: it says "come back later". */
+ * not counted as a server error: it says "come back later". A 505 is only ever microhttpd's answer to a
+ * request line of another HTTP version (an HTTP/2 preface, a probe): the client's error, counted with the
+ * other 4xx so that "5xx" stays the server's own errors. */
 static int status_class(int status)
 {
     static const int codes[] = {0, 400, 401, 403, 404, 413, 415};
@@ -468,7 +470,9 @@ static int status_class(int status)
     for (int i = 1; i < (int)(sizeof codes / sizeof codes[0]); i++)
         if (status == codes[i])
             return i;
-    return status < 499 ? STATUS_CLASS_OTHER_4XX : status == 499 ? 8 : status == 503 || status == 529 ? 9 : 10;
+    if (status < 499 || status == 505)
+        return STATUS_CLASS_OTHER_4XX;
+    return status == 499 ? 8 : status == 503 || status == 529 ? 9 : 10;
 }
 
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, request *r)
@@ -1105,9 +1109,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     if (sscanf(msg, "Error processing request (HTTP response code is %u", &status) == 1 && status >= 400 &&
         status < 600) {
         mhd_error_status = (int)status;
-        /* its 505 answers a request line of another HTTP version (an HTTP/2 preface, a probe): the client's
-         * error, counted with the other 4xx so that "5xx" stays the server's own errors */
-        atomic_fetch_add(&srv->n_by_status[status == 505 ? STATUS_CLASS_OTHER_4XX : status_class((int)status)], 1);
+        atomic_fetch_add(&srv->n_by_status[status_class((int)status)], 1);
     }
     if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure") ||
         (stream_ended_for_client && strstr(msg, "application error generating response")))

@@ -5,8 +5,8 @@
  * with profiling off no clock is read.
  */
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "cpu_internal.h"
 
 static const char *const stage_names[CPU_STAGE_COUNT] = {
@@ -35,16 +35,9 @@ static const char *const stage_names[CPU_STAGE_COUNT] = {
     [CPU_STAGE_LM_HEAD] = "lm head",
 };
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 void cpu_prof_mark_now(cpu_profile *p, cpu_stage stage)
 {
-    const int64_t t = now_ns();
+    const int64_t t = lily_wall_ns();
     p->ns[stage] += t - p->last_ns;
     p->calls[stage]++;
     p->last_ns = t;
@@ -52,12 +45,12 @@ void cpu_prof_mark_now(cpu_profile *p, cpu_stage stage)
 
 void cpu_prof_forward_begin(cpu_profile *p)
 {
-    p->forward_start_ns = p->last_ns = now_ns();
+    p->forward_start_ns = p->last_ns = lily_wall_ns();
 }
 
 void cpu_prof_forward_end(cpu_profile *p)
 {
-    p->forward_ns += now_ns() - p->forward_start_ns;
+    p->forward_ns += lily_wall_ns() - p->forward_start_ns;
     p->forwards++;
 }
 

@@ -29,10 +29,10 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/clock.h"
 
 /* How long an idle worker spins before it sleeps, and the least and most the caller spins waiting for the
  * workers at the end of a job before it sleeps (all in nanoseconds of CLOCK_MONOTONIC). */
@@ -83,13 +83,6 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void run_tasks(lily_threadpool *pool, lily_task_fn fn, void *arg, int n_tasks, int thread)
 {
     for (;;) {
@@ -103,13 +96,13 @@ static void run_tasks(lily_threadpool *pool, lily_task_fn fn, void *arg, int n_t
 /* Wait until the job generation differs from `seen`: spin first, then sleep. Returns the new one. */
 static unsigned wait_for_job(lily_threadpool *pool, unsigned seen)
 {
-    const int64_t start = now_ns();
+    const int64_t start = lily_wall_ns();
     for (int i = 1;; i++) {
         const unsigned g = state_gen(atomic_load_explicit(&pool->state, memory_order_acquire));
         if (g != seen)
             return g;
         cpu_relax();
-        if ((i & 255) == 0 && now_ns() - start > CPU_POOL_SPIN_NS)
+        if ((i & 255) == 0 && lily_wall_ns() - start > CPU_POOL_SPIN_NS)
             break;
     }
     pthread_mutex_lock(&pool->mutex);
@@ -243,18 +236,18 @@ void parallel_for(lily_threadpool *pool, int n_tasks, lily_task_fn fn, void *arg
     atomic_store_explicit(&pool->next_task, 0, memory_order_relaxed);
     publish_job(pool);
 
-    const int64_t run_start = now_ns();
+    const int64_t run_start = lily_wall_ns();
     run_tasks(pool, fn, arg, n_tasks, 0);
 
     /* no task left to claim: close the job, then wait for the workers inside it — spinning for about as
      * long as the caller ran tasks (a worker's last task began at most that long ago) */
     unsigned s = atomic_fetch_or(&pool->state, STATE_CLOSED) | STATE_CLOSED;
-    const int64_t start = now_ns();
+    const int64_t start = lily_wall_ns();
     const int64_t spin_ns = CPU_POOL_WAIT_SPIN_NS + LILY_MIN(start - run_start, (int64_t)CPU_POOL_WAIT_SPIN_MAX_NS);
     for (int i = 1; (s & STATE_COUNT) != 0; i++) {
         cpu_relax();
         s = atomic_load_explicit(&pool->state, memory_order_acquire);
-        if ((s & STATE_COUNT) != 0 && (i & 255) == 0 && now_ns() - start > spin_ns) {
+        if ((s & STATE_COUNT) != 0 && (i & 255) == 0 && lily_wall_ns() - start > spin_ns) {
             /* a worker inside was likely descheduled (a loaded machine): sleep until it leaves */
             pthread_mutex_lock(&pool->mutex);
             atomic_store(&pool->caller_sleeping, true);
