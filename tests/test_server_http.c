@@ -1167,6 +1167,33 @@ static void test_http_control_char_in_path_is_400(void **state)
     assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
 }
 
+/* The Messages route's validation errors reach the client in Anthropic's shape, with the request's own field
+ * names, and the server keeps serving. */
+static void test_http_anthropic_errors_are_anthropic_shaped(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"name\":\"t\","
+         "\"input_schema\":{}},{\"name\":\"t\",\"input_schema\":{}}]}",
+         "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools: tool names must be "
+         "unique: 't' is tools.0.name and tools.1.name.\"}}"},
+        {"{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":"
+         "\"toolu_9\",\"content\":\"x\"}]}]}",
+         "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"messages.0.content.0: "
+         "tool_use_id 'toolu_9' matches no tool_use block"},
+        {"{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop_sequences\":[7]}",
+         "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"stop_sequences.0: expected a "
+         "string.\"}}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(status_of("POST", "/v1/messages", NULL, cases[i].body, cases[i].want), 400);
+        assert_int_equal(status_of("POST", "/v1/messages/count_tokens", NULL, cases[i].body, cases[i].want), 400);
+    }
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+}
+
 /* lily_http_check_target's bounds and what counts as a control character in the path. */
 static void test_target_check(void **state)
 {
@@ -1233,6 +1260,7 @@ int main(void)
         cmocka_unit_test(test_http_long_request_target_is_414),
         cmocka_unit_test(test_http_control_char_in_path_is_400),
         cmocka_unit_test(test_target_check),
+        cmocka_unit_test(test_http_anthropic_errors_are_anthropic_shaped),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
