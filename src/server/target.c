@@ -24,13 +24,16 @@ lily_target_verdict lily_http_check_target(const char *target, size_t *n_args)
 {
     if (!target)
         target = "";
-    const size_t len = strlen(target);
     const char *query = strchr(target, '?');
-    size_t args = 0;
-    if (query) {
-        args = 1;
-        for (const char *p = query + 1; (p = strchr(p, '&')); p++)
-            args++;
+    const size_t path_len = query ? (size_t)(query - target) : strlen(target);
+    size_t len = path_len, args = 0;
+    if (query) { /* one pass: its length and its '&' */
+        size_t amps = 0;
+        const char *p = query + 1;
+        for (; *p; p++)
+            amps += *p == '&';
+        len = (size_t)(p - target);
+        args = amps + 1;
     }
     if (n_args)
         *n_args = args;
@@ -38,7 +41,6 @@ lily_target_verdict lily_http_check_target(const char *target, size_t *n_args)
         return LILY_TARGET_TOO_LONG;
     if (args > LILY_HTTP_MAX_QUERY_ARGS)
         return LILY_TARGET_TOO_MANY_ARGS;
-    const size_t path_len = query ? (size_t)(query - target) : len;
     for (size_t i = 0; i < path_len; i++) {
         if (is_control((unsigned char)target[i]))
             return LILY_TARGET_CONTROL_CHAR;
