@@ -1,6 +1,7 @@
 /* http.c — the libmicrohttpd daemon of `lily serve` (http.h).
  *
- * Owns: routing, the cross-origin policy (Origin check, preflight) and the JSON content-type check, the
+ * Owns: the request line's checks (target.h: a 414 written at the request line, a 400 before routing), routing,
+ * the cross-origin policy (Origin check, preflight) and the JSON content-type check, the
  * bearer-token check, body accumulation with the --max-body cap, request validation (through openai.c)
  * before a job is queued, blocking on the job's pipe in the connection's own thread, SSE responses from a
  * content-reader callback, client-disconnect detection (the socket is polled while waiting, so a vanished
@@ -193,7 +194,10 @@ static enum MHD_Result send_simple_error(struct MHD_Connection *c, request *r, i
  * the client is gone?
  */
 
-/* True when the peer closed its end (FIN or RST). A pipelined request (readable data) is not a close. */
+/* True when the peer closed its end (FIN or RST). A pipelined request (readable data) is not a close. A client
+ * that only half-closes (shutdown(SHUT_WR) after its request) sends the same FIN as one that left, and nothing
+ * short of writing to it tells the two apart (a write to a closed peer draws a RST); no byte can go out before
+ * the answer's status is known, so it is taken as gone, as nginx takes it (499). */
 static bool client_gone(int fd)
 {
     if (fd < 0)
