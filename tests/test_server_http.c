@@ -1234,7 +1234,7 @@ int main(void)
     /* a client write to a connection the server has just closed (an idle or evicted one) must fail with
      * EPIPE, not kill the test */
     signal(SIGPIPE, SIG_IGN);
-    if (getenv("TEST_FILTER"))
+    if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER='*414*': only the tests whose names match */
         cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_http_routes_and_methods),
