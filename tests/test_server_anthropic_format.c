@@ -129,6 +129,68 @@ static void test_validation(void **state)
     free(j);
 }
 
+/* Validation errors name the Messages request's own fields (stop_sequences, tools.N.name, tool_choice.name), not
+ * the OpenAI request lily translates it into (stop, tools[N].function.name, tool_choice.function.name); tools
+ * with the same name, and a tool_result whose tool_use_id no earlier tool_use block has, are refused as
+ * Anthropic's API refuses them. */
+static void test_errors_name_anthropic_fields(void **state)
+{
+    (void)state;
+#define ASK "\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+#define TOOL(name) "{\"name\":\"" name "\",\"input_schema\":{\"type\":\"object\"}}"
+    static const struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{" ASK ",\"stop_sequences\":[\"a\",1]}", "stop_sequences.1: expected a string."},
+        {"{" ASK ",\"stop_sequences\":[\"a\\u0000b\"]}", "stop_sequences.0: a stop sequence cannot contain U+0000."},
+        {"{" ASK ",\"stop_sequences\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","
+         "\"13\",\"14\",\"15\",\"16\",\"17\"]}", "stop_sequences: at most 16 stop sequences are supported."},
+        {"{" ASK ",\"tools\":[" TOOL("my tool") "]}", "tools.0.name: 'my tool' does not match '^[a-zA-Z0-9_-]{1,64}$'."},
+        {"{" ASK ",\"tools\":[" TOOL("a") "," TOOL("") "]}", "tools.1.name: '' does not match"},
+        {"{" ASK ",\"tools\":[" TOOL("t") "," TOOL("u") "," TOOL("t") "]}",
+         "tools: tool names must be unique: 't' is tools.0.name and tools.2.name."},
+        {"{" ASK ",\"tools\":[" TOOL("t") "],\"tool_choice\":{\"type\":\"tool\",\"name\":\"u\"}}",
+         "tool_choice.name: no tool named 'u' in tools."},
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+         "\"tool_use_id\":\"toolu_1\",\"content\":\"x\"}]}]}",
+         "messages.0.content.0: tool_use_id 'toolu_1' matches no tool_use block in an earlier message"},
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"t\",\"input\":{}}]},{\"role\":\"user\",\"content\":"
+         "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"x\"},{\"type\":\"tool_result\","
+         "\"tool_use_id\":\"toolu_2\",\"content\":\"y\"}]}]}",
+         "messages.2.content.1: tool_use_id 'toolu_2' matches no tool_use block"},
+    };
+    static const char *const openai_names[] = {"'stop", "function", "tool_call", "[0]", "[1]", "[2]"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_rejected(cases[i].body, false, cases[i].want);
+        lily_oai_request req;
+        lily_oai_error e;
+        assert_false(lily_anth_parse_request(cases[i].body, strlen(cases[i].body), false, &req, &e));
+        for (size_t k = 0; k < sizeof openai_names / sizeof openai_names[0]; k++)
+            if (strstr(e.message, openai_names[k]))
+                fail_msg("case %zu: '%s' names an OpenAI field ('%s')", i, e.message, openai_names[k]);
+    }
+    /* what is fine: a tool_result answering an earlier tool_use (also two turns back), distinct tool names */
+    static const char *const fine[] = {
+        "{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+        "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"t\",\"input\":{}},{\"type\":\"tool_use\",\"id\":"
+        "\"toolu_2\",\"name\":\"u\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+        "\"tool_use_id\":\"toolu_1\",\"content\":\"x\"},{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_2\"}]}],"
+        "\"tools\":[" TOOL("t") "," TOOL("u") "],\"tool_choice\":{\"type\":\"tool\",\"name\":\"u\"}}",
+        "{" ASK ",\"stop_sequences\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","
+        "\"13\",\"14\",\"15\",\"16\"]}",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        lily_oai_request req;
+        lily_oai_error e;
+        if (!lily_anth_parse_request(fine[i], strlen(fine[i]), false, &req, &e))
+            fail_msg("rejected: %s", e.message);
+        lily_oai_request_free(&req);
+    }
+#undef ASK
+#undef TOOL
+}
+
 /* The prompt the chat template renders for a Messages request body. */
 static char *render_messages_request(const char *body, lily_oai_request *req)
 {
@@ -356,6 +418,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_errors_name_anthropic_fields),
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_limits_and_nul),
         cmocka_unit_test(test_stream_events),

@@ -106,7 +106,7 @@ else:
     print("FAIL /detokenize out-of-vocabulary:", status, resp[:200])
 
 # the request log writes the method and URL as printable ASCII too: a URL that unescapes to a newline and an
-# escape sequence neither forges a log line nor reaches the terminal
+# escape sequence neither forges a log line nor reaches the terminal (such a path is a 400, logged as sent)
 log_status = raw(b"GET /x%0a2000-01-01T00:00:00%20GET%20/forged%20200%1b[31m HTTP/1.1")[0], \
     raw(b"G\x1bT /health HTTP/1.1")[0]
 status, body = raw(b"GET /health HTTP/1.1")
@@ -118,8 +118,8 @@ else:
 srv.terminate()
 srv.wait(timeout=30)
 logged = open(log.name, "rb").read()
-if log_status == (404, 405) and b"\x1b" not in logged and b"\n2000-01-01" not in logged and \
-        b"GET /x%0A2000-01-01T00:00:00%20GET%20/forged%20200%1B[31m 404" in logged and b"G%1BT /health 405" in logged:
+if log_status == (400, 405) and b"\x1b" not in logged and b"\n2000-01-01" not in logged and \
+        b"GET /x%0a2000-01-01T00:00:00%20GET%20/forged%20200%1b[31m 400" in logged and b"G%1BT /health 405" in logged:
     print("ok   the request log escapes control bytes of the method and URL")
 else:
     fails += 1

@@ -22,6 +22,7 @@
 #include "server/http.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
+#include "server/target.h"
 #include "test_support.h"
 
 /* ---- the fake model ---- */
@@ -1058,11 +1059,183 @@ static void test_job_aborted_answers_503(void **state)
     lily_job_unref(job);
 }
 
+/* A request of head + n copies of unit + tail on a new connection: the answer until the server closes it
+ * (read_to_close) into buf, and the seconds that took. */
+static double repeated_exchange(const char *head, const char *unit, size_t n, const char *tail, char *buf, size_t cap)
+{
+    size_t hl = strlen(head), ul = strlen(unit), tl = strlen(tail);
+    char *req = malloc(hl + n * ul + tl + 1);
+    assert_non_null(req);
+    memcpy(req, head, hl);
+    for (size_t i = 0; i < n; i++)
+        memcpy(req + hl + i * ul, unit, ul);
+    memcpy(req + hl + n * ul, tail, tl + 1);
+    const double t0 = lily_wall_seconds();
+    raw_exchange(req, buf, cap);
+    free(req);
+    return lily_wall_seconds() - t0;
+}
+
+/* A request-target microhttpd cannot parse in its per-connection memory — an 80 KB query of short arguments,
+ * or 4000 arguments in 8 KB — got no answer at all (microhttpd lost its own 431). Such a target (over 8 KiB,
+ * or more than 1024 query arguments) is a 414 with an error body in the route's API shape, at once, and the
+ * server keeps serving; 1024 arguments are served. Longer request lines and too many headers get
+ * microhttpd's own 414 and 431. */
+static void test_http_long_request_target_is_414(void **state)
+{
+    (void)state;
+    long long n_4xx = metric("lily_requests_total{status=\"4xx\"} ");
+    static const struct {
+        const char *head, *unit, *tail;
+        size_t n;
+        const char *want;
+    } refused[] = {
+        {"GET /v1/models?", "a=1&", "a=1 HTTP/1.1\r\nHost: x\r\n\r\n", 20000, "longer than 8192 bytes"},
+        {"GET /v1/models?", "a&", "a HTTP/1.1\r\nHost: x\r\n\r\n", 4000, "has 4001 query arguments; at most 1024"},
+        {"GET /health?", "&", " HTTP/1.1\r\nHost: x\r\n\r\n", 1024, "has 1025 query arguments"},
+        {"POST /v1/chat/completions?", "a=1&", "a=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 20000,
+         "\"code\":\"uri_too_long\""},
+        {"POST /v1/messages?", "a=1&", "a=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 20000,
+         "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"The request URL is longer"},
+    };
+    static char buf[1 << 16];
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        const double secs = repeated_exchange(refused[i].head, refused[i].unit, refused[i].n, refused[i].tail, buf,
+                                              sizeof buf);
+        const char *body = strstr(buf, "\r\n\r\n");
+        size_t content_length = 0;
+        const char *cl = strstr(buf, "Content-Length: ");
+        if (cl)
+            content_length = strtoul(cl + 16, NULL, 10);
+        if (strncmp(buf, "HTTP/1.1 414 URI Too Long\r\n", 27) || !strstr(buf, "Content-Type: application/json\r\n") ||
+            !strstr(buf, refused[i].want) || !body || strlen(body + 4) != content_length || secs > 1.0) {
+            print_error("case %zu: %.2f s:\n%.600s\n", i, secs, buf);
+            fail();
+        }
+        assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+    }
+    long long got_4xx = 0;
+    for (int i = 0; i < 200 && got_4xx != n_4xx + 5; i++) {
+        got_4xx = metric("lily_requests_total{status=\"4xx\"} ");
+        usleep(5000);
+    }
+    assert_int_equal(got_4xx, n_4xx + 5);
+
+    /* within the bounds: served as before */
+    repeated_exchange("GET /v1/models?", "a=1&", 1023, "a=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", buf,
+                      sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 200 OK\r\n"));
+    assert_non_null(strstr(buf, "\"object\":\"list\""));
+    repeated_exchange("GET /v1/models?x=", "a", 8000, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", buf,
+                      sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 200 OK\r\n"));
+    assert_int_equal(status_of("GET", "/v1/models?limit=20&after_id=fake", NULL, NULL, "\"object\":\"list\""), 200);
+
+    /* what microhttpd answers itself: a request line longer than its buffer, too many headers */
+    repeated_exchange("GET /v1/models?x=", "a", 400000, " HTTP/1.1\r\nHost: x\r\n\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 414 "));
+    repeated_exchange("GET /v1/models HTTP/1.1\r\nHost: x\r\n", "a: 1\r\n", 16000, "\r\n", buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 431 "));
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+}
+
+/* A control character in the path, percent-encoded or raw, is a 400 and the request is never routed:
+ * microhttpd decodes the path in place, so "/v1/models%00junk" reached the router as "/v1/models" and was
+ * answered as the model list. A %00 in the query (not routed on) is no matter. */
+static void test_http_control_char_in_path_is_400(void **state)
+{
+    (void)state;
+    static const char *const paths[] = {"/v1/models%00junk", "/v1/models%00", "/health%0a", "/v1/models%7F",
+                                        "/v1/models%1f", "/v1/models/fake%00x", "/v1/mo\x01" "dels",
+                                        "http://localhost/v1/models%00"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        int status;
+        char *r = http("GET", paths[i], NULL, NULL, &status);
+        if (status != 400 || !strstr(r, "\"code\":\"invalid_url\"") || strstr(r, "\"object\":\"list\"") ||
+            strstr(r, "\"status\":\"ok\"")) {
+            print_error("%s:\n%s\n", paths[i], r);
+            fail();
+        }
+        free(r);
+    }
+    assert_int_equal(status_of("POST", "/tokenize%00", NULL, "{\"content\":\"abc\"}", "\"code\":\"invalid_url\""),
+                     400);
+    assert_int_equal(status_of("POST", "/v1/messages%00", NULL, "{}",
+                               "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\""),
+                     400);
+    assert_int_equal(status_of("GET", "/v1/models?x=%00", NULL, NULL, "\"object\":\"list\""), 200);
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+}
+
+/* The Messages route's validation errors reach the client in Anthropic's shape, with the request's own field
+ * names, and the server keeps serving. */
+static void test_http_anthropic_errors_are_anthropic_shaped(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"name\":\"t\","
+         "\"input_schema\":{}},{\"name\":\"t\",\"input_schema\":{}}]}",
+         "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools: tool names must be "
+         "unique: 't' is tools.0.name and tools.1.name.\"}}"},
+        {"{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":"
+         "\"toolu_9\",\"content\":\"x\"}]}]}",
+         "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"messages.0.content.0: "
+         "tool_use_id 'toolu_9' matches no tool_use block"},
+        {"{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop_sequences\":[7]}",
+         "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"stop_sequences.0: expected a "
+         "string.\"}}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(status_of("POST", "/v1/messages", NULL, cases[i].body, cases[i].want), 400);
+        assert_int_equal(status_of("POST", "/v1/messages/count_tokens", NULL, cases[i].body, cases[i].want), 400);
+    }
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
+}
+
+/* lily_http_check_target's bounds and what counts as a control character in the path. */
+static void test_target_check(void **state)
+{
+    (void)state;
+    static char t[LILY_HTTP_MAX_TARGET + 2];
+    memset(t, 'a', sizeof t - 1);
+    t[0] = '/';
+    t[LILY_HTTP_MAX_TARGET] = 0;
+    assert_int_equal(lily_http_check_target(t, NULL), LILY_TARGET_OK);
+    t[LILY_HTTP_MAX_TARGET] = 'a';
+    assert_int_equal(lily_http_check_target(t, NULL), LILY_TARGET_TOO_LONG);
+    size_t n = 0;
+    char q[3000] = "/v1/models?";
+    for (int i = 0; i < LILY_HTTP_MAX_QUERY_ARGS - 1; i++)
+        strcat(q, "&");
+    assert_int_equal(lily_http_check_target(q, &n), LILY_TARGET_OK);
+    assert_int_equal(n, LILY_HTTP_MAX_QUERY_ARGS);
+    strcat(q, "&");
+    assert_int_equal(lily_http_check_target(q, &n), LILY_TARGET_TOO_MANY_ARGS);
+    assert_int_equal(n, LILY_HTTP_MAX_QUERY_ARGS + 1);
+    assert_int_equal(lily_http_check_target("/v1/models", &n), LILY_TARGET_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(lily_http_check_target("/v1/models?", &n), LILY_TARGET_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(lily_http_check_target(NULL, &n), LILY_TARGET_OK);
+    static const char *const bad[] = {"/v1/models%00junk", "/a%0a", "/a%0D", "/a%1f", "/a%7F", "/a\x01", "/a\x7f",
+                                      "/a\tb", "http://h/%00", "/a%%00"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(lily_http_check_target(bad[i], NULL), LILY_TARGET_CONTROL_CHAR);
+    static const char *const fine[] = {"/a%20b", "/a%", "/a%0", "/a%0g", "/a%8f", "/a?x=%00", "/a?\x01",
+                                       "/a%2F"};
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++)
+        assert_int_equal(lily_http_check_target(fine[i], NULL), LILY_TARGET_OK);
+}
+
 int main(void)
 {
     /* a client write to a connection the server has just closed (an idle or evicted one) must fail with
      * EPIPE, not kill the test */
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER='*414*': only the tests whose names match */
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_http_routes_and_methods),
         cmocka_unit_test(test_http_bad_requests_are_openai_400s),
@@ -1084,6 +1257,10 @@ int main(void)
         cmocka_unit_test(test_http_engine_time_is_not_idle_time),
         cmocka_unit_test(test_http_malformed_requests_are_counted),
         cmocka_unit_test(test_job_aborted_answers_503),
+        cmocka_unit_test(test_http_long_request_target_is_414),
+        cmocka_unit_test(test_http_control_char_in_path_is_400),
+        cmocka_unit_test(test_target_check),
+        cmocka_unit_test(test_http_anthropic_errors_are_anthropic_shaped),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

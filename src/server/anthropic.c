@@ -54,8 +54,17 @@ static bool append_text(json_t *content, const char *where, text_buf *out, lily_
     return true;
 }
 
-/* One Anthropic message as OpenAI messages appended to msgs. */
-static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_error *e)
+/* At most the first 64 bytes of s, ending on a character boundary: printf("%.*s", quoted_len(s), s). */
+static int quoted_len(const char *s)
+{
+    size_t n = strlen(s);
+    return (int)lily_oai_utf8_cut(s, n < 64 ? n : 64);
+}
+
+/* One Anthropic message as OpenAI messages appended to msgs. tool_use_ids: the ids of the tool_use blocks of
+ * the messages before it (a JSON object used as a set), which its own tool_use blocks join; a tool_result
+ * block must answer one of them, as on Anthropic's API. */
+static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *tool_use_ids, lily_oai_error *e)
 {
     char where[48];
     snprintf(where, sizeof where, "messages.%zu", index);
@@ -99,6 +108,8 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
             char *args = json_is_object(input) ? json_dumps(input, JSON_COMPACT) : NULL;
             if (!id || !name || !args)
                 ok = bad(e, bw, "%s: a tool_use block needs 'id', 'name' and an object 'input'.", bw);
+            else if (json_object_set_new(tool_use_ids, id, json_true()))
+                ok = false;
             else
                 json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",
                                                        "function", "name", name, "arguments", args));
@@ -110,6 +121,9 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
             text_buf result = {0};
             if (!id)
                 ok = bad(e, bw, "%s: a tool_result block needs 'tool_use_id'.", bw);
+            else if (!json_object_get(tool_use_ids, id))
+                ok = bad(e, bw, "%s: tool_use_id '%.*s' matches no tool_use block in an earlier message: each "
+                         "tool_result block must answer a tool_use block of the assistant.", bw, quoted_len(id), id);
             else if (json_is_true(json_object_get(blk, "is_error")) && !text_append(&result, "Error: ", 7))
                 ok = false;
             else if (rc && !json_is_null(rc) && !append_text(rc, bw, &result, e))
@@ -139,7 +153,9 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, lily_oai_er
     return ok;
 }
 
-static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
+/* tools and tool_choice as OpenAI's. names: an empty JSON object, filled with the tools' names (each to
+ * its index in tools). */
+static bool translate_tools(json_t *b, json_t *oai, json_t *names, lily_oai_error *e)
 {
     json_t *tools = json_object_get(b, "tools");
     if (tools && !json_is_null(tools)) {
@@ -152,10 +168,24 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
             const char *name = json_string_value(json_object_get(t, "name"));
             json_t *schema = json_object_get(t, "input_schema");
             json_t *desc = json_object_get(t, "description");
-            if (!name || !json_is_object(schema)) {
+            json_t *first = name ? json_object_get(names, name) : NULL;
+            const char *problem = !name || !json_is_object(schema) ? "shape"
+                                : !lily_oai_valid_tool_name(json_object_get(t, "name")) ? "name"
+                                : first ? "duplicate" : NULL;
+            if (problem) {
                 json_decref(out);
-                return bad(e, "tools", "tools.%zu: expected {\"name\": ..., \"input_schema\": {...}} (server tools are "
-                                       "not supported).", i);
+                if (!strcmp(problem, "shape"))
+                    return bad(e, "tools", "tools.%zu: expected {\"name\": ..., \"input_schema\": {...}} (server "
+                                           "tools are not supported).", i);
+                if (!strcmp(problem, "name"))
+                    return bad(e, "tools", "tools.%zu.name: '%.*s' does not match '^[a-zA-Z0-9_-]{1,64}$'.", i,
+                               quoted_len(name), name);
+                return bad(e, "tools", "tools: tool names must be unique: '%s' is tools.%lld.name and tools.%zu.name.",
+                           name, (long long)json_integer_value(first), i);
+            }
+            if (json_object_set_new(names, name, json_integer((json_int_t)i))) {
+                json_decref(out);
+                return bad(e, "tools", "Out of memory.");
             }
             json_t *fn = json_pack("{s:s, s:O}", "name", name, "parameters", schema);
             if (fn && json_is_string(desc))
@@ -174,10 +204,13 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
         json_object_set_new(oai, "tool_choice", json_string(type));
     else if (!strcmp(type, "any"))
         json_object_set_new(oai, "tool_choice", json_string("required"));
-    else if (!strcmp(type, "tool") && json_is_string(json_object_get(tc, "name")))
+    else if (!strcmp(type, "tool") && json_is_string(json_object_get(tc, "name"))) {
+        const char *name = json_string_value(json_object_get(tc, "name"));
+        if (json_object_size(names) && !json_object_get(names, name))
+            return bad(e, "tool_choice", "tool_choice.name: no tool named '%.*s' in tools.", quoted_len(name), name);
         json_object_set_new(oai, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
                                                           json_object_get(tc, "name")));
-    else
+    } else
         return bad(e, "tool_choice", "tool_choice: expected type 'auto', 'any', 'none', or 'tool' with a 'name'.");
     json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
     if (dp && !json_is_null(dp) && !json_is_boolean(dp))
@@ -247,10 +280,17 @@ static bool translate(json_t *b, bool count_only, json_t *oai, bool *prefill, li
     json_t *messages = json_object_get(b, "messages");
     if (!json_is_array(messages) || !json_array_size(messages))
         return bad(e, "messages", "messages: Field required (a non-empty array).");
+    json_t *ids = json_object(), *names = json_object(); /* sets: tool_use ids, tool names */
+    bool ok = ids && names;
     size_t i;
     json_t *m;
-    json_array_foreach(messages, i, m) if (!translate_message(m, i, msgs, e)) return false;
-    if (!translate_tools(b, oai, e))
+    json_array_foreach(messages, i, m) if (ok && !translate_message(m, i, msgs, ids, e)) ok = false;
+    ok = ok && translate_tools(b, oai, names, e);
+    if (!ids || !names)
+        lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
+    json_decref(ids);
+    json_decref(names);
+    if (!ok)
         return false;
 
     json_t *mt = json_object_get(b, "max_tokens");
@@ -308,6 +348,17 @@ static bool translate(json_t *b, bool count_only, json_t *oai, bool *prefill, li
     if (stops && !json_is_null(stops)) {
         if (!json_is_array(stops))
             return bad(e, "stop_sequences", "stop_sequences: expected an array of strings.");
+        if (json_array_size(stops) > LILY_OAI_MAX_STOP)
+            return bad(e, "stop_sequences", "stop_sequences: at most %d stop sequences are supported.",
+                       LILY_OAI_MAX_STOP);
+        size_t k;
+        json_t *stop;
+        json_array_foreach(stops, k, stop) {
+            if (!json_is_string(stop))
+                return bad(e, "stop_sequences", "stop_sequences.%zu: expected a string.", k);
+            if (strlen(json_string_value(stop)) != json_string_length(stop))
+                return bad(e, "stop_sequences", "stop_sequences.%zu: a stop sequence cannot contain U+0000.", k);
+        }
         json_object_set(oai, "stop", stops);
     }
     static const char *const copied[] = {"temperature", "top_p", "top_k", "stream", "model"};

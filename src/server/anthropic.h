@@ -20,8 +20,10 @@
 
 /* Parse a Messages request body (len bytes) into req (req->anthropic set; req->continue_final when the last
  * message is a non-empty assistant prefill). count_only: the /v1/messages/count_tokens shape (no
- * max_tokens). False: e is filled (400 invalid_request_error), also for a prefill ending in whitespace or
- * combined with thinking, output_config.format, tool_choice any / tool, or a tool_use block. */
+ * max_tokens). False: e is filled (400 invalid_request_error; the message names the Messages request's own
+ * fields: stop_sequences.N, tools.N.name, tool_choice.name), also for two tools of one name, a tool_result
+ * whose tool_use_id no tool_use block of an earlier message has (both as Anthropic's API), a prefill ending
+ * in whitespace or combined with thinking, output_config.format, tool_choice any / tool, or a tool_use block. */
 bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily_oai_request *req,
                              lily_oai_error *e);
 

@@ -1,6 +1,7 @@
 /* http.c — the libmicrohttpd daemon of `lily serve` (http.h).
  *
- * Owns: routing, the cross-origin policy (Origin check, preflight) and the JSON content-type check, the
+ * Owns: the request line's checks (target.h: a 414 written at the request line, a 400 before routing), routing,
+ * the cross-origin policy (Origin check, preflight) and the JSON content-type check, the
  * bearer-token check, body accumulation with the --max-body cap, request validation (through openai.c)
  * before a job is queued, blocking on the job's pipe in the connection's own thread, SSE responses from a
  * content-reader callback, client-disconnect detection (the socket is polled while waiting, so a vanished
@@ -28,6 +29,7 @@
 #include "base/clock.h"
 #include "server/anthropic.h"
 #include "server/openai.h"
+#include "server/target.h"
 #include "server/webui.h"
 
 /* GET /metrics status labels: one per status_class */
@@ -102,6 +104,16 @@ static void release_engine_hold(request *r)
 
 /* The status microhttpd answered this connection's malformed request with (see on_mhd_log), else 0. */
 static _Thread_local int mhd_error_status;
+
+/* The request-target of this connection's request as sent (cut to 127 bytes) and the verdict on it
+ * (target.h), from on_request_target: the request line is read before the access handler runs, in the same
+ * thread. */
+static _Thread_local char request_target[128];
+static _Thread_local lily_target_verdict target_verdict;
+
+/* This connection's request was answered at its request line (answer_at_request_line): what microhttpd logs
+ * about it afterwards (its pool running out, the connection closed) is not news, nor its own 431. */
+static _Thread_local bool target_refused;
 
 /* This connection's stream was ended because its client left or fell too far behind (stream_reader): the
  * "application error" microhttpd then logs is that, already said by the request's log line. */
@@ -182,7 +194,10 @@ static enum MHD_Result send_simple_error(struct MHD_Connection *c, request *r, i
  * the client is gone?
  */
 
-/* True when the peer closed its end (FIN or RST). A pipelined request (readable data) is not a close. */
+/* True when the peer closed its end (FIN or RST). A pipelined request (readable data) is not a close. A client
+ * that only half-closes (shutdown(SHUT_WR) after its request) sends the same FIN as one that left, and nothing
+ * short of writing to it tells the two apart (a write to a closed peer draws a RST); no byte can go out before
+ * the answer's status is known, so it is taken as gone, as nginx takes it (499). */
 static bool client_gone(int fd)
 {
     if (fd < 0)
@@ -858,6 +873,73 @@ static const char *request_path(const char *url)
     return slash ? slash : "/";
 }
 
+static void log_request_line(const char *method, const char *path, int status, const char *tail, double secs);
+
+/* Write all of data to the connection's socket (non-blocking: waits up to 1 s for room). False on failure. */
+static bool write_socket(int fd, const char *data, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
+        if (n > 0) {
+            data += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || poll(&p, 1, 1000) <= 0)
+            return false;
+    }
+    return true;
+}
+
+/* Answer a request-target microhttpd cannot parse safely (target.h) with 414, before it tries. microhttpd
+ * cannot be asked to answer at this point, and with too many query arguments its own 431 would be lost
+ * (target.h), so lily writes the response to the socket itself and ends its side: the client reads the answer,
+ * then the end of the connection; the access handler, if microhttpd calls it, closes the connection. Nothing
+ * is allocated for the request (microhttpd may end such a connection without telling on_completed), so it is
+ * logged and counted here. */
+static void answer_at_request_line(lily_http_server *srv, struct MHD_Connection *c, const char *target,
+                                   size_t n_args)
+{
+    char msg[256];
+    if (target_verdict == LILY_TARGET_TOO_LONG)
+        snprintf(msg, sizeof msg, "The request URL is longer than %d bytes.", LILY_HTTP_MAX_TARGET);
+    else
+        snprintf(msg, sizeof msg, "The request URL has %zu query arguments; at most %d are accepted.", n_args,
+                 LILY_HTTP_MAX_QUERY_ARGS);
+    lily_oai_error e;
+    lily_oai_error_set(&e, 414, "invalid_request_error", NULL, "uri_too_long", "%s", msg);
+    char *body = anthropic_path(target) ? lily_anth_error_json(&e) : lily_oai_error_json(&e);
+    char head[256];
+    int n = snprintf(head, sizeof head, "HTTP/1.1 414 URI Too Long\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n", body ? strlen(body) : 0);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) {
+        if (write_socket(ci->connect_fd, head, (size_t)n) && body)
+            write_socket(ci->connect_fd, body, strlen(body));
+        shutdown(ci->connect_fd, SHUT_WR);
+    }
+    free(body);
+    atomic_fetch_add(&srv->n_by_status[status_class(414)], 1);
+    log_request_line("-", target, 414, "", 0.0);
+}
+
+/* microhttpd's URI log callback: called with the request-target as sent (NULL: none), once the request line is
+ * read and before microhttpd parses its query or decodes its path (which cuts it at a %00). Checks the target
+ * (target.h) for the access handler, which runs next in this thread; answers one microhttpd cannot parse. */
+static void *on_request_target(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    snprintf(request_target, sizeof request_target, "%s", uri ? uri : "");
+    size_t n_args = 0;
+    target_verdict = lily_http_check_target(uri, &n_args);
+    target_refused = target_verdict == LILY_TARGET_TOO_LONG || target_verdict == LILY_TARGET_TOO_MANY_ARGS;
+    if (target_refused)
+        answer_at_request_line(cls, c, request_target, n_args);
+    return NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
@@ -866,6 +948,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     url = request_path(url);
     lily_http_server *srv = cls;
     request *r = *con_cls;
+    if (target_refused) /* answered already (answer_at_request_line): close */
+        return MHD_NO;
     if (!r) { /* first call: headers only */
         r = calloc(1, sizeof *r);
         if (!r)
@@ -899,6 +983,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                      "with 'Transfer-Encoding: chunked' alone.", coding_text);
             r->close_after = true;
             return send_simple_error(c, r, 400, "invalid_request_error", "unsupported_transfer_encoding", NULL, msg);
+        }
+        if (target_verdict == LILY_TARGET_CONTROL_CHAR) { /* never routed: the decoded path may be cut there */
+            snprintf(r->path, sizeof r->path, "%s", request_target); /* the log line shows it as sent */
+            char msg[300], target_text[160];
+            printable_ascii(target_text, sizeof target_text, request_target);
+            snprintf(msg, sizeof msg, "Invalid request URL '%s': its path holds a control character (%%00-%%1F or "
+                     "%%7F).", target_text);
+            return send_simple_error(c, r, 400, "invalid_request_error", "invalid_url", NULL, msg);
         }
         const char *allow = NULL;
         route_id id = route_of(url, &allow);
@@ -1018,6 +1110,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
 }
 
+/* The request's log line on stderr: time (UTC), method, path, status, tail (the generation's counts), seconds. */
+static void log_request_line(const char *method, const char *path, int status, const char *tail, double secs)
+{
+    char when[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&now, &tm));
+    /* the method and URL as the client sent them (URL unescaped) may hold any byte: a newline would forge a
+     * log line, an escape sequence would drive the terminal */
+    char method_text[40], path_text[400];
+    printable_ascii(method_text, sizeof method_text, method);
+    printable_ascii(path_text, sizeof path_text, path);
+    fprintf(stderr, "%s %s %s %d%s %.3f s\n", when, method_text, path_text, status, tail, secs);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     lily_http_server *srv = cls;
@@ -1079,17 +1186,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         if (lily_job_cancelled(r->job))
             atomic_fetch_add(&srv->n_cancelled, 1);
     }
-    char when[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&now, &tm));
-    /* the method and URL as the client sent them (URL unescaped) may hold any byte: a newline would forge a
-     * log line, an escape sequence would drive the terminal */
-    char method_text[40], path_text[400];
-    printable_ascii(method_text, sizeof method_text, r->method);
-    printable_ascii(path_text, sizeof path_text, r->path);
-    fprintf(stderr, "%s %s %s %d%s%s %.3f s\n", when, method_text, path_text, status, tail,
-            r->job && lily_job_overflowed(r->job) ? " (the client fell too far behind reading the stream)" : "", secs);
+    if (r->job && lily_job_overflowed(r->job))
+        snprintf(tail + strlen(tail), sizeof tail - strlen(tail), " (the client fell too far behind reading the stream)");
+    log_request_line(r->method, r->path, status, tail, secs);
     lily_job_unref(r->job);
     if (r->in_flight)
         atomic_fetch_sub(&srv->in_flight, 1);
@@ -1103,6 +1202,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
     lily_http_server *srv = cls;
+    if (target_refused)
+        return;
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     unsigned status;
@@ -1184,6 +1285,7 @@ lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched
                                    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
                                    MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                    MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                   MHD_OPTION_URI_LOG_CALLBACK, on_request_target, srv,
                                    MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->opts.max_connections,
                                    MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
                                    /* an idle connection, or one that sends its headers or body or reads its

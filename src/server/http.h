@@ -5,7 +5,8 @@
  * (Prometheus text), POST /tokenize, POST /detokenize (also without the /v1 prefix for the OpenAI ones).
  * Errors are OpenAI JSON: 400 bad request, 401 bad bearer token, 403 a browser page from an origin not
  * allowed (cors_origins), 404 unknown route, 405 wrong method, 413 body over max_body, 415 a POST body that
- * is not JSON, 503 queue full or model loading. A client that disconnects before its answer is logged and
+ * is not JSON, 503 queue full or model loading, 400 a control character in the URL's path (never routed) and
+ * 414 a URL over 8 KiB or with more than 1024 query arguments (server/target.h). A client that disconnects before its answer is logged and
  * counted in /metrics as 499 (nginx's "client closed request"), not as a 5xx; malformed HTTP is answered by
  * microhttpd (400/413, a short HTML page) and counted too. Each connection has its own thread (it may
  * block waiting for its job); the engine worker is the scheduler's and never waits for a socket.

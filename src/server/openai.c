@@ -215,7 +215,7 @@ static const char *quoted(char *buf, size_t cap, const char *s, size_t max)
 
 /* OpenAI's rule for a function name: ^[a-zA-Z0-9_-]{1,64}$. Anything else could break the tool-call
  * markup the name is written into (<function=NAME>) or the tool_choice guarantee. */
-static bool valid_tool_name(const json_t *name)
+bool lily_oai_valid_tool_name(const json_t *name)
 {
     size_t n = json_string_length(name);
     const char *s = json_string_value(name);
@@ -411,7 +411,7 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
             json_t *name = json_object_get(fn, "name");
             if (!json_is_string(name) || !json_string_length(name))
                 return bad(e, param, "Missing required parameter: '%s.function.name'.", param);
-            if (!valid_tool_name(name))
+            if (!lily_oai_valid_tool_name(name))
                 return bad(e, param, "Invalid '%s.function.name': '%s' does not match '^[a-zA-Z0-9_-]{1,64}$'.",
                            param, quoted(q, sizeof q, json_string_value(name), 64));
             json_t *params = json_object_get(fn, "parameters");
@@ -440,7 +440,7 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
         if (!json_is_string(name))
             return bad(e, "tool_choice", "Invalid 'tool_choice': expected {\"type\":\"function\",\"function\":"
                                          "{\"name\":...}}.");
-        if (!valid_tool_name(name))
+        if (!lily_oai_valid_tool_name(name))
             return bad(e, "tool_choice", "Invalid 'tool_choice.function.name': '%s' does not match "
                                          "'^[a-zA-Z0-9_-]{1,64}$'.", quoted(q, sizeof q, json_string_value(name), 64));
         req->tool_choice = LILY_TOOL_CHOICE_NAMED;
@@ -502,8 +502,8 @@ static bool check_stop(lily_oai_request *req, lily_oai_error *e)
     if (!json_is_array(stop))
         return bad(e, "stop", "Invalid type for 'stop': expected a string or an array of strings, but got %s "
                               "instead.", json_kind(stop));
-    if (json_array_size(stop) > 16)
-        return bad(e, "stop", "Invalid 'stop': at most 16 stop sequences are supported.");
+    if (json_array_size(stop) > LILY_OAI_MAX_STOP)
+        return bad(e, "stop", "Invalid 'stop': at most %d stop sequences are supported.", LILY_OAI_MAX_STOP);
     req->stop = calloc(json_array_size(stop) + 1, sizeof *req->stop);
     if (!req->stop)
         return bad(e, "stop", "Out of memory.");

@@ -99,6 +99,13 @@ typedef struct {
  * not JSON. */
 bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_error *e);
 
+/* The most stop sequences a request may give ('stop'; 'stop_sequences' on the Messages API). */
+#define LILY_OAI_MAX_STOP 16
+
+/* Whether name is a JSON string a tool may be called: 1 to 64 of [a-zA-Z0-9_-] (OpenAI's rule for function
+ * names, which the chat template writes into the prompt as it is). */
+bool lily_oai_valid_tool_name(const json_t *name);
+
 /* Parse and validate a chat (is_chat) or completions request body (len bytes, not NUL-terminated).
  * Returns true on success; on failure fills e (400, type invalid_request_error, param naming the field)
  * and leaves req empty (safe to free). Unknown fields are ignored, as OpenAI-compatible servers do. */

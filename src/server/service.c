@@ -273,6 +273,11 @@ lily_status lily_service_load(void *user, lily_error *err)
     st = lily_engine_open(&eo, &svc->engine, err);
     if (st != LILY_OK)
         return st;
+    /* as run and chat (cli/model_open.c), and llama.cpp for n_ctx > n_ctx_train: served, with a warning */
+    if (svc->ctx_size > svc->engine->cfg.max_position_embeddings)
+        fprintf(stderr, "lily serve: warning: --ctx-size %d is beyond the model's max_position_embeddings %d; "
+                        "quality past that length is untested\n",
+                svc->ctx_size, svc->engine->cfg.max_position_embeddings);
     svc->vocab = svc->engine->cfg.vocab_size;
     if (lily_tokenizer_vocab_size(svc->tok) > svc->vocab)
         return lily_error_set(err, LILY_ERR_TOKENIZER,
