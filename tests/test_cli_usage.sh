@@ -164,6 +164,20 @@ check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [
 check "bench -d 99999999 names the range" 2 err \
     'lily bench: -d expects up to 64 comma-separated depths in [0, 16777216] (4k = 4096), or none, got "99999999"' \
     bench -m "$M" -d 99999999
+# an empty item in a -p / -d list is a usage error (",", "64,,128" and "64," were read as none or with it
+# dropped), and so is a sweep with no rows at all (it printed an empty table and exited 0)
+check "bench -p , is a usage error" 2 err \
+    'lily bench: -p expects up to 64 comma-separated lengths in [1, 16777216] (4k = 4096), or none, got ","' \
+    bench -m "$M" -p , -n 0
+check "bench -p 16,,32 is a usage error" 2 err 'got "16,,32"' bench -m "$M" -p 16,,32 -n 0
+check "bench -d 16, is a usage error" 2 err \
+    'lily bench: -d expects up to 64 comma-separated depths in [0, 16777216] (4k = 4096), or none, got "16,"' \
+    bench -m "$M" -p none -d 16,
+check "bench -p none -n 0 has nothing to measure" 2 err \
+    "lily bench: nothing to measure: -p none leaves no prefill rows and -n 0 no decode rows" bench -m "$M" -p none -n 0
+check "bench -p none -d none has nothing to measure" 2 err \
+    "lily bench: nothing to measure: -p none leaves no prefill rows and -d none no decode rows" \
+    bench -m "$M" -p none -d none
 check "bench -o xml names the formats" 2 err 'lily bench: -o expects md, json or csv, got "xml"' bench -m "$M" -o xml
 if command -v gnuplot >/dev/null 2>&1; then
     check "bench --plot FILE.jpg is a usage error before the sweep" 2 err \
