@@ -43,6 +43,14 @@ if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
         "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://127.0.0.1:" \
         serve -m "$TMP/nope" --port 0
     check "serve stops when the model fails to load" 1 err "; stopping the server" serve -m "$TMP/nope" --port 0
+    # --host [::1], an IPv6 address as the start-up line writes it, is that address (it was "cannot resolve host")
+    if "$PY" -c 'import socket; s = socket.socket(socket.AF_INET6); s.bind(("::1", 0))' 2>/dev/null; then
+        check "serve --host [::1] listens on ::1" 1 err \
+            "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://[::1]:" \
+            serve -m "$TMP/nope" --port 0 --host "[::1]"
+    else
+        echo "SKIP serve --host [::1]: no IPv6 loopback here"
+    fi
     # --cors-origin entries that no browser Origin can match, and an empty --alias, are usage errors naming
     # the value (they were accepted, or "missing option value" and the whole usage)
     check "serve --cors-origin chat.example.com is not an origin" 2 err \

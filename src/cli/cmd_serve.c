@@ -98,8 +98,7 @@ static bool is_shared_option(const char *a)
 /* Whether a --host address is reachable only from this machine (127.0.0.0/8, ::1, localhost). */
 static bool host_is_loopback(const char *host)
 {
-    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost") ||
-           !strcmp(host, "[::1]");
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
 }
 
 /* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL), without
@@ -295,6 +294,14 @@ int cmd_serve(int argc, char **argv)
     }
     if (cors_origin && check_cors_origins(cors_origin))
         return 2;
+    /* an IPv6 address as a URL writes it (--host [::1], the form the start-up lines print) is the address */
+    char host_buf[256];
+    size_t host_len = strlen(host);
+    if (host_len >= 2 && host[0] == '[' && host[host_len - 1] == ']' && host_len - 2 < sizeof host_buf) {
+        memcpy(host_buf, host + 1, host_len - 2);
+        host_buf[host_len - 2] = 0;
+        host = host_buf;
+    }
     if (cli_check_backend("serve", backend))
         return 2;
     char key_buf[4096];
