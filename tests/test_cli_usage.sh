@@ -224,6 +224,12 @@ check "perplexity --reference-logits with a NaN logit names it" 1 err "logit 0 o
 if [ -w /dev/full ]; then
     "$LILY" eval -m "$M" --tokens 1,2 >/dev/full 2>"$TMP/err"; rc=$?
     expect "eval writing to a full device fails (exit 1)" bash -c "[ $rc = 1 ] && grep -qF 'error writing the output' '$TMP/err'"
+    # so does the top level's own output (--help and --version exited 0 having written nothing), and lily help CMD's
+    for args in "--help" "--version" "help" "help run"; do
+        "$LILY" $args >/dev/full 2>"$TMP/err"; rc=$?
+        expect "lily $args writing to a full device fails (exit 1)" \
+            bash -c "[ $rc = 1 ] && grep -qF 'error writing the output' '$TMP/err'"
+    done
 fi
 
 # --- info / eval / perplexity without -m: $LILY_MODEL, the same results as with -m ------------------
