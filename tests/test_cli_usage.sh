@@ -43,6 +43,14 @@ if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
         "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://127.0.0.1:" \
         serve -m "$TMP/nope" --port 0
     check "serve stops when the model fails to load" 1 err "; stopping the server" serve -m "$TMP/nope" --port 0
+    # --host [::1], an IPv6 address as the start-up line writes it, is that address (it was "cannot resolve host")
+    if "$PY" -c 'import socket; s = socket.socket(socket.AF_INET6); s.bind(("::1", 0))' 2>/dev/null; then
+        check "serve --host [::1] listens on ::1" 1 err \
+            "lily serve: loading model 'nope' from $TMP/nope; meanwhile listening on http://[::1]:" \
+            serve -m "$TMP/nope" --port 0 --host "[::1]"
+    else
+        echo "SKIP serve --host [::1]: no IPv6 loopback here"
+    fi
     # --cors-origin entries that no browser Origin can match, and an empty --alias, are usage errors naming
     # the value (they were accepted, or "missing option value" and the whole usage)
     check "serve --cors-origin chat.example.com is not an origin" 2 err \
@@ -164,6 +172,20 @@ check "bench -r 0 names the range" 2 err 'lily bench: -r expects an integer in [
 check "bench -d 99999999 names the range" 2 err \
     'lily bench: -d expects up to 64 comma-separated depths in [0, 16777216] (4k = 4096), or none, got "99999999"' \
     bench -m "$M" -d 99999999
+# an empty item in a -p / -d list is a usage error (",", "64,,128" and "64," were read as none or with it
+# dropped), and so is a sweep with no rows at all (it printed an empty table and exited 0)
+check "bench -p , is a usage error" 2 err \
+    'lily bench: -p expects up to 64 comma-separated lengths in [1, 16777216] (4k = 4096), or none, got ","' \
+    bench -m "$M" -p , -n 0
+check "bench -p 16,,32 is a usage error" 2 err 'got "16,,32"' bench -m "$M" -p 16,,32 -n 0
+check "bench -d 16, is a usage error" 2 err \
+    'lily bench: -d expects up to 64 comma-separated depths in [0, 16777216] (4k = 4096), or none, got "16,"' \
+    bench -m "$M" -p none -d 16,
+check "bench -p none -n 0 has nothing to measure" 2 err \
+    "lily bench: nothing to measure: -p none leaves no prefill rows and -n 0 no decode rows" bench -m "$M" -p none -n 0
+check "bench -p none -d none has nothing to measure" 2 err \
+    "lily bench: nothing to measure: -p none leaves no prefill rows and -d none no decode rows" \
+    bench -m "$M" -p none -d none
 check "bench -o xml names the formats" 2 err 'lily bench: -o expects md, json or csv, got "xml"' bench -m "$M" -o xml
 if command -v gnuplot >/dev/null 2>&1; then
     check "bench --plot FILE.jpg is a usage error before the sweep" 2 err \
@@ -202,6 +224,12 @@ check "perplexity --reference-logits with a NaN logit names it" 1 err "logit 0 o
 if [ -w /dev/full ]; then
     "$LILY" eval -m "$M" --tokens 1,2 >/dev/full 2>"$TMP/err"; rc=$?
     expect "eval writing to a full device fails (exit 1)" bash -c "[ $rc = 1 ] && grep -qF 'error writing the output' '$TMP/err'"
+    # so does the top level's own output (--help and --version exited 0 having written nothing), and lily help CMD's
+    for args in "--help" "--version" "help" "help run"; do
+        "$LILY" $args >/dev/full 2>"$TMP/err"; rc=$?
+        expect "lily $args writing to a full device fails (exit 1)" \
+            bash -c "[ $rc = 1 ] && grep -qF 'error writing the output' '$TMP/err'"
+    done
 fi
 
 # --- info / eval / perplexity without -m: $LILY_MODEL, the same results as with -m ------------------

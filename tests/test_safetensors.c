@@ -133,7 +133,20 @@ static void test_loader_rejects_overlapping_tensors(void **state)
 static void test_loader_rejects_size_mismatch(void **state)
 {
     (void)state;
-    expect_parse_error("{\"w\":{\"dtype\":\"BF16\",\"shape\":[3,2],\"data_offsets\":[0,8]}}", 8, "'w'", "size mismatch");
+    expect_parse_error("{\"w\":{\"dtype\":\"BF16\",\"shape\":[3,2],\"data_offsets\":[0,8]}}", 8, "'w'",
+                       "size mismatch: 8 bytes in data_offsets but shape [3,2] of BF16 needs 12");
+    expect_parse_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,8]}}", 8, "'w'",
+                       "size mismatch: 8 bytes in data_offsets but shape [] of F32 needs 4");
+}
+
+/* a dimension past 2^48 is named as too large, not as "not a non-negative integer" */
+static void test_loader_rejects_huge_dimension(void **state)
+{
+    (void)state;
+    expect_parse_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,281474976710657],\"data_offsets\":[0,4]}}", 4, "'w'",
+                       "shape[1] = 281474976710657 is too large (at most 2^48)");
+    expect_parse_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, "'w'",
+                       "shape[0] is not a non-negative integer");
 }
 
 /* The HF fixture: two shards listed by model.safetensors.index.json. */
@@ -273,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_loader_rejects_offsets_out_of_range),
         cmocka_unit_test(test_loader_rejects_overlapping_tensors),
         cmocka_unit_test(test_loader_rejects_size_mismatch),
+        cmocka_unit_test(test_loader_rejects_huge_dimension),
         cmocka_unit_test(test_checkpoint_open_sharded_hf),
         cmocka_unit_test(test_checkpoint_open_single_mlx),
         cmocka_unit_test(test_checkpoint_open_directory_scan),

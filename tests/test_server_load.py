@@ -3,7 +3,8 @@
 usage: python3 test_server_load.py <lily-binary> <model-dir>
 
 Loopback only; stops by itself (two rounds of ROUND_S seconds plus start-up and checks). Checks:
-  - usage: an empty --api-key, an empty --api-key-file, or both options, exit 2; LILY_API_KEY is the key;
+  - usage: an empty --api-key, an empty --api-key-file, or both options, exit 2; LILY_API_KEY is the key; blanks
+    around a key (from the environment or a key file) are not part of it;
   - U+0000 round trip: a message holding U+0000 (which lily may write in a reply) is accepted back, and
     /tokenize then /detokenize returns it;
   - two rounds of load: concurrent streaming and non-streaming clients, clients that disconnect early, a
@@ -102,17 +103,17 @@ empty = tempfile.NamedTemporaryFile(mode="w", suffix=".key", delete=False)
 empty.write("\n")
 empty.close()
 keyfile = tempfile.NamedTemporaryFile(mode="w", suffix=".key", delete=False)
-keyfile.write(KEY + "\n")
+keyfile.write("\t" + KEY + "  \r\n")  # the spaces, tab and CR around it are not the key's: every check below sends KEY
 keyfile.close()
 for args, what in ((["--api-key", ""], "an empty --api-key"), (["--api-key-file", empty.name], "an empty key file"),
                    (["--api-key", "x", "--api-key-file", keyfile.name], "both key options")):
     r = subprocess.run([LILY, "serve", "-m", MODEL, "--port", "0"] + args, capture_output=True, text=True, timeout=30)
     check(r.returncode == 2 and "key" in r.stderr, f"{what} is a usage error (rc {r.returncode}: {r.stderr.strip()[:80]})")
-env = dict(os.environ, LILY_API_KEY="from-env")
+env = dict(os.environ, LILY_API_KEY=" from-env\t")  # without the blanks around it (a client cannot send them)
 proc, port, _ = start([], env)
 s1, _ = request(port, "GET", "/v1/models", key=None)
 s2, _ = request(port, "GET", "/v1/models", key="from-env")
-check((s1, s2) == (401, 200), f"LILY_API_KEY is the key ({s1}, {s2})")
+check((s1, s2) == (401, 200), f"LILY_API_KEY is the key, blanks around it dropped ({s1}, {s2})")
 proc.terminate()
 proc.wait(timeout=30)
 os.unlink(empty.name)

@@ -173,6 +173,21 @@ for stream in (False, True):
           f"max_tokens 0 with echo{' (streamed)' if stream else ''}: the prompt's logprobs, no completion "
           f"({s} {str(r)[:300]})")
 
+# a prompt of exactly the context: scoring it (echo, max_tokens 0) needs no room for a reply, so it is served, each
+# position's logprob that of the same tokens one shorter; generating after it, or a prompt one longer, is a 400
+FULL = [10 + (i * 37) % 480 for i in range(CTX)]
+s, r = request("POST", "/v1/completions", {"prompt": FULL, "max_tokens": 0, "echo": True, "logprobs": 1})
+s2, r2 = request("POST", "/v1/completions", {"prompt": FULL[:-1], "max_tokens": 0, "echo": True, "logprobs": 1})
+full_lps = r["choices"][0]["logprobs"]["token_logprobs"] if s == 200 else []
+short_lps = r2["choices"][0]["logprobs"]["token_logprobs"] if s2 == 200 else []
+check(s == 200 and s2 == 200 and len(full_lps) == CTX and full_lps[0] is None and full_lps[:-1] == short_lps
+      and isinstance(full_lps[-1], float) and r["usage"]["prompt_tokens"] == CTX and r["choices"][0]["finish_reason"] == "length",
+      f"echo with max_tokens 0 scores a prompt of the whole context ({CTX} tokens): {s} {str(r)[:200]}")
+for body, what in (({"prompt": FULL, "max_tokens": 1}, "a prompt of the whole context and max_tokens 1"),
+                   ({"prompt": FULL + [10], "max_tokens": 0, "echo": True}, "echo of a prompt one past the context")):
+    s, r = request("POST", "/v1/completions", body)
+    check(s == 400 and r["error"]["code"] == "context_length_exceeded", f"{what}: 400 ({s} {str(r)[:200]})")
+
 # U+0000 the model writes is kept, as other characters (strings may hold it): the token of "\u0000", forced by
 # logit_bias, three times, in a chat reply (thinking off) and a completion, streamed or not
 s, tok = request("POST", "/tokenize", {"content": "\u0000"})

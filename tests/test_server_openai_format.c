@@ -92,6 +92,25 @@ static void test_openai_request_fields(void **state)
     json_decref(t);
     lily_oai_request_free(&req);
 
+    /* a seed written as an integral real is that integer (as max_tokens 16.0 is 16); a fraction is a type error,
+     * never "outside the int64 range" */
+    static const struct {
+        const char *literal;
+        int64_t seed;
+    } real_seeds[] = {{"7.0", 7}, {"-3.0", -3}, {"1e3", 1000}, {"0.0", 0}};
+    for (size_t i = 0; i < sizeof real_seeds / sizeof real_seeds[0]; i++) {
+        char sb[160];
+        snprintf(sb, sizeof sb, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"seed\":%s}",
+                 real_seeds[i].literal);
+        assert_true(parse(sb, true, &req, &e));
+        assert_true(req.has_seed);
+        assert_true(req.seed == (uint64_t)real_seeds[i].seed);
+        lily_oai_request_free(&req);
+    }
+    assert_false(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"seed\":1.5}", true, &req, &e));
+    assert_string_equal(e.param, "seed");
+    assert_string_equal(e.message, "Invalid type for 'seed': expected an integer, but got a number instead.");
+
     /* stream_options without stream is a 400, as OpenAI (on both routes; null is as absent) */
     assert_rejected("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream_options\":{\"include_usage\":"
                     "true}}", true, "stream_options");

@@ -170,14 +170,22 @@ static int parse_list(const char *s, int *out, int *n, long min)
     *n = 0;
     if (!strcmp(s, "none") || !*s)
         return 0;
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", s);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n >= MAX_POINTS || parse_int(tok, min, 1L << 24, &out[*n]) != 0)
+    /* comma-separated items; an empty one (",", "64,,128", "64,") is an error, not skipped */
+    for (const char *p = s;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        if (len == 0 || len >= sizeof item || *n >= MAX_POINTS)
+            return -1;
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (parse_int(item, min, 1L << 24, &out[*n]) != 0)
             return -1;
         (*n)++;
+        if (!comma)
+            return 0;
+        p = comma + 1;
     }
-    return 0;
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -887,6 +895,12 @@ static int parse_args(int argc, char **argv, bench_options *o)
             fprintf(stderr, "lily bench: %s expects %s, got \"%s\"\n", a, want, val);
             return 2;
         }
+    }
+    if (!o->membw_only && !o->default_prompt_lengths && o->n_prompt_lengths == 0 &&
+        (o->n_decode == 0 || (!o->default_depths && o->n_depths == 0))) {
+        fprintf(stderr, "lily bench: nothing to measure: -p none leaves no prefill rows and %s no decode rows\n",
+                o->n_decode == 0 ? "-n 0" : "-d none");
+        return 2;
     }
     if (!o->membw_only && !o->model_dir && !o->synthetic) {
         bool is_test_model;

@@ -98,12 +98,13 @@ static bool is_shared_option(const char *a)
 /* Whether a --host address is reachable only from this machine (127.0.0.0/8, ::1, localhost). */
 static bool host_is_loopback(const char *host)
 {
-    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost") ||
-           !strcmp(host, "[::1]");
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
 }
 
-/* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL).
- * An empty key, or both options, is a usage error (returns nonzero after saying so). */
+/* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL), without
+ * the spaces and tabs around it (a client cannot send them: HTTP drops them around a header's value, and the
+ * bearer check skips them after "Bearer ", so a key file's "KEY " locked every client out). buf (cap bytes)
+ * holds the key. An empty key, or both options, is a usage error (returns nonzero after saying so). */
 static int resolve_api_key(const char **key, const char *file, char *buf, size_t cap)
 {
     if (*key && file) {
@@ -127,14 +128,24 @@ static int resolve_api_key(const char **key, const char *file, char *buf, size_t
         if (!*key)
             return 0;
     }
-    size_t n = strlen(*key);
-    while (n > 0 && ((*key)[n - 1] == ' ' || (*key)[n - 1] == '\t'))
+    const char *k = *key;
+    while (*k == ' ' || *k == '\t')
+        k++;
+    size_t n = strlen(k);
+    while (n > 0 && (k[n - 1] == ' ' || k[n - 1] == '\t'))
         n--;
     if (n == 0) {
         fprintf(stderr, "lily serve: the API key from %s is empty (leave the option out to serve without a key)\n",
                 from);
         return 1;
     }
+    if (n >= cap) {
+        fprintf(stderr, "lily serve: the API key from %s is longer than %zu bytes\n", from, cap - 1);
+        return 1;
+    }
+    memmove(buf, k, n);
+    buf[n] = 0;
+    *key = buf;
     return 0;
 }
 
@@ -283,9 +294,17 @@ int cmd_serve(int argc, char **argv)
     }
     if (cors_origin && check_cors_origins(cors_origin))
         return 2;
+    /* an IPv6 address as a URL writes it (--host [::1], the form the start-up lines print) is the address */
+    char host_buf[256];
+    size_t host_len = strlen(host);
+    if (host_len >= 2 && host[0] == '[' && host[host_len - 1] == ']' && host_len - 2 < sizeof host_buf) {
+        memcpy(host_buf, host + 1, host_len - 2);
+        host_buf[host_len - 2] = 0;
+        host = host_buf;
+    }
     if (cli_check_backend("serve", backend))
         return 2;
-    char key_buf[1024];
+    char key_buf[4096];
     if (resolve_api_key(&api_key, api_key_file, key_buf, sizeof key_buf))
         return 2;
     if (go.set_temp)

@@ -20,6 +20,16 @@ static const struct {
     {"debug", cmd_debug, "tokenize | render | parse: the text pipeline without weights"},
 };
 
+/* Output lost (a full disk, a closed pipe) is a failure, not a silent success: rc, else 1 after saying so. */
+static int flushed(const char *command, int rc)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "lily%s%s: error writing the output\n", command ? " " : "", command ? command : "");
+        return rc ? rc : 1;
+    }
+    return rc;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "lily %s — local inference for Qwen3.5/3.6 hybrid MoE models\n\nusage: lily <command> [options]\n\n",
@@ -39,7 +49,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
             if (!strcmp(argv[2], commands[i].name)) {
                 char *help_argv[] = {argv[2], "--help", NULL};
-                return commands[i].run(2, help_argv);
+                return flushed(argv[2], commands[i].run(2, help_argv));
             }
         fprintf(stderr, "lily: unknown command '%s'\n\n", argv[2]);
         usage(stderr);
@@ -47,22 +57,15 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
+        return flushed(NULL, 0);
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
         printf("lily %s\n", LILY_VERSION);
-        return 0;
+        return flushed(NULL, 0);
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) {
-            const int rc = commands[i].run(argc - 1, argv + 1);
-            /* output lost (a full disk, a closed pipe) is a failure, not a silent success */
-            if (fflush(stdout) != 0 || ferror(stdout)) {
-                fprintf(stderr, "lily %s: error writing the output\n", argv[1]);
-                return rc ? rc : 1;
-            }
-            return rc;
-        }
+        if (!strcmp(argv[1], commands[i].name))
+            return flushed(argv[1], commands[i].run(argc - 1, argv + 1));
     fprintf(stderr, "lily: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

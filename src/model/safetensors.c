@@ -75,9 +75,12 @@ static lily_status parse_entry(const json_t *v, const uint8_t *data, uint64_t da
     bool overflow = false;
     for (int d = 0; d < t->ndim; d++) {
         uint64_t dim;
-        if (!json_u64(json_array_get(shape, (size_t)d), &dim) || dim > ((uint64_t)1 << 48))
+        if (!json_u64(json_array_get(shape, (size_t)d), &dim))
             return lily_error_set(err, LILY_ERR_FORMAT, "tensor '%s': shape[%d] is not a non-negative integer",
                                   t->name, d);
+        if (dim > ((uint64_t)1 << 48))
+            return lily_error_set(err, LILY_ERR_FORMAT, "tensor '%s': shape[%d] = %llu is too large (at most 2^48)",
+                                  t->name, d, (unsigned long long)dim);
         t->shape[d] = (int64_t)dim;
         if (dim != 0 && n_elements > UINT64_MAX / dim)
             overflow = true;
@@ -101,11 +104,17 @@ static lily_status parse_entry(const json_t *v, const uint8_t *data, uint64_t da
                               "tensor '%s': data_offsets [%llu, %llu] out of range (data section is %llu bytes)",
                               t->name, (unsigned long long)begin, (unsigned long long)end,
                               (unsigned long long)data_len);
-    if (end - begin != n_elements * esize)
+    if (end - begin != n_elements * esize) {
+        char dims[LILY_MAX_NDIM * 21 + 3] = "[";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", d ? "," : "",
+                     (long long)t->shape[d]);
+        snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "]");
         return lily_error_set(err, LILY_ERR_FORMAT,
-                              "tensor '%s': size mismatch: %llu bytes in data_offsets but shape x %s needs %llu",
-                              t->name, (unsigned long long)(end - begin), lily_dtype_name(t->dtype),
+                              "tensor '%s': size mismatch: %llu bytes in data_offsets but shape %s of %s needs %llu",
+                              t->name, (unsigned long long)(end - begin), dims, lily_dtype_name(t->dtype),
                               (unsigned long long)(n_elements * esize));
+    }
     t->data = data + begin;
     t->nbytes = end - begin;
     return LILY_OK;

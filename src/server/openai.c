@@ -850,9 +850,13 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     json_t *seed = json_object_get(b, "seed");
     if (seed && !json_is_null(seed)) {
         /* an int64, as OpenAI's API and vLLM take it: a literal outside int64 arrives as an integral real
-         * (json_load.h), the nearest double, so only this range can be checked exactly */
+         * (json_load.h), the nearest double, so only this range can be checked exactly; an integral real
+         * written with a fraction or exponent (7.0, 1e3) is that integer, as get_int takes 16.0 */
         if (json_is_integer(seed)) {
             req->seed = (uint64_t)json_integer_value(seed);
+        } else if (json_is_real(seed) && json_real_value(seed) == floor(json_real_value(seed)) &&
+                   fabs(json_real_value(seed)) < 9e15) {
+            req->seed = (uint64_t)(int64_t)json_real_value(seed);
         } else if (!json_is_real(seed) || json_real_value(seed) != floor(json_real_value(seed))) {
             bad(e, "seed", "Invalid type for 'seed': expected an integer, but got %s instead.", json_kind(seed));
             goto fail;

@@ -869,16 +869,19 @@ static bool logit_bias_ok(const lily_service *svc, lily_job *job)
 }
 
 /* The prompt's token ids, or an error already written to the job (returns false; *ids may still need freeing).
- * must_fit: a prompt that leaves no room for one token of reply in the context is an error (count_tokens
- * counts any length: a client asks it to learn whether the prompt fits). */
-static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *thinking, int32_t **ids, int *n_ids)
+ * reply_room: the tokens of reply the context must hold after the prompt: 1 for a generation (a prompt that
+ * leaves no room for one token is an error), 0 for a completion that only scores its prompt (echo with
+ * max_tokens 0: a prompt of the full context fits), -1 for none (count_tokens counts any length: a client
+ * asks it to learn whether the prompt fits). */
+static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *thinking, int32_t **ids, int *n_ids)
 {
     lily_oai_request *req = &job->req;
     lily_error err = {0};
     lily_status st;
+    const bool must_fit = reply_room >= 0;
     /* A prompt that must fit stops tokenizing at twice the context: a huge one is refused at little cost, and
      * one up to twice too long still gets its count in the error (a client trims by it). */
-    int max_ids = must_fit ? svc->session->max_ctx - 1 : -1;
+    int max_ids = must_fit ? svc->session->max_ctx - reply_room : -1;
     int count_ids = (int)LILY_MIN(2 * (int64_t)svc->session->max_ctx, INT32_MAX - 1);
     *thinking = false;
     if (req->enable_thinking < 0) /* the request did not say (nor reasoning_effort): the server's default */
@@ -929,15 +932,16 @@ static bool prompt_ids(lily_service *svc, lily_job *job, bool must_fit, bool *th
     }
     int max_ctx = svc->session->max_ctx;
     job->stats.prompt_tokens = *n_ids; /* the request log's prompt=, also for a 400 below */
-    if (*n_ids == 0 || (must_fit && *n_ids >= max_ctx)) {
+    if (*n_ids == 0 || (must_fit && *n_ids > max_ctx - reply_room)) {
         const char *what = req->is_chat ? "messages" : "prompt";
         char msg[256];
         if (*n_ids == 0)
             snprintf(msg, sizeof msg, "The prompt is empty.");
         else
             snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your %s resulted "
-                     "in %s%d tokens, which leaves no room for the reply (at least one token). Please reduce the "
-                     "length of the %s.", max_ctx, what, *ids ? "" : "more than ", *ids ? *n_ids : *n_ids - 1,
+                     "in %s%d tokens, %s. Please reduce the length of the %s.", max_ctx, what,
+                     *ids ? "" : "more than ", *ids ? *n_ids : *n_ids - 1,
+                     reply_room > 0 ? "which leaves no room for the reply (at least one token)" : "more than it holds",
                      what);
         fail_with(job, 400, "invalid_request_error", what, *n_ids ? "context_length_exceeded" : NULL, msg);
         return false;
@@ -1217,7 +1221,8 @@ static void run_generation(lily_service *svc, lily_job *job)
 
     /* 1. the prompt's token ids (a bad conversation, a prompt over the context or a logit_bias id outside the
      *    vocabulary ends here with a 400) */
-    if (!logit_bias_ok(svc, job) || !prompt_ids(svc, job, true, &g.thinking, &ids, &n_ids))
+    /* max_tokens 0 (a completion with echo) only scores the prompt: it may fill the whole context */
+    if (!logit_bias_ok(svc, job) || !prompt_ids(svc, job, req->max_tokens == 0 ? 0 : 1, &g.thinking, &ids, &n_ids))
         goto done;
     job->stats.prompt_ms = 1e3 * (lily_wall_seconds() - g.t_start);
 
@@ -1458,7 +1463,7 @@ static void run_count_tokens(lily_service *svc, lily_job *job)
     bool thinking = false;
     int32_t *ids = NULL;
     int n_ids = 0;
-    const bool ok = prompt_ids(svc, job, false, &thinking, &ids, &n_ids);
+    const bool ok = prompt_ids(svc, job, -1, &thinking, &ids, &n_ids);
     free(ids);
     if (!ok)
         return;
