@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #include "backend/backend.h"
@@ -85,6 +86,23 @@ int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, lon
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+int cli_parse_cache_ram(const char *cmd, const char *opt, const char *s, size_t *bytes)
+{
+    long mib;
+    if (cli_parse_int(cmd, opt, s, 1, 1L << 24, &mib))
+        return -1;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const unsigned long long phys_mib =
+        pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page >> 20 : 0;
+    if (phys_mib && (unsigned long long)mib > phys_mib) {
+        fprintf(stderr, "lily %s: %s %ld MiB is more than this machine's memory (%llu MiB): the prefix cache's "
+                        "checkpoints live in host memory\n", cmd, opt, mib, phys_mib);
+        return -1;
+    }
+    *bytes = (size_t)mib << 20;
     return 0;
 }
 
