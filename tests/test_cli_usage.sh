@@ -78,6 +78,21 @@ for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m 
 done
 check "run --backend=metal too" 2 err "lily run: unknown backend 'metal'" run -m "$M" -p hi --backend=metal
 
+# --- --top-p: [0, 1] in every command, 0 = greedy (run refused 0 with "(0, 1]" while serve's top_p 0 was greedy) ---
+for args in "run -m $M -p hi" "chat -m $M" "serve -m $M"; do
+    cmd=${args%% *}
+    # shellcheck disable=SC2086
+    check "$cmd --top-p 1.5 names the range [0, 1]" 2 err \
+        "lily $cmd: --top-p expects a number in [0, 1], got \"1.5\"" $args --top-p 1.5
+    # shellcheck disable=SC2086
+    check "$cmd --top-p -0.1 names the range [0, 1]" 2 err \
+        "lily $cmd: --top-p expects a number in [0, 1], got \"-0.1\"" $args --top-p=-0.1
+done
+check "run --top-p 0 is accepted" 0 out "" run -m "$M" -p hi -n 2 --top-p 0
+check "serve --top-p 0 is accepted (the model load fails next)" 1 err "lily serve: loading model 'nope'" \
+    serve -m "$TMP/nope" --port 0 --top-p 0
+check "run --help: --top-p 0 is greedy" 0 out "--top-p P          nucleus cut in [0, 1]; 0 = greedy" run --help
+
 # --- --precision fast|exact: a bad value is a usage error in every command; both reach the cpu backend ---
 for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m $M --tokens 1,2" \
             "perplexity -m $M --tokens-file $TMP/none"; do

@@ -29,6 +29,14 @@ expect "run prints prefill and decode tok/s" grep -Eq '^prefill: [0-9]+ tokens, 
 expect "run same seed, same sampled output" cmp -s "$TMP/s1" "$TMP/s2"
 expect "run other seed, other sampled output" bash -c "! cmp -s '$TMP/s1' '$TMP/s3'"
 expect "run stdout carries no stats" bash -c "! grep -q 'tok/s' '$TMP/g1'"
+# --top-p 0 is greedy whatever the seed and temperature, as lily serve's top_p 0 (it was refused with "(0, 1]"
+# while an out-of-range value was told "expects a number in [0, 1]")
+"$LILY" run -m "$M" -p "Write a haiku." -n 24 --seed 7 --temp 0.9 --top-p 0 >"$TMP/p0a" 2>/dev/null; rc1=$?
+"$LILY" run -m "$M" -p "Write a haiku." -n 24 --seed 8 --top-p 0 >"$TMP/p0b" 2>/dev/null; rc2=$?
+expect "run --top-p 0 is the greedy reply (seeds 7 and 8, --temp 0.9 and the default)" \
+    bash -c "[ $rc1 = 0 -a $rc2 = 0 ] && cmp -s '$TMP/p0a' '$TMP/g1' && cmp -s '$TMP/p0b' '$TMP/g1'"
+expect "chat --top-p 0 is the greedy reply" bash -c "cmp -s <('$LILY' chat -m '$M' -n 12 --seed 5 --top-p 0 \
+    <<<'Tell me about dogs.' 2>/dev/null) <('$LILY' run -m '$M' -p 'Tell me about dogs.' -n 12 --temp 0 2>/dev/null)"
 
 # --- run: reasoning plain when piped, dropped by --hide-reasoning, ANSI faint on a terminal -----------
 "$LILY" run -m "$M" -p "Write a haiku." -n 24 --temp 0 --hide-reasoning >"$TMP/hide" 2>/dev/null

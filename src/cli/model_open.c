@@ -34,7 +34,8 @@ void cli_gen_options_usage(FILE *f)
             "                         full context (default: generation_config.json's max_new_tokens when it\n"
             "                         sets one, else no cap)\n"
             "      --temp T           temperature, 0 = greedy (default: generation_config.json, else 1)\n"
-            "      --top-p P          nucleus cut (default: generation_config.json, else 0.95)\n"
+            "      --top-p P          nucleus cut in [0, 1]; 0 = greedy (default: generation_config.json,\n"
+            "                         else 0.95)\n"
             "      --top-k K          top-k cut, 0 = off (default: generation_config.json, else 20)\n"
             "      --min-p P          min-p cut, 0 = off (default: generation_config.json, else 0)\n"
             "      --seed S           sampler seed (default: from the clock)\n"
@@ -309,12 +310,8 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
         o->set_temp = true;
     } else if (!strcmp(name, "--top-p")) {
-        if (parse_float(cmd, a, value, 0, 1, &o->sampling.top_p))
+        if (parse_float(cmd, a, value, 0, 1, &o->sampling.top_p)) /* 0: greedy, as lily serve's top_p 0 */
             return -1;
-        if (o->sampling.top_p <= 0) {
-            fprintf(stderr, "lily %s: --top-p must be in (0, 1] (got %s)\n", cmd, value);
-            return -1;
-        }
         o->set_top_p = true;
     } else if (!strcmp(name, "--min-p")) {
         if (parse_float(cmd, a, value, 0, 1, &o->sampling.min_p))
@@ -344,6 +341,7 @@ static void sampling_defaults(const lily_generation_defaults *g, cli_gen_options
     o->sampling.presence_penalty = isnan(g->presence_penalty) ? rec.presence_penalty : g->presence_penalty;
     if (!o->set_max_tokens)
         o->max_tokens = g->max_new_tokens;
+    o->sampling = lily_sampler_params_normalize(o->sampling); /* --top-p 0: greedy */
     if (!o->set_seed) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
