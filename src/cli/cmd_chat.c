@@ -179,9 +179,9 @@ static int chat_turn(chat_state *c, const char *line)
     }
     if (cli_encode(cmd, c->m, prompt, &ids, &n))
         goto drop_user;
-    if (n > s->max_ctx) {
-        fprintf(stderr, "lily %s: prompt is %d tokens, context is %d (/reset to start over, or raise --ctx-size)\n",
-                cmd, n, s->max_ctx);
+    if (n >= s->max_ctx) { /* as lily run: a prompt that fills the context leaves no room for a reply */
+        fprintf(stderr, "lily %s: prompt is %d tokens, context is %d%s (/reset to start over, or raise --ctx-size)\n",
+                cmd, n, s->max_ctx, n == s->max_ctx ? ": no room for the reply" : "");
         goto drop_user;
     }
 
