@@ -337,7 +337,8 @@ static bool translate(json_t *b, bool count_only, json_t *oai, bool *prefill, li
                    json_is_object(json_object_get(oai, "tool_choice")) ? "tool" : "any",
                    json_string_value(json_object_get(thinking, "type")));
     /* structured outputs: as OpenAI's response_format json_schema. output_format is the beta's name for it
-     * (structured-outputs-2025-11-13), which the SDK's client.beta.messages still sends */
+     * (structured-outputs-2025-11-13), which older SDKs' client.beta.messages.create sent (anthropic 2.x's
+     * messages.parse(output_format=Model) sends output_config.format) */
     json_t *format = json_object_get(json_object_get(b, "output_config"), "format");
     json_t *beta_format = json_object_get(b, "output_format");
     const char *fparam = "output_config.format";
