@@ -6,7 +6,8 @@
 #     writes the plot of the rows so far, exiting 130;
 #   - the plot's dashed line is labelled as the hardware ceiling (SVG output, to read the legend);
 #   - a plot of prefill rows only or decode rows only is one panel (an empty one failed gnuplot), and a
-#     quote in the --plot path is written as given.
+#     quote in the --plot path is written as given;
+#   - a panel of one length: no gnuplot warning on stderr, and the dashed ceiling drawn, not only its legend.
 # usage: bash test_bench_sweep.sh <path-to-lily> <tests/data dir>
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
@@ -56,4 +57,18 @@ expect "--plot with prefill rows only: exit 0, one panel, at the quoted path" ba
     grep -q 'wrote $TMP/it' '$TMP/p1.err' && grep -q 'matmul rate' \"$TMP/it's.svg\" && ! grep -q 'memory bandwidth' \"$TMP/it's.svg\""
 expect "--plot with decode rows only: exit 0, a PNG" bash -c "[ $rc2 = 0 ] && ! grep -q failed '$TMP/p2.err' &&
     [ \"\$(head -c 4 '$TMP/dec.png' | tail -c 3)\" = PNG ]"
+# one length per panel (both plots above): no gnuplot warning reaches the terminal (it printed "Warning: empty x
+# range [16:16], adjusting to [15.84:16.16]"), and the dashed ceiling is drawn, not only its legend entry (a line
+# through one point drew nothing): in the SVG, the ceiling's dashed path has a segment after the legend's sample
+expect "--plot with one length: no gnuplot warning on stderr (prefill, decode)" \
+    bash -c "! grep -qi 'warning' '$TMP/p1.err' && ! grep -qi 'warning' '$TMP/p2.err'"
+ceiling_path() { # the dashed path of the plot titled "hardware ceiling ..." in gnuplot's SVG
+    awk '/<title>hardware ceiling/ { on = 1 } on && /stroke-dasharray/ { print; exit }' "$1"
+}
+DRAWN="d='M[0-9.]+,[0-9.]+ L[0-9.]+,[0-9.]+ M[0-9.]+,[0-9.]+ L[0-9.]+,[0-9.]+" # the legend's sample, then a line
+expect "--plot with one length: the dashed ceiling is drawn across the panel, not only in the legend" \
+    grep -Eq "$DRAWN" <(ceiling_path "$TMP/it's.svg")
+"$LILY" bench -m "$M" -p 16,32 -n 0 -r 1 --threads 1 --no-warmup --plot "$TMP/two.svg" >/dev/null 2>"$TMP/p3.err"
+expect "--plot with two lengths: the ceiling drawn through the rows, no warning" \
+    bash -c '! grep -qi warning "$1" && grep -Eq "$2" <<<"$3"' _ "$TMP/p3.err" "$DRAWN" "$(ceiling_path "$TMP/two.svg")"
 finish

@@ -78,6 +78,21 @@ for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m 
 done
 check "run --backend=metal too" 2 err "lily run: unknown backend 'metal'" run -m "$M" -p hi --backend=metal
 
+# --- --top-p: [0, 1] in every command, 0 = greedy (run refused 0 with "(0, 1]" while serve's top_p 0 was greedy) ---
+for args in "run -m $M -p hi" "chat -m $M" "serve -m $M"; do
+    cmd=${args%% *}
+    # shellcheck disable=SC2086
+    check "$cmd --top-p 1.5 names the range [0, 1]" 2 err \
+        "lily $cmd: --top-p expects a number in [0, 1], got \"1.5\"" $args --top-p 1.5
+    # shellcheck disable=SC2086
+    check "$cmd --top-p -0.1 names the range [0, 1]" 2 err \
+        "lily $cmd: --top-p expects a number in [0, 1], got \"-0.1\"" $args --top-p=-0.1
+done
+check "run --top-p 0 is accepted" 0 out "" run -m "$M" -p hi -n 2 --top-p 0
+check "serve --top-p 0 is accepted (the model load fails next)" 1 err "lily serve: loading model 'nope'" \
+    serve -m "$TMP/nope" --port 0 --top-p 0
+check "run --help: --top-p 0 is greedy" 0 out "--top-p P          nucleus cut in [0, 1]; 0 = greedy" run --help
+
 # --- --precision fast|exact: a bad value is a usage error in every command; both reach the cpu backend ---
 for args in "run -m $M -p hi" "chat -m $M" "serve -m $M" "bench -m $M" "eval -m $M --tokens 1,2" \
             "perplexity -m $M --tokens-file $TMP/none"; do
@@ -126,6 +141,22 @@ check "chat --cache-ram=64 --cache-vram=8 --checkpoint-every=100 are parsed" 0 e
 check "chat --cache-ram= (empty) names the range" 2 err \
     "lily chat: --cache-ram expects an integer in [1, 16777216], got \"\"" chat -m "$M" --cache-ram=
 check "chat --cache-vram without a value says so" 2 err "lily chat: --cache-vram needs a value" chat -m "$M" --cache-vram
+# a --cache-ram past the machine's physical memory can never be honoured: a usage error naming both sizes in
+# chat and serve (16777216 MiB was accepted, the cache left to grow until the kernel killed the process)
+PHYS_MIB=$(( $(getconf _PHYS_PAGES) * $(getconf PAGESIZE) / 1048576 ))
+for args in "chat -m $M" "serve -m $TMP/nope --port 0"; do
+    cmd=${args%% *}
+    # shellcheck disable=SC2086
+    check "$cmd --cache-ram one MiB past the machine's memory is a usage error" 2 err \
+        "lily $cmd: --cache-ram $((PHYS_MIB + 1)) MiB is more than this machine's memory ($PHYS_MIB MiB)" \
+        $args --cache-ram $((PHYS_MIB + 1))
+    # shellcheck disable=SC2086
+    check "$cmd --cache-ram=16777216 is a usage error" 2 err \
+        "lily $cmd: --cache-ram 16777216 MiB is more than this machine's memory ($PHYS_MIB MiB)" \
+        $args --cache-ram=16777216
+done
+check "chat --cache-ram of exactly the machine's memory is accepted" 0 err \
+    "lily: --cache-vram applies to --backend cuda only" chat -m "$M" --cache-ram $PHYS_MIB --cache-vram=8
 : >"$TMP/stdin"
 for sub in tokenize render parse; do
     check "debug $sub --help prints its usage on stdout" 0 out "usage: lily debug $sub" debug $sub --help

@@ -29,6 +29,14 @@ expect "run prints prefill and decode tok/s" grep -Eq '^prefill: [0-9]+ tokens, 
 expect "run same seed, same sampled output" cmp -s "$TMP/s1" "$TMP/s2"
 expect "run other seed, other sampled output" bash -c "! cmp -s '$TMP/s1' '$TMP/s3'"
 expect "run stdout carries no stats" bash -c "! grep -q 'tok/s' '$TMP/g1'"
+# --top-p 0 is greedy whatever the seed and temperature, as lily serve's top_p 0 (it was refused with "(0, 1]"
+# while an out-of-range value was told "expects a number in [0, 1]")
+"$LILY" run -m "$M" -p "Write a haiku." -n 24 --seed 7 --temp 0.9 --top-p 0 >"$TMP/p0a" 2>/dev/null; rc1=$?
+"$LILY" run -m "$M" -p "Write a haiku." -n 24 --seed 8 --top-p 0 >"$TMP/p0b" 2>/dev/null; rc2=$?
+expect "run --top-p 0 is the greedy reply (seeds 7 and 8, --temp 0.9 and the default)" \
+    bash -c "[ $rc1 = 0 -a $rc2 = 0 ] && cmp -s '$TMP/p0a' '$TMP/g1' && cmp -s '$TMP/p0b' '$TMP/g1'"
+expect "chat --top-p 0 is the greedy reply" bash -c "cmp -s <('$LILY' chat -m '$M' -n 12 --seed 5 --top-p 0 \
+    <<<'Tell me about dogs.' 2>/dev/null) <('$LILY' run -m '$M' -p 'Tell me about dogs.' -n 12 --temp 0 2>/dev/null)"
 
 # --- run: reasoning plain when piped, dropped by --hide-reasoning, ANSI faint on a terminal -----------
 "$LILY" run -m "$M" -p "Write a haiku." -n 24 --temp 0 --hide-reasoning >"$TMP/hide" 2>/dev/null
@@ -143,6 +151,20 @@ expect_error "malformed tokenizer.json" "malformed" "$LILY" run -m "$TMP/badtok"
 expect_error "tokenizer ids past the vocab" "vocab_size is 512" "$LILY" run -m "$TMP/bigtok" -p hi
 expect_error "tokenizer ids past the vocab (names its size)" "601" "$LILY" run -m "$TMP/bigtok" -p hi
 expect_error "prompt longer than the context" "prompt is 30 tokens, context is 8" "$LILY" run -m "$M" -p "hello world this is long" --ctx-size 8
+# a prompt exactly as long as the context leaves no room for a reply: an error naming both, as lily serve's 400
+# (it printed nothing and "decode: 0 tokens ... | length", exit 0); -n 0 (no cap) changes nothing; one token more
+# of context gives a one-token reply
+expect_error "a prompt that fills the context" \
+    "lily run: prompt is 30 tokens, context is 30: no room for the reply (raise --ctx-size or shorten the prompt)" \
+    "$LILY" run -m "$M" -p "hello world this is long" --ctx-size 30
+expect_error "a prompt that fills the context, -n 0" "lily run: prompt is 30 tokens, context is 30: no room for the reply" \
+    "$LILY" run -m "$M" -p "hello world this is long" --ctx-size 30 -n 0
+"$LILY" run -m "$M" -p "hello world this is long" --ctx-size 31 --temp 0 >/dev/null 2>"$TMP/ctx31.err"; rc=$?
+expect "a prompt one token short of the context: one token of reply, finish length" \
+    bash -c "[ $rc = 0 ] && grep -qE '^prefill: 30 tokens.*decode: 1 tokens.*\| length' '$TMP/ctx31.err'"
+printf 'hello world this is long\n' | "$LILY" chat -m "$M" --ctx-size 30 >"$TMP/chatfull.out" 2>"$TMP/chatfull.err"
+expect "chat: a message that fills the context is refused, naming both" bash -c "grep -qF 'lily chat: prompt is 30 tokens, \
+context is 30: no room for the reply (/reset to start over, or raise --ctx-size)' '$TMP/chatfull.err' && [ ! -s '$TMP/chatfull.out' ]"
 expect_error "chat: bad model path" "$TMP/nope" "$LILY" chat -m "$TMP/nope"
 
 # --- chat --------------------------------------------------------------------------------------------

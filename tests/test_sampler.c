@@ -100,6 +100,29 @@ static void test_tiny_temperature_is_greedy_and_negative_top_k_is_off(void **sta
     assert_int_equal(candidates(&p, logits, 4, ids, probs), 4);
 }
 
+/* top_p 0 (OpenAI's API takes it; lily run and serve too) keeps the most likely token alone: normalized to
+ * greedy, whatever the temperature and seed; any other top_p is left as it is. */
+static void test_top_p_zero_normalizes_to_greedy(void **state)
+{
+    (void)state;
+    float logits[4];
+    four_logits(logits);
+    int32_t ids[4];
+    float probs[4];
+    lily_sampler_params p = lily_sampler_defaults();
+    p.temperature = 1.5f;
+    p.top_p = 0.0f;
+    p.top_k = 3;
+    p.seed = 99;
+    lily_sampler_params n = lily_sampler_params_normalize(p);
+    assert_true(n.temperature == 0.0f && n.top_p == 1.0f && n.top_k == 3 && n.seed == 99);
+    assert_int_equal(candidates(&n, logits, 4, ids, probs), 1);
+    assert_int_equal(ids[0], 1);
+    p.top_p = 0.5f;
+    n = lily_sampler_params_normalize(p);
+    assert_true(n.temperature == 1.5f && n.top_p == 0.5f);
+}
+
 static int candidates(const lily_sampler_params *p, const float *logits, int vocab, int32_t *ids, float *probs)
 {
     lily_sampler *s = make(p, vocab);
@@ -547,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_tiny_temperature_is_greedy_and_negative_top_k_is_off),
         cmocka_unit_test(test_top_p_keeps_smallest_set_reaching_p),
         cmocka_unit_test(test_top_p_is_over_the_top_k_set),
+        cmocka_unit_test(test_top_p_zero_normalizes_to_greedy),
         cmocka_unit_test(test_min_p_keeps_tokens_above_fraction_of_max),
         cmocka_unit_test(test_penalties_change_logits_by_exact_amounts),
         cmocka_unit_test(test_logit_bias_bans_and_forces_under_greedy),

@@ -5,6 +5,7 @@
 #     overrides it (two seeds, two replies);
 #   - --reasoning-budget N: reasoning_content stops and content follows (lily closes the think block);
 #   - --no-think / --reasoning off: no reasoning_content; a request's enable_thinking true wins;
+#   - --top-p 0: greedy whatever the request's temperature and seed (as run's --top-p 0); a request's top_p wins;
 #   - -n N caps chat replies without max_tokens; a request's max_tokens wins;
 #   - /v1/completions without max_tokens stops at 16 tokens (OpenAI's default);
 #   - GET /v1/models/{id}: 200 with the model object, 404 model_not_found for another id;
@@ -104,10 +105,19 @@ try:
 finally:
     p.terminate(); p.wait()
 
-p, port = start("--reasoning", "off")
+p, port = start("--reasoning", "off", "--top-p", "0")
 try:
     a, _ = chat(port, max_tokens=8, logit_bias=NO_STOP_NO_TAGS)
     check(not a["message"].get("reasoning_content"), "--reasoning off: no reasoning_content")
+    # --top-p 0 (as run's, and a request's top_p 0): greedy whatever the temperature and seed; a request's
+    # own top_p wins
+    s1, _ = chat(port, max_tokens=12, temperature=1.5, seed=1, logit_bias=NO_STOP)
+    s2, _ = chat(port, max_tokens=12, temperature=1.5, seed=2, logit_bias=NO_STOP)
+    g, _ = chat(port, max_tokens=12, temperature=0, logit_bias=NO_STOP)
+    check(s1["message"] == s2["message"] == g["message"], "--top-p 0: the greedy reply whatever the seed")
+    o1, _ = chat(port, max_tokens=12, temperature=1.5, top_p=1, seed=1, logit_bias=NO_STOP)
+    o2, _ = chat(port, max_tokens=12, temperature=1.5, top_p=1, seed=2, logit_bias=NO_STOP)
+    check(o1["message"] != o2["message"], "a request's top_p 1 overrides --top-p 0 (two seeds, two replies)")
 finally:
     p.terminate(); p.wait()
 

@@ -250,7 +250,7 @@ try:
         "type": "json_schema", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
                                           "required": ["ok"], "additionalProperties": False}}})
     check(isinstance(json.loads(m.content[0].text).get("ok"), bool), f"output_config.format: {m.content[0].text}")
-    # output_format: the structured-outputs beta's name for it, which client.beta.messages still sends (it was
+    # output_format: the structured-outputs beta's name for it, which older SDKs' client.beta.messages sent (it was
     # ignored: free text came back)
     OK_SCHEMA = {"type": "json_schema", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
                                                    "required": ["ok"], "additionalProperties": False}}
@@ -269,6 +269,16 @@ try:
         check(False, "output_format and a different output_config.format are refused")
     except anthropic.BadRequestError as e:
         check(e.status_code == 400 and "differ" in e.message, f"output_format and output_config.format differ: 400")
+    # what the README shows for the current SDK: messages.parse(output_format=PydanticModel) sends the model's
+    # schema as output_config.format and validates the reply into parsed_output
+    import pydantic
+
+    class Answer(pydantic.BaseModel):
+        ok: bool
+    m = ac.messages.parse(model="lily", max_tokens=100, messages=HI, output_format=Answer, extra_body=GREEDY)
+    check(isinstance(m.parsed_output, Answer) and isinstance(m.parsed_output.ok, bool) and
+          json.loads(m.content[0].text) == {"ok": m.parsed_output.ok},
+          f"messages.parse(output_format=Answer): {m.parsed_output!r} from {m.content[0].text!r}")
 
     print("anthropic: errors")
     try:

@@ -27,7 +27,7 @@ static void test_translation(void **state)
         "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"is_error\":true,"
         "\"content\":[{\"type\":\"text\",\"text\":\"down\"}]},{\"type\":\"text\",\"text\":\"retry\"}]}],"
         "\"tools\":[{\"name\":\"get\",\"input_schema\":{\"type\":\"object\"}}],"
-        "\"tool_choice\":{\"type\":\"tool\",\"name\":\"get\"},\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":99},"
+        "\"tool_choice\":{\"type\":\"auto\"},\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":99},"
         "\"stop_sequences\":[\"END\"],\"temperature\":0.5,\"top_k\":20,\"metadata\":{\"user_id\":\"u\"}}";
     lily_oai_request req;
     lily_oai_error e;
@@ -42,8 +42,7 @@ static void test_translation(void **state)
                         "\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\","
                         "\"content\":\"Error: down\"},{\"role\":\"user\",\"content\":\"retry\"}]");
     free(msgs);
-    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_NAMED);
-    assert_string_equal(req.tool_name, "get");
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_AUTO);
     assert_int_equal(req.enable_thinking, 1);
     assert_int_equal(req.reasoning_budget, 99);
     assert_int_equal(req.max_tokens, 164);
@@ -51,6 +50,15 @@ static void test_translation(void **state)
     assert_string_equal(req.stop[0], "END");
     assert_int_equal(req.top_k, 20);
     assert_true(req.temperature == 0.5);
+    lily_oai_request_free(&req);
+
+    const char *named = "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                        "\"tool_choice\":{\"type\":\"tool\",\"name\":\"get\"},\"tools\":[{\"name\":\"get\","
+                        "\"input_schema\":{}}],\"thinking\":{\"type\":\"disabled\"}}";
+    assert_true(lily_anth_parse_request(named, strlen(named), false, &req, &e));
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_NAMED);
+    assert_string_equal(req.tool_name, "get");
+    assert_int_equal(req.enable_thinking, 0);
     lily_oai_request_free(&req);
 
     const char *plain = "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
@@ -110,6 +118,22 @@ static void test_validation(void **state)
     assert_rejected("{\"max_tokens\":512,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":"
                     "{\"type\":\"enabled\",\"budget_tokens\":1024}}", false,
                     "max_tokens must be greater than thinking.budget_tokens (1024 >= 512)");
+    /* as Anthropic: thinking allows tool_choice auto or none only (a forced call would drop the thinking) */
+    static const char *const thinks[] = {"{\"type\":\"enabled\",\"budget_tokens\":4}", "{\"type\":\"adaptive\"}"};
+    static const char *const forced[][2] = {{"{\"type\":\"any\"}", "tool_choice 'any'"},
+                                            {"{\"type\":\"tool\",\"name\":\"t\"}", "tool_choice 'tool'"}};
+    for (size_t i = 0; i < 2; i++)
+        for (size_t j = 0; j < 2; j++)
+            for (int count_only = 0; count_only < 2; count_only++) {
+                char body[400], want[200];
+                snprintf(body, sizeof body, "{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":"
+                         "\"x\"}],\"tools\":[{\"name\":\"t\",\"input_schema\":{}}],\"tool_choice\":%s,"
+                         "\"thinking\":%s}", forced[j][0], thinks[i]);
+                snprintf(want, sizeof want, "%s forces a tool call, which cannot be combined with thinking "
+                         "(thinking.type '%s'): use tool_choice 'auto' or 'none', or disable thinking.",
+                         forced[j][1], i ? "adaptive" : "enabled");
+                assert_rejected(body, count_only, want);
+            }
     assert_rejected("[1]", false, "JSON object");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"\"}]}", false, "non-empty");
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[]}]}", false, "non-empty");

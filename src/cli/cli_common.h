@@ -157,6 +157,11 @@ int cli_parse_threads(const char *cmd, const char *opt, const char *s, int *out)
  * "S"" on stderr and returns -1 when s is not one; 0 on success. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out);
 
+/* Parse a --cache-ram value, MiB (an integer in [1, 2^24]), into bytes. A cap past the machine's physical
+ * memory (sysconf) can never be honoured, so it is refused too: prints "lily CMD: OPT N MiB is more than
+ * this machine's memory (M MiB) ..." and returns -1; 0 on success. */
+int cli_parse_cache_ram(const char *cmd, const char *opt, const char *s, size_t *bytes);
+
 /* Parse a --gpu-memory value, GiB (a decimal number in (0, 65536]), into bytes. Prints "lily CMD: OPT
  * expects ..." and returns -1 otherwise; 0 on success. */
 int cli_parse_gib(const char *cmd, const char *opt, const char *s, size_t *bytes);

@@ -652,7 +652,8 @@ static bool plot_path_svg(const char *path, bool *svg)
 
 /* gnuplot: a panel for prefill and one for decode (only those with rows), tok/s against length on a log2
  * axis, with the hardware ceiling (the tok/s the measured matmul rate or bandwidth allows: the "floor tok/s"
- * column) dashed. */
+ * column) dashed. A panel of one length gets an explicit x range (an octave either side) and its ceiling as a
+ * level line, so gnuplot neither warns of an empty x range nor leaves the ceiling undrawn. */
 static int plot(const char *path, const bench_header *h, const bench_options *o, const bench_row *rows, int n_rows)
 {
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
@@ -705,20 +706,40 @@ static int plot(const char *path, const bench_header *h, const bench_options *o,
     gp_string(g, title);
     fprintf(g, " noenhanced\n");
     fprintf(g, "set logscale x 2\nset grid\nset key top right noenhanced\nset ylabel 'tok/s'\nset logscale y 10\n");
-    if (n_block[0]) {
-        fprintf(g, "set xlabel 'prompt length (tokens)'\nset title 'prefill (prompt length)'\nplot ");
+    for (int block = 0, index = 0; block < 2; block++) {
+        if (!n_block[block])
+            continue;
+        if (block)
+            fprintf(g, "set xlabel 'context depth (tokens; 0 drawn at 1)'\n"
+                       "set title 'decode (%d tokens at context depth)'\n", o->n_decode);
+        else
+            fprintf(g, "set xlabel 'prompt length (tokens)'\nset title 'prefill (prompt length)'\n");
+        /* one length only: gnuplot cannot autoscale an empty x range (it warns) nor draw a line through one
+         * point, so the range is an octave either side and the ceiling a level line across it */
+        int x_min = INT32_MAX, x_max = 0;
+        double ceiling = 0;
+        for (int i = 0; i < n_rows; i++)
+            if ((rows[i].is_decode != 0) == block) {
+                const int x = rows[i].length > 0 ? rows[i].length : 1;
+                x_min = x < x_min ? x : x_min;
+                x_max = x > x_max ? x : x_max;
+                ceiling = rows[i].floor;
+            }
+        const bool one_x = x_min == x_max;
+        if (one_x)
+            fprintf(g, "set xrange [%g:%g]\n", x_min / 2.0, x_max * 2.0);
+        else
+            fprintf(g, "set autoscale x\n");
+        fprintf(g, "plot ");
         gp_string(g, data_path);
-        fprintf(g, " index 0 using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
-                   "'' index 0 using 1:4 with lines dt 2 title 'hardware ceiling (measured matmul rate)'\n");
-    }
-    if (n_block[1]) {
-        fprintf(g, "set xlabel 'context depth (tokens; 0 drawn at 1)'\n"
-                   "set title 'decode (%d tokens at context depth)'\nplot ", o->n_decode);
-        gp_string(g, data_path);
-        const int index = n_block[0] > 0;
-        fprintf(g, " index %d using 1:2:3 with yerrorlines lw 2 title 'tok/s', "
-                   "'' index %d using 1:4 with lines dt 2 title 'hardware ceiling (measured memory bandwidth)'\n",
-                index, index);
+        fprintf(g, " index %d using 1:2:3 with yerrorlines lw 2 title 'tok/s', ", index);
+        if (one_x && ceiling > 0)
+            fprintf(g, "%.6g", ceiling);
+        else
+            fprintf(g, "'' index %d using 1:4", index);
+        fprintf(g, " with lines dt 2 title 'hardware ceiling (measured %s)'\n",
+                block ? "memory bandwidth" : "matmul rate");
+        index++;
     }
     fprintf(g, "unset multiplot\n");
     fclose(g);

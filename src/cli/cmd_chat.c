@@ -69,7 +69,8 @@ static void usage(FILE *f)
                "next such line.\n"
                "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n"
                "  --cache-ram MIB        host memory for checkpoints of the session state (default: 4\n"
-               "                         full-context states of the model, at least 64 and at most 4096)\n"
+               "                         full-context states of the model, at least 64 and at most 4096;\n"
+               "                         more than the machine's memory is a usage error)\n"
                "  --cache-vram MIB       GPU memory for checkpoints (default 2048 with --backend cuda, else 0)\n"
                "  --checkpoint-every N   also checkpoint every N tokens of a long prefill (default 4096;\n"
                "                         0 = never)\n");
@@ -178,9 +179,9 @@ static int chat_turn(chat_state *c, const char *line)
     }
     if (cli_encode(cmd, c->m, prompt, &ids, &n))
         goto drop_user;
-    if (n > s->max_ctx) {
-        fprintf(stderr, "lily %s: prompt is %d tokens, context is %d (/reset to start over, or raise --ctx-size)\n",
-                cmd, n, s->max_ctx);
+    if (n >= s->max_ctx) { /* as lily run: a prompt that fills the context leaves no room for a reply */
+        fprintf(stderr, "lily %s: prompt is %d tokens, context is %d%s (/reset to start over, or raise --ctx-size)\n",
+                cmd, n, s->max_ctx, n == s->max_ctx ? ": no room for the reply" : "");
         goto drop_user;
     }
 
@@ -277,13 +278,15 @@ int cmd_chat(int argc, char **argv)
         if (m < 0)
             return 2;
         if (m > 0) {
-            const bool ram = !strcmp(name, "--cache-ram");
+            if (!strcmp(name, "--cache-ram")) {
+                if (cli_parse_cache_ram("chat", name, value, &cache_opts.ram_bytes))
+                    return 2;
+                continue;
+            }
             long v;
-            if (cli_parse_int("chat", name, value, ram ? 1 : 0, 1L << 24, &v))
+            if (cli_parse_int("chat", name, value, 0, 1L << 24, &v))
                 return 2;
-            if (ram)
-                cache_opts.ram_bytes = (size_t)v << 20;
-            else if (!strcmp(name, "--cache-vram"))
+            if (!strcmp(name, "--cache-vram"))
                 cache_vram_mib = v;
             else
                 cache_opts.checkpoint_every = v > 0 ? (int)v : -1;

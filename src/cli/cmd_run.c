@@ -231,9 +231,9 @@ static int run_prompt(cli_gen_options *po, const char *prompt, bool raw, bool sh
         fprintf(stderr, "lily run: %s\n", err.message);
         goto done;
     }
-    if (n_ids > s->max_ctx) {
-        fprintf(stderr, "lily run: prompt is %d tokens, context is %d (raise --ctx-size or shorten the prompt)\n",
-                n_ids, s->max_ctx);
+    if (n_ids >= s->max_ctx) { /* as lily serve's 400: a prompt that fills the context leaves no room for a reply */
+        fprintf(stderr, "lily run: prompt is %d tokens, context is %d%s (raise --ctx-size or shorten the prompt)\n",
+                n_ids, s->max_ctx, n_ids == s->max_ctx ? ": no room for the reply" : "");
         goto done;
     }
     if (show_ids)

@@ -60,7 +60,8 @@ static void usage(FILE *f)
             "  --alias NAME         the model id clients see (default: the directory's name)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
             "                       by requests that repeat a cached prefix (default: 4 full-context\n"
-            "                       states of the model, at least 64 and at most 4096; said at startup)\n"
+            "                       states of the model, at least 64 and at most 4096; said at startup;\n"
+            "                       more than the machine's memory is a usage error)\n"
             "  --cache-vram MIB     GPU memory for prefix-cache checkpoints, allocated once at start;\n"
             "                       what does not fit goes to --cache-ram (default 2048 with --backend\n"
             "                       cuda, 0 = none)\n"
@@ -199,7 +200,8 @@ int cmd_serve(int argc, char **argv)
     const char *api_key_file = NULL, *cors_origin = NULL;
     int threads = 0;
     size_t gpu_memory = 0;
-    long cache_ram_mib = 0 /* from the model */, checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
+    size_t cache_ram_bytes = 0 /* from the model */;
+    long checkpoint_every = LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY;
     long cache_vram_mib = -1; /* -1: the backend's default */
     bool exact = false, reasoning_on = false;
     cli_gen_options go;
@@ -263,7 +265,7 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(n, "--threads"))
             ok = cli_parse_threads("serve", n, v, &threads) == 0;
         else if (!strcmp(n, "--cache-ram"))
-            ok = cli_parse_int("serve", n, v, 1, 1L << 24, &cache_ram_mib) == 0;
+            ok = cli_parse_cache_ram("serve", n, v, &cache_ram_bytes) == 0;
         else if (!strcmp(n, "--gpu-memory"))
             ok = cli_parse_gib("serve", n, v, &gpu_memory) == 0;
         else if (!strcmp(n, "--cache-vram"))
@@ -342,7 +344,7 @@ int cmd_serve(int argc, char **argv)
     lily_service_options so = {.model_dir = model_dir, .backend = backend, .exact = exact, .n_threads = (int)threads,
                                .ctx_size = (int)ctx, .model_name = name, .gpu_memory_bytes = gpu_memory,
                                .n_cpu_moe = go.n_cpu_moe, .host_experts = go.host_experts,
-                               .cache_ram_bytes = (size_t)cache_ram_mib << 20,
+                               .cache_ram_bytes = cache_ram_bytes,
                                .cache_vram_bytes = (size_t)(cache_vram_mib >= 0 ? cache_vram_mib
                                                             : !strcmp(backend, "cuda") ? LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB
                                                                                        : 0) << 20,

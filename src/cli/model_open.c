@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #include "backend/backend.h"
@@ -33,7 +34,8 @@ void cli_gen_options_usage(FILE *f)
             "                         full context (default: generation_config.json's max_new_tokens when it\n"
             "                         sets one, else no cap)\n"
             "      --temp T           temperature, 0 = greedy (default: generation_config.json, else 1)\n"
-            "      --top-p P          nucleus cut (default: generation_config.json, else 0.95)\n"
+            "      --top-p P          nucleus cut in [0, 1]; 0 = greedy (default: generation_config.json,\n"
+            "                         else 0.95)\n"
             "      --top-k K          top-k cut, 0 = off (default: generation_config.json, else 20)\n"
             "      --min-p P          min-p cut, 0 = off (default: generation_config.json, else 0)\n"
             "      --seed S           sampler seed (default: from the clock)\n"
@@ -85,6 +87,23 @@ int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, lon
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+int cli_parse_cache_ram(const char *cmd, const char *opt, const char *s, size_t *bytes)
+{
+    long mib;
+    if (cli_parse_int(cmd, opt, s, 1, 1L << 24, &mib))
+        return -1;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const unsigned long long phys_mib =
+        pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page >> 20 : 0;
+    if (phys_mib && (unsigned long long)mib > phys_mib) {
+        fprintf(stderr, "lily %s: %s %ld MiB is more than this machine's memory (%llu MiB): the prefix cache's "
+                        "checkpoints live in host memory\n", cmd, opt, mib, phys_mib);
+        return -1;
+    }
+    *bytes = (size_t)mib << 20;
     return 0;
 }
 
@@ -291,12 +310,8 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
             return -1;
         o->set_temp = true;
     } else if (!strcmp(name, "--top-p")) {
-        if (parse_float(cmd, a, value, 0, 1, &o->sampling.top_p))
+        if (parse_float(cmd, a, value, 0, 1, &o->sampling.top_p)) /* 0: greedy, as lily serve's top_p 0 */
             return -1;
-        if (o->sampling.top_p <= 0) {
-            fprintf(stderr, "lily %s: --top-p must be in (0, 1] (got %s)\n", cmd, value);
-            return -1;
-        }
         o->set_top_p = true;
     } else if (!strcmp(name, "--min-p")) {
         if (parse_float(cmd, a, value, 0, 1, &o->sampling.min_p))
@@ -326,6 +341,7 @@ static void sampling_defaults(const lily_generation_defaults *g, cli_gen_options
     o->sampling.presence_penalty = isnan(g->presence_penalty) ? rec.presence_penalty : g->presence_penalty;
     if (!o->set_max_tokens)
         o->max_tokens = g->max_new_tokens;
+    o->sampling = lily_sampler_params_normalize(o->sampling); /* --top-p 0: greedy */
     if (!o->set_seed) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

@@ -97,6 +97,15 @@ lily_sampler_params lily_sampler_recommended(void)
     return p;
 }
 
+lily_sampler_params lily_sampler_params_normalize(lily_sampler_params p)
+{
+    if (p.top_p == 0.0f) {
+        p.temperature = 0.0f;
+        p.top_p = 1.0f;
+    }
+    return p;
+}
+
 lily_status lily_sampler_new(const lily_sampler_params *params, int vocab, lily_sampler **out, lily_error *err)
 {
     *out = NULL;

@@ -47,6 +47,11 @@ lily_sampler_params lily_sampler_defaults(void);
  * 1.5 for general thinking tasks is for a client to send). */
 lily_sampler_params lily_sampler_recommended(void);
 
+/* p as lily_sampler_new takes it: top_p 0, which OpenAI's API accepts (top_p in [0, 1]) and lily's CLI and
+ * server take, keeps the smallest most-likely set with probability >= 0, the most likely token alone: it is
+ * written as greedy (temperature 0, top_p 1). Any other p is returned unchanged. */
+lily_sampler_params lily_sampler_params_normalize(lily_sampler_params p);
+
 typedef struct lily_sampler lily_sampler;
 
 /* A sampler for a vocabulary of `vocab` tokens.

@@ -220,6 +220,13 @@ static bool translate_tools(json_t *b, json_t *oai, json_t *names, lily_oai_erro
     return true;
 }
 
+/* Whether the translated request's tool_choice forces a tool call (Anthropic's 'any' or 'tool'). */
+static bool forces_tool_call(json_t *oai)
+{
+    json_t *tc = json_object_get(oai, "tool_choice");
+    return json_is_object(tc) || (json_is_string(tc) && !strcmp(json_string_value(tc), "required"));
+}
+
 /* A final assistant message prefills the reply: the model continues its text (the prompt ends with it: no
  * end of turn, no new assistant turn), and the response holds only what follows. As Anthropic: empty
  * content is a reply from scratch; content ending in whitespace is refused (the template strips it, so the
@@ -254,8 +261,7 @@ static bool final_assistant(json_t *b, json_t *oai, bool think, bool *prefill, l
     if (json_object_get(oai, "response_format"))
         return bad(e, "output_config.format", "%s: output_config.format cannot be combined with a prefilled assistant "
                    "reply (the final assistant message): the schema constrains the reply from its first token.", where);
-    json_t *tc = json_object_get(oai, "tool_choice");
-    if (json_is_object(tc) || (json_is_string(tc) && !strcmp(json_string_value(tc), "required")))
+    if (forces_tool_call(oai))
         return bad(e, "tool_choice", "%s: tool_choice 'any' or 'tool' cannot be combined with a prefilled assistant "
                    "reply (the final assistant message): the forced tool call must open the reply.", where);
     *prefill = true;
@@ -323,8 +329,16 @@ static bool translate(json_t *b, bool count_only, json_t *oai, bool *prefill, li
                                       "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}.");
         }
     }
+    /* as Anthropic: thinking (enabled or adaptive) allows only tool_choice auto or none; a forced call opens
+     * the reply with the tool call, which would leave no room for the think block */
+    if (think && forces_tool_call(oai))
+        return bad(e, "tool_choice", "tool_choice '%s' forces a tool call, which cannot be combined with thinking "
+                   "(thinking.type '%s'): use tool_choice 'auto' or 'none', or disable thinking.",
+                   json_is_object(json_object_get(oai, "tool_choice")) ? "tool" : "any",
+                   json_string_value(json_object_get(thinking, "type")));
     /* structured outputs: as OpenAI's response_format json_schema. output_format is the beta's name for it
-     * (structured-outputs-2025-11-13), which the SDK's client.beta.messages still sends */
+     * (structured-outputs-2025-11-13), which older SDKs' client.beta.messages.create sent (anthropic 2.x's
+     * messages.parse(output_format=Model) sends output_config.format) */
     json_t *format = json_object_get(json_object_get(b, "output_config"), "format");
     json_t *beta_format = json_object_get(b, "output_format");
     const char *fparam = "output_config.format";

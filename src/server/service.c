@@ -614,10 +614,7 @@ static lily_sampler_params sampler_params(const lily_service *svc, const lily_oa
         p.temperature = (float)req->temperature;
     if (!isnan(req->top_p))
         p.top_p = (float)req->top_p;
-    if (p.top_p == 0.0f) { /* the smallest set of mass >= 0 is the most likely token alone: greedy */
-        p.temperature = 0.0f;
-        p.top_p = 1.0f;
-    }
+    p = lily_sampler_params_normalize(p); /* top_p 0: greedy */
     if (req->top_k >= 0)
         p.top_k = req->top_k;
     if (!isnan(req->min_p))
