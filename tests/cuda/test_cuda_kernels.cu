@@ -6,6 +6,7 @@
  * (bf16 KV cache: attention inputs are rounded to bf16 on both sides; the fp32 KV cache of exact mode is
  * held to the fp32 bound).
  */
+#include <algorithm>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,6 +376,64 @@ static void test_gemv_stream_threshold(void)
 }
 
 /* ---- MoE ----------------------------------------------------------------------------------------- */
+
+/* The MoE top-k ranking (moe_topk.cuh, through the prefill top-k kernel: one warp per token, the same
+ * moe_topk_rank as the decode kernels) against the CPU order (larger logit, then lower expert id; softmax
+ * over the selected logits), on rows built for ties: logits from a few values, so equal keys sit in one
+ * lane (ids e and e + 32) and across lanes; one row of all-equal logits; one of distinct logits; -inf and
+ * huge values. Ids exact, weights within 1e-6. */
+static void test_moe_topk_ties(int E, int K)
+{
+    const int n = 6;
+    std::vector<float> lg((size_t)n * E);
+    for (int t = 0; t < n; t++)
+        for (int e = 0; e < E; e++) {
+            float v;
+            switch (t) {
+            case 0: v = (float)(rnd_u32() % 4); break;                       /* four values: ties everywhere */
+            case 1: v = 1.5f; break;                                          /* all equal */
+            case 2: v = rnd_f(-3, 3); break;                                  /* distinct */
+            case 3: v = (e % 32 == 7 || e % 32 == 9) ? 2.0f : rnd_f(-3, 1.9f); break; /* ties inside lanes 7, 9 */
+            case 4: v = (rnd_u32() % 3 == 0) ? -INFINITY : (float)(rnd_u32() % 2); break;
+            default: v = (e % 5 == 0) ? 3.0e38f : -3.0e38f; break;
+            }
+            lg[(size_t)t * E + e] = v;
+        }
+    float *dl = dev_copy(lg);
+    int *di;
+    float *dw = dev_nan((size_t)n * K);
+    CK(cudaMalloc(&di, (size_t)n * K * sizeof(int)));
+    CK(cudaMemset(di, 0xff, (size_t)n * K * sizeof(int)));
+    CK(launch_moe_topk(dl, E, E, K, n, di, dw, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<int> gi = host_copy(di, (size_t)n * K);
+    std::vector<float> gw = host_copy(dw, (size_t)n * K);
+    int bad = 0;
+    double max_dw = 0;
+    for (int t = 0; t < n; t++) {
+        std::vector<int> order(E);
+        for (int e = 0; e < E; e++)
+            order[e] = e;
+        const float *row = &lg[(size_t)t * E];
+        std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return row[x] > row[y]; });
+        double sum = 0;
+        std::vector<double> p(K);
+        for (int k = 0; k < K; k++)
+            sum += p[k] = exp((double)row[order[k]] - (double)row[order[0]]);
+        for (int k = 0; k < K; k++) {
+            if (gi[(size_t)t * K + k] != order[k])
+                bad++;
+            const double d = fabs(gw[(size_t)t * K + k] - p[k] / sum);
+            max_dw = d > max_dw || d != d ? d : max_dw;
+        }
+    }
+    const bool ok = bad == 0 && max_dw <= 1e-6;
+    if (!ok)
+        g_fail++;
+    printf("%s moe top-k ties E %4d K %2d: %d ids differ from the CPU order, max |dw| %.2g\n", ok ? "ok  " : "FAIL", E,
+           K, bad, max_dw);
+    cudaFree(dl), cudaFree(di), cudaFree(dw);
+}
 
 /* sinter: the shared expert's intermediate size (0: = inter); need_mma: with decode (n == 1), require the
  * tensor-core decode kernels (false: the shape has none, moe_route.cu's kernels run); fused (decode, where
@@ -1110,6 +1169,12 @@ int main(void)
     }
     g_gemv_shift = 0, g_gemv_hd = 32, g_gemv_act_scale = g_gemv_nw_scale = 1.0f;
     g_gemv_kernel = GEMV_KERNEL_AUTO;
+    /* MoE top-k: ties within and across lanes, every lane count the kernels take */
+    {
+        const int ek[][2] = {{16, 4}, {64, 8}, {256, 1}, {256, 8}, {256, 16}, {512, 10}, {1024, 32}, {40, 32}};
+        for (const auto &p : ek)
+            test_moe_topk_ties(p[0], p[1]);
+    }
     /* MoE: tiny-a and full shapes */
     for (int i = 0; i < 3; i++) {
         test_moe(4, 128, 16, 4, 64, ns[i]);

@@ -47,6 +47,9 @@
  * fit one SM's 64K registers, so the next layer's input projection can launch (PDL) and prefetch its
  * weights while this kernel runs */
 #define MD_DOWN_MAX_REGS 112
+/* chunks of 8 hid values per lane in moe_down_mma (inter <= 8 * 32 * this) */
+#define MD_HID_CHUNKS 2
+static_assert(8 * 32 * MD_HID_CHUNKS >= 512, "moe_decode_mma_supported's widest inter fits the hid chunks");
 /* router rows per moe_gate_up_mma block when the router is fused into it (E + 1 <= this x the grid) */
 #define MD_ROUTER_ROWS 2
 
@@ -402,17 +405,37 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
     const float *hx = a.hid + (int64_t)slot * hid_stride;
     uint4 *xh = s_xh + wi * (I / 8);
     float *off = s_off + wi * (I / 64), *xsum = s_xsum + wi * (I / 64);
-    float mx = 0.0f;
-    for (int c = lane; c < I; c += 32)
-        mx = fmaxf(mx, fabsf(__ldcg(hx + c)));
-    const float xk = mg_x_scale(warp_max(mx));
-    for (int i = lane; i < I / 8; i += 32) {
-        float v[8];
+    /* one batch of loads: lane holds chunks i = lane + 32q of 8 values (I <= 512: at most MD_HID_CHUNKS), the
+     * max |x| and the fp16 fragments both from registers (one L2 round trip, not one each) */
+    float hv[MD_HID_CHUNKS][8], mx = 0.0f;
+#pragma unroll
+    for (int q = 0; q < MD_HID_CHUNKS; q++) {
+        const int i = lane + 32 * q;
+        float4 p0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), p1 = p0;
+        if (i < I / 8) {
+            p0 = __ldcg(reinterpret_cast<const float4 *>(hx + i * 8));
+            p1 = __ldcg(reinterpret_cast<const float4 *>(hx + i * 8 + 4));
+        }
+        hv[q][0] = p0.x, hv[q][1] = p0.y, hv[q][2] = p0.z, hv[q][3] = p0.w;
+        hv[q][4] = p1.x, hv[q][5] = p1.y, hv[q][6] = p1.z, hv[q][7] = p1.w;
+    }
+#pragma unroll
+    for (int q = 0; q < MD_HID_CHUNKS; q++)
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            v[e] = __ldcg(hx + i * 8 + e) * xk;
-        xh[i] = make_uint4(h2_bits(__floats2half2_rn(v[0], v[4])), h2_bits(__floats2half2_rn(v[1] * 0.0625f, v[5] * 0.0625f)),
-                           h2_bits(__floats2half2_rn(v[2], v[6])), h2_bits(__floats2half2_rn(v[3] * 0.0625f, v[7] * 0.0625f)));
+            mx = fmaxf(mx, fabsf(hv[q][e]));
+    const float xk = mg_x_scale(warp_max(mx));
+#pragma unroll
+    for (int q = 0; q < MD_HID_CHUNKS; q++) {
+        const int i = lane + 32 * q;
+        if (i < I / 8) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[e] = hv[q][e] * xk;
+            xh[i] = make_uint4(h2_bits(__floats2half2_rn(v[0], v[4])), h2_bits(__floats2half2_rn(v[1] * 0.0625f, v[5] * 0.0625f)),
+                               h2_bits(__floats2half2_rn(v[2], v[6])), h2_bits(__floats2half2_rn(v[3] * 0.0625f, v[7] * 0.0625f)));
+        }
     }
     __syncwarp();
     mg_group_sums(xh, I, off, xsum, lane, 32);

@@ -1,7 +1,7 @@
 /* moe_topk.cuh — the router's top-k for one token, computed by one whole block (docs/MODEL.md §4.5):
  * experts ranked by logit (ties to the lower expert id), weights = softmax over the selected logits
- * (= softmax over all E renormalised over the top k), fp32. One warp ranks (K rounds of a warp argmax,
- * ~25 instructions per round for 256 experts; the earlier rank-by-counting over the block cost every
+ * (= softmax over all E renormalised over the top k), fp32. One warp ranks (K rounds of a warp argmax over
+ * keys kept in registers, a max tree per lane and two redux.sync per round; the earlier rank-by-counting over the block cost every
  * thread ~5 instructions per expert, ~2.7 µs per decode MoE block). Used by the decode MoE kernels (per
  * block) and the prefill top-k kernel.
  */
@@ -48,34 +48,46 @@ __device__ __forceinline__ float moe_key_value(unsigned int u)
 
 /* Top-k of E <= 32·PER router logits of one token by the 32 lanes of one warp, from their keys: lane l
  * holds experts e = l + 32j (j < PER) as order-preserving 32-bit keys (argmax_key's high word) in u[j]
- * (SMEM: in s_key[e] instead, written by this lane before a __syncwarp: fewer live registers) and a taken
- * mask (set for e >= E); each of the K rounds takes the lane's best untaken expert (lower id on ties), then
- * the warp's largest key and the lowest expert id holding it (two redux.sync; the CPU twin's order: larger
- * logit, then lower id); the owner marks the winner taken. Lane k < K ends with slot k's key and id.
- * Weights = softmax over the selected logits (= softmax over all E renormalised over the top k). */
+ * (SMEM: in s_key[e] instead, written by this lane before a __syncwarp) and a taken mask (set for e >= E).
+ * The lane's candidates c[j] (0 where taken) stay in registers; each of the K rounds takes the warp's
+ * largest untaken key (the lane's best by a max tree, then redux.sync) and the lowest expert id holding
+ * it (the lane's lowest j with that key, then redux.sync): the CPU twin's order, larger logit, then lower
+ * id. The owner marks the winner taken. Lane k < K ends with slot k's key and id. Weights = softmax over
+ * the selected logits (= softmax over all E renormalised over the top k). */
 template <int PER, bool SMEM>
 static __device__ void moe_topk_rank(const unsigned int (&u)[PER], unsigned int taken, int E, int K, int *idx, float *w,
                                      const unsigned int *s_key)
 {
     const int lane = threadIdx.x & 31;
+    unsigned int c[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        c[j] = ((taken >> j) & 1u) ? 0u : SMEM ? s_key[min(lane + 32 * j, E - 1)] : u[j];
     unsigned int mine_u = 0u, mine_id = 0u;
     for (int k = 0; k < K; k++) {
-        int bj = -1;
-        unsigned int bu = 0u;
+        unsigned int t[PER];
 #pragma unroll
-        for (int j = 0; j < PER; j++) {
-            const unsigned int uj = SMEM ? s_key[min(lane + 32 * j, E - 1)] : u[j];
-            if (!((taken >> j) & 1u) && (bj < 0 || uj > bu)) {
-                bj = j;
-                bu = uj;
+        for (int j = 0; j < PER; j++)
+            t[j] = c[j];
+#pragma unroll
+        for (int s = 1; s < PER; s *= 2)
+#pragma unroll
+            for (int j = 0; j + s < PER; j += 2 * s)
+                t[j] = max(t[j], t[j + s]);
+        /* the largest untaken key (a taken slot's 0 never beats an untaken one: 0 only ties the smallest key) */
+        const unsigned int m = __reduce_max_sync(0xffffffffu, t[0]);
+        unsigned int eq = 0u;
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            eq |= (!((taken >> j) & 1u) && c[j] == m) ? 1u << j : 0u;
+        const unsigned int my_id = eq ? (unsigned int)(lane + 32 * (__ffs(eq) - 1)) : 0xffffffffu;
+        const unsigned int id = __reduce_min_sync(0xffffffffu, my_id);
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            if (id == (unsigned int)(lane + 32 * j)) {
+                taken |= 1u << j;
+                c[j] = 0u;
             }
-        }
-        /* the largest key, then the lowest expert id holding it (redux.sync: one instruction each) */
-        const unsigned int m = __reduce_max_sync(0xffffffffu, bj < 0 ? 0u : bu);
-        const unsigned int my_id = bj < 0 ? 0xffffffffu : (unsigned int)(lane + 32 * bj);
-        const unsigned int id = __reduce_min_sync(0xffffffffu, bj >= 0 && bu == m ? my_id : 0xffffffffu);
-        if (bj >= 0 && id == my_id)
-            taken |= 1u << bj;
         if (lane == k) {
             mine_u = m;
             mine_id = id;
