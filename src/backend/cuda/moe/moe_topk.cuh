@@ -1,9 +1,9 @@
 /* moe_topk.cuh — the router's top-k for one token, computed by one whole block (docs/MODEL.md §4.5):
  * experts ranked by logit (ties to the lower expert id), weights = softmax over the selected logits
  * (= softmax over all E renormalised over the top k), fp32. One warp ranks (K rounds of a warp argmax over
- * keys kept in registers, a max tree per lane and two redux.sync per round; the earlier rank-by-counting over the block cost every
- * thread ~5 instructions per expert, ~2.7 µs per decode MoE block). Used by the decode MoE kernels (per
- * block) and the prefill top-k kernel.
+ * keys kept in registers: a max tree per lane and two redux.sync per round; the earlier rank-by-counting
+ * over the block cost every thread ~5 instructions per expert, ~2.7 µs per decode MoE block). Used by the
+ * decode MoE kernels (per block) and the prefill top-k kernel.
  */
 #ifndef LILY_MOE_TOPK_CUH
 #define LILY_MOE_TOPK_CUH
