@@ -96,8 +96,10 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem + H);   /* [H / 8] */
     float *s_off = md_smem + H + H / 2, *s_xsum = s_off + H / 64;
     unsigned char *s_stage = reinterpret_cast<unsigned char *>(s_xsum + H / 64); /* STAGED: [MG_STAGE_BYTES][threads] */
+#if MD_UP_BULK
     unsigned char *s_up = s_stage + (STAGED ? MG_STAGE_BYTES * MD_WARPS * 32 : 0); /* STAGED: up's tile [bulk_tile_bytes(H)] */
     __shared__ __align__(8) uint64_t s_up_full;
+#endif
     __shared__ float s_red[MD_WARPS];
     __shared__ float s_part[MD_WARPS][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
