@@ -25,55 +25,18 @@
  */
 #include "gemv_common.cuh"
 #include "mma_gemv.cuh"
+#include "backend/cuda/bulk_copy.cuh"
 
 #define GS_WARPS 8
 #define GS_MAX_STAGES 8
-#define GS_ROW_PAD 64 /* bytes after each staged row */
 /* The ring is sized so that this many blocks fit on one SM (when one stage does): two blocks of a few stages
  * keep as many bytes in flight as one block of a deep ring, and the second block's input transform and
  * tail overlap the first's (H200, 35B-A3B decode: 434 -> 447 tok/s at 4K, 337 -> 345 at 128K against the
  * deepest ring that fits one block). */
 #define GS_BLOCKS_PER_SM 2
 
-/* ---- sm_90 bulk copies and mbarriers (PTX ISA 8.0) ------------------------------------------------ */
-
-__device__ __forceinline__ uint32_t gs_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void gs_mbar_init(uint64_t *bar, unsigned int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gs_saddr(bar)), "r"(count) : "memory");
-}
-
-/* One arrival that also expects `bytes` more of transaction count (the copies' complete_tx). */
-__device__ __forceinline__ void gs_mbar_expect_tx(uint64_t *bar, unsigned int bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(gs_saddr(bar)), "r"(bytes) : "memory");
-}
-
-/* Wait until the phase of parity `parity` has completed (acquire: the copied bytes are visible). */
-__device__ __forceinline__ void gs_mbar_wait(uint64_t *bar, unsigned int parity)
-{
-    unsigned int done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(gs_saddr(bar)), "r"(parity)
-                     : "memory");
-}
-
-/* bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, completing on bar. */
-__device__ __forceinline__ void gs_bulk_copy(void *dst, const void *src, unsigned int bytes, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(gs_saddr(dst)),
-                 "l"(src), "r"(bytes), "r"(gs_saddr(bar))
-                 : "memory");
-}
-
 /* Barrier `id` (1..15; 0 is __syncthreads) among n threads (whole warps). */
 __device__ __forceinline__ void gs_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-
-/* Bytes of one ring slot (a whole 16-row tile of `cols` columns: padded rows, scales, biases). */
-__host__ __device__ __forceinline__ int gs_slot_bytes(int cols) { return 16 * (cols / 2 + GS_ROW_PAD) + 16 * (cols / 64) * 4; }
 
 template <int IN_MODE, int OUT_MODE, int KS, bool REGS>
 __global__ void __launch_bounds__(GS_WARPS * 32, 2)
@@ -87,7 +50,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     __shared__ float s_part[2][GS_WARPS][16];
     __shared__ float s_red[GS_WARPS];
     const int cols = b.m[0].cols, CW = cols / KS, steps = CW / 128, gpr = cols / 64;
-    const int row_bytes = cols / 2, ws = row_bytes + GS_ROW_PAD, slot_bytes = gs_slot_bytes(cols);
+    const int row_bytes = cols / 2, ws = row_bytes + BULK_ROW_PAD, slot_bytes = bulk_tile_bytes(cols);
     float *x_area = reinterpret_cast<float *>(gs_ring + (size_t)stages * RT * slot_bytes); /* mg_x_side's */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -97,7 +60,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
     uint64_t *my_full = s_full + rt * GS_MAX_STAGES;
 
     if (threadIdx.x < RT * GS_MAX_STAGES && threadIdx.x % GS_MAX_STAGES < stages)
-        gs_mbar_init(&s_full[threadIdx.x], 1);
+        bulk_mbar_init(&s_full[threadIdx.x], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     __syncthreads();
 
@@ -112,14 +75,14 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         const int nrows = min(16, W.rows - r0);
         unsigned char *slot = my_slots + (size_t)k * RT * slot_bytes;
         if (lane == 0)
-            gs_mbar_expect_tx(&my_full[k], (unsigned int)(nrows * (row_bytes + 4 * gpr)));
+            bulk_mbar_expect_tx(&my_full[k], (unsigned int)(nrows * (row_bytes + 4 * gpr)));
         __syncwarp();
         if (lane < nrows)
-            gs_bulk_copy(slot + lane * ws, W.data + (int64_t)(r0 + lane) * W.row_bytes, row_bytes, &my_full[k]);
+            bulk_copy(slot + lane * ws, W.data + (int64_t)(r0 + lane) * W.row_bytes, row_bytes, &my_full[k]);
         else if (lane == 16)
-            gs_bulk_copy(slot + 16 * ws, W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
+            bulk_copy(slot + 16 * ws, W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
         else if (lane == 17)
-            gs_bulk_copy(slot + 16 * ws + 32 * gpr, W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
+            bulk_copy(slot + 16 * ws + 32 * gpr, W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &my_full[k]);
     };
     if (ks == 0)
         for (int i = 0; i < stages; i++)
@@ -152,7 +115,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         if (grp >= n_groups || tile >= n_tiles) /* a dead tile is in the last group only */
             break;
         const unsigned char *slot = my_slots + (size_t)k * RT * slot_bytes;
-        gs_mbar_wait(&my_full[k], parity);
+        bulk_mbar_wait(&my_full[k], parity);
         mg_frag f;
         mg_load_smem(slot, ws, reinterpret_cast<const __nv_bfloat16 *>(slot + 16 * ws),
                      reinterpret_cast<const __nv_bfloat16 *>(slot + 16 * ws + 32 * gpr), gpr, ks * CW, steps, g, t, f);
@@ -233,7 +196,7 @@ static cudaError_t gs_go(const gemv_batch &b, const gemv_input &in, unsigned lon
     for (int k = 0; k < b.n_mats; k++)
         tiles += (b.m[k].rows + 15) / 16;
     const int groups = (tiles + RT - 1) / RT, cols = b.m[0].cols;
-    const size_t stage_bytes = (size_t)RT * gs_slot_bytes(cols);
+    const size_t stage_bytes = (size_t)RT * bulk_tile_bytes(cols);
     const size_t x_bytes = REGS ? (size_t)mg_warp_x_floats(cols, GS_WARPS) * 4
                                 : (size_t)cols * 4 + (size_t)cols * 2 + (size_t)(cols / 64) * 8;
     /* asked once per instantiation: SMs, the opt-in shared memory per block (less the static part), the

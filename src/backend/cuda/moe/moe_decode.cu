@@ -8,7 +8,10 @@
  *     for moe_down_mma);
  *     hid[slot][r] = silu(x·Wg[e]ᵀ) ⊙ (x·Wu[e]ᵀ), x = RMSNorm(h) · post_norm; slot top_k = the shared
  *     expert, whose rows are loaded before pdl_wait(); a routed slot reads its expert id right after the
- *     wait and issues its loads before normalising x.
+ *     wait and issues its loads before normalising x: gate's rows into registers, up's (STAGED, sm_90) as
+ *     18 bulk copies into a staged tile in shared memory (bulk_copy.cuh) issued by one warp, which halves
+ *     the register loads that stall at issue (both matrices staged: 39 KB more shared memory per block,
+ *     which keeps gate/up's blocks off their SMs longer: slower; docs/BENCHMARKS.md).
  *   moe_down_mma: block = 16 output rows, one warp per slot (top_k + 1 warps), each building its own
  *     slot's x fragments from hid[slot]; out[r] += Σ_k w_k·(Wd[e_k] hid_k)[r] + sigmoid(g_s)·(Wd_s hid_s)[r].
  * Both call pdl_trigger() first: they read nothing before pdl_wait() that a dependent could write.
@@ -39,6 +42,14 @@
 #include "backend/cuda/gemv/gemv_common.cuh"
 #include "backend/cuda/gemv/mma_gemv.cuh"
 #include "moe_topk.cuh"
+#include "backend/cuda/bulk_copy.cuh"
+
+/* sm_90 code: a routed gate/up block's rows of `up` come by bulk copies into a staged tile (below) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MD_UP_BULK 1
+#else
+#define MD_UP_BULK 0
+#endif
 
 #define MD_WARPS 8
 #define MD_MAX_SLOTS 16
@@ -71,7 +82,7 @@ static bool moe_early_ids_on(const moe_args &a)
  * item b); the items past the grid are tiles of the shared expert (the last slot), which block
  * b - gridDim.x also computes: their weights are copied into shared memory (mg_load_async) before
  * pdl_wait(), so there is no second wave whose loads would start only after the top-k.
- * ROUTER (STAGED only; moe_router_fused): block b also computes router rows b and b + gridDim.x (8-bit,
+ * ROUTER (STAGED only; moe_router_fused): block b < n_rb also computes router rows b and b + n_rb (8-bit,
  * their bytes loaded before pdl_wait) from the same RMSNorm as the experts and publishes them as tagged
  * words (moe_topk.cuh); the routed blocks' warp 0 polls all E of them and ranks the top-k. */
 template <bool STAGED, bool ROUTER>
@@ -85,6 +96,10 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     uint4 *s_xh = reinterpret_cast<uint4 *>(md_smem + H);   /* [H / 8] */
     float *s_off = md_smem + H + H / 2, *s_xsum = s_off + H / 64;
     unsigned char *s_stage = reinterpret_cast<unsigned char *>(s_xsum + H / 64); /* STAGED: [MG_STAGE_BYTES][threads] */
+#if MD_UP_BULK
+    unsigned char *s_up = s_stage + (STAGED ? MG_STAGE_BYTES * MD_WARPS * 32 : 0); /* STAGED: up's tile [bulk_tile_bytes(H)] */
+    __shared__ __align__(8) uint64_t s_up_full;
+#endif
     __shared__ float s_red[MD_WARPS];
     __shared__ float s_part[MD_WARPS][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -96,6 +111,15 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     const int rows = shared ? a.shared_inter : a.inter;
     const int r0 = tile * 16;
     const bool live = r0 < rows;
+    /* STAGED routed items on sm_90: up's 16 rows by bulk copies into s_up, issued by warp 4 at once after
+     * the top-k (gate's rows into registers as before); the up warps build their fragments from s_up */
+    const bool up_bulk = MD_UP_BULK && STAGED && !shared;
+#if MD_UP_BULK
+    if (up_bulk && threadIdx.x == 0) {
+        bulk_mbar_init(&s_up_full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+#endif
     const int ra = live ? r0 + g : 0, rb = live ? r0 + g + 8 : 0;
     /* STAGED: the extra item (a shared-expert tile) of this block, or -1 */
     const int x_item = (int)(blockIdx.x + gridDim.x), x_tile = STAGED && x_item < (n_gpu + 1) * tiles ? x_item - n_gpu * tiles : -1;
@@ -115,6 +139,9 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     /* ROUTER: thread t holds columns [8t, 8t + 8) (one group of 64) of h, the norm weight and its router rows */
     const int cx = threadIdx.x * 8;
     const bool xin = ROUTER && cx < H;
+    /* ROUTER: rows j = b + q * n_rb of the first n_rb blocks, which launch first (the highest block indices
+     * become resident last, as the previous kernel's blocks leave, and would publish last) */
+    const int n_rb = (a.n_experts + MD_ROUTER_ROWS) / MD_ROUTER_ROWS; /* E + 1 rows */
     uint2 rq[MD_ROUTER_ROWS];
     float rs[MD_ROUTER_ROWS], rbias[MD_ROUTER_ROWS];
     float4 nw0, nw1;
@@ -122,10 +149,10 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         const int nr = a.router.rows;
 #pragma unroll
         for (int q = 0; q < MD_ROUTER_ROWS; q++) {
-            const int j = blockIdx.x + q * gridDim.x;
+            const int j = blockIdx.x + q * n_rb;
             rq[q] = make_uint2(0u, 0u);
             rs[q] = rbias[q] = 0.0f;
-            if (xin && j <= a.n_experts) {
+            if (xin && (int)blockIdx.x < n_rb && j <= a.n_experts) {
                 const dmat &R = j < nr ? a.router : a.router_shared;
                 const int64_t row = j < nr ? j : j - nr;
                 rq[q] = __ldg(reinterpret_cast<const uint2 *>(R.data + row * R.row_bytes + cx));
@@ -158,7 +185,22 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
             a.topk_w[i] = s_w[i];
         }
         const int64_t e = s_idx[slot];
-        mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
+        if (!up_bulk || mat == 0)
+            mg_load(W, e * rows + ra, e * rows + rb, ks * CW, steps, t, f);
+#if MD_UP_BULK
+        if (up_bulk && warp == 4) { /* lane r < 16: row r; lanes 16, 17: the scales, the biases */
+            const int gpr = H / 64, nrows = min(16, rows - r0), ws = H / 2 + BULK_ROW_PAD;
+            const int64_t r = e * rows + r0;
+            if (lane == 0)
+                bulk_mbar_expect_tx(&s_up_full, (unsigned int)(nrows * (H / 2 + 4 * gpr)));
+            __syncwarp();
+            if (lane < nrows)
+                bulk_copy(s_up + lane * ws, a.up.data + (r + lane) * a.up.row_bytes, H / 2, &s_up_full);
+            else if (lane == 16 || lane == 17)
+                bulk_copy(s_up + 16 * ws + (lane - 16) * 16 * gpr * 2, (lane == 16 ? a.up.scales : a.up.biases) + r * gpr,
+                          nrows * gpr * 2, &s_up_full);
+        }
+#endif
     };
     float xk;
     if constexpr (ROUTER) {
@@ -186,7 +228,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
             s_red[warp] = ss;
 #pragma unroll
         for (int q = 0; q < MD_ROUTER_ROWS; q++) {
-            if (blockIdx.x + q * gridDim.x > (unsigned int)a.n_experts) /* block-uniform: no row q here */
+            if ((int)blockIdx.x >= n_rb || (int)blockIdx.x + q * n_rb > a.n_experts) /* block-uniform: no row q here */
                 break;
             float d = 0.0f;
 #pragma unroll
@@ -206,8 +248,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         const float r = rsqrtf(tot / (float)H + a.eps);
         const unsigned int tag = moe_pub_tag(step, a.layer);
         if (threadIdx.x < MD_ROUTER_ROWS) {
-            const int q = threadIdx.x, j = blockIdx.x + q * gridDim.x;
-            if (j <= a.n_experts) {
+            const int q = threadIdx.x, j = blockIdx.x + q * n_rb;
+            if ((int)blockIdx.x < n_rb && j <= a.n_experts) {
                 float p = 0.0f;
 #pragma unroll
                 for (int w = 0; w < MD_WARPS; w++)
@@ -293,6 +335,14 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         }
         xk = mg_block_x_tail<MD_WARPS>(s_x, H, s_xh, s_off, s_xsum);
     }
+#if MD_UP_BULK
+    if (up_bulk && mat == 1) {
+        bulk_mbar_wait(&s_up_full, 0);
+        const int ws = H / 2 + BULK_ROW_PAD;
+        const __nv_bfloat16 *sc = reinterpret_cast<const __nv_bfloat16 *>(s_up + 16 * ws);
+        mg_load_smem(s_up, ws, sc, sc + 16 * (H / 64), H / 64, ks * CW, steps, g, t, f);
+    }
+#endif
     tl.mark();
     float acc_a = 0.0f, acc_b = 0.0f;
     mg_dot(f, ks * CW, steps, s_xh, s_off, s_xsum, g, t, acc_a, acc_b);
@@ -473,6 +523,8 @@ static size_t gate_up_smem(const moe_args &a, bool staged)
     size_t smem = ((size_t)H + H / 2 + 2 * (H / 64)) * sizeof(float);
     if (staged)
         smem += (size_t)MG_STAGE_BYTES * MD_WARPS * 32;
+    if (staged && cuda_sm90_code()) /* up's staged tile (MD_UP_BULK) */
+        smem += (size_t)bulk_tile_bytes(H);
     return smem;
 }
 
