@@ -65,7 +65,7 @@ struct lily_service {
     int n_think_close;
     int32_t think_end;
     float *scratch;           /* [vocab] masked logits */
-    lily_token_trie *trie;    /* the vocabulary for grammar masks, built on the first structured request */
+    lily_token_trie *trie;    /* the vocabulary for grammar masks, built at load (not in a request's time) */
     unsigned long long n_requests;
 };
 
@@ -316,6 +316,9 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->scratch = malloc((size_t)svc->vocab * sizeof *svc->scratch);
     if (!svc->scratch)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    /* the grammar masks' vocabulary trie now, so that no structured request waits for it */
+    if ((st = lily_vocab_trie_new(svc->tok, svc->vocab, &svc->trie, err)) != LILY_OK)
+        return st;
     for (int i = 0; i < svc->engine->cfg.n_stop_ids; i++)
         add_stop_id(svc, svc->engine->cfg.stop_ids[i]);
     add_stop_id(svc, lily_tokenizer_eos_id(svc->tok));
@@ -1022,16 +1025,14 @@ static void anthropic_stream_start(generation *g, int n_ids, int reused)
     send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
 }
 
-/* Constrain the rest of the generation by g->grammar (when set): the vocabulary trie on first use, then a
- * matcher that waits for "</think>" when the reply is still inside a think block (think_close >= 0). */
+/* Constrain the rest of the generation by g->grammar (when set): a matcher on the vocabulary trie (built at
+ * load) that waits for "</think>" when the reply is still inside a think block (think_close >= 0). */
 static lily_status start_constraint(generation *g, int32_t think_close, lily_generate_params *gp, lily_error *err)
 {
     lily_service *svc = g->svc;
     if (!g->grammar)
         return LILY_OK;
     lily_status st = LILY_OK;
-    if (!svc->trie && (st = lily_vocab_trie_new(svc->tok, svc->vocab, &svc->trie, err)) != LILY_OK)
-        return st;
     lily_grammar_constraint_options o = {.grammar = g->grammar, .trie = svc->trie, .tok = svc->tok, .vocab = svc->vocab,
                                          .stop_ids = svc->stop_ids, .n_stop_ids = svc->n_stop_ids,
                                          .think_close = think_close};
