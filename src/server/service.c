@@ -813,6 +813,27 @@ static lily_status append_chosen(generation *g, int32_t token, lily_error *err)
     return lily_session_append(s, &token, 1, NULL, err);
 }
 
+/* append_chosen for tokens[0, n) without their logprobs, in one forward pass: their text, then the session
+ * (the tokens the context holds; LILY_ERR_CONTEXT_LENGTH after them when not all fit). *n_appended: how many. */
+static lily_status append_chosen_run(generation *g, const int32_t *tokens, int n, int *n_appended, lily_error *err)
+{
+    lily_session *s = g->svc->session;
+    const int fit = LILY_MIN(n, LILY_MAX(s->max_ctx - s->n_tokens, 0));
+    lily_status st = LILY_OK;
+    for (int i = 0; i < fit && st == LILY_OK; i++) {
+        size_t len = 0;
+        const char *bytes = lily_tokenizer_token_bytes(g->svc->tok, tokens[i], &len);
+        st = deliver_text(g, bytes ? bytes : "", bytes ? len : 0, err);
+    }
+    if (st != LILY_OK)
+        return st;
+    flush_checkpoints(g);
+    if (fit > 0 && (st = lily_session_append(s, tokens, fit, NULL, err)) != LILY_OK)
+        return st;
+    *n_appended += fit;
+    return fit < n ? lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "context full") : LILY_OK;
+}
+
 /* tool_choice required: after "<function=", draw the tool's name token by token from the logits masked to
  * the listed names, so the call names a real tool whatever the model prefers; *n_tokens (the reply's tokens
  * so far) stops at max_tokens, leaving the name unfinished. */
@@ -1064,9 +1085,13 @@ static lily_status decode_reply(generation *g, const int32_t *forced, int n_forc
     const lily_oai_request *req = g->req;
     lily_status st = LILY_OK;
     const int cap = req->max_tokens < 0 ? INT_MAX : req->max_tokens;
-    for (int i = 0; i < n_forced && *n_chosen < cap && st == LILY_OK; i++)
-        if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
-            (*n_chosen)++;
+    if (req->logprobs) { /* each token's logprob from the logits before it: one forward pass per token */
+        for (int i = 0; i < n_forced && *n_chosen < cap && st == LILY_OK; i++)
+            if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
+                (*n_chosen)++;
+    } else if (n_forced > 0 && cap > 0) {
+        st = append_chosen_run(g, forced, LILY_MIN(n_forced, cap), n_chosen, err);
+    }
     if (st == LILY_OK && nc->n > 0 && *n_chosen == n_forced) {
         st = spell_tool_name(g, nc, &gp->sampling, n_chosen, cap, err);
         if (st == LILY_OK && name_complete(nc) && nc->spelled.len > 2) /* "NAME>\n": the arguments of that tool */
