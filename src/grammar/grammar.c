@@ -5,6 +5,10 @@
  * enum entry that prefixes a longer one, leading whitespace) hands a byte it cannot take to the frame
  * below it; an alternative (anyOf, the free JSON value) replaces itself by one stack per branch and each
  * takes the byte. Stacks that reject the byte are dropped, equal stacks merged.
+ * The trie is built from the tokens sorted by their bytes (an MSD radix sort): each token shares its path
+ * with the previous one up to their common prefix, and its new nodes are appended as the last children of
+ * their parents, so the build is linear in the vocabulary's bytes and the nodes come out in depth-first
+ * order (the reference build inserts each token on its own, scanning each node's children for its byte).
  * The mask walks a trie of the vocabulary depth first, stepping a copy of the state per trie edge and
  * pruning a subtree at the first rejected byte: inside a free string nearly the whole trie is visited,
  * inside structure only a few branches.

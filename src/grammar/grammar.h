@@ -7,7 +7,8 @@
  * additionalProperties (the values of an object without properties, and of required names properties
  * lack), minProperties / maxProperties of such an object), matching bytes against it, and masking a
  * vocabulary through a trie of the tokens' bytes (one walk of the trie per step, pruned at the first byte
- * the automaton rejects).
+ * the automaton rejects). The trie is built once per vocabulary from the tokens sorted by their bytes, in
+ * one pass (lily_token_trie_new; the one-by-one insertion build is kept as its oracle, grammar_internal.h).
  *
  * Two surface syntaxes for the same schemas:
  *   LILY_GRAMMAR_JSON: compact JSON (no whitespace between tokens, except up to two leading newlines or
