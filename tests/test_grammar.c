@@ -718,6 +718,55 @@ static void test_sorted_trie_matches_insertion(void **state)
     lily_token_trie_free(ref);
 }
 
+static int compare_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* lily_token_trie_prefixes (the walk down the trie that `lily serve` masks a tool name with) finds exactly
+ * the tokens a scan of the whole vocabulary finds, those with non-empty bytes that are a prefix of the text
+ * and not special, for every suffix of a few tool names and texts on the Qwen3 vocabulary; a small cap
+ * still counts them all. */
+static void test_trie_prefixes_match_scan(void **state)
+{
+    (void)state;
+    lily_error err = {0};
+    lily_tokenizer *tok = NULL;
+    if (lily_tokenizer_load(test_data_path("tokenizers/qwen3"), &tok, &err) != LILY_OK)
+        fail_msg("tokenizer: %s", err.message);
+    const int vocab = lily_tokenizer_vocab_size(tok);
+    lily_token_trie *trie = NULL;
+    assert_int_equal(lily_vocab_trie_new(tok, vocab, &trie, &err), LILY_OK);
+    static const char *texts[] = {"search>\n", "get_weather>\n", "get_current_time_in_zone>\n", " hello world",
+                                  "<tool_call>\n<function=", "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e>\n", "<|im_end|>"};
+    int32_t got[512], want[512];
+    int checked = 0;
+    for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++)
+        for (size_t from = 0; from < strlen(texts[t]); from++) {
+            const char *text = texts[t] + from;
+            const size_t len = strlen(text);
+            int n_want = 0;
+            for (int32_t id = 0; id < vocab; id++) {
+                size_t tl = 0;
+                const char *b = lily_tokenizer_token_bytes(tok, id, &tl);
+                if (b && tl && tl <= len && !memcmp(b, text, tl) && !lily_tokenizer_is_special(tok, id)) {
+                    assert_true(n_want < 512);
+                    want[n_want++] = id;
+                }
+            }
+            const int n_got = lily_token_trie_prefixes(trie, text, len, got, 512);
+            assert_int_equal(n_got, n_want);
+            qsort(got, (size_t)n_got, sizeof *got, compare_i32);
+            assert_memory_equal(got, want, (size_t)n_want * sizeof *want);
+            assert_int_equal(lily_token_trie_prefixes(trie, text, len, got, 1), n_want);
+            checked += n_want;
+        }
+    assert_true(checked > 50);
+    lily_token_trie_free(trie);
+    lily_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -734,6 +783,7 @@ int main(void)
         cmocka_unit_test(test_mask_length_limit),
         cmocka_unit_test(test_constraint_bits_match_mask),
         cmocka_unit_test(test_sorted_trie_matches_insertion),
+        cmocka_unit_test(test_trie_prefixes_match_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

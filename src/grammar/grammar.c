@@ -947,6 +947,24 @@ void lily_token_trie_free(lily_token_trie *t)
     free(t);
 }
 
+int lily_token_trie_prefixes(const lily_token_trie *t, const char *bytes, size_t len, int32_t *ids, int cap)
+{
+    int n = 0;
+    int32_t node = 0;
+    for (size_t k = 0; k < len; k++) {
+        int32_t c = t->nodes[node].first_child;
+        while (c >= 0 && t->nodes[c].byte != (unsigned char)bytes[k])
+            c = t->nodes[c].next_sibling;
+        if (c < 0)
+            break;
+        node = c;
+        for (int32_t id = t->nodes[c].token; id >= 0; id = t->same_next[id], n++)
+            if (n < cap)
+                ids[n] = id;
+    }
+    return n;
+}
+
 static int mask_walk(lily_grammar_matcher *m, const lily_token_trie *t, int32_t node, const stack_set *state,
                      int level, uint8_t *allowed)
 {

@@ -74,6 +74,11 @@ lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, co
                                 lily_token_trie **out, lily_error *err);
 void lily_token_trie_free(lily_token_trie *t);
 
+/* The tokens whose bytes are a prefix of bytes[0, len) (non-empty; special ones never: as in the trie), by
+ * one walk down the trie: up to cap ids into ids (each once, shorter tokens first). Returns how many there
+ * are (more than cap: only cap written). */
+int lily_token_trie_prefixes(const lily_token_trie *t, const char *bytes, size_t len, int32_t *ids, int cap);
+
 /* allowed[id] := 1 when the grammar accepts all of token id's bytes from the matcher's state, else 0
  * (allowed has n_tokens entries). Returns how many are allowed. Cost: one matcher step per trie node
  * whose byte path the grammar accepts. */
