@@ -30,21 +30,25 @@ static const struct {
     {"object of scalars",
      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
      "\"admin\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\",\"admin\"]}",
-     "{\"name\":\"Ada Lovelace, the first programmer of the Analytical Engine\",\"age\":36,\"admin\":true}", LILY_GRAMMAR_JSON},
+     "{\"name\":\"Ada Lovelace, the first programmer of the Analytical Engine\",\"age\":36,\"admin\":true}",
+     LILY_GRAMMAR_JSON},
     {"nested + enum + array",
      "{\"type\":\"object\",\"properties\":{\"status\":{\"enum\":[\"open\",\"paid\",\"shipped\"]},\"items\":{\"type\":"
      "\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"sku\":{\"type\":\"string\"},\"qty\":{\"type\":"
      "\"integer\"}},\"required\":[\"sku\",\"qty\"]}},\"note\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}},"
      "\"required\":[\"status\",\"items\",\"note\"]}",
-     "{\"status\":\"paid\",\"items\":[{\"sku\":\"A-100\",\"qty\":2},{\"sku\":\"B-7\",\"qty\":10}],\"note\":null}", LILY_GRAMMAR_JSON},
+     "{\"status\":\"paid\",\"items\":[{\"sku\":\"A-100\",\"qty\":2},{\"sku\":\"B-7\",\"qty\":10}],\"note\":null}",
+     LILY_GRAMMAR_JSON},
     {"string with maxLength, array of strings (bench/serve_speed.py's)",
      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":400},\"tags\":{\"type\":"
      "\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":40}},\"required\":[\"name\",\"tags\"],"
      "\"additionalProperties\":false}",
      "{\"name\":\"kernel memory bandwidth river stone cloud matrix token engine green quiet signal paper window "
-     "orange number thread castle forest lamp ocean silver delta\",\"tags\":[\"alpha\",\"kernel\",\"memory\"]}", LILY_GRAMMAR_JSON},
+     "orange number thread castle forest lamp ocean silver delta\",\"tags\":[\"alpha\",\"kernel\",\"memory\"]}",
+     LILY_GRAMMAR_JSON},
     {"json_object (free)", NULL,
-     "{\"query\":\"weather in Paris\",\"filters\":{\"days\":[1,2,3],\"units\":\"metric\",\"verbose\":false}}", LILY_GRAMMAR_JSON},
+     "{\"query\":\"weather in Paris\",\"filters\":{\"days\":[1,2,3],\"units\":\"metric\",\"verbose\":false}}",
+     LILY_GRAMMAR_JSON},
     {"tool arguments (bench/serve_speed.py's forced call)",
      "{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"},\"limit\":{\"type\":\"integer\"}},"
      "\"required\":[\"query\"]}",

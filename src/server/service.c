@@ -326,8 +326,11 @@ lily_status lily_service_load(void *user, lily_error *err)
     for (int pass = 0; pass < 2; pass++) { /* count, then list */
         svc->n_special_ids = 0;
         for (int32_t id = 0; id < n_tok; id++)
-            if (lily_tokenizer_is_special(svc->tok, id) && (pass == 0 || (svc->special_ids[svc->n_special_ids] = id, 1)))
+            if (lily_tokenizer_is_special(svc->tok, id)) {
+                if (pass == 1)
+                    svc->special_ids[svc->n_special_ids] = id;
                 svc->n_special_ids++;
+            }
         if (pass == 0 && !(svc->special_ids = malloc(((size_t)svc->n_special_ids + 1) * sizeof *svc->special_ids)))
             return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
     }
@@ -589,7 +592,8 @@ static bool name_continues(const name_constraint *nc, const char *b, size_t len)
 {
     for (int i = 0; b && len && i < nc->n; i++) {
         size_t nl = strlen(nc->names[i]);
-        if (nc->spelled.len + len <= nl && (!nc->spelled.len || !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len)) &&
+        if (nc->spelled.len + len <= nl &&
+            (!nc->spelled.len || !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len)) &&
             !memcmp(nc->names[i] + nc->spelled.len, b, len))
             return true;
     }
