@@ -9,6 +9,7 @@
 
 #include "grammar/constraint.h"
 #include "grammar/grammar.h"
+#include "grammar/grammar_internal.h"
 
 static lily_grammar *compile_text(const char *schema_text, lily_grammar_syntax syntax)
 {
@@ -594,6 +595,178 @@ static void test_constraint_bits_match_mask(void **state)
     lily_tokenizer_free(tok);
 }
 
+/* Both tries' masks at every step of feeding text to g token by token (as tok splits it): the same
+ * allowed set and count, and the next token allowed. */
+static void assert_same_masks(const lily_tokenizer *tok, const lily_token_trie *fast, const lily_token_trie *ref,
+                              int vocab, const char *schema, lily_grammar_syntax syntax, const char *text)
+{
+    lily_error err = {0};
+    lily_grammar *g = compile_text(schema, syntax);
+    lily_grammar_matcher *m = NULL;
+    assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    assert_int_equal(lily_tokenizer_encode(tok, text, strlen(text), false, &ids, &n_ids, &err), LILY_OK);
+    uint8_t *a = malloc((size_t)vocab), *b = malloc((size_t)vocab);
+    assert_true(a && b);
+    for (int step = 0; step <= n_ids; step++) {
+        const int na = lily_grammar_matcher_mask(m, fast, a);
+        const int nb = lily_grammar_matcher_mask(m, ref, b);
+        assert_int_equal(na, nb);
+        if (memcmp(a, b, (size_t)vocab))
+            fail_msg("%s: the masks differ at step %d", schema ? schema : "json_object", step);
+        if (step == n_ids)
+            break;
+        if (!a[ids[step]])
+            fail_msg("%s: the text's token %d is masked out", schema ? schema : "json_object", step);
+        size_t len = 0;
+        const char *bytes = lily_tokenizer_token_bytes(tok, ids[step], &len);
+        assert_true(lily_grammar_matcher_feed(m, bytes, len));
+    }
+    assert_true(lily_grammar_matcher_accepting(m));
+    free(a);
+    free(b);
+    free(ids);
+    lily_grammar_matcher_free(m);
+    lily_grammar_free(g);
+}
+
+/* The trie built from the tokens sorted by their bytes (lily_token_trie_new) against the reference that
+ * inserts them one by one: the same tree (lily_token_trie_equal), and the same masks through documents of
+ * several schemas, on the Qwen3 vocabulary (151,643 tokens and the special ones) and on a random one dense
+ * in duplicates, prefixes of each other, empty tokens, NUL and 0xff bytes and long shared runs. */
+static void test_sorted_trie_matches_insertion(void **state)
+{
+    (void)state;
+    lily_error err = {0};
+    lily_tokenizer *tok = NULL;
+    if (lily_tokenizer_load(test_data_path("tokenizers/qwen3"), &tok, &err) != LILY_OK)
+        fail_msg("tokenizer: %s", err.message);
+    const int vocab = lily_tokenizer_vocab_size(tok) + 7; /* a model vocabulary padded past the tokenizer's */
+    const char **bytes = calloc((size_t)vocab, sizeof *bytes);
+    size_t *lens = calloc((size_t)vocab, sizeof *lens);
+    bool *excluded = calloc((size_t)vocab, sizeof *excluded);
+    assert_true(bytes && lens && excluded);
+    for (int id = 0; id < lily_tokenizer_vocab_size(tok); id++) {
+        bytes[id] = lily_tokenizer_token_bytes(tok, id, &lens[id]);
+        excluded[id] = lily_tokenizer_is_special(tok, id);
+    }
+    lily_token_trie *fast = NULL, *ref = NULL, *model = NULL;
+    assert_int_equal(lily_token_trie_new(bytes, lens, excluded, vocab, &fast, &err), LILY_OK);
+    assert_int_equal(lily_token_trie_new_by_insertion(bytes, lens, excluded, vocab, &ref, &err), LILY_OK);
+    assert_int_equal(lily_vocab_trie_new(tok, vocab, &model, &err), LILY_OK);
+    assert_true(lily_token_trie_equal(fast, ref));
+    assert_true(lily_token_trie_equal(model, ref));
+    static const struct {
+        const char *schema, *text;
+        lily_grammar_syntax syntax;
+    } docs[] = {
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":400},\"tags\":{\"type\":"
+         "\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":40}},\"required\":[\"name\",\"tags\"],"
+         "\"additionalProperties\":false}",
+         "\n{\"name\":\"kernel memory \\u00e9t\\u00e9 \\\"quoted\\\" caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\",\"tags\":"
+         "[\"alpha\",\"\",\"x y\"]}", LILY_GRAMMAR_JSON},
+        {"{\"type\":\"object\",\"properties\":{\"status\":{\"enum\":[\"open\",\"paid\",\"shipped\"]},\"n\":{\"type\":"
+         "\"number\"},\"when\":{\"type\":\"string\",\"format\":\"date-time\"},\"note\":{\"anyOf\":[{\"type\":"
+         "\"string\"},{\"type\":\"null\"}]}},\"required\":[\"status\",\"n\",\"when\",\"note\"]}",
+         "{\"status\":\"paid\",\"n\":-12.5e3,\"when\":\"2026-12-03T09:34:11Z\",\"note\":null}", LILY_GRAMMAR_JSON},
+        {NULL, "{\"query\":\"weather in Paris\",\"filters\":{\"days\":[1,2,3],\"verbose\":false}}", LILY_GRAMMAR_JSON},
+        {"{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"},\"limit\":{\"type\":\"integer\"}},"
+         "\"required\":[\"query\"]}",
+         "<parameter=query>\nbest b-free raw text\tand caf\xc3\xa9\n</parameter>\n<parameter=limit>\n20\n"
+         "</parameter>\n</function>\n</tool_call>", LILY_GRAMMAR_QWEN_TOOL},
+    };
+    for (size_t d = 0; d < sizeof docs / sizeof docs[0]; d++)
+        assert_same_masks(tok, fast, ref, vocab, docs[d].schema, docs[d].syntax, docs[d].text);
+    lily_token_trie_free(fast);
+    lily_token_trie_free(ref);
+    lily_token_trie_free(model);
+    free(bytes);
+    free(lens);
+    free(excluded);
+    lily_tokenizer_free(tok);
+
+    /* random tokens over a five-byte alphabet, 0-40 bytes long (a 30-byte run of 'a' shared by many) */
+    enum { N = 6000 };
+    static const char alphabet[] = {0, 'a', '"', (char)0xfe, (char)0xff};
+    static char store[N][40];
+    static const char *rbytes[N];
+    static size_t rlens[N];
+    static bool rexcluded[N];
+    uint32_t x = 12345;
+    for (int id = 0; id < N; id++) {
+        x = x * 1664525u + 1013904223u;
+        rlens[id] = (x >> 8) % 13 + ((x >> 20) % 4 == 0 ? 27 : 0);
+        for (size_t k = 0; k < rlens[id]; k++) {
+            x = x * 1664525u + 1013904223u;
+            store[id][k] = rlens[id] > 26 && k < 30 ? 'a' : alphabet[(x >> 16) % 5];
+        }
+        rbytes[id] = id % 97 == 5 ? NULL : store[id];
+        rexcluded[id] = id % 89 == 3;
+    }
+    assert_int_equal(lily_token_trie_new(rbytes, rlens, rexcluded, N, &fast, &err), LILY_OK);
+    assert_int_equal(lily_token_trie_new_by_insertion(rbytes, rlens, rexcluded, N, &ref, &err), LILY_OK);
+    assert_true(lily_token_trie_equal(fast, ref));
+    lily_token_trie_free(fast);
+    int changed = N / 2; /* one byte of a token in the tries changed: the check sees it */
+    while (!rbytes[changed] || !rlens[changed] || rexcluded[changed])
+        changed++;
+    store[changed][0] = store[changed][0] == 'a' ? '"' : 'a';
+    assert_int_equal(lily_token_trie_new(rbytes, rlens, rexcluded, N, &fast, &err), LILY_OK);
+    assert_false(lily_token_trie_equal(fast, ref));
+    lily_token_trie_free(fast);
+    lily_token_trie_free(ref);
+}
+
+static int compare_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* lily_token_trie_prefixes (the walk down the trie that `lily serve` masks a tool name with) finds exactly
+ * the tokens a scan of the whole vocabulary finds, those with non-empty bytes that are a prefix of the text
+ * and not special, for every suffix of a few tool names and texts on the Qwen3 vocabulary; a small cap
+ * still counts them all. */
+static void test_trie_prefixes_match_scan(void **state)
+{
+    (void)state;
+    lily_error err = {0};
+    lily_tokenizer *tok = NULL;
+    if (lily_tokenizer_load(test_data_path("tokenizers/qwen3"), &tok, &err) != LILY_OK)
+        fail_msg("tokenizer: %s", err.message);
+    const int vocab = lily_tokenizer_vocab_size(tok);
+    lily_token_trie *trie = NULL;
+    assert_int_equal(lily_vocab_trie_new(tok, vocab, &trie, &err), LILY_OK);
+    static const char *texts[] = {"search>\n", "get_weather>\n", "get_current_time_in_zone>\n", " hello world",
+                                  "<tool_call>\n<function=", "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e>\n", "<|im_end|>"};
+    int32_t got[512], want[512];
+    int checked = 0;
+    for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++)
+        for (size_t from = 0; from < strlen(texts[t]); from++) {
+            const char *text = texts[t] + from;
+            const size_t len = strlen(text);
+            int n_want = 0;
+            for (int32_t id = 0; id < vocab; id++) {
+                size_t tl = 0;
+                const char *b = lily_tokenizer_token_bytes(tok, id, &tl);
+                if (b && tl && tl <= len && !memcmp(b, text, tl) && !lily_tokenizer_is_special(tok, id)) {
+                    assert_true(n_want < 512);
+                    want[n_want++] = id;
+                }
+            }
+            const int n_got = lily_token_trie_prefixes(trie, text, len, got, 512);
+            assert_int_equal(n_got, n_want);
+            qsort(got, (size_t)n_got, sizeof *got, compare_i32);
+            assert_memory_equal(got, want, (size_t)n_want * sizeof *want);
+            assert_int_equal(lily_token_trie_prefixes(trie, text, len, got, 1), n_want);
+            checked += n_want;
+        }
+    assert_true(checked > 50);
+    lily_token_trie_free(trie);
+    lily_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -609,6 +782,8 @@ int main(void)
         cmocka_unit_test(test_mask),
         cmocka_unit_test(test_mask_length_limit),
         cmocka_unit_test(test_constraint_bits_match_mask),
+        cmocka_unit_test(test_sorted_trie_matches_insertion),
+        cmocka_unit_test(test_trie_prefixes_match_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -338,6 +338,21 @@ for choice, max_tokens in itertools.product(("required", {"type": "function", "f
           usage and usage["completion_tokens"] == max_tokens,
           f"the same streamed: finish_reason length, {max_tokens} tokens ({finishes[-3:]} {usage})")
 
+# without logprobs the server appends its opening in one forward pass (with them, one pass per token, each
+# token's logprob from the logits before it): the same reply either way, token for token
+for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+    replies = []
+    for lp in (False, True):
+        s, r = request("POST", chat, {"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": 40,
+                                      "temperature": 0, "logit_bias": BAN_END, "logprobs": lp})
+        m = r["choices"][0]["message"] if s == 200 else {}
+        replies.append((s, m.get("content"), json.dumps(m.get("tool_calls") and
+                                                        [c["function"] for c in m["tool_calls"]]),
+                        r.get("usage", {}).get("completion_tokens")))
+    check(replies[0] == replies[1] and replies[0][0] == 200 and replies[0][2] != "null",
+          f"tool_choice {json.dumps(choice)[:30]}: the opening in one pass gives the reply of one pass per token "
+          f"({replies[0]} vs {replies[1]})")
+
 print("response_format beside tools under tool_choice auto")
 # As in OpenAI's API the model may still call a tool; only an answer follows the format. The bias makes the
 # model open a call ("<tool_call>") at once: the format must not mask it, and once the call is open nothing is

@@ -5,6 +5,10 @@
  * enum entry that prefixes a longer one, leading whitespace) hands a byte it cannot take to the frame
  * below it; an alternative (anyOf, the free JSON value) replaces itself by one stack per branch and each
  * takes the byte. Stacks that reject the byte are dropped, equal stacks merged.
+ * The trie is built from the tokens sorted by their bytes (an MSD radix sort): each token shares its path
+ * with the previous one up to their common prefix, and its new nodes are appended as the last children of
+ * their parents, so the build is linear in the vocabulary's bytes and the nodes come out in depth-first
+ * order (the reference build inserts each token on its own, scanning each node's children for its byte).
  * The mask walks a trie of the vocabulary depth first, stepping a copy of the state per trie edge and
  * pruning a subtree at the first rejected byte: inside a free string nearly the whole trie is visited,
  * inside structure only a few branches.
@@ -666,13 +670,11 @@ static int32_t trie_child(lily_token_trie *t, int32_t parent, unsigned char b, b
     return c;
 }
 
-/* The trie of the tokens with keep[id] (all when keep is NULL), excluded ones left out. */
-static lily_token_trie *trie_build(const char *const *bytes, const size_t *lens, const bool *excluded,
-                                   const uint8_t *keep, int n_tokens)
+static lily_token_trie *trie_alloc(int n_tokens, int cap_nodes)
 {
     lily_token_trie *t = calloc(1, sizeof *t);
     if (t) {
-        t->cap_nodes = 1024;
+        t->cap_nodes = cap_nodes > 0 ? cap_nodes : 1;
         t->nodes = malloc((size_t)t->cap_nodes * sizeof *t->nodes);
         t->same_next = malloc(((size_t)n_tokens + 1) * sizeof *t->same_next);
     }
@@ -683,8 +685,19 @@ static lily_token_trie *trie_build(const char *const *bytes, const size_t *lens,
     t->n_tokens = n_tokens;
     t->n_nodes = 1;
     t->nodes[0] = (trie_node){.first_child = -1, .next_sibling = -1, .token = -1};
-    for (int id = 0; id < n_tokens; id++) {
+    for (int id = 0; id < n_tokens; id++)
         t->same_next[id] = -1;
+    return t;
+}
+
+/* The reference build (the oracle of the sorted one below): the trie of the tokens with keep[id] (all when
+ * keep is NULL), excluded ones left out, inserted one by one in id order (each byte a scan of the node's
+ * children). */
+static lily_token_trie *trie_build_by_insertion(const char *const *bytes, const size_t *lens, const bool *excluded,
+                                                const uint8_t *keep, int n_tokens)
+{
+    lily_token_trie *t = trie_alloc(n_tokens, 1024);
+    for (int id = 0; t && id < n_tokens; id++) {
         if ((excluded && excluded[id]) || !bytes[id] || !lens[id] || (keep && !keep[id]))
             continue;
         int32_t node = 0;
@@ -702,29 +715,223 @@ static lily_token_trie *trie_build(const char *const *bytes, const size_t *lens,
     return t;
 }
 
-lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, const bool *excluded, int n_tokens,
-                                lily_token_trie **out, lily_error *err)
+/* The byte at depth d of token id as a sort key: 0 past its end (a prefix sorts first), else byte + 1. */
+static int sort_key(const char *const *bytes, const size_t *lens, int32_t id, size_t d)
+{
+    return d < lens[id] ? (unsigned char)bytes[id][d] + 1 : 0;
+}
+
+/* Sort ids[0, n) by their bytes from depth d on (all share bytes [0, d)): most significant byte first, one
+ * counting pass per depth into tmp[0, n); short runs by insertion. Stable. */
+static void sort_by_bytes(const char *const *bytes, const size_t *lens, int32_t *ids, int32_t *tmp, int n, size_t d)
+{
+    while (n > 1) {
+        if (n <= 16) {
+            for (int i = 1; i < n; i++) {
+                const int32_t id = ids[i];
+                int j = i;
+                for (; j > 0; j--) {
+                    const int32_t o = ids[j - 1];
+                    const size_t common = lens[o] < lens[id] ? lens[o] : lens[id];
+                    int c = common > d ? memcmp(bytes[o] + d, bytes[id] + d, common - d) : 0;
+                    if (c < 0 || (c == 0 && lens[o] <= lens[id]))
+                        break;
+                    ids[j] = o;
+                }
+                ids[j] = id;
+            }
+            return;
+        }
+        int count[258] = {0};
+        for (int i = 0; i < n; i++)
+            count[sort_key(bytes, lens, ids[i], d) + 1]++;
+        for (int k = 1; k < 258; k++)
+            count[k] += count[k - 1];
+        for (int i = 0; i < n; i++)
+            tmp[count[sort_key(bytes, lens, ids[i], d)]++] = ids[i];
+        memcpy(ids, tmp, (size_t)n * sizeof *ids);
+        /* bucket k is now [count[k - 1], count[k]); bucket 0 (the tokens that end at depth d) holds equal
+         * bytes, in order already */
+        for (int k = 1; k < 256; k++)
+            if (count[k] - count[k - 1] > 1)
+                sort_by_bytes(bytes, lens, ids + count[k - 1], tmp, count[k] - count[k - 1], d + 1);
+        ids += count[255]; /* the last bucket (byte 0xff) by the loop instead of a call */
+        n -= count[255];
+        d++;
+    }
+}
+
+/* The trie of the tokens order[0, n_order) (sorted by their bytes) with keep[id] (all when keep is NULL),
+ * built in one pass: a token shares its path with the previous one up to their common prefix, and its new
+ * nodes are the last children of their parents. Nodes come out in depth-first order, children by byte. */
+static lily_token_trie *trie_build_sorted(const char *const *bytes, const size_t *lens, const int32_t *order,
+                                          int n_order, int max_len, const uint8_t *keep, int n_tokens)
+{
+    int32_t *path = malloc(((size_t)max_len + 1) * sizeof *path);      /* the previous token's nodes per depth */
+    int32_t *last = malloc(((size_t)max_len + 1) * sizeof *last);      /* their last children so far */
+    lily_token_trie *t = path && last ? trie_alloc(n_tokens, 1024) : NULL;
+    if (t) {
+        path[0] = 0;
+        last[0] = -1;
+    }
+    int32_t prev = -1;
+    for (int i = 0; t && i < n_order; i++) {
+        const int32_t id = order[i];
+        if (keep && !keep[id])
+            continue;
+        const char *b = bytes[id];
+        const size_t len = lens[id];
+        size_t d = 0;
+        if (prev >= 0) {
+            const size_t plen = lens[prev];
+            while (d < len && d < plen && bytes[prev][d] == b[d])
+                d++;
+        }
+        for (; d < len; d++) {
+            if (t->n_nodes == t->cap_nodes) {
+                const int cap = t->cap_nodes * 2;
+                trie_node *p = realloc(t->nodes, (size_t)cap * sizeof *p);
+                if (!p) {
+                    lily_token_trie_free(t);
+                    t = NULL;
+                    break;
+                }
+                t->nodes = p;
+                t->cap_nodes = cap;
+            }
+            const int32_t c = t->n_nodes++;
+            t->nodes[c] = (trie_node){.first_child = -1, .next_sibling = -1, .token = -1, .byte = (unsigned char)b[d]};
+            if (last[d] >= 0)
+                t->nodes[last[d]].next_sibling = c;
+            else
+                t->nodes[path[d]].first_child = c;
+            last[d] = c;
+            path[d + 1] = c;
+            last[d + 1] = -1;
+        }
+        if (!t)
+            break;
+        const int32_t node = path[len];
+        t->same_next[id] = t->nodes[node].token;
+        t->nodes[node].token = id;
+        if ((int)len > t->max_len)
+            t->max_len = (int)len;
+        prev = id;
+    }
+    free(path);
+    free(last);
+    return t;
+}
+
+static bool token_usable(const char *const *bytes, const size_t *lens, const bool *excluded, int id)
+{
+    return !(excluded && excluded[id]) && bytes[id] && lens[id];
+}
+
+/* lily_token_trie_new's tries by insertion (reference) or from the tokens sorted by their bytes. */
+static lily_status token_trie_new(const char *const *bytes, const size_t *lens, const bool *excluded, int n_tokens,
+                                  bool by_insertion, lily_token_trie **out, lily_error *err)
 {
     *out = NULL;
-    lily_token_trie *t = trie_build(bytes, lens, excluded, NULL, n_tokens);
+    int32_t *order = NULL, *tmp = NULL;
+    int n_order = 0, max_len = 0;
+    lily_token_trie *t = NULL;
+    if (by_insertion) {
+        t = trie_build_by_insertion(bytes, lens, excluded, NULL, n_tokens);
+    } else {
+        order = malloc(((size_t)n_tokens + 1) * sizeof *order);
+        tmp = malloc(((size_t)n_tokens + 1) * sizeof *tmp);
+        if (order && tmp) {
+            for (int id = 0; id < n_tokens; id++)
+                if (token_usable(bytes, lens, excluded, id)) {
+                    order[n_order++] = id;
+                    max_len = (int)lens[id] > max_len ? (int)lens[id] : max_len;
+                }
+            sort_by_bytes(bytes, lens, order, tmp, n_order, 0);
+            t = trie_build_sorted(bytes, lens, order, n_order, max_len, NULL, n_tokens);
+        }
+    }
     uint8_t *other = malloc((size_t)n_tokens + 1);
     bool ok = t && other;
     for (int k = 0; ok && k < 2; k++) {
         ok = (t->plain[k] = calloc((size_t)n_tokens + 1, 1)) != NULL;
         for (int id = 0; ok && id < n_tokens; id++) {
-            bool usable = !(excluded && excluded[id]) && bytes[id] && lens[id];
+            bool usable = token_usable(bytes, lens, excluded, id);
             t->plain[k][id] = usable ? (uint8_t)plain_text(bytes[id], lens[id], k) : 0;
             other[id] = usable && !t->plain[k][id];
         }
-        ok = ok && (t->rest[k] = trie_build(bytes, lens, excluded, other, n_tokens)) != NULL;
+        ok = ok && (t->rest[k] = by_insertion ? trie_build_by_insertion(bytes, lens, excluded, other, n_tokens)
+                                              : trie_build_sorted(bytes, lens, order, n_order, max_len, other,
+                                                                  n_tokens)) != NULL;
     }
     free(other);
+    free(order);
+    free(tmp);
     if (!ok) {
         lily_token_trie_free(t);
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "grammar: out of memory for the token trie");
     }
     *out = t;
     return LILY_OK;
+}
+
+lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, const bool *excluded, int n_tokens,
+                                lily_token_trie **out, lily_error *err)
+{
+    return token_trie_new(bytes, lens, excluded, n_tokens, false, out, err);
+}
+
+lily_status lily_token_trie_new_by_insertion(const char *const *bytes, const size_t *lens, const bool *excluded,
+                                             int n_tokens, lily_token_trie **out, lily_error *err)
+{
+    return token_trie_new(bytes, lens, excluded, n_tokens, true, out, err);
+}
+
+/* Whether node na of a and node nb of b end the same tokens and have children with the same bytes whose
+ * subtries are equal, in any order of siblings and of tokens with equal bytes. */
+static bool trie_nodes_equal(const lily_token_trie *a, int32_t na, const lily_token_trie *b, int32_t nb)
+{
+    int n_a = 0, n_b = 0;
+    for (int32_t id = a->nodes[na].token; id >= 0; id = a->same_next[id], n_a++) {
+        int32_t j = b->nodes[nb].token;
+        while (j >= 0 && j != id)
+            j = b->same_next[j];
+        if (j < 0)
+            return false;
+    }
+    for (int32_t id = b->nodes[nb].token; id >= 0; id = b->same_next[id])
+        n_b++;
+    if (n_a != n_b)
+        return false;
+    int kids_a = 0, kids_b = 0;
+    for (int32_t c = b->nodes[nb].first_child; c >= 0; c = b->nodes[c].next_sibling)
+        kids_b++;
+    for (int32_t c = a->nodes[na].first_child; c >= 0; c = a->nodes[c].next_sibling, kids_a++) {
+        int32_t d = b->nodes[nb].first_child;
+        while (d >= 0 && b->nodes[d].byte != a->nodes[c].byte)
+            d = b->nodes[d].next_sibling;
+        if (d < 0 || !trie_nodes_equal(a, c, b, d))
+            return false;
+    }
+    return kids_a == kids_b;
+}
+
+static bool trie_equal(const lily_token_trie *a, const lily_token_trie *b)
+{
+    return a->n_tokens == b->n_tokens && a->n_nodes == b->n_nodes && a->max_len == b->max_len &&
+           trie_nodes_equal(a, 0, b, 0);
+}
+
+bool lily_token_trie_equal(const lily_token_trie *a, const lily_token_trie *b)
+{
+    if (!trie_equal(a, b))
+        return false;
+    for (int k = 0; k < 2; k++)
+        if ((!a->plain[k]) != (!b->plain[k]) || (!a->rest[k]) != (!b->rest[k]) ||
+            (a->plain[k] && memcmp(a->plain[k], b->plain[k], (size_t)a->n_tokens)) ||
+            (a->rest[k] && !trie_equal(a->rest[k], b->rest[k])))
+            return false;
+    return true;
 }
 
 void lily_token_trie_free(lily_token_trie *t)
@@ -738,6 +945,24 @@ void lily_token_trie_free(lily_token_trie *t)
     free(t->nodes);
     free(t->same_next);
     free(t);
+}
+
+int lily_token_trie_prefixes(const lily_token_trie *t, const char *bytes, size_t len, int32_t *ids, int cap)
+{
+    int n = 0;
+    int32_t node = 0;
+    for (size_t k = 0; k < len; k++) {
+        int32_t c = t->nodes[node].first_child;
+        while (c >= 0 && t->nodes[c].byte != (unsigned char)bytes[k])
+            c = t->nodes[c].next_sibling;
+        if (c < 0)
+            break;
+        node = c;
+        for (int32_t id = t->nodes[c].token; id >= 0; id = t->same_next[id], n++)
+            if (n < cap)
+                ids[n] = id;
+    }
+    return n;
 }
 
 static int mask_walk(lily_grammar_matcher *m, const lily_token_trie *t, int32_t node, const stack_set *state,

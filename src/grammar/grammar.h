@@ -7,7 +7,8 @@
  * additionalProperties (the values of an object without properties, and of required names properties
  * lack), minProperties / maxProperties of such an object), matching bytes against it, and masking a
  * vocabulary through a trie of the tokens' bytes (one walk of the trie per step, pruned at the first byte
- * the automaton rejects).
+ * the automaton rejects). The trie is built once per vocabulary from the tokens sorted by their bytes, in
+ * one pass (lily_token_trie_new; the one-by-one insertion build is kept as its oracle, grammar_internal.h).
  *
  * Two surface syntaxes for the same schemas:
  *   LILY_GRAMMAR_JSON: compact JSON (no whitespace between tokens, except up to two leading newlines or
@@ -72,6 +73,11 @@ typedef struct lily_token_trie lily_token_trie;
 lily_status lily_token_trie_new(const char *const *bytes, const size_t *lens, const bool *excluded, int n_tokens,
                                 lily_token_trie **out, lily_error *err);
 void lily_token_trie_free(lily_token_trie *t);
+
+/* The tokens whose bytes are a prefix of bytes[0, len) (non-empty; special ones never: as in the trie), by
+ * one walk down the trie: up to cap ids into ids (each once, shorter tokens first). Returns how many there
+ * are (more than cap: only cap written). */
+int lily_token_trie_prefixes(const lily_token_trie *t, const char *bytes, size_t len, int32_t *ids, int cap);
 
 /* allowed[id] := 1 when the grammar accepts all of token id's bytes from the matcher's state, else 0
  * (allowed has n_tokens entries). Returns how many are allowed. Cost: one matcher step per trie node

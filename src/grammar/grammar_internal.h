@@ -57,4 +57,13 @@ struct lily_grammar {
     int n_nodes, cap_nodes;
 };
 
+/* lily_token_trie_new by the reference algorithm: each token inserted on its own, in id order (the oracle of
+ * the build from the tokens sorted by their bytes). Same arguments and errors. */
+lily_status lily_token_trie_new_by_insertion(const char *const *bytes, const size_t *lens, const bool *excluded,
+                                             int n_tokens, lily_token_trie **out, lily_error *err);
+
+/* Whether two tries hold the same tokens on the same byte paths (sibling order and the order of tokens with
+ * equal bytes aside), with the same plain-text tables and the same tries of the other tokens. */
+bool lily_token_trie_equal(const lily_token_trie *a, const lily_token_trie *b);
+
 #endif

@@ -65,7 +65,9 @@ struct lily_service {
     int n_think_close;
     int32_t think_end;
     float *scratch;           /* [vocab] masked logits */
-    lily_token_trie *trie;    /* the vocabulary for grammar masks, built on the first structured request */
+    lily_token_trie *trie;    /* the vocabulary for grammar masks, built at load (not in a request's time) */
+    int32_t *special_ids;     /* [n_special_ids] the special tokens (the trie leaves them out) */
+    int n_special_ids;
     unsigned long long n_requests;
 };
 
@@ -119,6 +121,7 @@ void lily_service_free(lily_service *svc)
     lily_tokenizer_free(svc->tok);
     free(svc->think_close);
     lily_token_trie_free(svc->trie);
+    free(svc->special_ids);
     free(svc->scratch);
     free(svc->model_dir);
     free(svc->backend);
@@ -316,6 +319,21 @@ lily_status lily_service_load(void *user, lily_error *err)
     svc->scratch = malloc((size_t)svc->vocab * sizeof *svc->scratch);
     if (!svc->scratch)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    /* the grammar masks' vocabulary trie now, so that no structured request waits for it */
+    if ((st = lily_vocab_trie_new(svc->tok, svc->vocab, &svc->trie, err)) != LILY_OK)
+        return st;
+    const int n_tok = LILY_MIN(svc->vocab, lily_tokenizer_vocab_size(svc->tok));
+    for (int pass = 0; pass < 2; pass++) { /* count, then list */
+        svc->n_special_ids = 0;
+        for (int32_t id = 0; id < n_tok; id++)
+            if (lily_tokenizer_is_special(svc->tok, id)) {
+                if (pass == 1)
+                    svc->special_ids[svc->n_special_ids] = id;
+                svc->n_special_ids++;
+            }
+        if (pass == 0 && !(svc->special_ids = malloc(((size_t)svc->n_special_ids + 1) * sizeof *svc->special_ids)))
+            return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+    }
     for (int i = 0; i < svc->engine->cfg.n_stop_ids; i++)
         add_stop_id(svc, svc->engine->cfg.stop_ids[i]);
     add_stop_id(svc, lily_tokenizer_eos_id(svc->tok));
@@ -569,22 +587,62 @@ typedef struct {
     bool active;
 } name_constraint;
 
-/* Mask logits to the tokens that keep `spelled` a prefix of some "NAME>\n". Returns how many are allowed. */
+/* Whether token bytes b[len] keep `spelled` a prefix of some "NAME>\n" (its bytes a prefix of a name's rest). */
+static bool name_continues(const name_constraint *nc, const char *b, size_t len)
+{
+    for (int i = 0; b && len && i < nc->n; i++) {
+        size_t nl = strlen(nc->names[i]);
+        if (nc->spelled.len + len <= nl &&
+            (!nc->spelled.len || !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len)) &&
+            !memcmp(nc->names[i] + nc->spelled.len, b, len))
+            return true;
+    }
+    return false;
+}
+
+static int compare_ids(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mask logits to the tokens that keep `spelled` a prefix of some "NAME>\n": the trie's tokens along each
+ * name's rest (lily_token_trie_prefixes, one walk per name instead of a look at every token), and the
+ * special tokens (not in the trie) checked on their own. Returns how many are allowed, or -1 out of memory. */
 static int constrain_name(const lily_service *svc, const name_constraint *nc, const float *logits, float *out)
 {
-    int allowed = 0;
-    for (int32_t id = 0; id < svc->vocab; id++) {
-        size_t len = 0;
-        const char *b = lily_tokenizer_token_bytes(svc->tok, id, &len);
-        bool ok = false;
-        for (int i = 0; b && len && !ok && i < nc->n; i++) {
-            size_t nl = strlen(nc->names[i]);
-            ok = nc->spelled.len + len <= nl &&
-                 (!nc->spelled.len || !memcmp(nc->names[i], nc->spelled.data, nc->spelled.len)) &&
-                 !memcmp(nc->names[i] + nc->spelled.len, b, len);
+    for (int32_t id = 0; id < svc->vocab; id++)
+        out[id] = -INFINITY;
+    int n = 0, cap = 0;
+    int32_t *ids = NULL;
+    for (int pass = 0; pass < 2; pass++) { /* count, then list */
+        n = 0;
+        for (int i = 0; i < nc->n; i++) {
+            const size_t nl = strlen(nc->names[i]);
+            if (nc->spelled.len >= nl || (nc->spelled.len && memcmp(nc->names[i], nc->spelled.data, nc->spelled.len)))
+                continue;
+            n += lily_token_trie_prefixes(svc->trie, nc->names[i] + nc->spelled.len, nl - nc->spelled.len,
+                                          ids ? ids + n : NULL, ids ? cap - n : 0);
         }
-        out[id] = ok ? logits[id] : -INFINITY;
-        allowed += ok;
+        if (pass == 0 && !(ids = malloc(((size_t)n + 1) * sizeof *ids)))
+            return -1;
+        cap = n;
+    }
+    qsort(ids, (size_t)n, sizeof *ids, compare_ids); /* a token along two names' rests counts once */
+    int allowed = 0;
+    for (int k = 0; k < n; k++)
+        if (k == 0 || ids[k] != ids[k - 1]) {
+            out[ids[k]] = logits[ids[k]];
+            allowed++;
+        }
+    free(ids);
+    for (int k = 0; k < svc->n_special_ids; k++) {
+        size_t len = 0;
+        const int32_t id = svc->special_ids[k];
+        if (name_continues(nc, lily_tokenizer_token_bytes(svc->tok, id, &len), len)) {
+            out[id] = logits[id];
+            allowed++;
+        }
     }
     return allowed;
 }
@@ -810,6 +868,27 @@ static lily_status append_chosen(generation *g, int32_t token, lily_error *err)
     return lily_session_append(s, &token, 1, NULL, err);
 }
 
+/* append_chosen for tokens[0, n) without their logprobs, in one forward pass: their text, then the session
+ * (the tokens the context holds; LILY_ERR_CONTEXT_LENGTH after them when not all fit). *n_appended: how many. */
+static lily_status append_chosen_run(generation *g, const int32_t *tokens, int n, int *n_appended, lily_error *err)
+{
+    lily_session *s = g->svc->session;
+    const int fit = LILY_MIN(n, LILY_MAX(s->max_ctx - s->n_tokens, 0));
+    lily_status st = LILY_OK;
+    for (int i = 0; i < fit && st == LILY_OK; i++) {
+        size_t len = 0;
+        const char *bytes = lily_tokenizer_token_bytes(g->svc->tok, tokens[i], &len);
+        st = deliver_text(g, bytes ? bytes : "", bytes ? len : 0, err);
+    }
+    if (st != LILY_OK)
+        return st;
+    flush_checkpoints(g);
+    if (fit > 0 && (st = lily_session_append(s, tokens, fit, NULL, err)) != LILY_OK)
+        return st;
+    *n_appended += fit;
+    return fit < n ? lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "context full") : LILY_OK;
+}
+
 /* tool_choice required: after "<function=", draw the tool's name token by token from the logits masked to
  * the listed names, so the call names a real tool whatever the model prefers; *n_tokens (the reply's tokens
  * so far) stops at max_tokens, leaving the name unfinished. */
@@ -821,7 +900,12 @@ static lily_status spell_tool_name(generation *g, name_constraint *nc, const lil
     lily_status st = lily_sampler_new(sp, svc->vocab, &sampler, err);
     while (st == LILY_OK && !name_complete(nc) && *n_tokens < max_tokens) {
         int32_t token = -1;
-        if (constrain_name(svc, nc, svc->session->logits, svc->scratch) > 0) {
+        const int n_allowed = constrain_name(svc, nc, svc->session->logits, svc->scratch);
+        if (n_allowed < 0) {
+            st = lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
+            break;
+        }
+        if (n_allowed > 0) {
             token = lily_sampler_sample(sampler, svc->scratch);
         } else { /* no single token continues a name here: spell the rest of the first name that fits */
             for (int i = 0; i < nc->n && token < 0; i++)
@@ -1022,16 +1106,14 @@ static void anthropic_stream_start(generation *g, int n_ids, int reused)
     send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
 }
 
-/* Constrain the rest of the generation by g->grammar (when set): the vocabulary trie on first use, then a
- * matcher that waits for "</think>" when the reply is still inside a think block (think_close >= 0). */
+/* Constrain the rest of the generation by g->grammar (when set): a matcher on the vocabulary trie (built at
+ * load) that waits for "</think>" when the reply is still inside a think block (think_close >= 0). */
 static lily_status start_constraint(generation *g, int32_t think_close, lily_generate_params *gp, lily_error *err)
 {
     lily_service *svc = g->svc;
     if (!g->grammar)
         return LILY_OK;
     lily_status st = LILY_OK;
-    if (!svc->trie && (st = lily_vocab_trie_new(svc->tok, svc->vocab, &svc->trie, err)) != LILY_OK)
-        return st;
     lily_grammar_constraint_options o = {.grammar = g->grammar, .trie = svc->trie, .tok = svc->tok, .vocab = svc->vocab,
                                          .stop_ids = svc->stop_ids, .n_stop_ids = svc->n_stop_ids,
                                          .think_close = think_close};
@@ -1063,9 +1145,13 @@ static lily_status decode_reply(generation *g, const int32_t *forced, int n_forc
     const lily_oai_request *req = g->req;
     lily_status st = LILY_OK;
     const int cap = req->max_tokens < 0 ? INT_MAX : req->max_tokens;
-    for (int i = 0; i < n_forced && *n_chosen < cap && st == LILY_OK; i++)
-        if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
-            (*n_chosen)++;
+    if (req->logprobs) { /* each token's logprob from the logits before it: one forward pass per token */
+        for (int i = 0; i < n_forced && *n_chosen < cap && st == LILY_OK; i++)
+            if ((st = append_chosen(g, forced[i], err)) == LILY_OK)
+                (*n_chosen)++;
+    } else if (n_forced > 0 && cap > 0) {
+        st = append_chosen_run(g, forced, LILY_MIN(n_forced, cap), n_chosen, err);
+    }
     if (st == LILY_OK && nc->n > 0 && *n_chosen == n_forced) {
         st = spell_tool_name(g, nc, &gp->sampling, n_chosen, cap, err);
         if (st == LILY_OK && name_complete(nc) && nc->spelled.len > 2) /* "NAME>\n": the arguments of that tool */
