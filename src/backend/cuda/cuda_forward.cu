@@ -221,6 +221,26 @@ lily_status cuda_enqueue_lm_head(cuda_ctx *c, int row0, int rows, lily_error *er
 
 /* ---- per-layer arguments, built once per state ------------------------------------------------------ */
 
+/* Append m's data, scales and biases to the L2 prefetch ranges (whole 16-byte units inside each array). */
+static void l2_add(moe_args *a, const dmat &m)
+{
+    if (!m.data)
+        return;
+    const int64_t rows = (int64_t)m.rows * m.n_experts;
+    const void *p[3] = {m.data, m.scales, m.biases};
+    const int64_t bytes[3] = {rows * m.row_bytes, m.bits < 16 ? rows * (m.cols / 64) * 2 : 0, m.bits < 16 ? rows * (m.cols / 64) * 2 : 0};
+    for (int i = 0; i < 3 && a->n_l2 < MOE_L2_RANGES; i++) {
+        if (!p[i] || bytes[i] < 16)
+            continue;
+        const uintptr_t s = ((uintptr_t)p[i] + 15) & ~(uintptr_t)15, e = ((uintptr_t)p[i] + (uintptr_t)bytes[i]) & ~(uintptr_t)15;
+        if (e <= s || e - s > 0xffffffffu)
+            continue;
+        a->l2[a->n_l2].p = (const uint8_t *)s;
+        a->l2[a->n_l2].bytes = (unsigned int)(e - s);
+        a->n_l2++;
+    }
+}
+
 lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error *err)
 {
     const lily_config *cfg = &c->cfg;
@@ -335,6 +355,25 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
         m.router_shared = L->shared_expert_gate;
         m.logit_pub = st->ctr->moe_logit_pub;
     }
+    /* each MoE block's L2 prefetch ranges: the next layer's input projection (and with LILY_L2PF_ALL its
+     * mixer output, router and shared expert) */
+    const bool all = getenv("LILY_L2PF_ALL") != NULL;
+    for (int l = 0; l + 1 < cfg->n_layers; l++) {
+        moe_args *m = &st->args[l].moe;
+        const cuda_layer_args *N = &st->args[l + 1];
+        m->n_l2 = 0;
+        for (int k = 0; k < N->mix_in.n_mats; k++)
+            l2_add(m, N->mix_in.m[k]);
+        if (all) {
+            for (int k = 0; k < N->mix_out.n_mats; k++)
+                l2_add(m, N->mix_out.m[k]);
+            l2_add(m, N->moe.router);
+            l2_add(m, N->moe.router_shared);
+            l2_add(m, N->moe.sgate);
+            l2_add(m, N->moe.sup);
+            l2_add(m, N->moe.sdown);
+        }
+    }
     return LILY_OK;
 }
 
@@ -429,6 +468,13 @@ static lily_status moe_block(cuda_ctx *c, const cuda_layer *L, const cuda_layer_
     MARK(PS_MOE_GATE_UP);
     if (host_cpu)
         return cuda_cpu_experts_moe(c, m, err);
+    { /* dev experiment: LILY_L2PF = 1 (before the wait) / 2 (after it); LILY_L2PF_ALL: + the next layer's mixer
+       * output, router and shared expert */
+        const char *e = getenv("LILY_L2PF");
+        m.l2_when = e ? atoi(e) : 0;
+        if (!m.l2_when || !moe_router_fused(m, n))
+            m.n_l2 = 0;
+    }
     m.timeline = tl_slot(c, PS_MOE_GATE_UP, l, m.top_k * (dmat_bytes(m.gate) + dmat_bytes(m.up)) + dmat_bytes(m.sgate) +
                          dmat_bytes(m.sup) + (m.logit_pub ? dmat_bytes(m.router) + dmat_bytes(m.router_shared) : 0.0), 0.0, 1);
     LAUNCH(launch_moe_gate_up(m, n, c->stream));

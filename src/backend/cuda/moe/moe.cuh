@@ -9,6 +9,14 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/timeline.cuh"
 
+/* A range of weight bytes to pull into L2 (16-byte aligned start, bytes a multiple of 16). */
+struct moe_l2_range {
+    const uint8_t *p;
+    unsigned int bytes;
+};
+#define MOE_L2_RANGES 32
+#define MOE_L2_CHUNK 8192
+
 struct moe_args {
     dmat gate, up, down;            /* routed experts */
     dmat sgate, sup, sdown;         /* shared expert */
@@ -41,6 +49,11 @@ struct moe_args {
     dmat router, router_shared;
     unsigned long long *logit_pub;
     unsigned long long *timeline; /* per-block stamps of the decode kernels (timeline.cuh); NULL: none */
+    /* Decode (moe_gate_up_mma, STAGED): byte ranges of later kernels' weights (the next layer's input
+     * projection) that the blocks pull into L2 while the router and the top-k run (HBM idle then), split in
+     * MOE_L2_CHUNK-byte bulk prefetches over the grid; l2_when 0: none, 1: before pdl_wait, 2: after it. */
+    moe_l2_range l2[MOE_L2_RANGES];
+    int n_l2, l2_when;
 };
 /* Tagged top-k words of moe_args.topk_pub: 2 per slot (id, weight), MOE_MAX_K (moe_topk.cuh) slots. */
 #define MOE_PUB_WORDS 32

@@ -55,6 +55,27 @@ static_assert(8 * 32 * MD_HID_CHUNKS >= 512, "moe_decode_mma_supported's widest 
 
 static_assert(MOE_PUB_WORDS >= 2 * MOE_MAX_K, "moe_args.topk_pub holds 2 words per top-k slot");
 
+/* This block's share of a.l2 (chunk k of the ranges' concatenation goes to block k % grid), one bulk
+ * prefetch per lane of the calling warp. Weights only: may run before pdl_wait. */
+__device__ __forceinline__ void moe_l2_prefetch(const moe_args &a, int lane)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    int k = (int)blockIdx.x + (int)gridDim.x * lane;
+    const int stride = 32 * (int)gridDim.x;
+#pragma unroll
+    for (int r = 0; r < MOE_L2_RANGES; r++) {
+        if (r >= a.n_l2)
+            break;
+        const int nch = (int)((a.l2[r].bytes + MOE_L2_CHUNK - 1) / MOE_L2_CHUNK);
+        for (; k < nch; k += stride) {
+            const unsigned int off = (unsigned int)k * MOE_L2_CHUNK, n = min((unsigned int)MOE_L2_CHUNK, a.l2[r].bytes - off);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.l2[r].p + off), "r"(n) : "memory");
+        }
+        k -= nch;
+    }
+#endif
+}
+
 bool moe_early_ids_wanted(int layer)
 {
     return cuda_sm90_code() && layer >= 0 && layer < 256;
@@ -141,9 +162,13 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
     } else if (threadIdx.x < H / 32) { /* the RMSNorm weight into L2 (gemv_input_prefetch) */
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + threadIdx.x * 32));
     }
+    if (warp == MD_WARPS - 1 && a.l2_when == 1)
+        moe_l2_prefetch(a, lane);
     pdl_trigger();
     pdl_wait();
     tl.waited();
+    if (warp == MD_WARPS - 1 && a.l2_when == 2)
+        moe_l2_prefetch(a, lane);
     __shared__ int s_idx[MOE_MAX_K];
     __shared__ float s_w[MOE_MAX_K];
     __shared__ unsigned int s_key[MOE_MAX_E];
