@@ -149,6 +149,12 @@ static void json_shape(const char *s, size_t len, size_t *values, int *depth)
 bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_error *e)
 {
     *out = NULL;
+    /* one UTF-8 byte order mark before the text is ignored, as RFC 8259 (8.1) allows and vLLM and llama.cpp
+     * do (Windows PowerShell's -Encoding utf8 writes one); anywhere else it is text or an error as before */
+    if (len >= 3 && !memcmp(body, "\xEF\xBB\xBF", 3)) {
+        body += 3;
+        len -= 3;
+    }
     size_t values;
     int depth;
     json_shape(body, len, &values, &depth);

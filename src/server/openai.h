@@ -94,9 +94,9 @@ typedef struct {
 #define LILY_OAI_MAX_JSON_DEPTH 64
 #define LILY_OAI_MAX_JSON_VALUES (1 << 18)
 
-/* Parse a request body (len bytes; U+0000 allowed in strings) into *out. Returns false with e set (400)
- * when it nests deeper than LILY_OAI_MAX_JSON_DEPTH, has more than LILY_OAI_MAX_JSON_VALUES values, or is
- * not JSON. */
+/* Parse a request body (len bytes; U+0000 allowed in strings; one leading UTF-8 byte order mark skipped)
+ * into *out. Returns false with e set (400) when it nests deeper than LILY_OAI_MAX_JSON_DEPTH, has more
+ * than LILY_OAI_MAX_JSON_VALUES values, or is not JSON. */
 bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_error *e);
 
 /* The most stop sequences a request may give ('stop'; 'stop_sequences' on the Messages API). */
