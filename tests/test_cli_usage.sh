@@ -196,6 +196,22 @@ for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "p
         "lily ${args%% *}: $TMP/models--Qwen--X is a Hugging Face cache folder, not a model directory: pass its snapshot, $TMP/models--Qwen--X/snapshots/0123abc" \
         $args -m "$TMP/models--Qwen--X"
 done
+# -m ORG/NAME that is no directory here, as vLLM and transformers take a Hugging Face repo id: lily downloads
+# nothing, so it says how to get the files, or names the snapshot the hub cache ($HF_HUB_CACHE, else
+# $HF_HOME/hub) holds (refs/main's revision, else the only one); both said only "No such file or directory"
+REPO=lily-test-org/no-such-model HUB="$TMP/hf/hub/models--lily-test-org--no-such-model"
+HF_HUB_CACHE="$TMP/nohub" check "run -m ORG/NAME says lily downloads nothing and how to get it" 1 err \
+    "lily run: model directory $REPO: No such file or directory (lily downloads nothing: if $REPO is a Hugging Face repo, \`hf download $REPO --local-dir DIR\`, then -m DIR)" \
+    run -m "$REPO" -p hi
+mkdir -p "$HUB/snapshots/0123abc" "$HUB/refs"
+HF_HUB_CACHE= HF_HOME="$TMP/hf" check "info -m ORG/NAME names the only snapshot in the hub cache" 1 err \
+    "lily info: model directory $REPO: No such file or directory; the Hugging Face cache holds $REPO: pass its snapshot, -m $HUB/snapshots/0123abc" \
+    info -m "$REPO"
+mkdir -p "$HUB/snapshots/4567def"; echo 4567def >"$HUB/refs/main"
+HF_HUB_CACHE="$TMP/hf/hub" check "serve -m ORG/NAME names refs/main's snapshot" 1 err \
+    "the Hugging Face cache holds $REPO: pass its snapshot, -m $HUB/snapshots/4567def" serve -m "$REPO" --port 0
+check "-m ./ORG/NAME is a path, not a repo id" 1 err "lily info: model directory ./$REPO: No such file or directory" \
+    info -m "./$REPO"
 check "info -x is an unknown option (it was an 'unexpected argument')" 2 err "lily info: unknown option '-x'" info -x
 # bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and
 # directory are checked before the model loads (they failed in gnuplot after the sweep)

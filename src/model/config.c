@@ -7,9 +7,11 @@
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -489,11 +491,87 @@ static lily_status parse_generation_defaults(json_t *gen, lily_generation_defaul
     return LILY_OK;
 }
 
+/* Whether name is written as a Hugging Face repo id, ORG/NAME: two parts of [A-Za-z0-9._-] joined by one '/',
+ * neither starting with '.' or '-' (huggingface_hub's repo-id rule, which "./x" and "../x" fail). */
+static bool looks_like_repo_id(const char *name)
+{
+    const char *slash = strchr(name, '/');
+    if (!slash || strchr(slash + 1, '/') || slash == name || !slash[1])
+        return false;
+    for (const char *p = name; *p; p++)
+        if (p != slash && !(isalnum((unsigned char)*p) || *p == '.' || *p == '_' || *p == '-'))
+            return false;
+    return name[0] != '.' && name[0] != '-' && slash[1] != '.' && slash[1] != '-';
+}
+
+/* The Hugging Face hub cache folder as huggingface_hub places it: $HF_HUB_CACHE, else $HF_HOME/hub, else
+ * $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub. Empty when none of these is set. */
+static void hf_hub_cache(char *out, size_t n)
+{
+    const char *v;
+    if ((v = getenv("HF_HUB_CACHE")) && *v)
+        snprintf(out, n, "%s", v);
+    else if ((v = getenv("HF_HOME")) && *v)
+        snprintf(out, n, "%s/hub", v);
+    else if ((v = getenv("XDG_CACHE_HOME")) && *v)
+        snprintf(out, n, "%s/huggingface/hub", v);
+    else if ((v = getenv("HOME")) && *v)
+        snprintf(out, n, "%s/.cache/huggingface/hub", v);
+    else
+        out[0] = '\0';
+}
+
+/* -m ORG/NAME that is no path here: lily reads local files only. Names the snapshot of ORG/NAME in the hub
+ * cache when there is one (refs/main's revision, else the only one), else how to download it. */
+static lily_status repo_id_error(const char *repo, lily_error *err)
+{
+    char cache[2048], folder[4096], rev[256] = "";
+    hf_hub_cache(cache, sizeof cache);
+    snprintf(folder, sizeof folder, "%s/models--%.*s--%s", cache, (int)(strchr(repo, '/') - repo), repo,
+             strchr(repo, '/') + 1);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/refs/main", folder);
+    FILE *f = cache[0] ? fopen(path, "r") : NULL;
+    if (f) {
+        if (!fgets(rev, sizeof rev, f))
+            rev[0] = '\0';
+        rev[strcspn(rev, "\r\n")] = '\0';
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/snapshots", folder);
+    DIR *d = cache[0] ? opendir(path) : NULL;
+    if (d) {
+        char only[256] = "";
+        int n = 0;
+        for (struct dirent *e; (e = readdir(d));)
+            if (e->d_name[0] != '.' && n++ == 0)
+                snprintf(only, sizeof only, "%s", e->d_name);
+        closedir(d);
+        char snap[4800];
+        struct stat sb;
+        snprintf(snap, sizeof snap, "%s/%s", path, rev);
+        if (rev[0] && (stat(snap, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+            rev[0] = '\0'; /* refs/main names a revision not downloaded */
+        if (!rev[0] && n == 1)
+            snprintf(rev, sizeof rev, "%s", only);
+        if (n)
+            return lily_error_set(err, LILY_ERR_IO, "model directory %s: No such file or directory; the Hugging "
+                                  "Face cache holds %s: pass its snapshot, -m %s/%s", repo, repo, path,
+                                  rev[0] ? rev : "REVISION");
+    }
+    return lily_error_set(err, LILY_ERR_IO, "model directory %s: No such file or directory (lily downloads nothing: "
+                          "if %s is a Hugging Face repo, `hf download %s --local-dir DIR`, then -m DIR)", repo, repo,
+                          repo);
+}
+
 lily_status lily_check_model_dir(const char *model_dir, lily_error *err)
 {
     struct stat sb;
-    if (stat(model_dir, &sb) != 0)
+    if (stat(model_dir, &sb) != 0) {
+        if (errno == ENOENT && looks_like_repo_id(model_dir))
+            return repo_id_error(model_dir, err);
         return lily_error_set(err, LILY_ERR_IO, "model directory %s: %s", model_dir, strerror(errno));
+    }
     if (!S_ISDIR(sb.st_mode))
         return lily_error_set(err, LILY_ERR_IO, "%s is not a model directory (expected a directory with config.json, "
                               "*.safetensors and tokenizer.json)", model_dir);
