@@ -352,7 +352,7 @@ int cmd_chat(int argc, char **argv)
             free(line);
             continue;
         }
-        if (!line[0]) {
+        if (!line[strspn(line, " \t\n\r\v\f")]) { /* blank: the template would trim it to an empty message */
             free(line);
             continue;
         }
