@@ -51,6 +51,16 @@ if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
     else
         echo "SKIP serve --host [::1]: no IPv6 loopback here"
     fi
+    # the model id without --alias: the directory "." or ".." stands for (it was "." or "..", an id a client's
+    # URL normalization drops from /v1/models/ID), and a hub snapshot's repo id (it was the revision's hash)
+    mkdir -p "$TMP/served-dir/sub" "$TMP/models--Org--Name-4bit/snapshots/0123abc"
+    check "serve -m DIR/. names the model after DIR" 1 err "lily serve: loading model 'served-dir' from $TMP/served-dir/.;" \
+        serve -m "$TMP/served-dir/." --port 0
+    check "serve -m DIR/sub/.. names the model after DIR" 1 err \
+        "lily serve: loading model 'served-dir' from $TMP/served-dir/sub/..;" serve -m "$TMP/served-dir/sub/.." --port 0
+    check "serve -m a hub snapshot names the model by its repo id" 1 err \
+        "lily serve: loading model 'Org/Name-4bit' from $TMP/models--Org--Name-4bit/snapshots/0123abc/;" \
+        serve -m "$TMP/models--Org--Name-4bit/snapshots/0123abc/" --port 0
     # --cors-origin entries that no browser Origin can match, and an empty --alias, are usage errors naming
     # the value (they were accepted, or "missing option value" and the whole usage)
     check "serve --cors-origin chat.example.com is not an origin" 2 err \
