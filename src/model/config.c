@@ -334,6 +334,28 @@ static lily_status validate(const lily_config *c, lily_error *err)
     return LILY_OK;
 }
 
+/* After a required field failed (err says which, missing or ill-typed): a config whose model_type names
+ * another model family (Llama, Qwen3 dense, Qwen3-MoE, ...) says that instead, since no field added would
+ * make it load. A Qwen3.5/3.6-MoE model_type, or none, keeps the field's message. */
+static lily_status other_family(json_t *root, json_t *text, lily_status st, lily_error *err)
+{
+    const char *type = json_string_value(json_object_get(root, "model_type")); /* the family's name */
+    if (!type)
+        type = json_string_value(json_object_get(text, "model_type"));
+    if (!type || !strncmp(type, "qwen3_5_moe", 11))
+        return st;
+    if (!err)
+        return LILY_ERR_UNSUPPORTED;
+    const char *arch = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+    char missing[sizeof err->message];
+    const char *prefix = "config.json: ";
+    snprintf(missing, sizeof missing, "%s",
+             err->message + (strncmp(err->message, prefix, strlen(prefix)) ? 0 : strlen(prefix)));
+    return lily_error_set(err, LILY_ERR_UNSUPPORTED, "config.json: model_type '%s'%s%s%s is not a Qwen3.5/3.6 "
+                          "MoE model (model_type 'qwen3_5_moe'), the only family lily runs (%s)", type,
+                          arch ? " (" : "", arch ? arch : "", arch ? ")" : "", missing);
+}
+
 static lily_status parse_root(json_t *root, lily_config *cfg, lily_error *err)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -369,8 +391,9 @@ static lily_status parse_root(json_t *root, lily_config *cfg, lily_error *err)
     lily_status st = LILY_OK;
     for (size_t i = 0; i < sizeof required / sizeof required[0] && st == LILY_OK; i++)
         st = get_int(&f, required[i].key, true, 0, required[i].out);
-    if (st == LILY_OK)
-        st = get_int(&f, "max_position_embeddings", false, 32768, &cfg->max_position_embeddings);
+    if (st != LILY_OK)
+        return other_family(root, f.text, st, err);
+    st = get_int(&f, "max_position_embeddings", false, 32768, &cfg->max_position_embeddings);
     if (st != LILY_OK)
         return st;
     if (cfg->n_layers > LILY_MAX_LAYERS || cfg->n_layers <= 0 || cfg->head_dim <= 0)
