@@ -222,6 +222,19 @@ HF_HUB_CACHE="$TMP/hf/hub" check "serve -m ORG/NAME names refs/main's snapshot" 
     "the Hugging Face cache holds $REPO: pass its snapshot, -m $HUB/snapshots/4567def" serve -m "$REPO" --port 0
 check "-m ./ORG/NAME is a path, not a repo id" 1 err "lily info: model directory ./$REPO: No such file or directory" \
     info -m "./$REPO"
+# a checkpoint of another family with a tokenizer lily cannot load (Gemma's: SentencePiece as Unigram) is
+# named by its model_type in every command that loads a model; run, chat, serve and perplexity said only
+# "tokenizer.json: unsupported model type Unigram", the tokenizer being read before config.json
+mkdir -p "$TMP/gemma"
+printf '%s' '{"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 2048, "vocab_size": 256000}' \
+    >"$TMP/gemma/config.json"
+printf '%s' '{"version": "1.0", "model": {"type": "Unigram", "vocab": [["a", 0.0]]}, "added_tokens": []}' \
+    >"$TMP/gemma/tokenizer.json"
+for args in "run -p hi" "chat" "perplexity -f $TMP/five.tok" "info" "serve --port 0"; do
+    check "${args%% *} names another family's model_type before its tokenizer" 1 err \
+        "$TMP/gemma: config.json: model_type 'gemma' (GemmaForCausalLM) is not a Qwen3.5/3.6 MoE model" \
+        $args -m "$TMP/gemma"
+done
 check "info -x is an unknown option (it was an 'unexpected argument')" 2 err "lily info: unknown option '-x'" info -x
 # bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and
 # directory are checked before the model loads (they failed in gnuplot after the sweep)

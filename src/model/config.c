@@ -600,8 +600,22 @@ lily_status lily_check_model_dir(const char *model_dir, lily_error *err)
                               "*.safetensors and tokenizer.json)", model_dir);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
-    if (lstat(path, &sb) == 0 || errno != ENOENT)
-        return LILY_OK; /* there (or unreadable: opening it says why) */
+    if (lstat(path, &sb) == 0 || errno != ENOENT) { /* there (or unreadable: opening it says why) */
+        /* a model lily does not run (another family, a rope type or quantization it lacks) is said here, before
+         * the tokenizer loads: that one's error (a SentencePiece tokenizer's) would hide the cause */
+        char *text;
+        size_t len;
+        lily_error perr;
+        lily_config cfg;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || /* a FIFO would block: loading says what it is */
+            lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, &perr) != LILY_OK)
+            return LILY_OK;
+        lily_status st = lily_config_parse(text, len, &cfg, &perr);
+        free(text);
+        if (st == LILY_ERR_UNSUPPORTED)
+            return lily_error_set(err, st, "%s: %s", model_dir, perr.message);
+        return LILY_OK;
+    }
     /* a Hugging Face hub cache folder (models--ORG--NAME) keeps the files under snapshots/REVISION/ */
     snprintf(path, sizeof path, "%s/snapshots", model_dir);
     DIR *d = opendir(path);
