@@ -123,6 +123,22 @@ kill -TERM "$spid"; wait "$spid"
 set -e
 expect "serve --cache-vram on the CPU backend: the same line" \
     grep -q -- '--cache-vram applies to --backend cuda only' "$TMP/sv.err"
+# --backend cuda in a build without it: the one error, never "--cache-vram applies to --backend cuda only; the
+# cuda backend keeps ..." (serve and chat give cuda a --cache-vram default) nor "the cuda backend ignores it"
+"$LILY" run -m "$M" -p hi -n 1 --backend cuda >/dev/null 2>"$TMP/nocuda_run.err" || true
+if grep -q "backend 'cuda' is not available in this build" "$TMP/nocuda_run.err"; then
+    set +e
+    printf '/quit\n' | "$LILY" chat -m "$M" --backend cuda --gpu-memory 8 >/dev/null 2>"$TMP/nocuda_chat.err"
+    timeout 60 "$LILY" serve -m "$M" --port 0 --backend cuda >/dev/null 2>"$TMP/nocuda_serve.err"
+    set -e
+    for c in chat serve; do
+        expect "$c --backend cuda without cuda in the build: only that error" \
+            bash -c "grep -q \"backend 'cuda' is not available in this build\" '$TMP/nocuda_$c.err' && \
+                     ! grep -q 'applies to --backend cuda only' '$TMP/nocuda_$c.err'"
+    done
+else
+    echo "SKIP --backend cuda without cuda: this build has it"
+fi
 for cmd in run serve bench; do
     set +e
     "$LILY" $cmd -m "$M" --n-cpu-moe -1 >/dev/null 2>"$TMP/cmbad.err" </dev/null; rc=$?
