@@ -170,7 +170,8 @@ static bool translate_tools(json_t *b, json_t *oai, json_t *names, lily_oai_erro
             json_t *desc = json_object_get(t, "description");
             json_t *first = name ? json_object_get(names, name) : NULL;
             const char *problem = !name || !json_is_object(schema) ? "shape"
-                                : !lily_oai_valid_tool_name(json_object_get(t, "name")) ? "name"
+                                : !lily_oai_valid_tool_name(json_object_get(t, "name"), LILY_ANTH_MAX_TOOL_NAME)
+                                    ? "name"
                                 : first ? "duplicate" : NULL;
             if (problem) {
                 json_decref(out);
@@ -178,8 +179,8 @@ static bool translate_tools(json_t *b, json_t *oai, json_t *names, lily_oai_erro
                     return bad(e, "tools", "tools.%zu: expected {\"name\": ..., \"input_schema\": {...}} (server "
                                            "tools are not supported).", i);
                 if (!strcmp(problem, "name"))
-                    return bad(e, "tools", "tools.%zu.name: '%.*s' does not match '^[a-zA-Z0-9_-]{1,64}$'.", i,
-                               quoted_len(name), name);
+                    return bad(e, "tools", "tools.%zu.name: '%.*s' does not match '^[a-zA-Z0-9_-]{1,%d}$'.", i,
+                               quoted_len(name), name, LILY_ANTH_MAX_TOOL_NAME);
                 return bad(e, "tools", "tools: tool names must be unique: '%s' is tools.%lld.name and tools.%zu.name.",
                            name, (long long)json_integer_value(first), i);
             }
@@ -407,7 +408,7 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
         return bad(e, NULL, "Out of memory.");
     if (!ok)
         return false;
-    ok = lily_oai_parse_request(text, strlen(text), true, req, e); /* json_dumps escapes U+0000 */
+    ok = lily_oai_parse_translated_request(text, strlen(text), req, e); /* json_dumps escapes U+0000 */
     free(text);
     if (ok) {
         req->anthropic = true;
