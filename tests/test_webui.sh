@@ -7,6 +7,7 @@
 #   - a second message is sent with the whole conversation (the page keeps it: 4 messages after it);
 #   - Stop ends a reply ("stopped") and the server keeps serving;
 #   - after a reload the conversation is still shown, tool calls as "tool call: NAME ARGS";
+#   - Enter while an input method composes does not send;
 #   - an error event inside a stream is shown after the partial reply (it was dropped without a word).
 # Skips (with a message) where chromium is missing (make test installs Debian's chromium) or the
 # websocket-client package cannot be installed into the suite's Python.
@@ -129,6 +130,17 @@ try:
           "after a reload the kept conversation is shown")
     check(js("document.querySelector('.tool').textContent") == 'tool call: get_weather {"city": "Paris"}',
           "a tool call is shown as 'tool call: NAME ARGS'")
+    # Enter that confirms an input method's candidate (isComposing; keyCode 229 in Safari) does not send: it sent
+    # a half-typed Chinese or Japanese message; a plain Enter still does
+    n_before = js("messages.length")
+    js("document.getElementById('input').value = '你好'")
+    for init in ("{key: 'Enter', isComposing: true}", "{key: 'Enter', keyCode: 229}"):
+        js("document.getElementById('input').dispatchEvent(new KeyboardEvent('keydown', Object.assign({bubbles: true, "
+           "cancelable: true}, %s)))" % init)
+    time.sleep(0.3)
+    check(js("messages.length") == n_before and js("document.getElementById('input').value") == "你好",
+          "Enter while composing in an input method does not send")
+    js("document.getElementById('input').value = ''")
     # an error the server sends inside a stream (a reply whose logits turn non-finite, a shutdown cancelling
     # it: "data: {\"error\": ...}" after the first chunks) is shown; the page ended the reply without a word.
     # The page's fetch is replaced by one answering such a stream.
