@@ -27,6 +27,11 @@ expect "/save into a missing directory: 'cannot write FILE: No such file or dire
     grep -qF "[cannot write $TMP/no-such-dir/c.json: No such file or directory]" "$TMP/save.err"
 # slash commands with a bad argument say what they take (they said "unknown command"); //text sends "/text";
 # a line holding a NUL byte is refused, not cut there and merged with the next line
+# a command with blanks after it is that command ("/think off " was "/think takes on or off, not 'off '", and
+# "/quit " an unknown command that left the chat running)
+printf '/think off \t\n/quit \nnot sent\n' | "$LILY" chat -m "$M" -n 2 --temp 0 2>"$TMP/blanks.err" >/dev/null
+expect "commands with trailing blanks: /think off acknowledged, /quit quits" \
+    bash -c "grep -qxF '[thinking off]' '$TMP/blanks.err' && ! grep -q '^\[turn ' '$TMP/blanks.err'"
 # /save ~/FILE writes under $HOME, as a shell would read it (the chat line is no shell: it failed with "No such
 # file or directory"); ~user and a ~ inside the name stay as written
 mkdir -p "$TMP/home"

@@ -371,6 +371,8 @@ int cmd_chat(int argc, char **argv)
             memmove(line, line + 1, len);
         } else if (line[0] == '/') {
             bool quit = false;
+            for (size_t n = strlen(line); n > 1 && strchr(" \t\r", line[n - 1]); n--)
+                line[n - 1] = '\0'; /* "/quit " is /quit (it was an unknown command) */
             if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
                 quit = true;
             else if (!strcmp(line, "/reset")) {
