@@ -169,7 +169,8 @@ static void test_errors_name_anthropic_fields(void **state)
         {"{" ASK ",\"stop_sequences\":[\"a\\u0000b\"]}", "stop_sequences.0: a stop sequence cannot contain U+0000."},
         {"{" ASK ",\"stop_sequences\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","
          "\"13\",\"14\",\"15\",\"16\",\"17\"]}", "stop_sequences: at most 16 stop sequences are supported."},
-        {"{" ASK ",\"tools\":[" TOOL("my tool") "]}", "tools.0.name: 'my tool' does not match '^[a-zA-Z0-9_-]{1,128}$'."},
+        {"{" ASK ",\"tools\":[" TOOL("my tool") "]}",
+         "tools.0.name: 'my tool' does not match '^[a-zA-Z0-9_-]{1,128}$'."},
         {"{" ASK ",\"tools\":[" TOOL("a") "," TOOL("") "]}", "tools.1.name: '' does not match"},
         {"{" ASK ",\"tools\":[" TOOL("t") "," TOOL("u") "," TOOL("t") "]}",
          "tools: tool names must be unique: 't' is tools.0.name and tools.2.name."},
