@@ -184,6 +184,15 @@ static void test_errors_name_anthropic_fields(void **state)
          "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"x\"},{\"type\":\"tool_result\","
          "\"tool_use_id\":\"toolu_2\",\"content\":\"y\"}]}]}",
          "messages.2.content.1: tool_use_id 'toolu_2' matches no tool_use block"},
+        /* a tool_result's own content is named as such (it said messages.2.content.0.0) */
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"t\",\"input\":{}}]},{\"role\":\"user\",\"content\":"
+         "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":[{\"type\":\"image\"}]}]}]}",
+         "messages.2.content.0.content.0: only text blocks are supported here"},
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"t\",\"input\":{}}]},{\"role\":\"user\",\"content\":"
+         "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":5}]}]}",
+         "messages.2.content.0.content: expected a string or an array of text blocks."},
     };
     static const char *const openai_names[] = {"'stop", "function", "tool_call", "[0]", "[1]", "[2]"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

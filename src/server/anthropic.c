@@ -119,6 +119,8 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *too
             json_t *rc = json_object_get(blk, "content");
             n_results++;
             text_buf result = {0};
+            char rw[sizeof bw + 8]; /* the result's own content: messages.N.content.K.content */
+            snprintf(rw, sizeof rw, "%s.content", bw);
             if (!id)
                 ok = bad(e, bw, "%s: a tool_result block needs 'tool_use_id'.", bw);
             else if (!json_object_get(tool_use_ids, id))
@@ -126,7 +128,7 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *too
                          "tool_result block must answer a tool_use block of the assistant.", bw, quoted_len(id), id);
             else if (json_is_true(json_object_get(blk, "is_error")) && !text_append(&result, "Error: ", 7))
                 ok = false;
-            else if (rc && !json_is_null(rc) && !append_text(rc, bw, &result, e))
+            else if (rc && !json_is_null(rc) && !append_text(rc, rw, &result, e))
                 ok = false;
             if (ok)
                 ok = !json_array_append_new(msgs, json_pack("{s:s, s:s, s:s%}", "role", "tool", "tool_call_id", id,
