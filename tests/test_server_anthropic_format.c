@@ -184,7 +184,12 @@ static void test_errors_name_anthropic_fields(void **state)
          "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"x\"},{\"type\":\"tool_result\","
          "\"tool_use_id\":\"toolu_2\",\"content\":\"y\"}]}]}",
          "messages.2.content.1: tool_use_id 'toolu_2' matches no tool_use block"},
-        /* a tool_result's own content is named as such (it said messages.2.content.0.0) */
+        /* a block's own field is named as such (they said messages.0.content.0, messages.2.content.0.0) */
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+         "messages.0.content.0.text: expected a string or an array of text blocks."},
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"thinking\",\"thinking\":5}]}]}",
+         "messages.1.content.0.thinking: expected a string or an array of text blocks."},
         {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
          "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"t\",\"input\":{}}]},{\"role\":\"user\",\"content\":"
          "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":[{\"type\":\"image\"}]}]}]}",

@@ -95,10 +95,10 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *too
         const char *type = json_string_value(json_object_get(blk, "type"));
         if (!json_is_object(blk) || !type) {
             ok = bad(e, bw, "%s: expected a content block with a 'type'.", bw);
-        } else if (!strcmp(type, "text")) {
-            ok = append_text(json_object_get(blk, "text"), bw, &text, e);
-        } else if (!strcmp(type, "thinking") && assistant) {
-            ok = append_text(json_object_get(blk, "thinking"), bw, &thinking, e);
+        } else if (!strcmp(type, "text") || (!strcmp(type, "thinking") && assistant)) {
+            char fw[sizeof bw + 10]; /* the block's own field: messages.N.content.K.text (.thinking) */
+            snprintf(fw, sizeof fw, "%s.%s", bw, type);
+            ok = append_text(json_object_get(blk, type), fw, type[1] == 'e' ? &text : &thinking, e);
         } else if (!strcmp(type, "redacted_thinking") && assistant) {
             continue;
         } else if (!strcmp(type, "tool_use") && assistant) {
