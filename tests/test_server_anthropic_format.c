@@ -184,6 +184,9 @@ static void test_errors_name_anthropic_fields(void **state)
          "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"x\"},{\"type\":\"tool_result\","
          "\"tool_use_id\":\"toolu_2\",\"content\":\"y\"}]}]}",
          "messages.2.content.1: tool_use_id 'toolu_2' matches no tool_use block"},
+        /* a text block without a string 'text' is not "only text blocks are supported" */
+        {"{\"max_tokens\":64,\"system\":[{\"type\":\"text\"}],\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+         "system.0.text: expected a string."},
         /* a block's own field is named as such (they said messages.0.content.0, messages.2.content.0.0) */
         {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
          "messages.0.content.0.text: expected a string or an array of text blocks."},

@@ -45,9 +45,11 @@ static bool append_text(json_t *content, const char *where, text_buf *out, lily_
     json_t *blk;
     json_array_foreach(content, i, blk) {
         const char *type = json_string_value(json_object_get(blk, "type"));
-        if (!type || strcmp(type, "text") || !json_is_string(json_object_get(blk, "text")))
+        if (!type || strcmp(type, "text"))
             return bad(e, where, "%s.%zu: only text blocks are supported here (this model takes text only).", where,
                        i);
+        if (!json_is_string(json_object_get(blk, "text")))
+            return bad(e, where, "%s.%zu.text: expected a string.", where, i);
         if (!append_text(json_object_get(blk, "text"), where, out, e))
             return false;
     }
