@@ -112,8 +112,6 @@ static void reset_conversation(chat_state *c)
     lily_prefix_cache_clear(c->cache);
 }
 
-/* Write the conversation (OpenAI messages, indented JSON) to path. NULL on success, else why it failed
- * (strerror of the failing open, write or close). */
 /* path with a leading "~" or "~/" as the home directory ($HOME), as a shell writes it: the chat line is not
  * a shell's, and "/save ~/chat.json" failed with "No such file or directory". Else path itself. */
 static const char *home_path(const char *path, char *buf, size_t cap)
@@ -125,6 +123,8 @@ static const char *home_path(const char *path, char *buf, size_t cap)
     return buf;
 }
 
+/* Write the conversation (OpenAI messages, indented JSON) to path. NULL on success, else why it failed
+ * (strerror of the failing open, write or close). */
 static const char *save_conversation(const json_t *messages, const char *path)
 {
     FILE *f = fopen(path, "w");

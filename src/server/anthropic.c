@@ -100,7 +100,7 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *too
         } else if (!strcmp(type, "text") || (!strcmp(type, "thinking") && assistant)) {
             char fw[sizeof bw + 10]; /* the block's own field: messages.N.content.K.text (.thinking) */
             snprintf(fw, sizeof fw, "%s.%s", bw, type);
-            ok = append_text(json_object_get(blk, type), fw, type[1] == 'e' ? &text : &thinking, e);
+            ok = append_text(json_object_get(blk, type), fw, !strcmp(type, "text") ? &text : &thinking, e);
         } else if (!strcmp(type, "redacted_thinking") && assistant) {
             continue;
         } else if (!strcmp(type, "tool_use") && assistant) {
