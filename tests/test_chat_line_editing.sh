@@ -27,6 +27,17 @@ expect "/save into a missing directory: 'cannot write FILE: No such file or dire
     grep -qF "[cannot write $TMP/no-such-dir/c.json: No such file or directory]" "$TMP/save.err"
 # slash commands with a bad argument say what they take (they said "unknown command"); //text sends "/text";
 # a line holding a NUL byte is refused, not cut there and merged with the next line
+# a command with blanks after it is that command ("/think off " was "/think takes on or off, not 'off '", and
+# "/quit " an unknown command that left the chat running)
+printf '/think off \t\n/quit \nnot sent\n' | "$LILY" chat -m "$M" -n 2 --temp 0 2>"$TMP/blanks.err" >/dev/null
+expect "commands with trailing blanks: /think off acknowledged, /quit quits" \
+    bash -c "grep -qxF '[thinking off]' '$TMP/blanks.err' && ! grep -q '^\[turn ' '$TMP/blanks.err'"
+# /save ~/FILE writes under $HOME, as a shell would read it (the chat line is no shell: it failed with "No such
+# file or directory"); ~user and a ~ inside the name stay as written
+mkdir -p "$TMP/home"
+printf 'hi\n/save ~/tilde.json\n/quit\n' | HOME="$TMP/home" "$LILY" chat -m "$M" -n 2 --temp 0 2>"$TMP/tilde.err" >/dev/null
+expect "/save ~/FILE writes \$HOME/FILE and says so" \
+    bash -c "[ -s '$TMP/home/tilde.json' ] && grep -qxF '[conversation saved to $TMP/home/tilde.json]' '$TMP/tilde.err'"
 printf '/save\n/think maybe\n/usr/bin is slow\n//usr/bin is slow\na\0b\nnext\n/save %s\n/quit\n' "$TMP/slash.json" |
     "$LILY" chat -m "$M" -n 2 --temp 0 2>"$TMP/slash.err" >/dev/null
 expect "/save without a file says it needs one" grep -qxF "/save needs a file name: /save FILE" "$TMP/slash.err"

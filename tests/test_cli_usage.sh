@@ -51,6 +51,16 @@ if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
     else
         echo "SKIP serve --host [::1]: no IPv6 loopback here"
     fi
+    # the model id without --alias: the directory "." or ".." stands for (it was "." or "..", an id a client's
+    # URL normalization drops from /v1/models/ID), and a hub snapshot's repo id (it was the revision's hash)
+    mkdir -p "$TMP/served-dir/sub" "$TMP/models--Org--Name-4bit/snapshots/0123abc"
+    check "serve -m DIR/. names the model after DIR" 1 err "lily serve: loading model 'served-dir' from $TMP/served-dir/.;" \
+        serve -m "$TMP/served-dir/." --port 0
+    check "serve -m DIR/sub/.. names the model after DIR" 1 err \
+        "lily serve: loading model 'served-dir' from $TMP/served-dir/sub/..;" serve -m "$TMP/served-dir/sub/.." --port 0
+    check "serve -m a hub snapshot names the model by its repo id" 1 err \
+        "lily serve: loading model 'Org/Name-4bit' from $TMP/models--Org--Name-4bit/snapshots/0123abc/;" \
+        serve -m "$TMP/models--Org--Name-4bit/snapshots/0123abc/" --port 0
     # --cors-origin entries that no browser Origin can match, and an empty --alias, are usage errors naming
     # the value (they were accepted, or "missing option value" and the whole usage)
     check "serve --cors-origin chat.example.com is not an origin" 2 err \
@@ -195,6 +205,35 @@ for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "p
     check "${args%% *} -m a Hugging Face cache folder names the snapshot to pass" 1 err \
         "lily ${args%% *}: $TMP/models--Qwen--X is a Hugging Face cache folder, not a model directory: pass its snapshot, $TMP/models--Qwen--X/snapshots/0123abc" \
         $args -m "$TMP/models--Qwen--X"
+done
+# -m ORG/NAME that is no directory here, as vLLM and transformers take a Hugging Face repo id: lily downloads
+# nothing, so it says how to get the files, or names the snapshot the hub cache ($HF_HUB_CACHE, else
+# $HF_HOME/hub) holds (refs/main's revision, else the only one); both said only "No such file or directory"
+REPO=lily-test-org/no-such-model HUB="$TMP/hf/hub/models--lily-test-org--no-such-model"
+HF_HUB_CACHE="$TMP/nohub" check "run -m ORG/NAME says lily downloads nothing and how to get it" 1 err \
+    "lily run: model directory $REPO: No such file or directory (lily downloads nothing: if $REPO is a Hugging Face repo, \`hf download $REPO --local-dir DIR\`, then -m DIR)" \
+    run -m "$REPO" -p hi
+mkdir -p "$HUB/snapshots/0123abc" "$HUB/refs"
+HF_HUB_CACHE= HF_HOME="$TMP/hf" check "info -m ORG/NAME names the only snapshot in the hub cache" 1 err \
+    "lily info: model directory $REPO: No such file or directory; the Hugging Face cache holds $REPO: pass its snapshot, -m $HUB/snapshots/0123abc" \
+    info -m "$REPO"
+mkdir -p "$HUB/snapshots/4567def"; echo 4567def >"$HUB/refs/main"
+HF_HUB_CACHE="$TMP/hf/hub" check "serve -m ORG/NAME names refs/main's snapshot" 1 err \
+    "the Hugging Face cache holds $REPO: pass its snapshot, -m $HUB/snapshots/4567def" serve -m "$REPO" --port 0
+check "-m ./ORG/NAME is a path, not a repo id" 1 err "lily info: model directory ./$REPO: No such file or directory" \
+    info -m "./$REPO"
+# a checkpoint of another family with a tokenizer lily cannot load (Gemma's: SentencePiece as Unigram) is
+# named by its model_type in every command that loads a model; run, chat, serve and perplexity said only
+# "tokenizer.json: unsupported model type Unigram", the tokenizer being read before config.json
+mkdir -p "$TMP/gemma"
+printf '%s' '{"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 2048, "vocab_size": 256000}' \
+    >"$TMP/gemma/config.json"
+printf '%s' '{"version": "1.0", "model": {"type": "Unigram", "vocab": [["a", 0.0]]}, "added_tokens": []}' \
+    >"$TMP/gemma/tokenizer.json"
+for args in "run -p hi" "chat" "perplexity -f $TMP/five.tok" "info" "serve --port 0"; do
+    check "${args%% *} names another family's model_type before its tokenizer" 1 err \
+        "$TMP/gemma: config.json: model_type 'gemma' (GemmaForCausalLM) is not a Qwen3.5/3.6 MoE model" \
+        $args -m "$TMP/gemma"
 done
 check "info -x is an unknown option (it was an 'unexpected argument')" 2 err "lily info: unknown option '-x'" info -x
 # bench's bad values name what was expected (they said only "bad value '0' for -r"); --plot's name and

@@ -230,6 +230,39 @@ static void test_config_missing_field_named(void **state)
     json_decref(root);
 }
 
+/* A config of another model family (Llama's as transformers writes it; Qwen3.5 dense, nested) is named as
+ * such: it said only "missing required field 'linear_num_key_heads'" (or 'head_dim'). A Qwen3.5-MoE config,
+ * or one without a model_type, still names the missing field; err NULL gets the same status. */
+static void test_config_other_family_named(void **state)
+{
+    (void)state;
+    static const char llama[] =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096, "
+        "\"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": 8, \"head_dim\": 128, "
+        "\"vocab_size\": 128256}";
+    lily_config c;
+    lily_error err = {0};
+    assert_int_equal(lily_config_parse(llama, strlen(llama), &c, &err), LILY_ERR_UNSUPPORTED);
+    assert_string_equal(err.message, "config.json: model_type 'llama' (LlamaForCausalLM) is not a Qwen3.5/3.6 MoE "
+                                     "model (model_type 'qwen3_5_moe'), the only family lily runs (missing required "
+                                     "field 'linear_num_key_heads')");
+    static const char dense[] = "{\"model_type\": \"qwen3_5\", \"text_config\": {\"model_type\": \"qwen3_5_text\"}}";
+    assert_int_equal(lily_config_parse(dense, strlen(dense), &c, &err), LILY_ERR_UNSUPPORTED);
+    assert_string_equal(err.message, "config.json: model_type 'qwen3_5' is not a Qwen3.5/3.6 MoE model (model_type "
+                                     "'qwen3_5_moe'), the only family lily runs (missing required field "
+                                     "'text_config.vocab_size')");
+    assert_int_equal(lily_config_parse(dense, strlen(dense), &c, NULL), LILY_ERR_UNSUPPORTED);
+
+    json_t *root = load_tiny_config("hf"); /* model_type qwen3_5_moe / qwen3_5_moe_text */
+    json_object_del(json_object_get(root, "text_config"), "num_experts");
+    assert_int_equal(parse_json(root, &c, &err), LILY_ERR_FORMAT);
+    assert_string_equal(err.message, "config.json: missing required field 'text_config.num_experts'");
+    json_object_del(root, "model_type");
+    json_object_del(json_object_get(root, "text_config"), "model_type");
+    assert_int_equal(parse_json(root, &c, &err), LILY_ERR_FORMAT);
+    json_decref(root);
+}
+
 static void test_config_wrong_type_named(void **state)
 {
     (void)state;
@@ -282,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_config_layer_types_beat_interval),
         cmocka_unit_test(test_config_generation_config_stop_ids),
         cmocka_unit_test(test_config_missing_field_named),
+        cmocka_unit_test(test_config_other_family_named),
         cmocka_unit_test(test_config_wrong_type_named),
         cmocka_unit_test(test_config_validation),
     };

@@ -18,6 +18,8 @@ static const char *const token_text[VOCAB] = {"<|im_end|>", "Hello", " wor", "ld
 static const int32_t next_of[VOCAB] = {1, 2, 3, 4, 5, EOS, 1, 1};
 static bool uniform_logits; /* every token equally likely instead of the script */
 static int n_appends;
+static atomic_int *cancel_at_append; /* when set: raised by the append that brings n_appends to cancel_after */
+static int cancel_after;
 static const int32_t *script; /* when set: after k tokens, script[k - 1] is next (vocab = script_vocab) */
 static int script_len, script_vocab;
 
@@ -33,7 +35,8 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
             return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "fake: token %d", tokens[i]);
     memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof *tokens);
     s->n_tokens += n;
-    n_appends++;
+    if (++n_appends == cancel_after && cancel_at_append)
+        atomic_store(cancel_at_append, 1); /* as Ctrl-C during this forward pass */
     if (script) {
         int32_t next = s->n_tokens - 1 < script_len ? script[s->n_tokens - 1] : 0;
         for (int v = 0; v < vocab; v++)
@@ -113,6 +116,8 @@ static void setup(fixture *f, int max_ctx)
     f->params.user = &f->out;
     uniform_logits = false;
     n_appends = 0;
+    cancel_at_append = NULL;
+    cancel_after = 0;
 }
 
 static void assert_session(const fixture *f, const int32_t *expect, int n)
@@ -231,6 +236,52 @@ static void test_generate_context_full_is_length(void **state)
     assert_int_equal(lily_generate(&f.session, long_prompt, 4, &f.params, &r, &err), LILY_ERR_CONTEXT_LENGTH);
     assert_int_equal(f.session.n_tokens, 0);
     assert_int_equal(f.out.n_tokens, 0);
+}
+
+/* The prompt is prefilled a chunk (engine->prefill_chunk) per append, and a cancel raised during one stops
+ * before the next (lily run's Ctrl-C waited for the whole prompt: minutes for a long one on a CPU); without
+ * a cancel the chunks add up to the whole prompt and the same reply. Whole-prompt errors come before the
+ * first chunk, as from one append. */
+static void test_generate_prefill_chunks_and_cancel(void **state)
+{
+    (void)state;
+    const int32_t five[5] = {PROMPT, PROMPT, PROMPT, PROMPT, 1};
+    fixture f;
+    setup(&f, 64);
+    f.engine.prefill_chunk = 2;
+    f.params.max_tokens = 2;
+    lily_generate_result r;
+    lily_error err = {0};
+    assert_int_equal(lily_generate(&f.session, five, 5, &f.params, &r, &err), LILY_OK);
+    assert_int_equal(r.n_prompt, 5);
+    assert_int_equal(n_appends, 3 + 1); /* 2 + 2 + 1, then the first generated token's decode step */
+    assert_string_equal(f.out.text, " world");
+    const int32_t expect[7] = {PROMPT, PROMPT, PROMPT, PROMPT, 1, 2, 3};
+    assert_session(&f, expect, 6); /* the last sampled token is not appended */
+
+    setup(&f, 64);
+    f.engine.prefill_chunk = 2;
+    atomic_int cancel = 0;
+    f.params.cancel = &cancel;
+    cancel_at_append = &cancel;
+    cancel_after = 1;
+    assert_int_equal(lily_generate(&f.session, five, 5, &f.params, &r, &err), LILY_OK);
+    assert_int_equal(r.finish, LILY_FINISH_CANCELLED);
+    assert_int_equal(r.n_prompt, 2);
+    assert_int_equal(r.n_generated, 0);
+    assert_int_equal(f.out.n_tokens, 0);
+    assert_session(&f, five, 2);
+
+    setup(&f, 4); /* 5 ids in a context of 4: nothing appended */
+    f.engine.prefill_chunk = 2;
+    assert_int_equal(lily_generate(&f.session, five, 5, &f.params, &r, &err), LILY_ERR_CONTEXT_LENGTH);
+    assert_int_equal(f.session.n_tokens, 0);
+    setup(&f, 64);
+    f.engine.prefill_chunk = 2;
+    const int32_t bad[5] = {PROMPT, PROMPT, PROMPT, PROMPT, VOCAB};
+    assert_int_equal(lily_generate(&f.session, bad, 5, &f.params, &r, &err), LILY_ERR_INVALID_ARGUMENT);
+    assert_int_equal(f.session.n_tokens, 0);
+    assert_non_null(strstr(err.message, "token id 8 (at 4) is outside the vocabulary [0, 8)"));
 }
 
 static void test_generate_cancellation(void **state)
@@ -557,6 +608,7 @@ int main(void)
         cmocka_unit_test(test_generate_stop_string_across_tokens),
         cmocka_unit_test(test_generate_context_full_is_length),
         cmocka_unit_test(test_generate_cancellation),
+        cmocka_unit_test(test_generate_prefill_chunks_and_cancel),
         cmocka_unit_test(test_generate_continues_a_session),
         cmocka_unit_test(test_generate_seeded_sampling_repeats),
         cmocka_unit_test(test_generate_rejects_bad_arguments),

@@ -78,6 +78,9 @@ if [ -d "$CHAT" ]; then
         a=$("$LILY" perplexity -m "$CHAT" -f "$TMP/text.txt" 2>/dev/null | sed -n 's/^perplexity: //p')
         b=$("$LILY" perplexity -m "$CHAT" --tokens-file "$TMP/ids.txt" 2>/dev/null | sed -n 's/^perplexity: //p')
         [ -n "$a" ] && [ "$a" = "$b" ] && ok "-f equals --tokens-file ($a)" || fail "-f '$a' vs --tokens-file '$b'"
+        # -f - reads the text from stdin, as lily run -f - (it was "-: cannot open")
+        c=$("$LILY" perplexity -m "$CHAT" -f - <"$TMP/text.txt" 2>/dev/null | sed -n 's/^perplexity: //p' || true)
+        [ -n "$c" ] && [ "$c" = "$a" ] && ok "-f - reads stdin ($c)" || fail "-f - gave '$c', -f FILE '$a'"
     else
         fail "lily debug tokenize failed"
     fi

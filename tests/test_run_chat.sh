@@ -204,6 +204,11 @@ EOF
 done
 expect "chat -n 1: the session itself is the prefix" [ "$(turn_field "$TMP/chat1.err" 2 how)" = session ]
 n_nothink=$(wc -w <<<"$(prompt_ids "$TMP/nothink.err")")
+# a line of blanks is skipped as an empty line is (it was sent: an empty user turn once the template trims it)
+printf ' \t \n\n"""\n  \n"""\nhi\n' | "$LILY" chat -m "$M" -n 1 >/dev/null 2>"$TMP/chat_blank.err"
+printf 'hi\n' | "$LILY" chat -m "$M" -n 1 >/dev/null 2>"$TMP/chat_hi.err"
+expect "chat skips a line of blanks and a blank block: one turn, the same prompt as 'hi' alone" \
+    bash -c "[ \$(grep -c '^\[turn ' '$TMP/chat_blank.err') = 1 ] && [ '$(turn_field "$TMP/chat_hi.err" 1 prompt)' = '$(turn_field "$TMP/chat_blank.err" 1 prompt)' ]"
 printf '/think off\nWrite a haiku.\n' | "$LILY" chat -m "$M" -n 1 >/dev/null 2>"$TMP/chat_nothink.err"
 expect "chat /think off renders the empty think block ($n_nothink tokens)" [ "$(turn_field "$TMP/chat_nothink.err" 1 prompt)" = "$n_nothink" ]
 expect "chat: deterministic replies" bash -c "'$LILY' chat -m '$M' -n 12 --seed 3 --temp 0 <<<'Tell me about dogs.' 2>/dev/null | cmp -s - <(head -c \$('$LILY' chat -m '$M' -n 12 --seed 3 --temp 0 <<<'Tell me about dogs.' 2>/dev/null | wc -c) '$TMP/chat12.out')"

@@ -39,6 +39,18 @@ set -e
 expect "-p \"\" is refused as an empty stdin is: exit 1, 'empty' said, nothing generated" \
     bash -c "[ $rc = 1 ] && grep -q 'prompt is empty' '$TMP/empty_p.err' && [ ! -s '$TMP/empty_p.out' ]"
 
+# a prompt of blanks is the empty message once the chat template trims it: refused as -p "" is (it ran an
+# empty user turn); with --raw the blanks are the text to continue
+set +e
+"$LILY" run -m "$M" -p $' \t ' -n 2 >"$TMP/blank_p.out" 2>"$TMP/blank_p.err"; rc=$?
+printf '\n\n' | "$LILY" run -m "$M" -p - -n 2 >/dev/null 2>"$TMP/blank_in.err"; rc_in=$?
+"$LILY" run -m "$M" --raw -p " " -n 2 >/dev/null 2>"$TMP/blank_raw.err"; rc_raw=$?
+set -e
+expect "-p of blanks is refused: exit 1, 'only whitespace' said, nothing generated" \
+    bash -c "[ $rc = 1 ] && grep -q 'prompt is empty (only whitespace' '$TMP/blank_p.err' && [ ! -s '$TMP/blank_p.out' ]"
+expect "-p - of blank lines likewise" bash -c "[ $rc_in = 1 ] && grep -q 'only whitespace' '$TMP/blank_in.err'"
+expect "--raw -p ' ' continues the blank" bash -c "[ $rc_raw = 0 ] && grep -q '| length (-n 2)' '$TMP/blank_raw.err'"
+
 gen() { sed -n 's/.*decode: \([0-9]*\) tokens.*/\1/p' "$1"; }
 "$LILY" run -m "$M" -p "Hi" --temp 0 >/dev/null 2>"$TMP/cap.err"
 expect "no -n: capped at tiny-chat's max_new_tokens 128 (got $(gen "$TMP/cap.err"))" [ "$(gen "$TMP/cap.err")" = 128 ]
@@ -111,6 +123,22 @@ kill -TERM "$spid"; wait "$spid"
 set -e
 expect "serve --cache-vram on the CPU backend: the same line" \
     grep -q -- '--cache-vram applies to --backend cuda only' "$TMP/sv.err"
+# --backend cuda in a build without it: the one error, never "--cache-vram applies to --backend cuda only; the
+# cuda backend keeps ..." (serve and chat give cuda a --cache-vram default) nor "the cuda backend ignores it"
+"$LILY" run -m "$M" -p hi -n 1 --backend cuda >/dev/null 2>"$TMP/nocuda_run.err" || true
+if grep -q "backend 'cuda' is not available in this build" "$TMP/nocuda_run.err"; then
+    set +e
+    printf '/quit\n' | "$LILY" chat -m "$M" --backend cuda --gpu-memory 8 >/dev/null 2>"$TMP/nocuda_chat.err"
+    timeout 60 "$LILY" serve -m "$M" --port 0 --backend cuda >/dev/null 2>"$TMP/nocuda_serve.err"
+    set -e
+    for c in chat serve; do
+        expect "$c --backend cuda without cuda in the build: only that error" \
+            bash -c "grep -q \"backend 'cuda' is not available in this build\" '$TMP/nocuda_$c.err' && \
+                     ! grep -q 'applies to --backend cuda only' '$TMP/nocuda_$c.err'"
+    done
+else
+    echo "SKIP --backend cuda without cuda: this build has it"
+fi
 for cmd in run serve bench; do
     set +e
     "$LILY" $cmd -m "$M" --n-cpu-moe -1 >/dev/null 2>"$TMP/cmbad.err" </dev/null; rc=$?

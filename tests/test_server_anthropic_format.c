@@ -169,7 +169,8 @@ static void test_errors_name_anthropic_fields(void **state)
         {"{" ASK ",\"stop_sequences\":[\"a\\u0000b\"]}", "stop_sequences.0: a stop sequence cannot contain U+0000."},
         {"{" ASK ",\"stop_sequences\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","
          "\"13\",\"14\",\"15\",\"16\",\"17\"]}", "stop_sequences: at most 16 stop sequences are supported."},
-        {"{" ASK ",\"tools\":[" TOOL("my tool") "]}", "tools.0.name: 'my tool' does not match '^[a-zA-Z0-9_-]{1,64}$'."},
+        {"{" ASK ",\"tools\":[" TOOL("my tool") "]}",
+         "tools.0.name: 'my tool' does not match '^[a-zA-Z0-9_-]{1,128}$'."},
         {"{" ASK ",\"tools\":[" TOOL("a") "," TOOL("") "]}", "tools.1.name: '' does not match"},
         {"{" ASK ",\"tools\":[" TOOL("t") "," TOOL("u") "," TOOL("t") "]}",
          "tools: tool names must be unique: 't' is tools.0.name and tools.2.name."},
@@ -183,6 +184,23 @@ static void test_errors_name_anthropic_fields(void **state)
          "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"x\"},{\"type\":\"tool_result\","
          "\"tool_use_id\":\"toolu_2\",\"content\":\"y\"}]}]}",
          "messages.2.content.1: tool_use_id 'toolu_2' matches no tool_use block"},
+        /* a text block without a string 'text' is not "only text blocks are supported" */
+        {"{\"max_tokens\":64,\"system\":[{\"type\":\"text\"}],\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+         "system.0.text: expected a string."},
+        /* a block's own field is named as such (they said messages.0.content.0, messages.2.content.0.0) */
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+         "messages.0.content.0.text: expected a string or an array of text blocks."},
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"thinking\",\"thinking\":5}]}]}",
+         "messages.1.content.0.thinking: expected a string or an array of text blocks."},
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"t\",\"input\":{}}]},{\"role\":\"user\",\"content\":"
+         "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":[{\"type\":\"image\"}]}]}]}",
+         "messages.2.content.0.content.0: only text blocks are supported here"},
+        {"{\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"t\",\"input\":{}}]},{\"role\":\"user\",\"content\":"
+         "[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":5}]}]}",
+         "messages.2.content.0.content: expected a string or an array of text blocks."},
     };
     static const char *const openai_names[] = {"'stop", "function", "tool_call", "[0]", "[1]", "[2]"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -437,12 +455,47 @@ static void test_stream_events(void **state)
     assert_string_equal(lily_anth_stop_reason("tool_calls", NULL), "tool_use");
 }
 
+/* Tool names as the Messages API takes them, ^[a-zA-Z0-9_-]{1,128}$: Claude Code names an MCP tool
+ * mcp__SERVER__TOOL, which can run past OpenAI's 64 (every request of such a session was a 400). In tools
+ * and in a forced tool_choice; 129 characters are refused, and the OpenAI route keeps its 64. */
+static void test_long_tool_names(void **state)
+{
+    (void)state;
+    char name[130], body[1024];
+    memset(name, 'x', sizeof name);
+    memcpy(name, "mcp__", 5);
+    name[128] = 0;
+    snprintf(body, sizeof body, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+             "\"tools\":[{\"name\":\"%s\",\"input_schema\":{\"type\":\"object\"}}],"
+             "\"tool_choice\":{\"type\":\"tool\",\"name\":\"%s\"}}", name, name);
+    lily_oai_request req;
+    lily_oai_error e;
+    if (!lily_anth_parse_request(body, strlen(body), false, &req, &e))
+        fail_msg("refused: %s", e.message);
+    assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_NAMED);
+    assert_string_equal(req.tool_name, name);
+    lily_oai_request_free(&req);
+
+    name[128] = 'x';
+    name[129] = 0;
+    snprintf(body, sizeof body, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+             "\"tools\":[{\"name\":\"%s\",\"input_schema\":{\"type\":\"object\"}}]}", name);
+    assert_rejected(body, false, "does not match '^[a-zA-Z0-9_-]{1,128}$'.");
+
+    name[65] = 0;
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":"
+             "\"function\",\"function\":{\"name\":\"%s\"}}]}", name);
+    assert_false(lily_oai_parse_request(body, strlen(body), true, &req, &e));
+    assert_non_null(strstr(e.message, "does not match '^[a-zA-Z0-9_-]{1,64}$'."));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_errors_name_anthropic_fields),
+        cmocka_unit_test(test_long_tool_names),
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_limits_and_nul),
         cmocka_unit_test(test_stream_events),

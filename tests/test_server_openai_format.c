@@ -680,6 +680,29 @@ static void test_openai_body_bounds_and_nul(void **state)
     assert_rejected("{\"prompt\":\"a\",\"stop\":[\"x\\u0000y\"]}", false, "stop");
 }
 
+/* RFC 8259 §8.1: a parser may ignore a byte order mark; vLLM (Python's json.loads on bytes) and llama.cpp
+ * (nlohmann::json) do; a body file Windows PowerShell wrote with -Encoding utf8 starts with one. Only at the
+ * start: a BOM elsewhere is still text (inside a string) or an error (between tokens). */
+static void test_openai_body_with_utf8_bom(void **state)
+{
+    (void)state;
+    lily_oai_request req;
+    lily_oai_error e;
+    assert_true(parse("\xEF\xBB\xBF{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}", true,
+                      &req, &e));
+    assert_int_equal(req.max_tokens, 3);
+    lily_oai_request_free(&req);
+    assert_true(parse("\xEF\xBB\xBF{\"prompt\":\"a\xEF\xBB\xBF\"}", false, &req, &e));
+    assert_int_equal(req.prompt_text_len, 4);
+    lily_oai_request_free(&req);
+    assert_false(parse("\xEF\xBB\xBF\xEF\xBB\xBF{\"prompt\":\"a\"}", false, &req, &e));
+    assert_int_equal(e.http_status, 400);
+    assert_false(parse("{\"prompt\":\xEF\xBB\xBF\"a\"}", false, &req, &e));
+    assert_false(parse("\xEF\xBB", false, &req, &e));
+    assert_false(parse("\xEF\xBB\xBF", false, &req, &e));
+    assert_non_null(strstr(e.message, "could not parse"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -698,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_openai_error_messages_cut_on_a_character),
         cmocka_unit_test(test_openai_tool_names_validated),
         cmocka_unit_test(test_openai_body_bounds_and_nul),
+        cmocka_unit_test(test_openai_body_with_utf8_bom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,9 @@
 #     the reply ends; the reasoning sits in a folded <details>, the answer beside it;
 #   - a second message is sent with the whole conversation (the page keeps it: 4 messages after it);
 #   - Stop ends a reply ("stopped") and the server keeps serving;
-#   - after a reload the conversation is still shown, tool calls as "tool call: NAME ARGS".
+#   - after a reload the conversation is still shown, tool calls as "tool call: NAME ARGS";
+#   - Enter while an input method composes does not send;
+#   - an error event inside a stream is shown after the partial reply (it was dropped without a word).
 # Skips (with a message) where chromium is missing (make test installs Debian's chromium) or the
 # websocket-client package cannot be installed into the suite's Python.
 # usage: bash test_webui.sh <path-to-lily> <tests/data dir>
@@ -128,6 +130,30 @@ try:
           "after a reload the kept conversation is shown")
     check(js("document.querySelector('.tool').textContent") == 'tool call: get_weather {"city": "Paris"}',
           "a tool call is shown as 'tool call: NAME ARGS'")
+    # Enter that confirms an input method's candidate (isComposing; keyCode 229 in Safari) does not send: it sent
+    # a half-typed Chinese or Japanese message; a plain Enter still does
+    n_before = js("messages.length")
+    js("document.getElementById('input').value = '你好'")
+    for init in ("{key: 'Enter', isComposing: true}", "{key: 'Enter', keyCode: 229}"):
+        js("document.getElementById('input').dispatchEvent(new KeyboardEvent('keydown', Object.assign({bubbles: true, "
+           "cancelable: true}, %s)))" % init)
+    time.sleep(0.3)
+    check(js("messages.length") == n_before and js("document.getElementById('input').value") == "你好",
+          "Enter while composing in an input method does not send")
+    js("document.getElementById('input').value = ''")
+    # an error the server sends inside a stream (a reply whose logits turn non-finite, a shutdown cancelling
+    # it: "data: {\"error\": ...}" after the first chunks) is shown; the page ended the reply without a word.
+    # The page's fetch is replaced by one answering such a stream.
+    js("window.fetch = async () => new Response(new ReadableStream({start(c) { const e = new TextEncoder(); "
+       "c.enqueue(e.encode('data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Partial\"}}]}\\n\\n' + "
+       "'data: {\"error\":{\"message\":\"boom mid-stream\",\"type\":\"server_error\"}}\\n\\n')); c.close(); }}), "
+       "{status: 200, headers: {'Content-Type': 'text/event-stream'}})")
+    type_and_send("Anything.")
+    check(wait_for("(() => { const a = document.querySelectorAll('.assistant'); const l = a[a.length - 1]; "
+                   "return l.querySelector('.content').textContent === 'Partial' && "
+                   "l.querySelector('.meta').textContent.includes('error: boom mid-stream') && "
+                   "document.getElementById('send').disabled === false; })()", 30),
+          "an error event inside the stream is shown after the partial reply")
     ws.close()
 finally:
     if browser:

@@ -112,6 +112,17 @@ static void reset_conversation(chat_state *c)
     lily_prefix_cache_clear(c->cache);
 }
 
+/* path with a leading "~" or "~/" as the home directory ($HOME), as a shell writes it: the chat line is not
+ * a shell's, and "/save ~/chat.json" failed with "No such file or directory". Else path itself. */
+static const char *home_path(const char *path, char *buf, size_t cap)
+{
+    const char *home = getenv("HOME");
+    if (path[0] != '~' || (path[1] && path[1] != '/') || !home || !*home)
+        return path;
+    snprintf(buf, cap, "%s%s", home, path + 1);
+    return buf;
+}
+
 /* Write the conversation (OpenAI messages, indented JSON) to path. NULL on success, else why it failed
  * (strerror of the failing open, write or close). */
 static const char *save_conversation(const json_t *messages, const char *path)
@@ -352,7 +363,7 @@ int cmd_chat(int argc, char **argv)
             free(line);
             continue;
         }
-        if (!line[0]) {
+        if (!line[strspn(line, " \t\n\r\v\f")]) { /* blank: the template would trim it to an empty message */
             free(line);
             continue;
         }
@@ -360,6 +371,8 @@ int cmd_chat(int argc, char **argv)
             memmove(line, line + 1, len);
         } else if (line[0] == '/') {
             bool quit = false;
+            for (size_t n = strlen(line); n > 1 && strchr(" \t\r", line[n - 1]); n--)
+                line[n - 1] = '\0'; /* "/quit " is /quit (it was an unknown command) */
             if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
                 quit = true;
             else if (!strcmp(line, "/reset")) {
@@ -375,11 +388,13 @@ int cmd_chat(int argc, char **argv)
             } else if (!strcmp(line, "/save") || !strcmp(line, "/save ")) {
                 fprintf(stderr, "/save needs a file name: /save FILE\n");
             } else if (!strncmp(line, "/save ", 6)) {
-                const char *why = save_conversation(c.messages, line + 6);
+                char home_buf[4096];
+                const char *path = home_path(line + 6, home_buf, sizeof home_buf);
+                const char *why = save_conversation(c.messages, path);
                 if (!why)
-                    fprintf(stderr, "[conversation saved to %s]\n", line + 6);
+                    fprintf(stderr, "[conversation saved to %s]\n", path);
                 else
-                    fprintf(stderr, "[cannot write %s: %s]\n", line + 6, why);
+                    fprintf(stderr, "[cannot write %s: %s]\n", path, why);
             } else if (!strcmp(line, "/help")) {
                 fprintf(stderr, "/reset  forget the conversation\n/think on|off  thinking for the next replies\n"
                                 "/save FILE  write the conversation as OpenAI messages (JSON)\n"

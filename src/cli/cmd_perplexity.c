@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "window; a window's first token is context only). With --reference-logits, also the top-1\n"
             "agreement and mean KL(reference || lily) at every position, and the reference's own perplexity.\n\n"
             "  -m, --model DIR          model directory (default: $LILY_MODEL, else the bundled model)\n"
-            "  -f, --file TEXT          a UTF-8 text file, tokenized with the model's tokenizer.json\n"
+            "  -f, --file TEXT          a UTF-8 text file (- : stdin), tokenized with the model's tokenizer.json\n"
             "  --tokens-file F          token ids separated by whitespace or commas\n"
             "  -c, --ctx N              window length (default 512, at most the input)\n"
             "  --reference-logits F     raw little-endian fp32 [n_tokens, vocab] (lily eval --logits-out)\n"
@@ -75,7 +75,12 @@ static int read_input(const char *model, const char *text_file, const char *toke
     lily_error err = {0};
     size_t len;
     char *text;
-    if (lily_read_file(text_file, 0, &text, &len, &err) != LILY_OK) {
+    if (!strcmp(text_file, "-")) { /* stdin, as lily run -f - */
+        if (!(text = cli_read_all(stdin, &len))) {
+            fprintf(stderr, "lily perplexity: cannot read stdin\n");
+            return 1;
+        }
+    } else if (lily_read_file(text_file, 0, &text, &len, &err) != LILY_OK) {
         fprintf(stderr, "lily perplexity: %s\n", err.message);
         return 1;
     }

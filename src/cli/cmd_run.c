@@ -191,6 +191,11 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "lily run: the prompt is empty (-p \"\")\n");
         return 1;
     }
+    if (!raw && !prompt[strspn(prompt, " \t\n\r\v\f")]) { /* the template trims it: the empty message above */
+        fprintf(stderr, "lily run: the prompt is empty (only whitespace, which the chat template trims)\n");
+        free(prompt_owned);
+        return 1;
+    }
     int rc = run_prompt(&o, prompt, raw, show_ids);
     free(prompt_owned);
     return rc;

@@ -6,6 +6,7 @@
  * decode step).
  */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +58,8 @@ static void usage(FILE *f)
             "  --precision P        fast (default) or exact: fp32 everywhere (cuda: fp32 KV cache, no tensor\n"
             "                       cores; slower; cpu: no int8 dot products), the reference\n"
             "  -t, --threads N      " CLI_THREADS_HELP "\n"
-            "  --alias NAME         the model id clients see (default: the directory's name)\n"
+            "  --alias NAME         the model id clients see (default: the directory's name; ORG/NAME for a\n"
+            "                       Hugging Face hub snapshot, .../models--ORG--NAME/snapshots/REV)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
             "                       by requests that repeat a cached prefix (default: 4 full-context\n"
             "                       states of the model, at least 64 and at most 4096; said at startup;\n"
@@ -150,16 +152,45 @@ static int resolve_api_key(const char **key, const char *file, char *buf, size_t
     return 0;
 }
 
-/* The last path component of dir, without trailing slashes. */
+/* The path component of dir that ends at end (trailing slashes before end skipped): [*b, *e). */
+static void component_before(const char *dir, size_t end, size_t *b, size_t *e)
+{
+    while (end > 1 && dir[end - 1] == '/')
+        end--;
+    size_t i = end;
+    while (i > 0 && dir[i - 1] != '/')
+        i--;
+    *b = i;
+    *e = end;
+}
+
+/* The model id clients see without --alias: the directory's name (a symlink's own name), that of the
+ * directory "." or ".." stand for, and for a Hugging Face hub snapshot (models--ORG--NAME/snapshots/REV)
+ * the repo id ORG/NAME, as vLLM names the model it loads from that repo (not the revision's hash). */
 static void dir_name(const char *dir, char *out, size_t cap)
 {
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
-    size_t b = n;
-    while (b > 0 && dir[b - 1] != '/')
-        b--;
-    snprintf(out, cap, "%.*s", (int)(n - b), dir + b);
+    char real[PATH_MAX];
+    size_t b, e;
+    component_before(dir, strlen(dir), &b, &e);
+    if ((e - b == 1 && dir[b] == '.') || (e - b == 2 && !strncmp(dir + b, "..", 2))) {
+        if (realpath(dir, real)) /* else it does not exist: loading says so, and the name is moot */
+            dir = real;
+        component_before(dir, strlen(dir), &b, &e);
+    }
+    size_t sb = 0, se = 0, hb = 0, he = 0; /* snapshots/, models--ORG--NAME/ */
+    if (b > 0)
+        component_before(dir, b - 1, &sb, &se);
+    if (sb > 0 && se - sb == 9 && !strncmp(dir + sb, "snapshots", 9))
+        component_before(dir, sb - 1, &hb, &he);
+    if (he - hb > 8 && !strncmp(dir + hb, "models--", 8)) {
+        const char *org = dir + hb + 8, *end = dir + he;
+        for (const char *p = org + 1; p + 2 < end; p++)
+            if (p[0] == '-' && p[1] == '-') {
+                snprintf(out, cap, "%.*s/%.*s", (int)(p - org), org, (int)(end - p - 2), p + 2);
+                return;
+            }
+    }
+    snprintf(out, cap, "%.*s", (int)(e - b), dir + b);
 }
 
 /* --cors-origin's list: "*", or origins as a browser sends them in its Origin header, scheme://host[:port]

@@ -7,9 +7,11 @@
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,6 +334,28 @@ static lily_status validate(const lily_config *c, lily_error *err)
     return LILY_OK;
 }
 
+/* After a required field failed (err says which, missing or ill-typed): a config whose model_type names
+ * another model family (Llama, Qwen3 dense, Qwen3-MoE, ...) says that instead, since no field added would
+ * make it load. A Qwen3.5/3.6-MoE model_type, or none, keeps the field's message. */
+static lily_status other_family(json_t *root, json_t *text, lily_status st, lily_error *err)
+{
+    const char *type = json_string_value(json_object_get(root, "model_type")); /* the family's name */
+    if (!type)
+        type = json_string_value(json_object_get(text, "model_type"));
+    if (!type || !strncmp(type, "qwen3_5_moe", 11))
+        return st;
+    if (!err)
+        return LILY_ERR_UNSUPPORTED;
+    const char *arch = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+    char missing[sizeof err->message];
+    const char *prefix = "config.json: ";
+    snprintf(missing, sizeof missing, "%s",
+             err->message + (strncmp(err->message, prefix, strlen(prefix)) ? 0 : strlen(prefix)));
+    return lily_error_set(err, LILY_ERR_UNSUPPORTED, "config.json: model_type '%s'%s%s%s is not a Qwen3.5/3.6 "
+                          "MoE model (model_type 'qwen3_5_moe'), the only family lily runs (%s)", type,
+                          arch ? " (" : "", arch ? arch : "", arch ? ")" : "", missing);
+}
+
 static lily_status parse_root(json_t *root, lily_config *cfg, lily_error *err)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -367,8 +391,9 @@ static lily_status parse_root(json_t *root, lily_config *cfg, lily_error *err)
     lily_status st = LILY_OK;
     for (size_t i = 0; i < sizeof required / sizeof required[0] && st == LILY_OK; i++)
         st = get_int(&f, required[i].key, true, 0, required[i].out);
-    if (st == LILY_OK)
-        st = get_int(&f, "max_position_embeddings", false, 32768, &cfg->max_position_embeddings);
+    if (st != LILY_OK)
+        return other_family(root, f.text, st, err);
+    st = get_int(&f, "max_position_embeddings", false, 32768, &cfg->max_position_embeddings);
     if (st != LILY_OK)
         return st;
     if (cfg->n_layers > LILY_MAX_LAYERS || cfg->n_layers <= 0 || cfg->head_dim <= 0)
@@ -489,18 +514,108 @@ static lily_status parse_generation_defaults(json_t *gen, lily_generation_defaul
     return LILY_OK;
 }
 
+/* Whether name is written as a Hugging Face repo id, ORG/NAME: two parts of [A-Za-z0-9._-] joined by one '/',
+ * neither starting with '.' or '-' (huggingface_hub's repo-id rule, which "./x" and "../x" fail). */
+static bool looks_like_repo_id(const char *name)
+{
+    const char *slash = strchr(name, '/');
+    if (!slash || strchr(slash + 1, '/') || slash == name || !slash[1])
+        return false;
+    for (const char *p = name; *p; p++)
+        if (p != slash && !(isalnum((unsigned char)*p) || *p == '.' || *p == '_' || *p == '-'))
+            return false;
+    return name[0] != '.' && name[0] != '-' && slash[1] != '.' && slash[1] != '-';
+}
+
+/* The Hugging Face hub cache folder as huggingface_hub places it: $HF_HUB_CACHE, else $HF_HOME/hub, else
+ * $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub. Empty when none of these is set. */
+static void hf_hub_cache(char *out, size_t n)
+{
+    const char *v;
+    if ((v = getenv("HF_HUB_CACHE")) && *v)
+        snprintf(out, n, "%s", v);
+    else if ((v = getenv("HF_HOME")) && *v)
+        snprintf(out, n, "%s/hub", v);
+    else if ((v = getenv("XDG_CACHE_HOME")) && *v)
+        snprintf(out, n, "%s/huggingface/hub", v);
+    else if ((v = getenv("HOME")) && *v)
+        snprintf(out, n, "%s/.cache/huggingface/hub", v);
+    else
+        out[0] = '\0';
+}
+
+/* -m ORG/NAME that is no path here: lily reads local files only. Names the snapshot of ORG/NAME in the hub
+ * cache when there is one (refs/main's revision, else the only one), else how to download it. */
+static lily_status repo_id_error(const char *repo, lily_error *err)
+{
+    char cache[2048], folder[4096], rev[256] = "";
+    hf_hub_cache(cache, sizeof cache);
+    snprintf(folder, sizeof folder, "%s/models--%.*s--%s", cache, (int)(strchr(repo, '/') - repo), repo,
+             strchr(repo, '/') + 1);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/refs/main", folder);
+    FILE *f = cache[0] ? fopen(path, "r") : NULL;
+    if (f) {
+        if (!fgets(rev, sizeof rev, f))
+            rev[0] = '\0';
+        rev[strcspn(rev, "\r\n")] = '\0';
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/snapshots", folder);
+    DIR *d = cache[0] ? opendir(path) : NULL;
+    if (d) {
+        char only[256] = "";
+        int n = 0;
+        for (struct dirent *e; (e = readdir(d));)
+            if (e->d_name[0] != '.' && n++ == 0)
+                snprintf(only, sizeof only, "%s", e->d_name);
+        closedir(d);
+        char snap[4800];
+        struct stat sb;
+        snprintf(snap, sizeof snap, "%s/%s", path, rev);
+        if (rev[0] && (stat(snap, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+            rev[0] = '\0'; /* refs/main names a revision not downloaded */
+        if (!rev[0] && n == 1)
+            snprintf(rev, sizeof rev, "%s", only);
+        if (n)
+            return lily_error_set(err, LILY_ERR_IO, "model directory %s: No such file or directory; the Hugging "
+                                  "Face cache holds %s: pass its snapshot, -m %s/%s", repo, repo, path,
+                                  rev[0] ? rev : "REVISION");
+    }
+    return lily_error_set(err, LILY_ERR_IO, "model directory %s: No such file or directory (lily downloads nothing: "
+                          "if %s is a Hugging Face repo, `hf download %s --local-dir DIR`, then -m DIR)", repo, repo,
+                          repo);
+}
+
 lily_status lily_check_model_dir(const char *model_dir, lily_error *err)
 {
     struct stat sb;
-    if (stat(model_dir, &sb) != 0)
+    if (stat(model_dir, &sb) != 0) {
+        if (errno == ENOENT && looks_like_repo_id(model_dir))
+            return repo_id_error(model_dir, err);
         return lily_error_set(err, LILY_ERR_IO, "model directory %s: %s", model_dir, strerror(errno));
+    }
     if (!S_ISDIR(sb.st_mode))
         return lily_error_set(err, LILY_ERR_IO, "%s is not a model directory (expected a directory with config.json, "
                               "*.safetensors and tokenizer.json)", model_dir);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
-    if (lstat(path, &sb) == 0 || errno != ENOENT)
-        return LILY_OK; /* there (or unreadable: opening it says why) */
+    if (lstat(path, &sb) == 0 || errno != ENOENT) { /* there (or unreadable: opening it says why) */
+        /* a model lily does not run (another family, a rope type or quantization it lacks) is said here, before
+         * the tokenizer loads: that one's error (a SentencePiece tokenizer's) would hide the cause */
+        char *text;
+        size_t len;
+        lily_error perr;
+        lily_config cfg;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || /* a FIFO would block: loading says what it is */
+            lily_read_file(path, LILY_CONFIG_MAX_BYTES, &text, &len, &perr) != LILY_OK)
+            return LILY_OK;
+        lily_status st = lily_config_parse(text, len, &cfg, &perr);
+        free(text);
+        if (st == LILY_ERR_UNSUPPORTED)
+            return lily_error_set(err, st, "%s: %s", model_dir, perr.message);
+        return LILY_OK;
+    }
     /* a Hugging Face hub cache folder (models--ORG--NAME) keeps the files under snapshots/REVISION/ */
     snprintf(path, sizeof path, "%s/snapshots", model_dir);
     DIR *d = opendir(path);

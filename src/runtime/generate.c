@@ -639,17 +639,35 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
         goto done;
     }
 
-    /* prefill */
+    /* prefill, a chunk per append (the chunks lily_session_append would cut, so the same forward passes):
+     * a cancel between two stops it there, as between two tokens; a long prompt on a CPU takes minutes */
     double t0 = lily_wall_seconds();
-    if (n_prompt > 0) {
-        st = lily_session_append(s, prompt, n_prompt, NULL, err);
+    const int chunk = s->engine->prefill_chunk > 0 ? s->engine->prefill_chunk : n_prompt;
+    if (n_prompt > chunk) { /* what one append would refuse whole is refused before the first chunk */
+        if ((int64_t)s->n_tokens + n_prompt > s->max_ctx) {
+            st = lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "context length exceeded: %d tokens held + %d new > "
+                                "context size %d", s->n_tokens, n_prompt, s->max_ctx);
+            goto done;
+        }
+        for (int i = 0; i < n_prompt; i++)
+            if (prompt[i] < 0 || prompt[i] >= s->engine->cfg.vocab_size) {
+                st = lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "token id %d (at %d) is outside the vocabulary "
+                                    "[0, %d)", prompt[i], i, s->engine->cfg.vocab_size);
+                goto done;
+            }
+    }
+    int prefilled = 0;
+    while (prefilled < n_prompt && !(prefilled > 0 && cancelled(p))) {
+        const int m = LILY_MIN(chunk, n_prompt - prefilled);
+        st = lily_session_append(s, prompt + prefilled, m, NULL, err);
         if (st != LILY_OK)
             goto done;
+        prefilled += m;
     }
     double t_decode_start = lily_wall_seconds();
-    r->n_prompt = n_prompt;
+    r->n_prompt = prefilled;
     r->prefill_seconds = t_decode_start - t0;
-    r->prefill_tokens_per_second = n_prompt > 0 && r->prefill_seconds > 0 ? n_prompt / r->prefill_seconds : 0.0;
+    r->prefill_tokens_per_second = prefilled > 0 && r->prefill_seconds > 0 ? prefilled / r->prefill_seconds : 0.0;
     st = lily_sampler_add_context(g.sampler, s->tokens, s->n_tokens, err);
     if (st != LILY_OK)
         goto done;

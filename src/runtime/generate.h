@@ -103,8 +103,9 @@ typedef struct {
     lily_detok_interface detok;       /* feed may be NULL when there are no stop strings: no text is streamed */
     lily_token_callback on_token;     /* may be NULL */
     void *user;
-    const atomic_int *cancel;         /* may be NULL; nonzero stops before the next token (set it from a
-                                         signal handler or another thread) */
+    const atomic_int *cancel;         /* may be NULL; nonzero stops before the next token, or the prompt's
+                                         next prefill chunk (engine->prefill_chunk; the first is always
+                                         appended; set it from a signal handler or another thread) */
     lily_decode_mode decode;          /* LILY_DECODE_AUTO (default) or LILY_DECODE_HOST */
     const lily_token_constraint *constraint; /* may be NULL */
 
@@ -152,7 +153,8 @@ typedef struct {
     bool reasoning_cut;               /* the reasoning budget closed the think block */
 } lily_generate_result;
 
-/* Append prompt[n_prompt] to the session (prefill), then generate until a stop token, a stop string,
+/* Append prompt[n_prompt] to the session (prefill, in chunks of engine->prefill_chunk: result->n_prompt
+ * says how many a cancellation left appended), then generate until a stop token, a stop string,
  * max_tokens, a full context, or cancellation. n_prompt may be 0 to continue from the session's last
  * logits (the session must then hold at least one token). The repetition penalty sees every token in
  * the session; presence / frequency penalties see the generated tokens.

@@ -45,9 +45,11 @@ static bool append_text(json_t *content, const char *where, text_buf *out, lily_
     json_t *blk;
     json_array_foreach(content, i, blk) {
         const char *type = json_string_value(json_object_get(blk, "type"));
-        if (!type || strcmp(type, "text") || !json_is_string(json_object_get(blk, "text")))
+        if (!type || strcmp(type, "text"))
             return bad(e, where, "%s.%zu: only text blocks are supported here (this model takes text only).", where,
                        i);
+        if (!json_is_string(json_object_get(blk, "text")))
+            return bad(e, where, "%s.%zu.text: expected a string.", where, i);
         if (!append_text(json_object_get(blk, "text"), where, out, e))
             return false;
     }
@@ -95,10 +97,10 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *too
         const char *type = json_string_value(json_object_get(blk, "type"));
         if (!json_is_object(blk) || !type) {
             ok = bad(e, bw, "%s: expected a content block with a 'type'.", bw);
-        } else if (!strcmp(type, "text")) {
-            ok = append_text(json_object_get(blk, "text"), bw, &text, e);
-        } else if (!strcmp(type, "thinking") && assistant) {
-            ok = append_text(json_object_get(blk, "thinking"), bw, &thinking, e);
+        } else if (!strcmp(type, "text") || (!strcmp(type, "thinking") && assistant)) {
+            char fw[sizeof bw + 10]; /* the block's own field: messages.N.content.K.text (.thinking) */
+            snprintf(fw, sizeof fw, "%s.%s", bw, type);
+            ok = append_text(json_object_get(blk, type), fw, !strcmp(type, "text") ? &text : &thinking, e);
         } else if (!strcmp(type, "redacted_thinking") && assistant) {
             continue;
         } else if (!strcmp(type, "tool_use") && assistant) {
@@ -119,6 +121,8 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *too
             json_t *rc = json_object_get(blk, "content");
             n_results++;
             text_buf result = {0};
+            char rw[sizeof bw + 8]; /* the result's own content: messages.N.content.K.content */
+            snprintf(rw, sizeof rw, "%s.content", bw);
             if (!id)
                 ok = bad(e, bw, "%s: a tool_result block needs 'tool_use_id'.", bw);
             else if (!json_object_get(tool_use_ids, id))
@@ -126,7 +130,7 @@ static bool translate_message(json_t *m, size_t index, json_t *msgs, json_t *too
                          "tool_result block must answer a tool_use block of the assistant.", bw, quoted_len(id), id);
             else if (json_is_true(json_object_get(blk, "is_error")) && !text_append(&result, "Error: ", 7))
                 ok = false;
-            else if (rc && !json_is_null(rc) && !append_text(rc, bw, &result, e))
+            else if (rc && !json_is_null(rc) && !append_text(rc, rw, &result, e))
                 ok = false;
             if (ok)
                 ok = !json_array_append_new(msgs, json_pack("{s:s, s:s, s:s%}", "role", "tool", "tool_call_id", id,
@@ -170,7 +174,8 @@ static bool translate_tools(json_t *b, json_t *oai, json_t *names, lily_oai_erro
             json_t *desc = json_object_get(t, "description");
             json_t *first = name ? json_object_get(names, name) : NULL;
             const char *problem = !name || !json_is_object(schema) ? "shape"
-                                : !lily_oai_valid_tool_name(json_object_get(t, "name")) ? "name"
+                                : !lily_oai_valid_tool_name(json_object_get(t, "name"), LILY_ANTH_MAX_TOOL_NAME)
+                                    ? "name"
                                 : first ? "duplicate" : NULL;
             if (problem) {
                 json_decref(out);
@@ -178,8 +183,8 @@ static bool translate_tools(json_t *b, json_t *oai, json_t *names, lily_oai_erro
                     return bad(e, "tools", "tools.%zu: expected {\"name\": ..., \"input_schema\": {...}} (server "
                                            "tools are not supported).", i);
                 if (!strcmp(problem, "name"))
-                    return bad(e, "tools", "tools.%zu.name: '%.*s' does not match '^[a-zA-Z0-9_-]{1,64}$'.", i,
-                               quoted_len(name), name);
+                    return bad(e, "tools", "tools.%zu.name: '%.*s' does not match '^[a-zA-Z0-9_-]{1,%d}$'.", i,
+                               quoted_len(name), name, LILY_ANTH_MAX_TOOL_NAME);
                 return bad(e, "tools", "tools: tool names must be unique: '%s' is tools.%lld.name and tools.%zu.name.",
                            name, (long long)json_integer_value(first), i);
             }
@@ -407,7 +412,7 @@ bool lily_anth_parse_request(const char *body, size_t len, bool count_only, lily
         return bad(e, NULL, "Out of memory.");
     if (!ok)
         return false;
-    ok = lily_oai_parse_request(text, strlen(text), true, req, e); /* json_dumps escapes U+0000 */
+    ok = lily_oai_parse_translated_request(text, strlen(text), req, e); /* json_dumps escapes U+0000 */
     free(text);
     if (ok) {
         req->anthropic = true;

@@ -382,6 +382,23 @@ static route_id route_of(const char *path, const char **allow)
     return R_NONE;
 }
 
+/* What to say after "Unknown request URL" for a path a client of another API or a misset base URL sends:
+ * OpenAI's Responses API (the OpenAI Agents SDK, Codex), Ollama's own API, a base URL ending in /v1 that
+ * the client extended with /v1 again. NULL for any other path. */
+static const char *unknown_url_hint(const char *path)
+{
+    const char *rest = !strncmp(path, "/v1/", 4) ? path + 3 : path; /* the routes answer without /v1 too */
+    if (!strncmp(rest, "/responses", 10) && (!rest[10] || rest[10] == '/'))
+        return " lily does not implement OpenAI's Responses API: use POST /v1/chat/completions (or Anthropic's "
+               "POST /v1/messages).";
+    if (!strncmp(path, "/api/", 5))
+        return " lily does not speak Ollama's API: configure the client for an OpenAI-compatible server, base URL "
+               "http://HOST:PORT/v1.";
+    if (!strncmp(path, "/v1/v1/", 7))
+        return " The client's base URL ends in /v1 and the client added /v1 again: give it http://HOST:PORT.";
+    return NULL;
+}
+
 /* Constant-time comparison of the presented token with the key (time depends on the key's length only). */
 static bool token_matches(const char *given, const char *key)
 {
@@ -1024,8 +1041,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         printable_ascii(method_text, sizeof method_text, method);
         printable_ascii(url_text, sizeof url_text, url);
         if (id == R_NONE) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "Unknown request URL: %s %s.", method_text, url_text);
+            const char *hint = unknown_url_hint(url);
+            char msg[512];
+            snprintf(msg, sizeof msg, "Unknown request URL: %s %s.%s", method_text, url_text, hint ? hint : "");
             return send_simple_error(c, r, 404, "invalid_request_error", "unknown_url", NULL, msg);
         }
         bool head_as_get = !strcmp(method, "HEAD") && !strcmp(allow, "GET");

@@ -149,6 +149,12 @@ static void json_shape(const char *s, size_t len, size_t *values, int *depth)
 bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_error *e)
 {
     *out = NULL;
+    /* one UTF-8 byte order mark before the text is ignored, as RFC 8259 (8.1) allows and vLLM and llama.cpp
+     * do (Windows PowerShell's -Encoding utf8 writes one); anywhere else it is text or an error as before */
+    if (len >= 3 && !memcmp(body, "\xEF\xBB\xBF", 3)) {
+        body += 3;
+        len -= 3;
+    }
     size_t values;
     int depth;
     json_shape(body, len, &values, &depth);
@@ -213,13 +219,13 @@ static const char *quoted(char *buf, size_t cap, const char *s, size_t max)
     return buf;
 }
 
-/* OpenAI's rule for a function name: ^[a-zA-Z0-9_-]{1,64}$. Anything else could break the tool-call
- * markup the name is written into (<function=NAME>) or the tool_choice guarantee. */
-bool lily_oai_valid_tool_name(const json_t *name)
+/* OpenAI's rule for a function name: ^[a-zA-Z0-9_-]{1,64}$ (the Messages API's: {1,128}). Other characters
+ * could break the tool-call markup the name is written into (<function=NAME>) or the tool_choice guarantee. */
+bool lily_oai_valid_tool_name(const json_t *name, size_t max_len)
 {
     size_t n = json_string_length(name);
     const char *s = json_string_value(name);
-    if (!s || n < 1 || n > 64)
+    if (!s || n < 1 || n > max_len)
         return false;
     for (size_t i = 0; i < n; i++)
         if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
@@ -385,7 +391,7 @@ static bool check_forced_parameter_names(json_t *fn, size_t i, lily_oai_error *e
     return true;
 }
 
-static bool check_tools(lily_oai_request *req, lily_oai_error *e)
+static bool check_tools(lily_oai_request *req, size_t max_name, lily_oai_error *e)
 {
     char q[72];
     bool parallel = true;
@@ -411,9 +417,9 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
             json_t *name = json_object_get(fn, "name");
             if (!json_is_string(name) || !json_string_length(name))
                 return bad(e, param, "Missing required parameter: '%s.function.name'.", param);
-            if (!lily_oai_valid_tool_name(name))
-                return bad(e, param, "Invalid '%s.function.name': '%s' does not match '^[a-zA-Z0-9_-]{1,64}$'.",
-                           param, quoted(q, sizeof q, json_string_value(name), 64));
+            if (!lily_oai_valid_tool_name(name, max_name))
+                return bad(e, param, "Invalid '%s.function.name': '%s' does not match '^[a-zA-Z0-9_-]{1,%zu}$'.",
+                           param, quoted(q, sizeof q, json_string_value(name), 64), max_name);
             json_t *params = json_object_get(fn, "parameters");
             if (params && !json_is_object(params) && !json_is_null(params))
                 return bad(e, param, "Invalid '%s.function.parameters': expected a JSON schema object.", param);
@@ -440,9 +446,10 @@ static bool check_tools(lily_oai_request *req, lily_oai_error *e)
         if (!json_is_string(name))
             return bad(e, "tool_choice", "Invalid 'tool_choice': expected {\"type\":\"function\",\"function\":"
                                          "{\"name\":...}}.");
-        if (!lily_oai_valid_tool_name(name))
+        if (!lily_oai_valid_tool_name(name, max_name))
             return bad(e, "tool_choice", "Invalid 'tool_choice.function.name': '%s' does not match "
-                                         "'^[a-zA-Z0-9_-]{1,64}$'.", quoted(q, sizeof q, json_string_value(name), 64));
+                                         "'^[a-zA-Z0-9_-]{1,%zu}$'.", quoted(q, sizeof q, json_string_value(name), 64),
+                       max_name);
         req->tool_choice = LILY_TOOL_CHOICE_NAMED;
         snprintf(req->tool_name, sizeof req->tool_name, "%s", json_string_value(name));
     } else {
@@ -769,7 +776,8 @@ static bool check_unsupported_extensions(json_t *b, bool is_chat, lily_oai_error
     return true;
 }
 
-bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai_request *req, lily_oai_error *e)
+static bool parse_request(const char *body, size_t len, bool is_chat, size_t max_tool_name, lily_oai_request *req,
+                          lily_oai_error *e)
 {
     memset(req, 0, sizeof *req);
     req->is_chat = is_chat;
@@ -793,7 +801,7 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
     }
     if (is_chat) {
         req->messages = json_object_get(b, "messages");
-        if (!check_messages(req->messages, e) || !check_tools(req, e) || !check_thinking(req, e) ||
+        if (!check_messages(req->messages, e) || !check_tools(req, max_tool_name, e) || !check_thinking(req, e) ||
             !check_response_format(req, e) || !check_reasoning_budget(req, e))
             goto fail;
     } else {
@@ -890,6 +898,16 @@ bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai
 fail:
     lily_oai_request_free(req);
     return false;
+}
+
+bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai_request *req, lily_oai_error *e)
+{
+    return parse_request(body, len, is_chat, LILY_OAI_MAX_TOOL_NAME, req, e);
+}
+
+bool lily_oai_parse_translated_request(const char *body, size_t len, lily_oai_request *req, lily_oai_error *e)
+{
+    return parse_request(body, len, true, LILY_ANTH_MAX_TOOL_NAME, req, e);
 }
 
 void lily_oai_request_free(lily_oai_request *req)

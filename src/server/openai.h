@@ -94,23 +94,31 @@ typedef struct {
 #define LILY_OAI_MAX_JSON_DEPTH 64
 #define LILY_OAI_MAX_JSON_VALUES (1 << 18)
 
-/* Parse a request body (len bytes; U+0000 allowed in strings) into *out. Returns false with e set (400)
- * when it nests deeper than LILY_OAI_MAX_JSON_DEPTH, has more than LILY_OAI_MAX_JSON_VALUES values, or is
- * not JSON. */
+/* Parse a request body (len bytes; U+0000 allowed in strings; one leading UTF-8 byte order mark skipped)
+ * into *out. Returns false with e set (400) when it nests deeper than LILY_OAI_MAX_JSON_DEPTH, has more
+ * than LILY_OAI_MAX_JSON_VALUES values, or is not JSON. */
 bool lily_oai_json_load(const char *body, size_t len, json_t **out, lily_oai_error *e);
 
 /* The most stop sequences a request may give ('stop'; 'stop_sequences' on the Messages API). */
 #define LILY_OAI_MAX_STOP 16
 
-/* Whether name is a JSON string a tool may be called: 1 to 64 of [a-zA-Z0-9_-] (OpenAI's rule for function
- * names, which the chat template writes into the prompt as it is). */
-bool lily_oai_valid_tool_name(const json_t *name);
+/* The longest tool name each API takes: OpenAI's rule is ^[a-zA-Z0-9_-]{1,64}$, the Messages API's
+ * ^[a-zA-Z0-9_-]{1,128}$ (Claude Code names an MCP tool mcp__SERVER__TOOL, which can run past 64). */
+#define LILY_OAI_MAX_TOOL_NAME 64
+#define LILY_ANTH_MAX_TOOL_NAME 128
+
+/* Whether name is a JSON string a tool may be called: 1 to max_len of [a-zA-Z0-9_-] (the characters the chat
+ * template can write into the prompt as they are). */
+bool lily_oai_valid_tool_name(const json_t *name, size_t max_len);
 
 /* Parse and validate a chat (is_chat) or completions request body (len bytes, not NUL-terminated).
  * Returns true on success; on failure fills e (400, type invalid_request_error, param naming the field)
  * and leaves req empty (safe to free). Unknown fields are ignored, as OpenAI-compatible servers do. */
 bool lily_oai_parse_request(const char *body, size_t len, bool is_chat, lily_oai_request *req,
                             lily_oai_error *e);
+/* lily_oai_parse_request of a chat request translated from the Messages API (server/anthropic.h), whose tool
+ * names may be up to LILY_ANTH_MAX_TOOL_NAME characters. */
+bool lily_oai_parse_translated_request(const char *body, size_t len, lily_oai_request *req, lily_oai_error *e);
 void lily_oai_request_free(lily_oai_request *req);
 
 /* The JSON the chat template renders: {messages, tools?, chat_template_kwargs, add_generation_prompt:true}
