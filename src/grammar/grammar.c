@@ -206,10 +206,10 @@ static bool text_char(frame *f, unsigned char b)
 }
 
 /* Number stages: 0 start, 1 after '-', 2 integer digits, 3 after a leading 0, 4 after '.', 5 fraction
- * digits, 6 after e/E, 7 after the exponent sign, 8 exponent digits. Digits per part are capped (count)
+ * digits, 6 after e/E, 7 after the exponent sign, 8 exponent digits. Digits per part are capped (count,
+ * NUMBER_MAX_DIGITS)
  * so a model cannot write one forever; the exponent at two digits, so every number is a finite double
  * (below 1e16 * 1e99: a parser that refuses an overflow, or reads it as infinity, never sees one). */
-#define NUMBER_MAX_DIGITS 16
 #define NUMBER_MAX_EXPONENT_DIGITS 2
 static bool number_can_end(int stage) { return stage == 2 || stage == 3 || stage == 5 || stage == 8; }
 
@@ -248,6 +248,45 @@ static bool number_step(frame *f, unsigned char b)
     return false;
 }
 
+/* An integer with bounds (n->range, int_range.h). Stages: 0 start, 1 after '-', 2 a positive magnitude's
+ * digits, 3 after "0" (nothing follows), 4 a negative magnitude's digits; count, aux and last hold the
+ * magnitude's lily_digit_state (digits, cmp_lo, cmp_hi). "-0" and leading zeros are never taken. */
+static bool int_step(frame *f, unsigned char b)
+{
+    const lily_int_range *r = f->n->range;
+    if (f->stage == 0 && b == '-') {
+        if (r->neg.n_hi == 0)
+            return false;
+        f->stage = 1;
+        return true;
+    }
+    if (f->stage == 0 && b == '0') {
+        if (!r->zero)
+            return false;
+        f->stage = 3;
+        return true;
+    }
+    if (f->stage == 3)
+        return false;
+    const bool negative = f->stage == 1 || f->stage == 4;
+    lily_digit_state d = {f->count, f->aux, f->last};
+    if (!lily_digit_range_step(negative ? &r->neg : &r->pos, &d, b))
+        return false;
+    f->stage = negative ? 4 : 2;
+    f->count = d.digits;
+    f->aux = d.cmp_lo;
+    f->last = d.cmp_hi;
+    return true;
+}
+
+static bool int_can_end(const frame *f)
+{
+    const lily_int_range *r = f->n->range;
+    const lily_digit_state d = {f->count, f->aux, f->last};
+    return f->stage == 3 || (f->stage == 2 && lily_digit_range_complete(&r->pos, &d)) ||
+           (f->stage == 4 && lily_digit_range_complete(&r->neg, &d));
+}
+
 /* Item i of array n (grammar_internal.h), or NULL when the array takes no such item. */
 static const gnode *array_item(const gnode *n, int i)
 {
@@ -260,7 +299,7 @@ static bool frame_can_end(const frame *f)
 {
     switch (f->n->kind) {
     case G_WS: return true;
-    case G_NUMBER: return number_can_end(f->stage);
+    case G_NUMBER: return f->n->range ? int_can_end(f) : number_can_end(f->stage);
     case G_RAW: return f->aux == 0 && f->count >= f->n->min && (!f->n->pattern || !f->n->pattern[f->count]);
     case G_LITSET: return literal_complete(f);
     default: return false;
@@ -469,11 +508,11 @@ static void step(stack *s, unsigned char b, stack_set *out)
             emit(out, s);
             return;
         case G_NUMBER:
-            if (number_step(f, b)) {
+            if (n->range ? int_step(f, b) : number_step(f, b)) {
                 emit(out, s);
                 return;
             }
-            if (!number_can_end(f->stage))
+            if (!frame_can_end(f))
                 return;
             s->depth--;
             continue;
