@@ -270,7 +270,7 @@ static bool int_step(frame *f, unsigned char b)
         return false;
     const bool negative = f->stage == 1 || f->stage == 4;
     lily_digit_state d = {f->count, f->aux, f->last};
-    if (!lily_digit_range_step(negative ? &r->neg : &r->pos, &d, b))
+    if ((b == '0' && d.digits == 0) || !lily_digit_range_step(negative ? &r->neg : &r->pos, &d, b, 0, INT32_MAX))
         return false;
     f->stage = negative ? 4 : 2;
     f->count = d.digits;
@@ -283,8 +283,82 @@ static bool int_can_end(const frame *f)
 {
     const lily_int_range *r = f->n->range;
     const lily_digit_state d = {f->count, f->aux, f->last};
-    return f->stage == 3 || (f->stage == 2 && lily_digit_range_complete(&r->pos, &d)) ||
-           (f->stage == 4 && lily_digit_range_complete(&r->neg, &d));
+    return f->stage == 3 || (f->stage == 2 && lily_digit_range_complete(&r->pos, &d, d.digits)) ||
+           (f->stage == 4 && lily_digit_range_complete(&r->neg, &d, d.digits));
+}
+
+/* A number with bounds (n->range, int_range.h: magnitudes in units of 10^-LILY_NUMBER_FRACTION_DIGITS):
+ * -?(0|[1-9][0-9]*)(.[0-9]{1,16})?, no exponent. Stages: 0 start, 1 after '-', 2 integer digits, 3 after a
+ * leading "0", 4 after '.', 5 fraction digits; cur the sign (1: negative); pos the integer digits, so the
+ * magnitude's digit string will have pos + 16 digits once the point (or the end) fixes it; count, aux
+ * and last its lily_digit_state. "-0" (and "-0.0...") never completes: zero is in the positive side. */
+static bool bounded_number_step(frame *f, unsigned char b)
+{
+    const lily_int_range *r = f->n->range;
+    const int frac = LILY_NUMBER_FRACTION_DIGITS;
+    if (f->stage == 0) {
+        f->cur = 0;
+        if (b == '-') {
+            if (r->neg.n_hi == 0)
+                return false;
+            f->stage = 1;
+            f->cur = 1;
+            return true;
+        }
+    }
+    const lily_digit_range *side = f->cur == 1 ? &r->neg : &r->pos;
+    lily_digit_state d = {f->count, f->aux, f->last};
+    switch (f->stage) {
+    case 0:
+    case 1:
+        if (b == '0') { /* the integer part is empty: the fraction's digits are the magnitude's */
+            if (!lily_digit_range_open(side, &d, frac, frac))
+                return false;
+            f->stage = 3;
+            return true;
+        }
+        if (b < '1' || b > '9' || !lily_digit_range_step(side, &d, b, 1 + frac, INT32_MAX))
+            return false;
+        f->stage = 2;
+        f->pos = 1;
+        break;
+    case 2:
+        if (b == '.') {
+            if (!lily_digit_range_open(side, &d, f->pos + frac, f->pos + frac))
+                return false;
+            f->stage = 4;
+            return true;
+        }
+        if (!lily_digit_range_step(side, &d, b, f->pos + 1 + frac, INT32_MAX))
+            return false;
+        f->pos++;
+        break;
+    case 3:
+        if (b != '.')
+            return false;
+        f->stage = 4;
+        return true;
+    case 4:
+    case 5:
+        if (d.digits >= f->pos + frac || !lily_digit_range_step(side, &d, b, f->pos + frac, f->pos + frac))
+            return false;
+        f->stage = 5;
+        break;
+    default: return false;
+    }
+    f->count = d.digits;
+    f->aux = d.cmp_lo;
+    f->last = d.cmp_hi;
+    return true;
+}
+
+static bool bounded_number_can_end(const frame *f)
+{
+    if (f->stage != 2 && f->stage != 3 && f->stage != 5)
+        return false;
+    const lily_digit_state d = {f->count, f->aux, f->last};
+    return lily_digit_range_complete(f->cur == 1 ? &f->n->range->neg : &f->n->range->pos, &d,
+                                     f->pos + LILY_NUMBER_FRACTION_DIGITS);
 }
 
 /* Item i of array n (grammar_internal.h), or NULL when the array takes no such item. */
@@ -299,7 +373,10 @@ static bool frame_can_end(const frame *f)
 {
     switch (f->n->kind) {
     case G_WS: return true;
-    case G_NUMBER: return f->n->range ? int_can_end(f) : number_can_end(f->stage);
+    case G_NUMBER:
+        if (!f->n->range)
+            return number_can_end(f->stage);
+        return f->n->integer ? int_can_end(f) : bounded_number_can_end(f);
     case G_RAW: return f->aux == 0 && f->count >= f->n->min && (!f->n->pattern || !f->n->pattern[f->count]);
     case G_LITSET: return literal_complete(f);
     default: return false;
@@ -508,7 +585,7 @@ static void step(stack *s, unsigned char b, stack_set *out)
             emit(out, s);
             return;
         case G_NUMBER:
-            if (n->range ? int_step(f, b) : number_step(f, b)) {
+            if (!n->range ? number_step(f, b) : n->integer ? int_step(f, b) : bounded_number_step(f, b)) {
                 emit(out, s);
                 return;
             }

@@ -399,6 +399,60 @@ static bool integer_side(compiler *c, const json_t *s, bool lower, bound_kind *k
     return true;
 }
 
+/* One side of a number's range: the tighter of minimum / exclusiveMinimum (lower) or maximum /
+ * exclusiveMaximum, as a double and whether it is exclusive (draft 4's boolean form too). A bound of
+ * magnitude 10^20 or more on its open side constrains nothing. False (c->st set) on a malformed keyword. */
+static bool number_side(compiler *c, const json_t *s, bool lower, bool *has, double *out, bool *exclusive)
+{
+    bound_kind unused_kind;
+    int64_t unused;
+    if (!integer_side(c, s, lower, &unused_kind, &unused)) /* the same keyword checks */
+        return false;
+    const json_t *inc = json_object_get(s, lower ? "minimum" : "maximum");
+    const json_t *exc = json_object_get(s, lower ? "exclusiveMinimum" : "exclusiveMaximum");
+    *has = false;
+    *exclusive = false;
+    const struct {
+        const json_t *v;
+        bool exclusive;
+    } keys[2] = {{inc, json_is_true(exc)}, {json_is_number(exc) ? exc : NULL, true}};
+    for (int i = 0; i < 2; i++) {
+        if (!keys[i].v)
+            continue;
+        const double x = json_number_value(keys[i].v);
+        if (lower ? x <= -1e20 : x >= 1e20)
+            continue;
+        const bool tighter = !*has || (lower ? x > *out : x < *out) || (x == *out && keys[i].exclusive);
+        if (tighter) {
+            *has = true;
+            *out = x;
+            *exclusive = keys[i].exclusive;
+        }
+    }
+    return true;
+}
+
+/* A number: its range when the schema bounds it (n->range, int_range.h; then no exponent). */
+static gnode *compile_number(compiler *c, const json_t *s)
+{
+    gnode *n = new_node(c, G_NUMBER);
+    if (!n)
+        return NULL;
+    bool has_lo, has_hi, lo_exclusive, hi_exclusive;
+    double lo = 0, hi = 0;
+    if (!number_side(c, s, true, &has_lo, &lo, &lo_exclusive) || !number_side(c, s, false, &has_hi, &hi, &hi_exclusive))
+        return NULL;
+    if (!has_lo && !has_hi)
+        return n;
+    if (!(n->range = malloc(sizeof *n->range)))
+        return oom(c);
+    if (!lily_number_range_init(n->range, has_lo, lo, lo_exclusive, has_hi, hi, hi_exclusive, NUMBER_MAX_DIGITS))
+        return bad(c, "no number lies between minimum / exclusiveMinimum and maximum / exclusiveMaximum "
+                      "(lily's bounds are below 1e20 in magnitude, its numbers have at most 16 fraction digits)",
+                   NULL);
+    return n;
+}
+
 /* An integer: its range when the schema bounds it (n->range, int_range.h). */
 static gnode *compile_integer(compiler *c, const json_t *s)
 {
@@ -427,8 +481,8 @@ static gnode *compile_type(compiler *c, const char *type, const json_t *s, value
         return compile_string(c, s, mode);
     if (!strcmp(type, "integer"))
         return compile_integer(c, s);
-    if (!strcmp(type, "number")) /* bounds not enforced (README) */
-        return new_node(c, G_NUMBER);
+    if (!strcmp(type, "number"))
+        return compile_number(c, s);
     if (!strcmp(type, "boolean")) {
         gnode *n = new_node(c, G_LITSET);
         if (n && add_str(c, n, "true", 4) && add_str(c, n, "false", 5))

@@ -1,9 +1,11 @@
-/* test_grammar_integer_bounds.c — integers with minimum / maximum / exclusiveMinimum / exclusiveMaximum:
- * for fixed and random ranges (negative, across zero, one-sided, up to int64's ends), the grammar accepts
- * an integer's text exactly when the integer is in range (checked against the bounds for every integer in
- * windows around the bounds, zero and the powers of ten), every prefix it takes can still be completed
- * (random walks through the digit step, each ending on an integer in range), and schemas without an
- * integer in range are refused. */
+/* test_grammar_bounds.c — integers and numbers with minimum / maximum / exclusiveMinimum /
+ * exclusiveMaximum. Integers: for fixed and random ranges (negative, across zero, one-sided, up to int64's
+ * ends), the grammar accepts an integer's text exactly when the integer is in range (checked against the
+ * bounds for every integer in windows around the bounds, zero and the powers of ten), every prefix it
+ * takes can still be completed (random walks through the digit step, each ending on an integer in range).
+ * Numbers: the same against the bounds as doubles for decimals of several precisions around the bounds
+ * and zero, and random walks through the mask that end in range. Schemas with nothing in range are
+ * refused. */
 #include "test_support.h"
 
 #include <inttypes.h>
@@ -106,9 +108,10 @@ static lily_grammar *compile_or_fail(const char *text)
     return g;
 }
 
-/* The tokens "0".."9", "-", ",", "]": the bytes an integer and what may follow it are made of. */
-static const char *const byte_vocab[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "-", ",", "]"};
-#define N_BYTE_VOCAB 13
+/* The tokens "0".."9", "-", ".", "e", ",", "]": the bytes a number and what may follow it are made of. */
+static const char *const byte_vocab[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "-", ".", "e", ",", "]"};
+#define N_BYTE_VOCAB 15
+#define N_NUMBER_BYTES 12 /* the first ones: digits, '-', '.' */
 
 /* Feed text byte by byte; after each byte taken the state must be complete or allow a next byte (the mask
  * over byte_vocab), so no prefix the grammar takes is a dead end. Returns whether all of text is taken and
@@ -156,14 +159,14 @@ static void walk_digits(const lily_digit_range *d)
         lily_digit_state s = {0};
         char text[LILY_INT_RANGE_MAX_DIGITS + 1];
         for (;;) {
-            const bool complete = lily_digit_range_complete(d, &s);
+            const bool complete = lily_digit_range_complete(d, &s, s.digits);
             if (complete && rng() % 4 == 0)
                 break;
             unsigned char options[10];
             int n = 0;
             for (unsigned char b = '0'; b <= '9'; b++) {
                 lily_digit_state probe = s;
-                if (lily_digit_range_step(d, &probe, b))
+                if ((b != '0' || s.digits > 0) && lily_digit_range_step(d, &probe, b, 0, INT32_MAX))
                     options[n++] = b;
             }
             if (n == 0) {
@@ -177,7 +180,7 @@ static void walk_digits(const lily_digit_range *d)
                 b = (unsigned char)d->hi[k];
             else if (rng() % 2 && k < d->n_lo && memchr(options, d->lo[k], (size_t)n))
                 b = (unsigned char)d->lo[k];
-            assert_true(lily_digit_range_step(d, &s, b));
+            assert_true(lily_digit_range_step(d, &s, b, 0, INT32_MAX));
             text[k] = (char)b;
         }
         text[s.digits] = 0;
@@ -363,7 +366,6 @@ static void test_bounds_in_structure(void **state)
         {"{\"type\":\"integer\",\"minimum\":-3.5,\"maximum\":-2.5}", "-3", LILY_GRAMMAR_JSON, true},
         {"{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":6}", "6", LILY_GRAMMAR_JSON, false}, /* tighter */
         {"{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":false}", "5", LILY_GRAMMAR_JSON, true},
-        {"{\"type\":\"number\",\"minimum\":5,\"maximum\":7}", "1000.5", LILY_GRAMMAR_JSON, true}, /* not enforced */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         json_t *schema = json_loads(cases[i].schema, 0, NULL);
@@ -415,11 +417,147 @@ static void test_empty_and_malformed_bounds(void **state)
     }
 }
 
+typedef struct {
+    bool has_lo, has_hi, lo_exclusive, hi_exclusive;
+    double lo, hi;
+} number_range;
+
+static bool number_expected(const number_range *r, const char *text)
+{
+    const double v = strtod(text, NULL);
+    if (text[0] == '-' && v == 0)
+        return false; /* "-0..." is never written */
+    if (r->has_lo && (r->lo_exclusive ? !(v > r->lo) : !(v >= r->lo)))
+        return false;
+    return !r->has_hi || (r->hi_exclusive ? v < r->hi : v <= r->hi);
+}
+
+static char *number_schema(const number_range *r)
+{
+    char *out = malloc(256);
+    assert_non_null(out);
+    char lo[64] = "", hi[64] = "";
+    if (r->has_lo)
+        snprintf(lo, sizeof lo, ",\"%s\":%.17g", r->lo_exclusive ? "exclusiveMinimum" : "minimum", r->lo);
+    if (r->has_hi)
+        snprintf(hi, sizeof hi, ",\"%s\":%.17g", r->hi_exclusive ? "exclusiveMaximum" : "maximum", r->hi);
+    snprintf(out, 256, "{\"type\":\"number\"%s%s}", lo, hi);
+    return out;
+}
+
+/* Random walks through the mask (digits, '-', '.'): every step allows something or is complete, and
+ * every walk ends on a number within the bounds (compared as doubles, inclusive: a decimal inside the
+ * bounds reads back inside them). */
+static void walk_numbers(const lily_grammar *g, const lily_token_trie *t, const number_range *r, const char *schema)
+{
+    for (int walk = 0; walk < 60; walk++) {
+        lily_grammar_matcher *m = NULL;
+        lily_error err = {0};
+        assert_int_equal(lily_grammar_matcher_new(g, &m, &err), LILY_OK);
+        char text[64];
+        int n = 0;
+        uint8_t allowed[N_BYTE_VOCAB];
+        for (;;) {
+            const bool done = lily_grammar_matcher_accepting(m);
+            if (done && (rng() % 3 == 0 || n > 40))
+                break;
+            lily_grammar_matcher_mask(m, t, allowed);
+            int options[N_BYTE_VOCAB], k = 0;
+            for (int i = 0; i < N_BYTE_VOCAB; i++)
+                if (allowed[i])
+                    options[k++] = i;
+            if (k == 0) {
+                assert_true(done);
+                break;
+            }
+            const char *tok = byte_vocab[options[rng() % (uint64_t)k]];
+            assert_true(lily_grammar_matcher_feed(m, tok, 1));
+            text[n++] = tok[0];
+            assert_true(n < 60);
+        }
+        text[n] = 0;
+        lily_grammar_matcher_free(m);
+        const double v = strtod(text, NULL);
+        if ((r->has_lo && !(v >= r->lo)) || (r->has_hi && !(v <= r->hi)) || (text[0] == '-' && v == 0))
+            fail_msg("%s: the walk ended on %s", schema, text);
+    }
+}
+
+static void check_number_range(const lily_token_trie *t, const number_range *r)
+{
+    char *schema = number_schema(r);
+    lily_grammar *g = compile_or_fail(schema);
+    double centers[3] = {0};
+    int n = 1;
+    if (r->has_lo)
+        centers[n++] = r->lo;
+    if (r->has_hi)
+        centers[n++] = r->hi;
+    static const double steps[] = {1, 0.1, 0.01, 0.001, 1e-6};
+    static const int precision[] = {0, 1, 2, 3, 6};
+    for (int c = 0; c < n; c++)
+        for (int s = 0; s < 5; s++)
+            for (int j = -4; j <= 4; j++)
+                for (int p = 0; p < 5; p++) {
+                    char text[64];
+                    snprintf(text, sizeof text, "%.*f", precision[p], centers[c] + j * steps[s]);
+                    const bool want = number_expected(r, text), got = accepts_checking_prefixes(g, t, text);
+                    if (want != got)
+                        fail_msg("%s: %s %s", schema, text, got ? "accepted" : "rejected");
+                }
+    static const char *const never[] = {"-0", "-0.0", "00", "01", "+1", "1.", ".5", "1e2", "1.5E1", "--1", "-"};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+        assert_false(accepts_checking_prefixes(g, t, never[i]));
+    walk_numbers(g, t, r, schema);
+    lily_grammar_free(g);
+    free(schema);
+}
+
+/* A bound with few significant digits (so the doubles compare as the decimals do). */
+static double random_bound(void)
+{
+    static const double scales[] = {1, 0.1, 0.01, 0.001, 10, 1000, 1e-6};
+    const double v = (double)(rng() % 2000) * scales[rng() % 7];
+    return rng() % 3 == 0 ? -v : v;
+}
+
+static void test_number_ranges(void **state)
+{
+    (void)state;
+    lily_token_trie *t = byte_trie();
+    static const number_range fixed[] = {
+        {true, true, false, false, 0, 1},     {true, true, true, true, 0, 1},     {true, true, false, false, -1, 1},
+        {true, true, false, false, 0.1, 0.2}, {true, true, true, false, 0.5, 0.5 + 1e-3},
+        {true, true, false, false, -2.5, -2.25}, {true, true, false, false, 5, 7}, {true, true, false, false, 0, 0},
+        {true, true, false, false, 1e-6, 2e-6}, {true, true, false, false, 99.5, 100.5},
+        {true, false, false, false, 0, 0},    {true, false, true, false, 0, 0},    {false, true, false, true, 0, 0},
+        {false, true, false, false, -3.75, 0}, {true, false, false, false, 1234.5678, 0},
+        {true, true, false, false, -1e6, 1e6},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
+        check_number_range(t, &fixed[i]);
+    for (int i = 0; i < 60; i++) {
+        number_range r = {rng() % 5 != 0, rng() % 5 != 0, rng() % 2, rng() % 2, random_bound(), random_bound()};
+        if (!r.has_lo && !r.has_hi)
+            r.has_hi = true;
+        if (r.has_lo && r.has_hi && r.lo > r.hi) {
+            const double x = r.lo;
+            r.lo = r.hi;
+            r.hi = x;
+        }
+        if (r.has_lo && r.has_hi && r.lo == r.hi)
+            r.lo_exclusive = r.hi_exclusive = false;
+        check_number_range(t, &r);
+    }
+    lily_token_trie_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixed_ranges),
         cmocka_unit_test(test_random_ranges),
+        cmocka_unit_test(test_number_ranges),
         cmocka_unit_test(test_bounds_in_structure),
         cmocka_unit_test(test_empty_and_malformed_bounds),
     };
