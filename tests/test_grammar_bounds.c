@@ -366,6 +366,20 @@ static void test_bounds_in_structure(void **state)
         {"{\"type\":\"integer\",\"minimum\":-3.5,\"maximum\":-2.5}", "-3", LILY_GRAMMAR_JSON, true},
         {"{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":6}", "6", LILY_GRAMMAR_JSON, false}, /* tighter */
         {"{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":false}", "5", LILY_GRAMMAR_JSON, true},
+        {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1}},"
+         "\"required\":[\"p\"]}", "{\"p\":0.25}", LILY_GRAMMAR_JSON, true},
+        {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1}},"
+         "\"required\":[\"p\"]}", "{\"p\":1.5}", LILY_GRAMMAR_JSON, false},
+        {"{\"type\":\"number\",\"minimum\":1,\"exclusiveMinimum\":1}", "1", LILY_GRAMMAR_JSON, false},
+        {"{\"type\":\"number\",\"minimum\":1,\"exclusiveMinimum\":1}", "1.0000000000000001", LILY_GRAMMAR_JSON, true},
+        {"{\"type\":\"number\",\"minimum\":1,\"exclusiveMinimum\":1}", "1.00000000000000001", LILY_GRAMMAR_JSON, false},
+        {"{\"type\":\"number\",\"minimum\":-1e300}", "-1.5e3", LILY_GRAMMAR_JSON, true}, /* no bound: any number */
+        {"{\"type\":\"number\",\"minimum\":0}", "1.5e3", LILY_GRAMMAR_JSON, false}, /* bounded: no exponent */
+        {"{\"type\":\"number\",\"minimum\":0}", "9999999999999999.9999999999999999", LILY_GRAMMAR_JSON, true},
+        {"{\"type\":\"number\",\"minimum\":0}", "10000000000000000", LILY_GRAMMAR_JSON, false},
+        {"{\"type\":\"number\",\"maximum\":-1.2345678901234567e19}", "-12345678901234567000.5", LILY_GRAMMAR_JSON, true},
+        {"{\"type\":[\"number\",\"null\"],\"exclusiveMaximum\":0}", "-0.0001", LILY_GRAMMAR_JSON, true},
+        {"{\"type\":[\"number\",\"null\"],\"exclusiveMaximum\":0}", "0", LILY_GRAMMAR_JSON, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         json_t *schema = json_loads(cases[i].schema, 0, NULL);
@@ -401,6 +415,11 @@ static void test_empty_and_malformed_bounds(void **state)
         {"{\"type\":\"integer\",\"minimum\":1e19}", "no integer lies between"},
         {"{\"type\":\"integer\",\"maximum\":-1e19}", "no integer lies between"},
         {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":1}}", "no integer lies between"},
+        {"{\"type\":\"number\",\"minimum\":1,\"exclusiveMaximum\":1}", "no number lies between"},
+        {"{\"type\":\"number\",\"minimum\":0.5,\"maximum\":0.25}", "no number lies between"},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1e-17}", "no number lies between"},
+        {"{\"type\":\"number\",\"minimum\":1e25}", "no number lies between"},
+        {"{\"type\":\"number\",\"maximum\":\"1\"}", "maximum"},
         {"{\"type\":\"integer\",\"minimum\":\"5\"}", "minimum"},
         {"{\"type\":\"integer\",\"exclusiveMaximum\":null}", "exclusiveMaximum"},
     };
