@@ -57,6 +57,13 @@ static const struct {
      "[{\"id\":4611686018427387,\"age\":36,\"delta\":-499,\"rank\":1},{\"id\":42,\"age\":150,\"delta\":0,"
      "\"rank\":1234567},{\"id\":1000000007,\"age\":0,\"delta\":499,\"rank\":31415926535}]",
      LILY_GRAMMAR_JSON},
+    {"numbers with bounds (pydantic float Field(ge=, le=, gt=, lt=))",
+     "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"score\":{\"type\":\"number\","
+     "\"minimum\":0,\"maximum\":1},\"kelvin\":{\"type\":\"number\",\"exclusiveMinimum\":-273.15},\"delta\":{\"type\":"
+     "\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":2.5}},\"required\":[\"score\",\"kelvin\",\"delta\"]}}",
+     "[{\"score\":0.8125,\"kelvin\":-273.1,\"delta\":-2.5},{\"score\":1,\"kelvin\":5778.25,\"delta\":0.333333},"
+     "{\"score\":0,\"kelvin\":0.0,\"delta\":2.4999}]",
+     LILY_GRAMMAR_JSON},
     {"tool arguments (bench/serve_speed.py's forced call)",
      "{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"},\"limit\":{\"type\":\"integer\"}},"
      "\"required\":[\"query\"]}",

@@ -502,6 +502,46 @@ static void walk_numbers(const lily_grammar *g, const lily_token_trie *t, const 
     }
 }
 
+/* lily_digit_range_complete's reference: the implied zeros fed one by one through the digit step. */
+static bool complete_by_steps(const lily_digit_range *d, const lily_digit_state *s, int len)
+{
+    lily_digit_state z = *s;
+    while (z.digits < len)
+        if (!lily_digit_range_step(d, &z, '0', len, len))
+            return false;
+    return len >= 1 && len >= d->n_lo && len <= d->n_hi && (len > d->n_lo || z.cmp_lo >= 0) &&
+           (len < d->n_hi || z.cmp_hi <= 0);
+}
+
+/* At every state of random walks of a fixed length (a number's integer digits then 16 fraction digits),
+ * complete (O(1)) agrees with feeding the zeros. */
+static void check_complete_against_steps(const lily_digit_range *d)
+{
+    for (int walk = 0; walk < 100 && d->n_hi > 0; walk++) {
+        const int len = LILY_NUMBER_FRACTION_DIGITS + (int)(rng() % 4);
+        lily_digit_state s = {0};
+        for (;;) {
+            assert_int_equal(lily_digit_range_complete(d, &s, len), complete_by_steps(d, &s, len));
+            unsigned char options[10];
+            int n = 0;
+            for (unsigned char b = '0'; b <= '9'; b++) {
+                lily_digit_state probe = s;
+                if ((b != '0' || s.digits > 0 || len == LILY_NUMBER_FRACTION_DIGITS) &&
+                    lily_digit_range_step(d, &probe, b, len, len))
+                    options[n++] = b;
+            }
+            if (n == 0)
+                break;
+            unsigned char b = options[rng() % (uint64_t)n];
+            if (rng() % 2 && s.digits < d->n_lo && memchr(options, d->lo[s.digits], (size_t)n))
+                b = (unsigned char)d->lo[s.digits];
+            else if (rng() % 3 == 0 && memchr(options, '0', (size_t)n))
+                b = '0';
+            assert_true(lily_digit_range_step(d, &s, b, len, len));
+        }
+    }
+}
+
 static void check_number_range(const lily_token_trie *t, const number_range *r)
 {
     char *schema = number_schema(r);
@@ -528,6 +568,8 @@ static void check_number_range(const lily_token_trie *t, const number_range *r)
     for (size_t i = 0; i < sizeof never / sizeof *never; i++)
         assert_false(accepts_checking_prefixes(g, t, never[i]));
     walk_numbers(g, t, r, schema);
+    check_complete_against_steps(&g->root->range->pos);
+    check_complete_against_steps(&g->root->range->neg);
     lily_grammar_free(g);
     free(schema);
 }

@@ -29,6 +29,13 @@ static int u128_text(u128 m, int min_digits, char *out)
 
 static u128 magnitude(i128 v) { return v < 0 ? (u128)(-(v + 1)) + 1 : (u128)v; }
 
+static void set_lo_end(lily_digit_range *d)
+{
+    d->lo_end = d->n_lo;
+    while (d->lo_end > 0 && d->lo[d->lo_end - 1] == '0')
+        d->lo_end--;
+}
+
 static void set_nines(lily_digit_range *d, int digits)
 {
     memset(d->hi, '9', (size_t)digits);
@@ -44,6 +51,7 @@ static void init_sides(lily_int_range *r, bool has_lo, i128 lo, bool has_hi, i12
     memset(r, 0, sizeof *r);
     if (!has_hi || hi >= first_pos) {
         r->pos.n_lo = u128_text(magnitude(has_lo && lo > first_pos ? lo : first_pos), frac, r->pos.lo);
+        set_lo_end(&r->pos);
         if (has_hi)
             r->pos.n_hi = u128_text(magnitude(hi), frac, r->pos.hi);
         else
@@ -51,6 +59,7 @@ static void init_sides(lily_int_range *r, bool has_lo, i128 lo, bool has_hi, i12
     }
     if (!has_lo || lo <= -1) {
         r->neg.n_lo = u128_text(magnitude(has_hi && hi < -1 ? hi : 1), frac, r->neg.lo);
+        set_lo_end(&r->neg);
         if (has_lo)
             r->neg.n_hi = u128_text(magnitude(lo), frac, r->neg.hi);
         else
@@ -172,11 +181,7 @@ bool lily_digit_range_step(const lily_digit_range *r, lily_digit_state *s, unsig
 
 bool lily_digit_range_complete(const lily_digit_range *r, const lily_digit_state *s, int len)
 {
-    lily_digit_state z = *s;
-    while (z.digits < len) /* the implied zeros */
-        if (!lily_digit_range_step(r, &z, '0', len, len))
-            return false;
-    const int k = z.digits;
-    return k >= 1 && k >= r->n_lo && k <= r->n_hi && (k > r->n_lo || z.cmp_lo >= 0) &&
-           (k < r->n_hi || z.cmp_hi <= 0);
+    const int32_t cmp_lo = s->cmp_lo != 0 || s->digits >= r->lo_end ? s->cmp_lo : -1; /* after the zeros */
+    return len >= 1 && len >= r->n_lo && len <= r->n_hi && (len > r->n_lo || cmp_lo >= 0) &&
+           (len < r->n_hi || s->cmp_hi <= 0);
 }

@@ -26,9 +26,10 @@
 #define LILY_INT_RANGE_MAX_DIGITS 40
 #define LILY_NUMBER_FRACTION_DIGITS 16 /* a bounded number's fraction digits at most (its unit 10^-16) */
 
-/* The magnitudes [lo, hi] of one sign as digit strings of n_lo and n_hi digits; n_hi 0: none. */
+/* The magnitudes [lo, hi] of one sign as digit strings of n_lo and n_hi digits; n_hi 0: none. lo_end: lo's
+ * digits up to its last nonzero one (lo[lo_end..] are zeros). */
 typedef struct {
-    int n_lo, n_hi;
+    int n_lo, n_hi, lo_end;
     char lo[LILY_INT_RANGE_MAX_DIGITS + 1], hi[LILY_INT_RANGE_MAX_DIGITS + 1];
 } lily_digit_range;
 
@@ -64,7 +65,8 @@ bool lily_digit_range_open(const lily_digit_range *r, const lily_digit_state *s,
 bool lily_digit_range_step(const lily_digit_range *r, lily_digit_state *s, unsigned char b, int min_len,
                            int max_len);
 
-/* The digits so far, followed by zeros up to len digits (len >= s->digits), are a magnitude in r. */
+/* The digits so far, followed by zeros up to len digits (len >= s->digits), are a magnitude in r. O(1):
+ * zeros compare below hi's digits or equal, and below lo's unless lo's are zeros from there on. */
 bool lily_digit_range_complete(const lily_digit_range *r, const lily_digit_state *s, int len);
 
 #endif
