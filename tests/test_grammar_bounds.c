@@ -58,7 +58,8 @@ static bool expected(const range *r, int64_t v)
 static char *schema_text(const range *r, int style, const char *wrap)
 {
     char lo[96] = "", hi[96] = "";
-    const bool small_lo = r->lo > -(1ll << 50) && r->lo < (1ll << 50), small_hi = r->hi > -(1ll << 50) && r->hi < (1ll << 50);
+    const int64_t exact = 1ll << 50; /* bounds a double holds with room for the half */
+    const bool small_lo = r->lo > -exact && r->lo < exact, small_hi = r->hi > -exact && r->hi < exact;
     if (r->has_lo) {
         if (style == 1 && r->lo > INT64_MIN)
             snprintf(lo, sizeof lo, ",\"exclusiveMinimum\":%" PRId64, r->lo - 1);
@@ -205,7 +206,8 @@ static void check_range(const lily_token_trie *t, const range *r, int style)
         centers[n++] = r->hi;
     int64_t p = 1;
     for (int k = 0; k <= 18; k++, p = k <= 18 ? p * 10 : p) {
-        const bool near = (r->has_lo && r->lo <= p + 2 && r->lo >= -p - 2) || (r->has_hi && r->hi >= -p - 2 && r->hi <= p + 2) ||
+        const bool near = (r->has_lo && r->lo <= p + 2 && r->lo >= -p - 2) ||
+                          (r->has_hi && r->hi >= -p - 2 && r->hi <= p + 2) ||
                           (r->has_lo && r->has_hi && r->lo <= p && r->hi >= -p);
         if (near && n + 2 <= 64) {
             centers[n++] = p;

@@ -21,12 +21,13 @@
 typedef struct {
     const gnode *n;
     int32_t stage;
-    int32_t pos;     /* bytes of the current literal candidate matched */
-    int32_t cur;     /* the literal candidate being matched (-1: none yet) */
+    int32_t pos;     /* bytes of the current literal candidate matched; a bounded number's integer digits */
+    int32_t cur;     /* the literal candidate being matched (-1: none yet); a bounded number's sign (1: -) */
     int32_t count;   /* characters, items, digits, next property */
-    int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape */
+    int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape; a bound's comparison */
     int32_t first;   /* object: no property written yet */
-    int32_t last;    /* string: the last character taken (a format's next position may depend on it) */
+    int32_t last;    /* string: the last character taken (a format's next position may depend on it); a bound's
+                        comparison */
     int32_t level;   /* the frame's index in its stack */
 } frame;
 

@@ -1,4 +1,5 @@
-/* int_range.c — integer and number ranges as digit strings, and the digit step (int_range.h has the math). */
+/* int_range.c — integer and number ranges as digit strings, and the digit step (int_range.h has the math).
+ * Bounds are signed counts of units in 128-bit integers (a number's reach 10^20 * 10^16). */
 #include "grammar/int_range.h"
 
 #include <inttypes.h>
@@ -160,7 +161,10 @@ bool lily_digit_range_open(const lily_digit_range *r, const lily_digit_state *s,
     return a < b && from <= b && b <= to && s->cmp_hi <= 0; /* hi's length */
 }
 
-static int32_t cmp_digit(unsigned char b, char bound) { return b < (unsigned char)bound ? -1 : b > (unsigned char)bound; }
+static int32_t cmp_digit(unsigned char b, char bound)
+{
+    return b < (unsigned char)bound ? -1 : b > (unsigned char)bound;
+}
 
 bool lily_digit_range_step(const lily_digit_range *r, lily_digit_state *s, unsigned char b, int min_len,
                            int max_len)

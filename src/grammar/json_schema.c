@@ -372,15 +372,26 @@ static bound_kind integer_bound(const json_t *v, bool lower, bool exclusive, int
 /* One side of an integer's range from minimum / exclusiveMinimum (lower) or maximum / exclusiveMaximum:
  * the tighter of the two; draft 4's boolean exclusiveMinimum / exclusiveMaximum makes the other one
  * exclusive. False (c->st set) on a malformed keyword. */
-static bool integer_side(compiler *c, const json_t *s, bool lower, bound_kind *kind, int64_t *out)
+/* minimum / maximum (lower: the first) and its exclusive keyword of s into *inc and *exc, checked: a
+ * number, or for *exc a boolean too (draft 4). False (c->st set) on a malformed one. */
+static bool bound_keywords(compiler *c, const json_t *s, bool lower, const json_t **inc, const json_t **exc)
 {
     const char *inclusive_key = lower ? "minimum" : "maximum";
     const char *exclusive_key = lower ? "exclusiveMinimum" : "exclusiveMaximum";
-    const json_t *inc = json_object_get(s, inclusive_key), *exc = json_object_get(s, exclusive_key);
-    if (inc && !json_is_number(inc))
+    *inc = json_object_get(s, inclusive_key);
+    *exc = json_object_get(s, exclusive_key);
+    if (*inc && !json_is_number(*inc))
         return bad(c, "must be a number", inclusive_key), false;
-    if (exc && !json_is_number(exc) && !json_is_boolean(exc))
+    if (*exc && !json_is_number(*exc) && !json_is_boolean(*exc))
         return bad(c, "must be a number (or a boolean, as in draft 4)", exclusive_key), false;
+    return true;
+}
+
+static bool integer_side(compiler *c, const json_t *s, bool lower, bound_kind *kind, int64_t *out)
+{
+    const json_t *inc, *exc;
+    if (!bound_keywords(c, s, lower, &inc, &exc))
+        return false;
     *kind = BOUND_NONE;
     const struct {
         const json_t *v;
@@ -404,12 +415,9 @@ static bool integer_side(compiler *c, const json_t *s, bool lower, bound_kind *k
  * magnitude 10^20 or more on its open side constrains nothing. False (c->st set) on a malformed keyword. */
 static bool number_side(compiler *c, const json_t *s, bool lower, bool *has, double *out, bool *exclusive)
 {
-    bound_kind unused_kind;
-    int64_t unused;
-    if (!integer_side(c, s, lower, &unused_kind, &unused)) /* the same keyword checks */
+    const json_t *inc, *exc;
+    if (!bound_keywords(c, s, lower, &inc, &exc))
         return false;
-    const json_t *inc = json_object_get(s, lower ? "minimum" : "maximum");
-    const json_t *exc = json_object_get(s, lower ? "exclusiveMinimum" : "exclusiveMaximum");
     *has = false;
     *exclusive = false;
     const struct {
