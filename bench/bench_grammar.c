@@ -49,6 +49,21 @@ static const struct {
     {"json_object (free)", NULL,
      "{\"query\":\"weather in Paris\",\"filters\":{\"days\":[1,2,3],\"units\":\"metric\",\"verbose\":false}}",
      LILY_GRAMMAR_JSON},
+    {"integers with bounds (pydantic Field(ge=, le=), negative and int64 ranges)",
+     "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\","
+     "\"minimum\":1,\"maximum\":9223372036854775807},\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
+     "\"delta\":{\"type\":\"integer\",\"minimum\":-500,\"exclusiveMaximum\":500},\"rank\":{\"type\":\"integer\","
+     "\"minimum\":1}},\"required\":[\"id\",\"age\",\"delta\",\"rank\"]}}",
+     "[{\"id\":4611686018427387,\"age\":36,\"delta\":-499,\"rank\":1},{\"id\":42,\"age\":150,\"delta\":0,"
+     "\"rank\":1234567},{\"id\":1000000007,\"age\":0,\"delta\":499,\"rank\":31415926535}]",
+     LILY_GRAMMAR_JSON},
+    {"numbers with bounds (pydantic float Field(ge=, le=, gt=, lt=))",
+     "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"score\":{\"type\":\"number\","
+     "\"minimum\":0,\"maximum\":1},\"kelvin\":{\"type\":\"number\",\"exclusiveMinimum\":-273.15},\"delta\":{\"type\":"
+     "\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":2.5}},\"required\":[\"score\",\"kelvin\",\"delta\"]}}",
+     "[{\"score\":0.8125,\"kelvin\":-273.1,\"delta\":-2.5},{\"score\":1,\"kelvin\":5778.25,\"delta\":0.333333},"
+     "{\"score\":0,\"kelvin\":0.0,\"delta\":2.4999}]",
+     LILY_GRAMMAR_JSON},
     {"tool arguments (bench/serve_speed.py's forced call)",
      "{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"},\"limit\":{\"type\":\"integer\"}},"
      "\"required\":[\"query\"]}",

@@ -359,6 +359,33 @@ try:
                 ok, what = False, str(e)[:200]
             check(ok, f"{model_cls.__name__} seed {seed}: {what}")
     check(keys > 0, f"the dict[str, int] replies hold {keys} keys")
+    # integer and number bounds hold (pydantic's Field(ge=, le=, gt=, lt=): minimum / maximum /
+    # exclusiveMinimum / exclusiveMaximum): 1000005595011001 came back for ge=5, le=7, and parse() failed
+    class Bounded(pydantic.BaseModel):
+        small: int = pydantic.Field(ge=5, le=7)
+        negative: int = pydantic.Field(gt=-1000, lt=-990)
+        big: int = pydantic.Field(ge=2**62)
+        below: int = pydantic.Field(le=-3)
+        score: float = pydantic.Field(ge=0, le=1)
+        kelvin: float = pydantic.Field(gt=-273.15, lt=-273)
+
+    for seed in range(1, 5):
+        try:
+            r = oc.chat.completions.parse(model="lily", messages=[{"role": "user", "content": "Give me JSON."}],
+                                          response_format=Bounded, max_tokens=200, seed=seed, temperature=1.3,
+                                          extra_body=NO_THINK)
+            c = r.choices[0]
+            ok, what = c.finish_reason == "stop" and isinstance(c.message.parsed, Bounded), c.message.content
+        except (pydantic.ValidationError, openai.LengthFinishReasonError) as e:
+            ok, what = False, str(e)[:200]
+        check(ok, f"Bounded (integer and number ranges) seed {seed}: {what}")
+    try:
+        oc.chat.completions.create(model="lily", messages=HI, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 8,
+                                                                          "maximum": 7}}})
+        check(False, "an integer range without an integer is rejected")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "minimum" in str(e), f"minimum above maximum is a 400: {e.message[:90]}")
     UNLISTED = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["n"],
                 "additionalProperties": {"type": "integer"}}
     for seed in (1, 2):

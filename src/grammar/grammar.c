@@ -21,12 +21,13 @@
 typedef struct {
     const gnode *n;
     int32_t stage;
-    int32_t pos;     /* bytes of the current literal candidate matched */
-    int32_t cur;     /* the literal candidate being matched (-1: none yet) */
+    int32_t pos;     /* bytes of the current literal candidate matched; a bounded number's integer digits */
+    int32_t cur;     /* the literal candidate being matched (-1: none yet); a bounded number's sign (1: -) */
     int32_t count;   /* characters, items, digits, next property */
-    int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape */
+    int32_t aux;     /* UTF-8 continuation bytes expected, hex digits of a \u escape; a bound's comparison */
     int32_t first;   /* object: no property written yet */
-    int32_t last;    /* string: the last character taken (a format's next position may depend on it) */
+    int32_t last;    /* string: the last character taken (a format's next position may depend on it); a bound's
+                        comparison */
     int32_t level;   /* the frame's index in its stack */
 } frame;
 
@@ -206,10 +207,10 @@ static bool text_char(frame *f, unsigned char b)
 }
 
 /* Number stages: 0 start, 1 after '-', 2 integer digits, 3 after a leading 0, 4 after '.', 5 fraction
- * digits, 6 after e/E, 7 after the exponent sign, 8 exponent digits. Digits per part are capped (count)
+ * digits, 6 after e/E, 7 after the exponent sign, 8 exponent digits. Digits per part are capped (count,
+ * NUMBER_MAX_DIGITS)
  * so a model cannot write one forever; the exponent at two digits, so every number is a finite double
  * (below 1e16 * 1e99: a parser that refuses an overflow, or reads it as infinity, never sees one). */
-#define NUMBER_MAX_DIGITS 16
 #define NUMBER_MAX_EXPONENT_DIGITS 2
 static bool number_can_end(int stage) { return stage == 2 || stage == 3 || stage == 5 || stage == 8; }
 
@@ -248,6 +249,119 @@ static bool number_step(frame *f, unsigned char b)
     return false;
 }
 
+/* An integer with bounds (n->range, int_range.h). Stages: 0 start, 1 after '-', 2 a positive magnitude's
+ * digits, 3 after "0" (nothing follows), 4 a negative magnitude's digits; count, aux and last hold the
+ * magnitude's lily_digit_state (digits, cmp_lo, cmp_hi). "-0" and leading zeros are never taken. */
+static bool int_step(frame *f, unsigned char b)
+{
+    const lily_int_range *r = f->n->range;
+    if (f->stage == 0 && b == '-') {
+        if (r->neg.n_hi == 0)
+            return false;
+        f->stage = 1;
+        return true;
+    }
+    if (f->stage == 0 && b == '0') {
+        if (!r->zero)
+            return false;
+        f->stage = 3;
+        return true;
+    }
+    if (f->stage == 3)
+        return false;
+    const bool negative = f->stage == 1 || f->stage == 4;
+    lily_digit_state d = {f->count, f->aux, f->last};
+    if ((b == '0' && d.digits == 0) || !lily_digit_range_step(negative ? &r->neg : &r->pos, &d, b, 0, INT32_MAX))
+        return false;
+    f->stage = negative ? 4 : 2;
+    f->count = d.digits;
+    f->aux = d.cmp_lo;
+    f->last = d.cmp_hi;
+    return true;
+}
+
+static bool int_can_end(const frame *f)
+{
+    const lily_int_range *r = f->n->range;
+    const lily_digit_state d = {f->count, f->aux, f->last};
+    return f->stage == 3 || (f->stage == 2 && lily_digit_range_complete(&r->pos, &d, d.digits)) ||
+           (f->stage == 4 && lily_digit_range_complete(&r->neg, &d, d.digits));
+}
+
+/* A number with bounds (n->range, int_range.h: magnitudes in units of 10^-LILY_NUMBER_FRACTION_DIGITS):
+ * -?(0|[1-9][0-9]*)(.[0-9]{1,16})?, no exponent. Stages: 0 start, 1 after '-', 2 integer digits, 3 after a
+ * leading "0", 4 after '.', 5 fraction digits; cur the sign (1: negative); pos the integer digits, so the
+ * magnitude's digit string will have pos + 16 digits once the point (or the end) fixes it; count, aux
+ * and last its lily_digit_state. "-0" (and "-0.0...") never completes: zero is in the positive side. */
+static bool bounded_number_step(frame *f, unsigned char b)
+{
+    const lily_int_range *r = f->n->range;
+    const int frac = LILY_NUMBER_FRACTION_DIGITS;
+    if (f->stage == 0) {
+        f->cur = 0;
+        if (b == '-') {
+            if (r->neg.n_hi == 0)
+                return false;
+            f->stage = 1;
+            f->cur = 1;
+            return true;
+        }
+    }
+    const lily_digit_range *side = f->cur == 1 ? &r->neg : &r->pos;
+    lily_digit_state d = {f->count, f->aux, f->last};
+    switch (f->stage) {
+    case 0:
+    case 1:
+        if (b == '0') { /* the integer part is empty: the fraction's digits are the magnitude's */
+            if (!lily_digit_range_open(side, &d, frac, frac))
+                return false;
+            f->stage = 3;
+            return true;
+        }
+        if (b < '1' || b > '9' || !lily_digit_range_step(side, &d, b, 1 + frac, INT32_MAX))
+            return false;
+        f->stage = 2;
+        f->pos = 1;
+        break;
+    case 2:
+        if (b == '.') {
+            if (!lily_digit_range_open(side, &d, f->pos + frac, f->pos + frac))
+                return false;
+            f->stage = 4;
+            return true;
+        }
+        if (!lily_digit_range_step(side, &d, b, f->pos + 1 + frac, INT32_MAX))
+            return false;
+        f->pos++;
+        break;
+    case 3:
+        if (b != '.')
+            return false;
+        f->stage = 4;
+        return true;
+    case 4:
+    case 5:
+        if (d.digits >= f->pos + frac || !lily_digit_range_step(side, &d, b, f->pos + frac, f->pos + frac))
+            return false;
+        f->stage = 5;
+        break;
+    default: return false;
+    }
+    f->count = d.digits;
+    f->aux = d.cmp_lo;
+    f->last = d.cmp_hi;
+    return true;
+}
+
+static bool bounded_number_can_end(const frame *f)
+{
+    if (f->stage != 2 && f->stage != 3 && f->stage != 5)
+        return false;
+    const lily_digit_state d = {f->count, f->aux, f->last};
+    return lily_digit_range_complete(f->cur == 1 ? &f->n->range->neg : &f->n->range->pos, &d,
+                                     f->pos + LILY_NUMBER_FRACTION_DIGITS);
+}
+
 /* Item i of array n (grammar_internal.h), or NULL when the array takes no such item. */
 static const gnode *array_item(const gnode *n, int i)
 {
@@ -260,7 +374,10 @@ static bool frame_can_end(const frame *f)
 {
     switch (f->n->kind) {
     case G_WS: return true;
-    case G_NUMBER: return number_can_end(f->stage);
+    case G_NUMBER:
+        if (!f->n->range)
+            return number_can_end(f->stage);
+        return f->n->integer ? int_can_end(f) : bounded_number_can_end(f);
     case G_RAW: return f->aux == 0 && f->count >= f->n->min && (!f->n->pattern || !f->n->pattern[f->count]);
     case G_LITSET: return literal_complete(f);
     default: return false;
@@ -469,11 +586,11 @@ static void step(stack *s, unsigned char b, stack_set *out)
             emit(out, s);
             return;
         case G_NUMBER:
-            if (number_step(f, b)) {
+            if (!n->range ? number_step(f, b) : n->integer ? int_step(f, b) : bounded_number_step(f, b)) {
                 emit(out, s);
                 return;
             }
-            if (!number_can_end(f->stage))
+            if (!frame_can_end(f))
                 return;
             s->depth--;
             continue;

@@ -3,7 +3,8 @@
  *
  * Owns: compiling a schema (types string / integer / number / boolean / null / object / array, properties,
  * required, enum, const, anyOf, type lists, allOf of one schema, $ref into $defs / definitions, items,
- * prefixItems, minItems / maxItems, minLength / maxLength, string formats date, time, date-time and uuid,
+ * prefixItems, minItems / maxItems, minLength / maxLength, minimum / maximum / exclusiveMinimum /
+ * exclusiveMaximum of an integer or a number (int_range.h), string formats date, time, date-time and uuid,
  * additionalProperties (the values of an object without properties, and of required names properties
  * lack), minProperties / maxProperties of such an object), matching bytes against it, and masking a
  * vocabulary through a trie of the tokens' bytes (one walk of the trie per step, pruned at the first byte
@@ -44,7 +45,8 @@ typedef struct lily_grammar lily_grammar;
 
 /* Compile schema (a JSON Schema object; NULL = any JSON object, OpenAI's json_object mode).
  * Errors: LILY_ERR_INVALID_ARGUMENT with a message naming the unsupported or malformed keyword (an
- * unknown type, a $ref that does not resolve, QWEN_TOOL with a root that is not an object);
+ * unknown type, a $ref that does not resolve, QWEN_TOOL with a root that is not an object, bounds with
+ * no integer / number between them or a bound that is not a number);
  * LILY_ERR_OUT_OF_MEMORY. */
 lily_status lily_grammar_compile(const json_t *schema, lily_grammar_syntax syntax, lily_grammar **out,
                                  lily_error *err);

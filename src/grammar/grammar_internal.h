@@ -5,6 +5,7 @@
 #define LILY_GRAMMAR_INTERNAL_H
 
 #include "grammar/grammar.h"
+#include "grammar/int_range.h"
 
 typedef enum {
     G_LITSET,      /* one of strs[n] (bytes); an entry that is a prefix of another may end early */
@@ -16,10 +17,14 @@ typedef enum {
                       (prefixItems), then kids[n_prefix] (items; none: no more) */
     G_STRING,      /* a JSON string of min..max characters, optionally a fixed pattern (grammar.h) */
     G_RAW,         /* a tool parameter's raw text: one line, no '<', min..max characters, optional pattern */
-    G_NUMBER,      /* a JSON number (integer: no fraction or exponent) */
+    G_NUMBER,      /* a JSON number (integer: no fraction or exponent; range: an integer in it) */
     G_WS,          /* up to max spaces / newlines */
     G_REF,         /* target (a $ref, compiled once so recursive schemas stay finite) */
 } gnode_kind;
+
+/* The most digits of a number's integer part (and of its fraction): a model cannot write one forever. An
+ * integer with a bound may have as many as the bound (int64: 19). */
+#define NUMBER_MAX_DIGITS 16
 
 #define G_ENDLESS (1 << 30) /* min_depth of a node no finite text matches */
 
@@ -42,6 +47,7 @@ struct gnode {
     int min, max;
     const char *pattern;  /* static */
     bool integer;
+    lily_int_range *range; /* integer with bounds (minimum / maximum ...); NULL: none */
     gnode *target;
     int id;               /* index in lily_grammar.nodes */
     int min_depth;        /* stack frames the cheapest complete value needs, its own included (json_schema.c);

@@ -4,6 +4,7 @@
  * (property keys with their separators, enum and const values, the Qwen tool-call tags); refusing a graph
  * the matcher could not run, and each node's min_depth (check_graph). Does not own: matching (grammar.c).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -340,16 +341,156 @@ static gnode *compile_listed_object(compiler *c, const json_t *s, const json_t *
     return n;
 }
 
+typedef enum { BOUND_NONE, BOUND_SET, BOUND_EMPTY } bound_kind; /* EMPTY: no int64 is on the bounded side */
+
+/* An integer bound from keyword value v: the least integer >= v (lower; past v when exclusive), or the
+ * greatest <= v (upper). A bound beyond int64 constrains nothing on the open side and excludes all on the
+ * other. */
+static bound_kind integer_bound(const json_t *v, bool lower, bool exclusive, int64_t *out)
+{
+    if (json_is_integer(v)) {
+        const json_int_t x = json_integer_value(v);
+        if (!exclusive) {
+            *out = x;
+            return BOUND_SET;
+        }
+        if (lower ? x == INT64_MAX : x == INT64_MIN)
+            return BOUND_EMPTY;
+        *out = lower ? x + 1 : x - 1;
+        return BOUND_SET;
+    }
+    const double x = json_real_value(v);
+    const double b = lower ? (exclusive ? floor(x) + 1 : ceil(x)) : (exclusive ? ceil(x) - 1 : floor(x));
+    if (b >= 9223372036854775808.0) /* 2^63 */
+        return lower ? BOUND_EMPTY : BOUND_NONE;
+    if (b < -9223372036854775808.0)
+        return lower ? BOUND_NONE : BOUND_EMPTY;
+    *out = (int64_t)b;
+    return BOUND_SET;
+}
+
+/* One side of an integer's range from minimum / exclusiveMinimum (lower) or maximum / exclusiveMaximum:
+ * the tighter of the two; draft 4's boolean exclusiveMinimum / exclusiveMaximum makes the other one
+ * exclusive. False (c->st set) on a malformed keyword. */
+/* minimum / maximum (lower: the first) and its exclusive keyword of s into *inc and *exc, checked: a
+ * number, or for *exc a boolean too (draft 4). False (c->st set) on a malformed one. */
+static bool bound_keywords(compiler *c, const json_t *s, bool lower, const json_t **inc, const json_t **exc)
+{
+    const char *inclusive_key = lower ? "minimum" : "maximum";
+    const char *exclusive_key = lower ? "exclusiveMinimum" : "exclusiveMaximum";
+    *inc = json_object_get(s, inclusive_key);
+    *exc = json_object_get(s, exclusive_key);
+    if (*inc && !json_is_number(*inc))
+        return bad(c, "must be a number", inclusive_key), false;
+    if (*exc && !json_is_number(*exc) && !json_is_boolean(*exc))
+        return bad(c, "must be a number (or a boolean, as in draft 4)", exclusive_key), false;
+    return true;
+}
+
+static bool integer_side(compiler *c, const json_t *s, bool lower, bound_kind *kind, int64_t *out)
+{
+    const json_t *inc, *exc;
+    if (!bound_keywords(c, s, lower, &inc, &exc))
+        return false;
+    *kind = BOUND_NONE;
+    const struct {
+        const json_t *v;
+        bool exclusive;
+    } keys[2] = {{inc, json_is_true(exc)}, {json_is_number(exc) ? exc : NULL, true}};
+    for (int i = 0; i < 2; i++) {
+        int64_t b = 0;
+        const bound_kind k = keys[i].v ? integer_bound(keys[i].v, lower, keys[i].exclusive, &b) : BOUND_NONE;
+        if (k == BOUND_EMPTY || *kind == BOUND_EMPTY)
+            *kind = BOUND_EMPTY;
+        else if (k == BOUND_SET && (*kind == BOUND_NONE || (lower ? b > *out : b < *out))) {
+            *kind = BOUND_SET;
+            *out = b;
+        }
+    }
+    return true;
+}
+
+/* One side of a number's range: the tighter of minimum / exclusiveMinimum (lower) or maximum /
+ * exclusiveMaximum, as a double and whether it is exclusive (draft 4's boolean form too). A bound of
+ * magnitude 10^20 or more on its open side constrains nothing. False (c->st set) on a malformed keyword. */
+static bool number_side(compiler *c, const json_t *s, bool lower, bool *has, double *out, bool *exclusive)
+{
+    const json_t *inc, *exc;
+    if (!bound_keywords(c, s, lower, &inc, &exc))
+        return false;
+    *has = false;
+    *exclusive = false;
+    const struct {
+        const json_t *v;
+        bool exclusive;
+    } keys[2] = {{inc, json_is_true(exc)}, {json_is_number(exc) ? exc : NULL, true}};
+    for (int i = 0; i < 2; i++) {
+        if (!keys[i].v)
+            continue;
+        const double x = json_number_value(keys[i].v);
+        if (lower ? x <= -1e20 : x >= 1e20)
+            continue;
+        const bool tighter = !*has || (lower ? x > *out : x < *out) || (x == *out && keys[i].exclusive);
+        if (tighter) {
+            *has = true;
+            *out = x;
+            *exclusive = keys[i].exclusive;
+        }
+    }
+    return true;
+}
+
+/* A number: its range when the schema bounds it (n->range, int_range.h; then no exponent). */
+static gnode *compile_number(compiler *c, const json_t *s)
+{
+    gnode *n = new_node(c, G_NUMBER);
+    if (!n)
+        return NULL;
+    bool has_lo, has_hi, lo_exclusive, hi_exclusive;
+    double lo = 0, hi = 0;
+    if (!number_side(c, s, true, &has_lo, &lo, &lo_exclusive) || !number_side(c, s, false, &has_hi, &hi, &hi_exclusive))
+        return NULL;
+    if (!has_lo && !has_hi)
+        return n;
+    if (!(n->range = malloc(sizeof *n->range)))
+        return oom(c);
+    if (!lily_number_range_init(n->range, has_lo, lo, lo_exclusive, has_hi, hi, hi_exclusive, NUMBER_MAX_DIGITS))
+        return bad(c, "no number lies between minimum / exclusiveMinimum and maximum / exclusiveMaximum "
+                      "(lily's bounds are below 1e20 in magnitude, its numbers have at most 16 fraction digits)",
+                   NULL);
+    return n;
+}
+
+/* An integer: its range when the schema bounds it (n->range, int_range.h). */
+static gnode *compile_integer(compiler *c, const json_t *s)
+{
+    gnode *n = new_node(c, G_NUMBER);
+    if (!n)
+        return NULL;
+    n->integer = true;
+    bound_kind lo_kind, hi_kind;
+    int64_t lo = 0, hi = 0;
+    if (!integer_side(c, s, true, &lo_kind, &lo) || !integer_side(c, s, false, &hi_kind, &hi))
+        return NULL;
+    if (lo_kind == BOUND_NONE && hi_kind == BOUND_NONE)
+        return n;
+    if (!(n->range = malloc(sizeof *n->range)))
+        return oom(c);
+    if (lo_kind == BOUND_EMPTY || hi_kind == BOUND_EMPTY ||
+        !lily_int_range_init(n->range, lo_kind == BOUND_SET, lo, hi_kind == BOUND_SET, hi, NUMBER_MAX_DIGITS))
+        return bad(c, "no integer lies between minimum / exclusiveMinimum and maximum / exclusiveMaximum "
+                      "(lily's bounds are 64-bit integers)", NULL);
+    return n;
+}
+
 static gnode *compile_type(compiler *c, const char *type, const json_t *s, value_mode mode)
 {
     if (!strcmp(type, "string"))
         return compile_string(c, s, mode);
-    if (!strcmp(type, "integer") || !strcmp(type, "number")) {
-        gnode *n = new_node(c, G_NUMBER);
-        if (n)
-            n->integer = !strcmp(type, "integer");
-        return n;
-    }
+    if (!strcmp(type, "integer"))
+        return compile_integer(c, s);
+    if (!strcmp(type, "number"))
+        return compile_number(c, s);
     if (!strcmp(type, "boolean")) {
         gnode *n = new_node(c, G_LITSET);
         if (n && add_str(c, n, "true", 4) && add_str(c, n, "false", 5))
@@ -641,6 +782,7 @@ void lily_grammar_free(lily_grammar *g)
         free(n->next_required);
         free(n->keys_next);
         free(n->lens_next);
+        free(n->range);
         free(n);
     }
     free(g->nodes);
