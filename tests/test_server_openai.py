@@ -353,6 +353,38 @@ for choice in ("required", {"type": "function", "function": {"name": "get_weathe
           f"tool_choice {json.dumps(choice)[:30]}: the opening in one pass gives the reply of one pass per token "
           f"({replies[0]} vs {replies[1]})")
 
+# a prompt that leaves less room than the opening: the part of the opening that fits goes in (in one pass without
+# logprobs, one pass per token with them) and the reply ends at the end of the context, "length", the same either way
+def padded_prompt_tokens(k):
+    s, r = request("POST", chat, {"messages": [{"role": "user", "content": "Weather?" + " a" * k}], "tools": TOOLS,
+                                  "max_tokens": 1})
+    return r["usage"]["prompt_tokens"] if s == 200 else None
+
+
+p0, p100 = padded_prompt_tokens(0), padded_prompt_tokens(100)
+for room in (1, 2, 3, 7, 12, 18):
+    k = round((CTX - room - p0) * 100 / (p100 - p0))
+    for _ in range(6):  # the prompt of exactly CTX - room tokens
+        n = padded_prompt_tokens(k)
+        if n is None or n == CTX - room:
+            break
+        k += CTX - room - n
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        replies = []
+        for lp in (False, True):
+            s, r = request("POST", chat, {"messages": [{"role": "user", "content": "Weather?" + " a" * k}],
+                                          "tools": TOOLS, "tool_choice": choice, "max_tokens": 40, "temperature": 0,
+                                          "logit_bias": BAN_END, "logprobs": lp})
+            c = r["choices"][0] if s == 200 else {}
+            u = r.get("usage", {})
+            m = c.get("message") or {}
+            replies.append((s, c.get("finish_reason"), m.get("content"), json.dumps(m.get("tool_calls") and [
+                t["function"] for t in m["tool_calls"]]), u.get("prompt_tokens"), u.get("completion_tokens")))
+        check(replies[0] == replies[1] and replies[0][:2] == (200, "length") and replies[0][4] == CTX - room and
+              replies[0][5] == room,
+              f"tool_choice {json.dumps(choice)[:30]} with {room} tokens of room: the reply cut by the end of the "
+              f"context, finish_reason length, prompt + completion == {CTX}, with or without logprobs ({replies})")
+
 print("response_format beside tools under tool_choice auto")
 # As in OpenAI's API the model may still call a tool; only an answer follows the format. The bias makes the
 # model open a call ("<tool_call>") at once: the format must not mask it, and once the call is open nothing is
