@@ -369,34 +369,38 @@ static bound_kind integer_bound(const json_t *v, bool lower, bool exclusive, int
     return BOUND_SET;
 }
 
-/* One side of an integer's range from minimum / exclusiveMinimum (lower) or maximum / exclusiveMaximum:
- * the tighter of the two; draft 4's boolean exclusiveMinimum / exclusiveMaximum makes the other one
- * exclusive. False (c->st set) on a malformed keyword. */
-/* minimum / maximum (lower: the first) and its exclusive keyword of s into *inc and *exc, checked: a
- * number, or for *exc a boolean too (draft 4). False (c->st set) on a malformed one. */
-static bool bound_keywords(compiler *c, const json_t *s, bool lower, const json_t **inc, const json_t **exc)
+/* A bound keyword's value and whether it is exclusive. */
+typedef struct {
+    const json_t *v;
+    bool exclusive;
+} bound_key;
+
+/* The two bound keywords of one side of s into keys (lower: minimum / exclusiveMinimum, else maximum /
+ * exclusiveMaximum): the inclusive one (exclusive when draft 4's boolean exclusive keyword is true), then the
+ * numeric exclusive one; v NULL where absent. False (c->st set) on a malformed one: not a number, or for the
+ * exclusive keyword not a number or a boolean. */
+static bool bound_keywords(compiler *c, const json_t *s, bool lower, bound_key keys[2])
 {
     const char *inclusive_key = lower ? "minimum" : "maximum";
     const char *exclusive_key = lower ? "exclusiveMinimum" : "exclusiveMaximum";
-    *inc = json_object_get(s, inclusive_key);
-    *exc = json_object_get(s, exclusive_key);
-    if (*inc && !json_is_number(*inc))
+    const json_t *inc = json_object_get(s, inclusive_key), *exc = json_object_get(s, exclusive_key);
+    if (inc && !json_is_number(inc))
         return bad(c, "must be a number", inclusive_key), false;
-    if (*exc && !json_is_number(*exc) && !json_is_boolean(*exc))
+    if (exc && !json_is_number(exc) && !json_is_boolean(exc))
         return bad(c, "must be a number (or a boolean, as in draft 4)", exclusive_key), false;
+    keys[0] = (bound_key){inc, json_is_true(exc)};
+    keys[1] = (bound_key){json_is_number(exc) ? exc : NULL, true};
     return true;
 }
 
+/* One side of an integer's range (bound_keywords' side): the tighter of its two keywords. False (c->st set)
+ * on a malformed keyword. */
 static bool integer_side(compiler *c, const json_t *s, bool lower, bound_kind *kind, int64_t *out)
 {
-    const json_t *inc, *exc;
-    if (!bound_keywords(c, s, lower, &inc, &exc))
+    bound_key keys[2];
+    if (!bound_keywords(c, s, lower, keys))
         return false;
     *kind = BOUND_NONE;
-    const struct {
-        const json_t *v;
-        bool exclusive;
-    } keys[2] = {{inc, json_is_true(exc)}, {json_is_number(exc) ? exc : NULL, true}};
     for (int i = 0; i < 2; i++) {
         int64_t b = 0;
         const bound_kind k = keys[i].v ? integer_bound(keys[i].v, lower, keys[i].exclusive, &b) : BOUND_NONE;
@@ -410,20 +414,16 @@ static bool integer_side(compiler *c, const json_t *s, bool lower, bound_kind *k
     return true;
 }
 
-/* One side of a number's range: the tighter of minimum / exclusiveMinimum (lower) or maximum /
- * exclusiveMaximum, as a double and whether it is exclusive (draft 4's boolean form too). A bound of
- * magnitude 10^20 or more on its open side constrains nothing. False (c->st set) on a malformed keyword. */
+/* One side of a number's range (bound_keywords' side): the tighter of its two keywords as a double and
+ * whether it is exclusive. A bound of magnitude 10^20 or more on its open side constrains nothing. False
+ * (c->st set) on a malformed keyword. */
 static bool number_side(compiler *c, const json_t *s, bool lower, bool *has, double *out, bool *exclusive)
 {
-    const json_t *inc, *exc;
-    if (!bound_keywords(c, s, lower, &inc, &exc))
+    bound_key keys[2];
+    if (!bound_keywords(c, s, lower, keys))
         return false;
     *has = false;
     *exclusive = false;
-    const struct {
-        const json_t *v;
-        bool exclusive;
-    } keys[2] = {{inc, json_is_true(exc)}, {json_is_number(exc) ? exc : NULL, true}};
     for (int i = 0; i < 2; i++) {
         if (!keys[i].v)
             continue;

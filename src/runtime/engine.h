@@ -95,6 +95,23 @@ int lily_default_prefill_chunk(const char *backend);
  * Errors: LILY_ERR_CONTEXT_LENGTH when n_tokens + n > max_ctx (nothing is appended);
  * LILY_ERR_INVALID_ARGUMENT for an id outside the vocab (nothing is appended); backend errors. */
 lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err);
+/* Whether n > 0 new ids fit the session's context and the vocabulary, as lily_session_append checks them before
+ * its first chunk: LILY_OK, or LILY_ERR_CONTEXT_LENGTH / LILY_ERR_INVALID_ARGUMENT with the reason. (Inline: a
+ * caller's test may stand in for lily_session_append without linking the session's code.) */
+static inline lily_status lily_session_check_new_tokens(const lily_session *s, const int32_t *tokens, int n,
+                                                        lily_error *err)
+{
+    const int vocab = s->engine->cfg.vocab_size;
+    if ((int64_t)s->n_tokens + n > s->max_ctx)
+        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
+                              "context length exceeded: %d tokens held + %d new > context size %d", s->n_tokens, n,
+                              s->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
+                                  "token id %d (at %d) is outside the vocabulary [0, %d)", tokens[i], i, vocab);
+    return LILY_OK;
+}
 
 /* Append n tokens (1 < n <= engine->prefill_chunk) in one forward pass that also saves the state after
  * the first `mark` (0 < mark < n) to mark_loc, as the backend's recurrent_save would after appending only

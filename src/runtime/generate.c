@@ -643,19 +643,9 @@ lily_status lily_generate(lily_session *s, const int32_t *prompt, int n_prompt, 
      * a cancel between two stops it there, as between two tokens; a long prompt on a CPU takes minutes */
     double t0 = lily_wall_seconds();
     const int chunk = s->engine->prefill_chunk > 0 ? s->engine->prefill_chunk : n_prompt;
-    if (n_prompt > chunk) { /* what one append would refuse whole is refused before the first chunk */
-        if ((int64_t)s->n_tokens + n_prompt > s->max_ctx) {
-            st = lily_error_set(err, LILY_ERR_CONTEXT_LENGTH, "context length exceeded: %d tokens held + %d new > "
-                                "context size %d", s->n_tokens, n_prompt, s->max_ctx);
-            goto done;
-        }
-        for (int i = 0; i < n_prompt; i++)
-            if (prompt[i] < 0 || prompt[i] >= s->engine->cfg.vocab_size) {
-                st = lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "token id %d (at %d) is outside the vocabulary "
-                                    "[0, %d)", prompt[i], i, s->engine->cfg.vocab_size);
-                goto done;
-            }
-    }
+    /* what one append would refuse whole is refused before the first chunk */
+    if (n_prompt > chunk && (st = lily_session_check_new_tokens(s, prompt, n_prompt, err)) != LILY_OK)
+        goto done;
     int prefilled = 0;
     while (prefilled < n_prompt && !(prefilled > 0 && cancelled(p))) {
         const int m = LILY_MIN(chunk, n_prompt - prefilled);

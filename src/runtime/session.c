@@ -63,21 +63,6 @@ void lily_session_reset(lily_session *s)
     s->n_tokens = 0;
 }
 
-/* n > 0 new ids fit the context and the vocabulary (else LILY_ERR_CONTEXT_LENGTH / INVALID_ARGUMENT). */
-static lily_status check_new_tokens(const lily_session *s, const int32_t *tokens, int n, lily_error *err)
-{
-    const int vocab = s->engine->cfg.vocab_size;
-    if ((int64_t)s->n_tokens + n > s->max_ctx)
-        return lily_error_set(err, LILY_ERR_CONTEXT_LENGTH,
-                              "context length exceeded: %d tokens held + %d new > context size %d", s->n_tokens, n,
-                              s->max_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= vocab)
-            return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT,
-                                  "token id %d (at %d) is outside the vocabulary [0, %d)", tokens[i], i, vocab);
-    return LILY_OK;
-}
-
 lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, float *logits_all, lily_error *err)
 {
     const lily_config *cfg = &s->engine->cfg;
@@ -85,7 +70,7 @@ lily_status lily_session_append(lily_session *s, const int32_t *tokens, int n, f
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: invalid token array (n = %d)", n);
     if (n == 0)
         return LILY_OK;
-    lily_status st = check_new_tokens(s, tokens, n, err);
+    lily_status st = lily_session_check_new_tokens(s, tokens, n, err);
     if (st != LILY_OK)
         return st;
     const int chunk = s->engine->prefill_chunk;
@@ -116,7 +101,7 @@ lily_status lily_session_append_mark(lily_session *s, const int32_t *tokens, int
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: a marked append of %d tokens at %d", n, mark);
     if (!o->forward_mark && !o->recurrent_save)
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "session: the %s backend cannot save its state", o->name);
-    lily_status st = check_new_tokens(s, tokens, n, err);
+    lily_status st = lily_session_check_new_tokens(s, tokens, n, err);
     if (st != LILY_OK)
         return st;
     if (!o->forward_mark) { /* two appends, the state saved between them */

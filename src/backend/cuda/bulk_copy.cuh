@@ -21,13 +21,15 @@ __host__ __device__ __forceinline__ int bulk_tile_bytes(int cols) { return 16 * 
 
 __device__ __forceinline__ uint32_t bulk_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-/* An mbarrier expecting `count` arrivals; before the copies that complete on it (then a fence or a barrier
- * orders the initialisation for the other threads: fence.mbarrier_init when the copies are issued by the
- * initialising thread itself, __syncthreads otherwise). */
+/* An mbarrier expecting `count` arrivals, before the copies that complete on it; then bulk_mbar_init_fence
+ * (the initialisation visible to the copies) and a block barrier before other threads use it. */
 __device__ __forceinline__ void bulk_mbar_init(uint64_t *bar, unsigned int count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bulk_saddr(bar)), "r"(count) : "memory");
 }
+
+/* Orders this thread's bulk_mbar_init before the bulk copies that complete on those mbarriers. */
+__device__ __forceinline__ void bulk_mbar_init_fence(void) { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
 /* One arrival that also expects `bytes` more of transaction count (the copies' complete_tx). */
 __device__ __forceinline__ void bulk_mbar_expect_tx(uint64_t *bar, unsigned int bytes)

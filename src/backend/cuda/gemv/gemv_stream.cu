@@ -61,7 +61,7 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
 
     if (threadIdx.x < RT * GS_MAX_STAGES && threadIdx.x % GS_MAX_STAGES < stages)
         bulk_mbar_init(&s_full[threadIdx.x], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    bulk_mbar_init_fence();
     __syncthreads();
 
     /* the tile's first warp: copy this block's i-th group's tile rt into slot k (nothing past the end) */

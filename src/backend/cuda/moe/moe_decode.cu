@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
 #if MD_UP_BULK
     if (up_bulk && threadIdx.x == 0) {
         bulk_mbar_init(&s_up_full, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        bulk_mbar_init_fence();
     }
 #endif
     const int ra = live ? r0 + g : 0, rb = live ? r0 + g + 8 : 0;
