@@ -250,8 +250,13 @@ try:
     except openai.BadRequestError as e:
         check(e.body.get("param") == "input[0].content[0]" and "text only" in e.message, "input_image: a 400")
     status, body = raw("POST", "/v1/responses", {"model": "lily", "input": "x " * 5000, "max_output_tokens": 5})
-    check(status == 400 and body["error"]["code"] == "context_length_exceeded",
-          f"a prompt over the context: 400 context_length_exceeded ({body['error']['message'][:60]})")
+    check(status == 400 and body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "input"
+          and "your input resulted in" in body["error"]["message"],
+          f"a prompt over the context: 400 context_length_exceeded naming input ({body['error']['message'][:80]})")
+    status, body = raw("POST", "/v1/responses", {"model": "lily", "input": [{"role": "user", "content": "a"},
+                                                                             {"role": "system", "content": "b"}]})
+    check(status == 400 and error_shaped(body, "input") and "System message must be at the beginning" in
+          body["error"]["message"], "a system message after the first turn: the chat template's 400, naming input")
     status, body = raw("GET", "/v1/responses/resp_123")
     check(status == 404 and "stateless" in body["error"]["message"], "GET /v1/responses/{id}: 404, stateless")
     status, body = raw("POST", "/v1/responses", {"model": "lily", "input": "hi", "max_output_tokens": 2,

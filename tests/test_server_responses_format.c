@@ -147,6 +147,10 @@ static void test_bad_requests_name_the_responses_field(void **state)
     assert_rejected("{\"input\":\"hi\",\"instructions\":[1]}", "instructions", "expected a string");
     assert_rejected("{\"input\":[{\"role\":\"robot\",\"content\":\"x\"}]}", "input[0].role", "'user'");
     assert_rejected("{\"input\":[{\"role\":\"user\"}]}", "input[0].content", "Missing required parameter");
+    assert_rejected("{\"input\":[{\"role\":\"system\"}]}", "input[0].content", "Missing required parameter");
+    assert_rejected("{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"t\",\"arguments\":\"{}\"},"
+                    "{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}", "input[1].output",
+                    "Missing required parameter");
     assert_rejected("{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"u\"}]}]}",
                     "input[0].content[0]", "this model takes text only");
     assert_rejected("{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":5}]}]}",

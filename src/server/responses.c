@@ -56,6 +56,8 @@ static bool text_append(text_buf *t, const char *s, size_t n) { return bytes_app
  * assistant's refusal part as its text), appended to out. where: "input[3].content". */
 static bool content_text(json_t *content, const char *where, text_buf *out, lily_oai_error *e)
 {
+    if (!content)
+        return bad(e, where, "Missing required parameter: '%s'.", where);
     if (json_is_string(content))
         return text_append(out, json_string_value(content), json_string_length(content)) || oom(e);
     if (!json_is_array(content))
@@ -186,15 +188,12 @@ static bool function_call_output_item(json_t *item, const char *where, json_t *m
                           "stateless: send the call in 'input' too).", quoted_len(call_id), call_id);
     text_buf out = {0};
     snprintf(fw, sizeof fw, "%s.output", where);
-    json_t *output = json_object_get(item, "output");
-    if (!output)
-        return bad(e, fw, "Missing required parameter: '%s'.", fw);
-    if (!content_text(output, fw, &out, e))
-        return false;
-    bool ok = !json_array_append_new(msgs, json_pack("{s:s, s:s, s:s%}", "role", "tool", "tool_call_id", call_id,
-                                                     "content", out.p ? out.p : "", out.n));
+    bool ok = content_text(json_object_get(item, "output"), fw, &out, e);
+    if (ok && json_array_append_new(msgs, json_pack("{s:s, s:s, s:s%}", "role", "tool", "tool_call_id", call_id,
+                                                    "content", out.p ? out.p : "", out.n)))
+        ok = oom(e);
     free(out.p);
-    return ok || oom(e);
+    return ok;
 }
 
 /* One input item (where: "input[N]") appended to msgs or to the gathered assistant turn. */
@@ -217,8 +216,6 @@ static bool input_item(json_t *item, const char *where, json_t *msgs, assistant_
             return bad(e, fw, "Invalid value for '%s': expected 'user', 'assistant', 'system' or 'developer'.", fw);
         snprintf(fw, sizeof fw, "%s.content", where);
         json_t *content = json_object_get(item, "content");
-        if (!content)
-            return bad(e, fw, "Missing required parameter: '%s'.", fw);
         if (!strcmp(role, "assistant"))
             return assistant_item(turn, 1, msgs, e) && content_text(content, fw, &turn->content, e);
         text_buf text = {0};

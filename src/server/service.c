@@ -992,7 +992,7 @@ static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *t
         if (st != LILY_OK) {
             fail_with(job, st == LILY_ERR_TEMPLATE ? 400 : 500,
                       st == LILY_ERR_TEMPLATE ? "invalid_request_error" : "server_error",
-                      st == LILY_ERR_TEMPLATE ? "messages" : NULL, NULL, err.message);
+                      st != LILY_ERR_TEMPLATE ? NULL : req->responses ? "input" : "messages", NULL, err.message);
             return false;
         }
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
@@ -1024,7 +1024,7 @@ static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *t
     int max_ctx = svc->session->max_ctx;
     job->stats.prompt_tokens = *n_ids; /* the request log's prompt=, also for a 400 below */
     if (*n_ids == 0 || (must_fit && *n_ids > max_ctx - reply_room)) {
-        const char *what = req->is_chat ? "messages" : "prompt";
+        const char *what = req->responses ? "input" : req->is_chat ? "messages" : "prompt";
         char msg[256];
         if (*n_ids == 0)
             snprintf(msg, sizeof msg, "The prompt is empty.");
