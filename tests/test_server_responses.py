@@ -10,6 +10,7 @@ tiny model writes noise, so tool calls are forced with tool_choice and structure
 import http.client
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from typing import Optional
@@ -264,7 +265,12 @@ try:
     check(status == 200 and body["object"] == "response", "the server still answers after the 400s")
 finally:
     server.terminate()
-    server.wait(timeout=30)
+    try:
+        rc = server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        rc = "hung"
+check(rc == 0, f"the server exits 0 after SIGTERM (rc {rc}; under ASan a leak fails it)")
 
 if failures:
     print("\n--- server log (tail) ---\n" + "".join(open(log.name).readlines()[-40:]))

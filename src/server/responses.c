@@ -98,7 +98,15 @@ typedef struct {
     int stage;                /* the last item's: 0 reasoning, 1 content, 2 function_call; -1 when empty */
 } assistant_turn;
 
-/* The gathered turn as one chat assistant message appended to msgs (nothing when empty). */
+static void assistant_turn_clear(assistant_turn *t)
+{
+    free(t->reasoning.p);
+    free(t->content.p);
+    json_decref(t->calls);
+    *t = (assistant_turn){.stage = -1};
+}
+
+/* The gathered turn as one chat assistant message appended to msgs (nothing when empty); the turn is cleared. */
 static bool flush_assistant(assistant_turn *t, json_t *msgs, lily_oai_error *e)
 {
     bool ok = true;
@@ -111,10 +119,7 @@ static bool flush_assistant(assistant_turn *t, json_t *msgs, lily_oai_error *e)
             json_object_set(m, "tool_calls", t->calls);
         ok = m && !json_array_append_new(msgs, m);
     }
-    free(t->reasoning.p);
-    free(t->content.p);
-    json_decref(t->calls);
-    *t = (assistant_turn){.stage = -1};
+    assistant_turn_clear(t);
     return ok || oom(e);
 }
 
@@ -264,7 +269,7 @@ static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
         oom(e);
     assistant_turn turn = {.stage = -1};
     text_buf system = {0};
-    bool leading = true, has_system = json_is_string(instructions);
+    bool leading = true, has_system = json_string_length(instructions) > 0; /* "": no instructions */
     if (ok && has_system)
         ok = text_append(&system, json_string_value(instructions), json_string_length(instructions)) || oom(e);
     size_t i;
@@ -296,7 +301,8 @@ static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
     if (ok && leading && has_system) /* only instructions and system messages */
         ok = !json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
                                                     system.p ? system.p : "", system.n)) || oom(e);
-    ok = flush_assistant(&turn, msgs, e) && ok;
+    ok = ok && flush_assistant(&turn, msgs, e);
+    assistant_turn_clear(&turn);
     free(system.p);
     json_decref(items);
     json_decref(call_ids);
@@ -350,8 +356,10 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
         } else if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
             ok = bad(e, where, "Invalid type for '%s.strict': expected a boolean.", where);
         }
-        if (!ok)
+        if (!ok) {
+            json_decref(names);
             return false;
+        }
         json_t *fn = json_pack("{s:O}", "name", name);
         if (fn && json_is_object(params))
             json_object_set(fn, "parameters", params);
@@ -565,7 +573,8 @@ json_t *lily_resp_response(const lily_resp_output *o, const char *status, const 
     json_t *r = json_pack("{s:s, s:s, s:I, s:s, s:n, s:o, s:s, s:o, s:o, s:b, s:n}", "id", o->ident->id, "object",
                           "response", "created_at", (json_int_t)o->ident->created, "status", status, "error",
                           "incomplete_details",
-                          strcmp(status, "incomplete") ? json_null() : json_pack("{s:s}", "reason", "max_output_tokens"),
+                          strcmp(status, "incomplete") ? json_null()
+                                                       : json_pack("{s:s}", "reason", "max_output_tokens"),
                           "model", o->ident->model, "output", json_copy(o->output), "usage",
                           u ? usage_json(u) : json_null(),
                           "store", false, "previous_response_id");
@@ -614,8 +623,9 @@ static json_t *event(lily_resp_output *o, const char *type, json_t *fields)
 
 int lily_resp_stream_start(lily_resp_output *o, json_t *out[2])
 {
-    out[0] = event(o, "response.created", json_pack("{s:o}", "response", lily_resp_response(o, "in_progress", NULL)));
-    out[1] = event(o, "response.in_progress", json_pack("{s:o}", "response", lily_resp_response(o, "in_progress", NULL)));
+    static const char *const types[] = {"response.created", "response.in_progress"};
+    for (int i = 0; i < 2; i++)
+        out[i] = event(o, types[i], json_pack("{s:o}", "response", lily_resp_response(o, "in_progress", NULL)));
     return 2;
 }
 
@@ -682,7 +692,8 @@ static int close_item(lily_resp_output *o, const char *status, json_t **out)
     if (!item || json_array_append(o->output, item))
         o->failed = true;
     if (out)
-        out[n++] = event(o, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", (int)index, "item", item));
+        out[n++] = event(o, "response.output_item.done",
+                         json_pack("{s:i, s:O}", "output_index", (int)index, "item", item));
     json_decref(item);
     o->open = -1;
     o->text_len = 0;
