@@ -75,8 +75,8 @@ int lily_resp_output_end(lily_resp_output *o, bool incomplete, const lily_oai_us
  * or NULL on OOM. */
 json_t *lily_resp_response(const lily_resp_output *o, const char *status, const lily_oai_usage *u);
 
-/* A stream's in-band error: {"type":"error","code":..|null,"message":..,"param":..|null,"sequence_number":seq}
- * (new reference or NULL). */
+/* A stream's in-band error: {"type":"error","code":..,"message":..,"param":..|null,"sequence_number":seq},
+ * code being e's code, else its type ("server_error", "unavailable_error"). New reference or NULL on OOM. */
 json_t *lily_resp_error_event(const lily_oai_error *e, int seq);
 
 #endif
