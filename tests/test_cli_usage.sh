@@ -37,6 +37,7 @@ check "info -m without a value says so" 2 err "lily info: -m needs a value" info
 if "$LILY" serve --help >/dev/null 2>&1; then # built with libmicrohttpd
     check "serve --help lists GET /metrics" 0 out "GET /metrics (Prometheus text)" serve --help
     check "serve --help lists the Anthropic route" 0 out "POST /v1/messages, POST /v1/messages/count_tokens" serve --help
+    check "serve --help lists the Responses route" 0 out "POST /v1/responses (stateless)" serve --help
     check "lily --help says serve speaks both APIs" 0 out "serve       OpenAI- and Anthropic-compatible HTTP server" --help
     # HTTP starts before the model loads: the first line says the model is loading, not just "listening"
     check "serve says the model is loading while it listens" 1 err \

@@ -437,7 +437,7 @@ static void test_stream_events(void **state)
                                "\"usage\":{\"input_tokens\":3,\"cache_creation_input_tokens\":0,"
                                "\"cache_read_input_tokens\":7,\"output_tokens\":9}}");
     size_t len = 0;
-    char *sse = lily_anth_sse(out[1], &len);
+    char *sse = lily_oai_sse_event(out[1], &len);
     assert_string_equal(sse, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
     assert_int_equal(len, strlen(sse));
     free(sse);

@@ -6,7 +6,8 @@
 #     0xFF, a URL of 100 'é' (cut at the message's length limit), a method with a 0xFF byte;
 #   - 400 for a long non-ASCII role, content part type, tool_choice string, tool_choice function name and
 #     logit_bias key, quoted and cut on a character boundary (never a U+FFFD in place of a cut character).
-#   - 404 for another API's URL (OpenAI's Responses API, Ollama's /api/) or a doubled /v1 says what to use.
+#   - 404 for another API's URL (a stored response of OpenAI's Responses API, Ollama's /api/) or a doubled /v1
+#     says what to use.
 # The request log line quotes them the same way (no newline or escape sequence from a client reaches it).
 # The server keeps serving (/health 200 after).
 # usage: bash test_server_error_text.sh <path-to-lily> <tests/data dir>
@@ -66,12 +67,11 @@ check("405 for a method with a 0xFF byte", b"G\xffT /health HTTP/1.1", 405,
       "Method G%FFT is not allowed for /health; use GET.")
 check("404 for a plain unknown URL (unchanged)", b"GET /nope HTTP/1.1", 404, "Unknown request URL: GET /nope.")
 # a client of another API, or a base URL given with /v1 that the client extends with /v1: the 404 says so
-check("404 for OpenAI's Responses API says what to use", b"POST /v1/responses HTTP/1.1", 404,
-      "Unknown request URL: POST /v1/responses. lily does not implement OpenAI's Responses API: use POST "
-      "/v1/chat/completions (or Anthropic's POST /v1/messages).")
-check("... also as /responses/ID", b"GET /responses/resp_1 HTTP/1.1", 404,
-      "Unknown request URL: GET /responses/resp_1. lily does not implement OpenAI's Responses API: use POST "
-      "/v1/chat/completions (or Anthropic's POST /v1/messages).")
+check("GET /v1/responses: 405, use POST (the Responses API is served)", b"GET /v1/responses HTTP/1.1", 405,
+      "Method GET is not allowed for /v1/responses; use POST.")
+check("404 for a stored response's URL says the Responses API is stateless", b"GET /responses/resp_1 HTTP/1.1", 404,
+      "Unknown request URL: GET /responses/resp_1. lily's Responses API is stateless: POST /v1/responses answers, "
+      "but no response is stored to retrieve, cancel or delete.")
 check("404 for Ollama's API names the base URL to give", b"GET /api/tags HTTP/1.1", 404,
       "Unknown request URL: GET /api/tags. lily does not speak Ollama's API: configure the client for an "
       "OpenAI-compatible server, base URL http://HOST:PORT/v1.")

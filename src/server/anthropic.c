@@ -572,19 +572,3 @@ int lily_anth_stream_end(lily_anth_stream *st, const char *stop_reason, const ch
     out[n++] = json_pack("{s:s}", "type", "message_stop");
     return n;
 }
-
-char *lily_anth_sse(const json_t *event, size_t *len)
-{
-    const char *type = json_string_value(json_object_get(event, "type"));
-    char *data = json_dumps(event, JSON_COMPACT);
-    if (!data || !type) {
-        free(data);
-        return NULL;
-    }
-    size_t n = strlen(type) + strlen(data) + 32;
-    char *out = malloc(n);
-    if (out)
-        *len = (size_t)snprintf(out, n, "event: %s\ndata: %s\n\n", type, data);
-    free(data);
-    return out;
-}

@@ -69,7 +69,4 @@ int lily_anth_stream_event(lily_anth_stream *st, const lily_output_event *ev, co
 int lily_anth_stream_end(lily_anth_stream *st, const char *stop_reason, const char *stop_sequence,
                          const lily_anth_usage *u, json_t *out[3]);
 
-/* "event: TYPE\ndata: JSON\n\n" for an event object with a "type" (malloc'd; NULL on OOM). */
-char *lily_anth_sse(const json_t *event, size_t *len);
-
 #endif

@@ -28,6 +28,7 @@
 #include "base/base.h"
 #include "base/clock.h"
 #include "server/anthropic.h"
+#include "server/responses.h"
 #include "server/openai.h"
 #include "server/target.h"
 #include "server/webui.h"
@@ -353,7 +354,7 @@ static bool path_is(const char *path, const char *want)
 
 typedef enum {
     R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES,
-    R_COUNT_TOKENS, R_WEBUI
+    R_COUNT_TOKENS, R_RESPONSES, R_WEBUI
 } route_id;
 
 static route_id route_of(const char *path, const char **allow)
@@ -368,7 +369,8 @@ static route_id route_of(const char *path, const char **allow)
         {"/v1/health", R_HEALTH, "GET"},         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},   {"/metrics", R_METRICS, "GET"},
         {"/v1/messages", R_MESSAGES, "POST"},    {"/v1/messages/count_tokens", R_COUNT_TOKENS, "POST"},
-        {"/", R_WEBUI, "GET"},                   {"/index.html", R_WEBUI, "GET"},
+        {"/v1/responses", R_RESPONSES, "POST"},  {"/", R_WEBUI, "GET"},
+        {"/index.html", R_WEBUI, "GET"},
     };
     if (!strncmp(path, "/v1/models/", 11) || !strncmp(path, "/models/", 8)) { /* GET /v1/models/{id} */
         *allow = "GET";
@@ -383,14 +385,14 @@ static route_id route_of(const char *path, const char **allow)
 }
 
 /* What to say after "Unknown request URL" for a path a client of another API or a misset base URL sends:
- * OpenAI's Responses API (the OpenAI Agents SDK, Codex), Ollama's own API, a base URL ending in /v1 that
- * the client extended with /v1 again. NULL for any other path. */
+ * the Responses API's routes for stored responses (retrieve, delete, cancel, input_items), Ollama's own API,
+ * a base URL ending in /v1 that the client extended with /v1 again. NULL for any other path. */
 static const char *unknown_url_hint(const char *path)
 {
     const char *rest = !strncmp(path, "/v1/", 4) ? path + 3 : path; /* the routes answer without /v1 too */
-    if (!strncmp(rest, "/responses", 10) && (!rest[10] || rest[10] == '/'))
-        return " lily does not implement OpenAI's Responses API: use POST /v1/chat/completions (or Anthropic's "
-               "POST /v1/messages).";
+    if (!strncmp(rest, "/responses/", 11))
+        return " lily's Responses API is stateless: POST /v1/responses answers, but no response is stored to "
+               "retrieve, cancel or delete.";
     if (!strncmp(path, "/api/", 5))
         return " lily does not speak Ollama's API: configure the client for an OpenAI-compatible server, base URL "
                "http://HOST:PORT/v1.";
@@ -614,6 +616,16 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
         if (!job)
             return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
         if (!lily_anth_parse_request(r->body ? r->body : "", r->body_len, id == R_COUNT_TOKENS, &job->req, &e)) {
+            lily_job_unref(job);
+            return send_error(c, r, &e, NULL);
+        }
+        return submit(c, r, job);
+    }
+    if (id == R_RESPONSES) {
+        lily_job *job = lily_job_new(LILY_ROUTE_CHAT);
+        if (!job)
+            return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
+        if (!lily_resp_parse_request(r->body ? r->body : "", r->body_len, &job->req, &e)) {
             lily_job_unref(job);
             return send_error(c, r, &e, NULL);
         }

@@ -193,7 +193,7 @@ static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...)
     return false;
 }
 
-static const char *json_kind(const json_t *v)
+const char *lily_oai_json_kind(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -241,7 +241,7 @@ static bool get_number(json_t *body, const char *key, double lo, double hi, doub
     if (!v || json_is_null(v))
         return true;
     if (!json_is_number(v))
-        return bad(e, key, "Invalid type for '%s': expected a number, but got %s instead.", key, json_kind(v));
+        return bad(e, key, "Invalid type for '%s': expected a number, but got %s instead.", key, lily_oai_json_kind(v));
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi))
         return bad(e, key, "Invalid value for '%s': %g is outside [%g, %g].", key, x, lo, hi);
@@ -262,7 +262,7 @@ static bool get_int(json_t *body, const char *key, long long lo, long long hi, l
     if (v) {
         if (!json_is_integer(v))
             return bad(e, key, "Invalid type for '%s': expected an integer, but got %s instead.", key,
-                       json_kind(json_object_get(body, key)));
+                       lily_oai_json_kind(json_object_get(body, key)));
         x = json_integer_value(v);
     } else {
         x = (long long)json_real_value(json_object_get(body, key));
@@ -279,7 +279,7 @@ static bool get_bool(json_t *body, const char *key, bool *out, lily_oai_error *e
     if (!v || json_is_null(v))
         return true;
     if (!json_is_boolean(v))
-        return bad(e, key, "Invalid type for '%s': expected a boolean, but got %s instead.", key, json_kind(v));
+        return bad(e, key, "Invalid type for '%s': expected a boolean, but got %s instead.", key, lily_oai_json_kind(v));
     *out = json_is_true(v);
     return true;
 }
@@ -292,7 +292,7 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
         return bad(e, "messages", "Missing required parameter: 'messages'.");
     if (!json_is_array(messages))
         return bad(e, "messages", "Invalid type for 'messages': expected an array, but got %s instead.",
-                   json_kind(messages));
+                   lily_oai_json_kind(messages));
     if (json_array_size(messages) == 0)
         return bad(e, "messages", "Invalid 'messages': empty array. Expected an array with minimum length 1, "
                                   "but got an empty array instead.");
@@ -303,14 +303,14 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
         snprintf(param, sizeof param, "messages[%zu]", i);
         if (!json_is_object(m))
             return bad(e, param, "Invalid type for '%s': expected an object, but got %s instead.", param,
-                       json_kind(m));
+                       lily_oai_json_kind(m));
         json_t *role = json_object_get(m, "role");
         snprintf(param, sizeof param, "messages[%zu].role", i);
         if (!role)
             return bad(e, param, "Missing required parameter: '%s'.", param);
         if (!json_is_string(role))
             return bad(e, param, "Invalid type for '%s': expected a string, but got %s instead.", param,
-                       json_kind(role));
+                       lily_oai_json_kind(role));
         bool known = false;
         for (size_t r = 0; r < sizeof known_roles / sizeof known_roles[0]; r++)
             known |= !strcmp(json_string_value(role), known_roles[r]);
@@ -340,7 +340,7 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
             }
         } else if (!json_is_string(content)) {
             return bad(e, param, "Invalid type for '%s': expected a string or an array of content parts, but got "
-                                 "%s instead.", param, json_kind(content));
+                                 "%s instead.", param, lily_oai_json_kind(content));
         }
         json_t *legacy_call = json_object_get(m, "function_call");
         if (legacy_call && !json_is_null(legacy_call)) { /* would be dropped from the prompt unseen */
@@ -353,7 +353,7 @@ static bool check_messages(json_t *messages, lily_oai_error *e)
             snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
             if (!json_is_array(calls))
                 return bad(e, param, "Invalid type for '%s': expected an array, but got %s instead.", param,
-                           json_kind(calls));
+                           lily_oai_json_kind(calls));
             size_t k;
             json_t *call;
             json_array_foreach(calls, k, call) {
@@ -402,7 +402,7 @@ static bool check_tools(lily_oai_request *req, size_t max_name, lily_oai_error *
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools))
             return bad(e, "tools", "Invalid type for 'tools': expected an array, but got %s instead.",
-                       json_kind(tools));
+                       lily_oai_json_kind(tools));
         size_t i;
         json_t *t;
         json_array_foreach(tools, i, t) {
@@ -454,7 +454,7 @@ static bool check_tools(lily_oai_request *req, size_t max_name, lily_oai_error *
         snprintf(req->tool_name, sizeof req->tool_name, "%s", json_string_value(name));
     } else {
         return bad(e, "tool_choice", "Invalid type for 'tool_choice': expected a string or an object, but got %s "
-                                     "instead.", json_kind(tc));
+                                     "instead.", lily_oai_json_kind(tc));
     }
     if (req->tool_choice == LILY_TOOL_CHOICE_REQUIRED || req->tool_choice == LILY_TOOL_CHOICE_NAMED) {
         if (!req->tools)
@@ -508,7 +508,7 @@ static bool check_stop(lily_oai_request *req, lily_oai_error *e)
     }
     if (!json_is_array(stop))
         return bad(e, "stop", "Invalid type for 'stop': expected a string or an array of strings, but got %s "
-                              "instead.", json_kind(stop));
+                              "instead.", lily_oai_json_kind(stop));
     if (json_array_size(stop) > LILY_OAI_MAX_STOP)
         return bad(e, "stop", "Invalid 'stop': at most %d stop sequences are supported.", LILY_OAI_MAX_STOP);
     req->stop = calloc(json_array_size(stop) + 1, sizeof *req->stop);
@@ -519,7 +519,7 @@ static bool check_stop(lily_oai_request *req, lily_oai_error *e)
     json_array_foreach(stop, i, s) {
         if (!json_is_string(s))
             return bad(e, "stop", "Invalid type for 'stop[%zu]': expected a string, but got %s instead.", i,
-                       json_kind(s));
+                       lily_oai_json_kind(s));
         if (!json_string_length(s))
             continue;
         if (strlen(json_string_value(s)) != json_string_length(s))
@@ -538,7 +538,7 @@ static bool check_logit_bias(lily_oai_request *req, lily_oai_error *e)
         return true;
     if (!json_is_object(lb))
         return bad(e, "logit_bias", "Invalid type for 'logit_bias': expected an object, but got %s instead.",
-                   json_kind(lb));
+                   lily_oai_json_kind(lb));
     req->logit_bias = calloc(json_object_size(lb) + 1, sizeof *req->logit_bias);
     if (!req->logit_bias)
         return bad(e, "logit_bias", "Out of memory.");
@@ -577,7 +577,7 @@ static bool check_prompt(lily_oai_request *req, lily_oai_error *e)
     }
     if (!json_is_array(p))
         return bad(e, "prompt", "Invalid type for 'prompt': expected a string or an array of token ids, but got %s "
-                                "instead.", json_kind(p));
+                                "instead.", lily_oai_json_kind(p));
     if (json_array_size(p) == 0)
         return bad(e, "prompt", "Invalid 'prompt': empty array.");
     req->prompt_ids = malloc(json_array_size(p) * sizeof *req->prompt_ids);
@@ -591,7 +591,7 @@ static bool check_prompt(lily_oai_request *req, lily_oai_error *e)
                                     "string or one array of token ids.");
         if (!json_is_integer(v))
             return bad(e, "prompt", "Invalid 'prompt[%zu]': expected a token id (an integer), but got %s instead.",
-                       i, json_kind(v));
+                       i, lily_oai_json_kind(v));
         if (json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
             return bad(e, "prompt", "Invalid 'prompt[%zu]': %lld is not a token id.", i,
                        (long long)json_integer_value(v));
@@ -607,7 +607,7 @@ static bool check_thinking(lily_oai_request *req, lily_oai_error *e)
     if (kw && !json_is_null(kw)) {
         if (!json_is_object(kw))
             return bad(e, "chat_template_kwargs", "Invalid type for 'chat_template_kwargs': expected an object, but "
-                                                  "got %s instead.", json_kind(kw));
+                                                  "got %s instead.", lily_oai_json_kind(kw));
         req->chat_template_kwargs = kw;
         json_t *v = json_object_get(kw, "enable_thinking");
         if (v && !json_is_null(v)) {
@@ -790,13 +790,13 @@ static bool parse_request(const char *body, size_t len, bool is_chat, size_t max
     if (!lily_oai_json_load(body, len, &req->body, e))
         return false;
     if (!json_is_object(req->body)) {
-        bad(e, NULL, "Invalid request body: expected a JSON object, but got %s instead.", json_kind(req->body));
+        bad(e, NULL, "Invalid request body: expected a JSON object, but got %s instead.", lily_oai_json_kind(req->body));
         goto fail;
     }
     json_t *b = req->body;
     json_t *model = json_object_get(b, "model");
     if (model && !json_is_string(model) && !json_is_null(model)) {
-        bad(e, "model", "Invalid type for 'model': expected a string, but got %s instead.", json_kind(model));
+        bad(e, "model", "Invalid type for 'model': expected a string, but got %s instead.", lily_oai_json_kind(model));
         goto fail;
     }
     if (is_chat) {
@@ -825,7 +825,7 @@ static bool parse_request(const char *body, size_t len, bool is_chat, size_t max
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) {
             bad(e, "stream_options", "Invalid type for 'stream_options': expected an object, but got %s instead.",
-                json_kind(so));
+                lily_oai_json_kind(so));
             goto fail;
         }
         if (!req->stream) { /* as OpenAI: a mistake to say, not an option to drop */
@@ -866,7 +866,7 @@ static bool parse_request(const char *body, size_t len, bool is_chat, size_t max
                    fabs(json_real_value(seed)) < 9e15) {
             req->seed = (uint64_t)(int64_t)json_real_value(seed);
         } else if (!json_is_real(seed) || json_real_value(seed) != floor(json_real_value(seed))) {
-            bad(e, "seed", "Invalid type for 'seed': expected an integer, but got %s instead.", json_kind(seed));
+            bad(e, "seed", "Invalid type for 'seed': expected an integer, but got %s instead.", lily_oai_json_kind(seed));
             goto fail;
         } else {
             bad(e, "seed", "Invalid value for 'seed': %.0f is outside [-9223372036854775808, 9223372036854775807] "
@@ -920,6 +920,7 @@ void lily_oai_request_free(lily_oai_request *req)
     free(req->prompt_ids);
     free(req->logit_bias);
     json_decref(req->body);
+    json_decref(req->responses);
     memset(req, 0, sizeof *req);
 }
 
@@ -1186,5 +1187,21 @@ char *lily_oai_sse(const json_t *json, size_t *len)
             *len = n + 8;
     }
     free(s);
+    return out;
+}
+
+char *lily_oai_sse_event(const json_t *event, size_t *len)
+{
+    const char *type = json_string_value(json_object_get(event, "type"));
+    char *data = json_dumps(event, JSON_COMPACT);
+    if (!data || !type) {
+        free(data);
+        return NULL;
+    }
+    size_t n = strlen(type) + strlen(data) + 32;
+    char *out = malloc(n);
+    if (out)
+        *len = (size_t)snprintf(out, n, "event: %s\ndata: %s\n\n", type, data);
+    free(data);
     return out;
 }

@@ -62,6 +62,8 @@ typedef struct {
     json_t *json_schema;      /* response_format.json_schema.schema, or NULL (json_object: any object) */
     int reasoning_budget;     /* reasoning_budget / max_reasoning_tokens; -1 = none */
     bool anthropic;           /* translated from POST /v1/messages (server/anthropic.h): answered in its shape */
+    json_t *responses;        /* translated from POST /v1/responses (server/responses.h): the fields the Response
+                               * echoes (owned); NULL on the other routes. Answered in the Responses API's shape */
     bool continue_final;      /* the last message is an assistant prefill: the reply continues its text
                                * (Anthropic's prefill; set by server/anthropic.h, not an OpenAI field) */
 
@@ -222,6 +224,14 @@ json_t *lily_oai_string(const char *s, size_t len);
  * the 1-3 bytes of a multi-byte sequence that the end cuts short. For cutting text on a character
  * boundary (copy at most max bytes: lily_oai_utf8_cut(s, min(len, max))). */
 size_t lily_oai_utf8_cut(const char *s, size_t n);
+
+/* "an object", "an array", "a string", "an integer", "a number", "a boolean" or "null": v's JSON type, for
+ * "expected X, but got Y instead" messages. */
+const char *lily_oai_json_kind(const json_t *v);
+
+/* "event: TYPE\ndata: JSON\n\n" for an event object with a "type" (the Messages API's and the Responses API's
+ * streams; malloc'd; NULL on OOM or when the event has no "type"). */
+char *lily_oai_sse_event(const json_t *event, size_t *len);
 
 /* JSON text (compact) of j as a malloc'd string. */
 char *lily_oai_dump(const json_t *j);

@@ -14,6 +14,7 @@
 #include "base/base.h"
 #include "base/clock.h"
 #include "server/anthropic.h"
+#include "server/responses.h"
 
 
 lily_job *lily_job_new(lily_route route)
@@ -161,6 +162,15 @@ void lily_job_fail(lily_job *job, const lily_oai_error *e)
         job->out_len = job->out_off = 0;
         if (body && writable)
             append_locked(job, body, strlen(body));
+    } else if (body && writable && job->req.responses) {
+        /* the Responses API's in-band error: an "error" event in the stream's sequence */
+        json_t *ev = lily_resp_error_event(e, job->sequence_number);
+        size_t len = 0;
+        char *sse = ev ? lily_oai_sse_event(ev, &len) : NULL;
+        json_decref(ev);
+        if (sse)
+            append_locked(job, sse, len);
+        free(sse);
     } else if (body && writable) {
         /* the status line is gone: an in-band error event, which the OpenAI SDKs raise as an APIError */
         if (job->req.anthropic) /* Anthropic's in-band error: an "error" event */

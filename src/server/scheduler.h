@@ -55,6 +55,8 @@ typedef struct lily_job {
     pthread_cond_t cv;
     int http_status;          /* 0 until lily_job_begin */
     bool streaming;           /* the response is an SSE stream */
+    int sequence_number;      /* a Responses API stream (req.responses): the next event's sequence_number, kept
+                               * by the worker, for an error event (lily_job_fail) */
     char *out;                /* bytes written by the worker, not yet read: out[out_off, out_len) */
     size_t out_len, out_cap, out_off;
     size_t written;           /* bytes written since the start (out_len restarts when all was read) */
@@ -85,7 +87,8 @@ void lily_job_finish(lily_job *job);
 lily_status lily_job_write_output(lily_job *job, const char *data, size_t len);
 /* The JSON error body with e's status, then finish: for a job that has not begun or whose whole body is
  * not sent yet (not streaming: what was written is replaced); after begin of a stream the error goes into
- * the stream as an SSE error event instead. Written even when the job was aborted (lily_job_abort). */
+ * the stream as an SSE error event instead (the Messages API's "event: error", the Responses API's "error"
+ * event with the stream's sequence_number). Written even when the job was aborted (lily_job_abort). */
 void lily_job_fail(lily_job *job, const lily_oai_error *e);
 bool lily_job_cancelled(lily_job *job);
 /* True when the job was cancelled because its stream's reader fell behind (see LILY_JOB_MAX_PENDING). */

@@ -8,7 +8,8 @@
  * named appends the tokens of "<tool_call>\n<function=NAME>\n"; required appends "<tool_call>\n<function="
  * and then masks the logits so the name spelled is one of the tools'. The call's arguments, and the content
  * under response_format, are decoded under a grammar (server/structured.h, grammar/constraint.h); a
- * request from POST /v1/messages (req.anthropic) is answered in Anthropic's shapes (server/anthropic.h).
+ * request from POST /v1/messages (req.anthropic) is answered in Anthropic's shapes (server/anthropic.h), one
+ * from POST /v1/responses (req.responses) in the Responses API's (server/responses.h).
  */
 #include "server/service.h"
 
@@ -32,6 +33,7 @@
 #include "model/gguf_check.h"
 #include "server/anthropic.h"
 #include "server/openai.h"
+#include "server/responses.h"
 #include "server/structured.h"
 #include "text/chat_template.h"
 #include "text/output_parser.h"
@@ -418,6 +420,7 @@ typedef struct {
     lily_structured_or_call or_call; /* response_format beside tools under "auto": the hook, or a call */
     lily_token_constraint or_call_hook;
     lily_anth_stream anth;    /* Messages API stream: the open content block */
+    lily_resp_output resp;    /* Responses API: the Response's output items (streamed or not) */
     const char *stop_sequence; /* the stop string that ended the reply, or NULL */
     buffer text;              /* completions: the generated text */
     lily_oai_logprob *lps;    /* logprobs of the tokens not yet sent (stream) or of all tokens */
@@ -446,17 +449,19 @@ static void send_json_chunk(generation *g, json_t *chunk)
     free(s);
 }
 
-/* Anthropic stream events (each stolen). */
-static void send_anth_events(generation *g, json_t **events, int n)
+/* Typed stream events of the Messages or the Responses API (each stolen). */
+static void send_events(generation *g, json_t **events, int n)
 {
     for (int i = 0; i < n; i++) {
         size_t len = 0;
-        char *s = events[i] ? lily_anth_sse(events[i], &len) : NULL;
+        char *s = events[i] ? lily_oai_sse_event(events[i], &len) : NULL;
         json_decref(events[i]);
         if (!s || (g->in_output ? lily_job_write_output : lily_job_write)(g->job, s, len) == LILY_ERR_OUT_OF_MEMORY)
             g->failed = true;
         free(s);
     }
+    if (g->req->responses) /* an error event after these takes the next number */
+        g->job->sequence_number = g->resp.seq;
 }
 
 /* The logprobs JSON of the tokens waiting to be sent, and forget them. NULL when logprobs are off. */
@@ -495,13 +500,18 @@ static void on_parser_event(void *user, const lily_output_event *ev)
         while (g->n_calls <= ev->tool_index)
             lily_oai_tool_call_id(g->call_ids[g->n_calls++]);
     }
+    const char *call_id = ev->tool_index >= 0 && ev->tool_index < g->n_calls ? g->call_ids[ev->tool_index] : NULL;
+    if (g->req->responses) { /* the items are gathered whether or not they stream */
+        json_t *events[LILY_RESP_MAX_EVENTS];
+        send_events(g, events, lily_resp_output_event(&g->resp, ev, call_id, g->stream ? events : NULL));
+        g->failed |= g->resp.failed;
+        return;
+    }
     if (!g->stream)
         return;
     if (g->req->anthropic) {
         json_t *events[3];
-        int n = lily_anth_stream_event(&g->anth, ev, ev->tool_index >= 0 && ev->tool_index < g->n_calls
-                                                       ? g->call_ids[ev->tool_index] : NULL, events);
-        send_anth_events(g, events, n);
+        send_events(g, events, lily_anth_stream_event(&g->anth, ev, call_id, events));
         return;
     }
     json_t *delta = NULL;
@@ -982,7 +992,7 @@ static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *t
         if (st != LILY_OK) {
             fail_with(job, st == LILY_ERR_TEMPLATE ? 400 : 500,
                       st == LILY_ERR_TEMPLATE ? "invalid_request_error" : "server_error",
-                      st == LILY_ERR_TEMPLATE ? "messages" : NULL, NULL, err.message);
+                      st != LILY_ERR_TEMPLATE ? NULL : req->responses ? "input" : "messages", NULL, err.message);
             return false;
         }
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
@@ -1014,7 +1024,7 @@ static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *t
     int max_ctx = svc->session->max_ctx;
     job->stats.prompt_tokens = *n_ids; /* the request log's prompt=, also for a 400 below */
     if (*n_ids == 0 || (must_fit && *n_ids > max_ctx - reply_room)) {
-        const char *what = req->is_chat ? "messages" : "prompt";
+        const char *what = req->responses ? "input" : req->is_chat ? "messages" : "prompt";
         char msg[256];
         if (*n_ids == 0)
             snprintf(msg, sizeof msg, "The prompt is empty.");
@@ -1070,6 +1080,11 @@ static void begin_response(generation *g, const int32_t *ids, int n_ids)
     lily_job_begin(g->job, 200, g->stream);
     if (g->stream && req->anthropic) /* message_start follows the prefill (anthropic_stream_start) */
         return;
+    if (g->stream && req->responses) {
+        json_t *events[2];
+        send_events(g, events, lily_resp_stream_start(&g->resp, events));
+        return;
+    }
     if (g->stream && req->is_chat)
         send_json_chunk(g, lily_oai_chat_chunk(&g->ident, lily_oai_delta_role(), NULL, NULL, req->include_usage));
     if (!req->is_chat && req->echo) {
@@ -1103,7 +1118,7 @@ static void anthropic_stream_start(generation *g, int n_ids, int reused)
 {
     json_t *events[2];
     lily_anth_usage u = {.input_tokens = n_ids - reused, .cache_read_input_tokens = reused};
-    send_anth_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
+    send_events(g, events, lily_anth_stream_start(g->ident.id, g->ident.model, &u, events));
 }
 
 /* Constrain the rest of the generation by g->grammar (when set): a matcher on the vocabulary trie (built at
@@ -1218,13 +1233,31 @@ static void finish_anthropic(generation *g, const char *finish, const lily_oai_u
                          .cache_read_input_tokens = usage->cached_tokens, .output_tokens = usage->completion_tokens};
     if (g->stream) {
         json_t *events[3];
-        send_anth_events(g, events, lily_anth_stream_end(&g->anth, stop_reason, g->stop_sequence, &u, events));
+        send_events(g, events, lily_anth_stream_end(&g->anth, stop_reason, g->stop_sequence, &u, events));
         lily_job_finish(g->job);
         return;
     }
     json_t *msg = lily_anth_message(g->ident.id, g->ident.model, lily_output_parser_result(g->parser), g->call_ids,
                                     g->n_calls, stop_reason, g->stop_sequence, &u);
     respond_json(g->job, msg);
+}
+
+/* finish_reply for the Responses API: the open item closed, then response.completed (or .incomplete) on a
+ * stream, else the Response. */
+static void finish_responses(generation *g, const char *finish, const lily_oai_usage *usage)
+{
+    const bool incomplete = !strcmp(finish, "length");
+    json_t *events[4];
+    send_events(g, events, lily_resp_output_end(&g->resp, incomplete, usage, g->stream ? events : NULL));
+    if (g->failed || g->resp.failed) {
+        fail_with(g->job, 500, "server_error", NULL, NULL, "Out of memory.");
+        return;
+    }
+    if (g->stream) {
+        lily_job_finish(g->job);
+        return;
+    }
+    respond_json(g->job, lily_resp_response(&g->resp, incomplete ? "incomplete" : "completed", usage));
 }
 
 /* The end of a generated reply: flush the output parser (its finish_reason wins: tool_calls), fill the
@@ -1250,6 +1283,10 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
                             .reasoning_tokens = g->reasoning_tokens};
     if (req->anthropic) {
         finish_anthropic(g, finish, &usage);
+        return;
+    }
+    if (req->responses) {
+        finish_responses(g, finish, &usage);
         return;
     }
     if (g->stream) {
@@ -1295,10 +1332,15 @@ static void run_generation(lily_service *svc, lily_job *job)
                     .anth = {.index = -1, .kind = -1}, .t_start = lily_wall_seconds()};
     job->stats.worker_start_s = g.t_start;
     lily_oai_ident_init(&g.ident, req->is_chat, svc->model_name);
-    if (req->anthropic) { /* msg_<the same random part> */
+    if (req->anthropic || req->responses) { /* msg_ / resp_ and the same random part */
+        const char *prefix = req->anthropic ? "msg_" : "resp_";
         const char *tail = g.ident.id + strlen("chatcmpl-");
-        memmove(g.ident.id + 4, tail, strlen(tail) + 1);
-        memcpy(g.ident.id, "msg_", 4);
+        memmove(g.ident.id + strlen(prefix), tail, strlen(tail) + 1);
+        memcpy(g.ident.id, prefix, strlen(prefix));
+    }
+    if (req->responses && !lily_resp_output_init(&g.resp, &g.ident, req->responses)) {
+        fail_with(job, 500, "server_error", NULL, NULL, "Out of memory.");
+        goto done;
     }
     svc->n_requests++;
 
@@ -1322,7 +1364,8 @@ static void run_generation(lily_service *svc, lily_job *job)
                (st = lily_structured_response_grammar(req, &g.grammar, &err)) != LILY_OK) {
         fail_with(job, st == LILY_ERR_INVALID_ARGUMENT ? 400 : 500,
                   st == LILY_ERR_INVALID_ARGUMENT ? "invalid_request_error" : "server_error",
-                  st == LILY_ERR_INVALID_ARGUMENT ? "response_format" : NULL, NULL, err.message);
+                  st != LILY_ERR_INVALID_ARGUMENT ? NULL : req->responses ? "text.format" : "response_format", NULL,
+                  err.message);
         goto done;
     }
 
@@ -1450,6 +1493,7 @@ done:
     free(g.text.data);
     free(g.echo_text);
     lily_output_parser_free(g.parser);
+    lily_resp_output_free(&g.resp);
     lily_grammar_constraint_free(g.constraint);
     lily_grammar_free(g.grammar);
     name_constraint_free(&nc);
