@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# test_serve_edges.sh — `lily serve` and `lily run` where llama.cpp / Ollama / vLLM users trip: --host
+# localhost on both loopbacks, a tool call cut inside its name by max_tokens, the request log's ttft of a
+# forced reply and 499 for a stream its client left, seeds (-1 random, said; --seed the server's default)
+# (tests/test_serve_edges.py); `lily run --seed -1` here.
+# usage: bash tests/test_serve_edges.sh <path-to-lily> <tests/data>
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+. "$HERE/lib/common.sh"
+lily_test_init "$1" "$2"
+M="$DATA/tiny-chat"
+
+# run --seed -1: a random seed, printed; that seed draws the same reply again
+"$LILY" run -m "$M" -p "Write a haiku." -n 16 --temp 1.2 --seed -1 >"$TMP/r1" 2>"$TMP/r1.err"; rc=$?
+seed=$(sed -n 's/^lily run: --seed -1: sampling with seed \([0-9]*\)$/\1/p' "$TMP/r1.err")
+expect "run --seed -1 runs and prints the seed it drew ($seed)" test "$rc" = 0 -a -n "$seed"
+"$LILY" run -m "$M" -p "Write a haiku." -n 16 --temp 1.2 --seed "${seed:-0}" >"$TMP/r2" 2>/dev/null || true
+expect "run --seed <that seed> draws the same reply" cmp -s "$TMP/r1" "$TMP/r2"
+"$LILY" run -m "$M" -p "Write a haiku." -n 16 --temp 1.2 --seed -1 >"$TMP/r3" 2>"$TMP/r3.err" || true
+seed3=$(sed -n 's/^lily run: --seed -1: sampling with seed \([0-9]*\)$/\1/p' "$TMP/r3.err")
+expect "run --seed -1 twice: two seeds" test -n "$seed3" -a "$seed3" != "$seed"
+for bad in -2 -10 x; do
+    rc=0; "$LILY" run -m "$M" -p hi -n 1 --seed=$bad >/dev/null 2>"$TMP/bad.err" || rc=$?
+    expect "run --seed $bad is a usage error naming -1" grep -qF \
+        "lily run: --seed expects a non-negative integer, or -1 for a random seed, got \"$bad\"" "$TMP/bad.err"
+    expect "... exit 2" test "$rc" = 2
+done
+rc=0; "$LILY" run --help >"$TMP/help" 2>&1 || rc=$?
+expect "run --help documents --seed -1" grep -qF -- "--seed S           sampler seed (default or -1: a random one" "$TMP/help"
+"$LILY" serve --help >"$TMP/shelp" 2>&1 || true
+expect "serve --help documents --seed -1" grep -qF -- "--seed S             sampler seed (default -1: a random one per request" "$TMP/shelp"
+
+lily_python "$LILY"
+if "$PY" "$HERE/test_serve_edges.py" "$LILY" "$M"; then ok "serve edges (test_serve_edges.py)"; else fail "serve edges (test_serve_edges.py)"; fi
+finish
