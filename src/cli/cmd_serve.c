@@ -106,7 +106,7 @@ static bool is_shared_option(const char *a)
 /* Whether a --host address is reachable only from this machine (127.0.0.0/8, ::1, localhost). */
 static bool host_is_loopback(const char *host)
 {
-    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcasecmp(host, "localhost");
 }
 
 /* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL), without
