@@ -1249,14 +1249,18 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     fprintf(stderr, "lily serve: microhttpd: %s", msg);
 }
 
-/* A daemon listening on addr (its port: 0 = any free one), serving srv; NULL with errno set when it cannot. */
+/* A daemon listening on addr (AF_INET or AF_INET6; its port: 0 = any free one), serving srv; NULL with errno
+ * set when it cannot. */
 static struct MHD_Daemon *start_daemon(lily_http_server *srv, const struct sockaddr *addr, bool ipv6)
 {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG | MHD_USE_POLL;
     if (ipv6)
         flags |= MHD_USE_IPv6;
-    return MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv,
+    /* the address holds the port; microhttpd's bind error names this one */
+    const uint16_t port = ntohs(ipv6 ? ((const struct sockaddr_in6 *)addr)->sin6_port
+                                     : ((const struct sockaddr_in *)addr)->sin_port);
+    return MHD_start_daemon(flags, port, NULL, NULL, on_request, srv,
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
                             MHD_OPTION_SOCK_ADDR, addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
