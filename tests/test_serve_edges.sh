@@ -30,6 +30,20 @@ expect "run --help documents --seed -1" grep -qF -- "--seed S           sampler 
 "$LILY" serve --help >"$TMP/shelp" 2>&1 || true
 expect "serve --help documents --seed -1" grep -qF -- "--seed S             sampler seed (default -1: a random one per request" "$TMP/shelp"
 
+# --host with a port or a scheme, or empty: a usage error saying what to write (it was "cannot resolve host")
+hostcheck() { # name, --host value, message
+    rc=0; "$LILY" serve -m "$DATA/nope" --port 0 --host "$2" >/dev/null 2>"$TMP/host.err" || rc=$?
+    expect "$1" grep -qF -- "$3" "$TMP/host.err"
+    expect "... exit 2" test "$rc" = 2
+}
+hostcheck "serve --host ADDR:PORT names --port" 0.0.0.0:8080 \
+    "lily serve: --host takes an address without a port: got '0.0.0.0:8080'; give the port with --port (--host 0.0.0.0 --port 8080)"
+hostcheck "serve --host URL says it takes an address" http://127.0.0.1:8080 \
+    "lily serve: --host takes an address, not a URL: got 'http://127.0.0.1:8080'"
+hostcheck "serve --host '' is empty" "" "lily serve: --host is empty"
+rc=0; timeout 20 "$LILY" serve -m "$DATA/nope" --port 0 --host "::1" >/dev/null 2>"$TMP/host.err" || rc=$?
+expect "serve --host ::1 is an address, not ADDR:PORT" bash -c "! grep -q 'without a port' '$TMP/host.err'"
+
 lily_python "$LILY"
 if "$PY" "$HERE/test_serve_edges.py" "$LILY" "$M"; then ok "serve edges (test_serve_edges.py)"; else fail "serve edges (test_serve_edges.py)"; fi
 finish

@@ -109,6 +109,28 @@ static bool host_is_loopback(const char *host)
     return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcasecmp(host, "localhost");
 }
 
+/* --host's value: an address or a name, not a URL nor ADDR:PORT (as other servers' --host 0.0.0.0:8080 or a
+ * copied http://127.0.0.1:8080, which only failed to resolve). Returns 0, or 2 printed (a usage error). */
+static int check_host(const char *host)
+{
+    const char *colon = strchr(host, ':');
+    if (!*host) {
+        fprintf(stderr, "lily serve: --host is empty (leave it out for 127.0.0.1; 0.0.0.0 for every interface)\n");
+        return 2;
+    }
+    if (strstr(host, "://")) {
+        fprintf(stderr, "lily serve: --host takes an address, not a URL: got '%s' (e.g. --host 127.0.0.1 --port "
+                        "8080)\n", host);
+        return 2;
+    }
+    if (colon && !strchr(colon + 1, ':') && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) {
+        fprintf(stderr, "lily serve: --host takes an address without a port: got '%s'; give the port with --port "
+                        "(--host %.*s --port %s)\n", host, (int)(colon - host), host, colon + 1);
+        return 2;
+    }
+    return 0;
+}
+
 /* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL), without
  * the spaces and tabs around it (a client cannot send them: HTTP drops them around a header's value, and the
  * bearer check skips them after "Bearer ", so a key file's "KEY " locked every client out). buf (cap bytes)
@@ -331,6 +353,8 @@ int cmd_serve(int argc, char **argv)
         return 2;
     }
     if (cors_origin && check_cors_origins(cors_origin))
+        return 2;
+    if (check_host(host))
         return 2;
     /* an IPv6 address as a URL writes it (--host [::1], the form the start-up lines print) is the address */
     char host_buf[256];
