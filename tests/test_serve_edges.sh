@@ -44,6 +44,42 @@ hostcheck "serve --host '' is empty" "" "lily serve: --host is empty"
 rc=0; timeout 20 "$LILY" serve -m "$DATA/nope" --port 0 --host "::1" >/dev/null 2>"$TMP/host.err" || rc=$?
 expect "serve --host ::1 is an address, not ADDR:PORT" bash -c "! grep -q 'without a port' '$TMP/host.err'"
 
+# --host localhost where the machine has no IPv6 loopback (a network namespace with IPv6 off on lo, when this
+# user may make one): 127.0.0.1 alone, said at startup, no error
+nov6() {
+    ip link set lo up 2>/dev/null || true
+    echo 1 >/proc/sys/net/ipv6/conf/lo/disable_ipv6 2>/dev/null || true
+    if python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null; then
+        echo "skip"; return
+    fi
+    "$LILY" serve -m "$M" --host localhost --port 0 --threads 1 --ctx-size 256 2>"$TMP/nov6.log" & local pid=$!
+    local port="" i
+    for i in $(seq 1 300); do
+        port=$(sed -n 's/.*ready on http:\/\/localhost:\([0-9]*\).*/\1/p' "$TMP/nov6.log")
+        [ -n "$port" ] && break
+        sleep 0.1
+    done
+    if [ -n "$port" ] && exec 3<>"/dev/tcp/127.0.0.1/$port"; then
+        printf 'GET /health HTTP/1.0\r\n\r\n' >&3
+        head -1 <&3 | tr -d '\r'
+        exec 3<&-
+    fi
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+}
+if unshare -n true 2>/dev/null; then
+    export -f nov6; export LILY M TMP
+    got=$(timeout 60 unshare -n bash -c nov6 2>/dev/null || true)
+    if [ "$got" = skip ]; then
+        echo "SKIP --host localhost without IPv6: cannot turn ::1 off in a network namespace here"
+    else
+        expect "--host localhost without an IPv6 loopback: 127.0.0.1 answers ($got)" test "${got#HTTP/1.? }" = "200 OK"
+        expect "... and the startup line says 127.0.0.1 only" \
+            grep -qF "(127.0.0.1 only: this machine has no IPv6 loopback)" "$TMP/nov6.log"
+    fi
+else
+    echo "SKIP --host localhost without IPv6: no network namespaces here (unshare -n)"
+fi
+
 lily_python "$LILY"
 if "$PY" "$HERE/test_serve_edges.py" "$LILY" "$M"; then ok "serve edges (test_serve_edges.py)"; else fail "serve edges (test_serve_edges.py)"; fi
 finish
