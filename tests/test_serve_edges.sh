@@ -44,12 +44,14 @@ hostcheck "serve --host '' is empty" "" "lily serve: --host is empty"
 rc=0; timeout 20 "$LILY" serve -m "$DATA/nope" --port 0 --host "::1" >/dev/null 2>"$TMP/host.err" || rc=$?
 expect "serve --host ::1 is an address, not ADDR:PORT" bash -c "! grep -q 'without a port' '$TMP/host.err'"
 
+lily_python "$LILY"
+
 # --host localhost where the machine has no IPv6 loopback (a network namespace with IPv6 off on lo, when this
 # user may make one): 127.0.0.1 alone, said at startup, no error
 nov6() {
     ip link set lo up 2>/dev/null || true
     echo 1 >/proc/sys/net/ipv6/conf/lo/disable_ipv6 2>/dev/null || true
-    if python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null; then
+    if "$PY" -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null; then
         echo "skip"; return
     fi
     "$LILY" serve -m "$M" --host localhost --port 0 --threads 1 --ctx-size 256 2>"$TMP/nov6.log" & local pid=$!
@@ -67,7 +69,7 @@ nov6() {
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
 }
 if unshare -n true 2>/dev/null; then
-    export -f nov6; export LILY M TMP
+    export -f nov6; export LILY M TMP PY
     got=$(timeout 60 unshare -n bash -c nov6 2>/dev/null || true)
     if [ "$got" = skip ]; then
         echo "SKIP --host localhost without IPv6: cannot turn ::1 off in a network namespace here"
@@ -80,6 +82,5 @@ else
     echo "SKIP --host localhost without IPv6: no network namespaces here (unshare -n)"
 fi
 
-lily_python "$LILY"
 if "$PY" "$HERE/test_serve_edges.py" "$LILY" "$M"; then ok "serve edges (test_serve_edges.py)"; else fail "serve edges (test_serve_edges.py)"; fi
 finish
