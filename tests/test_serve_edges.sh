@@ -55,8 +55,8 @@ nov6() {
         echo "skip"; return
     fi
     "$LILY" serve -m "$M" --host localhost --port 0 --threads 1 --ctx-size 256 2>"$TMP/nov6.log" & local pid=$!
-    local port="" i
-    for i in $(seq 1 300); do
+    local port="" _
+    for _ in $(seq 1 300); do
         port=$(sed -n 's/.*ready on http:\/\/localhost:\([0-9]*\).*/\1/p' "$TMP/nov6.log")
         [ -n "$port" ] && break
         sleep 0.1
