@@ -152,18 +152,25 @@ check "chat --cache-ram=64 --cache-vram=8 --checkpoint-every=100 are parsed" 0 e
 check "chat --cache-ram= (empty) names the range" 2 err \
     "lily chat: --cache-ram expects an integer in [1, 16777216], got \"\"" chat -m "$M" --cache-ram=
 check "chat --cache-vram without a value says so" 2 err "lily chat: --cache-vram needs a value" chat -m "$M" --cache-vram
-# a --cache-ram past the machine's physical memory can never be honoured: a usage error naming both sizes in
-# chat and serve (16777216 MiB was accepted, the cache left to grow until the kernel killed the process)
+# a --cache-ram past the machine's physical memory (or a container's cgroup limit, when lower) can never be
+# honoured: a usage error naming both sizes in chat and serve (16777216 MiB was accepted, the cache left to
+# grow until the kernel killed the process)
 PHYS_MIB=$(( $(getconf _PHYS_PAGES) * $(getconf PAGESIZE) / 1048576 ))
+for f in /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes; do # a container sees its own
+    v=$(cat "$f" 2>/dev/null || true)
+    if [[ "$v" =~ ^[0-9]+$ ]] && [ ${#v} -lt 19 ] && [ $((v / 1048576)) -lt "$PHYS_MIB" ]; then
+        PHYS_MIB=$((v / 1048576))
+    fi
+done
 for args in "chat -m $M" "serve -m $TMP/nope --port 0"; do
     cmd=${args%% *}
     # shellcheck disable=SC2086
     check "$cmd --cache-ram one MiB past the machine's memory is a usage error" 2 err \
-        "lily $cmd: --cache-ram $((PHYS_MIB + 1)) MiB is more than this machine's memory ($PHYS_MIB MiB)" \
+        "lily $cmd: --cache-ram $((PHYS_MIB + 1)) MiB is more than the memory this process may use ($PHYS_MIB MiB" \
         $args --cache-ram $((PHYS_MIB + 1))
     # shellcheck disable=SC2086
     check "$cmd --cache-ram=16777216 is a usage error" 2 err \
-        "lily $cmd: --cache-ram 16777216 MiB is more than this machine's memory ($PHYS_MIB MiB)" \
+        "lily $cmd: --cache-ram 16777216 MiB is more than the memory this process may use ($PHYS_MIB MiB" \
         $args --cache-ram=16777216
 done
 check "chat --cache-ram of exactly the machine's memory is accepted" 0 err \

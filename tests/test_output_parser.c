@@ -426,12 +426,27 @@ static void test_tolerates_missing_closing_tags_and_stray_whitespace(void **stat
         {.text = "Sure.\n<function=ls>\n<parameter=dir>\n.\n</parameter>\n</function>", .reasoning = "",
          .content = "Sure.", .n_calls = 1, .names = {"ls"}, .arguments = {"{\"dir\":\".\"}"},
          .finish_reason = "tool_calls"},
-        /* cut inside the function name by max tokens: the call is kept, the finish reason says it was cut */
+        /* cut inside the function name by max tokens: no call (the name may be a prefix of the real one, a
+         * tool that does not exist), no markup in content; the finish reason says it was cut */
         {.text = "<tool_call>\n<function=get_wea", .cut_by_length = true, .reasoning = "", .content = "",
-         .n_calls = 1, .names = {"get_wea"}, .arguments = {"{}"}, .finish_reason = "length"},
-        /* cut inside a parameter name */
+         .finish_reason = "length"},
+        {.text = "Let me check.\n<tool_call>\n<function=get_weather", .cut_by_length = true, .reasoning = "",
+         .content = "Let me check.", .finish_reason = "length"},
+        /* ... after a whole call: that one is kept */
+        {.text = "<tool_call>\n<function=f>\n</function>\n</tool_call>\n<tool_call>\n<function=g", .cut_by_length = true,
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{}"}, .finish_reason = "length"},
+        /* a name the model ended its reply in (a stop token, not the cut) is closed as written */
+        {.text = "<tool_call>\n<function=list_files", .reasoning = "", .content = "", .n_calls = 1,
+         .names = {"list_files"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        /* cut once the name ended: the call is kept, its arguments as far as they got */
+        {.text = "<tool_call>\n<function=get_weather>", .cut_by_length = true, .reasoning = "", .content = "",
+         .n_calls = 1, .names = {"get_weather"}, .arguments = {"{}"}, .finish_reason = "length"},
+        /* cut inside a parameter name: that argument is dropped (its key may be a prefix), the ones before kept */
         {.text = "<tool_call>\n<function=f>\n<parameter=ci", .cut_by_length = true, .reasoning = "", .content = "",
-         .n_calls = 1, .names = {"f"}, .arguments = {"{\"ci\":\"\"}"}, .finish_reason = "length"},
+         .n_calls = 1, .names = {"f"}, .arguments = {"{}"}, .finish_reason = "length"},
+        {.text = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=ci", .cut_by_length = true,
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"1\"}"},
+         .finish_reason = "length"},
         /* an empty tool_call block is no call */
         {.text = "<tool_call>\n</tool_call>\nDone.", .reasoning = "", .content = "Done.", .finish_reason = "stop"},
         /* text after </function> without </tool_call> is content */

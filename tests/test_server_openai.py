@@ -658,7 +658,8 @@ if openai:
     time.sleep(0.2)
     lines = [ln for ln in open(log.name).read().splitlines() if "/v1/chat/completions" in ln and "cancelled" in ln]
     m = re.search(r"completion=(\d+)", lines[-1]) if lines else None
-    check(m is not None and int(m.group(1)) < CTX - 200, f"the disconnected stream was cancelled early: {lines[-1:]}")
+    check(m is not None and int(m.group(1)) < CTX - 200 and lines[-1].split()[3] == "499",
+          f"the disconnected stream was cancelled early, logged as 499: {lines[-1:]}")
     s, metrics = request("GET", "/metrics")
     check(s == 200 and re.search(r"^lily_requests_cancelled_total [1-9]", metrics, re.M) is not None and
           re.search(r"^lily_completion_tokens_total [1-9]", metrics, re.M) is not None,

@@ -55,6 +55,7 @@ typedef struct {
                                      generation_config.json unless given on the command line; without
                                      --seed the seed comes from the clock */
     bool set_temp, set_top_p, set_top_k, set_min_p, set_seed; /* given on the command line */
+    bool random_seed;          /* --seed -1: a random seed (set_seed false), printed once drawn */
     bool no_think;             /* --no-think */
     bool host_sampler;         /* --host-sampler: never the backend's device decode loop (generate.h) */
     bool verbose;              /* --verbose: print the decode path after each reply */
@@ -157,9 +158,10 @@ int cli_parse_threads(const char *cmd, const char *opt, const char *s, int *out)
  * "S"" on stderr and returns -1 when s is not one; 0 on success. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out);
 
-/* Parse a --cache-ram value, MiB (an integer in [1, 2^24]), into bytes. A cap past the machine's physical
- * memory (sysconf) can never be honoured, so it is refused too: prints "lily CMD: OPT N MiB is more than
- * this machine's memory (M MiB) ..." and returns -1; 0 on success. */
+/* Parse a --cache-ram value, MiB (an integer in [1, 2^24]), into bytes. A cap past the memory this process
+ * may use (lily_memory_limit_bytes: physical memory, or a cgroup limit when lower) can never be honoured, so
+ * it is refused too: prints "lily CMD: OPT N MiB is more than the memory this process may use (M MiB ...)"
+ * and returns -1; 0 on success. */
 int cli_parse_cache_ram(const char *cmd, const char *opt, const char *s, size_t *bytes);
 
 /* Parse a --gpu-memory value, GiB (a decimal number in (0, 65536]), into bytes. Prints "lily CMD: OPT

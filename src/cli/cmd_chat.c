@@ -29,6 +29,7 @@
 #include "commands.h"
 #include "line_input.h"
 #include "base/clock.h"
+#include "base/memory_limit.h"
 #include "runtime/prefix_cache.h"
 #include "text/chat_template.h"
 
@@ -69,8 +70,9 @@ static void usage(FILE *f)
                "next such line.\n"
                "Ctrl-C stops a reply in progress; at the prompt it exits.\n\n"
                "  --cache-ram MIB        host memory for checkpoints of the session state (default: 4\n"
-               "                         full-context states of the model, at least 64 and at most 4096;\n"
-               "                         more than the machine's memory is a usage error)\n"
+               "                         full-context states of the model, at least 64 and at most 4096, and\n"
+               "                         at most a quarter of the memory lily may use: the machine's, or a\n"
+               "                         container's cgroup limit; more than that memory is a usage error)\n"
                "  --cache-vram MIB       GPU memory for checkpoints (default 2048 with --backend cuda, else 0)\n"
                "  --checkpoint-every N   also checkpoint every N tokens of a long prefill (default 4096;\n"
                "                         0 = never)\n");
@@ -334,7 +336,8 @@ int cmd_chat(int argc, char **argv)
         goto done;
     }
     if (!cache_opts.ram_bytes) /* no --cache-ram: sized from the model, as lily serve does */
-        lily_prefix_cache_set_ram_bytes(c.cache, lily_prefix_cache_default_ram_bytes(c.s));
+        lily_prefix_cache_set_ram_bytes(c.cache, lily_prefix_cache_default_ram_bytes(lily_prefix_cache_state_bytes(c.s),
+                                                                                     lily_memory_limit_bytes()));
     lily_prefix_cache_stats cs;
     lily_prefix_cache_stats_get(c.cache, &cs);
     if (cache_opts.device_bytes && m.engine->backend.ops->device_pool_new && !cs.device_capacity_bytes)

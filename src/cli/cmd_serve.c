@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "cli_common.h"
@@ -36,7 +37,8 @@ static void usage(FILE *f)
             "\n"
             "  -m, --model DIR      model directory (config.json, safetensors, tokenizer.json);\n"
             "                       default: $LILY_MODEL, else the bundled models/lily-tiny\n"
-            "  --host ADDR          address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --host ADDR          address to bind (default 127.0.0.1; 0.0.0.0 for every interface;\n"
+            "                       localhost: 127.0.0.1 and ::1, as clients may try either)\n"
             "  --port N             port (default 8080; 0 = any free port)\n"
             "  --api-key KEY        require 'Authorization: Bearer KEY' (default: $LILY_API_KEY, else none)\n"
             "  --api-key-file F     the key is F's first line (not visible in ps)\n"
@@ -63,8 +65,9 @@ static void usage(FILE *f)
             "                       Hugging Face hub snapshot, .../models--ORG--NAME/snapshots/REV)\n"
             "  --cache-ram MIB      host memory for prefix-cache checkpoints of the session state, reused\n"
             "                       by requests that repeat a cached prefix (default: 4 full-context\n"
-            "                       states of the model, at least 64 and at most 4096; said at startup;\n"
-            "                       more than the machine's memory is a usage error)\n"
+            "                       states of the model, at least 64 and at most 4096, and at most a quarter\n"
+            "                       of the memory lily may use: the machine's, or a container's cgroup limit;\n"
+            "                       said at startup; more than that memory is a usage error)\n"
             "  --cache-vram MIB     GPU memory for prefix-cache checkpoints, allocated once at start;\n"
             "                       what does not fit goes to --cache-ram (default 2048 with --backend\n"
             "                       cuda, 0 = none)\n"
@@ -78,6 +81,8 @@ static void usage(FILE *f)
             "                       sampling (default: the model's generation_config.json; without one,\n"
             "                       Qwen's recommendation: temperature 1, top-p 0.95, top-k 20, min-p 0)\n"
             "  -n, --max-tokens N   reply length cap (default: chat none, completions 16 as OpenAI)\n"
+            "  --seed S             sampler seed (default -1: a random one per request, as a request's seed -1;\n"
+            "                       the request log's seed= says which was drawn)\n"
             "  --no-think           thinking off (same as --reasoning off)\n"
             "  --reasoning on|off   thinking on or off (default on, the chat template's default);\n"
             "                       a request's chat_template_kwargs.enable_thinking or reasoning_effort wins\n"
@@ -90,7 +95,7 @@ static bool is_shared_option(const char *a)
 {
     static const char *const names[] = {"--temp", "--temperature", "--top-p", "--top-k", "--min-p", "--max-tokens",
                                         "-n", "--no-think", "--cpu-moe", "--n-cpu-moe", "--host-sampler",
-                                        "--host-experts"};
+                                        "--host-experts", "--seed"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         size_t n = strlen(names[k]);
         if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '='))
@@ -102,7 +107,29 @@ static bool is_shared_option(const char *a)
 /* Whether a --host address is reachable only from this machine (127.0.0.0/8, ::1, localhost). */
 static bool host_is_loopback(const char *host)
 {
-    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcasecmp(host, "localhost");
+}
+
+/* --host's value: an address or a name, not a URL nor ADDR:PORT (as other servers' --host 0.0.0.0:8080 or a
+ * copied http://127.0.0.1:8080, which only failed to resolve). Returns 0, or 2 printed (a usage error). */
+static int check_host(const char *host)
+{
+    const char *colon = strchr(host, ':');
+    if (!*host) {
+        fprintf(stderr, "lily serve: --host is empty (leave it out for 127.0.0.1; 0.0.0.0 for every interface)\n");
+        return 2;
+    }
+    if (strstr(host, "://")) {
+        fprintf(stderr, "lily serve: --host takes an address, not a URL: got '%s' (e.g. --host 127.0.0.1 --port "
+                        "8080)\n", host);
+        return 2;
+    }
+    if (colon && !strchr(colon + 1, ':') && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) {
+        fprintf(stderr, "lily serve: --host takes an address without a port: got '%s'; give the port with --port "
+                        "(--host %.*s --port %s)\n", host, (int)(colon - host), host, colon + 1);
+        return 2;
+    }
+    return 0;
 }
 
 /* The API key: --api-key, else --api-key-file's first line, else $LILY_API_KEY, else none (*key NULL), without
@@ -328,6 +355,8 @@ int cmd_serve(int argc, char **argv)
     }
     if (cors_origin && check_cors_origins(cors_origin))
         return 2;
+    if (check_host(host))
+        return 2;
     /* an IPv6 address as a URL writes it (--host [::1], the form the start-up lines print) is the address */
     char host_buf[256];
     size_t host_len = strlen(host);
@@ -351,6 +380,10 @@ int cmd_serve(int argc, char **argv)
         rd.min_p = go.sampling.min_p;
     if (go.max_tokens > 0)
         rd.max_tokens = go.max_tokens;
+    if (go.set_seed) {
+        rd.has_seed = true;
+        rd.seed = go.sampling.seed;
+    }
     if (go.no_think)
         rd.enable_thinking = 0;
     if (!model_dir) {
@@ -407,9 +440,12 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     /* HTTP is up before the model: say that the model is still loading, and whether it then loaded or not */
-    fprintf(stderr, "lily serve: loading model '%s' from %s; meanwhile listening on http://%s%s%s:%d "
+    fprintf(stderr, "lily serve: loading model '%s' from %s; meanwhile listening on http://%s%s%s:%d%s "
                     "(GET /health answers 503 until the model is loaded)\n",
-            name, model_dir, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http));
+            name, model_dir, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", lily_http_port(http),
+            strcasecmp(host, "localhost") ? ""
+            : lily_http_dual_loopback(http) ? " (127.0.0.1 and ::1)"
+                                            : " (127.0.0.1 only: this machine has no IPv6 loopback)");
     if ((!api_key || !*api_key) && !host_is_loopback(host))
         fprintf(stderr, "lily serve: warning: %s is reachable from other machines and no --api-key is set: anyone "
                         "who can reach it can use the model (give --api-key or --api-key-file, or bind 127.0.0.1)\n",

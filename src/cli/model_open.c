@@ -15,6 +15,7 @@
 #include <utf8proc.h>
 
 #include "backend/backend.h"
+#include "base/memory_limit.h"
 #include "cli_common.h"
 #include "model/gguf_check.h"
 #include "text/chat_template.h"
@@ -38,7 +39,7 @@ void cli_gen_options_usage(FILE *f)
             "                         else 0.95)\n"
             "      --top-k K          top-k cut, 0 = off (default: generation_config.json, else 20)\n"
             "      --min-p P          min-p cut, 0 = off (default: generation_config.json, else 0)\n"
-            "      --seed S           sampler seed (default: from the clock)\n"
+            "      --seed S           sampler seed (default or -1: a random one, from the clock; -1 prints it)\n"
             "      --no-think         render the prompt with thinking off (an empty think block)\n"
             "      --hide-reasoning   do not print the reasoning\n"
             "      --system TEXT      a system message before the user's\n"
@@ -95,12 +96,12 @@ int cli_parse_cache_ram(const char *cmd, const char *opt, const char *s, size_t 
     long mib;
     if (cli_parse_int(cmd, opt, s, 1, 1L << 24, &mib))
         return -1;
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    const unsigned long long phys_mib =
-        pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page >> 20 : 0;
-    if (phys_mib && (unsigned long long)mib > phys_mib) {
-        fprintf(stderr, "lily %s: %s %ld MiB is more than this machine's memory (%llu MiB): the prefix cache's "
-                        "checkpoints live in host memory\n", cmd, opt, mib, phys_mib);
+    /* the machine's memory, or a container's cgroup limit when lower: more can never be honoured */
+    const unsigned long long limit_mib = (unsigned long long)(lily_memory_limit_bytes() >> 20);
+    if (limit_mib && (unsigned long long)mib > limit_mib) {
+        fprintf(stderr, "lily %s: %s %ld MiB is more than the memory this process may use (%llu MiB: the machine's, "
+                        "or its cgroup's limit): the prefix cache's checkpoints live in host memory\n",
+                cmd, opt, mib, limit_mib);
         return -1;
     }
     *bytes = (size_t)mib << 20;
@@ -296,15 +297,22 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         o->sampling.top_k = (int)v;
         o->set_top_k = true;
     } else if (!strcmp(name, "--seed")) {
+        /* -1: a random seed (the clock's), said on stderr once chosen, as llama.cpp's --seed -1 */
         char *end;
         errno = 0;
         unsigned long long s = strtoull(value, &end, 10);
-        if (!*value || *end || errno || value[0] == '-') {
-            fprintf(stderr, "lily %s: --seed expects a non-negative integer, got \"%s\"\n", cmd, value);
+        if (!strcmp(value, "-1")) {
+            o->set_seed = false;
+            o->random_seed = true;
+        } else if (!*value || *end || errno || value[0] == '-') {
+            fprintf(stderr, "lily %s: --seed expects a non-negative integer, or -1 for a random seed, got \"%s\"\n",
+                    cmd, value);
             return -1;
+        } else {
+            o->sampling.seed = (uint64_t)s;
+            o->set_seed = true;
+            o->random_seed = false;
         }
-        o->sampling.seed = (uint64_t)s;
-        o->set_seed = true;
     } else if (!strcmp(name, "--temp")) {
         if (parse_float(cmd, a, value, 0, 100, &o->sampling.temperature))
             return -1;
@@ -425,6 +433,8 @@ int cli_model_open(const char *cmd, cli_gen_options *o, bool raw, cli_model *m)
     add_stop_id(m, lily_tokenizer_token_id(m->tok, "<|endoftext|>"));
     add_stop_id(m, lily_tokenizer_eos_id(m->tok));
     sampling_defaults(&m->engine->cfg.generation, o);
+    if (o->random_seed) /* --seed -1: the seed drawn, so the reply can be sampled again */
+        fprintf(stderr, "lily %s: --seed -1: sampling with seed %llu\n", cmd, (unsigned long long)o->sampling.seed);
     return 0;
 }
 

@@ -17,6 +17,7 @@
 #include "runtime/prefix_cache.h"
 
 #include "base/clock.h"
+#include "base/memory_limit.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -241,12 +242,12 @@ static void host_pool_make(lily_prefix_cache *pc)
     const lily_backend *b = &pc->engine->backend;
     if (!b->ops->host_pool_new || !b->ops->host_pool_free)
         return;
-    /* the cap, but at most an eighth of the machine's memory: page-locked memory cannot be swapped or
-     * reclaimed, and the rest of the cap falls back to malloc */
+    /* the cap, but at most an eighth of the memory this process may use (a container's cgroup limit counts):
+     * page-locked memory cannot be swapped or reclaimed, and the rest of the cap falls back to malloc */
     size_t bytes = pc->ram_bytes;
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0 && bytes > (size_t)pages * (size_t)page / 8)
-        bytes = (size_t)pages * (size_t)page / 8;
+    const uint64_t limit = lily_memory_limit_bytes();
+    if (limit && bytes > limit / 8)
+        bytes = (size_t)(limit / 8);
     bytes = bytes / DEVICE_ALIGN * DEVICE_ALIGN;
     void *base = NULL;
     lily_error ignored = {0};
@@ -467,12 +468,16 @@ size_t lily_prefix_cache_state_bytes(const lily_session *s)
     return bytes;
 }
 
-size_t lily_prefix_cache_default_ram_bytes(const lily_session *s)
+size_t lily_prefix_cache_default_ram_bytes(size_t state_bytes, uint64_t memory_limit)
 {
     const size_t lo = (size_t)LILY_PREFIX_CACHE_DEFAULT_MIN_MIB << 20, hi = (size_t)LILY_PREFIX_CACHE_DEFAULT_MAX_MIB << 20;
-    const size_t one = lily_prefix_cache_state_bytes(s);
-    const size_t want = one > hi / LILY_PREFIX_CACHE_DEFAULT_STATES ? hi : one * LILY_PREFIX_CACHE_DEFAULT_STATES;
-    return want < lo ? lo : want;
+    const size_t want = state_bytes > hi / LILY_PREFIX_CACHE_DEFAULT_STATES ? hi
+                                                                           : state_bytes * LILY_PREFIX_CACHE_DEFAULT_STATES;
+    size_t cap = want < lo ? lo : want;
+    const uint64_t share = memory_limit / LILY_PREFIX_CACHE_DEFAULT_MEMORY_SHARE;
+    if (memory_limit && share < cap)
+        cap = (size_t)share > 0 ? (size_t)share : 1;
+    return cap;
 }
 
 void lily_prefix_cache_set_ram_bytes(lily_prefix_cache *pc, size_t bytes)

@@ -69,6 +69,7 @@
 #define LILY_PREFIX_CACHE_DEFAULT_STATES 4
 #define LILY_PREFIX_CACHE_DEFAULT_MIN_MIB 64
 #define LILY_PREFIX_CACHE_DEFAULT_MAX_MIB 4096
+#define LILY_PREFIX_CACHE_DEFAULT_MEMORY_SHARE 4 /* ... and at most a quarter of the memory lily may use */
 #define LILY_PREFIX_CACHE_DEFAULT_CHECKPOINT_EVERY 4096
 #define LILY_PREFIX_CACHE_DEFAULT_VRAM_MIB 2048 /* the CLI's default --cache-vram on the CUDA backend */
 #define LILY_PREFIX_CACHE_DEFAULT_BLOCK_ROWS 256
@@ -177,10 +178,12 @@ lily_status lily_prefix_cache_checkpoint(lily_prefix_cache *pc, const lily_sessi
  * (or a whole snapshot on a backend without split-state ops), logits and token ids. */
 size_t lily_prefix_cache_state_bytes(const lily_session *s);
 
-/* The default host cap for sessions like s: LILY_PREFIX_CACHE_DEFAULT_STATES full-context states
- * (lily_prefix_cache_state_bytes), at least LILY_PREFIX_CACHE_DEFAULT_MIN_MIB and at most
- * LILY_PREFIX_CACHE_DEFAULT_MAX_MIB MiB. */
-size_t lily_prefix_cache_default_ram_bytes(const lily_session *s);
+/* The default host cap for sessions whose full-context state is state_bytes (lily_prefix_cache_state_bytes):
+ * LILY_PREFIX_CACHE_DEFAULT_STATES such states, at least LILY_PREFIX_CACHE_DEFAULT_MIN_MIB and at most
+ * LILY_PREFIX_CACHE_DEFAULT_MAX_MIB MiB; and at most a LILY_PREFIX_CACHE_DEFAULT_MEMORY_SHARE-th of
+ * memory_limit bytes when that is nonzero (lily_memory_limit_bytes, base/memory_limit.h: a container's
+ * cgroup limit counts), below the floor too, so the default never fills a small container. */
+size_t lily_prefix_cache_default_ram_bytes(size_t state_bytes, uint64_t memory_limit);
 
 /* Change the host cap (bytes > 0); checkpoints are evicted to fit it now. */
 void lily_prefix_cache_set_ram_bytes(lily_prefix_cache *pc, size_t bytes);

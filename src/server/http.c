@@ -51,6 +51,7 @@ typedef struct conn_slot {
 
 struct lily_http_server {
     struct MHD_Daemon *daemon;
+    struct MHD_Daemon *daemon6; /* --host localhost: the ::1 listener beside daemon's 127.0.0.1 (NULL: none) */
     lily_scheduler *sched;
     lily_http_options opts;
     char *host, *api_key, *model_name;
@@ -1191,20 +1192,32 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
                      1e3 * (r->first_handed_s - t_arrival),
                      LILY_MAX(0.0, 1e3 * (output_s - s->worker_start_s) - s->ttft_ms), /* forced text: before */
                      1e3 * (r->first_handed_s - output_s));
+        /* the seed, so a reply sampled with a random one (no seed, or -1) can be drawn again */
+        char seed[40] = "";
+        if (s->has_seed)
+            snprintf(seed, sizeof seed, " seed=%llu", (unsigned long long)s->seed);
         snprintf(tail, sizeof tail,
                  " prompt=%d completion=%d cached=%d prefill=%.1f tok/s decode=%.1f tok/s ttft=%.1f ms"
                  " (queued %.1f, prompt %.1f, restore %.1f, forward %.1f in %d passes, checkpoints %.1f"
                  " + %.1f after the first token)%s"
-                 " decode_path=\"%s\"%s",
+                 " decode_path=\"%s\"%s%s",
                  s->prompt_tokens, s->completion_tokens, s->cached_tokens, s->prefill_tok_s, s->decode_tok_s,
                  s->ttft_ms > 0 ? queued_ms + s->ttft_ms : 0.0, queued_ms, s->prompt_ms, s->restore_ms,
                  s->forward_ms, s->pieces, s->checkpoint_ms, s->flush_ms, first_byte,
-                 s->decode_path ? s->decode_path : "none",
+                 s->decode_path ? s->decode_path : "none", seed,
                  lily_job_cancelled(r->job) ? " cancelled" : "");
     }
     /* microhttpd answered a malformed request itself (a bad chunk): on_mhd_log counted it */
     bool mhd_answered = !r->responded && mhd_error_status;
-    int status = r->status ? r->status
+    /* a client that left before its answer's end (closed its stream, or the socket a body was written to) is
+     * 499, nginx's "client closed request", as one that left before the answer began: a cancelled stream
+     * logged as 200 read as a success. The server's own ends (shutdown, the idle timeout, a reader too far
+     * behind) keep the status sent. */
+    const bool server_ended = toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ||
+                              toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ||
+                              (r->job && (lily_job_overflowed(r->job) || lily_job_aborted(r->job)));
+    const bool client_left = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !server_ended;
+    int status = r->status ? (r->status < 300 && client_left ? 499 : r->status)
                : mhd_answered ? mhd_error_status
                : (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? 200 : 499);
     if (!mhd_answered)
@@ -1246,6 +1259,44 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         (stream_ended_for_client && strstr(msg, "application error generating response")))
         return; /* a client that left (or a connection closed to keep a slot free): not news */
     fprintf(stderr, "lily serve: microhttpd: %s", msg);
+}
+
+/* A daemon listening on addr (AF_INET or AF_INET6; its port: 0 = any free one), serving srv; NULL with errno
+ * set when it cannot. */
+static struct MHD_Daemon *start_daemon(lily_http_server *srv, const struct sockaddr *addr, bool ipv6)
+{
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG | MHD_USE_POLL;
+    if (ipv6)
+        flags |= MHD_USE_IPv6;
+    /* the address holds the port; microhttpd's bind error names this one */
+    const uint16_t port = ntohs(ipv6 ? ((const struct sockaddr_in6 *)addr)->sin6_port
+                                     : ((const struct sockaddr_in *)addr)->sin_port);
+    return MHD_start_daemon(flags, port, NULL, NULL, on_request, srv,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
+                            MHD_OPTION_SOCK_ADDR, addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_request_target, srv,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->opts.max_connections,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+                            /* an idle connection, or one that sends its headers or body or reads its
+                             * answer no faster than this, is closed */
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->opts.idle_timeout_s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
+                            MHD_OPTION_END);
+}
+
+/* Whether this machine has an IPv6 loopback to listen on: a socket binds [::1]:0 (not where IPv6 is off, or
+ * the kernel or a sandbox has no ::1). */
+static bool ipv6_loopback_usable(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    if (fd < 0)
+        return false;
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = in6addr_loopback};
+    const bool ok = bind(fd, (const struct sockaddr *)&a6, sizeof a6) == 0;
+    close(fd);
+    return ok;
 }
 
 lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched, lily_http_server **out,
@@ -1297,38 +1348,47 @@ lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "out of memory");
     }
 
+    const bool localhost = !strcasecmp(srv->host, "localhost");
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
     struct addrinfo *ai = NULL;
     char port_text[16];
     snprintf(port_text, sizeof port_text, "%d", opts->port);
-    int gai = getaddrinfo(srv->host, port_text, &hints, &ai);
+    /* localhost is both loopbacks, whatever the resolver lists first (or only): a client that resolves it to
+     * ::1 (curl, Node's fetch) finds the server as one that takes 127.0.0.1 does */
+    int gai = getaddrinfo(localhost ? "127.0.0.1" : srv->host, port_text, &hints, &ai);
     if (gai || !ai) {
         lily_http_stop(srv);
         return lily_error_set(err, LILY_ERR_INVALID_ARGUMENT, "cannot resolve host '%s': %s", opts->host,
                               gai_strerror(gai));
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG | MHD_USE_POLL;
-    if (ai->ai_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    srv->daemon = MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
-                                   MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
-                                   MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                                   MHD_OPTION_URI_LOG_CALLBACK, on_request_target, srv,
-                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->opts.max_connections,
-                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-                                   /* an idle connection, or one that sends its headers or body or reads its
-                                    * answer no faster than this, is closed */
-                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->opts.idle_timeout_s,
-                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
-                                   MHD_OPTION_END);
+    srv->daemon = start_daemon(srv, ai->ai_addr, ai->ai_family == AF_INET6);
     freeaddrinfo(ai);
     if (!srv->daemon) {
         int e = errno;
         lily_http_stop(srv);
         return lily_error_set(err, LILY_ERR_IO, "cannot listen on %s:%d: %s", opts->host ? opts->host : "127.0.0.1",
                               opts->port, e ? strerror(e) : "microhttpd failed to start");
+    }
+    /* ::1 on the same port; where the machine has no IPv6 loopback, 127.0.0.1 alone (lily_http_dual_loopback
+     * says so). Port 0: a port ::1 has taken already is given up for another free one. */
+    for (int attempt = 0; localhost && ipv6_loopback_usable() && attempt < 16; attempt++) {
+        const union MHD_DaemonInfo *bi = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
+        const int port4 = bi ? bi->port : opts->port;
+        struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port4),
+                                  .sin6_addr = in6addr_loopback};
+        if ((srv->daemon6 = start_daemon(srv, (const struct sockaddr *)&a6, true)))
+            break;
+        int e = errno;
+        if (opts->port == 0 && attempt + 1 < 16) {
+            struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            MHD_stop_daemon(srv->daemon);
+            if ((srv->daemon = start_daemon(srv, (const struct sockaddr *)&a4, false)))
+                continue;
+            e = errno;
+        }
+        lily_http_stop(srv);
+        return lily_error_set(err, LILY_ERR_IO, "cannot listen on [::1]:%d (localhost's IPv6 loopback): %s", port4,
+                              e ? strerror(e) : "microhttpd failed to start");
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = di ? di->port : opts->port;
@@ -1341,12 +1401,19 @@ int lily_http_port(const lily_http_server *srv)
     return srv->port;
 }
 
+bool lily_http_dual_loopback(const lily_http_server *srv)
+{
+    return srv->daemon6 != NULL;
+}
+
 void lily_http_quiesce(lily_http_server *srv)
 {
     if (!srv || !srv->daemon)
         return;
     MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
     if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+    if (srv->daemon6 && (fd = MHD_quiesce_daemon(srv->daemon6)) != MHD_INVALID_SOCKET)
         close(fd);
 }
 
@@ -1362,6 +1429,8 @@ void lily_http_stop(lily_http_server *srv)
         }
         MHD_stop_daemon(srv->daemon);
     }
+    if (srv->daemon6)
+        MHD_stop_daemon(srv->daemon6);
     for (int i = 0; i < srv->n_cors; i++)
         free(srv->cors[i]);
     free(srv->cors);

@@ -6,21 +6,24 @@
  * Errors are OpenAI JSON: 400 bad request, 401 bad bearer token, 403 a browser page from an origin not
  * allowed (cors_origins), 404 unknown route, 405 wrong method, 413 body over max_body, 415 a POST body that
  * is not JSON, 503 queue full or model loading, 400 a control character in the URL's path (never routed) and
- * 414 a URL over 8 KiB or with more than 1024 query arguments (server/target.h). A client that disconnects before its answer is logged and
- * counted in /metrics as 499 (nginx's "client closed request"), not as a 5xx; malformed HTTP is answered by
+ * 414 a URL over 8 KiB or with more than 1024 query arguments (server/target.h). A client that disconnects before its answer's
+ * end (before it begins, or in the middle of a stream) is logged and counted in /metrics as 499 (nginx's
+ * "client closed request"), not as a 5xx nor a 200; malformed HTTP is answered by
  * microhttpd (400/413, a short HTML page) and counted too. Each connection has its own thread (it may
  * block waiting for its job); the engine worker is the scheduler's and never waits for a socket.
  */
 #ifndef LILY_SERVER_HTTP_H
 #define LILY_SERVER_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "lily.h"
 #include "server/scheduler.h"
 
 typedef struct {
-    const char *host;         /* address to bind; default "127.0.0.1" */
+    const char *host;         /* address to bind; default "127.0.0.1"; "localhost" binds 127.0.0.1 and ::1 (the
+                               * same port; 127.0.0.1 alone where there is no IPv6 loopback) */
     int port;                 /* 0 = any free port (lily_http_port says which) */
     const char *api_key;      /* NULL: no authentication */
     size_t max_body;          /* bytes; default 16 MiB */
@@ -47,6 +50,9 @@ lily_status lily_http_start(const lily_http_options *opts, lily_scheduler *sched
 
 /* The port actually bound. */
 int lily_http_port(const lily_http_server *srv);
+
+/* Whether host "localhost" listens on ::1 too (false: another host, or no IPv6 loopback on this machine). */
+bool lily_http_dual_loopback(const lily_http_server *srv);
 
 /* Stop accepting connections (already-running responses keep going). */
 void lily_http_quiesce(lily_http_server *srv);

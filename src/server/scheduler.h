@@ -33,13 +33,16 @@ typedef struct {
     double prefill_tok_s, decode_tok_s;
     /* where the time to the first token went (milliseconds from the worker taking the job): the prompt
      * (template + tokenizer), a checkpoint restore, the prefill's forward passes (`pieces` of them), its
-     * checkpoints; ttft_ms is the first generated token's delivery; flush_ms the checkpoints the prefill
+     * checkpoints; ttft_ms is the reply's first token's delivery (generated, or forced: a tool-call opening;
+     * 0 when the reply has no token); flush_ms the checkpoints the prefill
      * deferred until after it (lily_prefix_cache_defer). decode_path: which decode ran and why (a static
      * string, NULL when no decode ran) */
     double prompt_ms, restore_ms, forward_ms, checkpoint_ms, ttft_ms, flush_ms;
     double worker_start_s;    /* lily_wall_seconds() when the worker took the job (0: never), for the queue wait */
     int pieces;
     const char *decode_path;
+    bool has_seed;            /* the sampler's seed is known (the request got as far as sampling) */
+    uint64_t seed;            /* the seed it sampled with: the request's, --seed's, or a random one */
 } lily_job_stats;
 
 /* The most bytes a stream may hold that its client has not read: past it the job is cancelled (the engine

@@ -23,6 +23,7 @@
 #include "base/base.h"
 #include "base/clock.h"
 #include "base/json_load.h"
+#include "base/memory_limit.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/logprobs.h"
@@ -294,13 +295,20 @@ lily_status lily_service_load(void *user, lily_error *err)
     lily_prefix_cache_stats cs;
     const double state_mib = (double)lily_prefix_cache_state_bytes(svc->session) / (1 << 20);
     if (!svc->cache_ram_bytes) {
-        lily_prefix_cache_set_ram_bytes(svc->cache, lily_prefix_cache_default_ram_bytes(svc->session));
+        /* a quarter of the memory lily may use at most: a container's cgroup limit counts (base/memory_limit.h) */
+        const uint64_t limit = lily_memory_limit_bytes();
+        const size_t state_bytes = lily_prefix_cache_state_bytes(svc->session);
+        lily_prefix_cache_set_ram_bytes(svc->cache, lily_prefix_cache_default_ram_bytes(state_bytes, limit));
         lily_prefix_cache_stats_get(svc->cache, &cs);
+        char capped[128] = "";
+        if (cs.ram_bytes < lily_prefix_cache_default_ram_bytes(state_bytes, 0))
+            snprintf(capped, sizeof capped, ", and at most a quarter of the %llu MiB this process may use",
+                     (unsigned long long)(limit >> 20));
         fprintf(stderr,
                 "lily serve: prefix cache: up to %zu MiB of host memory (%d full-context states of %.1f MiB, "
-                "within [%d, %d] MiB; --cache-ram sets it)\n",
+                "within [%d, %d] MiB%s; --cache-ram sets it)\n",
                 cs.ram_bytes >> 20, LILY_PREFIX_CACHE_DEFAULT_STATES, state_mib, LILY_PREFIX_CACHE_DEFAULT_MIN_MIB,
-                LILY_PREFIX_CACHE_DEFAULT_MAX_MIB);
+                LILY_PREFIX_CACHE_DEFAULT_MAX_MIB, capped);
     } else {
         fprintf(stderr, "lily serve: prefix cache: up to %zu MiB of host memory (--cache-ram; one full-context "
                         "state is %.1f MiB)\n", svc->cache_ram_bytes >> 20, state_mib);
@@ -699,12 +707,17 @@ static lily_sampler_params sampler_params(const lily_service *svc, const lily_oa
     }
     p.logit_bias = bias;
     p.n_logit_bias = req->n_logit_bias;
-    if (req->has_seed) {
+    /* a request's seed -1 is a random one, as llama.cpp's server takes it (its clients send -1 for "random":
+     * as a fixed seed every regenerated reply came out the same); without one, --seed's, else random */
+    if (req->has_seed && req->seed != UINT64_MAX) {
         p.seed = req->seed;
+    } else if (!req->has_seed && svc->request_defaults.has_seed) {
+        p.seed = svc->request_defaults.seed;
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        p.seed = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ svc->n_requests;
+        /* within int64, so the seed the request log gives can be sent back as a request's seed */
+        p.seed = ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ svc->n_requests) & INT64_MAX;
     }
     return p;
 }
@@ -836,13 +849,20 @@ static void flush_checkpoints(generation *g)
     g->job->stats.flush_ms = 1e3 * pcs.last_flush_s;
 }
 
+/* The reply's first token is chosen (generated, or forced by the server: a tool-call opening): the log's ttft.
+ * A reply made only of forced tokens has one too (it read 0.0). */
+static void note_first_token(generation *g)
+{
+    if (g->job->stats.ttft_ms == 0)
+        g->job->stats.ttft_ms = LILY_MAX(1e3 * (lily_wall_seconds() - g->t_start), 1e-3);
+}
+
 static int on_token(void *user, int32_t token, const char *text, size_t len)
 {
     generation *g = user;
     lily_error err;
     if (token >= 0) {
-        if (g->job->stats.ttft_ms == 0)
-            g->job->stats.ttft_ms = 1e3 * (lily_wall_seconds() - g->t_start);
+        note_first_token(g);
         if (g->req->logprobs && record_logprob(g, &g->token_logprobs, token, &err) != LILY_OK)
             g->failed = true;
         if (token == g->svc->think_end)
@@ -871,6 +891,7 @@ static lily_status append_chosen(generation *g, int32_t token, lily_error *err)
     }
     size_t len = 0;
     const char *bytes = lily_tokenizer_token_bytes(g->svc->tok, token, &len);
+    note_first_token(g);
     lily_status st = deliver_text(g, bytes ? bytes : "", bytes ? len : 0, err);
     if (st != LILY_OK)
         return st;
@@ -885,6 +906,8 @@ static lily_status append_chosen_run(generation *g, const int32_t *tokens, int n
     lily_session *s = g->svc->session;
     const int fit = LILY_MIN(n, LILY_MAX(s->max_ctx - s->n_tokens, 0));
     lily_status st = LILY_OK;
+    if (fit > 0)
+        note_first_token(g);
     for (int i = 0; i < fit && st == LILY_OK; i++) {
         size_t len = 0;
         const char *bytes = lily_tokenizer_token_bytes(g->svc->tok, tokens[i], &len);
@@ -1383,6 +1406,8 @@ static void run_generation(lily_service *svc, lily_job *job)
     }
     lily_generate_params gp = lily_generate_defaults();
     gp.sampling = sampler_params(svc, req, bias);
+    job->stats.seed = gp.sampling.seed;
+    job->stats.has_seed = true;
     if (svc->host_sampler)
         gp.decode = LILY_DECODE_HOST;
     if (req->logprobs) { /* on either decode path: the device loop computes them on the GPU */

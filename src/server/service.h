@@ -10,6 +10,7 @@
 #define LILY_SERVER_SERVICE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "lily.h"
 #include "server/scheduler.h"
@@ -22,6 +23,8 @@ typedef struct {
     int enable_thinking;      /* -1: the chat template's default (on); 0 off; 1 on */
     int reasoning_budget;     /* -1: none; else the think-block tokens after which lily closes it (generate.h) */
     int max_tokens;           /* -1: none (chat: until the context is full; completions: 16, as OpenAI) */
+    bool has_seed;            /* false: a random seed per request (--seed -1, as llama.cpp's server) */
+    uint64_t seed;            /* the sampler seed of a request that sets none (has_seed) */
 } lily_request_defaults;
 
 /* No server-side defaults: every field unset. */

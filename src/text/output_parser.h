@@ -102,7 +102,8 @@ void lily_output_parser_free(lily_output_parser *p);
 lily_status lily_output_parser_feed(lily_output_parser *p, const char *text, size_t len, lily_error *err);
 
 /* End of generation: process held text, close an unfinished tool call. cut_by_length: generation stopped
- * at max tokens (or the context limit). Errors: as feed. */
+ * at max tokens (or the context limit); a function or parameter name it cut (before its ">" or newline) is
+ * then dropped, no call or no argument: it may be a prefix of the real name. Errors: as feed. */
 lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length, lily_error *err);
 
 /* The result so far (complete after finish); owned by the parser. */
@@ -113,8 +114,8 @@ const lily_parsed_output *lily_output_parser_result(const lily_output_parser *p)
  * (the prompt ends "<think>\n"), false with it off (the prompt ends with an empty think block). */
 bool lily_prompt_opens_thinking(const char *prompt, size_t len);
 
-/* "length" when cut by length (a tool call the cut left open is kept, arguments as far as they got), else
- * "tool_calls" when calls were made, else "stop". */
+/* "length" when cut by length (a tool call the cut left open after its name is kept, arguments as far as they
+ * got), else "tool_calls" when calls were made, else "stop". */
 const char *lily_output_finish_reason(const lily_parsed_output *o);
 
 /* The OpenAI choice for a finished output:
