@@ -742,7 +742,7 @@ static lily_status cuda_state_restore(void *vctx, void *vst, const void *buf, si
         return st;
     s->pos = hdr[0];
     s->step = hdr[1];
-    cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}, {0}, {0}};
+    cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}, {0}, {0}, {0}};
     CUDA_TRY(cudaMemcpy(s->ctr, &ctr, sizeof ctr, cudaMemcpyHostToDevice));
     return LILY_OK;
 }
@@ -948,7 +948,7 @@ static lily_status cuda_recurrent_load(void *vctx, void *vst, lily_state_loc loc
                                         false, err);
     if (st != LILY_OK)
         return st;
-    const cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}, {0}, {0}};
+    const cuda_counters ctr = {hdr[0], hdr[1], 0, {0, 0}, {0}, {0}, {0}};
     CUDA_TRY(cudaMemcpyAsync(s->ctr, &ctr, sizeof ctr, cudaMemcpyHostToDevice, c->stream));
     st = cuda_sync(c, err);
     if (st != LILY_OK)

@@ -269,11 +269,26 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
             A->mix_out_x.act_stride = nh * D;
             A->mix_out_x.mode = GEMV_IN_PLAIN;
         } else {
+            gdn_args &g = A->gdn;
+            const char *dev = getenv("LILY_FLAGDEV");
+            const int devm = dev ? atoi(dev) : 1;
+            if (devm == 0) {
             batch_add(&A->mix_in, L->in_qkv, c->proj, c->proj_stride);
             batch_add(&A->mix_in, L->in_z, c->proj + conv_dim, c->proj_stride);
             batch_add(&A->mix_in, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
             batch_add(&A->mix_in, L->in_a, c->proj + conv_dim + vd + Hv, c->proj_stride);
-            gdn_args &g = A->gdn;
+            } else {
+            /* the scan's inputs first (qkv, b, a), z last: in_proj's tiles are taken in this order */
+            batch_add(&A->mix_in, L->in_qkv, c->proj, c->proj_stride);
+            batch_add(&A->mix_in, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
+            batch_add(&A->mix_in, L->in_a, c->proj + conv_dim + vd + Hv, c->proj_stride);
+            batch_add(&A->mix_in, L->in_z, c->proj + conv_dim, c->proj_stride);
+            g.tile_qkv = 0;
+            g.tile_b = (L->in_qkv.rows + 15) / 16;
+            g.tile_a = g.tile_b + (L->in_b.rows + 15) / 16;
+            }
+            g.dev_minb = devm == 2 ? 4 : 1;
+            g.layer = l;
             g.mixed = c->proj;
             g.mixed_stride = c->proj_stride;
             g.ba = c->proj + conv_dim + vd;
@@ -284,6 +299,7 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
             g.conv_state = st->conv_state[l];
             g.state = st->rec_state[l];
             g.step = &st->ctr->step;
+            g.tile_done = st->ctr->gdn_tile_done; /* used by deltanet_block when the call allows it */
             g.out = c->mix;
             g.Hk = cfg->gdn_n_key_heads;
             g.Hv = Hv;
@@ -390,7 +406,22 @@ static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int lay
     const int n0 = mk ? mk->row : n; /* rows of the first delta-rule launch */
     g.kernel = gdn_kernel_choose(g, n0, c->opts.exact); /* exact: never the TF32 chunked form */
     MARK(PS_GDN_PROJ);
-    TRY(proj(c, tl_batch(c, A->mix_in, PS_GDN_PROJ, layer), A->mix_in_x, GEMV_OUT_STORE, n, err));
+    gemv_batch in_b = tl_batch(c, A->mix_in, PS_GDN_PROJ, layer);
+    /* one token, in_proj streamed: the scan polls in_proj's tiles instead of waiting for its grid */
+    int tiles = 0;
+    for (int k = 0; k < in_b.n_mats; k++)
+        tiles += (in_b.m[k].rows + 15) / 16;
+    const char *dev = getenv("LILY_FLAGDEV");
+    const int devm = dev ? atoi(dev) : 1;
+    if ((devm == 1 || devm == 2) && n == 1 && !mk && !prefill_gemm(c, n) && gemv_kernel_choose(in_b, 1) == GEMV_KERNEL_STREAM &&
+        tiles <= GDN_TILE_WORDS && g.kernel == GDN_KERNEL_DECODE) {
+        in_b.tile_done = g.tile_done;
+        in_b.step = g.step;
+        in_b.layer = layer;
+    } else {
+        g.tile_done = NULL;
+    }
+    TRY(proj(c, in_b, A->mix_in_x, GEMV_OUT_STORE, n, err));
     MARK(PS_GDN_SCAN);
     /* the recurrent state read and written, the conv history read and written */
     g.timeline = tl_slot(c, PS_GDN_SCAN, layer,

@@ -152,6 +152,9 @@ typedef struct {
     /* decode router logits as (tag << 32 | bits) words written and polled by moe_gate_up_mma when the
      * router is fused into it (moe_router_fused); zeroed and copied as moe_topk_pub */
     __align__(128) unsigned long long moe_logit_pub[MOE_LOGIT_WORDS];
+    /* decode DeltaNet in_proj tiles stored, as step_tag words written by gemv_stream and polled by the
+     * scan (gemv_batch.tile_done, gdn_args.tile_done); zeroed and copied as moe_topk_pub */
+    __align__(128) unsigned long long gdn_tile_done[GDN_TILE_WORDS];
 } cuda_counters;
 
 /* One layer's launch arguments that stay the same for every forward call of a state (weights, norms,

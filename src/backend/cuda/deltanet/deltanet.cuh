@@ -10,6 +10,9 @@
 /* DeltaNet calls of at least this many tokens take the chunked delta rule (deltanet_chunked.cu), shorter
  * ones the sequential recurrence (docs/BENCHMARKS.md, "One kernel per op and shape"). */
 #define GDN_CHUNKED_MIN_TOKENS 256
+/* Tile flags of a DeltaNet layer's in_proj (cuda_counters.gdn_tile_done): a layer with more 16-row tiles
+ * runs its decode scan after in_proj's whole grid (pdl_wait) instead. */
+#define GDN_TILE_WORDS 1024
 
 /* The Gated DeltaNet mixer kernels (gdn_kernel_choose picks one per call). */
 enum gdn_kernel {
@@ -33,6 +36,13 @@ struct gdn_args {
     int Hk, Hv, dk, dv, K, conv_dim;
     int kernel;           /* gdn_kernel: GDN_KERNEL_AUTO, or one the shape supports (tests) */
     unsigned long long *timeline; /* per-block stamps of the decode kernel (timeline.cuh); NULL: none */
+    /* in_proj's tile flags (gemv_batch.tile_done; the decode kernel only, NULL: none): the decode kernel
+     * polls the tiles of its q, k and v channels, b and a instead of waiting for in_proj's whole grid, and
+     * waits for that grid only before it exits (its completion still implies in_proj's: out_proj reads z) */
+    unsigned long long *tile_done;
+    int tile_qkv, tile_b, tile_a; /* first tile of in_proj_qkv, in_proj_b, in_proj_a in in_proj's batch */
+    int layer;
+    int dev_minb; /* DEV: 4 = the 128-register instance */
 };
 /* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE; longer calls: CHUNKED from
  * GDN_CHUNKED_MIN_TOKENS tokens where gdn_chunked_supported (not in exact mode: 3xTF32 products), else

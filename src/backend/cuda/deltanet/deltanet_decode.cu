@@ -9,6 +9,7 @@
  * channel c never race the one block that writes it.
  */
 #include "deltanet.cuh"
+#include "backend/cuda/step_tag.cuh"
 
 /* ---- one token (decode) ------------------------------------------------------------------------------
  *
@@ -31,10 +32,12 @@
 #define GDN1_COLS (GDN1_WARPS * GDN1_CPW)
 
 __device__ __forceinline__ float4 gdn_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+/* an L2 load (in_proj's outputs, when polled by tile flags, are written while this kernel runs) */
+__device__ __forceinline__ float4 gdn_ldcg4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
 __device__ __forceinline__ void gdn_split4(float4 v, float *d) { d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w; }
 
-template <int DK, bool VEC>
-__global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
+template <int DK, bool VEC, int MINB>
+__global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_args a)
 {
     tl_block<> tl(a.timeline);
     constexpr int RPL = DK / 32;
@@ -103,28 +106,55 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
     }
     const float A = -expf(a.A_log[j]), dtb = a.dt_bias[j];
     pdl_trigger(); /* out_proj may launch and prefetch its weights */
-    pdl_wait();    /* mixed and b/a come from the projection kernel just before */
+    if (a.tile_done) {
+        /* the in_proj tiles this block reads: lane < DK/16 its key head's q channels, then its k channels,
+         * then the block's 16 v channels, b and a of head j; each warp polls them itself (no barrier) */
+        constexpr int NQ = DK / 16;
+        int t = -1;
+        if (lane < NQ)
+            t = a.tile_qkv + kh * NQ + lane;
+        else if (lane < 2 * NQ)
+            t = a.tile_qkv + (key_dim + kh * DK) / 16 + lane - NQ;
+        else if (lane == 2 * NQ)
+            t = a.tile_qkv + (2 * key_dim + j * a.dv + sl * GDN1_COLS) / 16;
+        else if (lane == 2 * NQ + 1)
+            t = a.tile_b + j / 16;
+        else if (lane == 2 * NQ + 2)
+            t = a.tile_a + j / 16;
+        const unsigned long long want = step_tag(*a.step, a.layer);
+        unsigned long long v = t >= 0 ? ld_relaxed_u64(a.tile_done + t) : want;
+        unsigned int polls = 0;
+        while (!__all_sync(0xffffffffu, v == want)) {
+            if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
+                __trap();
+            if (t >= 0)
+                v = ld_relaxed_u64(a.tile_done + t);
+        }
+        __threadfence();
+    } else {
+        pdl_wait(); /* mixed and b/a come from the projection kernel just before */
+    }
     tl.waited();
 
     float xq[RPL], xk[RPL], xv[GDN1_CPW];
     if constexpr (VEC) {
 #pragma unroll
         for (int r = 0; r < RPL; r += 4) {
-            gdn_split4(gdn_ld4(a.mixed + chq + r), xq + r);
-            gdn_split4(gdn_ld4(a.mixed + chk + r), xk + r);
+            gdn_split4(gdn_ldcg4(a.mixed + chq + r), xq + r);
+            gdn_split4(gdn_ldcg4(a.mixed + chk + r), xk + r);
         }
-        gdn_split4(gdn_ld4(a.mixed + chv), xv);
+        gdn_split4(gdn_ldcg4(a.mixed + chv), xv);
     } else {
 #pragma unroll
         for (int r = 0; r < RPL; r++) {
-            xq[r] = a.mixed[chq + r];
-            xk[r] = a.mixed[chk + r];
+            xq[r] = __ldcg(a.mixed + chq + r);
+            xk[r] = __ldcg(a.mixed + chk + r);
         }
 #pragma unroll
         for (int c = 0; c < GDN1_CPW; c++)
-            xv[c] = a.mixed[chv + c];
+            xv[c] = __ldcg(a.mixed + chv + c);
     }
-    const float bb = a.ba[j], aa = a.ba[a.Hv + j] + dtb;
+    const float bb = __ldcg(a.ba + j), aa = __ldcg(a.ba + a.Hv + j) + dtb;
 
     /* causal conv over (history, x) + SiLU: tap s < K-1 reads history row s, tap K-1 reads x */
     auto conv = [&](const float (&w)[4], const float (&h)[3], float x) {
@@ -228,6 +258,8 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
                     cs_out[(size_t)s * a.conv_dim + chk + r] = s + 1 < Km1 ? hk[r][s + 1 < 3 ? s + 1 : 2] : xk[r];
                 }
     }
+    if (a.tile_done)
+        pdl_wait(); /* this grid completes after in_proj's: out_proj's PDL wait covers z */
 }
 
 cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
@@ -239,11 +271,12 @@ cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
     const bool vec = a.K == 4 && a.dk / 32 % 4 == 0 && a.conv_dim % 4 == 0 &&
                      ((uintptr_t)a.conv_w | (uintptr_t)a.conv_state | (uintptr_t)a.mixed) % 16 == 0;
     switch (a.dk) {
-    case 32: return launch_pdl(gdn_decode_kernel<32, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
-    case 64: return launch_pdl(gdn_decode_kernel<64, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+    case 32: return launch_pdl(gdn_decode_kernel<32, false, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+    case 64: return launch_pdl(gdn_decode_kernel<64, false, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     case 128:
-        return vec ? launch_pdl(gdn_decode_kernel<128, true>, grid, dim3(GDN1_WARPS * 32), 0, s, a)
-                   : launch_pdl(gdn_decode_kernel<128, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+        if (vec && a.dev_minb == 4) return launch_pdl(gdn_decode_kernel<128, true, 4>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+        return vec ? launch_pdl(gdn_decode_kernel<128, true, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a)
+                   : launch_pdl(gdn_decode_kernel<128, false, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     default: return cudaErrorInvalidValue;
     }
 }

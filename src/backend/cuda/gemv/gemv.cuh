@@ -42,6 +42,12 @@ struct gemv_batch {
     int exact;    /* 1 (exact mode): the fp32 SIMT kernel only, never gemv_mma / gemv_stream (fp16 operands) */
     int kernel;   /* gemv_kernel_id: GEMV_KERNEL_AUTO, or a kernel the batch's shape supports (tests) */
     unsigned long long *timeline; /* per-block stamps (timeline.cuh); NULL: none */
+    /* tile flags (gemv_stream only; NULL: none): once tile t's rows (16 rows of the batch's concatenated
+     * rows, tiles numbered matrix by matrix) are stored, tile_done[t] = step_tag(*step, layer), a release
+     * (step_tag.cuh): a consumer polls the tiles it reads instead of waiting for the whole grid */
+    unsigned long long *tile_done;
+    const int *step;
+    int layer;
 };
 
 struct gemv_input {

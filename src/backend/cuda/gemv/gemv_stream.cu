@@ -26,6 +26,7 @@
 #include "gemv_common.cuh"
 #include "mma_gemv.cuh"
 #include "backend/cuda/bulk_copy.cuh"
+#include "backend/cuda/step_tag.cuh"
 
 #define GS_WARPS 8
 #define GS_MAX_STAGES 8
@@ -88,6 +89,8 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         for (int i = 0; i < stages; i++)
             fill(i, i); /* weights only: before the previous kernel has finished */
     gemv_input_prefetch<GS_WARPS>(in, cols);
+    /* the step counter is the previous forward call's (complete) */
+    const unsigned long long tag = OUT_MODE == GEMV_OUT_STORE && b.tile_done ? step_tag(__ldcg(b.step), b.layer) : 0ull;
     pdl_trigger();
     pdl_wait();
     tl.waited();
@@ -149,6 +152,13 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
                 if (OUT_MODE == GEMV_OUT_ARGMAX && v > best) {
                     best = v;
                     best_row = b.row_start[m] + row;
+                }
+            }
+            if (OUT_MODE == GEMV_OUT_STORE && b.tile_done) { /* the warp's row stores, then the tile's flag (cumulative fence) */
+                __syncwarp();
+                if (lane == 0) {
+                    __threadfence();
+                    st_relaxed_u64(b.tile_done + tile, tag);
                 }
             }
         }

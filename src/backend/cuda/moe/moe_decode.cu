@@ -19,7 +19,7 @@
  * Early ids (with PDL): the gate/up block of item 0, which ranks the top-k,
  * also writes it as
  * tagged words (moe_args.topk_pub, moe_topk.cuh: hi = tag, lo = expert id / weight bits; tag =
- * moe_pub_tag(step, layer), unique per forward call and layer of the session), and the consumers poll them
+ * step_tag(step, layer), unique per forward call and layer of the session), and the consumers poll them
  * BEFORE their pdl_wait(): moe_down_mma's shared-expert warp for all slots, then its routed warps issue their
  * expert loads while gate/up still runs (otherwise they wait for the whole gate/up grid). Each word carries its own tag, so no fence orders
  * them: a word with this call's tag holds this call's value (single-copy atomic 64-bit accesses).
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         if (tile == 0 && slot == 0 && threadIdx.x < a.top_k) {
             const int i = threadIdx.x;
             if (pub)
-                moe_pub_write(a.topk_pub, moe_pub_tag(step, a.layer), i, s_idx[i], s_w[i]);
+                moe_pub_write(a.topk_pub, step_tag(step, a.layer), i, s_idx[i], s_w[i]);
             a.topk_idx[i] = s_idx[i];
             a.topk_w[i] = s_w[i];
         }
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) moe_gate_up_mma_kernel(moe_a
         for (int w = 0; w < MD_WARPS; w++)
             tot += s_red[w];
         const float r = rsqrtf(tot / (float)H + a.eps);
-        const unsigned int tag = moe_pub_tag(step, a.layer);
+        const unsigned int tag = step_tag(step, a.layer);
         if (threadIdx.x < MD_ROUTER_ROWS) {
             const int q = threadIdx.x, j = blockIdx.x + q * n_rb;
             if ((int)blockIdx.x < n_rb && j <= a.n_experts) {
@@ -410,7 +410,7 @@ __global__ void __maxnreg__(MD_DOWN_MAX_REGS) moe_down_mma_kernel(moe_args a)
             const int nw = 2 * a.top_k;
             /* the first poll is issued before the step counter's load, so the two round trips overlap */
             unsigned long long v = lane < nw ? ld_relaxed_u64(a.topk_pub + lane) : 0ull;
-            const unsigned int want = moe_pub_tag(__ldcg(a.step), a.layer);
+            const unsigned int want = step_tag(__ldcg(a.step), a.layer);
             unsigned int ns = 0, polls = 0;
             while (!__all_sync(0xffffffffu, lane >= nw || (unsigned int)(v >> 32) == want)) {
                 ns = ns ? min(2 * ns, 128u) : 16u;

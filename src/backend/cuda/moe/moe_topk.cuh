@@ -9,30 +9,16 @@
 #define LILY_MOE_TOPK_CUH
 
 #include "moe.cuh"
+#include "backend/cuda/step_tag.cuh"
 
 #define MOE_MAX_K 16
 #define MOE_MAX_E 512
 
-/* Tagged top-k words (moe_args.topk_pub, moe_decode.cu's early ids): word 2k = tag << 32 |
+/* Tagged top-k words (moe_args.topk_pub, moe_decode.cu's early ids; step_tag.cuh): word 2k = tag << 32 |
  * expert id of slot k, word 2k + 1 = tag << 32 | its weight's bits, written by the kernel that ranks (the
  * router GEMV's last block, or the gate/up block of item 0) and polled by the MoE kernels before their PDL
- * wait. The tag of layer (< 256) in the forward call made at counter value step is (step + 1) << 8 | layer:
- * zeroed words (a reset or loaded session) never match; it wraps only after 2^24 forward calls. */
-__device__ __forceinline__ unsigned int moe_pub_tag(int step, int layer)
-{
-    return (((unsigned int)step + 1u) << 8) | ((unsigned int)layer & 255u);
-}
-__device__ __forceinline__ void st_relaxed_u64(unsigned long long *p, unsigned long long v)
-{
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long *p)
-{
-    unsigned long long v;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-/* Publish slot i (id, weight) under tag. */
+ * wait; tag = step_tag(step, layer).
+ * Publish slot i (id, weight) under tag. */
 __device__ __forceinline__ void moe_pub_write(unsigned long long *pub, unsigned int tag, int i, int id, float w)
 {
     const unsigned long long hi = (unsigned long long)tag << 32;
@@ -156,7 +142,7 @@ static __device__ void moe_topk_block(const float *logits, int E, int K, int *id
 }
 
 /* Tagged router logits (moe_args.logit_pub: the router fused into moe_gate_up_mma): word e = tag << 32 | the
- * bits of row e's logit (rows 0..E-1 the experts, row E the shared-expert gate), tag = moe_pub_tag(step,
+ * bits of row e's logit (rows 0..E-1 the experts, row E the shared-expert gate), tag = step_tag(step,
  * layer) as for the top-k words, written by the gate/up block that computes row e. */
 __device__ __forceinline__ void moe_logit_write(unsigned long long *pub, unsigned int tag, int e, float v)
 {
