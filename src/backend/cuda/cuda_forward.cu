@@ -272,7 +272,7 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
             gdn_args &g = A->gdn;
             const char *dev = getenv("LILY_FLAGDEV");
             const int devm = dev ? atoi(dev) : 1;
-            if (devm == 0) {
+            if (devm == 0 || devm == 5 || devm == 7) {
             batch_add(&A->mix_in, L->in_qkv, c->proj, c->proj_stride);
             batch_add(&A->mix_in, L->in_z, c->proj + conv_dim, c->proj_stride);
             batch_add(&A->mix_in, L->in_b, c->proj + conv_dim + vd, c->proj_stride);
@@ -288,6 +288,8 @@ lily_status cuda_state_args_build(const cuda_ctx *c, cuda_state *st, lily_error 
             g.tile_a = g.tile_b + (L->in_b.rows + 15) / 16;
             }
             g.dev_minb = devm == 2 ? 4 : 1;
+            g.dev_plain = devm == 5;
+            g.dev_late = devm == 6 || devm == 7;
             g.layer = l;
             g.mixed = c->proj;
             g.mixed_stride = c->proj_stride;
@@ -413,11 +415,12 @@ static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int lay
         tiles += (in_b.m[k].rows + 15) / 16;
     const char *dev = getenv("LILY_FLAGDEV");
     const int devm = dev ? atoi(dev) : 1;
-    if ((devm == 1 || devm == 2) && n == 1 && !mk && !prefill_gemm(c, n) && gemv_kernel_choose(in_b, 1) == GEMV_KERNEL_STREAM &&
+    if ((devm == 1 || devm == 2 || devm == 6 || devm == 4) && n == 1 && !mk && !prefill_gemm(c, n) && gemv_kernel_choose(in_b, 1) == GEMV_KERNEL_STREAM &&
         tiles <= GDN_TILE_WORDS && g.kernel == GDN_KERNEL_DECODE) {
         in_b.tile_done = g.tile_done;
         in_b.step = g.step;
         in_b.layer = layer;
+        in_b.dev_light = g.dev_light = devm == 4;
     } else {
         g.tile_done = NULL;
     }

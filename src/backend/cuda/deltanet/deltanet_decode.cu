@@ -36,7 +36,7 @@ __device__ __forceinline__ float4 gdn_ld4(const float *p) { return *reinterpret_
 __device__ __forceinline__ float4 gdn_ldcg4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
 __device__ __forceinline__ void gdn_split4(float4 v, float *d) { d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w; }
 
-template <int DK, bool VEC, int MINB>
+template <int DK, bool VEC, int MINB, bool CG = true>
 __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_args a)
 {
     tl_block<> tl(a.timeline);
@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
         }
     }
     const float A = -expf(a.A_log[j]), dtb = a.dt_bias[j];
-    pdl_trigger(); /* out_proj may launch and prefetch its weights */
+    if (!a.dev_late)
+        pdl_trigger(); /* out_proj may launch and prefetch its weights */
     if (a.tile_done) {
         /* the in_proj tiles this block reads: lane < DK/16 its key head's q channels, then its k channels,
          * then the block's 16 v channels, b and a of head j; each warp polls them itself (no barrier) */
@@ -122,15 +123,17 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
         else if (lane == 2 * NQ + 2)
             t = a.tile_a + j / 16;
         const unsigned long long want = step_tag(*a.step, a.layer);
-        unsigned long long v = t >= 0 ? ld_relaxed_u64(a.tile_done + t) : want;
+        const bool light = a.dev_light;
+        unsigned long long v = t >= 0 ? (light ? ld_acquire_u64(a.tile_done + t) : ld_relaxed_u64(a.tile_done + t)) : want;
         unsigned int polls = 0;
         while (!__all_sync(0xffffffffu, v == want)) {
             if (++polls > (1u << 26)) /* seconds: a missing publisher is a bug, not a hang */
                 __trap();
             if (t >= 0)
-                v = ld_relaxed_u64(a.tile_done + t);
+                v = light ? ld_acquire_u64(a.tile_done + t) : ld_relaxed_u64(a.tile_done + t);
         }
-        __threadfence();
+        if (!light)
+            __threadfence();
     } else {
         pdl_wait(); /* mixed and b/a come from the projection kernel just before */
     }
@@ -140,10 +143,10 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
     if constexpr (VEC) {
 #pragma unroll
         for (int r = 0; r < RPL; r += 4) {
-            gdn_split4(gdn_ldcg4(a.mixed + chq + r), xq + r);
-            gdn_split4(gdn_ldcg4(a.mixed + chk + r), xk + r);
+            gdn_split4(CG ? gdn_ldcg4(a.mixed + chq + r) : gdn_ld4(a.mixed + chq + r), xq + r);
+            gdn_split4(CG ? gdn_ldcg4(a.mixed + chk + r) : gdn_ld4(a.mixed + chk + r), xk + r);
         }
-        gdn_split4(gdn_ldcg4(a.mixed + chv), xv);
+        gdn_split4(CG ? gdn_ldcg4(a.mixed + chv) : gdn_ld4(a.mixed + chv), xv);
     } else {
 #pragma unroll
         for (int r = 0; r < RPL; r++) {
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
         for (int c = 0; c < GDN1_CPW; c++)
             xv[c] = __ldcg(a.mixed + chv + c);
     }
-    const float bb = __ldcg(a.ba + j), aa = __ldcg(a.ba + a.Hv + j) + dtb;
+    const float bb = CG ? __ldcg(a.ba + j) : a.ba[j], aa = (CG ? __ldcg(a.ba + a.Hv + j) : a.ba[a.Hv + j]) + dtb;
 
     /* causal conv over (history, x) + SiLU: tap s < K-1 reads history row s, tap K-1 reads x */
     auto conv = [&](const float (&w)[4], const float (&h)[3], float x) {
@@ -213,6 +216,8 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
             pm[c] += __shfl_xor_sync(0xffffffffu, pm[c], o);
             po[c] += __shfl_xor_sync(0xffffffffu, po[c], o);
         }
+    if (a.dev_late)
+        pdl_trigger();
     float delta[GDN1_CPW];
 #pragma unroll
     for (int c = 0; c < GDN1_CPW; c++)
@@ -275,6 +280,7 @@ cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
     case 64: return launch_pdl(gdn_decode_kernel<64, false, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     case 128:
         if (vec && a.dev_minb == 4) return launch_pdl(gdn_decode_kernel<128, true, 4>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+        if (vec && a.dev_plain) return launch_pdl(gdn_decode_kernel<128, true, 1, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
         return vec ? launch_pdl(gdn_decode_kernel<128, true, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a)
                    : launch_pdl(gdn_decode_kernel<128, false, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     default: return cudaErrorInvalidValue;

@@ -48,6 +48,7 @@ struct gemv_batch {
     unsigned long long *tile_done;
     const int *step;
     int layer;
+    int dev_light; /* DEV */
 };
 
 struct gemv_input {

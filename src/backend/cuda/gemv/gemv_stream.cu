@@ -157,8 +157,12 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
             if (OUT_MODE == GEMV_OUT_STORE && b.tile_done) { /* the warp's row stores, then the tile's flag (cumulative fence) */
                 __syncwarp();
                 if (lane == 0) {
+                    if (b.dev_light) {
+                        st_release_u64(b.tile_done + tile, tag);
+                    } else {
                     __threadfence();
                     st_relaxed_u64(b.tile_done + tile, tag);
+                    }
                 }
             }
         }
