@@ -415,7 +415,7 @@ static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int lay
         tiles += (in_b.m[k].rows + 15) / 16;
     const char *dev = getenv("LILY_FLAGDEV");
     const int devm = dev ? atoi(dev) : 1;
-    if ((devm == 1 || devm == 2 || devm == 6 || devm == 4) && n == 1 && !mk && !prefill_gemm(c, n) && gemv_kernel_choose(in_b, 1) == GEMV_KERNEL_STREAM &&
+    if ((devm == 1 || devm == 2 || devm == 6 || devm == 4 || devm == 9) && n == 1 && !mk && !prefill_gemm(c, n) && gemv_kernel_choose(in_b, 1) == GEMV_KERNEL_STREAM &&
         tiles <= GDN_TILE_WORDS && g.kernel == GDN_KERNEL_DECODE) {
         in_b.tile_done = g.tile_done;
         in_b.step = g.step;
@@ -423,6 +423,14 @@ static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int lay
         in_b.dev_light = g.dev_light = devm == 4;
     } else {
         g.tile_done = NULL;
+    }
+    /* DEV 8 (no flags) / 9 (flags): the conv + SiLU and the conv history in in_proj's store */
+    if ((devm == 8 || devm == 9) && n == 1 && !mk && !prefill_gemm(c, n) && gemv_kernel_choose(in_b, 1) == GEMV_KERNEL_STREAM &&
+        g.kernel == GDN_KERNEL_DECODE && g.K == 4 && g.dk == 128 && g.conv_dim % 4 == 0) {
+        in_b.conv_w = g.conv_w;
+        in_b.conv_state = g.conv_state;
+        in_b.conv_rows = g.conv_dim;
+        g.dev_convd = 1;
     }
     TRY(proj(c, in_b, A->mix_in_x, GEMV_OUT_STORE, n, err));
     MARK(PS_GDN_SCAN);

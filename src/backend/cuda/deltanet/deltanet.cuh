@@ -43,7 +43,7 @@ struct gdn_args {
     int tile_qkv, tile_b, tile_a; /* first tile of in_proj_qkv, in_proj_b, in_proj_a in in_proj's batch */
     int layer;
     int dev_minb; /* DEV: 4 = the 128-register instance */
-    int dev_plain, dev_late, dev_light; /* DEV: plain loads (no flags); trigger after the loads are consumed */
+    int dev_plain, dev_late, dev_light, dev_convd; /* DEV: plain loads (no flags); trigger after the loads are consumed */
 };
 /* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE; longer calls: CHUNKED from
  * GDN_CHUNKED_MIN_TOKENS tokens where gdn_chunked_supported (not in exact mode: 3xTF32 products), else

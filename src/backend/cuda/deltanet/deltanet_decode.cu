@@ -36,7 +36,7 @@ __device__ __forceinline__ float4 gdn_ld4(const float *p) { return *reinterpret_
 __device__ __forceinline__ float4 gdn_ldcg4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
 __device__ __forceinline__ void gdn_split4(float4 v, float *d) { d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w; }
 
-template <int DK, bool VEC, int MINB, bool CG = true>
+template <int DK, bool VEC, int MINB, bool CG = true, bool CONVD = false>
 __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_args a)
 {
     tl_block<> tl(a.timeline);
@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
     for (int r = 0; r < RPL; r++)
         S[r] = *reinterpret_cast<const float4 *>(st + (size_t)r * a.dv);
     float wq[RPL][4], wk[RPL][4], wv[GDN1_CPW][4], hq[RPL][3], hk[RPL][3], hv[GDN1_CPW][3];
-    if constexpr (VEC) { /* a channel's K = 4 taps are one float4; so are a lane's 4 rows and the warp's 4 v channels */
+    if constexpr (CONVD) {
+    } else if constexpr (VEC) { /* a channel's K = 4 taps are one float4; so are a lane's 4 rows and the warp's 4 v channels */
 #pragma unroll
         for (int r = 0; r < RPL; r++) {
             gdn_split4(gdn_ld4(a.conv_w + (size_t)(chq + r) * 4), wq[r]);
@@ -161,6 +162,8 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
 
     /* causal conv over (history, x) + SiLU: tap s < K-1 reads history row s, tap K-1 reads x */
     auto conv = [&](const float (&w)[4], const float (&h)[3], float x) {
+        if (CONVD)
+            return x; /* in_proj stored silu(conv) */
         float acc = 0.0f;
 #pragma unroll
         for (int s = 0; s < 3; s++)
@@ -244,7 +247,7 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
 
     /* new conv state: history shifted by one row, x last. v channels: by this warp's lanes 0..3 (one
      * column each); q/k channels: by warp 0 of the first block that reads key head kh */
-    if (lane < GDN1_CPW) {
+    if (!CONVD && lane < GDN1_CPW) {
 #pragma unroll
         for (int c = 0; c < GDN1_CPW; c++)
             if (c == lane)
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32, MINB) gdn_decode_kernel(gdn_a
                     if (s < Km1)
                         cs_out[(size_t)s * a.conv_dim + chv + c] = s + 1 < Km1 ? hv[c][s + 1 < 3 ? s + 1 : 2] : xv[c];
     }
-    if (warp == 0 && sl == 0 && j % (a.Hv / a.Hk) == 0) {
+    if (!CONVD && warp == 0 && sl == 0 && j % (a.Hv / a.Hk) == 0) {
 #pragma unroll
         for (int s = 0; s < 3; s++)
             if (s < Km1)
@@ -280,6 +283,7 @@ cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
     case 64: return launch_pdl(gdn_decode_kernel<64, false, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     case 128:
         if (vec && a.dev_minb == 4) return launch_pdl(gdn_decode_kernel<128, true, 4>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
+        if (vec && a.dev_convd) return launch_pdl(gdn_decode_kernel<128, true, 1, true, true>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
         if (vec && a.dev_plain) return launch_pdl(gdn_decode_kernel<128, true, 1, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
         return vec ? launch_pdl(gdn_decode_kernel<128, true, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a)
                    : launch_pdl(gdn_decode_kernel<128, false, 1>, grid, dim3(GDN1_WARPS * 32), 0, s, a);

@@ -49,6 +49,11 @@ struct gemv_batch {
     const int *step;
     int layer;
     int dev_light; /* DEV */
+    /* DEV: matrix 0's rows < conv_rows are DeltaNet conv channels: stored as silu(causal conv) with the history
+     * in conv_state [2][3][conv_rows] (ping-pong by *step & 1), K = 4 taps conv_w [conv_rows][4] */
+    const float *conv_w;
+    float *conv_state;
+    int conv_rows;
 };
 
 struct gemv_input {
