@@ -893,12 +893,13 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
  * input) by the streamed GEMV, then launch_gdn for one token, three forward calls (step 0, 1, 2) with the
  * projection outputs NaN-poisoned before each; against the same two launches without flags on a second
  * state: outputs, recurrent state and conv state bit-identical, every tile's word = the last call's tag. */
-static void test_gdn_tile_flags(int Hk, int Hv, int dk, int cols)
+static void test_gdn_tile_flags(int Hk, int Hv, int dk, int cols, bool flags_on = true, bool conv_in_proj = false)
 {
     const int dv = dk, K = 4, key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, vd = Hv * dv, layer = 5;
     const int P = conv_dim + vd + 2 * Hv; /* proj row: qkv, z, b, a as the forward lays them out */
     char what[160];
-    snprintf(what, sizeof what, "gdn tile flags Hk %d Hv %d dk %d cols %d", Hk, Hv, dk, cols);
+    snprintf(what, sizeof what, "gdn in_proj -> scan%s%s Hk %d Hv %d dk %d cols %d", flags_on ? " tile flags" : "",
+             conv_in_proj ? " conv in in_proj" : "", Hk, Hv, dk, cols);
     hmat m[4];
     make_mat(m[0], 4, 1, conv_dim, cols);
     make_mat(m[1], 4, 1, Hv, cols);
@@ -928,7 +929,8 @@ static void test_gdn_tile_flags(int Hk, int Hv, int dk, int cols)
     CK(cudaMemset(flags, 0, (size_t)tiles * 8));
     int *dstep;
     CK(cudaMalloc(&dstep, 4));
-    b[1].tile_done = flags, b[1].step = dstep, b[1].layer = layer;
+    if (flags_on)
+        b[1].tile_done = flags, b[1].step = dstep, b[1].layer = layer;
     std::vector<float> act = rand_vec(cols, -1, 1), nw = rand_vec(cols, 0.5f, 1.5f);
     gemv_input in;
     memset(&in, 0, sizeof in);
@@ -951,7 +953,13 @@ static void test_gdn_tile_flags(int Hk, int Hv, int dk, int cols)
         a[v].Hk = Hk, a[v].Hv = Hv, a[v].dk = dk, a[v].dv = dv, a[v].K = K, a[v].conv_dim = conv_dim;
         a[v].kernel = GDN_KERNEL_DECODE;
     }
-    a[1].tile_done = flags, a[1].layer = layer;
+    if (flags_on)
+        a[1].tile_done = flags, a[1].layer = layer;
+    if (conv_in_proj) {
+        b[1].step = dstep;
+        b[1].conv_w = a[1].conv_w, b[1].conv_state = a[1].conv_state, b[1].conv_rows = conv_dim;
+        a[1].dev_convd = 1;
+    }
     a[1].tile_qkv = 0, a[1].tile_b = (conv_dim + 15) / 16, a[1].tile_a = a[1].tile_b + (Hv + 15) / 16;
     cudaError_t e = cudaSuccess;
     bool same = true;
@@ -981,7 +989,7 @@ static void test_gdn_tile_flags(int Hk, int Hv, int dk, int cols)
     CK(cudaMemcpy(F.data(), flags, (size_t)tiles * 8, cudaMemcpyDeviceToHost));
     const unsigned long long tag = (((unsigned int)2 + 1u) << 8) | (unsigned int)layer;
     int bad_flags = 0;
-    for (int t = 0; t < tiles; t++)
+    for (int t = 0; t < tiles && flags_on; t++)
         bad_flags += F[t] != tag;
     const bool st_same = S_0 == S_1 && c_0 == c_1;
     const bool ok = same && st_same && !bad_flags;
@@ -1332,6 +1340,9 @@ int main(void)
     test_gdn_tile_flags(16, 32, 128, 2048);
     test_gdn_tile_flags(2, 4, 128, 512);
     test_gdn_tile_flags(4, 8, 64, 1024);
+    test_gdn_tile_flags(16, 32, 128, 2048, false, true);
+    test_gdn_tile_flags(16, 32, 128, 2048, true, true);
+    test_gdn_tile_flags(2, 4, 128, 512, false, true);
     /* attention: prefill (one split) and decode (split-KV) */
     for (int i = 0; i < 5; i++) {
         test_attention(8, 2, 64, 16, 0, ns[i], 1);
