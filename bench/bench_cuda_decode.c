@@ -52,10 +52,20 @@ static int parse_list(const char *s, int *out, int max)
         return 1;                                                                                  \
     } while (0)
 
+/* The tokens streamed to the host: how many, and their FNV-1a hash (two builds or kernel variants that
+ * decode the same tokens print the same hash). */
+typedef struct {
+    int n;
+    unsigned long long hash;
+} token_count;
+
 static int count_token(void *user, int32_t token, int index, const lily_token_logprobs *logprobs)
 {
-    (void)token, (void)index, (void)logprobs;
-    (*(int *)user)++;
+    (void)index, (void)logprobs;
+    token_count *tc = (token_count *)user;
+    tc->n++;
+    for (int b = 0; b < 4; b++)
+        tc->hash = (tc->hash ^ ((uint32_t)token >> (8 * b) & 255u)) * 0x100000001b3ull;
     return 0;
 }
 
@@ -263,8 +273,8 @@ int main(int argc, char **argv)
     }
 
     printf("\n## Decode, greedy fast path (graph replay), %d tokens per depth\n\n", n_gen);
-    printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| depth | tok/s | ms/token | bytes/token | floor tok/s | fraction of floor | host syncs/token | tokens (FNV-1a) |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for (int i = 0; i < n_depths; i++) {
         const int d = depths[i];
         be.ops->state_reset(be.ctx, st);
@@ -274,17 +284,17 @@ int main(int argc, char **argv)
             DIE("decode: %s", err.message);
         const long long s0 = lily_cuda_host_syncs(be.ctx);
         t0 = now_s();
-        int streamed = 0; /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
+        token_count streamed = {0, 0xcbf29ce484222325ull}; /* tokens reach the host while the GPU decodes (mapped memory, no sync) */
         if (decode_greedy(&be, st, 1, n_gen, count_token, &streamed, &err) != LILY_OK)
             DIE("decode: %s", err.message);
-        if (streamed != n_gen)
-            DIE("decode: %d of %d tokens streamed", streamed, n_gen);
+        if (streamed.n != n_gen)
+            DIE("decode: %d of %d tokens streamed", streamed.n, n_gen);
         const double dt = now_s() - t0;
         const long long syncs = lily_cuda_host_syncs(be.ctx) - s0;
         const double bytes = lily_cost_decode_bytes(&cm, d + 8 + n_gen / 2);
         const double floor_tps = gbps * 1e9 / bytes;
-        printf("| %d | %.1f | %.3f | %.3g | %.0f | %.1f%% | %.4f |\n", d, n_gen / dt, dt * 1e3 / n_gen, bytes, floor_tps,
-               100.0 * (n_gen / dt) / floor_tps, (double)syncs / n_gen);
+        printf("| %d | %.1f | %.3f | %.3g | %.0f | %.1f%% | %.4f | %016llx |\n", d, n_gen / dt, dt * 1e3 / n_gen, bytes,
+               floor_tps, 100.0 * (n_gen / dt) / floor_tps, (double)syncs / n_gen, streamed.hash);
         fflush(stdout);
     }
 

@@ -888,6 +888,100 @@ static void test_gdn(int Hk, int Hv, int dk, int n1, int n2)
     }
 }
 
+/* The DeltaNet conv fused into in_proj's streamed store (gemv_batch.conv_w, gdn_args.conv_done): an in_proj
+ * batch as the forward's (qkv | z | b | a, 4-bit, `cols` inputs, RMSNorm input), then launch_gdn for one token,
+ * three forward calls (step 0, 1, 2) with the projection outputs NaN-poisoned before each; against the same
+ * two launches with the conv in the decode kernel, on a second state: outputs, recurrent state and both conv
+ * history buffers (the same fp32 operations: bit-identical). */
+static void test_gdn_conv_in_proj(int Hk, int Hv, int dk, int cols)
+{
+    const int dv = dk, K = 4, key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, vd = Hv * dv;
+    const int P = conv_dim + vd + 2 * Hv; /* proj row: qkv, z, b, a as the forward lays them out */
+    char what[160];
+    snprintf(what, sizeof what, "gdn conv in in_proj's store Hk %d Hv %d dk %d cols %d", Hk, Hv, dk, cols);
+    hmat m[4];
+    make_mat(m[0], 4, 1, conv_dim, cols);
+    make_mat(m[1], 4, 1, vd, cols);
+    make_mat(m[2], 4, 1, Hv, cols);
+    make_mat(m[3], 4, 1, Hv, cols);
+    float *proj[2] = {dev_nan(P), dev_nan(P)};
+    gemv_batch b[2];
+    for (int v = 0; v < 2; v++) {
+        memset(&b[v], 0, sizeof b[v]);
+        int off = 0;
+        for (int k = 0; k < 4; k++) {
+            b[v].m[k] = m[k].d;
+            b[v].y[k] = proj[v] + off;
+            b[v].y_stride[k] = P;
+            b[v].row_start[k + 1] = b[v].row_start[k] + m[k].rows;
+            off += m[k].rows;
+        }
+        b[v].n_mats = 4;
+    }
+    g_checks++;
+    if (gemv_kernel_choose(b[0], 1) != GEMV_KERNEL_STREAM) {
+        printf("ok   %s: n/a (in_proj not streamed here)\n", what);
+        return;
+    }
+    int *dstep;
+    CK(cudaMalloc(&dstep, 4));
+    std::vector<float> act = rand_vec(cols, -1, 1), nw = rand_vec(cols, 0.5f, 1.5f);
+    gemv_input in;
+    memset(&in, 0, sizeof in);
+    in.act = dev_copy(act);
+    in.act_stride = cols;
+    in.mode = GEMV_IN_RMSNORM;
+    in.norm_w = dev_copy(nw);
+    in.eps = 1e-6f;
+    std::vector<float> cw = rand_vec((size_t)conv_dim * K, -0.5f, 0.5f), Al = rand_vec(Hv, -1, 1), dtb = rand_vec(Hv, -1, 1);
+    std::vector<float> S0 = rand_vec((size_t)Hv * dk * dv, -0.3f, 0.3f), cs0 = rand_vec((size_t)2 * (K - 1) * conv_dim, -1, 1);
+    gdn_args a[2];
+    for (int v = 0; v < 2; v++) {
+        memset(&a[v], 0, sizeof a[v]);
+        a[v].mixed = proj[v], a[v].mixed_stride = P;
+        a[v].ba = proj[v] + conv_dim + vd, a[v].ba_stride = P;
+        a[v].conv_w = dev_copy(cw), a[v].A_log = dev_copy(Al), a[v].dt_bias = dev_copy(dtb);
+        a[v].conv_state = dev_copy(cs0), a[v].state = dev_copy(S0);
+        a[v].step = dstep;
+        a[v].out = dev_nan(vd);
+        a[v].Hk = Hk, a[v].Hv = Hv, a[v].dk = dk, a[v].dv = dv, a[v].K = K, a[v].conv_dim = conv_dim;
+        a[v].kernel = GDN_KERNEL_DECODE;
+    }
+    b[1].conv_w = a[1].conv_w, b[1].conv_state = a[1].conv_state, b[1].conv_rows = conv_dim, b[1].step = dstep;
+    a[1].conv_done = 1;
+    cudaError_t e = gdn_decode_conv_fusable(a[1]) ? cudaSuccess : cudaErrorInvalidValue;
+    bool same = true, finite = true;
+    for (int step = 0; step < 3 && e == cudaSuccess; step++) {
+        CK(launch_set_int(dstep, step, 0));
+        for (int v = 0; v < 2 && e == cudaSuccess; v++) {
+            CK(cudaMemset(proj[v], 0xff, (size_t)P * 4)); /* NaN */
+            e = launch_gemv(b[v], in, GEMV_OUT_STORE, 1, NULL, 0);
+            if (e == cudaSuccess)
+                e = launch_gdn(a[v], NULL, NULL, 1, 0);
+        }
+        if (e == cudaSuccess) {
+            const std::vector<float> o0 = host_copy(a[0].out, vd), o1 = host_copy(a[1].out, vd);
+            same &= !memcmp(o0.data(), o1.data(), (size_t)vd * 4);
+            for (float x : o1)
+                finite &= isfinite(x) != 0;
+        }
+    }
+    if (e != cudaSuccess) {
+        g_fail++;
+        printf("FAIL %s: launch %s\n", what, cudaGetErrorString(e));
+        return;
+    }
+    const std::vector<float> S_0 = host_copy(a[0].state, (size_t)Hv * dk * dv), S_1 = host_copy(a[1].state, (size_t)Hv * dk * dv);
+    const std::vector<float> c_0 = host_copy(a[0].conv_state, cs0.size()), c_1 = host_copy(a[1].conv_state, cs0.size());
+    const bool st_same = S_0 == S_1, cs_same = c_0 == c_1;
+    const bool ok = same && finite && st_same && cs_same;
+    g_fail += !ok;
+    printf("%s %s (3 calls): outputs %s%s, state %s, conv history %s\n", ok ? "ok  " : "FAIL", what,
+           same ? "bit-identical to the conv in the decode kernel" : "DIFFER", finite ? "" : " (NaN: read before the store)",
+           st_same ? "bit-identical" : "DIFFER", cs_same ? "bit-identical" : "DIFFER");
+    cudaFree(dstep), cudaFree(proj[0]), cudaFree(proj[1]);
+}
+
 /* ---- attention --------------------------------------------------------------------------------------- */
 
 /* mma: 1 = n == 1 takes the tensor-core decode kernel (default; q and P rounded to bf16: the twin rounds q
@@ -1225,6 +1319,9 @@ int main(void)
     test_gdn(4, 8, 64, 2, 5);
     test_gdn(4, 8, 64, 1, 1);
     test_gdn(4, 8, 64, 7, 1);
+    /* the conv in in_proj's streamed store: the model's shape and a small one */
+    test_gdn_conv_in_proj(16, 32, 128, 2048);
+    test_gdn_conv_in_proj(2, 4, 128, 512);
     /* attention: prefill (one split) and decode (split-KV) */
     for (int i = 0; i < 5; i++) {
         test_attention(8, 2, 64, 16, 0, ns[i], 1);

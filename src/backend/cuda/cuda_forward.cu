@@ -390,7 +390,17 @@ static lily_status deltanet_block(cuda_ctx *c, const cuda_layer_args *A, int lay
     const int n0 = mk ? mk->row : n; /* rows of the first delta-rule launch */
     g.kernel = gdn_kernel_choose(g, n0, c->opts.exact); /* exact: never the TF32 chunked form */
     MARK(PS_GDN_PROJ);
-    TRY(proj(c, tl_batch(c, A->mix_in, PS_GDN_PROJ, layer), A->mix_in_x, GEMV_OUT_STORE, n, err));
+    gemv_batch in_b = tl_batch(c, A->mix_in, PS_GDN_PROJ, layer);
+    /* one token with in_proj streamed: its store applies the causal conv (fewer loads before the scan's wait) */
+    if (n == 1 && !mk && g.kernel == GDN_KERNEL_DECODE && !prefill_gemm(c, n) && gdn_decode_conv_fusable(g) &&
+        gemv_kernel_choose(in_b, 1) == GEMV_KERNEL_STREAM) {
+        in_b.conv_w = g.conv_w;
+        in_b.conv_state = g.conv_state;
+        in_b.conv_rows = g.conv_dim;
+        in_b.step = g.step;
+        g.conv_done = 1;
+    }
+    TRY(proj(c, in_b, A->mix_in_x, GEMV_OUT_STORE, n, err));
     MARK(PS_GDN_SCAN);
     /* the recurrent state read and written, the conv history read and written */
     g.timeline = tl_slot(c, PS_GDN_SCAN, layer,

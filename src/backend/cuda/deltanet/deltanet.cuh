@@ -32,6 +32,11 @@ struct gdn_args {
     float *out;           /* [n][Hv*dv] raw delta-rule output (gated norm applied by out_proj's GEMV) */
     int Hk, Hv, dk, dv, K, conv_dim;
     int kernel;           /* gdn_kernel: GDN_KERNEL_AUTO, or one the shape supports (tests) */
+    /* 1: in_proj's store applied the conv + SiLU and advanced the conv history (gemv_batch.conv_w): mixed holds
+     * silu(conv) and the decode kernel skips both (gdn_decode_conv_fusable shapes). In the padding before
+     * `timeline`: a larger argument struct changed the decode kernel's register allocation (151 -> 145) and
+     * doubled its time on the H200 (docs/BENCHMARKS.md, "The DeltaNet conv in in_proj's store") */
+    int conv_done;
     unsigned long long *timeline; /* per-block stamps of the decode kernel (timeline.cuh); NULL: none */
 };
 /* The one place a DeltaNet kernel is chosen: n_tokens 1: DECODE; longer calls: CHUNKED from
@@ -42,6 +47,9 @@ gdn_kernel gdn_kernel_choose(const gdn_args &a, int n_tokens, bool exact);
  * launch_gdn_prefill / launch_gdn_prefill_chunked (RECURRENCE needs pre, CHUNKED both: without wy it runs
  * the recurrence). cudaErrorInvalidValue for an n > 1 call without pre or a shape no kernel takes. */
 cudaError_t launch_gdn(const gdn_args &a, float *pre, float *wy, int n_tokens, cudaStream_t s);
+/* Whether the decode kernel takes conv_done (K == 4, dk 128, 16-byte aligned taps, history and inputs):
+ * the shapes whose conv in_proj's streamed store may apply. */
+bool gdn_decode_conv_fusable(const gdn_args &a);
 /* gdn_decode_kernel: one token (dk 32/64/128, dv % 16 == 0, Hv % Hk == 0, K <= 4; else
  * cudaErrorInvalidValue). */
 cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s);

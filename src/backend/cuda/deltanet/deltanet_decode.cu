@@ -33,7 +33,7 @@
 __device__ __forceinline__ float4 gdn_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 __device__ __forceinline__ void gdn_split4(float4 v, float *d) { d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w; }
 
-template <int DK, bool VEC>
+template <int DK, bool VEC, bool CONV_DONE = false>
 __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
 {
     tl_block<> tl(a.timeline);
@@ -56,7 +56,9 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
     for (int r = 0; r < RPL; r++)
         S[r] = *reinterpret_cast<const float4 *>(st + (size_t)r * a.dv);
     float wq[RPL][4], wk[RPL][4], wv[GDN1_CPW][4], hq[RPL][3], hk[RPL][3], hv[GDN1_CPW][3];
-    if constexpr (VEC) { /* a channel's K = 4 taps are one float4; so are a lane's 4 rows and the warp's 4 v channels */
+    if constexpr (CONV_DONE) {
+        /* in_proj applied the conv and advanced the history */
+    } else if constexpr (VEC) { /* a channel's K = 4 taps are one float4; so are a lane's 4 rows and the warp's 4 v channels */
 #pragma unroll
         for (int r = 0; r < RPL; r++) {
             gdn_split4(gdn_ld4(a.conv_w + (size_t)(chq + r) * 4), wq[r]);
@@ -144,15 +146,15 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
     float ss[3] = {0.0f, 0.0f, 0.0f}; /* q·q, k·k, k·q over this lane's rows */
 #pragma unroll
     for (int r = 0; r < RPL; r++) {
-        q[r] = conv(wq[r], hq[r], xq[r]);
-        k[r] = conv(wk[r], hk[r], xk[r]);
+        q[r] = CONV_DONE ? xq[r] : conv(wq[r], hq[r], xq[r]);
+        k[r] = CONV_DONE ? xk[r] : conv(wk[r], hk[r], xk[r]);
         ss[0] = fmaf(q[r], q[r], ss[0]);
         ss[1] = fmaf(k[r], k[r], ss[1]);
         ss[2] = fmaf(k[r], q[r], ss[2]);
     }
 #pragma unroll
     for (int c = 0; c < GDN1_CPW; c++)
-        v[c] = conv(wv[c], hv[c], xv[c]);
+        v[c] = CONV_DONE ? xv[c] : conv(wv[c], hv[c], xv[c]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
 
     /* new conv state: history shifted by one row, x last. v channels: by this warp's lanes 0..3 (one
      * column each); q/k channels: by warp 0 of the first block that reads key head kh */
-    if (lane < GDN1_CPW) {
+    if (!CONV_DONE && lane < GDN1_CPW) {
 #pragma unroll
         for (int c = 0; c < GDN1_CPW; c++)
             if (c == lane)
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(GDN1_WARPS * 32) gdn_decode_kernel(gdn_args a)
                     if (s < Km1)
                         cs_out[(size_t)s * a.conv_dim + chv + c] = s + 1 < Km1 ? hv[c][s + 1 < 3 ? s + 1 : 2] : xv[c];
     }
-    if (warp == 0 && sl == 0 && j % (a.Hv / a.Hk) == 0) {
+    if (!CONV_DONE && warp == 0 && sl == 0 && j % (a.Hv / a.Hk) == 0) {
 #pragma unroll
         for (int s = 0; s < 3; s++)
             if (s < Km1)
@@ -238,6 +240,9 @@ cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
     /* 16-byte loads of taps, history and inputs: K == 4, 4 rows per lane, every row start 16-byte aligned */
     const bool vec = a.K == 4 && a.dk / 32 % 4 == 0 && a.conv_dim % 4 == 0 &&
                      ((uintptr_t)a.conv_w | (uintptr_t)a.conv_state | (uintptr_t)a.mixed) % 16 == 0;
+    if (a.conv_done)
+        return gdn_decode_conv_fusable(a) ? launch_pdl(gdn_decode_kernel<128, true, true>, grid, dim3(GDN1_WARPS * 32), 0, s, a)
+                                          : cudaErrorInvalidValue;
     switch (a.dk) {
     case 32: return launch_pdl(gdn_decode_kernel<32, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     case 64: return launch_pdl(gdn_decode_kernel<64, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
@@ -246,6 +251,12 @@ cudaError_t launch_gdn_decode(const gdn_args &a, cudaStream_t s)
                    : launch_pdl(gdn_decode_kernel<128, false>, grid, dim3(GDN1_WARPS * 32), 0, s, a);
     default: return cudaErrorInvalidValue;
     }
+}
+
+bool gdn_decode_conv_fusable(const gdn_args &a)
+{
+    return a.K == 4 && a.dk == 128 && a.dv % GDN1_COLS == 0 && a.Hv % a.Hk == 0 && a.conv_dim % 4 == 0 &&
+           ((uintptr_t)a.conv_w | (uintptr_t)a.conv_state | (uintptr_t)a.mixed) % 16 == 0;
 }
 
 gdn_kernel gdn_kernel_choose(const gdn_args &a, int n_tokens, bool exact)

@@ -42,6 +42,15 @@ struct gemv_batch {
     int exact;    /* 1 (exact mode): the fp32 SIMT kernel only, never gemv_mma / gemv_stream (fp16 operands) */
     int kernel;   /* gemv_kernel_id: GEMV_KERNEL_AUTO, or a kernel the batch's shape supports (tests) */
     unsigned long long *timeline; /* per-block stamps (timeline.cuh); NULL: none */
+    /* The DeltaNet causal conv fused into the store (decode in_proj, gemv_stream only; conv_w NULL: none):
+     * rows r < conv_rows of matrix 0 are conv channels; with x the dot, y[r] = silu(Σ_s w[r][s]·hist[s][r] +
+     * w[r][3]·x) (K = 4 taps conv_w [conv_rows][4] fp32, history rows s = 0..2 of conv_state [2][3][conv_rows]
+     * in ping-pong buffer *step & 1), and the history shifted by one with x last into buffer (*step & 1) ^ 1:
+     * deltanet_decode.cu's conv (docs/MODEL.md §4.4 step 2), the same fp32 operations in the same order */
+    const float *conv_w;
+    float *conv_state;
+    int conv_rows;
+    const int *step; /* forward-call counter (device), written by the previous call */
 };
 
 struct gemv_input {

@@ -195,6 +195,8 @@ cudaError_t launch_gemv(const gemv_batch &b, const gemv_input &in, int out_mode,
     const gemv_kernel_id k = b.kernel != GEMV_KERNEL_AUTO ? (gemv_kernel_id)b.kernel : gemv_kernel_choose(b, n_tokens);
     if (k == GEMV_KERNEL_STREAM)
         return launch_gemv_stream(b, in, out_mode, argmax, s); /* gemv_stream.cu */
+    if (b.conv_w) /* the fused DeltaNet conv: the streamed kernel only */
+        return cudaErrorInvalidValue;
     if (k == GEMV_KERNEL_MMA)
         return launch_gemv_mma(b, in, out_mode, argmax, s); /* gemv_mma.cu */
     if (in.mode == GEMV_IN_GATED && (in.head_dim % (128 / b.m[0].bits)) != 0)

@@ -88,6 +88,21 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
         for (int i = 0; i < stages; i++)
             fill(i, i); /* weights only: before the previous kernel has finished */
     gemv_input_prefetch<GS_WARPS>(in, cols);
+    /* the fused DeltaNet conv: the first group's taps and history (old state), before the wait */
+    const bool conv = OUT_MODE == GEMV_OUT_STORE && b.conv_w;
+    const int cpar = conv ? (__ldcg(b.step) & 1) : 0;
+    float4 cw0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float ch0[3] = {0.0f, 0.0f, 0.0f};
+    if (conv && ks == 0 && lane < 16) {
+        const int row = (blockIdx.x * RT + rt) * 16 + lane; /* matrix 0 starts at tile 0 */
+        if ((int)blockIdx.x < n_groups && row < b.conv_rows) {
+            cw0 = __ldg(reinterpret_cast<const float4 *>(b.conv_w) + row);
+            const float *hs = b.conv_state + (size_t)cpar * 3 * b.conv_rows + row;
+#pragma unroll
+            for (int q = 0; q < 3; q++)
+                ch0[q] = hs[(size_t)q * b.conv_rows];
+        }
+    }
     pdl_trigger();
     pdl_wait();
     tl.waited();
@@ -141,6 +156,26 @@ gemv_stream_kernel(gemv_batch b, gemv_input in, int n_tiles, int stages, unsigne
 #pragma unroll
                 for (int q = 0; q < KS; q++)
                     v += s_part[i & 1][rt * KS + q][lane];
+                if (conv && m == 0 && row < b.conv_rows) {
+                    float4 w = cw0;
+                    float h[3] = {ch0[0], ch0[1], ch0[2]};
+                    if (i > 0) { /* later groups' taps and history: loaded now */
+                        w = __ldg(reinterpret_cast<const float4 *>(b.conv_w) + row);
+                        const float *hs = b.conv_state + (size_t)cpar * 3 * b.conv_rows + row;
+#pragma unroll
+                        for (int q = 0; q < 3; q++)
+                            h[q] = hs[(size_t)q * b.conv_rows];
+                    }
+                    float *ho = b.conv_state + (size_t)(cpar ^ 1) * 3 * b.conv_rows + row;
+                    ho[0] = h[1];
+                    ho[b.conv_rows] = h[2];
+                    ho[2 * (size_t)b.conv_rows] = v;
+                    float acc = 0.0f;
+                    acc = fmaf(w.x, h[0], acc);
+                    acc = fmaf(w.y, h[1], acc);
+                    acc = fmaf(w.z, h[2], acc);
+                    v = silu_f(fmaf(w.w, v, acc));
+                }
                 float *y = b.y[m] + row;
                 if (OUT_MODE == GEMV_OUT_ADD)
                     *y = (i == 0 ? y_first : *y) + v;
@@ -259,7 +294,8 @@ static cudaError_t gs_ks(const gemv_batch &b, const gemv_input &in, unsigned lon
 cudaError_t launch_gemv_stream(const gemv_batch &b, const gemv_input &in, int out_mode, unsigned long long *argmax,
                                cudaStream_t s)
 {
-    if (!gemv_stream_supported(b, 1))
+    if (!gemv_stream_supported(b, 1) ||
+        (b.conv_w && (out_mode != GEMV_OUT_STORE || !b.step || b.conv_rows > b.m[0].rows)))
         return cudaErrorInvalidValue;
     if (in.mode == GEMV_IN_PLAIN) {
         if (out_mode == GEMV_OUT_STORE) return gs_ks<GEMV_IN_PLAIN, GEMV_OUT_STORE>(b, in, argmax, s);
