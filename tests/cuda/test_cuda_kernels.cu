@@ -951,6 +951,8 @@ static void test_gdn_conv_in_proj(int Hk, int Hv, int dk, int cols)
     a[1].conv_done = 1;
     cudaError_t e = gdn_decode_conv_fusable(a[1]) ? cudaSuccess : cudaErrorInvalidValue;
     bool same = true, finite = true;
+    double dmax = 0.0;
+    int dfirst = -1, dstep_first = -1;
     for (int step = 0; step < 3 && e == cudaSuccess; step++) {
         CK(launch_set_int(dstep, step, 0));
         for (int v = 0; v < 2 && e == cudaSuccess; v++) {
@@ -962,8 +964,13 @@ static void test_gdn_conv_in_proj(int Hk, int Hv, int dk, int cols)
         if (e == cudaSuccess) {
             const std::vector<float> o0 = host_copy(a[0].out, vd), o1 = host_copy(a[1].out, vd);
             same &= !memcmp(o0.data(), o1.data(), (size_t)vd * 4);
-            for (float x : o1)
-                finite &= isfinite(x) != 0;
+            for (int i = 0; i < vd; i++) {
+                finite &= isfinite(o1[i]) != 0;
+                const double d = fabs((double)o0[i] - o1[i]);
+                if (d > 0 && dfirst < 0)
+                    dfirst = i, dstep_first = step;
+                dmax = d > dmax ? d : dmax;
+            }
         }
     }
     if (e != cudaSuccess) {
@@ -976,9 +983,17 @@ static void test_gdn_conv_in_proj(int Hk, int Hv, int dk, int cols)
     const bool st_same = S_0 == S_1, cs_same = c_0 == c_1;
     const bool ok = same && finite && st_same && cs_same;
     g_fail += !ok;
-    printf("%s %s (3 calls): outputs %s%s, state %s, conv history %s\n", ok ? "ok  " : "FAIL", what,
+    int cs_first = -1;
+    for (size_t i = 0; i < c_0.size() && cs_first < 0; i++)
+        if (c_0[i] != c_1[i])
+            cs_first = (int)i;
+    printf("%s %s (3 calls): outputs %s%s, state %s, conv history %s", ok ? "ok  " : "FAIL", what,
            same ? "bit-identical to the conv in the decode kernel" : "DIFFER", finite ? "" : " (NaN: read before the store)",
            st_same ? "bit-identical" : "DIFFER", cs_same ? "bit-identical" : "DIFFER");
+    if (!ok)
+        printf(" (outputs: max |d| %.3g, first at %d in call %d; conv history first differs at %d of %zu)", dmax, dfirst,
+               dstep_first, cs_first, c_0.size());
+    printf("\n");
     cudaFree(dstep), cudaFree(proj[0]), cudaFree(proj[1]);
 }
 
