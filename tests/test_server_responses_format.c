@@ -186,6 +186,20 @@ static void test_bad_requests_name_the_responses_field(void **state)
     assert_rejected("{\"input\":\"hi\",\"stream\":1}", "stream", "expected a boolean");
 }
 
+/* What a careless client sends: each a 400, never a crash (a content part without its text once read the type
+ * of a missing field: a NULL dereference in the server). */
+static void test_hostile_requests_are_400s(void **state)
+{
+    (void)state;
+    assert_rejected("{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}",
+                    "input[0].content[0]", "expected a string, but got nothing");
+    assert_rejected("{\"input\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"refusal\"}]}]}",
+                    "input[0].content[0]", "'input[0].content[0].refusal': expected a string, but got nothing");
+    assert_rejected("{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"t\",\"arguments\":\"{}\"},"
+                    "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":[{\"type\":\"output_text\"}]}]}",
+                    "input[1].output[0]", "got nothing");
+}
+
 static const lily_oai_ident IDENT = {.id = "resp_R", .created = 123, .model = "m"};
 
 /* The types of out[0..n) appended to types ("a,b,"), each event's sequence_number checked to follow *seq. */
@@ -362,6 +376,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation_of_a_tool_round_trip),
         cmocka_unit_test(test_bad_requests_name_the_responses_field),
+        cmocka_unit_test(test_hostile_requests_are_400s),
         cmocka_unit_test(test_stream_events_and_the_response),
         cmocka_unit_test(test_stream_error_is_an_error_event),
     };
