@@ -1,6 +1,7 @@
 /* responses.c — OpenAI's Responses API wire format (responses.h). */
 #include "server/responses.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -479,8 +480,9 @@ static bool translate(json_t *b, json_t *oai, json_t *echo, lily_oai_error *e)
         return false;
     json_t *mt = json_object_get(b, "max_output_tokens");
     if (mt && !json_is_null(mt)) {
-        if (!json_is_integer(mt) || json_integer_value(mt) < 1)
-            return bad(e, "max_output_tokens", "Invalid 'max_output_tokens': expected an integer >= 1.");
+        if (!json_is_integer(mt) || json_integer_value(mt) < 1 || json_integer_value(mt) > INT_MAX)
+            return bad(e, "max_output_tokens", "Invalid 'max_output_tokens': expected an integer >= 1 and <= %d.",
+                       INT_MAX);
         json_object_set(oai, "max_tokens", mt);
     }
     json_t *reasoning = json_object_get(b, "reasoning");
