@@ -198,6 +198,8 @@ static void test_hostile_requests_are_400s(void **state)
     assert_rejected("{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"t\",\"arguments\":\"{}\"},"
                     "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":[{\"type\":\"output_text\"}]}]}",
                     "input[1].output[0]", "got nothing");
+    /* a field the Response echoes keeps its type there: a typed client reads user as a string or null */
+    assert_rejected("{\"input\":\"hi\",\"user\":5}", "user", "expected a string, but got an integer");
     /* a chat field's bound is named by its Responses name, not the chat route's max_tokens */
     assert_rejected("{\"input\":\"hi\",\"max_output_tokens\":4611686018427387904}", "max_output_tokens", "<= 2147483647");
 }

@@ -485,6 +485,10 @@ static bool translate(json_t *b, json_t *oai, json_t *echo, lily_oai_error *e)
                        INT_MAX);
         json_object_set(oai, "max_tokens", mt);
     }
+    json_t *user = json_object_get(b, "user"); /* echoed: a typed client reads a string or null there */
+    if (user && !json_is_null(user) && !json_is_string(user))
+        return bad(e, "user", "Invalid type for 'user': expected a string, but got %s instead.",
+                   lily_oai_json_kind(user));
     json_t *reasoning = json_object_get(b, "reasoning");
     json_t *effort = json_object_get(reasoning, "effort");
     if (reasoning && !json_is_null(reasoning) && !json_is_object(reasoning))
