@@ -221,10 +221,10 @@ static void collect(json_t **out, int n, char *types, size_t cap, int *seq)
 static void feed(lily_resp_output *o, bool stream, char *types, size_t cap, json_t **last_done)
 {
     const lily_output_event evs[] = {
-        {LILY_OUTPUT_REASONING, -1, "th", 2},  {LILY_OUTPUT_REASONING, -1, "ink", 3},
-        {LILY_OUTPUT_CONTENT, -1, "Hel", 3},   {LILY_OUTPUT_CONTENT, -1, "lo", 2},
-        {LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3}, {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\"", 4},
-        {LILY_OUTPUT_TOOL_ARGUMENTS, 0, ":1}", 3},  {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0},
+        {LILY_OUTPUT_REASONING, -1, "th", 2, false},  {LILY_OUTPUT_REASONING, -1, "ink", 3, false},
+        {LILY_OUTPUT_CONTENT, -1, "Hel", 3, false},   {LILY_OUTPUT_CONTENT, -1, "lo", 2, false},
+        {LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3, false}, {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\"", 4, false},
+        {LILY_OUTPUT_TOOL_ARGUMENTS, 0, ":1}", 3, false},  {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0, false},
     };
     int seq = o->seq;
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) {
@@ -320,7 +320,7 @@ static void test_stream_events_and_the_response(void **state)
     lily_resp_output_free(&o);
 
     assert_true(lily_resp_output_init(&o, &IDENT, echo));
-    lily_output_event ev = {LILY_OUTPUT_CONTENT, -1, "cut", 3};
+    lily_output_event ev = {LILY_OUTPUT_CONTENT, -1, "cut", 3, false};
     assert_int_equal(lily_resp_output_event(&o, &ev, NULL, NULL), 0);
     n = lily_resp_output_end(&o, true, &u, out);
     assert_int_equal(n, 4); /* text done, part done, item done, response.incomplete */
@@ -332,6 +332,28 @@ static void test_stream_events_and_the_response(void **state)
     assert_json(json_object_get(out[0], "text"), "\"cut\"");
     for (int i = 0; i < n; i++)
         json_decref(out[i]);
+    lily_resp_output_free(&o);
+
+    /* a function call cut short (finish closed it: unfinished) is an incomplete item, not a completed call a
+     * client would run with arguments as far as they got */
+    assert_true(lily_resp_output_init(&o, &IDENT, echo));
+    const lily_output_event cut[] = {{LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3, false},
+                                     {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\":\"\"}", 8, false},
+                                     {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0, true}};
+    for (size_t i = 0; i < 3; i++) {
+        n = lily_resp_output_event(&o, &cut[i], "call_X", out);
+        if (i == 2) {
+            assert_int_equal(n, 2); /* arguments done, item done */
+            assert_json(json_object_get(json_object_get(out[1], "item"), "status"), "\"incomplete\"");
+        }
+        for (int k = 0; k < n; k++)
+            json_decref(out[k]);
+    }
+    n = lily_resp_output_end(&o, true, &u, out);
+    assert_int_equal(n, 1);
+    assert_json(json_object_get(json_array_get(json_object_get(json_object_get(out[0], "response"), "output"), 0),
+                                "status"), "\"incomplete\"");
+    json_decref(out[0]);
     lily_resp_output_free(&o);
     json_decref(echo);
 }

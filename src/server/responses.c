@@ -740,7 +740,8 @@ int lily_resp_output_event(lily_resp_output *o, const lily_output_event *ev, con
 {
     int n = 0;
     if (ev->kind == LILY_OUTPUT_TOOL_CALL_END)
-        return o->open == LILY_OUTPUT_TOOL_CALL_START ? close_item(o, "completed", out) : 0;
+        return o->open == LILY_OUTPUT_TOOL_CALL_START ? close_item(o, ev->unfinished ? "incomplete" : "completed", out)
+                                                      : 0; /* a call cut short is no completed call */
     if (ev->kind == LILY_OUTPUT_TOOL_CALL_START) {
         n += close_item(o, "completed", out ? out + n : NULL);
         return n + open_new_item(o, LILY_OUTPUT_TOOL_CALL_START, ev->text, call_id, out ? out + n : NULL);
