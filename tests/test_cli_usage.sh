@@ -100,6 +100,11 @@ for args in "run -m $M -p hi" "chat -m $M" "serve -m $M"; do
         "lily $cmd: --top-p expects a number in [0, 1], got \"-0.1\"" $args --top-p=-0.1
 done
 check "run --top-p 0 is accepted" 0 out "" run -m "$M" -p hi -n 2 --top-p 0
+# --- --seed: a non-negative integer or -1; " -5" was read by strtoull as 2^64-5 ---
+check "run --seed ' -5' is a usage error" 2 err 'lily run: --seed expects a non-negative integer, or -1' \
+    run -m "$M" -p hi -n 1 --seed " -5"
+check "run --seed -2 is a usage error" 2 err 'lily run: --seed expects a non-negative integer, or -1' \
+    run -m "$M" -p hi -n 1 --seed=-2
 check "serve --top-p 0 is accepted (the model load fails next)" 1 err "lily serve: loading model 'nope'" \
     serve -m "$TMP/nope" --port 0 --top-p 0
 check "run --help: --top-p 0 is greedy" 0 out "--top-p P          nucleus cut in [0, 1]; 0 = greedy" run --help

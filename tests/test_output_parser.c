@@ -650,9 +650,16 @@ static void test_finish_reason_stop_and_length(void **state)
 
 /* call_unfinished: the text ended inside a call (the server then reports a stop string that cut it as "stop",
  * not "tool_calls"), for every cut point before </function>; not after it, nor for text without a call. */
+static void on_end_event(void *user, const lily_output_event *ev)
+{
+    if (ev->kind == LILY_OUTPUT_TOOL_CALL_END)
+        *(int *)user = ev->unfinished;
+}
+
 static bool unfinished_after(const char *text, size_t len)
 {
-    lily_output_parser_options opts = {0};
+    int end_unfinished = -1; /* the TOOL_CALL_END event's unfinished flag (-1: no such event) */
+    lily_output_parser_options opts = {.on_event = on_end_event, .user = &end_unfinished};
     lily_output_parser *p = NULL;
     lily_error err = {0};
     assert_int_equal(lily_output_parser_new(&opts, &p, &err), LILY_OK);
@@ -660,6 +667,9 @@ static bool unfinished_after(const char *text, size_t len)
     assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
     bool unfinished = lily_output_parser_result(p)->call_unfinished;
     lily_output_parser_free(p);
+    if (end_unfinished >= 0 && end_unfinished != unfinished) /* the event says what the result says */
+        fail_msg("TOOL_CALL_END's unfinished %d, call_unfinished %d for %.*s", end_unfinished, unfinished, (int)len,
+                 text);
     return unfinished;
 }
 

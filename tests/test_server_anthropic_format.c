@@ -406,10 +406,10 @@ static void test_stream_events(void **state)
     (void)state;
     lily_anth_stream st = {.index = -1, .kind = -1};
     const lily_output_event evs[] = {
-        {LILY_OUTPUT_REASONING, -1, "hm", 2},     {LILY_OUTPUT_REASONING, -1, "m", 1},
-        {LILY_OUTPUT_CONTENT, -1, "Hi", 2},       {LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3},
-        {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\"", 4}, {LILY_OUTPUT_TOOL_ARGUMENTS, 0, ":1}", 3},
-        {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0},
+        {LILY_OUTPUT_REASONING, -1, "hm", 2, false},     {LILY_OUTPUT_REASONING, -1, "m", 1, false},
+        {LILY_OUTPUT_CONTENT, -1, "Hi", 2, false},       {LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3, false},
+        {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\"", 4, false}, {LILY_OUTPUT_TOOL_ARGUMENTS, 0, ":1}", 3, false},
+        {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0, false},
     };
     char seq[2048] = "";
     json_t *out[3];

@@ -122,6 +122,17 @@ static void fake_run(void *user, lily_job *job)
         lily_job_finish(job);
         return;
     }
+    if (mode && !strcmp(mode, "drip")) { /* a 4 KiB chunk every 10 ms until cancelled (a client keeps up) */
+        lily_job_begin(job, 200, true);
+        static char piece[4096];
+        memset(piece, 'x', sizeof piece);
+        while (!lily_job_cancelled(job) && lily_job_write(job, piece, sizeof piece) == LILY_OK)
+            usleep(10000);
+        if (lily_job_cancelled(job))
+            atomic_fetch_add(&cancelled_jobs, 1);
+        lily_job_finish(job);
+        return;
+    }
     if (mode && !strcmp(mode, "quiet")) { /* a stream that starts, then writes nothing until cancelled */
         lily_job_begin(job, 200, true);
         emit(job, lily_oai_chat_chunk(&id, lily_oai_delta_role(), NULL, NULL, false));
@@ -548,6 +559,43 @@ static void test_http_stream_left_while_quiet(void **state)
     assert_non_null(strstr(log, " cancelled"));
     if (strstr(log, "application error"))
         fail_msg("microhttpd's error for a stream its client left was logged:\n%s", log);
+    free(log);
+}
+
+/* A client that resets a stream being written (SO_LINGER 0: RST, not FIN): microhttpd's failed send ("forcibly
+ * closed by remote peer") is a client that left, not news: only the request's own line (499 ... cancelled). */
+static void test_http_stream_reset_by_client_is_not_logged(void **state)
+{
+    (void)state;
+    int before = atomic_load(&cancelled_jobs);
+    log_capture cap;
+    log_capture_begin(&cap);
+    int fd = connect_server();
+    send_request(fd, "POST", "/v1/chat/completions", NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"drip\"}],\"stream\":true}");
+    char buf[4096];
+    assert_true(read(fd, buf, sizeof buf) > 0); /* the stream started; unread bytes keep coming */
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+    close(fd);
+    for (int i = 0; i < 500 && atomic_load(&cancelled_jobs) == before; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
+    char *log = NULL;
+    for (int i = 0; i < 500; i++) {
+        free(log);
+        log = log_capture_read(&cap);
+        if (log && strstr(log, " cancelled"))
+            break;
+        usleep(10000);
+    }
+    free(log);
+    log = log_capture_end(&cap);
+    assert_non_null(log);
+    if (!strstr(log, " 499 "))
+        fail_msg("no 499 for a stream its client reset:\n%s", log);
+    if (strstr(log, "microhttpd"))
+        fail_msg("microhttpd's error for a stream its client reset was logged:\n%s", log);
     free(log);
 }
 
@@ -1251,6 +1299,7 @@ int main(void)
         cmocka_unit_test(test_http_first_event_is_not_held_for_the_second),
         cmocka_unit_test(test_http_disconnect_cancels_then_next_request_completes),
         cmocka_unit_test(test_http_stream_left_while_quiet),
+        cmocka_unit_test(test_http_stream_reset_by_client_is_not_logged),
         cmocka_unit_test(test_http_queue_full_is_503),
         cmocka_unit_test(test_http_bearer_auth_is_401),
         cmocka_unit_test(test_http_disconnect_before_body_is_499),

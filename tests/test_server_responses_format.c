@@ -186,6 +186,24 @@ static void test_bad_requests_name_the_responses_field(void **state)
     assert_rejected("{\"input\":\"hi\",\"stream\":1}", "stream", "expected a boolean");
 }
 
+/* What a careless client sends: each a 400, never a crash (a content part without its text once read the type
+ * of a missing field: a NULL dereference in the server). */
+static void test_hostile_requests_are_400s(void **state)
+{
+    (void)state;
+    assert_rejected("{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}",
+                    "input[0].content[0]", "expected a string, but got nothing");
+    assert_rejected("{\"input\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"refusal\"}]}]}",
+                    "input[0].content[0]", "'input[0].content[0].refusal': expected a string, but got nothing");
+    assert_rejected("{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"t\",\"arguments\":\"{}\"},"
+                    "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":[{\"type\":\"output_text\"}]}]}",
+                    "input[1].output[0]", "got nothing");
+    /* a field the Response echoes keeps its type there: a typed client reads user as a string or null */
+    assert_rejected("{\"input\":\"hi\",\"user\":5}", "user", "expected a string, but got an integer");
+    /* a chat field's bound is named by its Responses name, not the chat route's max_tokens */
+    assert_rejected("{\"input\":\"hi\",\"max_output_tokens\":4611686018427387904}", "max_output_tokens", "<= 2147483647");
+}
+
 static const lily_oai_ident IDENT = {.id = "resp_R", .created = 123, .model = "m"};
 
 /* The types of out[0..n) appended to types ("a,b,"), each event's sequence_number checked to follow *seq. */
@@ -203,10 +221,10 @@ static void collect(json_t **out, int n, char *types, size_t cap, int *seq)
 static void feed(lily_resp_output *o, bool stream, char *types, size_t cap, json_t **last_done)
 {
     const lily_output_event evs[] = {
-        {LILY_OUTPUT_REASONING, -1, "th", 2},  {LILY_OUTPUT_REASONING, -1, "ink", 3},
-        {LILY_OUTPUT_CONTENT, -1, "Hel", 3},   {LILY_OUTPUT_CONTENT, -1, "lo", 2},
-        {LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3}, {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\"", 4},
-        {LILY_OUTPUT_TOOL_ARGUMENTS, 0, ":1}", 3},  {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0},
+        {LILY_OUTPUT_REASONING, -1, "th", 2, false},  {LILY_OUTPUT_REASONING, -1, "ink", 3, false},
+        {LILY_OUTPUT_CONTENT, -1, "Hel", 3, false},   {LILY_OUTPUT_CONTENT, -1, "lo", 2, false},
+        {LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3, false}, {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\"", 4, false},
+        {LILY_OUTPUT_TOOL_ARGUMENTS, 0, ":1}", 3, false},  {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0, false},
     };
     int seq = o->seq;
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) {
@@ -302,7 +320,7 @@ static void test_stream_events_and_the_response(void **state)
     lily_resp_output_free(&o);
 
     assert_true(lily_resp_output_init(&o, &IDENT, echo));
-    lily_output_event ev = {LILY_OUTPUT_CONTENT, -1, "cut", 3};
+    lily_output_event ev = {LILY_OUTPUT_CONTENT, -1, "cut", 3, false};
     assert_int_equal(lily_resp_output_event(&o, &ev, NULL, NULL), 0);
     n = lily_resp_output_end(&o, true, &u, out);
     assert_int_equal(n, 4); /* text done, part done, item done, response.incomplete */
@@ -314,6 +332,28 @@ static void test_stream_events_and_the_response(void **state)
     assert_json(json_object_get(out[0], "text"), "\"cut\"");
     for (int i = 0; i < n; i++)
         json_decref(out[i]);
+    lily_resp_output_free(&o);
+
+    /* a function call cut short (finish closed it: unfinished) is an incomplete item, not a completed call a
+     * client would run with arguments as far as they got */
+    assert_true(lily_resp_output_init(&o, &IDENT, echo));
+    const lily_output_event cut[] = {{LILY_OUTPUT_TOOL_CALL_START, 0, "get", 3, false},
+                                     {LILY_OUTPUT_TOOL_ARGUMENTS, 0, "{\"a\":\"\"}", 8, false},
+                                     {LILY_OUTPUT_TOOL_CALL_END, 0, "", 0, true}};
+    for (size_t i = 0; i < 3; i++) {
+        n = lily_resp_output_event(&o, &cut[i], "call_X", out);
+        if (i == 2) {
+            assert_int_equal(n, 2); /* arguments done, item done */
+            assert_json(json_object_get(json_object_get(out[1], "item"), "status"), "\"incomplete\"");
+        }
+        for (int k = 0; k < n; k++)
+            json_decref(out[k]);
+    }
+    n = lily_resp_output_end(&o, true, &u, out);
+    assert_int_equal(n, 1);
+    assert_json(json_object_get(json_array_get(json_object_get(json_object_get(out[0], "response"), "output"), 0),
+                                "status"), "\"incomplete\"");
+    json_decref(out[0]);
     lily_resp_output_free(&o);
     json_decref(echo);
 }
@@ -362,6 +402,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation_of_a_tool_round_trip),
         cmocka_unit_test(test_bad_requests_name_the_responses_field),
+        cmocka_unit_test(test_hostile_requests_are_400s),
         cmocka_unit_test(test_stream_events_and_the_response),
         cmocka_unit_test(test_stream_error_is_an_error_event),
     };

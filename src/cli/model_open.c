@@ -6,6 +6,7 @@
  * weights load; the tokenizer's largest id fits the model's vocab_size. A chat template other than the
  * known Qwen3.6 one is a warning (lily renders the built-in template anyway).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -304,7 +305,7 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         if (!strcmp(value, "-1")) {
             o->set_seed = false;
             o->random_seed = true;
-        } else if (!*value || *end || errno || value[0] == '-') {
+        } else if (!isdigit((unsigned char)value[0]) || *end || errno) { /* " -5": strtoull wraps it */
             fprintf(stderr, "lily %s: --seed expects a non-negative integer, or -1 for a random seed, got \"%s\"\n",
                     cmd, value);
             return -1;

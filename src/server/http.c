@@ -1255,7 +1255,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         mhd_error_status = (int)status;
         atomic_fetch_add(&srv->n_by_status[status_class((int)status)], 1);
     }
-    if (strstr(msg, "closed by remote side") || strstr(msg, "detected connection closure") ||
+    if (strstr(msg, "closed by remote side") || strstr(msg, "forcibly closed by remote peer") || /* FIN, RST */
+        strstr(msg, "detected connection closure") ||
         (stream_ended_for_client && strstr(msg, "application error generating response")))
         return; /* a client that left (or a connection closed to keep a slot free): not news */
     fprintf(stderr, "lily serve: microhttpd: %s", msg);

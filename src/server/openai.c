@@ -195,6 +195,8 @@ static bool bad(lily_oai_error *e, const char *param, const char *fmt, ...)
 
 const char *lily_oai_json_kind(const json_t *v)
 {
+    if (!v) /* a missing field (json_object_get's NULL) */
+        return "nothing";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";

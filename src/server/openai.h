@@ -226,7 +226,7 @@ json_t *lily_oai_string(const char *s, size_t len);
 size_t lily_oai_utf8_cut(const char *s, size_t n);
 
 /* "an object", "an array", "a string", "an integer", "a number", "a boolean" or "null": v's JSON type, for
- * "expected X, but got Y instead" messages. */
+ * "expected X, but got Y instead" messages; "nothing" when v is NULL (the field is missing). */
 const char *lily_oai_json_kind(const json_t *v);
 
 /* "event: TYPE\ndata: JSON\n\n" for an event object with a "type" (the Messages API's and the Responses API's

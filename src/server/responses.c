@@ -1,6 +1,7 @@
 /* responses.c — OpenAI's Responses API wire format (responses.h). */
 #include "server/responses.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -479,10 +480,15 @@ static bool translate(json_t *b, json_t *oai, json_t *echo, lily_oai_error *e)
         return false;
     json_t *mt = json_object_get(b, "max_output_tokens");
     if (mt && !json_is_null(mt)) {
-        if (!json_is_integer(mt) || json_integer_value(mt) < 1)
-            return bad(e, "max_output_tokens", "Invalid 'max_output_tokens': expected an integer >= 1.");
+        if (!json_is_integer(mt) || json_integer_value(mt) < 1 || json_integer_value(mt) > INT_MAX)
+            return bad(e, "max_output_tokens", "Invalid 'max_output_tokens': expected an integer >= 1 and <= %d.",
+                       INT_MAX);
         json_object_set(oai, "max_tokens", mt);
     }
+    json_t *user = json_object_get(b, "user"); /* echoed: a typed client reads a string or null there */
+    if (user && !json_is_null(user) && !json_is_string(user))
+        return bad(e, "user", "Invalid type for 'user': expected a string, but got %s instead.",
+                   lily_oai_json_kind(user));
     json_t *reasoning = json_object_get(b, "reasoning");
     json_t *effort = json_object_get(reasoning, "effort");
     if (reasoning && !json_is_null(reasoning) && !json_is_object(reasoning))
@@ -734,7 +740,8 @@ int lily_resp_output_event(lily_resp_output *o, const lily_output_event *ev, con
 {
     int n = 0;
     if (ev->kind == LILY_OUTPUT_TOOL_CALL_END)
-        return o->open == LILY_OUTPUT_TOOL_CALL_START ? close_item(o, "completed", out) : 0;
+        return o->open == LILY_OUTPUT_TOOL_CALL_START ? close_item(o, ev->unfinished ? "incomplete" : "completed", out)
+                                                      : 0; /* a call cut short is no completed call */
     if (ev->kind == LILY_OUTPUT_TOOL_CALL_START) {
         n += close_item(o, "completed", out ? out + n : NULL);
         return n + open_new_item(o, LILY_OUTPUT_TOOL_CALL_START, ev->text, call_id, out ? out + n : NULL);

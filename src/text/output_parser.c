@@ -206,7 +206,8 @@ struct lily_output_parser {
 static void emit(lily_output_parser *p, lily_output_event_kind kind, int index, const char *text, size_t len)
 {
     if (p->opts.on_event) {
-        lily_output_event ev = {kind, index, text, len};
+        /* call_unfinished is set by finish just before it closes a call the text cut short */
+        lily_output_event ev = {kind, index, text, len, kind == LILY_OUTPUT_TOOL_CALL_END && p->result.call_unfinished};
         p->opts.on_event(p->opts.user, &ev);
     }
 }

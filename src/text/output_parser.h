@@ -45,7 +45,7 @@ typedef enum {
     LILY_OUTPUT_CONTENT,         /* text: content delta */
     LILY_OUTPUT_TOOL_CALL_START, /* tool_index, text: the function name (complete) */
     LILY_OUTPUT_TOOL_ARGUMENTS,  /* tool_index, text: the next fragment of the arguments JSON */
-    LILY_OUTPUT_TOOL_CALL_END,   /* tool_index, text: empty; the arguments are complete */
+    LILY_OUTPUT_TOOL_CALL_END,   /* tool_index, text: empty; the arguments are complete (unfinished: cut short) */
 } lily_output_event_kind;
 
 typedef struct {
@@ -53,6 +53,8 @@ typedef struct {
     int tool_index;              /* 0-based, for the TOOL_* kinds; -1 otherwise */
     const char *text;            /* NUL-terminated; valid only during the callback */
     size_t len;
+    bool unfinished;             /* TOOL_CALL_END: the text ended inside the call (max tokens or a stop string
+                                  * cut it) and finish closed it, arguments as far as they got */
 } lily_output_event;
 
 typedef void (*lily_output_callback)(void *user, const lily_output_event *event);
