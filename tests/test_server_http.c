@@ -532,6 +532,28 @@ static char *log_capture_end(log_capture *c)
     return text;
 }
 
+/* After a client left a stream: wait for its job's cancellation (cancelled_jobs past before) and for the
+ * request's log line (" cancelled"; it comes when the connection thread is done), end the capture and return
+ * what it caught (malloc'd, non-NULL). */
+static char *wait_cancelled_log(log_capture *cap, int before)
+{
+    for (int i = 0; i < 500 && atomic_load(&cancelled_jobs) == before; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
+    char *log = NULL;
+    for (int i = 0; i < 500; i++) {
+        free(log);
+        log = log_capture_read(cap);
+        if (log && strstr(log, " cancelled"))
+            break;
+        usleep(10000);
+    }
+    free(log);
+    log = log_capture_end(cap);
+    assert_non_null(log);
+    return log;
+}
+
 /* A client that leaves a stream while the engine has nothing to send (a long prefill, a slow token): the job is
  * cancelled, and microhttpd's "application error" for the stream lily ended is not logged (the request's own
  * log line says "cancelled"). */
@@ -542,20 +564,7 @@ static void test_http_stream_left_while_quiet(void **state)
     log_capture cap;
     log_capture_begin(&cap);
     stream_then_leave("quiet");
-    for (int i = 0; i < 500 && atomic_load(&cancelled_jobs) == before; i++)
-        usleep(10000);
-    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
-    char *log = NULL;
-    for (int i = 0; i < 500; i++) { /* the request's log line comes when its connection thread is done */
-        free(log);
-        log = log_capture_read(&cap);
-        if (log && strstr(log, " cancelled"))
-            break;
-        usleep(10000);
-    }
-    free(log);
-    log = log_capture_end(&cap);
-    assert_non_null(log);
+    char *log = wait_cancelled_log(&cap, before);
     assert_non_null(strstr(log, " cancelled"));
     if (strstr(log, "application error"))
         fail_msg("microhttpd's error for a stream its client left was logged:\n%s", log);
@@ -578,20 +587,7 @@ static void test_http_stream_reset_by_client_is_not_logged(void **state)
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
     close(fd);
-    for (int i = 0; i < 500 && atomic_load(&cancelled_jobs) == before; i++)
-        usleep(10000);
-    assert_int_equal(atomic_load(&cancelled_jobs), before + 1);
-    char *log = NULL;
-    for (int i = 0; i < 500; i++) {
-        free(log);
-        log = log_capture_read(&cap);
-        if (log && strstr(log, " cancelled"))
-            break;
-        usleep(10000);
-    }
-    free(log);
-    log = log_capture_end(&cap);
-    assert_non_null(log);
+    char *log = wait_cancelled_log(&cap, before);
     if (!strstr(log, " 499 "))
         fail_msg("no 499 for a stream its client reset:\n%s", log);
     if (strstr(log, "microhttpd"))
