@@ -55,7 +55,7 @@ static void test_translation_of_a_tool_round_trip(void **state)
         fail_msg("rejected: %s", e.message);
     assert_true(req.is_chat && req.responses && !req.anthropic);
     assert_json(req.messages,
-                "[{\"role\":\"system\",\"content\":\"Be brief.\\n\\nUse tools.\"},"
+                "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"developer\",\"content\":\"Use tools.\"},"
                 "{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
                 "{\"role\":\"assistant\",\"content\":\"Let me look.\",\"reasoning_content\":\"hm\",\"tool_calls\":["
                 "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":"
@@ -112,6 +112,14 @@ static void test_translation_of_a_tool_round_trip(void **state)
                               "\"function\":{\"name\":\"t\",\"arguments\":\"{}\"}}]}]");
     assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_REQUIRED);
     assert_true(req.json_output && !req.json_schema);
+    lily_oai_request_free(&req);
+
+    /* a developer item after a user turn stays where it is (rendering joins it to the system block) */
+    const char *late = "{\"instructions\":\"\",\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+                       "{\"role\":\"developer\",\"content\":\"late\"}]}";
+    assert_true(lily_resp_parse_request(late, strlen(late), &req, &e));
+    assert_json(req.messages, "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"developer\",\"content\":"
+                              "\"late\"}]");
     lily_oai_request_free(&req);
 }
 

@@ -245,8 +245,9 @@ static bool input_item(json_t *item, const char *where, json_t *msgs, assistant_
                          "'function_call' and 'function_call_output'.", where, quoted_len(type), type);
 }
 
-/* instructions and input as chat messages. The instructions and the system / developer messages that open
- * the input become one system message (the chat template takes a system message only first). */
+/* instructions and input as chat messages: the instructions as a system message, then the items in order. A
+ * system / developer item stays where it is: the server joins every system message into the chat template's
+ * one system block (lily_chat_options.fold_system). */
 static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
 {
     json_t *instructions = json_object_get(b, "instructions");
@@ -268,11 +269,11 @@ static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
     bool ok = items && call_ids;
     if (!ok)
         oom(e);
+    if (ok && json_string_length(instructions) > 0 && /* "": no instructions */
+        json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
+                                              json_string_value(instructions), json_string_length(instructions))))
+        ok = oom(e);
     assistant_turn turn = {.stage = -1};
-    text_buf system = {0};
-    bool leading = true, has_system = json_string_length(instructions) > 0; /* "": no instructions */
-    if (ok && has_system)
-        ok = text_append(&system, json_string_value(instructions), json_string_length(instructions)) || oom(e);
     size_t i;
     json_t *item;
     json_array_foreach(items, i, item) {
@@ -280,31 +281,10 @@ static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
             break;
         char where[48];
         snprintf(where, sizeof where, "input[%zu]", i);
-        const char *role = json_string_value(json_object_get(item, "role"));
-        json_t *type = json_object_get(item, "type");
-        bool system_item = role && (!strcmp(role, "system") || !strcmp(role, "developer")) &&
-                           (!type || (json_is_string(type) && !strcmp(json_string_value(type), "message")));
-        if (leading && system_item) {
-            char fw[64];
-            snprintf(fw, sizeof fw, "%s.content", where);
-            ok = (!has_system || text_append(&system, "\n\n", 2) || oom(e)) &&
-                 content_text(json_object_get(item, "content"), fw, &system, e);
-            has_system = true;
-            continue;
-        }
-        if (leading && has_system &&
-            json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
-                                                  system.p ? system.p : "", system.n)))
-            ok = oom(e);
-        leading = false;
-        ok = ok && input_item(item, where, msgs, &turn, call_ids, e);
+        ok = input_item(item, where, msgs, &turn, call_ids, e);
     }
-    if (ok && leading && has_system) /* only instructions and system messages */
-        ok = !json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
-                                                    system.p ? system.p : "", system.n)) || oom(e);
     ok = ok && flush_assistant(&turn, msgs, e);
     assistant_turn_clear(&turn);
-    free(system.p);
     json_decref(items);
     json_decref(call_ids);
     return ok;

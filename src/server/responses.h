@@ -2,7 +2,8 @@
  *
  * Owns: validating a Responses request and translating it into the same lily_oai_request the chat path runs
  * (instructions -> a system message; input as a string -> a user message; message items -> messages,
- * developer kept as developer; reasoning / assistant message / function_call items of one turn -> one
+ * developer kept as developer, a system / developer item where it is (rendering folds them all into the one
+ * system block); reasoning / assistant message / function_call items of one turn -> one
  * assistant message with reasoning_content, content and tool_calls; function_call_output -> a tool message;
  * flat function tools -> chat tools; tool_choice {"type":"function","name"} -> named; text.format ->
  * response_format; max_output_tokens -> max_tokens; reasoning.effort -> reasoning_effort); and every JSON

@@ -1009,7 +1009,10 @@ static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *t
         char *prompt = NULL;
         size_t plen = 0;
         json_t *treq = lily_oai_template_request(req);
-        st = treq ? lily_chat_render_n(treq, NULL, &prompt, &plen, &err)
+        lily_chat_options co; /* a system / developer message after a user turn, as agents send: folded */
+        lily_chat_options_init(&co);
+        co.fold_system = 1;
+        st = treq ? lily_chat_render_n(treq, &co, &prompt, &plen, &err)
                   : lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "Out of memory.");
         json_decref(treq);
         if (st != LILY_OK) {
