@@ -270,6 +270,13 @@ try:
     check(status == 400 and body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "input"
           and "your input resulted in" in body["error"]["message"],
           f"a prompt over the context: 400 context_length_exceeded naming input ({body['error']['message'][:80]})")
+    status, body = raw("POST", "/v1/responses", {"model": "lily", "input": [
+        {"role": "user", "content": "a"}, {"type": "reasoning", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "t", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "t", "arguments": "[1]"}]})
+    check(status == 400 and error_shaped(body, "input[3].arguments") and
+          "input[3].arguments: expected a JSON object" in body["error"]["message"],
+          f"a template error names the input item sent, not the chat message ({body})")
     status, body = raw("GET", "/v1/responses/resp_123")
     check(status == 404 and "stateless" in body["error"]["message"], "GET /v1/responses/{id}: 404, stateless")
     status, body = raw("POST", "/v1/responses", {"model": "lily", "input": "hi", "max_output_tokens": 2,

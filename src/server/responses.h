@@ -31,6 +31,12 @@
  * ignored, as on the chat route. */
 bool lily_resp_parse_request(const char *body, size_t len, lily_oai_request *req, lily_oai_error *e);
 
+/* The 400 for a chat-template error (LILY_ERR_TEMPLATE's message, "chat template: messages[N]: ...") on a
+ * request of this route: the message and param name the input item the user sent instead of the chat message
+ * it became ("input[3]", a function_call's field "input[4].arguments", "instructions"); param "input" with the
+ * message as it is when it names no message. */
+void lily_resp_template_error(const lily_oai_request *req, const char *message, lily_oai_error *e);
+
 /* The Response's output as the reply is generated: the items closed so far, the open one, and the stream's
  * next sequence_number. Fed the output parser's events (text/output_parser.h) in order; the same for a
  * stream (events made) and a whole response (none made), so both carry the same items. */

@@ -1015,10 +1015,16 @@ static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *t
         st = treq ? lily_chat_render_n(treq, &co, &prompt, &plen, &err)
                   : lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "Out of memory.");
         json_decref(treq);
+        if (st == LILY_ERR_TEMPLATE && req->responses) { /* named by the Responses input item sent */
+            lily_oai_error e;
+            lily_resp_template_error(req, err.message, &e);
+            lily_job_fail(job, &e);
+            return false;
+        }
         if (st != LILY_OK) {
             fail_with(job, st == LILY_ERR_TEMPLATE ? 400 : 500,
                       st == LILY_ERR_TEMPLATE ? "invalid_request_error" : "server_error",
-                      st != LILY_ERR_TEMPLATE ? NULL : req->responses ? "input" : "messages", NULL, err.message);
+                      st == LILY_ERR_TEMPLATE ? "messages" : NULL, NULL, err.message);
             return false;
         }
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
