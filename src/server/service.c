@@ -1301,7 +1301,9 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
     lily_job *job = g->job;
     lily_error err = {0};
     g->in_output = true; /* text the parser held to the end */
-    lily_status pst = g->parser ? lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) : LILY_OK;
+    lily_status pst = !g->parser        ? LILY_OK
+                      : g->stop_sequence ? lily_output_parser_finish_stopped(g->parser, &err) /* a cut name: no call */
+                                         : lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err);
     g->in_output = false;
     if (pst != LILY_OK) {
         fail_with(job, 500, "server_error", NULL, NULL, err.message);
