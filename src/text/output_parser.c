@@ -899,10 +899,10 @@ static lily_status finish(lily_output_parser *p, bool cut_by_length, bool cut, l
     p->result.call_unfinished = p->state == S_TOOL_OPEN || p->state == S_FUNCTION_NAME ||
                                 p->state == S_FUNCTION_BODY || p->state == S_PARAM_NAME ||
                                 p->state == S_PARAM_VALUE || p->state == S_JSON_CALL;
-    /* A name the text ended in (no ">" or newline after it yet) is closed as written, except when max tokens or a
-     * stop string cut it: then it may be a prefix of the real one ("get_wea" of get_weather). A call to a tool that does not
-     * exist, or an argument key no schema has, would reach a client that runs calls as they come; so a cut
-     * function name is no call (nothing of it was streamed: a call starts once its name ends) and a cut
+    /* A name the text ended in (no ">" or newline after it yet) is closed as written, except when max tokens or
+     * a stop string cut it: then it may be a prefix of the real one ("get_wea" of get_weather). A call to a tool
+     * that does not exist, or an argument key no schema has, would reach a client that runs calls as they come;
+     * so a cut function name is no call (nothing of it was streamed: a call starts once its name ends) and a cut
      * parameter name no argument. vLLM returns such a reply's raw text as content instead; lily keeps tool-call
      * markup out of content (a client would send it back as the assistant's words). The finish reason says
      * "length" either way (a stop string's cut: "stop"). */
