@@ -248,6 +248,54 @@ static void test_template_options_override_request(void **state)
     free(out);
 }
 
+/* fold_system (lily serve): a system / developer message anywhere renders as the template renders one leading
+ * system message holding the stripped texts in order, joined by a blank line (the reference: the template's
+ * own rendering of that request, byte exact against transformers above). An error still names the index sent. */
+static void test_template_fold_system_matches_one_leading_system_message(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *request, *reference;
+    } cases[] = {
+        {"{\"messages\": [{\"role\": \"developer\", \"content\": \" A \"}, {\"role\": \"user\", \"content\": \"hi\"}, "
+         "{\"role\": \"assistant\", \"content\": \"ok\"}, {\"role\": \"system\", \"content\": [{\"type\": \"text\", "
+         "\"text\": \"B\\n\"}]}, {\"role\": \"user\", \"content\": \"go\"}, {\"role\": \"developer\", \"content\": \"C\"}]}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"A\\n\\nB\\n\\nC\"}, {\"role\": \"user\", \"content\": "
+         "\"hi\"}, {\"role\": \"assistant\", \"content\": \"ok\"}, {\"role\": \"user\", \"content\": \"go\"}]}"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"system\", \"content\": \"B\"}], "
+         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"B\"}, {\"role\": \"user\", \"content\": \"hi\"}], "
+         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}"},
+        {"{\"messages\": [{\"role\": \"system\", \"content\": \"A\"}, {\"role\": \"user\", \"content\": \"hi\"}, "
+         "{\"role\": \"system\", \"content\": \" \"}]}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"A\"}, {\"role\": \"user\", \"content\": \"hi\"}]}"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"system\", \"content\": \"\"}]}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"\"}, {\"role\": \"user\", \"content\": \"hi\"}]}"},
+    };
+    lily_chat_options fold;
+    lily_chat_options_init(&fold);
+    fold.fold_system = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = NULL, *want = NULL;
+        lily_error err = {0};
+        if (render_text(cases[i].request, &fold, &got, &err) != LILY_OK)
+            fail_msg("case %zu rejected: %s", i, err.message);
+        assert_int_equal(render_text(cases[i].reference, NULL, &want, &err), LILY_OK);
+        if (strcmp(got, want))
+            fail_msg("case %zu:\n got  %s\n want %s", i, got, want);
+        free(got);
+        free(want);
+    }
+    char *out = (char *)1;
+    lily_error err = {0};
+    assert_int_equal(render_text("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"user\", "
+                                 "\"content\": \"x\"}, {\"role\": \"system\", \"content\": [{\"type\": \"image\"}]}]}",
+                                 &fold, &out, &err),
+                     LILY_ERR_TEMPLATE);
+    assert_null(out);
+    assert_non_null(strstr(err.message, "messages[2]: System message cannot contain images"));
+}
+
 /* A tool call's arguments given as a JSON string may hold U+0000 (\u0000), as every other string of a request
  * may and as lily's own replies do: an agent sends them back unchanged. */
 static void test_template_arguments_with_nul(void **state)
@@ -458,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_template_random_cases_byte_exact),
         cmocka_unit_test(test_template_rejects_bad_requests),
         cmocka_unit_test(test_template_options_override_request),
+        cmocka_unit_test(test_template_fold_system_matches_one_leading_system_message),
         cmocka_unit_test(test_template_continue_final_message),
         cmocka_unit_test(test_template_arguments_with_nul),
         cmocka_unit_test(test_py_float_repr_matches_python),

@@ -115,4 +115,22 @@ expect_early_error "--logits-out in a missing directory, before the forward pass
     "$LILY" eval --model "$M" --tokens 1,2,3 --logits-out "$TMP/nope/out.f32"
 expect_error "unknown backend" "$LILY" eval --model "$M" --tokens 1 --backend tpu
 
+# more tokens than the model's max_position_embeddings: evaluated (the context is the input's length), with
+# one warning on stderr, as lily run's --ctx-size past it (a copy of the model whose config says 200); the
+# logits are the same as the model's own
+SHORT="$TMP/short"
+mkdir "$SHORT"
+for f in "$M"/*; do ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$SHORT/"; done
+rm "$SHORT/config.json"
+sed 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 200/' "$M/config.json" >"$SHORT/config.json"
+beyond="lily eval: warning: 300 tokens are beyond the model's max_position_embeddings 200; quality past that length is untested"
+"$LILY" eval -m "$M" --tokens-file "$TMP/tokens.txt" --logits-out "$TMP/own.f32" >/dev/null 2>"$TMP/own.err"
+if "$LILY" eval -m "$SHORT" --tokens-file "$TMP/tokens.txt" --logits-out "$TMP/short.f32" >/dev/null 2>"$TMP/beyond.err" &&
+    [ "$(grep -cxF -- "$beyond" "$TMP/beyond.err")" = 1 ] && [ "$(grep -c warning "$TMP/beyond.err")" = 1 ] &&
+    ! grep -q warning "$TMP/own.err" && cmp -s "$TMP/short.f32" "$TMP/own.f32"; then
+    echo "ok   300 tokens past max_position_embeddings 200: one warning, the same logits"; passes=$((passes + 1))
+else
+    echo "FAIL past max_position_embeddings: $(cat "$TMP/beyond.err") / $(cat "$TMP/own.err")"; fails=$((fails + 1))
+fi
+
 finish

@@ -346,6 +346,17 @@ static void test_numbers_finite_strings_without_surrogates(void **state)
     assert_false(prefix_ok(g, "[1e100"));
     assert_false(prefix_ok(g, "[1.5E-100"));
     lily_grammar_free(g);
+    /* an integer is canonical, bounded or not: "0", never "-0" (a number may be "-0": JSON's grammar) */
+    g = compile_text("{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "[0,-1,-10,9007199254740993,-9999999999999999]"));
+    assert_false(prefix_ok(g, "[-0"));
+    assert_false(prefix_ok(g, "[1,-0"));
+    assert_false(prefix_ok(g, "[01"));
+    assert_false(prefix_ok(g, "[1.0"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"number\"}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "-0") && accepts(g, "-0.5"));
+    lily_grammar_free(g);
     g = compile_text("{\"type\":\"string\"}", LILY_GRAMMAR_JSON);
     assert_true(accepts(g, "\"\\u00e9\\uD7FF\\uE000\\uffff\\u0000\""));
     assert_false(prefix_ok(g, "\"\\ud800"));

@@ -16,6 +16,7 @@ typedef struct {
     bool thinking;
     const char *tools;     /* JSON tools array, or NULL */
     bool cut_by_length;
+    bool cut_by_stop;      /* finished by lily_output_parser_finish_stopped: a stop string ended the text */
     const char *reasoning;
     const char *content;
     int n_calls;
@@ -102,7 +103,9 @@ static outcome parse(const parse_case *c, const size_t *pieces)
         assert_int_equal(lily_output_parser_feed(p, c->text + at, k, &err), LILY_OK);
         at += k;
     }
-    assert_int_equal(lily_output_parser_finish(p, c->cut_by_length, &err), LILY_OK);
+    assert_int_equal(c->cut_by_stop ? lily_output_parser_finish_stopped(p, &err)
+                                    : lily_output_parser_finish(p, c->cut_by_length, &err),
+                     LILY_OK);
     assert_int_equal(lily_output_parser_feed(p, "x", 1, &err), LILY_ERR_INVALID_ARGUMENT);
     const lily_parsed_output *r = lily_output_parser_result(p);
     assert_true(r->finished);
@@ -447,6 +450,14 @@ static void test_tolerates_missing_closing_tags_and_stray_whitespace(void **stat
         {.text = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=ci", .cut_by_length = true,
          .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"1\"}"},
          .finish_reason = "length"},
+        /* a stop string that cut the text is a cut too: a function or parameter name it ended in is dropped
+         * (the chat route reported a call to "get_wea"); a name it ended after is kept */
+        {.text = "<tool_call>\n<function=get_wea", .cut_by_stop = true, .reasoning = "", .content = "",
+         .finish_reason = "stop"},
+        {.text = "<tool_call>\n<function=f>\n<parameter=ci", .cut_by_stop = true, .reasoning = "", .content = "",
+         .n_calls = 1, .names = {"f"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n<function=get_weather>", .cut_by_stop = true, .reasoning = "", .content = "",
+         .n_calls = 1, .names = {"get_weather"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
         /* an empty tool_call block is no call */
         {.text = "<tool_call>\n</tool_call>\nDone.", .reasoning = "", .content = "Done.", .finish_reason = "stop"},
         /* text after </function> without </tool_call> is content */

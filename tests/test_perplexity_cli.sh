@@ -69,6 +69,25 @@ grep -qE "^reference perplexity: [0-9.]+ on the first 100 predictions \(lily [0-
 out=$("$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 64 2>/dev/null || true)
 grep -q "in 5 window(s) of 64; 295 predictions scored" <<<"$out" && ok "windows of 64" || fail "windows: $out"
 
+# an input longer than the window says so on stderr (windows reset the state: not the text's perplexity); a
+# window past the model's max_position_embeddings is warned of as lily run's --ctx-size is (a copy of the
+# model whose config says 200); an input that fits a window within it: no warning
+SHORT="$TMP/short"
+mkdir "$SHORT"
+for f in "$M"/*; do ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$SHORT/"; done
+rm "$SHORT/config.json"
+sed 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 200/' "$M/config.json" >"$SHORT/config.json"
+windows="lily perplexity: warning: the input is 300 tokens, longer than the window (--ctx 64): it is scored in 5 windows, the state reset at each, not as one text (--ctx 300 for that)"
+beyond="lily perplexity: warning: --ctx 300 is beyond the model's max_position_embeddings 200; quality past that length is untested"
+"$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 64 >/dev/null 2>"$TMP/w64.err" &&
+    [ "$(grep -cxF -- "$windows" "$TMP/w64.err")" = 1 ] && [ "$(grep -c warning "$TMP/w64.err")" = 1 ] &&
+    ok "--ctx 64 of 300 tokens: one warning that it is scored in windows" || fail "--ctx 64 stderr: $(cat "$TMP/w64.err")"
+"$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 300 >/dev/null 2>"$TMP/w300.err" &&
+    ! grep -q warning "$TMP/w300.err" && ok "--ctx 300 of 300 tokens: no warning" || fail "--ctx 300 stderr: $(cat "$TMP/w300.err")"
+"$LILY" perplexity -m "$SHORT" --tokens-file "$TMP/tokens.txt" --ctx 300 >/dev/null 2>"$TMP/beyond.err" &&
+    [ "$(grep -cxF -- "$beyond" "$TMP/beyond.err")" = 1 ] && [ "$(grep -c warning "$TMP/beyond.err")" = 1 ] &&
+    ok "--ctx 300 past max_position_embeddings 200: one warning" || fail "past the model's length: $(cat "$TMP/beyond.err")"
+
 # -f TEXT tokenizes with the model's tokenizer: same as the ids from lily debug tokenize
 CHAT="$DATA/tiny-chat"
 if [ -d "$CHAT" ]; then

@@ -884,6 +884,76 @@ static void test_http_slow_clients_do_not_lock_out(void **state)
     assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200);
 }
 
+/* A connection to port on 127.0.0.1 (ipv6 false) or ::1. */
+static int connect_loopback(bool ipv6, int to_port)
+{
+    int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)to_port)};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)to_port),
+                              .sin6_addr = in6addr_loopback};
+    a4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(ipv6 ? connect(fd, (struct sockaddr *)&a6, sizeof a6) : connect(fd, (struct sockaddr *)&a4, sizeof a4),
+                     0);
+    return fd;
+}
+
+/* --host localhost listens on 127.0.0.1 and ::1 (two microhttpd daemons, each with its own limit): the
+ * connection limit bounds the two together. With 8 slots, 12 clients whose requests the engine holds (so never
+ * closed for room), 6 on each loopback: 8 are served (their requests running or queued), 4 are closed at once. */
+static void test_http_connection_limit_spans_both_loopbacks(void **state)
+{
+    (void)state;
+    lily_error err;
+    lily_scheduler big; /* a queue for all 12 */
+    assert_int_equal(lily_scheduler_init(&big, 16, NULL, fake_run, NULL, &err), LILY_OK);
+    assert_int_equal(lily_scheduler_launch(&big, &err), LILY_OK);
+    lily_scheduler_wait_loaded(&big);
+    lily_http_server *local;
+    lily_http_options o = {.host = "localhost", .port = 0, .max_body = 1024, .model_name = "fake",
+                           .max_connections = 8, .idle_timeout_s = 30};
+    assert_int_equal(lily_http_start(&o, &big, &local, &err), LILY_OK);
+    int fds[12], served = 0, refused = 0;
+    atomic_store(&release_blocked, 0);
+    for (int i = 0; i < 12 && lily_http_dual_loopback(local); i++) {
+        static const char body[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"block\"}],\"stream\":true}";
+        char req[256];
+        int n = snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu"
+                         "\r\n\r\n%s", strlen(body), body);
+        fds[i] = connect_loopback(i % 2, lily_http_port(local));
+        (void)!send(fds[i], req, (size_t)n, MSG_NOSIGNAL); /* a refused one may be closed already */
+        int waiting = 0, running = 0, counted = served;
+        bool closed = false;
+        for (int ms = 0; ms < 5000 && counted == served && !closed; ms++) {
+            usleep(1000);
+            lily_scheduler_state(&big, &waiting, &running);
+            counted = waiting + running;
+            char b;
+            ssize_t r = recv(fds[i], &b, 1, MSG_DONTWAIT | MSG_PEEK);
+            closed = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+        }
+        if (counted > served) {
+            served++;
+            usleep(20000); /* the server marks the connection busy just after it queues the job */
+        } else {
+            refused += closed;
+        }
+    }
+    const bool dual = lily_http_dual_loopback(local);
+    atomic_store(&release_blocked, 1);
+    for (int i = 0; i < 12 && dual; i++)
+        close(fds[i]);
+    lily_http_quiesce(local);
+    lily_scheduler_stop(&big);
+    lily_http_stop(local);
+    if (!dual) {
+        print_message("skipped: no IPv6 loopback here, so localhost is 127.0.0.1 alone\n");
+        return;
+    }
+    print_message("served %d, refused %d\n", served, refused);
+    assert_int_equal(served, 8);
+    assert_int_equal(refused, 4);
+}
+
 /* Stopping the server drains answers in progress (up to 10 s), not clients still sending their request: with
  * one connection midway through its body and one midway through its headers, lily_http_stop returns at once. */
 static void test_http_stop_does_not_wait_for_unfinished_requests(void **state)
@@ -1305,6 +1375,7 @@ int main(void)
         cmocka_unit_test(test_http_ambiguous_framing_is_400_and_closed),
         cmocka_unit_test(test_http_unsupported_transfer_coding_is_400_at_once),
         cmocka_unit_test(test_http_stop_does_not_wait_for_unfinished_requests),
+        cmocka_unit_test(test_http_connection_limit_spans_both_loopbacks),
         cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
         cmocka_unit_test(test_http_engine_time_is_not_idle_time),
         cmocka_unit_test(test_http_malformed_requests_are_counted),

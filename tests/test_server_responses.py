@@ -108,6 +108,22 @@ try:
           r.usage.input_tokens == c.usage.prompt_tokens and r.instructions == "Be brief.",
           f"instructions + input_text parts: chat's system + user ({r.status}, {r.output_text!r})")
 
+    # a developer / system item after a user turn (agents send them) joins the one system message, in order,
+    # on this route and the chat route: the reply and usage of that conversation with one leading system message
+    late = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+            {"role": "developer", "content": "Answer in French."}, {"role": "user", "content": HI},
+            {"role": "system", "content": "Use one word."}]
+    r = oc.responses.create(model="lily", instructions="Be brief.", input=late, max_output_tokens=20,
+                            temperature=0, reasoning=NO_THINK)
+    folded = [{"role": "system", "content": "Be brief.\n\nAnswer in French.\n\nUse one word."}] + [
+        m for m in late if m["role"] in ("user", "assistant")]
+    c = chat(folded, max_tokens=20, reasoning_effort="none")
+    c_late = chat([{"role": "system", "content": "Be brief."}] + late, max_tokens=20, reasoning_effort="none")
+    check(r.output_text == c.choices[0].message.content == c_late.choices[0].message.content and
+          r.usage.input_tokens == c.usage.prompt_tokens == c_late.usage.prompt_tokens,
+          f"late developer / system items: one leading system message on both routes ({r.output_text!r}, "
+          f"{r.usage.input_tokens} = {c.usage.prompt_tokens} = {c_late.usage.prompt_tokens} input tokens)")
+
     # thinking on (the template's default, as on the chat route): a reasoning item before the message
     r = oc.responses.create(model="lily", input=HI, max_output_tokens=60, temperature=0)
     c = chat([{"role": "user", "content": HI}], max_tokens=60)
@@ -254,10 +270,13 @@ try:
     check(status == 400 and body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "input"
           and "your input resulted in" in body["error"]["message"],
           f"a prompt over the context: 400 context_length_exceeded naming input ({body['error']['message'][:80]})")
-    status, body = raw("POST", "/v1/responses", {"model": "lily", "input": [{"role": "user", "content": "a"},
-                                                                             {"role": "system", "content": "b"}]})
-    check(status == 400 and error_shaped(body, "input") and "System message must be at the beginning" in
-          body["error"]["message"], "a system message after the first turn: the chat template's 400, naming input")
+    status, body = raw("POST", "/v1/responses", {"model": "lily", "input": [
+        {"role": "user", "content": "a"}, {"type": "reasoning", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "t", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "t", "arguments": "[1]"}]})
+    check(status == 400 and error_shaped(body, "input[3].arguments") and
+          "input[3].arguments: expected a JSON object" in body["error"]["message"],
+          f"a template error names the input item sent, not the chat message ({body})")
     status, body = raw("GET", "/v1/responses/resp_123")
     check(status == 404 and "stateless" in body["error"]["message"], "GET /v1/responses/{id}: 404, stateless")
     status, body = raw("POST", "/v1/responses", {"model": "lily", "input": "hi", "max_output_tokens": 2,

@@ -7,6 +7,7 @@
 
 #include "server/responses.h"
 #include "server/scheduler.h"
+#include "text/chat_template.h"
 #include "test_support.h"
 
 static char *compact(const json_t *j)
@@ -55,7 +56,7 @@ static void test_translation_of_a_tool_round_trip(void **state)
         fail_msg("rejected: %s", e.message);
     assert_true(req.is_chat && req.responses && !req.anthropic);
     assert_json(req.messages,
-                "[{\"role\":\"system\",\"content\":\"Be brief.\\n\\nUse tools.\"},"
+                "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"developer\",\"content\":\"Use tools.\"},"
                 "{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
                 "{\"role\":\"assistant\",\"content\":\"Let me look.\",\"reasoning_content\":\"hm\",\"tool_calls\":["
                 "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":"
@@ -112,6 +113,14 @@ static void test_translation_of_a_tool_round_trip(void **state)
                               "\"function\":{\"name\":\"t\",\"arguments\":\"{}\"}}]}]");
     assert_int_equal(req.tool_choice, LILY_TOOL_CHOICE_REQUIRED);
     assert_true(req.json_output && !req.json_schema);
+    lily_oai_request_free(&req);
+
+    /* a developer item after a user turn stays where it is (rendering joins it to the system block) */
+    const char *late = "{\"instructions\":\"\",\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+                       "{\"role\":\"developer\",\"content\":\"late\"}]}";
+    assert_true(lily_resp_parse_request(late, strlen(late), &req, &e));
+    assert_json(req.messages, "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"developer\",\"content\":"
+                              "\"late\"}]");
     lily_oai_request_free(&req);
 }
 
@@ -184,6 +193,64 @@ static void test_bad_requests_name_the_responses_field(void **state)
     assert_rejected("{\"input\":\"hi\",\"top_p\":3}", "top_p", "outside");
     assert_rejected("{\"input\":\"hi\",\"reasoning\":{\"effort\":\"max\"}}", "reasoning.effort", "'low'");
     assert_rejected("{\"input\":\"hi\",\"stream\":1}", "stream", "expected a boolean");
+}
+
+/* The chat template's error for a Responses request, through lily_resp_template_error. */
+static void assert_template_error(const char *body, const char *param, const char *needle)
+{
+    lily_oai_request req;
+    lily_oai_error e;
+    if (!lily_resp_parse_request(body, strlen(body), &req, &e))
+        fail_msg("rejected: %s", e.message);
+    json_t *treq = lily_oai_template_request(&req);
+    lily_chat_options co;
+    lily_chat_options_init(&co);
+    co.fold_system = 1; /* as the server renders */
+    char *prompt = NULL;
+    size_t len = 0;
+    lily_error err = {0};
+    assert_int_equal(lily_chat_render_n(treq, &co, &prompt, &len, &err), LILY_ERR_TEMPLATE);
+    json_decref(treq);
+    lily_resp_template_error(&req, err.message, &e);
+    assert_int_equal(e.http_status, 400);
+    assert_string_equal(e.type, "invalid_request_error");
+    if (strcmp(e.param, param) || !strstr(e.message, needle))
+        fail_msg("param '%s' (want '%s'), message '%s' (want it to hold '%s')", e.param, param, e.message, needle);
+    lily_oai_request_free(&req);
+}
+
+/* A template error names the input item sent (input[4]), not the chat message it became (messages[2]). */
+static void test_template_errors_name_the_input_item(void **state)
+{
+    (void)state;
+    /* items 2..4 are one assistant message (messages[2] after the instructions' and the user's) */
+    const char *calls = "{\"instructions\":\"Be brief.\",\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+                        "{\"type\":\"reasoning\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"a\"}]},"
+                        "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"t\",\"arguments\":\"{}\"},"
+                        "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"t\",\"arguments\":\"%s\"},"
+                        "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"x\"},"
+                        "{\"role\":\"user\",\"content\":\"r\"}]}";
+    char body[1024];
+    snprintf(body, sizeof body, calls, "{\\\"a\\\":");
+    assert_template_error(body, "input[3].arguments", "chat template: input[3].arguments: not valid JSON");
+    snprintf(body, sizeof body, calls, "[1]");
+    assert_template_error(body, "input[3].arguments", "chat template: input[3].arguments: expected a JSON object");
+    /* an error of a whole message names its first item; one of no message keeps param input */
+    lily_oai_request req;
+    lily_oai_error e;
+    snprintf(body, sizeof body, calls, "{}");
+    assert_true(lily_resp_parse_request(body, strlen(body), &req, &e));
+    lily_resp_template_error(&req, "chat template: messages[2]: something", &e);
+    assert_string_equal(e.param, "input[1]");
+    assert_string_equal(e.message, "chat template: input[1]: something");
+    lily_resp_template_error(&req, "chat template: messages[4]: something", &e);
+    assert_string_equal(e.param, "input[5]");
+    lily_resp_template_error(&req, "chat template: messages[0]: something", &e);
+    assert_string_equal(e.param, "instructions");
+    lily_resp_template_error(&req, "chat template: No user query found in messages", &e);
+    assert_string_equal(e.param, "input");
+    assert_string_equal(e.message, "chat template: No user query found in messages");
+    lily_oai_request_free(&req);
 }
 
 /* What a careless client sends: each a 400, never a crash (a content part without its text once read the type
@@ -402,6 +469,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translation_of_a_tool_round_trip),
         cmocka_unit_test(test_bad_requests_name_the_responses_field),
+        cmocka_unit_test(test_template_errors_name_the_input_item),
         cmocka_unit_test(test_hostile_requests_are_400s),
         cmocka_unit_test(test_stream_events_and_the_response),
         cmocka_unit_test(test_stream_error_is_an_error_event),

@@ -234,6 +234,10 @@ int cmd_eval(int argc, char **argv)
         goto fail;
     if (lily_session_new(e, n, &s, &err) != LILY_OK)
         goto fail;
+    if (n > e->cfg.max_position_embeddings) /* the context is the input's length: as lily run's --ctx-size past it */
+        fprintf(stderr, "lily eval: warning: %d tokens are beyond the model's max_position_embeddings %d; quality "
+                        "past that length is untested\n",
+                n, e->cfg.max_position_embeddings);
     const int vocab = e->cfg.vocab_size;
     if (ref && check_reference_size(ref, reference, n, vocab))
         goto done;

@@ -239,6 +239,16 @@ int cmd_perplexity(int argc, char **argv)
         fprintf(stderr, "lily perplexity: %s\n", err.message);
         goto done;
     }
+    /* as lily run says of a --ctx-size past the model's length; a text past the window is not scored whole */
+    if (ctx > e->cfg.max_position_embeddings)
+        fprintf(stderr, "lily perplexity: warning: --ctx %d is beyond the model's max_position_embeddings %d; "
+                        "quality past that length is untested\n",
+                ctx, e->cfg.max_position_embeddings);
+    const int n_windows = n / ctx + (n % ctx >= 2); /* a 1-token tail is no window: nothing to score */
+    if (n > ctx)
+        fprintf(stderr, "lily perplexity: warning: the input is %d tokens, longer than the window (--ctx %d): it is "
+                        "scored in %d window%s, the state reset at each, not as one text (--ctx %d for that)\n",
+                n, ctx, n_windows, n_windows == 1 ? "" : "s", n);
     int progress_shown = 0;
     lily_perplexity_options po = {.ctx = ctx, .progress = show_progress, .progress_user = &progress_shown};
     if (ref_file) {

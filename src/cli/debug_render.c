@@ -1,8 +1,9 @@
 /* debug_render.c — `lily debug render --model DIR --request FILE`: print the exact prompt for a request.
  *
  * The request is an OpenAI chat-completions JSON (messages, tools, chat_template_kwargs,
- * add_generation_prompt); FILE "-" reads stdin. stdout gets the prompt and nothing else (no newline is
- * added); warnings (a model template that is not the known Qwen3.6 one) go to stderr. Needs no weights.
+ * add_generation_prompt; a system message after the first joins the system block, as in lily serve); FILE
+ * "-" reads stdin. stdout gets the prompt and nothing else (no newline is added); warnings (a model
+ * template that is not the known Qwen3.6 one) go to stderr. Needs no weights.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,8 @@ static int usage(FILE *f)
             "usage: lily debug render --model DIR --request FILE\n"
             "  Prints the prompt the Qwen3.6 chat template renders for an OpenAI chat request (FILE may be -\n"
             "  for stdin): messages, tools, chat_template_kwargs {enable_thinking, preserve_thinking},\n"
-            "  add_generation_prompt (default true). Options:\n"
+            "  add_generation_prompt (default true). As lily serve, a system or developer message after the\n"
+            "  first joins the system block. Options:\n"
             "  -m, --model DIR      model directory (only its chat template is read, to warn if it differs)\n"
             "  -r, --request FILE   the request JSON\n"
             "      --no-think       render with enable_thinking false\n"
@@ -31,6 +33,7 @@ int debug_render(int argc, char **argv)
     const char *model_dir = NULL, *request_path = NULL;
     lily_chat_options opts;
     lily_chat_options_init(&opts);
+    opts.fold_system = 1; /* as lily serve */
     static const cli_value_option vopts[] = {{"--model", "-m"}, {"--request", "-r"}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *name, *value;

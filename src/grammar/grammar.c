@@ -210,7 +210,8 @@ static bool text_char(frame *f, unsigned char b)
  * digits, 6 after e/E, 7 after the exponent sign, 8 exponent digits. Digits per part are capped (count,
  * NUMBER_MAX_DIGITS)
  * so a model cannot write one forever; the exponent at two digits, so every number is a finite double
- * (below 1e16 * 1e99: a parser that refuses an overflow, or reads it as infinity, never sees one). */
+ * (below 1e16 * 1e99: a parser that refuses an overflow, or reads it as infinity, never sees one). An
+ * integer is never "-0", as a bounded one (int_step): its zero is "0". */
 #define NUMBER_MAX_EXPONENT_DIGITS 2
 static bool number_can_end(int stage) { return stage == 2 || stage == 3 || stage == 5 || stage == 8; }
 
@@ -222,6 +223,7 @@ static bool number_step(frame *f, unsigned char b)
         if (b == '-') return f->stage = 1, true;
         /* fall through */
     case 1:
+        if (b == '0' && integer && f->stage == 1) return false;
         if (b == '0') return f->stage = 3, true;
         if (b >= '1' && b <= '9') return f->stage = 2, f->count = 1, true;
         return false;

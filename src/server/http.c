@@ -66,6 +66,7 @@ struct lily_http_server {
     /* open connections, oldest first, for keeping slots free (on_connection) */
     pthread_mutex_t conn_mu;
     struct conn_slot *conn_head, *conn_tail;
+    int n_connections;        /* open on all listeners (both loopbacks of localhost): --max-connections bounds it */
     atomic_ullong n_cancelled, prompt_tokens, completion_tokens, cached_tokens;
     long long started;        /* unix seconds, for /v1/models */
 };
@@ -784,10 +785,24 @@ static void set_busy(lily_http_server *srv, struct MHD_Connection *c, bool busy)
     pthread_mutex_unlock(&srv->conn_mu);
 }
 
+/* A new connection is refused (closed at once, as microhttpd's own limit does) when max_connections are open
+ * on all listeners together: microhttpd's limit counts each daemon's alone, and localhost has two. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    (void)addr;
+    (void)addrlen;
+    lily_http_server *srv = cls;
+    pthread_mutex_lock(&srv->conn_mu);
+    const bool room = srv->n_connections < srv->opts.max_connections;
+    pthread_mutex_unlock(&srv->conn_mu);
+    return room ? MHD_YES : MHD_NO;
+}
+
 /* A connection opened or closed. When the open connections reach max_connections less a reserve (one in
  * eight), the oldest idle ones (see conn_slot) are shut down, so idle clients, and clients that send their
  * request or read their answer a byte at a time, can never take the slots a new client needs; busy ones
- * (the engine holds their request: at most --queue + 1) are never touched. */
+ * (the engine holds their request: at most --queue + 1) are never touched. One over max_connections (two
+ * listeners' accepts passed on_accept at once) is shut down itself. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
@@ -796,7 +811,11 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         conn_slot *slot = calloc(1, sizeof *slot);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const bool over = ++srv->n_connections > srv->opts.max_connections;
+        if (over && ci)
+            shutdown(ci->connect_fd, SHUT_RDWR); /* its thread sees the close and ends the connection */
         if (slot) {
+            slot->evicted = over;
             slot->fd = ci ? ci->connect_fd : -1;
             slot->prev = srv->conn_tail;
             if (srv->conn_tail)
@@ -810,13 +829,16 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         int open = 0;
         for (conn_slot *p = srv->conn_head; p; p = p->next)
             open += !p->evicted;
-        for (conn_slot *p = srv->conn_head; p && open > keep; p = p->next)
+        for (conn_slot *p = srv->conn_head; p && open > keep && !over; p = p->next)
             if (!p->busy && !p->evicted && p != slot && p->fd >= 0) {
                 shutdown(p->fd, SHUT_RDWR); /* its thread sees the close and ends the connection */
                 p->evicted = true;
                 open--;
             }
-    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        srv->n_connections--;
+    }
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
         conn_slot *slot = *socket_context;
         if (slot->prev)
             slot->prev->next = slot->next;
@@ -1273,7 +1295,7 @@ static struct MHD_Daemon *start_daemon(lily_http_server *srv, const struct socka
     /* the address holds the port; microhttpd's bind error names this one */
     const uint16_t port = ntohs(ipv6 ? ((const struct sockaddr_in6 *)addr)->sin6_port
                                      : ((const struct sockaddr_in *)addr)->sin_port);
-    return MHD_start_daemon(flags, port, NULL, NULL, on_request, srv,
+    return MHD_start_daemon(flags, port, on_accept, srv, on_request, srv,
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
                             MHD_OPTION_SOCK_ADDR, addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,

@@ -28,7 +28,8 @@ typedef struct {
     const char *api_key;      /* NULL: no authentication */
     size_t max_body;          /* bytes; default 16 MiB */
     const char *model_name;   /* the id /v1/models lists and responses carry */
-    int max_connections;      /* default 256; one in eight is kept free for new clients by closing the
+    int max_connections;      /* default 256, on all listeners together (localhost: 127.0.0.1 and ::1); one
+                               * in eight is kept free for new clients by closing the
                                * oldest idle connections (every one whose request the engine does not
                                * hold: keep-alive, sending its request, reading a finished answer) */
     int idle_timeout_s;       /* seconds a connection may stay silent (headers, body, or reading its answer)

@@ -923,6 +923,7 @@ void lily_oai_request_free(lily_oai_request *req)
     free(req->logit_bias);
     json_decref(req->body);
     json_decref(req->responses);
+    json_decref(req->responses_origins);
     memset(req, 0, sizeof *req);
 }
 

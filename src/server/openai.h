@@ -64,6 +64,9 @@ typedef struct {
     bool anthropic;           /* translated from POST /v1/messages (server/anthropic.h): answered in its shape */
     json_t *responses;        /* translated from POST /v1/responses (server/responses.h): the fields the Response
                                * echoes (owned); NULL on the other routes. Answered in the Responses API's shape */
+    json_t *responses_origins; /* with responses: for each of messages, the input item it came from (owned):
+                               * [item index (-1: instructions), then an assistant message's tool_calls[k]'s
+                               * function_call item at 1 + k] */
     bool continue_final;      /* the last message is an assistant prefill: the reply continues its text
                                * (Anthropic's prefill; set by server/anthropic.h, not an OpenAI field) */
 

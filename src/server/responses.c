@@ -96,6 +96,7 @@ static bool content_text(json_t *content, const char *where, text_buf *out, lily
 typedef struct {
     text_buf reasoning, content;
     json_t *calls;            /* chat tool_calls, or NULL */
+    json_t *origin;           /* its entry of the chat messages' origins (translate_input), or NULL */
     int stage;                /* the last item's: 0 reasoning, 1 content, 2 function_call; -1 when empty */
 } assistant_turn;
 
@@ -104,11 +105,13 @@ static void assistant_turn_clear(assistant_turn *t)
     free(t->reasoning.p);
     free(t->content.p);
     json_decref(t->calls);
+    json_decref(t->origin);
     *t = (assistant_turn){.stage = -1};
 }
 
-/* The gathered turn as one chat assistant message appended to msgs (nothing when empty); the turn is cleared. */
-static bool flush_assistant(assistant_turn *t, json_t *msgs, lily_oai_error *e)
+/* The gathered turn as one chat assistant message appended to msgs, its origin to origins (nothing when
+ * empty); the turn is cleared. */
+static bool flush_assistant(assistant_turn *t, json_t *msgs, json_t *origins, lily_oai_error *e)
 {
     bool ok = true;
     if (t->stage >= 0) {
@@ -118,18 +121,21 @@ static bool flush_assistant(assistant_turn *t, json_t *msgs, lily_oai_error *e)
             json_object_set_new(m, "reasoning_content", json_stringn(t->reasoning.p, t->reasoning.n));
         if (m && t->calls)
             json_object_set(m, "tool_calls", t->calls);
-        ok = m && !json_array_append_new(msgs, m);
+        ok = m && !json_array_append_new(msgs, m) && !json_array_append(origins, t->origin);
     }
     assistant_turn_clear(t);
     return ok || oom(e);
 }
 
-/* Start a new assistant turn for an item of this stage unless it continues the gathered one. */
-static bool assistant_item(assistant_turn *t, int stage, json_t *msgs, lily_oai_error *e)
+/* Start a new assistant turn for input[index] of this stage unless it continues the gathered one. */
+static bool assistant_item(assistant_turn *t, int stage, size_t index, json_t *msgs, json_t *origins,
+                           lily_oai_error *e)
 {
     if (t->stage > stage || (t->stage == stage && stage != 2))
-        if (!flush_assistant(t, msgs, e))
+        if (!flush_assistant(t, msgs, origins, e))
             return false;
+    if (t->stage < 0 && !(t->origin = json_pack("[I]", (json_int_t)index)))
+        return oom(e);
     t->stage = stage;
     return true;
 }
@@ -156,8 +162,9 @@ static bool reasoning_item(json_t *item, const char *where, assistant_turn *t, l
     return true;
 }
 
-/* A function_call item as a chat tool call; its call_id joins call_ids (a JSON object used as a set). */
-static bool function_call_item(json_t *item, const char *where, assistant_turn *t, json_t *call_ids,
+/* A function_call item, input[index], as a chat tool call; its call_id joins call_ids (a JSON object used as a
+ * set). */
+static bool function_call_item(json_t *item, const char *where, size_t index, assistant_turn *t, json_t *call_ids,
                                lily_oai_error *e)
 {
     static const char *const fields[] = {"call_id", "name", "arguments"};
@@ -172,6 +179,7 @@ static bool function_call_item(json_t *item, const char *where, assistant_turn *
     if (!t->calls && !(t->calls = json_array()))
         return oom(e);
     if (json_object_set_new(call_ids, call_id, json_true()) ||
+        json_array_append_new(t->origin, json_integer((json_int_t)index)) ||
         json_array_append_new(t->calls, json_pack("{s:s, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
                                                   "function", "name", json_object_get(item, "name"), "arguments",
                                                   json_object_get(item, "arguments"))))
@@ -202,9 +210,10 @@ static bool function_call_output_item(json_t *item, const char *where, json_t *m
     return ok;
 }
 
-/* One input item (where: "input[N]") appended to msgs or to the gathered assistant turn. */
-static bool input_item(json_t *item, const char *where, json_t *msgs, assistant_turn *turn, json_t *call_ids,
-                       lily_oai_error *e)
+/* One input item, input[index] (where: "input[index]"), appended to msgs with its origin [index], or to the
+ * gathered assistant turn. */
+static bool input_item(json_t *item, const char *where, size_t index, json_t *msgs, json_t *origins,
+                       assistant_turn *turn, json_t *call_ids, lily_oai_error *e)
 {
     if (!json_is_object(item))
         return bad(e, where, "Invalid type for '%s': expected an object, but got %s instead.", where,
@@ -223,21 +232,25 @@ static bool input_item(json_t *item, const char *where, json_t *msgs, assistant_
         snprintf(fw, sizeof fw, "%s.content", where);
         json_t *content = json_object_get(item, "content");
         if (!strcmp(role, "assistant"))
-            return assistant_item(turn, 1, msgs, e) && content_text(content, fw, &turn->content, e);
+            return assistant_item(turn, 1, index, msgs, origins, e) && content_text(content, fw, &turn->content, e);
         text_buf text = {0};
-        bool ok = flush_assistant(turn, msgs, e) && content_text(content, fw, &text, e);
-        if (ok && json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", role, "content", text.p ? text.p : "",
-                                                        text.n)))
+        bool ok = flush_assistant(turn, msgs, origins, e) && content_text(content, fw, &text, e);
+        if (ok && (json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", role, "content",
+                                                         text.p ? text.p : "", text.n)) ||
+                   json_array_append_new(origins, json_pack("[I]", (json_int_t)index))))
             ok = oom(e);
         free(text.p);
         return ok;
     }
     if (!strcmp(type, "reasoning"))
-        return assistant_item(turn, 0, msgs, e) && reasoning_item(item, where, turn, e);
+        return assistant_item(turn, 0, index, msgs, origins, e) && reasoning_item(item, where, turn, e);
     if (!strcmp(type, "function_call"))
-        return assistant_item(turn, 2, msgs, e) && function_call_item(item, where, turn, call_ids, e);
+        return assistant_item(turn, 2, index, msgs, origins, e) &&
+               function_call_item(item, where, index, turn, call_ids, e);
     if (!strcmp(type, "function_call_output"))
-        return flush_assistant(turn, msgs, e) && function_call_output_item(item, where, msgs, call_ids, e);
+        return flush_assistant(turn, msgs, origins, e) &&
+               function_call_output_item(item, where, msgs, call_ids, e) &&
+               (!json_array_append_new(origins, json_pack("[I]", (json_int_t)index)) || oom(e));
     if (!strcmp(type, "item_reference"))
         return bad(e, where, "Invalid '%s': item_reference is not supported: lily's Responses API is stateless "
                              "(nothing is stored); send the item itself.", where);
@@ -245,9 +258,11 @@ static bool input_item(json_t *item, const char *where, json_t *msgs, assistant_
                          "'function_call' and 'function_call_output'.", where, quoted_len(type), type);
 }
 
-/* instructions and input as chat messages. The instructions and the system / developer messages that open
- * the input become one system message (the chat template takes a system message only first). */
-static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
+/* instructions and input as chat messages: the instructions as a system message, then the items in order. A
+ * system / developer item stays where it is: the server joins every system message into the chat template's
+ * one system block (lily_chat_options.fold_system). origins gets each message's origin (lily_oai_request.
+ * responses_origins). */
+static bool translate_input(json_t *b, json_t *msgs, json_t *origins, lily_oai_error *e)
 {
     json_t *instructions = json_object_get(b, "instructions");
     if (instructions && !json_is_null(instructions) && !json_is_string(instructions))
@@ -268,11 +283,12 @@ static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
     bool ok = items && call_ids;
     if (!ok)
         oom(e);
+    if (ok && json_string_length(instructions) > 0 && /* "": no instructions */
+        (json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
+                                               json_string_value(instructions), json_string_length(instructions))) ||
+         json_array_append_new(origins, json_pack("[i]", -1))))
+        ok = oom(e);
     assistant_turn turn = {.stage = -1};
-    text_buf system = {0};
-    bool leading = true, has_system = json_string_length(instructions) > 0; /* "": no instructions */
-    if (ok && has_system)
-        ok = text_append(&system, json_string_value(instructions), json_string_length(instructions)) || oom(e);
     size_t i;
     json_t *item;
     json_array_foreach(items, i, item) {
@@ -280,31 +296,10 @@ static bool translate_input(json_t *b, json_t *msgs, lily_oai_error *e)
             break;
         char where[48];
         snprintf(where, sizeof where, "input[%zu]", i);
-        const char *role = json_string_value(json_object_get(item, "role"));
-        json_t *type = json_object_get(item, "type");
-        bool system_item = role && (!strcmp(role, "system") || !strcmp(role, "developer")) &&
-                           (!type || (json_is_string(type) && !strcmp(json_string_value(type), "message")));
-        if (leading && system_item) {
-            char fw[64];
-            snprintf(fw, sizeof fw, "%s.content", where);
-            ok = (!has_system || text_append(&system, "\n\n", 2) || oom(e)) &&
-                 content_text(json_object_get(item, "content"), fw, &system, e);
-            has_system = true;
-            continue;
-        }
-        if (leading && has_system &&
-            json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
-                                                  system.p ? system.p : "", system.n)))
-            ok = oom(e);
-        leading = false;
-        ok = ok && input_item(item, where, msgs, &turn, call_ids, e);
+        ok = input_item(item, where, i, msgs, origins, &turn, call_ids, e);
     }
-    if (ok && leading && has_system) /* only instructions and system messages */
-        ok = !json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
-                                                    system.p ? system.p : "", system.n)) || oom(e);
-    ok = ok && flush_assistant(&turn, msgs, e);
+    ok = ok && flush_assistant(&turn, msgs, origins, e);
     assistant_turn_clear(&turn);
-    free(system.p);
     json_decref(items);
     json_decref(call_ids);
     return ok;
@@ -468,14 +463,15 @@ static bool check_stateless(json_t *b, lily_oai_error *e)
     return true;
 }
 
-/* The Responses request as a chat request (oai), and the fields the Response echoes (echo). */
-static bool translate(json_t *b, json_t *oai, json_t *echo, lily_oai_error *e)
+/* The Responses request as a chat request (oai), the fields the Response echoes (echo), and the origin of
+ * each chat message (origins). */
+static bool translate(json_t *b, json_t *oai, json_t *echo, json_t *origins, lily_oai_error *e)
 {
     json_t *msgs = json_array();
     if (!msgs)
         return oom(e);
     json_object_set_new(oai, "messages", msgs);
-    if (!check_stateless(b, e) || !translate_input(b, msgs, e) || !translate_tools(b, oai, e) ||
+    if (!check_stateless(b, e) || !translate_input(b, msgs, origins, e) || !translate_tools(b, oai, e) ||
         !translate_text_format(b, oai, e))
         return false;
     json_t *mt = json_object_get(b, "max_output_tokens");
@@ -546,8 +542,8 @@ bool lily_resp_parse_request(const char *body, size_t len, lily_oai_request *req
         json_decref(b);
         return bad(e, NULL, "Invalid request body: expected a JSON object, but got %s instead.", kind);
     }
-    json_t *oai = json_object(), *echo = json_object();
-    bool ok = oai && echo ? translate(b, oai, echo, e) : oom(e);
+    json_t *oai = json_object(), *echo = json_object(), *origins = json_array();
+    bool ok = oai && echo && origins ? translate(b, oai, echo, origins, e) : oom(e);
     char *text = ok ? json_dumps(oai, JSON_COMPACT) : NULL;
     json_decref(oai);
     json_decref(b);
@@ -557,10 +553,45 @@ bool lily_resp_parse_request(const char *body, size_t len, lily_oai_request *req
     free(text);
     if (!ok) {
         json_decref(echo);
+        json_decref(origins);
         return false;
     }
     req->responses = echo;
+    req->responses_origins = origins;
     return true;
+}
+
+void lily_resp_template_error(const lily_oai_request *req, const char *message, lily_oai_error *e)
+{
+    size_t n = 0, k = 0;
+    int head = 0, call = 0;
+    /* "chat template: messages[N]: REST", REST maybe "tool_calls[K].FIELD: ..." */
+    sscanf(message, "chat template: messages[%zu]: %n", &n, &head);
+    const json_t *origin = head ? json_array_get(req->responses_origins, n) : NULL;
+    if (!origin) {
+        lily_oai_error_set(e, 400, "invalid_request_error", "input", NULL, "%s", message);
+        return;
+    }
+    const char *rest = message + head;
+    sscanf(rest, "tool_calls[%zu]%n", &k, &call);
+    const json_t *item = call ? json_array_get(origin, 1 + k) : NULL;
+    if (item) { /* the function_call item itself: its field in param ("input[3].arguments") */
+        rest += call;
+        char param[64];
+        int len = snprintf(param, sizeof param, "input[%lld]", (long long)json_integer_value(item));
+        size_t field = strcspn(rest, ": ");
+        snprintf(param + len, sizeof param - (size_t)len, "%.*s", (int)field, rest);
+        lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, "chat template: input[%lld]%s",
+                           (long long)json_integer_value(item), rest);
+        return;
+    }
+    json_int_t index = json_integer_value(json_array_get(origin, 0));
+    char param[48];
+    if (index < 0)
+        snprintf(param, sizeof param, "instructions");
+    else
+        snprintf(param, sizeof param, "input[%lld]", (long long)index);
+    lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, "chat template: %s: %s", param, rest);
 }
 
 /* ---------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
  *
  * Owns: validating a Responses request and translating it into the same lily_oai_request the chat path runs
  * (instructions -> a system message; input as a string -> a user message; message items -> messages,
- * developer kept as developer; reasoning / assistant message / function_call items of one turn -> one
+ * developer kept as developer, a system / developer item where it is (rendering folds them all into the one
+ * system block); reasoning / assistant message / function_call items of one turn -> one
  * assistant message with reasoning_content, content and tool_calls; function_call_output -> a tool message;
  * flat function tools -> chat tools; tool_choice {"type":"function","name"} -> named; text.format ->
  * response_format; max_output_tokens -> max_tokens; reasoning.effort -> reasoning_effort); and every JSON
@@ -29,6 +30,12 @@
  * OpenAI's API), a non-text content part, a hosted tool (web_search, file_search, ...). Unknown fields are
  * ignored, as on the chat route. */
 bool lily_resp_parse_request(const char *body, size_t len, lily_oai_request *req, lily_oai_error *e);
+
+/* The 400 for a chat-template error (LILY_ERR_TEMPLATE's message, "chat template: messages[N]: ...") on a
+ * request of this route: the message and param name the input item the user sent instead of the chat message
+ * it became ("input[3]", a function_call's field "input[4].arguments", "instructions"); param "input" with the
+ * message as it is when it names no message. */
+void lily_resp_template_error(const lily_oai_request *req, const char *message, lily_oai_error *e);
 
 /* The Response's output as the reply is generated: the items closed so far, the open one, and the stream's
  * next sequence_number. Fed the output parser's events (text/output_parser.h) in order; the same for a

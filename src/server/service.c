@@ -1009,13 +1009,22 @@ static bool prompt_ids(lily_service *svc, lily_job *job, int reply_room, bool *t
         char *prompt = NULL;
         size_t plen = 0;
         json_t *treq = lily_oai_template_request(req);
-        st = treq ? lily_chat_render_n(treq, NULL, &prompt, &plen, &err)
+        lily_chat_options co; /* a system / developer message after a user turn, as agents send: folded */
+        lily_chat_options_init(&co);
+        co.fold_system = 1;
+        st = treq ? lily_chat_render_n(treq, &co, &prompt, &plen, &err)
                   : lily_error_set(&err, LILY_ERR_OUT_OF_MEMORY, "Out of memory.");
         json_decref(treq);
+        if (st == LILY_ERR_TEMPLATE && req->responses) { /* named by the Responses input item sent */
+            lily_oai_error e;
+            lily_resp_template_error(req, err.message, &e);
+            lily_job_fail(job, &e);
+            return false;
+        }
         if (st != LILY_OK) {
             fail_with(job, st == LILY_ERR_TEMPLATE ? 400 : 500,
                       st == LILY_ERR_TEMPLATE ? "invalid_request_error" : "server_error",
-                      st != LILY_ERR_TEMPLATE ? NULL : req->responses ? "input" : "messages", NULL, err.message);
+                      st == LILY_ERR_TEMPLATE ? "messages" : NULL, NULL, err.message);
             return false;
         }
         *thinking = plen >= 8 && !memcmp(prompt + plen - 8, "<think>\n", 8);
@@ -1292,7 +1301,9 @@ static void finish_reply(generation *g, const char *finish, int n_prompt, int n_
     lily_job *job = g->job;
     lily_error err = {0};
     g->in_output = true; /* text the parser held to the end */
-    lily_status pst = g->parser ? lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err) : LILY_OK;
+    lily_status pst = !g->parser        ? LILY_OK
+                      : g->stop_sequence ? lily_output_parser_finish_stopped(g->parser, &err) /* a cut name: no call */
+                                         : lily_output_parser_finish(g->parser, !strcmp(finish, "length"), &err);
     g->in_output = false;
     if (pst != LILY_OK) {
         fail_with(job, 500, "server_error", NULL, NULL, err.message);

@@ -6,8 +6,10 @@
  *
  * The request is preprocessed the way vLLM's OpenAI server does before rendering: tool-call arguments
  * given as a JSON string are parsed, null/"" arguments become {}; lily also maps role "developer" to
- * "system" (the template itself would raise on it). Where the template would print a Python repr of a
- * wrong type (e.g. a non-string text part prints "None"/"5"), lily refuses with a clear error instead.
+ * "system" (the template itself would raise on it) and, when asked (lily_chat_options.fold_system), joins a
+ * system message after the first into the leading system block. Where the template would print a Python
+ * repr of a wrong type (e.g. a non-string text part prints "None"/"5"), lily refuses with a clear error
+ * instead.
  */
 #include "text/chat_template.h"
 
@@ -145,6 +147,7 @@ typedef struct {
     const json_t *tools; /* non-empty array, or NULL */
     int enable_thinking, preserve_thinking, add_generation_prompt, add_vision_id;
     int continue_final_message; /* the last (assistant) message stays open: no <|im_end|> after it */
+    int fold_system;            /* every system message joins the system block (lily_chat_options) */
     int image_count, video_count; /* the template's namespace counters */
     lily_error *err;
 } render_state;
@@ -246,16 +249,31 @@ static lily_status render_content_trimmed(render_state *st, size_t index, int do
     return LILY_OK;
 }
 
-/* The system block: tools listing and/or messages[0] when it is a system message. */
+/* The system block: tools listing and/or messages[0] when it is a system message (with fold_system, every
+ * system message: their stripped texts in order, the non-empty ones joined by a blank line). */
 static lily_status render_system(render_state *st, chat_buf *out, chat_buf *tmp)
 {
-    const json_t *first = json_array_get(st->messages, 0);
-    slice content = {"", 0};
-    if (has_role(first, "system")) {
-        lily_status s = render_content_trimmed(st, 0, 0, 1, tmp, &content);
-        if (s != LILY_OK)
+    chat_buf joined = {0};
+    int has_system = 0;
+    for (size_t i = 0; i < (st->fold_system ? st->n_messages : 1); i++) {
+        if (!has_role(json_array_get(st->messages, i), "system"))
+            continue;
+        slice text;
+        lily_status s = render_content_trimmed(st, i, 0, 1, tmp, &text);
+        if (s != LILY_OK) {
+            chat_buf_free(&joined);
             return s;
+        }
+        if (text.n && joined.len)
+            chat_buf_puts(&joined, "\n\n");
+        put(&joined, text);
+        has_system = 1;
     }
+    if (joined.failed) {
+        chat_buf_free(&joined);
+        return lily_error_set(st->err, LILY_ERR_OUT_OF_MEMORY, "chat template: out of memory");
+    }
+    slice content = {joined.data, joined.len};
     if (st->tools) {
         chat_buf_puts(out, "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
         size_t i;
@@ -281,11 +299,12 @@ static lily_status render_system(render_state *st, chat_buf *out, chat_buf *tmp)
             put(out, content);
         }
         chat_buf_puts(out, "<|im_end|>\n");
-    } else if (has_role(first, "system")) {
+    } else if (has_system) {
         chat_buf_puts(out, "<|im_start|>system\n");
         put(out, content);
         chat_buf_puts(out, "<|im_end|>\n");
     }
+    chat_buf_free(&joined);
     return LILY_OK;
 }
 
@@ -430,7 +449,7 @@ static lily_status render_messages(render_state *st, size_t last_query_index, ch
         if (s != LILY_OK)
             return s;
         if (!strcmp(role, "system")) {
-            if (i != 0)
+            if (i != 0 && !st->fold_system) /* folded: rendered in the system block */
                 return template_error(st, "%s", "System message must be at the beginning.", i);
         } else if (!strcmp(role, "user")) {
             chat_buf_puts(out, "<|im_start|>user\n");
@@ -528,6 +547,7 @@ static lily_status read_request(render_state *st, const json_t *request, const l
         st->preserve_thinking = opts->preserve_thinking;
     if (opts && opts->add_generation_prompt >= 0)
         st->add_generation_prompt = opts->add_generation_prompt;
+    st->fold_system = opts && opts->fold_system > 0;
     /* vLLM's continue_final_message: the reply continues the last message, which must be the assistant's */
     if ((s = read_bool(st, json_is_object(request) ? request : NULL, "continue_final_message", "", 0, 0,
                        &st->continue_final_message)))
@@ -546,6 +566,7 @@ void lily_chat_options_init(lily_chat_options *opts)
     opts->enable_thinking = -1;
     opts->preserve_thinking = -1;
     opts->add_generation_prompt = -1;
+    opts->fold_system = -1;
 }
 
 lily_status lily_chat_render(const json_t *request, const lily_chat_options *opts, char **out, lily_error *err)

@@ -19,6 +19,9 @@ typedef struct {
     int enable_thinking;       /* request: chat_template_kwargs.enable_thinking; absent means on */
     int preserve_thinking;     /* request: chat_template_kwargs.preserve_thinking; absent means off */
     int add_generation_prompt; /* request: add_generation_prompt; absent means on (as vLLM) */
+    int fold_system;           /* 1: a system / developer message anywhere joins the one system block (their
+                                * stripped texts in order, joined by a blank line) instead of being the
+                                * template's "must be at the beginning" error (lily's server); -1, 0: the error */
 } lily_chat_options;
 
 /* All fields -1: the request decides everything. */
@@ -45,10 +48,10 @@ void lily_chat_options_init(lily_chat_options *opts);
  * continuing the final message, it ends with that message's (stripped) content.
  * Errors: LILY_ERR_TEMPLATE with a message naming the message at fault: no messages, no user query
  * (a user turn that is not only a <tool_response>), an unknown role, a system/developer message that is
- * not first, an image in the system message, content of the wrong type or an unknown content part, a
- * continue_final_message with add_generation_prompt or after a message that is not the assistant's, a
- * tool call without a string name, arguments that are not an object (or a string that does not parse to
- * one), fields of the wrong JSON type. LILY_ERR_OUT_OF_MEMORY. *out is NULL on error. */
+ * not first (unless opts->fold_system), an image in the system message, content of the wrong type or an
+ * unknown content part, a continue_final_message with add_generation_prompt or after a message that is
+ * not the assistant's, a tool call without a string name, arguments that are not an object (or a string
+ * that does not parse to one), fields of the wrong JSON type. LILY_ERR_OUT_OF_MEMORY. *out is NULL on error. */
 lily_status lily_chat_render(const json_t *request, const lily_chat_options *opts, char **out, lily_error *err);
 
 /* lily_chat_render that also gives the prompt's length in bytes (*len, excluding the terminating NUL): the

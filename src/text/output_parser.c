@@ -879,7 +879,8 @@ lily_status lily_output_parser_feed(lily_output_parser *p, const char *text, siz
     return LILY_OK;
 }
 
-lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length, lily_error *err)
+/* finish; cut: the text may end inside a word (max tokens, the context limit or a stop string cut it). */
+static lily_status finish(lily_output_parser *p, bool cut_by_length, bool cut, lily_error *err)
 {
     if (p->failed)
         return lily_error_set(err, LILY_ERR_OUT_OF_MEMORY, "output parser: out of memory earlier");
@@ -898,14 +899,14 @@ lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length,
     p->result.call_unfinished = p->state == S_TOOL_OPEN || p->state == S_FUNCTION_NAME ||
                                 p->state == S_FUNCTION_BODY || p->state == S_PARAM_NAME ||
                                 p->state == S_PARAM_VALUE || p->state == S_JSON_CALL;
-    /* A name the text ended in (no ">" or newline after it yet) is closed as written, except when max tokens cut
-     * it: then it may be a prefix of the real one ("get_wea" of get_weather). A call to a tool that does not
-     * exist, or an argument key no schema has, would reach a client that runs calls as they come; so a cut
-     * function name is no call (nothing of it was streamed: a call starts once its name ends) and a cut
+    /* A name the text ended in (no ">" or newline after it yet) is closed as written, except when max tokens or
+     * a stop string cut it: then it may be a prefix of the real one ("get_wea" of get_weather). A call to a tool
+     * that does not exist, or an argument key no schema has, would reach a client that runs calls as they come;
+     * so a cut function name is no call (nothing of it was streamed: a call starts once its name ends) and a cut
      * parameter name no argument. vLLM returns such a reply's raw text as content instead; lily keeps tool-call
      * markup out of content (a client would send it back as the assistant's words). The finish reason says
-     * "length" either way. */
-    const bool cut_name = cut_by_length && (p->state == S_FUNCTION_NAME || p->state == S_PARAM_NAME);
+     * "length" either way (a stop string's cut: "stop"). */
+    const bool cut_name = cut && (p->state == S_FUNCTION_NAME || p->state == S_PARAM_NAME);
     switch (p->state) { /* close what the text left open */
     case S_FUNCTION_NAME:
         if (!name_is_blank(&p->name) && !cut_name)
@@ -947,6 +948,16 @@ lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length,
     p->result.finished = true;
     p->result.cut_by_length = cut_by_length;
     return LILY_OK;
+}
+
+lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length, lily_error *err)
+{
+    return finish(p, cut_by_length, cut_by_length, err);
+}
+
+lily_status lily_output_parser_finish_stopped(lily_output_parser *p, lily_error *err)
+{
+    return finish(p, false, true, err);
 }
 
 const lily_parsed_output *lily_output_parser_result(const lily_output_parser *p) { return &p->result; }

@@ -108,6 +108,11 @@ lily_status lily_output_parser_feed(lily_output_parser *p, const char *text, siz
  * then dropped, no call or no argument: it may be a prefix of the real name. Errors: as feed. */
 lily_status lily_output_parser_finish(lily_output_parser *p, bool cut_by_length, lily_error *err);
 
+/* lily_output_parser_finish for a text a stop string ended (the stop string not fed): a function or parameter
+ * name it cut is dropped as one max tokens cut (it may be a prefix of the real name: no call to a tool that
+ * does not exist), but cut_by_length stays false. Errors: as feed. */
+lily_status lily_output_parser_finish_stopped(lily_output_parser *p, lily_error *err);
+
 /* The result so far (complete after finish); owned by the parser. */
 const lily_parsed_output *lily_output_parser_result(const lily_output_parser *p);
 
