@@ -38,6 +38,8 @@ chat_warns() { # MODEL CTX MAX
     check "chat --ctx-size $2, max_position_embeddings $3" "$TMP/chat.err" chat "$2" "$3"
 }
 serve_warns() { # MODEL CTX MAX: the warning comes with the model's loading; the server then serves
+    : >"$TMP/serve.err" # emptied here: the child's redirection may come after the first grep below, which would
+                        # then read the previous server's "ready on" line and port
     "$LILY" serve -m "$1" --port 0 --threads 1 --ctx-size "$2" >/dev/null 2>"$TMP/serve.err" &
     local pid=$! port="" health=""
     for _ in $(seq 600); do
