@@ -50,7 +50,7 @@
         }                                                                                                      \
     } while (0)
 
-#define PW 8          /* warps per block */
+#define PW 8          /* compute warps per block; one more warp issues the ring's copies */
 #define P_MAX_SLOTS 8 /* ring slots per block */
 
 enum { STAGE_GEMV = 0, STAGE_SILU = 1 };
@@ -71,9 +71,17 @@ struct pargs {
     unsigned int *done;          /* [n_stages], grows by gridDim.x per launch */
     unsigned int target;         /* gridDim.x x launch number */
     unsigned long long *stamp;   /* [n_stages + 1]: launch start, then each stage's last done */
+    unsigned long long *bst;     /* [n_stages][3], block 0: wait passed, x side done, items done */
     int slots, slot_bytes, ahead;
     float eps;
 };
+
+/* Barrier 1 among the PW compute warps (the producer warp does not take part). */
+__device__ __forceinline__ void compute_sync(void) { asm volatile("bar.sync 1, %0;\n" ::"r"(PW * 32) : "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bulk_saddr(bar)) : "memory");
+}
 
 __device__ __forceinline__ unsigned int ld_acquire(const unsigned int *p)
 {
@@ -128,7 +136,7 @@ __device__ __forceinline__ float p_warp_x(const float *act, const float *norm_w,
             if (lane == 0)
                 s_ss[ks] = ss;
         }
-        __syncthreads();
+        compute_sync();
         float tot = 0.0f;
 #pragma unroll
         for (int q = 0; q < KS; q++)
@@ -183,9 +191,10 @@ __device__ __forceinline__ float p_warp_x(const float *act, const float *norm_w,
 }
 
 /* The ring: item q of this block's sequence (stage by stage, its groups blockIdx.x + i x grid of each
- * GEMV stage) sits in slot q % slots, completing phase (q / slots) & 1 of that slot's mbarrier. */
+ * GEMV stage) sits in slot q % slots. full[k] completes a phase when the item's copies have landed (the
+ * producer warp's expect_tx + the copies), empty[k] when the PW compute warps have read it into registers. */
 struct p_cursor {
-    int s, i; /* next item to fill: stage, the block's i-th group of that stage */
+    int s, i; /* the item: stage, the block's i-th group of that stage */
 };
 
 __device__ __forceinline__ void p_advance(const pargs &a, p_cursor &c)
@@ -197,7 +206,7 @@ __device__ __forceinline__ void p_advance(const pargs &a, p_cursor &c)
     }
 }
 
-/* Warp 0: copy item c into slot k (one bulk copy per row and per tile's scales / biases). */
+/* The producer warp: copy item c into slot k (one bulk copy per row and per tile's scales / biases). */
 __device__ __forceinline__ void p_fill(const pargs &a, const p_cursor &c, unsigned char *ring, uint64_t *full, int k)
 {
     const pstage &S = a.st[c.s];
@@ -228,10 +237,11 @@ __device__ __forceinline__ void p_fill(const pargs &a, const p_cursor &c, unsign
     }
 }
 
-/* One GEMV stage's share of this block: its groups, from the ring; q_used counts consumed items. */
+/* One GEMV stage's share of this block (compute warps): its groups, from the ring; q_used counts the
+ * items consumed so far. */
 template <int IN_MODE, int OUT_MODE, int KS>
-__device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned char *ring, uint64_t *full, float *x_area,
-                                       float (*s_part)[PW][16], int &q_used, p_cursor &cur, int &q_filled, int limit_stage)
+__device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned char *ring, uint64_t *full, uint64_t *empty,
+                                       float *x_area, float (*s_part)[PW][16], int &q_used, int s_index)
 {
     constexpr int RT = PW / KS;
     if ((int)blockIdx.x >= S.n_groups)
@@ -242,19 +252,26 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
     const uint4 *xh;
     const float *off, *xsum;
     const float xk = p_warp_x<IN_MODE, KS>(S.x, S.norm_w, a.eps, cols, x_area, xh, off, xsum);
+    if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
+        a.bst[3 * s_index + 1] = gtimer();
     for (int i = 0;; i++) {
         const int grp = blockIdx.x + i * gridDim.x, tile = grp * RT + rt;
         if (grp >= S.n_groups)
             break;
         const int k = q_used % a.slots;
-        const unsigned int parity = (unsigned int)(q_used / a.slots) & 1u;
-        bulk_mbar_wait(&full[k], parity);
+        bulk_mbar_wait(&full[k], (unsigned int)(q_used / a.slots) & 1u);
+        q_used++;
         const bool live = tile < S.n_tiles;
+        mg_frag f;
         if (live) {
             const unsigned char *tp = ring + (size_t)k * a.slot_bytes + (size_t)rt * tb;
-            mg_frag f;
             mg_load_smem(tp, ws, reinterpret_cast<const __nv_bfloat16 *>(tp + 16 * ws),
                          reinterpret_cast<const __nv_bfloat16 *>(tp + 16 * ws + 32 * gpr), gpr, ks * CW, steps, g, t, f);
+        }
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(&empty[k]); /* this warp is done with slot k */
+        if (live) {
             float acc_a = 0.0f, acc_b = 0.0f;
             mg_dot(f, ks * CW, steps, xh, off, xsum, g, t, acc_a, acc_b);
             if (t == 0) {
@@ -262,13 +279,7 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
                 s_part[i & 1][warp][g + 8] = acc_b / xk;
             }
         }
-        __syncthreads(); /* partials published, slot k read by every warp */
-        q_used++;
-        if (warp == 0 && cur.s <= limit_stage && cur.s < a.n_stages) {
-            p_fill(a, cur, ring, full, q_filled % a.slots);
-            q_filled++;
-            p_advance(a, cur);
-        }
+        compute_sync(); /* partials published */
         if (ks == 0 && live && lane < 16) {
             const int row = tile * 16 + lane;
             if (row < S.W.rows) {
@@ -283,53 +294,66 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
     }
 }
 
-__global__ void __launch_bounds__(PW * 32, 1) persistent_chain_kernel(pargs a)
+__global__ void __launch_bounds__((PW + 1) * 32, 1) persistent_chain_kernel(pargs a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char ring[];
-    __shared__ __align__(8) uint64_t full[P_MAX_SLOTS];
+    __shared__ __align__(8) uint64_t full[P_MAX_SLOTS], empty[P_MAX_SLOTS];
     __shared__ float s_part[2][PW][16];
+    __shared__ volatile int s_stage; /* the stage the compute warps have passed the wait of (-a 0) */
     float *x_area = reinterpret_cast<float *>(ring + (size_t)a.slots * a.slot_bytes);
     const int warp = threadIdx.x >> 5;
-    if (threadIdx.x < a.slots)
+    if (threadIdx.x < a.slots) {
         bulk_mbar_init(&full[threadIdx.x], 1);
+        bulk_mbar_init(&empty[threadIdx.x], PW);
+    }
+    if (threadIdx.x == 0)
+        s_stage = 0;
     bulk_mbar_init_fence();
     __syncthreads();
     if (a.stamp && blockIdx.x == 0 && threadIdx.x == 0)
         a.stamp[0] = gtimer();
-    p_cursor cur = {0, -1};
-    p_advance(a, cur);
-    int q_used = 0, q_filled = 0;
-    auto top_up = [&](int limit_stage) {
-        if (warp != 0)
-            return;
-        while (q_filled - q_used < a.slots && cur.s < a.n_stages && cur.s <= limit_stage) {
-            p_fill(a, cur, ring, full, q_filled % a.slots);
-            q_filled++;
+
+    if (warp == PW) { /* the producer: every item of this block in order, as slots free */
+        p_cursor cur = {0, -1};
+        p_advance(a, cur);
+        for (int q = 0; cur.s < a.n_stages; q++) {
+            const int k = q % a.slots;
+            if (q >= a.slots)
+                bulk_mbar_wait(&empty[k], (unsigned int)(q / a.slots - 1) & 1u);
+            if (!a.ahead)
+                while (s_stage < cur.s)
+                    ;
+            p_fill(a, cur, ring, full, k);
             p_advance(a, cur);
         }
-    };
-    top_up(a.ahead ? a.n_stages : 0);
+        return;
+    }
+
+    int q_used = 0;
     for (int s = 0; s < a.n_stages; s++) {
         const pstage S = a.st[s];
         if (s > 0) { /* the predecessor's output complete and visible */
-            if (threadIdx.x == 0)
+            if (threadIdx.x == 0) {
                 while (ld_acquire(&a.done[s - 1]) < a.target)
                     ;
-            __syncthreads();
+                s_stage = s;
+            }
+            compute_sync();
         }
-        const int limit = a.ahead ? a.n_stages : s;
-        if (!a.ahead)
-            top_up(s);
+        if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
+            a.bst[3 * s] = a.bst[3 * s + 1] = gtimer();
         if (S.kind == STAGE_SILU) {
-            for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < S.n; j += gridDim.x * blockDim.x)
+            for (int j = blockIdx.x * PW * 32 + threadIdx.x; j < S.n; j += gridDim.x * PW * 32)
                 S.y[j] = silu_f(__ldcg(S.x + j));
         } else if (S.in_mode == GEMV_IN_RMSNORM && S.out_mode == GEMV_OUT_STORE && S.ks == 4) {
-            p_gemv<GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4>(a, S, ring, full, x_area, s_part, q_used, cur, q_filled, limit);
+            p_gemv<GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4>(a, S, ring, full, empty, x_area, s_part, q_used, s);
         } else if (S.in_mode == GEMV_IN_PLAIN && S.out_mode == GEMV_OUT_ADD && S.ks == 8) {
-            p_gemv<GEMV_IN_PLAIN, GEMV_OUT_ADD, 8>(a, S, ring, full, x_area, s_part, q_used, cur, q_filled, limit);
+            p_gemv<GEMV_IN_PLAIN, GEMV_OUT_ADD, 8>(a, S, ring, full, empty, x_area, s_part, q_used, s);
         }
-        __syncthreads(); /* every output of this block stored */
+        if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
+            a.bst[3 * s + 2] = gtimer();
+        compute_sync(); /* every output of this block stored */
         if (threadIdx.x == 0) {
             __threadfence();
             const unsigned int old = atomicAdd(&a.done[s], 1u);
@@ -530,25 +554,27 @@ int main(int argc, char **argv)
     const int slots = std::min(P_MAX_SLOTS, (dyn_max - x_bytes) / slot_bytes);
     const size_t dyn = (size_t)slots * slot_bytes + x_bytes;
     int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain_kernel, PW * 32, dyn));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain_kernel, (PW + 1) * 32, dyn));
     const int grid = sms; /* one block per SM: all co-resident (checked) */
     if (per_sm < 1) {
         fprintf(stderr, "persistent kernel does not fit (%d slots of %d bytes)\n", slots, slot_bytes);
         return 1;
     }
-    printf("persistent: grid %d x %d threads, %d ring slots of %d bytes (%.0f KB per SM), %d registers\n", grid, PW * 32,
+    printf("persistent: grid %d x %d threads, %d ring slots of %d bytes (%.0f KB per SM), %d registers\n", grid, (PW + 1) * 32,
            slots, slot_bytes, dyn / 1024.0, fa.numRegs);
     unsigned int *done;
-    unsigned long long *stamp;
+    unsigned long long *stamp, *bst;
+    CK(cudaMalloc(&bst, 3 * n_st * sizeof(unsigned long long)));
     CK(cudaMalloc(&done, n_st * sizeof(unsigned int)));
     CK(cudaMemset(done, 0, n_st * sizeof(unsigned int)));
     CK(cudaMalloc(&stamp, (n_st + 1) * sizeof(unsigned long long)));
     unsigned int launches = 0;
     auto run_persistent = [&](int ahead, unsigned long long *stp) {
+        unsigned long long *b3 = stp ? bst : NULL;
         pargs a;
         a.st = d_st, a.n_stages = n_st, a.done = done, a.target = (unsigned int)grid * ++launches;
-        a.stamp = stp, a.slots = slots, a.slot_bytes = slot_bytes, a.ahead = ahead, a.eps = eps;
-        persistent_chain_kernel<<<grid, PW * 32, dyn, s>>>(a);
+        a.stamp = stp, a.bst = b3, a.slots = slots, a.slot_bytes = slot_bytes, a.ahead = ahead, a.eps = eps;
+        persistent_chain_kernel<<<grid, (PW + 1) * 32, dyn, s>>>(a);
         CK(cudaGetLastError());
     };
 
@@ -601,24 +627,32 @@ int main(int argc, char **argv)
     /* per stage kind from the stamps (mean over layers of the last block's done minus the previous one's) */
     for (int ahead = 1; ahead >= 0; ahead--) {
         CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
-        std::vector<unsigned long long> t(n_st + 1);
-        std::vector<double> sum(5, 0.0);
+        std::vector<unsigned long long> t(n_st + 1), t3(3 * n_st);
+        std::vector<double> sum(5, 0.0), lag(5, 0.0), xs(5, 0.0), items(5, 0.0);
         const int runs = 5;
         for (int r = 0; r < runs; r++) {
             run_persistent(ahead, stamp);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(t.data(), stamp, t.size() * 8, cudaMemcpyDeviceToHost));
-            for (int i = 0; i < n_st; i++)
+            CK(cudaMemcpy(t3.data(), bst, t3.size() * 8, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < n_st; i++) {
                 sum[i % 5] += (double)(t[i + 1] - t[i]) / 1e3;
+                lag[i % 5] += ((double)t3[3 * i] - (double)t[i]) / 1e3;
+                xs[i % 5] += ((double)t3[3 * i + 1] - (double)t3[3 * i]) / 1e3;
+                items[i % 5] += ((double)t3[3 * i + 2] - (double)t3[3 * i + 1]) / 1e3;
+            }
         }
         static const char *name[5] = {"A in_proj 12352x2048 RMSNorm", "E silu 4096", "B out_proj 2048x4096 +=",
                                       "C gate/up-size 9216x2048 RMSNorm", "D down-size 2048x4096 +="};
-        printf("persistent (ahead %d), per stage (us, mean over %d layers x %d runs; byte time at the copy rate):\n", ahead, L, runs);
+        printf("persistent (ahead %d), per stage (us, mean over %d layers x %d runs; byte time at the copy rate; block 0: "
+               "predecessor's last done -> wait passed, x side, its items):\n", ahead, L, runs);
         double tot = 0.0;
         for (int k = 0; k < 5; k++) {
             const double us = sum[k] / (L * runs);
             tot += us;
-            printf("  %-34s %6.2f us   bytes %5.2f us\n", name[k], us, stage_bytes(st[k]) / rate * 1e6);
+            const double n = (double)(L * runs);
+            printf("  %-34s %6.2f us   bytes %5.2f us   block 0: %5.2f %5.2f %5.2f\n", name[k], us, stage_bytes(st[k]) / rate * 1e6,
+                   lag[k] / n, xs[k] / n, items[k] / n);
         }
         printf("  %-34s %6.2f us\n", "layer", tot);
     }
