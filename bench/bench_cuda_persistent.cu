@@ -71,7 +71,8 @@ struct pargs {
     unsigned int *done;          /* [n_stages], grows by gridDim.x per launch */
     unsigned int target;         /* gridDim.x x launch number */
     unsigned long long *stamp;   /* [n_stages + 1]: launch start, then each stage's last done */
-    unsigned long long *bst;     /* [n_stages][3], block 0: wait passed, x side done, items done */
+    unsigned long long *bst;     /* [n_stages][4], block 0: wait passed, x side done, items done, ns in ring waits */
+    int no_dot;                  /* 1: skip the tile arithmetic (timing only: how much of an item it is) */
     int slots, slot_bytes, ahead;
     float eps;
 };
@@ -253,13 +254,16 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
     const float *off, *xsum;
     const float xk = p_warp_x<IN_MODE, KS>(S.x, S.norm_w, a.eps, cols, x_area, xh, off, xsum);
     if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
-        a.bst[3 * s_index + 1] = gtimer();
+        a.bst[4 * s_index + 1] = gtimer();
     for (int i = 0;; i++) {
         const int grp = blockIdx.x + i * gridDim.x, tile = grp * RT + rt;
         if (grp >= S.n_groups)
             break;
         const int k = q_used % a.slots;
+        const unsigned long long w0 = a.bst ? gtimer() : 0ull;
         bulk_mbar_wait(&full[k], (unsigned int)(q_used / a.slots) & 1u);
+        if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
+            a.bst[4 * s_index + 3] += gtimer() - w0;
         q_used++;
         const bool live = tile < S.n_tiles;
         mg_frag f;
@@ -273,7 +277,10 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
             mbar_arrive(&empty[k]); /* this warp is done with slot k */
         if (live) {
             float acc_a = 0.0f, acc_b = 0.0f;
-            mg_dot(f, ks * CW, steps, xh, off, xsum, g, t, acc_a, acc_b);
+            if (a.no_dot)
+                acc_a = __uint_as_float(f.wa[0].x & 0x3fffffffu), acc_b = __uint_as_float(f.wb[steps - 1].w & 0x3fffffffu);
+            else
+                mg_dot(f, ks * CW, steps, xh, off, xsum, g, t, acc_a, acc_b);
             if (t == 0) {
                 s_part[i & 1][warp][g] = acc_a / xk;
                 s_part[i & 1][warp][g + 8] = acc_b / xk;
@@ -342,7 +349,7 @@ __global__ void __launch_bounds__((PW + 1) * 32, 1) persistent_chain_kernel(parg
             compute_sync();
         }
         if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
-            a.bst[3 * s] = a.bst[3 * s + 1] = gtimer();
+            a.bst[4 * s] = a.bst[4 * s + 1] = gtimer(), a.bst[4 * s + 3] = 0ull;
         if (S.kind == STAGE_SILU) {
             for (int j = blockIdx.x * PW * 32 + threadIdx.x; j < S.n; j += gridDim.x * PW * 32)
                 S.y[j] = silu_f(__ldcg(S.x + j));
@@ -352,7 +359,7 @@ __global__ void __launch_bounds__((PW + 1) * 32, 1) persistent_chain_kernel(parg
             p_gemv<GEMV_IN_PLAIN, GEMV_OUT_ADD, 8>(a, S, ring, full, empty, x_area, s_part, q_used, s);
         }
         if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
-            a.bst[3 * s + 2] = gtimer();
+            a.bst[4 * s + 2] = gtimer();
         compute_sync(); /* every output of this block stored */
         if (threadIdx.x == 0) {
             __threadfence();
@@ -564,16 +571,16 @@ int main(int argc, char **argv)
            slots, slot_bytes, dyn / 1024.0, fa.numRegs);
     unsigned int *done;
     unsigned long long *stamp, *bst;
-    CK(cudaMalloc(&bst, 3 * n_st * sizeof(unsigned long long)));
+    CK(cudaMalloc(&bst, 4 * n_st * sizeof(unsigned long long)));
     CK(cudaMalloc(&done, n_st * sizeof(unsigned int)));
     CK(cudaMemset(done, 0, n_st * sizeof(unsigned int)));
     CK(cudaMalloc(&stamp, (n_st + 1) * sizeof(unsigned long long)));
     unsigned int launches = 0;
-    auto run_persistent = [&](int ahead, unsigned long long *stp) {
+    auto run_persistent = [&](int ahead, unsigned long long *stp, int no_dot = 0) {
         unsigned long long *b3 = stp ? bst : NULL;
         pargs a;
         a.st = d_st, a.n_stages = n_st, a.done = done, a.target = (unsigned int)grid * ++launches;
-        a.stamp = stp, a.bst = b3, a.slots = slots, a.slot_bytes = slot_bytes, a.ahead = ahead, a.eps = eps;
+        a.stamp = stp, a.bst = b3, a.no_dot = no_dot, a.slots = slots, a.slot_bytes = slot_bytes, a.ahead = ahead, a.eps = eps;
         persistent_chain_kernel<<<grid, (PW + 1) * 32, dyn, s>>>(a);
         CK(cudaGetLastError());
     };
@@ -625,34 +632,37 @@ int main(int argc, char **argv)
     }
 
     /* per stage kind from the stamps (mean over layers of the last block's done minus the previous one's) */
-    for (int ahead = 1; ahead >= 0; ahead--) {
+    for (int ahead = 3; ahead >= 0; ahead -= 2) { /* 3: ring ahead, tile arithmetic skipped */
+        if (ahead == 3)
+            printf("(without the tile arithmetic)\n");
         CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
-        std::vector<unsigned long long> t(n_st + 1), t3(3 * n_st);
-        std::vector<double> sum(5, 0.0), lag(5, 0.0), xs(5, 0.0), items(5, 0.0);
+        std::vector<unsigned long long> t(n_st + 1), t3(4 * n_st);
+        std::vector<double> sum(5, 0.0), lag(5, 0.0), xs(5, 0.0), items(5, 0.0), rw(5, 0.0);
         const int runs = 5;
         for (int r = 0; r < runs; r++) {
-            run_persistent(ahead, stamp);
+            run_persistent(ahead & 1, stamp, ahead == 3);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(t.data(), stamp, t.size() * 8, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(t3.data(), bst, t3.size() * 8, cudaMemcpyDeviceToHost));
             for (int i = 0; i < n_st; i++) {
                 sum[i % 5] += (double)(t[i + 1] - t[i]) / 1e3;
-                lag[i % 5] += ((double)t3[3 * i] - (double)t[i]) / 1e3;
-                xs[i % 5] += ((double)t3[3 * i + 1] - (double)t3[3 * i]) / 1e3;
-                items[i % 5] += ((double)t3[3 * i + 2] - (double)t3[3 * i + 1]) / 1e3;
+                lag[i % 5] += ((double)t3[4 * i] - (double)t[i]) / 1e3;
+                xs[i % 5] += ((double)t3[4 * i + 1] - (double)t3[4 * i]) / 1e3;
+                items[i % 5] += ((double)t3[4 * i + 2] - (double)t3[4 * i + 1]) / 1e3;
+                rw[i % 5] += (double)t3[4 * i + 3] / 1e3;
             }
         }
         static const char *name[5] = {"A in_proj 12352x2048 RMSNorm", "E silu 4096", "B out_proj 2048x4096 +=",
                                       "C gate/up-size 9216x2048 RMSNorm", "D down-size 2048x4096 +="};
         printf("persistent (ahead %d), per stage (us, mean over %d layers x %d runs; byte time at the copy rate; block 0: "
-               "predecessor's last done -> wait passed, x side, its items):\n", ahead, L, runs);
+               "predecessor's last done -> wait passed, x side, its items (of which ring waits)):\n", ahead % 2, L, runs);
         double tot = 0.0;
         for (int k = 0; k < 5; k++) {
             const double us = sum[k] / (L * runs);
             tot += us;
             const double n = (double)(L * runs);
-            printf("  %-34s %6.2f us   bytes %5.2f us   block 0: %5.2f %5.2f %5.2f\n", name[k], us, stage_bytes(st[k]) / rate * 1e6,
-                   lag[k] / n, xs[k] / n, items[k] / n);
+            printf("  %-34s %6.2f us   bytes %5.2f us   block 0: %5.2f %5.2f %5.2f (%5.2f)\n", name[k], us, stage_bytes(st[k]) / rate * 1e6,
+                   lag[k] / n, xs[k] / n, items[k] / n, rw[k] / n);
         }
         printf("  %-34s %6.2f us\n", "layer", tot);
     }
