@@ -278,7 +278,7 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
         if (live) {
             float acc_a = 0.0f, acc_b = 0.0f;
             if (a.no_dot)
-                acc_a = __uint_as_float(f.wa[0].x & 0x3fffffffu), acc_b = __uint_as_float(f.wb[steps - 1].w & 0x3fffffffu);
+                acc_a = __uint_as_float(f.wa[0].x & 0x3fffffffu), acc_b = __uint_as_float(f.wb[MG_MAX_STEPS - 1].w & 0x3fffffffu);
             else
                 mg_dot(f, ks * CW, steps, xh, off, xsum, g, t, acc_a, acc_b);
             if (t == 0) {
