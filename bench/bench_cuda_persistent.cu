@@ -77,8 +77,10 @@ struct pargs {
     float eps;
 };
 
-/* Barrier 1 among the PW compute warps (the producer warp does not take part). */
-__device__ __forceinline__ void compute_sync(void) { asm volatile("bar.sync 1, %0;\n" ::"r"(PW * 32) : "memory"); }
+/* A block has NT teams of PW compute warps (a team works one ring item at a time) and one producer warp.
+ * Barrier 1 + team among a team's warps, barrier 3 among all compute warps (never the producer). */
+__device__ __forceinline__ void team_sync(int team) { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + team), "r"(PW * 32) : "memory"); }
+template <int NT> __device__ __forceinline__ void compute_sync(void) { asm volatile("bar.sync 3, %0;\n" ::"r"(NT * PW * 32) : "memory"); }
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bulk_saddr(bar)) : "memory");
@@ -101,10 +103,11 @@ __device__ __forceinline__ unsigned long long gtimer(void)
  * same values, same order. */
 template <int IN_MODE, int KS>
 __device__ __forceinline__ float p_warp_x(const float *act, const float *norm_w, float eps, int cols, float *x_area,
-                                          const uint4 *&xh, const float *&off, const float *&xsum)
+                                          const uint4 *&xh, const float *&off, const float *&xsum, int team)
 {
-    __shared__ float s_ss[KS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS, rt = warp / KS;
+    __shared__ float s_ss_all[2][KS];
+    float *s_ss = s_ss_all[team];
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % PW, ks = warp % KS, rt = warp / KS;
     const int CW = cols / KS, nit = CW / 8, base = ks * nit, ngr = CW / 64;
     uint4 *wxh = reinterpret_cast<uint4 *>(x_area) + warp * nit;
     float *wsum = x_area + PW * (CW / 2) + warp * 2 * ngr;
@@ -137,7 +140,7 @@ __device__ __forceinline__ float p_warp_x(const float *act, const float *norm_w,
             if (lane == 0)
                 s_ss[ks] = ss;
         }
-        compute_sync();
+        team_sync(team);
         float tot = 0.0f;
 #pragma unroll
         for (int q = 0; q < KS; q++)
@@ -238,33 +241,32 @@ __device__ __forceinline__ void p_fill(const pargs &a, const p_cursor &c, unsign
     }
 }
 
-/* One GEMV stage's share of this block (compute warps): its groups, from the ring; q_used counts the
- * items consumed so far. */
-template <int IN_MODE, int OUT_MODE, int KS>
+/* One GEMV stage's share of this block (compute warps of team `team` of NT): the block's groups i of the
+ * stage with i % NT == team, from the ring; item i is ring item q0 + i. */
+template <int IN_MODE, int OUT_MODE, int KS, int NT>
 __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned char *ring, uint64_t *full, uint64_t *empty,
-                                       float *x_area, float (*s_part)[PW][16], int &q_used, int s_index)
+                                       float *x_area, float (*s_part)[PW][16], int q0, int s_index, int team)
 {
     constexpr int RT = PW / KS;
-    if ((int)blockIdx.x >= S.n_groups)
+    if ((int)blockIdx.x + team * (int)gridDim.x >= S.n_groups)
         return;
     const int cols = S.W.cols, CW = cols / KS, steps = CW / 128, gpr = cols / 64;
     const int ws = cols / 2 + BULK_ROW_PAD, tb = bulk_tile_bytes(cols);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, ks = warp % KS, rt = warp / KS;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % PW, g = lane >> 2, t = lane & 3, ks = warp % KS, rt = warp / KS;
     const uint4 *xh;
     const float *off, *xsum;
-    const float xk = p_warp_x<IN_MODE, KS>(S.x, S.norm_w, a.eps, cols, x_area, xh, off, xsum);
+    const float xk = p_warp_x<IN_MODE, KS>(S.x, S.norm_w, a.eps, cols, x_area, xh, off, xsum, team);
     if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
         a.bst[4 * s_index + 1] = gtimer();
-    for (int i = 0;; i++) {
+    for (int i = team;; i += NT) {
         const int grp = blockIdx.x + i * gridDim.x, tile = grp * RT + rt;
         if (grp >= S.n_groups)
             break;
-        const int k = q_used % a.slots;
+        const int q = q0 + i, k = q % a.slots;
         const unsigned long long w0 = a.bst ? gtimer() : 0ull;
-        bulk_mbar_wait(&full[k], (unsigned int)(q_used / a.slots) & 1u);
+        bulk_mbar_wait(&full[k], (unsigned int)(q / a.slots) & 1u);
         if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
             a.bst[4 * s_index + 3] += gtimer() - w0;
-        q_used++;
         const bool live = tile < S.n_tiles;
         mg_frag f;
         if (live) {
@@ -275,6 +277,7 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
         __syncwarp();
         if (lane == 0)
             mbar_arrive(&empty[k]); /* this warp is done with slot k */
+        const int pb = (i / NT) & 1;
         if (live) {
             float acc_a = 0.0f, acc_b = 0.0f;
             if (a.no_dot)
@@ -282,18 +285,18 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
             else
                 mg_dot(f, ks * CW, steps, xh, off, xsum, g, t, acc_a, acc_b);
             if (t == 0) {
-                s_part[i & 1][warp][g] = acc_a / xk;
-                s_part[i & 1][warp][g + 8] = acc_b / xk;
+                s_part[pb][warp][g] = acc_a / xk;
+                s_part[pb][warp][g + 8] = acc_b / xk;
             }
         }
-        compute_sync(); /* partials published */
+        team_sync(team); /* partials published */
         if (ks == 0 && live && lane < 16) {
             const int row = tile * 16 + lane;
             if (row < S.W.rows) {
                 float v = 0.0f;
 #pragma unroll
-                for (int q = 0; q < KS; q++)
-                    v += s_part[i & 1][rt * KS + q][lane];
+                for (int qq = 0; qq < KS; qq++)
+                    v += s_part[pb][rt * KS + qq][lane];
                 float *y = S.y + row;
                 *y = OUT_MODE == GEMV_OUT_ADD ? __ldcg(y) + v : v;
             }
@@ -301,15 +304,24 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
     }
 }
 
-__global__ void __launch_bounds__((PW + 1) * 32, 1) persistent_chain_kernel(pargs a)
+/* Items of stage S this block takes (its groups). */
+__device__ __forceinline__ int p_items(const pstage &S)
+{
+    if (S.kind != STAGE_GEMV || (int)blockIdx.x >= S.n_groups)
+        return 0;
+    return (S.n_groups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+}
+
+template <int NT>
+__global__ void __launch_bounds__((NT * PW + 1) * 32, 1) persistent_chain_kernel(pargs a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char ring[];
     __shared__ __align__(8) uint64_t full[P_MAX_SLOTS], empty[P_MAX_SLOTS];
-    __shared__ float s_part[2][PW][16];
+    __shared__ float s_part[NT][2][PW][16];
     __shared__ volatile int s_stage; /* the stage the compute warps have passed the wait of (-a 0) */
-    float *x_area = reinterpret_cast<float *>(ring + (size_t)a.slots * a.slot_bytes);
-    const int warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5, team = warp / PW;
+    float *x_area = reinterpret_cast<float *>(ring + (size_t)a.slots * a.slot_bytes) + (team < NT ? team : 0) * mg_warp_x_floats(4096, PW);
     if (threadIdx.x < a.slots) {
         bulk_mbar_init(&full[threadIdx.x], 1);
         bulk_mbar_init(&empty[threadIdx.x], PW);
@@ -321,7 +333,7 @@ __global__ void __launch_bounds__((PW + 1) * 32, 1) persistent_chain_kernel(parg
     if (a.stamp && blockIdx.x == 0 && threadIdx.x == 0)
         a.stamp[0] = gtimer();
 
-    if (warp == PW) { /* the producer: every item of this block in order, as slots free */
+    if (warp == NT * PW) { /* the producer: every item of this block in order, as slots free */
         p_cursor cur = {0, -1};
         p_advance(a, cur);
         for (int q = 0; cur.s < a.n_stages; q++) {
@@ -337,7 +349,7 @@ __global__ void __launch_bounds__((PW + 1) * 32, 1) persistent_chain_kernel(parg
         return;
     }
 
-    int q_used = 0;
+    int q0 = 0;
     for (int s = 0; s < a.n_stages; s++) {
         const pstage S = a.st[s];
         if (s > 0) { /* the predecessor's output complete and visible */
@@ -346,21 +358,22 @@ __global__ void __launch_bounds__((PW + 1) * 32, 1) persistent_chain_kernel(parg
                     ;
                 s_stage = s;
             }
-            compute_sync();
+            compute_sync<NT>();
         }
         if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
             a.bst[4 * s] = a.bst[4 * s + 1] = gtimer(), a.bst[4 * s + 3] = 0ull;
         if (S.kind == STAGE_SILU) {
-            for (int j = blockIdx.x * PW * 32 + threadIdx.x; j < S.n; j += gridDim.x * PW * 32)
+            for (int j = blockIdx.x * NT * PW * 32 + threadIdx.x; j < S.n; j += gridDim.x * NT * PW * 32)
                 S.y[j] = silu_f(__ldcg(S.x + j));
         } else if (S.in_mode == GEMV_IN_RMSNORM && S.out_mode == GEMV_OUT_STORE && S.ks == 4) {
-            p_gemv<GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4>(a, S, ring, full, empty, x_area, s_part, q_used, s);
+            p_gemv<GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4, NT>(a, S, ring, full, empty, x_area, s_part[team], q0, s, team);
         } else if (S.in_mode == GEMV_IN_PLAIN && S.out_mode == GEMV_OUT_ADD && S.ks == 8) {
-            p_gemv<GEMV_IN_PLAIN, GEMV_OUT_ADD, 8>(a, S, ring, full, empty, x_area, s_part, q_used, s);
+            p_gemv<GEMV_IN_PLAIN, GEMV_OUT_ADD, 8, NT>(a, S, ring, full, empty, x_area, s_part[team], q0, s, team);
         }
+        q0 += p_items(S);
         if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
             a.bst[4 * s + 2] = gtimer();
-        compute_sync(); /* every output of this block stored */
+        compute_sync<NT>(); /* every output of this block stored */
         if (threadIdx.x == 0) {
             __threadfence();
             const unsigned int old = atomicAdd(&a.done[s], 1u);
@@ -548,27 +561,38 @@ int main(int argc, char **argv)
     CK(cudaStreamEndCapture(s, &graph));
     CK(cudaGraphInstantiate(&gexec, graph, 0));
 
-    /* persistent: blocks per SM 1 (5 ring slots) */
+    /* persistent: one block per SM (all co-resident: checked), NT teams of PW compute warps + the producer */
+    struct pconf {
+        void (*k)(pargs);
+        int nt, slots, regs;
+        size_t dyn;
+    } conf[2];
     int dev = 0, sms = 0, optin = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes fa;
-    CK(cudaFuncGetAttributes(&fa, persistent_chain_kernel));
-    const int x_bytes = mg_warp_x_floats(4096, PW) * 4;
-    const int dyn_max = optin - (int)fa.sharedSizeBytes;
-    CK(cudaFuncSetAttribute(persistent_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_max));
-    const int slots = std::min(P_MAX_SLOTS, (dyn_max - x_bytes) / slot_bytes);
-    const size_t dyn = (size_t)slots * slot_bytes + x_bytes;
-    int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain_kernel, (PW + 1) * 32, dyn));
-    const int grid = sms; /* one block per SM: all co-resident (checked) */
-    if (per_sm < 1) {
-        fprintf(stderr, "persistent kernel does not fit (%d slots of %d bytes)\n", slots, slot_bytes);
-        return 1;
+    const int grid = sms;
+    for (int c = 0; c < 2; c++) {
+        pconf &P = conf[c];
+        P.nt = c + 1;
+        P.k = c == 0 ? persistent_chain_kernel<1> : persistent_chain_kernel<2>;
+        cudaFuncAttributes fa;
+        CK(cudaFuncGetAttributes(&fa, P.k));
+        const int x_bytes = P.nt * mg_warp_x_floats(4096, PW) * 4;
+        const int dyn_max = optin - (int)fa.sharedSizeBytes;
+        CK(cudaFuncSetAttribute(P.k, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_max));
+        P.slots = std::min(P_MAX_SLOTS, (dyn_max - x_bytes) / slot_bytes);
+        P.dyn = (size_t)P.slots * slot_bytes + x_bytes;
+        P.regs = fa.numRegs;
+        int per_sm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, P.k, (P.nt * PW + 1) * 32, P.dyn));
+        if (per_sm < 1) {
+            fprintf(stderr, "persistent kernel (%d teams) does not fit (%d slots of %d bytes)\n", P.nt, P.slots, slot_bytes);
+            return 1;
+        }
+        printf("persistent, %d team(s): grid %d x %d threads, %d ring slots of %d bytes (%.0f KB per SM), %d registers\n", P.nt,
+               grid, (P.nt * PW + 1) * 32, P.slots, slot_bytes, P.dyn / 1024.0, P.regs);
     }
-    printf("persistent: grid %d x %d threads, %d ring slots of %d bytes (%.0f KB per SM), %d registers\n", grid, (PW + 1) * 32,
-           slots, slot_bytes, dyn / 1024.0, fa.numRegs);
     unsigned int *done;
     unsigned long long *stamp, *bst;
     CK(cudaMalloc(&bst, 4 * n_st * sizeof(unsigned long long)));
@@ -576,12 +600,12 @@ int main(int argc, char **argv)
     CK(cudaMemset(done, 0, n_st * sizeof(unsigned int)));
     CK(cudaMalloc(&stamp, (n_st + 1) * sizeof(unsigned long long)));
     unsigned int launches = 0;
-    auto run_persistent = [&](int ahead, unsigned long long *stp, int no_dot = 0) {
-        unsigned long long *b3 = stp ? bst : NULL;
+    auto run_persistent = [&](const pconf &P, int ahead, unsigned long long *stp, int no_dot) {
         pargs a;
         a.st = d_st, a.n_stages = n_st, a.done = done, a.target = (unsigned int)grid * ++launches;
-        a.stamp = stp, a.bst = b3, a.no_dot = no_dot, a.slots = slots, a.slot_bytes = slot_bytes, a.ahead = ahead, a.eps = eps;
-        persistent_chain_kernel<<<grid, (PW + 1) * 32, dyn, s>>>(a);
+        a.stamp = stp, a.bst = stp ? bst : NULL, a.no_dot = no_dot, a.slots = P.slots, a.slot_bytes = slot_bytes;
+        a.ahead = ahead, a.eps = eps;
+        P.k<<<grid, (P.nt * PW + 1) * 32, P.dyn, s>>>(a);
         CK(cudaGetLastError());
     };
 
@@ -591,9 +615,10 @@ int main(int argc, char **argv)
     CK(cudaGraphLaunch(gexec, s));
     CK(cudaStreamSynchronize(s));
     CK(cudaMemcpy(hg.data(), h, H * 4, cudaMemcpyDeviceToHost));
-    for (int ahead = 1; ahead >= 0; ahead--) {
+    for (int v = 0; v < 4; v++) {
+        const int ahead = v & 1, c = v >> 1;
         CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
-        run_persistent(ahead, NULL);
+        run_persistent(conf[c], ahead, NULL, 0);
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(hp.data(), h, H * 4, cudaMemcpyDeviceToHost));
         int diff = 0;
@@ -604,13 +629,13 @@ int main(int argc, char **argv)
             maxd = std::max(maxd, (double)fabsf(hg[i] - hp[i]));
             maxh = std::max(maxh, (double)fabsf(hg[i]));
         }
-        printf("h after one token, persistent (ahead %d) vs graph: %d of %d values differ (max |diff| %.3g, max |h| %.3g)%s\n",
-               ahead, diff, H, maxd, maxh, diff ? "  MISMATCH" : "  bit-identical");
+        printf("h after one token, persistent (%d team(s), ahead %d) vs graph: %d of %d values differ (max |diff| %.3g, max |h| %.3g)%s\n",
+               conf[c].nt, ahead, diff, H, maxd, maxh, diff ? "  MISMATCH" : "  bit-identical");
     }
 
     /* timing: alternate, twice; h reset before each batch (values stay bounded) */
     for (int round = 0; round < 2; round++) {
-        for (int way = 0; way < 3; way++) {
+        for (int way = 0; way < 4; way++) {
             CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
             for (int r = 0; r < 3 + reps; r++) {
                 if (r == 3)
@@ -618,7 +643,7 @@ int main(int argc, char **argv)
                 if (way == 0)
                     CK(cudaGraphLaunch(gexec, s));
                 else
-                    run_persistent(way == 1, NULL);
+                    run_persistent(conf[way == 1 ? 0 : 1], way != 3, NULL, 0);
             }
             CK(cudaEventRecord(e1, s));
             CK(cudaEventSynchronize(e1));
@@ -626,21 +651,22 @@ int main(int argc, char **argv)
             CK(cudaEventElapsedTime(&ms, e0, e1));
             const double per = ms / reps;
             printf("round %d  %-28s %.4f ms per token (%.1f tokens/s), %.1f%% of the byte floor\n", round,
-                   way == 0 ? "graph (gemv_stream, PDL)" : way == 1 ? "persistent, ring ahead" : "persistent, no ahead", per,
+                   way == 0 ? "graph (gemv_stream, PDL)" : way == 1 ? "persistent 1 team, ring ahead" : way == 2 ? "persistent 2 teams, ring ahead" : "persistent 2 teams, no ahead", per,
                    1e3 / per, 100.0 * bytes / rate * 1e3 / per);
         }
     }
 
     /* per stage kind from the stamps (mean over layers of the last block's done minus the previous one's) */
-    for (int ahead = 3; ahead >= 0; ahead -= 2) { /* 3: ring ahead, tile arithmetic skipped */
-        if (ahead == 3)
+    for (int v = 0; v < 3; v++) { /* 2 teams; 2 teams without the tile arithmetic; 1 team */
+        const int ahead = 1, c = v == 2 ? 0 : 1;
+        if (v == 1)
             printf("(without the tile arithmetic)\n");
         CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
         std::vector<unsigned long long> t(n_st + 1), t3(4 * n_st);
         std::vector<double> sum(5, 0.0), lag(5, 0.0), xs(5, 0.0), items(5, 0.0), rw(5, 0.0);
         const int runs = 5;
         for (int r = 0; r < runs; r++) {
-            run_persistent(ahead & 1, stamp, ahead == 3);
+            run_persistent(conf[c], ahead, stamp, v == 1);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(t.data(), stamp, t.size() * 8, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(t3.data(), bst, t3.size() * 8, cudaMemcpyDeviceToHost));
@@ -654,8 +680,8 @@ int main(int argc, char **argv)
         }
         static const char *name[5] = {"A in_proj 12352x2048 RMSNorm", "E silu 4096", "B out_proj 2048x4096 +=",
                                       "C gate/up-size 9216x2048 RMSNorm", "D down-size 2048x4096 +="};
-        printf("persistent (ahead %d), per stage (us, mean over %d layers x %d runs; byte time at the copy rate; block 0: "
-               "predecessor's last done -> wait passed, x side, its items (of which ring waits)):\n", ahead % 2, L, runs);
+        printf("persistent (%d team(s), ahead %d), per stage (us, mean over %d layers x %d runs; byte time at the copy rate; block 0: "
+               "predecessor's last done -> wait passed, x side, its items (of which ring waits)):\n", conf[c].nt, ahead, L, runs);
         double tot = 0.0;
         for (int k = 0; k < 5; k++) {
             const double us = sum[k] / (L * runs);
