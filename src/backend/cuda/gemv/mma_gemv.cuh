@@ -134,45 +134,34 @@ __device__ __forceinline__ void mg_load_smem(const uint8_t *w, int w_stride, con
 __device__ __forceinline__ float2 bf2_f2(uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u)); }
 
 /* The tile's dot products (of the fed x; divide by the x scale afterwards): acc_a for row g, acc_b for
- * row g+8, identical in the 4 threads of a quad. s_xh / s_off / s_xsum are indexed by absolute column.
- * Each 128-column step accumulates its own D over 8 mma.sync in a fixed order; the steps' chains are
- * independent, so they are issued interleaved (j outer, step inner): a warp waits for one chain of 8
- * dependent mma instead of 4 x 8 in a row. The per-group fold then runs step by step as before, so the
- * result does not depend on the interleaving (bit-identical). */
+ * row g+8, identical in the 4 threads of a quad. s_xh / s_off / s_xsum are indexed by absolute column. */
 __device__ __forceinline__ void mg_dot(const mg_frag &f, int c_lo, int steps, const uint4 *s_xh, const float *s_off,
                                        const float *s_xsum, int g, int t, float &acc_a, float &acc_b)
 {
     const bool feeds = (t >= 2) == ((g & 1) != 0);
-    float d[MG_MAX_STEPS][4];
 #pragma unroll
-    for (int st = 0; st < MG_MAX_STEPS; st++)
-        d[st][0] = d[st][1] = d[st][2] = d[st][3] = 0.0f;
+    for (int st = 0; st < MG_MAX_STEPS; st++) {
+        if (st < steps) {
+            const int c0 = c_lo + st * 128, gi = c0 / 64;
+            const uint4 *xf = s_xh + c0 / 8 + t * 4;
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint32_t wa4[4] = {f.wa[st].x, f.wa[st].y, f.wa[st].z, f.wa[st].w};
+            const uint32_t wb4[4] = {f.wb[st].x, f.wb[st].y, f.wb[st].z, f.wb[st].w};
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-#pragma unroll
-        for (int st = 0; st < MG_MAX_STEPS; st++) {
-            if (st < steps) {
-                const uint4 xv = feeds ? s_xh[(c_lo + st * 128) / 8 + t * 4 + j] : make_uint4(0u, 0u, 0u, 0u);
-                const uint32_t pa = j == 0 ? f.wa[st].x : j == 1 ? f.wa[st].y : j == 2 ? f.wa[st].z : f.wa[st].w;
-                const uint32_t pb = j == 0 ? f.wb[st].x : j == 1 ? f.wb[st].y : j == 2 ? f.wb[st].z : f.wb[st].w;
-                const uint32_t qa = pa >> 8, qb = pb >> 8;
+            for (int j = 0; j < 4; j++) {
+                const uint4 xv = feeds ? xf[j] : make_uint4(0u, 0u, 0u, 0u);
+                const uint32_t pa = wa4[j], pb = wb4[j], qa = pa >> 8, qb = pb >> 8;
                 const uint32_t A0[4] = {(pa & 0x000F000Fu) | 0x64006400u, (pb & 0x000F000Fu) | 0x64006400u,
                                         (pa & 0x00F000F0u) | 0x64006400u, (pb & 0x00F000F0u) | 0x64006400u};
                 const uint32_t A1[4] = {(qa & 0x000F000Fu) | 0x64006400u, (qb & 0x000F000Fu) | 0x64006400u,
                                         (qa & 0x00F000F0u) | 0x64006400u, (qb & 0x00F000F0u) | 0x64006400u};
-                mma16816(d[st], A0, xv.x, xv.y);
-                mma16816(d[st], A1, xv.z, xv.w);
+                mma16816(d, A0, xv.x, xv.y);
+                mma16816(d, A1, xv.z, xv.w);
             }
-        }
-    }
-#pragma unroll
-    for (int st = 0; st < MG_MAX_STEPS; st++) {
-        if (st < steps) {
-            const int gi = (c_lo + st * 128) / 64;
             const float o0 = s_off[gi], o1 = s_off[gi + 1], x0 = s_xsum[gi], x1 = s_xsum[gi + 1];
             const float2 Sa = bf2_f2(f.sa[st]), Ba = bf2_f2(f.ba[st]), Sb = bf2_f2(f.sb[st]), Bb = bf2_f2(f.bb[st]);
-            acc_a = fmaf(Sa.x, d[st][0] - o0, fmaf(Ba.x, x0, fmaf(Sa.y, d[st][1] - o1, fmaf(Ba.y, x1, acc_a))));
-            acc_b = fmaf(Sb.x, d[st][2] - o0, fmaf(Bb.x, x0, fmaf(Sb.y, d[st][3] - o1, fmaf(Bb.y, x1, acc_b))));
+            acc_a = fmaf(Sa.x, d[0] - o0, fmaf(Ba.x, x0, fmaf(Sa.y, d[1] - o1, fmaf(Ba.y, x1, acc_a))));
+            acc_b = fmaf(Sb.x, d[2] - o0, fmaf(Bb.x, x0, fmaf(Sb.y, d[3] - o1, fmaf(Bb.y, x1, acc_b))));
         }
     }
 }
