@@ -54,6 +54,8 @@
 #define P_MAX_SLOTS 8 /* ring slots per block */
 
 enum { STAGE_GEMV = 0, STAGE_SILU = 1 };
+/* pargs.skip: how much each part of an item costs, by leaving it out (the results are then wrong) */
+enum { SKIP_DOT = 1, SKIP_LOAD = 2, SKIP_STORE = 4, SKIP_SYNC = 8 };
 
 struct pstage {
     dmat W;               /* STAGE_GEMV: rows x cols, 4-bit */
@@ -72,7 +74,6 @@ struct pargs {
     unsigned int target;         /* gridDim.x x launch number */
     unsigned long long *stamp;   /* [n_stages + 1]: launch start, then each stage's last done */
     unsigned long long *bst;     /* [n_stages][4], block 0: wait passed, x side done, items done, ns in ring waits */
-    int no_dot;                  /* 1: skip the tile arithmetic (timing only: how much of an item it is) */
     int slots, slot_bytes, ahead;
     float eps;
 };
@@ -243,7 +244,7 @@ __device__ __forceinline__ void p_fill(const pargs &a, const p_cursor &c, unsign
 
 /* One GEMV stage's share of this block (compute warps of team `team` of NT): the block's groups i of the
  * stage with i % NT == team, from the ring; item i is ring item q0 + i. */
-template <int IN_MODE, int OUT_MODE, int KS, int NT>
+template <int IN_MODE, int OUT_MODE, int KS, int NT, int SKIP>
 __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned char *ring, uint64_t *full, uint64_t *empty,
                                        float *x_area, float (*s_part)[PW][16], int q0, int s_index, int team)
 {
@@ -263,13 +264,16 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
         if (grp >= S.n_groups)
             break;
         const int q = q0 + i, k = q % a.slots;
-        const unsigned long long w0 = a.bst ? gtimer() : 0ull;
+        const unsigned long long w0 = a.bst && threadIdx.x == 0 ? gtimer() : 0ull;
         bulk_mbar_wait(&full[k], (unsigned int)(q / a.slots) & 1u);
         if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
             a.bst[4 * s_index + 3] += gtimer() - w0;
         const bool live = tile < S.n_tiles;
         mg_frag f;
-        if (live) {
+        if (live && (SKIP & SKIP_LOAD)) {
+            for (int st = 0; st < MG_MAX_STEPS; st++)
+                f.wa[st] = f.wb[st] = make_uint4(0u, 0u, 0u, 0u), f.sa[st] = f.sb[st] = f.ba[st] = f.bb[st] = 0u;
+        } else if (live) {
             const unsigned char *tp = ring + (size_t)k * a.slot_bytes + (size_t)rt * tb;
             mg_load_smem(tp, ws, reinterpret_cast<const __nv_bfloat16 *>(tp + 16 * ws),
                          reinterpret_cast<const __nv_bfloat16 *>(tp + 16 * ws + 32 * gpr), gpr, ks * CW, steps, g, t, f);
@@ -280,7 +284,7 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
         const int pb = (i / NT) & 1;
         if (live) {
             float acc_a = 0.0f, acc_b = 0.0f;
-            if (a.no_dot)
+            if (SKIP & SKIP_DOT)
                 acc_a = __uint_as_float(f.wa[0].x & 0x3fffffffu), acc_b = __uint_as_float(f.wb[MG_MAX_STEPS - 1].w & 0x3fffffffu);
             else
                 mg_dot(f, ks * CW, steps, xh, off, xsum, g, t, acc_a, acc_b);
@@ -289,8 +293,9 @@ __device__ __forceinline__ void p_gemv(const pargs &a, const pstage &S, unsigned
                 s_part[pb][warp][g + 8] = acc_b / xk;
             }
         }
-        team_sync(team); /* partials published */
-        if (ks == 0 && live && lane < 16) {
+        if (!(SKIP & SKIP_SYNC))
+            team_sync(team); /* partials published */
+        if (ks == 0 && live && lane < 16 && !(SKIP & SKIP_STORE)) {
             const int row = tile * 16 + lane;
             if (row < S.W.rows) {
                 float v = 0.0f;
@@ -312,7 +317,7 @@ __device__ __forceinline__ int p_items(const pstage &S)
     return (S.n_groups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
 }
 
-template <int NT>
+template <int NT, int SKIP>
 __global__ void __launch_bounds__((NT * PW + 1) * 32, 1) persistent_chain_kernel(pargs a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -366,9 +371,9 @@ __global__ void __launch_bounds__((NT * PW + 1) * 32, 1) persistent_chain_kernel
             for (int j = blockIdx.x * NT * PW * 32 + threadIdx.x; j < S.n; j += gridDim.x * NT * PW * 32)
                 S.y[j] = silu_f(__ldcg(S.x + j));
         } else if (S.in_mode == GEMV_IN_RMSNORM && S.out_mode == GEMV_OUT_STORE && S.ks == 4) {
-            p_gemv<GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4, NT>(a, S, ring, full, empty, x_area, s_part[team], q0, s, team);
+            p_gemv<GEMV_IN_RMSNORM, GEMV_OUT_STORE, 4, NT, SKIP>(a, S, ring, full, empty, x_area, s_part[team], q0, s, team);
         } else if (S.in_mode == GEMV_IN_PLAIN && S.out_mode == GEMV_OUT_ADD && S.ks == 8) {
-            p_gemv<GEMV_IN_PLAIN, GEMV_OUT_ADD, 8, NT>(a, S, ring, full, empty, x_area, s_part[team], q0, s, team);
+            p_gemv<GEMV_IN_PLAIN, GEMV_OUT_ADD, 8, NT, SKIP>(a, S, ring, full, empty, x_area, s_part[team], q0, s, team);
         }
         q0 += p_items(S);
         if (a.bst && blockIdx.x == 0 && threadIdx.x == 0)
@@ -564,18 +569,27 @@ int main(int argc, char **argv)
     /* persistent: one block per SM (all co-resident: checked), NT teams of PW compute warps + the producer */
     struct pconf {
         void (*k)(pargs);
-        int nt, slots, regs;
+        int nt, skip, slots, regs;
         size_t dyn;
-    } conf[2];
+    } conf[7];
+    /* 0: one team, 1: two teams, 2..6: one team with parts of the items left out (timing only) */
+    conf[0].k = persistent_chain_kernel<1, 0>, conf[0].nt = 1, conf[0].skip = 0;
+    conf[1].k = persistent_chain_kernel<2, 0>, conf[1].nt = 2, conf[1].skip = 0;
+    conf[2].k = persistent_chain_kernel<1, SKIP_DOT>, conf[2].skip = SKIP_DOT;
+    conf[3].k = persistent_chain_kernel<1, SKIP_DOT | SKIP_LOAD>, conf[3].skip = SKIP_DOT | SKIP_LOAD;
+    conf[4].k = persistent_chain_kernel<1, SKIP_DOT | SKIP_LOAD | SKIP_STORE>, conf[4].skip = SKIP_DOT | SKIP_LOAD | SKIP_STORE;
+    conf[5].k = persistent_chain_kernel<1, SKIP_DOT | SKIP_LOAD | SKIP_STORE | SKIP_SYNC>;
+    conf[5].skip = SKIP_DOT | SKIP_LOAD | SKIP_STORE | SKIP_SYNC;
+    conf[6].k = persistent_chain_kernel<1, SKIP_SYNC>, conf[6].skip = SKIP_SYNC;
+    for (int c = 2; c < 7; c++)
+        conf[c].nt = 1;
     int dev = 0, sms = 0, optin = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     const int grid = sms;
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 7; c++) {
         pconf &P = conf[c];
-        P.nt = c + 1;
-        P.k = c == 0 ? persistent_chain_kernel<1> : persistent_chain_kernel<2>;
         cudaFuncAttributes fa;
         CK(cudaFuncGetAttributes(&fa, P.k));
         const int x_bytes = P.nt * mg_warp_x_floats(4096, PW) * 4;
@@ -590,7 +604,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "persistent kernel (%d teams) does not fit (%d slots of %d bytes)\n", P.nt, P.slots, slot_bytes);
             return 1;
         }
-        printf("persistent, %d team(s): grid %d x %d threads, %d ring slots of %d bytes (%.0f KB per SM), %d registers\n", P.nt,
+        if (c < 2)
+            printf("persistent, %d team(s): grid %d x %d threads, %d ring slots of %d bytes (%.0f KB per SM), %d registers\n", P.nt,
                grid, (P.nt * PW + 1) * 32, P.slots, slot_bytes, P.dyn / 1024.0, P.regs);
     }
     unsigned int *done;
@@ -600,10 +615,10 @@ int main(int argc, char **argv)
     CK(cudaMemset(done, 0, n_st * sizeof(unsigned int)));
     CK(cudaMalloc(&stamp, (n_st + 1) * sizeof(unsigned long long)));
     unsigned int launches = 0;
-    auto run_persistent = [&](const pconf &P, int ahead, unsigned long long *stp, int no_dot) {
+    auto run_persistent = [&](const pconf &P, int ahead, unsigned long long *stp) {
         pargs a;
         a.st = d_st, a.n_stages = n_st, a.done = done, a.target = (unsigned int)grid * ++launches;
-        a.stamp = stp, a.bst = stp ? bst : NULL, a.no_dot = no_dot, a.slots = P.slots, a.slot_bytes = slot_bytes;
+        a.stamp = stp, a.bst = stp ? bst : NULL, a.slots = P.slots, a.slot_bytes = slot_bytes;
         a.ahead = ahead, a.eps = eps;
         P.k<<<grid, (P.nt * PW + 1) * 32, P.dyn, s>>>(a);
         CK(cudaGetLastError());
@@ -618,7 +633,7 @@ int main(int argc, char **argv)
     for (int v = 0; v < 4; v++) {
         const int ahead = v & 1, c = v >> 1;
         CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
-        run_persistent(conf[c], ahead, NULL, 0);
+        run_persistent(conf[c], ahead, NULL);
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(hp.data(), h, H * 4, cudaMemcpyDeviceToHost));
         int diff = 0;
@@ -635,7 +650,7 @@ int main(int argc, char **argv)
 
     /* timing: alternate, twice; h reset before each batch (values stay bounded) */
     for (int round = 0; round < 2; round++) {
-        for (int way = 0; way < 4; way++) {
+        for (int way = 0; way < 3; way++) {
             CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
             for (int r = 0; r < 3 + reps; r++) {
                 if (r == 3)
@@ -643,7 +658,7 @@ int main(int argc, char **argv)
                 if (way == 0)
                     CK(cudaGraphLaunch(gexec, s));
                 else
-                    run_persistent(conf[way == 1 ? 0 : 1], way != 3, NULL, 0);
+                    run_persistent(conf[way == 1 ? 0 : 1], 1, NULL);
             }
             CK(cudaEventRecord(e1, s));
             CK(cudaEventSynchronize(e1));
@@ -657,16 +672,18 @@ int main(int argc, char **argv)
     }
 
     /* per stage kind from the stamps (mean over layers of the last block's done minus the previous one's) */
-    for (int v = 0; v < 3; v++) { /* 2 teams; 2 teams without the tile arithmetic; 1 team */
-        const int ahead = 1, c = v == 2 ? 0 : 1;
-        if (v == 1)
-            printf("(without the tile arithmetic)\n");
+    static const int order[7] = {0, 2, 3, 4, 5, 6, 1};
+    for (int v = 0; v < 7; v++) { /* 1 team, then with parts of the items left out; 2 teams */
+        const int ahead = 1, c = order[v], skip = conf[c].skip;
+        if (skip)
+            printf("(left out:%s%s%s%s)\n", skip & SKIP_DOT ? " tile arithmetic" : "", skip & SKIP_LOAD ? ", fragment loads" : "",
+                   skip & SKIP_STORE ? ", reduce + store" : "", skip & SKIP_SYNC ? ", partials barrier" : "");
         CK(cudaMemcpy(h, h0.data(), H * 4, cudaMemcpyHostToDevice));
         std::vector<unsigned long long> t(n_st + 1), t3(4 * n_st);
         std::vector<double> sum(5, 0.0), lag(5, 0.0), xs(5, 0.0), items(5, 0.0), rw(5, 0.0);
         const int runs = 5;
         for (int r = 0; r < runs; r++) {
-            run_persistent(conf[c], ahead, stamp, v == 1);
+            run_persistent(conf[c], ahead, stamp);
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(t.data(), stamp, t.size() * 8, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(t3.data(), bst, t3.size() * 8, cudaMemcpyDeviceToHost));
