@@ -9,25 +9,30 @@
  *   C  gate/up:   y_c = W_c · RMSNorm(h)           W_c 9216 x 2048 (the bytes of 8 routed experts' and
  *                                                   the shared expert's gate and up rows)
  *   D  down:      h += W_d · y_c[0 .. 4096)         W_d 2048 x 4096 (about the 9 experts' down bytes)
- * times L layers (default 40: 200 dependent stages, 1.24 GB of weights per token).
+ * times L layers (default 40: 200 dependent stages, 1.37 GB of weights per token).
  *
  * Two ways on the same buffers:
  *   graph       one gemv_stream_kernel per GEMV stage (launch_gemv with GEMV_KERNEL_STREAM: lily's decode
  *               kernel for these shapes) and one small kernel per E stage, programmatic dependent launch,
  *               captured once as a CUDA graph and replayed: what lily's decode does today.
- *   persistent  one kernel of one (or two) blocks per SM walks the stage table. Each block's tiles of every
- *               stage pass in order through one shared-memory ring of bulk copies (whole 16-row tiles, as
- *               gemv_stream's ring) that runs ahead across stage boundaries: the weights of the next
- *               stages stream in while a stage waits for its input (-a 0: a stage's copies start only after
- *               its wait, for comparison). Order: a done counter per stage; each block adds 1 after its
- *               share (fence + atomicAdd: release), a stage's thread 0 polls its predecessor's counter for
- *               grid x launch-number (ld.acquire) and the block meets at a barrier; activations are read
- *               through L2 only (ld.global.cg: L1 is not coherent within a kernel). The tile math (x
- *               fragments per warp slice, mma.sync on the OR'd nibbles, the per-tile column-partial sums)
- *               is gemv_stream's, so the final h must be bit-identical to the graph's.
+ *   persistent  one kernel, one block per SM (all co-resident), walks the stage table. A block is NT teams
+ *               of 8 compute warps (a team works one ring item at a time; NT = 2 spills at the 96 registers
+ *               544 threads leave) and one producer warp. Each block's tiles of every stage ("items": a
+ *               group of 8 / KS 16-row tiles, as gemv_stream's) pass in order through one shared-memory ring
+ *               of bulk copies (5 slots of 38 KB) that the producer keeps full across stage boundaries: the
+ *               next stages' weights stream in while a stage waits for its input. Slot k: mbarrier full[k]
+ *               (the copies landed), empty[k] (the 8 warps have its fragments in registers). Order between
+ *               stages: a done counter per stage; each block adds 1 after its share (fence + atomicAdd:
+ *               release); a stage's thread 0 polls its predecessor's counter for grid x launch number
+ *               (ld.acquire) and the compute warps meet at a barrier. Activations are read through L2 only
+ *               (ld.global.cg: L1 is not coherent within a kernel). The tile math (x fragments per warp
+ *               slice, mma.sync on the OR'd nibbles, the per-tile column-partial sums) is gemv_stream's, so
+ *               the final h must be bit-identical to the graph's.
  * Reports ms per token for both (CUDA events, mean over -r replays), whether h is bit-identical, and the
- * persistent kernel's time per stage kind from in-kernel %globaltimer stamps (the last block's done)
- * against the stage's byte time at the measured copy rate.
+ * persistent kernel's time per stage kind from in-kernel %globaltimer stamps (the last block's done; block
+ * 0's wait release, x side, items and ring waits) against the stage's byte time at the measured copy rate,
+ * also for compile-time variants that leave parts of an item out (SKIP_*: timing only, results wrong).
+ * Measurements: docs/BENCHMARKS.md, "A persistent kernel for a chain of decode GEMVs".
  *
  * usage: bench_cuda_persistent [-L LAYERS (40)] [-r REPS (50)]
  */
@@ -74,7 +79,8 @@ struct pargs {
     unsigned int target;         /* gridDim.x x launch number */
     unsigned long long *stamp;   /* [n_stages + 1]: launch start, then each stage's last done */
     unsigned long long *bst;     /* [n_stages][4], block 0: wait passed, x side done, items done, ns in ring waits */
-    int slots, slot_bytes, ahead;
+    int slots, slot_bytes;
+    int ahead;                   /* 1: the producer fills across stage boundaries; 0: a stage's copies only after its wait */
     float eps;
 };
 
@@ -665,8 +671,8 @@ int main(int argc, char **argv)
             float ms = 0;
             CK(cudaEventElapsedTime(&ms, e0, e1));
             const double per = ms / reps;
-            printf("round %d  %-28s %.4f ms per token (%.1f tokens/s), %.1f%% of the byte floor\n", round,
-                   way == 0 ? "graph (gemv_stream, PDL)" : way == 1 ? "persistent 1 team, ring ahead" : way == 2 ? "persistent 2 teams, ring ahead" : "persistent 2 teams, no ahead", per,
+            static const char *way_name[3] = {"graph (gemv_stream, PDL)", "persistent, 1 team", "persistent, 2 teams"};
+            printf("round %d  %-28s %.4f ms per token (%.1f tokens/s), %.1f%% of the byte floor\n", round, way_name[way], per,
                    1e3 / per, 100.0 * bytes / rate * 1e3 / per);
         }
     }
