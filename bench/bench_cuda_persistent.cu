@@ -59,7 +59,7 @@
 #define P_MAX_SLOTS 8 /* ring slots per block */
 
 enum { STAGE_GEMV = 0, STAGE_SILU = 1 };
-/* pargs.skip: how much each part of an item costs, by leaving it out (the results are then wrong) */
+/* persistent_chain_kernel's SKIP: parts of every item left out, to time them by difference (results wrong) */
 enum { SKIP_DOT = 1, SKIP_LOAD = 2, SKIP_STORE = 4, SKIP_SYNC = 8 };
 
 struct pstage {
