@@ -271,6 +271,20 @@ static void test_template_fold_system_matches_one_leading_system_message(void **
          "{\"messages\": [{\"role\": \"system\", \"content\": \"A\"}, {\"role\": \"user\", \"content\": \"hi\"}]}"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"system\", \"content\": \"\"}]}",
          "{\"messages\": [{\"role\": \"system\", \"content\": \"\"}, {\"role\": \"user\", \"content\": \"hi\"}]}"},
+        /* a system message between two tool results: still one user turn holding both (as folded, the loop's
+         * previtem / nextitem of a tool message skip it) */
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"\", "
+         "\"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": {}}}]}, {\"role\": \"tool\", \"content\": "
+         "\"r1\"}, {\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"tool\", \"content\": \"r2\"}, {\"role\": "
+         "\"developer\", \"content\": \"D\"}]}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"S\\n\\nD\"}, {\"role\": \"user\", \"content\": \"q\"}, "
+         "{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
+         "{}}}]}, {\"role\": \"tool\", \"content\": \"r1\"}, {\"role\": \"tool\", \"content\": \"r2\"}]}"},
+        /* a tool result first: the folded system message is its previtem, so it opens a user turn */
+        {"{\"messages\": [{\"role\": \"tool\", \"content\": \"r\"}, {\"role\": \"user\", \"content\": \"q\"}, "
+         "{\"role\": \"system\", \"content\": \"S\"}]}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"tool\", \"content\": \"r\"}, "
+         "{\"role\": \"user\", \"content\": \"q\"}]}"},
     };
     lily_chat_options fold;
     lily_chat_options_init(&fold);

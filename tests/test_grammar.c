@@ -357,6 +357,30 @@ static void test_numbers_finite_strings_without_surrogates(void **state)
     g = compile_text("{\"type\":\"number\"}", LILY_GRAMMAR_JSON);
     assert_true(accepts(g, "-0") && accepts(g, "-0.5"));
     lily_grammar_free(g);
+    /* bounded integers, negative ranges and one-sided bounds: every integer in range, never "-0" */
+    g = compile_text("{\"type\":\"integer\",\"minimum\":-5,\"maximum\":-1}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "-5") && accepts(g, "-1") && accepts(g, "-3"));
+    assert_false(accepts(g, "0") || accepts(g, "-6") || prefix_ok(g, "-0"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"integer\",\"maximum\":0}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "0") && accepts(g, "-1") && accepts(g, "-10"));
+    assert_false(accepts(g, "1") || prefix_ok(g, "-0"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"integer\",\"exclusiveMinimum\":-1,\"maximum\":10}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "0") && accepts(g, "10"));
+    assert_false(accepts(g, "-1") || prefix_ok(g, "-0"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"number\",\"minimum\":-1,\"maximum\":1}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "-0.5") && accepts(g, "0") && accepts(g, "-1") && accepts(g, "1"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":[\"integer\",\"null\"]}", LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "0") && accepts(g, "-7") && accepts(g, "null"));
+    assert_false(prefix_ok(g, "-0"));
+    lily_grammar_free(g);
+    g = compile_text("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"]}",
+                     LILY_GRAMMAR_JSON);
+    assert_true(accepts(g, "{\"n\":-0}") == false && accepts(g, "{\"n\":0}") && accepts(g, "{\"n\":-20}"));
+    lily_grammar_free(g);
     g = compile_text("{\"type\":\"string\"}", LILY_GRAMMAR_JSON);
     assert_true(accepts(g, "\"\\u00e9\\uD7FF\\uE000\\uffff\\u0000\""));
     assert_false(prefix_ok(g, "\"\\ud800"));

@@ -458,6 +458,20 @@ static void test_tolerates_missing_closing_tags_and_stray_whitespace(void **stat
          .n_calls = 1, .names = {"f"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
         {.text = "<tool_call>\n<function=get_weather>", .cut_by_stop = true, .reasoning = "", .content = "",
          .n_calls = 1, .names = {"get_weather"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
+        /* a stop string inside the tags, a value, after the second call's name, or in a JSON call */
+        {.text = "<tool_call>\n<func", .cut_by_stop = true, .reasoning = "", .content = "", .finish_reason = "stop"},
+        {.text = "<tool_call>\n<function=", .cut_by_stop = true, .reasoning = "", .content = "",
+         .finish_reason = "stop"},
+        {.text = "<tool_call>\n<function=f>\n<parameter=a>\nhel", .cut_by_stop = true, .reasoning = "",
+         .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"hel\"}"}, .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+                 "<function=g", .cut_by_stop = true, .reasoning = "", .content = "", .n_calls = 1, .names = {"f"},
+         .arguments = {"{\"a\":\"1\"}"}, .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=b", .cut_by_stop = true,
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"1\"}"},
+         .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n<function=f\n", .cut_by_stop = true, .reasoning = "", .content = "", .n_calls = 1,
+         .names = {"f"}, .arguments = {"{}"}, .finish_reason = "tool_calls"},
         /* an empty tool_call block is no call */
         {.text = "<tool_call>\n</tool_call>\nDone.", .reasoning = "", .content = "Done.", .finish_reason = "stop"},
         /* text after </function> without </tool_call> is content */

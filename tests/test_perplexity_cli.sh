@@ -82,6 +82,11 @@ beyond="lily perplexity: warning: --ctx 300 is beyond the model's max_position_e
 "$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 64 >/dev/null 2>"$TMP/w64.err" &&
     [ "$(grep -cxF -- "$windows" "$TMP/w64.err")" = 1 ] && [ "$(grep -c warning "$TMP/w64.err")" = 1 ] &&
     ok "--ctx 64 of 300 tokens: one warning that it is scored in windows" || fail "--ctx 64 stderr: $(cat "$TMP/w64.err")"
+# one token more than the window: one window, the last token unscored (not "1 windows, the state reset at each")
+last="lily perplexity: warning: the input is 300 tokens, one more than the window (--ctx 299): its last token is not scored (--ctx 300 for that)"
+"$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 299 >/dev/null 2>"$TMP/w299.err" &&
+    [ "$(grep -cxF -- "$last" "$TMP/w299.err")" = 1 ] && [ "$(grep -c warning "$TMP/w299.err")" = 1 ] &&
+    ok "--ctx 299 of 300 tokens: one warning that the last token is not scored" || fail "--ctx 299 stderr: $(cat "$TMP/w299.err")"
 "$LILY" perplexity -m "$M" --tokens-file "$TMP/tokens.txt" --ctx 300 >/dev/null 2>"$TMP/w300.err" &&
     ! grep -q warning "$TMP/w300.err" && ok "--ctx 300 of 300 tokens: no warning" || fail "--ctx 300 stderr: $(cat "$TMP/w300.err")"
 "$LILY" perplexity -m "$SHORT" --tokens-file "$TMP/tokens.txt" --ctx 300 >/dev/null 2>"$TMP/beyond.err" &&

@@ -900,21 +900,13 @@ static int connect_loopback(bool ipv6, int to_port)
 /* --host localhost listens on 127.0.0.1 and ::1 (two microhttpd daemons, each with its own limit): the
  * connection limit bounds the two together. With 8 slots, 12 clients whose requests the engine holds (so never
  * closed for room), 6 on each loopback: 8 are served (their requests running or queued), 4 are closed at once. */
-static void test_http_connection_limit_spans_both_loopbacks(void **state)
+/* 12 clients whose requests the engine holds, alternating loopbacks: how many were served (their requests running
+ * or queued) and how many closed at once; then the jobs are released, the clients closed, and the engine idle. */
+static void hold_twelve(lily_http_server *local, lily_scheduler *big, int *served_out, int *refused_out)
 {
-    (void)state;
-    lily_error err;
-    lily_scheduler big; /* a queue for all 12 */
-    assert_int_equal(lily_scheduler_init(&big, 16, NULL, fake_run, NULL, &err), LILY_OK);
-    assert_int_equal(lily_scheduler_launch(&big, &err), LILY_OK);
-    lily_scheduler_wait_loaded(&big);
-    lily_http_server *local;
-    lily_http_options o = {.host = "localhost", .port = 0, .max_body = 1024, .model_name = "fake",
-                           .max_connections = 8, .idle_timeout_s = 30};
-    assert_int_equal(lily_http_start(&o, &big, &local, &err), LILY_OK);
     int fds[12], served = 0, refused = 0;
     atomic_store(&release_blocked, 0);
-    for (int i = 0; i < 12 && lily_http_dual_loopback(local); i++) {
+    for (int i = 0; i < 12; i++) {
         static const char body[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"block\"}],\"stream\":true}";
         char req[256];
         int n = snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu"
@@ -925,7 +917,7 @@ static void test_http_connection_limit_spans_both_loopbacks(void **state)
         bool closed = false;
         for (int ms = 0; ms < 5000 && counted == served && !closed; ms++) {
             usleep(1000);
-            lily_scheduler_state(&big, &waiting, &running);
+            lily_scheduler_state(big, &waiting, &running);
             counted = waiting + running;
             char b;
             ssize_t r = recv(fds[i], &b, 1, MSG_DONTWAIT | MSG_PEEK);
@@ -938,10 +930,37 @@ static void test_http_connection_limit_spans_both_loopbacks(void **state)
             refused += closed;
         }
     }
-    const bool dual = lily_http_dual_loopback(local);
     atomic_store(&release_blocked, 1);
-    for (int i = 0; i < 12 && dual; i++)
+    for (int i = 0; i < 12; i++)
         close(fds[i]);
+    int waiting = 1, running = 1;
+    for (int ms = 0; ms < 10000 && waiting + running > 0; ms++) {
+        usleep(1000);
+        lily_scheduler_state(big, &waiting, &running);
+    }
+    *served_out = served;
+    *refused_out = refused;
+}
+
+/* --host localhost listens on 127.0.0.1 and ::1 (two microhttpd daemons, each with its own limit): the
+ * connection limit bounds the two together. With 8 slots, 12 clients whose requests the engine holds (so never
+ * closed for room), 6 on each loopback: 8 are served (their requests running or queued), 4 are closed at once. */
+static void test_http_connection_limit_spans_both_loopbacks(void **state)
+{
+    (void)state;
+    lily_error err;
+    lily_scheduler big; /* a queue for all 12 */
+    assert_int_equal(lily_scheduler_init(&big, 16, NULL, fake_run, NULL, &err), LILY_OK);
+    assert_int_equal(lily_scheduler_launch(&big, &err), LILY_OK);
+    lily_scheduler_wait_loaded(&big);
+    lily_http_server *local;
+    lily_http_options o = {.host = "localhost", .port = 0, .max_body = 1024, .model_name = "fake",
+                           .max_connections = 8, .idle_timeout_s = 30};
+    assert_int_equal(lily_http_start(&o, &big, &local, &err), LILY_OK);
+    int served = 0, refused = 0;
+    const bool dual = lily_http_dual_loopback(local);
+    if (dual)
+        hold_twelve(local, &big, &served, &refused);
     lily_http_quiesce(local);
     lily_scheduler_stop(&big);
     lily_http_stop(local);
@@ -952,6 +971,119 @@ static void test_http_connection_limit_spans_both_loopbacks(void **state)
     print_message("served %d, refused %d\n", served, refused);
     assert_int_equal(served, 8);
     assert_int_equal(refused, 4);
+}
+
+typedef struct {
+    int port, seed;
+} storm_arg;
+
+/* One client of the storm: connections on both loopbacks that close at once, reset, send half a request,
+ * half-close, ask /health, or say nothing a while. */
+static void *storm_client(void *p)
+{
+    const storm_arg *a = p;
+    unsigned seed = (unsigned)a->seed;
+    for (int i = 0; i < 40; i++) {
+        const bool ipv6 = rand_r(&seed) & 1;
+        int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)a->port)};
+        struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)a->port),
+                                  .sin6_addr = in6addr_loopback};
+        a4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (fd < 0 || (ipv6 ? connect(fd, (struct sockaddr *)&a6, sizeof a6)
+                            : connect(fd, (struct sockaddr *)&a4, sizeof a4))) {
+            if (fd >= 0)
+                close(fd);
+            continue;
+        }
+        static const char health[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+        char b[256];
+        switch (rand_r(&seed) % 6) {
+        case 0: /* at once */
+            break;
+        case 1: { /* a reset */
+            struct linger l = {1, 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+            break;
+        }
+        case 2: /* half a request line */
+            (void)!send(fd, "POST /v1/chat/comp", 18, MSG_NOSIGNAL);
+            usleep((useconds_t)(rand_r(&seed) % 5000));
+            break;
+        case 3: /* half-closed, then silent */
+            shutdown(fd, SHUT_WR);
+            usleep((useconds_t)(rand_r(&seed) % 20000));
+            break;
+        case 4: /* a request, its answer read or not */
+            (void)!send(fd, health, sizeof health - 1, MSG_NOSIGNAL);
+            if (rand_r(&seed) & 1)
+                (void)!recv(fd, b, sizeof b, 0);
+            break;
+        default: /* silent a while */
+            usleep((useconds_t)(rand_r(&seed) % 30000));
+            break;
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+/* The shared count (--max-connections over both loopbacks) survives a storm: 16 clients opening and dropping
+ * connections every way at once, on 127.0.0.1 and ::1, three times over; after each, the limit is exactly what
+ * it was (8 of 12 held clients served, 4 closed at once: no slot leaked, none counted twice) and /health
+ * answers. */
+static void test_http_connection_count_survives_a_storm(void **state)
+{
+    (void)state;
+    lily_error err;
+    lily_scheduler big;
+    assert_int_equal(lily_scheduler_init(&big, 16, NULL, fake_run, NULL, &err), LILY_OK);
+    assert_int_equal(lily_scheduler_launch(&big, &err), LILY_OK);
+    lily_scheduler_wait_loaded(&big);
+    lily_http_server *local;
+    lily_http_options o = {.host = "localhost", .port = 0, .max_body = 1024, .model_name = "fake",
+                           .max_connections = 8, .idle_timeout_s = 2};
+    assert_int_equal(lily_http_start(&o, &big, &local, &err), LILY_OK);
+    const bool dual = lily_http_dual_loopback(local);
+    int served[3] = {0}, refused[3] = {0};
+    bool healthy[3] = {false};
+    for (int round = 0; round < 3 && dual; round++) {
+        pthread_t t[16];
+        storm_arg args[16];
+        for (int i = 0; i < 16; i++) {
+            args[i] = (storm_arg){lily_http_port(local), 1000 * round + i};
+            assert_int_equal(pthread_create(&t[i], NULL, storm_client, &args[i]), 0);
+        }
+        for (int i = 0; i < 16; i++)
+            pthread_join(t[i], NULL);
+        usleep(300000); /* the server sees the last closes */
+        hold_twelve(local, &big, &served[round], &refused[round]);
+        usleep(300000);
+        int fd = connect_loopback(round & 1, lily_http_port(local));
+        static const char health[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        (void)!send(fd, health, sizeof health - 1, MSG_NOSIGNAL);
+        char b[512] = {0};
+        size_t got = 0;
+        for (ssize_t r; got < sizeof b - 1 && (r = recv(fd, b + got, sizeof b - 1 - got, 0)) > 0;)
+            got += (size_t)r;
+        healthy[round] = strstr(b, "200 OK") != NULL;
+        close(fd);
+        usleep(300000);
+    }
+    lily_http_quiesce(local);
+    lily_scheduler_stop(&big);
+    lily_http_stop(local);
+    if (!dual) {
+        print_message("skipped: no IPv6 loopback here, so localhost is 127.0.0.1 alone\n");
+        return;
+    }
+    for (int round = 0; round < 3; round++) {
+        print_message("round %d: served %d, refused %d, health %d\n", round, served[round], refused[round],
+                      healthy[round]);
+        assert_int_equal(served[round], 8);
+        assert_int_equal(refused[round], 4);
+        assert_true(healthy[round]);
+    }
 }
 
 /* Stopping the server drains answers in progress (up to 10 s), not clients still sending their request: with
@@ -1376,6 +1508,7 @@ int main(void)
         cmocka_unit_test(test_http_unsupported_transfer_coding_is_400_at_once),
         cmocka_unit_test(test_http_stop_does_not_wait_for_unfinished_requests),
         cmocka_unit_test(test_http_connection_limit_spans_both_loopbacks),
+        cmocka_unit_test(test_http_connection_count_survives_a_storm),
         cmocka_unit_test(test_http_slow_reader_does_not_stall_the_worker),
         cmocka_unit_test(test_http_engine_time_is_not_idle_time),
         cmocka_unit_test(test_http_malformed_requests_are_counted),

@@ -251,6 +251,27 @@ static void test_template_errors_name_the_input_item(void **state)
     assert_string_equal(e.param, "input");
     assert_string_equal(e.message, "chat template: No user query found in messages");
     lily_oai_request_free(&req);
+
+    /* the second assistant turn's second call, after a tool result, a late developer item and no instructions:
+     * items 5..7 are messages[5] (user, fco, user, developer, then this turn), its tool_calls[1] input[7] */
+    const char *later = "{\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+                        "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"t\",\"arguments\":\"{}\"},"
+                        "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"x\"},"
+                        "{\"role\":\"user\",\"content\":\"r\"},{\"role\":\"developer\",\"content\":\"d\"},"
+                        "{\"type\":\"reasoning\",\"summary\":[]},"
+                        "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"t\",\"arguments\":\"{}\"},"
+                        "{\"type\":\"function_call\",\"call_id\":\"c3\",\"name\":\"t\",\"arguments\":\"7\"},"
+                        "{\"type\":\"function_call_output\",\"call_id\":\"c3\",\"output\":\"y\"}]}";
+    assert_template_error(later, "input[7].arguments", "chat template: input[7].arguments: expected a JSON object");
+    /* an index past the messages, or a call index past the turn's calls: param input / the turn's first item */
+    assert_true(lily_resp_parse_request(later, strlen(later), &req, &e));
+    lily_resp_template_error(&req, "chat template: messages[99]: x", &e);
+    assert_string_equal(e.param, "input");
+    lily_resp_template_error(&req, "chat template: messages[5]: tool_calls[9]: x", &e);
+    assert_string_equal(e.param, "input[5]");
+    lily_resp_template_error(&req, "chat template: messages[18446744073709551615]: x", &e);
+    assert_string_equal(e.param, "input");
+    lily_oai_request_free(&req);
 }
 
 /* What a careless client sends: each a 400, never a crash (a content part without its text once read the type

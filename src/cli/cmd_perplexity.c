@@ -245,10 +245,14 @@ int cmd_perplexity(int argc, char **argv)
                         "quality past that length is untested\n",
                 ctx, e->cfg.max_position_embeddings);
     const int n_windows = n / ctx + (n % ctx >= 2); /* a 1-token tail is no window: nothing to score */
-    if (n > ctx)
+    if (n > ctx && n_windows == 1) /* n = ctx + 1: the tail of one token is no window */
+        fprintf(stderr, "lily perplexity: warning: the input is %d tokens, one more than the window (--ctx %d): its "
+                        "last token is not scored (--ctx %d for that)\n",
+                n, ctx, n);
+    else if (n > ctx)
         fprintf(stderr, "lily perplexity: warning: the input is %d tokens, longer than the window (--ctx %d): it is "
-                        "scored in %d window%s, the state reset at each, not as one text (--ctx %d for that)\n",
-                n, ctx, n_windows, n_windows == 1 ? "" : "s", n);
+                        "scored in %d windows, the state reset at each, not as one text (--ctx %d for that)\n",
+                n, ctx, n_windows, n);
     int progress_shown = 0;
     lily_perplexity_options po = {.ctx = ctx, .progress = show_progress, .progress_user = &progress_shown};
     if (ref_file) {

@@ -438,6 +438,27 @@ static lily_status render_assistant(render_state *st, size_t index, size_t last_
     return LILY_OK;
 }
 
+/* The message before (step -1) or after (+1) messages[i] as the template's loop sees it (NULL: none). With
+ * fold_system the loop runs over the folded list: the system messages are one leading message, so a late one
+ * is no neighbour, and the message before the first non-system one is that leading system message. */
+static const json_t *neighbor(const render_state *st, size_t i, int step)
+{
+    if (!st->fold_system)
+        return step < 0 ? (i > 0 ? json_array_get(st->messages, i - 1) : NULL) : json_array_get(st->messages, i + 1);
+    const json_t *first_system = NULL;
+    for (size_t k = i; step < 0 ? k-- > 0 : ++k < st->n_messages;) {
+        const json_t *m = json_array_get(st->messages, k);
+        if (!has_role(m, "system"))
+            return m;
+        first_system = m;
+    }
+    if (step < 0 && !first_system) /* a system message after i still leads the folded list */
+        for (size_t k = i + 1; k < st->n_messages && !first_system; k++)
+            if (has_role(json_array_get(st->messages, k), "system"))
+                first_system = json_array_get(st->messages, k);
+    return step < 0 ? first_system : NULL;
+}
+
 /* The body: {%- for message in messages %} ... {%- endfor %}. */
 static lily_status render_messages(render_state *st, size_t last_query_index, chat_buf *out, chat_buf *tmp)
 {
@@ -460,13 +481,14 @@ static lily_status render_messages(render_state *st, size_t last_query_index, ch
             if (s != LILY_OK)
                 return s;
         } else if (!strcmp(role, "tool")) {
-            /* consecutive tool results share one user turn */
-            if (i > 0 && !has_role(json_array_get(st->messages, i - 1), "tool"))
+            /* consecutive tool results share one user turn (loop.previtem / loop.nextitem) */
+            const json_t *prev = neighbor(st, i, -1), *next = neighbor(st, i, +1);
+            if (prev && !has_role(prev, "tool"))
                 chat_buf_puts(out, "<|im_start|>user");
             chat_buf_puts(out, "\n<tool_response>\n");
             put(out, content);
             chat_buf_puts(out, "\n</tool_response>");
-            if (i + 1 == st->n_messages || !has_role(json_array_get(st->messages, i + 1), "tool"))
+            if (!next || !has_role(next, "tool"))
                 chat_buf_puts(out, "<|im_end|>\n");
         } else {
             return template_error(st,

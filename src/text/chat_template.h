@@ -20,8 +20,10 @@ typedef struct {
     int preserve_thinking;     /* request: chat_template_kwargs.preserve_thinking; absent means off */
     int add_generation_prompt; /* request: add_generation_prompt; absent means on (as vLLM) */
     int fold_system;           /* 1: a system / developer message anywhere joins the one system block (their
-                                * stripped texts in order, joined by a blank line) instead of being the
-                                * template's "must be at the beginning" error (lily's server); -1, 0: the error */
+                                * stripped texts in order, joined by a blank line): the prompt is the template's
+                                * for that one leading system message and the other messages (tool results either
+                                * side of a late system message share one user turn), instead of the template's
+                                * "must be at the beginning" error (lily's server); -1, 0: the error */
 } lily_chat_options;
 
 /* All fields -1: the request decides everything. */
