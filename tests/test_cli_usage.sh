@@ -219,6 +219,9 @@ for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "p
         "lily ${args%% *}: $TMP/models--Qwen--X is a Hugging Face cache folder, not a model directory: pass its snapshot, $TMP/models--Qwen--X/snapshots/0123abc" \
         $args -m "$TMP/models--Qwen--X"
 done
+# a prompt file that cannot be read says why (it was "cannot read DIR" for a directory)
+check "run -f DIR says it is a directory" 1 err "lily run: cannot read $TMP/nomodel: Is a directory" \
+    run -m "$M" -f "$TMP/nomodel"
 # -m ORG/NAME that is no directory here, as vLLM and transformers take a Hugging Face repo id: lily downloads
 # nothing, so it says how to get the files, or names the snapshot the hub cache ($HF_HUB_CACHE, else
 # $HF_HOME/hub) holds (refs/main's revision, else the only one); both said only "No such file or directory"

@@ -127,11 +127,13 @@ int cli_printer_on_token(void *user, int32_t token, const char *text, size_t len
 int cli_printer_finish(cli_printer *p, bool cut_by_length);
 void cli_printer_free(cli_printer *p);
 
-/* All of f, NUL-terminated (malloc'd; *len bytes, not counting the NUL). NULL on a read error or OOM. */
+/* All of f, NUL-terminated (malloc'd; *len bytes, not counting the NUL). NULL on a read error or OOM, with errno
+ * saying which (EISDIR for a directory opened as a file, ENOMEM). */
 char *cli_read_all(FILE *f, size_t *len);
 
 /* The whole text of a prompt file, or of stdin when path is "-" (malloc'd, NUL-terminated). NULL after a
- * message on stderr ("lily CMD: ...") when it cannot be opened or read, or holds a NUL byte. */
+ * message on stderr ("lily CMD: ...", with the system's reason) when it cannot be opened or read, or holds a
+ * NUL byte. */
 char *cli_read_prompt(const char *cmd, const char *path);
 
 /* Match argv[*i] against a table of value options (n entries; alt may be NULL): "NAME VALUE", "ALT VALUE",
