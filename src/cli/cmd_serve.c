@@ -150,9 +150,17 @@ static int resolve_api_key(const char **key, const char *file, char *buf, size_t
             fprintf(stderr, "lily serve: cannot read --api-key-file %s: %s\n", file, strerror(errno));
             return 1;
         }
+        errno = 0;
         if (!fgets(buf, (int)cap, f))
             buf[0] = 0;
+        bool failed = ferror(f); /* a directory reads as an error (EISDIR), not as an empty key */
+        int read_errno = errno;
         fclose(f);
+        if (failed) {
+            fprintf(stderr, "lily serve: cannot read --api-key-file %s: %s\n", file,
+                    strerror(read_errno ? read_errno : EIO));
+            return 1;
+        }
         buf[strcspn(buf, "\r\n")] = 0;
         *key = buf;
     } else if (!*key) {
