@@ -219,6 +219,17 @@ for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "p
         "lily ${args%% *}: $TMP/models--Qwen--X is a Hugging Face cache folder, not a model directory: pass its snapshot, $TMP/models--Qwen--X/snapshots/0123abc" \
         $args -m "$TMP/models--Qwen--X"
 done
+# -m naming a file of a model directory, as llama.cpp's -m names its one file, names the directory to pass
+for f in model.safetensors config.json; do
+    check "run -m DIR/$f names DIR" 1 err "lily run: $M/$f is a file, not a model directory: pass the directory that holds it, -m $M" \
+        run -m "$M/$f" -p hi
+done
+(cd "$M" && "$LILY" info -m config.json >"$TMP/out" 2>"$TMP/err")
+if grep -qF "lily info: config.json is a file, not a model directory: pass the directory that holds it, -m ." "$TMP/err"; then
+    echo "ok   info -m config.json in the model directory names ."; passes=$((passes + 1))
+else
+    echo "FAIL info -m config.json in the model directory names . ($(head -c 200 "$TMP/err"))"; fails=$((fails + 1))
+fi
 # a prompt file that cannot be read says why (it was "cannot read DIR" for a directory)
 check "run -f DIR says it is a directory" 1 err "lily run: cannot read $TMP/nomodel: Is a directory" \
     run -m "$M" -f "$TMP/nomodel"
