@@ -386,12 +386,28 @@ static route_id route_of(const char *path, const char **allow)
     return R_NONE;
 }
 
+/* Whether rest (a path without its /v1) is name or under name/: "/embeddings", "/embeddings/x", not "/embeddingsx". */
+static bool path_under(const char *rest, const char *name)
+{
+    size_t n = strlen(name);
+    return !strncmp(rest, name, n) && (rest[n] == 0 || rest[n] == '/');
+}
+
 /* What to say after "Unknown request URL" for a path a client of another API or a misset base URL sends:
- * the Responses API's routes for stored responses (retrieve, delete, cancel, input_items), Ollama's own API,
- * a base URL ending in /v1 that the client extended with /v1 again. NULL for any other path. */
+ * the Responses API's routes for stored responses (retrieve, delete, cancel, input_items), the OpenAI API's
+ * routes for other kinds of model (embeddings, audio, images, ...: a client that shares one base URL for
+ * chat and embeddings calls them), Ollama's own API, a base URL ending in /v1 that the client extended with /v1
+ * again. NULL for any other path. */
 static const char *unknown_url_hint(const char *path)
 {
+    static const char *const other_models[] = {"/embeddings", "/audio", "/images", "/moderations", "/rerank",
+                                               "/realtime"};
     const char *rest = !strncmp(path, "/v1/", 4) ? path + 3 : path; /* the routes answer without /v1 too */
+    for (size_t i = 0; i < sizeof other_models / sizeof other_models[0]; i++)
+        if (path_under(rest, other_models[i]))
+            return " lily serves one chat model for text generation and has no such route: its routes are POST "
+                   "/v1/chat/completions, /v1/completions, /v1/responses and /v1/messages (give this client "
+                   "another server for embeddings, audio, images, moderation or reranking).";
     if (!strncmp(rest, "/responses/", 11))
         return " lily's Responses API is stateless: POST /v1/responses answers, but no response is stored to "
                "retrieve, cancel or delete.";
