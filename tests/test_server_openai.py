@@ -118,6 +118,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 print("routes")
 s, models = request("GET", "/v1/models")
 check(s == 200 and models["data"][0]["id"] == os.path.basename(MODEL.rstrip("/")), "/v1/models lists the model")
+# vLLM's max_model_len, the --ctx-size the server runs (clients size their prompts by it), on the list and the model
+s2, one = request("GET", "/v1/models/" + models["data"][0]["id"] if s == 200 else "/v1/models/x")
+check(s == 200 and s2 == 200 and models["data"][0].get("max_model_len") == CTX and one.get("max_model_len") == CTX,
+      f"/v1/models and /v1/models/ID give max_model_len = --ctx-size {CTX} "
+      f"({models['data'][0].get('max_model_len') if s == 200 else s}, {one.get('max_model_len') if s2 == 200 else s2})")
 s, r = request("POST", "/tokenize", {"content": "Hello world"})
 ids = r.get("tokens", []) if s == 200 else []
 s2, r2 = request("POST", "/detokenize", {"tokens": ids})

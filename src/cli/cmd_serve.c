@@ -440,7 +440,8 @@ int cmd_serve(int argc, char **argv)
                             .max_body = (size_t)max_body_mib << 20, .model_name = name,
                             .idle_timeout_s = (int)idle_timeout, .max_connections = (int)max_connections,
                             .cors_origins = cors_origin,
-                            .metrics_extra = lily_service_metrics, .metrics_user = svc};
+                            .metrics_extra = lily_service_metrics, .metrics_user = svc,
+                            .context_length = lily_service_context_length, .context_user = svc};
     lily_http_server *http = NULL;
     if (lily_http_start(&ho, &sched, &http, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);

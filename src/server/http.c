@@ -460,16 +460,21 @@ static enum MHD_Result handle_health(struct MHD_Connection *c, request *r)
 }
 
 /* The served model as both APIs describe one: OpenAI's {id, object, created, owned_by} and Anthropic's {id,
- * type, display_name, created_at (RFC 3339)}; "created" is when the server started. */
+ * type, display_name, created_at (RFC 3339)}; "created" is when the server started. max_model_len, vLLM's
+ * field (the context in tokens, prompt and reply together), once the model is loaded. */
 static json_t *model_object(const lily_http_server *srv)
 {
     char when[32];
     time_t t = (time_t)srv->started;
     struct tm tm;
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", srv->model_name, "object", "model", "created",
-                     (json_int_t)srv->started, "owned_by", "lily", "type", "model", "display_name", srv->model_name,
-                     "created_at", when);
+    json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", srv->model_name, "object", "model",
+                              "created", (json_int_t)srv->started, "owned_by", "lily", "type", "model", "display_name",
+                              srv->model_name, "created_at", when);
+    int context_length = srv->opts.context_length ? srv->opts.context_length(srv->opts.context_user) : 0;
+    if (model && context_length > 0)
+        json_object_set_new(model, "max_model_len", json_integer(context_length));
+    return model;
 }
 
 /* GET /v1/models: OpenAI's list, with Anthropic's paging fields (one page). */

@@ -40,6 +40,10 @@ typedef struct {
      * server frees, or NULL. Called on a connection thread: it must be thread-safe. May be NULL. */
     char *(*metrics_extra)(void *user);
     void *metrics_user;
+    /* The context in tokens (prompt and reply) once the model is loaded, else 0: /v1/models's max_model_len,
+     * vLLM's field, which clients read to size their prompts. NULL: not given. */
+    int (*context_length)(void *user);
+    void *context_user;
 } lily_http_options;
 
 typedef struct lily_http_server lily_http_server;

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -45,6 +46,7 @@
 struct lily_service {
     char *model_dir, *backend, *model_name;
     int n_threads, ctx_size;
+    atomic_int context_length; /* the session's max_ctx once it is made (0 before): lily_service_context_length */
     bool exact;               /* lily_service_options.exact */
     bool host_sampler;        /* lily_service_options.host_sampler */
     lily_engine *engine;
@@ -292,6 +294,7 @@ lily_status lily_service_load(void *user, lily_error *err)
     st = lily_session_new(svc->engine, svc->ctx_size, &svc->session, err);
     if (st != LILY_OK)
         return st;
+    atomic_store(&svc->context_length, svc->session->max_ctx);
     lily_prefix_cache_stats cs;
     const double state_mib = (double)lily_prefix_cache_state_bytes(svc->session) / (1 << 20);
     if (!svc->cache_ram_bytes) {
@@ -819,6 +822,12 @@ char *lily_service_metrics(void *user)
 {
     lily_service *svc = user;
     return lily_prefix_cache_metrics(svc->cache);
+}
+
+int lily_service_context_length(void *user)
+{
+    lily_service *svc = user;
+    return atomic_load(&svc->context_length);
 }
 
 static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)

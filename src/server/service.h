@@ -64,4 +64,8 @@ void lily_service_run(void *svc, lily_job *job);
 /* lily_http_options.metrics_extra: the prefix cache's counters as Prometheus text (malloc'd). Thread-safe. */
 char *lily_service_metrics(void *svc);
 
+/* lily_http_options.context_length: the context the session holds, in tokens (prompt and reply together), once
+ * the model is loaded; 0 while it loads. Thread-safe. */
+int lily_service_context_length(void *svc);
+
 #endif
