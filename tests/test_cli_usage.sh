@@ -199,6 +199,18 @@ check "run with a bare prompt says it goes after -p" 2 err \
 check "serve with a bare port says every value follows its option" 2 err \
     "lily serve: unexpected argument '8080' (every value follows its option" serve -m "$M" 8080
 check "an unknown option is still called one" 2 err "lily eval: unknown option '--bogus'" eval --bogus
+# an option of llama.cpp or vLLM, typed out of habit, says what lily does instead (it was "unknown option" alone)
+check "run -ngl says llama.cpp's and what lily does" 2 err \
+    "lily run: unknown option '-ngl' (llama.cpp's option; --backend cuda runs every layer on the GPU; --n-cpu-moe N or --cpu-moe keeps routed experts in host memory)" \
+    run -m "$M" -p hi -ngl 99
+check "serve --max-model-len names --ctx-size" 2 err \
+    "lily serve: unknown option '--max-model-len' (vLLM's option; lily's is --ctx-size N)" serve -m "$M" --max-model-len 4096
+check "serve --tensor-parallel-size=2 (the = form) says one GPU" 2 err \
+    "lily serve: unknown option '--tensor-parallel-size=2' (vLLM's option; lily runs on one GPU: for several, serve the Hugging Face checkpoint with vLLM or SGLang)" \
+    serve -m "$M" --tensor-parallel-size=2
+check "chat --jinja says the template is built in" 2 err \
+    "lily chat: unknown option '--jinja' (llama.cpp's option; lily renders the Qwen3.6 chat template itself: nothing to set)" \
+    chat -m "$M" --jinja
 # run / chat -c 0 is the default context, as serve's --ctx-size 0 and llama.cpp's -c 0 (it was a usage error)
 check "run -c 0 runs with the default context" 0 err "| length (-n 2)" run -m "$M" -p hi -c 0 -n 2 --temp 0
 check "run -c past 16M names serve's range" 2 err 'lily run: -c expects an integer in [0, 16777216], got "16777217"' \
