@@ -441,7 +441,8 @@ int cmd_serve(int argc, char **argv)
                             .idle_timeout_s = (int)idle_timeout, .max_connections = (int)max_connections,
                             .cors_origins = cors_origin,
                             .metrics_extra = lily_service_metrics, .metrics_user = svc,
-                            .context_length = lily_service_context_length, .context_user = svc};
+                            .context_length = lily_service_context_length, .context_user = svc,
+                            .run_without_engine = lily_service_run_without_engine, .run_user = svc};
     lily_http_server *http = NULL;
     if (lily_http_start(&ho, &sched, &http, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);

@@ -69,6 +69,7 @@ struct lily_http_server {
     int n_connections;        /* open on all listeners (both loopbacks of localhost): --max-connections bounds it */
     atomic_ullong n_cancelled, prompt_tokens, completion_tokens, cached_tokens;
     long long started;        /* unix seconds, for /v1/models */
+    atomic_int n_without_engine; /* jobs running on connection threads now (run_or_submit) */
 };
 
 /* One request's state across the access-handler calls (MHD's con_cls). */
@@ -631,6 +632,27 @@ static enum MHD_Result submit(struct MHD_Connection *c, request *r, lily_job *jo
     return respond_job(c, r);
 }
 
+/* At most this many jobs without the engine run on connection threads at once; more wait in the queue, so that
+ * a burst of 1 MiB /tokenize requests takes a few cores, not one per connection, beside the engine. */
+#define LILY_HTTP_MAX_WITHOUT_ENGINE 4
+
+/* A job that needs no engine (http.h, run_without_engine): run here once the model is loaded, else queued (the
+ * queue answers 503 while the model loads or the server stops, as for any job). */
+static enum MHD_Result run_or_submit(struct MHD_Connection *c, request *r, lily_job *job)
+{
+    lily_http_server *srv = r->srv;
+    if (!srv->opts.run_without_engine || lily_scheduler_state(srv->sched, NULL, NULL) != LILY_SCHED_READY)
+        return submit(c, r, job);
+    if (atomic_fetch_add(&srv->n_without_engine, 1) >= LILY_HTTP_MAX_WITHOUT_ENGINE) {
+        atomic_fetch_sub(&srv->n_without_engine, 1);
+        return submit(c, r, job);
+    }
+    srv->opts.run_without_engine(srv->opts.run_user, job);
+    atomic_fetch_sub(&srv->n_without_engine, 1);
+    r->job = job;
+    return respond_job(c, r);
+}
+
 static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_id id)
 {
     lily_oai_error e;
@@ -642,7 +664,7 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
             lily_job_unref(job);
             return send_error(c, r, &e, NULL);
         }
-        return submit(c, r, job);
+        return id == R_COUNT_TOKENS ? run_or_submit(c, r, job) : submit(c, r, job);
     }
     if (id == R_RESPONSES) {
         lily_job *job = lily_job_new(LILY_ROUTE_CHAT);
@@ -677,7 +699,7 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
         return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
     }
     job->body = body;
-    return submit(c, r, job);
+    return run_or_submit(c, r, job);
 }
 
 /* ---------------------------------------------------------------------------------------------------

@@ -1642,6 +1642,13 @@ static void run_count_tokens(lily_service *svc, lily_job *job)
     respond_json(job, json_pack("{s:i}", "input_tokens", n_ids));
 }
 
+void lily_service_run_without_engine(void *user, lily_job *job)
+{
+    LILY_ASSERT(job->route == LILY_ROUTE_COUNT_TOKENS || job->route == LILY_ROUTE_TOKENIZE ||
+                job->route == LILY_ROUTE_DETOKENIZE); /* a generation needs the engine: lily_service_run */
+    lily_service_run(user, job);
+}
+
 void lily_service_run(void *user, lily_job *job)
 {
     lily_service *svc = user;
