@@ -110,6 +110,11 @@ for args, what in ((["--api-key", ""], "an empty --api-key"), (["--api-key-file"
                    (["--api-key", "x", "--api-key-file", keyfile.name], "both key options")):
     r = subprocess.run([LILY, "serve", "-m", MODEL, "--port", "0"] + args, capture_output=True, text=True, timeout=30)
     check(r.returncode == 2 and "key" in r.stderr, f"{what} is a usage error (rc {r.returncode}: {r.stderr.strip()[:80]})")
+# an empty LILY_API_KEY (a deployment's unset variable expanded to "") is refused, saying to unset it
+r = subprocess.run([LILY, "serve", "-m", MODEL, "--port", "0"], capture_output=True, text=True, timeout=30,
+                   env=dict(os.environ, LILY_API_KEY=" "))
+check(r.returncode == 2 and "the API key from LILY_API_KEY is empty (unset LILY_API_KEY to serve without a key)"
+      in r.stderr, f"an empty LILY_API_KEY says to unset it (rc {r.returncode}: {r.stderr.strip()[:120]})")
 # a directory given as the key file is a read error that says so (it was "the API key ... is empty")
 key_dir = tempfile.mkdtemp()
 r = subprocess.run([LILY, "serve", "-m", MODEL, "--port", "0", "--api-key-file", key_dir], capture_output=True, text=True,

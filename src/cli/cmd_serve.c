@@ -174,9 +174,9 @@ static int resolve_api_key(const char **key, const char *file, char *buf, size_t
     size_t n = strlen(k);
     while (n > 0 && (k[n - 1] == ' ' || k[n - 1] == '\t'))
         n--;
-    if (n == 0) {
-        fprintf(stderr, "lily serve: the API key from %s is empty (leave the option out to serve without a key)\n",
-                from);
+    if (n == 0) { /* refused, not served without a key: a deployment's unset variable often expands to "" */
+        fprintf(stderr, "lily serve: the API key from %s is empty (%s to serve without a key)\n", from,
+                file || !strcmp(from, "--api-key") ? "leave the option out" : "unset LILY_API_KEY");
         return 1;
     }
     if (n >= cap) {
