@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/json_load.h"
 #include "base/sha256.h"
 #include "text/chat_template.h"
 #include "text/py_json.h"
@@ -338,6 +339,42 @@ static void test_template_arguments_with_nul(void **state)
     free(out);
 }
 
+/* A tool call's arguments given as a JSON string may hold a number past int64 or the double range, as the
+ * request body may (base/json_load.h): it renders as that number in the body renders, the nearest double (the
+ * largest double past the range), where it was a 400 "not valid JSON" (jansson: "too big integer"). */
+static void test_template_arguments_with_numbers_past_int64(void **state)
+{
+    (void)state;
+    static const char head[] = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": "
+                               "\"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": {\"name\": "
+                               "\"f\", \"arguments\": ";
+    static const char tail[] = "}}]}], \"add_generation_prompt\": false}";
+    char as_string[512], as_object[512];
+    snprintf(as_string, sizeof as_string, "%s\"{\\\"n\\\": 99999999999999999999, \\\"x\\\": -1e400}\"%s",
+             head, tail);
+    snprintf(as_object, sizeof as_object, "%s{\"n\": 99999999999999999999, \"x\": -1e400}%s", head, tail);
+    char *out[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        const char *text = i ? as_object : as_string;
+        json_error_t jerr;
+        json_t *request = lily_json_loadb(text, strlen(text), 0, &jerr); /* as lily serve loads a body */
+        if (!request)
+            fail_msg("request %s: %s", text, jerr.text);
+        lily_error err = {0};
+        lily_status st = lily_chat_render(request, NULL, &out[i], &err);
+        json_decref(request);
+        if (st != LILY_OK)
+            fail_msg("%s rejected: %s", i ? "object" : "string", err.message);
+    }
+    static const char want[] = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                               "<tool_call>\n<function=f>\n<parameter=n>\n1e+20\n</parameter>\n<parameter=x>\n"
+                               "-1.7976931348623157e+308\n</parameter>\n</function>\n</tool_call><|im_end|>\n";
+    if (strcmp(out[0], want) || strcmp(out[1], want))
+        fail_msg("arguments as a string rendered:\n%s\nas an object:\n%s", out[0], out[1]);
+    free(out[0]);
+    free(out[1]);
+}
+
 /* continue_final_message (vLLM's name): the final assistant message stays open, the rest renders as ever;
  * it needs add_generation_prompt false and an assistant message last. */
 static void test_template_continue_final_message(void **state)
@@ -523,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_template_fold_system_matches_one_leading_system_message),
         cmocka_unit_test(test_template_continue_final_message),
         cmocka_unit_test(test_template_arguments_with_nul),
+        cmocka_unit_test(test_template_arguments_with_numbers_past_int64),
         cmocka_unit_test(test_py_float_repr_matches_python),
         cmocka_unit_test(test_sha256_fips_vectors),
         cmocka_unit_test(test_template_check_model_directory),

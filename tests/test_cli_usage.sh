@@ -199,6 +199,18 @@ check "run with a bare prompt says it goes after -p" 2 err \
 check "serve with a bare port says every value follows its option" 2 err \
     "lily serve: unexpected argument '8080' (every value follows its option" serve -m "$M" 8080
 check "an unknown option is still called one" 2 err "lily eval: unknown option '--bogus'" eval --bogus
+# an option of llama.cpp or vLLM, typed out of habit, says what lily does instead (it was "unknown option" alone)
+check "run -ngl says llama.cpp's and what lily does" 2 err \
+    "lily run: unknown option '-ngl' (llama.cpp's option; --backend cuda runs every layer on the GPU; --n-cpu-moe N or --cpu-moe keeps routed experts in host memory)" \
+    run -m "$M" -p hi -ngl 99
+check "serve --max-model-len names --ctx-size" 2 err \
+    "lily serve: unknown option '--max-model-len' (vLLM's option; lily's is --ctx-size N)" serve -m "$M" --max-model-len 4096
+check "serve --tensor-parallel-size=2 (the = form) says one GPU" 2 err \
+    "lily serve: unknown option '--tensor-parallel-size=2' (vLLM's option; lily runs on one GPU: for several, serve the Hugging Face checkpoint with vLLM or SGLang)" \
+    serve -m "$M" --tensor-parallel-size=2
+check "chat --jinja says the template is built in" 2 err \
+    "lily chat: unknown option '--jinja' (llama.cpp's option; lily renders the Qwen3.6 chat template itself: nothing to set)" \
+    chat -m "$M" --jinja
 # run / chat -c 0 is the default context, as serve's --ctx-size 0 and llama.cpp's -c 0 (it was a usage error)
 check "run -c 0 runs with the default context" 0 err "| length (-n 2)" run -m "$M" -p hi -c 0 -n 2 --temp 0
 check "run -c past 16M names serve's range" 2 err 'lily run: -c expects an integer in [0, 16777216], got "16777217"' \
@@ -219,6 +231,20 @@ for args in "info" "eval --tokens 1" "perplexity --tokens-file $TMP/five.tok" "p
         "lily ${args%% *}: $TMP/models--Qwen--X is a Hugging Face cache folder, not a model directory: pass its snapshot, $TMP/models--Qwen--X/snapshots/0123abc" \
         $args -m "$TMP/models--Qwen--X"
 done
+# -m naming a file of a model directory, as llama.cpp's -m names its one file, names the directory to pass
+for f in model.safetensors config.json; do
+    check "run -m DIR/$f names DIR" 1 err "lily run: $M/$f is a file, not a model directory: pass the directory that holds it, -m $M" \
+        run -m "$M/$f" -p hi
+done
+(cd "$M" && "$LILY" info -m config.json >"$TMP/out" 2>"$TMP/err")
+if grep -qF "lily info: config.json is a file, not a model directory: pass the directory that holds it, -m ." "$TMP/err"; then
+    echo "ok   info -m config.json in the model directory names ."; passes=$((passes + 1))
+else
+    echo "FAIL info -m config.json in the model directory names . ($(head -c 200 "$TMP/err"))"; fails=$((fails + 1))
+fi
+# a prompt file that cannot be read says why (it was "cannot read DIR" for a directory)
+check "run -f DIR says it is a directory" 1 err "lily run: cannot read $TMP/nomodel: Is a directory" \
+    run -m "$M" -f "$TMP/nomodel"
 # -m ORG/NAME that is no directory here, as vLLM and transformers take a Hugging Face repo id: lily downloads
 # nothing, so it says how to get the files, or names the snapshot the hub cache ($HF_HUB_CACHE, else
 # $HF_HOME/hub) holds (refs/main's revision, else the only one); both said only "No such file or directory"

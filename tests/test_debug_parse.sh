@@ -74,11 +74,22 @@ echo '{"tools": 3}' >"$TMP/bad.json"
 printf 'x' | "$LILY" debug parse --tools "$TMP/bad.json" >/dev/null 2>"$TMP/err.txt"
 [ $? -eq 1 ] || fail "bad tools file should exit 1"
 grep -q 'tools' "$TMP/err.txt" || fail "bad tools error should name the problem"
-# a tools file that cannot be opened names it without jansson's line -1 ("F:-1: unable to open F")
+# a tools file that cannot be opened names it without jansson's line -1 ("F:-1: unable to open F"), and a
+# directory says it is one (it was "line 1 column 0: '[' or '{' expected")
 printf 'x' | "$LILY" debug parse --tools "$TMP/missing.json" >/dev/null 2>"$TMP/err.txt"
 [ $? -eq 1 ] || fail "missing tools file should exit 1"
-grep -qF "lily debug parse: --tools $TMP/missing.json: unable to open" "$TMP/err.txt" ||
+grep -qF "lily debug parse: --tools: $TMP/missing.json: cannot open (No such file or directory)" "$TMP/err.txt" ||
     fail "missing tools file: $(cat "$TMP/err.txt")"
+printf 'x' | "$LILY" debug parse --tools "$TMP" >/dev/null 2>"$TMP/err.txt"
+[ $? -eq 1 ] || fail "a directory as the tools file should exit 1"
+grep -qF "lily debug parse: --tools: $TMP: read failed (Is a directory)" "$TMP/err.txt" ||
+    fail "a directory as the tools file: $(cat "$TMP/err.txt")"
+# lily serve's JSON loader: a schema bound past int64 (a client's pydantic model may carry one) loads
+echo '[{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+  "properties": {"n": {"type": "integer", "maximum": 99999999999999999999}}}}}]' >"$TMP/big.json"
+printf '<tool_call>\n<function=f>\n<parameter=n>\n5\n' | "$LILY" debug parse --tools "$TMP/big.json" >"$TMP/out.json" 2>"$TMP/err.txt" ||
+    fail "a tools file with an integer past int64: $(cat "$TMP/err.txt")"
+grep -qF '"arguments": "{\"n\":5}"' "$TMP/out.json" || fail "integer past int64 in tools: $(cat "$TMP/out.json")"
 # an unknown option is a usage error, exit 2
 "$LILY" debug parse --bogus </dev/null >/dev/null 2>&1
 [ $? -eq 2 ] || fail "unknown option should exit 2"

@@ -97,6 +97,23 @@ printf '{"messages": [{"role": "system", "content": "only system"}]}' >"$TMP/bad
 [ ! -s "$TMP/out3.txt" ] || fail "bad request printed to stdout"
 grep -q "No user query found" "$TMP/err3.txt" || fail "bad request message: $(cat "$TMP/err3.txt")"
 
+# lily serve's JSON loader: a request serve takes, with an integer past int64 in a tool call's arguments (jansson
+# alone says "too big integer"), renders from a file and from stdin, the integer as the nearest double
+printf '%s' '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls":
+  [{"type": "function", "function": {"name": "f", "arguments": {"n": 99999999999999999999}}}]},
+  {"role": "tool", "content": "ok"}]}' >"$TMP/big.json"
+"$LILY" debug render --request "$TMP/big.json" >"$TMP/out4.txt" 2>"$TMP/err4.txt" ||
+    fail "integer past int64 refused: $(cat "$TMP/err4.txt")"
+grep -qF '<parameter=n>
+1e+20' "$TMP/out4.txt" || fail "integer past int64 rendered as: $(cat "$TMP/out4.txt")"
+"$LILY" debug render --request - <"$TMP/big.json" >"$TMP/out5.txt" 2>"$TMP/err5.txt" || fail "stdin: $(cat "$TMP/err5.txt")"
+cmp "$TMP/out4.txt" "$TMP/out5.txt" || fail "integer past int64: stdin renders otherwise than the file"
+# a directory as the request file says it is one (it was "line 1 column 0: '[' or '{' expected")
+"$LILY" debug render --request "$TMP" >/dev/null 2>"$TMP/err6.txt"
+[ $? -eq 1 ] || fail "a directory as the request should exit 1"
+grep -qF "lily debug render: $TMP: read failed (Is a directory)" "$TMP/err6.txt" ||
+    fail "a directory as the request: $(cat "$TMP/err6.txt")"
+
 # a missing model directory is an error
 "$LILY" debug render --model "$TMP/nope" --request "$TMP/request.json" >/dev/null 2>&1 && fail "missing model dir accepted"
 echo "ok"

@@ -7,7 +7,8 @@
 #   - 400 for a long non-ASCII role, content part type, tool_choice string, tool_choice function name and
 #     logit_bias key, quoted and cut on a character boundary (never a U+FFFD in place of a cut character).
 #   - 404 for another API's URL (a stored response of OpenAI's Responses API, Ollama's /api/) or a doubled /v1
-#     says what to use.
+#     says what to use; one of OpenAI's routes for other kinds of model (/v1/embeddings, /v1/audio/...) says
+#     lily serves text generation only and lists its routes.
 # The request log line quotes them the same way (no newline or escape sequence from a client reaches it).
 # The server keeps serving (/health 200 after).
 # usage: bash test_server_error_text.sh <path-to-lily> <tests/data dir>
@@ -78,6 +79,16 @@ check("404 for Ollama's API names the base URL to give", b"GET /api/tags HTTP/1.
 check("404 for /v1/v1/... names the base URL to give", b"POST /v1/v1/chat/completions HTTP/1.1", 404,
       "Unknown request URL: POST /v1/v1/chat/completions. The client's base URL ends in /v1 and the client added "
       "/v1 again: give it http://HOST:PORT.")
+# a client that sends every kind of request to one base URL (embeddings beside chat): the 404 says lily has
+# text generation only and lists its routes (it said "Unknown request URL" alone)
+for url in (b"/v1/embeddings", b"/embeddings", b"/v1/audio/transcriptions", b"/v1/images/generations",
+            b"/v1/moderations", b"/v1/rerank"):
+    check("404 for POST " + url.decode() + " says lily serves text generation only", b"POST " + url + b" HTTP/1.1",
+          404, "Unknown request URL: POST " + url.decode() + ". lily serves one chat model for text generation and "
+          "has no such route: its routes are POST /v1/chat/completions, /v1/completions, /v1/responses and "
+          "/v1/messages (give this client another server for embeddings, audio, images, moderation or reranking).")
+check("404 for /v1/embeddingsx: no hint", b"POST /v1/embeddingsx HTTP/1.1", 404,
+      "Unknown request URL: POST /v1/embeddingsx.")
 check("404 for /v1/responsesx: no hint", b"POST /v1/responsesx HTTP/1.1", 404,
       "Unknown request URL: POST /v1/responsesx.")
 def post(name, body, want_message_start):

@@ -3,7 +3,8 @@
 usage: python3 test_server_load.py <lily-binary> <model-dir>
 
 Loopback only; stops by itself (two rounds of ROUND_S seconds plus start-up and checks). Checks:
-  - usage: an empty --api-key, an empty --api-key-file, or both options, exit 2; LILY_API_KEY is the key; blanks
+  - usage: an empty --api-key, an empty --api-key-file, or both options, exit 2 (a directory as the key file too,
+    saying it is one); LILY_API_KEY is the key; blanks
     around a key (from the environment or a key file) are not part of it;
   - U+0000 round trip: a message holding U+0000 (which lily may write in a reply) is accepted back, and
     /tokenize then /detokenize returns it;
@@ -109,6 +110,18 @@ for args, what in ((["--api-key", ""], "an empty --api-key"), (["--api-key-file"
                    (["--api-key", "x", "--api-key-file", keyfile.name], "both key options")):
     r = subprocess.run([LILY, "serve", "-m", MODEL, "--port", "0"] + args, capture_output=True, text=True, timeout=30)
     check(r.returncode == 2 and "key" in r.stderr, f"{what} is a usage error (rc {r.returncode}: {r.stderr.strip()[:80]})")
+# an empty LILY_API_KEY (a deployment's unset variable expanded to "") is refused, saying to unset it
+r = subprocess.run([LILY, "serve", "-m", MODEL, "--port", "0"], capture_output=True, text=True, timeout=30,
+                   env=dict(os.environ, LILY_API_KEY=" "))
+check(r.returncode == 2 and "the API key from LILY_API_KEY is empty (unset LILY_API_KEY to serve without a key)"
+      in r.stderr, f"an empty LILY_API_KEY says to unset it (rc {r.returncode}: {r.stderr.strip()[:120]})")
+# a directory given as the key file is a read error that says so (it was "the API key ... is empty")
+key_dir = tempfile.mkdtemp()
+r = subprocess.run([LILY, "serve", "-m", MODEL, "--port", "0", "--api-key-file", key_dir], capture_output=True, text=True,
+                   timeout=30)
+check(r.returncode == 2 and f"cannot read --api-key-file {key_dir}: Is a directory" in r.stderr,
+      f"a directory as --api-key-file says it is one (rc {r.returncode}: {r.stderr.strip()[:120]})")
+os.rmdir(key_dir)
 env = dict(os.environ, LILY_API_KEY=" from-env\t")  # without the blanks around it (a client cannot send them)
 proc, port, _ = start([], env)
 s1, _ = request(port, "GET", "/v1/models", key=None)

@@ -118,6 +118,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 print("routes")
 s, models = request("GET", "/v1/models")
 check(s == 200 and models["data"][0]["id"] == os.path.basename(MODEL.rstrip("/")), "/v1/models lists the model")
+# vLLM's max_model_len, the --ctx-size the server runs (clients size their prompts by it), on the list and the model
+s2, one = request("GET", "/v1/models/" + models["data"][0]["id"] if s == 200 else "/v1/models/x")
+check(s == 200 and s2 == 200 and models["data"][0].get("max_model_len") == CTX and one.get("max_model_len") == CTX,
+      f"/v1/models and /v1/models/ID give max_model_len = --ctx-size {CTX} "
+      f"({models['data'][0].get('max_model_len') if s == 200 else s}, {one.get('max_model_len') if s2 == 200 else s2})")
 s, r = request("POST", "/tokenize", {"content": "Hello world"})
 ids = r.get("tokens", []) if s == 200 else []
 s2, r2 = request("POST", "/detokenize", {"tokens": ids})
@@ -448,6 +453,42 @@ conn.close()
 usage = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswith("data: {") and '"usage":{' in ln]
 check(bad == [400, 400, 404, 401] and body.rstrip().endswith(b"data: [DONE]") and usage and
       usage[-1]["usage"]["completion_tokens"] == 80, f"a stream in flight is undisturbed by bad requests ({bad})")
+
+print("tokenize, detokenize and count_tokens while a generation runs and the queue is full")
+# they need the tokenizer, not the engine: answered at once beside the running generation (llama.cpp's server
+# does so), where they waited in the queue behind it, or got 503 queue_full with the queue (--queue 1) full
+streams = []
+for i in range(2):  # the first runs, then the second fills the queue
+    sc = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    sc.request("POST", "/v1/completions", json.dumps({"prompt": "Once", "max_tokens": CTX - 8, "stream": True,
+                                                      "logit_bias": BAN_END}),
+               {"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+    streams.append(sc)
+    if i == 0:
+        sc.getresponse().read1(100)  # the first generation is running: out of the queue
+waiting = running = 0
+for _ in range(200):  # the second request reaches the queue
+    s, h = request("GET", "/health", key=None)
+    running, waiting = h.get("requests_processing"), h.get("requests_waiting")
+    if waiting == 1:
+        break
+    time.sleep(0.01)
+s_tok, tok = request("POST", "/tokenize", {"content": "Hello world"})
+s_detok, detok = request("POST", "/detokenize", {"tokens": tok.get("tokens", []) if s_tok == 200 else []})
+s_count, count = request("POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hello"}]})
+s_h, h = request("GET", "/health", key=None)
+for sc in streams:
+    sc.sock.shutdown(socket.SHUT_RDWR)
+    sc.close()
+check((running, waiting) == (1, 1) and (s_tok, s_detok, s_count) == (200, 200, 200) and
+      detok.get("content") == "Hello world" and count.get("input_tokens", 0) > 0 and
+      (h.get("requests_processing"), h.get("requests_waiting")) == (1, 1),
+      f"answered beside a running generation with the queue full ({s_tok}, {s_detok}, {s_count}; "
+      f"running/waiting before {running}/{waiting}, after {h.get('requests_processing')}/{h.get('requests_waiting')})")
+for _ in range(400):  # both cancelled: the engine is free for what follows
+    if request("GET", "/health", key=None)[1].get("requests_processing") == 0:
+        break
+    time.sleep(0.01)
 
 print("the request log: a stream's time to its first byte")
 

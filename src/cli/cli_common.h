@@ -101,8 +101,14 @@ int cli_check_utf8(const char *cmd, const char *what, const char *text);
 
 /* The message for a command-line word no option takes, then a blank line (the caller prints its usage):
  * "unknown option '-x'", or for a word that is not an option "unexpected argument 'x'" with what to do
- * (run: the prompt goes after -p, as `ollama run MODEL PROMPT` users type it first). */
+ * (run: the prompt goes after -p, as `ollama run MODEL PROMPT` users type it first); an option of llama.cpp
+ * or vLLM gets what lily does instead (cli_foreign_option_hint). */
 void cli_unknown_argument(const char *cmd, const char *arg);
+
+/* For an option of llama.cpp or vLLM that lily does not take (-ngl, --max-model-len, --tensor-parallel-size,
+ * ...; "--opt=VALUE" names --opt): writes "ENGINE's option; what lily does instead" to buf (cap bytes) and
+ * returns 1; returns 0 for any other word. */
+int cli_foreign_option_hint(const char *arg, char *buf, size_t cap);
 
 /* Prints a streamed reply to a FILE: raw text verbatim, or (parsed) reasoning — ANSI faint when the
  * stream is a terminal, dropped when hide_reasoning — then content, and tool calls as
@@ -127,11 +133,13 @@ int cli_printer_on_token(void *user, int32_t token, const char *text, size_t len
 int cli_printer_finish(cli_printer *p, bool cut_by_length);
 void cli_printer_free(cli_printer *p);
 
-/* All of f, NUL-terminated (malloc'd; *len bytes, not counting the NUL). NULL on a read error or OOM. */
+/* All of f, NUL-terminated (malloc'd; *len bytes, not counting the NUL). NULL on a read error or OOM, with errno
+ * saying which (EISDIR for a directory opened as a file, ENOMEM). */
 char *cli_read_all(FILE *f, size_t *len);
 
 /* The whole text of a prompt file, or of stdin when path is "-" (malloc'd, NUL-terminated). NULL after a
- * message on stderr ("lily CMD: ...") when it cannot be opened or read, or holds a NUL byte. */
+ * message on stderr ("lily CMD: ...", with the system's reason) when it cannot be opened or read, or holds a
+ * NUL byte. */
 char *cli_read_prompt(const char *cmd, const char *path);
 
 /* Match argv[*i] against a table of value options (n entries; alt may be NULL): "NAME VALUE", "ALT VALUE",

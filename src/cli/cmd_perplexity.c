@@ -77,7 +77,7 @@ static int read_input(const char *model, const char *text_file, const char *toke
     char *text;
     if (!strcmp(text_file, "-")) { /* stdin, as lily run -f - */
         if (!(text = cli_read_all(stdin, &len))) {
-            fprintf(stderr, "lily perplexity: cannot read stdin\n");
+            fprintf(stderr, "lily perplexity: cannot read stdin: %s\n", strerror(errno));
             return 1;
         }
     } else if (lily_read_file(text_file, 0, &text, &len, &err) != LILY_OK) {

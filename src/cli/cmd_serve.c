@@ -150,9 +150,17 @@ static int resolve_api_key(const char **key, const char *file, char *buf, size_t
             fprintf(stderr, "lily serve: cannot read --api-key-file %s: %s\n", file, strerror(errno));
             return 1;
         }
+        errno = 0;
         if (!fgets(buf, (int)cap, f))
             buf[0] = 0;
+        bool failed = ferror(f); /* a directory reads as an error (EISDIR), not as an empty key */
+        int read_errno = errno;
         fclose(f);
+        if (failed) {
+            fprintf(stderr, "lily serve: cannot read --api-key-file %s: %s\n", file,
+                    strerror(read_errno ? read_errno : EIO));
+            return 1;
+        }
         buf[strcspn(buf, "\r\n")] = 0;
         *key = buf;
     } else if (!*key) {
@@ -166,9 +174,9 @@ static int resolve_api_key(const char **key, const char *file, char *buf, size_t
     size_t n = strlen(k);
     while (n > 0 && (k[n - 1] == ' ' || k[n - 1] == '\t'))
         n--;
-    if (n == 0) {
-        fprintf(stderr, "lily serve: the API key from %s is empty (leave the option out to serve without a key)\n",
-                from);
+    if (n == 0) { /* refused, not served without a key: a deployment's unset variable often expands to "" */
+        fprintf(stderr, "lily serve: the API key from %s is empty (%s to serve without a key)\n", from,
+                file || !strcmp(from, "--api-key") ? "leave the option out" : "unset LILY_API_KEY");
         return 1;
     }
     if (n >= cap) {
@@ -432,7 +440,9 @@ int cmd_serve(int argc, char **argv)
                             .max_body = (size_t)max_body_mib << 20, .model_name = name,
                             .idle_timeout_s = (int)idle_timeout, .max_connections = (int)max_connections,
                             .cors_origins = cors_origin,
-                            .metrics_extra = lily_service_metrics, .metrics_user = svc};
+                            .metrics_extra = lily_service_metrics, .metrics_user = svc,
+                            .context_length = lily_service_context_length, .context_user = svc,
+                            .run_without_engine = lily_service_run_without_engine, .run_user = svc};
     lily_http_server *http = NULL;
     if (lily_http_start(&ho, &sched, &http, &err) != LILY_OK) {
         fprintf(stderr, "lily serve: %s\n", err.message);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_load.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "text/output_parser.h"
@@ -85,12 +86,12 @@ int debug_parse(int argc, char **argv)
     json_t *tools = NULL;
     if (tools_path) {
         json_error_t jerr;
-        json_t *j = json_load_file(tools_path, 0, &jerr);
+        json_t *j = lily_json_load_file(tools_path, 0, 0, &jerr); /* lily serve's loader, as its tools */
         if (!j) {
-            if (jerr.line > 0) /* a JSON error has a line; a file that cannot be opened has -1 */
+            if (jerr.line > 0) /* a JSON error has a line; a file that cannot be read has none (the text names it) */
                 fprintf(stderr, "lily debug parse: %s:%d: %s\n", tools_path, jerr.line, jerr.text);
             else
-                fprintf(stderr, "lily debug parse: --tools %s: %s\n", tools_path, jerr.text);
+                fprintf(stderr, "lily debug parse: --tools: %s\n", jerr.text);
             return 1;
         }
         tools = json_is_object(j) ? json_incref(json_object_get(j, "tools")) : json_incref(j);

@@ -5,10 +5,12 @@
  * "-" reads stdin. stdout gets the prompt and nothing else (no newline is added); warnings (a model
  * template that is not the known Qwen3.6 one) go to stderr. Needs no weights.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_load.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "text/chat_template.h"
@@ -79,10 +81,24 @@ int debug_render(int argc, char **argv)
                     model_dir);
     }
 
+    /* lily serve's loader (base/json_load.h): a request serve takes (an integer past int64 in a tool call's
+     * arguments) renders here too */
     json_error_t jerr;
-    json_t *request = !strcmp(request_path, "-") ? json_loadf(stdin, 0, &jerr) : json_load_file(request_path, 0, &jerr);
-    if (!request && jerr.line < 1) { /* not a parse error: the file itself */
-        fprintf(stderr, "lily debug render: %s: %s\n", request_path, jerr.text);
+    json_t *request = NULL;
+    if (!strcmp(request_path, "-")) {
+        size_t len;
+        char *text = cli_read_all(stdin, &len);
+        if (!text) {
+            fprintf(stderr, "lily debug render: cannot read stdin: %s\n", strerror(errno));
+            return 1;
+        }
+        request = lily_json_loadb(text, len, 0, &jerr);
+        free(text);
+    } else {
+        request = lily_json_load_file(request_path, 0, 0, &jerr);
+    }
+    if (!request && jerr.line < 1) { /* not a parse error: the file itself (the text names it) */
+        fprintf(stderr, "lily debug render: %s\n", jerr.text);
         return 1;
     }
     if (!request) {

@@ -7,6 +7,7 @@
  * "id<TAB>text", the text with \n, \t, \r, \\ and non-printable bytes escaped (\xNN), and a last line
  * "# N tokens, B bytes" on stderr.
  */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -95,7 +96,7 @@ int debug_tokenize(int argc, char **argv)
     size_t len;
     char *text = cli_read_all(stdin, &len);
     if (!text) {
-        fprintf(stderr, "lily debug tokenize: cannot read stdin\n");
+        fprintf(stderr, "lily debug tokenize: cannot read stdin: %s\n", strerror(errno));
         lily_tokenizer_free(tok);
         return 1;
     }

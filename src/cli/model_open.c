@@ -507,7 +507,10 @@ const char *cli_finish_text(const lily_generate_result *r, const cli_gen_options
 
 void cli_unknown_argument(const char *cmd, const char *arg)
 {
-    if (arg[0] == '-' && arg[1])
+    char hint[256];
+    if (arg[0] == '-' && arg[1] && cli_foreign_option_hint(arg, hint, sizeof hint))
+        fprintf(stderr, "lily %s: unknown option '%s' (%s)\n\n", cmd, arg, hint);
+    else if (arg[0] == '-' && arg[1])
         fprintf(stderr, "lily %s: unknown option '%s'\n\n", cmd, arg);
     else if (!strcmp(cmd, "run"))
         fprintf(stderr, "lily run: unexpected argument '%s' (the prompt goes after -p: lily run -p \"%s\")\n\n", arg,

@@ -14,7 +14,9 @@ char *cli_read_all(FILE *f, size_t *len)
         n += got;
         if (n < cap - 1) {
             if (ferror(f)) {
+                int e = errno; /* the read's reason (EISDIR for a directory), for the caller's message */
                 free(buf);
+                errno = e;
                 return NULL;
             }
             break;
@@ -41,11 +43,14 @@ char *cli_read_prompt(const char *cmd, const char *path)
         return NULL;
     }
     size_t len = 0;
+    errno = 0;
     char *text = cli_read_all(f, &len);
+    int read_errno = errno;
     if (!from_stdin)
         fclose(f);
     if (!text) {
-        fprintf(stderr, "lily %s: cannot read %s\n", cmd, from_stdin ? "stdin" : path);
+        fprintf(stderr, "lily %s: cannot read %s: %s\n", cmd, from_stdin ? "stdin" : path,
+                strerror(read_errno ? read_errno : EIO));
         return NULL;
     }
     if (strlen(text) != len) {

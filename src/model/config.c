@@ -595,10 +595,20 @@ lily_status lily_check_model_dir(const char *model_dir, lily_error *err)
             return repo_id_error(model_dir, err);
         return lily_error_set(err, LILY_ERR_IO, "model directory %s: %s", model_dir, strerror(errno));
     }
-    if (!S_ISDIR(sb.st_mode))
+    char path[4096];
+    if (!S_ISDIR(sb.st_mode)) {
+        /* a file of a model directory (model.safetensors, config.json), as llama.cpp's -m takes its one file:
+         * name the directory that holds it */
+        const char *slash = strrchr(model_dir, '/');
+        int dir_len = slash ? (slash == model_dir ? 1 : (int)(slash - model_dir)) : 1;
+        const char *dir = slash ? model_dir : ".";
+        snprintf(path, sizeof path, "%.*s/config.json", dir_len, dir);
+        if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+            return lily_error_set(err, LILY_ERR_IO, "%s is a file, not a model directory: pass the directory that "
+                                  "holds it, -m %.*s", model_dir, dir_len, dir);
         return lily_error_set(err, LILY_ERR_IO, "%s is not a model directory (expected a directory with config.json, "
                               "*.safetensors and tokenizer.json)", model_dir);
-    char path[4096];
+    }
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     if (lstat(path, &sb) == 0 || errno != ENOENT) { /* there (or unreadable: opening it says why) */
         /* a model lily does not run (another family, a rope type or quantization it lacks) is said here, before

@@ -94,11 +94,13 @@ lily_status lily_config_load(const char *model_dir, lily_config *cfg, lily_error
 
 /* Whether model_dir is a directory with a config.json (what lily_config_load checks first, after the GGUF
  * check): LILY_OK, or LILY_ERR_IO with "model directory DIR: <strerror>", "DIR is not a model directory
- * (...)", or, for a Hugging Face hub cache folder (no config.json, a snapshots/ folder), the snapshot to
- * pass instead. A missing model_dir written as a repo id (ORG/NAME) says lily downloads nothing and names
- * that repo's snapshot in the hub cache ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub) if any.
- * A config.json lily_config_parse refuses as LILY_ERR_UNSUPPORTED (another model family, ...) is that error
- * here, so callers say it before loading the tokenizer; its other errors are left to lily_config_load. */
+ * (...)" ("FILE is a file, not a model directory: pass the directory that holds it, -m DIR" for a file beside
+ * a config.json, such as DIR/model.safetensors), or, for a Hugging Face hub cache folder (no config.json, a
+ * snapshots/ folder), the snapshot to pass instead. A missing model_dir written as a repo id (ORG/NAME) says
+ * lily downloads nothing and names that repo's snapshot in the hub cache ($HF_HUB_CACHE, $HF_HOME/hub,
+ * ~/.cache/huggingface/hub) if any. A config.json lily_config_parse refuses as LILY_ERR_UNSUPPORTED (another
+ * model family, ...) is that error here, so callers say it before loading the tokenizer; its other errors are
+ * left to lily_config_load. */
 lily_status lily_check_model_dir(const char *model_dir, lily_error *err);
 
 #endif

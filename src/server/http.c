@@ -69,6 +69,7 @@ struct lily_http_server {
     int n_connections;        /* open on all listeners (both loopbacks of localhost): --max-connections bounds it */
     atomic_ullong n_cancelled, prompt_tokens, completion_tokens, cached_tokens;
     long long started;        /* unix seconds, for /v1/models */
+    atomic_int n_without_engine; /* jobs running on connection threads now (run_or_submit) */
 };
 
 /* One request's state across the access-handler calls (MHD's con_cls). */
@@ -386,12 +387,28 @@ static route_id route_of(const char *path, const char **allow)
     return R_NONE;
 }
 
+/* Whether rest (a path without its /v1) is name or under name/: "/embeddings", "/embeddings/x", not "/embeddingsx". */
+static bool path_under(const char *rest, const char *name)
+{
+    size_t n = strlen(name);
+    return !strncmp(rest, name, n) && (rest[n] == 0 || rest[n] == '/');
+}
+
 /* What to say after "Unknown request URL" for a path a client of another API or a misset base URL sends:
- * the Responses API's routes for stored responses (retrieve, delete, cancel, input_items), Ollama's own API,
- * a base URL ending in /v1 that the client extended with /v1 again. NULL for any other path. */
+ * the Responses API's routes for stored responses (retrieve, delete, cancel, input_items), the OpenAI API's
+ * routes for other kinds of model (embeddings, audio, images, ...: a client that shares one base URL for
+ * chat and embeddings calls them), Ollama's own API, a base URL ending in /v1 that the client extended with /v1
+ * again. NULL for any other path. */
 static const char *unknown_url_hint(const char *path)
 {
+    static const char *const other_models[] = {"/embeddings", "/audio", "/images", "/moderations", "/rerank",
+                                               "/realtime"};
     const char *rest = !strncmp(path, "/v1/", 4) ? path + 3 : path; /* the routes answer without /v1 too */
+    for (size_t i = 0; i < sizeof other_models / sizeof other_models[0]; i++)
+        if (path_under(rest, other_models[i]))
+            return " lily serves one chat model for text generation and has no such route: its routes are POST "
+                   "/v1/chat/completions, /v1/completions, /v1/responses and /v1/messages (give this client "
+                   "another server for embeddings, audio, images, moderation or reranking).";
     if (!strncmp(rest, "/responses/", 11))
         return " lily's Responses API is stateless: POST /v1/responses answers, but no response is stored to "
                "retrieve, cancel or delete.";
@@ -444,16 +461,21 @@ static enum MHD_Result handle_health(struct MHD_Connection *c, request *r)
 }
 
 /* The served model as both APIs describe one: OpenAI's {id, object, created, owned_by} and Anthropic's {id,
- * type, display_name, created_at (RFC 3339)}; "created" is when the server started. */
+ * type, display_name, created_at (RFC 3339)}; "created" is when the server started. max_model_len, vLLM's
+ * field (the context in tokens, prompt and reply together), once the model is loaded. */
 static json_t *model_object(const lily_http_server *srv)
 {
     char when[32];
     time_t t = (time_t)srv->started;
     struct tm tm;
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", srv->model_name, "object", "model", "created",
-                     (json_int_t)srv->started, "owned_by", "lily", "type", "model", "display_name", srv->model_name,
-                     "created_at", when);
+    json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "id", srv->model_name, "object", "model",
+                              "created", (json_int_t)srv->started, "owned_by", "lily", "type", "model", "display_name",
+                              srv->model_name, "created_at", when);
+    int context_length = srv->opts.context_length ? srv->opts.context_length(srv->opts.context_user) : 0;
+    if (model && context_length > 0)
+        json_object_set_new(model, "max_model_len", json_integer(context_length));
+    return model;
 }
 
 /* GET /v1/models: OpenAI's list, with Anthropic's paging fields (one page). */
@@ -610,6 +632,27 @@ static enum MHD_Result submit(struct MHD_Connection *c, request *r, lily_job *jo
     return respond_job(c, r);
 }
 
+/* At most this many jobs without the engine run on connection threads at once; more wait in the queue, so that
+ * a burst of 1 MiB /tokenize requests takes a few cores, not one per connection, beside the engine. */
+#define LILY_HTTP_MAX_WITHOUT_ENGINE 4
+
+/* A job that needs no engine (http.h, run_without_engine): run here once the model is loaded, else queued (the
+ * queue answers 503 while the model loads or the server stops, as for any job). */
+static enum MHD_Result run_or_submit(struct MHD_Connection *c, request *r, lily_job *job)
+{
+    lily_http_server *srv = r->srv;
+    if (!srv->opts.run_without_engine || lily_scheduler_state(srv->sched, NULL, NULL) != LILY_SCHED_READY)
+        return submit(c, r, job);
+    if (atomic_fetch_add(&srv->n_without_engine, 1) >= LILY_HTTP_MAX_WITHOUT_ENGINE) {
+        atomic_fetch_sub(&srv->n_without_engine, 1);
+        return submit(c, r, job);
+    }
+    srv->opts.run_without_engine(srv->opts.run_user, job);
+    atomic_fetch_sub(&srv->n_without_engine, 1);
+    r->job = job;
+    return respond_job(c, r);
+}
+
 static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_id id)
 {
     lily_oai_error e;
@@ -621,7 +664,7 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
             lily_job_unref(job);
             return send_error(c, r, &e, NULL);
         }
-        return submit(c, r, job);
+        return id == R_COUNT_TOKENS ? run_or_submit(c, r, job) : submit(c, r, job);
     }
     if (id == R_RESPONSES) {
         lily_job *job = lily_job_new(LILY_ROUTE_CHAT);
@@ -656,7 +699,7 @@ static enum MHD_Result handle_post(struct MHD_Connection *c, request *r, route_i
         return send_simple_error(c, r, 500, "server_error", NULL, NULL, "Out of memory.");
     }
     job->body = body;
-    return submit(c, r, job);
+    return run_or_submit(c, r, job);
 }
 
 /* ---------------------------------------------------------------------------------------------------

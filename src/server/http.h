@@ -40,6 +40,16 @@ typedef struct {
      * server frees, or NULL. Called on a connection thread: it must be thread-safe. May be NULL. */
     char *(*metrics_extra)(void *user);
     void *metrics_user;
+    /* The context in tokens (prompt and reply) once the model is loaded, else 0: /v1/models's max_model_len,
+     * vLLM's field, which clients read to size their prompts. NULL: not given. */
+    int (*context_length)(void *user);
+    void *context_user;
+    /* Runs a job that needs the tokenizer but not the engine (/tokenize, /detokenize,
+     * /v1/messages/count_tokens) to its end on the calling connection's thread, once the model is loaded, so
+     * that it does not wait in the queue behind a generation (llama.cpp answers these at once); at most 4 at a
+     * time (more are queued). Thread-safe. NULL: such jobs are queued like any other. */
+    void (*run_without_engine)(void *user, lily_job *job);
+    void *run_user;
 } lily_http_options;
 
 typedef struct lily_http_server lily_http_server;

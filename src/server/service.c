@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -45,6 +46,7 @@
 struct lily_service {
     char *model_dir, *backend, *model_name;
     int n_threads, ctx_size;
+    atomic_int context_length; /* the session's max_ctx once it is made (0 before): lily_service_context_length */
     bool exact;               /* lily_service_options.exact */
     bool host_sampler;        /* lily_service_options.host_sampler */
     lily_engine *engine;
@@ -292,6 +294,7 @@ lily_status lily_service_load(void *user, lily_error *err)
     st = lily_session_new(svc->engine, svc->ctx_size, &svc->session, err);
     if (st != LILY_OK)
         return st;
+    atomic_store(&svc->context_length, svc->session->max_ctx);
     lily_prefix_cache_stats cs;
     const double state_mib = (double)lily_prefix_cache_state_bytes(svc->session) / (1 << 20);
     if (!svc->cache_ram_bytes) {
@@ -819,6 +822,12 @@ char *lily_service_metrics(void *user)
 {
     lily_service *svc = user;
     return lily_prefix_cache_metrics(svc->cache);
+}
+
+int lily_service_context_length(void *user)
+{
+    lily_service *svc = user;
+    return atomic_load(&svc->context_length);
 }
 
 static lily_status detok_feed(void *state, int32_t token, const char **text, size_t *len, lily_error *err)
@@ -1631,6 +1640,13 @@ static void run_count_tokens(lily_service *svc, lily_job *job)
     if (!ok)
         return;
     respond_json(job, json_pack("{s:i}", "input_tokens", n_ids));
+}
+
+void lily_service_run_without_engine(void *user, lily_job *job)
+{
+    LILY_ASSERT(job->route == LILY_ROUTE_COUNT_TOKENS || job->route == LILY_ROUTE_TOKENIZE ||
+                job->route == LILY_ROUTE_DETOKENIZE); /* a generation needs the engine: lily_service_run */
+    lily_service_run(user, job);
 }
 
 void lily_service_run(void *user, lily_job *job)

@@ -61,7 +61,17 @@ lily_status lily_service_load(void *svc, lily_error *err);
 /* lily_job_runner: run one chat, completions, tokenize or detokenize job to its end. */
 void lily_service_run(void *svc, lily_job *job);
 
+/* lily_http_options.run_without_engine: run a tokenize, detokenize or count_tokens job to its end on the
+ * caller's thread, after lily_service_load succeeded. These read only what loading fixed (the tokenizer, whose
+ * const functions are thread-safe, the chat template, the context size and the request defaults), so any
+ * number may run beside the engine worker. A chat or completions job is a programming error (LILY_ASSERT). */
+void lily_service_run_without_engine(void *svc, lily_job *job);
+
 /* lily_http_options.metrics_extra: the prefix cache's counters as Prometheus text (malloc'd). Thread-safe. */
 char *lily_service_metrics(void *svc);
+
+/* lily_http_options.context_length: the context the session holds, in tokens (prompt and reply together), once
+ * the model is loaded; 0 while it loads. Thread-safe. */
+int lily_service_context_length(void *svc);
 
 #endif

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/json_load.h"
 #include "text/chat_internal.h"
 
 /* ------------------------------------------------------------------------------------------ strings */
@@ -354,8 +355,10 @@ static lily_status render_tool_call(render_state *st, size_t index, size_t call_
     json_t *parsed = NULL;
     if (arguments && json_is_string(arguments) && json_string_length(arguments) > 0) {
         json_error_t jerr;
-        parsed = json_loadb(json_string_value(arguments), json_string_length(arguments),
-                            JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr); /* U+0000 as the request's strings may hold */
+        /* U+0000 as the request's strings may hold; a number past int64 / the double range as the request
+         * body's own numbers (base/json_load.h: the nearest double), where jansson alone refuses the text */
+        parsed = lily_json_loadb(json_string_value(arguments), json_string_length(arguments),
+                                 JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
         if (!parsed) {
             char what[400];
             snprintf(what, sizeof what, "%s.arguments: not valid JSON (%s at column %d)", where, jerr.text,
