@@ -81,6 +81,7 @@ struct pargs {
     unsigned long long *bst;     /* [n_stages][4], block 0: wait passed, x side done, items done, ns in ring waits */
     int slots, slot_bytes;
     int ahead;                   /* 1: the producer fills across stage boundaries; 0: a stage's copies only after its wait */
+    int big_copies;              /* 1 (timing only, with SKIP_LOAD): one bulk copy per tile's rows, unpadded */
     float eps;
 };
 
@@ -233,6 +234,22 @@ __device__ __forceinline__ void p_fill(const pargs &a, const p_cursor &c, unsign
         bulk_mbar_expect_tx(&full[k], bytes);
     __syncwarp();
     unsigned char *slot = ring + (size_t)k * a.slot_bytes;
+    if (a.big_copies) { /* the tile's rows are contiguous in global memory: one copy (bank conflicts: unread) */
+        for (int q = lane; q < S.rt * 3; q += 32) {
+            const int rt = q / 3, j = q % 3, tile = grp * S.rt + rt;
+            if (tile >= S.n_tiles)
+                continue;
+            const int r0 = tile * 16, nrows = min(16, S.W.rows - r0);
+            unsigned char *t = slot + (size_t)rt * tb;
+            if (j == 0)
+                bulk_copy(t, S.W.data + (int64_t)r0 * S.W.row_bytes, nrows * row_bytes, &full[k]);
+            else if (j == 1)
+                bulk_copy(t + 16 * ws, S.W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, &full[k]);
+            else
+                bulk_copy(t + 16 * ws + 32 * gpr, S.W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &full[k]);
+        }
+        return;
+    }
     for (int q = lane; q < S.rt * 18; q += 32) {
         const int rt = q / 18, j = q % 18, tile = grp * S.rt + rt;
         if (tile >= S.n_tiles)
@@ -575,9 +592,9 @@ int main(int argc, char **argv)
     /* persistent: one block per SM (all co-resident: checked), NT teams of PW compute warps + the producer */
     struct pconf {
         void (*k)(pargs);
-        int nt, skip, slots, regs;
+        int nt, skip, slots, regs, big;
         size_t dyn;
-    } conf[7];
+    } conf[8];
     /* 0: one team, 1: two teams, 2..6: one team with parts of the items left out (timing only) */
     conf[0].k = persistent_chain_kernel<1, 0>, conf[0].nt = 1, conf[0].skip = 0;
     conf[1].k = persistent_chain_kernel<2, 0>, conf[1].nt = 2, conf[1].skip = 0;
@@ -587,14 +604,17 @@ int main(int argc, char **argv)
     conf[5].k = persistent_chain_kernel<1, SKIP_DOT | SKIP_LOAD | SKIP_STORE | SKIP_SYNC>;
     conf[5].skip = SKIP_DOT | SKIP_LOAD | SKIP_STORE | SKIP_SYNC;
     conf[6].k = persistent_chain_kernel<1, SKIP_SYNC>, conf[6].skip = SKIP_SYNC;
-    for (int c = 2; c < 7; c++)
+    conf[7] = conf[5]; /* everything left out, and one bulk copy per tile's rows */
+    for (int c = 0; c < 8; c++)
+        conf[c].big = c == 7;
+    for (int c = 2; c < 8; c++)
         conf[c].nt = 1;
     int dev = 0, sms = 0, optin = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     const int grid = sms;
-    for (int c = 0; c < 7; c++) {
+    for (int c = 0; c < 8; c++) {
         pconf &P = conf[c];
         cudaFuncAttributes fa;
         CK(cudaFuncGetAttributes(&fa, P.k));
@@ -625,7 +645,7 @@ int main(int argc, char **argv)
         pargs a;
         a.st = d_st, a.n_stages = n_st, a.done = done, a.target = (unsigned int)grid * ++launches;
         a.stamp = stp, a.bst = stp ? bst : NULL, a.slots = P.slots, a.slot_bytes = slot_bytes;
-        a.ahead = ahead, a.eps = eps;
+        a.ahead = ahead, a.eps = eps, a.big_copies = P.big;
         P.k<<<grid, (P.nt * PW + 1) * 32, P.dyn, s>>>(a);
         CK(cudaGetLastError());
     };
@@ -678,9 +698,11 @@ int main(int argc, char **argv)
     }
 
     /* per stage kind from the stamps (mean over layers of the last block's done minus the previous one's) */
-    static const int order[7] = {0, 2, 3, 4, 5, 6, 1};
-    for (int v = 0; v < 7; v++) { /* 1 team, then with parts of the items left out; 2 teams */
+    static const int order[8] = {0, 2, 3, 4, 5, 7, 6, 1};
+    for (int v = 0; v < 8; v++) { /* 1 team, then with parts of the items left out; 2 teams */
         const int ahead = 1, c = order[v], skip = conf[c].skip;
+        if (conf[c].big)
+            printf("(one bulk copy per tile's rows instead of 16)\n");
         if (skip)
             printf("(left out:%s%s%s%s)\n", skip & SKIP_DOT ? " tile arithmetic" : "", skip & SKIP_LOAD ? ", fragment loads" : "",
                    skip & SKIP_STORE ? ", reduce + store" : "", skip & SKIP_SYNC ? ", partials barrier" : "");
