@@ -215,6 +215,18 @@ check "chat --jinja says the template is built in" 2 err \
 check "run -c 0 runs with the default context" 0 err "| length (-n 2)" run -m "$M" -p hi -c 0 -n 2 --temp 0
 check "run -c past 16M names serve's range" 2 err 'lily run: -c expects an integer in [0, 16777216], got "16777217"' \
     run -m "$M" -p hi -c 16777217
+# a context smaller than a chat's template and one reply token could serve nothing (serve started, then every
+# request failed): refused at start-up naming the minimum, 16; 16 itself runs
+for c in 1 15; do
+    CHECK_PREFIX="timeout 30" # without the check, serve would start serving
+    check "serve --ctx-size $c names the minimum" 2 err "lily serve: --ctx-size $c is too small: the minimum is 16 tokens" \
+        serve -m "$M" --port 0 --ctx-size $c
+    CHECK_PREFIX=
+    check "run -c $c names the minimum" 2 err "lily run: -c $c is too small: the minimum is 16 tokens" run -m "$M" -p hi -c $c
+done
+check "chat --ctx-size=8 names the minimum" 2 err "lily chat: --ctx-size 8 is too small: the minimum is 16 tokens" \
+    chat -m "$M" --ctx-size=8
+check "run -c 16 with a raw one-token prompt runs" 0 err "| length (-n 1)" run -m "$M" --raw -p a -c 16 -n 1 --temp 0
 # -m naming no directory, or a file: every command says so about the directory (info, eval, perplexity and
 # bench said "DIR/config.json: cannot open (No such file or directory)" or "(Not a directory)")
 printf x >"$TMP/afile"; printf "1 2 3 4 5\n" >"$TMP/five.tok"

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_load.h"
 #include "runtime/sampler.h" /* lily_rng for random splits */
 #include "text/output_parser.h"
 
@@ -165,7 +166,8 @@ static void check_outcome(const parse_case *c, const outcome *o, const char *how
         CHECK_STR("arguments", o->arguments[i], c->arguments[i], how);
         CHECK_STR("argument deltas", o->delta_arguments[i], c->arguments[i], how);
         json_error_t jerr;
-        json_t *args = json_loads(o->arguments[i], JSON_ALLOW_NUL, &jerr);
+        /* lily serve's loader: an integer past int64 is JSON, as a client's (Python's json) reads it */
+        json_t *args = lily_json_loadb(o->arguments[i], strlen(o->arguments[i]), JSON_ALLOW_NUL, &jerr);
         if (!json_is_object(args))
             fail_msg("arguments '%s' are not a JSON object: %s", o->arguments[i], jerr.text);
         json_decref(args);
@@ -530,6 +532,23 @@ static void test_json_tool_call_form(void **state)
         {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": \\\"\\\\u0000\\\"}\"}\n</tool_call>",
          .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"\\u0000\"}"},
          .finish_reason = "tool_calls"},
+        /* an integer past int64 (a uint64 id) and a number past the double range are a call, as lily serve's
+         * loader reads them (it was content: jansson's "too big integer"); the digits reach the client as
+         * written, never rounded through a double; spaces inside strings stay */
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"id\": 18446744073709551615, \"x\": -1e400,\n"
+                 "  \"s\": \"a \\\" b\", \"l\": [ 1 , {\"k\": 99999999999999999999} ]}}\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"},
+         .arguments = {"{\"id\":18446744073709551615,\"x\":-1e400,\"s\":\"a \\\" b\",\"l\":[1,{\"k\":99999999999999999999}]}"},
+         .finish_reason = "tool_calls"},
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"id\\\": 18446744073709551615}\"}\n</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"id\":18446744073709551615}"},
+         .finish_reason = "tool_calls"},
+        /* duplicate keys: the last one, as jansson keeps it; a key written with an escape is the same key */
+        {.text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"argu\\u006dents\": {\"b\": 2}}</tool_call>",
+         .reasoning = "", .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"b\":2}"},
+         .finish_reason = "tool_calls"},
+        {.text = "<tool_call>{\"parameters\": {\"a\": \"}\"}, \"name\": \"f\"}</tool_call>", .reasoning = "",
+         .content = "", .n_calls = 1, .names = {"f"}, .arguments = {"{\"a\":\"}\"}"}, .finish_reason = "tool_calls"},
         /* not a call: the text is content */
         {.text = "<tool_call>\n{\"name\": oops}\n</tool_call>", .reasoning = "", .content = "{\"name\": oops}",
          .finish_reason = "stop"},

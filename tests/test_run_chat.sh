@@ -150,7 +150,7 @@ expect_error "missing tokenizer.json" "tokenizer.json" "$LILY" run -m "$TMP/noto
 expect_error "malformed tokenizer.json" "malformed" "$LILY" run -m "$TMP/badtok" -p hi
 expect_error "tokenizer ids past the vocab" "vocab_size is 512" "$LILY" run -m "$TMP/bigtok" -p hi
 expect_error "tokenizer ids past the vocab (names its size)" "601" "$LILY" run -m "$TMP/bigtok" -p hi
-expect_error "prompt longer than the context" "prompt is 30 tokens, context is 8" "$LILY" run -m "$M" -p "hello world this is long" --ctx-size 8
+expect_error "prompt longer than the context" "prompt is 30 tokens, context is 16" "$LILY" run -m "$M" -p "hello world this is long" --ctx-size 16
 # a prompt exactly as long as the context leaves no room for a reply: an error naming both, as lily serve's 400
 # (it printed nothing and "decode: 0 tokens ... | length", exit 0); -n 0 (no cap) changes nothing; one token more
 # of context gives a one-token reply

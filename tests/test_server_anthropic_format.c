@@ -391,6 +391,16 @@ static void test_limits_and_nul(void **state)
                                  "\"x\\u0000y\"}}]");
     free(content);
     json_decref(message);
+    /* a call whose arguments hold an integer past int64 keeps its input (it was {}): the integer as the
+     * nearest double, the only number a jansson object holds, and the other arguments as written */
+    lily_tool_call big = {.name = "f", .arguments = "{\"id\":18446744073709551615,\"a\":\"x\"}"};
+    o.tool_calls = &big;
+    message = lily_anth_message("msg_1", "m", &o, ids, 1, "tool_use", NULL, &u);
+    json_t *input = json_object_get(json_array_get(json_object_get(message, "content"), 0), "input");
+    assert_true(json_is_real(json_object_get(input, "id")));
+    assert_true(json_real_value(json_object_get(input, "id")) == 18446744073709551615.0);
+    assert_string_equal(json_string_value(json_object_get(input, "a")), "x");
+    json_decref(message);
 
     assert_rejected("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop_sequences\":"
                     "\"END\"}", false, "stop_sequences: expected an array of strings");

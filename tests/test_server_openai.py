@@ -193,6 +193,18 @@ for body, what in (({"prompt": FULL, "max_tokens": 1}, "a prompt of the whole co
     s, r = request("POST", "/v1/completions", body)
     check(s == 400 and r["error"]["code"] == "context_length_exceeded", f"{what}: 400 ({s} {str(r)[:200]})")
 
+# a streamed chat reply with logprobs: every token's logprobs once, and "logprobs": null on a chunk without
+# tokens (the role chunk, the final one), as OpenAI and vLLM send it (the final chunk had {"content": []})
+s, r = request("POST", "/v1/chat/completions", {"messages": USER, "max_tokens": 5, "logprobs": True, "top_logprobs": 2,
+                                                "stream": True, "logit_bias": BAN_END, "seed": 3})
+chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")] if s == 200 else []
+per_chunk = [ch["choices"][0].get("logprobs", "absent") for ch in chunks if ch["choices"]]
+streamed = [t for lp in per_chunk if isinstance(lp, dict) for t in lp.get("content") or []]
+check(s == 200 and len(streamed) == 5 and per_chunk[0] is None and per_chunk[-1] is None
+      and chunks[-1]["choices"][0]["finish_reason"] == "length"
+      and all(lp is None or (isinstance(lp, dict) and lp["content"]) for lp in per_chunk),
+      f"streamed chat logprobs: 5 tokens, null on the chunks without tokens ({per_chunk[:1]} ... {per_chunk[-2:]})")
+
 # U+0000 the model writes is kept, as other characters (strings may hold it): the token of "\u0000", forced by
 # logit_bias, three times, in a chat reply (thinking off) and a completion, streamed or not
 s, tok = request("POST", "/tokenize", {"content": "\u0000"})

@@ -7,6 +7,7 @@
 
 #include "server/openai.h"
 #include "test_support.h"
+#include "text/output_parser.h"
 
 static bool parse(const char *body, bool chat, lily_oai_request *req, lily_oai_error *e)
 {
@@ -367,6 +368,35 @@ static void test_openai_chat_response_shape(void **state)
     free(s);
 }
 
+/* A JSON-form tool call whose arguments hold an integer past int64 (a uint64 id): the output parser makes it a
+ * call, and the reply's arguments string, as a client reads it, holds the model's digits (never rounded through a
+ * double, which would give 18446744073709551616 or 1.8446744073709552e+19). */
+static void test_openai_chat_response_keeps_big_integer_arguments(void **state)
+{
+    (void)state;
+    static const char text[] = "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"id\": 18446744073709551615, "
+                               "\"n\": -99999999999999999999}}\n</tool_call>";
+    lily_output_parser *p = NULL;
+    lily_error err = {0};
+    assert_int_equal(lily_output_parser_new(&(lily_output_parser_options){0}, &p, &err), LILY_OK);
+    assert_int_equal(lily_output_parser_feed(p, text, sizeof text - 1, &err), LILY_OK);
+    assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
+    const lily_parsed_output *o = lily_output_parser_result(p);
+    assert_int_equal(o->n_tool_calls, 1);
+    lily_oai_tool_call call = {.id = "call_1", .name = o->tool_calls[0].name, .arguments = o->tool_calls[0].arguments};
+    lily_oai_usage u = {0};
+    char *s = dump(lily_oai_chat_response(&ident, "", 0, "", 0, &call, 1, "tool_calls", NULL, &u));
+    json_t *reply = json_loads(s, 0, NULL);
+    json_t *fn = json_object_get(json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(
+                                                    reply, "choices"), 0), "message"), "tool_calls"), 0), "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "get");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")),
+                        "{\"id\":18446744073709551615,\"n\":-99999999999999999999}");
+    json_decref(reply);
+    free(s);
+    lily_output_parser_free(p);
+}
+
 static void test_openai_chunk_shapes(void **state)
 {
     (void)state;
@@ -714,6 +744,7 @@ int main(void)
         cmocka_unit_test(test_openai_completions_prompt_forms),
         cmocka_unit_test(test_openai_error_json),
         cmocka_unit_test(test_openai_chat_response_shape),
+        cmocka_unit_test(test_openai_chat_response_keeps_big_integer_arguments),
         cmocka_unit_test(test_openai_chunk_shapes),
         cmocka_unit_test(test_openai_logprobs_and_invalid_utf8),
         cmocka_unit_test(test_openai_truncated_and_corrupted_bodies_never_crash),

@@ -166,6 +166,16 @@ int cli_parse_threads(const char *cmd, const char *opt, const char *s, int *out)
  * "S"" on stderr and returns -1 when s is not one; 0 on success. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, long max, long *out);
 
+/* The smallest --ctx-size lily takes: a chat's fixed template tokens (the Qwen3.5/3.6 template around an empty
+ * user message: 10 with thinking, 12 without) and one reply token need 13; 16, the power of two above, leaves
+ * room for a word. Smaller contexts failed every request. */
+#define CLI_MIN_CTX_SIZE 16
+
+/* Parse a --ctx-size value: 0 (the default) or an integer in [CLI_MIN_CTX_SIZE, 2^24]. Prints
+ * "lily CMD: OPT N is too small: the minimum is 16 tokens ..." or cli_parse_int's message and returns -1
+ * when it is neither; 0 on success. */
+int cli_parse_ctx_size(const char *cmd, const char *opt, const char *s, long *out);
+
 /* Parse a --cache-ram value, MiB (an integer in [1, 2^24]), into bytes. A cap past the memory this process
  * may use (lily_memory_limit_bytes: physical memory, or a cgroup limit when lower) can never be honoured, so
  * it is refused too: prints "lily CMD: OPT N MiB is more than the memory this process may use (M MiB ...)"

@@ -49,8 +49,8 @@ static void usage(FILE *f)
             "  --max-connections N  open connections at most (localhost: its two loopbacks together); the\n"
             "                       oldest idle ones are closed to keep one in eight free for new clients\n"
             "                       (default 256)\n"
-            "  --ctx-size N         context size in tokens (default or 0: the model's, at most 32768; cuda:\n"
-            "                       as large as fits in GPU memory, up to the model's)\n"
+            "  --ctx-size N         context size in tokens, at least 16 (default or 0: the model's, at most\n"
+            "                       32768; cuda: as large as fits in GPU memory, up to the model's)\n"
             "  --gpu-memory GIB     " CLI_GPU_MEMORY_HELP "\n"
             "  --cpu-moe            " CLI_CPU_MOE_HELP "\n"
             "  --n-cpu-moe N        " CLI_N_CPU_MOE_HELP "\n"
@@ -325,7 +325,7 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(n, "--port"))
             ok = cli_parse_int("serve", n, v, 0, 65535, &port) == 0;
         else if (!strcmp(n, "--ctx-size"))
-            ok = cli_parse_int("serve", n, v, 0, 1 << 24, &ctx) == 0;
+            ok = cli_parse_ctx_size("serve", n, v, &ctx) == 0;
         else if (!strcmp(n, "--queue"))
             ok = cli_parse_int("serve", n, v, 1, 1 << 16, &queue) == 0;
         else if (!strcmp(n, "--max-body"))

@@ -44,8 +44,8 @@ void cli_gen_options_usage(FILE *f)
             "      --no-think         render the prompt with thinking off (an empty think block)\n"
             "      --hide-reasoning   do not print the reasoning\n"
             "      --system TEXT      a system message before the user's\n"
-            "  -c, --ctx-size N       context size in tokens (default or 0: the model's, at most 32768; cuda:\n"
-            "                         as large as fits in GPU memory, up to the model's)\n"
+            "  -c, --ctx-size N       context size in tokens, at least 16 (default or 0: the model's, at most\n"
+            "                         32768; cuda: as large as fits in GPU memory, up to the model's)\n"
             "      --gpu-memory GIB   " CLI_GPU_MEMORY_HELP "\n"
             "      --cpu-moe          " CLI_CPU_MOE_HELP "\n"
             "      --n-cpu-moe N      " CLI_N_CPU_MOE_HELP "\n"
@@ -86,6 +86,20 @@ int cli_parse_int(const char *cmd, const char *opt, const char *s, long min, lon
     long v = strtol(s, &end, 10);
     if (!*s || *end || errno || v < min || v > max) {
         fprintf(stderr, "lily %s: %s expects an integer in [%ld, %ld], got \"%s\"\n", cmd, opt, min, max, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_ctx_size(const char *cmd, const char *opt, const char *s, long *out)
+{
+    long v;
+    if (cli_parse_int(cmd, opt, s, 0, 1L << 24, &v))
+        return -1;
+    if (v > 0 && v < CLI_MIN_CTX_SIZE) {
+        fprintf(stderr, "lily %s: %s %ld is too small: the minimum is %d tokens (a chat's template and one "
+                        "reply token need 13); 0 = the model's default\n", cmd, opt, v, CLI_MIN_CTX_SIZE);
         return -1;
     }
     *out = v;
@@ -272,7 +286,7 @@ int cli_gen_option(const char *cmd, int argc, char **argv, int *i, cli_gen_optio
         o->max_tokens = (int)v;
         o->set_max_tokens = true;
     } else if (!strcmp(name, "--ctx-size")) { /* 0: the default, as serve and llama.cpp's -c 0 */
-        if (cli_parse_int(cmd, a, value, 0, 1 << 24, &v))
+        if (cli_parse_ctx_size(cmd, a, value, &v))
             return -1;
         o->ctx_size = (int)v;
     } else if (!strcmp(name, "--threads")) {

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_load.h"
+
 
 /* ---------------------------------------------------------------------------------------------------
  * request -> the OpenAI chat request the engine path runs
@@ -491,7 +493,10 @@ json_t *lily_anth_message(const char *id, const char *model, const lily_parsed_o
         json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text",
                                                  lily_oai_string(o->content, o->content_len)));
     for (int i = 0; i < o->n_tool_calls; i++) {
-        json_t *input = json_loads(o->tool_calls[i].arguments, JSON_ALLOW_NUL, NULL); /* a \u0000 the model wrote */
+        /* a \u0000 the model wrote; an integer past int64 (base/json_load.h: the nearest double, where jansson
+         * alone gave an empty input; the streamed input_json_delta keeps its digits) */
+        const char *arguments = o->tool_calls[i].arguments;
+        json_t *input = lily_json_loadb(arguments, strlen(arguments), JSON_ALLOW_NUL, NULL);
         if (!json_is_object(input)) {
             json_decref(input);
             input = json_object();

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/json_load.h"
+
 /* ---- growable text ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -549,22 +551,126 @@ static void end_param(lily_output_parser *p)
     arguments_fragment(p, p->fragment.data, p->fragment.len);
 }
 
+/* The end of the JSON value that starts at s[i] in the valid JSON text s[n]: after a string's closing quote,
+ * an object's or array's closing bracket, or a literal's last character. */
+static size_t json_value_end(const char *s, size_t n, size_t i)
+{
+    int depth = 0;
+    bool in_string = false;
+    for (; i < n; i++) {
+        char c = s[i];
+        if (in_string) {
+            if (c == '\\') {
+                i++;
+            } else if (c == '"') {
+                in_string = false;
+                if (depth == 0)
+                    return i + 1;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (--depth <= 0)
+                return depth < 0 ? i : i + 1; /* depth < 0: the end of a literal inside its container */
+        } else if (depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
+            return i;
+        }
+    }
+    return n;
+}
+
+static size_t skip_json_space(const char *s, size_t n, size_t i)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i;
+}
+
+/* Where the value of the top-level member key of the valid JSON object text s[n] is written: the last
+ * member of that name, as jansson keeps the last of duplicate keys (a key written with escapes is compared
+ * decoded). Returns false when there is none. */
+static bool json_member_span(const char *s, size_t n, const char *key, size_t *start, size_t *end)
+{
+    bool found = false;
+    size_t i = skip_json_space(s, n, 0) + 1; /* past the '{' */
+    for (;;) {
+        i = skip_json_space(s, n, i);
+        if (i >= n || s[i] != '"')
+            return found;
+        size_t key_start = i;
+        i = json_value_end(s, n, i);
+        bool same;
+        if (memchr(s + key_start, '\\', i - key_start)) {
+            json_t *k = json_loadb(s + key_start, i - key_start, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+            same = json_is_string(k) && !strcmp(json_string_value(k), key);
+            json_decref(k);
+        } else {
+            same = i - key_start == strlen(key) + 2 && !memcmp(s + key_start + 1, key, strlen(key));
+        }
+        i = skip_json_space(s, n, i) + 1; /* past the ':' */
+        i = skip_json_space(s, n, i);
+        size_t value_start = i;
+        i = json_value_end(s, n, i);
+        if (same) {
+            *start = value_start;
+            *end = i;
+            found = true;
+        }
+        i = skip_json_space(s, n, i) + 1; /* past the ',' (or the closing '}': the next key is not found) */
+    }
+}
+
+/* Append the valid JSON text s[n] without its whitespace outside strings; everything else (numbers, string
+ * escapes) as written. */
+static bool append_json_compact(text_buf *b, const char *s, size_t n)
+{
+    bool in_string = false;
+    size_t run = 0; /* start of the pending run of bytes to copy */
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            if (!buf_append(b, s + run, i - run))
+                return false;
+            run = i + 1;
+        }
+    }
+    return buf_append(b, s + run, n - run);
+}
+
 /* A complete JSON tool call in p->value: {"name": NAME, "arguments": OBJECT or JSON string} ("parameters"
- * is accepted for "arguments"). It becomes a call like an XML one, its arguments emitted in one fragment
- * (compact, keys in the order written). Text that is not such an object becomes content. */
+ * is accepted for "arguments"). It becomes a call like an XML one, its arguments emitted in one fragment:
+ * the object's text as the model wrote it, without whitespace, so a number is never reformatted (an
+ * integer past int64, which lily serve's loader reads for the check only, keeps its digits). Text that is
+ * not such an object becomes content. */
 static void json_call(lily_output_parser *p)
 {
     const char *text = p->value.data ? p->value.data : "";
-    json_t *obj = json_loadb(text, p->value.len, JSON_ALLOW_NUL, NULL);
+    json_t *obj = lily_json_loadb(text, p->value.len, JSON_ALLOW_NUL, NULL); /* lily serve's loader */
     json_t *name = json_object_get(obj, "name");
-    json_t *args = json_object_get(obj, "arguments");
-    if (!args)
-        args = json_object_get(obj, "parameters");
-    json_t *parsed = json_is_string(args)
-                         ? json_loadb(json_string_value(args), json_string_length(args), JSON_ALLOW_NUL, NULL)
-                         : NULL;
-    if (parsed)
-        args = parsed;
+    const char *key = json_object_get(obj, "arguments") ? "arguments" : "parameters";
+    json_t *args = json_object_get(obj, key);
+    const char *args_text = NULL; /* the arguments object's JSON text */
+    size_t args_start = 0, args_end = 0;
+    json_t *parsed = NULL;
+    if (json_is_string(args)) {
+        parsed = lily_json_loadb(json_string_value(args), json_string_length(args), JSON_ALLOW_NUL, NULL);
+        if (parsed) {
+            args = parsed;
+            args_text = json_string_value(json_object_get(obj, key));
+            args_end = json_string_length(json_object_get(obj, key));
+        }
+    } else if (json_is_object(args) && json_member_span(text, p->value.len, key, &args_start, &args_end)) {
+        args_text = text;
+    }
     if (!json_is_string(name) || (args && !json_is_object(args))) {
         /* content, without think tags (content never carries them) */
         const char *at = text, *end = text + p->value.len;
@@ -586,14 +692,13 @@ static void json_call(lily_output_parser *p)
         fail(p);
     } else {
         start_call(p);
-        char *dumped = args ? json_dumps(args, JSON_COMPACT | JSON_REAL_PRECISION(16)) : NULL;
-        if (args && !dumped) {
+        buf_clear(&p->fragment);
+        if (args_text && !append_json_compact(&p->fragment, args_text + args_start, args_end - args_start)) {
             fail(p);
-        } else if (dumped && strcmp(dumped, "{}")) { /* end_call writes "{}" for no parameters */
-            arguments_fragment(p, dumped, strlen(dumped) - 1); /* without the closing brace */
+        } else if (args_text && strcmp(p->fragment.data, "{}")) { /* end_call writes "{}" for no parameters */
+            arguments_fragment(p, p->fragment.data, p->fragment.len - 1); /* without the closing brace */
             p->n_params = 1;
         }
-        free(dumped);
         end_call(p);
     }
     json_decref(parsed);
