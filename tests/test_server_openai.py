@@ -181,8 +181,10 @@ for stream in (False, True):
 # a prompt of exactly the context: scoring it (echo, max_tokens 0) needs no room for a reply, so it is served, each
 # position's logprob that of the same tokens one shorter; generating after it, or a prompt one longer, is a 400
 FULL = [10 + (i * 37) % 480 for i in range(CTX)]
-s, r = request("POST", "/v1/completions", {"prompt": FULL, "max_tokens": 0, "echo": True, "logprobs": 1})
-s2, r2 = request("POST", "/v1/completions", {"prompt": FULL[:-1], "max_tokens": 0, "echo": True, "logprobs": 1})
+# two prefills of the whole context: ~55 s each on an AddressSanitizer build under load, so more than the default 60 s
+s, r = request("POST", "/v1/completions", {"prompt": FULL, "max_tokens": 0, "echo": True, "logprobs": 1}, timeout=600)
+s2, r2 = request("POST", "/v1/completions", {"prompt": FULL[:-1], "max_tokens": 0, "echo": True, "logprobs": 1},
+                 timeout=600)
 full_lps = r["choices"][0]["logprobs"]["token_logprobs"] if s == 200 else []
 short_lps = r2["choices"][0]["logprobs"]["token_logprobs"] if s2 == 200 else []
 check(s == 200 and s2 == 200 and len(full_lps) == CTX and full_lps[0] is None and full_lps[:-1] == short_lps
