@@ -19,30 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_internal.cuh"
-
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e_ = (x);                                                                                  \
-        if (e_ != cudaSuccess) {                                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
-
-static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static uint32_t rnd(void)
-{
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-
-template <typename T> static T *dev_upload(const std::vector<T> &h)
-{
-    T *d;
-    CK(cudaMalloc(&d, h.size() * sizeof(T)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
+#include "bench_cuda_common.cuh"
 
 /* E stacked 4-bit matrices of rows x cols: random nibbles, scales ~0.01, biases ~-0.08 */
 static dmat make_q4(int E, int rows, int cols)

@@ -42,18 +42,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.cuh"
+#include "bench_cuda_common.cuh"
 #include "backend/cuda/gemv/mma_gemv.cuh"
 #include "backend/cuda/bulk_copy.cuh"
-
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e_ = (x);                                                                                  \
-        if (e_ != cudaSuccess) {                                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
 
 #define PW 8          /* compute warps per block; one more warp issues the ring's copies */
 #define P_MAX_SLOTS 8 /* ring slots per block */
@@ -234,33 +227,22 @@ __device__ __forceinline__ void p_fill(const pargs &a, const p_cursor &c, unsign
         bulk_mbar_expect_tx(&full[k], bytes);
     __syncwarp();
     unsigned char *slot = ring + (size_t)k * a.slot_bytes;
-    if (a.big_copies) { /* the tile's rows are contiguous in global memory: one copy (bank conflicts: unread) */
-        for (int q = lane; q < S.rt * 3; q += 32) {
-            const int rt = q / 3, j = q % 3, tile = grp * S.rt + rt;
-            if (tile >= S.n_tiles)
-                continue;
-            const int r0 = tile * 16, nrows = min(16, S.W.rows - r0);
-            unsigned char *t = slot + (size_t)rt * tb;
-            if (j == 0)
-                bulk_copy(t, S.W.data + (int64_t)r0 * S.W.row_bytes, nrows * row_bytes, &full[k]);
-            else if (j == 1)
-                bulk_copy(t + 16 * ws, S.W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, &full[k]);
-            else
-                bulk_copy(t + 16 * ws + 32 * gpr, S.W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &full[k]);
-        }
-        return;
-    }
-    for (int q = lane; q < S.rt * 18; q += 32) {
-        const int rt = q / 18, j = q % 18, tile = grp * S.rt + rt;
+    /* per tile: a copy per row, then the scales and the biases (big_copies: the rows, contiguous in global memory,
+     * in one copy, unpadded: timing only, their fragments are not read) */
+    const int per_tile = a.big_copies ? 3 : 18, n_row_copies = a.big_copies ? 1 : 16;
+    for (int q = lane; q < S.rt * per_tile; q += 32) {
+        const int rt = q / per_tile, j = q % per_tile, tile = grp * S.rt + rt;
         if (tile >= S.n_tiles)
             continue;
         const int r0 = tile * 16, nrows = min(16, S.W.rows - r0);
         unsigned char *t = slot + (size_t)rt * tb;
-        if (j < nrows)
+        if (a.big_copies && j == 0)
+            bulk_copy(t, S.W.data + (int64_t)r0 * S.W.row_bytes, nrows * row_bytes, &full[k]);
+        else if (j < n_row_copies && j < nrows)
             bulk_copy(t + j * ws, S.W.data + (int64_t)(r0 + j) * S.W.row_bytes, row_bytes, &full[k]);
-        else if (j == 16)
+        else if (j == n_row_copies)
             bulk_copy(t + 16 * ws, S.W.scales + (int64_t)r0 * gpr, nrows * gpr * 2, &full[k]);
-        else if (j == 17)
+        else if (j == n_row_copies + 1)
             bulk_copy(t + 16 * ws + 32 * gpr, S.W.biases + (int64_t)r0 * gpr, nrows * gpr * 2, &full[k]);
     }
 }
@@ -422,21 +404,6 @@ __global__ void silu_stage_kernel(const float *x, float *y, int n)
 
 /* ---- host ------------------------------------------------------------------------------------------- */
 
-static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static uint32_t rnd(void)
-{
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-
-template <typename T> static T *dev_upload(const std::vector<T> &h)
-{
-    T *d;
-    CK(cudaMalloc(&d, h.size() * sizeof(T)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
 /* rows x cols 4-bit: random nibbles, scales ~0.01, biases centred so that w has mean ~0 */
 static dmat make_q4(int rows, int cols)
 {
@@ -465,29 +432,6 @@ static float *dev_floats(size_t n, float v)
 }
 
 static double stage_bytes(const pstage &S) { return S.kind == STAGE_GEMV ? (double)S.W.rows * (S.W.cols / 2 + S.W.cols / 64 * 4) : 0.0; }
-
-/* device-to-device copy rate, bytes per second (as cuda_limits.cu measures the ceiling) */
-static double copy_rate(void)
-{
-    const size_t n = (size_t)1 << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < 5; i++)
-        CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * n * 5 / (ms * 1e-3); /* read + write */
-}
 
 int main(int argc, char **argv)
 {
@@ -553,7 +497,14 @@ int main(int argc, char **argv)
     }
     const int n_st = (int)st.size();
     pstage *d_st = dev_upload(st);
-    const double rate = copy_rate();
+    double gbps = 0.0; /* the copy rate lily bench measures its decode floor against (bytes read + written) */
+    lily_error lerr;
+    memset(&lerr, 0, sizeof lerr);
+    if (lily_cuda_membw(0, (size_t)1 << 30, 5, &gbps, &lerr) != LILY_OK) {
+        fprintf(stderr, "%s\n", lerr.message);
+        return 1;
+    }
+    const double rate = gbps * 1e9;
     printf("chain: %d layers, %d stages, %.3f GB of weights per token; copy rate %.0f GB/s -> byte floor %.3f ms\n", L, n_st,
            bytes / 1e9, rate / 1e9, bytes / rate * 1e3);
 
