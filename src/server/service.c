@@ -476,10 +476,9 @@ static void send_events(generation *g, json_t **events, int n)
 }
 
 /* The logprobs JSON of the tokens waiting to be sent, and forget them. NULL when logprobs are off, and when
- * no token waits in a chat reply or on a stream (a completion chunk's final one, after the last token's
- * chunk): OpenAI's and vLLM's "logprobs": null on a chunk without tokens (their role chunk), where
- * {"content": []} or empty "tokens" / "token_logprobs" / ... arrays were sent. A whole completion without
- * tokens keeps its empty arrays. */
+ * no token waits in a chat reply or a streamed chunk (the final chunk, after the last token's): OpenAI's and
+ * vLLM's "logprobs": null on a chunk without tokens (their role chunk), where {"content": []} (chat) or empty
+ * "tokens", "token_logprobs", ... arrays (completions) were sent. A whole completion keeps its arrays. */
 static json_t *take_logprobs(generation *g)
 {
     if (!g->req->logprobs || (g->n_lps == 0 && (g->req->is_chat || g->stream)))
