@@ -616,6 +616,37 @@ static void test_values_converted_by_schema_type(void **state)
         .finish_reason = "tool_calls",
     };
     check_case(&d);
+    /* an integer past int64 (a uint64 id) where the schema takes an integer or number is that number, its
+     * digits as written, as in the JSON form (it was a string: jansson's "too big integer"); past the double
+     * range for a number too; inside an object or array as well. Not an integer where only a string or an
+     * integer within the double-exact range is taken ("1e400" for an integer) */
+    const parse_case big = {
+        .text = "<tool_call>\n<function=forecast>\n"
+                "<parameter=days>\n18446744073709551615\n</parameter>\n"
+                "<parameter=level>\n-123456789012345678901234567890\n</parameter>\n"
+                "<parameter=limit>\n123456789012345678901234567890\n</parameter>\n"
+                "<parameter=ratio>\n-1e400\n</parameter>\n"
+                "<parameter=hours>\n[1, 99999999999999999999]\n</parameter>\n"
+                "<parameter=where>\n{\"id\": 18446744073709551616}\n</parameter>\n"
+                "<parameter=zip>\n18446744073709551615\n</parameter>\n"
+                "<parameter=metric>\n18446744073709551615\n</parameter>\n"
+                "</function>\n</tool_call>\n<tool_call>\n<function=forecast>\n"
+                "<parameter=days>\n1e400\n</parameter>\n"
+                "<parameter=limit>\n1844674407370955161.5\n</parameter>\n"
+                "</function>\n</tool_call>",
+        .tools = weather_tools,
+        .reasoning = "",
+        .content = "",
+        .n_calls = 2,
+        .names = {"forecast", "forecast"},
+        .arguments = {"{\"days\":18446744073709551615,\"level\":-123456789012345678901234567890,"
+                      "\"limit\":123456789012345678901234567890,\"ratio\":-1e400,"
+                      "\"hours\":[1, 99999999999999999999],\"where\":{\"id\": 18446744073709551616},"
+                      "\"zip\":\"18446744073709551615\",\"metric\":\"18446744073709551615\"}",
+                      "{\"days\":\"1e400\",\"limit\":\"1844674407370955161.5\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&big);
 }
 
 /* Schemas as pydantic writes them: nested models by $ref (to $defs or definitions), Optional[...] as anyOf with

@@ -465,6 +465,68 @@ static void test_stream_events(void **state)
     assert_string_equal(lily_anth_stop_reason("tool_calls", NULL), "tool_use");
 }
 
+/* A stream fed by the output parser's events: the partial_json of its input_json_delta events joined. */
+typedef struct {
+    lily_anth_stream st;
+    char partial[256];
+} json_deltas;
+
+static void stream_input(void *user, const lily_output_event *ev)
+{
+    json_deltas *d = user;
+    json_t *out[3];
+    int n = lily_anth_stream_event(&d->st, ev, "call_1", out);
+    for (int k = 0; k < n; k++) {
+        json_t *delta = json_object_get(out[k], "delta");
+        const char *type = json_string_value(json_object_get(delta, "type"));
+        if (type && !strcmp(type, "input_json_delta"))
+            strncat(d->partial, json_string_value(json_object_get(delta, "partial_json")),
+                    sizeof d->partial - 1 - strlen(d->partial));
+        json_decref(out[k]);
+    }
+}
+
+/* A tool call whose arguments hold integers past int64, in the JSON form and in the XML form with a schema that
+ * takes integers: streamed, the input_json_delta text joined is the model's digits (as the chat route's
+ * arguments); the whole message's tool_use input holds them as the nearest double (a jansson object holds no
+ * other number), the same for both forms. */
+static void test_tool_use_with_big_integers(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {
+        "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"id\": 18446744073709551615, "
+        "\"n\": 123456789012345678901234567890}}\n</tool_call>",
+        "<tool_call>\n<function=get>\n<parameter=id>\n18446744073709551615\n</parameter>\n"
+        "<parameter=n>\n123456789012345678901234567890\n</parameter>\n</function>\n</tool_call>",
+    };
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{\"type\":"
+                               "\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"n\":{\"type\":"
+                               "\"integer\"}}}}}]", 0, NULL);
+    assert_non_null(tools);
+    for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++) {
+        json_deltas d = {.st = {.index = -1, .kind = -1}, .partial = ""};
+        lily_output_parser *p = NULL;
+        lily_error err = {0};
+        lily_output_parser_options opt = {.tools = tools, .on_event = stream_input, .user = &d};
+        assert_int_equal(lily_output_parser_new(&opt, &p, &err), LILY_OK);
+        assert_int_equal(lily_output_parser_feed(p, texts[t], strlen(texts[t]), &err), LILY_OK);
+        assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
+        assert_string_equal(d.partial, "{\"id\":18446744073709551615,\"n\":123456789012345678901234567890}");
+        char ids[1][40] = {"call_1"};
+        lily_anth_usage u = {0};
+        json_t *message = lily_anth_message("msg_1", "m", lily_output_parser_result(p), ids, 1, "tool_use", NULL, &u);
+        json_t *block = json_array_get(json_object_get(message, "content"), 0);
+        assert_string_equal(json_string_value(json_object_get(block, "type")), "tool_use");
+        json_t *input = json_object_get(block, "input");
+        assert_int_equal(json_object_size(input), 2);
+        assert_true(json_real_value(json_object_get(input, "id")) == 18446744073709551615.0);
+        assert_true(json_real_value(json_object_get(input, "n")) == 123456789012345678901234567890.0);
+        json_decref(message);
+        lily_output_parser_free(p);
+    }
+    json_decref(tools);
+}
+
 /* Tool names as the Messages API takes them, ^[a-zA-Z0-9_-]{1,128}$: Claude Code names an MCP tool
  * mcp__SERVER__TOOL, which can run past OpenAI's 64 (every request of such a session was a 400). In tools
  * and in a forced tool_choice; 129 characters are refused, and the OpenAI route keeps its 64. */
@@ -509,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_limits_and_nul),
         cmocka_unit_test(test_stream_events),
+        cmocka_unit_test(test_tool_use_with_big_integers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

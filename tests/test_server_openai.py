@@ -206,6 +206,21 @@ check(s == 200 and len(streamed) == 5 and per_chunk[0] is None and per_chunk[-1]
       and chunks[-1]["choices"][0]["finish_reason"] == "length"
       and all(lp is None or (isinstance(lp, dict) and lp["content"]) for lp in per_chunk),
       f"streamed chat logprobs: 5 tokens, null on the chunks without tokens ({per_chunk[:1]} ... {per_chunk[-2:]})")
+# the same for a streamed completion: each token's logprobs once, in the chunk of its text, the same values as
+# unstreamed; the final chunk (finish_reason, no tokens) has "logprobs": null (it had empty arrays)
+body = {"prompt": "Once", "max_tokens": 4, "logprobs": 2, "logit_bias": BAN_END, "seed": 7}
+s, whole = request("POST", "/v1/completions", body)
+s2, r = request("POST", "/v1/completions", dict(body, stream=True))
+chunks = [json.loads(ln[6:]) for ln in r.splitlines() if ln.startswith("data: {")] if s2 == 200 else []
+per_chunk = [ch["choices"][0].get("logprobs", "absent") for ch in chunks if ch["choices"]]
+streamed = {k: [x for lp in per_chunk if isinstance(lp, dict) for x in lp[k]] for k in ("tokens", "token_logprobs")}
+want = whole["choices"][0]["logprobs"] if s == 200 else {}
+check(s == 200 and s2 == 200 and streamed["tokens"] == want["tokens"] and len(want["tokens"]) == 4
+      and all(abs(a - b) < 1e-6 for a, b in zip(streamed["token_logprobs"], want["token_logprobs"]))
+      and per_chunk[-1] is None and chunks[-1]["choices"][0]["finish_reason"] == "length"
+      and all(lp is None or (isinstance(lp, dict) and lp["tokens"]) for lp in per_chunk)
+      and all(lp is not None for ch, lp in zip(chunks, per_chunk) if ch["choices"][0]["text"]),
+      f"streamed completion logprobs: 4 tokens as unstreamed, null on the final chunk ({per_chunk[-2:]})")
 
 # U+0000 the model writes is kept, as other characters (strings may hold it): the token of "\u0000", forced by
 # logit_bias, three times, in a chat reply (thinking off) and a completion, streamed or not

@@ -368,33 +368,66 @@ static void test_openai_chat_response_shape(void **state)
     free(s);
 }
 
-/* A JSON-form tool call whose arguments hold an integer past int64 (a uint64 id): the output parser makes it a
- * call, and the reply's arguments string, as a client reads it, holds the model's digits (never rounded through a
- * double, which would give 18446744073709551616 or 1.8446744073709552e+19). */
+/* The streamed arguments of a chat reply as a client assembles them: each TOOL_ARGUMENTS event sent as its
+ * chunk's JSON text, read back, its "arguments" fragment appended to user (a 256-byte buffer). */
+static void stream_arguments(void *user, const lily_output_event *ev)
+{
+    if (ev->kind != LILY_OUTPUT_TOOL_ARGUMENTS)
+        return;
+    char *s = dump(lily_oai_chat_chunk(&ident, lily_oai_delta_tool_args(ev->tool_index, ev->text, ev->len), NULL,
+                                       NULL, false));
+    json_t *chunk = json_loads(s, 0, NULL);
+    json_t *fn = json_object_get(json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(
+                                                    chunk, "choices"), 0), "delta"), "tool_calls"), 0), "function");
+    assert_true(json_is_string(json_object_get(fn, "arguments")));
+    strncat(user, json_string_value(json_object_get(fn, "arguments")), 255 - strlen(user));
+    json_decref(chunk);
+    free(s);
+}
+
+/* A tool call whose arguments hold integers past int64 (a uint64 id), in the JSON form and in the XML form with
+ * a schema that takes integers: the output parser makes it a call, and the reply's arguments string, as a
+ * client reads it (the whole reply, and the streamed fragments joined), holds the model's digits (never rounded
+ * through a double, which would give 18446744073709551616 or 1.8446744073709552e+19, nor a string). */
 static void test_openai_chat_response_keeps_big_integer_arguments(void **state)
 {
     (void)state;
-    static const char text[] = "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"id\": 18446744073709551615, "
-                               "\"n\": -99999999999999999999}}\n</tool_call>";
-    lily_output_parser *p = NULL;
-    lily_error err = {0};
-    assert_int_equal(lily_output_parser_new(&(lily_output_parser_options){0}, &p, &err), LILY_OK);
-    assert_int_equal(lily_output_parser_feed(p, text, sizeof text - 1, &err), LILY_OK);
-    assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
-    const lily_parsed_output *o = lily_output_parser_result(p);
-    assert_int_equal(o->n_tool_calls, 1);
-    lily_oai_tool_call call = {.id = "call_1", .name = o->tool_calls[0].name, .arguments = o->tool_calls[0].arguments};
-    lily_oai_usage u = {0};
-    char *s = dump(lily_oai_chat_response(&ident, "", 0, "", 0, &call, 1, "tool_calls", NULL, &u));
-    json_t *reply = json_loads(s, 0, NULL);
-    json_t *fn = json_object_get(json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(
-                                                    reply, "choices"), 0), "message"), "tool_calls"), 0), "function");
-    assert_string_equal(json_string_value(json_object_get(fn, "name")), "get");
-    assert_string_equal(json_string_value(json_object_get(fn, "arguments")),
-                        "{\"id\":18446744073709551615,\"n\":-99999999999999999999}");
-    json_decref(reply);
-    free(s);
-    lily_output_parser_free(p);
+    static const char *const texts[] = {
+        "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"id\": 18446744073709551615, "
+        "\"n\": -123456789012345678901234567890}}\n</tool_call>",
+        "<tool_call>\n<function=get>\n<parameter=id>\n18446744073709551615\n</parameter>\n"
+        "<parameter=n>\n-123456789012345678901234567890\n</parameter>\n</function>\n</tool_call>",
+    };
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{\"type\":"
+                               "\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"n\":{\"type\":"
+                               "\"number\"}}}}}]", 0, NULL);
+    assert_non_null(tools);
+    static const char want[] = "{\"id\":18446744073709551615,\"n\":-123456789012345678901234567890}";
+    for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++) {
+        char streamed[256] = "";
+        lily_output_parser *p = NULL;
+        lily_error err = {0};
+        lily_output_parser_options opt = {.tools = tools, .on_event = stream_arguments, .user = streamed};
+        assert_int_equal(lily_output_parser_new(&opt, &p, &err), LILY_OK);
+        assert_int_equal(lily_output_parser_feed(p, texts[t], strlen(texts[t]), &err), LILY_OK);
+        assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
+        const lily_parsed_output *o = lily_output_parser_result(p);
+        assert_int_equal(o->n_tool_calls, 1);
+        lily_oai_tool_call call = {.id = "call_1", .name = o->tool_calls[0].name,
+                                   .arguments = o->tool_calls[0].arguments};
+        lily_oai_usage u = {0};
+        char *s = dump(lily_oai_chat_response(&ident, "", 0, "", 0, &call, 1, "tool_calls", NULL, &u));
+        json_t *reply = json_loads(s, 0, NULL);
+        json_t *fn = json_object_get(json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(
+                                                        reply, "choices"), 0), "message"), "tool_calls"), 0), "function");
+        assert_string_equal(json_string_value(json_object_get(fn, "name")), "get");
+        assert_string_equal(json_string_value(json_object_get(fn, "arguments")), want);
+        assert_string_equal(streamed, want);
+        json_decref(reply);
+        free(s);
+        lily_output_parser_free(p);
+    }
+    json_decref(tools);
 }
 
 static void test_openai_chunk_shapes(void **state)

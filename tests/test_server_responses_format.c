@@ -446,6 +446,72 @@ static void test_stream_events_and_the_response(void **state)
     json_decref(echo);
 }
 
+/* A builder fed by the output parser's events: streamed ones keep the last function_call_arguments.done. */
+typedef struct {
+    lily_resp_output *o;
+    bool stream;
+    json_t *args_done;
+} parser_feed;
+
+static void feed_event(void *user, const lily_output_event *ev)
+{
+    parser_feed *f = user;
+    json_t *out[LILY_RESP_MAX_EVENTS] = {0};
+    int n = lily_resp_output_event(f->o, ev, "call_X", f->stream ? out : NULL);
+    for (int k = 0; k < n; k++) {
+        if (!strcmp(json_string_value(json_object_get(out[k], "type")), "response.function_call_arguments.done")) {
+            json_decref(f->args_done);
+            f->args_done = json_incref(out[k]);
+        }
+        json_decref(out[k]);
+    }
+}
+
+/* A tool call whose arguments hold integers past int64, in the JSON form and in the XML form with a schema that
+ * takes integers: the function_call item's arguments, streamed (the .done event) and not (the Response), are
+ * the model's digits, as the chat route gives them (never a double's digits, nor a string). */
+static void test_function_call_keeps_big_integer_arguments(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {
+        "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"id\": 18446744073709551615}}\n</tool_call>",
+        "<tool_call>\n<function=get>\n<parameter=id>\n18446744073709551615\n</parameter>\n</function>\n"
+        "</tool_call>",
+    };
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{\"type\":"
+                               "\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}}}}}]", 0, NULL);
+    assert_non_null(tools);
+    json_t *echo = json_object();
+    for (size_t t = 0; t < 2 * sizeof texts / sizeof texts[0]; t++) {
+        const char *text = texts[t / 2];
+        lily_resp_output o;
+        assert_true(lily_resp_output_init(&o, &IDENT, echo));
+        parser_feed f = {.o = &o, .stream = t % 2};
+        lily_output_parser *p = NULL;
+        lily_error err = {0};
+        lily_output_parser_options opt = {.tools = tools, .on_event = feed_event, .user = &f};
+        assert_int_equal(lily_output_parser_new(&opt, &p, &err), LILY_OK);
+        assert_int_equal(lily_output_parser_feed(p, text, strlen(text), &err), LILY_OK);
+        assert_int_equal(lily_output_parser_finish(p, false, &err), LILY_OK);
+        lily_oai_usage u = {0};
+        json_t *out[LILY_RESP_MAX_EVENTS] = {0};
+        int n = lily_resp_output_end(&o, false, &u, f.stream ? out : NULL);
+        for (int k = 0; k < n; k++)
+            json_decref(out[k]);
+        json_t *r = lily_resp_response(&o, "completed", &u);
+        assert_json(json_object_get(json_array_get(json_object_get(r, "output"), 0), "arguments"),
+                    "\"{\\\"id\\\":18446744073709551615}\"");
+        if (f.stream)
+            assert_json(json_object_get(f.args_done, "arguments"), "\"{\\\"id\\\":18446744073709551615}\"");
+        json_decref(f.args_done);
+        json_decref(r);
+        lily_output_parser_free(p);
+        lily_resp_output_free(&o);
+    }
+    json_decref(echo);
+    json_decref(tools);
+}
+
 /* A stream that fails after it began gets the Responses API's "error" event, numbered after the last event
  * sent (scheduler.c, lily_job_fail). */
 static void test_stream_error_is_an_error_event(void **state)
@@ -493,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_template_errors_name_the_input_item),
         cmocka_unit_test(test_hostile_requests_are_400s),
         cmocka_unit_test(test_stream_events_and_the_response),
+        cmocka_unit_test(test_function_call_keeps_big_integer_arguments),
         cmocka_unit_test(test_stream_error_is_an_error_event),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -475,12 +475,13 @@ static void send_events(generation *g, json_t **events, int n)
         g->job->sequence_number = g->resp.seq;
 }
 
-/* The logprobs JSON of the tokens waiting to be sent, and forget them. NULL when logprobs are off, and for a
- * chat chunk with no tokens (the final one, after the last token's chunk): OpenAI's and vLLM's "logprobs":
- * null on a chunk without tokens (their role chunk), where {"content": []} was sent. */
+/* The logprobs JSON of the tokens waiting to be sent, and forget them. NULL when logprobs are off, and when
+ * no token waits in a chat reply or a streamed chunk (the final chunk, after the last token's): OpenAI's and
+ * vLLM's "logprobs": null on a chunk without tokens (their role chunk), where {"content": []} (chat) or empty
+ * "tokens", "token_logprobs", ... arrays (completions) were sent. A whole completion keeps its arrays. */
 static json_t *take_logprobs(generation *g)
 {
-    if (!g->req->logprobs || (g->req->is_chat && g->n_lps == 0))
+    if (!g->req->logprobs || (g->n_lps == 0 && (g->req->is_chat || g->stream)))
         return NULL;
     json_t *j;
     if (g->req->is_chat) {

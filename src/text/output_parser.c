@@ -492,7 +492,8 @@ static void value_text(lily_output_parser *p, const char *s, size_t n)
 
 /* The JSON text for a VALUE_JSON value s[n] (already stripped of its newlines), or NULL when it does not
  * parse to an allowed type. Numbers, objects and arrays are written as the model wrote them (after
- * checking they parse), so no float is ever reformatted. */
+ * checking they parse with lily serve's loader), so no float is ever reformatted and an integer past int64
+ * keeps its digits, as in the JSON form (json_call). */
 static const char *json_value_text(int allowed, const char *s, size_t n, size_t *out_n)
 {
     const char *t;
@@ -516,12 +517,16 @@ static const char *json_value_text(int allowed, const char *s, size_t n, size_t 
     if (tn == 0)
         return NULL;
     json_error_t jerr;
-    json_t *j = json_loadb(t, tn, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    json_t *j = lily_json_loadb(t, tn, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr); /* lily serve's loader */
     if (!j)
         return NULL;
+    /* an integer literal that loads as a real is one past int64 (a uint64 id): an integer, its digits kept */
+    bool big_integer = json_is_real(j);
+    for (size_t i = 0; i < tn && big_integer; i++)
+        big_integer = (t[i] >= '0' && t[i] <= '9') || (i == 0 && t[i] == '-');
     bool integral_real = json_is_real(j) && fabs(json_real_value(j)) < 9e15 &&
                          json_real_value(j) == floor(json_real_value(j)); /* "3.0" for an integer */
-    bool fits = (json_is_integer(j) && (allowed & (ALLOW_INTEGER | ALLOW_NUMBER))) ||
+    bool fits = ((json_is_integer(j) || big_integer) && (allowed & (ALLOW_INTEGER | ALLOW_NUMBER))) ||
                 (json_is_real(j) && (allowed & ALLOW_NUMBER)) || (integral_real && (allowed & ALLOW_INTEGER)) ||
                 (json_is_object(j) && (allowed & ALLOW_OBJECT)) || (json_is_array(j) && (allowed & ALLOW_ARRAY));
     json_decref(j);

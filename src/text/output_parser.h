@@ -25,9 +25,9 @@
  *   fragment when the block closes); a block that does not parse as such becomes content.
  * - Values are converted by the tool's JSON-schema type (options.tools, OpenAI `tools` array): "string"
  *   (or no schema, or a type list containing "string") stays raw text; integer, number, boolean, object,
- *   array and null are parsed as JSON and written verbatim when they parse to an allowed type (booleans
- *   also accept True/False; "null" is null for any non-string type); anything unparsable is kept as a
- *   string.
+ *   array and null are parsed as JSON (with lily serve's loader, base/json_load.h) and written verbatim when
+ *   they parse to an allowed type (booleans also accept True/False; "null" is null for any non-string type;
+ *   an integer past int64 is an integer, its digits kept); anything unparsable is kept as a string.
  * - Arguments are a compact JSON object, keys in the order written: {"city":"Paris","days":3}.
  * - With options.verbatim_answer, content that begins before any tool call runs to the end as written.
  */
