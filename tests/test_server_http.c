@@ -1176,6 +1176,199 @@ static void test_http_unsupported_transfer_coding_is_400_at_once(void **state)
     }
 }
 
+/* A chunked request on a new connection (headers: more header lines, or NULL): body cut into chunks of `piece`
+ * bytes; the answer until the server closes the connection (read_to_close). */
+static void chunked_exchange(const char *path, const char *headers, const char *body, size_t piece, char *buf,
+                             size_t cap)
+{
+    size_t len = strlen(body), cap_req = 512 + len + (len / piece + 1) * 16;
+    char *req = malloc(cap_req);
+    assert_non_null(req);
+    int at = snprintf(req, cap_req, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                      "application/json\r\n%sTransfer-Encoding: chunked\r\n\r\n", path, headers ? headers : "");
+    for (size_t i = 0; i < len; i += piece) {
+        size_t n = piece < len - i ? piece : len - i;
+        at += snprintf(req + at, cap_req - (size_t)at, "%zx\r\n%.*s\r\n", n, (int)n, body + i);
+    }
+    at += snprintf(req + at, cap_req - (size_t)at, "0\r\n\r\n");
+    raw_exchange(req, buf, cap);
+    free(req);
+}
+
+/* A client sending a chunked body that never ends: 64-byte chunks, one every 0.2 ms, until a write fails (the
+ * server closed the connection) or 5 s pass. */
+typedef struct {
+    int fd;
+    int write_errno; /* the failed write's errno; 0: it ran out its 5 s */
+    double ended;    /* lily_wall_seconds() when it stopped */
+    long long sent;  /* body bytes sent */
+} chunk_flood;
+
+static void *flood_chunks(void *p)
+{
+    chunk_flood *f = p;
+    char chunk[80];
+    const int n = snprintf(chunk, sizeof chunk, "40\r\n%064d\r\n", 0);
+    const double end = lily_wall_seconds() + 5.0;
+    while (lily_wall_seconds() < end) {
+        if (send(f->fd, chunk, (size_t)n, MSG_NOSIGNAL) != n) {
+            f->write_errno = errno;
+            break;
+        }
+        f->sent += 64;
+        usleep(200);
+    }
+    f->ended = lily_wall_seconds();
+    return NULL;
+}
+
+/* What the server sends on fd until it closes the connection (its end, or a reset after its answer) or `secs`
+ * pass, into buf (NUL-terminated); *closed: it closed. */
+static void read_until_closed(int fd, char *buf, size_t cap, double secs, bool *closed)
+{
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 100000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t len = 0;
+    *closed = false;
+    const double end = lily_wall_seconds() + secs;
+    while (lily_wall_seconds() < end && len < cap - 1) {
+        ssize_t n = read(fd, buf + len, cap - 1 - len);
+        if (n > 0) {
+            len += (size_t)n;
+            continue;
+        }
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            *closed = true;
+            break;
+        }
+    }
+    buf[len] = 0;
+}
+
+static const char chunked_chat_head[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                        "application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/* A chunked body is answered 413 as soon as it passes --max-body (1024 bytes here), with the JSON error a body
+ * of a declared Content-Length over the limit gets, and its connection is closed unread: a client that keeps
+ * sending chunks neither holds the connection (and its thread) nor waits for the idle timeout. The server
+ * answers others meanwhile; a chunked body of exactly the limit, in many chunks, is still read whole. */
+static void test_http_chunked_body_over_limit_is_413_at_once(void **state)
+{
+    (void)state;
+    char buf[8192];
+    /* exactly the limit in 16-byte chunks: read whole; one byte more: 413 */
+    char body[1026];
+    memset(body, 'x', sizeof body);
+    memcpy(body, "{\"content\":\"", 12);
+    memcpy(body + 1022, "\"}", 3); /* 1024 bytes */
+    chunked_exchange("/tokenize", NULL, body, 16, buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 200 "));
+    assert_non_null(strstr(buf, "{\"tokens\":[1,2,3]}"));
+    memcpy(body + 1022, "x\"}", 4); /* 1025 bytes */
+    chunked_exchange("/tokenize", NULL, body, 16, buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 413 "));
+    assert_non_null(strstr(buf, "\"code\":\"request_too_large\""));
+    /* on Anthropic's route in its shape, with the CORS headers of an allowed page's request */
+    chunked_exchange("/v1/messages", "Origin: http://localhost:3000\r\n", body, 16, buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 413 "));
+    assert_non_null(strstr(buf, "\r\nAccess-Control-Allow-Origin: http://localhost:3000\r\nVary: Origin\r\n"));
+    assert_non_null(strstr(buf, "\r\n\r\n{\"type\":\"error\",\"error\":{\"type\":\"request_too_large\","));
+
+    /* the answer to a declared Content-Length over the limit, read and dropped: the chunked one must match */
+    char big[2048];
+    memset(big, ' ', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    int status;
+    char *declared = http("POST", "/v1/chat/completions", NULL, big, &status);
+    assert_int_equal(status, 413);
+    const char *declared_json = strstr(declared, "\r\n\r\n");
+    assert_non_null(declared_json);
+
+    const long long n_413 = metric("lily_requests_total{status=\"413\"} ");
+    int fd = connect_server();
+    assert_int_equal(write(fd, chunked_chat_head, strlen(chunked_chat_head)), (ssize_t)strlen(chunked_chat_head));
+    static const char part[] = "100\r\n{\"messages\":[%0243d\r\n"; /* 256 bytes of body, under the limit */
+    char first[300];
+    const int n_first = snprintf(first, sizeof first, part, 0);
+    assert_int_equal(write(fd, first, (size_t)n_first), n_first);
+    usleep(50000);
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200); /* meanwhile */
+    const double t0 = lily_wall_seconds();
+    chunk_flood f = {.fd = fd};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, flood_chunks, &f), 0);
+    bool closed;
+    read_until_closed(fd, buf, sizeof buf, 4.0, &closed);
+    const double t1 = lily_wall_seconds();
+    pthread_join(th, NULL);
+    close(fd);
+    print_message("the answer ended after %.3f s; the client's write failed after %.3f s (errno %d), %lld bytes sent\n",
+                  t1 - t0, f.ended - t0, f.write_errno, f.sent);
+    assert_true(closed);
+    assert_true(t1 - t0 < 2.0);
+    assert_memory_equal(buf, "HTTP/1.1 413 ", 13);
+    assert_non_null(strstr(buf, "\r\nContent-Type: application/json\r\n"));
+    assert_non_null(strstr(buf, "\r\nConnection: close\r\n"));
+    const char *json = strstr(buf, "\r\n\r\n");
+    assert_non_null(json);
+    assert_string_equal(json, declared_json);
+    assert_non_null(strstr(json, "\"message\":\"Request body exceeds the limit of 1024 bytes (--max-body).\""));
+    free(declared);
+    /* the client's sending ends on the closed connection, not on its own 5 s */
+    assert_true(f.write_errno == ECONNRESET || f.write_errno == EPIPE);
+    assert_true(f.ended - t0 < 2.5);
+    /* counted once as a 413 (when its connection's thread ends it) */
+    long long got = 0;
+    for (int i = 0; i < 200 && got != n_413 + 1; i++) {
+        got = metric("lily_requests_total{status=\"413\"} ");
+        usleep(5000);
+    }
+    assert_int_equal(got, n_413 + 1);
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, "\"status\":\"ok\""), 200); /* afterwards */
+}
+
+/* The connection of a chunked body over the limit is closed, so its slot is free again: with one slot, held by
+ * a chunked upload, a new client is refused; once the upload passes the limit and is answered, one is served. */
+static void test_http_chunked_body_over_limit_frees_its_slot(void **state)
+{
+    (void)state;
+    lily_error err;
+    lily_http_server *one;
+    lily_http_options o = {.host = "127.0.0.1", .port = 0, .max_body = 1024, .model_name = "fake",
+                           .max_connections = 1, .idle_timeout_s = 30};
+    assert_int_equal(lily_http_start(&o, &sched, &one, &err), LILY_OK);
+    const int saved = port;
+    port = lily_http_port(one);
+    int fd = connect_server();
+    assert_int_equal(write(fd, chunked_chat_head, strlen(chunked_chat_head)), (ssize_t)strlen(chunked_chat_head));
+    static const char first[] = "10\r\n{\"messages\":[  \r\n";
+    assert_int_equal(write(fd, first, strlen(first)), (ssize_t)strlen(first));
+    usleep(100000);
+    assert_int_equal(status_of("GET", "/health", NULL, NULL, NULL), 0); /* the one slot is held: refused */
+    chunk_flood f = {.fd = fd};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, flood_chunks, &f), 0);
+    char buf[4096];
+    bool closed;
+    read_until_closed(fd, buf, sizeof buf, 4.0, &closed);
+    pthread_join(th, NULL);
+    close(fd);
+    assert_true(closed);
+    assert_memory_equal(buf, "HTTP/1.1 413 ", 13);
+    assert_non_null(strstr(buf, "\"code\":\"request_too_large\""));
+    /* the server may still be ending the connection when its client sees the close: up to 1 s */
+    int status = 0;
+    for (int i = 0; i < 100 && status != 200; i++) {
+        status = status_of("GET", "/health", NULL, NULL, NULL);
+        if (status != 200)
+            usleep(10000);
+    }
+    assert_int_equal(status, 200);
+    port = saved;
+    lily_http_quiesce(one);
+    lily_http_stop(one);
+}
+
 /* Time the engine takes (a request waiting in the queue, a slow token) is not the client's silence: a
  * whole-body answer held 3 s and a stream paused 3 s both arrive whole with a 2 s idle timeout. */
 static void test_http_engine_time_is_not_idle_time(void **state)
@@ -1506,6 +1699,8 @@ int main(void)
         cmocka_unit_test(test_http_slow_clients_do_not_lock_out),
         cmocka_unit_test(test_http_ambiguous_framing_is_400_and_closed),
         cmocka_unit_test(test_http_unsupported_transfer_coding_is_400_at_once),
+        cmocka_unit_test(test_http_chunked_body_over_limit_is_413_at_once),
+        cmocka_unit_test(test_http_chunked_body_over_limit_frees_its_slot),
         cmocka_unit_test(test_http_stop_does_not_wait_for_unfinished_requests),
         cmocka_unit_test(test_http_connection_limit_spans_both_loopbacks),
         cmocka_unit_test(test_http_connection_count_survives_a_storm),

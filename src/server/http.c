@@ -80,6 +80,7 @@ typedef struct {
     char *body;
     size_t body_len, body_cap;
     bool too_large;
+    bool chunked;             /* the body comes in chunks (Transfer-Encoding: chunked): no length is declared */
     bool responded;
     int status;
     lily_job *job;            /* a queued job, shared with the worker */
@@ -122,6 +123,10 @@ static _Thread_local bool target_refused;
 /* This connection's stream was ended because its client left or fell too far behind (stream_reader): the
  * "application error" microhttpd then logs is that, already said by the request's log line. */
 static _Thread_local bool stream_ended_for_client;
+
+/* This connection's chunked body went past --max-body and was answered 413 at once (refuse_unbounded_body):
+ * the "application reported internal error" microhttpd then logs is that closing. */
+static _Thread_local bool body_refused;
 
 /* ---------------------------------------------------------------------------------------------------
  * responses
@@ -176,14 +181,21 @@ static bool anthropic_path(const char *path)
     return !strncmp(path, "/v1/messages", 12) || !strncmp(path, "/messages", 9);
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *c, request *r, const lily_oai_error *e, const char *allow)
+/* The error's JSON body for r's route (a malloc'd string; NULL: out of memory) and its HTTP status in *status. */
+static char *error_body(const request *r, const lily_oai_error *e, int *status)
 {
     bool anthropic = anthropic_path(r->path);
-    char *s = anthropic ? lily_anth_error_json(e) : lily_oai_error_json(e);
+    *status = anthropic ? lily_anth_http_status(e->http_status) : e->http_status;
+    return anthropic ? lily_anth_error_json(e) : lily_oai_error_json(e);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, request *r, const lily_oai_error *e, const char *allow)
+{
+    int status;
+    char *s = error_body(r, e, &status);
     if (!s)
         return MHD_NO;
-    return send_body(c, r, anthropic ? lily_anth_http_status(e->http_status) : e->http_status, "application/json", s,
-                     strlen(s), allow);
+    return send_body(c, r, status, "application/json", s, strlen(s), allow);
 }
 
 static enum MHD_Result send_simple_error(struct MHD_Connection *c, request *r, int status, const char *type,
@@ -1021,6 +1033,41 @@ static void answer_at_request_line(lily_http_server *srv, struct MHD_Connection 
     log_request_line("-", target, 414, "", 0.0);
 }
 
+/* A chunked body past --max-body: answer 413 now and close the connection, without reading the rest. Such a
+ * body declares no end, so reading and dropping it to answer afterwards (as a declared Content-Length is) could
+ * go on as long as the client sends. microhttpd (0.9.75, and its source up to today) refuses a response queued
+ * while a body is being read: MHD_queue_response answers MHD_NO in every state between the headers and the
+ * whole request. So lily writes the response to the socket itself (nothing else is being written then: the
+ * connection's own thread runs this, before any answer), ends its side, and returns MHD_NO, which makes
+ * microhttpd close the connection (the client, still sending, may see a reset after the answer). */
+static enum MHD_Result refuse_unbounded_body(request *r)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg, "Request body exceeds the limit of %zu bytes (--max-body).", r->srv->opts.max_body);
+    lily_oai_error e;
+    lily_oai_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large", "%s", msg);
+    int status;
+    char *body = error_body(r, &e, &status);
+    char cors[400] = "";
+    if (r->allow_origin[0])
+        snprintf(cors, sizeof cors, "Access-Control-Allow-Origin: %s\r\n%s", r->allow_origin,
+                 strcmp(r->allow_origin, "*") ? "Vary: Origin\r\n" : "");
+    char head[640];
+    const char *reason = MHD_get_reason_phrase_for((unsigned)status);
+    int n = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n%s\r\n", status, reason ? reason : "", body ? strlen(body) : 0, cors);
+    if (r->fd >= 0) {
+        if (n > 0 && (size_t)n < sizeof head && write_socket(r->fd, head, (size_t)n) && body)
+            write_socket(r->fd, body, strlen(body));
+        shutdown(r->fd, SHUT_WR);
+    }
+    free(body);
+    r->status = status;
+    r->responded = true;
+    body_refused = true;
+    return MHD_NO;
+}
+
 /* microhttpd's URI log callback: called with the request-target as sent (NULL: none), once the request line is
  * read and before microhttpd parses its query or decodes its path (which cuts it at a %00). Checks the target
  * (target.h) for the access handler, which runs next in this thread; answers one microhttpd cannot parse. */
@@ -1061,6 +1108,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = r;
         mhd_error_status = 0;
         stream_ended_for_client = false;
+        body_refused = false;
 
         framing_scan framing = {0};
         MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &framing);
@@ -1143,7 +1191,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         /* A body over the limit: a client waiting for "100 Continue" is told at once (it sends nothing);
          * any other is answered after its body is read and dropped, since most clients read no response
-         * before they have sent the whole request, and closing on them loses the 413 (up to 1 GiB of it). */
+         * before they have sent the whole request, and closing on them loses the 413 (up to 1 GiB of it).
+         * A chunked body declares no length: it is answered once it passes the limit (refuse_unbounded_body). */
+        r->chunked = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding") != NULL;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Expect");
         unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
@@ -1165,6 +1215,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (r->too_large || r->body_len + n > srv->opts.max_body) {
+            if (r->chunked)
+                return refuse_unbounded_body(r);
             r->too_large = true;
             return MHD_YES;
         }
@@ -1322,7 +1374,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     }
     if (strstr(msg, "closed by remote side") || strstr(msg, "forcibly closed by remote peer") || /* FIN, RST */
         strstr(msg, "detected connection closure") ||
-        (stream_ended_for_client && strstr(msg, "application error generating response")))
+        (stream_ended_for_client && strstr(msg, "application error generating response")) ||
+        (body_refused && strstr(msg, "Application reported internal error")))
         return; /* a client that left (or a connection closed to keep a slot free): not news */
     fprintf(stderr, "lily serve: microhttpd: %s", msg);
 }

@@ -4,13 +4,14 @@
  * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics
  * (Prometheus text), POST /tokenize, POST /detokenize (also without the /v1 prefix for the OpenAI ones).
  * Errors are OpenAI JSON: 400 bad request, 401 bad bearer token, 403 a browser page from an origin not
- * allowed (cors_origins), 404 unknown route, 405 wrong method, 413 body over max_body, 415 a POST body that
- * is not JSON, 503 queue full or model loading, 400 a control character in the URL's path (never routed) and
- * 414 a URL over 8 KiB or with more than 1024 query arguments (server/target.h). A client that disconnects before its answer's
- * end (before it begins, or in the middle of a stream) is logged and counted in /metrics as 499 (nginx's
- * "client closed request"), not as a 5xx nor a 200; malformed HTTP is answered by
- * microhttpd (400/413, a short HTML page) and counted too. Each connection has its own thread (it may
- * block waiting for its job); the engine worker is the scheduler's and never waits for a socket.
+ * allowed (cors_origins), 404 unknown route, 405 wrong method, 413 body over max_body (a chunked one as soon as
+ * it passes the limit, and the connection is closed unread), 415 a POST body that is not JSON, 503 queue full
+ * or model loading, 400 a control character in the URL's path (never routed) and 414 a URL over 8 KiB or with
+ * more than 1024 query arguments (server/target.h). A client that disconnects before its answer's end (before it
+ * begins, or in the middle of a stream) is logged and counted in /metrics as 499 (nginx's "client closed
+ * request"), not as a 5xx nor a 200; malformed HTTP is answered by microhttpd (400/413, a short HTML page) and
+ * counted too. Each connection has its own thread (it may block waiting for its job); the engine worker is the
+ * scheduler's and never waits for a socket.
  */
 #ifndef LILY_SERVER_HTTP_H
 #define LILY_SERVER_HTTP_H
