@@ -437,7 +437,7 @@ def main():
     ap.add_argument("--config", help="config.json giving the shape (default: Qwen3.6-35B-A3B)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-tokenizer", action="store_true", help="do not copy the Qwen3 tokenizer.json")
-    ap.add_argument("--sample-tokens", type=int, default=512, help="prompt length for the routing check")
+    ap.add_argument("--sample-tokens", type=int, default=512, help="prompt length for the routing check (0: no check)")
     ap.add_argument("--shard-limit-bytes", type=int, default=SHARD_LIMIT, help="largest shard (default 5 GiB)")
     args = ap.parse_args()
 
@@ -485,6 +485,8 @@ def main():
           f"{elapsed:.1f} s ({total / max(elapsed, 1e-9) / 1e6:.0f} MB/s)")
 
     n_tok = min(args.sample_tokens, shape["vocab_size"])
+    if n_tok <= 0:  # --sample-tokens 0: no routing check
+        return 0
     counts, x_std, logit_std = expert_load(args.out_dir, shape, weight_map, args.seed, n_tok)
     print(f"router input std {x_std:.3f}, router logit std {logit_std:.3f}")
     print_histogram(counts, shape["num_experts_per_tok"], n_tok)
