@@ -5,12 +5,18 @@
  *   - plain launches vs programmatic dependent launch (PDL: griddepcontrol.launch_dependents first,
  *     griddepcontrol.wait before reading the predecessor's output), grids of 1, 132 and 264 blocks;
  *   - the same number of grid-wide barriers inside one persistent kernel (a sense-reversing atomic
- *     barrier over co-resident blocks), the alternative a per-layer persistent kernel would pay.
+ *     barrier over co-resident blocks), the alternative a per-layer persistent kernel would pay;
+ *   - the same number of cluster barriers (barrier.cluster, sm_90) in one kernel of thread-block clusters of
+ *     2..16 blocks, each step handing a value to the next block of the cluster through distributed shared
+ *     memory: what a chain costs whose dependencies stay inside a cluster (a head's or an expert's blocks).
  * Each kernel does a dependent read-modify-write of one value, so the chain is a real dependency chain.
  */
 #include <cstdio>
 #include <cstdlib>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
+
+namespace cg = cooperative_groups;
 
 #define CK(x)                                                                                           \
     do {                                                                                                \
@@ -53,6 +59,79 @@ __global__ void barrier_kernel(float *v, unsigned int *count, volatile unsigned 
         }
         __syncthreads();
     }
+}
+
+/* n_steps dependent steps inside each cluster: block r reads block r+1's value — from its shared memory
+ * (DSMEM), or (GLOBAL) from global memory through L2 as a stage's activations would come — adds one and
+ * stores it in its own double-buffered slot; one cluster barrier (release / acquire) per step. */
+template <bool GLOBAL>
+__global__ void cluster_kernel(float *out, float *gbuf, int n_steps)
+{
+    __shared__ float val[2];
+    cg::cluster_group cl = cg::this_cluster();
+    const unsigned int rank = cl.block_rank(), nb = cl.num_blocks();
+    float *mine = gbuf + 2 * blockIdx.x, *next = gbuf + 2 * (blockIdx.x - rank + (rank + 1) % nb);
+    if (threadIdx.x == 0) {
+        val[0] = val[1] = 0.0f;
+        if (GLOBAL)
+            mine[0] = mine[1] = 0.0f;
+    }
+    cl.sync();
+    for (int b = 0; b < n_steps; b++) {
+        if (threadIdx.x == 0) {
+            if (GLOBAL) {
+                mine[(b + 1) & 1] = __ldcg(next + (b & 1)) + 1.0f;
+            } else {
+                const float *peer = cl.map_shared_rank(&val[b & 1], (rank + 1) % nb);
+                val[(b + 1) & 1] = *peer + 1.0f;
+            }
+        }
+        cl.sync();
+    }
+    if (threadIdx.x == 0 && rank == 0)
+        out[blockIdx.x / nb] = GLOBAL ? mine[n_steps & 1] : val[n_steps & 1];
+}
+
+template <bool GLOBAL>
+static int time_cluster(int n, int csize, int sms, float *d_v, float *d_g, cudaStream_t s, double *us_per_step, int *grid)
+{
+    CK(cudaFuncSetAttribute(cluster_kernel<GLOBAL>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = csize;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3(csize);
+    int clusters = 0;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, cluster_kernel<GLOBAL>, &cfg));
+    clusters = clusters < sms / csize ? clusters : sms / csize; /* at most one block per SM */
+    if (clusters < 1)
+        return *grid = 0, 0;
+    cfg.gridDim = dim3(clusters * csize);
+    *grid = clusters * csize;
+    CK(cudaLaunchKernelEx(&cfg, cluster_kernel<GLOBAL>, d_v, d_g, n));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    const int reps = 20;
+    CK(cudaEventRecord(a, s));
+    for (int r = 0; r < reps; r++)
+        CK(cudaLaunchKernelEx(&cfg, cluster_kernel<GLOBAL>, d_v, d_g, n));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    *us_per_step = ms * 1e3 / reps / n;
+    float first = 0;
+    CK(cudaMemcpy(&first, d_v, sizeof first, cudaMemcpyDeviceToHost));
+    if (first != (float)n) /* every step added one along the cluster's ring */
+        fprintf(stderr, "cluster chain of %d: got %.0f, want %d\n", csize, first, n);
+    return 0;
 }
 
 static int time_chain(int n, int blocks, int pdl, float *d_v, cudaStream_t s, double *us_per_kernel)
@@ -135,6 +214,21 @@ int main(void)
         CK(cudaEventElapsedTime(&ms, a, b));
         printf("| grid barrier in one persistent kernel | %d | %.2f |\n", bgrids[g], ms * 1e3 / reps / n);
     }
+    float *d_g;
+    CK(cudaMalloc(&d_g, sizeof(float) * 2 * sms));
+    for (int global = 0; global < 2; global++)
+        for (int c = 2; c <= 16; c *= 2) {
+            double us = 0;
+            int grid = 0;
+            if ((global ? time_cluster<true>(n, c, sms, d_v, d_g, s, &us, &grid)
+                        : time_cluster<false>(n, c, sms, d_v, d_g, s, &us, &grid)))
+                return 1;
+            if (grid)
+                printf("| cluster barrier, hand-off through %s, clusters of %d | %d | %.3f |\n",
+                       global ? "global memory (L2)" : "distributed shared memory", c, grid, us);
+            else
+                printf("| clusters of %d: none fit |\n", c);
+        }
     CK(cudaGetLastError());
     return 0;
 }
