@@ -647,6 +647,34 @@ static void test_values_converted_by_schema_type(void **state)
         .finish_reason = "tool_calls",
     };
     check_case(&big);
+    /* odd literals: a malformed number whose prefix overflows a double (the loader once took it for the
+     * largest double, and its text went out as written: invalid JSON) is a string, as any malformed one;
+     * "-0", an exponent, spaces and blank lines around the value are numbers; leading zeros and "+" are not */
+    const parse_case odd = {
+        .text = "<tool_call>\n<function=forecast>\n"
+                "<parameter=ratio>\n1e400e5\n</parameter>\n"
+                "<parameter=days>\n-0\n</parameter>\n"
+                "<parameter=level>\n 1e5 \n</parameter>\n"
+                "<parameter=limit>\n\n\n-12\n\n</parameter>\n"
+                "<parameter=where>\n{\"a\": -1e400-}\n</parameter>\n"
+                "<parameter=hours>\n[1, 1e999.5]\n</parameter>\n"
+                "</function>\n</tool_call>\n<tool_call>\n<function=forecast>\n"
+                "<parameter=ratio>\n-1E400+\n</parameter>\n"
+                "<parameter=days>\n007\n</parameter>\n"
+                "<parameter=limit>\n+5\n</parameter>\n"
+                "<parameter=level>\n-\n</parameter>\n"
+                "</function>\n</tool_call>",
+        .tools = weather_tools,
+        .reasoning = "",
+        .content = "",
+        .n_calls = 2,
+        .names = {"forecast", "forecast"},
+        .arguments = {"{\"ratio\":\"1e400e5\",\"days\":-0,\"level\":1e5,\"limit\":-12,"
+                      "\"where\":\"{\\\"a\\\": -1e400-}\",\"hours\":\"[1, 1e999.5]\"}",
+                      "{\"ratio\":\"-1E400+\",\"days\":\"007\",\"limit\":\"+5\",\"level\":\"-\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&odd);
 }
 
 /* Schemas as pydantic writes them: nested models by $ref (to $defs or definitions), Optional[...] as anyOf with
