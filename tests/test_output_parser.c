@@ -552,6 +552,12 @@ static void test_json_tool_call_form(void **state)
         /* not a call: the text is content */
         {.text = "<tool_call>\n{\"name\": oops}\n</tool_call>", .reasoning = "", .content = "{\"name\": oops}",
          .finish_reason = "stop"},
+        /* nor with a malformed number whose prefix overflows a double, in the object or in the arguments string
+         * (the loader once read it as the largest double, and the call's arguments went out as written) */
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1e400e5}}\n</tool_call>", .reasoning = "",
+         .content = "{\"name\": \"f\", \"arguments\": {\"x\": 1e400e5}}", .finish_reason = "stop"},
+        {.text = "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": [-1e400-]}\"}</tool_call>", .reasoning = "",
+         .content = "{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": [-1e400-]}\"}", .finish_reason = "stop"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_case(&cases[i]);
