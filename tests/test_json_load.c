@@ -57,6 +57,26 @@ static void test_strings_and_errors_untouched(void **state)
     assert_int_equal(jerr.line, 1);
     assert_null(lily_json_loadb("-", 1, JSON_DECODE_ANY, &jerr));
     assert_null(lily_json_loadb("[-0000000000000000000000000000001]", 34, 0, &jerr)); /* leading zeros */
+    /* a malformed literal whose prefix overflows a double (strtod reads the prefix) or is past int64 is still
+     * refused: rewritten as the largest double, it would pass, and a caller that keeps the text as written (the
+     * output parser's tool-call arguments) would hand a client invalid JSON */
+    static const char *const malformed[] = {
+        "[1e400e5]", "[-1e400-]", "[1e400.5]", "[1E400+]", "{\"a\": 1e999.5}", "[1e400-3]", "[--1e400]",
+        "[1e+400e]", "[18446744073709551616-]", "[18446744073709551616e]", "[18446744073709551616.]",
+        "[018446744073709551616]", "[00e400]", "[1.e400]",
+    };
+    for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++)
+        if (lily_json_loadb(malformed[i], strlen(malformed[i]), JSON_DECODE_ANY, &jerr))
+            fail_msg("'%s' loaded", malformed[i]);
+    char huge[512] = "[1";
+    memset(huge + 2, '0', 400);
+    memcpy(huge + 402, "-]", 3); /* a 401-digit integer, then '-' */
+    assert_null(lily_json_loadb(huge, strlen(huge), 0, &jerr));
+    huge[402] = ']'; /* the integer alone loads, as the largest double */
+    json_t *h = lily_json_loadb(huge, 403, 0, &jerr);
+    assert_non_null(h);
+    assert_true(json_real_value(json_array_get(h, 0)) == DBL_MAX);
+    json_decref(h);
     /* a length that cuts the text: nothing beyond it is read */
     assert_null(lily_json_loadb("[99999999999999999999999]", 10, 0, &jerr));
 }

@@ -552,6 +552,12 @@ static void test_json_tool_call_form(void **state)
         /* not a call: the text is content */
         {.text = "<tool_call>\n{\"name\": oops}\n</tool_call>", .reasoning = "", .content = "{\"name\": oops}",
          .finish_reason = "stop"},
+        /* nor with a malformed number whose prefix overflows a double, in the object or in the arguments string
+         * (the loader once read it as the largest double, and the call's arguments went out as written) */
+        {.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1e400e5}}\n</tool_call>", .reasoning = "",
+         .content = "{\"name\": \"f\", \"arguments\": {\"x\": 1e400e5}}", .finish_reason = "stop"},
+        {.text = "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": [-1e400-]}\"}</tool_call>", .reasoning = "",
+         .content = "{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": [-1e400-]}\"}", .finish_reason = "stop"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_case(&cases[i]);
@@ -647,6 +653,34 @@ static void test_values_converted_by_schema_type(void **state)
         .finish_reason = "tool_calls",
     };
     check_case(&big);
+    /* odd literals: a malformed number whose prefix overflows a double (the loader once took it for the
+     * largest double, and its text went out as written: invalid JSON) is a string, as any malformed one;
+     * "-0", an exponent, spaces and blank lines around the value are numbers; leading zeros and "+" are not */
+    const parse_case odd = {
+        .text = "<tool_call>\n<function=forecast>\n"
+                "<parameter=ratio>\n1e400e5\n</parameter>\n"
+                "<parameter=days>\n-0\n</parameter>\n"
+                "<parameter=level>\n 1e5 \n</parameter>\n"
+                "<parameter=limit>\n\n\n-12\n\n</parameter>\n"
+                "<parameter=where>\n{\"a\": -1e400-}\n</parameter>\n"
+                "<parameter=hours>\n[1, 1e999.5]\n</parameter>\n"
+                "</function>\n</tool_call>\n<tool_call>\n<function=forecast>\n"
+                "<parameter=ratio>\n-1E400+\n</parameter>\n"
+                "<parameter=days>\n007\n</parameter>\n"
+                "<parameter=limit>\n+5\n</parameter>\n"
+                "<parameter=level>\n-\n</parameter>\n"
+                "</function>\n</tool_call>",
+        .tools = weather_tools,
+        .reasoning = "",
+        .content = "",
+        .n_calls = 2,
+        .names = {"forecast", "forecast"},
+        .arguments = {"{\"ratio\":\"1e400e5\",\"days\":-0,\"level\":1e5,\"limit\":-12,"
+                      "\"where\":\"{\\\"a\\\": -1e400-}\",\"hours\":\"[1, 1e999.5]\"}",
+                      "{\"ratio\":\"-1E400+\",\"days\":\"007\",\"limit\":\"+5\",\"level\":\"-\"}"},
+        .finish_reason = "tool_calls",
+    };
+    check_case(&odd);
 }
 
 /* Schemas as pydantic writes them: nested models by $ref (to $defs or definitions), Optional[...] as anyOf with

@@ -3,7 +3,8 @@
  * One pass finds the number literals (outside strings) jansson would refuse: integers (no '.', 'e' or
  * 'E') outside int64, and any literal whose magnitude overflows a double. A copy of the text then gets
  * ".0" after each such integer (jansson reads it as a real) and the largest double, with the literal's
- * sign, in place of each overflowing literal. Malformed text is left for jansson to report.
+ * sign, in place of each overflowing literal. Only a literal of JSON's number grammar is rewritten: a
+ * malformed one (1e400e5, 1e400.5) is left for jansson to report, as is all other malformed text.
  */
 #include "base/json_load.h"
 
@@ -54,6 +55,36 @@ static bool overflows_double(const char *text, size_t n)
     return overflow;
 }
 
+/* True when text[0, n) is one JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? (RFC 8259 section 6).
+ * strtod reads a prefix of anything, so a literal whose prefix overflows (1e400e5) must not be taken for one. */
+static bool number_literal(const char *text, size_t n)
+{
+    size_t i = text[0] == '-';
+    const size_t int_start = i;
+    while (i < n && text[i] >= '0' && text[i] <= '9')
+        i++;
+    if (i == int_start || (text[int_start] == '0' && i - int_start > 1))
+        return false;
+    if (i < n && text[i] == '.') {
+        const size_t frac = ++i;
+        while (i < n && text[i] >= '0' && text[i] <= '9')
+            i++;
+        if (i == frac)
+            return false;
+    }
+    if (i < n && (text[i] == 'e' || text[i] == 'E')) {
+        i++;
+        if (i < n && (text[i] == '+' || text[i] == '-'))
+            i++;
+        const size_t exp = i;
+        while (i < n && text[i] >= '0' && text[i] <= '9')
+            i++;
+        if (i == exp)
+            return false;
+    }
+    return i == n;
+}
+
 /* The number of literals to rewrite in text; the first `cap` go to out (may be NULL). */
 static size_t find_rewrites(const char *text, size_t len, rewrite *out, size_t cap)
 {
@@ -82,8 +113,8 @@ static size_t find_rewrites(const char *text, size_t len, rewrite *out, size_t c
                 break;
         }
         const size_t digits = start + (negative ? 1 : 0);
-        if (i == digits)
-            continue;
+        if (i == digits || !number_literal(text + start, i - start))
+            continue; /* malformed: jansson reports it */
         const bool big_integer = integer && out_of_int64(text + digits, i - digits, negative);
         const bool overflow = (!integer || big_integer) && overflows_double(text + start, i - start);
         if (big_integer || overflow) {
