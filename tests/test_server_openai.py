@@ -444,6 +444,77 @@ for think in (False, True):
     content = r["choices"][0]["message"]["content"] if s == 200 else ""
     check(s == 200 and (content or "").startswith("{"), f"thinking {think}: tool_choice none keeps the format ({content!r:.60})")
 
+print("response_format with thinking on: the reply cannot end inside its think block")
+# The end token is pushed to the top (and "</think>" next): inside the think block the format masks the end
+# tokens, so the model closes the block and writes the value, which the end token then follows at once. Without
+# that mask the reply ended before any value: finish_reason "stop" with empty content, which no schema accepts
+# (the openai SDK's parse() gave parsed None).
+s, r = request("POST", "/tokenize", {"content": "</think>"})
+THINK_END = r["tokens"] if s == 200 else []
+FMT = {"type": "json_schema", "json_schema": {"name": "digit", "strict": True, "schema": {
+    "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}},
+    "required": ["n", "ok"], "additionalProperties": False}}}
+body = {"messages": USER, "max_tokens": 40, "temperature": 0, "response_format": FMT,
+        "logit_bias": {str(END_IDS[0]): 100, str(THINK_END[0]): 50}, "chat_template_kwargs": {"enable_thinking": True}}
+for stream in (False, True):
+    s, r = request("POST", chat, dict(body, stream=stream))
+    if stream and s == 200:
+        chunks = [json.loads(line[6:]) for line in r.splitlines() if line.startswith("data: {")]
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+    else:
+        content, finish = (r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"]) if s == 200 else ("", None)
+    try:
+        value = json.loads(content)
+    except ValueError:
+        value = None
+    check(s == 200 and finish == "stop" and isinstance(value, dict) and set(value) == {"n", "ok"} and
+          type(value["n"]) is int and 0 <= value["n"] <= 9 and type(value["ok"]) is bool,
+          f"stream {stream}: the think block closed, then the value: {content!r}, finish_reason {finish}")
+
+print("tool_choice allowed_tools (chat and Responses)")
+# OpenAI's {"type": "allowed_tools", ...}: only the listed tools may be called; "required" forces a call to one of
+# them, "auto" leaves the choice to the model with only them in the prompt (an auto call is not constrained).
+def allowed(mode, names):
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": [
+        {"type": "function", "function": {"name": n}} for n in names]}}
+for seed in (1, 2, 3):
+    s, r = request("POST", chat, {"messages": USER, "tools": TOOLS, "tool_choice": allowed("required", ["get_time"]),
+                                  "max_tokens": 60, "seed": seed, "chat_template_kwargs": {"enable_thinking": False}})
+    c = r["choices"][0] if s == 200 else {}
+    calls = (c.get("message") or {}).get("tool_calls") or []
+    finish = c.get("finish_reason")  # "length": max_tokens cut the (unbounded) string argument
+    check(s == 200 and finish in ("tool_calls", "length") and calls and
+          all(t["function"]["name"] == "get_time" for t in calls) and
+          (finish == "length" or all(isinstance(json.loads(t["function"]["arguments"]), dict) for t in calls)),
+          f"seed {seed}: mode required [get_time]: only get_time is called ({s}, {finish}, {calls})")
+tokens = []
+for tools, choice in ((TOOLS, allowed("auto", ["get_time"])), (TOOLS[1:], "auto"), (TOOLS, "auto")):
+    s, r = request("POST", chat, {"messages": USER, "tools": tools, "tool_choice": choice, "max_tokens": 1})
+    tokens.append(r["usage"]["prompt_tokens"] if s == 200 else s)
+check(tokens[0] == tokens[1] and tokens[1] < tokens[2],
+      f"mode auto [get_time]: the prompt of tools [get_time] alone (prompt tokens {tokens})")
+for choice, param, what in ((allowed("auto", ["nope"]), "tool_choice", "no function named 'nope'"),
+                            (allowed("required", []), "tool_choice", "at least one tool"),
+                            (allowed("any", ["get_time"]), "tool_choice", "'auto' or 'required'")):
+    s, r = request("POST", chat, {"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": 1})
+    err = r.get("error", {}) if isinstance(r, dict) else {}
+    check(s == 400 and err.get("param") == param and what in err.get("message", ""),
+          f"{json.dumps(choice['allowed_tools'])}: 400 ({err.get('message')})")
+RTOOLS = [dict(t["function"], type="function") for t in TOOLS]
+s, r = request("POST", "/v1/responses", {"input": USER, "tools": RTOOLS, "max_output_tokens": 60, "seed": 1,
+                                         "reasoning": {"effort": "none"}, "tool_choice": {
+                                             "type": "allowed_tools", "mode": "required",
+                                             "tools": [{"type": "function", "name": "get_time"}]}})
+calls = [o for o in r.get("output", []) if o.get("type") == "function_call"] if s == 200 else []
+check(s == 200 and calls and all(o["name"] == "get_time" for o in calls) and
+      r.get("tool_choice", {}).get("type") == "allowed_tools",
+      f"/v1/responses mode required [get_time]: only get_time is called, tool_choice echoed ({s}, {calls})")
+s, r = request("POST", "/v1/responses", {"input": USER, "tools": RTOOLS, "max_output_tokens": 1, "tool_choice": {
+    "type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "x"}]}})
+check(s == 400 and r["error"]["param"] == "tool_choice.tools",
+      f"/v1/responses allowed_tools with an mcp tool: 400 naming tool_choice.tools ({r})")
+
 print("a stop string inside an unconstrained tool call")
 # parameters the grammar cannot compile leave a required call's arguments free, so stop strings apply inside
 # it: one that cuts the call short ends the reply with finish_reason "stop" (the call kept unfinished, as a

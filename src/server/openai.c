@@ -393,6 +393,75 @@ static bool check_forced_parameter_names(json_t *fn, size_t i, lily_oai_error *e
     return true;
 }
 
+/* tool_choice {"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [{"type":
+ * "function", "function": {"name": ...}}, ...]}} (OpenAI's): req->tools becomes the listed tools, in the order of
+ * `tools` (the body's "tools" is replaced by them: the prompt shows only what may be called, since an "auto" call
+ * is not constrained), and the tool choice the mode's. An empty list under "auto" is tool_choice "none". */
+static bool out_of_memory(lily_oai_error *e)
+{
+    lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
+    return false;
+}
+
+static bool allow_tools(lily_oai_request *req, json_t *tc, lily_oai_error *e)
+{
+    char q[72];
+    json_t *at = json_object_get(tc, "allowed_tools");
+    const char *mode = json_string_value(json_object_get(at, "mode"));
+    json_t *list = json_object_get(at, "tools");
+    if (!json_is_object(at) || !json_is_array(list))
+        return bad(e, "tool_choice", "Invalid 'tool_choice': expected {\"type\":\"allowed_tools\",\"allowed_tools\":"
+                                     "{\"mode\":\"auto\"|\"required\",\"tools\":[...]}}.");
+    if (!mode || (strcmp(mode, "auto") && strcmp(mode, "required")))
+        return bad(e, "tool_choice", "Invalid value for 'tool_choice.allowed_tools.mode': expected 'auto' or "
+                                     "'required'.");
+    if (!req->tools)
+        return bad(e, "tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+                                     "specified.");
+    size_t i, j;
+    json_t *a, *t;
+    json_array_foreach(list, i, a) {
+        json_t *name = json_object_get(json_object_get(a, "function"), "name");
+        const char *type = json_string_value(json_object_get(a, "type"));
+        if (!json_is_object(a) || (type && strcmp(type, "function")) || !json_is_string(name))
+            return bad(e, "tool_choice", "Invalid 'tool_choice.allowed_tools.tools[%zu]': expected {\"type\":"
+                                         "\"function\",\"function\":{\"name\":...}}.", i);
+        bool found = false;
+        json_array_foreach(req->tools, j, t)
+            found |= json_equal(json_object_get(json_object_get(t, "function"), "name"), name);
+        if (!found)
+            return bad(e, "tool_choice", "Invalid value for 'tool_choice.allowed_tools.tools[%zu]': no function "
+                                         "named '%s' was specified in the 'tools' parameter.",
+                       i, quoted(q, sizeof q, json_string_value(name), 64));
+    }
+    json_t *kept = json_array();
+    if (!kept)
+        return out_of_memory(e);
+    json_array_foreach(req->tools, j, t) {
+        json_t *name = json_object_get(json_object_get(t, "function"), "name");
+        bool allowed = false;
+        json_array_foreach(list, i, a)
+            allowed |= json_equal(json_object_get(json_object_get(a, "function"), "name"), name);
+        if (allowed && json_array_append(kept, t)) {
+            json_decref(kept);
+            return out_of_memory(e);
+        }
+    }
+    const bool required = !strcmp(mode, "required");
+    if (!json_array_size(kept) && required) {
+        json_decref(kept);
+        return bad(e, "tool_choice", "Invalid value for 'tool_choice.allowed_tools.tools': mode 'required' needs at "
+                                     "least one tool.");
+    }
+    req->tool_choice = !json_array_size(kept) ? LILY_TOOL_CHOICE_NONE
+                       : required             ? LILY_TOOL_CHOICE_REQUIRED
+                                              : LILY_TOOL_CHOICE_AUTO;
+    if (json_object_set_new(req->body, "tools", kept))
+        return out_of_memory(e);
+    req->tools = json_object_get(req->body, "tools");
+    return true;
+}
+
 static bool check_tools(lily_oai_request *req, size_t max_name, lily_oai_error *e)
 {
     char q[72];
@@ -443,6 +512,10 @@ static bool check_tools(lily_oai_request *req, size_t max_name, lily_oai_error *
         else
             return bad(e, "tool_choice", "Invalid value for 'tool_choice': '%s'. Supported values are: 'none', "
                                          "'auto', 'required', or a named function.", quoted(q, sizeof q, s, 64));
+    } else if (json_is_object(tc) && json_is_string(json_object_get(tc, "type")) &&
+               !strcmp(json_string_value(json_object_get(tc, "type")), "allowed_tools")) {
+        if (!allow_tools(req, tc, e))
+            return false;
     } else if (json_is_object(tc)) {
         json_t *name = json_object_get(json_object_get(tc, "function"), "name");
         if (!json_is_string(name))

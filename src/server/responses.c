@@ -379,9 +379,39 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
     }
     const char *type = json_string_value(json_object_get(tc, "type"));
     json_t *name = json_object_get(tc, "name");
+    if (type && !strcmp(type, "allowed_tools")) { /* as the chat route's: {"type": "function", "function": {name}} */
+        json_t *list = json_object_get(tc, "tools"), *a, *names = json_array();
+        size_t i;
+        if (!names)
+            return oom(e);
+        json_array_foreach(list, i, a) {
+            const char *atype = json_string_value(json_object_get(a, "type"));
+            json_t *aname = json_object_get(a, "name");
+            if (!atype || strcmp(atype, "function") || !json_is_string(aname)) {
+                json_decref(names);
+                return bad(e, "tool_choice.tools", "Invalid 'tool_choice.tools[%zu]': only {\"type\": \"function\", "
+                                                   "\"name\": ...} tools are supported.", i);
+            }
+            if (json_array_append_new(names, json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", aname))) {
+                json_decref(names);
+                return oom(e);
+            }
+        }
+        json_t *at = json_object(), *mode = json_object_get(tc, "mode");
+        bool failed = !at || (mode && json_object_set(at, "mode", mode)) ||
+                      (json_is_array(list) && json_object_set(at, "tools", names));
+        json_decref(names);
+        if (failed || json_object_set_new(oai, "tool_choice", json_pack("{s:s, s:O}", "type", "allowed_tools",
+                                                                        "allowed_tools", at))) {
+            json_decref(at);
+            return oom(e);
+        }
+        json_decref(at);
+        return true;
+    }
     if (!json_is_object(tc) || !type || strcmp(type, "function") || !json_is_string(name))
-        return bad(e, "tool_choice", "Invalid 'tool_choice': expected 'auto', 'none', 'required' or {\"type\": "
-                                     "\"function\", \"name\": ...}.");
+        return bad(e, "tool_choice", "Invalid 'tool_choice': expected 'auto', 'none', 'required', {\"type\": "
+                                     "\"function\", \"name\": ...} or {\"type\": \"allowed_tools\", ...}.");
     json_object_set_new(oai, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name));
     return true;
 }
