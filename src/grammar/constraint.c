@@ -70,21 +70,12 @@ void lily_grammar_constraint_free(lily_grammar_constraint *c)
 }
 
 /* The tokens allowed next into c->allowed[0, min(vocab, c->o.vocab)) (the grammar's, and the stop tokens
- * once the value is complete): how many, or -1 when none. While waiting for the think block's end, every
- * token but the stop tokens: a reply that ended inside its think block would have no value at all (it was
- * "stop" with empty content), so the model must close the block (or run to max_tokens, "length"); 0 (no
- * constraint: c->allowed untouched) when no stop token is in range. */
+ * once the value is complete): how many, or -1 when none; 0 while waiting for the think block's end (no
+ * constraint: c->allowed untouched). */
 static int compute_allowed(lily_grammar_constraint *c, int vocab)
 {
-    if (c->waiting) {
-        int n = 0, stops = 0;
-        for (int v = 0; v < vocab && v < c->o.vocab; v++) {
-            c->allowed[v] = !c->is_stop[v];
-            n += c->allowed[v];
-            stops += c->is_stop[v];
-        }
-        return stops > 0 ? n : 0;
-    }
+    if (c->waiting)
+        return 0;
     if (c->broken)
         return -1;
     lily_grammar_matcher_mask(c->m, c->o.trie, c->allowed);

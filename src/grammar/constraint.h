@@ -2,8 +2,7 @@
  *
  * Owns: the vocabulary trie of a tokenizer (built once per model), and per generation a matcher that
  * masks each step's logits to the tokens the grammar accepts, lets the stop tokens through once the value
- * is complete, and leaves a think block unconstrained until its "</think>" but for the stop tokens (a reply
- * ending there would hold no value).
+ * is complete, and leaves a think block unconstrained until its "</think>".
  */
 #ifndef LILY_GRAMMAR_CONSTRAINT_H
 #define LILY_GRAMMAR_CONSTRAINT_H
@@ -23,7 +22,7 @@ typedef struct {
     const lily_token_trie *trie;
     const lily_tokenizer *tok;
     int vocab;
-    const int32_t *stop_ids;  /* [n_stop_ids] allowed once the value is complete (never in the think block) */
+    const int32_t *stop_ids;  /* [n_stop_ids] allowed once the value is complete */
     int n_stop_ids;
     int32_t think_close;      /* wait for this token ("</think>") before constraining; -1: constrain at once */
 } lily_grammar_constraint_options;
