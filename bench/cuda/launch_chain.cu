@@ -61,6 +61,24 @@ __global__ void barrier_kernel(float *v, unsigned int *count, volatile unsigned 
     }
 }
 
+/* ms of `reps` calls of launch() (each returning a cudaError_t) in stream s, after the calls before it. */
+template <class F>
+static int time_reps(cudaStream_t s, int reps, F launch, float *ms)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaEventRecord(a, s));
+    for (int r = 0; r < reps; r++)
+        CK(launch());
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    CK(cudaEventElapsedTime(ms, a, b));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return 0;
+}
+
 /* n_steps dependent steps inside each cluster: block r reads block r+1's value — from its shared memory
  * (DSMEM), or (GLOBAL) from global memory through L2 as a stage's activations would come — adds one and
  * stores it in its own double-buffered slot; one cluster barrier (release / acquire) per step. */
@@ -115,17 +133,10 @@ static int time_cluster(int n, int csize, int sms, float *d_v, float *d_g, cudaS
     cfg.gridDim = dim3(clusters * csize);
     *grid = clusters * csize;
     CK(cudaLaunchKernelEx(&cfg, cluster_kernel<GLOBAL>, d_v, d_g, n));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
     const int reps = 20;
-    CK(cudaEventRecord(a, s));
-    for (int r = 0; r < reps; r++)
-        CK(cudaLaunchKernelEx(&cfg, cluster_kernel<GLOBAL>, d_v, d_g, n));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    if (time_reps(s, reps, [&] { return cudaLaunchKernelEx(&cfg, cluster_kernel<GLOBAL>, d_v, d_g, n); }, &ms))
+        return 1;
     *us_per_step = ms * 1e3 / reps / n;
     float first = 0;
     CK(cudaMemcpy(&first, d_v, sizeof first, cudaMemcpyDeviceToHost));
@@ -155,17 +166,10 @@ static int time_chain(int n, int blocks, int pdl, float *d_v, cudaStream_t s, do
     CK(cudaGraphInstantiate(&exec, graph, 0));
     for (int w = 0; w < 3; w++)
         CK(cudaGraphLaunch(exec, s));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
     const int reps = 20;
-    CK(cudaEventRecord(a, s));
-    for (int r = 0; r < reps; r++)
-        CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    if (time_reps(s, reps, [&] { return cudaGraphLaunch(exec, s); }, &ms))
+        return 1;
     *us_per_kernel = ms * 1e3 / reps / n;
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
@@ -200,18 +204,14 @@ int main(void)
     for (int g = 0; g < 2; g++) {
         if (bgrids[g] > per_sm * sms)
             continue;
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
         barrier_kernel<<<bgrids[g], 256, 0, s>>>(d_v, d_bar, d_bar + 1, n);
-        CK(cudaEventRecord(a, s));
         const int reps = 20;
-        for (int r = 0; r < reps; r++)
-            barrier_kernel<<<bgrids[g], 256, 0, s>>>(d_v, d_bar, d_bar + 1, n);
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
         float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
+        if (time_reps(s, reps, [&] {
+                barrier_kernel<<<bgrids[g], 256, 0, s>>>(d_v, d_bar, d_bar + 1, n);
+                return cudaGetLastError();
+            }, &ms))
+            return 1;
         printf("| grid barrier in one persistent kernel | %d | %.2f |\n", bgrids[g], ms * 1e3 / reps / n);
     }
     float *d_g;

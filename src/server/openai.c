@@ -66,6 +66,12 @@ void lily_oai_error_set(lily_oai_error *e, int http_status, const char *type, co
         e->message[lily_oai_utf8_cut(e->message, sizeof e->message - 1)] = 0;
 }
 
+bool lily_oai_out_of_memory(lily_oai_error *e)
+{
+    lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
+    return false;
+}
+
 json_t *lily_oai_string(const char *s, size_t len)
 {
     json_t *j = json_stringn(s, len);
@@ -397,12 +403,6 @@ static bool check_forced_parameter_names(json_t *fn, size_t i, lily_oai_error *e
  * "function", "function": {"name": ...}}, ...]}} (OpenAI's): req->tools becomes the listed tools, in the order of
  * `tools` (the body's "tools" is replaced by them: the prompt shows only what may be called, since an "auto" call
  * is not constrained), and the tool choice the mode's. An empty list under "auto" is tool_choice "none". */
-static bool out_of_memory(lily_oai_error *e)
-{
-    lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
-    return false;
-}
-
 static bool allow_tools(lily_oai_request *req, json_t *tc, lily_oai_error *e)
 {
     char q[72];
@@ -436,7 +436,7 @@ static bool allow_tools(lily_oai_request *req, json_t *tc, lily_oai_error *e)
     }
     json_t *kept = json_array();
     if (!kept)
-        return out_of_memory(e);
+        return lily_oai_out_of_memory(e);
     json_array_foreach(req->tools, j, t) {
         json_t *name = json_object_get(json_object_get(t, "function"), "name");
         bool allowed = false;
@@ -444,7 +444,7 @@ static bool allow_tools(lily_oai_request *req, json_t *tc, lily_oai_error *e)
             allowed |= json_equal(json_object_get(json_object_get(a, "function"), "name"), name);
         if (allowed && json_array_append(kept, t)) {
             json_decref(kept);
-            return out_of_memory(e);
+            return lily_oai_out_of_memory(e);
         }
     }
     const bool required = !strcmp(mode, "required");
@@ -457,7 +457,7 @@ static bool allow_tools(lily_oai_request *req, json_t *tc, lily_oai_error *e)
                        : required             ? LILY_TOOL_CHOICE_REQUIRED
                                               : LILY_TOOL_CHOICE_AUTO;
     if (json_object_set_new(req->body, "tools", kept))
-        return out_of_memory(e);
+        return lily_oai_out_of_memory(e);
     req->tools = json_object_get(req->body, "tools");
     return true;
 }

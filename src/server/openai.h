@@ -26,6 +26,8 @@ typedef struct {
 
 void lily_oai_error_set(lily_oai_error *e, int http_status, const char *type, const char *param,
                         const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* e = 500 server_error "Out of memory."; returns false (for `return lily_oai_out_of_memory(e);`). */
+bool lily_oai_out_of_memory(lily_oai_error *e);
 
 /* {"error":{"message":..,"type":..,"param":..|null,"code":..|null}} as a malloc'd string (NULL on OOM). */
 char *lily_oai_error_json(const lily_oai_error *e);

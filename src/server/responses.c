@@ -9,11 +9,6 @@
 /* A 400 invalid_request_error naming param; false, for `return bad(...)`. */
 #define bad(e, param, ...) (lily_oai_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__), false)
 
-static bool oom(lily_oai_error *e)
-{
-    lily_oai_error_set(e, 500, "server_error", NULL, NULL, "Out of memory.");
-    return false;
-}
 
 /* At most the first 64 bytes of s, ending on a character boundary: printf("%.*s", quoted_len(s), s). */
 static int quoted_len(const char *s)
@@ -60,7 +55,7 @@ static bool content_text(json_t *content, const char *where, text_buf *out, lily
     if (!content)
         return bad(e, where, "Missing required parameter: '%s'.", where);
     if (json_is_string(content))
-        return text_append(out, json_string_value(content), json_string_length(content)) || oom(e);
+        return text_append(out, json_string_value(content), json_string_length(content)) || lily_oai_out_of_memory(e);
     if (!json_is_array(content))
         return bad(e, where, "Invalid type for '%s': expected a string or an array of content parts, but got %s "
                              "instead.", where, lily_oai_json_kind(content));
@@ -86,7 +81,7 @@ static bool content_text(json_t *content, const char *where, text_buf *out, lily
             return bad(e, pw, "Invalid type for '%s.%s': expected a string, but got %s instead.", pw, field,
                        lily_oai_json_kind(text));
         if (!text_append(out, json_string_value(text), json_string_length(text)))
-            return oom(e);
+            return lily_oai_out_of_memory(e);
     }
     return true;
 }
@@ -124,7 +119,7 @@ static bool flush_assistant(assistant_turn *t, json_t *msgs, json_t *origins, li
         ok = m && !json_array_append_new(msgs, m) && !json_array_append(origins, t->origin);
     }
     assistant_turn_clear(t);
-    return ok || oom(e);
+    return ok || lily_oai_out_of_memory(e);
 }
 
 /* Start a new assistant turn for input[index] of this stage unless it continues the gathered one. */
@@ -135,7 +130,7 @@ static bool assistant_item(assistant_turn *t, int stage, size_t index, json_t *m
         if (!flush_assistant(t, msgs, origins, e))
             return false;
     if (t->stage < 0 && !(t->origin = json_pack("[I]", (json_int_t)index)))
-        return oom(e);
+        return lily_oai_out_of_memory(e);
     t->stage = stage;
     return true;
 }
@@ -155,10 +150,10 @@ static bool reasoning_item(json_t *item, const char *where, assistant_turn *t, l
             return bad(e, where, "Invalid '%s': each reasoning part needs a string 'text'.", where);
         if ((i && !text_append(&t->reasoning, "\n", 1)) ||
             !text_append(&t->reasoning, json_string_value(text), json_string_length(text)))
-            return oom(e);
+            return lily_oai_out_of_memory(e);
     }
     if (!t->reasoning.p && !text_append(&t->reasoning, "", 0))
-        return oom(e);
+        return lily_oai_out_of_memory(e);
     return true;
 }
 
@@ -177,13 +172,13 @@ static bool function_call_item(json_t *item, const char *where, size_t index, as
         }
     const char *call_id = json_string_value(json_object_get(item, "call_id"));
     if (!t->calls && !(t->calls = json_array()))
-        return oom(e);
+        return lily_oai_out_of_memory(e);
     if (json_object_set_new(call_ids, call_id, json_true()) ||
         json_array_append_new(t->origin, json_integer((json_int_t)index)) ||
         json_array_append_new(t->calls, json_pack("{s:s, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
                                                   "function", "name", json_object_get(item, "name"), "arguments",
                                                   json_object_get(item, "arguments"))))
-        return oom(e);
+        return lily_oai_out_of_memory(e);
     return true;
 }
 
@@ -205,7 +200,7 @@ static bool function_call_output_item(json_t *item, const char *where, json_t *m
     bool ok = content_text(json_object_get(item, "output"), fw, &out, e);
     if (ok && json_array_append_new(msgs, json_pack("{s:s, s:s, s:s%}", "role", "tool", "tool_call_id", call_id,
                                                     "content", out.p ? out.p : "", out.n)))
-        ok = oom(e);
+        ok = lily_oai_out_of_memory(e);
     free(out.p);
     return ok;
 }
@@ -238,7 +233,7 @@ static bool input_item(json_t *item, const char *where, size_t index, json_t *ms
         if (ok && (json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", role, "content",
                                                          text.p ? text.p : "", text.n)) ||
                    json_array_append_new(origins, json_pack("[I]", (json_int_t)index))))
-            ok = oom(e);
+            ok = lily_oai_out_of_memory(e);
         free(text.p);
         return ok;
     }
@@ -250,7 +245,7 @@ static bool input_item(json_t *item, const char *where, size_t index, json_t *ms
     if (!strcmp(type, "function_call_output"))
         return flush_assistant(turn, msgs, origins, e) &&
                function_call_output_item(item, where, msgs, call_ids, e) &&
-               (!json_array_append_new(origins, json_pack("[I]", (json_int_t)index)) || oom(e));
+               (!json_array_append_new(origins, json_pack("[I]", (json_int_t)index)) || lily_oai_out_of_memory(e));
     if (!strcmp(type, "item_reference"))
         return bad(e, where, "Invalid '%s': item_reference is not supported: lily's Responses API is stateless "
                              "(nothing is stored); send the item itself.", where);
@@ -282,12 +277,12 @@ static bool translate_input(json_t *b, json_t *msgs, json_t *origins, lily_oai_e
     json_t *call_ids = json_object();
     bool ok = items && call_ids;
     if (!ok)
-        oom(e);
+        lily_oai_out_of_memory(e);
     if (ok && json_string_length(instructions) > 0 && /* "": no instructions */
         (json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
                                                json_string_value(instructions), json_string_length(instructions))) ||
          json_array_append_new(origins, json_pack("[i]", -1))))
-        ok = oom(e);
+        ok = lily_oai_out_of_memory(e);
     assistant_turn turn = {.stage = -1};
     size_t i;
     json_t *item;
@@ -316,7 +311,7 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
     if (!out || !names) {
         json_decref(out);
         json_decref(names);
-        return oom(e);
+        return lily_oai_out_of_memory(e);
     }
     if (json_is_array(tools)) /* (none: the chat route says a forcing tool_choice needs tools) */
         json_object_set(oai, "tools", out);
@@ -366,7 +361,7 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
         if (!fn || json_object_set_new(names, json_string_value(name), json_true()) ||
             json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
             json_decref(names);
-            return oom(e);
+            return lily_oai_out_of_memory(e);
         }
     }
     json_decref(names);
@@ -383,7 +378,7 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
         json_t *list = json_object_get(tc, "tools"), *a, *names = json_array();
         size_t i;
         if (!names)
-            return oom(e);
+            return lily_oai_out_of_memory(e);
         json_array_foreach(list, i, a) {
             const char *atype = json_string_value(json_object_get(a, "type"));
             json_t *aname = json_object_get(a, "name");
@@ -394,7 +389,7 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
             }
             if (json_array_append_new(names, json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", aname))) {
                 json_decref(names);
-                return oom(e);
+                return lily_oai_out_of_memory(e);
             }
         }
         json_t *at = json_object(), *mode = json_object_get(tc, "mode");
@@ -404,7 +399,7 @@ static bool translate_tools(json_t *b, json_t *oai, lily_oai_error *e)
         if (failed || json_object_set_new(oai, "tool_choice", json_pack("{s:s, s:O}", "type", "allowed_tools",
                                                                         "allowed_tools", at))) {
             json_decref(at);
-            return oom(e);
+            return lily_oai_out_of_memory(e);
         }
         json_decref(at);
         return true;
@@ -499,7 +494,7 @@ static bool translate(json_t *b, json_t *oai, json_t *echo, json_t *origins, lil
 {
     json_t *msgs = json_array();
     if (!msgs)
-        return oom(e);
+        return lily_oai_out_of_memory(e);
     json_object_set_new(oai, "messages", msgs);
     if (!check_stateless(b, e) || !translate_input(b, msgs, origins, e) || !translate_tools(b, oai, e) ||
         !translate_text_format(b, oai, e))
@@ -573,12 +568,12 @@ bool lily_resp_parse_request(const char *body, size_t len, lily_oai_request *req
         return bad(e, NULL, "Invalid request body: expected a JSON object, but got %s instead.", kind);
     }
     json_t *oai = json_object(), *echo = json_object(), *origins = json_array();
-    bool ok = oai && echo && origins ? translate(b, oai, echo, origins, e) : oom(e);
+    bool ok = oai && echo && origins ? translate(b, oai, echo, origins, e) : lily_oai_out_of_memory(e);
     char *text = ok ? json_dumps(oai, JSON_COMPACT) : NULL;
     json_decref(oai);
     json_decref(b);
     if (ok && !text)
-        ok = oom(e);
+        ok = lily_oai_out_of_memory(e);
     ok = ok && lily_oai_parse_request(text, strlen(text), true, req, e); /* json_dumps escapes U+0000 */
     free(text);
     if (!ok) {
